@@ -1,0 +1,281 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// CurrentVersion is the only schema version this build understands.
+const CurrentVersion = 1
+
+// DefaultPath is where the daemon, the hook and the ctl look for the
+// configuration when neither --config nor EnvPath names one.
+const DefaultPath = "/etc/nri-gpu-guard/config.toml"
+
+// EnvPath is the environment variable that overrides DefaultPath.
+const EnvPath = "NRI_GPU_GUARD_CONFIG"
+
+// maxConfigBytes bounds what Load reads: a configuration is a few KiB; anything
+// near this size is a mistake (or an attack through the NRI config string).
+const maxConfigBytes = 1 << 20
+
+// Source names where the inventory comes from.
+type Source string
+
+// Inventory sources.
+const (
+	SourceAuto   Source = "auto"
+	SourceNVML   Source = "nvml"
+	SourceProc   Source = "proc"
+	SourceStatic Source = "static"
+)
+
+// OnConflict is what happens to a request whose device is held.
+type OnConflict string
+
+// Conflict policies.
+const (
+	ConflictQueue  OnConflict = "queue"
+	ConflictReject OnConflict = "reject"
+)
+
+// ReleaseOn says when a holder's claim ends.
+type ReleaseOn string
+
+// Release policies.
+const (
+	ReleaseOnStop   ReleaseOn = "stop"
+	ReleaseOnRemove ReleaseOn = "remove"
+)
+
+// AllDevices is the policy for requests naming every GPU ("all").
+type AllDevices string
+
+// Policies for "all".
+const (
+	AllClaim  AllDevices = "claim"
+	AllReject AllDevices = "reject"
+	AllIgnore AllDevices = "ignore"
+)
+
+// Privileged is the policy for privileged containers.
+type Privileged string
+
+// Policies for privileged containers.
+const (
+	PrivilegedDeclared Privileged = "declared"
+	PrivilegedAll      Privileged = "all"
+	PrivilegedReject   Privileged = "reject"
+)
+
+// UnknownDevice is the policy for device ids that are not in the inventory.
+type UnknownDevice string
+
+// Policies for unknown ids.
+const (
+	UnknownReject UnknownDevice = "reject"
+	UnknownIgnore UnknownDevice = "ignore"
+)
+
+// Config is the whole configuration document.
+type Config struct {
+	Version int           `toml:"version"`
+	Ledger  LedgerConfig  `toml:"ledger"`
+	Devices DevicesConfig `toml:"devices"`
+	Policy  PolicyConfig  `toml:"policy"`
+	NRI     NRIConfig     `toml:"nri"`
+	Hook    HookConfig    `toml:"hook"`
+	Metrics MetricsConfig `toml:"metrics"`
+}
+
+// LedgerConfig locates the host ledger and bounds access to it.
+type LedgerConfig struct {
+	// Dir holds ledger.json, ledger.lock, audit.log and inventory.json.
+	Dir string `toml:"dir"`
+	// LockTimeout bounds every wait for the ledger lock.
+	LockTimeout Duration `toml:"lock_timeout"`
+	// AuditMaxBytes rotates audit.log once it grows past this size.
+	AuditMaxBytes int64 `toml:"audit_max_bytes"`
+}
+
+// DevicesConfig selects and parameterises the GPU inventory.
+type DevicesConfig struct {
+	Source   Source      `toml:"source"`
+	ProcRoot string      `toml:"proc_root"`
+	Static   []StaticGPU `toml:"static"`
+}
+
+// StaticGPU describes one GPU of a static inventory.
+type StaticGPU struct {
+	Index     int         `toml:"index"`
+	UUID      string      `toml:"uuid"`
+	Minor     int         `toml:"minor"`
+	Model     string      `toml:"model"`
+	MemoryMiB uint64      `toml:"memory_mib"`
+	MIG       []StaticMIG `toml:"mig"`
+}
+
+// StaticMIG describes one MIG instance of a static GPU.
+type StaticMIG struct {
+	// Index is the MIG device index on its parent, so that "<gpu>:<index>" names it.
+	Index int    `toml:"index"`
+	UUID  string `toml:"uuid"`
+	GI    int    `toml:"gi"`
+	CI    int    `toml:"ci"`
+}
+
+// PolicyConfig holds the admission policies.
+type PolicyConfig struct {
+	OnConflict       OnConflict    `toml:"on_conflict"`
+	ReleaseOn        ReleaseOn     `toml:"release_on"`
+	AllDevices       AllDevices    `toml:"all_devices"`
+	Privileged       Privileged    `toml:"privileged"`
+	UnknownDevice    UnknownDevice `toml:"unknown_device"`
+	ReservationTTL   Duration      `toml:"reservation_ttl"`
+	QueueTTL         Duration      `toml:"queue_ttl"`
+	ExemptNamespaces []string      `toml:"exempt_namespaces"`
+}
+
+// NRIConfig identifies the plugin to containerd.
+type NRIConfig struct {
+	PluginName  string `toml:"plugin_name"`
+	PluginIndex string `toml:"plugin_index"`
+	Socket      string `toml:"socket"`
+}
+
+// HookConfig tunes the OCI hook front end.
+type HookConfig struct {
+	WaitTimeout  Duration `toml:"wait_timeout"`
+	PollInterval Duration `toml:"poll_interval"`
+}
+
+// MetricsConfig enables the HTTP endpoint for metrics and health.
+type MetricsConfig struct {
+	// Listen is host:port; empty means no HTTP endpoint.
+	Listen string `toml:"listen"`
+}
+
+// Default returns the configuration used when a key is absent.
+func Default() Config {
+	return Config{
+		Version: CurrentVersion,
+		Ledger: LedgerConfig{
+			Dir:           "/var/lib/nri-gpu-guard",
+			LockTimeout:   Duration{time.Second},
+			AuditMaxBytes: 10 << 20,
+		},
+		Devices: DevicesConfig{
+			Source:   SourceAuto,
+			ProcRoot: "/",
+		},
+		Policy: PolicyConfig{
+			OnConflict:       ConflictQueue,
+			ReleaseOn:        ReleaseOnStop,
+			AllDevices:       AllClaim,
+			Privileged:       PrivilegedDeclared,
+			UnknownDevice:    UnknownReject,
+			ReservationTTL:   Duration{6 * time.Minute},
+			QueueTTL:         Duration{15 * time.Minute},
+			ExemptNamespaces: []string{},
+		},
+		NRI: NRIConfig{
+			PluginName:  "gpu-guard",
+			PluginIndex: "90",
+			Socket:      "/var/run/nri/nri.sock",
+		},
+		Hook: HookConfig{
+			WaitTimeout:  Duration{10 * time.Minute},
+			PollInterval: Duration{250 * time.Millisecond},
+		},
+	}
+}
+
+// ErrUnknownKey is wrapped by Load when the document has a key the schema lacks.
+var ErrUnknownKey = errors.New("unknown configuration key")
+
+// Load reads a TOML document over the defaults and validates the result.
+// Absent keys keep their defaults; unknown keys are an error naming each one.
+func Load(r io.Reader) (Config, error) {
+	data, err := io.ReadAll(io.LimitReader(r, maxConfigBytes+1))
+	if err != nil {
+		return Config{}, fmt.Errorf("read configuration: %w", err)
+	}
+	if len(data) > maxConfigBytes {
+		return Config{}, fmt.Errorf("configuration is larger than %d bytes", maxConfigBytes)
+	}
+	return Parse(data)
+}
+
+// Parse is Load for a document already in memory (the NRI Configure string).
+func Parse(data []byte) (Config, error) {
+	cfg := Default()
+	if len(bytes.TrimSpace(data)) == 0 {
+		return cfg, nil
+	}
+	// Decode into a zero-valued static list so a document's [[devices.static]]
+	// replaces the (empty) default rather than appending to it.
+	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&cfg)
+	if err != nil {
+		return Config{}, fmt.Errorf("parse configuration: %w", err)
+	}
+	if undecoded := md.Undecoded(); len(undecoded) > 0 {
+		keys := make([]string, 0, len(undecoded))
+		for _, k := range undecoded {
+			keys = append(keys, k.String())
+		}
+		sort.Strings(keys)
+		return Config{}, fmt.Errorf("%w: %s (check the spelling; see the README for every key)",
+			ErrUnknownKey, strings.Join(keys, ", "))
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// LoadFile loads the configuration at path. A missing file is an error: callers
+// that accept "no file" check Resolve's second result first.
+func LoadFile(path string) (Config, error) {
+	f, err := os.Open(path) //nolint:gosec // the path is the operator's choice
+	if err != nil {
+		return Config{}, fmt.Errorf("open configuration: %w", err)
+	}
+	defer f.Close()
+	cfg, err := Load(f)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Resolve picks the configuration path: the flag value, then $NRI_GPU_GUARD_CONFIG,
+// then DefaultPath. explicit is true when the operator named the path, in which
+// case a missing file is an error rather than "use the defaults".
+func Resolve(flagValue string) (path string, explicit bool) {
+	if flagValue != "" {
+		return flagValue, true
+	}
+	if env := os.Getenv(EnvPath); env != "" {
+		return env, true
+	}
+	return DefaultPath, false
+}
+
+// LoadDefault loads the configuration named by flagValue (see Resolve). When no
+// path was named and DefaultPath does not exist, it returns Default().
+func LoadDefault(flagValue string) (Config, string, error) {
+	path, explicit := Resolve(flagValue)
+	cfg, err := LoadFile(path)
+	if err != nil && !explicit && errors.Is(err, os.ErrNotExist) {
+		return Default(), "", nil
+	}
+	return cfg, path, err
+}

@@ -1,0 +1,13 @@
+// Package config owns the nri-gpu-guard configuration schema: one versioned TOML
+// document shared by the NRI daemon, the OCI hook and gpu-guard-ctl.
+//
+// Invariants:
+//   - Every key has a documented default (see Default and the README); an empty
+//     document yields exactly Default().
+//   - Unknown keys are an error that names the key; a document is never
+//     half-applied.
+//   - The same schema is accepted from a file, from the NRI Configure string and
+//     from gpu-guard-ctl check-config; Validate is the single place that judges a
+//     configuration.
+//   - The key names are a public interface: renaming one is a breaking change.
+package config

@@ -1,0 +1,129 @@
+package devices
+
+// CONTRACT FILE: the exported surface other packages code against. The devices
+// helper implements it (and may move pieces into other files), but must keep
+// these names and meanings.
+
+import (
+	"errors"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+)
+
+// GPU is one physical GPU of the inventory.
+type GPU struct {
+	Index     int    `json:"index"`
+	UUID      string `json:"uuid"`
+	Minor     int    `json:"minor"`
+	Model     string `json:"model,omitempty"`
+	MemoryMiB uint64 `json:"memory_mib,omitempty"`
+	BusID     string `json:"bus_id,omitempty"`
+	MIG       []MIG  `json:"mig,omitempty"`
+}
+
+// MIG is one MIG instance of a GPU.
+type MIG struct {
+	Index       int    `json:"index"` // MIG device index on the parent: "<parent index>:<Index>"
+	UUID        string `json:"uuid"`
+	GI          int    `json:"gi"`
+	CI          int    `json:"ci"`
+	ParentUUID  string `json:"parent_uuid"`
+	ParentIndex int    `json:"parent_index"`
+	Model       string `json:"model,omitempty"`
+	MemoryMiB   uint64 `json:"memory_mib,omitempty"`
+}
+
+// Inventory is the host's GPUs, loaded once from one source. It is immutable
+// after construction and safe for concurrent use; lookups are map reads.
+type Inventory struct {
+	// Source is the source that produced it: "nvml", "proc" or "static".
+	Source string `json:"source"`
+	GPUs   []GPU  `json:"gpus"`
+	// unexported lookup indexes built by NewInventory
+	byUUID  map[string]Device
+	byIndex map[string]Device
+	byMinor map[int]Device
+}
+
+// Loader is one inventory source.
+type Loader interface {
+	// Name is "nvml", "proc" or "static".
+	Name() string
+	// Load enumerates the GPUs. It returns an error wrapping ErrSourceUnavailable
+	// when the source is absent on this host (no driver, no /proc tree).
+	Load() ([]GPU, error)
+}
+
+// ErrSourceUnavailable means an inventory source does not exist on this host.
+var ErrSourceUnavailable = errors.New("inventory source unavailable")
+
+// Request is everything about a container that can make a GPU reachable. The
+// NRI adapter and the hook fill it from api.Container or an OCI spec; ctl
+// explain fills it from flags.
+type Request struct {
+	Env         []string          // KEY=VALUE, in spec order (the last occurrence wins)
+	Mounts      []string          // mount destinations inside the container
+	Annotations map[string]string // OCI/CRI annotations (cdi.k8s.io/*)
+	CDIDevices  []string          // fully qualified CDI names (api.Container.CDIDevices)
+	Devices     []LinuxDevice     // linux.devices of the spec
+	Privileged  bool
+}
+
+// LinuxDevice is one entry of the spec's linux.devices.
+type LinuxDevice struct {
+	Path  string
+	Type  string // "c", "b", ...
+	Major int64
+	Minor int64
+}
+
+// Resolved is one device a container reaches, with every source that named it.
+type Resolved struct {
+	Device
+	// Sources says where the device was named, for messages: e.g.
+	// `env NVIDIA_VISIBLE_DEVICES="1"`, `annotation cdi.k8s.io/gpu="nvidia.com/gpu=1"`,
+	// `device /dev/nvidia1 (195:1)`, `privileged`, `all`.
+	Sources []string `json:"sources"`
+}
+
+// Resolution is the outcome of resolving a Request.
+type Resolution struct {
+	// Devices is sorted by UUID and de-duplicated.
+	Devices []Resolved `json:"devices"`
+	// All is true when some source asked for every GPU (after policy).
+	All bool `json:"all,omitempty"`
+	// Privileged is true when the container is privileged.
+	Privileged bool `json:"privileged,omitempty"`
+	// Notes are non-fatal observations (an ignored unknown id, `none`, `void`).
+	Notes []string `json:"notes,omitempty"`
+}
+
+// UUIDs returns the resolved UUIDs in order.
+func (r Resolution) UUIDs() []string {
+	out := make([]string, len(r.Devices))
+	for i, d := range r.Devices {
+		out[i] = d.UUID
+	}
+	return out
+}
+
+// Errors the resolver wraps; each concrete error names the token and source.
+var (
+	ErrUnknownDevice      = errors.New("unknown GPU")
+	ErrInvalidID          = errors.New("invalid device id")
+	ErrAllRejected        = errors.New("requests for all GPUs are refused by policy")
+	ErrPrivilegedRejected = errors.New("privileged containers are refused by policy")
+	ErrTooLarge           = errors.New("input too large")
+)
+
+// Resolver turns Requests into Resolutions against a fixed Inventory and the
+// policy. It is safe for concurrent use.
+type Resolver struct {
+	inv    *Inventory
+	policy config.PolicyConfig
+}
+
+// NewResolver returns a resolver over inv with the given policies.
+func NewResolver(inv *Inventory, policy config.PolicyConfig) *Resolver {
+	return &Resolver{inv: inv, policy: policy}
+}

@@ -1,0 +1,71 @@
+package guard
+
+// CONTRACT FILE: the exported surface both front ends (nriplugin, hook) and
+// gpu-guard-ctl explain code against. The guard implementation must keep these
+// names and meanings; it may add to them.
+
+import (
+	"errors"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// Result is the outcome of an admission decision.
+type Result string
+
+// Results.
+const (
+	// Admit: every device was free; the claim is recorded.
+	Admit Result = "admit"
+	// Queue: a device is busy; the requester is (still) queued. Retriable.
+	Queue Result = "queue"
+	// Reject: refused and not queued (policy, unknown device, on_conflict=reject).
+	Reject Result = "reject"
+	// Skip: nothing to check (no GPU requested, exempt namespace).
+	Skip Result = "skip"
+)
+
+// Request is one container asking to be created.
+type Request struct {
+	FrontEnd ledger.FrontEnd
+	// Owner carries the container and pod identity (and pid for hooks).
+	Owner ledger.Owner
+	// Key is the stable requester key (see RequesterKey); empty = computed.
+	Key string
+	// Spec is what the container reaches, unresolved.
+	Spec devices.Request
+}
+
+// Decision is the answer to a Request.
+type Decision struct {
+	Result  Result             `json:"decision"`
+	Reason  string             `json:"reason"` // machine-readable: free, busy, reserved, exempt, no-gpu, unknown-device, policy-all, policy-privileged, ...
+	Devices []devices.Resolved `json:"devices"`
+	Busy    []ledger.BusyDevice `json:"-"`
+	// Position and QueueLength are set for Queue ("position N of M").
+	Position    int           `json:"position,omitempty"`
+	QueueLength int           `json:"queue_length,omitempty"`
+	Waited      time.Duration `json:"-"`
+	// Message is the operator-facing text: for each busy device its index and
+	// full UUID, the holder ns/pod/container and short id, since when, the queue
+	// position, the time waited and what to do.
+	Message string `json:"message"`
+}
+
+// Errors returned (wrapped) by Decision.Err.
+var (
+	ErrQueued   = errors.New("GPU busy, request queued")
+	ErrRejected = errors.New("GPU request refused")
+)
+
+// RequesterKey is the stable key of a requester across retries:
+// "namespace/pod-uid/container-name" for CRI containers, the container id
+// otherwise.
+func RequesterKey(o ledger.Owner) string {
+	if o.PodUID != "" && o.Container != "" {
+		return o.Namespace + "/" + o.PodUID + "/" + o.Container
+	}
+	return o.ContainerID
+}

@@ -1,0 +1,149 @@
+package ledger
+
+// CONTRACT FILE: the exported surface other packages (guard, nriplugin, hook,
+// ctl) code against. The ledger implementation must keep these names and
+// meanings; it may add to them.
+
+import (
+	"errors"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// FrontEnd names the front end that made a claim.
+type FrontEnd string
+
+// Front ends.
+const (
+	FrontEndNRI  FrontEnd = "nri"
+	FrontEndHook FrontEnd = "hook"
+	FrontEndCtl  FrontEnd = "ctl"
+)
+
+// Owner identifies a container (the holder of a claim, or a waiter's latest
+// attempt). ContainerID is the only identity a claim is released by.
+type Owner struct {
+	ContainerID  string   `json:"container_id"`
+	Container    string   `json:"container,omitempty"` // container name
+	Namespace    string   `json:"namespace,omitempty"`
+	Pod          string   `json:"pod,omitempty"`
+	PodUID       string   `json:"pod_uid,omitempty"`
+	PodSandboxID string   `json:"pod_sandbox_id,omitempty"`
+	FrontEnd     FrontEnd `json:"front_end"`
+	// Pid, PidStart (field 22 of /proc/<pid>/stat, against pid reuse) and
+	// Cgroup are known once the container started.
+	Pid       int       `json:"pid,omitempty"`
+	PidStart  uint64    `json:"pid_start,omitempty"`
+	Cgroup    string    `json:"cgroup,omitempty"`
+	StartedAt time.Time `json:"started_at,omitzero"`
+	// StoppedAt is set under release_on = "remove" once the container exited:
+	// the claim is kept until removal, and a same-pod same-name restart may take
+	// it over.
+	StoppedAt time.Time `json:"stopped_at,omitzero"`
+}
+
+// Claim is one device held by one container.
+type Claim struct {
+	Device devices.Device `json:"device"`
+	Owner  Owner          `json:"owner"`
+	// Source says how the container named the device (for messages).
+	Source string    `json:"source,omitempty"`
+	Since  time.Time `json:"since"`
+}
+
+// Waiter is a queued request. Key is stable across retries
+// ("namespace/pod-uid/container-name" for CRI, the container id for hooks).
+type Waiter struct {
+	Key       string           `json:"key"`
+	Seq       uint64           `json:"seq"` // global arrival order (FIFO)
+	Devices   []devices.Device `json:"devices"`
+	Owner     Owner            `json:"owner"` // identity of the latest attempt
+	FirstSeen time.Time        `json:"first_seen"`
+	LastSeen  time.Time        `json:"last_seen"`
+}
+
+// Reservation holds a released device for the head of its queue.
+type Reservation struct {
+	Device devices.Device `json:"device"`
+	For    string         `json:"for"` // waiter key
+	Since  time.Time      `json:"since"`
+	Until  time.Time      `json:"until"`
+}
+
+// Conflict records a container seen using a device that another container
+// holds (found at reconcile). Nothing is killed; ctl and metrics show it.
+type Conflict struct {
+	Device devices.Device `json:"device"`
+	Owner  Owner          `json:"owner"`
+	Since  time.Time      `json:"since"`
+}
+
+// State is the ledger's content. Slices are kept sorted (claims by device UUID,
+// waiters by Seq, reservations by device UUID, conflicts by device then id).
+type State struct {
+	Claims       []Claim       `json:"claims"`
+	Waiters      []Waiter      `json:"waiters"`
+	Reservations []Reservation `json:"reservations"`
+	Conflicts    []Conflict    `json:"conflicts"`
+	Generation   uint64        `json:"generation"`
+	BootID       string        `json:"boot_id"`
+	NextSeq      uint64        `json:"next_seq"`
+	UpdatedAt    time.Time     `json:"updated_at"`
+}
+
+// Holding is what reconcile learns about one live container: its identity and
+// the devices it reaches.
+type Holding struct {
+	Owner   Owner
+	Devices []devices.Device
+	Source  string
+}
+
+// ReconcileResult reports what Reconcile changed.
+type ReconcileResult struct {
+	Released  []Claim    // claims of containers the runtime no longer lists
+	Adopted   []Claim    // listed containers' devices that had no claim
+	Conflicts []Conflict // listed containers on a device another one holds
+}
+
+// Options tune a Ledger. Zero values take the documented defaults.
+type Options struct {
+	LockTimeout    time.Duration    // default 1s; also bounded by the context deadline
+	AuditMaxBytes  int64            // default 10 MiB
+	ReservationTTL time.Duration    // default 6m
+	QueueTTL       time.Duration    // default 15m
+	Now            func() time.Time // default time.Now (tests inject a clock)
+	BootID         string           // default: /proc/sys/kernel/random/boot_id
+}
+
+// Errors, wrapped with details by the concrete error types.
+var (
+	// ErrBusy: a device is held or reserved for someone else (see BusyError).
+	ErrBusy = errors.New("device busy")
+	// ErrLockTimeout: the ledger lock was not obtained in time (see LockError).
+	ErrLockTimeout = errors.New("ledger lock not acquired in time")
+	// ErrCorrupt: the state file did not parse or verify; it was moved aside
+	// (see CorruptError).
+	ErrCorrupt = errors.New("ledger state is corrupt")
+	// ErrUnsafeDir: the state dir or a file in it is a symlink, world-writable
+	// or owned by another user.
+	ErrUnsafeDir = errors.New("unsafe ledger directory")
+	// ErrNotFound: no claim, waiter or device matched.
+	ErrNotFound = errors.New("not found")
+)
+
+// BusyError lists every device of a request that is not free.
+type BusyError struct {
+	Busy []BusyDevice
+}
+
+// BusyDevice is one device that is held, or reserved for another waiter.
+type BusyDevice struct {
+	Wanted      devices.Device // the device asked for
+	Holder      *Claim         // the conflicting claim, if held
+	Reservation *Reservation   // the conflicting reservation, if reserved
+}
+
+func (e *BusyError) Error() string { return "device busy" } // the ledger helper may improve this
+func (e *BusyError) Unwrap() error { return ErrBusy }
