@@ -1,0 +1,203 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestEmptyDocumentIsDefault(t *testing.T) {
+	for _, doc := range []string{"", "  \n", "# only a comment\n", "version = 1\n"} {
+		cfg, err := Parse([]byte(doc))
+		require.NoError(t, err, "doc %q", doc)
+		require.Equal(t, Default(), cfg, "doc %q", doc)
+	}
+}
+
+func TestDefaultValidates(t *testing.T) {
+	cfg := Default()
+	require.NoError(t, cfg.Validate())
+}
+
+func TestLoadOverridesOnlyNamedKeys(t *testing.T) {
+	cfg, err := Load(strings.NewReader(`
+version = 1
+[ledger]
+dir = "/run/gg"
+lock_timeout = "250ms"
+[devices]
+source = "static"
+[[devices.static]]
+index = 0
+uuid = "GPU-6c1a2f2e-0000-4000-8000-000000000000"
+minor = 3
+model = "NVIDIA H100 80GB HBM3"
+memory_mib = 81559
+  [[devices.static.mig]]
+  index = 0
+  uuid = "MIG-6c1a2f2e-0000-4000-8000-0000000000a0"
+  gi = 1
+  ci = 0
+[policy]
+on_conflict = "reject"
+release_on = "remove"
+exempt_namespaces = ["gpu-monitoring"]
+[hook]
+poll_interval = "100ms"
+[metrics]
+listen = "127.0.0.1:9464"
+`))
+	require.NoError(t, err)
+	want := Default()
+	want.Ledger.Dir = "/run/gg"
+	want.Ledger.LockTimeout = Duration{250 * time.Millisecond}
+	want.Devices.Source = SourceStatic
+	want.Devices.Static = []StaticGPU{{
+		Index: 0, UUID: "GPU-6c1a2f2e-0000-4000-8000-000000000000", Minor: 3,
+		Model: "NVIDIA H100 80GB HBM3", MemoryMiB: 81559,
+		MIG: []StaticMIG{{Index: 0, UUID: "MIG-6c1a2f2e-0000-4000-8000-0000000000a0", GI: 1, CI: 0}},
+	}}
+	want.Policy.OnConflict = ConflictReject
+	want.Policy.ReleaseOn = ReleaseOnRemove
+	want.Policy.ExemptNamespaces = []string{"gpu-monitoring"}
+	want.Hook.PollInterval = Duration{100 * time.Millisecond}
+	want.Metrics.Listen = "127.0.0.1:9464"
+	require.Equal(t, want, cfg)
+}
+
+func TestUnknownKeysAreNamed(t *testing.T) {
+	_, err := Parse([]byte("version = 1\n[policy]\non_confilct = \"queue\"\n[ledgr]\ndir = \"/x\"\n"))
+	require.ErrorIs(t, err, ErrUnknownKey)
+	require.Contains(t, err.Error(), "policy.on_confilct")
+	require.Contains(t, err.Error(), "ledgr")
+}
+
+func TestSyntaxErrorIsReported(t *testing.T) {
+	_, err := Parse([]byte("version = = 1"))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "parse configuration")
+}
+
+func TestBadDurationNamesValue(t *testing.T) {
+	_, err := Parse([]byte("[policy]\nreservation_ttl = \"6 minutes\"\n"))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `"6 minutes"`)
+}
+
+func TestValidateMessages(t *testing.T) {
+	const gpu0 = "GPU-6c1a2f2e-0000-4000-8000-000000000000"
+	const gpu1 = "GPU-6c1a2f2e-0000-4000-8000-000000000001"
+	tests := []struct {
+		name  string
+		edit  func(*Config)
+		wants []string
+	}{
+		{"version", func(c *Config) { c.Version = 2 }, []string{"version: unsupported version 2"}},
+		{"relative dir", func(c *Config) { c.Ledger.Dir = "state" }, []string{"ledger.dir", `"state"`}},
+		{"zero lock timeout", func(c *Config) { c.Ledger.LockTimeout = Duration{} }, []string{"ledger.lock_timeout", "positive"}},
+		{"tiny audit", func(c *Config) { c.Ledger.AuditMaxBytes = 10 }, []string{"ledger.audit_max_bytes"}},
+		{"bad source", func(c *Config) { c.Devices.Source = "nvidia-smi" }, []string{"devices.source", `"nvidia-smi"`, "auto, nvml, proc, static"}},
+		{"static without gpus", func(c *Config) { c.Devices.Source = SourceStatic }, []string{"devices.static", "no [[devices.static]]"}},
+		{"bad enum", func(c *Config) { c.Policy.OnConflict = "queu" }, []string{"policy.on_conflict", `"queu"`, "queue, reject"}},
+		{"release_on", func(c *Config) { c.Policy.ReleaseOn = "exit" }, []string{"policy.release_on"}},
+		{"all_devices", func(c *Config) { c.Policy.AllDevices = "allow" }, []string{"policy.all_devices"}},
+		{"privileged", func(c *Config) { c.Policy.Privileged = "deny" }, []string{"policy.privileged"}},
+		{"unknown_device", func(c *Config) { c.Policy.UnknownDevice = "warn" }, []string{"policy.unknown_device"}},
+		{"negative ttl", func(c *Config) { c.Policy.QueueTTL = Duration{-time.Second} }, []string{"policy.queue_ttl"}},
+		{"dup namespace", func(c *Config) { c.Policy.ExemptNamespaces = []string{"a", "a"} }, []string{"exempt_namespaces[1]", "twice"}},
+		{"plugin index", func(c *Config) { c.NRI.PluginIndex = "9" }, []string{"nri.plugin_index", `"9"`}},
+		{"plugin name", func(c *Config) { c.NRI.PluginName = "90-gpu guard" }, []string{"nri.plugin_name"}},
+		{"poll longer than wait", func(c *Config) { c.Hook.PollInterval = Duration{time.Hour} }, []string{"hook.poll_interval", "longer than hook.wait_timeout"}},
+		{"metrics listen", func(c *Config) { c.Metrics.Listen = "9464" }, []string{"metrics.listen", `"9464"`}},
+		{"bad uuid", func(c *Config) {
+			c.Devices.Static = []StaticGPU{{UUID: "gpu0"}}
+		}, []string{"devices.static[0].uuid", `"gpu0"`}},
+		{"duplicate static uuid", func(c *Config) {
+			c.Devices.Static = []StaticGPU{{Index: 0, UUID: gpu0, Minor: 0}, {Index: 1, UUID: gpu0, Minor: 1}}
+		}, []string{"devices.static[1].uuid", "already used by devices.static[0]"}},
+		{"duplicate index and minor", func(c *Config) {
+			c.Devices.Static = []StaticGPU{{Index: 0, UUID: gpu0, Minor: 0}, {Index: 0, UUID: gpu1, Minor: 0}}
+		}, []string{"devices.static[1].index", "devices.static[1].minor"}},
+		{"modeset minor", func(c *Config) {
+			c.Devices.Static = []StaticGPU{{Index: 0, UUID: gpu0, Minor: 255}}
+		}, []string{"devices.static[0].minor", "between 0 and 253"}},
+		{"mig uuid", func(c *Config) {
+			c.Devices.Static = []StaticGPU{{UUID: gpu0, MIG: []StaticMIG{{UUID: gpu1}}}}
+		}, []string{"devices.static[0].mig[0].uuid", "not a MIG UUID"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := Default()
+			tt.edit(&cfg)
+			err := cfg.Validate()
+			require.ErrorIs(t, err, ErrInvalid)
+			for _, w := range tt.wants {
+				require.Contains(t, err.Error(), w)
+			}
+		})
+	}
+}
+
+func TestValidateReportsAllProblems(t *testing.T) {
+	cfg := Default()
+	cfg.Policy.OnConflict = "x"
+	cfg.NRI.PluginIndex = "x"
+	err := cfg.Validate()
+	require.Contains(t, err.Error(), "policy.on_conflict")
+	require.Contains(t, err.Error(), "nri.plugin_index")
+}
+
+func TestLoadFileAndResolve(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "config.toml")
+	require.NoError(t, os.WriteFile(path, []byte("[policy]\non_conflict = \"reject\"\n"), 0o600))
+
+	cfg, err := LoadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, ConflictReject, cfg.Policy.OnConflict)
+
+	_, err = LoadFile(filepath.Join(dir, "missing.toml"))
+	require.ErrorIs(t, err, os.ErrNotExist)
+
+	t.Setenv(EnvPath, "")
+	p, explicit := Resolve("")
+	require.Equal(t, DefaultPath, p)
+	require.False(t, explicit)
+
+	t.Setenv(EnvPath, path)
+	p, explicit = Resolve("")
+	require.Equal(t, path, p)
+	require.True(t, explicit)
+	p, _ = Resolve("/flag/wins.toml")
+	require.Equal(t, "/flag/wins.toml", p)
+
+	cfg, used, err := LoadDefault("")
+	require.NoError(t, err)
+	require.Equal(t, path, used)
+	require.Equal(t, ConflictReject, cfg.Policy.OnConflict)
+
+	// An explicitly named file that is missing is an error, not the defaults.
+	_, _, err = LoadDefault(filepath.Join(dir, "missing.toml"))
+	require.True(t, errors.Is(err, os.ErrNotExist))
+}
+
+func TestOversizedDocumentRefused(t *testing.T) {
+	big := strings.Repeat("# padding\n", maxConfigBytes/10+10)
+	_, err := Load(strings.NewReader(big))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "larger than")
+}
+
+func TestDurationRoundTrip(t *testing.T) {
+	d := Duration{90 * time.Second}
+	text, err := d.MarshalText()
+	require.NoError(t, err)
+	var back Duration
+	require.NoError(t, back.UnmarshalText(text))
+	require.Equal(t, d, back)
+}

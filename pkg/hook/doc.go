@@ -1,0 +1,24 @@
+// Package hook is the OCI runtime hook front end of nri-gpu-guard, for
+// runtimes that do not speak NRI (podman, CRI-O without NRI, Docker through a
+// wrapper runtime, plain runc).
+//
+// A runtime runs "nri-gpu-guard hook create-runtime" before the container's
+// process starts and "nri-gpu-guard hook poststop" after it was deleted. Both
+// read the OCI state (specs.State) on stdin and the bundle's config.json.
+//
+// Invariants:
+//   - The hook never decides anything itself: admission goes through
+//     pkg/guard, the same code the NRI front end uses, over the same ledger.
+//   - Fail closed: a create-runtime hook that cannot read its input, resolve
+//     the devices or reach the ledger exits non-zero with one self-contained
+//     line, and the runtime refuses the container.
+//   - A create-runtime hook that is cancelled (SIGTERM/SIGINT), times out, or
+//     whose container disappears while waiting leaves no claim and no waiter.
+//   - poststop is idempotent: releasing a container that holds nothing
+//     succeeds.
+//   - Container-supplied input (state, config.json) is bounded in size and
+//     never used as a path, except the bundle directory the runtime names.
+//   - No NVML initialisation per container: the inventory comes from the
+//     daemon's cache (inventory.json in the ledger dir) or a /proc or static
+//     discovery.
+package hook

@@ -1,0 +1,357 @@
+package liveness
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// Default roots of the host's cgroup hierarchy and procfs.
+const (
+	DefaultCgroupRoot = "/sys/fs/cgroup"
+	DefaultProcRoot   = "/proc"
+)
+
+// v1Controllers are the cgroup v1 hierarchies a container's cgroup is looked
+// up in, in order. Every runtime puts a container into the pids and memory
+// hierarchies; the others cover hosts that mount fewer controllers. "unified"
+// is the v2 hierarchy of a hybrid host.
+var v1Controllers = []string{"pids", "memory", "cpu,cpuacct", "cpuacct,cpu", "cpu", "cpuacct", "systemd", "unified"}
+
+// maxCgroupDirs bounds the walk below a v1 cgroup: a container may create
+// child cgroups, but thousands of them mean something odd is going on and the
+// answer is "alive" rather than an unbounded scan under the caller's deadline.
+const maxCgroupDirs = 512
+
+// maxStatBytes bounds a read of /proc/<pid>/stat (a few hundred bytes).
+const maxStatBytes = 4096
+
+// Checker tells whether a claim holder's processes are gone. It holds no
+// state besides its roots and is safe for concurrent use.
+type Checker struct {
+	cgroupRoot string
+	procRoot   string
+}
+
+// New returns a Checker reading the cgroup hierarchy at cgroupRoot and procfs
+// at procRoot; empty values take DefaultCgroupRoot and DefaultProcRoot.
+// Tests point both at fake trees.
+func New(cgroupRoot, procRoot string) *Checker {
+	if cgroupRoot == "" {
+		cgroupRoot = DefaultCgroupRoot
+	}
+	if procRoot == "" {
+		procRoot = DefaultProcRoot
+	}
+	return &Checker{cgroupRoot: cgroupRoot, procRoot: procRoot}
+}
+
+// PidStart returns the start time (clock ticks since boot, field 22 of
+// /proc/<pid>/stat) of pid, read from this Checker's procfs.
+func (c *Checker) PidStart(pid int) (uint64, error) {
+	return PidStart(c.procRoot, pid)
+}
+
+// Exited reports whether the started holder o has no processes left, with a
+// short reason for the audit trail and logs. It returns false whenever the
+// evidence is missing or ambiguous: a claim is never released on doubt.
+func (c *Checker) Exited(o ledger.Owner) (bool, string) {
+	if o.Pid <= 0 && o.Cgroup == "" {
+		return false, "never started (no pid, no cgroup)"
+	}
+	if o.Cgroup != "" {
+		exited, reason, decided := c.cgroupExited(o.Cgroup)
+		if decided {
+			return exited, reason
+		}
+		if o.Pid <= 0 {
+			return false, reason + " and no pid is recorded"
+		}
+		exited, pidReason := c.pidExited(o.Pid, o.PidStart)
+		return exited, reason + "; " + pidReason
+	}
+	return c.pidExited(o.Pid, o.PidStart)
+}
+
+// cgroupExited checks the cgroup named by the runtime. decided is false when
+// the cgroup directory does not exist in a readable hierarchy (it was removed,
+// or named in a way this host does not show): the caller then falls back to
+// the pid.
+func (c *Checker) cgroupExited(cgroupsPath string) (exited bool, reason string, decided bool) {
+	rel, err := CgroupPath(cgroupsPath)
+	if err != nil {
+		return false, err.Error(), true
+	}
+	if isCgroup2(c.cgroupRoot) {
+		dir := filepath.Join(c.cgroupRoot, rel)
+		return c.dirExited(dir, rel, true)
+	}
+	foundHierarchy := false
+	for _, ctrl := range v1Controllers {
+		base := filepath.Join(c.cgroupRoot, ctrl)
+		if st, err := os.Stat(base); err != nil || !st.IsDir() {
+			continue
+		}
+		foundHierarchy = true
+		dir := filepath.Join(base, rel)
+		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		return c.dirExited(dir, rel, ctrl == "unified")
+	}
+	if !foundHierarchy {
+		// Without a readable hierarchy a missing cgroup proves nothing (the
+		// daemon may run without the host's cgroupfs mounted); keep the claim.
+		return false, fmt.Sprintf("no cgroup hierarchy readable at %s", c.cgroupRoot), true
+	}
+	return false, fmt.Sprintf("cgroup %s not found", rel), false
+}
+
+// dirExited reads one cgroup directory. unified selects the v2 shortcut
+// (cgroup.events "populated" covers the whole subtree).
+func (c *Checker) dirExited(dir, rel string, unified bool) (exited bool, reason string, decided bool) {
+	if _, err := os.Stat(dir); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, fmt.Sprintf("cgroup %s not found", rel), false
+		}
+		return false, fmt.Sprintf("cgroup %s unreadable: %v", rel, err), true
+	}
+	if unified {
+		populated, err := readPopulated(filepath.Join(dir, "cgroup.events"))
+		switch {
+		case err == nil && populated:
+			return false, fmt.Sprintf("cgroup %s has processes", rel), true
+		case err == nil:
+			return true, fmt.Sprintf("cgroup %s has no processes", rel), true
+		case !errors.Is(err, fs.ErrNotExist):
+			return false, fmt.Sprintf("cgroup %s unreadable: %v", rel, err), true
+		}
+		// No cgroup.events (very old kernels, fake trees): walk cgroup.procs.
+	}
+	populated, err := walkPopulated(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		// Removed between the stat and the walk: the runtime deleted it.
+		return false, fmt.Sprintf("cgroup %s not found", rel), false
+	case err != nil:
+		return false, fmt.Sprintf("cgroup %s unreadable: %v", rel, err), true
+	case populated:
+		return false, fmt.Sprintf("cgroup %s has processes", rel), true
+	default:
+		return true, fmt.Sprintf("cgroup %s has no processes", rel), true
+	}
+}
+
+// pidExited is the fallback when no cgroup answers: the pid is gone, a zombie,
+// or now belongs to another process.
+func (c *Checker) pidExited(pid int, recordedStart uint64) (bool, string) {
+	st, err := readStat(c.procRoot, pid)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return true, fmt.Sprintf("pid %d is gone", pid)
+	case err != nil:
+		return false, fmt.Sprintf("pid %d unreadable: %v", pid, err)
+	case st.state == 'Z' || st.state == 'X':
+		return true, fmt.Sprintf("pid %d has exited (zombie)", pid)
+	case recordedStart != 0 && st.start != recordedStart:
+		return true, fmt.Sprintf("pid %d was reused by another process (start %d, recorded %d)", pid, st.start, recordedStart)
+	default:
+		return false, fmt.Sprintf("pid %d is running", pid)
+	}
+}
+
+// ErrBadCgroupPath is wrapped by CgroupPath for a path it cannot interpret.
+var ErrBadCgroupPath = errors.New("unrecognised cgroups path")
+
+// CgroupPath turns an OCI linux.cgroupsPath into a path relative to the
+// hierarchy root. cgroupfs paths ("/k8s.io/<id>", "k8s.io/<id>") are used as
+// they are; systemd paths ("<slice>:<prefix>:<name>") become
+// "/<expanded slice>/<prefix>-<name>.scope", where a slice
+// "kubepods-besteffort.slice" expands to
+// "/kubepods.slice/kubepods-besteffort.slice". The result is always cleaned
+// and absolute, so joining it to a root cannot escape that root.
+func CgroupPath(cgroupsPath string) (string, error) {
+	if !strings.HasPrefix(cgroupsPath, "/") && strings.Count(cgroupsPath, ":") == 2 {
+		parts := strings.SplitN(cgroupsPath, ":", 3)
+		slice, prefix, name := parts[0], parts[1], parts[2]
+		if name == "" {
+			return "", fmt.Errorf("%w: %q has no unit name", ErrBadCgroupPath, cgroupsPath)
+		}
+		parent, err := expandSlice(slice)
+		if err != nil {
+			return "", fmt.Errorf("%w: %q: %w", ErrBadCgroupPath, cgroupsPath, err)
+		}
+		unit := name
+		if !strings.HasSuffix(name, ".slice") {
+			if prefix != "" {
+				unit = prefix + "-" + name + ".scope"
+			} else {
+				unit = name + ".scope"
+			}
+		}
+		if strings.Contains(unit, "/") {
+			return "", fmt.Errorf("%w: %q: unit name contains '/'", ErrBadCgroupPath, cgroupsPath)
+		}
+		return filepath.Join(parent, unit), nil
+	}
+	clean := filepath.Clean("/" + cgroupsPath)
+	if clean == "/" {
+		return "", fmt.Errorf("%w: %q names the root cgroup", ErrBadCgroupPath, cgroupsPath)
+	}
+	return clean, nil
+}
+
+// expandSlice turns a systemd slice name into its cgroup directory:
+// "a-b-c.slice" lives at "/a.slice/a-b.slice/a-b-c.slice". An empty slice is
+// runc's default, "system.slice"; "-.slice" is the root.
+func expandSlice(slice string) (string, error) {
+	if slice == "" {
+		slice = "system.slice"
+	}
+	if slice == "-.slice" {
+		return "/", nil
+	}
+	if !strings.HasSuffix(slice, ".slice") || strings.Contains(slice, "/") {
+		return "", fmt.Errorf("invalid slice %q", slice)
+	}
+	base := strings.TrimSuffix(slice, ".slice")
+	if base == "" || strings.HasPrefix(base, "-") || strings.HasSuffix(base, "-") || strings.Contains(base, "--") {
+		return "", fmt.Errorf("invalid slice %q", slice)
+	}
+	var b strings.Builder
+	prefix := ""
+	for _, comp := range strings.Split(base, "-") {
+		prefix += comp
+		b.WriteString("/" + prefix + ".slice")
+		prefix += "-"
+	}
+	return b.String(), nil
+}
+
+// isCgroup2 reports whether root is a cgroup v2 (unified) mount.
+func isCgroup2(root string) bool {
+	st, err := os.Stat(filepath.Join(root, "cgroup.controllers"))
+	return err == nil && st.Mode().IsRegular()
+}
+
+// readPopulated reads the "populated" key of a v2 cgroup.events file.
+func readPopulated(path string) (bool, error) {
+	data, err := readBounded(path, maxStatBytes)
+	if err != nil {
+		return false, err
+	}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		key, value, ok := strings.Cut(strings.TrimSpace(sc.Text()), " ")
+		if ok && key == "populated" {
+			return strings.TrimSpace(value) == "1", nil
+		}
+	}
+	return false, fmt.Errorf("%s has no populated key", path)
+}
+
+// walkPopulated reports whether dir or any cgroup below it lists a process in
+// cgroup.procs. Past maxCgroupDirs it gives up with an error (doubt).
+func walkPopulated(dir string) (bool, error) {
+	seen := 0
+	populated := false
+	errStop := errors.New("stop")
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		seen++
+		if seen > maxCgroupDirs {
+			return fmt.Errorf("more than %d cgroups below %s", maxCgroupDirs, dir)
+		}
+		data, err := readBounded(filepath.Join(path, "cgroup.procs"), 1<<20)
+		if err != nil {
+			return err
+		}
+		if len(bytes.TrimSpace(data)) > 0 {
+			populated = true
+			return errStop
+		}
+		return nil
+	})
+	if errors.Is(err, errStop) {
+		return true, nil
+	}
+	return populated, err
+}
+
+// procStat is what liveness needs from /proc/<pid>/stat.
+type procStat struct {
+	state byte
+	start uint64
+}
+
+// PidStart returns the start time of pid (field 22 of procRoot/<pid>/stat,
+// clock ticks since boot). Recorded with a pid, it tells a live holder from
+// an unrelated process that got the same pid later. A missing process yields
+// an error wrapping fs.ErrNotExist.
+func PidStart(procRoot string, pid int) (uint64, error) {
+	st, err := readStat(procRoot, pid)
+	if err != nil {
+		return 0, err
+	}
+	return st.start, nil
+}
+
+func readStat(procRoot string, pid int) (procStat, error) {
+	if pid <= 0 {
+		return procStat{}, fmt.Errorf("invalid pid %d", pid)
+	}
+	path := filepath.Join(procRoot, strconv.Itoa(pid), "stat")
+	data, err := readBounded(path, maxStatBytes)
+	if err != nil {
+		return procStat{}, err
+	}
+	return parseStat(data)
+}
+
+// parseStat parses "pid (comm) state ppid ... starttime ...". comm may hold
+// spaces and parentheses, so fields are counted after the last ')'.
+func parseStat(data []byte) (procStat, error) {
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 {
+		return procStat{}, errors.New("malformed stat: no command name")
+	}
+	fields := strings.Fields(string(data[end+1:]))
+	// fields[0] is field 3 (state); starttime is field 22.
+	const startIdx = 22 - 3
+	if len(fields) <= startIdx || len(fields[0]) != 1 {
+		return procStat{}, fmt.Errorf("malformed stat: %d fields after the command name", len(fields))
+	}
+	start, err := strconv.ParseUint(fields[startIdx], 10, 64)
+	if err != nil {
+		return procStat{}, fmt.Errorf("malformed stat: start time %q: %w", fields[startIdx], err)
+	}
+	return procStat{state: fields[0][0], start: start}, nil
+}
+
+// readBounded reads at most limit bytes of a (pseudo) file.
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path) //nolint:gosec // path is confined below a configured root
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(io.LimitReader(f, limit)); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

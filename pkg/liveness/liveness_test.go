@@ -1,0 +1,323 @@
+package liveness
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// stat builds a /proc/<pid>/stat line with the given command, state and start
+// time (field 22).
+func stat(pid int, comm string, state byte, start string) string {
+	fields := []string{string(state)}
+	for i := 4; i <= 21; i++ {
+		fields = append(fields, "0")
+	}
+	fields = append(fields, start, "0", "0")
+	return strings.Join([]string{strconv.Itoa(pid), "(" + comm + ")", strings.Join(fields, " ")}, " ") + "\n"
+}
+
+
+// tree writes files (path → content; a trailing "/" makes a directory) below
+// a fresh root and returns the root.
+func tree(t *testing.T, files map[string]string) string {
+	t.Helper()
+	root := t.TempDir()
+	for p, content := range files {
+		full := filepath.Join(root, p)
+		if strings.HasSuffix(p, "/") {
+			require.NoError(t, os.MkdirAll(full, 0o755))
+			continue
+		}
+		require.NoError(t, os.MkdirAll(filepath.Dir(full), 0o755))
+		require.NoError(t, os.WriteFile(full, []byte(content), 0o644))
+	}
+	return root
+}
+
+func TestExited(t *testing.T) {
+	const v2 = "cgroup.controllers"
+	running := stat(4242, "python3", 'S', "1000")
+	for _, tc := range []struct {
+		name       string
+		cgroup     map[string]string
+		proc       map[string]string
+		owner      ledger.Owner
+		wantExited bool
+		wantReason string
+	}{
+		{
+			name:       "never started: no pid, no cgroup",
+			owner:      ledger.Owner{ContainerID: "c"},
+			wantReason: "never started",
+		},
+		{
+			name:       "v2 populated",
+			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "populated 1\nfrozen 0\n"},
+			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			wantReason: "cgroup /k8s.io/c1 has processes",
+		},
+		{
+			name:       "v2 not populated although the pid is still listed in proc",
+			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "populated 0\nfrozen 0\n"},
+			proc:       map[string]string{"4242/stat": running},
+			owner:      ledger.Owner{Pid: 4242, PidStart: 1000, Cgroup: "/k8s.io/c1"},
+			wantExited: true,
+			wantReason: "cgroup /k8s.io/c1 has no processes",
+		},
+		{
+			name:       "v2 relative cgroupfs path",
+			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "populated 0\n"},
+			owner:      ledger.Owner{Cgroup: "k8s.io/c1"},
+			wantExited: true,
+			wantReason: "cgroup /k8s.io/c1 has no processes",
+		},
+		{
+			name:       "v2 without cgroup.events: empty procs",
+			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.procs": ""},
+			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			wantExited: true,
+		},
+		{
+			name:       "v2 without cgroup.events: a child cgroup has processes",
+			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.procs": "", "k8s.io/c1/inner/cgroup.procs": "77\n"},
+			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			wantReason: "has processes",
+		},
+		{
+			name: "v2 systemd driver path",
+			cgroup: map[string]string{v2: "",
+				"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope/cgroup.events": "populated 0\n"},
+			owner:      ledger.Owner{Pid: 4242, Cgroup: "kubepods-besteffort-pod1.slice:cri-containerd:abc"},
+			wantExited: true,
+			wantReason: "cgroup /kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope has no processes",
+		},
+		{
+			name:       "v2 systemd driver path, populated",
+			cgroup:     map[string]string{v2: "", "system.slice/docker-abc.scope/cgroup.events": "populated 1\n"},
+			owner:      ledger.Owner{Cgroup: "system.slice:docker:abc"},
+			wantReason: "has processes",
+		},
+		{
+			name:       "v1 pids hierarchy, empty",
+			cgroup:     map[string]string{"pids/k8s.io/c1/cgroup.procs": "", "memory/k8s.io/c1/cgroup.procs": "4242\n"},
+			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			wantExited: true,
+			wantReason: "cgroup /k8s.io/c1 has no processes",
+		},
+		{
+			name:       "v1 pids hierarchy, process in a child cgroup",
+			cgroup:     map[string]string{"pids/k8s.io/c1/cgroup.procs": "", "pids/k8s.io/c1/sub/cgroup.procs": "9\n"},
+			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			wantReason: "has processes",
+		},
+		{
+			name:       "v1 only cpu,cpuacct mounted",
+			cgroup:     map[string]string{"cpu,cpuacct/k8s.io/c1/cgroup.procs": "1\n2\n"},
+			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			wantReason: "has processes",
+		},
+		{
+			name: "v1 systemd hierarchy with systemd path",
+			cgroup: map[string]string{
+				"systemd/kubepods.slice/kubepods-pod9.slice/cri-containerd-x.scope/cgroup.procs": ""},
+			owner:      ledger.Owner{Cgroup: "kubepods-pod9.slice:cri-containerd:x"},
+			wantExited: true,
+		},
+		{
+			name:       "v1 hybrid: only the unified hierarchy has it",
+			cgroup:     map[string]string{"pids/": "", "unified/k8s.io/c1/cgroup.events": "populated 0\n"},
+			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			wantExited: true,
+		},
+		{
+			name:       "cgroup removed, pid gone",
+			cgroup:     map[string]string{v2: "", "k8s.io/": ""},
+			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			wantExited: true,
+			wantReason: "cgroup /k8s.io/c1 not found; pid 4242 is gone",
+		},
+		{
+			name:       "cgroup removed, pid still running with the recorded start",
+			cgroup:     map[string]string{v2: ""},
+			proc:       map[string]string{"4242/stat": running},
+			owner:      ledger.Owner{Pid: 4242, PidStart: 1000, Cgroup: "/k8s.io/c1"},
+			wantReason: "pid 4242 is running",
+		},
+		{
+			name:       "cgroup removed, no pid recorded: doubt",
+			cgroup:     map[string]string{v2: ""},
+			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			wantReason: "no pid is recorded",
+		},
+		{
+			name:       "no readable hierarchy: doubt even though the pid is gone",
+			cgroup:     map[string]string{"unrelated/": ""},
+			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			wantReason: "no cgroup hierarchy readable",
+		},
+		{
+			name:       "cgroup.procs unreadable: doubt",
+			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.procs/": ""},
+			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			wantReason: "unreadable",
+		},
+		{
+			name:       "cgroup.events without populated key: doubt",
+			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "frozen 0\n"},
+			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			wantReason: "unreadable",
+		},
+		{
+			name:       "path escaping the root is confined",
+			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "populated 1\n"},
+			owner:      ledger.Owner{Cgroup: "/../../k8s.io/c1"},
+			wantReason: "cgroup /k8s.io/c1 has processes",
+		},
+		{
+			name:       "root cgroup path is refused: doubt",
+			cgroup:     map[string]string{v2: "", "cgroup.events": "populated 0\n"},
+			owner:      ledger.Owner{Cgroup: "/"},
+			wantReason: "root cgroup",
+		},
+		{
+			name:       "no cgroup, pid gone",
+			owner:      ledger.Owner{Pid: 4242},
+			wantExited: true,
+			wantReason: "pid 4242 is gone",
+		},
+		{
+			name:       "no cgroup, pid running, start matches",
+			proc:       map[string]string{"4242/stat": running},
+			owner:      ledger.Owner{Pid: 4242, PidStart: 1000},
+			wantReason: "pid 4242 is running",
+		},
+		{
+			name:       "no cgroup, pid running, no start recorded",
+			proc:       map[string]string{"4242/stat": running},
+			owner:      ledger.Owner{Pid: 4242},
+			wantReason: "pid 4242 is running",
+		},
+		{
+			name:       "no cgroup, pid reused",
+			proc:       map[string]string{"4242/stat": stat(4242, "bash", 'S', "2000")},
+			owner:      ledger.Owner{Pid: 4242, PidStart: 1000},
+			wantExited: true,
+			wantReason: "reused",
+		},
+		{
+			name:       "no cgroup, zombie",
+			proc:       map[string]string{"4242/stat": stat(4242, "python3", 'Z', "1000")},
+			owner:      ledger.Owner{Pid: 4242, PidStart: 1000},
+			wantExited: true,
+			wantReason: "zombie",
+		},
+		{
+			name:       "no cgroup, malformed stat: doubt",
+			proc:       map[string]string{"4242/stat": "4242 garbage"},
+			owner:      ledger.Owner{Pid: 4242, PidStart: 1000},
+			wantReason: "unreadable",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := New(tree(t, tc.cgroup), tree(t, tc.proc))
+			exited, reason := c.Exited(tc.owner)
+			assert.Equal(t, tc.wantExited, exited, "reason: %s", reason)
+			assert.Contains(t, reason, tc.wantReason)
+		})
+	}
+}
+
+func TestCgroupPath(t *testing.T) {
+	for _, tc := range []struct {
+		in, want string
+		wantErr  bool
+	}{
+		{in: "/k8s.io/abc", want: "/k8s.io/abc"},
+		{in: "k8s.io/abc", want: "/k8s.io/abc"},
+		{in: "/kubepods/besteffort/pod1/abc", want: "/kubepods/besteffort/pod1/abc"},
+		{in: "/a/../../b", want: "/b"},
+		{in: "kubepods-burstable-pod1.slice:cri-containerd:abc",
+			want: "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice/cri-containerd-abc.scope"},
+		{in: "system.slice:docker:abc", want: "/system.slice/docker-abc.scope"},
+		{in: ":docker:abc", want: "/system.slice/docker-abc.scope"},
+		{in: "-.slice::abc", want: "/abc.scope"},
+		{in: "machine.slice::vm.slice", want: "/machine.slice/vm.slice"},
+		{in: "/", wantErr: true},
+		{in: "", wantErr: true},
+		{in: "kubepods.slice:p:", wantErr: true},
+		{in: "notaslice:p:n", wantErr: true},
+		{in: "a--b.slice:p:n", wantErr: true},
+		{in: "a/b.slice:p:n", wantErr: true},
+		{in: "a.slice:p/x:n", wantErr: true},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			got, err := CgroupPath(tc.in)
+			if tc.wantErr {
+				require.ErrorIs(t, err, ErrBadCgroupPath)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestPidStart(t *testing.T) {
+	proc := tree(t, map[string]string{
+		"10/stat": stat(10, "weird) (name", 'R', "123456789"),
+		"11/stat": "11 (x) R 1 2 3\n",
+		"12/stat": stat(12, "x", 'R', "notanumber"),
+	})
+	got, err := PidStart(proc, 10)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(123456789), got)
+
+	_, err = PidStart(proc, 11)
+	require.ErrorContains(t, err, "malformed stat")
+	_, err = PidStart(proc, 12)
+	require.ErrorContains(t, err, "start time")
+	_, err = PidStart(proc, 13)
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	_, err = PidStart(proc, 0)
+	require.Error(t, err)
+	require.False(t, errors.Is(err, fs.ErrNotExist))
+
+	got, err = New("", proc).PidStart(10)
+	require.NoError(t, err)
+	assert.Equal(t, uint64(123456789), got)
+}
+
+// TestPidStartSelf reads the real procfs: the test process's own start time is
+// stable across two reads.
+func TestPidStartSelf(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no procfs")
+	}
+	a, err := PidStart("/proc", os.Getpid())
+	require.NoError(t, err)
+	b, err := PidStart("/proc", os.Getpid())
+	require.NoError(t, err)
+	assert.Equal(t, a, b)
+	assert.NotZero(t, a)
+}
+
+func TestWalkBound(t *testing.T) {
+	files := map[string]string{"cgroup.controllers": "", "c/cgroup.procs": ""}
+	for i := 0; i <= maxCgroupDirs; i++ {
+		files["c/"+strconv.Itoa(i)+"/cgroup.procs"] = ""
+	}
+	c := New(tree(t, files), t.TempDir())
+	exited, reason := c.Exited(ledger.Owner{Cgroup: "/c"})
+	assert.False(t, exited)
+	assert.Contains(t, reason, "more than")
+}
