@@ -35,14 +35,52 @@ type MIG struct {
 
 // Inventory is the host's GPUs, loaded once from one source. It is immutable
 // after construction and safe for concurrent use; lookups are map reads.
+// Build one with NewInventory, Discover, LoadCache or json.Unmarshal: each
+// validates it and builds the lookup indexes.
 type Inventory struct {
 	// Source is the source that produced it: "nvml", "proc" or "static".
 	Source string `json:"source"`
 	GPUs   []GPU  `json:"gpus"`
-	// unexported lookup indexes built by NewInventory
-	byUUID  map[string]Device
-	byIndex map[string]Device
-	byMinor map[int]Device
+	// Notes say why earlier sources were skipped and what could not be
+	// mapped (for operators: gpu-guard-ctl devices shows them).
+	Notes []string `json:"notes,omitempty"`
+	// CapsMajor is the character-device major of /dev/nvidia-caps/* (from
+	// /proc/devices); 0 when unknown. It lets a renamed capability node still
+	// be recognised by its numbers.
+	CapsMajor int64 `json:"caps_major,omitempty"`
+	// MIGCaps maps /dev/nvidia-caps/nvidia-cap<N> minors to MIG instances;
+	// empty when the mapping is unknown.
+	MIGCaps []MIGCap `json:"mig_caps,omitempty"`
+
+	// idx holds the lookup indexes built by NewInventory; nil for a zero
+	// Inventory, which then behaves as an empty one.
+	idx *index
+}
+
+// MIGCapKind tells what a /dev/nvidia-caps node grants.
+type MIGCapKind string
+
+// Capability kinds of /proc/driver/nvidia-caps/mig-minors.
+const (
+	// CapGIAccess opens one GPU instance ("gpu<M>/gi<G>/access").
+	CapGIAccess MIGCapKind = "gi"
+	// CapCIAccess opens one compute instance ("gpu<M>/gi<G>/ci<C>/access").
+	CapCIAccess MIGCapKind = "ci"
+	// CapConfig and CapMonitor are host-wide MIG management capabilities;
+	// they open no MIG instance and are never claims.
+	CapConfig  MIGCapKind = "config"
+	CapMonitor MIGCapKind = "monitor"
+)
+
+// MIGCap is one /dev/nvidia-caps/nvidia-cap<Minor> node and what it opens.
+type MIGCap struct {
+	Minor int        `json:"minor"`
+	Kind  MIGCapKind `json:"kind"`
+	// GPUMinor, GI and CI locate the instance for CapGIAccess/CapCIAccess:
+	// GPUMinor is the parent GPU's minor number (/dev/nvidia<GPUMinor>).
+	GPUMinor int `json:"gpu_minor,omitempty"`
+	GI       int `json:"gi,omitempty"`
+	CI       int `json:"ci,omitempty"`
 }
 
 // Loader is one inventory source.
@@ -80,9 +118,11 @@ type LinuxDevice struct {
 // Resolved is one device a container reaches, with every source that named it.
 type Resolved struct {
 	Device
-	// Sources says where the device was named, for messages: e.g.
-	// `env NVIDIA_VISIBLE_DEVICES="1"`, `annotation cdi.k8s.io/gpu="nvidia.com/gpu=1"`,
-	// `device /dev/nvidia1 (195:1)`, `privileged`, `all`.
+	// Sources says where the device was named, for messages, in the order
+	// read: `env NVIDIA_VISIBLE_DEVICES="1"` (the id as written; "all" when
+	// it came from all), `mount /var/run/nvidia-container-devices/1`,
+	// `annotation cdi.k8s.io/gpu="nvidia.com/gpu=1"`, `cdi "nvidia.com/gpu=1"`,
+	// `device /dev/nvidia1 (195:1)`, `privileged`.
 	Sources []string `json:"sources"`
 }
 

@@ -1,18 +1,29 @@
 // Package devices answers "which GPUs can this container reach?".
 //
 // It owns the GPU inventory (NVML through go-nvlib, /proc/driver/nvidia, or a
-// static list from the configuration) and the resolver that turns a container
-// description (environment, mounts, annotations, CDI device names, Linux device
-// nodes, privileged flag) into a canonical set of device UUIDs, following
-// DESIGN.md §3.
+// static list from the configuration; see Discover, and SaveCache/LoadCache
+// for the copy the OCI hook reads) and the resolver that turns a container
+// description (environment, mounts, annotations, CDI device names, Linux
+// device nodes, privileged flag) into a canonical set of device UUIDs,
+// following DESIGN.md §3 (see Resolver.Resolve for the rules in detail).
 //
 // Invariants:
 //   - The canonical identity of a device is its NVML UUID (GPU-… or MIG-…);
-//     indices and minor numbers are only ever inputs.
+//     indices and minor numbers are only ever inputs. A GPU's minor number
+//     (/dev/nvidia<minor>) need not equal its index.
+//   - An Inventory is validated (unique UUIDs, indices and minors; MIG
+//     instances belong to their GPU) and immutable once built, whether by
+//     NewInventory, Discover, json.Unmarshal or LoadCache.
 //   - Resolution does no NVML call and no file I/O: it reads the cached
 //     Inventory only. Loading or refreshing the inventory is explicit.
-//   - Container-supplied strings are untrusted: bounded, never used as paths,
-//     quoted in errors; every error names the offending token and its source.
+//   - Resolution fails closed: an id that cannot be resolved is an error
+//     unless policy.unknown_device = "ignore", and ambiguous ids and mangled
+//     mount paths are errors under every policy.
+//   - Container-supplied strings are untrusted: bounded (MaxValueBytes,
+//     MaxValueTokens, MaxRequestTokens), never used as paths, quoted in errors;
+//     every error names the offending token and its source.
 //   - A full GPU conflicts with each of its MIG instances; sibling MIG instances
 //     do not conflict (Conflicts).
+//   - Code that needs cgo (NVML) is confined to loader_nvml.go; builds without
+//     cgo still compile and report NVML as unavailable.
 package devices

@@ -40,9 +40,9 @@ type Request struct {
 
 // Decision is the answer to a Request.
 type Decision struct {
-	Result  Result             `json:"decision"`
-	Reason  string             `json:"reason"` // machine-readable: free, busy, reserved, exempt, no-gpu, unknown-device, policy-all, policy-privileged, ...
-	Devices []devices.Resolved `json:"devices"`
+	Result  Result              `json:"decision"`
+	Reason  string              `json:"reason"` // machine-readable: free, busy, reserved, exempt, no-gpu, unknown-device, policy-all, policy-privileged, ...
+	Devices []devices.Resolved  `json:"devices"`
 	Busy    []ledger.BusyDevice `json:"-"`
 	// Position and QueueLength are set for Queue ("position N of M").
 	Position    int           `json:"position,omitempty"`

@@ -2,27 +2,266 @@ package hook
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
-// Phase names accepted by Run.
+// Phase names accepted by Run: the words after "nri-gpu-guard hook".
 const (
 	PhaseCreateRuntime = "create-runtime"
 	PhasePoststop      = "poststop"
 )
 
-// Run executes one hook phase ("create-runtime" or "poststop") with the OCI
-// state read from stdin. Progress lines go to stderr. A non-nil error is
-// self-contained (it names the container, the devices and what to do): the
-// caller prints it and exits non-zero, which makes the runtime refuse the
-// container.
+// ErrUsage is wrapped by Run for an unknown phase.
+var ErrUsage = errors.New("usage: nri-gpu-guard hook create-runtime|poststop [--config PATH]")
+
+// Run executes one hook phase with the OCI state read from stdin.
+//
+// create-runtime admits the container through the guard, waiting in the
+// ledger's FIFO queue while its GPUs are held (up to hook.wait_timeout, with
+// progress lines on stderr); poststop releases what the container holds.
+//
+// Run installs its own SIGTERM/SIGINT handling: a signal cancels a waiting
+// hook, which then leaves the queue and fails. It never panics. A non-nil
+// error is self-contained (it names the container, the devices and what to
+// do): the caller prints it on one line and exits non-zero, which makes the
+// runtime refuse the container (or, for poststop, log a warning).
 func Run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
-	_ = ctx
-	_ = cfg
-	_ = stdin
-	_ = stderr
-	return fmt.Errorf("nri-gpu-guard hook %s: not implemented yet", phase)
+	// The signal is the context's cause ("terminated signal received"), which
+	// the error of a cancelled waiter quotes.
+	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	// stdout/stderr are pipes to the runtime. A runtime that died while the
+	// hook waits leaves them without a reader, and Go kills a process that
+	// writes to such a pipe on fd 1 or 2 with SIGPIPE, before the hook could
+	// leave the queue. Ignored, the write fails with EPIPE instead, and the
+	// hook withdraws as it should (its output has nowhere to go anyway).
+	signal.Ignore(syscall.SIGPIPE)
+	return defaultEnv().run(ctx, phase, cfg, stdin, stderr)
+}
+
+// guardAPI is what the hook needs from *guard.Guard.
+type guardAPI interface {
+	admitter
+	Removed(ctx context.Context, o ledger.Owner) error
+	Ledger() *ledger.Ledger
+}
+
+// env holds what Run takes from the host, so tests can substitute it.
+type env struct {
+	now       func() time.Time
+	newTicker func(time.Duration) ticker
+	procRoot  string
+	// getppid is the hook's parent: the runtime that runs it. A change means
+	// the runtime died and nobody waits for this hook's answer.
+	getppid func() int
+	// openGuard opens the ledger and builds the guard over inv.
+	openGuard func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error)
+}
+
+func defaultEnv() env {
+	return env{
+		now:       time.Now,
+		newTicker: newRealTicker,
+		procRoot:  liveness.DefaultProcRoot,
+		getppid:   os.Getppid,
+		openGuard: openGuard,
+	}
+}
+
+// run is Run without the signal handling; it turns a panic into an error.
+func (e env) run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, stderr io.Writer) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("hook %s: internal error, container refused (please report this): %v", phase, r)
+		}
+	}()
+	switch phase {
+	case PhaseCreateRuntime:
+		err = e.createRuntime(ctx, cfg, stdin, stderr)
+	case PhasePoststop:
+		err = e.poststop(ctx, cfg, stdin)
+	default:
+		return fmt.Errorf("%w (unknown phase %q)", ErrUsage, phase)
+	}
+	if err != nil {
+		return fmt.Errorf("hook %s: %w", phase, err)
+	}
+	return nil
+}
+
+// createRuntime admits (or refuses) the container described by stdin.
+func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
+	st, err := readState(stdin)
+	if err != nil {
+		return fmt.Errorf("container refused: %w", err)
+	}
+	spec, err := readSpec(st)
+	if err != nil {
+		return fmt.Errorf("container %s refused: %w", st.ID, err)
+	}
+	req := devices.RequestFromSpec(spec)
+
+	inv, invErr := loadInventory(cfg)
+	if skip, err := nothingRequested(inv, invErr, cfg.Policy, req); err != nil {
+		return fmt.Errorf("container %s refused: %w", st.ID, err)
+	} else if skip {
+		// The common case for a hook installed for every container: no GPU
+		// named anywhere. Done without touching the ledger.
+		return nil
+	}
+
+	var pidStart uint64
+	if st.Pid > 0 {
+		pidStart, err = liveness.PidStart(e.procRoot, st.Pid)
+		if err != nil {
+			return fmt.Errorf("container %s refused: its process %d is not readable (was it killed?): %w", st.ID, st.Pid, err)
+		}
+	}
+	owner := ownerFrom(st, spec, pidStart)
+	var self *ledger.Owner
+	if st.Pid > 0 {
+		self = &ledger.Owner{Pid: st.Pid, PidStart: pidStart}
+	}
+
+	g, closeGuard, err := e.openGuard(cfg, inv)
+	if err != nil {
+		return fmt.Errorf("container %s refused: %w", st.ID, err)
+	}
+	defer closeGuard()
+
+	w := &waiter{
+		g: g,
+		req: guard.Request{
+			FrontEnd: ledger.FrontEndHook,
+			Owner:    owner,
+			Key:      st.ID,
+			Spec:     req,
+		},
+		stderr:          stderr,
+		pollInterval:    cfg.Hook.PollInterval.Duration,
+		waitTimeout:     cfg.Hook.WaitTimeout.Duration,
+		withdrawTimeout: withdrawTimeout(cfg),
+		now:             e.now,
+		newTicker:       e.newTicker,
+		gone:            e.goneCheck(self),
+	}
+	return w.run(ctx)
+}
+
+// goneCheck returns the test a waiting hook runs before every retry: its
+// container's process must still be the one the state named (same pid, same
+// start time, not a zombie), and the runtime that ran the hook must still be
+// its parent. Either failing means nobody will start this container: a
+// runtime killed with SIGKILL never reaps or answers its hooks. self is nil
+// when the state names no process; then only the runtime is watched.
+func (e env) goneCheck(self *ledger.Owner) func() (bool, string) {
+	ppid := e.getppid()
+	checker := liveness.New("", e.procRoot)
+	return func() (bool, string) {
+		if now := e.getppid(); now != ppid {
+			return true, fmt.Sprintf("the runtime that ran the hook (pid %d) is gone", ppid)
+		}
+		if self != nil {
+			if exited, why := checker.Exited(*self); exited {
+				return true, "its process: " + why
+			}
+		}
+		return false, ""
+	}
+}
+
+// poststop releases everything the container holds and drops any waiter
+// entry it left (a create-runtime hook killed with SIGKILL cannot withdraw).
+// Both are idempotent: a container that held nothing succeeds.
+//
+// Most containers hold nothing: a lock-free read of the ledger tells, and
+// only a container that appears in it takes the ledger lock. The read cannot
+// miss a claim of this container: its create-runtime hook ended (or was
+// killed and reaped by the runtime) before the runtime ran poststop.
+func (e env) poststop(ctx context.Context, cfg config.Config, stdin io.Reader) error {
+	st, err := readState(stdin)
+	if err != nil {
+		return err
+	}
+	// Releasing needs no inventory: it must work even when the GPU set
+	// changed or the cache is gone.
+	g, closeGuard, err := e.openGuard(cfg, emptyInventory())
+	if err != nil {
+		return fmt.Errorf("container %s: cannot release its GPUs (run `gpu-guard-ctl gc` or `gpu-guard-ctl release --container %s`): %w", st.ID, st.ID, err)
+	}
+	defer closeGuard()
+	if snap, err := g.Ledger().Snapshot(ctx); err == nil && !appears(snap, st.ID) {
+		return nil
+	}
+	owner := ledger.Owner{ContainerID: st.ID, FrontEnd: ledger.FrontEndHook}
+	var errs []error
+	if err := g.Removed(ctx, owner); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl release --container %s` once the ledger is reachable): %w", st.ID, st.ID, err))
+	}
+	if err := g.Withdraw(ctx, st.ID, "container removed"); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		errs = append(errs, fmt.Errorf("drop the queue entry of container %s: %w", st.ID, err))
+	}
+	return errors.Join(errs...)
+}
+
+// appears reports whether container id holds a claim, waits, or has a
+// conflict record in st.
+func appears(st ledger.State, id string) bool {
+	for _, c := range st.Claims {
+		if c.Owner.ContainerID == id {
+			return true
+		}
+	}
+	for _, w := range st.Waiters {
+		if w.Key == id || w.Owner.ContainerID == id {
+			return true
+		}
+	}
+	for _, c := range st.Conflicts {
+		if c.Owner.ContainerID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// withdrawTimeout bounds the Withdraw of a hook that gives up: long enough to
+// get the ledger lock once.
+func withdrawTimeout(cfg config.Config) time.Duration {
+	return cfg.Ledger.LockTimeout.Duration + time.Second
+}
+
+// openGuard opens the host ledger and builds the guard the NRI front end also
+// uses, so that both front ends decide with one policy over one ledger.
+func openGuard(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
+	led, err := ledger.Open(cfg.Ledger.Dir, ledger.Options{
+		LockTimeout:    cfg.Ledger.LockTimeout.Duration,
+		AuditMaxBytes:  cfg.Ledger.AuditMaxBytes,
+		ReservationTTL: cfg.Policy.ReservationTTL.Duration,
+		QueueTTL:       cfg.Policy.QueueTTL.Duration,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the GPU ledger in %s: %w", cfg.Ledger.Dir, err)
+	}
+	g, err := guard.New(guard.Options{
+		Config:    cfg,
+		Inventory: inv,
+		Ledger:    led,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("start the GPU guard: %w", err)
+	}
+	return g, func() {}, nil
 }

@@ -6,6 +6,7 @@ package ledger
 
 import (
 	"errors"
+	"log/slog"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -115,6 +116,10 @@ type Options struct {
 	QueueTTL       time.Duration    // default 15m
 	Now            func() time.Time // default time.Now (tests inject a clock)
 	BootID         string           // default: /proc/sys/kernel/random/boot_id
+	// Logger receives what cannot be returned: an audit append that failed
+	// after the state was committed, stray temp files removed, a state from
+	// an earlier boot discarded. Default: discard.
+	Logger *slog.Logger
 }
 
 // Errors, wrapped with details by the concrete error types.
@@ -145,5 +150,8 @@ type BusyDevice struct {
 	Reservation *Reservation   // the conflicting reservation, if reserved
 }
 
-func (e *BusyError) Error() string { return "device busy" } // the ledger helper may improve this
+// Error names every busy device (index and UUID) and who holds or reserved it.
+func (e *BusyError) Error() string { return busyMessage(e.Busy) }
+
+// Unwrap makes errors.Is(err, ErrBusy) hold.
 func (e *BusyError) Unwrap() error { return ErrBusy }

@@ -348,7 +348,7 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	var buf bytes.Buffer
 	if _, err := buf.ReadFrom(io.LimitReader(f, limit)); err != nil {
 		return nil, err

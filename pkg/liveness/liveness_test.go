@@ -26,7 +26,6 @@ func stat(pid int, comm string, state byte, start string) string {
 	return strings.Join([]string{strconv.Itoa(pid), "(" + comm + ")", strings.Join(fields, " ")}, " ") + "\n"
 }
 
-
 // tree writes files (path → content; a trailing "/" makes a directory) below
 // a fresh root and returns the root.
 func tree(t *testing.T, files map[string]string) string {

@@ -1,0 +1,76 @@
+// Command nri-gpu-guard is the GPU exclusivity guard for containerd (an NRI
+// plugin, pre-installed or external) and, as `nri-gpu-guard hook PHASE`, the
+// OCI runtime hook for runtimes without NRI.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/nriplugin"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stderr)) }
+
+func run(args []string, stdin io.Reader, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	fs := flag.NewFlagSet("nri-gpu-guard", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintln(stderr, "usage: nri-gpu-guard [--config PATH] [--socket PATH] [--name NAME] [--idx NN] [--state-dir DIR]\n"+
+			"       nri-gpu-guard hook create-runtime|poststop [--config PATH]\n       nri-gpu-guard version")
+		fs.PrintDefaults()
+	}
+	cfgPath := fs.String("config", "", "configuration file (default $"+config.EnvPath+" or "+config.DefaultPath+")")
+	socket := fs.String("socket", "", "NRI socket to dial (default [nri] socket)")
+	name := fs.String("name", "", "plugin name (default [nri] plugin_name)")
+	idx := fs.String("idx", "", "plugin index, two digits (default [nri] plugin_index)")
+	stateDir := fs.String("state-dir", "", "ledger directory (default [ledger] dir)")
+	phase := ""
+	switch {
+	case len(args) > 0 && (args[0] == "version" || args[0] == "--version" || args[0] == "-version"):
+		fmt.Println(version.String("nri-gpu-guard"))
+		return 0
+	case len(args) > 0 && args[0] == "hook":
+		if len(args) < 2 || (args[1] != hook.PhaseCreateRuntime && args[1] != hook.PhasePoststop) {
+			fs.Usage()
+			return 2
+		}
+		phase, args = args[1], args[2:]
+	}
+	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+		return 2
+	}
+	cfg, _, err := config.LoadDefault(*cfgPath)
+	if err == nil && *stateDir != "" {
+		cfg.Ledger.Dir = *stateDir
+		err = cfg.Validate()
+	}
+	if err != nil {
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: configuration: %v\n", err)
+		return 1
+	}
+	if phase != "" {
+		err = hook.Run(ctx, phase, cfg, stdin, stderr)
+	} else {
+		logger := slog.New(slog.NewJSONHandler(stderr, nil))
+		logger.Info("starting", "version", version.String("nri-gpu-guard"), "launched_by_runtime", nriplugin.Launched())
+		err = nriplugin.RunDaemon(ctx, nriplugin.DaemonOptions{Config: cfg, Logger: logger,
+			Identity: nriplugin.Identity{Name: *name, Index: *idx, Socket: *socket}})
+	}
+	if err != nil {
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: %v\n", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,47 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestRunExitCodes(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.toml")
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	if err := os.WriteFile(bad, []byte("[policy]\non_conflict = \"maybe\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	good := filepath.Join(t.TempDir(), "good.toml")
+	if err := os.WriteFile(good, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    int
+		wantErr string
+	}{
+		{name: "version", args: []string{"version"}, want: 0},
+		{name: "--version", args: []string{"--version"}, want: 0},
+		{name: "unknown flag", args: []string{"--bogus"}, want: 2, wantErr: "usage"},
+		{name: "stray argument", args: []string{"serve"}, want: 2},
+		{name: "hook without phase", args: []string{"hook"}, want: 2, wantErr: "hook create-runtime|poststop"},
+		{name: "hook with unknown phase", args: []string{"hook", "prestart"}, want: 2},
+		{name: "missing config named explicitly", args: []string{"--config", missing}, want: 1, wantErr: "configuration"},
+		{name: "invalid config", args: []string{"--config", bad}, want: 1, wantErr: "policy.on_conflict"},
+		{name: "relative state dir", args: []string{"--config", good, "--state-dir", "rel"}, want: 1, wantErr: "ledger.dir"},
+		{name: "hook with invalid config", args: []string{"hook", "poststop", "--config", bad}, want: 1, wantErr: "policy.on_conflict"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			got := run(tc.args, strings.NewReader(""), &stderr)
+			assert.Equal(t, tc.want, got, stderr.String())
+			assert.Contains(t, stderr.String(), tc.wantErr)
+		})
+	}
+}

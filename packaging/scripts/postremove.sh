@@ -1,0 +1,49 @@
+#!/bin/sh
+# postremove for the nri-gpu-guard .deb (postrm) and .rpm (%postun).
+#
+# Arguments: deb "remove" | "purge" | "upgrade <new-version>" | ...;
+# rpm "0" on erase, "1" or more on upgrade.
+set -e
+
+STATE_DIR=/var/lib/nri-gpu-guard
+DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
+
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+	systemctl daemon-reload >/dev/null 2>&1 || true
+fi
+
+case "$1" in
+	purge)
+		# Everything the package or the guard created. The ledger only
+		# records claims of the guard that is now gone.
+		rm -rf "$STATE_DIR"
+		rmdir /etc/nri-gpu-guard 2>/dev/null || true
+		;;
+	remove | 0)
+		# A removed .deb keeps its conffiles, and a locally edited one of an
+		# .rpm survives as .rpmsave. If the drop-in is still in place, the
+		# next containerd restart would refuse EVERY container, because the
+		# plugin it requires is gone. Say so, with the fix.
+		if [ -e "$DROP_IN" ]; then
+			cat >&2 <<MSG
+
+nri-gpu-guard: WARNING: $DROP_IN is still in place.
+It makes containerd refuse every container while the gpu-guard plugin is
+absent. Remove it before containerd next restarts:
+  dpkg --purge nri-gpu-guard   (Debian/Ubuntu; or: rm $DROP_IN)
+  systemctl restart containerd
+The running containerd keeps refusing containers until it is restarted
+without the drop-in.
+
+MSG
+		else
+			cat >&2 <<'MSG'
+
+nri-gpu-guard: removed. If containerd loaded the nri-gpu-guard drop-in, it
+keeps refusing containers until it is restarted: systemctl restart containerd
+
+MSG
+		fi
+		;;
+esac
+exit 0

@@ -1,0 +1,206 @@
+#!/usr/bin/env bash
+# Builds the packages (make package) and checks the .deb on this machine:
+# install, the installed binaries, the systemd unit, the containerd drop-in,
+# the OCI hooks, that a locally edited config survives remove + reinstall, and
+# purge. Needs root and dpkg (Debian/Ubuntu); CI runs it. The machine is left
+# as it was found: the package is purged and anything it removed that existed
+# before (the ledger directory) is put back.
+#
+# Environment:
+#   NO_BUILD=1   test the packages already in dist/ instead of `make package`
+#   BIN_DIR      passed to build-packages.sh (default: bin)
+set -euo pipefail
+
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo_root"
+
+PKG=nri-gpu-guard
+CONFIG=/etc/nri-gpu-guard/config.toml
+DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
+UNIT=/usr/lib/systemd/system/nri-gpu-guard.service
+HOOKS_DIR=/usr/share/containers/oci/hooks.d
+STATE_DIR=/var/lib/nri-gpu-guard
+
+checks=0
+log() { printf 'test-packages: %s\n' "$*"; }
+fail() {
+	printf 'test-packages: FAIL: %s\n' "$*" >&2
+	exit 1
+}
+ok() {
+	checks=$((checks + 1))
+	log "ok: $*"
+}
+
+[[ $(id -u) -eq 0 ]] || fail "run as root (it installs and purges the .deb)"
+command -v dpkg >/dev/null || fail "dpkg not found: this test needs Debian/Ubuntu"
+status=$(dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null || true)
+if [[ $status == *installed* || $status == *config-files* ]]; then
+	fail "$PKG is already installed on this machine; not touching an operator's installation"
+fi
+
+# What exists before, to leave the machine as found.
+work=$(mktemp -d)
+saved_state=""
+if [[ -e $STATE_DIR ]]; then
+	saved_state=$work/state
+	cp -a "$STATE_DIR" "$saved_state"
+fi
+cleanup() {
+	local rc=$?
+	if dpkg-query -W "$PKG" >/dev/null 2>&1; then
+		dpkg --purge "$PKG" >/dev/null 2>&1 || true
+	fi
+	if [[ -n $saved_state ]]; then
+		rm -rf "$STATE_DIR"
+		cp -a "$saved_state" "$STATE_DIR"
+	fi
+	rm -rf "$work"
+	exit "$rc"
+}
+trap cleanup EXIT
+
+if [[ ${NO_BUILD:-} != 1 ]]; then
+	log "make package"
+	make package
+fi
+debs=(dist/"$PKG"_*.deb)
+[[ -f ${debs[0]} && ${#debs[@]} -eq 1 ]] || fail "want exactly one dist/${PKG}_*.deb, found: ${debs[*]}"
+deb=${debs[0]}
+rpms=(dist/"$PKG"-*.rpm)
+[[ -f ${rpms[0]} ]] || fail "no dist/$PKG-*.rpm"
+log "testing $deb"
+
+# --- Package metadata -------------------------------------------------------
+version=$(dpkg-deb -f "$deb" Version)
+dpkg --compare-versions "$version" gt 0 || fail "version '$version' does not sort above 0"
+ok "version $version is valid for dpkg"
+conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xOf - ./conffiles)
+for f in "$CONFIG" "$DROP_IN"; do
+	grep -qxF "$f" <<<"$conffiles" || fail "$f is not a conffile"
+done
+ok "config and drop-in are conffiles"
+
+if command -v rpm >/dev/null; then
+	rpm_files=$(rpm -qpl "${rpms[0]}" 2>/dev/null)
+	rpm_config=$(rpm -qpc "${rpms[0]}" 2>/dev/null)
+	for f in /usr/bin/nri-gpu-guard /usr/bin/gpu-guard-ctl "$UNIT" "$CONFIG" "$DROP_IN"; do
+		grep -qxF "$f" <<<"$rpm_files" || fail "rpm lacks $f"
+	done
+	for f in "$CONFIG" "$DROP_IN"; do
+		grep -qxF "$f" <<<"$rpm_config" || fail "rpm: $f is not %config"
+	done
+	rpm_scripts=$(rpm -qp --scripts "${rpms[0]}" 2>/dev/null)
+	for s in 'postinstall scriptlet' 'preuninstall scriptlet' 'postuninstall scriptlet' 'systemctl enable --now nri-gpu-guard'; do
+		grep -qF "$s" <<<"$rpm_scripts" || fail "rpm scriptlets lack '$s'"
+	done
+	ok "rpm contents, %config files and scriptlets"
+else
+	log "skip: rpm not installed, the .rpm is not inspected"
+fi
+
+# --- Install ----------------------------------------------------------------
+dpkg -i "$deb" </dev/null >"$work/install.log" 2>&1 || {
+	cat "$work/install.log" >&2
+	fail "dpkg -i"
+}
+grep -q 'Next step' "$work/install.log" || fail "postinst did not print the next step"
+grep -q 'systemctl enable --now nri-gpu-guard' "$work/install.log" || fail "postinst did not name the enable command"
+ok "dpkg -i installed $PKG and printed the next step"
+
+[[ -d $STATE_DIR && ! -L $STATE_DIR ]] || fail "$STATE_DIR was not created"
+[[ $(stat -c '%a %U %G' "$STATE_DIR") == "700 root root" ]] || fail "$STATE_DIR is $(stat -c '%a %U %G' "$STATE_DIR"), want 700 root root"
+ok "$STATE_DIR is 0700 root:root"
+
+for b in nri-gpu-guard gpu-guard-ctl; do
+	[[ -x /usr/bin/$b ]] || fail "/usr/bin/$b missing"
+done
+out=$(/usr/bin/nri-gpu-guard --version 2>&1) || fail "nri-gpu-guard --version: $out"
+want=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
+grep -qF "$want" <<<"$out" || fail "nri-gpu-guard --version printed '$out', want the build version $want"
+ok "nri-gpu-guard --version: $out"
+
+out=$(/usr/bin/gpu-guard-ctl check-config 2>&1) || fail "gpu-guard-ctl check-config of the shipped config: $out"
+grep -qF "$CONFIG" <<<"$out" || fail "gpu-guard-ctl check-config did not read $CONFIG: $out"
+ok "gpu-guard-ctl check-config accepts $CONFIG"
+printf 'version = 1\n[policy]\non_confilct = "queue"\n' >"$work/bad.toml"
+if out=$(/usr/bin/gpu-guard-ctl check-config "$work/bad.toml" 2>&1); then
+	fail "gpu-guard-ctl check-config accepted a misspelt key: $out"
+fi
+grep -q 'on_confilct' <<<"$out" || fail "check-config did not name the bad key: $out"
+ok "gpu-guard-ctl check-config rejects a bad config, naming the key"
+
+cmp -s packaging/containerd/nri-gpu-guard.toml "$DROP_IN" || fail "$DROP_IN differs from packaging/containerd/nri-gpu-guard.toml"
+ok "installed drop-in is byte-identical"
+cmp -s packaging/config.toml "$CONFIG" || fail "$CONFIG differs from packaging/config.toml"
+ok "installed config is byte-identical"
+hooks=0
+for f in packaging/oci-hooks.d/*.json; do
+	[[ -f $f ]] || continue
+	cmp -s "$f" "$HOOKS_DIR/$(basename "$f")" || fail "$HOOKS_DIR/$(basename "$f") differs from $f"
+	hooks=$((hooks + 1))
+done
+((hooks > 0)) || fail "no OCI hook JSON in packaging/oci-hooks.d"
+ok "$hooks OCI hooks installed in $HOOKS_DIR"
+[[ -f /usr/share/doc/$PKG/install.md ]] || fail "/usr/share/doc/$PKG/install.md missing"
+ok "docs installed"
+
+# --- systemd unit -----------------------------------------------------------
+if ! command -v systemd-analyze >/dev/null; then
+	apt-cache policy systemd | grep -q 'Candidate: [0-9]' || fail "systemd-analyze missing and no systemd package available"
+	log "installing systemd for systemd-analyze"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
+fi
+systemd-analyze verify "$UNIT" || fail "systemd-analyze verify $UNIT"
+ok "systemd-analyze verify passes"
+if systemd-analyze security --help 2>&1 | grep -q -- '--offline'; then
+	# Exposure is 0.0 (locked down) to 10.0 (unprotected); the unit scores
+	# about 3.5 and must not regress past "MEDIUM".
+	systemd-analyze security --offline=yes --threshold=50 "$UNIT" >"$work/security.log" 2>&1 || {
+		cat "$work/security.log" >&2
+		fail "systemd-analyze security: exposure above 5.0"
+	}
+	ok "$(grep -o 'Overall exposure level.*' "$work/security.log")"
+fi
+
+# --- Reinstall over an installed package: an upgrade, no first-install text -
+dpkg -i "$deb" </dev/null >"$work/reinstall.log" 2>&1 || {
+	cat "$work/reinstall.log" >&2
+	fail "dpkg -i over the installed package"
+}
+if grep -q 'Next step' "$work/reinstall.log"; then
+	fail "postinst printed the first-install text on an upgrade"
+fi
+ok "reinstall is quiet"
+
+# --- A locally edited config survives remove + install ----------------------
+sed -i 's/^on_conflict = "queue"$/on_conflict = "reject"/' "$CONFIG"
+grep -q '^on_conflict = "reject"$' "$CONFIG" || fail "could not edit $CONFIG"
+cp "$CONFIG" "$work/edited.toml"
+dpkg -r "$PKG" </dev/null >"$work/remove.log" 2>&1 || {
+	cat "$work/remove.log" >&2
+	fail "dpkg -r"
+}
+[[ ! -e /usr/bin/nri-gpu-guard ]] || fail "dpkg -r left /usr/bin/nri-gpu-guard"
+cmp -s "$work/edited.toml" "$CONFIG" || fail "dpkg -r did not keep the edited $CONFIG"
+grep -q "$DROP_IN is still in place" "$work/remove.log" || fail "dpkg -r did not warn that the drop-in stays"
+ok "dpkg -r keeps the edited config and warns about the drop-in"
+dpkg -i "$deb" </dev/null >"$work/install2.log" 2>&1 || {
+	cat "$work/install2.log" >&2
+	fail "dpkg -i after dpkg -r"
+}
+cmp -s "$work/edited.toml" "$CONFIG" || fail "dpkg -i after dpkg -r replaced the edited $CONFIG"
+/usr/bin/gpu-guard-ctl check-config >/dev/null 2>&1 || fail "check-config rejects the edited config"
+ok "dpkg -r then dpkg -i keeps the locally edited config"
+
+# --- Purge ------------------------------------------------------------------
+dpkg --purge "$PKG" </dev/null >/dev/null 2>&1 || fail "dpkg --purge"
+for p in "$CONFIG" /etc/nri-gpu-guard "$DROP_IN" "$UNIT" /usr/bin/nri-gpu-guard "$STATE_DIR"; do
+	[[ ! -e $p ]] || fail "purge left $p"
+done
+for f in packaging/oci-hooks.d/*.json; do
+	[[ ! -e $HOOKS_DIR/$(basename "$f") ]] || fail "purge left $HOOKS_DIR/$(basename "$f")"
+done
+ok "dpkg --purge removes everything"
+
+printf '%d passed, 0 failed\n' "$checks"

@@ -1,0 +1,189 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// app is one invocation: the environment, the global flags and what was
+// loaded from them (each at most once).
+type app struct {
+	env Env
+
+	configFlag   string
+	stateDirFlag string
+	output       string
+
+	cfg *config.Config // loaded once, on first use
+}
+
+// config loads the configuration named by --config, then
+// $NRI_GPU_GUARD_CONFIG, then the default path (absent = defaults).
+func (a *app) config() (config.Config, error) {
+	if a.cfg != nil {
+		return *a.cfg, nil
+	}
+	name := a.configFlag
+	if name == "" {
+		name = a.env.Getenv(config.EnvPath)
+	}
+	cfg, _, err := config.LoadDefault(name)
+	if err != nil {
+		return config.Config{}, fmt.Errorf("load configuration: %w (check it with `%s check-config`)", err, programName)
+	}
+	a.cfg = &cfg
+	return cfg, nil
+}
+
+// stateDir is --state-dir, else [ledger] dir.
+func (a *app) stateDir() (string, error) {
+	if a.stateDirFlag != "" {
+		return a.stateDirFlag, nil
+	}
+	cfg, err := a.config()
+	if err != nil {
+		return "", err
+	}
+	return cfg.Ledger.Dir, nil
+}
+
+// ledgerOptions are the ledger's tunables from the configuration, with the
+// injected clock and boot id.
+func (a *app) ledgerOptions(cfg config.Config) ledger.Options {
+	return ledger.Options{
+		LockTimeout:    cfg.Ledger.LockTimeout.Duration,
+		AuditMaxBytes:  cfg.Ledger.AuditMaxBytes,
+		ReservationTTL: cfg.Policy.ReservationTTL.Duration,
+		QueueTTL:       cfg.Policy.QueueTTL.Duration,
+		Now:            a.env.Now,
+		BootID:         a.env.BootID,
+	}
+}
+
+// openLedger opens the ledger read-only (readOnly) or for writing.
+func (a *app) openLedger(readOnly bool) (*ledger.Ledger, error) {
+	cfg, err := a.config()
+	if err != nil {
+		return nil, err
+	}
+	dir, err := a.stateDir()
+	if err != nil {
+		return nil, err
+	}
+	open := ledger.Open
+	if readOnly {
+		open = ledger.OpenReadOnly
+	}
+	l, err := open(dir, a.ledgerOptions(cfg))
+	if err != nil {
+		return nil, fmt.Errorf("open ledger in %s: %w", dir, err)
+	}
+	return l, nil
+}
+
+// view runs fn over the ledger state as of now, without the lock and without
+// writing: the committed state with the queue mechanics applied (waiters and
+// reservations past their deadline gone, free devices reserved for the queue
+// heads), exactly what the daemon's next decision would start from.
+func (a *app) view(ctx context.Context, fn func(tx *ledger.Tx) error) error {
+	l, err := a.openLedger(true)
+	if err != nil {
+		return err
+	}
+	if err := l.View(ctx, fn); err != nil {
+		return fmt.Errorf("read ledger %s: %w", l.StatePath(), err)
+	}
+	return nil
+}
+
+// snapshot is a copy of the state as view sees it.
+func (a *app) snapshot(ctx context.Context) (ledger.State, error) {
+	var st ledger.State
+	err := a.view(ctx, func(tx *ledger.Tx) error {
+		st = cloneState(tx.State())
+		return nil
+	})
+	return st, err
+}
+
+// cloneState copies the slices of a transaction's state, which is only valid
+// inside the transaction.
+func cloneState(st *ledger.State) ledger.State {
+	out := *st
+	out.Claims = slices.Clone(st.Claims)
+	out.Waiters = slices.Clone(st.Waiters)
+	for i := range out.Waiters {
+		out.Waiters[i].Devices = slices.Clone(out.Waiters[i].Devices)
+	}
+	out.Reservations = slices.Clone(st.Reservations)
+	out.Conflicts = slices.Clone(st.Conflicts)
+	return out
+}
+
+// inventoryInfo says where an inventory came from.
+type inventoryInfo struct {
+	// Origin is "cache" (the daemon's inventory.json) or "discovery".
+	Origin    string
+	CachePath string
+	// CachedAt is the cache file's modification time (zero for discovery).
+	CachedAt time.Time
+}
+
+// inventory loads the daemon's cached inventory (<state dir>/inventory.json);
+// without one it discovers the GPUs itself, like the daemon would. A cache
+// that cannot be read is reported and discovery is used instead.
+func (a *app) inventory() (*devices.Inventory, inventoryInfo, error) {
+	dir, err := a.stateDir()
+	if err != nil {
+		return nil, inventoryInfo{}, err
+	}
+	info := inventoryInfo{CachePath: filepath.Join(dir, devices.CacheFile)}
+	inv, err := devices.LoadCache(info.CachePath)
+	if err == nil {
+		info.Origin = "cache"
+		if st, serr := os.Stat(info.CachePath); serr == nil {
+			info.CachedAt = st.ModTime()
+		}
+		return inv, info, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(a.env.Stderr, "warning: ignoring the inventory cache: %v; discovering GPUs instead\n", err)
+	}
+	inv, err = a.discover()
+	if err != nil {
+		return nil, info, err
+	}
+	info.Origin = "discovery"
+	return inv, info, nil
+}
+
+// discover enumerates the GPUs per [devices] of the configuration.
+func (a *app) discover() (*devices.Inventory, error) {
+	cfg, err := a.config()
+	if err != nil {
+		return nil, err
+	}
+	inv, err := devices.Discover(cfg.Devices, a.env.NVML)
+	if err != nil {
+		return nil, fmt.Errorf("discover GPUs (devices.source = %q): %w", cfg.Devices.Source, err)
+	}
+	return inv, nil
+}
+
+// requireRoot refuses a mutating command for anyone but root.
+func (a *app) requireRoot(what string) error {
+	if uid := a.env.Getuid(); uid != 0 {
+		return fmt.Errorf("%s changes the ledger and needs root (running as uid %d): run it with sudo", what, uid)
+	}
+	return nil
+}

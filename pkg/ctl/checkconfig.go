@@ -1,0 +1,163 @@
+package ctl
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"runtime"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
+)
+
+func (a *app) checkConfigCommand() *cobra.Command {
+	return newCommand("check-config [PATH]",
+		"Validate a configuration file",
+		`Parse and validate a configuration file and report every problem at once, each
+naming the key, the bad value and what is accepted. Unknown keys are errors.
+
+PATH defaults to --config, then $NRI_GPU_GUARD_CONFIG, then
+/etc/nri-gpu-guard/config.toml. When no path is named and the default file
+does not exist, the built-in defaults apply and check-config says so.
+
+Exits 0 when the file is valid, 1 when it is not.`,
+		`  gpu-guard-ctl check-config
+  gpu-guard-ctl check-config /etc/nri-gpu-guard/config.toml.new
+  gpu-guard-ctl check-config ./config.toml -o json`,
+		maxArgs(1),
+		func(_ *cobra.Command, args []string) error {
+			name := a.configFlag
+			if len(args) == 1 {
+				name = args[0]
+			}
+			if name == "" {
+				name = a.env.Getenv(config.EnvPath)
+			}
+			return a.checkConfig(name)
+		})
+}
+
+// checkConfigView is the check-config output; its JSON is a public interface.
+type checkConfigView struct {
+	Path     string   `json:"path"`
+	Valid    bool     `json:"valid"`
+	Defaults bool     `json:"defaults"` // no file: the built-in defaults apply
+	Errors   []string `json:"errors"`
+
+	cfg config.Config
+}
+
+func (a *app) checkConfig(name string) error {
+	v := checkConfigView{Errors: []string{}}
+	if name == "" {
+		v.Path = config.DefaultPath
+		cfg, err := config.LoadFile(config.DefaultPath)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			v.Valid, v.Defaults, v.cfg = true, true, config.Default()
+		case err != nil:
+			v.Errors = splitErrors(err)
+		default:
+			v.Valid, v.cfg = true, cfg
+		}
+	} else {
+		v.Path = name
+		cfg, err := config.LoadFile(name)
+		if err != nil {
+			v.Errors = splitErrors(err)
+		} else {
+			v.Valid, v.cfg = true, cfg
+		}
+	}
+	if err := v.render(a.env.Stdout, a.output); err != nil {
+		return err
+	}
+	if !v.Valid {
+		return &quietExit{code: ExitError, why: "invalid configuration"}
+	}
+	return nil
+}
+
+// splitErrors lists the individual problems of a joined validation error.
+// config.LoadFile wraps the joined list with the path, so the first error in
+// the chain that carries several is the list.
+func splitErrors(err error) []string {
+	var multi interface{ Unwrap() []error }
+	if !errors.As(err, &multi) {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, one := range multi.Unwrap() {
+		out = append(out, one.Error())
+	}
+	return out
+}
+
+func (v checkConfigView) render(w io.Writer, output string) error {
+	if output == outputJSON {
+		return writeJSON(w, v)
+	}
+	var b strings.Builder
+	switch {
+	case v.Defaults:
+		fmt.Fprintf(&b, "no configuration file at %s: the built-in defaults apply\n", v.Path)
+	case v.Valid:
+		fmt.Fprintf(&b, "%s: valid\n", escapeLine(v.Path))
+	default:
+		fmt.Fprintf(&b, "%s: invalid (%d problem(s))\n", escapeLine(v.Path), len(v.Errors))
+		for _, e := range v.Errors {
+			fmt.Fprintf(&b, "  - %s\n", escapeLine(e))
+		}
+	}
+	if v.Valid {
+		c := v.cfg
+		fmt.Fprintf(&b, "  ledger dir:     %s\n", c.Ledger.Dir)
+		fmt.Fprintf(&b, "  devices:        source %s", c.Devices.Source)
+		if n := len(c.Devices.Static); n > 0 {
+			fmt.Fprintf(&b, ", %d static GPU(s)", n)
+		}
+		b.WriteString("\n")
+		fmt.Fprintf(&b, "  policy:         on_conflict %s, release_on %s, all_devices %s, privileged %s, unknown_device %s\n",
+			c.Policy.OnConflict, c.Policy.ReleaseOn, c.Policy.AllDevices, c.Policy.Privileged, c.Policy.UnknownDevice)
+		fmt.Fprintf(&b, "  nri plugin:     %s-%s on %s\n", c.NRI.PluginIndex, c.NRI.PluginName, c.NRI.Socket)
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	return nil
+}
+
+func (a *app) versionCommand() *cobra.Command {
+	return newCommand("version",
+		"Print build information",
+		`Print the version, the commit it was built from, the Go version and the
+platform.`,
+		`  gpu-guard-ctl version
+  gpu-guard-ctl version -o json`,
+		noArgs,
+		func(_ *cobra.Command, _ []string) error {
+			if a.output == outputJSON {
+				return writeJSON(a.env.Stdout, versionView{
+					Program: programName, Version: version.Version, Commit: version.Commit,
+					Go: runtime.Version(), Platform: runtime.GOOS + "/" + runtime.GOARCH,
+				})
+			}
+			if _, err := fmt.Fprintln(a.env.Stdout, version.String(programName)); err != nil {
+				return fmt.Errorf("write output: %w", err)
+			}
+			return nil
+		})
+}
+
+// versionView is the version output; its JSON is a public interface.
+type versionView struct {
+	Program  string `json:"program"`
+	Version  string `json:"version"`
+	Commit   string `json:"commit"`
+	Go       string `json:"go"`
+	Platform string `json:"platform"`
+}

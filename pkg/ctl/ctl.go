@@ -1,0 +1,212 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+)
+
+// Exit codes of gpu-guard-ctl. They are a public interface: scripts and
+// monitoring act on them.
+const (
+	ExitOK        = 0 // the command did what was asked
+	ExitError     = 1 // the command failed (message on stderr)
+	ExitUsage     = 2 // unknown command or flag, bad or missing argument
+	ExitAttention = 3 // status: a conflict or a stale claim needs an operator
+)
+
+// programName is how the tool names itself in help and messages.
+const programName = "gpu-guard-ctl"
+
+// defaultFollowInterval is how often `audit --follow` looks for new records:
+// the audit log is appended a few times per container start, so a second is
+// responsive without polling the disk hard.
+const defaultFollowInterval = time.Second
+
+// Liveness tells whether a claim holder's processes are gone. The
+// *liveness.Checker satisfies it; tests inject fakes.
+type Liveness interface {
+	Exited(o ledger.Owner) (bool, string)
+}
+
+// Env is everything Run takes from the process: where output goes, the clock,
+// the caller's uid and the host roots. Zero fields take the process defaults
+// (see DefaultEnv), so tests set only what they pin.
+type Env struct {
+	Stdout io.Writer
+	Stderr io.Writer
+	// Now is the clock for ages ("3m"), --since and queue expiry.
+	Now func() time.Time
+	// Getuid decides whether mutating commands may run (root only).
+	Getuid func() int
+	// Getenv reads NRI_GPU_GUARD_CONFIG and SUDO_USER.
+	Getenv func(string) string
+	// CgroupRoot and ProcRoot are where holders' cgroups and pids are checked
+	// (default /sys/fs/cgroup and /proc).
+	CgroupRoot string
+	ProcRoot   string
+	// Liveness overrides the checker built from CgroupRoot and ProcRoot.
+	Liveness Liveness
+	// NVML is the library devices.Discover uses (a go-nvml nvml.Interface in
+	// cgo builds); nil = the host's libnvidia-ml.
+	NVML devices.NVMLInterface
+	// BootID overrides the host boot id the ledger compares its state with
+	// (tests pin it; empty = /proc/sys/kernel/random/boot_id).
+	BootID string
+	// FollowInterval is how often `audit --follow` polls (default 1s).
+	FollowInterval time.Duration
+}
+
+// DefaultEnv is the Env of the real process.
+func DefaultEnv() Env {
+	return Env{
+		Stdout:     os.Stdout,
+		Stderr:     os.Stderr,
+		Now:        time.Now,
+		Getuid:     os.Getuid,
+		Getenv:     os.Getenv,
+		CgroupRoot: liveness.DefaultCgroupRoot,
+		ProcRoot:   liveness.DefaultProcRoot,
+	}
+}
+
+// withDefaults fills the zero fields of env from DefaultEnv.
+func (env Env) withDefaults() Env {
+	def := DefaultEnv()
+	if env.Stdout == nil {
+		env.Stdout = def.Stdout
+	}
+	if env.Stderr == nil {
+		env.Stderr = def.Stderr
+	}
+	if env.Now == nil {
+		env.Now = def.Now
+	}
+	if env.Getuid == nil {
+		env.Getuid = def.Getuid
+	}
+	if env.Getenv == nil {
+		env.Getenv = def.Getenv
+	}
+	if env.CgroupRoot == "" {
+		env.CgroupRoot = def.CgroupRoot
+	}
+	if env.ProcRoot == "" {
+		env.ProcRoot = def.ProcRoot
+	}
+	if env.Liveness == nil {
+		env.Liveness = liveness.New(env.CgroupRoot, env.ProcRoot)
+	}
+	if env.FollowInterval <= 0 {
+		env.FollowInterval = defaultFollowInterval
+	}
+	return env
+}
+
+// Run executes gpu-guard-ctl with args (without the program name) and returns
+// the exit code. Errors are printed to env.Stderr; Run never exits the process.
+func Run(ctx context.Context, args []string, env Env) int {
+	env = env.withDefaults()
+	if args == nil {
+		// cobra falls back to os.Args for a nil slice.
+		args = []string{}
+	}
+	a := &app{env: env}
+	root := a.rootCommand(args)
+	root.SetArgs(args)
+	root.SetOut(env.Stdout)
+	root.SetErr(env.Stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	return a.report(cmd, err)
+}
+
+// report prints err the way an operator needs it and maps it to an exit code.
+func (a *app) report(cmd *cobra.Command, err error) int {
+	var ue *usageError
+	var qe *quietExit
+	switch {
+	case errors.As(err, &qe):
+		// The findings are already on stdout, in the output format asked for.
+		return qe.code
+	case errors.As(err, &ue):
+		fmt.Fprintf(a.env.Stderr, "error: %s\n", ue.msg)
+		path := programName
+		if cmd != nil {
+			path = cmd.CommandPath()
+		}
+		fmt.Fprintf(a.env.Stderr, "Run '%s --help' for usage.\n", path)
+		return ExitUsage
+	default:
+		fmt.Fprintf(a.env.Stderr, "error: %s\n", describe(err))
+		return ExitError
+	}
+}
+
+// usageError is a mistake in the command line (exit 2).
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// quietExit ends a command whose findings are already in its output (status
+// with problems, check-config of an invalid file): only the exit code remains
+// to be set.
+type quietExit struct {
+	code int
+	why  string
+}
+
+func (e *quietExit) Error() string { return e.why }
+
+// attention is status's exit 3.
+func attention(n int) error {
+	return &quietExit{code: ExitAttention, why: fmt.Sprintf("%d problem(s) need attention", n)}
+}
+
+// describe adds what to do to the errors an operator can act on.
+func describe(err error) string {
+	var ce *ledger.CorruptError
+	switch {
+	case errors.As(err, &ce):
+		return corruptAdvice(ce)
+	case errors.Is(err, ledger.ErrLockTimeout):
+		return err.Error() + "\n  the ledger is busy; retry in a moment. If this persists, the process named above holds the lock: check it is the nri-gpu-guard daemon and that it is healthy."
+	case errors.Is(err, ledger.ErrUnsafeDir):
+		return err.Error() + "\n  the state dir must be a root-owned directory with mode 0700 and no symlinks; fix its ownership and mode (chown root:root, chmod 0700)."
+	case errors.Is(err, os.ErrPermission):
+		return err.Error() + "\n  the state dir is readable by root only: run gpu-guard-ctl with sudo."
+	}
+	return err.Error()
+}
+
+// corruptAdvice is the loud message for a state file that failed to verify.
+// A reader never moves the file; the daemon does on its next write.
+func corruptAdvice(ce *ledger.CorruptError) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "CORRUPT LEDGER: %v", ce)
+	if ce.Quarantined != "" {
+		fmt.Fprintf(&b, "\n  the bad file is kept at %s for the bug report.", ce.Quarantined)
+	} else {
+		fmt.Fprintf(&b, "\n  the daemon moves it aside (%s.corrupt-<time>, kept for the bug report) on its next write.", ce.Path)
+	}
+	b.WriteString("\n  until the claims are rebuilt, GPUs held by running containers look free." +
+		" Restart the daemon now (systemctl restart nri-gpu-guard): on reconnect containerd lists every running" +
+		" container and the ledger is rebuilt from them.")
+	return b.String()
+}

@@ -1,0 +1,25 @@
+// Package ctl implements gpu-guard-ctl, the operator's tool: it shows who
+// holds which GPU (status, claims, queue, devices, audit), explains the
+// decision a container would get (explain), fixes stuck claims (release, gc)
+// and validates configurations (check-config).
+//
+// Everything runs through Run, which takes the arguments and an Env (output
+// writers, clock, uid, cgroup/proc roots) so that tests drive the real command
+// tree against a real ledger directory; cmd/gpu-guard-ctl only wires os.Args,
+// os.Stdout and signals into it.
+//
+// Invariants:
+//   - Read commands never take the ledger lock and never write: they open the
+//     ledger with ledger.OpenReadOnly and read it once with Ledger.View (the
+//     committed state with queue expiry applied as of now), so an operator
+//     polling status can never delay the daemon's admission decisions.
+//   - Only root mutates (release, gc, devices --refresh), every mutation goes
+//     through one ledger Update and leaves an audit record naming the reason.
+//   - Exit codes are a public interface: 0 ok, 1 error, 2 usage (unknown
+//     command or flag, missing argument), 3 attention (status found a
+//     conflict or a stale claim).
+//   - JSON field names are a public interface, documented in docs/ctl-json.md;
+//     tables are for people and may change.
+//   - Strings that came from containers (names, ids, reasons) are escaped
+//     before they reach a terminal.
+package ctl

@@ -1,0 +1,110 @@
+package ctl
+
+import (
+	"context"
+	"maps"
+	"slices"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+func (a *app) gcCommand() *cobra.Command {
+	var dryRun bool
+	cmd := newCommand("gc",
+		"Release the claims of holders whose processes are gone (root only)",
+		`Check every holder out of band and release the claims of those that have
+exited: a started holder whose cgroup has no processes left, or whose pid is
+gone (or reused) when no cgroup is known. This is the check the daemon runs
+before refusing a request; gc runs it for every claim, e.g. after the daemon was
+down while containers stopped.
+
+A holder that was created but never started has no process yet and keeps its
+claim, and so does one the daemon saw stop under release_on = "remove" (it is
+kept until the container is removed; use release to end it sooner). When in doubt (unreadable cgroup, unknown layout) a claim is kept.
+Every release is audited with the finding.
+
+--dry-run lists what would be released and changes nothing (no root needed).`,
+		`  gpu-guard-ctl gc --dry-run
+  sudo gpu-guard-ctl gc
+  sudo gpu-guard-ctl gc -o json`,
+		noArgs,
+		func(cmd *cobra.Command, _ []string) error {
+			if !dryRun {
+				if err := a.requireRoot("gc"); err != nil {
+					return err
+				}
+			}
+			return a.gc(cmd.Context(), dryRun)
+		})
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "list the claims that would be released; change nothing")
+	return cmd
+}
+
+func (a *app) gc(ctx context.Context, dryRun bool) error {
+	st, err := a.snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	// Liveness reads cgroupfs and procfs: do it before taking the lock, so the
+	// daemon is not kept waiting on that I/O.
+	exited := map[string]ledger.Owner{}
+	why := map[string]string{}
+	for _, c := range st.Claims {
+		id := c.Owner.ContainerID
+		if _, seen := why[id]; seen {
+			continue
+		}
+		why[id] = ""
+		if !c.Owner.StoppedAt.IsZero() {
+			// Known stopped and kept until removal (release_on =
+			// "remove"): policy, not a leak.
+			continue
+		}
+		gone, reason := a.env.Liveness.Exited(c.Owner)
+		if gone {
+			exited[id] = c.Owner
+			why[id] = "holder exited: " + reason
+		}
+	}
+	if dryRun {
+		var claims []ledger.Claim
+		for _, c := range st.Claims {
+			if _, ok := exited[c.Owner.ContainerID]; ok {
+				claims = append(claims, c)
+			}
+		}
+		return renderReleased(a.env.Stdout, a.output, true, claims, why, a.env.Now())
+	}
+	var released []ledger.Claim
+	if len(exited) > 0 {
+		err = a.update(ctx, func(tx *ledger.Tx) error {
+			released = nil // fn may be retried; start over each time
+			for _, id := range slices.Sorted(maps.Keys(exited)) {
+				if !sameIncarnation(tx.State(), id, exited[id]) {
+					// It started again (new pid) or was released since the
+					// check: the finding no longer applies.
+					continue
+				}
+				released = append(released, tx.Release(id, why[id]+" (gc via "+programName+")")...)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return renderReleased(a.env.Stdout, a.output, false, released, why, a.env.Now())
+}
+
+// sameIncarnation reports whether container id still holds a claim with the
+// process identity that was found exited.
+func sameIncarnation(st *ledger.State, id string, checked ledger.Owner) bool {
+	for _, c := range st.Claims {
+		if c.Owner.ContainerID == id {
+			return c.Owner.Pid == checked.Pid && c.Owner.PidStart == checked.PidStart && c.Owner.Cgroup == checked.Cgroup
+		}
+	}
+	return false
+}

@@ -1,0 +1,317 @@
+package ctl
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofrs/flock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+func claimedBy(st ledger.State, id string) []string {
+	var out []string
+	for _, c := range st.Claims {
+		if c.Owner.ContainerID == id {
+			out = append(out, c.Device.UUID)
+		}
+	}
+	return out
+}
+
+func releaseRecords(recs []ledger.AuditRecord, id string) []ledger.AuditRecord {
+	var out []ledger.AuditRecord
+	for _, r := range recs {
+		if r.Op == ledger.OpRelease && r.ContainerID == id {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestRelease force-releases claims end to end on a real ledger and checks the
+// audit record, and every refusal with its exit code.
+func TestRelease(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		uid      int
+		args     []string
+		code     int
+		stderr   string // substring of the error
+		released string // container id whose claims must be gone
+		stdout   string
+	}{
+		{name: "by container prefix", args: []string{"release", "--container", idTrainer[:12], "--reason", "node drained"},
+			code: ExitOK, released: idTrainer, stdout: "released GPU 1 (" + uuidGPU1 + ") held by team-a/trainer-0/main"},
+		{name: "by full container id", args: []string{"release", "--container", idHook, "--reason", "x"},
+			code: ExitOK, released: idHook, stdout: "released MIG 0:1"},
+		{name: "by device uuid, any case", args: []string{"release", "--device", strings.ToLower(uuidGone), "--reason", "GPU removed"},
+			code: ExitOK, released: idGhost, stdout: "released GPU 7"},
+		{name: "by device index", args: []string{"release", "--device", "2", "--reason", "stuck"},
+			code: ExitOK, released: idStale},
+		{name: "no reason", args: []string{"release", "--container", idTrainer}, code: ExitUsage, stderr: "--reason is required"},
+		{name: "blank reason", args: []string{"release", "--container", idTrainer, "--reason", "  "}, code: ExitUsage, stderr: "--reason is required"},
+		{name: "neither target", args: []string{"release", "--reason", "x"}, code: ExitUsage, stderr: "exactly one of"},
+		{name: "both targets", args: []string{"release", "--container", idTrainer, "--device", "1", "--reason", "x"}, code: ExitUsage, stderr: "exactly one of"},
+		{name: "not root", uid: 1000, args: []string{"release", "--container", idTrainer, "--reason", "x"}, code: ExitError, stderr: "needs root"},
+		{name: "unknown container", args: []string{"release", "--container", "0123456789ab", "--reason", "x"}, code: ExitError, stderr: `no claim is held by container "0123456789ab"`},
+		{name: "unknown device", args: []string{"release", "--device", "0:0", "--reason", "x"}, code: ExitError, stderr: `no claim on device "0:0"`},
+		{name: "dry run changes nothing, no root needed", uid: 1000, args: []string{"release", "--container", idTrainer[:6], "--reason", "x", "--dry-run"},
+			code: ExitOK, stdout: "would release GPU 1 (" + uuidGPU1 + ")"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.populate(t)
+			f.uid = tc.uid
+			before := f.state(t)
+			auditBefore := len(f.audit(t))
+			r := f.run(t, tc.args...)
+			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			if tc.stderr != "" {
+				assert.Contains(t, r.stderr, tc.stderr)
+			}
+			if tc.stdout != "" {
+				assert.Contains(t, r.stdout, tc.stdout)
+			}
+			if tc.released == "" {
+				require.Equal(t, before, f.state(t), "a refused or dry release must not change the ledger")
+				require.Len(t, f.audit(t), auditBefore)
+				return
+			}
+			after := f.state(t)
+			require.NotEmpty(t, claimedBy(before, tc.released))
+			assert.Empty(t, claimedBy(after, tc.released))
+			for _, c := range before.Claims {
+				if c.Owner.ContainerID != tc.released {
+					assert.Contains(t, claimedBy(after, c.Owner.ContainerID), c.Device.UUID, "only that holder's claims go")
+				}
+			}
+			recs := releaseRecords(f.audit(t)[auditBefore:], tc.released)
+			require.NotEmpty(t, recs, "the release is audited")
+			reasonFlag := tc.args[slices.Index(tc.args, "--reason")+1]
+			assert.Contains(t, recs[0].Reason, reasonFlag)
+			assert.Contains(t, recs[0].Reason, "uid 0")
+			assert.Equal(t, claimedBy(before, tc.released), recs[0].Devices)
+		})
+	}
+}
+
+// TestReleaseAmbiguousPrefix: a prefix matching two holders is refused and
+// names both.
+func TestReleaseAmbiguousPrefix(t *testing.T) {
+	f := newFixture(t)
+	other := owner("a1ff"+strings.Repeat("0", 60), "team-q", "q", "q", ledger.FrontEndHook)
+	f.update(t, now, func(tx *ledger.Tx) {
+		claim(t, tx, ownTrainer, "env", f.dev(t, uuidGPU1))
+		claim(t, tx, other, "env", f.dev(t, uuidGPU2))
+	})
+	before := f.state(t)
+	r := f.run(t, "release", "--container", "a1", "--reason", "x")
+	require.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.stderr, "ambiguous")
+	assert.Contains(t, r.stderr, idTrainer)
+	assert.Contains(t, r.stderr, other.ContainerID)
+	require.Equal(t, before, f.state(t))
+}
+
+// TestReleaseHandsOver: a force-released GPU goes where a stop would send
+// it: to the container recorded as using it anyway (conflict), else to the
+// head of its queue.
+func TestReleaseHandsOver(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	r := f.run(t, "release", "--container", idTrainer, "--reason", "hung", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	var v releasedView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.False(t, v.DryRun)
+	require.Len(t, v.Released, 1)
+	assert.Equal(t, uuidGPU1, v.Released[0].Device)
+	assert.Equal(t, idTrainer, v.Released[0].ContainerID)
+	assert.Equal(t, []string{uuidGPU1}, claimedBy(f.state(t), idRogue))
+
+	f = newFixture(t)
+	f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) {
+		claim(t, tx, ownStale, "env", f.dev(t, uuidGPU2))
+		tx.Enqueue(key(ownW1), ownW1, []devices.Device{f.dev(t, uuidGPU2)})
+	})
+	r = f.run(t, "release", "--device", "2", "--reason", "hung")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	st := f.state(t)
+	require.Len(t, st.Reservations, 1)
+	assert.Equal(t, uuidGPU2, st.Reservations[0].Device.UUID)
+	assert.Equal(t, key(ownW1), st.Reservations[0].For)
+}
+
+// TestGC releases the claims of exited holders only, with the finding in the
+// audit log.
+func TestGC(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+
+	// Not root: refused, nothing changes.
+	f.uid = 1000
+	before := f.state(t)
+	r := f.run(t, "gc")
+	require.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.stderr, "needs root")
+	require.Equal(t, before, f.state(t))
+
+	// Dry run: lists, changes nothing.
+	r = f.run(t, "gc", "--dry-run")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "would release GPU 2 ("+uuidGPU2+") held by team-c/batch/job")
+	assert.Contains(t, r.stdout, "has no processes")
+	assert.NotContains(t, r.stdout, "GPU 1 (")
+	require.Equal(t, before, f.state(t))
+
+	f.uid = 0
+	auditBefore := len(f.audit(t))
+	r = f.run(t, "gc", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	var v releasedView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	require.Len(t, v.Released, 1)
+	assert.Equal(t, idStale, v.Released[0].ContainerID)
+	assert.Contains(t, v.Released[0].Why, "holder exited")
+
+	after := f.state(t)
+	assert.Empty(t, claimedBy(after, idStale))
+	assert.Len(t, after.Claims, len(before.Claims)-1)
+	recs := releaseRecords(f.audit(t)[auditBefore:], idStale)
+	require.Len(t, recs, 1)
+	assert.Contains(t, recs[0].Reason, "holder exited")
+
+	// Nothing left to collect: status is down to the conflict and the
+	// unknown device, gc releases nothing more.
+	r = f.run(t, "gc")
+	require.Equal(t, ExitOK, r.code)
+	assert.Equal(t, "nothing to release\n", r.stdout)
+}
+
+// TestGCRealLiveness wires the real liveness checker through Env.CgroupRoot
+// and ProcRoot: a holder whose cgroup v2 is unpopulated is collected, one
+// whose cgroup has processes is kept.
+func TestGCRealLiveness(t *testing.T) {
+	f := newFixture(t)
+	cg := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(cg, "cgroup.controllers"), []byte("cpu memory pids\n"), 0o644))
+	for id, populated := range map[string]string{idTrainer: "1", idStale: "0"} {
+		dir := filepath.Join(cg, "k8s.io", id)
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "cgroup.events"), []byte("populated "+populated+"\nfrozen 0\n"), 0o644))
+	}
+	f.update(t, now, func(tx *ledger.Tx) {
+		claim(t, tx, ownTrainer, "env", f.dev(t, uuidGPU1))
+		claim(t, tx, ownStale, "env", f.dev(t, uuidGPU2))
+		claim(t, tx, ownOld, "env", f.dev(t, uuidGPU3)) // never started: alive
+		require.True(t, tx.SetStarted(idTrainer, 10, 0, "/k8s.io/"+idTrainer))
+		require.True(t, tx.SetStarted(idStale, 11, 0, "/k8s.io/"+idStale))
+	})
+	var stdout, stderr syncBuffer
+	env := f.env(&stdout, &stderr)
+	env.Liveness = nil
+	env.CgroupRoot, env.ProcRoot = cg, t.TempDir()
+	code := Run(t.Context(), []string{"--config", f.config, "gc"}, env)
+	require.Equal(t, ExitOK, code, stderr.String())
+	assert.Contains(t, stdout.String(), "holder exited: cgroup /k8s.io/"+idStale+" has no processes")
+	st := f.state(t)
+	assert.Empty(t, claimedBy(st, idStale))
+	assert.NotEmpty(t, claimedBy(st, idTrainer))
+	assert.NotEmpty(t, claimedBy(st, idOld))
+}
+
+// TestSameIncarnation: gc's finding applies only to the process it checked.
+func TestSameIncarnation(t *testing.T) {
+	checked := ledger.Owner{ContainerID: "x", Pid: 10, PidStart: 5, Cgroup: "/k8s.io/x"}
+	st := &ledger.State{Claims: []ledger.Claim{{Owner: checked}}}
+	assert.True(t, sameIncarnation(st, "x", checked))
+	restarted := checked
+	restarted.Pid = 11
+	assert.False(t, sameIncarnation(&ledger.State{Claims: []ledger.Claim{{Owner: restarted}}}, "x", checked))
+	assert.False(t, sameIncarnation(&ledger.State{}, "x", checked), "released meanwhile")
+}
+
+// TestSameHolder: release --device refuses a device that changed hands
+// between the operator's look and the transaction.
+func TestSameHolder(t *testing.T) {
+	st := &ledger.State{Claims: []ledger.Claim{{Device: devices.Device{UUID: uuidGPU1, Index: "1", Kind: devices.KindGPU}, Owner: ownW1}}}
+	require.NoError(t, sameHolder(st, uuidGPU1, ownW1.ContainerID))
+	require.NoError(t, sameHolder(st, uuidGPU2, ownW1.ContainerID), "released meanwhile: ReleaseDevice reports not found")
+	err := sameHolder(st, uuidGPU1, idTrainer)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "GPU 1 ("+uuidGPU1+") changed hands")
+	assert.Contains(t, err.Error(), "team-f/w1/main")
+}
+
+// TestReleaseConflictOnly: a container recorded only in a conflict can be
+// named; its conflict records are cleared and status no longer needs
+// attention for it.
+func TestReleaseConflictOnly(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	r := f.run(t, "release", "--container", idRogue[:12], "--reason", "rogue stopped")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Equal(t, "container "+idRogue+" held no claim; its conflict records were cleared\n", r.stdout)
+	st := f.state(t)
+	assert.Empty(t, st.Conflicts)
+	assert.Equal(t, []string{uuidGPU1}, claimedBy(st, idTrainer))
+	r = f.run(t, "status", "-o", "json")
+	assert.NotContains(t, r.stdout, `"kind": "conflict"`)
+}
+
+// TestStoppedHolderIsNotStale: under release_on = "remove" a holder the
+// daemon saw stop keeps its claim by policy: status needs no attention and gc
+// leaves it alone.
+func TestStoppedHolderIsNotStale(t *testing.T) {
+	f := newFixture(t)
+	f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+		claim(t, tx, ownTrainer, "env", f.dev(t, uuidGPU1))
+		require.True(t, tx.SetStarted(idTrainer, 10, 0, "/k8s.io/"+idTrainer))
+		require.True(t, tx.MarkStopped(idTrainer))
+	})
+	f.liveness[idTrainer] = "cgroup gone"
+	r := f.run(t, "status", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stdout)
+	assert.Contains(t, r.stdout, `"stopped_at": "2026-03-01T11:00:00Z"`)
+	r = f.run(t, "gc")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Equal(t, "nothing to release\n", r.stdout)
+	assert.Equal(t, []string{uuidGPU1}, claimedBy(f.state(t), idTrainer))
+}
+
+// TestLockedLedger: while another process holds the ledger lock, reads still
+// answer (they never take it) and a release fails after lock_timeout with an
+// error naming the lock, changing nothing.
+func TestLockedLedger(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	cfg, err := os.ReadFile(f.config)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(f.config, []byte(strings.Replace(string(cfg), "[ledger]\n", "[ledger]\nlock_timeout = \"20ms\"\n", 1)), 0o600))
+	lock := flock.New(filepath.Join(f.dir, "ledger.lock"))
+	locked, err := lock.TryLock()
+	require.NoError(t, err)
+	require.True(t, locked)
+	defer func() { _ = lock.Unlock() }()
+
+	for cmd, want := range map[string]string{"status": idTrainer[:12], "claims": idTrainer[:12], "queue": "team-f/w1/main"} {
+		r := f.run(t, cmd)
+		require.NotEqual(t, ExitError, r.code, "%s: %s", cmd, r.stderr)
+		assert.Contains(t, r.stdout, want, cmd)
+	}
+	before := f.state(t)
+	r := f.run(t, "release", "--container", idTrainer, "--reason", "x")
+	require.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.stderr, "ledger lock")
+	assert.Contains(t, r.stderr, "retry in a moment")
+	require.Equal(t, before, f.state(t))
+}

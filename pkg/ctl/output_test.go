@@ -1,0 +1,387 @@
+package ctl
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// TestGolden runs every read command in every output format on the fixture
+// ledger and compares the output with testdata/*.golden.
+func TestGolden(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+	}{
+		// status finds a conflict, a stale claim and a claim on a GPU that
+		// is not in the inventory: exit 3 in every format.
+		{"status", []string{"status"}, ExitAttention},
+		{"status-wide", []string{"status", "-o", "wide"}, ExitAttention},
+		{"status-json", []string{"status", "-o", "json"}, ExitAttention},
+		{"claims", []string{"claims"}, ExitOK},
+		{"claims-wide", []string{"claims", "-o", "wide"}, ExitOK},
+		{"claims-json", []string{"claims", "-o", "json"}, ExitOK},
+		{"queue", []string{"queue"}, ExitOK},
+		{"queue-wide", []string{"queue", "-o", "wide"}, ExitOK},
+		{"queue-json", []string{"queue", "-o", "json"}, ExitOK},
+		{"devices", []string{"devices"}, ExitOK},
+		{"devices-wide", []string{"devices", "-o", "wide"}, ExitOK},
+		{"devices-json", []string{"devices", "-o", "json"}, ExitOK},
+		{"audit", []string{"audit", "-n", "0"}, ExitOK},
+		{"audit-tail", []string{"audit", "-n", "3"}, ExitOK},
+		{"audit-since", []string{"audit", "--since", "4m"}, ExitOK},
+		{"audit-json", []string{"audit", "-n", "4", "-o", "json"}, ExitOK},
+		{"explain-busy", []string{"explain", "--env", "NVIDIA_VISIBLE_DEVICES=1", "--device", "/dev/nvidia4"}, ExitOK},
+		{"explain-busy-json", []string{"explain", "--env", "NVIDIA_VISIBLE_DEVICES=1", "--device", "/dev/nvidia4", "-o", "json"}, ExitOK},
+		{"explain-queued-json", []string{"explain", "--namespace", "team-g", "--pod", "w2", "--pod-uid", "uid-w2", "--container", "main",
+			"--env", "NVIDIA_VISIBLE_DEVICES=0,1", "-o", "json"}, ExitOK},
+		{"explain-free", []string{"explain", "--annotation", "cdi.k8s.io/gpu=nvidia.com/mig=0:0"}, ExitOK},
+		{"explain-unknown", []string{"explain", "--env", "NVIDIA_VISIBLE_DEVICES=9"}, ExitOK},
+		{"explain-none", []string{"explain", "--env", "NVIDIA_VISIBLE_DEVICES=none"}, ExitOK},
+		{"check-config", []string{"check-config"}, ExitOK},
+		{"check-config-json", []string{"check-config", "-o", "json"}, ExitOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := f.state(t)
+			r := f.run(t, tc.args...)
+			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			require.Empty(t, r.stderr)
+			if strings.HasSuffix(tc.name, "json") {
+				require.True(t, json.Valid([]byte(r.stdout)), r.stdout)
+			}
+			got := f.normalize(r.stdout)
+			if strings.HasPrefix(tc.name, "audit") {
+				got = normalizeAuditPids(got)
+			}
+			golden(t, tc.name, got)
+			// Read commands never write.
+			require.Equal(t, before, f.state(t))
+		})
+	}
+}
+
+// TestStatusStates checks the state each device gets, independently of the
+// golden rendering.
+func TestStatusStates(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	r := f.run(t, "status", "-o", "json")
+	require.Equal(t, ExitAttention, r.code, r.stderr)
+	var out statusJSONForTest
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+	got := map[string]string{}
+	for _, d := range out.Devices {
+		got[d.Index] = d.State
+	}
+	assert.Equal(t, map[string]string{
+		"0":   stateHeld,     // its MIG instance 0:1 is claimed
+		"0:0": stateFree,     // sibling MIG instances do not conflict
+		"0:1": stateHeld,     // the hook container
+		"1":   stateConflict, // held by the trainer, used by the rogue container
+		"2":   stateHeld,     // holder exited: stale
+		"3":   stateReserved, // released, held for the queue head
+		"7":   stateHeld,     // not in the inventory
+	}, got)
+	kinds := map[string]string{}
+	for _, p := range out.Problems {
+		kinds[p.Index] = p.Kind
+	}
+	assert.Equal(t, map[string]string{"1": problemConflict, "2": problemHolderExited, "7": problemUnknownDevice}, kinds)
+	for _, d := range out.Devices {
+		switch d.Index {
+		case "0":
+			assert.Equal(t, uuidMIG1, d.HeldVia)
+			require.NotNil(t, d.Holder)
+			assert.Equal(t, idHook, d.Holder.ContainerID)
+		case "3":
+			require.NotNil(t, d.Reservation)
+			assert.Equal(t, key(ownNext), d.Reservation.For)
+		case "1":
+			assert.Equal(t, 2, d.Waiters)
+		}
+	}
+}
+
+type statusJSONForTest struct {
+	Devices []struct {
+		Index   string `json:"index"`
+		State   string `json:"state"`
+		HeldVia string `json:"held_via"`
+		Waiters int    `json:"waiters"`
+		Holder  *struct {
+			ContainerID string `json:"container_id"`
+		} `json:"holder"`
+		Reservation *struct {
+			For string `json:"for"`
+		} `json:"reservation"`
+	} `json:"devices"`
+	Problems []struct {
+		Kind  string `json:"kind"`
+		Index string `json:"index"`
+	} `json:"problems"`
+}
+
+// TestStatusHealthy: nothing wrong is exit 0, and an empty (missing) ledger
+// shows every device free.
+func TestStatusHealthy(t *testing.T) {
+	f := newFixture(t)
+	r := f.run(t, "status")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	require.Len(t, lines, 1+6, r.stdout) // header + 4 GPUs + 2 MIG instances
+	for _, l := range lines[1:] {
+		assert.Contains(t, l, " free ")
+	}
+	assert.NotContains(t, r.stdout, "ATTENTION")
+
+	f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) {
+		claim(t, tx, ownTrainer, "env", f.dev(t, uuidGPU1))
+	})
+	r = f.run(t, "status")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Regexp(t, `(?m)^1 +GPU-1b1b1b1b +NVIDIA A100-SXM4-80GB +held +team-a/trainer-0/main +a1a1a1a1a1a1 +1m +0$`, r.stdout)
+}
+
+// TestStatusWithoutInventory: without a cache and with a configuration that
+// discovers nothing, status still shows the claims (from the ledger) and says
+// why the rest is missing.
+func TestStatusWithoutInventory(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	require.NoError(t, os.Remove(filepath.Join(f.dir, devices.CacheFile)))
+	cfg := "version = 1\n[ledger]\ndir = \"" + f.dir + "\"\n[devices]\nsource = \"proc\"\nproc_root = \"" + t.TempDir() + "\"\n"
+	require.NoError(t, os.WriteFile(f.config, []byte(cfg), 0o600))
+	r := f.run(t, "status")
+	assert.Contains(t, r.stderr, "showing claimed devices only")
+	// Stale and conflict are still found; "not in the inventory" is not
+	// claimed without an inventory.
+	require.Equal(t, ExitAttention, r.code)
+	assert.Contains(t, r.stdout, idTrainer[:12])
+	assert.Contains(t, r.stdout, idGhost[:12])
+	assert.NotContains(t, r.stdout, "0:0") // free devices are unknown
+}
+
+// TestDevicesFromConfig: without the daemon's cache the inventory is
+// discovered from the configuration (here a static list).
+func TestDevicesFromConfig(t *testing.T) {
+	f := newFixture(t)
+	require.NoError(t, os.Remove(filepath.Join(f.dir, devices.CacheFile)))
+	r := f.run(t, "devices", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	var v devicesView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.Equal(t, "static", v.Source)
+	assert.Equal(t, "discovery", v.Origin)
+	require.Len(t, v.GPUs, 4)
+	assert.Equal(t, uuidMIG1, v.GPUs[0].MIG[1].UUID)
+}
+
+// TestDevicesRefresh: --refresh is root only and rewrites the cache.
+func TestDevicesRefresh(t *testing.T) {
+	f := newFixture(t)
+	cache := filepath.Join(f.dir, devices.CacheFile)
+	// The cache says "nvml"; the configuration discovers "static".
+	f.uid = 1000
+	r := f.run(t, "devices", "--refresh")
+	require.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.stderr, "needs root")
+	inv, err := devices.LoadCache(cache)
+	require.NoError(t, err)
+	assert.Equal(t, "nvml", inv.Source)
+
+	f.uid = 0
+	r = f.run(t, "devices", "--refresh")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "Source: static (discovered now)")
+	inv, err = devices.LoadCache(cache)
+	require.NoError(t, err)
+	assert.Equal(t, "static", inv.Source)
+}
+
+// TestStateDirFlag: --state-dir overrides [ledger] dir.
+func TestStateDirFlag(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	other := newFixture(t) // same inventory, empty ledger
+	r := f.run(t, "--state-dir", other.dir, "claims", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.JSONEq(t, `{"claims":[]}`, r.stdout)
+}
+
+// TestConfigFromEnvironment: without --config, NRI_GPU_GUARD_CONFIG names the
+// configuration.
+func TestConfigFromEnvironment(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	f.getenv["NRI_GPU_GUARD_CONFIG"] = f.config
+	var stdout, stderr syncBuffer
+	code := Run(t.Context(), []string{"claims", "-o", "json"}, f.env(&stdout, &stderr))
+	require.Equal(t, ExitOK, code, stderr.String())
+	assert.Contains(t, stdout.String(), idTrainer)
+}
+
+// TestCorruptLedger: a state file that does not verify is an error that names
+// the file and says what to do; nothing is moved by a reader.
+func TestCorruptLedger(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	state := filepath.Join(f.dir, "ledger.json")
+	require.NoError(t, os.WriteFile(state, []byte(`{"claims": [`), 0o600))
+	for _, cmd := range []string{"status", "claims", "queue"} {
+		r := f.run(t, cmd)
+		require.Equal(t, ExitError, r.code, cmd)
+		assert.Contains(t, r.stderr, state, cmd)
+		assert.Contains(t, r.stderr, "corrupt", cmd)
+		assert.Contains(t, r.stderr, "systemctl restart nri-gpu-guard", cmd)
+	}
+	_, err := os.Stat(state)
+	require.NoError(t, err, "a reader must not move the state file")
+}
+
+// TestCheckConfig covers valid, invalid, missing and default files.
+func TestCheckConfig(t *testing.T) {
+	f := newFixture(t)
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	require.NoError(t, os.WriteFile(bad, []byte("version = 1\n[policy]\non_conflict = \"wait\"\nqueue_ttl = \"-1s\"\n"), 0o600))
+	unknown := filepath.Join(t.TempDir(), "unknown.toml")
+	require.NoError(t, os.WriteFile(unknown, []byte("version = 1\n[policy]\non_conflcit = \"queue\"\n"), 0o600))
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		want []string
+	}{
+		{"valid", []string{"check-config", f.config}, ExitOK, []string{"valid", "source static, 4 static GPU(s)"}},
+		{"invalid lists every problem", []string{"check-config", bad}, ExitError,
+			[]string{"invalid (2 problem(s))", "policy.on_conflict", `"wait"`, "policy.queue_ttl"}},
+		{"unknown key named", []string{"check-config", unknown}, ExitError, []string{"on_conflcit"}},
+		{"missing file", []string{"check-config", filepath.Join(t.TempDir(), "nope.toml")}, ExitError, []string{"nope.toml", "no such file"}},
+		{"too many args", []string{"check-config", "a", "b"}, ExitUsage, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr syncBuffer
+			code := Run(t.Context(), tc.args, f.env(&stdout, &stderr))
+			require.Equal(t, tc.code, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+			for _, w := range tc.want {
+				assert.Contains(t, stdout.String(), w)
+			}
+		})
+	}
+
+	// JSON lists the problems one by one.
+	var stdout, stderr syncBuffer
+	require.Equal(t, ExitError, Run(t.Context(), []string{"check-config", bad, "-o", "json"}, f.env(&stdout, &stderr)))
+	var v checkConfigView
+	require.NoError(t, json.Unmarshal([]byte(stdout.String()), &v))
+	assert.False(t, v.Valid)
+	assert.Len(t, v.Errors, 2)
+}
+
+// TestVersion prints the build information in both formats.
+func TestVersion(t *testing.T) {
+	f := newFixture(t)
+	r := f.run(t, "version")
+	require.Equal(t, ExitOK, r.code)
+	assert.True(t, strings.HasPrefix(r.stdout, "gpu-guard-ctl "), r.stdout)
+	r = f.run(t, "version", "-o", "json")
+	require.Equal(t, ExitOK, r.code)
+	var v versionView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.Equal(t, "gpu-guard-ctl", v.Program)
+	assert.NotEmpty(t, v.Go)
+}
+
+func TestAge(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{-time.Second, "0s"},
+		{0, "0s"},
+		{59 * time.Second, "59s"},
+		{time.Minute, "1m"},
+		{59*time.Minute + 59*time.Second, "59m"},
+		{time.Hour, "1h"},
+		{47 * time.Hour, "47h"},
+		{48 * time.Hour, "2d"},
+		{729 * 24 * time.Hour, "729d"},
+		{730 * 24 * time.Hour, "2y"},
+	} {
+		assert.Equal(t, tc.want, age(tc.d), tc.d)
+	}
+}
+
+func TestCleanEscapesControlCharacters(t *testing.T) {
+	assert.Equal(t, "-", clean(""))
+	assert.Equal(t, "team-a/pod", clean("team-a/pod"))
+	assert.Equal(t, `a\x1b[31mb\n`, clean("a\x1b[31mb\n"))
+	assert.Equal(t, `a\tb`, clean("a\tb"))
+}
+
+func TestShortUUID(t *testing.T) {
+	assert.Equal(t, "GPU-0a0a0a0a", shortUUID(uuidGPU0))
+	assert.Equal(t, "MIG-a1a1a1a1", shortUUID(uuidMIG1))
+	assert.Equal(t, "weird", shortUUID("weird"))
+}
+
+func TestCompareIndex(t *testing.T) {
+	idx := []string{"10", "1:1", "2", "1", "0:0", "1:0", "0", "x"}
+	slices.SortFunc(idx, compareIndex)
+	assert.Equal(t, []string{"0", "0:0", "1", "1:0", "1:1", "2", "10", "x"}, idx)
+}
+
+// TestAuditWide shows the writer's pid and the generation of each record.
+func TestAuditWide(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	r := f.run(t, "audit", "-o", "wide", "-n", "1")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	require.Len(t, lines, 2)
+	assert.Regexp(t, `^TIME +OP +DEVICES +HOLDER +CONTAINER ID +KEY +FRONT END +GENERATION +PID +REASON$`, lines[0])
+	assert.Regexp(t, `^2026-03-01T11:58:00Z +reserve +`+uuidGPU3+` +team-e/next/train +`+ownNext.ContainerID+` +team-e/uid-next/train +nri +\d+ +`+strconv.Itoa(os.Getpid())+` +head of the queue`, lines[1])
+}
+
+// TestExplainSpec: --spec reads an OCI config.json, flags add to it, and
+// nothing is written.
+func TestExplainSpec(t *testing.T) {
+	f := newFixture(t)
+	spec := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(spec, []byte(`{"ociVersion":"1.2.0",
+		"process":{"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=2"]},
+		"linux":{"devices":[{"path":"/dev/nvidia4","type":"c","major":195,"minor":4}]}}`), 0o600))
+	r := f.run(t, "explain", "--spec", spec, "--cdi", "nvidia.com/gpu=1", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	var v explainView
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.Equal(t, "admit", string(v.Decision))
+	got := map[string]string{}
+	for _, d := range v.Devices {
+		got[d.Index] = strings.Join(d.Sources, "; ")
+	}
+	assert.Equal(t, map[string]string{
+		"1": `cdi "nvidia.com/gpu=1"`,
+		"2": `env NVIDIA_VISIBLE_DEVICES="2"`,
+		"3": "device /dev/nvidia4 (195:4)",
+	}, got)
+	assert.Empty(t, f.state(t).Claims, "explain never claims")
+
+	r = f.run(t, "explain", "--spec", filepath.Join(t.TempDir(), "missing.json"))
+	require.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.stderr, "--spec")
+}

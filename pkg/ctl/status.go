@@ -1,0 +1,435 @@
+package ctl
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// Device states shown by status (the "state" JSON field).
+const (
+	stateFree     = "free"
+	stateHeld     = "held"
+	stateReserved = "reserved"
+	stateConflict = "conflict"
+)
+
+// Problem kinds (the "kind" JSON field of status problems).
+const (
+	problemConflict      = "conflict"
+	problemHolderExited  = "holder-exited"
+	problemUnknownDevice = "unknown-device"
+)
+
+func (a *app) statusCommand() *cobra.Command {
+	return newCommand("status",
+		"Show every GPU and MIG device: free, held, reserved or in conflict",
+		`Show one row per GPU and MIG instance of the inventory: its state (free, held,
+reserved for the head of its queue, or conflict), the holder (namespace/pod/
+container and short container id), how long it has been held and how many
+requests wait for it.
+
+A full GPU whose MIG instance is claimed (or a MIG instance whose GPU is
+claimed) shows as held "via" the claimed device.
+
+status exits 3 and lists what to do when a device is in conflict, a holder has
+exited without releasing its claim, or a claim names a device that is not in
+the inventory.`,
+		`  gpu-guard-ctl status
+  gpu-guard-ctl status -o wide
+  gpu-guard-ctl status -o json | jq '.devices[] | select(.state != "free")'`,
+		noArgs,
+		func(cmd *cobra.Command, _ []string) error {
+			if _, err := a.config(); err != nil {
+				return err
+			}
+			inv, info, err := a.inventory()
+			if err != nil {
+				// The ledger alone still says who holds what; say why the
+				// free devices are missing.
+				fmt.Fprintf(a.env.Stderr, "warning: %v; showing claimed devices only\n", err)
+				inv = nil
+			}
+			var v *statusView
+			err = a.view(cmd.Context(), func(tx *ledger.Tx) error {
+				v = buildStatus(tx.State(), inv, info, a.env.Liveness)
+				return nil
+			})
+			if err != nil {
+				return err
+			}
+			if err := v.render(a.env.Stdout, a.output, a.env.Now()); err != nil {
+				return err
+			}
+			if len(v.Problems) > 0 {
+				return attention(len(v.Problems))
+			}
+			return nil
+		})
+}
+
+// statusView is the status output; its JSON is a public interface
+// (docs/ctl-json.md).
+type statusView struct {
+	Devices         []statusDevice `json:"devices"`
+	Problems        []problem      `json:"problems"`
+	InventorySource string         `json:"inventory_source"`
+	Generation      uint64         `json:"generation"`
+	UpdatedAt       *time.Time     `json:"updated_at,omitempty"`
+}
+
+type statusDevice struct {
+	Index  string `json:"index"`
+	UUID   string `json:"uuid"`
+	Kind   string `json:"kind"`
+	Parent string `json:"parent,omitempty"`
+	Model  string `json:"model"`
+	State  string `json:"state"`
+	// Holder is the claim on this device, or on its parent GPU or one of its
+	// MIG instances (then HeldVia names the claimed device).
+	Holder      *holderJSON      `json:"holder"`
+	HeldVia     string           `json:"held_via,omitempty"`
+	Reservation *reservationJSON `json:"reservation,omitempty"`
+	Conflicts   []holderJSON     `json:"conflicts,omitempty"`
+	Waiters     int              `json:"waiters"`
+	InInventory bool             `json:"in_inventory"`
+	// Stale is why the holder's claim is stale (its processes are gone).
+	Stale string `json:"stale,omitempty"`
+
+	heldViaIndex string
+	reservedFor  string // display name of the waiter a reservation is for
+}
+
+type holderJSON struct {
+	ContainerID string    `json:"container_id"`
+	Namespace   string    `json:"namespace"`
+	Pod         string    `json:"pod"`
+	PodUID      string    `json:"pod_uid"`
+	Container   string    `json:"container"`
+	FrontEnd    string    `json:"front_end"`
+	Pid         int       `json:"pid,omitempty"`
+	Since       time.Time `json:"since"`
+	// StoppedAt is set when the holder exited and, under release_on =
+	// "remove", keeps its claim until it is removed.
+	StoppedAt *time.Time `json:"stopped_at,omitempty"`
+}
+
+type reservationJSON struct {
+	For         string    `json:"for"`
+	ContainerID string    `json:"container_id,omitempty"`
+	Since       time.Time `json:"since"`
+	Until       time.Time `json:"until"`
+}
+
+type problem struct {
+	Kind        string `json:"kind"`
+	Device      string `json:"device"`
+	Index       string `json:"index"`
+	ContainerID string `json:"container_id,omitempty"`
+	Message     string `json:"message"`
+}
+
+func holderOf(o ledger.Owner, since time.Time) *holderJSON {
+	return &holderJSON{
+		ContainerID: o.ContainerID,
+		Namespace:   o.Namespace,
+		Pod:         o.Pod,
+		PodUID:      o.PodUID,
+		Container:   o.Container,
+		FrontEnd:    string(o.FrontEnd),
+		Pid:         o.Pid,
+		Since:       since,
+		StoppedAt:   timeOrNil(o.StoppedAt),
+	}
+}
+
+func (h *holderJSON) name() string {
+	return holderName(ledger.Owner{ContainerID: h.ContainerID, Namespace: h.Namespace, Pod: h.Pod, Container: h.Container})
+}
+
+// statusIndex holds the ledger state keyed the way status looks it up, so
+// that building the view is linear in the size of the state.
+type statusIndex struct {
+	claims       map[string]*ledger.Claim       // by device UUID
+	migClaims    map[string][]*ledger.Claim     // claims on MIG instances, by parent UUID
+	reservations map[string]*ledger.Reservation // by device UUID
+	conflicts    map[string][]ledger.Conflict   // by device UUID
+	waiters      map[string]int                 // waiters wanting each device UUID
+	waiterByKey  map[string]*ledger.Waiter
+}
+
+func indexState(st *ledger.State) statusIndex {
+	x := statusIndex{
+		claims:       make(map[string]*ledger.Claim, len(st.Claims)),
+		migClaims:    map[string][]*ledger.Claim{},
+		reservations: make(map[string]*ledger.Reservation, len(st.Reservations)),
+		conflicts:    map[string][]ledger.Conflict{},
+		waiters:      map[string]int{},
+		waiterByKey:  make(map[string]*ledger.Waiter, len(st.Waiters)),
+	}
+	for i := range st.Claims {
+		c := &st.Claims[i]
+		x.claims[c.Device.UUID] = c
+		if c.Device.Parent != "" {
+			x.migClaims[c.Device.Parent] = append(x.migClaims[c.Device.Parent], c)
+		}
+	}
+	for i := range st.Reservations {
+		x.reservations[st.Reservations[i].Device.UUID] = &st.Reservations[i]
+	}
+	for _, c := range st.Conflicts {
+		x.conflicts[c.Device.UUID] = append(x.conflicts[c.Device.UUID], c)
+	}
+	for i := range st.Waiters {
+		w := &st.Waiters[i]
+		x.waiterByKey[w.Key] = w
+		for _, d := range w.Devices {
+			x.waiters[d.UUID]++
+		}
+	}
+	return x
+}
+
+// buildStatus joins the ledger state with the inventory (nil when it could not
+// be loaded) and the holders' liveness.
+func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, live Liveness) *statusView {
+	x := indexState(st)
+	v := &statusView{Devices: []statusDevice{}, Problems: []problem{}, Generation: st.Generation, UpdatedAt: timeOrNil(st.UpdatedAt)}
+	if inv != nil {
+		v.InventorySource = inv.Source
+		if info.Origin == "cache" {
+			v.InventorySource += " (cache)"
+		}
+	}
+
+	shown := map[string]bool{}
+	add := func(d devices.Device, model string, inInventory bool) {
+		shown[d.UUID] = true
+		v.Devices = append(v.Devices, x.device(d, model, inInventory))
+	}
+	if inv != nil {
+		models := modelsOf(inv)
+		for _, d := range inv.Devices() {
+			add(d, models[d.UUID], true)
+		}
+	}
+	// Devices the ledger knows but the inventory does not: claims that
+	// outlived a GPU (or an inventory that could not be loaded).
+	extra := func(d devices.Device) {
+		if !shown[d.UUID] {
+			add(d, "", false)
+		}
+	}
+	for _, c := range st.Claims {
+		extra(c.Device)
+	}
+	for _, c := range st.Conflicts {
+		extra(c.Device)
+	}
+	for _, r := range st.Reservations {
+		extra(r.Device)
+	}
+
+	exited := map[string]string{} // container id → why, for holders that exited
+	checked := map[string]bool{}
+	for _, c := range st.Claims {
+		id := c.Owner.ContainerID
+		if checked[id] {
+			continue
+		}
+		checked[id] = true
+		// A holder marked stopped (release_on = "remove") is known to have
+		// exited and keeps its claim until removal by policy: not stale.
+		if !c.Owner.StoppedAt.IsZero() {
+			continue
+		}
+		if gone, why := live.Exited(c.Owner); gone {
+			exited[id] = why
+		}
+	}
+	for i := range v.Devices {
+		d := &v.Devices[i]
+		if d.Holder != nil && d.HeldVia == "" {
+			d.Stale = exited[d.Holder.ContainerID]
+		}
+		v.Problems = append(v.Problems, d.problems(inv)...)
+	}
+	return v
+}
+
+// device builds one row.
+func (x statusIndex) device(d devices.Device, model string, inInventory bool) statusDevice {
+	sd := statusDevice{
+		Index:       d.Index,
+		UUID:        d.UUID,
+		Kind:        string(d.Kind),
+		Parent:      d.Parent,
+		Model:       model,
+		State:       stateFree,
+		Waiters:     x.waiters[d.UUID],
+		InInventory: inInventory,
+	}
+	if c := x.claims[d.UUID]; c != nil {
+		sd.State = stateHeld
+		sd.Holder = holderOf(c.Owner, c.Since)
+	} else if via := x.relatedClaim(d); via != nil {
+		sd.State = stateHeld
+		sd.Holder = holderOf(via.Owner, via.Since)
+		sd.HeldVia = via.Device.UUID
+		sd.heldViaIndex = via.Device.Index
+	} else if r := x.reservations[d.UUID]; r != nil {
+		sd.State = stateReserved
+		sd.Reservation = &reservationJSON{For: r.For, Since: r.Since, Until: r.Until}
+		sd.reservedFor = r.For
+		if w := x.waiterByKey[r.For]; w != nil {
+			sd.Reservation.ContainerID = w.Owner.ContainerID
+			sd.reservedFor = holderName(w.Owner)
+		}
+	}
+	for _, c := range x.conflicts[d.UUID] {
+		sd.State = stateConflict
+		sd.Conflicts = append(sd.Conflicts, *holderOf(c.Owner, c.Since))
+	}
+	return sd
+}
+
+// relatedClaim is a claim that makes d unavailable without naming it: on d's
+// parent GPU, or on one of d's MIG instances.
+func (x statusIndex) relatedClaim(d devices.Device) *ledger.Claim {
+	if d.Parent != "" {
+		return x.claims[d.Parent]
+	}
+	if cs := x.migClaims[d.UUID]; len(cs) > 0 {
+		return cs[0]
+	}
+	return nil
+}
+
+// problems lists what an operator must act on for this row.
+func (d *statusDevice) problems(inv *devices.Inventory) []problem {
+	var out []problem
+	label := ledger.DescribeDevice(devices.Device{UUID: d.UUID, Index: d.Index, Kind: devices.Kind(d.Kind)})
+	if d.Stale != "" {
+		out = append(out, problem{
+			Kind: problemHolderExited, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
+			Message: fmt.Sprintf("%s is held by %s (%s) whose processes are gone (%s); release it with `sudo %s gc`",
+				label, d.Holder.name(), ledger.ShortID(d.Holder.ContainerID), d.Stale, programName),
+		})
+	}
+	for _, c := range d.Conflicts {
+		holder := "no recorded holder"
+		if d.Holder != nil {
+			holder = fmt.Sprintf("%s (%s)", d.Holder.name(), ledger.ShortID(d.Holder.ContainerID))
+		}
+		out = append(out, problem{
+			Kind: problemConflict, Device: d.UUID, Index: d.Index, ContainerID: c.ContainerID,
+			Message: fmt.Sprintf("%s is held by %s but %s (%s) uses it too (seen at reconcile); nothing is killed automatically: stop one of them",
+				label, holder, c.name(), ledger.ShortID(c.ContainerID)),
+		})
+	}
+	if !d.InInventory && inv != nil && d.Holder != nil && d.HeldVia == "" {
+		out = append(out, problem{
+			Kind: problemUnknownDevice, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
+			Message: fmt.Sprintf("%s is claimed by %s (%s) but is not in the inventory (source %s); if the GPU is gone, release the claim with `sudo %s release --device %s --reason \"GPU removed\"`, if it was added, run `sudo %s devices --refresh`",
+				label, d.Holder.name(), ledger.ShortID(d.Holder.ContainerID), inv.Source, programName, d.UUID, programName),
+		})
+	}
+	return out
+}
+
+// modelsOf maps every device UUID of inv to its model for the MODEL column.
+func modelsOf(inv *devices.Inventory) map[string]string {
+	models := map[string]string{}
+	for _, g := range inv.GPUs {
+		models[g.UUID] = g.Model
+		for _, m := range g.MIG {
+			models[m.UUID] = migModel(g, m)
+		}
+	}
+	return models
+}
+
+// migModel describes a MIG instance for the MODEL column.
+func migModel(g devices.GPU, m devices.MIG) string {
+	if m.Model != "" {
+		return m.Model
+	}
+	if g.Model == "" {
+		return ""
+	}
+	return g.Model + " (MIG gi " + strconv.Itoa(m.GI) + " ci " + strconv.Itoa(m.CI) + ")"
+}
+
+func (v *statusView) render(w io.Writer, output string, now time.Time) error {
+	if output == outputJSON {
+		return writeJSON(w, v)
+	}
+	wide := output == outputWide
+	header := []string{"INDEX", "UUID", "MODEL", "STATE", "HOLDER", "ID", "SINCE", "WAITERS"}
+	if wide {
+		header = []string{"INDEX", "UUID", "MODEL", "STATE", "HOLDER", "CONTAINER ID", "FRONT END", "PID", "SINCE", "WAITERS"}
+	}
+	t := newTable(w, header...)
+	for _, d := range v.Devices {
+		uuid := d.UUID
+		if !wide {
+			uuid = shortUUID(uuid)
+		}
+		model := d.Model
+		if !d.InInventory {
+			model = "(not in inventory)"
+		}
+		holder, id, frontEnd, pid, sinceCol := none, "", none, none, none
+		switch {
+		case d.Holder != nil:
+			holder = d.Holder.name()
+			if d.HeldVia != "" {
+				holder += " (via " + d.heldViaIndex + ")"
+			}
+			id = d.Holder.ContainerID
+			frontEnd = d.Holder.FrontEnd
+			if d.Holder.Pid > 0 {
+				pid = strconv.Itoa(d.Holder.Pid)
+			}
+			sinceCol = since(now, d.Holder.Since)
+		case d.Reservation != nil:
+			holder = "for " + d.reservedFor
+			id = d.Reservation.ContainerID
+			sinceCol = since(now, d.Reservation.Since)
+		}
+		if !wide {
+			id = ledger.ShortID(id)
+		}
+		row := []string{d.Index, uuid, model, d.State, holder, id, sinceCol, strconv.Itoa(d.Waiters)}
+		if wide {
+			row = []string{d.Index, uuid, model, d.State, holder, id, frontEnd, pid, sinceCol, strconv.Itoa(d.Waiters)}
+		}
+		t.row(row...)
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	return renderProblems(w, v.Problems)
+}
+
+// renderProblems prints the attention list under a table.
+func renderProblems(w io.Writer, problems []problem) error {
+	if len(problems) == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintf(w, "\nATTENTION (%d):\n", len(problems)); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	for _, p := range problems {
+		if _, err := fmt.Fprintf(w, "  - %s\n", escapeLine(p.Message)); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
+	}
+	return nil
+}

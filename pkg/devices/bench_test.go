@@ -1,0 +1,62 @@
+package devices
+
+import (
+	"fmt"
+	"testing"
+)
+
+func benchInventory(b *testing.B) *Inventory {
+	b.Helper()
+	gpus := make([]GPU, 16)
+	for i := range gpus {
+		gpus[i] = GPU{Index: i, UUID: gpuUUID(i), Minor: i, Model: "NVIDIA H100 80GB HBM3", BusID: fmt.Sprintf("0000:%02x:00.0", i+1)}
+	}
+	inv, err := NewInventory("nvml", gpus)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return inv
+}
+
+// BenchmarkResolveTypical resolves what a Kubernetes GPU container carries
+// (5 env vars, 3 annotations, 2 device nodes) on a 16-GPU host: the cost the
+// guard adds to every CreateContainer.
+func BenchmarkResolveTypical(b *testing.B) {
+	inv := benchInventory(b)
+	r := NewResolver(inv, defaultPolicy())
+	req := Request{
+		Env: []string{
+			"PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+			"CUDA_VERSION=12.4.1",
+			"NVIDIA_REQUIRE_CUDA=cuda>=12.4",
+			"NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+			"NVIDIA_VISIBLE_DEVICES=" + gpuUUID(3),
+		},
+		Annotations: map[string]string{
+			"io.kubernetes.cri.container-type":                    "container",
+			"io.kubernetes.cri.sandbox-namespace":                 "ml",
+			"cdi.k8s.io/nvidia-device-plugin_" + gpuUUID(3)[4:12]: "nvidia.com/gpu=" + gpuUUID(3),
+		},
+		Devices: []LinuxDevice{
+			{Path: "/dev/nvidiactl", Type: "c", Major: 195, Minor: 255},
+			{Path: "/dev/nvidia3", Type: "c", Major: 195, Minor: 3},
+		},
+	}
+	if res, err := r.Resolve(req); err != nil || len(res.Devices) != 1 || len(res.Devices[0].Sources) != 3 {
+		b.Fatalf("unexpected resolution %+v, %v", res, err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = r.Resolve(req)
+	}
+}
+
+// BenchmarkResolveAll16 is NVIDIA_VISIBLE_DEVICES=all on a 16-GPU host.
+func BenchmarkResolveAll16(b *testing.B) {
+	r := NewResolver(benchInventory(b), defaultPolicy())
+	req := Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}}
+	b.ReportAllocs()
+	for b.Loop() {
+		_, _ = r.Resolve(req)
+	}
+}

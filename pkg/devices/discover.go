@@ -1,0 +1,113 @@
+package devices
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+)
+
+// Discover loads the inventory from the configured source. Source "auto"
+// tries NVML, then /proc/driver/nvidia, then the static list, and takes the
+// first that finds a GPU; the inventory's Source says which one, and its Notes
+// why the earlier ones were skipped. When every source that works finds no
+// GPU, the first of them is returned, empty (a host without GPUs); when none
+// works, the error wraps ErrSourceUnavailable. An explicitly named source
+// either works or fails with its own error.
+//
+// nvmlLib nil means the host's NVML library (in cgo builds, nvmlLib is a
+// go-nvml nvml.Interface). Where the inventory has MIG
+// instances, the /dev/nvidia-caps mapping is read from proc_root too.
+func Discover(cfg config.DevicesConfig, nvmlLib NVMLInterface) (*Inventory, error) {
+	root := cfg.ProcRoot
+	if root == "" {
+		root = "/"
+	}
+	nvmlL, procL, staticL := NewNVMLLoader(nvmlLib), NewProcLoader(root), NewStaticLoader(cfg.Static)
+	var loaders []Loader
+	switch cfg.Source {
+	case config.SourceAuto, "":
+		loaders = []Loader{nvmlL, procL, staticL}
+	case config.SourceNVML:
+		loaders = []Loader{nvmlL}
+	case config.SourceProc:
+		loaders = []Loader{procL}
+	case config.SourceStatic:
+		loaders = []Loader{staticL}
+	default:
+		return nil, fmt.Errorf("devices.source %q: want auto, nvml, proc or static", cfg.Source)
+	}
+	return discover(loaders, root, len(loaders) == 1)
+}
+
+func load(l Loader) ([]GPU, []string, error) {
+	if n, ok := l.(notingLoader); ok {
+		return n.loadNoted()
+	}
+	gpus, err := l.Load()
+	return gpus, nil, err
+}
+
+func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) {
+	var notes []string
+	var empty *Inventory
+	for _, l := range loaders {
+		gpus, loaderNotes, err := load(l)
+		if err != nil {
+			if explicit {
+				return nil, fmt.Errorf("GPU inventory from %s: %w", l.Name(), err)
+			}
+			notes = append(notes, fmt.Sprintf("%s: skipped: %v", l.Name(), err))
+			continue
+		}
+		notes = append(notes, loaderNotes...)
+		inv, err := newInventory(Inventory{Source: l.Name(), GPUs: gpus, Notes: notes})
+		if err != nil {
+			if explicit {
+				return nil, fmt.Errorf("GPU inventory from %s: %w", l.Name(), err)
+			}
+			notes = append(notes, fmt.Sprintf("%s: skipped: %v", l.Name(), err))
+			continue
+		}
+		if len(gpus) == 0 && !explicit {
+			if empty == nil {
+				empty = inv
+			}
+			notes = append(notes, l.Name()+": skipped: found no GPU")
+			continue
+		}
+		return withMIGCaps(inv, root)
+	}
+	if empty != nil {
+		empty.Notes = notes
+		return empty, nil
+	}
+	return nil, fmt.Errorf("%w: no GPU inventory source works: %s", ErrSourceUnavailable, joinNotes(notes))
+}
+
+func joinNotes(notes []string) string {
+	err := make([]error, len(notes))
+	for i, n := range notes {
+		err[i] = errors.New(n)
+	}
+	return errors.Join(err...).Error()
+}
+
+// withMIGCaps adds the /dev/nvidia-caps mapping to an inventory with MIG
+// instances.
+func withMIGCaps(inv *Inventory, root string) (*Inventory, error) {
+	hasMIG := false
+	for _, g := range inv.GPUs {
+		hasMIG = hasMIG || len(g.MIG) > 0
+	}
+	if !hasMIG {
+		return inv, nil
+	}
+	major, caps, note := loadMIGCaps(root, inv.GPUs)
+	next := *inv
+	next.CapsMajor, next.MIGCaps = major, caps
+	if note != "" {
+		next.Notes = append(append([]string(nil), inv.Notes...), note)
+	}
+	return newInventory(next)
+}

@@ -1,0 +1,289 @@
+package devices
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// idError is a device id the inventory cannot resolve. It wraps
+// ErrUnknownDevice or ErrInvalidID and always quotes the token.
+type idError struct {
+	sentinel error
+	token    string
+	detail   string
+	// strict errors are refused even under policy.unknown_device = "ignore":
+	// they are not stale ids but ambiguous or evasive ones.
+	strict bool
+}
+
+func (e *idError) Error() string { return e.sentinel.Error() + " " + quoteToken(e.token) + e.detail }
+func (e *idError) Unwrap() error { return e.sentinel }
+
+// maxQuoted bounds how much of an untrusted token an error or note repeats.
+const maxQuoted = 128
+
+// quoteToken quotes an untrusted token for a message: Go-escaped, so control
+// characters and quotes cannot forge log lines, and clipped to maxQuoted bytes.
+func quoteToken(s string) string {
+	if len(s) <= maxQuoted {
+		return strconv.Quote(s)
+	}
+	n := maxQuoted
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return strconv.Quote(s[:n]) + "…"
+}
+
+// plainText renders an untrusted name (annotation key, path) raw when it is
+// short printable ASCII without spaces or quotes, and quoted otherwise.
+func plainText(s string) string {
+	if len(s) == 0 || len(s) > maxQuoted {
+		return quoteToken(s)
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || c == '"' || c == '\\' {
+			return quoteToken(s)
+		}
+	}
+	return s
+}
+
+const idForms = "want an index (0), <gpu>:<mig> (1:0), GPU-<uuid>, MIG-<uuid>, MIG-GPU-<uuid>/<gi>/<ci> or a PCI bus id"
+
+func (ix *index) unknown(tok string) *idError {
+	return &idError{sentinel: ErrUnknownDevice, token: tok, detail: " (" + ix.known + ")"}
+}
+
+func invalid(tok, why string) *idError {
+	return &idError{sentinel: ErrInvalidID, token: tok, detail: ": " + why}
+}
+
+// decimal parses a non-negative decimal made of digits only (leading zeros
+// allowed, as the runtime's strtoumax allows them). ok is false for anything
+// else; big is true when it is digits but too long to be an index.
+func decimal(s string) (n int, ok, big bool) {
+	if s == "" {
+		return 0, false, false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return 0, false, false
+		}
+	}
+	t := strings.TrimLeft(s, "0")
+	if len(t) > 9 {
+		return 0, true, true
+	}
+	if t == "" {
+		return 0, true, false
+	}
+	v, err := strconv.Atoi(t)
+	if err != nil {
+		return 0, true, true
+	}
+	return v, true, false
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// resolveID resolves one NVIDIA_VISIBLE_DEVICES-style id to an entry
+// position. The forms are those the NVIDIA runtime accepts: an NVML index
+// (with an optional '+', as strtoumax reads it), <gpu>:<mig>, a GPU UUID or a
+// unique case-insensitive prefix of one, a MIG UUID, the legacy
+// MIG-GPU-<uuid>/<gi>/<ci>, and a PCI bus id.
+func (ix *index) resolveID(tok string) (int, *idError) {
+	if n, ok, big := decimal(strings.TrimPrefix(tok, "+")); ok {
+		if big {
+			return 0, ix.unknown(tok)
+		}
+		if pos, found := ix.byIndex[strconv.Itoa(n)]; found {
+			return pos, nil
+		}
+		return 0, ix.unknown(tok)
+	}
+	if g, m, ok := strings.Cut(tok, ":"); ok {
+		gi, okG, bigG := decimal(g)
+		mi, okM, bigM := decimal(m)
+		if okG && okM {
+			if bigG || bigM {
+				return 0, ix.unknown(tok)
+			}
+			if pos, found := ix.byIndex[strconv.Itoa(gi)+":"+strconv.Itoa(mi)]; found {
+				return pos, nil
+			}
+			return 0, ix.unknown(tok)
+		}
+	}
+	switch {
+	case hasPrefixFold(tok, "MIG-GPU-"):
+		return ix.resolveLegacyMIG(tok)
+	case hasPrefixFold(tok, "GPU-") && len(tok) > len("GPU-"):
+		return ix.resolveGPUUUID(tok)
+	case hasPrefixFold(tok, "MIG-") && len(tok) > len("MIG-"):
+		if pos, found := ix.byFold[strings.ToLower(tok)]; found {
+			return pos, nil
+		}
+		return 0, ix.unknown(tok)
+	}
+	if bus, ok := normaliseBusID(tok); ok {
+		if pos, found := ix.byBus[bus]; found {
+			return pos, nil
+		}
+		return 0, ix.unknown(tok)
+	}
+	return 0, invalid(tok, idForms)
+}
+
+// resolveGPUUUID matches a full GPU UUID, then a unique prefix of one: the
+// NVIDIA runtime selects a GPU whose UUID starts with the given text, so a
+// prefix reaches a real GPU and must be claimed as one.
+func (ix *index) resolveGPUUUID(tok string) (int, *idError) {
+	fold := strings.ToLower(tok)
+	if pos, found := ix.byFold[fold]; found && ix.ents[pos].dev.Kind == KindGPU {
+		return pos, nil
+	}
+	match := -1
+	for _, pos := range ix.gpuEnts {
+		if strings.HasPrefix(strings.ToLower(ix.ents[pos].dev.UUID), fold) {
+			if match >= 0 {
+				return 0, &idError{sentinel: ErrInvalidID, token: tok, strict: true,
+					detail: fmt.Sprintf(": ambiguous UUID prefix, it matches GPU %s (%s) and GPU %s (%s); give the full UUID",
+						ix.ents[match].dev.Index, ix.ents[match].dev.UUID, ix.ents[pos].dev.Index, ix.ents[pos].dev.UUID)}
+			}
+			match = pos
+		}
+	}
+	if match >= 0 {
+		return match, nil
+	}
+	return 0, ix.unknown(tok)
+}
+
+// resolveLegacyMIG resolves MIG-GPU-<uuid>/<gi>/<ci>: first as a UUID (drivers
+// before R470 used this as the MIG device's UUID), then by GPU, GPU instance
+// and compute instance.
+func (ix *index) resolveLegacyMIG(tok string) (int, *idError) {
+	if pos, found := ix.byFold[strings.ToLower(tok)]; found {
+		return pos, nil
+	}
+	gpu, gi, ci, ok := parseLegacyMIG(tok)
+	if !ok {
+		return 0, invalid(tok, "want MIG-GPU-<uuid>/<gi>/<ci>")
+	}
+	parent, found := ix.byFold[strings.ToLower(gpu)]
+	if !found || ix.ents[parent].dev.Kind != KindGPU {
+		return 0, ix.unknown(tok)
+	}
+	if pos, found := ix.byGICI[giciKey{parent: parent, gi: gi, ci: ci}]; found {
+		return pos, nil
+	}
+	return 0, ix.unknown(tok)
+}
+
+// parseLegacyMIG splits MIG-GPU-<uuid>/<gi>/<ci> into "GPU-<uuid>", gi, ci.
+func parseLegacyMIG(s string) (gpu string, gi, ci int, ok bool) {
+	if !hasPrefixFold(s, "MIG-GPU-") {
+		return "", 0, 0, false
+	}
+	parts := strings.Split(s[len("MIG-"):], "/")
+	if len(parts) != 3 || len(parts[0]) <= len("GPU-") {
+		return "", 0, 0, false
+	}
+	gi, okG, bigG := decimal(parts[1])
+	ci, okC, bigC := decimal(parts[2])
+	if !okG || !okC || bigG || bigC {
+		return "", 0, 0, false
+	}
+	return parts[0], gi, ci, true
+}
+
+func isLegacyMIGUUID(s string) bool {
+	gpu, _, _, ok := parseLegacyMIG(s)
+	return ok && strings.HasPrefix(s, "MIG-") && isUUIDWithPrefix(gpu, "GPU-")
+}
+
+// CDI vendor and classes whose devices are NVIDIA GPUs.
+const (
+	cdiVendor   = "nvidia.com"
+	cdiClassGPU = "gpu"
+	cdiClassMIG = "mig"
+)
+
+// parseQualifiedName splits a CDI device name "vendor/class=name".
+func parseQualifiedName(s string) (vendor, class, name string, ok bool) {
+	vc, name, ok := strings.Cut(s, "=")
+	if !ok || name == "" {
+		return "", "", "", false
+	}
+	vendor, class, ok = strings.Cut(vc, "/")
+	if !ok || vendor == "" || class == "" || strings.ContainsAny(class, "/") {
+		return "", "", "", false
+	}
+	return vendor, class, name, true
+}
+
+// isGPUClass reports whether a qualified CDI name is one of NVIDIA's GPU or
+// MIG devices. Other vendors' and other NVIDIA classes' devices are not GPUs.
+func isGPUClass(vendor, class string) bool {
+	return vendor == cdiVendor && (class == cdiClassGPU || class == cdiClassMIG)
+}
+
+const cdiForms = "want a CDI device name of nvidia.com/gpu: an index (0), <gpu>:<mig> (1:0), gpu<N>, mig<G>:<M>, a UUID or all"
+
+// resolveCDIName resolves the name part of nvidia.com/gpu=<name> (or
+// nvidia.com/mig=<name>) as the NVIDIA CDI spec generator names devices: by
+// index ("0", "1:0"), by type and index ("gpu0", "mig1:0"), by UUID, or "all".
+// CDI names are matched exactly (no prefixes): the CDI registry does so too.
+func (ix *index) resolveCDIName(name string) (pos int, all bool, err *idError) {
+	if name == "all" {
+		return 0, true, nil
+	}
+	id := name
+	switch {
+	case strings.HasPrefix(name, "gpu"):
+		id = name[len("gpu"):]
+		if _, ok, _ := decimal(id); !ok {
+			return 0, false, invalid(name, cdiForms)
+		}
+	case strings.HasPrefix(name, "mig"):
+		id = name[len("mig"):]
+		g, m, ok := strings.Cut(id, ":")
+		_, okG, _ := decimal(g)
+		_, okM, _ := decimal(m)
+		if !ok || !okG || !okM {
+			return 0, false, invalid(name, cdiForms)
+		}
+	}
+	if _, ok, _ := decimal(id); ok {
+		p, e := ix.resolveID(id)
+		return p, false, reToken(e, name)
+	}
+	if g, m, ok := strings.Cut(id, ":"); ok {
+		_, okG, _ := decimal(g)
+		_, okM, _ := decimal(m)
+		if okG && okM {
+			p, e := ix.resolveID(id)
+			return p, false, reToken(e, name)
+		}
+	}
+	if isUUIDWithPrefix(id, "GPU-") || isUUIDWithPrefix(id, "MIG-") {
+		if p, found := ix.byFold[strings.ToLower(id)]; found {
+			return p, false, nil
+		}
+		return 0, false, ix.unknown(name)
+	}
+	return 0, false, invalid(name, cdiForms)
+}
+
+// reToken makes an id error name the token as the container wrote it.
+func reToken(e *idError, tok string) *idError {
+	if e != nil {
+		e.token = tok
+	}
+	return e
+}

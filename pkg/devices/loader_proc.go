@@ -1,0 +1,195 @@
+package devices
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+)
+
+// Paths below the configured proc_root (relative, for os.Root).
+const (
+	procGPUsDir   = "proc/driver/nvidia/gpus"
+	procMIGMinors = "proc/driver/nvidia-caps/mig-minors"
+	procDevices   = "proc/devices"
+)
+
+// maxProcFile bounds what is read from one /proc file: the real ones are a
+// few hundred bytes (mig-minors a few KiB).
+const maxProcFile = 1 << 20
+
+// notingLoader is a Loader with observations for Inventory.Notes.
+type notingLoader interface {
+	loadNoted() ([]GPU, []string, error)
+}
+
+type procLoader struct {
+	root string
+}
+
+// NewProcLoader returns the loader that reads
+// <root>/proc/driver/nvidia/gpus/*/information, the driver's own description
+// of each GPU, without NVML. root is the configuration's proc_root ("/" on a
+// host; tests point it at a fake tree).
+//
+// /proc gives no NVML index, so the index is the GPU's position in PCI bus id
+// order: that is the order NVML enumerates GPUs in (nvidia-smi shows the
+// same), and GPUs the driver excludes are skipped, as NVML skips them.
+// test/gpu/gpu-check.sh compares both on a real host. /proc does not list MIG
+// instances (it has no MIG UUIDs), so a proc inventory has none.
+func NewProcLoader(root string) Loader {
+	return &procLoader{root: root}
+}
+
+func (l *procLoader) Name() string { return string(config.SourceProc) }
+
+func (l *procLoader) Load() ([]GPU, error) {
+	gpus, _, err := l.loadNoted()
+	return gpus, err
+}
+
+type procGPU struct {
+	GPU
+	bus      [4]uint64
+	excluded bool
+}
+
+func (l *procLoader) loadNoted() ([]GPU, []string, error) {
+	root, err := os.OpenRoot(l.root)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, fmt.Errorf("%w: proc: %w", ErrSourceUnavailable, err)
+		}
+		return nil, nil, fmt.Errorf("proc: %w", err)
+	}
+	defer func() { _ = root.Close() }()
+	dir, err := fs.ReadDir(root.FS(), procGPUsDir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, fmt.Errorf("%w: proc: no %s under %s (NVIDIA driver not loaded?)", ErrSourceUnavailable, procGPUsDir, l.root)
+		}
+		return nil, nil, fmt.Errorf("proc: %w", err)
+	}
+	var found []procGPU
+	var notes []string
+	for _, e := range dir {
+		if !e.IsDir() {
+			continue
+		}
+		name := procGPUsDir + "/" + e.Name() + "/information"
+		data, err := readBounded(root, name)
+		if err != nil {
+			return nil, nil, fmt.Errorf("proc: %w", err)
+		}
+		g, err := parseInformation(data)
+		if err != nil {
+			return nil, nil, fmt.Errorf("proc: %s: %w", name, err)
+		}
+		if g.BusID == "" {
+			g.BusID = e.Name()
+		}
+		norm, ok := normaliseBusID(g.BusID)
+		if !ok {
+			return nil, nil, fmt.Errorf("proc: %s: bus location %q is not a PCI bus id", name, g.BusID)
+		}
+		g.BusID = norm
+		g.bus = busKey(norm)
+		if g.excluded {
+			notes = append(notes, fmt.Sprintf("proc: GPU %s at %s is excluded by the driver (NVreg_ExcludedGpus): not in the inventory, as NVML does not list it", g.UUID, g.BusID))
+			continue
+		}
+		found = append(found, g)
+	}
+	sort.Slice(found, func(i, j int) bool {
+		a, b := found[i].bus, found[j].bus
+		for k := range a {
+			if a[k] != b[k] {
+				return a[k] < b[k]
+			}
+		}
+		return false
+	})
+	gpus := make([]GPU, len(found))
+	for i, g := range found {
+		gpus[i] = g.GPU
+		gpus[i].Index = i
+	}
+	return gpus, notes, nil
+}
+
+func busKey(norm string) [4]uint64 {
+	var k [4]uint64
+	fields := strings.FieldsFunc(norm, func(r rune) bool { return r == ':' || r == '.' })
+	for i := 0; i < len(fields) && i < 4; i++ {
+		k[i], _ = strconv.ParseUint(fields[i], 16, 64)
+	}
+	return k
+}
+
+func readBounded(root *os.Root, name string) (string, error) {
+	f, err := root.Open(name)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = f.Close() }()
+	data, err := io.ReadAll(io.LimitReader(f, maxProcFile+1))
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", name, err)
+	}
+	if len(data) > maxProcFile {
+		return "", fmt.Errorf("%s is larger than %d bytes", name, maxProcFile)
+	}
+	return string(data), nil
+}
+
+// parseInformation reads one /proc/driver/nvidia/gpus/<bus>/information file:
+// "Key: value" lines, of which Model, GPU UUID, Device Minor, Bus Location
+// and GPU Excluded are used.
+func parseInformation(data string) (procGPU, error) {
+	var g procGPU
+	var hasUUID, hasMinor bool
+	sc := bufio.NewScanner(strings.NewReader(data))
+	for sc.Scan() {
+		key, value, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		value = strings.TrimSpace(value)
+		switch strings.TrimSpace(key) {
+		case "Model":
+			g.Model = value
+		case "GPU UUID":
+			if strings.Contains(value, "?") {
+				return g, fmt.Errorf("GPU UUID %q is not known yet (the driver fills it in once the GPU is initialised: enable persistence mode, or use source \"nvml\")", value)
+			}
+			if !isUUIDWithPrefix(value, "GPU-") {
+				return g, fmt.Errorf("GPU UUID %q is not of the form GPU-<uuid>", value)
+			}
+			g.UUID, hasUUID = value, true
+		case "Device Minor":
+			n, ok, big := decimal(value)
+			if !ok || big || n > maxGPUMinor {
+				return g, fmt.Errorf("device minor %q is not a number in 0-%d", value, maxGPUMinor)
+			}
+			g.Minor, hasMinor = n, true
+		case "Bus Location":
+			g.BusID = value
+		case "GPU Excluded":
+			g.excluded = strings.EqualFold(value, "yes")
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return g, err
+	}
+	if !hasUUID || !hasMinor {
+		return g, errors.New("no \"GPU UUID\" or \"Device Minor\" line")
+	}
+	return g, nil
+}

@@ -1,0 +1,587 @@
+package devices
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+)
+
+// Names the resolver reads from a container.
+const (
+	// EnvVisibleDevices is the NVIDIA runtime's device list variable.
+	EnvVisibleDevices = "NVIDIA_VISIBLE_DEVICES"
+	// EnvDockerResourceGPU carries the same list on some Docker setups; both
+	// variables are read and the union is claimed.
+	EnvDockerResourceGPU = "DOCKER_RESOURCE_GPU"
+	// MountRoot is where the device plugin's volume-mount strategy mounts one
+	// file per device: MountRoot/<id> or MountRoot/cdi/<qualified CDI name>.
+	MountRoot = "/var/run/nvidia-container-devices"
+	// CDIAnnotationPrefix starts the annotations that carry CDI device names.
+	CDIAnnotationPrefix = "cdi.k8s.io/"
+)
+
+// Bounds on untrusted input: a request past them fails with ErrTooLarge
+// naming the source, instead of costing the node memory and time.
+const (
+	// MaxValueBytes bounds one env value, annotation value, mount
+	// destination or CDI device name.
+	MaxValueBytes = 4096
+	// MaxValueTokens bounds the ids in one value.
+	MaxValueTokens = 256
+	// MaxRequestTokens bounds the ids, mounts and device nodes one request
+	// names in all.
+	MaxRequestTokens = 1024
+)
+
+// maxReported bounds how many problems (errors, notes) one resolution lists.
+const maxReported = 16
+
+// Resolve turns a container description into the set of devices it can reach,
+// following DESIGN.md §3: every source is read and the union is returned,
+// sorted by UUID, each device with every source that named it.
+//
+// The sources and their rules:
+//   - env NVIDIA_VISIBLE_DEVICES and DOCKER_RESOURCE_GPU, each on its own
+//     (last occurrence wins): comma split, trimmed, empties dropped; "void"
+//     anywhere or no id → nothing; else the first "all"/"none" decides
+//     ("0,all" is all); else ids: index "0", "<gpu>:<mig>", GPU-<uuid> (or a
+//     unique prefix, as the runtime matches), MIG-<uuid>,
+//     MIG-GPU-<uuid>/<gi>/<ci>, PCI bus id.
+//   - mounts MountRoot/<id> (the same list rules over all of them) and
+//     MountRoot/cdi/<CDI name>; any other path under MountRoot is refused.
+//   - cdi.k8s.io/* annotations and Request.CDIDevices: qualified CDI names;
+//     nvidia.com/gpu and nvidia.com/mig devices are GPUs, named by index,
+//     gpu<N>, mig<G>:<M>, UUID or all; other devices are ignored.
+//   - linux devices: 195:0-253 is the GPU with that NVML minor number;
+//     195:254/255 are not GPUs; /dev/nvidia-caps nodes are MIG instances
+//     where Inventory.MIGCaps maps them (see finish for the parent node).
+//   - privileged: policy.privileged declared (claim what it names), all
+//     (claim every GPU) or reject.
+//   - "all" anywhere: policy.all_devices claim (every full GPU), reject, or
+//     ignore; unknown ids: policy.unknown_device reject or ignore.
+//
+// It reads only the in-memory inventory: no NVML call, no file I/O, so it is
+// cheap enough for the NRI CreateContainer deadline and gives the same answer
+// for the same request and inventory.
+//
+// Errors wrap ErrUnknownDevice, ErrInvalidID, ErrAllRejected,
+// ErrPrivilegedRejected or ErrTooLarge (several at once through errors.Join),
+// and each names the offending token (quoted) and its source. On error the
+// Resolution is empty: nothing may be claimed for an unresolved request.
+func (r *Resolver) Resolve(req Request) (Resolution, error) {
+	b := r.newBuilder()
+	if req.Privileged {
+		switch r.policy.Privileged {
+		case config.PrivilegedReject:
+			return Resolution{}, fmt.Errorf("privileged container (CAP_SYS_ADMIN): %w (policy.privileged = %q): it can open every GPU; run it unprivileged and name its GPUs",
+				ErrPrivilegedRejected, config.PrivilegedReject)
+		case config.PrivilegedAll:
+			b.claimAll(srcPrivileged)
+		default:
+			b.note("privileged container: claims only the GPUs it names (policy.privileged = \"declared\"), though it can open every GPU")
+		}
+	}
+	b.env(req.Env)
+	b.mounts(req.Mounts)
+	b.annotations(req.Annotations)
+	b.cdiList(req.CDIDevices)
+	b.linuxDevices(req.Devices)
+	b.finish()
+	if len(b.errs) > 0 {
+		if b.dropped > 0 {
+			b.errs = append(b.errs, fmt.Errorf("… and %d more problems", b.dropped))
+		}
+		return Resolution{}, errors.Join(b.errs...)
+	}
+	sort.Slice(b.found, func(i, j int) bool { return b.found[i].UUID < b.found[j].UUID })
+	return Resolution{Devices: b.found, All: b.all, Privileged: req.Privileged, Notes: b.notes}, nil
+}
+
+const srcPrivileged = "privileged"
+
+// builder accumulates one resolution.
+type builder struct {
+	ix     *index
+	policy config.PolicyConfig
+	capsMj int64
+	found  []Resolved
+	// slot maps an entry position to its index in found, plus one; it is
+	// allocated on first use so requests that name nothing cost nothing.
+	slot    []int
+	all     bool
+	notes   []string
+	errs    []error
+	dropped int
+	tokens  int
+	full    bool // MaxRequestTokens reached: stop reading
+	// nodes are GPUs reached through /dev/nvidia<N>; giCaps are GPU-instance
+	// capability nodes. Both are settled in finish, once every MIG instance
+	// the request names is known.
+	nodes        []pending
+	giCaps       []pending
+	unmappedCaps bool
+}
+
+type pending struct {
+	pos int // GPU entry for nodes; any MIG entry of the GPU instance for giCaps
+	src string
+}
+
+// emptyIndex backs resolvers over a nil or zero inventory: they resolve
+// every id as unknown.
+var emptyIndex = func() *index {
+	ix, err := buildIndex(&Inventory{Source: "none"})
+	if err != nil {
+		panic(err) // an empty inventory is always valid
+	}
+	return ix
+}()
+
+func (r *Resolver) newBuilder() *builder {
+	b := &builder{ix: emptyIndex, policy: r.policy}
+	if r.inv != nil && r.inv.idx != nil {
+		b.ix = r.inv.idx
+		b.capsMj = r.inv.CapsMajor
+	}
+	return b
+}
+
+func (b *builder) fail(err error) {
+	if len(b.errs) >= maxReported {
+		b.dropped++
+		return
+	}
+	b.errs = append(b.errs, err)
+}
+
+func (b *builder) note(s string) {
+	switch {
+	case len(b.notes) < maxReported:
+		b.notes = append(b.notes, s)
+	case len(b.notes) == maxReported:
+		b.notes = append(b.notes, "… more notes omitted")
+	}
+}
+
+// spend counts one token against MaxRequestTokens; false once exhausted.
+func (b *builder) spend(where string) bool {
+	if b.full {
+		return false
+	}
+	b.tokens++
+	if b.tokens > MaxRequestTokens {
+		b.full = true
+		b.fail(fmt.Errorf("%s: %w: the request names more than %d devices, ids, mounts and device nodes in all", where, ErrTooLarge, MaxRequestTokens))
+		return false
+	}
+	return true
+}
+
+// add records that src names the device at entry position pos.
+func (b *builder) add(pos int, src string) {
+	if b.slot == nil {
+		b.slot = make([]int, len(b.ix.ents))
+	}
+	if s := b.slot[pos]; s > 0 {
+		r := &b.found[s-1]
+		for _, have := range r.Sources {
+			if have == src {
+				return
+			}
+		}
+		r.Sources = append(r.Sources, src)
+		return
+	}
+	b.found = append(b.found, Resolved{Device: b.ix.ents[pos].dev, Sources: []string{src}})
+	b.slot[pos] = len(b.found)
+}
+
+func (b *builder) has(pos int) bool { return b.slot != nil && b.slot[pos] > 0 }
+
+// unresolved applies policy.unknown_device to an id the inventory lacks.
+func (b *builder) unresolved(where string, e *idError) {
+	if !e.strict && b.policy.UnknownDevice == config.UnknownIgnore {
+		b.note(where + ": ignored " + e.Error() + " (policy.unknown_device = \"ignore\")")
+		return
+	}
+	b.fail(fmt.Errorf("%s: %w; name a GPU of this host or set policy.unknown_device = \"ignore\"", where, e))
+}
+
+// claimAll handles a request for every GPU under policy.all_devices.
+func (b *builder) claimAll(src string) {
+	if src != srcPrivileged {
+		switch b.policy.AllDevices {
+		case config.AllReject:
+			b.fail(fmt.Errorf("%s: %w (policy.all_devices = \"reject\"); name the GPUs the container needs by UUID instead", src, ErrAllRejected))
+			return
+		case config.AllIgnore:
+			b.note(src + ": ignored (policy.all_devices = \"ignore\")")
+			return
+		}
+	}
+	b.all = true
+	for _, pos := range b.ix.gpuEnts {
+		b.add(pos, src)
+	}
+}
+
+// item is one id with where it came from: where prefixes errors, src is the
+// source recorded on the device.
+type item struct {
+	tok, where, src string
+}
+
+// list applies the NVIDIA_VISIBLE_DEVICES rules to one list of ids: "void"
+// anywhere or no id at all means no GPU; otherwise the first "all" or "none"
+// decides ("0,all" is all); otherwise each id is resolved. "all" is matched
+// case-insensitively because the NVIDIA runtime's device selection does so.
+func (b *builder) list(where string, items []item) {
+	if len(items) == 0 {
+		b.note(where + ": empty: no GPU")
+		return
+	}
+	for _, it := range items {
+		if it.tok == "void" {
+			b.note(it.where + ": \"void\": no GPU")
+			return
+		}
+	}
+	for _, it := range items {
+		if strings.EqualFold(it.tok, "all") {
+			b.claimAll(it.src)
+			return
+		}
+		if it.tok == "none" {
+			b.note(it.where + ": \"none\": no GPU")
+			return
+		}
+	}
+	for _, it := range items {
+		pos, err := b.ix.resolveID(it.tok)
+		if err != nil {
+			b.unresolved(it.where, err)
+			continue
+		}
+		b.add(pos, it.src)
+	}
+}
+
+// splitValue splits a comma-separated value into trimmed, non-empty ids,
+// enforcing the size bounds.
+func (b *builder) splitValue(where, value string, buf []item, mk func(tok string) item) ([]item, bool) {
+	if len(value) > MaxValueBytes {
+		b.fail(fmt.Errorf("%s: %w: value is %d bytes, more than %d", where, ErrTooLarge, len(value), MaxValueBytes))
+		return nil, false
+	}
+	out := buf[:0]
+	for rest := value; ; {
+		tok, after, more := strings.Cut(rest, ",")
+		if tok = strings.TrimSpace(tok); tok != "" {
+			if len(out) == MaxValueTokens {
+				b.fail(fmt.Errorf("%s: %w: more than %d ids", where, ErrTooLarge, MaxValueTokens))
+				return nil, false
+			}
+			if !b.spend(where) {
+				return nil, false
+			}
+			out = append(out, mk(tok))
+		}
+		if !more {
+			return out, true
+		}
+		rest = after
+	}
+}
+
+// env reads NVIDIA_VISIBLE_DEVICES and DOCKER_RESOURCE_GPU; for each the last
+// occurrence wins, as it does for the runtime.
+func (b *builder) env(env []string) {
+	var nvd, drg string
+	var hasNVD, hasDRG bool
+	for _, kv := range env {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			continue
+		}
+		switch k {
+		case EnvVisibleDevices:
+			nvd, hasNVD = v, true
+		case EnvDockerResourceGPU:
+			drg, hasDRG = v, true
+		}
+	}
+	var buf [8]item
+	if hasNVD {
+		b.envVar(EnvVisibleDevices, nvd, buf[:])
+	}
+	if hasDRG {
+		b.envVar(EnvDockerResourceGPU, drg, buf[:])
+	}
+}
+
+func (b *builder) envVar(name, value string, buf []item) {
+	where := "env " + name
+	items, ok := b.splitValue(where, value, buf, func(tok string) item {
+		return item{tok: tok, where: where, src: where + "=" + quoteToken(tok)}
+	})
+	if ok {
+		b.list(where, items)
+	}
+}
+
+// mounts reads the volume-mount strategy: MountRoot/<id> (list rules over
+// all such mounts) and MountRoot/cdi/<qualified CDI name>.
+func (b *builder) mounts(dests []string) {
+	var items []item
+	seen := false
+	for _, d := range dests {
+		if !strings.Contains(d, "nvidia-container-devices") {
+			continue // fast path: nothing else is a device request
+		}
+		where := "mount " + plainText(d)
+		if len(d) > MaxValueBytes {
+			b.fail(fmt.Errorf("mount %s: %w: destination is %d bytes, more than %d", quoteToken(d), ErrTooLarge, len(d), MaxValueBytes))
+			continue
+		}
+		id, cdi, relevant, why := mountID(d)
+		if !relevant {
+			continue
+		}
+		if !b.spend(where) {
+			return
+		}
+		if why != "" {
+			// Not subject to policy.unknown_device: a mangled path is
+			// evasion, not a stale id.
+			b.fail(fmt.Errorf("%s: %w %s: %s", where, ErrInvalidID, quoteToken(d), why))
+			continue
+		}
+		if cdi {
+			b.cdiName(where, where, id)
+			continue
+		}
+		seen = true
+		items = append(items, item{tok: id, where: where, src: where})
+	}
+	if seen {
+		b.list("mounts "+MountRoot, items)
+	}
+}
+
+// mountID extracts the device id from a volume-mount destination. relevant is
+// false for mounts that are no device request; why is set for a destination
+// under MountRoot that is not one clean path component (or cdi/<name>), which
+// is refused: "..", ".", empty components and trailing slashes could make the
+// guard and the runtime read different ids.
+func mountID(dest string) (id string, cdi, relevant bool, why string) {
+	clean := path.Clean(dest)
+	under := func(p string) bool { return p == MountRoot || strings.HasPrefix(p, MountRoot+"/") }
+	if !under(dest) && !under(clean) {
+		return "", false, false, ""
+	}
+	if dest != clean || !strings.HasPrefix(dest, MountRoot+"/") {
+		return "", false, true, "not a clean path of the form " + MountRoot + "/<id> (no \"..\", \".\", \"//\" or trailing \"/\")"
+	}
+	rest := dest[len(MountRoot)+1:]
+	if name, ok := strings.CutPrefix(rest, "cdi/"); ok {
+		if strings.Count(name, "/") != 1 {
+			return "", false, true, "want " + MountRoot + "/cdi/<vendor>/<class>=<name>"
+		}
+		return name, true, true, ""
+	}
+	if strings.Contains(rest, "/") {
+		return "", false, true, "want one path component after " + MountRoot + "/"
+	}
+	return rest, false, true, ""
+}
+
+// annotations reads cdi.k8s.io/* annotations, in key order so that sources
+// and errors are deterministic.
+func (b *builder) annotations(ann map[string]string) {
+	var keys []string
+	for k := range ann {
+		if strings.HasPrefix(k, CDIAnnotationPrefix) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var buf [8]item
+	for _, k := range keys {
+		where := "annotation " + plainText(k)
+		items, ok := b.splitValue(where, ann[k], buf[:], func(tok string) item {
+			return item{tok: tok, where: where, src: where + "=" + quoteToken(tok)}
+		})
+		if !ok {
+			continue
+		}
+		for _, it := range items {
+			b.cdiName(it.where, it.src, it.tok)
+		}
+	}
+}
+
+// cdiList reads the container's CDI device list (containerd ≥ 2.3).
+func (b *builder) cdiList(names []string) {
+	for _, n := range names {
+		where := "CDI device " + quoteToken(n)
+		if len(n) > MaxValueBytes {
+			b.fail(fmt.Errorf("CDI device %s: %w: name is %d bytes, more than %d", quoteToken(n), ErrTooLarge, len(n), MaxValueBytes))
+			continue
+		}
+		if !b.spend(where) {
+			return
+		}
+		b.cdiName("CDI device", "cdi "+quoteToken(n), strings.TrimSpace(n))
+	}
+}
+
+// cdiName resolves one qualified CDI device name; only nvidia.com/gpu and
+// nvidia.com/mig devices are GPUs, everything else is ignored.
+func (b *builder) cdiName(where, src, qualified string) {
+	vendor, class, name, ok := parseQualifiedName(qualified)
+	if !ok {
+		b.unresolved(where, invalid(qualified, "want a qualified CDI device name <vendor>/<class>=<name>"))
+		return
+	}
+	if !isGPUClass(vendor, class) {
+		return
+	}
+	pos, all, err := b.ix.resolveCDIName(name)
+	switch {
+	case err != nil:
+		b.unresolved(where, reToken(err, qualified))
+	case all:
+		b.claimAll(src)
+	default:
+		b.add(pos, src)
+	}
+}
+
+const capsPathPrefix = "/dev/nvidia-caps/nvidia-cap"
+
+// nodeNumbers returns a device node's major and minor. When the caller gave
+// none (0:0, as gpu-guard-ctl explain --device does), they come from the
+// well-known path: /dev/nvidia<N> is 195:N.
+func nodeNumbers(d LinuxDevice) (major, minor int64, isCapPath bool, capMinor int64) {
+	major, minor = d.Major, d.Minor
+	if rest, ok := strings.CutPrefix(d.Path, capsPathPrefix); ok {
+		if n, ok, big := decimal(rest); ok && !big {
+			isCapPath, capMinor = true, int64(n)
+		}
+	}
+	if major == 0 && minor == 0 {
+		if rest, ok := strings.CutPrefix(d.Path, "/dev/nvidia"); ok {
+			if n, ok, big := decimal(rest); ok && !big {
+				major, minor = nvidiaMajor, int64(n)
+			}
+		}
+		if isCapPath {
+			minor = capMinor
+		}
+	}
+	return major, minor, isCapPath, capMinor
+}
+
+// linuxDevices reads the spec's device nodes: /dev/nvidia<minor> (195:0-253)
+// names a GPU by its NVML minor number, and /dev/nvidia-caps/nvidia-cap<N>
+// names a MIG instance where the capability mapping is known.
+func (b *builder) linuxDevices(devs []LinuxDevice) {
+	for _, d := range devs {
+		if d.Type != "" && d.Type != "c" && d.Type != "u" {
+			continue // only character devices can be GPUs
+		}
+		major, minor, isCapPath, _ := nodeNumbers(d)
+		src := "device " + plainText(d.Path) + " (" + strconv.FormatInt(major, 10) + ":" + strconv.FormatInt(minor, 10) + ")"
+		switch {
+		case isCapPath || (b.capsMj != 0 && major == b.capsMj):
+			if !b.spend(src) {
+				return
+			}
+			b.capNode(src, minor)
+		case major == nvidiaMajor && minor >= 0 && minor <= maxGPUMinor:
+			if !b.spend(src) {
+				return
+			}
+			pos, ok := b.ix.byMinor[int(minor)]
+			if !ok {
+				tok := strconv.FormatInt(major, 10) + ":" + strconv.FormatInt(minor, 10)
+				b.unresolved(src, &idError{sentinel: ErrUnknownDevice, token: tok,
+					detail: fmt.Sprintf(" (no GPU has minor number %d; %s)", minor, b.ix.knownMinors)})
+				continue
+			}
+			b.nodes = append(b.nodes, pending{pos: pos, src: src})
+		}
+		// 195:254 (nvidia-modeset), 195:255 (nvidiactl), nvidia-uvm and
+		// everything else reach no particular GPU.
+	}
+}
+
+func (b *builder) capNode(src string, minor int64) {
+	c, ok := b.ix.caps[int(minor)]
+	if !ok || minor < 0 || minor > 1<<20 {
+		b.unmappedCaps = true
+		b.note(src + ": MIG capability node with no known mapping to a MIG instance; the GPUs it belongs to are claimed whole")
+		return
+	}
+	switch c.Kind {
+	case CapCIAccess:
+		gpu := b.ix.byMinor[c.GPUMinor]
+		b.add(b.ix.byGICI[giciKey{parent: gpu, gi: c.GI, ci: c.CI}], src)
+	case CapGIAccess:
+		gpu := b.ix.byMinor[c.GPUMinor]
+		b.giCaps = append(b.giCaps, pending{pos: b.ix.byGI[giKey{parent: gpu, gi: c.GI}][0], src: src})
+	}
+	// CapConfig and CapMonitor open no MIG instance.
+}
+
+// finish settles GPU-instance capability nodes and /dev/nvidia<N> nodes now
+// that every MIG instance the request names is known.
+//
+// A GPU-instance capability opens every compute instance of that GPU
+// instance; when the request also names some of them (the compute-instance
+// capability or the MIG UUID, as the runtime always injects), only those are
+// meant. A container of a MIG instance always gets its parent's
+// /dev/nvidia<N> too, but with MIG enabled that node alone runs no work on
+// the GPU: the capabilities decide. So the parent node counts as a claim on
+// the named MIG instances, not on the whole GPU — unless some capability node
+// could not be mapped, in which case the whole GPU is claimed to stay safe.
+func (b *builder) finish() {
+	for _, p := range b.giCaps {
+		e := b.ix.ents[p.pos]
+		gk := giKey{parent: e.parent, gi: e.gi}
+		var named bool
+		for _, m := range b.ix.byGI[gk] {
+			if b.has(m) {
+				named = true
+				b.add(m, p.src)
+			}
+		}
+		if !named {
+			for _, m := range b.ix.byGI[gk] {
+				b.add(m, p.src)
+			}
+		}
+	}
+	for _, p := range b.nodes {
+		migs := b.ix.migsOf[p.pos]
+		if len(migs) == 0 || b.unmappedCaps || b.has(p.pos) {
+			b.add(p.pos, p.src)
+			continue
+		}
+		var named bool
+		for _, m := range migs {
+			if b.has(m) {
+				named = true
+				b.add(m, p.src)
+			}
+		}
+		if !named {
+			b.add(p.pos, p.src)
+		}
+	}
+}

@@ -1,0 +1,584 @@
+package devices
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+)
+
+const mr = MountRoot + "/"
+
+func env(kv ...string) []string { return kv }
+
+func dev(path string, major, minor int64) LinuxDevice {
+	return LinuxDevice{Path: path, Type: "c", Major: major, Minor: minor}
+}
+
+type resolveCase struct {
+	name   string
+	req    Request
+	policy func(*config.PolicyConfig)
+	// want lists the expected devices by test-inventory index ("1", "1:0").
+	want    []string
+	wantAll bool
+	// sources, by index, that must be recorded (in this order).
+	sources map[string][]string
+	notes   []string // substrings that must appear in some note
+	err     error    // sentinel the error must wrap
+	errHas  []string // substrings the error must contain
+}
+
+func runResolveCases(t *testing.T, cases []resolveCase) {
+	t.Helper()
+	inv := testInventory(t)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pol := defaultPolicy()
+			if tc.policy != nil {
+				tc.policy(&pol)
+			}
+			res, err := NewResolver(inv, pol).Resolve(tc.req)
+			if tc.err != nil {
+				require.ErrorIs(t, err, tc.err)
+				for _, s := range tc.errHas {
+					assert.Contains(t, err.Error(), s)
+				}
+				assert.Empty(t, res.Devices, "nothing may be claimed for a failed resolution")
+				return
+			}
+			require.NoError(t, err)
+			want := make([]string, len(tc.want))
+			for i, idx := range tc.want {
+				want[i] = uuidOf(t, inv, idx)
+			}
+			sort.Strings(want)
+			if len(want) == 0 {
+				want = []string{}
+			}
+			assert.Equal(t, want, res.UUIDs())
+			assert.Equal(t, tc.wantAll, res.All, "All")
+			assert.Equal(t, tc.req.Privileged, res.Privileged, "Privileged")
+			for idx, srcs := range tc.sources {
+				u := uuidOf(t, inv, idx)
+				var got []string
+				for _, d := range res.Devices {
+					if d.UUID == u {
+						got = d.Sources
+					}
+				}
+				assert.Equal(t, srcs, got, "sources of %s", idx)
+			}
+			for _, n := range tc.notes {
+				assert.True(t, containsAny(res.Notes, n), "no note contains %q in %q", n, res.Notes)
+			}
+		})
+	}
+}
+
+func containsAny(list []string, sub string) bool {
+	for _, s := range list {
+		if strings.Contains(s, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+var allGPUs = []string{"0", "1", "2", "3"}
+
+func TestResolveVisibleDevicesEnv(t *testing.T) {
+	const nvd = "NVIDIA_VISIBLE_DEVICES="
+	runResolveCases(t, []resolveCase{
+		{name: "no variable, nothing", req: Request{Env: env("PATH=/bin")}, want: nil},
+		{name: "one index", req: Request{Env: env(nvd + "0")}, want: []string{"0"},
+			sources: map[string][]string{"0": {`env NVIDIA_VISIBLE_DEVICES="0"`}}},
+		{name: "indices with spaces", req: Request{Env: env(nvd + " 1 , 2 ")}, want: []string{"1", "2"}},
+		{name: "empty entries dropped", req: Request{Env: env(nvd + ",0,,2,")}, want: []string{"0", "2"}},
+		{name: "0,all is all", req: Request{Env: env(nvd + "0,all")}, want: allGPUs, wantAll: true,
+			sources: map[string][]string{"0": {`env NVIDIA_VISIBLE_DEVICES="all"`}}},
+		{name: "all alone", req: Request{Env: env(nvd + "all")}, want: allGPUs, wantAll: true},
+		{name: "ALL is all, as the runtime reads it", req: Request{Env: env(nvd + "ALL")}, want: allGPUs, wantAll: true},
+		{name: "void,0 is nothing", req: Request{Env: env(nvd + "void,0")}, want: nil, notes: []string{`"void"`}},
+		{name: "0,void is nothing", req: Request{Env: env(nvd + "0,void")}, want: nil},
+		{name: "void beats all", req: Request{Env: env(nvd + "all,void")}, want: nil},
+		{name: "none", req: Request{Env: env(nvd + "none")}, want: nil, notes: []string{`"none": no GPU`}},
+		{name: "none then all: first wins", req: Request{Env: env(nvd + "none,all")}, want: nil},
+		{name: "all then none: first wins", req: Request{Env: env(nvd + "all,none")}, want: allGPUs, wantAll: true},
+		{name: "1,none is nothing", req: Request{Env: env(nvd + "1,none")}, want: nil},
+		{name: "empty value", req: Request{Env: env(nvd)}, want: nil, notes: []string{"empty"}},
+		{name: "only commas and blanks", req: Request{Env: env(nvd + " , ,")}, want: nil, notes: []string{"empty"}},
+		{name: "last occurrence wins", req: Request{Env: env(nvd+"0", "A=b", nvd+"1")}, want: []string{"1"}},
+		{name: "last occurrence wins even when void", req: Request{Env: env(nvd+"0", nvd+"void")}, want: nil},
+		{name: "last occurrence wins even when empty", req: Request{Env: env(nvd+"0", nvd)}, want: nil},
+		{name: "entries without = are ignored", req: Request{Env: env("NVIDIA_VISIBLE_DEVICES", nvd+"2")}, want: []string{"2"}},
+		{name: "similar names are not read", req: Request{Env: env("NVIDIA_VISIBLE_DEVICES_X=0", "X_NVIDIA_VISIBLE_DEVICES=1")}, want: nil},
+		{name: "GPU UUID", req: Request{Env: env(nvd + gpuUUID(2))}, want: []string{"2"}},
+		{name: "GPU UUID in upper case", req: Request{Env: env(nvd + strings.ToUpper(gpuUUID(2)))}, want: []string{"2"}},
+		{name: "unique GPU UUID prefix, as the runtime accepts", req: Request{Env: env(nvd + "GPU-d0000002")}, want: []string{"2"}},
+		{name: "MIG UUID", req: Request{Env: env(nvd + migUUID(1, 1))}, want: []string{"1:1"}},
+		{name: "legacy MIG-GPU-<uuid>/gi/ci", req: Request{Env: env(nvd + "MIG-" + gpuUUID(1) + "/1/0")}, want: []string{"1:0"}},
+		{name: "legacy MIG second instance", req: Request{Env: env(nvd + "MIG-" + gpuUUID(1) + "/2/1")}, want: []string{"1:2"}},
+		{name: "MIG by index", req: Request{Env: env(nvd + "1:0")}, want: []string{"1:0"}},
+		{name: "GPU and one of its MIGs are both claimed", req: Request{Env: env(nvd + "1,1:1")}, want: []string{"1", "1:1"}},
+		{name: "index with leading zero and plus, as strtoumax reads them", req: Request{Env: env(nvd + "01,+3")}, want: []string{"1", "3"}},
+		{name: "PCI bus id", req: Request{Env: env(nvd + "0000:3b:00.0")}, want: []string{"1"}},
+		{name: "PCI bus id, NVML spelling", req: Request{Env: env(nvd + "00000000:5B:00.0")}, want: []string{"2"}},
+		{name: "duplicates are de-duplicated", req: Request{Env: env(nvd + "2," + gpuUUID(2) + ",2")}, want: []string{"2"},
+			sources: map[string][]string{"2": {`env NVIDIA_VISIBLE_DEVICES="2"`, `env NVIDIA_VISIBLE_DEVICES="` + gpuUUID(2) + `"`}}},
+		{name: "DOCKER_RESOURCE_GPU is read too", req: Request{Env: env("DOCKER_RESOURCE_GPU=3")}, want: []string{"3"},
+			sources: map[string][]string{"3": {`env DOCKER_RESOURCE_GPU="3"`}}},
+		{name: "both variables: union", req: Request{Env: env(nvd+"0", "DOCKER_RESOURCE_GPU=2")}, want: []string{"0", "2"}},
+		{name: "void in one variable does not void the other", req: Request{Env: env(nvd+"0", "DOCKER_RESOURCE_GPU=void")}, want: []string{"0"}},
+		{name: "docker --gpus 2 is literally 0,1", req: Request{Env: env(nvd + "0,1")}, want: []string{"0", "1"}},
+	})
+}
+
+func TestResolveUnknownAndInvalidIDs(t *testing.T) {
+	const nvd = "NVIDIA_VISIBLE_DEVICES="
+	ignore := func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore }
+	unknownUUID := "GPU-00000000-0000-4000-8000-000000000000"
+	runResolveCases(t, []resolveCase{
+		{name: "unknown index rejected", req: Request{Env: env(nvd + "0,7")}, err: ErrUnknownDevice,
+			errHas: []string{`env NVIDIA_VISIBLE_DEVICES: unknown GPU "7"`, "known: 0-3, 1:0, 1:1, 1:2 / GPU-c0000000…", "policy.unknown_device"}},
+		{name: "unknown index ignored by policy", policy: ignore, req: Request{Env: env(nvd + "0,7")}, want: []string{"0"},
+			notes: []string{`ignored unknown GPU "7"`}},
+		{name: "unknown UUID rejected", req: Request{Env: env(nvd + unknownUUID)}, err: ErrUnknownDevice,
+			errHas: []string{`unknown GPU "` + unknownUUID + `"`}},
+		{name: "unknown UUID ignored by policy", policy: ignore, req: Request{Env: env(nvd + unknownUUID)}, want: nil,
+			notes: []string{unknownUUID}},
+		{name: "unknown MIG UUID", req: Request{Env: env(nvd + migUUID(3, 3))}, err: ErrUnknownDevice},
+		{name: "unknown MIG index", req: Request{Env: env(nvd + "0:0")}, err: ErrUnknownDevice, errHas: []string{`"0:0"`}},
+		{name: "legacy MIG with unknown instance", req: Request{Env: env(nvd + "MIG-" + gpuUUID(1) + "/5/0")}, err: ErrUnknownDevice},
+		{name: "malformed legacy MIG", req: Request{Env: env(nvd + "MIG-" + gpuUUID(1) + "/x/0")}, err: ErrInvalidID},
+		{name: "huge index", req: Request{Env: env(nvd + "99999999999999999999")}, err: ErrUnknownDevice},
+		{name: "garbage id", req: Request{Env: env(nvd + "foo")}, err: ErrInvalidID,
+			errHas: []string{`invalid device id "foo"`, "want an index"}},
+		{name: "NONE is no keyword", req: Request{Env: env(nvd + "NONE")}, err: ErrInvalidID},
+		{name: "negative index", req: Request{Env: env(nvd + "-1")}, err: ErrInvalidID},
+		{name: "bare GPU- prefix is no id", req: Request{Env: env(nvd + "GPU-")}, err: ErrInvalidID, errHas: []string{`"GPU-"`}},
+		{name: "UUID prefix matching nothing", req: Request{Env: env(nvd + "GPU-0")}, err: ErrUnknownDevice},
+		{name: "every bad token is reported", req: Request{Env: env(nvd+"7,8", "DOCKER_RESOURCE_GPU=9")}, err: ErrUnknownDevice,
+			errHas: []string{`"7"`, `"8"`, `env DOCKER_RESOURCE_GPU: unknown GPU "9"`}},
+		{name: "tokens are quoted, control characters escaped", req: Request{Env: env(nvd + "0\x1b[31m")}, err: ErrInvalidID,
+			errHas: []string{`"0\x1b[31m"`}},
+	})
+}
+
+func TestResolveAmbiguousPrefix(t *testing.T) {
+	gpus := []GPU{
+		{Index: 0, UUID: "GPU-ab000000-0000-4000-8000-000000000000", Minor: 0},
+		{Index: 1, UUID: "GPU-ab100000-0000-4000-8000-000000000001", Minor: 1},
+	}
+	inv, err := NewInventory("nvml", gpus)
+	require.NoError(t, err)
+	for _, pol := range []config.UnknownDevice{config.UnknownReject, config.UnknownIgnore} {
+		p := defaultPolicy()
+		p.UnknownDevice = pol
+		_, err = NewResolver(inv, p).Resolve(Request{Env: env("NVIDIA_VISIBLE_DEVICES=GPU-ab")})
+		require.ErrorIs(t, err, ErrInvalidID, pol)
+		assert.Contains(t, err.Error(), "ambiguous")
+		assert.Contains(t, err.Error(), gpus[0].UUID)
+		assert.Contains(t, err.Error(), gpus[1].UUID)
+	}
+	res, err := NewResolver(inv, defaultPolicy()).Resolve(Request{Env: env("NVIDIA_VISIBLE_DEVICES=GPU-ab1")})
+	require.NoError(t, err)
+	assert.Equal(t, []string{gpus[1].UUID}, res.UUIDs())
+}
+
+func TestResolveAllPolicies(t *testing.T) {
+	reject := func(p *config.PolicyConfig) { p.AllDevices = config.AllReject }
+	ignore := func(p *config.PolicyConfig) { p.AllDevices = config.AllIgnore }
+	envAll := Request{Env: env("NVIDIA_VISIBLE_DEVICES=all")}
+	cdiAll := Request{Annotations: map[string]string{"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}}
+	listAll := Request{CDIDevices: []string{"nvidia.com/gpu=all"}}
+	mountAll := Request{Mounts: []string{mr + "all"}}
+	runResolveCases(t, []resolveCase{
+		{name: "env all, claim", req: envAll, want: allGPUs, wantAll: true},
+		{name: "env all, reject", policy: reject, req: envAll, err: ErrAllRejected,
+			errHas: []string{`env NVIDIA_VISIBLE_DEVICES="all"`, `policy.all_devices = "reject"`}},
+		{name: "env all, ignore", policy: ignore, req: envAll, want: nil, notes: []string{"ignored"}},
+		{name: "env all, ignore keeps the other sources", policy: ignore,
+			req: Request{Env: env("NVIDIA_VISIBLE_DEVICES=all", "DOCKER_RESOURCE_GPU=2")}, want: []string{"2"}},
+		{name: "nvidia.com/gpu=all, claim", req: cdiAll, want: allGPUs, wantAll: true,
+			sources: map[string][]string{"3": {`annotation cdi.k8s.io/gpu="nvidia.com/gpu=all"`}}},
+		{name: "nvidia.com/gpu=all, reject", policy: reject, req: cdiAll, err: ErrAllRejected, errHas: []string{"nvidia.com/gpu=all"}},
+		{name: "nvidia.com/gpu=all, ignore", policy: ignore, req: cdiAll, want: nil},
+		{name: "CDI list all, claim", req: listAll, want: allGPUs, wantAll: true},
+		{name: "CDI list all, reject", policy: reject, req: listAll, err: ErrAllRejected},
+		{name: "CDI list all, ignore", policy: ignore, req: listAll, want: nil},
+		{name: "mount all, claim", req: mountAll, want: allGPUs, wantAll: true},
+		{name: "mount all, reject", policy: reject, req: mountAll, err: ErrAllRejected},
+		{name: "unset policy behaves as claim", policy: func(p *config.PolicyConfig) { p.AllDevices = "" }, req: envAll, want: allGPUs, wantAll: true},
+	})
+}
+
+func TestResolvePrivileged(t *testing.T) {
+	pol := func(v config.Privileged) func(*config.PolicyConfig) {
+		return func(p *config.PolicyConfig) { p.Privileged = v }
+	}
+	named := Request{Privileged: true, Env: env("NVIDIA_VISIBLE_DEVICES=2")}
+	runResolveCases(t, []resolveCase{
+		{name: "declared claims what it names", policy: pol(config.PrivilegedDeclared), req: named, want: []string{"2"},
+			notes: []string{"privileged container"}},
+		{name: "declared with nothing named", policy: pol(config.PrivilegedDeclared), req: Request{Privileged: true}, want: nil},
+		{name: "all claims every GPU", policy: pol(config.PrivilegedAll), req: named, want: allGPUs, wantAll: true,
+			sources: map[string][]string{"0": {"privileged"}, "2": {"privileged", `env NVIDIA_VISIBLE_DEVICES="2"`}}},
+		{name: "all is not subject to all_devices", req: named, want: allGPUs, wantAll: true,
+			policy: func(p *config.PolicyConfig) { p.Privileged, p.AllDevices = config.PrivilegedAll, config.AllReject }},
+		{name: "reject", policy: pol(config.PrivilegedReject), req: named, err: ErrPrivilegedRejected,
+			errHas: []string{"privileged container (CAP_SYS_ADMIN)", `policy.privileged = "reject"`}},
+		{name: "reject leaves unprivileged containers alone", policy: pol(config.PrivilegedReject),
+			req: Request{Env: env("NVIDIA_VISIBLE_DEVICES=2")}, want: []string{"2"}},
+	})
+}
+
+func TestResolveMounts(t *testing.T) {
+	ignore := func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore }
+	var cases []resolveCase
+	cases = append(cases,
+		resolveCase{name: "one id", req: Request{Mounts: []string{"/proc", mr + "1"}}, want: []string{"1"},
+			sources: map[string][]string{"1": {"mount " + mr + "1"}}},
+		resolveCase{name: "several ids", req: Request{Mounts: []string{mr + "0", mr + gpuUUID(3)}}, want: []string{"0", "3"}},
+		resolveCase{name: "MIG by index", req: Request{Mounts: []string{mr + "1:2"}}, want: []string{"1:2"}},
+		resolveCase{name: "void among mounts voids the mounts", req: Request{Mounts: []string{mr + "0", mr + "void"}}, want: nil},
+		resolveCase{name: "CDI form", req: Request{Mounts: []string{mr + "cdi/nvidia.com/gpu=0"}}, want: []string{"0"},
+			sources: map[string][]string{"0": {"mount " + mr + "cdi/nvidia.com/gpu=0"}}},
+		resolveCase{name: "CDI form, MIG", req: Request{Mounts: []string{mr + "cdi/nvidia.com/mig=mig1:1"}}, want: []string{"1:1"}},
+		resolveCase{name: "CDI form, other vendor", req: Request{Mounts: []string{mr + "cdi/example.com/nic=0"}}, want: nil},
+		resolveCase{name: "unknown id", req: Request{Mounts: []string{mr + "9"}}, err: ErrUnknownDevice, errHas: []string{`"9"`, "mount " + mr + "9"}},
+		resolveCase{name: "a neighbouring directory is no request", req: Request{Mounts: []string{"/var/run/nvidia-container-devices-x/0", "/run/nvidia-container-devices/0"}}, want: nil},
+	)
+	for _, trick := range []string{
+		mr + "../0",
+		mr + "..",
+		mr + "/0",
+		mr + "0/",
+		mr + "./0",
+		mr + ".",
+		MountRoot,
+		MountRoot + "/",
+		mr + "0/1",
+		mr + "cdi/nvidia.com/gpu=0/x",
+		mr + "cdi/nvidia.com//gpu=0",
+		"/var/./run/nvidia-container-devices/0",
+		"/var/run//nvidia-container-devices/0",
+		"/var/run/../run/nvidia-container-devices/0",
+	} {
+		cases = append(cases, resolveCase{name: "path trick " + trick, policy: ignore, req: Request{Mounts: []string{trick}},
+			err: ErrInvalidID, errHas: []string{"mount ", quoteToken(trick)}})
+	}
+	runResolveCases(t, cases)
+}
+
+func TestResolveCDI(t *testing.T) {
+	ann := func(kv ...string) map[string]string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	runResolveCases(t, []resolveCase{
+		{name: "by index", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=1")}, want: []string{"1"},
+			sources: map[string][]string{"1": {`annotation cdi.k8s.io/gpu="nvidia.com/gpu=1"`}}},
+		{name: "gpu<N> and mig<g>:<m>", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=gpu3, nvidia.com/mig=mig1:0")}, want: []string{"3", "1:0"}},
+		{name: "MIG by index in class gpu", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=1:2")}, want: []string{"1:2"}},
+		{name: "UUIDs", req: Request{Annotations: ann("cdi.k8s.io/a", "nvidia.com/gpu="+gpuUUID(0), "cdi.k8s.io/b", "nvidia.com/gpu="+migUUID(1, 1))}, want: []string{"0", "1:1"}},
+		{name: "other vendors and classes are ignored", req: Request{Annotations: ann(
+			"cdi.k8s.io/nic", "example.com/nic=0", "cdi.k8s.io/imex", "nvidia.com/imex-channel=0",
+			"cdi.k8s.io/mgmt", "management.nvidia.com/gpu=all")}, want: nil},
+		{name: "other annotations are ignored", req: Request{Annotations: ann("example.com/cdi", "nvidia.com/gpu=0", "cdi.k8s.io", "nvidia.com/gpu=0")}, want: nil},
+		{name: "unknown name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=9")}, err: ErrUnknownDevice,
+			errHas: []string{`annotation cdi.k8s.io/gpu: unknown GPU "nvidia.com/gpu=9"`}},
+		{name: "invalid name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=gpux")}, err: ErrInvalidID, errHas: []string{`"nvidia.com/gpu=gpux"`}},
+		{name: "prefix is no CDI name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=GPU-c")}, err: ErrInvalidID},
+		{name: "unqualified name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "gpu0")}, err: ErrInvalidID, errHas: []string{`"gpu0"`, "qualified"}},
+		{name: "unqualified name ignored by policy", policy: func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore },
+			req: Request{Annotations: ann("cdi.k8s.io/gpu", "gpu0, nvidia.com/gpu=2")}, want: []string{"2"}},
+		{name: "CDI device list", req: Request{CDIDevices: []string{"nvidia.com/gpu=0", "example.com/x=y"}}, want: []string{"0"},
+			sources: map[string][]string{"0": {`cdi "nvidia.com/gpu=0"`}}},
+		{name: "CDI device list, unknown", req: Request{CDIDevices: []string{"nvidia.com/gpu=gpu7"}}, err: ErrUnknownDevice,
+			errHas: []string{`CDI device: unknown GPU "nvidia.com/gpu=gpu7"`}},
+		{name: "annotation keys are rendered safely", req: Request{Annotations: ann("cdi.k8s.io/a b\n", "nvidia.com/gpu=9")}, err: ErrUnknownDevice,
+			errHas: []string{`annotation "cdi.k8s.io/a b\n"`}},
+	})
+}
+
+func TestResolveLinuxDevices(t *testing.T) {
+	ignore := func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore }
+	runResolveCases(t, []resolveCase{
+		{name: "minor, not index: /dev/nvidia3 is GPU 1", req: Request{Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3)}}, want: []string{"1"},
+			sources: map[string][]string{"1": {"device /dev/nvidia3 (195:3)"}}},
+		{name: "/dev/nvidia1 is GPU 3", req: Request{Devices: []LinuxDevice{dev("/dev/nvidia1", 195, 1)}}, want: []string{"3"}},
+		{name: "control nodes are no GPU", req: Request{Devices: []LinuxDevice{
+			dev("/dev/nvidiactl", 195, 255), dev("/dev/nvidia-modeset", 195, 254), dev("/dev/nvidia255", 195, 255),
+			dev("/dev/nvidia-uvm", 511, 0), dev("/dev/nvidia-uvm-tools", 511, 1)}}, want: nil},
+		{name: "renamed node counts by its numbers", req: Request{Devices: []LinuxDevice{dev("/dev/foo", 195, 2)}}, want: []string{"2"},
+			sources: map[string][]string{"2": {"device /dev/foo (195:2)"}}},
+		{name: "numbers beat the path", req: Request{Devices: []LinuxDevice{dev("/dev/nvidia0", 195, 2)}}, want: []string{"2"}},
+		{name: "path only (ctl explain --device)", req: Request{Devices: []LinuxDevice{{Path: "/dev/nvidia3"}}}, want: []string{"1"},
+			sources: map[string][]string{"1": {"device /dev/nvidia3 (195:3)"}}},
+		{name: "path only /dev/nvidia255", req: Request{Devices: []LinuxDevice{{Path: "/dev/nvidia255"}}}, want: nil},
+		{name: "block device 195:0 is no GPU", req: Request{Devices: []LinuxDevice{{Path: "/dev/sdx", Type: "b", Major: 195, Minor: 0}}}, want: nil},
+		{name: "unknown minor rejected", req: Request{Devices: []LinuxDevice{dev("/dev/nvidia7", 195, 7)}}, err: ErrUnknownDevice,
+			errHas: []string{`device /dev/nvidia7 (195:7): unknown GPU "195:7"`, "no GPU has minor number 7", "known minors: 0-3"}},
+		{name: "unknown minor ignored", policy: ignore, req: Request{Devices: []LinuxDevice{dev("/dev/nvidia7", 195, 7)}}, want: nil},
+		{name: "whole-GPU node of a MIG GPU, nothing else named: whole GPU", req: Request{Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3)}}, want: []string{"1"}},
+		{name: "MIG container: parent node + caps = that MIG only", req: Request{Devices: []LinuxDevice{
+			dev("/dev/nvidia3", 195, 3), dev("/dev/nvidiactl", 195, 255),
+			dev("/dev/nvidia-caps/nvidia-cap30", testCapsMajor, 30), dev("/dev/nvidia-caps/nvidia-cap31", testCapsMajor, 31)}},
+			want: []string{"1:0"},
+			sources: map[string][]string{"1:0": {
+				"device /dev/nvidia-caps/nvidia-cap31 (508:31)", "device /dev/nvidia-caps/nvidia-cap30 (508:30)", "device /dev/nvidia3 (195:3)"}}},
+		{name: "GI cap with one of its CIs named: only that CI", req: Request{Devices: []LinuxDevice{
+			dev("/dev/nvidia-caps/nvidia-cap39", testCapsMajor, 39), dev("/dev/nvidia-caps/nvidia-cap41", testCapsMajor, 41)}},
+			want: []string{"1:2"}},
+		{name: "GI cap alone: every CI of that GI", req: Request{Devices: []LinuxDevice{dev("/dev/nvidia-caps/nvidia-cap39", testCapsMajor, 39)}},
+			want: []string{"1:1", "1:2"}},
+		{name: "parent node + MIG named by env: that MIG only", req: Request{
+			Env: env("NVIDIA_VISIBLE_DEVICES=" + migUUID(1, 1)), Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3)}},
+			want: []string{"1:1"}, sources: map[string][]string{"1:1": {`env NVIDIA_VISIBLE_DEVICES="` + migUUID(1, 1) + `"`, "device /dev/nvidia3 (195:3)"}}},
+		{name: "parent node + whole GPU named: whole GPU", req: Request{
+			Env: env("NVIDIA_VISIBLE_DEVICES=1,1:1"), Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3)}},
+			want: []string{"1", "1:1"}, sources: map[string][]string{"1": {`env NVIDIA_VISIBLE_DEVICES="1"`, "device /dev/nvidia3 (195:3)"}}},
+		{name: "renamed cap node found by the caps major", req: Request{Devices: []LinuxDevice{
+			dev("/dev/nvidia3", 195, 3), dev("/dev/x", testCapsMajor, 40)}}, want: []string{"1:1"}},
+		{name: "path-only cap node", req: Request{Devices: []LinuxDevice{{Path: "/dev/nvidia-caps/nvidia-cap31"}}}, want: []string{"1:0"}},
+		{name: "config and monitor caps claim nothing", req: Request{Devices: []LinuxDevice{
+			dev("/dev/nvidia-caps/nvidia-cap1", testCapsMajor, 1), dev("/dev/nvidia-caps/nvidia-cap2", testCapsMajor, 2)}}, want: nil},
+		{name: "unmapped cap: the parent GPU is claimed whole", req: Request{Devices: []LinuxDevice{
+			dev("/dev/nvidia3", 195, 3), dev("/dev/nvidia-caps/nvidia-cap31", testCapsMajor, 31), dev("/dev/nvidia-caps/nvidia-cap99", testCapsMajor, 99)}},
+			want: []string{"1", "1:0"}, notes: []string{"no known mapping"}},
+	})
+}
+
+func TestResolveCapsWithoutMapping(t *testing.T) {
+	inv, err := NewInventory("nvml", testGPUs()) // MIG instances, no caps mapping
+	require.NoError(t, err)
+	res, err := NewResolver(inv, defaultPolicy()).Resolve(Request{
+		Env: env("NVIDIA_VISIBLE_DEVICES=" + migUUID(1, 0)),
+		Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3),
+			dev("/dev/nvidia-caps/nvidia-cap30", 508, 30), dev("/dev/nvidia-caps/nvidia-cap31", 508, 31)},
+	})
+	require.NoError(t, err)
+	assert.Equal(t, sorted(gpuUUID(1), migUUID(1, 0)), res.UUIDs(), "without a mapping the parent node is a whole-GPU claim")
+	assert.True(t, containsAny(res.Notes, "no known mapping"))
+}
+
+func sorted(s ...string) []string {
+	sort.Strings(s)
+	return s
+}
+
+func TestResolveUnionOfSources(t *testing.T) {
+	inv := testInventory(t)
+	req := Request{
+		Env:         env("NVIDIA_VISIBLE_DEVICES=0", "DOCKER_RESOURCE_GPU=2"),
+		Mounts:      []string{mr + "0"},
+		Annotations: map[string]string{"cdi.k8s.io/gpu": "nvidia.com/gpu=gpu0", "cdi.k8s.io/mig": "nvidia.com/mig=mig1:1"},
+		CDIDevices:  []string{"nvidia.com/gpu=" + gpuUUID(3)},
+		Devices:     []LinuxDevice{dev("/dev/nvidia0", 195, 0), dev("/dev/nvidiactl", 195, 255)},
+	}
+	res, err := NewResolver(inv, defaultPolicy()).Resolve(req)
+	require.NoError(t, err)
+	assert.Equal(t, sorted(gpuUUID(0), gpuUUID(2), gpuUUID(3), migUUID(1, 1)), res.UUIDs())
+	for i := 1; i < len(res.Devices); i++ {
+		assert.Less(t, res.Devices[i-1].UUID, res.Devices[i].UUID, "sorted by UUID")
+	}
+	d0 := res.Devices[indexOf(res, gpuUUID(0))]
+	assert.Equal(t, []string{
+		`env NVIDIA_VISIBLE_DEVICES="0"`,
+		"mount " + mr + "0",
+		`annotation cdi.k8s.io/gpu="nvidia.com/gpu=gpu0"`,
+		"device /dev/nvidia0 (195:0)",
+	}, d0.Sources, "every source, in reading order")
+	assert.Equal(t, Device{UUID: gpuUUID(0), Index: "0", Kind: KindGPU}, d0.Device)
+	m := res.Devices[indexOf(res, migUUID(1, 1))]
+	assert.Equal(t, Device{UUID: migUUID(1, 1), Index: "1:1", Kind: KindMIG, Parent: gpuUUID(1)}, m.Device)
+	assert.False(t, res.All)
+}
+
+func indexOf(res Resolution, uuid string) int {
+	for i, d := range res.Devices {
+		if d.UUID == uuid {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestResolveBounds(t *testing.T) {
+	many := func(n int) string { return strings.TrimSuffix(strings.Repeat("0,", n), ",") }
+	manyAnn := map[string]string{}
+	for i := 0; i < 5; i++ {
+		manyAnn[fmt.Sprintf("cdi.k8s.io/a%d", i)] = strings.TrimSuffix(strings.Repeat("x.io/y=0,", 250), ",")
+	}
+	runResolveCases(t, []resolveCase{
+		{name: "env value at the limit", req: Request{Env: env("NVIDIA_VISIBLE_DEVICES=" + many(256))}, want: []string{"0"}},
+		{name: "env value too long", req: Request{Env: env("NVIDIA_VISIBLE_DEVICES=0" + strings.Repeat(" ", MaxValueBytes))}, err: ErrTooLarge,
+			errHas: []string{"env NVIDIA_VISIBLE_DEVICES", "4097 bytes"}},
+		{name: "too many tokens", req: Request{Env: env("DOCKER_RESOURCE_GPU=" + many(257))}, err: ErrTooLarge,
+			errHas: []string{"env DOCKER_RESOURCE_GPU", "more than 256 ids"}},
+		{name: "annotation too long", req: Request{Annotations: map[string]string{"cdi.k8s.io/x": strings.Repeat("a", MaxValueBytes+1)}}, err: ErrTooLarge,
+			errHas: []string{"annotation cdi.k8s.io/x"}},
+		{name: "too many in all", req: Request{Annotations: manyAnn}, err: ErrTooLarge, errHas: []string{"more than 1024"}},
+		{name: "mount too long", req: Request{Mounts: []string{mr + strings.Repeat("a", MaxValueBytes)}}, err: ErrTooLarge, errHas: []string{"mount"}},
+		{name: "CDI name too long", req: Request{CDIDevices: []string{"nvidia.com/gpu=" + strings.Repeat("a", MaxValueBytes)}}, err: ErrTooLarge, errHas: []string{"CDI device"}},
+	})
+}
+
+func TestResolveErrorsAreBounded(t *testing.T) {
+	inv := testInventory(t)
+	var ids []string
+	for i := 10; i < 60; i++ {
+		ids = append(ids, fmt.Sprint(i))
+	}
+	_, err := NewResolver(inv, defaultPolicy()).Resolve(Request{Env: env("NVIDIA_VISIBLE_DEVICES=" + strings.Join(ids, ","))})
+	require.ErrorIs(t, err, ErrUnknownDevice)
+	var joined interface{ Unwrap() []error }
+	require.True(t, errors.As(err, &joined))
+	assert.Len(t, joined.Unwrap(), maxReported+1)
+	assert.Contains(t, err.Error(), "and 34 more problems")
+	assert.NotContains(t, err.Error(), `"59"`)
+
+	p := defaultPolicy()
+	p.UnknownDevice = config.UnknownIgnore
+	res, err := NewResolver(inv, p).Resolve(Request{Env: env("NVIDIA_VISIBLE_DEVICES=" + strings.Join(ids, ","))})
+	require.NoError(t, err)
+	assert.Len(t, res.Notes, maxReported+1)
+}
+
+func TestResolveOverEmptyInventory(t *testing.T) {
+	for _, inv := range []*Inventory{nil, {}, mustInventory(t, "nvml", nil)} {
+		r := NewResolver(inv, defaultPolicy())
+		res, err := r.Resolve(Request{Env: env("NVIDIA_VISIBLE_DEVICES=all")})
+		require.NoError(t, err)
+		assert.Empty(t, res.Devices)
+		assert.True(t, res.All)
+		_, err = r.Resolve(Request{Env: env("NVIDIA_VISIBLE_DEVICES=0")})
+		require.ErrorIs(t, err, ErrUnknownDevice)
+		assert.Contains(t, err.Error(), "inventory is empty")
+	}
+}
+
+func mustInventory(t testing.TB, source string, gpus []GPU) *Inventory {
+	t.Helper()
+	inv, err := NewInventory(source, gpus)
+	require.NoError(t, err)
+	return inv
+}
+
+func TestRequestFromSpec(t *testing.T) {
+	spec := &specs.Spec{
+		Process: &specs.Process{
+			Env:          []string{"NVIDIA_VISIBLE_DEVICES=1"},
+			Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN", "CAP_SYS_ADMIN"}},
+		},
+		Mounts:      []specs.Mount{{Destination: "/proc"}, {Destination: mr + "2", Source: "/dev/null"}},
+		Annotations: map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=3"},
+		Linux: &specs.Linux{Devices: []specs.LinuxDevice{
+			{Path: "/dev/nvidia3", Type: "c", Major: 195, Minor: 3},
+		}},
+	}
+	req := RequestFromSpec(spec)
+	assert.Equal(t, Request{
+		Env:         []string{"NVIDIA_VISIBLE_DEVICES=1"},
+		Mounts:      []string{"/proc", mr + "2"},
+		Annotations: map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=3"},
+		Devices:     []LinuxDevice{{Path: "/dev/nvidia3", Type: "c", Major: 195, Minor: 3}},
+		Privileged:  true,
+	}, req)
+
+	// CAP_SYS_ADMIN only in the effective set is not privileged: the
+	// bounding set is what the NVIDIA runtime checks.
+	spec.Process.Capabilities = &specs.LinuxCapabilities{Effective: []string{"CAP_SYS_ADMIN"}}
+	assert.False(t, RequestFromSpec(spec).Privileged)
+	assert.Equal(t, Request{}, RequestFromSpec(nil))
+	assert.Equal(t, Request{}, RequestFromSpec(&specs.Spec{}))
+
+	inv := testInventory(t)
+	spec.Process.Capabilities.Bounding = []string{"CAP_SYS_ADMIN"}
+	p := defaultPolicy()
+	p.Privileged = config.PrivilegedReject
+	_, err := NewResolver(inv, p).Resolve(RequestFromSpec(spec))
+	require.ErrorIs(t, err, ErrPrivilegedRejected)
+	res, err := NewResolver(inv, defaultPolicy()).Resolve(RequestFromSpec(spec))
+	require.NoError(t, err)
+	assert.Equal(t, sorted(gpuUUID(1), gpuUUID(2), gpuUUID(3)), res.UUIDs())
+}
+
+func TestConflicts(t *testing.T) {
+	g0 := Device{UUID: gpuUUID(0), Index: "0", Kind: KindGPU}
+	g1 := Device{UUID: gpuUUID(1), Index: "1", Kind: KindGPU}
+	m10 := Device{UUID: migUUID(1, 0), Index: "1:0", Kind: KindMIG, Parent: g1.UUID}
+	m11 := Device{UUID: migUUID(1, 1), Index: "1:1", Kind: KindMIG, Parent: g1.UUID}
+	m20 := Device{UUID: migUUID(2, 0), Index: "2:0", Kind: KindMIG, Parent: gpuUUID(2)}
+	for _, tc := range []struct {
+		name string
+		a, b Device
+		want bool
+	}{
+		{"same GPU", g0, g0, true},
+		{"different GPUs", g0, g1, false},
+		{"GPU and its MIG", g1, m10, true},
+		{"MIG and its GPU", m11, g1, true},
+		{"same MIG", m10, m10, true},
+		{"sibling MIGs", m10, m11, false},
+		{"MIG of another GPU", g1, m20, false},
+		{"MIGs of different GPUs", m10, m20, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, Conflicts(tc.a, tc.b))
+			assert.Equal(t, tc.want, Conflicts(tc.b, tc.a), "symmetric")
+		})
+	}
+}
+
+func TestResolveLegacyMIGUUIDInventory(t *testing.T) {
+	// Drivers before R470 report MIG-GPU-<uuid>/<gi>/<ci> as the MIG UUID.
+	legacy := "MIG-" + gpuUUID(0) + "/1/0"
+	inv := mustInventory(t, "nvml", []GPU{{Index: 0, UUID: gpuUUID(0), Minor: 0, MIG: []MIG{{Index: 0, UUID: legacy, GI: 1, CI: 0}}}})
+	r := NewResolver(inv, defaultPolicy())
+	for _, req := range []Request{
+		{Env: env("NVIDIA_VISIBLE_DEVICES=" + legacy)},
+		{Env: env("NVIDIA_VISIBLE_DEVICES=0:0")},
+		{CDIDevices: []string{"nvidia.com/mig=mig0:0"}},
+	} {
+		res, err := r.Resolve(req)
+		require.NoError(t, err)
+		assert.Equal(t, []string{legacy}, res.UUIDs())
+	}
+}
+
+func TestResolverIsSafeForConcurrentUse(t *testing.T) {
+	r := NewResolver(testInventory(t), defaultPolicy())
+	req := Request{
+		Env:     env("NVIDIA_VISIBLE_DEVICES=0,1:1"),
+		Devices: []LinuxDevice{dev("/dev/nvidia2", 195, 2)},
+	}
+	want, err := r.Resolve(req)
+	require.NoError(t, err)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 200 {
+				got, err := r.Resolve(req)
+				if err != nil || !reflect.DeepEqual(got, want) {
+					t.Errorf("concurrent resolution differs: %+v, %v", got, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}

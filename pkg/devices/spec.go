@@ -1,0 +1,47 @@
+package devices
+
+import (
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// capSysAdmin marks a privileged container: it is what the NVIDIA runtime
+// itself checks, and a container holding it can create device nodes and open
+// every GPU whatever its device list says.
+const capSysAdmin = "CAP_SYS_ADMIN"
+
+// RequestFromSpec extracts from an OCI runtime spec everything that can make
+// a GPU reachable: process env, mount destinations, annotations, linux
+// devices, and privileged (CAP_SYS_ADMIN in the bounding set). A nil spec or
+// nil sections yield an empty request. The request shares no memory with
+// spec's device list.
+func RequestFromSpec(spec *specs.Spec) Request {
+	var req Request
+	if spec == nil {
+		return req
+	}
+	req.Annotations = spec.Annotations
+	if p := spec.Process; p != nil {
+		req.Env = p.Env
+		if c := p.Capabilities; c != nil {
+			for _, cp := range c.Bounding {
+				if cp == capSysAdmin {
+					req.Privileged = true
+					break
+				}
+			}
+		}
+	}
+	if len(spec.Mounts) > 0 {
+		req.Mounts = make([]string, len(spec.Mounts))
+		for i, m := range spec.Mounts {
+			req.Mounts[i] = m.Destination
+		}
+	}
+	if l := spec.Linux; l != nil && len(l.Devices) > 0 {
+		req.Devices = make([]LinuxDevice, len(l.Devices))
+		for i, d := range l.Devices {
+			req.Devices[i] = LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor}
+		}
+	}
+	return req
+}

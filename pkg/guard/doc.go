@@ -1,0 +1,26 @@
+// Package guard is the one place that decides whether a container may have
+// the GPUs it asks for, and what the refusal says. Both front ends (the NRI
+// plugin and the OCI hook) and gpu-guard-ctl explain call it; none of them
+// contains policy.
+//
+// A decision resolves the container's request against the cached inventory
+// (no NVML, no file I/O), then, inside one ledger transaction: finds what is
+// busy, releases holders whose processes are gone although no stop event
+// arrived (or, under release_on = "remove", lets a same-pod restart take over
+// its stopped predecessor's claim), and claims, queues or refuses.
+//
+// Invariants:
+//   - A decision is all or nothing: every device of the request is claimed
+//     in the same transaction, or none is.
+//   - A holder that never started (no pid, no cgroup) is never checked for
+//     liveness and keeps its claim; a holder is released out of band only on
+//     positive evidence that its processes are gone.
+//   - Stop and remove events release only the given container id's claims and
+//     never touch the queue: a refused create is followed by both, and its
+//     requester keeps its place. Pod stop/removal drops the pod's waiters.
+//   - Every refusal message names each busy device by index and full UUID,
+//     its holder (namespace/pod/container and short id) or reservation, the
+//     queue position, and what to do.
+//   - When the ledger cannot be read or locked in time, Admit returns an
+//     error and the front end refuses: the guard fails closed.
+package guard

@@ -1,0 +1,770 @@
+package guard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+)
+
+// Options configure a Guard.
+type Options struct {
+	// Config supplies the policies ([policy]).
+	Config config.Config
+	// Inventory is the host's GPUs, loaded once; decisions never enumerate
+	// devices themselves.
+	Inventory *devices.Inventory
+	// Ledger is the host ledger the decisions are recorded in.
+	Ledger *ledger.Ledger
+	// Liveness checks busy holders out of band; nil = liveness.New over the
+	// host's /sys/fs/cgroup and /proc.
+	Liveness Liveness
+	// Now is the clock for messages and ages; nil = time.Now. The ledger has
+	// its own clock (ledger.Options.Now): tests set both.
+	Now func() time.Time
+	// Logger receives one line per decision and per release; nil = discard.
+	Logger *slog.Logger
+	// Observer receives decisions and state changes (metrics); nil = none.
+	Observer Observer
+}
+
+// Guard makes admission decisions and keeps the ledger in step with the
+// containers' lifecycle. It is safe for concurrent use: all shared state is in
+// the ledger, under its lock.
+type Guard struct {
+	cfg      config.Config
+	policy   config.PolicyConfig
+	inv      *devices.Inventory
+	resolver *devices.Resolver
+	ledger   *ledger.Ledger
+	live     Liveness
+	now      func() time.Time
+	log      *slog.Logger
+	obs      Observer
+	exempt   map[string]bool
+}
+
+// New returns a Guard. Inventory and Ledger are required.
+func New(opts Options) (*Guard, error) {
+	if opts.Inventory == nil {
+		return nil, errors.New("guard: no GPU inventory")
+	}
+	if opts.Ledger == nil {
+		return nil, errors.New("guard: no ledger")
+	}
+	g := &Guard{
+		cfg:      opts.Config,
+		policy:   opts.Config.Policy,
+		inv:      opts.Inventory,
+		resolver: devices.NewResolver(opts.Inventory, opts.Config.Policy),
+		ledger:   opts.Ledger,
+		live:     opts.Liveness,
+		now:      opts.Now,
+		log:      opts.Logger,
+		obs:      opts.Observer,
+		exempt:   map[string]bool{},
+	}
+	if g.live == nil {
+		g.live = liveness.New("", "")
+	}
+	if g.now == nil {
+		g.now = time.Now
+	}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	if g.obs == nil {
+		g.obs = nopObserver{}
+	}
+	for _, ns := range opts.Config.Policy.ExemptNamespaces {
+		g.exempt[ns] = true
+	}
+	return g, nil
+}
+
+// Config returns the configuration the guard was built with.
+func (g *Guard) Config() config.Config { return g.cfg }
+
+// Inventory returns the GPU inventory the guard decides over.
+func (g *Guard) Inventory() *devices.Inventory { return g.inv }
+
+// Ledger returns the ledger the guard records in.
+func (g *Guard) Ledger() *ledger.Ledger { return g.ledger }
+
+// Exempt reports whether pods of namespace are never checked.
+func (g *Guard) Exempt(namespace string) bool { return namespace != "" && g.exempt[namespace] }
+
+// Resolve turns a container description into the devices it reaches under the
+// guard's policies, without touching the ledger.
+func (g *Guard) Resolve(spec devices.Request) (devices.Resolution, error) {
+	return g.resolver.Resolve(spec)
+}
+
+// Admit decides and records (claim or enqueue). A non-nil error means the
+// decision could not be made (lock timeout, corrupt ledger): callers fail
+// closed with that error. Otherwise d.Err() is nil only for Admit/Skip.
+func (g *Guard) Admit(ctx context.Context, r Request) (Decision, error) {
+	return g.admit(ctx, r, false)
+}
+
+// Explain is Admit without any mutation (gpu-guard-ctl explain): the same
+// decision, computed on a ledger view whose changes are discarded (it works
+// on a read-only ledger). A holder found exited is shown as released in the
+// answer, but stays in the ledger.
+func (g *Guard) Explain(ctx context.Context, r Request) (Decision, error) {
+	return g.admit(ctx, r, true)
+}
+
+func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, error) {
+	start := time.Now()
+	owner := r.Owner
+	if owner.FrontEnd == "" {
+		owner.FrontEnd = r.FrontEnd
+	}
+	key := r.Key
+	if key == "" {
+		key = RequesterKey(owner)
+	}
+
+	d, res, done := g.preDecide(owner, r.Spec)
+	if done {
+		g.finish(d, owner, key, start, dryRun)
+		return d, nil
+	}
+
+	if owner.Pid > 0 && owner.PidStart == 0 {
+		owner.PidStart = g.pidStart(owner.Pid)
+	}
+
+	var (
+		released []ledger.Claim
+		st       ledger.State
+	)
+	var err error
+	if dryRun {
+		err = g.ledger.View(ctx, func(tx *ledger.Tx) error {
+			var err error
+			d, released, err = g.decide(tx, key, owner, res)
+			return err
+		})
+	} else {
+		err = g.ledger.Update(ctx, func(tx *ledger.Tx) error {
+			var err error
+			d, released, err = g.decide(tx, key, owner, res)
+			if err != nil {
+				return err
+			}
+			st = snapshot(tx.State())
+			return nil
+		})
+	}
+	if err != nil {
+		g.log.Error("admission decision failed", append(ownerAttrs(owner, key),
+			slog.Any("devices", res.UUIDs()), slog.Any("error", err))...)
+		return Decision{}, g.ledgerError(owner, err)
+	}
+	if !dryRun {
+		if len(released) > 0 {
+			g.obs.Released(ReasonHolderExited, released)
+		}
+		g.obs.StateChanged(st)
+	}
+	g.finish(d, owner, key, start, dryRun)
+	return d, nil
+}
+
+// preDecide settles what needs no ledger: exempt namespaces, requests without
+// a GPU and requests the policies refuse. done is false when the ledger must
+// be consulted for res.
+func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision, res devices.Resolution, done bool) {
+	if g.Exempt(owner.Namespace) {
+		return Decision{Result: Skip, Reason: "exempt",
+			Message: fmt.Sprintf("namespace %q is exempt from GPU checks (policy exempt_namespaces)", owner.Namespace)}, res, true
+	}
+	res, err := g.resolver.Resolve(spec)
+	if err != nil {
+		return Decision{Result: Reject, Reason: reasonFor(err), Devices: res.Devices,
+			Message: policyText(err, g.policy, g.inv)}, res, true
+	}
+	if len(res.Devices) == 0 {
+		msg := "no GPU requested"
+		if len(res.Notes) > 0 {
+			msg += " (" + strings.Join(res.Notes, "; ") + ")"
+		}
+		return Decision{Result: Skip, Reason: "no-gpu", Message: msg}, res, true
+	}
+	return Decision{}, res, false
+}
+
+// decide runs inside one ledger transaction: find what is busy, release
+// holders that exited without a stop event, let a restart take over its
+// stopped predecessor's claim, then claim, queue or refuse.
+func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res devices.Resolution) (Decision, []ledger.Claim, error) {
+	now := g.now()
+	want := make([]devices.Device, len(res.Devices))
+	for i, rd := range res.Devices {
+		want[i] = rd.Device
+	}
+	d := Decision{Devices: res.Devices}
+
+	busy := tx.Busy(key, owner, want)
+	var released []ledger.Claim
+	tookOver := false
+	if len(busy) > 0 {
+		changed := false
+		checked := map[string]bool{}
+		for _, bd := range busy {
+			if bd.Holder == nil || checked[bd.Holder.Owner.ContainerID] {
+				continue
+			}
+			h := bd.Holder.Owner
+			checked[h.ContainerID] = true
+			stopped := !h.StoppedAt.IsZero()
+			if !stopped && (h.Pid > 0 || h.Cgroup != "") {
+				if exited, why := g.live.Exited(h); exited {
+					if g.policy.ReleaseOn == config.ReleaseOnRemove {
+						// The claim lives until removal; the holder only
+						// stops being a candidate for liveness checks.
+						tx.MarkStopped(h.ContainerID)
+						stopped, changed = true, true
+						g.log.Info("holder exited without a stop event; kept until removal",
+							append(ownerAttrs(h, ""), slog.String("why", why))...)
+					} else {
+						rel := tx.Release(h.ContainerID, ReasonHolderExited+": "+why)
+						released = append(released, rel...)
+						changed = true
+						g.log.Info("released: holder exited",
+							append(ownerAttrs(h, ""), slog.String("why", why), slog.Any("devices", claimUUIDs(rel)))...)
+						continue
+					}
+				}
+			}
+			if stopped && g.policy.ReleaseOn == config.ReleaseOnRemove && sameWorkload(h, owner) {
+				moved := tx.TakeOver(h.ContainerID, owner, "restart of "+ShortID(h.ContainerID)+" in the same pod")
+				if len(moved) > 0 {
+					tookOver = true
+					changed = true
+					g.log.Info("claim taken over by a restart in the same pod",
+						append(ownerAttrs(owner, key), slog.String("from_container_id", h.ContainerID),
+							slog.Any("devices", claimUUIDs(moved)))...)
+				}
+			}
+		}
+		if changed {
+			busy = tx.Busy(key, owner, want)
+		}
+	}
+
+	if len(busy) == 0 {
+		var waited time.Duration
+		if w, ok := findWaiter(tx.State(), key); ok {
+			waited = now.Sub(w.FirstSeen)
+		}
+		if _, err := tx.Claim(key, owner, want, sourceText(res)); err != nil {
+			var be *ledger.BusyError
+			if !errors.As(err, &be) {
+				return Decision{}, nil, fmt.Errorf("claim %s for %s: %w", deviceList(want), OwnerName(owner), err)
+			}
+			// Busy said free but Claim disagrees: refuse with what Claim saw.
+			busy = be.Busy
+		} else {
+			d.Result, d.Waited = Admit, waited
+			switch {
+			case tookOver:
+				d.Reason = "takeover"
+			case len(released) > 0:
+				d.Reason = "holder-exited"
+			default:
+				d.Reason = "free"
+			}
+			d.Message = "admitted: " + deviceList(want)
+			return d, released, nil
+		}
+	}
+
+	d.Busy = busy
+	d.Reason = "busy"
+	if allReserved(busy) {
+		d.Reason = "reserved"
+	}
+	text := conflictText{
+		now:    now,
+		policy: g.policy,
+		busy:   busy,
+		waiter: func(k string) (ledger.Waiter, bool) { return findWaiter(tx.State(), k) },
+	}
+	if g.policy.OnConflict == config.ConflictQueue {
+		d.Result = Queue
+		d.Position, d.QueueLength = tx.Enqueue(key, owner, want)
+		if w, ok := findWaiter(tx.State(), key); ok {
+			d.Waited = now.Sub(w.FirstSeen)
+		}
+		text.queued, text.position, text.total, text.waited = true, d.Position, d.QueueLength, d.Waited
+	} else {
+		d.Result = Reject
+		// Nothing else records a refusal that is not queued; the audit log
+		// should still say who was turned away and why.
+		tx.Audit(AuditRefuse, ledger.AuditRecord{
+			Devices: deviceUUIDs(want), ContainerID: owner.ContainerID, Key: key,
+			Namespace: owner.Namespace, Pod: owner.Pod, Container: owner.Container,
+			FrontEnd: string(owner.FrontEnd), Reason: "on_conflict=reject: " + strings.Join(busyAttrs(busy), "; "),
+		})
+	}
+	text.free = freeGPUs(tx.State(), g.inv, key)
+	d.Message = text.String()
+	return d, released, nil
+}
+
+// finish logs the decision and reports it to the observer.
+func (g *Guard) finish(d Decision, owner ledger.Owner, key string, start time.Time, dryRun bool) {
+	latency := time.Since(start)
+	attrs := append(ownerAttrs(owner, key),
+		slog.String("result", string(d.Result)),
+		slog.String("reason", d.Reason),
+		slog.Any("devices", resolvedUUIDs(d.Devices)),
+		slog.Duration("latency", latency),
+	)
+	if d.Result == Queue {
+		attrs = append(attrs, slog.Int("position", d.Position), slog.Int("queue_length", d.QueueLength),
+			slog.Duration("waited", d.Waited))
+	}
+	if len(d.Busy) > 0 {
+		attrs = append(attrs, slog.Any("busy", busyAttrs(d.Busy)))
+	}
+	if d.Result == Queue || d.Result == Reject {
+		attrs = append(attrs, slog.String("message", d.Message))
+	}
+	if dryRun {
+		attrs = append(attrs, slog.Bool("dry_run", true))
+		g.log.Debug("admission decision", attrs...)
+		return
+	}
+	level := slog.LevelInfo
+	if d.Result == Skip {
+		level = slog.LevelDebug
+	}
+	g.log.Log(context.Background(), level, "admission decision", attrs...)
+	g.obs.Decided(d, latency)
+}
+
+// ledgerError turns a failed ledger update into the error the front ends
+// refuse the container with. A lock timeout says "ledger busy".
+func (g *Guard) ledgerError(owner ledger.Owner, err error) error {
+	who := OwnerName(owner)
+	switch {
+	case errors.Is(err, ledger.ErrLockTimeout):
+		return fmt.Errorf("GPU ledger busy: another process held the ledger lock, no decision for %s in time; "+
+			"refused to stay safe, retrying is automatic under Kubernetes: %w", who, err)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return fmt.Errorf("GPU ledger busy: no decision for %s before the request deadline; refused to stay safe: %w", who, err)
+	case errors.Is(err, ledger.ErrCorrupt):
+		return fmt.Errorf("GPU ledger is corrupt (moved aside; it is rebuilt at the next NRI sync), refused %s to stay safe: %w", who, err)
+	default:
+		return fmt.Errorf("GPU ledger error, refused %s to stay safe: %w", who, err)
+	}
+}
+
+// Started records the pid and cgroup of a container once it runs, so that the
+// liveness check can tell later whether it exited.
+func (g *Guard) Started(ctx context.Context, containerID string, pid int, cgroup string) error {
+	if pid <= 0 && cgroup == "" {
+		return nil
+	}
+	var pidStart uint64
+	if pid > 0 {
+		pidStart = g.pidStart(pid)
+	}
+	return g.update(ctx, "start", func(tx *ledger.Tx) bool {
+		return tx.SetStarted(containerID, pid, pidStart, cgroup)
+	})
+}
+
+// Stopped handles a container whose processes exited: under release_on =
+// "stop" its claims are released; under "remove" they are marked stopped and
+// kept until removal. It never touches the queue: a refused create is
+// followed by a Stop for the refused id, and its requester keeps its place.
+func (g *Guard) Stopped(ctx context.Context, o ledger.Owner) error {
+	if g.policy.ReleaseOn == config.ReleaseOnRemove {
+		return g.update(ctx, "stop", func(tx *ledger.Tx) bool {
+			return tx.MarkStopped(o.ContainerID)
+		})
+	}
+	return g.release(ctx, o, "stopped")
+}
+
+// Removed releases a removed container's claims (idempotent).
+func (g *Guard) Removed(ctx context.Context, o ledger.Owner) error {
+	return g.release(ctx, o, "removed")
+}
+
+func (g *Guard) release(ctx context.Context, o ledger.Owner, reason string) error {
+	var rel []ledger.Claim
+	err := g.update(ctx, reason, func(tx *ledger.Tx) bool {
+		rel = tx.Release(o.ContainerID, reason)
+		return len(rel) > 0
+	})
+	if err == nil && len(rel) > 0 {
+		g.log.Info("released", append(ownerAttrs(o, ""), slog.String("reason", reason),
+			slog.Any("devices", claimUUIDs(rel)))...)
+	}
+	return err
+}
+
+// PodGone releases every claim of a stopped or removed pod and drops its
+// waiters: a waiter whose pod is gone never claims.
+func (g *Guard) PodGone(ctx context.Context, podUID, sandboxID string) error {
+	var (
+		rel     []ledger.Claim
+		dropped []ledger.Waiter
+	)
+	err := g.update(ctx, "pod gone", func(tx *ledger.Tx) bool {
+		rel = tx.ReleasePod(podUID, sandboxID, "pod gone")
+		dropped = tx.DropPodWaiters(podUID, sandboxID, "pod gone")
+		return len(rel) > 0 || len(dropped) > 0
+	})
+	if err == nil && (len(rel) > 0 || len(dropped) > 0) {
+		keys := make([]string, len(dropped))
+		for i, w := range dropped {
+			keys[i] = w.Key
+		}
+		g.log.Info("pod gone", slog.String("pod_uid", podUID), slog.String("pod_sandbox_id", sandboxID),
+			slog.Any("released", claimUUIDs(rel)), slog.Any("dropped_waiters", keys))
+	}
+	return err
+}
+
+// Withdraw takes a waiter out of the queue (its request was abandoned).
+func (g *Guard) Withdraw(ctx context.Context, key, reason string) error {
+	return g.update(ctx, "withdraw", func(tx *ledger.Tx) bool {
+		return tx.DropWaiter(key, reason)
+	})
+}
+
+// Reconcile makes the ledger's claims of front end fe match the containers
+// the runtime lists as live: claims of containers not listed are released
+// ("stale"), listed containers reaching GPUs without a claim are adopted, and
+// two listed containers on one GPU are recorded as a conflict. A listed
+// container whose request no longer resolves (inventory or policy changed)
+// keeps the claims it has: nothing is released on doubt.
+func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Request) (ledger.ReconcileResult, error) {
+	type entry struct {
+		owner  ledger.Owner
+		res    devices.Resolution
+		failed bool
+	}
+	entries := make([]entry, 0, len(live))
+	for _, r := range live {
+		o := r.Owner
+		if o.FrontEnd == "" {
+			o.FrontEnd = fe
+		}
+		if o.Pid > 0 && o.PidStart == 0 {
+			o.PidStart = g.pidStart(o.Pid)
+		}
+		if g.Exempt(o.Namespace) {
+			continue
+		}
+		res, err := g.resolver.Resolve(r.Spec)
+		if err != nil {
+			g.log.Warn("reconcile: container request does not resolve; its claims are kept",
+				append(ownerAttrs(o, ""), slog.Any("error", err))...)
+		}
+		entries = append(entries, entry{owner: o, res: res, failed: err != nil})
+	}
+
+	var (
+		result ledger.ReconcileResult
+		st     ledger.State
+	)
+	err := g.ledger.Update(ctx, func(tx *ledger.Tx) error {
+		holdings := make([]ledger.Holding, 0, len(entries))
+		for _, e := range entries {
+			var devs []devices.Device
+			source := sourceText(e.res)
+			if e.failed {
+				for _, c := range tx.State().Claims {
+					if c.Owner.ContainerID == e.owner.ContainerID {
+						devs = append(devs, c.Device)
+						source = c.Source
+					}
+				}
+			} else {
+				for _, rd := range e.res.Devices {
+					devs = append(devs, rd.Device)
+				}
+			}
+			if len(devs) == 0 {
+				continue
+			}
+			holdings = append(holdings, ledger.Holding{Owner: e.owner, Devices: devs, Source: source})
+		}
+		// Reconcile also fills in the pid and cgroup of claims that lack
+		// them (the daemon restarted after the container started).
+		result = tx.Reconcile(fe, holdings)
+		st = snapshot(tx.State())
+		return nil
+	})
+	if err != nil {
+		return ledger.ReconcileResult{}, fmt.Errorf("reconcile %d live containers with the ledger: %w", len(live), err)
+	}
+	g.obs.Released(ReasonStale, result.Released)
+	g.obs.StateChanged(st)
+	for _, c := range result.Released {
+		g.log.Info("released: stale", append(ownerAttrs(c.Owner, ""), slog.String("device", c.Device.UUID))...)
+	}
+	for _, c := range result.Adopted {
+		g.log.Info("adopted claim", append(ownerAttrs(c.Owner, ""), slog.String("device", c.Device.UUID))...)
+	}
+	for _, c := range result.Conflicts {
+		g.log.Warn("conflict: container uses a GPU another container holds",
+			append(ownerAttrs(c.Owner, ""), slog.String("device", c.Device.UUID), slog.String("device_index", c.Device.Index))...)
+	}
+	g.log.Info("reconciled", slog.String("front_end", string(fe)), slog.Int("live", len(live)),
+		slog.Int("holding", len(entries)), slog.Int("released", len(result.Released)),
+		slog.Int("adopted", len(result.Adopted)), slog.Int("conflicts", len(result.Conflicts)))
+	return result, nil
+}
+
+// update runs one lifecycle mutation and reports the new state when fn says
+// something changed.
+func (g *Guard) update(ctx context.Context, op string, fn func(tx *ledger.Tx) bool) error {
+	var (
+		changed bool
+		st      ledger.State
+	)
+	err := g.ledger.Update(ctx, func(tx *ledger.Tx) error {
+		changed = fn(tx)
+		if changed {
+			st = snapshot(tx.State())
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ledger %s: %w", op, err)
+	}
+	if changed {
+		g.obs.StateChanged(st)
+	}
+	return nil
+}
+
+func (g *Guard) pidStart(pid int) uint64 {
+	ps, ok := g.live.(PidStarter)
+	if !ok {
+		return 0
+	}
+	start, err := ps.PidStart(pid)
+	if err != nil {
+		return 0
+	}
+	return start
+}
+
+// Err returns nil for Admit and Skip; otherwise an error whose text is the
+// Message and which wraps ErrQueued (Queue) or ErrRejected (Reject).
+func (d Decision) Err() error {
+	switch d.Result {
+	case Queue:
+		return &DecisionError{Decision: d, sentinel: ErrQueued}
+	case Reject:
+		return &DecisionError{Decision: d, sentinel: ErrRejected}
+	default:
+		return nil
+	}
+}
+
+// DecisionError is the error of a Queue or Reject decision.
+type DecisionError struct {
+	Decision Decision
+	sentinel error
+}
+
+// Error is the decision's operator-facing message.
+func (e *DecisionError) Error() string { return e.Decision.Message }
+
+// Unwrap returns ErrQueued or ErrRejected.
+func (e *DecisionError) Unwrap() error { return e.sentinel }
+
+// reasonFor maps a resolution error to a machine-readable reason.
+func reasonFor(err error) string {
+	switch {
+	case errors.Is(err, devices.ErrUnknownDevice):
+		return "unknown-device"
+	case errors.Is(err, devices.ErrInvalidID):
+		return "invalid-id"
+	case errors.Is(err, devices.ErrAllRejected):
+		return "policy-all"
+	case errors.Is(err, devices.ErrPrivilegedRejected):
+		return "policy-privileged"
+	case errors.Is(err, devices.ErrTooLarge):
+		return "too-large"
+	default:
+		return "invalid-request"
+	}
+}
+
+// sameWorkload reports whether a and b are the same container of the same pod
+// (a restart), the condition for taking over a stopped claim.
+func sameWorkload(a, b ledger.Owner) bool {
+	return a.PodUID != "" && a.PodUID == b.PodUID && a.Container != "" && a.Container == b.Container &&
+		a.ContainerID != b.ContainerID
+}
+
+func allReserved(busy []ledger.BusyDevice) bool {
+	for _, b := range busy {
+		if b.Holder != nil || b.Reservation == nil {
+			return false
+		}
+	}
+	return len(busy) > 0
+}
+
+func findWaiter(st *ledger.State, key string) (ledger.Waiter, bool) {
+	if st == nil {
+		return ledger.Waiter{}, false
+	}
+	for _, w := range st.Waiters {
+		if w.Key == key {
+			return w, true
+		}
+	}
+	return ledger.Waiter{}, false
+}
+
+// freeGPUs lists the full GPUs that no claim touches (on the GPU or one of its
+// MIG instances) and that are not reserved for another requester than key.
+func freeGPUs(st *ledger.State, inv *devices.Inventory, key string) []devices.Device {
+	var free []devices.Device
+	for _, gpu := range inv.GPUs {
+		dev, ok := inv.Lookup(gpu.UUID)
+		if !ok {
+			continue
+		}
+		taken := false
+		for _, c := range st.Claims {
+			if devices.Conflicts(c.Device, dev) {
+				taken = true
+				break
+			}
+		}
+		for _, r := range st.Reservations {
+			if !taken && r.For != key && devices.Conflicts(r.Device, dev) {
+				taken = true
+			}
+		}
+		if !taken {
+			free = append(free, dev)
+		}
+	}
+	return free
+}
+
+// maxSourceLen bounds the per-claim source text kept in the ledger.
+const maxSourceLen = 512
+
+// sourceText summarises where a request named its devices, for the claim.
+func sourceText(res devices.Resolution) string {
+	var srcs []string
+	for _, d := range res.Devices {
+		for _, s := range d.Sources {
+			if !slices.Contains(srcs, s) {
+				srcs = append(srcs, s)
+			}
+		}
+	}
+	s := strings.Join(srcs, "; ")
+	if len(s) > maxSourceLen {
+		s = s[:maxSourceLen] + "…"
+	}
+	return s
+}
+
+func deviceList(devs []devices.Device) string {
+	parts := make([]string, len(devs))
+	for i, d := range devs {
+		parts[i] = DeviceName(d)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// snapshot copies the top-level slices of st so observers can read it after
+// the transaction ended.
+func snapshot(st *ledger.State) ledger.State {
+	if st == nil {
+		return ledger.State{}
+	}
+	c := *st
+	c.Claims = slices.Clone(st.Claims)
+	c.Waiters = slices.Clone(st.Waiters)
+	c.Reservations = slices.Clone(st.Reservations)
+	c.Conflicts = slices.Clone(st.Conflicts)
+	return c
+}
+
+func ownerAttrs(o ledger.Owner, key string) []any {
+	attrs := []any{slog.String("container_id", o.ContainerID)}
+	if o.Namespace != "" || o.Pod != "" {
+		attrs = append(attrs, slog.String("namespace", o.Namespace), slog.String("pod", o.Pod),
+			slog.String("pod_uid", o.PodUID))
+	}
+	if o.PodSandboxID != "" {
+		attrs = append(attrs, slog.String("pod_sandbox_id", o.PodSandboxID))
+	}
+	if o.Container != "" {
+		attrs = append(attrs, slog.String("container", o.Container))
+	}
+	if o.FrontEnd != "" {
+		attrs = append(attrs, slog.String("front_end", string(o.FrontEnd)))
+	}
+	if key != "" {
+		attrs = append(attrs, slog.String("key", key))
+	}
+	return attrs
+}
+
+func resolvedUUIDs(rs []devices.Resolved) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.UUID
+	}
+	return out
+}
+
+func deviceUUIDs(ds []devices.Device) []string {
+	out := make([]string, len(ds))
+	for i, d := range ds {
+		out[i] = d.UUID
+	}
+	return out
+}
+
+func claimUUIDs(cs []ledger.Claim) []string {
+	out := make([]string, len(cs))
+	for i, c := range cs {
+		out[i] = c.Device.UUID
+	}
+	return out
+}
+
+func busyAttrs(busy []ledger.BusyDevice) []string {
+	out := make([]string, 0, len(busy))
+	for _, b := range busy {
+		switch {
+		case b.Holder != nil:
+			out = append(out, b.Wanted.UUID+" held by "+b.Holder.Owner.ContainerID)
+		case b.Reservation != nil:
+			out = append(out, b.Wanted.UUID+" reserved for "+b.Reservation.For)
+		default:
+			out = append(out, b.Wanted.UUID)
+		}
+	}
+	return out
+}

@@ -1,0 +1,183 @@
+package guard
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// shortIDLen is how much of a container id messages show (as docker and
+// crictl do).
+const shortIDLen = 12
+
+// ShortID returns the first 12 characters of a container id.
+func ShortID(id string) string {
+	if len(id) > shortIDLen {
+		return id[:shortIDLen]
+	}
+	return id
+}
+
+// DeviceName is how messages name a device: `GPU 1 (GPU-<full uuid>)`, or
+// `MIG 1:0 (MIG-<full uuid>)` for a MIG instance.
+func DeviceName(d devices.Device) string {
+	kind := "GPU"
+	if d.Kind == devices.KindMIG {
+		kind = "MIG"
+	}
+	if d.Index == "" {
+		return fmt.Sprintf("%s %s", kind, d.UUID)
+	}
+	return fmt.Sprintf("%s %s (%s)", kind, d.Index, d.UUID)
+}
+
+// OwnerName is how messages name a container: `ns/pod/container (id
+// 0123456789ab)` for CRI containers, `container 0123456789ab` otherwise.
+func OwnerName(o ledger.Owner) string {
+	switch {
+	case o.Namespace != "" || o.Pod != "":
+		return fmt.Sprintf("%s/%s/%s (id %s)", o.Namespace, o.Pod, o.Container, ShortID(o.ContainerID))
+	case o.Container != "":
+		return fmt.Sprintf("%s (id %s)", o.Container, ShortID(o.ContainerID))
+	default:
+		return "container " + ShortID(o.ContainerID)
+	}
+}
+
+// conflictText is what a refusal over busy devices says.
+type conflictText struct {
+	now    time.Time
+	policy config.PolicyConfig
+	busy   []ledger.BusyDevice
+	// waiter resolves a reservation's waiter key to the waiter, so that
+	// "reserved for" names a container rather than a key.
+	waiter func(key string) (ledger.Waiter, bool)
+	// queued: the request is queued at position of total, waiting waited.
+	queued          bool
+	position, total int
+	waited          time.Duration
+	// free are the GPUs nobody holds or has reserved right now.
+	free []devices.Device
+}
+
+// String renders the refusal: every busy device with its holder or
+// reservation, the queue position, and what to do.
+func (c conflictText) String() string {
+	var b strings.Builder
+	for i, bd := range c.busy {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(c.busyText(bd))
+	}
+	if c.queued {
+		fmt.Fprintf(&b, "; queued at position %d of %d, waiting %s. ", c.position, c.total, age(c.waited))
+		b.WriteString("The request will be admitted when the holder stops; retrying is automatic under Kubernetes")
+		fmt.Fprintf(&b, " (the head of the queue keeps a freed GPU for %s).", c.policy.ReservationTTL.Duration)
+	} else {
+		b.WriteString(". Refused and not queued (policy on_conflict = \"reject\"): retry once the holder has stopped.")
+	}
+	b.WriteString(" ")
+	b.WriteString(freeText(c.free))
+	return b.String()
+}
+
+func (c conflictText) busyText(bd ledger.BusyDevice) string {
+	name := DeviceName(bd.Wanted)
+	switch {
+	case bd.Holder != nil:
+		h := bd.Holder
+		var b strings.Builder
+		b.WriteString(name)
+		b.WriteString(" is held by ")
+		b.WriteString(OwnerName(h.Owner))
+		if h.Device.UUID != bd.Wanted.UUID {
+			// A full GPU against one of its MIG instances, or the reverse.
+			fmt.Fprintf(&b, " through %s", DeviceName(h.Device))
+		}
+		fmt.Fprintf(&b, " since %s", stamp(h.Since, c.now))
+		if !h.Owner.StoppedAt.IsZero() {
+			fmt.Fprintf(&b, " (exited %s, kept until the container is removed: policy release_on = \"remove\")",
+				stamp(h.Owner.StoppedAt, c.now))
+		}
+		return b.String()
+	case bd.Reservation != nil:
+		r := bd.Reservation
+		who := r.For
+		if w, ok := c.waiter(r.For); ok {
+			who = OwnerName(w.Owner)
+		}
+		return fmt.Sprintf("%s is reserved for %s (earlier in the queue) until %s (%s left)",
+			name, who, r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))
+	default:
+		return name + " is busy"
+	}
+}
+
+// freeText names the GPUs that are free now. Docker's `--gpus N` always asks
+// for GPUs 0..N-1; naming the free ones tells its users what to ask for.
+func freeText(free []devices.Device) string {
+	if len(free) == 0 {
+		return "No GPU is free now."
+	}
+	idx := make([]string, len(free))
+	for i, d := range free {
+		idx[i] = d.Index
+	}
+	return fmt.Sprintf("Free GPUs now: %s (e.g. NVIDIA_VISIBLE_DEVICES=%s).", strings.Join(idx, ", "), free[0].Index)
+}
+
+// stamp renders a point in time as RFC 3339 (UTC) with its age.
+func stamp(t, now time.Time) string {
+	if t.IsZero() {
+		return "an unknown time"
+	}
+	return fmt.Sprintf("%s (%s ago)", t.UTC().Format(time.RFC3339), age(now.Sub(t)))
+}
+
+// age renders a duration rounded to the second; negative (clock skew) is 0s.
+func age(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	return d.Round(time.Second).String()
+}
+
+// policyText explains a refusal that comes from resolution, not from a busy
+// device, and how to get past it.
+func policyText(err error, policy config.PolicyConfig, inv *devices.Inventory) string {
+	var hint string
+	switch reasonFor(err) {
+	case "unknown-device":
+		hint = fmt.Sprintf("name a GPU of this host (policy unknown_device = %q). GPUs here: %s",
+			policy.UnknownDevice, inventoryText(inv))
+	case "invalid-id":
+		hint = "fix the device id (an index, a GPU-/MIG- UUID, \"<gpu>:<mig>\", \"all\" or \"none\"). GPUs here: " +
+			inventoryText(inv)
+	case "policy-all":
+		hint = fmt.Sprintf("requests for every GPU are refused (policy all_devices = %q); name the GPUs the container needs", policy.AllDevices)
+	case "policy-privileged":
+		hint = fmt.Sprintf("privileged containers are refused (policy privileged = %q); drop privileged or exempt the namespace", policy.Privileged)
+	case "too-large":
+		hint = "the container's device request is larger than any real one"
+	default:
+		hint = "the container's device request could not be understood"
+	}
+	return fmt.Sprintf("GPU request refused: %v; %s.", err, hint)
+}
+
+// inventoryText lists the host's GPUs for a message: "0 (GPU-…), 1 (GPU-…)".
+func inventoryText(inv *devices.Inventory) string {
+	if inv == nil || len(inv.GPUs) == 0 {
+		return "none"
+	}
+	parts := make([]string, 0, len(inv.GPUs))
+	for _, g := range inv.GPUs {
+		parts = append(parts, fmt.Sprintf("%d (%s)", g.Index, g.UUID))
+	}
+	return strings.Join(parts, ", ")
+}

@@ -1,0 +1,136 @@
+package guard
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+var (
+	msgNow = time.Date(2026, 5, 9, 8, 0, 0, 0, time.UTC)
+	gpu1   = devices.Device{UUID: "GPU-11111111-1111-4111-8111-111111111111", Index: "1", Kind: devices.KindGPU}
+	gpu2   = devices.Device{UUID: "GPU-22222222-2222-4222-8222-222222222222", Index: "2", Kind: devices.KindGPU}
+	gpu3   = devices.Device{UUID: "GPU-33333333-3333-4333-8333-333333333333", Index: "3", Kind: devices.KindGPU}
+	mig10  = devices.Device{UUID: "MIG-aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa", Index: "1:0", Kind: devices.KindMIG, Parent: gpu1.UUID}
+)
+
+func TestNames(t *testing.T) {
+	assert.Equal(t, "GPU 1 (GPU-11111111-1111-4111-8111-111111111111)", DeviceName(gpu1))
+	assert.Equal(t, "MIG 1:0 (MIG-aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa)", DeviceName(mig10))
+	assert.Equal(t, "GPU GPU-x", DeviceName(devices.Device{UUID: "GPU-x"}))
+
+	for _, tc := range []struct {
+		owner ledger.Owner
+		want  string
+	}{
+		{ledger.Owner{ContainerID: "0123456789abcdef0123", Namespace: "ml", Pod: "train-0", Container: "main"},
+			"ml/train-0/main (id 0123456789ab)"},
+		{ledger.Owner{ContainerID: "0123456789abcdef0123", Container: "cuda"}, "cuda (id 0123456789ab)"},
+		{ledger.Owner{ContainerID: "short"}, "container short"},
+	} {
+		assert.Equal(t, tc.want, OwnerName(tc.owner))
+	}
+}
+
+func TestConflictText(t *testing.T) {
+	holder := &ledger.Claim{
+		Device: gpu1,
+		Owner:  ledger.Owner{ContainerID: "0123456789abcdef", Namespace: "ml", Pod: "train-0", Container: "main"},
+		Since:  msgNow.Add(-12*time.Minute - 3*time.Second),
+	}
+	migHolder := &ledger.Claim{Device: mig10, Owner: holder.Owner, Since: holder.Since}
+	stoppedHolder := &ledger.Claim{Device: gpu1, Since: holder.Since,
+		Owner: ledger.Owner{ContainerID: "fedcba9876543210", Namespace: "ml", Pod: "train-0", Container: "main",
+			StoppedAt: msgNow.Add(-time.Minute)}}
+	reservation := &ledger.Reservation{Device: gpu2, For: "ml/uid-7/worker", Since: msgNow.Add(-time.Second),
+		Until: msgNow.Add(5*time.Minute + 59*time.Second)}
+	policy := config.Default().Policy
+	waiters := map[string]ledger.Waiter{
+		"ml/uid-7/worker": {Key: "ml/uid-7/worker",
+			Owner: ledger.Owner{ContainerID: "aaaabbbbccccdddd", Namespace: "ml", Pod: "train-7", Container: "worker"}},
+	}
+	lookup := func(k string) (ledger.Waiter, bool) { w, ok := waiters[k]; return w, ok }
+
+	for _, tc := range []struct {
+		name string
+		text conflictText
+		want string
+	}{
+		{
+			name: "held, queued, free GPUs named",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: holder}},
+				queued: true, position: 2, total: 3, waited: 45 * time.Second, free: []devices.Device{gpu2, gpu3}},
+			want: "GPU 1 (GPU-11111111-1111-4111-8111-111111111111) is held by ml/train-0/main (id 0123456789ab) " +
+				"since 2026-05-09T07:47:57Z (12m3s ago); queued at position 2 of 3, waiting 45s. " +
+				"The request will be admitted when the holder stops; retrying is automatic under Kubernetes " +
+				"(the head of the queue keeps a freed GPU for 6m0s). Free GPUs now: 2, 3 (e.g. NVIDIA_VISIBLE_DEVICES=2).",
+		},
+		{
+			name: "reserved for a known waiter, rejected, nothing free",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu2, Reservation: reservation}}},
+			want: "GPU 2 (GPU-22222222-2222-4222-8222-222222222222) is reserved for ml/train-7/worker (id aaaabbbbcccc) " +
+				"(earlier in the queue) until 2026-05-09T08:05:59Z (5m59s left). " +
+				"Refused and not queued (policy on_conflict = \"reject\"): retry once the holder has stopped. No GPU is free now.",
+		},
+		{
+			name: "reserved for an unknown key shows the key",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu2, Reservation: &ledger.Reservation{
+				Device: gpu2, For: "hook-ctr-1", Until: msgNow.Add(time.Minute)}}}, queued: true, position: 1, total: 1},
+			want: "GPU 2 (GPU-22222222-2222-4222-8222-222222222222) is reserved for hook-ctr-1 (earlier in the queue) " +
+				"until 2026-05-09T08:01:00Z (1m0s left); queued at position 1 of 1, waiting 0s.",
+		},
+		{
+			name: "full GPU wanted, MIG instance held; two busy devices",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: migHolder}, {Wanted: gpu2, Reservation: reservation}},
+				queued: true, position: 1, total: 1},
+			want: "GPU 1 (GPU-11111111-1111-4111-8111-111111111111) is held by ml/train-0/main (id 0123456789ab) " +
+				"through MIG 1:0 (MIG-aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa) since 2026-05-09T07:47:57Z (12m3s ago); " +
+				"GPU 2 (GPU-22222222-2222-4222-8222-222222222222) is reserved for ml/train-7/worker",
+		},
+		{
+			name: "stopped holder kept until removal",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: stoppedHolder}}},
+			want: "is held by ml/train-0/main (id fedcba987654) since 2026-05-09T07:47:57Z (12m3s ago) " +
+				"(exited 2026-05-09T07:59:00Z (1m0s ago), kept until the container is removed: policy release_on = \"remove\")",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.text.now, tc.text.policy, tc.text.waiter = msgNow, policy, lookup
+			assert.Contains(t, tc.text.String(), tc.want)
+		})
+	}
+}
+
+func TestPolicyText(t *testing.T) {
+	inv := &devices.Inventory{GPUs: []devices.GPU{{Index: 0, UUID: "GPU-a"}, {Index: 1, UUID: "GPU-b"}}}
+	policy := config.Default().Policy
+	for _, tc := range []struct {
+		err        error
+		wantReason string
+		want       string
+	}{
+		{fmt.Errorf("%w \"7\" in env NVIDIA_VISIBLE_DEVICES", devices.ErrUnknownDevice), "unknown-device",
+			`GPU request refused: unknown GPU "7" in env NVIDIA_VISIBLE_DEVICES; name a GPU of this host (policy unknown_device = "reject"). GPUs here: 0 (GPU-a), 1 (GPU-b).`},
+		{fmt.Errorf("x: %w", devices.ErrInvalidID), "invalid-id", "fix the device id"},
+		{devices.ErrAllRejected, "policy-all", `policy all_devices = "claim"`},
+		{devices.ErrPrivilegedRejected, "policy-privileged", `policy privileged = "declared"`},
+		{devices.ErrTooLarge, "too-large", "larger than any real one"},
+		{errors.New("odd"), "invalid-request", "could not be understood"},
+	} {
+		assert.Equal(t, tc.wantReason, reasonFor(tc.err))
+		assert.Contains(t, policyText(tc.err, policy, inv), tc.want)
+	}
+}
+
+func TestAge(t *testing.T) {
+	assert.Equal(t, "0s", age(-time.Second))
+	assert.Equal(t, "1m30s", age(90*time.Second+400*time.Millisecond))
+	assert.Equal(t, "an unknown time", stamp(time.Time{}, msgNow))
+}

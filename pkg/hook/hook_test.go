@@ -1,0 +1,376 @@
+package hook
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gofrs/flock"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+)
+
+// staticConfig is a 4-GPU static configuration over a ledger in a temp dir.
+func staticConfig(t *testing.T) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Ledger.Dir = filepath.Join(t.TempDir(), "ledger")
+	cfg.Devices.Source = config.SourceStatic
+	cfg.Devices.Static = nil
+	for i, u := range gpuUUIDs {
+		cfg.Devices.Static = append(cfg.Devices.Static, config.StaticGPU{Index: i, UUID: u, Minor: i})
+	}
+	cfg.Hook.PollInterval = config.Duration{Duration: time.Millisecond}
+	cfg.Hook.WaitTimeout = config.Duration{Duration: time.Minute}
+	return cfg
+}
+
+// stateFor writes a bundle whose config.json carries env and returns the OCI
+// state of a container in it.
+func stateFor(t *testing.T, id string, pid int, env ...string) string {
+	t.Helper()
+	bundle := t.TempDir()
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreating, Pid: pid, Bundle: bundle})
+	require.NoError(t, err)
+	return string(st)
+}
+
+// testEnv is defaultEnv with the guard opened over the real ledger, counting
+// how often it was opened.
+func testEnv(opened *int) env {
+	e := defaultEnv()
+	e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
+		*opened++
+		return openGuard(cfg, inv)
+	}
+	return e
+}
+
+func TestRunPhases(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		phase      string
+		stdin      func(t *testing.T) string
+		openGuard  func(config.Config, *devices.Inventory) (guardAPI, func(), error)
+		wantErrIs  error
+		wantErr    []string
+		wantOpened int
+	}{
+		{
+			name:    "unknown phase",
+			phase:   "prestart",
+			stdin:   func(*testing.T) string { return "" },
+			wantErr: []string{"usage: nri-gpu-guard hook", `"prestart"`},
+		},
+		{
+			name:      "unreadable input fails closed",
+			phase:     PhaseCreateRuntime,
+			stdin:     func(*testing.T) string { return "{not json" },
+			wantErrIs: errInput,
+			wantErr:   []string{"hook create-runtime: container refused", "decode the OCI state"},
+		},
+		{
+			name:      "missing bundle fails closed",
+			phase:     PhaseCreateRuntime,
+			stdin:     func(*testing.T) string { return `{"id":"c1","pid":1,"bundle":"/nonexistent/bundle"}` },
+			wantErrIs: errInput,
+			wantErr:   []string{"container c1 refused", "/nonexistent/bundle/config.json"},
+		},
+		{
+			name:  "no GPU named: admitted without opening the ledger",
+			phase: PhaseCreateRuntime,
+			stdin: func(t *testing.T) string { return stateFor(t, "c1", os.Getpid(), "PATH=/bin") },
+		},
+		{
+			name:       "GPU named: admitted and claimed",
+			phase:      PhaseCreateRuntime,
+			stdin:      func(t *testing.T) string { return stateFor(t, "c1", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=2") },
+			wantOpened: 1,
+		},
+		{
+			name:  "unknown GPU: refused by the guard",
+			phase: PhaseCreateRuntime,
+			stdin: func(t *testing.T) string {
+				return stateFor(t, "c1", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=GPU-00000000-0000-4000-8000-0000000000ff")
+			},
+			wantErrIs:  guard.ErrRejected,
+			wantErr:    []string{"container c1", "unknown GPU"},
+			wantOpened: 1,
+		},
+		{
+			name:  "a panic becomes an error",
+			phase: PhaseCreateRuntime,
+			stdin: func(t *testing.T) string { return stateFor(t, "c1", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=1") },
+			openGuard: func(config.Config, *devices.Inventory) (guardAPI, func(), error) {
+				panic("boom")
+			},
+			wantErr: []string{"internal error, container refused", "boom"},
+		},
+		{
+			name:  "ledger unusable: refused naming it",
+			phase: PhaseCreateRuntime,
+			stdin: func(t *testing.T) string { return stateFor(t, "c1", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=1") },
+			openGuard: func(config.Config, *devices.Inventory) (guardAPI, func(), error) {
+				return nil, nil, errors.New("open the GPU ledger in /x: unsafe ledger directory")
+			},
+			wantErr: []string{"container c1 refused", "unsafe ledger directory"},
+		},
+		{
+			name:       "poststop of a container that holds nothing",
+			phase:      PhasePoststop,
+			stdin:      func(*testing.T) string { return `{"id":"never-seen","status":"stopped","bundle":"/gone"}` },
+			wantOpened: 1,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := staticConfig(t)
+			opened := 0
+			e := testEnv(&opened)
+			if tc.openGuard != nil {
+				e.openGuard = tc.openGuard
+			}
+			err := e.run(context.Background(), tc.phase, cfg, strings.NewReader(tc.stdin(t)), io.Discard)
+			if tc.wantErrIs == nil && len(tc.wantErr) == 0 {
+				require.NoError(t, err)
+			} else {
+				require.Error(t, err)
+			}
+			if tc.wantErrIs != nil {
+				require.ErrorIs(t, err, tc.wantErrIs)
+			}
+			for _, s := range tc.wantErr {
+				require.Contains(t, err.Error(), s)
+			}
+			require.Equal(t, tc.wantOpened, opened, "ledger opened")
+		})
+	}
+}
+
+// TestRunClaimThenPoststop drives both phases in process over one ledger: the
+// claim carries the hook's identity (pid, start time, cgroup) and poststop
+// releases it, twice without error.
+func TestRunClaimThenPoststop(t *testing.T) {
+	cfg := staticConfig(t)
+	opened := 0
+	e := testEnv(&opened)
+	ctx := context.Background()
+	require.NoError(t, e.run(ctx, PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, "c1", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=3")), io.Discard))
+
+	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+	require.NoError(t, err)
+	st, err := l.Snapshot(ctx)
+	require.NoError(t, err)
+	require.Len(t, st.Claims, 1)
+	c := st.Claims[0]
+	require.Equal(t, gpuUUIDs[3], c.Device.UUID)
+	require.Equal(t, "c1", c.Owner.ContainerID)
+	require.Equal(t, ledger.FrontEndHook, c.Owner.FrontEnd)
+	require.Equal(t, os.Getpid(), c.Owner.Pid)
+	require.NotZero(t, c.Owner.PidStart, "pid start recorded against pid reuse")
+
+	for range 2 {
+		require.NoError(t, e.run(ctx, PhasePoststop, cfg, strings.NewReader(`{"id":"c1","status":"stopped","bundle":"/x"}`), io.Discard))
+		st, err = l.Snapshot(ctx)
+		require.NoError(t, err)
+		require.Empty(t, st.Claims)
+	}
+}
+
+func TestGoneCheck(t *testing.T) {
+	// A reaped child: its pid no longer exists.
+	child := exec.Command("/bin/true")
+	require.NoError(t, child.Run())
+	deadPid := child.ProcessState.Pid()
+	self, err := liveness.PidStart("/proc", os.Getpid())
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name     string
+		self     *ledger.Owner
+		ppidNow  int
+		wantGone bool
+		wantWhy  string
+	}{
+		{name: "own process alive, runtime alive", self: &ledger.Owner{Pid: os.Getpid(), PidStart: self}, ppidNow: 100},
+		{name: "no pid in the state: only the runtime is watched", ppidNow: 100},
+		{name: "runtime gone (reparented)", self: &ledger.Owner{Pid: os.Getpid(), PidStart: self}, ppidNow: 1,
+			wantGone: true, wantWhy: "the runtime that ran the hook (pid 100) is gone"},
+		{name: "container process gone", self: &ledger.Owner{Pid: deadPid, PidStart: 1}, ppidNow: 100,
+			wantGone: true, wantWhy: fmt.Sprintf("its process: pid %d is gone", deadPid)},
+		{name: "pid reused by another process", self: &ledger.Owner{Pid: os.Getpid(), PidStart: self + 1}, ppidNow: 100,
+			wantGone: true, wantWhy: "reused"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ppid := 100
+			e := defaultEnv()
+			e.getppid = func() int { return ppid }
+			check := e.goneCheck(tc.self)
+			ppid = tc.ppidNow
+			gone, why := check()
+			require.Equal(t, tc.wantGone, gone, why)
+			require.Contains(t, why, tc.wantWhy)
+		})
+	}
+}
+
+func TestNothingRequested(t *testing.T) {
+	cfg := staticConfig(t)
+	inv, err := devices.Discover(cfg.Devices, nil)
+	require.NoError(t, err)
+	invErr := errors.New("no GPU inventory: cache /x/inventory.json: file does not exist")
+	for _, tc := range []struct {
+		name     string
+		inv      *devices.Inventory
+		invErr   error
+		req      devices.Request
+		wantSkip bool
+		wantErr  string
+	}{
+		{name: "no GPU", inv: inv, req: devices.Request{Env: []string{"PATH=/bin"}}, wantSkip: true},
+		{name: "a GPU", inv: inv, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}}},
+		{name: "void", inv: inv, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}}, wantSkip: true},
+		{name: "unknown id goes to the guard (it words the refusal)", inv: inv, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=9"}}},
+		{name: "no inventory, no GPU: skip", invErr: invErr, req: devices.Request{Env: []string{"PATH=/bin"}}, wantSkip: true},
+		{name: "no inventory, a GPU: fail closed", invErr: invErr, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}}, wantErr: "names a GPU, but no GPU inventory"},
+		{name: "no inventory, all: fail closed", invErr: invErr, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}}, wantErr: "no GPU inventory"},
+		{name: "no inventory, privileged: fail closed", invErr: invErr, req: devices.Request{Privileged: true}, wantErr: "no GPU inventory"},
+		{name: "no inventory, a /dev/nvidia node: fail closed", invErr: invErr,
+			req: devices.Request{Devices: []devices.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}}, wantErr: "no GPU inventory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			skip, err := nothingRequested(tc.inv, tc.invErr, cfg.Policy, tc.req)
+			if tc.wantErr != "" {
+				require.ErrorContains(t, err, tc.wantErr)
+				require.False(t, skip)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.wantSkip, skip)
+		})
+	}
+}
+
+func TestLoadInventory(t *testing.T) {
+	cached := []devices.GPU{{Index: 0, UUID: "GPU-c0000000-0000-4000-8000-000000000000", Minor: 0}}
+	writeCache := func(t *testing.T, cfg config.Config, mode os.FileMode) {
+		t.Helper()
+		require.NoError(t, os.MkdirAll(cfg.Ledger.Dir, 0o700))
+		inv, err := devices.NewInventory("nvml", cached)
+		require.NoError(t, err)
+		path := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
+		require.NoError(t, devices.SaveCache(path, inv))
+		require.NoError(t, os.Chmod(path, mode))
+	}
+	for _, tc := range []struct {
+		name       string
+		source     config.Source
+		cache      os.FileMode // 0 = no cache
+		wantSource string
+		wantUUID   string
+		wantErr    []string
+	}{
+		{name: "static is authoritative, cache or not", source: config.SourceStatic, cache: 0o600, wantSource: "static", wantUUID: gpuUUIDs[0]},
+		{name: "auto uses the cache", source: config.SourceAuto, cache: 0o600, wantSource: "nvml", wantUUID: cached[0].UUID},
+		{name: "nvml uses the cache (no NVML per container)", source: config.SourceNVML, cache: 0o600, wantSource: "nvml", wantUUID: cached[0].UUID},
+		{name: "auto without cache nor /proc: the static list", source: config.SourceAuto, wantSource: "static", wantUUID: gpuUUIDs[0]},
+		{name: "a group-writable cache is not trusted", source: config.SourceAuto, cache: 0o660, wantSource: "static", wantUUID: gpuUUIDs[0]},
+		{name: "nvml without cache nor /proc: error saying what to do", source: config.SourceNVML,
+			wantErr: []string{"no GPU inventory", devices.CacheFile, "gpu-guard-ctl devices --refresh"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := staticConfig(t)
+			cfg.Devices.Source = tc.source
+			cfg.Devices.ProcRoot = t.TempDir() // no /proc/driver/nvidia there
+			if tc.cache != 0 {
+				writeCache(t, cfg, tc.cache)
+			}
+			inv, err := loadInventory(cfg)
+			if len(tc.wantErr) > 0 {
+				require.Error(t, err)
+				for _, s := range tc.wantErr {
+					require.Contains(t, err.Error(), s)
+				}
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.wantSource, inv.Source)
+			_, ok := inv.Lookup(tc.wantUUID)
+			require.True(t, ok, "inventory has %s", tc.wantUUID)
+		})
+	}
+}
+
+// TestPoststop: poststop releases the container's claims and drops the queue
+// entry a killed create-runtime hook left; a container that appears nowhere
+// in the ledger is done without taking the ledger lock.
+func TestPoststop(t *testing.T) {
+	ctx := context.Background()
+	cfg := staticConfig(t)
+	cfg.Ledger.LockTimeout = config.Duration{Duration: 50 * time.Millisecond}
+	opened := 0
+	e := testEnv(&opened)
+	g, _, err := openGuard(cfg, mustStatic(t, cfg))
+	require.NoError(t, err)
+
+	// "holder" holds GPU 1; "killed" waits for it (its hook was SIGKILLed).
+	admit := func(id string) guard.Decision {
+		d, err := g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Key: id,
+			Owner: ledger.Owner{ContainerID: id, FrontEnd: ledger.FrontEndHook},
+			Spec:  devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=1"}}})
+		require.NoError(t, err)
+		return d
+	}
+	require.Equal(t, guard.Admit, admit("holder").Result)
+	require.Equal(t, guard.Queue, admit("killed").Result)
+
+	poststop := func(id string) error {
+		return e.run(ctx, PhasePoststop, cfg, strings.NewReader(`{"id":"`+id+`","status":"stopped","bundle":"/x"}`), io.Discard)
+	}
+	snapshot := func() ledger.State {
+		st, err := g.Ledger().Snapshot(ctx)
+		require.NoError(t, err)
+		return st
+	}
+
+	// With the ledger lock held elsewhere, a container absent from the
+	// ledger is still done; one present cannot be (and says so).
+	lock := flock.New(g.Ledger().LockPath())
+	require.NoError(t, lock.Lock())
+	require.NoError(t, poststop("never-seen"))
+	err = poststop("killed")
+	require.ErrorIs(t, err, ledger.ErrLockTimeout)
+	require.Contains(t, err.Error(), "drop the queue entry of container killed")
+	require.NoError(t, lock.Unlock())
+
+	require.NoError(t, poststop("killed"))
+	require.Empty(t, snapshot().Waiters, "the killed hook's entry is gone")
+	require.Len(t, snapshot().Claims, 1)
+
+	require.NoError(t, poststop("holder"))
+	require.Empty(t, snapshot().Claims)
+	require.NoError(t, poststop("holder"), "idempotent")
+}
+
+func mustStatic(t *testing.T, cfg config.Config) *devices.Inventory {
+	t.Helper()
+	inv, err := devices.Discover(cfg.Devices, nil)
+	require.NoError(t, err)
+	return inv
+}

@@ -1,0 +1,193 @@
+package hook
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"unicode"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// Input bounds. The runtime writes the state (a few hundred bytes plus the
+// annotations, which Kubernetes caps at 256 KiB in total) and the bundle's
+// config.json (env, mounts, annotations: rarely above 100 KiB). Anything near
+// these limits is refused rather than buffered without end.
+const (
+	maxStateBytes = 1 << 20
+	maxSpecBytes  = 16 << 20
+	// maxIDLen bounds the container id (runc ids are 64 hex digits; podman's
+	// too). The id is only a ledger key and a word in messages.
+	maxIDLen = 1024
+	// maxLabelLen bounds a pod namespace/name/uid or container name taken
+	// from an annotation before it goes into the ledger.
+	maxLabelLen = 253
+)
+
+// errInput is wrapped by every error about the runtime's input (state on
+// stdin, config.json), so tests and callers can tell "could not read what I
+// was given" from a refusal.
+var errInput = errors.New("cannot read the runtime's input")
+
+// readState decodes the OCI state the runtime writes to a hook's stdin.
+func readState(r io.Reader) (specs.State, error) {
+	data, err := io.ReadAll(io.LimitReader(r, maxStateBytes+1))
+	if err != nil {
+		return specs.State{}, fmt.Errorf("%w: read the OCI state from stdin: %w", errInput, err)
+	}
+	if len(data) > maxStateBytes {
+		return specs.State{}, fmt.Errorf("%w: the OCI state on stdin is larger than %d bytes", errInput, maxStateBytes)
+	}
+	if len(bytes.TrimSpace(data)) == 0 {
+		return specs.State{}, fmt.Errorf("%w: stdin is empty; a runtime hook gets the OCI state (JSON) on stdin", errInput)
+	}
+	var st specs.State
+	if err := json.Unmarshal(data, &st); err != nil {
+		return specs.State{}, fmt.Errorf("%w: decode the OCI state from stdin: %w", errInput, err)
+	}
+	if err := checkID(st.ID); err != nil {
+		return specs.State{}, err
+	}
+	if st.Pid < 0 {
+		return specs.State{}, fmt.Errorf("%w: the OCI state of container %q has a negative pid %d", errInput, st.ID, st.Pid)
+	}
+	return st, nil
+}
+
+// checkID refuses container ids that could not have come from a runtime:
+// empty, huge, or holding control characters (they end up in messages and
+// the audit log).
+func checkID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("%w: the OCI state has no container id", errInput)
+	case len(id) > maxIDLen:
+		return fmt.Errorf("%w: the container id in the OCI state is longer than %d bytes", errInput, maxIDLen)
+	case strings.IndexFunc(id, func(r rune) bool { return unicode.IsControl(r) || unicode.IsSpace(r) }) >= 0:
+		return fmt.Errorf("%w: the container id %q in the OCI state holds spaces or control characters", errInput, id)
+	}
+	return nil
+}
+
+// readSpec loads <bundle>/config.json. The bundle path is the runtime's; the
+// file must be a regular file (a FIFO or device there would block or feed the
+// hook without end) and is read with a bound.
+func readSpec(st specs.State) (*specs.Spec, error) {
+	if st.Bundle == "" {
+		return nil, fmt.Errorf("%w: the OCI state of container %q names no bundle directory", errInput, st.ID)
+	}
+	if !filepath.IsAbs(st.Bundle) {
+		return nil, fmt.Errorf("%w: the bundle %q of container %q is not an absolute path", errInput, st.Bundle, st.ID)
+	}
+	path := filepath.Join(filepath.Clean(st.Bundle), "config.json")
+	// O_NONBLOCK so that opening a FIFO planted there cannot hang the hook;
+	// it is irrelevant for the regular file that is expected.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("%w: open the spec of container %q: %w", errInput, st.ID, err)
+	}
+	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("%w: stat %s: %w", errInput, path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%w: %s is not a regular file (%s)", errInput, path, fi.Mode().Type())
+	}
+	data, err := io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("%w: read %s: %w", errInput, path, err)
+	}
+	if len(data) > maxSpecBytes {
+		return nil, fmt.Errorf("%w: %s is larger than %d bytes", errInput, path, maxSpecBytes)
+	}
+	var spec specs.Spec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return nil, fmt.Errorf("%w: decode %s: %w", errInput, path, err)
+	}
+	return &spec, nil
+}
+
+// CRI annotations naming the pod and container. containerd's CRI plugin and
+// CRI-O use different keys; both are read so that a hook container run by
+// either shows up in the ledger as namespace/pod/container.
+var (
+	annNamespace = []string{"io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace"}
+	annPod       = []string{"io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"}
+	annPodUID    = []string{"io.kubernetes.cri.sandbox-uid", "io.kubernetes.pod.uid"}
+	annContainer = []string{"io.kubernetes.cri.container-name", "io.kubernetes.container.name"}
+	annSandboxID = []string{"io.kubernetes.cri.sandbox-id", "io.kubernetes.cri-o.SandboxID"}
+)
+
+// ownerFrom builds the ledger identity of the container: its id, its pod when
+// CRI annotations name one, its pid (with start time, against pid reuse) and
+// its cgroup when the spec names one. The annotations of the spec win over
+// those of the state; both come from the same runtime.
+func ownerFrom(st specs.State, spec *specs.Spec, pidStart uint64) ledger.Owner {
+	ann := func(keys []string) string {
+		for _, k := range keys {
+			if spec != nil {
+				if v, ok := spec.Annotations[k]; ok && v != "" {
+					return label(v)
+				}
+			}
+			if v, ok := st.Annotations[k]; ok && v != "" {
+				return label(v)
+			}
+		}
+		return ""
+	}
+	o := ledger.Owner{
+		ContainerID:  st.ID,
+		Container:    ann(annContainer),
+		Namespace:    ann(annNamespace),
+		Pod:          ann(annPod),
+		PodUID:       ann(annPodUID),
+		PodSandboxID: ann(annSandboxID),
+		FrontEnd:     ledger.FrontEndHook,
+		Pid:          st.Pid,
+		PidStart:     pidStart,
+	}
+	if spec != nil && spec.Linux != nil {
+		o.Cgroup = cgroupOf(spec.Linux.CgroupsPath)
+	}
+	return o
+}
+
+// maxCgroupLen bounds linux.cgroupsPath (systemd paths of Kubernetes pods
+// run to about 200 bytes).
+const maxCgroupLen = 4096
+
+// cgroupOf returns the spec's cgroupsPath when it is usable as a liveness
+// hint. A path that is too long or holds control characters is dropped, not
+// shortened: a shortened path would name another cgroup, and the pid still
+// tells whether the container runs.
+func cgroupOf(p string) string {
+	if len(p) > maxCgroupLen || strings.IndexFunc(p, unicode.IsControl) >= 0 {
+		return ""
+	}
+	return p
+}
+
+// label bounds an untrusted annotation value and drops control characters,
+// so that it can go into the ledger and into one-line messages.
+func label(v string) string {
+	v = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return -1
+		}
+		return r
+	}, v)
+	if len(v) > maxLabelLen {
+		v = v[:maxLabelLen]
+	}
+	return v
+}

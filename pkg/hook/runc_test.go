@@ -1,0 +1,894 @@
+package hook
+
+// Acceptance tests with the real runc: containers whose config.json runs the
+// real `nri-gpu-guard hook …` binary as createRuntime and poststop hooks,
+// over a static 4-GPU inventory and a temporary ledger. They need root and
+// runc; they are skipped (with the reason) elsewhere.
+//
+// Synchronisation is on conditions only: files the container program writes,
+// process exits and ledger state, each waited for with a deadline.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// condTimeout bounds every wait for a condition. Generous: the machine may be
+// loaded; a passing run takes milliseconds per wait.
+const condTimeout = 60 * time.Second
+
+// gpuUUIDs are the static inventory of every rig: GPU i has minor i.
+var gpuUUIDs = []string{
+	"GPU-6c1a2f2e-0000-4000-8000-000000000000",
+	"GPU-6c1a2f2e-0000-4000-8000-000000000001",
+	"GPU-6c1a2f2e-0000-4000-8000-000000000002",
+	"GPU-6c1a2f2e-0000-4000-8000-000000000003",
+}
+
+// Built once, by the first test that needs them (unit tests do not pay for
+// the builds).
+var (
+	prepareOnce sync.Once
+	binDir      string // removed by TestMain
+	hookBin     string // the nri-gpu-guard binary
+	ctrProg     string // the static container program
+	runcBin     string
+	setupSkip   string // why runc tests cannot run here
+	setupErr    error  // why the binaries could not be built
+)
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	if binDir != "" {
+		_ = os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// prepareRunc finds runc and builds the two binaries the runc tests use.
+func prepareRunc() {
+	switch {
+	case os.Geteuid() != 0:
+		setupSkip = "runc tests need root"
+		return
+	case testing.Short():
+		setupSkip = "runc tests skipped in -short mode"
+		return
+	}
+	for _, p := range []string{"/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc", "/usr/local/bin/runc"} {
+		if _, err := os.Stat(p); err == nil {
+			runcBin = p
+			break
+		}
+	}
+	if runcBin == "" {
+		if p, err := exec.LookPath("runc"); err == nil {
+			runcBin = p
+		} else {
+			setupSkip = "runc not installed"
+			return
+		}
+	}
+	dir, err := os.MkdirTemp("", "hkbin")
+	if err != nil {
+		setupErr = err
+		return
+	}
+	binDir = dir
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		setupErr = fmt.Errorf("the runc tests build the hook binary and need the go command in PATH: %w", err)
+		return
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		setupErr = err
+		return
+	}
+	hookBin = filepath.Join(dir, "nri-gpu-guard")
+	ctrProg = filepath.Join(dir, "ctrprog")
+	builds := []struct {
+		out, pkg string
+		env      []string
+	}{
+		{hookBin, "./cmd/nri-gpu-guard", nil},
+		{ctrProg, "./pkg/hook/testdata/ctrprog", []string{"CGO_ENABLED=0"}},
+	}
+	for _, b := range builds {
+		cmd := exec.Command(goBin, "build", "-tags", "nri_no_wasm", "-o", b.out, b.pkg)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), b.env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			setupErr = fmt.Errorf("go build %s: %w\n%s", b.pkg, err, out)
+			return
+		}
+	}
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("go.mod not found above the test directory")
+		}
+		dir = parent
+	}
+}
+
+// rig is one host: a runc root, a ledger, configurations, a shared rootfs
+// holding the container program, and a directory bind-mounted into every
+// container at /shared.
+type rig struct {
+	t        testing.TB
+	base     string
+	runcRoot string
+	rootfs   string
+	shared   string
+	cfg      config.Config
+	cfgPath  string // the default configuration (long wait_timeout)
+
+	mu   sync.Mutex
+	ctrs []*ctr
+}
+
+type rigOpts struct {
+	waitTimeout time.Duration
+}
+
+func newRig(t testing.TB, o rigOpts) *rig {
+	t.Helper()
+	prepareOnce.Do(prepareRunc)
+	if setupSkip != "" {
+		t.Skip(setupSkip)
+	}
+	require.NoError(t, setupErr)
+	// Short paths: runc keeps sockets and state under its root.
+	base, err := os.MkdirTemp("", "hk")
+	require.NoError(t, err)
+	r := &rig{
+		t:        t,
+		base:     base,
+		runcRoot: filepath.Join(base, "r"),
+		rootfs:   filepath.Join(base, "rootfs"),
+		shared:   filepath.Join(base, "shared"),
+	}
+	for _, d := range []string{r.runcRoot, r.shared, filepath.Join(r.rootfs, "proc"), filepath.Join(r.rootfs, "dev"),
+		filepath.Join(r.rootfs, "shared"), filepath.Join(base, "b")} {
+		require.NoError(t, os.MkdirAll(d, 0o755))
+	}
+	prog, err := os.ReadFile(ctrProg)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(r.rootfs, "ctrprog"), prog, 0o755))
+
+	if o.waitTimeout == 0 {
+		o.waitTimeout = 2 * time.Minute
+	}
+	r.cfg = r.config(o.waitTimeout)
+	r.cfgPath = r.writeConfig("config.toml", r.cfg)
+	t.Cleanup(r.cleanup)
+	return r
+}
+
+// config is the rig's configuration: a static inventory of gpuUUIDs, the
+// rig's ledger, a short poll interval and the given wait timeout.
+func (r *rig) config(waitTimeout time.Duration) config.Config {
+	cfg := config.Default()
+	cfg.Ledger.Dir = filepath.Join(r.base, "ledger")
+	cfg.Ledger.LockTimeout = config.Duration{Duration: 5 * time.Second}
+	cfg.Devices.Source = config.SourceStatic
+	cfg.Devices.Static = nil
+	for i, u := range gpuUUIDs {
+		cfg.Devices.Static = append(cfg.Devices.Static, config.StaticGPU{Index: i, UUID: u, Minor: i, Model: "Fake GPU"})
+	}
+	cfg.Hook.PollInterval = config.Duration{Duration: 20 * time.Millisecond}
+	cfg.Hook.WaitTimeout = config.Duration{Duration: waitTimeout}
+	return cfg
+}
+
+func (r *rig) writeConfig(name string, cfg config.Config) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "version = 1\n[ledger]\ndir = %q\nlock_timeout = %q\n", cfg.Ledger.Dir, cfg.Ledger.LockTimeout.Duration)
+	fmt.Fprintf(&b, "[devices]\nsource = %q\n", cfg.Devices.Source)
+	for _, g := range cfg.Devices.Static {
+		fmt.Fprintf(&b, "[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\nmodel = %q\n", g.Index, g.UUID, g.Minor, g.Model)
+	}
+	fmt.Fprintf(&b, "[hook]\nwait_timeout = %q\npoll_interval = %q\n", cfg.Hook.WaitTimeout.Duration, cfg.Hook.PollInterval.Duration)
+	path := filepath.Join(r.base, name)
+	require.NoError(r.t, os.WriteFile(path, []byte(b.String()), 0o600))
+	// The file must say what the rig believes it says.
+	got, err := config.LoadFile(path)
+	require.NoError(r.t, err)
+	require.Equal(r.t, cfg.Hook, got.Hook)
+	require.Equal(r.t, cfg.Ledger.Dir, got.Ledger.Dir)
+	return path
+}
+
+// ctrOpts describe one container.
+type ctrOpts struct {
+	env      []string // e.g. NVIDIA_VISIBLE_DEVICES=1
+	mode     string   // "wait" (default) or "exit"
+	cfgPath  string   // hook configuration; "" = the rig's
+	noHooks  bool
+	detached bool
+}
+
+// ctr is one `runc run` of the rig.
+type ctr struct {
+	r    *rig
+	id   string
+	cmd  *exec.Cmd
+	out  *syncBuffer
+	done chan struct{}
+	err  error
+}
+
+// syncBuffer collects runc's output, written by exec's copying goroutines and
+// read by the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// bundle writes <base>/b/<id>/config.json for a container running the
+// container program as name id.
+func (r *rig) bundle(id string, o ctrOpts) string {
+	mode := o.mode
+	if mode == "" {
+		mode = "wait"
+	}
+	cfgPath := o.cfgPath
+	if cfgPath == "" {
+		cfgPath = r.cfgPath
+	}
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL"}
+	spec := specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: r.rootfs, Readonly: true},
+		Process: &specs.Process{
+			Args: []string{"/ctrprog", "/shared", id, mode},
+			Env:  append([]string{"PATH=/"}, o.env...),
+			Cwd:  "/",
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding: caps, Effective: caps, Permitted: caps,
+			},
+			NoNewPrivileges: true,
+		},
+		Hostname: id,
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/shared", Type: "bind", Source: r.shared, Options: []string{"rbind", "rw"}},
+		},
+		Linux: &specs.Linux{
+			CgroupsPath: "/nri-gpu-guard-test-" + filepath.Base(r.base) + "-" + id,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+			},
+		},
+		Annotations: map[string]string{"test": "nri-gpu-guard"},
+	}
+	if !o.noHooks {
+		spec.Hooks = &specs.Hooks{
+			CreateRuntime: []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard", "hook", PhaseCreateRuntime, "--config", cfgPath}}},
+			Poststop:      []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard", "hook", PhasePoststop, "--config", cfgPath}}},
+		}
+	}
+	dir := filepath.Join(r.base, "b", id)
+	require.NoError(r.t, os.MkdirAll(dir, 0o755))
+	data, err := json.Marshal(spec)
+	require.NoError(r.t, err)
+	require.NoError(r.t, os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600))
+	return dir
+}
+
+// start runs `runc run` for a new container in the background (or, detached,
+// until runc has started it and returned).
+func (r *rig) start(id string, o ctrOpts) *ctr {
+	r.t.Helper()
+	bundle := r.bundle(id, o)
+	args := []string{"--root", r.runcRoot, "run", "--bundle", bundle}
+	if o.detached {
+		args = append(args, "--detach")
+	}
+	args = append(args, id)
+	c := &ctr{r: r, id: id, out: &syncBuffer{}, done: make(chan struct{})}
+	c.cmd = exec.Command(runcBin, args...)
+	if o.detached {
+		// The container inherits runc's stdio: give it none (/dev/null), so
+		// that no pipe keeps the wait open after runc returned; runc's own
+		// complaints are in its exit status.
+		c.err = c.cmd.Run()
+		close(c.done)
+	} else {
+		c.cmd.Stdout, c.cmd.Stderr = c.out, c.out
+		require.NoError(r.t, c.cmd.Start())
+		go func() {
+			c.err = c.cmd.Wait()
+			close(c.done)
+		}()
+	}
+	r.mu.Lock()
+	r.ctrs = append(r.ctrs, c)
+	r.mu.Unlock()
+	return c
+}
+
+// run is start + wait for runc to return.
+func (r *rig) run(id string, o ctrOpts) (*ctr, error) {
+	c := r.start(id, o)
+	return c, c.wait(r.t)
+}
+
+// wait waits for runc to return and gives its error (with its output).
+func (c *ctr) wait(t testing.TB) error {
+	t.Helper()
+	select {
+	case <-c.done:
+	case <-time.After(condTimeout):
+		t.Fatalf("runc run %s did not return within %s; output:\n%s", c.id, condTimeout, c.out.String())
+	}
+	if c.err != nil {
+		return fmt.Errorf("runc run %s: %w: %s", c.id, c.err, c.out.String())
+	}
+	return nil
+}
+
+func (c *ctr) running() bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}
+
+func (r *rig) started(id string) bool {
+	_, err := os.Stat(filepath.Join(r.shared, id+".started"))
+	return err == nil
+}
+
+// release tells container id's program to exit.
+func (r *rig) release(id string) {
+	require.NoError(r.t, os.WriteFile(filepath.Join(r.shared, id+".release"), nil, 0o600))
+}
+
+// order is the lines the container programs appended, in order.
+func (r *rig) order() []string {
+	data, err := os.ReadFile(filepath.Join(r.shared, "order"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	require.NoError(r.t, err)
+	return strings.Split(strings.TrimSpace(string(data)), "\n")
+}
+
+// waitFor waits for cond, failing the test with desc after condTimeout.
+func (r *rig) waitFor(desc string, cond func() bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(condTimeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("timed out after %s waiting for %s; ledger: %+v", condTimeout, desc, r.state())
+		}
+		<-tick.C
+	}
+}
+
+func (r *rig) ledger() *ledger.Ledger {
+	l, err := ledger.OpenReadOnly(r.cfg.Ledger.Dir, ledger.Options{})
+	require.NoError(r.t, err)
+	return l
+}
+
+func (r *rig) state() ledger.State {
+	st, err := r.ledger().Snapshot(context.Background())
+	require.NoError(r.t, err)
+	return st
+}
+
+func (r *rig) waiterKeys() []string {
+	var keys []string
+	for _, w := range r.state().Waiters {
+		keys = append(keys, w.Key)
+	}
+	return keys
+}
+
+func (r *rig) holders() map[string]string {
+	out := map[string]string{}
+	for _, c := range r.state().Claims {
+		out[c.Device.UUID] = c.Owner.ContainerID
+	}
+	return out
+}
+
+func (r *rig) audit() []ledger.AuditRecord {
+	recs, err := ledger.ReadAudit(r.ledger().AuditPath())
+	require.NoError(r.t, err)
+	return recs
+}
+
+// guard opens the rig's ledger in this process, as the NRI daemon would.
+func (r *rig) guard() *guard.Guard {
+	inv, err := devices.Discover(r.cfg.Devices, nil)
+	require.NoError(r.t, err)
+	l, err := ledger.Open(r.cfg.Ledger.Dir, ledger.Options{LockTimeout: r.cfg.Ledger.LockTimeout.Duration})
+	require.NoError(r.t, err)
+	g, err := guard.New(guard.Options{Config: r.cfg, Inventory: inv, Ledger: l})
+	require.NoError(r.t, err)
+	return g
+}
+
+func (r *rig) cleanup() {
+	r.mu.Lock()
+	ctrs := slices.Clone(r.ctrs)
+	r.mu.Unlock()
+	for _, c := range ctrs {
+		_ = os.WriteFile(filepath.Join(r.shared, c.id+".release"), nil, 0o600)
+	}
+	for _, c := range ctrs {
+		_ = exec.Command(runcBin, "--root", r.runcRoot, "delete", "--force", c.id).Run()
+		if c.cmd != nil && c.cmd.Process != nil && c.running() {
+			_ = c.cmd.Process.Kill()
+		}
+		select {
+		case <-c.done:
+		case <-time.After(condTimeout):
+		}
+	}
+	_ = os.RemoveAll(r.base)
+}
+
+func gpuEnv(i int) []string { return []string{"NVIDIA_VISIBLE_DEVICES=" + strconv.Itoa(i)} }
+
+// TestRuncSecondContainerWaitsForTheFirst: two containers on one GPU; the
+// second's createRuntime hook waits, and its container starts only after the
+// first exited; the first's claim ends when its poststop ran.
+func TestRuncSecondContainerWaitsForTheFirst(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	a := r.start("a", ctrOpts{env: gpuEnv(1)})
+	r.waitFor("a to start", func() bool { return r.started("a") })
+	require.Equal(t, "a", r.holders()[gpuUUIDs[1]])
+
+	b := r.start("b", ctrOpts{env: gpuEnv(1)})
+	r.waitFor("b to queue", func() bool { return slices.Contains(r.waiterKeys(), "b") })
+	require.False(t, r.started("b"), "b must not start while a holds GPU 1")
+	require.True(t, b.running(), "b's runc waits in its createRuntime hook")
+
+	r.release("a")
+	require.NoError(t, a.wait(t))
+	r.waitFor("b to start", func() bool { return r.started("b") })
+	require.Equal(t, []string{"a start", "a exit", "b start"}, r.order())
+	require.Equal(t, "b", r.holders()[gpuUUIDs[1]])
+	require.Empty(t, r.state().Waiters)
+
+	r.release("b")
+	require.NoError(t, b.wait(t))
+	require.Empty(t, r.holders(), "poststop released b")
+	require.Empty(t, r.state().Reservations)
+}
+
+// TestRuncPoststopReleases: without competition the claim can only end
+// through the poststop hook (no waiter runs a liveness check).
+func TestRuncPoststopReleases(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	_, err := r.run("solo", ctrOpts{env: gpuEnv(0), mode: "exit"})
+	require.NoError(t, err)
+	require.Equal(t, []string{"solo start", "solo exit"}, r.order())
+	require.Empty(t, r.holders())
+
+	var claimed, released bool
+	for _, rec := range r.audit() {
+		if rec.ContainerID != "solo" {
+			continue
+		}
+		switch rec.Op {
+		case ledger.OpClaim:
+			claimed = true
+			require.Equal(t, []string{gpuUUIDs[0]}, rec.Devices)
+			require.Equal(t, string(ledger.FrontEndHook), rec.FrontEnd)
+		case ledger.OpRelease:
+			released = true
+			require.Equal(t, "removed", rec.Reason)
+		}
+	}
+	require.True(t, claimed && released, "audit: claim then release by poststop: %+v", r.audit())
+
+	// A second poststop for the same container (a runtime retrying delete)
+	// is a no-op, not an error.
+	cmd := exec.Command(hookBin, "hook", PhasePoststop, "--config", r.cfgPath)
+	cmd.Stdin = strings.NewReader(`{"ociVersion":"1.0.2","id":"solo","status":"stopped","bundle":"/nonexistent"}`)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "%s", out)
+}
+
+// TestRuncQueueIsFIFO: three waiters queued one after the other start in
+// that order, each after its predecessor exited.
+func TestRuncQueueIsFIFO(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	h := r.start("h", ctrOpts{env: gpuEnv(2)})
+	r.waitFor("h to start", func() bool { return r.started("h") })
+
+	ws := []string{"w1", "w2", "w3"}
+	var cs []*ctr
+	for i, id := range ws {
+		cs = append(cs, r.start(id, ctrOpts{env: gpuEnv(2)}))
+		r.waitFor(id+" to queue", func() bool { return len(r.waiterKeys()) == i+1 })
+	}
+	require.Equal(t, ws, r.waiterKeys(), "queue order is arrival order")
+
+	r.release("h")
+	require.NoError(t, h.wait(t))
+	want := []string{"h start", "h exit"}
+	for i, id := range ws {
+		r.waitFor(id+" to start", func() bool { return r.started(id) })
+		for _, later := range ws[i+1:] {
+			require.False(t, r.started(later), "%s started before %s", later, id)
+		}
+		require.Equal(t, ws[i+1:], r.waiterKeysOrNil(), "the rest still queued, in order")
+		r.release(id)
+		require.NoError(t, cs[i].wait(t))
+		want = append(want, id+" start", id+" exit")
+	}
+	require.Equal(t, want, r.order())
+	require.Empty(t, r.holders())
+	require.Empty(t, r.state().Waiters)
+}
+
+func (r *rig) waiterKeysOrNil() []string {
+	k := r.waiterKeys()
+	if len(k) == 0 {
+		return []string{}
+	}
+	return k
+}
+
+// TestRuncHolderKilled: the holder is SIGKILLed and nobody deletes it (its
+// poststop never runs); the waiter's own liveness check sees the dead holder
+// and starts.
+func TestRuncHolderKilled(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	h := r.start("h", ctrOpts{env: gpuEnv(3), detached: true})
+	require.NoError(t, h.wait(t))
+	r.waitFor("h to start", func() bool { return r.started("h") })
+	pid := r.runcPid("h")
+
+	w := r.start("w", ctrOpts{env: gpuEnv(3)})
+	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") })
+	require.False(t, r.started("w"))
+
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	r.waitFor("w to start", func() bool { return r.started("w") })
+	require.Equal(t, "w", r.holders()[gpuUUIDs[3]])
+
+	var reasons []string
+	for _, rec := range r.audit() {
+		if rec.ContainerID == "h" && rec.Op == ledger.OpRelease {
+			reasons = append(reasons, rec.Reason)
+		}
+	}
+	require.Len(t, reasons, 1, "h released once, by the waiter")
+	require.Contains(t, reasons[0], guard.ReasonHolderExited)
+
+	r.release("w")
+	require.NoError(t, w.wait(t))
+	// Deleting the dead holder now runs its poststop: nothing left to release.
+	out, err := exec.Command(runcBin, "--root", r.runcRoot, "delete", "--force", "h").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Empty(t, r.holders())
+}
+
+// TestRuncRuntimeKilledWhileWaiting: runc itself is SIGKILLed while its
+// createRuntime hook waits. Nobody will start that container; the hook sees
+// its runtime gone and leaves the queue at once (not after queue_ttl).
+func TestRuncRuntimeKilledWhileWaiting(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	h := r.start("h", ctrOpts{env: gpuEnv(0)})
+	r.waitFor("h to start", func() bool { return r.started("h") })
+	w := r.start("w", ctrOpts{env: gpuEnv(0)})
+	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") })
+
+	require.NoError(t, w.cmd.Process.Kill())
+	require.Error(t, w.wait(t))
+	// The audit record follows the state write: wait for it, not the state.
+	var reasons []string
+	r.waitFor("w to leave the queue", func() bool {
+		reasons = nil
+		for _, rec := range r.audit() {
+			if rec.Key == "w" && rec.Op == ledger.OpDequeue {
+				reasons = append(reasons, rec.Reason)
+			}
+		}
+		return len(reasons) > 0
+	})
+	require.Empty(t, r.state().Waiters)
+	require.Len(t, reasons, 1)
+	require.Contains(t, reasons[0], "the runtime that ran the hook")
+
+	r.release("h")
+	require.NoError(t, h.wait(t))
+	require.Empty(t, r.holders(), "w never claimed")
+	require.False(t, r.started("w"))
+}
+
+// runcPid is the host pid of container id's process.
+func (r *rig) runcPid(id string) int {
+	out, err := exec.Command(runcBin, "--root", r.runcRoot, "state", id).Output()
+	require.NoError(r.t, err)
+	var st specs.State
+	require.NoError(r.t, json.Unmarshal(out, &st))
+	require.Positive(r.t, st.Pid)
+	return st.Pid
+}
+
+// TestRuncWaitTimeout: a waiter whose hook reaches hook.wait_timeout is
+// refused with the guard's message, and leaves neither a claim nor a queue
+// entry behind.
+func TestRuncWaitTimeout(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	short := r.config(300 * time.Millisecond)
+	shortPath := r.writeConfig("short.toml", short)
+
+	h := r.start("h", ctrOpts{env: gpuEnv(1)})
+	r.waitFor("h to start", func() bool { return r.started("h") })
+
+	w, err := r.run("w", ctrOpts{env: gpuEnv(1), cfgPath: shortPath})
+	require.Error(t, err, "w must be refused")
+	msg := w.out.String()
+	for _, s := range []string{"hook.wait_timeout", "GPU 1 (" + gpuUUIDs[1] + ")", "container h", "left the queue"} {
+		require.Contains(t, msg, s)
+	}
+	require.False(t, r.started("w"))
+	require.Equal(t, map[string]string{gpuUUIDs[1]: "h"}, r.holders(), "no claim for w")
+	require.Empty(t, r.state().Waiters, "w left the queue")
+	require.Empty(t, r.state().Reservations)
+
+	r.release("h")
+	require.NoError(t, h.wait(t))
+	require.Empty(t, r.holders())
+	require.Empty(t, r.state().Reservations, "nobody waits: nothing reserved")
+}
+
+// TestRuncSharedLedgerWithNRI: a GPU held through the NRI front end blocks a
+// hook container, and a GPU held by a hook container blocks an NRI request.
+func TestRuncSharedLedgerWithNRI(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	ctx := context.Background()
+	g := r.guard()
+	nriOwner := ledger.Owner{ContainerID: "nri0123456789abcdef", Namespace: "team", Pod: "trainer", PodUID: "uid-1", Container: "main", FrontEnd: ledger.FrontEndNRI}
+	nriReq := func(gpu int) guard.Request {
+		return guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: nriOwner, Spec: devices.Request{Env: gpuEnv(gpu)}}
+	}
+
+	// NRI holds GPU 0 (created, not started: alive without a pid).
+	d, err := g.Admit(ctx, nriReq(0))
+	require.NoError(t, err)
+	require.Equal(t, guard.Admit, d.Result)
+
+	shortPath := r.writeConfig("short.toml", r.config(300*time.Millisecond))
+	w, err := r.run("w", ctrOpts{env: gpuEnv(0), cfgPath: shortPath})
+	require.Error(t, err)
+	require.Contains(t, w.out.String(), "GPU 0 ("+gpuUUIDs[0]+") is held by team/trainer/main (id nri012345678)")
+	require.False(t, r.started("w"))
+	require.Equal(t, map[string]string{gpuUUIDs[0]: nriOwner.ContainerID}, r.holders())
+	require.NoError(t, g.Removed(ctx, nriOwner))
+
+	// A hook container holds GPU 2: NRI's request for it is queued behind it.
+	h := r.start("h", ctrOpts{env: gpuEnv(2)})
+	r.waitFor("h to start", func() bool { return r.started("h") })
+	d, err = g.Admit(ctx, nriReq(2))
+	require.NoError(t, err)
+	require.Equal(t, guard.Queue, d.Result)
+	require.Len(t, d.Busy, 1)
+	require.Equal(t, "h", d.Busy[0].Holder.Owner.ContainerID)
+	require.Equal(t, ledger.FrontEndHook, d.Busy[0].Holder.Owner.FrontEnd)
+	require.Contains(t, d.Message, "container h")
+
+	// Once h is gone the NRI request, at the head of the queue, gets GPU 2.
+	r.release("h")
+	require.NoError(t, h.wait(t))
+	d, err = g.Admit(ctx, nriReq(2))
+	require.NoError(t, err)
+	require.Equal(t, guard.Admit, d.Result, d.Message)
+	require.Equal(t, map[string]string{gpuUUIDs[2]: nriOwner.ContainerID}, r.holders())
+}
+
+// TestRuncNoGPUSkipsWithoutLedger: a container that names no GPU runs even
+// when the ledger is unusable (the hook never opens it); one that names a GPU
+// is refused, naming the ledger problem.
+func TestRuncNoGPUSkipsWithoutLedger(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	broken := r.config(time.Minute)
+	// A ledger dir below a regular file can neither be opened nor created.
+	require.NoError(t, os.WriteFile(filepath.Join(r.base, "file"), nil, 0o600))
+	broken.Ledger.Dir = filepath.Join(r.base, "file", "ledger")
+	brokenPath := r.writeConfig("broken.toml", broken)
+
+	_, err := r.run("plain", ctrOpts{mode: "exit", cfgPath: brokenPath})
+	require.NoError(t, err)
+	require.True(t, r.started("plain"))
+
+	c, err := r.run("gpu", ctrOpts{env: gpuEnv(0), mode: "exit", cfgPath: brokenPath})
+	require.Error(t, err)
+	require.False(t, r.started("gpu"))
+	require.Contains(t, c.out.String(), broken.Ledger.Dir)
+}
+
+// hookProc runs the hook binary directly, as a runtime would, for a
+// container whose process is pid.
+type hookProc struct {
+	cmd    *exec.Cmd
+	stderr *syncBuffer
+	done   chan struct{}
+	err    error
+}
+
+func (r *rig) runHook(id string, pid int, env []string) *hookProc {
+	bundle := r.bundle(id, ctrOpts{env: env})
+	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreating, Pid: pid, Bundle: bundle})
+	require.NoError(r.t, err)
+	p := &hookProc{stderr: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(hookBin, "hook", PhaseCreateRuntime, "--config", r.cfgPath)
+	p.cmd.Stdin = bytes.NewReader(st)
+	p.cmd.Stdout, p.cmd.Stderr = io.Discard, p.stderr
+	require.NoError(r.t, p.cmd.Start())
+	go func() {
+		p.err = p.cmd.Wait()
+		close(p.done)
+	}()
+	r.t.Cleanup(func() {
+		if p.cmd.Process != nil {
+			_ = p.cmd.Process.Kill()
+		}
+		<-p.done
+	})
+	return p
+}
+
+func (p *hookProc) wait(t testing.TB) error {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.err
+	case <-time.After(condTimeout):
+		t.Fatalf("hook did not exit within %s; stderr:\n%s", condTimeout, p.stderr.String())
+		return nil
+	}
+}
+
+// TestHookWaiterLeavesQueue: a waiting hook that is told to stop (SIGTERM),
+// or whose container process disappears, leaves the queue without a claim.
+func TestHookWaiterLeavesQueue(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		end     func(t *testing.T, hook *hookProc, ctrProc *exec.Cmd)
+		wantErr []string
+	}{
+		{
+			name: "SIGTERM",
+			end: func(t *testing.T, hook *hookProc, _ *exec.Cmd) {
+				require.NoError(t, hook.cmd.Process.Signal(syscall.SIGTERM))
+			},
+			wantErr: []string{"terminated signal received", "left the queue and holds no GPU"},
+		},
+		{
+			name: "container process gone",
+			end: func(t *testing.T, _ *hookProc, ctrProc *exec.Cmd) {
+				require.NoError(t, ctrProc.Process.Kill())
+				_ = ctrProc.Wait() // reaped: the pid no longer exists
+			},
+			wantErr: []string{"container gone while waiting", "is gone", "left the queue and holds no GPU"},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, rigOpts{})
+			h := r.start("h", ctrOpts{env: gpuEnv(1)})
+			r.waitFor("h to start", func() bool { return r.started("h") })
+
+			// The "container": a process of ours standing in for runc init.
+			proc := exec.Command(ctrProg, r.shared, "stand-in", "wait")
+			require.NoError(t, proc.Start())
+			t.Cleanup(func() { _ = proc.Process.Kill(); _ = proc.Wait() })
+
+			hook := r.runHook("x", proc.Process.Pid, gpuEnv(1))
+			r.waitFor("x to queue", func() bool { return slices.Contains(r.waiterKeys(), "x") })
+			tc.end(t, hook, proc)
+
+			err := hook.wait(t)
+			var exit *exec.ExitError
+			require.ErrorAs(t, err, &exit, "the hook fails: %s", hook.stderr.String())
+			for _, s := range tc.wantErr {
+				require.Contains(t, hook.stderr.String(), s)
+			}
+			st := r.state()
+			require.Empty(t, st.Waiters, "x left the queue")
+			require.Equal(t, map[string]string{gpuUUIDs[1]: "h"}, r.holders())
+
+			r.release("h")
+			require.NoError(t, h.wait(t))
+			require.Empty(t, r.state().Reservations, "nothing reserved for the gone waiter")
+		})
+	}
+}
+
+// BenchmarkRuncHook measures `runc run` of a trivial container three ways in
+// one run, so the ratios compare like with like: without hooks, with the
+// hooks for a container naming no GPU (skip path), and with the hooks
+// claiming and releasing a GPU.
+func BenchmarkRuncHook(b *testing.B) {
+	r := newRig(b, rigOpts{})
+	variants := []struct {
+		metric string
+		o      ctrOpts
+	}{
+		{"ms/run-plain", ctrOpts{mode: "exit", noHooks: true}},
+		{"ms/run-hook-nogpu", ctrOpts{mode: "exit"}},
+		{"ms/run-hook-gpu", ctrOpts{mode: "exit", env: gpuEnv(0)}},
+	}
+	total := make([]time.Duration, len(variants))
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		for v, vr := range variants {
+			id := fmt.Sprintf("bench%d-%d", v, i)
+			bundle := r.bundle(id, vr.o)
+			start := time.Now()
+			out, err := exec.Command(runcBin, "--root", r.runcRoot, "run", "--bundle", bundle, id).CombinedOutput()
+			total[v] += time.Since(start)
+			if err != nil {
+				b.Fatalf("runc run %s: %v: %s", id, err, out)
+			}
+			_ = os.RemoveAll(bundle)
+		}
+	}
+	n := float64(b.N)
+	for v, vr := range variants {
+		b.ReportMetric(float64(total[v].Microseconds())/1000/n, vr.metric)
+	}
+	b.ReportMetric(float64(total[1])/float64(total[0]), "ratio-nogpu/plain")
+	b.ReportMetric(float64(total[2])/float64(total[0]), "ratio-gpu/plain")
+}

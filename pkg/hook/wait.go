@@ -1,0 +1,239 @@
+package hook
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// Errors a create-runtime hook returns (wrapped, with the container, the
+// devices and the guard's message) when it gives up waiting.
+var (
+	// ErrWaitTimeout: the container was still queued after hook.wait_timeout.
+	ErrWaitTimeout = errors.New("gave up waiting for the GPU")
+	// ErrCancelled: the hook was told to stop (SIGTERM/SIGINT) while waiting.
+	ErrCancelled = errors.New("hook cancelled while waiting for the GPU")
+	// ErrContainerGone: the container (or the runtime that ran the hook)
+	// disappeared while its hook waited.
+	ErrContainerGone = errors.New("container gone while waiting for the GPU")
+)
+
+// progressEvery is how often a waiting hook repeats its progress line when
+// its queue position does not change. The line goes to the runtime's log (or
+// into its error when the hook fails), so one every poll would drown it.
+const progressEvery = 10 * time.Second
+
+// admitter is the part of *guard.Guard that a create-runtime hook uses.
+type admitter interface {
+	Admit(ctx context.Context, r guard.Request) (guard.Decision, error)
+	Withdraw(ctx context.Context, key, reason string) error
+}
+
+// ticker is the part of *time.Ticker the wait loop uses; tests drive it.
+type ticker interface {
+	C() <-chan time.Time
+	Stop()
+}
+
+type realTicker struct{ t *time.Ticker }
+
+func (r realTicker) C() <-chan time.Time { return r.t.C }
+func (r realTicker) Stop()               { r.t.Stop() }
+
+func newRealTicker(d time.Duration) ticker { return realTicker{time.NewTicker(d)} }
+
+// waiter runs the admission of one create-runtime hook: one Admit, then, while
+// the guard answers Queue, one Admit per poll interval until admitted,
+// refused, timed out, cancelled, or the container is gone.
+type waiter struct {
+	g      admitter
+	req    guard.Request
+	stderr io.Writer
+
+	pollInterval time.Duration
+	waitTimeout  time.Duration
+	// withdrawTimeout bounds the Withdraw done on the way out (with a context
+	// that is no longer cancelled, since the hook's own may be).
+	withdrawTimeout time.Duration
+
+	now       func() time.Time
+	newTicker func(time.Duration) ticker
+	// gone reports whether the container or the runtime that ran this hook
+	// has disappeared, and why. nil = never.
+	gone func() (bool, string)
+}
+
+// run returns nil when the container may start (admitted, or nothing to
+// check) and a self-contained error otherwise. On every error return after
+// the request was queued, the waiter entry has been withdrawn.
+func (w *waiter) run(ctx context.Context) error {
+	id := w.req.Owner.ContainerID
+	start := w.now()
+	deadline := start.Add(w.waitTimeout)
+	queued := false
+	var last guard.Decision
+	var lastErr error
+	var lastPrinted time.Time
+	lastPos := -1
+
+	fail := func(err error) error {
+		if queued {
+			w.withdraw(ctx, err)
+		}
+		return err
+	}
+
+	var tick ticker
+	defer func() {
+		if tick != nil {
+			tick.Stop()
+		}
+	}()
+	for {
+		d, err := w.g.Admit(ctx, w.req)
+		if err != nil {
+			// The outcome is unknown (the guard may have queued the request
+			// before failing): leave the queue on the way out in any case.
+			queued = true
+		}
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return fail(fmt.Errorf("container %s: %w (%w)%s", id, ErrCancelled, context.Cause(ctx), lastMessage(last)))
+		case err != nil && errors.Is(err, ledger.ErrLockTimeout):
+			// Another process holds the ledger lock for longer than
+			// lock_timeout; that is congestion, not a decision. Try again
+			// within the wait budget.
+			lastErr = err
+		case err != nil:
+			return fail(fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err))
+		default:
+			lastErr = nil
+			switch d.Result {
+			case guard.Admit, guard.Skip:
+				if queued {
+					_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: container %s admitted after waiting %s\n",
+						guard.ShortID(id), w.now().Sub(start).Round(time.Second))
+				}
+				return nil
+			case guard.Queue:
+				queued = true
+				last = d
+				now := w.now()
+				if d.Position != lastPos || now.Sub(lastPrinted) >= progressEvery {
+					_, _ = fmt.Fprintln(w.stderr, progressLine(id, d, now.Sub(start)))
+					lastPos = d.Position
+					lastPrinted = now
+				}
+			default: // Reject, or a result this build does not know: refuse.
+				return fail(fmt.Errorf("container %s: %w", id, decisionErr(d)))
+			}
+		}
+
+		if tick == nil {
+			tick = w.newTicker(w.pollInterval)
+		}
+		select {
+		case <-ctx.Done():
+		case <-tick.C():
+		}
+		// Checked after the select too: when both are ready, select picks at
+		// random, and a cancelled hook must not claim.
+		if ctx.Err() != nil {
+			return fail(fmt.Errorf("container %s: %w (%w); it left the queue and holds no GPU%s",
+				id, ErrCancelled, context.Cause(ctx), lastMessage(last)))
+		}
+		if w.gone != nil {
+			if gone, why := w.gone(); gone {
+				return fail(fmt.Errorf("container %s: %w (%s); it left the queue and holds no GPU%s",
+					id, ErrContainerGone, why, lastMessage(last)))
+			}
+		}
+		if !w.now().Before(deadline) {
+			cause := decisionErr(last)
+			if lastErr != nil {
+				cause = lastErr
+			}
+			return fail(fmt.Errorf("container %s refused: %w after %s (hook.wait_timeout); it left the queue and holds no GPU; "+
+				"free the GPU or raise hook.wait_timeout: %w", id, ErrWaitTimeout, w.waitTimeout, cause))
+		}
+	}
+}
+
+// withdraw removes the waiter entry on the way out. The hook's own context
+// may be cancelled already, so it runs under a fresh, bounded one. A failure
+// is reported on stderr (queue_ttl drops the entry in the end) and does not
+// replace the error that made the hook give up.
+func (w *waiter) withdraw(ctx context.Context, why error) {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.withdrawTimeout)
+	defer cancel()
+	reason := "hook gave up: " + firstLine(why.Error())
+	if err := w.g.Withdraw(wctx, w.req.Key, reason); err != nil {
+		_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: container %s: could not leave the queue (policy.queue_ttl will drop the entry): %v\n",
+			guard.ShortID(w.req.Owner.ContainerID), err)
+	}
+}
+
+// decisionErr is d.Err(), never nil for a refusal.
+func decisionErr(d guard.Decision) error {
+	if err := d.Err(); err != nil {
+		return err
+	}
+	if d.Message != "" {
+		return fmt.Errorf("%w: %s", guard.ErrRejected, d.Message)
+	}
+	return fmt.Errorf("%w (decision %q, reason %q)", guard.ErrRejected, d.Result, d.Reason)
+}
+
+func lastMessage(d guard.Decision) string {
+	if d.Message == "" {
+		return ""
+	}
+	return "; last answer: " + d.Message
+}
+
+// progressLine is the line a waiting hook prints, e.g.
+//
+//	nri-gpu-guard: container 4f3a9c1b2d7e waiting 30s, position 2 of 3 for GPU 1 (GPU-…) held by ns/pod/ctr (id 0123456789ab) since 2026-01-02T15:04:05Z
+func progressLine(id string, d guard.Decision, waited time.Duration) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "nri-gpu-guard: container %s waiting %s", guard.ShortID(id), waited.Round(time.Second))
+	if d.Position > 0 {
+		fmt.Fprintf(&b, ", position %d of %d", d.Position, max(d.QueueLength, d.Position))
+	}
+	if len(d.Busy) == 0 {
+		if d.Message != "" {
+			b.WriteString(": " + d.Message)
+		}
+		return b.String()
+	}
+	for i, bd := range d.Busy {
+		if i == 0 {
+			b.WriteString(" for ")
+		} else {
+			b.WriteString("; ")
+		}
+		b.WriteString(guard.DeviceName(bd.Wanted))
+		switch {
+		case bd.Holder != nil:
+			fmt.Fprintf(&b, " held by %s since %s", guard.OwnerName(bd.Holder.Owner), bd.Holder.Since.UTC().Format(time.RFC3339))
+		case bd.Reservation != nil:
+			fmt.Fprintf(&b, " reserved for %s (earlier in the queue) until %s", bd.Reservation.For, bd.Reservation.Until.UTC().Format(time.RFC3339))
+		default:
+			b.WriteString(" busy")
+		}
+	}
+	return b.String()
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

@@ -1,0 +1,341 @@
+package hook
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+var t0 = time.Date(2026, 1, 2, 15, 4, 5, 0, time.UTC)
+
+// fakeClock is advanced by the fake guard: each Admit stands for one poll.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// readyTicker always has a tick: the wait loop runs one poll per Admit
+// without real time passing; the fake clock says how much time did.
+type readyTicker struct {
+	c       chan time.Time
+	stopped bool
+}
+
+func newReadyTicker(time.Duration) ticker {
+	c := make(chan time.Time)
+	close(c)
+	return &readyTicker{c: c}
+}
+
+func (r *readyTicker) C() <-chan time.Time { return r.c }
+func (r *readyTicker) Stop()               { r.stopped = true }
+
+type answer struct {
+	d   guard.Decision
+	err error
+}
+
+// fakeGuard answers Admit from a script (the last answer repeats) and
+// records every call.
+type fakeGuard struct {
+	clock   *fakeClock
+	step    time.Duration
+	script  []answer
+	admits  int
+	onAdmit func(n int) // called before answering the n-th Admit (1-based)
+
+	withdrawn    []string
+	withdrawCtxs []error // ctx.Err() seen by each Withdraw
+	withdrawErr  error
+}
+
+func (f *fakeGuard) Admit(_ context.Context, r guard.Request) (guard.Decision, error) {
+	f.admits++
+	if f.onAdmit != nil {
+		f.onAdmit(f.admits)
+	}
+	if f.admits > 1 {
+		f.clock.advance(f.step)
+	}
+	i := min(f.admits-1, len(f.script)-1)
+	a := f.script[i]
+	if r.Key == "" {
+		return guard.Decision{}, errors.New("request without key")
+	}
+	return a.d, a.err
+}
+
+func (f *fakeGuard) Withdraw(ctx context.Context, key, _ string) error {
+	f.withdrawn = append(f.withdrawn, key)
+	f.withdrawCtxs = append(f.withdrawCtxs, ctx.Err())
+	return f.withdrawErr
+}
+
+var (
+	gpu1   = devices.Device{UUID: "GPU-11111111-0000-4000-8000-000000000001", Index: "1", Kind: devices.KindGPU}
+	holder = &ledger.Claim{
+		Device: gpu1,
+		Owner:  ledger.Owner{ContainerID: "0123456789abcdef", Namespace: "ns", Pod: "pod", Container: "ctr", FrontEnd: ledger.FrontEndNRI},
+		Since:  t0.Add(-time.Hour),
+	}
+)
+
+func admitted() answer { return answer{d: guard.Decision{Result: guard.Admit, Reason: "free"}} }
+
+func queued(pos, total int) answer {
+	return answer{d: guard.Decision{
+		Result: guard.Queue, Reason: "busy", Position: pos, QueueLength: total,
+		Busy:    []ledger.BusyDevice{{Wanted: gpu1, Holder: holder}},
+		Message: fmt.Sprintf("GPU 1 (%s) is held by ns/pod/ctr (id 0123456789ab); queued at position %d of %d", gpu1.UUID, pos, total),
+	}}
+}
+
+func rejected() answer {
+	return answer{d: guard.Decision{Result: guard.Reject, Reason: "unknown-device", Message: "unknown GPU \"7\" in env NVIDIA_VISIBLE_DEVICES"}}
+}
+
+func failed(err error) answer { return answer{err: err} }
+
+func newTestWaiter(f *fakeGuard, stderr *bytes.Buffer) *waiter {
+	return &waiter{
+		g:               f,
+		req:             guard.Request{FrontEnd: ledger.FrontEndHook, Owner: ledger.Owner{ContainerID: "c0ffee0123456789"}, Key: "c0ffee0123456789"},
+		stderr:          stderr,
+		pollInterval:    time.Second,
+		waitTimeout:     time.Minute,
+		withdrawTimeout: time.Second,
+		now:             f.clock.now,
+		newTicker:       newReadyTicker,
+	}
+}
+
+func TestWaiterOutcomes(t *testing.T) {
+	lockTimeout := fmt.Errorf("GPU ledger busy: %w", ledger.ErrLockTimeout)
+	corrupt := fmt.Errorf("GPU ledger is corrupt: %w", ledger.ErrCorrupt)
+	for _, tc := range []struct {
+		name         string
+		script       []answer
+		goneAfter    int // gone() reports true from this Admit on (0 = never)
+		wantErrIs    []error
+		wantErrText  []string
+		wantAdmits   int
+		wantWithdraw int
+		wantStderr   []string
+	}{
+		{
+			name:       "free at once",
+			script:     []answer{admitted()},
+			wantAdmits: 1,
+		},
+		{
+			name:       "skip (no GPU) at once",
+			script:     []answer{{d: guard.Decision{Result: guard.Skip, Reason: "no-gpu"}}},
+			wantAdmits: 1,
+		},
+		{
+			name:       "queued twice then admitted",
+			script:     []answer{queued(2, 2), queued(1, 1), admitted()},
+			wantAdmits: 3,
+			wantStderr: []string{"waiting 0s, position 2 of 2 for GPU 1 (" + gpu1.UUID + ") held by ns/pod/ctr (id 0123456789ab)", "position 1 of 1", "admitted after waiting 2s"},
+		},
+		{
+			name:        "rejected at once: not queued, nothing to withdraw",
+			script:      []answer{rejected()},
+			wantErrIs:   []error{guard.ErrRejected},
+			wantErrText: []string{"c0ffee0123456789", `unknown GPU "7"`},
+			wantAdmits:  1,
+		},
+		{
+			name:         "queued then rejected: leaves the queue",
+			script:       []answer{queued(1, 1), rejected()},
+			wantErrIs:    []error{guard.ErrRejected},
+			wantAdmits:   2,
+			wantWithdraw: 1,
+		},
+		{
+			name:         "still queued at wait_timeout",
+			script:       []answer{queued(1, 1)},
+			wantErrIs:    []error{ErrWaitTimeout, guard.ErrQueued},
+			wantErrText:  []string{"hook.wait_timeout", "1m0s", "held by ns/pod/ctr", "left the queue and holds no GPU"},
+			wantAdmits:   61, // the fake clock moves in Admit: t=0..60s, then the tick finds the deadline passed
+			wantWithdraw: 1,
+		},
+		{
+			name:       "ledger lock timeout is congestion: retried",
+			script:     []answer{failed(lockTimeout), failed(lockTimeout), admitted()},
+			wantAdmits: 3,
+		},
+		{
+			name:         "ledger lock never obtained: times out naming the lock",
+			script:       []answer{failed(lockTimeout)},
+			wantErrIs:    []error{ErrWaitTimeout, ledger.ErrLockTimeout},
+			wantAdmits:   61,
+			wantWithdraw: 1,
+		},
+		{
+			name:         "corrupt ledger: refused at once, withdraw attempted",
+			script:       []answer{failed(corrupt)},
+			wantErrIs:    []error{ledger.ErrCorrupt},
+			wantErrText:  []string{"GPU admission failed, container refused"},
+			wantAdmits:   1,
+			wantWithdraw: 1,
+		},
+		{
+			name:         "own container gone while queued",
+			script:       []answer{queued(1, 1)},
+			goneAfter:    3,
+			wantErrIs:    []error{ErrContainerGone},
+			wantErrText:  []string{"pid 42 is gone", "last answer: GPU 1"},
+			wantAdmits:   3,
+			wantWithdraw: 1,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeGuard{clock: &fakeClock{t: t0}, step: time.Second, script: tc.script}
+			var stderr bytes.Buffer
+			w := newTestWaiter(f, &stderr)
+			if tc.goneAfter > 0 {
+				w.gone = func() (bool, string) { return f.admits >= tc.goneAfter, "its process: pid 42 is gone" }
+			}
+			err := w.run(context.Background())
+			if len(tc.wantErrIs) == 0 {
+				require.NoError(t, err)
+			} else {
+				require.Error(t, err)
+				for _, target := range tc.wantErrIs {
+					require.ErrorIs(t, err, target)
+				}
+				require.Contains(t, err.Error(), "c0ffee0123456789", "the error names the container")
+			}
+			for _, s := range tc.wantErrText {
+				require.Contains(t, err.Error(), s)
+			}
+			require.Equal(t, tc.wantAdmits, f.admits, "Admit calls")
+			require.Len(t, f.withdrawn, tc.wantWithdraw, "Withdraw calls")
+			for _, k := range f.withdrawn {
+				require.Equal(t, "c0ffee0123456789", k)
+			}
+			for _, s := range tc.wantStderr {
+				require.Contains(t, stderr.String(), s)
+			}
+		})
+	}
+}
+
+func TestWaiterCancelledLeavesQueueWithLiveContext(t *testing.T) {
+	f := &fakeGuard{clock: &fakeClock{t: t0}, step: time.Second, script: []answer{queued(2, 3)}}
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	f.onAdmit = func(n int) {
+		if n == 4 {
+			cancel(errors.New("received terminated"))
+		}
+	}
+	var stderr bytes.Buffer
+	err := newTestWaiter(f, &stderr).run(ctx)
+	require.ErrorIs(t, err, ErrCancelled)
+	require.Contains(t, err.Error(), "received terminated")
+	require.Contains(t, err.Error(), "left the queue")
+	require.Equal(t, 4, f.admits, "no Admit after the cancellation")
+	require.Equal(t, []string{"c0ffee0123456789"}, f.withdrawn)
+	require.Equal(t, []error{nil}, f.withdrawCtxs, "Withdraw must run under a context that is not cancelled")
+}
+
+func TestWaiterWithdrawFailureIsReportedNotMasking(t *testing.T) {
+	f := &fakeGuard{clock: &fakeClock{t: t0}, step: time.Second, script: []answer{queued(1, 1)},
+		withdrawErr: errors.New("ledger lock held by pid 7")}
+	var stderr bytes.Buffer
+	w := newTestWaiter(f, &stderr)
+	w.waitTimeout = 3 * time.Second
+	err := w.run(context.Background())
+	require.ErrorIs(t, err, ErrWaitTimeout, "the reason for giving up stays the error")
+	require.Contains(t, stderr.String(), "could not leave the queue")
+	require.Contains(t, stderr.String(), "queue_ttl")
+}
+
+func TestWaiterProgressThrottled(t *testing.T) {
+	// 25 polls one second apart: position 3 until the 13th, then 2.
+	script := make([]answer, 0, 26)
+	for i := range 25 {
+		if i < 12 {
+			script = append(script, queued(3, 3))
+		} else {
+			script = append(script, queued(2, 2))
+		}
+	}
+	script = append(script, admitted())
+	f := &fakeGuard{clock: &fakeClock{t: t0}, step: time.Second, script: script}
+	var stderr bytes.Buffer
+	require.NoError(t, newTestWaiter(f, &stderr).run(context.Background()))
+
+	lines := strings.Split(strings.TrimSpace(stderr.String()), "\n")
+	var got []string
+	for _, l := range lines {
+		require.True(t, strings.HasPrefix(l, "nri-gpu-guard: container c0ffee012345 "), l)
+		got = append(got, strings.SplitN(strings.TrimPrefix(l, "nri-gpu-guard: container c0ffee012345 "), " for ", 2)[0])
+	}
+	require.Equal(t, []string{
+		"waiting 0s, position 3 of 3",  // first answer
+		"waiting 10s, position 3 of 3", // unchanged for 10s
+		"waiting 12s, position 2 of 2", // position changed
+		"waiting 22s, position 2 of 2", // unchanged for 10s again
+		"admitted after waiting 25s",
+	}, got)
+}
+
+func TestProgressLine(t *testing.T) {
+	mig := devices.Device{UUID: "MIG-22222222-0000-4000-8000-000000000002", Index: "2:0", Kind: devices.KindMIG, Parent: "GPU-2"}
+	for _, tc := range []struct {
+		name string
+		d    guard.Decision
+		want string
+	}{
+		{
+			name: "held",
+			d:    queued(2, 3).d,
+			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 2 of 3 for GPU 1 (" + gpu1.UUID +
+				") held by ns/pod/ctr (id 0123456789ab) since 2026-01-02T14:04:05Z",
+		},
+		{
+			name: "reserved MIG, hook holder",
+			d: guard.Decision{Result: guard.Queue, Position: 2, QueueLength: 2, Busy: []ledger.BusyDevice{{
+				Wanted:      mig,
+				Reservation: &ledger.Reservation{Device: mig, For: "abc", Until: t0},
+			}}},
+			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 2 of 2 for MIG 2:0 (" + mig.UUID +
+				") reserved for abc (earlier in the queue) until 2026-01-02T15:04:05Z",
+		},
+		{
+			name: "no busy detail: the message",
+			d:    guard.Decision{Result: guard.Queue, Position: 1, QueueLength: 1, Message: "busy somehow"},
+			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 1 of 1: busy somehow",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, progressLine("c0ffee0123456789", tc.d, 30*time.Second))
+		})
+	}
+}

@@ -1,0 +1,168 @@
+package ledger
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// AuditRecord is one line of audit.log. Every committed mutation writes at
+// least one, stamped with the generation it produced, so that replaying the
+// claim-changing records in order reproduces the claims of the state file.
+type AuditRecord struct {
+	Time        time.Time `json:"time"`
+	Op          string    `json:"op"`
+	Devices     []string  `json:"devices,omitempty"` // device UUIDs
+	ContainerID string    `json:"container_id,omitempty"`
+	Key         string    `json:"key,omitempty"` // requester key (queue records)
+	Namespace   string    `json:"namespace,omitempty"`
+	Pod         string    `json:"pod,omitempty"`
+	Container   string    `json:"container,omitempty"`
+	FrontEnd    string    `json:"front_end,omitempty"`
+	Reason      string    `json:"reason,omitempty"`
+	Generation  uint64    `json:"generation"`
+	Pid         int       `json:"pid"` // of the process that wrote the record
+}
+
+// Audit operations. Claim-changing ones: OpClaim, OpAdopt, OpPromote and
+// OpTakeover give Devices to ContainerID; OpRelease takes Devices from
+// ContainerID; OpDiscard and OpCorrupt drop every claim.
+const (
+	OpClaim              = "claim"               // a request was admitted
+	OpRelease            = "release"             // claims ended (Reason: stop, stale, holder exited, force: …)
+	OpAdopt              = "adopt"               // reconcile found a running container without a claim
+	OpPromote            = "promote"             // a conflict record became the claim once the device was free
+	OpTakeover           = "takeover"            // a restarted container took its predecessor's claims
+	OpConflict           = "conflict"            // reconcile found a container on a device another holds
+	OpConflictCleared    = "conflict-cleared"    // a conflict record ended without a claim
+	OpEnqueue            = "enqueue"             // a new waiter joined the queue
+	OpRefresh            = "refresh"             // a waiter retried (its last_seen moved)
+	OpDequeue            = "dequeue"             // a waiter left the queue (Reason says why)
+	OpExpired            = "expired"             // a waiter was not seen for queue_ttl
+	OpReserve            = "reserve"             // free devices were reserved for the head waiter
+	OpUnreserve          = "unreserve"           // a reservation ended without being used
+	OpReservationExpired = "reservation-expired" // the head did not come back within reservation_ttl
+	OpStarted            = "started"             // pid/cgroup of a holder recorded
+	OpStopped            = "stopped"             // a holder exited; claim kept until removal
+	OpDiscard            = "discard"             // state from an earlier boot dropped
+	OpCorrupt            = "corrupt"             // a bad state file moved aside
+)
+
+// auditFileMode is the mode of audit.log and its rotation.
+const auditFileMode = 0o600
+
+// appendAudit writes records as JSON lines with O_APPEND, rotating
+// audit.log to audit.log.1 when it would grow past maxBytes. Called with the
+// lock held, so rotation never races another writer.
+func appendAudit(dir string, maxBytes int64, recs []AuditRecord) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	for i := range recs {
+		if err := enc.Encode(&recs[i]); err != nil {
+			return fmt.Errorf("encode audit record: %w", err)
+		}
+	}
+	p := filepath.Join(dir, auditName)
+	f, err := openAudit(p)
+	if err != nil {
+		return err
+	}
+	if fi, err := f.Stat(); err == nil && fi.Size() > 0 && fi.Size()+int64(buf.Len()) > maxBytes {
+		_ = f.Close()
+		if err := os.Rename(p, filepath.Join(dir, auditRotated)); err != nil { //nolint:gosec // fixed names in the operator's state dir
+			return fmt.Errorf("rotate %s: %w", p, err)
+		}
+		if f, err = openAudit(p); err != nil {
+			return err
+		}
+	}
+	// One write: appends of one write call are not interleaved with others.
+	if _, err := f.Write(buf.Bytes()); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("append to %s: %w", p, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", p, err)
+	}
+	return nil
+}
+
+func openAudit(p string) (*os.File, error) {
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, auditFileMode) //nolint:gosec // fixed name in the operator's state dir
+	if err != nil {
+		return nil, fmt.Errorf("open audit log %s: %w", p, err)
+	}
+	return f, nil
+}
+
+// AuditLineError reports lines of the audit log that did not decode.
+type AuditLineError struct {
+	Path  string
+	Line  int
+	Cause error
+}
+
+// Error names the file and line.
+func (e *AuditLineError) Error() string {
+	return fmt.Sprintf("audit log %s line %d: %v", e.Path, e.Line, e.Cause)
+}
+
+// Unwrap returns the decode error.
+func (e *AuditLineError) Unwrap() error { return e.Cause }
+
+// maxAuditLine bounds one audit line; ours are a few hundred bytes.
+const maxAuditLine = 1 << 20
+
+// ReadAudit reads the audit log at path (normally Ledger.AuditPath()) and its
+// rotation path+".1", oldest first. Lines that do not decode are not skipped
+// silently: every good record is returned together with an error that joins
+// one *AuditLineError per bad line. Missing files are no error.
+func ReadAudit(path string) ([]AuditRecord, error) {
+	var recs []AuditRecord
+	var errs []error
+	for _, p := range []string{path + ".1", path} {
+		f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0) //nolint:gosec // the audit log the operator names
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("open audit log: %w", err))
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 0, 64<<10), maxAuditLine)
+		line := 0
+		for sc.Scan() {
+			line++
+			b := bytes.TrimSpace(sc.Bytes())
+			if len(b) == 0 {
+				continue
+			}
+			var r AuditRecord
+			if err := json.Unmarshal(b, &r); err != nil {
+				errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: err})
+				continue
+			}
+			if r.Op == "" {
+				errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: errors.New("record has no op")})
+				continue
+			}
+			recs = append(recs, r)
+		}
+		if err := sc.Err(); err != nil {
+			errs = append(errs, &AuditLineError{Path: p, Line: line + 1, Cause: err})
+		}
+		_ = f.Close()
+	}
+	return recs, errors.Join(errs...)
+}

@@ -1,0 +1,345 @@
+package ledger
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+var trickyStrings = []string{
+	"", "plain", `quo"te`, `back\slash`, "html <&>", "ctl \x00\x01\b\f\n\r\t\x1f", "é ü 中文", "line\u2028para\u2029",
+	"bad \xff utf8", "\xc3", "emoji 🎉",
+}
+
+// fill sets every field of v (recursively) from rng: strings from
+// trickyStrings, numbers, times, slices of 0–2 elements. With full, nothing is
+// left zero, so that a field the encoder forgets shows up.
+func fill(v reflect.Value, rng *rand.Rand, full bool) {
+	switch v.Kind() {
+	case reflect.String:
+		s := trickyStrings[rng.IntN(len(trickyStrings))]
+		if full && s == "" {
+			s = "x"
+		}
+		v.SetString(s)
+	case reflect.Int, reflect.Int64:
+		if full || rng.IntN(2) == 0 {
+			v.SetInt(rng.Int64N(1 << 40))
+		}
+	case reflect.Uint64:
+		if full || rng.IntN(2) == 0 {
+			v.SetUint(rng.Uint64())
+		}
+	case reflect.Slice:
+		n := rng.IntN(3)
+		if full {
+			n = 2
+		}
+		if !full && rng.IntN(4) == 0 {
+			return // nil slice
+		}
+		s := reflect.MakeSlice(v.Type(), n, n)
+		for i := 0; i < n; i++ {
+			fill(s.Index(i), rng, full)
+		}
+		v.Set(s)
+	case reflect.Struct:
+		if v.Type() == reflect.TypeOf(time.Time{}) {
+			if full || rng.IntN(3) > 0 {
+				v.Set(reflect.ValueOf(time.Unix(rng.Int64N(1<<34), rng.Int64N(1e9)).UTC()))
+			}
+			return
+		}
+		for i := 0; i < v.NumField(); i++ {
+			fill(v.Field(i), rng, full)
+		}
+	default:
+		panic("fill: unhandled kind " + v.Kind().String() + " — teach the encoder and this test about it")
+	}
+}
+
+// zeroFields lists the paths of fields left zero in v.
+func zeroFields(v reflect.Value, path string) []string {
+	switch v.Kind() {
+	case reflect.Struct:
+		if v.Type() == reflect.TypeOf(time.Time{}) {
+			if v.Interface().(time.Time).IsZero() {
+				return []string{path}
+			}
+			return nil
+		}
+		var out []string
+		for i := 0; i < v.NumField(); i++ {
+			out = append(out, zeroFields(v.Field(i), path+"."+v.Type().Field(i).Name)...)
+		}
+		return out
+	case reflect.Slice:
+		var out []string
+		if v.Len() == 0 {
+			return []string{path}
+		}
+		for i := 0; i < v.Len(); i++ {
+			out = append(out, zeroFields(v.Index(i), fmt.Sprintf("%s[%d]", path, i))...)
+		}
+		return out
+	default:
+		if v.IsZero() {
+			return []string{path}
+		}
+		return nil
+	}
+}
+
+func TestEncoderMatchesEncodingJSON(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := 0; i < 300; i++ {
+		var st State
+		full := i == 0
+		fill(reflect.ValueOf(&st).Elem(), rng, full)
+		if full {
+			require.Empty(t, zeroFields(reflect.ValueOf(st), "State"), "the full sample must set every field")
+		}
+		got, err := appendStateJSON(nil, &st)
+		require.NoError(t, err)
+		require.Equal(t, string(marshalQueueFirst(t, &st)), string(got))
+
+		// Nothing is lost: what encoding/json makes of its own encoding and
+		// of ours is the same (this catches a field the encoder forgets).
+		std, err := json.Marshal(&st)
+		require.NoError(t, err)
+		var want, back State
+		require.NoError(t, json.Unmarshal(std, &want))
+		require.NoError(t, json.Unmarshal(got, &back))
+		require.Equal(t, want, back)
+	}
+}
+
+// marshalQueueFirst is encoding/json's rendering of st with the queue moved
+// to the front, as the ledger writes it.
+func marshalQueueFirst(t *testing.T, st *State) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	b.WriteString("{")
+	for i, f := range []struct {
+		name string
+		v    any
+	}{
+		{"waiters", st.Waiters}, {"claims", st.Claims}, {"reservations", st.Reservations}, {"conflicts", st.Conflicts},
+		{"generation", st.Generation}, {"boot_id", st.BootID}, {"next_seq", st.NextSeq}, {"updated_at", st.UpdatedAt},
+	} {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		v, err := json.Marshal(f.v)
+		require.NoError(t, err)
+		fmt.Fprintf(&b, "%q:%s", f.name, v)
+	}
+	b.WriteString("}")
+	return b.Bytes()
+}
+
+func TestEncoderReusesTheUnchangedQueue(t *testing.T) {
+	var e encoder
+	st := sampleState()
+	first, err := e.encode(&st, nil)
+	require.NoError(t, err)
+	first = bytes.Clone(first)
+	// Same queue array, other changes: the cached prefix is used, and the
+	// result is what a fresh encoder makes.
+	st.Generation++
+	st.Claims = append(st.Claims, Claim{Device: gpu(3), Owner: owner("c3"), Since: st.UpdatedAt})
+	cached := e.waitersHash
+	again, err := e.encode(&st, first)
+	require.NoError(t, err)
+	require.Same(t, cached, e.waitersHash, "the queue was not encoded again")
+	fresh, err := encodeState(&st)
+	require.NoError(t, err)
+	require.Equal(t, string(fresh), string(again))
+	_, err = DecodeState(again)
+	require.NoError(t, err)
+	// A changed queue (a new array, as a Tx makes) is encoded anew.
+	st.Waiters = append(slices.Clone(st.Waiters), Waiter{Key: "k2", Seq: 2, Devices: devs(gpu(1)), Owner: owner("c9"), FirstSeen: st.UpdatedAt, LastSeen: st.UpdatedAt})
+	st.NextSeq = 3
+	third, err := e.encode(&st, again)
+	require.NoError(t, err)
+	fresh, err = encodeState(&st)
+	require.NoError(t, err)
+	require.Equal(t, string(fresh), string(third))
+	got, err := DecodeState(third)
+	require.NoError(t, err)
+	require.Len(t, got.Waiters, 2)
+}
+
+func TestEncoderRefusesUnstorableTimes(t *testing.T) {
+	st := State{UpdatedAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}
+	_, err := appendStateJSON(nil, &st)
+	require.ErrorContains(t, err, "year outside")
+	// Any zone is stored as UTC.
+	st.UpdatedAt = time.Date(2026, 1, 1, 12, 0, 0, 0, time.FixedZone("x", 3600+7))
+	b, err := appendStateJSON(nil, &st)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `"updated_at":"2026-01-01T10:59:53Z"`)
+	require.True(t, bytes.HasPrefix(b, []byte(`{"waiters":null,"claims":null,`)), "the queue comes first")
+}
+
+func sampleState() State {
+	return State{
+		Claims: []Claim{{Device: gpu(0), Owner: owner("c1"), Source: "env", Since: time.Unix(100, 5).UTC()}},
+		Waiters: []Waiter{{Key: "ns/uid/ctr", Seq: 1, Devices: devs(gpu(0), mig(1, 0)), Owner: owner("c2"),
+			FirstSeen: time.Unix(50, 0).UTC(), LastSeen: time.Unix(60, 0).UTC()}},
+		Reservations: []Reservation{{Device: mig(1, 0), For: "ns/uid/ctr", Since: time.Unix(70, 0).UTC(), Until: time.Unix(80, 0).UTC()}},
+		Generation:   42,
+		BootID:       testBoot,
+		NextSeq:      2,
+		UpdatedAt:    time.Unix(100, 5).UTC(),
+	}
+}
+
+func TestEncodeDecodeRoundTrip(t *testing.T) {
+	st := sampleState()
+	b, err := encodeState(&st)
+	require.NoError(t, err)
+	require.True(t, bytes.HasPrefix(b, []byte(`{"format":1,"generation":42,"boot_id":"`+testBoot+`","checksum":"sha256:`)))
+	require.True(t, bytes.HasSuffix(b, []byte("}\n")))
+	got, err := DecodeState(b)
+	require.NoError(t, err)
+	require.Equal(t, st, got)
+}
+
+func TestDecodeRejects(t *testing.T) {
+	st := sampleState()
+	good, err := encodeState(&st)
+	require.NoError(t, err)
+	reencode := func(mut func(env map[string]any)) []byte {
+		var env map[string]any
+		require.NoError(t, json.Unmarshal(good, &env))
+		var raw map[string]json.RawMessage
+		require.NoError(t, json.Unmarshal(good, &raw))
+		env["state"] = raw["state"] // byte for byte, so that the checksum holds
+		mut(env)
+		b, err := json.Marshal(env)
+		require.NoError(t, err)
+		return b
+	}
+	withState := func(mut func(*State)) []byte {
+		s := sampleState()
+		mut(&s)
+		body, err := json.Marshal(&s)
+		require.NoError(t, err)
+		return reencode(func(env map[string]any) {
+			env["state"] = json.RawMessage(body)
+			env["checksum"] = checksumOf(body)
+		})
+	}
+	for _, tc := range []struct {
+		name   string
+		data   []byte
+		format bool // a *FormatError rather than corruption
+		reason string
+	}{
+		{name: "empty", data: nil, reason: "empty"},
+		{name: "whitespace", data: []byte(" \n"), reason: "empty"},
+		{name: "truncated", data: good[:len(good)/2], reason: "not a ledger file"},
+		{name: "garbage", data: []byte("\x00\x01garbage"), reason: "not a ledger file"},
+		{name: "json array", data: []byte("[1,2]"), reason: "not a ledger file"},
+		{name: "no format", data: reencode(func(e map[string]any) { delete(e, "format") }), reason: "format version 0"},
+		{name: "newer format", data: reencode(func(e map[string]any) { e["format"] = FormatVersion + 1 }), format: true},
+		{name: "no state", data: reencode(func(e map[string]any) { delete(e, "state") }), reason: "no state"},
+		{name: "bad checksum", data: bytes.Replace(good, []byte(`"c1"`), []byte(`"c9"`), 1), reason: "checksum mismatch"},
+		{name: "generation mismatch", data: reencode(func(e map[string]any) { e["generation"] = 41 }), reason: "disagrees"},
+		{name: "boot mismatch", data: reencode(func(e map[string]any) { e["boot_id"] = "other" }), reason: "disagrees"},
+		{name: "double holder", data: withState(func(s *State) {
+			s.Claims = append(s.Claims, Claim{Device: mig(0, 3), Owner: owner("c2"), Since: s.UpdatedAt})
+		}), reason: "invariant"},
+		{name: "duplicate waiter", data: withState(func(s *State) {
+			w := s.Waiters[0]
+			w.Seq = 5
+			s.NextSeq = 6
+			s.Waiters = append(s.Waiters, w)
+		}), reason: "queued twice"},
+		{name: "reservation on a held device", data: withState(func(s *State) {
+			s.Reservations[0].Device = gpu(0)
+		}), reason: "invariant"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := DecodeState(tc.data)
+			require.Error(t, err)
+			if tc.format {
+				var fe *FormatError
+				require.ErrorAs(t, err, &fe)
+				require.ErrorIs(t, err, ErrUnsupportedFormat)
+				require.Equal(t, FormatVersion+1, fe.Version)
+				return
+			}
+			require.ErrorIs(t, err, ErrCorrupt)
+			require.Contains(t, err.Error(), tc.reason)
+		})
+	}
+}
+
+func checksumOf(body []byte) string {
+	sum := sha256.Sum256(body)
+	return checksumPrefix + hex.EncodeToString(sum[:])
+}
+
+func FuzzDecode(f *testing.F) {
+	st := sampleState()
+	good, err := encodeState(&st)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good)
+	f.Add(good[:len(good)-10])
+	f.Add([]byte(`{"format":1,"generation":0,"boot_id":"","checksum":"sha256:","state":{}}`))
+	f.Add([]byte(`{"format":99}`))
+	f.Add([]byte("null"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st, err := DecodeState(data)
+		if err != nil {
+			if !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrUnsupportedFormat) {
+				t.Fatalf("decode error %v wraps neither ErrCorrupt nor ErrUnsupportedFormat", err)
+			}
+			return
+		}
+		// Whatever decodes is a valid state and encodes back to a file that
+		// decodes to the same state.
+		if err := validateState(&st); err != nil {
+			t.Fatalf("decoded an invalid state: %v", err)
+		}
+		b, err := encodeState(&st)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		back, err := DecodeState(b)
+		if err != nil {
+			t.Fatalf("re-decode: %v", err)
+		}
+		if !reflect.DeepEqual(normalizeForCompare(t, st), normalizeForCompare(t, back)) {
+			t.Fatalf("round trip changed the state")
+		}
+	})
+}
+
+// normalizeForCompare is what a state looks like after one trip through the
+// file: times in UTC, invalid UTF-8 as U+FFFD.
+func normalizeForCompare(t *testing.T, st State) State {
+	b, err := appendStateJSON(nil, &st)
+	if err != nil {
+		t.Fatalf("encode: %v", err)
+	}
+	var out State
+	if err := json.Unmarshal(b, &out); err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	return out
+}

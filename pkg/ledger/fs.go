@@ -1,0 +1,248 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// File names inside the state dir.
+const (
+	stateName       = "ledger.json"
+	lockName        = "ledger.lock"
+	auditName       = "audit.log"
+	auditRotated    = "audit.log.1"
+	tempPrefix      = stateName + ".tmp-"
+	corruptPrefix   = stateName + ".corrupt-"
+	quarantineStamp = "20060102T150405.000000000Z"
+)
+
+// Failpoint stages of a commit, in order. Tests kill a process at each one to
+// prove that a crash at any of them leaves the old or the new state.
+const (
+	stageBeforeWrite = "before-write"  // temp file not yet created
+	stageAfterWrite  = "after-write"   // temp file written, not synced
+	stageAfterFsync  = "after-fsync"   // temp file synced, not renamed
+	stageAfterRename = "after-rename"  // new state in place, dir not synced
+	stageAfterDirSyn = "after-dirsync" // new state durable, audit not written
+	stageAfterAudit  = "after-audit"   // audit appended, lock still held
+)
+
+// failpoint, when non-nil, is called at each commit stage. Only tests set it
+// (before any ledger is used); production code never does.
+var failpoint func(stage string)
+
+func reachStage(stage string) {
+	if failpoint != nil {
+		failpoint(stage)
+	}
+}
+
+// checkDir verifies (and, if create, makes) the state dir: a real directory,
+// not a symlink, owned by us (or root, for readers), not writable by group or
+// others. missing reports a dir that does not exist when create is false.
+func checkDir(dir string, create, readOnly bool) (missing bool, err error) {
+	fi, err := os.Lstat(dir) //nolint:gosec // the state dir is the operator's choice
+	if errors.Is(err, fs.ErrNotExist) {
+		if !create {
+			return true, nil
+		}
+		if err := os.MkdirAll(dir, 0o700); err != nil { //nolint:gosec // the state dir is the operator's choice
+			return false, fmt.Errorf("create ledger dir %s: %w", dir, err)
+		}
+		fi, err = os.Lstat(dir) //nolint:gosec // the state dir is the operator's choice
+	}
+	if err != nil {
+		return false, fmt.Errorf("ledger dir %s: %w", dir, err)
+	}
+	if fi.Mode()&fs.ModeSymlink != 0 {
+		return false, fmt.Errorf("%w: %s is a symlink; point the configuration at the real directory", ErrUnsafeDir, dir)
+	}
+	if !fi.IsDir() {
+		return false, fmt.Errorf("%w: %s is not a directory", ErrUnsafeDir, dir)
+	}
+	if err := checkOwnerMode(dir, fi, readOnly); err != nil {
+		return false, err
+	}
+	return false, nil
+}
+
+// checkFiles verifies every file the ledger opens in dir, where it exists.
+func checkFiles(dir string, readOnly bool) error {
+	for _, name := range []string{stateName, lockName, auditName, auditRotated} {
+		p := filepath.Join(dir, name)
+		fi, err := os.Lstat(p) //nolint:gosec // fixed names in the operator's state dir
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("ledger file %s: %w", p, err)
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("%w: %s is a symlink; remove it (the ledger never follows links)", ErrUnsafeDir, p)
+		}
+		if !fi.Mode().IsRegular() {
+			return fmt.Errorf("%w: %s is not a regular file", ErrUnsafeDir, p)
+		}
+		if err := checkOwnerMode(p, fi, readOnly); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func checkOwnerMode(p string, fi fs.FileInfo, readOnly bool) error {
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Errorf("%w: %s has mode %04o, writable by group or others; chmod go-w it (the dir should be 0700)", ErrUnsafeDir, p, perm)
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	uid := os.Geteuid()
+	if int(st.Uid) == uid || (readOnly && st.Uid == 0) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s is owned by uid %d, not by uid %d that runs the guard; chown it", ErrUnsafeDir, p, st.Uid, uid)
+}
+
+// readFileNoFollow reads a file without following a symlink, into buf's
+// storage when it is large enough. At most limit+1 bytes are read, so that the
+// caller can tell an oversized file. exists is false (with a nil error) when
+// there is no file.
+func readFileNoFollow(p string, limit int64, buf []byte) (data []byte, exists bool, err error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0) //nolint:gosec // fixed name in the operator's state dir
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("open %s: %w", p, err)
+	}
+	defer func() { _ = f.Close() }()
+	want := int64(4096)
+	if fi, err := f.Stat(); err == nil {
+		want = min(fi.Size(), limit) + 512
+	}
+	buf = slices.Grow(buf[:0], int(want))
+	r := io.LimitReader(f, limit+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, 64<<10)
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			return buf, true, nil
+		}
+		if err != nil {
+			return nil, true, fmt.Errorf("read %s: %w", p, err)
+		}
+	}
+}
+
+// writeAtomic replaces path with data: temp file in the same dir, fsync,
+// rename, fsync the dir. A crash at any point leaves the old or the new file;
+// a leftover temp file is never read as state and is removed by the next
+// writer.
+func writeAtomic(dir, path string, data []byte) error {
+	reachStage(stageBeforeWrite)
+	f, err := os.CreateTemp(dir, tempPrefix+"*")
+	if err != nil {
+		return fmt.Errorf("create temp file in %s: %w", dir, err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			_ = f.Close()
+			_ = os.Remove(tmp) //nolint:gosec // our own temp file
+		}
+	}()
+	if _, err := f.Write(data); err != nil {
+		return fmt.Errorf("write %s: %w", tmp, err)
+	}
+	reachStage(stageAfterWrite)
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", tmp, err)
+	}
+	reachStage(stageAfterFsync)
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil { //nolint:gosec // our temp file onto the fixed state name
+		return fmt.Errorf("rename %s to %s: %w", tmp, path, err)
+	}
+	ok = true
+	reachStage(stageAfterRename)
+	if err := syncDir(dir); err != nil {
+		return err
+	}
+	reachStage(stageAfterDirSyn)
+	return nil
+}
+
+// syncDir makes a rename in dir durable.
+func syncDir(dir string) error {
+	d, err := os.Open(dir) //nolint:gosec // the state dir is the operator's choice
+	if err != nil {
+		return fmt.Errorf("open dir %s: %w", dir, err)
+	}
+	defer func() { _ = d.Close() }()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("fsync dir %s: %w", dir, err)
+	}
+	return nil
+}
+
+// quarantine moves a bad state file aside for a human to inspect, to
+// ledger.json.corrupt-<UTC time> (with a counter if that name is taken).
+func quarantine(dir, path string, now time.Time) (string, error) {
+	base := filepath.Join(dir, corruptPrefix+now.UTC().Format(quarantineStamp))
+	for i := 0; i < 100; i++ {
+		dst := base
+		if i > 0 {
+			dst = fmt.Sprintf("%s.%d", base, i)
+		}
+		if _, err := os.Lstat(dst); err == nil { //nolint:gosec // fixed names in the operator's state dir
+			continue
+		}
+		if err := os.Rename(path, dst); err != nil { //nolint:gosec // fixed names in the operator's state dir
+			return "", fmt.Errorf("move corrupt ledger %s aside: %w", path, err)
+		}
+		if err := syncDir(dir); err != nil {
+			return dst, err
+		}
+		return dst, nil
+	}
+	return "", fmt.Errorf("move corrupt ledger %s aside: too many quarantined files named %s*; clean them up", path, base)
+}
+
+// removeStrayTemps deletes temp files left by a writer that crashed before
+// its rename. Only called with the lock held: no live writer has one then.
+func removeStrayTemps(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", dir, err)
+	}
+	var removed []string
+	var errs []error
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), tempPrefix) || e.IsDir() {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // a temp file of ours in the state dir
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, p)
+	}
+	return removed, errors.Join(errs...)
+}

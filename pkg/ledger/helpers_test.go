@@ -1,0 +1,127 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+const testBoot = "11111111-2222-3333-4444-555555555555"
+
+// clock is an injected, manually advanced clock.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newClock() *clock {
+	return &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+func gpu(i int) devices.Device {
+	return devices.Device{UUID: fmt.Sprintf("GPU-%08d-0000-4000-8000-000000000000", i), Index: fmt.Sprint(i), Kind: devices.KindGPU}
+}
+
+func mig(g, j int) devices.Device {
+	return devices.Device{
+		UUID:   fmt.Sprintf("MIG-%08d-%04d-4000-8000-000000000000", g, j),
+		Index:  fmt.Sprintf("%d:%d", g, j),
+		Kind:   devices.KindMIG,
+		Parent: gpu(g).UUID,
+	}
+}
+
+func devs(ds ...devices.Device) []devices.Device { return ds }
+
+func owner(id string) Owner {
+	return Owner{ContainerID: id, Namespace: "ns", Pod: "pod-" + id, PodUID: "uid-" + id, Container: "ctr", FrontEnd: FrontEndNRI}
+}
+
+func testOptions(c *clock) Options {
+	o := Options{BootID: testBoot, LockTimeout: 30 * time.Second}
+	if c != nil {
+		o.Now = c.Now
+	}
+	return o
+}
+
+func openTest(t testing.TB, c *clock) *Ledger {
+	t.Helper()
+	l, err := Open(t.TempDir(), testOptions(c))
+	require.NoError(t, err)
+	return l
+}
+
+// update runs fn in an Update and fails the test on error.
+func update(t testing.TB, l *Ledger, fn func(tx *Tx)) {
+	t.Helper()
+	require.NoError(t, l.Update(context.Background(), func(tx *Tx) error { fn(tx); return nil }))
+}
+
+func snapshot(t testing.TB, l *Ledger) State {
+	t.Helper()
+	st, err := l.Snapshot(context.Background())
+	require.NoError(t, err)
+	return st
+}
+
+// holders maps device UUID to holding container id.
+func holders(st State) map[string]string {
+	m := map[string]string{}
+	for _, c := range st.Claims {
+		m[c.Device.UUID] = c.Owner.ContainerID
+	}
+	return m
+}
+
+func reservedFor(st State) map[string]string {
+	m := map[string]string{}
+	for _, r := range st.Reservations {
+		m[r.Device.UUID] = r.For
+	}
+	return m
+}
+
+func waiterKeys(st State) []string {
+	var out []string
+	for _, w := range st.Waiters {
+		out = append(out, w.Key)
+	}
+	return out
+}
+
+func isBusy(err error) bool {
+	var be *BusyError
+	return errors.As(err, &be) && errors.Is(err, ErrBusy)
+}
+
+// auditOps lists the ops of the audit log in order.
+func auditOps(t testing.TB, l *Ledger) []string {
+	t.Helper()
+	recs, err := ReadAudit(l.AuditPath())
+	require.NoError(t, err)
+	var ops []string
+	for _, r := range recs {
+		ops = append(ops, r.Op)
+	}
+	return ops
+}

@@ -1,0 +1,153 @@
+package ledger
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Lock polling: flock has no timeout and a blocked flock cannot be cancelled,
+// so the lock is polled with a non-blocking attempt and an exponential,
+// jittered back-off (short first, because a commit holds the lock for about
+// one fsync).
+const (
+	lockPollMin = 100 * time.Microsecond
+	lockPollMax = 5 * time.Millisecond
+)
+
+// acquire takes the in-process and the host-wide lock within
+// min(LockTimeout, ctx deadline). The returned func releases both. A context
+// that is already done fails at once (nothing is changed for a caller that
+// gave up), with the same *LockError.
+func (l *Ledger) acquire(ctx context.Context) (func(), error) {
+	start := time.Now()
+	if ctx.Err() != nil {
+		return nil, l.lockError(ctx, start, 0)
+	}
+	lctx, cancel := context.WithTimeout(ctx, l.opts.LockTimeout)
+	defer cancel()
+
+	// Goroutines of one process share the flock object, and a flock held by
+	// this process's file description would let a second goroutine in: the
+	// semaphore serialises them first.
+	select {
+	case l.sem <- struct{}{}:
+	default:
+		select {
+		case l.sem <- struct{}{}:
+		case <-lctx.Done():
+			return nil, l.lockError(ctx, start, os.Getpid())
+		}
+	}
+	delay := lockPollMin
+	var timer *time.Timer
+	for {
+		ok, err := l.flock.TryLock()
+		if err != nil {
+			<-l.sem
+			return nil, fmt.Errorf("lock %s: %w", l.LockPath(), err)
+		}
+		if ok {
+			break
+		}
+		if lctx.Err() != nil {
+			<-l.sem
+			return nil, l.lockError(ctx, start, 0)
+		}
+		// Jitter keeps polling processes from moving in lockstep.
+		d := delay/2 + time.Duration(time.Now().UnixNano()%int64(delay/2+1))
+		if timer == nil {
+			timer = time.NewTimer(d)
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-timer.C:
+		case <-lctx.Done():
+			timer.Stop()
+			// One last attempt: the holder may have just let go.
+			if ok, err := l.flock.TryLock(); err == nil && ok {
+				return l.unlocker(), nil
+			}
+			<-l.sem
+			return nil, l.lockError(ctx, start, 0)
+		}
+		delay = min(2*delay, lockPollMax)
+	}
+	return l.unlocker(), nil
+}
+
+func (l *Ledger) unlocker() func() {
+	return func() {
+		_ = l.flock.Unlock()
+		<-l.sem
+	}
+}
+
+func (l *Ledger) lockError(ctx context.Context, start time.Time, holder int) error {
+	if holder == 0 {
+		holder = lockHolder(l.LockPath())
+	}
+	return &LockError{
+		Path:      l.LockPath(),
+		HolderPid: holder,
+		Waited:    time.Since(start),
+		Cause:     context.Cause(ctx),
+	}
+}
+
+// lockHolder finds the pid holding a flock on path in /proc/locks (0 if it
+// cannot tell). The kernel lists each lock as
+//
+//	1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF
+//
+// with the device as hex major:minor and the inode in decimal.
+func lockHolder(path string) int {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return 0
+	}
+	f, err := os.Open("/proc/locks")
+	if err != nil {
+		return 0
+	}
+	defer func() { _ = f.Close() }()
+	major, minor := devNumbers(uint64(st.Dev))
+	wantDev := fmt.Sprintf("%02x:%02x:%d", major, minor, st.Ino)
+	wantIno := ":" + strconv.FormatUint(st.Ino, 10)
+	inoOnly := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		// Blocked waiters are listed as "N: -> FLOCK ..."; skip them.
+		if len(fields) < 6 || fields[1] != "FLOCK" {
+			continue
+		}
+		pid, err := strconv.Atoi(fields[4])
+		if err != nil {
+			continue
+		}
+		if fields[5] == wantDev {
+			return pid
+		}
+		// Some filesystems (overlay) report another device number; an inode
+		// match alone is still a good hint.
+		if strings.HasSuffix(fields[5], wantIno) && inoOnly == 0 {
+			inoOnly = pid
+		}
+	}
+	return inoOnly
+}
+
+// devNumbers splits a Linux dev_t (the kernel's "huge" encoding, as glibc's
+// major()/minor() do).
+func devNumbers(dev uint64) (major, minor uint64) {
+	major = (dev>>8)&0xfff | (dev>>32)&0xfffff000
+	minor = dev&0xff | (dev>>12)&0xffffff00
+	return major, minor
+}

@@ -1,0 +1,72 @@
+package ledger
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+)
+
+// Multi-process tests re-run this test binary as a helper process: TestMain
+// sees helperEnv and runs the named helper instead of the tests.
+const helperEnv = "LEDGER_TEST_HELPER"
+
+var helpers = map[string]func() int{}
+
+func TestMain(m *testing.M) {
+	if name := os.Getenv(helperEnv); name != "" {
+		fn, ok := helpers[name]
+		if !ok {
+			fmt.Fprintf(os.Stderr, "unknown helper %q\n", name)
+			os.Exit(2)
+		}
+		os.Exit(fn())
+	}
+	os.Exit(m.Run())
+}
+
+// helperCmd prepares a helper process with the given environment.
+func helperCmd(t testing.TB, name string, env map[string]string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), helperEnv+"="+name)
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	return cmd
+}
+
+// runHelper runs a helper to completion and returns its exit code and
+// output.
+func runHelper(t testing.TB, name string, env map[string]string) (int, string) {
+	t.Helper()
+	cmd := helperCmd(t, name, env)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if err != nil && cmd.ProcessState == nil {
+		t.Fatalf("start helper %s: %v", name, err)
+	}
+	return cmd.ProcessState.ExitCode(), out.String()
+}
+
+func envInt(name string) int {
+	n, err := strconv.Atoi(os.Getenv(name))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "helper: %s=%q: %v\n", name, os.Getenv(name), err)
+		os.Exit(2)
+	}
+	return n
+}
+
+// helperFail reports a helper failure and returns its exit code.
+func helperFail(format string, args ...any) int {
+	fmt.Fprintf(os.Stderr, "helper: "+format+"\n", args...)
+	return 1
+}

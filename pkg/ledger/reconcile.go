@@ -1,0 +1,129 @@
+package ledger
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// Reconcile makes the claims of front end fe match live, the runtime's list
+// of its running (or created) containers and the devices each reaches:
+//
+//   - a claim of fe whose container is not listed, or whose device the
+//     listed container no longer reaches, is released ("stale");
+//   - a listed device with no claim is adopted by its container (reality
+//     wins over a reservation: the reservation is dropped);
+//   - a listed container on a device another container holds gets a Conflict
+//     record — nothing is killed, ctl and metrics show it, and the record
+//     becomes the claim once the device is free;
+//   - claims and conflict records of other front ends are left alone.
+//
+// When two listed containers reach one unclaimed device, the one earlier in
+// live adopts it and the other is recorded as a conflict.
+func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
+	tx.check()
+	var res ReconcileResult
+	listed := make(map[string]map[string]bool, len(live))
+	for _, h := range live {
+		id := h.Owner.ContainerID
+		if id == "" {
+			continue
+		}
+		if listed[id] == nil {
+			listed[id] = make(map[string]bool, len(h.Devices))
+		}
+		for _, d := range h.Devices {
+			listed[id][d.UUID] = true
+		}
+	}
+
+	res.Released = tx.releaseWhere(func(c *Claim) bool {
+		return c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID][c.Device.UUID]
+	}, "stale: the runtime no longer lists this container on the device")
+	tx.clearConflictsWhere(func(c *Conflict) bool {
+		return c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID][c.Device.UUID]
+	}, "stale: the runtime no longer lists this container on the device")
+
+	for _, h := range live {
+		owner := h.Owner
+		if owner.ContainerID == "" {
+			continue
+		}
+		if owner.FrontEnd == "" {
+			owner.FrontEnd = fe
+		}
+		var adopted []string
+		for _, d := range uniqueDevices(h.Devices) {
+			if d.UUID == "" {
+				continue
+			}
+			if i, ok := tx.claimIndex(d.UUID); ok && tx.st.Claims[i].Owner.ContainerID == owner.ContainerID {
+				if fillStarted(&tx.st.Claims[i].Owner, &owner) {
+					tx.touch()
+					tx.record(OpStarted, &owner, "", []string{d.UUID}, "process details reported by the runtime at reconcile")
+				}
+				continue
+			}
+			if holder := tx.conflictingClaim(d, owner.ContainerID); holder != nil {
+				c := Conflict{Device: d, Owner: owner, Since: tx.now}
+				if j := tx.conflictIndex(d.UUID, owner.ContainerID); j >= 0 {
+					c = tx.st.Conflicts[j]
+				} else {
+					tx.st.Conflicts = append(tx.st.Conflicts, c)
+					tx.touch()
+					tx.record(OpConflict, &owner, "", []string{d.UUID},
+						fmt.Sprintf("running on a device held by %s through %s", DescribeOwner(holder.Owner), DescribeDevice(holder.Device)))
+				}
+				res.Conflicts = append(res.Conflicts, c)
+				continue
+			}
+			for j := 0; j < len(tx.st.Reservations); {
+				if r := tx.st.Reservations[j]; devices.Conflicts(r.Device, d) {
+					tx.st.Reservations = slices.Delete(tx.st.Reservations, j, j+1)
+					tx.record(OpUnreserve, nil, r.For, []string{r.Device.UUID}, "in use by running "+DescribeOwner(owner))
+					continue
+				}
+				j++
+			}
+			c := Claim{Device: d, Owner: owner, Source: h.Source, Since: tx.now}
+			tx.insertClaim(c)
+			res.Adopted = append(res.Adopted, c)
+			adopted = append(adopted, d.UUID)
+		}
+		if len(adopted) > 0 {
+			tx.record(OpAdopt, &owner, "", adopted, "running container without a claim")
+		}
+	}
+	tx.maintain()
+	return res
+}
+
+func (tx *Tx) conflictIndex(uuid, containerID string) int {
+	for i := range tx.st.Conflicts {
+		if c := &tx.st.Conflicts[i]; c.Device.UUID == uuid && c.Owner.ContainerID == containerID {
+			return i
+		}
+	}
+	return -1
+}
+
+// fillStarted copies process details the runtime reports into a claim that
+// lacks them (the daemon restarted after the container started). It reports
+// whether anything changed.
+func fillStarted(dst, src *Owner) bool {
+	changed := false
+	if dst.Pid == 0 && src.Pid != 0 {
+		dst.Pid, dst.PidStart = src.Pid, src.PidStart
+		changed = true
+	}
+	if dst.Cgroup == "" && src.Cgroup != "" {
+		dst.Cgroup = src.Cgroup
+		changed = true
+	}
+	if dst.StartedAt.IsZero() && !src.StartedAt.IsZero() {
+		dst.StartedAt = src.StartedAt
+		changed = true
+	}
+	return changed
+}

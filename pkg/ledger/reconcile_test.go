@@ -1,0 +1,136 @@
+package ledger
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+func hookOwner(id string) Owner {
+	o := owner(id)
+	o.FrontEnd = FrontEndHook
+	return o
+}
+
+func TestReconcile(t *testing.T) {
+	l := openTest(t, newClock())
+	update(t, l, func(tx *Tx) {
+		for _, c := range []struct {
+			o Owner
+			d devices.Device
+		}{
+			{owner("gone"), gpu(0)},       // NRI, not listed any more → stale
+			{owner("kept"), gpu(1)},       // NRI, listed → kept
+			{owner("moved"), gpu(2)},      // NRI, listed on another device now
+			{hookOwner("hook-1"), gpu(3)}, // another front end → untouched
+		} {
+			_, err := tx.Claim("", c.o, devs(c.d), "env")
+			require.NoError(t, err)
+		}
+		tx.Enqueue("w", owner("w"), devs(gpu(5))) // GPU 5 is free: reserved for w
+	})
+	require.Equal(t, map[string]string{gpu(5).UUID: "w"}, reservedFor(snapshot(t, l)))
+
+	kept := owner("kept")
+	kept.Pid, kept.PidStart, kept.Cgroup = 77, 88, "/k8s/kept"
+	var res ReconcileResult
+	update(t, l, func(tx *Tx) {
+		res = tx.Reconcile(FrontEndNRI, []Holding{
+			{Owner: kept, Devices: devs(gpu(1))},
+			{Owner: owner("moved"), Devices: devs(gpu(4))},
+			{Owner: owner("intruder"), Devices: devs(gpu(3)), Source: "privileged"}, // on the hook's GPU
+			{Owner: owner("squatter"), Devices: devs(gpu(5)), Source: "env"},        // on w's reserved GPU
+			{Owner: owner("second"), Devices: devs(gpu(5))},                         // same GPU, later in the list
+		})
+	})
+	var released, adopted, conflicts []string
+	for _, c := range res.Released {
+		released = append(released, c.Owner.ContainerID+"@"+c.Device.Index)
+	}
+	for _, c := range res.Adopted {
+		adopted = append(adopted, c.Owner.ContainerID+"@"+c.Device.Index)
+	}
+	for _, c := range res.Conflicts {
+		conflicts = append(conflicts, c.Owner.ContainerID+"@"+c.Device.Index)
+	}
+	require.Equal(t, []string{"gone@0", "moved@2"}, released)
+	require.Equal(t, []string{"moved@4", "squatter@5"}, adopted)
+	require.Equal(t, []string{"intruder@3", "second@5"}, conflicts)
+
+	st := snapshot(t, l)
+	require.Equal(t, map[string]string{
+		gpu(1).UUID: "kept", gpu(3).UUID: "hook-1", gpu(4).UUID: "moved", gpu(5).UUID: "squatter",
+	}, holders(st))
+	require.Empty(t, st.Reservations, "the running container wins over the reservation")
+	require.Equal(t, []string{"w"}, waiterKeys(st), "the waiter stays queued")
+	require.Len(t, st.Conflicts, 2)
+	for _, c := range st.Claims {
+		if c.Owner.ContainerID == "kept" {
+			require.Equal(t, 77, c.Owner.Pid, "process details filled in")
+			require.Equal(t, "/k8s/kept", c.Owner.Cgroup)
+		}
+	}
+
+	// Reconciling again with the same list changes nothing.
+	gen := st.Generation
+	update(t, l, func(tx *Tx) {
+		res = tx.Reconcile(FrontEndNRI, []Holding{
+			{Owner: kept, Devices: devs(gpu(1))},
+			{Owner: owner("moved"), Devices: devs(gpu(4))},
+			{Owner: owner("intruder"), Devices: devs(gpu(3))},
+			{Owner: owner("squatter"), Devices: devs(gpu(5))},
+			{Owner: owner("second"), Devices: devs(gpu(5))},
+		})
+	})
+	require.Empty(t, res.Released)
+	require.Empty(t, res.Adopted)
+	require.Len(t, res.Conflicts, 2)
+	require.Equal(t, gen, snapshot(t, l).Generation, "an unchanged reconcile writes nothing")
+
+	// The hook container exits: the intruder found on its GPU becomes the holder.
+	update(t, l, func(tx *Tx) { tx.Release("hook-1", "poststop") })
+	st = snapshot(t, l)
+	require.Equal(t, "intruder", holders(st)[gpu(3).UUID])
+	require.Len(t, st.Conflicts, 1)
+	require.Contains(t, auditOps(t, l), OpPromote)
+
+	// The squatter goes; "second" is promoted to GPU 5 ahead of waiter w.
+	update(t, l, func(tx *Tx) { tx.Release("squatter", "stop") })
+	st = snapshot(t, l)
+	require.Equal(t, "second", holders(st)[gpu(5).UUID])
+	require.Empty(t, st.Conflicts)
+	require.Empty(t, st.Reservations)
+
+	// An empty list releases every NRI claim; the hook front end's are kept.
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", hookOwner("hook-2"), devs(gpu(6)), "env")
+		require.NoError(t, err)
+		tx.Reconcile(FrontEndNRI, nil)
+	})
+	require.Equal(t, map[string]string{gpu(6).UUID: "hook-2"}, holders(snapshot(t, l)))
+	require.Equal(t, map[string]string{gpu(5).UUID: "w"}, reservedFor(snapshot(t, l)))
+}
+
+func TestReconcileMIG(t *testing.T) {
+	l := openTest(t, newClock())
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", hookOwner("h"), devs(mig(0, 0)), "env")
+		require.NoError(t, err)
+		res := tx.Reconcile(FrontEndNRI, []Holding{
+			{Owner: owner("full"), Devices: devs(gpu(0))},       // conflicts with the MIG holder
+			{Owner: owner("sibling"), Devices: devs(mig(0, 1))}, // does not
+		})
+		require.Len(t, res.Conflicts, 1)
+		require.Equal(t, "full", res.Conflicts[0].Owner.ContainerID)
+		require.Len(t, res.Adopted, 1)
+		require.Equal(t, "sibling", res.Adopted[0].Owner.ContainerID)
+	})
+	// When the MIG holder leaves, GPU 0 is still partly held by "sibling":
+	// "full" stays a conflict.
+	update(t, l, func(tx *Tx) { tx.Release("h", "stop") })
+	st := snapshot(t, l)
+	require.Len(t, st.Conflicts, 1)
+	require.Equal(t, map[string]string{mig(0, 1).UUID: "sibling"}, holders(st))
+}

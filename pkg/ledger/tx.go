@@ -1,0 +1,557 @@
+package ledger
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// Tx is one mutation in progress (see Ledger.Update). It is valid only inside
+// the function passed to Update or View and must not be used from other
+// goroutines. Every method keeps the ledger's invariants when it returns: no
+// two containers hold conflicting devices, and every free device somebody
+// waits for is reserved for the earliest such waiter (the queue mechanics
+// run after every change that can free a device).
+type Tx struct {
+	l     *Ledger
+	now   time.Time
+	st    State
+	dirty bool
+	audit []AuditRecord
+	// waitersOwned is false while st.Waiters still shares its array with the
+	// ledger's cache; ownWaiters copies it before the first change. (Claims,
+	// reservations and conflicts are small and copied up front.)
+	waitersOwned bool
+	// settled: nothing changed since the queue mechanics last ran, so
+	// running them again would change nothing either.
+	settled bool
+	closed  bool
+}
+
+// touch records a change of the state.
+func (tx *Tx) touch() {
+	tx.dirty = true
+	tx.settled = false
+}
+
+func newTx(l *Ledger, st State, now time.Time) *Tx {
+	tx := &Tx{l: l, now: now, st: st}
+	tx.st.Claims = slices.Clone(st.Claims)
+	tx.st.Reservations = slices.Clone(st.Reservations)
+	tx.st.Conflicts = slices.Clone(st.Conflicts)
+	return tx
+}
+
+func (tx *Tx) close() { tx.closed = true }
+
+func (tx *Tx) check() {
+	if tx.closed {
+		panic("ledger: Tx used after its Update or View returned")
+	}
+}
+
+func (tx *Tx) ownWaiters() []Waiter {
+	if !tx.waitersOwned {
+		tx.st.Waiters = slices.Clone(tx.st.Waiters)
+		tx.waitersOwned = true
+	}
+	return tx.st.Waiters
+}
+
+// Now is the time of this transaction (Options.Now, read once), used for
+// every timestamp it writes.
+func (tx *Tx) Now() time.Time { return tx.now }
+
+// State is a read-only view of the state being built. Do not modify it, and
+// do not keep it after fn returns.
+func (tx *Tx) State() *State {
+	tx.check()
+	return &tx.st
+}
+
+// Audit adds a record to the audit log (for instance a refused request); it
+// is written with the commit, or alone if nothing else changed.
+func (tx *Tx) Audit(op string, rec AuditRecord) {
+	tx.check()
+	rec.Op = op
+	if rec.Time.IsZero() {
+		rec.Time = tx.now
+	}
+	tx.audit = append(tx.audit, rec)
+}
+
+func (tx *Tx) record(op string, o *Owner, key string, devs []string, reason string) {
+	r := AuditRecord{Time: tx.now, Op: op, Devices: devs, Key: key, Reason: reason}
+	if o != nil {
+		r.ContainerID, r.Namespace, r.Pod, r.Container, r.FrontEnd = o.ContainerID, o.Namespace, o.Pod, o.Container, string(o.FrontEnd)
+	}
+	tx.audit = append(tx.audit, r)
+}
+
+// requesterKey is the waiter key of a request: key, or the container id when
+// key is empty.
+func requesterKey(key string, o Owner) string {
+	if key != "" {
+		return key
+	}
+	return o.ContainerID
+}
+
+// uniqueDevices drops repeated UUIDs, keeping the first occurrence.
+func uniqueDevices(devs []devices.Device) []devices.Device {
+	if len(devs) < 2 {
+		return devs
+	}
+	out := make([]devices.Device, 0, len(devs))
+	for _, d := range devs {
+		if !slices.ContainsFunc(out, func(o devices.Device) bool { return o.UUID == d.UUID }) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func uuids[T any](xs []T, dev func(*T) devices.Device) []string {
+	out := make([]string, 0, len(xs))
+	for i := range xs {
+		out = append(out, dev(&xs[i]).UUID)
+	}
+	return out
+}
+
+func claimDevice(c *Claim) devices.Device          { return c.Device }
+func plainDevice(d *devices.Device) devices.Device { return *d }
+
+func validRequest(owner Owner, devs []devices.Device) error {
+	if owner.ContainerID == "" {
+		return fmt.Errorf("%w: no container id", ErrInvalid)
+	}
+	if len(devs) == 0 {
+		return fmt.Errorf("%w: no devices for container %s", ErrInvalid, ShortID(owner.ContainerID))
+	}
+	for _, d := range devs {
+		if d.UUID == "" {
+			return fmt.Errorf("%w: device with index %q has no UUID (container %s)", ErrInvalid, d.Index, ShortID(owner.ContainerID))
+		}
+	}
+	return nil
+}
+
+func (tx *Tx) claimIndex(uuid string) (int, bool) {
+	return slices.BinarySearchFunc(tx.st.Claims, uuid, func(c Claim, u string) int { return strings.Compare(c.Device.UUID, u) })
+}
+
+func (tx *Tx) insertClaim(c Claim) {
+	i, found := tx.claimIndex(c.Device.UUID)
+	if found {
+		tx.st.Claims[i] = c
+	} else {
+		tx.st.Claims = slices.Insert(tx.st.Claims, i, c)
+	}
+	tx.touch()
+}
+
+func (tx *Tx) reservationIndex(uuid string) (int, bool) {
+	return slices.BinarySearchFunc(tx.st.Reservations, uuid, func(r Reservation, u string) int { return strings.Compare(r.Device.UUID, u) })
+}
+
+func (tx *Tx) insertReservation(r Reservation) {
+	i, found := tx.reservationIndex(r.Device.UUID)
+	if found {
+		tx.st.Reservations[i] = r
+	} else {
+		tx.st.Reservations = slices.Insert(tx.st.Reservations, i, r)
+	}
+	tx.touch()
+}
+
+func (tx *Tx) waiterIndex(key string) int {
+	for i := range tx.st.Waiters {
+		if tx.st.Waiters[i].Key == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// Busy lists what stands between a request and its devices: claims of other
+// containers on a conflicting device, and reservations of a conflicting
+// device for another requester key. Claims of owner's own container and
+// reservations for key do not count. Empty means Claim would succeed.
+func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice {
+	tx.check()
+	key = requesterKey(key, owner)
+	var out []BusyDevice
+	for _, d := range uniqueDevices(devs) {
+		for i := range tx.st.Claims {
+			if c := tx.st.Claims[i]; c.Owner.ContainerID != owner.ContainerID && devices.Conflicts(c.Device, d) {
+				out = append(out, BusyDevice{Wanted: d, Holder: &c})
+			}
+		}
+		for i := range tx.st.Reservations {
+			if r := tx.st.Reservations[i]; r.For != key && devices.Conflicts(r.Device, d) {
+				out = append(out, BusyDevice{Wanted: d, Reservation: &r})
+			}
+		}
+	}
+	return out
+}
+
+// Claim gives every device of devs to owner's container, or none: if any is
+// busy (see Busy) it returns a *BusyError and changes nothing. Re-claiming a
+// device the container already holds is a no-op. A successful claim consumes
+// the reservations of key (default: the container id) and removes its
+// waiter. It returns the container's claims on devs.
+func (tx *Tx) Claim(key string, owner Owner, devs []devices.Device, source string) ([]Claim, error) {
+	tx.check()
+	devs = uniqueDevices(devs)
+	if err := validRequest(owner, devs); err != nil {
+		return nil, err
+	}
+	key = requesterKey(key, owner)
+	if busy := tx.Busy(key, owner, devs); len(busy) > 0 {
+		return nil, &BusyError{Busy: busy}
+	}
+	out := make([]Claim, 0, len(devs))
+	var added []string
+	for _, d := range devs {
+		if i, ok := tx.claimIndex(d.UUID); ok {
+			out = append(out, tx.st.Claims[i]) // held by this container already
+			continue
+		}
+		c := Claim{Device: d, Owner: owner, Source: source, Since: tx.now}
+		tx.insertClaim(c)
+		out = append(out, c)
+		added = append(added, d.UUID)
+	}
+	reserved := tx.removeReservationsFor(key)
+	waited := tx.removeWaiter(key)
+	switch {
+	case len(added) > 0:
+		reason := source
+		if reserved > 0 {
+			reason = strings.TrimPrefix(reason+"; used its reservation", "; ")
+		}
+		tx.record(OpClaim, &owner, key, added, reason)
+	case waited || reserved > 0:
+		tx.record(OpDequeue, &owner, key, uuids(devs, plainDevice), "admitted: devices already held by the container")
+	}
+	tx.maintain()
+	return out, nil
+}
+
+// removeReservationsFor drops every reservation for key, without an audit
+// record (the caller writes one).
+func (tx *Tx) removeReservationsFor(key string) int {
+	n := len(tx.st.Reservations)
+	tx.st.Reservations = slices.DeleteFunc(tx.st.Reservations, func(r Reservation) bool { return r.For == key })
+	if d := n - len(tx.st.Reservations); d > 0 {
+		tx.touch()
+		return d
+	}
+	return 0
+}
+
+// removeWaiter drops key's waiter and its reservations, without an audit
+// record.
+func (tx *Tx) removeWaiter(key string) bool {
+	i := tx.waiterIndex(key)
+	if i < 0 {
+		return false
+	}
+	tx.st.Waiters = slices.Delete(tx.ownWaiters(), i, i+1)
+	tx.removeReservationsFor(key)
+	tx.touch()
+	return true
+}
+
+// Enqueue records key as waiting for devs: a new waiter goes to the tail
+// (next arrival number); a known one keeps its place and is refreshed (last
+// seen, owner, devices), which also renews its reservations — it came back in
+// time. It returns the waiter's position (see Position). An empty key (and
+// container id) or no devices enqueues nothing and returns 0, 0.
+func (tx *Tx) Enqueue(key string, owner Owner, devs []devices.Device) (position, total int) {
+	tx.check()
+	key = requesterKey(key, owner)
+	devs = uniqueDevices(devs)
+	if key == "" || len(devs) == 0 {
+		return 0, 0
+	}
+	if i := tx.waiterIndex(key); i >= 0 {
+		w := &tx.ownWaiters()[i]
+		w.LastSeen = tx.now
+		w.Owner = owner
+		w.Devices = slices.Clone(devs)
+		until := tx.now.Add(tx.l.opts.ReservationTTL)
+		for j := range tx.st.Reservations {
+			r := &tx.st.Reservations[j]
+			if r.For == key && wantsUUID(devs, r.Device.UUID) && r.Until.Before(until) {
+				r.Until = until
+			}
+		}
+		tx.record(OpRefresh, &owner, key, uuids(devs, plainDevice), "")
+	} else {
+		seq := max(tx.st.NextSeq, 1)
+		tx.st.NextSeq = seq + 1
+		tx.st.Waiters = append(tx.ownWaiters(), Waiter{
+			Key: key, Seq: seq, Devices: slices.Clone(devs), Owner: owner, FirstSeen: tx.now, LastSeen: tx.now,
+		})
+		tx.record(OpEnqueue, &owner, key, uuids(devs, plainDevice), fmt.Sprintf("arrival %d", seq))
+	}
+	tx.touch()
+	tx.maintain()
+	position, total, _ = tx.Position(key)
+	return position, total
+}
+
+func wantsUUID(devs []devices.Device, uuid string) bool {
+	return slices.ContainsFunc(devs, func(d devices.Device) bool { return d.UUID == uuid })
+}
+
+func anyConflict(a, b []devices.Device) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if devices.Conflicts(x, y) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// Position is key's place in its queue: among the waiters whose devices
+// conflict with key's (key included), ordered by arrival, key is number
+// position of total ("position 2 of 3"). ok is false if key is not waiting.
+func (tx *Tx) Position(key string) (position, total int, ok bool) {
+	tx.check()
+	i := tx.waiterIndex(key)
+	if i < 0 {
+		return 0, 0, false
+	}
+	w := &tx.st.Waiters[i]
+	for j := range tx.st.Waiters {
+		v := &tx.st.Waiters[j]
+		if j == i || anyConflict(v.Devices, w.Devices) {
+			total++
+			if v.Seq <= w.Seq {
+				position++
+			}
+		}
+	}
+	return position, total, true
+}
+
+// DropWaiter removes key from the queue (with its reservations). It reports
+// whether key was waiting.
+func (tx *Tx) DropWaiter(key, reason string) bool {
+	tx.check()
+	i := tx.waiterIndex(key)
+	if i < 0 {
+		return false
+	}
+	w := tx.st.Waiters[i]
+	tx.removeWaiter(key)
+	tx.record(OpDequeue, &w.Owner, key, uuids(w.Devices, plainDevice), reason)
+	tx.maintain()
+	return true
+}
+
+// DropPodWaiters removes every waiter of a pod (matched by pod UID or sandbox
+// id, whichever is given) and returns them.
+func (tx *Tx) DropPodWaiters(podUID, sandboxID, reason string) []Waiter {
+	tx.check()
+	var out []Waiter
+	for _, w := range tx.st.Waiters {
+		if podMatches(&w.Owner, podUID, sandboxID) {
+			out = append(out, w)
+		}
+	}
+	for _, w := range out {
+		tx.removeWaiter(w.Key)
+		tx.record(OpDequeue, &w.Owner, w.Key, uuids(w.Devices, plainDevice), reason)
+	}
+	if len(out) > 0 {
+		tx.maintain()
+	}
+	return out
+}
+
+func podMatches(o *Owner, podUID, sandboxID string) bool {
+	return (podUID != "" && o.PodUID == podUID) || (sandboxID != "" && o.PodSandboxID == sandboxID)
+}
+
+// Release ends every claim of containerID (and its conflict records) and
+// returns the claims it ended. It is idempotent and never touches another
+// container's claims. Waiters are not affected: a refused container's id is
+// released by the runtime while its requester stays queued.
+func (tx *Tx) Release(containerID, reason string) []Claim {
+	tx.check()
+	if containerID == "" {
+		return nil
+	}
+	out := tx.releaseWhere(func(c *Claim) bool { return c.Owner.ContainerID == containerID }, reason)
+	tx.clearConflictsWhere(func(c *Conflict) bool { return c.Owner.ContainerID == containerID }, reason)
+	tx.maintain()
+	return out
+}
+
+// ReleasePod ends every claim (and conflict record) of a pod's containers,
+// matched by pod UID or sandbox id, whichever is given.
+func (tx *Tx) ReleasePod(podUID, sandboxID, reason string) []Claim {
+	tx.check()
+	if podUID == "" && sandboxID == "" {
+		return nil
+	}
+	out := tx.releaseWhere(func(c *Claim) bool { return podMatches(&c.Owner, podUID, sandboxID) }, reason)
+	tx.clearConflictsWhere(func(c *Conflict) bool { return podMatches(&c.Owner, podUID, sandboxID) }, reason)
+	tx.maintain()
+	return out
+}
+
+// ReleaseDevice ends the claim on one device whoever holds it (operator
+// force-release), or returns an error wrapping ErrNotFound.
+func (tx *Tx) ReleaseDevice(uuid, reason string) (Claim, error) {
+	tx.check()
+	i, ok := tx.claimIndex(uuid)
+	if !ok {
+		return Claim{}, fmt.Errorf("%w: no claim on device %s (gpu-guard-ctl status lists the held devices)", ErrNotFound, uuid)
+	}
+	c := tx.st.Claims[i]
+	tx.releaseWhere(func(x *Claim) bool { return x.Device.UUID == uuid }, reason)
+	tx.maintain()
+	return c, nil
+}
+
+// releaseWhere removes the matching claims, writing one audit record per
+// container, and returns them.
+func (tx *Tx) releaseWhere(match func(*Claim) bool, reason string) []Claim {
+	var out []Claim
+	kept := tx.st.Claims[:0]
+	for i := range tx.st.Claims {
+		if c := tx.st.Claims[i]; match(&c) {
+			out = append(out, c)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	tx.st.Claims = kept
+	tx.touch()
+	// One record per container, in order of first appearance.
+	var ids []string
+	for _, c := range out {
+		if !slices.Contains(ids, c.Owner.ContainerID) {
+			ids = append(ids, c.Owner.ContainerID)
+		}
+	}
+	for _, id := range ids {
+		var devs []string
+		var owner Owner
+		for _, c := range out {
+			if c.Owner.ContainerID == id {
+				devs = append(devs, c.Device.UUID)
+				owner = c.Owner
+			}
+		}
+		tx.record(OpRelease, &owner, "", devs, reason)
+	}
+	return out
+}
+
+func (tx *Tx) clearConflictsWhere(match func(*Conflict) bool, reason string) {
+	kept := tx.st.Conflicts[:0]
+	for i := range tx.st.Conflicts {
+		c := tx.st.Conflicts[i]
+		if match(&c) {
+			tx.record(OpConflictCleared, &c.Owner, "", []string{c.Device.UUID}, reason)
+			tx.touch()
+			continue
+		}
+		kept = append(kept, c)
+	}
+	tx.st.Conflicts = kept
+}
+
+// SetStarted records the pid (with its start time, against pid reuse) and
+// cgroup of a holder once it started. It reports whether the container holds
+// anything.
+func (tx *Tx) SetStarted(containerID string, pid int, pidStart uint64, cgroup string) bool {
+	tx.check()
+	var devs []string
+	var owner Owner
+	for i := range tx.st.Claims {
+		c := &tx.st.Claims[i]
+		if c.Owner.ContainerID != containerID || containerID == "" {
+			continue
+		}
+		c.Owner.Pid, c.Owner.PidStart, c.Owner.Cgroup = pid, pidStart, cgroup
+		if c.Owner.StartedAt.IsZero() {
+			c.Owner.StartedAt = tx.now
+		}
+		devs = append(devs, c.Device.UUID)
+		owner = c.Owner
+	}
+	if len(devs) == 0 {
+		return false
+	}
+	tx.touch()
+	tx.record(OpStarted, &owner, "", devs, fmt.Sprintf("pid %d, cgroup %q", pid, cgroup))
+	return true
+}
+
+// MarkStopped records that a holder exited under release_on = "remove": the
+// claim stays until removal, and a same-pod same-name restart may take it
+// over (TakeOver). It reports whether the container holds anything.
+func (tx *Tx) MarkStopped(containerID string) bool {
+	tx.check()
+	var devs []string
+	var owner Owner
+	for i := range tx.st.Claims {
+		c := &tx.st.Claims[i]
+		if c.Owner.ContainerID != containerID || containerID == "" {
+			continue
+		}
+		if c.Owner.StoppedAt.IsZero() {
+			c.Owner.StoppedAt = tx.now
+			tx.touch()
+		}
+		devs = append(devs, c.Device.UUID)
+		owner = c.Owner
+	}
+	if len(devs) == 0 {
+		return false
+	}
+	tx.record(OpStopped, &owner, "", devs, "claim kept until the container is removed")
+	return true
+}
+
+// TakeOver moves every claim of fromContainerID to the container to (a
+// same-pod same-name restart under release_on = "remove") and returns the
+// new claims. Nothing happens if from holds nothing or to has no id.
+func (tx *Tx) TakeOver(fromContainerID string, to Owner, reason string) []Claim {
+	tx.check()
+	if fromContainerID == "" || to.ContainerID == "" || fromContainerID == to.ContainerID {
+		return nil
+	}
+	var out []Claim
+	for i := range tx.st.Claims {
+		c := &tx.st.Claims[i]
+		if c.Owner.ContainerID != fromContainerID {
+			continue
+		}
+		c.Owner = to
+		c.Since = tx.now
+		out = append(out, *c)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	tx.touch()
+	tx.record(OpTakeover, &to, "", uuids(out, claimDevice), fmt.Sprintf("from container %s: %s", fromContainerID, reason))
+	return out
+}

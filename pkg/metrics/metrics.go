@@ -1,0 +1,198 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+const namespace = "nri_gpu_guard"
+
+// Metrics holds the daemon's metrics and readiness. It implements
+// guard.Observer. The zero value is not usable; call New.
+type Metrics struct {
+	reg *prometheus.Registry
+
+	holder     *prometheus.GaugeVec
+	decisions  *prometheus.CounterVec
+	latency    prometheus.Histogram
+	wait       prometheus.Histogram
+	queueDepth prometheus.Gauge
+	reserved   prometheus.Gauge
+	conflicts  prometheus.Gauge
+	releases   *prometheus.CounterVec
+
+	// stateMu orders StateChanged calls: the holder gauge is reset and
+	// refilled, which must not interleave with another refill.
+	stateMu sync.Mutex
+	// lastGen skips states older than one already shown (observers are
+	// called outside the ledger lock, so two goroutines may race).
+	lastGen uint64
+
+	ready atomic.Bool
+}
+
+var _ guard.Observer = (*Metrics)(nil)
+
+// New returns Metrics registered in a fresh registry together with the Go
+// runtime and process collectors.
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		holder: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "device_holder",
+			Help: "1 for each device claim: which container holds which GPU or MIG device.",
+		}, []string{"device_uuid", "device_index", "namespace", "pod", "container"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "decisions_total",
+			Help: "Admission decisions by result (admit, queue, reject, skip) and reason.",
+		}, []string{"result", "reason"}),
+		latency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "decision_duration_seconds",
+			Help: "Time to decide one admission, ledger lock wait included.",
+			// From sub-millisecond (the normal case) up to the NRI request
+			// timeout of 2s, past which the runtime drops the plugin.
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2},
+		}),
+		wait: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "wait_seconds",
+			Help:    "How long an admitted request had waited in the queue.",
+			Buckets: []float64{1, 5, 15, 30, 60, 120, 300, 600, 1200, 3600},
+		}),
+		queueDepth: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "queue_depth",
+			Help: "Requests waiting for a busy device.",
+		}),
+		reserved: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "reservations",
+			Help: "Released devices held for the head of their queue.",
+		}),
+		conflicts: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "conflicts",
+			Help: "Containers found using a device another container holds (see gpu-guard-ctl status).",
+		}),
+		releases: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "reconcile_releases_total",
+			Help: "Claims released without a stop event: stale at reconcile, or holder exited.",
+		}, []string{"reason"}),
+	}
+	m.reg.MustRegister(m.holder, m.decisions, m.latency, m.wait, m.queueDepth, m.reserved, m.conflicts, m.releases,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Registry returns the registry the metrics live in.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
+
+// Decided counts a decision and its latency; an admission that had been
+// queued also records its wait.
+func (m *Metrics) Decided(d guard.Decision, latency time.Duration) {
+	m.decisions.WithLabelValues(string(d.Result), d.Reason).Inc()
+	m.latency.Observe(latency.Seconds())
+	if d.Result == guard.Admit && d.Waited > 0 {
+		m.wait.Observe(d.Waited.Seconds())
+	}
+}
+
+// Released counts claims released without a stop event.
+func (m *Metrics) Released(reason string, claims []ledger.Claim) {
+	if len(claims) > 0 {
+		m.releases.WithLabelValues(reason).Add(float64(len(claims)))
+	}
+}
+
+// StateChanged rebuilds the state gauges from a ledger state. A state with
+// a lower generation than one already shown is ignored.
+func (m *Metrics) StateChanged(st ledger.State) {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	if st.Generation != 0 && st.Generation < m.lastGen {
+		return
+	}
+	m.lastGen = st.Generation
+	m.holder.Reset()
+	for _, c := range st.Claims {
+		m.holder.WithLabelValues(c.Device.UUID, c.Device.Index, c.Owner.Namespace, c.Owner.Pod, c.Owner.Container).Set(1)
+	}
+	m.queueDepth.Set(float64(len(st.Waiters)))
+	m.reserved.Set(float64(len(st.Reservations)))
+	m.conflicts.Set(float64(len(st.Conflicts)))
+}
+
+// SetReady records whether the plugin is registered with the runtime.
+func (m *Metrics) SetReady(ready bool) { m.ready.Store(ready) }
+
+// Ready reports what SetReady last recorded.
+func (m *Metrics) Ready() bool { return m.ready.Load() }
+
+// Handler serves /metrics, /healthz and /readyz.
+func (m *Metrics) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if !m.ready.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = fmt.Fprintln(w, "not registered with the container runtime (NRI)")
+			return
+		}
+		_, _ = fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// Serve listens on addr and serves Handler until ctx is done, then shuts the
+// server down gracefully. It returns nil after a shutdown caused by ctx.
+func (m *Metrics) Serve(ctx context.Context, addr string, logger *slog.Logger) error {
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return fmt.Errorf("metrics endpoint: listen on %s (check [metrics] listen): %w", addr, err)
+	}
+	return m.serve(ctx, ln, logger)
+}
+
+func (m *Metrics) serve(ctx context.Context, ln net.Listener, logger *slog.Logger) error {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	srv := &http.Server{
+		Handler:           m.Handler(),
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		<-ctx.Done()
+		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+	}()
+	logger.Info("metrics endpoint listening", "addr", ln.Addr().String())
+	err := srv.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		<-done
+		return nil
+	}
+	return fmt.Errorf("metrics endpoint: %w", err)
+}

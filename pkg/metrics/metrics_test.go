@@ -1,0 +1,177 @@
+package metrics
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// families gathers the registry into name → family.
+func families(t *testing.T, m *Metrics) map[string]*dto.MetricFamily {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	require.NoError(t, err)
+	out := map[string]*dto.MetricFamily{}
+	for _, mf := range mfs {
+		out[mf.GetName()] = mf
+	}
+	return out
+}
+
+func labels(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, l := range m.GetLabel() {
+		out[l.GetName()] = l.GetValue()
+	}
+	return out
+}
+
+func TestDecided(t *testing.T) {
+	m := New()
+	m.Decided(guard.Decision{Result: guard.Admit, Reason: "free"}, 2*time.Millisecond)
+	m.Decided(guard.Decision{Result: guard.Admit, Reason: "free", Waited: 90 * time.Second}, time.Millisecond)
+	m.Decided(guard.Decision{Result: guard.Queue, Reason: "busy"}, time.Millisecond)
+
+	fams := families(t, m)
+	dec := fams["nri_gpu_guard_decisions_total"]
+	require.NotNil(t, dec)
+	got := map[string]float64{}
+	for _, mt := range dec.GetMetric() {
+		l := labels(mt)
+		got[l["result"]+"/"+l["reason"]] = mt.GetCounter().GetValue()
+	}
+	assert.Equal(t, map[string]float64{"admit/free": 2, "queue/busy": 1}, got)
+
+	lat := fams["nri_gpu_guard_decision_duration_seconds"].GetMetric()[0].GetHistogram()
+	assert.Equal(t, uint64(3), lat.GetSampleCount())
+	assert.InDelta(t, 0.004, lat.GetSampleSum(), 1e-9)
+
+	// Only the admission that had waited records a wait.
+	wait := fams["nri_gpu_guard_wait_seconds"].GetMetric()[0].GetHistogram()
+	assert.Equal(t, uint64(1), wait.GetSampleCount())
+	assert.InDelta(t, 90, wait.GetSampleSum(), 1e-9)
+}
+
+func claim(uuid, index, ns, pod, ctr string) ledger.Claim {
+	return ledger.Claim{
+		Device: devices.Device{UUID: uuid, Index: index, Kind: devices.KindGPU},
+		Owner:  ledger.Owner{ContainerID: ctr + "-id", Namespace: ns, Pod: pod, Container: ctr},
+	}
+}
+
+func TestStateChanged(t *testing.T) {
+	m := New()
+	m.StateChanged(ledger.State{
+		Generation: 5,
+		Claims: []ledger.Claim{
+			claim("GPU-a", "0", "ml", "train-0", "main"),
+			claim("GPU-b", "1", "ml", "train-1", "main"),
+		},
+		Waiters:      []ledger.Waiter{{Key: "k1"}, {Key: "k2"}, {Key: "k3"}},
+		Reservations: []ledger.Reservation{{For: "k1"}},
+		Conflicts:    []ledger.Conflict{{}},
+	})
+	fams := families(t, m)
+	holders := fams["nri_gpu_guard_device_holder"].GetMetric()
+	require.Len(t, holders, 2)
+	assert.Equal(t, map[string]string{"device_uuid": "GPU-a", "device_index": "0", "namespace": "ml", "pod": "train-0", "container": "main"},
+		labels(holders[0]))
+	assert.Equal(t, 3.0, fams["nri_gpu_guard_queue_depth"].GetMetric()[0].GetGauge().GetValue())
+	assert.Equal(t, 1.0, fams["nri_gpu_guard_reservations"].GetMetric()[0].GetGauge().GetValue())
+	assert.Equal(t, 1.0, fams["nri_gpu_guard_conflicts"].GetMetric()[0].GetGauge().GetValue())
+
+	// A released claim disappears from the holder gauge.
+	m.StateChanged(ledger.State{Generation: 6, Claims: []ledger.Claim{claim("GPU-b", "1", "ml", "train-1", "main")}})
+	fams = families(t, m)
+	holders = fams["nri_gpu_guard_device_holder"].GetMetric()
+	require.Len(t, holders, 1)
+	assert.Equal(t, "GPU-b", labels(holders[0])["device_uuid"])
+	assert.Equal(t, 0.0, fams["nri_gpu_guard_queue_depth"].GetMetric()[0].GetGauge().GetValue())
+
+	// An older state arriving late (observers run outside the ledger lock)
+	// does not overwrite a newer one.
+	m.StateChanged(ledger.State{Generation: 5, Claims: []ledger.Claim{claim("GPU-a", "0", "x", "y", "z")}})
+	holders = families(t, m)["nri_gpu_guard_device_holder"].GetMetric()
+	require.Len(t, holders, 1)
+	assert.Equal(t, "GPU-b", labels(holders[0])["device_uuid"])
+}
+
+func TestReleased(t *testing.T) {
+	m := New()
+	m.Released(guard.ReasonStale, []ledger.Claim{{}, {}})
+	m.Released(guard.ReasonHolderExited, []ledger.Claim{{}})
+	m.Released(guard.ReasonHolderExited, nil)
+	got := map[string]float64{}
+	for _, mt := range families(t, m)["nri_gpu_guard_reconcile_releases_total"].GetMetric() {
+		got[labels(mt)["reason"]] = mt.GetCounter().GetValue()
+	}
+	assert.Equal(t, map[string]float64{"stale": 2, "holder exited": 1}, got)
+}
+
+func get(t *testing.T, h http.Handler, path string) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String()
+}
+
+func TestHandler(t *testing.T) {
+	m := New()
+	h := m.Handler()
+
+	code, _ := get(t, h, "/healthz")
+	assert.Equal(t, http.StatusOK, code)
+
+	code, body := get(t, h, "/readyz")
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Contains(t, body, "not registered")
+
+	m.SetReady(true)
+	code, _ = get(t, h, "/readyz")
+	assert.Equal(t, http.StatusOK, code)
+	m.SetReady(false)
+	code, _ = get(t, h, "/readyz")
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+
+	m.Decided(guard.Decision{Result: guard.Reject, Reason: "unknown-device"}, time.Millisecond)
+	code, body = get(t, h, "/metrics")
+	assert.Equal(t, http.StatusOK, code)
+	assert.Contains(t, body, `nri_gpu_guard_decisions_total{reason="unknown-device",result="reject"} 1`)
+	assert.Contains(t, body, "go_goroutines")
+}
+
+func TestServeShutsDownOnCancel(t *testing.T) {
+	m := New()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- m.serve(ctx, ln, nil) }()
+
+	resp, err := http.Get("http://" + ln.Addr().String() + "/healthz")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	assert.Equal(t, "ok", strings.TrimSpace(string(body)))
+
+	cancel()
+	require.NoError(t, <-errc)
+}
+
+func TestServeBadAddress(t *testing.T) {
+	err := New().Serve(context.Background(), "256.0.0.1:99999", nil)
+	require.ErrorContains(t, err, "[metrics] listen")
+}

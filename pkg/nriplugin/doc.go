@@ -1,0 +1,28 @@
+// Package nriplugin is the containerd NRI front end of the guard: it turns NRI
+// events into guard calls and runs the plugin in either launch mode.
+//
+//   - CreateContainer: the container's env, mounts, annotations, CDI devices,
+//     Linux devices and device-cgroup rules become a devices.Request; the
+//     guard's decision admits it or refuses it with the guard's message.
+//   - StartContainer / PostStartContainer: the pid and cgroup are recorded for
+//     the out-of-band liveness check.
+//   - StopContainer / RemoveContainer: claims are released (per release_on).
+//   - StopPodSandbox / RemovePodSandbox: the pod's claims are released and its
+//     waiters leave the queue.
+//   - Synchronize (every (re)connect): the ledger's NRI claims are reconciled
+//     with the containers the runtime lists.
+//
+// Invariants:
+//   - A handler never blocks on a GPU becoming free. containerd serialises
+//     all NRI calls under one lock, so the holder's StopContainer cannot
+//     arrive while CreateContainer waits, and a handler that overruns the
+//     request timeout lets the container through unchecked and gets the
+//     plugin dropped. Every decision runs under a deadline well inside the
+//     request's; "queueing" is a FIFO reservation across kubelet retries.
+//   - When the guard cannot decide (ledger lock busy, corrupt ledger), the
+//     create is refused with a clear error: fail closed, never open.
+//   - Stop and Remove of a container only ever touch that container id's
+//     claims: containerd sends both for a refused create.
+//   - The event mask never includes events 12–14 (pod sandbox updates,
+//     adjustment validation), which containerd 2.0/2.1 refuse.
+package nriplugin

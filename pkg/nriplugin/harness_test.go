@@ -1,0 +1,278 @@
+package nriplugin
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/adaptation"
+	"github.com/containerd/nri/pkg/api"
+	nrilog "github.com/containerd/nri/pkg/log"
+	"github.com/containerd/nri/pkg/stub"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+)
+
+func gpuUUID(i int) string { return fmt.Sprintf("GPU-6c1a2f2e-0000-4000-8000-%012d", i) }
+
+// TestMain keeps the NRI runtime's own log lines (logrus by default) out of
+// the test output.
+func TestMain(m *testing.M) {
+	nrilog.Set(slogAdapter{log: slog.New(slog.DiscardHandler)})
+	os.Exit(m.Run())
+}
+
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *testClock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+
+// runtime is the containerd side: a real NRI adaptation on a unix socket plus
+// the pods and containers it would list at Synchronize.
+type runtime struct {
+	t          testing.TB
+	dir        string
+	socket     string
+	cgroupRoot string
+	ledgerDir  string
+	cfg        config.Config
+	clock      *testClock
+	nri        *adaptation.Adaptation
+
+	mu   sync.Mutex
+	pods map[string]*api.PodSandbox
+	// listed are the CREATED/RUNNING containers, as containerd lists them.
+	listed map[string]*api.Container
+	order  []string
+}
+
+// plugin is one plugin process: a Plugin served by one stub.
+type plugin struct {
+	p     *Plugin
+	stub  stub.Stub
+	ready chan struct{}
+}
+
+func newRuntime(t testing.TB, mutate func(*config.Config)) *runtime {
+	t.Helper()
+	// A short path: unix socket paths are limited to ~108 bytes.
+	dir, err := os.MkdirTemp("", "gg-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	rt := &runtime{
+		t: t, dir: dir, socket: filepath.Join(dir, "nri.sock"),
+		cgroupRoot: filepath.Join(dir, "cgroup"), ledgerDir: filepath.Join(dir, "state"),
+		clock:  &testClock{now: time.Date(2026, 5, 9, 8, 0, 0, 0, time.UTC)},
+		pods:   map[string]*api.PodSandbox{},
+		listed: map[string]*api.Container{},
+	}
+	// A cgroup v2 root.
+	require.NoError(t, os.MkdirAll(rt.cgroupRoot, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(rt.cgroupRoot, "cgroup.controllers"), []byte("cpu memory pids\n"), 0o644))
+
+	rt.cfg = config.Default()
+	rt.cfg.Ledger.Dir = rt.ledgerDir
+	rt.cfg.Devices.Source = config.SourceStatic
+	for i := 0; i < 4; i++ {
+		rt.cfg.Devices.Static = append(rt.cfg.Devices.Static, config.StaticGPU{Index: i, UUID: gpuUUID(i), Minor: i, Model: "Fake GPU"})
+	}
+	if mutate != nil {
+		mutate(&rt.cfg)
+	}
+	require.NoError(t, rt.cfg.Validate())
+
+	rt.startNRI()
+	return rt
+}
+
+// startNRI starts (or, after a Stop, restarts) the runtime side of NRI.
+func (rt *runtime) startNRI() {
+	rt.t.Helper()
+	r, err := adaptation.New("containerd", "v2.2.1", rt.sync,
+		func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) { return nil, nil },
+		adaptation.WithPluginPath(filepath.Join(rt.dir, "plugins")),
+		adaptation.WithPluginConfigPath(filepath.Join(rt.dir, "conf.d")),
+		adaptation.WithSocketPath(rt.socket))
+	require.NoError(rt.t, err)
+	require.NoError(rt.t, r.Start())
+	rt.t.Cleanup(r.Stop)
+	rt.nri = r
+}
+
+func (rt *runtime) sync(ctx context.Context, cb adaptation.SyncCB) error {
+	rt.mu.Lock()
+	pods := make([]*api.PodSandbox, 0, len(rt.pods))
+	for _, p := range rt.pods {
+		pods = append(pods, p)
+	}
+	ctrs := make([]*api.Container, 0, len(rt.listed))
+	for _, id := range rt.order {
+		if c, ok := rt.listed[id]; ok {
+			ctrs = append(ctrs, c)
+		}
+	}
+	rt.mu.Unlock()
+	_, err := cb(ctx, pods, ctrs)
+	return err
+}
+
+// startPlugin starts a plugin process and waits until the runtime has it
+// registered and synchronized.
+func (rt *runtime) startPlugin() *plugin {
+	rt.t.Helper()
+	b := &Builder{
+		Liveness: liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc")),
+		Now:      rt.clock.Now,
+		Logger:   slog.New(slog.DiscardHandler),
+	}
+	pl := &plugin{ready: make(chan struct{}, 1)}
+	var err error
+	pl.p, err = New(Options{Config: rt.cfg, Setup: b.Setup, Logger: slog.New(slog.DiscardHandler),
+		Ready: func(ok bool) {
+			if ok {
+				select {
+				case pl.ready <- struct{}{}:
+				default:
+				}
+			}
+		}})
+	require.NoError(rt.t, err)
+	pl.stub, err = stub.New(pl.p, pl.p.stubOptions(Identity{Name: "gpu-guard", Index: "90", Socket: rt.socket}, func() {})...)
+	require.NoError(rt.t, err)
+	require.NoError(rt.t, pl.stub.Start(context.Background()))
+	rt.t.Cleanup(pl.stub.Stop)
+	<-pl.ready
+	// Synchronize returned; wait until the runtime added the plugin to its
+	// registry (it does so right after the sync, under the sync lock).
+	rt.nri.BlockPluginSync().Unblock()
+	return pl
+}
+
+func (rt *runtime) addPod(name string) *api.PodSandbox {
+	pod := &api.PodSandbox{Id: "sb-" + name, Name: name, Uid: "uid-" + name, Namespace: "ml"}
+	rt.mu.Lock()
+	rt.pods[pod.Id] = pod
+	rt.mu.Unlock()
+	return pod
+}
+
+// container builds a container of pod asking for GPUs through env.
+func container(pod *api.PodSandbox, name, id string, env ...string) *api.Container {
+	return &api.Container{
+		Id: id, PodSandboxId: pod.Id, Name: name,
+		Env:   append([]string{"PATH=/usr/bin"}, env...),
+		Linux: &api.LinuxContainer{CgroupsPath: "/k8s.io/" + id},
+	}
+}
+
+// create runs CreateContainer as containerd does: state unknown, no pid. On
+// success the container is listed as CREATED; on refusal containerd's undo
+// sends StopContainer and RemoveContainer for the refused id.
+func (rt *runtime) create(pod *api.PodSandbox, c *api.Container) error {
+	rt.t.Helper()
+	c.State = api.ContainerState_CONTAINER_UNKNOWN
+	c.Pid = 0
+	_, err := rt.nri.CreateContainer(context.Background(), &api.CreateContainerRequest{Pod: pod, Container: c})
+	if err != nil {
+		_, serr := rt.nri.StopContainer(context.Background(), &api.StopContainerRequest{Pod: pod, Container: c})
+		require.NoError(rt.t, serr)
+		require.NoError(rt.t, rt.nri.RemoveContainer(context.Background(), &api.RemoveContainerRequest{Pod: pod, Container: c}))
+		return err
+	}
+	c.State = api.ContainerState_CONTAINER_CREATED
+	rt.mu.Lock()
+	rt.listed[c.Id] = c
+	rt.order = append(rt.order, c.Id)
+	rt.mu.Unlock()
+	return nil
+}
+
+// start starts a created container with pid and a populated cgroup.
+func (rt *runtime) start(pod *api.PodSandbox, c *api.Container, pid uint32) {
+	rt.t.Helper()
+	cg := filepath.Join(rt.cgroupRoot, c.Linux.CgroupsPath)
+	require.NoError(rt.t, os.MkdirAll(cg, 0o755))
+	require.NoError(rt.t, os.WriteFile(filepath.Join(cg, "cgroup.procs"), fmt.Appendf(nil, "%d\n", pid), 0o644))
+	c.State, c.Pid = api.ContainerState_CONTAINER_RUNNING, pid
+	require.NoError(rt.t, rt.nri.StartContainer(context.Background(), &api.StartContainerRequest{Pod: pod, Container: c}))
+	require.NoError(rt.t, rt.nri.PostStartContainer(context.Background(), &api.PostStartContainerRequest{Pod: pod, Container: c}))
+}
+
+// exit empties the container's cgroup (its processes are gone) without any
+// NRI event, and drops it from the runtime's list.
+func (rt *runtime) exit(c *api.Container) {
+	rt.t.Helper()
+	require.NoError(rt.t, os.WriteFile(filepath.Join(rt.cgroupRoot, c.Linux.CgroupsPath, "cgroup.procs"), nil, 0o644))
+	rt.unlist(c)
+}
+
+func (rt *runtime) unlist(c *api.Container) {
+	rt.mu.Lock()
+	delete(rt.listed, c.Id)
+	rt.mu.Unlock()
+}
+
+// stop delivers StopContainer (the task exited) and unlists the container.
+func (rt *runtime) stop(pod *api.PodSandbox, c *api.Container) {
+	rt.t.Helper()
+	c.State = api.ContainerState_CONTAINER_STOPPED
+	_, err := rt.nri.StopContainer(context.Background(), &api.StopContainerRequest{Pod: pod, Container: c})
+	require.NoError(rt.t, err)
+	rt.unlist(c)
+}
+
+func (rt *runtime) remove(pod *api.PodSandbox, c *api.Container) {
+	rt.t.Helper()
+	require.NoError(rt.t, rt.nri.RemoveContainer(context.Background(), &api.RemoveContainerRequest{Pod: pod, Container: c}))
+	rt.unlist(c)
+}
+
+func (rt *runtime) stopPod(pod *api.PodSandbox) {
+	rt.t.Helper()
+	require.NoError(rt.t, rt.nri.StopPodSandbox(context.Background(), &api.StopPodSandboxRequest{Pod: pod}))
+}
+
+func (rt *runtime) removePod(pod *api.PodSandbox) {
+	rt.t.Helper()
+	require.NoError(rt.t, rt.nri.RemovePodSandbox(context.Background(), &api.RemovePodSandboxRequest{Pod: pod}))
+	rt.mu.Lock()
+	delete(rt.pods, pod.Id)
+	rt.mu.Unlock()
+}
+
+// state reads the ledger as gpu-guard-ctl would.
+func (rt *runtime) state() ledger.State {
+	rt.t.Helper()
+	l, err := ledger.OpenReadOnly(rt.ledgerDir, ledger.Options{Now: rt.clock.Now})
+	require.NoError(rt.t, err)
+	st, err := l.Snapshot(context.Background())
+	require.NoError(rt.t, err)
+	return st
+}
+
+// holders maps GPU index → holding container id.
+func (rt *runtime) holders() map[string]string {
+	out := map[string]string{}
+	for _, c := range rt.state().Claims {
+		out[c.Device.Index] = c.Owner.ContainerID
+	}
+	return out
+}
+
+func (rt *runtime) waiters() []string {
+	var out []string
+	for _, w := range rt.state().Waiters {
+		out = append(out, w.Key)
+	}
+	return out
+}

@@ -1,0 +1,378 @@
+package nriplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// Compile-time checks: the stub finds handlers by type assertion, so a
+// handler with a wrong signature would silently never be subscribed.
+var (
+	_ stub.ConfigureInterface          = (*Plugin)(nil)
+	_ stub.SynchronizeInterface        = (*Plugin)(nil)
+	_ stub.CreateContainerInterface    = (*Plugin)(nil)
+	_ stub.StartContainerInterface     = (*Plugin)(nil)
+	_ stub.PostStartContainerInterface = (*Plugin)(nil)
+	_ stub.StopContainerInterface      = (*Plugin)(nil)
+	_ stub.RemoveContainerInterface    = (*Plugin)(nil)
+	_ stub.StopPodInterface            = (*Plugin)(nil)
+	_ stub.RemovePodInterface          = (*Plugin)(nil)
+	_ stub.ShutdownInterface           = (*Plugin)(nil)
+)
+
+// Events is the explicit subscription. It leaves out events 12–14 (pod
+// sandbox updates, adjustment validation): runtimes older than NRI v0.10
+// (containerd 2.0, 2.1) refuse a plugin subscribing to them.
+var Events = func() api.EventMask {
+	var m api.EventMask
+	m.Set(
+		api.Event_CREATE_CONTAINER,
+		api.Event_START_CONTAINER,
+		api.Event_POST_START_CONTAINER,
+		api.Event_STOP_CONTAINER,
+		api.Event_REMOVE_CONTAINER,
+		api.Event_STOP_POD_SANDBOX,
+		api.Event_REMOVE_POD_SANDBOX,
+	)
+	return m
+}()
+
+// SetupFunc builds the guard for a configuration: it opens the ledger and
+// loads the GPU inventory. The plugin calls it when it is first configured
+// and again when the runtime hands it a different configuration.
+type SetupFunc func(ctx context.Context, cfg config.Config) (*guard.Guard, error)
+
+// Options configure a Plugin.
+type Options struct {
+	// Config is used when the runtime's Configure carries no configuration
+	// (an external plugin, or a launched one without a conf.d file).
+	Config config.Config
+	// Setup builds the guard; required.
+	Setup SetupFunc
+	// Logger; nil = discard.
+	Logger *slog.Logger
+	// Ready is told true once the plugin is registered and synchronized with
+	// the runtime, false when the connection is lost; nil = ignored.
+	Ready func(bool)
+}
+
+// Plugin implements the NRI handlers. One Plugin serves one connection at a
+// time; Run creates a fresh stub for each (re)connection.
+type Plugin struct {
+	base  config.Config
+	setup SetupFunc
+	log   *slog.Logger
+	ready func(bool)
+
+	mu sync.Mutex
+	g  *guard.Guard
+	// cfgText is the Configure string g was built from ("" = base).
+	cfgText string
+	// tracked holds the containers that may hold an NRI claim, so that the
+	// start/stop/remove of the many containers without a GPU cost no ledger
+	// write under containerd's global NRI lock. It is rebuilt from the ledger
+	// at every Synchronize and grows with every admission.
+	tracked map[string]trackedCtr
+}
+
+type trackedCtr struct {
+	sandboxID string
+	started   bool // pid/cgroup recorded
+}
+
+// New returns a Plugin.
+func New(opts Options) (*Plugin, error) {
+	if opts.Setup == nil {
+		return nil, errors.New("nriplugin: no guard setup function")
+	}
+	p := &Plugin{
+		base:    opts.Config,
+		setup:   opts.Setup,
+		log:     opts.Logger,
+		ready:   opts.Ready,
+		tracked: map[string]trackedCtr{},
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	if p.ready == nil {
+		p.ready = func(bool) {}
+	}
+	return p, nil
+}
+
+// Guard returns the current guard, nil before the first Configure.
+func (p *Plugin) Guard() *guard.Guard {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.g
+}
+
+// Configure applies the configuration the runtime passed (launched plugins
+// get the conf.d file's content; external plugins get nothing and keep the
+// base configuration) and subscribes to Events.
+func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string) (api.EventMask, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.log.Info("configured by runtime", "runtime", runtime, "runtime_version", version,
+		"config_from_runtime", cfgText != "")
+	if p.g != nil && cfgText == p.cfgText {
+		return Events, nil
+	}
+	cfg := p.base
+	if cfgText != "" {
+		parsed, err := config.Parse([]byte(cfgText))
+		if err != nil {
+			return 0, fmt.Errorf("nri-gpu-guard: configuration from the runtime (NRI conf.d): %w", err)
+		}
+		cfg = parsed
+	}
+	g, err := p.setup(ctx, cfg)
+	if err != nil {
+		return 0, fmt.Errorf("nri-gpu-guard: setup: %w", err)
+	}
+	p.g, p.cfgText = g, cfgText
+	return Events, nil
+}
+
+// Synchronize reconciles the ledger with every container the runtime lists
+// (CREATED and RUNNING ones; exited containers are not listed, so their claims
+// go), drops the waiters of pods that no longer exist, and marks the plugin
+// ready.
+func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	g := p.Guard()
+	if g == nil {
+		return nil, errors.New("nri-gpu-guard: synchronize before configure")
+	}
+	byID := make(map[string]*api.PodSandbox, len(pods))
+	podUIDs := make(map[string]bool, len(pods))
+	for _, pod := range pods {
+		byID[pod.GetId()] = pod
+		podUIDs[pod.GetUid()] = true
+	}
+	live := make([]guard.Request, 0, len(ctrs))
+	for _, c := range ctrs {
+		live = append(live, guardRequest(byID[c.GetPodSandboxId()], c))
+	}
+	res, err := g.Reconcile(ctx, ledger.FrontEndNRI, live)
+	if err != nil {
+		return nil, fmt.Errorf("nri-gpu-guard: %w", err)
+	}
+	st, err := g.Ledger().Snapshot(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("nri-gpu-guard: read ledger after reconcile: %w", err)
+	}
+	tracked := map[string]trackedCtr{}
+	for _, c := range st.Claims {
+		if c.Owner.FrontEnd == ledger.FrontEndNRI {
+			tracked[c.Owner.ContainerID] = trackedCtr{sandboxID: c.Owner.PodSandboxID,
+				started: c.Owner.Pid > 0 || c.Owner.Cgroup != ""}
+		}
+	}
+	p.mu.Lock()
+	p.tracked = tracked
+	p.mu.Unlock()
+
+	// Waiters of pods removed while the plugin was away never get their
+	// RemovePodSandbox: drop them now.
+	gone := map[string]string{}
+	for _, w := range st.Waiters {
+		if w.Owner.FrontEnd == ledger.FrontEndNRI && w.Owner.PodUID != "" && !podUIDs[w.Owner.PodUID] {
+			gone[w.Owner.PodUID] = w.Owner.PodSandboxID
+		}
+	}
+	for uid, sandbox := range gone {
+		if err := g.PodGone(ctx, uid, sandbox); err != nil {
+			p.log.Warn("dropping waiters of a vanished pod failed", "pod_uid", uid, "error", err)
+		}
+	}
+	p.log.Info("synchronized with runtime", "pods", len(pods), "containers", len(ctrs),
+		"released", len(res.Released), "adopted", len(res.Adopted), "conflicts", len(res.Conflicts),
+		"tracked", len(tracked), "vanished_pods", len(gone))
+	p.ready(true)
+	return nil, nil
+}
+
+// Shutdown is called when the runtime shuts down.
+func (p *Plugin) Shutdown(context.Context) {
+	p.log.Info("runtime is shutting down")
+	p.ready(false)
+}
+
+// requestMargin is kept between the end of a decision and the runtime's
+// request deadline, for the reply to travel back: a reply that misses the
+// deadline gets the plugin dropped and the container created unchecked.
+const requestMargin = 300 * time.Millisecond
+
+// decisionContext bounds a decision well inside the request's deadline:
+// min(deadline - margin, lock_timeout). The margin shrinks with short
+// deadlines (a quarter of what is left) so a decision is still attempted.
+func decisionContext(ctx context.Context, lockTimeout time.Duration) (context.Context, context.CancelFunc) {
+	budget := lockTimeout
+	if deadline, ok := ctx.Deadline(); ok {
+		left := time.Until(deadline)
+		margin := min(requestMargin, left/4)
+		if b := left - margin; b < budget || budget <= 0 {
+			budget = b
+		}
+	}
+	if budget <= 0 {
+		budget = time.Millisecond
+	}
+	return context.WithTimeout(ctx, budget)
+}
+
+// CreateContainer admits the container or refuses it with the guard's
+// message, which is the only part of containerd's error written for people.
+func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	g := p.Guard()
+	if g == nil {
+		return nil, nil, errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
+	}
+	dctx, cancel := decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
+	defer cancel()
+	d, err := g.Admit(dctx, guardRequest(pod, ctr))
+	if err != nil {
+		return nil, nil, refusal(err)
+	}
+	if derr := d.Err(); derr != nil {
+		return nil, nil, refusal(derr)
+	}
+	if d.Result == guard.Admit {
+		p.mu.Lock()
+		p.tracked[ctr.GetId()] = trackedCtr{sandboxID: ctr.GetPodSandboxId()}
+		p.mu.Unlock()
+	}
+	return nil, nil, nil
+}
+
+// refusal flattens an error into the text the runtime shows. It deliberately
+// does not wrap: the error travels as a ttrpc status string anyway, and a
+// wrapped context error must never be mistaken for the plugin timing out.
+func refusal(err error) error {
+	return errors.New("nri-gpu-guard: " + err.Error())
+}
+
+// StartContainer records the pid and cgroup of a GPU holder.
+func (p *Plugin) StartContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.recordStart(ctx, ctr)
+	return nil
+}
+
+// PostStartContainer records the pid and cgroup if StartContainer could not
+// (the pid is normally known at StartContainer already).
+func (p *Plugin) PostStartContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	p.recordStart(ctx, ctr)
+	return nil
+}
+
+func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
+	id := ctr.GetId()
+	p.mu.Lock()
+	t, ok := p.tracked[id]
+	g := p.g
+	p.mu.Unlock()
+	pid := int(ctr.GetPid())
+	cgroup := ctr.GetLinux().GetCgroupsPath()
+	if !ok || t.started || g == nil || pid <= 0 {
+		return
+	}
+	if err := g.Started(ctx, id, pid, cgroup); err != nil {
+		// Not fatal: without a pid the holder is kept until its stop event.
+		p.log.Warn("recording container start failed", "container_id", id, "pid", pid, "cgroup", cgroup, "error", err)
+		return
+	}
+	p.mu.Lock()
+	if t, ok := p.tracked[id]; ok {
+		t.started = true
+		p.tracked[id] = t
+	}
+	p.mu.Unlock()
+}
+
+// StopContainer releases (release_on = "stop") or marks stopped ("remove")
+// the container's claims. A container that holds none — including a refused
+// create, which containerd stops and removes right away — costs nothing.
+func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
+	g, ok := p.trackedGuard(ctr.GetId())
+	if !ok {
+		return nil, nil
+	}
+	if err := g.Stopped(ctx, ownerOf(pod, ctr)); err != nil {
+		p.log.Error("releasing a stopped container failed; the liveness check or the next sync will", "container_id", ctr.GetId(), "error", err)
+		return nil, nil
+	}
+	if g.Config().Policy.ReleaseOn != config.ReleaseOnRemove {
+		p.untrack(ctr.GetId())
+	}
+	return nil, nil
+}
+
+// RemoveContainer releases the container's claims.
+func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	g, ok := p.trackedGuard(ctr.GetId())
+	if !ok {
+		return nil
+	}
+	if err := g.Removed(ctx, ownerOf(pod, ctr)); err != nil {
+		p.log.Error("releasing a removed container failed; the next sync will", "container_id", ctr.GetId(), "error", err)
+		return nil
+	}
+	p.untrack(ctr.GetId())
+	return nil
+}
+
+// StopPodSandbox releases every claim of the pod and drops its waiters.
+func (p *Plugin) StopPodSandbox(ctx context.Context, pod *api.PodSandbox) error {
+	p.podGone(ctx, pod, "stopped")
+	return nil
+}
+
+// RemovePodSandbox releases every claim of the pod and drops its waiters.
+func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *api.PodSandbox) error {
+	p.podGone(ctx, pod, "removed")
+	return nil
+}
+
+func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) {
+	g := p.Guard()
+	if g == nil {
+		return
+	}
+	if err := g.PodGone(ctx, pod.GetUid(), pod.GetId()); err != nil {
+		p.log.Error("releasing a "+what+" pod failed; the next sync will", "pod_uid", pod.GetUid(),
+			"pod_sandbox_id", pod.GetId(), "namespace", pod.GetNamespace(), "pod", pod.GetName(), "error", err)
+		return
+	}
+	p.mu.Lock()
+	for id, t := range p.tracked {
+		if t.sandboxID == pod.GetId() {
+			delete(p.tracked, id)
+		}
+	}
+	p.mu.Unlock()
+}
+
+func (p *Plugin) trackedGuard(id string) (*guard.Guard, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.tracked[id]
+	return p.g, ok && p.g != nil
+}
+
+func (p *Plugin) untrack(id string) {
+	p.mu.Lock()
+	delete(p.tracked, id)
+	p.mu.Unlock()
+}

@@ -1,0 +1,649 @@
+package nriplugin
+
+import (
+	"context"
+	"io"
+	"net"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/adaptation"
+	"github.com/containerd/nri/pkg/api"
+	"github.com/gofrs/flock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+)
+
+// 1. Two containers naming the same GPU (by index, then by UUID): the second
+// is refused with the full message; a container on another GPU is admitted.
+func TestConflictRefusedWithFullMessage(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	podA, podB, podC := rt.addPod("train-a"), rt.addPod("train-b"), rt.addPod("train-c")
+
+	holder := container(podA, "main", "aaaaaaaaaaaa0123456789", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+
+	err := rt.create(podB, container(podB, "main", "bbbbbbbbbbbb0123456789", "NVIDIA_VISIBLE_DEVICES="+gpuUUID(1)))
+	require.Error(t, err)
+	msg := err.Error()
+	for _, want := range []string{
+		"nri-gpu-guard: GPU 1 (" + gpuUUID(1) + ") is held by ml/train-a/main (id aaaaaaaaaaaa)",
+		"since 2026-05-09T08:00:00Z",
+		"queued at position 1 of 1",
+		"retrying is automatic under Kubernetes",
+		"Free GPUs now: 0, 2, 3",
+	} {
+		assert.Contains(t, msg, want)
+	}
+
+	require.NoError(t, rt.create(podC, container(podC, "main", "cccccccccccc0123456789", "NVIDIA_VISIBLE_DEVICES=2")))
+	assert.Equal(t, map[string]string{"1": holder.Id, "2": "cccccccccccc0123456789"}, rt.holders())
+	assert.Equal(t, []string{"ml/uid-train-b/main"}, rt.waiters())
+}
+
+// 2. The holder stops: the queued requester's next create is admitted; a
+// third requester trying in between is refused as "reserved for …".
+func TestQueuedRequesterAdmittedAfterHolderStops(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	podA, podB, podC := rt.addPod("a"), rt.addPod("b"), rt.addPod("c")
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=0")
+	require.NoError(t, rt.create(podA, holder))
+	rt.start(podA, holder, 1001)
+
+	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-try-1", "NVIDIA_VISIBLE_DEVICES=0")), "position 1 of 1")
+
+	rt.stop(podA, holder)
+	assert.Empty(t, rt.holders())
+
+	err := rt.create(podC, container(podC, "main", "c-try-1", "NVIDIA_VISIBLE_DEVICES=0"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "GPU 0 ("+gpuUUID(0)+") is reserved for ml/b/main (id b-try-1) (earlier in the queue) until")
+	assert.Contains(t, err.Error(), "position 2 of 2")
+
+	require.NoError(t, rt.create(podB, container(podB, "main", "b-try-2", "NVIDIA_VISIBLE_DEVICES=0")))
+	assert.Equal(t, map[string]string{"0": "b-try-2"}, rt.holders())
+	assert.Equal(t, []string{"ml/uid-c/main"}, rt.waiters())
+}
+
+// 3. A waiter whose pod is stopped/removed leaves the queue and never claims;
+// the next waiter gets the GPU.
+func TestWaiterOfGonePodNeverClaims(t *testing.T) {
+	for _, how := range []string{"stop", "remove"} {
+		t.Run(how, func(t *testing.T) {
+			rt := newRuntime(t, nil)
+			rt.startPlugin()
+			podA, podB, podC := rt.addPod("a"), rt.addPod("b"), rt.addPod("c")
+			holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=3")
+			require.NoError(t, rt.create(podA, holder))
+			require.Error(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=3")))
+			require.Error(t, rt.create(podC, container(podC, "main", "c-1", "NVIDIA_VISIBLE_DEVICES=3")))
+			require.Equal(t, []string{"ml/uid-b/main", "ml/uid-c/main"}, rt.waiters())
+
+			if how == "stop" {
+				rt.stopPod(podB)
+			} else {
+				rt.stopPod(podB)
+				rt.removePod(podB)
+			}
+			assert.Equal(t, []string{"ml/uid-c/main"}, rt.waiters())
+
+			rt.stop(podA, holder)
+			st := rt.state()
+			require.Len(t, st.Reservations, 1)
+			assert.Equal(t, "ml/uid-c/main", st.Reservations[0].For, "the freed GPU goes to the next waiter")
+
+			require.NoError(t, rt.create(podC, container(podC, "main", "c-2", "NVIDIA_VISIBLE_DEVICES=3")))
+			assert.Equal(t, map[string]string{"3": "c-2"}, rt.holders())
+		})
+	}
+}
+
+// 4. A refused create's follow-up StopContainer and RemoveContainer (sent by
+// containerd's undo) touch nothing of the holder.
+func TestRefusedCreateUndoTouchesNothing(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+	rt.start(podA, holder, 1001)
+	before := rt.state()
+
+	// The refused id even reuses the holder's pod sandbox and name: only the
+	// container id counts for a release.
+	refused := container(podA, "main", "refused-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.Error(t, rt.create(podA, refused)) // create + undo Stop + Remove
+	refusedB := container(podB, "main", "refused-2", "NVIDIA_VISIBLE_DEVICES=1")
+	require.Error(t, rt.create(podB, refusedB))
+
+	after := rt.state()
+	require.Len(t, after.Claims, 1)
+	assert.Equal(t, before.Claims, after.Claims, "the holder's claim is untouched (pid and cgroup included)")
+	assert.Equal(t, []string{"ml/uid-a/main", "ml/uid-b/main"}, rt.waiters(), "the refused requesters stay queued")
+}
+
+// 5. Plugin restart: claims of containers that vanished meanwhile are
+// released at Synchronize, running holders are kept, and a GPU shared by two
+// running containers shows as a conflict.
+func TestPluginRestartReconciles(t *testing.T) {
+	rt := newRuntime(t, nil)
+	first := rt.startPlugin()
+	podA, podB, podC, podD := rt.addPod("a"), rt.addPod("b"), rt.addPod("c"), rt.addPod("d")
+	running := container(podA, "main", "running-1", "NVIDIA_VISIBLE_DEVICES=0")
+	vanished := container(podB, "main", "vanished-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, running))
+	rt.start(podA, running, 1001)
+	require.NoError(t, rt.create(podB, vanished))
+	rt.start(podB, vanished, 1002)
+	require.Equal(t, map[string]string{"0": "running-1", "1": "vanished-1"}, rt.holders())
+
+	first.stub.Stop()
+
+	// While the plugin is away: one holder exits and is removed, and two
+	// containers start on GPU 2 unchecked.
+	rt.unlist(vanished)
+	for _, c := range []*api.Container{
+		container(podC, "main", "twin-c", "NVIDIA_VISIBLE_DEVICES=2"),
+		container(podD, "main", "twin-d", "NVIDIA_VISIBLE_DEVICES="+gpuUUID(2)),
+	} {
+		c.State, c.Pid = api.ContainerState_CONTAINER_RUNNING, 2000
+		rt.mu.Lock()
+		rt.listed[c.Id] = c
+		rt.order = append(rt.order, c.Id)
+		rt.mu.Unlock()
+	}
+
+	rt.startPlugin()
+	st := rt.state()
+	assert.Equal(t, map[string]string{"0": "running-1", "2": "twin-c"}, rt.holders())
+	for _, c := range st.Claims {
+		if c.Owner.ContainerID == "running-1" {
+			assert.Equal(t, 1001, c.Owner.Pid, "the running holder keeps its recorded process")
+		}
+	}
+	require.Len(t, st.Conflicts, 1)
+	assert.Equal(t, "twin-d", st.Conflicts[0].Owner.ContainerID)
+	assert.Equal(t, gpuUUID(2), st.Conflicts[0].Device.UUID)
+
+	// The restarted plugin enforces as before.
+	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=0")),
+		"is held by ml/a/main (id running-1)")
+	require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=1")))
+}
+
+// 6. The holder exited but StopContainer was not delivered: its empty
+// cgroup gets it released, and the request is admitted.
+func TestExitedHolderReleasedByCgroupCheck(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+	rt.start(podA, holder, 4242)
+	st := rt.state()
+	require.Len(t, st.Claims, 1)
+	assert.Equal(t, "/k8s.io/holder-1", st.Claims[0].Owner.Cgroup)
+
+	// Still running: refused.
+	require.Error(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1")))
+
+	rt.exit(holder)
+	require.NoError(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")))
+	assert.Equal(t, map[string]string{"1": "b-2"}, rt.holders())
+
+	// The late StopContainer of the old holder releases nothing of the new one.
+	rt.stop(podA, holder)
+	assert.Equal(t, map[string]string{"1": "b-2"}, rt.holders())
+}
+
+// A created-but-never-started holder has no process and keeps its GPU even
+// though its (not yet existing) cgroup is empty.
+func TestNeverStartedHolderKept(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	require.NoError(t, rt.create(podA, container(podA, "main", "created-1", "NVIDIA_VISIBLE_DEVICES=1")))
+	require.Error(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1")))
+	assert.Equal(t, map[string]string{"1": "created-1"}, rt.holders())
+}
+
+// 7. "all", privileged (as far as NRI exposes it: an allow-all device
+// cgroup rule) and device-node requests each take part in conflicts.
+func TestAllPrivilegedAndDeviceNodeConflicts(t *testing.T) {
+	allowAll := &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}}
+	denyAllThenNvidia1 := &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{
+		{Allow: false, Access: "rwm"},
+		{Allow: true, Type: "c", Major: &api.OptionalInt64{Value: 195}, Minor: &api.OptionalInt64{Value: 1}, Access: "rw"},
+	}}
+	for _, tc := range []struct {
+		name   string
+		mutate func(*config.Config)
+		// holderEnv is what the first container asks for.
+		holderEnv string
+		build     func(c *api.Container)
+		wantErr   string // "" = admitted
+		wantHeld  map[string]string
+	}{
+		{
+			name: "all vs held GPU", holderEnv: "NVIDIA_VISIBLE_DEVICES=2",
+			build:   func(c *api.Container) { c.Env = append(c.Env, "NVIDIA_VISIBLE_DEVICES=all") },
+			wantErr: "GPU 2 (" + gpuUUID(2) + ") is held by ml/a/main (id holder-1)",
+		},
+		{
+			name: "CDI annotation all vs held GPU", holderEnv: "NVIDIA_VISIBLE_DEVICES=0",
+			build: func(c *api.Container) {
+				c.Annotations = map[string]string{"cdi.k8s.io/nvidia-device-plugin_c": "nvidia.com/gpu=all"}
+			},
+			wantErr: "GPU 0 (" + gpuUUID(0) + ") is held",
+		},
+		{
+			name: "held by all, a single GPU waits", holderEnv: "NVIDIA_VISIBLE_DEVICES=all",
+			build:   func(c *api.Container) { c.Env = append(c.Env, "NVIDIA_VISIBLE_DEVICES=3") },
+			wantErr: "GPU 3 (" + gpuUUID(3) + ") is held",
+		},
+		{
+			name:      "privileged=all: allow-all device cgroup claims every GPU",
+			mutate:    func(c *config.Config) { c.Policy.Privileged = config.PrivilegedAll },
+			holderEnv: "NVIDIA_VISIBLE_DEVICES=1",
+			build:     func(c *api.Container) { c.Linux.Resources = allowAll },
+			wantErr:   "GPU 1 (" + gpuUUID(1) + ") is held",
+		},
+		{
+			name:      "privileged=reject",
+			mutate:    func(c *config.Config) { c.Policy.Privileged = config.PrivilegedReject },
+			holderEnv: "NVIDIA_VISIBLE_DEVICES=1",
+			build:     func(c *api.Container) { c.Linux.Resources = allowAll },
+			wantErr:   "privileged",
+		},
+		{
+			name:      "unprivileged device rules are not privileged",
+			mutate:    func(c *config.Config) { c.Policy.Privileged = config.PrivilegedReject },
+			holderEnv: "NVIDIA_VISIBLE_DEVICES=1",
+			build:     func(c *api.Container) { c.Linux.Resources = denyAllThenNvidia1 },
+			wantHeld:  map[string]string{"1": "holder-1"},
+		},
+		{
+			name: "device node /dev/nvidia1 (195:1) vs index 1", holderEnv: "NVIDIA_VISIBLE_DEVICES=1",
+			build: func(c *api.Container) {
+				c.Linux.Devices = []*api.LinuxDevice{
+					{Path: "/dev/nvidiactl", Type: "c", Major: 195, Minor: 255},
+					{Path: "/dev/nvidia-uvm", Type: "c", Major: 510, Minor: 0},
+					{Path: "/dev/nvidia1", Type: "c", Major: 195, Minor: 1},
+				}
+			},
+			wantErr: "GPU 1 (" + gpuUUID(1) + ") is held by ml/a/main (id holder-1)",
+		},
+		{
+			name: "device node of a free GPU is admitted", holderEnv: "NVIDIA_VISIBLE_DEVICES=1",
+			build: func(c *api.Container) {
+				c.Linux.Devices = []*api.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}
+			},
+			wantHeld: map[string]string{"0": "req-1", "1": "holder-1"},
+		},
+		{
+			name: "CDI device list (containerd >= 2.3) vs index", holderEnv: "NVIDIA_VISIBLE_DEVICES=2",
+			build:   func(c *api.Container) { c.CDIDevices = []*api.CDIDevice{{Name: "nvidia.com/gpu=2"}} },
+			wantErr: "GPU 2 (" + gpuUUID(2) + ") is held",
+		},
+		{
+			name: "volume-mount strategy vs UUID", holderEnv: "NVIDIA_VISIBLE_DEVICES=" + gpuUUID(3),
+			build: func(c *api.Container) {
+				c.Mounts = []*api.Mount{{Destination: "/var/run/nvidia-container-devices/3", Source: "/dev/null"}}
+			},
+			wantErr: "GPU 3 (" + gpuUUID(3) + ") is held",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newRuntime(t, tc.mutate)
+			rt.startPlugin()
+			podA, podB := rt.addPod("a"), rt.addPod("b")
+			require.NoError(t, rt.create(podA, container(podA, "main", "holder-1", tc.holderEnv)))
+			req := container(podB, "main", "req-1")
+			tc.build(req)
+			err := rt.create(podB, req)
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+			} else {
+				require.Error(t, err)
+				assert.Contains(t, err.Error(), tc.wantErr)
+			}
+			if tc.wantHeld != nil {
+				assert.Equal(t, tc.wantHeld, rt.holders())
+			}
+		})
+	}
+}
+
+// 8. With the ledger lock held by another process, the handler still answers
+// within its deadline and refuses the create with "ledger busy" — the plugin
+// is neither dropped nor fails open.
+func TestLedgerBusyRefusedWithinDeadline(t *testing.T) {
+	adaptation.SetPluginRequestTimeout(time.Second)
+	t.Cleanup(func() { adaptation.SetPluginRequestTimeout(2 * time.Second) })
+
+	// lock_timeout longer than the request timeout: the request deadline
+	// must bound the wait.
+	rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: 10 * time.Second} })
+	rt.startPlugin()
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	require.NoError(t, rt.create(podA, container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")))
+
+	lk := flock.New(filepath.Join(rt.ledgerDir, "ledger.lock"))
+	locked, err := lk.TryLock()
+	require.NoError(t, err)
+	require.True(t, locked)
+
+	err = rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
+	require.Error(t, err, "a create the guard could not decide must be refused, not let through")
+	assert.Contains(t, err.Error(), "nri-gpu-guard: GPU ledger busy")
+	assert.Contains(t, err.Error(), "ml/b/main")
+	assert.NotContains(t, err.Error(), "failed to handle", "the plugin answered; the runtime did not time it out")
+
+	// Containers without a GPU are not held up by the ledger.
+	require.NoError(t, rt.create(podB, container(podB, "sidecar", "b-side")))
+
+	require.NoError(t, lk.Unlock())
+	// Still registered and enforcing: a conflicting create is refused by the
+	// guard (a dropped plugin would let it through).
+	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")), "is held by ml/a/main")
+	require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=2")))
+}
+
+// Under release_on = "remove", a container restarted in the same pod takes
+// over its stopped predecessor's claim; another pod waits until removal.
+func TestReleaseOnRemoveRestartTakesOver(t *testing.T) {
+	rt := newRuntime(t, func(c *config.Config) { c.Policy.ReleaseOn = config.ReleaseOnRemove })
+	rt.startPlugin()
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	first := container(podA, "main", "first-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, first))
+	rt.start(podA, first, 1001)
+	rt.stop(podA, first)
+	assert.Equal(t, map[string]string{"1": "first-1"}, rt.holders())
+
+	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1")),
+		"kept until the container is removed")
+	rt.stopPod(podB) // the other pod gives up
+
+	restart := container(podA, "main", "restart-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, restart))
+	assert.Equal(t, map[string]string{"1": "restart-1"}, rt.holders())
+	rt.remove(podA, first)
+	assert.Equal(t, map[string]string{"1": "restart-1"}, rt.holders())
+}
+
+func TestConfigureFromRuntimeString(t *testing.T) {
+	rt := newRuntime(t, nil)
+	var built []config.Config
+	p, err := New(Options{Config: rt.cfg, Setup: func(_ context.Context, cfg config.Config) (*guard.Guard, error) {
+		built = append(built, cfg)
+		return (&Builder{}).Setup(context.Background(), cfg)
+	}})
+	require.NoError(t, err)
+
+	mask, err := p.Configure(context.Background(), "", "containerd", "v2.2.1")
+	require.NoError(t, err)
+	assert.Equal(t, Events, mask)
+	require.Len(t, built, 1)
+	assert.Equal(t, config.ConflictQueue, built[0].Policy.OnConflict)
+
+	// Reconnect with the same (empty) configuration: nothing is rebuilt.
+	_, err = p.Configure(context.Background(), "", "containerd", "v2.2.1")
+	require.NoError(t, err)
+	assert.Len(t, built, 1)
+
+	doc := "[ledger]\ndir = \"" + rt.ledgerDir + "\"\n[policy]\non_conflict = \"reject\"\n" +
+		"[devices]\nsource = \"static\"\n[[devices.static]]\nindex = 0\nuuid = \"" + gpuUUID(0) + "\"\nminor = 0\n"
+	_, err = p.Configure(context.Background(), doc, "containerd", "v2.2.1")
+	require.NoError(t, err)
+	require.Len(t, built, 2)
+	assert.Equal(t, config.ConflictReject, p.Guard().Config().Policy.OnConflict)
+
+	_, err = p.Configure(context.Background(), "[policy]\nno_such_key = 1\n", "containerd", "v2.2.1")
+	require.ErrorContains(t, err, "no_such_key")
+	assert.Equal(t, config.ConflictReject, p.Guard().Config().Policy.OnConflict, "a bad document changes nothing")
+}
+
+func TestEventMaskAvoidsNewEvents(t *testing.T) {
+	for _, e := range []api.Event{api.Event_UPDATE_POD_SANDBOX, api.Event_POST_UPDATE_POD_SANDBOX, api.Event_VALIDATE_CONTAINER_ADJUSTMENT} {
+		assert.False(t, Events.IsSet(e), "event %v breaks containerd 2.0/2.1", e)
+	}
+	for _, e := range []api.Event{api.Event_CREATE_CONTAINER, api.Event_STOP_CONTAINER, api.Event_REMOVE_CONTAINER,
+		api.Event_STOP_POD_SANDBOX, api.Event_REMOVE_POD_SANDBOX, api.Event_START_CONTAINER} {
+		assert.True(t, Events.IsSet(e))
+	}
+}
+
+func TestDecisionContext(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		deadline    time.Duration // 0 = none
+		lockTimeout time.Duration
+		wantMax     time.Duration
+		wantMin     time.Duration
+	}{
+		{"request deadline bounds", 2 * time.Second, 10 * time.Second, 1700 * time.Millisecond, 1500 * time.Millisecond},
+		{"lock timeout bounds", 2 * time.Second, 500 * time.Millisecond, 500 * time.Millisecond, 400 * time.Millisecond},
+		{"short deadline keeps a quarter margin", 400 * time.Millisecond, time.Second, 300 * time.Millisecond, 200 * time.Millisecond},
+		{"no deadline", 0, time.Second, time.Second, 900 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			parent := context.Background()
+			if tc.deadline > 0 {
+				var cancel context.CancelFunc
+				parent, cancel = context.WithTimeout(parent, tc.deadline)
+				defer cancel()
+			}
+			ctx, cancel := decisionContext(parent, tc.lockTimeout)
+			defer cancel()
+			dl, ok := ctx.Deadline()
+			require.True(t, ok)
+			left := time.Until(dl)
+			assert.LessOrEqual(t, left, tc.wantMax)
+			assert.GreaterOrEqual(t, left, tc.wantMin)
+		})
+	}
+}
+
+func TestSpecOf(t *testing.T) {
+	c := &api.Container{
+		Env:         []string{"A=1", "NVIDIA_VISIBLE_DEVICES=0"},
+		Annotations: map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=1"},
+		Mounts:      []*api.Mount{{Destination: "/var/run/nvidia-container-devices/2"}, {Destination: "/data"}},
+		CDIDevices:  []*api.CDIDevice{{Name: "nvidia.com/gpu=3"}},
+		Linux: &api.LinuxContainer{
+			Devices:   []*api.LinuxDevice{{Path: "/dev/nvidia1", Type: "c", Major: 195, Minor: 1}},
+			Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}},
+		},
+	}
+	req := specOf(c)
+	assert.Equal(t, c.Env, req.Env)
+	assert.Equal(t, c.Annotations, req.Annotations)
+	assert.Equal(t, []string{"/var/run/nvidia-container-devices/2", "/data"}, req.Mounts)
+	assert.Equal(t, []string{"nvidia.com/gpu=3"}, req.CDIDevices)
+	require.Len(t, req.Devices, 1)
+	assert.Equal(t, int64(195), req.Devices[0].Major)
+	assert.True(t, req.Privileged)
+
+	assert.False(t, specOf(&api.Container{}).Privileged)
+}
+
+func TestAllDevicesAllowed(t *testing.T) {
+	i64 := func(v int64) *api.OptionalInt64 { return &api.OptionalInt64{Value: v} }
+	for _, tc := range []struct {
+		name  string
+		rules []*api.LinuxDeviceCgroup
+		want  bool
+	}{
+		{"none", nil, false},
+		{"allow all rwm", []*api.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}, true},
+		{"allow all, type a, empty access", []*api.LinuxDeviceCgroup{{Allow: true, Type: "a"}}, true},
+		{"allow all read only", []*api.LinuxDeviceCgroup{{Allow: true, Access: "r"}}, false},
+		{"deny all then specific", []*api.LinuxDeviceCgroup{{Allow: false, Access: "rwm"},
+			{Allow: true, Type: "c", Major: i64(195), Minor: i64(0), Access: "rwm"}}, false},
+		{"allow all then deny all", []*api.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}, {Allow: false, Access: "rwm"}}, false},
+		{"deny all then allow all", []*api.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}, {Allow: true, Access: "rwm"}}, true},
+		{"wildcard major -1", []*api.LinuxDeviceCgroup{{Allow: true, Type: "a", Major: i64(-1), Minor: i64(-1), Access: "rwm"}}, true},
+		{"all char devices only", []*api.LinuxDeviceCgroup{{Allow: true, Type: "c", Access: "rwm"}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, allDevicesAllowed(tc.rules))
+		})
+	}
+}
+
+func TestOwnerOf(t *testing.T) {
+	pod := &api.PodSandbox{Id: "sb", Name: "p", Uid: "u", Namespace: "ns"}
+	c := &api.Container{Id: "c1", Name: "main", PodSandboxId: "sb", Pid: 42,
+		State: api.ContainerState_CONTAINER_CREATED, Linux: &api.LinuxContainer{CgroupsPath: "/k8s.io/c1"}}
+	o := ownerOf(pod, c)
+	assert.Equal(t, "ns", o.Namespace)
+	assert.Equal(t, "u", o.PodUID)
+	assert.Zero(t, o.Pid, "a container that is not running has no process to record")
+	assert.Empty(t, o.Cgroup)
+	c.State = api.ContainerState_CONTAINER_RUNNING
+	o = ownerOf(pod, c)
+	assert.Equal(t, 42, o.Pid)
+	assert.Equal(t, "/k8s.io/c1", o.Cgroup)
+	assert.True(t, strings.HasPrefix(ownerOf(nil, c).ContainerID, "c1"))
+}
+
+// BenchmarkDecision measures decisions through the real NRI runtime side
+// over a unix socket: one op is a whole CreateContainer plus the
+// StopContainer and RemoveContainer that follow it.
+func BenchmarkDecision(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		env  string
+		// holder occupies GPU 1 first, so every create is refused.
+		holder bool
+	}{
+		{name: "admit", env: "NVIDIA_VISIBLE_DEVICES=1"},
+		{name: "refuse-queued", env: "NVIDIA_VISIBLE_DEVICES=1", holder: true},
+		{name: "no-gpu"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			rt := newRuntime(b, nil)
+			rt.startPlugin()
+			pod := rt.addPod("bench")
+			if bc.holder {
+				hp := rt.addPod("holder")
+				require.NoError(b, rt.create(hp, container(hp, "main", "holder-1", bc.env)))
+			}
+			ctx := context.Background()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				c := container(pod, "main", "bench-"+strconv.Itoa(i), bc.env)
+				_, err := rt.nri.CreateContainer(ctx, &api.CreateContainerRequest{Pod: pod, Container: c})
+				if bc.holder != (err != nil) {
+					b.Fatalf("create %d: unexpected result %v", i, err)
+				}
+				if _, err := rt.nri.StopContainer(ctx, &api.StopContainerRequest{Pod: pod, Container: c}); err != nil {
+					b.Fatal(err)
+				}
+				if err := rt.nri.RemoveContainer(ctx, &api.RemoveContainerRequest{Pod: pod, Container: c}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// proxy forwards unix connections to the runtime's socket; cut drops every
+// connection, as a containerd restart does.
+type proxy struct {
+	ln     net.Listener
+	target string
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newProxy(t *testing.T, path, target string) *proxy {
+	ln, err := net.Listen("unix", path)
+	require.NoError(t, err)
+	px := &proxy{ln: ln, target: target}
+	t.Cleanup(func() { _ = ln.Close(); px.cut() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("unix", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			px.mu.Lock()
+			px.conns = append(px.conns, c, u)
+			px.mu.Unlock()
+			go func() { _, _ = io.Copy(u, c); _ = u.Close() }()
+			go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
+		}
+	}()
+	return px
+}
+
+func (px *proxy) cut() {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	for _, c := range px.conns {
+		_ = c.Close()
+	}
+	px.conns = nil
+}
+
+// External mode: Run registers, reports ready, reconnects after the
+// connection to the runtime dropped (with a full Synchronize), and returns
+// nil on cancellation (SIGTERM).
+func TestRunReconnects(t *testing.T) {
+	rt := newRuntime(t, nil)
+	px := newProxy(t, filepath.Join(rt.dir, "px.sock"), rt.socket)
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	readyC := make(chan bool, 16)
+	p, err := New(Options{Config: rt.cfg, Setup: (&Builder{Now: rt.clock.Now}).Setup,
+		Ready: func(ok bool) { readyC <- ok }})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- p.Run(ctx, Identity{Name: "gpu-guard", Index: "90", Socket: filepath.Join(rt.dir, "px.sock")})
+	}()
+
+	waitReady := func(want bool) {
+		t.Helper()
+		for got := range readyC {
+			if got == want {
+				return
+			}
+		}
+	}
+	waitReady(true)
+	rt.nri.BlockPluginSync().Unblock()
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+
+	// The connection drops; the holder is gone by the time the plugin is
+	// back.
+	rt.unlist(holder)
+	px.cut()
+	waitReady(false)
+	waitReady(true)
+	rt.nri.BlockPluginSync().Unblock()
+	assert.Empty(t, rt.holders(), "the claim of the vanished holder was released at the new Synchronize")
+	require.NoError(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1")))
+	require.ErrorContains(t, rt.create(podA, container(podA, "main", "a-2", "NVIDIA_VISIBLE_DEVICES=1")),
+		"is held by ml/b/main (id b-1)", "the reconnected plugin enforces")
+
+	cancel()
+	require.NoError(t, <-done)
+}

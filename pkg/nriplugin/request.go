@@ -1,0 +1,97 @@
+package nriplugin
+
+import (
+	"strings"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// ownerOf is the ledger identity of a container. Pid and cgroup are filled
+// only for a running container: a container that is created but not started
+// has no process yet, and recording its (empty) cgroup would make the
+// liveness check take it for exited.
+func ownerOf(pod *api.PodSandbox, ctr *api.Container) ledger.Owner {
+	o := ledger.Owner{
+		ContainerID:  ctr.GetId(),
+		Container:    ctr.GetName(),
+		PodSandboxID: ctr.GetPodSandboxId(),
+		FrontEnd:     ledger.FrontEndNRI,
+	}
+	if pod != nil {
+		o.Namespace = pod.GetNamespace()
+		o.Pod = pod.GetName()
+		o.PodUID = pod.GetUid()
+		if o.PodSandboxID == "" {
+			o.PodSandboxID = pod.GetId()
+		}
+	}
+	if ctr.GetState() == api.ContainerState_CONTAINER_RUNNING && ctr.GetPid() > 0 {
+		o.Pid = int(ctr.GetPid())
+		o.Cgroup = ctr.GetLinux().GetCgroupsPath()
+	}
+	return o
+}
+
+// guardRequest is the guard's view of an NRI container.
+func guardRequest(pod *api.PodSandbox, ctr *api.Container) guard.Request {
+	return guard.Request{
+		FrontEnd: ledger.FrontEndNRI,
+		Owner:    ownerOf(pod, ctr),
+		Spec:     specOf(ctr),
+	}
+}
+
+// specOf collects everything in an NRI container that can make a GPU
+// reachable. containerd applies CDI before NRI runs, so CDI-injected
+// /dev/nvidiaN nodes, env and mounts are already in Linux.Devices, Env and
+// Mounts.
+func specOf(ctr *api.Container) devices.Request {
+	req := devices.Request{
+		Env:         ctr.GetEnv(),
+		Annotations: ctr.GetAnnotations(),
+	}
+	for _, m := range ctr.GetMounts() {
+		req.Mounts = append(req.Mounts, m.GetDestination())
+	}
+	for _, d := range ctr.GetCDIDevices() {
+		req.CDIDevices = append(req.CDIDevices, d.GetName())
+	}
+	linux := ctr.GetLinux()
+	for _, d := range linux.GetDevices() {
+		req.Devices = append(req.Devices, devices.LinuxDevice{
+			Path: d.GetPath(), Type: d.GetType(), Major: d.GetMajor(), Minor: d.GetMinor(),
+		})
+	}
+	req.Privileged = allDevicesAllowed(linux.GetResources().GetDevices())
+	return req
+}
+
+// allDevicesAllowed reports whether the device cgroup rules end up allowing
+// every device. NRI does not carry the CRI "privileged" flag; what privileged
+// means for device access is exactly this (containerd gives a privileged
+// container a single "allow all, rwm" rule, an unprivileged one "deny all"
+// followed by specific allows). The last wildcard rule decides, as in the
+// kernel's device cgroup.
+func allDevicesAllowed(rules []*api.LinuxDeviceCgroup) bool {
+	all := false
+	for _, r := range rules {
+		wildcardType := r.GetType() == "" || r.GetType() == "a"
+		anyMajor := r.GetMajor() == nil || r.GetMajor().GetValue() < 0
+		anyMinor := r.GetMinor() == nil || r.GetMinor().GetValue() < 0
+		if !wildcardType || !anyMajor || !anyMinor {
+			continue
+		}
+		if r.GetAllow() {
+			// Access "" means rwm in the runtime spec.
+			acc := r.GetAccess()
+			all = acc == "" || (strings.ContainsRune(acc, 'r') && strings.ContainsRune(acc, 'w') && strings.ContainsRune(acc, 'm'))
+		} else {
+			all = false
+		}
+	}
+	return all
+}

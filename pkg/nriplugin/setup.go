@@ -1,0 +1,196 @@
+package nriplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics"
+)
+
+// Builder is the production SetupFunc: it opens the ledger, loads the GPU
+// inventory once and writes the inventory cache the OCI hooks read. It keeps
+// the inventory and the ledger across calls with an unchanged configuration,
+// so a reconnect (which calls Configure again) costs no NVML enumeration.
+type Builder struct {
+	// Logger; nil = discard.
+	Logger *slog.Logger
+	// Observer receives the guard's decisions (metrics); nil = none.
+	Observer guard.Observer
+	// Liveness overrides the holder liveness check; nil = host default.
+	Liveness guard.Liveness
+	// Now is the ledger's and the guard's clock; nil = time.Now (tests
+	// inject one).
+	Now func() time.Time
+
+	mu      sync.Mutex
+	devCfg  *config.DevicesConfig
+	inv     *devices.Inventory
+	ledKey  ledgerKey
+	ledger  *ledger.Ledger
+	cacheAt string
+}
+
+// ledgerKey is what a ledger was opened with (ledger.Options holds a func and
+// is not comparable).
+type ledgerKey struct {
+	dir                      string
+	lockTimeout              time.Duration
+	auditMaxBytes            int64
+	reservationTTL, queueTTL time.Duration
+}
+
+// Setup builds a guard for cfg. It implements SetupFunc.
+func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	log := b.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+
+	key := ledgerKey{
+		dir:            cfg.Ledger.Dir,
+		lockTimeout:    cfg.Ledger.LockTimeout.Duration,
+		auditMaxBytes:  cfg.Ledger.AuditMaxBytes,
+		reservationTTL: cfg.Policy.ReservationTTL.Duration,
+		queueTTL:       cfg.Policy.QueueTTL.Duration,
+	}
+	if b.ledger == nil || b.ledKey != key {
+		l, err := ledger.Open(key.dir, ledger.Options{
+			LockTimeout:    key.lockTimeout,
+			AuditMaxBytes:  key.auditMaxBytes,
+			ReservationTTL: key.reservationTTL,
+			QueueTTL:       key.queueTTL,
+			Now:            b.Now,
+			Logger:         log,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("open ledger in %s (check [ledger] dir): %w", key.dir, err)
+		}
+		b.ledger, b.ledKey = l, key
+	}
+
+	cachePath := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
+	if b.inv == nil || b.devCfg == nil || !reflect.DeepEqual(*b.devCfg, cfg.Devices) {
+		inv, err := devices.Discover(cfg.Devices, nil)
+		if err != nil {
+			cached, cerr := devices.LoadCache(cachePath)
+			if cerr != nil {
+				return nil, fmt.Errorf("GPU inventory (source %q): %w; no usable cache at %s either: %w",
+					cfg.Devices.Source, err, cachePath, cerr)
+			}
+			log.Warn("GPU inventory unavailable, using the cached one", "source", cfg.Devices.Source,
+				"error", err, "cache", cachePath, "gpus", len(cached.GPUs))
+			inv = cached
+		}
+		devCfg := cfg.Devices
+		b.inv, b.devCfg, b.cacheAt = inv, &devCfg, ""
+		log.Info("GPU inventory loaded", "source", inv.Source, "gpus", len(inv.GPUs))
+	}
+	if b.cacheAt != cachePath {
+		if err := devices.SaveCache(cachePath, b.inv); err != nil {
+			// The hooks fall back to discovering themselves; not fatal.
+			log.Warn("could not write the inventory cache for the OCI hooks", "path", cachePath, "error", err)
+		} else {
+			b.cacheAt = cachePath
+		}
+	}
+
+	return guard.New(guard.Options{
+		Config:    cfg,
+		Inventory: b.inv,
+		Ledger:    b.ledger,
+		Liveness:  b.Liveness,
+		Now:       b.Now,
+		Logger:    log,
+		Observer:  b.Observer,
+	})
+}
+
+// DaemonOptions configure RunDaemon.
+type DaemonOptions struct {
+	// Config is the configuration from file/flags.
+	Config config.Config
+	// Identity names the plugin and the socket to dial.
+	Identity Identity
+	// Logger; nil = discard.
+	Logger *slog.Logger
+}
+
+// RunDaemon is the whole NRI daemon: it builds the guard, serves metrics when
+// [metrics] listen is set, and runs the plugin until ctx is done.
+//
+// An external daemon builds the guard once up front, so a broken
+// configuration, an unsafe ledger dir or a missing inventory fail at start,
+// not at registration. A plugin launched by containerd gets its configuration
+// only with Configure (the conf.d file; it has no flags and a bare
+// environment), so it builds the guard there, and starts the metrics endpoint
+// from that configuration once the first setup succeeded.
+func RunDaemon(ctx context.Context, opts DaemonOptions) error {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b := &Builder{Logger: log}
+	launched := Launched()
+	// Decisions are counted from the start; the endpoint serves them once a
+	// configuration names [metrics] listen.
+	m := metrics.New()
+	b.Observer = m
+	if !launched {
+		if _, err := b.Setup(ctx, opts.Config); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	var serveOnce sync.Once
+	serve := func(listen string) {
+		if listen == "" {
+			return
+		}
+		serveOnce.Do(func() {
+			go func() {
+				if err := m.Serve(ctx, listen, log); err != nil {
+					errc <- err
+					cancel()
+				}
+			}()
+		})
+	}
+	setup := b.Setup
+	if launched {
+		setup = func(ctx context.Context, cfg config.Config) (*guard.Guard, error) {
+			g, err := b.Setup(ctx, cfg)
+			if err == nil {
+				serve(cfg.Metrics.Listen)
+			}
+			return g, err
+		}
+	} else {
+		serve(opts.Config.Metrics.Listen)
+	}
+	popts := Options{Config: opts.Config, Setup: setup, Logger: log, Ready: m.SetReady}
+	p, err := New(popts)
+	if err != nil {
+		return err
+	}
+	runErr := p.Run(ctx, opts.Identity.withDefaults(opts.Config.NRI))
+	select {
+	case err := <-errc:
+		return errors.Join(err, runErr)
+	default:
+		return runErr
+	}
+}

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# gpu-check.sh: on a host with an NVIDIA GPU and driver, check that the guard's
+# NVML inventory (index, UUID, minor number, bus id, MIG instances) and its
+# resolver agree with nvidia-smi. Exits non-zero on any mismatch.
+#
+# On a host without a GPU it fails too, unless GPU_CHECK_ALLOW_SKIP=1, in
+# which case it prints SKIP and exits 0 (for CI jobs that may land anywhere).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+cd "$repo"
+
+skip() {
+	if [[ "${GPU_CHECK_ALLOW_SKIP:-0}" == "1" ]]; then
+		echo "gpu-check: SKIP: $*"
+		exit 0
+	fi
+	echo "gpu-check: $* (set GPU_CHECK_ALLOW_SKIP=1 to skip instead)" >&2
+	exit 1
+}
+
+command -v nvidia-smi >/dev/null 2>&1 || skip "nvidia-smi not found: run this on a host with an NVIDIA GPU and driver"
+nvidia-smi -L >/dev/null 2>&1 || skip "nvidia-smi -L fails: no usable NVIDIA GPU or driver"
+
+GO="${GO:-go}"
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+
+# NVML is reached through cgo; go-nvml's headers warn about deprecated calls
+# it does not make.
+export CGO_ENABLED=1
+export CGO_CFLAGS="${CGO_CFLAGS:--O2 -Wno-deprecated-declarations}"
+"$GO" build -tags nri_no_wasm -o "$tmp/inventory-check" ./test/gpu/inventory-check
+
+echo "gpu-check: driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
+"$tmp/inventory-check"

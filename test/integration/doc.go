@@ -1,0 +1,31 @@
+// Package integration holds the end-to-end tests of nri-gpu-guard: a real
+// containerd 2.2 with runc, driven through crictl (what the kubelet speaks),
+// with the plugin as its own process, external or pre-installed, and fake GPUs
+// (a static inventory, mknod'ed /dev/nvidiaN nodes and a CDI spec).
+//
+// Everything is behind the `integration` build tag and needs root plus the
+// tools and image that setup.sh prepares; `make integration` runs both:
+//
+//	make integration
+//	# or, after `make build` and `sudo ./test/integration/setup.sh`:
+//	go test -tags 'nri_no_wasm integration' -count=1 -v ./test/integration/...
+//
+// The harness (harness_test.go, containerd_test.go, cri_test.go,
+// guardproc_test.go) is the package's reusable part: StartContainerd /
+// SharedContainerd, RunPod, Pod.Create / Pod.Refused / Pod.Run, StartGuard /
+// InstallGuard / NewGuardEnv, Guard.Claims / Guard.Queue.
+//
+// Invariants the harness keeps:
+//   - every daemon runs in its own short temp dir (unix socket paths are
+//     limited to 108 bytes) named ggi-*, with its own containerd root, state,
+//     NRI socket, plugin dirs and CDI spec dir: nothing of the host's
+//     containerd or /var/run/cdi is read or written;
+//   - processes are started with a recorded pid and stopped by that pid;
+//     teardown (t.Cleanup, TestMain for the shared daemon) removes pods,
+//     stops containerd, kills any process still running from the temp dir
+//     (shims, launched plugins, and containers found by their cgroups),
+//     unmounts what is mounted under it and removes it, also after a
+//     failure; a run that died without teardown is swept by the next one;
+//   - tests never sleep to synchronise: they poll a condition (ledger
+//     content, container state, a readiness endpoint) up to a deadline.
+package integration
