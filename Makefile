@@ -40,6 +40,7 @@ $(GOLANGCI):
 lint: $(GOLANGCI)
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GOLANGCI) run --build-tags $(TAGS) ./...
+	$(GOLANGCI) run --build-tags '$(TAGS) integration' ./test/...
 
 integration: build
 	./test/integration/setup.sh

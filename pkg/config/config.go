@@ -248,7 +248,7 @@ func LoadFile(path string) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("open configuration: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: a close error loses nothing
 	cfg, err := Load(f)
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)

@@ -187,7 +187,7 @@ func readSpec(path string) (*specs.Spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--spec: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read-only: a close error loses nothing
 	data, err := io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("--spec: read %s: %w", path, err)

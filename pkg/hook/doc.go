@@ -15,7 +15,12 @@
 //   - A create-runtime hook that is cancelled (SIGTERM/SIGINT), times out, or
 //     whose container disappears while waiting leaves no claim and no waiter.
 //   - poststop is idempotent: releasing a container that holds nothing
-//     succeeds.
+//     succeeds. A container absent from the ledger (most of them) is told
+//     apart by a lock-free read and never takes the ledger lock.
+//   - A waiting hook reads the ledger without the lock at every poll and
+//     asks the guard again (a locked write) only when the answer can have
+//     changed or its queue entry needs refreshing; it reads the state before
+//     each such Admit, so no change between two polls goes unnoticed.
 //   - Container-supplied input (state, config.json) is bounded in size and
 //     never used as a path, except the bundle directory the runtime names.
 //   - No NVML initialisation per container: the inventory comes from the

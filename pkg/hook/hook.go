@@ -87,6 +87,9 @@ func (e env) run(ctx context.Context, phase string, cfg config.Config, stdin io.
 			err = fmt.Errorf("hook %s: internal error, container refused (please report this): %v", phase, r)
 		}
 	}()
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("hook %s: container refused: configuration: %w", phase, err)
+	}
 	switch phase {
 	case PhaseCreateRuntime:
 		err = e.createRuntime(ctx, cfg, stdin, stderr)
@@ -156,6 +159,13 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		now:             e.now,
 		newTicker:       e.newTicker,
 		gone:            e.goneCheck(self),
+		watch: &watcher{
+			snapshot:     g.Ledger().Snapshot,
+			exited:       liveness.New("", e.procRoot).Exited,
+			now:          e.now,
+			queueTTL:     cfg.Policy.QueueTTL.Duration,
+			refreshEvery: refreshInterval(cfg),
+		},
 	}
 	return w.run(ctx)
 }
@@ -235,6 +245,14 @@ func appears(st ledger.State, id string) bool {
 		}
 	}
 	return false
+}
+
+// refreshInterval is how long a waiting hook may go without an Admit when
+// nothing changes: a quarter of queue_ttl (so that a live waiter is never
+// dropped), at most maxRefresh, at least one poll.
+func refreshInterval(cfg config.Config) time.Duration {
+	d := min(cfg.Policy.QueueTTL.Duration/4, maxRefresh)
+	return max(d, cfg.Hook.PollInterval.Duration)
 }
 
 // withdrawTimeout bounds the Withdraw of a hook that gives up: long enough to

@@ -69,6 +69,7 @@ func TestRunPhases(t *testing.T) {
 		phase      string
 		stdin      func(t *testing.T) string
 		openGuard  func(config.Config, *devices.Inventory) (guardAPI, func(), error)
+		cfg        func(*config.Config)
 		wantErrIs  error
 		wantErr    []string
 		wantOpened int
@@ -133,6 +134,13 @@ func TestRunPhases(t *testing.T) {
 			wantErr: []string{"container c1 refused", "unsafe ledger directory"},
 		},
 		{
+			name:    "invalid configuration (Run may be called without the main's checks)",
+			phase:   PhaseCreateRuntime,
+			stdin:   func(t *testing.T) string { return stateFor(t, "c1", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=1") },
+			cfg:     func(c *config.Config) { c.Hook.PollInterval = config.Duration{} },
+			wantErr: []string{"configuration", "hook.poll_interval"},
+		},
+		{
 			name:       "poststop of a container that holds nothing",
 			phase:      PhasePoststop,
 			stdin:      func(*testing.T) string { return `{"id":"never-seen","status":"stopped","bundle":"/gone"}` },
@@ -141,6 +149,9 @@ func TestRunPhases(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := staticConfig(t)
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
 			opened := 0
 			e := testEnv(&opened)
 			if tc.openGuard != nil {

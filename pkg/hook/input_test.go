@@ -198,3 +198,22 @@ func TestOwnerFrom(t *testing.T) {
 		})
 	}
 }
+
+// FuzzReadState: whatever a runtime (or an attacker able to feed a hook)
+// writes on stdin, readState returns an error or a state with a usable id;
+// it never panics.
+func FuzzReadState(f *testing.F) {
+	f.Add(`{"ociVersion":"1.0.2-dev","id":"c1","status":"creating","pid":17992,"bundle":"/run/b1"}`)
+	f.Add(`{"id":"","pid":-1}`)
+	f.Add(`{"id":"a b","annotations":{"x":"y"}}`)
+	f.Add(`[]`)
+	f.Fuzz(func(t *testing.T, in string) {
+		st, err := readState(strings.NewReader(in))
+		if err != nil {
+			require.ErrorIs(t, err, errInput)
+			return
+		}
+		require.NoError(t, checkID(st.ID))
+		require.GreaterOrEqual(t, st.Pid, 0)
+	})
+}

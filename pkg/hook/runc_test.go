@@ -303,7 +303,7 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 			{Destination: "/shared", Type: "bind", Source: r.shared, Options: []string{"rbind", "rw"}},
 		},
 		Linux: &specs.Linux{
-			CgroupsPath: "/nri-gpu-guard-test-" + filepath.Base(r.base) + "-" + id,
+			CgroupsPath: "/" + r.cgroupName(id),
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
 			},
@@ -464,6 +464,12 @@ func (r *rig) guard() *guard.Guard {
 	return g
 }
 
+// cgroupName is the cgroup of container id, directly below the hierarchy
+// root so that cleanup can find it.
+func (r *rig) cgroupName(id string) string {
+	return "nri-gpu-guard-test-" + filepath.Base(r.base) + "-" + id
+}
+
 func (r *rig) cleanup() {
 	r.mu.Lock()
 	ctrs := slices.Clone(r.ctrs)
@@ -479,6 +485,14 @@ func (r *rig) cleanup() {
 		select {
 		case <-c.done:
 		case <-time.After(condTimeout):
+		}
+	}
+	// A runc killed while creating leaves its (empty) cgroups behind.
+	for _, c := range ctrs {
+		dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", r.cgroupName(c.id)))
+		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", r.cgroupName(c.id)))
+		for _, d := range dirs {
+			_ = os.Remove(d) // rmdir: only an empty cgroup goes
 		}
 	}
 	_ = os.RemoveAll(r.base)
@@ -506,7 +520,6 @@ func TestRuncSecondContainerWaitsForTheFirst(t *testing.T) {
 	require.Equal(t, []string{"a start", "a exit", "b start"}, r.order())
 	require.Equal(t, "b", r.holders()[gpuUUIDs[1]])
 	require.Empty(t, r.state().Waiters)
-
 	r.release("b")
 	require.NoError(t, b.wait(t))
 	require.Empty(t, r.holders(), "poststop released b")
@@ -687,6 +700,15 @@ func TestRuncWaitTimeout(t *testing.T) {
 	require.Equal(t, map[string]string{gpuUUIDs[1]: "h"}, r.holders(), "no claim for w")
 	require.Empty(t, r.state().Waiters, "w left the queue")
 	require.Empty(t, r.state().Reservations)
+	// Nothing changed while w waited (about 15 polls of 20ms), so its hook
+	// read the ledger at each poll but wrote it only to join and to leave.
+	ops := map[string]int{}
+	for _, rec := range r.audit() {
+		if rec.Key == "w" {
+			ops[rec.Op]++
+		}
+	}
+	require.Equal(t, map[string]int{ledger.OpEnqueue: 1, ledger.OpDequeue: 1}, ops)
 
 	r.release("h")
 	require.NoError(t, h.wait(t))

@@ -67,6 +67,9 @@ type waiter struct {
 	// gone reports whether the container or the runtime that ran this hook
 	// has disappeared, and why. nil = never.
 	gone func() (bool, string)
+	// watch, when set, skips the Admits that cannot change the answer;
+	// nil = Admit at every poll.
+	watch *watcher
 }
 
 // run returns nil when the container may start (admitted, or nothing to
@@ -82,9 +85,10 @@ func (w *waiter) run(ctx context.Context) error {
 	var lastPrinted time.Time
 	lastPos := -1
 
-	fail := func(err error) error {
+	// fail leaves the queue (reason goes to the audit trail) and returns err.
+	fail := func(err error, reason string) error {
 		if queued {
-			w.withdraw(ctx, err)
+			w.withdraw(ctx, reason)
 		}
 		return err
 	}
@@ -95,7 +99,17 @@ func (w *waiter) run(ctx context.Context) error {
 			tick.Stop()
 		}
 	}()
+	progress := func(d guard.Decision, now time.Time) {
+		if d.Position != lastPos || now.Sub(lastPrinted) >= progressEvery {
+			_, _ = fmt.Fprintln(w.stderr, progressLine(id, d, now.Sub(start)))
+			lastPos = d.Position
+			lastPrinted = now
+		}
+	}
 	for {
+		if w.watch != nil {
+			w.watch.before(ctx, w.req.Key)
+		}
 		d, err := w.g.Admit(ctx, w.req)
 		if err != nil {
 			// The outcome is unknown (the guard may have queued the request
@@ -104,14 +118,15 @@ func (w *waiter) run(ctx context.Context) error {
 		}
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return fail(fmt.Errorf("container %s: %w (%w)%s", id, ErrCancelled, context.Cause(ctx), lastMessage(last)))
+			return fail(fmt.Errorf("container %s: %w (%w); it left the queue and holds no GPU%s",
+				id, ErrCancelled, context.Cause(ctx), lastMessage(last)), "hook cancelled: "+context.Cause(ctx).Error())
 		case err != nil && errors.Is(err, ledger.ErrLockTimeout):
 			// Another process holds the ledger lock for longer than
 			// lock_timeout; that is congestion, not a decision. Try again
 			// within the wait budget.
 			lastErr = err
 		case err != nil:
-			return fail(fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err))
+			return fail(fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err), "hook failed: "+firstLine(err.Error()))
 		default:
 			lastErr = nil
 			switch d.Result {
@@ -124,43 +139,52 @@ func (w *waiter) run(ctx context.Context) error {
 			case guard.Queue:
 				queued = true
 				last = d
-				now := w.now()
-				if d.Position != lastPos || now.Sub(lastPrinted) >= progressEvery {
-					_, _ = fmt.Fprintln(w.stderr, progressLine(id, d, now.Sub(start)))
-					lastPos = d.Position
-					lastPrinted = now
-				}
+				progress(d, w.now())
 			default: // Reject, or a result this build does not know: refuse.
-				return fail(fmt.Errorf("container %s: %w", id, decisionErr(d)))
+				return fail(fmt.Errorf("container %s: %w", id, decisionErr(d)), "refused: "+d.Reason)
 			}
 		}
 
 		if tick == nil {
 			tick = w.newTicker(w.pollInterval)
 		}
-		select {
-		case <-ctx.Done():
-		case <-tick.C():
-		}
-		// Checked after the select too: when both are ready, select picks at
-		// random, and a cancelled hook must not claim.
-		if ctx.Err() != nil {
-			return fail(fmt.Errorf("container %s: %w (%w); it left the queue and holds no GPU%s",
-				id, ErrCancelled, context.Cause(ctx), lastMessage(last)))
-		}
-		if w.gone != nil {
-			if gone, why := w.gone(); gone {
-				return fail(fmt.Errorf("container %s: %w (%s); it left the queue and holds no GPU%s",
-					id, ErrContainerGone, why, lastMessage(last)))
+		// Poll until another Admit is due (every poll without a watcher).
+		for {
+			select {
+			case <-ctx.Done():
+			case <-tick.C():
 			}
-		}
-		if !w.now().Before(deadline) {
-			cause := decisionErr(last)
-			if lastErr != nil {
-				cause = lastErr
+			// Checked after the select too: when both are ready, select
+			// picks at random, and a cancelled hook must not claim.
+			if ctx.Err() != nil {
+				return fail(fmt.Errorf("container %s: %w (%w); it left the queue and holds no GPU%s",
+					id, ErrCancelled, context.Cause(ctx), lastMessage(last)), "hook cancelled: "+context.Cause(ctx).Error())
 			}
-			return fail(fmt.Errorf("container %s refused: %w after %s (hook.wait_timeout); it left the queue and holds no GPU; "+
-				"free the GPU or raise hook.wait_timeout: %w", id, ErrWaitTimeout, w.waitTimeout, cause))
+			if w.gone != nil {
+				if gone, why := w.gone(); gone {
+					return fail(fmt.Errorf("container %s: %w (%s); it left the queue and holds no GPU%s",
+						id, ErrContainerGone, why, lastMessage(last)), "container gone: "+why)
+				}
+			}
+			now := w.now()
+			if !now.Before(deadline) {
+				cause := decisionErr(last)
+				if lastErr != nil {
+					cause = lastErr
+				}
+				return fail(fmt.Errorf("container %s refused: %w after %s (hook.wait_timeout); it left the queue and holds no GPU; "+
+					"free the GPU or raise hook.wait_timeout: %w", id, ErrWaitTimeout, w.waitTimeout, cause),
+					fmt.Sprintf("hook.wait_timeout %s reached", w.waitTimeout))
+			}
+			if last.Result == guard.Queue {
+				progress(last, now)
+			}
+			if w.watch == nil || lastErr != nil {
+				break
+			}
+			if due, _ := w.watch.due(ctx, w.req.Key); due {
+				break
+			}
 		}
 	}
 }
@@ -169,10 +193,9 @@ func (w *waiter) run(ctx context.Context) error {
 // may be cancelled already, so it runs under a fresh, bounded one. A failure
 // is reported on stderr (queue_ttl drops the entry in the end) and does not
 // replace the error that made the hook give up.
-func (w *waiter) withdraw(ctx context.Context, why error) {
+func (w *waiter) withdraw(ctx context.Context, reason string) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.withdrawTimeout)
 	defer cancel()
-	reason := "hook gave up: " + firstLine(why.Error())
 	if err := w.g.Withdraw(wctx, w.req.Key, reason); err != nil {
 		_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: container %s: could not leave the queue (policy.queue_ttl will drop the entry): %v\n",
 			guard.ShortID(w.req.Owner.ContainerID), err)

@@ -68,6 +68,7 @@ type fakeGuard struct {
 	onAdmit func(n int) // called before answering the n-th Admit (1-based)
 
 	withdrawn    []string
+	reasons      []string
 	withdrawCtxs []error // ctx.Err() seen by each Withdraw
 	withdrawErr  error
 }
@@ -88,8 +89,9 @@ func (f *fakeGuard) Admit(_ context.Context, r guard.Request) (guard.Decision, e
 	return a.d, a.err
 }
 
-func (f *fakeGuard) Withdraw(ctx context.Context, key, _ string) error {
+func (f *fakeGuard) Withdraw(ctx context.Context, key, reason string) error {
 	f.withdrawn = append(f.withdrawn, key)
+	f.reasons = append(f.reasons, reason)
 	f.withdrawCtxs = append(f.withdrawCtxs, ctx.Err())
 	return f.withdrawErr
 }
@@ -143,6 +145,7 @@ func TestWaiterOutcomes(t *testing.T) {
 		wantErrText  []string
 		wantAdmits   int
 		wantWithdraw int
+		wantReason   string // of the Withdraw, for the audit trail
 		wantStderr   []string
 	}{
 		{
@@ -174,6 +177,7 @@ func TestWaiterOutcomes(t *testing.T) {
 			wantErrIs:    []error{guard.ErrRejected},
 			wantAdmits:   2,
 			wantWithdraw: 1,
+			wantReason:   "refused: unknown-device",
 		},
 		{
 			name:         "still queued at wait_timeout",
@@ -182,6 +186,7 @@ func TestWaiterOutcomes(t *testing.T) {
 			wantErrText:  []string{"hook.wait_timeout", "1m0s", "held by ns/pod/ctr", "left the queue and holds no GPU"},
 			wantAdmits:   61, // the fake clock moves in Admit: t=0..60s, then the tick finds the deadline passed
 			wantWithdraw: 1,
+			wantReason:   "hook.wait_timeout 1m0s reached",
 		},
 		{
 			name:       "ledger lock timeout is congestion: retried",
@@ -211,6 +216,7 @@ func TestWaiterOutcomes(t *testing.T) {
 			wantErrText:  []string{"pid 42 is gone", "last answer: GPU 1"},
 			wantAdmits:   3,
 			wantWithdraw: 1,
+			wantReason:   "container gone: its process: pid 42 is gone",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -238,6 +244,9 @@ func TestWaiterOutcomes(t *testing.T) {
 			for _, k := range f.withdrawn {
 				require.Equal(t, "c0ffee0123456789", k)
 			}
+			if tc.wantReason != "" {
+				require.Equal(t, []string{tc.wantReason}, f.reasons)
+			}
 			for _, s := range tc.wantStderr {
 				require.Contains(t, stderr.String(), s)
 			}
@@ -262,6 +271,7 @@ func TestWaiterCancelledLeavesQueueWithLiveContext(t *testing.T) {
 	require.Equal(t, 4, f.admits, "no Admit after the cancellation")
 	require.Equal(t, []string{"c0ffee0123456789"}, f.withdrawn)
 	require.Equal(t, []error{nil}, f.withdrawCtxs, "Withdraw must run under a context that is not cancelled")
+	require.Equal(t, []string{"hook cancelled: received terminated"}, f.reasons)
 }
 
 func TestWaiterWithdrawFailureIsReportedNotMasking(t *testing.T) {

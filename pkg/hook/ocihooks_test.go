@@ -1,0 +1,87 @@
+package hook
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+)
+
+// ociHookFile is the hooks.d schema version 1.0.0 read by podman and CRI-O
+// (containers/common pkg/hooks): unknown fields are a mistake there too.
+type ociHookFile struct {
+	Version string     `json:"version"`
+	Hook    specs.Hook `json:"hook"`
+	When    struct {
+		Always        *bool             `json:"always,omitempty"`
+		Annotations   map[string]string `json:"annotations,omitempty"`
+		Commands      []string          `json:"commands,omitempty"`
+		HasBindMounts *bool             `json:"hasBindMounts,omitempty"`
+	} `json:"when"`
+	Stages []string `json:"stages"`
+}
+
+// TestShippedOCIHooks checks packaging/oci-hooks.d: one file per stage, each
+// running the installed binary with the phase Run accepts for that stage, for
+// every container (environment variables cannot be matched by `when`, and
+// NVIDIA_VISIBLE_DEVICES is the most common way to reach a GPU), and with a
+// runtime timeout that lets the hook give up by itself first.
+func TestShippedOCIHooks(t *testing.T) {
+	root, err := moduleRoot()
+	require.NoError(t, err)
+	files, err := filepath.Glob(filepath.Join(root, "packaging", "oci-hooks.d", "*.json"))
+	require.NoError(t, err)
+	nfpm, err := os.ReadFile(filepath.Join(root, "packaging", "nfpm.yaml"))
+	require.NoError(t, err)
+
+	phaseOf := map[string]string{"createRuntime": PhaseCreateRuntime, "poststop": PhasePoststop}
+	seen := map[string]string{}
+	for _, path := range files {
+		t.Run(filepath.Base(path), func(t *testing.T) {
+			data, err := os.ReadFile(path)
+			require.NoError(t, err)
+			dec := json.NewDecoder(bytes.NewReader(data))
+			dec.DisallowUnknownFields()
+			var h ociHookFile
+			require.NoError(t, dec.Decode(&h))
+
+			require.Equal(t, "1.0.0", h.Version)
+			require.Len(t, h.Stages, 1, "one stage per file: each stage runs another phase")
+			stage := h.Stages[0]
+			phase, ok := phaseOf[stage]
+			require.True(t, ok, "stage %q", stage)
+			seen[stage] = filepath.Base(path)
+
+			require.True(t, filepath.IsAbs(h.Hook.Path))
+			require.Contains(t, string(nfpm), "dst: "+h.Hook.Path, "the hook runs the binary the package installs")
+			require.Equal(t, []string{"nri-gpu-guard", "hook", phase}, h.Hook.Args)
+			require.Empty(t, h.Hook.Env, "the configuration comes from the default path")
+
+			require.NotNil(t, h.When.Always)
+			require.True(t, *h.When.Always, "the hook must see every container")
+
+			require.NotNil(t, h.Hook.Timeout, "a hook without timeout can hang the runtime forever")
+			timeout := time.Duration(*h.Hook.Timeout) * time.Second
+			if stage == "createRuntime" {
+				wait := config.Default().Hook.WaitTimeout.Duration
+				require.Greater(t, timeout, wait, "the runtime must not kill the hook before hook.wait_timeout (default %s): "+
+					"a killed waiter cannot leave the queue", wait)
+			}
+		})
+	}
+	stages := make([]string, 0, len(seen))
+	for s := range seen {
+		stages = append(stages, s)
+	}
+	slices.Sort(stages)
+	require.Equal(t, []string{"createRuntime", "poststop"}, stages, "files: %s", strings.Join(files, ", "))
+}

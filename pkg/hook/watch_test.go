@@ -1,0 +1,202 @@
+package hook
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+func TestWatcherDue(t *testing.T) {
+	gpu2 := devices.Device{UUID: "GPU-22222222-0000-4000-8000-000000000002", Index: "2", Kind: devices.KindGPU}
+	mig1 := devices.Device{UUID: "MIG-11111111-0000-4000-8000-0000000000a0", Index: "1:0", Kind: devices.KindMIG, Parent: gpu1.UUID}
+	started := ledger.Owner{ContainerID: "holder", Pid: 4242, PidStart: 9, FrontEnd: ledger.FrontEndHook}
+	me := ledger.Waiter{Key: "me", Seq: 5, Devices: []devices.Device{gpu1}, LastSeen: t0, FirstSeen: t0}
+	other := ledger.Waiter{Key: "other", Seq: 3, Devices: []devices.Device{gpu1}, LastSeen: t0, FirstSeen: t0}
+	base := ledger.State{
+		Claims:     []ledger.Claim{{Device: gpu1, Owner: started, Since: t0}},
+		Waiters:    []ledger.Waiter{other, me},
+		Generation: 10,
+	}
+	with := func(f func(st *ledger.State)) ledger.State {
+		st := base
+		st.Claims = append([]ledger.Claim(nil), base.Claims...)
+		st.Waiters = append([]ledger.Waiter(nil), base.Waiters...)
+		f(&st)
+		return st
+	}
+
+	for _, tc := range []struct {
+		name    string
+		now     time.Duration // since the last Admit
+		before  ledger.State  // read just before the last Admit
+		current ledger.State
+		readErr error
+		exited  map[string]bool
+		wantDue bool
+		wantWhy string
+	}{
+		{name: "nothing changed", before: base, current: base},
+		{
+			name:   "only refreshes and the generation moved",
+			before: base,
+			current: with(func(st *ledger.State) {
+				st.Generation = 14
+				st.Waiters[0].LastSeen = t0.Add(time.Second)
+				st.Waiters[1].LastSeen = t0.Add(time.Second)
+			}),
+		},
+		{
+			name: "another waiter's reservation deadline moved",
+			before: with(func(st *ledger.State) {
+				st.Reservations = []ledger.Reservation{{Device: gpu2, For: "x", Until: t0.Add(time.Minute)}}
+			}),
+			current: with(func(st *ledger.State) {
+				st.Reservations = []ledger.Reservation{{Device: gpu2, For: "x", Until: t0.Add(2 * time.Minute)}}
+			}),
+		},
+		{name: "holder released", before: base, current: with(func(st *ledger.State) { st.Claims = nil }), wantDue: true, wantWhy: "ledger changed"},
+		{
+			name: "a device reserved for me", before: base,
+			current: with(func(st *ledger.State) {
+				st.Claims = nil
+				st.Reservations = []ledger.Reservation{{Device: gpu1, For: "me", Until: t0.Add(time.Minute)}}
+			}),
+			wantDue: true, wantWhy: "ledger changed",
+		},
+		{name: "a waiter ahead left", before: base, current: with(func(st *ledger.State) { st.Waiters = st.Waiters[1:] }), wantDue: true, wantWhy: "ledger changed"},
+		{name: "I was dropped (and nothing else changed)", before: with(func(st *ledger.State) { st.Waiters = st.Waiters[:1] }),
+			current: with(func(st *ledger.State) { st.Waiters = st.Waiters[:1] }), wantDue: true, wantWhy: "not queued"},
+		{name: "refresh interval passed", now: 30 * time.Second, before: base, current: base, wantDue: true, wantWhy: "refresh"},
+		{name: "ledger unreadable", before: base, readErr: errors.New("permission denied"), wantDue: true, wantWhy: "ledger unreadable"},
+		{name: "holder exited", before: base, current: base, exited: map[string]bool{"holder": true}, wantDue: true, wantWhy: "holder exited"},
+		{
+			name: "a holder of another GPU exited: not my business",
+			before: with(func(st *ledger.State) {
+				st.Claims = append(st.Claims, ledger.Claim{Device: gpu2, Owner: ledger.Owner{ContainerID: "z", Pid: 7}})
+			}),
+			current: with(func(st *ledger.State) {
+				st.Claims = append(st.Claims, ledger.Claim{Device: gpu2, Owner: ledger.Owner{ContainerID: "z", Pid: 7}})
+			}),
+			exited: map[string]bool{"z": true},
+		},
+		{
+			name:    "a holder of a MIG instance of my GPU exited",
+			before:  with(func(st *ledger.State) { st.Claims[0].Device = mig1 }),
+			current: with(func(st *ledger.State) { st.Claims[0].Device = mig1 }),
+			exited:  map[string]bool{"holder": true},
+			wantDue: true, wantWhy: "holder exited",
+		},
+		{
+			name:    "a never-started holder is not checked",
+			before:  with(func(st *ledger.State) { st.Claims[0].Owner.Pid = 0 }),
+			current: with(func(st *ledger.State) { st.Claims[0].Owner.Pid = 0 }),
+			exited:  map[string]bool{"holder": true},
+		},
+		{
+			name:    "a waiter past queue_ttl",
+			now:     time.Second,
+			before:  with(func(st *ledger.State) { st.Waiters[0].LastSeen = t0.Add(-15 * time.Minute) }),
+			current: with(func(st *ledger.State) { st.Waiters[0].LastSeen = t0.Add(-15 * time.Minute) }),
+			wantDue: true, wantWhy: "waiter expired",
+		},
+		{
+			name: "a reservation past its deadline",
+			before: with(func(st *ledger.State) {
+				st.Reservations = []ledger.Reservation{{Device: gpu1, For: "other", Until: t0}}
+			}),
+			current: with(func(st *ledger.State) {
+				st.Reservations = []ledger.Reservation{{Device: gpu1, For: "other", Until: t0}}
+			}),
+			wantDue: true, wantWhy: "reservation expired",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{t: t0}
+			reads := 0
+			w := &watcher{
+				snapshot: func(context.Context) (ledger.State, error) {
+					reads++
+					if reads == 1 {
+						return tc.before, nil
+					}
+					return tc.current, tc.readErr
+				},
+				exited:       func(o ledger.Owner) (bool, string) { return tc.exited[o.ContainerID], "" },
+				now:          clock.now,
+				queueTTL:     15 * time.Minute,
+				refreshEvery: 30 * time.Second,
+			}
+			w.before(context.Background(), "me")
+			clock.advance(tc.now)
+			due, why := w.due(context.Background(), "me")
+			require.Equal(t, tc.wantDue, due, why)
+			require.Contains(t, why, tc.wantWhy)
+		})
+	}
+}
+
+// TestWaiterWithWatcherAdmitsOnlyOnChange: a hook waiting behind a holder
+// for many polls Admits once at the start, at each refresh, and when the
+// holder leaves; not at every poll.
+func TestWaiterWithWatcherAdmitsOnlyOnChange(t *testing.T) {
+	clock := &fakeClock{t: t0}
+	held := ledger.State{
+		Claims:  []ledger.Claim{{Device: gpu1, Owner: holder.Owner}},
+		Waiters: []ledger.Waiter{{Key: "c0ffee0123456789", Seq: 1, Devices: []devices.Device{gpu1}, LastSeen: t0}},
+	}
+	reserved := ledger.State{
+		Reservations: []ledger.Reservation{{Device: gpu1, For: "c0ffee0123456789", Until: t0.Add(time.Hour)}},
+		Waiters:      held.Waiters,
+	}
+	polls := 0
+	f := &fakeGuard{clock: clock, script: []answer{queued(1, 1)}}
+	var stderr bytes.Buffer
+	w := newTestWaiter(f, &stderr)
+	w.watch = &watcher{
+		snapshot: func(context.Context) (ledger.State, error) {
+			if polls >= 100 {
+				return reserved, nil
+			}
+			return held, nil
+		},
+		now:          clock.now,
+		queueTTL:     15 * time.Minute,
+		refreshEvery: 30 * time.Second,
+	}
+	// Time passes at the polls here (one second each), not in Admit.
+	w.gone = func() (bool, string) {
+		polls++
+		clock.advance(time.Second)
+		if polls == 100 {
+			f.script = []answer{admitted()}
+		}
+		return false, ""
+	}
+	w.waitTimeout = time.Hour
+	require.NoError(t, w.run(context.Background()))
+	// t=0, refreshes at 30s, 60s, 90s, then the reservation at poll 100.
+	require.Equal(t, 5, f.admits)
+}
+
+func TestRefreshInterval(t *testing.T) {
+	for _, tc := range []struct {
+		queueTTL, poll, want time.Duration
+	}{
+		{15 * time.Minute, 250 * time.Millisecond, 30 * time.Second},
+		{time.Minute, 250 * time.Millisecond, 15 * time.Second},
+		{time.Second, 2 * time.Second, 2 * time.Second},
+	} {
+		cfg := config.Default()
+		cfg.Policy.QueueTTL = config.Duration{Duration: tc.queueTTL}
+		cfg.Hook.PollInterval = config.Duration{Duration: tc.poll}
+		require.Equal(t, tc.want, refreshInterval(cfg), "queue_ttl %s poll %s", tc.queueTTL, tc.poll)
+	}
+}
