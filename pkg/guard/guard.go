@@ -248,7 +248,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 				}
 			}
 			if stopped && g.policy.ReleaseOn == config.ReleaseOnRemove && sameWorkload(h, owner) {
-				moved := tx.TakeOver(h.ContainerID, owner, "restart of "+ShortID(h.ContainerID)+" in the same pod")
+				moved := tx.TakeOver(h.ContainerID, owner, "restart of "+ledger.ShortID(h.ContainerID)+" in the same pod")
 				if len(moved) > 0 {
 					tookOver = true
 					changed = true
@@ -271,7 +271,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 		if _, err := tx.Claim(key, owner, want, sourceText(res)); err != nil {
 			var be *ledger.BusyError
 			if !errors.As(err, &be) {
-				return Decision{}, nil, fmt.Errorf("claim %s for %s: %w", deviceList(want), OwnerName(owner), err)
+				return Decision{}, nil, fmt.Errorf("claim %s for %s: %w", deviceList(want), ledger.DescribeOwner(owner), err)
 			}
 			// Busy said free but Claim disagrees: refuse with what Claim saw.
 			busy = be.Busy
@@ -358,7 +358,7 @@ func (g *Guard) finish(d Decision, owner ledger.Owner, key string, start time.Ti
 // ledgerError turns a failed ledger update into the error the front ends
 // refuse the container with. A lock timeout says "ledger busy".
 func (g *Guard) ledgerError(owner ledger.Owner, err error) error {
-	who := OwnerName(owner)
+	who := ledger.DescribeOwner(owner)
 	switch {
 	case errors.Is(err, ledger.ErrLockTimeout):
 		return fmt.Errorf("GPU ledger busy: another process held the ledger lock, no decision for %s in time; "+
@@ -690,7 +690,7 @@ func sourceText(res devices.Resolution) string {
 func deviceList(devs []devices.Device) string {
 	parts := make([]string, len(devs))
 	for i, d := range devs {
-		parts[i] = DeviceName(d)
+		parts[i] = ledger.DescribeDevice(d)
 	}
 	return strings.Join(parts, ", ")
 }

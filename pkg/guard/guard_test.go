@@ -204,7 +204,7 @@ func TestAdmitPolicies(t *testing.T) {
 			wantResult: guard.Queue, wantReason: "busy",
 			wantMsg: []string{"GPU 1 (" + uuid(1) + ") is held by ml/a/main (id aaaaaaaaaaaa)",
 				"since 2026-05-09T08:00:00Z (0s ago)", "queued at position 1 of 1, waiting 0s",
-				"admitted when the holder stops", "Free GPUs now: 0, 2, 3"},
+				"admitted when the holder stops and its turn comes", "Free GPUs now: 0, 2, 3"},
 			wantHeld: map[int]string{1: a.ContainerID},
 		},
 		{

@@ -12,42 +12,6 @@ import (
 
 // shortIDLen is how much of a container id messages show (as docker and
 // crictl do).
-const shortIDLen = 12
-
-// ShortID returns the first 12 characters of a container id.
-func ShortID(id string) string {
-	if len(id) > shortIDLen {
-		return id[:shortIDLen]
-	}
-	return id
-}
-
-// DeviceName is how messages name a device: `GPU 1 (GPU-<full uuid>)`, or
-// `MIG 1:0 (MIG-<full uuid>)` for a MIG instance.
-func DeviceName(d devices.Device) string {
-	kind := "GPU"
-	if d.Kind == devices.KindMIG {
-		kind = "MIG"
-	}
-	if d.Index == "" {
-		return fmt.Sprintf("%s %s", kind, d.UUID)
-	}
-	return fmt.Sprintf("%s %s (%s)", kind, d.Index, d.UUID)
-}
-
-// OwnerName is how messages name a container: `ns/pod/container (id
-// 0123456789ab)` for CRI containers, `container 0123456789ab` otherwise.
-func OwnerName(o ledger.Owner) string {
-	switch {
-	case o.Namespace != "" || o.Pod != "":
-		return fmt.Sprintf("%s/%s/%s (id %s)", o.Namespace, o.Pod, o.Container, ShortID(o.ContainerID))
-	case o.Container != "":
-		return fmt.Sprintf("%s (id %s)", o.Container, ShortID(o.ContainerID))
-	default:
-		return "container " + ShortID(o.ContainerID)
-	}
-}
-
 // conflictText is what a refusal over busy devices says.
 type conflictText struct {
 	now    time.Time
@@ -76,7 +40,11 @@ func (c conflictText) String() string {
 	}
 	if c.queued {
 		fmt.Fprintf(&b, "; queued at position %d of %d, waiting %s. ", c.position, c.total, age(c.waited))
-		b.WriteString("The request will be admitted when the holder stops; retrying is automatic under Kubernetes")
+		if c.onlyReserved() {
+			b.WriteString("The request will be admitted once the earlier requesters have had their turn; retrying is automatic under Kubernetes")
+		} else {
+			b.WriteString("The request will be admitted when the holder stops and its turn comes; retrying is automatic under Kubernetes")
+		}
 		fmt.Fprintf(&b, " (the head of the queue keeps a freed GPU for %s).", c.policy.ReservationTTL.Duration)
 	} else {
 		b.WriteString(". Refused and not queued (policy on_conflict = \"reject\"): retry once the holder has stopped.")
@@ -86,18 +54,29 @@ func (c conflictText) String() string {
 	return b.String()
 }
 
+// onlyReserved reports whether every busy device is merely reserved for an
+// earlier requester (nobody holds it).
+func (c conflictText) onlyReserved() bool {
+	for _, bd := range c.busy {
+		if bd.Holder != nil {
+			return false
+		}
+	}
+	return len(c.busy) > 0
+}
+
 func (c conflictText) busyText(bd ledger.BusyDevice) string {
-	name := DeviceName(bd.Wanted)
+	name := ledger.DescribeDevice(bd.Wanted)
 	switch {
 	case bd.Holder != nil:
 		h := bd.Holder
 		var b strings.Builder
 		b.WriteString(name)
 		b.WriteString(" is held by ")
-		b.WriteString(OwnerName(h.Owner))
+		b.WriteString(ledger.DescribeOwner(h.Owner))
 		if h.Device.UUID != bd.Wanted.UUID {
 			// A full GPU against one of its MIG instances, or the reverse.
-			fmt.Fprintf(&b, " through %s", DeviceName(h.Device))
+			fmt.Fprintf(&b, " through %s", ledger.DescribeDevice(h.Device))
 		}
 		fmt.Fprintf(&b, " since %s", stamp(h.Since, c.now))
 		if !h.Owner.StoppedAt.IsZero() {
@@ -109,7 +88,7 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 		r := bd.Reservation
 		who := r.For
 		if w, ok := c.waiter(r.For); ok {
-			who = OwnerName(w.Owner)
+			who = ledger.DescribeOwner(w.Owner)
 		}
 		return fmt.Sprintf("%s is reserved for %s (earlier in the queue) until %s (%s left)",
 			name, who, r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))

@@ -22,9 +22,9 @@ var (
 )
 
 func TestNames(t *testing.T) {
-	assert.Equal(t, "GPU 1 (GPU-11111111-1111-4111-8111-111111111111)", DeviceName(gpu1))
-	assert.Equal(t, "MIG 1:0 (MIG-aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa)", DeviceName(mig10))
-	assert.Equal(t, "GPU GPU-x", DeviceName(devices.Device{UUID: "GPU-x"}))
+	assert.Equal(t, "GPU 1 (GPU-11111111-1111-4111-8111-111111111111)", ledger.DescribeDevice(gpu1))
+	assert.Equal(t, "MIG 1:0 (MIG-aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa)", ledger.DescribeDevice(mig10))
+	assert.Equal(t, "GPU GPU-x", ledger.DescribeDevice(devices.Device{UUID: "GPU-x"}))
 
 	for _, tc := range []struct {
 		owner ledger.Owner
@@ -35,7 +35,7 @@ func TestNames(t *testing.T) {
 		{ledger.Owner{ContainerID: "0123456789abcdef0123", Container: "cuda"}, "cuda (id 0123456789ab)"},
 		{ledger.Owner{ContainerID: "short"}, "container short"},
 	} {
-		assert.Equal(t, tc.want, OwnerName(tc.owner))
+		assert.Equal(t, tc.want, ledger.DescribeOwner(tc.owner))
 	}
 }
 
@@ -69,7 +69,7 @@ func TestConflictText(t *testing.T) {
 				queued: true, position: 2, total: 3, waited: 45 * time.Second, free: []devices.Device{gpu2, gpu3}},
 			want: "GPU 1 (GPU-11111111-1111-4111-8111-111111111111) is held by ml/train-0/main (id 0123456789ab) " +
 				"since 2026-05-09T07:47:57Z (12m3s ago); queued at position 2 of 3, waiting 45s. " +
-				"The request will be admitted when the holder stops; retrying is automatic under Kubernetes " +
+				"The request will be admitted when the holder stops and its turn comes; retrying is automatic under Kubernetes " +
 				"(the head of the queue keeps a freed GPU for 6m0s). Free GPUs now: 2, 3 (e.g. NVIDIA_VISIBLE_DEVICES=2).",
 		},
 		{
@@ -84,7 +84,8 @@ func TestConflictText(t *testing.T) {
 			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu2, Reservation: &ledger.Reservation{
 				Device: gpu2, For: "hook-ctr-1", Until: msgNow.Add(time.Minute)}}}, queued: true, position: 1, total: 1},
 			want: "GPU 2 (GPU-22222222-2222-4222-8222-222222222222) is reserved for hook-ctr-1 (earlier in the queue) " +
-				"until 2026-05-09T08:01:00Z (1m0s left); queued at position 1 of 1, waiting 0s.",
+				"until 2026-05-09T08:01:00Z (1m0s left); queued at position 1 of 1, waiting 0s. " +
+				"The request will be admitted once the earlier requesters have had their turn;",
 		},
 		{
 			name: "full GPU wanted, MIG instance held; two busy devices",

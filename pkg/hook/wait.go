@@ -133,7 +133,7 @@ func (w *waiter) run(ctx context.Context) error {
 			case guard.Admit, guard.Skip:
 				if queued {
 					_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: container %s admitted after waiting %s\n",
-						guard.ShortID(id), w.now().Sub(start).Round(time.Second))
+						ledger.ShortID(id), w.now().Sub(start).Round(time.Second))
 				}
 				return nil
 			case guard.Queue:
@@ -198,7 +198,7 @@ func (w *waiter) withdraw(ctx context.Context, reason string) {
 	defer cancel()
 	if err := w.g.Withdraw(wctx, w.req.Key, reason); err != nil {
 		_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: container %s: could not leave the queue (policy.queue_ttl will drop the entry): %v\n",
-			guard.ShortID(w.req.Owner.ContainerID), err)
+			ledger.ShortID(w.req.Owner.ContainerID), err)
 	}
 }
 
@@ -225,7 +225,7 @@ func lastMessage(d guard.Decision) string {
 //	nri-gpu-guard: container 4f3a9c1b2d7e waiting 30s, position 2 of 3 for GPU 1 (GPU-…) held by ns/pod/ctr (id 0123456789ab) since 2026-01-02T15:04:05Z
 func progressLine(id string, d guard.Decision, waited time.Duration) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "nri-gpu-guard: container %s waiting %s", guard.ShortID(id), waited.Round(time.Second))
+	fmt.Fprintf(&b, "nri-gpu-guard: container %s waiting %s", ledger.ShortID(id), waited.Round(time.Second))
 	if d.Position > 0 {
 		fmt.Fprintf(&b, ", position %d of %d", d.Position, max(d.QueueLength, d.Position))
 	}
@@ -241,10 +241,10 @@ func progressLine(id string, d guard.Decision, waited time.Duration) string {
 		} else {
 			b.WriteString("; ")
 		}
-		b.WriteString(guard.DeviceName(bd.Wanted))
+		b.WriteString(ledger.DescribeDevice(bd.Wanted))
 		switch {
 		case bd.Holder != nil:
-			fmt.Fprintf(&b, " held by %s since %s", guard.OwnerName(bd.Holder.Owner), bd.Holder.Since.UTC().Format(time.RFC3339))
+			fmt.Fprintf(&b, " held by %s since %s", ledger.DescribeOwner(bd.Holder.Owner), bd.Holder.Since.UTC().Format(time.RFC3339))
 		case bd.Reservation != nil:
 			fmt.Fprintf(&b, " reserved for %s (earlier in the queue) until %s", bd.Reservation.For, bd.Reservation.Until.UTC().Format(time.RFC3339))
 		default:

@@ -101,14 +101,18 @@ func DescribeDevice(d devices.Device) string {
 	return fmt.Sprintf("%s %s (%s)", kind, d.Index, d.UUID)
 }
 
-// DescribeOwner names a container for people: "ns/pod/container (id 0123456789ab)".
+// DescribeOwner names a container for people: `ns/pod/container (id
+// 0123456789ab)` for CRI containers, `name (id 0123456789ab)` or
+// `container 0123456789ab` otherwise. Every message about a holder uses it.
 func DescribeOwner(o Owner) string {
-	var b strings.Builder
-	if o.Namespace != "" || o.Pod != "" || o.Container != "" {
-		fmt.Fprintf(&b, "%s/%s/%s ", orDash(o.Namespace), orDash(o.Pod), orDash(o.Container))
+	switch {
+	case o.Namespace != "" || o.Pod != "":
+		return fmt.Sprintf("%s/%s/%s (id %s)", orDash(o.Namespace), orDash(o.Pod), orDash(o.Container), ShortID(o.ContainerID))
+	case o.Container != "":
+		return fmt.Sprintf("%s (id %s)", o.Container, ShortID(o.ContainerID))
+	default:
+		return "container " + ShortID(o.ContainerID)
 	}
-	fmt.Fprintf(&b, "(container %s)", ShortID(o.ContainerID))
-	return b.String()
 }
 
 // ShortID is the 12-character prefix of a container id, as runtimes print it.
