@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -84,6 +85,39 @@ type Plugin struct {
 	// write under containerd's global NRI lock. It is rebuilt from the ledger
 	// at every Synchronize and grows with every admission.
 	tracked map[string]trackedCtr
+	// resync asks Run for a new connection, hence a new Synchronize: the
+	// only way to learn the runtime's running containers again after the
+	// ledger was found corrupt and moved aside.
+	resync chan struct{}
+	// rebuilding is set from a resync request until the next Synchronize:
+	// meanwhile creations are refused, since the ledger knows no holder.
+	rebuilding atomic.Bool
+
+	// flight counts handlers in progress and when the last one ended, so
+	// that a reconnect never cuts a reply on its way to the runtime.
+	flight   sync.Mutex
+	inflight int
+	lastDone time.Time
+}
+
+// handling marks a handler in progress; call the result when it returns.
+func (p *Plugin) handling() func() {
+	p.flight.Lock()
+	p.inflight++
+	p.flight.Unlock()
+	return func() {
+		p.flight.Lock()
+		p.inflight--
+		p.lastDone = time.Now()
+		p.flight.Unlock()
+	}
+}
+
+// quiet reports whether no handler ran for at least d.
+func (p *Plugin) quiet(d time.Duration) bool {
+	p.flight.Lock()
+	defer p.flight.Unlock()
+	return p.inflight == 0 && time.Since(p.lastDone) >= d
 }
 
 type trackedCtr struct {
@@ -102,6 +136,7 @@ func New(opts Options) (*Plugin, error) {
 		log:     opts.Logger,
 		ready:   opts.Ready,
 		tracked: map[string]trackedCtr{},
+		resync:  make(chan struct{}, 1),
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -151,6 +186,7 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 // go), drops the waiters of pods that no longer exist, and marks the plugin
 // ready.
 func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
+	defer p.handling()()
 	g := p.Guard()
 	if g == nil {
 		return nil, errors.New("nri-gpu-guard: synchronize before configure")
@@ -200,6 +236,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.log.Info("synchronized with runtime", "pods", len(pods), "containers", len(ctrs),
 		"released", len(res.Released), "adopted", len(res.Adopted), "conflicts", len(res.Conflicts),
 		"tracked", len(tracked), "vanished_pods", len(gone))
+	p.rebuilding.Store(false)
 	p.ready(true)
 	return nil, nil
 }
@@ -236,14 +273,20 @@ func decisionContext(ctx context.Context, lockTimeout time.Duration) (context.Co
 // CreateContainer admits the container or refuses it with the guard's
 // message, which is the only part of containerd's error written for people.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	defer p.handling()()
 	g := p.Guard()
 	if g == nil {
 		return nil, nil, errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
+	}
+	if p.rebuilding.Load() {
+		return nil, nil, errors.New("nri-gpu-guard: the GPU ledger was found corrupt (moved aside) and is being rebuilt " +
+			"from the runtime's containers; refused to stay safe, retrying is automatic")
 	}
 	dctx, cancel := decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
 	defer cancel()
 	d, err := g.Admit(dctx, guardRequest(pod, ctr))
 	if err != nil {
+		p.ledgerTrouble(err)
 		return nil, nil, refusal(err)
 	}
 	if derr := d.Err(); derr != nil {
@@ -266,6 +309,7 @@ func refusal(err error) error {
 
 // StartContainer records the pid and cgroup of a GPU holder.
 func (p *Plugin) StartContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	defer p.handling()()
 	p.recordStart(ctx, ctr)
 	return nil
 }
@@ -273,6 +317,7 @@ func (p *Plugin) StartContainer(ctx context.Context, pod *api.PodSandbox, ctr *a
 // PostStartContainer records the pid and cgroup if StartContainer could not
 // (the pid is normally known at StartContainer already).
 func (p *Plugin) PostStartContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	defer p.handling()()
 	p.recordStart(ctx, ctr)
 	return nil
 }
@@ -289,6 +334,7 @@ func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 		return
 	}
 	if err := g.Started(ctx, id, pid, cgroup); err != nil {
+		p.ledgerTrouble(err)
 		// Not fatal: without a pid the holder is kept until its stop event.
 		p.log.Warn("recording container start failed", "container_id", id, "pid", pid, "cgroup", cgroup, "error", err)
 		return
@@ -305,11 +351,13 @@ func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 // the container's claims. A container that holds none — including a refused
 // create, which containerd stops and removes right away — costs nothing.
 func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
+	defer p.handling()()
 	g, ok := p.trackedGuard(ctr.GetId())
 	if !ok {
 		return nil, nil
 	}
 	if err := g.Stopped(ctx, ownerOf(pod, ctr)); err != nil {
+		p.ledgerTrouble(err)
 		p.log.Error("releasing a stopped container failed; the liveness check or the next sync will", "container_id", ctr.GetId(), "error", err)
 		return nil, nil
 	}
@@ -321,11 +369,13 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 
 // RemoveContainer releases the container's claims.
 func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+	defer p.handling()()
 	g, ok := p.trackedGuard(ctr.GetId())
 	if !ok {
 		return nil
 	}
 	if err := g.Removed(ctx, ownerOf(pod, ctr)); err != nil {
+		p.ledgerTrouble(err)
 		p.log.Error("releasing a removed container failed; the next sync will", "container_id", ctr.GetId(), "error", err)
 		return nil
 	}
@@ -335,12 +385,14 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 
 // StopPodSandbox releases every claim of the pod and drops its waiters.
 func (p *Plugin) StopPodSandbox(ctx context.Context, pod *api.PodSandbox) error {
+	defer p.handling()()
 	p.podGone(ctx, pod, "stopped")
 	return nil
 }
 
 // RemovePodSandbox releases every claim of the pod and drops its waiters.
 func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *api.PodSandbox) error {
+	defer p.handling()()
 	p.podGone(ctx, pod, "removed")
 	return nil
 }
@@ -351,6 +403,7 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 		return
 	}
 	if err := g.PodGone(ctx, pod.GetUid(), pod.GetId()); err != nil {
+		p.ledgerTrouble(err)
 		p.log.Error("releasing a "+what+" pod failed; the next sync will", "pod_uid", pod.GetUid(),
 			"pod_sandbox_id", pod.GetId(), "namespace", pod.GetNamespace(), "pod", pod.GetName(), "error", err)
 		return
@@ -362,6 +415,19 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 		}
 	}
 	p.mu.Unlock()
+}
+
+// ledgerTrouble asks for a new Synchronize when err says the ledger was
+// corrupt: it has been moved aside, and the empty ledger that replaces it
+// must learn the runtime's running GPU holders again.
+func (p *Plugin) ledgerTrouble(err error) {
+	if !errors.Is(err, ledger.ErrCorrupt) {
+		return
+	}
+	select {
+	case p.resync <- struct{}{}:
+	default: // one is pending already
+	}
 }
 
 func (p *Plugin) trackedGuard(id string) (*guard.Guard, bool) {

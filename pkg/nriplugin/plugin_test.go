@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 // 1. Two containers naming the same GPU (by index, then by UUID): the second
@@ -643,6 +645,62 @@ func TestRunReconnects(t *testing.T) {
 	require.NoError(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1")))
 	require.ErrorContains(t, rt.create(podA, container(podA, "main", "a-2", "NVIDIA_VISIBLE_DEVICES=1")),
 		"is held by ml/b/main (id b-1)", "the reconnected plugin enforces")
+
+	cancel()
+	require.NoError(t, <-done)
+}
+
+// A corrupt ledger is moved aside and the request that found it is refused;
+// the external plugin then reconnects at once, and the Synchronize that
+// follows rebuilds the ledger from the runtime's running containers, so the
+// running holder keeps its GPU against newcomers.
+func TestCorruptLedgerRebuiltFromRuntime(t *testing.T) {
+	rt := newRuntime(t, nil)
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	readyC := make(chan bool, 16)
+	b := &Builder{Now: rt.clock.Now, Liveness: liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))}
+	p, err := New(Options{Config: rt.cfg, Setup: b.Setup, Ready: func(ok bool) { readyC <- ok }})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, Identity{Name: "gpu-guard", Index: "90", Socket: rt.socket}) }()
+	waitReady := func(want bool) {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case got := <-readyC:
+				if got == want {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("the plugin never became ready=%v", want)
+			}
+		}
+	}
+	waitReady(true)
+	rt.nri.BlockPluginSync().Unblock()
+
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+	rt.start(podA, holder, 4242)
+
+	statePath := filepath.Join(rt.ledgerDir, "ledger.json")
+	require.NoError(t, os.WriteFile(statePath, []byte("{not json"), 0o600))
+
+	err = rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
+	require.ErrorContains(t, err, "corrupt", "the request that found the corruption is refused")
+	quarantined, globErr := filepath.Glob(statePath + ".corrupt-*")
+	require.NoError(t, globErr)
+	require.Len(t, quarantined, 1, "the bad file is kept for a human")
+
+	waitReady(false)
+	waitReady(true)
+	rt.nri.BlockPluginSync().Unblock()
+	assert.Equal(t, map[string]string{"1": holder.Id}, rt.holders(), "the running holder was adopted again")
+	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")),
+		"is held by ml/a/main (id holder-1)")
+	require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=2")))
 
 	cancel()
 	require.NoError(t, <-done)

@@ -92,17 +92,12 @@ func (p *Plugin) Run(ctx context.Context, id Identity) error {
 		err = s.Start(ctx)
 		if err == nil {
 			backoff = minBackoff
-			select {
-			case <-ctx.Done():
-				p.ready(false)
-				s.Stop()
-				return nil
-			case <-closed:
-				p.ready(false)
-				if launched {
-					return errors.New("nri plugin: the connection to containerd closed; a pre-installed plugin is only relaunched when containerd restarts")
-				}
-				p.log.Warn("connection to the runtime closed; reconnecting", "socket", id.Socket)
+			resync, err := p.serve(ctx, s, closed, launched, id)
+			if err != nil || ctx.Err() != nil {
+				return err
+			}
+			if resync {
+				continue // at once: the ledger is empty until the next Synchronize
 			}
 		} else {
 			p.ready(false)
@@ -122,5 +117,70 @@ func (p *Plugin) Run(ctx context.Context, id Identity) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+// serve waits while one connection is up. It returns resync = true when it
+// dropped the connection on purpose to get a fresh Synchronize, an error when
+// a launched plugin lost its connection for good, and nothing when the
+// connection closed (reconnect) or ctx is done.
+func (p *Plugin) serve(ctx context.Context, s stub.Stub, closed <-chan struct{}, launched bool, id Identity) (resync bool, err error) {
+	for {
+		select {
+		case <-ctx.Done():
+			p.ready(false)
+			s.Stop()
+			return false, nil
+		case <-closed:
+			p.ready(false)
+			if launched {
+				return false, errors.New("nri plugin: the connection to containerd closed; a pre-installed plugin is only relaunched when containerd restarts")
+			}
+			p.log.Warn("connection to the runtime closed; reconnecting", "socket", id.Socket)
+			return false, nil
+		case <-p.resync:
+			if launched {
+				// Closing the inherited connection would end this process
+				// for good; keep enforcing with what the ledger learns from
+				// now on.
+				p.log.Error("the GPU ledger was corrupt and has been moved aside; running holders are unknown " +
+					"until the next Synchronize, which a pre-installed plugin gets only when containerd restarts: " +
+					"restart containerd, or run the guard as an external plugin")
+				continue
+			}
+			p.log.Warn("the GPU ledger was corrupt and has been moved aside; reconnecting so that the runtime's "+
+				"Synchronize rebuilds it from the running containers", "socket", id.Socket)
+			p.rebuilding.Store(true)
+			p.ready(false)
+			return p.reconnectWhenQuiet(ctx, s, closed)
+		}
+	}
+}
+
+// resyncQuiet is how long no handler may have run before the plugin drops
+// its connection on purpose. A reply leaves within microseconds of its
+// handler's return; a connection closed under a request in flight would make
+// containerd drop the plugin and create that container unchecked.
+const resyncQuiet = 200 * time.Millisecond
+
+// reconnectWhenQuiet closes the connection once no handler has run for
+// resyncQuiet (meanwhile creations are refused fast, see rebuilding).
+func (p *Plugin) reconnectWhenQuiet(ctx context.Context, s stub.Stub, closed <-chan struct{}) (bool, error) {
+	timer := time.NewTimer(resyncQuiet)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			s.Stop()
+			return false, nil
+		case <-closed:
+			return false, nil // the runtime closed it first: reconnect anyway
+		case <-timer.C:
+			if p.quiet(resyncQuiet) {
+				s.Stop()
+				return true, nil
+			}
+			timer.Reset(resyncQuiet)
+		}
 	}
 }
