@@ -220,8 +220,6 @@ func Parse(data []byte) (Config, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return cfg, nil
 	}
-	// Decode into a zero-valued static list so a document's [[devices.static]]
-	// replaces the (empty) default rather than appending to it.
 	md, err := toml.NewDecoder(bytes.NewReader(data)).Decode(&cfg)
 	if err != nil {
 		return Config{}, fmt.Errorf("parse configuration: %w", err)

@@ -87,6 +87,7 @@ func TestBadDurationNamesValue(t *testing.T) {
 	_, err := Parse([]byte("[policy]\nreservation_ttl = \"6 minutes\"\n"))
 	require.Error(t, err)
 	require.Contains(t, err.Error(), `"6 minutes"`)
+	require.Contains(t, err.Error(), "policy.reservation_ttl")
 }
 
 func TestValidateMessages(t *testing.T) {
@@ -129,6 +130,12 @@ func TestValidateMessages(t *testing.T) {
 		{"mig uuid", func(c *Config) {
 			c.Devices.Static = []StaticGPU{{UUID: gpu0, MIG: []StaticMIG{{UUID: gpu1}}}}
 		}, []string{"devices.static[0].mig[0].uuid", "not a MIG UUID"}},
+		{"duplicate mig instance", func(c *Config) {
+			c.Devices.Static = []StaticGPU{{UUID: gpu0, MIG: []StaticMIG{
+				{Index: 0, UUID: "MIG-6c1a2f2e-0000-4000-8000-000000000000", GI: 1, CI: 0},
+				{Index: 1, UUID: "MIG-6c1a2f2e-0000-4000-8000-000000000001", GI: 1, CI: 0},
+			}}}
+		}, []string{"devices.static[0].mig[1]", "gi=1 ci=0 is already used by devices.static[0].mig[0]"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

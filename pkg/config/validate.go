@@ -139,6 +139,8 @@ func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
 			minors[g.Minor] = key
 		}
 		migIdx := map[int]bool{}
+		type giCI struct{ gi, ci int }
+		migInst := map[giCI]string{}
 		for j, m := range g.MIG {
 			mkey := fmt.Sprintf("%s.mig[%d]", key, j)
 			if !migUUIDPattern.MatchString(m.UUID) {
@@ -154,6 +156,12 @@ func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
 			migIdx[m.Index] = true
 			if m.GI < 0 || m.CI < 0 {
 				bad(mkey, "gi and ci must not be negative, got gi=%d ci=%d", m.GI, m.CI)
+			} else if prev, dup := migInst[giCI{m.GI, m.CI}]; dup {
+				// One GPU/compute instance is one MIG device: two entries
+				// for it would make the inventory refuse to load.
+				bad(mkey, "gi=%d ci=%d is already used by %s", m.GI, m.CI, prev)
+			} else {
+				migInst[giCI{m.GI, m.CI}] = mkey
 			}
 		}
 	}

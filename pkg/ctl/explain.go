@@ -57,7 +57,7 @@ Exits 0 whatever the decision; 1 when the decision could not be made.`,
   gpu-guard-ctl explain --spec /run/containerd/io.containerd.runtime.v2.task/k8s.io/<id>/config.json -o json`,
 		noArgs,
 		func(cmd *cobra.Command, _ []string) error {
-			req, owner, err := a.explainRequest(f)
+			req, owner, err := explainRequest(f)
 			if err != nil {
 				return err
 			}
@@ -108,7 +108,7 @@ Exits 0 whatever the decision; 1 when the decision could not be made.`,
 }
 
 // explainRequest builds the request from --spec and the flags.
-func (a *app) explainRequest(f explainFlags) (devices.Request, ledger.Owner, error) {
+func explainRequest(f explainFlags) (devices.Request, ledger.Owner, error) {
 	var req devices.Request
 	if f.specPath != "" {
 		spec, err := readSpec(f.specPath)
@@ -138,7 +138,7 @@ func (a *app) explainRequest(f explainFlags) (devices.Request, ledger.Owner, err
 		req.Annotations = merged
 	}
 	for _, p := range f.deviceNodes {
-		d, err := a.deviceNode(p)
+		d, err := deviceNode(p)
 		if err != nil {
 			return req, ledger.Owner{}, err
 		}
@@ -155,7 +155,10 @@ func (a *app) explainRequest(f explainFlags) (devices.Request, ledger.Owner, err
 }
 
 // deviceNode turns a device path into the spec entry a runtime would add.
-func (a *app) deviceNode(p string) (devices.LinuxDevice, error) {
+// A capability node is given by path only: the resolver knows the
+// nvidia-caps major from the inventory, and maps the node by path when the
+// major is unknown.
+func deviceNode(p string) (devices.LinuxDevice, error) {
 	const gpuPrefix, capPrefix = "/dev/nvidia", "/dev/nvidia-caps/nvidia-cap"
 	switch {
 	case strings.HasPrefix(p, capPrefix):
@@ -163,14 +166,7 @@ func (a *app) deviceNode(p string) (devices.LinuxDevice, error) {
 		if err != nil || minor < 0 {
 			break
 		}
-		inv, _, err := a.inventory()
-		if err != nil {
-			return devices.LinuxDevice{}, err
-		}
-		if inv.CapsMajor == 0 {
-			return devices.LinuxDevice{}, fmt.Errorf("--device %s: the inventory (source %s) does not know the nvidia-caps major number, so MIG capability nodes cannot be mapped", p, inv.Source)
-		}
-		return devices.LinuxDevice{Path: p, Type: "c", Major: inv.CapsMajor, Minor: minor}, nil
+		return devices.LinuxDevice{Path: p, Type: "c", Minor: minor}, nil
 	case strings.HasPrefix(p, gpuPrefix):
 		minor, err := strconv.ParseInt(strings.TrimPrefix(p, gpuPrefix), 10, 64)
 		if err != nil || minor < 0 || minor > 255 {

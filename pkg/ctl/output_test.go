@@ -385,3 +385,87 @@ func TestExplainSpec(t *testing.T) {
 	require.Equal(t, ExitError, r.code)
 	assert.Contains(t, r.stderr, "--spec")
 }
+
+// TestExplainCapNode: --device takes MIG capability nodes whether or not the
+// inventory knows the nvidia-caps numbers, and a known mapping narrows the
+// claim from the whole GPU to the MIG instance the node opens.
+func TestExplainCapNode(t *testing.T) {
+	args := []string{"explain", "--device", "/dev/nvidia0", "--device", "/dev/nvidia-caps/nvidia-cap12", "-o", "json"}
+	explain := func(t *testing.T, f *fixture) explainView {
+		t.Helper()
+		r := f.run(t, args...)
+		require.Equal(t, ExitOK, r.code, r.stderr)
+		var v explainView
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+		return v
+	}
+
+	t.Run("mapping unknown: the whole GPU", func(t *testing.T) {
+		v := explain(t, newFixture(t))
+		require.Len(t, v.Devices, 1)
+		assert.Equal(t, uuidGPU0, v.Devices[0].UUID)
+		assert.True(t, slices.ContainsFunc(v.Notes, func(n string) bool { return strings.Contains(n, "no known mapping") }), v.Notes)
+	})
+
+	t.Run("mapping known: that MIG instance", func(t *testing.T) {
+		f := newFixture(t)
+		withCaps := *f.inv
+		withCaps.CapsMajor = 508
+		withCaps.MIGCaps = []devices.MIGCap{{Minor: 12, Kind: devices.CapCIAccess, GPUMinor: 0, GI: 1, CI: 0}}
+		data, err := json.Marshal(&withCaps)
+		require.NoError(t, err)
+		var inv devices.Inventory
+		require.NoError(t, json.Unmarshal(data, &inv))
+		require.NoError(t, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), &inv))
+
+		v := explain(t, f)
+		require.Len(t, v.Devices, 1)
+		assert.Equal(t, uuidMIG0, v.Devices[0].UUID)
+		assert.Contains(t, v.Devices[0].Sources, "device /dev/nvidia-caps/nvidia-cap12 (508:12)")
+	})
+}
+
+// jsonKeys collects every object key of a JSON document, at any depth.
+func jsonKeys(v any, into map[string]bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			into[k] = true
+			jsonKeys(e, into)
+		}
+	case []any:
+		for _, e := range x {
+			jsonKeys(e, into)
+		}
+	}
+}
+
+// TestJSONFieldsDocumented: every field any command prints with -o json is
+// documented in docs/ctl-json.md, the public reference scripts are written
+// against, so that the two cannot drift apart.
+func TestJSONFieldsDocumented(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "ctl-json.md"))
+	require.NoError(t, err)
+	f := newFixture(t)
+	f.populate(t)
+	f.liveness[idStale] = "cgroup gone"
+	for _, args := range [][]string{
+		{"status"}, {"claims"}, {"queue"}, {"devices"}, {"audit", "-n", "0"},
+		{"explain", "--env", "NVIDIA_VISIBLE_DEVICES=0,1", "--privileged"},
+		{"explain", "--namespace", "team-g", "--pod", "w2", "--pod-uid", "uid-w2", "--container", "main", "--env", "NVIDIA_VISIBLE_DEVICES=0,1"},
+		{"release", "--container", idTrainer, "--reason", "x", "--dry-run"},
+		{"gc", "--dry-run"}, {"check-config"}, {"version"},
+	} {
+		r := f.run(t, append(args, "-o", "json")...)
+		require.Contains(t, []int{ExitOK, ExitAttention}, r.code, "%v: %s", args, r.stderr)
+		var v any
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &v), "%v", args)
+		keys := map[string]bool{}
+		jsonKeys(v, keys)
+		require.NotEmpty(t, keys)
+		for k := range keys {
+			assert.True(t, strings.Contains(string(doc), `"`+k+`"`) || strings.Contains(string(doc), "`"+k+"`"),
+				"%v prints field %q, which docs/ctl-json.md does not document", args, k)
+		}
+	}
+}

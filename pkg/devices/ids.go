@@ -207,11 +207,14 @@ func isLegacyMIGUUID(s string) bool {
 	return ok && strings.HasPrefix(s, "MIG-") && isUUIDWithPrefix(gpu, "GPU-")
 }
 
-// CDI vendor and classes whose devices are NVIDIA GPUs.
+// CDI vendors and classes whose devices are NVIDIA GPUs: the toolkit's
+// nvidia.com specs, and the k8s device plugin's own specs (cdi-annotations
+// and cdi-cri strategies), which name each allocated GPU by UUID or index.
 const (
-	cdiVendor   = "nvidia.com"
-	cdiClassGPU = "gpu"
-	cdiClassMIG = "mig"
+	cdiVendor             = "nvidia.com"
+	cdiVendorDevicePlugin = "k8s.device-plugin.nvidia.com"
+	cdiClassGPU           = "gpu"
+	cdiClassMIG           = "mig"
 )
 
 // parseQualifiedName splits a CDI device name "vendor/class=name".
@@ -228,9 +231,11 @@ func parseQualifiedName(s string) (vendor, class, name string, ok bool) {
 }
 
 // isGPUClass reports whether a qualified CDI name is one of NVIDIA's GPU or
-// MIG devices. Other vendors' and other NVIDIA classes' devices are not GPUs.
+// MIG devices. Other vendors' and other NVIDIA classes' devices (the device
+// plugin's gdrcopy and mofed, imex channels, management.nvidia.com) are not
+// GPU allocations.
 func isGPUClass(vendor, class string) bool {
-	return vendor == cdiVendor && (class == cdiClassGPU || class == cdiClassMIG)
+	return (vendor == cdiVendor || vendor == cdiVendorDevicePlugin) && (class == cdiClassGPU || class == cdiClassMIG)
 }
 
 const cdiForms = "want a CDI device name of nvidia.com/gpu: an index (0), <gpu>:<mig> (1:0), gpu<N>, mig<G>:<M>, a UUID or all"

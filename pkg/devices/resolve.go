@@ -55,7 +55,8 @@ const maxReported = 16
 //   - mounts MountRoot/<id> (the same list rules over all of them) and
 //     MountRoot/cdi/<CDI name>; any other path under MountRoot is refused.
 //   - cdi.k8s.io/* annotations and Request.CDIDevices: qualified CDI names;
-//     nvidia.com/gpu and nvidia.com/mig devices are GPUs, named by index,
+//     nvidia.com/gpu and nvidia.com/mig devices (and the same classes of the
+//     device plugin's k8s.device-plugin.nvidia.com) are GPUs, named by index,
 //     gpu<N>, mig<G>:<M>, UUID or all; other devices are ignored.
 //   - linux devices: 195:0-253 is the GPU with that NVML minor number;
 //     195:254/255 are not GPUs; /dev/nvidia-caps nodes are MIG instances
@@ -440,8 +441,9 @@ func (b *builder) cdiList(names []string) {
 	}
 }
 
-// cdiName resolves one qualified CDI device name; only nvidia.com/gpu and
-// nvidia.com/mig devices are GPUs, everything else is ignored.
+// cdiName resolves one qualified CDI device name; only the gpu and mig
+// classes of NVIDIA's vendors are GPUs (isGPUClass), everything else is
+// ignored.
 func (b *builder) cdiName(where, src, qualified string) {
 	vendor, class, name, ok := parseQualifiedName(qualified)
 	if !ok {
@@ -496,14 +498,19 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 			continue // only character devices can be GPUs
 		}
 		major, minor, isCapPath, _ := nodeNumbers(d)
+		if isCapPath && major == 0 && b.capsMj != 0 {
+			major = b.capsMj // path only: show the numbers the node has
+		}
 		src := "device " + plainText(d.Path) + " (" + strconv.FormatInt(major, 10) + ":" + strconv.FormatInt(minor, 10) + ")"
+		// The numbers decide what a node opens, never its name inside the
+		// container: `--device /dev/nvidia0:/dev/nvidia-caps/nvidia-cap1`
+		// is GPU 0. The capability path counts only when the numbers cannot
+		// say (none given, or the nvidia-caps major is unknown).
 		switch {
-		case isCapPath || (b.capsMj != 0 && major == b.capsMj):
-			if !b.spend(src) {
-				return
+		case major == nvidiaMajor:
+			if minor < 0 || minor > maxGPUMinor {
+				continue
 			}
-			b.capNode(src, minor)
-		case major == nvidiaMajor && minor >= 0 && minor <= maxGPUMinor:
 			if !b.spend(src) {
 				return
 			}
@@ -515,6 +522,11 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 				continue
 			}
 			b.nodes = append(b.nodes, pending{pos: pos, src: src})
+		case (b.capsMj != 0 && major == b.capsMj) || (isCapPath && (major == 0 || b.capsMj == 0)):
+			if !b.spend(src) {
+				return
+			}
+			b.capNode(src, minor)
 		}
 		// 195:254 (nvidia-modeset), 195:255 (nvidiactl), nvidia-uvm and
 		// everything else reach no particular GPU.

@@ -296,7 +296,15 @@ func TestResolveCDI(t *testing.T) {
 		{name: "UUIDs", req: Request{Annotations: ann("cdi.k8s.io/a", "nvidia.com/gpu="+gpuUUID(0), "cdi.k8s.io/b", "nvidia.com/gpu="+migUUID(1, 1))}, want: []string{"0", "1:1"}},
 		{name: "other vendors and classes are ignored", req: Request{Annotations: ann(
 			"cdi.k8s.io/nic", "example.com/nic=0", "cdi.k8s.io/imex", "nvidia.com/imex-channel=0",
-			"cdi.k8s.io/mgmt", "management.nvidia.com/gpu=all")}, want: nil},
+			"cdi.k8s.io/mgmt", "management.nvidia.com/gpu=all", "cdi.k8s.io/gdr", "k8s.device-plugin.nvidia.com/gdrcopy=all")}, want: nil},
+		// The device plugin's cdi-annotations strategy writes
+		// cdi.k8s.io/nvidia-device-plugin_<id> = k8s.device-plugin.nvidia.com/gpu=<uuid>.
+		{name: "device plugin vendor, by UUID", req: Request{Annotations: ann(
+			"cdi.k8s.io/nvidia-device-plugin_x", "k8s.device-plugin.nvidia.com/gpu="+gpuUUID(2))}, want: []string{"2"},
+			sources: map[string][]string{"2": {`annotation cdi.k8s.io/nvidia-device-plugin_x="k8s.device-plugin.nvidia.com/gpu=` + gpuUUID(2) + `"`}}},
+		{name: "device plugin vendor, by index, CDI list", req: Request{CDIDevices: []string{"k8s.device-plugin.nvidia.com/gpu=3"}}, want: []string{"3"}},
+		{name: "device plugin vendor, unknown UUID", req: Request{CDIDevices: []string{"k8s.device-plugin.nvidia.com/gpu=" + gpuUUID(9)}},
+			err: ErrUnknownDevice, errHas: []string{`"k8s.device-plugin.nvidia.com/gpu=` + gpuUUID(9) + `"`}},
 		{name: "other annotations are ignored", req: Request{Annotations: ann("example.com/cdi", "nvidia.com/gpu=0", "cdi.k8s.io", "nvidia.com/gpu=0")}, want: nil},
 		{name: "unknown name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=9")}, err: ErrUnknownDevice,
 			errHas: []string{`annotation cdi.k8s.io/gpu: unknown GPU "nvidia.com/gpu=9"`}},
@@ -353,7 +361,16 @@ func TestResolveLinuxDevices(t *testing.T) {
 			want: []string{"1", "1:1"}, sources: map[string][]string{"1": {`env NVIDIA_VISIBLE_DEVICES="1"`, "device /dev/nvidia3 (195:3)"}}},
 		{name: "renamed cap node found by the caps major", req: Request{Devices: []LinuxDevice{
 			dev("/dev/nvidia3", 195, 3), dev("/dev/x", testCapsMajor, 40)}}, want: []string{"1:1"}},
-		{name: "path-only cap node", req: Request{Devices: []LinuxDevice{{Path: "/dev/nvidia-caps/nvidia-cap31"}}}, want: []string{"1:0"}},
+		{name: "path-only cap node", req: Request{Devices: []LinuxDevice{{Path: "/dev/nvidia-caps/nvidia-cap31"}}}, want: []string{"1:0"},
+			sources: map[string][]string{"1:0": {"device /dev/nvidia-caps/nvidia-cap31 (508:31)"}}},
+		// docker run --device /dev/nvidia0:/dev/nvidia-caps/nvidia-cap1: the
+		// node opens GPU 0 whatever it is called inside the container.
+		{name: "GPU node renamed to a cap path is the GPU", req: Request{Devices: []LinuxDevice{dev("/dev/nvidia-caps/nvidia-cap1", 195, 0)}},
+			want: []string{"0"}, sources: map[string][]string{"0": {"device /dev/nvidia-caps/nvidia-cap1 (195:0)"}}},
+		{name: "GPU node renamed to a mapped cap path is the GPU", req: Request{Devices: []LinuxDevice{dev("/dev/nvidia-caps/nvidia-cap31", 195, 2)}},
+			want: []string{"2"}},
+		{name: "cap path with a foreign major opens no MIG", req: Request{Devices: []LinuxDevice{dev("/dev/nvidia-caps/nvidia-cap31", 10, 31)}},
+			want: nil},
 		{name: "config and monitor caps claim nothing", req: Request{Devices: []LinuxDevice{
 			dev("/dev/nvidia-caps/nvidia-cap1", testCapsMajor, 1), dev("/dev/nvidia-caps/nvidia-cap2", testCapsMajor, 2)}}, want: nil},
 		{name: "unmapped cap: the parent GPU is claimed whole", req: Request{Devices: []LinuxDevice{

@@ -11,7 +11,9 @@
 //
 // Invariants:
 //   - A decision is all or nothing: every device of the request is claimed
-//     in the same transaction, or none is.
+//     in the same transaction, or none is. A same-pod restart takes over its
+//     stopped predecessor's claim only when that admits it; a refused
+//     restart leaves the predecessor's claim untouched.
 //   - A holder that never started (no pid, no cgroup) is never checked for
 //     liveness and keeps its claim; a holder is released out of band only on
 //     positive evidence that its processes are gone.

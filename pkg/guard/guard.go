@@ -221,6 +221,9 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 	if len(busy) > 0 {
 		changed := false
 		checked := map[string]bool{}
+		// predecessors are stopped holders this request may take over
+		// (release_on = "remove", same pod, same container name).
+		var predecessors []string
 		for _, bd := range busy {
 			if bd.Holder == nil || checked[bd.Holder.Owner.ContainerID] {
 				continue
@@ -248,17 +251,26 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 				}
 			}
 			if stopped && g.policy.ReleaseOn == config.ReleaseOnRemove && sameWorkload(h, owner) {
-				moved := tx.TakeOver(h.ContainerID, owner, "restart of "+ledger.ShortID(h.ContainerID)+" in the same pod")
-				if len(moved) > 0 {
-					tookOver = true
-					changed = true
-					g.log.Info("claim taken over by a restart in the same pod",
-						append(ownerAttrs(owner, key), slog.String("from_container_id", h.ContainerID),
-							slog.Any("devices", claimUUIDs(moved)))...)
-				}
+				predecessors = append(predecessors, h.ContainerID)
 			}
 		}
 		if changed {
+			busy = tx.Busy(key, owner, want)
+		}
+		// Take over only when that admits the request: a restart refused
+		// for another device must leave its predecessor's claim where it is,
+		// or the refused container's Stop/Remove would release it before
+		// the predecessor is removed.
+		if len(predecessors) > 0 && len(busy) > 0 && onlyHeldBy(busy, predecessors) {
+			for _, from := range predecessors {
+				moved := tx.TakeOver(from, owner, "restart of "+ledger.ShortID(from)+" in the same pod")
+				if len(moved) > 0 {
+					tookOver = true
+					g.log.Info("claim taken over by a restart in the same pod",
+						append(ownerAttrs(owner, key), slog.String("from_container_id", from),
+							slog.Any("devices", claimUUIDs(moved)))...)
+				}
+			}
 			busy = tx.Busy(key, owner, want)
 		}
 	}
@@ -616,6 +628,17 @@ func reasonFor(err error) string {
 func sameWorkload(a, b ledger.Owner) bool {
 	return a.PodUID != "" && a.PodUID == b.PodUID && a.Container != "" && a.Container == b.Container &&
 		a.ContainerID != b.ContainerID
+}
+
+// onlyHeldBy reports whether every busy device is held (not reserved) by one
+// of the containers ids.
+func onlyHeldBy(busy []ledger.BusyDevice, ids []string) bool {
+	for _, b := range busy {
+		if b.Holder == nil || !slices.Contains(ids, b.Holder.Owner.ContainerID) {
+			return false
+		}
+	}
+	return true
 }
 
 func allReserved(busy []ledger.BusyDevice) bool {

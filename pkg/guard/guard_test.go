@@ -524,6 +524,32 @@ func TestReleaseOnRemove(t *testing.T) {
 		assert.Equal(t, "takeover", d.Reason)
 	})
 
+	t.Run("a restart refused for another device leaves the predecessor's claim alone", func(t *testing.T) {
+		e := newEnv(t, mutate)
+		require.Equal(t, guard.Admit, e.admit(old, visible("1")).Result)
+		require.Equal(t, guard.Admit, e.admit(other, visible("2")).Result)
+		require.NoError(t, e.g.Stopped(ctx, old))
+
+		refused := restart
+		refused.ContainerID = "new0000000000000"
+		d := e.admit(refused, visible("1,2"))
+		require.Equal(t, guard.Queue, d.Result, d.Message)
+		assert.Equal(t, map[string]string{uuid(1): old.ContainerID, uuid(2): other.ContainerID}, e.holders(),
+			"no takeover without admission")
+		// containerd stops and removes the refused create: the stopped
+		// predecessor keeps its GPU until it is removed itself.
+		require.NoError(t, e.g.Stopped(ctx, refused))
+		require.NoError(t, e.g.Removed(ctx, refused))
+		assert.Equal(t, old.ContainerID, e.holders()[uuid(1)])
+
+		// Once GPU 2 is free, the restart's retry takes over GPU 1 and claims GPU 2.
+		require.NoError(t, e.g.Removed(ctx, other))
+		d = e.admit(restart, visible("1,2"))
+		require.Equal(t, guard.Admit, d.Result, d.Message)
+		assert.Equal(t, "takeover", d.Reason)
+		assert.Equal(t, map[string]string{uuid(1): restart.ContainerID, uuid(2): restart.ContainerID}, e.holders())
+	})
+
 	t.Run("stop under release_on=stop releases", func(t *testing.T) {
 		e := newEnv(t, nil)
 		require.Equal(t, guard.Admit, e.admit(old, visible("1")).Result)

@@ -10,8 +10,6 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
-// shortIDLen is how much of a container id messages show (as docker and
-// crictl do).
 // conflictText is what a refusal over busy devices says.
 type conflictText struct {
 	now    time.Time

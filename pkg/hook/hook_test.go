@@ -247,12 +247,13 @@ func TestNothingRequested(t *testing.T) {
 	require.NoError(t, err)
 	invErr := errors.New("no GPU inventory: cache /x/inventory.json: file does not exist")
 	for _, tc := range []struct {
-		name     string
-		inv      *devices.Inventory
-		invErr   error
-		req      devices.Request
-		wantSkip bool
-		wantErr  string
+		name       string
+		inv        *devices.Inventory
+		invErr     error
+		privileged config.Privileged // "" = the default, "declared"
+		req        devices.Request
+		wantSkip   bool
+		wantErr    string
 	}{
 		{name: "no GPU", inv: inv, req: devices.Request{Env: []string{"PATH=/bin"}}, wantSkip: true},
 		{name: "a GPU", inv: inv, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}}},
@@ -261,12 +262,24 @@ func TestNothingRequested(t *testing.T) {
 		{name: "no inventory, no GPU: skip", invErr: invErr, req: devices.Request{Env: []string{"PATH=/bin"}}, wantSkip: true},
 		{name: "no inventory, a GPU: fail closed", invErr: invErr, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}}, wantErr: "names a GPU, but no GPU inventory"},
 		{name: "no inventory, all: fail closed", invErr: invErr, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}}, wantErr: "no GPU inventory"},
-		{name: "no inventory, privileged: fail closed", invErr: invErr, req: devices.Request{Privileged: true}, wantErr: "no GPU inventory"},
+		{name: "no inventory, privileged naming nothing (declared): skip", invErr: invErr, req: devices.Request{Privileged: true}, wantSkip: true},
+		{name: "no inventory, privileged naming a GPU: fail closed", invErr: invErr,
+			req: devices.Request{Privileged: true, Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}}, wantErr: "no GPU inventory"},
+		{name: "no inventory, privileged under policy all: fail closed", invErr: invErr, privileged: config.PrivilegedAll,
+			req: devices.Request{Privileged: true}, wantErr: "no GPU inventory"},
+		{name: "no inventory, privileged under policy reject: fail closed", invErr: invErr, privileged: config.PrivilegedReject,
+			req: devices.Request{Privileged: true}, wantErr: "no GPU inventory"},
+		{name: "privileged naming nothing (declared): skip", inv: inv, req: devices.Request{Privileged: true}, wantSkip: true},
+		{name: "privileged under policy all goes to the guard", inv: inv, privileged: config.PrivilegedAll, req: devices.Request{Privileged: true}},
 		{name: "no inventory, a /dev/nvidia node: fail closed", invErr: invErr,
 			req: devices.Request{Devices: []devices.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}}, wantErr: "no GPU inventory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			skip, err := nothingRequested(tc.inv, tc.invErr, cfg.Policy, tc.req)
+			policy := cfg.Policy
+			if tc.privileged != "" {
+				policy.Privileged = tc.privileged
+			}
+			skip, err := nothingRequested(tc.inv, tc.invErr, policy, tc.req)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 				require.False(t, skip)

@@ -84,9 +84,12 @@ func emptyInventory() *devices.Inventory {
 // nothingRequested tells a container that reaches no GPU (skip: nothing to
 // check, no ledger access) from one that must go through the guard. When the
 // inventory could not be loaded, a request that still resolves to nothing
-// against an empty inventory, without naming "all" or being privileged,
-// names no GPU at all and is let through; any other request fails closed
-// with the inventory error.
+// against an empty inventory, without naming "all", names no GPU at all and
+// is let through; any other request fails closed with the inventory error.
+// A privileged container follows policy.privileged: under "declared" it
+// claims only what it names (so it is let through when it names nothing,
+// like the CNI and storage agents every node runs), under "all" it resolves
+// to "all" and under "reject" to an error, both failing closed.
 func nothingRequested(inv *devices.Inventory, invErr error, policy config.PolicyConfig, req devices.Request) (bool, error) {
 	if invErr == nil {
 		res, err := devices.NewResolver(inv, policy).Resolve(req)
@@ -97,7 +100,7 @@ func nothingRequested(inv *devices.Inventory, invErr error, policy config.Policy
 		return len(res.Devices) == 0 && !res.All, nil
 	}
 	res, err := devices.NewResolver(emptyInventory(), policy).Resolve(req)
-	if err == nil && len(res.Devices) == 0 && !res.All && !res.Privileged {
+	if err == nil && len(res.Devices) == 0 && !res.All {
 		return true, nil
 	}
 	return false, fmt.Errorf("the container names a GPU, but %w", invErr)

@@ -70,9 +70,12 @@ func (l *Ledger) acquire(ctx context.Context) (func(), error) {
 		case <-timer.C:
 		case <-lctx.Done():
 			timer.Stop()
-			// One last attempt: the holder may have just let go.
-			if ok, err := l.flock.TryLock(); err == nil && ok {
-				return l.unlocker(), nil
+			// One last attempt when only our own time budget ran out (the
+			// holder may have just let go); never for a caller that gave up.
+			if ctx.Err() == nil {
+				if ok, err := l.flock.TryLock(); err == nil && ok {
+					return l.unlocker(), nil
+				}
 			}
 			<-l.sem
 			return nil, l.lockError(ctx, start, 0)

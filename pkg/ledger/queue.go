@@ -115,6 +115,21 @@ func (tx *Tx) dropInvalidReservations() {
 	tx.st.Reservations = kept
 }
 
+// dropReservationsOn ends every reservation of a device conflicting with d,
+// whoever it is for: a container found running on d at reconcile holds it,
+// and reality wins over the queue.
+func (tx *Tx) dropReservationsOn(d devices.Device, reason string) {
+	for j := 0; j < len(tx.st.Reservations); {
+		if r := tx.st.Reservations[j]; devices.Conflicts(r.Device, d) {
+			tx.st.Reservations = slices.Delete(tx.st.Reservations, j, j+1)
+			tx.record(OpUnreserve, nil, r.For, []string{r.Device.UUID}, reason)
+			tx.touch()
+			continue
+		}
+		j++
+	}
+}
+
 // conflictingClaim is a claim on a device conflicting with d held by a
 // container other than exceptID, or nil.
 func (tx *Tx) conflictingClaim(d devices.Device, exceptID string) *Claim {
@@ -152,14 +167,7 @@ func (tx *Tx) promoteConflicts() {
 			tx.record(OpConflictCleared, &c.Owner, "", []string{c.Device.UUID}, "the container holds the device")
 			continue
 		}
-		for j := 0; j < len(tx.st.Reservations); {
-			if r := tx.st.Reservations[j]; devices.Conflicts(r.Device, c.Device) {
-				tx.st.Reservations = slices.Delete(tx.st.Reservations, j, j+1)
-				tx.record(OpUnreserve, nil, r.For, []string{r.Device.UUID}, "in use by running "+DescribeOwner(c.Owner))
-				continue
-			}
-			j++
-		}
+		tx.dropReservationsOn(c.Device, "in use by running "+DescribeOwner(c.Owner))
 		tx.insertClaim(Claim{Device: c.Device, Owner: c.Owner, Source: "reconcile", Since: tx.now})
 		tx.record(OpPromote, &c.Owner, "", []string{c.Device.UUID}, "device free: the container found on it holds it now")
 	}

@@ -2,9 +2,6 @@ package ledger
 
 import (
 	"fmt"
-	"slices"
-
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
 // Reconcile makes the claims of front end fe match live, the runtime's list
@@ -78,14 +75,7 @@ func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 				res.Conflicts = append(res.Conflicts, c)
 				continue
 			}
-			for j := 0; j < len(tx.st.Reservations); {
-				if r := tx.st.Reservations[j]; devices.Conflicts(r.Device, d) {
-					tx.st.Reservations = slices.Delete(tx.st.Reservations, j, j+1)
-					tx.record(OpUnreserve, nil, r.For, []string{r.Device.UUID}, "in use by running "+DescribeOwner(owner))
-					continue
-				}
-				j++
-			}
+			tx.dropReservationsOn(d, "in use by running "+DescribeOwner(owner))
 			c := Claim{Device: d, Owner: owner, Source: h.Source, Since: tx.now}
 			tx.insertClaim(c)
 			res.Adopted = append(res.Adopted, c)

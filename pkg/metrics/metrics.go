@@ -38,9 +38,11 @@ type Metrics struct {
 	// stateMu orders StateChanged calls: the holder gauge is reset and
 	// refilled, which must not interleave with another refill.
 	stateMu sync.Mutex
-	// lastGen skips states older than one already shown (observers are
-	// called outside the ledger lock, so two goroutines may race).
+	// lastGen and lastAt skip states older than one already shown
+	// (observers are called outside the ledger lock, so two goroutines may
+	// race).
 	lastGen uint64
+	lastAt  time.Time
 
 	ready atomic.Bool
 }
@@ -114,15 +116,18 @@ func (m *Metrics) Released(reason string, claims []ledger.Claim) {
 	}
 }
 
-// StateChanged rebuilds the state gauges from a ledger state. A state with
-// a lower generation than one already shown is ignored.
+// StateChanged rebuilds the state gauges from a ledger state. A state
+// older than one already shown (lower generation, not written later) is
+// ignored. The generation alone would not do: a ledger that was found
+// corrupt restarts from generation 0, and its states, written later, must
+// replace what the gauges showed.
 func (m *Metrics) StateChanged(st ledger.State) {
 	m.stateMu.Lock()
 	defer m.stateMu.Unlock()
-	if st.Generation != 0 && st.Generation < m.lastGen {
+	if st.Generation < m.lastGen && !st.UpdatedAt.After(m.lastAt) {
 		return
 	}
-	m.lastGen = st.Generation
+	m.lastGen, m.lastAt = st.Generation, st.UpdatedAt
 	m.holder.Reset()
 	for _, c := range st.Claims {
 		m.holder.WithLabelValues(c.Device.UUID, c.Device.Index, c.Owner.Namespace, c.Owner.Pod, c.Owner.Container).Set(1)

@@ -109,6 +109,29 @@ func TestStateChanged(t *testing.T) {
 	assert.Equal(t, "GPU-b", labels(holders[0])["device_uuid"])
 }
 
+// A ledger found corrupt is moved aside and restarts from generation 0: its
+// later states must replace the gauges, or they would show the lost
+// ledger's holders until the new generation caught up.
+func TestStateChangedAfterLedgerRestart(t *testing.T) {
+	t0 := time.Date(2026, 5, 9, 8, 0, 0, 0, time.UTC)
+	m := New()
+	m.StateChanged(ledger.State{Generation: 500, UpdatedAt: t0,
+		Claims: []ledger.Claim{claim("GPU-a", "0", "ml", "old", "main")}})
+	// Written before the last one shown: a late arrival, ignored.
+	m.StateChanged(ledger.State{Generation: 499, UpdatedAt: t0.Add(-time.Second)})
+	require.Len(t, families(t, m)["nri_gpu_guard_device_holder"].GetMetric(), 1)
+
+	// The rebuilt ledger's first state.
+	m.StateChanged(ledger.State{Generation: 1, UpdatedAt: t0.Add(time.Minute),
+		Claims: []ledger.Claim{claim("GPU-b", "1", "ml", "new", "main")}})
+	holders := families(t, m)["nri_gpu_guard_device_holder"].GetMetric()
+	require.Len(t, holders, 1)
+	assert.Equal(t, "GPU-b", labels(holders[0])["device_uuid"])
+	// And it orders its own states again.
+	m.StateChanged(ledger.State{Generation: 2, UpdatedAt: t0.Add(2 * time.Minute)})
+	assert.Empty(t, families(t, m)["nri_gpu_guard_device_holder"].GetMetric())
+}
+
 func TestReleased(t *testing.T) {
 	m := New()
 	m.Released(guard.ReasonStale, []ledger.Claim{{}, {}})

@@ -19,8 +19,17 @@
 //     request timeout lets the container through unchecked and gets the
 //     plugin dropped. Every decision runs under a deadline well inside the
 //     request's; "queueing" is a FIFO reservation across kubelet retries.
-//   - When the guard cannot decide (ledger lock busy, corrupt ledger), the
-//     create is refused with a clear error: fail closed, never open.
+//   - Every handler's ledger work, not only CreateContainer's, runs under
+//     a deadline inside the request's: a Stop or Remove that answered late
+//     would get the plugin dropped just the same.
+//   - When the guard cannot decide (ledger lock busy, corrupt ledger, a
+//     panic under a handler), the create is refused with a clear error:
+//     fail closed, never open. A panic never ends the process: a
+//     connection that breaks under a request lets that container through.
+//   - After a corrupt ledger was moved aside, an external plugin refuses
+//     creations until the reconnect's Synchronize has rebuilt it.
+//   - The connection is only closed on purpose (resync, SIGTERM) once no
+//     handler has run for a short quiet period, so that no reply is cut.
 //   - Stop and Remove of a container only ever touch that container id's
 //     claims: containerd sends both for a refused create.
 //   - The event mask never includes events 12–14 (pod sandbox updates,

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
@@ -130,8 +131,18 @@ func (rt *runtime) sync(ctx context.Context, cb adaptation.SyncCB) error {
 // registered and synchronized.
 func (rt *runtime) startPlugin() *plugin {
 	rt.t.Helper()
+	return rt.startPluginWith(nil)
+}
+
+// startPluginWith is startPlugin with a liveness check of the test's own
+// (nil = the cgroup tree under rt.cgroupRoot).
+func (rt *runtime) startPluginWith(live guard.Liveness) *plugin {
+	rt.t.Helper()
+	if live == nil {
+		live = liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))
+	}
 	b := &Builder{
-		Liveness: liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc")),
+		Liveness: live,
 		Now:      rt.clock.Now,
 		Logger:   slog.New(slog.DiscardHandler),
 	}

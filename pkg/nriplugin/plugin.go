@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -94,30 +95,84 @@ type Plugin struct {
 	rebuilding atomic.Bool
 
 	// flight counts handlers in progress and when the last one ended, so
-	// that a reconnect never cuts a reply on its way to the runtime.
+	// that neither a reconnect nor a shutdown cuts a reply on its way to the
+	// runtime. idle is closed while inflight is 0.
 	flight   sync.Mutex
 	inflight int
+	idle     chan struct{}
 	lastDone time.Time
+	// entered, when set (tests), is called as a handler starts.
+	entered func(handler string)
 }
 
-// handling marks a handler in progress; call the result when it returns.
-func (p *Plugin) handling() func() {
+// handling marks a handler in progress; defer the result (directly: it
+// calls recover). A panic in a handler would otherwise kill the process,
+// and containerd creates the container in flight unchecked when its
+// connection to the plugin breaks. The panic is logged with its stack and,
+// when errp is set, turned into a refusal.
+func (p *Plugin) handling(handler string, errp *error) func() {
 	p.flight.Lock()
+	if p.inflight == 0 {
+		p.idle = make(chan struct{})
+	}
 	p.inflight++
 	p.flight.Unlock()
+	if p.entered != nil {
+		p.entered(handler)
+	}
 	return func() {
+		if r := recover(); r != nil {
+			p.log.Error("internal error in an NRI handler (recovered; please report this)", "handler", handler,
+				"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			if errp != nil {
+				*errp = fmt.Errorf("nri-gpu-guard: internal error in %s, refused to stay safe (please report this): %v", handler, r)
+			}
+		}
 		p.flight.Lock()
 		p.inflight--
 		p.lastDone = time.Now()
+		if p.inflight == 0 {
+			close(p.idle)
+		}
 		p.flight.Unlock()
 	}
 }
 
-// quiet reports whether no handler ran for at least d.
-func (p *Plugin) quiet(d time.Duration) bool {
-	p.flight.Lock()
-	defer p.flight.Unlock()
-	return p.inflight == 0 && time.Since(p.lastDone) >= d
+// waitQuiet waits until no handler has run for resyncQuiet and reports
+// whether it got there before abort or closed fired. A reply leaves within
+// microseconds of its handler's return, but it does leave after: closing
+// the connection under it would make containerd drop the plugin and create
+// that container unchecked.
+func (p *Plugin) waitQuiet(abort, closed <-chan struct{}) bool {
+	for {
+		p.flight.Lock()
+		busy, idle, since := p.inflight > 0, p.idle, time.Since(p.lastDone)
+		p.flight.Unlock()
+		var timer *time.Timer
+		var wake <-chan time.Time
+		if !busy {
+			if since >= resyncQuiet {
+				return true
+			}
+			timer = time.NewTimer(resyncQuiet - since)
+			wake, idle = timer.C, nil
+		}
+		done := false
+		select {
+		case <-abort:
+			done = true
+		case <-closed:
+			done = true
+		case <-idle:
+		case <-wake:
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+		if done {
+			return false
+		}
+	}
 }
 
 type trackedCtr struct {
@@ -137,7 +192,9 @@ func New(opts Options) (*Plugin, error) {
 		ready:   opts.Ready,
 		tracked: map[string]trackedCtr{},
 		resync:  make(chan struct{}, 1),
+		idle:    make(chan struct{}),
 	}
+	close(p.idle)
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -185,12 +242,17 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 // (CREATED and RUNNING ones; exited containers are not listed, so their claims
 // go), drops the waiters of pods that no longer exist, and marks the plugin
 // ready.
-func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) ([]*api.ContainerUpdate, error) {
-	defer p.handling()()
+func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs []*api.Container) (_ []*api.ContainerUpdate, err error) {
+	defer p.handling("Synchronize", &err)()
 	g := p.Guard()
 	if g == nil {
 		return nil, errors.New("nri-gpu-guard: synchronize before configure")
 	}
+	// The whole reconcile shares one budget inside the request deadline: a
+	// late answer gets the plugin dropped; an error only makes an external
+	// plugin reconnect and try again.
+	ctx, cancel := decisionContext(ctx, 0)
+	defer cancel()
 	byID := make(map[string]*api.PodSandbox, len(pods))
 	podUIDs := make(map[string]bool, len(pods))
 	for _, pod := range pods {
@@ -252,28 +314,37 @@ func (p *Plugin) Shutdown(context.Context) {
 // deadline gets the plugin dropped and the container created unchecked.
 const requestMargin = 300 * time.Millisecond
 
-// decisionContext bounds a decision well inside the request's deadline:
-// min(deadline - margin, lock_timeout). The margin shrinks with short
-// deadlines (a quarter of what is left) so a decision is still attempted.
-func decisionContext(ctx context.Context, lockTimeout time.Duration) (context.Context, context.CancelFunc) {
-	budget := lockTimeout
-	if deadline, ok := ctx.Deadline(); ok {
-		left := time.Until(deadline)
-		margin := min(requestMargin, left/4)
-		if b := left - margin; b < budget || budget <= 0 {
-			budget = b
+// decisionContext bounds a handler's ledger work well inside the request's
+// deadline: min(deadline - margin, limit), where limit <= 0 means none. The
+// margin shrinks with short deadlines (a quarter of what is left) so the
+// work is still attempted. Every handler runs under it, not only
+// CreateContainer: a Stop or Remove that waits for the ledger lock up to a
+// long lock_timeout would overrun the deadline just the same.
+func decisionContext(ctx context.Context, limit time.Duration) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		if limit <= 0 {
+			return context.WithCancel(ctx)
 		}
+		return context.WithTimeout(ctx, limit)
 	}
-	if budget <= 0 {
-		budget = time.Millisecond
+	left := time.Until(deadline)
+	budget := left - min(requestMargin, left/4)
+	if limit > 0 && limit < budget {
+		budget = limit
 	}
-	return context.WithTimeout(ctx, budget)
+	return context.WithTimeout(ctx, max(budget, time.Millisecond))
+}
+
+// bounded is decisionContext with the guard's lock_timeout as the limit.
+func bounded(ctx context.Context, g *guard.Guard) (context.Context, context.CancelFunc) {
+	return decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
 }
 
 // CreateContainer admits the container or refuses it with the guard's
 // message, which is the only part of containerd's error written for people.
-func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
-	defer p.handling()()
+func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (_ *api.ContainerAdjustment, _ []*api.ContainerUpdate, err error) {
+	defer p.handling("CreateContainer", &err)()
 	g := p.Guard()
 	if g == nil {
 		return nil, nil, errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
@@ -282,7 +353,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		return nil, nil, errors.New("nri-gpu-guard: the GPU ledger was found corrupt (moved aside) and is being rebuilt " +
 			"from the runtime's containers; refused to stay safe, retrying is automatic")
 	}
-	dctx, cancel := decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
+	dctx, cancel := bounded(ctx, g)
 	defer cancel()
 	d, err := g.Admit(dctx, guardRequest(pod, ctr))
 	if err != nil {
@@ -309,7 +380,7 @@ func refusal(err error) error {
 
 // StartContainer records the pid and cgroup of a GPU holder.
 func (p *Plugin) StartContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
-	defer p.handling()()
+	defer p.handling("StartContainer", nil)()
 	p.recordStart(ctx, ctr)
 	return nil
 }
@@ -317,7 +388,7 @@ func (p *Plugin) StartContainer(ctx context.Context, pod *api.PodSandbox, ctr *a
 // PostStartContainer records the pid and cgroup if StartContainer could not
 // (the pid is normally known at StartContainer already).
 func (p *Plugin) PostStartContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
-	defer p.handling()()
+	defer p.handling("PostStartContainer", nil)()
 	p.recordStart(ctx, ctr)
 	return nil
 }
@@ -333,6 +404,8 @@ func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 	if !ok || t.started || g == nil || pid <= 0 {
 		return
 	}
+	ctx, cancel := bounded(ctx, g)
+	defer cancel()
 	if err := g.Started(ctx, id, pid, cgroup); err != nil {
 		p.ledgerTrouble(err)
 		// Not fatal: without a pid the holder is kept until its stop event.
@@ -351,11 +424,13 @@ func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 // the container's claims. A container that holds none — including a refused
 // create, which containerd stops and removes right away — costs nothing.
 func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
-	defer p.handling()()
+	defer p.handling("StopContainer", nil)()
 	g, ok := p.trackedGuard(ctr.GetId())
 	if !ok {
 		return nil, nil
 	}
+	ctx, cancel := bounded(ctx, g)
+	defer cancel()
 	if err := g.Stopped(ctx, ownerOf(pod, ctr)); err != nil {
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a stopped container failed; the liveness check or the next sync will", "container_id", ctr.GetId(), "error", err)
@@ -369,11 +444,13 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 
 // RemoveContainer releases the container's claims.
 func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
-	defer p.handling()()
+	defer p.handling("RemoveContainer", nil)()
 	g, ok := p.trackedGuard(ctr.GetId())
 	if !ok {
 		return nil
 	}
+	ctx, cancel := bounded(ctx, g)
+	defer cancel()
 	if err := g.Removed(ctx, ownerOf(pod, ctr)); err != nil {
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a removed container failed; the next sync will", "container_id", ctr.GetId(), "error", err)
@@ -385,14 +462,14 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 
 // StopPodSandbox releases every claim of the pod and drops its waiters.
 func (p *Plugin) StopPodSandbox(ctx context.Context, pod *api.PodSandbox) error {
-	defer p.handling()()
+	defer p.handling("StopPodSandbox", nil)()
 	p.podGone(ctx, pod, "stopped")
 	return nil
 }
 
 // RemovePodSandbox releases every claim of the pod and drops its waiters.
 func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *api.PodSandbox) error {
-	defer p.handling()()
+	defer p.handling("RemovePodSandbox", nil)()
 	p.podGone(ctx, pod, "removed")
 	return nil
 }
@@ -402,6 +479,8 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 	if g == nil {
 		return
 	}
+	ctx, cancel := bounded(ctx, g)
+	defer cancel()
 	if err := g.PodGone(ctx, pod.GetUid(), pod.GetId()); err != nil {
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a "+what+" pod failed; the next sync will", "pod_uid", pod.GetUid(),
@@ -419,10 +498,16 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 
 // ledgerTrouble asks for a new Synchronize when err says the ledger was
 // corrupt: it has been moved aside, and the empty ledger that replaces it
-// must learn the runtime's running GPU holders again.
+// must learn the runtime's running GPU holders again. An external plugin
+// refuses creations from this moment on, not only once Run has seen the
+// request: the very next create would otherwise be decided against an
+// empty ledger. (A launched plugin cannot reconnect, so it keeps deciding.)
 func (p *Plugin) ledgerTrouble(err error) {
 	if !errors.Is(err, ledger.ErrCorrupt) {
 		return
+	}
+	if !Launched() {
+		p.rebuilding.Store(true)
 	}
 	select {
 	case p.resync <- struct{}{}:

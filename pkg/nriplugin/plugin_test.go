@@ -437,6 +437,7 @@ func TestDecisionContext(t *testing.T) {
 		{"lock timeout bounds", 2 * time.Second, 500 * time.Millisecond, 500 * time.Millisecond, 400 * time.Millisecond},
 		{"short deadline keeps a quarter margin", 400 * time.Millisecond, time.Second, 300 * time.Millisecond, 200 * time.Millisecond},
 		{"no deadline", 0, time.Second, time.Second, 900 * time.Millisecond},
+		{"no limit: the request deadline bounds", 2 * time.Second, 0, 1700 * time.Millisecond, 1500 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			parent := context.Background()
@@ -454,6 +455,12 @@ func TestDecisionContext(t *testing.T) {
 			assert.GreaterOrEqual(t, left, tc.wantMin)
 		})
 	}
+	// Neither a deadline nor a limit: nothing to bound by, and no tiny
+	// timeout made up.
+	ctx, cancel := decisionContext(context.Background(), 0)
+	defer cancel()
+	_, ok := ctx.Deadline()
+	assert.False(t, ok)
 }
 
 func TestSpecOf(t *testing.T) {

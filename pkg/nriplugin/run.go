@@ -69,7 +69,7 @@ func (id Identity) withDefaults(cfg config.NRIConfig) Identity {
 // Backoff bounds for reconnecting to the runtime.
 const (
 	minBackoff = 500 * time.Millisecond
-	maxBackoff = 30 * time.Second
+	maxBackoff = 5 * time.Second // while the guard is away, required_plugins refuses every creation
 )
 
 // Run connects the plugin to the runtime and serves it until ctx is done.
@@ -129,6 +129,7 @@ func (p *Plugin) serve(ctx context.Context, s stub.Stub, closed <-chan struct{},
 		select {
 		case <-ctx.Done():
 			p.ready(false)
+			p.drain(s, closed)
 			s.Stop()
 			return false, nil
 		case <-closed:
@@ -165,22 +166,40 @@ const resyncQuiet = 200 * time.Millisecond
 
 // reconnectWhenQuiet closes the connection once no handler has run for
 // resyncQuiet (meanwhile creations are refused fast, see rebuilding).
+//
+// A request that arrives in the instant between that check and the close
+// still meets a closed connection; the quiet period makes this unlikely, not
+// impossible, and containerd's required_plugins validator refuses the
+// creations that follow until the plugin is back.
 func (p *Plugin) reconnectWhenQuiet(ctx context.Context, s stub.Stub, closed <-chan struct{}) (bool, error) {
-	timer := time.NewTimer(resyncQuiet)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
+	if !p.waitQuiet(ctx.Done(), closed) {
+		if ctx.Err() != nil {
+			p.drain(s, closed)
 			s.Stop()
-			return false, nil
+		}
+		return false, nil // or the runtime closed it first: reconnect anyway
+	}
+	s.Stop()
+	return true, nil
+}
+
+// drain lets the handlers in flight answer before a shutdown closes the
+// connection (SIGTERM often comes while containerd is busy: a node drain).
+// It waits at most one request timeout plus the quiet period: no handler
+// runs longer than its request's deadline.
+func (p *Plugin) drain(s stub.Stub, closed <-chan struct{}) {
+	limit := s.RequestTimeout()
+	if limit <= 0 {
+		limit = api.DefaultPluginRequestTimeout
+	}
+	timeout := make(chan struct{})
+	t := time.AfterFunc(limit+resyncQuiet, func() { close(timeout) })
+	defer t.Stop()
+	if !p.waitQuiet(timeout, closed) {
+		select {
 		case <-closed:
-			return false, nil // the runtime closed it first: reconnect anyway
-		case <-timer.C:
-			if p.quiet(resyncQuiet) {
-				s.Stop()
-				return true, nil
-			}
-			timer.Reset(resyncQuiet)
+		default:
+			p.log.Warn("shutting down with an NRI request still in flight", "waited", (limit + resyncQuiet).String())
 		}
 	}
 }

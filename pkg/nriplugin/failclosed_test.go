@@ -1,0 +1,157 @@
+package nriplugin
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/adaptation"
+	"github.com/containerd/nri/pkg/api"
+	"github.com/gofrs/flock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// Tests of the ways the plugin could fail open: a handler that panics, that
+// answers after the request deadline, or whose connection closes under it
+// all make a released containerd (NRI <= v0.12.3) create the container
+// unchecked and drop the plugin. The runtime side in these tests is NRI
+// v0.12.5, which honours the plugin's failure policy instead: it fails the
+// request with "plugin ... failed to handle ..." and keeps the plugin. That
+// error is what these tests must never see.
+
+// panickingLiveness stands for a bug anywhere under a handler.
+type panickingLiveness struct{}
+
+func (panickingLiveness) Exited(ledger.Owner) (bool, string) { panic("liveness check exploded") }
+
+// A panic under CreateContainer is a refusal, not a dead plugin.
+func TestHandlerPanicRefusesAndKeepsServing(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPluginWith(panickingLiveness{})
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+	rt.start(podA, holder, 4242)
+
+	// The conflict makes the guard ask the liveness check about the holder.
+	err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1"))
+	require.Error(t, err, "a create whose handler panicked must be refused")
+	assert.Contains(t, err.Error(), "internal error in CreateContainer")
+
+	// Still registered and enforcing.
+	require.NoError(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=2")))
+	assert.Equal(t, map[string]string{"1": "holder-1", "2": "b-2"}, rt.holders())
+}
+
+// Stop, Remove and pod events wait for the ledger lock no longer than the
+// request deadline allows, whatever lock_timeout says: a late answer gets
+// the plugin dropped and the next conflicting create through unchecked.
+func TestReleaseHandlersAnswerWithinDeadline(t *testing.T) {
+	adaptation.SetPluginRequestTimeout(time.Second)
+	t.Cleanup(func() { adaptation.SetPluginRequestTimeout(2 * time.Second) })
+
+	for _, tc := range []struct {
+		name  string
+		event func(rt *runtime, pod *api.PodSandbox, c *api.Container)
+	}{
+		{"StopContainer", func(rt *runtime, pod *api.PodSandbox, c *api.Container) { rt.stop(pod, c) }},
+		{"RemoveContainer", func(rt *runtime, pod *api.PodSandbox, c *api.Container) { rt.remove(pod, c) }},
+		{"StopPodSandbox", func(rt *runtime, pod *api.PodSandbox, _ *api.Container) { rt.stopPod(pod) }},
+		{"StartContainer", func(rt *runtime, pod *api.PodSandbox, c *api.Container) { rt.start(pod, c, 4242) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: 10 * time.Second} })
+			rt.startPlugin()
+			podA, podB := rt.addPod("a"), rt.addPod("b")
+			holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+			require.NoError(t, rt.create(podA, holder))
+
+			lk := flock.New(filepath.Join(rt.ledgerDir, "ledger.lock"))
+			locked, err := lk.TryLock()
+			require.NoError(t, err)
+			require.True(t, locked)
+			// Fails to reach the ledger and answers in time: the harness
+			// requires the runtime to report no error for the event.
+			tc.event(rt, podA, holder)
+			require.NoError(t, lk.Unlock())
+
+			// The release was lost (the next sync or the liveness check
+			// makes up for it), but the plugin is still there: a dropped
+			// plugin would let this through.
+			require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1")),
+				"is held by ml/a/main")
+		})
+	}
+}
+
+// The request that finds the ledger corrupt is refused, and so is every
+// create after it until the runtime's Synchronize has rebuilt the ledger:
+// the empty ledger that replaced the bad one knows no holder.
+func TestCorruptLedgerRefusesCreatesUntilSynchronized(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	require.NoError(t, rt.create(podA, container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")))
+	require.NoError(t, os.WriteFile(filepath.Join(rt.ledgerDir, "ledger.json"), []byte("{not json"), 0o600))
+
+	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2")), "corrupt")
+	err := rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1"))
+	require.Error(t, err, "decided against the empty ledger, this would take the holder's GPU")
+	assert.Contains(t, err.Error(), "being rebuilt")
+	assert.Empty(t, rt.holders())
+}
+
+// SIGTERM while a create is in flight: the handler answers before the
+// connection closes. Closed under it, containerd would create the container
+// unchecked.
+func TestShutdownLetsRequestInFlightAnswer(t *testing.T) {
+	adaptation.SetPluginRequestTimeout(time.Second)
+	t.Cleanup(func() { adaptation.SetPluginRequestTimeout(2 * time.Second) })
+	rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: 10 * time.Second} })
+	podA := rt.addPod("a")
+	readyC := make(chan bool, 16)
+	p, err := New(Options{Config: rt.cfg, Setup: (&Builder{Now: rt.clock.Now}).Setup,
+		Ready: func(ok bool) { readyC <- ok }})
+	require.NoError(t, err)
+	creating := make(chan struct{}, 1)
+	p.entered = func(h string) {
+		if h == "CreateContainer" {
+			creating <- struct{}{}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, Identity{Name: "gpu-guard", Index: "90", Socket: rt.socket}) }()
+	for ok := range readyC {
+		if ok {
+			break
+		}
+	}
+	rt.nri.BlockPluginSync().Unblock()
+
+	lk := flock.New(filepath.Join(rt.ledgerDir, "ledger.lock"))
+	locked, err := lk.TryLock()
+	require.NoError(t, err)
+	require.True(t, locked)
+	defer func() { _ = lk.Unlock() }()
+
+	errC := make(chan error, 1)
+	go func() {
+		_, err := rt.nri.CreateContainer(context.Background(), &api.CreateContainerRequest{Pod: podA,
+			Container: container(podA, "main", "a-1", "NVIDIA_VISIBLE_DEVICES=1")})
+		errC <- err
+	}()
+	<-creating
+	cancel() // SIGTERM
+	err = <-errC
+	require.Error(t, err, "the create in flight was let through unchecked")
+	assert.Contains(t, err.Error(), "GPU ledger busy", "the plugin's own answer, not a broken connection")
+	require.NoError(t, <-done)
+}
