@@ -377,6 +377,9 @@ func (g *Guard) ledgerError(owner ledger.Owner, err error) error {
 			"refused to stay safe, retrying is automatic under Kubernetes: %w", who, err)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return fmt.Errorf("GPU ledger busy: no decision for %s before the request deadline; refused to stay safe: %w", who, err)
+	case errors.Is(err, ledger.ErrLineageChanged):
+		return fmt.Errorf("GPU ledger was started afresh by another process and is being rebuilt from the runtime's "+
+			"containers at the next NRI sync; refused %s to stay safe, retrying is automatic: %w", who, err)
 	case errors.Is(err, ledger.ErrCorrupt):
 		return fmt.Errorf("GPU ledger is corrupt (moved aside; it is rebuilt at the next NRI sync), refused %s to stay safe: %w", who, err)
 	default:

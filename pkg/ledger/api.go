@@ -89,8 +89,15 @@ type State struct {
 	Conflicts    []Conflict    `json:"conflicts"`
 	Generation   uint64        `json:"generation"`
 	BootID       string        `json:"boot_id"`
-	NextSeq      uint64        `json:"next_seq"`
-	UpdatedAt    time.Time     `json:"updated_at"`
+	// Lineage is a random id given to a state when it starts empty: no
+	// state file, a file moved aside as corrupt, or an earlier boot's state
+	// discarded. Every other mutation keeps it, so a reader that remembers
+	// it learns when the ledger was started afresh behind its back and no
+	// longer knows the holders it knew (see RequireLineage). "" is a file
+	// written before lineages existed; the first commit gives it one.
+	Lineage   string    `json:"lineage"`
+	NextSeq   uint64    `json:"next_seq"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // Holding is what reconcile learns about one live container: its identity and
@@ -106,6 +113,9 @@ type ReconcileResult struct {
 	Released  []Claim    // claims of containers the runtime no longer lists
 	Adopted   []Claim    // listed containers' devices that had no claim
 	Conflicts []Conflict // listed containers on a device another one holds
+	// Lineage is the lineage of the reconciled state; within Update it is
+	// the one committed (Reconcile persists a new lineage at once).
+	Lineage string
 }
 
 // Options tune a Ledger. Zero values take the documented defaults.

@@ -135,7 +135,7 @@ func marshalQueueFirst(t *testing.T, st *State) []byte {
 		v    any
 	}{
 		{"waiters", st.Waiters}, {"claims", st.Claims}, {"reservations", st.Reservations}, {"conflicts", st.Conflicts},
-		{"generation", st.Generation}, {"boot_id", st.BootID}, {"next_seq", st.NextSeq}, {"updated_at", st.UpdatedAt},
+		{"generation", st.Generation}, {"boot_id", st.BootID}, {"lineage", st.Lineage}, {"next_seq", st.NextSeq}, {"updated_at", st.UpdatedAt},
 	} {
 		if i > 0 {
 			b.WriteString(",")
@@ -200,10 +200,14 @@ func sampleState() State {
 		Reservations: []Reservation{{Device: mig(1, 0), For: "ns/uid/ctr", Since: time.Unix(70, 0).UTC(), Until: time.Unix(80, 0).UTC()}},
 		Generation:   42,
 		BootID:       testBoot,
+		Lineage:      testLineage,
 		NextSeq:      2,
 		UpdatedAt:    time.Unix(100, 5).UTC(),
 	}
 }
+
+// testLineage is a lineage as newLineage makes them (26 base32 characters).
+const testLineage = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
 func TestEncodeDecodeRoundTrip(t *testing.T) {
 	st := sampleState()
@@ -211,6 +215,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, bytes.HasPrefix(b, []byte(`{"format":1,"generation":42,"boot_id":"`+testBoot+`","checksum":"sha256:`)))
 	require.True(t, bytes.HasSuffix(b, []byte("}\n")))
+	require.Contains(t, string(b), `"lineage":"`+testLineage+`"`)
 	got, err := DecodeState(b)
 	require.NoError(t, err)
 	require.Equal(t, st, got)
@@ -256,6 +261,7 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "newer format", data: reencode(func(e map[string]any) { e["format"] = FormatVersion + 1 }), format: true},
 		{name: "no state", data: reencode(func(e map[string]any) { delete(e, "state") }), reason: "no state"},
 		{name: "bad checksum", data: bytes.Replace(good, []byte(`"c1"`), []byte(`"c9"`), 1), reason: "checksum mismatch"},
+		{name: "lineage edited", data: bytes.Replace(good, []byte(testLineage), []byte("ANOTHERLINEAGEOFTHESAMELEN"), 1), reason: "checksum mismatch"},
 		{name: "generation mismatch", data: reencode(func(e map[string]any) { e["generation"] = 41 }), reason: "disagrees"},
 		{name: "boot mismatch", data: reencode(func(e map[string]any) { e["boot_id"] = "other" }), reason: "disagrees"},
 		{name: "double holder", data: withState(func(s *State) {

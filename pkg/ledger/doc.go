@@ -38,4 +38,11 @@
 //   - A state file that fails to parse or verify is moved aside, never
 //     silently overwritten; one written by a newer format is never touched;
 //     state from an earlier boot is discarded with an audit record.
+//   - Every stored state has a lineage: a random id given when the state
+//     starts empty (no file, a corrupt file moved aside, an earlier boot's
+//     state discarded) and kept by every other mutation, inside the
+//     checksummed state. A file without one (older versions) gets one at its
+//     next commit. A new lineage means the ledger forgot what it knew:
+//     whoever rebuilds it from the runtime fences on its lineage
+//     (RequireLineage).
 package ledger

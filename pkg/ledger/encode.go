@@ -140,6 +140,8 @@ func appendStateRest(b []byte, st *State) ([]byte, error) {
 	b = strconv.AppendUint(b, st.Generation, 10)
 	b = append(b, `,"boot_id":`...)
 	b = appendString(b, st.BootID)
+	b = append(b, `,"lineage":`...)
+	b = appendString(b, st.Lineage)
 	b = append(b, `,"next_seq":`...)
 	b = strconv.AppendUint(b, st.NextSeq, 10)
 	b = append(b, `,"updated_at":`...)

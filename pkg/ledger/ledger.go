@@ -303,7 +303,10 @@ func (l *Ledger) setCache(raw []byte, st State) {
 // *CorruptError without running fn; the next Update starts from an empty
 // state (callers rebuild it from the runtime, then retry). A file of a newer
 // format is left alone and yields a *FormatError. A state from an earlier
-// boot is discarded (audited) and fn runs on an empty state.
+// boot is discarded (audited) and fn runs on an empty state, which (like the
+// empty state of a missing file) gets a new lineage. Under a context from
+// RequireLineage, a state of another lineage yields a *LineageError without
+// running fn.
 //
 // An I/O error after the rename (syncing the dir) is returned although the
 // new state may already be in place.
@@ -333,12 +336,16 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	}
 
 	now := l.now()
-	st, pre, err := l.loadLocked(now)
+	st, pre, origin, err := l.loadLocked(now)
 	if err != nil {
 		return err
 	}
+	if want := requiredLineage(ctx); want != "" && st.Lineage != want {
+		return l.lineageError(want, st.Lineage, origin)
+	}
 	tx := newTx(l, st, now)
 	defer tx.close()
+	tx.freshLineage = origin != ""
 	if len(pre) > 0 {
 		tx.audit = append(tx.audit, pre...)
 		tx.touch()
@@ -352,14 +359,20 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 }
 
 // loadLocked reads the state under the lock. pre holds audit records of what
-// loading itself changed (a state from an earlier boot discarded).
-func (l *Ledger) loadLocked(now time.Time) (State, []AuditRecord, error) {
+// loading itself changed (a state from an earlier boot discarded). A state
+// that starts empty (no file, an earlier boot's state discarded) gets a new
+// lineage, and so does a file without one; origin then says why (see the
+// origin constants), and is "" for a state loaded with its lineage. The new
+// lineage is stored by the first commit.
+func (l *Ledger) loadLocked(now time.Time) (st State, pre []AuditRecord, origin string, err error) {
 	raw, exists, err := readFileNoFollow(l.StatePath(), maxStateBytes, l.readBuf)
 	if err != nil {
-		return State{}, nil, fmt.Errorf("read ledger: %w", err)
+		return State{}, nil, "", fmt.Errorf("read ledger: %w", err)
 	}
 	if !exists {
-		return l.emptyState(0, 0), nil, nil
+		st = l.emptyState(0, 0)
+		st.Lineage = newLineage()
+		return st, nil, originNoFile, nil
 	}
 	l.readBuf = raw[:0]
 	st, ok := l.cached(raw)
@@ -367,14 +380,19 @@ func (l *Ledger) loadLocked(now time.Time) (State, []AuditRecord, error) {
 		st, err = DecodeState(raw)
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) {
-				return State{}, nil, l.decorate(err)
+				return State{}, nil, "", l.decorate(err)
 			}
-			return State{}, nil, l.moveAside(err)
+			return State{}, nil, "", l.moveAside(err)
 		}
 		l.setCache(bytes.Clone(raw), st)
 	}
 	if st.BootID == l.opts.BootID {
-		return st, nil, nil
+		if st.Lineage == "" {
+			// st is a copy: the cached state keeps the file's "".
+			st.Lineage = newLineage()
+			return st, nil, originLegacy, nil
+		}
+		return st, nil, "", nil
 	}
 	reason := fmt.Sprintf("state of boot %s (generation %d, %d claims, %d waiters) is from before the current boot %s",
 		truncate(st.BootID, 64), st.Generation, len(st.Claims), len(st.Waiters), l.opts.BootID)
@@ -384,7 +402,21 @@ func (l *Ledger) loadLocked(now time.Time) (State, []AuditRecord, error) {
 		rec.Devices = append(rec.Devices, c.Device.UUID)
 	}
 	// Generation and sequence numbers keep counting up across boots.
-	return l.emptyState(st.Generation, st.NextSeq), []AuditRecord{rec}, nil
+	empty := l.emptyState(st.Generation, st.NextSeq)
+	empty.Lineage = newLineage()
+	return empty, []AuditRecord{rec}, originOtherBoot, nil
+}
+
+// lineageError describes a loaded state of another lineage than want.
+func (l *Ledger) lineageError(want, found, origin string) error {
+	e := &LineageError{Path: l.StatePath(), Expected: want, Found: found, Why: origin}
+	if origin != "" {
+		e.Found = "" // made up by this load, never stored
+	} else {
+		e.Why = fmt.Sprintf("the state file has lineage %s: another process started the ledger afresh "+
+			"(it found the file corrupt or missing) and has written it since", truncate(found, 64))
+	}
+	return e
 }
 
 // commit writes the transaction's state, if it changed, and its audit records.
@@ -405,6 +437,9 @@ func (l *Ledger) commit(tx *Tx) error {
 	st := tx.st
 	st.Generation++
 	st.BootID = l.opts.BootID
+	if st.Lineage == "" {
+		st.Lineage = newLineage() // loadLocked sets one; never store a state without
+	}
 	st.UpdatedAt = tx.now
 	st.sort()
 	// Waiters the Tx did not touch come from a verified state.

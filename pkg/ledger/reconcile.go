@@ -17,10 +17,20 @@ import (
 //   - claims and conflict records of other front ends are left alone.
 //
 // When two listed containers reach one unclaimed device, the one earlier in
-// live adopts it and the other is recorded as a conflict.
+// live adopts it and the other is recorded as a conflict. A state whose
+// lineage is not stored yet (it started empty in this Update, or its file
+// predates lineages) is written even if nothing else changed, and the result
+// carries the lineage.
 func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 	tx.check()
 	var res ReconcileResult
+	if tx.freshLineage {
+		// Store the new lineage now, even if nothing else changes: the
+		// daemon fences its later decisions with the lineage it reconciled,
+		// which must therefore be the one on disk.
+		tx.touch()
+	}
+	res.Lineage = tx.st.Lineage
 	listed := make(map[string]map[string]bool, len(live))
 	for _, h := range live {
 		id := h.Owner.ContainerID

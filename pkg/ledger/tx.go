@@ -29,6 +29,9 @@ type Tx struct {
 	// running them again would change nothing either.
 	settled bool
 	closed  bool
+	// freshLineage: the state got its lineage from this Update's load (it
+	// started empty, or its file had none) and it is not stored yet.
+	freshLineage bool
 }
 
 // touch records a change of the state.

@@ -27,7 +27,11 @@
 //     fail closed, never open. A panic never ends the process: a
 //     connection that breaks under a request lets that container through.
 //   - After a corrupt ledger was moved aside, an external plugin refuses
-//     creations until the reconnect's Synchronize has rebuilt it.
+//     creations until the reconnect's Synchronize has rebuilt it. Every
+//     handler requires the ledger lineage the last Synchronize reconciled:
+//     a ledger another process started afresh (it found it corrupt, missing
+//     or from an earlier boot) has forgotten the running holders, and is
+//     handled the same way, before anything is decided on it.
 //   - The connection is only closed on purpose (resync, SIGTERM) once no
 //     handler has run for a short quiet period, so that no reply is cut.
 //   - Stop and Remove of a container only ever touch that container id's

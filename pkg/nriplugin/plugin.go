@@ -93,6 +93,11 @@ type Plugin struct {
 	// rebuilding is set from a resync request until the next Synchronize:
 	// meanwhile creations are refused, since the ledger knows no holder.
 	rebuilding atomic.Bool
+	// lineage is the ledger lineage the last Synchronize reconciled ("" =
+	// none). Every later handler requires it (ledger.RequireLineage): a
+	// ledger another process started afresh has forgotten the running
+	// holders, and is handled like a corruption found here.
+	lineage atomic.Pointer[string]
 
 	// flight counts handlers in progress and when the last one ended, so
 	// that neither a reconnect nor a shutdown cuts a reply on its way to the
@@ -263,10 +268,13 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	for _, c := range ctrs {
 		live = append(live, guardRequest(byID[c.GetPodSandboxId()], c))
 	}
+	// Reconcile runs on whatever lineage the ledger has now: it is what
+	// rebuilds a ledger started afresh.
 	res, err := g.Reconcile(ctx, ledger.FrontEndNRI, live)
 	if err != nil {
 		return nil, fmt.Errorf("nri-gpu-guard: %w", err)
 	}
+	p.lineage.Store(&res.Lineage)
 	st, err := g.Ledger().Snapshot(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("nri-gpu-guard: read ledger after reconcile: %w", err)
@@ -336,8 +344,12 @@ func decisionContext(ctx context.Context, limit time.Duration) (context.Context,
 	return context.WithTimeout(ctx, max(budget, time.Millisecond))
 }
 
-// bounded is decisionContext with the guard's lock_timeout as the limit.
-func bounded(ctx context.Context, g *guard.Guard) (context.Context, context.CancelFunc) {
+// bounded is decisionContext with the guard's lock_timeout as the limit,
+// requiring the ledger lineage of the last Synchronize.
+func (p *Plugin) bounded(ctx context.Context, g *guard.Guard) (context.Context, context.CancelFunc) {
+	if lin := p.lineage.Load(); lin != nil {
+		ctx = ledger.RequireLineage(ctx, *lin)
+	}
 	return decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
 }
 
@@ -350,10 +362,10 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		return nil, nil, errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
 	}
 	if p.rebuilding.Load() {
-		return nil, nil, errors.New("nri-gpu-guard: the GPU ledger was found corrupt (moved aside) and is being rebuilt " +
-			"from the runtime's containers; refused to stay safe, retrying is automatic")
+		return nil, nil, errors.New("nri-gpu-guard: the GPU ledger was found corrupt (moved aside) or started afresh " +
+			"by another process and is being rebuilt from the runtime's containers; refused to stay safe, retrying is automatic")
 	}
-	dctx, cancel := bounded(ctx, g)
+	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	d, err := g.Admit(dctx, guardRequest(pod, ctr))
 	if err != nil {
@@ -404,7 +416,7 @@ func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 	if !ok || t.started || g == nil || pid <= 0 {
 		return
 	}
-	ctx, cancel := bounded(ctx, g)
+	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	if err := g.Started(ctx, id, pid, cgroup); err != nil {
 		p.ledgerTrouble(err)
@@ -429,7 +441,7 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 	if !ok {
 		return nil, nil
 	}
-	ctx, cancel := bounded(ctx, g)
+	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	if err := g.Stopped(ctx, ownerOf(pod, ctr)); err != nil {
 		p.ledgerTrouble(err)
@@ -449,7 +461,7 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	if !ok {
 		return nil
 	}
-	ctx, cancel := bounded(ctx, g)
+	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	if err := g.Removed(ctx, ownerOf(pod, ctr)); err != nil {
 		p.ledgerTrouble(err)
@@ -479,7 +491,7 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 	if g == nil {
 		return
 	}
-	ctx, cancel := bounded(ctx, g)
+	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	if err := g.PodGone(ctx, pod.GetUid(), pod.GetId()); err != nil {
 		p.ledgerTrouble(err)
@@ -497,16 +509,21 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 }
 
 // ledgerTrouble asks for a new Synchronize when err says the ledger was
-// corrupt: it has been moved aside, and the empty ledger that replaces it
-// must learn the runtime's running GPU holders again. An external plugin
-// refuses creations from this moment on, not only once Run has seen the
-// request: the very next create would otherwise be decided against an
-// empty ledger. (A launched plugin cannot reconnect, so it keeps deciding.)
+// corrupt (it has been moved aside) or was started afresh by another process
+// since the last Synchronize (another lineage: that process found it corrupt,
+// missing or from an earlier boot). Either way the ledger has forgotten the
+// runtime's running GPU holders and must learn them again. An external
+// plugin refuses creations from this moment on, not only once Run has seen
+// the request: the very next create would otherwise be decided against a
+// ledger without them. (A launched plugin cannot reconnect, so it keeps
+// deciding, on the new lineage.)
 func (p *Plugin) ledgerTrouble(err error) {
-	if !errors.Is(err, ledger.ErrCorrupt) {
+	if !errors.Is(err, ledger.ErrCorrupt) && !errors.Is(err, ledger.ErrLineageChanged) {
 		return
 	}
-	if !Launched() {
+	if Launched() {
+		p.lineage.Store(nil)
+	} else {
 		p.rebuilding.Store(true)
 	}
 	select {

@@ -1,0 +1,122 @@
+package nriplugin
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+)
+
+// runPlugin runs an external plugin with Run (which reconnects for a resync)
+// and returns a function waiting for its next readiness report of want.
+func runPlugin(t *testing.T, rt *runtime) (waitReady func(want bool)) {
+	t.Helper()
+	readyC := make(chan bool, 16)
+	b := &Builder{Now: rt.clock.Now, Liveness: liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))}
+	p, err := New(Options{Config: rt.cfg, Setup: b.Setup, Ready: func(ok bool) { readyC <- ok }})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx, Identity{Name: "gpu-guard", Index: "90", Socket: rt.socket}) }()
+	t.Cleanup(func() {
+		cancel()
+		assert.NoError(t, <-done)
+	})
+	waitReady = func(want bool) {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case got := <-readyC:
+				if got == want {
+					if want {
+						// Synchronize returned; wait until the runtime has
+						// the plugin registered.
+						rt.nri.BlockPluginSync().Unblock()
+					}
+					return
+				}
+			case <-deadline:
+				t.Fatalf("the plugin never became ready=%v", want)
+			}
+		}
+	}
+	waitReady(true)
+	return waitReady
+}
+
+// startAfreshElsewhere is another process (an OCI hook) that finds the
+// ledger corrupt first: it moves the file aside, and its next update writes a
+// fresh state that knows only its own claim, on GPU 3.
+func startAfreshElsewhere(t *testing.T, rt *runtime) {
+	t.Helper()
+	require.NoError(t, os.WriteFile(filepath.Join(rt.ledgerDir, "ledger.json"), []byte("{not json"), 0o600))
+	other, err := ledger.Open(rt.ledgerDir, ledger.Options{Now: rt.clock.Now})
+	require.NoError(t, err)
+	require.ErrorIs(t, other.Update(context.Background(), func(*ledger.Tx) error { return nil }), ledger.ErrCorrupt)
+	hookCtr := ledger.Owner{ContainerID: "hook-1", FrontEnd: ledger.FrontEndHook}
+	gpu3 := devices.Device{UUID: gpuUUID(3), Index: "3", Kind: devices.KindGPU}
+	require.NoError(t, other.Update(context.Background(), func(tx *ledger.Tx) error {
+		_, err := tx.Claim("", hookCtr, []devices.Device{gpu3}, "hook")
+		return err
+	}))
+}
+
+// Another process quarantines the corrupt ledger and writes a fresh state:
+// the plugin's next handler that reaches the ledger (a create or a release)
+// notices the new lineage before deciding anything, the plugin refuses
+// creations, reconnects, and the runtime's Synchronize re-adopts the running
+// holder, so that a newcomer on its GPU is refused again.
+func TestLedgerStartedAfreshElsewhereRebuiltFromRuntime(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// notice makes the plugin reach the ledger after the fresh start.
+		notice func(t *testing.T, rt *runtime, podB, podC *api.PodSandbox, other *api.Container)
+	}{
+		{"create", func(t *testing.T, rt *runtime, podB, _ *api.PodSandbox, _ *api.Container) {
+			err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
+			require.ErrorContains(t, err, "being rebuilt", "the create that finds the new lineage decides nothing")
+		}},
+		{"release", func(t *testing.T, rt *runtime, _, podC *api.PodSandbox, other *api.Container) {
+			rt.stop(podC, other)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newRuntime(t, nil)
+			podA, podB, podC := rt.addPod("a"), rt.addPod("b"), rt.addPod("c")
+			waitReady := runPlugin(t, rt)
+
+			holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+			require.NoError(t, rt.create(podA, holder))
+			rt.start(podA, holder, 4242)
+			other := container(podC, "main", "other-1", "NVIDIA_VISIBLE_DEVICES=0")
+			require.NoError(t, rt.create(podC, other))
+			rt.start(podC, other, 4343)
+
+			startAfreshElsewhere(t, rt)
+			require.Equal(t, map[string]string{"3": "hook-1"}, rt.holders(), "the fresh state forgot the running holders")
+
+			tc.notice(t, rt, podB, podC, other)
+			waitReady(false)
+			waitReady(true)
+
+			want := map[string]string{"1": holder.Id, "3": "hook-1"}
+			if tc.name == "create" {
+				want["0"] = other.Id
+			}
+			assert.Equal(t, want, rt.holders(), "the running holders were adopted again, the hook's claim kept")
+			require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")),
+				"is held by ml/a/main (id holder-1)")
+			require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=2")))
+		})
+	}
+}
