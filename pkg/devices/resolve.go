@@ -23,6 +23,12 @@ const (
 	MountRoot = "/var/run/nvidia-container-devices"
 	// CDIAnnotationPrefix starts the annotations that carry CDI device names.
 	CDIAnnotationPrefix = "cdi.k8s.io/"
+	// NvidiaCDIAnnotationPrefix starts the annotations that NVIDIA's own
+	// injectors read: the container toolkit's NRI plugin (pod annotation
+	// nvidia.cdi.k8s.io/container.<name>) and the NVIDIA runtime in CDI mode.
+	// The devices they inject reach no other NRI plugin, so the annotation is
+	// the only trace of the request. Values are qualified CDI names.
+	NvidiaCDIAnnotationPrefix = "nvidia.cdi.k8s.io/"
 )
 
 // Bounds on untrusted input: a request past them fails with ErrTooLarge
@@ -401,12 +407,12 @@ func mountID(dest string) (id string, cdi, relevant bool, why string) {
 	return rest, false, true, ""
 }
 
-// annotations reads cdi.k8s.io/* annotations, in key order so that sources
-// and errors are deterministic.
+// annotations reads cdi.k8s.io/* and nvidia.cdi.k8s.io/* annotations, in key
+// order so that sources and errors are deterministic.
 func (b *builder) annotations(ann map[string]string) {
 	var keys []string
 	for k := range ann {
-		if strings.HasPrefix(k, CDIAnnotationPrefix) {
+		if strings.HasPrefix(k, CDIAnnotationPrefix) || strings.HasPrefix(k, NvidiaCDIAnnotationPrefix) {
 			keys = append(keys, k)
 		}
 	}

@@ -305,6 +305,12 @@ func TestResolveCDI(t *testing.T) {
 		{name: "device plugin vendor, by index, CDI list", req: Request{CDIDevices: []string{"k8s.device-plugin.nvidia.com/gpu=3"}}, want: []string{"3"}},
 		{name: "device plugin vendor, unknown UUID", req: Request{CDIDevices: []string{"k8s.device-plugin.nvidia.com/gpu=" + gpuUUID(9)}},
 			err: ErrUnknownDevice, errHas: []string{`"k8s.device-plugin.nvidia.com/gpu=` + gpuUUID(9) + `"`}},
+		// NVIDIA's NRI plugin and CDI-mode runtime read nvidia.cdi.k8s.io/*.
+		{name: "nvidia.cdi.k8s.io annotation", req: Request{Annotations: ann(
+			"nvidia.cdi.k8s.io/container.main", "nvidia.com/gpu=2")}, want: []string{"2"},
+			sources: map[string][]string{"2": {`annotation nvidia.cdi.k8s.io/container.main="nvidia.com/gpu=2"`}}},
+		{name: "nvidia.cdi.k8s.io management device is not a GPU claim", req: Request{Annotations: ann(
+			"nvidia.cdi.k8s.io/container.agent", "management.nvidia.com/gpu=all")}, want: nil},
 		{name: "other annotations are ignored", req: Request{Annotations: ann("example.com/cdi", "nvidia.com/gpu=0", "cdi.k8s.io", "nvidia.com/gpu=0")}, want: nil},
 		{name: "unknown name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=9")}, err: ErrUnknownDevice,
 			errHas: []string{`annotation cdi.k8s.io/gpu: unknown GPU "nvidia.com/gpu=9"`}},

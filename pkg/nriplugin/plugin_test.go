@@ -712,3 +712,35 @@ func TestCorruptLedgerRebuiltFromRuntime(t *testing.T) {
 	cancel()
 	require.NoError(t, <-done)
 }
+
+// NVIDIA's NRI plugin injects the CDI devices a pod annotation
+// nvidia.cdi.k8s.io/container.<name> names, and containerd never shows
+// devices injected by one NRI plugin to another: the annotation must count,
+// for the named container only.
+func TestPodCDIAnnotationClaimsForItsContainer(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	require.NoError(t, rt.create(podA, container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")))
+
+	podB.Annotations = map[string]string{"nvidia.cdi.k8s.io/container.worker": "nvidia.com/gpu=1"}
+	require.NoError(t, rt.create(podB, container(podB, "sidecar", "b-sidecar")),
+		"the annotation names another container of the pod")
+	err := rt.create(podB, container(podB, "worker", "b-worker"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "GPU 1 ("+gpuUUID(1)+") is held by ml/a/main (id holder-1)")
+	assert.Equal(t, map[string]string{"1": "holder-1"}, rt.holders())
+}
+
+func TestWithPodCDIRequestLeavesContainerMapAlone(t *testing.T) {
+	own := map[string]string{"a": "b"}
+	pod := &api.PodSandbox{Annotations: map[string]string{
+		"nvidia.cdi.k8s.io/container.main":  "nvidia.com/gpu=0",
+		"nvidia.cdi.k8s.io/container.other": "nvidia.com/gpu=1",
+	}}
+	got := withPodCDIRequest(own, pod, "main")
+	assert.Equal(t, map[string]string{"a": "b", "nvidia.cdi.k8s.io/container.main": "nvidia.com/gpu=0"}, got)
+	assert.Equal(t, map[string]string{"a": "b"}, own, "the container's own annotations are not modified")
+	assert.Equal(t, own, withPodCDIRequest(own, pod, "nomatch"))
+	assert.Equal(t, own, withPodCDIRequest(own, nil, "main"))
+}

@@ -38,11 +38,36 @@ func ownerOf(pod *api.PodSandbox, ctr *api.Container) ledger.Owner {
 
 // guardRequest is the guard's view of an NRI container.
 func guardRequest(pod *api.PodSandbox, ctr *api.Container) guard.Request {
+	spec := specOf(ctr)
+	spec.Annotations = withPodCDIRequest(spec.Annotations, pod, ctr.GetName())
 	return guard.Request{
 		FrontEnd: ledger.FrontEndNRI,
 		Owner:    ownerOf(pod, ctr),
-		Spec:     specOf(ctr),
+		Spec:     spec,
 	}
+}
+
+// withPodCDIRequest adds to a container's annotations the pod annotation
+// nvidia.cdi.k8s.io/container.<name> that names CDI devices for this container.
+// NVIDIA's NRI plugin injects those devices, and devices another NRI plugin
+// injects are never shown to this one: the annotation is all there is to see.
+// Keys for other containers of the pod are left out. The container's own map
+// is not modified.
+func withPodCDIRequest(ann map[string]string, pod *api.PodSandbox, name string) map[string]string {
+	key := devices.NvidiaCDIAnnotationPrefix + "container." + name
+	v, ok := pod.GetAnnotations()[key]
+	if !ok || name == "" {
+		return ann
+	}
+	if _, own := ann[key]; own {
+		return ann
+	}
+	out := make(map[string]string, len(ann)+1)
+	for k, val := range ann {
+		out[k] = val
+	}
+	out[key] = v
+	return out
 }
 
 // specOf collects everything in an NRI container that can make a GPU
