@@ -20,7 +20,6 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 // 1. Two containers naming the same GPU (by index, then by UUID): the second
@@ -664,29 +663,7 @@ func TestRunReconnects(t *testing.T) {
 func TestCorruptLedgerRebuiltFromRuntime(t *testing.T) {
 	rt := newRuntime(t, nil)
 	podA, podB := rt.addPod("a"), rt.addPod("b")
-	readyC := make(chan bool, 16)
-	b := &Builder{Now: rt.clock.Now, Liveness: liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))}
-	p, err := New(Options{Config: rt.cfg, Setup: b.Setup, Ready: func(ok bool) { readyC <- ok }})
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Run(ctx, Identity{Name: "gpu-guard", Index: "90", Socket: rt.socket}) }()
-	waitReady := func(want bool) {
-		t.Helper()
-		deadline := time.After(30 * time.Second)
-		for {
-			select {
-			case got := <-readyC:
-				if got == want {
-					return
-				}
-			case <-deadline:
-				t.Fatalf("the plugin never became ready=%v", want)
-			}
-		}
-	}
-	waitReady(true)
-	rt.nri.BlockPluginSync().Unblock()
+	waitReady := runPlugin(t, rt)
 
 	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
 	require.NoError(t, rt.create(podA, holder))
@@ -695,7 +672,7 @@ func TestCorruptLedgerRebuiltFromRuntime(t *testing.T) {
 	statePath := filepath.Join(rt.ledgerDir, "ledger.json")
 	require.NoError(t, os.WriteFile(statePath, []byte("{not json"), 0o600))
 
-	err = rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
+	err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
 	require.ErrorContains(t, err, "corrupt", "the request that found the corruption is refused")
 	quarantined, globErr := filepath.Glob(statePath + ".corrupt-*")
 	require.NoError(t, globErr)
@@ -703,14 +680,10 @@ func TestCorruptLedgerRebuiltFromRuntime(t *testing.T) {
 
 	waitReady(false)
 	waitReady(true)
-	rt.nri.BlockPluginSync().Unblock()
 	assert.Equal(t, map[string]string{"1": holder.Id}, rt.holders(), "the running holder was adopted again")
 	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")),
 		"is held by ml/a/main (id holder-1)")
 	require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=2")))
-
-	cancel()
-	require.NoError(t, <-done)
 }
 
 // NVIDIA's NRI plugin injects the CDI devices a pod annotation
