@@ -41,7 +41,7 @@ func sameArray(a, b []Waiter) bool {
 // appendStateJSON renders the state body: {"waiters":…,"claims":…,…}.
 func appendStateJSON(b []byte, st *State) ([]byte, error) {
 	b = append(b, `{"waiters":`...)
-	b, err := appendWaiters(b, st.Waiters)
+	b, err := appendList(b, st.Waiters, appendWaiter)
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +65,7 @@ func (e *encoder) appendStateBody(b []byte, st *State) ([]byte, [sha256.Size]byt
 		start := len(b)
 		b = append(b, `{"waiters":`...)
 		var err error
-		if b, err = appendWaiters(b, st.Waiters); err != nil {
+		if b, err = appendList(b, st.Waiters, appendWaiter); err != nil {
 			return nil, sum, err
 		}
 		e.waiters, e.waitersHash = nil, nil
@@ -92,49 +92,16 @@ func (e *encoder) appendStateBody(b []byte, st *State) ([]byte, [sha256.Size]byt
 func appendStateRest(b []byte, st *State) ([]byte, error) {
 	var err error
 	b = append(b, `,"claims":`...)
-	if st.Claims == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i := range st.Claims {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			if b, err = appendClaim(b, &st.Claims[i]); err != nil {
-				return nil, err
-			}
-		}
-		b = append(b, ']')
+	if b, err = appendList(b, st.Claims, appendClaim); err != nil {
+		return nil, err
 	}
 	b = append(b, `,"reservations":`...)
-	if st.Reservations == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i := range st.Reservations {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			if b, err = appendReservation(b, &st.Reservations[i]); err != nil {
-				return nil, err
-			}
-		}
-		b = append(b, ']')
+	if b, err = appendList(b, st.Reservations, appendReservation); err != nil {
+		return nil, err
 	}
 	b = append(b, `,"conflicts":`...)
-	if st.Conflicts == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i := range st.Conflicts {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			if b, err = appendConflict(b, &st.Conflicts[i]); err != nil {
-				return nil, err
-			}
-		}
-		b = append(b, ']')
+	if b, err = appendList(b, st.Conflicts, appendConflict); err != nil {
+		return nil, err
 	}
 	b = append(b, `,"generation":`...)
 	b = strconv.AppendUint(b, st.Generation, 10)
@@ -151,17 +118,19 @@ func appendStateRest(b []byte, st *State) ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-func appendWaiters(b []byte, ws []Waiter) ([]byte, error) {
-	if ws == nil {
+// appendList renders a JSON array (null for a nil slice, as encoding/json
+// does) with one element encoder.
+func appendList[T any](b []byte, items []T, appendItem func([]byte, *T) ([]byte, error)) ([]byte, error) {
+	if items == nil {
 		return append(b, "null"...), nil
 	}
 	var err error
 	b = append(b, '[')
-	for i := range ws {
+	for i := range items {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		if b, err = appendWaiter(b, &ws[i]); err != nil {
+		if b, err = appendItem(b, &items[i]); err != nil {
 			return nil, err
 		}
 	}

@@ -148,27 +148,24 @@ func (tx *Tx) claimIndex(uuid string) (int, bool) {
 }
 
 func (tx *Tx) insertClaim(c Claim) {
-	i, found := tx.claimIndex(c.Device.UUID)
-	if found {
-		tx.st.Claims[i] = c
-	} else {
-		tx.st.Claims = slices.Insert(tx.st.Claims, i, c)
-	}
+	tx.st.Claims = upsertByUUID(tx.st.Claims, c, func(c Claim) string { return c.Device.UUID })
 	tx.touch()
-}
-
-func (tx *Tx) reservationIndex(uuid string) (int, bool) {
-	return slices.BinarySearchFunc(tx.st.Reservations, uuid, func(r Reservation, u string) int { return strings.Compare(r.Device.UUID, u) })
 }
 
 func (tx *Tx) insertReservation(r Reservation) {
-	i, found := tx.reservationIndex(r.Device.UUID)
-	if found {
-		tx.st.Reservations[i] = r
-	} else {
-		tx.st.Reservations = slices.Insert(tx.st.Reservations, i, r)
-	}
+	tx.st.Reservations = upsertByUUID(tx.st.Reservations, r, func(r Reservation) string { return r.Device.UUID })
 	tx.touch()
+}
+
+// upsertByUUID replaces the element with v's device UUID in a slice sorted by
+// it, or inserts v in order.
+func upsertByUUID[T any](s []T, v T, uuid func(T) string) []T {
+	i, found := slices.BinarySearchFunc(s, uuid(v), func(e T, u string) int { return strings.Compare(uuid(e), u) })
+	if found {
+		s[i] = v
+		return s
+	}
+	return slices.Insert(s, i, v)
 }
 
 func (tx *Tx) waiterIndex(key string) int {
