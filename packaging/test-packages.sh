@@ -94,7 +94,9 @@ if command -v rpm >/dev/null; then
 	for s in 'postinstall scriptlet' 'preuninstall scriptlet' 'postuninstall scriptlet' 'systemctl enable --now nri-gpu-guard'; do
 		grep -qF "$s" <<<"$rpm_scripts" || fail "rpm scriptlets lack '$s'"
 	done
-	ok "rpm contents, %config files and scriptlets"
+	[[ $(rpm -qp --queryformat '%{LICENSE}' "${rpms[0]}" 2>/dev/null) == Apache-2.0 ]] ||
+		fail "rpm does not declare License: Apache-2.0"
+	ok "rpm contents, %config files, scriptlets and license"
 else
 	log "skip: rpm not installed, the .rpm is not inspected"
 fi
@@ -143,7 +145,8 @@ done
 ((hooks > 0)) || fail "no OCI hook JSON in packaging/oci-hooks.d"
 ok "$hooks OCI hooks installed in $HOOKS_DIR"
 [[ -f /usr/share/doc/$PKG/install.md ]] || fail "/usr/share/doc/$PKG/install.md missing"
-ok "docs installed"
+cmp -s LICENSE "/usr/share/doc/$PKG/LICENSE" || fail "/usr/share/doc/$PKG/LICENSE missing or not the project's LICENSE"
+ok "docs and LICENSE installed"
 
 # --- systemd unit -----------------------------------------------------------
 if ! command -v systemd-analyze >/dev/null; then
