@@ -306,8 +306,9 @@ func (tx *Tx) reserveFreeDevices() {
 			got = append(got, d.UUID)
 		}
 		memo = memo[:0]
-		tx.record(OpReserve, &w.Owner, w.Key, got,
-			fmt.Sprintf("earliest waiter whose devices are all free; until %s", until.Format(time.RFC3339)))
+		// "head of the queue": the earliest waiter that can start (ctl
+		// and log readers match on the wording).
+		tx.record(OpReserve, &w.Owner, w.Key, got, fmt.Sprintf("head of the queue; until %s", until.Format(time.RFC3339)))
 	}
 }
 
