@@ -496,3 +496,70 @@ func TestQueueLivenessRandomSchedules(t *testing.T) {
 	}
 	t.Logf("%d schedules, %d events, %d admissions, at most %d refusals for one requester", n, events, admitted, maxRefusals)
 }
+
+// A ledger written before reservations were all or nothing may hold the
+// deadlock itself: the first Update after the upgrade undoes it and gives
+// A, the earlier waiter, both GPUs.
+func TestPartialReservationsOfAnOlderVersionAreUndone(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	m := newMemLedger()
+	m.st = State{
+		Waiters: []Waiter{
+			{Key: "A", Seq: 1, Devices: devs(gpu(4), gpu(1)), Owner: owner("a"), FirstSeen: now, LastSeen: now},
+			{Key: "B", Seq: 2, Devices: devs(mig(4, 0), gpu(1)), Owner: owner("b"), FirstSeen: now, LastSeen: now},
+		},
+		Reservations: []Reservation{
+			{Device: gpu(1), For: "A", Since: now, Until: now.Add(6 * time.Minute)},
+			{Device: mig(4, 0), For: "B", Since: now, Until: now.Add(6 * time.Minute)},
+		},
+		NextSeq: 3,
+	}
+	var busyA, busyB int
+	m.update(now.Add(time.Minute), func(tx *Tx) {
+		busyA = len(tx.Busy("A", owner("a"), devs(gpu(4), gpu(1))))
+		busyB = len(tx.Busy("B", owner("b"), devs(mig(4, 0), gpu(1))))
+	})
+	if busyA != 0 || busyB == 0 {
+		t.Fatalf("A busy on %d devices, B on %d; want A free, B busy: %s", busyA, busyB, describeQueue(&m.st))
+	}
+	if got := reservedFor(m.st); len(got) != 2 || got[gpu(4).UUID] != "A" || got[gpu(1).UUID] != "A" {
+		t.Fatalf("reservations %v, want GPUs 4 and 1 for A", got)
+	}
+}
+
+// A waiter whose retry asks for a held device loses the reservations it no
+// longer can use whole, and they pass to the next waiter that can start.
+func TestChangedRequestDropsItsReservations(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	m := newMemLedger()
+	m.update(now, func(tx *Tx) {
+		if _, err := tx.Claim("", owner("h"), devs(gpu(2)), "env"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env"); err != nil {
+			t.Fatal(err)
+		}
+		tx.Enqueue("A", owner("a"), devs(gpu(0)))
+		tx.Enqueue("B", owner("b"), devs(gpu(0)))
+		tx.Release("h0", "stop")
+	})
+	if got := reservedFor(m.st); got[gpu(0).UUID] != "A" {
+		t.Fatalf("reservations %v, want GPU 0 for A", got)
+	}
+	var rec []AuditRecord
+	m.update(now.Add(time.Minute), func(tx *Tx) {
+		tx.Enqueue("A", owner("a"), devs(gpu(0), gpu(2))) // GPU 2 is held
+		rec = tx.audit
+	})
+	if got := reservedFor(m.st); len(got) != 1 || got[gpu(0).UUID] != "B" {
+		t.Fatalf("reservations %v, want GPU 0 for B: %s", got, describeQueue(&m.st))
+	}
+	if !slices.ContainsFunc(rec, func(r AuditRecord) bool { return r.Op == OpUnreserve && r.Key == "A" }) {
+		t.Fatalf("no unreserve record for A: %+v", rec)
+	}
+	var pos int
+	m.update(now.Add(time.Minute), func(tx *Tx) { pos, _, _ = tx.Position("A") })
+	if pos != 1 {
+		t.Fatalf("A at position %d, want 1: it keeps its place", pos)
+	}
+}
