@@ -50,6 +50,10 @@ func TestQueueMIGDeadlockThroughAdmit(t *testing.T) {
 	e.clock.advance(time.Minute)
 	require.NoError(t, e.g.Stopped(ctx, x))
 	assert.Empty(t, e.state().Reservations, "A cannot start while GPU 1 is held")
+	// So a newcomer for the idle 3:0 is admitted, not refused "reserved".
+	d = try("n", "3:0")
+	require.Equal(t, guard.Admit, d.Result, d.Message)
+	require.NoError(t, e.g.Stopped(ctx, ctr("ml", "n", "main", "n-try-1")))
 	e.clock.advance(time.Minute)
 	require.NoError(t, e.g.Stopped(ctx, y))
 	st := e.state()

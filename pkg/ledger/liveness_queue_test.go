@@ -387,8 +387,9 @@ func describeQueue(st *State) string {
 
 // migDeadlockSchedule is the case that deadlocked partial reservations: X
 // holds MIG instance 4:1, Y holds GPU 1; A asks for GPU 4 and GPU 1, then B
-// for 4:0 and GPU 1. X stops after 10 minutes, Y after 20; a newcomer C asks
-// for 4:0 alone after 25 minutes.
+// for 4:0 and GPU 1. X stops after 10 minutes, Y after 20; newcomers ask for
+// 4:0 alone: N after 15 minutes (GPU 4 idle, A and B unable to start), C
+// after 25.
 func migDeadlockSchedule() simSchedule {
 	return simSchedule{
 		name: "mig-deadlock",
@@ -400,6 +401,7 @@ func migDeadlockSchedule() simSchedule {
 			{key: "A", want: devs(gpu(4), gpu(1)), arrive: 0, hold: 30 * time.Minute},
 			{key: "B", want: devs(mig(4, 0), gpu(1)), arrive: time.Second, hold: 30 * time.Minute},
 			{key: "C", want: devs(mig(4, 0)), arrive: 25 * time.Minute, hold: 10 * time.Minute},
+			{key: "N", want: devs(mig(4, 0)), arrive: 15 * time.Minute, hold: 2 * time.Minute},
 		},
 	}
 }
@@ -463,6 +465,11 @@ func TestQueueLivenessMIGDeadlock(t *testing.T) {
 	// stops at 20m; A retries every 5 minutes by then).
 	if at := out.admittedAt[0]; at < 20*time.Minute || at > 20*time.Minute+simMaxBackoff {
 		t.Fatalf("A admitted at %s, want within %s of 20m0s", at, simMaxBackoff)
+	}
+	// N, a newcomer for the idle 4:0 while neither A nor B can start, is
+	// admitted at once rather than refused "reserved".
+	if at := out.admittedAt[3]; at != 15*time.Minute {
+		t.Fatalf("N admitted at %s, want at once (15m0s)", at)
 	}
 	// C, a newcomer for the instance B waits for (B also needs GPU 1, held
 	// by A), is not refused for a reservation B cannot use: it gets 4:0
