@@ -455,7 +455,13 @@ func randomSchedule(seed uint64) simSchedule {
 	return s
 }
 
-func TestQueueLivenessMIGDeadlock(t *testing.T) {
+// TestQueueLiveness plays the fixed schedules, then the random ones.
+func TestQueueLiveness(t *testing.T) {
+	t.Run("mig-deadlock", testQueueLivenessMIGDeadlock)
+	t.Run("random", testQueueLivenessRandomSchedules)
+}
+
+func testQueueLivenessMIGDeadlock(t *testing.T) {
 	s := migDeadlockSchedule()
 	out, err := runSchedule(s)
 	if err != nil {
@@ -482,7 +488,7 @@ func TestQueueLivenessMIGDeadlock(t *testing.T) {
 	}
 }
 
-func TestQueueLivenessRandomSchedules(t *testing.T) {
+func testQueueLivenessRandomSchedules(t *testing.T) {
 	n := 10000
 	if testing.Short() {
 		n = 2000
