@@ -18,6 +18,9 @@ type conflictText struct {
 	// waiter resolves a reservation's waiter key to the waiter, so that
 	// "reserved for" names a container rather than a key.
 	waiter func(key string) (ledger.Waiter, bool)
+	// key is the requester's waiter key: a reservation for a waiter that
+	// arrived after it is not called "earlier in the queue".
+	key string
 	// queued: the request is queued at position of total, waiting waited.
 	queued          bool
 	position, total int
@@ -39,7 +42,7 @@ func (c conflictText) String() string {
 	if c.queued {
 		fmt.Fprintf(&b, "; queued at position %d of %d, waiting %s. ", c.position, c.total, age(c.waited))
 		if c.onlyReserved() {
-			b.WriteString("The request will be admitted once the earlier requesters have had their turn; retrying is automatic under Kubernetes")
+			b.WriteString("The request will be admitted once the requesters holding the reservations have started or let them expire; retrying is automatic under Kubernetes")
 		} else {
 			b.WriteString("The request will be admitted when the holder stops and its turn comes; retrying is automatic under Kubernetes")
 		}
@@ -52,8 +55,8 @@ func (c conflictText) String() string {
 	return b.String()
 }
 
-// onlyReserved reports whether every busy device is merely reserved for an
-// earlier requester (nobody holds it).
+// onlyReserved reports whether every busy device is merely reserved for
+// another requester (nobody holds it).
 func (c conflictText) onlyReserved() bool {
 	for _, bd := range c.busy {
 		if bd.Holder != nil {
@@ -85,14 +88,30 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 	case bd.Reservation != nil:
 		r := bd.Reservation
 		who := r.For
-		if w, ok := c.waiter(r.For); ok {
+		w, known := c.waiter(r.For)
+		if known {
 			who = ledger.DescribeOwner(w.Owner)
 		}
-		return fmt.Sprintf("%s is reserved for %s (earlier in the queue) until %s (%s left)",
-			name, who, r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))
+		return fmt.Sprintf("%s is reserved for %s (%s) until %s (%s left)",
+			name, who, c.order(w, known), r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))
 	default:
 		return name + " is busy"
 	}
+}
+
+// order says where the waiter a device is reserved for stands relative to
+// the requester. Reservations go to the earliest waiter whose devices are all
+// free, which may have arrived after a requester still waiting for a held
+// device.
+func (c conflictText) order(reserver ledger.Waiter, known bool) string {
+	later := c.queued && c.position == 1 // nobody conflicting is ahead of it
+	if me, ok := c.waiter(c.key); ok && known && c.key != "" {
+		later = reserver.Seq > me.Seq
+	}
+	if later {
+		return "later in the queue, but all it asks for was free first"
+	}
+	return "earlier in the queue"
 }
 
 // freeText names the GPUs that are free now. Docker's `--gpus N` always asks

@@ -83,9 +83,9 @@ func TestConflictText(t *testing.T) {
 			name: "reserved for an unknown key shows the key",
 			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu2, Reservation: &ledger.Reservation{
 				Device: gpu2, For: "hook-ctr-1", Until: msgNow.Add(time.Minute)}}}, queued: true, position: 1, total: 1},
-			want: "GPU 2 (GPU-22222222-2222-4222-8222-222222222222) is reserved for hook-ctr-1 (earlier in the queue) " +
+			want: "GPU 2 (GPU-22222222-2222-4222-8222-222222222222) is reserved for hook-ctr-1 (later in the queue, but all it asks for was free first) " +
 				"until 2026-05-09T08:01:00Z (1m0s left); queued at position 1 of 1, waiting 0s. " +
-				"The request will be admitted once the earlier requesters have had their turn;",
+				"The request will be admitted once the requesters holding the reservations have started or let them expire;",
 		},
 		{
 			name: "full GPU wanted, MIG instance held; two busy devices",

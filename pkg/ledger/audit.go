@@ -46,7 +46,7 @@ const (
 	OpRefresh            = "refresh"             // a waiter retried (its last_seen moved)
 	OpDequeue            = "dequeue"             // a waiter left the queue (Reason says why)
 	OpExpired            = "expired"             // a waiter was not seen for queue_ttl
-	OpReserve            = "reserve"             // free devices were reserved for the head waiter
+	OpReserve            = "reserve"             // all of a waiter's devices were free and are reserved for it
 	OpUnreserve          = "unreserve"           // a reservation ended without being used
 	OpReservationExpired = "reservation-expired" // the head did not come back within reservation_ttl
 	OpStarted            = "started"             // pid/cgroup of a holder recorded

@@ -28,10 +28,17 @@
 //     GPU and one of its MIG instances); a claim is all or nothing.
 //   - A claim belongs to exactly one container id; release is idempotent and
 //     only ever releases claims of the given container id.
-//   - Every free device a waiter asks for is reserved, for the earliest such
-//     waiter at the time it became free, until reservation_ttl; so a newcomer
-//     never jumps the queue. Reservations are never taken back before they are
-//     used or expire. Waiters not seen for queue_ttl are dropped.
+//   - Reservations are all or nothing: a waiter holds one on every device it
+//     asks for (bar those its own container holds), or none. Whenever every
+//     device some waiter asks for is free, they are reserved for the earliest
+//     such waiter until reservation_ttl; so a newcomer never takes devices a
+//     waiter could start on, every reservation can be used at its waiter's
+//     next retry, and no free device is held for a request that cannot start
+//     (no two waiters can block each other with halves of their requests).
+//     Reservations are never taken back before they are used or expire,
+//     unless they stop covering their waiter's whole request (its retry asked
+//     for other devices, or a container found running on one took it).
+//     Waiters not seen for queue_ttl are dropped.
 //   - Every commit increments the generation and writes at least one audit
 //     record stamped with it: replaying the claim records reproduces the
 //     claims of the state.

@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -14,33 +15,48 @@ import (
 //
 //  1. waiters not seen retrying for queue_ttl leave the queue ("expired");
 //  2. a reservation past its deadline is dropped together with its waiter:
-//     the head did not come back in time, and a later retry re-enqueues it at
-//     the tail ("reservation-expired");
-//  3. reservations whose waiter is gone, no longer asks for the device, or
-//     whose device is now held, are dropped ("unreserve");
-//  4. a conflict record becomes the claim once nobody else holds its device
+//     the waiter did not come back in time, and a later retry re-enqueues it
+//     at the tail ("reservation-expired");
+//  3. a conflict record becomes the claim once nobody else holds its device
 //     (the container was running on it all along: reality wins);
-//  5. every free device (no conflicting claim or reservation) that some
-//     waiter asks for is reserved for the earliest such waiter, for
+//  4. reservations whose waiter is gone, no longer asks for the device, or
+//     whose device is now held, are dropped, and so are the remaining
+//     reservations of a waiter that no longer has every device it asks for
+//     reserved ("unreserve");
+//  5. in arrival order, a waiter every one of whose devices is free (no
+//     conflicting claim or reservation) gets all of them reserved, for
 //     reservation_ttl ("reserve").
 //
-// Step 5 is what keeps a newcomer from jumping the queue: a free device
-// somebody waits for is always reserved, so Busy reports it to everyone else.
+// Reservations are all or nothing: a waiter holds one on every device it
+// asks for, or none. So every reservation can be used at its waiter's next
+// retry, and a free device is never held for a request that cannot start.
+// Partial reservations were what let two waiters deadlock: with X on GPU 4's
+// MIG instance 4:1 and Y on GPU 1, A asking for GPU 4 and GPU 1, then B for
+// 4:0 and GPU 1, B got the free 4:0 and, once Y stopped, A got GPU 1; A then
+// waited for B's 4:0 and B for A's GPU 1, each retry renewing both, and both
+// GPUs idled with newcomers refused "reserved".
+//
+// Step 5 is what keeps a newcomer from jumping the queue: as soon as some
+// waiter can start on free devices, they are reserved for the earliest such
+// waiter, so Busy reports them to everyone else. Among waiters for the same
+// devices, FIFO is strict. The price of all-or-nothing: while one of a
+// waiter's devices is held, its free ones stay usable by later requests (a
+// request for several devices, or for a whole GPU whose MIG instance is
+// held, is served once all it asks for is free at the same time).
 //
 // Reservations, like claims, are never taken back before they are used or
-// expire. Consequence (by design of the device model): a waiter for a full
-// GPU whose MIG instance is held does not get the GPU's other instances
-// reserved (it does not ask for them), so a later waiter for one of those
-// instances may be served first, and the full-GPU waiter is served once the
-// GPU as a whole is free. Among waiters for the same device, FIFO is strict.
+// expire, except when they stop covering their waiter's whole request: its
+// retry asked for other devices, or a container found running on one of
+// them took it (reality wins). A partial reservation would only block others.
 func (tx *Tx) maintain() {
 	if tx.settled {
 		return
 	}
 	tx.expireWaiters()
 	tx.expireReservations()
-	tx.dropInvalidReservations()
 	tx.promoteConflicts()
+	tx.dropInvalidReservations()
+	tx.dropPartialReservations()
 	tx.reserveFreeDevices()
 	tx.settled = true
 }
@@ -180,10 +196,63 @@ func (tx *Tx) promoteConflicts() {
 	tx.st.Conflicts = kept
 }
 
-// reserveFreeDevices reserves, in arrival order, every free device a waiter
-// asks for. Whether a device is free is memoised per pass (hundreds of
-// waiters usually ask for the same few held devices) and forgotten whenever a
-// reservation is made.
+// dropPartialReservations drops the reservations of every waiter that does
+// not have all of its devices reserved (or held by its own container): they
+// could not be used at its next retry and would only block others.
+func (tx *Tx) dropPartialReservations() {
+	if len(tx.st.Reservations) == 0 {
+		return
+	}
+	var partial []string
+	for _, r := range tx.st.Reservations {
+		if slices.Contains(partial, r.For) {
+			continue
+		}
+		wi := tx.waiterIndex(r.For)
+		if wi < 0 { // dropInvalidReservations ran first; kept for safety
+			partial = append(partial, r.For)
+			continue
+		}
+		w := &tx.st.Waiters[wi]
+		for _, d := range w.Devices {
+			if !tx.reservedFor(d, w.Key) && !tx.heldBy(d, w.Owner.ContainerID) {
+				partial = append(partial, r.For)
+				break
+			}
+		}
+	}
+	for _, key := range partial {
+		var devs []string
+		for _, r := range tx.st.Reservations {
+			if r.For == key {
+				devs = append(devs, r.Device.UUID)
+			}
+		}
+		tx.removeReservationsFor(key)
+		tx.record(OpUnreserve, nil, key, devs,
+			"no longer covers every device the waiter asks for (reservations are all or nothing)")
+	}
+}
+
+// reservedFor reports whether d itself is reserved for key.
+func (tx *Tx) reservedFor(d devices.Device, key string) bool {
+	i, found := slices.BinarySearchFunc(tx.st.Reservations, d.UUID, func(r Reservation, u string) int { return strings.Compare(r.Device.UUID, u) })
+	return found && tx.st.Reservations[i].For == key
+}
+
+// heldBy reports whether containerID holds d itself and nobody else holds a
+// device conflicting with it.
+func (tx *Tx) heldBy(d devices.Device, containerID string) bool {
+	i, found := tx.claimIndex(d.UUID)
+	return found && containerID != "" && tx.st.Claims[i].Owner.ContainerID == containerID &&
+		tx.conflictingClaim(d, containerID) == nil
+}
+
+// reserveFreeDevices reserves, in arrival order, all the devices of every
+// waiter whose devices are all free, and nothing for a waiter with any
+// device busy. Whether a device is free is memoised per pass (hundreds of
+// waiters usually ask for the same few held devices) and forgotten whenever
+// a reservation is made.
 func (tx *Tx) reserveFreeDevices() {
 	if len(tx.st.Waiters) == 0 {
 		return
@@ -194,35 +263,57 @@ func (tx *Tx) reserveFreeDevices() {
 		free bool
 	}
 	var memo []known
+	// isFree: no claim and no reservation on a device conflicting with d.
 	isFree := func(d devices.Device) bool {
 		for _, k := range memo {
 			if k.uuid == d.UUID {
 				return k.free
 			}
 		}
-		f := tx.conflictingClaim(d, "") == nil
-		for i := 0; f && i < len(tx.st.Reservations); i++ {
-			if devices.Conflicts(tx.st.Reservations[i].Device, d) {
-				f = false
-			}
-		}
+		f := tx.conflictingClaim(d, "") == nil && !tx.reservedConflicting(d)
 		memo = append(memo, known{d.UUID, f})
 		return f
 	}
 	until := tx.now.Add(tx.l.opts.ReservationTTL)
 	for wi := range tx.st.Waiters {
 		w := &tx.st.Waiters[wi]
-		var got []string
+		if len(w.Devices) == 0 || slices.ContainsFunc(tx.st.Reservations, func(r Reservation) bool { return r.For == w.Key }) {
+			continue // complete already (dropPartialReservations ran)
+		}
+		// Devices the waiter's own container holds need no reservation
+		// (Busy ignores them); that is rare, so only then the slow path.
+		owns := w.Owner.ContainerID != "" && slices.ContainsFunc(tx.st.Claims, func(c Claim) bool { return c.Owner.ContainerID == w.Owner.ContainerID })
+		var need []devices.Device
+		all := true
 		for _, d := range w.Devices {
-			if !isFree(d) {
-				continue
+			switch {
+			case isFree(d):
+				need = append(need, d)
+			case owns && tx.heldBy(d, w.Owner.ContainerID) && !tx.reservedConflicting(d):
+			default:
+				all = false
 			}
+			if !all {
+				break
+			}
+		}
+		if !all || len(need) == 0 {
+			continue
+		}
+		got := make([]string, 0, len(need))
+		for _, d := range need {
 			tx.insertReservation(Reservation{Device: d, For: w.Key, Since: tx.now, Until: until})
 			got = append(got, d.UUID)
-			memo = memo[:0]
 		}
-		if len(got) > 0 {
-			tx.record(OpReserve, &w.Owner, w.Key, got, fmt.Sprintf("head of the queue; until %s", until.Format(time.RFC3339)))
-		}
+		memo = memo[:0]
+		// "head of the queue": the earliest waiter that can start (ctl
+		// and log readers match on the wording).
+		tx.record(OpReserve, &w.Owner, w.Key, got, fmt.Sprintf("head of the queue; until %s", until.Format(time.RFC3339)))
 	}
+}
+
+// reservedConflicting reports whether a device conflicting with d is
+// reserved for anyone.
+func (tx *Tx) reservedConflicting(d devices.Device) bool {
+	return slices.ContainsFunc(tx.st.Reservations, func(r Reservation) bool { return devices.Conflicts(r.Device, d) })
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -121,7 +122,7 @@ func TestReservationExpiresWithItsWaiter(t *testing.T) {
 	})
 }
 
-func TestRetryRenewsReservationOfAPartlyFreeRequest(t *testing.T) {
+func TestPartlyFreeRequestReservesNothingAndKeepsItsPlace(t *testing.T) {
 	c := newClock()
 	l, err := Open(t.TempDir(), Options{BootID: testBoot, Now: c.Now, ReservationTTL: 6 * time.Minute, QueueTTL: 15 * time.Minute})
 	require.NoError(t, err)
@@ -131,33 +132,45 @@ func TestRetryRenewsReservationOfAPartlyFreeRequest(t *testing.T) {
 		ok, _, _ := claimOrQueue(tx, "a", owner("a"), devs(gpu(0), gpu(1)))
 		require.False(t, ok)
 	})
-	require.Equal(t, map[string]string{gpu(1).UUID: "a"}, reservedFor(snapshot(t, l)),
-		"the free half of the request is held for it, so that the request is not starved")
+	require.Empty(t, snapshot(t, l).Reservations,
+		"a cannot start while GPU 0 is held: GPU 1 is not held idle for it")
+	// Someone else may use GPU 1 meanwhile.
+	update(t, l, func(tx *Tx) {
+		ok, _, _ := claimOrQueue(tx, "b", owner("b"), devs(gpu(1)))
+		require.True(t, ok)
+	})
 	// a keeps retrying every 5 minutes for 40 minutes: it keeps its place
-	// and its reservation although each is older than its TTL.
+	// although that is older than queue_ttl.
 	for i := 0; i < 8; i++ {
 		c.Advance(5 * time.Minute)
 		update(t, l, func(tx *Tx) {
 			ok, _, _ := claimOrQueue(tx, "a", owner("a"), devs(gpu(0), gpu(1)))
 			require.False(t, ok)
 		})
-		st := snapshot(t, l)
-		require.Equal(t, map[string]string{gpu(1).UUID: "a"}, reservedFor(st))
-		require.Equal(t, c.Now().Add(6*time.Minute), st.Reservations[0].Until)
+		require.Equal(t, []string{"a"}, waiterKeys(snapshot(t, l)))
 	}
-	// Someone else cannot take GPU 1 meanwhile.
-	update(t, l, func(tx *Tx) {
-		ok, _, _ := claimOrQueue(tx, "b", owner("b"), devs(gpu(1)))
-		require.False(t, ok)
-	})
+	// GPU 0 freed while b still runs on GPU 1: still nothing reserved, and a
+	// later request for GPU 0 alone may take it.
 	update(t, l, func(tx *Tx) { tx.Release("holder", "stop") })
+	require.Empty(t, snapshot(t, l).Reservations)
 	update(t, l, func(tx *Tx) {
-		ok, _, _ := claimOrQueue(tx, "a", owner("a"), devs(gpu(0), gpu(1)))
+		ok, _, _ := claimOrQueue(tx, "c", owner("c"), devs(gpu(0)))
+		require.True(t, ok)
+	})
+	// Once both are free at the same time they are reserved for a together,
+	// and a later request for either is refused.
+	update(t, l, func(tx *Tx) { tx.Release("c", "stop"); tx.Release("b", "stop") })
+	require.Equal(t, map[string]string{gpu(0).UUID: "a", gpu(1).UUID: "a"}, reservedFor(snapshot(t, l)))
+	c.Advance(5 * time.Minute)
+	update(t, l, func(tx *Tx) {
+		ok, _, _ := claimOrQueue(tx, "d", owner("d"), devs(gpu(1)))
+		require.False(t, ok, "d must not jump the queue")
+		ok, _, _ = claimOrQueue(tx, "a", owner("a"), devs(gpu(0), gpu(1)))
 		require.True(t, ok)
 	})
 	st := snapshot(t, l)
 	require.Equal(t, map[string]string{gpu(0).UUID: "a", gpu(1).UUID: "a"}, holders(st))
-	require.Equal(t, []string{"b"}, waiterKeys(st))
+	require.Equal(t, []string{"d"}, waiterKeys(st))
 }
 
 func TestQueueTTLDropsWaitersThatStopRetrying(t *testing.T) {
@@ -203,10 +216,10 @@ func TestDropWaiters(t *testing.T) {
 		_, err := tx.Claim("", owner("holder"), devs(gpu(0)), "env")
 		require.NoError(t, err)
 		tx.Enqueue("ns/pod-1/a", a, devs(gpu(0)))
-		tx.Enqueue("ns/pod-1/b", b, devs(gpu(0), gpu(1))) // gets GPU 1 reserved
+		tx.Enqueue("ns/pod-1/b", b, devs(gpu(1), gpu(2))) // gets GPUs 1 and 2 reserved
 		tx.Enqueue("other", other, devs(gpu(1)))
 	})
-	require.Equal(t, map[string]string{gpu(1).UUID: "ns/pod-1/b"}, reservedFor(snapshot(t, l)))
+	require.Equal(t, map[string]string{gpu(1).UUID: "ns/pod-1/b", gpu(2).UUID: "ns/pod-1/b"}, reservedFor(snapshot(t, l)))
 	update(t, l, func(tx *Tx) {
 		got := tx.DropPodWaiters("", "sb-1", "pod sandbox stopped")
 		require.Len(t, got, 2)
@@ -392,41 +405,45 @@ func TestQueueInvariantsUnderRandomOperations(t *testing.T) {
 	}
 }
 
-// checkQueueInvariants checks what the queue promises: every device a waiter
-// asks for that nobody holds is reserved (for someone: the device or a
-// conflicting one), and a reservation of exactly that device belongs to the
-// waiter or to an earlier one.
+// checkQueueInvariants checks what the queue promises: reservations are all
+// or nothing (a waiter with one has every device it asks for reserved, or
+// held by its own container), and a waiter all of whose devices are free has
+// them reserved (so no newcomer can take them).
 func checkQueueInvariants(t *testing.T, st State) {
 	t.Helper()
 	require.NoError(t, validateState(&st))
-	seqOf := map[string]uint64{}
-	for _, w := range st.Waiters {
-		seqOf[w.Key] = w.Seq
-	}
 	for _, r := range st.Reservations {
-		_, ok := seqOf[r.For]
-		require.True(t, ok, "reservation for %q without a waiter", r.For)
+		require.True(t, slices.ContainsFunc(st.Waiters, func(w Waiter) bool { return w.Key == r.For }),
+			"reservation for %q without a waiter", r.For)
 	}
 	for _, w := range st.Waiters {
+		has, covered, free, needs := false, true, true, false
 		for _, d := range w.Devices {
-			held := false
-			for _, c := range st.Claims {
-				held = held || devices.Conflicts(c.Device, d)
-			}
-			if held {
-				continue
-			}
-			reserved := false
+			mine := false
 			for _, r := range st.Reservations {
-				if !devices.Conflicts(r.Device, d) {
-					continue
-				}
-				reserved = true
-				if r.Device.UUID == d.UUID {
-					require.LessOrEqual(t, seqOf[r.For], w.Seq, "generation %d: %s is reserved for %q, a later waiter than %q", st.Generation, d.UUID, r.For, w.Key)
+				if r.For == w.Key {
+					has = true
+					mine = mine || r.Device.UUID == d.UUID
+				} else if devices.Conflicts(r.Device, d) {
+					free = false
 				}
 			}
-			require.True(t, reserved, "generation %d: %s is free, wanted by %q, and not reserved", st.Generation, d.UUID, w.Key)
+			for _, c := range st.Claims {
+				if devices.Conflicts(c.Device, d) {
+					if c.Owner.ContainerID == w.Owner.ContainerID && c.Device.UUID == d.UUID {
+						mine = true
+					} else {
+						free = false
+					}
+				}
+			}
+			covered = covered && mine
+			needs = needs || !mine
+		}
+		if has {
+			require.True(t, covered, "generation %d: %q has a partial reservation", st.Generation, w.Key)
+		} else {
+			require.False(t, free && needs, "generation %d: every device %q asks for is free, and not reserved", st.Generation, w.Key)
 		}
 	}
 }

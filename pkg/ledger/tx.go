@@ -12,9 +12,10 @@ import (
 // Tx is one mutation in progress (see Ledger.Update). It is valid only inside
 // the function passed to Update or View and must not be used from other
 // goroutines. Every method keeps the ledger's invariants when it returns: no
-// two containers hold conflicting devices, and every free device somebody
-// waits for is reserved for the earliest such waiter (the queue mechanics
-// run after every change that can free a device).
+// two containers hold conflicting devices, and reservations are all or
+// nothing, every waiter whose devices are all free having them reserved, the
+// earliest first (the queue mechanics run after every change that can free a
+// device).
 type Tx struct {
 	l     *Ledger
 	now   time.Time
