@@ -158,3 +158,19 @@ func TestRunReportsEveryInterval(t *testing.T) {
 	assert.Contains(t, logs.String(), "GPU process not explained by the ledger")
 	assert.Contains(t, logs.String(), "pid=200")
 }
+
+func TestXidFromMIGHandleAndUnknownDevice(t *testing.T) {
+	h := newMockH100MIG(t)
+	var ch chan Finding
+	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	stranger := &mockDevice{}
+	stranger.GetUUIDFunc = func() (string, nvml.Return) { return "GPU-00000000-0000-4000-8000-0000000000ff", nvml.SUCCESS }
+	h.events <- xidEvent(stranger, 79)
+	h.events <- xidEvent(h.migs[h.uuid(1)][2], 95) // the MIG handle of 1:3
+	f := receive(t, ch, "unhealthy MIG")
+	assert.Equal(t, "1:3", f.Device.Index)
+	assert.Contains(t, logs.String(), "Xid event from a device outside the inventory")
+	assert.Len(t, o.Unhealthy(), 1, "an unknown device marks nothing")
+}

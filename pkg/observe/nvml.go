@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -179,9 +180,15 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]b
 	if gpus > 0 && registered == 0 {
 		return errors.New("no GPU accepted registration for Xid events")
 	}
-	ms := uint32(min(max(wait.Milliseconds(), 1), 1<<31))
+	ms := wait.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	if ms > math.MaxUint32 {
+		ms = math.MaxUint32
+	}
 	for ctx.Err() == nil {
-		ev, ret := set.Wait(ms)
+		ev, ret := set.Wait(uint32(ms))
 		switch ret {
 		case nvml.SUCCESS:
 		case nvml.ERROR_TIMEOUT:
@@ -248,13 +255,16 @@ func eventDevice(ev nvml.EventData, devs []Device) (Device, bool) {
 		return Device{}, false
 	}
 	for _, d := range devs {
-		if d.UUID != uuid || d.IsMIG() {
+		if d.UUID != uuid {
 			continue
+		}
+		if d.IsMIG() {
+			return d, true // a driver that reports the instance itself
 		}
 		if d.hasMIG && ev.GpuInstanceId != noInstance {
 			for _, m := range devs {
-				if m.ParentUUID == d.UUID && uint32(m.gi) == ev.GpuInstanceId &&
-					(ev.ComputeInstanceId == noInstance || uint32(m.ci) == ev.ComputeInstanceId) {
+				if m.ParentUUID == d.UUID && int64(m.gi) == int64(ev.GpuInstanceId) &&
+					(ev.ComputeInstanceId == noInstance || int64(m.ci) == int64(ev.ComputeInstanceId)) {
 					return m, true
 				}
 			}

@@ -5,6 +5,8 @@ package observe
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -21,6 +23,31 @@ func findings(r Report, k Kind) map[int]Finding {
 		}
 	}
 	return out
+}
+
+// cancelOnWait is a context that ends the moment someone waits on it: a
+// query holding it gives up exactly when it would start to wait.
+type cancelOnWait struct {
+	context.Context
+	once sync.Once
+	ch   chan struct{}
+	done atomic.Bool
+}
+
+func newCancelOnWait() *cancelOnWait {
+	return &cancelOnWait{Context: context.Background(), ch: make(chan struct{})}
+}
+
+func (c *cancelOnWait) Done() <-chan struct{} {
+	c.once.Do(func() { c.done.Store(true); close(c.ch) })
+	return c.ch
+}
+
+func (c *cancelOnWait) Err() error {
+	if c.done.Load() {
+		return context.Canceled
+	}
+	return nil
 }
 
 func TestIntruderOnHeldGPU(t *testing.T) {
@@ -283,7 +310,10 @@ func TestSlowNVMLNeverBlocks(t *testing.T) {
 	// While NVML is still stuck, later queries give up with their own
 	// context, and the health view answers at once.
 	_, err = o.Idle(ctx, Holding{DeviceUUID: h.uuid(1), ContainerID: idA})
+	require.ErrorIs(t, err, ErrNVMLSlow, "an ended context is not even queued")
+	_, err = o.Idle(newCancelOnWait(), Holding{DeviceUUID: h.uuid(1), ContainerID: idA})
 	require.ErrorIs(t, err, ErrNVMLSlow)
+	require.ErrorIs(t, err, context.Canceled)
 	require.ErrorContains(t, err, "an earlier NVML query has not returned yet")
 	assert.Empty(t, o.Unhealthy())
 

@@ -136,6 +136,9 @@ func (o *Observer) Devices() []Device { return append([]Device(nil), o.devs...) 
 // call runs fn (an NVML query) and returns when it has returned or ctx has
 // ended, whichever is first.
 func (o *Observer) call(ctx context.Context, what string, fn func()) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrNVMLSlow, what, err)
+	}
 	select {
 	case o.nvml <- struct{}{}:
 	case <-ctx.Done():

@@ -31,9 +31,14 @@ func (p procFS) path(elem ...string) string {
 	return filepath.Join(append([]string{p.root, "proc"}, elem...)...)
 }
 
+// read reads a file of the /proc tree.
+func (p procFS) read(elem ...string) ([]byte, error) {
+	return os.ReadFile(p.path(elem...)) //nolint:gosec // below the configured proc root; the elements are a pid and fixed names
+}
+
 // uptimeTicks is the time since boot in clock ticks (/proc/uptime).
 func (p procFS) uptimeTicks() (uint64, error) {
-	data, err := os.ReadFile(p.path("uptime"))
+	data, err := p.read("uptime")
 	if err != nil {
 		return 0, fmt.Errorf("read uptime: %w", err)
 	}
@@ -53,7 +58,7 @@ var errGone = errors.New("process is gone")
 
 // startTicks reads a process's start time (field 22 of /proc/PID/stat).
 func (p procFS) startTicks(pid int) (uint64, error) {
-	data, err := os.ReadFile(p.path(strconv.Itoa(pid), "stat"))
+	data, err := p.read(strconv.Itoa(pid), "stat")
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errESRCH) {
 			return 0, errGone
@@ -80,7 +85,7 @@ func (p procFS) startTicks(pid int) (uint64, error) {
 
 // cgroup reads a process's cgroup path and the container id in it.
 func (p procFS) cgroup(pid int) (path, id string, err error) {
-	data, err := os.ReadFile(p.path(strconv.Itoa(pid), "cgroup"))
+	data, err := p.read(strconv.Itoa(pid), "cgroup")
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errESRCH) {
 			return "", "", errGone
