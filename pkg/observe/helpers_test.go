@@ -7,6 +7,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -213,6 +215,11 @@ func newMockH100MIG(t testing.TB) *mockHost {
 	h := newMockHost(t, dgxh100.New())
 	h.enableMIG(1, 0, 1, 3)
 	return h
+}
+
+func (p *fakeProc) remove(pid int) {
+	p.t.Helper()
+	require.NoError(p.t, os.RemoveAll(filepath.Join(p.root, "proc", fmt.Sprint(pid))))
 }
 
 type holdings []Holding

@@ -31,9 +31,10 @@ func (p procFS) path(elem ...string) string {
 	return filepath.Join(append([]string{p.root, "proc"}, elem...)...)
 }
 
-// read reads a file of the /proc tree.
+// read reads a file of the /proc tree (below the configured root; the
+// elements are a pid and fixed names).
 func (p procFS) read(elem ...string) ([]byte, error) {
-	return os.ReadFile(p.path(elem...)) //nolint:gosec // below the configured proc root; the elements are a pid and fixed names
+	return os.ReadFile(p.path(elem...))
 }
 
 // uptimeTicks is the time since boot in clock ticks (/proc/uptime).

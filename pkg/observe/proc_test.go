@@ -56,11 +56,6 @@ func (p *fakeProc) addIn(pid int, startTicks uint64, id string) {
 	p.add(pid, startTicks, "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234.slice/cri-containerd-"+id+".scope\n")
 }
 
-func (p *fakeProc) remove(pid int) {
-	p.t.Helper()
-	require.NoError(p.t, os.RemoveAll(filepath.Join(p.root, "proc", fmt.Sprint(pid))))
-}
-
 func TestContainerIDFromCgroup(t *testing.T) {
 	upper := strings.ToUpper(idA)
 	tests := []struct {
