@@ -25,6 +25,9 @@ const clockTicks = 100
 // one in tests.
 type procFS struct {
 	root string // the directory that holds proc/
+	// betweenReads, when set (tests only), runs after a process's cgroup
+	// was read and before its start time is read again.
+	betweenReads func(pid int)
 }
 
 func (p procFS) path(elem ...string) string {
@@ -187,6 +190,9 @@ func (p procFS) attribute(pr *Process, listedAt uint64) error {
 	}
 	if err != nil {
 		return err
+	}
+	if p.betweenReads != nil {
+		p.betweenReads(pr.PID)
 	}
 	after, err := p.startTicks(pr.PID)
 	if errors.Is(err, errGone) || (err == nil && after != before) {

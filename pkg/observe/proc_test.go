@@ -156,6 +156,25 @@ func TestAttribute(t *testing.T) {
 	require.ErrorContains(t, pr.attribute(&p, listedAt), "pid 14: malformed stat")
 }
 
+func TestPidReusedDuringTheRead(t *testing.T) {
+	fp := newFakeProc(t, 1000)
+	fp.addIn(20, 500, idA)
+	// Between the cgroup read and the second stat read, pid 20 exits and
+	// the pid goes to a process of B: the cgroup read may be either's.
+	pr := procFS{root: fp.root, betweenReads: func(pid int) { fp.addIn(pid, 600, idB) }}
+	p := Process{PID: 20}
+	require.NoError(t, pr.attribute(&p, 100000))
+	assert.True(t, p.Gone)
+	assert.Empty(t, p.ContainerID)
+
+	// Exited between the reads, pid not reused: gone as well.
+	fp.addIn(21, 500, idA)
+	pr.betweenReads = func(pid int) { require.NoError(t, os.RemoveAll(filepath.Join(fp.root, "proc", fmt.Sprint(pid)))) }
+	p = Process{PID: 21}
+	require.NoError(t, pr.attribute(&p, 100000))
+	assert.True(t, p.Gone)
+}
+
 func TestUptimeErrors(t *testing.T) {
 	fp := newFakeProc(t, 1)
 	require.NoError(t, os.WriteFile(filepath.Join(fp.root, "proc", "uptime"), []byte("soon\n"), 0o644))
