@@ -94,6 +94,7 @@ type Config struct {
 	NRI     NRIConfig     `toml:"nri"`
 	Hook    HookConfig    `toml:"hook"`
 	Metrics MetricsConfig `toml:"metrics"`
+	Observe ObserveConfig `toml:"observe"`
 }
 
 // LedgerConfig locates the host ledger and bounds access to it.
@@ -163,6 +164,46 @@ type MetricsConfig struct {
 	Listen string `toml:"listen"`
 }
 
+// OnIntruder is what the observer does about a process it finds on a GPU that
+// its container does not hold.
+type OnIntruder string
+
+// Intruder policies. Neither kills anything.
+const (
+	IntruderReport OnIntruder = "report"
+	IntruderCordon OnIntruder = "cordon"
+)
+
+// ObserveConfig tunes the observer, which compares the ledger with what NVML
+// reports running on each GPU and watches GPU health.
+type ObserveConfig struct {
+	// Interval between two process accountings; 0 disables them (health
+	// events are still watched).
+	Interval Duration `toml:"interval"`
+	// OnIntruder: "report" the finding, or also "cordon" the device.
+	OnIntruder OnIntruder `toml:"on_intruder"`
+	// ReleaseRequiresIdle keeps a stopped holder's claim (draining) until
+	// NVML shows none of its processes on the device, or IdleGrace passes.
+	ReleaseRequiresIdle bool `toml:"release_requires_idle"`
+	// IdleGrace bounds how long a draining claim waits for the device to
+	// become idle.
+	IdleGrace Duration `toml:"idle_grace"`
+	// Xids are the Xid error codes that make a device unhealthy.
+	Xids []int `toml:"xids"`
+}
+
+// DefaultXids are the Xids whose resolution in NVIDIA's Xid catalogue
+// (https://docs.nvidia.com/deploy/xid-errors/) is a GPU reset or a node
+// reboot rather than restarting the application: double-bit ECC (48),
+// micro-controller halt (62), page retirement / row remap failure (64),
+// NVLink error (74), fallen off the bus (79), uncontained ECC (95), GSP RPC
+// timeout and GSP error (119, 120), unrecovered ECC (140) and "GPU recovery
+// action changed" (154). None of the application errors that the Kubernetes
+// device plugin ignores (13, 31, 43, 45, 68, 109) is listed.
+func DefaultXids() []int {
+	return []int{48, 62, 64, 74, 79, 95, 119, 120, 140, 154}
+}
+
 // Default returns the configuration used when a key is absent.
 func Default() Config {
 	return Config{
@@ -194,6 +235,12 @@ func Default() Config {
 		Hook: HookConfig{
 			WaitTimeout:  Duration{10 * time.Minute},
 			PollInterval: Duration{250 * time.Millisecond},
+		},
+		Observe: ObserveConfig{
+			Interval:   Duration{10 * time.Second},
+			OnIntruder: IntruderReport,
+			IdleGrace:  Duration{time.Minute},
+			Xids:       DefaultXids(),
 		},
 	}
 }

@@ -115,6 +115,13 @@ func TestValidateMessages(t *testing.T) {
 		{"plugin name", func(c *Config) { c.NRI.PluginName = "90-gpu guard" }, []string{"nri.plugin_name"}},
 		{"poll longer than wait", func(c *Config) { c.Hook.PollInterval = Duration{time.Hour} }, []string{"hook.poll_interval", "longer than hook.wait_timeout"}},
 		{"metrics listen", func(c *Config) { c.Metrics.Listen = "9464" }, []string{"metrics.listen", `"9464"`}},
+		{"negative observe interval", func(c *Config) { c.Observe.Interval = Duration{-time.Second} }, []string{"observe.interval", "0 disables"}},
+		{"tiny observe interval", func(c *Config) { c.Observe.Interval = Duration{time.Millisecond} }, []string{"observe.interval", "at least 1s"}},
+		{"on_intruder", func(c *Config) { c.Observe.OnIntruder = "kill" }, []string{"observe.on_intruder", `"kill"`, "report, cordon"}},
+		{"zero idle grace", func(c *Config) { c.Observe.IdleGrace = Duration{} }, []string{"observe.idle_grace", "positive"}},
+		{"unbounded idle grace", func(c *Config) { c.Observe.IdleGrace = Duration{2 * time.Hour} }, []string{"observe.idle_grace", "at most 1h0m0s"}},
+		{"bad xid", func(c *Config) { c.Observe.Xids = []int{48, 0} }, []string{"observe.xids[1]", "Xid 0 is out of range"}},
+		{"duplicate xid", func(c *Config) { c.Observe.Xids = []int{79, 79} }, []string{"observe.xids[1]", "Xid 79 is listed twice"}},
 		{"bad uuid", func(c *Config) {
 			c.Devices.Static = []StaticGPU{{UUID: "gpu0"}}
 		}, []string{"devices.static[0].uuid", `"gpu0"`}},
@@ -207,4 +214,35 @@ func TestDurationRoundTrip(t *testing.T) {
 	var back Duration
 	require.NoError(t, back.UnmarshalText(text))
 	require.Equal(t, d, back)
+}
+
+func TestObserveKeys(t *testing.T) {
+	cfg, err := Parse([]byte(`
+[observe]
+interval = "0s"
+on_intruder = "cordon"
+release_requires_idle = true
+idle_grace = "30s"
+xids = []
+`))
+	require.NoError(t, err)
+	require.Zero(t, cfg.Observe.Interval.Duration, "0 disables the accounting")
+	require.Equal(t, IntruderCordon, cfg.Observe.OnIntruder)
+	require.True(t, cfg.Observe.ReleaseRequiresIdle)
+	require.Equal(t, 30*time.Second, cfg.Observe.IdleGrace.Duration)
+	require.Empty(t, cfg.Observe.Xids, "an empty list is kept, not replaced by the default")
+
+	def := Default().Observe
+	require.Equal(t, 10*time.Second, def.Interval.Duration)
+	require.Equal(t, IntruderReport, def.OnIntruder)
+	require.False(t, def.ReleaseRequiresIdle)
+	require.Contains(t, def.Xids, 79, "fallen off the bus is critical by default")
+	for _, app := range []int{13, 31, 43, 45, 68, 109} {
+		require.NotContains(t, def.Xids, app, "application Xid %d must not mark a GPU unhealthy", app)
+	}
+	// DefaultXids hands out a fresh slice: editing one configuration's list
+	// must not change another's default.
+	a := DefaultXids()
+	a[0] = 1
+	require.NotEqual(t, 1, DefaultXids()[0])
 }

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 )
 
 // ErrInvalid is wrapped by every error Validate returns.
@@ -108,7 +109,39 @@ func (c *Config) Validate() error {
 			bad("metrics.listen", "want host:port such as \"127.0.0.1:9464\", got %q", c.Metrics.Listen)
 		}
 	}
+	c.validateObserve(bad, oneOf)
 	return errors.Join(errs...)
+}
+
+// maxIdleGrace bounds observe.idle_grace: a draining claim must end, and an
+// hour is far beyond the seconds a stopping process needs to free GPU memory.
+const maxIdleGrace = time.Hour
+
+// maxXid bounds observe.xids: NVIDIA's catalogue numbers Xids in the low
+// hundreds; anything far beyond is a typo.
+const maxXid = 65535
+
+func (c *Config) validateObserve(bad func(key, format string, args ...any), oneOf func(key, value string, allowed ...string)) {
+	if c.Observe.Interval.Duration < 0 {
+		bad("observe.interval", "must not be negative (0 disables the accounting), got %q", c.Observe.Interval.String())
+	} else if c.Observe.Interval.Duration > 0 && c.Observe.Interval.Duration < time.Second {
+		bad("observe.interval", "must be at least 1s (or 0 to disable), got %q", c.Observe.Interval.String())
+	}
+	oneOf("observe.on_intruder", string(c.Observe.OnIntruder), string(IntruderReport), string(IntruderCordon))
+	if g := c.Observe.IdleGrace.Duration; g <= 0 || g > maxIdleGrace {
+		bad("observe.idle_grace", "must be a positive duration of at most %s, got %q", maxIdleGrace, c.Observe.IdleGrace.String())
+	}
+	seen := map[int]bool{}
+	for i, x := range c.Observe.Xids {
+		key := fmt.Sprintf("observe.xids[%d]", i)
+		switch {
+		case x < 1 || x > maxXid:
+			bad(key, "Xid %d is out of range (1-%d)", x, maxXid)
+		case seen[x]:
+			bad(key, "Xid %d is listed twice", x)
+		}
+		seen[x] = true
+	}
 }
 
 func (c *Config) validateStatic(bad func(key, format string, args ...any)) {

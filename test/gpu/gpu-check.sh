@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # gpu-check.sh: on a host with an NVIDIA GPU and driver, check that the guard's
 # NVML inventory (index, UUID, minor number, bus id, MIG instances) and its
-# resolver agree with nvidia-smi. Exits non-zero on any mismatch.
+# resolver agree with nvidia-smi, and that the observer (pkg/observe) sees the
+# same GPU processes as nvidia-smi and every device healthy. nvidia-smi's own
+# view of processes, ECC and performance is printed next to the observer's.
+# Exits non-zero on any mismatch.
 #
 # On a host without a GPU it fails too, unless GPU_CHECK_ALLOW_SKIP=1, in
 # which case it prints SKIP and exits 0 (for CI jobs that may land anywhere).
@@ -30,7 +33,25 @@ trap 'rm -rf "$tmp"' EXIT
 # it does not make.
 export CGO_ENABLED=1
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -Wno-deprecated-declarations}"
-"$GO" build -tags nri_no_wasm -o "$tmp/inventory-check" ./test/gpu/inventory-check
+"$GO" build -tags nri_no_wasm -o status=0
+"$tmp/inventory-check" || status=$?
+
+echo
+echo "gpu-check: nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory (compare with the observer's processes above)"
+nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv || status=1
+echo
+echo "gpu-check: nvidia-smi -q -d ECC,PERFORMANCE (compare with the observer's health above)"
+nvidia-smi -q -d ECC,PERFORMANCE || status=1
+exit "$status" ./test/gpu/inventory-check
 
 echo "gpu-check: driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
-"$tmp/inventory-check"
+status=0
+"$tmp/inventory-check" || status=$?
+
+echo
+echo "gpu-check: nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory (compare with the observer's processes above)"
+nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv || status=1
+echo
+echo "gpu-check: nvidia-smi -q -d ECC,PERFORMANCE (compare with the observer's health above)"
+nvidia-smi -q -d ECC,PERFORMANCE || status=1
+exit "$status"

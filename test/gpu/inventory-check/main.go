@@ -5,6 +5,11 @@
 // that the resolver maps "0", the first UUID, "all", every /dev/nvidia<minor>
 // and every MIG id to the right UUIDs. It prints what it compared and exits 1
 // on any mismatch, so a wrong assumption about a driver fails loudly.
+//
+// It then shows the processes and the health of every device as the guard's
+// observer sees them (pkg/observe: NVML process lists mapped to containers
+// through /proc, lost devices, critical Xid events for a few seconds) and
+// checks the processes against nvidia-smi --query-compute-apps.
 package main
 
 import (
@@ -12,6 +17,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"regexp"
@@ -22,6 +28,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
 func main() {
@@ -82,6 +89,7 @@ func (c *checker) run() {
 	c.compareGPUs(inv, smi)
 	c.compareProc(inv)
 	c.checkResolver(inv, smi)
+	c.checkObserver(inv)
 }
 
 func nvidiaSMI() ([]smiGPU, error) {
@@ -298,5 +306,146 @@ func (c *checker) checkResolver(inv *devices.Inventory, smi []smiGPU) {
 			expect(fmt.Sprintf("NVIDIA_VISIBLE_DEVICES=%q", mg.uuid), env(mg.uuid), mg.uuid)
 			expect(fmt.Sprintf(`NVIDIA_VISIBLE_DEVICES="%d:%d"`, s.index, mg.device), env(fmt.Sprintf("%d:%d", s.index, mg.device)), mg.uuid)
 		}
+	}
+}
+
+// computeApp is one line of nvidia-smi --query-compute-apps.
+type computeApp struct {
+	pid  int
+	uuid string // the GPU's UUID (a MIG process is listed under its GPU)
+	mem  string
+}
+
+// parseComputeApps reads nvidia-smi
+// --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader.
+func parseComputeApps(out string) ([]computeApp, error) {
+	var apps []computeApp
+	for _, line := range lines(out) {
+		if strings.Contains(line, "No running") {
+			continue
+		}
+		f := strings.Split(line, ",")
+		if len(f) != 3 {
+			return nil, fmt.Errorf("unexpected nvidia-smi --query-compute-apps line %q", line)
+		}
+		pid, err := strconv.Atoi(strings.TrimSpace(f[0]))
+		if err != nil {
+			return nil, fmt.Errorf("unexpected pid in %q", line)
+		}
+		apps = append(apps, computeApp{pid: pid, uuid: strings.TrimSpace(f[1]), mem: strings.TrimSpace(f[2])})
+	}
+	return apps, nil
+}
+
+// seen is what the observer passes listed: pid → device UUIDs, a MIG
+// instance's process under both the instance and its GPU (nvidia-smi names
+// the GPU).
+type seen map[int]map[string]bool
+
+func (s seen) add(pid int, gpu string) {
+	if s[pid] == nil {
+		s[pid] = map[string]bool{}
+	}
+	s[pid][gpu] = true
+}
+
+func (c *checker) checkObserver(inv *devices.Inventory) {
+	src, err := observe.OpenNVML(nil)
+	if err != nil {
+		c.fail("observer: %v", err)
+		return
+	}
+	defer func() { _ = src.Close() }()
+	var logs strings.Builder
+	o, err := observe.New(observe.Options{
+		Source: src, GPUs: inv.GPUs, ProcRoot: "/", Xids: config.DefaultXids(),
+		// A read-only check: with no claims every process is listed as
+		// not admitted; what matters here is what NVML and /proc show.
+		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return nil, nil }),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if err != nil {
+		c.fail("observer: %v", err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// Processes come and go: a pid nvidia-smi lists must be in one of the
+	// observer's passes before or after it.
+	first, err := o.Account(ctx)
+	if err != nil {
+		c.fail("observer: accounting pass: %v", err)
+		return
+	}
+	out, err := command("nvidia-smi", "--query-compute-apps=pid,gpu_uuid,used_memory", "--format=csv,noheader")
+	if err != nil {
+		c.fail("%v", err)
+		return
+	}
+	apps, err := parseComputeApps(out)
+	if err != nil {
+		c.fail("%v", err)
+		return
+	}
+	second, err := o.Account(ctx)
+	if err != nil {
+		c.fail("observer: accounting pass: %v", err)
+		return
+	}
+	s := seen{}
+	for _, r := range []observe.Report{first, second} {
+		for _, d := range r.Devices {
+			for _, p := range d.Processes {
+				s.add(p.PID, d.Device.UUID)
+				if d.Device.IsMIG() {
+					s.add(p.PID, d.Device.ParentUUID)
+				}
+			}
+		}
+	}
+	fmt.Println("observer: processes (second pass):")
+	for _, d := range second.Devices {
+		if d.Error != "" {
+			fmt.Printf("  %s: ERROR %s\n", d.Device, d.Error)
+			continue
+		}
+		if len(d.Processes) == 0 {
+			fmt.Printf("  %s: no processes\n", d.Device)
+		}
+		for _, p := range d.Processes {
+			owner := "host"
+			switch {
+			case p.Gone:
+				owner = "gone"
+			case p.ContainerID != "":
+				owner = "container " + p.ContainerID
+			}
+			fmt.Printf("  %s: pid %d type %s %d MiB %s\n", d.Device, p.PID, p.Type, p.UsedMemoryBytes>>20, owner)
+		}
+	}
+	for _, a := range apps {
+		if !s[a.pid][a.uuid] {
+			c.fail("nvidia-smi lists compute pid %d on %s (%s); the observer saw it in neither pass", a.pid, a.uuid, a.mem)
+			continue
+		}
+		c.ok("observer and nvidia-smi agree: pid %d on %s", a.pid, a.uuid)
+	}
+	c.ok("observer: %d compute process(es) in nvidia-smi, all seen", len(apps))
+
+	// Health: lost devices from the passes, then critical Xid events for a
+	// few seconds (NVML delivers only new events: none is expected).
+	wctx, wcancel := context.WithTimeout(ctx, 3*time.Second)
+	o.Run(wctx)
+	wcancel()
+	if strings.Contains(logs.String(), "not watched") || strings.Contains(logs.String(), "failed") {
+		fmt.Printf("note: observer health watcher:\n%s", logs.String())
+	}
+	unhealthy := o.Unhealthy()
+	for _, f := range unhealthy {
+		c.fail("observer: %s", f.Message)
+	}
+	if len(unhealthy) == 0 {
+		c.ok("observer: every device healthy (no device lost, no critical Xid in %s)", 3*time.Second)
 	}
 }

@@ -36,3 +36,19 @@ func TestBusKey(t *testing.T) {
 	assert.Equal(t, busKey("00000000:3B:00.0"), busKey("0000:3b:00.0"))
 	assert.NotEqual(t, busKey("0000:3b:00.0"), busKey("0000:3c:00.0"))
 }
+
+func TestParseComputeApps(t *testing.T) {
+	const g0 = "GPU-5ba12cd1-0000-4000-8000-000000000000"
+	apps, err := parseComputeApps("4242, " + g0 + ", 1024 MiB\n77, " + g0 + ", [N/A]\n")
+	require.NoError(t, err)
+	assert.Equal(t, []computeApp{{4242, g0, "1024 MiB"}, {77, g0, "[N/A]"}}, apps)
+
+	apps, err = parseComputeApps("No running processes found\n")
+	require.NoError(t, err)
+	assert.Empty(t, apps)
+
+	_, err = parseComputeApps("x, " + g0 + ", 1 MiB\n")
+	require.ErrorContains(t, err, "unexpected pid")
+	_, err = parseComputeApps("1, 2\n")
+	require.ErrorContains(t, err, "unexpected nvidia-smi --query-compute-apps line")
+}

@@ -1,0 +1,151 @@
+package observe
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// listing is what the GPU side reports for one device in one pass.
+type listing struct {
+	device Device
+	procs  []Process // PID, Type and UsedMemoryBytes set
+	// err: NVML could not list the device; nothing is concluded about it.
+	err error
+	// lost: the device vanished or reports a fatal state (unhealthy).
+	lost error
+}
+
+// ledgerView indexes the holdings for the comparison.
+type ledgerView struct {
+	holdings []Holding
+	byDevice map[string][]Holding
+}
+
+func newLedgerView(hs []Holding) ledgerView {
+	v := ledgerView{holdings: hs, byDevice: map[string][]Holding{}}
+	for _, h := range hs {
+		h.ContainerID = strings.ToLower(h.ContainerID)
+		v.byDevice[h.DeviceUUID] = append(v.byDevice[h.DeviceUUID], h)
+	}
+	return v
+}
+
+// holdersOf returns the claims covering d: claims on d itself and, for a
+// MIG instance, on its GPU.
+func (v ledgerView) holdersOf(d Device) []Holding {
+	out := append([]Holding(nil), v.byDevice[d.UUID]...)
+	if d.IsMIG() {
+		out = append(out, v.byDevice[d.ParentUUID]...)
+	}
+	return out
+}
+
+// owns reports whether p belongs to h's container.
+func owns(h Holding, p Process) bool {
+	if p.ContainerID != "" && strings.EqualFold(p.ContainerID, h.ContainerID) {
+		return true
+	}
+	return h.CgroupPath != "" && p.Cgroup != "" &&
+		(p.Cgroup == h.CgroupPath || strings.HasPrefix(p.Cgroup, strings.TrimSuffix(h.CgroupPath, "/")+"/"))
+}
+
+// claimsOf returns every claim of p's container, on any device.
+func (v ledgerView) claimsOf(p Process) []Holding {
+	var out []Holding
+	for _, h := range v.holdings {
+		if owns(h, p) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// compare turns one pass's listings, with pids already attributed, into a
+// report: every process the ledger does not explain is a finding.
+func compare(now time.Time, ls []listing, v ledgerView) Report {
+	r := Report{Time: now, Devices: []DeviceReport{}, Findings: []Finding{}}
+	for _, l := range ls {
+		holders := v.holdersOf(l.device)
+		dr := DeviceReport{Device: l.device, Processes: l.procs}
+		if dr.Processes == nil {
+			dr.Processes = []Process{}
+		}
+		if len(holders) > 0 {
+			dr.Holder = holders[0].ContainerID
+		}
+		switch {
+		case l.lost != nil:
+			dr.Error = l.lost.Error()
+			f := lostFinding(now, l.device, l.lost)
+			if len(holders) > 0 {
+				f.Holder = holders[0].ContainerID
+				f.Message += "; its holder " + holders[0].name() + " keeps its claim"
+			}
+			r.Findings = append(r.Findings, f)
+		case l.err != nil:
+			dr.Error = l.err.Error()
+		}
+		r.Devices = append(r.Devices, dr)
+		for _, p := range l.procs {
+			if f, ok := judge(now, l.device, p, holders, v); ok {
+				r.Findings = append(r.Findings, f)
+			}
+		}
+	}
+	sort.SliceStable(r.Findings, func(i, j int) bool {
+		a, b := r.Findings[i], r.Findings[j]
+		if a.Device.UUID != b.Device.UUID {
+			return a.Device.UUID < b.Device.UUID
+		}
+		return a.PID < b.PID
+	})
+	return r
+}
+
+func lostFinding(now time.Time, d Device, err error) Finding {
+	return Finding{
+		Kind: KindUnhealthy, Device: d, Time: now,
+		Message: fmt.Sprintf("%s is unhealthy: %v; no new claims until it is back (check nvidia-smi and the kernel log; a reset or reboot may be needed)", d, err),
+	}
+}
+
+// judge applies the rules to one process on one device.
+func judge(now time.Time, d Device, p Process, holders []Holding, v ledgerView) (Finding, bool) {
+	f := Finding{Device: d, Time: now, PID: p.PID, ContainerID: p.ContainerID}
+	var holder *Holding
+	if len(holders) > 0 {
+		holder = &holders[0]
+		f.Holder = holder.ContainerID
+	}
+	if p.Gone {
+		f.Kind = KindGone
+		f.Message = fmt.Sprintf("pid %d on %s exited or was reused before it could be attributed; not counted", p.PID, d)
+		return f, true
+	}
+	for _, h := range holders {
+		if owns(h, p) {
+			return Finding{}, false
+		}
+	}
+	where := "which is free"
+	if holder != nil {
+		where = "held by " + holder.name()
+	}
+	if claims := v.claimsOf(p); len(claims) > 0 {
+		var held []string
+		for _, c := range claims {
+			held = append(held, c.DeviceUUID)
+		}
+		sort.Strings(held)
+		f.Kind = KindOutOfBounds
+		f.Message = fmt.Sprintf("pid %d of %s runs on %s, %s, but %s claimed only %s: it reached a GPU the guard did not admit it to (stop it, or give the container that GPU); the guard does not kill it",
+			p.PID, claims[0].name(), d, where, claims[0].name(), strings.Join(held, ", "))
+		return f, true
+	}
+	f.Kind = KindIntruder
+	f.Message = fmt.Sprintf("pid %d (%s) runs on %s, %s: it was not admitted by the guard (stop it, or run it through the guard); the guard does not kill it",
+		p.PID, p.owner(), d, where)
+	return f, true
+}

@@ -1,0 +1,43 @@
+// Package observe sees the GPUs themselves: which processes really run on
+// each GPU and MIG instance, whether the ledger explains them, and whether a
+// device is healthy.
+//
+// It owns the observer (New, Observer.Run): a periodic accounting pass
+// (Observer.Account) that lists the compute and graphics processes NVML
+// reports on every device, maps each pid to its container through
+// /proc/PID/cgroup (ContainerIDFromCgroup) and compares them with the claims
+// the ledger holds (Ledger, Holding); the draining check of
+// release_requires_idle (Observer.Idle); and the health watcher, which
+// subscribes to NVML's critical Xid events and turns a critical Xid, a
+// device that vanished or one that needs a reset into an unhealthy device
+// (Observer.Unhealthy, Observer.Health).
+//
+// Rules (Finding.Kind):
+//   - intruder: a process of a container that holds no claim (or of the
+//     host) runs on a device held by another container, or on a free one;
+//   - out_of_bounds: a process of a holder runs on a device its claims do not
+//     cover (a claim on a GPU covers its MIG instances);
+//   - unhealthy: a critical Xid (the configured list), or NVML reports the
+//     device lost, not found, or needing a reset;
+//   - gone (informational): NVML listed a pid whose /proc entry vanished or
+//     whose pid was reused by a process started after the listing.
+//
+// Invariants:
+//   - The observer never kills, never refuses, never writes the ledger: it
+//     reports findings to callbacks; what to do with them is the caller's
+//     policy (report, cordon, keep a claim draining).
+//   - Admission never waits for NVML: Unhealthy and Health read memory only.
+//     Every NVML query runs bounded by its context (ErrNVMLSlow), one at a
+//     time; the health watcher runs in its own goroutine, stops within one
+//     event wait of its context ending, and retries NVML failures with
+//     capped exponential back-off.
+//   - A pid is never guessed: a pid that cannot be attributed (gone, reused,
+//     unreadable) is not blamed on a container or on the host; a device whose
+//     processes cannot be listed is reported with its error and not judged.
+//   - Every message names the device by index and UUID, the pid, and the
+//     container (or "host process").
+//   - NVML reports host pids: the process running the observer must see the
+//     host's pid namespace and /proc (Options.ProcRoot).
+//   - Code that needs cgo (NVML) is confined to nvml.go; builds without cgo
+//     compile and OpenNVML reports NVML as unavailable.
+package observe

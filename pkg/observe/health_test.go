@@ -1,0 +1,176 @@
+//go:build cgo
+
+package observe
+
+import (
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// xidEvent is a critical-Xid event on GPU dev (all instances).
+func xidEvent(dev nvml.Device, xid uint64) nvml.EventData {
+	return nvml.EventData{Device: dev, EventType: nvml.EventTypeXidCriticalError, EventData: xid,
+		GpuInstanceId: noInstance, ComputeInstanceId: noInstance}
+}
+
+func unhealthyChan(o *Options) chan Finding {
+	ch := make(chan Finding, 16)
+	o.OnUnhealthy = func(f Finding) { ch <- f }
+	return ch
+}
+
+func TestCriticalXidMarksUnhealthy(t *testing.T) {
+	h := newMockA100(t)
+	var ch chan Finding
+	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	// Events are handled in order by one goroutine: by the time the Xid 79
+	// finding arrives, the two events before it have been judged.
+	h.events <- xidEvent(h.srv.Devices[4], 13) // application error: not in xids
+	h.events <- nvml.EventData{Device: h.srv.Devices[4], EventType: nvml.EventTypeSingleBitEccError}
+	h.events <- xidEvent(h.srv.Devices[3], 79)
+	f := receive(t, ch, "unhealthy finding")
+	assert.Equal(t, KindUnhealthy, f.Kind)
+	assert.Equal(t, "3", f.Device.Index)
+	assert.Equal(t, h.uuid(3), f.Device.UUID)
+	assert.EqualValues(t, 79, f.Xid)
+	assert.Equal(t, 2026, f.Time.Year(), "stamped with the observer's clock")
+	assert.Contains(t, f.Message, "GPU 3 ("+h.uuid(3)+") reported critical Xid 79")
+	assert.Contains(t, f.Message, "its holder keeps its claim")
+
+	_, ok := o.Health(h.uuid(4))
+	assert.False(t, ok, "non-critical Xid 13 is ignored")
+	assert.Contains(t, logs.String(), "Xid not in observe.xids")
+	got, ok := o.Health(h.uuid(3))
+	require.True(t, ok)
+	assert.EqualValues(t, 79, got.Xid)
+	require.Len(t, o.Unhealthy(), 1)
+
+	// A second critical Xid on the same GPU keeps the first reason and does
+	// not notify again; another GPU is notified.
+	h.events <- xidEvent(h.srv.Devices[3], 48)
+	h.events <- xidEvent(h.srv.Devices[6], 95)
+	f = receive(t, ch, "second unhealthy finding")
+	assert.Equal(t, "6", f.Device.Index)
+	got, _ = o.Health(h.uuid(3))
+	assert.EqualValues(t, 79, got.Xid)
+}
+
+func TestXidOnMIGInstance(t *testing.T) {
+	h := newMockH100MIG(t)
+	var ch chan Finding
+	o, _ := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	ev := xidEvent(h.srv.Devices[1], 48)
+	ev.GpuInstanceId, ev.ComputeInstanceId = 2, 0 // the second instance: MIG 1:1
+	h.events <- ev
+	f := receive(t, ch, "unhealthy MIG")
+	assert.Equal(t, "1:1", f.Device.Index)
+	assert.Equal(t, h.migUUID(1, 1), f.Device.UUID)
+	_, ok := o.Health(h.migUUID(1, 0))
+	assert.False(t, ok, "a sibling instance stays healthy")
+
+	// An event for the whole GPU in MIG mode marks the GPU, and so every
+	// instance of it.
+	h.events <- xidEvent(h.srv.Devices[1], 79)
+	f = receive(t, ch, "unhealthy GPU")
+	assert.Equal(t, "1", f.Device.Index)
+	_, ok = o.Health(h.migUUID(1, 3))
+	assert.True(t, ok)
+}
+
+func TestHealthWatcherRetriesNVMLErrors(t *testing.T) {
+	h := newMockA100(t)
+	h.createOK = 3 // EventSetCreate fails twice
+	var ch chan Finding
+	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	h.events <- xidEvent(h.srv.Devices[2], 79)
+	f := receive(t, ch, "unhealthy after retries")
+	assert.Equal(t, "2", f.Device.Index)
+	h.mu.Lock()
+	assert.Equal(t, 3, h.creates)
+	h.mu.Unlock()
+	assert.Contains(t, logs.String(), "NVML health events failed; retrying")
+	assert.Contains(t, logs.String(), "create an NVML event set: ERROR_UNKNOWN")
+
+	// A failed wait frees the set and starts over with a new one.
+	h.waitErr <- nvml.ERROR_UNKNOWN
+	h.events <- xidEvent(h.srv.Devices[5], 79)
+	f = receive(t, ch, "unhealthy after a failed wait")
+	assert.Equal(t, "5", f.Device.Index)
+	h.mu.Lock()
+	assert.Equal(t, 4, h.creates)
+	assert.GreaterOrEqual(t, h.frees, 1)
+	h.mu.Unlock()
+	assert.Contains(t, logs.String(), "wait for NVML events: ERROR_UNKNOWN")
+}
+
+func TestLostDeviceAtRegistrationIsUnhealthy(t *testing.T) {
+	h := newMockA100(t)
+	h.set(h.lost, h.uuid(7), nvml.ERROR_GPU_IS_LOST)
+	h.srv.Devices[2].(*mockDevice).RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return {
+		return nvml.ERROR_NOT_SUPPORTED
+	}
+	var ch chan Finding
+	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	f := receive(t, ch, "lost GPU")
+	assert.Equal(t, "7", f.Device.Index)
+	assert.Zero(t, f.Xid)
+	assert.Contains(t, f.Message, "ERROR_GPU_IS_LOST")
+	// GPU 2 cannot be watched: logged, not unhealthy; the others are watched.
+	h.events <- xidEvent(h.srv.Devices[0], 79)
+	f = receive(t, ch, "Xid on a watched GPU")
+	assert.Equal(t, "0", f.Device.Index)
+	_, ok := o.Health(h.uuid(2))
+	assert.False(t, ok)
+	assert.Contains(t, logs.String(), "GPU health is not watched")
+}
+
+func TestRunReportsEveryInterval(t *testing.T) {
+	h := newMockA100(t)
+	fp := newFakeProc(t, 1000)
+	fp.addIn(200, 20, idB)
+	h.run(h.uuid(1), 200, 0)
+	reports := make(chan Report, 4)
+	o, logs := newObserver(t, h, fp, &holdings{}, func(o *Options) {
+		o.Interval = 1e6 // 1ms
+		o.OnReport = func(r Report) {
+			select {
+			case reports <- r:
+			default:
+			}
+		}
+	})
+	startRun(t, o)
+	r := receive(t, reports, "first report")
+	require.Len(t, r.Problems(), 1)
+	assert.Equal(t, KindIntruder, r.Problems()[0].Kind)
+	receive(t, reports, "second report")
+	assert.Contains(t, logs.String(), "GPU process not explained by the ledger")
+	assert.Contains(t, logs.String(), "pid=200")
+}
+
+func TestXidFromMIGHandleAndUnknownDevice(t *testing.T) {
+	h := newMockH100MIG(t)
+	var ch chan Finding
+	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	stranger := &mockDevice{}
+	stranger.GetUUIDFunc = func() (string, nvml.Return) { return "GPU-00000000-0000-4000-8000-0000000000ff", nvml.SUCCESS }
+	h.events <- xidEvent(stranger, 79)
+	h.events <- xidEvent(h.migs[h.uuid(1)][2], 95) // the MIG handle of 1:3
+	f := receive(t, ch, "unhealthy MIG")
+	assert.Equal(t, "1:3", f.Device.Index)
+	assert.Contains(t, logs.String(), "Xid event from a device outside the inventory")
+	assert.Len(t, o.Unhealthy(), 1, "an unknown device marks nothing")
+}

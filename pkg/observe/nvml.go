@@ -1,0 +1,275 @@
+//go:build cgo
+
+package observe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// NVMLInterface is the NVML API the observer uses: go-nvml's nvml.Interface
+// in cgo builds (the real library or a go-nvml mock). Builds without cgo
+// have no NVML; there it is an empty interface and only nil is meaningful.
+type NVMLInterface = nvml.Interface
+
+// ErrNVMLUnavailable is wrapped when NVML cannot be initialised.
+var ErrNVMLUnavailable = errors.New("NVML is not available")
+
+// noInstance is NVML's "all instances" GPU/compute instance id in events.
+const noInstance = 0xFFFFFFFF
+
+type nvmlSource struct {
+	lib nvml.Interface
+}
+
+// OpenNVML initialises NVML and returns it as the observer's Source. lib nil
+// means the host's libnvidia-ml.so.1. Close shuts NVML down again.
+func OpenNVML(lib NVMLInterface) (Source, error) {
+	if lib == nil {
+		lib = nvml.New()
+	}
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("%w: initialise: %w", ErrNVMLUnavailable, ret)
+	}
+	return &nvmlSource{lib: lib}, nil
+}
+
+func (s *nvmlSource) Close() error {
+	if ret := s.lib.Shutdown(); ret != nvml.SUCCESS {
+		return fmt.Errorf("NVML shutdown: %w", ret)
+	}
+	return nil
+}
+
+// lostError turns the NVML returns that mean "this device is gone or needs
+// a reset" into the reason it is unhealthy; other returns are not fatal.
+func lostError(ret nvml.Return) error {
+	switch ret {
+	case nvml.ERROR_NOT_FOUND:
+		return fmt.Errorf("it vanished from NVML: %w", ret)
+	case nvml.ERROR_GPU_IS_LOST:
+		return fmt.Errorf("it is lost (fallen off the bus?): %w", ret)
+	case nvml.ERROR_RESET_REQUIRED:
+		return fmt.Errorf("it needs a reset: %w", ret)
+	}
+	return nil
+}
+
+// handle finds d by UUID (a MIG instance through its GPU and MIG index, as
+// older drivers cannot look MIG UUIDs up).
+func (s *nvmlSource) handle(d Device) (nvml.Device, nvml.Return) {
+	if !d.IsMIG() {
+		return s.lib.DeviceGetHandleByUUID(d.UUID)
+	}
+	parent, ret := s.lib.DeviceGetHandleByUUID(d.ParentUUID)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	m, ret := parent.GetMigDeviceHandleByIndex(d.migIndex)
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	uuid, ret := m.GetUUID()
+	if ret != nvml.SUCCESS {
+		return nil, ret
+	}
+	if uuid != d.UUID {
+		// The MIG layout changed under the inventory: the instance the
+		// guard knows is gone.
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	return m, nvml.SUCCESS
+}
+
+func (s *nvmlSource) list(devs []Device) []listing {
+	out := make([]listing, 0, len(devs))
+	lostGPU := map[string]bool{}
+	for _, d := range devs {
+		if d.IsMIG() && lostGPU[d.ParentUUID] {
+			continue
+		}
+		l := listing{device: d}
+		h, ret := s.handle(d)
+		if ret != nvml.SUCCESS {
+			if l.lost = lostError(ret); l.lost == nil {
+				l.err = fmt.Errorf("get the NVML handle: %w", ret)
+			} else if !d.IsMIG() {
+				lostGPU[d.UUID] = true
+			}
+			out = append(out, l)
+			continue
+		}
+		if d.hasMIG {
+			// In MIG mode processes run on instances; they are listed
+			// there, once each.
+			continue
+		}
+		l.procs, l.lost, l.err = processes(h)
+		out = append(out, l)
+	}
+	return out
+}
+
+// processes lists the compute and graphics processes on h, merged by pid.
+func processes(h nvml.Device) (procs []Process, lost, err error) {
+	compute, ret := h.GetComputeRunningProcesses()
+	if ret != nvml.SUCCESS {
+		if lost = lostError(ret); lost == nil || ret == nvml.ERROR_NOT_FOUND {
+			return nil, nil, fmt.Errorf("list compute processes: %w", ret)
+		}
+		return nil, lost, nil
+	}
+	graphics, ret := h.GetGraphicsRunningProcesses()
+	switch {
+	case ret == nvml.ERROR_NOT_SUPPORTED:
+		graphics = nil // compute-only GPUs have no graphics engine
+	case ret != nvml.SUCCESS:
+		if lost = lostError(ret); lost == nil || ret == nvml.ERROR_NOT_FOUND {
+			return nil, nil, fmt.Errorf("list graphics processes: %w", ret)
+		}
+		return nil, lost, nil
+	}
+	byPID := map[uint32]int{}
+	add := func(infos []nvml.ProcessInfo, typ string) {
+		for _, pi := range infos {
+			if i, ok := byPID[pi.Pid]; ok {
+				procs[i].Type = "C+G"
+				procs[i].UsedMemoryBytes = max(procs[i].UsedMemoryBytes, usedMemory(pi))
+				continue
+			}
+			byPID[pi.Pid] = len(procs)
+			procs = append(procs, Process{PID: int(pi.Pid), Type: typ, UsedMemoryBytes: usedMemory(pi)})
+		}
+	}
+	add(compute, "C")
+	add(graphics, "G")
+	return procs, nil, nil
+}
+
+// usedMemory is the process's GPU memory; NVML reports "not available"
+// (without permission, or under some vGPU modes) as all ones.
+func usedMemory(pi nvml.ProcessInfo) uint64 {
+	if pi.UsedGpuMemory == ^uint64(0) {
+		return 0
+	}
+	return pi.UsedGpuMemory
+}
+
+func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]bool, wait time.Duration, emit func(Finding), log *slog.Logger) error {
+	set, ret := s.lib.EventSetCreate()
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("create an NVML event set: %w", ret)
+	}
+	defer func() { _ = set.Free() }() // nothing to do about a failed free
+	gpus, registered := 0, 0
+	for _, d := range devs {
+		if d.IsMIG() {
+			continue // registered on the GPU; instances are told apart by GI/CI
+		}
+		gpus++
+		if err := register(s.lib, d, set, emit, log); err == nil {
+			registered++
+		}
+	}
+	if gpus > 0 && registered == 0 {
+		return errors.New("no GPU accepted registration for Xid events")
+	}
+	ms := wait.Milliseconds()
+	if ms < 1 {
+		ms = 1
+	}
+	if ms > math.MaxUint32 {
+		ms = math.MaxUint32
+	}
+	for ctx.Err() == nil {
+		ev, ret := set.Wait(uint32(ms))
+		switch ret {
+		case nvml.SUCCESS:
+		case nvml.ERROR_TIMEOUT:
+			continue
+		default:
+			return fmt.Errorf("wait for NVML events: %w", ret)
+		}
+		if ev.EventType&nvml.EventTypeXidCriticalError == 0 {
+			continue
+		}
+		d, ok := eventDevice(ev, devs)
+		if !ok {
+			log.Warn("Xid event from a device outside the inventory", "xid", ev.EventData)
+			continue
+		}
+		if !xids[ev.EventData] {
+			log.Info("Xid not in observe.xids; device stays healthy", "device", d.String(), "xid", ev.EventData)
+			continue
+		}
+		emit(Finding{Kind: KindUnhealthy, Device: d, Xid: ev.EventData,
+			Message: fmt.Sprintf("%s reported critical Xid %d; no new claims on it, its holder keeps its claim (see the kernel log, dmesg | grep Xid, and NVIDIA's Xid catalogue; a reset or reboot is usually needed)", d, ev.EventData)})
+	}
+	return nil
+}
+
+// register subscribes set to d's critical Xid events. A lost device is
+// emitted as unhealthy; other failures are logged and leave d unwatched.
+func register(lib nvml.Interface, d Device, set nvml.EventSet, emit func(Finding), log *slog.Logger) error {
+	fail := func(ret nvml.Return, what string) error {
+		if lost := lostError(ret); lost != nil {
+			emit(Finding{Kind: KindUnhealthy, Device: d,
+				Message: fmt.Sprintf("%s is unhealthy: %v; no new claims until it is back (check nvidia-smi and the kernel log; a reset or reboot may be needed)", d, lost)})
+		} else {
+			log.Warn("GPU health is not watched", "device", d.String(), "step", what, "error", ret)
+		}
+		return fmt.Errorf("%s: %s: %w", d, what, ret)
+	}
+	h, ret := lib.DeviceGetHandleByUUID(d.UUID)
+	if ret != nvml.SUCCESS {
+		return fail(ret, "get the NVML handle")
+	}
+	mask := uint64(nvml.EventTypeXidCriticalError)
+	supported, ret := h.GetSupportedEventTypes()
+	if ret != nvml.SUCCESS {
+		return fail(ret, "get the supported event types")
+	}
+	if mask&supported == 0 {
+		return fail(nvml.ERROR_NOT_SUPPORTED, "register for Xid events")
+	}
+	if ret := h.RegisterEvents(mask, set); ret != nvml.SUCCESS {
+		return fail(ret, "register for Xid events")
+	}
+	return nil
+}
+
+// eventDevice maps an event to the device it concerns: the MIG instance
+// named by its GPU/compute instance ids, else the GPU.
+func eventDevice(ev nvml.EventData, devs []Device) (Device, bool) {
+	if ev.Device == nil {
+		return Device{}, false
+	}
+	uuid, ret := ev.Device.GetUUID()
+	if ret != nvml.SUCCESS {
+		return Device{}, false
+	}
+	for _, d := range devs {
+		if d.UUID != uuid {
+			continue
+		}
+		if d.IsMIG() {
+			return d, true // a driver that reports the instance itself
+		}
+		if d.hasMIG && ev.GpuInstanceId != noInstance {
+			for _, m := range devs {
+				if m.ParentUUID == d.UUID && int64(m.gi) == int64(ev.GpuInstanceId) &&
+					(ev.ComputeInstanceId == noInstance || int64(m.ci) == int64(ev.ComputeInstanceId)) {
+					return m, true
+				}
+			}
+		}
+		return d, true
+	}
+	return Device{}, false
+}

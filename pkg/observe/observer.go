@@ -1,0 +1,395 @@
+package observe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// ErrNVMLSlow is wrapped by every error of a query that NVML did not answer
+// before its context ended (or while an earlier query was still in NVML).
+var ErrNVMLSlow = errors.New("NVML did not answer in time")
+
+// Source is the GPU side of the observer: NVML (OpenNVML) or, in tests, a
+// go-nvml mock passed to OpenNVML. Its methods block in NVML; the Observer
+// bounds every call.
+type Source interface {
+	// list reports the processes of each device.
+	list(devs []Device) []listing
+	// watch delivers critical-Xid and lost-device findings to emit until
+	// ctx ends (nil) or NVML fails (the error; the caller retries). One
+	// NVML wait lasts at most wait.
+	watch(ctx context.Context, devs []Device, xids map[uint64]bool, wait time.Duration, emit func(Finding), log *slog.Logger) error
+	// Close releases NVML.
+	Close() error
+}
+
+// Options configure an Observer.
+type Options struct {
+	// Source is where processes and health events come from (required).
+	Source Source
+	// GPUs is the inventory the guard admits against (devices.Inventory.GPUs).
+	GPUs []devices.GPU
+	// Ledger says who holds what (required).
+	Ledger Ledger
+	// ProcRoot is the directory holding proc/ ("/" on a host). The guard
+	// must see the host's pid namespace: NVML reports host pids.
+	ProcRoot string
+	// Interval between accounting passes of Run; 0 disables them (Run then
+	// only watches health).
+	Interval time.Duration
+	// Xids are the critical Xid codes (config observe.xids).
+	Xids []int
+	// OnReport receives the report of every periodic pass, problems or not,
+	// so that a cleared problem is seen to clear.
+	OnReport func(Report)
+	// OnUnhealthy receives each device the first time it becomes unhealthy.
+	OnUnhealthy func(Finding)
+	// Logger receives NVML errors and retries; nil discards them.
+	Logger *slog.Logger
+
+	// EventWait bounds one NVML event wait: Run's health watcher sees its
+	// context end within it. Default 1s.
+	EventWait time.Duration
+	// RetryMin and RetryMax bound the back-off after an NVML failure of
+	// the health watcher. Defaults 1s and 1m.
+	RetryMin, RetryMax time.Duration
+	// Now is the clock of findings; default time.Now.
+	Now func() time.Time
+}
+
+// Observer compares the ledger with what NVML reports running on each GPU
+// and MIG instance, and keeps the health of each device. Safe for concurrent
+// use; no method but Run's loop waits for NVML longer than its context allows.
+type Observer struct {
+	opts Options
+	src  Source
+	devs []Device
+	proc procFS
+	xids map[uint64]bool
+	log  *slog.Logger
+	now  func() time.Time
+
+	// nvml admits one NVML query at a time: a query that outlives its
+	// context keeps the slot until NVML returns, and later queries wait
+	// for it only as long as their own context allows.
+	nvml chan struct{}
+
+	mu        sync.Mutex
+	unhealthy map[string]Finding // by device UUID
+}
+
+// New checks the options and returns an Observer; nothing runs until Run,
+// Account or Idle is called.
+func New(opts Options) (*Observer, error) {
+	if opts.Source == nil {
+		return nil, errors.New("observe: no NVML source")
+	}
+	if opts.Ledger == nil {
+		return nil, errors.New("observe: no ledger")
+	}
+	if opts.Interval < 0 {
+		return nil, fmt.Errorf("observe: negative interval %s", opts.Interval)
+	}
+	if opts.ProcRoot == "" {
+		opts.ProcRoot = "/"
+	}
+	if opts.EventWait <= 0 {
+		opts.EventWait = time.Second
+	}
+	if opts.RetryMin <= 0 {
+		opts.RetryMin = time.Second
+	}
+	if opts.RetryMax < opts.RetryMin {
+		opts.RetryMax = max(time.Minute, opts.RetryMin)
+	}
+	o := &Observer{
+		opts: opts, src: opts.Source, devs: DevicesOf(opts.GPUs),
+		proc: procFS{root: opts.ProcRoot}, xids: map[uint64]bool{},
+		log: opts.Logger, now: opts.Now,
+		nvml: make(chan struct{}, 1), unhealthy: map[string]Finding{},
+	}
+	if o.log == nil {
+		o.log = slog.New(slog.DiscardHandler)
+	}
+	if o.now == nil {
+		o.now = time.Now
+	}
+	for _, x := range opts.Xids {
+		if x <= 0 {
+			return nil, fmt.Errorf("observe: invalid Xid %d", x)
+		}
+		o.xids[uint64(x)] = true
+	}
+	return o, nil
+}
+
+// Devices returns the devices the observer looks at.
+func (o *Observer) Devices() []Device { return append([]Device(nil), o.devs...) }
+
+// call runs fn (an NVML query) and returns when it has returned or ctx has
+// ended, whichever is first.
+func (o *Observer) call(ctx context.Context, what string, fn func()) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrNVMLSlow, what, err)
+	}
+	select {
+	case o.nvml <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %s: an earlier NVML query has not returned yet: %w", ErrNVMLSlow, what, ctx.Err())
+	}
+	done := make(chan struct{})
+	go func() {
+		defer func() { <-o.nvml; close(done) }()
+		fn()
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %s: %w", ErrNVMLSlow, what, ctx.Err())
+	}
+}
+
+// Account runs one accounting pass: it lists the processes on every device,
+// maps each to its container and compares them with the ledger. Devices that
+// vanished become unhealthy (also in Unhealthy). It returns when the pass is
+// done or ctx ends.
+func (o *Observer) Account(ctx context.Context) (Report, error) {
+	holdings, err := o.opts.Ledger.Holdings()
+	if err != nil {
+		return Report{}, fmt.Errorf("observe: read the ledger: %w", err)
+	}
+	ls, err := o.listAttributed(ctx, o.devs)
+	if err != nil {
+		return Report{}, err
+	}
+	r := compare(o.now(), ls, newLedgerView(holdings))
+	for _, l := range ls {
+		if l.err != nil {
+			o.log.Warn("cannot list the processes of a device; nothing concluded about it this pass",
+				"device", l.device.String(), "error", l.err)
+		}
+	}
+	for _, f := range r.Findings {
+		if f.Kind == KindUnhealthy {
+			o.markUnhealthy(f)
+		}
+	}
+	return r, nil
+}
+
+// listAttributed lists devs through NVML and maps every pid to its container.
+func (o *Observer) listAttributed(ctx context.Context, devs []Device) ([]listing, error) {
+	listedAt, err := o.proc.uptimeTicks()
+	if err != nil {
+		return nil, fmt.Errorf("observe: %w", err)
+	}
+	var ls []listing
+	if err := o.call(ctx, "list GPU processes", func() { ls = o.src.list(devs) }); err != nil {
+		return nil, err
+	}
+	for i := range ls {
+		for j := range ls[i].procs {
+			p := &ls[i].procs[j]
+			if err := o.proc.attribute(p, listedAt); err != nil {
+				// Unreadable, not absent: not attributable, so not blamed.
+				o.log.Warn("cannot map a GPU process to its container; not counted",
+					"pid", p.PID, "device", ls[i].device.String(), "error", err)
+				p.Gone = true
+			}
+		}
+	}
+	return ls, nil
+}
+
+// IdleResult answers Idle.
+type IdleResult struct {
+	// Idle is true when none of the holder's processes runs on the device.
+	Idle bool
+	// Processes are the holder's processes still on the device.
+	Processes []Process
+}
+
+// Idle reports whether the holder h still has processes on h.DeviceUUID (for
+// a GPU in MIG mode: on any of its MIG instances). It is the check of
+// release_requires_idle: a draining claim is released once it is true.
+// An NVML error or a lost device is returned as an error (the claim stays
+// draining and the caller retries until its grace ends); it returns when
+// ctx ends at the latest.
+func (o *Observer) Idle(ctx context.Context, h Holding) (IdleResult, error) {
+	var devs []Device
+	for _, d := range o.devs {
+		if d.UUID == h.DeviceUUID || d.ParentUUID == h.DeviceUUID {
+			devs = append(devs, d)
+		}
+	}
+	if len(devs) == 0 {
+		return IdleResult{}, fmt.Errorf("observe: device %s is not in the inventory", h.DeviceUUID)
+	}
+	ls, err := o.listAttributed(ctx, devs)
+	if err != nil {
+		return IdleResult{}, err
+	}
+	res := IdleResult{Idle: true}
+	for _, l := range ls {
+		if l.lost != nil {
+			return IdleResult{}, fmt.Errorf("observe: %s: %w", l.device, l.lost)
+		}
+		if l.err != nil {
+			return IdleResult{}, fmt.Errorf("observe: %s: %w", l.device, l.err)
+		}
+		for _, p := range l.procs {
+			if !p.Gone && owns(h, p) {
+				res.Idle = false
+				res.Processes = append(res.Processes, p)
+			}
+		}
+	}
+	return res, nil
+}
+
+// markUnhealthy records f (KindUnhealthy); the first finding per device is
+// kept and reported to OnUnhealthy.
+func (o *Observer) markUnhealthy(f Finding) {
+	if f.Time.IsZero() {
+		f.Time = o.now()
+	}
+	o.mu.Lock()
+	_, known := o.unhealthy[f.Device.UUID]
+	if !known {
+		o.unhealthy[f.Device.UUID] = f
+	}
+	o.mu.Unlock()
+	if known {
+		return
+	}
+	o.log.Error("GPU unhealthy", "device", f.Device.String(), "xid", f.Xid, "message", f.Message)
+	if o.opts.OnUnhealthy != nil {
+		o.opts.OnUnhealthy(f)
+	}
+}
+
+// Unhealthy returns the unhealthy devices, by UUID. It never touches NVML:
+// admission may call it.
+func (o *Observer) Unhealthy() []Finding {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]Finding, 0, len(o.unhealthy))
+	for _, f := range o.unhealthy {
+		out = append(out, f)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Device.UUID < out[j].Device.UUID })
+	return out
+}
+
+// Health returns why the device uuid is unhealthy. A GPU is unhealthy when
+// one of its MIG instances is not; a MIG instance is unhealthy when its GPU
+// is. It never touches NVML.
+func (o *Observer) Health(uuid string) (Finding, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if f, ok := o.unhealthy[uuid]; ok {
+		return f, true
+	}
+	for _, d := range o.devs {
+		if d.UUID == uuid && d.IsMIG() {
+			f, ok := o.unhealthy[d.ParentUUID]
+			return f, ok
+		}
+		if d.ParentUUID == uuid {
+			if f, ok := o.unhealthy[d.UUID]; ok {
+				return f, true
+			}
+		}
+	}
+	return Finding{}, false
+}
+
+// ClearHealth forgets that uuid was unhealthy (after an operator has reset
+// or replaced it). It reports whether it was.
+func (o *Observer) ClearHealth(uuid string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, ok := o.unhealthy[uuid]
+	delete(o.unhealthy, uuid)
+	return ok
+}
+
+// Run watches health in its own goroutine and, when Interval > 0, runs an
+// accounting pass every Interval, handing each report to OnReport. It
+// returns when ctx ends, after the health watcher has stopped (within
+// EventWait). NVML errors are logged and retried with back-off; nothing in
+// Run blocks admission, which only reads Unhealthy/Health.
+func (o *Observer) Run(ctx context.Context) {
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		o.watchHealth(ctx)
+	}()
+	defer wg.Wait()
+	if o.opts.Interval == 0 {
+		<-ctx.Done()
+		return
+	}
+	tick := time.NewTicker(o.opts.Interval)
+	defer tick.Stop()
+	for {
+		o.pass(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// pass runs one periodic accounting, bounded by the interval.
+func (o *Observer) pass(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, o.opts.Interval)
+	defer cancel()
+	r, err := o.Account(pctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			o.log.Warn("GPU process accounting failed; retrying at the next interval", "error", err)
+		}
+		return
+	}
+	for _, f := range r.Problems() {
+		if f.Kind != KindUnhealthy {
+			o.log.Warn("GPU process not explained by the ledger", "kind", string(f.Kind),
+				"pid", f.PID, "container", f.ContainerID, "device", f.Device.String(), "message", f.Message)
+		}
+	}
+	if o.opts.OnReport != nil {
+		o.opts.OnReport(r)
+	}
+}
+
+// watchHealth runs the NVML event watch until ctx ends, restarting it with
+// back-off whenever NVML fails.
+func (o *Observer) watchHealth(ctx context.Context) {
+	backoff := o.opts.RetryMin
+	for ctx.Err() == nil {
+		err := o.src.watch(ctx, o.devs, o.xids, o.opts.EventWait, o.markUnhealthy, o.log)
+		if ctx.Err() != nil {
+			return
+		}
+		o.log.Warn("NVML health events failed; retrying", "error", err, "retry_in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(2*backoff, o.opts.RetryMax)
+	}
+}

@@ -1,0 +1,213 @@
+package observe
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// errESRCH is what reading /proc/PID/* returns for a process that exited
+// between open and read.
+var errESRCH error = syscall.ESRCH
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's start time and of the
+// kernel's boot-relative clock as user space sees it: 100 on every Linux
+// architecture the NVIDIA driver supports.
+const clockTicks = 100
+
+// procFS reads the processes of a /proc tree: the host's ("/") or a fake
+// one in tests.
+type procFS struct {
+	root string // the directory that holds proc/
+	// betweenReads, when set (tests only), runs after a process's cgroup
+	// was read and before its start time is read again.
+	betweenReads func(pid int)
+}
+
+func (p procFS) path(elem ...string) string {
+	return filepath.Join(append([]string{p.root, "proc"}, elem...)...)
+}
+
+// read reads a file of the /proc tree (below the configured root; the
+// elements are a pid and fixed names).
+func (p procFS) read(elem ...string) ([]byte, error) {
+	return os.ReadFile(p.path(elem...))
+}
+
+// uptimeTicks is the time since boot in clock ticks (/proc/uptime).
+func (p procFS) uptimeTicks() (uint64, error) {
+	data, err := p.read("uptime")
+	if err != nil {
+		return 0, fmt.Errorf("read uptime: %w", err)
+	}
+	f := strings.Fields(string(data))
+	if len(f) == 0 {
+		return 0, fmt.Errorf("read uptime: empty %s", p.path("uptime"))
+	}
+	secs, err := strconv.ParseFloat(f[0], 64)
+	if err != nil || secs < 0 {
+		return 0, fmt.Errorf("read uptime: unexpected %q", f[0])
+	}
+	return uint64(secs * clockTicks), nil
+}
+
+// errGone is returned for a pid whose /proc entry does not exist.
+var errGone = errors.New("process is gone")
+
+// startTicks reads a process's start time (field 22 of /proc/PID/stat).
+func (p procFS) startTicks(pid int) (uint64, error) {
+	data, err := p.read(strconv.Itoa(pid), "stat")
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errESRCH) {
+			return 0, errGone
+		}
+		return 0, fmt.Errorf("pid %d: read stat: %w", pid, err)
+	}
+	// The command name (field 2) is in parentheses and may itself hold
+	// spaces and parentheses: the fields proper start after the last ')'.
+	end := bytes.LastIndexByte(data, ')')
+	if end < 0 {
+		return 0, fmt.Errorf("pid %d: malformed stat", pid)
+	}
+	f := strings.Fields(string(data[end+1:]))
+	const startField = 22 - 3 // f[0] is field 3 (state)
+	if len(f) <= startField {
+		return 0, fmt.Errorf("pid %d: malformed stat: %d fields", pid, len(f)+2)
+	}
+	v, err := strconv.ParseUint(f[startField], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("pid %d: malformed start time %q", pid, f[startField])
+	}
+	return v, nil
+}
+
+// cgroup reads a process's cgroup path and the container id in it.
+func (p procFS) cgroup(pid int) (path, id string, err error) {
+	data, err := p.read(strconv.Itoa(pid), "cgroup")
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errESRCH) {
+			return "", "", errGone
+		}
+		return "", "", fmt.Errorf("pid %d: read cgroup: %w", pid, err)
+	}
+	path, id = parseCgroup(data)
+	return path, id, nil
+}
+
+// parseCgroup picks the cgroup path of a /proc/PID/cgroup document (the
+// unified "0::" line when there is one, else the first hierarchy that names
+// a container) and the container id in it ("" for a host process).
+func parseCgroup(data []byte) (path, id string) {
+	var first string
+	for _, line := range strings.Split(string(data), "\n") {
+		// hierarchy-ID:controller-list:cgroup-path; the path may hold ':'.
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if first == "" {
+			first = parts[2]
+		}
+		cid := ContainerIDFromCgroup(parts[2])
+		if parts[0] == "0" && parts[1] == "" {
+			return parts[2], cid // cgroup v2: the one hierarchy
+		}
+		if cid != "" && id == "" {
+			path, id = parts[2], cid
+		}
+	}
+	if id == "" {
+		path = first
+	}
+	return path, id
+}
+
+// runtimeScopePrefixes are the systemd scope names runtimes give containers:
+// containerd's CRI, docker, podman, CRI-O.
+var runtimeScopePrefixes = []string{"cri-containerd-", "docker-", "libpod-", "crio-"}
+
+// ContainerIDFromCgroup returns the container id in a cgroup path, or "" for
+// a path that names no container (a host process). It recognises the
+// cgroupfs layouts (/kubepods/…/pod<uid>/<id>, /k8s.io/<id>, /docker/<id>)
+// and the systemd scopes cri-containerd-<id>.scope, docker-<id>.scope,
+// libpod-<id>.scope and crio-<id>.scope; the component nearest the leaf
+// wins, so a container's nested cgroup (podman's …/libpod-<id>.scope/container)
+// still names it. Conmon scopes (libpod-conmon-<id>.scope) are host processes.
+func ContainerIDFromCgroup(path string) string {
+	comps := strings.Split(path, "/")
+	for i := len(comps) - 1; i >= 0; i-- {
+		c := strings.TrimSuffix(comps[i], ".scope")
+		for _, p := range runtimeScopePrefixes {
+			if rest, ok := strings.CutPrefix(c, p); ok && isContainerID(rest) {
+				return strings.ToLower(rest)
+			}
+		}
+		if isContainerID(c) {
+			return strings.ToLower(c)
+		}
+	}
+	return ""
+}
+
+// isContainerID reports whether s is a full container id: 64 hex digits.
+func isContainerID(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') && (c < 'A' || c > 'F') {
+			return false
+		}
+	}
+	return true
+}
+
+// attribute maps an NVML pid to its container. listedAt is the boot-relative
+// time (ticks) just before NVML was asked: a process that started after it
+// cannot be the one NVML listed, so its pid was reused and it is reported
+// gone rather than blamed. The start time is read before and after the
+// cgroup, so a pid reused during the read is caught too.
+func (p procFS) attribute(pr *Process, listedAt uint64) error {
+	before, err := p.startTicks(pr.PID)
+	if errors.Is(err, errGone) {
+		pr.Gone = true
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	path, id, err := p.cgroup(pr.PID)
+	if errors.Is(err, errGone) {
+		pr.Gone = true
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if p.betweenReads != nil {
+		p.betweenReads(pr.PID)
+	}
+	after, err := p.startTicks(pr.PID)
+	if errors.Is(err, errGone) || (err == nil && after != before) {
+		pr.Gone = true
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	// One tick of slack: /proc/uptime and the start time are each rounded
+	// to a tick.
+	if before > listedAt+1 {
+		pr.Gone = true
+		return nil
+	}
+	pr.startTicks, pr.Cgroup, pr.ContainerID = before, path, id
+	return nil
+}

@@ -1,0 +1,192 @@
+package observe
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// Device is one GPU or MIG instance the observer looks at.
+type Device struct {
+	// Index is how operators name it: "0" for a GPU, "1:3" for MIG
+	// instance 3 of GPU 1.
+	Index string `json:"index"`
+	// UUID is the NVML UUID (GPU-… or MIG-…), the identity claims use.
+	UUID string `json:"uuid"`
+	// ParentUUID is the GPU of a MIG instance; empty for a GPU.
+	ParentUUID string `json:"parent_uuid,omitempty"`
+
+	gpuIndex int  // NVML index of the GPU (of the parent for MIG)
+	migIndex int  // NVML MIG device index on the parent; -1 for a GPU
+	gi, ci   int  // GPU and compute instance of a MIG instance
+	hasMIG   bool // a GPU whose processes are listed on its MIG instances
+}
+
+// IsMIG reports whether d is a MIG instance.
+func (d Device) IsMIG() bool { return d.ParentUUID != "" }
+
+// String names the device the way every message does: index and UUID.
+func (d Device) String() string {
+	if d.IsMIG() {
+		return fmt.Sprintf("MIG %s (%s)", d.Index, d.UUID)
+	}
+	return fmt.Sprintf("GPU %s (%s)", d.Index, d.UUID)
+}
+
+// DevicesOf lists the GPUs of an inventory and their MIG instances, GPUs
+// first in index order, each followed by its MIG instances.
+func DevicesOf(gpus []devices.GPU) []Device {
+	var out []Device
+	for _, g := range gpus {
+		out = append(out, Device{
+			Index: fmt.Sprint(g.Index), UUID: g.UUID,
+			gpuIndex: g.Index, migIndex: -1, hasMIG: len(g.MIG) > 0,
+		})
+		for _, m := range g.MIG {
+			out = append(out, Device{
+				Index: fmt.Sprintf("%d:%d", g.Index, m.Index), UUID: m.UUID, ParentUUID: g.UUID,
+				gpuIndex: g.Index, migIndex: m.Index, gi: m.GI, ci: m.CI,
+			})
+		}
+	}
+	return out
+}
+
+// Holding is one claim as the ledger records it: the observer's whole view of
+// the ledger.
+type Holding struct {
+	// DeviceUUID is the claimed GPU or MIG instance. A claim on a GPU
+	// covers its MIG instances.
+	DeviceUUID string
+	// ContainerID is the holder's full container id.
+	ContainerID string
+	// Name is how messages name the holder ("namespace/pod/container");
+	// the container id is used when empty.
+	Name string
+	// CgroupPath, when known, is the holder's cgroup (as in
+	// /proc/PID/cgroup); a process in it or below it belongs to the holder
+	// even when no container id can be read from its path.
+	CgroupPath string
+}
+
+func (h Holding) name() string {
+	if h.Name != "" {
+		return fmt.Sprintf("%s (container %s)", h.Name, shortID(h.ContainerID))
+	}
+	return "container " + shortID(h.ContainerID)
+}
+
+// Ledger is what the ledger says: every current claim. The daemon fills it
+// from ledger state; it is read once per accounting pass.
+type Ledger interface {
+	Holdings() ([]Holding, error)
+}
+
+// LedgerFunc adapts a function to Ledger.
+type LedgerFunc func() ([]Holding, error)
+
+// Holdings calls f.
+func (f LedgerFunc) Holdings() ([]Holding, error) { return f() }
+
+// Process is one process NVML reports on a device, mapped to its container.
+type Process struct {
+	PID int `json:"pid"`
+	// Type is "C" (compute), "G" (graphics) or "C+G", as nvidia-smi says.
+	Type string `json:"type"`
+	// UsedMemoryBytes is the GPU memory NVML attributes to the process
+	// (0 when NVML does not say, e.g. without permission).
+	UsedMemoryBytes uint64 `json:"used_memory_bytes"`
+	// ContainerID is the container the process runs in; empty for a host
+	// process (and for a gone one).
+	ContainerID string `json:"container_id,omitempty"`
+	// Cgroup is the process's cgroup path.
+	Cgroup string `json:"cgroup,omitempty"`
+	// Gone is set when the process could not be attributed: its /proc entry
+	// vanished, or its pid was reused after NVML listed it.
+	Gone bool `json:"gone,omitempty"`
+	// startTicks is the process start time in clock ticks since boot.
+	startTicks uint64
+}
+
+func (p Process) owner() string {
+	switch {
+	case p.Gone:
+		return "an exited process"
+	case p.ContainerID == "":
+		return "host process"
+	default:
+		return "container " + shortID(p.ContainerID)
+	}
+}
+
+// Kind classifies a finding.
+type Kind string
+
+// Finding kinds. Intruder, out-of-bounds and unhealthy are problems; gone is
+// informational (NVML listed a pid that could not be attributed).
+const (
+	// KindIntruder: a process of a container that holds nothing (or of the
+	// host) runs on a device held by another container or on a free one.
+	KindIntruder Kind = "intruder"
+	// KindOutOfBounds: a holder's process runs on a device it did not claim.
+	KindOutOfBounds Kind = "out_of_bounds"
+	// KindUnhealthy: a critical Xid, or the device vanished or needs a reset.
+	KindUnhealthy Kind = "unhealthy"
+	// KindGone: NVML listed a pid whose /proc entry vanished or was reused.
+	KindGone Kind = "gone"
+)
+
+// Finding is one thing the observer saw that the ledger does not explain.
+type Finding struct {
+	Kind   Kind      `json:"kind"`
+	Device Device    `json:"device"`
+	Time   time.Time `json:"time"`
+	// PID and ContainerID name the process (intruder, out_of_bounds, gone);
+	// ContainerID is empty for a host process.
+	PID         int    `json:"pid,omitempty"`
+	ContainerID string `json:"container_id,omitempty"`
+	// Holder is the container id holding Device, empty when it is free.
+	Holder string `json:"holder,omitempty"`
+	// Xid is the Xid error of an unhealthy finding (0: the device vanished
+	// or reported a fatal state).
+	Xid uint64 `json:"xid,omitempty"`
+	// Message names the process, its container, the device (index + UUID)
+	// and what to do.
+	Message string `json:"message"`
+}
+
+// DeviceReport is one device as an accounting pass saw it.
+type DeviceReport struct {
+	Device    Device    `json:"device"`
+	Holder    string    `json:"holder,omitempty"`
+	Processes []Process `json:"processes"`
+	// Error is set when NVML could not list the device's processes: nothing
+	// is concluded about the device in this pass.
+	Error string `json:"error,omitempty"`
+}
+
+// Report is the result of one accounting pass.
+type Report struct {
+	Time     time.Time      `json:"time"`
+	Devices  []DeviceReport `json:"devices"`
+	Findings []Finding      `json:"findings"`
+}
+
+// Problems returns the findings that are problems (all but gone).
+func (r Report) Problems() []Finding {
+	var out []Finding
+	for _, f := range r.Findings {
+		if f.Kind != KindGone {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
