@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -46,9 +47,11 @@ the inventory.`,
   gpu-guard-ctl status -o json | jq '.devices[] | select(.state != "free")'`,
 		noArgs,
 		func(cmd *cobra.Command, _ []string) error {
-			if _, err := a.config(); err != nil {
+			cfg, err := a.config()
+			if err != nil {
 				return err
 			}
+			rule := guard.NewReleaseRule(cfg, a.env.Liveness)
 			inv, info, err := a.inventory()
 			if err != nil {
 				// The ledger alone still says who holds what; say why the
@@ -58,7 +61,7 @@ the inventory.`,
 			}
 			var v *statusView
 			err = a.view(cmd.Context(), func(tx *ledger.Tx) error {
-				v = buildStatus(tx.State(), inv, info, a.env.Liveness)
+				v = buildStatus(tx.State(), inv, info, rule)
 				return nil
 			})
 			if err != nil {
@@ -198,7 +201,7 @@ func indexState(st *ledger.State) statusIndex {
 
 // buildStatus joins the ledger state with the inventory (nil when it could not
 // be loaded) and the holders' liveness.
-func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, live Liveness) *statusView {
+func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, rule guard.ReleaseRule) *statusView {
 	x := indexState(st)
 	v := &statusView{Devices: []statusDevice{}, Problems: []problem{}, Generation: st.Generation, UpdatedAt: timeOrNil(st.UpdatedAt)}
 	if inv != nil {
@@ -236,7 +239,10 @@ func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, l
 		extra(r.Device)
 	}
 
-	exited := map[string]string{} // container id → why, for holders that exited
+	// A claim is stale when the release rule (the one gc and the guard
+	// apply) would release it now; a holder kept by policy (release_on =
+	// "remove") is not stale.
+	exited := map[string]string{} // container id → why, for releasable holders
 	checked := map[string]bool{}
 	for _, c := range st.Claims {
 		id := c.Owner.ContainerID
@@ -244,13 +250,8 @@ func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, l
 			continue
 		}
 		checked[id] = true
-		// A holder marked stopped (release_on = "remove") is known to have
-		// exited and keeps its claim until removal by policy: not stale.
-		if !c.Owner.StoppedAt.IsZero() {
-			continue
-		}
-		if gone, why := live.Exited(c.Owner); gone {
-			exited[id] = why
+		if v := rule.Check(c.Owner); v.Release() {
+			exited[id] = v.Why
 		}
 	}
 	for i := range v.Devices {

@@ -102,6 +102,10 @@ func (g *Guard) Ledger() *ledger.Ledger { return g.ledger }
 // Exempt reports whether pods of namespace are never checked.
 func (g *Guard) Exempt(namespace string) bool { return namespace != "" && g.exempt[namespace] }
 
+// Releasable applies the release rule (see Releasable) with the guard's
+// policy and liveness check.
+func (g *Guard) Releasable(o ledger.Owner) Verdict { return Releasable(o, g.policy.ReleaseOn, g.live) }
+
 // Resolve turns a container description into the devices it reaches under the
 // guard's policies, without touching the ledger.
 func (g *Guard) Resolve(spec devices.Request) (devices.Resolution, error) {
@@ -230,25 +234,23 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 			}
 			h := bd.Holder.Owner
 			checked[h.ContainerID] = true
-			stopped := !h.StoppedAt.IsZero()
-			if !stopped && (h.Pid > 0 || h.Cgroup != "") {
-				if exited, why := g.live.Exited(h); exited {
-					if g.policy.ReleaseOn == config.ReleaseOnRemove {
-						// The claim lives until removal; the holder only
-						// stops being a candidate for liveness checks.
-						tx.MarkStopped(h.ContainerID)
-						stopped, changed = true, true
-						g.log.Info("holder exited without a stop event; kept until removal",
-							append(ownerAttrs(h, ""), slog.String("why", why))...)
-					} else {
-						rel := tx.Release(h.ContainerID, ReasonHolderExited+": "+why)
-						released = append(released, rel...)
-						changed = true
-						g.log.Info("released: holder exited",
-							append(ownerAttrs(h, ""), slog.String("why", why), slog.Any("devices", claimUUIDs(rel)))...)
-						continue
-					}
-				}
+			v := Releasable(h, g.policy.ReleaseOn, g.live)
+			stopped := v.Action == KeepStopped
+			switch v.Action {
+			case MarkStopped:
+				// The claim lives until removal; the holder only
+				// stops being a candidate for liveness checks.
+				tx.MarkStopped(h.ContainerID)
+				stopped, changed = true, true
+				g.log.Info("holder exited without a stop event; kept until removal",
+					append(ownerAttrs(h, ""), slog.String("why", v.Why))...)
+			case ReleaseNow:
+				rel := tx.Release(h.ContainerID, ReasonHolderExited+": "+v.Why)
+				released = append(released, rel...)
+				changed = true
+				g.log.Info("released: holder exited",
+					append(ownerAttrs(h, ""), slog.String("why", v.Why), slog.Any("devices", claimUUIDs(rel)))...)
+				continue
 			}
 			if stopped && g.policy.ReleaseOn == config.ReleaseOnRemove && sameWorkload(h, owner) {
 				predecessors = append(predecessors, h.ContainerID)

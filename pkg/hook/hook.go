@@ -133,9 +133,9 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		}
 	}
 	owner := ownerFrom(st, spec, pidStart)
-	var self *ledger.Owner
+	var self *liveness.Process
 	if st.Pid > 0 {
-		self = &ledger.Owner{Pid: st.Pid, PidStart: pidStart}
+		self = &liveness.Process{Pid: st.Pid, PidStart: pidStart}
 	}
 
 	g, closeGuard, err := e.openGuard(cfg, inv)
@@ -161,7 +161,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		gone:            e.goneCheck(self),
 		watch: &watcher{
 			snapshot:     g.Ledger().Snapshot,
-			exited:       liveness.New("", e.procRoot).Exited,
+			releasable:   guard.NewReleaseRule(cfg, liveness.New("", e.procRoot)).Check,
 			now:          e.now,
 			queueTTL:     cfg.Policy.QueueTTL.Duration,
 			refreshEvery: refreshInterval(cfg),
@@ -176,7 +176,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 // its parent. Either failing means nobody will start this container: a
 // runtime killed with SIGKILL never reaps or answers its hooks. self is nil
 // when the state names no process; then only the runtime is watched.
-func (e env) goneCheck(self *ledger.Owner) func() (bool, string) {
+func (e env) goneCheck(self *liveness.Process) func() (bool, string) {
 	ppid := e.getppid()
 	checker := liveness.New("", e.procRoot)
 	return func() (bool, string) {

@@ -214,18 +214,18 @@ func TestGoneCheck(t *testing.T) {
 
 	for _, tc := range []struct {
 		name     string
-		self     *ledger.Owner
+		self     *liveness.Process
 		ppidNow  int
 		wantGone bool
 		wantWhy  string
 	}{
-		{name: "own process alive, runtime alive", self: &ledger.Owner{Pid: os.Getpid(), PidStart: self}, ppidNow: 100},
+		{name: "own process alive, runtime alive", self: &liveness.Process{Pid: os.Getpid(), PidStart: self}, ppidNow: 100},
 		{name: "no pid in the state: only the runtime is watched", ppidNow: 100},
-		{name: "runtime gone (reparented)", self: &ledger.Owner{Pid: os.Getpid(), PidStart: self}, ppidNow: 1,
+		{name: "runtime gone (reparented)", self: &liveness.Process{Pid: os.Getpid(), PidStart: self}, ppidNow: 1,
 			wantGone: true, wantWhy: "the runtime that ran the hook (pid 100) is gone"},
-		{name: "container process gone", self: &ledger.Owner{Pid: deadPid, PidStart: 1}, ppidNow: 100,
+		{name: "container process gone", self: &liveness.Process{Pid: deadPid, PidStart: 1}, ppidNow: 100,
 			wantGone: true, wantWhy: fmt.Sprintf("its process: pid %d is gone", deadPid)},
-		{name: "pid reused by another process", self: &ledger.Owner{Pid: os.Getpid(), PidStart: self + 1}, ppidNow: 100,
+		{name: "pid reused by another process", self: &liveness.Process{Pid: os.Getpid(), PidStart: self + 1}, ppidNow: 100,
 			wantGone: true, wantWhy: "reused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

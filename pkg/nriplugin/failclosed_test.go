@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 // Tests of the ways the plugin could fail open: a handler that panics, that
@@ -28,7 +28,7 @@ import (
 // panickingLiveness stands for a bug anywhere under a handler.
 type panickingLiveness struct{}
 
-func (panickingLiveness) Exited(ledger.Owner) (bool, string) { panic("liveness check exploded") }
+func (panickingLiveness) Exited(liveness.Process) (bool, string) { panic("liveness check exploded") }
 
 // A panic under CreateContainer is a refusal, not a dead plugin.
 func TestHandlerPanicRefusesAndKeepsServing(t *testing.T) {
