@@ -108,6 +108,10 @@ type Plugin struct {
 	lastDone time.Time
 	// entered, when set (tests), is called as a handler starts.
 	entered func(handler string)
+	// decisionCtx, when set (tests), replaces decisionContext for the
+	// handlers' ledger work, so that a test can see the deadline a handler
+	// was given and end its wait without racing the runtime's timer.
+	decisionCtx func(ctx context.Context, limit time.Duration) (context.Context, context.CancelFunc)
 }
 
 // handling marks a handler in progress; defer the result (directly: it
@@ -323,25 +327,40 @@ func (p *Plugin) Shutdown(context.Context) {
 const requestMargin = 300 * time.Millisecond
 
 // decisionContext bounds a handler's ledger work well inside the request's
-// deadline: min(deadline - margin, limit), where limit <= 0 means none. The
-// margin shrinks with short deadlines (a quarter of what is left) so the
-// work is still attempted. Every handler runs under it, not only
+// deadline (see decisionDeadline). Every handler runs under it, not only
 // CreateContainer: a Stop or Remove that waits for the ledger lock up to a
 // long lock_timeout would overrun the deadline just the same.
 func decisionContext(ctx context.Context, limit time.Duration) (context.Context, context.CancelFunc) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
+	deadline, hasDeadline := ctx.Deadline()
+	end, bounded := decisionDeadline(time.Now(), deadline, hasDeadline, limit)
+	if !bounded {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, end)
+}
+
+// decisionDeadline is when a handler's ledger work must end, given the time
+// now, the request's deadline (hasDeadline false: none) and a limit (<= 0:
+// none): min(deadline - margin, now + limit). The margin is requestMargin, or
+// a quarter of what is left for short deadlines so the work is still
+// attempted; the result is never earlier than now + 1ms. bounded is false
+// when there is neither a deadline nor a limit.
+func decisionDeadline(now, deadline time.Time, hasDeadline bool, limit time.Duration) (end time.Time, bounded bool) {
+	if !hasDeadline {
 		if limit <= 0 {
-			return context.WithCancel(ctx)
+			return time.Time{}, false
 		}
-		return context.WithTimeout(ctx, limit)
+		return now.Add(limit), true
 	}
-	left := time.Until(deadline)
-	budget := left - min(requestMargin, left/4)
-	if limit > 0 && limit < budget {
-		budget = limit
+	left := deadline.Sub(now)
+	end = deadline.Add(-min(requestMargin, max(left/4, 0)))
+	if limit > 0 && now.Add(limit).Before(end) {
+		end = now.Add(limit)
 	}
-	return context.WithTimeout(ctx, max(budget, time.Millisecond))
+	if floor := now.Add(time.Millisecond); end.Before(floor) {
+		end = floor
+	}
+	return end, true
 }
 
 // bounded is decisionContext with the guard's lock_timeout as the limit,
@@ -349,6 +368,9 @@ func decisionContext(ctx context.Context, limit time.Duration) (context.Context,
 func (p *Plugin) bounded(ctx context.Context, g *guard.Guard) (context.Context, context.CancelFunc) {
 	if lin := p.lineage.Load(); lin != nil {
 		ctx = ledger.RequireLineage(ctx, *lin)
+	}
+	if p.decisionCtx != nil {
+		return p.decisionCtx(ctx, g.Config().Ledger.LockTimeout.Duration)
 	}
 	return decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
 }
