@@ -7,7 +7,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -110,24 +109,10 @@ func (a *app) view(ctx context.Context, fn func(tx *ledger.Tx) error) error {
 func (a *app) snapshot(ctx context.Context) (ledger.State, error) {
 	var st ledger.State
 	err := a.view(ctx, func(tx *ledger.Tx) error {
-		st = cloneState(tx.State())
+		st = tx.State().Clone()
 		return nil
 	})
 	return st, err
-}
-
-// cloneState copies the slices of a transaction's state, which is only valid
-// inside the transaction.
-func cloneState(st *ledger.State) ledger.State {
-	out := *st
-	out.Claims = slices.Clone(st.Claims)
-	out.Waiters = slices.Clone(st.Waiters)
-	for i := range out.Waiters {
-		out.Waiters[i].Devices = slices.Clone(out.Waiters[i].Devices)
-	}
-	out.Reservations = slices.Clone(st.Reservations)
-	out.Conflicts = slices.Clone(st.Conflicts)
-	return out
 }
 
 // inventoryInfo says where an inventory came from.

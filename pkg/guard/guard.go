@@ -166,7 +166,7 @@ func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, er
 			if err != nil {
 				return err
 			}
-			st = snapshot(tx.State())
+			st = tx.State().Clone()
 			return nil
 		})
 	}
@@ -526,7 +526,7 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 		// Reconcile also fills in the pid and cgroup of claims that lack
 		// them (the daemon restarted after the container started).
 		result = tx.Reconcile(fe, holdings)
-		st = snapshot(tx.State())
+		st = tx.State().Clone()
 		return nil
 	})
 	if err != nil {
@@ -560,7 +560,7 @@ func (g *Guard) update(ctx context.Context, op string, fn func(tx *ledger.Tx) bo
 	err := g.ledger.Update(ctx, func(tx *ledger.Tx) error {
 		changed = fn(tx)
 		if changed {
-			st = snapshot(tx.State())
+			st = tx.State().Clone()
 		}
 		return nil
 	})
@@ -721,20 +721,6 @@ func deviceList(devs []devices.Device) string {
 		parts[i] = ledger.DescribeDevice(d)
 	}
 	return strings.Join(parts, ", ")
-}
-
-// snapshot copies the top-level slices of st so observers can read it after
-// the transaction ended.
-func snapshot(st *ledger.State) ledger.State {
-	if st == nil {
-		return ledger.State{}
-	}
-	c := *st
-	c.Claims = slices.Clone(st.Claims)
-	c.Waiters = slices.Clone(st.Waiters)
-	c.Reservations = slices.Clone(st.Reservations)
-	c.Conflicts = slices.Clone(st.Conflicts)
-	return c
 }
 
 func ownerAttrs(o ledger.Owner, key string) []any {
