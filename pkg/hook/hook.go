@@ -144,7 +144,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 	}
 	defer closeGuard()
 
-	w := &waiter{
+	w := &queueWait{
 		g: g,
 		req: guard.Request{
 			FrontEnd: ledger.FrontEndHook,
