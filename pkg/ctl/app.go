@@ -11,6 +11,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -59,14 +60,9 @@ func (a *app) stateDir() (string, error) {
 // ledgerOptions are the ledger's tunables from the configuration, with the
 // injected clock and boot id.
 func (a *app) ledgerOptions(cfg config.Config) ledger.Options {
-	return ledger.Options{
-		LockTimeout:    cfg.Ledger.LockTimeout.Duration,
-		AuditMaxBytes:  cfg.Ledger.AuditMaxBytes,
-		ReservationTTL: cfg.Policy.ReservationTTL.Duration,
-		QueueTTL:       cfg.Policy.QueueTTL.Duration,
-		Now:            a.env.Now,
-		BootID:         a.env.BootID,
-	}
+	opts := guard.LedgerOptions(cfg)
+	opts.Now, opts.BootID = a.env.Now, a.env.BootID
+	return opts
 }
 
 // openLedger opens the ledger read-only (readOnly) or for writing.

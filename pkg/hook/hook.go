@@ -117,7 +117,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 	req := devices.RequestFromSpec(spec)
 
 	inv, invErr := loadInventory(cfg)
-	if skip, err := nothingRequested(inv, invErr, cfg.Policy, req); err != nil {
+	if skip, err := guard.Prescreen(cfg, inv, invErr, req); err != nil {
 		return fmt.Errorf("container %s refused: %w", st.ID, err)
 	} else if skip {
 		// The common case for a hook installed for every container: no GPU
@@ -264,12 +264,7 @@ func withdrawTimeout(cfg config.Config) time.Duration {
 // openGuard opens the host ledger and builds the guard the NRI front end also
 // uses, so that both front ends decide with one policy over one ledger.
 func openGuard(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
-	led, err := ledger.Open(cfg.Ledger.Dir, ledger.Options{
-		LockTimeout:    cfg.Ledger.LockTimeout.Duration,
-		AuditMaxBytes:  cfg.Ledger.AuditMaxBytes,
-		ReservationTTL: cfg.Policy.ReservationTTL.Duration,
-		QueueTTL:       cfg.Policy.QueueTTL.Duration,
-	})
+	led, err := ledger.Open(cfg.Ledger.Dir, guard.LedgerOptions(cfg))
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the GPU ledger in %s: %w", cfg.Ledger.Dir, err)
 	}

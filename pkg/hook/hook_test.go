@@ -275,11 +275,11 @@ func TestNothingRequested(t *testing.T) {
 			req: devices.Request{Devices: []devices.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}}, wantErr: "no GPU inventory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			policy := cfg.Policy
+			c := cfg
 			if tc.privileged != "" {
-				policy.Privileged = tc.privileged
+				c.Policy.Privileged = tc.privileged
 			}
-			skip, err := nothingRequested(tc.inv, tc.invErr, policy, tc.req)
+			skip, err := guard.Prescreen(c, tc.inv, tc.invErr, tc.req)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 				require.False(t, skip)

@@ -263,10 +263,8 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	ctx, cancel := decisionContext(ctx, 0)
 	defer cancel()
 	byID := make(map[string]*api.PodSandbox, len(pods))
-	podUIDs := make(map[string]bool, len(pods))
 	for _, pod := range pods {
 		byID[pod.GetId()] = pod
-		podUIDs[pod.GetUid()] = true
 	}
 	live := make([]guard.Request, 0, len(ctrs))
 	for _, c := range ctrs {
@@ -295,21 +293,18 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.mu.Unlock()
 
 	// Waiters of pods removed while the plugin was away never get their
-	// RemovePodSandbox: drop them now.
-	gone := map[string]string{}
-	for _, w := range st.Waiters {
-		if w.Owner.FrontEnd == ledger.FrontEndNRI && w.Owner.PodUID != "" && !podUIDs[w.Owner.PodUID] {
-			gone[w.Owner.PodUID] = w.Owner.PodSandboxID
-		}
+	// RemovePodSandbox: the guard drops them now.
+	uids := make([]string, 0, len(pods))
+	for _, pod := range pods {
+		uids = append(uids, pod.GetUid())
 	}
-	for uid, sandbox := range gone {
-		if err := g.PodGone(ctx, uid, sandbox); err != nil {
-			p.log.Warn("dropping waiters of a vanished pod failed", "pod_uid", uid, "error", err)
-		}
+	gone, err := g.ForgetVanishedPods(ctx, ledger.FrontEndNRI, uids)
+	if err != nil {
+		p.log.Warn("dropping waiters of vanished pods failed", "error", err)
 	}
 	p.log.Info("synchronized with runtime", "pods", len(pods), "containers", len(ctrs),
 		"released", len(res.Released), "adopted", len(res.Adopted), "conflicts", len(res.Conflicts),
-		"tracked", len(tracked), "vanished_pods", len(gone))
+		"tracked", len(tracked), "vanished_pods", gone)
 	p.rebuilding.Store(false)
 	p.ready(true)
 	return nil, nil
@@ -470,7 +465,7 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 		p.log.Error("releasing a stopped container failed; the liveness check or the next sync will", "container_id", ctr.GetId(), "error", err)
 		return nil, nil
 	}
-	if g.Config().Policy.ReleaseOn != config.ReleaseOnRemove {
+	if !g.ClaimOutlivesStop() {
 		p.untrack(ctr.GetId())
 	}
 	return nil, nil

@@ -41,12 +41,17 @@ type Builder struct {
 }
 
 // ledgerKey is what a ledger was opened with (ledger.Options holds a func and
-// is not comparable).
+// is not comparable): the directory and the options from the configuration.
 type ledgerKey struct {
 	dir                      string
 	lockTimeout              time.Duration
 	auditMaxBytes            int64
 	reservationTTL, queueTTL time.Duration
+}
+
+func keyOf(dir string, o ledger.Options) ledgerKey {
+	return ledgerKey{dir: dir, lockTimeout: o.LockTimeout, auditMaxBytes: o.AuditMaxBytes,
+		reservationTTL: o.ReservationTTL, queueTTL: o.QueueTTL}
 }
 
 // Setup builds a guard for cfg. It implements SetupFunc.
@@ -58,22 +63,11 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 		log = slog.New(slog.DiscardHandler)
 	}
 
-	key := ledgerKey{
-		dir:            cfg.Ledger.Dir,
-		lockTimeout:    cfg.Ledger.LockTimeout.Duration,
-		auditMaxBytes:  cfg.Ledger.AuditMaxBytes,
-		reservationTTL: cfg.Policy.ReservationTTL.Duration,
-		queueTTL:       cfg.Policy.QueueTTL.Duration,
-	}
+	opts := guard.LedgerOptions(cfg)
+	key := keyOf(cfg.Ledger.Dir, opts)
 	if b.ledger == nil || b.ledKey != key {
-		l, err := ledger.Open(key.dir, ledger.Options{
-			LockTimeout:    key.lockTimeout,
-			AuditMaxBytes:  key.auditMaxBytes,
-			ReservationTTL: key.reservationTTL,
-			QueueTTL:       key.queueTTL,
-			Now:            b.Now,
-			Logger:         log,
-		})
+		opts.Now, opts.Logger = b.Now, log
+		l, err := ledger.Open(key.dir, opts)
 		if err != nil {
 			return nil, fmt.Errorf("open ledger in %s (check [ledger] dir): %w", key.dir, err)
 		}
