@@ -7,21 +7,17 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
 // ErrInvalid is wrapped by every error Validate returns.
 var ErrInvalid = errors.New("invalid configuration")
 
 var (
-	gpuUUIDPattern   = regexp.MustCompile(`^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-	migUUIDPattern   = regexp.MustCompile(`^MIG-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	pluginIdxPattern = regexp.MustCompile(`^[0-9]{2}$`)
 	pluginNameRE     = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`)
 )
-
-// maxMinor is the largest /dev/nvidiaN minor that names a GPU; 254 and 255 are
-// nvidia-modeset and nvidiactl.
-const maxMinor = 253
 
 // Validate checks every key and reports all problems at once, each naming the
 // key, the bad value and what is accepted.
@@ -117,7 +113,7 @@ func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
 	minors := map[int]string{}
 	for i, g := range c.Devices.Static {
 		key := fmt.Sprintf("devices.static[%d]", i)
-		if !gpuUUIDPattern.MatchString(g.UUID) {
+		if !gpuid.IsGPUUUID(g.UUID) {
 			bad(key+".uuid", "%q is not a GPU UUID (want GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", g.UUID)
 		} else if prev, dup := uuids[strings.ToLower(g.UUID)]; dup {
 			bad(key+".uuid", "UUID %s is already used by %s", g.UUID, prev)
@@ -131,8 +127,8 @@ func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
 		} else {
 			indices[g.Index] = key
 		}
-		if g.Minor < 0 || g.Minor > maxMinor {
-			bad(key+".minor", "must be between 0 and %d, got %d", maxMinor, g.Minor)
+		if !gpuid.IsGPUMinor(g.Minor) {
+			bad(key+".minor", "must be between 0 and %d, got %d", gpuid.MaxGPUMinor, g.Minor)
 		} else if prev, dup := minors[g.Minor]; dup {
 			bad(key+".minor", "minor %d is already used by %s", g.Minor, prev)
 		} else {
@@ -143,7 +139,7 @@ func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
 		migInst := map[giCI]string{}
 		for j, m := range g.MIG {
 			mkey := fmt.Sprintf("%s.mig[%d]", key, j)
-			if !migUUIDPattern.MatchString(m.UUID) {
+			if !gpuid.IsMIGUUID(m.UUID) {
 				bad(mkey+".uuid", "%q is not a MIG UUID (want MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", m.UUID)
 			} else if prev, dup := uuids[strings.ToLower(m.UUID)]; dup {
 				bad(mkey+".uuid", "UUID %s is already used by %s", m.UUID, prev)

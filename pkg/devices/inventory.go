@@ -7,15 +7,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
 // ErrInvalidInventory is wrapped by every error NewInventory (and so
 // json.Unmarshal and LoadCache) returns for an inconsistent device list.
 var ErrInvalidInventory = errors.New("invalid GPU inventory")
-
-// maxGPUMinor is the largest /dev/nvidia<N> minor that is a GPU: 254 and 255
-// are nvidia-modeset and nvidiactl.
-const maxGPUMinor = 253
 
 // nvidiaMajor is the character-device major of /dev/nvidia<N>, nvidiactl and
 // nvidia-modeset.
@@ -137,11 +135,11 @@ func buildIndex(inv *Inventory) (*index, error) {
 		if g.Index < 0 {
 			return nil, fmt.Errorf("%w: %s: negative index", ErrInvalidInventory, gpuName(*g))
 		}
-		if !isUUIDWithPrefix(g.UUID, "GPU-") {
+		if !gpuid.IsGPUUUID(g.UUID) {
 			return nil, fmt.Errorf("%w: GPU %d: UUID %q is not of the form GPU-<uuid>", ErrInvalidInventory, g.Index, g.UUID)
 		}
-		if g.Minor < 0 || g.Minor > maxGPUMinor {
-			return nil, fmt.Errorf("%w: %s: minor number %d is outside 0-%d", ErrInvalidInventory, gpuName(*g), g.Minor, maxGPUMinor)
+		if !gpuid.IsGPUMinor(g.Minor) {
+			return nil, fmt.Errorf("%w: %s: minor number %d is outside 0-%d", ErrInvalidInventory, gpuName(*g), g.Minor, gpuid.MaxGPUMinor)
 		}
 		key := strconv.Itoa(g.Index)
 		if prev, dup := ix.byIndex[key]; dup {
@@ -210,7 +208,7 @@ func buildIndex(inv *Inventory) (*index, error) {
 // loader may leave empty.
 func checkMIG(g GPU, m *MIG) error {
 	// Drivers before R470 named MIG devices "MIG-GPU-<uuid>/<gi>/<ci>".
-	if !isUUIDWithPrefix(m.UUID, "MIG-") && !isLegacyMIGUUID(m.UUID) {
+	if !gpuid.IsMIGUUID(m.UUID) && !isLegacyMIGUUID(m.UUID) {
 		return fmt.Errorf("%w: %s: MIG %d:%d: UUID %q is not of the form MIG-<uuid>", ErrInvalidInventory, gpuName(g), g.Index, m.Index, m.UUID)
 	}
 	if m.Index < 0 || m.GI < 0 || m.CI < 0 {
@@ -262,33 +260,6 @@ func (ix *index) addCaps(caps []MIGCap) error {
 		ix.caps[c.Minor] = c
 	}
 	return nil
-}
-
-// isUUIDWithPrefix reports whether s is prefix + an RFC 4122 style UUID
-// (8-4-4-4-12 hex digits), as NVML prints them.
-func isUUIDWithPrefix(s, prefix string) bool {
-	if len(s) != len(prefix)+36 || !strings.HasPrefix(s, prefix) {
-		return false
-	}
-	u := s[len(prefix):]
-	for i := 0; i < len(u); i++ {
-		c := u[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !isHex(c) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-func isHex(c byte) bool {
-	return ('0' <= c && c <= '9') || ('a' <= c && c <= 'f') || ('A' <= c && c <= 'F')
 }
 
 // summarise renders the inventory for "unknown id" messages: index ranges and
@@ -378,6 +349,10 @@ func normaliseBusID(s string) (string, bool) {
 		return "", false
 	}
 	return fmt.Sprintf("%04x:%02x:%02x.%x", d, b, v, f), true
+}
+
+func isHex(c byte) bool {
+	return ('0' <= c && c <= '9') || ('a' <= c && c <= 'f') || ('A' <= c && c <= 'F')
 }
 
 func parseHex(s string, maxDigits int) (uint64, bool) {
