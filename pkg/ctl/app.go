@@ -11,6 +11,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices/nvmlloader"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
@@ -154,7 +155,7 @@ func (a *app) discover() (*devices.Inventory, error) {
 	if err != nil {
 		return nil, err
 	}
-	inv, err := devices.Discover(cfg.Devices, a.env.NVML)
+	inv, err := devices.Discover(cfg.Devices, nvmlloader.New(a.env.NVML))
 	if err != nil {
 		return nil, fmt.Errorf("discover GPUs (devices.source = %q): %w", cfg.Devices.Source, err)
 	}

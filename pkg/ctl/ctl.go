@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices/nvmlloader"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
@@ -52,9 +52,9 @@ type Env struct {
 	ProcRoot   string
 	// Liveness overrides the checker built from CgroupRoot and ProcRoot.
 	Liveness guard.Liveness
-	// NVML is the library devices.Discover uses (a go-nvml nvml.Interface in
+	// NVML is the library the NVML loader uses (a go-nvml nvml.Interface in
 	// cgo builds); nil = the host's libnvidia-ml.
-	NVML devices.NVMLInterface
+	NVML nvmlloader.Interface
 	// BootID overrides the host boot id the ledger compares its state with
 	// (tests pin it; empty = /proc/sys/kernel/random/boot_id).
 	BootID string

@@ -132,7 +132,7 @@ func (ix *index) resolveID(tok string) (int, *idError) {
 		}
 		return 0, ix.unknown(tok)
 	}
-	if bus, ok := normaliseBusID(tok); ok {
+	if bus, ok := NormaliseBusID(tok); ok {
 		if pos, found := ix.byBus[bus]; found {
 			return pos, nil
 		}

@@ -158,7 +158,7 @@ func buildIndex(inv *Inventory) (*index, error) {
 		ix.byMinor[g.Minor] = pos
 		ix.gpuEnts = append(ix.gpuEnts, pos)
 		if g.BusID != "" {
-			bus, ok := normaliseBusID(g.BusID)
+			bus, ok := NormaliseBusID(g.BusID)
 			if !ok {
 				return nil, fmt.Errorf("%w: %s: PCI bus id %q is not of the form dddd:bb:dd.f", ErrInvalidInventory, gpuName(*g), g.BusID)
 			}
@@ -324,11 +324,11 @@ func ranges(v []int) string {
 	return b.String()
 }
 
-// normaliseBusID turns a PCI bus id in NVML ("00000000:3B:00.0"), go-nvlib
+// NormaliseBusID turns a PCI bus id in NVML ("00000000:3B:00.0"), go-nvlib
 // ("0000:3b:00.0") or /proc ("0000:3b:00.0") spelling into one canonical
 // form "dddd:bb:dd.f" (lower-case hex), the way the NVIDIA runtime compares
 // them. It accepts a domain of 1-8 hex digits.
-func normaliseBusID(s string) (string, bool) {
+func NormaliseBusID(s string) (string, bool) {
 	dom, rest, ok := strings.Cut(s, ":")
 	if !ok {
 		return "", false

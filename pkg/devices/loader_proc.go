@@ -96,7 +96,7 @@ func (l *procLoader) loadNoted() ([]GPU, []string, error) {
 		if g.BusID == "" {
 			g.BusID = e.Name()
 		}
-		norm, ok := normaliseBusID(g.BusID)
+		norm, ok := NormaliseBusID(g.BusID)
 		if !ok {
 			return nil, nil, fmt.Errorf("proc: %s: bus location %q is not a PCI bus id", name, g.BusID)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices/nvmlloader"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics"
@@ -76,7 +77,7 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 
 	cachePath := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
 	if b.inv == nil || b.devCfg == nil || !reflect.DeepEqual(*b.devCfg, cfg.Devices) {
-		inv, err := devices.Discover(cfg.Devices, nil)
+		inv, err := devices.Discover(cfg.Devices, nvmlloader.New(nil))
 		if err != nil {
 			cached, cerr := devices.LoadCache(cachePath)
 			if cerr != nil {
