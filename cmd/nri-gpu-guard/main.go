@@ -70,7 +70,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	} else {
 		logger := slog.New(slog.NewJSONHandler(stderr, nil))
 		logger.Info("starting", "version", version.String("nri-gpu-guard"), "launched_by_runtime", nriplugin.Launched())
-		err = nriplugin.RunDaemon(ctx, nriplugin.DaemonOptions{Config: cfg, Logger: logger,
+		err = runDaemon(ctx, daemonOptions{Config: cfg, Logger: logger,
 			Identity: nriplugin.Identity{Name: *name, Index: *idx, Socket: *socket}})
 	}
 	if err != nil {

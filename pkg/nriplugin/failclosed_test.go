@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
@@ -134,7 +135,7 @@ func TestShutdownLetsRequestInFlightAnswer(t *testing.T) {
 	rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: 10 * time.Second} })
 	podA := rt.addPod("a")
 	readyC := make(chan bool, 16)
-	p, err := New(Options{Config: rt.cfg, Setup: (&Builder{Now: rt.clock.Now}).Setup,
+	p, err := New(Options{Config: rt.cfg, Setup: (&daemon.Builder{Now: rt.clock.Now}).Setup,
 		Ready: func(ok bool) { readyC <- ok }})
 	require.NoError(t, err)
 	creating := make(chan struct{}, 1)

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
@@ -191,7 +192,7 @@ func (rt *runtime) startPluginWith(live guard.Liveness) *plugin {
 	if live == nil {
 		live = liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))
 	}
-	b := &Builder{
+	b := &daemon.Builder{
 		Liveness: live,
 		Now:      rt.clock.Now,
 		Logger:   slog.New(slog.DiscardHandler),

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
 
@@ -390,7 +391,7 @@ func TestConfigureFromRuntimeString(t *testing.T) {
 	var built []config.Config
 	p, err := New(Options{Config: rt.cfg, Setup: func(_ context.Context, cfg config.Config) (*guard.Guard, error) {
 		built = append(built, cfg)
-		return (&Builder{}).Setup(context.Background(), cfg)
+		return (&daemon.Builder{}).Setup(context.Background(), cfg)
 	}})
 	require.NoError(t, err)
 
@@ -624,7 +625,7 @@ func TestRunReconnects(t *testing.T) {
 	px := newProxy(t, filepath.Join(rt.dir, "px.sock"), rt.socket)
 	podA, podB := rt.addPod("a"), rt.addPod("b")
 	readyC := make(chan bool, 16)
-	p, err := New(Options{Config: rt.cfg, Setup: (&Builder{Now: rt.clock.Now}).Setup,
+	p, err := New(Options{Config: rt.cfg, Setup: (&daemon.Builder{Now: rt.clock.Now}).Setup,
 		Ready: func(ok bool) { readyC <- ok }})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
