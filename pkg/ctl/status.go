@@ -11,6 +11,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // Device states shown by status (the "state" JSON field).
@@ -315,30 +316,30 @@ func (x statusIndex) relatedClaim(d devices.Device) *ledger.Claim {
 // problems lists what an operator must act on for this row.
 func (d *statusDevice) problems(inv *devices.Inventory) []problem {
 	var out []problem
-	label := ledger.DescribeDevice(devices.Device{UUID: d.UUID, Index: d.Index, Kind: devices.Kind(d.Kind)})
+	label := naming.Device(devices.Device{UUID: d.UUID, Index: d.Index, Kind: devices.Kind(d.Kind)})
 	if d.Stale != "" {
 		out = append(out, problem{
 			Kind: problemHolderExited, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
 			Message: fmt.Sprintf("%s is held by %s (%s) whose processes are gone (%s); release it with `sudo %s gc`",
-				label, d.Holder.name(), ledger.ShortID(d.Holder.ContainerID), d.Stale, programName),
+				label, d.Holder.name(), naming.ShortID(d.Holder.ContainerID), d.Stale, programName),
 		})
 	}
 	for _, c := range d.Conflicts {
 		holder := "no recorded holder"
 		if d.Holder != nil {
-			holder = fmt.Sprintf("%s (%s)", d.Holder.name(), ledger.ShortID(d.Holder.ContainerID))
+			holder = fmt.Sprintf("%s (%s)", d.Holder.name(), naming.ShortID(d.Holder.ContainerID))
 		}
 		out = append(out, problem{
 			Kind: problemConflict, Device: d.UUID, Index: d.Index, ContainerID: c.ContainerID,
 			Message: fmt.Sprintf("%s is held by %s but %s (%s) uses it too (seen at reconcile); nothing is killed automatically: stop one of them",
-				label, holder, c.name(), ledger.ShortID(c.ContainerID)),
+				label, holder, c.name(), naming.ShortID(c.ContainerID)),
 		})
 	}
 	if !d.InInventory && inv != nil && d.Holder != nil && d.HeldVia == "" {
 		out = append(out, problem{
 			Kind: problemUnknownDevice, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
 			Message: fmt.Sprintf("%s is claimed by %s (%s) but is not in the inventory (source %s); if the GPU is gone, release the claim with `sudo %s release --device %s --reason \"GPU removed\"`, if it was added, run `sudo %s devices --refresh`",
-				label, d.Holder.name(), ledger.ShortID(d.Holder.ContainerID), inv.Source, programName, d.UUID, programName),
+				label, d.Holder.name(), naming.ShortID(d.Holder.ContainerID), inv.Source, programName, d.UUID, programName),
 		})
 	}
 	return out
@@ -405,7 +406,7 @@ func (v *statusView) render(w io.Writer, output string, now time.Time) error {
 			sinceCol = since(now, d.Reservation.Since)
 		}
 		if !wide {
-			id = ledger.ShortID(id)
+			id = naming.ShortID(id)
 		}
 		row := []string{d.Index, uuid, model, d.State, holder, id, sinceCol, strconv.Itoa(d.Waiters)}
 		if wide {
