@@ -22,89 +22,108 @@ var (
 // Validate checks every key and reports all problems at once, each naming the
 // key, the bad value and what is accepted.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, args...)))
-	}
-	oneOf := func(key string, value string, allowed ...string) {
-		for _, a := range allowed {
-			if value == a {
-				return
-			}
-		}
-		bad(key, "invalid value %q (want one of: %s)", value, strings.Join(allowed, ", "))
-	}
-	positive := func(key string, d Duration) {
-		if d.Duration <= 0 {
-			bad(key, "must be a positive duration, got %q", d.String())
-		}
-	}
-
+	var v problems
 	if c.Version != CurrentVersion {
-		bad("version", "unsupported version %d (this build reads version %d)", c.Version, CurrentVersion)
+		v.bad("version", "unsupported version %d (this build reads version %d)", c.Version, CurrentVersion)
 	}
+	c.validateLedger(&v)
+	c.validateDevices(&v)
+	c.validatePolicy(&v)
+	c.validateNRI(&v)
+	c.validateHook(&v)
+	if c.Metrics.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
+			v.bad("metrics.listen", "want host:port such as \"127.0.0.1:9464\", got %q", c.Metrics.Listen)
+		}
+	}
+	return errors.Join(v.errs...)
+}
 
-	if c.Ledger.Dir == "" || !filepath.IsAbs(c.Ledger.Dir) {
-		bad("ledger.dir", "must be an absolute path, got %q", c.Ledger.Dir)
+// problems collects what Validate found, one error per key.
+type problems struct{ errs []error }
+
+func (v *problems) bad(key, format string, args ...any) {
+	v.errs = append(v.errs, fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, args...)))
+}
+
+func (v *problems) oneOf(key string, value string, allowed ...string) {
+	for _, a := range allowed {
+		if value == a {
+			return
+		}
 	}
-	positive("ledger.lock_timeout", c.Ledger.LockTimeout)
+	v.bad(key, "invalid value %q (want one of: %s)", value, strings.Join(allowed, ", "))
+}
+
+func (v *problems) positive(key string, d Duration) {
+	if d.Duration <= 0 {
+		v.bad(key, "must be a positive duration, got %q", d.String())
+	}
+}
+
+func (v *problems) absPath(key, path string) {
+	if path == "" || !filepath.IsAbs(path) {
+		v.bad(key, "must be an absolute path, got %q", path)
+	}
+}
+
+func (c *Config) validateLedger(v *problems) {
+	v.absPath("ledger.dir", c.Ledger.Dir)
+	v.positive("ledger.lock_timeout", c.Ledger.LockTimeout)
 	if c.Ledger.AuditMaxBytes < 4096 {
-		bad("ledger.audit_max_bytes", "must be at least 4096, got %d", c.Ledger.AuditMaxBytes)
+		v.bad("ledger.audit_max_bytes", "must be at least 4096, got %d", c.Ledger.AuditMaxBytes)
 	}
+}
 
-	oneOf("devices.source", string(c.Devices.Source),
+func (c *Config) validateDevices(v *problems) {
+	v.oneOf("devices.source", string(c.Devices.Source),
 		string(SourceAuto), string(SourceNVML), string(SourceProc), string(SourceStatic))
-	if c.Devices.ProcRoot == "" || !filepath.IsAbs(c.Devices.ProcRoot) {
-		bad("devices.proc_root", "must be an absolute path, got %q", c.Devices.ProcRoot)
-	}
+	v.absPath("devices.proc_root", c.Devices.ProcRoot)
 	if c.Devices.Source == SourceStatic && len(c.Devices.Static) == 0 {
-		bad("devices.static", "source is \"static\" but no [[devices.static]] GPU is listed")
+		v.bad("devices.static", "source is \"static\" but no [[devices.static]] GPU is listed")
 	}
-	c.validateStatic(bad)
+	c.validateStatic(v.bad)
+}
 
-	oneOf("policy.on_conflict", string(c.Policy.OnConflict), string(ConflictQueue), string(ConflictReject))
-	oneOf("policy.release_on", string(c.Policy.ReleaseOn), string(ReleaseOnStop), string(ReleaseOnRemove))
-	oneOf("policy.all_devices", string(c.Policy.AllDevices), string(AllClaim), string(AllReject), string(AllIgnore))
-	oneOf("policy.privileged", string(c.Policy.Privileged),
+func (c *Config) validatePolicy(v *problems) {
+	v.oneOf("policy.on_conflict", string(c.Policy.OnConflict), string(ConflictQueue), string(ConflictReject))
+	v.oneOf("policy.release_on", string(c.Policy.ReleaseOn), string(ReleaseOnStop), string(ReleaseOnRemove))
+	v.oneOf("policy.all_devices", string(c.Policy.AllDevices), string(AllClaim), string(AllReject), string(AllIgnore))
+	v.oneOf("policy.privileged", string(c.Policy.Privileged),
 		string(PrivilegedDeclared), string(PrivilegedAll), string(PrivilegedReject))
-	oneOf("policy.unknown_device", string(c.Policy.UnknownDevice), string(UnknownReject), string(UnknownIgnore))
-	positive("policy.reservation_ttl", c.Policy.ReservationTTL)
-	positive("policy.queue_ttl", c.Policy.QueueTTL)
+	v.oneOf("policy.unknown_device", string(c.Policy.UnknownDevice), string(UnknownReject), string(UnknownIgnore))
+	v.positive("policy.reservation_ttl", c.Policy.ReservationTTL)
+	v.positive("policy.queue_ttl", c.Policy.QueueTTL)
 	seenNS := map[string]bool{}
 	for i, ns := range c.Policy.ExemptNamespaces {
 		key := fmt.Sprintf("policy.exempt_namespaces[%d]", i)
 		switch {
 		case strings.TrimSpace(ns) == "":
-			bad(key, "empty namespace")
+			v.bad(key, "empty namespace")
 		case seenNS[ns]:
-			bad(key, "namespace %q is listed twice", ns)
+			v.bad(key, "namespace %q is listed twice", ns)
 		}
 		seenNS[ns] = true
 	}
+}
 
+func (c *Config) validateNRI(v *problems) {
 	if !pluginNameRE.MatchString(c.NRI.PluginName) {
-		bad("nri.plugin_name", "invalid name %q (letters, digits, '-', '_', '.'; no index prefix)", c.NRI.PluginName)
+		v.bad("nri.plugin_name", "invalid name %q (letters, digits, '-', '_', '.'; no index prefix)", c.NRI.PluginName)
 	}
 	if !pluginIdxPattern.MatchString(c.NRI.PluginIndex) {
-		bad("nri.plugin_index", "must be two digits such as \"90\", got %q", c.NRI.PluginIndex)
+		v.bad("nri.plugin_index", "must be two digits such as \"90\", got %q", c.NRI.PluginIndex)
 	}
-	if c.NRI.Socket == "" || !filepath.IsAbs(c.NRI.Socket) {
-		bad("nri.socket", "must be an absolute path, got %q", c.NRI.Socket)
-	}
+	v.absPath("nri.socket", c.NRI.Socket)
+}
 
-	positive("hook.wait_timeout", c.Hook.WaitTimeout)
-	positive("hook.poll_interval", c.Hook.PollInterval)
+func (c *Config) validateHook(v *problems) {
+	v.positive("hook.wait_timeout", c.Hook.WaitTimeout)
+	v.positive("hook.poll_interval", c.Hook.PollInterval)
 	if c.Hook.PollInterval.Duration > 0 && c.Hook.WaitTimeout.Duration > 0 &&
 		c.Hook.PollInterval.Duration > c.Hook.WaitTimeout.Duration {
-		bad("hook.poll_interval", "%s is longer than hook.wait_timeout %s", c.Hook.PollInterval, c.Hook.WaitTimeout)
+		v.bad("hook.poll_interval", "%s is longer than hook.wait_timeout %s", c.Hook.PollInterval, c.Hook.WaitTimeout)
 	}
-
-	if c.Metrics.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
-			bad("metrics.listen", "want host:port such as \"127.0.0.1:9464\", got %q", c.Metrics.Listen)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
