@@ -103,6 +103,8 @@ func cloneGPUs(in []GPU) []GPU {
 
 func gpuName(g GPU) string { return fmt.Sprintf("GPU %d (%s)", g.Index, g.UUID) }
 
+// buildIndex validates inv and builds its lookup tables: every GPU, then its
+// MIG instances, then the MIG capability nodes.
 func buildIndex(inv *Inventory) (*index, error) {
 	n := len(inv.GPUs)
 	for _, g := range inv.GPUs {
@@ -120,81 +122,17 @@ func buildIndex(inv *Inventory) (*index, error) {
 		migsOf:  map[int][]int{},
 		caps:    map[int]MIGCap{},
 	}
-	addUUID := func(uuid string, pos int) error {
-		fold := strings.ToLower(uuid)
-		if prev, dup := ix.byFold[fold]; dup {
-			return fmt.Errorf("%w: UUID %s is listed twice (index %s and %s)",
-				ErrInvalidInventory, uuid, ix.ents[prev].dev.Index, ix.ents[pos].dev.Index)
-		}
-		ix.byUUID[uuid] = pos
-		ix.byFold[fold] = pos
-		return nil
-	}
 	for gi := range inv.GPUs {
 		g := &inv.GPUs[gi]
-		if g.Index < 0 {
-			return nil, fmt.Errorf("%w: %s: negative index", ErrInvalidInventory, gpuName(*g))
-		}
-		if !gpuid.IsGPUUUID(g.UUID) {
-			return nil, fmt.Errorf("%w: GPU %d: UUID %q is not of the form GPU-<uuid>", ErrInvalidInventory, g.Index, g.UUID)
-		}
-		if !gpuid.IsGPUMinor(g.Minor) {
-			return nil, fmt.Errorf("%w: %s: minor number %d is outside 0-%d", ErrInvalidInventory, gpuName(*g), g.Minor, gpuid.MaxGPUMinor)
-		}
-		key := strconv.Itoa(g.Index)
-		if prev, dup := ix.byIndex[key]; dup {
-			return nil, fmt.Errorf("%w: index %d is used by %s and %s", ErrInvalidInventory, g.Index, ix.ents[prev].dev.UUID, g.UUID)
-		}
-		if prev, dup := ix.byMinor[g.Minor]; dup {
-			return nil, fmt.Errorf("%w: minor number %d is used by %s and %s", ErrInvalidInventory, g.Minor,
-				gpuName(inv.GPUs[ix.ents[prev].gpu]), gpuName(*g))
-		}
-		pos := len(ix.ents)
-		ix.ents = append(ix.ents, entry{dev: Device{UUID: g.UUID, Index: key, Kind: KindGPU}, gpu: gi, parent: -1})
-		if err := addUUID(g.UUID, pos); err != nil {
+		pos, err := ix.addGPU(inv, gi)
+		if err != nil {
 			return nil, err
-		}
-		ix.byIndex[key] = pos
-		ix.byMinor[g.Minor] = pos
-		ix.gpuEnts = append(ix.gpuEnts, pos)
-		if g.BusID != "" {
-			bus, ok := NormaliseBusID(g.BusID)
-			if !ok {
-				return nil, fmt.Errorf("%w: %s: PCI bus id %q is not of the form dddd:bb:dd.f", ErrInvalidInventory, gpuName(*g), g.BusID)
-			}
-			if _, dup := ix.byBus[bus]; dup {
-				return nil, fmt.Errorf("%w: %s: PCI bus id %s is listed twice", ErrInvalidInventory, gpuName(*g), bus)
-			}
-			ix.byBus[bus] = pos
 		}
 		sort.SliceStable(g.MIG, func(i, j int) bool { return g.MIG[i].Index < g.MIG[j].Index })
 		for mi := range g.MIG {
-			m := &g.MIG[mi]
-			if err := checkMIG(*g, m); err != nil {
+			if err := ix.addMIG(g, gi, pos, &g.MIG[mi]); err != nil {
 				return nil, err
 			}
-			mkey := key + ":" + strconv.Itoa(m.Index)
-			if _, dup := ix.byIndex[mkey]; dup {
-				return nil, fmt.Errorf("%w: %s: MIG index %s is listed twice", ErrInvalidInventory, gpuName(*g), mkey)
-			}
-			gc := giciKey{parent: pos, gi: m.GI, ci: m.CI}
-			if prev, dup := ix.byGICI[gc]; dup {
-				return nil, fmt.Errorf("%w: %s: GPU instance %d / compute instance %d is listed for both %s and %s",
-					ErrInvalidInventory, gpuName(*g), m.GI, m.CI, ix.ents[prev].dev.UUID, m.UUID)
-			}
-			mpos := len(ix.ents)
-			ix.ents = append(ix.ents, entry{
-				dev: Device{UUID: m.UUID, Index: mkey, Kind: KindMIG, Parent: g.UUID},
-				gpu: gi, parent: pos, gi: m.GI, ci: m.CI,
-			})
-			if err := addUUID(m.UUID, mpos); err != nil {
-				return nil, err
-			}
-			ix.byIndex[mkey] = mpos
-			ix.byGICI[gc] = mpos
-			gk := giKey{parent: pos, gi: m.GI}
-			ix.byGI[gk] = append(ix.byGI[gk], mpos)
-			ix.migsOf[pos] = append(ix.migsOf[pos], mpos)
 		}
 	}
 	if err := ix.addCaps(inv.MIGCaps); err != nil {
@@ -202,6 +140,90 @@ func buildIndex(inv *Inventory) (*index, error) {
 	}
 	ix.known, ix.knownMinors = summarise(inv)
 	return ix, nil
+}
+
+// addUUID records uuid at pos, refusing a UUID listed twice in any case.
+func (ix *index) addUUID(uuid string, pos int) error {
+	fold := strings.ToLower(uuid)
+	if prev, dup := ix.byFold[fold]; dup {
+		return fmt.Errorf("%w: UUID %s is listed twice (index %s and %s)",
+			ErrInvalidInventory, uuid, ix.ents[prev].dev.Index, ix.ents[pos].dev.Index)
+	}
+	ix.byUUID[uuid] = pos
+	ix.byFold[fold] = pos
+	return nil
+}
+
+// addGPU validates full GPU gi of inv and records it; it returns its entry.
+func (ix *index) addGPU(inv *Inventory, gi int) (int, error) {
+	g := &inv.GPUs[gi]
+	if g.Index < 0 {
+		return 0, fmt.Errorf("%w: %s: negative index", ErrInvalidInventory, gpuName(*g))
+	}
+	if !gpuid.IsGPUUUID(g.UUID) {
+		return 0, fmt.Errorf("%w: GPU %d: UUID %q is not of the form GPU-<uuid>", ErrInvalidInventory, g.Index, g.UUID)
+	}
+	if !gpuid.IsGPUMinor(g.Minor) {
+		return 0, fmt.Errorf("%w: %s: minor number %d is outside 0-%d", ErrInvalidInventory, gpuName(*g), g.Minor, gpuid.MaxGPUMinor)
+	}
+	key := strconv.Itoa(g.Index)
+	if prev, dup := ix.byIndex[key]; dup {
+		return 0, fmt.Errorf("%w: index %d is used by %s and %s", ErrInvalidInventory, g.Index, ix.ents[prev].dev.UUID, g.UUID)
+	}
+	if prev, dup := ix.byMinor[g.Minor]; dup {
+		return 0, fmt.Errorf("%w: minor number %d is used by %s and %s", ErrInvalidInventory, g.Minor,
+			gpuName(inv.GPUs[ix.ents[prev].gpu]), gpuName(*g))
+	}
+	pos := len(ix.ents)
+	ix.ents = append(ix.ents, entry{dev: Device{UUID: g.UUID, Index: key, Kind: KindGPU}, gpu: gi, parent: -1})
+	if err := ix.addUUID(g.UUID, pos); err != nil {
+		return 0, err
+	}
+	ix.byIndex[key] = pos
+	ix.byMinor[g.Minor] = pos
+	ix.gpuEnts = append(ix.gpuEnts, pos)
+	if g.BusID != "" {
+		bus, ok := NormaliseBusID(g.BusID)
+		if !ok {
+			return 0, fmt.Errorf("%w: %s: PCI bus id %q is not of the form dddd:bb:dd.f", ErrInvalidInventory, gpuName(*g), g.BusID)
+		}
+		if _, dup := ix.byBus[bus]; dup {
+			return 0, fmt.Errorf("%w: %s: PCI bus id %s is listed twice", ErrInvalidInventory, gpuName(*g), bus)
+		}
+		ix.byBus[bus] = pos
+	}
+	return pos, nil
+}
+
+// addMIG validates MIG instance m of GPU g (inventory position gi, entry pos)
+// and records it.
+func (ix *index) addMIG(g *GPU, gi, pos int, m *MIG) error {
+	if err := checkMIG(*g, m); err != nil {
+		return err
+	}
+	mkey := strconv.Itoa(g.Index) + ":" + strconv.Itoa(m.Index)
+	if _, dup := ix.byIndex[mkey]; dup {
+		return fmt.Errorf("%w: %s: MIG index %s is listed twice", ErrInvalidInventory, gpuName(*g), mkey)
+	}
+	gc := giciKey{parent: pos, gi: m.GI, ci: m.CI}
+	if prev, dup := ix.byGICI[gc]; dup {
+		return fmt.Errorf("%w: %s: GPU instance %d / compute instance %d is listed for both %s and %s",
+			ErrInvalidInventory, gpuName(*g), m.GI, m.CI, ix.ents[prev].dev.UUID, m.UUID)
+	}
+	mpos := len(ix.ents)
+	ix.ents = append(ix.ents, entry{
+		dev: Device{UUID: m.UUID, Index: mkey, Kind: KindMIG, Parent: g.UUID},
+		gpu: gi, parent: pos, gi: m.GI, ci: m.CI,
+	})
+	if err := ix.addUUID(m.UUID, mpos); err != nil {
+		return err
+	}
+	ix.byIndex[mkey] = mpos
+	ix.byGICI[gc] = mpos
+	gk := giKey{parent: pos, gi: m.GI}
+	ix.byGI[gk] = append(ix.byGI[gk], mpos)
+	ix.migsOf[pos] = append(ix.migsOf[pos], mpos)
+	return nil
 }
 
 // checkMIG validates one MIG instance of g, filling in the parent fields a
