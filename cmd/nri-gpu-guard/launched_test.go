@@ -22,7 +22,7 @@ import (
 // arguments.
 func TestMain(m *testing.M) {
 	if os.Getenv(api.PluginSocketEnvVar) != "" {
-		os.Exit(run(nil, os.Stdin, os.Stderr))
+		os.Exit(run(nil, os.Stdin, os.Stdout, os.Stderr))
 	}
 	nrilog.Set(quietLog{}) // the NRI runtime's own log lines
 	os.Exit(m.Run())

@@ -19,9 +19,9 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stderr)) }
+func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
 
-func run(args []string, stdin io.Reader, stderr io.Writer) int {
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	fs := flag.NewFlagSet("nri-gpu-guard", flag.ContinueOnError)
@@ -39,7 +39,7 @@ func run(args []string, stdin io.Reader, stderr io.Writer) int {
 	phase := ""
 	switch {
 	case len(args) > 0 && (args[0] == "version" || args[0] == "--version" || args[0] == "-version"):
-		fmt.Println(version.String("nri-gpu-guard"))
+		_, _ = fmt.Fprintln(stdout, version.String("nri-gpu-guard"))
 		return 0
 	case len(args) > 0 && args[0] == "hook":
 		if len(args) < 2 || (args[1] != hook.PhaseCreateRuntime && args[1] != hook.PhasePoststop) {
@@ -48,7 +48,12 @@ func run(args []string, stdin io.Reader, stderr io.Writer) int {
 		}
 		phase, args = args[1], args[2:]
 	}
-	if err := fs.Parse(args); err != nil || fs.NArg() > 0 {
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: unexpected argument %q\n", fs.Arg(0))
+		fs.Usage()
 		return 2
 	}
 	cfg, _, err := config.LoadDefault(*cfgPath)
@@ -65,7 +70,7 @@ func run(args []string, stdin io.Reader, stderr io.Writer) int {
 	} else {
 		logger := slog.New(slog.NewJSONHandler(stderr, nil))
 		logger.Info("starting", "version", version.String("nri-gpu-guard"), "launched_by_runtime", nriplugin.Launched())
-		err = nriplugin.RunDaemon(ctx, nriplugin.DaemonOptions{Config: cfg, Logger: logger,
+		err = runDaemon(ctx, daemonOptions{Config: cfg, Logger: logger,
 			Identity: nriplugin.Identity{Name: *name, Index: *idx, Socket: *socket}})
 	}
 	if err != nil {

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
 )
 
 func TestRunExitCodes(t *testing.T) {
@@ -20,28 +22,36 @@ func TestRunExitCodes(t *testing.T) {
 	if err := os.WriteFile(good, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	wantVersion := version.String("nri-gpu-guard") + "\n"
 	for _, tc := range []struct {
 		name    string
 		args    []string
 		want    int
-		wantErr string
+		wantErr string // substring of stderr; "" = stderr must be empty
+		wantOut string // stdout, exactly
 	}{
-		{name: "version", args: []string{"version"}, want: 0},
-		{name: "--version", args: []string{"--version"}, want: 0},
+		{name: "version", args: []string{"version"}, want: 0, wantOut: wantVersion},
+		{name: "--version", args: []string{"--version"}, want: 0, wantOut: wantVersion},
+		{name: "-version", args: []string{"-version"}, want: 0, wantOut: wantVersion},
 		{name: "unknown flag", args: []string{"--bogus"}, want: 2, wantErr: "usage"},
-		{name: "stray argument", args: []string{"serve"}, want: 2},
+		{name: "stray argument", args: []string{"serve"}, want: 2, wantErr: `unexpected argument "serve"`},
 		{name: "hook without phase", args: []string{"hook"}, want: 2, wantErr: "hook create-runtime|poststop"},
-		{name: "hook with unknown phase", args: []string{"hook", "prestart"}, want: 2},
+		{name: "hook with unknown phase", args: []string{"hook", "prestart"}, want: 2, wantErr: "hook create-runtime|poststop"},
 		{name: "missing config named explicitly", args: []string{"--config", missing}, want: 1, wantErr: "configuration"},
 		{name: "invalid config", args: []string{"--config", bad}, want: 1, wantErr: "policy.on_conflict"},
 		{name: "relative state dir", args: []string{"--config", good, "--state-dir", "rel"}, want: 1, wantErr: "ledger.dir"},
 		{name: "hook with invalid config", args: []string{"hook", "poststop", "--config", bad}, want: 1, wantErr: "policy.on_conflict"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var stderr bytes.Buffer
-			got := run(tc.args, strings.NewReader(""), &stderr)
+			var stdout, stderr bytes.Buffer
+			got := run(tc.args, strings.NewReader(""), &stdout, &stderr)
 			assert.Equal(t, tc.want, got, stderr.String())
-			assert.Contains(t, stderr.String(), tc.wantErr)
+			assert.Equal(t, tc.wantOut, stdout.String())
+			if tc.wantErr == "" {
+				assert.Empty(t, stderr.String())
+			} else {
+				assert.Contains(t, stderr.String(), tc.wantErr)
+			}
 		})
 	}
 }

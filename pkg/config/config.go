@@ -287,7 +287,7 @@ func Parse(data []byte) (Config, error) {
 }
 
 // LoadFile loads the configuration at path. A missing file is an error: callers
-// that accept "no file" check Resolve's second result first.
+// that accept "no file" check Path's second result first.
 func LoadFile(path string) (Config, error) {
 	f, err := os.Open(path) //nolint:gosec // the path is the operator's choice
 	if err != nil {
@@ -301,10 +301,10 @@ func LoadFile(path string) (Config, error) {
 	return cfg, nil
 }
 
-// Resolve picks the configuration path: the flag value, then $NRI_GPU_GUARD_CONFIG,
+// Path picks the configuration file's path: the flag value, then $NRI_GPU_GUARD_CONFIG,
 // then DefaultPath. explicit is true when the operator named the path, in which
 // case a missing file is an error rather than "use the defaults".
-func Resolve(flagValue string) (path string, explicit bool) {
+func Path(flagValue string) (path string, explicit bool) {
 	if flagValue != "" {
 		return flagValue, true
 	}
@@ -314,10 +314,10 @@ func Resolve(flagValue string) (path string, explicit bool) {
 	return DefaultPath, false
 }
 
-// LoadDefault loads the configuration named by flagValue (see Resolve). When no
+// LoadDefault loads the configuration named by flagValue (see Path). When no
 // path was named and DefaultPath does not exist, it returns Default().
 func LoadDefault(flagValue string) (Config, string, error) {
-	path, explicit := Resolve(flagValue)
+	path, explicit := Path(flagValue)
 	cfg, err := LoadFile(path)
 	if err != nil && !explicit && errors.Is(err, os.ErrNotExist) {
 		return Default(), "", nil

@@ -166,7 +166,7 @@ func TestValidateReportsAllProblems(t *testing.T) {
 	require.Contains(t, err.Error(), "nri.plugin_index")
 }
 
-func TestLoadFileAndResolve(t *testing.T) {
+func TestLoadFileAndPath(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "config.toml")
 	require.NoError(t, os.WriteFile(path, []byte("[policy]\non_conflict = \"reject\"\n"), 0o600))
@@ -179,15 +179,15 @@ func TestLoadFileAndResolve(t *testing.T) {
 	require.ErrorIs(t, err, os.ErrNotExist)
 
 	t.Setenv(EnvPath, "")
-	p, explicit := Resolve("")
+	p, explicit := Path("")
 	require.Equal(t, DefaultPath, p)
 	require.False(t, explicit)
 
 	t.Setenv(EnvPath, path)
-	p, explicit = Resolve("")
+	p, explicit = Path("")
 	require.Equal(t, path, p)
 	require.True(t, explicit)
-	p, _ = Resolve("/flag/wins.toml")
+	p, _ = Path("/flag/wins.toml")
 	require.Equal(t, "/flag/wins.toml", p)
 
 	cfg, used, err := LoadDefault("")

@@ -8,109 +8,124 @@ import (
 	"regexp"
 	"strings"
 	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
 // ErrInvalid is wrapped by every error Validate returns.
 var ErrInvalid = errors.New("invalid configuration")
 
 var (
-	gpuUUIDPattern   = regexp.MustCompile(`^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
-	migUUIDPattern   = regexp.MustCompile(`^MIG-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	pluginIdxPattern = regexp.MustCompile(`^[0-9]{2}$`)
 	pluginNameRE     = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`)
 )
 
-// maxMinor is the largest /dev/nvidiaN minor that names a GPU; 254 and 255 are
-// nvidia-modeset and nvidiactl.
-const maxMinor = 253
-
 // Validate checks every key and reports all problems at once, each naming the
 // key, the bad value and what is accepted.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(key, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, args...)))
-	}
-	oneOf := func(key string, value string, allowed ...string) {
-		for _, a := range allowed {
-			if value == a {
-				return
-			}
-		}
-		bad(key, "invalid value %q (want one of: %s)", value, strings.Join(allowed, ", "))
-	}
-	positive := func(key string, d Duration) {
-		if d.Duration <= 0 {
-			bad(key, "must be a positive duration, got %q", d.String())
-		}
-	}
-
+	var v problems
 	if c.Version != CurrentVersion {
-		bad("version", "unsupported version %d (this build reads version %d)", c.Version, CurrentVersion)
+		v.bad("version", "unsupported version %d (this build reads version %d)", c.Version, CurrentVersion)
 	}
+	c.validateLedger(&v)
+	c.validateDevices(&v)
+	c.validatePolicy(&v)
+	c.validateNRI(&v)
+	c.validateHook(&v)
+	c.validateObserve(&v)
+	if c.Metrics.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
+			v.bad("metrics.listen", "want host:port such as \"127.0.0.1:9464\", got %q", c.Metrics.Listen)
+		}
+	}
+	return errors.Join(v.errs...)
+}
 
-	if c.Ledger.Dir == "" || !filepath.IsAbs(c.Ledger.Dir) {
-		bad("ledger.dir", "must be an absolute path, got %q", c.Ledger.Dir)
+// problems collects what Validate found, one error per key.
+type problems struct{ errs []error }
+
+func (v *problems) bad(key, format string, args ...any) {
+	v.errs = append(v.errs, fmt.Errorf("%w: %s: %s", ErrInvalid, key, fmt.Sprintf(format, args...)))
+}
+
+func (v *problems) oneOf(key string, value string, allowed ...string) {
+	for _, a := range allowed {
+		if value == a {
+			return
+		}
 	}
-	positive("ledger.lock_timeout", c.Ledger.LockTimeout)
+	v.bad(key, "invalid value %q (want one of: %s)", value, strings.Join(allowed, ", "))
+}
+
+func (v *problems) positive(key string, d Duration) {
+	if d.Duration <= 0 {
+		v.bad(key, "must be a positive duration, got %q", d.String())
+	}
+}
+
+func (v *problems) absPath(key, path string) {
+	if path == "" || !filepath.IsAbs(path) {
+		v.bad(key, "must be an absolute path, got %q", path)
+	}
+}
+
+func (c *Config) validateLedger(v *problems) {
+	v.absPath("ledger.dir", c.Ledger.Dir)
+	v.positive("ledger.lock_timeout", c.Ledger.LockTimeout)
 	if c.Ledger.AuditMaxBytes < 4096 {
-		bad("ledger.audit_max_bytes", "must be at least 4096, got %d", c.Ledger.AuditMaxBytes)
+		v.bad("ledger.audit_max_bytes", "must be at least 4096, got %d", c.Ledger.AuditMaxBytes)
 	}
+}
 
-	oneOf("devices.source", string(c.Devices.Source),
+func (c *Config) validateDevices(v *problems) {
+	v.oneOf("devices.source", string(c.Devices.Source),
 		string(SourceAuto), string(SourceNVML), string(SourceProc), string(SourceStatic))
-	if c.Devices.ProcRoot == "" || !filepath.IsAbs(c.Devices.ProcRoot) {
-		bad("devices.proc_root", "must be an absolute path, got %q", c.Devices.ProcRoot)
-	}
+	v.absPath("devices.proc_root", c.Devices.ProcRoot)
 	if c.Devices.Source == SourceStatic && len(c.Devices.Static) == 0 {
-		bad("devices.static", "source is \"static\" but no [[devices.static]] GPU is listed")
+		v.bad("devices.static", "source is \"static\" but no [[devices.static]] GPU is listed")
 	}
-	c.validateStatic(bad)
+	c.validateStatic(v.bad)
+}
 
-	oneOf("policy.on_conflict", string(c.Policy.OnConflict), string(ConflictQueue), string(ConflictReject))
-	oneOf("policy.release_on", string(c.Policy.ReleaseOn), string(ReleaseOnStop), string(ReleaseOnRemove))
-	oneOf("policy.all_devices", string(c.Policy.AllDevices), string(AllClaim), string(AllReject), string(AllIgnore))
-	oneOf("policy.privileged", string(c.Policy.Privileged),
+func (c *Config) validatePolicy(v *problems) {
+	v.oneOf("policy.on_conflict", string(c.Policy.OnConflict), string(ConflictQueue), string(ConflictReject))
+	v.oneOf("policy.release_on", string(c.Policy.ReleaseOn), string(ReleaseOnStop), string(ReleaseOnRemove))
+	v.oneOf("policy.all_devices", string(c.Policy.AllDevices), string(AllClaim), string(AllReject), string(AllIgnore))
+	v.oneOf("policy.privileged", string(c.Policy.Privileged),
 		string(PrivilegedDeclared), string(PrivilegedAll), string(PrivilegedReject))
-	oneOf("policy.unknown_device", string(c.Policy.UnknownDevice), string(UnknownReject), string(UnknownIgnore))
-	positive("policy.reservation_ttl", c.Policy.ReservationTTL)
-	positive("policy.queue_ttl", c.Policy.QueueTTL)
+	v.oneOf("policy.unknown_device", string(c.Policy.UnknownDevice), string(UnknownReject), string(UnknownIgnore))
+	v.positive("policy.reservation_ttl", c.Policy.ReservationTTL)
+	v.positive("policy.queue_ttl", c.Policy.QueueTTL)
 	seenNS := map[string]bool{}
 	for i, ns := range c.Policy.ExemptNamespaces {
 		key := fmt.Sprintf("policy.exempt_namespaces[%d]", i)
 		switch {
 		case strings.TrimSpace(ns) == "":
-			bad(key, "empty namespace")
+			v.bad(key, "empty namespace")
 		case seenNS[ns]:
-			bad(key, "namespace %q is listed twice", ns)
+			v.bad(key, "namespace %q is listed twice", ns)
 		}
 		seenNS[ns] = true
 	}
+}
 
+func (c *Config) validateNRI(v *problems) {
 	if !pluginNameRE.MatchString(c.NRI.PluginName) {
-		bad("nri.plugin_name", "invalid name %q (letters, digits, '-', '_', '.'; no index prefix)", c.NRI.PluginName)
+		v.bad("nri.plugin_name", "invalid name %q (letters, digits, '-', '_', '.'; no index prefix)", c.NRI.PluginName)
 	}
 	if !pluginIdxPattern.MatchString(c.NRI.PluginIndex) {
-		bad("nri.plugin_index", "must be two digits such as \"90\", got %q", c.NRI.PluginIndex)
+		v.bad("nri.plugin_index", "must be two digits such as \"90\", got %q", c.NRI.PluginIndex)
 	}
-	if c.NRI.Socket == "" || !filepath.IsAbs(c.NRI.Socket) {
-		bad("nri.socket", "must be an absolute path, got %q", c.NRI.Socket)
-	}
+	v.absPath("nri.socket", c.NRI.Socket)
+}
 
-	positive("hook.wait_timeout", c.Hook.WaitTimeout)
-	positive("hook.poll_interval", c.Hook.PollInterval)
+func (c *Config) validateHook(v *problems) {
+	v.positive("hook.wait_timeout", c.Hook.WaitTimeout)
+	v.positive("hook.poll_interval", c.Hook.PollInterval)
 	if c.Hook.PollInterval.Duration > 0 && c.Hook.WaitTimeout.Duration > 0 &&
 		c.Hook.PollInterval.Duration > c.Hook.WaitTimeout.Duration {
-		bad("hook.poll_interval", "%s is longer than hook.wait_timeout %s", c.Hook.PollInterval, c.Hook.WaitTimeout)
+		v.bad("hook.poll_interval", "%s is longer than hook.wait_timeout %s", c.Hook.PollInterval, c.Hook.WaitTimeout)
 	}
-
-	if c.Metrics.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
-			bad("metrics.listen", "want host:port such as \"127.0.0.1:9464\", got %q", c.Metrics.Listen)
-		}
-	}
-	c.validateObserve(bad, oneOf)
-	return errors.Join(errs...)
 }
 
 // maxIdleGrace bounds observe.idle_grace: a draining claim must end, and an
@@ -121,24 +136,24 @@ const maxIdleGrace = time.Hour
 // hundreds; anything far beyond is a typo.
 const maxXid = 65535
 
-func (c *Config) validateObserve(bad func(key, format string, args ...any), oneOf func(key, value string, allowed ...string)) {
+func (c *Config) validateObserve(v *problems) {
 	if c.Observe.Interval.Duration < 0 {
-		bad("observe.interval", "must not be negative (0 disables the accounting), got %q", c.Observe.Interval.String())
+		v.bad("observe.interval", "must not be negative (0 disables the accounting), got %q", c.Observe.Interval.String())
 	} else if c.Observe.Interval.Duration > 0 && c.Observe.Interval.Duration < time.Second {
-		bad("observe.interval", "must be at least 1s (or 0 to disable), got %q", c.Observe.Interval.String())
+		v.bad("observe.interval", "must be at least 1s (or 0 to disable), got %q", c.Observe.Interval.String())
 	}
-	oneOf("observe.on_intruder", string(c.Observe.OnIntruder), string(IntruderReport), string(IntruderCordon))
+	v.oneOf("observe.on_intruder", string(c.Observe.OnIntruder), string(IntruderReport), string(IntruderCordon))
 	if g := c.Observe.IdleGrace.Duration; g <= 0 || g > maxIdleGrace {
-		bad("observe.idle_grace", "must be a positive duration of at most %s, got %q", maxIdleGrace, c.Observe.IdleGrace.String())
+		v.bad("observe.idle_grace", "must be a positive duration of at most %s, got %q", maxIdleGrace, c.Observe.IdleGrace.String())
 	}
 	seen := map[int]bool{}
 	for i, x := range c.Observe.Xids {
 		key := fmt.Sprintf("observe.xids[%d]", i)
 		switch {
 		case x < 1 || x > maxXid:
-			bad(key, "Xid %d is out of range (1-%d)", x, maxXid)
+			v.bad(key, "Xid %d is out of range (1-%d)", x, maxXid)
 		case seen[x]:
-			bad(key, "Xid %d is listed twice", x)
+			v.bad(key, "Xid %d is listed twice", x)
 		}
 		seen[x] = true
 	}
@@ -150,7 +165,7 @@ func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
 	minors := map[int]string{}
 	for i, g := range c.Devices.Static {
 		key := fmt.Sprintf("devices.static[%d]", i)
-		if !gpuUUIDPattern.MatchString(g.UUID) {
+		if !gpuid.IsGPUUUID(g.UUID) {
 			bad(key+".uuid", "%q is not a GPU UUID (want GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", g.UUID)
 		} else if prev, dup := uuids[strings.ToLower(g.UUID)]; dup {
 			bad(key+".uuid", "UUID %s is already used by %s", g.UUID, prev)
@@ -164,8 +179,8 @@ func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
 		} else {
 			indices[g.Index] = key
 		}
-		if g.Minor < 0 || g.Minor > maxMinor {
-			bad(key+".minor", "must be between 0 and %d, got %d", maxMinor, g.Minor)
+		if !gpuid.IsGPUMinor(g.Minor) {
+			bad(key+".minor", "must be between 0 and %d, got %d", gpuid.MaxGPUMinor, g.Minor)
 		} else if prev, dup := minors[g.Minor]; dup {
 			bad(key+".minor", "minor %d is already used by %s", g.Minor, prev)
 		} else {
@@ -176,7 +191,7 @@ func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
 		migInst := map[giCI]string{}
 		for j, m := range g.MIG {
 			mkey := fmt.Sprintf("%s.mig[%d]", key, j)
-			if !migUUIDPattern.MatchString(m.UUID) {
+			if !gpuid.IsMIGUUID(m.UUID) {
 				bad(mkey+".uuid", "%q is not a MIG UUID (want MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)", m.UUID)
 			} else if prev, dup := uuids[strings.ToLower(m.UUID)]; dup {
 				bad(mkey+".uuid", "UUID %s is already used by %s", m.UUID, prev)

@@ -7,11 +7,12 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices/nvmlloader"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -60,14 +61,9 @@ func (a *app) stateDir() (string, error) {
 // ledgerOptions are the ledger's tunables from the configuration, with the
 // injected clock and boot id.
 func (a *app) ledgerOptions(cfg config.Config) ledger.Options {
-	return ledger.Options{
-		LockTimeout:    cfg.Ledger.LockTimeout.Duration,
-		AuditMaxBytes:  cfg.Ledger.AuditMaxBytes,
-		ReservationTTL: cfg.Policy.ReservationTTL.Duration,
-		QueueTTL:       cfg.Policy.QueueTTL.Duration,
-		Now:            a.env.Now,
-		BootID:         a.env.BootID,
-	}
+	opts := guard.LedgerOptions(cfg)
+	opts.Now, opts.BootID = a.env.Now, a.env.BootID
+	return opts
 }
 
 // openLedger opens the ledger read-only (readOnly) or for writing.
@@ -110,24 +106,10 @@ func (a *app) view(ctx context.Context, fn func(tx *ledger.Tx) error) error {
 func (a *app) snapshot(ctx context.Context) (ledger.State, error) {
 	var st ledger.State
 	err := a.view(ctx, func(tx *ledger.Tx) error {
-		st = cloneState(tx.State())
+		st = tx.State().Clone()
 		return nil
 	})
 	return st, err
-}
-
-// cloneState copies the slices of a transaction's state, which is only valid
-// inside the transaction.
-func cloneState(st *ledger.State) ledger.State {
-	out := *st
-	out.Claims = slices.Clone(st.Claims)
-	out.Waiters = slices.Clone(st.Waiters)
-	for i := range out.Waiters {
-		out.Waiters[i].Devices = slices.Clone(out.Waiters[i].Devices)
-	}
-	out.Reservations = slices.Clone(st.Reservations)
-	out.Conflicts = slices.Clone(st.Conflicts)
-	return out
 }
 
 // inventoryInfo says where an inventory came from.
@@ -173,7 +155,7 @@ func (a *app) discover() (*devices.Inventory, error) {
 	if err != nil {
 		return nil, err
 	}
-	inv, err := devices.Discover(cfg.Devices, a.env.NVML)
+	inv, err := devices.Discover(cfg.Devices, nvmlloader.New(a.env.NVML))
 	if err != nil {
 		return nil, fmt.Errorf("discover GPUs (devices.source = %q): %w", cfg.Devices.Source, err)
 	}

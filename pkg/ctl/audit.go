@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // defaultAuditLines is how many records `audit` shows without -n: enough to
@@ -151,7 +152,7 @@ func (a *app) auditTable(w io.Writer, recs []ledger.AuditRecord, header, follow 
 				fmt.Sprint(r.Generation), fmt.Sprint(r.Pid), r.Reason)
 			continue
 		}
-		t.row(ts, r.Op, strings.Join(devs, ","), holder, ledger.ShortID(r.ContainerID), r.Reason)
+		t.row(ts, r.Op, strings.Join(devs, ","), holder, naming.ShortID(r.ContainerID), r.Reason)
 	}
 	return t.flush()
 }

@@ -11,7 +11,9 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -82,7 +84,7 @@ func BenchmarkStatusRender(b *testing.B) {
 			Devices: []devices.Device{devs[i%32], devs[(i+1)%32]}, FirstSeen: now.Add(-time.Minute), LastSeen: now})
 	}
 	for b.Loop() {
-		v := buildStatus(&st, inv, inventoryInfo{Origin: "cache"}, f.liveness)
+		v := buildStatus(&st, inv, inventoryInfo{Origin: "cache"}, guard.NewReleaseRule(config.Default(), f.liveness))
 		if err := v.render(io.Discard, outputTable, now); err != nil {
 			b.Fatal(err)
 		}

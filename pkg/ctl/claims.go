@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 func (a *app) claimsCommand() *cobra.Command {
@@ -92,7 +93,7 @@ func renderClaims(w io.Writer, output string, st ledger.State, now time.Time) er
 	t := newTable(w, header...)
 	for _, c := range st.Claims {
 		if !wide {
-			t.row(c.Device.Index, shortUUID(c.Device.UUID), holderName(c.Owner), ledger.ShortID(c.Owner.ContainerID), c.Source, since(now, c.Since))
+			t.row(c.Device.Index, shortUUID(c.Device.UUID), holderName(c.Owner), naming.ShortID(c.Owner.ContainerID), c.Source, since(now, c.Since))
 			continue
 		}
 		pid := none

@@ -11,7 +11,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices/nvmlloader"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
@@ -33,12 +34,6 @@ const programName = "gpu-guard-ctl"
 // responsive without polling the disk hard.
 const defaultFollowInterval = time.Second
 
-// Liveness tells whether a claim holder's processes are gone. The
-// *liveness.Checker satisfies it; tests inject fakes.
-type Liveness interface {
-	Exited(o ledger.Owner) (bool, string)
-}
-
 // Env is everything Run takes from the process: where output goes, the clock,
 // the caller's uid and the host roots. Zero fields take the process defaults
 // (see DefaultEnv), so tests set only what they pin.
@@ -56,10 +51,10 @@ type Env struct {
 	CgroupRoot string
 	ProcRoot   string
 	// Liveness overrides the checker built from CgroupRoot and ProcRoot.
-	Liveness Liveness
-	// NVML is the library devices.Discover uses (a go-nvml nvml.Interface in
+	Liveness guard.Liveness
+	// NVML is the library the NVML loader uses (a go-nvml nvml.Interface in
 	// cgo builds); nil = the host's libnvidia-ml.
-	NVML devices.NVMLInterface
+	NVML nvmlloader.Interface
 	// BootID overrides the host boot id the ledger compares its state with
 	// (tests pin it; empty = /proc/sys/kernel/random/boot_id).
 	BootID string

@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata")
@@ -61,11 +63,12 @@ func fixtureGPUs() []devices.GPU {
 	}
 }
 
-// fakeLiveness reports the listed container ids as exited.
+// fakeLiveness reports the listed container ids as exited; a holder is named
+// by the last element of its cgroup path ("/k8s.io/<container id>").
 type fakeLiveness map[string]string
 
-func (f fakeLiveness) Exited(o ledger.Owner) (bool, string) {
-	why, ok := f[o.ContainerID]
+func (f fakeLiveness) Exited(p liveness.Process) (bool, string) {
+	why, ok := f[path.Base(p.Cgroup)]
 	return ok, why
 }
 

@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // none is what a table shows for an empty cell, so columns stay aligned and
@@ -68,7 +69,7 @@ func holderName(o ledger.Owner) string {
 	case o.Container != "":
 		return o.Container
 	default:
-		return ledger.ShortID(o.ContainerID)
+		return naming.ShortID(o.ContainerID)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -20,9 +21,11 @@ gone (or reused) when no cgroup is known. This is the check the daemon runs
 before refusing a request; gc runs it for every claim, e.g. after the daemon was
 down while containers stopped.
 
-A holder that was created but never started has no process yet and keeps its
-claim, and so does one the daemon saw stop under release_on = "remove" (it is
-kept until the container is removed; use release to end it sooner). When in doubt (unreadable cgroup, unknown layout) a claim is kept.
+This is the rule the daemon applies, with the configured release_on: a holder
+that was created but never started has no process yet and keeps its claim, and
+under release_on = "remove" an exited holder keeps its claim until its
+container is removed (use release to end it sooner). When in doubt (unreadable
+cgroup, unknown layout) a claim is kept.
 Every release is audited with the finding.
 
 --dry-run lists what would be released and changes nothing (no root needed).`,
@@ -43,6 +46,11 @@ Every release is audited with the finding.
 }
 
 func (a *app) gc(ctx context.Context, dryRun bool) error {
+	cfg, err := a.config()
+	if err != nil {
+		return err
+	}
+	rule := guard.NewReleaseRule(cfg, a.env.Liveness)
 	st, err := a.snapshot(ctx)
 	if err != nil {
 		return err
@@ -57,15 +65,11 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 			continue
 		}
 		why[id] = ""
-		if !c.Owner.StoppedAt.IsZero() {
-			// Known stopped and kept until removal (release_on =
-			// "remove"): policy, not a leak.
-			continue
-		}
-		gone, reason := a.env.Liveness.Exited(c.Owner)
-		if gone {
+		// The rule the guard applies: a holder kept by policy (release_on
+		// = "remove", or never started) is not a leak.
+		if v := rule.Check(c.Owner); v.Release() {
 			exited[id] = c.Owner
-			why[id] = "holder exited: " + reason
+			why[id] = "holder exited: " + v.Why
 		}
 	}
 	if dryRun {

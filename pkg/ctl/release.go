@@ -10,7 +10,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // maxReasonLen bounds --reason: it goes into every audit record of the
@@ -205,7 +207,7 @@ func sameHolder(st *ledger.State, dev, holder string) error {
 	for _, c := range st.Claims {
 		if c.Device.UUID == dev && c.Owner.ContainerID != holder {
 			return fmt.Errorf("%s changed hands: it is now held by %s, not %s; check `%s status` and run release again",
-				ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner), ledger.ShortID(holder), programName)
+				naming.Device(c.Device), guard.HolderName(c.Owner), naming.ShortID(holder), programName)
 		}
 	}
 	return nil
@@ -263,7 +265,7 @@ func renderReleased(w io.Writer, output string, dryRun bool, claims []ledger.Cla
 		return nil
 	}
 	for _, c := range claims {
-		line := fmt.Sprintf("%s %s held by %s for %s", verb, ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner), since(now, c.Since))
+		line := fmt.Sprintf("%s %s held by %s for %s", verb, naming.Device(c.Device), guard.HolderName(c.Owner), since(now, c.Since))
 		if r := why[c.Owner.ContainerID]; r != "" {
 			line += ": " + r
 		}

@@ -9,7 +9,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // Device states shown by status (the "state" JSON field).
@@ -46,9 +48,11 @@ the inventory.`,
   gpu-guard-ctl status -o json | jq '.devices[] | select(.state != "free")'`,
 		noArgs,
 		func(cmd *cobra.Command, _ []string) error {
-			if _, err := a.config(); err != nil {
+			cfg, err := a.config()
+			if err != nil {
 				return err
 			}
+			rule := guard.NewReleaseRule(cfg, a.env.Liveness)
 			inv, info, err := a.inventory()
 			if err != nil {
 				// The ledger alone still says who holds what; say why the
@@ -58,7 +62,7 @@ the inventory.`,
 			}
 			var v *statusView
 			err = a.view(cmd.Context(), func(tx *ledger.Tx) error {
-				v = buildStatus(tx.State(), inv, info, a.env.Liveness)
+				v = buildStatus(tx.State(), inv, info, rule)
 				return nil
 			})
 			if err != nil {
@@ -198,7 +202,7 @@ func indexState(st *ledger.State) statusIndex {
 
 // buildStatus joins the ledger state with the inventory (nil when it could not
 // be loaded) and the holders' liveness.
-func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, live Liveness) *statusView {
+func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, rule guard.ReleaseRule) *statusView {
 	x := indexState(st)
 	v := &statusView{Devices: []statusDevice{}, Problems: []problem{}, Generation: st.Generation, UpdatedAt: timeOrNil(st.UpdatedAt)}
 	if inv != nil {
@@ -236,7 +240,10 @@ func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, l
 		extra(r.Device)
 	}
 
-	exited := map[string]string{} // container id → why, for holders that exited
+	// A claim is stale when the release rule (the one gc and the guard
+	// apply) would release it now; a holder kept by policy (release_on =
+	// "remove") is not stale.
+	exited := map[string]string{} // container id → why, for releasable holders
 	checked := map[string]bool{}
 	for _, c := range st.Claims {
 		id := c.Owner.ContainerID
@@ -244,13 +251,8 @@ func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, l
 			continue
 		}
 		checked[id] = true
-		// A holder marked stopped (release_on = "remove") is known to have
-		// exited and keeps its claim until removal by policy: not stale.
-		if !c.Owner.StoppedAt.IsZero() {
-			continue
-		}
-		if gone, why := live.Exited(c.Owner); gone {
-			exited[id] = why
+		if v := rule.Check(c.Owner); v.Release() {
+			exited[id] = v.Why
 		}
 	}
 	for i := range v.Devices {
@@ -314,30 +316,30 @@ func (x statusIndex) relatedClaim(d devices.Device) *ledger.Claim {
 // problems lists what an operator must act on for this row.
 func (d *statusDevice) problems(inv *devices.Inventory) []problem {
 	var out []problem
-	label := ledger.DescribeDevice(devices.Device{UUID: d.UUID, Index: d.Index, Kind: devices.Kind(d.Kind)})
+	label := naming.Device(devices.Device{UUID: d.UUID, Index: d.Index, Kind: devices.Kind(d.Kind)})
 	if d.Stale != "" {
 		out = append(out, problem{
 			Kind: problemHolderExited, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
 			Message: fmt.Sprintf("%s is held by %s (%s) whose processes are gone (%s); release it with `sudo %s gc`",
-				label, d.Holder.name(), ledger.ShortID(d.Holder.ContainerID), d.Stale, programName),
+				label, d.Holder.name(), naming.ShortID(d.Holder.ContainerID), d.Stale, programName),
 		})
 	}
 	for _, c := range d.Conflicts {
 		holder := "no recorded holder"
 		if d.Holder != nil {
-			holder = fmt.Sprintf("%s (%s)", d.Holder.name(), ledger.ShortID(d.Holder.ContainerID))
+			holder = fmt.Sprintf("%s (%s)", d.Holder.name(), naming.ShortID(d.Holder.ContainerID))
 		}
 		out = append(out, problem{
 			Kind: problemConflict, Device: d.UUID, Index: d.Index, ContainerID: c.ContainerID,
 			Message: fmt.Sprintf("%s is held by %s but %s (%s) uses it too (seen at reconcile); nothing is killed automatically: stop one of them",
-				label, holder, c.name(), ledger.ShortID(c.ContainerID)),
+				label, holder, c.name(), naming.ShortID(c.ContainerID)),
 		})
 	}
 	if !d.InInventory && inv != nil && d.Holder != nil && d.HeldVia == "" {
 		out = append(out, problem{
 			Kind: problemUnknownDevice, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
 			Message: fmt.Sprintf("%s is claimed by %s (%s) but is not in the inventory (source %s); if the GPU is gone, release the claim with `sudo %s release --device %s --reason \"GPU removed\"`, if it was added, run `sudo %s devices --refresh`",
-				label, d.Holder.name(), ledger.ShortID(d.Holder.ContainerID), inv.Source, programName, d.UUID, programName),
+				label, d.Holder.name(), naming.ShortID(d.Holder.ContainerID), inv.Source, programName, d.UUID, programName),
 		})
 	}
 	return out
@@ -404,7 +406,7 @@ func (v *statusView) render(w io.Writer, output string, now time.Time) error {
 			sinceCol = since(now, d.Reservation.Since)
 		}
 		if !wide {
-			id = ledger.ShortID(id)
+			id = naming.ShortID(id)
 		}
 		row := []string{d.Index, uuid, model, d.State, holder, id, sinceCol, strconv.Itoa(d.Waiters)}
 		if wide {

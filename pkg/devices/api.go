@@ -1,9 +1,5 @@
 package devices
 
-// CONTRACT FILE: the exported surface other packages code against. The devices
-// helper implements it (and may move pieces into other files), but must keep
-// these names and meanings.
-
 import (
 	"errors"
 

@@ -15,15 +15,20 @@ import (
 // works, the error wraps ErrSourceUnavailable. An explicitly named source
 // either works or fails with its own error.
 //
-// nvmlLib nil means the host's NVML library (in cgo builds, nvmlLib is a
-// go-nvml nvml.Interface). Where the inventory has MIG
-// instances, the /dev/nvidia-caps mapping is read from proc_root too.
-func Discover(cfg config.DevicesConfig, nvmlLib NVMLInterface) (*Inventory, error) {
+// nvml is the NVML loader (nvmlloader.New), kept out of this package so
+// that resolution and everything that imports it build without cgo; nil means
+// a program that never initialises NVML (the OCI hook): NVML counts as
+// unavailable. Where the inventory has MIG instances, the /dev/nvidia-caps
+// mapping is read from proc_root too.
+func Discover(cfg config.DevicesConfig, nvml Loader) (*Inventory, error) {
 	root := cfg.ProcRoot
 	if root == "" {
 		root = "/"
 	}
-	nvmlL, procL, staticL := NewNVMLLoader(nvmlLib), NewProcLoader(root), NewStaticLoader(cfg.Static)
+	if nvml == nil {
+		nvml = noNVML{}
+	}
+	nvmlL, procL, staticL := nvml, NewProcLoader(root), NewStaticLoader(cfg.Static)
 	var loaders []Loader
 	switch cfg.Source {
 	case config.SourceAuto, "":
@@ -110,4 +115,13 @@ func withMIGCaps(inv *Inventory, root string) (*Inventory, error) {
 		next.Notes = append(append([]string(nil), inv.Notes...), note)
 	}
 	return newInventory(next)
+}
+
+// noNVML is the NVML source of a program that does not load NVML.
+type noNVML struct{}
+
+func (noNVML) Name() string { return string(config.SourceNVML) }
+
+func (noNVML) Load() ([]GPU, error) {
+	return nil, fmt.Errorf("%w: nvml: not loaded by this program", ErrSourceUnavailable)
 }

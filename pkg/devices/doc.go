@@ -1,7 +1,8 @@
 // Package devices answers "which GPUs can this container reach?".
 //
-// It owns the GPU inventory (NVML through go-nvlib, /proc/driver/nvidia, or a
-// static list from the configuration; see Discover, and SaveCache/LoadCache
+// It owns the GPU inventory (NVML through the nvmlloader package,
+// /proc/driver/nvidia, or a static list from the configuration; see
+// Discover, and SaveCache/LoadCache
 // for the copy the OCI hook reads) and the resolver that turns a container
 // description (environment, mounts, annotations, CDI device names, Linux
 // device nodes, privileged flag) into a canonical set of device UUIDs,
@@ -24,6 +25,9 @@
 //     every error names the offending token and its source.
 //   - A full GPU conflicts with each of its MIG instances; sibling MIG instances
 //     do not conflict (Conflicts).
-//   - Code that needs cgo (NVML) is confined to loader_nvml.go; builds without
-//     cgo still compile and report NVML as unavailable.
+//   - This package uses no cgo and does not import go-nvml: the NVML loader is
+//     the separate package nvmlloader, handed to Discover by the programs
+//     that enumerate through NVML (the daemon, gpu-guard-ctl). Everything
+//     that only resolves (the guard, the ledger, the OCI hook) builds
+//     without the NVML bindings.
 package devices

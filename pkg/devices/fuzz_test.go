@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
 var sentinels = []error{ErrUnknownDevice, ErrInvalidID, ErrAllRejected, ErrPrivilegedRejected, ErrTooLarge}
@@ -213,7 +214,7 @@ func FuzzProcInformation(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !isUUIDWithPrefix(g.UUID, "GPU-") || g.Minor < 0 || g.Minor > maxGPUMinor {
+		if !gpuid.IsGPUUUID(g.UUID) || g.Minor < 0 || g.Minor > gpuid.MaxGPUMinor {
 			t.Fatalf("accepted an invalid GPU: %+v", g.GPU)
 		}
 	})

@@ -5,6 +5,8 @@ import (
 	"strconv"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
 // idError is a device id the inventory cannot resolve. It wraps
@@ -130,7 +132,7 @@ func (ix *index) resolveID(tok string) (int, *idError) {
 		}
 		return 0, ix.unknown(tok)
 	}
-	if bus, ok := normaliseBusID(tok); ok {
+	if bus, ok := NormaliseBusID(tok); ok {
 		if pos, found := ix.byBus[bus]; found {
 			return pos, nil
 		}
@@ -204,7 +206,7 @@ func parseLegacyMIG(s string) (gpu string, gi, ci int, ok bool) {
 
 func isLegacyMIGUUID(s string) bool {
 	gpu, _, _, ok := parseLegacyMIG(s)
-	return ok && strings.HasPrefix(s, "MIG-") && isUUIDWithPrefix(gpu, "GPU-")
+	return ok && strings.HasPrefix(s, "MIG-") && gpuid.IsGPUUUID(gpu)
 }
 
 // CDI vendors and classes whose devices are NVIDIA GPUs: the toolkit's
@@ -276,7 +278,7 @@ func (ix *index) resolveCDIName(name string) (pos int, all bool, err *idError) {
 			return p, false, reToken(e, name)
 		}
 	}
-	if isUUIDWithPrefix(id, "GPU-") || isUUIDWithPrefix(id, "MIG-") {
+	if gpuid.IsGPUUUID(id) || gpuid.IsMIGUUID(id) {
 		if p, found := ix.byFold[strings.ToLower(id)]; found {
 			return p, false, nil
 		}

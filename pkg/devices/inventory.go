@@ -7,15 +7,13 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
 // ErrInvalidInventory is wrapped by every error NewInventory (and so
 // json.Unmarshal and LoadCache) returns for an inconsistent device list.
 var ErrInvalidInventory = errors.New("invalid GPU inventory")
-
-// maxGPUMinor is the largest /dev/nvidia<N> minor that is a GPU: 254 and 255
-// are nvidia-modeset and nvidiactl.
-const maxGPUMinor = 253
 
 // nvidiaMajor is the character-device major of /dev/nvidia<N>, nvidiactl and
 // nvidia-modeset.
@@ -105,6 +103,8 @@ func cloneGPUs(in []GPU) []GPU {
 
 func gpuName(g GPU) string { return fmt.Sprintf("GPU %d (%s)", g.Index, g.UUID) }
 
+// buildIndex validates inv and builds its lookup tables: every GPU, then its
+// MIG instances, then the MIG capability nodes.
 func buildIndex(inv *Inventory) (*index, error) {
 	n := len(inv.GPUs)
 	for _, g := range inv.GPUs {
@@ -122,81 +122,17 @@ func buildIndex(inv *Inventory) (*index, error) {
 		migsOf:  map[int][]int{},
 		caps:    map[int]MIGCap{},
 	}
-	addUUID := func(uuid string, pos int) error {
-		fold := strings.ToLower(uuid)
-		if prev, dup := ix.byFold[fold]; dup {
-			return fmt.Errorf("%w: UUID %s is listed twice (index %s and %s)",
-				ErrInvalidInventory, uuid, ix.ents[prev].dev.Index, ix.ents[pos].dev.Index)
-		}
-		ix.byUUID[uuid] = pos
-		ix.byFold[fold] = pos
-		return nil
-	}
 	for gi := range inv.GPUs {
 		g := &inv.GPUs[gi]
-		if g.Index < 0 {
-			return nil, fmt.Errorf("%w: %s: negative index", ErrInvalidInventory, gpuName(*g))
-		}
-		if !isUUIDWithPrefix(g.UUID, "GPU-") {
-			return nil, fmt.Errorf("%w: GPU %d: UUID %q is not of the form GPU-<uuid>", ErrInvalidInventory, g.Index, g.UUID)
-		}
-		if g.Minor < 0 || g.Minor > maxGPUMinor {
-			return nil, fmt.Errorf("%w: %s: minor number %d is outside 0-%d", ErrInvalidInventory, gpuName(*g), g.Minor, maxGPUMinor)
-		}
-		key := strconv.Itoa(g.Index)
-		if prev, dup := ix.byIndex[key]; dup {
-			return nil, fmt.Errorf("%w: index %d is used by %s and %s", ErrInvalidInventory, g.Index, ix.ents[prev].dev.UUID, g.UUID)
-		}
-		if prev, dup := ix.byMinor[g.Minor]; dup {
-			return nil, fmt.Errorf("%w: minor number %d is used by %s and %s", ErrInvalidInventory, g.Minor,
-				gpuName(inv.GPUs[ix.ents[prev].gpu]), gpuName(*g))
-		}
-		pos := len(ix.ents)
-		ix.ents = append(ix.ents, entry{dev: Device{UUID: g.UUID, Index: key, Kind: KindGPU}, gpu: gi, parent: -1})
-		if err := addUUID(g.UUID, pos); err != nil {
+		pos, err := ix.addGPU(inv, gi)
+		if err != nil {
 			return nil, err
-		}
-		ix.byIndex[key] = pos
-		ix.byMinor[g.Minor] = pos
-		ix.gpuEnts = append(ix.gpuEnts, pos)
-		if g.BusID != "" {
-			bus, ok := normaliseBusID(g.BusID)
-			if !ok {
-				return nil, fmt.Errorf("%w: %s: PCI bus id %q is not of the form dddd:bb:dd.f", ErrInvalidInventory, gpuName(*g), g.BusID)
-			}
-			if _, dup := ix.byBus[bus]; dup {
-				return nil, fmt.Errorf("%w: %s: PCI bus id %s is listed twice", ErrInvalidInventory, gpuName(*g), bus)
-			}
-			ix.byBus[bus] = pos
 		}
 		sort.SliceStable(g.MIG, func(i, j int) bool { return g.MIG[i].Index < g.MIG[j].Index })
 		for mi := range g.MIG {
-			m := &g.MIG[mi]
-			if err := checkMIG(*g, m); err != nil {
+			if err := ix.addMIG(g, gi, pos, &g.MIG[mi]); err != nil {
 				return nil, err
 			}
-			mkey := key + ":" + strconv.Itoa(m.Index)
-			if _, dup := ix.byIndex[mkey]; dup {
-				return nil, fmt.Errorf("%w: %s: MIG index %s is listed twice", ErrInvalidInventory, gpuName(*g), mkey)
-			}
-			gc := giciKey{parent: pos, gi: m.GI, ci: m.CI}
-			if prev, dup := ix.byGICI[gc]; dup {
-				return nil, fmt.Errorf("%w: %s: GPU instance %d / compute instance %d is listed for both %s and %s",
-					ErrInvalidInventory, gpuName(*g), m.GI, m.CI, ix.ents[prev].dev.UUID, m.UUID)
-			}
-			mpos := len(ix.ents)
-			ix.ents = append(ix.ents, entry{
-				dev: Device{UUID: m.UUID, Index: mkey, Kind: KindMIG, Parent: g.UUID},
-				gpu: gi, parent: pos, gi: m.GI, ci: m.CI,
-			})
-			if err := addUUID(m.UUID, mpos); err != nil {
-				return nil, err
-			}
-			ix.byIndex[mkey] = mpos
-			ix.byGICI[gc] = mpos
-			gk := giKey{parent: pos, gi: m.GI}
-			ix.byGI[gk] = append(ix.byGI[gk], mpos)
-			ix.migsOf[pos] = append(ix.migsOf[pos], mpos)
 		}
 	}
 	if err := ix.addCaps(inv.MIGCaps); err != nil {
@@ -206,11 +142,95 @@ func buildIndex(inv *Inventory) (*index, error) {
 	return ix, nil
 }
 
+// addUUID records uuid at pos, refusing a UUID listed twice in any case.
+func (ix *index) addUUID(uuid string, pos int) error {
+	fold := strings.ToLower(uuid)
+	if prev, dup := ix.byFold[fold]; dup {
+		return fmt.Errorf("%w: UUID %s is listed twice (index %s and %s)",
+			ErrInvalidInventory, uuid, ix.ents[prev].dev.Index, ix.ents[pos].dev.Index)
+	}
+	ix.byUUID[uuid] = pos
+	ix.byFold[fold] = pos
+	return nil
+}
+
+// addGPU validates full GPU gi of inv and records it; it returns its entry.
+func (ix *index) addGPU(inv *Inventory, gi int) (int, error) {
+	g := &inv.GPUs[gi]
+	if g.Index < 0 {
+		return 0, fmt.Errorf("%w: %s: negative index", ErrInvalidInventory, gpuName(*g))
+	}
+	if !gpuid.IsGPUUUID(g.UUID) {
+		return 0, fmt.Errorf("%w: GPU %d: UUID %q is not of the form GPU-<uuid>", ErrInvalidInventory, g.Index, g.UUID)
+	}
+	if !gpuid.IsGPUMinor(g.Minor) {
+		return 0, fmt.Errorf("%w: %s: minor number %d is outside 0-%d", ErrInvalidInventory, gpuName(*g), g.Minor, gpuid.MaxGPUMinor)
+	}
+	key := strconv.Itoa(g.Index)
+	if prev, dup := ix.byIndex[key]; dup {
+		return 0, fmt.Errorf("%w: index %d is used by %s and %s", ErrInvalidInventory, g.Index, ix.ents[prev].dev.UUID, g.UUID)
+	}
+	if prev, dup := ix.byMinor[g.Minor]; dup {
+		return 0, fmt.Errorf("%w: minor number %d is used by %s and %s", ErrInvalidInventory, g.Minor,
+			gpuName(inv.GPUs[ix.ents[prev].gpu]), gpuName(*g))
+	}
+	pos := len(ix.ents)
+	ix.ents = append(ix.ents, entry{dev: Device{UUID: g.UUID, Index: key, Kind: KindGPU}, gpu: gi, parent: -1})
+	if err := ix.addUUID(g.UUID, pos); err != nil {
+		return 0, err
+	}
+	ix.byIndex[key] = pos
+	ix.byMinor[g.Minor] = pos
+	ix.gpuEnts = append(ix.gpuEnts, pos)
+	if g.BusID != "" {
+		bus, ok := NormaliseBusID(g.BusID)
+		if !ok {
+			return 0, fmt.Errorf("%w: %s: PCI bus id %q is not of the form dddd:bb:dd.f", ErrInvalidInventory, gpuName(*g), g.BusID)
+		}
+		if _, dup := ix.byBus[bus]; dup {
+			return 0, fmt.Errorf("%w: %s: PCI bus id %s is listed twice", ErrInvalidInventory, gpuName(*g), bus)
+		}
+		ix.byBus[bus] = pos
+	}
+	return pos, nil
+}
+
+// addMIG validates MIG instance m of GPU g (inventory position gi, entry pos)
+// and records it.
+func (ix *index) addMIG(g *GPU, gi, pos int, m *MIG) error {
+	if err := checkMIG(*g, m); err != nil {
+		return err
+	}
+	mkey := strconv.Itoa(g.Index) + ":" + strconv.Itoa(m.Index)
+	if _, dup := ix.byIndex[mkey]; dup {
+		return fmt.Errorf("%w: %s: MIG index %s is listed twice", ErrInvalidInventory, gpuName(*g), mkey)
+	}
+	gc := giciKey{parent: pos, gi: m.GI, ci: m.CI}
+	if prev, dup := ix.byGICI[gc]; dup {
+		return fmt.Errorf("%w: %s: GPU instance %d / compute instance %d is listed for both %s and %s",
+			ErrInvalidInventory, gpuName(*g), m.GI, m.CI, ix.ents[prev].dev.UUID, m.UUID)
+	}
+	mpos := len(ix.ents)
+	ix.ents = append(ix.ents, entry{
+		dev: Device{UUID: m.UUID, Index: mkey, Kind: KindMIG, Parent: g.UUID},
+		gpu: gi, parent: pos, gi: m.GI, ci: m.CI,
+	})
+	if err := ix.addUUID(m.UUID, mpos); err != nil {
+		return err
+	}
+	ix.byIndex[mkey] = mpos
+	ix.byGICI[gc] = mpos
+	gk := giKey{parent: pos, gi: m.GI}
+	ix.byGI[gk] = append(ix.byGI[gk], mpos)
+	ix.migsOf[pos] = append(ix.migsOf[pos], mpos)
+	return nil
+}
+
 // checkMIG validates one MIG instance of g, filling in the parent fields a
 // loader may leave empty.
 func checkMIG(g GPU, m *MIG) error {
 	// Drivers before R470 named MIG devices "MIG-GPU-<uuid>/<gi>/<ci>".
-	if !isUUIDWithPrefix(m.UUID, "MIG-") && !isLegacyMIGUUID(m.UUID) {
+	if !gpuid.IsMIGUUID(m.UUID) && !isLegacyMIGUUID(m.UUID) {
 		return fmt.Errorf("%w: %s: MIG %d:%d: UUID %q is not of the form MIG-<uuid>", ErrInvalidInventory, gpuName(g), g.Index, m.Index, m.UUID)
 	}
 	if m.Index < 0 || m.GI < 0 || m.CI < 0 {
@@ -262,33 +282,6 @@ func (ix *index) addCaps(caps []MIGCap) error {
 		ix.caps[c.Minor] = c
 	}
 	return nil
-}
-
-// isUUIDWithPrefix reports whether s is prefix + an RFC 4122 style UUID
-// (8-4-4-4-12 hex digits), as NVML prints them.
-func isUUIDWithPrefix(s, prefix string) bool {
-	if len(s) != len(prefix)+36 || !strings.HasPrefix(s, prefix) {
-		return false
-	}
-	u := s[len(prefix):]
-	for i := 0; i < len(u); i++ {
-		c := u[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !isHex(c) {
-				return false
-			}
-		}
-	}
-	return true
-}
-
-func isHex(c byte) bool {
-	return ('0' <= c && c <= '9') || ('a' <= c && c <= 'f') || ('A' <= c && c <= 'F')
 }
 
 // summarise renders the inventory for "unknown id" messages: index ranges and
@@ -353,11 +346,11 @@ func ranges(v []int) string {
 	return b.String()
 }
 
-// normaliseBusID turns a PCI bus id in NVML ("00000000:3B:00.0"), go-nvlib
+// NormaliseBusID turns a PCI bus id in NVML ("00000000:3B:00.0"), go-nvlib
 // ("0000:3b:00.0") or /proc ("0000:3b:00.0") spelling into one canonical
 // form "dddd:bb:dd.f" (lower-case hex), the way the NVIDIA runtime compares
 // them. It accepts a domain of 1-8 hex digits.
-func normaliseBusID(s string) (string, bool) {
+func NormaliseBusID(s string) (string, bool) {
 	dom, rest, ok := strings.Cut(s, ":")
 	if !ok {
 		return "", false
@@ -378,6 +371,10 @@ func normaliseBusID(s string) (string, bool) {
 		return "", false
 	}
 	return fmt.Sprintf("%04x:%02x:%02x.%x", d, b, v, f), true
+}
+
+func isHex(c byte) bool {
+	return ('0' <= c && c <= '9') || ('a' <= c && c <= 'f') || ('A' <= c && c <= 'F')
 }
 
 func parseHex(s string, maxDigits int) (uint64, bool) {

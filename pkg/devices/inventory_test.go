@@ -204,12 +204,12 @@ func TestNormaliseBusID(t *testing.T) {
 		"0:3b:0.0":         "0000:3b:00.0",
 		"0001:c1:1f.7":     "0001:c1:1f.7",
 	} {
-		got, ok := normaliseBusID(in)
+		got, ok := NormaliseBusID(in)
 		assert.True(t, ok, in)
 		assert.Equal(t, want, got, in)
 	}
 	for _, in := range []string{"", "3b:00.0", "0000:3b:00", "0000:3b:20.0", "0000:3b:00.8", "0000:xx:00.0", "000000000:3b:00.0", "0000:3b:00.0.0"} {
-		_, ok := normaliseBusID(in)
+		_, ok := NormaliseBusID(in)
 		assert.False(t, ok, in)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
 // Paths below the configured proc_root (relative, for os.Root).
@@ -95,7 +96,7 @@ func (l *procLoader) loadNoted() ([]GPU, []string, error) {
 		if g.BusID == "" {
 			g.BusID = e.Name()
 		}
-		norm, ok := normaliseBusID(g.BusID)
+		norm, ok := NormaliseBusID(g.BusID)
 		if !ok {
 			return nil, nil, fmt.Errorf("proc: %s: bus location %q is not a PCI bus id", name, g.BusID)
 		}
@@ -169,14 +170,14 @@ func parseInformation(data string) (procGPU, error) {
 			if strings.Contains(value, "?") {
 				return g, fmt.Errorf("GPU UUID %q is not known yet (the driver fills it in once the GPU is initialised: enable persistence mode, or use source \"nvml\")", value)
 			}
-			if !isUUIDWithPrefix(value, "GPU-") {
+			if !gpuid.IsGPUUUID(value) {
 				return g, fmt.Errorf("GPU UUID %q is not of the form GPU-<uuid>", value)
 			}
 			g.UUID, hasUUID = value, true
 		case "Device Minor":
 			n, ok, big := decimal(value)
-			if !ok || big || n > maxGPUMinor {
-				return g, fmt.Errorf("device minor %q is not a number in 0-%d", value, maxGPUMinor)
+			if !ok || big || n > gpuid.MaxGPUMinor {
+				return g, fmt.Errorf("device minor %q is not a number in 0-%d", value, gpuid.MaxGPUMinor)
 			}
 			g.Minor, hasMinor = n, true
 		case "Bus Location":

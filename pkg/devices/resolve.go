@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
 // Names the resolver reads from a container.
@@ -514,7 +515,7 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 		// say (none given, or the nvidia-caps major is unknown).
 		switch {
 		case major == nvidiaMajor:
-			if minor < 0 || minor > maxGPUMinor {
+			if minor < 0 || minor > gpuid.MaxGPUMinor {
 				continue
 			}
 			if !b.spend(src) {

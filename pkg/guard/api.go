@@ -1,9 +1,5 @@
 package guard
 
-// CONTRACT FILE: the exported surface both front ends (nriplugin, hook) and
-// gpu-guard-ctl explain code against. The guard implementation must keep these
-// names and meanings; it may add to them.
-
 import (
 	"errors"
 	"time"
@@ -69,34 +65,3 @@ func RequesterKey(o ledger.Owner) string {
 	}
 	return o.ContainerID
 }
-
-// The Guard type and its methods live in guard.go. Their contract:
-//
-//	type Options struct {
-//		Config    config.Config
-//		Inventory *devices.Inventory
-//		Ledger    *ledger.Ledger
-//		Liveness  Liveness          // nil = liveness.New(defaults)
-//		Now       func() time.Time  // nil = time.Now
-//		Logger    *slog.Logger      // nil = discard
-//		Observer  Observer          // nil = none (metrics hook)
-//	}
-//	type Liveness interface {
-//		// Exited reports whether a started holder's processes are all gone,
-//		// with a short reason ("cgroup /k8s.io/abc has no processes").
-//		Exited(o ledger.Owner) (bool, string)
-//	}
-//	func New(opts Options) (*Guard, error)
-//	// Admit decides and records (claim or enqueue). A non-nil error means the
-//	// decision could not be made (lock timeout, corrupt ledger): callers fail
-//	// closed with that error. Otherwise d.Err() is nil only for Admit/Skip.
-//	func (g *Guard) Admit(ctx context.Context, r Request) (Decision, error)
-//	// Explain is Admit without any mutation (gpu-guard-ctl explain).
-//	func (g *Guard) Explain(ctx context.Context, r Request) (Decision, error)
-//	func (g *Guard) Started(ctx context.Context, containerID string, pid int, cgroup string) error
-//	func (g *Guard) Stopped(ctx context.Context, o ledger.Owner) error  // per release_on
-//	func (g *Guard) Removed(ctx context.Context, o ledger.Owner) error
-//	func (g *Guard) PodGone(ctx context.Context, podUID, sandboxID string) error // release + drop waiters
-//	func (g *Guard) Withdraw(ctx context.Context, key, reason string) error      // a waiter leaves the queue
-//	func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Request) (ledger.ReconcileResult, error)
-//	func (d Decision) Err() error // nil for Admit/Skip; wraps ErrQueued or ErrRejected with Message

@@ -1,7 +1,11 @@
 // Package guard is the one place that decides whether a container may have
-// the GPUs it asks for, and what the refusal says. Both front ends (the NRI
-// plugin and the OCI hook) and gpu-guard-ctl explain call it; none of them
-// contains policy.
+// the GPUs it asks for, what the refusal says, and when a holder's claim may
+// be released without a stop event (Releasable, the one release rule that
+// the guard itself, gpu-guard-ctl gc and status, and the waiting OCI hook
+// apply). Both front ends (the NRI plugin and the OCI hook) and gpu-guard-ctl
+// call it; none of them contains policy (TestFrontEndsHoldNoPolicy). It also
+// owns the one translation of the configuration into ledger.Options
+// (LedgerOptions).
 //
 // A decision resolves the container's request against the cached inventory
 // (no NVML, no file I/O), then, inside one ledger transaction: finds what is

@@ -13,6 +13,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // Options configure a Guard.
@@ -102,6 +103,10 @@ func (g *Guard) Ledger() *ledger.Ledger { return g.ledger }
 // Exempt reports whether pods of namespace are never checked.
 func (g *Guard) Exempt(namespace string) bool { return namespace != "" && g.exempt[namespace] }
 
+// Releasable applies the release rule (see Releasable) with the guard's
+// policy and liveness check.
+func (g *Guard) Releasable(o ledger.Owner) Verdict { return Releasable(o, g.policy.ReleaseOn, g.live) }
+
 // Resolve turns a container description into the devices it reaches under the
 // guard's policies, without touching the ledger.
 func (g *Guard) Resolve(spec devices.Request) (devices.Resolution, error) {
@@ -162,7 +167,7 @@ func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, er
 			if err != nil {
 				return err
 			}
-			st = snapshot(tx.State())
+			st = tx.State().Clone()
 			return nil
 		})
 	}
@@ -216,63 +221,12 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 	d := Decision{Devices: res.Devices}
 
 	busy := tx.Busy(key, owner, want)
-	var released []ledger.Claim
-	tookOver := false
+	var (
+		released []ledger.Claim
+		tookOver bool
+	)
 	if len(busy) > 0 {
-		changed := false
-		checked := map[string]bool{}
-		// predecessors are stopped holders this request may take over
-		// (release_on = "remove", same pod, same container name).
-		var predecessors []string
-		for _, bd := range busy {
-			if bd.Holder == nil || checked[bd.Holder.Owner.ContainerID] {
-				continue
-			}
-			h := bd.Holder.Owner
-			checked[h.ContainerID] = true
-			stopped := !h.StoppedAt.IsZero()
-			if !stopped && (h.Pid > 0 || h.Cgroup != "") {
-				if exited, why := g.live.Exited(h); exited {
-					if g.policy.ReleaseOn == config.ReleaseOnRemove {
-						// The claim lives until removal; the holder only
-						// stops being a candidate for liveness checks.
-						tx.MarkStopped(h.ContainerID)
-						stopped, changed = true, true
-						g.log.Info("holder exited without a stop event; kept until removal",
-							append(ownerAttrs(h, ""), slog.String("why", why))...)
-					} else {
-						rel := tx.Release(h.ContainerID, ReasonHolderExited+": "+why)
-						released = append(released, rel...)
-						changed = true
-						g.log.Info("released: holder exited",
-							append(ownerAttrs(h, ""), slog.String("why", why), slog.Any("devices", claimUUIDs(rel)))...)
-						continue
-					}
-				}
-			}
-			if stopped && g.policy.ReleaseOn == config.ReleaseOnRemove && sameWorkload(h, owner) {
-				predecessors = append(predecessors, h.ContainerID)
-			}
-		}
-		if changed {
-			busy = tx.Busy(key, owner, want)
-		}
-		// Take over only when that admits the request: a restart refused
-		// for another device must leave its predecessor's claim where it is,
-		// or the refused container's Stop/Remove would release it before
-		// the predecessor is removed.
-		if len(predecessors) > 0 && len(busy) > 0 && onlyHeldBy(busy, predecessors) {
-			for _, from := range predecessors {
-				moved := tx.TakeOver(from, owner, "restart of "+ledger.ShortID(from)+" in the same pod")
-				if len(moved) > 0 {
-					tookOver = true
-					g.log.Info("claim taken over by a restart in the same pod",
-						append(ownerAttrs(owner, key), slog.String("from_container_id", from),
-							slog.Any("devices", claimUUIDs(moved)))...)
-				}
-			}
-			busy = tx.Busy(key, owner, want)
-		}
+		busy, released, tookOver = g.settleHolders(tx, key, owner, want, busy)
 	}
 
 	if len(busy) == 0 {
@@ -283,7 +237,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 		if _, err := tx.Claim(key, owner, want, sourceText(res)); err != nil {
 			var be *ledger.BusyError
 			if !errors.As(err, &be) {
-				return Decision{}, nil, fmt.Errorf("claim %s for %s: %w", deviceList(want), ledger.DescribeOwner(owner), err)
+				return Decision{}, nil, fmt.Errorf("claim %s for %s: %w", deviceList(want), HolderName(owner), err)
 			}
 			// Busy said free but Claim disagrees: refuse with what Claim saw.
 			busy = be.Busy
@@ -303,14 +257,83 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 	}
 
 	d.Busy = busy
+	g.refuseOrQueue(tx, &d, key, owner, want, now)
+	return d, released, nil
+}
+
+// settleHolders runs the release rule on the holders of the busy devices:
+// an exited holder is released (or, under release_on = "remove", marked
+// stopped), and a stopped predecessor of the same pod and container name is
+// taken over when that admits the request. It returns what is still busy.
+func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, want []devices.Device,
+	busy []ledger.BusyDevice) (_ []ledger.BusyDevice, released []ledger.Claim, tookOver bool) {
+	changed := false
+	checked := map[string]bool{}
+	// predecessors are stopped holders this request may take over
+	// (release_on = "remove", same pod, same container name).
+	var predecessors []string
+	for _, bd := range busy {
+		if bd.Holder == nil || checked[bd.Holder.Owner.ContainerID] {
+			continue
+		}
+		h := bd.Holder.Owner
+		checked[h.ContainerID] = true
+		v := Releasable(h, g.policy.ReleaseOn, g.live)
+		stopped := v.Action == KeepStopped
+		switch v.Action {
+		case MarkStopped:
+			// The claim lives until removal; the holder only
+			// stops being a candidate for liveness checks.
+			tx.MarkStopped(h.ContainerID)
+			stopped, changed = true, true
+			g.log.Info("holder exited without a stop event; kept until removal",
+				append(ownerAttrs(h, ""), slog.String("why", v.Why))...)
+		case ReleaseNow:
+			rel := tx.Release(h.ContainerID, ReasonHolderExited+": "+v.Why)
+			released = append(released, rel...)
+			changed = true
+			g.log.Info("released: holder exited",
+				append(ownerAttrs(h, ""), slog.String("why", v.Why), slog.Any("devices", claimUUIDs(rel)))...)
+			continue
+		}
+		if stopped && g.policy.ReleaseOn == config.ReleaseOnRemove && sameWorkload(h, owner) {
+			predecessors = append(predecessors, h.ContainerID)
+		}
+	}
+	if changed {
+		busy = tx.Busy(key, owner, want)
+	}
+	// Take over only when that admits the request: a restart refused
+	// for another device must leave its predecessor's claim where it is,
+	// or the refused container's Stop/Remove would release it before
+	// the predecessor is removed.
+	if len(predecessors) > 0 && len(busy) > 0 && onlyHeldBy(busy, predecessors) {
+		for _, from := range predecessors {
+			moved := tx.TakeOver(from, owner, "restart of "+naming.ShortID(from)+" in the same pod")
+			if len(moved) > 0 {
+				tookOver = true
+				g.log.Info("claim taken over by a restart in the same pod",
+					append(ownerAttrs(owner, key), slog.String("from_container_id", from),
+						slog.Any("devices", claimUUIDs(moved)))...)
+			}
+		}
+		busy = tx.Busy(key, owner, want)
+	}
+	return busy, released, tookOver
+}
+
+// refuseOrQueue completes a decision whose devices are busy (d.Busy): the
+// requester is queued (on_conflict = "queue") or refused and the refusal
+// audited, and the message says who holds what and what to do.
+func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledger.Owner, want []devices.Device, now time.Time) {
 	d.Reason = "busy"
-	if allReserved(busy) {
+	if allReserved(d.Busy) {
 		d.Reason = "reserved"
 	}
 	text := conflictText{
 		now:    now,
 		policy: g.policy,
-		busy:   busy,
+		busy:   d.Busy,
 		waiter: func(k string) (ledger.Waiter, bool) { return findWaiter(tx.State(), k) },
 		key:    key,
 	}
@@ -328,12 +351,11 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 		tx.Audit(AuditRefuse, ledger.AuditRecord{
 			Devices: deviceUUIDs(want), ContainerID: owner.ContainerID, Key: key,
 			Namespace: owner.Namespace, Pod: owner.Pod, Container: owner.Container,
-			FrontEnd: string(owner.FrontEnd), Reason: "on_conflict=reject: " + strings.Join(busyAttrs(busy), "; "),
+			FrontEnd: string(owner.FrontEnd), Reason: "on_conflict=reject: " + strings.Join(busyAttrs(d.Busy), "; "),
 		})
 	}
 	text.free = freeGPUs(tx.State(), g.inv, key)
 	d.Message = text.String()
-	return d, released, nil
 }
 
 // finish logs the decision and reports it to the observer.
@@ -371,7 +393,7 @@ func (g *Guard) finish(d Decision, owner ledger.Owner, key string, start time.Ti
 // ledgerError turns a failed ledger update into the error the front ends
 // refuse the container with. A lock timeout says "ledger busy".
 func (g *Guard) ledgerError(owner ledger.Owner, err error) error {
-	who := ledger.DescribeOwner(owner)
+	who := HolderName(owner)
 	switch {
 	case errors.Is(err, ledger.ErrLockTimeout):
 		return fmt.Errorf("GPU ledger busy: another process held the ledger lock, no decision for %s in time; "+
@@ -525,7 +547,7 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 		// Reconcile also fills in the pid and cgroup of claims that lack
 		// them (the daemon restarted after the container started).
 		result = tx.Reconcile(fe, holdings)
-		st = snapshot(tx.State())
+		st = tx.State().Clone()
 		return nil
 	})
 	if err != nil {
@@ -559,7 +581,7 @@ func (g *Guard) update(ctx context.Context, op string, fn func(tx *ledger.Tx) bo
 	err := g.ledger.Update(ctx, func(tx *ledger.Tx) error {
 		changed = fn(tx)
 		if changed {
-			st = snapshot(tx.State())
+			st = tx.State().Clone()
 		}
 		return nil
 	})
@@ -717,23 +739,9 @@ func sourceText(res devices.Resolution) string {
 func deviceList(devs []devices.Device) string {
 	parts := make([]string, len(devs))
 	for i, d := range devs {
-		parts[i] = ledger.DescribeDevice(d)
+		parts[i] = naming.Device(d)
 	}
 	return strings.Join(parts, ", ")
-}
-
-// snapshot copies the top-level slices of st so observers can read it after
-// the transaction ended.
-func snapshot(st *ledger.State) ledger.State {
-	if st == nil {
-		return ledger.State{}
-	}
-	c := *st
-	c.Claims = slices.Clone(st.Claims)
-	c.Waiters = slices.Clone(st.Waiters)
-	c.Reservations = slices.Clone(st.Reservations)
-	c.Conflicts = slices.Clone(st.Conflicts)
-	return c
 }
 
 func ownerAttrs(o ledger.Owner, key string) []any {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	lv "github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 func uuid(i int) string { return fmt.Sprintf("GPU-00000000-0000-4000-8000-%012d", i) }
@@ -57,19 +59,21 @@ func (c *clock) advance(d time.Duration) {
 }
 
 // liveness answers from a set of exited container ids and records which
-// holders it was asked about.
+// holders it was asked about. A holder is named by the last element of its
+// cgroup path ("/k8s.io/<container id>"), as the tests record it.
 type liveness struct {
 	mu     sync.Mutex
 	exited map[string]bool
 	asked  []string
 }
 
-func (l *liveness) Exited(o ledger.Owner) (bool, string) {
+func (l *liveness) Exited(p lv.Process) (bool, string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.asked = append(l.asked, o.ContainerID)
-	if l.exited[o.ContainerID] {
-		return true, "cgroup /k8s.io/" + o.ContainerID + " has no processes"
+	id := path.Base(p.Cgroup)
+	l.asked = append(l.asked, id)
+	if l.exited[id] {
+		return true, "cgroup /k8s.io/" + id + " has no processes"
 	}
 	return false, "alive"
 }
@@ -461,7 +465,7 @@ func TestHolderLiveness(t *testing.T) {
 	t.Run("alive holder keeps its claim", func(t *testing.T) {
 		e := newEnv(t, nil)
 		require.Equal(t, guard.Admit, e.admit(holder, visible("1")).Result)
-		require.NoError(t, e.g.Started(ctx, holder.ContainerID, 4242, "/k8s.io/x"))
+		require.NoError(t, e.g.Started(ctx, holder.ContainerID, 4242, "/k8s.io/"+holder.ContainerID))
 		d := e.admit(req, visible("1"))
 		require.Equal(t, guard.Queue, d.Result)
 		assert.Equal(t, []string{holder.ContainerID}, e.live.asked)
@@ -470,7 +474,7 @@ func TestHolderLiveness(t *testing.T) {
 	t.Run("explain shows the release but writes nothing", func(t *testing.T) {
 		e := newEnv(t, nil)
 		require.Equal(t, guard.Admit, e.admit(holder, visible("1")).Result)
-		require.NoError(t, e.g.Started(ctx, holder.ContainerID, 4242, "/k8s.io/x"))
+		require.NoError(t, e.g.Started(ctx, holder.ContainerID, 4242, "/k8s.io/"+holder.ContainerID))
 		e.live.exited[holder.ContainerID] = true
 		before := e.state()
 		d, err := e.g.Explain(ctx, guard.Request{Owner: req, Spec: visible("1")})
@@ -512,7 +516,7 @@ func TestReleaseOnRemove(t *testing.T) {
 	t.Run("exited holder without stop event is marked stopped, then taken over", func(t *testing.T) {
 		e := newEnv(t, mutate)
 		require.Equal(t, guard.Admit, e.admit(old, visible("1")).Result)
-		require.NoError(t, e.g.Started(ctx, old.ContainerID, 77, "/k8s.io/old"))
+		require.NoError(t, e.g.Started(ctx, old.ContainerID, 77, "/k8s.io/"+old.ContainerID))
 		e.live.exited[old.ContainerID] = true
 		d := e.admit(other, visible("1"))
 		require.Equal(t, guard.Queue, d.Result, "under release_on=remove an exited holder keeps its GPU")
@@ -595,7 +599,7 @@ func TestReconcile(t *testing.T) {
 	require.NoError(t, err)
 
 	running := kept
-	running.Pid, running.Cgroup = 99, "/k8s.io/kept"
+	running.Pid, running.Cgroup = 99, "/k8s.io/"+running.ContainerID
 	adopted := ctr("ml", "c", "main", "adopt00000000001")
 	twin := ctr("ml", "d", "main", "twin000000000001")
 	unresolvable := ctr("ml", "e", "main", "bad0000000000001")

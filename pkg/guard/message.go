@@ -8,6 +8,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // conflictText is what a refusal over busy devices says.
@@ -67,17 +68,17 @@ func (c conflictText) onlyReserved() bool {
 }
 
 func (c conflictText) busyText(bd ledger.BusyDevice) string {
-	name := ledger.DescribeDevice(bd.Wanted)
+	name := naming.Device(bd.Wanted)
 	switch {
 	case bd.Holder != nil:
 		h := bd.Holder
 		var b strings.Builder
 		b.WriteString(name)
 		b.WriteString(" is held by ")
-		b.WriteString(ledger.DescribeOwner(h.Owner))
+		b.WriteString(HolderName(h.Owner))
 		if h.Device.UUID != bd.Wanted.UUID {
 			// A full GPU against one of its MIG instances, or the reverse.
-			fmt.Fprintf(&b, " through %s", ledger.DescribeDevice(h.Device))
+			fmt.Fprintf(&b, " through %s", naming.Device(h.Device))
 		}
 		fmt.Fprintf(&b, " since %s", stamp(h.Since, c.now))
 		if !h.Owner.StoppedAt.IsZero() {
@@ -90,7 +91,7 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 		who := r.For
 		w, known := c.waiter(r.For)
 		if known {
-			who = ledger.DescribeOwner(w.Owner)
+			who = HolderName(w.Owner)
 		}
 		return fmt.Sprintf("%s is reserved for %s (%s) until %s (%s left)",
 			name, who, c.order(w, known), r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))

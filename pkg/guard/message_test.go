@@ -11,6 +11,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 var (
@@ -22,9 +23,9 @@ var (
 )
 
 func TestNames(t *testing.T) {
-	assert.Equal(t, "GPU 1 (GPU-11111111-1111-4111-8111-111111111111)", ledger.DescribeDevice(gpu1))
-	assert.Equal(t, "MIG 1:0 (MIG-aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa)", ledger.DescribeDevice(mig10))
-	assert.Equal(t, "GPU GPU-x", ledger.DescribeDevice(devices.Device{UUID: "GPU-x"}))
+	assert.Equal(t, "GPU 1 (GPU-11111111-1111-4111-8111-111111111111)", naming.Device(gpu1))
+	assert.Equal(t, "MIG 1:0 (MIG-aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa)", naming.Device(mig10))
+	assert.Equal(t, "GPU GPU-x", naming.Device(devices.Device{UUID: "GPU-x"}))
 
 	for _, tc := range []struct {
 		owner ledger.Owner
@@ -35,7 +36,7 @@ func TestNames(t *testing.T) {
 		{ledger.Owner{ContainerID: "0123456789abcdef0123", Container: "cuda"}, "cuda (id 0123456789ab)"},
 		{ledger.Owner{ContainerID: "short"}, "container short"},
 	} {
-		assert.Equal(t, tc.want, ledger.DescribeOwner(tc.owner))
+		assert.Equal(t, tc.want, HolderName(tc.owner))
 	}
 }
 

@@ -4,15 +4,17 @@ import (
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 // Liveness tells whether a started holder's processes are all gone. The
-// default is liveness.Checker over the host's /sys/fs/cgroup and /proc.
+// default is liveness.Checker over the host's /sys/fs/cgroup and /proc. It is
+// the one declaration every caller of the release rule (Releasable) uses.
 type Liveness interface {
 	// Exited reports whether a started holder's processes are all gone,
 	// with a short reason ("cgroup /k8s.io/abc has no processes"). It must
 	// answer false when in doubt: a claim is never released on doubt.
-	Exited(o ledger.Owner) (bool, string)
+	Exited(p liveness.Process) (bool, string)
 }
 
 // PidStarter is implemented by a Liveness that can also read a process's

@@ -7,8 +7,10 @@
 // read the OCI state (specs.State) on stdin and the bundle's config.json.
 //
 // Invariants:
-//   - The hook never decides anything itself: admission goes through
-//     pkg/guard, the same code the NRI front end uses, over the same ledger.
+//   - The hook never decides anything itself: admission, the "does this
+//     container name a GPU at all" pre-check (guard.Prescreen) and the
+//     release rule its waiting loop watches (guard.Releasable) are pkg/guard's,
+//     the same code the NRI front end uses, over the same ledger.
 //   - Fail closed: a create-runtime hook that cannot read its input, resolve
 //     the devices or reach the ledger exits non-zero with one self-contained
 //     line, and the runtime refuses the container.

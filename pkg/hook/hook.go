@@ -117,7 +117,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 	req := devices.RequestFromSpec(spec)
 
 	inv, invErr := loadInventory(cfg)
-	if skip, err := nothingRequested(inv, invErr, cfg.Policy, req); err != nil {
+	if skip, err := guard.Prescreen(cfg, inv, invErr, req); err != nil {
 		return fmt.Errorf("container %s refused: %w", st.ID, err)
 	} else if skip {
 		// The common case for a hook installed for every container: no GPU
@@ -133,9 +133,9 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		}
 	}
 	owner := ownerFrom(st, spec, pidStart)
-	var self *ledger.Owner
+	var self *liveness.Process
 	if st.Pid > 0 {
-		self = &ledger.Owner{Pid: st.Pid, PidStart: pidStart}
+		self = &liveness.Process{Pid: st.Pid, PidStart: pidStart}
 	}
 
 	g, closeGuard, err := e.openGuard(cfg, inv)
@@ -144,7 +144,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 	}
 	defer closeGuard()
 
-	w := &waiter{
+	w := &queueWait{
 		g: g,
 		req: guard.Request{
 			FrontEnd: ledger.FrontEndHook,
@@ -161,7 +161,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		gone:            e.goneCheck(self),
 		watch: &watcher{
 			snapshot:     g.Ledger().Snapshot,
-			exited:       liveness.New("", e.procRoot).Exited,
+			releasable:   guard.NewReleaseRule(cfg, liveness.New("", e.procRoot)).Check,
 			now:          e.now,
 			queueTTL:     cfg.Policy.QueueTTL.Duration,
 			refreshEvery: refreshInterval(cfg),
@@ -176,7 +176,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 // its parent. Either failing means nobody will start this container: a
 // runtime killed with SIGKILL never reaps or answers its hooks. self is nil
 // when the state names no process; then only the runtime is watched.
-func (e env) goneCheck(self *ledger.Owner) func() (bool, string) {
+func (e env) goneCheck(self *liveness.Process) func() (bool, string) {
 	ppid := e.getppid()
 	checker := liveness.New("", e.procRoot)
 	return func() (bool, string) {
@@ -264,12 +264,7 @@ func withdrawTimeout(cfg config.Config) time.Duration {
 // openGuard opens the host ledger and builds the guard the NRI front end also
 // uses, so that both front ends decide with one policy over one ledger.
 func openGuard(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
-	led, err := ledger.Open(cfg.Ledger.Dir, ledger.Options{
-		LockTimeout:    cfg.Ledger.LockTimeout.Duration,
-		AuditMaxBytes:  cfg.Ledger.AuditMaxBytes,
-		ReservationTTL: cfg.Policy.ReservationTTL.Duration,
-		QueueTTL:       cfg.Policy.QueueTTL.Duration,
-	})
+	led, err := ledger.Open(cfg.Ledger.Dir, guard.LedgerOptions(cfg))
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the GPU ledger in %s: %w", cfg.Ledger.Dir, err)
 	}

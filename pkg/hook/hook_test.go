@@ -214,18 +214,18 @@ func TestGoneCheck(t *testing.T) {
 
 	for _, tc := range []struct {
 		name     string
-		self     *ledger.Owner
+		self     *liveness.Process
 		ppidNow  int
 		wantGone bool
 		wantWhy  string
 	}{
-		{name: "own process alive, runtime alive", self: &ledger.Owner{Pid: os.Getpid(), PidStart: self}, ppidNow: 100},
+		{name: "own process alive, runtime alive", self: &liveness.Process{Pid: os.Getpid(), PidStart: self}, ppidNow: 100},
 		{name: "no pid in the state: only the runtime is watched", ppidNow: 100},
-		{name: "runtime gone (reparented)", self: &ledger.Owner{Pid: os.Getpid(), PidStart: self}, ppidNow: 1,
+		{name: "runtime gone (reparented)", self: &liveness.Process{Pid: os.Getpid(), PidStart: self}, ppidNow: 1,
 			wantGone: true, wantWhy: "the runtime that ran the hook (pid 100) is gone"},
-		{name: "container process gone", self: &ledger.Owner{Pid: deadPid, PidStart: 1}, ppidNow: 100,
+		{name: "container process gone", self: &liveness.Process{Pid: deadPid, PidStart: 1}, ppidNow: 100,
 			wantGone: true, wantWhy: fmt.Sprintf("its process: pid %d is gone", deadPid)},
-		{name: "pid reused by another process", self: &ledger.Owner{Pid: os.Getpid(), PidStart: self + 1}, ppidNow: 100,
+		{name: "pid reused by another process", self: &liveness.Process{Pid: os.Getpid(), PidStart: self + 1}, ppidNow: 100,
 			wantGone: true, wantWhy: "reused"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -275,11 +275,11 @@ func TestNothingRequested(t *testing.T) {
 			req: devices.Request{Devices: []devices.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}}, wantErr: "no GPU inventory"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			policy := cfg.Policy
+			c := cfg
 			if tc.privileged != "" {
-				policy.Privileged = tc.privileged
+				c.Policy.Privileged = tc.privileged
 			}
-			skip, err := nothingRequested(tc.inv, tc.invErr, policy, tc.req)
+			skip, err := guard.Prescreen(c, tc.inv, tc.invErr, tc.req)
 			if tc.wantErr != "" {
 				require.ErrorContains(t, err, tc.wantErr)
 				require.False(t, skip)

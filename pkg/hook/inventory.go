@@ -71,7 +71,7 @@ func loadCache(path string) (*devices.Inventory, error) {
 }
 
 // emptyInventory is an inventory with no GPU, used where the real one is not
-// needed (poststop) or to tell whether a request names any GPU at all.
+// needed (poststop).
 func emptyInventory() *devices.Inventory {
 	inv, err := devices.NewInventory("none", nil)
 	if err != nil {
@@ -79,29 +79,4 @@ func emptyInventory() *devices.Inventory {
 		return &devices.Inventory{Source: "none"}
 	}
 	return inv
-}
-
-// nothingRequested tells a container that reaches no GPU (skip: nothing to
-// check, no ledger access) from one that must go through the guard. When the
-// inventory could not be loaded, a request that still resolves to nothing
-// against an empty inventory, without naming "all", names no GPU at all and
-// is let through; any other request fails closed with the inventory error.
-// A privileged container follows policy.privileged: under "declared" it
-// claims only what it names (so it is let through when it names nothing,
-// like the CNI and storage agents every node runs), under "all" it resolves
-// to "all" and under "reject" to an error, both failing closed.
-func nothingRequested(inv *devices.Inventory, invErr error, policy config.PolicyConfig, req devices.Request) (bool, error) {
-	if invErr == nil {
-		res, err := devices.NewResolver(inv, policy).Resolve(req)
-		if err != nil {
-			// Let the guard refuse it: it words and audits the refusal.
-			return false, nil
-		}
-		return len(res.Devices) == 0 && !res.All, nil
-	}
-	res, err := devices.NewResolver(emptyInventory(), policy).Resolve(req)
-	if err == nil && len(res.Devices) == 0 && !res.All {
-		return true, nil
-	}
-	return false, fmt.Errorf("the container names a GPU, but %w", invErr)
 }

@@ -48,10 +48,10 @@ func (r realTicker) Stop()               { r.t.Stop() }
 
 func newRealTicker(d time.Duration) ticker { return realTicker{time.NewTicker(d)} }
 
-// waiter runs the admission of one create-runtime hook: one Admit, then, while
+// queueWait runs the admission of one create-runtime hook: one Admit, then, while
 // the guard answers Queue, one Admit per poll interval until admitted,
 // refused, timed out, cancelled, or the container is gone.
-type waiter struct {
+type queueWait struct {
 	g      admitter
 	req    guard.Request
 	stderr io.Writer
@@ -75,7 +75,7 @@ type waiter struct {
 // run returns nil when the container may start (admitted, or nothing to
 // check) and a self-contained error otherwise. On every error return after
 // the request was queued, the waiter entry has been withdrawn.
-func (w *waiter) run(ctx context.Context) error {
+func (w *queueWait) run(ctx context.Context) error {
 	id := w.req.Owner.ContainerID
 	start := w.now()
 	deadline := start.Add(w.waitTimeout)
@@ -193,7 +193,7 @@ func (w *waiter) run(ctx context.Context) error {
 // may be cancelled already, so it runs under a fresh, bounded one. A failure
 // is reported on stderr (queue_ttl drops the entry in the end) and does not
 // replace the error that made the hook give up.
-func (w *waiter) withdraw(ctx context.Context, reason string) {
+func (w *queueWait) withdraw(ctx context.Context, reason string) {
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.withdrawTimeout)
 	defer cancel()
 	if err := w.g.Withdraw(wctx, w.req.Key, reason); err != nil {

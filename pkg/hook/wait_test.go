@@ -121,8 +121,8 @@ func rejected() answer {
 
 func failed(err error) answer { return answer{err: err} }
 
-func newTestWaiter(f *fakeGuard, stderr *bytes.Buffer) *waiter {
-	return &waiter{
+func newTestWaiter(f *fakeGuard, stderr *bytes.Buffer) *queueWait {
+	return &queueWait{
 		g:               f,
 		req:             guard.Request{FrontEnd: ledger.FrontEndHook, Owner: ledger.Owner{ContainerID: "c0ffee0123456789"}, Key: "c0ffee0123456789"},
 		stderr:          stderr,

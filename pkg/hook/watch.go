@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -25,8 +26,9 @@ const maxRefresh = 30 * time.Second
 // An Admit is due when:
 //   - the claims, reservations or the queue (who waits, in which order)
 //     differ from what they were just before the last Admit;
-//   - a holder of a conflicting claim has exited (the liveness check the guard
-//     itself runs, so that Admit releases it);
+//   - the guard's release rule finds a holder of a conflicting claim exited
+//     (the same rule Admit applies, so that Admit releases it or marks it
+//     stopped);
 //   - a reservation or a waiter has outlived its TTL (the next write drops it);
 //   - the last Admit is older than the refresh interval;
 //   - the ledger cannot be read (Admit reports the problem).
@@ -36,8 +38,9 @@ const maxRefresh = 30 * time.Second
 // next poll (at worst one Admit too many).
 type watcher struct {
 	snapshot func(ctx context.Context) (ledger.State, error)
-	// exited is the liveness check of a holder (guard.Liveness.Exited).
-	exited       func(o ledger.Owner) (bool, string)
+	// releasable is the guard's release rule (guard.Releasable) for a
+	// holder: an Admit is due when it would release or mark stopped.
+	releasable   func(o ledger.Owner) guard.Verdict
 	now          func() time.Time
 	queueTTL     time.Duration
 	refreshEvery time.Duration
@@ -86,15 +89,15 @@ func (w *watcher) due(ctx context.Context, key string) (bool, string) {
 			return true, "waiter expired"
 		}
 	}
-	if w.exited != nil {
+	if w.releasable != nil {
 		checked := map[string]bool{}
 		for _, c := range st.Claims {
 			o := c.Owner
-			if checked[o.ContainerID] || !o.StoppedAt.IsZero() || (o.Pid <= 0 && o.Cgroup == "") || !conflictsAny(c, mine.Devices) {
+			if checked[o.ContainerID] || !conflictsAny(c, mine.Devices) {
 				continue
 			}
 			checked[o.ContainerID] = true
-			if gone, _ := w.exited(o); gone {
+			if w.releasable(o).Exited() {
 				return true, "holder exited"
 			}
 		}

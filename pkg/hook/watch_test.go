@@ -11,8 +11,24 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
+
+// livenessFunc is a guard.Liveness from a function.
+type livenessFunc func(p liveness.Process) (bool, string)
+
+func (f livenessFunc) Exited(p liveness.Process) (bool, string) { return f(p) }
+
+// exitedByPid reports the named holders of TestWatcherDue as exited; they
+// are told apart by pid ("holder" is 4242, "z" is 7).
+func exitedByPid(exited map[string]bool) guard.Liveness {
+	names := map[int]string{4242: "holder", 7: "z"}
+	return livenessFunc(func(p liveness.Process) (bool, string) {
+		return exited[names[p.Pid]], ""
+	})
+}
 
 func TestWatcherDue(t *testing.T) {
 	gpu2 := devices.Device{UUID: "GPU-22222222-0000-4000-8000-000000000002", Index: "2", Kind: devices.KindGPU}
@@ -129,7 +145,7 @@ func TestWatcherDue(t *testing.T) {
 					}
 					return tc.current, tc.readErr
 				},
-				exited:       func(o ledger.Owner) (bool, string) { return tc.exited[o.ContainerID], "" },
+				releasable:   guard.NewReleaseRule(config.Default(), exitedByPid(tc.exited)).Check,
 				now:          clock.now,
 				queueTTL:     15 * time.Minute,
 				refreshEvery: 30 * time.Second,

@@ -1,9 +1,5 @@
 package ledger
 
-// CONTRACT FILE: the exported surface other packages (guard, nriplugin, hook,
-// ctl) code against. The ledger implementation must keep these names and
-// meanings; it may add to them.
-
 import (
 	"errors"
 	"log/slog"

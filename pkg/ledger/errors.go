@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // More sentinel errors (see also api.go).
@@ -88,47 +89,18 @@ func (e *LockError) Unwrap() []error {
 	return []error{ErrLockTimeout}
 }
 
-// DescribeDevice names a device for people: "GPU 1 (GPU-…)" or
-// "MIG 1:0 (MIG-…)". Every message about a device uses it.
-func DescribeDevice(d devices.Device) string {
-	kind := "GPU"
-	if d.Kind == devices.KindMIG {
-		kind = "MIG"
-	}
-	if d.Index == "" {
-		return fmt.Sprintf("%s %s", kind, d.UUID)
-	}
-	return fmt.Sprintf("%s %s (%s)", kind, d.Index, d.UUID)
-}
+// DescribeDevice names a device in the ledger's own messages; the wording
+// is package naming's, shared with every other message.
+func DescribeDevice(d devices.Device) string { return naming.Device(d) }
 
-// DescribeOwner names a container for people: `ns/pod/container (id
-// 0123456789ab)` for CRI containers, `name (id 0123456789ab)` or
-// `container 0123456789ab` otherwise. Every message about a holder uses it.
+// DescribeOwner names a holder in the ledger's own messages (see
+// naming.Container).
 func DescribeOwner(o Owner) string {
-	switch {
-	case o.Namespace != "" || o.Pod != "":
-		return fmt.Sprintf("%s/%s/%s (id %s)", orDash(o.Namespace), orDash(o.Pod), orDash(o.Container), ShortID(o.ContainerID))
-	case o.Container != "":
-		return fmt.Sprintf("%s (id %s)", o.Container, ShortID(o.ContainerID))
-	default:
-		return "container " + ShortID(o.ContainerID)
-	}
+	return naming.Container(o.Namespace, o.Pod, o.Container, o.ContainerID)
 }
 
-// ShortID is the 12-character prefix of a container id, as runtimes print it.
-func ShortID(id string) string {
-	if len(id) > 12 {
-		return id[:12]
-	}
-	return id
-}
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
+// ShortID is naming.ShortID, for the ledger's own messages.
+func ShortID(id string) string { return naming.ShortID(id) }
 
 func busyMessage(busy []BusyDevice) string {
 	if len(busy) == 0 {

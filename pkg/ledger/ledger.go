@@ -163,7 +163,7 @@ func (l *Ledger) Snapshot(ctx context.Context) (State, error) {
 	if err != nil {
 		return State{}, err
 	}
-	return st.clone(), nil
+	return st.Clone(), nil
 }
 
 // View runs fn on a transaction over the committed state with the queue
@@ -468,19 +468,6 @@ func (l *Ledger) commit(tx *Tx) error {
 	}
 	reachStage(stageAfterAudit)
 	return nil
-}
-
-// clone deep-copies a state.
-func (s State) clone() State {
-	c := s
-	c.Claims = slices.Clone(s.Claims)
-	c.Reservations = slices.Clone(s.Reservations)
-	c.Conflicts = slices.Clone(s.Conflicts)
-	c.Waiters = slices.Clone(s.Waiters)
-	for i := range c.Waiters {
-		c.Waiters[i].Devices = slices.Clone(c.Waiters[i].Devices)
-	}
-	return c
 }
 
 // sort restores the documented order of every slice. It writes only to a

@@ -11,8 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // Default roots of the host's cgroup hierarchy and procfs.
@@ -34,6 +32,19 @@ const maxCgroupDirs = 512
 
 // maxStatBytes bounds a read of /proc/<pid>/stat (a few hundred bytes).
 const maxStatBytes = 4096
+
+// Process is what the liveness check knows of a claim holder: the pid the
+// runtime reported, its start time (against pid reuse) and its cgroup. The
+// zero value is a holder that never started.
+type Process struct {
+	// Pid is the holder's main process; 0 when unknown.
+	Pid int
+	// PidStart is the start time of Pid in clock ticks since boot (field 22
+	// of /proc/<pid>/stat); 0 when not recorded.
+	PidStart uint64
+	// Cgroup is the runtime's cgroups path of the holder; "" when unknown.
+	Cgroup string
+}
 
 // Checker tells whether a claim holder's processes are gone. It holds no
 // state besides its roots and is safe for concurrent use.
@@ -64,7 +75,7 @@ func (c *Checker) PidStart(pid int) (uint64, error) {
 // Exited reports whether the started holder o has no processes left, with a
 // short reason for the audit trail and logs. It returns false whenever the
 // evidence is missing or ambiguous: a claim is never released on doubt.
-func (c *Checker) Exited(o ledger.Owner) (bool, string) {
+func (c *Checker) Exited(o Process) (bool, string) {
 	if o.Pid <= 0 && o.Cgroup == "" {
 		return false, "never started (no pid, no cgroup)"
 	}

@@ -11,8 +11,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // stat builds a /proc/<pid>/stat line with the given command, state and start
@@ -50,98 +48,98 @@ func TestExited(t *testing.T) {
 		name       string
 		cgroup     map[string]string
 		proc       map[string]string
-		owner      ledger.Owner
+		owner      Process
 		wantExited bool
 		wantReason string
 	}{
 		{
 			name:       "never started: no pid, no cgroup",
-			owner:      ledger.Owner{ContainerID: "c"},
+			owner:      Process{},
 			wantReason: "never started",
 		},
 		{
 			name:       "v2 populated",
 			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "populated 1\nfrozen 0\n"},
-			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			owner:      Process{Pid: 4242, Cgroup: "/k8s.io/c1"},
 			wantReason: "cgroup /k8s.io/c1 has processes",
 		},
 		{
 			name:       "v2 not populated although the pid is still listed in proc",
 			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "populated 0\nfrozen 0\n"},
 			proc:       map[string]string{"4242/stat": running},
-			owner:      ledger.Owner{Pid: 4242, PidStart: 1000, Cgroup: "/k8s.io/c1"},
+			owner:      Process{Pid: 4242, PidStart: 1000, Cgroup: "/k8s.io/c1"},
 			wantExited: true,
 			wantReason: "cgroup /k8s.io/c1 has no processes",
 		},
 		{
 			name:       "v2 relative cgroupfs path",
 			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "populated 0\n"},
-			owner:      ledger.Owner{Cgroup: "k8s.io/c1"},
+			owner:      Process{Cgroup: "k8s.io/c1"},
 			wantExited: true,
 			wantReason: "cgroup /k8s.io/c1 has no processes",
 		},
 		{
 			name:       "v2 without cgroup.events: empty procs",
 			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.procs": ""},
-			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			owner:      Process{Cgroup: "/k8s.io/c1"},
 			wantExited: true,
 		},
 		{
 			name:       "v2 without cgroup.events: a child cgroup has processes",
 			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.procs": "", "k8s.io/c1/inner/cgroup.procs": "77\n"},
-			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			owner:      Process{Cgroup: "/k8s.io/c1"},
 			wantReason: "has processes",
 		},
 		{
 			name: "v2 systemd driver path",
 			cgroup: map[string]string{v2: "",
 				"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope/cgroup.events": "populated 0\n"},
-			owner:      ledger.Owner{Pid: 4242, Cgroup: "kubepods-besteffort-pod1.slice:cri-containerd:abc"},
+			owner:      Process{Pid: 4242, Cgroup: "kubepods-besteffort-pod1.slice:cri-containerd:abc"},
 			wantExited: true,
 			wantReason: "cgroup /kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-abc.scope has no processes",
 		},
 		{
 			name:       "v2 systemd driver path, populated",
 			cgroup:     map[string]string{v2: "", "system.slice/docker-abc.scope/cgroup.events": "populated 1\n"},
-			owner:      ledger.Owner{Cgroup: "system.slice:docker:abc"},
+			owner:      Process{Cgroup: "system.slice:docker:abc"},
 			wantReason: "has processes",
 		},
 		{
 			name:       "v1 pids hierarchy, empty",
 			cgroup:     map[string]string{"pids/k8s.io/c1/cgroup.procs": "", "memory/k8s.io/c1/cgroup.procs": "4242\n"},
-			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			owner:      Process{Pid: 4242, Cgroup: "/k8s.io/c1"},
 			wantExited: true,
 			wantReason: "cgroup /k8s.io/c1 has no processes",
 		},
 		{
 			name:       "v1 pids hierarchy, process in a child cgroup",
 			cgroup:     map[string]string{"pids/k8s.io/c1/cgroup.procs": "", "pids/k8s.io/c1/sub/cgroup.procs": "9\n"},
-			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			owner:      Process{Cgroup: "/k8s.io/c1"},
 			wantReason: "has processes",
 		},
 		{
 			name:       "v1 only cpu,cpuacct mounted",
 			cgroup:     map[string]string{"cpu,cpuacct/k8s.io/c1/cgroup.procs": "1\n2\n"},
-			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			owner:      Process{Cgroup: "/k8s.io/c1"},
 			wantReason: "has processes",
 		},
 		{
 			name: "v1 systemd hierarchy with systemd path",
 			cgroup: map[string]string{
 				"systemd/kubepods.slice/kubepods-pod9.slice/cri-containerd-x.scope/cgroup.procs": ""},
-			owner:      ledger.Owner{Cgroup: "kubepods-pod9.slice:cri-containerd:x"},
+			owner:      Process{Cgroup: "kubepods-pod9.slice:cri-containerd:x"},
 			wantExited: true,
 		},
 		{
 			name:       "v1 hybrid: only the unified hierarchy has it",
 			cgroup:     map[string]string{"pids/": "", "unified/k8s.io/c1/cgroup.events": "populated 0\n"},
-			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			owner:      Process{Cgroup: "/k8s.io/c1"},
 			wantExited: true,
 		},
 		{
 			name:       "cgroup removed, pid gone",
 			cgroup:     map[string]string{v2: "", "k8s.io/": ""},
-			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			owner:      Process{Pid: 4242, Cgroup: "/k8s.io/c1"},
 			wantExited: true,
 			wantReason: "cgroup /k8s.io/c1 not found; pid 4242 is gone",
 		},
@@ -149,81 +147,81 @@ func TestExited(t *testing.T) {
 			name:       "cgroup removed, pid still running with the recorded start",
 			cgroup:     map[string]string{v2: ""},
 			proc:       map[string]string{"4242/stat": running},
-			owner:      ledger.Owner{Pid: 4242, PidStart: 1000, Cgroup: "/k8s.io/c1"},
+			owner:      Process{Pid: 4242, PidStart: 1000, Cgroup: "/k8s.io/c1"},
 			wantReason: "pid 4242 is running",
 		},
 		{
 			name:       "cgroup removed, no pid recorded: doubt",
 			cgroup:     map[string]string{v2: ""},
-			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			owner:      Process{Cgroup: "/k8s.io/c1"},
 			wantReason: "no pid is recorded",
 		},
 		{
 			name:       "no readable hierarchy: doubt even though the pid is gone",
 			cgroup:     map[string]string{"unrelated/": ""},
-			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			owner:      Process{Pid: 4242, Cgroup: "/k8s.io/c1"},
 			wantReason: "no cgroup hierarchy readable",
 		},
 		{
 			name:       "cgroup.procs unreadable: doubt",
 			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.procs/": ""},
-			owner:      ledger.Owner{Pid: 4242, Cgroup: "/k8s.io/c1"},
+			owner:      Process{Pid: 4242, Cgroup: "/k8s.io/c1"},
 			wantReason: "unreadable",
 		},
 		{
 			name:       "cgroup.events without populated key: doubt",
 			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "frozen 0\n"},
-			owner:      ledger.Owner{Cgroup: "/k8s.io/c1"},
+			owner:      Process{Cgroup: "/k8s.io/c1"},
 			wantReason: "unreadable",
 		},
 		{
 			name:       "path escaping the root is confined",
 			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.events": "populated 1\n"},
-			owner:      ledger.Owner{Cgroup: "/../../k8s.io/c1"},
+			owner:      Process{Cgroup: "/../../k8s.io/c1"},
 			wantReason: "cgroup /k8s.io/c1 has processes",
 		},
 		{
 			name:       "root cgroup path is refused: doubt",
 			cgroup:     map[string]string{v2: "", "cgroup.events": "populated 0\n"},
-			owner:      ledger.Owner{Cgroup: "/"},
+			owner:      Process{Cgroup: "/"},
 			wantReason: "root cgroup",
 		},
 		{
 			name:       "no cgroup, pid gone",
-			owner:      ledger.Owner{Pid: 4242},
+			owner:      Process{Pid: 4242},
 			wantExited: true,
 			wantReason: "pid 4242 is gone",
 		},
 		{
 			name:       "no cgroup, pid running, start matches",
 			proc:       map[string]string{"4242/stat": running},
-			owner:      ledger.Owner{Pid: 4242, PidStart: 1000},
+			owner:      Process{Pid: 4242, PidStart: 1000},
 			wantReason: "pid 4242 is running",
 		},
 		{
 			name:       "no cgroup, pid running, no start recorded",
 			proc:       map[string]string{"4242/stat": running},
-			owner:      ledger.Owner{Pid: 4242},
+			owner:      Process{Pid: 4242},
 			wantReason: "pid 4242 is running",
 		},
 		{
 			name:       "no cgroup, pid reused",
 			proc:       map[string]string{"4242/stat": stat(4242, "bash", 'S', "2000")},
-			owner:      ledger.Owner{Pid: 4242, PidStart: 1000},
+			owner:      Process{Pid: 4242, PidStart: 1000},
 			wantExited: true,
 			wantReason: "reused",
 		},
 		{
 			name:       "no cgroup, zombie",
 			proc:       map[string]string{"4242/stat": stat(4242, "python3", 'Z', "1000")},
-			owner:      ledger.Owner{Pid: 4242, PidStart: 1000},
+			owner:      Process{Pid: 4242, PidStart: 1000},
 			wantExited: true,
 			wantReason: "zombie",
 		},
 		{
 			name:       "no cgroup, malformed stat: doubt",
 			proc:       map[string]string{"4242/stat": "4242 garbage"},
-			owner:      ledger.Owner{Pid: 4242, PidStart: 1000},
+			owner:      Process{Pid: 4242, PidStart: 1000},
 			wantReason: "unreadable",
 		},
 	} {
@@ -316,7 +314,7 @@ func TestWalkBound(t *testing.T) {
 		files["c/"+strconv.Itoa(i)+"/cgroup.procs"] = ""
 	}
 	c := New(tree(t, files), t.TempDir())
-	exited, reason := c.Exited(ledger.Owner{Cgroup: "/c"})
+	exited, reason := c.Exited(Process{Cgroup: "/c"})
 	assert.False(t, exited)
 	assert.Contains(t, reason, "more than")
 }

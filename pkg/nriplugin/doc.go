@@ -1,16 +1,20 @@
-// Package nriplugin is the containerd NRI front end of the guard: it turns NRI
-// events into guard calls and runs the plugin in either launch mode.
+// Package nriplugin is the containerd NRI adapter of the guard: it turns NRI
+// events into guard calls and runs the plugin in either launch mode. It holds
+// no policy and builds nothing: the guard comes from the SetupFunc it is
+// given (package daemon in production), and every decision is the guard's.
 //
 //   - CreateContainer: the container's env, mounts, annotations, CDI devices,
 //     Linux devices and device-cgroup rules become a devices.Request; the
 //     guard's decision admits it or refuses it with the guard's message.
 //   - StartContainer / PostStartContainer: the pid and cgroup are recorded for
 //     the out-of-band liveness check.
-//   - StopContainer / RemoveContainer: claims are released (per release_on).
+//   - StopContainer / RemoveContainer: the guard releases or keeps the
+//     claims (Guard.Stopped, Guard.Removed).
 //   - StopPodSandbox / RemovePodSandbox: the pod's claims are released and its
 //     waiters leave the queue.
 //   - Synchronize (every (re)connect): the ledger's NRI claims are reconciled
-//     with the containers the runtime lists.
+//     with the containers the runtime lists, and the guard forgets the
+//     waiters of pods the runtime no longer lists.
 //
 // Invariants:
 //   - A handler never blocks on a GPU becoming free. containerd serialises

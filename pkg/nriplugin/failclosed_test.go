@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/gofrs/flock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 // Tests of the ways the plugin could fail open: a handler that panics, that
@@ -28,7 +28,7 @@ import (
 // panickingLiveness stands for a bug anywhere under a handler.
 type panickingLiveness struct{}
 
-func (panickingLiveness) Exited(ledger.Owner) (bool, string) { panic("liveness check exploded") }
+func (panickingLiveness) Exited(liveness.Process) (bool, string) { panic("liveness check exploded") }
 
 // A panic under CreateContainer is a refusal, not a dead plugin.
 func TestHandlerPanicRefusesAndKeepsServing(t *testing.T) {
@@ -52,10 +52,12 @@ func TestHandlerPanicRefusesAndKeepsServing(t *testing.T) {
 // Stop, Remove and pod events wait for the ledger lock no longer than the
 // request deadline allows, whatever lock_timeout says: a late answer gets
 // the plugin dropped and the next conflicting create through unchecked.
+//
+// The test does not race the runtime's request timer against the plugin's
+// margin: the probe checks that each handler's ledger work ends before the
+// request's deadline (not after lock_timeout), then ends that work at once,
+// as the deadline would, while the lock is held.
 func TestReleaseHandlersAnswerWithinDeadline(t *testing.T) {
-	adaptation.SetPluginRequestTimeout(time.Second)
-	t.Cleanup(func() { adaptation.SetPluginRequestTimeout(2 * time.Second) })
-
 	for _, tc := range []struct {
 		name  string
 		event func(rt *runtime, pod *api.PodSandbox, c *api.Container)
@@ -66,7 +68,9 @@ func TestReleaseHandlersAnswerWithinDeadline(t *testing.T) {
 		{"StartContainer", func(rt *runtime, pod *api.PodSandbox, c *api.Container) { rt.start(pod, c, 4242) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: 10 * time.Second} })
+			const lockTimeout = 10 * time.Minute
+			rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: lockTimeout} })
+			rt.deadlines = &deadlineProbe{}
 			rt.startPlugin()
 			podA, podB := rt.addPod("a"), rt.addPod("b")
 			holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
@@ -76,10 +80,13 @@ func TestReleaseHandlersAnswerWithinDeadline(t *testing.T) {
 			locked, err := lk.TryLock()
 			require.NoError(t, err)
 			require.True(t, locked)
-			// Fails to reach the ledger and answers in time: the harness
-			// requires the runtime to report no error for the event.
+			// Fails to reach the ledger and answers: the harness requires
+			// the runtime to report no error for the event.
+			rt.deadlines.expiring.Store(true)
 			tc.event(rt, podA, holder)
+			rt.deadlines.expiring.Store(false)
 			require.NoError(t, lk.Unlock())
+			assertBoundedByRequest(t, rt.deadlines.expired(), lockTimeout)
 
 			// The release was lost (the next sync or the liveness check
 			// makes up for it), but the plugin is still there: a dropped
@@ -87,6 +94,20 @@ func TestReleaseHandlersAnswerWithinDeadline(t *testing.T) {
 			require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1")),
 				"is held by ml/a/main")
 		})
+	}
+}
+
+// assertBoundedByRequest checks that at least one handler ran while the probe
+// expired its work, and that each one's ledger work was to end before the
+// request's deadline, which came before lock_timeout would have ended it.
+func assertBoundedByRequest(t *testing.T, calls []deadlineCall, lockTimeout time.Duration) {
+	t.Helper()
+	require.NotEmpty(t, calls, "no handler did ledger work")
+	for _, c := range calls {
+		require.False(t, c.request.IsZero(), "the runtime sends every request with a deadline")
+		assert.Equal(t, lockTimeout, c.lockTimeoutUsed)
+		assert.True(t, c.decision.Before(c.request), "ledger work ends %v before the request deadline", c.request.Sub(c.decision))
+		assert.True(t, c.request.Before(c.at.Add(lockTimeout)), "the request deadline, not lock_timeout, bounds the wait")
 	}
 }
 
@@ -111,12 +132,10 @@ func TestCorruptLedgerRefusesCreatesUntilSynchronized(t *testing.T) {
 // connection closes. Closed under it, containerd would create the container
 // unchecked.
 func TestShutdownLetsRequestInFlightAnswer(t *testing.T) {
-	adaptation.SetPluginRequestTimeout(time.Second)
-	t.Cleanup(func() { adaptation.SetPluginRequestTimeout(2 * time.Second) })
 	rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: 10 * time.Second} })
 	podA := rt.addPod("a")
 	readyC := make(chan bool, 16)
-	p, err := New(Options{Config: rt.cfg, Setup: (&Builder{Now: rt.clock.Now}).Setup,
+	p, err := New(Options{Config: rt.cfg, Setup: (&daemon.Builder{Now: rt.clock.Now}).Setup,
 		Ready: func(ok bool) { readyC <- ok }})
 	require.NoError(t, err)
 	creating := make(chan struct{}, 1)
@@ -124,6 +143,14 @@ func TestShutdownLetsRequestInFlightAnswer(t *testing.T) {
 		if h == "CreateContainer" {
 			creating <- struct{}{}
 		}
+	}
+	// The create's ledger work ends when the test says so (as its deadline
+	// would), after the shutdown began: no race against the runtime's timer.
+	workCtx := make(chan context.CancelFunc, 1)
+	p.decisionCtx = func(ctx context.Context, limit time.Duration) (context.Context, context.CancelFunc) {
+		dctx, cancel := decisionContext(ctx, limit)
+		workCtx <- cancel
+		return dctx, cancel
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -149,7 +176,9 @@ func TestShutdownLetsRequestInFlightAnswer(t *testing.T) {
 		errC <- err
 	}()
 	<-creating
+	endWork := <-workCtx
 	cancel() // SIGTERM
+	endWork()
 	err = <-errC
 	require.Error(t, err, "the create in flight was let through unchecked")
 	assert.Contains(t, err.Error(), "GPU ledger busy", "the plugin's own answer, not a broken connection")

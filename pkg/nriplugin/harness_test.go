@@ -6,7 +6,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
@@ -50,11 +53,59 @@ type runtime struct {
 	clock      *testClock
 	nri        *adaptation.Adaptation
 
+	// deadlines, when set before startPlugin, watches the deadline each
+	// handler gives its ledger work (see deadlineProbe).
+	deadlines *deadlineProbe
+
 	mu   sync.Mutex
 	pods map[string]*api.PodSandbox
 	// listed are the CREATED/RUNNING containers, as containerd lists them.
 	listed map[string]*api.Container
 	order  []string
+}
+
+// deadlineProbe stands between the handlers and decisionContext. It records
+// the request's deadline and the deadline the handler's ledger work got and,
+// while expiring is set, hands the handler a context whose deadline has
+// already passed: the handler then behaves as when the ledger stays locked
+// to the end of its budget, without the test racing the runtime's request
+// timer against the plugin's margin.
+type deadlineProbe struct {
+	expiring atomic.Bool
+
+	mu    sync.Mutex
+	calls []deadlineCall
+}
+
+// deadlineCall is one handler's deadlines.
+type deadlineCall struct {
+	at              time.Time
+	request         time.Time // zero: the request had none
+	decision        time.Time
+	lockTimeoutUsed time.Duration
+}
+
+func (d *deadlineProbe) decisionContext(ctx context.Context, limit time.Duration) (context.Context, context.CancelFunc) {
+	at := time.Now()
+	dctx, cancel := decisionContext(ctx, limit)
+	call := deadlineCall{at: at, lockTimeoutUsed: limit}
+	call.request, _ = ctx.Deadline()
+	call.decision, _ = dctx.Deadline()
+	if !d.expiring.Load() {
+		return dctx, cancel
+	}
+	d.mu.Lock()
+	d.calls = append(d.calls, call)
+	d.mu.Unlock()
+	cancel()
+	return context.WithDeadline(ctx, at.Add(-time.Nanosecond))
+}
+
+// expired returns the calls made while expiring was set.
+func (d *deadlineProbe) expired() []deadlineCall {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return slices.Clone(d.calls)
 }
 
 // plugin is one plugin process: a Plugin served by one stub.
@@ -141,7 +192,7 @@ func (rt *runtime) startPluginWith(live guard.Liveness) *plugin {
 	if live == nil {
 		live = liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))
 	}
-	b := &Builder{
+	b := &daemon.Builder{
 		Liveness: live,
 		Now:      rt.clock.Now,
 		Logger:   slog.New(slog.DiscardHandler),
@@ -158,6 +209,9 @@ func (rt *runtime) startPluginWith(live guard.Liveness) *plugin {
 			}
 		}})
 	require.NoError(rt.t, err)
+	if rt.deadlines != nil {
+		pl.p.decisionCtx = rt.deadlines.decisionContext
+	}
 	pl.stub, err = stub.New(pl.p, pl.p.stubOptions(Identity{Name: "gpu-guard", Index: "90", Socket: rt.socket}, func() {})...)
 	require.NoError(rt.t, err)
 	require.NoError(rt.t, pl.stub.Start(context.Background()))

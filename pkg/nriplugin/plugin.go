@@ -108,6 +108,10 @@ type Plugin struct {
 	lastDone time.Time
 	// entered, when set (tests), is called as a handler starts.
 	entered func(handler string)
+	// decisionCtx, when set (tests), replaces decisionContext for the
+	// handlers' ledger work, so that a test can see the deadline a handler
+	// was given and end its wait without racing the runtime's timer.
+	decisionCtx func(ctx context.Context, limit time.Duration) (context.Context, context.CancelFunc)
 }
 
 // handling marks a handler in progress; defer the result (directly: it
@@ -259,10 +263,8 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	ctx, cancel := decisionContext(ctx, 0)
 	defer cancel()
 	byID := make(map[string]*api.PodSandbox, len(pods))
-	podUIDs := make(map[string]bool, len(pods))
 	for _, pod := range pods {
 		byID[pod.GetId()] = pod
-		podUIDs[pod.GetUid()] = true
 	}
 	live := make([]guard.Request, 0, len(ctrs))
 	for _, c := range ctrs {
@@ -291,21 +293,18 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.mu.Unlock()
 
 	// Waiters of pods removed while the plugin was away never get their
-	// RemovePodSandbox: drop them now.
-	gone := map[string]string{}
-	for _, w := range st.Waiters {
-		if w.Owner.FrontEnd == ledger.FrontEndNRI && w.Owner.PodUID != "" && !podUIDs[w.Owner.PodUID] {
-			gone[w.Owner.PodUID] = w.Owner.PodSandboxID
-		}
+	// RemovePodSandbox: the guard drops them now.
+	uids := make([]string, 0, len(pods))
+	for _, pod := range pods {
+		uids = append(uids, pod.GetUid())
 	}
-	for uid, sandbox := range gone {
-		if err := g.PodGone(ctx, uid, sandbox); err != nil {
-			p.log.Warn("dropping waiters of a vanished pod failed", "pod_uid", uid, "error", err)
-		}
+	gone, err := g.ForgetVanishedPods(ctx, ledger.FrontEndNRI, uids)
+	if err != nil {
+		p.log.Warn("dropping waiters of vanished pods failed", "error", err)
 	}
 	p.log.Info("synchronized with runtime", "pods", len(pods), "containers", len(ctrs),
 		"released", len(res.Released), "adopted", len(res.Adopted), "conflicts", len(res.Conflicts),
-		"tracked", len(tracked), "vanished_pods", len(gone))
+		"tracked", len(tracked), "vanished_pods", gone)
 	p.rebuilding.Store(false)
 	p.ready(true)
 	return nil, nil
@@ -323,25 +322,40 @@ func (p *Plugin) Shutdown(context.Context) {
 const requestMargin = 300 * time.Millisecond
 
 // decisionContext bounds a handler's ledger work well inside the request's
-// deadline: min(deadline - margin, limit), where limit <= 0 means none. The
-// margin shrinks with short deadlines (a quarter of what is left) so the
-// work is still attempted. Every handler runs under it, not only
+// deadline (see decisionDeadline). Every handler runs under it, not only
 // CreateContainer: a Stop or Remove that waits for the ledger lock up to a
 // long lock_timeout would overrun the deadline just the same.
 func decisionContext(ctx context.Context, limit time.Duration) (context.Context, context.CancelFunc) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
+	deadline, hasDeadline := ctx.Deadline()
+	end, bounded := decisionDeadline(time.Now(), deadline, hasDeadline, limit)
+	if !bounded {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, end)
+}
+
+// decisionDeadline is when a handler's ledger work must end, given the time
+// now, the request's deadline (hasDeadline false: none) and a limit (<= 0:
+// none): min(deadline - margin, now + limit). The margin is requestMargin, or
+// a quarter of what is left for short deadlines so the work is still
+// attempted; the result is never earlier than now + 1ms. bounded is false
+// when there is neither a deadline nor a limit.
+func decisionDeadline(now, deadline time.Time, hasDeadline bool, limit time.Duration) (end time.Time, bounded bool) {
+	if !hasDeadline {
 		if limit <= 0 {
-			return context.WithCancel(ctx)
+			return time.Time{}, false
 		}
-		return context.WithTimeout(ctx, limit)
+		return now.Add(limit), true
 	}
-	left := time.Until(deadline)
-	budget := left - min(requestMargin, left/4)
-	if limit > 0 && limit < budget {
-		budget = limit
+	left := deadline.Sub(now)
+	end = deadline.Add(-min(requestMargin, max(left/4, 0)))
+	if limit > 0 && now.Add(limit).Before(end) {
+		end = now.Add(limit)
 	}
-	return context.WithTimeout(ctx, max(budget, time.Millisecond))
+	if floor := now.Add(time.Millisecond); end.Before(floor) {
+		end = floor
+	}
+	return end, true
 }
 
 // bounded is decisionContext with the guard's lock_timeout as the limit,
@@ -349,6 +363,9 @@ func decisionContext(ctx context.Context, limit time.Duration) (context.Context,
 func (p *Plugin) bounded(ctx context.Context, g *guard.Guard) (context.Context, context.CancelFunc) {
 	if lin := p.lineage.Load(); lin != nil {
 		ctx = ledger.RequireLineage(ctx, *lin)
+	}
+	if p.decisionCtx != nil {
+		return p.decisionCtx(ctx, g.Config().Ledger.LockTimeout.Duration)
 	}
 	return decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
 }
@@ -448,7 +465,7 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 		p.log.Error("releasing a stopped container failed; the liveness check or the next sync will", "container_id", ctr.GetId(), "error", err)
 		return nil, nil
 	}
-	if g.Config().Policy.ReleaseOn != config.ReleaseOnRemove {
+	if !g.ClaimOutlivesStop() {
 		p.untrack(ctr.GetId())
 	}
 	return nil, nil

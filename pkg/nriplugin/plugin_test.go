@@ -12,13 +12,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	"github.com/gofrs/flock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
 
@@ -328,12 +328,13 @@ func TestAllPrivilegedAndDeviceNodeConflicts(t *testing.T) {
 // within its deadline and refuses the create with "ledger busy" — the plugin
 // is neither dropped nor fails open.
 func TestLedgerBusyRefusedWithinDeadline(t *testing.T) {
-	adaptation.SetPluginRequestTimeout(time.Second)
-	t.Cleanup(func() { adaptation.SetPluginRequestTimeout(2 * time.Second) })
-
 	// lock_timeout longer than the request timeout: the request deadline
-	// must bound the wait.
-	rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: 10 * time.Second} })
+	// must bound the wait. The probe checks that bound and then ends the
+	// wait at once, as the deadline would (no race against the runtime's
+	// request timer).
+	const lockTimeout = 10 * time.Minute
+	rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: lockTimeout} })
+	rt.deadlines = &deadlineProbe{}
 	rt.startPlugin()
 	podA, podB := rt.addPod("a"), rt.addPod("b")
 	require.NoError(t, rt.create(podA, container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")))
@@ -343,7 +344,10 @@ func TestLedgerBusyRefusedWithinDeadline(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, locked)
 
+	rt.deadlines.expiring.Store(true)
 	err = rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
+	rt.deadlines.expiring.Store(false)
+	assertBoundedByRequest(t, rt.deadlines.expired(), lockTimeout)
 	require.Error(t, err, "a create the guard could not decide must be refused, not let through")
 	assert.Contains(t, err.Error(), "nri-gpu-guard: GPU ledger busy")
 	assert.Contains(t, err.Error(), "ml/b/main")
@@ -387,7 +391,7 @@ func TestConfigureFromRuntimeString(t *testing.T) {
 	var built []config.Config
 	p, err := New(Options{Config: rt.cfg, Setup: func(_ context.Context, cfg config.Config) (*guard.Guard, error) {
 		built = append(built, cfg)
-		return (&Builder{}).Setup(context.Background(), cfg)
+		return (&daemon.Builder{}).Setup(context.Background(), cfg)
 	}})
 	require.NoError(t, err)
 
@@ -425,41 +429,44 @@ func TestEventMaskAvoidsNewEvents(t *testing.T) {
 }
 
 func TestDecisionContext(t *testing.T) {
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	for _, tc := range []struct {
 		name        string
 		deadline    time.Duration // 0 = none
 		lockTimeout time.Duration
-		wantMax     time.Duration
-		wantMin     time.Duration
+		want        time.Duration // after now
 	}{
-		{"request deadline bounds", 2 * time.Second, 10 * time.Second, 1700 * time.Millisecond, 1500 * time.Millisecond},
-		{"lock timeout bounds", 2 * time.Second, 500 * time.Millisecond, 500 * time.Millisecond, 400 * time.Millisecond},
-		{"short deadline keeps a quarter margin", 400 * time.Millisecond, time.Second, 300 * time.Millisecond, 200 * time.Millisecond},
-		{"no deadline", 0, time.Second, time.Second, 900 * time.Millisecond},
-		{"no limit: the request deadline bounds", 2 * time.Second, 0, 1700 * time.Millisecond, 1500 * time.Millisecond},
+		{"request deadline bounds", 2 * time.Second, 10 * time.Second, 1700 * time.Millisecond},
+		{"lock timeout bounds", 2 * time.Second, 500 * time.Millisecond, 500 * time.Millisecond},
+		{"short deadline keeps a quarter margin", 400 * time.Millisecond, time.Second, 300 * time.Millisecond},
+		{"no deadline", 0, time.Second, time.Second},
+		{"no limit: the request deadline bounds", 2 * time.Second, 0, 1700 * time.Millisecond},
+		{"deadline already passed: a token attempt", -time.Second, time.Second, time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			parent := context.Background()
-			if tc.deadline > 0 {
-				var cancel context.CancelFunc
-				parent, cancel = context.WithTimeout(parent, tc.deadline)
-				defer cancel()
-			}
-			ctx, cancel := decisionContext(parent, tc.lockTimeout)
-			defer cancel()
-			dl, ok := ctx.Deadline()
-			require.True(t, ok)
-			left := time.Until(dl)
-			assert.LessOrEqual(t, left, tc.wantMax)
-			assert.GreaterOrEqual(t, left, tc.wantMin)
+			end, bounded := decisionDeadline(now, now.Add(tc.deadline), tc.deadline != 0, tc.lockTimeout)
+			require.True(t, bounded)
+			assert.Equal(t, tc.want, end.Sub(now))
 		})
 	}
 	// Neither a deadline nor a limit: nothing to bound by, and no tiny
 	// timeout made up.
+	_, bounded := decisionDeadline(now, time.Time{}, false, 0)
+	assert.False(t, bounded)
 	ctx, cancel := decisionContext(context.Background(), 0)
 	defer cancel()
 	_, ok := ctx.Deadline()
 	assert.False(t, ok)
+	// With a deadline, the context carries exactly what decisionDeadline
+	// computes, never later than the request's own deadline.
+	parent, cancelParent := context.WithTimeout(context.Background(), time.Hour)
+	defer cancelParent()
+	ctx, cancel = decisionContext(parent, 0)
+	defer cancel()
+	dl, ok := ctx.Deadline()
+	require.True(t, ok)
+	pdl, _ := parent.Deadline()
+	assert.Equal(t, pdl.Add(-requestMargin), dl)
 }
 
 func TestSpecOf(t *testing.T) {
@@ -618,7 +625,7 @@ func TestRunReconnects(t *testing.T) {
 	px := newProxy(t, filepath.Join(rt.dir, "px.sock"), rt.socket)
 	podA, podB := rt.addPod("a"), rt.addPod("b")
 	readyC := make(chan bool, 16)
-	p, err := New(Options{Config: rt.cfg, Setup: (&Builder{Now: rt.clock.Now}).Setup,
+	p, err := New(Options{Config: rt.cfg, Setup: (&daemon.Builder{Now: rt.clock.Now}).Setup,
 		Ready: func(ok bool) { readyC <- ok }})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -51,9 +51,9 @@ func (p *Plugin) stubOptions(id Identity, onClose func()) []stub.Option {
 	return opts
 }
 
-// withDefaults fills what neither a flag nor containerd's environment set
+// WithDefaults fills what neither a flag nor containerd's environment set
 // from the [nri] configuration.
-func (id Identity) withDefaults(cfg config.NRIConfig) Identity {
+func (id Identity) WithDefaults(cfg config.NRIConfig) Identity {
 	if id.Name == "" && os.Getenv(api.PluginNameEnvVar) == "" {
 		id.Name = cfg.PluginName
 	}

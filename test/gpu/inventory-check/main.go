@@ -28,6 +28,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices/nvmlloader"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
@@ -69,7 +70,7 @@ type smiMIG struct {
 }
 
 func (c *checker) run() {
-	gpus, err := devices.NewNVMLLoader(nil).Load()
+	gpus, err := nvmlloader.New(nil).Load()
 	if err != nil {
 		c.fail("load the NVML inventory: %v", err)
 		return

@@ -1,9 +1,10 @@
 //go:build cgo
 
-package devices
+package nvmlloader
 
 import (
 	"fmt"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
 // mockHost is go-nvml's DGX H100 mock with what a real host has and the mock
@@ -131,15 +133,15 @@ func (h *mockHost) calls() int {
 	return n
 }
 
-func (h *mockHost) expected() []GPU {
-	var out []GPU
+func (h *mockHost) expected() []devices.GPU {
+	var out []devices.GPU
 	for i, d := range h.srv.Devices {
 		sd := d.(*server.Device)
-		g := GPU{Index: i, UUID: sd.UUID, Minor: sd.Minor, Model: sd.Config.Name,
+		g := devices.GPU{Index: i, UUID: sd.UUID, Minor: sd.Minor, Model: sd.Config.Name,
 			MemoryMiB: sd.MemoryInfo.Total >> 20, BusID: fmt.Sprintf("0000:%02x:00.0", 0x10*(i+1))}
 		if i == migGPU {
 			for _, m := range []struct{ idx, gi, ci int }{{0, 1, 0}, {1, 0, 0}, {3, 1, 1}} {
-				g.MIG = append(g.MIG, MIG{Index: m.idx, UUID: migUUID(migGPU, m.idx), GI: m.gi, CI: m.ci,
+				g.MIG = append(g.MIG, devices.MIG{Index: m.idx, UUID: migUUID(migGPU, m.idx), GI: m.gi, CI: m.ci,
 					ParentUUID: sd.UUID, ParentIndex: i, Model: "NVIDIA H100 80GB HBM3 MIG 1g.10gb", MemoryMiB: 9856})
 			}
 		}
@@ -150,7 +152,7 @@ func (h *mockHost) expected() []GPU {
 
 func TestNVMLLoaderEnumeratesGPUsAndMIG(t *testing.T) {
 	h := newMockHost(t)
-	l := NewNVMLLoader(h.srv)
+	l := New(h.srv)
 	assert.Equal(t, "nvml", l.Name())
 	gpus, err := l.Load()
 	require.NoError(t, err)
@@ -158,7 +160,7 @@ func TestNVMLLoaderEnumeratesGPUsAndMIG(t *testing.T) {
 	assert.Len(t, h.srv.InitCalls(), 1)
 	assert.Len(t, h.srv.ShutdownCalls(), 1, "NVML is shut down after loading")
 
-	inv, err := NewInventory(l.Name(), gpus)
+	inv, err := devices.NewInventory(l.Name(), gpus)
 	require.NoError(t, err)
 	d, ok := inv.ByMinor(7)
 	require.True(t, ok)
@@ -172,7 +174,7 @@ func TestNVMLLoaderKeepsNVMLIndicesWhenSkippingDisplays(t *testing.T) {
 	srv := dgxa100.New() // no MIG enabled: the loader must not touch MIG functions the mock lacks
 	display := srv.Devices[2].(*server.Device)
 	display.GetNameFunc = func() (string, nvml.Return) { return "DGX Display", nvml.SUCCESS }
-	gpus, err := NewNVMLLoader(srv).Load()
+	gpus, err := New(srv).Load()
 	require.NoError(t, err)
 	var idx []int
 	for _, g := range gpus {
@@ -188,8 +190,8 @@ func TestNVMLLoaderUnavailable(t *testing.T) {
 	for _, ret := range []nvml.Return{nvml.ERROR_LIBRARY_NOT_FOUND, nvml.ERROR_DRIVER_NOT_LOADED} {
 		srv := dgxh100.New()
 		srv.InitFunc = func() nvml.Return { return ret }
-		_, err := NewNVMLLoader(srv).Load()
-		require.ErrorIs(t, err, ErrSourceUnavailable, ret.Error())
+		_, err := New(srv).Load()
+		require.ErrorIs(t, err, devices.ErrSourceUnavailable, ret.Error())
 		require.ErrorIs(t, err, ret)
 		assert.Empty(t, srv.ShutdownCalls(), "no NVML call after a failed Init")
 	}
@@ -199,9 +201,9 @@ func TestNVMLLoaderErrors(t *testing.T) {
 	t.Run("init fails otherwise", func(t *testing.T) {
 		srv := dgxh100.New()
 		srv.InitFunc = func() nvml.Return { return nvml.ERROR_NO_PERMISSION }
-		_, err := NewNVMLLoader(srv).Load()
+		_, err := New(srv).Load()
 		require.ErrorIs(t, err, nvml.ERROR_NO_PERMISSION)
-		assert.NotErrorIs(t, err, ErrSourceUnavailable)
+		assert.NotErrorIs(t, err, devices.ErrSourceUnavailable)
 	})
 	for _, tc := range []struct {
 		name    string
@@ -224,9 +226,9 @@ func TestNVMLLoaderErrors(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newMockHost(t)
 			tc.breakIt(h)
-			_, err := NewNVMLLoader(h.srv).Load()
+			_, err := New(h.srv).Load()
 			require.ErrorContains(t, err, tc.want)
-			assert.NotErrorIs(t, err, ErrSourceUnavailable)
+			assert.NotErrorIs(t, err, devices.ErrSourceUnavailable)
 			assert.Len(t, h.srv.ShutdownCalls(), 1, "NVML is shut down on failure too")
 		})
 	}
@@ -235,7 +237,7 @@ func TestNVMLLoaderErrors(t *testing.T) {
 		sd := h.srv.Devices[0].(*server.Device)
 		sd.GetMemoryInfoFunc = func() (nvml.Memory, nvml.Return) { return nvml.Memory{}, nvml.ERROR_NOT_SUPPORTED }
 		sd.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return nvml.PciInfo{}, nvml.ERROR_NOT_SUPPORTED }
-		gpus, err := NewNVMLLoader(h.srv).Load()
+		gpus, err := New(h.srv).Load()
 		require.NoError(t, err)
 		assert.Zero(t, gpus[0].MemoryMiB)
 		assert.Empty(t, gpus[0].BusID)
@@ -252,14 +254,14 @@ func TestDiscoverAuto(t *testing.T) {
 	static := []config.StaticGPU{{Index: 0, UUID: gpuUUID(0), Minor: 0}}
 	t.Run("NVML first", func(t *testing.T) {
 		h := newMockHost(t)
-		inv, err := Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: fakeProcTree(t), Static: static}, h.srv)
+		inv, err := devices.Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: fakeProcTree(t), Static: static}, New(h.srv))
 		require.NoError(t, err)
 		assert.Equal(t, "nvml", inv.Source)
 		assert.Equal(t, h.expected(), inv.GPUs)
 		assert.Contains(t, strings.Join(inv.Notes, "\n"), "MIG capability mapping unknown", "the fake tree has no mig-minors")
 	})
 	t.Run("proc when NVML is absent", func(t *testing.T) {
-		inv, err := Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: fakeProcTree(t), Static: static}, libraryNotFound())
+		inv, err := devices.Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: fakeProcTree(t), Static: static}, New(libraryNotFound()))
 		require.NoError(t, err)
 		assert.Equal(t, "proc", inv.Source)
 		assert.Len(t, inv.GPUs, 4)
@@ -270,13 +272,13 @@ func TestDiscoverAuto(t *testing.T) {
 	t.Run("proc when NVML fails", func(t *testing.T) {
 		srv := dgxh100.New()
 		srv.InitFunc = func() nvml.Return { return nvml.ERROR_NO_PERMISSION }
-		inv, err := Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: fakeProcTree(t)}, srv)
+		inv, err := devices.Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: fakeProcTree(t)}, New(srv))
 		require.NoError(t, err)
 		assert.Equal(t, "proc", inv.Source)
 		assert.Contains(t, inv.Notes[0], "ERROR_NO_PERMISSION")
 	})
 	t.Run("static last", func(t *testing.T) {
-		inv, err := Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: t.TempDir(), Static: static}, libraryNotFound())
+		inv, err := devices.Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: t.TempDir(), Static: static}, New(libraryNotFound()))
 		require.NoError(t, err)
 		assert.Equal(t, "static", inv.Source)
 		require.Len(t, inv.Notes, 2)
@@ -284,23 +286,23 @@ func TestDiscoverAuto(t *testing.T) {
 		assert.Contains(t, inv.Notes[1], "proc: skipped")
 	})
 	t.Run("nothing works", func(t *testing.T) {
-		_, err := Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: t.TempDir()}, libraryNotFound())
-		require.ErrorIs(t, err, ErrSourceUnavailable)
+		_, err := devices.Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: t.TempDir()}, New(libraryNotFound()))
+		require.ErrorIs(t, err, devices.ErrSourceUnavailable)
 		for _, s := range []string{"nvml: skipped", "proc: skipped", "static: skipped"} {
 			assert.Contains(t, err.Error(), s)
 		}
 	})
 	t.Run("a host without GPUs", func(t *testing.T) {
 		srv := server.NewServerWithGPUs("550.54.15", "12.550.54.15", 12040)
-		inv, err := Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: t.TempDir()}, srv)
+		inv, err := devices.Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: t.TempDir()}, New(srv))
 		require.NoError(t, err)
 		assert.Equal(t, "nvml", inv.Source, "the first working source answers, empty")
 		assert.Empty(t, inv.GPUs)
 		assert.Contains(t, strings.Join(inv.Notes, "\n"), "nvml: skipped: found no GPU")
 	})
 	t.Run("explicit NVML absent", func(t *testing.T) {
-		_, err := Discover(config.DevicesConfig{Source: config.SourceNVML, ProcRoot: fakeProcTree(t)}, libraryNotFound())
-		require.ErrorIs(t, err, ErrSourceUnavailable)
+		_, err := devices.Discover(config.DevicesConfig{Source: config.SourceNVML, ProcRoot: fakeProcTree(t)}, New(libraryNotFound()))
+		require.ErrorIs(t, err, devices.ErrSourceUnavailable)
 		assert.Contains(t, err.Error(), "from nvml")
 	})
 	t.Run("MIG caps from proc", func(t *testing.T) {
@@ -310,11 +312,11 @@ func TestDiscoverAuto(t *testing.T) {
 		writeFile(t, filepath.Join(root, "proc/driver/nvidia-caps/mig-minors"),
 			"config 1\nmonitor 2\ngpu6/gi0/access 57\ngpu6/gi0/ci0/access 58\ngpu6/gi1/access 66\ngpu6/gi1/ci0/access 67\ngpu6/gi1/ci1/access 68\ngpu7/gi0/access 120\n")
 		writeFile(t, filepath.Join(root, "proc/devices"), "Character devices:\n195 nvidia\n507 nvidia-caps\n")
-		inv, err := Discover(config.DevicesConfig{Source: config.SourceNVML, ProcRoot: root}, h.srv)
+		inv, err := devices.Discover(config.DevicesConfig{Source: config.SourceNVML, ProcRoot: root}, New(h.srv))
 		require.NoError(t, err)
 		assert.Equal(t, int64(507), inv.CapsMajor)
 		assert.Len(t, inv.MIGCaps, 7)
-		res, err := NewResolver(inv, defaultPolicy()).Resolve(Request{Devices: []LinuxDevice{
+		res, err := devices.NewResolver(inv, defaultPolicy()).Resolve(devices.Request{Devices: []devices.LinuxDevice{
 			dev("/dev/nvidia6", 195, 6), dev("/dev/nvidia-caps/nvidia-cap66", 507, 66), dev("/dev/nvidia-caps/nvidia-cap68", 507, 68)}})
 		require.NoError(t, err)
 		assert.Equal(t, []string{migUUID(migGPU, 3)}, res.UUIDs(), "gi1/ci1 is MIG 1:3")
@@ -325,17 +327,17 @@ func TestDiscoverAuto(t *testing.T) {
 // and then resolves many requests: the mock must record no further call.
 func TestResolveDoesNoNVMLCalls(t *testing.T) {
 	h := newMockHost(t)
-	inv, err := Discover(config.DevicesConfig{Source: config.SourceNVML, ProcRoot: t.TempDir()}, h.srv)
+	inv, err := devices.Discover(config.DevicesConfig{Source: config.SourceNVML, ProcRoot: t.TempDir()}, New(h.srv))
 	require.NoError(t, err)
 	loaded := h.calls()
 	require.Positive(t, loaded)
 
-	r := NewResolver(inv, defaultPolicy())
-	reqs := []Request{
+	r := devices.NewResolver(inv, defaultPolicy())
+	reqs := []devices.Request{
 		{Env: env("NVIDIA_VISIBLE_DEVICES=0,1:0," + inv.GPUs[3].UUID)},
 		{Env: env("NVIDIA_VISIBLE_DEVICES=all")},
 		{Annotations: map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=gpu2,nvidia.com/mig=mig1:3"}},
-		{Devices: []LinuxDevice{dev("/dev/nvidia6", 195, 6), dev("/dev/nvidia0", 195, 0)}},
+		{Devices: []devices.LinuxDevice{dev("/dev/nvidia6", 195, 6), dev("/dev/nvidia0", 195, 0)}},
 		{Mounts: []string{mr + migUUID(migGPU, 1)}},
 		{Env: env("NVIDIA_VISIBLE_DEVICES=" + "GPU-ffffffff")},
 	}
@@ -343,4 +345,57 @@ func TestResolveDoesNoNVMLCalls(t *testing.T) {
 		_, _ = r.Resolve(reqs[i%len(reqs)])
 	}
 	assert.Equal(t, loaded, h.calls(), "resolution made NVML calls")
+}
+
+// The helpers below mirror those of package devices' tests: the same fake
+// hosts, so that the NVML loader is checked against the same expectations.
+
+var gpuPrefix = [...]string{"c", "a", "d", "9", "e", "f", "1", "2", "3", "4", "5", "6", "7", "8", "b", "0"}
+
+func gpuUUID(i int) string {
+	return fmt.Sprintf("GPU-%s%07x-0000-4000-8000-%012x", gpuPrefix[i%len(gpuPrefix)], i, i)
+}
+
+func migUUID(gpu, mig int) string {
+	return fmt.Sprintf("MIG-%x%07x-1111-4000-8000-%012x", mig+1, gpu, gpu*16+mig)
+}
+
+func defaultPolicy() config.PolicyConfig { return config.Default().Policy }
+
+const mr = devices.MountRoot + "/"
+
+func env(kv ...string) []string { return kv }
+
+func dev(path string, major, minor int64) devices.LinuxDevice {
+	return devices.LinuxDevice{Path: path, Type: "c", Major: major, Minor: minor}
+}
+
+func writeFile(t testing.TB, path, content string) {
+	t.Helper()
+	require.NoError(t, os.MkdirAll(filepath.Dir(path), 0o755))
+	require.NoError(t, os.WriteFile(path, []byte(content), 0o644))
+}
+
+// fakeProcTree is a /proc/driver/nvidia with four GPUs and one excluded.
+func fakeProcTree(t testing.TB) string {
+	t.Helper()
+	root := t.TempDir()
+	fakeProcGPU(t, root, "0000:86:00.0", "NVIDIA H100 80GB HBM3", gpuUUID(2), 0, false)
+	fakeProcGPU(t, root, "0000:07:00.0", "NVIDIA H100 80GB HBM3", gpuUUID(0), 2, false)
+	fakeProcGPU(t, root, "0000:3b:00.0", "NVIDIA H100 80GB HBM3", gpuUUID(1), 1, false)
+	fakeProcGPU(t, root, "0000:50:00.0", "NVIDIA H100 80GB HBM3", gpuUUID(7), 3, true)
+	fakeProcGPU(t, root, "0001:01:00.0", "NVIDIA H100 80GB HBM3", gpuUUID(3), 4, false)
+	return root
+}
+
+func fakeProcGPU(t testing.TB, root, bus, model, uuid string, minor int, excluded bool) {
+	t.Helper()
+	ex := "No"
+	if excluded {
+		ex = "Yes"
+	}
+	writeFile(t, filepath.Join(root, "proc/driver/nvidia/gpus", bus, "information"), fmt.Sprintf(
+		"Model: \t\t %s\nIRQ:   \t\t 35\nGPU UUID: \t %s\nVideo BIOS: \t 96.00.74.00.01\nBus Type: \t PCIe\n"+
+			"DMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t %s\nDevice Minor: \t %d\nGPU Excluded:\t %s\n",
+		model, uuid, bus, minor, ex))
 }

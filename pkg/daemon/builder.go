@@ -1,8 +1,7 @@
-package nriplugin
+package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -12,12 +11,12 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices/nvmlloader"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics"
 )
 
-// Builder is the production SetupFunc: it opens the ledger, loads the GPU
+// Builder is the daemon's nriplugin.SetupFunc: it opens the ledger, loads the GPU
 // inventory once and writes the inventory cache the OCI hooks read. It keeps
 // the inventory and the ledger across calls with an unchanged configuration,
 // so a reconnect (which calls Configure again) costs no NVML enumeration.
@@ -41,12 +40,17 @@ type Builder struct {
 }
 
 // ledgerKey is what a ledger was opened with (ledger.Options holds a func and
-// is not comparable).
+// is not comparable): the directory and the options from the configuration.
 type ledgerKey struct {
 	dir                      string
 	lockTimeout              time.Duration
 	auditMaxBytes            int64
 	reservationTTL, queueTTL time.Duration
+}
+
+func keyOf(dir string, o ledger.Options) ledgerKey {
+	return ledgerKey{dir: dir, lockTimeout: o.LockTimeout, auditMaxBytes: o.AuditMaxBytes,
+		reservationTTL: o.ReservationTTL, queueTTL: o.QueueTTL}
 }
 
 // Setup builds a guard for cfg. It implements SetupFunc.
@@ -58,22 +62,11 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 		log = slog.New(slog.DiscardHandler)
 	}
 
-	key := ledgerKey{
-		dir:            cfg.Ledger.Dir,
-		lockTimeout:    cfg.Ledger.LockTimeout.Duration,
-		auditMaxBytes:  cfg.Ledger.AuditMaxBytes,
-		reservationTTL: cfg.Policy.ReservationTTL.Duration,
-		queueTTL:       cfg.Policy.QueueTTL.Duration,
-	}
+	opts := guard.LedgerOptions(cfg)
+	key := keyOf(cfg.Ledger.Dir, opts)
 	if b.ledger == nil || b.ledKey != key {
-		l, err := ledger.Open(key.dir, ledger.Options{
-			LockTimeout:    key.lockTimeout,
-			AuditMaxBytes:  key.auditMaxBytes,
-			ReservationTTL: key.reservationTTL,
-			QueueTTL:       key.queueTTL,
-			Now:            b.Now,
-			Logger:         log,
-		})
+		opts.Now, opts.Logger = b.Now, log
+		l, err := ledger.Open(key.dir, opts)
 		if err != nil {
 			return nil, fmt.Errorf("open ledger in %s (check [ledger] dir): %w", key.dir, err)
 		}
@@ -82,7 +75,7 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 
 	cachePath := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
 	if b.inv == nil || b.devCfg == nil || !reflect.DeepEqual(*b.devCfg, cfg.Devices) {
-		inv, err := devices.Discover(cfg.Devices, nil)
+		inv, err := devices.Discover(cfg.Devices, nvmlloader.New(nil))
 		if err != nil {
 			cached, cerr := devices.LoadCache(cachePath)
 			if cerr != nil {
@@ -115,82 +108,4 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 		Logger:    log,
 		Observer:  b.Observer,
 	})
-}
-
-// DaemonOptions configure RunDaemon.
-type DaemonOptions struct {
-	// Config is the configuration from file/flags.
-	Config config.Config
-	// Identity names the plugin and the socket to dial.
-	Identity Identity
-	// Logger; nil = discard.
-	Logger *slog.Logger
-}
-
-// RunDaemon is the whole NRI daemon: it builds the guard, serves metrics when
-// [metrics] listen is set, and runs the plugin until ctx is done.
-//
-// An external daemon builds the guard once up front, so a broken
-// configuration, an unsafe ledger dir or a missing inventory fail at start,
-// not at registration. A plugin launched by containerd gets its configuration
-// only with Configure (the conf.d file; it has no flags and a bare
-// environment), so it builds the guard there, and starts the metrics endpoint
-// from that configuration once the first setup succeeded.
-func RunDaemon(ctx context.Context, opts DaemonOptions) error {
-	log := opts.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
-	b := &Builder{Logger: log}
-	launched := Launched()
-	// Decisions are counted from the start; the endpoint serves them once a
-	// configuration names [metrics] listen.
-	m := metrics.New()
-	b.Observer = m
-	if !launched {
-		if _, err := b.Setup(ctx, opts.Config); err != nil {
-			return err
-		}
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 1)
-	var serveOnce sync.Once
-	serve := func(listen string) {
-		if listen == "" {
-			return
-		}
-		serveOnce.Do(func() {
-			go func() {
-				if err := m.Serve(ctx, listen, log); err != nil {
-					errc <- err
-					cancel()
-				}
-			}()
-		})
-	}
-	setup := b.Setup
-	if launched {
-		setup = func(ctx context.Context, cfg config.Config) (*guard.Guard, error) {
-			g, err := b.Setup(ctx, cfg)
-			if err == nil {
-				serve(cfg.Metrics.Listen)
-			}
-			return g, err
-		}
-	} else {
-		serve(opts.Config.Metrics.Listen)
-	}
-	popts := Options{Config: opts.Config, Setup: setup, Logger: log, Ready: m.SetReady}
-	p, err := New(popts)
-	if err != nil {
-		return err
-	}
-	runErr := p.Run(ctx, opts.Identity.withDefaults(opts.Config.NRI))
-	select {
-	case err := <-errc:
-		return errors.Join(err, runErr)
-	default:
-		return runErr
-	}
 }

@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/nriplugin"
+)
+
+// daemonOptions configure runDaemon.
+type daemonOptions struct {
+	// Config is the configuration from file/flags.
+	Config config.Config
+	// Identity names the plugin and the socket to dial.
+	Identity nriplugin.Identity
+	// Logger; nil = discard.
+	Logger *slog.Logger
+}
+
+// runDaemon is the whole NRI daemon: it builds the guard, serves metrics when
+// [metrics] listen is set, and runs the plugin until ctx is done.
+//
+// An external daemon builds the guard once up front, so a broken
+// configuration, an unsafe ledger dir or a missing inventory fail at start,
+// not at registration. A plugin launched by containerd gets its configuration
+// only with Configure (the conf.d file; it has no flags and a bare
+// environment), so it builds the guard there, and starts the metrics endpoint
+// from that configuration once the first setup succeeded.
+func runDaemon(ctx context.Context, opts daemonOptions) error {
+	log := opts.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b := &daemon.Builder{Logger: log}
+	launched := nriplugin.Launched()
+	// Decisions are counted from the start; the endpoint serves them once a
+	// configuration names [metrics] listen.
+	m := metrics.New()
+	b.Observer = m
+	if !launched {
+		if _, err := b.Setup(ctx, opts.Config); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	var serveOnce sync.Once
+	serve := func(listen string) {
+		if listen == "" {
+			return
+		}
+		serveOnce.Do(func() {
+			go func() {
+				if err := m.Serve(ctx, listen, log); err != nil {
+					errc <- err
+					cancel()
+				}
+			}()
+		})
+	}
+	setup := b.Setup
+	if launched {
+		setup = func(ctx context.Context, cfg config.Config) (*guard.Guard, error) {
+			g, err := b.Setup(ctx, cfg)
+			if err == nil {
+				serve(cfg.Metrics.Listen)
+			}
+			return g, err
+		}
+	} else {
+		serve(opts.Config.Metrics.Listen)
+	}
+	popts := nriplugin.Options{Config: opts.Config, Setup: setup, Logger: log, Ready: m.SetReady}
+	p, err := nriplugin.New(popts)
+	if err != nil {
+		return err
+	}
+	runErr := p.Run(ctx, opts.Identity.WithDefaults(opts.Config.NRI))
+	select {
+	case err := <-errc:
+		return errors.Join(err, runErr)
+	default:
+		return runErr
+	}
+}

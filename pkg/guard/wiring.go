@@ -1,0 +1,92 @@
+package guard
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// LedgerOptions are the ledger's tunables from the configuration: the one
+// translation of [ledger] and the queue's TTLs into ledger.Options, used by
+// the daemon, the OCI hook and gpu-guard-ctl alike so that all of them open
+// the shared ledger with the same expiry rules. The clock, boot id and
+// logger are the caller's to set.
+func LedgerOptions(cfg config.Config) ledger.Options {
+	return ledger.Options{
+		LockTimeout:    cfg.Ledger.LockTimeout.Duration,
+		AuditMaxBytes:  cfg.Ledger.AuditMaxBytes,
+		ReservationTTL: cfg.Policy.ReservationTTL.Duration,
+		QueueTTL:       cfg.Policy.QueueTTL.Duration,
+	}
+}
+
+// Prescreen tells a container that reaches no GPU (skip: nothing to check,
+// no ledger access) from one that must go through Admit, for a front end that
+// has no inventory loaded yet or could not load one (invErr). It applies the
+// same resolution policies as Admit:
+//   - with an inventory, a request that resolves to no device (and does not
+//     name "all") is skipped; one that fails to resolve is left to Admit,
+//     which words and audits the refusal;
+//   - without one, a request that still resolves to nothing against an empty
+//     inventory names no GPU at all and is skipped; any other fails closed
+//     with invErr. A privileged container follows policy.privileged: under
+//     "declared" it claims only what it names (so it is skipped when it names
+//     nothing, like the CNI and storage agents every node runs), under "all"
+//     it resolves to "all" and under "reject" to an error, both failing
+//     closed.
+func Prescreen(cfg config.Config, inv *devices.Inventory, invErr error, req devices.Request) (skip bool, err error) {
+	if invErr == nil {
+		res, err := devices.NewResolver(inv, cfg.Policy).Resolve(req)
+		if err != nil {
+			return false, nil
+		}
+		return len(res.Devices) == 0 && !res.All, nil
+	}
+	none, nerr := devices.NewInventory("none", nil)
+	if nerr != nil {
+		return false, fmt.Errorf("the container names a GPU, but %w", invErr)
+	}
+	res, err := devices.NewResolver(none, cfg.Policy).Resolve(req)
+	if err == nil && len(res.Devices) == 0 && !res.All {
+		return true, nil
+	}
+	return false, fmt.Errorf("the container names a GPU, but %w", invErr)
+}
+
+// ClaimOutlivesStop reports whether a stopped container keeps its claims
+// until it is removed (release_on = "remove"): a front end that tracks which
+// containers hold claims keeps tracking it past its stop event.
+func (g *Guard) ClaimOutlivesStop() bool { return g.policy.ReleaseOn == config.ReleaseOnRemove }
+
+// ForgetVanishedPods drops the waiters (and releases any claims) of the pods
+// of front end fe that the runtime no longer lists: a pod removed while the
+// front end was away never gets its pod-removal event, and a waiter whose pod
+// is gone never claims. livePods are the pod UIDs the runtime lists. It
+// returns how many pods it dropped; a pod whose drop failed is logged and
+// left for the next call.
+func (g *Guard) ForgetVanishedPods(ctx context.Context, fe ledger.FrontEnd, livePods []string) (int, error) {
+	st, err := g.ledger.Snapshot(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("read ledger: %w", err)
+	}
+	live := make(map[string]bool, len(livePods))
+	for _, uid := range livePods {
+		live[uid] = true
+	}
+	gone := map[string]string{} // pod uid -> sandbox id
+	for _, w := range st.Waiters {
+		if w.Owner.FrontEnd == fe && w.Owner.PodUID != "" && !live[w.Owner.PodUID] {
+			gone[w.Owner.PodUID] = w.Owner.PodSandboxID
+		}
+	}
+	for uid, sandbox := range gone {
+		if err := g.PodGone(ctx, uid, sandbox); err != nil {
+			g.log.Warn("dropping waiters of a vanished pod failed", slog.String("pod_uid", uid), slog.Any("error", err))
+		}
+	}
+	return len(gone), nil
+}

@@ -1,0 +1,34 @@
+package ledger
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// TestCloneSharesNothing: changing any slice of a clone leaves the original
+// as it was, down to a waiter's device list.
+func TestCloneSharesNothing(t *testing.T) {
+	gpu := devices.Device{UUID: "GPU-0", Index: "0", Kind: devices.KindGPU}
+	orig := State{
+		Claims:       []Claim{{Device: gpu, Owner: Owner{ContainerID: "a"}}},
+		Waiters:      []Waiter{{Key: "w", Devices: []devices.Device{gpu}}},
+		Reservations: []Reservation{{Device: gpu, For: "w"}},
+		Conflicts:    []Conflict{{Device: gpu, Owner: Owner{ContainerID: "b"}}},
+		Generation:   7,
+	}
+	c := orig.Clone()
+	assert.Equal(t, orig, c)
+	c.Claims[0].Owner.ContainerID = "x"
+	c.Waiters[0].Devices[0].UUID = "GPU-x"
+	c.Reservations[0].For = "x"
+	c.Conflicts[0].Owner.ContainerID = "x"
+	assert.Equal(t, "a", orig.Claims[0].Owner.ContainerID)
+	assert.Equal(t, "GPU-0", orig.Waiters[0].Devices[0].UUID)
+	assert.Equal(t, "w", orig.Reservations[0].For)
+	assert.Equal(t, "b", orig.Conflicts[0].Owner.ContainerID)
+	var nilState *State
+	assert.Equal(t, State{}, nilState.Clone())
+}

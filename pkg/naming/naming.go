@@ -1,0 +1,49 @@
+package naming
+
+import (
+	"fmt"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// Device names a device for people: "GPU 1 (GPU-…)" or "MIG 1:0 (MIG-…)";
+// without an index, "GPU GPU-…".
+func Device(d devices.Device) string {
+	kind := "GPU"
+	if d.Kind == devices.KindMIG {
+		kind = "MIG"
+	}
+	if d.Index == "" {
+		return fmt.Sprintf("%s %s", kind, d.UUID)
+	}
+	return fmt.Sprintf("%s %s (%s)", kind, d.Index, d.UUID)
+}
+
+// Container names a container for people: `ns/pod/container (id
+// 0123456789ab)` for CRI containers, `name (id 0123456789ab)` or
+// `container 0123456789ab` otherwise.
+func Container(namespace, pod, container, id string) string {
+	switch {
+	case namespace != "" || pod != "":
+		return fmt.Sprintf("%s/%s/%s (id %s)", orDash(namespace), orDash(pod), orDash(container), ShortID(id))
+	case container != "":
+		return fmt.Sprintf("%s (id %s)", container, ShortID(id))
+	default:
+		return "container " + ShortID(id)
+	}
+}
+
+// ShortID is the 12-character prefix of a container id, as runtimes print it.
+func ShortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
