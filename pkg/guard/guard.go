@@ -312,6 +312,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 		policy: g.policy,
 		busy:   busy,
 		waiter: func(k string) (ledger.Waiter, bool) { return findWaiter(tx.State(), k) },
+		hook:   owner.FrontEnd == ledger.FrontEndHook,
 	}
 	if g.policy.OnConflict == config.ConflictQueue {
 		d.Result = Queue
