@@ -71,6 +71,9 @@ func run(args []string, stdin io.Reader, stderr io.Writer) int {
 	}
 	if err != nil {
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: %v\n", err)
+		if phase != "" {
+			return hook.ExitCode(err)
+		}
 		return 1
 	}
 	return 0

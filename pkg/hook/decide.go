@@ -38,6 +38,7 @@ func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guar
 	case guard.Skip:
 		return nil
 	case guard.Queue:
+		e.auditRefusal(ctx, g, cfg, req, d)
 		return notWaiting(id, d)
 	case guard.Admit:
 	default:
@@ -72,9 +73,52 @@ func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guar
 			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: could not leave the queue (policy.queue_ttl will drop the entry): %v\n",
 				ledger.ShortID(id), err)
 		}
+		e.auditRefusal(ctx, g, cfg, req, d)
 		return notWaiting(id, d)
 	default:
 		return fmt.Errorf("container %s: %w", id, decisionErr(d))
+	}
+}
+
+// auditRefusal records a busy refusal in the audit log: crun shows the user
+// only the hook's exit code, so `gpu-guard-ctl audit` is where the reason can
+// be read. Best effort, one bounded attempt: the refusal stands either way.
+func (e env) auditRefusal(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, d guard.Decision) {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Ledger.LockTimeout.Duration)
+	defer cancel()
+	uuids := make([]string, len(d.Devices))
+	for i, rd := range d.Devices {
+		uuids[i] = rd.UUID
+	}
+	o := req.Owner
+	_ = update(actx, g, func(tx *ledger.Tx) error {
+		tx.Audit(guard.AuditRefuse, ledger.AuditRecord{
+			Devices: uuids, ContainerID: o.ContainerID, Key: req.Key, Namespace: o.Namespace, Pod: o.Pod,
+			Container: o.Container, FrontEnd: string(ledger.FrontEndHook), Reason: "busy, not waiting: " + d.Message,
+		})
+		return nil
+	})
+}
+
+// Exit codes of a create-runtime hook, for runtimes that show the user only
+// the code (crun: "error executing hook … (exit code: 75)").
+const (
+	ExitRefused = 1  // anything else: input, ledger, internal error
+	ExitBusy    = 75 // a GPU is busy (EX_TEMPFAIL): try later or use gpu-guard-ctl run
+	ExitPolicy  = 77 // refused by policy or an unknown device (EX_NOPERM)
+)
+
+// ExitCode is the exit code for an error returned by Run or RunWith.
+func ExitCode(err error) int {
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, guard.ErrQueued), errors.Is(err, ErrWaitTimeout):
+		return ExitBusy
+	case errors.Is(err, guard.ErrRejected):
+		return ExitPolicy
+	default:
+		return ExitRefused
 	}
 }
 
@@ -82,8 +126,8 @@ func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guar
 // the guard's text (each busy GPU, its holder, since when, how many wait for
 // it, which GPUs are free) and how to wait for a turn instead.
 func notWaiting(id string, d guard.Decision) error {
-	return fmt.Errorf("container %s refused: %w; it is not queued (%w): engines such as podman hold the container's lock "+
-		"while the hook runs, so waiting here would freeze them. To wait for the GPU, start the container through "+
-		"`gpu-guard-ctl run -- <your command>`, which waits its turn outside the engine and then runs the command",
+	return fmt.Errorf("container %s refused: %w Not queued: %w (podman and CRI-O hold the container's lock while it runs, "+
+		"so waiting here would freeze them). To wait for the GPU, start the container through "+
+		"`gpu-guard-ctl run -- <your command>`: it waits its turn outside the engine, then runs the command",
 		id, decisionErr(d), ErrNotWaiting)
 }

@@ -32,15 +32,22 @@ func TestRuncDefaultRefusesAtOnce(t *testing.T) {
 	require.Error(t, err, "w must be refused")
 	msg := w.out.String()
 	for _, s := range []string{"container w refused", "GPU 1 (" + gpuUUIDs[1] + ") is held by container h", "no other request waits for it",
-		"it is not queued", "gpu-guard-ctl run --", "Free GPUs now: 0, 2, 3"} {
+		"Not queued: the hook does not wait inside the engine", "gpu-guard-ctl run --", "Free GPUs now: 0, 2, 3"} {
 		require.Contains(t, msg, s)
 	}
 	require.NotContains(t, msg, "Kubernetes")
 	require.False(t, r.started("w"))
 	require.Empty(t, r.state().Waiters)
+	var refusals int
 	for _, rec := range r.audit() {
-		require.NotEqual(t, "w", rec.Key, "a refusal that does not wait writes no queue record: %+v", rec)
+		if rec.Key != "w" {
+			continue
+		}
+		require.Equal(t, "refuse", rec.Op, "a refusal that does not wait writes no queue record: %+v", rec)
+		require.Contains(t, rec.Reason, "is held by container h", "the audit log keeps the reason (crun shows only the exit code)")
+		refusals++
 	}
+	require.Equal(t, 1, refusals)
 
 	o := r.start("o", ctrOpts{env: gpuEnv(2), noWait: true})
 	r.waitFor("o to start on GPU 2", func() bool { return r.started("o") })
@@ -103,7 +110,9 @@ func TestHookBurst(t *testing.T) {
 			elapsed := time.Since(start)
 			lockTimeouts := 0
 			for i := range n {
-				require.Error(t, errs[i], "GPU 1 is held: every hook is refused")
+				var ee *exec.ExitError
+				require.ErrorAs(t, errs[i], &ee, "GPU 1 is held: every hook is refused")
+				require.Equal(t, ExitBusy, ee.ExitCode(), "exit code of a busy refusal: %s", outs[i])
 				if strings.Contains(outs[i], "ledger lock") {
 					lockTimeouts++
 					t.Logf("hook %d: %s", i, outs[i])

@@ -1,6 +1,8 @@
 package hook
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -8,6 +10,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
 
 // fakeProc writes procRoot/<pid>/stat (with parent ppid) and comm.
@@ -58,4 +62,12 @@ func TestTicketOf(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, ticketOf(tc.env), "%v", tc.env)
 	}
+}
+
+func TestExitCode(t *testing.T) {
+	require.Equal(t, 0, ExitCode(nil))
+	require.Equal(t, ExitBusy, ExitCode(fmt.Errorf("x: %w; %w", guard.ErrQueued, ErrNotWaiting)))
+	require.Equal(t, ExitBusy, ExitCode(fmt.Errorf("x: %w", ErrWaitTimeout)))
+	require.Equal(t, ExitPolicy, ExitCode(fmt.Errorf("x: %w", guard.ErrRejected)))
+	require.Equal(t, ExitRefused, ExitCode(errors.New("ledger corrupt")))
 }
