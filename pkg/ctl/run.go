@@ -273,6 +273,10 @@ func commandRequest(args []string) (req devices.Request, from string) {
 				req.Env = append(req.Env, "NVIDIA_VISIBLE_DEVICES="+ids)
 				found = append(found, "--gpus "+v)
 			}
+			continue
+		}
+		if !strings.Contains(a, "=") && runTakesValue[a] {
+			j++ // its value
 		}
 	}
 	return req, strings.Join(found, " ")
@@ -301,3 +305,24 @@ func dockerGPUs(v string) string {
 	}
 	return ""
 }
+
+// runTakesValue: the flags of podman and docker run|create that take a value
+// in the next argument (the scan stops at the first other word: the image).
+var runTakesValue = func() map[string]bool {
+	m := map[string]bool{}
+	for _, f := range strings.Fields(`--name --entrypoint -v --volume --mount -p --publish -w --workdir -u --user
+		--network --net -h --hostname -l --label --annotation --cpus --cpu-shares -c --cpuset-cpus --memory -m
+		--memory-swap --shm-size --restart --runtime --security-opt --cap-add --cap-drop --ulimit --pull --platform
+		--arch --os --log-driver --log-opt --pod --cgroup-parent --cgroupns --cgroups --ipc --pid --uts --userns
+		--tmpfs --env-file --label-file --stop-signal --stop-timeout --health-cmd --health-interval --health-retries
+		--health-timeout --health-start-period --add-host --dns --dns-search --dns-option --mac-address --ip --ip6
+		--expose --group-add --hooks-dir --init-path --pidfile --secret --sysctl --timeout --tz --umask
+		--variant --volumes-from --device-cgroup-rule --blkio-weight --oom-score-adj --pids-limit --attach -a
+		--detach-keys --cidfile --conmon-pidfile --log-level --isolation --storage-opt --runtime-flag --chrootdirs
+		--image-volume --requires --seccomp-policy --sdnotify --systemd --rootfs --preserve-fds --passwd-entry
+		--cpu-period --cpu-quota --cpu-rt-period --cpu-rt-runtime --cpuset-mems --kernel-memory --memory-reservation
+		--memory-swappiness --link --network-alias --gpus --env -e --device`) {
+		m[f] = true
+	}
+	return m
+}()

@@ -22,10 +22,10 @@ func TestCommandRequest(t *testing.T) {
 	}{
 		{
 			name:     "podman run with env and global flags",
-			args:     []string{"podman", "--root", "/r", "--runtime=crun", "run", "--rm", "-e", "NVIDIA_VISIBLE_DEVICES=1", "img", "-e", "NVIDIA_VISIBLE_DEVICES=3"},
+			args:     []string{"podman", "--root", "/r", "--runtime=crun", "run", "--rm", "--name", "job", "-e", "NVIDIA_VISIBLE_DEVICES=1", "img", "-e", "NVIDIA_VISIBLE_DEVICES=3"},
 			want:     devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=1"}},
 			wantFrom: "-e NVIDIA_VISIBLE_DEVICES=1",
-			wantArgs: []string{"podman", "--root", "/r", "--runtime=crun", "run", "-e", hook.TicketEnv, "--rm", "-e", "NVIDIA_VISIBLE_DEVICES=1", "img", "-e", "NVIDIA_VISIBLE_DEVICES=3"},
+			wantArgs: []string{"podman", "--root", "/r", "--runtime=crun", "run", "-e", hook.TicketEnv, "--rm", "--name", "job", "-e", "NVIDIA_VISIBLE_DEVICES=1", "img", "-e", "NVIDIA_VISIBLE_DEVICES=3"},
 		},
 		{
 			name:     "devices and --env=",
