@@ -35,12 +35,11 @@ func engineHoldsLock(procRoot string, ppid int) (bool, string) {
 	if err != nil || grand <= 1 {
 		return false, ""
 	}
-	comm, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(grand), "comm"))
+	comm, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(grand), "comm")) //nolint:gosec // a /proc file of a numeric pid
 	if err != nil {
 		return false, ""
 	}
-	name := string(bytes.TrimSpace(comm))
-	if why, ok := lockingEngines[name]; ok {
+	if why, ok := lockingEngines[string(bytes.TrimSpace(comm))]; ok {
 		return true, fmt.Sprintf("%s (pid %d)", why, grand)
 	}
 	return false, ""
@@ -51,7 +50,7 @@ func parentOf(procRoot string, pid int) (int, error) {
 	if pid <= 0 {
 		return 0, fmt.Errorf("invalid pid %d", pid)
 	}
-	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
+	data, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat")) //nolint:gosec // a /proc file of a numeric pid
 	if err != nil {
 		return 0, err
 	}
