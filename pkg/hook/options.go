@@ -21,9 +21,14 @@ type Options struct {
 // lockingEngines are the processes that run an OCI runtime while their
 // engine holds a lock around the container's create: conmon is what podman
 // and CRI-O start the runtime under, and both hold the container's lock (and
-// podman abandons the create after 240s while the hook lives on).
+// podman abandons the create after 240s while the hook lives on); Docker and
+// containerd start it under containerd-shim.
 var lockingEngines = map[string]string{
 	"conmon": "the runtime runs under conmon (podman or CRI-O), whose engine holds the container's lock during the create",
+	// comm is cut at 15 bytes: containerd-shim-runc-v2 reads "containerd-shim".
+	// Docker (dockerd 20.10 observed) keeps `docker rm -f` of a container
+	// whose create waits hanging until the hook returns.
+	"containerd-shim": "the runtime runs under containerd-shim (Docker or containerd), whose engine holds the container during the create",
 }
 
 // engineHoldsLock reports whether the runtime that ran this hook (its parent,

@@ -31,11 +31,17 @@ func TestEngineHoldsLock(t *testing.T) {
 	fakeProc(t, root, 200, 1, "bash")
 	fakeProc(t, root, 201, 200, "runc")
 	fakeProc(t, root, 301, 1, "crun") // reparented: its engine is gone
+	fakeProc(t, root, 400, 1, "containerd-shim")
+	fakeProc(t, root, 401, 400, "runc")
 
 	locked, why := engineHoldsLock(root, 101)
 	require.True(t, locked, "runc under conmon: podman or CRI-O")
 	require.Contains(t, why, "conmon")
 	require.Contains(t, why, "pid 100")
+
+	locked, why = engineHoldsLock(root, 401)
+	require.True(t, locked, "runc under containerd-shim: Docker or containerd")
+	require.Contains(t, why, "containerd-shim")
 
 	for _, ppid := range []int{201, 301, 999, 0} {
 		locked, _ := engineHoldsLock(root, ppid)
