@@ -373,6 +373,10 @@ func (g *Guard) finish(d Decision, owner ledger.Owner, key string, start time.Ti
 func (g *Guard) ledgerError(owner ledger.Owner, err error) error {
 	who := ledger.DescribeOwner(owner)
 	switch {
+	case errors.Is(err, ledger.ErrLockTimeout) && owner.FrontEnd == ledger.FrontEndHook:
+		// Nothing retries a hook request: the person has to.
+		return fmt.Errorf("GPU ledger busy: another process held the ledger lock, no decision for %s in time; "+
+			"refused to stay safe, try again in a moment: %w", who, err)
 	case errors.Is(err, ledger.ErrLockTimeout):
 		return fmt.Errorf("GPU ledger busy: another process held the ledger lock, no decision for %s in time; "+
 			"refused to stay safe, retrying is automatic under Kubernetes: %w", who, err)
