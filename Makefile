@@ -19,7 +19,7 @@ FUZZTIME    ?= ci
 TOOLS_DIR   ?= $(HOME)/.cache/nri-gpu-guard/tools
 GOLANGCI    := $(TOOLS_DIR)/golangci-lint
 
-.PHONY: all build test race fuzz lint bench integration demo gpu-check package clean tools
+.PHONY: all build test race fuzz lint bench integration integration-podman demo gpu-check package clean tools
 
 all: build
 
@@ -43,10 +43,17 @@ lint: $(GOLANGCI)
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GOLANGCI) run --build-tags $(TAGS) ./...
 	$(GOLANGCI) run --build-tags '$(TAGS) integration' ./test/...
+	$(GOLANGCI) run --build-tags '$(TAGS) podman' ./test/...
 
 integration: build
 	./test/integration/setup.sh
 	$(GO) test -tags '$(TAGS) integration' -count=1 -v -timeout 15m ./test/integration/...
+
+# The OCI hook on real podman with runc and crun (needs root; installs podman,
+# conmon, runc and crun from the distribution when missing).
+integration-podman: build
+	./test/integration/setup-podman.sh
+	$(GO) test -tags '$(TAGS) podman' -count=1 -v -timeout 10m -run TestPodman ./test/integration/
 
 demo: build
 	./test/integration/setup.sh

@@ -28,7 +28,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		_, _ = fmt.Fprintln(stderr, "usage: nri-gpu-guard [--config PATH] [--socket PATH] [--name NAME] [--idx NN] [--state-dir DIR]\n"+
-			"       nri-gpu-guard hook create-runtime|poststop [--config PATH]\n       nri-gpu-guard version")
+			"       nri-gpu-guard hook create-runtime|poststop [--config PATH] [--wait]\n       nri-gpu-guard version")
 		fs.PrintDefaults()
 	}
 	cfgPath := fs.String("config", "", "configuration file (default $"+config.EnvPath+" or "+config.DefaultPath+")")
@@ -36,6 +36,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	name := fs.String("name", "", "plugin name (default [nri] plugin_name)")
 	idx := fs.String("idx", "", "plugin index, two digits (default [nri] plugin_index)")
 	stateDir := fs.String("state-dir", "", "ledger directory (default [ledger] dir)")
+	wait := fs.Bool("wait", false, "hook create-runtime: wait in the queue (up to [hook] wait_timeout) instead of refusing a busy GPU at once; only for runtimes run without an engine lock (plain runc)")
 	phase := ""
 	switch {
 	case len(args) > 0 && (args[0] == "version" || args[0] == "--version" || args[0] == "-version"):
@@ -66,7 +67,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if phase != "" {
-		err = hook.Run(ctx, phase, cfg, stdin, stderr)
+		err = hook.RunWith(ctx, phase, hook.Options{Wait: *wait}, cfg, stdin, stderr)
 	} else {
 		logger := slog.New(slog.NewJSONHandler(stderr, nil))
 		logger.Info("starting", "version", version.String("nri-gpu-guard"), "launched_by_runtime", nriplugin.Launched())
@@ -75,6 +76,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: %v\n", err)
+		if phase != "" {
+			return hook.ExitCode(err)
+		}
 		return 1
 	}
 	return 0

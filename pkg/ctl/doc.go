@@ -1,7 +1,8 @@
 // Package ctl implements gpu-guard-ctl, the operator's tool: it shows who
 // holds which GPU (status, claims, queue, devices, audit), explains the
-// decision a container would get (explain), fixes stuck claims (release, gc)
-// and validates configurations (check-config).
+// decision a container would get (explain), fixes stuck claims (release, gc),
+// validates configurations (check-config) and waits for GPUs outside a
+// container engine before starting a container on them (run).
 //
 // Everything runs through Run, which takes the arguments and an Env (output
 // writers, clock, uid, cgroup/proc roots) so that tests drive the real command
@@ -13,11 +14,13 @@
 //     ledger with ledger.OpenReadOnly and read it once with Ledger.View (the
 //     committed state with queue expiry applied as of now), so an operator
 //     polling status can never delay the daemon's admission decisions.
-//   - Only root mutates (release, gc, devices --refresh), every mutation goes
-//     through one ledger Update and leaves an audit record naming the reason.
+//   - Only root mutates (release, gc, devices --refresh, run), every mutation
+//     goes through one ledger Update and leaves an audit record naming the
+//     reason. run queues and claims through pkg/hook (the guard's own rules),
+//     never by writing the ledger itself.
 //   - Exit codes are a public interface: 0 ok, 1 error, 2 usage (unknown
 //     command or flag, missing argument), 3 attention (status found a
-//     conflict or a stale claim).
+//     conflict or a stale claim); run exits with its command's code.
 //   - JSON field names are a public interface, documented in docs/ctl-json.md;
 //     tables are for people and may change.
 //   - Strings that came from containers (names, ids, reasons) are escaped

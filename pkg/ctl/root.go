@@ -83,6 +83,7 @@ conflict or a stale claim).`,
 		a.auditCommand(),
 		a.releaseCommand(),
 		a.gcCommand(),
+		a.runCommand(),
 		a.checkConfigCommand(),
 		a.versionCommand(),
 	)

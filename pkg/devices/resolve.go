@@ -92,6 +92,10 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 			b.claimAll(srcPrivileged)
 		default:
 			b.note("privileged container: claims only the GPUs it names (policy.privileged = \"declared\"), though it can open every GPU")
+			// Engines add every host device node to a privileged container
+			// (podman, containerd's CRI): the nodes say nothing about what it
+			// asked for, so only the other sources name its GPUs.
+			b.privilegedNodes = true
 		}
 	}
 	b.env(req.Env)
@@ -133,6 +137,11 @@ type builder struct {
 	nodes        []pending
 	giCaps       []pending
 	unmappedCaps bool
+	// privilegedNodes: the request is privileged under "declared", so its
+	// GPU and MIG capability device nodes are not a request (skipped counts
+	// them for the note).
+	privilegedNodes bool
+	skipped         int
 }
 
 type pending struct {
@@ -513,6 +522,11 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 		// container: `--device /dev/nvidia0:/dev/nvidia-caps/nvidia-cap1`
 		// is GPU 0. The capability path counts only when the numbers cannot
 		// say (none given, or the nvidia-caps major is unknown).
+		isCap := (b.capsMj != 0 && major == b.capsMj) || (isCapPath && (major == 0 || b.capsMj == 0))
+		if b.privilegedNodes && ((major == nvidiaMajor && minor >= 0 && minor <= gpuid.MaxGPUMinor) || isCap) {
+			b.skipped++
+			continue
+		}
 		switch {
 		case major == nvidiaMajor:
 			if minor < 0 || minor > gpuid.MaxGPUMinor {
@@ -529,7 +543,7 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 				continue
 			}
 			b.nodes = append(b.nodes, pending{pos: pos, src: src})
-		case (b.capsMj != 0 && major == b.capsMj) || (isCapPath && (major == 0 || b.capsMj == 0)):
+		case isCap:
 			if !b.spend(src) {
 				return
 			}
@@ -537,6 +551,10 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 		}
 		// 195:254 (nvidia-modeset), 195:255 (nvidiactl), nvidia-uvm and
 		// everything else reach no particular GPU.
+	}
+	if b.skipped > 0 {
+		b.note(fmt.Sprintf("privileged container: its %d GPU device node(s) are not counted as a request (an engine adds every host device to a privileged container); "+
+			"name its GPUs with NVIDIA_VISIBLE_DEVICES or CDI", b.skipped))
 	}
 }
 

@@ -227,7 +227,20 @@ func TestResolvePrivileged(t *testing.T) {
 		return func(p *config.PolicyConfig) { p.Privileged = v }
 	}
 	named := Request{Privileged: true, Env: env("NVIDIA_VISIBLE_DEVICES=2")}
+	// What podman and containerd's CRI hand a privileged container: every
+	// host device node, GPUs included.
+	everyNode := []LinuxDevice{dev("/dev/nvidia0", 195, 0), dev("/dev/nvidia1", 195, 1), dev("/dev/nvidia2", 195, 2),
+		dev("/dev/nvidia3", 195, 3), dev("/dev/nvidiactl", 195, 255)}
 	runResolveCases(t, []resolveCase{
+		{name: "declared: the nodes an engine adds are no request", policy: pol(config.PrivilegedDeclared),
+			req: Request{Privileged: true, Devices: everyNode}, want: nil, notes: []string{"4 GPU device node(s) are not counted"}},
+		{name: "declared: nodes plus a named GPU claim only that GPU", policy: pol(config.PrivilegedDeclared),
+			req: Request{Privileged: true, Devices: everyNode, Env: env("NVIDIA_VISIBLE_DEVICES=2")}, want: []string{"2"},
+			sources: map[string][]string{"2": {`env NVIDIA_VISIBLE_DEVICES="2"`}}},
+		{name: "nodes of an unprivileged container are a request", policy: pol(config.PrivilegedDeclared),
+			req: Request{Devices: everyNode[:1]}, want: []string{"0"}},
+		{name: "all: the nodes change nothing", policy: pol(config.PrivilegedAll),
+			req: Request{Privileged: true, Devices: everyNode}, want: allGPUs, wantAll: true},
 		{name: "declared claims what it names", policy: pol(config.PrivilegedDeclared), req: named, want: []string{"2"},
 			notes: []string{"privileged container"}},
 		{name: "declared with nothing named", policy: pol(config.PrivilegedDeclared), req: Request{Privileged: true}, want: nil},

@@ -336,6 +336,7 @@ func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledg
 		busy:   d.Busy,
 		waiter: func(k string) (ledger.Waiter, bool) { return findWaiter(tx.State(), k) },
 		key:    key,
+		hook:   owner.FrontEnd == ledger.FrontEndHook,
 	}
 	if g.policy.OnConflict == config.ConflictQueue {
 		d.Result = Queue
@@ -395,6 +396,10 @@ func (g *Guard) finish(d Decision, owner ledger.Owner, key string, start time.Ti
 func (g *Guard) ledgerError(owner ledger.Owner, err error) error {
 	who := HolderName(owner)
 	switch {
+	case errors.Is(err, ledger.ErrLockTimeout) && owner.FrontEnd == ledger.FrontEndHook:
+		// Nothing retries a hook request: the person has to.
+		return fmt.Errorf("GPU ledger busy: another process held the ledger lock, no decision for %s in time; "+
+			"refused to stay safe, try again in a moment: %w", who, err)
 	case errors.Is(err, ledger.ErrLockTimeout):
 		return fmt.Errorf("GPU ledger busy: another process held the ledger lock, no decision for %s in time; "+
 			"refused to stay safe, retrying is automatic under Kubernetes: %w", who, err)

@@ -28,6 +28,10 @@ type conflictText struct {
 	waited          time.Duration
 	// free are the GPUs nobody holds or has reserved right now.
 	free []devices.Device
+	// hook: the request comes from the OCI hook front end. Nothing retries
+	// it (no kubelet), and whether the hook waits is the hook's business, so
+	// the text says only how many requests wait before this one.
+	hook bool
 }
 
 // String renders the refusal: every busy device with its holder or
@@ -40,7 +44,17 @@ func (c conflictText) String() string {
 		}
 		b.WriteString(c.busyText(bd))
 	}
-	if c.queued {
+	switch {
+	case c.queued && c.hook:
+		switch ahead := c.position - 1; {
+		case ahead <= 0:
+			b.WriteString("; no other request waits for it.")
+		case ahead == 1:
+			b.WriteString("; 1 request waits for it before this one.")
+		default:
+			fmt.Fprintf(&b, "; %d requests wait for it before this one.", ahead)
+		}
+	case c.queued:
 		fmt.Fprintf(&b, "; queued at position %d of %d, waiting %s. ", c.position, c.total, age(c.waited))
 		if c.onlyReserved() {
 			b.WriteString("The request will be admitted once the requesters holding the reservations have started or let them expire; retrying is automatic under Kubernetes")
@@ -48,7 +62,7 @@ func (c conflictText) String() string {
 			b.WriteString("The request will be admitted when the holder stops and its turn comes; retrying is automatic under Kubernetes")
 		}
 		fmt.Fprintf(&b, " (the head of the queue keeps a freed GPU for %s).", c.policy.ReservationTTL.Duration)
-	} else {
+	default:
 		b.WriteString(". Refused and not queued (policy on_conflict = \"reject\"): retry once the holder has stopped.")
 	}
 	b.WriteString(" ")

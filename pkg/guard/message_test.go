@@ -97,6 +97,20 @@ func TestConflictText(t *testing.T) {
 				"GPU 2 (GPU-22222222-2222-4222-8222-222222222222) is reserved for ml/train-7/worker",
 		},
 		{
+			name: "hook request: how many wait before it, no retry or reservation talk",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: holder}}, hook: true,
+				queued: true, position: 3, total: 3, waited: 45 * time.Second, free: []devices.Device{gpu2}},
+			want: "GPU 1 (GPU-11111111-1111-4111-8111-111111111111) is held by ml/train-0/main (id 0123456789ab) " +
+				"since 2026-05-09T07:47:57Z (12m3s ago); 2 requests wait for it before this one. " +
+				"Free GPUs now: 2 (e.g. NVIDIA_VISIBLE_DEVICES=2).",
+		},
+		{
+			name: "hook request at the head",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: holder}}, hook: true,
+				queued: true, position: 1, total: 1},
+			want: "(12m3s ago); no other request waits for it. No GPU is free now.",
+		},
+		{
 			name: "stopped holder kept until removal",
 			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: stoppedHolder}}},
 			want: "is held by ml/train-0/main (id fedcba987654) since 2026-05-09T07:47:57Z (12m3s ago) " +

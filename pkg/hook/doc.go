@@ -6,6 +6,13 @@
 // process starts and "nri-gpu-guard hook poststop" after it was deleted. Both
 // read the OCI state (specs.State) on stdin and the bundle's config.json.
 //
+// create-runtime decides at once by default: engines such as podman hold the
+// container's lock while it runs, so waiting there froze them. Waiting happens
+// outside the engine instead: AcquireTicket (gpu-guard-ctl run) queues a
+// ticket, and the container that carries the ticket (TicketEnv) takes its
+// claim over. With Options.Wait the hook waits itself, unless its runtime was
+// started by an engine that holds such a lock (conmon, containerd-shim).
+//
 // Invariants:
 //   - The hook never decides anything itself: admission, the "does this
 //     container name a GPU at all" pre-check (guard.Prescreen) and the
@@ -14,8 +21,19 @@
 //   - Fail closed: a create-runtime hook that cannot read its input, resolve
 //     the devices or reach the ledger exits non-zero with one self-contained
 //     line, and the runtime refuses the container.
-//   - A create-runtime hook that is cancelled (SIGTERM/SIGINT), times out, or
-//     whose container disappears while waiting leaves no claim and no waiter.
+//   - A create-runtime hook that does not wait leaves no waiter: a busy
+//     answer is computed lock-free (guard.Explain) and a queue entry that a
+//     racing Admit made is withdrawn.
+//   - A waiter (hook or ticket) that is cancelled (SIGTERM/SIGINT), times
+//     out, or whose container disappears leaves no claim and no waiter: the
+//     withdrawal retries lock timeouts until done. One killed with SIGKILL is
+//     dropped by the next request it stands in the way of, once the process
+//     its entry records is gone.
+//   - Hook processes line up on a blocking flock (hook.turnstile) before
+//     they write the ledger; the turnstile is an optimisation, the ledger
+//     lock alone makes a write safe.
+//   - A ticket's claim moves to a container only if the ticket holds every
+//     GPU the container asks for; a ticket is used once.
 //   - poststop is idempotent: releasing a container that holds nothing
 //     succeeds. A container absent from the ledger (most of them) is told
 //     apart by a lock-free read and never takes the ledger lock.

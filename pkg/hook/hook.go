@@ -26,18 +26,30 @@ const (
 // ErrUsage is wrapped by Run for an unknown phase.
 var ErrUsage = errors.New("usage: nri-gpu-guard hook create-runtime|poststop [--config PATH]")
 
-// Run executes one hook phase with the OCI state read from stdin.
-//
-// create-runtime admits the container through the guard, waiting in the
-// ledger's FIFO queue while its GPUs are held (up to hook.wait_timeout, with
-// progress lines on stderr); poststop releases what the container holds.
-//
-// Run installs its own SIGTERM/SIGINT handling: a signal cancels a waiting
-// hook, which then leaves the queue and fails. It never panics. A non-nil
-// error is self-contained (it names the container, the devices and what to
-// do): the caller prints it on one line and exits non-zero, which makes the
-// runtime refuse the container (or, for poststop, log a warning).
+// Run executes one hook phase with the OCI state read from stdin, with the
+// default Options (create-runtime decides at once and never waits).
 func Run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
+	return RunWith(ctx, phase, Options{}, cfg, stdin, stderr)
+}
+
+// RunWith executes one hook phase with the OCI state read from stdin.
+//
+// create-runtime admits the container through the guard. By default it
+// decides at once: admit, or refuse with who holds the GPU and how many wait
+// for it (an engine such as podman holds the container's lock for the whole
+// create, so a hook that waits freezes it). With opts.Wait it waits in the
+// ledger's FIFO queue while its GPUs are held (up to hook.wait_timeout, with
+// progress lines on stderr), unless the engine that ran it is one that holds
+// such a lock. A container started by `gpu-guard-ctl run` carries a ticket:
+// the GPUs claimed for the ticket are handed over to it. poststop releases
+// what the container holds.
+//
+// RunWith installs its own SIGTERM/SIGINT handling: a signal cancels a
+// waiting hook, which then leaves the queue and fails. It never panics. A
+// non-nil error is self-contained (it names the container, the devices and
+// what to do): the caller prints it on one line and exits non-zero, which
+// makes the runtime refuse the container (or, for poststop, log a warning).
+func RunWith(ctx context.Context, phase string, opts Options, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
 	// The signal is the context's cause ("terminated signal received"), which
 	// the error of a cancelled waiter quotes.
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
@@ -48,12 +60,16 @@ func Run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, 
 	// leave the queue. Ignored, the write fails with EPIPE instead, and the
 	// hook withdraws as it should (its output has nowhere to go anyway).
 	signal.Ignore(syscall.SIGPIPE)
-	return defaultEnv().run(ctx, phase, cfg, stdin, stderr)
+	e := defaultEnv()
+	e.opts = opts
+	return e.run(ctx, phase, cfg, stdin, stderr)
 }
 
 // guardAPI is what the hook needs from *guard.Guard.
 type guardAPI interface {
 	admitter
+	Explain(ctx context.Context, r guard.Request) (guard.Decision, error)
+	Resolve(spec devices.Request) (devices.Resolution, error)
 	Removed(ctx context.Context, o ledger.Owner) error
 	Ledger() *ledger.Ledger
 }
@@ -68,6 +84,11 @@ type env struct {
 	getppid func() int
 	// openGuard opens the ledger and builds the guard over inv.
 	openGuard func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error)
+	// opts are the hook's command-line options.
+	opts Options
+	// lockingEngine reports whether the engine that ran the hook holds a
+	// lock around the create (see engineHoldsLock).
+	lockingEngine func() (bool, string)
 }
 
 func defaultEnv() env {
@@ -77,6 +98,9 @@ func defaultEnv() env {
 		procRoot:  liveness.DefaultProcRoot,
 		getppid:   os.Getppid,
 		openGuard: openGuard,
+		lockingEngine: func() (bool, string) {
+			return engineHoldsLock(liveness.DefaultProcRoot, os.Getppid())
+		},
 	}
 }
 
@@ -144,18 +168,30 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 	}
 	defer closeGuard()
 
+	if t := ticketOf(req.Env); t != "" {
+		if done, err := e.useTicket(ctx, g, cfg, t, owner, req, stderr); done || err != nil {
+			return err
+		}
+	}
+	greq := guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner, Key: st.ID, Spec: req}
+	if !e.opts.Wait {
+		return e.decide(ctx, g, cfg, greq, stderr)
+	}
+	if e.lockingEngine != nil {
+		if locked, why := e.lockingEngine(); locked {
+			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: deciding without waiting although --wait is set: %s\n", ledger.ShortID(st.ID), why)
+			return e.decide(ctx, g, cfg, greq, stderr)
+		}
+	}
+
 	w := &queueWait{
-		g: g,
-		req: guard.Request{
-			FrontEnd: ledger.FrontEndHook,
-			Owner:    owner,
-			Key:      st.ID,
-			Spec:     req,
-		},
+		g:               g,
+		req:             greq,
 		stderr:          stderr,
 		pollInterval:    cfg.Hook.PollInterval.Duration,
 		waitTimeout:     cfg.Hook.WaitTimeout.Duration,
 		withdrawTimeout: withdrawTimeout(cfg),
+		procRoot:        e.procRoot,
 		now:             e.now,
 		newTicker:       e.newTicker,
 		gone:            e.goneCheck(self),
@@ -166,6 +202,9 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 			queueTTL:     cfg.Policy.QueueTTL.Duration,
 			refreshEvery: refreshInterval(cfg),
 		},
+	}
+	w.dropDead = func(ctx context.Context, want []devices.Device) bool {
+		return dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, st.ID, want, withdrawTimeout(cfg))
 	}
 	return w.run(ctx)
 }
@@ -255,10 +294,11 @@ func refreshInterval(cfg config.Config) time.Duration {
 	return max(d, cfg.Hook.PollInterval.Duration)
 }
 
-// withdrawTimeout bounds the Withdraw of a hook that gives up: long enough to
-// get the ledger lock once.
+// withdrawTimeout bounds the Withdraw of a hook that gives up: a lock timeout
+// is retried within it (see withdrawReliably), so that a hook leaves the
+// queue even when many others contend for the ledger at the same moment.
 func withdrawTimeout(cfg config.Config) time.Duration {
-	return cfg.Ledger.LockTimeout.Duration + time.Second
+	return max(10*cfg.Ledger.LockTimeout.Duration, 10*time.Second)
 }
 
 // openGuard opens the host ledger and builds the guard the NRI front end also
@@ -276,5 +316,7 @@ func openGuard(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), err
 	if err != nil {
 		return nil, nil, fmt.Errorf("start the GPU guard: %w", err)
 	}
-	return g, func() {}, nil
+	// Sleeping in the turnstile costs nothing, so it may take longer than one
+	// ledger lock attempt: a burst of n hooks queues there for n writes.
+	return lineUp(g, cfg.Ledger.Dir, 3*cfg.Ledger.LockTimeout.Duration), func() {}, nil
 }

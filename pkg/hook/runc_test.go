@@ -241,6 +241,9 @@ type ctrOpts struct {
 	cfgPath  string   // hook configuration; "" = the rig's
 	noHooks  bool
 	detached bool
+	// noWait runs the create-runtime hook without --wait (the default of the
+	// shipped hooks.d file): it refuses a busy GPU at once.
+	noWait bool
 }
 
 // ctr is one `runc run` of the rig.
@@ -311,8 +314,12 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		Annotations: map[string]string{"test": "nri-gpu-guard"},
 	}
 	if !o.noHooks {
+		createArgs := []string{"nri-gpu-guard", "hook", PhaseCreateRuntime, "--config", cfgPath}
+		if !o.noWait {
+			createArgs = append(createArgs, "--wait")
+		}
 		spec.Hooks = &specs.Hooks{
-			CreateRuntime: []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard", "hook", PhaseCreateRuntime, "--config", cfgPath}}},
+			CreateRuntime: []specs.Hook{{Path: hookBin, Args: createArgs}},
 			Poststop:      []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard", "hook", PhasePoststop, "--config", cfgPath}}},
 		}
 	}
@@ -693,7 +700,7 @@ func TestRuncWaitTimeout(t *testing.T) {
 	w, err := r.run("w", ctrOpts{env: gpuEnv(1), cfgPath: shortPath})
 	require.Error(t, err, "w must be refused")
 	msg := w.out.String()
-	for _, s := range []string{"hook.wait_timeout", "GPU 1 (" + gpuUUIDs[1] + ")", "container h", "left the queue"} {
+	for _, s := range []string{"hook.wait_timeout", "GPU 1 (" + gpuUUIDs[1] + ")", "container h", "not queued any more"} {
 		require.Contains(t, msg, s)
 	}
 	require.False(t, r.started("w"))
@@ -732,8 +739,7 @@ func TestRuncSharedLedgerWithNRI(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, guard.Admit, d.Result)
 
-	shortPath := r.writeConfig("short.toml", r.config(300*time.Millisecond))
-	w, err := r.run("w", ctrOpts{env: gpuEnv(0), cfgPath: shortPath})
+	w, err := r.run("w", ctrOpts{env: gpuEnv(0), noWait: true})
 	require.Error(t, err)
 	require.Contains(t, w.out.String(), "GPU 0 ("+gpuUUIDs[0]+") is held by team/trainer/main (id nri012345678)")
 	require.False(t, r.started("w"))
@@ -795,7 +801,7 @@ func (r *rig) runHook(id string, pid int, env []string) *hookProc {
 	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreating, Pid: pid, Bundle: bundle})
 	require.NoError(r.t, err)
 	p := &hookProc{stderr: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(hookBin, "hook", PhaseCreateRuntime, "--config", r.cfgPath)
+	p.cmd = exec.Command(hookBin, "hook", PhaseCreateRuntime, "--config", r.cfgPath, "--wait")
 	p.cmd.Stdin = bytes.NewReader(st)
 	p.cmd.Stdout, p.cmd.Stderr = io.Discard, p.stderr
 	require.NoError(r.t, p.cmd.Start())
@@ -836,7 +842,7 @@ func TestHookWaiterLeavesQueue(t *testing.T) {
 			end: func(t *testing.T, hook *hookProc, _ *exec.Cmd) {
 				require.NoError(t, hook.cmd.Process.Signal(syscall.SIGTERM))
 			},
-			wantErr: []string{"terminated signal received", "left the queue and holds no GPU"},
+			wantErr: []string{"terminated signal received", "not queued any more and holds no GPU"},
 		},
 		{
 			name: "container process gone",
@@ -844,7 +850,7 @@ func TestHookWaiterLeavesQueue(t *testing.T) {
 				require.NoError(t, ctrProc.Process.Kill())
 				_ = ctrProc.Wait() // reaped: the pid no longer exists
 			},
-			wantErr: []string{"container gone while waiting", "is gone", "left the queue and holds no GPU"},
+			wantErr: []string{"container gone while waiting", "is gone", "not queued any more and holds no GPU"},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

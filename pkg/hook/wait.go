@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
@@ -48,7 +49,7 @@ func (r realTicker) Stop()               { r.t.Stop() }
 
 func newRealTicker(d time.Duration) ticker { return realTicker{time.NewTicker(d)} }
 
-// queueWait runs the admission of one create-runtime hook: one Admit, then, while
+// waiter runs the admission of one create-runtime hook: one Admit, then, while
 // the guard answers Queue, one Admit per poll interval until admitted,
 // refused, timed out, cancelled, or the container is gone.
 type queueWait struct {
@@ -70,13 +71,23 @@ type queueWait struct {
 	// watch, when set, skips the Admits that cannot change the answer;
 	// nil = Admit at every poll.
 	watch *watcher
+	// dropDead, when set, withdraws the waiters ahead whose process is gone
+	// (see dropDeadWaiters); it runs before each Admit after a Queue.
+	dropDead func(ctx context.Context, want []devices.Device) bool
+
+	// subject names the requester in messages ("container <id>" if empty);
+	// timeoutKey names the setting that bounds the wait ("hook.wait_timeout"
+	// if empty).
+	subject, timeoutKey string
+	// procRoot is where process liveness is read (/proc).
+	procRoot string
 }
 
 // run returns nil when the container may start (admitted, or nothing to
 // check) and a self-contained error otherwise. On every error return after
 // the request was queued, the waiter entry has been withdrawn.
 func (w *queueWait) run(ctx context.Context) error {
-	id := w.req.Owner.ContainerID
+	who := w.who()
 	start := w.now()
 	deadline := start.Add(w.waitTimeout)
 	queued := false
@@ -92,6 +103,13 @@ func (w *queueWait) run(ctx context.Context) error {
 		}
 		return err
 	}
+	// gaveUp is the error of a waiter that stops waiting: the real time it
+	// waited and what stood in its way when it gave up, never a queue
+	// position (it is not queued any more).
+	gaveUp := func(sentinel error, why string) error {
+		return fmt.Errorf("%s: %w (%s) after waiting %s; it is not queued any more and holds no GPU%s",
+			who, sentinel, why, w.now().Sub(start).Round(time.Second), busyNow(last))
+	}
 
 	var tick ticker
 	defer func() {
@@ -101,7 +119,7 @@ func (w *queueWait) run(ctx context.Context) error {
 	}()
 	progress := func(d guard.Decision, now time.Time) {
 		if d.Position != lastPos || now.Sub(lastPrinted) >= progressEvery {
-			_, _ = fmt.Fprintln(w.stderr, progressLine(id, d, now.Sub(start)))
+			_, _ = fmt.Fprintln(w.stderr, progressLine(w.shortWho(), d, now.Sub(start)))
 			lastPos = d.Position
 			lastPrinted = now
 		}
@@ -109,6 +127,11 @@ func (w *queueWait) run(ctx context.Context) error {
 	for {
 		if w.watch != nil {
 			w.watch.before(ctx, w.req.Key)
+		}
+		if last.Result == guard.Queue && w.dropDead != nil {
+			// A waiter ahead whose process is gone would keep its place
+			// (and a freed GPU's reservation) until queue_ttl.
+			w.dropDead(ctx, devicesOf(last.Devices))
 		}
 		d, err := w.g.Admit(ctx, w.req)
 		if err != nil {
@@ -118,22 +141,21 @@ func (w *queueWait) run(ctx context.Context) error {
 		}
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return fail(fmt.Errorf("container %s: %w (%w); it left the queue and holds no GPU%s",
-				id, ErrCancelled, context.Cause(ctx), lastMessage(last)), "hook cancelled: "+context.Cause(ctx).Error())
+			return fail(gaveUp(ErrCancelled, context.Cause(ctx).Error()), "hook cancelled: "+context.Cause(ctx).Error())
 		case err != nil && errors.Is(err, ledger.ErrLockTimeout):
 			// Another process holds the ledger lock for longer than
 			// lock_timeout; that is congestion, not a decision. Try again
 			// within the wait budget.
 			lastErr = err
 		case err != nil:
-			return fail(fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err), "hook failed: "+firstLine(err.Error()))
+			return fail(fmt.Errorf("%s: GPU admission failed, container refused: %w", who, err), "hook failed: "+firstLine(err.Error()))
 		default:
 			lastErr = nil
 			switch d.Result {
 			case guard.Admit, guard.Skip:
 				if queued {
-					_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: container %s admitted after waiting %s\n",
-						ledger.ShortID(id), w.now().Sub(start).Round(time.Second))
+					_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: %s admitted after waiting %s\n",
+						w.shortWho(), w.now().Sub(start).Round(time.Second))
 				}
 				return nil
 			case guard.Queue:
@@ -141,7 +163,7 @@ func (w *queueWait) run(ctx context.Context) error {
 				last = d
 				progress(d, w.now())
 			default: // Reject, or a result this build does not know: refuse.
-				return fail(fmt.Errorf("container %s: %w", id, decisionErr(d)), "refused: "+d.Reason)
+				return fail(fmt.Errorf("%s: %w", who, decisionErr(d)), "refused: "+d.Reason)
 			}
 		}
 
@@ -157,24 +179,21 @@ func (w *queueWait) run(ctx context.Context) error {
 			// Checked after the select too: when both are ready, select
 			// picks at random, and a cancelled hook must not claim.
 			if ctx.Err() != nil {
-				return fail(fmt.Errorf("container %s: %w (%w); it left the queue and holds no GPU%s",
-					id, ErrCancelled, context.Cause(ctx), lastMessage(last)), "hook cancelled: "+context.Cause(ctx).Error())
+				return fail(gaveUp(ErrCancelled, context.Cause(ctx).Error()), "hook cancelled: "+context.Cause(ctx).Error())
 			}
 			if w.gone != nil {
 				if gone, why := w.gone(); gone {
-					return fail(fmt.Errorf("container %s: %w (%s); it left the queue and holds no GPU%s",
-						id, ErrContainerGone, why, lastMessage(last)), "container gone: "+why)
+					return fail(gaveUp(ErrContainerGone, why), "container gone: "+why)
 				}
 			}
 			now := w.now()
 			if !now.Before(deadline) {
-				cause := decisionErr(last)
+				err := fmt.Errorf("%s refused: %w after %s (%s); it is not queued any more and holds no GPU; "+
+					"free the GPU or raise %s%s", who, ErrWaitTimeout, now.Sub(start).Round(time.Second), w.timeoutName(), w.timeoutName(), busyNow(last))
 				if lastErr != nil {
-					cause = lastErr
+					err = fmt.Errorf("%w; the last attempt failed: %w", err, lastErr)
 				}
-				return fail(fmt.Errorf("container %s refused: %w after %s (hook.wait_timeout); it left the queue and holds no GPU; "+
-					"free the GPU or raise hook.wait_timeout: %w", id, ErrWaitTimeout, w.waitTimeout, cause),
-					fmt.Sprintf("hook.wait_timeout %s reached", w.waitTimeout))
+				return fail(err, fmt.Sprintf("%s %s reached", w.timeoutName(), w.waitTimeout))
 			}
 			if last.Result == guard.Queue {
 				progress(last, now)
@@ -189,17 +208,77 @@ func (w *queueWait) run(ctx context.Context) error {
 	}
 }
 
-// withdraw removes the waiter entry on the way out. The hook's own context
-// may be cancelled already, so it runs under a fresh, bounded one. A failure
-// is reported on stderr (queue_ttl drops the entry in the end) and does not
-// replace the error that made the hook give up.
-func (w *queueWait) withdraw(ctx context.Context, reason string) {
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.withdrawTimeout)
-	defer cancel()
-	if err := w.g.Withdraw(wctx, w.req.Key, reason); err != nil {
-		_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: container %s: could not leave the queue (policy.queue_ttl will drop the entry): %v\n",
-			ledger.ShortID(w.req.Owner.ContainerID), err)
+// who names the requester in messages: "container <id>" unless set.
+func (w *queueWait) who() string {
+	if w.subject != "" {
+		return w.subject
 	}
+	return "container " + w.req.Owner.ContainerID
+}
+
+func (w *queueWait) shortWho() string {
+	if w.subject != "" {
+		return w.subject
+	}
+	return "container " + ledger.ShortID(w.req.Owner.ContainerID)
+}
+
+func (w *queueWait) timeoutName() string {
+	if w.timeoutKey != "" {
+		return w.timeoutKey
+	}
+	return "hook.wait_timeout"
+}
+
+// withdraw removes the waiter entry on the way out. The hook's own context
+// may be cancelled already, so it runs under a fresh, bounded one, and a lock
+// timeout is retried within withdrawTimeout: a waiter that gave up must not
+// stay queued because others held the lock at that moment. A failure is
+// reported on stderr (queue_ttl, or the next waiter's liveness check, drops
+// the entry in the end) and does not replace the error that made the hook
+// give up.
+func (w *queueWait) withdraw(ctx context.Context, reason string) {
+	if err := withdrawReliably(ctx, w.g, w.req.Key, reason, w.withdrawTimeout); err != nil {
+		_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: %s: could not leave the queue (policy.queue_ttl will drop the entry): %v\n",
+			w.shortWho(), err)
+	}
+}
+
+// busyNow describes what stood in the way at the last answer, without a
+// queue position: "; GPU 1 (GPU-…) is held by ns/pod/ctr (id …) since …".
+func busyNow(d guard.Decision) string {
+	if len(d.Busy) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString(": ")
+	writeBusy(&b, d)
+	return b.String()
+}
+
+func writeBusy(b *strings.Builder, d guard.Decision) {
+	for i, bd := range d.Busy {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(ledger.DescribeDevice(bd.Wanted))
+		switch {
+		case bd.Holder != nil:
+			fmt.Fprintf(b, " held by %s since %s", ledger.DescribeOwner(bd.Holder.Owner), bd.Holder.Since.UTC().Format(time.RFC3339))
+		case bd.Reservation != nil:
+			fmt.Fprintf(b, " reserved for %s (earlier in the queue) until %s", bd.Reservation.For, bd.Reservation.Until.UTC().Format(time.RFC3339))
+		default:
+			b.WriteString(" busy")
+		}
+	}
+}
+
+func devicesOf(rs []devices.Resolved) []devices.Device {
+	out := make([]devices.Device, len(rs))
+	for i, r := range rs {
+		out[i] = r.Device
+	}
+	return out
 }
 
 // decisionErr is d.Err(), never nil for a refusal.
@@ -213,19 +292,12 @@ func decisionErr(d guard.Decision) error {
 	return fmt.Errorf("%w (decision %q, reason %q)", guard.ErrRejected, d.Result, d.Reason)
 }
 
-func lastMessage(d guard.Decision) string {
-	if d.Message == "" {
-		return ""
-	}
-	return "; last answer: " + d.Message
-}
-
 // progressLine is the line a waiting hook prints, e.g.
 //
 //	nri-gpu-guard: container 4f3a9c1b2d7e waiting 30s, position 2 of 3 for GPU 1 (GPU-…) held by ns/pod/ctr (id 0123456789ab) since 2026-01-02T15:04:05Z
-func progressLine(id string, d guard.Decision, waited time.Duration) string {
+func progressLine(who string, d guard.Decision, waited time.Duration) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "nri-gpu-guard: container %s waiting %s", ledger.ShortID(id), waited.Round(time.Second))
+	fmt.Fprintf(&b, "nri-gpu-guard: %s waiting %s", who, waited.Round(time.Second))
 	if d.Position > 0 {
 		fmt.Fprintf(&b, ", position %d of %d", d.Position, max(d.QueueLength, d.Position))
 	}
@@ -235,22 +307,8 @@ func progressLine(id string, d guard.Decision, waited time.Duration) string {
 		}
 		return b.String()
 	}
-	for i, bd := range d.Busy {
-		if i == 0 {
-			b.WriteString(" for ")
-		} else {
-			b.WriteString("; ")
-		}
-		b.WriteString(ledger.DescribeDevice(bd.Wanted))
-		switch {
-		case bd.Holder != nil:
-			fmt.Fprintf(&b, " held by %s since %s", ledger.DescribeOwner(bd.Holder.Owner), bd.Holder.Since.UTC().Format(time.RFC3339))
-		case bd.Reservation != nil:
-			fmt.Fprintf(&b, " reserved for %s (earlier in the queue) until %s", bd.Reservation.For, bd.Reservation.Until.UTC().Format(time.RFC3339))
-		default:
-			b.WriteString(" busy")
-		}
-	}
+	b.WriteString(" for ")
+	writeBusy(&b, d)
 	return b.String()
 }
 

@@ -182,8 +182,8 @@ func TestWaiterOutcomes(t *testing.T) {
 		{
 			name:         "still queued at wait_timeout",
 			script:       []answer{queued(1, 1)},
-			wantErrIs:    []error{ErrWaitTimeout, guard.ErrQueued},
-			wantErrText:  []string{"hook.wait_timeout", "1m0s", "held by ns/pod/ctr", "left the queue and holds no GPU"},
+			wantErrIs:    []error{ErrWaitTimeout},
+			wantErrText:  []string{"hook.wait_timeout", "1m0s", "not queued any more and holds no GPU", "held by ns/pod/ctr"},
 			wantAdmits:   61, // the fake clock moves in Admit: t=0..60s, then the tick finds the deadline passed
 			wantWithdraw: 1,
 			wantReason:   "hook.wait_timeout 1m0s reached",
@@ -213,7 +213,7 @@ func TestWaiterOutcomes(t *testing.T) {
 			script:       []answer{queued(1, 1)},
 			goneAfter:    3,
 			wantErrIs:    []error{ErrContainerGone},
-			wantErrText:  []string{"pid 42 is gone", "last answer: GPU 1"},
+			wantErrText:  []string{"pid 42 is gone", "after waiting 2s", "holds no GPU: GPU 1 ("},
 			wantAdmits:   3,
 			wantWithdraw: 1,
 			wantReason:   "container gone: its process: pid 42 is gone",
@@ -267,7 +267,7 @@ func TestWaiterCancelledLeavesQueueWithLiveContext(t *testing.T) {
 	err := newTestWaiter(f, &stderr).run(ctx)
 	require.ErrorIs(t, err, ErrCancelled)
 	require.Contains(t, err.Error(), "received terminated")
-	require.Contains(t, err.Error(), "left the queue")
+	require.Contains(t, err.Error(), "not queued any more")
 	require.Equal(t, 4, f.admits, "no Admit after the cancellation")
 	require.Equal(t, []string{"c0ffee0123456789"}, f.withdrawn)
 	require.Equal(t, []error{nil}, f.withdrawCtxs, "Withdraw must run under a context that is not cancelled")
@@ -345,7 +345,7 @@ func TestProgressLine(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, progressLine("c0ffee0123456789", tc.d, 30*time.Second))
+			require.Equal(t, tc.want, progressLine("container c0ffee012345", tc.d, 30*time.Second))
 		})
 	}
 }

@@ -139,8 +139,13 @@ func fingerprint(st ledger.State, key string) string {
 	for _, r := range st.Reservations {
 		fmt.Fprintf(&b, "r %s %s;", r.Device.UUID, r.For)
 	}
+	// Only the waiters ahead count: one that joins behind changes neither
+	// this waiter's position nor its turn, and counting it made every
+	// arrival trigger an Admit of each waiter already queued (n² ledger
+	// writes for a burst of n).
+	mine, queued := waiterOf(st, key)
 	for _, w := range st.Waiters {
-		if w.Key != key {
+		if w.Key != key && (!queued || w.Seq < mine.Seq) {
 			fmt.Fprintf(&b, "w %d %s;", w.Seq, w.Key)
 		}
 	}

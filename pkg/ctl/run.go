@@ -1,0 +1,328 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+func (a *app) runCommand() *cobra.Command {
+	var (
+		gpus    string
+		timeout time.Duration
+	)
+	cmd := newCommand("run [--gpus IDS] [--timeout D] -- COMMAND [ARG...]",
+		"Wait for GPUs outside the container engine, then run a command that starts a container on them",
+		`Queue for GPUs in the ledger's FIFO queue, wait (with progress on stderr)
+until they are claimed for this run, then run COMMAND, typically
+"podman run …", and hand the claim over to the container it starts.
+
+The OCI hook decides at once and never waits inside podman or CRI-O (they hold
+the container's lock while the hook runs): without this command, a container
+whose GPU is busy is refused. With it, the wait happens here, where Ctrl-C
+leaves the queue and nothing else freezes.
+
+The claim is handed over through a ticket: the environment variable
+`+hook.TicketEnv+` is set for COMMAND, and for "podman run|create" and
+"docker run|create" an "-e `+hook.TicketEnv+`" is added after the
+subcommand, so that the container carries it; the guard's create-runtime hook
+recognises it and moves the claim to the container. For other commands, pass
+the variable into the container yourself. A ticket is used once.
+
+The GPUs are those of --gpus (ids as in NVIDIA_VISIBLE_DEVICES), or else those
+the command names with -e/--env NVIDIA_VISIBLE_DEVICES=…, --device
+/dev/nvidiaN or docker's --gpus. The container must ask for no GPU beyond them.
+
+When COMMAND exits, whatever the ticket still holds (the command started no
+container that took it over) is released. The exit code is COMMAND's. If this
+process is killed, its queue entry and claim are dropped by the next request
+for those GPUs (its process is gone).`,
+		`  sudo gpu-guard-ctl run -- podman run --rm -e NVIDIA_VISIBLE_DEVICES=1 cuda-image train.sh
+  sudo gpu-guard-ctl run --gpus 0,1 --timeout 30m -- podman run -d --device /dev/nvidia0 --device /dev/nvidia1 img
+  sudo gpu-guard-ctl run --gpus 2 -- sh -c 'podman run -e NVIDIA_VISIBLE_DEVICES=2 -e `+hook.TicketEnv+` img'`,
+		func(_ *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("no command given: %s run [--gpus IDS] -- COMMAND [ARG...]", programName)
+			}
+			return nil
+		},
+		func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 0 {
+				return usagef("put the command after --: %s run [--gpus IDS] -- COMMAND [ARG...]", programName)
+			}
+			return a.runWithTicket(cmd.Context(), gpus, timeout, args)
+		})
+	fl := cmd.Flags()
+	fl.StringVar(&gpus, "gpus", "", "GPUs to wait for, as in NVIDIA_VISIBLE_DEVICES (default: what COMMAND names)")
+	fl.DurationVar(&timeout, "timeout", 0, "give up waiting after this long (default: wait until interrupted)")
+	return cmd
+}
+
+func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Duration, args []string) error {
+	if timeout < 0 {
+		return usagef("--timeout must not be negative, got %s", timeout)
+	}
+	req, from := commandRequest(args)
+	if gpus != "" {
+		req, from = devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + gpus}}, "--gpus "+gpus
+	}
+	if from == "" {
+		return usagef("the command names no GPU that %s can see: name them with --gpus (e.g. --gpus 1)", programName)
+	}
+	if err := a.requireRoot("run"); err != nil {
+		return err
+	}
+	cfg, err := a.config()
+	if err != nil {
+		return err
+	}
+	if a.stateDirFlag != "" {
+		cfg.Ledger.Dir = a.stateDirFlag
+	}
+
+	// Ctrl-C while waiting leaves the queue; once the command runs, the
+	// signals are its to handle (forwarded below).
+	wctx, stopWait := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	t, err := hook.AcquireTicket(wctx, cfg, req, hook.TicketOptions{Timeout: timeout, Stderr: a.env.Stderr})
+	stopWait()
+	if err != nil {
+		return err
+	}
+	names := make([]string, len(t.Devices))
+	for i, d := range t.Devices {
+		names[i] = ledger.DescribeDevice(d.Device)
+	}
+	fmt.Fprintf(a.env.Stderr, "%s: %s claimed for ticket %s (from %s); running %s\n",
+		programName, strings.Join(names, ", "), t.ID, from, args[0])
+
+	code, runErr := runChild(ctx, withTicketArg(args), t.ID, a.env)
+	rel, relErr := hook.ReleaseTicket(context.WithoutCancel(ctx), cfg, t.ID)
+	if len(rel) > 0 {
+		left := make([]string, len(rel))
+		for i, d := range rel {
+			left[i] = ledger.DescribeDevice(d)
+		}
+		fmt.Fprintf(a.env.Stderr, "%s: no container took ticket %s over; released %s\n", programName, t.ID, strings.Join(left, ", "))
+	}
+	switch {
+	case runErr != nil:
+		return errors.Join(runErr, relErr)
+	case relErr != nil:
+		return fmt.Errorf("release ticket %s (it is dropped once this process is gone, at the next request for its GPUs): %w", t.ID, relErr)
+	case code != 0:
+		return &quietExit{code: code, why: fmt.Sprintf("%s exited with status %d", args[0], code)}
+	}
+	return nil
+}
+
+// runChild runs args with the ticket in its environment, forwarding SIGINT
+// and SIGTERM, and returns its exit code (128+signal when killed).
+func runChild(ctx context.Context, args []string, ticket string, env Env) (int, error) {
+	c := exec.CommandContext(ctx, args[0], args[1:]...) //nolint:gosec // running the operator's command is the point
+	c.Env = append(os.Environ(), hook.TicketEnv+"="+ticket)
+	c.Stdin, c.Stdout, c.Stderr = os.Stdin, env.Stdout, env.Stderr
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	if err := c.Start(); err != nil {
+		return 0, fmt.Errorf("run %s: %w", args[0], err)
+	}
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case s := <-sigs:
+				_ = c.Process.Signal(s)
+			case <-done:
+				return
+			}
+		}
+	}()
+	err := c.Wait()
+	close(done)
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal()), nil
+		}
+		return ee.ExitCode(), nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("run %s: %w", args[0], err)
+	}
+	return 0, nil
+}
+
+// engineSubcommand finds the "run" or "create" subcommand of a podman or
+// docker command line and returns its index, or -1.
+func engineSubcommand(args []string) int {
+	if len(args) < 2 {
+		return -1
+	}
+	switch filepath.Base(args[0]) {
+	case "podman", "docker":
+	default:
+		return -1
+	}
+	for i := 1; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "run" || a == "create":
+			return i
+		case a == "--":
+			return -1
+		case strings.HasPrefix(a, "-"):
+			if !strings.Contains(a, "=") && globalTakesValue(a) {
+				i++
+			}
+		default:
+			return -1 // another subcommand (start, container run, …)
+		}
+	}
+	return -1
+}
+
+// globalTakesValue: the global flags of podman and docker that take a value
+// in the next argument (the ones a GPU user passes before "run").
+func globalTakesValue(flag string) bool {
+	switch flag {
+	case "--root", "--runroot", "--tmpdir", "--hooks-dir", "--cgroup-manager", "--events-backend", "--runtime",
+		"--log-level", "--storage-driver", "--storage-opt", "--network-cmd-path", "--conmon", "--url", "--connection",
+		"--identity", "--volumepath", "--cni-config-dir", "--network-config-dir", "--imagestore", "--module",
+		"--config", "-c", "--context", "-H", "--host", "-l", "--tlscacert", "--tlscert", "--tlskey":
+		return true
+	}
+	return false
+}
+
+// withTicketArg adds "-e TICKET_ENV" after the run/create subcommand of a
+// podman or docker command line (the value comes from the environment).
+func withTicketArg(args []string) []string {
+	i := engineSubcommand(args)
+	if i < 0 {
+		return args
+	}
+	out := make([]string, 0, len(args)+2)
+	out = append(out, args[:i+1]...)
+	out = append(out, "-e", hook.TicketEnv)
+	return append(out, args[i+1:]...)
+}
+
+// commandRequest reads the GPUs a podman/docker run|create command line
+// names: -e/--env NVIDIA_VISIBLE_DEVICES=…, --device /dev/nvidiaN[:…] and
+// docker's --gpus. from describes them ("" = none found).
+func commandRequest(args []string) (req devices.Request, from string) {
+	i := engineSubcommand(args)
+	if i < 0 {
+		return req, ""
+	}
+	var found []string
+	value := func(j int, a, long, short string) (string, int, bool) {
+		switch {
+		case a == long || (short != "" && a == short):
+			if j+1 < len(args) {
+				return args[j+1], j + 1, true
+			}
+		case strings.HasPrefix(a, long+"="):
+			return a[len(long)+1:], j, true
+		case short != "" && strings.HasPrefix(a, short) && len(a) > len(short):
+			return strings.TrimPrefix(a[len(short):], "="), j, true
+		}
+		return "", j, false
+	}
+	for j := i + 1; j < len(args); j++ {
+		a := args[j]
+		if !strings.HasPrefix(a, "-") {
+			break // the image: what follows is the container's command
+		}
+		if v, nj, ok := value(j, a, "--env", "-e"); ok {
+			j = nj
+			if strings.HasPrefix(v, "NVIDIA_VISIBLE_DEVICES=") {
+				req.Env = append(req.Env, v)
+				found = append(found, "-e "+v)
+			}
+			continue
+		}
+		if v, nj, ok := value(j, a, "--device", ""); ok {
+			j = nj
+			host, _, _ := strings.Cut(v, ":")
+			if n, ok := strings.CutPrefix(host, "/dev/nvidia"); ok {
+				if minor, err := strconv.Atoi(n); err == nil {
+					req.Devices = append(req.Devices, devices.LinuxDevice{Path: host, Type: "c", Major: 195, Minor: int64(minor)})
+					found = append(found, "--device "+host)
+				}
+			}
+			continue
+		}
+		if v, nj, ok := value(j, a, "--gpus", ""); ok {
+			j = nj
+			if ids := dockerGPUs(v); ids != "" {
+				req.Env = append(req.Env, "NVIDIA_VISIBLE_DEVICES="+ids)
+				found = append(found, "--gpus "+v)
+			}
+			continue
+		}
+		if !strings.Contains(a, "=") && runTakesValue[a] {
+			j++ // its value
+		}
+	}
+	return req, strings.Join(found, " ")
+}
+
+// dockerGPUs turns docker's --gpus value into NVIDIA_VISIBLE_DEVICES ids:
+// "all", a count N (GPUs 0..N-1, as docker does) or device=ID[,ID].
+func dockerGPUs(v string) string {
+	v = strings.Trim(v, `"'`)
+	if v == "all" {
+		return "all"
+	}
+	if n, err := strconv.Atoi(v); err == nil && n > 0 {
+		ids := make([]string, n)
+		for i := range ids {
+			ids[i] = strconv.Itoa(i)
+		}
+		return strings.Join(ids, ",")
+	}
+	for _, part := range strings.Split(v, ",") {
+		if ids, ok := strings.CutPrefix(part, "device="); ok {
+			// device=1,2 arrives as "device=1" and "2".
+			rest := strings.TrimPrefix(v, part)
+			return strings.TrimSuffix(ids+rest, ",")
+		}
+	}
+	return ""
+}
+
+// runTakesValue: the flags of podman and docker run|create that take a value
+// in the next argument (the scan stops at the first other word: the image).
+var runTakesValue = func() map[string]bool {
+	m := map[string]bool{}
+	for _, f := range strings.Fields(`--name --entrypoint -v --volume --mount -p --publish -w --workdir -u --user
+		--network --net -h --hostname -l --label --annotation --cpus --cpu-shares -c --cpuset-cpus --memory -m
+		--memory-swap --shm-size --restart --runtime --security-opt --cap-add --cap-drop --ulimit --pull --platform
+		--arch --os --log-driver --log-opt --pod --cgroup-parent --cgroupns --cgroups --ipc --pid --uts --userns
+		--tmpfs --env-file --label-file --stop-signal --stop-timeout --health-cmd --health-interval --health-retries
+		--health-timeout --health-start-period --add-host --dns --dns-search --dns-option --mac-address --ip --ip6
+		--expose --group-add --hooks-dir --init-path --pidfile --secret --sysctl --timeout --tz --umask
+		--variant --volumes-from --device-cgroup-rule --blkio-weight --oom-score-adj --pids-limit --attach -a
+		--detach-keys --cidfile --conmon-pidfile --log-level --isolation --storage-opt --runtime-flag --chrootdirs
+		--image-volume --requires --seccomp-policy --sdnotify --systemd --rootfs --preserve-fds --passwd-entry
+		--cpu-period --cpu-quota --cpu-rt-period --cpu-rt-runtime --cpuset-mems --kernel-memory --memory-reservation
+		--memory-swappiness --link --network-alias --gpus --env -e --device`) {
+		m[f] = true
+	}
+	return m
+}()

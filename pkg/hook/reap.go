@@ -1,0 +1,103 @@
+package hook
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+)
+
+// retryPause is the pause between two attempts of a write that hit a lock
+// timeout. The ledger lock is polled, not queued for, so a process that
+// gives up after one timeout can lose every round to luckier ones; retrying
+// after a short pause is what makes a withdrawal certain.
+const retryPause = 20 * time.Millisecond
+
+// retryLocked runs fn until it returns anything but a lock timeout, or until
+// budget has passed (then the last error is returned). The context of fn is
+// not cancelled by ctx: a hook on its way out must still leave the queue.
+func retryLocked(ctx context.Context, budget time.Duration, fn func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
+	defer cancel()
+	for {
+		err := fn(ctx)
+		if err == nil || !errors.Is(err, ledger.ErrLockTimeout) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(retryPause):
+		}
+	}
+}
+
+// withdrawReliably takes key out of the queue, retrying lock timeouts within
+// budget. A waiter that is not queued any more is no error.
+func withdrawReliably(ctx context.Context, g admitter, key, reason string, budget time.Duration) error {
+	err := retryLocked(ctx, budget, func(ctx context.Context) error { return g.Withdraw(ctx, key, reason) })
+	if errors.Is(err, ledger.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+// deadWaiters lists the hook waiters in st whose process is gone: the
+// container process a create-runtime hook waited for, or the
+// `gpu-guard-ctl run` process that waits for a ticket. Nobody will ever use
+// what such a waiter would be given, but until queue_ttl drops it, it keeps
+// its place and gets the reservation of a freed GPU, which then stays idle.
+// Only waiters that stand in the way of want are checked (self excluded),
+// and only hook waiters: an NRI waiter has no process while it waits (the
+// kubelet retries it), so its pid says nothing.
+func deadWaiters(st ledger.State, procRoot, self string, want []devices.Device) []ledger.Waiter {
+	var out []ledger.Waiter
+	checker := liveness.New("", procRoot)
+	for _, w := range st.Waiters {
+		if w.Key == self || w.Owner.FrontEnd != ledger.FrontEndHook || w.Owner.Pid <= 0 || w.Owner.PidStart == 0 {
+			continue
+		}
+		if !anyConflicts(w.Devices, want) {
+			continue
+		}
+		if gone, _ := checker.Exited(liveness.Process{Pid: w.Owner.Pid, PidStart: w.Owner.PidStart}); gone {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// dropDeadWaiters withdraws the dead waiters that stand in the way of want
+// (see deadWaiters) and reports whether it dropped any.
+func dropDeadWaiters(ctx context.Context, g admitter, snapshot func(context.Context) (ledger.State, error),
+	procRoot, self string, want []devices.Device, budget time.Duration) bool {
+	if snapshot == nil || len(want) == 0 {
+		return false
+	}
+	st, err := snapshot(ctx)
+	if err != nil {
+		return false
+	}
+	dropped := false
+	for _, w := range deadWaiters(st, procRoot, self, want) {
+		if withdrawReliably(ctx, g, w.Key, "waiter gone: its process "+strconv.Itoa(w.Owner.Pid)+" exited", budget) == nil {
+			dropped = true
+		}
+	}
+	return dropped
+}
+
+func anyConflicts(a, b []devices.Device) bool {
+	for _, x := range a {
+		for _, y := range b {
+			if devices.Conflicts(x, y) {
+				return true
+			}
+		}
+	}
+	return false
+}

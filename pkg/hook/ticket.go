@@ -1,0 +1,233 @@
+package hook
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+)
+
+// TicketEnv is the environment variable that carries a ticket of
+// `gpu-guard-ctl run` into the container it starts.
+const TicketEnv = "NRI_GPU_GUARD_TICKET"
+
+// A ticket is the requester (and, once admitted, the claim owner) of a
+// `gpu-guard-ctl run`: "ticket-" and 26 base32 letters (130 random bits, not
+// guessable by another container). While the ctl waits, the ticket queues
+// like any container; once admitted, the ticket holds the GPUs, with the
+// ctl's pid as its process (a killed ctl is a holder that exited, released by
+// the next liveness check). The container's create-runtime hook finds the
+// ticket in the container's environment and takes the claims over.
+const (
+	ticketPrefix = "ticket-"
+	ticketLen    = len(ticketPrefix) + 26
+)
+
+// NewTicketID returns a fresh ticket id.
+func NewTicketID() string { return ticketPrefix + strings.ToLower(rand.Text()) }
+
+func validTicket(s string) bool {
+	if len(s) != ticketLen || !strings.HasPrefix(s, ticketPrefix) {
+		return false
+	}
+	for _, c := range s[len(ticketPrefix):] {
+		if (c < 'a' || c > 'z') && (c < '2' || c > '7') {
+			return false
+		}
+	}
+	return true
+}
+
+// ticketOf returns the ticket named by the last TicketEnv entry of env, or ""
+// when there is none or it is malformed (container-supplied: never trusted
+// beyond its format; a malformed one is simply no ticket).
+func ticketOf(env []string) string {
+	t := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, TicketEnv+"="); ok {
+			t = v
+		}
+	}
+	if !validTicket(t) {
+		return ""
+	}
+	return t
+}
+
+// useTicket hands the GPUs claimed for ticket t over to the container of
+// owner. done is true when the hook's answer is settled (admitted: nil error;
+// or refused: the error); false when the ticket holds nothing (its ctl is
+// gone, or it was used already) and the container is decided as usual.
+func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t string, owner ledger.Owner,
+	req devices.Request, stderr io.Writer) (done bool, err error) {
+	res, err := g.Resolve(req)
+	if err != nil || len(res.Devices) == 0 {
+		return false, nil // the guard words that refusal
+	}
+	var held, missing []devices.Device
+	err = retryLocked(ctx, withdrawTimeout(cfg), func(ctx context.Context) error {
+		held, missing = nil, nil
+		return update(ctx, g, func(tx *ledger.Tx) error {
+			for _, c := range tx.State().Claims {
+				if c.Owner.ContainerID == t {
+					held = append(held, c.Device)
+				}
+			}
+			if len(held) == 0 {
+				return nil
+			}
+			for _, rd := range res.Devices {
+				if !containsUUID(held, rd.UUID) {
+					missing = append(missing, rd.Device)
+				}
+			}
+			if len(missing) == 0 {
+				tx.TakeOver(t, owner, "ticket of gpu-guard-ctl run")
+			}
+			return nil
+		})
+	})
+	id := owner.ContainerID
+	switch {
+	case err != nil:
+		return true, fmt.Errorf("container %s refused: hand its ticket %s over: %w", id, t, err)
+	case len(held) == 0:
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: ticket %s holds no GPU (its gpu-guard-ctl run ended, or the ticket was used); deciding as usual\n",
+			ledger.ShortID(id), t)
+		return false, nil
+	case len(missing) > 0:
+		return true, fmt.Errorf("container %s refused: its ticket %s holds %s, but the container also asks for %s; "+
+			"name the same GPUs to gpu-guard-ctl run and to the container", id, t, describeDevices(held), describeDevices(missing))
+	}
+	return true, nil
+}
+
+func containsUUID(ds []devices.Device, uuid string) bool {
+	for _, d := range ds {
+		if d.UUID == uuid {
+			return true
+		}
+	}
+	return false
+}
+
+func describeDevices(ds []devices.Device) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = ledger.DescribeDevice(d)
+	}
+	return strings.Join(parts, ", ")
+}
+
+// TicketOptions tune AcquireTicket.
+type TicketOptions struct {
+	// Timeout bounds the wait; 0 = until cancelled.
+	Timeout time.Duration
+	// Stderr receives the progress lines.
+	Stderr io.Writer
+}
+
+// Ticket is a claim made by AcquireTicket for a command to hand over.
+type Ticket struct {
+	ID      string
+	Devices []devices.Resolved
+}
+
+// AcquireTicket waits in the ledger's FIFO queue, as the requester of a new
+// ticket, until every GPU spec names is claimed for it, with the calling
+// process as the ticket's process. It is `gpu-guard-ctl run`: the wait
+// happens outside any engine. Cancelling ctx leaves the queue. A request that
+// names no GPU is an error (there is nothing to wait for).
+func AcquireTicket(ctx context.Context, cfg config.Config, spec devices.Request, opts TicketOptions) (Ticket, error) {
+	if opts.Stderr == nil {
+		opts.Stderr = io.Discard
+	}
+	inv, err := loadInventory(cfg)
+	if err != nil {
+		return Ticket{}, err
+	}
+	g, closeGuard, err := openGuard(cfg, inv)
+	if err != nil {
+		return Ticket{}, err
+	}
+	defer closeGuard()
+	res, err := g.Resolve(spec)
+	if err != nil {
+		return Ticket{}, fmt.Errorf("GPU request refused: %w", err)
+	}
+	if len(res.Devices) == 0 {
+		return Ticket{}, fmt.Errorf("the request names no GPU: nothing to wait for (name GPUs as in NVIDIA_VISIBLE_DEVICES)")
+	}
+	id := NewTicketID()
+	pid := os.Getpid()
+	start, err := liveness.PidStart(liveness.DefaultProcRoot, pid)
+	if err != nil {
+		return Ticket{}, fmt.Errorf("read this process's start time: %w", err)
+	}
+	owner := ledger.Owner{ContainerID: id, Container: "gpu-guard-ctl run", FrontEnd: ledger.FrontEndHook, Pid: pid, PidStart: start}
+	timeout := opts.Timeout
+	timeoutKey := "--timeout"
+	if timeout <= 0 {
+		timeout = 100 * 365 * 24 * time.Hour
+	}
+	e := defaultEnv()
+	w := &queueWait{
+		g:               g,
+		req:             guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner, Key: id, Spec: spec},
+		stderr:          opts.Stderr,
+		pollInterval:    cfg.Hook.PollInterval.Duration,
+		waitTimeout:     timeout,
+		withdrawTimeout: withdrawTimeout(cfg),
+		now:             e.now,
+		newTicker:       e.newTicker,
+		subject:         "gpu-guard-ctl run (" + id + ")",
+		timeoutKey:      timeoutKey,
+		procRoot:        e.procRoot,
+		watch: &watcher{
+			snapshot:     g.Ledger().Snapshot,
+			releasable:   guard.NewReleaseRule(cfg, liveness.New("", e.procRoot)).Check,
+			now:          e.now,
+			queueTTL:     cfg.Policy.QueueTTL.Duration,
+			refreshEvery: refreshInterval(cfg),
+		},
+	}
+	w.dropDead = func(ctx context.Context, want []devices.Device) bool {
+		return dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, id, want, withdrawTimeout(cfg))
+	}
+	if err := w.run(ctx); err != nil {
+		return Ticket{}, err
+	}
+	return Ticket{ID: id, Devices: res.Devices}, nil
+}
+
+// ReleaseTicket ends what ticket id still holds (nothing once a container
+// took it over) and drops a queue entry it may have left; lock timeouts are
+// retried. It returns the devices it released.
+func ReleaseTicket(ctx context.Context, cfg config.Config, id string) ([]devices.Device, error) {
+	g, closeGuard, err := openGuard(cfg, emptyInventory())
+	if err != nil {
+		return nil, err
+	}
+	defer closeGuard()
+	var rel []devices.Device
+	err = retryLocked(ctx, withdrawTimeout(cfg), func(ctx context.Context) error {
+		rel = nil
+		return update(ctx, g, func(tx *ledger.Tx) error {
+			for _, c := range tx.Release(id, "gpu-guard-ctl run ended before a container took the ticket over") {
+				rel = append(rel, c.Device)
+			}
+			tx.DropWaiter(id, "gpu-guard-ctl run ended")
+			return nil
+		})
+	})
+	return rel, err
+}

@@ -1,0 +1,395 @@
+//go:build podman
+
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// The podman suite (build tag "podman", `make integration-podman`): real
+// podman 4 with conmon, runc and crun, the guard's OCI hooks installed from a
+// hooks directory as docs/hook.md says, fake GPUs (a static inventory and
+// mknod'ed /dev/nvidiaN nodes). Every podman runs with private state (root,
+// runroot, tmpdir, hooks dir, cgroupfs, file events, a CONTAINERS_CONF with
+// ulimits the sandbox allows and no network).
+
+const (
+	podmanImage = "localhost/gpu-guard-test/sleeper:1"
+	// podmanCmdTimeout bounds every podman and gpu-guard-ctl call.
+	podmanCmdTimeout = 90 * time.Second
+	// podmanWait bounds waiting for an effect (a claim, a start).
+	podmanWait = 60 * time.Second
+	fakeGPUs   = 4
+)
+
+var (
+	podmanRepo   string
+	podmanGuard  string
+	podmanCtl    string
+	podmanTar    string
+	createdNodes []string
+)
+
+func TestMain(m *testing.M) {
+	code, err := podmanMain(m)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "podman suite: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(code)
+}
+
+func podmanMain(m *testing.M) (int, error) {
+	if os.Geteuid() != 0 {
+		return 0, errors.New("the podman suite runs containers as root: run it as root (make integration-podman)")
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return 0, err
+	}
+	podmanRepo = filepath.Clean(filepath.Join(wd, "..", ".."))
+	podmanGuard = filepath.Join(podmanRepo, "bin", "nri-gpu-guard")
+	podmanCtl = filepath.Join(podmanRepo, "bin", "gpu-guard-ctl")
+	cache := os.Getenv("NRI_GPU_GUARD_CACHE")
+	if cache == "" {
+		home, _ := os.UserHomeDir()
+		cache = filepath.Join(home, ".cache", "nri-gpu-guard")
+	}
+	podmanTar = filepath.Join(cache, "images", "gpu-guard-podman.tar")
+	var missing []string
+	for _, p := range []string{podmanGuard, podmanCtl, podmanTar} {
+		if _, err := os.Stat(p); err != nil {
+			missing = append(missing, p)
+		}
+	}
+	for _, b := range []string{"podman", "conmon", "runc", "crun", "nsenter", "unshare"} {
+		if _, err := exec.LookPath(b); err != nil {
+			missing = append(missing, b+" (on PATH)")
+		}
+	}
+	if len(missing) > 0 {
+		return 0, fmt.Errorf("missing %s: run `make build` and ./test/integration/setup-podman.sh (or `make integration-podman`)", strings.Join(missing, ", "))
+	}
+	// Fake GPUs: podman adds every /dev/nvidia* node of the host to a
+	// privileged container, and --device needs the node. Only nodes this run
+	// created are removed.
+	for i := range fakeGPUs {
+		p := "/dev/nvidia" + strconv.Itoa(i)
+		if _, err := os.Stat(p); err == nil {
+			continue
+		}
+		if err := syscall.Mknod(p, syscall.S_IFCHR|0o666, int(195<<8|i)); err != nil {
+			return 0, fmt.Errorf("mknod %s: %w", p, err)
+		}
+		createdNodes = append(createdNodes, p)
+	}
+	defer func() {
+		for _, p := range createdNodes {
+			_ = os.Remove(p)
+		}
+	}()
+	return m.Run(), nil
+}
+
+// podmanRig is one podman installation with the guard's hooks, for one OCI
+// runtime.
+type podmanRig struct {
+	t         *testing.T
+	runtime   string
+	base      string
+	ledgerDir string
+	cfgPath   string
+	hooksDir  string
+	// wrapper is a `podman` script with the private flags (and, for crun,
+	// run inside the mount namespace crun needs): what the tests and
+	// gpu-guard-ctl run call.
+	wrapper string
+	// nsFile keeps crun's mount namespace (empty for runc).
+	nsFile string
+	gpu    []string // UUIDs, by index
+}
+
+func newPodmanRig(t *testing.T, runtime string) *podmanRig {
+	t.Helper()
+	base, err := os.MkdirTemp("", "ggp-")
+	require.NoError(t, err)
+	r := &podmanRig{t: t, runtime: runtime, base: base, ledgerDir: filepath.Join(base, "ledger"), hooksDir: filepath.Join(base, "hooks")}
+	for _, d := range []string{"root", "runroot", "tmp", "hooks", "hooks-wait", "bin"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(base, d), 0o755))
+	}
+	require.NoError(t, os.MkdirAll(r.ledgerDir, 0o700))
+	t.Cleanup(r.cleanup)
+
+	var cfg strings.Builder
+	fmt.Fprintf(&cfg, "version = 1\n[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n", r.ledgerDir)
+	for i := range fakeGPUs {
+		u := fmt.Sprintf("GPU-6c1a2f2e-0000-4000-8000-%012d", i)
+		r.gpu = append(r.gpu, u)
+		fmt.Fprintf(&cfg, "[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\nmodel = \"Fake GPU\"\n", i, u, i)
+	}
+	fmt.Fprintf(&cfg, "[hook]\npoll_interval = \"50ms\"\n")
+	r.cfgPath = filepath.Join(base, "config.toml")
+	require.NoError(t, os.WriteFile(r.cfgPath, []byte(cfg.String()), 0o600))
+
+	// The hooks, as docs/hook.md installs them; hooks-wait adds --wait to
+	// create-runtime (a misconfiguration under podman, which the hook
+	// must survive).
+	for _, dir := range []string{"hooks", "hooks-wait"} {
+		for _, ph := range []struct{ name, stage, extra string }{
+			{"create-runtime", "createRuntime", ""}, {"poststop", "poststop", ""},
+		} {
+			args := fmt.Sprintf(`["nri-gpu-guard", "hook", %q, "--config", %q`, ph.name, r.cfgPath)
+			if dir == "hooks-wait" && ph.name == "create-runtime" {
+				args += `, "--wait"`
+			}
+			doc := fmt.Sprintf(`{"version": "1.0.0", "hook": {"path": %q, "args": %s], "timeout": 30}, "when": {"always": true}, "stages": [%q]}`,
+				podmanGuard, args, ph.stage)
+			require.NoError(t, os.WriteFile(filepath.Join(base, dir, "nri-gpu-guard-"+ph.name+".json"), []byte(doc), 0o644))
+		}
+	}
+	conf := filepath.Join(base, "containers.conf")
+	require.NoError(t, os.WriteFile(conf, []byte("[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=4096:4096\"]\nnetns = \"none\"\n"), 0o644))
+
+	prefix := ""
+	if runtime == "crun" {
+		// crun 1.8 refuses a host with cgroup v1 and a cgroup2 hierarchy
+		// at /sys/fs/cgroup/unified ("hybrid"): podman runs in a mount
+		// namespace without that mount, kept alive by a bind of its file.
+		nsDir := filepath.Join(base, "ns")
+		require.NoError(t, os.MkdirAll(nsDir, 0o755))
+		r.mustRun("mount", "--bind", nsDir, nsDir)
+		r.mustRun("mount", "--make-private", nsDir)
+		r.nsFile = filepath.Join(nsDir, "mnt")
+		require.NoError(t, os.WriteFile(r.nsFile, nil, 0o600))
+		r.mustRun("unshare", "--mount="+r.nsFile, "--propagation", "private", "true")
+		r.mustRun("nsenter", "--mount="+r.nsFile, "sh", "-c", "! mountpoint -q /sys/fs/cgroup/unified || umount /sys/fs/cgroup/unified")
+		prefix = "nsenter --mount=" + r.nsFile + " "
+	}
+	r.wrapper = filepath.Join(base, "bin", "podman")
+	script := fmt.Sprintf("#!/bin/sh\nexport CONTAINERS_CONF=%s\nexec %s%s --root %s --runroot %s --tmpdir %s --hooks-dir \"${GG_HOOKS_DIR:-%s}\" "+
+		"--cgroup-manager cgroupfs --events-backend file --runtime %s \"$@\"\n",
+		conf, prefix, podmanPath(t), filepath.Join(base, "root"), filepath.Join(base, "runroot"), filepath.Join(base, "tmp"),
+		r.hooksDir, runtime)
+	require.NoError(t, os.WriteFile(r.wrapper, []byte(script), 0o755))
+
+	out, err := r.podman("load", "-i", podmanTar)
+	require.NoError(t, err, out)
+	return r
+}
+
+func podmanPath(t *testing.T) string {
+	p, err := exec.LookPath("podman")
+	require.NoError(t, err)
+	return p
+}
+
+func (r *podmanRig) mustRun(name string, args ...string) {
+	r.t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	require.NoError(r.t, err, "%s %v: %s", name, args, out)
+}
+
+// podman runs the wrapper and returns its combined output.
+func (r *podmanRig) podman(args ...string) (string, error) {
+	return r.podmanEnv(nil, args...)
+}
+
+func (r *podmanRig) podmanEnv(env []string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), podmanCmdTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, r.wrapper, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		r.t.Fatalf("podman %v did not return within %s: %s", args, podmanCmdTimeout, out)
+	}
+	return string(out), err
+}
+
+// timed is podman with its duration.
+func (r *podmanRig) timed(args ...string) (string, time.Duration, error) {
+	start := time.Now()
+	out, err := r.podman(args...)
+	return out, time.Since(start), err
+}
+
+func (r *podmanRig) mustPodman(args ...string) string {
+	r.t.Helper()
+	out, err := r.podman(args...)
+	require.NoError(r.t, err, "podman %v: %s", args, out)
+	return strings.TrimSpace(out)
+}
+
+// runGPU starts a detached container named name that names GPU env (e.g.
+// "1", "all"; "" = none), with extra podman flags.
+func (r *podmanRig) runGPU(name, env string, extra ...string) (string, error) {
+	args := []string{"run", "-d", "--name", name}
+	if env != "" {
+		args = append(args, "-e", "NVIDIA_VISIBLE_DEVICES="+env)
+	}
+	args = append(append(args, extra...), podmanImage)
+	return r.podman(args...)
+}
+
+func (r *podmanRig) id(name string) string {
+	r.t.Helper()
+	return r.mustPodman("inspect", "-f", "{{.Id}}", name)
+}
+
+func (r *podmanRig) inspect(name, format string) string {
+	r.t.Helper()
+	return r.mustPodman("inspect", "-f", format, name)
+}
+
+func (r *podmanRig) ctl(args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), podmanCmdTimeout)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, podmanCtl, append([]string{"--config", r.cfgPath}, args...)...).CombinedOutput()
+	return string(out), err
+}
+
+// bgCtl is a `gpu-guard-ctl run` in the background.
+type bgCtl struct {
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+	err  error
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// ctlRun starts `gpu-guard-ctl run -- podman run -d --name name -e
+// NVIDIA_VISIBLE_DEVICES=gpu IMAGE` in the background.
+func (r *podmanRig) ctlRun(name, gpu string) *bgCtl {
+	r.t.Helper()
+	b := &bgCtl{out: &lockedBuffer{}, done: make(chan struct{})}
+	b.cmd = exec.Command(podmanCtl, "--config", r.cfgPath, "run", "--",
+		r.wrapper, "run", "-d", "--name", name, "-e", "NVIDIA_VISIBLE_DEVICES="+gpu, podmanImage)
+	b.cmd.Stdout, b.cmd.Stderr = b.out, b.out
+	require.NoError(r.t, b.cmd.Start())
+	go func() {
+		b.err = b.cmd.Wait()
+		close(b.done)
+	}()
+	r.t.Cleanup(func() {
+		_ = b.cmd.Process.Kill()
+		<-b.done
+	})
+	return b
+}
+
+// queued waits until the ledger has n waiters, failing at once with b's
+// output if b ended instead.
+func (r *podmanRig) queued(b *bgCtl, n int) {
+	r.t.Helper()
+	r.waitFor(fmt.Sprintf("%d waiter(s)", n), func() bool {
+		select {
+		case <-b.done:
+			r.t.Fatalf("gpu-guard-ctl run ended before it queued (%v): %s", b.err, b.out.String())
+		default:
+		}
+		return len(r.waiterKeys()) == n
+	})
+}
+
+func (b *bgCtl) wait(t *testing.T) error {
+	t.Helper()
+	select {
+	case <-b.done:
+		return b.err
+	case <-time.After(podmanWait):
+		t.Fatalf("gpu-guard-ctl run did not return within %s: %s", podmanWait, b.out.String())
+		return nil
+	}
+}
+
+func (r *podmanRig) state() ledger.State {
+	r.t.Helper()
+	l, err := ledger.OpenReadOnly(r.ledgerDir, ledger.Options{})
+	require.NoError(r.t, err)
+	st, err := l.Snapshot(context.Background())
+	require.NoError(r.t, err)
+	return st
+}
+
+// holders maps GPU index to the holder's container id.
+func (r *podmanRig) holders() map[int]string {
+	out := map[int]string{}
+	for _, c := range r.state().Claims {
+		out[slices.Index(r.gpu, c.Device.UUID)] = c.Owner.ContainerID
+	}
+	return out
+}
+
+func (r *podmanRig) waiterKeys() []string {
+	st := r.state()
+	slices.SortFunc(st.Waiters, func(a, b ledger.Waiter) int { return int(a.Seq) - int(b.Seq) })
+	var keys []string
+	for _, w := range st.Waiters {
+		keys = append(keys, w.Key)
+	}
+	return keys
+}
+
+// waitFor polls cond until it holds or podmanWait passes.
+func (r *podmanRig) waitFor(desc string, cond func() bool) {
+	r.t.Helper()
+	deadline := time.Now().Add(podmanWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			r.t.Fatalf("timed out after %s waiting for %s; ledger: %+v", podmanWait, desc, r.state())
+		}
+		time.Sleep(50 * time.Millisecond) // polling a condition, not synchronising on time
+	}
+}
+
+// reset removes every container and checks the ledger is left empty.
+func (r *podmanRig) reset() {
+	r.t.Helper()
+	r.mustPodman("rm", "-af", "-t", "0")
+	r.waitFor("every claim released", func() bool { return len(r.state().Claims) == 0 })
+	require.Empty(r.t, r.state().Waiters)
+}
+
+func (r *podmanRig) cleanup() {
+	_, _ = r.podman("rm", "-af", "-t", "0")
+	_, _ = r.podman("rmi", "-af")
+	if r.nsFile != "" {
+		_ = exec.Command("umount", r.nsFile).Run()
+		_ = exec.Command("umount", filepath.Dir(r.nsFile)).Run()
+	}
+	_ = exec.Command("umount", "-R", filepath.Join(r.base, "root", "overlay")).Run()
+	_ = os.RemoveAll(r.base)
+}

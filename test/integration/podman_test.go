@@ -1,0 +1,252 @@
+//go:build podman
+
+package integration
+
+import (
+	"encoding/json"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestPodman runs every scenario on podman with runc and with crun.
+func TestPodman(t *testing.T) {
+	for _, rt := range []string{"runc", "crun"} {
+		t.Run(rt, func(t *testing.T) {
+			r := newPodmanRig(t, rt)
+			for _, sc := range []struct {
+				name string
+				run  func(t *testing.T, r *podmanRig)
+			}{
+				{"QueueFIFOAndOtherGPU", podmanQueueFIFO},
+				{"RefusedContainerRemoved", podmanRefusedRemoved},
+				{"HolderKilled", podmanHolderKilled},
+				{"Privileged", podmanPrivileged},
+				{"AllAndDeviceWhileHeld", podmanAllAndDevice},
+				{"AbandonedCreate", podmanAbandoned},
+			} {
+				t.Run(sc.name, func(t *testing.T) {
+					r.t = t
+					defer r.reset()
+					sc.run(t, r)
+				})
+			}
+		})
+	}
+}
+
+// refusal checks what the person who ran a refused `podman run` is told:
+// under runc the hook's own words; under crun only the hook's exit code
+// (75: busy), with the reason in `gpu-guard-ctl audit`.
+func (r *podmanRig) refusal(out string, want ...string) {
+	r.t.Helper()
+	if r.runtime == "crun" {
+		require.Contains(r.t, out, "exit code: 75", out)
+		audit, err := r.ctl("audit", "-n", "1", "-o", "json")
+		require.NoError(r.t, err, audit)
+		out = audit
+	} else {
+		require.NotContains(r.t, out, "Kubernetes")
+	}
+	for _, s := range want {
+		require.Contains(r.t, out, s)
+	}
+}
+
+// podmanQueueFIFO: a holder, two `gpu-guard-ctl run` waiters for its GPU and
+// a container on another GPU at once. While they wait, podman answers (ps -a,
+// a refused run); stopping the holder admits the head of the queue, then the
+// next one.
+func podmanQueueFIFO(t *testing.T, r *podmanRig) {
+	out, err := r.runGPU("h", "1")
+	require.NoError(t, err, out)
+	h := r.id("h")
+	require.Equal(t, map[int]string{1: h}, r.holders())
+
+	w1 := r.ctlRun("w1", "1")
+	r.queued(w1, 1)
+	w2 := r.ctlRun("w2", "1")
+	r.queued(w2, 2)
+	queue := r.waiterKeys()
+
+	out, err = r.runGPU("o", "2")
+	require.NoError(t, err, "another GPU is admitted while GPU 1 has a queue: %s", out)
+
+	psOut, psTime, err := r.timed("ps", "-a")
+	require.NoError(t, err, psOut)
+	t.Logf("podman ps -a while 2 wait: %s", psTime)
+
+	out, err = r.runGPU("late", "1")
+	require.Error(t, err, "a plain run for GPU 1 is refused at once: %s", out)
+	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+h[:12], "2 requests wait for it before this one")
+	require.Equal(t, queue, r.waiterKeys(), "the refused run did not join the queue")
+	require.Equal(t, h, r.holders()[1], "the holder still holds")
+
+	r.mustPodman("stop", "-t", "5", "h")
+	require.NoError(t, w1.wait(t), w1.out.String())
+	id1 := r.id("w1")
+	r.waitFor("w1 to hold GPU 1", func() bool { return r.holders()[1] == id1 })
+	require.Contains(t, w1.out.String(), "claimed for ticket "+queue[0])
+	require.Equal(t, queue[1:], r.waiterKeys(), "w2 is next")
+	require.Equal(t, "running", r.inspect("w1", "{{.State.Status}}"))
+
+	r.mustPodman("stop", "-t", "5", "w1")
+	require.NoError(t, w2.wait(t), w2.out.String())
+	id2 := r.id("w2")
+	r.waitFor("w2 to hold GPU 1", func() bool { return r.holders()[1] == id2 })
+	require.Empty(t, r.waiterKeys())
+}
+
+// podmanRefusedRemoved: a container refused because its GPU is busy is
+// left "Created" by podman; `podman rm -f` of it returns at once (its hook
+// is not blocking the container's lock) and leaves no waiter and no claim;
+// a `gpu-guard-ctl run` waiter is cancelled with Ctrl-C and leaves the queue.
+func podmanRefusedRemoved(t *testing.T, r *podmanRig) {
+	out, err := r.runGPU("h", "1")
+	require.NoError(t, err, out)
+	w := r.ctlRun("wq", "1")
+	r.queued(w, 1)
+
+	out, err = r.runGPU("x", "1")
+	require.Error(t, err, out)
+	require.Equal(t, "created", r.inspect("x", "{{.State.Status}}"))
+	rmOut, rmTime, err := r.timed("rm", "-f", "x")
+	require.NoError(t, err, rmOut)
+	t.Logf("podman rm -f of a refused container while another waits: %s", rmTime)
+	require.Len(t, r.waiterKeys(), 1, "only the ctl waiter")
+	require.Equal(t, []int{1}, keys(r.holders()), "x holds nothing")
+
+	require.NoError(t, w.cmd.Process.Signal(syscall.SIGINT))
+	err = w.wait(t)
+	require.Error(t, err)
+	require.Contains(t, w.out.String(), "not queued any more and holds no GPU")
+	require.Empty(t, r.waiterKeys(), "Ctrl-C left the queue")
+	_, err = r.podman("inspect", "wq")
+	require.Error(t, err, "the cancelled run started no container")
+}
+
+// podmanHolderKilled: kill -9 of the holder's process (podman's cleanup
+// runs poststop) and kill -9 of conmon then the process (no poststop; the
+// next request finds the holder's process gone and releases it).
+func podmanHolderKilled(t *testing.T, r *podmanRig) {
+	out, err := r.runGPU("k", "1")
+	require.NoError(t, err, out)
+	pid, err := strconv.Atoi(r.inspect("k", "{{.State.Pid}}"))
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	r.waitFor("k's poststop to release GPU 1", func() bool { return len(r.holders()) == 0 })
+
+	out, err = r.runGPU("c", "2")
+	require.NoError(t, err, out)
+	conmon, err := strconv.Atoi(r.inspect("c", "{{.State.ConmonPid}}"))
+	require.NoError(t, err)
+	pid, err = strconv.Atoi(r.inspect("c", "{{.State.Pid}}"))
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(conmon, syscall.SIGKILL))
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	r.waitFor("c's process to be gone", func() bool { return syscall.Kill(pid, 0) != nil })
+	require.Equal(t, r.id("c"), r.holders()[2], "no poststop ran: the claim is still there")
+
+	out, err = r.runGPU("n", "2")
+	require.NoError(t, err, "the holder's process is gone: released at the next request: %s", out)
+	require.Equal(t, r.id("n"), r.holders()[2])
+}
+
+// podmanPrivileged: podman adds every /dev/nvidiaN to a privileged container;
+// under privileged = "declared" it claims only the GPUs it names, and
+// gpu-guard-ctl explain says the same of its config.json.
+func podmanPrivileged(t *testing.T, r *podmanRig) {
+	out, err := r.runGPU("h", "1")
+	require.NoError(t, err, out)
+
+	out, err = r.runGPU("p0", "", "--privileged")
+	require.NoError(t, err, "privileged, names no GPU: admitted while GPU 1 is held: %s", out)
+	out, err = r.runGPU("p2", "2", "--privileged")
+	require.NoError(t, err, "privileged, names GPU 2: %s", out)
+	require.Equal(t, map[int]string{1: r.id("h"), 2: r.id("p2")}, r.holders())
+
+	spec := r.inspect("p2", "{{.OCIConfigPath}}")
+	nodes, err := exec.Command("grep", "-c", "/dev/nvidia", spec).Output()
+	require.NoError(t, err)
+	require.NotEqual(t, "0\n", string(nodes), "podman added the device nodes")
+	ex, err := r.ctl("explain", "--spec", spec, "-o", "json")
+	require.NoError(t, err, ex)
+	var v struct {
+		Devices []struct {
+			Index   string   `json:"index"`
+			Sources []string `json:"sources"`
+		} `json:"devices"`
+		Privileged bool     `json:"privileged"`
+		Notes      []string `json:"notes"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(ex), &v), ex)
+	require.True(t, v.Privileged)
+	require.Len(t, v.Devices, 1, ex)
+	require.Equal(t, "2", v.Devices[0].Index)
+	require.Equal(t, []string{`env NVIDIA_VISIBLE_DEVICES="2"`}, v.Devices[0].Sources)
+	require.True(t, slices.ContainsFunc(v.Notes, func(n string) bool { return strings.Contains(n, "not counted as a request") }), ex)
+}
+
+// podmanAllAndDevice: NVIDIA_VISIBLE_DEVICES=all and --device /dev/nvidia1
+// are refused while GPU 1 is held; --device of a free GPU is admitted.
+func podmanAllAndDevice(t *testing.T, r *podmanRig) {
+	out, err := r.runGPU("h", "1")
+	require.NoError(t, err, out)
+	h := r.id("h")
+
+	out, err = r.runGPU("all", "all")
+	require.Error(t, err, out)
+	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+h[:12])
+	out, err = r.runGPU("d1", "", "--device", "/dev/nvidia1")
+	require.Error(t, err, out)
+	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+h[:12])
+	out, err = r.runGPU("d3", "", "--device", "/dev/nvidia3")
+	require.NoError(t, err, out)
+	require.Equal(t, map[int]string{1: h, 3: r.id("d3")}, r.holders())
+}
+
+// podmanAbandoned: nothing can make podman abandon a create any more: even
+// with --wait in the hooks file, the hook sees that its runtime runs under
+// conmon and answers at once. A `gpu-guard-ctl run` killed with SIGKILL
+// while it waits (the client gave up) never takes the GPU and does not keep
+// the freed GPU from the next request.
+func podmanAbandoned(t *testing.T, r *podmanRig) {
+	out, err := r.runGPU("h", "1")
+	require.NoError(t, err, out)
+
+	out, err = r.podmanEnv([]string{"GG_HOOKS_DIR=" + r.base + "/hooks-wait"},
+		"run", "-d", "--name", "wt", "-e", "NVIDIA_VISIBLE_DEVICES=1", podmanImage)
+	require.Error(t, err, out)
+	if r.runtime == "runc" {
+		require.Contains(t, out, "deciding without waiting although --wait is set")
+		require.Contains(t, out, "conmon")
+	}
+	require.Empty(t, r.waiterKeys())
+
+	g := r.ctlRun("ghost", "1")
+	r.queued(g, 1)
+	require.NoError(t, g.cmd.Process.Kill())
+	_ = g.wait(t)
+	require.Len(t, r.waiterKeys(), 1, "SIGKILL: it could not withdraw")
+
+	r.mustPodman("stop", "-t", "5", "h")
+	r.waitFor("h released", func() bool { return len(r.holders()) == 0 })
+	out, err = r.runGPU("next", "1")
+	require.NoError(t, err, "the dead waiter does not block the freed GPU: %s", out)
+	require.Equal(t, map[int]string{1: r.id("next")}, r.holders())
+	require.Empty(t, r.waiterKeys(), "the dead waiter was dropped")
+}
+
+func keys(m map[int]string) []int {
+	var out []int
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
