@@ -16,6 +16,9 @@ import (
 // File names inside the state dir.
 const (
 	stateName       = "ledger.json"
+	prevName        = "ledger.json.prev"
+	journalName     = "ledger.journal"
+	journalPrevName = "ledger.journal.prev"
 	lockName        = "ledger.lock"
 	auditName       = "audit.log"
 	auditRotated    = "audit.log.1"
@@ -26,13 +29,24 @@ const (
 
 // Failpoint stages of a commit, in order. Tests kill a process at each one to
 // prove that a crash at any of them leaves the old or the new state.
+//
+// A journal append: before-write, torn-write (half the record written),
+// after-write (all of it, not synced), after-fsync, after-audit.
+// A compaction: before-write, after-write (snapshot temp file written),
+// after-fsync, after-rename, after-dirsync, journal-synced (new journal
+// temp file synced), journal-rotated (old journal renamed to .prev, new one
+// not yet in place), journal-swapped, after-audit.
 const (
-	stageBeforeWrite = "before-write"  // temp file not yet created
-	stageAfterWrite  = "after-write"   // temp file written, not synced
-	stageAfterFsync  = "after-fsync"   // temp file synced, not renamed
-	stageAfterRename = "after-rename"  // new state in place, dir not synced
-	stageAfterDirSyn = "after-dirsync" // new state durable, audit not written
-	stageAfterAudit  = "after-audit"   // audit appended, lock still held
+	stageBeforeWrite    = "before-write"
+	stageTornWrite      = "torn-write"
+	stageAfterWrite     = "after-write"
+	stageAfterFsync     = "after-fsync"
+	stageAfterRename    = "after-rename"
+	stageAfterDirSyn    = "after-dirsync"
+	stageJournalSynced  = "journal-synced"
+	stageJournalRotated = "journal-rotated"
+	stageJournalSwapped = "journal-swapped"
+	stageAfterAudit     = "after-audit"
 )
 
 // failpoint, when non-nil, is called at each commit stage. Only tests set it
@@ -76,7 +90,7 @@ func checkDir(dir string, create, readOnly bool) (missing bool, err error) {
 
 // checkFiles verifies every file the ledger opens in dir, where it exists.
 func checkFiles(dir string, readOnly bool) error {
-	for _, name := range []string{stateName, lockName, auditName, auditRotated} {
+	for _, name := range []string{stateName, prevName, journalName, journalPrevName, lockName, auditName, auditRotated} {
 		p := filepath.Join(dir, name)
 		fi, err := os.Lstat(p) //nolint:gosec // fixed names in the operator's state dir
 		if errors.Is(err, fs.ErrNotExist) {
@@ -118,7 +132,8 @@ func checkOwnerMode(p string, fi fs.FileInfo, readOnly bool) error {
 // caller can tell an oversized file. exists is false (with a nil error) when
 // there is no file.
 func readFileNoFollow(p string, limit int64, buf []byte) (data []byte, exists bool, err error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0) //nolint:gosec // fixed name in the operator's state dir
+	// O_NONBLOCK: a FIFO in its place must not hang the guard.
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // fixed name in the operator's state dir
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, false, nil
 	}
@@ -128,6 +143,9 @@ func readFileNoFollow(p string, limit int64, buf []byte) (data []byte, exists bo
 	defer func() { _ = f.Close() }()
 	want := int64(4096)
 	if fi, err := f.Stat(); err == nil {
+		if !fi.Mode().IsRegular() {
+			return nil, true, fmt.Errorf("%w: %s is not a regular file (%s); remove it", ErrUnsafeDir, p, fi.Mode().Type())
+		}
 		want = min(fi.Size(), limit) + 512
 	}
 	buf = slices.Grow(buf[:0], int(want))
@@ -152,7 +170,6 @@ func readFileNoFollow(p string, limit int64, buf []byte) (data []byte, exists bo
 // a leftover temp file is never read as state and is removed by the next
 // writer.
 func writeAtomic(dir, path string, data []byte) error {
-	reachStage(stageBeforeWrite)
 	f, err := os.CreateTemp(dir, tempPrefix+"*")
 	if err != nil {
 		return fmt.Errorf("create temp file in %s: %w", dir, err)
