@@ -83,6 +83,7 @@ conflict or a stale claim).`,
 		a.auditCommand(),
 		a.releaseCommand(),
 		a.gcCommand(),
+		a.recoverCommand(),
 		a.checkConfigCommand(),
 		a.versionCommand(),
 	)

@@ -104,7 +104,10 @@ func TestCorruptLedgerRefusesCreatesUntilSynchronized(t *testing.T) {
 	err := rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1"))
 	require.Error(t, err, "decided against the empty ledger, this would take the holder's GPU")
 	assert.Contains(t, err.Error(), "being rebuilt")
-	assert.Empty(t, rt.holders())
+	l, err := ledger.OpenReadOnly(rt.ledgerDir, ledger.Options{Now: rt.clock.Now})
+	require.NoError(t, err)
+	_, err = l.Snapshot(context.Background())
+	require.ErrorIs(t, err, ledger.ErrNeedsRecovery, "the ledger is not read as empty meanwhile")
 }
 
 // SIGTERM while a create is in flight: the handler answers before the
