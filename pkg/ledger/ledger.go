@@ -416,7 +416,7 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 		st.Lineage = newLineage() // prepare sets one; never store a state without
 	}
 	st.UpdatedAt = tx.now
-	st.sort()
+	st.sort(tx.waitersOwned)
 	// Waiters the Tx did not touch come from a verified state.
 	if err := validate(&st, tx.waitersOwned); err != nil {
 		return fmt.Errorf("ledger: refusing to write a state that breaks an invariant (a bug; nothing was written): %w", err)
@@ -461,7 +461,7 @@ func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string) (loaded, er
 		if base.UpdatedAt.IsZero() {
 			base.UpdatedAt = tx.now
 		}
-		base.sort()
+		base.sort(true)
 		b, err := l.compact(&base, ld)
 		if err != nil {
 			return loaded{}, err
@@ -502,8 +502,9 @@ func (s State) clone() State {
 
 // sort restores the documented order of every slice. It writes only to a
 // slice that is out of order: one a Tx changed and therefore owns, never one
-// shared with the cache.
-func (s *State) sort() {
+// shared with the cache. The queue, the long list, is looked at only if
+// waiters (a Tx that did not copy it left it as loaded: sorted).
+func (s *State) sort(waiters bool) {
 	byUUIDClaim := func(a, b Claim) int { return strings.Compare(a.Device.UUID, b.Device.UUID) }
 	if !slices.IsSortedFunc(s.Claims, byUUIDClaim) {
 		slices.SortFunc(s.Claims, byUUIDClaim)
@@ -513,7 +514,7 @@ func (s *State) sort() {
 		slices.SortFunc(s.Reservations, byUUIDRes)
 	}
 	bySeq := func(a, b Waiter) int { return cmpUint(a.Seq, b.Seq) }
-	if !slices.IsSortedFunc(s.Waiters, bySeq) {
+	if waiters && !slices.IsSortedFunc(s.Waiters, bySeq) {
 		slices.SortFunc(s.Waiters, bySeq)
 	}
 	byDevID := func(a, b Conflict) int {

@@ -187,7 +187,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	tx.maintain()
 	st = tx.st
 	tx.close()
-	st.sort()
+	st.sort(true)
 	if err := validateState(&st); err != nil {
 		return rep, fmt.Errorf("ledger recover: the recovered state breaks an invariant (nothing was written): %w", err)
 	}
