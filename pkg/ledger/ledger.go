@@ -45,6 +45,7 @@ type Ledger struct {
 	compactMin int64   // see journalTooBig
 	// compactAlways compacts after every commit (tests of recovery).
 	compactAlways bool
+	markerF       *os.File // the boot marker, kept open (see writeMarker)
 
 	// fence is the lineage every Update requires ("" = none; see
 	// RequireLineage).

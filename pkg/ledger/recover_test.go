@@ -421,3 +421,29 @@ func TestTxStateIsACopy(t *testing.T) {
 	require.Equal(t, gpu(0), st.Waiters[0].Devices[0])
 	require.True(t, slices.Equal([]string{"w"}, waiterKeys(st)))
 }
+
+// A field this build does not know (a newer build's, or a hand edit) is not
+// dropped at the next write: the state is refused, the file left as it is.
+func TestUnknownFieldIsRefusedNotDropped(t *testing.T) {
+	l := seeded(t)
+	l.compactAlways = true
+	update(t, l, func(tx *Tx) { tx.Enqueue("w", owner("w"), devs(gpu(0))) })
+	st := stored(t, l)
+	body, err := appendStateJSON(nil, &st)
+	require.NoError(t, err)
+	body = append([]byte(`{"priority_classes":["gold"],`), body[1:]...)
+	file := snapFile(t, map[string]any{"format": FormatVersion, "generation": st.Generation, "boot_id": st.BootID,
+		"lineage": st.Lineage, "checksum": checksumOf(body), "bytes": len(body)}, body)
+	require.NoError(t, os.WriteFile(l.StatePath(), file, 0o600))
+
+	fresh, err := Open(l.Dir(), testOptions(nil))
+	require.NoError(t, err)
+	err = fresh.Update(context.Background(), func(tx *Tx) error {
+		_, err := tx.Claim("", owner("x"), devs(gpu(3)), "env")
+		return err
+	})
+	require.ErrorIs(t, err, ErrNeedsRecovery)
+	require.ErrorContains(t, err, `unknown field "priority_classes"`)
+	require.ErrorContains(t, err, "would drop it")
+	require.Equal(t, file, mustRead(t, l.StatePath()), "left as it is")
+}
