@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
 )
 
 // File names inside the state dir.
@@ -216,29 +215,6 @@ func syncDir(dir string) error {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
 	}
 	return nil
-}
-
-// quarantine moves a bad state file aside for a human to inspect, to
-// ledger.json.corrupt-<UTC time> (with a counter if that name is taken).
-func quarantine(dir, path string, now time.Time) (string, error) {
-	base := filepath.Join(dir, corruptPrefix+now.UTC().Format(quarantineStamp))
-	for i := 0; i < 100; i++ {
-		dst := base
-		if i > 0 {
-			dst = fmt.Sprintf("%s.%d", base, i)
-		}
-		if _, err := os.Lstat(dst); err == nil { //nolint:gosec // fixed names in the operator's state dir
-			continue
-		}
-		if err := os.Rename(path, dst); err != nil { //nolint:gosec // fixed names in the operator's state dir
-			return "", fmt.Errorf("move corrupt ledger %s aside: %w", path, err)
-		}
-		if err := syncDir(dir); err != nil {
-			return dst, err
-		}
-		return dst, nil
-	}
-	return "", fmt.Errorf("move corrupt ledger %s aside: too many quarantined files named %s*; clean them up", path, base)
 }
 
 // removeStrayTemps deletes temp files left by a writer that crashed before

@@ -2,9 +2,9 @@ package ledger
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"hash/crc32"
 	"slices"
 	"strings"
@@ -69,8 +69,7 @@ func appendJournalLine(b []byte, v any) ([]byte, error) {
 		return nil, err
 	}
 	var crc [4]byte
-	sum := crc32.Checksum(js, castagnoli)
-	crc[0], crc[1], crc[2], crc[3] = byte(sum>>24), byte(sum>>16), byte(sum>>8), byte(sum)
+	binary.BigEndian.PutUint32(crc[:], crc32.Checksum(js, castagnoli))
 	b = hex.AppendEncode(b, crc[:])
 	b = append(b, ' ')
 	b = append(b, js...)
@@ -102,7 +101,7 @@ func journalLines(data []byte, base int64) (lines [][]byte, ends []int64, torn i
 		if _, herr := hex.Decode(crc[:], line[:8]); herr != nil {
 			return nil, nil, 0, badState("journal line at offset %d has no checksum", base+int64(off))
 		}
-		want := uint32(crc[0])<<24 | uint32(crc[1])<<16 | uint32(crc[2])<<8 | uint32(crc[3])
+		want := binary.BigEndian.Uint32(crc[:])
 		if got := crc32.Checksum(line[9:], castagnoli); got != want {
 			return nil, nil, 0, badState("journal line at offset %d: checksum mismatch (damaged)", base+int64(off))
 		}
@@ -384,10 +383,4 @@ func (s *waiterSet) result() []Waiter {
 		return nil
 	}
 	return out
-}
-
-// describeRecord says what a replayed record did, for the recovery report.
-func describeRecord(r *journalRecord) string {
-	return fmt.Sprintf("generation %d at %s: %d claim(s) set, %d ended, %d waiter(s) set, %d left",
-		r.Gen, r.Time.Format(time.RFC3339), len(r.Claims), len(r.ClaimsGone), len(r.Waiters), len(r.WaitersGone))
 }

@@ -426,17 +426,10 @@ func journalLinesUpToDamage(data []byte) ([][]byte, []int64, int64, error) {
 // the highest generation, preferring the marker's lineage, with the files
 // used and the number of records replayed.
 func bestChain(snaps []recSnapshot, journals []recJournal, m marker, mok bool) (best State, from []string, replayed int, ok bool) {
-	type base struct {
-		path string
-		st   State
-	}
-	var bases []base
-	for _, s := range snaps {
-		bases = append(bases, base{s.path, s.st})
-	}
+	bases := slices.Clone(snaps)
 	for _, j := range journals {
 		if j.hdr.Genesis {
-			bases = append(bases, base{j.path + " (its empty base)", State{Generation: j.hdr.Base, NextSeq: j.hdr.BaseNextSeq,
+			bases = append(bases, recSnapshot{j.path + " (its empty base)", State{Generation: j.hdr.Base, NextSeq: j.hdr.BaseNextSeq,
 				BootID: j.hdr.BootID, Lineage: j.hdr.Lineage}})
 		}
 	}
@@ -504,10 +497,10 @@ func quarantineAs(dir, path, infix string, now time.Time) (string, error) {
 		if i > 0 {
 			dst = fmt.Sprintf("%s.%d", base, i)
 		}
-		if _, err := os.Lstat(dst); !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed names in the operator's state dir
+		if _, err := os.Lstat(dst); !errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
-		if err := os.Rename(path, dst); err != nil { //nolint:gosec // fixed names in the operator's state dir
+		if err := os.Rename(path, dst); err != nil {
 			return "", fmt.Errorf("move %s aside: %w", path, err)
 		}
 		return dst, syncDir(dir)

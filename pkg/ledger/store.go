@@ -100,10 +100,6 @@ func readFrom(f *os.File, off, size, limit int64, buf []byte) ([]byte, error) {
 	}
 }
 
-// errChanged: a file was replaced while it was read without the lock (a
-// compaction); the read is retried.
-var errChanged = errors.New("ledger files changed while read")
-
 // loadFiles reads the snapshot and the journal. With a cached load c of the
 // same snapshot and journal, only the journal's new records are read.
 func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
@@ -297,7 +293,7 @@ func (l *Ledger) current() (loaded, error) {
 // belong to the new snapshot. A compaction renames the snapshot before it
 // replaces the journal, so this check after reading both catches it.
 func (l *Ledger) replacedMeanwhile(ld *loaded) bool {
-	fi, err := os.Lstat(l.StatePath())
+	fi, err := os.Lstat(l.StatePath()) //nolint:gosec // fixed name in the operator's state dir
 	if errors.Is(err, fs.ErrNotExist) {
 		return ld.snapOK
 	}
@@ -361,7 +357,7 @@ func (l *Ledger) compact(st *State, ld *loaded) (loaded, error) {
 	}
 	if ld.snapOK {
 		prev := filepath.Join(l.dir, prevName)
-		if err := os.Remove(prev); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := os.Remove(prev); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed name in the operator's state dir
 			l.log.Warn("ledger: could not replace the previous snapshot", "path", prev, "error", err)
 		} else if err := os.Link(l.StatePath(), prev); err != nil {
 			l.log.Warn("ledger: could not keep the previous snapshot", "path", prev, "error", err)
@@ -381,10 +377,10 @@ func (l *Ledger) compact(st *State, ld *loaded) (loaded, error) {
 	}
 	next := loaded{st: *st, exists: true, snapOK: true, format: FormatVersion, snapBytes: int64(len(data)),
 		jOK: true, jHdr: hdr, jEnd: int64(len(line))}
-	if fi, err := os.Lstat(l.StatePath()); err == nil {
+	if fi, err := os.Lstat(l.StatePath()); err == nil { //nolint:gosec // fixed names in the operator's state dir
 		next.snapID = idOf(fi)
 	}
-	if fi, err := os.Lstat(l.JournalPath()); err == nil {
+	if fi, err := os.Lstat(l.JournalPath()); err == nil { //nolint:gosec // fixed names in the operator's state dir
 		next.jID = idOf(fi)
 	}
 	return next, nil
@@ -420,7 +416,7 @@ func (l *Ledger) replaceJournal(header []byte, old bool) error {
 	}
 	reachStage(stageJournalSynced)
 	if old {
-		if err := os.Rename(l.JournalPath(), filepath.Join(l.dir, journalPrevName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := os.Rename(l.JournalPath(), filepath.Join(l.dir, journalPrevName)); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed names in the operator's state dir
 			return fmt.Errorf("keep the old journal: %w", err)
 		}
 	}
@@ -470,7 +466,7 @@ func (l *Ledger) appendRecord(rec *journalRecord, ld *loaded) (loaded, error) {
 		return loaded{}, fmt.Errorf("append to %s: %w", l.JournalPath(), err)
 	}
 	reachStage(stageAfterWrite)
-	if err := syscall.Fdatasync(int(f.Fd())); err != nil { //nolint:gosec // an fd fits
+	if err := syscall.Fdatasync(int(f.Fd())); err != nil {
 		return loaded{}, fmt.Errorf("fdatasync %s: %w", l.JournalPath(), err)
 	}
 	reachStage(stageAfterFsync)
