@@ -447,3 +447,17 @@ func TestUnknownFieldIsRefusedNotDropped(t *testing.T) {
 	require.ErrorContains(t, err, "would drop it")
 	require.Equal(t, file, mustRead(t, l.StatePath()), "left as it is")
 }
+
+// The boot marker is what tells a vanished state from a fresh host: a
+// damaged one is refused, never read as "fresh".
+func TestDamagedBootMarkerIsRefused(t *testing.T) {
+	dir, opts := failClosedLedger(t, false)
+	l, err := Open(dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(l.markerPath(), []byte("garbage"), 0o600))
+	err = l.Update(context.Background(), func(*Tx) error { return nil })
+	require.ErrorIs(t, err, ErrNeedsRecovery)
+	require.ErrorContains(t, err, "boot marker")
+	_, err = l.Snapshot(context.Background())
+	require.ErrorIs(t, err, ErrNeedsRecovery)
+}
