@@ -158,9 +158,12 @@ func DecodeState(data []byte) (State, error) {
 	if want := checksumPrefix + hex.EncodeToString(sum[:]); hdr.Checksum != want {
 		return State{}, badState("checksum mismatch: file says %q, content hashes to %q", truncate(hdr.Checksum, 80), want)
 	}
-	var st State
-	if err := decodeStrict(body, &st); err != nil {
-		return State{}, badState("state does not decode: %v", err)
+	st, ok := fastDecodeState(body)
+	if !ok {
+		// Not exactly as the encoder writes it: encoding/json decides.
+		if err := decodeStrict(body, &st); err != nil {
+			return State{}, badState("state does not decode: %v", err)
+		}
 	}
 	if st.Generation != hdr.Generation || st.BootID != hdr.BootID || st.Lineage != hdr.Lineage {
 		return State{}, badState("header (generation %d, boot %q, lineage %q) disagrees with state (generation %d, boot %q, lineage %q)",

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
 var trickyStrings = []string{
@@ -377,4 +379,93 @@ func normalizeForCompare(t *testing.T, st State) State {
 		t.Fatalf("decode: %v", err)
 	}
 	return out
+}
+
+// The hand-written decoder gives exactly what encoding/json gives for what
+// the encoder writes, and gives up (encoding/json then decides) on anything
+// else.
+func TestFastDecoderMatchesEncodingJSON(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := 0; i < 300; i++ {
+		st := randomState(rng)
+		body, err := appendStateJSON(nil, &st)
+		require.NoError(t, err)
+		fast, ok := fastDecodeState(body)
+		require.True(t, ok, "state %d: %s", i, body)
+		var slow State
+		require.NoError(t, decodeStrict(body, &slow))
+		require.Equal(t, slow, fast, "state %d", i)
+	}
+	st := sampleState()
+	body, err := appendStateJSON(nil, &st)
+	require.NoError(t, err)
+	for _, other := range [][]byte{
+		bytes.Replace(body, []byte(`{"waiters":`), []byte(`{ "waiters":`), 1),
+		bytes.Replace(body, []byte(`"c1"`), []byte(`"c\u0031"`), 1),
+		bytes.Replace(body, []byte(`"source":`), []byte(`"x":1,"source":`), 1),
+		body[:len(body)-1],
+		append(bytes.Clone(body), ' '),
+	} {
+		_, ok := fastDecodeState(other)
+		require.False(t, ok, "%s", other)
+	}
+}
+
+// randomState is a valid-looking state with the optional fields set at
+// random, odd characters included.
+func randomState(rng *rand.Rand) State {
+	str := func() string {
+		const alphabet = "abcXYZ019-_/.:é€😀 "
+		n := rng.IntN(12)
+		var b []rune
+		for range n {
+			r := []rune(alphabet)
+			b = append(b, r[rng.IntN(len(r))])
+		}
+		return string(b)
+	}
+	when := func() time.Time {
+		if rng.IntN(4) == 0 {
+			return time.Time{}
+		}
+		return time.Unix(rng.Int64N(4e9), rng.Int64N(1e9)).UTC()
+	}
+	dev := func() devices.Device {
+		d := devices.Device{UUID: "GPU-" + str(), Index: str(), Kind: devices.KindGPU}
+		if rng.IntN(2) == 0 {
+			d.Kind, d.Parent = devices.KindMIG, "GPU-"+str()
+		}
+		return d
+	}
+	own := func() Owner {
+		return Owner{ContainerID: "c" + str(), Container: str(), Namespace: str(), Pod: str(), PodUID: str(),
+			PodSandboxID: str(), FrontEnd: FrontEnd(str()), Pid: rng.IntN(3) * rng.IntN(1<<20), PidStart: uint64(rng.IntN(3)) * rng.Uint64(),
+			Cgroup: str(), StartedAt: when(), StoppedAt: when()}
+	}
+	st := State{Generation: rng.Uint64(), BootID: str(), Lineage: str(), NextSeq: rng.Uint64(), UpdatedAt: when()}
+	lists := rng.IntN(4)
+	for range rng.IntN(4) {
+		st.Claims = append(st.Claims, Claim{Device: dev(), Owner: own(), Source: str(), Since: when()})
+	}
+	for range rng.IntN(4) {
+		w := Waiter{Key: str(), Seq: rng.Uint64(), Owner: own(), FirstSeen: when(), LastSeen: when()}
+		switch rng.IntN(3) {
+		case 0:
+		case 1:
+			w.Devices = []devices.Device{}
+		default:
+			w.Devices = []devices.Device{dev(), dev()}
+		}
+		st.Waiters = append(st.Waiters, w)
+	}
+	for range rng.IntN(3) {
+		st.Reservations = append(st.Reservations, Reservation{Device: dev(), For: str(), Since: when(), Until: when()})
+	}
+	for range rng.IntN(3) {
+		st.Conflicts = append(st.Conflicts, Conflict{Device: dev(), Owner: own(), Since: when()})
+	}
+	if lists == 0 { // empty, not null
+		st.Claims, st.Waiters, st.Reservations, st.Conflicts = []Claim{}, []Waiter{}, []Reservation{}, []Conflict{}
+	}
+	return st
 }
