@@ -134,7 +134,8 @@ type Options struct {
 	// tmpfs emptied at every boot): one per state dir, recording that a
 	// ledger of lineage L at generation G exists there in this boot. It is
 	// how a vanished, replaced or rolled-back state is told from a fresh
-	// host. Created 0700 by a writable ledger.
+	// host. Created 0700 by a writable ledger; a process that cannot read
+	// it (not root, for the default) cannot use the ledger either.
 	RuntimeDir string
 }
 

@@ -65,14 +65,19 @@ const defaultCompactMin = 256 << 10
 
 // Open opens (creating it 0700 if missing) the ledger in dir for reading and
 // writing. It refuses, with ErrUnsafeDir, a dir or ledger file that is a
-// symlink, writable by group or others, or owned by another user.
+// symlink, not a regular file, writable by group or others, or owned by
+// another user. A dir that is missing although this boot committed a ledger
+// there (the boot marker says so) is not created: every Update then fails
+// with ErrNeedsRecovery. Open does not check the dir's parents: callers do,
+// with CheckDirChain.
 func Open(dir string, opts Options) (*Ledger, error) {
 	return open(dir, opts, false)
 }
 
 // OpenReadOnly opens the ledger in dir for gpu-guard-ctl reads. It never
 // creates, locks, moves or writes anything; a missing dir or state file reads
-// as an empty State. The same safety checks as Open apply to what exists,
+// as an empty State on a fresh host, and as ErrNeedsRecovery once this boot
+// committed a ledger there. The same safety checks as Open apply to what exists,
 // except that root-owned files are accepted for any reader.
 func OpenReadOnly(dir string, opts Options) (*Ledger, error) {
 	return open(dir, opts, true)
