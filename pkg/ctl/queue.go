@@ -79,8 +79,9 @@ func buildQueue(tx *ledger.Tx, now time.Time) queueView {
 		reserved[r.For] = append(reserved[r.For], r)
 	}
 	v := queueView{Waiters: make([]waiterJSON, 0, len(st.Waiters))}
+	places := tx.Positions() // one pass: Position per waiter would be quadratic
 	for _, w := range st.Waiters {
-		pos, total, _ := tx.Position(w.Key)
+		pos, total := places[w.Key].Position, places[w.Key].Total
 		wj := waiterJSON{
 			Position: pos, QueueLength: total, Requester: w.Key,
 			ContainerID: w.Owner.ContainerID, Namespace: w.Owner.Namespace, Pod: w.Owner.Pod,

@@ -84,6 +84,7 @@ conflict or a stale claim).`,
 		a.releaseCommand(),
 		a.gcCommand(),
 		a.runCommand(),
+		a.recoverCommand(),
 		a.checkConfigCommand(),
 		a.versionCommand(),
 	)

@@ -126,6 +126,13 @@ type Options struct {
 	// after the state was committed, stray temp files removed, a state from
 	// an earlier boot discarded. Default: discard.
 	Logger *slog.Logger
+	// RuntimeDir holds the per-boot markers (default DefaultRuntimeDir, a
+	// tmpfs emptied at every boot): one per state dir, recording that a
+	// ledger of lineage L at generation G exists there in this boot. It is
+	// how a vanished, replaced or rolled-back state is told from a fresh
+	// host. Created 0700 by a writable ledger; a process that cannot read
+	// it (not root, for the default) cannot use the ledger either.
+	RuntimeDir string
 }
 
 // Errors, wrapped with details by the concrete error types.
@@ -134,9 +141,13 @@ var (
 	ErrBusy = errors.New("device busy")
 	// ErrLockTimeout: the ledger lock was not obtained in time (see LockError).
 	ErrLockTimeout = errors.New("ledger lock not acquired in time")
-	// ErrCorrupt: the state file did not parse or verify; it was moved aside
-	// (see CorruptError).
+	// ErrCorrupt: a state file did not parse or verify (see CorruptError).
+	// It is left in place and every Update refuses until Ledger.Recover.
 	ErrCorrupt = errors.New("ledger state is corrupt")
+	// ErrNeedsRecovery: the state is damaged, missing, moved, replaced or
+	// rolled back (see NeedsRecoveryError and CorruptError): nothing is
+	// decided against it until Ledger.Recover or Ledger.Reset.
+	ErrNeedsRecovery = errors.New("ledger needs recovery")
 	// ErrUnsafeDir: the state dir or a file in it is a symlink, world-writable
 	// or owned by another user.
 	ErrUnsafeDir = errors.New("unsafe ledger directory")

@@ -98,9 +98,15 @@ func appendAudit(dir string, maxBytes int64, recs []AuditRecord) error {
 }
 
 func openAudit(p string) (*os.File, error) {
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, auditFileMode) //nolint:gosec // fixed name in the operator's state dir
+	// O_NONBLOCK: a FIFO planted in its place fails at once instead of
+	// blocking the commit forever.
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, auditFileMode) //nolint:gosec // fixed name in the operator's state dir
 	if err != nil {
 		return nil, fmt.Errorf("open audit log %s: %w", p, err)
+	}
+	if fi, err := f.Stat(); err == nil && !fi.Mode().IsRegular() {
+		_ = f.Close()
+		return nil, fmt.Errorf("%w: audit log %s is not a regular file (%s); remove it", ErrUnsafeDir, p, fi.Mode().Type())
 	}
 	return f, nil
 }
@@ -131,12 +137,17 @@ func ReadAudit(path string) ([]AuditRecord, error) {
 	var recs []AuditRecord
 	var errs []error
 	for _, p := range []string{path + ".1", path} {
-		f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0) //nolint:gosec // the audit log the operator names
+		f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // the audit log the operator names
 		if errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("open audit log: %w", err))
+			continue
+		}
+		if fi, err := f.Stat(); err == nil && !fi.Mode().IsRegular() {
+			_ = f.Close()
+			errs = append(errs, fmt.Errorf("%w: audit log %s is not a regular file (%s)", ErrUnsafeDir, p, fi.Mode().Type()))
 			continue
 		}
 		sc := bufio.NewScanner(f)

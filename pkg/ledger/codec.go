@@ -8,13 +8,20 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
-// FormatVersion is the state file format this build writes and the newest it
-// reads. Bump it for any change an older build would misread.
-const FormatVersion = 1
+// FormatVersion is the state format this build writes and the newest it
+// reads. Bump it for any change an older build would misread. Format 1 was a
+// single ledger.json rewritten whole at every commit; format 2 is a
+// snapshot (ledger.json) plus a journal (ledger.journal). A format 1 file is
+// read and converted at the next commit.
+const FormatVersion = 2
+
+// legacyFormat is the whole-file format, read for the upgrade only.
+const legacyFormat = 1
 
 // checksumPrefix names the hash so that a later format may change it.
 const checksumPrefix = "sha256:"
@@ -23,13 +30,26 @@ const checksumPrefix = "sha256:"
 // devices and waiters is well under a MiB, so a bigger file is not ours.
 const maxStateBytes = 64 << 20
 
-// envelope is the on-disk form:
+// snapshotHeader is the first line of a format 2 snapshot:
+//
+//	{"format":2,"generation":7,"boot_id":"…","lineage":"…","checksum":"sha256:…","bytes":1234}
+//	{…state…}
+//
+// The checksum covers the exact bytes of the state line (without its
+// newline), whose length is "bytes". The header repeats what a human (and
+// the loader, before hashing) wants first; it must equal the state's fields.
+type snapshotHeader struct {
+	Format     int    `json:"format"`
+	Generation uint64 `json:"generation"`
+	BootID     string `json:"boot_id"`
+	Lineage    string `json:"lineage"`
+	Checksum   string `json:"checksum"`
+	Bytes      int    `json:"bytes"`
+}
+
+// envelope is the format 1 file: one line,
 //
 //	{"format":1,"generation":7,"boot_id":"…","checksum":"sha256:…","state":{…}}
-//
-// The checksum covers the exact bytes of "state"; generation and boot_id are
-// repeated outside so that a human (and the decoder) sees them first, and must
-// equal the state's own fields.
 type envelope struct {
 	Format     int             `json:"format"`
 	Generation uint64          `json:"generation"`
@@ -48,48 +68,61 @@ func badState(format string, args ...any) error {
 	return &errBadState{reason: fmt.Sprintf(format, args...)}
 }
 
-// encodeState renders st as the file content.
+// encodeState renders st as a snapshot file.
 func encodeState(st *State) ([]byte, error) {
 	var e encoder
 	return e.encode(st, nil)
 }
 
-// encode renders st as the file content. The result is built in one of two
-// buffers the encoder owns, never in keep (the bytes the ledger caches as its
-// last file): neither is modified while cached, and no commit allocates a
-// state-sized buffer.
+// encode renders st as a snapshot file. The result is built in one of two
+// buffers the encoder owns, never in keep (bytes a caller still holds).
 func (e *encoder) encode(st *State, keep []byte) ([]byte, error) {
 	i := 0
 	if len(keep) > 0 && cap(e.out[0]) > 0 && &e.out[0][:1][0] == &keep[:1][0] {
 		i = 1
 	}
-	out := append(e.out[i][:0], `{"format":`...)
-	out = strconv.AppendInt(out, FormatVersion, 10)
-	out = append(out, `,"generation":`...)
-	out = strconv.AppendUint(out, st.Generation, 10)
-	out = append(out, `,"boot_id":`...)
-	out = appendString(out, st.BootID)
-	out = append(out, `,"checksum":"`...)
-	out = append(out, checksumPrefix...)
-	sumAt := len(out)
-	out = append(out, zeroSum[:]...) // filled in once the body is known
-	out = append(out, `","state":`...)
+	// The body first (after room for the header), then the header in front.
+	const room = 512
+	out := append(e.out[i][:0], make([]byte, room)...)
 	out, sum, err := e.appendStateBody(out, st)
 	if err != nil {
 		return nil, err
 	}
-	hex.Encode(out[sumAt:sumAt+len(zeroSum)], sum[:])
-	out = append(out, "}\n"...)
+	body := len(out) - room
+	out = append(out, '\n')
+	var h []byte
+	h = append(h, `{"format":`...)
+	h = strconv.AppendInt(h, FormatVersion, 10)
+	h = append(h, `,"generation":`...)
+	h = strconv.AppendUint(h, st.Generation, 10)
+	h = append(h, `,"boot_id":`...)
+	h = appendString(h, st.BootID)
+	h = append(h, `,"lineage":`...)
+	h = appendString(h, st.Lineage)
+	h = append(h, `,"checksum":"`...)
+	h = append(h, checksumPrefix...)
+	h = hex.AppendEncode(h, sum[:])
+	h = append(h, `","bytes":`...)
+	h = strconv.AppendInt(h, int64(body), 10)
+	h = append(h, "}\n"...)
+	if len(h) > room {
+		// Only a boot id or lineage of hundreds of bytes gets here.
+		res := append(h, out[room:]...)
+		e.out[i] = out
+		return res, nil
+	}
+	start := room - len(h)
+	copy(out[start:], h)
 	e.out[i] = out
-	return out, nil
+	return out[start:], nil
 }
 
-// zeroSum is the placeholder of a hex sha256 in the header.
-var zeroSum [2 * sha256.Size]byte
-
-// DecodeState parses and verifies the content of a state file. A file of a
-// newer format yields a *FormatError (with an empty Path); anything else that
-// is wrong yields an error wrapping ErrCorrupt. It never panics.
+// DecodeState parses and verifies a snapshot file (format 2, or format 1
+// for the upgrade). A file of a newer format yields a *FormatError (with an
+// empty Path); anything else that is wrong yields an error wrapping
+// ErrCorrupt — including a field this build does not know, which a later
+// write would otherwise drop. It never panics. The state is decoded once,
+// in one pass.
 func DecodeState(data []byte) (State, error) {
 	if len(data) > maxStateBytes {
 		return State{}, badState("file is %d bytes, more than the %d a ledger can be", len(data), maxStateBytes)
@@ -97,15 +130,90 @@ func DecodeState(data []byte) (State, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return State{}, badState("file is empty")
 	}
+	format, ok := peekFormat(data)
+	switch {
+	case !ok:
+		return State{}, badState("not a ledger file: it does not start with {\"format\":<version>")
+	case format > FormatVersion:
+		return State{}, &FormatError{Version: format, Supported: FormatVersion}
+	case format == legacyFormat:
+		return decodeLegacy(data)
+	case format != FormatVersion:
+		return State{}, badState("format version %d is not valid", format)
+	}
+	nl := bytes.IndexByte(data, '\n')
+	if nl < 0 {
+		return State{}, badState("no state after the header (truncated?)")
+	}
+	var hdr snapshotHeader
+	if err := decodeStrict(data[:nl], &hdr); err != nil {
+		return State{}, badState("header does not decode: %v", err)
+	}
+	body := data[nl+1:]
+	if hdr.Bytes <= 0 || hdr.Bytes != len(body)-1 || body[len(body)-1] != '\n' {
+		return State{}, badState("the state is %d bytes, the header says %d (truncated or appended to?)", max(len(body)-1, 0), hdr.Bytes)
+	}
+	body = body[:hdr.Bytes]
+	sum := sha256.Sum256(body)
+	if want := checksumPrefix + hex.EncodeToString(sum[:]); hdr.Checksum != want {
+		return State{}, badState("checksum mismatch: file says %q, content hashes to %q", truncate(hdr.Checksum, 80), want)
+	}
+	st, ok := fastDecodeState(body)
+	if !ok {
+		// Not exactly as the encoder writes it: encoding/json decides.
+		if err := decodeStrict(body, &st); err != nil {
+			return State{}, badState("state does not decode: %v", err)
+		}
+	}
+	if st.Generation != hdr.Generation || st.BootID != hdr.BootID || st.Lineage != hdr.Lineage {
+		return State{}, badState("header (generation %d, boot %q, lineage %q) disagrees with state (generation %d, boot %q, lineage %q)",
+			hdr.Generation, truncate(hdr.BootID, 64), truncate(hdr.Lineage, 64), st.Generation, truncate(st.BootID, 64), truncate(st.Lineage, 64))
+	}
+	if err := validateState(&st); err != nil {
+		return State{}, badState("state violates an invariant: %v", err)
+	}
+	return st, nil
+}
+
+// peekFormat reads the version of `{"format":N` at the start of data, as
+// every ledger file written by nri-gpu-guard begins.
+func peekFormat(data []byte) (int, bool) {
+	const prefix = `{"format":`
+	if !bytes.HasPrefix(data, []byte(prefix)) {
+		return 0, false
+	}
+	n, i := 0, len(prefix)
+	for ; i < len(data) && i < len(prefix)+6 && data[i] >= '0' && data[i] <= '9'; i++ {
+		n = n*10 + int(data[i]-'0')
+	}
+	if i == len(prefix) {
+		return 0, false
+	}
+	return n, true
+}
+
+// decodeStrict decodes one JSON value, refusing a field v does not have:
+// unknown fields are not dropped silently at the next write.
+func decodeStrict(data []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		if strings.HasPrefix(err.Error(), "json: unknown field") {
+			return fmt.Errorf("%w (written by a newer nri-gpu-guard, or edited by hand; this build would drop it at its next write)", err)
+		}
+		return err
+	}
+	if d.More() {
+		return errors.New("data after the JSON value")
+	}
+	return nil
+}
+
+// decodeLegacy parses and verifies a format 1 file.
+func decodeLegacy(data []byte) (State, error) {
 	var env envelope
-	if err := json.Unmarshal(data, &env); err != nil {
+	if err := decodeStrict(data, &env); err != nil {
 		return State{}, badState("not a ledger file: %v", err)
-	}
-	if env.Format > FormatVersion {
-		return State{}, &FormatError{Version: env.Format, Supported: FormatVersion}
-	}
-	if env.Format < 1 {
-		return State{}, badState("format version %d is not valid", env.Format)
 	}
 	if len(env.State) == 0 || bytes.Equal(env.State, []byte("null")) {
 		return State{}, badState("no state in the file")
@@ -116,7 +224,7 @@ func DecodeState(data []byte) (State, error) {
 		return State{}, badState("checksum mismatch: file says %q, content hashes to %q", truncate(env.Checksum, 80), want)
 	}
 	var st State
-	if err := json.Unmarshal(env.State, &st); err != nil {
+	if err := decodeStrict(env.State, &st); err != nil {
 		return State{}, badState("state does not decode: %v", err)
 	}
 	if st.Generation != env.Generation || st.BootID != env.BootID {

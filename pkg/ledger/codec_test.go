@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
 var trickyStrings = []string{
@@ -213,38 +215,57 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	st := sampleState()
 	b, err := encodeState(&st)
 	require.NoError(t, err)
-	require.True(t, bytes.HasPrefix(b, []byte(`{"format":1,"generation":42,"boot_id":"`+testBoot+`","checksum":"sha256:`)))
+	require.True(t, bytes.HasPrefix(b, []byte(`{"format":2,"generation":42,"boot_id":"`+testBoot+`","lineage":"`+testLineage+`","checksum":"sha256:`)))
 	require.True(t, bytes.HasSuffix(b, []byte("}\n")))
-	require.Contains(t, string(b), `"lineage":"`+testLineage+`"`)
+	require.Equal(t, 2, bytes.Count(b, []byte("\n")), "a header line and a state line")
 	got, err := DecodeState(b)
 	require.NoError(t, err)
 	require.Equal(t, st, got)
+
+	// A format 1 file (older builds) decodes to the same state.
+	legacy, err := DecodeState(legacyFile(t, st))
+	require.NoError(t, err)
+	st.Lineage = ""
+	require.Equal(t, st, legacy)
+}
+
+// snapFile assembles a format 2 snapshot from a header and a state line.
+func snapFile(t *testing.T, hdr map[string]any, body []byte) []byte {
+	t.Helper()
+	h, err := json.Marshal(hdr)
+	require.NoError(t, err)
+	// The format comes first, as every ledger file starts.
+	h = append([]byte(fmt.Sprintf(`{"format":%v,`, hdr["format"])), bytes.Replace(h[1:], []byte(fmt.Sprintf(`"format":%v,`, hdr["format"])), nil, 1)...)
+	out := append(h, '\n')
+	out = append(out, body...)
+	return append(out, '\n')
 }
 
 func TestDecodeRejects(t *testing.T) {
 	st := sampleState()
 	good, err := encodeState(&st)
 	require.NoError(t, err)
-	reencode := func(mut func(env map[string]any)) []byte {
-		var env map[string]any
-		require.NoError(t, json.Unmarshal(good, &env))
-		var raw map[string]json.RawMessage
-		require.NoError(t, json.Unmarshal(good, &raw))
-		env["state"] = raw["state"] // byte for byte, so that the checksum holds
-		mut(env)
-		b, err := json.Marshal(env)
-		require.NoError(t, err)
-		return b
+	goodBody := good[bytes.IndexByte(good, '\n')+1 : len(good)-1]
+	header := func() map[string]any {
+		return map[string]any{"format": FormatVersion, "generation": st.Generation, "boot_id": st.BootID,
+			"lineage": st.Lineage, "checksum": checksumOf(goodBody), "bytes": len(goodBody)}
+	}
+	reheader := func(mut func(h map[string]any)) []byte {
+		h := header()
+		mut(h)
+		return snapFile(t, h, goodBody)
+	}
+	withBody := func(body []byte) []byte {
+		h := header()
+		h["checksum"], h["bytes"] = checksumOf(body), len(body)
+		return snapFile(t, h, body)
 	}
 	withState := func(mut func(*State)) []byte {
 		s := sampleState()
 		mut(&s)
 		body, err := json.Marshal(&s)
 		require.NoError(t, err)
-		return reencode(func(env map[string]any) {
-			env["state"] = json.RawMessage(body)
-			env["checksum"] = checksumOf(body)
-		})
+		return withBody(body)
 	}
 	for _, tc := range []struct {
 		name   string
@@ -254,16 +275,24 @@ func TestDecodeRejects(t *testing.T) {
 	}{
 		{name: "empty", data: nil, reason: "empty"},
 		{name: "whitespace", data: []byte(" \n"), reason: "empty"},
-		{name: "truncated", data: good[:len(good)/2], reason: "not a ledger file"},
+		{name: "NUL-filled", data: make([]byte, 4096), reason: "not a ledger file"},
+		{name: "truncated", data: good[:len(good)/2], reason: "truncated"},
+		{name: "header only", data: good[:bytes.IndexByte(good, '\n')+1], reason: "truncated"},
 		{name: "garbage", data: []byte("\x00\x01garbage"), reason: "not a ledger file"},
 		{name: "json array", data: []byte("[1,2]"), reason: "not a ledger file"},
-		{name: "no format", data: reencode(func(e map[string]any) { delete(e, "format") }), reason: "format version 0"},
-		{name: "newer format", data: reencode(func(e map[string]any) { e["format"] = FormatVersion + 1 }), format: true},
-		{name: "no state", data: reencode(func(e map[string]any) { delete(e, "state") }), reason: "no state"},
+		{name: "over-size", data: append(bytes.Clone(good), make([]byte, maxStateBytes)...), reason: "more than"},
+		{name: "newer format", data: reheader(func(h map[string]any) { h["format"] = FormatVersion + 1 }), format: true},
+		{name: "format 0", data: reheader(func(h map[string]any) { h["format"] = 0 }), reason: "format version 0"},
 		{name: "bad checksum", data: bytes.Replace(good, []byte(`"c1"`), []byte(`"c9"`), 1), reason: "checksum mismatch"},
-		{name: "lineage edited", data: bytes.Replace(good, []byte(testLineage), []byte("ANOTHERLINEAGEOFTHESAMELEN"), 1), reason: "checksum mismatch"},
-		{name: "generation mismatch", data: reencode(func(e map[string]any) { e["generation"] = 41 }), reason: "disagrees"},
-		{name: "boot mismatch", data: reencode(func(e map[string]any) { e["boot_id"] = "other" }), reason: "disagrees"},
+		{name: "flipped byte", data: func() []byte { b := bytes.Clone(good); b[len(b)-20] ^= 0x01; return b }(), reason: "checksum mismatch"},
+		{name: "lineage edited", data: bytes.ReplaceAll(good, []byte(testLineage), []byte("ANOTHERLINEAGEOFTHESAMELEN")), reason: "checksum mismatch"},
+		{name: "generation mismatch", data: reheader(func(h map[string]any) { h["generation"] = 41 }), reason: "disagrees"},
+		{name: "boot mismatch", data: reheader(func(h map[string]any) { h["boot_id"] = "other" }), reason: "disagrees"},
+		{name: "lineage mismatch", data: reheader(func(h map[string]any) { h["lineage"] = "OTHER" }), reason: "disagrees"},
+		{name: "length mismatch", data: reheader(func(h map[string]any) { h["bytes"] = len(goodBody) - 1 }), reason: "truncated or appended"},
+		{name: "unknown header field", data: reheader(func(h map[string]any) { h["extra"] = 1 }), reason: "unknown field"},
+		{name: "unknown state field", data: withBody(append([]byte(`{"future":true,`), goodBody[1:]...)), reason: "unknown field"},
+		{name: "unknown field in a claim", data: withBody(bytes.Replace(goodBody, []byte(`"source":`), []byte(`"priority":1,"source":`), 1)), reason: "unknown field \"priority\""},
 		{name: "double holder", data: withState(func(s *State) {
 			s.Claims = append(s.Claims, Claim{Device: mig(0, 3), Owner: owner("c2"), Since: s.UpdatedAt})
 		}), reason: "invariant"},
@@ -276,6 +305,7 @@ func TestDecodeRejects(t *testing.T) {
 		{name: "reservation on a held device", data: withState(func(s *State) {
 			s.Reservations[0].Device = gpu(0)
 		}), reason: "invariant"},
+		{name: "legacy with an unknown field", data: bytes.Replace(legacyFile(t, st), []byte(`"generation":42,`), []byte(`"generation":42,"x":1,`), 1), reason: "unknown field"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := DecodeState(tc.data)
@@ -307,6 +337,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(good)
 	f.Add(good[:len(good)-10])
 	f.Add([]byte(`{"format":1,"generation":0,"boot_id":"","checksum":"sha256:","state":{}}`))
+	f.Add([]byte(`{"format":2,"generation":0,"boot_id":"","lineage":"","checksum":"sha256:","bytes":2}` + "\n{}\n"))
 	f.Add([]byte(`{"format":99}`))
 	f.Add([]byte("null"))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -348,4 +379,93 @@ func normalizeForCompare(t *testing.T, st State) State {
 		t.Fatalf("decode: %v", err)
 	}
 	return out
+}
+
+// The hand-written decoder gives exactly what encoding/json gives for what
+// the encoder writes, and gives up (encoding/json then decides) on anything
+// else.
+func TestFastDecoderMatchesEncodingJSON(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for i := 0; i < 300; i++ {
+		st := randomState(rng)
+		body, err := appendStateJSON(nil, &st)
+		require.NoError(t, err)
+		fast, ok := fastDecodeState(body)
+		require.True(t, ok, "state %d: %s", i, body)
+		var slow State
+		require.NoError(t, decodeStrict(body, &slow))
+		require.Equal(t, slow, fast, "state %d", i)
+	}
+	st := sampleState()
+	body, err := appendStateJSON(nil, &st)
+	require.NoError(t, err)
+	for _, other := range [][]byte{
+		bytes.Replace(body, []byte(`{"waiters":`), []byte(`{ "waiters":`), 1),
+		bytes.Replace(body, []byte(`"c1"`), []byte(`"c\u0031"`), 1),
+		bytes.Replace(body, []byte(`"source":`), []byte(`"x":1,"source":`), 1),
+		body[:len(body)-1],
+		append(bytes.Clone(body), ' '),
+	} {
+		_, ok := fastDecodeState(other)
+		require.False(t, ok, "%s", other)
+	}
+}
+
+// randomState is a valid-looking state with the optional fields set at
+// random, odd characters included.
+func randomState(rng *rand.Rand) State {
+	str := func() string {
+		const alphabet = "abcXYZ019-_/.:é€😀 "
+		n := rng.IntN(12)
+		var b []rune
+		for range n {
+			r := []rune(alphabet)
+			b = append(b, r[rng.IntN(len(r))])
+		}
+		return string(b)
+	}
+	when := func() time.Time {
+		if rng.IntN(4) == 0 {
+			return time.Time{}
+		}
+		return time.Unix(rng.Int64N(4e9), rng.Int64N(1e9)).UTC()
+	}
+	dev := func() devices.Device {
+		d := devices.Device{UUID: "GPU-" + str(), Index: str(), Kind: devices.KindGPU}
+		if rng.IntN(2) == 0 {
+			d.Kind, d.Parent = devices.KindMIG, "GPU-"+str()
+		}
+		return d
+	}
+	own := func() Owner {
+		return Owner{ContainerID: "c" + str(), Container: str(), Namespace: str(), Pod: str(), PodUID: str(),
+			PodSandboxID: str(), FrontEnd: FrontEnd(str()), Pid: rng.IntN(3) * rng.IntN(1<<20), PidStart: uint64(rng.IntN(3)) * rng.Uint64(),
+			Cgroup: str(), StartedAt: when(), StoppedAt: when()}
+	}
+	st := State{Generation: rng.Uint64(), BootID: str(), Lineage: str(), NextSeq: rng.Uint64(), UpdatedAt: when()}
+	lists := rng.IntN(4)
+	for range rng.IntN(4) {
+		st.Claims = append(st.Claims, Claim{Device: dev(), Owner: own(), Source: str(), Since: when()})
+	}
+	for range rng.IntN(4) {
+		w := Waiter{Key: str(), Seq: rng.Uint64(), Owner: own(), FirstSeen: when(), LastSeen: when()}
+		switch rng.IntN(3) {
+		case 0:
+		case 1:
+			w.Devices = []devices.Device{}
+		default:
+			w.Devices = []devices.Device{dev(), dev()}
+		}
+		st.Waiters = append(st.Waiters, w)
+	}
+	for range rng.IntN(3) {
+		st.Reservations = append(st.Reservations, Reservation{Device: dev(), For: str(), Since: when(), Until: when()})
+	}
+	for range rng.IntN(3) {
+		st.Conflicts = append(st.Conflicts, Conflict{Device: dev(), Owner: own(), Since: when()})
+	}
+	if lists == 0 { // empty, not null
+		st.Claims, st.Waiters, st.Reservations, st.Conflicts = []Claim{}, []Waiter{}, []Reservation{}, []Conflict{}
+	}
+	return st
 }

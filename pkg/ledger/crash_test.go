@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -80,6 +81,7 @@ func crashWriter() int {
 	if err != nil {
 		return helperFail("open: %v", err)
 	}
+	l.compactAlways = os.Getenv("COMPACT") == "1"
 	out := bufio.NewWriter(os.Stdout)
 	for n := 0; stage == "" || n < at; n++ {
 		var gen uint64
@@ -136,51 +138,88 @@ func killedBySIGKILL(err error) bool {
 	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
 }
 
+// journalTail is what follows the journal's last newline: the torn record
+// a crash in the middle of an append leaves.
+func journalTail(t *testing.T, dir string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, journalName))
+	if errors.Is(err, os.ErrNotExist) {
+		return ""
+	}
+	require.NoError(t, err)
+	return string(b[bytes.LastIndexByte(b, '\n')+1:])
+}
+
 func TestCrashAtEachCommitStage(t *testing.T) {
 	rounds := 30
 	if testing.Short() {
 		rounds = 5
 	}
 	dir, seedGen := seedCrashLedger(t)
-	stages := []struct {
+	type stage struct {
 		name      string
 		committed bool // the killed commit is in effect
 		leftover  bool // a temp file is left behind
-	}{
-		{stageBeforeWrite, false, false},
-		{stageAfterWrite, false, true},
-		{stageAfterFsync, false, true},
-		{stageAfterRename, true, false},
-		{stageAfterDirSyn, true, false},
-		{stageAfterAudit, true, false},
+		torn      bool // a torn journal record is left behind
+	}
+	// A journal append: the record is visible to every reader of this boot
+	// once written whole (a reboot discards the state anyway).
+	appendStages := []stage{
+		{stageBeforeWrite, false, false, false},
+		{stageTornWrite, false, false, true},
+		{stageAfterWrite, true, false, false},
+		{stageAfterFsync, true, false, false},
+		{stageAfterAudit, true, false, false},
+	}
+	// A commit with compaction: the record is appended first, so every
+	// compaction stage has the commit in effect.
+	compactStages := []stage{
+		{stageAfterRename, true, false, false},
+		{stageAfterDirSyn, true, false, false},
+		{stageJournalSynced, true, true, false},
+		{stageJournalRotated, true, true, false},
+		{stageJournalSwapped, true, false, false},
+		{stageAfterAudit, true, false, false},
 	}
 	kills := 0
 	for round := 0; round < rounds; round++ {
-		for _, s := range stages {
-			before := readBack(t, dir).Generation
-			at := 1 + (round+kills)%3 // die in the 1st, 2nd or 3rd commit of the process
-			cmd := helperCmd(t, "crash-writer", map[string]string{"DIR": dir, "STAGE": s.name, "AT": strconv.Itoa(at)})
-			out, err := cmd.CombinedOutput()
-			require.True(t, killedBySIGKILL(err), "stage %s: want SIGKILL, got %v: %s", s.name, err, out)
-			kills++
+		for _, mode := range []struct {
+			compact string
+			stages  []stage
+		}{{"0", appendStages}, {"1", compactStages}} {
+			for _, s := range mode.stages {
+				before := readBack(t, dir).Generation
+				at := 1 + (round+kills)%3 // die in the 1st, 2nd or 3rd commit of the process
+				cmd := helperCmd(t, "crash-writer", map[string]string{"DIR": dir, "STAGE": s.name, "AT": strconv.Itoa(at), "COMPACT": mode.compact})
+				out, err := cmd.CombinedOutput()
+				require.True(t, killedBySIGKILL(err), "stage %s: want SIGKILL, got %v: %s", s.name, err, out)
+				kills++
 
-			if s.leftover {
-				require.Len(t, tempFiles(t, dir), 1, "stage %s leaves its temp file", s.name)
-			} else {
-				require.Empty(t, tempFiles(t, dir), "stage %s", s.name)
+				if s.leftover {
+					require.Len(t, tempFiles(t, dir), 1, "stage %s leaves its temp file", s.name)
+				} else {
+					require.Empty(t, tempFiles(t, dir), "stage %s", s.name)
+				}
+				if s.torn {
+					require.NotEmpty(t, journalTail(t, dir), "stage %s leaves a torn record", s.name)
+				} else {
+					require.Empty(t, journalTail(t, dir), "stage %s", s.name)
+				}
+				st := readBack(t, dir)
+				want := before + uint64(at) - 1
+				if s.committed {
+					want++
+				}
+				require.Equal(t, want, st.Generation, "stage %s, commit %d: old or new state exactly", s.name, at)
+				checkCrashState(t, st, seedGen)
+				// The next writer removes the leftovers and carries on from there.
+				l, err := Open(dir, Options{BootID: testBoot})
+				require.NoError(t, err)
+				update(t, l, func(tx *Tx) { require.NoError(t, crashStep(tx)) })
+				checkCrashState(t, readBack(t, dir), seedGen)
+				require.Empty(t, tempFiles(t, dir))
+				require.Empty(t, journalTail(t, dir))
 			}
-			st := readBack(t, dir)
-			want := before + uint64(at) - 1
-			if s.committed {
-				want++
-			}
-			require.Equal(t, want, st.Generation, "stage %s, commit %d: old or new state exactly", s.name, at)
-			checkCrashState(t, st, seedGen)
-			// The next writer removes the leftover and carries on from there.
-			l, err := Open(dir, Options{BootID: testBoot})
-			require.NoError(t, err)
-			update(t, l, func(tx *Tx) {})
-			require.Empty(t, tempFiles(t, dir))
 		}
 	}
 	checkAuditAfterCrashes(t, dir)
@@ -197,7 +236,9 @@ func TestCrashAtRandomInstants(t *testing.T) {
 	busy, inFlight := 0, 0 // rounds killed while committing; of which the unreported commit took effect
 	for round := 0; round < rounds; round++ {
 		before := readBack(t, dir).Generation
-		cmd := helperCmd(t, "crash-writer", map[string]string{"DIR": dir})
+		// Half the rounds compact at every commit, so kills land in
+		// compactions too.
+		cmd := helperCmd(t, "crash-writer", map[string]string{"DIR": dir, "COMPACT": strconv.Itoa(round % 2)})
 		stdout, err := cmd.StdoutPipe()
 		require.NoError(t, err)
 		require.NoError(t, cmd.Start())

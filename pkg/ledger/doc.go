@@ -3,15 +3,42 @@
 // reserved. It is shared by the NRI daemon, any number of OCI hook processes
 // and gpu-guard-ctl, each with its own Ledger on the same state dir.
 //
-// Files in the state dir (created 0700; refused if a symlink, writable by
-// group or others, or owned by another user; never followed as symlinks):
+// The property it exists for: no admission is ever decided against a ledger
+// that is not the last committed one. A state that is damaged, missing,
+// moved, replaced, rolled back or foreign-owned is refused by every Update
+// and reported by every read (errors wrapping ErrNeedsRecovery, or
+// ErrUnsafeDir), never read as empty, until it is recovered (Recover, Reset;
+// gpu-guard-ctl recover).
 //
-//   - ledger.json: the state, in an envelope with the format version, the
-//     boot id, the generation and a sha256 checksum of the state bytes;
+// Files in the state dir (created 0700; refused if a symlink, not a regular
+// file, writable by group or others, or owned by another user; never
+// followed as symlinks, never opened blocking):
+//
+//   - ledger.json: the snapshot, format 2: a header line
+//     {"format":2,"generation":G,"boot_id":…,"lineage":…,"checksum":"sha256:…","bytes":N}
+//     and the state as one JSON line of N bytes, which the checksum covers.
+//     It is decoded once, in one pass; a field this build does not know is
+//     refused (a write would drop it), not ignored;
+//   - ledger.journal: the commits since the snapshot, one line each,
+//     "<crc32c hex> <JSON>\n": a header (lineage, boot, the generation it
+//     continues; "genesis" when that base is the empty state of a fresh
+//     start) and one record per commit with its generation (always the
+//     previous one plus one) and what changed: claims and reservations by
+//     device UUID, waiters by key, conflicts whole;
+//   - ledger.json.prev, ledger.journal.prev: the snapshot and journal the
+//     last compaction replaced, kept for Recover;
 //   - ledger.lock: the flock every mutation holds (never deleted);
 //   - audit.log: one JSON line per change, rotated to audit.log.1 by size;
-//   - ledger.json.corrupt-<UTC time>: a state file that did not verify, kept
-//     for a human.
+//   - <file>.corrupt-<UTC time>, <file>.reset-<UTC time>: files Recover or
+//     Reset moved aside, kept for a human.
+//
+// A per-boot marker in Options.RuntimeDir (a tmpfs, /run/nri-gpu-guard)
+// records, per state dir, the lineage and the generation last committed in
+// this boot. State of an earlier boot is discarded anyway, so a boot
+// legitimately starts empty; once this boot committed, missing files, a
+// moved dir, another lineage, an earlier boot's state or an older
+// generation are refused. Format 1 (one ledger.json rewritten whole at
+// every commit) is read, and converted at the next commit.
 //
 // Use: Ledger.Update runs a function on a Tx under the lock and commits what
 // it changed; Ledger.Snapshot reads without the lock; Ledger.View runs a Tx
@@ -20,10 +47,35 @@
 //
 // Invariants:
 //   - Every mutation runs under the exclusive lock, bounded by
-//     min(LockTimeout, context deadline): read + verify, change, write a temp
-//     file, fsync, rename, fsync the dir, append the audit records. A crash at
-//     any instant leaves the old or the new state, never a torn one; a
-//     leftover temp file is never read and is removed by the next writer.
+//     min(LockTimeout, context deadline): read + verify, change, append one
+//     journal record with one write and one fdatasync, update the boot
+//     marker, append the audit records. Its cost does not grow with the
+//     queue: the record holds what changed. A record is written whole or,
+//     if a crash cut it, is a last line without its newline: that
+//     transaction never committed (its caller got no answer); readers ignore
+//     it and the next writer cuts it. Any other line that does not verify is
+//     damage.
+//   - Compaction, once the journal outgrows the snapshot (and 256 KiB), runs
+//     after the commit's record is durable: the new snapshot goes through a
+//     temp file, fsync, rename and fsync of the dir, then a new journal
+//     replaces the old one the same way; the replaced files become .prev. A
+//     crash at any instant leaves the old or the new state, never a torn
+//     one; a leftover temp file is never read and is removed by the next
+//     writer. Readers without the lock retry a read that overlapped it.
+//   - Every commit is a journal record, so the previous snapshot (or the
+//     empty base of a genesis journal) and the journals replay to any commit
+//     should the snapshot be lost: Recover does that, preferring the chain
+//     that reaches this boot's marker, never adopting another lineage's
+//     state, moving damaged or foreign files aside, and reporting exactly
+//     what it recovered and what was lost. Nothing else moves or overwrites
+//     a file that does not verify.
+//   - A Ledger caches the last committed state with the identity of its
+//     files (inode, size, mtime, ctime): an unchanged file is not read
+//     again, a grown journal only from where it was read. A rewrite in place
+//     that keeps the file's size within the file system's timestamp
+//     granularity of its last write can escape a process that cached the
+//     state until its next full read; every new process (each hook) reads
+//     and verifies everything.
 //   - No two containers hold conflicting devices (the same device, or a full
 //     GPU and one of its MIG instances); a claim is all or nothing.
 //   - A claim belongs to exactly one container id; release is idempotent and
@@ -40,16 +92,13 @@
 //     for other devices, or a container found running on one took it).
 //     Waiters not seen for queue_ttl are dropped.
 //   - Every commit increments the generation and writes at least one audit
-//     record stamped with it: replaying the claim records reproduces the
-//     claims of the state.
-//   - A state file that fails to parse or verify is moved aside, never
-//     silently overwritten; one written by a newer format is never touched;
-//     state from an earlier boot is discarded with an audit record.
+//     record stamped with it.
 //   - Every stored state has a lineage: a random id given when the state
-//     starts empty (no file, a corrupt file moved aside, an earlier boot's
-//     state discarded) and kept by every other mutation, inside the
-//     checksummed state. A file without one (older versions) gets one at its
-//     next commit. A new lineage means the ledger forgot what it knew:
-//     whoever rebuilds it from the runtime fences on its lineage
-//     (RequireLineage).
+//     starts empty (a fresh host, an earlier boot's state discarded, Reset,
+//     or Recover that could not restore every commit) and kept by every other
+//     mutation. A file without one (format 1) gets one at its next commit. A
+//     new lineage means the ledger forgot what it knew: whoever rebuilds it
+//     from the runtime fences on its lineage (Ledger.RequireLineage).
+//   - Tx.State hands out a copy: nothing outside a Tx's methods changes the
+//     state a commit journals, or the cache.
 package ledger

@@ -22,25 +22,51 @@ var (
 	ErrInvalid = errors.New("invalid ledger request")
 )
 
-// CorruptError reports a state file that did not parse or verify. A writable
-// ledger moved it aside to Quarantined (empty for a read-only ledger, which
-// never moves anything); the next Update starts from an empty state.
+// CorruptError reports a state file (snapshot or journal) that did not
+// parse or verify. It is left in place: every Update refuses, and every read
+// reports it, until Ledger.Recover (gpu-guard-ctl recover) has rebuilt the
+// state from the last good snapshot and the journal and moved the bad file
+// aside for a human (Quarantined, set by Recover only).
 type CorruptError struct {
-	Path        string // the state file
-	Quarantined string // where it was moved, "" if it was left in place
+	Path        string // the bad file
+	Quarantined string // where Recover moved it, "" while it is in place
 	Reason      string // why it did not verify
 }
 
 // Error says what was wrong, where the bad file is, and what to do.
 func (e *CorruptError) Error() string {
-	if e.Quarantined == "" {
-		return fmt.Sprintf("ledger state %s is corrupt (%s); a writer will move it aside and rebuild from the runtime's state", e.Path, e.Reason)
+	if e.Quarantined != "" {
+		return fmt.Sprintf("ledger state %s was corrupt (%s); it was moved to %s for inspection", e.Path, e.Reason, e.Quarantined)
 	}
-	return fmt.Sprintf("ledger state %s was corrupt (%s) and was moved to %s for inspection; the ledger starts empty and is rebuilt from the runtime's state — retry", e.Path, e.Reason, e.Quarantined)
+	return fmt.Sprintf("ledger state %s is corrupt (%s): no GPU is admitted until it is recovered; "+
+		"run `gpu-guard-ctl recover` (it replays the journal onto the last good snapshot, keeps the bad file "+
+		"and reports what it recovered; the NRI daemon rebuilds from the runtime at its next sync)", e.Path, e.Reason)
 }
 
-// Unwrap makes errors.Is(err, ErrCorrupt) hold.
-func (e *CorruptError) Unwrap() error { return ErrCorrupt }
+// Unwrap makes errors.Is(err, ErrCorrupt) and errors.Is(err,
+// ErrNeedsRecovery) hold.
+func (e *CorruptError) Unwrap() []error { return []error{ErrCorrupt, ErrNeedsRecovery} }
+
+// NeedsRecoveryError reports state that is not the last one committed in
+// this boot although every file in place may verify: the state files are
+// missing (deleted, or the state dir moved), replaced by another ledger's
+// (another lineage, an earlier boot's) or rolled back (an older generation
+// than this boot's marker records). Nothing is decided against it.
+type NeedsRecoveryError struct {
+	Path    string // the state dir or file at fault
+	Problem string // what is wrong, for people
+}
+
+// Error says what is wrong and what the operator does.
+func (e *NeedsRecoveryError) Error() string {
+	return fmt.Sprintf("ledger state %s needs recovery: %s; no GPU is admitted until it is recovered: "+
+		"if the state dir was moved or its files renamed, put them back; then run `gpu-guard-ctl recover` "+
+		"(or `gpu-guard-ctl recover --reset` to start empty deliberately; the NRI daemon rebuilds from the "+
+		"runtime at its next sync)", e.Path, e.Problem)
+}
+
+// Unwrap makes errors.Is(err, ErrNeedsRecovery) hold.
+func (e *NeedsRecoveryError) Unwrap() error { return ErrNeedsRecovery }
 
 // FormatError reports a state file in a format version this build cannot read.
 // The file is never modified.

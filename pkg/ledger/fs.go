@@ -10,12 +10,14 @@ import (
 	"slices"
 	"strings"
 	"syscall"
-	"time"
 )
 
 // File names inside the state dir.
 const (
 	stateName       = "ledger.json"
+	prevName        = "ledger.json.prev"
+	journalName     = "ledger.journal"
+	journalPrevName = "ledger.journal.prev"
 	lockName        = "ledger.lock"
 	auditName       = "audit.log"
 	auditRotated    = "audit.log.1"
@@ -26,13 +28,24 @@ const (
 
 // Failpoint stages of a commit, in order. Tests kill a process at each one to
 // prove that a crash at any of them leaves the old or the new state.
+//
+// A journal append: before-write, torn-write (half the record written),
+// after-write (all of it, not synced), after-fsync, after-audit.
+// A compaction: before-write, after-write (snapshot temp file written),
+// after-fsync, after-rename, after-dirsync, journal-synced (new journal
+// temp file synced), journal-rotated (old journal renamed to .prev, new one
+// not yet in place), journal-swapped, after-audit.
 const (
-	stageBeforeWrite = "before-write"  // temp file not yet created
-	stageAfterWrite  = "after-write"   // temp file written, not synced
-	stageAfterFsync  = "after-fsync"   // temp file synced, not renamed
-	stageAfterRename = "after-rename"  // new state in place, dir not synced
-	stageAfterDirSyn = "after-dirsync" // new state durable, audit not written
-	stageAfterAudit  = "after-audit"   // audit appended, lock still held
+	stageBeforeWrite    = "before-write"
+	stageTornWrite      = "torn-write"
+	stageAfterWrite     = "after-write"
+	stageAfterFsync     = "after-fsync"
+	stageAfterRename    = "after-rename"
+	stageAfterDirSyn    = "after-dirsync"
+	stageJournalSynced  = "journal-synced"
+	stageJournalRotated = "journal-rotated"
+	stageJournalSwapped = "journal-swapped"
+	stageAfterAudit     = "after-audit"
 )
 
 // failpoint, when non-nil, is called at each commit stage. Only tests set it
@@ -76,7 +89,7 @@ func checkDir(dir string, create, readOnly bool) (missing bool, err error) {
 
 // checkFiles verifies every file the ledger opens in dir, where it exists.
 func checkFiles(dir string, readOnly bool) error {
-	for _, name := range []string{stateName, lockName, auditName, auditRotated} {
+	for _, name := range []string{stateName, prevName, journalName, journalPrevName, lockName, auditName, auditRotated} {
 		p := filepath.Join(dir, name)
 		fi, err := os.Lstat(p) //nolint:gosec // fixed names in the operator's state dir
 		if errors.Is(err, fs.ErrNotExist) {
@@ -118,7 +131,8 @@ func checkOwnerMode(p string, fi fs.FileInfo, readOnly bool) error {
 // caller can tell an oversized file. exists is false (with a nil error) when
 // there is no file.
 func readFileNoFollow(p string, limit int64, buf []byte) (data []byte, exists bool, err error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW, 0) //nolint:gosec // fixed name in the operator's state dir
+	// O_NONBLOCK: a FIFO in its place must not hang the guard.
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // fixed name in the operator's state dir
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, false, nil
 	}
@@ -128,6 +142,9 @@ func readFileNoFollow(p string, limit int64, buf []byte) (data []byte, exists bo
 	defer func() { _ = f.Close() }()
 	want := int64(4096)
 	if fi, err := f.Stat(); err == nil {
+		if !fi.Mode().IsRegular() {
+			return nil, true, fmt.Errorf("%w: %s is not a regular file (%s); remove it", ErrUnsafeDir, p, fi.Mode().Type())
+		}
 		want = min(fi.Size(), limit) + 512
 	}
 	buf = slices.Grow(buf[:0], int(want))
@@ -152,7 +169,6 @@ func readFileNoFollow(p string, limit int64, buf []byte) (data []byte, exists bo
 // a leftover temp file is never read as state and is removed by the next
 // writer.
 func writeAtomic(dir, path string, data []byte) error {
-	reachStage(stageBeforeWrite)
 	f, err := os.CreateTemp(dir, tempPrefix+"*")
 	if err != nil {
 		return fmt.Errorf("create temp file in %s: %w", dir, err)
@@ -199,29 +215,6 @@ func syncDir(dir string) error {
 		return fmt.Errorf("fsync dir %s: %w", dir, err)
 	}
 	return nil
-}
-
-// quarantine moves a bad state file aside for a human to inspect, to
-// ledger.json.corrupt-<UTC time> (with a counter if that name is taken).
-func quarantine(dir, path string, now time.Time) (string, error) {
-	base := filepath.Join(dir, corruptPrefix+now.UTC().Format(quarantineStamp))
-	for i := 0; i < 100; i++ {
-		dst := base
-		if i > 0 {
-			dst = fmt.Sprintf("%s.%d", base, i)
-		}
-		if _, err := os.Lstat(dst); err == nil { //nolint:gosec // fixed names in the operator's state dir
-			continue
-		}
-		if err := os.Rename(path, dst); err != nil { //nolint:gosec // fixed names in the operator's state dir
-			return "", fmt.Errorf("move corrupt ledger %s aside: %w", path, err)
-		}
-		if err := syncDir(dir); err != nil {
-			return dst, err
-		}
-		return dst, nil
-	}
-	return "", fmt.Errorf("move corrupt ledger %s aside: too many quarantined files named %s*; clean them up", path, base)
 }
 
 // removeStrayTemps deletes temp files left by a writer that crashed before

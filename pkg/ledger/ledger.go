@@ -1,10 +1,10 @@
 package ledger
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -37,30 +37,47 @@ type Ledger struct {
 	log      *slog.Logger
 	flock    *flock.Flock
 	// sem serialises Update within this process (see acquire). Fields below
-	// it up to cacheMu are only touched while holding it.
-	sem     chan struct{}
-	cleaned bool    // stray temp files removed once
-	readBuf []byte  // reused for reading the state file under the lock
-	enc     encoder // renders states under the lock
+	// it up to fenceMu are only touched while holding it.
+	sem        chan struct{}
+	cleaned    bool    // stray temp files removed once
+	enc        encoder // renders snapshots under the lock
+	recBuf     []byte  // renders journal records under the lock
+	compactMin int64   // see journalTooBig
+	// compactAlways compacts after every commit (tests of recovery).
+	compactAlways bool
+	markerF       *os.File // the boot marker, kept open (see writeMarker)
 
-	// The last state this process read or wrote, with the exact file bytes.
-	// An unchanged file (byte-equal) is not decoded again. cacheState is
-	// never mutated: Tx clones what it changes, Snapshot hands out copies.
-	cacheMu    sync.Mutex
-	cacheRaw   []byte
-	cacheState State
+	// fence is the lineage every Update requires ("" = none; see
+	// RequireLineage).
+	fenceMu sync.Mutex
+	fence   string
+
+	// The last committed state this process read or wrote, with the
+	// identity of the files it came from: unchanged files are not read
+	// again, a grown journal only from where it was. The cached state is
+	// never mutated: Tx copies what it changes, Snapshot hands out copies.
+	cacheMu sync.Mutex
+	cache   *loaded
 }
+
+// defaultCompactMin is the journal size below which it is never compacted.
+const defaultCompactMin = 256 << 10
 
 // Open opens (creating it 0700 if missing) the ledger in dir for reading and
 // writing. It refuses, with ErrUnsafeDir, a dir or ledger file that is a
-// symlink, writable by group or others, or owned by another user.
+// symlink, not a regular file, writable by group or others, or owned by
+// another user. A dir that is missing although this boot committed a ledger
+// there (the boot marker says so) is not created: every Update then fails
+// with ErrNeedsRecovery. Open does not check the dir's parents: callers do,
+// with CheckDirChain.
 func Open(dir string, opts Options) (*Ledger, error) {
 	return open(dir, opts, false)
 }
 
 // OpenReadOnly opens the ledger in dir for gpu-guard-ctl reads. It never
 // creates, locks, moves or writes anything; a missing dir or state file reads
-// as an empty State. The same safety checks as Open apply to what exists,
+// as an empty State on a fresh host, and as ErrNeedsRecovery once this boot
+// committed a ledger there. The same safety checks as Open apply to what exists,
 // except that root-owned files are accepted for any reader.
 func OpenReadOnly(dir string, opts Options) (*Ledger, error) {
 	return open(dir, opts, true)
@@ -75,7 +92,23 @@ func open(dir string, opts Options, readOnly bool) (*Ledger, error) {
 	if err != nil {
 		return nil, err
 	}
-	missing, err := checkDir(dir, !readOnly, readOnly)
+	l := &Ledger{
+		dir:        dir,
+		opts:       opts,
+		readOnly:   readOnly,
+		log:        opts.Logger,
+		sem:        make(chan struct{}, 1),
+		compactMin: defaultCompactMin,
+	}
+	// A state dir that is gone although this boot committed a ledger there
+	// is not created afresh: every Update refuses until it is recovered.
+	create := !readOnly
+	if create {
+		if _, known, err := l.readMarker(); err != nil || known {
+			create = false
+		}
+	}
+	missing, err := checkDir(dir, create, readOnly)
 	if err != nil {
 		return nil, err
 	}
@@ -84,17 +117,11 @@ func open(dir string, opts Options, readOnly bool) (*Ledger, error) {
 			return nil, err
 		}
 	}
-	l := &Ledger{
-		dir:      dir,
-		opts:     opts,
-		readOnly: readOnly,
-		log:      opts.Logger,
-		sem:      make(chan struct{}, 1),
-	}
 	if !readOnly {
-		// O_NOFOLLOW: a symlink planted after the check is refused, not followed.
+		// O_NOFOLLOW: a symlink planted after the check is refused, not
+		// followed; O_NONBLOCK: a FIFO planted there does not hang us.
 		l.flock = flock.New(l.LockPath(),
-			flock.SetFlag(os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW),
+			flock.SetFlag(os.O_CREATE|os.O_RDWR|syscall.O_NOFOLLOW|syscall.O_NONBLOCK),
 			flock.SetPermissions(0o600))
 	}
 	return l, nil
@@ -119,6 +146,10 @@ func withDefaults(o Options) (Options, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.RuntimeDir == "" {
+		o.RuntimeDir = DefaultRuntimeDir
+	}
+	o.RuntimeDir = filepath.Clean(o.RuntimeDir)
 	if o.BootID == "" {
 		b, err := os.ReadFile(bootIDPath)
 		if err != nil {
@@ -135,8 +166,12 @@ func withDefaults(o Options) (Options, error) {
 // Dir is the state dir.
 func (l *Ledger) Dir() string { return l.dir }
 
-// StatePath is the state file, ledger.json.
+// StatePath is the snapshot, ledger.json.
 func (l *Ledger) StatePath() string { return filepath.Join(l.dir, stateName) }
+
+// JournalPath is the journal of the commits since the snapshot,
+// ledger.journal.
+func (l *Ledger) JournalPath() string { return filepath.Join(l.dir, journalName) }
 
 // LockPath is the lock file, ledger.lock (never deleted).
 func (l *Ledger) LockPath() string { return filepath.Join(l.dir, lockName) }
@@ -153,11 +188,14 @@ func (l *Ledger) now() time.Time {
 	return l.opts.Now().UTC().Round(0)
 }
 
-// Snapshot returns the committed state. It reads without the lock (the state
-// file is replaced by rename, so a reader sees the old or the new file
-// whole) and takes the lock only to move a corrupt file aside (never for a
-// read-only ledger). A state from an earlier boot reads as empty. The result
-// is the caller's to keep and modify.
+// Snapshot returns the last committed state. It reads without the lock (a
+// commit appends whole records and a compaction renames files into place,
+// so a reader sees a committed state; a read that overlapped a compaction is
+// retried) and never moves or writes anything. A state from an earlier boot,
+// or none on a fresh host, reads as empty. A state that is damaged,
+// missing, replaced or rolled back is an error (*CorruptError,
+// *NeedsRecoveryError: both wrap ErrNeedsRecovery), never an empty state.
+// The result is the caller's to keep and modify.
 func (l *Ledger) Snapshot(ctx context.Context) (State, error) {
 	st, err := l.read(ctx)
 	if err != nil {
@@ -184,110 +222,48 @@ func (l *Ledger) View(ctx context.Context, fn func(tx *Tx) error) error {
 // read is Snapshot without the copy: the result may share storage with the
 // cache and must not be modified.
 func (l *Ledger) read(ctx context.Context) (State, error) {
-	for attempt := 0; ; attempt++ {
-		raw, exists, err := readFileNoFollow(l.StatePath(), maxStateBytes, nil)
-		if err != nil {
-			if l.readOnly && errors.Is(err, os.ErrPermission) {
-				return State{}, fmt.Errorf("read ledger (run as root): %w", err)
-			}
-			return State{}, fmt.Errorf("read ledger: %w", err)
-		}
-		if !exists {
-			return l.emptyState(0, 0), nil
-		}
-		st, ok := l.cached(raw)
-		if !ok {
-			st, err = DecodeState(raw)
-			if err != nil {
-				if !errors.Is(err, ErrCorrupt) || l.readOnly || attempt > 0 {
-					return State{}, l.decorate(err)
-				}
-				if err := l.quarantineLocked(ctx); err != nil {
-					return State{}, err
-				}
-				continue // replaced by a good state meanwhile: read that
-			}
-			l.setCache(bytes.Clone(raw), st)
-		}
-		if st.BootID != l.opts.BootID {
-			return l.emptyState(st.Generation, st.NextSeq), nil
-		}
-		return st, nil
+	if err := ctx.Err(); err != nil {
+		return State{}, err
 	}
-}
-
-// quarantineLocked re-reads the state file under the lock (a writer may have
-// replaced it meanwhile) and moves it aside if it is still bad, returning the
-// *CorruptError. It returns nil if the file is good or gone by now.
-func (l *Ledger) quarantineLocked(ctx context.Context) error {
-	unlock, err := l.acquire(ctx)
+	ld, err := l.current()
 	if err != nil {
-		return err
-	}
-	defer unlock()
-	raw, exists, err := readFileNoFollow(l.StatePath(), maxStateBytes, nil)
-	if err != nil {
-		return fmt.Errorf("read ledger: %w", err)
-	}
-	if !exists {
-		return nil
-	}
-	if _, err := DecodeState(raw); err != nil {
-		if !errors.Is(err, ErrCorrupt) {
-			return l.decorate(err)
+		if l.readOnly && errors.Is(err, os.ErrPermission) {
+			return State{}, fmt.Errorf("read ledger (run as root): %w", err)
 		}
-		return l.moveAside(err)
+		return State{}, err
 	}
-	return nil
-}
-
-// decorate fills in the path of a decode error.
-func (l *Ledger) decorate(err error) error {
-	var fe *FormatError
-	if errors.As(err, &fe) {
-		fe.Path = l.StatePath()
-		return fe
+	if !ld.exists {
+		return l.emptyState(0, 0), nil
 	}
-	if errors.Is(err, ErrCorrupt) {
-		return &CorruptError{Path: l.StatePath(), Reason: err.Error()}
+	if ld.st.BootID != l.opts.BootID {
+		return l.emptyState(ld.st.Generation, ld.st.NextSeq), nil
 	}
-	return err
-}
-
-// moveAside quarantines the state file (lock held) and audits it.
-func (l *Ledger) moveAside(cause error) error {
-	now := l.now()
-	dst, err := quarantine(l.dir, l.StatePath(), now)
-	if err != nil {
-		return fmt.Errorf("ledger state %s is corrupt (%w) and could not be moved aside: %w", l.StatePath(), cause, err)
-	}
-	l.setCache(nil, State{})
-	ce := &CorruptError{Path: l.StatePath(), Quarantined: dst, Reason: cause.Error()}
-	l.log.Error("ledger state was corrupt; moved aside, starting empty", "path", ce.Path, "quarantined", dst, "reason", ce.Reason)
-	rec := AuditRecord{Time: now, Op: OpCorrupt, Reason: fmt.Sprintf("%s; moved to %s", ce.Reason, dst), Pid: os.Getpid()}
-	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, []AuditRecord{rec}); err != nil {
-		l.log.Error("ledger audit append failed", "error", err)
-	}
-	return ce
+	return ld.st, nil
 }
 
 func (l *Ledger) emptyState(generation, nextSeq uint64) State {
 	return State{Generation: generation, NextSeq: nextSeq, BootID: l.opts.BootID}
 }
 
-func (l *Ledger) cached(raw []byte) (State, bool) {
-	l.cacheMu.Lock()
-	defer l.cacheMu.Unlock()
-	if l.cacheRaw != nil && bytes.Equal(raw, l.cacheRaw) {
-		return l.cacheState, true
-	}
-	return State{}, false
+// RequireLineage fences every later Update of this Ledger: a state whose
+// lineage is not lineage is refused with a *LineageError, without running
+// the function. "" removes the fence.
+//
+// The NRI daemon fences its decisions with the lineage it reconciled at the
+// runtime's Synchronize: a state started afresh since (Reset, or Recover
+// that could not restore every commit) has forgotten the running holders it
+// learned there, and deciding on it could hand a held GPU to a newcomer. The
+// check costs a string comparison: no extra read.
+func (l *Ledger) RequireLineage(lineage string) {
+	l.fenceMu.Lock()
+	l.fence = lineage
+	l.fenceMu.Unlock()
 }
 
-func (l *Ledger) setCache(raw []byte, st State) {
-	l.cacheMu.Lock()
-	l.cacheRaw, l.cacheState = raw, st
-	l.cacheMu.Unlock()
+func (l *Ledger) requiredLineage() string {
+	l.fenceMu.Lock()
+	defer l.fenceMu.Unlock()
+	return l.fence
 }
 
 // Update runs fn as one atomic mutation of the ledger, under the host-wide
@@ -296,20 +272,22 @@ func (l *Ledger) setCache(raw []byte, st State) {
 // The queue mechanics run before fn and after it (see Tx). If fn returns an
 // error nothing is written and that error is returned. If nothing changed,
 // nothing is written (records from Tx.Audit alone are still appended to the
-// audit log). Otherwise the new state (generation+1) is written atomically and
-// its audit records appended.
+// audit log). Otherwise the commit (generation+1) is appended to the
+// journal with one fsync, or, now and then, the whole state is written as
+// the new snapshot (compaction), and its audit records appended.
 //
-// A state file that does not verify is moved aside and Update returns a
-// *CorruptError without running fn; the next Update starts from an empty
-// state (callers rebuild it from the runtime, then retry). A file of a newer
+// No admission is ever decided against a state that is not the last one
+// committed: a snapshot or journal that does not verify (*CorruptError), or
+// state that is missing, moved, replaced or rolled back against this boot's
+// marker (*NeedsRecoveryError), makes Update fail without running fn — the
+// files are left as they are — until Recover or Reset. A file of a newer
 // format is left alone and yields a *FormatError. A state from an earlier
 // boot is discarded (audited) and fn runs on an empty state, which (like the
-// empty state of a missing file) gets a new lineage. Under a context from
-// RequireLineage, a state of another lineage yields a *LineageError without
-// running fn.
+// state of a fresh host) gets a new lineage. Under RequireLineage, a state
+// of another lineage yields a *LineageError without running fn.
 //
-// An I/O error after the rename (syncing the dir) is returned although the
-// new state may already be in place.
+// An I/O error during the fsync is returned although the commit may be
+// visible to readers.
 //
 // fn must not call Update, View or Snapshot of the same Ledger (the lock is
 // not reentrant) and must not keep tx.
@@ -319,28 +297,18 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	}
 	unlock, err := l.acquire(ctx)
 	if err != nil {
-		return err
+		return l.lockTrouble(err)
 	}
 	defer unlock()
-
-	if !l.cleaned {
-		removed, err := removeStrayTemps(l.dir)
-		if err != nil {
-			l.log.Warn("ledger: could not remove stray temp files", "dir", l.dir, "error", err)
-		} else {
-			l.cleaned = true
-		}
-		if len(removed) > 0 {
-			l.log.Warn("ledger: removed temp files of an interrupted write", "files", removed)
-		}
-	}
+	l.removeTemps()
 
 	now := l.now()
-	st, pre, origin, err := l.loadLocked(now)
+	ld, err := l.current()
 	if err != nil {
 		return err
 	}
-	if want := requiredLineage(ctx); want != "" && st.Lineage != want {
+	st, pre, origin := l.prepare(&ld, now)
+	if want := l.requiredLineage(); want != "" && st.Lineage != want {
 		return l.lineageError(want, st.Lineage, origin)
 	}
 	tx := newTx(l, st, now)
@@ -355,44 +323,58 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 		return err
 	}
 	tx.maintain()
-	return l.commit(tx)
+	return l.commit(tx, &ld, origin)
 }
 
-// loadLocked reads the state under the lock. pre holds audit records of what
-// loading itself changed (a state from an earlier boot discarded). A state
-// that starts empty (no file, an earlier boot's state discarded) gets a new
-// lineage, and so does a file without one; origin then says why (see the
-// origin constants), and is "" for a state loaded with its lineage. The new
-// lineage is stored by the first commit.
-func (l *Ledger) loadLocked(now time.Time) (st State, pre []AuditRecord, origin string, err error) {
-	raw, exists, err := readFileNoFollow(l.StatePath(), maxStateBytes, l.readBuf)
-	if err != nil {
-		return State{}, nil, "", fmt.Errorf("read ledger: %w", err)
+// lockTrouble explains a lock file that cannot be opened because the state
+// dir is gone.
+func (l *Ledger) lockTrouble(err error) error {
+	if !errors.Is(err, fs.ErrNotExist) {
+		return err
 	}
-	if !exists {
+	if _, known, merr := l.readMarker(); merr == nil && known {
+		return &NeedsRecoveryError{Path: l.dir, Problem: "the state dir is gone (moved or deleted) although this boot committed a ledger there"}
+	}
+	return fmt.Errorf("ledger dir %s is gone: %w", l.dir, err)
+}
+
+// removeTemps deletes, once per Ledger, temp files of an interrupted write
+// (lock held).
+func (l *Ledger) removeTemps() {
+	if l.cleaned {
+		return
+	}
+	removed, err := removeStrayTemps(l.dir)
+	if err != nil {
+		l.log.Warn("ledger: could not remove stray temp files", "dir", l.dir, "error", err)
+	} else {
+		l.cleaned = true
+	}
+	if len(removed) > 0 {
+		l.log.Warn("ledger: removed temp files of an interrupted write", "files", removed)
+	}
+}
+
+// prepare turns the loaded state into the one a Tx starts from. pre holds
+// audit records of what that itself changed (a state from an earlier boot
+// discarded). A state that starts empty (a fresh host, an earlier boot's
+// state discarded) gets a new lineage, and so does a file without one;
+// origin then says why (see the origin constants), and is "" for a state
+// loaded with its lineage. The new lineage is stored by the first commit.
+func (l *Ledger) prepare(ld *loaded, now time.Time) (st State, pre []AuditRecord, origin string) {
+	if !ld.exists {
 		st = l.emptyState(0, 0)
 		st.Lineage = newLineage()
-		return st, nil, originNoFile, nil
+		return st, nil, originNoFile
 	}
-	l.readBuf = raw[:0]
-	st, ok := l.cached(raw)
-	if !ok {
-		st, err = DecodeState(raw)
-		if err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				return State{}, nil, "", l.decorate(err)
-			}
-			return State{}, nil, "", l.moveAside(err)
-		}
-		l.setCache(bytes.Clone(raw), st)
-	}
+	st = ld.st
 	if st.BootID == l.opts.BootID {
 		if st.Lineage == "" {
 			// st is a copy: the cached state keeps the file's "".
 			st.Lineage = newLineage()
-			return st, nil, originLegacy, nil
+			return st, nil, originLegacy
 		}
-		return st, nil, "", nil
+		return st, nil, ""
 	}
 	reason := fmt.Sprintf("state of boot %s (generation %d, %d claims, %d waiters) is from before the current boot %s",
 		truncate(st.BootID, 64), st.Generation, len(st.Claims), len(st.Waiters), l.opts.BootID)
@@ -404,7 +386,7 @@ func (l *Ledger) loadLocked(now time.Time) (st State, pre []AuditRecord, origin 
 	// Generation and sequence numbers keep counting up across boots.
 	empty := l.emptyState(st.Generation, st.NextSeq)
 	empty.Lineage = newLineage()
-	return empty, []AuditRecord{rec}, originOtherBoot, nil
+	return empty, []AuditRecord{rec}, originOtherBoot
 }
 
 // lineageError describes a loaded state of another lineage than want.
@@ -413,14 +395,16 @@ func (l *Ledger) lineageError(want, found, origin string) error {
 	if origin != "" {
 		e.Found = "" // made up by this load, never stored
 	} else {
-		e.Why = fmt.Sprintf("the state file has lineage %s: another process started the ledger afresh "+
-			"(it found the file corrupt or missing) and has written it since", truncate(found, 64))
+		e.Why = fmt.Sprintf("the state has lineage %s: the ledger was started afresh (reset, or recovered without "+
+			"every commit) and has been written since", truncate(found, 64))
 	}
 	return e
 }
 
-// commit writes the transaction's state, if it changed, and its audit records.
-func (l *Ledger) commit(tx *Tx) error {
+// commit writes the transaction's state, if it changed, and its audit
+// records: one journal record, or a snapshot when the lineage is new, the
+// file is of the old format, or the journal has outgrown the snapshot.
+func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 	pid := os.Getpid()
 	if !tx.dirty {
 		if len(tx.audit) == 0 {
@@ -429,35 +413,33 @@ func (l *Ledger) commit(tx *Tx) error {
 		for i := range tx.audit {
 			tx.audit[i].Generation, tx.audit[i].Pid = tx.st.Generation, pid
 		}
-		if err := appendAudit(l.dir, l.opts.AuditMaxBytes, tx.audit); err != nil {
-			return err
-		}
-		return nil
+		return appendAudit(l.dir, l.opts.AuditMaxBytes, tx.audit)
 	}
 	st := tx.st
 	st.Generation++
 	st.BootID = l.opts.BootID
 	if st.Lineage == "" {
-		st.Lineage = newLineage() // loadLocked sets one; never store a state without
+		st.Lineage = newLineage() // prepare sets one; never store a state without
 	}
 	st.UpdatedAt = tx.now
-	st.sort()
+	st.sort(tx.waitersOwned)
 	// Waiters the Tx did not touch come from a verified state.
 	if err := validate(&st, tx.waitersOwned); err != nil {
 		return fmt.Errorf("ledger: refusing to write a state that breaks an invariant (a bug; nothing was written): %w", err)
 	}
-	l.cacheMu.Lock()
-	keep := l.cacheRaw
-	l.cacheMu.Unlock()
-	data, err := l.enc.encode(&st, keep)
+	reachStage(stageBeforeWrite)
+	next, err := l.write(tx, ld, &st, origin)
 	if err != nil {
-		return fmt.Errorf("encode ledger state: %w", err)
-	}
-	if err := writeAtomic(l.dir, l.StatePath(), data); err != nil {
-		l.setCache(nil, State{})
+		l.setCache(nil)
 		return err
 	}
-	l.setCache(data, st)
+	next.st = st
+	l.setCache(&next)
+	if err := l.writeMarker(&st); err != nil {
+		// The commit stands; what is lost is the means to notice, later in
+		// this boot, that the state dir vanished.
+		l.log.Error("ledger: state committed but the boot marker was not updated", "generation", st.Generation, "error", err)
+	}
 	for i := range tx.audit {
 		tx.audit[i].Generation, tx.audit[i].Pid = st.Generation, pid
 	}
@@ -470,10 +452,52 @@ func (l *Ledger) commit(tx *Tx) error {
 	return nil
 }
 
+// write makes the commit durable: one journal record, appended and synced.
+// Every commit is a record, so that the previous snapshot and the journals
+// replay to any commit should the current snapshot be lost. The state it
+// follows is first written as the snapshot when there is none to append to:
+// a fresh start (an empty base, so that its journal replays from nothing),
+// a format 1 file (the upgrade), a new lineage or a missing journal. After
+// the append, a journal grown past the snapshot is compacted into a new one.
+func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string) (loaded, error) {
+	cur := *ld
+	if origin != "" || !ld.snapOK || !ld.jOK || ld.format != FormatVersion {
+		base := tx.base
+		base.Lineage, base.BootID = st.Lineage, l.opts.BootID
+		if base.UpdatedAt.IsZero() {
+			base.UpdatedAt = tx.now
+		}
+		base.sort(true)
+		b, err := l.compact(&base, ld)
+		if err != nil {
+			return loaded{}, err
+		}
+		b.st = base
+		cur = b
+	}
+	rec := recordOf(&cur.st, st, tx.touchedWaiters)
+	next, err := l.appendRecord(&rec, &cur)
+	if err != nil {
+		return loaded{}, err
+	}
+	if l.compactAlways || l.journalTooBig(&next) {
+		// The commit is durable already: a failed compaction only costs
+		// the next reader a longer journal.
+		c, err := l.compact(st, &next)
+		if err != nil {
+			l.log.Warn("ledger: compaction failed; the journal keeps growing until the next one", "error", err)
+			return next, nil
+		}
+		next = c
+	}
+	return next, nil
+}
+
 // sort restores the documented order of every slice. It writes only to a
 // slice that is out of order: one a Tx changed and therefore owns, never one
-// shared with the cache.
-func (s *State) sort() {
+// shared with the cache. The queue, the long list, is looked at only if
+// waiters (a Tx that did not copy it left it as loaded: sorted).
+func (s *State) sort(waiters bool) {
 	byUUIDClaim := func(a, b Claim) int { return strings.Compare(a.Device.UUID, b.Device.UUID) }
 	if !slices.IsSortedFunc(s.Claims, byUUIDClaim) {
 		slices.SortFunc(s.Claims, byUUIDClaim)
@@ -483,7 +507,7 @@ func (s *State) sort() {
 		slices.SortFunc(s.Reservations, byUUIDRes)
 	}
 	bySeq := func(a, b Waiter) int { return cmpUint(a.Seq, b.Seq) }
-	if !slices.IsSortedFunc(s.Waiters, bySeq) {
+	if waiters && !slices.IsSortedFunc(s.Waiters, bySeq) {
 		slices.SortFunc(s.Waiters, bySeq)
 	}
 	byDevID := func(a, b Conflict) int {

@@ -3,19 +3,22 @@ package ledger
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 )
 
-// stored is the state in the file, verified (Snapshot would hide a state of
-// an earlier boot).
+// stored is the state in the files (snapshot and journal), verified, read
+// by a fresh handle (Snapshot would hide a state of an earlier boot).
 func stored(t *testing.T, l *Ledger) State {
 	t.Helper()
-	st, err := DecodeState(mustRead(t, l.StatePath()))
+	fresh, err := OpenReadOnly(l.Dir(), l.opts)
 	require.NoError(t, err)
-	return st
+	ld, err := fresh.loadFiles(nil)
+	require.NoError(t, err)
+	return ld.st
 }
 
 func TestLineageKeptByEveryMutation(t *testing.T) {
@@ -57,14 +60,9 @@ func TestLineageRenewedWhenStateStartsAfresh(t *testing.T) {
 		// then writes.
 		afresh func(t *testing.T, l *Ledger) *Ledger
 	}{
-		{"state file deleted", func(t *testing.T, l *Ledger) *Ledger {
-			require.NoError(t, os.Remove(l.StatePath()))
-			return l
-		}},
-		{"corrupt file quarantined", func(t *testing.T, l *Ledger) *Ledger {
-			require.NoError(t, os.WriteFile(l.StatePath(), []byte("{not json"), 0o600))
-			err := l.Update(context.Background(), func(*Tx) error { return nil })
-			require.ErrorIs(t, err, ErrCorrupt)
+		{"reset deliberately", func(t *testing.T, l *Ledger) *Ledger {
+			_, err := l.Reset(context.Background(), "test")
+			require.NoError(t, err)
 			return l
 		}},
 		{"earlier boot discarded", func(t *testing.T, l *Ledger) *Ledger {
@@ -94,25 +92,30 @@ func TestLineageRenewedWhenStateStartsAfresh(t *testing.T) {
 	}
 }
 
-// legacyFile is the file an older build wrote for st: no lineage field.
+// legacyFile is the format 1 file an older build wrote for st: one
+// envelope, and no lineage field.
 func legacyFile(t *testing.T, st State) []byte {
 	t.Helper()
 	st.Lineage = ""
-	b, err := encodeState(&st)
+	body, err := appendStateJSON(nil, &st)
 	require.NoError(t, err)
-	b = bytes.Replace(b, []byte(`,"lineage":""`), nil, 1)
-	start := bytes.Index(b, []byte(`"state":`)) + len(`"state":`)
-	body := b[start : len(b)-len("}\n")]
-	sumAt := bytes.Index(b, []byte(checksumPrefix))
-	copy(b[sumAt:], checksumOf(body))
-	return b
+	body = bytes.Replace(body, []byte(`,"lineage":""`), nil, 1)
+	out := fmt.Appendf(nil, `{"format":1,"generation":%d,"boot_id":%q,"checksum":%q,"state":`, st.Generation, st.BootID, checksumOf(body))
+	out = append(out, body...)
+	return append(out, "}\n"...)
 }
 
+// The upgrade from format 1: a ledger.json of an older build (no journal,
+// no boot marker) is read as it is and converted at the next commit.
 func TestStateWithoutLineageGetsOneAtItsFirstCommit(t *testing.T) {
-	l := seeded(t)
-	old := stored(t, l)
+	seed := seeded(t)
+	old := stored(t, seed)
 	legacy := legacyFile(t, old)
 	require.NotContains(t, string(legacy), "lineage")
+	opts := testOptions(newClock())
+	opts.RuntimeDir = t.TempDir() // as on the first boot with this build
+	l, err := Open(t.TempDir(), opts)
+	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(l.StatePath(), legacy, 0o600))
 
 	// It is valid: read as it is, claims and all.
@@ -136,6 +139,9 @@ func TestStateWithoutLineageGetsOneAtItsFirstCommit(t *testing.T) {
 	require.Equal(t, st.Lineage, res.Lineage)
 	require.Equal(t, holders(old), holders(st))
 	require.Equal(t, old.Generation+1, st.Generation)
+	format, _ := peekFormat(mustRead(t, l.StatePath()))
+	require.Equal(t, FormatVersion, format, "converted to the current format")
+	require.FileExists(t, l.JournalPath())
 }
 
 func TestReconcileStoresTheLineageOfAnEmptyLedger(t *testing.T) {
@@ -157,7 +163,6 @@ func TestRequireLineage(t *testing.T) {
 		// change alters the ledger behind l's back; ok: l may still decide.
 		change func(t *testing.T, l *Ledger)
 		ok     bool
-		found  bool   // the error names a stored lineage
 		why    string // in the error
 	}{
 		{name: "same lineage, other writers' changes", ok: true, change: func(t *testing.T, l *Ledger) {
@@ -165,27 +170,14 @@ func TestRequireLineage(t *testing.T) {
 			require.NoError(t, err)
 			update(t, other, func(tx *Tx) { _, err := tx.Claim("", owner("hook"), devs(gpu(2)), "env"); require.NoError(t, err) })
 		}},
-		{name: "another process quarantined and started afresh", found: true, why: "another process started the ledger afresh",
+		{name: "another process reset and started afresh", why: "started afresh",
 			change: func(t *testing.T, l *Ledger) {
-				require.NoError(t, os.WriteFile(l.StatePath(), []byte("{not json"), 0o600))
 				other, err := Open(l.Dir(), testOptions(nil))
 				require.NoError(t, err)
-				require.ErrorIs(t, other.Update(context.Background(), func(*Tx) error { return nil }), ErrCorrupt)
+				_, err = other.Reset(context.Background(), "test")
+				require.NoError(t, err)
 				update(t, other, func(tx *Tx) { _, err := tx.Claim("", owner("hook"), devs(gpu(2)), "env"); require.NoError(t, err) })
 			}},
-		{name: "state file gone", why: "no state file", change: func(t *testing.T, l *Ledger) {
-			require.NoError(t, os.Remove(l.StatePath()))
-		}},
-		{name: "old copy without lineage restored", why: "has no lineage", change: func(t *testing.T, l *Ledger) {
-			require.NoError(t, os.WriteFile(l.StatePath(), legacyFile(t, stored(t, l)), 0o600))
-		}},
-		{name: "earlier boot", why: "earlier boot", change: func(t *testing.T, l *Ledger) {
-			st := stored(t, l)
-			st.BootID = "before-reboot"
-			b, err := encodeState(&st)
-			require.NoError(t, err)
-			require.NoError(t, os.WriteFile(l.StatePath(), b, 0o600))
-		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := seeded(t)
@@ -194,11 +186,11 @@ func TestRequireLineage(t *testing.T) {
 			synced := res.Lineage
 			require.NotEmpty(t, synced)
 			tc.change(t, l)
-			before, _ := os.ReadFile(l.StatePath())
+			before := stored(t, l)
 
-			ctx := RequireLineage(context.Background(), synced)
+			l.RequireLineage(synced)
 			ran := false
-			err := l.Update(ctx, func(tx *Tx) error {
+			err := l.Update(context.Background(), func(tx *Tx) error {
 				ran = true
 				_, err := tx.Claim("", owner("new"), devs(gpu(1)), "env")
 				return err
@@ -212,20 +204,16 @@ func TestRequireLineage(t *testing.T) {
 			require.ErrorAs(t, err, &le)
 			require.ErrorIs(t, err, ErrLineageChanged)
 			require.False(t, ran, "nothing is decided on a state of another lineage")
-			after, _ := os.ReadFile(l.StatePath())
-			require.Equal(t, before, after, "nothing is written")
+			require.Equal(t, before, stored(t, l), "nothing is written")
 			require.Equal(t, synced, le.Expected)
 			require.Equal(t, l.StatePath(), le.Path)
-			if tc.found {
-				require.NotEmpty(t, le.Found)
-				require.NotEqual(t, synced, le.Found)
-			} else {
-				require.Empty(t, le.Found, "a lineage made up by the load is not reported as stored")
-			}
+			require.NotEmpty(t, le.Found)
+			require.NotEqual(t, synced, le.Found)
 			require.Contains(t, err.Error(), tc.why)
 			require.Contains(t, err.Error(), "rebuilt from the runtime's containers")
 
 			// Without the requirement (the runtime's Synchronize) it proceeds.
+			l.RequireLineage("")
 			update(t, l, func(tx *Tx) { tx.Reconcile(FrontEndNRI, nil) })
 		})
 	}
@@ -234,8 +222,8 @@ func TestRequireLineage(t *testing.T) {
 func TestRequireLineageEmptyMeansNone(t *testing.T) {
 	l := seeded(t)
 	ran := false
-	require.NoError(t, l.Update(RequireLineage(context.Background(), ""), func(*Tx) error { ran = true; return nil }))
+	l.RequireLineage("x")
+	l.RequireLineage("")
+	require.NoError(t, l.Update(context.Background(), func(*Tx) error { ran = true; return nil }))
 	require.True(t, ran)
-	require.Equal(t, "", requiredLineage(context.Background()))
-	require.Equal(t, "x", requiredLineage(RequireLineage(context.Background(), "x")))
 }

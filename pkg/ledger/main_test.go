@@ -27,12 +27,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// helperCmd prepares a helper process with the given environment.
+// helperCmd prepares a helper process with the given environment. It may
+// run in any goroutine (no t.Fatal).
 func helperCmd(t testing.TB, name string, env map[string]string) *exec.Cmd {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
-		t.Fatal(err)
+		exe = os.Args[0] // then Start reports the problem
 	}
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(os.Environ(), helperEnv+"="+name)
@@ -43,7 +44,9 @@ func helperCmd(t testing.TB, name string, env map[string]string) *exec.Cmd {
 }
 
 // runHelper runs a helper to completion and returns its exit code and
-// output.
+// output. It may run in any goroutine: a helper that does not start is
+// reported as exit code -1 with the error as its output (t.Fatal is for the
+// test's own goroutine only).
 func runHelper(t testing.TB, name string, env map[string]string) (int, string) {
 	t.Helper()
 	cmd := helperCmd(t, name, env)
@@ -51,7 +54,7 @@ func runHelper(t testing.TB, name string, env map[string]string) (int, string) {
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	if err != nil && cmd.ProcessState == nil {
-		t.Fatalf("start helper %s: %v", name, err)
+		return -1, fmt.Sprintf("start helper %s: %v", name, err)
 	}
 	return cmd.ProcessState.ExitCode(), out.String()
 }

@@ -17,9 +17,16 @@ import (
 // earliest first (the queue mechanics run after every change that can free a
 // device).
 type Tx struct {
-	l     *Ledger
-	now   time.Time
-	st    State
+	l   *Ledger
+	now time.Time
+	st  State
+	// base is the state the Tx started from (shares storage with the
+	// cache; never written): the commit journals the difference.
+	base State
+	// touchedWaiters are the keys of waiters added, changed or removed.
+	touchedWaiters []string
+	// view is State's copy, until the next change.
+	view  *State
 	dirty bool
 	audit []AuditRecord
 	// waitersOwned is false while st.Waiters still shares its array with the
@@ -39,10 +46,11 @@ type Tx struct {
 func (tx *Tx) touch() {
 	tx.dirty = true
 	tx.settled = false
+	tx.view = nil
 }
 
 func newTx(l *Ledger, st State, now time.Time) *Tx {
-	tx := &Tx{l: l, now: now, st: st}
+	tx := &Tx{l: l, now: now, st: st, base: st}
 	tx.st.Claims = slices.Clone(st.Claims)
 	tx.st.Reservations = slices.Clone(st.Reservations)
 	tx.st.Conflicts = slices.Clone(st.Conflicts)
@@ -69,11 +77,16 @@ func (tx *Tx) ownWaiters() []Waiter {
 // every timestamp it writes.
 func (tx *Tx) Now() time.Time { return tx.now }
 
-// State is a read-only view of the state being built. Do not modify it, and
-// do not keep it after fn returns.
+// State is a copy of the state being built, taken at the call (and reused
+// until the next change): modifying it changes nothing in the ledger, and it
+// shares no storage with the Tx or with the ledger's cache.
 func (tx *Tx) State() *State {
 	tx.check()
-	return &tx.st
+	if tx.view == nil {
+		v := tx.st.Clone()
+		tx.view = &v
+	}
+	return tx.view
 }
 
 // Audit adds a record to the audit log (for instance a refused request); it
@@ -264,6 +277,7 @@ func (tx *Tx) removeWaiter(key string) bool {
 		return false
 	}
 	tx.st.Waiters = slices.Delete(tx.ownWaiters(), i, i+1)
+	tx.touchedWaiters = append(tx.touchedWaiters, key)
 	tx.removeReservationsFor(key)
 	tx.touch()
 	return true
@@ -302,6 +316,7 @@ func (tx *Tx) Enqueue(key string, owner Owner, devs []devices.Device) (position,
 		})
 		tx.record(OpEnqueue, &owner, key, uuids(devs, plainDevice), fmt.Sprintf("arrival %d", seq))
 	}
+	tx.touchedWaiters = append(tx.touchedWaiters, key)
 	tx.touch()
 	tx.maintain()
 	position, total, _ = tx.Position(key)
@@ -343,6 +358,67 @@ func (tx *Tx) Position(key string) (position, total int, ok bool) {
 		}
 	}
 	return position, total, true
+}
+
+// QueuePlace is a waiter's place in its queue (see Position).
+type QueuePlace struct {
+	Position, Total int
+}
+
+// Positions is Position for every waiter, computed in one pass over the
+// queue: waiters asking for the same set of devices share a conflict set,
+// so each waiter costs one sum over the few device sets that conflict with
+// its own, not a scan of the queue (ctl queue lists thousands).
+func (tx *Tx) Positions() map[string]QueuePlace {
+	tx.check()
+	ws := tx.st.Waiters
+	out := make(map[string]QueuePlace, len(ws))
+	// Group waiters by their device set.
+	type group struct {
+		devs      []devices.Device
+		conflicts []int // groups (this one included) whose waiters conflict
+		seen      int   // waiters of this group met so far, in arrival order
+		size      int
+	}
+	var groups []group
+	byKey := map[string]int{}
+	of := make([]int, len(ws))
+	var key strings.Builder
+	for i := range ws {
+		key.Reset()
+		for _, d := range ws[i].Devices {
+			key.WriteString(d.UUID)
+			key.WriteByte(0)
+		}
+		g, ok := byKey[key.String()]
+		if !ok {
+			g = len(groups)
+			byKey[key.String()] = g
+			groups = append(groups, group{devs: ws[i].Devices})
+		}
+		groups[g].size++
+		of[i] = g
+	}
+	for a := range groups {
+		for b := range groups {
+			if a == b || anyConflict(groups[a].devs, groups[b].devs) {
+				groups[a].conflicts = append(groups[a].conflicts, b)
+			}
+		}
+	}
+	// Waiters are in arrival order: a waiter's position is the number of
+	// conflicting waiters met so far, itself included.
+	for i := range ws {
+		g := &groups[of[i]]
+		g.seen++
+		pos, total := 0, 0
+		for _, c := range g.conflicts {
+			pos += groups[c].seen
+			total += groups[c].size
+		}
+		out[ws[i].Key] = QueuePlace{Position: pos, Total: total}
+	}
+	return out
 }
 
 // DropWaiter removes key from the queue (with its reservations). It reports

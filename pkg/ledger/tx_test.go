@@ -208,13 +208,19 @@ func TestReleasePod(t *testing.T) {
 	}
 }
 
-// copyState copies the state file of one ledger into another's dir.
+// copyState copies the state files (snapshot and journal) of one ledger
+// into another's dir.
 func copyState(from, to *Ledger) error {
-	b, err := os.ReadFile(from.StatePath())
-	if err != nil {
-		return err
+	for _, p := range [][2]string{{from.StatePath(), to.StatePath()}, {from.JournalPath(), to.JournalPath()}} {
+		b, err := os.ReadFile(p[0])
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(p[1], b, 0o600); err != nil {
+			return err
+		}
 	}
-	return os.WriteFile(to.StatePath(), b, 0o600)
+	return nil
 }
 
 func TestReleaseDevice(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
@@ -125,7 +126,10 @@ func TestCorruptLedgerRefusesCreatesUntilSynchronized(t *testing.T) {
 	err := rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1"))
 	require.Error(t, err, "decided against the empty ledger, this would take the holder's GPU")
 	assert.Contains(t, err.Error(), "being rebuilt")
-	assert.Empty(t, rt.holders())
+	l, err := ledger.OpenReadOnly(rt.ledgerDir, ledger.Options{Now: rt.clock.Now})
+	require.NoError(t, err)
+	_, err = l.Snapshot(context.Background())
+	require.ErrorIs(t, err, ledger.ErrNeedsRecovery, "the ledger is not read as empty meanwhile")
 }
 
 // SIGTERM while a create is in flight: the handler answers before the

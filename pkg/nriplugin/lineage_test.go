@@ -2,7 +2,6 @@ package nriplugin
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -55,15 +54,15 @@ func runPlugin(t *testing.T, rt *runtime) (waitReady func(want bool)) {
 	return waitReady
 }
 
-// startAfreshElsewhere is another process (an OCI hook) that finds the
-// ledger corrupt first: it moves the file aside, and its next update writes a
-// fresh state that knows only its own claim, on GPU 3.
+// startAfreshElsewhere is another process (an operator's `gpu-guard-ctl
+// recover --reset`) that starts the ledger afresh, and an OCI hook whose
+// next update writes a fresh state that knows only its own claim, on GPU 3.
 func startAfreshElsewhere(t *testing.T, rt *runtime) {
 	t.Helper()
-	require.NoError(t, os.WriteFile(filepath.Join(rt.ledgerDir, "ledger.json"), []byte("{not json"), 0o600))
 	other, err := ledger.Open(rt.ledgerDir, ledger.Options{Now: rt.clock.Now})
 	require.NoError(t, err)
-	require.ErrorIs(t, other.Update(context.Background(), func(*ledger.Tx) error { return nil }), ledger.ErrCorrupt)
+	_, err = other.Reset(context.Background(), "test: started afresh elsewhere")
+	require.NoError(t, err)
 	hookCtr := ledger.Owner{ContainerID: "hook-1", FrontEnd: ledger.FrontEndHook}
 	gpu3 := devices.Device{UUID: gpuUUID(3), Index: "3", Kind: devices.KindGPU}
 	require.NoError(t, other.Update(context.Background(), func(tx *ledger.Tx) error {

@@ -93,11 +93,6 @@ type Plugin struct {
 	// rebuilding is set from a resync request until the next Synchronize:
 	// meanwhile creations are refused, since the ledger knows no holder.
 	rebuilding atomic.Bool
-	// lineage is the ledger lineage the last Synchronize reconciled ("" =
-	// none). Every later handler requires it (ledger.RequireLineage): a
-	// ledger another process started afresh has forgotten the running
-	// holders, and is handled like a corruption found here.
-	lineage atomic.Pointer[string]
 
 	// flight counts handlers in progress and when the last one ended, so
 	// that neither a reconnect nor a shutdown cuts a reply on its way to the
@@ -271,12 +266,26 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 		live = append(live, guardRequest(byID[c.GetPodSandboxId()], c))
 	}
 	// Reconcile runs on whatever lineage the ledger has now: it is what
-	// rebuilds a ledger started afresh.
+	// rebuilds a ledger started afresh. A ledger that needs recovery is
+	// recovered first (or, if nothing verifies, started empty): the
+	// runtime's list below is the truth it is then reconciled with.
+	led := g.Ledger()
+	led.RequireLineage("")
+	if rep, err := led.Recover(ctx, ledger.RecoverOptions{AllowEmpty: true,
+		Reason: "NRI Synchronize: rebuilt, then reconciled with the runtime's containers"}); err != nil {
+		return nil, fmt.Errorf("nri-gpu-guard: recover the ledger: %w", err)
+	} else if rep.Problem != "" {
+		p.log.Warn("ledger recovered before reconciling with the runtime", "problem", rep.Problem, "from", rep.From,
+			"replayed", rep.Replayed, "complete", rep.Complete, "lost", rep.Lost, "quarantined", rep.Quarantined)
+	}
 	res, err := g.Reconcile(ctx, ledger.FrontEndNRI, live)
 	if err != nil {
 		return nil, fmt.Errorf("nri-gpu-guard: %w", err)
 	}
-	p.lineage.Store(&res.Lineage)
+	// Every later handler requires this lineage: a ledger another process
+	// started afresh has forgotten the running holders, and is handled like
+	// a corruption found here.
+	led.RequireLineage(res.Lineage)
 	st, err := g.Ledger().Snapshot(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("nri-gpu-guard: read ledger after reconcile: %w", err)
@@ -358,12 +367,10 @@ func decisionDeadline(now, deadline time.Time, hasDeadline bool, limit time.Dura
 	return end, true
 }
 
-// bounded is decisionContext with the guard's lock_timeout as the limit,
-// requiring the ledger lineage of the last Synchronize.
+// bounded is decisionContext with the guard's lock_timeout as the limit.
+// (The ledger itself requires the lineage of the last Synchronize: see
+// ledger.Ledger.RequireLineage.)
 func (p *Plugin) bounded(ctx context.Context, g *guard.Guard) (context.Context, context.CancelFunc) {
-	if lin := p.lineage.Load(); lin != nil {
-		ctx = ledger.RequireLineage(ctx, *lin)
-	}
 	if p.decisionCtx != nil {
 		return p.decisionCtx(ctx, g.Config().Ledger.LockTimeout.Duration)
 	}
@@ -525,21 +532,23 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 	p.mu.Unlock()
 }
 
-// ledgerTrouble asks for a new Synchronize when err says the ledger was
-// corrupt (it has been moved aside) or was started afresh by another process
-// since the last Synchronize (another lineage: that process found it corrupt,
-// missing or from an earlier boot). Either way the ledger has forgotten the
+// ledgerTrouble asks for a new Synchronize when err says the ledger needs
+// recovery (damaged, missing or replaced: Synchronize recovers it) or was
+// started afresh by another process since the last Synchronize (another
+// lineage: that process reset it, or recovered it without every commit). Either way the ledger has forgotten the
 // runtime's running GPU holders and must learn them again. An external
 // plugin refuses creations from this moment on, not only once Run has seen
 // the request: the very next create would otherwise be decided against a
 // ledger without them. (A launched plugin cannot reconnect, so it keeps
 // deciding, on the new lineage.)
 func (p *Plugin) ledgerTrouble(err error) {
-	if !errors.Is(err, ledger.ErrCorrupt) && !errors.Is(err, ledger.ErrLineageChanged) {
+	if !errors.Is(err, ledger.ErrNeedsRecovery) && !errors.Is(err, ledger.ErrLineageChanged) {
 		return
 	}
 	if Launched() {
-		p.lineage.Store(nil)
+		if g := p.Guard(); g != nil {
+			g.Ledger().RequireLineage("")
+		}
 	} else {
 		p.rebuilding.Store(true)
 	}

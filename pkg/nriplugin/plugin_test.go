@@ -681,12 +681,12 @@ func TestCorruptLedgerRebuiltFromRuntime(t *testing.T) {
 
 	err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
 	require.ErrorContains(t, err, "corrupt", "the request that found the corruption is refused")
-	quarantined, globErr := filepath.Glob(statePath + ".corrupt-*")
-	require.NoError(t, globErr)
-	require.Len(t, quarantined, 1, "the bad file is kept for a human")
 
 	waitReady(false)
 	waitReady(true)
+	quarantined, globErr := filepath.Glob(statePath + ".corrupt-*")
+	require.NoError(t, globErr)
+	require.Len(t, quarantined, 1, "the bad file is kept for a human")
 	assert.Equal(t, map[string]string{"1": holder.Id}, rt.holders(), "the running holder was adopted again")
 	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")),
 		"is held by ml/a/main (id holder-1)")

@@ -1,0 +1,279 @@
+package ledger
+
+import (
+	"time"
+	"unicode/utf8"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// A hand-written decoder for the state line exactly as the encoder writes it
+// (encode.go): the same fields in the same order, optional ones only where
+// the encoder omits them, strings without escapes. Every reader (ctl status,
+// each hook) decodes the whole state, and encoding/json spends most of that
+// time on reflection. Anything else — another field order, an escape, an
+// unknown field, a number it does not expect — makes fastDecodeState give up,
+// and DecodeState falls back to encoding/json, which decides (and names the
+// problem). So the result, when there is one, is what encoding/json would
+// have produced (TestFastDecoderMatchesEncodingJSON holds it to that).
+
+type fastDecoder struct {
+	b   []byte
+	i   int
+	bad bool
+	// strs interns strings: the same device UUIDs, front ends and boot id
+	// recur across thousands of waiters.
+	strs map[string]string
+}
+
+func fastDecodeState(b []byte) (State, bool) {
+	d := fastDecoder{b: b, strs: make(map[string]string, 64)}
+	var st State
+	d.lit(`{"waiters":`)
+	st.Waiters = fastList(&d, (*fastDecoder).waiter)
+	d.lit(`,"claims":`)
+	st.Claims = fastList(&d, (*fastDecoder).claim)
+	d.lit(`,"reservations":`)
+	st.Reservations = fastList(&d, (*fastDecoder).reservation)
+	d.lit(`,"conflicts":`)
+	st.Conflicts = fastList(&d, (*fastDecoder).conflict)
+	d.lit(`,"generation":`)
+	st.Generation = d.uint()
+	d.lit(`,"boot_id":`)
+	st.BootID = d.str()
+	d.lit(`,"lineage":`)
+	st.Lineage = d.str()
+	d.lit(`,"next_seq":`)
+	st.NextSeq = d.uint()
+	d.lit(`,"updated_at":`)
+	st.UpdatedAt = d.time()
+	d.lit(`}`)
+	if d.bad || d.i != len(d.b) {
+		return State{}, false
+	}
+	return st, true
+}
+
+// lit consumes s, or marks the input as not the encoder's.
+func (d *fastDecoder) lit(s string) {
+	if d.bad || len(d.b)-d.i < len(s) || string(d.b[d.i:d.i+len(s)]) != s {
+		d.bad = true
+		return
+	}
+	d.i += len(s)
+}
+
+// opt consumes s if it comes next.
+func (d *fastDecoder) opt(s string) bool {
+	if d.bad || len(d.b)-d.i < len(s) || string(d.b[d.i:d.i+len(s)]) != s {
+		return false
+	}
+	d.i += len(s)
+	return true
+}
+
+func fastList[T any](d *fastDecoder, item func(*fastDecoder, *T)) []T {
+	if d.opt("null") {
+		return nil
+	}
+	d.lit("[")
+	out := []T{}
+	if d.opt("]") {
+		return out
+	}
+	for !d.bad {
+		var v T
+		item(d, &v)
+		out = append(out, v)
+		if d.opt("]") {
+			return out
+		}
+		d.lit(",")
+	}
+	return nil
+}
+
+// raw returns the bytes of a string without escapes, or marks the input.
+func (d *fastDecoder) raw() []byte {
+	d.lit(`"`)
+	if d.bad {
+		return nil
+	}
+	start := d.i
+	ascii := true
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		switch {
+		case c == '"':
+			s := d.b[start:d.i]
+			d.i++
+			if !ascii && !utf8.Valid(s) {
+				d.bad = true // encoding/json replaces invalid bytes: let it
+				return nil
+			}
+			return s
+		case c == '\\' || c < 0x20:
+			d.bad = true
+			return nil
+		case c >= utf8.RuneSelf:
+			ascii = false
+		}
+		d.i++
+	}
+	d.bad = true
+	return nil
+}
+
+func (d *fastDecoder) str() string {
+	s := d.raw()
+	if d.bad {
+		return ""
+	}
+	if v, ok := d.strs[string(s)]; ok {
+		return v
+	}
+	v := string(s)
+	d.strs[v] = v
+	return v
+}
+
+func (d *fastDecoder) uint() uint64 {
+	if d.bad {
+		return 0
+	}
+	start := d.i
+	var n uint64
+	for d.i < len(d.b) && d.b[d.i] >= '0' && d.b[d.i] <= '9' {
+		c := uint64(d.b[d.i] - '0')
+		if n > (1<<64-1-c)/10 {
+			d.bad = true // overflow: encoding/json reports it
+			return 0
+		}
+		n = n*10 + c
+		d.i++
+	}
+	if d.i == start || (d.i-start > 1 && d.b[start] == '0') {
+		d.bad = true
+	}
+	return n
+}
+
+func (d *fastDecoder) int() int {
+	neg := d.opt("-")
+	n := d.uint()
+	if n > 1<<62 {
+		d.bad = true
+		return 0
+	}
+	if neg {
+		return -int(n)
+	}
+	return int(n)
+}
+
+func (d *fastDecoder) time() time.Time {
+	s := d.raw()
+	var t time.Time
+	if d.bad {
+		return t
+	}
+	// What time.Time's UnmarshalJSON does with the quoted text.
+	if err := t.UnmarshalText(s); err != nil {
+		d.bad = true
+	}
+	return t
+}
+
+func (d *fastDecoder) device(v *devices.Device) {
+	d.lit(`{"uuid":`)
+	v.UUID = d.str()
+	d.lit(`,"index":`)
+	v.Index = d.str()
+	d.lit(`,"kind":`)
+	v.Kind = devices.Kind(d.str())
+	if d.opt(`,"parent":`) {
+		v.Parent = d.str()
+	}
+	d.lit(`}`)
+}
+
+func (d *fastDecoder) optStr(key string, dst *string) {
+	if d.opt(key) {
+		*dst = d.str()
+	}
+}
+
+func (d *fastDecoder) owner(o *Owner) {
+	d.lit(`{"container_id":`)
+	o.ContainerID = d.str()
+	d.optStr(`,"container":`, &o.Container)
+	d.optStr(`,"namespace":`, &o.Namespace)
+	d.optStr(`,"pod":`, &o.Pod)
+	d.optStr(`,"pod_uid":`, &o.PodUID)
+	d.optStr(`,"pod_sandbox_id":`, &o.PodSandboxID)
+	d.lit(`,"front_end":`)
+	o.FrontEnd = FrontEnd(d.str())
+	if d.opt(`,"pid":`) {
+		o.Pid = d.int()
+	}
+	if d.opt(`,"pid_start":`) {
+		o.PidStart = d.uint()
+	}
+	d.optStr(`,"cgroup":`, &o.Cgroup)
+	if d.opt(`,"started_at":`) {
+		o.StartedAt = d.time()
+	}
+	if d.opt(`,"stopped_at":`) {
+		o.StoppedAt = d.time()
+	}
+	d.lit(`}`)
+}
+
+func (d *fastDecoder) claim(c *Claim) {
+	d.lit(`{"device":`)
+	d.device(&c.Device)
+	d.lit(`,"owner":`)
+	d.owner(&c.Owner)
+	d.optStr(`,"source":`, &c.Source)
+	d.lit(`,"since":`)
+	c.Since = d.time()
+	d.lit(`}`)
+}
+
+func (d *fastDecoder) waiter(w *Waiter) {
+	d.lit(`{"key":`)
+	w.Key = d.str()
+	d.lit(`,"seq":`)
+	w.Seq = d.uint()
+	d.lit(`,"devices":`)
+	w.Devices = fastList(d, (*fastDecoder).device)
+	d.lit(`,"owner":`)
+	d.owner(&w.Owner)
+	d.lit(`,"first_seen":`)
+	w.FirstSeen = d.time()
+	d.lit(`,"last_seen":`)
+	w.LastSeen = d.time()
+	d.lit(`}`)
+}
+
+func (d *fastDecoder) reservation(r *Reservation) {
+	d.lit(`{"device":`)
+	d.device(&r.Device)
+	d.lit(`,"for":`)
+	r.For = d.str()
+	d.lit(`,"since":`)
+	r.Since = d.time()
+	d.lit(`,"until":`)
+	r.Until = d.time()
+	d.lit(`}`)
+}
+
+func (d *fastDecoder) conflict(c *Conflict) {
+	d.lit(`{"device":`)
+	d.device(&c.Device)
+	d.lit(`,"owner":`)
+	d.owner(&c.Owner)
+	d.lit(`,"since":`)
+	c.Since = d.time()
+	d.lit(`}`)
+}

@@ -1,0 +1,386 @@
+package ledger
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"hash/crc32"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The journal (ledger.journal) holds the commits made since the snapshot,
+// one line each, so that a commit costs one small append and one fsync
+// whatever the size of the queue:
+//
+//	<crc32c of the JSON, 8 hex digits> <JSON>\n
+//
+// The first line is a journalHeader; every other line is a journalRecord
+// with the generation it produced, each exactly one more than the one
+// before. A record is written with one write call; a last line without its
+// newline is a write that a crash interrupted: that transaction never
+// committed (its caller never got an answer), so readers ignore it and the
+// next writer truncates it. Any other line that does not verify is damage.
+
+// journalFormat is the version of the journal's header and records.
+const journalFormat = 1
+
+// maxJournalLine bounds one record: a commit changes a few claims and
+// waiters, so a bigger line is not ours.
+const maxJournalLine = 4 << 20
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// journalHeader starts a journal: the state it continues from.
+type journalHeader struct {
+	Journal int    `json:"journal"` // journalFormat
+	Lineage string `json:"lineage"`
+	BootID  string `json:"boot_id"`
+	// Base is the generation of the snapshot the journal continues.
+	Base uint64 `json:"base"`
+	// Genesis: the base state is empty (a fresh start), so the journal can
+	// be replayed without any snapshot. BaseNextSeq is its next_seq.
+	Genesis     bool   `json:"genesis,omitempty"`
+	BaseNextSeq uint64 `json:"base_next_seq,omitempty"`
+}
+
+// journalRecord is one commit: what changed, by identity (claims and
+// reservations by device UUID, waiters by key); conflicts, few and rare,
+// are written whole when they changed.
+type journalRecord struct {
+	Gen          uint64        `json:"g"`
+	Time         time.Time     `json:"t"`
+	NextSeq      uint64        `json:"seq"`
+	Claims       []Claim       `json:"c,omitempty"`
+	ClaimsGone   []string      `json:"dc,omitempty"`
+	Reservations []Reservation `json:"r,omitempty"`
+	ResGone      []string      `json:"dr,omitempty"`
+	Waiters      []Waiter      `json:"w,omitempty"`
+	WaitersGone  []string      `json:"dw,omitempty"`
+	Conflicts    *[]Conflict   `json:"x,omitempty"`
+}
+
+// appendJournalLine frames one JSON value as a journal line.
+func appendJournalLine(b []byte, v any) ([]byte, error) {
+	js, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	var crc [4]byte
+	binary.BigEndian.PutUint32(crc[:], crc32.Checksum(js, castagnoli))
+	b = hex.AppendEncode(b, crc[:])
+	b = append(b, ' ')
+	b = append(b, js...)
+	return append(b, '\n'), nil
+}
+
+// journalLines splits data (read from offset base of the file) into its
+// complete lines, verifying each line's checksum. It returns the JSON of
+// every line, the file offset just after each, and where the torn tail (a
+// last line without a newline) starts, or -1 if none. A line that does not
+// verify is damage: an error wrapping ErrCorrupt naming its offset.
+func journalLines(data []byte, base int64) (lines [][]byte, ends []int64, torn int64, err error) {
+	torn = -1
+	off := 0
+	for off < len(data) {
+		nl := bytes.IndexByte(data[off:], '\n')
+		if nl < 0 {
+			torn = base + int64(off)
+			break
+		}
+		line := data[off : off+nl]
+		if len(line) > maxJournalLine {
+			return nil, nil, 0, badState("journal line at offset %d is %d bytes, more than %d", base+int64(off), len(line), maxJournalLine)
+		}
+		if len(line) < 10 || line[8] != ' ' {
+			return nil, nil, 0, badState("journal line at offset %d is not a record", base+int64(off))
+		}
+		var crc [4]byte
+		if _, herr := hex.Decode(crc[:], line[:8]); herr != nil {
+			return nil, nil, 0, badState("journal line at offset %d has no checksum", base+int64(off))
+		}
+		want := binary.BigEndian.Uint32(crc[:])
+		if got := crc32.Checksum(line[9:], castagnoli); got != want {
+			return nil, nil, 0, badState("journal line at offset %d: checksum mismatch (damaged)", base+int64(off))
+		}
+		lines = append(lines, line[9:])
+		off += nl + 1
+		ends = append(ends, base+int64(off))
+	}
+	return lines, ends, torn, nil
+}
+
+func decodeHeader(line []byte) (journalHeader, error) {
+	var h journalHeader
+	if err := decodeStrict(line, &h); err != nil {
+		return h, badState("journal header does not decode: %v", err)
+	}
+	if h.Journal > journalFormat {
+		return h, &FormatError{Version: FormatVersion + h.Journal - journalFormat, Supported: FormatVersion}
+	}
+	if h.Journal != journalFormat || h.Lineage == "" {
+		return h, badState("journal header is not valid (journal %d, lineage %q)", h.Journal, truncate(h.Lineage, 64))
+	}
+	return h, nil
+}
+
+func decodeRecord(line []byte, at int64) (journalRecord, error) {
+	var r journalRecord
+	if err := decodeStrict(line, &r); err != nil {
+		return r, badState("journal record ending at offset %d does not decode: %v", at, err)
+	}
+	return r, nil
+}
+
+// recordOf is the journal record that turns base into st (st.Generation
+// already the new one): claims and reservations compared by device UUID
+// (both lists are sorted by it), the waiters touched by the Tx, the
+// conflicts whole if they changed.
+func recordOf(base, st *State, touched []string) journalRecord {
+	r := journalRecord{Gen: st.Generation, Time: st.UpdatedAt, NextSeq: st.NextSeq}
+	r.Claims, r.ClaimsGone = diffByUUID(base.Claims, st.Claims, func(c *Claim) string { return c.Device.UUID }, sameClaim)
+	r.Reservations, r.ResGone = diffByUUID(base.Reservations, st.Reservations, func(x *Reservation) string { return x.Device.UUID }, sameReservation)
+	if !slices.EqualFunc(base.Conflicts, st.Conflicts, sameConflict) {
+		x := slices.Clone(st.Conflicts)
+		if x == nil {
+			x = []Conflict{}
+		}
+		r.Conflicts = &x
+	}
+	if len(touched) > 0 {
+		find := waiterFinder(st.Waiters, len(touched))
+		seen := make(map[string]bool, len(touched))
+		for _, k := range touched {
+			if seen[k] {
+				continue
+			}
+			seen[k] = true
+			if i := find(k); i >= 0 {
+				r.Waiters = append(r.Waiters, st.Waiters[i])
+			} else {
+				r.WaitersGone = append(r.WaitersGone, k)
+			}
+		}
+	}
+	return r
+}
+
+// waiterFinder returns a lookup of a waiter's index by key: a scan for a
+// few lookups, a map for many.
+func waiterFinder(ws []Waiter, lookups int) func(string) int {
+	if lookups <= 8 {
+		return func(k string) int {
+			for i := range ws {
+				if ws[i].Key == k {
+					return i
+				}
+			}
+			return -1
+		}
+	}
+	m := make(map[string]int, len(ws))
+	for i := range ws {
+		m[ws[i].Key] = i
+	}
+	return func(k string) int {
+		if i, ok := m[k]; ok {
+			return i
+		}
+		return -1
+	}
+}
+
+// diffByUUID lists the elements of b that are new or changed against a, and
+// the UUIDs of a that b no longer has; both are sorted by UUID.
+func diffByUUID[T any](a, b []T, uuid func(*T) string, same func(*T, *T) bool) (upserts []T, gone []string) {
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || (i < len(a) && uuid(&a[i]) < uuid(&b[j])):
+			gone = append(gone, uuid(&a[i]))
+			i++
+		case i == len(a) || uuid(&b[j]) < uuid(&a[i]):
+			upserts = append(upserts, b[j])
+			j++
+		default:
+			if !same(&a[i], &b[j]) {
+				upserts = append(upserts, b[j])
+			}
+			i++
+			j++
+		}
+	}
+	return upserts, gone
+}
+
+func sameOwner(a, b *Owner) bool {
+	return a.ContainerID == b.ContainerID && a.Container == b.Container && a.Namespace == b.Namespace &&
+		a.Pod == b.Pod && a.PodUID == b.PodUID && a.PodSandboxID == b.PodSandboxID && a.FrontEnd == b.FrontEnd &&
+		a.Pid == b.Pid && a.PidStart == b.PidStart && a.Cgroup == b.Cgroup &&
+		a.StartedAt.Equal(b.StartedAt) && a.StoppedAt.Equal(b.StoppedAt)
+}
+
+func sameClaim(a, b *Claim) bool {
+	return a.Device == b.Device && a.Source == b.Source && a.Since.Equal(b.Since) && sameOwner(&a.Owner, &b.Owner)
+}
+
+func sameReservation(a, b *Reservation) bool {
+	return a.Device == b.Device && a.For == b.For && a.Since.Equal(b.Since) && a.Until.Equal(b.Until)
+}
+
+func sameConflict(a, b Conflict) bool {
+	return a.Device == b.Device && a.Since.Equal(b.Since) && sameOwner(&a.Owner, &b.Owner)
+}
+
+// applyRecords applies journal records, in order, to st, which the caller
+// owns (its slices are replaced, never written in place). Each record must
+// carry the next generation. The result is validated.
+func applyRecords(st *State, recs []journalRecord) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	waiterOps := 0
+	for i := range recs {
+		waiterOps += len(recs[i].Waiters) + len(recs[i].WaitersGone)
+	}
+	ws := waiterSet{ws: st.Waiters}
+	if waiterOps > 0 {
+		// Copy on write: st.Waiters may be shared with a cached state.
+		ws.ws = slices.Clone(st.Waiters)
+	}
+	if waiterOps > 8 {
+		ws.index()
+	}
+	st.Claims = slices.Clone(st.Claims)
+	st.Reservations = slices.Clone(st.Reservations)
+	for i := range recs {
+		r := &recs[i]
+		if r.Gen != st.Generation+1 {
+			return badState("journal record of generation %d follows generation %d (a record is missing)", r.Gen, st.Generation)
+		}
+		for _, u := range r.ClaimsGone {
+			st.Claims = deleteByUUID(st.Claims, u, func(c Claim) string { return c.Device.UUID })
+		}
+		for _, c := range r.Claims {
+			st.Claims = upsertByUUID(st.Claims, c, func(c Claim) string { return c.Device.UUID })
+		}
+		for _, u := range r.ResGone {
+			st.Reservations = deleteByUUID(st.Reservations, u, func(x Reservation) string { return x.Device.UUID })
+		}
+		for _, x := range r.Reservations {
+			st.Reservations = upsertByUUID(st.Reservations, x, func(x Reservation) string { return x.Device.UUID })
+		}
+		if r.Conflicts != nil {
+			st.Conflicts = slices.Clone(*r.Conflicts)
+		}
+		for _, k := range r.WaitersGone {
+			ws.remove(k)
+		}
+		for _, w := range r.Waiters {
+			ws.upsert(w)
+		}
+		st.Generation, st.UpdatedAt, st.NextSeq = r.Gen, r.Time, r.NextSeq
+	}
+	if waiterOps > 0 {
+		st.Waiters = ws.result()
+	}
+	if err := validate(st, waiterOps > 0); err != nil {
+		return badState("the journal leads to a state that violates an invariant: %v", err)
+	}
+	return nil
+}
+
+func deleteByUUID[T any](s []T, u string, uuid func(T) string) []T {
+	i, found := slices.BinarySearchFunc(s, u, func(e T, u string) int { return strings.Compare(uuid(e), u) })
+	if !found {
+		return s
+	}
+	return slices.Delete(s, i, i+1)
+}
+
+// waiterSet applies waiter changes: removals leave holes, filled in once at
+// the end, so a replay of many records costs O(waiters + changes), not
+// O(waiters × changes).
+type waiterSet struct {
+	ws    []Waiter
+	dead  []bool
+	idx   map[string]int
+	holes int
+}
+
+func (s *waiterSet) index() {
+	s.idx = make(map[string]int, len(s.ws))
+	for i := range s.ws {
+		s.idx[s.ws[i].Key] = i
+	}
+}
+
+func (s *waiterSet) find(k string) int {
+	if s.idx != nil {
+		if i, ok := s.idx[k]; ok {
+			return i
+		}
+		return -1
+	}
+	for i := range s.ws {
+		if s.ws[i].Key == k && (s.dead == nil || !s.dead[i]) {
+			return i
+		}
+	}
+	return -1
+}
+
+func (s *waiterSet) remove(k string) {
+	i := s.find(k)
+	if i < 0 {
+		return
+	}
+	if s.dead == nil {
+		s.dead = make([]bool, len(s.ws), cap(s.ws))
+	}
+	s.dead[i] = true
+	s.holes++
+	if s.idx != nil {
+		delete(s.idx, k)
+	}
+}
+
+func (s *waiterSet) upsert(w Waiter) {
+	if i := s.find(w.Key); i >= 0 {
+		if s.ws[i].Seq == w.Seq {
+			s.ws[i] = w
+			return
+		}
+		s.remove(w.Key) // queued again: a new arrival number, at the tail
+	}
+	s.ws = append(s.ws, w)
+	if s.dead != nil {
+		s.dead = append(s.dead, false)
+	}
+	if s.idx != nil {
+		s.idx[w.Key] = len(s.ws) - 1
+	}
+}
+
+func (s *waiterSet) result() []Waiter {
+	out := s.ws
+	if s.holes > 0 {
+		out = make([]Waiter, 0, len(s.ws)-s.holes)
+		for i := range s.ws {
+			if !s.dead[i] {
+				out = append(out, s.ws[i])
+			}
+		}
+	}
+	// Arrival numbers only grow, so appends keep the order; a replay of a
+	// damaged or hand-made journal is still sorted here and validated.
+	if !slices.IsSortedFunc(out, func(a, b Waiter) int { return cmpUint(a.Seq, b.Seq) }) {
+		slices.SortFunc(out, func(a, b Waiter) int { return cmpUint(a.Seq, b.Seq) })
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}

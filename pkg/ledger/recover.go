@@ -1,0 +1,517 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Audit operations of recovery.
+const (
+	OpRecover = "recover" // the state was rebuilt from the snapshots and journals
+	OpReset   = "reset"   // the state was started afresh deliberately
+)
+
+// RecoverOptions tune Recover.
+type RecoverOptions struct {
+	// Reason is written to the audit log (who asked, and why).
+	Reason string
+	// Alive, when set, is asked about every recovered claim's holder: a
+	// claim whose holder is known to be gone (false, nil) is released; an
+	// error keeps the claim (never free a GPU on a guess). Hook hosts pass
+	// a check of the runtime's own state; the NRI daemon reconciles with the
+	// runtime's list right after instead.
+	Alive func(Claim) (bool, error)
+	// AllowEmpty starts from an empty state (with a new lineage) when no
+	// snapshot or journal verifies, instead of failing. The NRI daemon sets
+	// it: it rebuilds the claims from the runtime's containers next.
+	AllowEmpty bool
+	// DryRun reports what would be recovered and changes nothing.
+	DryRun bool
+}
+
+// RecoverReport says exactly what Recover found and did.
+type RecoverReport struct {
+	// Problem is what was wrong; "" if the state was healthy and nothing
+	// was done.
+	Problem string `json:"problem,omitempty"`
+	// From lists the files the state was rebuilt from, in order of use.
+	From []string `json:"from,omitempty"`
+	// Replayed is the number of journal records replayed onto the base.
+	Replayed int `json:"replayed"`
+	// RecoveredGeneration is the last commit recovered; Generation the
+	// generation written (one more, or more if commits were lost).
+	RecoveredGeneration uint64 `json:"recovered_generation"`
+	Generation          uint64 `json:"generation"`
+	// Complete: every commit this boot made is back (by the boot marker;
+	// true when there is no marker to compare with).
+	Complete bool `json:"complete"`
+	// Lost describes what could not be recovered ("" if nothing).
+	Lost string `json:"lost,omitempty"`
+	// Lineage of the written state; NewLineage when it had to change
+	// (commits lost, or started empty), which makes the NRI daemon rebuild
+	// from the runtime.
+	Lineage    string `json:"lineage"`
+	NewLineage bool   `json:"new_lineage"`
+	Empty      bool   `json:"empty"` // nothing verified: started empty (AllowEmpty)
+	// Claims and Waiters of the recovered state; Released the claims
+	// freed because Alive said their holder is gone.
+	Claims   []Claim  `json:"claims"`
+	Waiters  []Waiter `json:"waiters"`
+	Released []Claim  `json:"released,omitempty"`
+	// Quarantined are the files moved aside (kept for a human, never
+	// overwritten): damaged ones, and ones of another ledger.
+	Quarantined []string `json:"quarantined,omitempty"`
+}
+
+// candidate file contents found by Recover.
+type recSnapshot struct {
+	path string
+	st   State
+}
+
+type recJournal struct {
+	path    string
+	hdr     journalHeader
+	recs    []journalRecord
+	damaged string // why the records stop early, "" if whole
+}
+
+// Recover rebuilds a ledger that needs recovery (see ErrNeedsRecovery): it
+// replays the journals onto the last snapshot that verifies (the current
+// one, the previous one kept by compaction, or the empty base of a fresh
+// start), preferring the chain that reaches the latest commit of this
+// boot's lineage; moves every damaged or foreign file aside; optionally
+// releases claims whose holder is gone (Alive); writes the result as a new
+// snapshot and reports exactly what it recovered. On a healthy ledger it
+// changes nothing and returns a report with an empty Problem.
+func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverReport, error) {
+	var rep RecoverReport
+	if l.readOnly {
+		return rep, fmt.Errorf("recover %s: %w", l.dir, ErrReadOnly)
+	}
+	if err := l.ensureDir(); err != nil {
+		return rep, err
+	}
+	unlock, err := l.acquire(ctx)
+	if err != nil {
+		return rep, err
+	}
+	defer unlock()
+	l.removeTemps()
+
+	ld, err := l.current()
+	if err == nil {
+		rep.Lineage, rep.Generation, rep.Complete = ld.st.Lineage, ld.st.Generation, true
+		rep.RecoveredGeneration = ld.st.Generation
+		rep.Claims, rep.Waiters = ld.st.Clone().Claims, ld.st.Clone().Waiters
+		return rep, nil
+	}
+	if !errors.Is(err, ErrNeedsRecovery) {
+		return rep, err
+	}
+	rep.Problem = err.Error()
+	m, mok, err := l.readMarker()
+	if err != nil && !errors.Is(err, ErrNeedsRecovery) {
+		return rep, err
+	}
+
+	snaps, journals, bad, badPaths := l.gatherForRecovery()
+	best, from, replayed, ok := bestChain(snaps, journals, m, mok)
+	var maxGen, nextSeq uint64
+	for _, s := range snaps {
+		maxGen, nextSeq = max(maxGen, s.st.Generation), max(nextSeq, s.st.NextSeq)
+	}
+	for _, j := range journals {
+		maxGen = max(maxGen, j.hdr.Base)
+		for _, r := range j.recs {
+			maxGen, nextSeq = max(maxGen, r.Gen), max(nextSeq, r.NextSeq)
+		}
+	}
+	if mok {
+		maxGen = max(maxGen, m.Generation)
+	}
+	if !ok {
+		if !opts.AllowEmpty {
+			return rep, fmt.Errorf("%w: nothing in %s verifies to recover from (%s); if the state dir or its files were moved, "+
+				"put them back and retry, or start empty deliberately with `gpu-guard-ctl recover --reset` (the NRI daemon "+
+				"rebuilds from the runtime at its next sync)", ErrNeedsRecovery, l.dir, describeBad(bad))
+		}
+		best = l.emptyState(maxGen, nextSeq)
+		rep.Empty = true
+	}
+	rep.From, rep.Replayed, rep.RecoveredGeneration = from, replayed, best.Generation
+	rep.Complete = ok && (!mok || (best.Lineage == m.Lineage && best.Generation >= m.Generation))
+	switch {
+	case rep.Empty:
+		rep.Lost = "everything: no snapshot or journal verified"
+	case !rep.Complete:
+		rep.Lost = fmt.Sprintf("commits %d to %d of lineage %s (the last this boot made)", best.Generation+1, m.Generation, truncate(m.Lineage, 64))
+	}
+	for _, j := range journals {
+		if j.damaged != "" {
+			rep.Lost = strings.TrimPrefix(rep.Lost+"; "+j.path+": "+j.damaged, "; ")
+		}
+	}
+
+	now := l.now()
+	st := best
+	st.BootID = l.opts.BootID
+	st.NextSeq = max(st.NextSeq, nextSeq)
+	rep.NewLineage = !rep.Complete || st.Lineage == ""
+	if rep.NewLineage {
+		st.Lineage = newLineage()
+	}
+	st.Generation = max(st.Generation, maxGen) + 1
+	st.UpdatedAt = now
+	tx := newTx(l, st, now)
+	if opts.Alive != nil {
+		for _, c := range st.Claims {
+			alive, err := opts.Alive(c)
+			if err != nil {
+				l.log.Warn("ledger recover: cannot tell whether a holder runs; its claim is kept", "device", DescribeDevice(c.Device),
+					"holder", DescribeOwner(c.Owner), "error", err)
+				continue
+			}
+			if !alive {
+				rep.Released = append(rep.Released, tx.Release(c.Owner.ContainerID, "recover: the holder is no longer running")...)
+			}
+		}
+	}
+	tx.maintain()
+	st = tx.st
+	tx.close()
+	st.sort(true)
+	if err := validateState(&st); err != nil {
+		return rep, fmt.Errorf("ledger recover: the recovered state breaks an invariant (nothing was written): %w", err)
+	}
+	rep.Generation, rep.Lineage = st.Generation, st.Lineage
+	rep.Claims, rep.Waiters = st.Claims, st.Waiters
+	if opts.DryRun {
+		return rep, nil
+	}
+
+	// Move aside what is damaged or of another ledger; keep the rest
+	// (compaction then keeps the snapshot and journal it replaces as .prev).
+	for _, sn := range snaps {
+		if sn.st.Lineage != best.Lineage || sn.st.BootID != l.opts.BootID {
+			badPaths[sn.path] = true
+		}
+	}
+	for _, j := range journals {
+		if j.hdr.Lineage != best.Lineage || j.hdr.BootID != l.opts.BootID {
+			badPaths[j.path] = true
+		}
+	}
+	var keep loaded
+	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
+		p := filepath.Join(l.dir, name)
+		if _, err := os.Lstat(p); err != nil {
+			continue
+		}
+		if !badPaths[p] {
+			keep.snapOK = keep.snapOK || (name == stateName && len(from) > 0 && from[0] == p)
+			keep.jOK = keep.jOK || name == journalName
+			continue
+		}
+		dst, err := quarantineAs(l.dir, p, ".corrupt-", now)
+		if err != nil {
+			return rep, err
+		}
+		rep.Quarantined = append(rep.Quarantined, dst)
+	}
+	next, err := l.compact(&st, &keep)
+	if err != nil {
+		l.setCache(nil)
+		return rep, err
+	}
+	next.st = st
+	l.setCache(&next)
+	if err := l.writeMarker(&st); err != nil {
+		return rep, err
+	}
+	l.log.Warn("ledger recovered", "problem", rep.Problem, "from", rep.From, "replayed", rep.Replayed,
+		"generation", rep.Generation, "complete", rep.Complete, "lost", rep.Lost, "claims", len(rep.Claims),
+		"waiters", len(rep.Waiters), "released", len(rep.Released), "quarantined", rep.Quarantined)
+	recs := append(tx.audit, AuditRecord{Time: now, Op: OpRecover, Reason: fmt.Sprintf(
+		"%s; from %s, %d record(s) replayed, %d claim(s), %d waiter(s), complete=%t%s; problem: %s",
+		orDash(opts.Reason), strings.Join(from, " + "), rep.Replayed, len(rep.Claims), len(rep.Waiters), rep.Complete,
+		map[bool]string{true: "", false: "; lost: " + rep.Lost}[rep.Lost == ""], rep.Problem)})
+	for i := range recs {
+		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
+	}
+	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, recs); err != nil {
+		l.log.Error("ledger: recovered, but its audit records were not written", "error", err)
+	}
+	return rep, nil
+}
+
+// Reset starts the ledger afresh deliberately: every state file is moved
+// aside (kept, never deleted), and an empty state with a new lineage is
+// written. Whoever calls it takes responsibility for the holders it
+// forgets: the NRI daemon rebuilds them from the runtime; an operator uses
+// it when nothing can be recovered.
+func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error) {
+	var rep RecoverReport
+	if l.readOnly {
+		return rep, fmt.Errorf("reset %s: %w", l.dir, ErrReadOnly)
+	}
+	if err := l.ensureDir(); err != nil {
+		return rep, err
+	}
+	unlock, err := l.acquire(ctx)
+	if err != nil {
+		return rep, err
+	}
+	defer unlock()
+	l.removeTemps()
+	now := l.now()
+	snaps, journals, _, _ := l.gatherForRecovery()
+	var gen, seq uint64
+	for _, s := range snaps {
+		gen, seq = max(gen, s.st.Generation), max(seq, s.st.NextSeq)
+	}
+	for _, j := range journals {
+		gen = max(gen, j.hdr.Base)
+		for _, r := range j.recs {
+			gen, seq = max(gen, r.Gen), max(seq, r.NextSeq)
+		}
+	}
+	if m, ok, err := l.readMarker(); err == nil && ok {
+		gen = max(gen, m.Generation)
+	}
+	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
+		p := filepath.Join(l.dir, name)
+		if _, err := os.Lstat(p); err != nil {
+			continue
+		}
+		dst, err := quarantineAs(l.dir, p, ".reset-", now)
+		if err != nil {
+			return rep, err
+		}
+		rep.Quarantined = append(rep.Quarantined, dst)
+	}
+	st := l.emptyState(gen+1, seq)
+	st.Lineage, st.UpdatedAt = newLineage(), now
+	next, err := l.compact(&st, &loaded{})
+	if err != nil {
+		l.setCache(nil)
+		return rep, err
+	}
+	next.st = st
+	l.setCache(&next)
+	if err := l.writeMarker(&st); err != nil {
+		return rep, err
+	}
+	rep.Problem, rep.Generation, rep.Lineage, rep.NewLineage, rep.Empty = "reset: "+reason, st.Generation, st.Lineage, true, true
+	l.log.Warn("ledger reset: started afresh", "reason", reason, "moved_aside", rep.Quarantined)
+	rec := AuditRecord{Time: now, Op: OpReset, Reason: fmt.Sprintf("%s; old files moved to %s", orDash(reason), strings.Join(rep.Quarantined, ", ")),
+		Generation: st.Generation, Pid: os.Getpid()}
+	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, []AuditRecord{rec}); err != nil {
+		l.log.Error("ledger: reset, but its audit record was not written", "error", err)
+	}
+	return rep, nil
+}
+
+// ensureDir creates a missing state dir for Recover and Reset: they are
+// how an operator deliberately resumes after the dir vanished.
+func (l *Ledger) ensureDir() error {
+	_, err := checkDir(l.dir, true, false)
+	return err
+}
+
+// gatherForRecovery reads every snapshot and journal there is, keeping
+// what verifies: each journal's records up to its first damaged line.
+func (l *Ledger) gatherForRecovery() (snaps []recSnapshot, journals []recJournal, bad []string, badPaths map[string]bool) {
+	badPaths = map[string]bool{}
+	for _, name := range []string{stateName, prevName} {
+		p := filepath.Join(l.dir, name)
+		data, exists, err := l.readForRecovery(p)
+		if !exists {
+			continue
+		}
+		if err == nil {
+			var st State
+			if st, err = DecodeState(data); err == nil {
+				snaps = append(snaps, recSnapshot{path: p, st: st})
+				continue
+			}
+		}
+		bad = append(bad, fmt.Sprintf("%s: %v", p, err))
+		badPaths[p] = true
+	}
+	for _, name := range []string{journalPrevName, journalName} {
+		p := filepath.Join(l.dir, name)
+		data, exists, err := l.readForRecovery(p)
+		if !exists {
+			continue
+		}
+		if err != nil {
+			bad = append(bad, fmt.Sprintf("%s: %v", p, err))
+			badPaths[p] = true
+			continue
+		}
+		j := recJournal{path: p}
+		lines, ends, _, lerr := journalLinesUpToDamage(data)
+		if lerr != nil {
+			j.damaged = lerr.Error()
+		}
+		if len(lines) == 0 {
+			bad = append(bad, fmt.Sprintf("%s: no header that verifies", p))
+			badPaths[p] = true
+			continue
+		}
+		if j.hdr, err = decodeHeader(lines[0]); err != nil {
+			bad = append(bad, fmt.Sprintf("%s: %v", p, err))
+			badPaths[p] = true
+			continue
+		}
+		for k := 1; k < len(lines); k++ {
+			r, err := decodeRecord(lines[k], ends[k])
+			if err != nil {
+				j.damaged = err.Error()
+				break
+			}
+			j.recs = append(j.recs, r)
+		}
+		if j.damaged != "" {
+			badPaths[p] = true
+		}
+		journals = append(journals, j)
+	}
+	return snaps, journals, bad, badPaths
+}
+
+func (l *Ledger) readForRecovery(p string) ([]byte, bool, error) {
+	f, fi, exists, err := openRegular(p, false)
+	if !exists || err != nil {
+		return nil, exists, err
+	}
+	defer func() { _ = f.Close() }()
+	data, err := readFrom(f, 0, fi.Size(), maxStateBytes, nil)
+	return data, true, err
+}
+
+// journalLinesUpToDamage is journalLines that keeps the lines before the
+// first damaged one.
+func journalLinesUpToDamage(data []byte) ([][]byte, []int64, int64, error) {
+	lines, ends, torn, err := journalLines(data, 0)
+	if err == nil {
+		return lines, ends, torn, nil
+	}
+	// Find the damaged line: verify growing prefixes line by line.
+	var off int
+	for off < len(data) {
+		nl := strings.IndexByte(string(data[off:]), '\n')
+		if nl < 0 {
+			break
+		}
+		if _, _, _, lerr := journalLines(data[off:off+nl+1], int64(off)); lerr != nil {
+			break
+		}
+		off += nl + 1
+	}
+	lines, ends, _, _ = journalLines(data[:off], 0)
+	return lines, ends, int64(off), err
+}
+
+// bestChain replays the journals onto every base (each snapshot, and the
+// empty base of a fresh-start journal) and returns the state that reaches
+// the highest generation, preferring the marker's lineage, with the files
+// used and the number of records replayed.
+func bestChain(snaps []recSnapshot, journals []recJournal, m marker, mok bool) (best State, from []string, replayed int, ok bool) {
+	bases := slices.Clone(snaps)
+	for _, j := range journals {
+		if j.hdr.Genesis {
+			bases = append(bases, recSnapshot{j.path + " (its empty base)", State{Generation: j.hdr.Base, NextSeq: j.hdr.BaseNextSeq,
+				BootID: j.hdr.BootID, Lineage: j.hdr.Lineage}})
+		}
+	}
+	better := func(a State, b State) bool { return a.Generation > b.Generation }
+	for _, b := range bases {
+		if mok && b.st.Lineage != m.Lineage {
+			continue // another ledger's state: its claims are not ours to adopt
+		}
+		st := b.st
+		used := []string{b.path}
+		n := 0
+		for _, j := range journals {
+			if j.hdr.Lineage != st.Lineage {
+				continue
+			}
+			applied := false
+			for i := range j.recs {
+				r := j.recs[i]
+				if r.Gen <= st.Generation {
+					continue
+				}
+				if r.Gen != st.Generation+1 {
+					break
+				}
+				next := st
+				if err := applyRecords(&next, []journalRecord{r}); err != nil {
+					break
+				}
+				st = next
+				n++
+				applied = true
+			}
+			if applied {
+				used = append(used, j.path)
+			}
+		}
+		if !ok || better(st, best) {
+			best, from, replayed, ok = st, used, n, true
+		}
+	}
+	// The base of a genesis journal is the journal itself.
+	var out []string
+	for _, f := range from {
+		f = strings.TrimSuffix(f, " (its empty base)")
+		if !slices.Contains(out, f) {
+			out = append(out, f)
+		}
+	}
+	return best, out, replayed, ok
+}
+
+func describeBad(bad []string) string {
+	if len(bad) == 0 {
+		return "no state files at all"
+	}
+	return strings.Join(bad, "; ")
+}
+
+// quarantineAs moves a state file aside to <path><infix><UTC time> (with a
+// counter if taken): kept for a human, never overwritten.
+func quarantineAs(dir, path, infix string, now time.Time) (string, error) {
+	base := path + infix + now.UTC().Format(quarantineStamp)
+	for i := 0; i < 100; i++ {
+		dst := base
+		if i > 0 {
+			dst = fmt.Sprintf("%s.%d", base, i)
+		}
+		if _, err := os.Lstat(dst); !errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := os.Rename(path, dst); err != nil {
+			return "", fmt.Errorf("move %s aside: %w", path, err)
+		}
+		return dst, syncDir(dir)
+	}
+	return "", fmt.Errorf("move %s aside: too many files named %s*; clean them up", path, base)
+}
+
+// orDash is s, or "-" when s is empty, for audit reasons.
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}

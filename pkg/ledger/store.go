@@ -1,0 +1,479 @@
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+)
+
+// fileID identifies one version of a file: the same inode, size and times
+// mean nobody wrote to it since (a rename replaces the inode, an append
+// grows it, a write in place moves mtime and ctime).
+type fileID struct {
+	dev, ino     uint64
+	size         int64
+	mtime, ctime syscall.Timespec
+}
+
+func idOf(fi fs.FileInfo) fileID {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{size: fi.Size()}
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino, size: st.Size, mtime: st.Mtim, ctime: st.Ctim} //nolint:unconvert // Dev is uint64 on amd64 only
+}
+
+// loaded is the committed state as read from the files, with what the
+// next reader needs to tell whether they changed since.
+type loaded struct {
+	st     State
+	exists bool // a snapshot or a journal is there
+
+	snapOK    bool // ledger.json is there (and verified)
+	snapID    fileID
+	format    int
+	snapBytes int64
+
+	jOK  bool // ledger.journal is there (and verified)
+	jID  fileID
+	jHdr journalHeader
+	jEnd int64 // end of the last complete record; a torn tail follows if jID.size > jEnd
+}
+
+// openRegular opens a ledger file for reading without following a symlink
+// and without blocking (a FIFO planted in its place must not hang the
+// guard), and refuses anything but a regular file we (or, for readers, root)
+// own that group and others cannot write. exists is false if there is none.
+func openRegular(p string, readOnly bool) (f *os.File, fi fs.FileInfo, exists bool, err error) {
+	f, err = os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // fixed names in the operator's state dir
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, false, nil
+	}
+	if errors.Is(err, syscall.ELOOP) {
+		return nil, nil, true, fmt.Errorf("%w: %s is a symlink; remove it (the ledger never follows links)", ErrUnsafeDir, p)
+	}
+	if err != nil {
+		return nil, nil, true, fmt.Errorf("open %s: %w", p, err)
+	}
+	fi, err = f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%w: %s is not a regular file (%s); remove it, the ledger only reads regular files", ErrUnsafeDir, p, fi.Mode().Type())
+	}
+	if err == nil {
+		err = checkOwnerMode(p, fi, readOnly)
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, nil, true, err
+	}
+	return f, fi, true, nil
+}
+
+// readFrom reads f from off to its end, at most limit bytes (more is an
+// error wrapping ErrCorrupt: not a file of ours).
+func readFrom(f *os.File, off, size, limit int64, buf []byte) ([]byte, error) {
+	if size-off > limit {
+		return nil, badState("%s is %d bytes, more than the %d a ledger file can be", f.Name(), size, limit)
+	}
+	buf = slices.Grow(buf[:0], int(max(size-off, 0))+512)
+	r := io.LimitReader(io.NewSectionReader(f, off, limit+1), limit+1)
+	for {
+		if len(buf) == cap(buf) {
+			buf = slices.Grow(buf, 64<<10)
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			if int64(len(buf)) > limit {
+				return nil, badState("%s is more than the %d bytes a ledger file can be", f.Name(), limit)
+			}
+			return buf, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", f.Name(), err)
+		}
+	}
+}
+
+// loadFiles reads the snapshot and the journal. With a cached load c of the
+// same snapshot and journal, only the journal's new records are read.
+func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
+	var ld loaded
+	sf, sfi, sExists, err := openRegular(l.StatePath(), l.readOnly)
+	if err != nil {
+		return ld, err
+	}
+	if sExists {
+		defer func() { _ = sf.Close() }()
+		ld.snapOK, ld.snapID, ld.exists = true, idOf(sfi), true
+	}
+	jf, jfi, jExists, err := openRegular(l.JournalPath(), l.readOnly)
+	if err != nil {
+		return ld, err
+	}
+	if jExists {
+		defer func() { _ = jf.Close() }()
+		ld.jOK, ld.jID, ld.exists = true, idOf(jfi), true
+	}
+
+	// The cache is good if the snapshot is the same file, and the journal
+	// the same one, grown at most.
+	if c != nil && c.snapOK == ld.snapOK && c.snapID == ld.snapID && c.jOK == ld.jOK {
+		switch {
+		case !ld.jOK:
+			return *c, nil
+		case c.jID == ld.jID:
+			return *c, nil
+		case c.jID.dev == ld.jID.dev && c.jID.ino == ld.jID.ino && ld.jID.size > c.jEnd:
+			next, err := l.readJournalTail(jf, c, ld.jID)
+			if err == nil {
+				return next, nil
+			}
+			// Fall through to a full read: it names the damage precisely.
+		}
+	}
+
+	if sExists {
+		data, err := readFrom(sf, 0, sfi.Size(), maxStateBytes, nil)
+		if err != nil {
+			return ld, l.corrupt(l.StatePath(), err)
+		}
+		ld.snapBytes = int64(len(data))
+		ld.format, _ = peekFormat(data)
+		ld.st, err = DecodeState(data)
+		if err != nil {
+			return ld, l.corrupt(l.StatePath(), err)
+		}
+	}
+	if !jExists {
+		return ld, nil
+	}
+	if !sExists {
+		return ld, &NeedsRecoveryError{Path: l.StatePath(), Problem: "the snapshot is missing although the journal " + l.JournalPath() + " is there (deleted or renamed)"}
+	}
+	data, err := readFrom(jf, 0, jfi.Size(), maxStateBytes, nil)
+	if err != nil {
+		return ld, l.corrupt(l.JournalPath(), err)
+	}
+	hdr, recs, end, err := parseJournal(data, 0)
+	if err != nil {
+		return ld, l.corrupt(l.JournalPath(), err)
+	}
+	ld.jHdr, ld.jEnd = hdr, end
+	if hdr.Lineage != ld.st.Lineage || hdr.BootID != ld.st.BootID {
+		return ld, &NeedsRecoveryError{Path: l.JournalPath(), Problem: fmt.Sprintf(
+			"the journal (lineage %s, boot %s) does not belong to the snapshot (lineage %s, boot %s): one of them was replaced",
+			truncate(hdr.Lineage, 64), truncate(hdr.BootID, 64), truncate(ld.st.Lineage, 64), truncate(ld.st.BootID, 64))}
+	}
+	if hdr.Base > ld.st.Generation {
+		return ld, &NeedsRecoveryError{Path: l.StatePath(), Problem: fmt.Sprintf(
+			"the snapshot is of generation %d but the journal continues generation %d: the snapshot was replaced by an older copy",
+			ld.st.Generation, hdr.Base)}
+	}
+	// Records up to the snapshot's generation are already in it (a crash
+	// between writing a snapshot and starting its journal leaves them).
+	i := 0
+	for i < len(recs) && recs[i].Gen <= ld.st.Generation {
+		i++
+	}
+	if i < len(recs) {
+		st := ld.st
+		if err := applyRecords(&st, recs[i:]); err != nil {
+			return ld, l.corrupt(l.JournalPath(), err)
+		}
+		ld.st = st
+	}
+	return ld, nil
+}
+
+// parseJournal verifies a whole journal: its header, its records, and where
+// the complete records end (a torn tail after that is ignored).
+func parseJournal(data []byte, base int64) (journalHeader, []journalRecord, int64, error) {
+	var hdr journalHeader
+	lines, ends, _, err := journalLines(data, base)
+	if err != nil {
+		return hdr, nil, 0, err
+	}
+	if len(lines) == 0 {
+		return hdr, nil, 0, badState("the journal has no header (empty or torn at its first line)")
+	}
+	if hdr, err = decodeHeader(lines[0]); err != nil {
+		return hdr, nil, 0, err
+	}
+	recs := make([]journalRecord, 0, len(lines)-1)
+	for k := 1; k < len(lines); k++ {
+		r, err := decodeRecord(lines[k], ends[k])
+		if err != nil {
+			return hdr, nil, 0, err
+		}
+		recs = append(recs, r)
+	}
+	return hdr, recs, ends[len(ends)-1], nil
+}
+
+// readJournalTail applies the records appended since c was read.
+func (l *Ledger) readJournalTail(jf *os.File, c *loaded, id fileID) (loaded, error) {
+	data, err := readFrom(jf, c.jEnd, id.size, maxStateBytes, nil)
+	if err != nil {
+		return loaded{}, err
+	}
+	lines, ends, _, err := journalLines(data, c.jEnd)
+	if err != nil {
+		return loaded{}, err
+	}
+	next := *c
+	next.jID = id
+	if len(lines) == 0 {
+		return next, nil // only a torn tail: a write in flight or interrupted
+	}
+	recs := make([]journalRecord, 0, len(lines))
+	for k := range lines {
+		r, err := decodeRecord(lines[k], ends[k])
+		if err != nil {
+			return loaded{}, err
+		}
+		recs = append(recs, r)
+	}
+	st := c.st
+	if err := applyRecords(&st, recs); err != nil {
+		return loaded{}, err
+	}
+	next.st, next.jEnd = st, ends[len(ends)-1]
+	return next, nil
+}
+
+// corrupt wraps a decode error of path: a *CorruptError, or the
+// *FormatError of a newer format with its path.
+func (l *Ledger) corrupt(path string, err error) error {
+	var fe *FormatError
+	if errors.As(err, &fe) {
+		fe.Path = path
+		return fe
+	}
+	if errors.Is(err, ErrCorrupt) {
+		return &CorruptError{Path: path, Reason: err.Error()}
+	}
+	return err
+}
+
+// current returns the last committed state, checked against this boot's
+// marker, from the cache when the files did not change. Without the lock
+// (locked false) a read that overlapped a compaction is retried.
+func (l *Ledger) current() (loaded, error) {
+	for attempt := 0; ; attempt++ {
+		m, mok, err := l.readMarker()
+		if err != nil {
+			return loaded{}, err
+		}
+		c := l.cached()
+		ld, err := l.loadFiles(c)
+		if attempt < 20 && l.replacedMeanwhile(&ld) {
+			continue
+		}
+		if err != nil {
+			return loaded{}, err
+		}
+		if err := l.checkMarker(&ld, m, mok); err != nil {
+			return loaded{}, err
+		}
+		if c == nil || c.snapID != ld.snapID || c.jID != ld.jID || c.snapOK != ld.snapOK || c.jOK != ld.jOK {
+			l.setCache(&ld)
+		}
+		return ld, nil
+	}
+}
+
+// replacedMeanwhile reports whether the snapshot path no longer names the
+// file that was read: a writer compacted meanwhile, and the journal read may
+// belong to the new snapshot. A compaction renames the snapshot before it
+// replaces the journal, so this check after reading both catches it.
+func (l *Ledger) replacedMeanwhile(ld *loaded) bool {
+	fi, err := os.Lstat(l.StatePath()) //nolint:gosec // fixed name in the operator's state dir
+	if errors.Is(err, fs.ErrNotExist) {
+		return ld.snapOK
+	}
+	if err != nil {
+		return false
+	}
+	id := idOf(fi)
+	return !ld.snapOK || id.dev != ld.snapID.dev || id.ino != ld.snapID.ino
+}
+
+// checkMarker refuses state that is not the last committed in this boot:
+// missing files, another lineage, an earlier boot's state, or an older
+// generation than the marker records.
+func (l *Ledger) checkMarker(ld *loaded, m marker, mok bool) error {
+	if !mok {
+		return nil
+	}
+	was := fmt.Sprintf("this boot committed generation %d of lineage %s here", m.Generation, truncate(m.Lineage, 64))
+	switch {
+	case !ld.exists:
+		return &NeedsRecoveryError{Path: l.dir, Problem: "the state files are gone (deleted, or the state dir was moved or replaced) but " + was}
+	case ld.st.BootID != l.opts.BootID:
+		return &NeedsRecoveryError{Path: l.StatePath(), Problem: fmt.Sprintf("the state is from boot %s, but %s: it was replaced", truncate(ld.st.BootID, 64), was)}
+	case ld.st.Lineage != m.Lineage:
+		return &NeedsRecoveryError{Path: l.StatePath(), Problem: fmt.Sprintf("the state has lineage %q, but %s: it was replaced by another ledger's", truncate(ld.st.Lineage, 64), was)}
+	case ld.st.Generation < m.Generation:
+		return &NeedsRecoveryError{Path: l.StatePath(), Problem: fmt.Sprintf("the state is of generation %d, but %s: commits were lost (an older copy put back, or the journal cut)", ld.st.Generation, was)}
+	}
+	return nil
+}
+
+func (l *Ledger) cached() *loaded {
+	l.cacheMu.Lock()
+	defer l.cacheMu.Unlock()
+	return l.cache
+}
+
+func (l *Ledger) setCache(ld *loaded) {
+	l.cacheMu.Lock()
+	l.cache = ld
+	l.cacheMu.Unlock()
+}
+
+// journalTooBig: compact once the journal outgrows the snapshot (so a
+// reader never reads more than twice the state), and at least
+// compactMinBytes of it (so a small state is not rewritten every commit).
+func (l *Ledger) journalTooBig(ld *loaded) bool {
+	return ld.jEnd > max(l.compactMin, ld.snapBytes)
+}
+
+// compact writes st as the snapshot and starts an empty journal after it.
+// The snapshot it replaces (verified: it was just loaded) is kept as
+// ledger.json.prev, and the journal as ledger.journal.prev, for Recover.
+// Order matters for lock-free readers and crashes: the snapshot is renamed
+// into place first (its journal's records up to its generation are skipped
+// by readers), then the journal is replaced.
+func (l *Ledger) compact(st *State, ld *loaded) (loaded, error) {
+	data, err := l.enc.encode(st, nil)
+	if err != nil {
+		return loaded{}, fmt.Errorf("encode ledger state: %w", err)
+	}
+	if ld.snapOK {
+		prev := filepath.Join(l.dir, prevName)
+		if err := os.Remove(prev); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed name in the operator's state dir
+			l.log.Warn("ledger: could not replace the previous snapshot", "path", prev, "error", err)
+		} else if err := os.Link(l.StatePath(), prev); err != nil {
+			l.log.Warn("ledger: could not keep the previous snapshot", "path", prev, "error", err)
+		}
+	}
+	if err := writeAtomic(l.dir, l.StatePath(), data); err != nil {
+		return loaded{}, err
+	}
+	hdr := journalHeader{Journal: journalFormat, Lineage: st.Lineage, BootID: st.BootID, Base: st.Generation,
+		Genesis: isEmpty(st), BaseNextSeq: st.NextSeq}
+	line, err := appendJournalLine(nil, hdr)
+	if err != nil {
+		return loaded{}, err
+	}
+	if err := l.replaceJournal(line, ld.jOK); err != nil {
+		return loaded{}, err
+	}
+	next := loaded{st: *st, exists: true, snapOK: true, format: FormatVersion, snapBytes: int64(len(data)),
+		jOK: true, jHdr: hdr, jEnd: int64(len(line))}
+	if fi, err := os.Lstat(l.StatePath()); err == nil { //nolint:gosec // fixed names in the operator's state dir
+		next.snapID = idOf(fi)
+	}
+	if fi, err := os.Lstat(l.JournalPath()); err == nil { //nolint:gosec // fixed names in the operator's state dir
+		next.jID = idOf(fi)
+	}
+	return next, nil
+}
+
+func isEmpty(st *State) bool {
+	return len(st.Claims) == 0 && len(st.Waiters) == 0 && len(st.Reservations) == 0 && len(st.Conflicts) == 0
+}
+
+// replaceJournal puts a new journal holding header in place, keeping the old
+// one as ledger.journal.prev.
+func (l *Ledger) replaceJournal(header []byte, old bool) error {
+	f, err := os.CreateTemp(l.dir, tempPrefix+"journal-*")
+	if err != nil {
+		return fmt.Errorf("create temp file in %s: %w", l.dir, err)
+	}
+	tmp := f.Name()
+	ok := false
+	defer func() {
+		if !ok {
+			_ = f.Close()
+			_ = os.Remove(tmp) //nolint:gosec // our own temp file
+		}
+	}()
+	if _, err := f.Write(header); err != nil {
+		return fmt.Errorf("write %s: %w", tmp, err)
+	}
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("fsync %s: %w", tmp, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close %s: %w", tmp, err)
+	}
+	reachStage(stageJournalSynced)
+	if old {
+		if err := os.Rename(l.JournalPath(), filepath.Join(l.dir, journalPrevName)); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed names in the operator's state dir
+			return fmt.Errorf("keep the old journal: %w", err)
+		}
+	}
+	reachStage(stageJournalRotated)
+	if err := os.Rename(tmp, l.JournalPath()); err != nil { //nolint:gosec // our temp file onto the fixed journal name
+		return fmt.Errorf("rename %s to %s: %w", tmp, l.JournalPath(), err)
+	}
+	ok = true
+	if err := syncDir(l.dir); err != nil {
+		return err
+	}
+	reachStage(stageJournalSwapped)
+	return nil
+}
+
+// appendRecord appends one commit to the journal (one write, one fdatasync)
+// after cutting a torn tail left by a crashed writer.
+func (l *Ledger) appendRecord(rec *journalRecord, ld *loaded) (loaded, error) {
+	line, err := appendJournalLine(l.recBuf[:0], rec)
+	if err != nil {
+		return loaded{}, fmt.Errorf("encode journal record: %w", err)
+	}
+	l.recBuf = line
+	f, err := os.OpenFile(l.JournalPath(), os.O_WRONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // fixed name in the operator's state dir
+	if err != nil {
+		return loaded{}, fmt.Errorf("open journal: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	if ld.jID.size != ld.jEnd {
+		l.log.Warn("ledger: cutting the torn last record of an interrupted commit", "journal", l.JournalPath(),
+			"offset", ld.jEnd, "bytes", ld.jID.size-ld.jEnd)
+		if err := f.Truncate(ld.jEnd); err != nil {
+			return loaded{}, fmt.Errorf("cut the torn tail of %s: %w", l.JournalPath(), err)
+		}
+	}
+	if failpoint != nil {
+		// Tests: a write cut in the middle, as a crash leaves it.
+		half := len(line) / 2
+		if _, err := f.WriteAt(line[:half], ld.jEnd); err != nil {
+			return loaded{}, fmt.Errorf("append to %s: %w", l.JournalPath(), err)
+		}
+		reachStage(stageTornWrite)
+		if _, err := f.WriteAt(line[half:], ld.jEnd+int64(half)); err != nil {
+			return loaded{}, fmt.Errorf("append to %s: %w", l.JournalPath(), err)
+		}
+	} else if _, err := f.WriteAt(line, ld.jEnd); err != nil {
+		return loaded{}, fmt.Errorf("append to %s: %w", l.JournalPath(), err)
+	}
+	reachStage(stageAfterWrite)
+	if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+		return loaded{}, fmt.Errorf("fdatasync %s: %w", l.JournalPath(), err)
+	}
+	reachStage(stageAfterFsync)
+	next := *ld
+	next.jEnd += int64(len(line))
+	if fi, err := f.Stat(); err == nil {
+		next.jID = idOf(fi)
+	}
+	return next, nil
+}
