@@ -47,8 +47,15 @@ const (
 var (
 	// RepoRoot is the repository's root directory.
 	RepoRoot string
-	// ToolsDir holds containerd, containerd-shim-runc-v2, ctr and crictl.
+	// ToolsDir holds crictl, and one containerd-<version> dir per
+	// containerd version setup.sh built.
 	ToolsDir string
+	// ContainerdDir holds containerd, containerd-shim-runc-v2 and ctr of
+	// the version under test (Runtime).
+	ContainerdDir string
+	// Runtime is the containerd version under test: $CONTAINERD_VERSION,
+	// or DefaultContainerdVersion.
+	Runtime ContainerdVersion
 	// ImageTar is the test image (an OCI layout tar) built by setup.sh.
 	ImageTar string
 	// GuardBin and CtlBin are the binaries under test (make build).
@@ -101,13 +108,18 @@ func locate() error {
 	if ToolsDir == "" {
 		ToolsDir = filepath.Join(cache, "tools")
 	}
+	Runtime, err = runtimeUnderTest()
+	if err != nil {
+		return err
+	}
+	ContainerdDir = filepath.Join(ToolsDir, "containerd-"+Runtime.String())
 	ImageTar = filepath.Join(cache, "images", "gpu-guard-test.tar")
 	GuardBin = filepath.Join(RepoRoot, "bin", "nri-gpu-guard")
 	CtlBin = filepath.Join(RepoRoot, "bin", "gpu-guard-ctl")
 	var missing []string
 	for _, p := range []string{
-		filepath.Join(ToolsDir, "containerd"), filepath.Join(ToolsDir, "containerd-shim-runc-v2"),
-		filepath.Join(ToolsDir, "ctr"), filepath.Join(ToolsDir, "crictl"), ImageTar,
+		filepath.Join(ContainerdDir, "containerd"), filepath.Join(ContainerdDir, "containerd-shim-runc-v2"),
+		filepath.Join(ContainerdDir, "ctr"), filepath.Join(ToolsDir, "crictl"), ImageTar,
 	} {
 		if _, err := os.Stat(p); err != nil {
 			missing = append(missing, p)
@@ -117,7 +129,7 @@ func locate() error {
 		missing = append(missing, "runc (on PATH)")
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing %s: run ./test/integration/setup.sh as root (or `make integration`)", strings.Join(missing, ", "))
+		return fmt.Errorf("missing %s: run CONTAINERD_VERSION=%s ./test/integration/setup.sh as root (or `make integration CONTAINERD_VERSION=%[2]s`)", strings.Join(missing, ", "), Runtime)
 	}
 	for _, p := range []string{GuardBin, CtlBin} {
 		if _, err := os.Stat(p); err != nil {
