@@ -203,6 +203,13 @@ state = %s
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
 `, tomlString(SandboxImage), tomlString(c.CDIDir))
+		if RuncBinary != "" {
+			fmt.Fprintf(&b, `  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      BinaryName = %s
+`, tomlString(RuncBinary))
+		}
 	} else {
 		fmt.Fprintf(&b, `
 [plugins."io.containerd.cri.v1.images"]
@@ -214,6 +221,13 @@ state = %s
   restrict_oom_score_adj = true
   cdi_spec_dirs = [%s]
 `, tomlString(SandboxImage), tomlString(c.CDIDir))
+		if RuncBinary != "" {
+			fmt.Fprintf(&b, `  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+      BinaryName = %s
+`, tomlString(RuncBinary))
+		}
 	}
 	if c.opts.ExtraConfig != "" {
 		b.WriteString("\n" + c.opts.ExtraConfig + "\n")

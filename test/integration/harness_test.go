@@ -56,6 +56,9 @@ var (
 	// Runtime is the containerd version under test: $CONTAINERD_VERSION,
 	// or DefaultContainerdVersion.
 	Runtime ContainerdVersion
+	// RuncBinary, when set, is the runc containerd's runc shim runs
+	// instead of the one on PATH (see prepareRunc).
+	RuncBinary string
 	// ImageTar is the test image (an OCI layout tar) built by setup.sh.
 	ImageTar string
 	// GuardBin and CtlBin are the binaries under test (make build).
@@ -72,6 +75,12 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	sweepStale()
+	cleanup, err := prepareRunc()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
+		return 1
+	}
+	defer cleanup()
 	code := m.Run()
 	if err := closeShared(); err != nil {
 		fmt.Fprintf(os.Stderr, "integration: tearing down the shared containerd: %v\n", err)
@@ -604,4 +613,38 @@ func closeShared() error {
 		return nil
 	}
 	return shared.c.Close()
+}
+
+// prepareRunc sets RuncBinary where runc cannot run the suite's containers
+// as they are: on a cgroup v2 view of a hybrid host (cgroup2.sh) the cpu
+// controller stays bound to cgroup v1, and runc fails writing cpu.weight for
+// the CRI sandbox's default CPU shares. There a small wrapper
+// (testdata/runcwrap) drops the CPU resources from the spec and runs runc.
+func prepareRunc() (cleanup func(), err error) {
+	if cgroupMode() != "v2" {
+		return func() {}, nil
+	}
+	ctrls, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(strings.Fields(string(ctrls)), "cpu") {
+		return func() {}, nil
+	}
+	dir, err := os.MkdirTemp(tmpBase(), "gg-runc-")
+	if err != nil {
+		return nil, err
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	bin := filepath.Join(dir, "runc")
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/runcwrap")
+	cmd.Dir = filepath.Join(RepoRoot, "test", "integration")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("building the runc wrapper: %w: %s", err, out)
+	}
+	fmt.Fprintf(os.Stderr, "integration: cgroup v2 without the cpu controller (%s): containers run through %s, which drops their CPU resources\n",
+		strings.TrimSpace(string(ctrls)), bin)
+	RuncBinary = bin
+	return cleanup, nil
 }
