@@ -39,6 +39,7 @@ var Scenarios = []Scenario{
 	{"admit/refuse + message", "TestConflictingRequestIsRefusedAndQueued"},
 	{"queue + reservation", "TestStoppedHolderHandsGPUToHeadOfQueue"},
 	{"restart reconcile", "TestPluginRestartReconcilesWithRuntime"},
+	{"exited holder via cgroup", "TestExitedHolderIsSeenThroughItsCgroup"},
 	{"fail-closed validator", "TestGuardAbsentFailsClosed"},
 	{"launched mode", "TestPreinstalledPluginSurvivesContainerdRestart"},
 }

@@ -90,8 +90,8 @@ func TestReadmeRowAndTable(t *testing.T) {
 	broken, err := Parse(strings.NewReader(logOf("v2.4.2", "v0.12.3", false, allPass(map[string]string{"TestPreinstalledPluginSurvivesContainerdRestart": "FAIL"}))))
 	require.NoError(t, err)
 
-	assert.Equal(t, "| 1.7 (v1.7.35) | v0.8.0 | supported, without fail-closed validator | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, launched mode |", ReadmeRow(old))
-	assert.Equal(t, "| 2.2 (v2.2.1) | v0.11.0 | supported | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, fail-closed validator, launched mode |", ReadmeRow(cur))
+	assert.Equal(t, "| 1.7 (v1.7.35) | v0.8.0 | supported, without fail-closed validator | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, exited holder via cgroup, launched mode |", ReadmeRow(old))
+	assert.Equal(t, "| 2.2 (v2.2.1) | v0.11.0 | supported | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, exited holder via cgroup, fail-closed validator, launched mode |", ReadmeRow(cur))
 	assert.Contains(t, ReadmeRow(broken), "| **failing**: launched mode |")
 
 	rs := []*Result{broken, cur, old}
