@@ -393,7 +393,7 @@ func TestMain(m *testing.M) {
 // startIn starts a helper process and moves it into cgroup dir.
 func startIn(t *testing.T, dir string) (*exec.Cmd, io.Closer) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0]) //nolint:gosec // the test binary itself
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), helperEnv+"=1")
 	stdin, err := cmd.StdinPipe()
 	require.NoError(t, err)
