@@ -391,8 +391,12 @@ func (c *Containerd) Crictl(args ...string) (string, error) {
 	return runTool(c.env(), filepath.Join(ToolsDir, "crictl"), append([]string{"--config", c.CrictlConfig}, args...)...)
 }
 
-// Ctr runs ctr against this containerd in the k8s.io namespace.
+// Ctr runs ctr against this containerd in the k8s.io namespace. A `ctr
+// run` uses RuncBinary, when the harness has one, as CRI containers do.
 func (c *Containerd) Ctr(args ...string) (string, error) {
+	if len(args) > 0 && args[0] == "run" && RuncBinary != "" {
+		args = append([]string{"run", "--runc-binary", RuncBinary}, args[1:]...)
+	}
 	return runTool(c.env(), filepath.Join(ContainerdDir, "ctr"), append([]string{"--address", c.Socket, "--namespace", "k8s.io"}, args...)...)
 }
 
