@@ -96,9 +96,13 @@ if [[ $(cat "$CONTAINERD_DIR/.stamp" 2>/dev/null) != "$containerd_stamp" ]] ||
 	log "building containerd, containerd-shim-runc-v2 and ctr $CONTAINERD_VERSION into $CONTAINERD_DIR (a few minutes the first time)"
 	build_containerd
 fi
+# `make demo` runs $TOOLS/containerd: link the default version there, unless
+# a `go install` of that same version already put it there.
 if [[ $CONTAINERD_VERSION == "$DEFAULT_CONTAINERD_VERSION" ]]; then
 	for b in containerd containerd-shim-runc-v2 ctr; do
-		ln -sfn "containerd-$CONTAINERD_VERSION/$b" "$TOOLS/$b"
+		if [[ -L $TOOLS/$b || $(module_version "$TOOLS/$b" "$CONTAINERD_MODULE") != "$CONTAINERD_VERSION" ]]; then
+			ln -sfn "containerd-$CONTAINERD_VERSION/$b" "$TOOLS/$b"
+		fi
 	done
 fi
 if [[ $(module_version "$TOOLS/crictl" "$CRICTL_MODULE") != "$CRICTL_VERSION" ]]; then
