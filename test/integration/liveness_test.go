@@ -108,5 +108,12 @@ func TestExitedHolderIsSeenThroughItsCgroup(t *testing.T) {
 	b := c.RunPod(t, PodSpec{Name: "liveness-b"})
 	bID := b.Run(t, ContainerSpec{Name: worker, Env: GPUEnv("0")})
 	assert.Equal(t, bID, g.Holder(t, 0), "the exited holder's GPU went to the next request")
+
+	// Let the runtime catch up before the test's pods are removed.
+	require.NoError(t, syscall.Kill(shim, syscall.SIGCONT))
+	waitFor(t, waitTimeout, "containerd to see the holder exited", func() (bool, string) {
+		st := c.ContainerState(t, aID)
+		return st == "CONTAINER_EXITED", st
+	})
 	t.Logf("cgroup %s: the exited holder was released through its cgroup %s", cgroupMode(), cgroup)
 }
