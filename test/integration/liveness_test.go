@@ -38,6 +38,21 @@ func parentPid(t *testing.T, pid int) int {
 	return ppid
 }
 
+// cgroupEmpty reads the kernel's own answer for a container's cgroup: on
+// cgroup v2 "populated" of cgroup.events, on v1 the pids hierarchy's
+// cgroup.procs. The cgroup must exist.
+func cgroupEmpty(t *testing.T, cgroup string) (bool, string) {
+	t.Helper()
+	if cgroupMode() == "v2" {
+		ev, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", cgroup, "cgroup.events"))
+		require.NoError(t, err, "the cgroup stays while the shim is frozen")
+		return strings.Contains(string(ev), "populated 0\n"), string(ev)
+	}
+	procs, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/pids", cgroup, "cgroup.procs"))
+	require.NoError(t, err, "the cgroup stays while the shim is frozen")
+	return strings.TrimSpace(string(procs)) == "", "cgroup.procs: " + string(procs)
+}
+
 // statusDevice is GPU index i as `gpu-guard-ctl status -o json` shows it.
 type statusDevice struct {
 	Index  string `json:"index"`
@@ -94,12 +109,13 @@ func TestExitedHolderIsSeenThroughItsCgroup(t *testing.T) {
 		return !processExists(pid), fmt.Sprintf("pid %d", pid)
 	})
 
+	// The killed process's leader shows as a zombie as soon as its own
+	// thread exited; its other threads leave the cgroup a moment later, and
+	// with the shim frozen nobody reaps it. Wait on the kernel's view.
 	cgroup := "/k8s.io/" + aID
-	if cgroupMode() == "v2" {
-		ev, err := os.ReadFile(filepath.Join("/sys/fs/cgroup", cgroup, "cgroup.events"))
-		require.NoError(t, err, "the cgroup stays while the shim is frozen")
-		assert.Contains(t, string(ev), "populated 0\n")
-	}
+	waitFor(t, waitTimeout, "the holder's cgroup to be empty", func() (bool, string) {
+		return cgroupEmpty(t, cgroup)
+	})
 	d = deviceStatus(t, g, 0)
 	require.NotNil(t, d.Holder, "no stop reached the guard")
 	assert.Equal(t, aID, d.Holder.ContainerID)
