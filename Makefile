@@ -18,8 +18,23 @@ BIN         := bin
 FUZZTIME    ?= ci
 TOOLS_DIR   ?= $(HOME)/.cache/nri-gpu-guard/tools
 GOLANGCI    := $(TOOLS_DIR)/golangci-lint
+# The containerd release the end-to-end suite runs against (empty: setup.sh's
+# default), e.g. `make integration CONTAINERD_VERSION=v1.7.35`.
+CONTAINERD_VERSION ?=
+export CONTAINERD_VERSION
+# Releases `make matrix` runs the core subset on (empty: the newest patch of
+# every supported line, see test/integration/matrix.sh); MATRIX_CHECK=README.md
+# also checks the README's compatibility table against the runs.
+MATRIX_VERSIONS ?=
+export MATRIX_CHECK
+# CGROUP=v2 runs the end-to-end suite on cgroup v2 on a cgroup v1 or hybrid
+# host (a private mount namespace with the unified hierarchy at
+# /sys/fs/cgroup, see test/integration/cgroup2.sh).
+CGROUP      ?=
+E2E_WRAP    := $(if $(filter v2,$(CGROUP)),./test/integration/cgroup2.sh)
+export E2E_WRAP
 
-.PHONY: all build test race fuzz lint bench integration integration-podman demo gpu-check package clean tools
+.PHONY: all build test race fuzz lint bench integration integration-podman matrix demo gpu-check package clean tools
 
 all: build
 
@@ -47,7 +62,10 @@ lint: $(GOLANGCI)
 
 integration: build
 	./test/integration/setup.sh
-	$(GO) test -tags '$(TAGS) integration' -count=1 -v -timeout 15m ./test/integration/...
+	$(E2E_WRAP) $(GO) test -tags '$(TAGS) integration' -count=1 -v -timeout 15m ./test/integration/...
+
+matrix: build
+	./test/integration/matrix.sh $(MATRIX_VERSIONS)
 
 # The OCI hook on real podman with runc and crun (needs root; installs podman,
 # conmon, runc and crun from the distribution when missing).

@@ -162,13 +162,15 @@ func NewContainerd(opts ContainerdOptions) (_ *Containerd, err error) {
 	return c, nil
 }
 
-// configText is containerd's config (version 3): every path in the temp
-// dir, NRI on with short timeouts, overlayfs, the pinned sandbox image,
-// restrict_oom_score_adj (the CRI sandbox's -998 is refused on hosts that
-// do not allow lowering it), and CDI specs read only from CDIDir.
+// configText is containerd's config in the format of the runtime under test
+// (version 3 for 2.x, version 2 for 1.7): every path in the temp dir, NRI on
+// (1.7 has it off by default) with short timeouts, overlayfs, the pinned
+// sandbox image, restrict_oom_score_adj (the CRI sandbox's -998 is refused on
+// hosts that do not allow lowering it), and CDI specs read only from CDIDir
+// (1.7 also needs CDI turned on).
 func (c *Containerd) configText() string {
 	var b strings.Builder
-	b.WriteString("version = 3\n")
+	fmt.Fprintf(&b, "version = %d\n", configVersion(Runtime))
 	if len(c.opts.Imports) > 0 {
 		q := make([]string, len(c.opts.Imports))
 		for i, p := range c.opts.Imports {
@@ -182,25 +184,51 @@ state = %s
 [grpc]
   address = %s
 
-[plugins.'io.containerd.nri.v1.nri']
+[plugins."io.containerd.nri.v1.nri"]
   disable = false
   socket_path = %s
   plugin_path = %s
   plugin_config_path = %s
   plugin_registration_timeout = "5s"
   plugin_request_timeout = "2s"
-
-[plugins.'io.containerd.cri.v1.images']
+`, tomlString(filepath.Join(c.Dir, "root")), tomlString(filepath.Join(c.Dir, "state")), tomlString(c.Socket),
+		tomlString(c.NRISocket), tomlString(c.PluginPath), tomlString(c.PluginConfigPath))
+	if configVersion(Runtime) == 2 {
+		fmt.Fprintf(&b, `
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %s
+  restrict_oom_score_adj = true
+  enable_cdi = true
+  cdi_spec_dirs = [%s]
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+`, tomlString(SandboxImage), tomlString(c.CDIDir))
+		if RuncBinary != "" {
+			fmt.Fprintf(&b, `  [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      BinaryName = %s
+`, tomlString(RuncBinary))
+		}
+	} else {
+		fmt.Fprintf(&b, `
+[plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
-  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+  [plugins."io.containerd.cri.v1.images".pinned_images]
     sandbox = %s
 
-[plugins.'io.containerd.cri.v1.runtime']
+[plugins."io.containerd.cri.v1.runtime"]
   restrict_oom_score_adj = true
   cdi_spec_dirs = [%s]
-`, tomlString(filepath.Join(c.Dir, "root")), tomlString(filepath.Join(c.Dir, "state")), tomlString(c.Socket),
-		tomlString(c.NRISocket), tomlString(c.PluginPath), tomlString(c.PluginConfigPath),
-		tomlString(SandboxImage), tomlString(c.CDIDir))
+`, tomlString(SandboxImage), tomlString(c.CDIDir))
+		if RuncBinary != "" {
+			fmt.Fprintf(&b, `  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+      BinaryName = %s
+`, tomlString(RuncBinary))
+		}
+	}
 	if c.opts.ExtraConfig != "" {
 		b.WriteString("\n" + c.opts.ExtraConfig + "\n")
 	}
@@ -259,10 +287,10 @@ func (c *Containerd) DevicePath(i int) string {
 	return filepath.Join(c.DevDir, fmt.Sprintf("nvidia%d", c.GPUs[i].Minor))
 }
 
-// env is the environment of containerd and the tools: the tools dir first
-// on PATH (containerd finds its shim there, the shim finds runc).
+// env is the environment of containerd and the tools: the version's dir
+// first on PATH (containerd finds its shim there, the shim finds runc).
 func (c *Containerd) env() []string {
-	path := ToolsDir + string(os.PathListSeparator) + os.Getenv("PATH")
+	path := ContainerdDir + string(os.PathListSeparator) + os.Getenv("PATH")
 	return []string{"PATH=" + path, "HOME=" + os.Getenv("HOME"), "TMPDIR=" + c.Dir}
 }
 
@@ -274,7 +302,7 @@ func (c *Containerd) Start() error {
 		}
 	}
 	from := fileSize(c.LogPath)
-	p, err := startProcess("containerd", c.LogPath, c.env(), filepath.Join(ToolsDir, "containerd"), "--config", c.ConfigPath)
+	p, err := startProcess("containerd", c.LogPath, c.env(), filepath.Join(ContainerdDir, "containerd"), "--config", c.ConfigPath)
 	if err != nil {
 		return err
 	}
@@ -363,9 +391,13 @@ func (c *Containerd) Crictl(args ...string) (string, error) {
 	return runTool(c.env(), filepath.Join(ToolsDir, "crictl"), append([]string{"--config", c.CrictlConfig}, args...)...)
 }
 
-// Ctr runs ctr against this containerd in the k8s.io namespace.
+// Ctr runs ctr against this containerd in the k8s.io namespace. A `ctr
+// run` uses RuncBinary, when the harness has one, as CRI containers do.
 func (c *Containerd) Ctr(args ...string) (string, error) {
-	return runTool(c.env(), filepath.Join(ToolsDir, "ctr"), append([]string{"--address", c.Socket, "--namespace", "k8s.io"}, args...)...)
+	if len(args) > 0 && args[0] == "run" && RuncBinary != "" {
+		args = append([]string{"run", "--runc-binary", RuncBinary}, args[1:]...)
+	}
+	return runTool(c.env(), filepath.Join(ContainerdDir, "ctr"), append([]string{"--address", c.Socket, "--namespace", "k8s.io"}, args...)...)
 }
 
 // ToolError is a failed tool invocation with its output.

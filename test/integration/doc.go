@@ -1,14 +1,26 @@
 // Package integration holds the end-to-end tests of nri-gpu-guard: a real
-// containerd 2.2 with runc, driven through crictl (what the kubelet speaks),
-// with the plugin as its own process, external or pre-installed, and fake GPUs
-// (a static inventory, mknod'ed /dev/nvidiaN nodes and a CDI spec).
+// containerd (2.2 by default, any release from 1.7 on) with runc, driven
+// through crictl (what the kubelet speaks), with the plugin as its own
+// process, external or pre-installed, and fake GPUs (a static inventory,
+// mknod'ed /dev/nvidiaN nodes and a CDI spec).
 //
 // Everything is behind the `integration` build tag and needs root plus the
 // tools and image that setup.sh prepares; `make integration` runs both:
 //
-//	make integration
+//	make integration                             # the default containerd
+//	make integration CONTAINERD_VERSION=v1.7.35  # another release
+//	make integration CGROUP=v2                   # on cgroup v2 (cgroup2.sh)
+//	make matrix                                  # core subset × release lines, a table
 //	# or, after `make build` and `sudo ./test/integration/setup.sh`:
 //	go test -tags 'nri_no_wasm integration' -count=1 -v ./test/integration/...
+//
+// The containerd under test is CONTAINERD_VERSION (DefaultContainerdVersion
+// when unset); the harness writes its config in that release's format. What
+// a release line lacks is a named Capability: a test needing it calls
+// RequireCapability and is skipped with a "not supported on containerd …"
+// message that names the capability and what its absence means, which the
+// matrix report (matrixreport) shows as "not supported". TestRuntimeUnderTest
+// checks the binary's version and logs its NRI version for the report.
 //
 // The harness (harness_test.go, containerd_test.go, cri_test.go,
 // guardproc_test.go) is the package's reusable part: StartContainerd /

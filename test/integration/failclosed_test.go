@@ -20,8 +20,10 @@ const dropInPath = "packaging/containerd/nri-gpu-guard.toml"
 // TestGuardAbsentFailsClosed: with the shipped drop-in imported into
 // containerd's config, containers are refused while the guard is not
 // registered (before it first starts and after it crashed), GPU or not, and
-// admitted again once it is back.
+// admitted again once it is back. Release lines before 2.2 have no default
+// validator: there the test reports the capability as not supported.
 func TestGuardAbsentFailsClosed(t *testing.T) {
+	RequireCapability(t, CapDefaultValidator)
 	dropIn := filepath.Join(RepoRoot, dropInPath)
 	_, err := os.Stat(dropIn)
 	require.NoError(t, err, "the packaging's containerd drop-in")
@@ -29,7 +31,7 @@ func TestGuardAbsentFailsClosed(t *testing.T) {
 
 	// The import must not have replaced the harness's NRI paths (containerd
 	// merges imported plugin tables key by key).
-	dump, err := runTool(c.env(), filepath.Join(ToolsDir, "containerd"), "--config", c.ConfigPath, "config", "dump")
+	dump, err := runTool(c.env(), filepath.Join(ContainerdDir, "containerd"), "--config", c.ConfigPath, "config", "dump")
 	require.NoError(t, err)
 	var effective struct {
 		Plugins struct {

@@ -47,8 +47,18 @@ const (
 var (
 	// RepoRoot is the repository's root directory.
 	RepoRoot string
-	// ToolsDir holds containerd, containerd-shim-runc-v2, ctr and crictl.
+	// ToolsDir holds crictl, and one containerd-<version> dir per
+	// containerd version setup.sh built.
 	ToolsDir string
+	// ContainerdDir holds containerd, containerd-shim-runc-v2 and ctr of
+	// the version under test (Runtime).
+	ContainerdDir string
+	// Runtime is the containerd version under test: $CONTAINERD_VERSION,
+	// or DefaultContainerdVersion.
+	Runtime ContainerdVersion
+	// RuncBinary, when set, is the runc containerd's runc shim runs
+	// instead of the one on PATH (see prepareRunc).
+	RuncBinary string
 	// ImageTar is the test image (an OCI layout tar) built by setup.sh.
 	ImageTar string
 	// GuardBin and CtlBin are the binaries under test (make build).
@@ -65,6 +75,12 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	sweepStale()
+	cleanup, err := prepareRunc()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "integration: %v\n", err)
+		return 1
+	}
+	defer cleanup()
 	code := m.Run()
 	if err := closeShared(); err != nil {
 		fmt.Fprintf(os.Stderr, "integration: tearing down the shared containerd: %v\n", err)
@@ -101,13 +117,18 @@ func locate() error {
 	if ToolsDir == "" {
 		ToolsDir = filepath.Join(cache, "tools")
 	}
+	Runtime, err = runtimeUnderTest()
+	if err != nil {
+		return err
+	}
+	ContainerdDir = filepath.Join(ToolsDir, "containerd-"+Runtime.String())
 	ImageTar = filepath.Join(cache, "images", "gpu-guard-test.tar")
 	GuardBin = filepath.Join(RepoRoot, "bin", "nri-gpu-guard")
 	CtlBin = filepath.Join(RepoRoot, "bin", "gpu-guard-ctl")
 	var missing []string
 	for _, p := range []string{
-		filepath.Join(ToolsDir, "containerd"), filepath.Join(ToolsDir, "containerd-shim-runc-v2"),
-		filepath.Join(ToolsDir, "ctr"), filepath.Join(ToolsDir, "crictl"), ImageTar,
+		filepath.Join(ContainerdDir, "containerd"), filepath.Join(ContainerdDir, "containerd-shim-runc-v2"),
+		filepath.Join(ContainerdDir, "ctr"), filepath.Join(ToolsDir, "crictl"), ImageTar,
 	} {
 		if _, err := os.Stat(p); err != nil {
 			missing = append(missing, p)
@@ -117,7 +138,7 @@ func locate() error {
 		missing = append(missing, "runc (on PATH)")
 	}
 	if len(missing) > 0 {
-		return fmt.Errorf("missing %s: run ./test/integration/setup.sh as root (or `make integration`)", strings.Join(missing, ", "))
+		return fmt.Errorf("missing %s: run CONTAINERD_VERSION=%s ./test/integration/setup.sh as root (or `make integration CONTAINERD_VERSION=%[2]s`)", strings.Join(missing, ", "), Runtime)
 	}
 	for _, p := range []string{GuardBin, CtlBin} {
 		if _, err := os.Stat(p); err != nil {
@@ -592,4 +613,38 @@ func closeShared() error {
 		return nil
 	}
 	return shared.c.Close()
+}
+
+// prepareRunc sets RuncBinary where runc cannot run the suite's containers
+// as they are: on a cgroup v2 view of a hybrid host (cgroup2.sh) the cpu
+// controller stays bound to cgroup v1, and runc fails writing cpu.weight for
+// the CRI sandbox's default CPU shares. There a small wrapper
+// (testdata/runcwrap) drops the CPU resources from the spec and runs runc.
+func prepareRunc() (cleanup func(), err error) {
+	if cgroupMode() != "v2" {
+		return func() {}, nil
+	}
+	ctrls, err := os.ReadFile("/sys/fs/cgroup/cgroup.controllers")
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(strings.Fields(string(ctrls)), "cpu") {
+		return func() {}, nil
+	}
+	dir, err := os.MkdirTemp(tmpBase(), "gg-runc-")
+	if err != nil {
+		return nil, err
+	}
+	cleanup = func() { _ = os.RemoveAll(dir) }
+	bin := filepath.Join(dir, "runc")
+	cmd := exec.Command("go", "build", "-o", bin, "./testdata/runcwrap")
+	cmd.Dir = filepath.Join(RepoRoot, "test", "integration")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		cleanup()
+		return nil, fmt.Errorf("building the runc wrapper: %w: %s", err, out)
+	}
+	fmt.Fprintf(os.Stderr, "integration: cgroup v2 without the cpu controller (%s): containers run through %s, which drops their CPU resources\n",
+		strings.TrimSpace(string(ctrls)), bin)
+	RuncBinary = bin
+	return cleanup, nil
 }

@@ -57,7 +57,11 @@ func buildPackagedImage(t *testing.T) (tarPath, ref string) {
 // pod with the toleration annotation, on a node with both shipped drop-ins),
 // the containerized guard starts while containerd refuses everything else,
 // registers over the NRI socket, and then guards GPUs.
+//
+// The shipped drop-ins turn on NRI's default validator (and are in the
+// version 3 config format), so release lines before 2.2 cannot run this.
 func TestPackagedImage(t *testing.T) {
+	RequireCapability(t, CapDefaultValidator)
 	tarPath, ref := buildPackagedImage(t)
 	c := StartContainerd(t, ContainerdOptions{Imports: []string{
 		filepath.Join(RepoRoot, dropInPath), filepath.Join(RepoRoot, k8sDropInPath),
