@@ -18,15 +18,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // holder builds what Exited is asked about: a started (pid > 0) or
 // never-started (pid 0) container with its runtime-given cgroups path. Every
 // test in this file goes through it, so a change of Exited's input type
 // changes only this function.
-func holder(pid int, pidStart uint64, cgroup string) ledger.Owner {
-	return ledger.Owner{ContainerID: "c", Pid: pid, PidStart: pidStart, Cgroup: cgroup}
+func holder(pid int, pidStart uint64, cgroup string) Process {
+	return Process{Pid: pid, PidStart: pidStart, Cgroup: cgroup}
 }
 
 // cgroup2Tree is a fake cgroup v2 (unified) hierarchy laid out the way the
