@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -114,52 +112,47 @@ func (a *app) snapshot(ctx context.Context) (ledger.State, error) {
 
 // inventoryInfo says where an inventory came from.
 type inventoryInfo struct {
-	// Origin is "cache" (the daemon's inventory.json) or "discovery".
+	// Origin is "cache" (the daemon's inventory.json), "config" (devices.source
+	// = "static") or "discovery".
 	Origin    string
 	CachePath string
-	// CachedAt is the cache file's modification time (zero for discovery).
+	// CachedAt is the cache file's modification time when it was read or
+	// written (zero otherwise).
 	CachedAt time.Time
 }
 
-// inventory loads the daemon's cached inventory (<state dir>/inventory.json);
-// without one it discovers the GPUs itself, like the daemon would. A cache
-// that cannot be read is reported and discovery is used instead.
+// inventory loads the GPU inventory as every reading program does
+// (devices.LoadInventory, RoleReader): the configured list under a static
+// source, else the daemon's cache when it is trusted, else discovery as the
+// daemon would. A cache that is present but refused is reported on stderr.
 func (a *app) inventory() (*devices.Inventory, inventoryInfo, error) {
+	return a.loadInventory(devices.RoleReader)
+}
+
+// loadInventory loads the inventory as role, per [devices] of the
+// configuration, with the cache in the state directory.
+func (a *app) loadInventory(role devices.Role) (*devices.Inventory, inventoryInfo, error) {
+	cfg, err := a.config()
+	if err != nil {
+		return nil, inventoryInfo{}, err
+	}
 	dir, err := a.stateDir()
 	if err != nil {
 		return nil, inventoryInfo{}, err
 	}
-	info := inventoryInfo{CachePath: filepath.Join(dir, devices.CacheFile)}
-	inv, err := devices.LoadCache(info.CachePath)
-	if err == nil {
-		info.Origin = "cache"
-		if st, serr := os.Stat(info.CachePath); serr == nil {
-			info.CachedAt = st.ModTime()
-		}
-		return inv, info, nil
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		fmt.Fprintf(a.env.Stderr, "warning: ignoring the inventory cache: %v; discovering GPUs instead\n", err)
-	}
-	inv, err = a.discover()
+	loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{
+		Role: role, StateDir: dir, NVML: nvmlloader.New(a.env.NVML),
+	})
+	info := inventoryInfo{Origin: string(loaded.Origin), CachePath: loaded.CachePath, CachedAt: loaded.CachedAt}
 	if err != nil {
 		return nil, info, err
 	}
-	info.Origin = "discovery"
-	return inv, info, nil
-}
-
-// discover enumerates the GPUs per [devices] of the configuration.
-func (a *app) discover() (*devices.Inventory, error) {
-	cfg, err := a.config()
-	if err != nil {
-		return nil, err
+	for _, skipped := range loaded.Skipped {
+		if !errors.Is(skipped, fs.ErrNotExist) {
+			fmt.Fprintf(a.env.Stderr, "warning: ignoring the inventory cache: %v; discovering GPUs instead\n", skipped)
+		}
 	}
-	inv, err := devices.Discover(cfg.Devices, nvmlloader.New(a.env.NVML))
-	if err != nil {
-		return nil, fmt.Errorf("discover GPUs (devices.source = %q): %w", cfg.Devices.Source, err)
-	}
-	return inv, nil
+	return loaded.Inventory, info, nil
 }
 
 // requireRoot refuses a mutating command for anyone but root.

@@ -3,7 +3,6 @@ package ctl
 import (
 	"fmt"
 	"io"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -17,9 +16,11 @@ func (a *app) devicesCommand() *cobra.Command {
 	cmd := newCommand("devices",
 		"Show the GPU inventory and where it came from",
 		`Show the GPUs and MIG instances the guard knows, and their source (nvml, proc
-or static). The inventory is the daemon's cache (<state dir>/inventory.json);
-without a cache the GPUs are discovered as the daemon would, per [devices] of
-the configuration.
+or static). Under devices.source = "static" it is the configured list;
+otherwise it is the daemon's cache (<state dir>/inventory.json) when that is
+a root-owned regular file not writable by group or others, and without one
+the GPUs are discovered as the daemon would, per [devices] of the
+configuration.
 
 --refresh discovers the GPUs now and rewrites the cache (root only); the daemon
 reads the cache when it starts. Use it after adding, removing or
@@ -48,24 +49,13 @@ reconfiguring GPUs (MIG), then restart the daemon.`,
 	return cmd
 }
 
-// refreshInventory rediscovers the GPUs and rewrites the cache.
+// refreshInventory rediscovers the GPUs and rewrites the cache
+// (devices.RoleRefresh).
 func (a *app) refreshInventory() (*devices.Inventory, inventoryInfo, error) {
 	if err := a.requireRoot("devices --refresh"); err != nil {
 		return nil, inventoryInfo{}, err
 	}
-	dir, err := a.stateDir()
-	if err != nil {
-		return nil, inventoryInfo{}, err
-	}
-	inv, err := a.discover()
-	if err != nil {
-		return nil, inventoryInfo{}, err
-	}
-	path := filepath.Join(dir, devices.CacheFile)
-	if err := devices.SaveCache(path, inv); err != nil {
-		return nil, inventoryInfo{}, fmt.Errorf("write inventory cache %s: %w", path, err)
-	}
-	return inv, inventoryInfo{Origin: "discovery", CachePath: path, CachedAt: a.env.Now()}, nil
+	return a.loadInventory(devices.RoleRefresh)
 }
 
 // devicesView is the devices output; its JSON is a public interface.
@@ -90,7 +80,10 @@ func renderDevices(w io.Writer, output string, inv *devices.Inventory, info inve
 		return writeJSON(w, v)
 	}
 	origin := "discovered now"
-	if info.Origin == "cache" {
+	switch info.Origin {
+	case string(devices.OriginConfig):
+		origin = "configuration"
+	case string(devices.OriginCache):
 		origin = "cache " + info.CachePath
 		if !info.CachedAt.IsZero() {
 			origin += ", written " + since(now, info.CachedAt) + " ago"

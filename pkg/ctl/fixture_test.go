@@ -97,7 +97,12 @@ func newFixture(t testing.TB) *fixture {
 		getenv:   map[string]string{},
 	}
 	require.NoError(t, os.Mkdir(f.dir, 0o700))
-	cfg := "version = 1\n[ledger]\ndir = \"" + f.dir + "\"\n[devices]\nsource = \"static\"\n" + staticTOML(fixtureGPUs())
+	// The host of a default configuration (source "auto") whose daemon
+	// enumerated the GPUs through NVML and wrote the cache. proc_root has no
+	// /proc/driver/nvidia, so that a test without the cache never finds the
+	// GPUs of the machine it runs on there.
+	cfg := "version = 1\n[ledger]\ndir = \"" + f.dir + "\"\n[devices]\nsource = \"auto\"\nproc_root = \"" +
+		filepath.Join(base, "proc") + "\"\n" + staticTOML(fixtureGPUs())
 	require.NoError(t, os.WriteFile(f.config, []byte(cfg), 0o600))
 	inv, err := devices.NewInventory("nvml", fixtureGPUs())
 	require.NoError(t, err)
@@ -120,6 +125,16 @@ func staticTOML(gpus []devices.GPU) string {
 		}
 	}
 	return b.String()
+}
+
+// setSource rewrites the fixture's devices.source.
+func (f *fixture) setSource(t testing.TB, source string) {
+	t.Helper()
+	cfg, err := os.ReadFile(f.config)
+	require.NoError(t, err)
+	next := regexp.MustCompile(`(?m)^source = "[a-z]*"$`).ReplaceAllString(string(cfg), `source = "`+source+`"`)
+	require.NotEqual(t, string(cfg), next, "the fixture's configuration names a source")
+	require.NoError(t, os.WriteFile(f.config, []byte(next), 0o600))
 }
 
 // ledgerOpts are the options every test ledger is opened with.

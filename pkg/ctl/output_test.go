@@ -175,26 +175,74 @@ func TestStatusWithoutInventory(t *testing.T) {
 	assert.NotContains(t, r.stdout, "0:0") // free devices are unknown
 }
 
-// TestDevicesFromConfig: without the daemon's cache the inventory is
-// discovered from the configuration (here a static list).
+// TestDevicesFromConfig: under devices.source = "static" the configured
+// list is the inventory, whatever the daemon's cache says.
 func TestDevicesFromConfig(t *testing.T) {
+	f := newFixture(t)
+	f.setSource(t, "static")
+	other, err := devices.NewInventory("nvml", []devices.GPU{{Index: 0, UUID: uuidGone, Minor: 0}})
+	require.NoError(t, err)
+	require.NoError(t, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), other))
+	for _, withCache := range []bool{true, false} {
+		if !withCache {
+			require.NoError(t, os.Remove(filepath.Join(f.dir, devices.CacheFile)))
+		}
+		r := f.run(t, "devices", "-o", "json")
+		require.Equal(t, ExitOK, r.code, r.stderr)
+		var v devicesView
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+		assert.Equal(t, "static", v.Source)
+		assert.Equal(t, "config", v.Origin)
+		assert.Nil(t, v.CachedAt)
+		require.Len(t, v.GPUs, 4)
+		assert.Equal(t, uuidMIG1, v.GPUs[0].MIG[1].UUID)
+	}
+	r := f.run(t, "status", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, `"inventory_source": "static"`, "no \"(cache)\" under a static source")
+}
+
+// TestDevicesDiscoveredWithoutCache: without the daemon's cache the GPUs are
+// discovered as the daemon would (here "auto" ends at the static list).
+func TestDevicesDiscoveredWithoutCache(t *testing.T) {
 	f := newFixture(t)
 	require.NoError(t, os.Remove(filepath.Join(f.dir, devices.CacheFile)))
 	r := f.run(t, "devices", "-o", "json")
-	require.Equal(t, ExitOK, r.code, r.stderr)
+	if r.code != ExitOK || !strings.Contains(r.stdout, `"source": "static"`) {
+		t.Skipf("this machine has GPUs that NVML finds: %s%s", r.stdout, r.stderr)
+	}
 	var v devicesView
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
-	assert.Equal(t, "static", v.Source)
 	assert.Equal(t, "discovery", v.Origin)
 	require.Len(t, v.GPUs, 4)
-	assert.Equal(t, uuidMIG1, v.GPUs[0].MIG[1].UUID)
+	assert.Empty(t, r.stderr, "a missing cache is no warning")
+}
+
+// TestUntrustedCacheIgnored: a cache that someone other than root could have
+// written is not read; the command says so and discovers instead.
+func TestUntrustedCacheIgnored(t *testing.T) {
+	f := newFixture(t)
+	f.setSource(t, "proc") // proc_root has no GPUs: discovery fails
+	cache := filepath.Join(f.dir, devices.CacheFile)
+	require.NoError(t, os.Chmod(cache, 0o666))
+
+	r := f.run(t, "devices")
+	require.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.stderr, cache)
+	assert.Contains(t, r.stderr, "writable by group or others")
+
+	require.NoError(t, os.Chmod(cache, 0o600))
+	r = f.run(t, "devices")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "Source: nvml (cache "+cache)
 }
 
 // TestDevicesRefresh: --refresh is root only and rewrites the cache.
 func TestDevicesRefresh(t *testing.T) {
 	f := newFixture(t)
+	f.setSource(t, "static") // hermetic: NVML would find this machine's GPUs
 	cache := filepath.Join(f.dir, devices.CacheFile)
-	// The cache says "nvml"; the configuration discovers "static".
+	// The cache says "nvml"; the configuration says "static".
 	f.uid = 1000
 	r := f.run(t, "devices", "--refresh")
 	require.Equal(t, ExitError, r.code)
@@ -206,10 +254,16 @@ func TestDevicesRefresh(t *testing.T) {
 	f.uid = 0
 	r = f.run(t, "devices", "--refresh")
 	require.Equal(t, ExitOK, r.code, r.stderr)
-	assert.Contains(t, r.stdout, "Source: static (discovered now)")
+	assert.Contains(t, r.stdout, "Source: static (configuration)")
 	inv, err = devices.LoadCache(cache)
 	require.NoError(t, err)
 	assert.Equal(t, "static", inv.Source)
+
+	// A refresh never falls back to the cache it replaces.
+	f.setSource(t, "proc") // proc_root has no GPUs
+	r = f.run(t, "devices", "--refresh")
+	require.Equal(t, ExitError, r.code)
+	assert.Contains(t, r.stderr, "discover GPUs")
 }
 
 // TestStateDirFlag: --state-dir overrides [ledger] dir.
@@ -266,7 +320,7 @@ func TestCheckConfig(t *testing.T) {
 		code int
 		want []string
 	}{
-		{"valid", []string{"check-config", f.config}, ExitOK, []string{"valid", "source static, 4 static GPU(s)"}},
+		{"valid", []string{"check-config", f.config}, ExitOK, []string{"valid", "source auto, 4 static GPU(s)"}},
 		{"invalid lists every problem", []string{"check-config", bad}, ExitError,
 			[]string{"invalid (2 problem(s))", "policy.on_conflict", `"wait"`, "policy.queue_ttl"}},
 		{"unknown key named", []string{"check-config", unknown}, ExitError, []string{"on_conflcit"}},

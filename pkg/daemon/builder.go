@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -17,7 +17,8 @@ import (
 )
 
 // Builder is the daemon's nriplugin.SetupFunc: it opens the ledger, loads the GPU
-// inventory once and writes the inventory cache the OCI hooks read. It keeps
+// inventory once (devices.LoadInventory, RoleDaemon: discover, write the cache
+// the OCI hooks read, fall back to that cache) and builds the guard. It keeps
 // the inventory and the ledger across calls with an unchanged configuration,
 // so a reconnect (which calls Configure again) costs no NVML enumeration.
 type Builder struct {
@@ -31,12 +32,29 @@ type Builder struct {
 	// inject one).
 	Now func() time.Time
 
-	mu      sync.Mutex
-	devCfg  *config.DevicesConfig
-	inv     *devices.Inventory
-	ledKey  ledgerKey
-	ledger  *ledger.Ledger
-	cacheAt string
+	mu     sync.Mutex
+	invKey *inventoryKey
+	inv    *devices.Inventory
+	ledKey ledgerKey
+	ledger *ledger.Ledger
+}
+
+// inventoryKey is what an inventory was loaded with: the [devices] section
+// and the state directory its cache lives in.
+type inventoryKey struct {
+	devices  config.DevicesConfig
+	stateDir string
+}
+
+// invKeyOf copies the static list deeply: the key must not change when the
+// caller reuses or edits the configuration it passed.
+func invKeyOf(cfg config.Config) inventoryKey {
+	d := cfg.Devices
+	d.Static = slices.Clone(d.Static)
+	for i := range d.Static {
+		d.Static[i].MIG = slices.Clone(d.Static[i].MIG)
+	}
+	return inventoryKey{devices: d, stateDir: cfg.Ledger.Dir}
 }
 
 // ledgerKey is what a ledger was opened with (ledger.Options holds a func and
@@ -73,30 +91,29 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 		b.ledger, b.ledKey = l, key
 	}
 
-	cachePath := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
-	if b.inv == nil || b.devCfg == nil || !reflect.DeepEqual(*b.devCfg, cfg.Devices) {
-		inv, err := devices.Discover(cfg.Devices, nvmlloader.New(nil))
+	if b.invKey == nil || !reflect.DeepEqual(*b.invKey, invKeyOf(cfg)) {
+		loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{
+			Role: devices.RoleDaemon, StateDir: cfg.Ledger.Dir, NVML: nvmlloader.New(nil),
+		})
 		if err != nil {
-			cached, cerr := devices.LoadCache(cachePath)
-			if cerr != nil {
-				return nil, fmt.Errorf("GPU inventory (source %q): %w; no usable cache at %s either: %w",
-					cfg.Devices.Source, err, cachePath, cerr)
-			}
+			return nil, fmt.Errorf("load the GPU inventory: %w", err)
+		}
+		for _, skipped := range loaded.Skipped {
 			log.Warn("GPU inventory unavailable, using the cached one", "source", cfg.Devices.Source,
-				"error", err, "cache", cachePath, "gpus", len(cached.GPUs))
-			inv = cached
+				"error", skipped, "cache", loaded.CachePath, "gpus", len(loaded.Inventory.GPUs))
 		}
-		devCfg := cfg.Devices
-		b.inv, b.devCfg, b.cacheAt = inv, &devCfg, ""
-		log.Info("GPU inventory loaded", "source", inv.Source, "gpus", len(inv.GPUs))
-	}
-	if b.cacheAt != cachePath {
-		if err := devices.SaveCache(cachePath, b.inv); err != nil {
-			// The hooks fall back to discovering themselves; not fatal.
-			log.Warn("could not write the inventory cache for the OCI hooks", "path", cachePath, "error", err)
-		} else {
-			b.cacheAt = cachePath
+		key := invKeyOf(cfg)
+		b.inv, b.invKey = loaded.Inventory, &key
+		if loaded.CacheWriteErr != nil {
+			// The hooks fall back to discovering themselves; not fatal. The
+			// inventory is not reused, so the next Setup (a reconnect)
+			// loads and writes again rather than leave the hooks without
+			// a cache for the daemon's lifetime.
+			log.Warn("could not write the inventory cache for the OCI hooks", "path", loaded.CachePath, "error", loaded.CacheWriteErr)
+			b.invKey = nil
 		}
+		log.Info("GPU inventory loaded", "source", loaded.Inventory.Source, "origin", string(loaded.Origin),
+			"gpus", len(loaded.Inventory.GPUs))
 	}
 
 	return guard.New(guard.Options{

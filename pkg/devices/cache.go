@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
 )
 
 // CacheFile is the inventory cache's name in the state directory
@@ -86,35 +88,80 @@ func syncDir(dir string) error {
 	return nil
 }
 
+// ErrUntrustedCache is wrapped by LoadCache when the file is not one only
+// root (or the user running this program) could have written: a symbolic
+// link, not a regular file, writable by group or others, or owned by another
+// user. The cache decides which GPU a container's index means, so a forged
+// one would let a container through to a busy GPU; it is never read.
+var ErrUntrustedCache = errors.New("untrusted inventory cache")
+
 // LoadCache reads an inventory written by SaveCache, validating it and
 // rebuilding its indexes. A missing file wraps fs.ErrNotExist; a file that
-// cannot be used wraps ErrBadCache. It does not follow a symlink at path:
-// the cache lives in the root-owned state directory and is never a link.
+// may have been written by someone else wraps ErrUntrustedCache (see
+// checkCacheTrust); a file that cannot be used wraps ErrBadCache.
 func LoadCache(path string) (*Inventory, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0) //nolint:gosec // the state directory the operator configured
+	inv, _, err := loadCache(path)
+	return inv, err
+}
+
+// loadCache is LoadCache that also returns the file's modification time.
+// The trust check runs on the opened descriptor, so the file checked is the
+// file read: no rename between a stat and the open can swap it.
+func loadCache(path string) (*Inventory, time.Time, error) {
+	// O_NOFOLLOW: never a link. O_NONBLOCK: a FIFO planted at path must not
+	// block the reader (the OCI hook) before it is refused as not regular.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // the state directory the operator configured
 	if err != nil {
 		if errors.Is(err, syscall.ELOOP) {
-			return nil, fmt.Errorf("load inventory cache %s: %w: it is a symbolic link", path, ErrBadCache)
+			return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: it is a symbolic link", path, ErrUntrustedCache)
 		}
-		return nil, fmt.Errorf("load inventory cache: %w", err)
+		return nil, time.Time{}, fmt.Errorf("load inventory cache: %w", err)
 	}
 	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w", path, err)
+	}
+	if err := checkCacheTrust(path, fi, os.Geteuid()); err != nil {
+		return nil, time.Time{}, err
+	}
 	data, err := io.ReadAll(io.LimitReader(f, maxCacheBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("load inventory cache %s: %w", path, err)
+		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w", path, err)
 	}
 	if len(data) > maxCacheBytes {
-		return nil, fmt.Errorf("load inventory cache %s: %w: larger than %d bytes", path, ErrBadCache, maxCacheBytes)
+		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: larger than %d bytes", path, ErrBadCache, maxCacheBytes)
 	}
 	var doc cacheDoc
 	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, fmt.Errorf("load inventory cache %s: %w: %w", path, ErrBadCache, err)
+		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: %w", path, ErrBadCache, err)
 	}
 	if doc.Version != cacheVersion {
-		return nil, fmt.Errorf("load inventory cache %s: %w: format version %d, this build reads %d", path, ErrBadCache, doc.Version, cacheVersion)
+		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: format version %d, this build reads %d", path, ErrBadCache, doc.Version, cacheVersion)
 	}
 	if doc.Inventory == nil {
-		return nil, fmt.Errorf("load inventory cache %s: %w: no inventory in it", path, ErrBadCache)
+		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: no inventory in it", path, ErrBadCache)
 	}
-	return doc.Inventory, nil
+	return doc.Inventory, fi.ModTime(), nil
+}
+
+// checkCacheTrust accepts a regular file that is not writable by group or
+// others and is owned by root or by euid (the user running this program:
+// root for the daemon and the hook; an unprivileged gpu-guard-ctl trusts
+// only what root or the user itself wrote, which is no more than the user
+// could forge anyway).
+func checkCacheTrust(path string, fi fs.FileInfo, euid int) error {
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("load inventory cache %s: %w: not a regular file (%s); remove it and run `gpu-guard-ctl devices --refresh`",
+			path, ErrUntrustedCache, fi.Mode().Type())
+	}
+	if perm := fi.Mode().Perm(); perm&0o022 != 0 {
+		return fmt.Errorf("load inventory cache %s: %w: mode %04o is writable by group or others; run `gpu-guard-ctl devices --refresh` to rewrite it (mode 0600)",
+			path, ErrUntrustedCache, perm)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && st.Uid != 0 && int(st.Uid) != euid {
+		return fmt.Errorf("load inventory cache %s: %w: owned by uid %d, not root; run `gpu-guard-ctl devices --refresh` as root to rewrite it",
+			path, ErrUntrustedCache, st.Uid)
+	}
+	return nil
 }

@@ -68,7 +68,7 @@ func TestCacheFailures(t *testing.T) {
 	link := filepath.Join(dir, "link.json")
 	require.NoError(t, os.Symlink(target, link))
 	_, err = LoadCache(link)
-	require.ErrorIs(t, err, ErrBadCache, "a symlink is refused")
+	require.ErrorIs(t, err, ErrUntrustedCache, "a symlink is refused")
 
 	require.Error(t, SaveCache(filepath.Join(dir, "x.json"), &Inventory{Source: "nvml"}), "an unbuilt inventory is not saved")
 	require.Error(t, SaveCache(filepath.Join(dir, "nodir", "x.json"), testInventory(t)))

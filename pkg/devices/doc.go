@@ -2,8 +2,9 @@
 //
 // It owns the GPU inventory (NVML through the nvmlloader package,
 // /proc/driver/nvidia, or a static list from the configuration; see
-// Discover, and SaveCache/LoadCache
-// for the copy the OCI hook reads) and the resolver that turns a container
+// Discover), the cache file the daemon writes for the OCI hook and
+// gpu-guard-ctl (SaveCache/LoadCache), the one order in which every program
+// loads the inventory (LoadInventory), and the resolver that turns a container
 // description (environment, mounts, annotations, CDI device names, Linux
 // device nodes, privileged flag) into a canonical set of device UUIDs,
 // following DESIGN.md §3 (see Resolver.Resolve for the rules in detail).
@@ -15,6 +16,13 @@
 //   - An Inventory is validated (unique UUIDs, indices and minors; MIG
 //     instances belong to their GPU) and immutable once built, whether by
 //     NewInventory, Discover, json.Unmarshal or LoadCache.
+//   - Every program loads the inventory through LoadInventory, in one
+//     documented order: a static source is authoritative everywhere; the
+//     daemon discovers and writes the cache; the hook and gpu-guard-ctl read
+//     it, else discover (the hook without NVML); else the load fails closed.
+//   - The cache is read only when it is a regular file owned by root (or
+//     the reading user), not writable by group or others, and not a link
+//     (ErrUntrustedCache): it decides which GPU a container's index means.
 //   - Resolution does no NVML call and no file I/O: it reads the cached
 //     Inventory only. Loading or refreshing the inventory is explicit.
 //   - Resolution fails closed: an id that cannot be resolved is an error

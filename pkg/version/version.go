@@ -1,4 +1,3 @@
-// Package version holds build information stamped in by the linker.
 package version
 
 import (

@@ -1,7 +1,9 @@
 // Package nvmlloader enumerates a host's GPUs and MIG instances through NVML
-// (go-nvml, visited with go-nvlib) for devices.Discover. It is the only
-// package that links the NVML bindings, as go-nvlib keeps its NVML wrapper
-// apart from the code that uses the result.
+// (go-nvml, visited with go-nvlib) for devices.Discover, which the daemon and
+// gpu-guard-ctl reach through devices.LoadInventory. It is the only package
+// of the inventory and resolution path that links the NVML bindings, as
+// go-nvlib keeps its NVML wrapper apart from the code that uses the result
+// (the GPU observer, pkg/observe, links them for its own queries).
 //
 // Invariants:
 //   - Load initialises NVML, enumerates, and shuts NVML down again: the

@@ -1,0 +1,84 @@
+package daemon
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+const (
+	uuidStatic = "GPU-5a5a5a5a-0000-4000-8000-000000000000"
+	uuidCached = "GPU-c0c0c0c0-0000-4000-8000-000000000000"
+)
+
+func staticConfig(t *testing.T) config.Config {
+	t.Helper()
+	cfg := config.Default()
+	cfg.Ledger.Dir = t.TempDir()
+	cfg.Devices.Source = config.SourceStatic
+	cfg.Devices.Static = []config.StaticGPU{{Index: 0, UUID: uuidStatic, Minor: 0}}
+	return cfg
+}
+
+// TestSetupWritesCacheOnce: Setup loads the inventory, writes the cache the
+// hooks read, and a second Setup with the same configuration (a reconnect)
+// neither reloads nor rewrites it; a changed [devices] section does.
+func TestSetupWritesCacheOnce(t *testing.T) {
+	cfg := staticConfig(t)
+	cache := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
+	b := &Builder{}
+
+	g, err := b.Setup(context.Background(), cfg)
+	require.NoError(t, err)
+	_, ok := g.Inventory().Lookup(uuidStatic)
+	require.True(t, ok)
+	inv, err := devices.LoadCache(cache)
+	require.NoError(t, err)
+	assert.Equal(t, uuidStatic, inv.GPUs[0].UUID)
+
+	require.NoError(t, os.Remove(cache))
+	_, err = b.Setup(context.Background(), cfg)
+	require.NoError(t, err)
+	_, err = os.Lstat(cache)
+	require.ErrorIs(t, err, os.ErrNotExist, "an unchanged configuration reuses the inventory")
+
+	cfg.Devices.Static[0].Model = "renamed"
+	g, err = b.Setup(context.Background(), cfg)
+	require.NoError(t, err)
+	assert.Equal(t, "renamed", g.Inventory().GPUs[0].Model)
+	_, err = devices.LoadCache(cache)
+	require.NoError(t, err, "a changed [devices] section reloads and rewrites the cache")
+}
+
+// TestSetupFallsBackToTrustedCache: when discovery fails, the daemon starts
+// from a trusted cache, and refuses to start from an untrusted one.
+func TestSetupFallsBackToTrustedCache(t *testing.T) {
+	cfg := config.Default()
+	cfg.Ledger.Dir = t.TempDir()
+	cfg.Devices.Source = config.SourceProc
+	cfg.Devices.ProcRoot = t.TempDir() // no /proc/driver/nvidia: discovery fails
+	cache := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
+
+	_, err := (&Builder{}).Setup(context.Background(), cfg)
+	require.Error(t, err, "neither discovery nor a cache: the daemon does not start")
+	assert.Contains(t, err.Error(), cache)
+
+	inv, err := devices.NewInventory("nvml", []devices.GPU{{Index: 0, UUID: uuidCached, Minor: 0}})
+	require.NoError(t, err)
+	require.NoError(t, devices.SaveCache(cache, inv))
+	g, err := (&Builder{}).Setup(context.Background(), cfg)
+	require.NoError(t, err)
+	_, ok := g.Inventory().Lookup(uuidCached)
+	assert.True(t, ok)
+
+	require.NoError(t, os.Chmod(cache, 0o666))
+	_, err = (&Builder{}).Setup(context.Background(), cfg)
+	require.ErrorIs(t, err, devices.ErrUntrustedCache)
+}

@@ -1,0 +1,208 @@
+package devices
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+)
+
+// Role is the program that loads the inventory. It decides the order of
+// LoadInventory: only the daemon and an operator's refresh enumerate
+// through NVML and write the cache; the others read what they wrote.
+type Role int
+
+const (
+	// RoleDaemon is the NRI daemon: it discovers, writes the cache, and
+	// falls back to the cache when discovery fails.
+	RoleDaemon Role = iota + 1
+	// RoleHook is the OCI hook: it reads the cache, else discovers without
+	// NVML (/proc/driver/nvidia; then the static list under "auto").
+	RoleHook
+	// RoleReader is a gpu-guard-ctl command that shows or explains: it
+	// reads the cache, else discovers as the daemon would (NVML included).
+	RoleReader
+	// RoleRefresh is `gpu-guard-ctl devices --refresh`: it discovers and
+	// rewrites the cache; it never falls back to the cache it replaces.
+	RoleRefresh
+)
+
+func (r Role) String() string {
+	switch r {
+	case RoleDaemon:
+		return "daemon"
+	case RoleHook:
+		return "hook"
+	case RoleReader:
+		return "reader"
+	case RoleRefresh:
+		return "refresh"
+	}
+	return fmt.Sprintf("Role(%d)", int(r))
+}
+
+// Origin says where a loaded inventory came from. Its values appear in
+// gpu-guard-ctl's JSON output.
+type Origin string
+
+const (
+	// OriginConfig is devices.source = "static", the configuration's list.
+	OriginConfig Origin = "config"
+	// OriginDiscovery is an inventory enumerated now, per devices.source.
+	OriginDiscovery Origin = "discovery"
+	// OriginCache is an inventory read from the cache file (CacheFile).
+	OriginCache Origin = "cache"
+)
+
+// LoadOptions says who loads the inventory and where the cache lives.
+type LoadOptions struct {
+	Role Role
+	// StateDir is the directory of the cache file (ledger.dir, or
+	// gpu-guard-ctl's --state-dir).
+	StateDir string
+	// NVML is the NVML loader (nvmlloader.New); nil counts NVML as
+	// unavailable. RoleHook never uses it.
+	NVML Loader
+}
+
+// Loaded is an inventory and how LoadInventory got it.
+type Loaded struct {
+	Inventory *Inventory
+	Origin    Origin
+	// CachePath is the cache file, whether or not it was used.
+	CachePath string
+	// CachedAt is the cache file's modification time when it was read
+	// (OriginCache) or written; zero otherwise.
+	CachedAt time.Time
+	// Skipped holds why earlier steps of the order did not give the
+	// inventory: a cache that is missing (wraps fs.ErrNotExist), untrusted
+	// (ErrUntrustedCache) or unusable (ErrBadCache), or the discovery a
+	// daemon fell back from. Callers warn about them.
+	Skipped []error
+	// CacheWriteErr is set when the daemon could not write the cache. It is
+	// not fatal to the daemon (the hooks then discover themselves).
+	CacheWriteErr error
+}
+
+// LoadInventory loads the GPU inventory in the one order every program
+// follows:
+//
+//  1. devices.source = "static": the configuration's list is authoritative
+//     for every role; no cache is read. The daemon and a refresh still write
+//     it to the cache, so the file always holds what the daemon decides with.
+//  2. RoleDaemon and RoleRefresh discover per devices.source (NVML,
+//     /proc/driver/nvidia, the static list; see Discover) and write the
+//     cache. When discovery fails, the daemon falls back to the cache; a
+//     refresh fails.
+//  3. RoleHook and RoleReader read the cache the daemon wrote. A cache that
+//     is missing, untrusted (not a root-owned regular file, or writable by
+//     group or others) or unusable is skipped, and the inventory is
+//     discovered instead: by RoleReader as the daemon would, by RoleHook
+//     without NVML (source "auto": /proc/driver/nvidia then the static list;
+//     "nvml" and "proc": /proc/driver/nvidia), so that no container start
+//     initialises NVML.
+//  4. Otherwise the load fails closed with an error naming every step tried
+//     and what to do.
+func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
+	out := Loaded{CachePath: filepath.Join(opts.StateDir, CacheFile)}
+	writes := opts.Role == RoleDaemon || opts.Role == RoleRefresh
+	switch opts.Role {
+	case RoleDaemon, RoleRefresh, RoleHook, RoleReader:
+	default:
+		return out, fmt.Errorf("load GPU inventory: unknown role %d", int(opts.Role))
+	}
+	if opts.StateDir == "" {
+		return out, errors.New("load GPU inventory: no state directory for the inventory cache (set [ledger] dir)")
+	}
+
+	if cfg.Source == config.SourceStatic {
+		inv, err := Discover(cfg, nil)
+		if err != nil {
+			return out, fmt.Errorf("GPU inventory from the configuration (devices.source = \"static\"): %w", err)
+		}
+		out.Inventory, out.Origin = inv, OriginConfig
+		if writes {
+			out.save(opts.Role)
+		}
+		return out, out.fatalWrite(opts.Role)
+	}
+
+	if writes {
+		inv, discErr := Discover(cfg, opts.NVML)
+		if discErr == nil {
+			out.Inventory, out.Origin = inv, OriginDiscovery
+			out.save(opts.Role)
+			return out, out.fatalWrite(opts.Role)
+		}
+		if opts.Role == RoleRefresh {
+			return out, fmt.Errorf("discover GPUs (devices.source = %q): %w", cfg.Source, discErr)
+		}
+		inv, at, cacheErr := loadCache(out.CachePath)
+		if cacheErr != nil {
+			return out, fmt.Errorf("no GPU inventory: discovery (devices.source = %q): %w; cache: %w "+
+				"(check the NVIDIA driver, or set devices.source = \"static\" with [[devices.static]])",
+				cfg.Source, discErr, cacheErr)
+		}
+		out.Inventory, out.Origin, out.CachedAt = inv, OriginCache, at
+		out.Skipped = append(out.Skipped, fmt.Errorf("discovery (devices.source = %q): %w", cfg.Source, discErr))
+		return out, nil
+	}
+
+	inv, at, cacheErr := loadCache(out.CachePath)
+	if cacheErr == nil {
+		out.Inventory, out.Origin, out.CachedAt = inv, OriginCache, at
+		return out, nil
+	}
+	out.Skipped = append(out.Skipped, cacheErr)
+	dc, nvml, tried := cfg, opts.NVML, fmt.Sprintf("discovery (devices.source = %q)", cfg.Source)
+	if opts.Role == RoleHook {
+		nvml = nil
+		if dc.Source != config.SourceAuto && dc.Source != "" {
+			dc.Source = config.SourceProc
+		}
+		tried = "discovery without NVML (/proc/driver/nvidia"
+		if dc.Source != config.SourceProc {
+			tried += ", then the static list"
+		}
+		tried += ")"
+	}
+	inv, discErr := Discover(dc, nvml)
+	if discErr != nil {
+		return out, fmt.Errorf("no GPU inventory: cache: %w; %s: %w "+
+			"(start the nri-gpu-guard daemon or run `gpu-guard-ctl devices --refresh` to write the cache, "+
+			"or set devices.source = \"static\")", cacheErr, tried, discErr)
+	}
+	out.Inventory, out.Origin = inv, OriginDiscovery
+	return out, nil
+}
+
+// save writes the cache and records its time, or the error.
+func (l *Loaded) save(role Role) {
+	if err := SaveCache(l.CachePath, l.Inventory); err != nil {
+		l.CacheWriteErr = fmt.Errorf("write inventory cache %s (%s): %w", l.CachePath, role, err)
+		return
+	}
+	if at, err := modTime(l.CachePath); err == nil {
+		l.CachedAt = at
+	}
+}
+
+// fatalWrite is the cache write error where it fails the load: a refresh
+// exists to write the cache.
+func (l *Loaded) fatalWrite(role Role) error {
+	if role == RoleRefresh && l.CacheWriteErr != nil {
+		return l.CacheWriteErr
+	}
+	return nil
+}
+
+func modTime(path string) (time.Time, error) {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return time.Time{}, err
+	}
+	return fi.ModTime(), nil
+}
