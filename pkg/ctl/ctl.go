@@ -180,10 +180,12 @@ func describe(err error) string {
 	switch {
 	case errors.As(err, &ce):
 		return corruptAdvice(ce)
+	case errors.Is(err, ledger.ErrNeedsRecovery):
+		return "LEDGER NEEDS RECOVERY: " + err.Error() + recoverAdvice
 	case errors.Is(err, ledger.ErrLockTimeout):
 		return err.Error() + "\n  the ledger is busy; retry in a moment. If this persists, the process named above holds the lock: check it is the nri-gpu-guard daemon and that it is healthy."
 	case errors.Is(err, ledger.ErrUnsafeDir):
-		return err.Error() + "\n  the state dir must be a root-owned directory with mode 0700 and no symlinks; fix its ownership and mode (chown root:root, chmod 0700)."
+		return err.Error() + "\n  the state dir must be a root-owned directory with mode 0700, below directories that are root-owned and not writable by group or others (or sticky, like /tmp), with no symlinks on the path; fix what the message names. NO container gets a GPU meanwhile."
 	case errors.Is(err, os.ErrPermission):
 		return err.Error() + "\n  the state dir is readable by root only: run gpu-guard-ctl with sudo."
 	}
@@ -191,17 +193,21 @@ func describe(err error) string {
 }
 
 // corruptAdvice is the loud message for a state file that failed to verify.
-// A reader never moves the file; the daemon does on its next write.
+// A reader never moves the file; recover does.
 func corruptAdvice(ce *ledger.CorruptError) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "CORRUPT LEDGER: %v", ce)
 	if ce.Quarantined != "" {
 		fmt.Fprintf(&b, "\n  the bad file is kept at %s for the bug report.", ce.Quarantined)
-	} else {
-		fmt.Fprintf(&b, "\n  the daemon moves it aside (%s.corrupt-<time>, kept for the bug report) on its next write.", ce.Path)
+		return b.String()
 	}
-	b.WriteString("\n  until the claims are rebuilt, GPUs held by running containers look free." +
-		" Restart the daemon now (systemctl restart nri-gpu-guard): on reconnect containerd lists every running" +
-		" container and the ledger is rebuilt from them.")
+	b.WriteString(recoverAdvice)
 	return b.String()
 }
+
+// recoverAdvice is what an operator does about a ledger that needs recovery.
+const recoverAdvice = "\n  NO container gets a GPU until the ledger is recovered (every front end refuses)." +
+	"\n  run `sudo gpu-guard-ctl recover`: it replays the journal onto the last good snapshot, keeps the bad file" +
+	" (moved aside) and every claim whose holder still runs, and reports what it recovered." +
+	"\n  on an NRI host the daemon also recovers it at its next sync with containerd (an external plugin reconnects" +
+	" for one at the next refused container; one launched by containerd only when containerd restarts)."

@@ -300,7 +300,9 @@ func TestCorruptLedger(t *testing.T) {
 		require.Equal(t, ExitError, r.code, cmd)
 		assert.Contains(t, r.stderr, state, cmd)
 		assert.Contains(t, r.stderr, "corrupt", cmd)
-		assert.Contains(t, r.stderr, "systemctl restart nri-gpu-guard", cmd)
+		assert.Contains(t, r.stderr, "NO container gets a GPU until the ledger is recovered", cmd)
+		assert.Contains(t, r.stderr, "sudo gpu-guard-ctl recover", cmd)
+		assert.NotContains(t, r.stderr, "daemon moves it aside", cmd)
 	}
 	_, err := os.Stat(state)
 	require.NoError(t, err, "a reader must not move the state file")

@@ -21,8 +21,11 @@ func TestRecoverDamagedLedger(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(f.dir, "ledger.json"), []byte("\x00\x00garbage"), 0o600))
 
 	r := f.run(t, "status")
-	require.NotEqual(t, ExitOK, r.code, "status of a damaged ledger exits non-zero")
+	require.Equal(t, ExitError, r.code, "status of a damaged ledger exits 1")
 	assert.Contains(t, r.stderr, "gpu-guard-ctl recover")
+	assert.Contains(t, r.stderr, "NO container gets a GPU")
+	assert.Contains(t, r.stderr, filepath.Join(f.dir, "ledger.json"))
+	assert.Empty(t, r.stdout, "no device is shown as free")
 
 	f.uid = 1000
 	r = f.run(t, "recover")

@@ -42,7 +42,9 @@ claimed) shows as held "via" the claimed device.
 
 status exits 3 and lists what to do when a device is in conflict, a holder has
 exited without releasing its claim, or a claim names a device that is not in
-the inventory.`,
+the inventory. It exits 1, showing no device, while the ledger needs recovery
+(damaged, missing, moved or replaced: no container gets a GPU until
+gpu-guard-ctl recover) or its state dir is unsafe.`,
 		`  gpu-guard-ctl status
   gpu-guard-ctl status -o wide
   gpu-guard-ctl status -o json | jq '.devices[] | select(.state != "free")'`,

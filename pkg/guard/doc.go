@@ -27,6 +27,11 @@
 //   - Every refusal message names each busy device by index and full UUID,
 //     its holder (namespace/pod/container and short id) or reservation, the
 //     queue position, and what to do.
-//   - When the ledger cannot be read or locked in time, Admit returns an
-//     error and the front end refuses: the guard fails closed.
+//   - No admission is ever decided against a ledger that is not the last
+//     committed one. When the ledger cannot be read or locked in time, or is
+//     damaged, missing, moved, replaced or in an unsafe dir (errors wrapping
+//     ledger.ErrNeedsRecovery or ledger.ErrUnsafeDir), Admit returns an
+//     error and the front end refuses every container, saying which file is
+//     wrong and what the operator does (gpu-guard-ctl recover; on an NRI
+//     host the daemon recovers at its next sync): the guard fails closed.
 package guard

@@ -408,8 +408,17 @@ func (g *Guard) ledgerError(owner ledger.Owner, err error) error {
 	case errors.Is(err, ledger.ErrLineageChanged):
 		return fmt.Errorf("GPU ledger was started afresh by another process and is being rebuilt from the runtime's "+
 			"containers at the next NRI sync; refused %s to stay safe, retrying is automatic: %w", who, err)
-	case errors.Is(err, ledger.ErrCorrupt):
-		return fmt.Errorf("GPU ledger is corrupt (moved aside; it is rebuilt at the next NRI sync), refused %s to stay safe: %w", who, err)
+	case errors.Is(err, ledger.ErrNeedsRecovery) && owner.FrontEnd == ledger.FrontEndNRI:
+		// The plugin asks for a new Synchronize (an external one reconnects),
+		// which recovers the ledger and reconciles it with the runtime.
+		return fmt.Errorf("GPU ledger needs recovery: NO container gets a GPU until it is recovered; refused %s. "+
+			"The daemon recovers it and rebuilds the claims from the runtime's containers at its next sync "+
+			"(an external plugin reconnects for one now, retrying is automatic; a plugin launched by containerd "+
+			"gets one only when containerd restarts), or run `sudo gpu-guard-ctl recover`: %w", who, err)
+	case errors.Is(err, ledger.ErrNeedsRecovery):
+		return fmt.Errorf("GPU ledger needs recovery: NO container gets a GPU until it is recovered; refused %s. "+
+			"Run `sudo gpu-guard-ctl recover` (it replays the journal onto the last good snapshot and keeps every "+
+			"claim whose holder still runs), then start the container again: %w", who, err)
 	default:
 		return fmt.Errorf("GPU ledger error, refused %s to stay safe: %w", who, err)
 	}

@@ -10,6 +10,13 @@
 // ErrUnsafeDir), never read as empty, until it is recovered (Recover, Reset;
 // gpu-guard-ctl recover).
 //
+// Every Open and OpenReadOnly checks the state dir's whole parent chain
+// (CheckDirChain): no symlink on the path, every directory owned by root
+// or the euid, and none writable by group or others unless it has the
+// sticky bit (like /tmp, 1777: there nobody else can rename the root- or
+// euid-owned entry below it). A parent anyone may write to without the
+// sticky bit lets anyone `mv state stolen`: refused, with what to fix.
+//
 // Files in the state dir (created 0700; refused if a symlink, not a regular
 // file, writable by group or others, or owned by another user; never
 // followed as symlinks, never opened blocking):

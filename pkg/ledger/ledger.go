@@ -68,8 +68,8 @@ const defaultCompactMin = 256 << 10
 // symlink, not a regular file, writable by group or others, or owned by
 // another user. A dir that is missing although this boot committed a ledger
 // there (the boot marker says so) is not created: every Update then fails
-// with ErrNeedsRecovery. Open does not check the dir's parents: callers do,
-// with CheckDirChain.
+// with ErrNeedsRecovery. Open checks the dir's whole parent chain with
+// CheckDirChain (before and after creating it), so every front end does.
 func Open(dir string, opts Options) (*Ledger, error) {
 	return open(dir, opts, false)
 }
@@ -108,9 +108,19 @@ func open(dir string, opts Options, readOnly bool) (*Ledger, error) {
 			create = false
 		}
 	}
+	// The chain is checked before anything is created in it, and again
+	// after: a dir someone else made in a sticky parent meanwhile is theirs.
+	if err := CheckDirChain(dir); err != nil {
+		return nil, err
+	}
 	missing, err := checkDir(dir, create, readOnly)
 	if err != nil {
 		return nil, err
+	}
+	if !missing {
+		if err := CheckDirChain(dir); err != nil {
+			return nil, err
+		}
 	}
 	if !missing {
 		if err := checkFiles(dir, readOnly); err != nil {

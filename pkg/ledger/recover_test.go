@@ -360,23 +360,97 @@ func TestCheckDirChain(t *testing.T) {
 	require.NoError(t, CheckDirChain("/"))
 	require.ErrorIs(t, CheckDirChain("relative/state"), ErrUnsafeDir)
 	require.ErrorIs(t, CheckDirChain("/var/../etc"), ErrUnsafeDir)
-	// t.TempDir is under the world-writable /tmp.
-	err := CheckDirChain(filepath.Join(t.TempDir(), "state"))
-	require.ErrorIs(t, err, ErrUnsafeDir)
-	require.ErrorContains(t, err, "writable by group or others")
 
 	safe := t.TempDir()
-	require.NoError(t, os.Chmod(safe, 0o700))
-	if err := CheckDirChain(filepath.Dir(safe)); err != nil {
+	if err := CheckDirChain(safe); err != nil {
 		t.Skipf("the temp dir's parents are not safe here: %v", err)
 	}
-	require.NoError(t, CheckDirChain(filepath.Join(safe, "state")), "a missing state dir is created later")
+	require.NoError(t, CheckDirChain(filepath.Join(safe, "a", "state")), "missing components at the end are created later")
 	require.NoError(t, os.Mkdir(filepath.Join(safe, "real"), 0o700))
 	require.NoError(t, os.Symlink(filepath.Join(safe, "real"), filepath.Join(safe, "link")))
 	require.ErrorContains(t, CheckDirChain(filepath.Join(safe, "link", "state")), "symlink")
-	require.NoError(t, os.Mkdir(filepath.Join(safe, "open"), 0o700))
-	require.NoError(t, os.Chmod(filepath.Join(safe, "open"), 0o777))
-	require.ErrorContains(t, CheckDirChain(filepath.Join(safe, "open", "state")), "0777")
+	require.NoError(t, os.WriteFile(filepath.Join(safe, "file"), nil, 0o600))
+	require.ErrorContains(t, CheckDirChain(filepath.Join(safe, "file", "state")), "not a directory")
+}
+
+// TestOpenRefusesMovableStateDir is the `mv state stolen` attack: a state
+// dir whose parent anyone may write to (without the sticky bit) can be
+// renamed away by anyone, so Open and OpenReadOnly refuse it, saying what to
+// fix. In a sticky parent (like /tmp, 1777) only the owner of an entry may
+// rename it, so a root- or euid-owned state dir there is accepted; one owned
+// by another user is not.
+func TestOpenRefusesMovableStateDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to chown")
+	}
+	base := t.TempDir()
+	if err := CheckDirChain(base); err != nil {
+		t.Skipf("the temp dir's parents are not safe here: %v", err)
+	}
+	mk := func(name string, mode os.FileMode) string {
+		p := filepath.Join(base, name)
+		require.NoError(t, os.Mkdir(p, 0o700))
+		require.NoError(t, os.Chmod(p, mode))
+		return p
+	}
+	for _, tc := range []struct {
+		name  string
+		dir   func() string
+		wants []string // empty: accepted
+	}{
+		{name: "non-sticky 0777 parent", dir: func() string { return filepath.Join(mk("open", 0o777), "state") },
+			wants: []string{"0777", "without the sticky bit", "mv state stolen", "chmod go-w"}},
+		{name: "non-sticky 0770 parent", dir: func() string { return filepath.Join(mk("group", 0o770), "state") },
+			wants: []string{"0770", "without the sticky bit"}},
+		{name: "non-sticky 0777 grandparent", dir: func() string {
+			p := filepath.Join(mk("gp", 0o777), "mid")
+			require.NoError(t, os.Mkdir(p, 0o700))
+			return filepath.Join(p, "state")
+		}, wants: []string{filepath.Join(base, "gp") + " (on the path", "0777"}},
+		{name: "sticky 1777 parent, root-owned state dir", dir: func() string {
+			p := filepath.Join(mk("sticky", 0o777|os.ModeSticky), "state")
+			require.NoError(t, os.Mkdir(p, 0o700))
+			return p
+		}},
+		{name: "sticky 1777 parent, missing state dir is created", dir: func() string {
+			return filepath.Join(mk("sticky2", 0o777|os.ModeSticky), "state")
+		}},
+		{name: "sticky 1777 parent, state dir owned by another user", dir: func() string {
+			p := filepath.Join(mk("sticky3", 0o777|os.ModeSticky), "state")
+			require.NoError(t, os.Mkdir(p, 0o700))
+			require.NoError(t, os.Chown(p, 65534, 65534))
+			return p
+		}, wants: []string{"owned by uid 65534"}},
+		{name: "sticky 1777 parent owned by another user", dir: func() string {
+			p := mk("sticky4", 0o777|os.ModeSticky)
+			require.NoError(t, os.Chown(p, 65534, 65534))
+			return filepath.Join(p, "state")
+		}, wants: []string{"owned by uid 65534", "chown root"}},
+		{name: "sticky bit does not excuse a writable state dir", dir: func() string {
+			return mk("stickyleaf", 0o777|os.ModeSticky)
+		}, wants: []string{"the ledger dir", "chmod 0700"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := tc.dir()
+			for _, open := range []func(string, Options) (*Ledger, error){Open, OpenReadOnly} {
+				l, err := open(dir, testOptions(nil))
+				if len(tc.wants) == 0 {
+					require.NoError(t, err)
+					continue
+				}
+				require.Nil(t, l)
+				require.ErrorIs(t, err, ErrUnsafeDir)
+				for _, w := range tc.wants {
+					require.ErrorContains(t, err, w)
+				}
+			}
+			if len(tc.wants) == 0 {
+				fi, err := os.Lstat(dir)
+				require.NoError(t, err, "Open created the state dir")
+				require.Equal(t, os.FileMode(0o700), fi.Mode().Perm())
+			}
+		})
+	}
 }
 
 // Positions agrees with Position for every waiter, including MIG overlaps.
