@@ -24,6 +24,10 @@ func TestMain(m *testing.M) {
 	if os.Getenv(api.PluginSocketEnvVar) != "" {
 		os.Exit(run(nil, os.Stdin, os.Stdout, os.Stderr))
 	}
+	// The signal tests run the binary as nri-gpu-guard with its arguments.
+	if os.Getenv(runMainEnv) == "1" {
+		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
+	}
 	nrilog.Set(quietLog{}) // the NRI runtime's own log lines
 	os.Exit(m.Run())
 }

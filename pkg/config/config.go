@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/BurntSushi/toml"
@@ -286,10 +287,15 @@ func Parse(data []byte) (Config, error) {
 	return cfg, nil
 }
 
+// ErrNotRegular is wrapped by LoadFile for a path that is not a regular file.
+var ErrNotRegular = errors.New("not a regular file")
+
 // LoadFile loads the configuration at path. A missing file is an error: callers
-// that accept "no file" check Path's second result first.
+// that accept "no file" check Path's second result first. Anything but a
+// regular file (a FIFO, a device, a directory) is refused at once: opening a
+// FIFO without a writer would block, and reading a device would not end.
 func LoadFile(path string) (Config, error) {
-	f, err := os.Open(path) //nolint:gosec // the path is the operator's choice
+	f, err := OpenRegular(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("open configuration: %w", err)
 	}
@@ -299,6 +305,46 @@ func LoadFile(path string) (Config, error) {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// OpenRegular opens path for reading if it is a regular file (symlinks to one
+// are followed) and refuses anything else with ErrNotRegular. It never blocks:
+// the open is non-blocking, so a FIFO is refused rather than waited on, and
+// the mode is checked on the opened file, not on a path that could change.
+func OpenRegular(path string) (*os.File, error) {
+	//nolint:gosec // the path is the operator's choice
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if !fi.Mode().IsRegular() {
+		_ = f.Close()
+		return nil, fmt.Errorf("%s: %w (it is a %s); name a file", path, ErrNotRegular, fileKind(fi.Mode()))
+	}
+	return f, nil
+}
+
+// fileKind names a file type for people.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m&os.ModeNamedPipe != 0:
+		return "named pipe (FIFO)"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeCharDevice != 0:
+		return "character device"
+	case m&os.ModeDevice != 0:
+		return "block device"
+	default:
+		return "special file (" + m.Type().String() + ")"
+	}
 }
 
 // Path picks the configuration file's path: the flag value, then $NRI_GPU_GUARD_CONFIG,

@@ -5,9 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -100,7 +102,18 @@ func TestValidateMessages(t *testing.T) {
 	}{
 		{"version", func(c *Config) { c.Version = 2 }, []string{"version: unsupported version 2"}},
 		{"relative dir", func(c *Config) { c.Ledger.Dir = "state" }, []string{"ledger.dir", `"state"`}},
-		{"zero lock timeout", func(c *Config) { c.Ledger.LockTimeout = Duration{} }, []string{"ledger.lock_timeout", "positive"}},
+		{"zero lock timeout", func(c *Config) { c.Ledger.LockTimeout = Duration{} }, []string{"ledger.lock_timeout", "between 1ms and 1h0m0s", `"0s"`}},
+		{"nanosecond poll", func(c *Config) { c.Hook.PollInterval = Duration{time.Nanosecond} }, []string{"hook.poll_interval", `"1ns"`, "between 1ms"}},
+		{"huge durations", func(c *Config) {
+			huge := Duration{2562047 * time.Hour}
+			c.Ledger.LockTimeout, c.Policy.ReservationTTL, c.Policy.QueueTTL, c.Hook.WaitTimeout, c.Observe.Interval =
+				huge, huge, huge, huge, huge
+		}, []string{"ledger.lock_timeout", "policy.reservation_ttl", "policy.queue_ttl", "hook.wait_timeout", "observe.interval", `"2562047h0m0s"`}},
+		{"ledger dir is /", func(c *Config) { c.Ledger.Dir = "/" }, []string{"ledger.dir", "system directory /"}},
+		{"ledger dir climbs into /etc", func(c *Config) { c.Ledger.Dir = "/var/../etc" }, []string{"ledger.dir", `"/var/../etc" is the system directory /etc`}},
+		{"ledger dir is /var/lib/", func(c *Config) { c.Ledger.Dir = "/var/lib/" }, []string{"ledger.dir", "system directory /var/lib"}},
+		{"ledger dir is /tmp", func(c *Config) { c.Ledger.Dir = "/tmp" }, []string{"ledger.dir", "system directory /tmp"}},
+		{"ledger dir in /proc", func(c *Config) { c.Ledger.Dir = "/proc/self/cwd" }, []string{"ledger.dir", "kernel file system (/proc)"}},
 		{"tiny audit", func(c *Config) { c.Ledger.AuditMaxBytes = 10 }, []string{"ledger.audit_max_bytes"}},
 		{"bad source", func(c *Config) { c.Devices.Source = "nvidia-smi" }, []string{"devices.source", `"nvidia-smi"`, "auto, nvml, proc, static"}},
 		{"static without gpus", func(c *Config) { c.Devices.Source = SourceStatic }, []string{"devices.static", "no [[devices.static]]"}},
@@ -116,7 +129,7 @@ func TestValidateMessages(t *testing.T) {
 		{"poll longer than wait", func(c *Config) { c.Hook.PollInterval = Duration{time.Hour} }, []string{"hook.poll_interval", "longer than hook.wait_timeout"}},
 		{"metrics listen", func(c *Config) { c.Metrics.Listen = "9464" }, []string{"metrics.listen", `"9464"`}},
 		{"negative observe interval", func(c *Config) { c.Observe.Interval = Duration{-time.Second} }, []string{"observe.interval", "0 disables"}},
-		{"tiny observe interval", func(c *Config) { c.Observe.Interval = Duration{time.Millisecond} }, []string{"observe.interval", "at least 1s"}},
+		{"tiny observe interval", func(c *Config) { c.Observe.Interval = Duration{time.Millisecond} }, []string{"observe.interval", "between 1s and 1h0m0s"}},
 		{"on_intruder", func(c *Config) { c.Observe.OnIntruder = "kill" }, []string{"observe.on_intruder", `"kill"`, "report, cordon"}},
 		{"zero idle grace", func(c *Config) { c.Observe.IdleGrace = Duration{} }, []string{"observe.idle_grace", "positive"}},
 		{"unbounded idle grace", func(c *Config) { c.Observe.IdleGrace = Duration{2 * time.Hour} }, []string{"observe.idle_grace", "at most 1h0m0s"}},
@@ -245,4 +258,56 @@ xids = []
 	a := DefaultXids()
 	a[0] = 1
 	require.NotEqual(t, 1, DefaultXids()[0])
+}
+
+// A FIFO (or any non-regular file) given as the configuration is refused at
+// once: opening a FIFO without a writer used to block forever.
+func TestLoadFileRefusesNonRegularFiles(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "config.fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	for path, kind := range map[string]string{fifo: "named pipe (FIFO)", dir: "directory", "/dev/null": "character device"} {
+		_, err := LoadFile(path)
+		require.ErrorIs(t, err, ErrNotRegular, path)
+		assert.Contains(t, err.Error(), kind)
+		_, _, err = LoadDefault(path)
+		require.ErrorIs(t, err, ErrNotRegular, path)
+	}
+	// A symlink to a regular file is a regular file.
+	file := filepath.Join(dir, "config.toml")
+	require.NoError(t, os.WriteFile(file, []byte("version = 1\n"), 0o600))
+	link := filepath.Join(dir, "link.toml")
+	require.NoError(t, os.Symlink(file, link))
+	_, err := LoadFile(link)
+	require.NoError(t, err)
+}
+
+func TestWarnings(t *testing.T) {
+	cfg := Default()
+	assert.Empty(t, cfg.Warnings(), "the defaults open no endpoint")
+	assert.Empty(t, cfg.Metrics.Listen)
+	for _, listen := range []string{"127.0.0.1:9464", "[::1]:9464", "localhost:9464"} {
+		cfg.Metrics.Listen = listen
+		require.NoError(t, cfg.Validate())
+		assert.Empty(t, cfg.Warnings(), listen)
+	}
+	for listen, want := range map[string]string{
+		"0.0.0.0:9464":  "listens on every address",
+		":9464":         "listens on every address",
+		"[::]:9464":     "listens on every address",
+		"10.0.0.7:9464": `"10.0.0.7" is reachable from other hosts`,
+		"node-1:9464":   `"node-1" is reachable from other hosts`,
+	} {
+		cfg.Metrics.Listen = listen
+		require.NoError(t, cfg.Validate(), "a warning is not an error")
+		w := cfg.Warnings()
+		require.Len(t, w, 1, listen)
+		assert.Contains(t, w[0], "metrics.listen: ")
+		assert.Contains(t, w[0], want)
+		assert.Contains(t, w[0], "no authentication")
+	}
+	cfg = Default()
+	cfg.Policy.ExemptNamespaces = []string{"gpu-monitoring"}
+	require.Len(t, cfg.Warnings(), 1)
+	assert.Contains(t, cfg.Warnings()[0], "OCI hook are never exempt")
 }

@@ -57,9 +57,11 @@ func (v *problems) oneOf(key string, value string, allowed ...string) {
 	v.bad(key, "invalid value %q (want one of: %s)", value, strings.Join(allowed, ", "))
 }
 
-func (v *problems) positive(key string, d Duration) {
-	if d.Duration <= 0 {
-		v.bad(key, "must be a positive duration, got %q", d.String())
+// within checks a duration against the range where it makes sense. The
+// bounds of each key are beside its call, with the reason.
+func (v *problems) within(key string, d Duration, lo, hi time.Duration) {
+	if d.Duration < lo || d.Duration > hi {
+		v.bad(key, "must be between %s and %s, got %q", lo, hi, d.String())
 	}
 }
 
@@ -69,9 +71,47 @@ func (v *problems) absPath(key, path string) {
 	}
 }
 
+// systemDirs are directories the ledger must never be: it would put its
+// state, lock and audit files among the system's own, and the operator
+// surely meant a directory of its own beneath one.
+var systemDirs = map[string]bool{
+	"/": true, "/bin": true, "/boot": true, "/dev": true, "/etc": true, "/home": true, "/lib": true,
+	"/lib32": true, "/lib64": true, "/media": true, "/mnt": true, "/opt": true, "/proc": true,
+	"/root": true, "/run": true, "/sbin": true, "/srv": true, "/sys": true, "/tmp": true, "/usr": true,
+	"/usr/bin": true, "/usr/lib": true, "/usr/local": true, "/usr/sbin": true, "/usr/share": true,
+	"/var": true, "/var/lib": true, "/var/log": true, "/var/run": true, "/var/tmp": true,
+	"/var/cache": true, "/var/spool": true, "/run/user": true, "/dev/shm": true, "/etc/nri-gpu-guard": true,
+}
+
+// pseudoFSRoots hold kernel file systems: no state can live beneath them.
+var pseudoFSRoots = []string{"/proc/", "/sys/", "/dev/"}
+
+// ledgerDirProblem says what is wrong with dir as the ledger directory, or "".
+func ledgerDirProblem(dir string) string {
+	if dir == "" || !filepath.IsAbs(dir) {
+		return fmt.Sprintf("must be an absolute path, got %q", dir)
+	}
+	clean := filepath.Clean(dir)
+	if systemDirs[clean] {
+		return fmt.Sprintf("%q is the system directory %s; name a directory of the guard's own such as /var/lib/nri-gpu-guard", dir, clean)
+	}
+	for _, root := range pseudoFSRoots {
+		if strings.HasPrefix(clean+"/", root) {
+			return fmt.Sprintf("%q is on a kernel file system (%s); name a directory such as /var/lib/nri-gpu-guard", dir, strings.TrimSuffix(root, "/"))
+		}
+	}
+	return ""
+}
+
 func (c *Config) validateLedger(v *problems) {
-	v.absPath("ledger.dir", c.Ledger.Dir)
-	v.positive("ledger.lock_timeout", c.Ledger.LockTimeout)
+	if p := ledgerDirProblem(c.Ledger.Dir); p != "" {
+		v.bad("ledger.dir", "%s", p)
+	}
+	// A ledger update takes about a millisecond; under that a busy host
+	// would refuse containers for nothing. Over an hour, a front end stalls
+	// the runtime behind a lock that a hung process holds (the NRI front end
+	// bounds its own wait by the request deadline whatever this says).
+	v.within("ledger.lock_timeout", c.Ledger.LockTimeout, time.Millisecond, time.Hour)
 	if c.Ledger.AuditMaxBytes < 4096 {
 		v.bad("ledger.audit_max_bytes", "must be at least 4096, got %d", c.Ledger.AuditMaxBytes)
 	}
@@ -94,8 +134,12 @@ func (c *Config) validatePolicy(v *problems) {
 	v.oneOf("policy.privileged", string(c.Policy.Privileged),
 		string(PrivilegedDeclared), string(PrivilegedAll), string(PrivilegedReject))
 	v.oneOf("policy.unknown_device", string(c.Policy.UnknownDevice), string(UnknownReject), string(UnknownIgnore))
-	v.positive("policy.reservation_ttl", c.Policy.ReservationTTL)
-	v.positive("policy.queue_ttl", c.Policy.QueueTTL)
+	// A reservation must outlast the requester's next retry (kubelet backs
+	// off up to 5 minutes, a hook polls), yet not hold a GPU idle for days.
+	v.within("policy.reservation_ttl", c.Policy.ReservationTTL, 10*time.Second, 24*time.Hour)
+	// A waiter must be able to refresh its entry before it expires (a hook
+	// refreshes every quarter of it); a day-old entry is surely abandoned.
+	v.within("policy.queue_ttl", c.Policy.QueueTTL, 10*time.Second, 24*time.Hour)
 	seenNS := map[string]bool{}
 	for i, ns := range c.Policy.ExemptNamespaces {
 		key := fmt.Sprintf("policy.exempt_namespaces[%d]", i)
@@ -120,8 +164,12 @@ func (c *Config) validateNRI(v *problems) {
 }
 
 func (c *Config) validateHook(v *problems) {
-	v.positive("hook.wait_timeout", c.Hook.WaitTimeout)
-	v.positive("hook.poll_interval", c.Hook.PollInterval)
+	// A hook waiting a day holds a runtime call open that long; under 100ms
+	// it could not wait for anything.
+	v.within("hook.wait_timeout", c.Hook.WaitTimeout, 100*time.Millisecond, 24*time.Hour)
+	// Every poll reads the ledger: under a millisecond a waiting hook spins
+	// on it; over a minute a freed GPU stays idle that long.
+	v.within("hook.poll_interval", c.Hook.PollInterval, time.Millisecond, time.Minute)
 	if c.Hook.PollInterval.Duration > 0 && c.Hook.WaitTimeout.Duration > 0 &&
 		c.Hook.PollInterval.Duration > c.Hook.WaitTimeout.Duration {
 		v.bad("hook.poll_interval", "%s is longer than hook.wait_timeout %s", c.Hook.PollInterval, c.Hook.WaitTimeout)
@@ -132,6 +180,10 @@ func (c *Config) validateHook(v *problems) {
 // hour is far beyond the seconds a stopping process needs to free GPU memory.
 const maxIdleGrace = time.Hour
 
+// maxObserveInterval bounds observe.interval: an intruder found an hour
+// late has had the GPU for that hour.
+const maxObserveInterval = time.Hour
+
 // maxXid bounds observe.xids: NVIDIA's catalogue numbers Xids in the low
 // hundreds; anything far beyond is a typo.
 const maxXid = 65535
@@ -139,8 +191,8 @@ const maxXid = 65535
 func (c *Config) validateObserve(v *problems) {
 	if c.Observe.Interval.Duration < 0 {
 		v.bad("observe.interval", "must not be negative (0 disables the accounting), got %q", c.Observe.Interval.String())
-	} else if c.Observe.Interval.Duration > 0 && c.Observe.Interval.Duration < time.Second {
-		v.bad("observe.interval", "must be at least 1s (or 0 to disable), got %q", c.Observe.Interval.String())
+	} else if c.Observe.Interval.Duration > 0 && (c.Observe.Interval.Duration < time.Second || c.Observe.Interval.Duration > maxObserveInterval) {
+		v.bad("observe.interval", "must be between 1s and %s (or 0 to disable), got %q", maxObserveInterval, c.Observe.Interval.String())
 	}
 	v.oneOf("observe.on_intruder", string(c.Observe.OnIntruder), string(IntruderReport), string(IntruderCordon))
 	if g := c.Observe.IdleGrace.Duration; g <= 0 || g > maxIdleGrace {
@@ -213,4 +265,42 @@ func (c *Config) validateStatic(bad func(key, format string, args ...any)) {
 			}
 		}
 	}
+}
+
+// Warnings lists settings that are valid but probably not what the operator
+// wants; unlike Validate's errors they do not stop anything.
+func (c *Config) Warnings() []string {
+	var out []string
+	if w := listenWarning(c.Metrics.Listen); w != "" {
+		out = append(out, "metrics.listen: "+w)
+	}
+	if len(c.Policy.ExemptNamespaces) > 0 {
+		out = append(out, "policy.exempt_namespaces: applies to containers seen through NRI only; "+
+			"containers checked by the OCI hook are never exempt (their namespace is an annotation whoever creates them can set)")
+	}
+	return out
+}
+
+// listenWarning warns about a metrics endpoint reachable from other hosts:
+// it has no authentication and its labels name pods and containers.
+func listenWarning(listen string) string {
+	if listen == "" {
+		return ""
+	}
+	host, _, err := net.SplitHostPort(listen)
+	if err != nil {
+		return "" // Validate reports it
+	}
+	if host == "localhost" {
+		return ""
+	}
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		return ""
+	}
+	what := fmt.Sprintf("%q is reachable from other hosts", host)
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		what = fmt.Sprintf("%q listens on every address", listen)
+	}
+	return what + "; the endpoint has no authentication and its metrics name pods and containers. " +
+		"Listen on 127.0.0.1 (or ::1) and let a local agent scrape it, or firewall the port"
 }

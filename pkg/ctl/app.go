@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -47,6 +49,9 @@ func (a *app) config() (config.Config, error) {
 // stateDir is --state-dir, else [ledger] dir.
 func (a *app) stateDir() (string, error) {
 	if a.stateDirFlag != "" {
+		if err := checkStateDirFlag(a.stateDirFlag); err != nil {
+			return "", err
+		}
 		return a.stateDirFlag, nil
 	}
 	cfg, err := a.config()
@@ -54,6 +59,28 @@ func (a *app) stateDir() (string, error) {
 		return "", err
 	}
 	return cfg.Ledger.Dir, nil
+}
+
+// checkStateDirFlag refuses a --state-dir that cannot be a ledger directory:
+// a relative path (it would depend on where ctl runs) or one that is not an
+// existing directory. Opened anyway, it reads as an empty ledger, and status
+// would report every GPU free.
+func checkStateDirFlag(dir string) error {
+	if !filepath.IsAbs(dir) {
+		return usagef("--state-dir %q: want the absolute path of the ledger directory (the daemon's [ledger] dir, %s by default)",
+			dir, config.Default().Ledger.Dir)
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("--state-dir %s: no such directory; name the ledger directory the daemon and the hook use "+
+			"([ledger] dir of their configuration, %s by default)", dir, config.Default().Ledger.Dir)
+	case err != nil:
+		return fmt.Errorf("--state-dir %s: %w", dir, err)
+	case !fi.IsDir():
+		return fmt.Errorf("--state-dir %s: not a directory; name the ledger directory ([ledger] dir)", dir)
+	}
+	return nil
 }
 
 // ledgerOptions are the ledger's tunables from the configuration, with the

@@ -294,12 +294,22 @@ type auditTail struct {
 // written yet, or mid-rotation).
 func (t *auditTail) open() error {
 	t.partial, t.line = nil, 0
-	f, err := os.OpenFile(t.path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	// O_NONBLOCK: a FIFO planted as audit.log must not block the open
+	// (it is refused below); it is irrelevant for a regular file.
+	f, err := os.OpenFile(t.path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if errors.Is(err, fs.ErrNotExist) {
 		t.f = nil
 		return nil
 	}
 	if err != nil {
+		return fmt.Errorf("open audit log: %w", err)
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%s is not a regular file (%s); the ledger writes a regular file there", t.path, fi.Mode().Type())
+	}
+	if err != nil {
+		_ = f.Close()
 		return fmt.Errorf("open audit log: %w", err)
 	}
 	t.f = f

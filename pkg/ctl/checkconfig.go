@@ -24,7 +24,11 @@ PATH defaults to --config, then $NRI_GPU_GUARD_CONFIG, then
 /etc/nri-gpu-guard/config.toml. When no path is named and the default file
 does not exist, the built-in defaults apply and check-config says so.
 
-Exits 0 when the file is valid, 1 when it is not.`,
+Settings that are valid but risky (a metrics endpoint reachable from other
+hosts, exempt namespaces that the OCI hook cannot honour) are listed as
+warnings; they do not make the file invalid.
+
+Exits 0 when the file is valid (with or without warnings), 1 when it is not.`,
 		`  gpu-guard-ctl check-config
   gpu-guard-ctl check-config /etc/nri-gpu-guard/config.toml.new
   gpu-guard-ctl check-config ./config.toml -o json`,
@@ -47,12 +51,13 @@ type checkConfigView struct {
 	Valid    bool     `json:"valid"`
 	Defaults bool     `json:"defaults"` // no file: the built-in defaults apply
 	Errors   []string `json:"errors"`
+	Warnings []string `json:"warnings"`
 
 	cfg config.Config
 }
 
 func (a *app) checkConfig(name string) error {
-	v := checkConfigView{Errors: []string{}}
+	v := checkConfigView{Errors: []string{}, Warnings: []string{}}
 	if name == "" {
 		v.Path = config.DefaultPath
 		cfg, err := config.LoadFile(config.DefaultPath)
@@ -72,6 +77,9 @@ func (a *app) checkConfig(name string) error {
 		} else {
 			v.Valid, v.cfg = true, cfg
 		}
+	}
+	if v.Valid {
+		v.Warnings = append(v.Warnings, v.cfg.Warnings()...)
 	}
 	if err := v.render(a.env.Stdout, a.output); err != nil {
 		return err
@@ -112,6 +120,9 @@ func (v checkConfigView) render(w io.Writer, output string) error {
 		for _, e := range v.Errors {
 			fmt.Fprintf(&b, "  - %s\n", escapeLine(e))
 		}
+	}
+	for _, w := range v.Warnings {
+		fmt.Fprintf(&b, "  warning: %s\n", escapeLine(w))
 	}
 	if v.Valid {
 		c := v.cfg

@@ -4,13 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/spf13/cobra"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
@@ -177,9 +177,10 @@ func deviceNode(p string) (devices.LinuxDevice, error) {
 	return devices.LinuxDevice{}, usagef("--device %q: want /dev/nvidia<N> or /dev/nvidia-caps/nvidia-cap<N>", p)
 }
 
-// readSpec loads an OCI runtime spec, bounded in size.
+// readSpec loads an OCI runtime spec, bounded in size. Only a regular file
+// is read: a FIFO would block the open, a device would never end.
 func readSpec(path string) (*specs.Spec, error) {
-	f, err := os.Open(path) //nolint:gosec // the operator names the file
+	f, err := config.OpenRegular(path)
 	if err != nil {
 		return nil, fmt.Errorf("--spec: %w", err)
 	}

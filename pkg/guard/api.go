@@ -29,6 +29,8 @@ type Request struct {
 	// Owner carries the container and pod identity (and pid for hooks).
 	Owner ledger.Owner
 	// Key is the stable requester key (see RequesterKey); empty = computed.
+	// For a front end whose pod identity is not trusted (TrustsIdentity) it
+	// must be empty or the container id.
 	Key string
 	// Spec is what the container reaches, unresolved.
 	Spec devices.Request
@@ -57,10 +59,12 @@ var (
 )
 
 // RequesterKey is the stable key of a requester across retries:
-// "namespace/pod-uid/container-name" for CRI containers, the container id
-// otherwise.
+// "namespace/pod-uid/container-name" for CRI containers of a front end whose
+// pod identity is trusted (TrustsIdentity), the container id otherwise: a key
+// made of names the container's creator wrote could be another requester's,
+// and would take its place in the queue and its reservation.
 func RequesterKey(o ledger.Owner) string {
-	if o.PodUID != "" && o.Container != "" {
+	if TrustsIdentity(o.FrontEnd) && o.PodUID != "" && o.Container != "" {
 		return o.Namespace + "/" + o.PodUID + "/" + o.Container
 	}
 	return o.ContainerID

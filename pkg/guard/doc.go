@@ -27,6 +27,14 @@
 //   - Every refusal message names each busy device by index and full UUID,
 //     its holder (namespace/pod/container and short id) or reservation, the
 //     queue position, and what to do.
+//   - Nothing a container's creator can set decides a trust question: an
+//     exemption (exempt_namespaces), the takeover of a stopped claim by a
+//     restart in the same pod, and the requester key rest on pod identity
+//     only from a front end that vouches for it (TrustsIdentity: NRI and
+//     ctl, never the hook, whose pod names are spec annotations). An
+//     exemption is audited, or not granted.
+//   - Container-controlled names are bounded by BoundOwner on every request,
+//     whatever the front end (the front ends apply it too, before logging).
 //   - No admission is ever decided against a ledger that is not the last
 //     committed one. When the ledger cannot be read or locked in time, or is
 //     damaged, missing, moved, replaced or in an unsafe dir (errors wrapping

@@ -100,8 +100,17 @@ func (g *Guard) Inventory() *devices.Inventory { return g.inv }
 // Ledger returns the ledger the guard records in.
 func (g *Guard) Ledger() *ledger.Ledger { return g.ledger }
 
-// Exempt reports whether pods of namespace are never checked.
+// Exempt reports whether pods of namespace are never checked. It says
+// nothing about whether a request's namespace can be believed: exempts does.
 func (g *Guard) Exempt(namespace string) bool { return namespace != "" && g.exempt[namespace] }
+
+// exempts reports whether owner o is exempt: its namespace is listed in
+// exempt_namespaces and its front end's pod identity is trusted
+// (TrustsIdentity). A hook request naming an exempt namespace is checked
+// like any other: its namespace is an annotation its creator wrote.
+func (g *Guard) exempts(o ledger.Owner) bool {
+	return g.Exempt(o.Namespace) && TrustsIdentity(o.FrontEnd)
+}
 
 // Releasable applies the release rule (see Releasable) with the guard's
 // policy and liveness check.
@@ -130,17 +139,26 @@ func (g *Guard) Explain(ctx context.Context, r Request) (Decision, error) {
 
 func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, error) {
 	start := time.Now()
-	owner := r.Owner
-	if owner.FrontEnd == "" {
+	owner := BoundOwner(r.Owner)
+	// The request's front end is the one the caller (the front end itself)
+	// set; it decides how far the owner's pod identity is trusted.
+	if r.FrontEnd != "" {
 		owner.FrontEnd = r.FrontEnd
 	}
 	key := r.Key
-	if key == "" {
+	if key == "" || !TrustsIdentity(owner.FrontEnd) {
 		key = RequesterKey(owner)
 	}
 
 	d, res, done := g.preDecide(owner, r.Spec)
 	if done {
+		if d.Reason == reasonExempt && !dryRun {
+			if err := g.auditExempt(ctx, owner, key, d, res); err != nil {
+				g.log.Error("exempt request could not be audited; refused", append(ownerAttrs(owner, key),
+					slog.Any("error", err))...)
+				return Decision{}, g.ledgerError(owner, err)
+			}
+		}
 		g.finish(d, owner, key, start, dryRun)
 		return d, nil
 	}
@@ -186,15 +204,24 @@ func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, er
 	return d, nil
 }
 
-// preDecide settles what needs no ledger: exempt namespaces, requests without
-// a GPU and requests the policies refuse. done is false when the ledger must
-// be consulted for res.
+// reasonExempt is the Decision.Reason of an exempt request.
+const reasonExempt = "exempt"
+
+// preDecide settles what needs no ledger decision: requests without a GPU,
+// exempt namespaces (which Admit audits) and requests the policies refuse.
+// done is false when the ledger must be consulted for res.
 func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision, res devices.Resolution, done bool) {
-	if g.Exempt(owner.Namespace) {
-		return Decision{Result: Skip, Reason: "exempt",
+	res, err := g.resolver.Resolve(spec)
+	if g.exempts(owner) && (err != nil || len(res.Devices) > 0 || res.All) {
+		// Exempt requests skip every check, the policies' included; only a
+		// request that reaches no GPU at all is not an exemption.
+		return Decision{Result: Skip, Reason: reasonExempt, Devices: res.Devices,
 			Message: fmt.Sprintf("namespace %q is exempt from GPU checks (policy exempt_namespaces)", owner.Namespace)}, res, true
 	}
-	res, err := g.resolver.Resolve(spec)
+	if g.Exempt(owner.Namespace) {
+		g.log.Info("namespace is in exempt_namespaces, but this front end cannot vouch for it; checked like any other",
+			ownerAttrs(owner, "")...)
+	}
 	if err != nil {
 		return Decision{Result: Reject, Reason: reasonFor(err), Devices: res.Devices,
 			Message: policyText(err, g.policy, g.inv)}, res, true
@@ -359,6 +386,25 @@ func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledg
 	d.Message = text.String()
 }
 
+// auditExempt records an exemption: a container that reaches GPUs without a
+// claim must leave a trace. Without the record the exemption is not granted
+// (the caller refuses), as for any decision the ledger cannot record.
+func (g *Guard) auditExempt(ctx context.Context, owner ledger.Owner, key string, d Decision, res devices.Resolution) error {
+	devs := resolvedUUIDs(d.Devices)
+	why := "policy exempt_namespaces lists namespace " + owner.Namespace
+	if res.All {
+		why += "; the container reaches every GPU"
+	}
+	return g.ledger.Update(ctx, func(tx *ledger.Tx) error {
+		tx.Audit(AuditExempt, ledger.AuditRecord{
+			Devices: devs, ContainerID: owner.ContainerID, Key: key,
+			Namespace: owner.Namespace, Pod: owner.Pod, Container: owner.Container,
+			FrontEnd: string(owner.FrontEnd), Reason: why,
+		})
+		return nil
+	})
+}
+
 // finish logs the decision and reports it to the observer.
 func (g *Guard) finish(d Decision, owner ledger.Owner, key string, start time.Time, dryRun bool) {
 	latency := time.Since(start)
@@ -514,14 +560,15 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 	}
 	entries := make([]entry, 0, len(live))
 	for _, r := range live {
+		// The containers are the runtime's own list for front end fe;
+		// that front end decides how far their identity is trusted.
 		o := r.Owner
-		if o.FrontEnd == "" {
-			o.FrontEnd = fe
-		}
+		o.FrontEnd = fe
 		if o.Pid > 0 && o.PidStart == 0 {
 			o.PidStart = g.pidStart(o.Pid)
 		}
-		if g.Exempt(o.Namespace) {
+		o = BoundOwner(o)
+		if g.exempts(o) {
 			continue
 		}
 		res, err := g.resolver.Resolve(r.Spec)
@@ -664,9 +711,13 @@ func reasonFor(err error) string {
 }
 
 // sameWorkload reports whether a and b are the same container of the same pod
-// (a restart), the condition for taking over a stopped claim.
+// (a restart), the condition for taking over a stopped claim. Both pod
+// identities must come from a front end that vouches for them
+// (TrustsIdentity): a hook container naming another's pod uid and container
+// name must not take its claim, nor may a trusted restart take the claim of a
+// hook container that named its pod.
 func sameWorkload(a, b ledger.Owner) bool {
-	return a.PodUID != "" && a.PodUID == b.PodUID && a.Container != "" && a.Container == b.Container &&
+	return TrustsIdentity(a.FrontEnd) && TrustsIdentity(b.FrontEnd) && a.PodUID != "" && a.PodUID == b.PodUID && a.Container != "" && a.Container == b.Container &&
 		a.ContainerID != b.ContainerID
 }
 

@@ -51,6 +51,10 @@ const (
 // (on_conflict = "reject").
 const AuditRefuse = "refuse"
 
+// AuditExempt is the audit operation of a request admitted without a check
+// or a claim because policy exempt_namespaces lists its namespace.
+const AuditExempt = "exempt"
+
 // nopObserver is the Observer used when none is configured.
 type nopObserver struct{}
 

@@ -14,6 +14,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -28,8 +29,9 @@ const (
 	// too). The id is only a ledger key and a word in messages.
 	maxIDLen = 1024
 	// maxLabelLen bounds a pod namespace/name/uid or container name taken
-	// from an annotation before it goes into the ledger.
-	maxLabelLen = 253
+	// from an annotation before it goes into the ledger: the bound both
+	// front ends apply (guard.BoundLabel).
+	maxLabelLen = guard.MaxLabelLen
 )
 
 // errInput is wrapped by every error about the runtime's input (state on
@@ -136,11 +138,11 @@ func ownerFrom(st specs.State, spec *specs.Spec, pidStart uint64) ledger.Owner {
 		for _, k := range keys {
 			if spec != nil {
 				if v, ok := spec.Annotations[k]; ok && v != "" {
-					return label(v)
+					return guard.BoundLabel(v)
 				}
 			}
 			if v, ok := st.Annotations[k]; ok && v != "" {
-				return label(v)
+				return guard.BoundLabel(v)
 			}
 		}
 		return ""
@@ -157,37 +159,7 @@ func ownerFrom(st specs.State, spec *specs.Spec, pidStart uint64) ledger.Owner {
 		PidStart:     pidStart,
 	}
 	if spec != nil && spec.Linux != nil {
-		o.Cgroup = cgroupOf(spec.Linux.CgroupsPath)
+		o.Cgroup = guard.BoundCgroup(spec.Linux.CgroupsPath)
 	}
 	return o
-}
-
-// maxCgroupLen bounds linux.cgroupsPath (systemd paths of Kubernetes pods
-// run to about 200 bytes).
-const maxCgroupLen = 4096
-
-// cgroupOf returns the spec's cgroupsPath when it is usable as a liveness
-// hint. A path that is too long or holds control characters is dropped, not
-// shortened: a shortened path would name another cgroup, and the pid still
-// tells whether the container runs.
-func cgroupOf(p string) string {
-	if len(p) > maxCgroupLen || strings.IndexFunc(p, unicode.IsControl) >= 0 {
-		return ""
-	}
-	return p
-}
-
-// label bounds an untrusted annotation value and drops control characters,
-// so that it can go into the ledger and into one-line messages.
-func label(v string) string {
-	v = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return -1
-		}
-		return r
-	}, v)
-	if len(v) > maxLabelLen {
-		v = v[:maxLabelLen]
-	}
-	return v
 }

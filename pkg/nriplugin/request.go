@@ -13,7 +13,9 @@ import (
 // ownerOf is the ledger identity of a container. Pid and cgroup are filled
 // only for a running container: a container that is created but not started
 // has no process yet, and recording its (empty) cgroup would make the
-// liveness check take it for exited.
+// liveness check take it for exited. Names and the cgroup path are bounded
+// as the hook bounds them (guard.BoundOwner): they reach logs, the ledger and
+// refusal messages, and a pod's creator chooses them.
 func ownerOf(pod *api.PodSandbox, ctr *api.Container) ledger.Owner {
 	o := ledger.Owner{
 		ContainerID:  ctr.GetId(),
@@ -33,7 +35,7 @@ func ownerOf(pod *api.PodSandbox, ctr *api.Container) ledger.Owner {
 		o.Pid = int(ctr.GetPid())
 		o.Cgroup = ctr.GetLinux().GetCgroupsPath()
 	}
-	return o
+	return guard.BoundOwner(o)
 }
 
 // guardRequest is the guard's view of an NRI container.
