@@ -2,9 +2,11 @@
 // runtimes that do not speak NRI (podman, CRI-O without NRI, Docker through a
 // wrapper runtime, plain runc).
 //
-// A runtime runs "nri-gpu-guard hook create-runtime" before the container's
-// process starts and "nri-gpu-guard hook poststop" after it was deleted. Both
-// read the OCI state (specs.State) on stdin and the bundle's config.json.
+// A runtime runs "nri-gpu-guard-hook create-runtime" before the container's
+// process starts and "nri-gpu-guard-hook poststop" after it was deleted
+// (cmd/nri-gpu-guard-hook, a small static binary; "nri-gpu-guard hook PHASE"
+// runs the same Run). Both read the OCI state (specs.State) on stdin and the
+// bundle's config.json.
 //
 // Invariants:
 //   - The hook never decides anything itself: admission, the "does this
@@ -17,8 +19,12 @@
 //   - A create-runtime hook that is cancelled (SIGTERM/SIGINT), times out, or
 //     whose container disappears while waiting leaves no claim and no waiter.
 //   - poststop is idempotent: releasing a container that holds nothing
-//     succeeds. A container absent from the ledger (most of them) is told
-//     apart by a lock-free read and never takes the ledger lock.
+//     succeeds. A container whose spec names no GPU under any policy
+//     (neverClaims) does not open the ledger at all; one absent from the
+//     ledger is told apart by a lock-free read and never takes the lock.
+//   - The package imports nothing of NRI, ttrpc, protobuf, prometheus,
+//     net/http or NVML: the hook binary links it alone (TestHookDeps in
+//     cmd/nri-gpu-guard-hook).
 //   - A waiting hook reads the ledger without the lock at every poll and
 //     asks the guard again (a locked write) only when the answer can have
 //     changed or its queue entry needs refreshing; it reads the state before
