@@ -12,6 +12,8 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
 // neverClaims must hold for what ordinary containers carry and fail for
@@ -105,4 +107,30 @@ func TestPoststopPrivilegedReadsLedger(t *testing.T) {
 	opened := 0
 	require.NoError(t, testEnv(&opened).run(context.Background(), PhasePoststop, cfg, strings.NewReader(string(st)), io.Discard))
 	require.Equal(t, 1, opened)
+}
+
+// readSpec decodes only part of config.json: what it keeps must give the
+// same device request and owner as the whole spec.
+func TestReadSpecKeepsWhatTheHookUses(t *testing.T) {
+	full := specs.Spec{
+		Version:  specs.Version,
+		Hostname: "h",
+		Root:     &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{Args: []string{"/app"}, Cwd: "/", Env: []string{"A=1", "NVIDIA_VISIBLE_DEVICES=1,2"},
+			Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN", "CAP_SYS_ADMIN"}, Effective: []string{"CAP_CHOWN"}}},
+		Mounts:      []specs.Mount{{Destination: "/proc", Type: "proc"}, {Destination: "/var/run/nvidia-container-devices/3", Source: "/dev/null"}},
+		Annotations: map[string]string{"cdi.k8s.io/gpu": "nvidia.com/gpu=0", "io.kubernetes.pod.name": "p"},
+		Linux: &specs.Linux{CgroupsPath: "/kubepods/x", Devices: []specs.LinuxDevice{
+			{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}, {Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229}},
+			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}}},
+	}
+	data, err := json.Marshal(full)
+	require.NoError(t, err)
+	bundle := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	st := specs.State{ID: "c1", Pid: 7, Bundle: bundle}
+	got, err := readSpec(st)
+	require.NoError(t, err)
+	require.Equal(t, devices.RequestFromSpec(&full), devices.RequestFromSpec(got))
+	require.Equal(t, ownerFrom(st, &full, 9), ownerFrom(st, got, 9))
 }
