@@ -19,7 +19,7 @@ FUZZTIME    ?= ci
 TOOLS_DIR   ?= $(HOME)/.cache/nri-gpu-guard/tools
 GOLANGCI    := $(TOOLS_DIR)/golangci-lint
 
-.PHONY: all build test race fuzz lint bench integration demo gpu-check package clean tools
+.PHONY: all build test race fuzz lint bench bench-process integration demo gpu-check package clean tools
 
 all: build
 
@@ -37,6 +37,11 @@ fuzz:
 
 bench:
 	$(GO) test -tags $(TAGS) -run '^$$' -bench . -benchmem ./pkg/...
+
+# Whole processes, interleaved A/B against their floors: the hook binary, runc
+# with the hooks (root and runc), gpu-guard-ctl status/queue. Prints a table.
+bench-process:
+	./hack/bench-process.sh
 
 $(GOLANGCI):
 	GOBIN=$(TOOLS_DIR) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
