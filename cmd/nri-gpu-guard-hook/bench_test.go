@@ -68,7 +68,7 @@ func BenchmarkHookProcess(b *testing.B) {
 			err := cmd.Run()
 			d := time.Since(start)
 			if err != nil {
-				return 0, fmt.Errorf("%v: %s", err, stderr.String())
+				return 0, fmt.Errorf("%w: %s", err, stderr.String())
 			}
 			return d, nil
 		}
