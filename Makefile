@@ -23,9 +23,9 @@ GOLANGCI    := $(TOOLS_DIR)/golangci-lint
 
 all: build
 
+# The OCI hook binary starts once per container and phase: static, no cgo.
 build:
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard ./cmd/gpu-guard-ctl
-	# The OCI hook starts once per container and phase: static, no cgo.
 	CGO_ENABLED=0 $(GO) build -tags $(TAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard-hook
 
 test:
