@@ -34,12 +34,14 @@ CGROUP      ?=
 E2E_WRAP    := $(if $(filter v2,$(CGROUP)),./test/integration/cgroup2.sh)
 export E2E_WRAP
 
-.PHONY: all build test race fuzz lint bench integration integration-podman matrix demo gpu-check package clean tools
+.PHONY: all build test race fuzz lint bench bench-process integration integration-podman matrix demo gpu-check package clean tools
 
 all: build
 
+# The OCI hook binary starts once per container and phase: static, no cgo.
 build:
-	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard ./cmd/gpu-guard-ctl
+	CGO_ENABLED=0 $(GO) build -tags $(TAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard-hook
 
 test:
 	$(GO) vet -tags $(TAGS) ./...
@@ -50,6 +52,11 @@ fuzz:
 
 bench:
 	$(GO) test -tags $(TAGS) -run '^$$' -bench . -benchmem ./pkg/...
+
+# Whole processes, interleaved A/B against their floors: the hook binary, runc
+# with the hooks (root and runc), gpu-guard-ctl status/queue. Prints a table.
+bench-process:
+	./hack/bench-process.sh
 
 $(GOLANGCI):
 	GOBIN=$(TOOLS_DIR) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0

@@ -76,7 +76,7 @@ find_nfpm() {
 	fi
 }
 
-for b in nri-gpu-guard gpu-guard-ctl; do
+for b in nri-gpu-guard gpu-guard-ctl nri-gpu-guard-hook; do
 	[[ -x $BIN_DIR/$b ]] || die "$BIN_DIR/$b is missing: run 'make build' first (or 'make package')"
 done
 
@@ -89,13 +89,13 @@ stage=$DIST_DIR/.stage
 rm -rf "$stage"
 mkdir -p "$stage/doc" "$stage/hooks.d"
 
-# Documentation: README, docs/*.md, and the --help text of both binaries.
+# Documentation: README, docs/*.md, and the --help text of the binaries.
 [[ -f README.md ]] && install -m 0644 README.md "$stage/doc/"
 for f in docs/*.md; do
 	[[ -f $f ]] && install -m 0644 "$f" "$stage/doc/"
 done
 [[ -f LICENSE ]] && install -m 0644 LICENSE "$stage/doc/"
-for b in nri-gpu-guard gpu-guard-ctl; do
+for b in nri-gpu-guard gpu-guard-ctl nri-gpu-guard-hook; do
 	# The exit status of --help varies (flag.ContinueOnError returns 2);
 	# what counts is that it printed a usage text.
 	help=$(timeout 10 "$BIN_DIR/$b" --help 2>&1 </dev/null) || true

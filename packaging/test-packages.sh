@@ -84,7 +84,7 @@ ok "config and drop-in are conffiles"
 if command -v rpm >/dev/null; then
 	rpm_files=$(rpm -qpl "${rpms[0]}" 2>/dev/null)
 	rpm_config=$(rpm -qpc "${rpms[0]}" 2>/dev/null)
-	for f in /usr/bin/nri-gpu-guard /usr/bin/gpu-guard-ctl "$UNIT" "$CONFIG" "$DROP_IN"; do
+	for f in /usr/bin/nri-gpu-guard /usr/bin/gpu-guard-ctl /usr/bin/nri-gpu-guard-hook "$UNIT" "$CONFIG" "$DROP_IN"; do
 		grep -qxF "$f" <<<"$rpm_files" || fail "rpm lacks $f"
 	done
 	for f in "$CONFIG" "$DROP_IN"; do
@@ -114,13 +114,28 @@ ok "dpkg -i installed $PKG and printed the next step"
 [[ $(stat -c '%a %U %G' "$STATE_DIR") == "700 root root" ]] || fail "$STATE_DIR is $(stat -c '%a %U %G' "$STATE_DIR"), want 700 root root"
 ok "$STATE_DIR is 0700 root:root"
 
-for b in nri-gpu-guard gpu-guard-ctl; do
+for b in nri-gpu-guard gpu-guard-ctl nri-gpu-guard-hook; do
 	[[ -x /usr/bin/$b ]] || fail "/usr/bin/$b missing"
 done
 out=$(/usr/bin/nri-gpu-guard --version 2>&1) || fail "nri-gpu-guard --version: $out"
 want=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
 grep -qF "$want" <<<"$out" || fail "nri-gpu-guard --version printed '$out', want the build version $want"
 ok "nri-gpu-guard --version: $out"
+out=$(/usr/bin/nri-gpu-guard-hook --version 2>&1) || fail "nri-gpu-guard-hook --version: $out"
+grep -qF "$want" <<<"$out" || fail "nri-gpu-guard-hook --version printed '$out', want the build version $want"
+# Static: no program interpreter (ld-linux) to load for each hook run.
+! grep -q 'ld-linux' /usr/bin/nri-gpu-guard-hook || fail "/usr/bin/nri-gpu-guard-hook is dynamically linked"
+# What the hooks.d files run, for a container that names no GPU: admitted
+# and released without the ledger (the state dir here does not exist).
+mkdir -p "$work/bundle"
+printf '{"ociVersion":"1.0.2","process":{"env":["PATH=/bin"]}}' >"$work/bundle/config.json"
+for phase in create-runtime poststop; do
+	printf '{"ociVersion":"1.0.2","id":"pkgtest","status":"creating","bundle":"%s"}' "$work/bundle" |
+		/usr/bin/nri-gpu-guard-hook "$phase" --state-dir "$work/no-state" >"$work/hook.log" 2>&1 ||
+		fail "nri-gpu-guard-hook $phase of a container without GPU: $(cat "$work/hook.log")"
+done
+[[ ! -e $work/no-state ]] || fail "nri-gpu-guard-hook created a ledger for a container without GPU"
+ok "nri-gpu-guard-hook: static, $out, passes a container without GPU"
 
 out=$(/usr/bin/gpu-guard-ctl check-config 2>&1) || fail "gpu-guard-ctl check-config of the shipped config: $out"
 grep -qF "$CONFIG" <<<"$out" || fail "gpu-guard-ctl check-config did not read $CONFIG: $out"
@@ -184,7 +199,9 @@ dpkg -r "$PKG" </dev/null >"$work/remove.log" 2>&1 || {
 	cat "$work/remove.log" >&2
 	fail "dpkg -r"
 }
-[[ ! -e /usr/bin/nri-gpu-guard ]] || fail "dpkg -r left /usr/bin/nri-gpu-guard"
+for b in nri-gpu-guard nri-gpu-guard-hook; do
+	[[ ! -e /usr/bin/$b ]] || fail "dpkg -r left /usr/bin/$b"
+done
 cmp -s "$work/edited.toml" "$CONFIG" || fail "dpkg -r did not keep the edited $CONFIG"
 grep -q "$DROP_IN is still in place" "$work/remove.log" || fail "dpkg -r did not warn that the drop-in stays"
 ok "dpkg -r keeps the edited config and warns about the drop-in"
@@ -198,7 +215,7 @@ ok "dpkg -r then dpkg -i keeps the locally edited config"
 
 # --- Purge ------------------------------------------------------------------
 dpkg --purge "$PKG" </dev/null >/dev/null 2>&1 || fail "dpkg --purge"
-for p in "$CONFIG" /etc/nri-gpu-guard "$DROP_IN" "$UNIT" /usr/bin/nri-gpu-guard "$STATE_DIR"; do
+for p in "$CONFIG" /etc/nri-gpu-guard "$DROP_IN" "$UNIT" /usr/bin/nri-gpu-guard /usr/bin/nri-gpu-guard-hook "$STATE_DIR"; do
 	[[ ! -e $p ]] || fail "purge left $p"
 done
 for f in packaging/oci-hooks.d/*.json; do

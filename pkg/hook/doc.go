@@ -2,9 +2,11 @@
 // runtimes that do not speak NRI (podman, CRI-O without NRI, Docker through a
 // wrapper runtime, plain runc).
 //
-// A runtime runs "nri-gpu-guard hook create-runtime" before the container's
-// process starts and "nri-gpu-guard hook poststop" after it was deleted. Both
-// read the OCI state (specs.State) on stdin and the bundle's config.json.
+// A runtime runs "nri-gpu-guard-hook create-runtime" before the container's
+// process starts and "nri-gpu-guard-hook poststop" after it was deleted
+// (cmd/nri-gpu-guard-hook, a small static binary; "nri-gpu-guard hook PHASE"
+// runs the same Run). Both read the OCI state (specs.State) on stdin and the
+// bundle's config.json.
 //
 // create-runtime decides at once by default: engines such as podman hold the
 // container's lock while it runs, so waiting there froze them. Waiting happens
@@ -35,8 +37,12 @@
 //   - A ticket's claim moves to a container only if the ticket holds every
 //     GPU the container asks for; a ticket is used once.
 //   - poststop is idempotent: releasing a container that holds nothing
-//     succeeds. A container absent from the ledger (most of them) is told
-//     apart by a lock-free read and never takes the ledger lock.
+//     succeeds. A container whose spec names no GPU under any policy
+//     (neverClaims) does not open the ledger at all; one absent from the
+//     ledger is told apart by a lock-free read and never takes the lock.
+//   - The package imports nothing of NRI, ttrpc, protobuf, prometheus,
+//     net/http or NVML: the hook binary links it alone (TestHookDeps in
+//     cmd/nri-gpu-guard-hook).
 //   - A waiting hook reads the ledger without the lock at every poll and
 //     asks the guard again (a locked write) only when the answer can have
 //     changed or its queue entry needs refreshing; it reads the state before

@@ -235,14 +235,20 @@ func (e env) goneCheck(self *liveness.Process) func() (bool, string) {
 // entry it left (a create-runtime hook killed with SIGKILL cannot withdraw).
 // Both are idempotent: a container that held nothing succeeds.
 //
-// Most containers hold nothing: a lock-free read of the ledger tells, and
-// only a container that appears in it takes the ledger lock. The read cannot
-// miss a claim of this container: its create-runtime hook ended (or was
-// killed and reaped by the runtime) before the runtime ran poststop.
+// Most containers hold nothing. One whose spec names no GPU in any way a
+// configuration could turn into a claim (neverClaims) is done without
+// opening the ledger: its create-runtime hook never wrote there. For the
+// others (and when the bundle cannot be read) a lock-free read of the ledger
+// tells, and only a container that appears in it takes the ledger lock. The
+// read cannot miss a claim of this container: its create-runtime hook ended
+// (or was killed and reaped by the runtime) before the runtime ran poststop.
 func (e env) poststop(ctx context.Context, cfg config.Config, stdin io.Reader) error {
 	st, err := readState(stdin)
 	if err != nil {
 		return err
+	}
+	if spec, err := readSpec(st); err == nil && neverClaims(spec) {
+		return nil
 	}
 	// Releasing needs no inventory: it must work even when the GPU set
 	// changed or the cache is gone.

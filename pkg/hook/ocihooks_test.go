@@ -63,7 +63,8 @@ func TestShippedOCIHooks(t *testing.T) {
 
 			require.True(t, filepath.IsAbs(h.Hook.Path))
 			require.Contains(t, string(nfpm), "dst: "+h.Hook.Path, "the hook runs the binary the package installs")
-			require.Equal(t, []string{"nri-gpu-guard", "hook", phase}, h.Hook.Args)
+			require.Equal(t, []string{filepath.Base(h.Hook.Path), phase}, h.Hook.Args)
+			require.Equal(t, "/usr/bin/nri-gpu-guard-hook", h.Hook.Path, "the small static hook binary, not the daemon")
 			require.Empty(t, h.Hook.Env, "the configuration comes from the default path")
 
 			require.NotNil(t, h.When.Always)

@@ -1,7 +1,7 @@
 package hook
 
 // Acceptance tests with the real runc: containers whose config.json runs the
-// real `nri-gpu-guard hook …` binary as createRuntime and poststop hooks,
+// real `nri-gpu-guard-hook …` binary as createRuntime and poststop hooks,
 // over a static 4-GPU inventory and a temporary ledger. They need root and
 // runc; they are skipped (with the reason) elsewhere.
 //
@@ -53,7 +53,7 @@ var gpuUUIDs = []string{
 var (
 	prepareOnce sync.Once
 	binDir      string // removed by TestMain
-	hookBin     string // the nri-gpu-guard binary
+	hookBin     string // the nri-gpu-guard-hook binary
 	ctrProg     string // the static container program
 	runcBin     string
 	setupSkip   string // why runc tests cannot run here
@@ -109,17 +109,17 @@ func prepareRunc() {
 		setupErr = err
 		return
 	}
-	hookBin = filepath.Join(dir, "nri-gpu-guard")
+	hookBin = filepath.Join(dir, "nri-gpu-guard-hook")
 	ctrProg = filepath.Join(dir, "ctrprog")
 	builds := []struct {
 		out, pkg string
 		env      []string
 	}{
-		{hookBin, "./cmd/nri-gpu-guard", nil},
+		{hookBin, "./cmd/nri-gpu-guard-hook", []string{"CGO_ENABLED=0"}}, // as the release builds it
 		{ctrProg, "./pkg/hook/testdata/ctrprog", []string{"CGO_ENABLED=0"}},
 	}
 	for _, b := range builds {
-		cmd := exec.Command(goBin, "build", "-tags", "nri_no_wasm", "-o", b.out, b.pkg)
+		cmd := exec.Command(goBin, "build", "-tags", "nri_no_wasm", "-trimpath", "-ldflags=-s -w", "-o", b.out, b.pkg)
 		cmd.Dir = root
 		cmd.Env = append(os.Environ(), b.env...)
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -314,13 +314,13 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		Annotations: map[string]string{"test": "nri-gpu-guard"},
 	}
 	if !o.noHooks {
-		createArgs := []string{"nri-gpu-guard", "hook", PhaseCreateRuntime, "--config", cfgPath}
+		createArgs := []string{"nri-gpu-guard-hook", PhaseCreateRuntime, "--config", cfgPath}
 		if !o.noWait {
 			createArgs = append(createArgs, "--wait")
 		}
 		spec.Hooks = &specs.Hooks{
 			CreateRuntime: []specs.Hook{{Path: hookBin, Args: createArgs}},
-			Poststop:      []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard", "hook", PhasePoststop, "--config", cfgPath}}},
+			Poststop:      []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}}},
 		}
 	}
 	dir := filepath.Join(r.base, "b", id)
@@ -561,7 +561,7 @@ func TestRuncPoststopReleases(t *testing.T) {
 
 	// A second poststop for the same container (a runtime retrying delete)
 	// is a no-op, not an error.
-	cmd := exec.Command(hookBin, "hook", PhasePoststop, "--config", r.cfgPath)
+	cmd := exec.Command(hookBin, PhasePoststop, "--config", r.cfgPath)
 	cmd.Stdin = strings.NewReader(`{"ociVersion":"1.0.2","id":"solo","status":"stopped","bundle":"/nonexistent"}`)
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "%s", out)
@@ -801,7 +801,7 @@ func (r *rig) runHook(id string, pid int, env []string) *hookProc {
 	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreating, Pid: pid, Bundle: bundle})
 	require.NoError(r.t, err)
 	p := &hookProc{stderr: &syncBuffer{}, done: make(chan struct{})}
-	p.cmd = exec.Command(hookBin, "hook", PhaseCreateRuntime, "--config", r.cfgPath, "--wait")
+	p.cmd = exec.Command(hookBin, PhaseCreateRuntime, "--config", r.cfgPath, "--wait")
 	p.cmd.Stdin = bytes.NewReader(st)
 	p.cmd.Stdout, p.cmd.Stderr = io.Discard, p.stderr
 	require.NoError(r.t, p.cmd.Start())
@@ -882,41 +882,4 @@ func TestHookWaiterLeavesQueue(t *testing.T) {
 			require.Empty(t, r.state().Reservations, "nothing reserved for the gone waiter")
 		})
 	}
-}
-
-// BenchmarkRuncHook measures `runc run` of a trivial container three ways in
-// one run, so the ratios compare like with like: without hooks, with the
-// hooks for a container naming no GPU (skip path), and with the hooks
-// claiming and releasing a GPU.
-func BenchmarkRuncHook(b *testing.B) {
-	r := newRig(b, rigOpts{})
-	variants := []struct {
-		metric string
-		o      ctrOpts
-	}{
-		{"ms/run-plain", ctrOpts{mode: "exit", noHooks: true}},
-		{"ms/run-hook-nogpu", ctrOpts{mode: "exit"}},
-		{"ms/run-hook-gpu", ctrOpts{mode: "exit", env: gpuEnv(0)}},
-	}
-	total := make([]time.Duration, len(variants))
-	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
-		for v, vr := range variants {
-			id := fmt.Sprintf("bench%d-%d", v, i)
-			bundle := r.bundle(id, vr.o)
-			start := time.Now()
-			out, err := exec.Command(runcBin, "--root", r.runcRoot, "run", "--bundle", bundle, id).CombinedOutput()
-			total[v] += time.Since(start)
-			if err != nil {
-				b.Fatalf("runc run %s: %v: %s", id, err, out)
-			}
-			_ = os.RemoveAll(bundle)
-		}
-	}
-	n := float64(b.N)
-	for v, vr := range variants {
-		b.ReportMetric(float64(total[v].Microseconds())/1000/n, vr.metric)
-	}
-	b.ReportMetric(float64(total[1])/float64(total[0]), "ratio-nogpu/plain")
-	b.ReportMetric(float64(total[2])/float64(total[0]), "ratio-gpu/plain")
 }

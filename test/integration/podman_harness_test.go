@@ -42,6 +42,7 @@ const (
 var (
 	podmanRepo   string
 	podmanGuard  string
+	podmanHook   string
 	podmanCtl    string
 	podmanTar    string
 	createdNodes []string
@@ -66,6 +67,7 @@ func podmanMain(m *testing.M) (int, error) {
 	}
 	podmanRepo = filepath.Clean(filepath.Join(wd, "..", ".."))
 	podmanGuard = filepath.Join(podmanRepo, "bin", "nri-gpu-guard")
+	podmanHook = filepath.Join(podmanRepo, "bin", "nri-gpu-guard-hook")
 	podmanCtl = filepath.Join(podmanRepo, "bin", "gpu-guard-ctl")
 	cache := os.Getenv("NRI_GPU_GUARD_CACHE")
 	if cache == "" {
@@ -74,7 +76,7 @@ func podmanMain(m *testing.M) (int, error) {
 	}
 	podmanTar = filepath.Join(cache, "images", "gpu-guard-podman.tar")
 	var missing []string
-	for _, p := range []string{podmanGuard, podmanCtl, podmanTar} {
+	for _, p := range []string{podmanGuard, podmanHook, podmanCtl, podmanTar} {
 		if _, err := os.Stat(p); err != nil {
 			missing = append(missing, p)
 		}
@@ -155,12 +157,12 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 		for _, ph := range []struct{ name, stage, extra string }{
 			{"create-runtime", "createRuntime", ""}, {"poststop", "poststop", ""},
 		} {
-			args := fmt.Sprintf(`["nri-gpu-guard", "hook", %q, "--config", %q`, ph.name, r.cfgPath)
+			args := fmt.Sprintf(`["nri-gpu-guard-hook", %q, "--config", %q`, ph.name, r.cfgPath)
 			if dir == "hooks-wait" && ph.name == "create-runtime" {
 				args += `, "--wait"`
 			}
 			doc := fmt.Sprintf(`{"version": "1.0.0", "hook": {"path": %q, "args": %s], "timeout": 30}, "when": {"always": true}, "stages": [%q]}`,
-				podmanGuard, args, ph.stage)
+				podmanHook, args, ph.stage)
 			require.NoError(t, os.WriteFile(filepath.Join(base, dir, "nri-gpu-guard-"+ph.name+".json"), []byte(doc), 0o644))
 		}
 	}

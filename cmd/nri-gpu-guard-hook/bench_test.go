@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/benchab"
+)
+
+// BenchmarkHookProcess times whole processes, interleaved: the hook binary
+// as the release builds it (static, -trimpath, stripped) for a container that
+// names no GPU, against a static Go program that only reads its stdin, and
+// the same request through the daemon binary's `nri-gpu-guard hook` (as
+// `make build` builds it) for comparison. The ratios are what counts; run it
+// with -benchtime=300x -count=3 (hack/bench-process.sh does).
+func BenchmarkHookProcess(b *testing.B) {
+	dir := b.TempDir()
+	bins := map[string]string{}
+	for _, bld := range []struct {
+		name, pkg string
+		env       []string
+		flags     []string
+	}{
+		{"hook", ".", []string{"CGO_ENABLED=0"}, []string{"-trimpath", "-ldflags=-s -w"}},
+		{"stdin", "./testdata/readstdin", []string{"CGO_ENABLED=0"}, []string{"-trimpath", "-ldflags=-s -w"}},
+		{"daemon", "../nri-gpu-guard", nil, []string{"-ldflags=-s -w"}},
+	} {
+		out := filepath.Join(dir, bld.name)
+		args := append([]string{"build", "-tags", "nri_no_wasm", "-o", out}, bld.flags...)
+		cmd := exec.Command("go", append(args, bld.pkg)...)
+		cmd.Env = append(os.Environ(), bld.env...)
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			b.Skipf("go build %s: %v\n%s", bld.pkg, err, msg)
+		}
+		bins[bld.name] = out
+	}
+
+	cfg := filepath.Join(dir, "config.toml")
+	state := filepath.Join(dir, "state")
+	writeFile(b, cfg, fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n"+
+		"[[devices.static]]\nindex = 0\nuuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n", state))
+	bundle := filepath.Join(dir, "bundle")
+	spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{
+		Args: []string{"/app"}, Env: []string{"PATH=/usr/bin:/bin", "HOME=/root", "TERM=xterm"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	writeFile(b, filepath.Join(bundle, "config.json"), string(spec))
+	stdin, err := json.Marshal(specs.State{Version: specs.Version, ID: "bench", Status: specs.StateCreating, Pid: os.Getpid(), Bundle: bundle})
+	if err != nil {
+		b.Fatal(err)
+	}
+	run := func(bin string, args ...string) func() (time.Duration, error) {
+		return func() (time.Duration, error) {
+			cmd := exec.Command(bin, args...)
+			cmd.Stdin = bytes.NewReader(stdin)
+			var stderr bytes.Buffer
+			cmd.Stderr = &stderr
+			start := time.Now()
+			err := cmd.Run()
+			d := time.Since(start)
+			if err != nil {
+				return 0, fmt.Errorf("%w: %s", err, stderr.String())
+			}
+			return d, nil
+		}
+	}
+	benchab.Run(b, []benchab.Variant{
+		{Name: "stdin", Run: run(bins["stdin"])},
+		{Name: "create", Run: run(bins["hook"], "create-runtime", "--config", cfg)},
+		{Name: "poststop", Run: run(bins["hook"], "poststop", "--config", cfg)},
+		{Name: "daemon-create", Run: run(bins["daemon"], "hook", "create-runtime", "--config", cfg)},
+	})
+	if _, err := os.Stat(state); err == nil {
+		b.Fatalf("a request that names no GPU created the ledger %s", state)
+	}
+}
+
+func writeFile(b *testing.B, path, data string) {
+	b.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		b.Fatal(err)
+	}
+}

@@ -1,0 +1,86 @@
+// Command nri-gpu-guard-hook is the OCI runtime hook of nri-gpu-guard, for
+// runtimes without NRI (podman, CRI-O, plain runc): a runtime runs
+// `nri-gpu-guard-hook create-runtime` and `nri-gpu-guard-hook poststop` for
+// every container, with the OCI state on stdin.
+//
+// It is a separate binary because a hook is a process start per container
+// and per phase: it links only pkg/hook and what that needs (no NRI, ttrpc,
+// protobuf, prometheus or net/http, no cgo), so starting it costs little more
+// than starting any static Go program. `nri-gpu-guard hook PHASE` runs the
+// same code and stays for hooks.d files written for it.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
+)
+
+const program = "nri-gpu-guard-hook"
+
+func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet(program, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintln(fs.Output(), "usage: "+program+" create-runtime|poststop [--config PATH] [--state-dir DIR] [--wait]\n       "+program+" version")
+		fs.PrintDefaults()
+	}
+	cfgPath := fs.String("config", "", "configuration file (default $"+config.EnvPath+" or "+config.DefaultPath+")")
+	stateDir := fs.String("state-dir", "", "ledger directory (default [ledger] dir)")
+	wait := fs.Bool("wait", false, "create-runtime: wait in the queue for a busy GPU (plain runc only; ignored under conmon and containerd-shim)")
+	if len(args) == 0 {
+		fs.Usage()
+		return 2
+	}
+	phase := args[0]
+	switch phase {
+	case "version", "--version", "-version":
+		_, _ = fmt.Fprintln(stdout, version.String(program))
+		return 0
+	case "help", "--help", "-help", "-h":
+		fs.SetOutput(stdout)
+		fs.Usage()
+		return 0
+	case hook.PhaseCreateRuntime, hook.PhasePoststop:
+	default:
+		_, _ = fmt.Fprintf(stderr, "%s: unknown phase %q\n", program, phase)
+		fs.Usage()
+		return 2
+	}
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	if fs.NArg() > 0 {
+		_, _ = fmt.Fprintf(stderr, "%s: unexpected argument %q\n", program, fs.Arg(0))
+		fs.Usage()
+		return 2
+	}
+	cfg, _, err := config.LoadDefault(*cfgPath)
+	if err == nil && *stateDir != "" {
+		cfg.Ledger.Dir = *stateDir
+		err = cfg.Validate()
+	}
+	if err != nil {
+		// The runtime logs this line and, for create-runtime, refuses the
+		// container: an unreadable configuration must not let GPUs through.
+		_, _ = fmt.Fprintf(stderr, "%s: hook %s: container refused: configuration: %v\n", program, phase, err)
+		return 1
+	}
+	// hook.Run handles SIGTERM/SIGINT (a waiting hook leaves the queue) and
+	// SIGPIPE itself.
+	if err := hook.RunWith(context.Background(), phase, hook.Options{Wait: *wait}, cfg, stdin, stderr); err != nil {
+		_, _ = fmt.Fprintf(stderr, "%s: %v\n", program, err)
+		// 75: a GPU is busy, 77: refused by policy, 1: anything else; crun
+		// shows only this code.
+		return hook.ExitCode(err)
+	}
+	return 0
+}

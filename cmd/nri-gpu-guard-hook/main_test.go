@@ -1,0 +1,141 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
+)
+
+func TestRunExitCodes(t *testing.T) {
+	bad := filepath.Join(t.TempDir(), "bad.toml")
+	require.NoError(t, os.WriteFile(bad, []byte("[policy]\non_conflict = \"maybe\"\n"), 0o600))
+	good := filepath.Join(t.TempDir(), "good.toml")
+	require.NoError(t, os.WriteFile(good, nil, 0o600))
+	wantVersion := version.String(program) + "\n"
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		stdin   string
+		want    int
+		wantErr string // substring of stderr; "" = stderr must be empty
+		wantOut string // stdout, exactly
+	}{
+		{name: "version", args: []string{"version"}, wantOut: wantVersion},
+		{name: "--version", args: []string{"--version"}, wantOut: wantVersion},
+		{name: "--help", args: []string{"--help"}, wantOut: "usage: " + program + " create-runtime|poststop [--config PATH] [--state-dir DIR]\n" +
+			"       " + program + " version\n" +
+			"  -config string\n    \tconfiguration file (default $NRI_GPU_GUARD_CONFIG or /etc/nri-gpu-guard/config.toml)\n" +
+			"  -state-dir string\n    \tledger directory (default [ledger] dir)\n"},
+		{name: "no phase", args: nil, want: 2, wantErr: "usage: " + program + " create-runtime|poststop"},
+		{name: "unknown phase", args: []string{"prestart"}, want: 2, wantErr: `unknown phase "prestart"`},
+		{name: "the daemon's word is not a phase", args: []string{"hook", "poststop"}, want: 2, wantErr: `unknown phase "hook"`},
+		{name: "unknown flag", args: []string{"poststop", "--bogus"}, want: 2, wantErr: "usage"},
+		{name: "stray argument", args: []string{"poststop", "x"}, want: 2, wantErr: `unexpected argument "x"`},
+		{name: "invalid config fails closed", args: []string{"create-runtime", "--config", bad}, want: 1,
+			wantErr: "hook create-runtime: container refused: configuration: "},
+		{name: "relative state dir", args: []string{"poststop", "--config", good, "--state-dir", "rel"}, want: 1, wantErr: "ledger.dir"},
+		{name: "empty stdin fails closed", args: []string{"create-runtime", "--config", good}, want: 1,
+			wantErr: program + ": hook create-runtime: container refused: cannot read the runtime's input: stdin is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			got := run(tc.args, strings.NewReader(tc.stdin), &stdout, &stderr)
+			assert.Equal(t, tc.want, got, stderr.String())
+			assert.Equal(t, tc.wantOut, stdout.String())
+			if tc.wantErr == "" {
+				assert.Empty(t, stderr.String())
+			} else {
+				assert.Contains(t, stderr.String(), tc.wantErr)
+			}
+		})
+	}
+}
+
+// Both phases of a container that names no GPU succeed without the ledger:
+// the state dir here is a FIFO, which any ledger access would fail on.
+func TestNoGPUNeverReadsLedger(t *testing.T) {
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "config.toml")
+	require.NoError(t, os.WriteFile(cfgPath, []byte("[devices]\nsource = \"static\"\n[[devices.static]]\nindex = 0\n"+
+		"uuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n"), 0o600))
+	fifo := filepath.Join(dir, "state")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	state := func(env ...string) string {
+		bundle := t.TempDir()
+		data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+		st, err := json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: specs.StateStopped, Bundle: bundle})
+		require.NoError(t, err)
+		return string(st)
+	}
+	for _, phase := range []string{"create-runtime", "poststop"} {
+		var stdout, stderr bytes.Buffer
+		code := run([]string{phase, "--config", cfgPath, "--state-dir", fifo}, strings.NewReader(state("PATH=/bin")), &stdout, &stderr)
+		require.Equal(t, 0, code, "%s: %s", phase, stderr.String())
+		require.Empty(t, stderr.String())
+
+		// The same with a GPU named reaches the ledger and fails on it.
+		stderr.Reset()
+		code = run([]string{phase, "--config", cfgPath, "--state-dir", fifo}, strings.NewReader(state("NVIDIA_VISIBLE_DEVICES=0")), &stdout, &stderr)
+		require.Equal(t, 1, code, phase)
+		require.Contains(t, stderr.String(), fifo)
+	}
+}
+
+// forbiddenDeps are packages the hook binary must not link: it starts once per
+// container and phase, and every one of these costs init time and size (or,
+// for go-nvml, cgo and a driver library) on a path that never uses it.
+var forbiddenDeps = []string{
+	"github.com/containerd/nri",
+	"github.com/containerd/ttrpc",
+	"google.golang.org/protobuf",
+	"google.golang.org/grpc",
+	"github.com/prometheus",
+	"github.com/spf13/cobra",
+	"github.com/NVIDIA/go-nvml",
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices/nvmlloader",
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/nriplugin",
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics",
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon",
+	"net/http",
+	"expvar",
+	"runtime/cgo",
+}
+
+// TestHookDeps lists what the binary links, as the release build does
+// (CGO_ENABLED=0), and fails on any forbidden package.
+func TestHookDeps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("needs the go command: ", err)
+	}
+	cmd := exec.Command(goBin, "list", "-tags", "nri_no_wasm", "-deps", ".")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	deps := strings.Fields(string(out))
+	require.Contains(t, deps, "github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook", "the listing is of the hook binary")
+	for _, d := range deps {
+		for _, f := range forbiddenDeps {
+			if d == f || strings.HasPrefix(d, f+"/") {
+				t.Errorf("%s links %s (forbidden: %s); trace it with `go list -deps -f '{{.ImportPath}}: {{.Imports}}' ./cmd/%s`",
+					program, d, f, program)
+			}
+		}
+	}
+}

@@ -1,0 +1,69 @@
+// Package benchab runs interleaved A/B process benchmarks: several commands
+// timed in turn, round after round, so that a load change on the machine
+// hits every variant alike, and reported as medians, 99th percentiles and
+// their ratios to a baseline. Only benchmarks import it.
+package benchab
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// Variant is one thing to time: Run does it once and returns how long the
+// timed part took (setup around it is not counted).
+type Variant struct {
+	Name string
+	Run  func() (time.Duration, error)
+}
+
+// Run times every variant once per b.Loop round, rotating which goes first,
+// and reports for each its median and p99 in ms and, for each but the first
+// (the baseline), the ratio of its median and of its p99 to the baseline's.
+func Run(b *testing.B, variants []Variant) {
+	b.Helper()
+	samples := make([][]time.Duration, len(variants))
+	round := 0
+	for b.Loop() {
+		for k := range variants {
+			v := (round + k) % len(variants)
+			d, err := variants[v].Run()
+			if err != nil {
+				b.Fatalf("%s: %v", variants[v].Name, err)
+			}
+			samples[v] = append(samples[v], d)
+		}
+		round++
+	}
+	base := Stats(samples[0])
+	for v, vr := range variants {
+		s := Stats(samples[v])
+		b.ReportMetric(ms(s.P50), vr.Name+"-p50-ms")
+		b.ReportMetric(ms(s.P99), vr.Name+"-p99-ms")
+		if v > 0 {
+			b.ReportMetric(float64(s.P50)/float64(base.P50), fmt.Sprintf("%s/%s-p50", vr.Name, variants[0].Name))
+			b.ReportMetric(float64(s.P99)/float64(base.P99), fmt.Sprintf("%s/%s-p99", vr.Name, variants[0].Name))
+		}
+	}
+	// The default ns/op is the sum over the variants: meaningless here.
+	b.ReportMetric(0, "ns/op")
+}
+
+// Summary is a sample's median and 99th percentile (nearest rank).
+type Summary struct{ P50, P99 time.Duration }
+
+// Stats summarises d (which it sorts in place).
+func Stats(d []time.Duration) Summary {
+	if len(d) == 0 {
+		return Summary{}
+	}
+	slices.Sort(d)
+	rank := func(p float64) time.Duration {
+		i := int(p*float64(len(d))+0.999999) - 1
+		return d[min(max(i, 0), len(d)-1)]
+	}
+	return Summary{P50: rank(0.50), P99: rank(0.99)}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

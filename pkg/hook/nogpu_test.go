@@ -1,0 +1,136 @@
+package hook
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// neverClaims must hold for what ordinary containers carry and fail for
+// everything a configuration could turn into a claim, whatever the policy
+// and inventory are now.
+func TestNeverClaims(t *testing.T) {
+	withEnv := func(env ...string) *specs.Spec { return &specs.Spec{Process: &specs.Process{Env: env}} }
+	withDev := func(d specs.LinuxDevice) *specs.Spec {
+		return &specs.Spec{Linux: &specs.Linux{Devices: []specs.LinuxDevice{d}}}
+	}
+	for _, tc := range []struct {
+		name string
+		spec *specs.Spec
+		want bool
+	}{
+		{"nil spec", nil, true},
+		{"plain env", withEnv("PATH=/bin", "HOME=/root"), true},
+		{"NVIDIA_VISIBLE_DEVICES=none", withEnv("NVIDIA_VISIBLE_DEVICES=none"), true},
+		{"NVIDIA_VISIBLE_DEVICES=void", withEnv("NVIDIA_VISIBLE_DEVICES=void"), true},
+		{"ordinary mounts", &specs.Spec{Mounts: []specs.Mount{{Destination: "/proc"}, {Destination: "/data"}}}, true},
+		{"fuse and null", &specs.Spec{Linux: &specs.Linux{Devices: []specs.LinuxDevice{
+			{Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229}, {Path: "/dev/null", Type: "c", Major: 1, Minor: 3}}}}, true},
+		{"block device of a dynamic major", withDev(specs.LinuxDevice{Path: "/dev/vdb", Type: "b", Major: 252}), true},
+
+		{"GPU by index", withEnv("NVIDIA_VISIBLE_DEVICES=0"), false},
+		{"GPU by UUID", withEnv("NVIDIA_VISIBLE_DEVICES=GPU-6c1a2f2e-0000-4000-8000-000000000000"), false},
+		{"all (claimed under all_devices = claim)", withEnv("NVIDIA_VISIBLE_DEVICES=all"), false},
+		{"DOCKER_RESOURCE_GPU", withEnv("DOCKER_RESOURCE_GPU=1"), false},
+		{"volume-mount strategy", &specs.Spec{Mounts: []specs.Mount{{Destination: "/var/run/nvidia-container-devices/0"}}}, false},
+		{"CDI annotation", &specs.Spec{Annotations: map[string]string{"cdi.k8s.io/gpu": "nvidia.com/gpu=0"}}, false},
+		{"privileged (claims all under privileged = all)", &specs.Spec{Process: &specs.Process{
+			Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_SYS_ADMIN"}}}}, false},
+		{"GPU node", withDev(specs.LinuxDevice{Path: "/dev/nvidia0", Type: "c", Major: 195}), false},
+		{"GPU node renamed", withDev(specs.LinuxDevice{Path: "/dev/x", Type: "c", Major: 195, Minor: 1}), false},
+		{"GPU node by path only", withDev(specs.LinuxDevice{Path: "/dev/nvidia1"}), false},
+		{"MIG capability by path", withDev(specs.LinuxDevice{Path: "/dev/nvidia-caps/nvidia-cap12", Type: "c"}), false},
+		{"MIG capability renamed (dynamic major)", withDev(specs.LinuxDevice{Path: "/dev/x", Type: "c", Major: 508, Minor: 12}), false},
+		{"unknown type, dynamic major", withDev(specs.LinuxDevice{Path: "/dev/y", Major: 240}), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, neverClaims(tc.spec))
+		})
+	}
+}
+
+// A poststop for a container that names no GPU never opens the ledger: here
+// the ledger directory is a FIFO, which any ledger access would fail on (or
+// block in), and the poststop still succeeds. The same poststop for a
+// container that names a GPU does reach the ledger, and says so; so does one
+// whose bundle is gone (it cannot tell, so it reads the ledger).
+func TestPoststopNoGPUSkipsLedger(t *testing.T) {
+	cfg := staticConfig(t)
+	cfg.Ledger.Dir = filepath.Join(t.TempDir(), "ledger-fifo")
+	require.NoError(t, syscall.Mkfifo(cfg.Ledger.Dir, 0o600))
+
+	poststop := func(stdin string) (int, error) {
+		opened := 0
+		err := testEnv(&opened).run(context.Background(), PhasePoststop, cfg, strings.NewReader(stdin), io.Discard)
+		return opened, err
+	}
+
+	opened, err := poststop(stateFor(t, "plain", 0, "PATH=/bin"))
+	require.NoError(t, err)
+	require.Zero(t, opened, "no ledger for a container without GPU")
+
+	opened, err = poststop(stateFor(t, "gpu", 0, "NVIDIA_VISIBLE_DEVICES=1"))
+	require.Equal(t, 1, opened)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), "container gpu: cannot release its GPUs")
+
+	opened, err = poststop(`{"id":"gone","status":"stopped","bundle":"/nonexistent/bundle"}`)
+	require.Equal(t, 1, opened, "an unreadable bundle falls back to the ledger")
+	require.Error(t, err)
+
+	fi, err := os.Lstat(cfg.Ledger.Dir)
+	require.NoError(t, err)
+	require.Equal(t, os.ModeNamedPipe, fi.Mode().Type(), "left as it was")
+}
+
+// A bundle whose config.json is privileged takes the ledger path even though
+// it names no GPU: policy.privileged may have made it claim every GPU.
+func TestPoststopPrivilegedReadsLedger(t *testing.T) {
+	cfg := staticConfig(t)
+	bundle := t.TempDir()
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{
+		Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_SYS_ADMIN"}}}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	st, err := json.Marshal(specs.State{Version: specs.Version, ID: "priv", Status: specs.StateStopped, Bundle: bundle})
+	require.NoError(t, err)
+	opened := 0
+	require.NoError(t, testEnv(&opened).run(context.Background(), PhasePoststop, cfg, strings.NewReader(string(st)), io.Discard))
+	require.Equal(t, 1, opened)
+}
+
+// readSpec decodes only part of config.json: what it keeps must give the
+// same device request and owner as the whole spec.
+func TestReadSpecKeepsWhatTheHookUses(t *testing.T) {
+	full := specs.Spec{
+		Version:  specs.Version,
+		Hostname: "h",
+		Root:     &specs.Root{Path: "rootfs"},
+		Process: &specs.Process{Args: []string{"/app"}, Cwd: "/", Env: []string{"A=1", "NVIDIA_VISIBLE_DEVICES=1,2"},
+			Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN", "CAP_SYS_ADMIN"}, Effective: []string{"CAP_CHOWN"}}},
+		Mounts:      []specs.Mount{{Destination: "/proc", Type: "proc"}, {Destination: "/var/run/nvidia-container-devices/3", Source: "/dev/null"}},
+		Annotations: map[string]string{"cdi.k8s.io/gpu": "nvidia.com/gpu=0", "io.kubernetes.pod.name": "p"},
+		Linux: &specs.Linux{CgroupsPath: "/kubepods/x", Devices: []specs.LinuxDevice{
+			{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}, {Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229}},
+			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}}},
+	}
+	data, err := json.Marshal(full)
+	require.NoError(t, err)
+	bundle := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	st := specs.State{ID: "c1", Pid: 7, Bundle: bundle}
+	got, err := readSpec(st)
+	require.NoError(t, err)
+	require.Equal(t, devices.RequestFromSpec(&full), devices.RequestFromSpec(got))
+	require.Equal(t, ownerFrom(st, &full, 9), ownerFrom(st, got, 9))
+}

@@ -1,0 +1,46 @@
+package hook
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"time"
+
+	"testing"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/benchab"
+)
+
+// BenchmarkRuncHook measures `runc run` of a trivial container, interleaved
+// in one run so that the ratios compare like with like: without hooks
+// ("plain"), with the guard's hooks for a container naming no GPU ("nogpu"),
+// and with the hooks claiming and releasing a GPU ("gpu"). It reports the
+// median and p99 of each and their ratios to plain; run it with
+// -benchtime=200x -count=3 (hack/bench-process.sh does).
+func BenchmarkRuncHook(b *testing.B) {
+	r := newRig(b, rigOpts{})
+	i := 0
+	variant := func(name string, o ctrOpts) benchab.Variant {
+		return benchab.Variant{Name: name, Run: func() (time.Duration, error) {
+			i++
+			id := fmt.Sprintf("bench-%s-%d", name, i)
+			bundle := r.bundle(id, o)
+			defer func() { _ = os.RemoveAll(bundle) }()
+			start := time.Now()
+			out, err := exec.Command(runcBin, "--root", r.runcRoot, "run", "--bundle", bundle, id).CombinedOutput()
+			d := time.Since(start)
+			if err != nil {
+				return 0, fmt.Errorf("runc run %s: %w: %s", id, err, out)
+			}
+			return d, nil
+		}}
+	}
+	benchab.Run(b, []benchab.Variant{
+		variant("plain", ctrOpts{mode: "exit", noHooks: true}),
+		variant("nogpu", ctrOpts{mode: "exit"}),
+		variant("gpu", ctrOpts{mode: "exit", env: gpuEnv(0)}),
+	})
+	if st := r.state(); len(st.Claims) != 0 || len(st.Waiters) != 0 {
+		b.Fatalf("the ledger is not empty after the runs: %d claims, %d waiters", len(st.Claims), len(st.Waiters))
+	}
+}
