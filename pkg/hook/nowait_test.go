@@ -91,7 +91,7 @@ func TestHookBurst(t *testing.T) {
 				st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreating,
 					Pid: proc.Process.Pid, Bundle: bundle})
 				require.NoError(t, err)
-				args := []string{"hook", PhaseCreateRuntime, "--config", path}
+				args := []string{PhaseCreateRuntime, "--config", path}
 				if wait {
 					args = append(args, "--wait")
 				}
