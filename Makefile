@@ -62,6 +62,7 @@ $(GOLANGCI):
 	GOBIN=$(TOOLS_DIR) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
 lint: $(GOLANGCI)
+	./hack/check-license.sh
 	test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); exit 1; }
 	$(GOLANGCI) run --build-tags $(TAGS) ./...
 	$(GOLANGCI) run --build-tags '$(TAGS) integration' ./test/...

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package packaging holds what nri-gpu-guard ships besides its binaries: the
 // default configuration, the containerd drop-in, the systemd unit, the .deb and
 // .rpm recipe, the Kubernetes manifests and the image recipe. It has no code of

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command gpu-guard-ctl is the operator's tool for the nri-gpu-guard ledger;
 // everything it does lives in pkg/ctl.
 package main

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command nri-gpu-guard-hook is the OCI runtime hook of nri-gpu-guard, for
 // runtimes without NRI (podman, CRI-O, plain runc): a runtime runs
 // `nri-gpu-guard-hook create-runtime` and `nri-gpu-guard-hook poststop` for

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -33,10 +36,11 @@ func TestRunExitCodes(t *testing.T) {
 	}{
 		{name: "version", args: []string{"version"}, wantOut: wantVersion},
 		{name: "--version", args: []string{"--version"}, wantOut: wantVersion},
-		{name: "--help", args: []string{"--help"}, wantOut: "usage: " + program + " create-runtime|poststop [--config PATH] [--state-dir DIR]\n" +
+		{name: "--help", args: []string{"--help"}, wantOut: "usage: " + program + " create-runtime|poststop [--config PATH] [--state-dir DIR] [--wait]\n" +
 			"       " + program + " version\n" +
 			"  -config string\n    \tconfiguration file (default $NRI_GPU_GUARD_CONFIG or /etc/nri-gpu-guard/config.toml)\n" +
-			"  -state-dir string\n    \tledger directory (default [ledger] dir)\n"},
+			"  -state-dir string\n    \tledger directory (default [ledger] dir)\n" +
+			"  -wait\n    \tcreate-runtime: wait in the queue for a busy GPU (plain runc only; ignored under conmon and containerd-shim)\n"},
 		{name: "no phase", args: nil, want: 2, wantErr: "usage: " + program + " create-runtime|poststop"},
 		{name: "unknown phase", args: []string{"prestart"}, want: 2, wantErr: `unknown phase "prestart"`},
 		{name: "the daemon's word is not a phase", args: []string{"hook", "poststop"}, want: 2, wantErr: `unknown phase "hook"`},

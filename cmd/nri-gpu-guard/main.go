@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command nri-gpu-guard is the GPU exclusivity guard for containerd (an NRI
 // plugin, pre-installed or external) and, as `nri-gpu-guard hook PHASE`, the
 // OCI runtime hook for runtimes without NRI.

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command ociimage writes a single-layer OCI image layout as a tar archive,
 // importable with `ctr -n k8s.io images import`, from files on the build host.
 //

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package benchab runs interleaved A/B process benchmarks: several commands
 // timed in turn, round after round, so that a load change on the machine
 // hits every variant alike, and reported as medians, 99th percentiles and

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package config owns the nri-gpu-guard configuration schema: one versioned TOML
 // document shared by the NRI daemon, the OCI hook and gpu-guard-ctl.
 //

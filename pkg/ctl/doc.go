@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ctl implements gpu-guard-ctl, the operator's tool: it shows who
 // holds which GPU (status, claims, queue, devices, audit), explains the
 // decision a container would get (explain), fixes stuck claims (release, gc),

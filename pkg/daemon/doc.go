@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package daemon builds what the NRI daemon decides with, from a
 // configuration: the ledger, the GPU inventory (discovered once, NVML
 // included, and written to the cache the OCI hooks and gpu-guard-ctl read) and the guard

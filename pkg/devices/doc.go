@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package devices answers "which GPUs can this container reach?".
 //
 // It owns the GPU inventory (NVML through the nvmlloader package,

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package devices
 
 import (
@@ -169,7 +172,7 @@ func FuzzResolve(f *testing.F) {
 
 // devNumbers are the "major:minor" tokens an error about a device node names.
 func devNumbers(major, minor int64, path string) []string {
-	mj, mn, _, _ := nodeNumbers(LinuxDevice{Path: path, Major: major, Minor: minor})
+	mj, mn, _ := nodeNumbers(LinuxDevice{Path: path, Major: major, Minor: minor})
 	return []string{strconv.FormatInt(mj, 10) + ":" + strconv.FormatInt(mn, 10)}
 }
 

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package devices
 
 import (
@@ -485,8 +488,9 @@ const capsPathPrefix = "/dev/nvidia-caps/nvidia-cap"
 // nodeNumbers returns a device node's major and minor. When the caller gave
 // none (0:0, as gpu-guard-ctl explain --device does), they come from the
 // well-known path: /dev/nvidia<N> is 195:N.
-func nodeNumbers(d LinuxDevice) (major, minor int64, isCapPath bool, capMinor int64) {
+func nodeNumbers(d LinuxDevice) (major, minor int64, isCapPath bool) {
 	major, minor = d.Major, d.Minor
+	var capMinor int64
 	if rest, ok := strings.CutPrefix(d.Path, capsPathPrefix); ok {
 		if n, ok, big := decimal(rest); ok && !big {
 			isCapPath, capMinor = true, int64(n)
@@ -502,7 +506,7 @@ func nodeNumbers(d LinuxDevice) (major, minor int64, isCapPath bool, capMinor in
 			minor = capMinor
 		}
 	}
-	return major, minor, isCapPath, capMinor
+	return major, minor, isCapPath
 }
 
 // linuxDevices reads the spec's device nodes: /dev/nvidia<minor> (195:0-253)
@@ -513,7 +517,7 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 		if d.Type != "" && d.Type != "c" && d.Type != "u" {
 			continue // only character devices can be GPUs
 		}
-		major, minor, isCapPath, _ := nodeNumbers(d)
+		major, minor, isCapPath := nodeNumbers(d)
 		if isCapPath && major == 0 && b.capsMj != 0 {
 			major = b.capsMj // path only: show the numbers the node has
 		}

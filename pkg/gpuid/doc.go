@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package gpuid owns the syntax of NVIDIA GPU identities that both the
 // configuration and the device inventory check: the UUID forms NVML reports
 // (GPU-<uuid>, MIG-<uuid>) and the range of /dev/nvidia<N> minor numbers that

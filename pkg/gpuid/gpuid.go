@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package gpuid
 
 // MaxGPUMinor is the largest /dev/nvidia<N> minor that names a GPU: 254 and

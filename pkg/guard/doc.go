@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package guard is the one place that decides whether a container may have
 // the GPUs it asks for, what the refusal says, and when a holder's claim may
 // be released without a stop event (Releasable, the one release rule that

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package hook is the OCI runtime hook front end of nri-gpu-guard, for
 // runtimes that do not speak NRI (podman, CRI-O without NRI, Docker through a
 // wrapper runtime, plain runc).

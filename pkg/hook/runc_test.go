@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package hook
 
 // Acceptance tests with the real runc: containers whose config.json runs the

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package ledger is the host ledger: the single source of truth for which
 // container holds which GPU, who waits for it, and for whom a released GPU is
 // reserved. It is shared by the NRI daemon, any number of OCI hook processes

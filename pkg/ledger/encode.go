@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package ledger
 
 import (
@@ -39,7 +42,7 @@ func sameArray(a, b []Waiter) bool {
 }
 
 // appendStateJSON renders the state body: {"waiters":…,"claims":…,…}.
-func appendStateJSON(b []byte, st *State) ([]byte, error) {
+func appendStateJSON(b []byte, st *State) ([]byte, error) { //nolint:unparam // append-style, so a caller may reuse a buffer
 	b = append(b, `{"waiters":`...)
 	b, err := appendList(b, st.Waiters, appendWaiter)
 	if err != nil {

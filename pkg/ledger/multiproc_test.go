@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package ledger
 
 import (
@@ -52,7 +55,7 @@ func raceWorker() int {
 	// Half the workers compact at every commit: the lock-free reader and
 	// the other writers then meet snapshots and journals replaced under them.
 	l.compactAlways = id%2 == 0
-	logf, err := os.Create(os.Getenv("LOG"))
+	logf, err := os.OpenFile(os.Getenv("LOG"), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
 	if err != nil {
 		return helperFail("log: %v", err)
 	}

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 package ledger
 
 import (
@@ -76,7 +79,7 @@ func openRegular(p string, readOnly bool) (f *os.File, fi fs.FileInfo, exists bo
 
 // readFrom reads f from off to its end, at most limit bytes (more is an
 // error wrapping ErrCorrupt: not a file of ours).
-func readFrom(f *os.File, off, size, limit int64, buf []byte) ([]byte, error) {
+func readFrom(f *os.File, off, size, limit int64, buf []byte) ([]byte, error) { //nolint:unparam // the limit is the caller's to state, next to the file it reads
 	if size-off > limit {
 		return nil, badState("%s is %d bytes, more than the %d a ledger file can be", f.Name(), size, limit)
 	}

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package liveness answers, out of band, whether the holder of a GPU claim
 // still has processes: the check the guard runs before refusing a request,
 // because containerd serialises NRI events and a holder's StopContainer may

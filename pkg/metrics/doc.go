@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package metrics is the daemon's observability endpoint: Prometheus metrics
 // fed by the guard (it implements guard.Observer) and the /healthz and /readyz
 // probes.

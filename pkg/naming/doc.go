@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package naming renders devices and containers for people, the same way in
 // every message, log line and ctl output: "GPU 1 (GPU-…)", "MIG 1:0 (MIG-…)",
 // "ns/pod/container (id 0123456789ab)".

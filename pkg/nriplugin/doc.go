@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nriplugin is the containerd NRI adapter of the guard: it turns NRI
 // events into guard calls and runs the plugin in either launch mode. It holds
 // no policy and builds nothing: the guard comes from the SetupFunc it is

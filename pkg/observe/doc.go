@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package observe sees the GPUs themselves: which processes really run on
 // each GPU and MIG instance, whether the ledger explains them, and whether a
 // device is healthy.

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package version holds the build information both programs print
 // (`gpu-guard-ctl version`, and the daemon's version output and start-up
 // log line).

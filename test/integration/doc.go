@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package integration holds the end-to-end tests of nri-gpu-guard: a real
 // containerd (2.2 by default, any release from 1.7 on) with runc, driven
 // through crictl (what the kubelet speaks), with the plugin as its own

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package validate checks the Kubernetes manifests in packaging/kubernetes:
 // every document decodes strictly (unknown or duplicate fields are errors)
 // into the Kubernetes API types, and the DaemonSet agrees with the rest of

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Package nvmlloader enumerates a host's GPUs and MIG instances through NVML
 // (go-nvml, visited with go-nvlib) for devices.Discover, which the daemon and
 // gpu-guard-ctl reach through devices.LoadInventory. It is the only package

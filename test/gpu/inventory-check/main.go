@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command inventory-check verifies, on a real GPU host, that the guard's NVML
 // inventory agrees with nvidia-smi: the index, UUID, minor number and PCI bus
 // id of every GPU, the MIG instances and their <gpu>:<mig> indices, that the

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command matrixreport turns the output of the end-to-end suite run against
 // several containerd versions (`make matrix`) into the compatibility table,
 // and checks the README's table against it.

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command ctrprog is the process the hook acceptance tests run inside their
 // runc containers. It is built statically (CGO_ENABLED=0) into each rootfs.
 //

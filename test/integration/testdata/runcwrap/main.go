@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command runcwrap runs runc, first removing the CPU resources from the
 // bundle's OCI spec on `create` and `run`. The end-to-end suite uses it only
 // when it runs on a cgroup v2 view of a hybrid host (cgroup2.sh), where the

@@ -1,3 +1,6 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
 // Command sleeper is the only program in the integration tests' container
 // image: it serves as the pod sandbox ("pause") process and as every workload
 // container. It sleeps until SIGTERM or SIGINT and then exits 0, so that a
