@@ -33,7 +33,7 @@
 //     panic under a handler), the create is refused with a clear error:
 //     fail closed, never open. A panic never ends the process: a
 //     connection that breaks under a request lets that container through.
-//   - After a corrupt ledger was moved aside, an external plugin refuses
+//   - After a ledger was found needing recovery, an external plugin refuses
 //     creations until the reconnect's Synchronize has rebuilt it. Every
 //     handler requires the ledger lineage the last Synchronize reconciled:
 //     a ledger another process started afresh (it found it corrupt, missing

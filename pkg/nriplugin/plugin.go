@@ -91,7 +91,7 @@ type Plugin struct {
 	tracked map[string]trackedCtr
 	// resync asks Run for a new connection, hence a new Synchronize: the
 	// only way to learn the runtime's running containers again after the
-	// ledger was found corrupt and moved aside.
+	// ledger was found needing recovery (damaged, missing or replaced).
 	resync chan struct{}
 	// rebuilding is set from a resync request until the next Synchronize:
 	// meanwhile creations are refused, since the ledger knows no holder.
@@ -389,7 +389,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		return nil, nil, errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
 	}
 	if p.rebuilding.Load() {
-		return nil, nil, errors.New("nri-gpu-guard: the GPU ledger was found corrupt (moved aside) or started afresh " +
+		return nil, nil, errors.New("nri-gpu-guard: the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh " +
 			"by another process and is being rebuilt from the runtime's containers; refused to stay safe, retrying is automatic")
 	}
 	dctx, cancel := p.bounded(ctx, g)

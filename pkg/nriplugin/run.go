@@ -147,12 +147,12 @@ func (p *Plugin) serve(ctx context.Context, s stub.Stub, closed <-chan struct{},
 				// Closing the inherited connection would end this process
 				// for good; keep enforcing with what the ledger learns from
 				// now on.
-				p.log.Error("the GPU ledger was corrupt (moved aside) or started afresh by another process; running holders are unknown " +
+				p.log.Error("the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh by another process; running holders are unknown " +
 					"until the next Synchronize, which a pre-installed plugin gets only when containerd restarts: " +
 					"restart containerd, or run the guard as an external plugin")
 				continue
 			}
-			p.log.Warn("the GPU ledger was corrupt (moved aside) or started afresh by another process; reconnecting so that the runtime's "+
+			p.log.Warn("the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh by another process; reconnecting so that the runtime's "+
 				"Synchronize rebuilds it from the running containers", "socket", id.Socket)
 			p.rebuilding.Store(true)
 			p.ready(false)
