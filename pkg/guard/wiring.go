@@ -35,8 +35,9 @@ func LedgerOptions(cfg config.Config) ledger.Options {
 //     name "all") is skipped; one that fails to resolve is left to Admit,
 //     which words and audits the refusal;
 //   - without one, a request that still resolves to nothing against an empty
-//     inventory names no GPU at all and is skipped; any other fails closed
-//     with invErr. A privileged container follows policy.privileged: under
+//     inventory, with every id unknown and refused whatever unknown_device
+//     says, names no GPU at all and is skipped; any other fails closed with
+//     invErr. A privileged container follows policy.privileged: under
 //     "declared" it claims only what it names (so it is skipped when it names
 //     nothing, like the CNI and storage agents every node runs), under "all"
 //     it resolves to "all" and under "reject" to an error, both failing
@@ -53,7 +54,13 @@ func Prescreen(cfg config.Config, inv *devices.Inventory, invErr error, req devi
 	if nerr != nil {
 		return false, fmt.Errorf("the container names a GPU, but %w", invErr)
 	}
-	res, err := devices.NewResolver(none, cfg.Policy).Resolve(req)
+	// Against an empty inventory every id is unknown: under
+	// unknown_device = "ignore" a container naming GPU 0 would resolve to
+	// nothing and pass unchecked. Without an inventory nobody can tell a
+	// typo from a real GPU, so every named id counts.
+	strict := cfg.Policy
+	strict.UnknownDevice = config.UnknownReject
+	res, err := devices.NewResolver(none, strict).Resolve(req)
 	if err == nil && len(res.Devices) == 0 && !res.All {
 		return true, nil
 	}

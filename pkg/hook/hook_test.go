@@ -254,6 +254,7 @@ func TestNothingRequested(t *testing.T) {
 		inv        *devices.Inventory
 		invErr     error
 		privileged config.Privileged // "" = the default, "declared"
+		unknown    config.UnknownDevice
 		req        devices.Request
 		wantSkip   bool
 		wantErr    string
@@ -264,6 +265,12 @@ func TestNothingRequested(t *testing.T) {
 		{name: "unknown id goes to the guard (it words the refusal)", inv: inv, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=9"}}},
 		{name: "no inventory, no GPU: skip", invErr: invErr, req: devices.Request{Env: []string{"PATH=/bin"}}, wantSkip: true},
 		{name: "no inventory, a GPU: fail closed", invErr: invErr, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}}, wantErr: "names a GPU, but no GPU inventory"},
+		{name: "no inventory, a GPU under unknown_device ignore: fail closed", invErr: invErr, unknown: config.UnknownIgnore,
+			req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}}, wantErr: "names a GPU, but no GPU inventory"},
+		{name: "no inventory, a GPU UUID under unknown_device ignore: fail closed", invErr: invErr, unknown: config.UnknownIgnore,
+			req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=GPU-6c1a2f2e-0000-4000-8000-000000000000"}}, wantErr: "no GPU inventory"},
+		{name: "no inventory, no GPU under unknown_device ignore: skip", invErr: invErr, unknown: config.UnknownIgnore,
+			req: devices.Request{Env: []string{"PATH=/bin"}}, wantSkip: true},
 		{name: "no inventory, all: fail closed", invErr: invErr, req: devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=all"}}, wantErr: "no GPU inventory"},
 		{name: "no inventory, privileged naming nothing (declared): skip", invErr: invErr, req: devices.Request{Privileged: true}, wantSkip: true},
 		{name: "no inventory, privileged naming a GPU: fail closed", invErr: invErr,
@@ -281,6 +288,9 @@ func TestNothingRequested(t *testing.T) {
 			c := cfg
 			if tc.privileged != "" {
 				c.Policy.Privileged = tc.privileged
+			}
+			if tc.unknown != "" {
+				c.Policy.UnknownDevice = tc.unknown
 			}
 			skip, err := guard.Prescreen(c, tc.inv, tc.invErr, tc.req)
 			if tc.wantErr != "" {
