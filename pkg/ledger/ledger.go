@@ -305,15 +305,11 @@ func (l *Ledger) requiredLineage() string {
 // fn must not call Update, View or Snapshot of the same Ledger (the lock is
 // not reentrant) and must not keep tx.
 func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
-	if l.readOnly {
-		return fmt.Errorf("update %s: %w", l.StatePath(), ErrReadOnly)
-	}
-	unlock, err := l.acquire(ctx)
+	unlock, err := l.lockForWrite(ctx, "update", false)
 	if err != nil {
-		return l.lockTrouble(err)
+		return err
 	}
 	defer unlock()
-	l.removeTemps()
 
 	now := l.now()
 	ld, err := l.current()
@@ -349,6 +345,27 @@ func (l *Ledger) lockTrouble(err error) error {
 		return &NeedsRecoveryError{Path: l.dir, Problem: "the state dir is gone (moved or deleted) although this boot committed a ledger there"}
 	}
 	return fmt.Errorf("ledger dir %s is gone: %w", l.dir, err)
+}
+
+// lockForWrite is how every writer (Update, Recover, Reset) starts: refuse a
+// read-only ledger, recreate the state dir when asked (recovery of a dir
+// that vanished), take the lock (a vanished dir worded by lockTrouble) and remove
+// the temp files a crashed writer left. The caller defers the unlock.
+func (l *Ledger) lockForWrite(ctx context.Context, verb string, createDir bool) (unlock func(), err error) {
+	if l.readOnly {
+		return nil, fmt.Errorf("%s %s: %w", verb, l.StatePath(), ErrReadOnly)
+	}
+	if createDir {
+		if err := l.ensureDir(); err != nil {
+			return nil, err
+		}
+	}
+	unlock, err = l.acquire(ctx)
+	if err != nil {
+		return nil, l.lockTrouble(err)
+	}
+	l.removeTemps()
+	return unlock, nil
 }
 
 // removeTemps deletes, once per Ledger, temp files of an interrupted write

@@ -96,18 +96,11 @@ type recJournal struct {
 // changes nothing and returns a report with an empty Problem.
 func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverReport, error) {
 	var rep RecoverReport
-	if l.readOnly {
-		return rep, fmt.Errorf("recover %s: %w", l.dir, ErrReadOnly)
-	}
-	if err := l.ensureDir(); err != nil {
-		return rep, err
-	}
-	unlock, err := l.acquire(ctx)
+	unlock, err := l.lockForWrite(ctx, "recover", true)
 	if err != nil {
 		return rep, err
 	}
 	defer unlock()
-	l.removeTemps()
 
 	ld, err := l.current()
 	if err == nil {
@@ -262,18 +255,11 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 // it when nothing can be recovered.
 func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error) {
 	var rep RecoverReport
-	if l.readOnly {
-		return rep, fmt.Errorf("reset %s: %w", l.dir, ErrReadOnly)
-	}
-	if err := l.ensureDir(); err != nil {
-		return rep, err
-	}
-	unlock, err := l.acquire(ctx)
+	unlock, err := l.lockForWrite(ctx, "reset", true)
 	if err != nil {
 		return rep, err
 	}
 	defer unlock()
-	l.removeTemps()
 	now := l.now()
 	snaps, journals, _, _ := l.gatherForRecovery()
 	var gen, seq uint64
