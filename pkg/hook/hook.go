@@ -187,9 +187,18 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		}
 	}
 
+	w := e.newQueueWait(g, cfg, greq, stderr)
+	w.gone = e.goneCheck(self)
+	return w.run(ctx)
+}
+
+// newQueueWait builds the FIFO wait of one request: the hook's --wait and
+// gpu-guard-ctl run wait the same way, polling the ledger lock-free, asking
+// the guard's release rule about holders and dropping dead waiters ahead.
+func (e env) newQueueWait(g guardAPI, cfg config.Config, req guard.Request, stderr io.Writer) *queueWait {
 	w := &queueWait{
 		g:               g,
-		req:             greq,
+		req:             req,
 		stderr:          stderr,
 		pollInterval:    cfg.Hook.PollInterval.Duration,
 		waitTimeout:     cfg.Hook.WaitTimeout.Duration,
@@ -197,7 +206,6 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		procRoot:        e.procRoot,
 		now:             e.now,
 		newTicker:       e.newTicker,
-		gone:            e.goneCheck(self),
 		watch: &watcher{
 			snapshot:     g.Ledger().Snapshot,
 			releasable:   guard.NewReleaseRule(cfg, liveness.New("", e.procRoot)).Check,
@@ -207,9 +215,9 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		},
 	}
 	w.dropDead = func(ctx context.Context, want []devices.Device) bool {
-		return dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, st.ID, want, withdrawTimeout(cfg))
+		return dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, req.Key, want, w.withdrawTimeout)
 	}
-	return w.run(ctx)
+	return w
 }
 
 // goneCheck returns the test a waiting hook runs before every retry: its

@@ -183,29 +183,10 @@ func AcquireTicket(ctx context.Context, cfg config.Config, spec devices.Request,
 		timeout = 100 * 365 * 24 * time.Hour
 	}
 	e := defaultEnv()
-	w := &queueWait{
-		g:               g,
-		req:             guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner, Key: id, Spec: spec},
-		stderr:          opts.Stderr,
-		pollInterval:    cfg.Hook.PollInterval.Duration,
-		waitTimeout:     timeout,
-		withdrawTimeout: withdrawTimeout(cfg),
-		now:             e.now,
-		newTicker:       e.newTicker,
-		subject:         "gpu-guard-ctl run (" + id + ")",
-		timeoutKey:      timeoutKey,
-		procRoot:        e.procRoot,
-		watch: &watcher{
-			snapshot:     g.Ledger().Snapshot,
-			releasable:   guard.NewReleaseRule(cfg, liveness.New("", e.procRoot)).Check,
-			now:          e.now,
-			queueTTL:     cfg.Policy.QueueTTL.Duration,
-			refreshEvery: refreshInterval(cfg),
-		},
-	}
-	w.dropDead = func(ctx context.Context, want []devices.Device) bool {
-		return dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, id, want, withdrawTimeout(cfg))
-	}
+	w := e.newQueueWait(g, cfg, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner, Key: id, Spec: spec}, opts.Stderr)
+	w.waitTimeout = timeout
+	w.subject = "gpu-guard-ctl run (" + id + ")"
+	w.timeoutKey = timeoutKey
 	if err := w.run(ctx); err != nil {
 		return Ticket{}, err
 	}
