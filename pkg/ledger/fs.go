@@ -172,39 +172,54 @@ func readFileNoFollow(p string, limit int64, buf []byte) (data []byte, exists bo
 // a leftover temp file is never read as state and is removed by the next
 // writer.
 func writeAtomic(dir, path string, data []byte) error {
-	f, err := os.CreateTemp(dir, tempPrefix+"*")
+	tmp, err := writeTemp(dir, tempPrefix+"*", data, stageAfterWrite, stageAfterFsync)
 	if err != nil {
-		return fmt.Errorf("create temp file in %s: %w", dir, err)
-	}
-	tmp := f.Name()
-	ok := false
-	defer func() {
-		if !ok {
-			_ = f.Close()
-			_ = os.Remove(tmp) //nolint:gosec // our own temp file
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	reachStage(stageAfterWrite)
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", tmp, err)
-	}
-	reachStage(stageAfterFsync)
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
+		return err
 	}
 	if err := os.Rename(tmp, path); err != nil { //nolint:gosec // our temp file onto the fixed state name
+		_ = os.Remove(tmp) //nolint:gosec // our own temp file
 		return fmt.Errorf("rename %s to %s: %w", tmp, path, err)
 	}
-	ok = true
 	reachStage(stageAfterRename)
 	if err := syncDir(dir); err != nil {
 		return err
 	}
 	reachStage(stageAfterDirSyn)
 	return nil
+}
+
+// writeTemp writes data to a new temp file in dir (named by pattern) and
+// makes it durable (fsync, close), announcing the crash-test stages
+// afterWrite and afterSync ("" for none) on the way; on failure the temp
+// file is gone. The caller renames it into place.
+func writeTemp(dir, pattern string, data []byte, afterWrite, afterSync string) (string, error) {
+	f, err := os.CreateTemp(dir, pattern)
+	if err != nil {
+		return "", fmt.Errorf("create temp file in %s: %w", dir, err)
+	}
+	tmp := f.Name()
+	fail := func(err error) (string, error) {
+		_ = f.Close()
+		_ = os.Remove(tmp) //nolint:gosec // our own temp file
+		return "", err
+	}
+	if _, err := f.Write(data); err != nil {
+		return fail(fmt.Errorf("write %s: %w", tmp, err))
+	}
+	if afterWrite != "" {
+		reachStage(afterWrite)
+	}
+	if err := f.Sync(); err != nil {
+		return fail(fmt.Errorf("fsync %s: %w", tmp, err))
+	}
+	if afterSync != "" {
+		reachStage(afterSync)
+	}
+	if err := f.Close(); err != nil {
+		_ = os.Remove(tmp) //nolint:gosec // our own temp file
+		return "", fmt.Errorf("close %s: %w", tmp, err)
+	}
+	return tmp, nil
 }
 
 // syncDir makes a rename in dir durable.

@@ -396,27 +396,16 @@ func isEmpty(st *State) bool {
 // replaceJournal puts a new journal holding header in place, keeping the old
 // one as ledger.journal.prev.
 func (l *Ledger) replaceJournal(header []byte, old bool) error {
-	f, err := os.CreateTemp(l.dir, tempPrefix+"journal-*")
+	tmp, err := writeTemp(l.dir, tempPrefix+"journal-*", header, "", "")
 	if err != nil {
-		return fmt.Errorf("create temp file in %s: %w", l.dir, err)
+		return err
 	}
-	tmp := f.Name()
 	ok := false
 	defer func() {
 		if !ok {
-			_ = f.Close()
 			_ = os.Remove(tmp) //nolint:gosec // our own temp file
 		}
 	}()
-	if _, err := f.Write(header); err != nil {
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		return fmt.Errorf("fsync %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
-	}
 	reachStage(stageJournalSynced)
 	if old {
 		if err := os.Rename(l.JournalPath(), filepath.Join(l.dir, journalPrevName)); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed names in the operator's state dir
