@@ -150,6 +150,9 @@ func explainRequest(f explainFlags) (devices.Request, ledger.Owner, error) {
 	req.Mounts = append(req.Mounts, f.mounts...)
 	req.CDIDevices = append(req.CDIDevices, f.cdi...)
 	req.Privileged = req.Privileged || f.privileged
+	// --privileged stands for an engine's privileged container, whose device
+	// cgroup allows everything.
+	req.AllDevicesAllowed = req.AllDevicesAllowed || f.privileged
 	owner := ledger.Owner{
 		ContainerID: explainContainerID, Namespace: f.namespace, Pod: f.pod, PodUID: f.podUID,
 		Container: f.container, FrontEnd: ledger.FrontEndCtl,

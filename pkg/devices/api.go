@@ -104,6 +104,13 @@ type Request struct {
 	CDIDevices  []string          // fully qualified CDI names (api.Container.CDIDevices)
 	Devices     []LinuxDevice     // linux.devices of the spec
 	Privileged  bool
+	// AllDevicesAllowed: the device cgroup lets the container open every
+	// device, as engines set it up for a privileged container. Only then are
+	// its GPU device nodes the engine's wholesale addition rather than a
+	// request (policy.privileged = "declared"): a container with
+	// CAP_SYS_ADMIN but a device cgroup that allows only /dev/nvidia0 can
+	// open GPU 0 and nothing else, so that node is a request.
+	AllDevicesAllowed bool
 }
 
 // LinuxDevice is one entry of the spec's linux.devices.

@@ -97,8 +97,11 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 			b.note("privileged container: claims only the GPUs it names (policy.privileged = \"declared\"), though it can open every GPU")
 			// Engines add every host device node to a privileged container
 			// (podman, containerd's CRI): the nodes say nothing about what it
-			// asked for, so only the other sources name its GPUs.
-			b.privilegedNodes = true
+			// asked for, so only the other sources name its GPUs. Only when
+			// its device cgroup really allows every device: CAP_SYS_ADMIN
+			// alone does not open a node the cgroup denies, and a node it
+			// allows is a request.
+			b.privilegedNodes = req.AllDevicesAllowed
 		}
 	}
 	b.env(req.Env)

@@ -236,12 +236,15 @@ func TestResolvePrivileged(t *testing.T) {
 		dev("/dev/nvidia3", 195, 3), dev("/dev/nvidiactl", 195, 255)}
 	runResolveCases(t, []resolveCase{
 		{name: "declared: the nodes an engine adds are no request", policy: pol(config.PrivilegedDeclared),
-			req: Request{Privileged: true, Devices: everyNode}, want: nil, notes: []string{"4 GPU device node(s) are not counted"}},
+			req: Request{Privileged: true, AllDevicesAllowed: true, Devices: everyNode}, want: nil, notes: []string{"4 GPU device node(s) are not counted"}},
 		{name: "declared: nodes plus a named GPU claim only that GPU", policy: pol(config.PrivilegedDeclared),
-			req: Request{Privileged: true, Devices: everyNode, Env: env("NVIDIA_VISIBLE_DEVICES=2")}, want: []string{"2"},
+			req: Request{Privileged: true, AllDevicesAllowed: true, Devices: everyNode, Env: env("NVIDIA_VISIBLE_DEVICES=2")}, want: []string{"2"},
 			sources: map[string][]string{"2": {`env NVIDIA_VISIBLE_DEVICES="2"`}}},
 		{name: "nodes of an unprivileged container are a request", policy: pol(config.PrivilegedDeclared),
 			req: Request{Devices: everyNode[:1]}, want: []string{"0"}},
+		{name: "declared: CAP_SYS_ADMIN with a device cgroup that allows one node: the node is a request",
+			policy: pol(config.PrivilegedDeclared),
+			req:    Request{Privileged: true, Devices: everyNode[:1]}, want: []string{"0"}},
 		{name: "all: the nodes change nothing", policy: pol(config.PrivilegedAll),
 			req: Request{Privileged: true, Devices: everyNode}, want: allGPUs, wantAll: true},
 		{name: "declared claims what it names", policy: pol(config.PrivilegedDeclared), req: named, want: []string{"2"},
@@ -554,6 +557,35 @@ func TestRequestFromSpec(t *testing.T) {
 	res, err := NewResolver(inv, defaultPolicy()).Resolve(RequestFromSpec(spec))
 	require.NoError(t, err)
 	assert.Equal(t, sorted(gpuUUID(1), gpuUUID(2), gpuUUID(3)), res.UUIDs())
+
+	// CAP_SYS_ADMIN with a device cgroup that allows only /dev/nvidia3 (e.g.
+	// podman --cap-add SYS_ADMIN --device /dev/nvidia3): the node is a
+	// request under "declared"; only an engine's allow-all cgroup makes the
+	// nodes its own addition.
+	spec.Process.Env = nil
+	spec.Annotations = nil
+	spec.Mounts = nil
+	major, minor := int64(195), int64(3)
+	spec.Linux.Resources = &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
+		{Allow: false, Access: "rwm"},
+		{Allow: true, Type: "c", Major: &major, Minor: &minor, Access: "rw"},
+	}}
+	req = RequestFromSpec(spec)
+	assert.True(t, req.Privileged)
+	assert.False(t, req.AllDevicesAllowed)
+	res, err = NewResolver(inv, defaultPolicy()).Resolve(req)
+	require.NoError(t, err)
+	plain, err := NewResolver(inv, defaultPolicy()).Resolve(Request{Devices: req.Devices})
+	require.NoError(t, err)
+	require.Len(t, plain.UUIDs(), 1)
+	assert.Equal(t, plain.UUIDs(), res.UUIDs(), "the node it may open is claimed as for an unprivileged container")
+
+	spec.Linux.Resources.Devices = []specs.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}
+	req = RequestFromSpec(spec)
+	assert.True(t, req.AllDevicesAllowed)
+	res, err = NewResolver(inv, defaultPolicy()).Resolve(req)
+	require.NoError(t, err)
+	assert.Empty(t, res.UUIDs(), "a privileged engine container's nodes are not a request")
 }
 
 func TestConflicts(t *testing.T) {
@@ -620,4 +652,27 @@ func TestResolverIsSafeForConcurrentUse(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+func TestAllowsAllDevices(t *testing.T) {
+	n := func(v int64) *int64 { return &v }
+	for _, tc := range []struct {
+		name  string
+		rules []DeviceRule
+		want  bool
+	}{
+		{name: "none", want: false},
+		{name: "allow all rwm (privileged)", rules: []DeviceRule{{Allow: true, Access: "rwm"}}, want: true},
+		{name: "allow all, empty access", rules: []DeviceRule{{Allow: true, Type: "a"}}, want: true},
+		{name: "deny all then one GPU", rules: []DeviceRule{{Allow: false, Access: "rwm"}, {Allow: true, Type: "c", Major: n(195), Minor: n(0), Access: "rw"}}, want: false},
+		{name: "allow all read only", rules: []DeviceRule{{Allow: true, Access: "r"}}, want: false},
+		{name: "allow all then deny all", rules: []DeviceRule{{Allow: true}, {Allow: false}}, want: false},
+		{name: "negative numbers are wildcards", rules: []DeviceRule{{Allow: true, Major: n(-1), Minor: n(-1), Access: "rwm"}}, want: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := AllowsAllDevices(tc.rules); got != tc.want {
+				t.Fatalf("AllowsAllDevices = %v, want %v", got, tc.want)
+			}
+		})
+	}
 }

@@ -145,6 +145,9 @@ type hookSpec struct {
 			Minor int64  `json:"minor"`
 		} `json:"devices"`
 		CgroupsPath string `json:"cgroupsPath"`
+		Resources   *struct {
+			Devices []specs.LinuxDeviceCgroup `json:"devices"`
+		} `json:"resources"`
 	} `json:"linux"`
 }
 
@@ -162,6 +165,9 @@ func (h *hookSpec) spec() *specs.Spec {
 	}
 	if l := h.Linux; l != nil {
 		s.Linux = &specs.Linux{CgroupsPath: l.CgroupsPath}
+		if l.Resources != nil {
+			s.Linux.Resources = &specs.LinuxResources{Devices: l.Resources.Devices}
+		}
 		for _, d := range l.Devices {
 			s.Linux.Devices = append(s.Linux.Devices, specs.LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor})
 		}

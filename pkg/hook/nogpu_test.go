@@ -125,8 +125,11 @@ func TestReadSpecKeepsWhatTheHookUses(t *testing.T) {
 		Annotations: map[string]string{"cdi.k8s.io/gpu": "nvidia.com/gpu=0", "io.kubernetes.pod.name": "p"},
 		Linux: &specs.Linux{CgroupsPath: "/kubepods/x", Devices: []specs.LinuxDevice{
 			{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}, {Path: "/dev/fuse", Type: "c", Major: 10, Minor: 229}},
-			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}}},
+			Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}},
+			Resources:  &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}}},
 	}
+	req := devices.RequestFromSpec(&full)
+	require.True(t, req.AllDevicesAllowed, "the fixture is an engine's privileged container")
 	data, err := json.Marshal(full)
 	require.NoError(t, err)
 	bundle := t.TempDir()

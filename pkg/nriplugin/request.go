@@ -4,8 +4,6 @@
 package nriplugin
 
 import (
-	"strings"
-
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -96,32 +94,27 @@ func specOf(ctr *api.Container) devices.Request {
 			Path: d.GetPath(), Type: d.GetType(), Major: d.GetMajor(), Minor: d.GetMinor(),
 		})
 	}
+	// NRI does not carry the CRI "privileged" flag; what privileged means
+	// for device access is exactly a device cgroup that allows everything.
 	req.Privileged = allDevicesAllowed(linux.GetResources().GetDevices())
+	req.AllDevicesAllowed = req.Privileged
 	return req
 }
 
-// allDevicesAllowed reports whether the device cgroup rules end up allowing
-// every device. NRI does not carry the CRI "privileged" flag; what privileged
-// means for device access is exactly this (containerd gives a privileged
-// container a single "allow all, rwm" rule, an unprivileged one "deny all"
-// followed by specific allows). The last wildcard rule decides, as in the
-// kernel's device cgroup.
+// allDevicesAllowed is devices.AllowsAllDevices over NRI's rules.
 func allDevicesAllowed(rules []*api.LinuxDeviceCgroup) bool {
-	all := false
+	out := make([]devices.DeviceRule, 0, len(rules))
 	for _, r := range rules {
-		wildcardType := r.GetType() == "" || r.GetType() == "a"
-		anyMajor := r.GetMajor() == nil || r.GetMajor().GetValue() < 0
-		anyMinor := r.GetMinor() == nil || r.GetMinor().GetValue() < 0
-		if !wildcardType || !anyMajor || !anyMinor {
-			continue
+		d := devices.DeviceRule{Allow: r.GetAllow(), Type: r.GetType(), Access: r.GetAccess()}
+		if m := r.GetMajor(); m != nil {
+			v := m.GetValue()
+			d.Major = &v
 		}
-		if r.GetAllow() {
-			// Access "" means rwm in the runtime spec.
-			acc := r.GetAccess()
-			all = acc == "" || (strings.ContainsRune(acc, 'r') && strings.ContainsRune(acc, 'w') && strings.ContainsRune(acc, 'm'))
-		} else {
-			all = false
+		if m := r.GetMinor(); m != nil {
+			v := m.GetValue()
+			d.Minor = &v
 		}
+		out = append(out, d)
 	}
-	return all
+	return devices.AllowsAllDevices(out)
 }

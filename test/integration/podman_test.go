@@ -195,8 +195,9 @@ func podmanPrivileged(t *testing.T, r *podmanRig) {
 	require.True(t, slices.ContainsFunc(v.Notes, func(n string) bool { return strings.Contains(n, "not counted as a request") }), ex)
 }
 
-// podmanAllAndDevice: NVIDIA_VISIBLE_DEVICES=all and --device /dev/nvidia1
-// are refused while GPU 1 is held; --device of a free GPU is admitted.
+// podmanAllAndDevice: NVIDIA_VISIBLE_DEVICES=all, --device /dev/nvidia1 and
+// --cap-add SYS_ADMIN --device /dev/nvidia1 are refused while GPU 1 is held;
+// --device of a free GPU is admitted.
 func podmanAllAndDevice(t *testing.T, r *podmanRig) {
 	out, err := r.runGPU("h", "1")
 	require.NoError(t, err, out)
@@ -206,6 +207,11 @@ func podmanAllAndDevice(t *testing.T, r *podmanRig) {
 	require.Error(t, err, out)
 	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+h[:12])
 	out, err = r.runGPU("d1", "", "--device", "/dev/nvidia1")
+	require.Error(t, err, out)
+	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+h[:12])
+	// CAP_SYS_ADMIN is not --privileged: its device cgroup still allows only
+	// the node it names, and that node is a request.
+	out, err = r.runGPU("s1", "", "--cap-add", "SYS_ADMIN", "--device", "/dev/nvidia1")
 	require.Error(t, err, out)
 	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+h[:12])
 	out, err = r.runGPU("d3", "", "--device", "/dev/nvidia3")
