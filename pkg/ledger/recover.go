@@ -117,6 +117,9 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	if err != nil && !errors.Is(err, ErrNeedsRecovery) {
 		return rep, err
 	}
+	// A damaged marker says nothing about how far this boot got: it cannot
+	// vouch for the chain any more than a missing one.
+	markerBad := err != nil
 
 	snaps, journals, bad, badPaths := l.gatherForRecovery()
 	best, from, replayed, ok := bestChain(snaps, journals, m, mok)
@@ -143,12 +146,30 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 		rep.Empty = true
 	}
 	rep.From, rep.Replayed, rep.RecoveredGeneration = from, replayed, best.Generation
-	rep.Complete = ok && (!mok || (best.Lineage == m.Lineage && best.Generation >= m.Generation))
+	// Complete only on evidence: the chain reaches the generation this
+	// boot's marker recorded, or (no marker, as after a failed marker write)
+	// nothing anywhere was damaged, so nothing can have been cut off. Short
+	// of that the result gets a new lineage, which makes the NRI daemon
+	// rebuild from the runtime instead of trusting a state that may have
+	// lost commits.
+	damaged := len(bad) > 0
+	for _, j := range journals {
+		damaged = damaged || j.damaged != ""
+	}
+	switch {
+	case !ok:
+	case mok:
+		rep.Complete = best.Lineage == m.Lineage && best.Generation >= m.Generation
+	default:
+		rep.Complete = !markerBad && !damaged
+	}
 	switch {
 	case rep.Empty:
 		rep.Lost = "everything: no snapshot or journal verified"
-	case !rep.Complete:
+	case !rep.Complete && mok:
 		rep.Lost = fmt.Sprintf("commits %d to %d of lineage %s (the last this boot made)", best.Generation+1, m.Generation, truncate(m.Lineage, 64))
+	case !rep.Complete:
+		rep.Lost = fmt.Sprintf("unknown: no intact boot marker vouches that generation %d was the last commit", best.Generation)
 	}
 	for _, j := range journals {
 		if j.damaged != "" {

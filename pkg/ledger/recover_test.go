@@ -549,3 +549,52 @@ func TestDamagedBootMarkerIsRefused(t *testing.T) {
 	_, err = l.Snapshot(context.Background())
 	require.ErrorIs(t, err, ErrNeedsRecovery)
 }
+
+// Recover claims completeness only on evidence. A journal cut back to its
+// first commits while the boot marker is damaged, or a journal damaged in
+// the middle while the marker is missing (a failed marker write), may have
+// lost commits that nothing can vouch for: the result gets a new lineage (so
+// the NRI daemon rebuilds from the runtime) and says what may be lost.
+func TestRecoverWithoutAnIntactMarkerIsNotComplete(t *testing.T) {
+	cut := func(t *testing.T, dir string) {
+		j := filepath.Join(dir, journalName)
+		lines := bytes.SplitAfter(mustRead(t, j), []byte("\n"))
+		require.Greater(t, len(lines), 3)
+		require.NoError(t, os.WriteFile(j, bytes.Join(lines[:2], nil), 0o600)) // header + first commit
+	}
+	flip := func(t *testing.T, dir string) {
+		j := filepath.Join(dir, journalName)
+		b := mustRead(t, j)
+		lines := bytes.SplitAfter(b, []byte("\n"))
+		off := len(lines[0]) + len(lines[1]) + len(lines[2])/2 // inside the second commit
+		b[off] ^= 0x20
+		require.NoError(t, os.WriteFile(j, b, 0o600))
+	}
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, dir string)
+		marker func(t *testing.T, l *Ledger)
+	}{
+		{name: "journal cut, marker damaged", damage: cut,
+			marker: func(t *testing.T, l *Ledger) {
+				require.NoError(t, os.WriteFile(l.markerPath(), []byte("garbage"), 0o600))
+			}},
+		{name: "journal damaged mid-way, marker missing", damage: flip,
+			marker: func(t *testing.T, l *Ledger) { require.NoError(t, os.Remove(l.markerPath())) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, opts := failClosedLedger(t, false)
+			l, err := Open(dir, opts)
+			require.NoError(t, err)
+			lineage := snapshot(t, l).Lineage
+			tc.damage(t, dir)
+			tc.marker(t, l)
+			rep, err := l.Recover(context.Background(), RecoverOptions{Reason: "test"})
+			require.NoError(t, err)
+			require.False(t, rep.Complete, "%+v", rep)
+			require.True(t, rep.NewLineage, "%+v", rep)
+			require.NotEmpty(t, rep.Lost)
+			require.NotEqual(t, lineage, snapshot(t, l).Lineage, "a fenced NRI daemon sees the change and rebuilds")
+		})
+	}
+}
