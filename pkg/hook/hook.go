@@ -142,6 +142,12 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		return fmt.Errorf("container %s refused: %w", st.ID, err)
 	}
 	req := devices.RequestFromSpec(spec)
+	if guard.NeverClaims(req) {
+		// The common case for a hook installed for every container: it can
+		// reach no GPU under any policy or inventory. Done without reading
+		// the inventory or the ledger.
+		return nil
+	}
 
 	inv, invErr := loadInventory(cfg)
 	if skip, err := guard.Prescreen(cfg, inv, invErr, req); err != nil {
