@@ -188,7 +188,7 @@ func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, er
 			if err != nil {
 				return err
 			}
-			st = tx.State().Clone()
+			st = *tx.State() // already a copy the ledger keeps nothing of
 			return nil
 		})
 	}
@@ -261,7 +261,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 
 	if len(busy) == 0 {
 		var waited time.Duration
-		if w, ok := findWaiter(tx.State(), key); ok {
+		if w, ok := tx.Waiter(key); ok {
 			waited = now.Sub(w.FirstSeen)
 		}
 		if _, err := tx.Claim(key, owner, want, sourceText(res)); err != nil {
@@ -364,14 +364,14 @@ func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledg
 		now:    now,
 		policy: g.policy,
 		busy:   d.Busy,
-		waiter: func(k string) (ledger.Waiter, bool) { return findWaiter(tx.State(), k) },
+		waiter: tx.Waiter,
 		key:    key,
 		hook:   owner.FrontEnd == ledger.FrontEndHook,
 	}
 	if g.policy.OnConflict == config.ConflictQueue {
 		d.Result = Queue
 		d.Position, d.QueueLength = tx.Enqueue(key, owner, want)
-		if w, ok := findWaiter(tx.State(), key); ok {
+		if w, ok := tx.Waiter(key); ok {
 			d.Waited = now.Sub(w.FirstSeen)
 		}
 		text.queued, text.position, text.total, text.waited = true, d.Position, d.QueueLength, d.Waited
@@ -611,7 +611,7 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 		// Reconcile also fills in the pid and cgroup of claims that lack
 		// them (the daemon restarted after the container started).
 		result = tx.Reconcile(fe, holdings)
-		st = tx.State().Clone()
+		st = *tx.State() // already a copy the ledger keeps nothing of
 		return nil
 	})
 	if err != nil {
@@ -645,7 +645,7 @@ func (g *Guard) update(ctx context.Context, op string, fn func(tx *ledger.Tx) bo
 	err := g.ledger.Update(ctx, func(tx *ledger.Tx) error {
 		changed = fn(tx)
 		if changed {
-			st = tx.State().Clone()
+			st = *tx.State() // already a copy the ledger keeps nothing of
 		}
 		return nil
 	})
@@ -742,18 +742,6 @@ func allReserved(busy []ledger.BusyDevice) bool {
 		}
 	}
 	return len(busy) > 0
-}
-
-func findWaiter(st *ledger.State, key string) (ledger.Waiter, bool) {
-	if st == nil {
-		return ledger.Waiter{}, false
-	}
-	for _, w := range st.Waiters {
-		if w.Key == key {
-			return w, true
-		}
-	}
-	return ledger.Waiter{}, false
 }
 
 // freeGPUs lists the full GPUs that no claim touches (on the GPU or one of its

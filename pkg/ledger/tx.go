@@ -185,6 +185,19 @@ func upsertByUUID[T any](s []T, v T, uuid func(T) string) []T {
 	return slices.Insert(s, i, v)
 }
 
+// Waiter is a copy of the queue entry of key, if there is one: what a
+// caller needs of one waiter without copying the whole state.
+func (tx *Tx) Waiter(key string) (Waiter, bool) {
+	tx.check()
+	i := tx.waiterIndex(key)
+	if i < 0 {
+		return Waiter{}, false
+	}
+	w := tx.st.Waiters[i]
+	w.Devices = slices.Clone(w.Devices)
+	return w, true
+}
+
 func (tx *Tx) waiterIndex(key string) int {
 	for i := range tx.st.Waiters {
 		if tx.st.Waiters[i].Key == key {
