@@ -4,6 +4,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -418,7 +419,7 @@ func journalLinesUpToDamage(data []byte) ([][]byte, []int64, int64, error) {
 	// Find the damaged line: verify growing prefixes line by line.
 	var off int
 	for off < len(data) {
-		nl := strings.IndexByte(string(data[off:]), '\n')
+		nl := bytes.IndexByte(data[off:], '\n')
 		if nl < 0 {
 			break
 		}
