@@ -37,20 +37,9 @@ fi
 exec 9>"$CACHE/setup-podman.lock"
 flock 9
 
-key=$(cd "$ROOT" && {
-	"$GO" version
-	echo "$PODMAN_IMAGE"
-	cat test/integration/testdata/sleeper/*.go hack/ociimage/*.go go.sum
-} | sha256sum | cut -c1-16)
+# shellcheck source=test/integration/sleeper-image.sh
+source "$ROOT/test/integration/sleeper-image.sh"
 image=$IMAGES/gpu-guard-podman.tar
-if [[ ! -f $image || $(cat "$image.key" 2>/dev/null) != "$key" ]]; then
-	log "building the test image $image"
-	build=$(mktemp -d)
-	trap 'rm -rf "$build"' EXIT
-	(cd "$ROOT" && CGO_ENABLED=0 "$GO" build -trimpath -ldflags '-s -w' -o "$build/sleeper" ./test/integration/testdata/sleeper)
-	(cd "$ROOT" && CGO_ENABLED=0 "$GO" run ./hack/ociimage --out "$image" \
-		--name "$PODMAN_IMAGE" --file "$build/sleeper:/sleeper:0755" --entrypoint /sleeper) >/dev/null
-	echo "$key" >"$image.key"
-fi
+sleeper_image "$image" "$PODMAN_IMAGE"
 
 log "ready: podman $(podman --version | awk '{print $3}'), conmon $(conmon --version | awk 'NR==1{print $3}'), runc $(runc --version | awk 'NR==1{print $3}'), crun $(crun --version | awk 'NR==1{print $3}'), image $image"

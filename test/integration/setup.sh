@@ -76,6 +76,9 @@ build_containerd() {
 		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p') || true
 	[[ -n $src && -d $src ]] || die "cannot download $CONTAINERD_MODULE@$CONTAINERD_VERSION: is it a released version? (go list -m -versions $CONTAINERD_MODULE)"
 	work=$(mktemp -d "$TOOLS/.build-$CONTAINERD_VERSION.XXXXXX")
+	# Removed however the build ends (a failed copy under set -e, Ctrl-C).
+	# shellcheck disable=SC2064 # expand $work now: it is local
+	trap "rm -rf '$work'" EXIT
 	# The module cache is read-only; -mod=mod may need to write go.sum.
 	cp -r "$src/." "$work/src"
 	chmod -R u+w "$work/src"
@@ -122,24 +125,10 @@ if ! grep -qw overlay /proc/filesystems; then
 	modprobe overlay 2>/dev/null || die "the kernel has no overlay filesystem (modprobe overlay failed)"
 fi
 
-# The test image: a static "sleep until SIGTERM" program, keyed on the
-# content of everything that goes into it, so it is rebuilt only when the
-# program, the image tool or the Go toolchain changed.
-key=$(cd "$ROOT" && {
-	"$GO" version
-	echo "$SANDBOX_IMAGE $WORKLOAD_IMAGE"
-	cat test/integration/testdata/sleeper/*.go hack/ociimage/*.go go.sum
-} | sha256sum | cut -c1-16)
+# The test image (see sleeper-image.sh).
+# shellcheck source=test/integration/sleeper-image.sh
+source "$ROOT/test/integration/sleeper-image.sh"
 image=$IMAGES/gpu-guard-test.tar
-if [[ ! -f $image || $(cat "$image.key" 2>/dev/null) != "$key" ]]; then
-	log "building the test image $image"
-	build=$(mktemp -d)
-	trap 'rm -rf "$build"' EXIT
-	(cd "$ROOT" && CGO_ENABLED=0 "$GO" build -trimpath -ldflags '-s -w' -o "$build/sleeper" ./test/integration/testdata/sleeper)
-	(cd "$ROOT" && CGO_ENABLED=0 "$GO" run ./hack/ociimage --out "$image" \
-		--name "$SANDBOX_IMAGE" --name "$WORKLOAD_IMAGE" \
-		--file "$build/sleeper:/sleeper:0755" --entrypoint /sleeper) >/dev/null
-	echo "$key" >"$image.key"
-fi
+sleeper_image "$image" "$SANDBOX_IMAGE" "$WORKLOAD_IMAGE"
 
-log "ready: containerd in $CONTAINERD_DIR ($("$CONTAINERD_DIR/containerd" --version | awk '{print $3}')), crictl $CRICTL_VERSION, runc $(runc --version | awk 'NR==1{print $3}')), image $image"
+log "ready: containerd in $CONTAINERD_DIR ($("$CONTAINERD_DIR/containerd" --version | awk '{print $3}')), crictl $CRICTL_VERSION, runc $(runc --version | awk 'NR==1{print $3}'), image $image"
