@@ -67,7 +67,11 @@ func (f *File) Stale(now time.Time) bool {
 		return false
 	}
 	limit := 3 * time.Duration(f.IntervalSeconds*float64(time.Second))
-	return now.Sub(f.Time) > limit
+	ref := f.Time
+	if ref.IsZero() { // the observer has just started: no pass yet
+		ref = f.WrittenAt
+	}
+	return now.Sub(ref) > limit
 }
 
 // WriteFile replaces dir/observe.json with f (bounded; mode 0600): a temp
@@ -102,10 +106,10 @@ func WriteFile(dir string, f File) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(name, filepath.Join(dir, FileName)) //nolint:gosec // our temp file onto the fixed name
+		err = os.Rename(name, filepath.Join(dir, FileName))
 	}
 	if err != nil {
-		_ = os.Remove(name) //nolint:gosec // our own temp file
+		_ = os.Remove(name)
 		return fmt.Errorf("write the observer report %s: %w", filepath.Join(dir, FileName), err)
 	}
 	return nil

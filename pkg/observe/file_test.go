@@ -46,6 +46,9 @@ func TestReportFileRoundTripAndBounds(t *testing.T) {
 
 	assert.False(t, got.Stale(at.Add(30*time.Second)))
 	assert.True(t, got.Stale(at.Add(31*time.Second)), "three intervals without a pass")
+	got.Time = time.Time{}
+	assert.False(t, got.Stale(at.Add(30*time.Second)), "no pass yet: judged from when it was written")
+	assert.True(t, got.Stale(at.Add(31*time.Second)))
 	got.IntervalSeconds = 0
 	assert.False(t, got.Stale(at.Add(time.Hour)), "accounting off: health only, never stale")
 
