@@ -42,7 +42,7 @@ var (
 // gpuHost is go-nvml's DGX A100 mock (8 GPUs) with process lists and an Xid
 // event stream the test controls, and a fake /proc tree for the pids.
 type gpuHost struct {
-	t    *testing.T
+	t    testing.TB
 	srv  *server.Server
 	proc string // holds proc/
 
@@ -53,7 +53,7 @@ type gpuHost struct {
 	events  chan nvml.EventData
 }
 
-func newGPUHost(t *testing.T) *gpuHost {
+func newGPUHost(t testing.TB) *gpuHost {
 	h := &gpuHost{t: t, srv: dgxa100.New(), proc: t.TempDir(), procs: map[string][]nvml.ProcessInfo{},
 		entered: make(chan struct{}, 8), events: make(chan nvml.EventData, 8)}
 	require.NoError(t, os.MkdirAll(filepath.Join(h.proc, "proc"), 0o755))
@@ -196,7 +196,7 @@ func receive[T any](t *testing.T, ch <-chan T, what string) T {
 
 // guardFor builds the daemon's guard over a real ledger with the mock's GPUs
 // as a static inventory.
-func guardFor(t *testing.T, h *gpuHost, edit func(*config.Config)) *guard.Guard {
+func guardFor(t testing.TB, h *gpuHost, edit func(*config.Config)) *guard.Guard {
 	cfg := config.Default()
 	cfg.Ledger.Dir = t.TempDir()
 	cfg.Devices.Source = config.SourceStatic
