@@ -68,6 +68,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	watch := daemon.NewWatch()
 	watch.Logger, watch.Metrics = log.With("component", "observe"), m
 	watch.OpenNVML, watch.ProcRoot = opts.OpenNVML, opts.ProcRoot
+	watch.SetReady(false) // until the first Synchronize
 	var watchDone sync.WaitGroup
 	watchDone.Add(1)
 	go func() { defer watchDone.Done(); watch.Run(ctx) }()
@@ -104,7 +105,8 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	if !launched {
 		serve(opts.Config.Metrics.Listen)
 	}
-	popts := nriplugin.Options{Config: opts.Config, Setup: setup, Logger: log, Ready: m.SetReady}
+	popts := nriplugin.Options{Config: opts.Config, Setup: setup, Logger: log,
+		Ready: func(ready bool) { m.SetReady(ready); watch.SetReady(ready) }}
 	p, err := nriplugin.New(popts)
 	if err != nil {
 		return err

@@ -29,6 +29,9 @@
 //   - The Watch never runs on the admission path: Use only hands over the
 //     guard; NVML is queried in the Watch's goroutines, never under the
 //     ledger lock. Without NVML it logs one line and observes nothing.
+//   - Findings are acted on only while the plugin is synchronized with the
+//     runtime (Watch.SetReady): before Synchronize, containers created while
+//     the plugin was down are not adopted yet and would read as intruders.
 //   - A clean stop removes observe.json; a report left behind by a daemon
 //     that died grows stale, and status says so instead of trusting it.
 //   - Failing to write the inventory cache is not fatal: the hooks fall back

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -85,6 +86,9 @@ type Watch struct {
 	Interval time.Duration
 
 	guards chan *guard.Guard
+	// notReady is set while the plugin is not synchronized with the
+	// runtime (SetReady): reports are not acted on then.
+	notReady atomic.Bool
 	// afterReport, when set (tests), runs after each report was handled.
 	afterReport func()
 
@@ -117,6 +121,13 @@ func (w *Watch) Use(g *guard.Guard) {
 		}
 	}
 }
+
+// SetReady tells the watch whether the plugin is registered and
+// synchronized with the runtime. Until it is, a pass's findings are not
+// acted on: before Synchronize the ledger has not yet adopted the containers
+// created while the plugin was down, and their processes would be taken for
+// intruders (and their devices cordoned). A Watch never told is ready.
+func (w *Watch) SetReady(ready bool) { w.notReady.Store(!ready) }
 
 func (w *Watch) log() *slog.Logger {
 	if w.Logger == nil {
@@ -340,6 +351,12 @@ func findingKey(f observe.Finding) string {
 // and (on_intruder = "cordon") cordoned; cleared ones are logged and
 // audited; the metrics and observe.json show the pass.
 func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Report) {
+	if w.afterReport != nil {
+		defer w.afterReport()
+	}
+	if w.notReady.Load() {
+		return
+	}
 	log := w.log()
 	g := w.guard()
 	var known map[string]ledger.Owner
@@ -419,9 +436,6 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 		w.Metrics.ObserverReport(r)
 	}
 	w.writeFile()
-	if w.afterReport != nil {
-		w.afterReport()
-	}
 }
 
 // onUnhealthy cordons a device the first time it is found unhealthy, and

@@ -496,3 +496,43 @@ func TestDrainingReleasedWhenIdleOrAfterGrace(t *testing.T) {
 	fin = receive(t, states.finished, "grace release without NVML")
 	assert.Contains(t, fin[1], "NVML is not available")
 }
+
+// TestFindingsWaitForSynchronize: until the plugin has synchronized with the
+// runtime, a container created while it was down has not been adopted yet;
+// its process must not be taken for an intruder (nor its device cordoned).
+// Once ready, the same process is judged.
+func TestFindingsWaitForSynchronize(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
+	h.run(2, 200, idB)
+	states := newFakeStates()
+	reports := make(chan struct{}, 64)
+	w := NewWatch()
+	w.ProcRoot, w.Interval = h.proc, time.Millisecond
+	w.OpenNVML = func() (observe.Source, error) { return observe.OpenNVML(h.srv) }
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.afterReport = func() {
+		select {
+		case reports <- struct{}{}:
+		default:
+		}
+	}
+	w.SetReady(false)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	w.Use(g)
+
+	for range 3 {
+		receive(t, reports, "report before Synchronize")
+	}
+	assert.Empty(t, states.cordons, "nothing cordoned before Synchronize")
+	f, err := observe.ReadFile(g.Ledger().Dir())
+	require.NoError(t, err)
+	assert.Empty(t, f.Findings)
+
+	w.SetReady(true)
+	c := receive(t, states.cordons, "cordon once synchronized")
+	assert.Equal(t, h.uuid(2), c[0])
+}

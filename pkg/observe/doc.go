@@ -15,6 +15,10 @@
 // device that vanished or one that needs a reset into an unhealthy device
 // (Observer.Unhealthy, Observer.Health).
 //
+// It also owns observe.json (File, WriteFile, ReadFile): the daemon's last
+// report for gpu-guard-ctl, bounded, written atomically, judged stale after
+// three intervals without a pass.
+//
 // Rules (Finding.Kind):
 //   - intruder: a process of a container that holds no claim (or of the
 //     host) runs on a device held by another container, or on a free one;
