@@ -14,6 +14,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/nriplugin"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
 // daemonOptions configure runDaemon.
@@ -24,10 +25,16 @@ type daemonOptions struct {
 	Identity nriplugin.Identity
 	// Logger; nil = discard.
 	Logger *slog.Logger
+	// OpenNVML overrides how the GPU observer opens NVML (tests); nil = the
+	// host's library.
+	OpenNVML func() (observe.Source, error)
+	// ProcRoot holds the host's proc/ for the observer; "" = "/".
+	ProcRoot string
 }
 
 // runDaemon is the whole NRI daemon: it builds the guard, serves metrics when
-// [metrics] listen is set, and runs the plugin until ctx is done.
+// [metrics] listen is set, runs the GPU observer (when NVML is there) on the
+// guard of the latest setup, and runs the plugin until ctx is done.
 //
 // An external daemon builds the guard once up front, so a broken
 // configuration, an unsafe ledger dir or a missing inventory fail at start,
@@ -46,13 +53,30 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	// configuration names [metrics] listen.
 	m := metrics.New()
 	b.Observer = m
+	var first *guard.Guard
 	if !launched {
-		if _, err := b.Setup(ctx, opts.Config); err != nil {
+		g, err := b.Setup(ctx, opts.Config)
+		if err != nil {
 			return err
 		}
+		first = g
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	// The observer runs beside admission, never in its path: Use only hands
+	// over the guard, the watch does its NVML work in its own goroutines.
+	watch := daemon.NewWatch()
+	watch.Logger, watch.Metrics = log.With("component", "observe"), m
+	watch.OpenNVML, watch.ProcRoot = opts.OpenNVML, opts.ProcRoot
+	watch.SetReady(false) // until the first Synchronize
+	var watchDone sync.WaitGroup
+	watchDone.Add(1)
+	go func() { defer watchDone.Done(); watch.Run(ctx) }()
+	if first != nil {
+		watch.Use(first)
+	}
+	defer watchDone.Wait()
+	defer cancel() // before the wait: the watch stops with the plugin
 	errc := make(chan error, 1)
 	var serveOnce sync.Once
 	serve := func(listen string) {
@@ -68,19 +92,21 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 			}()
 		})
 	}
-	setup := b.Setup
-	if launched {
-		setup = func(ctx context.Context, cfg config.Config) (*guard.Guard, error) {
-			g, err := b.Setup(ctx, cfg)
-			if err == nil {
+	setup := func(ctx context.Context, cfg config.Config) (*guard.Guard, error) {
+		g, err := b.Setup(ctx, cfg)
+		if err == nil {
+			watch.Use(g)
+			if launched {
 				serve(cfg.Metrics.Listen)
 			}
-			return g, err
 		}
-	} else {
+		return g, err
+	}
+	if !launched {
 		serve(opts.Config.Metrics.Listen)
 	}
-	popts := nriplugin.Options{Config: opts.Config, Setup: setup, Logger: log, Ready: m.SetReady}
+	popts := nriplugin.Options{Config: opts.Config, Setup: setup, Logger: log,
+		Ready: func(ready bool) { m.SetReady(ready); watch.SetReady(ready) }}
 	p, err := nriplugin.New(popts)
 	if err != nil {
 		return err

@@ -19,10 +19,15 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/nriplugin"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+
+// openNVML is how the daemon's observer opens NVML: nil = the host's
+// library. Only a test build (the fakenvml tag) sets it.
+var openNVML func() (observe.Source, error)
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -74,7 +79,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	} else {
 		logger := slog.New(slog.NewJSONHandler(stderr, nil))
 		logger.Info("starting", "version", version.String("nri-gpu-guard"), "launched_by_runtime", nriplugin.Launched())
-		err = runDaemon(ctx, daemonOptions{Config: cfg, Logger: logger,
+		err = runDaemon(ctx, daemonOptions{Config: cfg, Logger: logger, OpenNVML: openNVML,
 			Identity: nriplugin.Identity{Name: *name, Index: *idx, Socket: *socket}})
 	}
 	if err != nil {

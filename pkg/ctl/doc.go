@@ -2,7 +2,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package ctl implements gpu-guard-ctl, the operator's tool: it shows who
-// holds which GPU (status, claims, queue, devices, audit), explains the
+// holds which GPU (status, claims, queue, devices, audit), what really runs
+// on the GPUs (ps, through NVML; status adds the daemon observer's last
+// findings from observe.json), explains the
 // decision a container would get (explain), fixes stuck claims (release, gc),
 // validates configurations (check-config) and waits for GPUs outside a
 // container engine before starting a container on them (run).
@@ -23,7 +25,10 @@
 //     never by writing the ledger itself.
 //   - Exit codes are a public interface: 0 ok, 1 error, 2 usage (unknown
 //     command or flag, missing argument), 3 attention (status found a
-//     conflict or a stale claim); run exits with its command's code.
+//     conflict, a stale claim or an observer finding, or a stale observer
+//     report; ps found an intruder); run exits with its command's code.
+//   - status never trusts an observer report older than three intervals: it
+//     reports it stale instead of showing its findings.
 //   - JSON field names are a public interface, documented in docs/ctl-json.md;
 //     tables are for people and may change.
 //   - Strings that came from containers (names, ids, reasons) are escaped

@@ -79,6 +79,7 @@ conflict or a stale claim).`,
 
 	root.AddCommand(
 		a.statusCommand(),
+		a.psCommand(),
 		a.claimsCommand(),
 		a.queueCommand(),
 		a.devicesCommand(),

@@ -4,6 +4,7 @@
 package ctl
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -15,6 +16,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
 // Device states shown by status (the "state" JSON field).
@@ -30,6 +32,11 @@ const (
 	problemConflict      = "conflict"
 	problemHolderExited  = "holder-exited"
 	problemUnknownDevice = "unknown-device"
+	// From the daemon's GPU observer (observe.json).
+	problemIntruder      = "intruder"
+	problemOutOfBounds   = "out-of-bounds"
+	problemUnhealthy     = "unhealthy"
+	problemObserverStale = "observer-stale"
 )
 
 func (a *app) statusCommand() *cobra.Command {
@@ -45,7 +52,11 @@ claimed) shows as held "via" the claimed device.
 
 status exits 3 and lists what to do when a device is in conflict, a holder has
 exited without releasing its claim, or a claim names a device that is not in
-the inventory. It exits 1, showing no device, while the ledger needs recovery
+the inventory. The daemon's GPU observer adds what it saw on the devices
+themselves (its last report, observe.json in the state dir): a process on a
+GPU its container does not hold (intruder, out-of-bounds) and an unhealthy
+device; a report older than three observer intervals is not trusted but
+reported as stale. It exits 1, showing no device, while the ledger needs recovery
 (damaged, missing, moved or replaced: no container gets a GPU until
 gpu-guard-ctl recover) or its state dir is unsafe.`,
 		`  gpu-guard-ctl status
@@ -73,6 +84,9 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			if err != nil {
 				return err
 			}
+			if dir, err := a.stateDir(); err == nil {
+				v.addObserver(dir, a.env.Now(), a.env.Stderr)
+			}
 			if err := v.render(a.env.Stdout, a.output, a.env.Now()); err != nil {
 				return err
 			}
@@ -91,6 +105,21 @@ type statusView struct {
 	InventorySource string         `json:"inventory_source"`
 	Generation      uint64         `json:"generation"`
 	UpdatedAt       *time.Time     `json:"updated_at,omitempty"`
+	// Observer is the daemon's last GPU observer report; absent when there
+	// is none (no daemon, no NVML, or a clean stop).
+	Observer *observerJSON `json:"observer,omitempty"`
+}
+
+// observerJSON summarises observe.json.
+type observerJSON struct {
+	Time            time.Time `json:"time"`
+	AgeSeconds      float64   `json:"age_seconds"`
+	IntervalSeconds float64   `json:"interval_seconds"`
+	Stale           bool      `json:"stale"`
+	Findings        int       `json:"findings"`
+	Unhealthy       int       `json:"unhealthy"`
+	Errors          []string  `json:"errors"`
+	Truncated       int       `json:"truncated,omitempty"`
 }
 
 type statusDevice struct {
@@ -141,7 +170,63 @@ type problem struct {
 	Device      string `json:"device"`
 	Index       string `json:"index"`
 	ContainerID string `json:"container_id,omitempty"`
-	Message     string `json:"message"`
+	// Pid and SeenAt are set for what the GPU observer saw.
+	Pid     int        `json:"pid,omitempty"`
+	SeenAt  *time.Time `json:"seen_at,omitempty"`
+	Message string     `json:"message"`
+}
+
+// addObserver adds the daemon's last observer report: its findings as
+// problems, or one observer-stale problem instead when it is too old to
+// trust. No report is no problem: the daemon may run without NVML.
+func (v *statusView) addObserver(dir string, now time.Time, stderr io.Writer) {
+	f, err := observe.ReadFile(dir)
+	if errors.Is(err, observe.ErrNoFile) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "warning: %v; GPU observer findings not shown\n", err)
+		return
+	}
+	at := f.Time
+	if at.IsZero() {
+		at = f.WrittenAt
+	}
+	o := &observerJSON{Time: f.Time, AgeSeconds: now.Sub(at).Seconds(), IntervalSeconds: f.IntervalSeconds,
+		Stale: f.Stale(now), Findings: len(f.Findings), Unhealthy: len(f.Unhealthy), Errors: f.Errors, Truncated: f.Truncated}
+	if o.Errors == nil {
+		o.Errors = []string{}
+	}
+	v.Observer = o
+	if o.Stale {
+		v.Problems = append(v.Problems, problem{
+			Kind: problemObserverStale,
+			Message: fmt.Sprintf("the GPU observer's last report is %s old (interval %s): its findings are not shown; is nri-gpu-guard running? (systemctl status nri-gpu-guard, and its log for NVML errors)",
+				age(now.Sub(at)), age(time.Duration(f.IntervalSeconds*float64(time.Second)))),
+		})
+		return
+	}
+	for _, u := range f.Unhealthy {
+		seen := u.Time
+		v.Problems = append(v.Problems, problem{
+			Kind: problemUnhealthy, Device: u.Device.UUID, Index: u.Device.Index, SeenAt: timeOrNil(seen),
+			Message: fmt.Sprintf("%s (seen %s ago)", u.Message, age(now.Sub(seen))),
+		})
+	}
+	for _, ff := range f.Findings {
+		kind := problemIntruder
+		if ff.Kind == observe.KindOutOfBounds {
+			kind = problemOutOfBounds
+		}
+		msg := ff.Message
+		if ff.Namespace != "" || ff.Pod != "" || ff.Container != "" {
+			msg = fmt.Sprintf("%s [%s/%s/%s]", msg, ff.Namespace, ff.Pod, ff.Container)
+		}
+		v.Problems = append(v.Problems, problem{
+			Kind: kind, Device: ff.Device.UUID, Index: ff.Device.Index, ContainerID: ff.ContainerID, Pid: ff.PID,
+			SeenAt: timeOrNil(f.Time), Message: fmt.Sprintf("%s (seen %s ago)", msg, age(now.Sub(f.Time))),
+		})
+	}
 }
 
 func holderOf(o ledger.Owner, since time.Time) *holderJSON {

@@ -6,7 +6,16 @@
 // included, and written to the cache the OCI hooks and gpu-guard-ctl read) and the guard
 // over both. Builder.Setup is the nriplugin.SetupFunc the daemon hands to the
 // NRI adapter; cmd/nri-gpu-guard wires it together with the metrics
-// endpoint.
+// endpoint and the Watch.
+//
+// Watch runs the GPU observer (pkg/observe) beside the guard and applies its
+// policy: each finding (intruder, out of bounds, unhealthy) is logged once
+// when it appears and when it clears, audited, counted (metrics) and written
+// to observe.json in the state directory for gpu-guard-ctl status; under
+// [observe] on_intruder = "cordon" an intruder's device is cordoned, an
+// unhealthy device always is (persisted in the ledger, so the hook front end
+// honours it too); under release_requires_idle a draining claim is released
+// once its holder's processes left the device, or after idle_grace.
 //
 // Invariants:
 //   - The inventory is loaded by devices.LoadInventory as RoleDaemon, the
@@ -17,6 +26,14 @@
 //   - A Setup with an unchanged [devices] section and state directory reuses
 //     the ledger and the inventory: a reconnect (which calls Configure again)
 //     costs no NVML enumeration.
+//   - The Watch never runs on the admission path: Use only hands over the
+//     guard; NVML is queried in the Watch's goroutines, never under the
+//     ledger lock. Without NVML it logs one line and observes nothing.
+//   - Findings are acted on only while the plugin is synchronized with the
+//     runtime (Watch.SetReady): before Synchronize, containers created while
+//     the plugin was down are not adopted yet and would read as intruders.
+//   - A clean stop removes observe.json; a report left behind by a daemon
+//     that died grows stale, and status says so instead of trusting it.
 //   - Failing to write the inventory cache is not fatal: the hooks fall back
 //     to discovering the GPUs themselves, and the next Setup loads and
 //     writes again.

@@ -12,7 +12,12 @@
 //   - wait_seconds: how long an admitted request had been queued;
 //   - queue_depth, reservations, conflicts: from the ledger state;
 //   - reconcile_releases_total{reason}: claims released without a stop event
-//     ("stale" at Synchronize, "holder exited" by the liveness check).
+//     ("stale" at Synchronize, "holder exited" by the liveness check);
+//   - intruders{device_uuid,device_index}: processes the last observer pass
+//     found on a device their container does not hold (intruder or out of
+//     bounds), rebuilt every pass; unhealthy{device_uuid,device_index}: 1 per
+//     device found unhealthy since the daemon started;
+//     observer_last_pass_timestamp_seconds: when the last pass completed.
 //
 // Invariants:
 //   - The metrics live in their own registry (no global state), so tests and

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
 const namespace = "nri_gpu_guard"
@@ -37,6 +38,12 @@ type Metrics struct {
 	reserved   prometheus.Gauge
 	conflicts  prometheus.Gauge
 	releases   *prometheus.CounterVec
+
+	// Observer: findings of the last pass and unhealthy devices.
+	intruders  *prometheus.GaugeVec
+	unhealthy  *prometheus.GaugeVec
+	lastReport prometheus.Gauge
+	observeMu  sync.Mutex
 
 	// stateMu orders StateChanged calls: the holder gauge is reset and
 	// refilled, which must not interleave with another refill.
@@ -93,8 +100,21 @@ func New() *Metrics {
 			Namespace: namespace, Name: "reconcile_releases_total",
 			Help: "Claims released without a stop event: stale at reconcile, or holder exited.",
 		}, []string{"reason"}),
+		intruders: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "intruders",
+			Help: "Processes the last observer pass found on a device the ledger does not give their container (intruder or out of bounds), per device.",
+		}, []string{"device_uuid", "device_index"}),
+		unhealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "unhealthy",
+			Help: "1 for each device the observer found unhealthy (critical Xid, lost, needs a reset) since the daemon started.",
+		}, []string{"device_uuid", "device_index"}),
+		lastReport: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "observer_last_pass_timestamp_seconds",
+			Help: "When the last observer accounting pass completed (Unix time); alert when it falls behind.",
+		}),
 	}
 	m.reg.MustRegister(m.holder, m.decisions, m.latency, m.wait, m.queueDepth, m.reserved, m.conflicts, m.releases,
+		m.intruders, m.unhealthy, m.lastReport,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -138,6 +158,26 @@ func (m *Metrics) StateChanged(st ledger.State) {
 	m.queueDepth.Set(float64(len(st.Waiters)))
 	m.reserved.Set(float64(len(st.Reservations)))
 	m.conflicts.Set(float64(len(st.Conflicts)))
+}
+
+// ObserverReport rebuilds the intruder gauge from an accounting pass: one
+// series per device with at least one intruder or out-of-bounds process, so
+// that a cleared device's series disappears.
+func (m *Metrics) ObserverReport(r observe.Report) {
+	m.observeMu.Lock()
+	defer m.observeMu.Unlock()
+	m.intruders.Reset()
+	for _, f := range r.Findings {
+		if f.Kind == observe.KindIntruder || f.Kind == observe.KindOutOfBounds {
+			m.intruders.WithLabelValues(f.Device.UUID, f.Device.Index).Inc()
+		}
+	}
+	m.lastReport.Set(float64(r.Time.UnixNano()) / 1e9)
+}
+
+// DeviceUnhealthy marks a device unhealthy.
+func (m *Metrics) DeviceUnhealthy(f observe.Finding) {
+	m.unhealthy.WithLabelValues(f.Device.UUID, f.Device.Index).Set(1)
 }
 
 // SetReady records whether the plugin is registered with the runtime.

@@ -20,6 +20,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
 // families gathers the registry into name → family.
@@ -200,4 +201,38 @@ func TestServeShutsDownOnCancel(t *testing.T) {
 func TestServeBadAddress(t *testing.T) {
 	err := New().Serve(context.Background(), "256.0.0.1:99999", nil)
 	require.ErrorContains(t, err, "[metrics] listen")
+}
+
+func TestObserverMetrics(t *testing.T) {
+	m := New()
+	d0 := observe.Device{Index: "0", UUID: "GPU-0"}
+	d1 := observe.Device{Index: "1:2", UUID: "MIG-1"}
+	at := time.Unix(1700000000, 0)
+	m.ObserverReport(observe.Report{Time: at, Findings: []observe.Finding{
+		{Kind: observe.KindIntruder, Device: d0, PID: 1},
+		{Kind: observe.KindOutOfBounds, Device: d0, PID: 2},
+		{Kind: observe.KindIntruder, Device: d1, PID: 3},
+		{Kind: observe.KindGone, Device: d1, PID: 4},
+		{Kind: observe.KindUnhealthy, Device: d1},
+	}})
+	gauge := func(name string) map[string]float64 {
+		out := map[string]float64{}
+		if f := families(t, m)[name]; f != nil {
+			for _, mt := range f.GetMetric() {
+				l := labels(mt)
+				out[l["device_index"]+"/"+l["device_uuid"]] = mt.GetGauge().GetValue()
+			}
+		}
+		return out
+	}
+	assert.Equal(t, map[string]float64{"0/GPU-0": 2, "1:2/MIG-1": 1}, gauge("nri_gpu_guard_intruders"),
+		"intruders and out-of-bounds count; gone and unhealthy do not")
+	assert.InDelta(t, 1700000000, families(t, m)["nri_gpu_guard_observer_last_pass_timestamp_seconds"].GetMetric()[0].GetGauge().GetValue(), 0.001)
+
+	// A clean pass clears the series.
+	m.ObserverReport(observe.Report{Time: at.Add(10 * time.Second)})
+	assert.Empty(t, gauge("nri_gpu_guard_intruders"))
+
+	m.DeviceUnhealthy(observe.Finding{Kind: observe.KindUnhealthy, Device: d0, Xid: 79})
+	assert.Equal(t, map[string]float64{"0/GPU-0": 1}, gauge("nri_gpu_guard_unhealthy"))
 }

@@ -15,6 +15,10 @@
 // device that vanished or one that needs a reset into an unhealthy device
 // (Observer.Unhealthy, Observer.Health).
 //
+// It also owns observe.json (File, WriteFile, ReadFile): the daemon's last
+// report for gpu-guard-ctl, bounded, written atomically, judged stale after
+// three intervals without a pass.
+//
 // Rules (Finding.Kind):
 //   - intruder: a process of a container that holds no claim (or of the
 //     host) runs on a device held by another container, or on a free one;
@@ -33,7 +37,13 @@
 //     Every NVML query runs bounded by its context (ErrNVMLSlow), one at a
 //     time; the health watcher runs in its own goroutine, stops within one
 //     event wait of its context ending, and retries NVML failures with
-//     capped exponential back-off.
+//     capped exponential back-off. Run returns when its context ends even if
+//     NVML never returns from a call; with no GPU it makes no event wait.
+//   - Callbacks (OnReport, OnUnhealthy) never hold up the observer: Run
+//     delivers them from a goroutine of its own; a slow consumer gets the
+//     latest report and every unhealthy device (at most one per device).
+//   - Closing the NVML source never shuts NVML down under a call in flight:
+//     the last call to return does it.
 //   - A pid is never guessed: a pid that cannot be attributed (gone, reused,
 //     unreadable) is not blamed on a container or on the host; a device whose
 //     processes cannot be listed is reported with its error and not judged.

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -27,8 +28,58 @@ var ErrNVMLUnavailable = errors.New("NVML is not available")
 // noInstance is NVML's "all instances" GPU/compute instance id in events.
 const noInstance = 0xFFFFFFFF
 
+// nvmlSource is NVML as the observer's Source. A query that outlived its
+// context (the Observer stops waiting for it) may still be inside NVML when
+// the caller closes the source: Close therefore never shuts NVML down under
+// a query in flight. It marks the source closed and the last query to leave
+// NVML shuts it down; queries started after Close fail at once.
 type nvmlSource struct {
 	lib nvml.Interface
+
+	mu     sync.Mutex
+	active int  // queries (list, watch) inside NVML
+	closed bool // Close was called; Shutdown runs when active reaches 0
+	down   bool // Shutdown has run
+	// closing is closed by Close: a watch with nothing to wait on in NVML
+	// waits on it.
+	closing chan struct{}
+}
+
+// errClosed is returned by queries on a closed source.
+var errClosed = errors.New("NVML source is closed")
+
+// enter registers a query; false when the source is closed.
+func (s *nvmlSource) enter() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.active++
+	return true
+}
+
+// leave ends a query and shuts NVML down if it was the last one after Close.
+func (s *nvmlSource) leave() {
+	s.mu.Lock()
+	s.active--
+	last := s.closed && s.active == 0 && !s.down
+	if last {
+		s.down = true
+	}
+	s.mu.Unlock()
+	if last {
+		// Nobody is left to hear a failed shutdown; the process is
+		// stopping NVML use either way.
+		_ = s.lib.Shutdown()
+	}
+}
+
+// isClosed reports whether Close was called (a running watch stops).
+func (s *nvmlSource) isClosed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closed
 }
 
 // OpenNVML initialises NVML and returns it as the observer's Source. lib nil
@@ -40,10 +91,26 @@ func OpenNVML(lib NVMLInterface) (Source, error) {
 	if ret := lib.Init(); ret != nvml.SUCCESS {
 		return nil, fmt.Errorf("%w: initialise: %w", ErrNVMLUnavailable, ret)
 	}
-	return &nvmlSource{lib: lib}, nil
+	return &nvmlSource{lib: lib, closing: make(chan struct{})}, nil
 }
 
+// Close shuts NVML down, at once when no query is inside NVML, else as soon
+// as the last one returns (then it returns nil without waiting). A second
+// Close does nothing.
 func (s *nvmlSource) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	now := s.active == 0
+	s.down = now
+	s.mu.Unlock()
+	if !now {
+		return nil
+	}
 	if ret := s.lib.Shutdown(); ret != nvml.SUCCESS {
 		return fmt.Errorf("NVML shutdown: %w", ret)
 	}
@@ -92,6 +159,13 @@ func (s *nvmlSource) handle(d Device) (nvml.Device, nvml.Return) {
 
 func (s *nvmlSource) list(devs []Device) []listing {
 	out := make([]listing, 0, len(devs))
+	if !s.enter() {
+		for _, d := range devs {
+			out = append(out, listing{device: d, err: errClosed})
+		}
+		return out
+	}
+	defer s.leave()
 	lostGPU := map[string]bool{}
 	for _, d := range devs {
 		if d.IsMIG() && lostGPU[d.ParentUUID] {
@@ -165,6 +239,10 @@ func usedMemory(pi nvml.ProcessInfo) uint64 {
 }
 
 func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]bool, wait time.Duration, emit func(Finding), log *slog.Logger) error {
+	if !s.enter() {
+		return errClosed
+	}
+	defer s.leave()
 	set, ret := s.lib.EventSetCreate()
 	if ret != nvml.SUCCESS {
 		return fmt.Errorf("create an NVML event set: %w", ret)
@@ -183,6 +261,16 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]b
 	if gpus > 0 && registered == 0 {
 		return errors.New("no GPU accepted registration for Xid events")
 	}
+	if gpus == 0 {
+		// Nothing to wait for: NVML may answer a wait on an empty set at
+		// once, which would spin this loop. Idle until told to stop.
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.closing:
+			return errClosed
+		}
+	}
 	ms := wait.Milliseconds()
 	if ms < 1 {
 		ms = 1
@@ -191,6 +279,9 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]b
 		ms = math.MaxUint32
 	}
 	for ctx.Err() == nil {
+		if s.isClosed() {
+			return errClosed
+		}
 		ev, ret := set.Wait(uint32(ms))
 		switch ret {
 		case nvml.SUCCESS:

@@ -335,9 +335,9 @@ func TestVanishedDeviceIsUnhealthy(t *testing.T) {
 	h.run(h.uuid(5), 100, 0)
 	h.set(h.lost, h.uuid(5), nvml.ERROR_GPU_IS_LOST)
 	h.set(h.lost, h.uuid(6), nvml.ERROR_NOT_FOUND)
-	var notified []Finding
+	var notified chan Finding
 	o, _ := newObserver(t, h, fp, &holdings{{DeviceUUID: h.uuid(5), ContainerID: idA}}, func(o *Options) {
-		o.OnUnhealthy = func(f Finding) { notified = append(notified, f) }
+		notified = unhealthyChan(o)
 	})
 
 	r, err := o.Account(context.Background())
@@ -353,12 +353,18 @@ func TestVanishedDeviceIsUnhealthy(t *testing.T) {
 	f, ok := o.Health(h.uuid(5))
 	require.True(t, ok)
 	assert.Equal(t, KindUnhealthy, f.Kind)
-	assert.Len(t, notified, 2)
+	// Notifications found before Run are delivered once it runs.
+	startRun(t, o)
+	got := map[string]bool{}
+	for range 2 {
+		got[receive(t, notified, "unhealthy notification").Device.Index] = true
+	}
+	assert.Equal(t, map[string]bool{"5": true, "6": true}, got)
 
-	// A second pass does not notify again.
+	// A second pass does not notify again: the next notification is the
+	// next new device (the dispatcher delivers in order).
 	_, err = o.Account(context.Background())
 	require.NoError(t, err)
-	assert.Len(t, notified, 2)
 
 	// A MIG instance that is no longer where the inventory says (the
 	// layout changed) is gone too, and its GPU reports it.
@@ -372,6 +378,7 @@ func TestVanishedDeviceIsUnhealthy(t *testing.T) {
 	}
 	_, err = o.Account(context.Background())
 	require.NoError(t, err)
+	assert.Equal(t, "1:3", receive(t, notified, "unhealthy MIG").Device.Index)
 	f, ok = o.Health(h.migUUID(1, 3))
 	require.True(t, ok)
 	assert.Equal(t, "1:3", f.Device.Index)

@@ -51,8 +51,16 @@ type Options struct {
 	Xids []int
 	// OnReport receives the report of every periodic pass, problems or not,
 	// so that a cleared problem is seen to clear.
+	//
+	// Callbacks never hold up the observer: Run calls them from a goroutine
+	// of their own, one call at a time, in order. A consumer slower than the
+	// passes misses the reports it had no time for (it always gets the
+	// latest); no OnUnhealthy call is ever dropped (there is at most one per
+	// device). They are called only while Run runs, and must return once
+	// Run's context ends: Run waits for the call in progress.
 	OnReport func(Report)
-	// OnUnhealthy receives each device the first time it becomes unhealthy.
+	// OnUnhealthy receives each device the first time it becomes unhealthy
+	// (see OnReport for how it is called).
 	OnUnhealthy func(Finding)
 	// Logger receives NVML errors and retries; nil discards them.
 	Logger *slog.Logger
@@ -86,6 +94,11 @@ type Observer struct {
 
 	mu        sync.Mutex
 	unhealthy map[string]Finding // by device UUID
+	// Callbacks waiting for the dispatcher (see Options.OnReport); wake
+	// tells it there are some.
+	pendingUnhealthy []Finding
+	pendingReport    *Report
+	wake             chan struct{}
 }
 
 // New checks the options and returns an Observer; nothing runs until Run,
@@ -117,6 +130,7 @@ func New(opts Options) (*Observer, error) {
 		proc: procFS{root: opts.ProcRoot}, xids: map[uint64]bool{},
 		log: opts.Logger, now: opts.Now,
 		nvml: make(chan struct{}, 1), unhealthy: map[string]Finding{},
+		wake: make(chan struct{}, 1),
 	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
@@ -268,14 +282,51 @@ func (o *Observer) markUnhealthy(f Finding) {
 	_, known := o.unhealthy[f.Device.UUID]
 	if !known {
 		o.unhealthy[f.Device.UUID] = f
+		if o.opts.OnUnhealthy != nil {
+			o.pendingUnhealthy = append(o.pendingUnhealthy, f)
+		}
 	}
 	o.mu.Unlock()
 	if known {
 		return
 	}
 	o.log.Error("GPU unhealthy", "device", f.Device.String(), "xid", f.Xid, "message", f.Message)
-	if o.opts.OnUnhealthy != nil {
-		o.opts.OnUnhealthy(f)
+	o.poke()
+}
+
+// poke wakes the dispatcher without ever waiting for it.
+func (o *Observer) poke() {
+	select {
+	case o.wake <- struct{}{}:
+	default: // already woken; it will see everything pending
+	}
+}
+
+// dispatch hands pending notifications to the callbacks until ctx ends:
+// unhealthy devices first (in the order they were found), then the latest
+// report.
+func (o *Observer) dispatch(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-o.wake:
+		}
+		for ctx.Err() == nil {
+			o.mu.Lock()
+			un, rep := o.pendingUnhealthy, o.pendingReport
+			o.pendingUnhealthy, o.pendingReport = nil, nil
+			o.mu.Unlock()
+			if len(un) == 0 && rep == nil {
+				break
+			}
+			for _, f := range un {
+				o.opts.OnUnhealthy(f)
+			}
+			if rep != nil {
+				o.opts.OnReport(*rep)
+			}
+		}
 	}
 }
 
@@ -327,17 +378,35 @@ func (o *Observer) ClearHealth(uuid string) bool {
 
 // Run watches health in its own goroutine and, when Interval > 0, runs an
 // accounting pass every Interval, handing each report to OnReport. It
-// returns when ctx ends, after the health watcher has stopped (within
-// EventWait). NVML errors are logged and retried with back-off; nothing in
-// Run blocks admission, which only reads Unhealthy/Health.
+// returns when ctx ends: after the callback in progress has returned, and
+// after the health watcher has stopped or, should NVML not return from its
+// event wait, after EventWait more (the watcher then leaves when NVML
+// returns; closing the Source meanwhile is safe). NVML errors are logged and
+// retried with back-off; nothing in Run blocks admission, which only reads
+// Unhealthy/Health.
 func (o *Observer) Run(ctx context.Context) {
+	watcher := make(chan struct{})
+	go func() {
+		defer close(watcher)
+		o.watchHealth(ctx)
+	}()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		o.watchHealth(ctx)
+		o.dispatch(ctx)
 	}()
-	defer wg.Wait()
+	o.poke() // notifications found before Run started
+	defer func() {
+		wg.Wait()
+		t := time.NewTimer(o.opts.EventWait)
+		defer t.Stop()
+		select {
+		case <-watcher:
+		case <-t.C:
+			o.log.Warn("NVML did not return from an event wait; stopping without it")
+		}
+	}()
 	if o.opts.Interval == 0 {
 		<-ctx.Done()
 		return
@@ -367,12 +436,17 @@ func (o *Observer) pass(ctx context.Context) {
 	}
 	for _, f := range r.Problems() {
 		if f.Kind != KindUnhealthy {
-			o.log.Warn("GPU process not explained by the ledger", "kind", string(f.Kind),
+			// Debug: the caller's OnReport decides what to tell operators
+			// (the daemon logs each finding once, with the holder's name).
+			o.log.Debug("GPU process not explained by the ledger", "kind", string(f.Kind),
 				"pid", f.PID, "container", f.ContainerID, "device", f.Device.String(), "message", f.Message)
 		}
 	}
 	if o.opts.OnReport != nil {
-		o.opts.OnReport(r)
+		o.mu.Lock()
+		o.pendingReport = &r
+		o.mu.Unlock()
+		o.poke()
 	}
 }
 

@@ -2,7 +2,8 @@
 # gpu-check.sh: on a host with an NVIDIA GPU and driver, check that the guard's
 # NVML inventory (index, UUID, minor number, bus id, MIG instances) and its
 # resolver agree with nvidia-smi, and that the observer (pkg/observe) sees the
-# same GPU processes as nvidia-smi and every device healthy. nvidia-smi's own
+# same GPU processes as nvidia-smi and every device healthy, as does
+# gpu-guard-ctl ps. nvidia-smi's own
 # view of processes, ECC and performance is printed next to the observer's.
 # Exits non-zero on any mismatch.
 #
@@ -34,10 +35,25 @@ trap 'rm -rf "$tmp"' EXIT
 export CGO_ENABLED=1
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -Wno-deprecated-declarations}"
 "$GO" build -tags nri_no_wasm -o "$tmp/inventory-check" ./test/gpu/inventory-check
+"$GO" build -tags nri_no_wasm -o "$tmp/gpu-guard-ctl" ./cmd/gpu-guard-ctl
 
 echo "gpu-check: driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
 status=0
 "$tmp/inventory-check" || status=$?
+
+# gpu-guard-ctl ps: the operator's view of the same accounting, against an
+# empty ledger of its own (so every GPU process shows as an intruder: exit 3
+# is expected when any runs; 1 is a failure).
+mkdir -m 0700 "$tmp/state"
+printf 'version = 1\n[ledger]\ndir = "%s"\n' "$tmp/state" >"$tmp/config.toml"
+echo
+echo "gpu-check: gpu-guard-ctl ps (this check's ledger is empty: every process is an intruder)"
+ps_rc=0
+"$tmp/gpu-guard-ctl" --config "$tmp/config.toml" ps -o wide || ps_rc=$?
+if [[ "$ps_rc" != 0 && "$ps_rc" != 3 ]]; then
+	echo "gpu-check: FAIL: gpu-guard-ctl ps exited $ps_rc" >&2
+	status=1
+fi
 
 echo
 echo "gpu-check: nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory (compare with the observer's processes above)"

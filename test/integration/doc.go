@@ -30,6 +30,13 @@
 // SharedContainerd, RunPod, Pod.Create / Pod.Refused / Pod.Run, StartGuard /
 // InstallGuard / NewGuardEnv, Guard.Claims / Guard.Queue.
 //
+// The GPU observer's test (observe_test.go) runs nri-gpu-guard built with the
+// fakenvml tag (GuardOptions.Bin): the release code with one difference at
+// the process boundary, its NVML is go-nvml's mock fed by a JSON file that
+// says which host pids run on which GPU (cmd/nri-gpu-guard/fakenvml.go);
+// the pids are real container processes, mapped through the real
+// /proc/PID/cgroup.
+//
 // Invariants the harness keeps:
 //   - every daemon runs in its own short temp dir (unix socket paths are
 //     limited to 108 bytes) named ggi-*, with its own containerd root, state,

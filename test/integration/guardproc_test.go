@@ -31,6 +31,10 @@ type GuardOptions struct {
 	Policy string
 	// Extra is TOML appended after the generated tables (other tables).
 	Extra string
+	// Bin replaces bin/nri-gpu-guard (a test build); Env is added to the
+	// external process's environment.
+	Bin string
+	Env []string
 }
 
 // Guard is one nri-gpu-guard of the harness: an external plugin process
@@ -54,6 +58,7 @@ type Guard struct {
 
 	proc *process
 	from int64 // log offset at the current start
+	opts GuardOptions
 }
 
 // guardConfig is the guard's TOML: the fake GPUs as a static inventory, the
@@ -89,6 +94,7 @@ func newGuard(c *Containerd, opts GuardOptions, installed bool) (*Guard, error) 
 		LogPath:     filepath.Join(dir, "guard.log"),
 		MetricsAddr: fmt.Sprintf("127.0.0.1:%d", port),
 		Installed:   installed,
+		opts:        opts,
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -148,8 +154,12 @@ func (g *Guard) Start(t testing.TB) {
 		}
 	}
 	g.from = fileSize(g.LogPath)
-	env := []string{"PATH=" + os.Getenv("PATH")}
-	p, err := startProcess("nri-gpu-guard", g.LogPath, env, GuardBin, "--config", g.ConfigPath, "--socket", g.c.NRISocket)
+	env := append([]string{"PATH=" + os.Getenv("PATH")}, g.opts.Env...)
+	bin := GuardBin
+	if g.opts.Bin != "" {
+		bin = g.opts.Bin
+	}
+	p, err := startProcess("nri-gpu-guard", g.LogPath, env, bin, "--config", g.ConfigPath, "--socket", g.c.NRISocket)
 	if err != nil {
 		t.Fatal(err)
 	}

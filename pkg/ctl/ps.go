@@ -1,0 +1,259 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
+)
+
+// psTimeout bounds the NVML accounting of ps: a hung driver makes ps fail
+// with a clear error instead of hanging the operator's shell.
+const psTimeout = 30 * time.Second
+
+// Verdicts of ps (the "verdict" JSON field).
+const (
+	verdictOK          = "ok"
+	verdictIntruder    = "intruder"
+	verdictOutOfBounds = "out-of-bounds"
+	verdictGone        = "gone"
+)
+
+func (a *app) psCommand() *cobra.Command {
+	return newCommand("ps",
+		"List the processes NVML reports on each GPU and MIG device, and whether the ledger explains them",
+		`Ask NVML now which compute and graphics processes run on every GPU and MIG
+instance of the inventory, map each pid to its container through
+/proc/PID/cgroup (or "host process"), and compare with the ledger: a process
+of the device's holder is ok; a process of a container holding nothing (or of
+the host) is an intruder; a process of a holder on a device it did not claim
+is out-of-bounds; a pid that exited (or was reused) before it could be mapped
+is gone and not judged. A device NVML cannot list, or that is lost, is shown
+with its error.
+
+This is the daemon's periodic accounting ([observe] interval), done on demand;
+run it as root in the host's pid namespace (NVML reports host pids). It needs
+NVML (the NVIDIA driver); ps exits 1 with an error without it, and 3 when a
+process is an intruder or out of bounds, or a device is unhealthy.`,
+		`  sudo gpu-guard-ctl ps
+  sudo gpu-guard-ctl ps -o json | jq '.devices[].processes[] | select(.verdict != "ok")'`,
+		noArgs,
+		func(cmd *cobra.Command, _ []string) error {
+			v, err := a.ps(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := v.render(a.env.Stdout, a.output); err != nil {
+				return err
+			}
+			if len(v.Problems) > 0 {
+				return attention(len(v.Problems))
+			}
+			return nil
+		})
+}
+
+// psView is the ps output; its JSON is a public interface (docs/ctl-json.md).
+type psView struct {
+	Time     time.Time  `json:"time"`
+	Devices  []psDevice `json:"devices"`
+	Problems []problem  `json:"problems"`
+}
+
+type psDevice struct {
+	Index     string      `json:"index"`
+	UUID      string      `json:"uuid"`
+	Parent    string      `json:"parent,omitempty"`
+	Holder    *psHolder   `json:"holder"`
+	Processes []psProcess `json:"processes"`
+	Error     string      `json:"error,omitempty"`
+}
+
+type psHolder struct {
+	ContainerID string `json:"container_id"`
+	Name        string `json:"name"`
+}
+
+type psProcess struct {
+	PID             int    `json:"pid"`
+	Type            string `json:"type"`
+	UsedMemoryBytes uint64 `json:"used_memory_bytes"`
+	ContainerID     string `json:"container_id,omitempty"`
+	// Container names the process's container ("namespace/pod/container"
+	// when the ledger knows it), "host process", or "" when gone.
+	Container string `json:"container"`
+	Verdict   string `json:"verdict"`
+}
+
+// ps runs one accounting pass through NVML against the ledger.
+func (a *app) ps(ctx context.Context) (*psView, error) {
+	inv, _, err := a.inventory()
+	if err != nil {
+		return nil, fmt.Errorf("ps needs the GPU inventory: %w", err)
+	}
+	st, err := a.snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	procRoot := a.env.ProcRoot
+	if filepath.Base(procRoot) != "proc" {
+		return nil, fmt.Errorf("ps: the proc root %q must be a directory named proc", procRoot)
+	}
+	src, err := observe.OpenNVML(a.env.NVML)
+	if err != nil {
+		if errors.Is(err, observe.ErrNVMLUnavailable) {
+			return nil, fmt.Errorf("ps needs NVML to see the processes on the GPUs, and it is not available on this host "+
+				"(is the NVIDIA driver loaded? does nvidia-smi work?): %w", err)
+		}
+		return nil, err
+	}
+	defer func() { _ = src.Close() }() // nothing to do about a failed shutdown
+	holdings := make([]observe.Holding, 0, len(st.Claims))
+	for _, c := range st.Claims {
+		holdings = append(holdings, observe.Holding{DeviceUUID: c.Device.UUID, ContainerID: c.Owner.ContainerID,
+			Name: holderName(c.Owner)})
+	}
+	o, err := observe.New(observe.Options{Source: src, GPUs: inv.GPUs, ProcRoot: filepath.Dir(procRoot),
+		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return holdings, nil })})
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := context.WithTimeout(ctx, psTimeout)
+	defer cancel()
+	r, err := o.Account(actx)
+	if err != nil {
+		return nil, fmt.Errorf("ps: %w (NVML did not list the GPU processes within %s; check nvidia-smi and the kernel log)", err, psTimeout)
+	}
+	return buildPS(r, &st), nil
+}
+
+// buildPS joins a report with the names the ledger knows.
+func buildPS(r observe.Report, st *ledger.State) *psView {
+	known := map[string]ledger.Owner{}
+	for _, w := range st.Waiters {
+		if w.Owner.ContainerID != "" {
+			known[w.Owner.ContainerID] = w.Owner
+		}
+	}
+	for _, c := range st.Conflicts {
+		known[c.Owner.ContainerID] = c.Owner
+	}
+	for _, c := range st.Claims {
+		known[c.Owner.ContainerID] = c.Owner
+	}
+	verdicts := map[string]string{} // device UUID + pid → verdict
+	v := &psView{Time: r.Time, Devices: []psDevice{}, Problems: []problem{}}
+	for _, f := range r.Findings {
+		k := f.Device.UUID + "/" + strconv.Itoa(f.PID)
+		switch f.Kind {
+		case observe.KindIntruder:
+			verdicts[k] = verdictIntruder
+		case observe.KindOutOfBounds:
+			verdicts[k] = verdictOutOfBounds
+		case observe.KindGone:
+			verdicts[k] = verdictGone
+			continue
+		}
+		p := problem{Kind: problemIntruder, Device: f.Device.UUID, Index: f.Device.Index, ContainerID: f.ContainerID,
+			Pid: f.PID, Message: f.Message}
+		switch f.Kind {
+		case observe.KindOutOfBounds:
+			p.Kind = problemOutOfBounds
+		case observe.KindUnhealthy:
+			p.Kind, p.Pid = problemUnhealthy, 0
+		}
+		v.Problems = append(v.Problems, p)
+	}
+	for _, d := range r.Devices {
+		pd := psDevice{Index: d.Device.Index, UUID: d.Device.UUID, Parent: d.Device.ParentUUID, Error: d.Error,
+			Processes: []psProcess{}}
+		if d.Holder != "" {
+			o, ok := known[d.Holder]
+			if !ok {
+				o = ledger.Owner{ContainerID: d.Holder}
+			}
+			pd.Holder = &psHolder{ContainerID: d.Holder, Name: holderName(o)}
+		}
+		for _, p := range d.Processes {
+			pp := psProcess{PID: p.PID, Type: p.Type, UsedMemoryBytes: p.UsedMemoryBytes, ContainerID: p.ContainerID,
+				Verdict: verdictOK}
+			switch {
+			case p.Gone:
+			case p.ContainerID == "":
+				pp.Container = "host process"
+			default:
+				pp.Container = naming.ShortID(p.ContainerID)
+				if o, ok := known[p.ContainerID]; ok {
+					pp.Container = holderName(o)
+				}
+			}
+			if vd, ok := verdicts[d.Device.UUID+"/"+strconv.Itoa(p.PID)]; ok {
+				pp.Verdict = vd
+			}
+			pd.Processes = append(pd.Processes, pp)
+		}
+		v.Devices = append(v.Devices, pd)
+	}
+	return v
+}
+
+func (v *psView) render(w io.Writer, output string) error {
+	if output == outputJSON {
+		return writeJSON(w, v)
+	}
+	wide := output == outputWide
+	header := []string{"INDEX", "UUID", "PID", "TYPE", "MEMORY", "CONTAINER", "HOLDER", "VERDICT"}
+	if wide {
+		header = []string{"INDEX", "UUID", "PID", "TYPE", "MEMORY", "CONTAINER", "CONTAINER ID", "HOLDER", "HOLDER ID", "VERDICT"}
+	}
+	t := newTable(w, header...)
+	for _, d := range v.Devices {
+		uuid := d.UUID
+		if !wide {
+			uuid = shortUUID(uuid)
+		}
+		holder, holderID := none, ""
+		if d.Holder != nil {
+			holder, holderID = d.Holder.Name, d.Holder.ContainerID
+		}
+		if d.Error != "" {
+			row := []string{d.Index, uuid, none, none, none, none, holder, "error: " + d.Error}
+			if wide {
+				row = []string{d.Index, uuid, none, none, none, none, "", holder, holderID, "error: " + d.Error}
+			}
+			t.row(row...)
+			continue
+		}
+		for _, p := range d.Processes {
+			mem := none
+			if p.UsedMemoryBytes > 0 {
+				mem = strconv.FormatUint(p.UsedMemoryBytes>>20, 10) + "MiB"
+			}
+			ctr := p.Container
+			if ctr == "" {
+				ctr = "(exited)"
+			}
+			row := []string{d.Index, uuid, strconv.Itoa(p.PID), p.Type, mem, ctr, holder, p.Verdict}
+			if wide {
+				row = []string{d.Index, uuid, strconv.Itoa(p.PID), p.Type, mem, ctr, p.ContainerID, holder, holderID, p.Verdict}
+			}
+			t.row(row...)
+		}
+	}
+	if err := t.flush(); err != nil {
+		return err
+	}
+	return renderProblems(w, v.Problems)
+}

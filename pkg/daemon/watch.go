@@ -1,0 +1,623 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
+)
+
+// DeviceStates are the guard's persistent device states the observer's
+// policy changes: a cordon keeps new claims off a device (both front ends
+// read it from the ledger), and a draining claim (release_requires_idle) is
+// kept until its holder's processes have left the device.
+type DeviceStates interface {
+	// CordonDevice cordons uuid; source is "intruder" or "unhealthy".
+	CordonDevice(ctx context.Context, uuid, source, reason string) error
+	// Draining lists the claims kept draining.
+	Draining(ctx context.Context) ([]ledger.Claim, error)
+	// FinishDraining releases the draining claims of containerID.
+	FinishDraining(ctx context.Context, containerID, reason string) error
+}
+
+// statesOf returns the device-state operations of g, nil when this guard
+// has none (cordon and draining are then logged as unavailable).
+func statesOf(g *guard.Guard) DeviceStates {
+	if s, ok := any(g).(DeviceStates); ok {
+		return s
+	}
+	return nil
+}
+
+// WatchMetrics receives what the observer saw (metrics.Metrics).
+type WatchMetrics interface {
+	ObserverReport(r observe.Report)
+	DeviceUnhealthy(f observe.Finding)
+}
+
+// Audit operations the observer's policy writes.
+const (
+	OpIntruder       = "intruder"
+	OpOutOfBounds    = "out-of-bounds"
+	OpUnhealthy      = "unhealthy"
+	OpFindingCleared = "finding-cleared"
+)
+
+// Watch runs the GPU observer for the daemon and applies its policy: every
+// finding is logged (once, when it appears, and again when it clears),
+// audited, counted and written to observe.json in the state directory; under
+// on_intruder = "cordon" the device of an intruder is cordoned, and an
+// unhealthy device always is; under release_requires_idle the draining
+// claims whose holder has left the device are released.
+//
+// Use hands it each guard the daemon builds; Run does the work in its own
+// goroutines, so that nothing of it ever runs on the admission path.
+type Watch struct {
+	// Logger; nil = discard.
+	Logger *slog.Logger
+	// Metrics; nil = none.
+	Metrics WatchMetrics
+	// OpenNVML opens NVML as the observer's source; nil = the host's
+	// library (observe.OpenNVML(nil)).
+	OpenNVML func() (observe.Source, error)
+	// ProcRoot holds the host's proc/ ("/" when empty).
+	ProcRoot string
+	// States overrides statesOf (tests).
+	States func(g *guard.Guard) DeviceStates
+	// Now is the clock of the idle grace; nil = time.Now.
+	Now func() time.Time
+	// Interval overrides [observe] interval when positive (tests: the
+	// configuration allows no less than 1s).
+	Interval time.Duration
+
+	guards chan *guard.Guard
+	// notReady is set while the plugin is not synchronized with the
+	// runtime (SetReady): reports are not acted on then.
+	notReady atomic.Bool
+	// afterReport, when set (tests), runs after each report was handled.
+	afterReport func()
+
+	mu sync.Mutex
+	g  *guard.Guard
+	// What observe.json shows: the findings of the last pass (by key), the
+	// devices found unhealthy, the errors of the last pass.
+	reported  map[string]observe.FileFinding
+	unhealthy []observe.Finding
+	lastPass  time.Time
+	errors    []string
+	interval  time.Duration
+}
+
+// NewWatch returns a Watch; set its fields before Run.
+func NewWatch() *Watch { return &Watch{guards: make(chan *guard.Guard, 1)} }
+
+// Use hands the watch the guard the daemon now decides with. It never
+// blocks: the latest guard wins.
+func (w *Watch) Use(g *guard.Guard) {
+	for {
+		select {
+		case w.guards <- g:
+			return
+		default:
+		}
+		select {
+		case <-w.guards: // drop the older one not yet taken
+		default:
+		}
+	}
+}
+
+// SetReady tells the watch whether the plugin is registered and
+// synchronized with the runtime. Until it is, a pass's findings are not
+// acted on: before Synchronize the ledger has not yet adopted the containers
+// created while the plugin was down, and their processes would be taken for
+// intruders (and their devices cordoned). A Watch never told is ready.
+func (w *Watch) SetReady(ready bool) { w.notReady.Store(!ready) }
+
+func (w *Watch) log() *slog.Logger {
+	if w.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return w.Logger
+}
+
+func (w *Watch) now() time.Time {
+	if w.Now == nil {
+		return time.Now()
+	}
+	return w.Now()
+}
+
+func (w *Watch) guard() *guard.Guard {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.g
+}
+
+func (w *Watch) states() DeviceStates {
+	g := w.guard()
+	if g == nil {
+		return nil
+	}
+	if w.States != nil {
+		return w.States(g)
+	}
+	return statesOf(g)
+}
+
+// watchKey is what an observer is built from: a guard with the same key
+// keeps the running observer.
+type watchKey struct {
+	gpus    []devices.GPU
+	observe config.ObserveConfig
+	dir     string
+}
+
+// Run observes until ctx ends: it waits for the first guard, opens NVML once
+// (without NVML, one log line says the observer is off), and restarts the
+// observer when a new guard comes with another inventory or [observe]
+// section. On a clean stop it removes observe.json.
+func (w *Watch) Run(ctx context.Context) {
+	log := w.log()
+	var (
+		src      observe.Source
+		srcErr   error
+		opened   bool
+		key      *watchKey
+		stop     = func() {}
+		stateDir string
+	)
+	defer func() {
+		stop()
+		if src != nil {
+			if err := src.Close(); err != nil {
+				log.Warn("GPU observer: closing NVML failed", "error", err)
+			}
+		}
+		if stateDir != "" {
+			if err := observe.RemoveFile(stateDir); err != nil {
+				log.Warn("GPU observer", "error", err)
+			}
+		}
+	}()
+	for {
+		var g *guard.Guard
+		select {
+		case <-ctx.Done():
+			return
+		case g = <-w.guards:
+		}
+		w.mu.Lock()
+		w.g = g
+		w.mu.Unlock()
+		cfg := g.Config()
+		k := watchKey{gpus: g.Inventory().GPUs, observe: cfg.Observe, dir: g.Ledger().Dir()}
+		if key != nil && reflect.DeepEqual(*key, k) {
+			continue // a reconnect: same observer, the new guard acts on its findings
+		}
+		stop()
+		stop = func() {}
+		key = &k
+		if !opened {
+			opened = true
+			open := w.OpenNVML
+			if open == nil {
+				open = func() (observe.Source, error) { return observe.OpenNVML(nil) }
+			}
+			src, srcErr = open()
+			if srcErr != nil {
+				log.Warn("GPU observer off: NVML is not available (no NVIDIA driver?); no process accounting, health watching or idle check",
+					"error", srcErr)
+				if cfg.Observe.ReleaseRequiresIdle {
+					log.Warn("release_requires_idle cannot check the devices without NVML: draining claims are released after observe.idle_grace")
+				}
+			}
+		}
+		if stateDir != "" && stateDir != k.dir {
+			_ = observe.RemoveFile(stateDir)
+		}
+		stateDir = k.dir
+		stop = w.start(ctx, src, k, cfg)
+	}
+}
+
+// start runs an observer (when NVML is there) and the draining check for
+// one configuration; the returned func stops both and waits for them.
+func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg config.Config) func() {
+	log := w.log()
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	interval := cfg.Observe.Interval.Duration
+	if w.Interval > 0 {
+		interval = w.Interval
+	}
+	w.mu.Lock()
+	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, nil, nil, time.Time{}
+	w.interval = interval
+	w.mu.Unlock()
+
+	var o *observe.Observer
+	if src != nil {
+		var err error
+		o, err = observe.New(observe.Options{
+			Source: src, GPUs: k.gpus, ProcRoot: w.ProcRoot,
+			Ledger:      observe.LedgerFunc(func() ([]observe.Holding, error) { return w.holdings(ctx) }),
+			Interval:    interval,
+			Xids:        cfg.Observe.Xids,
+			OnReport:    func(r observe.Report) { w.onReport(ctx, cfg, r) },
+			OnUnhealthy: func(f observe.Finding) { w.onUnhealthy(ctx, f) },
+			Logger:      log.With("component", "observer"),
+		})
+		if err != nil {
+			log.Error("GPU observer off: bad options", "error", err)
+			o = nil
+		} else {
+			log.Info("GPU observer running", "interval", interval.String(), "on_intruder", string(cfg.Observe.OnIntruder),
+				"devices", len(o.Devices()), "xids", len(cfg.Observe.Xids))
+			w.writeFile()
+			wg.Add(1)
+			go func() { defer wg.Done(); o.Run(ctx) }()
+		}
+	}
+	if cfg.Observe.ReleaseRequiresIdle {
+		drainEvery := interval
+		if drainEvery <= 0 {
+			drainEvery = 10 * time.Second
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t := time.NewTicker(drainEvery)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					w.drainOnce(ctx, cfg, o)
+				}
+			}
+		}()
+	}
+	return func() { cancel(); wg.Wait() }
+}
+
+// holdings is the observer's view of the ledger: every claim of the current
+// guard's ledger.
+func (w *Watch) holdings(ctx context.Context) ([]observe.Holding, error) {
+	g := w.guard()
+	st, err := g.Ledger().Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]observe.Holding, 0, len(st.Claims))
+	for _, c := range st.Claims {
+		out = append(out, holdingOf(c))
+	}
+	return out, nil
+}
+
+func holdingOf(c ledger.Claim) observe.Holding {
+	h := observe.Holding{DeviceUUID: c.Device.UUID, ContainerID: c.Owner.ContainerID}
+	if c.Owner.Namespace != "" || c.Owner.Pod != "" || c.Owner.Container != "" {
+		h.Name = guard.HolderName(c.Owner)
+	}
+	// Only a cgroup as /proc/PID/cgroup writes it (a path) can be compared;
+	// the systemd form "slice:prefix:name" of a runtime's spec cannot.
+	if strings.HasPrefix(c.Owner.Cgroup, "/") {
+		h.CgroupPath = c.Owner.Cgroup
+	}
+	return h
+}
+
+// names maps container ids to the owners the ledger knows (holders,
+// conflicting containers, waiters): how a finding names a container.
+func names(st *ledger.State) map[string]ledger.Owner {
+	out := map[string]ledger.Owner{}
+	for _, w := range st.Waiters {
+		if w.Owner.ContainerID != "" {
+			out[w.Owner.ContainerID] = w.Owner
+		}
+	}
+	for _, c := range st.Conflicts {
+		out[c.Owner.ContainerID] = c.Owner
+	}
+	for _, c := range st.Claims {
+		out[c.Owner.ContainerID] = c.Owner
+	}
+	return out
+}
+
+func findingKey(f observe.Finding) string {
+	return fmt.Sprintf("%s|%s|%d|%s", f.Kind, f.Device.UUID, f.PID, f.ContainerID)
+}
+
+// onReport applies the policy to one pass: new findings are logged, audited
+// and (on_intruder = "cordon") cordoned; cleared ones are logged and
+// audited; the metrics and observe.json show the pass.
+func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Report) {
+	if w.afterReport != nil {
+		defer w.afterReport()
+	}
+	if w.notReady.Load() {
+		return
+	}
+	log := w.log()
+	g := w.guard()
+	var known map[string]ledger.Owner
+	if st, err := g.Ledger().Snapshot(ctx); err == nil {
+		known = names(&st)
+	}
+	current := map[string]observe.FileFinding{}
+	var errs []string
+	for _, d := range r.Devices {
+		if d.Error != "" {
+			errs = append(errs, fmt.Sprintf("%s: %s", d.Device, d.Error))
+		}
+	}
+	for _, f := range r.Problems() {
+		if f.Kind == observe.KindUnhealthy {
+			continue // the health path (onUnhealthy) handles it once
+		}
+		ff := observe.FileFinding{Finding: f}
+		if ow, ok := known[f.ContainerID]; ok && f.ContainerID != "" {
+			ff.Namespace, ff.Pod, ff.Container = ow.Namespace, ow.Pod, ow.Container
+		}
+		current[findingKey(f)] = ff
+	}
+
+	w.mu.Lock()
+	prev := w.reported
+	w.reported, w.errors, w.lastPass = current, errs, r.Time
+	w.mu.Unlock()
+
+	var fresh, cleared []observe.FileFinding
+	for k, f := range current {
+		if _, ok := prev[k]; !ok {
+			fresh = append(fresh, f)
+		}
+	}
+	for k, f := range prev {
+		if _, ok := current[k]; !ok {
+			cleared = append(cleared, f)
+		}
+	}
+	sortFindings(fresh)
+	sortFindings(cleared)
+	for _, f := range fresh {
+		log.Warn("GPU process not admitted by the guard", findingAttrs(f)...)
+	}
+	for _, f := range cleared {
+		log.Info("GPU finding cleared: the process left the device", findingAttrs(f)...)
+	}
+	if len(fresh)+len(cleared) > 0 {
+		w.audit(ctx, func(tx *ledger.Tx) {
+			for _, f := range fresh {
+				op := OpIntruder
+				if f.Kind == observe.KindOutOfBounds {
+					op = OpOutOfBounds
+				}
+				tx.Audit(op, auditOf(f))
+			}
+			for _, f := range cleared {
+				rec := auditOf(f)
+				rec.Reason = fmt.Sprintf("%s cleared: pid %d is no longer on %s", f.Kind, f.PID, f.Device)
+				tx.Audit(OpFindingCleared, rec)
+			}
+		})
+	}
+	if cfg.Observe.OnIntruder == config.IntruderCordon {
+		cordoned := map[string]bool{}
+		for _, f := range fresh {
+			if cordoned[f.Device.UUID] {
+				continue
+			}
+			cordoned[f.Device.UUID] = true
+			w.cordon(ctx, f.Finding, "intruder",
+				fmt.Sprintf("%s: pid %d (%s) runs on it without a claim", f.Kind, f.PID, ownerText(f)))
+		}
+	}
+	if w.Metrics != nil {
+		w.Metrics.ObserverReport(r)
+	}
+	w.writeFile()
+}
+
+// onUnhealthy cordons a device the first time it is found unhealthy, and
+// audits, counts and reports it.
+func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
+	w.mu.Lock()
+	w.unhealthy = append(w.unhealthy, f)
+	w.mu.Unlock()
+	w.audit(ctx, func(tx *ledger.Tx) {
+		rec := auditOf(observe.FileFinding{Finding: f})
+		tx.Audit(OpUnhealthy, rec)
+	})
+	w.cordon(ctx, f, "unhealthy", f.Message)
+	if w.Metrics != nil {
+		w.Metrics.DeviceUnhealthy(f)
+	}
+	w.writeFile()
+}
+
+// cordon cordons f's device, or says why it cannot.
+func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason string) {
+	log := w.log()
+	s := w.states()
+	if s == nil {
+		log.Error("cannot cordon the device: this guard has no cordon support", "device", f.Device.String(), "source", source)
+		return
+	}
+	if err := s.CordonDevice(ctx, f.Device.UUID, source, reason); err != nil {
+		log.Error("cordoning the device failed; it still takes new claims", "device", f.Device.String(),
+			"source", source, "error", err)
+		return
+	}
+	log.Warn("device cordoned: no new claims until `gpu-guard-ctl uncordon`", "device", f.Device.String(), "source", source, "reason", reason)
+}
+
+// audit writes records through the ledger (an update that changes nothing
+// else appends them alone). A failure is logged: the log line and the
+// metric still show the finding.
+func (w *Watch) audit(ctx context.Context, fn func(tx *ledger.Tx)) {
+	err := w.guard().Ledger().Update(ctx, func(tx *ledger.Tx) error { fn(tx); return nil })
+	if err != nil && ctx.Err() == nil {
+		w.log().Warn("GPU observer: audit records not written", "error", err)
+	}
+}
+
+func auditOf(f observe.FileFinding) ledger.AuditRecord {
+	return ledger.AuditRecord{Devices: []string{f.Device.UUID}, ContainerID: f.ContainerID,
+		Namespace: f.Namespace, Pod: f.Pod, Container: f.Container, Reason: f.Message}
+}
+
+func ownerText(f observe.FileFinding) string {
+	switch {
+	case f.ContainerID == "":
+		return "host process"
+	case f.Namespace != "" || f.Pod != "" || f.Container != "":
+		return fmt.Sprintf("%s/%s/%s, container %s", f.Namespace, f.Pod, f.Container, ledger.ShortID(f.ContainerID))
+	default:
+		return "container " + ledger.ShortID(f.ContainerID)
+	}
+}
+
+func findingAttrs(f observe.FileFinding) []any {
+	attrs := []any{"kind", string(f.Kind), "pid", f.PID, "device", f.Device.String(),
+		"device_index", f.Device.Index, "device_uuid", f.Device.UUID}
+	if f.ContainerID == "" {
+		attrs = append(attrs, "container", "host process")
+	} else {
+		attrs = append(attrs, "container_id", f.ContainerID)
+	}
+	if f.Namespace != "" || f.Pod != "" || f.Container != "" {
+		attrs = append(attrs, "namespace", f.Namespace, "pod", f.Pod, "container", f.Container)
+	}
+	if f.Holder != "" {
+		attrs = append(attrs, "holder", f.Holder)
+	}
+	return append(attrs, "message", f.Message)
+}
+
+func sortFindings(fs []observe.FileFinding) {
+	sort.Slice(fs, func(i, j int) bool { return findingKey(fs[i].Finding) < findingKey(fs[j].Finding) })
+}
+
+// writeFile writes observe.json from what the watch holds.
+func (w *Watch) writeFile() {
+	g := w.guard()
+	if g == nil {
+		return
+	}
+	w.mu.Lock()
+	f := observe.File{Time: w.lastPass, WrittenAt: w.now().UTC(), IntervalSeconds: w.interval.Seconds(),
+		Unhealthy: slices.Clone(w.unhealthy), Errors: slices.Clone(w.errors)}
+	for _, ff := range w.reported {
+		f.Findings = append(f.Findings, ff)
+	}
+	w.mu.Unlock()
+	sortFindings(f.Findings)
+	if err := observe.WriteFile(g.Ledger().Dir(), f); err != nil {
+		w.log().Warn("GPU observer: report for gpu-guard-ctl status not written", "error", err)
+	}
+}
+
+// drainOnce checks every draining claim: a holder with none of its
+// processes left on its devices is released ("idle"); one still there after
+// observe.idle_grace is released anyway, with a log line naming the device
+// and the holder. Without NVML (o nil) only the grace applies. Errors keep
+// the claim draining until the next check.
+func (w *Watch) drainOnce(ctx context.Context, cfg config.Config, o *observe.Observer) {
+	log := w.log()
+	s := w.states()
+	if s == nil {
+		return
+	}
+	claims, err := s.Draining(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			log.Warn("release_requires_idle: cannot list the draining claims; retrying", "error", err)
+		}
+		return
+	}
+	byHolder := map[string][]ledger.Claim{}
+	var order []string
+	for _, c := range claims {
+		id := c.Owner.ContainerID
+		if _, ok := byHolder[id]; !ok {
+			order = append(order, id)
+		}
+		byHolder[id] = append(byHolder[id], c)
+	}
+	now := w.now()
+	for _, id := range order {
+		cs := byHolder[id]
+		holder := guard.HolderName(cs[0].Owner)
+		idle, why := true, ""
+		for _, c := range cs {
+			if o == nil {
+				idle, why = false, "NVML is not available"
+				break
+			}
+			res, err := o.Idle(ctx, holdingOf(c))
+			if err != nil {
+				idle, why = false, err.Error()
+				break
+			}
+			if !res.Idle {
+				var pids []string
+				for _, p := range res.Processes {
+					pids = append(pids, fmt.Sprint(p.PID))
+				}
+				idle, why = false, fmt.Sprintf("pid %s still on %s", strings.Join(pids, ", "), ledger.DescribeDevice(c.Device))
+				break
+			}
+		}
+		if idle {
+			if err := s.FinishDraining(ctx, id, "idle"); err != nil {
+				log.Warn("release_requires_idle: releasing an idle holder failed; retrying", "holder", holder,
+					"container_id", id, "error", err)
+				continue
+			}
+			log.Info("draining claim released: its processes left the device", "holder", holder, "container_id", id,
+				"devices", claimDevices(cs))
+			continue
+		}
+		stopped := cs[0].Owner.StoppedAt
+		grace := cfg.Observe.IdleGrace.Duration
+		if stopped.IsZero() || now.Sub(stopped) < grace {
+			continue
+		}
+		reason := fmt.Sprintf("idle grace %s expired (%s)", grace, why)
+		if err := s.FinishDraining(ctx, id, reason); err != nil {
+			log.Warn("release_requires_idle: releasing after the grace failed; retrying", "holder", holder,
+				"container_id", id, "error", err)
+			continue
+		}
+		log.Warn("draining claim released although the device is not idle: observe.idle_grace expired; the next container may find GPU memory still in use",
+			"holder", holder, "container_id", id, "devices", claimDevices(cs), "why", why, "grace", grace.String())
+	}
+}
+
+func claimDevices(cs []ledger.Claim) string {
+	var out []string
+	for _, c := range cs {
+		out = append(out, ledger.DescribeDevice(c.Device))
+	}
+	return strings.Join(out, ", ")
+}

@@ -1,0 +1,538 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/dgxa100"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
+)
+
+var (
+	idA = strings.Repeat("a1", 32) // admitted holder of GPU 0
+	idB = strings.Repeat("b2", 32) // created while the plugin was down: no claim
+	idC = strings.Repeat("c3", 32)
+)
+
+// gpuHost is go-nvml's DGX A100 mock (8 GPUs) with process lists and an Xid
+// event stream the test controls, and a fake /proc tree for the pids.
+type gpuHost struct {
+	t    testing.TB
+	srv  *server.Server
+	proc string // holds proc/
+
+	mu      sync.Mutex
+	procs   map[string][]nvml.ProcessInfo
+	block   chan struct{} // when set, listings wait on it
+	entered chan struct{}
+	events  chan nvml.EventData
+}
+
+func newGPUHost(t testing.TB) *gpuHost {
+	h := &gpuHost{t: t, srv: dgxa100.New(), proc: t.TempDir(), procs: map[string][]nvml.ProcessInfo{},
+		entered: make(chan struct{}, 8), events: make(chan nvml.EventData, 8)}
+	require.NoError(t, os.MkdirAll(filepath.Join(h.proc, "proc"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(h.proc, "proc", "uptime"), []byte("1000.00 1.00\n"), 0o644))
+	for i := range h.srv.Devices {
+		d := h.srv.Devices[i].(*server.Device)
+		uuid := d.UUID
+		d.GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+			h.mu.Lock()
+			block := h.block
+			h.mu.Unlock()
+			if block != nil {
+				h.entered <- struct{}{}
+				<-block
+			}
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			return append([]nvml.ProcessInfo(nil), h.procs[uuid]...), nvml.SUCCESS
+		}
+		d.GetGraphicsRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED }
+		d.GetSupportedEventTypesFunc = func() (uint64, nvml.Return) { return nvml.EventTypeXidCriticalError, nvml.SUCCESS }
+		d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+	}
+	h.srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(ms uint32) (nvml.EventData, nvml.Return) {
+				select {
+				case ev := <-h.events:
+					return ev, nvml.SUCCESS
+				case <-time.After(time.Duration(ms) * time.Millisecond):
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	return h
+}
+
+func (h *gpuHost) uuid(i int) string { return h.srv.Devices[i].(*server.Device).UUID }
+
+// run starts pid of container id (cgroup v2, systemd driver) on GPU i.
+func (h *gpuHost) run(i, pid int, id string) {
+	dir := filepath.Join(h.proc, "proc", fmt.Sprint(pid))
+	require.NoError(h.t, os.MkdirAll(dir, 0o755))
+	stat := fmt.Sprintf("%d (python) S 1 %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0\n", pid, pid, pid)
+	require.NoError(h.t, os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644))
+	cg := "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + id + ".scope\n"
+	if id == "" {
+		cg = "0::/user.slice/user-0.slice/session-1.scope\n"
+	}
+	require.NoError(h.t, os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.procs[h.uuid(i)] = append(h.procs[h.uuid(i)], nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: 1 << 30})
+}
+
+// stop ends pid: gone from NVML and from /proc.
+func (h *gpuHost) stop(pid int) {
+	require.NoError(h.t, os.RemoveAll(filepath.Join(h.proc, "proc", fmt.Sprint(pid))))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for u, ps := range h.procs {
+		var keep []nvml.ProcessInfo
+		for _, p := range ps {
+			if int(p.Pid) != pid {
+				keep = append(keep, p)
+			}
+		}
+		h.procs[u] = keep
+	}
+}
+
+// fakeStates records what the policy asks of the guard's device states.
+type fakeStates struct {
+	mu       sync.Mutex
+	cordons  chan [3]string // uuid, source, reason
+	draining []ledger.Claim
+	finished chan [2]string // container id, reason
+}
+
+func newFakeStates() *fakeStates {
+	return &fakeStates{cordons: make(chan [3]string, 16), finished: make(chan [2]string, 16)}
+}
+
+func (s *fakeStates) CordonDevice(_ context.Context, uuid, source, reason string) error {
+	s.cordons <- [3]string{uuid, source, reason}
+	return nil
+}
+
+func (s *fakeStates) Draining(context.Context) ([]ledger.Claim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]ledger.Claim(nil), s.draining...), nil
+}
+
+func (s *fakeStates) FinishDraining(_ context.Context, id, reason string) error {
+	s.mu.Lock()
+	var keep []ledger.Claim
+	for _, c := range s.draining {
+		if c.Owner.ContainerID != id {
+			keep = append(keep, c)
+		}
+	}
+	s.draining = keep
+	s.mu.Unlock()
+	s.finished <- [2]string{id, reason}
+	return nil
+}
+
+// syncBuffer is a log sink safe to read while the watch logs.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func receive[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(30 * time.Second): // a deadlock guard, not a timing assertion
+		t.Fatalf("no %s", what)
+		var zero T
+		return zero
+	}
+}
+
+// guardFor builds the daemon's guard over a real ledger with the mock's GPUs
+// as a static inventory.
+func guardFor(t testing.TB, h *gpuHost, edit func(*config.Config)) *guard.Guard {
+	cfg := config.Default()
+	cfg.Ledger.Dir = t.TempDir()
+	cfg.Devices.Source = config.SourceStatic
+	for i := range h.srv.Devices {
+		cfg.Devices.Static = append(cfg.Devices.Static, config.StaticGPU{Index: i, UUID: h.uuid(i), Minor: i})
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	g, err := (&Builder{}).Setup(context.Background(), cfg)
+	require.NoError(t, err)
+	return g
+}
+
+func admit(t *testing.T, g *guard.Guard, id, ns, pod, ctr string, gpus string) guard.Decision {
+	t.Helper()
+	d, err := g.Admit(context.Background(), guard.Request{FrontEnd: ledger.FrontEndNRI,
+		Owner: ledger.Owner{ContainerID: id, Namespace: ns, Pod: pod, PodUID: pod + "-uid", Container: ctr, FrontEnd: ledger.FrontEndNRI},
+		Spec:  devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + gpus}}})
+	require.NoError(t, err)
+	return d
+}
+
+func gaugeByIndex(t *testing.T, m *metrics.Metrics, name string) map[string]float64 {
+	t.Helper()
+	mfs, err := m.Registry().Gather()
+	require.NoError(t, err)
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, mt := range mf.GetMetric() {
+			out[label(mt, "device_index")] = mt.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// TestUncheckedContainerShowsUpAsIntruder is the observer end to end in the
+// daemon: a container admitted through the guard holds GPU 0; a container
+// created while the plugin was down (no claim) runs on GPU 0 and on the free
+// GPU 3, and a host process on GPU 4. Each shows up, never silently: a log
+// line naming pid, container and device, an audit record, the intruders
+// gauge, observe.json, and (on_intruder = "cordon") a cordon of the device.
+// When the processes leave, the findings clear the same ways. A critical Xid
+// makes a device unhealthy and cordons it.
+func TestUncheckedContainerShowsUpAsIntruder(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
+	require.Equal(t, guard.Admit, admit(t, g, idA, "ml", "trainer-0", "main", "0").Result)
+	h.run(0, 100, idA) // the holder itself: no finding
+	h.run(0, 200, idB)
+	h.run(3, 201, idB)
+	h.run(4, 300, "")
+
+	states := newFakeStates()
+	logs := &syncBuffer{}
+	m := metrics.New()
+	reports := make(chan struct{}, 64)
+	w := NewWatch()
+	w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	w.Metrics, w.ProcRoot, w.Interval = m, h.proc, time.Millisecond
+	w.OpenNVML = func() (observe.Source, error) { return observe.OpenNVML(h.srv) }
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.afterReport = func() {
+		select {
+		case reports <- struct{}{}:
+		default:
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	w.Use(g)
+
+	receive(t, reports, "first report")
+	cordons := map[string][3]string{}
+	for range 3 {
+		c := receive(t, states.cordons, "cordon")
+		cordons[c[0]] = c
+	}
+	for _, i := range []int{0, 3, 4} {
+		require.Contains(t, cordons, h.uuid(i), "GPU %d cordoned", i)
+		assert.Equal(t, "intruder", cordons[h.uuid(i)][1])
+	}
+	assert.Contains(t, cordons[h.uuid(0)][2], "pid 200 (container "+idB[:12]+")")
+	assert.Contains(t, cordons[h.uuid(4)][2], "pid 300 (host process)")
+
+	out := logs.String()
+	assert.Contains(t, out, `"msg":"GPU process not admitted by the guard","kind":"intruder","pid":200,"device":"GPU 0 (`+h.uuid(0)+`)"`)
+	assert.Contains(t, out, `"container_id":"`+idB+`"`)
+	assert.Contains(t, out, `"holder":"`+idA+`"`)
+	assert.Contains(t, out, `"pid":300`)
+	assert.Contains(t, out, `"container":"host process"`)
+	assert.Equal(t, 1, strings.Count(out, `"pid":200,"device"`), "a finding is logged once, not every pass")
+
+	recs, err := ledger.ReadAudit(g.Ledger().AuditPath())
+	require.NoError(t, err)
+	var intruders []ledger.AuditRecord
+	for _, r := range recs {
+		if r.Op == OpIntruder {
+			intruders = append(intruders, r)
+		}
+	}
+	require.Len(t, intruders, 3)
+	byDevice := map[string]ledger.AuditRecord{}
+	for _, r := range intruders {
+		require.Len(t, r.Devices, 1)
+		byDevice[r.Devices[0]] = r
+	}
+	assert.Equal(t, idB, byDevice[h.uuid(0)].ContainerID)
+	assert.Contains(t, byDevice[h.uuid(0)].Reason, "held by ml/trainer-0/main")
+	assert.Empty(t, byDevice[h.uuid(4)].ContainerID, "a host process has no container")
+
+	// observe.json and the gauge, after a full pass has been handled.
+	receive(t, reports, "a later report")
+	f, err := observe.ReadFile(g.Ledger().Dir())
+	require.NoError(t, err)
+	require.Len(t, f.Findings, 3)
+	byPID := map[int]observe.FileFinding{}
+	for _, ff := range f.Findings {
+		byPID[ff.PID] = ff
+	}
+	assert.Equal(t, observe.KindIntruder, byPID[200].Kind)
+	assert.Equal(t, idA, byPID[200].Holder)
+	assert.Equal(t, "3", byPID[201].Device.Index)
+	assert.False(t, f.Stale(f.Time), "fresh")
+	assert.EqualValues(t, 0.001, f.IntervalSeconds)
+	assert.Equal(t, map[string]float64{"0": 1, "3": 1, "4": 1}, gaugeByIndex(t, m, "nri_gpu_guard_intruders"))
+
+	// The intruders stop: the findings clear (logged, audited), the gauge
+	// and the file empty out.
+	h.stop(200)
+	h.stop(201)
+	h.stop(300)
+	for {
+		receive(t, reports, "report after the stop")
+		if f, err = observe.ReadFile(g.Ledger().Dir()); err == nil && len(f.Findings) == 0 {
+			break
+		}
+	}
+	assert.Empty(t, gaugeByIndex(t, m, "nri_gpu_guard_intruders"))
+	assert.Contains(t, logs.String(), "GPU finding cleared")
+	recs, err = ledger.ReadAudit(g.Ledger().AuditPath())
+	require.NoError(t, err)
+	cleared := 0
+	for _, r := range recs {
+		if r.Op == OpFindingCleared {
+			cleared++
+		}
+	}
+	assert.Equal(t, 3, cleared)
+
+	// A critical Xid on GPU 5: unhealthy, cordoned, audited, counted, shown.
+	h.events <- nvml.EventData{Device: h.srv.Devices[5], EventType: nvml.EventTypeXidCriticalError, EventData: 79,
+		GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+	c := receive(t, states.cordons, "unhealthy cordon")
+	assert.Equal(t, [2]string{h.uuid(5), "unhealthy"}, [2]string{c[0], c[1]})
+	assert.Contains(t, c[2], "critical Xid 79")
+	for {
+		receive(t, reports, "report after the Xid")
+		if len(gaugeByIndex(t, m, "nri_gpu_guard_unhealthy")) == 1 {
+			break
+		}
+	}
+	f, err = observe.ReadFile(g.Ledger().Dir())
+	require.NoError(t, err)
+	require.Len(t, f.Unhealthy, 1)
+	assert.Equal(t, "5", f.Unhealthy[0].Device.Index)
+	assert.EqualValues(t, 79, f.Unhealthy[0].Xid)
+
+	cancel()
+	receive(t, done, "Run to return")
+	_, err = observe.ReadFile(g.Ledger().Dir())
+	require.ErrorIs(t, err, observe.ErrNoFile, "a clean stop removes the report: it would only grow stale")
+}
+
+// TestObserverNeverBlocksAdmission: while NVML is stuck in a listing, the
+// guard still admits (the observer holds no ledger lock while in NVML).
+func TestObserverNeverBlocksAdmission(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	release := make(chan struct{})
+	h.mu.Lock()
+	h.block = release
+	h.mu.Unlock()
+	w := NewWatch()
+	w.ProcRoot, w.Interval = h.proc, time.Millisecond
+	w.OpenNVML = func() (observe.Source, error) { return observe.OpenNVML(h.srv) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	w.Use(g)
+
+	receive(t, h.entered, "a listing stuck in NVML")
+	assert.Equal(t, guard.Admit, admit(t, g, idC, "ml", "p", "c", "2").Result)
+	h.mu.Lock()
+	h.block = nil
+	h.mu.Unlock()
+	close(release)
+}
+
+// TestNoNVMLOneLogLine: without NVML the daemon runs on, says so once, and
+// writes no report.
+func TestNoNVMLOneLogLine(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	logs := &syncBuffer{}
+	opened := make(chan struct{}, 4)
+	w := NewWatch()
+	w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	w.OpenNVML = func() (observe.Source, error) {
+		opened <- struct{}{}
+		return nil, fmt.Errorf("%w: initialise: ERROR_LIBRARY_NOT_FOUND", observe.ErrNVMLUnavailable)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	w.Use(g)
+	receive(t, opened, "NVML open")
+	// Another guard with another [observe] section: NVML is not tried again.
+	g2, err := (&Builder{}).Setup(context.Background(), func() config.Config {
+		c := g.Config()
+		c.Observe.Interval = config.Duration{Duration: 20 * time.Second}
+		return c
+	}())
+	require.NoError(t, err)
+	w.Use(g2)
+	cancel()
+	receive(t, done, "Run to return")
+	assert.Len(t, opened, 0, "NVML is opened once")
+	assert.Equal(t, 1, strings.Count(logs.String(), "GPU observer off: NVML is not available"))
+	_, err = observe.ReadFile(g.Ledger().Dir())
+	require.ErrorIs(t, err, observe.ErrNoFile)
+}
+
+// TestDrainingReleasedWhenIdleOrAfterGrace: under release_requires_idle, a
+// draining holder still on its device stays; once its processes left, it is
+// released "idle"; one still there past idle_grace is released anyway with
+// the reason naming the pid and the device.
+func TestDrainingReleasedWhenIdleOrAfterGrace(t *testing.T) {
+	h := newGPUHost(t)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	g := guardFor(t, h, func(c *config.Config) { c.Observe.ReleaseRequiresIdle = true })
+	cfg := g.Config()
+	h.run(0, 100, idA)
+	h.run(2, 300, idC)
+	claim := func(i int, id string, stopped time.Time) ledger.Claim {
+		return ledger.Claim{Device: devices.Device{UUID: h.uuid(i), Index: fmt.Sprint(i), Kind: devices.KindGPU},
+			Owner: ledger.Owner{ContainerID: id, Namespace: "ml", Pod: "p", Container: "c", StoppedAt: stopped}}
+	}
+	states := newFakeStates()
+	states.draining = []ledger.Claim{
+		claim(0, idA, now.Add(-5*time.Second)), // within the grace
+		claim(2, idC, now.Add(-2*time.Minute)), // past the 1m default grace
+	}
+	src, err := observe.OpenNVML(h.srv)
+	require.NoError(t, err)
+	defer func() { _ = src.Close() }()
+	o, err := observe.New(observe.Options{Source: src, GPUs: g.Inventory().GPUs, ProcRoot: h.proc,
+		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return nil, nil })})
+	require.NoError(t, err)
+	w := NewWatch()
+	w.Now = func() time.Time { return now }
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.g = g
+	ctx := context.Background()
+
+	w.drainOnce(ctx, cfg, o)
+	fin := receive(t, states.finished, "grace release")
+	assert.Equal(t, idC, fin[0])
+	assert.Contains(t, fin[1], "idle grace 1m0s expired")
+	assert.Contains(t, fin[1], "pid 300 still on GPU 2 ("+h.uuid(2)+")")
+	assert.Len(t, states.finished, 0, "the holder within its grace and still on its GPU stays")
+
+	h.stop(100)
+	w.drainOnce(ctx, cfg, o)
+	assert.Equal(t, [2]string{idA, "idle"}, receive(t, states.finished, "idle release"))
+
+	// Without NVML only the grace applies.
+	states.draining = []ledger.Claim{claim(1, idB, now.Add(-5*time.Second))}
+	w.drainOnce(ctx, cfg, nil)
+	assert.Len(t, states.finished, 0)
+	now = now.Add(time.Minute)
+	w.drainOnce(ctx, cfg, nil)
+	fin = receive(t, states.finished, "grace release without NVML")
+	assert.Contains(t, fin[1], "NVML is not available")
+}
+
+// TestFindingsWaitForSynchronize: until the plugin has synchronized with the
+// runtime, a container created while it was down has not been adopted yet;
+// its process must not be taken for an intruder (nor its device cordoned).
+// Once ready, the same process is judged.
+func TestFindingsWaitForSynchronize(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
+	h.run(2, 200, idB)
+	states := newFakeStates()
+	reports := make(chan struct{}, 64)
+	w := NewWatch()
+	w.ProcRoot, w.Interval = h.proc, time.Millisecond
+	w.OpenNVML = func() (observe.Source, error) { return observe.OpenNVML(h.srv) }
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.afterReport = func() {
+		select {
+		case reports <- struct{}{}:
+		default:
+		}
+	}
+	w.SetReady(false)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	w.Use(g)
+
+	for range 3 {
+		receive(t, reports, "report before Synchronize")
+	}
+	assert.Empty(t, states.cordons, "nothing cordoned before Synchronize")
+	f, err := observe.ReadFile(g.Ledger().Dir())
+	require.NoError(t, err)
+	assert.Empty(t, f.Findings)
+
+	w.SetReady(true)
+	c := receive(t, states.cordons, "cordon once synchronized")
+	assert.Equal(t, h.uuid(2), c[0])
+}

@@ -1,0 +1,165 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package observe
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+)
+
+// FileName is the daemon's latest observer report in the state directory.
+const FileName = "observe.json"
+
+// Bounds of the report file: a host with thousands of stray processes must
+// not turn a status file into a log.
+const (
+	maxFileFindings = 256
+	maxFileErrors   = 64
+	maxFileBytes    = 1 << 20
+)
+
+// FileFinding is a finding as the report file records it, with the names
+// the ledger knows for the process's container.
+type FileFinding struct {
+	Finding
+	// Namespace, Pod and Container name the process's container when the
+	// ledger knows it (a holder, a waiter, a conflict); empty otherwise.
+	Namespace string `json:"namespace,omitempty"`
+	Pod       string `json:"pod,omitempty"`
+	Container string `json:"container,omitempty"`
+}
+
+// File is the content of observe.json: what the daemon's observer saw last.
+// Its JSON is a public interface (docs/ctl-json.md).
+type File struct {
+	// Time is when the accounting pass ran (zero when none has completed;
+	// the file then carries health only).
+	Time time.Time `json:"time"`
+	// WrittenAt is when the file was written (a health change rewrites it
+	// between passes).
+	WrittenAt time.Time `json:"written_at"`
+	// IntervalSeconds is the daemon's [observe] interval; 0 = accounting
+	// off. A reader judges the file stale against it.
+	IntervalSeconds float64 `json:"interval_seconds"`
+	// Findings are the problems of the last pass (no "gone" ones).
+	Findings []FileFinding `json:"findings"`
+	// Unhealthy are the devices the observer found unhealthy since the
+	// daemon started.
+	Unhealthy []Finding `json:"unhealthy"`
+	// Errors are why devices could not be judged in the last pass.
+	Errors []string `json:"errors"`
+	// Truncated counts findings and errors left out to bound the file.
+	Truncated int `json:"truncated,omitempty"`
+}
+
+// Stale reports whether f is too old to trust at now: three intervals
+// without a pass (the daemon stopped observing, or NVML keeps failing).
+func (f *File) Stale(now time.Time) bool {
+	if f.IntervalSeconds <= 0 {
+		return false
+	}
+	limit := 3 * time.Duration(f.IntervalSeconds*float64(time.Second))
+	ref := f.Time
+	if ref.IsZero() { // the observer has just started: no pass yet
+		ref = f.WrittenAt
+	}
+	return now.Sub(ref) > limit
+}
+
+// WriteFile replaces dir/observe.json with f (bounded; mode 0600): a temp
+// file renamed into place, so a reader sees the old file or the new one.
+func WriteFile(dir string, f File) error {
+	if n := len(f.Findings) - maxFileFindings; n > 0 {
+		f.Findings, f.Truncated = f.Findings[:maxFileFindings], f.Truncated+n
+	}
+	if n := len(f.Errors) - maxFileErrors; n > 0 {
+		f.Errors, f.Truncated = f.Errors[:maxFileErrors], f.Truncated+n
+	}
+	if f.Findings == nil {
+		f.Findings = []FileFinding{}
+	}
+	if f.Unhealthy == nil {
+		f.Unhealthy = []Finding{}
+	}
+	if f.Errors == nil {
+		f.Errors = []string{}
+	}
+	data, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode the observer report: %w", err)
+	}
+	tmp, err := os.CreateTemp(dir, ".observe-*.tmp")
+	if err != nil {
+		return fmt.Errorf("write the observer report in %s: %w", dir, err)
+	}
+	name := tmp.Name()
+	_, err = tmp.Write(append(data, '\n'))
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(name, filepath.Join(dir, FileName))
+	}
+	if err != nil {
+		_ = os.Remove(name)
+		return fmt.Errorf("write the observer report %s: %w", filepath.Join(dir, FileName), err)
+	}
+	return nil
+}
+
+// RemoveFile removes dir/observe.json (the daemon stops observing cleanly:
+// no report is better than one that only grows stale).
+func RemoveFile(dir string) error {
+	err := os.Remove(filepath.Join(dir, FileName))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove the observer report: %w", err)
+	}
+	return nil
+}
+
+// ErrNoFile is returned by ReadFile when the daemon has written no report
+// (it does not run, runs without NVML, or stopped cleanly).
+var ErrNoFile = errors.New("no observer report")
+
+// ReadFile reads dir/observe.json. It refuses a symlink or a file that is
+// not regular, and one larger than any the daemon writes.
+func ReadFile(dir string) (*File, error) {
+	p := filepath.Join(dir, FileName)
+	fd, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // fixed name in the state dir
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, ErrNoFile
+	case errors.Is(err, syscall.ELOOP):
+		return nil, fmt.Errorf("observer report %s is a symlink; remove it (the daemon rewrites it)", p)
+	case err != nil:
+		return nil, fmt.Errorf("read the observer report: %w", err)
+	}
+	defer func() { _ = fd.Close() }()
+	fi, err := fd.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("read the observer report: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("observer report %s is not a regular file", p)
+	}
+	data, err := io.ReadAll(io.LimitReader(fd, maxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read the observer report: %w", err)
+	}
+	if len(data) > maxFileBytes {
+		return nil, fmt.Errorf("observer report %s is larger than %d bytes; not read", p, maxFileBytes)
+	}
+	var f File
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, fmt.Errorf("observer report %s does not parse: %w", p, err)
+	}
+	return &f, nil
+}

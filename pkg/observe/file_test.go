@@ -1,0 +1,84 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package observe
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestReportFileRoundTripAndBounds(t *testing.T) {
+	dir := t.TempDir()
+	_, err := ReadFile(dir)
+	require.ErrorIs(t, err, ErrNoFile)
+
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	f := File{Time: at, WrittenAt: at, IntervalSeconds: 10}
+	for i := range maxFileFindings + 5 {
+		f.Findings = append(f.Findings, FileFinding{Finding: Finding{Kind: KindIntruder, PID: i,
+			Device: Device{Index: "0", UUID: "GPU-0"}}, Namespace: "ns"})
+	}
+	for range maxFileErrors + 1 {
+		f.Errors = append(f.Errors, "GPU 1 (GPU-1): list compute processes: ERROR_UNKNOWN")
+	}
+	require.NoError(t, WriteFile(dir, f))
+	fi, err := os.Stat(filepath.Join(dir, FileName))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "root-only, like the ledger")
+
+	got, err := ReadFile(dir)
+	require.NoError(t, err)
+	assert.Len(t, got.Findings, maxFileFindings)
+	assert.Len(t, got.Errors, maxFileErrors)
+	assert.Equal(t, 6, got.Truncated)
+	assert.Equal(t, "ns", got.Findings[3].Namespace)
+	assert.Equal(t, 3, got.Findings[3].PID)
+	assert.Equal(t, "GPU-0", got.Findings[3].Device.UUID)
+	assert.NotNil(t, got.Unhealthy, "empty lists are [] in JSON")
+
+	assert.False(t, got.Stale(at.Add(30*time.Second)))
+	assert.True(t, got.Stale(at.Add(31*time.Second)), "three intervals without a pass")
+	got.Time = time.Time{}
+	assert.False(t, got.Stale(at.Add(30*time.Second)), "no pass yet: judged from when it was written")
+	assert.True(t, got.Stale(at.Add(31*time.Second)))
+	got.IntervalSeconds = 0
+	assert.False(t, got.Stale(at.Add(time.Hour)), "accounting off: health only, never stale")
+
+	require.NoError(t, RemoveFile(dir))
+	require.NoError(t, RemoveFile(dir), "removing twice is fine")
+	_, err = ReadFile(dir)
+	require.ErrorIs(t, err, ErrNoFile)
+}
+
+func TestReadFileRefusesOddFiles(t *testing.T) {
+	dir := t.TempDir()
+	other := filepath.Join(t.TempDir(), "x.json")
+	require.NoError(t, os.WriteFile(other, []byte("{}"), 0o600))
+	require.NoError(t, os.Symlink(other, filepath.Join(dir, FileName)))
+	_, err := ReadFile(dir)
+	require.ErrorContains(t, err, "is a symlink")
+
+	dir = t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, FileName), []byte("{not json"), 0o600))
+	_, err = ReadFile(dir)
+	require.ErrorContains(t, err, "does not parse")
+
+	dir = t.TempDir()
+	big := fmt.Sprintf(`{"errors":[%q]}`, strings.Repeat("x", maxFileBytes))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, FileName), []byte(big), 0o600))
+	_, err = ReadFile(dir)
+	require.ErrorContains(t, err, "larger than")
+
+	dir = t.TempDir()
+	require.NoError(t, os.Mkdir(filepath.Join(dir, FileName), 0o700))
+	_, err = ReadFile(dir)
+	require.ErrorContains(t, err, "not a regular file")
+}
