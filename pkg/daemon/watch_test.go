@@ -366,15 +366,15 @@ func TestUncheckedContainerShowsUpAsIntruder(t *testing.T) {
 	c := receive(t, states.cordons, "unhealthy cordon")
 	assert.Equal(t, [2]string{h.uuid(5), "unhealthy"}, [2]string{c[0], c[1]})
 	assert.Contains(t, c[2], "critical Xid 79")
+	// The health path sets the gauge, then writes observe.json, on its own
+	// goroutine: wait for the file, the last of the two.
 	for {
 		receive(t, reports, "report after the Xid")
-		if len(gaugeByIndex(t, m, "nri_gpu_guard_unhealthy")) == 1 {
+		if f, err = observe.ReadFile(g.Ledger().Dir()); err == nil && len(f.Unhealthy) == 1 {
 			break
 		}
 	}
-	f, err = observe.ReadFile(g.Ledger().Dir())
-	require.NoError(t, err)
-	require.Len(t, f.Unhealthy, 1)
+	assert.Len(t, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"), 1)
 	assert.Equal(t, "5", f.Unhealthy[0].Device.Index)
 	assert.EqualValues(t, 79, f.Unhealthy[0].Xid)
 
