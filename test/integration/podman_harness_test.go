@@ -43,11 +43,11 @@ const (
 )
 
 var (
-	podmanRepo   string
-	podmanGuard  string
-	podmanHook   string
-	podmanCtl    string
-	podmanTar    string
+	podmanRepo  string
+	podmanGuard string
+	podmanHook  string
+	podmanCtl   string
+	podmanTar   string
 )
 
 func TestMain(m *testing.M) {
