@@ -159,6 +159,10 @@ func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, er
 			if err := g.auditExempt(ctx, owner, key, d, res); err != nil {
 				g.log.Error("exempt request could not be audited; refused", append(ownerAttrs(owner, key),
 					slog.Any("error", err))...)
+				if !errors.Is(err, ledger.ErrNeedsRecovery) && !errors.Is(err, ledger.ErrLockTimeout) {
+					err = fmt.Errorf("namespace %s is exempt (policy exempt_namespaces), but an exemption is granted only "+
+						"once its audit record is on disk, and it could not be written; fix what follows: %w", owner.Namespace, err)
+				}
 				return Decision{}, g.ledgerError(owner, err)
 			}
 		}

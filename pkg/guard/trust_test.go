@@ -123,6 +123,7 @@ func TestExemptionFailsClosedWithoutAudit(t *testing.T) {
 		_, err = e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: dcgm, Spec: visible("1")})
 		require.Error(t, err, "an exemption without its audit record must be refused")
 		assert.Contains(t, err.Error(), e.l.AuditPath())
+		assert.Contains(t, err.Error(), "an exemption is granted only once its audit record is on disk")
 
 		require.NoError(t, os.Remove(e.l.AuditPath()))
 		require.NoError(t, os.Rename(aside, e.l.AuditPath()))
