@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
 )
 
@@ -26,6 +27,11 @@ naming the key, the bad value and what is accepted. Unknown keys are errors.
 PATH defaults to --config, then $NRI_GPU_GUARD_CONFIG, then
 /etc/nri-gpu-guard/config.toml. When no path is named and the default file
 does not exist, the built-in defaults apply and check-config says so.
+
+The ledger dir's parent chain is checked as this host has it: every
+directory on the path must be owned by root (or the running user), not a
+symlink, and not writable by group or others unless sticky; otherwise anyone
+who can rename the state dir could make the host look fresh.
 
 Settings that are valid but risky (a metrics endpoint reachable from other
 hosts, exempt namespaces that the OCI hook cannot honour) are listed as
@@ -79,6 +85,15 @@ func (a *app) checkConfig(name string) error {
 			v.Errors = splitErrors(err)
 		} else {
 			v.Valid, v.cfg = true, cfg
+		}
+	}
+	if v.Valid {
+		// The ledger's parent chain as this host has it: the daemon, the
+		// hook and ctl refuse to open a ledger below a directory someone
+		// else could rename or replace, so check-config says so first.
+		if err := ledger.CheckDirChain(v.cfg.Ledger.Dir); err != nil {
+			v.Valid = false
+			v.Errors = append(v.Errors, fmt.Sprintf("ledger.dir: %v", err))
 		}
 	}
 	if v.Valid {

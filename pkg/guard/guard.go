@@ -159,6 +159,10 @@ func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, er
 			if err := g.auditExempt(ctx, owner, key, d, res); err != nil {
 				g.log.Error("exempt request could not be audited; refused", append(ownerAttrs(owner, key),
 					slog.Any("error", err))...)
+				if !errors.Is(err, ledger.ErrNeedsRecovery) && !errors.Is(err, ledger.ErrLockTimeout) {
+					err = fmt.Errorf("namespace %s is exempt (policy exempt_namespaces), but an exemption is granted only "+
+						"once its audit record is on disk, and it could not be written; fix what follows: %w", owner.Namespace, err)
+				}
 				return Decision{}, g.ledgerError(owner, err)
 			}
 		}
@@ -390,21 +394,20 @@ func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledg
 }
 
 // auditExempt records an exemption: a container that reaches GPUs without a
-// claim must leave a trace. Without the record the exemption is not granted
-// (the caller refuses), as for any decision the ledger cannot record.
+// claim must leave a trace. Without the record on disk the exemption is not
+// granted (the caller refuses), as for any decision the ledger cannot
+// record. Not through Update: a commit that also changed state (an expired
+// waiter, say) only logs a failed audit append, since the state it wrote
+// stands; AppendAudit writes nothing but the record and returns its error.
 func (g *Guard) auditExempt(ctx context.Context, owner ledger.Owner, key string, d Decision, res devices.Resolution) error {
-	devs := resolvedUUIDs(d.Devices)
 	why := "policy exempt_namespaces lists namespace " + owner.Namespace
 	if res.All {
 		why += "; the container reaches every GPU"
 	}
-	return g.ledger.Update(ctx, func(tx *ledger.Tx) error {
-		tx.Audit(AuditExempt, ledger.AuditRecord{
-			Devices: devs, ContainerID: owner.ContainerID, Key: key,
-			Namespace: owner.Namespace, Pod: owner.Pod, Container: owner.Container,
-			FrontEnd: string(owner.FrontEnd), Reason: why,
-		})
-		return nil
+	return g.ledger.AppendAudit(ctx, ledger.AuditRecord{
+		Op: AuditExempt, Devices: resolvedUUIDs(d.Devices), ContainerID: owner.ContainerID, Key: key,
+		Namespace: owner.Namespace, Pod: owner.Pod, Container: owner.Container,
+		FrontEnd: string(owner.FrontEnd), Reason: why,
 	})
 }
 

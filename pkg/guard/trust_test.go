@@ -4,8 +4,10 @@
 package guard_test
 
 import (
+	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -84,16 +86,74 @@ func TestHookCannotClaimExemption(t *testing.T) {
 	assert.Len(t, e.audit(guard.AuditExempt), 1)
 }
 
-// An exemption that cannot be audited is not granted.
+// An exemption that cannot be audited is not granted: not on a read-only
+// ledger, and not when the audit log cannot be written, even when the same
+// ledger transaction would also have changed state (a waiter expiring), whose
+// commit could only log a failed audit append.
 func TestExemptionFailsClosedWithoutAudit(t *testing.T) {
-	e := newEnv(t, func(c *config.Config) { c.Policy.ExemptNamespaces = []string{"gpu-monitoring"} })
-	ro, err := ledger.OpenReadOnly(e.cfg.Ledger.Dir, ledger.Options{})
-	require.NoError(t, err)
-	g, err := guard.New(guard.Options{Config: e.cfg, Inventory: inventory(t), Ledger: ro, Liveness: e.live})
-	require.NoError(t, err)
-	_, err = g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI,
-		Owner: ctr("gpu-monitoring", "dcgm", "exporter", "dcgm000000000001"), Spec: visible("1")})
-	require.ErrorIs(t, err, ledger.ErrReadOnly)
+	exempt := func(c *config.Config) { c.Policy.ExemptNamespaces = []string{"gpu-monitoring"} }
+	dcgm := ctr("gpu-monitoring", "dcgm", "exporter", "dcgm000000000001")
+
+	t.Run("read-only ledger", func(t *testing.T) {
+		e := newEnv(t, exempt)
+		ro, err := ledger.OpenReadOnly(e.cfg.Ledger.Dir, ledger.Options{})
+		require.NoError(t, err)
+		g, err := guard.New(guard.Options{Config: e.cfg, Inventory: inventory(t), Ledger: ro, Liveness: e.live})
+		require.NoError(t, err)
+		_, err = g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: dcgm, Spec: visible("1")})
+		require.ErrorIs(t, err, ledger.ErrReadOnly)
+	})
+
+	t.Run("audit log unwritable while state changes", func(t *testing.T) {
+		e := newEnv(t, exempt)
+		holder := ctr("ml", "a", "main", "holder0000000001")
+		require.Equal(t, guard.Admit, e.admit(holder, visible("1")).Result)
+		require.Equal(t, guard.Queue, e.admit(ctr("ml", "b", "main", "waiter0000000001"), visible("1")).Result)
+		// The waiter is not seen again for queue_ttl: the next transaction
+		// drops it, a state change that commits.
+		e.clock.advance(e.cfg.Policy.QueueTTL.Duration + time.Minute)
+		before, err := ledger.ReadAudit(e.l.AuditPath())
+		require.NoError(t, err)
+		// A real condition, as a full disk or a planted file would make it:
+		// audit.log is a directory, so no append can succeed.
+		aside := e.l.AuditPath() + ".moved"
+		require.NoError(t, os.Rename(e.l.AuditPath(), aside))
+		require.NoError(t, os.Mkdir(e.l.AuditPath(), 0o700))
+
+		_, err = e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: dcgm, Spec: visible("1")})
+		require.Error(t, err, "an exemption without its audit record must be refused")
+		assert.Contains(t, err.Error(), e.l.AuditPath())
+		assert.Contains(t, err.Error(), "an exemption is granted only once its audit record is on disk")
+
+		require.NoError(t, os.Remove(e.l.AuditPath()))
+		require.NoError(t, os.Rename(aside, e.l.AuditPath()))
+		after, err := ledger.ReadAudit(e.l.AuditPath())
+		require.NoError(t, err)
+		assert.Equal(t, before, after, "nothing was recorded, and nothing was admitted")
+		assert.Equal(t, map[string]string{uuid(1): holder.ContainerID}, e.holders())
+
+		// With the audit log back, the exemption is granted and recorded,
+		// durably and stamped with the current generation.
+		d := e.admit(dcgm, visible("1"))
+		require.Equal(t, guard.Skip, d.Result)
+		recs := e.audit(guard.AuditExempt)
+		require.Len(t, recs, 1)
+		assert.Equal(t, dcgm.ContainerID, recs[0].ContainerID)
+		assert.Equal(t, []string{uuid(1)}, recs[0].Devices)
+		st, err := e.l.Snapshot(ctx)
+		require.NoError(t, err)
+		assert.Equal(t, st.Generation, recs[0].Generation)
+		assert.Equal(t, e.clock.Now(), recs[0].Time.UTC())
+	})
+
+	t.Run("ledger needs recovery", func(t *testing.T) {
+		e := newEnv(t, exempt)
+		require.Equal(t, guard.Admit, e.admit(ctr("ml", "a", "main", "holder0000000001"), visible("1")).Result)
+		require.NoError(t, os.WriteFile(e.l.StatePath(), []byte("garbage"), 0o600))
+		_, err := e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: dcgm, Spec: visible("1")})
+		require.ErrorIs(t, err, ledger.ErrNeedsRecovery)
+		assert.Empty(t, e.audit(guard.AuditExempt))
+	})
 }
 
 // Under release_on = "remove" a restart in the same pod takes over its

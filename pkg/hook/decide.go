@@ -62,8 +62,13 @@ func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guar
 		}
 	}
 	if err != nil {
-		// The guard may have queued the request before failing.
-		_ = withdrawReliably(ctx, g, req.Key, "hook failed: "+firstLine(err.Error()), budget)
+		// The guard may have queued the request before failing, unless
+		// the ledger lock was never taken (then nothing ran; and a hook
+		// told to stop while another process holds the lock must not wait
+		// for it again to withdraw what was never queued).
+		if !neverRan(err) {
+			_ = withdrawReliably(ctx, g, req.Key, "hook failed: "+firstLine(err.Error()), budget)
+		}
 		return fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err)
 	}
 	switch d.Result {
@@ -81,6 +86,13 @@ func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guar
 	default:
 		return fmt.Errorf("container %s: %w", id, decisionErr(d))
 	}
+}
+
+// neverRan reports whether err says the ledger lock was never taken, so the
+// transaction (and any queueing in it) never ran.
+func neverRan(err error) bool {
+	var le *ledger.LockError
+	return errors.As(err, &le)
 }
 
 // auditRefusal records a busy refusal in the audit log: crun shows the user

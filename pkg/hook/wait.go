@@ -137,9 +137,10 @@ func (w *queueWait) run(ctx context.Context) error {
 			w.dropDead(ctx, devicesOf(last.Devices))
 		}
 		d, err := w.g.Admit(ctx, w.req)
-		if err != nil {
+		if err != nil && !neverRan(err) {
 			// The outcome is unknown (the guard may have queued the request
 			// before failing): leave the queue on the way out in any case.
+			// Not when the lock was never taken: then nothing ran.
 			queued = true
 		}
 		switch {

@@ -6,12 +6,14 @@ package ledger
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"time"
 )
@@ -65,6 +67,13 @@ const auditFileMode = 0o600
 // audit.log to audit.log.1 when it would grow past maxBytes. Called with the
 // lock held, so rotation never races another writer.
 func appendAudit(dir string, maxBytes int64, recs []AuditRecord) error {
+	return writeAudit(dir, maxBytes, recs, false)
+}
+
+// writeAudit is appendAudit; with durable, the records (and a rotation) are
+// on disk when it returns nil: the file is fsynced, and the dir after a
+// rotation.
+func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) error {
 	if len(recs) == 0 {
 		return nil
 	}
@@ -88,16 +97,59 @@ func appendAudit(dir string, maxBytes int64, recs []AuditRecord) error {
 		if f, err = openAudit(p); err != nil {
 			return err
 		}
+		if durable {
+			if err := syncDir(dir); err != nil {
+				_ = f.Close()
+				return fmt.Errorf("rotate %s: %w", p, err)
+			}
+		}
 	}
 	// One write: appends of one write call are not interleaved with others.
 	if _, err := f.Write(buf.Bytes()); err != nil {
 		_ = f.Close()
 		return fmt.Errorf("append to %s: %w", p, err)
 	}
+	if durable {
+		if err := f.Sync(); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("fsync %s: %w", p, err)
+		}
+	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("close %s: %w", p, err)
 	}
 	return nil
+}
+
+// AppendAudit writes recs to the audit log under the ledger lock, stamped
+// with the generation of the current state, and returns only once they are
+// on disk (fsync). It changes no state and commits nothing: it is for a
+// decision whose only trace is its audit record (an exemption), which must
+// not be acted on if the record is lost. Unlike the records of a commit, an
+// error here is returned, never only logged. A state that needs recovery
+// (or any error reading it) fails it, as it fails Update.
+func (l *Ledger) AppendAudit(ctx context.Context, recs ...AuditRecord) error {
+	unlock, err := l.lockForWrite(ctx, "audit", false)
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	ld, err := l.current()
+	if err != nil {
+		return err
+	}
+	now, pid := l.now(), os.Getpid()
+	recs = slices.Clone(recs)
+	for i := range recs {
+		if recs[i].Op == "" {
+			return fmt.Errorf("audit record %d has no op (a bug; nothing was written)", i)
+		}
+		if recs[i].Time.IsZero() {
+			recs[i].Time = now
+		}
+		recs[i].Generation, recs[i].Pid = ld.st.Generation, pid
+	}
+	return writeAudit(l.dir, l.opts.AuditMaxBytes, recs, true)
 }
 
 func openAudit(p string) (*os.File, error) {

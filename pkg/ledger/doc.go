@@ -52,7 +52,9 @@
 //
 // Use: Ledger.Update runs a function on a Tx under the lock and commits what
 // it changed; Ledger.Snapshot reads without the lock; Ledger.View runs a Tx
-// that is never committed (explain). Policy — admit, queue or reject, and
+// that is never committed (explain); Ledger.AppendAudit writes audit records
+// alone, fsynced, returning any error, for a decision whose only trace is its
+// record (an exemption: not granted unless recorded). Policy — admit, queue or reject, and
 // the messages — lives in the guard, not here.
 //
 // Invariants:

@@ -350,7 +350,8 @@ func cgroup2Mount() string {
 // realCgroup2 makes a private cgroup below the host's cgroup v2 mount for a
 // test and removes it (and everything below, deepest first) afterwards. It
 // skips the test where there is no writable cgroup v2 hierarchy (not root,
-// or a cgroup v1 host without the unified hierarchy).
+// or a cgroup v1 host without the unified hierarchy) and fails where there is
+// one but a cgroup cannot be created in it.
 func realCgroup2(t *testing.T) string {
 	t.Helper()
 	mnt := cgroup2Mount()
@@ -358,9 +359,10 @@ func realCgroup2(t *testing.T) string {
 		t.Skip("needs root and a writable cgroup v2 hierarchy (cgroup v2 host, or the unified hierarchy of a hybrid one)")
 	}
 	base := filepath.Join(mnt, fmt.Sprintf("liveness-test-%d", os.Getpid()))
-	if err := os.Mkdir(base, 0o755); err != nil {
-		t.Skipf("cannot create a cgroup below %s: %v", mnt, err)
-	}
+	// The mount is cgroup v2, read-write, and we are root: creating a child
+	// cgroup must work there. A failure is a broken rig (or a liveness
+	// assumption that no longer holds), not a reason to pass silently.
+	require.NoError(t, os.Mkdir(base, 0o755), "create a test cgroup below the writable cgroup v2 mount %s", mnt)
 	t.Cleanup(func() {
 		var dirs []string
 		_ = filepath.WalkDir(base, func(p string, d os.DirEntry, err error) error {

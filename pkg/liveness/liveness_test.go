@@ -86,6 +86,7 @@ func TestExited(t *testing.T) {
 			cgroup:     map[string]string{v2: "", "k8s.io/c1/cgroup.procs": ""},
 			owner:      Process{Cgroup: "/k8s.io/c1"},
 			wantExited: true,
+			wantReason: "cgroup /k8s.io/c1 has no processes",
 		},
 		{
 			name:       "v2 without cgroup.events: a child cgroup has processes",
@@ -132,12 +133,14 @@ func TestExited(t *testing.T) {
 				"systemd/kubepods.slice/kubepods-pod9.slice/cri-containerd-x.scope/cgroup.procs": ""},
 			owner:      Process{Cgroup: "kubepods-pod9.slice:cri-containerd:x"},
 			wantExited: true,
+			wantReason: "cgroup /kubepods.slice/kubepods-pod9.slice/cri-containerd-x.scope has no processes",
 		},
 		{
 			name:       "v1 hybrid: only the unified hierarchy has it",
 			cgroup:     map[string]string{"pids/": "", "unified/k8s.io/c1/cgroup.events": "populated 0\n"},
 			owner:      Process{Cgroup: "/k8s.io/c1"},
 			wantExited: true,
+			wantReason: "cgroup /k8s.io/c1 has no processes",
 		},
 		{
 			name:       "cgroup removed, pid gone",
@@ -232,6 +235,9 @@ func TestExited(t *testing.T) {
 			c := New(tree(t, tc.cgroup), tree(t, tc.proc))
 			exited, reason := c.Exited(tc.owner)
 			assert.Equal(t, tc.wantExited, exited, "reason: %s", reason)
+			// Every answer says why: a reason is what an operator reads
+			// in the audit log and in status.
+			require.NotEmpty(t, tc.wantReason, "the row must name the reason it expects")
 			assert.Contains(t, reason, tc.wantReason)
 		})
 	}

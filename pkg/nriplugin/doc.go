@@ -41,6 +41,9 @@
 //     handled the same way, before anything is decided on it.
 //   - The connection is only closed on purpose (resync, SIGTERM) once no
 //     handler has run for a short quiet period, so that no reply is cut.
+//   - Run returns once its context is done wherever it is in reaching the
+//     runtime: dialing, registering, or waiting for a Configure that never
+//     comes (the stub's Start ignores the context there; it is abandoned).
 //   - Stop and Remove of a container only ever touch that container id's
 //     claims: containerd sends both for a refused create.
 //   - The event mask never includes events 12–14 (pod sandbox updates,

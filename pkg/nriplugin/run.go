@@ -92,7 +92,12 @@ func (p *Plugin) Run(ctx context.Context, id Identity) error {
 		if err != nil {
 			return fmt.Errorf("nri plugin: %w", err)
 		}
-		err = s.Start(ctx)
+		abandoned, err := startStub(ctx, s)
+		if abandoned {
+			// Not s.Stop(): it takes the lock the blocked Start holds.
+			p.ready(false)
+			return nil
+		}
 		if err == nil {
 			backoff = minBackoff
 			resync, err := p.serve(ctx, s, closed, launched, id)
@@ -120,6 +125,29 @@ func (p *Plugin) Run(ctx context.Context, id Identity) error {
 		case <-time.After(backoff):
 		}
 		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+// startStub is s.Start(ctx), abandoned (abandoned = true) once ctx is done.
+// The stub's Start honours ctx while it dials and registers, but then waits
+// for the runtime's Configure without looking at it: a runtime that accepted
+// the registration and never configures (or a daemon told to stop in that
+// instant) would keep SIGTERM from ending the process. An abandoned Start
+// stays blocked, holding the stub's lock (so the stub must not be stopped);
+// the process is about to exit.
+func startStub(ctx context.Context, s stub.Stub) (abandoned bool, err error) {
+	done := make(chan error, 1)
+	go func() { done <- s.Start(ctx) }()
+	select {
+	case err := <-done:
+		return false, err
+	case <-ctx.Done():
+		select {
+		case err := <-done: // both ready: Start's own answer
+			return false, err
+		default:
+			return true, ctx.Err()
+		}
 	}
 }
 

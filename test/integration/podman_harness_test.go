@@ -43,12 +43,11 @@ const (
 )
 
 var (
-	podmanRepo   string
-	podmanGuard  string
-	podmanHook   string
-	podmanCtl    string
-	podmanTar    string
-	createdNodes []string
+	podmanRepo  string
+	podmanGuard string
+	podmanHook  string
+	podmanCtl   string
+	podmanTar   string
 )
 
 func TestMain(m *testing.M) {
@@ -92,24 +91,6 @@ func podmanMain(m *testing.M) (int, error) {
 	if len(missing) > 0 {
 		return 0, fmt.Errorf("missing %s: run `make build` and ./test/integration/setup-podman.sh (or `make integration-podman`)", strings.Join(missing, ", "))
 	}
-	// Fake GPUs: podman adds every /dev/nvidia* node of the host to a
-	// privileged container, and --device needs the node. Only nodes this run
-	// created are removed.
-	for i := range fakeGPUs {
-		p := "/dev/nvidia" + strconv.Itoa(i)
-		if _, err := os.Stat(p); err == nil {
-			continue
-		}
-		if err := syscall.Mknod(p, syscall.S_IFCHR|0o666, int(195<<8|i)); err != nil {
-			return 0, fmt.Errorf("mknod %s: %w", p, err)
-		}
-		createdNodes = append(createdNodes, p)
-	}
-	defer func() {
-		for _, p := range createdNodes {
-			_ = os.Remove(p)
-		}
-	}()
 	return m.Run(), nil
 }
 
@@ -126,8 +107,10 @@ type podmanRig struct {
 	// run inside the mount namespace crun needs): what the tests and
 	// gpu-guard-ctl run call.
 	wrapper string
-	// nsFile keeps crun's mount namespace (empty for runc).
+	// nsFile keeps crun's mount namespace, bound below nsDir, a bind
+	// mount of itself made private (both empty for runc).
 	nsFile string
+	nsDir  string
 	gpu    []string // UUIDs, by index
 }
 
@@ -140,6 +123,9 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 		require.NoError(t, os.MkdirAll(filepath.Join(base, d), 0o755))
 	}
 	require.NoError(t, os.MkdirAll(r.ledgerDir, 0o700))
+	// Before r.cleanup: cleanups run last-in first-out, so the nodes go
+	// after the containers that may use them.
+	makeFakeGPUNodes(t)
 	t.Cleanup(r.cleanup)
 
 	var cfg strings.Builder
@@ -179,6 +165,9 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 		// namespace without that mount, kept alive by a bind of its file.
 		nsDir := filepath.Join(base, "ns")
 		require.NoError(t, os.MkdirAll(nsDir, 0o755))
+		// Set before the mount: cleanup undoes the bind even when a
+		// later step of this setup fails.
+		r.nsDir = nsDir
 		r.mustRun("mount", "--bind", nsDir, nsDir)
 		r.mustRun("mount", "--make-private", nsDir)
 		r.nsFile = filepath.Join(nsDir, "mnt")
@@ -197,6 +186,27 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 	out, err := r.podman("load", "-i", podmanTar)
 	require.NoError(t, err, out)
 	return r
+}
+
+// makeFakeGPUNodes mknods /dev/nvidia0..fakeGPUs-1 where missing: podman
+// adds every /dev/nvidia* node of the host to a privileged container, and
+// --device needs the node. Only the nodes created here are removed, by the
+// test's cleanup (which runs however the test ends, unlike a defer in
+// TestMain).
+func makeFakeGPUNodes(t *testing.T) {
+	t.Helper()
+	for i := range fakeGPUs {
+		p := "/dev/nvidia" + strconv.Itoa(i)
+		if _, err := os.Stat(p); err == nil {
+			continue
+		}
+		require.NoError(t, syscall.Mknod(p, syscall.S_IFCHR|0o666, int(195<<8|i)), "mknod %s", p)
+		t.Cleanup(func() {
+			if err := os.Remove(p); err != nil {
+				t.Errorf("remove the fake GPU node %s: %v", p, err)
+			}
+		})
+	}
 }
 
 func podmanPath(t *testing.T) string {
@@ -393,7 +403,9 @@ func (r *podmanRig) cleanup() {
 	_, _ = r.podman("rmi", "-af")
 	if r.nsFile != "" {
 		_ = exec.Command("umount", r.nsFile).Run()
-		_ = exec.Command("umount", filepath.Dir(r.nsFile)).Run()
+	}
+	if r.nsDir != "" {
+		_ = exec.Command("umount", r.nsDir).Run()
 	}
 	_ = exec.Command("umount", "-R", filepath.Join(r.base, "root", "overlay")).Run()
 	_ = os.RemoveAll(r.base)

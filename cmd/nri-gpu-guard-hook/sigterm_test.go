@@ -1,0 +1,168 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
+)
+
+// sigtermWatchdog fails a test whose process did not end after SIGTERM. It
+// only keeps a broken build from hanging the suite: how long a process takes
+// to end is logged (and written down in docs/benchmarks.md), not asserted.
+const sigtermWatchdog = 10 * time.Second
+
+// term sends SIGTERM to p and returns how long it took to end.
+func (p *proc) term(t *testing.T) time.Duration {
+	t.Helper()
+	start := time.Now()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-p.done:
+	case <-time.After(sigtermWatchdog):
+		t.Fatalf("still running %s after SIGTERM; stderr:\n%s", sigtermWatchdog, p.stderr.String())
+	}
+	return time.Since(start)
+}
+
+// lockFree reports whether the ledger lock can be taken now (and lets it
+// go at once).
+func (h *host) lockFree(t *testing.T) bool {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(h.stateDir, "ledger.lock"), os.O_RDWR, 0)
+	require.NoError(t, err)
+	defer func() { _ = f.Close() }()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return false
+	}
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return true
+}
+
+// holdLock takes the ledger lock in this process (another process, to the
+// commands under test) until the test ends.
+func (h *host) holdLock(t *testing.T) {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(h.stateDir, "ledger.lock"), os.O_RDWR, 0)
+	require.NoError(t, err)
+	require.NoError(t, syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB))
+	t.Cleanup(func() { _ = f.Close() })
+}
+
+// opened reports whether process pid has path open.
+func opened(pid int, path string) bool {
+	dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if target, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && target == path {
+			return true
+		}
+	}
+	return false
+}
+
+// slowLockCfg is the host's configuration with a ledger.lock_timeout of an
+// hour: a command waiting for the lock waits until it is told to stop.
+func (h *host) slowLockCfg(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(h.cfgPath)
+	require.NoError(t, err)
+	require.Contains(t, string(b), `lock_timeout = "5s"`)
+	p := filepath.Join(h.base, "config-slow-lock.toml")
+	require.NoError(t, os.WriteFile(p, []byte(strings.Replace(string(b), `lock_timeout = "5s"`, `lock_timeout = "1h"`, 1)), 0o600))
+	return p
+}
+
+// Every long-running command of the hook-only host ends on SIGTERM, with a
+// non-zero status and a message saying so, and leaves nothing behind: a
+// create-runtime hook waiting in the queue (--wait) and `gpu-guard-ctl run`
+// waiting for its ticket leave the queue; a hook and a ctl mutation waiting
+// for the ledger lock another process holds give up without touching the
+// ledger. The exit latency is logged.
+func TestSIGTERMEndsEveryCommand(t *testing.T) {
+	t.Run("hook create-runtime --wait, queued", func(t *testing.T) {
+		h := newBusyHost(t)
+		p := startProc(t, h.state("w4", h.ctrProcess(), gpuEnv(0)), hookBin, hook.PhaseCreateRuntime, "--config", h.cfgPath, "--wait")
+		h.waitFor("w4 queued", func() bool {
+			st, err := h.snapshot()
+			return err == nil && len(st.Waiters) == 4
+		})
+		took := p.term(t)
+		t.Logf("SIGTERM exit latency: hook create-runtime --wait (queued): %s", took)
+		assert.Equal(t, hook.ExitRefused, p.cmd.ProcessState.ExitCode(), p.stderr.String())
+		assert.Contains(t, p.stderr.String(), "hook cancelled while waiting for the GPU (terminated")
+		assert.Contains(t, p.stderr.String(), "it is not queued any more and holds no GPU")
+		st, err := h.snapshot()
+		require.NoError(t, err)
+		assert.Equal(t, []string{"w1", "w2", "w3"}, waiterKeys(st), "w4 left the queue")
+		assert.True(t, h.lockFree(t), "the ledger lock is free")
+	})
+
+	t.Run("gpu-guard-ctl run, queued", func(t *testing.T) {
+		h := newBusyHost(t)
+		p := startProc(t, nil, ctlBin, "--config", h.cfgPath, "run", "--gpus", "0", "--", "true")
+		h.waitFor("the run queued", func() bool {
+			st, err := h.snapshot()
+			return err == nil && len(st.Waiters) == 4
+		})
+		took := p.term(t)
+		t.Logf("SIGTERM exit latency: gpu-guard-ctl run (queued): %s", took)
+		assert.NotEqual(t, 0, p.cmd.ProcessState.ExitCode(), p.stderr.String())
+		st, err := h.snapshot()
+		require.NoError(t, err)
+		assert.Equal(t, []string{"w1", "w2", "w3"}, waiterKeys(st), "the run left the queue")
+		assert.Equal(t, map[string]string{"0": "h1", "1": "h2"}, h.holders(st), "and claimed nothing")
+		assert.True(t, h.lockFree(t), "the ledger lock is free")
+	})
+
+	for _, tc := range []struct {
+		name string
+		args func(h *host) ([]byte, string, []string)
+	}{
+		{"hook create-runtime, ledger lock held", func(h *host) ([]byte, string, []string) {
+			return h.state("c2", h.ctrProcess(), gpuEnv(2)), hookBin, []string{hook.PhaseCreateRuntime, "--config", h.slowLockCfg(t)}
+		}},
+		{"gpu-guard-ctl release of holder h1, ledger lock held", func(h *host) ([]byte, string, []string) {
+			return nil, ctlBin, []string{"--config", h.slowLockCfg(t), "release", "--container", "h1", "--reason", "test"}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newBusyHost(t)
+			before, err := h.snapshot()
+			require.NoError(t, err)
+			h.holdLock(t)
+			stdin, bin, args := tc.args(h.host)
+			p := startProc(t, stdin, bin, args...)
+			lock := filepath.Join(h.stateDir, "ledger.lock")
+			h.waitFor("the command opened the ledger lock", func() bool { return opened(p.cmd.Process.Pid, lock) || p.exited() })
+			require.False(t, p.exited(), "ended before SIGTERM: %s", p.stderr.String())
+			took := p.term(t)
+			t.Logf("SIGTERM exit latency: %s: %s", tc.name, took)
+			assert.Equal(t, 1, p.cmd.ProcessState.ExitCode(), p.stderr.String())
+			// It was waiting for the lock, and says who holds it and why it
+			// stopped waiting.
+			assert.Contains(t, p.stderr.String(), "ledger.lock not acquired within")
+			assert.Contains(t, p.stderr.String(), fmt.Sprintf("held by pid %d", os.Getpid()))
+			assert.Contains(t, p.stderr.String(), "terminated signal received")
+			after, err := h.snapshot()
+			require.NoError(t, err)
+			assert.Equal(t, before.Generation, after.Generation, "nothing committed")
+			assert.Equal(t, map[string]string{"0": "h1", "1": "h2"}, h.holders(after))
+		})
+	}
+}

@@ -1,0 +1,64 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package ledger
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// AppendAudit writes its records stamped with the current generation and
+// the writer's pid, changes no state, and returns every failure: an
+// unwritable audit log, a read-only ledger, a state that needs recovery.
+func TestAppendAudit(t *testing.T) {
+	ctx := context.Background()
+	opts := testOptions(newClock())
+	opts.RuntimeDir = t.TempDir()
+	dir := filepath.Join(t.TempDir(), "state")
+	l, err := Open(dir, opts)
+	require.NoError(t, err)
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+	})
+	before, err := l.Snapshot(ctx)
+	require.NoError(t, err)
+
+	require.NoError(t, l.AppendAudit(ctx, AuditRecord{Op: "exempt", ContainerID: "x"}))
+	recs, err := ReadAudit(l.AuditPath())
+	require.NoError(t, err)
+	last := recs[len(recs)-1]
+	assert.Equal(t, "exempt", last.Op)
+	assert.Equal(t, before.Generation, last.Generation)
+	assert.Equal(t, os.Getpid(), last.Pid)
+	assert.False(t, last.Time.IsZero())
+	after, err := l.Snapshot(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, before.Generation, after.Generation, "no commit")
+
+	require.ErrorContains(t, l.AppendAudit(ctx, AuditRecord{ContainerID: "x"}), "no op")
+
+	// audit.log a directory: the append fails, and says where.
+	aside := l.AuditPath() + ".moved"
+	require.NoError(t, os.Rename(l.AuditPath(), aside))
+	require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
+	require.ErrorContains(t, l.AppendAudit(ctx, AuditRecord{Op: "exempt"}), l.AuditPath())
+	require.NoError(t, os.Remove(l.AuditPath()))
+	require.NoError(t, os.Rename(aside, l.AuditPath()))
+
+	ro, err := OpenReadOnly(dir, opts)
+	require.NoError(t, err)
+	require.ErrorIs(t, ro.AppendAudit(ctx, AuditRecord{Op: "exempt"}), ErrReadOnly)
+
+	require.NoError(t, os.WriteFile(l.StatePath(), []byte("garbage"), 0o600))
+	require.ErrorIs(t, l.AppendAudit(ctx, AuditRecord{Op: "exempt"}), ErrNeedsRecovery)
+	recs2, err := ReadAudit(l.AuditPath())
+	require.NoError(t, err)
+	assert.Len(t, recs2, len(recs), "nothing written by the failed appends")
+}
