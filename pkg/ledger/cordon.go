@@ -32,7 +32,7 @@ const (
 	OpDraining = "draining" // a stopped holder's claims are kept until its processes leave the GPU
 )
 
-// ErrCordoned: a device asked for is cordoned (see CordonError).
+// ErrCordoned is wrapped by every refusal of a cordoned device (see CordonError).
 var ErrCordoned = errors.New("device cordoned")
 
 // CordonError lists the cordons standing between a request and its devices.
