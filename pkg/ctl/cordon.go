@@ -107,9 +107,9 @@ func cordonJSONOf(k ledger.Cordon) *cordonJSON {
 		Source: k.Source, Reason: k.Reason, By: k.By, Since: k.Since}
 }
 
-// CordonOf returns the cordon covering d in st (on d, on its GPU, or on one
+// cordonOf returns the cordon covering d in st (on d, on its GPU, or on one
 // of its MIG instances), or nil: what status shows as "cordoned".
-func CordonOf(st ledger.State, d devices.Device) *ledger.Cordon {
+func cordonOf(st ledger.State, d devices.Device) *ledger.Cordon {
 	for i := range st.Cordons {
 		if devices.Conflicts(st.Cordons[i].Device, d) {
 			k := st.Cordons[i]
@@ -239,7 +239,7 @@ func (a *app) uncordon(ctx context.Context, arg string) error {
 		lifted = nil
 		if a.output != outputJSON {
 			// Say where a cordon covering it is, if one is.
-			if k := CordonOf(st, d); k != nil {
+			if k := cordonOf(st, d); k != nil {
 				_, err := fmt.Fprintf(a.env.Stdout, "%s is not cordoned itself, but %s is: run `%s uncordon %s`\n",
 					naming.Device(d), naming.Device(k.Device), programName, k.Device.Index)
 				return writeErr(err)
