@@ -205,6 +205,11 @@ func TestReleaseRequiresIdle(t *testing.T) {
 			require.NoError(t, e.g.Removed(ctx, holder)) // keeps the drain's start
 		}},
 		{"pod gone", func(e *env) { require.NoError(t, e.g.PodGone(ctx, holder.PodUID, "")) }},
+		{"not listed at reconcile", func(e *env) {
+			res, err := e.g.Reconcile(ctx, ledger.FrontEndNRI, nil)
+			require.NoError(t, err)
+			assert.Empty(t, res.Released, "a stopped holder's claim drains, it is not released as stale")
+		}},
 		{"holder found exited", func(e *env) {
 			require.NoError(t, e.g.Started(ctx, holder.ContainerID, 4242, "/k8s.io/"+holder.ContainerID))
 			e.live.exited[holder.ContainerID] = true

@@ -20,8 +20,8 @@
 // cordon (CordonDevice, UncordonDevice; from gpu-guard-ctl, or from the
 // observer for an intruder or an unhealthy device) and, under [observe]
 // release_requires_idle, draining claims (Draining, FinishDraining): a
-// holder's stop, removal, pod removal or exit found out of band keeps its
-// claims draining until the observer sees its processes leave the GPU or
+// holder's stop, removal, pod removal, exit found out of band, or absence
+// from the runtime's list at reconcile keeps its claims draining until the observer sees its processes leave the GPU or
 // idle_grace passes (the ledger releases them then, at any process's next
 // update, so a host without an observer never waits longer).
 //

@@ -639,6 +639,12 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 			}
 			holdings = append(holdings, ledger.Holding{Owner: e.owner, Devices: devs, Source: source})
 		}
+		if g.requiresIdle() {
+			// Containers the runtime no longer lists stopped while the
+			// front end was away: their claims drain like any stopped
+			// holder's (Reconcile leaves draining claims alone).
+			g.drainUnlisted(tx, fe, holdings)
+		}
 		// Reconcile also fills in the pid and cgroup of claims that lack
 		// them (the daemon restarted after the container started).
 		result = tx.Reconcile(fe, holdings)
