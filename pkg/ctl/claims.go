@@ -57,6 +57,9 @@ type claimJSON struct {
 	Cgroup      string     `json:"cgroup,omitempty"`
 	StartedAt   *time.Time `json:"started_at,omitempty"`
 	StoppedAt   *time.Time `json:"stopped_at,omitempty"`
+	// DrainingSince: the holder stopped under release_requires_idle and
+	// the claim is kept until its processes leave the GPU.
+	DrainingSince *time.Time `json:"draining_since,omitempty"`
 }
 
 func claimView(c ledger.Claim) claimJSON {
@@ -75,6 +78,8 @@ func claimView(c ledger.Claim) claimJSON {
 		Cgroup:      c.Owner.Cgroup,
 		StartedAt:   timeOrNil(c.Owner.StartedAt),
 		StoppedAt:   timeOrNil(c.Owner.StoppedAt),
+
+		DrainingSince: timeOrNil(c.Owner.DrainingSince),
 	}
 }
 
@@ -91,7 +96,7 @@ func renderClaims(w io.Writer, output string, st ledger.State, now time.Time) er
 	wide := output == outputWide
 	header := []string{"INDEX", "UUID", "HOLDER", "ID", "SOURCE", "SINCE"}
 	if wide {
-		header = []string{"INDEX", "UUID", "HOLDER", "CONTAINER ID", "POD UID", "FRONT END", "PID", "CGROUP", "SOURCE", "SINCE", "STOPPED"}
+		header = []string{"INDEX", "UUID", "HOLDER", "CONTAINER ID", "POD UID", "FRONT END", "PID", "CGROUP", "SOURCE", "SINCE", "STOPPED", "DRAINING"}
 	}
 	t := newTable(w, header...)
 	for _, c := range st.Claims {
@@ -104,7 +109,8 @@ func renderClaims(w io.Writer, output string, st ledger.State, now time.Time) er
 			pid = strconv.Itoa(c.Owner.Pid)
 		}
 		t.row(c.Device.Index, c.Device.UUID, holderName(c.Owner), c.Owner.ContainerID, c.Owner.PodUID,
-			string(c.Owner.FrontEnd), pid, c.Owner.Cgroup, c.Source, since(now, c.Since), since(now, c.Owner.StoppedAt))
+			string(c.Owner.FrontEnd), pid, c.Owner.Cgroup, c.Source, since(now, c.Since), since(now, c.Owner.StoppedAt),
+			since(now, c.Owner.DrainingSince))
 	}
 	return t.flush()
 }

@@ -27,8 +27,10 @@ down while containers stopped.
 This is the rule the daemon applies, with the configured release_on: a holder
 that was created but never started has no process yet and keeps its claim, and
 under release_on = "remove" an exited holder keeps its claim until its
-container is removed (use release to end it sooner). When in doubt (unreadable
-cgroup, unknown layout) a claim is kept.
+container is removed (use release to end it sooner); under [observe]
+release_requires_idle = true an exited holder's claim is kept draining (until
+the GPU shows its processes gone, or idle_grace) instead of released. When in
+doubt (unreadable cgroup, unknown layout) a claim is kept.
 Every release is audited with the finding.
 
 --dry-run lists what would be released and changes nothing (no root needed).`,
@@ -61,6 +63,7 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 	// Liveness reads cgroupfs and procfs: do it before taking the lock, so the
 	// daemon is not kept waiting on that I/O.
 	exited := map[string]ledger.Owner{}
+	drain := map[string]bool{} // release_requires_idle: kept draining, not released
 	why := map[string]string{}
 	for _, c := range st.Claims {
 		id := c.Owner.ContainerID
@@ -70,28 +73,37 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 		why[id] = ""
 		// The rule the guard applies: a holder kept by policy (release_on
 		// = "remove", or never started) is not a leak.
-		if v := rule.Check(c.Owner); v.Release() {
+		if v := rule.Check(c.Owner); v.Release() || v.Action == guard.MarkDraining {
 			exited[id] = c.Owner
 			why[id] = "holder exited: " + v.Why
+			drain[id] = v.Action == guard.MarkDraining
 		}
 	}
 	if dryRun {
-		var claims []ledger.Claim
+		var claims, draining []ledger.Claim
 		for _, c := range st.Claims {
-			if _, ok := exited[c.Owner.ContainerID]; ok {
+			if _, ok := exited[c.Owner.ContainerID]; ok && drain[c.Owner.ContainerID] {
+				draining = append(draining, c)
+			} else if ok {
 				claims = append(claims, c)
 			}
 		}
-		return renderReleased(a.env.Stdout, a.output, true, claims, why, a.env.Now())
+		return renderReleasedDraining(a.env.Stdout, a.output, true, claims, draining, why, a.env.Now())
 	}
-	var released []ledger.Claim
+	var released, draining []ledger.Claim
 	if len(exited) > 0 {
 		err = a.update(ctx, func(tx *ledger.Tx) error {
-			released = nil // fn may be retried; start over each time
+			released, draining = nil, nil // fn may be retried; start over each time
 			for _, id := range slices.Sorted(maps.Keys(exited)) {
 				if !sameIncarnation(tx.State(), id, exited[id]) {
 					// It started again (new pid) or was released since the
 					// check: the finding no longer applies.
+					continue
+				}
+				if drain[id] {
+					// What the guard does with the same finding: only the
+					// GPU can tell that the processes left it.
+					draining = append(draining, tx.MarkDraining(id, why[id]+" (gc via "+programName+")")...)
 					continue
 				}
 				released = append(released, tx.Release(id, why[id]+" (gc via "+programName+")")...)
@@ -102,7 +114,7 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 			return err
 		}
 	}
-	return renderReleased(a.env.Stdout, a.output, false, released, why, a.env.Now())
+	return renderReleasedDraining(a.env.Stdout, a.output, false, released, draining, why, a.env.Now())
 }
 
 // sameIncarnation reports whether container id still holds a claim with the

@@ -239,6 +239,9 @@ func hasConflicts(st *ledger.State, id string) bool {
 type releasedView struct {
 	DryRun   bool           `json:"dry_run"`
 	Released []releasedJSON `json:"released"`
+	// Draining (gc under release_requires_idle): claims of exited holders
+	// kept draining instead of released.
+	Draining []releasedJSON `json:"draining,omitempty"`
 }
 
 type releasedJSON struct {
@@ -250,16 +253,39 @@ type releasedJSON struct {
 // renderReleased prints the claims released (or, for a dry run, that would
 // be). why, when set, gives gc's reason per container id.
 func renderReleased(w io.Writer, output string, dryRun bool, claims []ledger.Claim, why map[string]string, now time.Time) error {
+	return renderReleasedDraining(w, output, dryRun, claims, nil, why, now)
+}
+
+// renderReleasedDraining is renderReleased, with the claims kept draining
+// (or, for a dry run, that would be).
+func renderReleasedDraining(w io.Writer, output string, dryRun bool, claims, draining []ledger.Claim, why map[string]string, now time.Time) error {
 	if output == outputJSON {
 		v := releasedView{DryRun: dryRun, Released: make([]releasedJSON, 0, len(claims))}
 		for _, c := range claims {
 			v.Released = append(v.Released, releasedJSON{claimJSON: claimView(c), Why: why[c.Owner.ContainerID]})
 		}
+		for _, c := range draining {
+			v.Draining = append(v.Draining, releasedJSON{claimJSON: claimView(c), Why: why[c.Owner.ContainerID]})
+		}
 		return writeJSON(w, v)
+	}
+	for _, c := range draining {
+		verb := "kept draining"
+		if dryRun {
+			verb = "would keep draining"
+		}
+		line := fmt.Sprintf("%s %s held by %s: %s; released once its processes leave the GPU (release_requires_idle)",
+			verb, naming.Device(c.Device), guard.HolderName(c.Owner), why[c.Owner.ContainerID])
+		if _, err := fmt.Fprintln(w, escapeLine(line)); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
 	}
 	verb := "released"
 	if dryRun {
 		verb = "would release"
+	}
+	if len(claims) == 0 && len(draining) > 0 {
+		return nil
 	}
 	if len(claims) == 0 {
 		if _, err := fmt.Fprintf(w, "nothing to release\n"); err != nil {

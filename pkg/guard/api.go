@@ -45,6 +45,9 @@ type Decision struct {
 	Reason  string              `json:"reason"` // machine-readable: free, busy, reserved, exempt, no-gpu, unknown-device, policy-all, policy-privileged, ...
 	Devices []devices.Resolved  `json:"devices"`
 	Busy    []ledger.BusyDevice `json:"-"`
+	// Cordoned lists the cordoned devices of a request refused for them
+	// (Reason "cordoned").
+	Cordoned []ledger.CordonedDevice `json:"-"`
 	// Position and QueueLength are set for Queue ("position N of M").
 	Position    int           `json:"position,omitempty"`
 	QueueLength int           `json:"queue_length,omitempty"`

@@ -3,9 +3,9 @@
 
 // Package guard is the one place that decides whether a container may have
 // the GPUs it asks for, what the refusal says, and when a holder's claim may
-// be released without a stop event (Releasable, the one release rule that
-// the guard itself, gpu-guard-ctl gc and status, and the waiting OCI hook
-// apply). Both front ends (the NRI plugin and the OCI hook) and gpu-guard-ctl
+// be released without a stop event (ReleasableIdle, the one release rule
+// that the guard itself, gpu-guard-ctl gc and status, and the waiting OCI
+// hook apply, through Guard.Releasable or ReleaseRule). Both front ends (the NRI plugin and the OCI hook) and gpu-guard-ctl
 // call it; none of them contains policy (TestFrontEndsHoldNoPolicy). It also
 // owns the one translation of the configuration into ledger.Options
 // (LedgerOptions).
@@ -16,7 +16,23 @@
 // arrived (or, under release_on = "remove", lets a same-pod restart take over
 // its stopped predecessor's claim), and claims, queues or refuses.
 //
+// It also keeps the persistent device states of the ledger (cordon.go): a
+// cordon (CordonDevice, UncordonDevice; from gpu-guard-ctl, or from the
+// observer for an intruder or an unhealthy device) and, under [observe]
+// release_requires_idle, draining claims (Draining, FinishDraining): a
+// holder's stop, removal, pod removal, exit found out of band, or absence
+// from the runtime's list at reconcile keeps its claims draining until the observer sees its processes leave the GPU or
+// idle_grace passes (the ledger releases them then, at any process's next
+// update, so a host without an observer never waits longer).
+//
 // Invariants:
+//   - A request for a cordoned device (or a MIG instance of a cordoned GPU,
+//     or a GPU with a cordoned MIG instance) is refused outright, never
+//     queued, whatever on_conflict says, before any holder is settled: a
+//     cordon does not end by itself, so a queue position would promise a
+//     turn nobody schedules. Its holder keeps its claim; the ledger never
+//     reserves the device. The refusal names the device, the cordon (source,
+//     by, since, why) and the command that lifts it, and is audited.
 //   - A decision is all or nothing: every device of the request is claimed
 //     in the same transaction, or none is. A same-pod restart takes over its
 //     stopped predecessor's claim only when that admits it; a refused

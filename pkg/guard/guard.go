@@ -117,7 +117,9 @@ func (g *Guard) exempts(o ledger.Owner) bool {
 
 // Releasable applies the release rule (see Releasable) with the guard's
 // policy and liveness check.
-func (g *Guard) Releasable(o ledger.Owner) Verdict { return Releasable(o, g.policy.ReleaseOn, g.live) }
+func (g *Guard) Releasable(o ledger.Owner) Verdict {
+	return ReleasableIdle(o, g.policy.ReleaseOn, g.requiresIdle(), g.live)
+}
 
 // Resolve turns a container description into the devices it reaches under the
 // guard's policies, without touching the ledger.
@@ -254,6 +256,13 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 	}
 	d := Decision{Devices: res.Devices}
 
+	// A cordon refuses before anything else: no holder is settled and
+	// nothing is queued for a device that takes no new claims.
+	if cordoned := tx.CordonsOn(owner.ContainerID, want); len(cordoned) > 0 {
+		g.refuseCordoned(tx, &d, key, owner, want, cordoned, now)
+		return d, nil, nil
+	}
+
 	busy := tx.Busy(key, owner, want)
 	var (
 		released []ledger.Claim
@@ -312,7 +321,7 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 		}
 		h := bd.Holder.Owner
 		checked[h.ContainerID] = true
-		v := Releasable(h, g.policy.ReleaseOn, g.live)
+		v := g.Releasable(h)
 		stopped := v.Action == KeepStopped
 		switch v.Action {
 		case MarkStopped:
@@ -321,6 +330,13 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 			tx.MarkStopped(h.ContainerID)
 			stopped, changed = true, true
 			g.log.Info("holder exited without a stop event; kept until removal",
+				append(ownerAttrs(h, ""), slog.String("why", v.Why))...)
+		case MarkDraining:
+			// release_requires_idle: the cgroup is empty, but the GPU
+			// may still hold its processes; the claim drains.
+			tx.MarkDraining(h.ContainerID, ReasonHolderExited+": "+v.Why)
+			changed = true
+			g.log.Info("holder exited without a stop event; claim kept draining until its processes leave the GPU",
 				append(ownerAttrs(h, ""), slog.String("why", v.Why))...)
 		case ReleaseNow:
 			rel := tx.Release(h.ContainerID, ReasonHolderExited+": "+v.Why)
@@ -497,15 +513,25 @@ func (g *Guard) Started(ctx context.Context, containerID string, pid int, cgroup
 // followed by a Stop for the refused id, and its requester keeps its place.
 func (g *Guard) Stopped(ctx context.Context, o ledger.Owner) error {
 	if g.policy.ReleaseOn == config.ReleaseOnRemove {
+		// Kept until removal; release_requires_idle drains it then.
 		return g.update(ctx, "stop", func(tx *ledger.Tx) bool {
 			return tx.MarkStopped(o.ContainerID)
 		})
 	}
+	if g.requiresIdle() {
+		return g.drain(ctx, o, "stopped")
+	}
 	return g.release(ctx, o, "stopped")
 }
 
-// Removed releases a removed container's claims (idempotent).
+// Removed releases a removed container's claims (idempotent). Under
+// release_requires_idle they are kept draining instead (a claim already
+// draining keeps its start): removal does not prove that the container's
+// processes left the GPU, and the drain grace bounds the wait.
 func (g *Guard) Removed(ctx context.Context, o ledger.Owner) error {
+	if g.requiresIdle() {
+		return g.drain(ctx, o, "removed")
+	}
 	return g.release(ctx, o, "removed")
 }
 
@@ -530,9 +556,14 @@ func (g *Guard) PodGone(ctx context.Context, podUID, sandboxID string) error {
 		dropped []ledger.Waiter
 	)
 	err := g.update(ctx, "pod gone", func(tx *ledger.Tx) bool {
-		rel = tx.ReleasePod(podUID, sandboxID, "pod gone")
+		drained := false
+		if g.requiresIdle() {
+			drained = g.drainPod(tx, podUID, sandboxID)
+		} else {
+			rel = tx.ReleasePod(podUID, sandboxID, "pod gone")
+		}
 		dropped = tx.DropPodWaiters(podUID, sandboxID, "pod gone")
-		return len(rel) > 0 || len(dropped) > 0
+		return drained || len(rel) > 0 || len(dropped) > 0
 	})
 	if err == nil && (len(rel) > 0 || len(dropped) > 0) {
 		keys := make([]string, len(dropped))
@@ -610,6 +641,12 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 				continue
 			}
 			holdings = append(holdings, ledger.Holding{Owner: e.owner, Devices: devs, Source: source})
+		}
+		if g.requiresIdle() {
+			// Containers the runtime no longer lists stopped while the
+			// front end was away: their claims drain like any stopped
+			// holder's (Reconcile leaves draining claims alone).
+			g.drainUnlisted(tx, fe, holdings)
 		}
 		// Reconcile also fills in the pid and cgroup of claims that lack
 		// them (the daemon restarted after the container started).
@@ -761,6 +798,11 @@ func freeGPUs(st *ledger.State, inv *devices.Inventory, key string) []devices.De
 			if devices.Conflicts(c.Device, dev) {
 				taken = true
 				break
+			}
+		}
+		for _, k := range st.Cordons {
+			if devices.Conflicts(k.Device, dev) {
+				taken = true // not free for a new claim
 			}
 		}
 		for _, r := range st.Reservations {

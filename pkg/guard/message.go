@@ -98,7 +98,9 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 			fmt.Fprintf(&b, " through %s", naming.Device(h.Device))
 		}
 		fmt.Fprintf(&b, " since %s", stamp(h.Since, c.now))
-		if !h.Owner.StoppedAt.IsZero() {
+		if !h.Owner.DrainingSince.IsZero() {
+			b.WriteString(drainingText(h.Owner, c.now))
+		} else if !h.Owner.StoppedAt.IsZero() {
 			fmt.Fprintf(&b, " (exited %s, kept until the container is removed: policy release_on = \"remove\")",
 				stamp(h.Owner.StoppedAt, c.now))
 		}

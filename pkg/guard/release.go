@@ -30,6 +30,14 @@ const (
 	// as stopped (it then stops being a candidate for liveness checks and a
 	// restart in the same pod may take it over).
 	MarkStopped ReleaseAction = "mark-stopped"
+	// KeepDraining: the holder stopped under release_requires_idle; its
+	// claim is kept until its processes leave the GPU (FinishDraining) or
+	// the drain grace passes (the ledger releases it then).
+	KeepDraining ReleaseAction = "draining"
+	// MarkDraining: the holder's processes are gone from its cgroup, but
+	// release_requires_idle keeps the claim until the GPU shows them gone
+	// too: the ledger should record it as draining.
+	MarkDraining ReleaseAction = "mark-draining"
 	// ReleaseNow: the holder's processes are gone and release_on = "stop":
 	// its claim may be released now.
 	ReleaseNow ReleaseAction = "release"
@@ -48,7 +56,9 @@ func (v Verdict) Release() bool { return v.Action == ReleaseNow }
 
 // Exited reports whether the check found the holder's processes gone just
 // now (a later Admit would change the ledger: release or mark stopped).
-func (v Verdict) Exited() bool { return v.Action == ReleaseNow || v.Action == MarkStopped }
+func (v Verdict) Exited() bool {
+	return v.Action == ReleaseNow || v.Action == MarkStopped || v.Action == MarkDraining
+}
 
 // ProcessOf is what the liveness check needs of a holder.
 func ProcessOf(o ledger.Owner) liveness.Process {
@@ -61,11 +71,25 @@ func ProcessOf(o ledger.Owner) liveness.Process {
 // OCI hook (whether an Admit would change anything) all ask it, so that they
 // give one answer.
 //
-// A holder already recorded as stopped, or one that never started, is kept
-// without a check. Otherwise live decides; a holder whose processes are gone
-// is released under release_on = "stop" and marked stopped (kept until its
-// container is removed) under "remove".
+// A draining holder, one already recorded as stopped, or one that never
+// started, is kept without a check. Otherwise live decides; a holder whose
+// processes are gone is released under release_on = "stop" and marked
+// stopped (kept until its container is removed) under "remove".
+//
+// Releasable is the rule with release_requires_idle off; ReleasableIdle
+// is the whole rule, which the guard and ReleaseRule apply.
 func Releasable(o ledger.Owner, releaseOn config.ReleaseOn, live Liveness) Verdict {
+	return ReleasableIdle(o, releaseOn, false, live)
+}
+
+// ReleasableIdle is the release rule under [observe]
+// release_requires_idle = requiresIdle: as Releasable, except that a holder
+// found exited under release_on = "stop" is marked draining, not released
+// (its cgroup is empty, but only the GPU can say that its processes left it).
+func ReleasableIdle(o ledger.Owner, releaseOn config.ReleaseOn, requiresIdle bool, live Liveness) Verdict {
+	if !o.DrainingSince.IsZero() {
+		return Verdict{Action: KeepDraining}
+	}
 	if !o.StoppedAt.IsZero() {
 		return Verdict{Action: KeepStopped}
 	}
@@ -78,6 +102,8 @@ func Releasable(o ledger.Owner, releaseOn config.ReleaseOn, live Liveness) Verdi
 		return Verdict{Action: KeepRunning, Why: why}
 	case releaseOn == config.ReleaseOnRemove:
 		return Verdict{Action: MarkStopped, Why: why}
+	case requiresIdle:
+		return Verdict{Action: MarkDraining, Why: why}
 	default:
 		return Verdict{Action: ReleaseNow, Why: why}
 	}
@@ -86,8 +112,9 @@ func Releasable(o ledger.Owner, releaseOn config.ReleaseOn, live Liveness) Verdi
 // ReleaseRule is Releasable bound to a configuration and a liveness check,
 // for callers that hold a config.Config rather than a Guard (ctl, the hook).
 type ReleaseRule struct {
-	releaseOn config.ReleaseOn
-	live      Liveness
+	releaseOn    config.ReleaseOn
+	requiresIdle bool
+	live         Liveness
 }
 
 // NewReleaseRule binds Releasable to cfg's policy and live; nil live is
@@ -96,8 +123,10 @@ func NewReleaseRule(cfg config.Config, live Liveness) ReleaseRule {
 	if live == nil {
 		live = liveness.New("", "")
 	}
-	return ReleaseRule{releaseOn: cfg.Policy.ReleaseOn, live: live}
+	return ReleaseRule{releaseOn: cfg.Policy.ReleaseOn, requiresIdle: cfg.Observe.ReleaseRequiresIdle, live: live}
 }
 
 // Check applies the rule to holder o.
-func (r ReleaseRule) Check(o ledger.Owner) Verdict { return Releasable(o, r.releaseOn, r.live) }
+func (r ReleaseRule) Check(o ledger.Owner) Verdict {
+	return ReleasableIdle(o, r.releaseOn, r.requiresIdle, r.live)
+}

@@ -24,6 +24,9 @@ func LedgerOptions(cfg config.Config) ledger.Options {
 		AuditMaxBytes:  cfg.Ledger.AuditMaxBytes,
 		ReservationTTL: cfg.Policy.ReservationTTL.Duration,
 		QueueTTL:       cfg.Policy.QueueTTL.Duration,
+		// Every process bounds draining claims the same way, whether or
+		// not it has an observer (a hook-only host has none).
+		DrainGrace: cfg.Observe.IdleGrace.Duration,
 	}
 }
 

@@ -41,6 +41,11 @@ type Owner struct {
 	// the claim is kept until removal, and a same-pod same-name restart may take
 	// it over.
 	StoppedAt time.Time `json:"stopped_at,omitzero"`
+	// DrainingSince is set when the holder stopped (or was removed) under
+	// release_requires_idle: the claim is kept, draining, until its
+	// processes have left the GPU (Tx.FinishDraining) or the drain grace
+	// (Options.DrainGrace) passes, whichever comes first.
+	DrainingSince time.Time `json:"draining_since,omitzero"`
 }
 
 // Claim is one device held by one container.
@@ -79,15 +84,36 @@ type Conflict struct {
 	Since  time.Time      `json:"since"`
 }
 
+// Cordon takes a device out of new claims (see Tx.Cordon): nobody may claim
+// it, or a device conflicting with it (a cordon on a GPU covers its MIG
+// instances; one on a MIG instance blocks its full GPU), and nothing is
+// reserved on it. Its holder, if any, keeps its claim.
+type Cordon struct {
+	Device devices.Device `json:"device"`
+	// Source is who or what cordoned it: CordonOperator, CordonIntruder or
+	// CordonUnhealthy.
+	Source string `json:"source"`
+	Reason string `json:"reason"`
+	By     string `json:"by"`
+	// Since is when the device was first cordoned; a repeated cordon
+	// updates source, reason and by, and keeps it.
+	Since time.Time `json:"since"`
+}
+
 // State is the ledger's content. Slices are kept sorted (claims by device UUID,
-// waiters by Seq, reservations by device UUID, conflicts by device then id).
+// waiters by Seq, reservations by device UUID, conflicts by device then id,
+// cordons by device UUID).
 type State struct {
 	Claims       []Claim       `json:"claims"`
 	Waiters      []Waiter      `json:"waiters"`
 	Reservations []Reservation `json:"reservations"`
 	Conflicts    []Conflict    `json:"conflicts"`
-	Generation   uint64        `json:"generation"`
-	BootID       string        `json:"boot_id"`
+	// Cordons is omitted when empty, so that a state without one is
+	// written as before (the format version still marks it: see
+	// FormatVersion).
+	Cordons    []Cordon `json:"cordons,omitempty"`
+	Generation uint64   `json:"generation"`
+	BootID     string   `json:"boot_id"`
 	// Lineage is a random id given to a state when it starts empty: no
 	// state file, a file moved aside as corrupt, or an earlier boot's state
 	// discarded. Every other mutation keeps it, so a reader that remembers
@@ -119,12 +145,17 @@ type ReconcileResult struct {
 
 // Options tune a Ledger. Zero values take the documented defaults.
 type Options struct {
-	LockTimeout    time.Duration    // default 1s; also bounded by the context deadline
-	AuditMaxBytes  int64            // default 10 MiB
-	ReservationTTL time.Duration    // default 6m
-	QueueTTL       time.Duration    // default 15m
-	Now            func() time.Time // default time.Now (tests inject a clock)
-	BootID         string           // default: /proc/sys/kernel/random/boot_id
+	LockTimeout    time.Duration // default 1s; also bounded by the context deadline
+	AuditMaxBytes  int64         // default 10 MiB
+	ReservationTTL time.Duration // default 6m
+	QueueTTL       time.Duration // default 15m
+	// DrainGrace bounds how long a claim stays draining (Owner.
+	// DrainingSince): at every Update (and View) a draining claim older
+	// than this is released, audited and logged. 0 = never kept draining
+	// past the update that finds it (release_requires_idle off).
+	DrainGrace time.Duration
+	Now        func() time.Time // default time.Now (tests inject a clock)
+	BootID     string           // default: /proc/sys/kernel/random/boot_id
 	// Logger receives what cannot be returned: an audit append that failed
 	// after the state was committed, stray temp files removed, a state from
 	// an earlier boot discarded. Default: discard.

@@ -17,6 +17,7 @@ func (s *State) Clone() State {
 	c.Claims = slices.Clone(s.Claims)
 	c.Reservations = slices.Clone(s.Reservations)
 	c.Conflicts = slices.Clone(s.Conflicts)
+	c.Cordons = slices.Clone(s.Cordons)
 	c.Waiters = slices.Clone(s.Waiters)
 	for i := range c.Waiters {
 		c.Waiters[i].Devices = slices.Clone(c.Waiters[i].Devices)

@@ -20,8 +20,18 @@ import (
 // reads. Bump it for any change an older build would misread. Format 1 was a
 // single ledger.json rewritten whole at every commit; format 2 is a
 // snapshot (ledger.json) plus a journal (ledger.journal). A format 1 file is
-// read and converted at the next commit.
-const FormatVersion = 2
+// read and converted at the next commit. Format 3 adds device cordons
+// (State.Cordons) and draining claims (Owner.DrainingSince): a format 2
+// build would refuse those fields as unknown and report the state corrupt,
+// and its recovery could then drop a cordon; with the bump it reports a
+// state written by a newer build, leaves it untouched and decides nothing
+// (fail closed). A format 2 file is read as is (it has neither) and
+// written as format 3 at the next commit.
+const FormatVersion = 3
+
+// previousFormat is the snapshot-and-journal format before cordons, read
+// and converted at the next commit.
+const previousFormat = 2
 
 // legacyFormat is the whole-file format, read for the upgrade only.
 const legacyFormat = 1
@@ -141,7 +151,7 @@ func DecodeState(data []byte) (State, error) {
 		return State{}, &FormatError{Version: format, Supported: FormatVersion}
 	case format == legacyFormat:
 		return decodeLegacy(data)
-	case format != FormatVersion:
+	case format != FormatVersion && format != previousFormat:
 		return State{}, badState("format version %d is not valid", format)
 	}
 	nl := bytes.IndexByte(data, '\n')
@@ -325,5 +335,5 @@ func validate(st *State, checkWaiters bool) error {
 			return errors.New("a conflict record has no device or no container id")
 		}
 	}
-	return nil
+	return validateCordons(st.Cordons)
 }

@@ -135,13 +135,17 @@ func marshalQueueFirst(t *testing.T, st *State) []byte {
 	t.Helper()
 	var b bytes.Buffer
 	b.WriteString("{")
-	for i, f := range []struct {
+	type field struct {
 		name string
 		v    any
-	}{
-		{"waiters", st.Waiters}, {"claims", st.Claims}, {"reservations", st.Reservations}, {"conflicts", st.Conflicts},
-		{"generation", st.Generation}, {"boot_id", st.BootID}, {"lineage", st.Lineage}, {"next_seq", st.NextSeq}, {"updated_at", st.UpdatedAt},
-	} {
+	}
+	fields := []field{{"waiters", st.Waiters}, {"claims", st.Claims}, {"reservations", st.Reservations}, {"conflicts", st.Conflicts}}
+	if len(st.Cordons) > 0 { // omitempty
+		fields = append(fields, field{"cordons", st.Cordons})
+	}
+	fields = append(fields, []field{{"generation", st.Generation}, {"boot_id", st.BootID}, {"lineage", st.Lineage},
+		{"next_seq", st.NextSeq}, {"updated_at", st.UpdatedAt}}...)
+	for i, f := range fields {
 		if i > 0 {
 			b.WriteString(",")
 		}
@@ -218,7 +222,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	st := sampleState()
 	b, err := encodeState(&st)
 	require.NoError(t, err)
-	require.True(t, bytes.HasPrefix(b, []byte(`{"format":2,"generation":42,"boot_id":"`+testBoot+`","lineage":"`+testLineage+`","checksum":"sha256:`)))
+	require.True(t, bytes.HasPrefix(b, []byte(`{"format":3,"generation":42,"boot_id":"`+testBoot+`","lineage":"`+testLineage+`","checksum":"sha256:`)))
 	require.True(t, bytes.HasSuffix(b, []byte("}\n")))
 	require.Equal(t, 2, bytes.Count(b, []byte("\n")), "a header line and a state line")
 	got, err := DecodeState(b)
@@ -339,6 +343,15 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add(good)
 	f.Add(good[:len(good)-10])
+	// Format 3: cordons and a draining claim.
+	st.Cordons = []Cordon{{Device: gpu(1), Source: CordonOperator, Reason: "reseat", By: "root", Since: time.Unix(9, 0).UTC()}}
+	st.Claims[0].Owner.DrainingSince = time.Unix(10, 0).UTC()
+	withCordon, err := encodeState(&st)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(withCordon)
+	f.Add(append([]byte(`{"format":2,`), withCordon[len(`{"format":3,`):]...))
 	f.Add([]byte(`{"format":1,"generation":0,"boot_id":"","checksum":"sha256:","state":{}}`))
 	f.Add([]byte(`{"format":2,"generation":0,"boot_id":"","lineage":"","checksum":"sha256:","bytes":2}` + "\n{}\n"))
 	f.Add([]byte(`{"format":99}`))

@@ -40,6 +40,9 @@ func fastDecodeState(b []byte) (State, bool) {
 	st.Reservations = fastList(&d, (*fastDecoder).reservation)
 	d.lit(`,"conflicts":`)
 	st.Conflicts = fastList(&d, (*fastDecoder).conflict)
+	if d.opt(`,"cordons":`) {
+		st.Cordons = fastList(&d, (*fastDecoder).cordon)
+	}
 	d.lit(`,"generation":`)
 	st.Generation = d.uint()
 	d.lit(`,"boot_id":`)
@@ -229,6 +232,9 @@ func (d *fastDecoder) owner(o *Owner) {
 	if d.opt(`,"stopped_at":`) {
 		o.StoppedAt = d.time()
 	}
+	if d.opt(`,"draining_since":`) {
+		o.DrainingSince = d.time()
+	}
 	d.lit(`}`)
 }
 
@@ -276,6 +282,20 @@ func (d *fastDecoder) conflict(c *Conflict) {
 	d.device(&c.Device)
 	d.lit(`,"owner":`)
 	d.owner(&c.Owner)
+	d.lit(`,"since":`)
+	c.Since = d.time()
+	d.lit(`}`)
+}
+
+func (d *fastDecoder) cordon(c *Cordon) {
+	d.lit(`{"device":`)
+	d.device(&c.Device)
+	d.lit(`,"source":`)
+	c.Source = d.str()
+	d.lit(`,"reason":`)
+	c.Reason = d.str()
+	d.lit(`,"by":`)
+	c.By = d.str()
 	d.lit(`,"since":`)
 	c.Since = d.time()
 	d.lit(`}`)

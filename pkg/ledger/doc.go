@@ -24,8 +24,8 @@
 // file, writable by group or others, or owned by another user; never
 // followed as symlinks, never opened blocking):
 //
-//   - ledger.json: the snapshot, format 2: a header line
-//     {"format":2,"generation":G,"boot_id":…,"lineage":…,"checksum":"sha256:…","bytes":N}
+//   - ledger.json: the snapshot, format 3: a header line
+//     {"format":3,"generation":G,"boot_id":…,"lineage":…,"checksum":"sha256:…","bytes":N}
 //     and the state as one JSON line of N bytes, which the checksum covers.
 //     It is decoded once, in one pass; a field this build does not know is
 //     refused (a write would drop it), not ignored;
@@ -34,7 +34,8 @@
 //     continues; "genesis" when that base is the empty state of a fresh
 //     start) and one record per commit with its generation (always the
 //     previous one plus one) and what changed: claims and reservations by
-//     device UUID, waiters by key, conflicts whole;
+//     device UUID, waiters by key, cordons by device UUID, conflicts
+//     whole;
 //   - ledger.json.prev, ledger.journal.prev: the snapshot and journal the
 //     last compaction replaced, kept for Recover;
 //   - ledger.lock: the flock every mutation holds (never deleted);
@@ -48,7 +49,9 @@
 // legitimately starts empty; once this boot committed, missing files, a
 // moved dir, another lineage, an earlier boot's state or an older
 // generation are refused. Format 1 (one ledger.json rewritten whole at
-// every commit) is read, and converted at the next commit.
+// every commit) and format 2 (before cordons and draining claims) are read,
+// and converted at the next commit; a format 2 build refuses a format 3
+// state as newer and leaves it untouched, so it never drops a cordon.
 //
 // Use: Ledger.Update runs a function on a Tx under the lock and commits what
 // it changed; Ledger.Snapshot reads without the lock; Ledger.View runs a Tx
@@ -111,6 +114,18 @@
 //     mutation. A file without one (format 1) gets one at its next commit. A
 //     new lineage means the ledger forgot what it knew: whoever rebuilds it
 //     from the runtime fences on its lineage (Ledger.RequireLineage).
+//   - A cordon (State.Cordons; Tx.Cordon, Tx.Uncordon) takes a device out
+//     of new claims: no Claim of it or of a device conflicting with it (a
+//     cordon on a GPU covers its MIG instances, one on a MIG instance blocks
+//     its GPU) and no reservation on it; its holder keeps its claim, and so
+//     may a container ask again for what it holds. Cordons last until
+//     lifted, through compaction and Recover (they are journaled); like
+//     everything else they are discarded with an earlier boot's state.
+//   - A draining claim (Owner.DrainingSince; Tx.MarkDraining) is held like
+//     any other until Tx.FinishDraining or, at the first Update or View
+//     after Options.DrainGrace, released with an audit record and a log
+//     line: it never outlives the grace. Reconcile does not release it as
+//     stale (its container is stopped by definition).
 //   - Tx.State hands out a copy: nothing outside a Tx's methods changes the
 //     state a commit journals, or the cache.
 package ledger

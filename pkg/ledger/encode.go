@@ -106,6 +106,12 @@ func appendStateRest(b []byte, st *State) ([]byte, error) {
 	if b, err = appendList(b, st.Conflicts, appendConflict); err != nil {
 		return nil, err
 	}
+	if len(st.Cordons) > 0 {
+		b = append(b, `,"cordons":`...)
+		if b, err = appendList(b, st.Cordons, appendCordon); err != nil {
+			return nil, err
+		}
+	}
 	b = append(b, `,"generation":`...)
 	b = strconv.AppendUint(b, st.Generation, 10)
 	b = append(b, `,"boot_id":`...)
@@ -183,6 +189,12 @@ func appendOwner(b []byte, o *Owner) ([]byte, error) {
 	if !o.StoppedAt.IsZero() {
 		b = append(b, `,"stopped_at":`...)
 		if b, err = appendTime(b, o.StoppedAt); err != nil {
+			return nil, err
+		}
+	}
+	if !o.DrainingSince.IsZero() {
+		b = append(b, `,"draining_since":`...)
+		if b, err = appendTime(b, o.DrainingSince); err != nil {
 			return nil, err
 		}
 	}
@@ -266,6 +278,23 @@ func appendConflict(b []byte, c *Conflict) ([]byte, error) {
 	}
 	b = append(b, `,"since":`...)
 	if b, err = appendTime(b, c.Since); err != nil {
+		return nil, err
+	}
+	return append(b, '}'), nil
+}
+
+func appendCordon(b []byte, c *Cordon) ([]byte, error) {
+	b = append(b, `{"device":`...)
+	b = appendDevice(b, &c.Device)
+	b = append(b, `,"source":`...)
+	b = appendString(b, c.Source)
+	b = append(b, `,"reason":`...)
+	b = appendString(b, c.Reason)
+	b = append(b, `,"by":`...)
+	b = appendString(b, c.By)
+	b = append(b, `,"since":`...)
+	b, err := appendTime(b, c.Since)
+	if err != nil {
 		return nil, err
 	}
 	return append(b, '}'), nil

@@ -42,7 +42,7 @@ func mustRead(t *testing.T, p string) []byte {
 
 func TestNewerFormatIsLeftAlone(t *testing.T) {
 	l := seeded(t)
-	future := append([]byte(`{"format":3,`), mustRead(t, l.StatePath())[len(`{"format":2,`):]...)
+	future := append([]byte(`{"format":4,`), mustRead(t, l.StatePath())[len(`{"format":3,`):]...)
 	require.NoError(t, os.WriteFile(l.StatePath(), future, 0o600))
 
 	err := l.Update(context.Background(), func(tx *Tx) error { t.Fatal("fn must not run"); return nil })

@@ -27,8 +27,11 @@ import (
 // committed (its caller never got an answer), so readers ignore it and the
 // next writer truncates it. Any other line that does not verify is damage.
 
-// journalFormat is the version of the journal's header and records.
-const journalFormat = 1
+// journalFormat is the version of the journal's header and records. Journal
+// 2 (with snapshot format 3) adds cordons and draining claims; a journal 1
+// is read (it has neither) and replaced at the next commit, which writes a
+// format 3 snapshot and a new journal first.
+const journalFormat = 2
 
 // maxJournalLine bounds one record: a commit changes a few claims and
 // waiters, so a bigger line is not ours.
@@ -63,6 +66,8 @@ type journalRecord struct {
 	Waiters      []Waiter      `json:"w,omitempty"`
 	WaitersGone  []string      `json:"dw,omitempty"`
 	Conflicts    *[]Conflict   `json:"x,omitempty"`
+	Cordons      []Cordon      `json:"k,omitempty"`
+	CordonsGone  []string      `json:"dk,omitempty"`
 }
 
 // appendJournalLine frames one JSON value as a journal line.
@@ -123,7 +128,7 @@ func decodeHeader(line []byte) (journalHeader, error) {
 	if h.Journal > journalFormat {
 		return h, &FormatError{Version: FormatVersion + h.Journal - journalFormat, Supported: FormatVersion}
 	}
-	if h.Journal != journalFormat || h.Lineage == "" {
+	if h.Journal < 1 || h.Lineage == "" {
 		return h, badState("journal header is not valid (journal %d, lineage %q)", h.Journal, truncate(h.Lineage, 64))
 	}
 	return h, nil
@@ -145,6 +150,7 @@ func recordOf(base, st *State, touched []string) journalRecord {
 	r := journalRecord{Gen: st.Generation, Time: st.UpdatedAt, NextSeq: st.NextSeq}
 	r.Claims, r.ClaimsGone = diffByUUID(base.Claims, st.Claims, func(c *Claim) string { return c.Device.UUID }, sameClaim)
 	r.Reservations, r.ResGone = diffByUUID(base.Reservations, st.Reservations, func(x *Reservation) string { return x.Device.UUID }, sameReservation)
+	r.Cordons, r.CordonsGone = diffByUUID(base.Cordons, st.Cordons, func(k *Cordon) string { return k.Device.UUID }, sameCordon)
 	if !slices.EqualFunc(base.Conflicts, st.Conflicts, sameConflict) {
 		x := slices.Clone(st.Conflicts)
 		if x == nil {
@@ -222,7 +228,11 @@ func sameOwner(a, b *Owner) bool {
 	return a.ContainerID == b.ContainerID && a.Container == b.Container && a.Namespace == b.Namespace &&
 		a.Pod == b.Pod && a.PodUID == b.PodUID && a.PodSandboxID == b.PodSandboxID && a.FrontEnd == b.FrontEnd &&
 		a.Pid == b.Pid && a.PidStart == b.PidStart && a.Cgroup == b.Cgroup &&
-		a.StartedAt.Equal(b.StartedAt) && a.StoppedAt.Equal(b.StoppedAt)
+		a.StartedAt.Equal(b.StartedAt) && a.StoppedAt.Equal(b.StoppedAt) && a.DrainingSince.Equal(b.DrainingSince)
+}
+
+func sameCordon(a, b *Cordon) bool {
+	return a.Device == b.Device && a.Source == b.Source && a.Reason == b.Reason && a.By == b.By && a.Since.Equal(b.Since)
 }
 
 func sameClaim(a, b *Claim) bool {
@@ -277,6 +287,9 @@ func applyRecords(st *State, recs []journalRecord) error {
 		}
 		if r.Conflicts != nil {
 			st.Conflicts = slices.Clone(*r.Conflicts)
+		}
+		if len(r.Cordons) > 0 || len(r.CordonsGone) > 0 {
+			st.Cordons = applyCordons(st.Cordons, r.Cordons, r.CordonsGone)
 		}
 		for _, k := range r.WaitersGone {
 			ws.remove(k)

@@ -16,6 +16,7 @@ import (
 // runs at the start of every Update (and View), after every change that can
 // free a device, and before the commit:
 //
+//  0. claims draining for longer than the drain grace are released;
 //  1. waiters not seen retrying for queue_ttl leave the queue ("expired");
 //  2. a reservation past its deadline is dropped together with its waiter:
 //     the waiter did not come back in time, and a later retry re-enqueues it
@@ -27,7 +28,7 @@ import (
 //     reservations of a waiter that no longer has every device it asks for
 //     reserved ("unreserve");
 //  5. in arrival order, a waiter every one of whose devices is free (no
-//     conflicting claim or reservation) gets all of them reserved, for
+//     conflicting claim, reservation or cordon) gets all of them reserved, for
 //     reservation_ttl ("reserve").
 //
 // Reservations are all or nothing: a waiter holds one on every device it
@@ -55,6 +56,7 @@ func (tx *Tx) maintain() {
 	if tx.settled {
 		return
 	}
+	tx.expireDraining()
 	tx.expireWaiters()
 	tx.expireReservations()
 	tx.promoteConflicts()
@@ -273,7 +275,7 @@ func (tx *Tx) reserveFreeDevices() {
 				return k.free
 			}
 		}
-		f := tx.conflictingClaim(d, "") == nil && !tx.reservedConflicting(d)
+		f := tx.conflictingClaim(d, "") == nil && !tx.reservedConflicting(d) && !tx.cordoned(d)
 		memo = append(memo, known{d.UUID, f})
 		return f
 	}

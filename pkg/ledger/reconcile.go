@@ -11,7 +11,8 @@ import (
 // of its running (or created) containers and the devices each reaches:
 //
 //   - a claim of fe whose container is not listed, or whose device the
-//     listed container no longer reaches, is released ("stale");
+//     listed container no longer reaches, is released ("stale"), unless it
+//     is draining (its container stopped under release_requires_idle);
 //   - a listed device with no claim is adopted by its container (reality
 //     wins over a reservation: the reservation is dropped);
 //   - a listed container on a device another container holds gets a Conflict
@@ -48,8 +49,11 @@ func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 		}
 	}
 
+	// A draining claim's container has stopped, so the runtime no longer
+	// lists it: it ends when its processes leave the GPU or after the drain
+	// grace (expireDraining), not here.
 	res.Released = tx.releaseWhere(func(c *Claim) bool {
-		return c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID][c.Device.UUID]
+		return c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID][c.Device.UUID] && c.Owner.DrainingSince.IsZero()
 	}, "stale: the runtime no longer lists this container on the device")
 	tx.clearConflictsWhere(func(c *Conflict) bool {
 		return c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID][c.Device.UUID]

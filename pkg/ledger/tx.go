@@ -231,7 +231,8 @@ func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice 
 }
 
 // Claim gives every device of devs to owner's container, or none: if any is
-// busy (see Busy) it returns a *BusyError and changes nothing. Re-claiming a
+// cordoned (see CordonsOn) it returns a *CordonError, if any is busy (see
+// Busy) a *BusyError, and changes nothing. Re-claiming a
 // device the container already holds is a no-op. A successful claim consumes
 // the reservations of key (default: the container id) and removes its
 // waiter. It returns the container's claims on devs.
@@ -242,6 +243,9 @@ func (tx *Tx) Claim(key string, owner Owner, devs []devices.Device, source strin
 		return nil, err
 	}
 	key = requesterKey(key, owner)
+	if err := tx.cordonError(owner.ContainerID, devs); err != nil {
+		return nil, err
+	}
 	if busy := tx.Busy(key, owner, devs); len(busy) > 0 {
 		return nil, &BusyError{Busy: busy}
 	}

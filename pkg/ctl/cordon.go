@@ -1,0 +1,298 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
+)
+
+func (a *app) cordonCommand() *cobra.Command {
+	var reason string
+	cmd := newCommand("cordon GPU --reason TEXT",
+		"Take a GPU or MIG instance out of new claims (root only, audited)",
+		`Cordon a device: from now on no container may claim it — nor a MIG instance of
+a cordoned GPU, nor the GPU of a cordoned MIG instance — and it is not reserved
+for the queue. Its holder, if any, keeps its claim and runs on: a cordon is for
+maintenance or a suspected fault, it never stops anything. A request for it is
+refused (not queued) with the cordon's reason and the uncordon command.
+
+GPU is an index ("1"), a MIG instance ("1:0") or a UUID. The reason is required
+and is recorded with the operator's uid in the ledger and the audit log. The
+cordon lasts until `+"`uncordon`"+` (or a reboot: the ledger of an earlier boot is
+discarded); cordoning a cordoned device again updates its reason.`,
+		`  sudo gpu-guard-ctl cordon 1 --reason "ECC errors, RMA ticket 4711"
+  sudo gpu-guard-ctl cordon 0:1 --reason "MIG layout change"
+  sudo gpu-guard-ctl cordon GPU-6c1a2f2e-0000-4000-8000-000000000000 --reason "reseat" -o json`,
+		oneDevice,
+		func(cmd *cobra.Command, args []string) error {
+			reason = strings.TrimSpace(reason)
+			if reason == "" {
+				return usagef("--reason is required: say why the device is cordoned; it is shown in every refusal and the audit log")
+			}
+			if len(reason) > maxReasonLen {
+				return usagef("--reason is %d bytes long; keep it under %d", len(reason), maxReasonLen)
+			}
+			if err := a.requireRoot("cordon"); err != nil {
+				return err
+			}
+			return a.cordon(cmd.Context(), args[0], reason)
+		})
+	cmd.Flags().StringVar(&reason, "reason", "", "why (required; shown in refusals and written to the audit log)")
+	return cmd
+}
+
+func (a *app) uncordonCommand() *cobra.Command {
+	return newCommand("uncordon GPU",
+		"Lift a cordon: the device takes new claims again (root only, audited)",
+		`Lift the cordon on a device (an index, "1:0" for a MIG instance, or a UUID;
+also the UUID of a cordoned device no longer in the inventory). The earliest
+waiter whose devices are all free then gets them reserved at once; anyone else
+is admitted as usual. Uncordoning a device that is not cordoned changes nothing
+and says so. Audited with the operator's uid.`,
+		`  sudo gpu-guard-ctl uncordon 1
+  sudo gpu-guard-ctl uncordon 0:1 -o json`,
+		oneDevice,
+		func(cmd *cobra.Command, args []string) error {
+			if err := a.requireRoot("uncordon"); err != nil {
+				return err
+			}
+			return a.uncordon(cmd.Context(), args[0])
+		})
+}
+
+// oneDevice requires exactly one GPU argument.
+func oneDevice(cmd *cobra.Command, args []string) error {
+	if len(args) != 1 {
+		return usagef("%s takes one device (an index, \"<gpu>:<mig>\" or a UUID), got %d argument(s)", cmd.CommandPath(), len(args))
+	}
+	return nil
+}
+
+// cordonView is the output of cordon and uncordon; its JSON is a public
+// interface (docs/ctl-json.md).
+type cordonView struct {
+	Action string `json:"action"` // "cordon" or "uncordon"
+	// Changed: a new cordon, a changed reason, or a cordon lifted; false
+	// for a repeat of the same cordon, or an uncordon of a device that was
+	// not cordoned.
+	Changed bool        `json:"changed"`
+	Cordon  *cordonJSON `json:"cordon"` // the cordon in force, or the one lifted; null if none
+}
+
+// cordonJSON is one cordon.
+type cordonJSON struct {
+	Device string    `json:"device"` // UUID
+	Index  string    `json:"index"`
+	Kind   string    `json:"kind"` // gpu or mig
+	Source string    `json:"source"`
+	Reason string    `json:"reason"`
+	By     string    `json:"by"`
+	Since  time.Time `json:"since"`
+}
+
+func cordonJSONOf(k ledger.Cordon) *cordonJSON {
+	return &cordonJSON{Device: k.Device.UUID, Index: k.Device.Index, Kind: string(k.Device.Kind),
+		Source: k.Source, Reason: k.Reason, By: k.By, Since: k.Since}
+}
+
+// cordonOf returns the cordon covering d in st (on d, on its GPU, or on one
+// of its MIG instances), or nil: what status shows as "cordoned".
+func cordonOf(st ledger.State, d devices.Device) *ledger.Cordon {
+	for i := range st.Cordons {
+		if devices.Conflicts(st.Cordons[i].Device, d) {
+			k := st.Cordons[i]
+			return &k
+		}
+	}
+	return nil
+}
+
+// operatorWho names the operator running the command, for "by".
+func (a *app) operatorWho() string {
+	who := fmt.Sprintf("uid %d", a.env.Getuid())
+	if u := a.env.Getenv("SUDO_USER"); u != "" {
+		who += " (sudo user " + u + ")"
+	}
+	return who + " via " + programName
+}
+
+// deviceArg resolves an operator's device argument against the inventory:
+// an index, "<gpu>:<mig>", or a UUID.
+func deviceArg(inv *devices.Inventory, arg string) (devices.Device, error) {
+	if d, ok := inv.ByIndex(arg); ok {
+		return d, nil
+	}
+	if d, ok := inv.Lookup(arg); ok {
+		return d, nil
+	}
+	var here []string
+	for _, d := range inv.Devices() {
+		here = append(here, d.Index+" ("+d.UUID+")")
+	}
+	list := "none"
+	if len(here) > 0 {
+		list = strings.Join(here, ", ")
+	}
+	return devices.Device{}, fmt.Errorf("no GPU or MIG instance %q on this host: %w; give an index, \"<gpu>:<mig>\" or a UUID. Devices here: %s (see `%s devices`)",
+		arg, ledger.ErrNotFound, list, programName)
+}
+
+// guardFor builds a guard over the writable ledger and the inventory, for
+// the commands that change device states through the guard's API.
+func (a *app) guardFor() (*guard.Guard, *devices.Inventory, error) {
+	cfg, err := a.config()
+	if err != nil {
+		return nil, nil, err
+	}
+	inv, _, err := a.inventory()
+	if err != nil {
+		return nil, nil, fmt.Errorf("load the GPU inventory: %w", err)
+	}
+	l, err := a.openLedger(false)
+	if err != nil {
+		return nil, nil, err
+	}
+	g, err := guard.New(guard.Options{Config: cfg, Inventory: inv, Ledger: l, Liveness: a.env.Liveness, Now: a.env.Now})
+	if err != nil {
+		return nil, nil, err
+	}
+	return g, inv, nil
+}
+
+func (a *app) cordon(ctx context.Context, arg, reason string) error {
+	g, inv, err := a.guardFor()
+	if err != nil {
+		return err
+	}
+	d, err := deviceArg(inv, arg)
+	if err != nil {
+		return err
+	}
+	before, err := g.Ledger().Snapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("read ledger %s: %w", g.Ledger().StatePath(), err)
+	}
+	by := a.operatorWho()
+	k, isNew, err := g.Cordon(ctx, d.UUID, ledger.CordonOperator, reason, by)
+	if err != nil {
+		return err
+	}
+	changed := isNew
+	for _, old := range before.Cordons {
+		if old.Device.UUID == d.UUID && (old.Source != k.Source || old.Reason != k.Reason || old.By != k.By) {
+			changed = true
+		}
+	}
+	st, err := g.Ledger().Snapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("read ledger %s: %w", g.Ledger().StatePath(), err)
+	}
+	return renderCordon(a.env.Stdout, a.output, cordonView{Action: "cordon", Changed: changed, Cordon: cordonJSONOf(k)},
+		holdersOf(st, d))
+}
+
+func (a *app) uncordon(ctx context.Context, arg string) error {
+	g, inv, err := a.guardFor()
+	if err != nil {
+		return err
+	}
+	st, err := g.Ledger().Snapshot(ctx)
+	if err != nil {
+		return fmt.Errorf("read ledger %s: %w", g.Ledger().StatePath(), err)
+	}
+	d, derr := deviceArg(inv, arg)
+	if derr != nil {
+		// A cordoned device that left the inventory is lifted by UUID.
+		found := false
+		for _, k := range st.Cordons {
+			if strings.EqualFold(k.Device.UUID, arg) {
+				d, found = k.Device, true
+			}
+		}
+		if !found {
+			return derr
+		}
+	}
+	var lifted *cordonJSON
+	for _, k := range st.Cordons {
+		if k.Device.UUID == d.UUID {
+			lifted = cordonJSONOf(k)
+		}
+	}
+	was, err := g.UncordonDevice(ctx, d.UUID, a.operatorWho())
+	if err != nil {
+		return err
+	}
+	if !was {
+		lifted = nil
+		if a.output != outputJSON {
+			// Say where a cordon covering it is, if one is.
+			if k := cordonOf(st, d); k != nil {
+				_, err := fmt.Fprintf(a.env.Stdout, "%s is not cordoned itself, but %s is: run `%s uncordon %s`\n",
+					naming.Device(d), naming.Device(k.Device), programName, k.Device.Index)
+				return writeErr(err)
+			}
+		}
+	}
+	return renderCordon(a.env.Stdout, a.output, cordonView{Action: "uncordon", Changed: was, Cordon: lifted}, nil)
+}
+
+// holdersOf lists who holds d or a device conflicting with it.
+func holdersOf(st ledger.State, d devices.Device) []ledger.Claim {
+	var out []ledger.Claim
+	for _, c := range st.Claims {
+		if devices.Conflicts(c.Device, d) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func renderCordon(w io.Writer, output string, v cordonView, holders []ledger.Claim) error {
+	if output == outputJSON {
+		return writeJSON(w, v)
+	}
+	var line string
+	switch {
+	case v.Action == "cordon":
+		k := v.Cordon
+		dev := naming.Device(devices.Device{UUID: k.Device, Index: k.Index, Kind: devices.Kind(k.Kind)})
+		verb := "cordoned"
+		if !v.Changed {
+			verb = "already cordoned"
+		}
+		line = fmt.Sprintf("%s %s since %s: %s. No new claims until `%s uncordon %s`.", verb, dev,
+			k.Since.UTC().Format(time.RFC3339), k.Reason, programName, k.Index)
+		for _, c := range holders {
+			line += fmt.Sprintf(" %s keeps its claim on %s.", guard.HolderName(c.Owner), naming.Device(c.Device))
+		}
+	case v.Changed:
+		k := v.Cordon
+		dev := naming.Device(devices.Device{UUID: k.Device, Index: k.Index, Kind: devices.Kind(k.Kind)})
+		line = fmt.Sprintf("uncordoned %s (cordoned %s by %s since %s: %s); it takes new claims again.", dev, k.Source, k.By,
+			k.Since.UTC().Format(time.RFC3339), k.Reason)
+	default:
+		line = "not cordoned; nothing changed."
+	}
+	_, err := fmt.Fprintln(w, escapeLine(line))
+	return writeErr(err)
+}
+
+func writeErr(err error) error {
+	if err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	return nil
+}

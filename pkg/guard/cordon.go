@@ -1,0 +1,318 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package guard
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
+)
+
+// Device states kept in the ledger: cordons (a device out of new claims) and
+// draining claims (release_requires_idle).
+//
+// A request for a cordoned device is refused outright, never queued, even
+// under on_conflict = "queue": a cordon does not end by itself (an operator
+// or a repair lifts it), so a queue position would promise a turn that comes
+// at nobody's pace, and a waiting OCI hook would only block its engine until
+// its timeout. Kubernetes retries the create anyway; once the cordon is
+// lifted the next retry is decided like any other. A waiter queued before the
+// cordon keeps its place (it is not refreshed by the refused retries, so it
+// leaves after queue_ttl), and the ledger never reserves the device for it.
+
+// ReasonCordoned is the Decision.Reason of a request refused because a device
+// it asks for is cordoned.
+const ReasonCordoned = "cordoned"
+
+// AuditRefuseCordoned is the reason prefix of the audit record of a request
+// refused because of a cordon (operation AuditRefuse).
+const AuditRefuseCordoned = "cordoned: "
+
+// ObserverBy is who cordoned a device when the observer did (sources
+// intruder and unhealthy).
+const ObserverBy = "nri-gpu-guard observer"
+
+// maxCordonReasonLen bounds a cordon's reason: it is kept in the ledger and
+// repeated in every refusal.
+const maxCordonReasonLen = 512
+
+// CordonDevice takes a GPU or MIG instance (by UUID) out of new claims.
+// source is "operator", "intruder" or "unhealthy"; idempotent (a repeat
+// updates reason, keeps Since). The holder keeps its claim. Cordons by the
+// observer are recorded as by ObserverBy, an operator's as by "operator".
+func (g *Guard) CordonDevice(ctx context.Context, uuid, source, reason string) error {
+	by := ObserverBy
+	if source == ledger.CordonOperator {
+		by = ledger.CordonOperator
+	}
+	_, _, err := g.Cordon(ctx, uuid, source, reason, by)
+	return err
+}
+
+// Cordon is CordonDevice naming who cordoned the device (gpu-guard-ctl
+// records the operator's uid). It returns the cordon in force and whether it
+// is new.
+func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (ledger.Cordon, bool, error) {
+	dev, err := g.lookup(uuid)
+	if err != nil {
+		return ledger.Cordon{}, false, err
+	}
+	if !ledger.ValidCordonSource(source) {
+		return ledger.Cordon{}, false, fmt.Errorf("cordon %s: source %q is not one of operator, intruder, unhealthy", naming.Device(dev), source)
+	}
+	reason = strings.TrimSpace(reason)
+	if len(reason) > maxCordonReasonLen {
+		reason = reason[:maxCordonReasonLen] + "…"
+	}
+	var (
+		k     ledger.Cordon
+		isNew bool
+		cerr  error
+	)
+	err = g.update(ctx, "cordon", func(tx *ledger.Tx) bool {
+		k, isNew, cerr = tx.Cordon(dev, source, reason, by)
+		return cerr == nil
+	})
+	if err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return ledger.Cordon{}, false, fmt.Errorf("cordon %s: %w", naming.Device(dev), err)
+	}
+	level := slog.LevelInfo
+	if isNew {
+		level = slog.LevelWarn
+	}
+	g.log.Log(ctx, level, "device cordoned: no new claims until `gpu-guard-ctl uncordon`",
+		slog.String("device", naming.Device(dev)), slog.String("device_uuid", dev.UUID),
+		slog.String("source", source), slog.String("by", by), slog.String("reason", reason), slog.Bool("new", isNew))
+	return k, isNew, nil
+}
+
+// UncordonDevice lifts the cordon on a device; it reports whether one was
+// there. The earliest waiter whose devices are now all free gets them
+// reserved at once.
+func (g *Guard) UncordonDevice(ctx context.Context, uuid, by string) (bool, error) {
+	dev, err := g.lookup(uuid)
+	if err != nil {
+		// A cordon on a device that left the inventory can still be lifted.
+		dev = devices.Device{UUID: uuid}
+	}
+	var was bool
+	err = g.update(ctx, "uncordon", func(tx *ledger.Tx) bool {
+		_, was = tx.Uncordon(dev.UUID, by)
+		return was
+	})
+	if err != nil {
+		return false, fmt.Errorf("uncordon %s: %w", naming.Device(dev), err)
+	}
+	if was {
+		g.log.Info("device uncordoned", slog.String("device", naming.Device(dev)), slog.String("device_uuid", dev.UUID),
+			slog.String("by", by))
+	}
+	return was, nil
+}
+
+// lookup finds a device of the inventory by UUID.
+func (g *Guard) lookup(uuid string) (devices.Device, error) {
+	if d, ok := g.inv.Lookup(uuid); ok {
+		return d, nil
+	}
+	return devices.Device{}, fmt.Errorf("no GPU or MIG instance with UUID %q on this host (GPUs here: %s): %w",
+		uuid, inventoryText(g.inv), ledger.ErrNotFound)
+}
+
+// Draining lists the claims kept draining (release_requires_idle).
+func (g *Guard) Draining(ctx context.Context) ([]ledger.Claim, error) {
+	var out []ledger.Claim
+	err := g.ledger.View(ctx, func(tx *ledger.Tx) error {
+		out = tx.Draining()
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list draining claims: %w", err)
+	}
+	return out, nil
+}
+
+// FinishDraining releases every draining claim of that container (reason
+// goes to log/audit, e.g. "idle" or "idle grace over"). No-op if it has
+// none.
+func (g *Guard) FinishDraining(ctx context.Context, containerID, reason string) error {
+	var rel []ledger.Claim
+	err := g.update(ctx, "finish draining", func(tx *ledger.Tx) bool {
+		rel = tx.FinishDraining(containerID, reason)
+		return len(rel) > 0
+	})
+	if err != nil {
+		return fmt.Errorf("finish draining of container %s: %w", naming.ShortID(containerID), err)
+	}
+	if len(rel) > 0 {
+		g.log.Info("released: drained", append(ownerAttrs(rel[0].Owner, ""), slog.String("reason", reason),
+			slog.Any("devices", claimUUIDs(rel)))...)
+		g.obs.Released(ReasonDrained, rel)
+	}
+	return nil
+}
+
+// ReasonDrained is the Observer.Released reason of draining claims ended by
+// FinishDraining.
+const ReasonDrained = "drained"
+
+// requiresIdle reports whether a stopped holder's claims are kept draining
+// until its processes leave the GPU ([observe] release_requires_idle).
+func (g *Guard) requiresIdle() bool { return g.cfg.Observe.ReleaseRequiresIdle }
+
+// drain marks containerID's claims draining (release_requires_idle) instead
+// of releasing them, and logs it.
+func (g *Guard) drain(ctx context.Context, o ledger.Owner, reason string) error {
+	var kept []ledger.Claim
+	err := g.update(ctx, reason, func(tx *ledger.Tx) bool {
+		before := len(tx.Draining())
+		kept = tx.MarkDraining(o.ContainerID, reason)
+		return len(tx.Draining()) != before
+	})
+	if err == nil && len(kept) > 0 {
+		g.log.Info("holder "+reason+"; claim kept draining until its processes leave the GPU",
+			append(ownerAttrs(o, ""), slog.Any("devices", claimUUIDs(kept)),
+				slog.Duration("idle_grace", g.cfg.Observe.IdleGrace.Duration))...)
+	}
+	return err
+}
+
+// refuseCordoned completes a decision for a request that wants a cordoned
+// device: refused, not queued (see above), audited, and the message names
+// every cordoned device, its cordon and what to do.
+func (g *Guard) refuseCordoned(tx *ledger.Tx, d *Decision, key string, owner ledger.Owner, want []devices.Device,
+	cordoned []ledger.CordonedDevice, now time.Time) {
+	d.Result, d.Reason, d.Cordoned = Reject, ReasonCordoned, cordoned
+	tx.Audit(AuditRefuse, ledger.AuditRecord{
+		Devices: deviceUUIDs(want), ContainerID: owner.ContainerID, Key: key,
+		Namespace: owner.Namespace, Pod: owner.Pod, Container: owner.Container,
+		FrontEnd: string(owner.FrontEnd), Reason: AuditRefuseCordoned + cordonAttrs(cordoned),
+	})
+	d.Message = cordonText(cordoned, now) + " " + freeText(freeGPUs(tx.State(), g.inv, key))
+}
+
+// cordonText says which devices are cordoned, by whom, since when and why,
+// and what to do.
+func cordonText(cordoned []ledger.CordonedDevice, now time.Time) string {
+	var b strings.Builder
+	var lift []string
+	for i, c := range cordoned {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		k := c.Cordon
+		b.WriteString(naming.Device(c.Wanted))
+		b.WriteString(" is cordoned")
+		if k.Device.UUID != c.Wanted.UUID {
+			fmt.Fprintf(&b, " through %s", naming.Device(k.Device))
+		}
+		fmt.Fprintf(&b, " (%s, by %s) since %s: %s", cordonSourceText(k.Source), k.By, stamp(k.Since, now), reasonOrNone(k.Reason))
+		arg := k.Device.Index
+		if arg == "" {
+			arg = k.Device.UUID
+		}
+		if !containsString(lift, arg) {
+			lift = append(lift, arg)
+		}
+	}
+	fmt.Fprintf(&b, ". Refused and not queued: a cordoned device takes no new claims until an operator lifts the cordon "+
+		"(`sudo gpu-guard-ctl uncordon %s`) after checking the device; its holder, if any, keeps it.", strings.Join(lift, " "))
+	return b.String()
+}
+
+func cordonSourceText(source string) string {
+	switch source {
+	case ledger.CordonOperator:
+		return "by an operator"
+	case ledger.CordonIntruder:
+		return "a process the ledger does not explain was found on it"
+	case ledger.CordonUnhealthy:
+		return "unhealthy"
+	default:
+		return source
+	}
+}
+
+func reasonOrNone(r string) string {
+	if r == "" {
+		return "no reason given"
+	}
+	return r
+}
+
+func containsString(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func cordonAttrs(cordoned []ledger.CordonedDevice) string {
+	parts := make([]string, 0, len(cordoned))
+	for _, c := range cordoned {
+		parts = append(parts, fmt.Sprintf("%s cordoned on %s (%s by %s: %s)", c.Wanted.UUID, c.Cordon.Device.UUID,
+			c.Cordon.Source, c.Cordon.By, c.Cordon.Reason))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// drainingText is how a refusal describes a draining holder.
+func drainingText(o ledger.Owner, now time.Time) string {
+	return fmt.Sprintf(" (draining since %s, waiting for its processes to leave the GPU)", stamp(o.DrainingSince, now))
+}
+
+// drainPod marks draining the claims of every container of a gone pod
+// (matched like Tx.ReleasePod) and reports whether anything changed.
+func (g *Guard) drainPod(tx *ledger.Tx, podUID, sandboxID string) bool {
+	if podUID == "" && sandboxID == "" {
+		return false
+	}
+	before := len(tx.Draining())
+	var ids []string
+	for _, c := range tx.State().Claims {
+		o := c.Owner
+		if ((podUID != "" && o.PodUID == podUID) || (sandboxID != "" && o.PodSandboxID == sandboxID)) &&
+			!containsString(ids, o.ContainerID) {
+			ids = append(ids, o.ContainerID)
+		}
+	}
+	for _, id := range ids {
+		tx.MarkDraining(id, "pod gone")
+	}
+	return len(tx.Draining()) != before
+}
+
+// drainUnlisted marks draining the claims of front end fe whose containers
+// the runtime does not list (release_requires_idle at reconcile).
+func (g *Guard) drainUnlisted(tx *ledger.Tx, fe ledger.FrontEnd, live []ledger.Holding) {
+	listed := make(map[string]bool, len(live))
+	for _, h := range live {
+		listed[h.Owner.ContainerID] = true
+	}
+	var ids []string
+	for _, c := range tx.State().Claims {
+		if c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID] && c.Owner.DrainingSince.IsZero() &&
+			!containsString(ids, c.Owner.ContainerID) {
+			ids = append(ids, c.Owner.ContainerID)
+		}
+	}
+	for _, id := range ids {
+		kept := tx.MarkDraining(id, "stale: the runtime no longer lists this container")
+		if len(kept) > 0 {
+			g.log.Info("reconcile: container no longer listed; claim kept draining until its processes leave the GPU",
+				append(ownerAttrs(kept[0].Owner, ""), slog.Any("devices", claimUUIDs(kept)))...)
+		}
+	}
+}

@@ -1,0 +1,290 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package ledger
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// Persistent device states: cordons (a device taken out of new claims) and
+// draining claims (a stopped holder's claim kept until its processes have
+// left the GPU). Both live in the state like claims, are journaled by device
+// UUID (cordons) or with the claim (draining), and survive recovery.
+
+// Cordon sources.
+const (
+	CordonOperator  = "operator"  // gpu-guard-ctl cordon
+	CordonIntruder  = "intruder"  // the observer found a process the ledger does not explain ([observe] on_intruder = "cordon")
+	CordonUnhealthy = "unhealthy" // the observer found the device sick (critical Xid, lost, needs a reset)
+)
+
+// Audit operations of device states.
+const (
+	OpCordon   = "cordon"   // a device was taken out of new claims (Reason: source and why)
+	OpUncordon = "uncordon" // a cordon was lifted
+	OpDraining = "draining" // a stopped holder's claims are kept until its processes leave the GPU
+)
+
+// ErrCordoned is wrapped by every refusal of a cordoned device (see CordonError).
+var ErrCordoned = errors.New("device cordoned")
+
+// CordonError lists the cordons standing between a request and its devices.
+type CordonError struct {
+	Cordoned []CordonedDevice
+}
+
+// CordonedDevice is one device of a request and the cordon that covers it
+// (on the device itself, on its GPU, or on one of its MIG instances).
+type CordonedDevice struct {
+	Wanted devices.Device
+	Cordon Cordon
+}
+
+// Error names every cordoned device (index and UUID) and its cordon.
+func (e *CordonError) Error() string {
+	parts := make([]string, 0, len(e.Cordoned))
+	for _, c := range e.Cordoned {
+		s := DescribeDevice(c.Wanted) + " is cordoned"
+		if c.Cordon.Device.UUID != c.Wanted.UUID {
+			s += " through " + DescribeDevice(c.Cordon.Device)
+		}
+		s += fmt.Sprintf(" (%s, by %s since %s: %s)", c.Cordon.Source, c.Cordon.By,
+			c.Cordon.Since.UTC().Format(time.RFC3339), c.Cordon.Reason)
+		parts = append(parts, s)
+	}
+	return strings.Join(parts, "; ")
+}
+
+// Unwrap makes errors.Is(err, ErrCordoned) hold.
+func (e *CordonError) Unwrap() error { return ErrCordoned }
+
+// ValidCordonSource reports whether s is a cordon source.
+func ValidCordonSource(s string) bool {
+	return s == CordonOperator || s == CordonIntruder || s == CordonUnhealthy
+}
+
+func validateCordons(ks []Cordon) error {
+	for i := range ks {
+		k := &ks[i]
+		if k.Device.UUID == "" {
+			return errors.New("a cordon has no device UUID")
+		}
+		if !ValidCordonSource(k.Source) {
+			return fmt.Errorf("cordon on %s has source %q, not operator, intruder or unhealthy", DescribeDevice(k.Device), truncate(k.Source, 64))
+		}
+		if i > 0 && ks[i-1].Device.UUID >= k.Device.UUID {
+			return fmt.Errorf("cordons are not sorted by unique device UUID at %s", DescribeDevice(k.Device))
+		}
+	}
+	return nil
+}
+
+// applyCordons returns ks with the journal's upserts and removals applied,
+// in a new array (ks may be shared with a cached state).
+func applyCordons(ks, upserts []Cordon, gone []string) []Cordon {
+	out := slices.Clone(ks)
+	for _, u := range gone {
+		out = deleteByUUID(out, u, func(k Cordon) string { return k.Device.UUID })
+	}
+	for _, k := range upserts {
+		out = upsertByUUID(out, k, func(k Cordon) string { return k.Device.UUID })
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
+// Cordons returns a copy of the cordons in force.
+func (tx *Tx) Cordons() []Cordon {
+	tx.check()
+	return slices.Clone(tx.st.Cordons)
+}
+
+// Cordon takes d out of new claims: from now on no request may claim d or a
+// device conflicting with it (Tx.Claim returns a *CordonError), and no
+// reservation is made on it; the reservations already on it are dropped
+// (their waiters keep their places). Whoever holds d keeps its claim. A
+// repeated cordon of the same device updates source, reason and by and keeps
+// Since. It returns the cordon and whether it is new.
+func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool, error) {
+	tx.check()
+	if d.UUID == "" {
+		return Cordon{}, false, fmt.Errorf("%w: cordon of a device without a UUID (index %q)", ErrInvalid, d.Index)
+	}
+	if !ValidCordonSource(source) {
+		return Cordon{}, false, fmt.Errorf("%w: cordon source %q for %s: use operator, intruder or unhealthy", ErrInvalid, source, DescribeDevice(d))
+	}
+	k := Cordon{Device: d, Source: source, Reason: reason, By: by, Since: tx.now}
+	i, found := slices.BinarySearchFunc(tx.st.Cordons, d.UUID, func(c Cordon, u string) int { return strings.Compare(c.Device.UUID, u) })
+	if found {
+		old := tx.st.Cordons[i]
+		k.Since = old.Since
+		if sameCordon(&old, &k) {
+			return old, false, nil
+		}
+	}
+	// A new array: st.Cordons may share its storage with the cache.
+	tx.st.Cordons = upsertByUUID(slices.Clone(tx.st.Cordons), k, func(k Cordon) string { return k.Device.UUID })
+	tx.touch()
+	verb := "cordoned"
+	if found {
+		verb = "cordon updated"
+	}
+	tx.Audit(OpCordon, AuditRecord{Devices: []string{d.UUID},
+		Reason: fmt.Sprintf("%s (%s) by %s: %s", verb, source, by, reason)})
+	tx.dropReservationsOn(d, "cordoned ("+source+"): "+reason)
+	tx.maintain()
+	return k, !found, nil
+}
+
+// Uncordon lifts the cordon on the device uuid and returns it; ok is false
+// when there was none (nothing changes). The queue mechanics run at once, so
+// the earliest waiter whose devices are now all free gets them reserved.
+func (tx *Tx) Uncordon(uuid, by string) (Cordon, bool) {
+	tx.check()
+	i, found := slices.BinarySearchFunc(tx.st.Cordons, uuid, func(c Cordon, u string) int { return strings.Compare(c.Device.UUID, u) })
+	if !found {
+		return Cordon{}, false
+	}
+	k := tx.st.Cordons[i]
+	tx.st.Cordons = slices.Delete(slices.Clone(tx.st.Cordons), i, i+1)
+	if len(tx.st.Cordons) == 0 {
+		tx.st.Cordons = nil
+	}
+	tx.touch()
+	tx.Audit(OpUncordon, AuditRecord{Devices: []string{uuid},
+		Reason: fmt.Sprintf("uncordoned by %s (was %s by %s since %s: %s)", by, k.Source, k.By, k.Since.UTC().Format(time.RFC3339), k.Reason)})
+	tx.maintain()
+	return k, true
+}
+
+// CordonsOn lists, for each device of devs, the cordons that cover it: on
+// the device itself, on its full GPU (which covers its MIG instances), or on
+// one of its MIG instances (which blocks the full GPU). A device that
+// containerID holds already is skipped: asking again for it is not a new
+// claim, and a cordon never takes a claim away.
+func (tx *Tx) CordonsOn(containerID string, devs []devices.Device) []CordonedDevice {
+	tx.check()
+	if len(tx.st.Cordons) == 0 {
+		return nil
+	}
+	var out []CordonedDevice
+	for _, d := range uniqueDevices(devs) {
+		if i, ok := tx.claimIndex(d.UUID); ok && containerID != "" && tx.st.Claims[i].Owner.ContainerID == containerID {
+			continue
+		}
+		for _, k := range tx.st.Cordons {
+			if devices.Conflicts(k.Device, d) {
+				out = append(out, CordonedDevice{Wanted: d, Cordon: k})
+			}
+		}
+	}
+	return out
+}
+
+// cordoned reports whether a cordon covers d (see CordonsOn).
+func (tx *Tx) cordoned(d devices.Device) bool {
+	return slices.ContainsFunc(tx.st.Cordons, func(k Cordon) bool { return devices.Conflicts(k.Device, d) })
+}
+
+// cordonError is the *CordonError of containerID's request for devs, or nil.
+func (tx *Tx) cordonError(containerID string, devs []devices.Device) error {
+	if cs := tx.CordonsOn(containerID, devs); len(cs) > 0 {
+		return &CordonError{Cordoned: cs}
+	}
+	return nil
+}
+
+// MarkDraining keeps containerID's claims, draining, after the container
+// stopped or was removed under release_requires_idle: they end with
+// FinishDraining (its processes left the GPU) or once older than
+// Options.DrainGrace. A claim already draining keeps its DrainingSince. It
+// returns the container's claims.
+func (tx *Tx) MarkDraining(containerID, reason string) []Claim {
+	tx.check()
+	if containerID == "" {
+		return nil
+	}
+	var out []Claim
+	var marked []string
+	for i := range tx.st.Claims {
+		c := &tx.st.Claims[i]
+		if c.Owner.ContainerID != containerID {
+			continue
+		}
+		if c.Owner.DrainingSince.IsZero() {
+			c.Owner.DrainingSince = tx.now
+			marked = append(marked, c.Device.UUID)
+		}
+		out = append(out, *c)
+	}
+	if len(marked) > 0 {
+		tx.touch()
+		tx.record(OpDraining, &out[0].Owner, "", marked,
+			fmt.Sprintf("%s: claim kept until its processes leave the GPU (at most %s)", reason, tx.l.opts.DrainGrace))
+	}
+	return out
+}
+
+// Draining lists the draining claims (Owner.DrainingSince set).
+func (tx *Tx) Draining() []Claim {
+	tx.check()
+	var out []Claim
+	for _, c := range tx.st.Claims {
+		if !c.Owner.DrainingSince.IsZero() {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// FinishDraining releases the draining claims of containerID (its processes
+// have left the GPU) and returns them; the container's other claims, if
+// any, are untouched. Nothing happens if it has none.
+func (tx *Tx) FinishDraining(containerID, reason string) []Claim {
+	tx.check()
+	if containerID == "" {
+		return nil
+	}
+	out := tx.releaseWhere(func(c *Claim) bool {
+		return c.Owner.ContainerID == containerID && !c.Owner.DrainingSince.IsZero()
+	}, "drained: "+reason)
+	if len(out) > 0 {
+		tx.maintain()
+	}
+	return out
+}
+
+// expireDraining releases every claim that has been draining for longer
+// than Options.DrainGrace: a host without an observer (hook-only), or an
+// observer that cannot tell, still gets the device back after the grace,
+// never hangs on it. It runs with the queue mechanics, at every Update and View.
+func (tx *Tx) expireDraining() {
+	grace := tx.l.opts.DrainGrace
+	var expired []Claim
+	for _, c := range tx.st.Claims {
+		if !c.Owner.DrainingSince.IsZero() && tx.now.Sub(c.Owner.DrainingSince) >= grace {
+			expired = append(expired, c)
+		}
+	}
+	if len(expired) == 0 {
+		return
+	}
+	tx.releaseWhere(func(c *Claim) bool {
+		return !c.Owner.DrainingSince.IsZero() && tx.now.Sub(c.Owner.DrainingSince) >= grace
+	}, fmt.Sprintf("idle grace over: still draining after %s (idle_grace)", grace))
+	for _, c := range expired {
+		tx.l.log.Warn("ledger: draining claim released: idle grace over, its processes were not seen leaving the GPU",
+			"device", DescribeDevice(c.Device), "device_uuid", c.Device.UUID,
+			"holder", DescribeOwner(c.Owner), "container_id", c.Owner.ContainerID,
+			"draining_since", c.Owner.DrainingSince.UTC().Format(time.RFC3339), "idle_grace", grace.String())
+	}
+}
