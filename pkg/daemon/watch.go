@@ -35,14 +35,11 @@ type DeviceStates interface {
 	FinishDraining(ctx context.Context, containerID, reason string) error
 }
 
-// statesOf returns the device-state operations of g, nil when this guard
-// has none (cordon and draining are then logged as unavailable).
-func statesOf(g *guard.Guard) DeviceStates {
-	if s, ok := any(g).(DeviceStates); ok {
-		return s
-	}
-	return nil
-}
+// The guard implements DeviceStates (a signature change fails here).
+var _ DeviceStates = (*guard.Guard)(nil)
+
+// statesOf returns the device-state operations of g.
+func statesOf(g *guard.Guard) DeviceStates { return g }
 
 // WatchMetrics receives what the observer saw (metrics.Metrics).
 type WatchMetrics interface {
@@ -460,7 +457,7 @@ func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason st
 	log := w.log()
 	s := w.states()
 	if s == nil {
-		log.Error("cannot cordon the device: this guard has no cordon support", "device", f.Device.String(), "source", source)
+		log.Error("cannot cordon the device: the daemon has no guard yet", "device", f.Device.String(), "source", source)
 		return
 	}
 	if err := s.CordonDevice(ctx, f.Device.UUID, source, reason); err != nil {
@@ -598,9 +595,12 @@ func (w *Watch) drainOnce(ctx context.Context, cfg config.Config, o *observe.Obs
 				"devices", claimDevices(cs))
 			continue
 		}
-		stopped := cs[0].Owner.StoppedAt
+		// The ledger also ends a draining claim after the grace at its next
+		// update (so hook-only hosts never hang); this pass does it on time
+		// and says why the device was not idle.
+		since := cs[0].Owner.DrainingSince
 		grace := cfg.Observe.IdleGrace.Duration
-		if stopped.IsZero() || now.Sub(stopped) < grace {
+		if since.IsZero() || now.Sub(since) < grace {
 			continue
 		}
 		reason := fmt.Sprintf("idle grace %s expired (%s)", grace, why)

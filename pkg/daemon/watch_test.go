@@ -457,7 +457,7 @@ func TestDrainingReleasedWhenIdleOrAfterGrace(t *testing.T) {
 	h.run(2, 300, idC)
 	claim := func(i int, id string, stopped time.Time) ledger.Claim {
 		return ledger.Claim{Device: devices.Device{UUID: h.uuid(i), Index: fmt.Sprint(i), Kind: devices.KindGPU},
-			Owner: ledger.Owner{ContainerID: id, Namespace: "ml", Pod: "p", Container: "c", StoppedAt: stopped}}
+			Owner: ledger.Owner{ContainerID: id, Namespace: "ml", Pod: "p", Container: "c", StoppedAt: stopped, DrainingSince: stopped}}
 	}
 	states := newFakeStates()
 	states.draining = []ledger.Claim{
