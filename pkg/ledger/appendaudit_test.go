@@ -5,6 +5,7 @@ package ledger
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -61,4 +62,51 @@ func TestAppendAudit(t *testing.T) {
 	recs2, err := ReadAudit(l.AuditPath())
 	require.NoError(t, err)
 	assert.Len(t, recs2, len(recs), "nothing written by the failed appends")
+}
+
+// A writer killed inside its write(2) leaves the start of a record without
+// its newline. The next append cuts that fragment off and says so, instead
+// of gluing its own first record to it: every line reads back.
+func TestAuditAppendCutsATornTail(t *testing.T) {
+	ctx := context.Background()
+	opts := testOptions(newClock())
+	opts.RuntimeDir = t.TempDir()
+	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
+	require.NoError(t, err)
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+	})
+	good, err := ReadAudit(l.AuditPath())
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name string
+		tail string
+		cut  int
+	}{
+		{"half a record", `{"time":"2026-01-02T03:04:05Z","op":"cla`, 40},
+		{"one byte", `{`, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, err := os.OpenFile(l.AuditPath(), os.O_WRONLY|os.O_APPEND, 0)
+			require.NoError(t, err)
+			_, err = f.WriteString(tc.tail)
+			require.NoError(t, err)
+			require.NoError(t, f.Close())
+			_, err = ReadAudit(l.AuditPath())
+			require.Error(t, err, "the fragment is a bad line until repaired")
+
+			require.NoError(t, l.AppendAudit(ctx, AuditRecord{Op: "exempt", ContainerID: "x"}))
+			recs, err := ReadAudit(l.AuditPath())
+			require.NoError(t, err)
+			require.Equal(t, good, recs[:len(good)], "nothing before the fragment is touched")
+			tail := recs[len(good):]
+			require.Len(t, tail, 2)
+			assert.Equal(t, OpAuditTorn, tail[0].Op)
+			assert.Contains(t, tail[0].Reason, fmt.Sprintf("%d bytes", tc.cut))
+			assert.Equal(t, "exempt", tail[1].Op)
+			good = recs
+		})
+	}
 }

@@ -58,6 +58,7 @@ const (
 	OpStopped            = "stopped"             // a holder exited; claim kept until removal
 	OpDiscard            = "discard"             // state from an earlier boot dropped
 	OpCorrupt            = "corrupt"             // a bad state file moved aside
+	OpAuditTorn          = "audit-torn"          // the unfinished last line of a writer killed mid-append was cut off
 )
 
 // auditFileMode is the mode of audit.log and its rotation.
@@ -84,12 +85,31 @@ func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) er
 			return fmt.Errorf("encode audit record: %w", err)
 		}
 	}
+	payload := buf.Bytes()
 	p := filepath.Join(dir, auditName)
 	f, err := openAudit(p)
 	if err != nil {
 		return err
 	}
-	if fi, err := f.Stat(); err == nil && fi.Size() > 0 && fi.Size()+int64(buf.Len()) > maxBytes {
+	// A writer killed inside its write(2) can leave the start of a line
+	// without its newline (the kernel copies a write page by page and stops
+	// at a fatal signal). Appending after it would glue our first record to
+	// it and make both unreadable: cut the fragment off first (the lock is
+	// held, so nobody is writing it) and say so in the log itself.
+	if cut, err := cutTornTail(f); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("repair the torn end of %s: %w", p, err)
+	} else if cut > 0 {
+		var note bytes.Buffer
+		torn := AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: recs[0].Generation, Pid: recs[0].Pid,
+			Reason: fmt.Sprintf("%d bytes of an unfinished record (a writer killed while appending) were cut off", cut)}
+		if err := json.NewEncoder(&note).Encode(&torn); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("encode audit record: %w", err)
+		}
+		payload = append(note.Bytes(), payload...)
+	}
+	if fi, err := f.Stat(); err == nil && fi.Size() > 0 && fi.Size()+int64(len(payload)) > maxBytes {
 		_ = f.Close()
 		if err := os.Rename(p, filepath.Join(dir, auditRotated)); err != nil { //nolint:gosec // fixed names in the operator's state dir
 			return fmt.Errorf("rotate %s: %w", p, err)
@@ -105,7 +125,7 @@ func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) er
 		}
 	}
 	// One write: appends of one write call are not interleaved with others.
-	if _, err := f.Write(buf.Bytes()); err != nil {
+	if _, err := f.Write(payload); err != nil {
 		_ = f.Close()
 		return fmt.Errorf("append to %s: %w", p, err)
 	}
@@ -152,10 +172,42 @@ func (l *Ledger) AppendAudit(ctx context.Context, recs ...AuditRecord) error {
 	return writeAudit(l.dir, l.opts.AuditMaxBytes, recs, true)
 }
 
+// cutTornTail truncates f (open for appending, under the ledger lock) after
+// its last newline when its last byte is not one, and returns how many bytes
+// it cut. The fragment is at most one record long: a longer one is not a
+// torn append, and is left for ReadAudit to report.
+func cutTornTail(f *os.File) (int64, error) {
+	fi, err := f.Stat()
+	if err != nil || fi.Size() == 0 {
+		return 0, err
+	}
+	size := fi.Size()
+	var last [1]byte
+	if _, err := f.ReadAt(last[:], size-1); err != nil {
+		return 0, err
+	}
+	if last[0] == '\n' {
+		return 0, nil
+	}
+	window := min(size, maxAuditLine)
+	tail := make([]byte, window)
+	if _, err := f.ReadAt(tail, size-window); err != nil {
+		return 0, err
+	}
+	keep := int64(bytes.LastIndexByte(tail, '\n')) + 1 + size - window
+	if keep == size-window && window == maxAuditLine {
+		return 0, nil // no newline within a record's length: not ours to cut
+	}
+	if err := f.Truncate(keep); err != nil {
+		return 0, err
+	}
+	return size - keep, nil
+}
+
 func openAudit(p string) (*os.File, error) {
 	// O_NONBLOCK: a FIFO planted in its place fails at once instead of
 	// blocking the commit forever.
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, auditFileMode) //nolint:gosec // fixed name in the operator's state dir
+	f, err := os.OpenFile(p, os.O_RDWR|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, auditFileMode) //nolint:gosec // fixed name in the operator's state dir
 	if err != nil {
 		return nil, fmt.Errorf("open audit log %s: %w", p, err)
 	}
