@@ -440,3 +440,48 @@ func BenchmarkStatusRenderCordons(b *testing.B) {
 		}
 	}
 }
+
+// TestOperatorCordonSurvivesRebootInStatus: after a reboot, before anything
+// wrote the ledger, status and explain already see the operator's cordon
+// (and nothing else of the earlier boot: no claim, no observer cordon).
+func TestOperatorCordonSurvivesRebootInStatus(t *testing.T) {
+	f := cordonFixture(t) // the trainer holds GPU 1
+	r := f.run(t, "cordon", "1", "--reason", "ECC errors, RMA 4711")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) {
+		cordon(t, tx, f.dev(t, uuidGPU3), ledger.CordonIntruder, "pid 4242", "observer")
+	})
+	before := statusJSON(t, f, ExitAttention) // the intruder cordon is a problem
+	require.Len(t, before.Problems, 1)
+
+	rebooted := func(args ...string) result {
+		var stdout, stderr syncBuffer
+		env := f.env(&stdout, &stderr)
+		env.BootID = "after-reboot"
+		code := Run(context.Background(), append([]string{"--config", f.config}, args...), env)
+		return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
+	}
+	r = rebooted("status", "-o", "json")
+	require.Equal(t, ExitOK, r.code, "an operator's cordon is no problem: %s %s", r.stdout, r.stderr)
+	var out statusOut
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+	for _, d := range out.Devices {
+		switch d.Index {
+		case "1":
+			assert.Equal(t, stateCordoned, d.State)
+			assert.Nil(t, d.Holder, "the earlier boot's claim is gone")
+			require.NotNil(t, d.Cordon)
+			assert.Equal(t, ledger.CordonOperator, d.Cordon.Source)
+			assert.Equal(t, "ECC errors, RMA 4711", d.Cordon.Reason)
+			assert.True(t, d.Cordon.Since.Equal(now))
+		default:
+			assert.Equal(t, stateFree, d.State, d.Index)
+		}
+	}
+	r = rebooted("explain", "--env", "NVIDIA_VISIBLE_DEVICES=1", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, `"reason": "cordoned"`)
+	r = rebooted("explain", "--env", "NVIDIA_VISIBLE_DEVICES=3", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, `"decision": "admit"`)
+}
