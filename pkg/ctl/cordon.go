@@ -30,8 +30,9 @@ refused (not queued) with the cordon's reason and the uncordon command.
 
 GPU is an index ("1"), a MIG instance ("1:0") or a UUID. The reason is required
 and is recorded with the operator's uid in the ledger and the audit log. The
-cordon lasts until `+"`uncordon`"+` (or a reboot: the ledger of an earlier boot is
-discarded); cordoning a cordoned device again updates its reason.`,
+cordon lasts until `+"`uncordon`"+`, also across a reboot (the rest of the ledger of
+an earlier boot is discarded; the observer's own intruder and unhealthy
+cordons too); cordoning a cordoned device again updates its reason.`,
 		`  sudo gpu-guard-ctl cordon 1 --reason "ECC errors, RMA ticket 4711"
   sudo gpu-guard-ctl cordon 0:1 --reason "MIG layout change"
   sudo gpu-guard-ctl cordon GPU-6c1a2f2e-0000-4000-8000-000000000000 --reason "reseat" -o json`,
@@ -110,13 +111,59 @@ func cordonJSONOf(k ledger.Cordon) *cordonJSON {
 // cordonOf returns the cordon covering d in st (on d, on its GPU, or on one
 // of its MIG instances), or nil: what status shows as "cordoned".
 func cordonOf(st ledger.State, d devices.Device) *ledger.Cordon {
-	for i := range st.Cordons {
-		if devices.Conflicts(st.Cordons[i].Device, d) {
-			k := st.Cordons[i]
-			return &k
-		}
+	if k := newCordonIndex(st.Cordons).lookup(d); k != nil {
+		c := *k
+		return &c
 	}
 	return nil
+}
+
+// cordonIndex finds the cordon covering a device with two map lookups: status
+// builds it once per state and looks up every row, instead of scanning the
+// cordons per row.
+type cordonIndex struct {
+	byUUID   map[string]*ledger.Cordon // by the cordoned device's UUID
+	byParent map[string]*ledger.Cordon // the first (by UUID) cordon on a MIG instance, by its GPU's UUID
+}
+
+// newCordonIndex indexes ks, which it keeps pointers into (ks must not
+// change while the index is used).
+func newCordonIndex(ks []ledger.Cordon) cordonIndex {
+	x := cordonIndex{}
+	if len(ks) == 0 {
+		return x
+	}
+	x.byUUID = make(map[string]*ledger.Cordon, len(ks))
+	x.byParent = map[string]*ledger.Cordon{}
+	for i := range ks {
+		k := &ks[i]
+		x.byUUID[k.Device.UUID] = k
+		if p := k.Device.Parent; p != "" {
+			if old := x.byParent[p]; old == nil || k.Device.UUID < old.Device.UUID {
+				x.byParent[p] = k
+			}
+		}
+	}
+	return x
+}
+
+// lookup returns the cordon covering d, the most specific first: on d
+// itself, else on its GPU, else on one of its MIG instances; nil if none.
+// These are exactly the cordons devices.Conflicts finds (the ones a claim of
+// d is refused for).
+func (x cordonIndex) lookup(d devices.Device) *ledger.Cordon {
+	if x.byUUID == nil {
+		return nil
+	}
+	if k := x.byUUID[d.UUID]; k != nil {
+		return k
+	}
+	if d.Parent != "" {
+		if k := x.byUUID[d.Parent]; k != nil {
+			return k
+		}
+	}
+	return x.byParent[d.UUID]
 }
 
 // operatorWho names the operator running the command, for "by".

@@ -25,8 +25,16 @@
 //     never by writing the ledger itself.
 //   - Exit codes are a public interface: 0 ok, 1 error, 2 usage (unknown
 //     command or flag, missing argument), 3 attention (status found a
-//     conflict, a stale claim or an observer finding, or a stale observer
-//     report; ps found an intruder); run exits with its command's code.
+//     conflict, a stale claim, an observer finding, a cordon the observer
+//     set, or a stale observer report; ps found an intruder); run exits with
+//     its command's code. An operator's cordon and a draining claim are
+//     shown, never a reason to exit 3: they are intended or end by
+//     themselves.
+//   - status shows for every device one state (conflict, cordoned,
+//     draining, held, reserved, free: the first that applies) and the
+//     cordon covering it, the same one cordonOf finds and the guard
+//     refuses with; it joins the state through maps built once
+//     (statusIndex, cordonIndex), never a scan of a list per row.
 //   - status never trusts an observer report older than three intervals: it
 //     reports it stale instead of showing its findings.
 //   - JSON field names are a public interface, documented in docs/ctl-json.md;

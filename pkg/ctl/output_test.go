@@ -145,10 +145,11 @@ func TestStatusHealthy(t *testing.T) {
 	r := f.run(t, "status")
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
-	require.Len(t, lines, 1+6, r.stdout) // header + 4 GPUs + 2 MIG instances
-	for _, l := range lines[1:] {
+	require.Len(t, lines, 1+6+2, r.stdout) // header + 4 GPUs + 2 MIG instances, a blank line, the summary
+	for _, l := range lines[1:7] {
 		assert.Contains(t, l, " free ")
 	}
+	assert.Equal(t, "6 devices: 6 free", lines[8])
 	assert.NotContains(t, r.stdout, "ATTENTION")
 
 	f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) {

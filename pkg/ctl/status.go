@@ -25,6 +25,12 @@ const (
 	stateHeld     = "held"
 	stateReserved = "reserved"
 	stateConflict = "conflict"
+	// stateDraining: held by a claim kept after its holder stopped, until
+	// its processes leave the GPU (release_requires_idle).
+	stateDraining = "draining"
+	// stateCordoned: a cordon covers the device (on it, its GPU or one of
+	// its MIG instances); it takes no new claim, whoever holds it.
+	stateCordoned = "cordoned"
 )
 
 // Problem kinds (the "kind" JSON field of status problems).
@@ -32,6 +38,9 @@ const (
 	problemConflict      = "conflict"
 	problemHolderExited  = "holder-exited"
 	problemUnknownDevice = "unknown-device"
+	// problemCordoned: a cordon the observer set (intruder, unhealthy); an
+	// operator's cordon is intentional and not a problem.
+	problemCordoned = "cordoned"
 	// From the daemon's GPU observer (observe.json).
 	problemIntruder      = "intruder"
 	problemOutOfBounds   = "out-of-bounds"
@@ -41,27 +50,37 @@ const (
 
 func (a *app) statusCommand() *cobra.Command {
 	return newCommand("status",
-		"Show every GPU and MIG device: free, held, reserved or in conflict",
+		"Show every GPU and MIG device: free, held, draining, reserved, cordoned or in conflict",
 		`Show one row per GPU and MIG instance of the inventory: its state (free, held,
-reserved for the head of its queue, or conflict), the holder (namespace/pod/
-container and short container id), how long it has been held and how many
-requests wait for it.
+draining, reserved for the head of its queue, cordoned, or conflict), the
+holder (namespace/pod/container and short container id), how long it has been
+held and how many requests wait for it, then a line counting the devices per
+state and what is cordoned or draining.
 
 A full GPU whose MIG instance is claimed (or a MIG instance whose GPU is
-claimed) shows as held "via" the claimed device.
+claimed) shows as held "via" the claimed device. A draining device is held by
+a container that stopped under release_requires_idle: its claim is kept until
+its processes leave the GPU (at most idle_grace). A cordoned device takes no
+new claims (gpu-guard-ctl cordon, or the observer); a cordon on a GPU covers
+its MIG instances and one on a MIG instance blocks its GPU, and the state
+column says what else the device is ("cordoned,held"). A device the observer
+reports unhealthy is marked so.
 
 status exits 3 and lists what to do when a device is in conflict, a holder has
-exited without releasing its claim, or a claim names a device that is not in
-the inventory. The daemon's GPU observer adds what it saw on the devices
-themselves (its last report, observe.json in the state dir): a process on a
-GPU its container does not hold (intruder, out-of-bounds) and an unhealthy
-device; a report older than three observer intervals is not trusted but
+exited without releasing its claim, a claim names a device that is not in
+the inventory, or the observer cordoned a device (an intruder, an unhealthy
+GPU). An operator's cordon and a draining claim are listed, not problems.
+The daemon's GPU observer adds what it saw on the devices themselves (its
+last report, observe.json in the state dir): a process on a GPU its
+container does not hold (intruder, out-of-bounds) and an unhealthy device; a
+report older than three observer intervals is not trusted but
 reported as stale. It exits 1, showing no device, while the ledger needs recovery
 (damaged, missing, moved or replaced: no container gets a GPU until
 gpu-guard-ctl recover) or its state dir is unsafe.`,
 		`  gpu-guard-ctl status
   gpu-guard-ctl status -o wide
-  gpu-guard-ctl status -o json | jq '.devices[] | select(.state != "free")'`,
+  gpu-guard-ctl status -o json | jq '.devices[] | select(.state != "free")'
+  gpu-guard-ctl status -o json | jq '.devices[] | select(.cordon != null) | .cordon'`,
 		noArgs,
 		func(cmd *cobra.Command, _ []string) error {
 			cfg, err := a.config()
@@ -84,6 +103,7 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			if err != nil {
 				return err
 			}
+			v.setDrainDeadlines(cfg.Observe.IdleGrace.Duration)
 			if dir, err := a.stateDir(); err == nil {
 				v.addObserver(dir, a.env.Now(), a.env.Stderr)
 			}
@@ -105,6 +125,8 @@ type statusView struct {
 	InventorySource string         `json:"inventory_source"`
 	Generation      uint64         `json:"generation"`
 	UpdatedAt       *time.Time     `json:"updated_at,omitempty"`
+	// Summary counts the devices by state.
+	Summary statusSummary `json:"summary"`
 	// Observer is the daemon's last GPU observer report; absent when there
 	// is none (no daemon, no NVML, or a clean stop).
 	Observer *observerJSON `json:"observer,omitempty"`
@@ -139,9 +161,17 @@ type statusDevice struct {
 	InInventory bool             `json:"in_inventory"`
 	// Stale is why the holder's claim is stale (its processes are gone).
 	Stale string `json:"stale,omitempty"`
+	// Cordon is the cordon covering this device, on it or, then named by
+	// CordonedVia, on its GPU or one of its MIG instances; nil if none.
+	Cordon      *cordonJSON `json:"cordon"`
+	CordonedVia string      `json:"cordoned_via,omitempty"`
+	// UnhealthySince: the GPU observer reported this device, or its GPU,
+	// unhealthy (observe.json; not set from a stale report).
+	UnhealthySince *time.Time `json:"unhealthy_since,omitempty"`
 
 	heldViaIndex string
 	reservedFor  string // display name of the waiter a reservation is for
+	underlying   string // the state a cordon hides (held, draining, free), for the table
 }
 
 type holderJSON struct {
@@ -156,6 +186,11 @@ type holderJSON struct {
 	// StoppedAt is set when the holder exited and, under release_on =
 	// "remove", keeps its claim until it is removed.
 	StoppedAt *time.Time `json:"stopped_at,omitempty"`
+	// DrainingSince is set while the claim is draining: the holder stopped
+	// under release_requires_idle and the claim is kept until its
+	// processes leave the GPU, or until DrainingUntil (idle_grace).
+	DrainingSince *time.Time `json:"draining_since,omitempty"`
+	DrainingUntil *time.Time `json:"draining_until,omitempty"`
 }
 
 type reservationJSON struct {
@@ -206,6 +241,7 @@ func (v *statusView) addObserver(dir string, now time.Time, stderr io.Writer) {
 		})
 		return
 	}
+	v.markUnhealthy(f.Unhealthy)
 	for _, u := range f.Unhealthy {
 		seen := u.Time
 		v.Problems = append(v.Problems, problem{
@@ -240,6 +276,8 @@ func holderOf(o ledger.Owner, since time.Time) *holderJSON {
 		Pid:         o.Pid,
 		Since:       since,
 		StoppedAt:   timeOrNil(o.StoppedAt),
+		// DrainingUntil needs the configured grace: setDrainDeadlines.
+		DrainingSince: timeOrNil(o.DrainingSince),
 	}
 }
 
@@ -256,6 +294,7 @@ type statusIndex struct {
 	conflicts    map[string][]ledger.Conflict   // by device UUID
 	waiters      map[string]int                 // waiters wanting each device UUID
 	waiterByKey  map[string]*ledger.Waiter
+	cordons      cordonIndex
 }
 
 func indexState(st *ledger.State) statusIndex {
@@ -266,6 +305,7 @@ func indexState(st *ledger.State) statusIndex {
 		conflicts:    map[string][]ledger.Conflict{},
 		waiters:      map[string]int{},
 		waiterByKey:  make(map[string]*ledger.Waiter, len(st.Waiters)),
+		cordons:      newCordonIndex(st.Cordons),
 	}
 	for i := range st.Claims {
 		c := &st.Claims[i]
@@ -329,6 +369,11 @@ func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, r
 	for _, r := range st.Reservations {
 		extra(r.Device)
 	}
+	// A cordoned device gone from the inventory (a MIG instance whose
+	// layout changed across a reboot) stays listed until it is uncordoned.
+	for _, k := range st.Cordons {
+		extra(k.Device)
+	}
 
 	// A claim is stale when the release rule (the one gc and the guard
 	// apply) would release it now; a holder kept by policy (release_on =
@@ -351,6 +396,7 @@ func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, r
 			d.Stale = exited[d.Holder.ContainerID]
 		}
 		v.Problems = append(v.Problems, d.problems(inv)...)
+		v.Summary.count(d)
 	}
 	return v
 }
@@ -368,10 +414,10 @@ func (x statusIndex) device(d devices.Device, model string, inInventory bool) st
 		InInventory: inInventory,
 	}
 	if c := x.claims[d.UUID]; c != nil {
-		sd.State = stateHeld
+		sd.State = heldState(c)
 		sd.Holder = holderOf(c.Owner, c.Since)
 	} else if via := x.relatedClaim(d); via != nil {
-		sd.State = stateHeld
+		sd.State = heldState(via)
 		sd.Holder = holderOf(via.Owner, via.Since)
 		sd.HeldVia = via.Device.UUID
 		sd.heldViaIndex = via.Device.Index
@@ -384,11 +430,30 @@ func (x statusIndex) device(d devices.Device, model string, inInventory bool) st
 			sd.reservedFor = holderName(w.Owner)
 		}
 	}
+	if k := x.cordons.lookup(d); k != nil {
+		// Above held, draining and reserved (which a cordon excludes
+		// anyway): what matters first is that the device takes no new
+		// claim; the holder is still shown.
+		sd.underlying = sd.State
+		sd.State = stateCordoned
+		sd.Cordon = cordonJSONOf(*k)
+		if k.Device.UUID != d.UUID {
+			sd.CordonedVia = k.Device.UUID
+		}
+	}
 	for _, c := range x.conflicts[d.UUID] {
 		sd.State = stateConflict
 		sd.Conflicts = append(sd.Conflicts, *holderOf(c.Owner, c.Since))
 	}
 	return sd
+}
+
+// heldState is the state a claim gives the devices it covers.
+func heldState(c *ledger.Claim) string {
+	if !c.Owner.DrainingSince.IsZero() {
+		return stateDraining
+	}
+	return stateHeld
 }
 
 // relatedClaim is a claim that makes d unavailable without naming it: on d's
@@ -424,6 +489,9 @@ func (d *statusDevice) problems(inv *devices.Inventory) []problem {
 			Message: fmt.Sprintf("%s is held by %s but %s (%s) uses it too (seen at reconcile); nothing is killed automatically: stop one of them",
 				label, holder, c.name(), naming.ShortID(c.ContainerID)),
 		})
+	}
+	if p, ok := d.cordonProblem(label); ok {
+		out = append(out, p)
 	}
 	if !d.InInventory && inv != nil && d.Holder != nil && d.HeldVia == "" {
 		out = append(out, problem{
@@ -498,13 +566,17 @@ func (v *statusView) render(w io.Writer, output string, now time.Time) error {
 		if !wide {
 			id = naming.ShortID(id)
 		}
-		row := []string{d.Index, uuid, model, d.State, holder, id, sinceCol, strconv.Itoa(d.Waiters)}
+		state := d.stateLabel()
+		row := []string{d.Index, uuid, model, state, holder, id, sinceCol, strconv.Itoa(d.Waiters)}
 		if wide {
-			row = []string{d.Index, uuid, model, d.State, holder, id, frontEnd, pid, sinceCol, strconv.Itoa(d.Waiters)}
+			row = []string{d.Index, uuid, model, state, holder, id, frontEnd, pid, sinceCol, strconv.Itoa(d.Waiters)}
 		}
 		t.row(row...)
 	}
 	if err := t.flush(); err != nil {
+		return err
+	}
+	if err := v.renderNotes(w, now); err != nil {
 		return err
 	}
 	return renderProblems(w, v.Problems)

@@ -288,3 +288,53 @@ func (tx *Tx) expireDraining() {
 			"draining_since", c.Owner.DrainingSince.UTC().Format(time.RFC3339), "idle_grace", grace.String())
 	}
 }
+
+// A reboot ends every claim, waiter and reservation of the earlier boot, and
+// every cordon the observer set: those describe processes and driver state
+// that are gone (the observer cordons again a device still sick, or still
+// used by a process the ledger does not explain). An operator's cordon is
+// maintenance set on purpose — a GPU waiting for an RMA is no better after a
+// reboot — so it is kept until uncordoned.
+
+// bootKeptCordons returns the cordons of an earlier boot's state that the
+// fresh state keeps (the operator's), in a new array, in order; nil if none.
+func bootKeptCordons(ks []Cordon) []Cordon {
+	var out []Cordon
+	for _, k := range ks {
+		if k.Source == CordonOperator {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// keepCordonsAcrossBoot runs first in the Tx of the first Update after a
+// reboot, on the fresh state that replaces the earlier boot's (whose cordons
+// are old): it keeps the operator's cordons, as changes of this Tx, so that
+// the commit's journal record carries them over the empty base (a journal
+// replayed from nothing restores them), and audits every cordon kept or
+// dropped, so that none ends silently.
+func (tx *Tx) keepCordonsAcrossBoot(old []Cordon) {
+	tx.st.Cordons = bootKeptCordons(old)
+	if len(tx.st.Cordons) > 0 {
+		tx.touch()
+	}
+	for _, k := range old {
+		was := fmt.Sprintf("%s cordon by %s since %s: %s", k.Source, k.By, k.Since.UTC().Format(time.RFC3339), k.Reason)
+		if k.Source == CordonOperator {
+			tx.Audit(OpCordon, AuditRecord{Devices: []string{k.Device.UUID},
+				Reason: "kept across the reboot (an operator's cordon lasts until uncordoned): " + was})
+			tx.l.log.Info("ledger: operator cordon kept across the reboot", "device", DescribeDevice(k.Device),
+				"device_uuid", k.Device.UUID, "by", k.By, "reason", k.Reason)
+			continue
+		}
+		again := "if it finds the device still unhealthy"
+		if k.Source == CordonIntruder {
+			again = "if a process the ledger does not explain runs on it again"
+		}
+		tx.Audit(OpUncordon, AuditRecord{Devices: []string{k.Device.UUID},
+			Reason: "dropped at the reboot (the observer cordons it again " + again + "): was " + was})
+		tx.l.log.Info("ledger: observer cordon dropped at the reboot", "device", DescribeDevice(k.Device),
+			"device_uuid", k.Device.UUID, "source", k.Source, "reason", k.Reason)
+	}
+}

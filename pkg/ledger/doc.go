@@ -119,8 +119,14 @@
 //     cordon on a GPU covers its MIG instances, one on a MIG instance blocks
 //     its GPU) and no reservation on it; its holder keeps its claim, and so
 //     may a container ask again for what it holds. Cordons last until
-//     lifted, through compaction and Recover (they are journaled); like
-//     everything else they are discarded with an earlier boot's state.
+//     lifted, through compaction and Recover (they are journaled). At the
+//     first Update after a reboot the operator's cordons (source operator:
+//     maintenance set on purpose) are kept, each audited as kept, while the
+//     observer's (intruder, unhealthy: about processes and a driver state
+//     the reboot ended; the observer cordons again what it still finds) are
+//     dropped, audited, with everything else of the earlier boot's state;
+//     a read before that Update already shows the same. Reset drops them
+//     all.
 //   - A draining claim (Owner.DrainingSince; Tx.MarkDraining) is held like
 //     any other until Tx.FinishDraining or, at the first Update or View
 //     after Options.DrainGrace, released with an audit record and a log

@@ -205,7 +205,7 @@ func (l *Ledger) now() time.Time {
 // commit appends whole records and a compaction renames files into place,
 // so a reader sees a committed state; a read that overlapped a compaction is
 // retried) and never moves or writes anything. A state from an earlier boot,
-// or none on a fresh host, reads as empty. A state that is damaged,
+// or none on a fresh host, reads as empty (bar its operator cordons). A state that is damaged,
 // missing, replaced or rolled back is an error (*CorruptError,
 // *NeedsRecoveryError: both wrap ErrNeedsRecovery), never an empty state.
 // The result is the caller's to keep and modify.
@@ -249,7 +249,9 @@ func (l *Ledger) read(ctx context.Context) (State, error) {
 		return l.emptyState(0, 0), nil
 	}
 	if ld.st.BootID != l.opts.BootID {
-		return l.emptyState(ld.st.Generation, ld.st.NextSeq), nil
+		st := l.emptyState(ld.st.Generation, ld.st.NextSeq)
+		st.Cordons = bootKeptCordons(ld.st.Cordons) // as the next Update keeps them
+		return st, nil
 	}
 	return ld.st, nil
 }
@@ -295,7 +297,8 @@ func (l *Ledger) requiredLineage() string {
 // marker (*NeedsRecoveryError), makes Update fail without running fn — the
 // files are left as they are — until Recover or Reset. A file of a newer
 // format is left alone and yields a *FormatError. A state from an earlier
-// boot is discarded (audited) and fn runs on an empty state, which (like the
+// boot is discarded (audited) and fn runs on an empty state (with its
+// operator cordons, see keepCordonsAcrossBoot), which (like the
 // state of a fresh host) gets a new lineage. Under RequireLineage, a state
 // of another lineage yields a *LineageError without running fn.
 //
@@ -326,6 +329,9 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	if len(pre) > 0 {
 		tx.audit = append(tx.audit, pre...)
 		tx.touch()
+	}
+	if origin == originOtherBoot {
+		tx.keepCordonsAcrossBoot(ld.st.Cordons) // an operator's cordon outlives a reboot
 	}
 	tx.maintain()
 	if err := fn(tx); err != nil {

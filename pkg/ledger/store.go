@@ -390,7 +390,8 @@ func (l *Ledger) compact(st *State, ld *loaded) (loaded, error) {
 }
 
 func isEmpty(st *State) bool {
-	return len(st.Claims) == 0 && len(st.Waiters) == 0 && len(st.Reservations) == 0 && len(st.Conflicts) == 0
+	return len(st.Claims) == 0 && len(st.Waiters) == 0 && len(st.Reservations) == 0 && len(st.Conflicts) == 0 &&
+		len(st.Cordons) == 0
 }
 
 // replaceJournal puts a new journal holding header in place, keeping the old
