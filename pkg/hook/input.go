@@ -54,9 +54,12 @@ func readState(r io.Reader) (specs.State, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return specs.State{}, fmt.Errorf("%w: stdin is empty; a runtime hook gets the OCI state (JSON) on stdin", errInput)
 	}
-	var st specs.State
-	if err := json.Unmarshal(data, &st); err != nil {
-		return specs.State{}, fmt.Errorf("%w: decode the OCI state from stdin: %w", errInput, err)
+	st, ok := fastState(data)
+	if !ok {
+		// Anything the fast decoder does not handle, errors included.
+		if err := json.Unmarshal(data, &st); err != nil {
+			return specs.State{}, fmt.Errorf("%w: decode the OCI state from stdin: %w", errInput, err)
+		}
 	}
 	if err := checkID(st.ID); err != nil {
 		return specs.State{}, err
@@ -114,9 +117,12 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 	if len(data) > maxSpecBytes {
 		return nil, fmt.Errorf("%w: %s is larger than %d bytes", errInput, path, maxSpecBytes)
 	}
-	var sub hookSpec
-	if err := json.Unmarshal(data, &sub); err != nil {
-		return nil, fmt.Errorf("%w: decode %s: %w", errInput, path, err)
+	sub, ok := fastSpec(data)
+	if !ok {
+		// Anything the fast decoder does not handle, errors included.
+		if err := json.Unmarshal(data, &sub); err != nil {
+			return nil, fmt.Errorf("%w: decode %s: %w", errInput, path, err)
+		}
 	}
 	return sub.spec(), nil
 }
@@ -127,28 +133,40 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 // its field tables for the whole OCI schema in every hook process, a fifth
 // of a hook's run time for a container that names no GPU.
 type hookSpec struct {
-	Process *struct {
-		Env          []string `json:"env"`
-		Capabilities *struct {
-			Bounding []string `json:"bounding"`
-		} `json:"capabilities"`
-	} `json:"process"`
-	Mounts []struct {
-		Destination string `json:"destination"`
-	} `json:"mounts"`
+	Process     *hookProcess      `json:"process"`
+	Mounts      []hookMount       `json:"mounts"`
 	Annotations map[string]string `json:"annotations"`
-	Linux       *struct {
-		Devices []struct {
-			Path  string `json:"path"`
-			Type  string `json:"type"`
-			Major int64  `json:"major"`
-			Minor int64  `json:"minor"`
-		} `json:"devices"`
-		CgroupsPath string `json:"cgroupsPath"`
-		Resources   *struct {
-			Devices []specs.LinuxDeviceCgroup `json:"devices"`
-		} `json:"resources"`
-	} `json:"linux"`
+	Linux       *hookLinux        `json:"linux"`
+}
+
+type hookProcess struct {
+	Env          []string  `json:"env"`
+	Capabilities *hookCaps `json:"capabilities"`
+}
+
+type hookCaps struct {
+	Bounding []string `json:"bounding"`
+}
+
+type hookMount struct {
+	Destination string `json:"destination"`
+}
+
+type hookLinux struct {
+	Devices     []hookDevice   `json:"devices"`
+	CgroupsPath string         `json:"cgroupsPath"`
+	Resources   *hookResources `json:"resources"`
+}
+
+type hookDevice struct {
+	Path  string `json:"path"`
+	Type  string `json:"type"`
+	Major int64  `json:"major"`
+	Minor int64  `json:"minor"`
+}
+
+type hookResources struct {
+	Devices []specs.LinuxDeviceCgroup `json:"devices"`
 }
 
 // spec returns the decoded fields as a specs.Spec (the rest left zero).
