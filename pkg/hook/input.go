@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -97,19 +98,30 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 	}
 	path := filepath.Join(filepath.Clean(st.Bundle), "config.json")
 	// O_NONBLOCK so that opening a FIFO planted there cannot hang the hook;
-	// it is irrelevant for the regular file that is expected.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	// it is irrelevant for the regular file that is expected. Opened with
+	// syscall.Open and checked before os.NewFile, with O_NONBLOCK cleared:
+	// os.OpenFile would hand a non-blocking descriptor to the runtime's
+	// poller, and starting the poller (epoll, eventfd) costs a hook process
+	// more than reading the file.
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: open the spec of container %q: %w", errInput, st.ID, err)
+		return nil, fmt.Errorf("%w: open the spec of container %q: %w", errInput, st.ID, &os.PathError{Op: "open", Path: path, Err: err})
 	}
-	defer func() { _ = f.Close() }()
-	fi, err := f.Stat()
-	if err != nil {
+	var sys syscall.Stat_t
+	if err := syscall.Fstat(fd, &sys); err != nil {
+		_ = syscall.Close(fd)
 		return nil, fmt.Errorf("%w: stat %s: %w", errInput, path, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: %s is not a regular file (%s)", errInput, path, fi.Mode().Type())
+	if sys.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		_ = syscall.Close(fd)
+		return nil, fmt.Errorf("%w: %s is not a regular file (%s)", errInput, path, fileType(sys.Mode))
 	}
+	if err := syscall.SetNonblock(fd, false); err != nil {
+		_ = syscall.Close(fd)
+		return nil, fmt.Errorf("%w: open %s: %w", errInput, path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer func() { _ = f.Close() }()
 	data, err := io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("%w: read %s: %w", errInput, path, err)
@@ -191,6 +203,25 @@ func (h *hookSpec) spec() *specs.Spec {
 		}
 	}
 	return s
+}
+
+// fileType names the type of a non-regular file as fs.FileMode does.
+func fileType(mode uint32) fs.FileMode {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		return fs.ModeDir
+	case syscall.S_IFIFO:
+		return fs.ModeNamedPipe
+	case syscall.S_IFSOCK:
+		return fs.ModeSocket
+	case syscall.S_IFLNK:
+		return fs.ModeSymlink
+	case syscall.S_IFCHR:
+		return fs.ModeDevice | fs.ModeCharDevice
+	case syscall.S_IFBLK:
+		return fs.ModeDevice
+	}
+	return fs.ModeIrregular
 }
 
 // CRI annotations naming the pod and container. containerd's CRI plugin and
