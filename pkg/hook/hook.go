@@ -289,39 +289,54 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input) error {
 		return fmt.Errorf("container %s: cannot release its GPUs (run `gpu-guard-ctl gc` or `gpu-guard-ctl release --container %s`): %w", st.ID, st.ID, err)
 	}
 	defer closeGuard()
-	if snap, err := g.Ledger().Snapshot(ctx); err == nil && !appears(snap, st.ID) {
-		return nil
+	// What the lock-free read shows decides which writes are needed: a
+	// container that only held GPUs has no queue entry to drop, and one that
+	// only waited holds nothing. Each skipped write is a lock cycle saved.
+	// Unreadable, both run.
+	holds, waits := true, true
+	if snap, err := g.Ledger().Snapshot(ctx); err == nil {
+		holds, waits = appears(snap, st.ID)
+		if !holds && !waits {
+			return nil
+		}
 	}
 	owner := ledger.Owner{ContainerID: st.ID, FrontEnd: ledger.FrontEndHook}
 	var errs []error
-	if err := g.Removed(ctx, owner); err != nil && !errors.Is(err, ledger.ErrNotFound) {
-		errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl release --container %s` once the ledger is reachable): %w", st.ID, st.ID, err))
+	if holds {
+		if err := g.Removed(ctx, owner); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl release --container %s` once the ledger is reachable): %w", st.ID, st.ID, err))
+		}
 	}
-	if err := g.Withdraw(ctx, st.ID, "container removed"); err != nil && !errors.Is(err, ledger.ErrNotFound) {
-		errs = append(errs, fmt.Errorf("drop the queue entry of container %s: %w", st.ID, err))
+	if waits {
+		if err := g.Withdraw(ctx, st.ID, "container removed"); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("drop the queue entry of container %s: %w", st.ID, err))
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// appears reports whether container id holds a claim, waits, or has a
-// conflict record in st.
-func appears(st ledger.State, id string) bool {
+// appears reports whether container id holds a claim or has a conflict
+// record in st (holds), and whether it waits in the queue (waits).
+func appears(st ledger.State, id string) (holds, waits bool) {
 	for _, c := range st.Claims {
 		if c.Owner.ContainerID == id {
-			return true
-		}
-	}
-	for _, w := range st.Waiters {
-		if w.Key == id || w.Owner.ContainerID == id {
-			return true
+			holds = true
+			break
 		}
 	}
 	for _, c := range st.Conflicts {
 		if c.Owner.ContainerID == id {
-			return true
+			holds = true
+			break
 		}
 	}
-	return false
+	for _, w := range st.Waiters {
+		if w.Key == id || w.Owner.ContainerID == id {
+			waits = true
+			break
+		}
+	}
+	return holds, waits
 }
 
 // refreshInterval is how long a waiting hook may go without an Admit when
