@@ -98,8 +98,8 @@ func (s *jscan) str() string {
 	return ""
 }
 
-// integer reads a plain integer (no fraction, no exponent) of bitSize bits.
-func (s *jscan) integer(bitSize int) int64 {
+// integer reads a plain integer (no fraction, no exponent) that fits 64 bits.
+func (s *jscan) integer() int64 {
 	s.ws()
 	j := s.i
 	if j < len(s.b) && s.b[j] == '-' {
@@ -114,7 +114,7 @@ func (s *jscan) integer(bitSize int) int64 {
 		s.bad = true
 		return 0
 	}
-	v, err := strconv.ParseInt(string(s.b[s.i:j]), 10, bitSize)
+	v, err := strconv.ParseInt(string(s.b[s.i:j]), 10, 64)
 	if err != nil {
 		s.bad = true
 		return 0
@@ -327,7 +327,11 @@ func fastState(data []byte) (st specs.State, ok bool) {
 			st.Status = specs.ContainerState(s.optString())
 		case "pid":
 			if !s.null() {
-				st.Pid = int(s.integer(strconv.IntSize))
+				v := s.integer()
+				if int64(int(v)) != v {
+					s.bad = true // too big for an int here: encoding/json says so
+				}
+				st.Pid = int(v)
 			}
 		case "bundle":
 			st.Bundle = s.optString()
@@ -465,11 +469,11 @@ func (s *jscan) linuxDevices() []hookDevice {
 				d.Type = s.optString()
 			case "major":
 				if !s.null() {
-					d.Major = s.integer(64)
+					d.Major = s.integer()
 				}
 			case "minor":
 				if !s.null() {
-					d.Minor = s.integer(64)
+					d.Minor = s.integer()
 				}
 			default:
 				return false
@@ -516,7 +520,7 @@ func (s *jscan) optInt64() *int64 {
 	if s.null() {
 		return nil
 	}
-	v := s.integer(64)
+	v := s.integer()
 	return &v
 }
 
