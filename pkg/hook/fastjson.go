@@ -56,7 +56,7 @@ func (s *jscan) peek() byte {
 
 // lit consumes the literal word (null, true, false).
 func (s *jscan) lit(word string) {
-	if s.bad || !strings.HasPrefix(string(s.b[s.i:]), word) {
+	if s.bad || len(s.b)-s.i < len(word) || string(s.b[s.i:s.i+len(word)]) != word {
 		s.bad = true
 		return
 	}
