@@ -51,12 +51,27 @@ import (
 // expire, except when they stop covering their waiter's whole request: its
 // retry asked for other devices, or a container found running on one of
 // them took it (reality wins). A partial reservation would only block others.
+//
+// Steps 3 to 5 depend on the claims, conflicts, reservations and waiters
+// alone, not on the time (which only dates what they create), and a state
+// they just ran over is their fixed point: promoting a conflict needs a
+// freed device, and none is freed by steps 4 and 5; reserving makes devices
+// busier, so a waiter passed over stays passed over. So when the Tx starts
+// from a state this process committed right after maintain ran
+// (baseSettled) and steps 1 and 2 expire nothing, steps 3 to 5 would
+// change nothing and are skipped: a commit then makes one pass over the
+// queue, not two. A state read from the files never counts as such.
 func (tx *Tx) maintain() {
 	if tx.settled {
 		return
 	}
 	tx.expireWaiters()
 	tx.expireReservations()
+	if tx.baseSettled && !tx.dirty {
+		tx.settled = true
+		return
+	}
+	tx.baseSettled = false
 	tx.promoteConflicts()
 	tx.dropInvalidReservations()
 	tx.dropPartialReservations()
