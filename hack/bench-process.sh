@@ -10,7 +10,8 @@
 #   RUNC_N    rounds of BenchmarkRuncHook per run (default 100; needs root and runc)
 #   CTL_N     rounds of BenchmarkCtlProcess per run (default 50)
 #   ONLY      a regexp of benchmarks to run (default: all three)
-#   HOOK_BASELINE  another build of nri-gpu-guard-hook to time alongside (before/after)
+#   HOOK_BASELINE  another build of nri-gpu-guard-hook to time alongside (before/after,
+#             in BenchmarkHookProcess and BenchmarkRuncHook)
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

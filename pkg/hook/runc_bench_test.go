@@ -19,8 +19,9 @@ import (
 // ("plain"), with the guard's hooks for a container naming no GPU ("nogpu"),
 // with the hooks claiming and releasing a GPU ("gpu"), and, as the floor of
 // any hook, with both hooks replaced by a static Go program that only reads
-// its stdin ("floorhooks"). It reports the median and p99 of each and their
-// ratios to plain; run it with -benchtime=200x -count=3
+// its stdin ("floorhooks"), and, when HOOK_BASELINE names one, the same
+// two cases with another build of the hook. It reports the median and p99
+// of each and their ratios to plain; run it with -benchtime=200x -count=3
 // (hack/bench-process.sh does).
 func BenchmarkRuncHook(b *testing.B) {
 	r := newRig(b, rigOpts{})
@@ -46,12 +47,20 @@ func BenchmarkRuncHook(b *testing.B) {
 			return d, nil
 		}}
 	}
-	benchab.Run(b, []benchab.Variant{
+	variants := []benchab.Variant{
 		variant("plain", ctrOpts{mode: "exit", noHooks: true}),
 		variant("nogpu", ctrOpts{mode: "exit"}),
 		variant("gpu", ctrOpts{mode: "exit", env: gpuEnv(0)}),
 		variant("floorhooks", ctrOpts{mode: "exit", hookBin: floorBin}),
-	})
+	}
+	// HOOK_BASELINE names another build of the hook binary (an earlier
+	// commit's) to run as the hooks in the same rounds: a before/after.
+	if base := os.Getenv("HOOK_BASELINE"); base != "" {
+		variants = append(variants,
+			variant("base-nogpu", ctrOpts{mode: "exit", hookBin: base}),
+			variant("base-gpu", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: base}))
+	}
+	benchab.Run(b, variants)
 	if st := r.state(); len(st.Claims) != 0 || len(st.Waiters) != 0 {
 		b.Fatalf("the ledger is not empty after the runs: %d claims, %d waiters", len(st.Claims), len(st.Waiters))
 	}
