@@ -10,6 +10,8 @@
 #   RUNC_N    rounds of BenchmarkRuncHook per run (default 100; needs root and runc)
 #   CTL_N     rounds of BenchmarkCtlProcess per run (default 50)
 #   ONLY      a regexp of benchmarks to run (default: all three)
+#   HOOK_BASELINE  another build of nri-gpu-guard-hook to time alongside (before/after,
+#             in BenchmarkHookProcess and BenchmarkRuncHook)
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,7 +31,8 @@ bench BenchmarkRuncHook "${RUNC_N:-100}" ./pkg/hook
 bench BenchmarkCtlProcess "${CTL_N:-50}" ./pkg/ctl
 
 # Each result line: name rounds (value unit)...; keep the ms and ratio
-# metrics, one row per benchmark and metric with every run's value.
+# metrics, one row per benchmark and metric with every run's value. The table
+# is aligned here (no column(1), which not every system ships).
 awk '
 /^Benchmark/ {
 	name = $1; sub(/-[0-9]+$/, "", name)
@@ -42,13 +45,23 @@ awk '
 		cnt[k]++; v[k, cnt[k]] = $i
 	}
 }
+function row(line,   f, c, i) {
+	c = split(line, f, "\t"); rows++
+	for (i = 1; i <= c; i++) { cell[rows, i] = f[i]; if (length(f[i]) > w[i]) w[i] = length(f[i]) }
+	if (c > cols) cols = c
+}
 END {
-	printf "%s\t%s\truns...\tmedian\n", "benchmark", "metric"
+	row("benchmark\tmetric\truns...\tmedian")
 	for (j = 1; j <= n; j++) {
 		k = order[j]; m = cnt[k]
 		for (a = 1; a <= m; a++) s[a] = v[k, a] + 0
 		for (a = 1; a <= m; a++) for (b = a + 1; b <= m; b++) if (s[b] < s[a]) { t = s[a]; s[a] = s[b]; s[b] = t }
 		med = (m % 2) ? s[(m + 1) / 2] : (s[m / 2] + s[m / 2 + 1]) / 2
-		printf "%s%s\t%.3g\n", k, vals[k], med
+		row(k vals[k] "\t" sprintf("%.3g", med))
 	}
-}' "$raw" | column -t -s $'\t'
+	for (r = 1; r <= rows; r++) {
+		line = ""
+		for (i = 1; i <= cols; i++) line = line sprintf(i < cols ? "%-" w[i] "s  " : "%s", cell[r, i])
+		sub(/ +$/, "", line); print line
+	}
+}' "$raw"

@@ -22,8 +22,9 @@ import (
 // as the release builds it (static, -trimpath, stripped) for a container that
 // names no GPU, against a static Go program that only reads its stdin, and
 // the same request through the daemon binary's `nri-gpu-guard hook` (as
-// `make build` builds it) for comparison. The ratios are what counts; run it
-// with -benchtime=300x -count=3 (hack/bench-process.sh does).
+// `make build` builds it) for comparison, and, when HOOK_BASELINE names one,
+// another build of the hook. The ratios are what counts; run it with
+// -benchtime=300x -count=3 (hack/bench-process.sh does).
 func BenchmarkHookProcess(b *testing.B) {
 	dir := b.TempDir()
 	bins := map[string]string{}
@@ -76,12 +77,21 @@ func BenchmarkHookProcess(b *testing.B) {
 			return d, nil
 		}
 	}
-	benchab.Run(b, []benchab.Variant{
+	variants := []benchab.Variant{
 		{Name: "stdin", Run: run(bins["stdin"])},
 		{Name: "create", Run: run(bins["hook"], "create-runtime", "--config", cfg)},
 		{Name: "poststop", Run: run(bins["hook"], "poststop", "--config", cfg)},
 		{Name: "daemon-create", Run: run(bins["daemon"], "hook", "create-runtime", "--config", cfg)},
-	})
+	}
+	// HOOK_BASELINE names another build of the hook binary (an earlier
+	// commit's) to time in the same rounds: a before/after on one machine
+	// under one load.
+	if base := os.Getenv("HOOK_BASELINE"); base != "" {
+		variants = append(variants,
+			benchab.Variant{Name: "baseline-create", Run: run(base, "create-runtime", "--config", cfg)},
+			benchab.Variant{Name: "baseline-poststop", Run: run(base, "poststop", "--config", cfg)})
+	}
+	benchab.Run(b, variants)
 	if _, err := os.Stat(state); err == nil {
 		b.Fatalf("a request that names no GPU created the ledger %s", state)
 	}

@@ -66,6 +66,14 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	// Most containers can reach no GPU: their answer needs neither the
+	// configuration nor the ledger (Input.NeverClaims holds under any
+	// configuration), so the input is read first and such a container is
+	// answered at once, before the TOML is parsed or signals are set up.
+	in := hook.ReadInput(stdin)
+	if in.NeverClaims() {
+		return 0
+	}
 	cfg, _, err := config.LoadDefault(*cfgPath)
 	if err == nil && *stateDir != "" {
 		cfg.Ledger.Dir = *stateDir
@@ -77,9 +85,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		_, _ = fmt.Fprintf(stderr, "%s: hook %s: container refused: configuration: %v\n", program, phase, err)
 		return 1
 	}
-	// hook.Run handles SIGTERM/SIGINT (a waiting hook leaves the queue) and
-	// SIGPIPE itself.
-	if err := hook.RunWith(context.Background(), phase, hook.Options{Wait: *wait}, cfg, stdin, stderr); err != nil {
+	// hook.RunInput handles SIGTERM/SIGINT (a waiting hook leaves the queue)
+	// and SIGPIPE itself.
+	if err := hook.RunInput(context.Background(), phase, hook.Options{Wait: *wait}, cfg, in, stderr); err != nil {
 		_, _ = fmt.Fprintf(stderr, "%s: %v\n", program, err)
 		// 75: a GPU is busy, 77: refused by policy, 1: anything else; crun
 		// shows only this code.

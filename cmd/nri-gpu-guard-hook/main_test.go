@@ -98,6 +98,37 @@ func TestNoGPUNeverReadsLedger(t *testing.T) {
 	}
 }
 
+// A container that can reach no GPU is answered before the configuration is
+// read, so neither phase fails it for a configuration that does not load
+// (nothing it could do reaches a GPU); one that names a GPU is still refused
+// for that configuration, with the configuration's error.
+func TestNoGPUNeedsNoConfig(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.toml")
+	require.NoError(t, os.WriteFile(bad, []byte("[policy]\non_conflict = \"maybe\"\n"), 0o600))
+	state := func(env ...string) string {
+		bundle := t.TempDir()
+		data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+		st, err := json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: specs.StateCreating, Bundle: bundle})
+		require.NoError(t, err)
+		return string(st)
+	}
+	for _, phase := range []string{"create-runtime", "poststop"} {
+		var stdout, stderr bytes.Buffer
+		code := run([]string{phase, "--config", bad}, strings.NewReader(state("PATH=/bin")), &stdout, &stderr)
+		require.Equal(t, 0, code, "%s: %s", phase, stderr.String())
+		require.Empty(t, stderr.String())
+
+		stderr.Reset()
+		code = run([]string{phase, "--config", bad}, strings.NewReader(state("NVIDIA_VISIBLE_DEVICES=0")), &stdout, &stderr)
+		require.Equal(t, 1, code, phase)
+		require.Contains(t, stderr.String(), "hook "+phase+": container refused: configuration: ")
+		require.Contains(t, stderr.String(), "on_conflict")
+	}
+}
+
 // forbiddenDeps are packages the hook binary must not link: it starts once per
 // container and phase, and every one of these costs init time and size (or,
 // for go-nvml, cgo and a driver library) on a path that never uses it.

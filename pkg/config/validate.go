@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"time"
 
@@ -18,10 +17,30 @@ import (
 // ErrInvalid is wrapped by every error Validate returns.
 var ErrInvalid = errors.New("invalid configuration")
 
-var (
-	pluginIdxPattern = regexp.MustCompile(`^[0-9]{2}$`)
-	pluginNameRE     = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]*$`)
-)
+// validPluginIndex reports whether s is two ASCII digits, as NRI wants.
+func validPluginIndex(s string) bool {
+	return len(s) == 2 && isDigit(s[0]) && isDigit(s[1])
+}
+
+// validPluginName reports whether s is a letter or digit followed by
+// letters, digits, '_', '.' or '-'. Checked by hand rather than with a
+// regexp: every hook process validates the configuration, and a regexp
+// compiled at package init costs each of them on start.
+func validPluginName(s string) bool {
+	if s == "" || !isAlnum(s[0]) {
+		return false
+	}
+	for i := 1; i < len(s); i++ {
+		if c := s[i]; !isAlnum(c) && c != '_' && c != '.' && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+func isDigit(c byte) bool { return '0' <= c && c <= '9' }
+
+func isAlnum(c byte) bool { return isDigit(c) || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
 
 // Validate checks every key and reports all problems at once, each naming the
 // key, the bad value and what is accepted.
@@ -157,10 +176,10 @@ func (c *Config) validatePolicy(v *problems) {
 }
 
 func (c *Config) validateNRI(v *problems) {
-	if !pluginNameRE.MatchString(c.NRI.PluginName) {
+	if !validPluginName(c.NRI.PluginName) {
 		v.bad("nri.plugin_name", "invalid name %q (letters, digits, '-', '_', '.'; no index prefix)", c.NRI.PluginName)
 	}
-	if !pluginIdxPattern.MatchString(c.NRI.PluginIndex) {
+	if !validPluginIndex(c.NRI.PluginIndex) {
 		v.bad("nri.plugin_index", "must be two digits such as \"90\", got %q", c.NRI.PluginIndex)
 	}
 	v.absPath("nri.socket", c.NRI.Socket)

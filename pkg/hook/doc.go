@@ -41,8 +41,16 @@
 //     GPU the container asks for; a ticket is used once.
 //   - poststop is idempotent: releasing a container that holds nothing
 //     succeeds. A container whose spec names no GPU under any policy
-//     (neverClaims) does not open the ledger at all; one absent from the
-//     ledger is told apart by a lock-free read and never takes the lock.
+//     (Input.NeverClaims) does not open the ledger at all; one absent from
+//     the ledger is told apart by a lock-free read and never takes the lock,
+//     and one present takes it only for the writes it needs (release if it
+//     holds, withdraw if it waits).
+//   - The input is read once (ReadInput). A container that can reach no GPU
+//     under any configuration is answered from it alone: the hook binary
+//     does so before loading the configuration, so a configuration that does
+//     not load refuses only containers that could reach a GPU. The decoders
+//     of the state and the spec take a fast path without reflection only
+//     where it yields exactly what encoding/json yields (FuzzFastDecode).
 //   - The package imports nothing of NRI, ttrpc, protobuf, prometheus,
 //     net/http or NVML: the hook binary links it alone (TestHookDeps in
 //     cmd/nri-gpu-guard-hook).

@@ -53,6 +53,13 @@ func Run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, 
 // what to do): the caller prints it on one line and exits non-zero, which
 // makes the runtime refuse the container (or, for poststop, log a warning).
 func RunWith(ctx context.Context, phase string, opts Options, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
+	return RunInput(ctx, phase, opts, cfg, ReadInput(stdin), stderr)
+}
+
+// RunInput is RunWith with the runtime's input already read (ReadInput): a
+// hook binary reads it first, so that a container that can reach no GPU
+// (Input.NeverClaims) is answered before the configuration is loaded.
+func RunInput(ctx context.Context, phase string, opts Options, cfg config.Config, in *Input, stderr io.Writer) error {
 	// The signal is the context's cause ("terminated signal received"), which
 	// the error of a cancelled waiter quotes.
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
@@ -65,7 +72,7 @@ func RunWith(ctx context.Context, phase string, opts Options, cfg config.Config,
 	signal.Ignore(syscall.SIGPIPE)
 	e := defaultEnv()
 	e.opts = opts
-	return e.run(ctx, phase, cfg, stdin, stderr)
+	return e.runInput(ctx, phase, cfg, in, stderr)
 }
 
 // guardAPI is what the hook needs from *guard.Guard.
@@ -107,8 +114,14 @@ func defaultEnv() env {
 	}
 }
 
-// run is Run without the signal handling; it turns a panic into an error.
-func (e env) run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, stderr io.Writer) (err error) {
+// run is Run without the signal handling.
+func (e env) run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
+	return e.runInput(ctx, phase, cfg, ReadInput(stdin), stderr)
+}
+
+// runInput is RunInput without the signal handling; it turns a panic into an
+// error.
+func (e env) runInput(ctx context.Context, phase string, cfg config.Config, in *Input, stderr io.Writer) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("hook %s: internal error, container refused (please report this): %v", phase, r)
@@ -119,9 +132,9 @@ func (e env) run(ctx context.Context, phase string, cfg config.Config, stdin io.
 	}
 	switch phase {
 	case PhaseCreateRuntime:
-		err = e.createRuntime(ctx, cfg, stdin, stderr)
+		err = e.createRuntime(ctx, cfg, in, stderr)
 	case PhasePoststop:
-		err = e.poststop(ctx, cfg, stdin)
+		err = e.poststop(ctx, cfg, in)
 	default:
 		return fmt.Errorf("%w (unknown phase %q)", ErrUsage, phase)
 	}
@@ -132,16 +145,15 @@ func (e env) run(ctx context.Context, phase string, cfg config.Config, stdin io.
 }
 
 // createRuntime admits (or refuses) the container described by stdin.
-func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
-	st, err := readState(stdin)
-	if err != nil {
-		return fmt.Errorf("container refused: %w", err)
+func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, stderr io.Writer) error {
+	if in.stateErr != nil {
+		return fmt.Errorf("container refused: %w", in.stateErr)
 	}
-	spec, err := readSpec(st)
-	if err != nil {
-		return fmt.Errorf("container %s refused: %w", st.ID, err)
+	st, spec := in.state, in.spec
+	if in.specErr != nil {
+		return fmt.Errorf("container %s refused: %w", st.ID, in.specErr)
 	}
-	req := devices.RequestFromSpec(spec)
+	req := in.request
 	if guard.NeverClaims(req) {
 		// The common case for a hook installed for every container: it can
 		// reach no GPU under any policy or inventory. Done without reading
@@ -158,7 +170,10 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, stdin io.Read
 		return nil
 	}
 
-	var pidStart uint64
+	var (
+		pidStart uint64
+		err      error
+	)
 	if st.Pid > 0 {
 		pidStart, err = liveness.PidStart(e.procRoot, st.Pid)
 		if err != nil {
@@ -259,12 +274,12 @@ func (e env) goneCheck(self *liveness.Process) func() (bool, string) {
 // tells, and only a container that appears in it takes the ledger lock. The
 // read cannot miss a claim of this container: its create-runtime hook ended
 // (or was killed and reaped by the runtime) before the runtime ran poststop.
-func (e env) poststop(ctx context.Context, cfg config.Config, stdin io.Reader) error {
-	st, err := readState(stdin)
-	if err != nil {
-		return err
+func (e env) poststop(ctx context.Context, cfg config.Config, in *Input) error {
+	if in.stateErr != nil {
+		return in.stateErr
 	}
-	if spec, err := readSpec(st); err == nil && neverClaims(spec) {
+	st := in.state
+	if in.NeverClaims() {
 		return nil
 	}
 	// Releasing needs no inventory: it must work even when the GPU set
@@ -274,39 +289,54 @@ func (e env) poststop(ctx context.Context, cfg config.Config, stdin io.Reader) e
 		return fmt.Errorf("container %s: cannot release its GPUs (run `gpu-guard-ctl gc` or `gpu-guard-ctl release --container %s`): %w", st.ID, st.ID, err)
 	}
 	defer closeGuard()
-	if snap, err := g.Ledger().Snapshot(ctx); err == nil && !appears(snap, st.ID) {
-		return nil
+	// What the lock-free read shows decides which writes are needed: a
+	// container that only held GPUs has no queue entry to drop, and one that
+	// only waited holds nothing. Each skipped write is a lock cycle saved.
+	// Unreadable, both run.
+	holds, waits := true, true
+	if snap, err := g.Ledger().Snapshot(ctx); err == nil {
+		holds, waits = appears(snap, st.ID)
+		if !holds && !waits {
+			return nil
+		}
 	}
 	owner := ledger.Owner{ContainerID: st.ID, FrontEnd: ledger.FrontEndHook}
 	var errs []error
-	if err := g.Removed(ctx, owner); err != nil && !errors.Is(err, ledger.ErrNotFound) {
-		errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl release --container %s` once the ledger is reachable): %w", st.ID, st.ID, err))
+	if holds {
+		if err := g.Removed(ctx, owner); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl release --container %s` once the ledger is reachable): %w", st.ID, st.ID, err))
+		}
 	}
-	if err := g.Withdraw(ctx, st.ID, "container removed"); err != nil && !errors.Is(err, ledger.ErrNotFound) {
-		errs = append(errs, fmt.Errorf("drop the queue entry of container %s: %w", st.ID, err))
+	if waits {
+		if err := g.Withdraw(ctx, st.ID, "container removed"); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("drop the queue entry of container %s: %w", st.ID, err))
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// appears reports whether container id holds a claim, waits, or has a
-// conflict record in st.
-func appears(st ledger.State, id string) bool {
+// appears reports whether container id holds a claim or has a conflict
+// record in st (holds), and whether it waits in the queue (waits).
+func appears(st ledger.State, id string) (holds, waits bool) {
 	for _, c := range st.Claims {
 		if c.Owner.ContainerID == id {
-			return true
-		}
-	}
-	for _, w := range st.Waiters {
-		if w.Key == id || w.Owner.ContainerID == id {
-			return true
+			holds = true
+			break
 		}
 	}
 	for _, c := range st.Conflicts {
 		if c.Owner.ContainerID == id {
-			return true
+			holds = true
+			break
 		}
 	}
-	return false
+	for _, w := range st.Waiters {
+		if w.Key == id || w.Owner.ContainerID == id {
+			waits = true
+			break
+		}
+	}
+	return holds, waits
 }
 
 // refreshInterval is how long a waiting hook may go without an Admit when

@@ -356,7 +356,8 @@ func TestLoadInventory(t *testing.T) {
 
 // TestPoststop: poststop releases the container's claims and drops the queue
 // entry a killed create-runtime hook left; a container that appears nowhere
-// in the ledger is done without taking the ledger lock.
+// in the ledger is done without taking the ledger lock, and one that only
+// waits (or only holds) takes it only for the write it needs.
 func TestPoststop(t *testing.T) {
 	ctx := context.Background()
 	cfg := staticConfig(t)
@@ -394,6 +395,11 @@ func TestPoststop(t *testing.T) {
 	err = poststop("killed")
 	require.ErrorIs(t, err, ledger.ErrLockTimeout)
 	require.Contains(t, err.Error(), "drop the queue entry of container killed")
+	require.NotContains(t, err.Error(), "release the GPUs", "it holds nothing: no release is attempted")
+	err = poststop("holder")
+	require.ErrorIs(t, err, ledger.ErrLockTimeout)
+	require.Contains(t, err.Error(), "release the GPUs of container holder")
+	require.NotContains(t, err.Error(), "drop the queue entry", "it waits for nothing: no withdraw is attempted")
 	require.NoError(t, lock.Unlock())
 
 	require.NoError(t, poststop("killed"))

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,9 +55,12 @@ func readState(r io.Reader) (specs.State, error) {
 	if len(bytes.TrimSpace(data)) == 0 {
 		return specs.State{}, fmt.Errorf("%w: stdin is empty; a runtime hook gets the OCI state (JSON) on stdin", errInput)
 	}
-	var st specs.State
-	if err := json.Unmarshal(data, &st); err != nil {
-		return specs.State{}, fmt.Errorf("%w: decode the OCI state from stdin: %w", errInput, err)
+	st, ok := fastState(data)
+	if !ok {
+		// Anything the fast decoder does not handle, errors included.
+		if err := json.Unmarshal(data, &st); err != nil {
+			return specs.State{}, fmt.Errorf("%w: decode the OCI state from stdin: %w", errInput, err)
+		}
 	}
 	if err := checkID(st.ID); err != nil {
 		return specs.State{}, err
@@ -94,19 +98,30 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 	}
 	path := filepath.Join(filepath.Clean(st.Bundle), "config.json")
 	// O_NONBLOCK so that opening a FIFO planted there cannot hang the hook;
-	// it is irrelevant for the regular file that is expected.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	// it is irrelevant for the regular file that is expected. Opened with
+	// syscall.Open and checked before os.NewFile, with O_NONBLOCK cleared:
+	// os.OpenFile would hand a non-blocking descriptor to the runtime's
+	// poller, and starting the poller (epoll, eventfd) costs a hook process
+	// more than reading the file.
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("%w: open the spec of container %q: %w", errInput, st.ID, err)
+		return nil, fmt.Errorf("%w: open the spec of container %q: %w", errInput, st.ID, &os.PathError{Op: "open", Path: path, Err: err})
 	}
-	defer func() { _ = f.Close() }()
-	fi, err := f.Stat()
-	if err != nil {
+	var sys syscall.Stat_t
+	if err := syscall.Fstat(fd, &sys); err != nil {
+		_ = syscall.Close(fd)
 		return nil, fmt.Errorf("%w: stat %s: %w", errInput, path, err)
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: %s is not a regular file (%s)", errInput, path, fi.Mode().Type())
+	if sys.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		_ = syscall.Close(fd)
+		return nil, fmt.Errorf("%w: %s is not a regular file (%s)", errInput, path, fileType(sys.Mode))
 	}
+	if err := syscall.SetNonblock(fd, false); err != nil {
+		_ = syscall.Close(fd)
+		return nil, fmt.Errorf("%w: open %s: %w", errInput, path, err)
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer func() { _ = f.Close() }()
 	data, err := io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("%w: read %s: %w", errInput, path, err)
@@ -114,9 +129,12 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 	if len(data) > maxSpecBytes {
 		return nil, fmt.Errorf("%w: %s is larger than %d bytes", errInput, path, maxSpecBytes)
 	}
-	var sub hookSpec
-	if err := json.Unmarshal(data, &sub); err != nil {
-		return nil, fmt.Errorf("%w: decode %s: %w", errInput, path, err)
+	sub, ok := fastSpec(data)
+	if !ok {
+		// Anything the fast decoder does not handle, errors included.
+		if err := json.Unmarshal(data, &sub); err != nil {
+			return nil, fmt.Errorf("%w: decode %s: %w", errInput, path, err)
+		}
 	}
 	return sub.spec(), nil
 }
@@ -127,28 +145,40 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 // its field tables for the whole OCI schema in every hook process, a fifth
 // of a hook's run time for a container that names no GPU.
 type hookSpec struct {
-	Process *struct {
-		Env          []string `json:"env"`
-		Capabilities *struct {
-			Bounding []string `json:"bounding"`
-		} `json:"capabilities"`
-	} `json:"process"`
-	Mounts []struct {
-		Destination string `json:"destination"`
-	} `json:"mounts"`
+	Process     *hookProcess      `json:"process"`
+	Mounts      []hookMount       `json:"mounts"`
 	Annotations map[string]string `json:"annotations"`
-	Linux       *struct {
-		Devices []struct {
-			Path  string `json:"path"`
-			Type  string `json:"type"`
-			Major int64  `json:"major"`
-			Minor int64  `json:"minor"`
-		} `json:"devices"`
-		CgroupsPath string `json:"cgroupsPath"`
-		Resources   *struct {
-			Devices []specs.LinuxDeviceCgroup `json:"devices"`
-		} `json:"resources"`
-	} `json:"linux"`
+	Linux       *hookLinux        `json:"linux"`
+}
+
+type hookProcess struct {
+	Env          []string  `json:"env"`
+	Capabilities *hookCaps `json:"capabilities"`
+}
+
+type hookCaps struct {
+	Bounding []string `json:"bounding"`
+}
+
+type hookMount struct {
+	Destination string `json:"destination"`
+}
+
+type hookLinux struct {
+	Devices     []hookDevice   `json:"devices"`
+	CgroupsPath string         `json:"cgroupsPath"`
+	Resources   *hookResources `json:"resources"`
+}
+
+type hookDevice struct {
+	Path  string `json:"path"`
+	Type  string `json:"type"`
+	Major int64  `json:"major"`
+	Minor int64  `json:"minor"`
+}
+
+type hookResources struct {
+	Devices []specs.LinuxDeviceCgroup `json:"devices"`
 }
 
 // spec returns the decoded fields as a specs.Spec (the rest left zero).
@@ -173,6 +203,25 @@ func (h *hookSpec) spec() *specs.Spec {
 		}
 	}
 	return s
+}
+
+// fileType names the type of a non-regular file as fs.FileMode does.
+func fileType(mode uint32) fs.FileMode {
+	switch mode & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		return fs.ModeDir
+	case syscall.S_IFIFO:
+		return fs.ModeNamedPipe
+	case syscall.S_IFSOCK:
+		return fs.ModeSocket
+	case syscall.S_IFLNK:
+		return fs.ModeSymlink
+	case syscall.S_IFCHR:
+		return fs.ModeDevice | fs.ModeCharDevice
+	case syscall.S_IFBLK:
+		return fs.ModeDevice
+	}
+	return fs.ModeIrregular
 }
 
 // CRI annotations naming the pod and container. containerd's CRI plugin and

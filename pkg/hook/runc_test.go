@@ -244,6 +244,9 @@ type ctrOpts struct {
 	cfgPath  string   // hook configuration; "" = the rig's
 	noHooks  bool
 	detached bool
+	// hookBin replaces the hook binary in both hooks (BenchmarkRuncHook's
+	// floor: a program that only reads its stdin).
+	hookBin string
 	// noWait runs the create-runtime hook without --wait (the default of the
 	// shipped hooks.d file): it refuses a busy GPU at once.
 	noWait bool
@@ -321,9 +324,13 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		if !o.noWait {
 			createArgs = append(createArgs, "--wait")
 		}
+		bin := hookBin
+		if o.hookBin != "" {
+			bin = o.hookBin
+		}
 		spec.Hooks = &specs.Hooks{
-			CreateRuntime: []specs.Hook{{Path: hookBin, Args: createArgs}},
-			Poststop:      []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}}},
+			CreateRuntime: []specs.Hook{{Path: bin, Args: createArgs}},
+			Poststop:      []specs.Hook{{Path: bin, Args: []string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}}},
 		}
 	}
 	dir := filepath.Join(r.base, "b", id)

@@ -11,6 +11,7 @@ import (
 	"hash/crc32"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -37,7 +38,10 @@ const journalFormat = 2
 // waiters, so a bigger line is not ours.
 const maxJournalLine = 4 << 20
 
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+// castagnoli is built on first use, not at package init: building it costs
+// every process that links the ledger (a hook for a container without a
+// GPU never writes a journal record).
+var castagnoli = sync.OnceValue(func() *crc32.Table { return crc32.MakeTable(crc32.Castagnoli) })
 
 // journalHeader starts a journal: the state it continues from.
 type journalHeader struct {
@@ -77,7 +81,7 @@ func appendJournalLine(b []byte, v any) ([]byte, error) {
 		return nil, err
 	}
 	var crc [4]byte
-	binary.BigEndian.PutUint32(crc[:], crc32.Checksum(js, castagnoli))
+	binary.BigEndian.PutUint32(crc[:], crc32.Checksum(js, castagnoli()))
 	b = hex.AppendEncode(b, crc[:])
 	b = append(b, ' ')
 	b = append(b, js...)
@@ -110,7 +114,7 @@ func journalLines(data []byte, base int64) (lines [][]byte, ends []int64, torn i
 			return nil, nil, 0, badState("journal line at offset %d has no checksum", base+int64(off))
 		}
 		want := binary.BigEndian.Uint32(crc[:])
-		if got := crc32.Checksum(line[9:], castagnoli); got != want {
+		if got := crc32.Checksum(line[9:], castagnoli()); got != want {
 			return nil, nil, 0, badState("journal line at offset %d: checksum mismatch (damaged)", base+int64(off))
 		}
 		lines = append(lines, line[9:])

@@ -52,6 +52,16 @@ import (
 // expire, except when they stop covering their waiter's whole request: its
 // retry asked for other devices, or a container found running on one of
 // them took it (reality wins). A partial reservation would only block others.
+//
+// Steps 3 to 5 depend on the claims, conflicts, reservations and waiters
+// alone, not on the time (which only dates what they create), and a state
+// they just ran over is their fixed point: promoting a conflict needs a
+// freed device, and none is freed by steps 4 and 5; reserving makes devices
+// busier, so a waiter passed over stays passed over. So when the Tx starts
+// from a state this process committed right after maintain ran
+// (baseSettled) and steps 1 and 2 expire nothing, steps 3 to 5 would
+// change nothing and are skipped: a commit then makes one pass over the
+// queue, not two. A state read from the files never counts as such.
 func (tx *Tx) maintain() {
 	if tx.settled {
 		return
@@ -59,6 +69,11 @@ func (tx *Tx) maintain() {
 	tx.expireDraining()
 	tx.expireWaiters()
 	tx.expireReservations()
+	if tx.baseSettled && !tx.dirty {
+		tx.settled = true
+		return
+	}
+	tx.baseSettled = false
 	tx.promoteConflicts()
 	tx.dropInvalidReservations()
 	tx.dropPartialReservations()
@@ -68,10 +83,12 @@ func (tx *Tx) maintain() {
 
 func (tx *Tx) expireWaiters() {
 	ttl := tx.l.opts.QueueTTL
+	// LastSeen+ttl before now, with the addition done once, not per waiter.
+	cutoff := tx.now.Add(-ttl)
 	var gone []Waiter
-	for _, w := range tx.st.Waiters {
-		if w.LastSeen.Add(ttl).Before(tx.now) {
-			gone = append(gone, w)
+	for i := range tx.st.Waiters {
+		if w := &tx.st.Waiters[i]; w.LastSeen.Before(cutoff) {
+			gone = append(gone, *w)
 		}
 	}
 	for _, w := range gone {
@@ -262,32 +279,41 @@ func (tx *Tx) reserveFreeDevices() {
 	if len(tx.st.Waiters) == 0 {
 		return
 	}
-	// A few distinct devices, asked for by many: a short list beats a map.
-	type known struct {
-		uuid string
-		free bool
-	}
-	var memo []known
+	memo := map[string]bool{}
 	// isFree: no claim and no reservation on a device conflicting with d.
 	isFree := func(d devices.Device) bool {
-		for _, k := range memo {
-			if k.uuid == d.UUID {
-				return k.free
-			}
+		if f, ok := memo[d.UUID]; ok {
+			return f
 		}
 		f := tx.conflictingClaim(d, "") == nil && !tx.reservedConflicting(d) && !tx.cordoned(d)
-		memo = append(memo, known{d.UUID, f})
+		memo[d.UUID] = f
 		return f
+	}
+	// Who holds a claim and who has reservations, gathered once: asked for
+	// every waiter, a scan of the claims or reservations each time made a
+	// pass O(waiters × claims), most of a commit's CPU at 10,000 waiters.
+	// Claims do not change during the pass; reservations made in it are for
+	// the waiter at hand, which is not looked at again.
+	holders := make(map[string]struct{}, len(tx.st.Claims))
+	for i := range tx.st.Claims {
+		if id := tx.st.Claims[i].Owner.ContainerID; id != "" {
+			holders[id] = struct{}{}
+		}
+	}
+	reserved := make(map[string]struct{}, len(tx.st.Reservations))
+	for i := range tx.st.Reservations {
+		reserved[tx.st.Reservations[i].For] = struct{}{}
 	}
 	until := tx.now.Add(tx.l.opts.ReservationTTL)
 	for wi := range tx.st.Waiters {
 		w := &tx.st.Waiters[wi]
-		if len(w.Devices) == 0 || slices.ContainsFunc(tx.st.Reservations, func(r Reservation) bool { return r.For == w.Key }) {
+		if _, done := reserved[w.Key]; len(w.Devices) == 0 || done {
 			continue // complete already (dropPartialReservations ran)
 		}
 		// Devices the waiter's own container holds need no reservation
 		// (Busy ignores them); that is rare, so only then the slow path.
-		owns := w.Owner.ContainerID != "" && slices.ContainsFunc(tx.st.Claims, func(c Claim) bool { return c.Owner.ContainerID == w.Owner.ContainerID })
+		_, owns := holders[w.Owner.ContainerID]
+		owns = owns && w.Owner.ContainerID != ""
 		var need []devices.Device
 		all := true
 		for _, d := range w.Devices {
@@ -310,7 +336,8 @@ func (tx *Tx) reserveFreeDevices() {
 			tx.insertReservation(Reservation{Device: d, For: w.Key, Since: tx.now, Until: until})
 			got = append(got, d.UUID)
 		}
-		memo = memo[:0]
+		reserved[w.Key] = struct{}{}
+		clear(memo)
 		// "head of the queue": the earliest waiter that can start (ctl
 		// and log readers match on the wording).
 		tx.record(OpReserve, &w.Owner, w.Key, got, fmt.Sprintf("head of the queue; until %s", until.Format(time.RFC3339)))

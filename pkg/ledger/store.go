@@ -46,6 +46,12 @@ type loaded struct {
 	jID  fileID
 	jHdr journalHeader
 	jEnd int64 // end of the last complete record; a torn tail follows if jID.size > jEnd
+
+	// settled: st is what this process committed right after the queue
+	// mechanics ran (Tx.maintain), so it is their fixed point as long as
+	// nothing expires (see Tx.maintain). Never set for a state read from
+	// the files.
+	settled bool
 }
 
 // openRegular opens a ledger file for reading without following a symlink
@@ -247,6 +253,7 @@ func (l *Ledger) readJournalTail(jf *os.File, c *loaded, id fileID) (loaded, err
 		return loaded{}, err
 	}
 	next.st, next.jEnd = st, ends[len(ends)-1]
+	next.settled = false // another writer's commits
 	return next, nil
 }
 

@@ -39,7 +39,10 @@ type Tx struct {
 	// settled: nothing changed since the queue mechanics last ran, so
 	// running them again would change nothing either.
 	settled bool
-	closed  bool
+	// baseSettled: the Tx started from a state this process committed after
+	// the queue mechanics ran (loaded.settled); see maintain.
+	baseSettled bool
+	closed      bool
 	// freshLineage: the state got its lineage from this Update's load (it
 	// started empty, or its file had none) and it is not stored yet.
 	freshLineage bool
