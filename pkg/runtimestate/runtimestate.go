@@ -26,10 +26,6 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
-// DefaultRoots are the state roots of runc (which podman uses for runc
-// too) and crun.
-var DefaultRoots = []string{"/run/runc", "/run/crun"}
-
 // Bounds on what a scan reads.
 const (
 	// MaxStateBytes bounds a state file. runc's state.json embeds the
