@@ -40,9 +40,11 @@ status. Its GPUs are resolved as the hook resolves them (its bundle's
 config.json, the inventory, [policy]). --no-runtime skips this check.
 
 If the state dir or its files were moved, put them back first. When nothing
-can be recovered, --reset starts the ledger empty deliberately (the old files
-are moved aside): do that only once no container holds a GPU, or on an NRI
-host, where the daemon rebuilds the claims from the runtime at its next sync.`,
+can be recovered, --reset starts the ledger afresh deliberately (the old files
+are moved aside) with only the claims of the containers the runtimes run
+(read as above; none with --no-runtime): waiters and claims of anything else
+(gpu-guard-ctl run tickets) are forgotten. On an NRI host the daemon rebuilds
+the claims from containerd at its next sync.`,
 		`  sudo gpu-guard-ctl recover --dry-run
   sudo gpu-guard-ctl recover
   sudo gpu-guard-ctl recover --reset --reason "all GPU jobs stopped"`,
@@ -85,26 +87,36 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	if fl.reason != "" {
 		why += ": " + fl.reason
 	}
-	var rep ledger.RecoverReport
+	if reset && dryRun {
+		return fmt.Errorf("--reset and --dry-run: a reset changes everything; run without --reset to see what recover would do")
+	}
+	cfg, err := a.config()
+	if err != nil {
+		return err
+	}
 	var scan *runtimeScan
-	if reset {
-		if dryRun {
-			return fmt.Errorf("--reset and --dry-run: a reset changes everything; run without --reset to see what recover would do")
+	if !fl.noRuntime && len(cfg.Hook.RuntimeRoots) > 0 {
+		// Read before the ledger's lock is taken: while the ledger needs
+		// recovery no hook admits anything, so the list cannot miss a
+		// container admitted in between.
+		if scan, err = a.scanRuntimes(cfg); err != nil {
+			return err
 		}
-		rep, err = l.Reset(ctx, why)
+	}
+	var rep ledger.RecoverReport
+	if reset {
+		if scan != nil {
+			// A hook host has no daemon to rebuild the claims: the reset
+			// starts from what the runtimes run.
+			rep, err = l.ResetAdopting(ctx, why, scan.holdings, func(i int) string {
+				return strings.Replace(scan.why[i], "recover:", "reset:", 1)
+			})
+		} else {
+			rep, err = l.Reset(ctx, why)
+		}
 	} else {
 		opts := ledger.RecoverOptions{Reason: why, DryRun: dryRun}
-		cfg, cerr := a.config()
-		if cerr != nil {
-			return cerr
-		}
-		if !fl.noRuntime && len(cfg.Hook.RuntimeRoots) > 0 {
-			// Read before the ledger's lock is taken: while the ledger
-			// needs recovery no hook admits anything, so the list cannot
-			// miss a container admitted in between.
-			if scan, err = a.scanRuntimes(cfg); err != nil {
-				return err
-			}
+		if scan != nil {
 			opts.Running = scan.holdings
 			opts.RunningWhy = func(i int) string { return scan.why[i] }
 		}
@@ -128,6 +140,8 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	switch {
 	case rep.Problem == "":
 		fmt.Fprintf(&b, "the ledger is healthy (generation %d): nothing to recover\n", rep.Generation)
+	case reset && len(rep.Adopted) > 0:
+		fmt.Fprintf(&b, "the ledger was reset to the containers the runtimes run: generation %d, new lineage %s\n", rep.Generation, rep.Lineage)
 	case reset:
 		fmt.Fprintf(&b, "the ledger was reset: empty, generation %d, new lineage %s\n", rep.Generation, rep.Lineage)
 	default:

@@ -228,3 +228,44 @@ func TestRecoverRuntimeScanNeedsTheInventory(t *testing.T) {
 	require.Equal(t, ExitError, h.run(t, "status").code, "nothing was written")
 	assert.True(t, strings.Contains(h.run(t, "recover", "--no-runtime").stdout, "recovered"), "--no-runtime recovers without the scan")
 }
+
+// TestResetAdoptsFromRuntimeState: when nothing verifies, --reset starts
+// from the containers the runtimes run instead of nothing: h2 holds GPU 2
+// again, and the audit says where it was found.
+func TestResetAdoptsFromRuntimeState(t *testing.T) {
+	h := newRuntimeHost(t)
+	pid, start := h.process()
+	h.container("runc", "h2", pid, start, false, "NVIDIA_VISIBLE_DEVICES=2")
+	h.update(t, now, func(tx *ledger.Tx) {
+		_, err := tx.Claim("", hookHolder("h2", pid, start), []devices.Device{h.dev(t, uuidGPU2)}, "env")
+		require.NoError(t, err)
+	})
+	for _, name := range []string{"ledger.json", "ledger.journal"} {
+		require.NoError(t, os.WriteFile(filepath.Join(h.dir, name), []byte("garbage"), 0o600))
+	}
+	r := h.run(t, "recover")
+	require.Equal(t, ExitError, r.code, "nothing verifies: %s", r.stdout)
+
+	r = h.run(t, "recover", "--reset", "--reason", "test")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "reset to the containers the runtimes run")
+	assert.Contains(t, r.stdout, "adopted (running without a claim): GPU 2")
+	st := h.state(t)
+	require.Len(t, st.Claims, 1)
+	assert.Equal(t, "h2", st.Claims[0].Owner.ContainerID)
+	assert.Equal(t, uuidGPU2, st.Claims[0].Device.UUID)
+	var adopt *ledger.AuditRecord
+	for _, rec := range h.audit(t) {
+		if rec.Op == ledger.OpAdopt {
+			adopt = &rec
+		}
+	}
+	require.NotNil(t, adopt)
+	assert.Equal(t, "reset: found running in runc state ("+h.runcRoot+")", adopt.Reason)
+
+	// --no-runtime: empty, as before.
+	r = h.run(t, "recover", "--reset", "--no-runtime")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "reset: empty")
+	assert.Empty(t, h.state(t).Claims)
+}

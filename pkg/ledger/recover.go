@@ -312,6 +312,16 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 // forgets: the NRI daemon rebuilds them from the runtime; an operator uses
 // it when nothing can be recovered.
 func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error) {
+	return l.ResetAdopting(ctx, reason, nil, nil)
+}
+
+// ResetAdopting is Reset that starts from the containers the runtime runs
+// instead of nothing: in the same commit as the empty state, every device
+// of running is adopted by its container and a device two of them reach
+// is a Conflict of the later one (see RecoverOptions.Running; why words
+// the audit reason of running[i]). A hook host, which has no daemon to
+// rebuild its claims, resets this way when nothing can be recovered.
+func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Holding, why func(i int) string) (RecoverReport, error) {
 	var rep RecoverReport
 	unlock, err := l.lockForWrite(ctx, "reset", true)
 	if err != nil {
@@ -333,6 +343,24 @@ func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error
 	if m, ok, err := l.readMarker(); err == nil && ok {
 		gen = max(gen, m.Generation)
 	}
+	st := l.emptyState(gen+1, seq)
+	st.Lineage, st.UpdatedAt = newLineage(), now
+	var adoptRecs []AuditRecord
+	if len(running) > 0 {
+		if why == nil {
+			why = func(int) string { return "reset: found running in the runtime's state" }
+		}
+		tx := newTx(l, st, now)
+		rep.Adopted, rep.Conflicts = tx.adoptListed(FrontEndHook, running, why)
+		tx.maintain()
+		st, adoptRecs = tx.st, tx.audit
+		tx.close()
+		st.sort(true)
+		if err := validateState(&st); err != nil {
+			return rep, fmt.Errorf("ledger reset: the adopted state breaks an invariant (nothing was written): %w", err)
+		}
+	}
+	// Only once the new state is known to be valid are the old files moved.
 	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
 		p := filepath.Join(l.dir, name)
 		if _, err := os.Lstat(p); err != nil {
@@ -344,8 +372,6 @@ func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error
 		}
 		rep.Quarantined = append(rep.Quarantined, dst)
 	}
-	st := l.emptyState(gen+1, seq)
-	st.Lineage, st.UpdatedAt = newLineage(), now
 	next, err := l.compact(&st, &loaded{})
 	if err != nil {
 		l.setCache(nil)
@@ -356,11 +382,16 @@ func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error
 	if err := l.writeMarker(&st); err != nil {
 		return rep, err
 	}
-	rep.Problem, rep.Generation, rep.Lineage, rep.NewLineage, rep.Empty = "reset: "+reason, st.Generation, st.Lineage, true, true
-	l.log.Warn("ledger reset: started afresh", "reason", reason, "moved_aside", rep.Quarantined)
-	rec := AuditRecord{Time: now, Op: OpReset, Reason: fmt.Sprintf("%s; old files moved to %s", orDash(reason), strings.Join(rep.Quarantined, ", ")),
-		Generation: st.Generation, Pid: os.Getpid()}
-	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, []AuditRecord{rec}); err != nil {
+	rep.Problem, rep.Generation, rep.Lineage, rep.NewLineage, rep.Empty = "reset: "+reason, st.Generation, st.Lineage, true, len(st.Claims) == 0
+	rep.Claims, rep.Waiters = st.Claims, st.Waiters
+	l.log.Warn("ledger reset: started afresh", "reason", reason, "moved_aside", rep.Quarantined, "adopted", len(rep.Adopted),
+		"conflicts", len(rep.Conflicts))
+	recs := append(adoptRecs, AuditRecord{Time: now, Op: OpReset, Reason: fmt.Sprintf("%s; old files moved to %s; %d claim(s) adopted from the runtime's state",
+		orDash(reason), strings.Join(rep.Quarantined, ", "), len(rep.Adopted))})
+	for i := range recs {
+		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
+	}
+	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, recs); err != nil {
 		l.log.Error("ledger: reset, but its audit record was not written", "error", err)
 	}
 	return rep, nil

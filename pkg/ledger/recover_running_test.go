@@ -147,3 +147,36 @@ func TestRecoverRunningOnHealthyLedgerChangesNothing(t *testing.T) {
 	require.Empty(t, rep.Adopted)
 	require.Equal(t, map[string]string{gpu(0).UUID: "h1"}, holders(snapshot(t, l)))
 }
+
+// TestResetAdoptingStartsFromTheRunningContainers: the reset state holds
+// exactly the running containers' devices, the later of two on one GPU
+// being a conflict; every adoption is audited before the reset record.
+func TestResetAdoptingStartsFromTheRunningContainers(t *testing.T) {
+	l, _ := lostClaimLedger(t)
+	rep, err := l.ResetAdopting(context.Background(), "test", []Holding{
+		{Owner: hookHolder("h1"), Devices: devs(gpu(0))},
+		{Owner: hookHolder("x"), Devices: devs(gpu(0))},
+		{Owner: hookHolder("h3"), Devices: devs(gpu(2))},
+	}, nil)
+	require.NoError(t, err)
+	require.False(t, rep.Empty)
+	require.True(t, rep.NewLineage)
+	require.Len(t, rep.Adopted, 2)
+	require.Len(t, rep.Conflicts, 1)
+	assert.Equal(t, "x", rep.Conflicts[0].Owner.ContainerID)
+	st := snapshot(t, l)
+	require.Equal(t, map[string]string{gpu(0).UUID: "h1", gpu(2).UUID: "h3"}, holders(st), "h2, not running, is forgotten")
+	require.Len(t, st.Conflicts, 1)
+	var reasons []string
+	recs, err := ReadAudit(l.AuditPath())
+	require.NoError(t, err)
+	for _, r := range recs {
+		if r.Op == OpAdopt || r.Op == OpReset {
+			reasons = append(reasons, r.Op+": "+r.Reason)
+		}
+	}
+	require.Len(t, reasons, 3)
+	assert.Equal(t, "adopt: reset: found running in the runtime's state", reasons[0])
+	assert.Contains(t, reasons[2], "reset: test; old files moved to")
+	assert.Contains(t, reasons[2], "2 claim(s) adopted")
+}
