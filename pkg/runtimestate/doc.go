@@ -29,7 +29,9 @@
 //
 // Invariants:
 //   - Nothing is followed as a symlink: a root, container directory or
-//     state file that is one is reported, not read (O_NOFOLLOW).
+//     state file that is one is reported, not read (O_NOFOLLOW). The
+//     bundle's config.json is the exception, read exactly as the hook read
+//     it at create (the bundle path is the runtime's record).
 //   - Every read is bounded (state files, number of entries) and never
 //     blocks: a FIFO, device or over-size file is a reported problem.
 //   - A bad entry (unreadable, malformed, a name that is not its id, a
@@ -39,4 +41,7 @@
 //   - A live container whose spec cannot be read is still listed (with
 //     SpecErr): whoever frees GPUs must know it runs.
 //   - Read only: the package never writes, signals or deletes anything.
+//
+// Cost: 200 entries, 100 of them live with a bundle, 30-40 ms on a
+// loaded 2-core VM (BenchmarkScan); recover runs it once.
 package runtimestate

@@ -20,12 +20,12 @@ import (
 // host is a fake host: runtime roots in a temp dir, bundles, and a fake
 // procfs with the processes the test says are running.
 type host struct {
-	t    *testing.T
+	t    testing.TB
 	base string
 	proc string
 }
 
-func newHost(t *testing.T) *host {
+func newHost(t testing.TB) *host {
 	h := &host{t: t, base: t.TempDir()}
 	h.proc = filepath.Join(h.base, "proc")
 	require.NoError(t, os.MkdirAll(h.proc, 0o755))
@@ -60,7 +60,7 @@ func (h *host) bundle(id string, env []string, ann map[string]string) string {
 }
 
 // testdata decodes a captured state file into a generic map.
-func testdata(t *testing.T, name string) map[string]any {
+func testdata(t testing.TB, name string) map[string]any {
 	data, err := os.ReadFile(filepath.Join("testdata", name))
 	require.NoError(t, err)
 	var m map[string]any
