@@ -95,11 +95,18 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		return err
 	}
 	var scan *runtimeScan
-	if !fl.noRuntime && len(cfg.Hook.RuntimeRoots) > 0 {
+	// A healthy ledger is left alone (Recover changes nothing): no need to
+	// read the runtimes, nor to fail for an inventory they would need.
+	healthy := false
+	if !reset {
+		_, serr := l.Snapshot(ctx)
+		healthy = serr == nil
+	}
+	if !fl.noRuntime && len(cfg.Hook.RuntimeRoots) > 0 && !healthy {
 		// Read before the ledger's lock is taken: while the ledger needs
 		// recovery no hook admits anything, so the list cannot miss a
 		// container admitted in between.
-		if scan, err = a.scanRuntimes(cfg); err != nil {
+		if scan, err = a.scanRuntimes(cfg, l); err != nil {
 			return err
 		}
 	}

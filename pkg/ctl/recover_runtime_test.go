@@ -269,3 +269,22 @@ func TestResetAdoptsFromRuntimeState(t *testing.T) {
 	assert.Contains(t, r.stdout, "reset: empty")
 	assert.Empty(t, h.state(t).Claims)
 }
+
+// TestRecoverHealthyLedgerReadsNoRuntime: on a healthy ledger recover does
+// nothing, even where reading the runtimes would fail for want of an
+// inventory.
+func TestRecoverHealthyLedgerReadsNoRuntime(t *testing.T) {
+	h := newRuntimeHost(t)
+	pid, start := h.process()
+	h.container("runc", "h2", pid, start, false, "NVIDIA_VISIBLE_DEVICES=2")
+	h.update(t, now, func(tx *ledger.Tx) {
+		_, err := tx.Claim("", hookHolder("h1", pid, start), []devices.Device{h.dev(t, uuidGPU1)}, "env")
+		require.NoError(t, err)
+	})
+	h.setSource(t, "nvml")
+	require.NoError(t, os.Remove(filepath.Join(h.dir, "inventory.json")))
+	r := h.run(t, "recover", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.NotContains(t, r.stdout, `"runtime"`)
+	assert.NotContains(t, r.stdout, `"adopted"`)
+}

@@ -11,7 +11,6 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
@@ -51,7 +50,7 @@ type runtimeNote struct {
 // scanRuntimes lists the live containers of the configured runtime roots
 // and resolves each one's GPUs as the OCI hook resolves them (same spec
 // decoding, inventory and policy), in the order they were started.
-func (a *app) scanRuntimes(cfg config.Config) (*runtimeScan, error) {
+func (a *app) scanRuntimes(cfg config.Config, l *ledger.Ledger) (*runtimeScan, error) {
 	scan := runtimestate.Scan(cfg.Hook.RuntimeRoots, runtimestate.Options{ProcRoot: a.env.ProcRoot})
 	out := &runtimeScan{Roots: scan.Roots, Creating: scan.Creating, Problems: scan.Problems}
 	live := scan.Live()
@@ -67,9 +66,12 @@ func (a *app) scanRuntimes(cfg config.Config) (*runtimeScan, error) {
 		return nil, fmt.Errorf("the runtimes run %d container(s) whose GPUs must be checked, but the GPU inventory "+
 			"did not load: %w (fix that, or recover without the check: --no-runtime)", len(live), err)
 	}
-	// The resolver the guard builds (guard.New): the same inventory and
-	// policy the hook decided with.
-	resolver := devices.NewResolver(inv, cfg.Policy)
+	// The guard's resolver: the same inventory and policy the hook decided
+	// with. The guard only resolves here; Recover writes.
+	g, err := guard.New(guard.Options{Config: cfg, Inventory: inv, Ledger: l, Liveness: a.env.Liveness, Now: a.env.Now})
+	if err != nil {
+		return nil, err
+	}
 	for _, c := range live {
 		st := specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle, Annotations: c.Annotations}
 		owner := guard.BoundOwner(hook.OwnerFrom(st, c.Spec, c.PidStart))
@@ -80,7 +82,7 @@ func (a *app) scanRuntimes(cfg config.Config) (*runtimeScan, error) {
 		h := ledger.Holding{Owner: owner}
 		if c.SpecErr != nil {
 			out.Unresolved = append(out.Unresolved, runtimeNote{ID: c.ID, Runtime: c.Runtime, Error: c.SpecErr.Error()})
-		} else if res, err := resolver.Resolve(c.Request); err != nil {
+		} else if res, err := g.Resolve(c.Request); err != nil {
 			out.Unresolved = append(out.Unresolved, runtimeNote{ID: c.ID, Runtime: c.Runtime, Error: err.Error()})
 		} else {
 			var srcs []string
