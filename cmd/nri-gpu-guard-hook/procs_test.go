@@ -117,7 +117,9 @@ func newHost(t *testing.T) *host {
 		for i, u := range gpuUUIDs {
 			fmt.Fprintf(&b, "[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\nmodel = \"Fake GPU\"\n", i, u, i)
 		}
-		fmt.Fprintf(&b, "[hook]\npoll_interval = %q\nwait_timeout = \"10m\"\n", poll)
+		// runtime_roots = []: recover must not adopt the containers of the
+		// machine the tests run on (adopt_test.go names its own roots).
+		fmt.Fprintf(&b, "[hook]\npoll_interval = %q\nwait_timeout = \"10m\"\nruntime_roots = []\n", poll)
 		require.NoError(t, os.WriteFile(path, []byte(b.String()), 0o600))
 	}
 	return h

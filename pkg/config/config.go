@@ -160,6 +160,10 @@ type NRIConfig struct {
 type HookConfig struct {
 	WaitTimeout  Duration `toml:"wait_timeout"`
 	PollInterval Duration `toml:"poll_interval"`
+	// RuntimeRoots are the state directories of the OCI runtimes whose
+	// containers `gpu-guard-ctl recover` adopts claims for (runc's and
+	// crun's roots; podman uses runc's). Empty: recover does not look.
+	RuntimeRoots []string `toml:"runtime_roots"`
 }
 
 // MetricsConfig enables the HTTP endpoint for metrics and health.
@@ -239,6 +243,7 @@ func Default() Config {
 		Hook: HookConfig{
 			WaitTimeout:  Duration{10 * time.Minute},
 			PollInterval: Duration{250 * time.Millisecond},
+			RuntimeRoots: []string{"/run/runc", "/run/crun"},
 		},
 		Observe: ObserveConfig{
 			Interval:   Duration{10 * time.Second},

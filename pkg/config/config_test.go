@@ -131,6 +131,10 @@ func TestValidateMessages(t *testing.T) {
 		{"plugin name", func(c *Config) { c.NRI.PluginName = "90-gpu guard" }, []string{"nri.plugin_name"}},
 		{"poll longer than wait", func(c *Config) { c.Hook.PollInterval = Duration{time.Hour} }, []string{"hook.poll_interval", "longer than hook.wait_timeout"}},
 		{"metrics listen", func(c *Config) { c.Metrics.Listen = "9464" }, []string{"metrics.listen", `"9464"`}},
+		{"relative runtime root", func(c *Config) { c.Hook.RuntimeRoots = []string{"run/runc"} }, []string{"hook.runtime_roots[0]", "absolute", `"run/runc"`}},
+		{"empty runtime root", func(c *Config) { c.Hook.RuntimeRoots = []string{"/run/runc", ""} }, []string{"hook.runtime_roots[1]", "absolute"}},
+		{"unclean runtime root", func(c *Config) { c.Hook.RuntimeRoots = []string{"/run/../run/crun/"} }, []string{"hook.runtime_roots[0]", "not a clean path", `"/run/crun"`}},
+		{"dup runtime root", func(c *Config) { c.Hook.RuntimeRoots = []string{"/run/runc", "/run/runc"} }, []string{"hook.runtime_roots[1]", "twice"}},
 		{"negative observe interval", func(c *Config) { c.Observe.Interval = Duration{-time.Second} }, []string{"observe.interval", "0 disables"}},
 		{"tiny observe interval", func(c *Config) { c.Observe.Interval = Duration{time.Millisecond} }, []string{"observe.interval", "between 1s and 1h0m0s"}},
 		{"on_intruder", func(c *Config) { c.Observe.OnIntruder = "kill" }, []string{"observe.on_intruder", `"kill"`, "report, cordon"}},
@@ -230,6 +234,18 @@ func TestDurationRoundTrip(t *testing.T) {
 	var back Duration
 	require.NoError(t, back.UnmarshalText(text))
 	require.Equal(t, d, back)
+}
+
+// TestRuntimeRoots: the default lists runc's and crun's roots; a document
+// replaces the list, and an empty list turns the scan off.
+func TestRuntimeRoots(t *testing.T) {
+	require.Equal(t, []string{"/run/runc", "/run/crun"}, Default().Hook.RuntimeRoots)
+	cfg, err := Parse([]byte("version = 1\n[hook]\nruntime_roots = [\"/run/containerd/runc/k8s.io\"]\n"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"/run/containerd/runc/k8s.io"}, cfg.Hook.RuntimeRoots)
+	cfg, err = Parse([]byte("version = 1\n[hook]\nruntime_roots = []\n"))
+	require.NoError(t, err)
+	require.Empty(t, cfg.Hook.RuntimeRoots)
 }
 
 func TestObserveKeys(t *testing.T) {

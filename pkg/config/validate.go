@@ -196,7 +196,27 @@ func (c *Config) validateHook(v *problems) {
 		c.Hook.PollInterval.Duration > c.Hook.WaitTimeout.Duration {
 		v.bad("hook.poll_interval", "%s is longer than hook.wait_timeout %s", c.Hook.PollInterval, c.Hook.WaitTimeout)
 	}
+	if len(c.Hook.RuntimeRoots) > maxRuntimeRoots {
+		v.bad("hook.runtime_roots", "%d directories listed, at most %d", len(c.Hook.RuntimeRoots), maxRuntimeRoots)
+	}
+	seen := map[string]bool{}
+	for i, root := range c.Hook.RuntimeRoots {
+		key := fmt.Sprintf("hook.runtime_roots[%d]", i)
+		switch {
+		case root == "" || !filepath.IsAbs(root):
+			v.bad(key, "must be the absolute path of an OCI runtime's state directory (such as \"/run/runc\"), got %q", root)
+		case filepath.Clean(root) != root:
+			v.bad(key, "%q is not a clean path (write %q)", root, filepath.Clean(root))
+		case seen[root]:
+			v.bad(key, "%q is listed twice", root)
+		}
+		seen[root] = true
+	}
 }
+
+// maxRuntimeRoots bounds hook.runtime_roots: a host runs a handful of OCI
+// runtimes.
+const maxRuntimeRoots = 32
 
 // maxIdleGrace bounds observe.idle_grace: a draining claim must end, and an
 // hour is far beyond the seconds a stopping process needs to free GPU memory.

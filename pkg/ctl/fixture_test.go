@@ -105,7 +105,10 @@ func newFixture(t testing.TB) *fixture {
 	// /proc/driver/nvidia, so that a test without the cache never finds the
 	// GPUs of the machine it runs on there.
 	cfg := "version = 1\n[ledger]\ndir = \"" + f.dir + "\"\n[devices]\nsource = \"auto\"\nproc_root = \"" +
-		filepath.Join(base, "proc") + "\"\n" + staticTOML(fixtureGPUs())
+		filepath.Join(base, "proc") + "\"\n" + staticTOML(fixtureGPUs()) +
+		// No runtime state: recover must not adopt the containers of the
+		// machine the tests run on.
+		"[hook]\nruntime_roots = []\n"
 	require.NoError(t, os.WriteFile(f.config, []byte(cfg), 0o600))
 	inv, err := devices.NewInventory("nvml", fixtureGPUs())
 	require.NoError(t, err)

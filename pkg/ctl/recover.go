@@ -10,12 +10,13 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 func (a *app) recoverCommand() *cobra.Command {
-	var reset, dryRun, noLiveness bool
+	var reset, dryRun, noLiveness, noRuntime bool
 	var reason string
 	cmd := newCommand("recover",
 		"Rebuild a damaged, missing or replaced ledger (root only)",
@@ -30,10 +31,20 @@ Before writing, every recovered holder is checked out of band, as gc does: a
 claim whose holder has exited is released (--no-liveness keeps every claim).
 When in doubt a claim is kept.
 
+The OCI runtimes' own state is checked too ([hook] runtime_roots: runc's and
+crun's state dirs; podman uses runc's): a claim of a container a runtime
+still runs is never released, a running container that reaches a GPU without
+a claim (admitted in commits that were lost) adopts it back, and a running
+container on a GPU another holds is recorded as a conflict, shown here and by
+status. Its GPUs are resolved as the hook resolves them (its bundle's
+config.json, the inventory, [policy]). --no-runtime skips this check.
+
 If the state dir or its files were moved, put them back first. When nothing
-can be recovered, --reset starts the ledger empty deliberately (the old files
-are moved aside): do that only once no container holds a GPU, or on an NRI
-host, where the daemon rebuilds the claims from the runtime at its next sync.`,
+can be recovered, --reset starts the ledger afresh deliberately (the old files
+are moved aside) with only the claims of the containers the runtimes run
+(read as above; none with --no-runtime): waiters and claims of anything else
+(gpu-guard-ctl run tickets) are forgotten. On an NRI host the daemon rebuilds
+the claims from containerd at its next sync.`,
 		`  sudo gpu-guard-ctl recover --dry-run
   sudo gpu-guard-ctl recover
   sudo gpu-guard-ctl recover --reset --reason "all GPU jobs stopped"`,
@@ -42,37 +53,81 @@ host, where the daemon rebuilds the claims from the runtime at its next sync.`,
 			if err := a.requireRoot("recover"); err != nil {
 				return err
 			}
-			return a.recoverLedger(cmd.Context(), reset, dryRun, noLiveness, reason)
+			return a.recoverLedger(cmd.Context(), recoverFlags{reset: reset, dryRun: dryRun, noLiveness: noLiveness,
+				noRuntime: noRuntime, reason: reason})
 		})
 	cmd.Flags().BoolVar(&reset, "reset", false, "start the ledger empty, moving the old files aside")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be recovered; change nothing")
 	cmd.Flags().BoolVar(&noLiveness, "no-liveness", false, "keep every recovered claim, even of holders that exited")
+	cmd.Flags().BoolVar(&noRuntime, "no-runtime", false, "do not read the OCI runtimes' state dirs (no adoption of running containers)")
 	cmd.Flags().StringVar(&reason, "reason", "", "why, for the audit log")
 	return cmd
 }
 
-func (a *app) recoverLedger(ctx context.Context, reset, dryRun, noLiveness bool, reason string) error {
+// recoverFlags are the flags of recover.
+type recoverFlags struct {
+	reset, dryRun, noLiveness, noRuntime bool
+	reason                               string
+}
+
+// recoverOutput is recover's JSON: the ledger's report and, when the
+// runtimes were read, what was found there.
+type recoverOutput struct {
+	ledger.RecoverReport
+	Runtime *runtimeScan `json:"runtime,omitempty"`
+}
+
+func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
+	reset, dryRun, noLiveness := fl.reset, fl.dryRun, fl.noLiveness
 	l, err := a.openLedger(false)
 	if err != nil {
 		return err
 	}
 	why := "gpu-guard-ctl recover"
-	if reason != "" {
-		why += ": " + reason
+	if fl.reason != "" {
+		why += ": " + fl.reason
+	}
+	if reset && dryRun {
+		return fmt.Errorf("--reset and --dry-run: a reset changes everything; run without --reset to see what recover would do")
+	}
+	cfg, err := a.config()
+	if err != nil {
+		return err
+	}
+	var scan *runtimeScan
+	// A healthy ledger is left alone (Recover changes nothing): no need to
+	// read the runtimes, nor to fail for an inventory they would need.
+	healthy := false
+	if !reset {
+		_, serr := l.Snapshot(ctx)
+		healthy = serr == nil
+	}
+	if !fl.noRuntime && len(cfg.Hook.RuntimeRoots) > 0 && !healthy {
+		// Read before the ledger's lock is taken: while the ledger needs
+		// recovery no hook admits anything, so the list cannot miss a
+		// container admitted in between.
+		if scan, err = a.scanRuntimes(cfg, l); err != nil {
+			return err
+		}
 	}
 	var rep ledger.RecoverReport
 	if reset {
-		if dryRun {
-			return fmt.Errorf("--reset and --dry-run: a reset changes everything; run without --reset to see what recover would do")
+		if scan != nil {
+			// A hook host has no daemon to rebuild the claims: the reset
+			// starts from what the runtimes run.
+			rep, err = l.ResetAdopting(ctx, why, scan.holdings, func(i int) string {
+				return strings.Replace(scan.why[i], "recover:", "reset:", 1)
+			})
+		} else {
+			rep, err = l.Reset(ctx, why)
 		}
-		rep, err = l.Reset(ctx, why)
 	} else {
 		opts := ledger.RecoverOptions{Reason: why, DryRun: dryRun}
+		if scan != nil {
+			opts.Running = scan.holdings
+			opts.RunningWhy = func(i int) string { return scan.why[i] }
+		}
 		if !noLiveness {
-			cfg, err := a.config()
-			if err != nil {
-				return err
-			}
 			// The one release rule decides, as for gc and status: a holder
 			// that never started or is kept until removal stays.
 			rule := guard.NewReleaseRule(cfg, a.env.Liveness)
@@ -86,12 +141,14 @@ func (a *app) recoverLedger(ctx context.Context, reset, dryRun, noLiveness bool,
 		return err
 	}
 	if a.output == outputJSON {
-		return writeJSON(a.env.Stdout, rep)
+		return writeJSON(a.env.Stdout, recoverOutput{RecoverReport: rep, Runtime: scan})
 	}
 	var b strings.Builder
 	switch {
 	case rep.Problem == "":
 		fmt.Fprintf(&b, "the ledger is healthy (generation %d): nothing to recover\n", rep.Generation)
+	case reset && len(rep.Adopted) > 0:
+		fmt.Fprintf(&b, "the ledger was reset to the containers the runtimes run: generation %d, new lineage %s\n", rep.Generation, rep.Lineage)
 	case reset:
 		fmt.Fprintf(&b, "the ledger was reset: empty, generation %d, new lineage %s\n", rep.Generation, rep.Lineage)
 	default:
@@ -114,6 +171,26 @@ func (a *app) recoverLedger(ctx context.Context, reset, dryRun, noLiveness bool,
 	for _, c := range rep.Released {
 		fmt.Fprintf(&b, "  released (holder exited): %s by %s\n", ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))
 	}
+	adopt := "adopted"
+	if dryRun {
+		adopt = "would adopt"
+	}
+	for _, c := range rep.Adopted {
+		fmt.Fprintf(&b, "  %s (running without a claim): %s by %s\n", adopt, ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))
+	}
+	for _, c := range rep.Conflicts {
+		holder := "another container"
+		for _, h := range rep.Claims {
+			if devices.Conflicts(h.Device, c.Device) && h.Owner.ContainerID != c.Owner.ContainerID {
+				holder = ledger.DescribeOwner(h.Owner)
+			}
+		}
+		fmt.Fprintf(&b, "  CONFLICT: %s runs on %s, held by %s: one of them was let onto it; stop the wrong one "+
+			"(the record becomes its claim once the GPU is free)\n", ledger.DescribeOwner(c.Owner), ledger.DescribeDevice(c.Device), holder)
+	}
+	if scan != nil && rep.Problem != "" {
+		writeRuntimeScan(&b, scan)
+	}
 	if len(rep.Waiters) > 0 {
 		fmt.Fprintf(&b, "  %d waiter(s) queued\n", len(rep.Waiters))
 	}
@@ -122,4 +199,23 @@ func (a *app) recoverLedger(ctx context.Context, reset, dryRun, noLiveness bool,
 	}
 	_, err = fmt.Fprint(a.env.Stdout, b.String())
 	return err
+}
+
+// writeRuntimeScan says which runtime roots were read and what could not be.
+func writeRuntimeScan(b *strings.Builder, scan *runtimeScan) {
+	roots := "none of the configured roots exists"
+	if len(scan.Roots) > 0 {
+		roots = strings.Join(scan.Roots, ", ")
+	}
+	fmt.Fprintf(b, "  runtime state read: %s: %d running or created container(s)\n", roots, scan.Live)
+	for _, n := range scan.Unresolved {
+		fmt.Fprintf(b, "  WARNING: %s container %s runs, but its GPUs cannot be told (%s): its claims are kept, nothing is adopted for it\n",
+			n.Runtime, ledger.ShortID(n.ID), n.Error)
+	}
+	for _, c := range scan.Creating {
+		fmt.Fprintf(b, "  being created (no state yet): %s\n", c)
+	}
+	for _, p := range scan.Problems {
+		fmt.Fprintf(b, "  WARNING: unreadable runtime entry %s\n", p.Error())
+	}
 }

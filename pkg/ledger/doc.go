@@ -83,7 +83,10 @@
 //     that reaches this boot's marker, never adopting another lineage's
 //     state, moving damaged or foreign files aside, and reporting exactly
 //     what it recovered and what was lost. Nothing else moves or overwrites
-//     a file that does not verify.
+//     a file that does not verify. The containers a runtime runs
+//     (RecoverOptions.Running; ResetAdopting) are applied in the same
+//     commit: their claims are never released by Alive, a device of theirs
+//     without a claim is adopted, one another holds is a Conflict.
 //   - A Ledger caches the last committed state with the identity of its
 //     files (inode, size, mtime, ctime): an unchanged file is not read
 //     again, a grown journal only from where it was read. A rewrite in place

@@ -59,7 +59,20 @@ func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 		return c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID][c.Device.UUID]
 	}, "stale: the runtime no longer lists this container on the device")
 
-	for _, h := range live {
+	res.Adopted, res.Conflicts = tx.adoptListed(fe, live, nil)
+	tx.maintain()
+	return res
+}
+
+// adoptListed is the adopting half of Reconcile: every device of live
+// without a claim is claimed by its listed container (a reservation on it
+// is dropped: reality wins), and a listed container on a device another
+// container holds gets a Conflict record. The one earlier in live adopts a
+// device two listed containers reach. why, when set, gives the reason of
+// the audit records of live[i] (Recover says where it found the
+// container); nil words them as reconcile does.
+func (tx *Tx) adoptListed(fe FrontEnd, live []Holding, why func(i int) string) (adoptedClaims []Claim, conflicts []Conflict) {
+	for i, h := range live {
 		owner := h.Owner
 		if owner.ContainerID == "" {
 			continue
@@ -67,13 +80,18 @@ func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 		if owner.FrontEnd == "" {
 			owner.FrontEnd = fe
 		}
+		adoptReason, conflictPrefix := "running container without a claim", ""
+		if why != nil {
+			adoptReason = why(i)
+			conflictPrefix = adoptReason + "; "
+		}
 		var adopted []string
 		for _, d := range uniqueDevices(h.Devices) {
 			if d.UUID == "" {
 				continue
 			}
-			if i, ok := tx.claimIndex(d.UUID); ok && tx.st.Claims[i].Owner.ContainerID == owner.ContainerID {
-				if fillStarted(&tx.st.Claims[i].Owner, &owner) {
+			if k, ok := tx.claimIndex(d.UUID); ok && tx.st.Claims[k].Owner.ContainerID == owner.ContainerID {
+				if fillStarted(&tx.st.Claims[k].Owner, &owner) {
 					tx.touch()
 					tx.record(OpStarted, &owner, "", []string{d.UUID}, "process details reported by the runtime at reconcile")
 				}
@@ -87,23 +105,22 @@ func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 					tx.st.Conflicts = append(tx.st.Conflicts, c)
 					tx.touch()
 					tx.record(OpConflict, &owner, "", []string{d.UUID},
-						fmt.Sprintf("running on a device held by %s through %s", DescribeOwner(holder.Owner), DescribeDevice(holder.Device)))
+						fmt.Sprintf("%srunning on a device held by %s through %s", conflictPrefix, DescribeOwner(holder.Owner), DescribeDevice(holder.Device)))
 				}
-				res.Conflicts = append(res.Conflicts, c)
+				conflicts = append(conflicts, c)
 				continue
 			}
 			tx.dropReservationsOn(d, "in use by running "+DescribeOwner(owner))
 			c := Claim{Device: d, Owner: owner, Source: h.Source, Since: tx.now}
 			tx.insertClaim(c)
-			res.Adopted = append(res.Adopted, c)
+			adoptedClaims = append(adoptedClaims, c)
 			adopted = append(adopted, d.UUID)
 		}
 		if len(adopted) > 0 {
-			tx.record(OpAdopt, &owner, "", adopted, "running container without a claim")
+			tx.record(OpAdopt, &owner, "", adopted, adoptReason)
 		}
 	}
-	tx.maintain()
-	return res
+	return adoptedClaims, conflicts
 }
 
 func (tx *Tx) conflictIndex(uuid, containerID string) int {

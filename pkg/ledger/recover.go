@@ -32,6 +32,23 @@ type RecoverOptions struct {
 	// a check of the runtime's own state; the NRI daemon reconciles with the
 	// runtime's list right after instead.
 	Alive func(Claim) (bool, error)
+	// Running lists the containers the runtime runs, with the devices each
+	// reaches: a hook host's gpu-guard-ctl recover reads them from the OCI
+	// runtimes' own state dirs, the record that survives a damaged ledger.
+	// They are applied to the recovered state before it is written: a
+	// claim of a listed container is never released (Alive is not asked);
+	// then every listed device without a claim is adopted by its container
+	// (audit adopt), and a listed container on a device another container
+	// holds, or that one listed earlier adopted, is recorded as a Conflict
+	// (as Reconcile does; nobody wins silently). Claims of containers not
+	// listed are left to Alive: nothing is released for not being listed.
+	// A listed container without devices (its spec could not be read) only
+	// keeps its claims.
+	Running []Holding
+	// RunningWhy words the reason of the audit records about Running[i]
+	// (where it was found); nil: "recover: found running in the runtime's
+	// state".
+	RunningWhy func(i int) string
 	// AllowEmpty starts from an empty state (with a new lineage) when no
 	// snapshot or journal verifies, instead of failing. The NRI daemon sets
 	// it: it rebuilds the claims from the runtime's containers next.
@@ -69,6 +86,10 @@ type RecoverReport struct {
 	Claims   []Claim  `json:"claims"`
 	Waiters  []Waiter `json:"waiters"`
 	Released []Claim  `json:"released,omitempty"`
+	// Adopted are the claims given to Running containers that held none;
+	// Conflicts the Running containers found on a device another holds.
+	Adopted   []Claim    `json:"adopted,omitempty"`
+	Conflicts []Conflict `json:"conflicts,omitempty"`
 	// Quarantined are the files moved aside (kept for a human, never
 	// overwritten): damaged ones, and ones of another ledger.
 	Quarantined []string `json:"quarantined,omitempty"`
@@ -189,8 +210,15 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	st.Generation = max(st.Generation, maxGen) + 1
 	st.UpdatedAt = now
 	tx := newTx(l, st, now)
+	listed := make(map[string]bool, len(opts.Running))
+	for _, h := range opts.Running {
+		listed[h.Owner.ContainerID] = true
+	}
 	if opts.Alive != nil {
 		for _, c := range st.Claims {
+			if listed[c.Owner.ContainerID] {
+				continue // the runtime runs it: whatever a liveness check says
+			}
 			alive, err := opts.Alive(c)
 			if err != nil {
 				l.log.Warn("ledger recover: cannot tell whether a holder runs; its claim is kept", "device", DescribeDevice(c.Device),
@@ -201,6 +229,13 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 				rep.Released = append(rep.Released, tx.Release(c.Owner.ContainerID, "recover: the holder is no longer running")...)
 			}
 		}
+	}
+	if len(opts.Running) > 0 {
+		why := opts.RunningWhy
+		if why == nil {
+			why = func(int) string { return "recover: found running in the runtime's state" }
+		}
+		rep.Adopted, rep.Conflicts = tx.adoptListed(FrontEndHook, opts.Running, why)
 	}
 	tx.maintain()
 	st = tx.st
@@ -256,10 +291,11 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	}
 	l.log.Warn("ledger recovered", "problem", rep.Problem, "from", rep.From, "replayed", rep.Replayed,
 		"generation", rep.Generation, "complete", rep.Complete, "lost", rep.Lost, "claims", len(rep.Claims),
-		"waiters", len(rep.Waiters), "released", len(rep.Released), "quarantined", rep.Quarantined)
+		"waiters", len(rep.Waiters), "released", len(rep.Released), "adopted", len(rep.Adopted), "conflicts", len(rep.Conflicts),
+		"quarantined", rep.Quarantined)
 	recs := append(tx.audit, AuditRecord{Time: now, Op: OpRecover, Reason: fmt.Sprintf(
-		"%s; from %s, %d record(s) replayed, %d claim(s), %d waiter(s), complete=%t%s; problem: %s",
-		orDash(opts.Reason), strings.Join(from, " + "), rep.Replayed, len(rep.Claims), len(rep.Waiters), rep.Complete,
+		"%s; from %s, %d record(s) replayed, %d claim(s) (%d adopted from the runtime's state), %d waiter(s), complete=%t%s; problem: %s",
+		orDash(opts.Reason), strings.Join(from, " + "), rep.Replayed, len(rep.Claims), len(rep.Adopted), len(rep.Waiters), rep.Complete,
 		map[bool]string{true: "", false: "; lost: " + rep.Lost}[rep.Lost == ""], rep.Problem)})
 	for i := range recs {
 		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
@@ -276,6 +312,16 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 // forgets: the NRI daemon rebuilds them from the runtime; an operator uses
 // it when nothing can be recovered.
 func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error) {
+	return l.ResetAdopting(ctx, reason, nil, nil)
+}
+
+// ResetAdopting is Reset that starts from the containers the runtime runs
+// instead of nothing: in the same commit as the empty state, every device
+// of running is adopted by its container and a device two of them reach
+// is a Conflict of the later one (see RecoverOptions.Running; why words
+// the audit reason of running[i]). A hook host, which has no daemon to
+// rebuild its claims, resets this way when nothing can be recovered.
+func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Holding, why func(i int) string) (RecoverReport, error) {
 	var rep RecoverReport
 	unlock, err := l.lockForWrite(ctx, "reset", true)
 	if err != nil {
@@ -297,6 +343,24 @@ func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error
 	if m, ok, err := l.readMarker(); err == nil && ok {
 		gen = max(gen, m.Generation)
 	}
+	st := l.emptyState(gen+1, seq)
+	st.Lineage, st.UpdatedAt = newLineage(), now
+	var adoptRecs []AuditRecord
+	if len(running) > 0 {
+		if why == nil {
+			why = func(int) string { return "reset: found running in the runtime's state" }
+		}
+		tx := newTx(l, st, now)
+		rep.Adopted, rep.Conflicts = tx.adoptListed(FrontEndHook, running, why)
+		tx.maintain()
+		st, adoptRecs = tx.st, tx.audit
+		tx.close()
+		st.sort(true)
+		if err := validateState(&st); err != nil {
+			return rep, fmt.Errorf("ledger reset: the adopted state breaks an invariant (nothing was written): %w", err)
+		}
+	}
+	// Only once the new state is known to be valid are the old files moved.
 	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
 		p := filepath.Join(l.dir, name)
 		if _, err := os.Lstat(p); err != nil {
@@ -308,8 +372,6 @@ func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error
 		}
 		rep.Quarantined = append(rep.Quarantined, dst)
 	}
-	st := l.emptyState(gen+1, seq)
-	st.Lineage, st.UpdatedAt = newLineage(), now
 	next, err := l.compact(&st, &loaded{})
 	if err != nil {
 		l.setCache(nil)
@@ -320,11 +382,16 @@ func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error
 	if err := l.writeMarker(&st); err != nil {
 		return rep, err
 	}
-	rep.Problem, rep.Generation, rep.Lineage, rep.NewLineage, rep.Empty = "reset: "+reason, st.Generation, st.Lineage, true, true
-	l.log.Warn("ledger reset: started afresh", "reason", reason, "moved_aside", rep.Quarantined)
-	rec := AuditRecord{Time: now, Op: OpReset, Reason: fmt.Sprintf("%s; old files moved to %s", orDash(reason), strings.Join(rep.Quarantined, ", ")),
-		Generation: st.Generation, Pid: os.Getpid()}
-	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, []AuditRecord{rec}); err != nil {
+	rep.Problem, rep.Generation, rep.Lineage, rep.NewLineage, rep.Empty = "reset: "+reason, st.Generation, st.Lineage, true, len(st.Claims) == 0
+	rep.Claims, rep.Waiters = st.Claims, st.Waiters
+	l.log.Warn("ledger reset: started afresh", "reason", reason, "moved_aside", rep.Quarantined, "adopted", len(rep.Adopted),
+		"conflicts", len(rep.Conflicts))
+	recs := append(adoptRecs, AuditRecord{Time: now, Op: OpReset, Reason: fmt.Sprintf("%s; old files moved to %s; %d claim(s) adopted from the runtime's state",
+		orDash(reason), strings.Join(rep.Quarantined, ", "), len(rep.Adopted))})
+	for i := range recs {
+		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
+	}
+	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, recs); err != nil {
 		l.log.Error("ledger: reset, but its audit record was not written", "error", err)
 	}
 	return rep, nil

@@ -1,0 +1,290 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package ctl
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+)
+
+// runtimeHost is the fixture plus runtime state roots (runc's and crun's
+// formats, from files the real runtimes wrote) whose containers' init
+// processes are real processes of this test.
+type runtimeHost struct {
+	*fixture
+	t                  *testing.T
+	runcRoot, crunRoot string
+	bundles            string
+}
+
+func newRuntimeHost(t *testing.T) *runtimeHost {
+	f := newFixture(t)
+	base := t.TempDir()
+	h := &runtimeHost{fixture: f, t: t, runcRoot: filepath.Join(base, "runc"), crunRoot: filepath.Join(base, "crun"),
+		bundles: filepath.Join(base, "bundles")}
+	cfg, err := os.ReadFile(f.config)
+	require.NoError(t, err)
+	next := regexp.MustCompile(`(?m)^runtime_roots = .*$`).ReplaceAllString(string(cfg),
+		`runtime_roots = ["`+h.runcRoot+`", "`+h.crunRoot+`"]`)
+	require.NotEqual(t, string(cfg), next, "the fixture's configuration has a runtime_roots line")
+	require.NoError(t, os.WriteFile(f.config, []byte(next), 0o600))
+	return h
+}
+
+// process starts a process standing for a container's init; it is killed
+// when the test ends.
+func (h *runtimeHost) process() (int, uint64) {
+	cmd := exec.Command("sleep", "3600")
+	require.NoError(h.t, cmd.Start())
+	h.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	start, err := liveness.PidStart("/proc", cmd.Process.Pid)
+	require.NoError(h.t, err)
+	return cmd.Process.Pid, start
+}
+
+// container writes the state of container id (runtime "runc" or "crun",
+// created or running) with a bundle whose spec sets env.
+func (h *runtimeHost) container(runtime, id string, pid int, start uint64, created bool, env ...string) {
+	t := h.t
+	bundle := filepath.Join(h.bundles, id)
+	require.NoError(t, os.MkdirAll(bundle, 0o700))
+	spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env},
+		Linux: &specs.Linux{CgroupsPath: "/k8s.io/" + id}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o600))
+
+	var m map[string]any
+	var root, name string
+	switch runtime {
+	case "runc":
+		root, name = h.runcRoot, "state.json"
+		require.NoError(t, json.Unmarshal(readTestdata(t, "runc.state.json"), &m))
+		m["id"], m["init_process_pid"], m["init_process_start"] = id, pid, start
+		m["config"].(map[string]any)["labels"] = []string{"bundle=" + bundle}
+	case "crun":
+		root, name = h.crunRoot, "status"
+		require.NoError(t, json.Unmarshal(readTestdata(t, "crun.status"), &m))
+		m["pid"], m["process-start-time"], m["bundle"] = pid, start, bundle
+	}
+	data, err := json.Marshal(m)
+	require.NoError(t, err)
+	dir := filepath.Join(root, id)
+	require.NoError(t, os.MkdirAll(dir, 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), data, 0o600))
+	if created {
+		require.NoError(t, syscall.Mkfifo(filepath.Join(dir, "exec.fifo"), 0o622))
+	}
+}
+
+// readTestdata reads a state file the real runtimes wrote (kept with
+// package runtimestate).
+func readTestdata(t *testing.T, name string) []byte {
+	data, err := os.ReadFile(filepath.Join("..", "runtimestate", "testdata", name))
+	require.NoError(t, err)
+	return data
+}
+
+func hookHolder(id string, pid int, start uint64) ledger.Owner {
+	return ledger.Owner{ContainerID: id, FrontEnd: ledger.FrontEndHook, Pid: pid, PidStart: start, Cgroup: "/k8s.io/" + id}
+}
+
+// TestRecoverAdoptsFromRuntimeState: on a hook host whose journal lost the
+// newest commit (h2 claimed GPU 2), recover finds h2 running in runc's
+// state and gives its claim back; h1 keeps GPU 1 although the liveness
+// check calls it exited, because crun runs it; x, which runs on GPU 1 too,
+// is a conflict; a container whose pid was reused is stopped and adopts
+// nothing. --dry-run shows the same and writes nothing; --no-runtime does
+// none of it.
+func TestRecoverAdoptsFromRuntimeState(t *testing.T) {
+	h := newRuntimeHost(t)
+	p1, s1 := h.process()
+	p2, s2 := h.process()
+	px, sx := h.process()
+	pr, _ := h.process()
+	h.container("crun", "h1", p1, s1, false, "NVIDIA_VISIBLE_DEVICES=1")
+	h.container("runc", "h2", p2, s2, true, "NVIDIA_VISIBLE_DEVICES=2")
+	h.container("runc", "x", px, sx, false, "NVIDIA_VISIBLE_DEVICES=1")
+	h.container("runc", "reused", pr, 12345, false, "NVIDIA_VISIBLE_DEVICES=3")
+	h.liveness["h1"] = "cgroup has no processes" // wrong, as a liveness check can be
+
+	h.update(t, now, func(tx *ledger.Tx) {
+		_, err := tx.Claim("", hookHolder("h1", p1, s1), []devices.Device{h.dev(t, uuidGPU1)}, "env")
+		require.NoError(t, err)
+	})
+	h.update(t, now, func(tx *ledger.Tx) {
+		_, err := tx.Claim("", hookHolder("h2", p2, s2), []devices.Device{h.dev(t, uuidGPU2)}, "env")
+		require.NoError(t, err)
+	})
+	journal := filepath.Join(h.dir, "ledger.journal")
+	data, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	data[len(data)-10] ^= 0x20 // inside h2's record
+	require.NoError(t, os.WriteFile(journal, data, 0o600))
+
+	r := h.run(t, "recover", "--dry-run", "--no-runtime")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "released (holder exited): GPU 1")
+	assert.NotContains(t, r.stdout, "adopt")
+
+	r = h.run(t, "recover", "--dry-run")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "would adopt (running without a claim): GPU 2")
+	assert.Contains(t, r.stdout, "container h2")
+	assert.Contains(t, r.stdout, "CONFLICT: container x runs on GPU 1")
+	assert.Contains(t, r.stdout, "held by container h1")
+	assert.NotContains(t, r.stdout, "released")
+	assert.Contains(t, r.stdout, "runtime state read: "+h.runcRoot+", "+h.crunRoot+": 3 running or created container(s)")
+	require.Equal(t, ExitError, h.run(t, "status").code, "a dry run leaves the ledger to recover")
+
+	r = h.run(t, "recover", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	var out struct {
+		Lost     string          `json:"lost"`
+		Adopted  []ledger.Claim  `json:"adopted"`
+		Conflict []ledger.Claim  `json:"conflicts"`
+		Released []ledger.Claim  `json:"released"`
+		Claims   []ledger.Claim  `json:"claims"`
+		Runtime  json.RawMessage `json:"runtime"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+	assert.NotEmpty(t, out.Lost, "recover says commits were lost")
+	require.Len(t, out.Adopted, 1)
+	assert.Equal(t, "h2", out.Adopted[0].Owner.ContainerID)
+	assert.Equal(t, uuidGPU2, out.Adopted[0].Device.UUID)
+	assert.Equal(t, p2, out.Adopted[0].Owner.Pid)
+	assert.Equal(t, s2, out.Adopted[0].Owner.PidStart, "the start time the runtime recorded, against pid reuse")
+	assert.Equal(t, ledger.FrontEndHook, out.Adopted[0].Owner.FrontEnd)
+	assert.Contains(t, out.Adopted[0].Source, "NVIDIA_VISIBLE_DEVICES")
+	require.Len(t, out.Conflict, 1)
+	assert.Equal(t, "x", out.Conflict[0].Owner.ContainerID)
+	assert.Empty(t, out.Released)
+	var scan struct {
+		Live int `json:"live"`
+	}
+	require.NoError(t, json.Unmarshal(out.Runtime, &scan))
+	assert.Equal(t, 3, scan.Live)
+
+	st := h.state(t)
+	got := map[string]string{}
+	for _, c := range st.Claims {
+		got[c.Device.UUID] = c.Owner.ContainerID
+	}
+	assert.Equal(t, map[string]string{uuidGPU1: "h1", uuidGPU2: "h2"}, got)
+	require.Len(t, st.Conflicts, 1)
+
+	var adopts []ledger.AuditRecord
+	for _, rec := range h.audit(t) {
+		if rec.Op == ledger.OpAdopt {
+			adopts = append(adopts, rec)
+		}
+	}
+	require.Len(t, adopts, 1)
+	assert.Equal(t, "recover: found created in runc state ("+h.runcRoot+")", adopts[0].Reason)
+	assert.Equal(t, "h2", adopts[0].ContainerID)
+
+	// The ledger is healthy again; status shows the conflict for an operator.
+	r = h.run(t, "status")
+	require.Equal(t, ExitAttention, r.code, r.stdout+r.stderr)
+	assert.Contains(t, r.stdout, "x (x) uses it too")
+}
+
+// TestRecoverRuntimeScanNeedsTheInventory: running containers whose GPUs
+// cannot be told because the inventory does not load make recover refuse
+// (a lost claim would stay lost), saying how to go on.
+func TestRecoverRuntimeScanNeedsTheInventory(t *testing.T) {
+	h := newRuntimeHost(t)
+	pid, start := h.process()
+	h.container("runc", "h2", pid, start, false, "NVIDIA_VISIBLE_DEVICES=2")
+	h.update(t, now, func(tx *ledger.Tx) {
+		_, err := tx.Claim("", hookHolder("h1", pid, start), []devices.Device{h.dev(t, uuidGPU1)}, "env")
+		require.NoError(t, err)
+	})
+	require.NoError(t, os.WriteFile(filepath.Join(h.dir, "ledger.json"), []byte("garbage"), 0o600))
+	h.setSource(t, "nvml") // no NVML here: the inventory does not load
+	require.NoError(t, os.Remove(filepath.Join(h.dir, "inventory.json")))
+
+	r := h.run(t, "recover")
+	require.Equal(t, ExitError, r.code, r.stdout)
+	assert.Contains(t, r.stderr, "the runtimes run 1 container(s)")
+	assert.Contains(t, r.stderr, "--no-runtime")
+	require.Equal(t, ExitError, h.run(t, "status").code, "nothing was written")
+	assert.True(t, strings.Contains(h.run(t, "recover", "--no-runtime").stdout, "recovered"), "--no-runtime recovers without the scan")
+}
+
+// TestResetAdoptsFromRuntimeState: when nothing verifies, --reset starts
+// from the containers the runtimes run instead of nothing: h2 holds GPU 2
+// again, and the audit says where it was found.
+func TestResetAdoptsFromRuntimeState(t *testing.T) {
+	h := newRuntimeHost(t)
+	pid, start := h.process()
+	h.container("runc", "h2", pid, start, false, "NVIDIA_VISIBLE_DEVICES=2")
+	h.update(t, now, func(tx *ledger.Tx) {
+		_, err := tx.Claim("", hookHolder("h2", pid, start), []devices.Device{h.dev(t, uuidGPU2)}, "env")
+		require.NoError(t, err)
+	})
+	for _, name := range []string{"ledger.json", "ledger.journal"} {
+		require.NoError(t, os.WriteFile(filepath.Join(h.dir, name), []byte("garbage"), 0o600))
+	}
+	r := h.run(t, "recover")
+	require.Equal(t, ExitError, r.code, "nothing verifies: %s", r.stdout)
+
+	r = h.run(t, "recover", "--reset", "--reason", "test")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "reset to the containers the runtimes run")
+	assert.Contains(t, r.stdout, "adopted (running without a claim): GPU 2")
+	st := h.state(t)
+	require.Len(t, st.Claims, 1)
+	assert.Equal(t, "h2", st.Claims[0].Owner.ContainerID)
+	assert.Equal(t, uuidGPU2, st.Claims[0].Device.UUID)
+	var adopt *ledger.AuditRecord
+	for _, rec := range h.audit(t) {
+		if rec.Op == ledger.OpAdopt {
+			adopt = &rec
+		}
+	}
+	require.NotNil(t, adopt)
+	assert.Equal(t, "reset: found running in runc state ("+h.runcRoot+")", adopt.Reason)
+
+	// --no-runtime: empty, as before.
+	r = h.run(t, "recover", "--reset", "--no-runtime")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "reset: empty")
+	assert.Empty(t, h.state(t).Claims)
+}
+
+// TestRecoverHealthyLedgerReadsNoRuntime: on a healthy ledger recover does
+// nothing, even where reading the runtimes would fail for want of an
+// inventory.
+func TestRecoverHealthyLedgerReadsNoRuntime(t *testing.T) {
+	h := newRuntimeHost(t)
+	pid, start := h.process()
+	h.container("runc", "h2", pid, start, false, "NVIDIA_VISIBLE_DEVICES=2")
+	h.update(t, now, func(tx *ledger.Tx) {
+		_, err := tx.Claim("", hookHolder("h1", pid, start), []devices.Device{h.dev(t, uuidGPU1)}, "env")
+		require.NoError(t, err)
+	})
+	h.setSource(t, "nvml")
+	require.NoError(t, os.Remove(filepath.Join(h.dir, "inventory.json")))
+	r := h.run(t, "recover", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.NotContains(t, r.stdout, `"runtime"`)
+	assert.NotContains(t, r.stdout, `"adopted"`)
+}

@@ -1,0 +1,302 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package runtimestate
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// host is a fake host: runtime roots in a temp dir, bundles, and a fake
+// procfs with the processes the test says are running.
+type host struct {
+	t    testing.TB
+	base string
+	proc string
+}
+
+func newHost(t testing.TB) *host {
+	h := &host{t: t, base: t.TempDir()}
+	h.proc = filepath.Join(h.base, "proc")
+	require.NoError(t, os.MkdirAll(h.proc, 0o755))
+	return h
+}
+
+func (h *host) root(name string) string { return filepath.Join(h.base, name) }
+
+// process writes /proc/<pid>/stat of a process in state st (R, S, Z) that
+// started at start.
+func (h *host) process(pid int, start uint64, st byte) {
+	dir := filepath.Join(h.proc, fmt.Sprint(pid))
+	require.NoError(h.t, os.MkdirAll(dir, 0o755))
+	// Fields 3..21, then starttime (22) and a few more.
+	fields := []string{string(st)}
+	for i := 4; i <= 21; i++ {
+		fields = append(fields, "0")
+	}
+	fields = append(fields, fmt.Sprint(start), "0", "0")
+	line := fmt.Sprintf("%d (ctr prog) %s\n", pid, strings.Join(fields, " "))
+	require.NoError(h.t, os.WriteFile(filepath.Join(dir, "stat"), []byte(line), 0o644))
+}
+
+// bundle writes a bundle whose config.json sets env and annotations.
+func (h *host) bundle(id string, env []string, ann map[string]string) string {
+	dir := filepath.Join(h.base, "bundles", id)
+	require.NoError(h.t, os.MkdirAll(dir, 0o755))
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}, Annotations: ann})
+	require.NoError(h.t, err)
+	require.NoError(h.t, os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600))
+	return dir
+}
+
+// testdata decodes a captured state file into a generic map.
+func testdata(t testing.TB, name string) map[string]any {
+	data, err := os.ReadFile(filepath.Join("testdata", name))
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(data, &m))
+	return m
+}
+
+// runc writes <root>/<id>/state.json: the state runc 1.1 wrote for a real
+// container (testdata/runc.state.json), with this container's id, pid,
+// start time and bundle.
+func (h *host) runc(root, id string, pid int, start uint64, bundle string, created bool) string {
+	return h.runcFrom("runc.state.json", root, id, pid, start, bundle, created)
+}
+
+func (h *host) runcFrom(file, root, id string, pid int, start uint64, bundle string, created bool) string {
+	m := testdata(h.t, file)
+	m["id"], m["init_process_pid"], m["init_process_start"] = id, pid, start
+	cfg := m["config"].(map[string]any)
+	var labels []any
+	for _, l := range cfg["labels"].([]any) {
+		if !strings.HasPrefix(l.(string), "bundle=") {
+			labels = append(labels, l)
+		}
+	}
+	cfg["labels"] = append(labels, "bundle="+bundle)
+	data, err := json.Marshal(m)
+	require.NoError(h.t, err)
+	return h.stateFile(root, id, runcStateFile, data, created)
+}
+
+// crun writes <root>/<id>/status from testdata/crun.status.
+func (h *host) crun(root, id string, pid int, start uint64, bundle string, created bool) string {
+	m := testdata(h.t, "crun.status")
+	m["pid"], m["process-start-time"], m["bundle"] = pid, start, bundle
+	data, err := json.Marshal(m)
+	require.NoError(h.t, err)
+	return h.stateFile(root, id, crunStateFile, data, created)
+}
+
+func (h *host) stateFile(root, id, name string, data []byte, created bool) string {
+	dir := filepath.Join(root, id)
+	require.NoError(h.t, os.MkdirAll(dir, 0o700))
+	p := filepath.Join(dir, name)
+	require.NoError(h.t, os.WriteFile(p, data, 0o600))
+	if created {
+		require.NoError(h.t, syscall.Mkfifo(filepath.Join(dir, execFifo), 0o622))
+	}
+	return p
+}
+
+func (h *host) scan(roots ...string) Result {
+	return Scan(roots, Options{ProcRoot: h.proc})
+}
+
+func byID(res Result) map[string]Container {
+	out := map[string]Container{}
+	for _, c := range res.Containers {
+		out[c.ID] = c
+	}
+	return out
+}
+
+func problemPaths(res Result) map[string]string {
+	out := map[string]string{}
+	for _, p := range res.Problems {
+		out[p.Path] = p.Err.Error()
+	}
+	return out
+}
+
+// TestScanRuncAndCrun reads both runtimes' real formats: running and
+// created containers with their pid, start time, bundle, cgroup, request
+// and annotations.
+func TestScanRuncAndCrun(t *testing.T) {
+	h := newHost(t)
+	runcRoot, crunRoot := h.root("runc"), h.root("crun")
+	ann := map[string]string{"io.kubernetes.pod.namespace": "ns1"}
+	h.process(100, 5000, 'S')
+	h.process(101, 4000, 'S')
+	h.process(102, 6000, 'R')
+	h.runc(runcRoot, "r-running", 100, 5000, h.bundle("r-running", []string{"NVIDIA_VISIBLE_DEVICES=1"}, ann), false)
+	h.runc(runcRoot, "r-created", 101, 4000, h.bundle("r-created", []string{"NVIDIA_VISIBLE_DEVICES=2"}, nil), true)
+	h.crun(crunRoot, "c-running", 102, 6000, h.bundle("c-running", []string{"NVIDIA_VISIBLE_DEVICES=0"}, nil), false)
+
+	res := h.scan(runcRoot, crunRoot, h.root("absent"))
+	require.Empty(t, res.Problems)
+	assert.Equal(t, []string{runcRoot, crunRoot}, res.Roots, "a missing root is no problem and not listed")
+	// Ordered by start time: r-created (4000), r-running, c-running.
+	var ids []string
+	for _, c := range res.Containers {
+		ids = append(ids, c.ID)
+	}
+	require.Equal(t, []string{"r-created", "r-running", "c-running"}, ids)
+
+	got := byID(res)
+	r := got["r-running"]
+	assert.Equal(t, StatusRunning, r.Status)
+	assert.Equal(t, RuntimeRunc, r.Runtime)
+	assert.Equal(t, 100, r.Pid)
+	assert.Equal(t, uint64(5000), r.PidStart)
+	assert.Equal(t, filepath.Join(h.base, "bundles", "r-running"), r.Bundle)
+	assert.Equal(t, "/gg-example", r.Cgroup, "the cgroup runc recorded")
+	assert.Equal(t, "ns1", r.Annotations["io.kubernetes.pod.namespace"])
+	assert.Contains(t, r.Request.Env, "NVIDIA_VISIBLE_DEVICES=1")
+	assert.NoError(t, r.SpecErr)
+	assert.False(t, r.Created.IsZero())
+
+	assert.Equal(t, StatusCreated, got["r-created"].Status, "exec.fifo present: created, not started")
+	assert.True(t, got["r-created"].Live())
+
+	c := got["c-running"]
+	assert.Equal(t, StatusRunning, c.Status)
+	assert.Equal(t, RuntimeCrun, c.Runtime)
+	assert.Equal(t, uint64(6000), c.PidStart)
+	assert.Contains(t, c.Request.Env, "NVIDIA_VISIBLE_DEVICES=0")
+	assert.Len(t, res.Live(), 3)
+}
+
+// TestScanStoppedAndPidReuse: a container whose init pid is gone, a zombie,
+// or reused by a process that started at another time is stopped; its
+// bundle is not read (it may be gone).
+func TestScanStoppedAndPidReuse(t *testing.T) {
+	h := newHost(t)
+	root := h.root("runc")
+	h.process(201, 999, 'S') // pid 201 now belongs to a later process
+	h.process(202, 7000, 'Z')
+	h.runc(root, "gone", 200, 7000, "/nonexistent/bundle", false)
+	h.runc(root, "reused", 201, 7000, "/nonexistent/bundle", false)
+	h.crun(root, "zombie", 202, 7000, "/nonexistent/bundle", false)
+	// A real podman container's state (podman's labels and paths), stopped.
+	h.runcFrom("runc-podman.state.json", root, "podman1", 203, 1739544, "/nonexistent/bundle", false)
+
+	res := h.scan(root)
+	require.Empty(t, res.Problems)
+	got := byID(res)
+	require.Len(t, got, 4)
+	for id, want := range map[string]string{"gone": "pid 200 is gone", "reused": "reused", "zombie": "zombie", "podman1": "pid 203 is gone"} {
+		c := got[id]
+		assert.Equal(t, StatusStopped, c.Status, id)
+		assert.False(t, c.Live(), id)
+		assert.Contains(t, c.Why, want, id)
+		assert.Nil(t, c.Spec, id)
+		assert.NoError(t, c.SpecErr, "%s: a stopped container's bundle is not read", id)
+	}
+	assert.Empty(t, res.Live())
+}
+
+// TestScanBadEntries: each bad entry is reported with its path and why,
+// and the good container next to them is still listed.
+func TestScanBadEntries(t *testing.T) {
+	h := newHost(t)
+	root := h.root("runc")
+	h.process(300, 1, 'S')
+	h.runc(root, "good", 300, 1, h.bundle("good", []string{"NVIDIA_VISIBLE_DEVICES=1"}, nil), false)
+
+	// Malformed JSON.
+	h.stateFile(root, "malformed", runcStateFile, []byte(`{"id":"malformed","init_process_pid":`), false)
+	// Over-size (sparse: cheap).
+	big := h.stateFile(root, "huge", runcStateFile, []byte("{}"), false)
+	require.NoError(t, os.Truncate(big, MaxStateBytes+1))
+	// The id inside is not the directory's.
+	h.runc(root, "renamed", 300, 1, "/b", false)
+	require.NoError(t, os.Rename(filepath.Join(root, "renamed"), filepath.Join(root, "other")))
+	// A symlinked container directory and a symlinked state file, both
+	// pointing at the good container's state: never followed.
+	require.NoError(t, os.Symlink(filepath.Join(root, "good"), filepath.Join(root, "linkdir")))
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "linkfile"), 0o700))
+	require.NoError(t, os.Symlink(filepath.Join(root, "good", runcStateFile), filepath.Join(root, "linkfile", runcStateFile)))
+	// A FIFO as the state file: refused at once, not read (no hang).
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "fifo"), 0o700))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(root, "fifo", crunStateFile), 0o600))
+	// No pid, a relative bundle.
+	h.crun(root, "nopid", 0, 0, "/b", false)
+	h.crun(root, "relbundle", 300, 1, "bundles/x", false)
+	// A plain file in the root.
+	require.NoError(t, os.WriteFile(filepath.Join(root, "stray"), nil, 0o600))
+	// A directory with no state file yet: a create in progress.
+	require.NoError(t, os.MkdirAll(filepath.Join(root, "creating"), 0o700))
+	require.NoError(t, syscall.Mkfifo(filepath.Join(root, "creating", execFifo), 0o622))
+
+	res := h.scan(root)
+	require.Len(t, res.Containers, 1, "only the good container: %+v", res.Containers)
+	assert.Equal(t, "good", res.Containers[0].ID)
+	assert.Equal(t, StatusRunning, res.Containers[0].Status)
+	assert.Equal(t, []string{filepath.Join(root, "creating")}, res.Creating)
+
+	probs := problemPaths(res)
+	for name, want := range map[string]string{
+		"malformed": "decode",
+		"huge":      "more than",
+		"other":     `holds container "renamed"`,
+		"linkdir":   "symlink",
+		"linkfile":  "symlink: not followed",
+		"fifo":      "not a regular file",
+		"nopid":     "no init pid",
+		"relbundle": "no absolute bundle",
+		"stray":     "not a container directory",
+	} {
+		p := filepath.Join(root, name)
+		require.Contains(t, probs, p, "problem for %s", name)
+		assert.Contains(t, probs[p], want, name)
+	}
+	assert.Len(t, probs, 9)
+}
+
+// TestScanRootProblems: a root that is a symlink or a file is reported
+// and not read; a relative root is refused.
+func TestScanRootProblems(t *testing.T) {
+	h := newHost(t)
+	realRoot := h.root("real")
+	h.process(400, 1, 'S')
+	h.runc(realRoot, "a", 400, 1, h.bundle("a", nil, nil), false)
+	require.NoError(t, os.Symlink(realRoot, h.root("link")))
+	require.NoError(t, os.WriteFile(h.root("file"), nil, 0o600))
+
+	res := h.scan(h.root("link"), h.root("file"), "relative/root")
+	assert.Empty(t, res.Containers)
+	assert.Empty(t, res.Roots)
+	probs := problemPaths(res)
+	assert.Contains(t, probs[h.root("link")], "symlink")
+	assert.Contains(t, probs[h.root("file")], "not a directory")
+	assert.Contains(t, probs["relative/root"], "absolute")
+}
+
+// TestScanLiveWithoutSpec: a live container whose bundle cannot be read is
+// listed, with why: it runs, whatever it reaches.
+func TestScanLiveWithoutSpec(t *testing.T) {
+	h := newHost(t)
+	root := h.root("crun")
+	h.process(500, 1, 'S')
+	h.crun(root, "nobundle", 500, 1, filepath.Join(h.base, "vanished"), false)
+	res := h.scan(root)
+	require.Len(t, res.Live(), 1)
+	c := res.Live()[0]
+	assert.Equal(t, StatusRunning, c.Status)
+	assert.Nil(t, c.Spec)
+	require.Error(t, c.SpecErr)
+	assert.Contains(t, c.SpecErr.Error(), "config.json")
+}
