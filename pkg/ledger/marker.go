@@ -14,6 +14,9 @@ import (
 	"os"
 	"path/filepath"
 	"syscall"
+	"time"
+
+	"github.com/gofrs/flock"
 )
 
 // DefaultRuntimeDir holds the per-boot markers (Options.RuntimeDir): a
@@ -48,9 +51,17 @@ const markerSize = 512
 // there is none (a marker of another boot, on a runtime dir that is not a
 // tmpfs, is none either). A marker that does not verify is an error: it must
 // not read as "fresh host". A read that overlapped a rewrite (its checksum
-// fails) is retried.
+// fails) is retried: a reader takes no lock, and a writer preempted inside
+// its pwrite leaves the marker half-written for as long as it is off the
+// CPU, which on a loaded host outlasts any number of immediate retries. So
+// while some process holds the ledger lock (only a lock holder writes the
+// marker) the retries back off, for up to min(lock timeout, 1 s); a marker
+// that does not verify while nobody holds the lock, or still not after
+// that, is damaged.
 func (l *Ledger) readMarker() (m marker, ok bool, err error) {
 	p := l.markerPath()
+	deadline := time.Now().Add(min(l.opts.LockTimeout, time.Second))
+	pause := 50 * time.Microsecond
 	for attempt := 0; ; attempt++ {
 		data, exists, err := readFileNoFollow(p, 64<<10, nil)
 		if err != nil {
@@ -66,10 +77,29 @@ func (l *Ledger) readMarker() (m marker, ok bool, err error) {
 			}
 			return m, true, nil
 		}
-		if attempt >= 5 {
+		if attempt >= 5 && (!time.Now().Before(deadline) || !l.lockHeld()) {
 			return m, false, &NeedsRecoveryError{Path: p, Problem: "the boot marker of the state dir does not verify (damaged, or not ours)"}
 		}
+		if attempt >= 5 {
+			time.Sleep(pause) // a backoff between reads, not a wait for an event
+			pause = min(2*pause, 10*time.Millisecond)
+		}
 	}
+}
+
+// lockHeld reports whether some process (this one included) holds the
+// ledger lock, or whether that cannot be told: a probe on a descriptor of
+// its own, which conflicts with every other descriptor's lock.
+func (l *Ledger) lockHeld() bool {
+	probe := flock.New(l.LockPath(), flock.SetFlag(os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK))
+	got, err := probe.TryRLock()
+	if err != nil {
+		return true // cannot tell: keep retrying until the deadline
+	}
+	if got {
+		_ = probe.Unlock()
+	}
+	return !got
 }
 
 // decodeMarker parses "<crc32c hex> <JSON>" followed by padding.
