@@ -61,6 +61,21 @@ func (h *host) holdLock(t *testing.T) {
 	t.Cleanup(func() { _ = f.Close() })
 }
 
+// holdLockUntilReleased takes the ledger lock as soon as it is free (the
+// commands under test poll the ledger and take the lock for moments) and
+// returns the func that lets it go.
+func (h *host) holdLockUntilReleased(t *testing.T) func() {
+	t.Helper()
+	f, err := os.OpenFile(filepath.Join(h.stateDir, "ledger.lock"), os.O_RDWR, 0)
+	require.NoError(t, err)
+	h.waitFor("the ledger lock taken by the test", func() bool {
+		return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil
+	})
+	release := func() { _ = f.Close() }
+	t.Cleanup(release)
+	return release
+}
+
 // opened reports whether process pid has path open.
 func opened(pid int, path string) bool {
 	dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
@@ -128,6 +143,35 @@ func TestSIGTERMEndsEveryCommand(t *testing.T) {
 		assert.Equal(t, []string{"w1", "w2", "w3"}, waiterKeys(st), "the run left the queue")
 		assert.Equal(t, map[string]string{"0": "h1", "1": "h2"}, h.holders(st), "and claimed nothing")
 		assert.True(t, h.lockFree(t), "the ledger lock is free")
+	})
+
+	// Told to stop while another process holds the ledger lock, a queued
+	// waiter cannot leave the queue at once. It still ends within its short
+	// stop budget (not ten lock timeouts), says so, and the entry it left
+	// is dropped by the next request for its GPU, its process being gone.
+	t.Run("gpu-guard-ctl run, queued, ledger lock held when told to stop", func(t *testing.T) {
+		h := newBusyHost(t)
+		p := startProc(t, nil, ctlBin, "--config", h.cfgPath, "run", "--gpus", "0", "--", "true")
+		h.waitFor("the run queued", func() bool {
+			st, err := h.snapshot()
+			return err == nil && len(st.Waiters) == 4
+		})
+		release := h.holdLockUntilReleased(t)
+		took := p.term(t)
+		t.Logf("SIGTERM exit latency: gpu-guard-ctl run (queued, ledger lock held elsewhere): %s", took)
+		assert.NotEqual(t, 0, p.cmd.ProcessState.ExitCode(), p.stderr.String())
+		assert.Contains(t, p.stderr.String(), "could not leave the queue within 500ms")
+		assert.Contains(t, p.stderr.String(), "the next request for these GPUs drops the entry once this process has exited")
+		release()
+		st, err := h.snapshot()
+		require.NoError(t, err)
+		require.Len(t, st.Waiters, 4, "the run's entry is still there")
+		r := h.hook(hook.PhaseCreateRuntime, "late", h.ctrProcess(), gpuEnv(0))
+		require.Equal(t, hook.ExitBusy, r.code, r.String())
+		st, err = h.snapshot()
+		require.NoError(t, err)
+		assert.Equal(t, []string{"w1", "w2", "w3"}, waiterKeys(st), "the dead run's entry was dropped")
+		assert.Equal(t, map[string]string{"0": "h1", "1": "h2"}, h.holders(st))
 	})
 
 	for _, tc := range []struct {

@@ -31,9 +31,11 @@
 //     racing Admit made is withdrawn.
 //   - A waiter (hook or ticket) that is cancelled (SIGTERM/SIGINT), times
 //     out, or whose container disappears leaves no claim and no waiter: the
-//     withdrawal retries lock timeouts until done. One killed with SIGKILL is
-//     dropped by the next request it stands in the way of, once the process
-//     its entry records is gone.
+//     withdrawal retries lock timeouts, for ten lock timeouts, or for 500 ms
+//     when told to stop (so SIGTERM ends it within a second). An entry left
+//     by a waiter killed with SIGKILL, or told to stop while another process
+//     held the lock past that budget, is dropped by the next request it
+//     stands in the way of, once the process its entry records is gone.
 //   - Hook processes line up on a blocking flock (hook.turnstile) before
 //     they write the ledger; the turnstile is an optimisation, the ledger
 //     lock alone makes a write safe.
