@@ -139,6 +139,10 @@ func decodeHeader(line []byte) (journalHeader, error) {
 }
 
 func decodeRecord(line []byte, at int64) (journalRecord, error) {
+	if r, ok := fastDecodeRecord(line); ok {
+		return r, nil
+	}
+	// Not exactly as json.Marshal writes it: encoding/json decides.
 	var r journalRecord
 	if err := decodeStrict(line, &r); err != nil {
 		return r, badState("journal record ending at offset %d does not decode: %v", at, err)
