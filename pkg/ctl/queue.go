@@ -30,6 +30,7 @@ not shown once expired.`,
   gpu-guard-ctl queue -o json | jq '.waiters[] | select(.waited_seconds > 600)'`,
 		noArgs,
 		func(cmd *cobra.Command, _ []string) error {
+			defer pauseGC()()
 			var v queueView
 			now := a.env.Now()
 			err := a.view(cmd.Context(), func(tx *ledger.Tx) error {
