@@ -113,7 +113,7 @@ func buildQueue(tx *ledger.Tx, now time.Time) queueView {
 
 func (v queueView) render(w io.Writer, output string, now time.Time) error {
 	if output == outputJSON {
-		return writeJSON(w, v)
+		return writeQueueJSON(w, &v)
 	}
 	wide := output == outputWide
 	header := []string{"POSITION", "REQUESTER", "DEVICES", "WAITED", "LAST SEEN", "RESERVED"}
