@@ -209,8 +209,25 @@ func (tx *Tx) expireWaiters() {
 	}
 	tx.expiryRan = true
 	tx.minLastSeen, tx.minKnown = low, true
+	if len(gone) == 0 {
+		return
+	}
+	// One pass, not a removeWaiter (a scan and a shift of the queue) per
+	// expired waiter: a thousand waiters expiring together (a daemon that
+	// was down) made every read quadratic.
+	ws := tx.ownWaiters()
+	kept := ws[:0]
+	for i := range ws {
+		if !ws[i].LastSeen.Before(cutoff) {
+			kept = append(kept, ws[i])
+		}
+	}
+	clear(ws[len(kept):])
+	tx.st.Waiters = kept
+	tx.touch()
 	for _, w := range gone {
-		tx.removeWaiter(w.Key)
+		tx.touchedWaiters = append(tx.touchedWaiters, w.Key)
+		tx.removeReservationsFor(w.Key)
 		tx.record(OpExpired, &w.Owner, w.Key, uuids(w.Devices, plainDevice),
 			fmt.Sprintf("not seen retrying since %s (queue_ttl %s)", w.LastSeen.Format(time.RFC3339), ttl))
 	}
