@@ -6,6 +6,7 @@ package ledger
 import (
 	"bytes"
 	"encoding/json"
+	"hash/crc32"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -150,4 +151,20 @@ func FuzzFastDecodeLedger(f *testing.F) {
 			require.Equal(t, slow, r, "%q", data)
 		}
 	})
+}
+
+// The byte-wise CRC-32C used for small journals is hash/crc32's Castagnoli,
+// at every length and for either choice of crc32cFunc.
+func TestCRC32CSmallMatchesHashCRC32(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for n := range 2000 {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		want := crc32.Checksum(b, crc32.MakeTable(crc32.Castagnoli))
+		require.Equal(t, want, crc32cSmall(b), "length %d", n)
+		require.Equal(t, want, crc32cFunc(crcHardwareMin)(b), "length %d", n)
+		require.Equal(t, want, crc32cFunc(0)(b), "length %d", n)
+	}
 }
