@@ -72,7 +72,7 @@ func crc32cSmall(b []byte) uint32 {
 	t := crc32cTable()
 	c := ^uint32(0)
 	for _, x := range b {
-		c = t[byte(c)^x] ^ c>>8
+		c = t[(c^uint32(x))&0xff] ^ c>>8
 	}
 	return ^c
 }
