@@ -12,6 +12,7 @@
 #   ONLY      a regexp of benchmarks to run (default: all three)
 #   HOOK_BASELINE  another build of nri-gpu-guard-hook to time alongside (before/after,
 #             in BenchmarkHookProcess and BenchmarkRuncHook)
+#   CTL_BASELINE   another build of gpu-guard-ctl to time alongside (BenchmarkCtlProcess)
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -50,8 +50,9 @@ func buildCtl(b *testing.B) string {
 // BenchmarkCtlProcess times whole gpu-guard-ctl processes (start, configuration,
 // ledger read, output) on a host of 64 GPUs, 32 of them held, and 1,000 or
 // 4,000 waiters, interleaved with `cat` of the ledger's files (every file of
-// the state dir named ledger*, but the lock), the floor of any reader. Run it
-// with -benchtime=100x -count=3 (hack/bench-process.sh does).
+// the state dir named ledger*, but the lock), the floor of any reader, and,
+// when CTL_BASELINE names one, another build of gpu-guard-ctl. Run it with
+// -benchtime=100x -count=3 (hack/bench-process.sh does).
 func BenchmarkCtlProcess(b *testing.B) {
 	bin := buildCtl(b)
 	catBin, err := exec.LookPath("cat")
@@ -62,10 +63,11 @@ func BenchmarkCtlProcess(b *testing.B) {
 		name    string
 		waiters int
 		args    []string
+		shows   string // in the output when the ledger is read as written
 	}{
-		{"status-1k", 1000, []string{"status"}},
-		{"queue-json-1k", 1000, []string{"queue", "-o", "json"}},
-		{"queue-json-4k", 4000, []string{"queue", "-o", "json"}},
+		{"status-1k", 1000, []string{"status"}, "holder-31"},
+		{"queue-json-1k", 1000, []string{"queue", "-o", "json"}, `"waiter-999"`},
+		{"queue-json-4k", 4000, []string{"queue", "-o", "json"}, `"waiter-3999"`},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			f := newFixture(b)
@@ -78,13 +80,24 @@ func BenchmarkCtlProcess(b *testing.B) {
 			devs := inv.Devices()
 			cfg := "version = 1\n[ledger]\ndir = \"" + f.dir + "\"\n[devices]\nsource = \"static\"\n" + staticTOML(gpus)
 			require.NoError(b, os.WriteFile(f.config, []byte(cfg), 0o600))
-			f.update(b, time.Now(), func(tx *ledger.Tx) {
+			// Written under this boot's id (not the fixture's): gpu-guard-ctl
+			// shows the state of an earlier boot as empty, so it would
+			// neither list the waiters nor render the holders.
+			l, err := ledger.Open(f.dir, ledger.Options{})
+			require.NoError(b, err)
+			update := func(fn func(tx *ledger.Tx)) {
+				require.NoError(b, l.Update(b.Context(), func(tx *ledger.Tx) error {
+					fn(tx)
+					return nil
+				}))
+			}
+			update(func(tx *ledger.Tx) {
 				for i := range 32 {
 					o := owner(fmt.Sprintf("%064x", i+1), "ns", fmt.Sprintf("holder-%d", i), "main", ledger.FrontEndNRI)
 					claim(b, tx, o, "env", devs[i])
 				}
 			})
-			f.update(b, time.Now(), func(tx *ledger.Tx) {
+			update(func(tx *ledger.Tx) {
 				for i := range tc.waiters {
 					o := owner(fmt.Sprintf("%064x", 10_000+i), "ns", fmt.Sprintf("waiter-%d", i), "main", ledger.FrontEndNRI)
 					tx.Enqueue(key(o), o, []devices.Device{devs[i%32], devs[(i+1)%32]})
@@ -122,10 +135,20 @@ func BenchmarkCtlProcess(b *testing.B) {
 					return d, nil
 				}
 			}
-			benchab.Run(b, []benchab.Variant{
+			out, err := exec.Command(bin, append([]string{"--config", f.config}, tc.args...)...).Output()
+			require.NoError(b, err)
+			require.Contains(b, string(out), tc.shows, "gpu-guard-ctl shows the ledger it is timed on")
+			variants := []benchab.Variant{
 				{Name: "cat", Run: run(catBin, files...)},
 				{Name: "ctl", Run: run(bin, append([]string{"--config", f.config}, tc.args...)...)},
-			})
+			}
+			// CTL_BASELINE names another build of gpu-guard-ctl (an earlier
+			// commit's) to time in the same rounds: a before/after on one
+			// machine under one load.
+			if base := os.Getenv("CTL_BASELINE"); base != "" {
+				variants = append(variants, benchab.Variant{Name: "baseline", Run: run(base, append([]string{"--config", f.config}, tc.args...)...)})
+			}
+			benchab.Run(b, variants)
 		})
 	}
 }

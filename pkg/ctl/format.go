@@ -4,6 +4,7 @@
 package ctl
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -101,10 +102,15 @@ func escapeLine(s string) string {
 // table writes aligned columns. Every cell goes through clean.
 type table struct {
 	tw *tabwriter.Writer
+	// buf, when set, sits between tw and the output: a tabwriter writes
+	// every cell and every run of padding separately, which unbuffered
+	// would be one write(2) each (over a thousand for a 64-GPU status).
+	buf *bufio.Writer
 }
 
 func newTable(w io.Writer, header ...string) *table {
-	t := &table{tw: newTabWriter(w, 0)}
+	buf := bufio.NewWriterSize(w, 32<<10)
+	t := &table{tw: newTabWriter(buf, 0), buf: buf}
 	t.row(header...)
 	return t
 }
@@ -128,6 +134,11 @@ func (t *table) row(cells ...string) {
 func (t *table) flush() error {
 	if err := t.tw.Flush(); err != nil {
 		return fmt.Errorf("write output: %w", err)
+	}
+	if t.buf != nil {
+		if err := t.buf.Flush(); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
 	}
 	return nil
 }

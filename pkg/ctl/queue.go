@@ -30,6 +30,7 @@ not shown once expired.`,
   gpu-guard-ctl queue -o json | jq '.waiters[] | select(.waited_seconds > 600)'`,
 		noArgs,
 		func(cmd *cobra.Command, _ []string) error {
+			defer pauseGC()()
 			var v queueView
 			now := a.env.Now()
 			err := a.view(cmd.Context(), func(tx *ledger.Tx) error {
@@ -112,7 +113,7 @@ func buildQueue(tx *ledger.Tx, now time.Time) queueView {
 
 func (v queueView) render(w io.Writer, output string, now time.Time) error {
 	if output == outputJSON {
-		return writeJSON(w, v)
+		return writeQueueJSON(w, &v)
 	}
 	wide := output == outputWide
 	header := []string{"POSITION", "REQUESTER", "DEVICES", "WAITED", "LAST SEEN", "RESERVED"}

@@ -83,6 +83,7 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
   gpu-guard-ctl status -o json | jq '.devices[] | select(.cordon != null) | .cordon'`,
 		noArgs,
 		func(cmd *cobra.Command, _ []string) error {
+			defer pauseGC()()
 			cfg, err := a.config()
 			if err != nil {
 				return err

@@ -34,4 +34,19 @@ func TestCloneSharesNothing(t *testing.T) {
 	assert.Equal(t, "b", orig.Conflicts[0].Owner.ContainerID)
 	var nilState *State
 	assert.Equal(t, State{}, nilState.Clone())
+
+	// The copies' device lists share one allocation: an append to one
+	// leaves the next as it was; nil and empty lists stay what they were.
+	other := devices.Device{UUID: "GPU-1", Index: "1", Kind: devices.KindGPU}
+	orig.Waiters = []Waiter{{Key: "a", Devices: []devices.Device{gpu}}, {Key: "b", Devices: []devices.Device{other}},
+		{Key: "c"}, {Key: "d", Devices: []devices.Device{}}}
+	c = orig.Clone()
+	assert.Equal(t, orig, c)
+	grown := append(c.Waiters[0].Devices, other)
+	grown[0].UUID = "GPU-y"
+	assert.Equal(t, "GPU-1", c.Waiters[1].Devices[0].UUID)
+	assert.Equal(t, "GPU-0", orig.Waiters[0].Devices[0].UUID)
+	assert.Nil(t, c.Waiters[2].Devices)
+	assert.NotNil(t, c.Waiters[3].Devices)
+	assert.Empty(t, c.Waiters[3].Devices)
 }

@@ -4,6 +4,7 @@
 package ledger
 
 import (
+	"bytes"
 	"time"
 	"unicode/utf8"
 
@@ -25,15 +26,35 @@ type fastDecoder struct {
 	i   int
 	bad bool
 	// strs interns strings: the same device UUIDs, front ends and boot id
-	// recur across thousands of waiters.
+	// recur across claims, reservations and records. Made on first use.
 	strs map[string]string
+	// While share is set (the waiters of a snapshot), a string is a slice
+	// of s, which is b as one string, and a waiter's devices a slice of the
+	// slab devs: no allocation per string or per list. A snapshot's
+	// thousands of waiters otherwise cost an allocation and a map insert
+	// for every key, container id and pod name, most of a cold read. The
+	// price is that s stays in memory while any waiter decoded from it
+	// does; waiters leave within queue_ttl, and the long-lived entries
+	// (claims, cordons) allocate their own strings.
+	share bool
+	s     string
+	devs  []devices.Device
 }
 
 func fastDecodeState(b []byte) (State, bool) {
-	d := fastDecoder{b: b, strs: make(map[string]string, 64)}
+	d := fastDecoder{b: b}
 	var st State
 	d.lit(`{"waiters":`)
-	st.Waiters = fastList(&d, (*fastDecoder).waiter)
+	if !d.bad {
+		// The line has exactly one `{"key":` per waiter (a string
+		// holding a '"' has an escape, which this decoder gives up on),
+		// so the list is allocated once, at its size.
+		n := bytes.Count(b, []byte(`{"key":`))
+		d.share, d.s = true, string(b)
+		d.devs = make([]devices.Device, 0, 2*n)
+		st.Waiters = fastListCap(&d, n, (*fastDecoder).waiter)
+		d.share, d.devs = false, nil
+	}
 	d.lit(`,"claims":`)
 	st.Claims = fastList(&d, (*fastDecoder).claim)
 	d.lit(`,"reservations":`)
@@ -79,11 +100,16 @@ func (d *fastDecoder) opt(s string) bool {
 }
 
 func fastList[T any](d *fastDecoder, item func(*fastDecoder, *T)) []T {
+	return fastListCap(d, 0, item)
+}
+
+// fastListCap is fastList with room for n items made at once.
+func fastListCap[T any](d *fastDecoder, n int, item func(*fastDecoder, *T)) []T {
 	if d.opt("null") {
 		return nil
 	}
 	d.lit("[")
-	out := []T{}
+	out := make([]T, 0, n)
 	if d.opt("]") {
 		return out
 	}
@@ -135,12 +161,53 @@ func (d *fastDecoder) str() string {
 	if d.bad {
 		return ""
 	}
+	if d.share {
+		end := d.i - 1 // the closing quote
+		return d.s[end-len(s) : end]
+	}
 	if v, ok := d.strs[string(s)]; ok {
 		return v
+	}
+	if d.strs == nil {
+		d.strs = make(map[string]string, 16)
 	}
 	v := string(s)
 	d.strs[v] = v
 	return v
+}
+
+// strItem decodes one string of a list.
+func (d *fastDecoder) strItem(s *string) { *s = d.str() }
+
+// deviceList decodes a waiter's devices into the slab while share is set:
+// each list a slice of it, capped at its length (an append copies).
+func (d *fastDecoder) deviceList() []devices.Device {
+	if !d.share {
+		return fastList(d, (*fastDecoder).device)
+	}
+	if d.opt("null") {
+		return nil
+	}
+	d.lit("[")
+	if d.opt("]") {
+		return []devices.Device{}
+	}
+	start := len(d.devs)
+	for !d.bad {
+		if len(d.devs) == cap(d.devs) {
+			// A new slab, carrying this list's first items.
+			next := make([]devices.Device, len(d.devs)-start, 2*(len(d.devs)-start)+256)
+			copy(next, d.devs[start:])
+			d.devs, start = next, 0
+		}
+		d.devs = d.devs[:len(d.devs)+1]
+		d.device(&d.devs[len(d.devs)-1])
+		if d.opt("]") {
+			return d.devs[start:len(d.devs):len(d.devs)]
+		}
+		d.lit(",")
+	}
+	return nil
 }
 
 func (d *fastDecoder) uint() uint64 {
@@ -255,7 +322,7 @@ func (d *fastDecoder) waiter(w *Waiter) {
 	d.lit(`,"seq":`)
 	w.Seq = d.uint()
 	d.lit(`,"devices":`)
-	w.Devices = fastList(d, (*fastDecoder).device)
+	w.Devices = d.deviceList()
 	d.lit(`,"owner":`)
 	d.owner(&w.Owner)
 	d.lit(`,"first_seen":`)
@@ -299,4 +366,56 @@ func (d *fastDecoder) cordon(c *Cordon) {
 	d.lit(`,"since":`)
 	c.Since = d.time()
 	d.lit(`}`)
+}
+
+// fastDecodeRecord decodes a journal record exactly as json.Marshal writes
+// it (journalRecord's fields in order, empty lists omitted), or gives up
+// like fastDecodeState. Every cold reader — each hook that claims or
+// releases — replays the journal since the last compaction, up to a few
+// hundred records.
+func fastDecodeRecord(b []byte) (journalRecord, bool) {
+	d := fastDecoder{b: b}
+	var r journalRecord
+	d.lit(`{"g":`)
+	r.Gen = d.uint()
+	d.lit(`,"t":`)
+	r.Time = d.time()
+	d.lit(`,"seq":`)
+	r.NextSeq = d.uint()
+	if d.opt(`,"c":`) {
+		r.Claims = fastList(&d, (*fastDecoder).claim)
+	}
+	if d.opt(`,"dc":`) {
+		r.ClaimsGone = fastList(&d, (*fastDecoder).strItem)
+	}
+	if d.opt(`,"r":`) {
+		r.Reservations = fastList(&d, (*fastDecoder).reservation)
+	}
+	if d.opt(`,"dr":`) {
+		r.ResGone = fastList(&d, (*fastDecoder).strItem)
+	}
+	if d.opt(`,"w":`) {
+		r.Waiters = fastList(&d, (*fastDecoder).waiter)
+	}
+	if d.opt(`,"dw":`) {
+		r.WaitersGone = fastList(&d, (*fastDecoder).strItem)
+	}
+	if d.opt(`,"x":`) {
+		// encoding/json sets the pointer to nil for null, and points it
+		// at the list (empty or not) otherwise.
+		if x := fastList(&d, (*fastDecoder).conflict); x != nil {
+			r.Conflicts = &x
+		}
+	}
+	if d.opt(`,"k":`) {
+		r.Cordons = fastList(&d, (*fastDecoder).cordon)
+	}
+	if d.opt(`,"dk":`) {
+		r.CordonsGone = fastList(&d, (*fastDecoder).strItem)
+	}
+	d.lit(`}`)
+	if d.bad || d.i != len(d.b) {
+		return journalRecord{}, false
+	}
+	return r, true
 }

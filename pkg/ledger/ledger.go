@@ -48,7 +48,10 @@ type Ledger struct {
 	compactMin int64   // see journalTooBig
 	// compactAlways compacts after every commit (tests of recovery).
 	compactAlways bool
-	markerF       *os.File // the boot marker, kept open (see writeMarker)
+	// fullPasses makes every reservation pass look at every waiter (tests
+	// compare the incremental pass with it; see Tx.reserveCandidates).
+	fullPasses bool
+	markerF    *os.File // the boot marker, kept open (see writeMarker)
 
 	// fence is the lineage every Update requires ("" = none; see
 	// RequireLineage).
@@ -341,6 +344,12 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 		tx.keepCordonsAcrossBoot(ld.st.Cordons) // an operator's cordon outlives a reboot
 	}
 	tx.baseSettled = ld.settled && origin == "" && len(pre) == 0
+	if origin == "" && len(pre) == 0 {
+		tx.minLastSeen, tx.minKnown = ld.minLastSeen, ld.minKnown
+	}
+	if tx.baseSettled {
+		tx.fixed = &queueFixed{claims: tx.base.Claims, reservations: tx.base.Reservations, cordons: tx.base.Cordons}
+	}
 	tx.maintain()
 	if err := fn(tx); err != nil {
 		return err
@@ -481,6 +490,7 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 	}
 	next.st = st
 	next.settled = tx.settled && !reordered
+	next.minLastSeen, next.minKnown = tx.minLastSeen, tx.minKnown
 	l.setCache(&next)
 	if err := l.writeMarker(&st); err != nil {
 		// The commit stands; what is lost is the means to notice, later in

@@ -77,22 +77,157 @@ func (tx *Tx) maintain() {
 	tx.promoteConflicts()
 	tx.dropInvalidReservations()
 	tx.dropPartialReservations()
-	tx.reserveFreeDevices()
+	tx.reserveFreeDevices(tx.reserveCandidates())
+	tx.fixed = &queueFixed{claims: slices.Clone(tx.st.Claims), reservations: slices.Clone(tx.st.Reservations),
+		cordons: slices.Clone(tx.st.Cordons), touched: len(tx.touchedWaiters)}
 	tx.settled = true
 }
 
+// queueFixed is what step 5 depends on besides the waiters — the claims,
+// reservations and cordons — at a moment when the waiters were its fixed
+// point, and how many waiter changes the Tx had recorded then.
+type queueFixed struct {
+	claims       []Claim
+	reservations []Reservation
+	cordons      []Cordon
+	touched      int
+}
+
+// reserveCandidates says which waiters step 5 has to look at, or nil for
+// all of them. Whether a waiter can be reserved depends on its own entry
+// (key, devices, container) and on the claims, reservations and cordons of
+// the devices conflicting with the ones it asks for. At the last fixed
+// point every waiter that could be reserved was; reserving only makes
+// devices busier. So a waiter whose entry did not change since (every
+// change of a waiter is in touchedWaiters, which the journal record is
+// made from) and none of whose devices conflicts with a device whose claim,
+// reservation or cordon changed, still cannot be, and is skipped: a commit
+// that claims or releases one GPU looks at the waiters for that GPU, not at
+// the whole queue. TestSettledSkipAgreesWithFullPass compares it with full
+// passes.
+func (tx *Tx) reserveCandidates() func(*Waiter) bool {
+	f := tx.fixed
+	if f == nil || tx.l.fullPasses {
+		return nil
+	}
+	var changed []devices.Device
+	changed = appendChanged(changed, f.claims, tx.st.Claims, func(c *Claim) devices.Device { return c.Device }, sameClaim)
+	changed = appendChanged(changed, f.reservations, tx.st.Reservations, func(r *Reservation) devices.Device { return r.Device }, sameReservation)
+	changed = appendChanged(changed, f.cordons, tx.st.Cordons, func(k *Cordon) devices.Device { return k.Device }, sameCordon)
+	touched := map[string]struct{}{}
+	for _, k := range tx.touchedWaiters[min(f.touched, len(tx.touchedWaiters)):] {
+		touched[k] = struct{}{}
+	}
+	if len(changed) == 0 && len(touched) == 0 {
+		return func(*Waiter) bool { return false }
+	}
+	return func(w *Waiter) bool {
+		for _, d := range w.Devices {
+			for _, c := range changed {
+				if devices.Conflicts(c, d) {
+					return true
+				}
+			}
+		}
+		if len(touched) == 0 {
+			return false
+		}
+		_, ok := touched[w.Key]
+		return ok
+	}
+}
+
+// appendChanged appends the devices of the entries of a and b (one entry
+// per device each) that are not in both alike.
+func appendChanged[T any](out []devices.Device, a, b []T, dev func(*T) devices.Device, same func(*T, *T) bool) []devices.Device {
+	if len(a) == len(b) {
+		alike := true
+		for i := range a {
+			if dev(&a[i]).UUID != dev(&b[i]).UUID || !same(&a[i], &b[i]) {
+				alike = false
+				break
+			}
+		}
+		if alike {
+			return out
+		}
+	}
+	inB := make(map[string]int, len(b))
+	for i := range b {
+		inB[dev(&b[i]).UUID] = i
+	}
+	for i := range a {
+		d := dev(&a[i])
+		if j, ok := inB[d.UUID]; !ok || !same(&a[i], &b[j]) {
+			out = append(out, d)
+		}
+	}
+	inA := make(map[string]struct{}, len(a))
+	for i := range a {
+		inA[dev(&a[i]).UUID] = struct{}{}
+	}
+	for i := range b {
+		// An entry of both that changed was appended from a above.
+		if d := dev(&b[i]); !hasKey(inA, d.UUID) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+func hasKey(m map[string]struct{}, k string) bool {
+	_, ok := m[k]
+	return ok
+}
+
+// expireWaiters drops the waiters not seen for queue_ttl. It scans the
+// queue only when something may have expired: not again in the same Tx (a
+// waiter is only ever added or refreshed at tx.now), and not while the
+// cutoff is at or before the earliest LastSeen known for this state
+// (minLastSeen: the exact minimum after a scan, lowered by every waiter
+// added or refreshed since, so a lower bound). A long-lived writer then makes
+// one scan per queue_ttl-worth of its earliest waiter, not one per commit;
+// a state read from the files is always scanned.
+// TestSettledSkipAgreesWithFullPass compares it with a fresh handle per
+// step.
 func (tx *Tx) expireWaiters() {
 	ttl := tx.l.opts.QueueTTL
 	// LastSeen+ttl before now, with the addition done once, not per waiter.
 	cutoff := tx.now.Add(-ttl)
+	if tx.expiryRan || (tx.minKnown && !tx.minLastSeen.Before(cutoff)) {
+		return
+	}
 	var gone []Waiter
+	low := tx.now
 	for i := range tx.st.Waiters {
-		if w := &tx.st.Waiters[i]; w.LastSeen.Before(cutoff) {
+		w := &tx.st.Waiters[i]
+		if w.LastSeen.Before(cutoff) {
 			gone = append(gone, *w)
+		} else if w.LastSeen.Before(low) {
+			low = w.LastSeen
 		}
 	}
+	tx.expiryRan = true
+	tx.minLastSeen, tx.minKnown = low, true
+	if len(gone) == 0 {
+		return
+	}
+	// One pass, not a removeWaiter (a scan and a shift of the queue) per
+	// expired waiter: a thousand waiters expiring together (a daemon that
+	// was down) made every read quadratic.
+	ws := tx.ownWaiters()
+	kept := ws[:0]
+	for i := range ws {
+		if !ws[i].LastSeen.Before(cutoff) {
+			kept = append(kept, ws[i])
+		}
+	}
+	clear(ws[len(kept):])
+	tx.st.Waiters = kept
+	tx.touch()
 	for _, w := range gone {
-		tx.removeWaiter(w.Key)
+		tx.touchedWaiters = append(tx.touchedWaiters, w.Key)
+		tx.removeReservationsFor(w.Key)
 		tx.record(OpExpired, &w.Owner, w.Key, uuids(w.Devices, plainDevice),
 			fmt.Sprintf("not seen retrying since %s (queue_ttl %s)", w.LastSeen.Format(time.RFC3339), ttl))
 	}
@@ -275,7 +410,7 @@ func (tx *Tx) heldBy(d devices.Device, containerID string) bool {
 // device busy. Whether a device is free is memoised per pass (hundreds of
 // waiters usually ask for the same few held devices) and forgotten whenever
 // a reservation is made.
-func (tx *Tx) reserveFreeDevices() {
+func (tx *Tx) reserveFreeDevices(consider func(*Waiter) bool) {
 	if len(tx.st.Waiters) == 0 {
 		return
 	}
@@ -305,31 +440,41 @@ func (tx *Tx) reserveFreeDevices() {
 		reserved[tx.st.Reservations[i].For] = struct{}{}
 	}
 	until := tx.now.Add(tx.l.opts.ReservationTTL)
+	// Most waiters of a long queue wait for a held device: the first
+	// device that is not free decides, so the lookups by container id and
+	// by key (each a hash of the string) come only after it.
 	for wi := range tx.st.Waiters {
 		w := &tx.st.Waiters[wi]
-		if _, done := reserved[w.Key]; len(w.Devices) == 0 || done {
-			continue // complete already (dropPartialReservations ran)
+		if len(w.Devices) == 0 || (consider != nil && !consider(w)) {
+			continue
 		}
-		// Devices the waiter's own container holds need no reservation
-		// (Busy ignores them); that is rare, so only then the slow path.
-		_, owns := holders[w.Owner.ContainerID]
-		owns = owns && w.Owner.ContainerID != ""
 		var need []devices.Device
 		all := true
+		ownsKnown, owns := false, false
 		for _, d := range w.Devices {
-			switch {
-			case isFree(d):
+			if isFree(d) {
 				need = append(need, d)
-			case owns && tx.heldBy(d, w.Owner.ContainerID) && !tx.reservedConflicting(d):
-			default:
-				all = false
+				continue
 			}
-			if !all {
-				break
+			// Devices the waiter's own container holds need no
+			// reservation (Busy ignores them); that is rare, so only
+			// then the slow path.
+			if !ownsKnown {
+				_, owns = holders[w.Owner.ContainerID]
+				owns = owns && w.Owner.ContainerID != ""
+				ownsKnown = true
 			}
+			if owns && tx.heldBy(d, w.Owner.ContainerID) && !tx.reservedConflicting(d) {
+				continue
+			}
+			all = false
+			break
 		}
 		if !all || len(need) == 0 {
 			continue
+		}
+		if _, done := reserved[w.Key]; done {
+			continue // complete already (dropPartialReservations ran)
 		}
 		got := make([]string, 0, len(need))
 		for _, d := range need {
@@ -348,4 +493,12 @@ func (tx *Tx) reserveFreeDevices() {
 // reserved for anyone.
 func (tx *Tx) reservedConflicting(d devices.Device) bool {
 	return slices.ContainsFunc(tx.st.Reservations, func(r Reservation) bool { return devices.Conflicts(r.Device, d) })
+}
+
+// sawWaiterAt keeps minLastSeen a lower bound when a waiter is added or
+// refreshed at t (a clock stepped back could make t the earliest).
+func (tx *Tx) sawWaiterAt(t time.Time) {
+	if tx.minKnown && t.Before(tx.minLastSeen) {
+		tx.minLastSeen = t
+	}
 }

@@ -18,12 +18,20 @@ import (
 // TestSettledSkipAgreesWithFullPass drives two ledgers through the same
 // random claims, releases, queue entries, withdrawals and clock jumps: one
 // through a single handle, whose Updates start from the state it committed
-// itself and so may skip the queue mechanics' second half (Tx.maintain), the
-// other through a fresh handle per step, which reads the files and always
-// runs them in full. After every step both must hold the same claims,
+// itself and so may skip the queue mechanics' second half (Tx.maintain),
+// the queue_ttl scan (Tx.expireWaiters) and, in the reservation pass, the
+// waiters nothing changed for (Tx.reserveCandidates), the other through a
+// fresh handle per step, which reads the files and always runs them in
+// full, every waiter looked at in every pass. After every step both must hold the same claims,
 // waiters, reservations, conflicts and cordons (cordons and draining claims
 // change what the queue pass may reserve).
 func TestSettledSkipAgreesWithFullPass(t *testing.T) {
+	for _, seed := range []uint64{13, 14, 15, 16} {
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { settledAgreesWithFullPass(t, seed) })
+	}
+}
+
+func settledAgreesWithFullPass(t *testing.T, seed uint64) {
 	c := newClock()
 	opts := testOptions(c)
 	opts.QueueTTL, opts.ReservationTTL = 10*time.Minute, 3*time.Minute
@@ -33,7 +41,7 @@ func TestSettledSkipAgreesWithFullPass(t *testing.T) {
 	freshDir := t.TempDir()
 
 	pool := []devices.Device{gpu(0), gpu(1), gpu(2), gpu(3), mig(4, 0), mig(4, 1), gpu(4)}
-	rng := rand.New(rand.NewPCG(13, 7))
+	rng := rand.New(rand.NewPCG(seed, 7))
 	pick := func() []devices.Device {
 		n := 1 + rng.IntN(2)
 		out := make([]devices.Device, 0, n)
@@ -69,18 +77,35 @@ func TestSettledSkipAgreesWithFullPass(t *testing.T) {
 				tx.Uncordon(want[0].UUID, "test")
 			case 8:
 				tx.MarkDraining(id, "stopped")
+			case 9: // queued whatever is free (a retry asking for other devices)
+				tx.Enqueue(key, o, want)
 			}
 		}
 	}
-	skipped := 0
+	skipped, scans, scanSkips := 0, 0, 0
 	for i := range 600 {
 		if rng.IntN(4) == 0 {
 			c.Advance(time.Duration(rng.IntN(5*60)) * time.Second)
 		}
-		fn := step(rng.IntN(9), rng.IntN(10), pick())
+		fn := step(rng.IntN(10), rng.IntN(10), pick())
+		// Whether the kept handle's Update may skip the queue_ttl scan
+		// (its cached lower bound of LastSeen is not yet past the cutoff).
+		if cur := kept.cached(); cur != nil && cur.minKnown && len(cur.st.Waiters) > 0 {
+			if cur.minLastSeen.Before(c.Now().Add(-opts.QueueTTL)) {
+				scans++
+			} else {
+				scanSkips++
+			}
+		}
 		update(t, kept, fn)
+		if cur := kept.cached(); cur != nil && cur.minKnown {
+			for _, w := range cur.st.Waiters {
+				require.False(t, w.LastSeen.Before(cur.minLastSeen), "step %d: waiter %s last seen %s, before the bound %s", i, w.Key, w.LastSeen, cur.minLastSeen)
+			}
+		}
 		fresh, err := Open(freshDir, opts)
 		require.NoError(t, err)
+		fresh.fullPasses = true // the reference: every waiter looked at in every pass
 		update(t, fresh, fn)
 
 		a, b := queueOf(snapshot(t, kept)), queueOf(snapshot(t, fresh))
@@ -92,6 +117,9 @@ func TestSettledSkipAgreesWithFullPass(t *testing.T) {
 	// The comparison means something only if the kept handle started from a
 	// settled state most of the time.
 	require.Greater(t, skipped, 300, "the kept handle's commits were not marked settled")
+	// And only if it both skipped the expiry scan and had to scan.
+	require.Greater(t, scanSkips, 100, "the kept handle never skipped the queue_ttl scan")
+	require.Greater(t, scans, 10, "the kept handle never had a waiter that could expire")
 
 	// A commit of another process makes the kept handle's cache unsettled.
 	other, err := Open(kept.Dir(), opts)

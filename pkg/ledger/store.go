@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"syscall"
+	"time"
 )
 
 // fileID identifies one version of a file: the same inode, size and times
@@ -52,6 +53,12 @@ type loaded struct {
 	// nothing expires (see Tx.maintain). Never set for a state read from
 	// the files.
 	settled bool
+	// minLastSeen, when minKnown, is at most the LastSeen of every waiter
+	// of st: the queue_ttl expiry has nothing to do before
+	// minLastSeen+queue_ttl. Known only for a state this process
+	// committed (see Tx.expireWaiters).
+	minLastSeen time.Time
+	minKnown    bool
 }
 
 // openRegular opens a ledger file for reading without following a symlink
@@ -254,6 +261,7 @@ func (l *Ledger) readJournalTail(jf *os.File, c *loaded, id fileID) (loaded, err
 	}
 	next.st, next.jEnd = st, ends[len(ends)-1]
 	next.settled = false // another writer's commits
+	next.minKnown = false
 	return next, nil
 }
 

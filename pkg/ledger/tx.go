@@ -42,7 +42,17 @@ type Tx struct {
 	// baseSettled: the Tx started from a state this process committed after
 	// the queue mechanics ran (loaded.settled); see maintain.
 	baseSettled bool
-	closed      bool
+	// expiryRan: expireWaiters scanned the waiters at tx.now, and every
+	// waiter the Tx adds or refreshes is last seen at tx.now, so there is
+	// nothing more to expire in this Tx. minLastSeen, when minKnown, is at
+	// most the LastSeen of every waiter of st (see expireWaiters).
+	expiryRan   bool
+	minLastSeen time.Time
+	minKnown    bool
+	// fixed, when set, is what the reservation pass depends on as it was
+	// when the waiters were last its fixed point (see reserveCandidates).
+	fixed  *queueFixed
+	closed bool
 	// freshLineage: the state got its lineage from this Update's load (it
 	// started empty, or its file had none) and it is not stored yet.
 	freshLineage bool
@@ -321,6 +331,7 @@ func (tx *Tx) Enqueue(key string, owner Owner, devs []devices.Device) (position,
 	if i := tx.waiterIndex(key); i >= 0 {
 		w := &tx.ownWaiters()[i]
 		w.LastSeen = tx.now
+		tx.sawWaiterAt(tx.now)
 		w.Owner = owner
 		w.Devices = slices.Clone(devs)
 		until := tx.now.Add(tx.l.opts.ReservationTTL)
@@ -337,6 +348,7 @@ func (tx *Tx) Enqueue(key string, owner Owner, devs []devices.Device) (position,
 		tx.st.Waiters = append(tx.ownWaiters(), Waiter{
 			Key: key, Seq: seq, Devices: slices.Clone(devs), Owner: owner, FirstSeen: tx.now, LastSeen: tx.now,
 		})
+		tx.sawWaiterAt(tx.now)
 		tx.record(OpEnqueue, &owner, key, uuids(devs, plainDevice), fmt.Sprintf("arrival %d", seq))
 	}
 	tx.touchedWaiters = append(tx.touchedWaiters, key)
