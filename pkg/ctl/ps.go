@@ -141,18 +141,7 @@ func (a *app) ps(ctx context.Context) (*psView, error) {
 
 // buildPS joins a report with the names the ledger knows.
 func buildPS(r observe.Report, st *ledger.State) *psView {
-	known := map[string]ledger.Owner{}
-	for _, w := range st.Waiters {
-		if w.Owner.ContainerID != "" {
-			known[w.Owner.ContainerID] = w.Owner
-		}
-	}
-	for _, c := range st.Conflicts {
-		known[c.Owner.ContainerID] = c.Owner
-	}
-	for _, c := range st.Claims {
-		known[c.Owner.ContainerID] = c.Owner
-	}
+	known := st.Owners()
 	verdicts := map[string]string{} // device UUID + pid → verdict
 	v := &psView{Time: r.Time, Devices: []psDevice{}, Problems: []problem{}}
 	for _, f := range r.Findings {

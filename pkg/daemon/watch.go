@@ -322,24 +322,6 @@ func holdingOf(c ledger.Claim) observe.Holding {
 	return h
 }
 
-// names maps container ids to the owners the ledger knows (holders,
-// conflicting containers, waiters): how a finding names a container.
-func names(st *ledger.State) map[string]ledger.Owner {
-	out := map[string]ledger.Owner{}
-	for _, w := range st.Waiters {
-		if w.Owner.ContainerID != "" {
-			out[w.Owner.ContainerID] = w.Owner
-		}
-	}
-	for _, c := range st.Conflicts {
-		out[c.Owner.ContainerID] = c.Owner
-	}
-	for _, c := range st.Claims {
-		out[c.Owner.ContainerID] = c.Owner
-	}
-	return out
-}
-
 func findingKey(f observe.Finding) string {
 	return fmt.Sprintf("%s|%s|%d|%s", f.Kind, f.Device.UUID, f.PID, f.ContainerID)
 }
@@ -358,7 +340,7 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 	g := w.guard()
 	var known map[string]ledger.Owner
 	if st, err := g.Ledger().Snapshot(ctx); err == nil {
-		known = names(&st)
+		known = st.Owners()
 	}
 	current := map[string]observe.FileFinding{}
 	var errs []string

@@ -45,3 +45,23 @@ func (s *State) Clone() State {
 	}
 	return c
 }
+
+// Owners maps the container ids the state knows to their owners: holders,
+// containers in conflict records and waiters (a holder's entry wins over a
+// conflict's, which wins over a waiter's). It is how a process found on a
+// GPU is named by the container it belongs to.
+func (s *State) Owners() map[string]Owner {
+	out := make(map[string]Owner, len(s.Claims)+len(s.Conflicts)+len(s.Waiters))
+	for _, w := range s.Waiters {
+		if w.Owner.ContainerID != "" {
+			out[w.Owner.ContainerID] = w.Owner
+		}
+	}
+	for _, c := range s.Conflicts {
+		out[c.Owner.ContainerID] = c.Owner
+	}
+	for _, c := range s.Claims {
+		out[c.Owner.ContainerID] = c.Owner
+	}
+	return out
+}

@@ -50,3 +50,19 @@ func TestCloneSharesNothing(t *testing.T) {
 	assert.NotNil(t, c.Waiters[3].Devices)
 	assert.Empty(t, c.Waiters[3].Devices)
 }
+
+// Owners names every container the state knows, a holder's entry over a
+// conflict's over a waiter's, and skips waiters without a container id.
+func TestStateOwners(t *testing.T) {
+	held := Owner{ContainerID: "a", Pod: "holder"}
+	st := State{
+		Claims:    []Claim{{Device: gpu(0), Owner: held}},
+		Conflicts: []Conflict{{Device: gpu(0), Owner: Owner{ContainerID: "a", Pod: "conflict"}}, {Device: gpu(1), Owner: Owner{ContainerID: "b", Pod: "conflict"}}},
+		Waiters:   []Waiter{{Key: "k1", Owner: Owner{ContainerID: "b", Pod: "waiter"}}, {Key: "k2", Owner: Owner{ContainerID: "c", Pod: "waiter"}}, {Key: "k3"}},
+	}
+	got := st.Owners()
+	assert.Len(t, got, 3)
+	assert.Equal(t, "holder", got["a"].Pod)
+	assert.Equal(t, "conflict", got["b"].Pod)
+	assert.Equal(t, "waiter", got["c"].Pod)
+}
