@@ -218,7 +218,7 @@ func pauseGC() (restore func()) {
 		gcPause.pct = int64(debug.SetGCPercent(-1))
 		gcPause.limit = debug.SetMemoryLimit(-1)
 		if gcPause.limit == math.MaxInt64 {
-			debug.SetMemoryLimit(1 << 30)
+			debug.SetMemoryLimit(256 << 20) // far above a few-MB ledger; a kind bound on a small node
 		}
 	}
 	gcPause.n++
