@@ -111,6 +111,11 @@ type Request struct {
 	// CAP_SYS_ADMIN but a device cgroup that allows only /dev/nvidia0 can
 	// open GPU 0 and nothing else, so that node is a request.
 	AllDevicesAllowed bool
+	// GPUNodesAllowed: the device cgroup lets the container read or write
+	// every GPU node (NVIDIA's major with any minor), whether or not the
+	// nodes are listed: it can open every GPU, and is resolved under
+	// policy.privileged like a privileged container (see ApplyDeviceRules).
+	GPUNodesAllowed bool
 }
 
 // LinuxDevice is one entry of the spec's linux.devices.

@@ -3,7 +3,12 @@
 
 package devices
 
-import "strings"
+import (
+	"slices"
+	"strings"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
+)
 
 // DeviceRule is one device cgroup rule of a container (the OCI spec's
 // linux.resources.devices, NRI's LinuxDeviceCgroup). A nil Major or Minor,
@@ -34,4 +39,71 @@ func AllowsAllDevices(rules []DeviceRule) bool {
 			(strings.ContainsRune(r.Access, 'r') && strings.ContainsRune(r.Access, 'w') && strings.ContainsRune(r.Access, 'm')))
 	}
 	return all
+}
+
+// ApplyDeviceRules records on req what the container's device cgroup rules
+// let it open, beyond the device nodes its spec lists. A node can reach a
+// container other ways than linux.devices (mknod with CAP_MKNOD, a bind
+// mount of the host's /dev), and then the device cgroup is what decides
+// whether the container can open it. So a rule that lets the container read
+// or write a GPU node is a request for that GPU, whether or not the node is
+// listed: one for NVIDIA's major with any minor (or for any major) sets
+// GPUNodesAllowed, which the resolver treats as privileged device access;
+// one for a single GPU minor adds that node to Devices, as if listed.
+// Call it after Devices is filled.
+func (req *Request) ApplyDeviceRules(rules []DeviceRule) {
+	req.AllDevicesAllowed = AllowsAllDevices(rules)
+	all, minors := gpuNodeAccess(rules)
+	req.GPUNodesAllowed = all
+	for _, m := range minors {
+		listed := false
+		for _, d := range req.Devices {
+			if maj, min, _ := nodeNumbers(d); maj == nvidiaMajor && min == m {
+				listed = true
+				break
+			}
+		}
+		if !listed {
+			req.Devices = append(req.Devices, LinuxDevice{Path: "(device cgroup rule)", Type: "c", Major: nvidiaMajor, Minor: m})
+		}
+	}
+}
+
+// gpuNodeAccess walks the rules in order, the later rule deciding for what
+// it covers as in the kernel's device cgroup, and reports whether the
+// container may read or write every GPU node (all) or which GPU minors it
+// may. A rule that grants only mknod ("m") opens nothing and is no grant;
+// a deny that takes away reading or writing takes the grant back.
+func gpuNodeAccess(rules []DeviceRule) (all bool, minors []int64) {
+	allowed := map[int64]bool{}
+	for _, r := range rules {
+		if r.Type != "" && r.Type != "a" && r.Type != "c" {
+			continue
+		}
+		if r.Major != nil && *r.Major >= 0 && *r.Major != nvidiaMajor {
+			continue
+		}
+		opens := r.Access == "" || strings.ContainsAny(r.Access, "rw")
+		if !opens {
+			continue
+		}
+		if r.Minor == nil || *r.Minor < 0 {
+			all = r.Allow
+			clear(allowed)
+			continue
+		}
+		if m := *r.Minor; m >= 0 && m <= gpuid.MaxGPUMinor {
+			allowed[m] = r.Allow
+		}
+	}
+	if all {
+		return true, nil
+	}
+	for m, ok := range allowed {
+		if ok {
+			minors = append(minors, m)
+		}
+	}
+	slices.Sort(minors)
+	return false, minors
 }

@@ -86,15 +86,19 @@ const maxReported = 16
 // Resolution is empty: nothing may be claimed for an unresolved request.
 func (r *Resolver) Resolve(req Request) (Resolution, error) {
 	b := r.newBuilder()
-	if req.Privileged {
+	if req.Privileged || req.GPUNodesAllowed {
+		what := "privileged container (CAP_SYS_ADMIN)"
+		if !req.Privileged {
+			what = "container whose device cgroup lets it open every GPU node (c 195:*)"
+		}
 		switch r.policy.Privileged {
 		case config.PrivilegedReject:
-			return Resolution{}, fmt.Errorf("privileged container (CAP_SYS_ADMIN): %w (policy.privileged = %q): it can open every GPU; run it unprivileged and name its GPUs",
-				ErrPrivilegedRejected, config.PrivilegedReject)
+			return Resolution{}, fmt.Errorf("%s: %w (policy.privileged = %q): it can open every GPU; run it unprivileged and name its GPUs",
+				what, ErrPrivilegedRejected, config.PrivilegedReject)
 		case config.PrivilegedAll:
 			b.claimAll(srcPrivileged)
 		default:
-			b.note("privileged container: claims only the GPUs it names (policy.privileged = \"declared\"), though it can open every GPU")
+			b.note(what + ": claims only the GPUs it names (policy.privileged = \"declared\"), though it can open every GPU")
 			// Engines add every host device node to a privileged container
 			// (podman, containerd's CRI): the nodes say nothing about what it
 			// asked for, so only the other sources name its GPUs. Only when
@@ -117,7 +121,7 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 		return Resolution{}, errors.Join(b.errs...)
 	}
 	sort.Slice(b.found, func(i, j int) bool { return b.found[i].UUID < b.found[j].UUID })
-	return Resolution{Devices: b.found, All: b.all, Privileged: req.Privileged, Notes: b.notes}, nil
+	return Resolution{Devices: b.found, All: b.all, Privileged: req.Privileged || req.GPUNodesAllowed, Notes: b.notes}, nil
 }
 
 const srcPrivileged = "privileged"

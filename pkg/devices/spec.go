@@ -40,18 +40,18 @@ func RequestFromSpec(spec *specs.Spec) Request {
 			req.Mounts[i] = m.Destination
 		}
 	}
-	if l := spec.Linux; l != nil && l.Resources != nil {
-		rules := make([]DeviceRule, len(l.Resources.Devices))
-		for i, r := range l.Resources.Devices {
-			rules[i] = DeviceRule{Allow: r.Allow, Type: r.Type, Major: r.Major, Minor: r.Minor, Access: r.Access}
-		}
-		req.AllDevicesAllowed = AllowsAllDevices(rules)
-	}
 	if l := spec.Linux; l != nil && len(l.Devices) > 0 {
 		req.Devices = make([]LinuxDevice, len(l.Devices))
 		for i, d := range l.Devices {
 			req.Devices[i] = LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor}
 		}
+	}
+	if l := spec.Linux; l != nil && l.Resources != nil {
+		rules := make([]DeviceRule, len(l.Resources.Devices))
+		for i, r := range l.Resources.Devices {
+			rules[i] = DeviceRule{Allow: r.Allow, Type: r.Type, Major: r.Major, Minor: r.Minor, Access: r.Access}
+		}
+		req.ApplyDeviceRules(rules)
 	}
 	return req
 }

@@ -26,7 +26,7 @@ import (
 // nvidia-caps and nvidia-uvm majors are assigned at module load, from the
 // kernel's dynamic ranges (234-254, 384-511).
 func NeverClaims(req devices.Request) bool {
-	if req.Privileged {
+	if req.Privileged || req.GPUNodesAllowed {
 		return false
 	}
 	for _, d := range req.Devices {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
 
@@ -269,10 +270,15 @@ func TestAllPrivilegedAndDeviceNodeConflicts(t *testing.T) {
 			wantErr:   "privileged",
 		},
 		{
-			name:      "unprivileged device rules are not privileged",
+			// Not privileged (privileged = "reject" does not refuse it), but
+			// a device cgroup that lets it open /dev/nvidia1 is a request for
+			// GPU 1 even without the node listed (mknod, a bind-mounted /dev):
+			// it waits for the holder instead of sharing the GPU.
+			name:      "unprivileged device rules are not privileged, but a GPU rule is a request",
 			mutate:    func(c *config.Config) { c.Policy.Privileged = config.PrivilegedReject },
 			holderEnv: "NVIDIA_VISIBLE_DEVICES=1",
 			build:     func(c *api.Container) { c.Linux.Resources = denyAllThenNvidia1 },
+			wantErr:   "GPU 1 (" + gpuUUID(1) + ") is held by ml/a/main (id holder-1)",
 			wantHeld:  map[string]string{"1": "holder-1"},
 		},
 		{
@@ -514,7 +520,7 @@ func TestAllDevicesAllowed(t *testing.T) {
 		{"all char devices only", []*api.LinuxDeviceCgroup{{Allow: true, Type: "c", Access: "rwm"}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			assert.Equal(t, tc.want, allDevicesAllowed(tc.rules))
+			assert.Equal(t, tc.want, devices.AllowsAllDevices(deviceRules(tc.rules)))
 		})
 	}
 }

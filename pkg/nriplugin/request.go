@@ -96,13 +96,13 @@ func specOf(ctr *api.Container) devices.Request {
 	}
 	// NRI does not carry the CRI "privileged" flag; what privileged means
 	// for device access is exactly a device cgroup that allows everything.
-	req.Privileged = allDevicesAllowed(linux.GetResources().GetDevices())
-	req.AllDevicesAllowed = req.Privileged
+	req.ApplyDeviceRules(deviceRules(linux.GetResources().GetDevices()))
+	req.Privileged = req.AllDevicesAllowed
 	return req
 }
 
-// allDevicesAllowed is devices.AllowsAllDevices over NRI's rules.
-func allDevicesAllowed(rules []*api.LinuxDeviceCgroup) bool {
+// deviceRules converts NRI's device cgroup rules.
+func deviceRules(rules []*api.LinuxDeviceCgroup) []devices.DeviceRule {
 	out := make([]devices.DeviceRule, 0, len(rules))
 	for _, r := range rules {
 		d := devices.DeviceRule{Allow: r.GetAllow(), Type: r.GetType(), Access: r.GetAccess()}
@@ -116,5 +116,5 @@ func allDevicesAllowed(rules []*api.LinuxDeviceCgroup) bool {
 		}
 		out = append(out, d)
 	}
-	return devices.AllowsAllDevices(out)
+	return out
 }

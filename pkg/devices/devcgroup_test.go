@@ -1,0 +1,95 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package devices
+
+import (
+	"testing"
+
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+)
+
+func rule(allow bool, typ string, major, minor int64, access string) DeviceRule {
+	r := DeviceRule{Allow: allow, Type: typ, Access: access}
+	if major >= 0 {
+		r.Major = &major
+	}
+	if minor >= 0 {
+		r.Minor = &minor
+	}
+	return r
+}
+
+// A device cgroup rule that lets a container read or write a GPU node is a
+// request for that GPU, listed node or not: the later rule decides, mknod
+// alone opens nothing.
+func TestGPUNodeAccess(t *testing.T) {
+	denyAll := rule(false, "a", -1, -1, "rwm")
+	for _, tc := range []struct {
+		name   string
+		rules  []DeviceRule
+		all    bool
+		minors []int64
+	}{
+		{"no rules", nil, false, nil},
+		{"deny all", []DeviceRule{denyAll}, false, nil},
+		{"allow all (privileged)", []DeviceRule{rule(true, "a", -1, -1, "rwm")}, true, nil},
+		{"every NVIDIA node", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw")}, true, nil},
+		{"one GPU", []DeviceRule{denyAll, rule(true, "c", 195, 1, "rwm")}, false, []int64{1}},
+		{"two GPUs and nvidiactl", []DeviceRule{denyAll, rule(true, "c", 195, 3, "rw"), rule(true, "c", 195, 255, "rw"), rule(true, "c", 195, 0, "r")}, false, []int64{0, 3}},
+		{"mknod only (CRI default)", []DeviceRule{denyAll, rule(true, "c", -1, -1, "m"), rule(true, "b", -1, -1, "m")}, false, nil},
+		{"other majors", []DeviceRule{denyAll, rule(true, "c", 1, 3, "rwm"), rule(true, "c", 136, -1, "rwm")}, false, nil},
+		{"block device rule", []DeviceRule{denyAll, rule(true, "b", 195, 1, "rwm")}, false, nil},
+		{"taken back by a later deny", []DeviceRule{rule(true, "c", 195, 1, "rw"), rule(false, "c", 195, 1, "rw")}, false, nil},
+		{"taken back by a later deny all", []DeviceRule{rule(true, "c", 195, -1, "rw"), denyAll}, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			all, minors := gpuNodeAccess(tc.rules)
+			assert.Equal(t, tc.all, all)
+			assert.Equal(t, tc.minors, minors)
+		})
+	}
+}
+
+// Through the resolver: a rule for one GPU claims it like its node would
+// (once, even when the node is listed too); a rule for every GPU node is
+// resolved under policy.privileged, without CAP_SYS_ADMIN.
+func TestDeviceRulesAreRequests(t *testing.T) {
+	inv := testInventory(t)
+	c195 := int64(195)
+	one := int64(1)
+	spec := func(rules ...specs.LinuxDeviceCgroup) *specs.Spec {
+		return &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{Resources: &specs.LinuxResources{Devices: rules}}}
+	}
+	denyAll := specs.LinuxDeviceCgroup{Allow: false, Access: "rwm"}
+
+	req := RequestFromSpec(spec(denyAll, specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &c195, Minor: &one, Access: "rwm"}))
+	assert.False(t, req.Privileged)
+	res, err := NewResolver(inv, defaultPolicy()).Resolve(req)
+	require.NoError(t, err)
+	require.Len(t, res.Devices, 1)
+	assert.Equal(t, "3", res.Devices[0].Index, "GPU 3 is /dev/nvidia1 here")
+
+	listed := spec(denyAll, specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &c195, Minor: &one, Access: "rwm"})
+	listed.Linux.Devices = []specs.LinuxDevice{{Path: "/dev/nvidia1", Type: "c", Major: 195, Minor: 1}}
+	req = RequestFromSpec(listed)
+	assert.Len(t, req.Devices, 1, "the listed node is not added twice")
+
+	every := RequestFromSpec(spec(denyAll, specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &c195, Access: "rw"}))
+	assert.True(t, every.GPUNodesAllowed)
+	assert.False(t, every.AllDevicesAllowed)
+	strict := defaultPolicy()
+	strict.Privileged = config.PrivilegedReject
+	_, err = NewResolver(inv, strict).Resolve(every)
+	require.ErrorIs(t, err, ErrPrivilegedRejected)
+	assert.Contains(t, err.Error(), "device cgroup lets it open every GPU node")
+	all := defaultPolicy()
+	all.Privileged = config.PrivilegedAll
+	res, err = NewResolver(inv, all).Resolve(every)
+	require.NoError(t, err)
+	assert.Len(t, res.Devices, len(inv.GPUs))
+}
