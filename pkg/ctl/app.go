@@ -201,8 +201,9 @@ func (a *app) requireRoot(what string) error {
 // concurrently in one process).
 var gcPause struct {
 	sync.Mutex
-	n          int
-	pct, limit int64
+	n     int
+	pct   int
+	limit int64
 }
 
 // pauseGC turns the garbage collector off, under a memory limit, until the
@@ -215,7 +216,7 @@ func pauseGC() (restore func()) {
 	gcPause.Lock()
 	defer gcPause.Unlock()
 	if gcPause.n == 0 {
-		gcPause.pct = int64(debug.SetGCPercent(-1))
+		gcPause.pct = debug.SetGCPercent(-1)
 		gcPause.limit = debug.SetMemoryLimit(-1)
 		if gcPause.limit == math.MaxInt64 {
 			debug.SetMemoryLimit(256 << 20) // far above a few-MB ledger; a kind bound on a small node
@@ -227,7 +228,7 @@ func pauseGC() (restore func()) {
 		defer gcPause.Unlock()
 		if gcPause.n--; gcPause.n == 0 {
 			debug.SetMemoryLimit(gcPause.limit)
-			debug.SetGCPercent(int(gcPause.pct))
+			debug.SetGCPercent(gcPause.pct)
 		}
 	}
 }

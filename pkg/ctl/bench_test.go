@@ -27,12 +27,7 @@ func BenchmarkStatus(b *testing.B) {
 	for _, output := range []string{outputTable, outputJSON} {
 		b.Run(output, func(b *testing.B) {
 			f := newFixture(b)
-			gpus := make([]devices.GPU, 64)
-			for i := range gpus {
-				gpus[i] = devices.GPU{Index: i, UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-000000000000", i), Minor: i, Model: "NVIDIA H100 80GB HBM3"}
-			}
-			inv, err := devices.NewInventory("nvml", gpus)
-			require.NoError(b, err)
+			inv := benchInventory(b)
 			require.NoError(b, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), inv))
 			devs := inv.Devices()
 
@@ -69,16 +64,38 @@ func BenchmarkStatus(b *testing.B) {
 // rendering it (the rest of BenchmarkStatus is reading and decoding files).
 func BenchmarkStatusRender(b *testing.B) {
 	f := newFixture(b)
+	inv, st := benchState(b, 0)
+	for b.Loop() {
+		v := buildStatus(&st, inv, inventoryInfo{Origin: "cache"}, guard.NewReleaseRule(config.Default(), f.liveness))
+		if err := v.render(io.Discard, outputTable, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// benchInventory is the benchmarks' host: 64 H100s.
+func benchInventory(b *testing.B) *devices.Inventory {
 	gpus := make([]devices.GPU, 64)
 	for i := range gpus {
 		gpus[i] = devices.GPU{Index: i, UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-000000000000", i), Minor: i, Model: "NVIDIA H100 80GB HBM3"}
 	}
 	inv, err := devices.NewInventory("nvml", gpus)
 	require.NoError(b, err)
+	return inv
+}
+
+// benchState is the render benchmarks' state on benchInventory: GPUs 0-31
+// held for an hour (the first `draining` of them draining for a minute) and
+// 1,000 waiters, each for two of the held GPUs.
+func benchState(b *testing.B, draining int) (*devices.Inventory, ledger.State) {
+	inv := benchInventory(b)
 	devs := inv.Devices()
 	var st ledger.State
 	for i := range 32 {
 		o := owner(fmt.Sprintf("%064x", i+1), "ns", fmt.Sprintf("holder-%d", i), "main", ledger.FrontEndNRI)
+		if i < draining {
+			o.DrainingSince = now.Add(-time.Minute)
+		}
 		st.Claims = append(st.Claims, ledger.Claim{Device: devs[i], Owner: o, Source: "env", Since: now.Add(-time.Hour)})
 	}
 	for i := range 1000 {
@@ -86,10 +103,5 @@ func BenchmarkStatusRender(b *testing.B) {
 		st.Waiters = append(st.Waiters, ledger.Waiter{Key: key(o), Seq: uint64(i), Owner: o,
 			Devices: []devices.Device{devs[i%32], devs[(i+1)%32]}, FirstSeen: now.Add(-time.Minute), LastSeen: now})
 	}
-	for b.Loop() {
-		v := buildStatus(&st, inv, inventoryInfo{Origin: "cache"}, guard.NewReleaseRule(config.Default(), f.liveness))
-		if err := v.render(io.Discard, outputTable, now); err != nil {
-			b.Fatal(err)
-		}
-	}
+	return inv, st
 }

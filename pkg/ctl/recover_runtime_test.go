@@ -102,8 +102,26 @@ func readTestdata(t *testing.T, name string) []byte {
 	return data
 }
 
-func hookHolder(id string, pid int, start uint64) ledger.Owner {
-	return ledger.Owner{ContainerID: id, FrontEnd: ledger.FrontEndHook, Pid: pid, PidStart: start, Cgroup: "/k8s.io/" + id}
+// claim commits, in a transaction of its own, a claim on the device uuid
+// for container id as the OCI hook records one.
+func (h *runtimeHost) claim(id string, pid int, start uint64, uuid string) {
+	t := h.t
+	o := ledger.Owner{ContainerID: id, FrontEnd: ledger.FrontEndHook, Pid: pid, PidStart: start, Cgroup: "/k8s.io/" + id}
+	h.update(t, now, func(tx *ledger.Tx) {
+		_, err := tx.Claim("", o, []devices.Device{h.dev(t, uuid)}, "env")
+		require.NoError(t, err)
+	})
+}
+
+// adopts is the audit log's adopt records.
+func (h *runtimeHost) adopts() []ledger.AuditRecord {
+	var out []ledger.AuditRecord
+	for _, rec := range h.audit(h.t) {
+		if rec.Op == ledger.OpAdopt {
+			out = append(out, rec)
+		}
+	}
+	return out
 }
 
 // TestRecoverAdoptsFromRuntimeState: on a hook host whose journal lost the
@@ -125,14 +143,8 @@ func TestRecoverAdoptsFromRuntimeState(t *testing.T) {
 	h.container("runc", "reused", pr, 12345, false, "NVIDIA_VISIBLE_DEVICES=3")
 	h.liveness["h1"] = "cgroup has no processes" // wrong, as a liveness check can be
 
-	h.update(t, now, func(tx *ledger.Tx) {
-		_, err := tx.Claim("", hookHolder("h1", p1, s1), []devices.Device{h.dev(t, uuidGPU1)}, "env")
-		require.NoError(t, err)
-	})
-	h.update(t, now, func(tx *ledger.Tx) {
-		_, err := tx.Claim("", hookHolder("h2", p2, s2), []devices.Device{h.dev(t, uuidGPU2)}, "env")
-		require.NoError(t, err)
-	})
+	h.claim("h1", p1, s1, uuidGPU1)
+	h.claim("h2", p2, s2, uuidGPU2)
 	journal := filepath.Join(h.dir, "ledger.journal")
 	data, err := os.ReadFile(journal)
 	require.NoError(t, err)
@@ -190,12 +202,7 @@ func TestRecoverAdoptsFromRuntimeState(t *testing.T) {
 	assert.Equal(t, map[string]string{uuidGPU1: "h1", uuidGPU2: "h2"}, got)
 	require.Len(t, st.Conflicts, 1)
 
-	var adopts []ledger.AuditRecord
-	for _, rec := range h.audit(t) {
-		if rec.Op == ledger.OpAdopt {
-			adopts = append(adopts, rec)
-		}
-	}
+	adopts := h.adopts()
 	require.Len(t, adopts, 1)
 	assert.Equal(t, "recover: found created in runc state ("+h.runcRoot+")", adopts[0].Reason)
 	assert.Equal(t, "h2", adopts[0].ContainerID)
@@ -213,10 +220,7 @@ func TestRecoverRuntimeScanNeedsTheInventory(t *testing.T) {
 	h := newRuntimeHost(t)
 	pid, start := h.process()
 	h.container("runc", "h2", pid, start, false, "NVIDIA_VISIBLE_DEVICES=2")
-	h.update(t, now, func(tx *ledger.Tx) {
-		_, err := tx.Claim("", hookHolder("h1", pid, start), []devices.Device{h.dev(t, uuidGPU1)}, "env")
-		require.NoError(t, err)
-	})
+	h.claim("h1", pid, start, uuidGPU1)
 	require.NoError(t, os.WriteFile(filepath.Join(h.dir, "ledger.json"), []byte("garbage"), 0o600))
 	h.setSource(t, "nvml") // no NVML here: the inventory does not load
 	require.NoError(t, os.Remove(filepath.Join(h.dir, "inventory.json")))
@@ -236,10 +240,7 @@ func TestResetAdoptsFromRuntimeState(t *testing.T) {
 	h := newRuntimeHost(t)
 	pid, start := h.process()
 	h.container("runc", "h2", pid, start, false, "NVIDIA_VISIBLE_DEVICES=2")
-	h.update(t, now, func(tx *ledger.Tx) {
-		_, err := tx.Claim("", hookHolder("h2", pid, start), []devices.Device{h.dev(t, uuidGPU2)}, "env")
-		require.NoError(t, err)
-	})
+	h.claim("h2", pid, start, uuidGPU2)
 	for _, name := range []string{"ledger.json", "ledger.journal"} {
 		require.NoError(t, os.WriteFile(filepath.Join(h.dir, name), []byte("garbage"), 0o600))
 	}
@@ -254,14 +255,9 @@ func TestResetAdoptsFromRuntimeState(t *testing.T) {
 	require.Len(t, st.Claims, 1)
 	assert.Equal(t, "h2", st.Claims[0].Owner.ContainerID)
 	assert.Equal(t, uuidGPU2, st.Claims[0].Device.UUID)
-	var adopt *ledger.AuditRecord
-	for _, rec := range h.audit(t) {
-		if rec.Op == ledger.OpAdopt {
-			adopt = &rec
-		}
-	}
-	require.NotNil(t, adopt)
-	assert.Equal(t, "reset: found running in runc state ("+h.runcRoot+")", adopt.Reason)
+	adopts := h.adopts()
+	require.Len(t, adopts, 1)
+	assert.Equal(t, "reset: found running in runc state ("+h.runcRoot+")", adopts[0].Reason)
 
 	// --no-runtime: empty, as before.
 	r = h.run(t, "recover", "--reset", "--no-runtime")
@@ -277,10 +273,7 @@ func TestRecoverHealthyLedgerReadsNoRuntime(t *testing.T) {
 	h := newRuntimeHost(t)
 	pid, start := h.process()
 	h.container("runc", "h2", pid, start, false, "NVIDIA_VISIBLE_DEVICES=2")
-	h.update(t, now, func(tx *ledger.Tx) {
-		_, err := tx.Claim("", hookHolder("h1", pid, start), []devices.Device{h.dev(t, uuidGPU1)}, "env")
-		require.NoError(t, err)
-	})
+	h.claim("h1", pid, start, uuidGPU1)
 	h.setSource(t, "nvml")
 	require.NoError(t, os.Remove(filepath.Join(h.dir, "inventory.json")))
 	r := h.run(t, "recover", "-o", "json")

@@ -6,7 +6,6 @@ package ctl
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -407,29 +406,11 @@ func TestStatusCordonJSONFieldsDocumented(t *testing.T) {
 // columns cost map lookups, not a scan of the cordons per row.
 func BenchmarkStatusRenderCordons(b *testing.B) {
 	f := newFixture(b)
-	gpus := make([]devices.GPU, 64)
-	for i := range gpus {
-		gpus[i] = devices.GPU{Index: i, UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-000000000000", i), Minor: i, Model: "NVIDIA H100 80GB HBM3"}
-	}
-	inv, err := devices.NewInventory("nvml", gpus)
-	require.NoError(b, err)
+	inv, st := benchState(b, 8)
 	devs := inv.Devices()
-	var st ledger.State
-	for i := range 32 {
-		o := owner(fmt.Sprintf("%064x", i+1), "ns", fmt.Sprintf("holder-%d", i), "main", ledger.FrontEndNRI)
-		if i < 8 {
-			o.DrainingSince = now.Add(-time.Minute)
-		}
-		st.Claims = append(st.Claims, ledger.Claim{Device: devs[i], Owner: o, Source: "env", Since: now.Add(-time.Hour)})
-	}
 	sources := []string{ledger.CordonOperator, ledger.CordonIntruder, ledger.CordonUnhealthy}
 	for i := 24; i < 40; i++ {
 		st.Cordons = append(st.Cordons, ledger.Cordon{Device: devs[i], Source: sources[i%3], Reason: "why", By: "who", Since: now.Add(-time.Hour)})
-	}
-	for i := range 1000 {
-		o := owner(fmt.Sprintf("%064x", 10_000+i), "ns", fmt.Sprintf("waiter-%d", i), "main", ledger.FrontEndNRI)
-		st.Waiters = append(st.Waiters, ledger.Waiter{Key: key(o), Seq: uint64(i), Owner: o,
-			Devices: []devices.Device{devs[i%32], devs[(i+1)%32]}, FirstSeen: now.Add(-time.Minute), LastSeen: now})
 	}
 	rule := guard.NewReleaseRule(config.Default(), f.liveness)
 	for b.Loop() {

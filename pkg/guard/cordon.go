@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -221,7 +222,7 @@ func cordonText(cordoned []ledger.CordonedDevice, now time.Time) string {
 		if arg == "" {
 			arg = k.Device.UUID
 		}
-		if !containsString(lift, arg) {
+		if !slices.Contains(lift, arg) {
 			lift = append(lift, arg)
 		}
 	}
@@ -250,15 +251,6 @@ func reasonOrNone(r string) string {
 	return r
 }
 
-func containsString(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
 func cordonAttrs(cordoned []ledger.CordonedDevice) string {
 	parts := make([]string, 0, len(cordoned))
 	for _, c := range cordoned {
@@ -284,7 +276,7 @@ func (g *Guard) drainPod(tx *ledger.Tx, podUID, sandboxID string) bool {
 	for _, c := range tx.State().Claims {
 		o := c.Owner
 		if ((podUID != "" && o.PodUID == podUID) || (sandboxID != "" && o.PodSandboxID == sandboxID)) &&
-			!containsString(ids, o.ContainerID) {
+			!slices.Contains(ids, o.ContainerID) {
 			ids = append(ids, o.ContainerID)
 		}
 	}
@@ -304,7 +296,7 @@ func (g *Guard) drainUnlisted(tx *ledger.Tx, fe ledger.FrontEnd, live []ledger.H
 	var ids []string
 	for _, c := range tx.State().Claims {
 		if c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID] && c.Owner.DrainingSince.IsZero() &&
-			!containsString(ids, c.Owner.ContainerID) {
+			!slices.Contains(ids, c.Owner.ContainerID) {
 			ids = append(ids, c.Owner.ContainerID)
 		}
 	}
