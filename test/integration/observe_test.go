@@ -168,7 +168,7 @@ func TestUncheckedContainerIsAnIntruder(t *testing.T) {
 
 	// status: the conflict from Synchronize and both intruders; exit 3.
 	out, err := g.TryCtl("status", "-o", "json")
-	require.Error(t, err, "status exits 3")
+	require.Equal(t, statusAttention, exitCode(err), "status exits 3: %v", err)
 	var st struct {
 		Problems []struct {
 			Kind        string `json:"kind"`
