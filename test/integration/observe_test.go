@@ -24,9 +24,18 @@ import (
 
 var (
 	fakeNVMLOnce sync.Once
+	fakeNVMLDir  string
 	fakeNVMLBin  string
 	fakeNVMLErr  error
 )
+
+// removeFakeNVMLGuard removes the fakenvml build at the end of the run
+// (the next run's sweep would otherwise find it, left behind).
+func removeFakeNVMLGuard() {
+	if fakeNVMLDir != "" {
+		_ = os.RemoveAll(fakeNVMLDir)
+	}
+}
 
 // fakeNVMLGuard builds nri-gpu-guard with the fakenvml tag once per run: the
 // daemon under test, whose observer's NVML is go-nvml's mock fed by a JSON
@@ -39,6 +48,7 @@ func fakeNVMLGuard(t *testing.T) string {
 			fakeNVMLErr = err
 			return
 		}
+		fakeNVMLDir = dir
 		fakeNVMLBin = filepath.Join(dir, "nri-gpu-guard-fakenvml")
 		cmd := exec.Command("go", "build", "-tags", "nri_no_wasm fakenvml", "-o", fakeNVMLBin, "./cmd/nri-gpu-guard")
 		cmd.Dir = RepoRoot
