@@ -213,11 +213,15 @@ func TestUncheckedContainerIsAnIntruder(t *testing.T) {
 	audit, err := os.ReadFile(filepath.Join(g.StateDir, "audit.log"))
 	require.NoError(t, err)
 	assert.Equal(t, 2, strings.Count(string(audit), `"op":"intruder"`), string(audit))
-	resp, err := http.Get("http://" + g.MetricsAddr + "/metrics")
+	// A bounded client: a daemon that stops answering fails the test
+	// instead of hanging it until go test's own timeout.
+	cl := http.Client{Timeout: cmdTimeout}
+	resp, err := cl.Get("http://" + g.MetricsAddr + "/metrics")
 	require.NoError(t, err)
 	body, err := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
 	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 	for _, gpu := range []string{gpu1.UUID, gpu2.UUID} {
 		assert.Regexp(t, `nri_gpu_guard_intruders\{device_index="\d+",device_uuid="`+gpu+`"\} 1`, string(body))
 	}
