@@ -176,12 +176,14 @@ func TestSIGTERMEndsEveryCommand(t *testing.T) {
 
 	for _, tc := range []struct {
 		name string
-		args func(h *host) ([]byte, string, []string)
+		// args gets the subtest's t: a failure inside it must end the
+		// subtest, not the parent from the subtest's goroutine.
+		args func(t *testing.T, h *host) ([]byte, string, []string)
 	}{
-		{"hook create-runtime, ledger lock held", func(h *host) ([]byte, string, []string) {
+		{"hook create-runtime, ledger lock held", func(t *testing.T, h *host) ([]byte, string, []string) {
 			return h.state("c2", h.ctrProcess(), gpuEnv(2)), hookBin, []string{hook.PhaseCreateRuntime, "--config", h.slowLockCfg(t)}
 		}},
-		{"gpu-guard-ctl release of holder h1, ledger lock held", func(h *host) ([]byte, string, []string) {
+		{"gpu-guard-ctl release of holder h1, ledger lock held", func(t *testing.T, h *host) ([]byte, string, []string) {
 			return nil, ctlBin, []string{"--config", h.slowLockCfg(t), "release", "--container", "h1", "--reason", "test"}
 		}},
 	} {
@@ -190,7 +192,7 @@ func TestSIGTERMEndsEveryCommand(t *testing.T) {
 			before, err := h.snapshot()
 			require.NoError(t, err)
 			h.holdLock(t)
-			stdin, bin, args := tc.args(h.host)
+			stdin, bin, args := tc.args(t, h.host)
 			p := startProc(t, stdin, bin, args...)
 			lock := filepath.Join(h.stateDir, "ledger.lock")
 			h.waitFor("the command opened the ledger lock", func() bool { return opened(p.cmd.Process.Pid, lock) || p.exited() })

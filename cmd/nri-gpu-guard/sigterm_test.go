@@ -192,7 +192,7 @@ func TestDaemonEndsOnSIGTERM(t *testing.T) {
 		name  string
 		setup func(t *testing.T, socket string) func(p *daemonProc)
 	}{
-		{"no socket, retrying", func(*testing.T, string) func(p *daemonProc) {
+		{"no socket, retrying", func(t *testing.T, _ string) func(p *daemonProc) {
 			return func(p *daemonProc) { p.waitLine(t, "cannot register with the runtime; retrying") }
 		}},
 		{"socket never answers", func(t *testing.T, socket string) func(p *daemonProc) {

@@ -431,6 +431,23 @@ func runTool(env []string, bin string, args ...string) (string, error) {
 	return stdout.String(), nil
 }
 
+// exitCode is the exit status of a tool runTool ran: 0 for no error, -1
+// when the tool did not exit by itself (it could not start, or was killed).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+// statusAttention is `gpu-guard-ctl status`'s documented exit status when a
+// problem (a conflict, a stale claim, an intruder) needs an operator.
+const statusAttention = 3
+
 // uniqueFile returns a new path in the temp dir for a generated file.
 func (c *Containerd) uniqueFile(name string) string {
 	c.mu.Lock()

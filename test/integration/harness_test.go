@@ -84,6 +84,7 @@ func runTests(m *testing.M) int {
 		return 1
 	}
 	defer cleanup()
+	defer removeFakeNVMLGuard()
 	code := m.Run()
 	if err := closeShared(); err != nil {
 		fmt.Fprintf(os.Stderr, "integration: tearing down the shared containerd: %v\n", err)

@@ -65,11 +65,13 @@ type statusDevice struct {
 	Stale string `json:"stale"`
 }
 
-func deviceStatus(t *testing.T, g *Guard, i int) statusDevice {
+// The second result is status's exit code: 0, or 3 (attention: a stale
+// claim), which still prints the status; any other failure is one.
+func deviceStatus(t *testing.T, g *Guard, i int) (statusDevice, int) {
 	t.Helper()
-	// Exit code 3 (attention: a stale claim) still prints the status.
 	out, err := g.TryCtl("status", "-o", "json")
-	if err != nil && strings.TrimSpace(out) == "" {
+	code := exitCode(err)
+	if code != 0 && code != statusAttention {
 		t.Fatalf("gpu-guard-ctl status: %v", err)
 	}
 	var st struct {
@@ -78,11 +80,11 @@ func deviceStatus(t *testing.T, g *Guard, i int) statusDevice {
 	require.NoError(t, json.Unmarshal([]byte(out), &st), "status output: %s", out)
 	for _, d := range st.Devices {
 		if d.Index == strconv.Itoa(i) {
-			return d
+			return d, code
 		}
 	}
 	t.Fatalf("GPU %d not in the status: %s", i, out)
-	return statusDevice{}
+	return statusDevice{}, code
 }
 
 // TestExitedHolderIsSeenThroughItsCgroup: the holder's process dies while
@@ -100,10 +102,11 @@ func TestExitedHolderIsSeenThroughItsCgroup(t *testing.T) {
 	pid := containerPid(t, c, aID)
 	shim := parentPid(t, pid)
 
-	d := deviceStatus(t, g, 0)
+	d, code := deviceStatus(t, g, 0)
 	require.NotNil(t, d.Holder)
 	assert.Equal(t, aID, d.Holder.ContainerID)
 	assert.Empty(t, d.Stale, "a running holder is not stale")
+	assert.Equal(t, 0, code, "status of a running holder needs no attention")
 
 	require.NoError(t, syscall.Kill(shim, syscall.SIGSTOP), "freeze the shim (pid %d)", shim)
 	t.Cleanup(func() { _ = syscall.Kill(shim, syscall.SIGCONT) })
@@ -119,10 +122,11 @@ func TestExitedHolderIsSeenThroughItsCgroup(t *testing.T) {
 	waitFor(t, waitTimeout, "the holder's cgroup to be empty", func() (bool, string) {
 		return cgroupEmpty(t, cgroup)
 	})
-	d = deviceStatus(t, g, 0)
+	d, code = deviceStatus(t, g, 0)
 	require.NotNil(t, d.Holder, "no stop reached the guard")
 	assert.Equal(t, aID, d.Holder.ContainerID)
 	assert.Equal(t, "cgroup "+cgroup+" has no processes", d.Stale)
+	assert.Equal(t, statusAttention, code, "a stale claim needs attention")
 
 	b := c.RunPod(t, PodSpec{Name: "liveness-b"})
 	bID := b.Run(t, ContainerSpec{Name: worker, Env: GPUEnv("0")})

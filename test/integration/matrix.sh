@@ -13,7 +13,8 @@
 #   E2E_WRAP      a command the test run is wrapped in (`make matrix CGROUP=v2`
 #                 sets test/integration/cgroup2.sh)
 # Exit status: non-zero if any version failed to build or any test failed,
-# or the check failed. A scenario a release line cannot support is reported
+# a core scenario neither passed nor was reported as not supported (skipped,
+# or never run), or the check failed. A scenario a release line cannot support is reported
 # as "not supported" in the table, not as a failure.
 set -uo pipefail
 

@@ -24,9 +24,18 @@ import (
 
 var (
 	fakeNVMLOnce sync.Once
+	fakeNVMLDir  string
 	fakeNVMLBin  string
 	fakeNVMLErr  error
 )
+
+// removeFakeNVMLGuard removes the fakenvml build at the end of the run
+// (the next run's sweep would otherwise find it, left behind).
+func removeFakeNVMLGuard() {
+	if fakeNVMLDir != "" {
+		_ = os.RemoveAll(fakeNVMLDir)
+	}
+}
 
 // fakeNVMLGuard builds nri-gpu-guard with the fakenvml tag once per run: the
 // daemon under test, whose observer's NVML is go-nvml's mock fed by a JSON
@@ -39,6 +48,7 @@ func fakeNVMLGuard(t *testing.T) string {
 			fakeNVMLErr = err
 			return
 		}
+		fakeNVMLDir = dir
 		fakeNVMLBin = filepath.Join(dir, "nri-gpu-guard-fakenvml")
 		cmd := exec.Command("go", "build", "-tags", "nri_no_wasm fakenvml", "-o", fakeNVMLBin, "./cmd/nri-gpu-guard")
 		cmd.Dir = RepoRoot
@@ -168,7 +178,7 @@ func TestUncheckedContainerIsAnIntruder(t *testing.T) {
 
 	// status: the conflict from Synchronize and both intruders; exit 3.
 	out, err := g.TryCtl("status", "-o", "json")
-	require.Error(t, err, "status exits 3")
+	require.Equal(t, statusAttention, exitCode(err), "status exits 3: %v", err)
 	var st struct {
 		Problems []struct {
 			Kind        string `json:"kind"`
@@ -203,11 +213,15 @@ func TestUncheckedContainerIsAnIntruder(t *testing.T) {
 	audit, err := os.ReadFile(filepath.Join(g.StateDir, "audit.log"))
 	require.NoError(t, err)
 	assert.Equal(t, 2, strings.Count(string(audit), `"op":"intruder"`), string(audit))
-	resp, err := http.Get("http://" + g.MetricsAddr + "/metrics")
+	// A bounded client: a daemon that stops answering fails the test
+	// instead of hanging it until go test's own timeout.
+	cl := http.Client{Timeout: cmdTimeout}
+	resp, err := cl.Get("http://" + g.MetricsAddr + "/metrics")
 	require.NoError(t, err)
 	body, err := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
 	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, string(body))
 	for _, gpu := range []string{gpu1.UUID, gpu2.UUID} {
 		assert.Regexp(t, `nri_gpu_guard_intruders\{device_index="\d+",device_uuid="`+gpu+`"\} 1`, string(body))
 	}

@@ -10,7 +10,7 @@
 # sleeper_image ARCHIVE NAME... builds ARCHIVE tagged with every NAME unless
 # an up-to-date one is there.
 sleeper_image() {
-	local image=$1 key build
+	local image=$1 key build n
 	shift
 	local names=()
 	for n in "$@"; do names+=(--name "$n"); done

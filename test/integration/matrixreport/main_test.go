@@ -129,6 +129,29 @@ func TestCheckComparesRowsOfTheRunsOnly(t *testing.T) {
 	assert.Error(t, Check("no markers", []*Result{old}))
 }
 
+// A scenario that failed, was skipped for another reason than a missing
+// capability, or never ran (a renamed test) is not verified; passed and not
+// supported ones are.
+func TestUnverifiedNamesEveryScenarioNotVerified(t *testing.T) {
+	old, err := Parse(strings.NewReader(logOf("v1.7.35", "v0.8.0", true, allPass(map[string]string{"TestGuardAbsentFailsClosed": noValidator}))))
+	require.NoError(t, err)
+	cur, err := Parse(strings.NewReader(logOf("v2.2.1", "v0.11.0", false, allPass(nil))))
+	require.NoError(t, err)
+	assert.Empty(t, Unverified([]*Result{old, cur}))
+
+	bad, err := Parse(strings.NewReader(logOf("v2.4.2", "v0.12.3", false, allPass(map[string]string{
+		"TestStoppedHolderHandsGPUToHeadOfQueue": "FAIL",
+		"TestPluginRestartReconcilesWithRuntime": "skipped for another reason",
+		"TestExitedHolderIsSeenThroughItsCgroup": "",
+	}))))
+	require.NoError(t, err)
+	assert.Equal(t, []string{
+		"containerd v2.4.2, queue + reservation (TestStoppedHolderHandsGPUToHeadOfQueue): FAIL",
+		"containerd v2.4.2, restart reconcile (TestPluginRestartReconcilesWithRuntime): skipped",
+		"containerd v2.4.2, exited holder via cgroup (TestExitedHolderIsSeenThroughItsCgroup): not run",
+	}, Unverified([]*Result{old, bad, cur}))
+}
+
 func TestRunPatternNamesEveryScenario(t *testing.T) {
 	p := RunPattern()
 	assert.True(t, strings.HasPrefix(p, "^(TestRuntimeUnderTest|"), p)
