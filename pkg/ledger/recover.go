@@ -145,16 +145,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 
 	snaps, journals, bad, badPaths := l.gatherForRecovery()
 	best, from, replayed, ok := bestChain(snaps, journals, m, mok)
-	var maxGen, nextSeq uint64
-	for _, s := range snaps {
-		maxGen, nextSeq = max(maxGen, s.st.Generation), max(nextSeq, s.st.NextSeq)
-	}
-	for _, j := range journals {
-		maxGen = max(maxGen, j.hdr.Base)
-		for _, r := range j.recs {
-			maxGen, nextSeq = max(maxGen, r.Gen), max(nextSeq, r.NextSeq)
-		}
-	}
+	maxGen, nextSeq := highWater(snaps, journals)
 	if mok {
 		maxGen = max(maxGen, m.Generation)
 	}
@@ -330,16 +321,7 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 	defer unlock()
 	now := l.now()
 	snaps, journals, _, _ := l.gatherForRecovery()
-	var gen, seq uint64
-	for _, s := range snaps {
-		gen, seq = max(gen, s.st.Generation), max(seq, s.st.NextSeq)
-	}
-	for _, j := range journals {
-		gen = max(gen, j.hdr.Base)
-		for _, r := range j.recs {
-			gen, seq = max(gen, r.Gen), max(seq, r.NextSeq)
-		}
-	}
+	gen, seq := highWater(snaps, journals)
 	if m, ok, err := l.readMarker(); err == nil && ok {
 		gen = max(gen, m.Generation)
 	}
@@ -474,6 +456,22 @@ func (l *Ledger) readForRecovery(p string) ([]byte, bool, error) {
 	defer func() { _ = f.Close() }()
 	data, err := readFrom(f, 0, fi.Size(), maxStateBytes, nil)
 	return data, true, err
+}
+
+// highWater is the highest generation and next waiter sequence number any
+// verified snapshot or journal record reached: a recovered or reset state
+// continues above both, so no generation or seq is ever handed out twice.
+func highWater(snaps []recSnapshot, journals []recJournal) (gen, seq uint64) {
+	for _, s := range snaps {
+		gen, seq = max(gen, s.st.Generation), max(seq, s.st.NextSeq)
+	}
+	for _, j := range journals {
+		gen = max(gen, j.hdr.Base)
+		for _, r := range j.recs {
+			gen, seq = max(gen, r.Gen), max(seq, r.NextSeq)
+		}
+	}
+	return gen, seq
 }
 
 // journalLinesUpToDamage is journalLines that keeps the lines before the
