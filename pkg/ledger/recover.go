@@ -4,7 +4,6 @@
 package ledger
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -418,7 +417,8 @@ func (l *Ledger) gatherForRecovery() (snaps []recSnapshot, journals []recJournal
 			continue
 		}
 		j := recJournal{path: p}
-		lines, ends, _, lerr := journalLinesUpToDamage(data)
+		// On damage, the lines before it still count.
+		lines, ends, _, lerr := journalLines(data, 0)
 		if lerr != nil {
 			j.damaged = lerr.Error()
 		}
@@ -472,29 +472,6 @@ func highWater(snaps []recSnapshot, journals []recJournal) (gen, seq uint64) {
 		}
 	}
 	return gen, seq
-}
-
-// journalLinesUpToDamage is journalLines that keeps the lines before the
-// first damaged one.
-func journalLinesUpToDamage(data []byte) ([][]byte, []int64, int64, error) {
-	lines, ends, torn, err := journalLines(data, 0)
-	if err == nil {
-		return lines, ends, torn, nil
-	}
-	// Find the damaged line: verify growing prefixes line by line.
-	var off int
-	for off < len(data) {
-		nl := bytes.IndexByte(data[off:], '\n')
-		if nl < 0 {
-			break
-		}
-		if _, _, _, lerr := journalLines(data[off:off+nl+1], int64(off)); lerr != nil {
-			break
-		}
-		off += nl + 1
-	}
-	lines, ends, _, _ = journalLines(data[:off], 0)
-	return lines, ends, int64(off), err
 }
 
 // bestChain replays the journals onto every base (each snapshot, and the
