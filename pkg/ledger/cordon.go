@@ -269,18 +269,15 @@ func (tx *Tx) FinishDraining(containerID, reason string) []Claim {
 // never hangs on it. It runs with the queue mechanics, at every Update and View.
 func (tx *Tx) expireDraining() {
 	grace := tx.l.opts.DrainGrace
-	var expired []Claim
-	for _, c := range tx.st.Claims {
-		if !c.Owner.DrainingSince.IsZero() && tx.now.Sub(c.Owner.DrainingSince) >= grace {
-			expired = append(expired, c)
-		}
+	over := func(c *Claim) bool {
+		return !c.Owner.DrainingSince.IsZero() && tx.now.Sub(c.Owner.DrainingSince) >= grace
 	}
-	if len(expired) == 0 {
+	// Looked for first: this runs at every Update and View, almost always
+	// with nothing to release, and the reason need not be formatted then.
+	if !slices.ContainsFunc(tx.st.Claims, func(c Claim) bool { return over(&c) }) {
 		return
 	}
-	tx.releaseWhere(func(c *Claim) bool {
-		return !c.Owner.DrainingSince.IsZero() && tx.now.Sub(c.Owner.DrainingSince) >= grace
-	}, fmt.Sprintf("idle grace over: still draining after %s (idle_grace)", grace))
+	expired := tx.releaseWhere(over, fmt.Sprintf("idle grace over: still draining after %s (idle_grace)", grace))
 	for _, c := range expired {
 		tx.l.log.Warn("ledger: draining claim released: idle grace over, its processes were not seen leaving the GPU",
 			"device", DescribeDevice(c.Device), "device_uuid", c.Device.UUID,
