@@ -91,15 +91,22 @@ func validateCordons(ks []Cordon) error {
 func applyCordons(ks, upserts []Cordon, gone []string) []Cordon {
 	out := slices.Clone(ks)
 	for _, u := range gone {
-		out = deleteByUUID(out, u, func(k Cordon) string { return k.Device.UUID })
+		out = deleteByUUID(out, u, cordonUUID)
 	}
 	for _, k := range upserts {
-		out = upsertByUUID(out, k, func(k Cordon) string { return k.Device.UUID })
+		out = upsertByUUID(out, k, cordonUUID)
 	}
 	if len(out) == 0 {
 		return nil
 	}
 	return out
+}
+
+func cordonUUID(k Cordon) string { return k.Device.UUID }
+
+// cordonIndex finds the cordon of the device uuid in the sorted cordons.
+func (tx *Tx) cordonIndex(uuid string) (int, bool) {
+	return slices.BinarySearchFunc(tx.st.Cordons, uuid, func(c Cordon, u string) int { return strings.Compare(c.Device.UUID, u) })
 }
 
 // Cordons returns a copy of the cordons in force.
@@ -123,7 +130,7 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 		return Cordon{}, false, fmt.Errorf("%w: cordon source %q for %s: use operator, intruder or unhealthy", ErrInvalid, source, DescribeDevice(d))
 	}
 	k := Cordon{Device: d, Source: source, Reason: reason, By: by, Since: tx.now}
-	i, found := slices.BinarySearchFunc(tx.st.Cordons, d.UUID, func(c Cordon, u string) int { return strings.Compare(c.Device.UUID, u) })
+	i, found := tx.cordonIndex(d.UUID)
 	if found {
 		old := tx.st.Cordons[i]
 		k.Since = old.Since
@@ -132,7 +139,7 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 		}
 	}
 	// A new array: st.Cordons may share its storage with the cache.
-	tx.st.Cordons = upsertByUUID(slices.Clone(tx.st.Cordons), k, func(k Cordon) string { return k.Device.UUID })
+	tx.st.Cordons = upsertByUUID(slices.Clone(tx.st.Cordons), k, cordonUUID)
 	tx.touch()
 	verb := "cordoned"
 	if found {
@@ -150,7 +157,7 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 // the earliest waiter whose devices are now all free gets them reserved.
 func (tx *Tx) Uncordon(uuid, by string) (Cordon, bool) {
 	tx.check()
-	i, found := slices.BinarySearchFunc(tx.st.Cordons, uuid, func(c Cordon, u string) int { return strings.Compare(c.Device.UUID, u) })
+	i, found := tx.cordonIndex(uuid)
 	if !found {
 		return Cordon{}, false
 	}
