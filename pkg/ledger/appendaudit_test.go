@@ -4,6 +4,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -109,4 +110,31 @@ func TestAuditAppendCutsATornTail(t *testing.T) {
 			good = recs
 		})
 	}
+}
+
+// A tail without a newline longer than any record is not a torn append:
+// the append leaves it alone (nothing of unknown origin is cut away) and
+// the log keeps reporting it as a bad line.
+func TestAuditAppendLeavesALongFragment(t *testing.T) {
+	ctx := context.Background()
+	opts := testOptions(newClock())
+	opts.RuntimeDir = t.TempDir()
+	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
+	require.NoError(t, err)
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+	})
+	before, err := os.ReadFile(l.AuditPath())
+	require.NoError(t, err)
+	fragment := bytes.Repeat([]byte("x"), maxAuditLine)
+	require.NoError(t, os.WriteFile(l.AuditPath(), append(bytes.Clone(before), fragment...), 0o600))
+
+	require.NoError(t, l.AppendAudit(ctx, AuditRecord{Op: "exempt", ContainerID: "x"}))
+	after, err := os.ReadFile(l.AuditPath())
+	require.NoError(t, err)
+	require.True(t, bytes.HasPrefix(after, append(bytes.Clone(before), fragment...)), "the long fragment was cut")
+	assert.NotContains(t, string(after[len(before):]), OpAuditTorn)
+	_, err = ReadAudit(l.AuditPath())
+	require.Error(t, err, "the fragment stays a bad line")
 }

@@ -91,15 +91,22 @@ func validateCordons(ks []Cordon) error {
 func applyCordons(ks, upserts []Cordon, gone []string) []Cordon {
 	out := slices.Clone(ks)
 	for _, u := range gone {
-		out = deleteByUUID(out, u, func(k Cordon) string { return k.Device.UUID })
+		out = deleteByUUID(out, u, cordonUUID)
 	}
 	for _, k := range upserts {
-		out = upsertByUUID(out, k, func(k Cordon) string { return k.Device.UUID })
+		out = upsertByUUID(out, k, cordonUUID)
 	}
 	if len(out) == 0 {
 		return nil
 	}
 	return out
+}
+
+func cordonUUID(k Cordon) string { return k.Device.UUID }
+
+// cordonIndex finds the cordon of the device uuid in the sorted cordons.
+func (tx *Tx) cordonIndex(uuid string) (int, bool) {
+	return slices.BinarySearchFunc(tx.st.Cordons, uuid, func(c Cordon, u string) int { return strings.Compare(c.Device.UUID, u) })
 }
 
 // Cordons returns a copy of the cordons in force.
@@ -123,7 +130,7 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 		return Cordon{}, false, fmt.Errorf("%w: cordon source %q for %s: use operator, intruder or unhealthy", ErrInvalid, source, DescribeDevice(d))
 	}
 	k := Cordon{Device: d, Source: source, Reason: reason, By: by, Since: tx.now}
-	i, found := slices.BinarySearchFunc(tx.st.Cordons, d.UUID, func(c Cordon, u string) int { return strings.Compare(c.Device.UUID, u) })
+	i, found := tx.cordonIndex(d.UUID)
 	if found {
 		old := tx.st.Cordons[i]
 		k.Since = old.Since
@@ -132,7 +139,7 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 		}
 	}
 	// A new array: st.Cordons may share its storage with the cache.
-	tx.st.Cordons = upsertByUUID(slices.Clone(tx.st.Cordons), k, func(k Cordon) string { return k.Device.UUID })
+	tx.st.Cordons = upsertByUUID(slices.Clone(tx.st.Cordons), k, cordonUUID)
 	tx.touch()
 	verb := "cordoned"
 	if found {
@@ -150,7 +157,7 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 // the earliest waiter whose devices are now all free gets them reserved.
 func (tx *Tx) Uncordon(uuid, by string) (Cordon, bool) {
 	tx.check()
-	i, found := slices.BinarySearchFunc(tx.st.Cordons, uuid, func(c Cordon, u string) int { return strings.Compare(c.Device.UUID, u) })
+	i, found := tx.cordonIndex(uuid)
 	if !found {
 		return Cordon{}, false
 	}
@@ -269,18 +276,15 @@ func (tx *Tx) FinishDraining(containerID, reason string) []Claim {
 // never hangs on it. It runs with the queue mechanics, at every Update and View.
 func (tx *Tx) expireDraining() {
 	grace := tx.l.opts.DrainGrace
-	var expired []Claim
-	for _, c := range tx.st.Claims {
-		if !c.Owner.DrainingSince.IsZero() && tx.now.Sub(c.Owner.DrainingSince) >= grace {
-			expired = append(expired, c)
-		}
+	over := func(c *Claim) bool {
+		return !c.Owner.DrainingSince.IsZero() && tx.now.Sub(c.Owner.DrainingSince) >= grace
 	}
-	if len(expired) == 0 {
+	// Looked for first: this runs at every Update and View, almost always
+	// with nothing to release, and the reason need not be formatted then.
+	if !slices.ContainsFunc(tx.st.Claims, func(c Claim) bool { return over(&c) }) {
 		return
 	}
-	tx.releaseWhere(func(c *Claim) bool {
-		return !c.Owner.DrainingSince.IsZero() && tx.now.Sub(c.Owner.DrainingSince) >= grace
-	}, fmt.Sprintf("idle grace over: still draining after %s (idle_grace)", grace))
+	expired := tx.releaseWhere(over, fmt.Sprintf("idle grace over: still draining after %s (idle_grace)", grace))
 	for _, c := range expired {
 		tx.l.log.Warn("ledger: draining claim released: idle grace over, its processes were not seen leaving the GPU",
 			"device", DescribeDevice(c.Device), "device_uuid", c.Device.UUID,

@@ -134,7 +134,8 @@ func appendJournalLine(b []byte, v any) ([]byte, error) {
 // complete lines, verifying each line's checksum. It returns the JSON of
 // every line, the file offset just after each, and where the torn tail (a
 // last line without a newline) starts, or -1 if none. A line that does not
-// verify is damage: an error wrapping ErrCorrupt naming its offset.
+// verify is damage: an error wrapping ErrCorrupt naming its offset, returned
+// with the lines before it (recovery keeps those; every other reader fails).
 func journalLines(data []byte, base int64) (lines [][]byte, ends []int64, torn int64, err error) {
 	torn = -1
 	off := 0
@@ -147,18 +148,18 @@ func journalLines(data []byte, base int64) (lines [][]byte, ends []int64, torn i
 		}
 		line := data[off : off+nl]
 		if len(line) > maxJournalLine {
-			return nil, nil, 0, badState("journal line at offset %d is %d bytes, more than %d", base+int64(off), len(line), maxJournalLine)
+			return lines, ends, -1, badState("journal line at offset %d is %d bytes, more than %d", base+int64(off), len(line), maxJournalLine)
 		}
 		if len(line) < 10 || line[8] != ' ' {
-			return nil, nil, 0, badState("journal line at offset %d is not a record", base+int64(off))
+			return lines, ends, -1, badState("journal line at offset %d is not a record", base+int64(off))
 		}
 		var crc [4]byte
 		if _, herr := hex.Decode(crc[:], line[:8]); herr != nil {
-			return nil, nil, 0, badState("journal line at offset %d has no checksum", base+int64(off))
+			return lines, ends, -1, badState("journal line at offset %d has no checksum", base+int64(off))
 		}
 		want := binary.BigEndian.Uint32(crc[:])
 		if got := sum(line[9:]); got != want {
-			return nil, nil, 0, badState("journal line at offset %d: checksum mismatch (damaged)", base+int64(off))
+			return lines, ends, -1, badState("journal line at offset %d: checksum mismatch (damaged)", base+int64(off))
 		}
 		lines = append(lines, line[9:])
 		off += nl + 1

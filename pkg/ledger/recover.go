@@ -4,7 +4,6 @@
 package ledger
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -145,16 +144,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 
 	snaps, journals, bad, badPaths := l.gatherForRecovery()
 	best, from, replayed, ok := bestChain(snaps, journals, m, mok)
-	var maxGen, nextSeq uint64
-	for _, s := range snaps {
-		maxGen, nextSeq = max(maxGen, s.st.Generation), max(nextSeq, s.st.NextSeq)
-	}
-	for _, j := range journals {
-		maxGen = max(maxGen, j.hdr.Base)
-		for _, r := range j.recs {
-			maxGen, nextSeq = max(maxGen, r.Gen), max(nextSeq, r.NextSeq)
-		}
-	}
+	maxGen, nextSeq := highWater(snaps, journals)
 	if mok {
 		maxGen = max(maxGen, m.Generation)
 	}
@@ -330,16 +320,7 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 	defer unlock()
 	now := l.now()
 	snaps, journals, _, _ := l.gatherForRecovery()
-	var gen, seq uint64
-	for _, s := range snaps {
-		gen, seq = max(gen, s.st.Generation), max(seq, s.st.NextSeq)
-	}
-	for _, j := range journals {
-		gen = max(gen, j.hdr.Base)
-		for _, r := range j.recs {
-			gen, seq = max(gen, r.Gen), max(seq, r.NextSeq)
-		}
-	}
+	gen, seq := highWater(snaps, journals)
 	if m, ok, err := l.readMarker(); err == nil && ok {
 		gen = max(gen, m.Generation)
 	}
@@ -436,7 +417,8 @@ func (l *Ledger) gatherForRecovery() (snaps []recSnapshot, journals []recJournal
 			continue
 		}
 		j := recJournal{path: p}
-		lines, ends, _, lerr := journalLinesUpToDamage(data)
+		// On damage, the lines before it still count.
+		lines, ends, _, lerr := journalLines(data, 0)
 		if lerr != nil {
 			j.damaged = lerr.Error()
 		}
@@ -476,27 +458,20 @@ func (l *Ledger) readForRecovery(p string) ([]byte, bool, error) {
 	return data, true, err
 }
 
-// journalLinesUpToDamage is journalLines that keeps the lines before the
-// first damaged one.
-func journalLinesUpToDamage(data []byte) ([][]byte, []int64, int64, error) {
-	lines, ends, torn, err := journalLines(data, 0)
-	if err == nil {
-		return lines, ends, torn, nil
+// highWater is the highest generation and next waiter sequence number any
+// verified snapshot or journal record reached: a recovered or reset state
+// continues above both, so no generation or seq is ever handed out twice.
+func highWater(snaps []recSnapshot, journals []recJournal) (gen, seq uint64) {
+	for _, s := range snaps {
+		gen, seq = max(gen, s.st.Generation), max(seq, s.st.NextSeq)
 	}
-	// Find the damaged line: verify growing prefixes line by line.
-	var off int
-	for off < len(data) {
-		nl := bytes.IndexByte(data[off:], '\n')
-		if nl < 0 {
-			break
+	for _, j := range journals {
+		gen = max(gen, j.hdr.Base)
+		for _, r := range j.recs {
+			gen, seq = max(gen, r.Gen), max(seq, r.NextSeq)
 		}
-		if _, _, _, lerr := journalLines(data[off:off+nl+1], int64(off)); lerr != nil {
-			break
-		}
-		off += nl + 1
 	}
-	lines, ends, _, _ = journalLines(data[:off], 0)
-	return lines, ends, int64(off), err
+	return gen, seq
 }
 
 // bestChain replays the journals onto every base (each snapshot, and the

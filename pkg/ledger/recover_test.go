@@ -580,12 +580,15 @@ func TestRecoverWithoutAnIntactMarkerIsNotComplete(t *testing.T) {
 		name   string
 		damage func(t *testing.T, dir string)
 		marker func(t *testing.T, l *Ledger)
+		// replayed: the journal records before the damage, which recovery
+		// keeps (the first commit in both cases).
+		replayed int
 	}{
-		{name: "journal cut, marker damaged", damage: cut,
+		{name: "journal cut, marker damaged", damage: cut, replayed: 1,
 			marker: func(t *testing.T, l *Ledger) {
 				require.NoError(t, os.WriteFile(l.markerPath(), []byte("garbage"), 0o600))
 			}},
-		{name: "journal damaged mid-way, marker missing", damage: flip,
+		{name: "journal damaged mid-way, marker missing", damage: flip, replayed: 1,
 			marker: func(t *testing.T, l *Ledger) { require.NoError(t, os.Remove(l.markerPath())) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -599,6 +602,7 @@ func TestRecoverWithoutAnIntactMarkerIsNotComplete(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, rep.Complete, "%+v", rep)
 			require.True(t, rep.NewLineage, "%+v", rep)
+			require.Equal(t, tc.replayed, rep.Replayed, "%+v", rep)
 			require.NotEmpty(t, rep.Lost)
 			require.NotEqual(t, lineage, snapshot(t, l).Lineage, "a fenced NRI daemon sees the change and rebuilds")
 		})
