@@ -154,7 +154,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		return fmt.Errorf("container %s refused: %w", st.ID, in.specErr)
 	}
 	req := in.request
-	if guard.NeverClaims(req) {
+	if in.NeverClaims() {
 		// The common case for a hook installed for every container: it can
 		// reach no GPU under any policy or inventory. Done without reading
 		// the inventory or the ledger.

@@ -17,7 +17,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
+
+// neverClaims is guard.NeverClaims of the request a spec makes, the
+// question Input.NeverClaims answers.
+func neverClaims(spec *specs.Spec) bool {
+	return guard.NeverClaims(devices.RequestFromSpec(spec))
+}
 
 // neverClaims must hold for what ordinary containers carry and fail for
 // everything a configuration could turn into a claim, whatever the policy
