@@ -180,7 +180,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 			return fmt.Errorf("container %s refused: its process %d is not readable (was it killed?): %w", st.ID, st.Pid, err)
 		}
 	}
-	owner := ownerFrom(st, spec, pidStart)
+	owner := OwnerFrom(st, spec, pidStart)
 	var self *liveness.Process
 	if st.Pid > 0 {
 		self = &liveness.Process{Pid: st.Pid, PidStart: pidStart}

@@ -145,5 +145,5 @@ func TestReadSpecKeepsWhatTheHookUses(t *testing.T) {
 	got, err := readSpec(st)
 	require.NoError(t, err)
 	require.Equal(t, devices.RequestFromSpec(&full), devices.RequestFromSpec(got))
-	require.Equal(t, ownerFrom(st, &full, 9), ownerFrom(st, got, 9))
+	require.Equal(t, OwnerFrom(st, &full, 9), OwnerFrom(st, got, 9))
 }
