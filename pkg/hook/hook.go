@@ -268,7 +268,7 @@ func (e env) goneCheck(self *liveness.Process) func() (bool, string) {
 // Both are idempotent: a container that held nothing succeeds.
 //
 // Most containers hold nothing. One whose spec names no GPU in any way a
-// configuration could turn into a claim (neverClaims) is done without
+// configuration could turn into a claim (Input.NeverClaims) is done without
 // opening the ledger: its create-runtime hook never wrote there. For the
 // others (and when the bundle cannot be read) a lock-free read of the ledger
 // tells, and only a container that appears in it takes the ledger lock. The
