@@ -75,15 +75,7 @@ func TestNoGPUNeverReadsLedger(t *testing.T) {
 		"uuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n"), 0o600))
 	fifo := filepath.Join(dir, "state")
 	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
-	state := func(env ...string) string {
-		bundle := t.TempDir()
-		data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
-		st, err := json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: specs.StateStopped, Bundle: bundle})
-		require.NoError(t, err)
-		return string(st)
-	}
+	state := func(env ...string) string { return bundleState(t, specs.StateStopped, env...) }
 	for _, phase := range []string{"create-runtime", "poststop"} {
 		var stdout, stderr bytes.Buffer
 		code := run([]string{phase, "--config", cfgPath, "--state-dir", fifo}, strings.NewReader(state("PATH=/bin")), &stdout, &stderr)
@@ -98,6 +90,19 @@ func TestNoGPUNeverReadsLedger(t *testing.T) {
 	}
 }
 
+// bundleState writes a bundle whose config.json sets env and returns the OCI
+// state of container c1 in it, as a runtime hands it to a hook.
+func bundleState(t *testing.T, status specs.ContainerState, env ...string) string {
+	t.Helper()
+	bundle := t.TempDir()
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	st, err := json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: status, Bundle: bundle})
+	require.NoError(t, err)
+	return string(st)
+}
+
 // A container that can reach no GPU is answered before the configuration is
 // read, so neither phase fails it for a configuration that does not load
 // (nothing it could do reaches a GPU); one that names a GPU is still refused
@@ -106,15 +111,7 @@ func TestNoGPUNeedsNoConfig(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.toml")
 	require.NoError(t, os.WriteFile(bad, []byte("[policy]\non_conflict = \"maybe\"\n"), 0o600))
-	state := func(env ...string) string {
-		bundle := t.TempDir()
-		data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
-		st, err := json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: specs.StateCreating, Bundle: bundle})
-		require.NoError(t, err)
-		return string(st)
-	}
+	state := func(env ...string) string { return bundleState(t, specs.StateCreating, env...) }
 	for _, phase := range []string{"create-runtime", "poststop"} {
 		var stdout, stderr bytes.Buffer
 		code := run([]string{phase, "--config", bad}, strings.NewReader(state("PATH=/bin")), &stdout, &stderr)

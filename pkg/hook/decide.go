@@ -22,8 +22,10 @@ var ErrNotWaiting = errors.New("the hook does not wait inside the engine")
 // decide is create-runtime without waiting: admit, or refuse at once with
 // who holds each busy GPU and how many requests wait for it. The answer is
 // first computed without the ledger lock (guard.Explain reads the committed
-// state); only a request that can be admitted takes the lock, so that a burst
-// of refused creates costs no ledger writes and leaves no queue entry.
+// state); only a request that can be admitted takes the lock for a
+// transaction, so that a burst of refused creates changes no ledger state and
+// leaves no queue entry. Each refusal still takes the lock once, to append its
+// audit record (auditRefusal).
 func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, stderr io.Writer) error {
 	id := req.Owner.ContainerID
 	budget := withdrawTimeout(cfg)

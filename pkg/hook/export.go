@@ -5,8 +5,6 @@ package hook
 
 import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // ReadSpec loads the bundle's config.json of the container st describes
@@ -19,11 +17,4 @@ func ReadSpec(st specs.State) (*specs.Spec, error) {
 		return nil, err
 	}
 	return readSpec(st)
-}
-
-// OwnerFrom is the ledger identity create-runtime records for the container
-// st and spec describe, pidStart being its pid's start time: what a claim
-// adopted from the runtime's state must look like to be the same holder.
-func OwnerFrom(st specs.State, spec *specs.Spec, pidStart uint64) ledger.Owner {
-	return ownerFrom(st, spec, pidStart)
 }

@@ -100,6 +100,11 @@ func TestFastDecodeGivesUp(t *testing.T) {
 		`{"linux":{"devices":[{"major":1e2}]}}`,
 		`{"process":{"env":[null]}}`,
 		`{"linux":{"resources":{"devices":[{"allow":"yes"}]}}}`,
+		// Repeated keys below the top level: encoding/json keeps the last.
+		`{"annotations":{"a":"1","a":"2"}}`,
+		`{"process":{"env":[],"env":["NVIDIA_VISIBLE_DEVICES=0"]}}`,
+		`{"linux":{"devices":[],"devices":[{"path":"/dev/nvidia0"}]}}`,
+		`{"linux":{"devices":[{"major":1,"major":195}]}}`,
 	} {
 		_, ok := fastSpec([]byte(in))
 		require.False(t, ok, "%s", in)

@@ -154,7 +154,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		return fmt.Errorf("container %s refused: %w", st.ID, in.specErr)
 	}
 	req := in.request
-	if guard.NeverClaims(req) {
+	if in.NeverClaims() {
 		// The common case for a hook installed for every container: it can
 		// reach no GPU under any policy or inventory. Done without reading
 		// the inventory or the ledger.
@@ -180,7 +180,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 			return fmt.Errorf("container %s refused: its process %d is not readable (was it killed?): %w", st.ID, st.Pid, err)
 		}
 	}
-	owner := ownerFrom(st, spec, pidStart)
+	owner := OwnerFrom(st, spec, pidStart)
 	var self *liveness.Process
 	if st.Pid > 0 {
 		self = &liveness.Process{Pid: st.Pid, PidStart: pidStart}
@@ -268,7 +268,7 @@ func (e env) goneCheck(self *liveness.Process) func() (bool, string) {
 // Both are idempotent: a container that held nothing succeeds.
 //
 // Most containers hold nothing. One whose spec names no GPU in any way a
-// configuration could turn into a claim (neverClaims) is done without
+// configuration could turn into a claim (Input.NeverClaims) is done without
 // opening the ledger: its create-runtime hook never wrote there. For the
 // others (and when the bundle cannot be read) a lock-free read of the ledger
 // tells, and only a container that appears in it takes the ledger lock. The

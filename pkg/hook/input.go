@@ -141,7 +141,7 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 
 // hookSpec is the part of config.json the hook reads: what can make a GPU
 // reachable (devices.RequestFromSpec) and what names the container
-// (ownerFrom). Decoding into specs.Spec instead makes encoding/json build
+// (OwnerFrom). Decoding into specs.Spec instead makes encoding/json build
 // its field tables for the whole OCI schema in every hook process, a fifth
 // of a hook's run time for a container that names no GPU.
 type hookSpec struct {
@@ -235,11 +235,13 @@ var (
 	annSandboxID = []string{"io.kubernetes.cri.sandbox-id", "io.kubernetes.cri-o.SandboxID"}
 )
 
-// ownerFrom builds the ledger identity of the container: its id, its pod when
-// CRI annotations name one, its pid (with start time, against pid reuse) and
-// its cgroup when the spec names one. The annotations of the spec win over
-// those of the state; both come from the same runtime.
-func ownerFrom(st specs.State, spec *specs.Spec, pidStart uint64) ledger.Owner {
+// OwnerFrom builds the ledger identity create-runtime records for the
+// container: its id, its pod when CRI annotations name one, its pid (with
+// start time pidStart, against pid reuse) and its cgroup when the spec names
+// one. The annotations of the spec win over those of the state; both come
+// from the same runtime. A claim adopted from the runtime's own state
+// (gpu-guard-ctl recover) must look like this to be the same holder.
+func OwnerFrom(st specs.State, spec *specs.Spec, pidStart uint64) ledger.Owner {
 	ann := func(keys []string) string {
 		for _, k := range keys {
 			if spec != nil {

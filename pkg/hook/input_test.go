@@ -197,7 +197,7 @@ func TestOwnerFrom(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, ownerFrom(tc.state, tc.spec, 7))
+			require.Equal(t, tc.want, OwnerFrom(tc.state, tc.spec, 7))
 		})
 	}
 }

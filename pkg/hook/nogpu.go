@@ -12,13 +12,6 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
 
-// neverClaims reports whether a container with this spec cannot hold a claim
-// or a queue entry under any configuration (guard.NeverClaims): its poststop
-// then has nothing to release and skips the ledger.
-func neverClaims(spec *specs.Spec) bool {
-	return guard.NeverClaims(devices.RequestFromSpec(spec))
-}
-
 // Input is the runtime's input to one hook run, read once: the OCI state
 // from stdin and the bundle's spec it names, with what could not be read.
 type Input struct {
@@ -28,6 +21,9 @@ type Input struct {
 	specErr  error
 	// request is what the spec makes reachable; set when spec is.
 	request devices.Request
+	// never is guard.NeverClaims(request), decided once: a hook binary asks
+	// before loading the configuration and create-runtime asks again.
+	never bool
 }
 
 // ReadInput reads the OCI state from stdin and the spec of its bundle. It
@@ -43,6 +39,7 @@ func ReadInput(stdin io.Reader) *Input {
 	in.spec, in.specErr = readSpec(in.state)
 	if in.specErr == nil {
 		in.request = devices.RequestFromSpec(in.spec)
+		in.never = guard.NeverClaims(in.request)
 	}
 	return in
 }
@@ -53,5 +50,5 @@ func ReadInput(stdin io.Reader) *Input {
 // release, whatever the configuration says, so a hook binary answers it
 // before loading the configuration.
 func (in *Input) NeverClaims() bool {
-	return in.stateErr == nil && in.specErr == nil && guard.NeverClaims(in.request)
+	return in.stateErr == nil && in.specErr == nil && in.never
 }

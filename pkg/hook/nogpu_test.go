@@ -17,7 +17,14 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
+
+// neverClaims is guard.NeverClaims of the request a spec makes, the
+// question Input.NeverClaims answers.
+func neverClaims(spec *specs.Spec) bool {
+	return guard.NeverClaims(devices.RequestFromSpec(spec))
+}
 
 // neverClaims must hold for what ordinary containers carry and fail for
 // everything a configuration could turn into a claim, whatever the policy
@@ -138,5 +145,25 @@ func TestReadSpecKeepsWhatTheHookUses(t *testing.T) {
 	got, err := readSpec(st)
 	require.NoError(t, err)
 	require.Equal(t, devices.RequestFromSpec(&full), devices.RequestFromSpec(got))
-	require.Equal(t, ownerFrom(st, &full, 9), ownerFrom(st, got, 9))
+	require.Equal(t, OwnerFrom(st, &full, 9), OwnerFrom(st, got, 9))
+}
+
+// A config.json that names a GPU only in the last of repeated keys (the one
+// encoding/json and runc keep) is not taken for a container without GPU:
+// the fast decoder gives up on it and encoding/json sees the GPU.
+func TestNeverClaimsRepeatedKeys(t *testing.T) {
+	for _, doc := range []string{
+		`{"process":{"env":["PATH=/bin"]},"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}`,
+		`{"process":{"env":["PATH=/bin"],"env":["NVIDIA_VISIBLE_DEVICES=0"]}}`,
+		`{"linux":{"devices":[]},"linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195}]}}`,
+		`{"annotations":{"a":"b"},"annotations":{"cdi.k8s.io/gpu":"nvidia.com/gpu=0"}}`,
+	} {
+		bundle := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), []byte(doc), 0o600))
+		st, err := json.Marshal(specs.State{Version: specs.Version, ID: "dup", Status: specs.StateCreating, Bundle: bundle})
+		require.NoError(t, err)
+		in := ReadInput(strings.NewReader(string(st)))
+		require.NoError(t, in.specErr, doc)
+		require.False(t, in.NeverClaims(), doc)
+	}
 }
