@@ -41,13 +41,29 @@ func retryLocked(ctx context.Context, budget time.Duration, fn func(ctx context.
 
 // withdrawReliably takes key out of the queue, retrying lock timeouts within
 // budget. A waiter that is not queued any more is no error.
+// A caller told to stop (ctx done) gets at most stopWithdrawBudget, so that
+// SIGTERM ends it within a second even while another process holds the
+// lock; what it cannot withdraw is dropped as a dead waiter by the next
+// request for its GPUs once its process has exited, or by queue_ttl.
 func withdrawReliably(ctx context.Context, g admitter, key, reason string, budget time.Duration) error {
-	err := retryLocked(ctx, budget, func(ctx context.Context) error { return g.Withdraw(ctx, key, reason) })
+	err := retryLocked(ctx, withdrawBudget(ctx, budget), func(ctx context.Context) error { return g.Withdraw(ctx, key, reason) })
 	if errors.Is(err, ledger.ErrNotFound) {
 		return nil
 	}
 	return err
 }
+
+// withdrawBudget is budget, or stopWithdrawBudget if shorter once ctx is
+// done (the caller was told to stop).
+func withdrawBudget(ctx context.Context, budget time.Duration) time.Duration {
+	if ctx.Err() != nil {
+		return min(budget, stopWithdrawBudget)
+	}
+	return budget
+}
+
+// stopWithdrawBudget bounds the withdrawal of a waiter told to stop.
+const stopWithdrawBudget = 500 * time.Millisecond
 
 // deadWaiters lists the hook waiters in st whose process is gone: the
 // container process a create-runtime hook waited for, or the

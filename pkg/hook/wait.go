@@ -242,30 +242,15 @@ func (w *queueWait) timeoutName() string {
 // the entry in the end) and does not replace the error that made the hook
 // give up.
 func (w *queueWait) withdraw(ctx context.Context, reason string) {
-	budget := w.withdrawTimeout
-	stopping := ctx.Err() != nil
-	if stopping {
-		// Told to stop (SIGTERM, Ctrl-C, the runtime's hook timeout): a
-		// stop must end within a second, so the withdrawal gets a short
-		// budget. Whatever it cannot do is done by others: once this process
-		// has exited, the next request for these GPUs drops the entry as a
-		// dead waiter (its pid is recorded), and queue_ttl at the latest.
-		budget = min(budget, stopWithdrawBudget)
-	}
-	if err := withdrawReliably(ctx, w.g, w.req.Key, reason, budget); err != nil {
+	if err := withdrawReliably(ctx, w.g, w.req.Key, reason, w.withdrawTimeout); err != nil {
 		next := "policy.queue_ttl will drop the entry"
-		if stopping {
+		if ctx.Err() != nil {
 			next = "the next request for these GPUs drops the entry once this process has exited; policy.queue_ttl at the latest"
 		}
 		_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: %s: could not leave the queue within %s (%s): %v\n",
-			w.shortWho(), budget, next, err)
+			w.shortWho(), withdrawBudget(ctx, w.withdrawTimeout), next, err)
 	}
 }
-
-// stopWithdrawBudget bounds the withdrawal of a waiter told to stop, so that
-// SIGTERM ends it within a second even while another process holds the
-// ledger lock.
-const stopWithdrawBudget = 500 * time.Millisecond
 
 // busyNow describes what stood in the way at the last answer, without a
 // queue position: "; GPU 1 (GPU-…) is held by ns/pod/ctr (id …) since …".
