@@ -280,8 +280,8 @@ func (l *Ledger) corrupt(path string, err error) error {
 }
 
 // current returns the last committed state, checked against this boot's
-// marker, from the cache when the files did not change. Without the lock
-// (locked false) a read that overlapped a compaction is retried.
+// marker, from the cache when the files did not change. A read that
+// overlapped a compaction (possible only without the lock) is retried.
 func (l *Ledger) current() (loaded, error) {
 	for attempt := 0; ; attempt++ {
 		m, mok, err := l.readMarker()
