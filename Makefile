@@ -38,10 +38,12 @@ export E2E_WRAP
 
 all: build
 
-# The OCI hook binary starts once per container and phase: static, no cgo.
+# The daemon links NVML (cgo). The OCI hook binary starts once per container
+# and phase, gpu-guard-ctl once per operator command: both static, no cgo;
+# gpu-guard-ctl hands the commands that need NVML to `nri-gpu-guard ctl`.
 build:
-	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard ./cmd/gpu-guard-ctl
-	CGO_ENABLED=0 $(GO) build -tags $(TAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard-hook
+	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard
+	CGO_ENABLED=0 $(GO) build -tags $(TAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard-hook ./cmd/gpu-guard-ctl
 
 test:
 	$(GO) vet -tags $(TAGS) ./...

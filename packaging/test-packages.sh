@@ -147,6 +147,14 @@ fi
 grep -q 'on_confilct' <<<"$out" || fail "check-config did not name the bad key: $out"
 ok "gpu-guard-ctl check-config rejects a bad config, naming the key"
 
+# Static, like the hook: what needs NVML (ps here) runs as `nri-gpu-guard ctl`
+# from the same directory, so the output is that binary's, whatever NVML says.
+! grep -q 'ld-linux' /usr/bin/gpu-guard-ctl || fail "/usr/bin/gpu-guard-ctl is dynamically linked"
+want=$(/usr/bin/nri-gpu-guard ctl ps 2>&1) || true
+out=$(PATH=/nonexistent /usr/bin/gpu-guard-ctl ps 2>&1) || true
+[[ -n $out && $out == "$want" ]] || fail "gpu-guard-ctl ps printed '$out', want what nri-gpu-guard ctl ps prints: '$want'"
+ok "gpu-guard-ctl: static, runs ps through nri-gpu-guard ctl"
+
 cmp -s packaging/containerd/nri-gpu-guard.toml "$DROP_IN" || fail "$DROP_IN differs from packaging/containerd/nri-gpu-guard.toml"
 ok "installed drop-in is byte-identical"
 cmp -s packaging/config.toml "$CONFIG" || fail "$CONFIG differs from packaging/config.toml"

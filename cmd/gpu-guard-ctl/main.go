@@ -3,6 +3,12 @@
 
 // Command gpu-guard-ctl is the operator's tool for the nri-gpu-guard ledger;
 // everything it does lives in pkg/ctl.
+//
+// The release binary is built without cgo (`make build`): a static binary
+// starts faster, and most commands only read files. The few that need NVML
+// (ps, GPU discovery through NVML) hand the whole invocation to
+// `nri-gpu-guard ctl` (see ctl.ExecCompanion), which runs the same commands
+// with NVML.
 package main
 
 import (
@@ -17,7 +23,11 @@ import (
 func main() {
 	// Interrupt ends `audit --follow` cleanly; other commands finish quickly.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := ctl.Run(ctx, os.Args[1:], ctl.DefaultEnv())
+	env := ctl.DefaultEnv()
+	if !withNVML {
+		env.NeedNVML = ctl.ExecCompanion(os.Args[1:])
+	}
+	code := ctl.Run(ctx, os.Args[1:], env)
 	stop()
 	os.Exit(code)
 }

@@ -3,7 +3,9 @@
 
 // Command nri-gpu-guard is the GPU exclusivity guard for containerd (an NRI
 // plugin, pre-installed or external) and, as `nri-gpu-guard hook PHASE`, the
-// OCI runtime hook for runtimes without NRI.
+// OCI runtime hook for runtimes without NRI. `nri-gpu-guard ctl ARGS...` is
+// gpu-guard-ctl with NVML: the gpu-guard-ctl binary, built without cgo, hands
+// the commands that need NVML to it.
 package main
 
 import (
@@ -17,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ctl"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/nriplugin"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
@@ -36,7 +39,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
 		_, _ = fmt.Fprintln(stderr, "usage: nri-gpu-guard [--config PATH] [--socket PATH] [--name NAME] [--idx NN] [--state-dir DIR]\n"+
-			"       nri-gpu-guard hook create-runtime|poststop [--config PATH] [--wait]\n       nri-gpu-guard version")
+			"       nri-gpu-guard hook create-runtime|poststop [--config PATH] [--wait]\n"+
+			"       nri-gpu-guard ctl COMMAND... (gpu-guard-ctl, with NVML)\n       nri-gpu-guard version")
 		fs.PrintDefaults()
 	}
 	cfgPath := fs.String("config", "", "configuration file (default $"+config.EnvPath+" or "+config.DefaultPath+")")
@@ -50,6 +54,10 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case len(args) > 0 && (args[0] == "version" || args[0] == "--version" || args[0] == "-version"):
 		_, _ = fmt.Fprintln(stdout, version.String("nri-gpu-guard"))
 		return 0
+	case len(args) > 0 && args[0] == ctl.CompanionCommand:
+		// gpu-guard-ctl is built without cgo and hands the commands that
+		// need NVML to this binary, which links it (ctl.ExecCompanion).
+		return ctl.Run(ctx, args[1:], ctl.Env{Stdout: stdout, Stderr: stderr})
 	case len(args) > 0 && args[0] == "hook":
 		if len(args) < 2 || (args[1] != hook.PhaseCreateRuntime && args[1] != hook.PhasePoststop) {
 			fs.Usage()

@@ -36,6 +36,9 @@ func TestRunExitCodes(t *testing.T) {
 		{name: "version", args: []string{"version"}, want: 0, wantOut: wantVersion},
 		{name: "--version", args: []string{"--version"}, want: 0, wantOut: wantVersion},
 		{name: "-version", args: []string{"-version"}, want: 0, wantOut: wantVersion},
+		// gpu-guard-ctl's commands, as its static build hands them over.
+		{name: "ctl version", args: []string{"ctl", "version"}, want: 0, wantOut: version.String("gpu-guard-ctl") + "\n"},
+		{name: "ctl unknown command", args: []string{"ctl", "bogus"}, want: 2, wantErr: `unknown command "bogus" for "gpu-guard-ctl"`},
 		{name: "unknown flag", args: []string{"--bogus"}, want: 2, wantErr: "usage"},
 		{name: "stray argument", args: []string{"serve"}, want: 2, wantErr: `unexpected argument "serve"`},
 		{name: "hook without phase", args: []string{"hook"}, want: 2, wantErr: "hook create-runtime|poststop"},

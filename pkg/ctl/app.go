@@ -17,7 +17,6 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices/nvmlloader"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
@@ -173,10 +172,23 @@ func (a *app) loadInventory(role devices.Role) (*devices.Inventory, inventoryInf
 	if err != nil {
 		return nil, inventoryInfo{}, err
 	}
-	loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{
-		Role: role, StateDir: dir, NVML: nvmlloader.New(a.env.NVML),
-	})
+	if role == devices.RoleRefresh && cfg.Devices.Source != config.SourceStatic && cfg.Devices.Source != config.SourceProc {
+		// A refresh discovers, NVML first, and writes the cache: without
+		// NVML, hand over before discovery could fall back to /proc or the
+		// static list and write that.
+		if err := a.needNVML(discoveryWhy(cfg.Devices.Source)); err != nil {
+			return nil, inventoryInfo{}, err
+		}
+	}
+	nvml, handover := a.nvmlLoader(cfg.Devices.Source)
+	loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{Role: role, StateDir: dir, NVML: nvml})
 	info := inventoryInfo{Origin: string(loaded.Origin), CachePath: loaded.CachePath, CachedAt: loaded.CachedAt}
+	if handover != nil && handover.err != nil {
+		// Discovery needed NVML and the handover failed: what discovery
+		// then made of it (under "auto", /proc or the static list) is not
+		// the daemon's inventory.
+		return nil, info, handover.err
+	}
 	if err != nil {
 		return nil, info, err
 	}

@@ -27,7 +27,7 @@ var (
 	ctlBinErr  error
 )
 
-// buildCtl builds gpu-guard-ctl as `make build` does (cgo, stripped).
+// buildCtl builds gpu-guard-ctl as `make build` does (no cgo, stripped).
 func buildCtl(b *testing.B) string {
 	ctlBinOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "ctlbin")
@@ -36,7 +36,8 @@ func buildCtl(b *testing.B) string {
 			return
 		}
 		ctlBin = filepath.Join(dir, "gpu-guard-ctl")
-		cmd := exec.Command("go", "build", "-tags", "nri_no_wasm", "-ldflags=-s -w", "-o", ctlBin, "../../cmd/gpu-guard-ctl")
+		cmd := exec.Command("go", "build", "-tags", "nri_no_wasm", "-trimpath", "-ldflags=-s -w", "-o", ctlBin, "../../cmd/gpu-guard-ctl")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			ctlBinErr = fmt.Errorf("go build gpu-guard-ctl: %w\n%s", err, out)
 		}

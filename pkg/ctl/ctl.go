@@ -58,6 +58,14 @@ type Env struct {
 	// NVML is the library the NVML loader uses (a go-nvml nvml.Interface in
 	// cgo builds); nil = the host's libnvidia-ml.
 	NVML nvmlloader.Interface
+	// NeedNVML is set in a gpu-guard-ctl without NVML (the release binary is
+	// built without cgo, which starts faster; see ExecCompanion). A command
+	// calls it where it would initialise NVML (ps; GPU discovery through
+	// NVML when no trusted inventory cache answers), before it has printed
+	// or changed anything, to hand the whole invocation to a binary that has
+	// NVML. It returns only when it cannot; the command then fails with an
+	// NVMLHandoverError. Nil: NVML is used through the NVML field.
+	NeedNVML func(why string) error
 	// BootID overrides the host boot id the ledger compares its state with
 	// (tests pin it; empty = /proc/sys/kernel/random/boot_id).
 	BootID string

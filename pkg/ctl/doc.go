@@ -12,9 +12,17 @@
 // Everything runs through Run, which takes the arguments and an Env (output
 // writers, clock, uid, cgroup/proc roots) so that tests drive the real command
 // tree against a real ledger directory; cmd/gpu-guard-ctl only wires os.Args,
-// os.Stdout and signals into it.
+// os.Stdout and signals into it, and so does `nri-gpu-guard ctl`.
 //
 // Invariants:
+//   - A process without NVML (the static release binary: Env.NeedNVML set)
+//     never stands in for it: where a command would initialise NVML (ps,
+//     discovery under devices.source "nvml" or "auto" without a trusted
+//     cache, every refresh that discovers through NVML), it hands the whole
+//     invocation to `nri-gpu-guard ctl` before it has printed or written
+//     anything, or fails naming that binary; it never falls back to /proc
+//     or the static list, which would show another inventory than the
+//     daemon's.
 //   - Read commands never take the ledger lock and never write: they open the
 //     ledger with ledger.OpenReadOnly and read it once with Ledger.View (the
 //     committed state with queue expiry applied as of now), so an operator

@@ -99,6 +99,9 @@ type psProcess struct {
 
 // ps runs one accounting pass through NVML against the ledger.
 func (a *app) ps(ctx context.Context) (*psView, error) {
+	if err := a.needNVML("ps (the processes on the GPUs)"); err != nil {
+		return nil, err
+	}
 	inv, _, err := a.inventory()
 	if err != nil {
 		return nil, fmt.Errorf("ps needs the GPU inventory: %w", err)

@@ -90,6 +90,9 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			}
 			rule := guard.NewReleaseRule(cfg, a.env.Liveness)
 			inv, info, err := a.inventory()
+			if _, ok := errors.AsType[*NVMLHandoverError](err); ok {
+				return err
+			}
 			if err != nil {
 				// The ledger alone still says who holds what; say why the
 				// free devices are missing.
