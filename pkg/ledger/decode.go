@@ -5,6 +5,7 @@ package ledger
 
 import (
 	"bytes"
+	"encoding/binary"
 	"time"
 	"unicode/utf8"
 
@@ -113,10 +114,12 @@ func fastListCap[T any](d *fastDecoder, n int, item func(*fastDecoder, *T)) []T 
 	if d.opt("]") {
 		return out
 	}
+	var zero T
 	for !d.bad {
-		var v T
-		item(d, &v)
-		out = append(out, v)
+		// Decoded in place: a local passed to item (a func value) would
+		// escape, one heap object per item.
+		out = append(out, zero)
+		item(d, &out[len(out)-1])
 		if d.opt("]") {
 			return out
 		}
@@ -134,6 +137,10 @@ func (d *fastDecoder) raw() []byte {
 	start := d.i
 	ascii := true
 	for d.i < len(d.b) {
+		d.skipPlain()
+		if d.i == len(d.b) {
+			break
+		}
 		c := d.b[d.i]
 		switch {
 		case c == '"':
@@ -154,6 +161,32 @@ func (d *fastDecoder) raw() []byte {
 	}
 	d.bad = true
 	return nil
+}
+
+// SWAR constants: a byte repeated in every lane of a word, and the lanes'
+// high bits.
+const (
+	swarOnes  = 0x0101010101010101
+	swarHighs = 0x8080808080808080
+)
+
+// skipPlain moves past the bytes of a string that need no attention, eight
+// at a time: it stops at the first word holding a '"', a '\\', a control
+// byte or a byte of a multi-byte rune (or a word that only looks like it:
+// the byte loop of raw then decides), and at the last seven bytes.
+func (d *fastDecoder) skipPlain() {
+	b, i := d.b, d.i
+	for ; i+8 <= len(b); i += 8 {
+		w := binary.LittleEndian.Uint64(b[i:])
+		q := w ^ (swarOnes * '"')
+		bs := w ^ (swarOnes * '\\')
+		// A lane of x is zero (or below n) where (x - ones*n) &^ x has its
+		// high bit; w's own high bit marks a byte >= 0x80.
+		if ((q-swarOnes)&^q|(bs-swarOnes)&^bs|(w-swarOnes*0x20)&^w|w)&swarHighs != 0 {
+			break
+		}
+	}
+	d.i = i
 }
 
 func (d *fastDecoder) str() string {
@@ -250,11 +283,76 @@ func (d *fastDecoder) time() time.Time {
 	if d.bad {
 		return t
 	}
+	if t, ok := parseUTC(s); ok {
+		return t
+	}
 	// What time.Time's UnmarshalJSON does with the quoted text.
 	if err := t.UnmarshalText(s); err != nil {
 		d.bad = true
 	}
 	return t
+}
+
+// parseUTC parses the one form of RFC 3339 the encoder writes (appendTime:
+// UTC, "Z", the fraction without trailing zeros and absent when zero) to what
+// time.Time's UnmarshalText gives for it. Anything else, or a field out of
+// range, is not ok and left to UnmarshalText, which decides and names the
+// problem.
+func parseUTC(s []byte) (time.Time, bool) {
+	// 2006-01-02T15:04:05[.999999999]Z
+	if len(s) < 20 || s[4] != '-' || s[7] != '-' || s[10] != 'T' || s[13] != ':' || s[16] != ':' || s[len(s)-1] != 'Z' {
+		return time.Time{}, false
+	}
+	num := func(s []byte) (int, bool) {
+		n := 0
+		for _, c := range s {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+			n = n*10 + int(c-'0')
+		}
+		return n, true
+	}
+	year, ok1 := num(s[0:4])
+	month, ok2 := num(s[5:7])
+	day, ok3 := num(s[8:10])
+	hour, ok4 := num(s[11:13])
+	minute, ok5 := num(s[14:16])
+	sec, ok6 := num(s[17:19])
+	if !ok1 || !ok2 || !ok3 || !ok4 || !ok5 || !ok6 ||
+		month < 1 || month > 12 || day < 1 || day > daysIn(month, year) || hour > 23 || minute > 59 || sec > 59 {
+		return time.Time{}, false
+	}
+	nsec := 0
+	if frac := s[19 : len(s)-1]; len(frac) > 0 {
+		// ".d" to ".ddddddddd": nanoseconds, scaled up by the missing digits.
+		if frac[0] != '.' || len(frac) < 2 || len(frac) > 10 {
+			return time.Time{}, false
+		}
+		n, ok := num(frac[1:])
+		if !ok {
+			return time.Time{}, false
+		}
+		for range 10 - len(frac) {
+			n *= 10
+		}
+		nsec = n
+	}
+	return time.Date(year, time.Month(month), day, hour, minute, sec, nsec, time.UTC), true
+}
+
+// daysIn is the number of days of month in year (proleptic Gregorian).
+func daysIn(month, year int) int {
+	switch month {
+	case 2:
+		if year%4 == 0 && (year%100 != 0 || year%400 == 0) {
+			return 29
+		}
+		return 28
+	case 4, 6, 9, 11:
+		return 30
+	}
+	return 31
 }
 
 func (d *fastDecoder) device(v *devices.Device) {

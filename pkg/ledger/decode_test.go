@@ -6,8 +6,11 @@ package ledger
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"hash/crc32"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -166,5 +169,137 @@ func TestCRC32CSmallMatchesHashCRC32(t *testing.T) {
 		require.Equal(t, want, crc32cSmall(b), "length %d", n)
 		require.Equal(t, want, crc32cFunc(crcHardwareMin)(b), "length %d", n)
 		require.Equal(t, want, crc32cFunc(0)(b), "length %d", n)
+	}
+}
+
+// benchState is the state gpu-guard-ctl's process benchmark reads: 32 of 64
+// GPUs held and n waiters for two GPUs each.
+func benchState(n int) State {
+	at := time.Date(2026, 3, 1, 12, 0, 0, 123456789, time.UTC)
+	st := State{BootID: testBoot, Lineage: "K5H5HT5E3PIMNNYN7XNXIGNIO7", Generation: 2, NextSeq: uint64(n), UpdatedAt: at}
+	dev := func(i int) devices.Device {
+		return devices.Device{UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-000000000000", i), Index: strconv.Itoa(i), Kind: devices.KindGPU}
+	}
+	for i := range 32 {
+		o := Owner{ContainerID: fmt.Sprintf("%064x", i+1), Namespace: "ns", Pod: fmt.Sprintf("holder-%d", i), PodUID: fmt.Sprintf("uid-holder-%d", i),
+			Container: "main", FrontEnd: FrontEndNRI}
+		st.Claims = append(st.Claims, Claim{Device: dev(i), Owner: o, Source: "env", Since: at})
+	}
+	for i := range n {
+		o := Owner{ContainerID: fmt.Sprintf("%064x", 10_000+i), Namespace: "ns", Pod: fmt.Sprintf("waiter-%d", i), PodUID: fmt.Sprintf("uid-waiter-%d", i),
+			Container: "main", FrontEnd: FrontEndNRI}
+		st.Waiters = append(st.Waiters, Waiter{Key: "ns/" + o.PodUID + "/main", Seq: uint64(i), Devices: []devices.Device{dev(i % 32), dev((i + 1) % 32)},
+			Owner: o, FirstSeen: at.Add(time.Duration(i) * time.Millisecond), LastSeen: at.Add(time.Duration(i) * time.Second)})
+	}
+	return st
+}
+
+// BenchmarkFastDecodeState is the state line's decode alone (no checksum,
+// no validation), at 1,000 waiters.
+//
+//	go test -tags nri_no_wasm -run '^$' -bench FastDecodeState -benchmem ./pkg/ledger/
+func BenchmarkFastDecodeState(b *testing.B) {
+	st := benchState(1000)
+	body, err := appendStateJSON(nil, &st)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if got, ok := fastDecodeState(body); !ok || len(got.Waiters) != 1000 {
+			b.Fatal("decode")
+		}
+	}
+}
+
+// parseUTC gives what time.Time's UnmarshalText gives for every time the
+// encoder writes, and declines (leaving UnmarshalText to decide) everything
+// else it is shown: other forms, offsets, fields out of range.
+func TestParseUTCMatchesUnmarshalText(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	check := func(s string, wantOK bool) {
+		t.Helper()
+		got, ok := parseUTC([]byte(s))
+		require.Equal(t, wantOK, ok, "%q", s)
+		if !ok {
+			return
+		}
+		var want time.Time
+		require.NoError(t, want.UnmarshalText([]byte(s)), "%q", s)
+		require.Equal(t, want, got, "%q", s)
+	}
+	for range 20000 {
+		at := time.Unix(rng.Int64N(253402300800), 0).UTC() // years 1970 to 9999
+		switch rng.IntN(4) {
+		case 0: // whole seconds: no fraction written
+		case 1:
+			at = at.Add(time.Duration(rng.IntN(1e9)))
+		case 2:
+			at = at.Add(time.Duration(rng.IntN(1000)) * time.Millisecond)
+		default:
+			at = at.Add(time.Duration(rng.IntN(10)) * 100 * time.Millisecond)
+		}
+		b, err := appendTime(nil, at)
+		require.NoError(t, err)
+		s := string(b[1 : len(b)-1])
+		check(s, true)
+		got, _ := parseUTC([]byte(s))
+		require.True(t, at.Equal(got) && got.Location() == time.UTC, "%q: %v, want %v", s, got, at)
+	}
+	for _, s := range []string{
+		"0000-01-01T00:00:00Z", "9999-12-31T23:59:59.999999999Z", "2024-02-29T12:00:00Z", "2000-02-29T00:00:00.5Z",
+		"2026-03-01T12:00:00.000000001Z", "2026-03-01T12:00:00.100Z", // trailing zeros: not written, still read
+	} {
+		check(s, true)
+	}
+	for _, s := range []string{
+		"", "2026-03-01T12:00:00", "2026-03-01T12:00:00+00:00", "2026-03-01T12:00:00+01:00", "2026-03-01t12:00:00Z",
+		"2026-03-01 12:00:00Z", "2026-3-01T12:00:00Z", "2026-03-01T12:00:00.Z", "2026-03-01T12:00:00.1234567891Z",
+		"2026-03-01T12:00:00,5Z", "2026-03-01T12:00:00.5aZ", "+026-03-01T12:00:00Z", "2026-13-01T12:00:00Z",
+		"2026-00-01T12:00:00Z", "2026-02-29T12:00:00Z", "1900-02-29T12:00:00Z", "2026-04-31T12:00:00Z",
+		"2026-03-00T12:00:00Z", "2026-03-01T24:00:00Z", "2026-03-01T12:60:00Z", "2026-03-01T12:00:60Z",
+		"2026-03-01T12:00:0xZ", "2026-03-01T12:00:00ZZ",
+	} {
+		check(s, false)
+	}
+}
+
+// The string scanner's word-at-a-time skip stops for every byte that needs
+// the byte loop ('"', '\\', control bytes, bytes of multi-byte runes) at
+// every position in a word: the decoder answers exactly as encoding/json, or
+// gives up.
+func TestFastDecoderStringsAtEveryOffset(t *testing.T) {
+	for _, special := range []string{`"`, `\\`, `\n`, "\x01", "\x1f", "\x7f", "é", "€", "😀", "\xff", " ", "~"} {
+		for pre := range 17 {
+			for post := range 9 {
+				s := strings.Repeat("a", pre) + special + strings.Repeat("b", post)
+				line, err := json.Marshal(s)
+				require.NoError(t, err)
+				// The raw bytes too, as a state written by hand could hold them.
+				for _, quoted := range [][]byte{line, []byte(`"` + s + `"`)} {
+					d := fastDecoder{b: quoted}
+					got := d.str()
+					var want string
+					err := json.Unmarshal(quoted, &want)
+					if d.bad || d.i != len(quoted) {
+						// Gave up: encoding/json decides. Only for what
+						// the encoder never writes as it is.
+						require.NotContains(t, []string{" ", "~", "\x7f", "é", "€", "😀"}, special, "%q", quoted)
+						continue
+					}
+					require.NoError(t, err, "%q", quoted)
+					require.Equal(t, want, got, "%q", quoted)
+				}
+			}
+		}
+	}
+	// Plain strings of every length end where the quote is.
+	for n := range 40 {
+		s := strings.Repeat("x", n)
+		d := fastDecoder{b: []byte(`"` + s + `",`)}
+		require.Equal(t, s, d.str())
+		require.False(t, d.bad)
+		require.Equal(t, n+2, d.i)
 	}
 }
