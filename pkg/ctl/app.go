@@ -132,11 +132,13 @@ func (a *app) view(ctx context.Context, fn func(tx *ledger.Tx) error) error {
 	return nil
 }
 
-// snapshot is a copy of the state as view sees it.
+// snapshot is a copy of the state as view sees it, the caller's to keep and
+// modify: tx.State() already is one (it shares no storage with the Tx or the
+// ledger), so it is not copied again.
 func (a *app) snapshot(ctx context.Context) (ledger.State, error) {
 	var st ledger.State
 	err := a.view(ctx, func(tx *ledger.Tx) error {
-		st = tx.State().Clone()
+		st = *tx.State()
 		return nil
 	})
 	return st, err

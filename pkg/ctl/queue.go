@@ -77,7 +77,9 @@ type waiterJSON struct {
 // buildQueue lists the waiters with their positions as the ledger computes
 // them for refusal messages.
 func buildQueue(tx *ledger.Tx, now time.Time) queueView {
-	st := tx.State()
+	// Only read, within the View: no copy of the state
+	// (TestReadersLeaveTheStateAsRead).
+	st := tx.ReadState()
 	reserved := map[string][]ledger.Reservation{}
 	for _, r := range st.Reservations {
 		reserved[r.For] = append(reserved[r.For], r)

@@ -101,7 +101,9 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			}
 			var v *statusView
 			err = a.view(cmd.Context(), func(tx *ledger.Tx) error {
-				v = buildStatus(tx.State(), inv, info, rule)
+				// Read once and rendered: no copy of the state
+				// (buildStatus only reads it; TestReadersLeaveTheStateAsRead).
+				v = buildStatus(tx.ReadState(), inv, info, rule)
 				return nil
 			})
 			if err != nil {

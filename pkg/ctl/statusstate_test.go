@@ -466,3 +466,37 @@ func TestOperatorCordonSurvivesRebootInStatus(t *testing.T) {
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, `"decision": "admit"`)
 }
+
+// TestReadersLeaveTheStateAsRead: status and queue build their views from
+// the Tx's own state (Tx.ReadState, no copy), which may share storage with
+// the ledger's cache: building and rendering them in every output format
+// must leave every byte of it as it was.
+func TestReadersLeaveTheStateAsRead(t *testing.T) {
+	f := newFixture(t)
+	f.populate(t)
+	// A draining holder and a cordon too: every state status can show.
+	f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) {
+		require.NotEmpty(t, tx.MarkDraining(idStale, "stopped"))
+		_, _, err := tx.Cordon(f.dev(t, uuidGPU0), ledger.CordonOperator, "fan", "ops")
+		require.NoError(t, err)
+	})
+	l, err := ledger.OpenReadOnly(f.dir, f.ledgerOpts(0))
+	require.NoError(t, err)
+	rule := guard.NewReleaseRule(config.Default(), f.liveness)
+	require.NoError(t, l.View(context.Background(), func(tx *ledger.Tx) error {
+		before := tx.State().Clone()
+		require.NotEmpty(t, before.Waiters)
+		require.NotEmpty(t, before.Reservations)
+		require.NotEmpty(t, before.Conflicts)
+		require.NotEmpty(t, before.Cordons)
+		for _, output := range []string{outputTable, outputWide, outputJSON} {
+			v := buildStatus(tx.ReadState(), f.inv, inventoryInfo{Origin: "cache"}, rule)
+			v.setDrainDeadlines(time.Minute)
+			require.NoError(t, v.render(io.Discard, output, now))
+			q := buildQueue(tx, now)
+			require.NoError(t, q.render(io.Discard, output, now))
+		}
+		require.Equal(t, before, *tx.ReadState())
+		return nil
+	}))
+}

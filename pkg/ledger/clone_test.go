@@ -4,9 +4,11 @@
 package ledger
 
 import (
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
@@ -65,4 +67,26 @@ func TestStateOwners(t *testing.T) {
 	assert.Equal(t, "holder", got["a"].Pod)
 	assert.Equal(t, "conflict", got["b"].Pod)
 	assert.Equal(t, "waiter", got["c"].Pod)
+}
+
+// TestReadStateIsTheTxState: ReadState is the state State copies, as the Tx
+// changes it, in an Update and in a View (with the queue mechanics applied).
+func TestReadStateIsTheTxState(t *testing.T) {
+	l := openTest(t, nil)
+	update(t, l, func(tx *Tx) {
+		assert.Equal(t, *tx.State(), *tx.ReadState())
+		_, err := tx.Claim("", owner("a"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+		tx.Enqueue("ns/uid-b/ctr", owner("b"), devs(gpu(0), gpu(1)))
+		assert.Equal(t, *tx.State(), *tx.ReadState())
+		assert.Len(t, tx.ReadState().Claims, 1)
+		assert.Len(t, tx.ReadState().Waiters, 1)
+	})
+	update(t, l, func(tx *Tx) { tx.Release("a", "stop") })
+	require.NoError(t, l.View(context.Background(), func(tx *Tx) error {
+		// The released GPU and the free one are reserved for the waiter.
+		assert.Equal(t, *tx.State(), *tx.ReadState())
+		assert.Len(t, tx.ReadState().Reservations, 2) // both of its GPUs are free
+		return nil
+	}))
 }

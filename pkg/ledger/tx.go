@@ -93,6 +93,15 @@ func (tx *Tx) ownWaiters() []Waiter {
 // every timestamp it writes.
 func (tx *Tx) Now() time.Time { return tx.now }
 
+// ReadState is the state being built, not a copy: for a reader that only
+// looks at it, within View's fn (gpu-guard-ctl rendering thousands of
+// waiters once). It may share storage with the ledger's cache, so it must
+// never be modified, nor kept past the Tx; what must be is State's.
+func (tx *Tx) ReadState() *State {
+	tx.check()
+	return &tx.st
+}
+
 // State is a copy of the state being built, taken at the call (and reused
 // until the next change): modifying it changes nothing in the ledger, and it
 // shares no storage with the Tx or with the ledger's cache.
