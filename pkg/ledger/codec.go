@@ -136,7 +136,12 @@ func (e *encoder) encode(st *State, keep []byte) ([]byte, error) {
 // ErrCorrupt — including a field this build does not know, which a later
 // write would otherwise drop. It never panics. The state is decoded once,
 // in one pass.
-func DecodeState(data []byte) (State, error) {
+func DecodeState(data []byte) (State, error) { return decodeState(data, false) }
+
+// decodeState is DecodeState; owned says data is the caller's own buffer,
+// never written again, which the waiters' strings may then point into
+// (fastDecodeState) instead of a copy of it.
+func decodeState(data []byte, owned bool) (State, error) {
 	if len(data) > maxStateBytes {
 		return State{}, badState("file is %d bytes, more than the %d a ledger can be", len(data), maxStateBytes)
 	}
@@ -171,7 +176,7 @@ func DecodeState(data []byte) (State, error) {
 	if want := checksumPrefix + hex.EncodeToString(sum[:]); hdr.Checksum != want {
 		return State{}, badState("checksum mismatch: file says %q, content hashes to %q", truncate(hdr.Checksum, 80), want)
 	}
-	st, ok := fastDecodeState(body)
+	st, ok := fastDecodeStateOf(body, owned)
 	if !ok {
 		// Not exactly as the encoder writes it: encoding/json decides.
 		if err := decodeStrict(body, &st); err != nil {

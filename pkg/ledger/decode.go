@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
@@ -36,13 +37,22 @@ type fastDecoder struct {
 	// for every key, container id and pod name, most of a cold read. The
 	// price is that s stays in memory while any waiter decoded from it
 	// does; waiters leave within queue_ttl, and the long-lived entries
-	// (claims, cordons) allocate their own strings.
+	// (claims, cordons) allocate their own strings. s is a copy of b, or,
+	// when the caller owns b and never writes it again (a file's bytes just
+	// read), b itself: a reader's memory is mostly the state, and every
+	// fresh page of it costs a fault (a whole process, gpu-guard-ctl
+	// status, spent a third of its time in them).
 	share bool
 	s     string
 	devs  []devices.Device
 }
 
-func fastDecodeState(b []byte) (State, bool) {
+// fastDecodeState decodes the state line b, or gives up (ok false).
+func fastDecodeState(b []byte) (State, bool) { return fastDecodeStateOf(b, false) }
+
+// fastDecodeStateOf is fastDecodeState; owned says b is never written
+// again, by anyone: the waiters' strings then point into it.
+func fastDecodeStateOf(b []byte, owned bool) (State, bool) {
 	d := fastDecoder{b: b}
 	var st State
 	d.lit(`{"waiters":`)
@@ -52,6 +62,9 @@ func fastDecodeState(b []byte) (State, bool) {
 		// so the list is allocated once, at its size.
 		n := bytes.Count(b, []byte(`{"key":`))
 		d.share, d.s = true, string(b)
+		if owned && len(b) > 0 {
+			d.s = unsafe.String(&b[0], len(b)) //nolint:gosec // b is the caller's and never written again (see owned)
+		}
 		d.devs = make([]devices.Device, 0, 2*n)
 		st.Waiters = fastListCap(&d, n, (*fastDecoder).waiter)
 		d.share, d.devs = false, nil

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -301,5 +302,30 @@ func TestFastDecoderStringsAtEveryOffset(t *testing.T) {
 		require.Equal(t, s, d.str())
 		require.False(t, d.bad)
 		require.Equal(t, n+2, d.i)
+	}
+}
+
+// A state decoded from a buffer it owns gives what encoding/json gives, and
+// its waiters' strings are the buffer's bytes: no copy of the line.
+func TestFastDecodeOwnedBuffer(t *testing.T) {
+	rng := rand.New(rand.NewPCG(15, 16))
+	for i := range 100 {
+		st := randomState(rng)
+		body, err := appendStateJSON(nil, &st)
+		require.NoError(t, err)
+		var slow State
+		require.NoError(t, decodeStrict(body, &slow))
+		fast, ok := fastDecodeStateOf(body, true)
+		require.True(t, ok, "state %d: %s", i, body)
+		require.Equal(t, slow, fast, "state %d", i)
+		for _, w := range fast.Waiters {
+			if w.Key == "" {
+				continue
+			}
+			p := unsafe.StringData(w.Key)
+			require.True(t, uintptr(unsafe.Pointer(p)) >= uintptr(unsafe.Pointer(&body[0])) &&
+				uintptr(unsafe.Pointer(p)) < uintptr(unsafe.Pointer(&body[0]))+uintptr(len(body)),
+				"state %d: waiter key %q is a copy", i, w.Key)
+		}
 	}
 }

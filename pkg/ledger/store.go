@@ -161,7 +161,7 @@ func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
 		}
 		ld.snapBytes = int64(len(data))
 		ld.format, _ = peekFormat(data)
-		ld.st, err = DecodeState(data)
+		ld.st, err = decodeState(data, true) // data is this read's own buffer
 		if err != nil {
 			return ld, l.corrupt(l.StatePath(), err)
 		}
