@@ -21,13 +21,14 @@ import (
 )
 
 func main() {
-	// Interrupt ends `audit --follow` cleanly; other commands finish quickly.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	env := ctl.DefaultEnv()
+	// Interrupt ends `audit --follow` cleanly, and a waiting or changing
+	// command through its context; a read that renders once ignores it.
+	env.Interrupts = func(ctx context.Context) (context.Context, context.CancelFunc) {
+		return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	}
 	if !withNVML {
 		env.NeedNVML = ctl.ExecCompanion(os.Args[1:])
 	}
-	code := ctl.Run(ctx, os.Args[1:], env)
-	stop()
-	os.Exit(code)
+	os.Exit(ctl.Run(context.Background(), os.Args[1:], env))
 }

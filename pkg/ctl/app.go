@@ -31,6 +31,9 @@ type app struct {
 	output       string
 
 	cfg *config.Config // loaded once, on first use
+
+	// stopInterrupts stops the signal handling Env.Interrupts started.
+	stopInterrupts context.CancelFunc
 }
 
 // config loads the configuration named by --config, then

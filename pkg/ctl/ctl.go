@@ -66,6 +66,15 @@ type Env struct {
 	// NVML. It returns only when it cannot; the command then fails with an
 	// NVMLHandoverError. Nil: NVML is used through the NVML field.
 	NeedNVML func(why string) error
+	// Interrupts returns ctx canceled on Ctrl-C or SIGTERM, and its stop
+	// (signal.NotifyContext in the real process). A command that waits or
+	// changes the ledger runs under it, so that a signal ends the wait, or
+	// lets the change finish, instead of killing the process. A read that
+	// renders once (status, queue, claims, explain, check-config, version)
+	// does not: listening for signals starts an extra thread, about a
+	// tenth of such a command, and the default (the process ends) is all it
+	// needs. Nil: commands run under Run's ctx as it is.
+	Interrupts func(ctx context.Context) (context.Context, context.CancelFunc)
 	// BootID overrides the host boot id the ledger compares its state with
 	// (tests pin it; empty = /proc/sys/kernel/random/boot_id).
 	BootID string
@@ -133,6 +142,9 @@ func Run(ctx context.Context, args []string, env Env) int {
 	root.SetOut(env.Stdout)
 	root.SetErr(env.Stderr)
 	cmd, err := root.ExecuteContextC(ctx)
+	if a.stopInterrupts != nil {
+		a.stopInterrupts()
+	}
 	if err == nil {
 		return ExitOK
 	}

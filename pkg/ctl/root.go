@@ -48,12 +48,18 @@ conflict or a stale claim).`,
 			_ = cmd.Usage()
 			return usagef("no command given")
 		},
-		PersistentPreRunE: func(_ *cobra.Command, _ []string) error {
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			switch a.output {
 			case outputTable, outputWide, outputJSON:
-				return nil
+			default:
+				return usagef("invalid output format %q (want table, wide or json)", a.output)
 			}
-			return usagef("invalid output format %q (want table, wide or json)", a.output)
+			if a.env.Interrupts != nil && cmd.Annotations[annotReadOnce] == "" {
+				ctx, stop := a.env.Interrupts(cmd.Context())
+				cmd.SetContext(ctx)
+				a.stopInterrupts = stop
+			}
+			return nil
 		},
 	}
 	root.CompletionOptions.HiddenDefaultCmd = true
@@ -78,12 +84,12 @@ conflict or a stale claim).`,
 	pf.StringVarP(&a.output, "output", "o", outputTable, "output format: table, wide or json")
 
 	root.AddCommand(
-		a.statusCommand(),
+		readOnce(a.statusCommand()),
 		a.psCommand(),
-		a.claimsCommand(),
-		a.queueCommand(),
+		readOnce(a.claimsCommand()),
+		readOnce(a.queueCommand()),
 		a.devicesCommand(),
-		a.explainCommand(),
+		readOnce(a.explainCommand()),
 		a.auditCommand(),
 		a.releaseCommand(),
 		a.gcCommand(),
@@ -91,8 +97,8 @@ conflict or a stale claim).`,
 		a.uncordonCommand(),
 		a.runCommand(),
 		a.recoverCommand(),
-		a.checkConfigCommand(),
-		a.versionCommand(),
+		readOnce(a.checkConfigCommand()),
+		readOnce(a.versionCommand()),
 	)
 	return root
 }
@@ -157,4 +163,14 @@ func maxArgs(n int) cobra.PositionalArgs {
 // newCommand fills the fields every subcommand shares.
 func newCommand(use, short, long, example string, args cobra.PositionalArgs, run func(cmd *cobra.Command, args []string) error) *cobra.Command {
 	return &cobra.Command{Use: use, Short: short, Long: long, Example: example, Args: args, RunE: run}
+}
+
+// annotReadOnce marks a command that reads once and renders, without
+// waiting and without changing anything: it runs without Env.Interrupts.
+const annotReadOnce = "gpu-guard-ctl/read-once"
+
+// readOnce marks cmd as annotReadOnce.
+func readOnce(cmd *cobra.Command) *cobra.Command {
+	cmd.Annotations = map[string]string{annotReadOnce: "true"}
+	return cmd
 }

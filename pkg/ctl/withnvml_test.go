@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -139,6 +140,58 @@ func TestNeedNVMLOnlyForNVML(t *testing.T) {
 				return errors.New("unexpected handover")
 			}, tc.args...)
 			assert.Equal(t, want, got)
+		})
+	}
+}
+
+// TestInterruptsOnlyWhereACommandWaitsOrWrites: a command that waits or
+// changes the ledger runs under the context Env.Interrupts gives (canceled
+// here, as by Ctrl-C: the command stops); a read that renders once never asks
+// for it (no signal handling to set up) and runs to the end.
+func TestInterruptsOnlyWhereACommandWaitsOrWrites(t *testing.T) {
+	for _, tc := range []struct {
+		args       []string
+		interrupts bool
+	}{
+		{[]string{"status"}, false},
+		{[]string{"queue", "-o", "json"}, false},
+		{[]string{"claims"}, false},
+		{[]string{"explain", "--env", "NVIDIA_VISIBLE_DEVICES=1"}, false},
+		{[]string{"version"}, false},
+		{[]string{"gc"}, true},
+		{[]string{"release", "--container", idStale, "--reason", "stuck"}, true},
+		{[]string{"cordon", "1", "--reason", "fan"}, true},
+		{[]string{"audit", "--follow"}, true},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			f := newFixture(t)
+			f.populate(t)
+			before := dirFiles(t, f.dir)
+			var stdout, stderr syncBuffer
+			env := f.env(&stdout, &stderr)
+			calls, stopped := 0, 0
+			env.Interrupts = func(ctx context.Context) (context.Context, context.CancelFunc) {
+				calls++
+				ctx, cancel := context.WithCancel(ctx)
+				cancel() // the operator pressed Ctrl-C at once
+				return ctx, func() { stopped++ }
+			}
+			code := Run(context.Background(), append([]string{"--config", f.config}, tc.args...), env)
+			if !tc.interrupts {
+				assert.Zero(t, calls)
+				assert.Contains(t, []int{ExitOK, ExitAttention}, code, stderr.String())
+				assert.NotEmpty(t, stdout.String())
+				return
+			}
+			assert.Equal(t, 1, calls)
+			assert.Equal(t, 1, stopped, "signal handling stopped when the command ended")
+			if tc.args[0] == "audit" {
+				assert.Equal(t, ExitOK, code, stderr.String()) // --follow ends cleanly
+				return
+			}
+			assert.Equal(t, ExitError, code)
+			assert.Contains(t, stderr.String(), context.Canceled.Error())
+			assert.Equal(t, before, dirFiles(t, f.dir), "an interrupted command changed the state dir")
 		})
 	}
 }
