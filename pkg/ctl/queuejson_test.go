@@ -60,18 +60,59 @@ func TestQueueJSONMatchesEncodingJSON(t *testing.T) {
 				})
 			}
 		}
-		if i%50 == 7 {
+		switch i % 50 {
+		case 7:
 			// A time encoding/json refuses.
 			v.Waiters = append(v.Waiters, waiterJSON{LastSeen: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)})
+		case 17:
+			v.Waiters = append(v.Waiters, waiterJSON{FirstSeen: time.Date(-1, 1, 1, 0, 0, 0, 0, time.UTC)})
+		case 27:
+			v.Waiters = append(v.Waiters, waiterJSON{LastSeen: time.Unix(0, 0).In(time.FixedZone("far", 24*3600))})
+		case 37:
+			v.Waiters = append(v.Waiters, waiterJSON{FirstSeen: time.Unix(0, 0).In(time.FixedZone("farther", -100*3600-59))})
+		case 47:
+			// Written: the offset's seconds are dropped, its hours are 23.
+			v.Waiters = append(v.Waiters, waiterJSON{FirstSeen: time.Unix(0, 0).In(time.FixedZone("near", -(23*3600 + 59*60 + 59)))})
 		}
 		var fast, slow bytes.Buffer
 		ferr, serr := writeQueueJSON(&fast, &v), writeJSON(&slow, v)
 		if serr != nil {
-			require.Equal(t, 7, i%50, "view %d: %v", i, serr)
+			require.Contains(t, []int{7, 17, 27, 37}, i%50, "view %d: %v", i, serr)
 			require.EqualError(t, ferr, serr.Error(), "view %d", i)
 			continue
 		}
 		require.NoError(t, ferr, "view %d", i)
 		require.Equal(t, slow.String(), fast.String(), "view %d", i)
+	}
+}
+
+// chunkRecorder records the size of every write.
+type chunkRecorder struct {
+	bytes.Buffer
+	writes []int
+}
+
+func (c *chunkRecorder) Write(p []byte) (int, error) {
+	c.writes = append(c.writes, len(p))
+	return c.Buffer.Write(p)
+}
+
+// A long queue is written in chunks, through one buffer, and the chunks add
+// up to encoding/json's bytes.
+func TestQueueJSONInChunks(t *testing.T) {
+	var v queueView
+	at := time.Date(2026, 3, 1, 12, 0, 0, 5, time.UTC)
+	for i := range 2000 {
+		v.Waiters = append(v.Waiters, waiterJSON{Position: i + 1, QueueLength: 2000, Requester: "ns/uid/ctr", ContainerID: "c",
+			Devices: []string{"GPU-0", "GPU-1"}, FirstSeen: at, LastSeen: at.Add(time.Duration(i)), Reserved: []string{}})
+	}
+	var fast chunkRecorder
+	var slow bytes.Buffer
+	require.NoError(t, writeQueueJSON(&fast, &v))
+	require.NoError(t, writeJSON(&slow, v))
+	require.Equal(t, slow.String(), fast.String())
+	require.Greater(t, len(fast.writes), 10)
+	for _, n := range fast.writes {
+		require.Less(t, n, queueChunk+4096, "one write of %d bytes", n)
 	}
 }
