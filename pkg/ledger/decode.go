@@ -61,9 +61,11 @@ func fastDecodeStateOf(b []byte, owned bool) (State, bool) {
 		// holding a '"' has an escape, which this decoder gives up on),
 		// so the list is allocated once, at its size.
 		n := bytes.Count(b, []byte(`{"key":`))
-		d.share, d.s = true, string(b)
-		if owned && len(b) > 0 {
+		d.share = true
+		if owned {
 			d.s = unsafe.String(&b[0], len(b)) //nolint:gosec // b is the caller's and never written again (see owned)
+		} else {
+			d.s = string(b)
 		}
 		d.devs = make([]devices.Device, 0, 2*n)
 		st.Waiters = fastListCap(&d, n, (*fastDecoder).waiter)

@@ -315,8 +315,14 @@ func TestFastDecodeOwnedBuffer(t *testing.T) {
 		require.NoError(t, err)
 		var slow State
 		require.NoError(t, decodeStrict(body, &slow))
-		fast, ok := fastDecodeStateOf(body, true)
+		var fast State
+		var ok bool
+		allocs := testing.AllocsPerRun(1, func() { fast, ok = fastDecodeStateOf(body, true) })
 		require.True(t, ok, "state %d: %s", i, body)
+		copied := testing.AllocsPerRun(1, func() { _, _ = fastDecodeStateOf(body, false) })
+		if len(fast.Waiters) > 0 {
+			require.Less(t, allocs, copied, "state %d: the owned buffer was copied", i)
+		}
 		require.Equal(t, slow, fast, "state %d", i)
 		for _, w := range fast.Waiters {
 			if w.Key == "" {
