@@ -299,7 +299,7 @@ type statusIndex struct {
 	reservations map[string]*ledger.Reservation // by device UUID
 	conflicts    map[string][]ledger.Conflict   // by device UUID
 	waiters      map[string]int                 // waiters wanting each device UUID
-	waiterByKey  map[string]*ledger.Waiter
+	waiterByKey  map[string]*ledger.Waiter      // the waiters a reservation is for
 	cordons      cordonIndex
 }
 
@@ -310,7 +310,7 @@ func indexState(st *ledger.State) statusIndex {
 		reservations: make(map[string]*ledger.Reservation, len(st.Reservations)),
 		conflicts:    map[string][]ledger.Conflict{},
 		waiters:      map[string]int{},
-		waiterByKey:  make(map[string]*ledger.Waiter, len(st.Waiters)),
+		waiterByKey:  make(map[string]*ledger.Waiter, len(st.Reservations)),
 		cordons:      newCordonIndex(st.Cordons),
 	}
 	for i := range st.Claims {
@@ -321,14 +321,18 @@ func indexState(st *ledger.State) statusIndex {
 		}
 	}
 	for i := range st.Reservations {
-		x.reservations[st.Reservations[i].Device.UUID] = &st.Reservations[i]
+		r := &st.Reservations[i]
+		x.reservations[r.Device.UUID] = r
+		x.waiterByKey[r.For] = nil // looked up below: only these of thousands of waiters
 	}
 	for _, c := range st.Conflicts {
 		x.conflicts[c.Device.UUID] = append(x.conflicts[c.Device.UUID], c)
 	}
 	for i := range st.Waiters {
 		w := &st.Waiters[i]
-		x.waiterByKey[w.Key] = w
+		if _, ok := x.waiterByKey[w.Key]; ok {
+			x.waiterByKey[w.Key] = w
+		}
 		for _, d := range w.Devices {
 			x.waiters[d.UUID]++
 		}
