@@ -35,7 +35,10 @@ trap 'rm -rf "$tmp"' EXIT
 export CGO_ENABLED=1
 export CGO_CFLAGS="${CGO_CFLAGS:--O2 -Wno-deprecated-declarations}"
 "$GO" build -tags nri_no_wasm -o "$tmp/inventory-check" ./test/gpu/inventory-check
-"$GO" build -tags nri_no_wasm -o "$tmp/gpu-guard-ctl" ./cmd/gpu-guard-ctl
+# As make build builds them: gpu-guard-ctl static, running ps (NVML) as
+# `nri-gpu-guard ctl`, the binary next to it.
+"$GO" build -tags nri_no_wasm -o "$tmp/nri-gpu-guard" ./cmd/nri-gpu-guard
+CGO_ENABLED=0 "$GO" build -tags nri_no_wasm -o "$tmp/gpu-guard-ctl" ./cmd/gpu-guard-ctl
 
 echo "gpu-check: driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1)"
 status=0
