@@ -53,6 +53,9 @@ type Guard struct {
 	now      func() time.Time
 	log      *slog.Logger
 	obs      Observer
+	// observed: an Observer was given; without one (an OCI hook) Admit
+	// skips the copy of the state it would hand to StateChanged.
+	observed bool
 	exempt   map[string]bool
 }
 
@@ -85,6 +88,7 @@ func New(opts Options) (*Guard, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
+	g.observed = g.obs != nil
 	if g.obs == nil {
 		g.obs = nopObserver{}
 	}
@@ -194,7 +198,9 @@ func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, er
 			if err != nil {
 				return err
 			}
-			st = *tx.State() // already a copy the ledger keeps nothing of
+			if g.observed {
+				st = *tx.State() // already a copy the ledger keeps nothing of
+			}
 			return nil
 		})
 	}
@@ -203,7 +209,7 @@ func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, er
 			slog.Any("devices", res.UUIDs()), slog.Any("error", err))...)
 		return Decision{}, g.ledgerError(owner, err)
 	}
-	if !dryRun {
+	if !dryRun && g.observed {
 		if len(released) > 0 {
 			g.obs.Released(ReasonHolderExited, released)
 		}

@@ -229,6 +229,7 @@ func (e env) newQueueWait(g guardAPI, cfg config.Config, req guard.Request, stde
 		newTicker:       e.newTicker,
 		watch: &watcher{
 			snapshot:     g.Ledger().Snapshot,
+			committed:    g.Ledger().Committed,
 			releasable:   guard.NewReleaseRule(cfg, liveness.New("", e.procRoot)).Check,
 			now:          e.now,
 			queueTTL:     cfg.Policy.QueueTTL.Duration,

@@ -45,6 +45,11 @@ func (t turnstile) enter(ctx context.Context) func() {
 	if err != nil {
 		return func() {}
 	}
+	// Free (the common case): taken at once, without a goroutine and the
+	// thread its blocking flock would need.
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		return func() { _ = f.Close() }
+	}
 	var (
 		mu        sync.Mutex
 		abandoned bool

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
 // oddStrings are strings encoding/json escapes or replaces, and plain ones.
@@ -143,4 +145,32 @@ func TestLineDecodersMatchEncodingJSON(t *testing.T) {
 		_, ok := fastDecodeMarker([]byte(other))
 		require.False(t, ok, "%s", other)
 	}
+}
+
+// Committed is what the handle's last Update committed, read from nothing:
+// another handle's later commit shows only once this one reads again.
+func TestCommittedIsWhatTheLastUpdateCommitted(t *testing.T) {
+	l := openTest(t, nil)
+	_, ok := l.Committed()
+	require.False(t, ok, "nothing read or written yet")
+	owner := Owner{ContainerID: "c1", FrontEnd: FrontEndHook}
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("c1", owner, []devices.Device{gpu(0)}, "test")
+		require.NoError(t, err)
+	})
+	st, ok := l.Committed()
+	require.True(t, ok)
+	require.Equal(t, map[string]string{gpu(0).UUID: "c1"}, holders(st))
+	require.Equal(t, snapshot(t, l).Generation, st.Generation)
+
+	other, err := Open(l.Dir(), testOptions(nil))
+	require.NoError(t, err)
+	update(t, other, func(tx *Tx) { tx.Release("c1", "test") })
+	st, ok = l.Committed()
+	require.True(t, ok)
+	require.Len(t, st.Claims, 1, "no read since")
+	require.Empty(t, snapshot(t, l).Claims)
+	st, ok = l.Committed()
+	require.True(t, ok)
+	require.Empty(t, st.Claims, "the read refreshed it")
 }
