@@ -78,7 +78,7 @@ func RunInput(ctx context.Context, phase string, opts Options, cfg config.Config
 // guardAPI is what the hook needs from *guard.Guard.
 type guardAPI interface {
 	admitter
-	Explain(ctx context.Context, r guard.Request) (guard.Decision, error)
+	AdmitIfFree(ctx context.Context, r guard.Request) (guard.Decision, error)
 	Resolve(spec devices.Request) (devices.Resolution, error)
 	Removed(ctx context.Context, o ledger.Owner) error
 	Ledger() *ledger.Ledger

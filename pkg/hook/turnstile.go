@@ -116,6 +116,11 @@ func (l linedUp) Admit(ctx context.Context, r guard.Request) (guard.Decision, er
 	return l.guardAPI.Admit(ctx, r)
 }
 
+func (l linedUp) AdmitIfFree(ctx context.Context, r guard.Request) (guard.Decision, error) {
+	defer l.ts.enter(ctx)()
+	return l.guardAPI.AdmitIfFree(ctx, r)
+}
+
 func (l linedUp) Withdraw(ctx context.Context, key, reason string) error {
 	defer l.ts.enter(ctx)()
 	return l.guardAPI.Withdraw(ctx, key, reason)
