@@ -5,6 +5,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -16,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/benchab"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // BenchmarkHookProcess times whole processes, interleaved: the hook binary
@@ -23,8 +25,13 @@ import (
 // names no GPU, against a static Go program that only reads its stdin, and
 // the same request through the daemon binary's `nri-gpu-guard hook` (as
 // `make build` builds it) for comparison, and, when HOOK_BASELINE names one,
-// another build of the hook. The ratios are what counts; run it with
-// -benchtime=300x -count=3 (hack/bench-process.sh does).
+// another build of the hook. The GPU path is timed as a pair: create-runtime
+// --wait claiming GPU 0 then poststop releasing it ("gpu-pair", two durable
+// commits), against the same two phases of a static program that makes one
+// durable commit each (flock, append a journal-sized record, fdatasync,
+// unlock: "durable-pair", the floor of any hook that records a claim
+// durably). The ratios are what counts; run it with -benchtime=300x -count=3
+// (hack/bench-process.sh does).
 func BenchmarkHookProcess(b *testing.B) {
 	dir := b.TempDir()
 	bins := map[string]string{}
@@ -35,6 +42,7 @@ func BenchmarkHookProcess(b *testing.B) {
 	}{
 		{"hook", ".", []string{"CGO_ENABLED=0"}, []string{"-trimpath", "-ldflags=-s -w"}},
 		{"stdin", "./testdata/readstdin", []string{"CGO_ENABLED=0"}, []string{"-trimpath", "-ldflags=-s -w"}},
+		{"durable", "./testdata/durablefloor", []string{"CGO_ENABLED=0"}, []string{"-trimpath", "-ldflags=-s -w"}},
 		{"daemon", "../nri-gpu-guard", nil, []string{"-ldflags=-s -w"}},
 	} {
 		out := filepath.Join(dir, bld.name)
@@ -77,23 +85,100 @@ func BenchmarkHookProcess(b *testing.B) {
 			return d, nil
 		}
 	}
+
+	// The GPU pair: its own configuration, ledger and bundle (GPU 0 named),
+	// a new container id per pair; the pid is this process's (alive).
+	gpuState := filepath.Join(dir, "gpustate")
+	gpuCfg := filepath.Join(dir, "gpu.toml")
+	writeFile(b, gpuCfg, fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n"+
+		"[[devices.static]]\nindex = 0\nuuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n", gpuState))
+	gpuBundle := filepath.Join(dir, "gpubundle")
+	gpuSpec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{
+		Args: []string{"/app"}, Env: []string{"PATH=/usr/bin:/bin", "HOME=/root", "NVIDIA_VISIBLE_DEVICES=0"}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	writeFile(b, filepath.Join(gpuBundle, "config.json"), string(gpuSpec))
+	floorDir := filepath.Join(dir, "floorstate") // same file system as the ledger
+	pairs := 0
+	pair := func(bin string, extra ...string) func() (time.Duration, error) {
+		return func() (time.Duration, error) {
+			pairs++
+			in, err := json.Marshal(specs.State{Version: specs.Version, ID: fmt.Sprintf("pair-%d", pairs),
+				Status: specs.StateCreating, Pid: os.Getpid(), Bundle: gpuBundle})
+			if err != nil {
+				return 0, err
+			}
+			var total time.Duration
+			for _, args := range [][]string{{"create-runtime", "--config", gpuCfg, "--wait"}, {"poststop", "--config", gpuCfg}} {
+				cmd := exec.Command(bin, append(args, extra...)...)
+				cmd.Stdin = bytes.NewReader(in)
+				var stderr bytes.Buffer
+				cmd.Stderr = &stderr
+				start := time.Now()
+				err := cmd.Run()
+				total += time.Since(start)
+				if err != nil {
+					return 0, fmt.Errorf("%s %s: %w: %s", bin, args[0], err, stderr.String())
+				}
+			}
+			return total, nil
+		}
+	}
+	samples := map[string]*[]time.Duration{}
+	keep := func(name string, f func() (time.Duration, error)) benchab.Variant {
+		got := &[]time.Duration{}
+		samples[name] = got
+		return benchab.Variant{Name: name, Run: func() (time.Duration, error) {
+			d, err := f()
+			if err == nil {
+				*got = append(*got, d)
+			}
+			return d, err
+		}}
+	}
+
 	variants := []benchab.Variant{
 		{Name: "stdin", Run: run(bins["stdin"])},
 		{Name: "create", Run: run(bins["hook"], "create-runtime", "--config", cfg)},
 		{Name: "poststop", Run: run(bins["hook"], "poststop", "--config", cfg)},
 		{Name: "daemon-create", Run: run(bins["daemon"], "hook", "create-runtime", "--config", cfg)},
+		keep("gpu-pair", pair(bins["hook"])),
+		keep("durable-pair", pair(bins["durable"], "--state-dir", floorDir)),
 	}
 	// HOOK_BASELINE names another build of the hook binary (an earlier
 	// commit's) to time in the same rounds: a before/after on one machine
 	// under one load.
-	if base := os.Getenv("HOOK_BASELINE"); base != "" {
+	base := os.Getenv("HOOK_BASELINE")
+	if base != "" {
 		variants = append(variants,
 			benchab.Variant{Name: "baseline-create", Run: run(base, "create-runtime", "--config", cfg)},
-			benchab.Variant{Name: "baseline-poststop", Run: run(base, "poststop", "--config", cfg)})
+			benchab.Variant{Name: "baseline-poststop", Run: run(base, "poststop", "--config", cfg)},
+			keep("baseline-gpu-pair", pair(base)))
 	}
 	benchab.Run(b, variants)
+	ratio := func(num, den string) {
+		n := benchab.Stats(append([]time.Duration(nil), *samples[num]...))
+		d := benchab.Stats(append([]time.Duration(nil), *samples[den]...))
+		if d.P50 > 0 && d.P99 > 0 {
+			b.ReportMetric(float64(n.P50)/float64(d.P50), num+"/"+den+"-p50")
+			b.ReportMetric(float64(n.P99)/float64(d.P99), num+"/"+den+"-p99")
+		}
+	}
+	ratio("gpu-pair", "durable-pair")
+	if base != "" {
+		ratio("baseline-gpu-pair", "durable-pair")
+	}
 	if _, err := os.Stat(state); err == nil {
 		b.Fatalf("a request that names no GPU created the ledger %s", state)
+	}
+	led, err := ledger.OpenReadOnly(gpuState, ledger.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if st, err := led.Snapshot(context.Background()); err != nil || len(st.Claims) != 0 || len(st.Waiters) != 0 {
+		b.Fatalf("the GPU ledger is not empty after the pairs (every poststop releases): %d claims, %d waiters, %v",
+			len(st.Claims), len(st.Waiters), err)
 	}
 }
 

@@ -14,7 +14,10 @@
 // (no NVML, no file I/O), then, inside one ledger transaction: finds what is
 // busy, releases holders whose processes are gone although no stop event
 // arrived (or, under release_on = "remove", lets a same-pod restart take over
-// its stopped predecessor's claim), and claims, queues or refuses.
+// its stopped predecessor's claim), and claims, queues or refuses. Explain
+// makes the same decision on a view and writes nothing; AdmitIfFree (a
+// requester that does not wait) makes it under the lock and writes only an
+// admission.
 //
 // It also keeps the persistent device states of the ledger (cordon.go): a
 // cordon (CordonDevice, UncordonDevice; from gpu-guard-ctl, or from the

@@ -53,6 +53,9 @@ type Guard struct {
 	now      func() time.Time
 	log      *slog.Logger
 	obs      Observer
+	// observed: an Observer was given; without one (an OCI hook) Admit
+	// skips the copy of the state it would hand to StateChanged.
+	observed bool
 	exempt   map[string]bool
 }
 
@@ -85,6 +88,7 @@ func New(opts Options) (*Guard, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
+	g.observed = g.obs != nil
 	if g.obs == nil {
 		g.obs = nopObserver{}
 	}
@@ -131,18 +135,43 @@ func (g *Guard) Resolve(spec devices.Request) (devices.Resolution, error) {
 // decision could not be made (lock timeout, corrupt ledger): callers fail
 // closed with that error. Otherwise d.Err() is nil only for Admit/Skip.
 func (g *Guard) Admit(ctx context.Context, r Request) (Decision, error) {
-	return g.admit(ctx, r, false)
+	return g.admit(ctx, r, modeAdmit)
 }
+
+// AdmitIfFree is Admit for a requester that does not wait (an OCI hook
+// without --wait): in one transaction under the ledger lock it claims, as
+// Admit does, when the decision is to admit, and otherwise writes nothing
+// (no queue entry, no release of a holder found exited, which the answer
+// shows as Explain does) and returns the decision Explain would. The ledger
+// is read once, where Explain then Admit read it twice, and no queue entry
+// is ever made that would have to be withdrawn.
+func (g *Guard) AdmitIfFree(ctx context.Context, r Request) (Decision, error) {
+	return g.admit(ctx, r, modeIfFree)
+}
+
+// How admit treats the ledger.
+type admitMode int
+
+const (
+	modeAdmit   admitMode = iota // decide and record
+	modeExplain                  // decide on a view, write nothing
+	modeIfFree                   // record only an admission
+)
+
+// errNotFree aborts an AdmitIfFree transaction whose decision is not to
+// admit: Update then writes nothing.
+var errNotFree = errors.New("not admitted: nothing recorded")
 
 // Explain is Admit without any mutation (gpu-guard-ctl explain): the same
 // decision, computed on a ledger view whose changes are discarded (it works
 // on a read-only ledger). A holder found exited is shown as released in the
 // answer, but stays in the ledger.
 func (g *Guard) Explain(ctx context.Context, r Request) (Decision, error) {
-	return g.admit(ctx, r, true)
+	return g.admit(ctx, r, modeExplain)
 }
 
-func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, error) {
+func (g *Guard) admit(ctx context.Context, r Request, mode admitMode) (Decision, error) {
+	dryRun := mode == modeExplain
 	start := time.Now()
 	owner := BoundOwner(r.Owner)
 	// The request's front end is the one the caller (the front end itself)
@@ -194,16 +223,26 @@ func (g *Guard) admit(ctx context.Context, r Request, dryRun bool) (Decision, er
 			if err != nil {
 				return err
 			}
-			st = *tx.State() // already a copy the ledger keeps nothing of
+			if mode == modeIfFree && d.Result != Admit && d.Result != Skip {
+				return errNotFree
+			}
+			if g.observed {
+				st = *tx.State() // already a copy the ledger keeps nothing of
+			}
 			return nil
 		})
+	}
+	if errors.Is(err, errNotFree) {
+		// Nothing was written: reported like Explain's answer.
+		g.finish(d, owner, key, start, true)
+		return d, nil
 	}
 	if err != nil {
 		g.log.Error("admission decision failed", append(ownerAttrs(owner, key),
 			slog.Any("devices", res.UUIDs()), slog.Any("error", err))...)
 		return Decision{}, g.ledgerError(owner, err)
 	}
-	if !dryRun {
+	if !dryRun && g.observed {
 		if len(released) > 0 {
 			g.obs.Released(ReasonHolderExited, released)
 		}

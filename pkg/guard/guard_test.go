@@ -722,3 +722,44 @@ func BenchmarkRefuse(b *testing.B) {
 		}
 	}
 }
+
+// AdmitIfFree answers what Explain answers, in one locked transaction that
+// records an admission as Admit does and writes nothing else: no queue
+// entry, no audit record, no new generation for a busy request.
+func TestAdmitIfFree(t *testing.T) {
+	holder := ctr("ml", "a", "main", "holder0000000001")
+	req := ctr("ml", "b", "main", "req0000000000001")
+	e := newEnv(t, nil)
+	d, err := e.g.AdmitIfFree(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: holder, Spec: visible("1")})
+	require.NoError(t, err)
+	require.Equal(t, guard.Admit, d.Result, d.Message)
+	assert.Equal(t, map[string]string{uuid(1): holder.ContainerID}, e.holders())
+	require.NoError(t, e.g.Started(ctx, holder.ContainerID, 4242, "/k8s.io/"+holder.ContainerID))
+
+	before := e.state()
+	audit, err := ledger.ReadAudit(e.l.AuditPath())
+	require.NoError(t, err)
+	r := guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: req, Spec: visible("1")}
+	want, err := e.g.Explain(ctx, r)
+	require.NoError(t, err)
+	d, err = e.g.AdmitIfFree(ctx, r)
+	require.NoError(t, err)
+	require.Equal(t, guard.Queue, d.Result)
+	assert.Equal(t, want.Message, d.Message)
+	assert.Equal(t, want.Position, d.Position)
+	assert.ErrorIs(t, d.Err(), guard.ErrQueued)
+	after := e.state()
+	assert.Equal(t, before.Generation, after.Generation, "nothing written")
+	assert.Empty(t, after.Waiters)
+	again, err := ledger.ReadAudit(e.l.AuditPath())
+	require.NoError(t, err)
+	assert.Len(t, again, len(audit), "no audit record")
+
+	// The holder exited: the same call releases it and claims, as Admit.
+	e.live.exited[holder.ContainerID] = true
+	d, err = e.g.AdmitIfFree(ctx, r)
+	require.NoError(t, err)
+	require.Equal(t, guard.Admit, d.Result, d.Message)
+	assert.Equal(t, map[string]string{uuid(1): req.ContainerID}, e.holders())
+	assert.Equal(t, 1, e.obs.released[guard.ReasonHolderExited])
+}

@@ -20,73 +20,48 @@ import (
 var ErrNotWaiting = errors.New("the hook does not wait inside the engine")
 
 // decide is create-runtime without waiting: admit, or refuse at once with
-// who holds each busy GPU and how many requests wait for it. The answer is
-// first computed without the ledger lock (guard.Explain reads the committed
-// state); only a request that can be admitted takes the lock for a
-// transaction, so that a burst of refused creates changes no ledger state and
-// leaves no queue entry. Each refusal still takes the lock once, to append its
-// audit record (auditRefusal).
-func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, stderr io.Writer) error {
+// who holds each busy GPU and how many requests wait for it. One transaction
+// under the ledger lock decides and records only an admission
+// (guard.AdmitIfFree): the ledger is read once, and a refused create changes
+// no ledger state and leaves no queue entry. A refusal then appends its audit
+// record (auditRefusal), after the waiters ahead whose process is gone were
+// dropped and the request asked again.
+func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, _ io.Writer) error {
 	id := req.Owner.ContainerID
 	budget := withdrawTimeout(cfg)
-	d, err := g.Explain(ctx, req)
-	if err != nil {
-		return fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err)
-	}
-	if d.Result == guard.Queue &&
+	d, err := e.admitIfFree(ctx, g, req, budget)
+	if err == nil && d.Result == guard.Queue &&
 		dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, req.Key, devicesOf(d.Devices), budget) {
-		if d, err = g.Explain(ctx, req); err != nil {
-			return fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err)
-		}
-	}
-	switch d.Result {
-	case guard.Skip:
-		return nil
-	case guard.Queue:
-		e.auditRefusal(ctx, g, cfg, req, d)
-		return notWaiting(id, d)
-	case guard.Admit:
-	default:
-		return fmt.Errorf("container %s: %w", id, decisionErr(d))
-	}
-
-	// Explain says free: claim it for real. A lock timeout is congestion:
-	// retried within the budget, as long as the hook is not cancelled.
-	deadline := time.Now().Add(budget)
-	for {
-		d, err = g.Admit(ctx, req)
-		if err == nil || !errors.Is(err, ledger.ErrLockTimeout) || ctx.Err() != nil || time.Now().After(deadline) {
-			break
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(retryPause):
-		}
+		d, err = e.admitIfFree(ctx, g, req, budget)
 	}
 	if err != nil {
-		// The guard may have queued the request before failing, unless
-		// the ledger lock was never taken (then nothing ran; and a hook
-		// told to stop while another process holds the lock must not wait
-		// for it again to withdraw what was never queued).
-		if !neverRan(err) {
-			_ = withdrawReliably(ctx, g, req.Key, "hook failed: "+firstLine(err.Error()), budget)
-		}
 		return fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err)
 	}
 	switch d.Result {
 	case guard.Admit, guard.Skip:
 		return nil
 	case guard.Queue:
-		// Taken meanwhile. The queue entry Admit made would outlive this
-		// container (nothing retries it): take it out again.
-		if err := withdrawReliably(ctx, g, req.Key, "refused at once: the hook does not wait", budget); err != nil {
-			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: could not leave the queue (policy.queue_ttl will drop the entry): %v\n",
-				ledger.ShortID(id), err)
-		}
 		e.auditRefusal(ctx, g, cfg, req, d)
 		return notWaiting(id, d)
 	default:
 		return fmt.Errorf("container %s: %w", id, decisionErr(d))
+	}
+}
+
+// admitIfFree is guard.AdmitIfFree with a lock timeout taken as congestion:
+// retried within budget, as long as the hook is not cancelled. Nothing is
+// ever queued, so a failure leaves nothing to withdraw.
+func (e env) admitIfFree(ctx context.Context, g guardAPI, req guard.Request, budget time.Duration) (guard.Decision, error) {
+	deadline := time.Now().Add(budget)
+	for {
+		d, err := g.AdmitIfFree(ctx, req)
+		if err == nil || !errors.Is(err, ledger.ErrLockTimeout) || ctx.Err() != nil || time.Now().After(deadline) {
+			return d, err
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(retryPause):
+		}
 	}
 }
 

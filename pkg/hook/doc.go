@@ -26,9 +26,9 @@
 //   - Fail closed: a create-runtime hook that cannot read its input, resolve
 //     the devices or reach the ledger exits non-zero with one self-contained
 //     line, and the runtime refuses the container.
-//   - A create-runtime hook that does not wait leaves no waiter: a busy
-//     answer is computed lock-free (guard.Explain) and a queue entry that a
-//     racing Admit made is withdrawn.
+//   - A create-runtime hook that does not wait leaves no waiter: it decides
+//     in one transaction that records only an admission
+//     (guard.AdmitIfFree), so a busy answer changes no ledger state.
 //   - A waiter (hook or ticket) that is cancelled (SIGTERM/SIGINT), times
 //     out, or whose container disappears leaves no claim and no waiter: the
 //     withdrawal retries lock timeouts, for ten lock timeouts, or for 500 ms

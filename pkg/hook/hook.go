@@ -78,7 +78,7 @@ func RunInput(ctx context.Context, phase string, opts Options, cfg config.Config
 // guardAPI is what the hook needs from *guard.Guard.
 type guardAPI interface {
 	admitter
-	Explain(ctx context.Context, r guard.Request) (guard.Decision, error)
+	AdmitIfFree(ctx context.Context, r guard.Request) (guard.Decision, error)
 	Resolve(spec devices.Request) (devices.Resolution, error)
 	Removed(ctx context.Context, o ledger.Owner) error
 	Ledger() *ledger.Ledger
@@ -229,6 +229,7 @@ func (e env) newQueueWait(g guardAPI, cfg config.Config, req guard.Request, stde
 		newTicker:       e.newTicker,
 		watch: &watcher{
 			snapshot:     g.Ledger().Snapshot,
+			committed:    g.Ledger().Committed,
 			releasable:   guard.NewReleaseRule(cfg, liveness.New("", e.procRoot)).Check,
 			now:          e.now,
 			queueTTL:     cfg.Policy.QueueTTL.Duration,

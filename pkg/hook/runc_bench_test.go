@@ -17,22 +17,26 @@ import (
 // BenchmarkRuncHook measures `runc run` of a trivial container, interleaved
 // in one run so that the ratios compare like with like: without hooks
 // ("plain"), with the guard's hooks for a container naming no GPU ("nogpu"),
-// with the hooks claiming and releasing a GPU ("gpu"), and, as the floor of
-// any hook, with both hooks replaced by a static Go program that only reads
-// its stdin ("floorhooks"), and, when HOOK_BASELINE names one, the same
-// two cases with another build of the hook. It reports the median and p99
-// of each and their ratios to plain; run it with -benchtime=200x -count=3
-// (hack/bench-process.sh does).
+// with the hooks claiming and releasing a GPU ("gpu"), and two floors with
+// both hooks replaced by a static Go program: one that only reads its stdin
+// ("floorhooks", the floor of any hook) and one that also makes one durable
+// commit each (flock, append a journal-sized record, fdatasync, unlock, in a
+// state dir on the ledger's file system: "durablefloor", the floor of any
+// hook that records a claim and its release durably). When HOOK_BASELINE
+// names one, the nogpu and gpu cases run with another build of the hook too.
+// It reports the median and p99 of each and their ratios to plain, and the
+// GPU cases' ratios to the durable floor; run it with -benchtime=60x
+// -count=3 (hack/bench-process.sh does).
 func BenchmarkRuncHook(b *testing.B) {
 	r := newRig(b, rigOpts{})
-	floorBin := filepath.Join(b.TempDir(), "readstdin")
-	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", floorBin, "../../cmd/nri-gpu-guard-hook/testdata/readstdin")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("go build readstdin: %v\n%s", err, out)
-	}
+	floorBin := buildFloor(b, "readstdin")
+	durableBin := buildFloor(b, "durablefloor")
+	floorDir := filepath.Join(r.base, "floor") // same file system as the ledger
 	i := 0
+	samples := map[string]*[]time.Duration{}
 	variant := func(name string, o ctrOpts) benchab.Variant {
+		got := &[]time.Duration{}
+		samples[name] = got
 		return benchab.Variant{Name: name, Run: func() (time.Duration, error) {
 			i++
 			id := fmt.Sprintf("bench-%s-%d", name, i)
@@ -44,6 +48,7 @@ func BenchmarkRuncHook(b *testing.B) {
 			if err != nil {
 				return 0, fmt.Errorf("runc run %s: %w: %s", id, err, out)
 			}
+			*got = append(*got, d)
 			return d, nil
 		}}
 	}
@@ -52,16 +57,51 @@ func BenchmarkRuncHook(b *testing.B) {
 		variant("nogpu", ctrOpts{mode: "exit"}),
 		variant("gpu", ctrOpts{mode: "exit", env: gpuEnv(0)}),
 		variant("floorhooks", ctrOpts{mode: "exit", hookBin: floorBin}),
+		variant("durablefloor", ctrOpts{mode: "exit", hookBin: durableBin, hookArgs: []string{"--state-dir", floorDir}}),
 	}
 	// HOOK_BASELINE names another build of the hook binary (an earlier
 	// commit's) to run as the hooks in the same rounds: a before/after.
-	if base := os.Getenv("HOOK_BASELINE"); base != "" {
+	base := os.Getenv("HOOK_BASELINE")
+	if base != "" {
 		variants = append(variants,
 			variant("base-nogpu", ctrOpts{mode: "exit", hookBin: base}),
 			variant("base-gpu", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: base}))
 	}
 	benchab.Run(b, variants)
+	reportRatio(b, "gpu", "durablefloor", samples)
+	reportRatio(b, "nogpu", "floorhooks", samples)
+	if base != "" {
+		reportRatio(b, "base-gpu", "durablefloor", samples)
+	}
 	if st := r.state(); len(st.Claims) != 0 || len(st.Waiters) != 0 {
 		b.Fatalf("the ledger is not empty after the runs: %d claims, %d waiters", len(st.Claims), len(st.Waiters))
 	}
+	if fi, err := os.Stat(filepath.Join(floorDir, "floor.journal")); err != nil || fi.Size() == 0 {
+		b.Fatalf("the durable floor wrote no record (%v)", err)
+	}
+}
+
+// buildFloor builds one of the floor programs of cmd/nri-gpu-guard-hook's
+// testdata as the release builds the hook: static, -trimpath, stripped.
+func buildFloor(b *testing.B, name string) string {
+	b.Helper()
+	bin := filepath.Join(b.TempDir(), name)
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, "../../cmd/nri-gpu-guard-hook/testdata/"+name)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("go build %s: %v\n%s", name, err, out)
+	}
+	return bin
+}
+
+// reportRatio reports the ratio of the medians and of the p99s of variant
+// num to variant den, as "num/den-p50" and "num/den-p99".
+func reportRatio(b *testing.B, num, den string, samples map[string]*[]time.Duration) {
+	b.Helper()
+	n, d := benchab.Stats(append([]time.Duration(nil), *samples[num]...)), benchab.Stats(append([]time.Duration(nil), *samples[den]...))
+	if d.P50 == 0 || d.P99 == 0 {
+		return
+	}
+	b.ReportMetric(float64(n.P50)/float64(d.P50), num+"/"+den+"-p50")
+	b.ReportMetric(float64(n.P99)/float64(d.P99), num+"/"+den+"-p99")
 }

@@ -250,6 +250,9 @@ type ctrOpts struct {
 	// noWait runs the create-runtime hook without --wait (the default of the
 	// shipped hooks.d file): it refuses a busy GPU at once.
 	noWait bool
+	// hookArgs are appended to both hooks' arguments (BenchmarkRuncHook's
+	// durable floor: --state-dir DIR).
+	hookArgs []string
 }
 
 // ctr is one `runc run` of the rig.
@@ -328,9 +331,11 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		if o.hookBin != "" {
 			bin = o.hookBin
 		}
+		createArgs = append(createArgs, o.hookArgs...)
+		stopArgs := append([]string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}, o.hookArgs...)
 		spec.Hooks = &specs.Hooks{
 			CreateRuntime: []specs.Hook{{Path: bin, Args: createArgs}},
-			Poststop:      []specs.Hook{{Path: bin, Args: []string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}}},
+			Poststop:      []specs.Hook{{Path: bin, Args: stopArgs}},
 		}
 	}
 	dir := filepath.Join(r.base, "b", id)

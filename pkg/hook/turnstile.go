@@ -45,6 +45,11 @@ func (t turnstile) enter(ctx context.Context) func() {
 	if err != nil {
 		return func() {}
 	}
+	// Free (the common case): taken at once, without a goroutine and the
+	// thread its blocking flock would need.
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
+		return func() { _ = f.Close() }
+	}
 	var (
 		mu        sync.Mutex
 		abandoned bool
@@ -109,6 +114,11 @@ func lineUp(g guardAPI, ledgerDir string, timeout time.Duration) guardAPI {
 func (l linedUp) Admit(ctx context.Context, r guard.Request) (guard.Decision, error) {
 	defer l.ts.enter(ctx)()
 	return l.guardAPI.Admit(ctx, r)
+}
+
+func (l linedUp) AdmitIfFree(ctx context.Context, r guard.Request) (guard.Decision, error) {
+	defer l.ts.enter(ctx)()
+	return l.guardAPI.AdmitIfFree(ctx, r)
 }
 
 func (l linedUp) Withdraw(ctx context.Context, key, reason string) error {

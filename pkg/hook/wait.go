@@ -137,6 +137,9 @@ func (w *queueWait) run(ctx context.Context) error {
 			w.dropDead(ctx, devicesOf(last.Devices))
 		}
 		d, err := w.g.Admit(ctx, w.req)
+		if err == nil && w.watch != nil {
+			w.watch.after(w.req.Key)
+		}
 		if err != nil && !neverRan(err) {
 			// The outcome is unknown (the guard may have queued the request
 			// before failing): leave the queue on the way out in any case.

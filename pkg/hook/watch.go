@@ -36,11 +36,19 @@ const maxRefresh = 30 * time.Second
 //   - the last Admit is older than the refresh interval;
 //   - the ledger cannot be read (Admit reports the problem).
 //
-// It never misses a change: the state is read before each Admit, so a change
-// committed between that read and the Admit shows up as a difference at the
-// next poll (at worst one Admit too many).
+// It never misses a change: the fingerprint is of the state the last Admit
+// committed (its Update's view at the end of its lock hold; see committed),
+// so any later commit shows up as a difference at the next poll. Without
+// committed, the state is read before each Admit, so a change committed
+// between that read and the Admit shows up as a difference at the next poll
+// (at worst one Admit too many).
 type watcher struct {
 	snapshot func(ctx context.Context) (ledger.State, error)
+	// committed, when set, returns without any I/O the state the last Admit
+	// committed or decided on (ledger.Ledger.Committed): an Admit reads the
+	// ledger under its lock anyway, and a second, lock-free read before it
+	// costs a waiter (and every hook whose GPU is free) another read.
+	committed func() (ledger.State, bool)
 	// releasable is the guard's release rule (guard.Releasable) for a
 	// holder: an Admit is due when it would release or mark stopped.
 	releasable   func(o ledger.Owner) guard.Verdict
@@ -52,16 +60,32 @@ type watcher struct {
 	lastAdmit time.Time // when the last Admit was made
 }
 
-// before is called just before every Admit: it records what the ledger
-// looked like.
+// before is called just before every Admit: it records when, and, without
+// committed, what the ledger looked like.
 func (w *watcher) before(ctx context.Context, key string) {
 	w.lastAdmit = w.now()
+	if w.committed != nil {
+		w.last = "" // until after says what the Admit committed
+		return
+	}
 	st, err := w.snapshot(ctx)
 	if err != nil {
 		w.last = ""
 		return
 	}
 	w.last = fingerprint(st, key)
+}
+
+// after is called after every Admit that returned a decision (err == nil):
+// with committed, it records what that Admit committed. Without a state of
+// this boot the next poll Admits again.
+func (w *watcher) after(key string) {
+	if w.committed == nil {
+		return
+	}
+	if st, ok := w.committed(); ok {
+		w.last = fingerprint(st, key)
+	}
 }
 
 // due reports whether the next poll should Admit again, and why (for tests

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -218,4 +219,55 @@ func TestRefreshInterval(t *testing.T) {
 		cfg.Hook.PollInterval = config.Duration{Duration: tc.poll}
 		require.Equal(t, tc.want, refreshInterval(cfg), "queue_ttl %s poll %s", tc.queueTTL, tc.poll)
 	}
+}
+
+// TestWatcherFingerprintsWhatTheAdmitCommitted: with the ledger's committed
+// state, a waiting hook reads nothing around its Admit, sees no change while
+// nothing changes, and sees the holder leave (a commit of another process's
+// ledger handle) at the next poll.
+func TestWatcherFingerprintsWhatTheAdmitCommitted(t *testing.T) {
+	ctx := context.Background()
+	cfg := staticConfig(t)
+	inv, err := devices.Discover(cfg.Devices, nil)
+	require.NoError(t, err)
+	holderSide, _, err := openGuard(cfg, inv)
+	require.NoError(t, err)
+	waiterSide, _, err := openGuard(cfg, inv)
+	require.NoError(t, err)
+	pid := os.Getpid()
+	start, err := liveness.PidStart(liveness.DefaultProcRoot, pid)
+	require.NoError(t, err)
+	spec := devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}}
+	holder := ledger.Owner{ContainerID: "holder", FrontEnd: ledger.FrontEndHook, Pid: pid, PidStart: start}
+	d, err := holderSide.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: holder, Key: "holder", Spec: spec})
+	require.NoError(t, err)
+	require.Equal(t, guard.Admit, d.Result)
+
+	reads := 0
+	w := &watcher{
+		snapshot: func(ctx context.Context) (ledger.State, error) {
+			reads++
+			return waiterSide.Ledger().Snapshot(ctx)
+		},
+		committed:    waiterSide.Ledger().Committed,
+		releasable:   guard.NewReleaseRule(cfg, liveness.New("", liveness.DefaultProcRoot)).Check,
+		now:          time.Now,
+		queueTTL:     cfg.Policy.QueueTTL.Duration,
+		refreshEvery: time.Hour,
+	}
+	me := ledger.Owner{ContainerID: "waiter", FrontEnd: ledger.FrontEndHook, Pid: pid, PidStart: start}
+	w.before(ctx, "waiter")
+	d, err = waiterSide.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: me, Key: "waiter", Spec: spec})
+	require.NoError(t, err)
+	require.Equal(t, guard.Queue, d.Result)
+	w.after("waiter")
+	require.Zero(t, reads, "the Admit's own read is the only one")
+	require.NotEmpty(t, w.last)
+
+	due, why := w.due(ctx, "waiter")
+	require.False(t, due, why)
+	require.NoError(t, holderSide.Removed(ctx, holder))
+	due, why = w.due(ctx, "waiter")
+	require.True(t, due)
+	require.Equal(t, "ledger changed", why)
 }

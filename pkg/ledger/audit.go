@@ -78,14 +78,13 @@ func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) er
 	if len(recs) == 0 {
 		return nil
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
+	var payload []byte
 	for i := range recs {
-		if err := enc.Encode(&recs[i]); err != nil {
+		var err error
+		if payload, err = appendAuditLine(payload, &recs[i]); err != nil {
 			return fmt.Errorf("encode audit record: %w", err)
 		}
 	}
-	payload := buf.Bytes()
 	p := filepath.Join(dir, auditName)
 	f, err := openAudit(p)
 	if err != nil {
@@ -100,14 +99,14 @@ func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) er
 		_ = f.Close()
 		return fmt.Errorf("repair the torn end of %s: %w", p, err)
 	} else if cut > 0 {
-		var note bytes.Buffer
 		torn := AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: recs[0].Generation, Pid: recs[0].Pid,
 			Reason: fmt.Sprintf("%d bytes of an unfinished record (a writer killed while appending) were cut off", cut)}
-		if err := json.NewEncoder(&note).Encode(&torn); err != nil {
+		note, err := appendAuditLine(nil, &torn)
+		if err != nil {
 			_ = f.Close()
 			return fmt.Errorf("encode audit record: %w", err)
 		}
-		payload = append(note.Bytes(), payload...)
+		payload = append(note, payload...)
 	}
 	if fi, err := f.Stat(); err == nil && fi.Size() > 0 && fi.Size()+int64(len(payload)) > maxBytes {
 		_ = f.Close()

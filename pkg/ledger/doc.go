@@ -39,7 +39,11 @@
 //   - ledger.json.prev, ledger.journal.prev: the snapshot and journal the
 //     last compaction replaced, kept for Recover;
 //   - ledger.lock: the flock every mutation holds (never deleted);
-//   - audit.log: one JSON line per change, rotated to audit.log.1 by size;
+//   - audit.log: one JSON line per change, rotated to audit.log.1 by size.
+//     Records, marker and audit lines are rendered by hand, byte-for-byte
+//     as encoding/json renders them (a hook is a process per claim, and
+//     encoding/json's reflection tables cost each process more than the
+//     encoding);
 //   - <file>.corrupt-<UTC time>, <file>.reset-<UTC time>: files Recover or
 //     Reset moved aside, kept for a human.
 //
@@ -54,8 +58,9 @@
 // state as newer and leaves it untouched, so it never drops a cordon.
 //
 // Use: Ledger.Update runs a function on a Tx under the lock and commits what
-// it changed; Ledger.Snapshot reads without the lock; Ledger.View runs a Tx
-// that is never committed (explain); Ledger.AppendAudit writes audit records
+// it changed; Ledger.Snapshot reads without the lock; Ledger.Committed gives,
+// without reading, the state this handle's last Update committed;
+// Ledger.View runs a Tx that is never committed (explain); Ledger.AppendAudit writes audit records
 // alone, fsynced, returning any error, for a decision whose only trace is its
 // record (an exemption: not granted unless recorded). Policy — admit, queue or reject, and
 // the messages — lives in the guard, not here.

@@ -169,9 +169,11 @@ func journalLines(data []byte, base int64) (lines [][]byte, ends []int64, torn i
 }
 
 func decodeHeader(line []byte) (journalHeader, error) {
-	var h journalHeader
-	if err := decodeStrict(line, &h); err != nil {
-		return h, badState("journal header does not decode: %v", err)
+	h, ok := fastDecodeHeader(line)
+	if !ok {
+		if err := decodeStrict(line, &h); err != nil {
+			return h, badState("journal header does not decode: %v", err)
+		}
 	}
 	if h.Journal > journalFormat {
 		return h, &FormatError{Version: FormatVersion + h.Journal - journalFormat, Supported: FormatVersion}

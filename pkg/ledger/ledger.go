@@ -227,6 +227,19 @@ func (l *Ledger) Snapshot(ctx context.Context) (State, error) {
 	return st.Clone(), nil
 }
 
+// Committed returns, without reading anything, the committed state this
+// handle last read or wrote: right after an Update returned nil, the state
+// it committed (or found, if it changed nothing), as of the end of its lock
+// hold. ok is false when there is none of this boot. The result shares
+// storage with the handle's cache and must not be modified.
+func (l *Ledger) Committed() (st State, ok bool) {
+	c := l.cached()
+	if c == nil || !c.exists || c.st.BootID != l.opts.BootID {
+		return State{}, false
+	}
+	return c.st, true
+}
+
 // View runs fn on a transaction over the committed state with the queue
 // mechanics applied as of now (expired waiters and reservations gone, free
 // devices reserved), and discards every change: Busy, Position and the

@@ -112,6 +112,9 @@ func decodeMarker(data []byte) (marker, error) {
 	if len(lines) != 1 || torn >= 0 {
 		return m, errors.New("not one marker record")
 	}
+	if m, ok := fastDecodeMarker(lines[0]); ok && m.Lineage != "" {
+		return m, nil
+	}
 	if err := json.Unmarshal(lines[0], &m); err != nil || m.Lineage == "" {
 		return m, errors.New("the marker record does not decode")
 	}
@@ -121,10 +124,7 @@ func decodeMarker(data []byte) (marker, error) {
 // writeMarker records the committed lineage and generation (lock held).
 // The runtime dir is a tmpfs: no fsync, it does not outlive the boot.
 func (l *Ledger) writeMarker(st *State) error {
-	rec, err := appendJournalLine(nil, marker{Dir: l.dir, BootID: l.opts.BootID, Lineage: st.Lineage, Generation: st.Generation})
-	if err != nil {
-		return err
-	}
+	rec := appendMarkerLine(make([]byte, 0, markerSize), &marker{Dir: l.dir, BootID: l.opts.BootID, Lineage: st.Lineage, Generation: st.Generation})
 	if len(rec) > markerSize {
 		return fmt.Errorf("boot marker of %s: %d bytes, more than %d (state dir path too long?)", l.dir, len(rec), markerSize)
 	}

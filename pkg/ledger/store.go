@@ -443,7 +443,7 @@ func (l *Ledger) replaceJournal(header []byte, old bool) error {
 // appendRecord appends one commit to the journal (one write, one fdatasync)
 // after cutting a torn tail left by a crashed writer.
 func (l *Ledger) appendRecord(rec *journalRecord, ld *loaded) (loaded, error) {
-	line, err := appendJournalLine(l.recBuf[:0], rec)
+	line, err := appendRecordLine(l.recBuf[:0], rec)
 	if err != nil {
 		return loaded{}, fmt.Errorf("encode journal record: %w", err)
 	}

@@ -1,0 +1,292 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package ledger
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// Hand-written encoders for what every commit writes besides the state: its
+// journal record, the boot marker and the audit records, and a decoder for
+// the marker and the journal header, which every cold reader reads. Each
+// hook that claims or releases a GPU is a process of its own, and
+// encoding/json builds its reflection tables for every type on first use in
+// each process: more CPU than the encoding itself. Every value is rendered
+// byte-for-byte as encoding/json renders it (TestLineEncodersMatchEncodingJSON),
+// and every decoder falls back to encoding/json for anything but exactly that.
+
+// appendRecordLine frames r as a journal line, as appendJournalLine(b, r)
+// does. Times are written in UTC, as the snapshot writes them (the ledger's
+// own are UTC already).
+func appendRecordLine(b []byte, r *journalRecord) ([]byte, error) {
+	start := len(b)
+	b = append(b, "00000000 "...)
+	b, err := appendRecordJSON(b, r)
+	if err != nil {
+		return nil, err
+	}
+	putLineCRC(b[start:], b[start+9:])
+	return append(b, '\n'), nil
+}
+
+// putLineCRC writes the checksum of js as 8 hex digits at dst.
+func putLineCRC(dst, js []byte) {
+	var crc [4]byte
+	binary.BigEndian.PutUint32(crc[:], crc32cFunc(len(js))(js))
+	hex.Encode(dst[:8], crc[:])
+}
+
+func appendRecordJSON(b []byte, r *journalRecord) ([]byte, error) {
+	b = append(b, `{"g":`...)
+	b = strconv.AppendUint(b, r.Gen, 10)
+	b = append(b, `,"t":`...)
+	b, err := appendTime(b, r.Time)
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, r.NextSeq, 10)
+	if len(r.Claims) > 0 {
+		b = append(b, `,"c":`...)
+		if b, err = appendList(b, r.Claims, appendClaim); err != nil {
+			return nil, err
+		}
+	}
+	b = appendOptStrings(b, `,"dc":`, r.ClaimsGone)
+	if len(r.Reservations) > 0 {
+		b = append(b, `,"r":`...)
+		if b, err = appendList(b, r.Reservations, appendReservation); err != nil {
+			return nil, err
+		}
+	}
+	b = appendOptStrings(b, `,"dr":`, r.ResGone)
+	if len(r.Waiters) > 0 {
+		b = append(b, `,"w":`...)
+		if b, err = appendList(b, r.Waiters, appendWaiter); err != nil {
+			return nil, err
+		}
+	}
+	b = appendOptStrings(b, `,"dw":`, r.WaitersGone)
+	if r.Conflicts != nil {
+		b = append(b, `,"x":`...)
+		if b, err = appendList(b, *r.Conflicts, appendConflict); err != nil {
+			return nil, err
+		}
+	}
+	if len(r.Cordons) > 0 {
+		b = append(b, `,"k":`...)
+		if b, err = appendList(b, r.Cordons, appendCordon); err != nil {
+			return nil, err
+		}
+	}
+	b = appendOptStrings(b, `,"dk":`, r.CordonsGone)
+	return append(b, '}'), nil
+}
+
+// appendOptStrings writes key and the list, unless it is empty (omitempty).
+func appendOptStrings(b []byte, key string, ss []string) []byte {
+	if len(ss) == 0 {
+		return b
+	}
+	b = append(b, key...)
+	return appendStrings(b, ss)
+}
+
+func appendStrings(b []byte, ss []string) []byte {
+	b = append(b, '[')
+	for i, s := range ss {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendString(b, s)
+	}
+	return append(b, ']')
+}
+
+// appendMarkerLine frames m as a journal line, as appendJournalLine(b, m)
+// does.
+func appendMarkerLine(b []byte, m *marker) []byte {
+	start := len(b)
+	b = append(b, "00000000 "...)
+	b = append(b, `{"dir":`...)
+	b = appendString(b, m.Dir)
+	b = append(b, `,"boot_id":`...)
+	b = appendString(b, m.BootID)
+	b = append(b, `,"lineage":`...)
+	b = appendString(b, m.Lineage)
+	b = append(b, `,"generation":`...)
+	b = strconv.AppendUint(b, m.Generation, 10)
+	b = append(b, '}')
+	putLineCRC(b[start:], b[start+9:])
+	return append(b, '\n')
+}
+
+// appendAuditLine renders r as json.Encoder.Encode does: one JSON line.
+func appendAuditLine(b []byte, r *AuditRecord) ([]byte, error) {
+	b = append(b, `{"time":`...)
+	b, err := appendTimeJSON(b, r.Time)
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, `,"op":`...)
+	b = appendString(b, r.Op)
+	b = appendOptStrings(b, `,"devices":`, r.Devices)
+	b = appendOptString(b, `,"container_id":`, r.ContainerID)
+	b = appendOptString(b, `,"key":`, r.Key)
+	b = appendOptString(b, `,"namespace":`, r.Namespace)
+	b = appendOptString(b, `,"pod":`, r.Pod)
+	b = appendOptString(b, `,"container":`, r.Container)
+	b = appendOptString(b, `,"front_end":`, r.FrontEnd)
+	b = appendOptString(b, `,"reason":`, r.Reason)
+	b = append(b, `,"generation":`...)
+	b = strconv.AppendUint(b, r.Generation, 10)
+	b = append(b, `,"pid":`...)
+	b = strconv.AppendInt(b, int64(r.Pid), 10)
+	return append(b, "}\n"...), nil
+}
+
+// appendTimeJSON writes t exactly as time.Time's MarshalJSON does: in its
+// own location (an audit record keeps the zone its writer gave it).
+func appendTimeJSON(b []byte, t time.Time) ([]byte, error) {
+	if t.Location() == time.UTC {
+		if y := t.Year(); y >= 0 && y <= 9999 {
+			b = append(b, '"')
+			b = t.AppendFormat(b, time.RFC3339Nano)
+			return append(b, '"'), nil
+		}
+	}
+	js, err := t.MarshalJSON()
+	if err != nil {
+		return nil, err
+	}
+	return append(b, js...), nil
+}
+
+// lineScanner reads the one shape a line encoder above writes: fixed keys
+// in order, strings without escapes, unsigned integers without a leading
+// zero. Anything else sets bad, and the caller asks encoding/json.
+type lineScanner struct {
+	b   []byte
+	i   int
+	bad bool
+}
+
+func (s *lineScanner) lit(l string) {
+	if !s.bad && bytes.HasPrefix(s.b[s.i:], []byte(l)) {
+		s.i += len(l)
+		return
+	}
+	s.bad = true
+}
+
+func (s *lineScanner) opt(l string) bool {
+	if !s.bad && bytes.HasPrefix(s.b[s.i:], []byte(l)) {
+		s.i += len(l)
+		return true
+	}
+	return false
+}
+
+func (s *lineScanner) str() string {
+	s.lit(`"`)
+	if s.bad {
+		return ""
+	}
+	start := s.i
+	for ; s.i < len(s.b); s.i++ {
+		switch c := s.b[s.i]; {
+		case c == '"':
+			v := s.b[start:s.i]
+			s.i++
+			if !utf8.Valid(v) {
+				s.bad = true // encoding/json replaces invalid bytes: let it
+				return ""
+			}
+			return string(v)
+		case c == '\\' || c < 0x20:
+			s.bad = true
+			return ""
+		}
+	}
+	s.bad = true
+	return ""
+}
+
+func (s *lineScanner) uint() uint64 {
+	if s.bad {
+		return 0
+	}
+	start := s.i
+	var n uint64
+	for ; s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9'; s.i++ {
+		c := uint64(s.b[s.i] - '0')
+		if n > (1<<64-1-c)/10 {
+			s.bad = true
+			return 0
+		}
+		n = n*10 + c
+	}
+	if s.i == start || (s.i-start > 1 && s.b[start] == '0') {
+		s.bad = true
+	}
+	return n
+}
+
+func (s *lineScanner) end() bool {
+	s.lit("}")
+	return !s.bad && s.i == len(s.b)
+}
+
+// fastDecodeMarker decodes a marker exactly as appendMarkerLine writes it.
+func fastDecodeMarker(b []byte) (marker, bool) {
+	s := lineScanner{b: b}
+	var m marker
+	s.lit(`{"dir":`)
+	m.Dir = s.str()
+	s.lit(`,"boot_id":`)
+	m.BootID = s.str()
+	s.lit(`,"lineage":`)
+	m.Lineage = s.str()
+	s.lit(`,"generation":`)
+	m.Generation = s.uint()
+	if !s.end() {
+		return marker{}, false
+	}
+	return m, true
+}
+
+// fastDecodeHeader decodes a journal header exactly as json.Marshal writes
+// it.
+func fastDecodeHeader(b []byte) (journalHeader, bool) {
+	s := lineScanner{b: b}
+	var h journalHeader
+	s.lit(`{"journal":`)
+	j := s.uint()
+	if j > 1<<31 {
+		return h, false
+	}
+	h.Journal = int(j)
+	s.lit(`,"lineage":`)
+	h.Lineage = s.str()
+	s.lit(`,"boot_id":`)
+	h.BootID = s.str()
+	s.lit(`,"base":`)
+	h.Base = s.uint()
+	h.Genesis = s.opt(`,"genesis":true`)
+	if s.opt(`,"base_next_seq":`) {
+		h.BaseNextSeq = s.uint()
+		if h.BaseNextSeq == 0 {
+			return journalHeader{}, false // omitempty never writes 0
+		}
+	}
+	if !s.end() {
+		return journalHeader{}, false
+	}
+	return h, true
+}
