@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"time"
+	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
 
@@ -43,8 +44,11 @@ type fastDecoder struct {
 	// fresh page of it costs a fault (a whole process, gpu-guard-ctl
 	// status, spent a third of its time in them).
 	share bool
-	s     string
-	devs  []devices.Device
+	// unescaped says the last raw string had escapes and was decoded into
+	// a fresh buffer, which str must not take as a slice of s.
+	unescaped bool
+	s         string
+	devs      []devices.Device
 }
 
 // fastDecodeState decodes the state line b, or gives up (ok false).
@@ -145,6 +149,7 @@ func fastListCap[T any](d *fastDecoder, n int, item func(*fastDecoder, *T)) []T 
 
 // raw returns the bytes of a string without escapes, or marks the input.
 func (d *fastDecoder) raw() []byte {
+	d.unescaped = false
 	d.lit(`"`)
 	if d.bad {
 		return nil
@@ -166,13 +171,101 @@ func (d *fastDecoder) raw() []byte {
 				return nil
 			}
 			return s
-		case c == '\\' || c < 0x20:
+		case c == '\\':
+			return d.unescape(start)
+		case c < 0x20:
 			d.bad = true
 			return nil
 		case c >= utf8.RuneSelf:
 			ascii = false
 		}
 		d.i++
+	}
+	d.bad = true
+	return nil
+}
+
+// unescape finishes a string that starts at start and has an escape at d.i,
+// into a fresh buffer (never a slice of b: str must not share it). A claim's
+// source quotes its variable (`env NVIDIA_VISIBLE_DEVICES="0"`), so every
+// claim record has escapes; giving up on them sent each through
+// encoding/json's reflection, the largest cost of a GPU hook's read. It
+// decodes what encoding/json does the same way and gives up on the rest:
+// a surrogate in \u (encoding/json pairs or replaces them), a raw control
+// byte, an unknown escape, invalid UTF-8.
+func (d *fastDecoder) unescape(start int) []byte {
+	out := make([]byte, 0, d.i-start+16)
+	out = append(out, d.b[start:d.i]...)
+	ascii := true
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		switch {
+		case c == '"':
+			d.i++
+			if !ascii && !utf8.Valid(out) {
+				d.bad = true
+				return nil
+			}
+			d.unescaped = true
+			return out
+		case c < 0x20:
+			d.bad = true
+			return nil
+		case c != '\\':
+			if c >= utf8.RuneSelf {
+				ascii = false
+			}
+			out = append(out, c)
+			d.i++
+			continue
+		}
+		if d.i+1 >= len(d.b) {
+			break
+		}
+		e := d.b[d.i+1]
+		d.i += 2
+		switch e {
+		case '"', '\\', '/':
+			out = append(out, e)
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			if d.i+4 > len(d.b) {
+				d.bad = true
+				return nil
+			}
+			var r rune
+			for _, h := range d.b[d.i : d.i+4] {
+				switch {
+				case h >= '0' && h <= '9':
+					r = r<<4 | rune(h-'0')
+				case h >= 'a' && h <= 'f':
+					r = r<<4 | rune(h-'a'+10)
+				case h >= 'A' && h <= 'F':
+					r = r<<4 | rune(h-'A'+10)
+				default:
+					d.bad = true
+					return nil
+				}
+			}
+			if utf16.IsSurrogate(r) {
+				d.bad = true
+				return nil
+			}
+			d.i += 4
+			out = utf8.AppendRune(out, r)
+		default:
+			d.bad = true
+			return nil
+		}
 	}
 	d.bad = true
 	return nil
@@ -209,7 +302,7 @@ func (d *fastDecoder) str() string {
 	if d.bad {
 		return ""
 	}
-	if d.share {
+	if d.share && !d.unescaped { // an unescaped string is a fresh buffer, not a slice of s
 		end := d.i - 1 // the closing quote
 		return d.s[end-len(s) : end]
 	}
