@@ -348,13 +348,13 @@ func TestFastDecoderUnescapes(t *testing.T) {
 		{`"x\u0000y"`, "x\x00y", true},
 		{`"\"é\""`, `"é"`, true},
 		{`"\ud83d\ude00"`, "", false}, // a surrogate pair: encoding/json's
-		{`"\udc00"`, "", false},        // a lone surrogate: replaced there
+		{`"\udc00"`, "", false},       // a lone surrogate: replaced there
 		{`"\x41"`, "", false},
 		{`"\u12"`, "", false},
 		{`"\u12g4"`, "", false},
 		{`"a\`, "", false},
-		{"\"a\\\n\"", "", false}, // a raw control byte after an escape
-		{"\"\\n\xff\"", "", false},   // invalid UTF-8 after an escape
+		{"\"a\\\n\"", "", false},   // a raw control byte after an escape
+		{"\"\\n\xff\"", "", false}, // invalid UTF-8 after an escape
 	} {
 		for _, share := range []bool{false, true} {
 			d := &fastDecoder{b: []byte(tc.in), share: share, s: tc.in}
