@@ -227,20 +227,10 @@ func (a *app) cordon(ctx context.Context, arg, reason string) error {
 	if err != nil {
 		return err
 	}
-	before, err := g.Ledger().Snapshot(ctx)
-	if err != nil {
-		return fmt.Errorf("read ledger %s: %w", g.Ledger().StatePath(), err)
-	}
 	by := a.operatorWho()
-	k, isNew, err := g.Cordon(ctx, d.UUID, ledger.CordonOperator, reason, by)
+	k, changed, err := g.Cordon(ctx, d.UUID, ledger.CordonOperator, reason, by)
 	if err != nil {
 		return err
-	}
-	changed := isNew
-	for _, old := range before.Cordons {
-		if old.Device.UUID == d.UUID && (old.Source != k.Source || old.Reason != k.Reason || old.By != k.By) {
-			changed = true
-		}
 	}
 	st, err := g.Ledger().Snapshot(ctx)
 	if err != nil {

@@ -58,8 +58,10 @@ func (g *Guard) CordonDevice(ctx context.Context, uuid, source, reason string) e
 }
 
 // Cordon is CordonDevice naming who cordoned the device (gpu-guard-ctl
-// records the operator's uid). It returns the cordon in force and whether it
-// is new.
+// records the operator's uid). It returns the cordon in force and whether
+// this call changed the ledger: a new cordon, or another source, reason or
+// by. Both are decided in the transaction that writes it, so a concurrent
+// cordon of the same device cannot make the answer wrong.
 func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (ledger.Cordon, bool, error) {
 	dev, err := g.lookup(uuid)
 	if err != nil {
@@ -73,12 +75,21 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 		reason = reason[:maxCordonReasonLen] + "…"
 	}
 	var (
-		k     ledger.Cordon
-		isNew bool
-		cerr  error
+		k       ledger.Cordon
+		changed bool
+		cerr    error
 	)
 	err = g.update(ctx, "cordon", func(tx *ledger.Tx) bool {
+		var prev *ledger.Cordon
+		for _, c := range tx.Cordons() {
+			if c.Device.UUID == dev.UUID {
+				prev = &c
+				break
+			}
+		}
+		var isNew bool
 		k, isNew, cerr = tx.Cordon(dev, source, reason, by)
+		changed = isNew || (prev != nil && (prev.Source != k.Source || prev.Reason != k.Reason || prev.By != k.By))
 		return cerr == nil
 	})
 	if err == nil {
@@ -88,13 +99,13 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 		return ledger.Cordon{}, false, fmt.Errorf("cordon %s: %w", naming.Device(dev), err)
 	}
 	level := slog.LevelInfo
-	if isNew {
+	if changed {
 		level = slog.LevelWarn
 	}
 	g.log.Log(ctx, level, "device cordoned: no new claims until `gpu-guard-ctl uncordon`",
 		slog.String("device", naming.Device(dev)), slog.String("device_uuid", dev.UUID),
-		slog.String("source", source), slog.String("by", by), slog.String("reason", reason), slog.Bool("new", isNew))
-	return k, isNew, nil
+		slog.String("source", source), slog.String("by", by), slog.String("reason", reason), slog.Bool("changed", changed))
+	return k, changed, nil
 }
 
 // UncordonDevice lifts the cordon on a device; it reports whether one was

@@ -268,3 +268,27 @@ func TestStopReleasesWithoutRequiresIdle(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, draining)
 }
+
+// Cordon says whether it changed the ledger, decided in its own transaction:
+// a new cordon or another source, reason or by does; a repeat does not.
+func TestCordonReportsWhetherItChangedTheLedger(t *testing.T) {
+	e, _ := newStateEnv(t, nil)
+	for i, tc := range []struct {
+		source, reason, by string
+		changed            bool
+	}{
+		{ledger.CordonOperator, "fan", "uid 0", true},
+		{ledger.CordonOperator, "fan", "uid 0", false},
+		{ledger.CordonOperator, "fan replaced", "uid 0", true},
+		{ledger.CordonOperator, "fan replaced", "uid 1000 (alice)", true},
+		{ledger.CordonUnhealthy, "fan replaced", "uid 1000 (alice)", true},
+		{ledger.CordonUnhealthy, "fan replaced", "uid 1000 (alice)", false},
+	} {
+		gen := e.state().Generation
+		k, changed, err := e.g.Cordon(ctx, uuid(2), tc.source, tc.reason, tc.by)
+		require.NoError(t, err, "step %d", i)
+		assert.Equal(t, tc.changed, changed, "step %d", i)
+		assert.Equal(t, tc.reason, k.Reason, "step %d", i)
+		assert.Equal(t, tc.changed, e.state().Generation != gen, "step %d: written iff changed", i)
+	}
+}
