@@ -110,6 +110,13 @@ func (d *fastDecoder) lit(s string) {
 	d.i += len(s)
 }
 
+// end consumes the closing brace of a top-level object and says whether the
+// line was decoded whole.
+func (d *fastDecoder) end() bool {
+	d.lit("}")
+	return !d.bad && d.i == len(d.b)
+}
+
 // opt consumes s if it comes next.
 func (d *fastDecoder) opt(s string) bool {
 	if d.bad || len(d.b)-d.i < len(s) || string(d.b[d.i:d.i+len(s)]) != s {

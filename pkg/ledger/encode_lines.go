@@ -4,12 +4,10 @@
 package ledger
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/hex"
 	"strconv"
 	"time"
-	"unicode/utf8"
 )
 
 // Hand-written encoders for what every commit writes besides the state: its
@@ -19,7 +17,8 @@ import (
 // encoding/json builds its reflection tables for every type on first use in
 // each process: more CPU than the encoding itself. Every value is rendered
 // byte-for-byte as encoding/json renders it (TestLineEncodersMatchEncodingJSON),
-// and every decoder falls back to encoding/json for anything but exactly that.
+// and every decoder (fastDecoder, decode.go) falls back to encoding/json for
+// anything but exactly that.
 
 // appendRecordLine frames r as a journal line, as appendJournalLine(b, r)
 // does. Times are written in UTC, as the snapshot writes them (the ledger's
@@ -168,84 +167,9 @@ func appendTimeJSON(b []byte, t time.Time) ([]byte, error) {
 	return append(b, js...), nil
 }
 
-// lineScanner reads the one shape a line encoder above writes: fixed keys
-// in order, strings without escapes, unsigned integers without a leading
-// zero. Anything else sets bad, and the caller asks encoding/json.
-type lineScanner struct {
-	b   []byte
-	i   int
-	bad bool
-}
-
-func (s *lineScanner) lit(l string) {
-	if !s.bad && bytes.HasPrefix(s.b[s.i:], []byte(l)) {
-		s.i += len(l)
-		return
-	}
-	s.bad = true
-}
-
-func (s *lineScanner) opt(l string) bool {
-	if !s.bad && bytes.HasPrefix(s.b[s.i:], []byte(l)) {
-		s.i += len(l)
-		return true
-	}
-	return false
-}
-
-func (s *lineScanner) str() string {
-	s.lit(`"`)
-	if s.bad {
-		return ""
-	}
-	start := s.i
-	for ; s.i < len(s.b); s.i++ {
-		switch c := s.b[s.i]; {
-		case c == '"':
-			v := s.b[start:s.i]
-			s.i++
-			if !utf8.Valid(v) {
-				s.bad = true // encoding/json replaces invalid bytes: let it
-				return ""
-			}
-			return string(v)
-		case c == '\\' || c < 0x20:
-			s.bad = true
-			return ""
-		}
-	}
-	s.bad = true
-	return ""
-}
-
-func (s *lineScanner) uint() uint64 {
-	if s.bad {
-		return 0
-	}
-	start := s.i
-	var n uint64
-	for ; s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9'; s.i++ {
-		c := uint64(s.b[s.i] - '0')
-		if n > (1<<64-1-c)/10 {
-			s.bad = true
-			return 0
-		}
-		n = n*10 + c
-	}
-	if s.i == start || (s.i-start > 1 && s.b[start] == '0') {
-		s.bad = true
-	}
-	return n
-}
-
-func (s *lineScanner) end() bool {
-	s.lit("}")
-	return !s.bad && s.i == len(s.b)
-}
-
 // fastDecodeMarker decodes a marker exactly as appendMarkerLine writes it.
 func fastDecodeMarker(b []byte) (marker, bool) {
-	s := lineScanner{b: b}
+	s := fastDecoder{b: b}
 	var m marker
 	s.lit(`{"dir":`)
 	m.Dir = s.str()
@@ -264,7 +188,7 @@ func fastDecodeMarker(b []byte) (marker, bool) {
 // fastDecodeHeader decodes a journal header exactly as json.Marshal writes
 // it.
 func fastDecodeHeader(b []byte) (journalHeader, bool) {
-	s := lineScanner{b: b}
+	s := fastDecoder{b: b}
 	var h journalHeader
 	s.lit(`{"journal":`)
 	j := s.uint()
