@@ -74,14 +74,7 @@ func TestNeedNVMLHandsOverBeforeAnything(t *testing.T) {
 		{"uncordon, nvml, no cache", "nvml", false, []string{"uncordon", "1"}, `GPU discovery (devices.source = "nvml")`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t)
-			f.populate(t)
-			if tc.source != "auto" {
-				f.setSource(t, tc.source)
-			}
-			if !tc.cache {
-				require.NoError(t, os.Remove(filepath.Join(f.dir, devices.CacheFile)))
-			}
+			f := nvmlFixture(t, tc.source, tc.cache)
 			before := dirFiles(t, f.dir)
 			var whys []string
 			r := f.runWithoutNVML(t, func(why string, stdout, stderr *syncBuffer) error {
@@ -122,14 +115,7 @@ func TestNeedNVMLOnlyForNVML(t *testing.T) {
 		{"version", "nvml", false, []string{"version"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t)
-			f.populate(t)
-			if tc.source != "auto" {
-				f.setSource(t, tc.source)
-			}
-			if !tc.cache {
-				require.NoError(t, os.Remove(filepath.Join(f.dir, devices.CacheFile)))
-			}
+			f := nvmlFixture(t, tc.source, tc.cache)
 			want := f.run(t, tc.args...)
 			if tc.args[0] == "devices" && len(tc.args) > 1 {
 				// The refresh rewrote the cache: run the same again.
@@ -194,4 +180,19 @@ func TestInterruptsOnlyWhereACommandWaitsOrWrites(t *testing.T) {
 			assert.Equal(t, before, dirFiles(t, f.dir), "an interrupted command changed the state dir")
 		})
 	}
+}
+
+// nvmlFixture is a populated fixture under devices.source source, with the
+// daemon's inventory cache or without it.
+func nvmlFixture(t *testing.T, source string, cache bool) *fixture {
+	t.Helper()
+	f := newFixture(t)
+	f.populate(t)
+	if source != "auto" {
+		f.setSource(t, source)
+	}
+	if !cache {
+		require.NoError(t, os.Remove(filepath.Join(f.dir, devices.CacheFile)))
+	}
+	return f
 }
