@@ -24,21 +24,24 @@ import (
 // does. Times are written in UTC, as the snapshot writes them (the ledger's
 // own are UTC already).
 func appendRecordLine(b []byte, r *journalRecord) ([]byte, error) {
+	return frameLine(b, func(b []byte) ([]byte, error) { return appendRecordJSON(b, r) })
+}
+
+// frameLine appends one journal line: the checksum of the JSON body writes
+// as 8 hex digits, a space, the JSON, a newline. The body is written in
+// place, after room left for the checksum.
+func frameLine(b []byte, body func([]byte) ([]byte, error)) ([]byte, error) {
 	start := len(b)
 	b = append(b, "00000000 "...)
-	b, err := appendRecordJSON(b, r)
+	b, err := body(b)
 	if err != nil {
 		return nil, err
 	}
-	putLineCRC(b[start:], b[start+9:])
-	return append(b, '\n'), nil
-}
-
-// putLineCRC writes the checksum of js as 8 hex digits at dst.
-func putLineCRC(dst, js []byte) {
+	js := b[start+9:]
 	var crc [4]byte
 	binary.BigEndian.PutUint32(crc[:], crc32cFunc(len(js))(js))
-	hex.Encode(dst[:8], crc[:])
+	hex.Encode(b[start:start+8], crc[:])
+	return append(b, '\n'), nil
 }
 
 func appendRecordJSON(b []byte, r *journalRecord) ([]byte, error) {
@@ -111,19 +114,18 @@ func appendStrings(b []byte, ss []string) []byte {
 // appendMarkerLine frames m as a journal line, as appendJournalLine(b, m)
 // does.
 func appendMarkerLine(b []byte, m *marker) []byte {
-	start := len(b)
-	b = append(b, "00000000 "...)
-	b = append(b, `{"dir":`...)
-	b = appendString(b, m.Dir)
-	b = append(b, `,"boot_id":`...)
-	b = appendString(b, m.BootID)
-	b = append(b, `,"lineage":`...)
-	b = appendString(b, m.Lineage)
-	b = append(b, `,"generation":`...)
-	b = strconv.AppendUint(b, m.Generation, 10)
-	b = append(b, '}')
-	putLineCRC(b[start:], b[start+9:])
-	return append(b, '\n')
+	b, _ = frameLine(b, func(b []byte) ([]byte, error) {
+		b = append(b, `{"dir":`...)
+		b = appendString(b, m.Dir)
+		b = append(b, `,"boot_id":`...)
+		b = appendString(b, m.BootID)
+		b = append(b, `,"lineage":`...)
+		b = appendString(b, m.Lineage)
+		b = append(b, `,"generation":`...)
+		b = strconv.AppendUint(b, m.Generation, 10)
+		return append(b, '}'), nil
+	})
+	return b
 }
 
 // appendAuditLine renders r as json.Encoder.Encode does: one JSON line.

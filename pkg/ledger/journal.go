@@ -122,12 +122,7 @@ func appendJournalLine(b []byte, v any) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var crc [4]byte
-	binary.BigEndian.PutUint32(crc[:], crc32cFunc(len(js))(js))
-	b = hex.AppendEncode(b, crc[:])
-	b = append(b, ' ')
-	b = append(b, js...)
-	return append(b, '\n'), nil
+	return frameLine(b, func(b []byte) ([]byte, error) { return append(b, js...), nil })
 }
 
 // journalLines splits data (read from offset base of the file) into its
