@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -76,19 +75,35 @@ func (h *host) holdLockUntilReleased(t *testing.T) func() {
 	return release
 }
 
-// opened reports whether process pid has path open.
-func opened(pid int, path string) bool {
-	dir := filepath.Join("/proc", strconv.Itoa(pid), "fd")
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return false
-	}
-	for _, e := range ents {
-		if target, err := os.Readlink(filepath.Join(dir, e.Name())); err == nil && target == path {
-			return true
+// opens reports, from the call on, each time some process opens path
+// (inotify IN_OPEN). A command polling a held lock opens the lock file for
+// microseconds per attempt (gofrs/flock closes it again when the attempt
+// fails), so sampling /proc/PID/fd can miss every attempt: a sampler and a
+// poller on the same period never meet.
+func opens(t *testing.T, path string) <-chan struct{} {
+	t.Helper()
+	fd, err := syscall.InotifyInit1(syscall.IN_CLOEXEC | syscall.IN_NONBLOCK)
+	require.NoError(t, err)
+	// Non-blocking, so the runtime's poller serves the reads and Close
+	// ends the reader below.
+	f := os.NewFile(uintptr(fd), "inotify")
+	t.Cleanup(func() { _ = f.Close() })
+	_, err = syscall.InotifyAddWatch(fd, path, syscall.IN_OPEN)
+	require.NoError(t, err)
+	ch := make(chan struct{}, 1)
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			if _, err := f.Read(buf); err != nil {
+				return
+			}
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
 		}
-	}
-	return false
+	}()
+	return ch
 }
 
 // slowLockCfg is the host's configuration with a ledger.lock_timeout of an
@@ -193,10 +208,18 @@ func TestSIGTERMEndsEveryCommand(t *testing.T) {
 			require.NoError(t, err)
 			h.holdLock(t)
 			stdin, bin, args := tc.args(t, h.host)
+			// Watched from before the command starts: the test's own hold
+			// opened the lock already, so every open reported is the
+			// command's.
+			lockOpened := opens(t, filepath.Join(h.stateDir, "ledger.lock"))
 			p := startProc(t, stdin, bin, args...)
-			lock := filepath.Join(h.stateDir, "ledger.lock")
-			h.waitFor("the command opened the ledger lock", func() bool { return opened(p.cmd.Process.Pid, lock) || p.exited() })
-			require.False(t, p.exited(), "ended before SIGTERM: %s", p.stderr.String())
+			select {
+			case <-lockOpened:
+			case <-p.done:
+				t.Fatalf("ended before SIGTERM without trying the ledger lock: %s", p.stderr.String())
+			case <-time.After(condTimeout):
+				t.Fatalf("timed out after %s waiting for the command to try the ledger lock", condTimeout)
+			}
 			took := p.term(t)
 			t.Logf("SIGTERM exit latency: %s: %s", tc.name, took)
 			assert.Equal(t, 1, p.cmd.ProcessState.ExitCode(), p.stderr.String())
