@@ -250,15 +250,6 @@ func startProc(t *testing.T, stdin []byte, bin string, args ...string) *proc {
 	return p
 }
 
-func (p *proc) exited() bool {
-	select {
-	case <-p.done:
-		return true
-	default:
-		return false
-	}
-}
-
 // snapshot reads the host's ledger as a fresh reader does.
 func (h *host) snapshot() (ledger.State, error) {
 	l, err := ledger.OpenReadOnly(h.stateDir, ledger.Options{})
