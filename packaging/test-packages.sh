@@ -125,13 +125,14 @@ out=$(/usr/bin/nri-gpu-guard-hook --version 2>&1) || fail "nri-gpu-guard-hook --
 grep -qF "$want" <<<"$out" || fail "nri-gpu-guard-hook --version printed '$out', want the build version $want"
 # Static: no program interpreter (ld-linux) to load for each hook run.
 ! grep -q 'ld-linux' /usr/bin/nri-gpu-guard-hook || fail "/usr/bin/nri-gpu-guard-hook is dynamically linked"
-# What the hooks.d files run, for a container that names no GPU: admitted
-# and released without the ledger (the state dir here does not exist).
+# What the hooks.d files run (in the environment they set), for a container
+# that names no GPU: admitted and released without the ledger (the state dir
+# here does not exist).
 mkdir -p "$work/bundle"
 printf '{"ociVersion":"1.0.2","process":{"env":["PATH=/bin"]}}' >"$work/bundle/config.json"
 for phase in create-runtime poststop; do
 	printf '{"ociVersion":"1.0.2","id":"pkgtest","status":"creating","bundle":"%s"}' "$work/bundle" |
-		/usr/bin/nri-gpu-guard-hook "$phase" --state-dir "$work/no-state" >"$work/hook.log" 2>&1 ||
+		env -i GOMAXPROCS=1 /usr/bin/nri-gpu-guard-hook "$phase" --state-dir "$work/no-state" >"$work/hook.log" 2>&1 ||
 		fail "nri-gpu-guard-hook $phase of a container without GPU: $(cat "$work/hook.log")"
 done
 [[ ! -e $work/no-state ]] || fail "nri-gpu-guard-hook created a ledger for a container without GPU"

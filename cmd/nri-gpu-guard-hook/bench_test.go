@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/benchab"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -30,7 +31,10 @@ import (
 // commits), against the same two phases of a static program that makes one
 // durable commit each (flock, append a journal-sized record, fdatasync,
 // unlock: "durable-pair", the floor of any hook that records a claim
-// durably). The ratios are what counts; run it with -benchtime=300x -count=3
+// durably). The hook runs with the environment the shipped hook definitions
+// give it (hook.RuntimeEnv) and, as "create-inherit", with this process's;
+// each floor with this process's and, as "-1p", with hook.RuntimeEnv. The
+// ratios are what counts; run it with -benchtime=300x -count=3
 // (hack/bench-process.sh does).
 func BenchmarkHookProcess(b *testing.B) {
 	dir := b.TempDir()
@@ -70,9 +74,14 @@ func BenchmarkHookProcess(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	run := func(bin string, args ...string) func() (time.Duration, error) {
+	// env is the process's environment: hook.RuntimeEnv() as the shipped
+	// hook definitions set it, or nil for this process's (as a runtime runs
+	// a hook whose definition sets none).
+	shipped := hook.RuntimeEnv()
+	run := func(env []string, bin string, args ...string) func() (time.Duration, error) {
 		return func() (time.Duration, error) {
 			cmd := exec.Command(bin, args...)
+			cmd.Env = env
 			cmd.Stdin = bytes.NewReader(stdin)
 			var stderr bytes.Buffer
 			cmd.Stderr = &stderr
@@ -101,7 +110,7 @@ func BenchmarkHookProcess(b *testing.B) {
 	writeFile(b, filepath.Join(gpuBundle, "config.json"), string(gpuSpec))
 	floorDir := filepath.Join(dir, "floorstate") // same file system as the ledger
 	pairs := 0
-	pair := func(bin string, extra ...string) func() (time.Duration, error) {
+	pair := func(env []string, bin string, extra ...string) func() (time.Duration, error) {
 		return func() (time.Duration, error) {
 			pairs++
 			in, err := json.Marshal(specs.State{Version: specs.Version, ID: fmt.Sprintf("pair-%d", pairs),
@@ -112,6 +121,7 @@ func BenchmarkHookProcess(b *testing.B) {
 			var total time.Duration
 			for _, args := range [][]string{{"create-runtime", "--config", gpuCfg, "--wait"}, {"poststop", "--config", gpuCfg}} {
 				cmd := exec.Command(bin, append(args, extra...)...)
+				cmd.Env = env
 				cmd.Stdin = bytes.NewReader(in)
 				var stderr bytes.Buffer
 				cmd.Stderr = &stderr
@@ -139,22 +149,25 @@ func BenchmarkHookProcess(b *testing.B) {
 	}
 
 	variants := []benchab.Variant{
-		{Name: "stdin", Run: run(bins["stdin"])},
-		{Name: "create", Run: run(bins["hook"], "create-runtime", "--config", cfg)},
-		{Name: "poststop", Run: run(bins["hook"], "poststop", "--config", cfg)},
-		{Name: "daemon-create", Run: run(bins["daemon"], "hook", "create-runtime", "--config", cfg)},
-		keep("gpu-pair", pair(bins["hook"])),
-		keep("durable-pair", pair(bins["durable"], "--state-dir", floorDir)),
+		keep("stdin", run(nil, bins["stdin"])),
+		keep("stdin-1p", run(shipped, bins["stdin"])),
+		keep("create", run(shipped, bins["hook"], "create-runtime", "--config", cfg)),
+		{Name: "poststop", Run: run(shipped, bins["hook"], "poststop", "--config", cfg)},
+		{Name: "create-inherit", Run: run(nil, bins["hook"], "create-runtime", "--config", cfg)},
+		{Name: "daemon-create", Run: run(nil, bins["daemon"], "hook", "create-runtime", "--config", cfg)},
+		keep("gpu-pair", pair(shipped, bins["hook"])),
+		keep("durable-pair", pair(nil, bins["durable"], "--state-dir", floorDir)),
+		keep("durable-pair-1p", pair(shipped, bins["durable"], "--state-dir", floorDir)),
 	}
 	// HOOK_BASELINE names another build of the hook binary (an earlier
-	// commit's) to time in the same rounds: a before/after on one machine
-	// under one load.
+	// commit's) to time in the same rounds, in the same environment: a
+	// before/after on one machine under one load.
 	base := os.Getenv("HOOK_BASELINE")
 	if base != "" {
 		variants = append(variants,
-			benchab.Variant{Name: "baseline-create", Run: run(base, "create-runtime", "--config", cfg)},
-			benchab.Variant{Name: "baseline-poststop", Run: run(base, "poststop", "--config", cfg)},
-			keep("baseline-gpu-pair", pair(base)))
+			benchab.Variant{Name: "baseline-create", Run: run(shipped, base, "create-runtime", "--config", cfg)},
+			benchab.Variant{Name: "baseline-poststop", Run: run(shipped, base, "poststop", "--config", cfg)},
+			keep("baseline-gpu-pair", pair(shipped, base)))
 	}
 	benchab.Run(b, variants)
 	ratio := func(num, den string) {
@@ -165,7 +178,9 @@ func BenchmarkHookProcess(b *testing.B) {
 			b.ReportMetric(float64(n.P99)/float64(d.P99), num+"/"+den+"-p99")
 		}
 	}
+	ratio("create", "stdin-1p")
 	ratio("gpu-pair", "durable-pair")
+	ratio("gpu-pair", "durable-pair-1p")
 	if base != "" {
 		ratio("baseline-gpu-pair", "durable-pair")
 	}

@@ -26,6 +26,17 @@ const (
 	PhasePoststop      = "poststop"
 )
 
+// RuntimeEnv is the environment the shipped hook definitions give the hook
+// process (packaging/oci-hooks.d, docs/hook.md); a runtime runs a hook with
+// exactly the environment its definition lists. GOMAXPROCS=1: a hook is one
+// short, sequential process, and without it the Go runtime sets up one
+// scheduler slot per CPU before the program starts and wakes idle threads to
+// look for work while it runs. On a GPU node with 128 CPUs that is most of
+// what a hook for a container without GPU costs (docs/benchmarks.md), twice
+// per container. Nothing else is needed from the environment: the
+// configuration path goes in the arguments (--config).
+func RuntimeEnv() []string { return []string{"GOMAXPROCS=1"} }
+
 // ErrUsage is wrapped by Run for an unknown phase.
 var ErrUsage = errors.New("usage: nri-gpu-guard hook create-runtime|poststop [--config PATH]")
 

@@ -68,7 +68,9 @@ func TestShippedOCIHooks(t *testing.T) {
 			require.Contains(t, string(nfpm), "dst: "+h.Hook.Path, "the hook runs the binary the package installs")
 			require.Equal(t, []string{filepath.Base(h.Hook.Path), phase}, h.Hook.Args)
 			require.Equal(t, "/usr/bin/nri-gpu-guard-hook", h.Hook.Path, "the small static hook binary, not the daemon")
-			require.Empty(t, h.Hook.Env, "the configuration comes from the default path")
+			// Exactly RuntimeEnv: nothing else is read from the environment
+			// (the configuration comes from the default path or --config).
+			require.Equal(t, RuntimeEnv(), h.Hook.Env, "the hook's environment")
 
 			require.NotNil(t, h.When.Always)
 			require.True(t, *h.When.Always, "the hook must see every container")

@@ -22,10 +22,13 @@ import (
 // ("floorhooks", the floor of any hook) and one that also makes one durable
 // commit each (flock, append a journal-sized record, fdatasync, unlock, in a
 // state dir on the ledger's file system: "durablefloor", the floor of any
-// hook that records a claim and its release durably). When HOOK_BASELINE
-// names one, the nogpu and gpu cases run with another build of the hook too.
-// It reports the median and p99 of each and their ratios to plain, and the
-// GPU cases' ratios to the durable floor; run it with -benchtime=60x
+// hook that records a claim and its release durably). The guard's hooks run
+// with the environment the shipped definitions give them (RuntimeEnv) and,
+// as "-inherit", with runc's; the floors with runc's and, as "-1p", with
+// RuntimeEnv. When HOOK_BASELINE names one, the nogpu and gpu cases run with
+// another build of the hook too. It reports the median and p99 of each and
+// their ratios to plain, and the hook cases' ratios to their floors (both
+// environments of the floor); run it with -benchtime=60x
 // -count=3 (hack/bench-process.sh does).
 func BenchmarkRuncHook(b *testing.B) {
 	r := newRig(b, rigOpts{})
@@ -56,8 +59,16 @@ func BenchmarkRuncHook(b *testing.B) {
 		variant("plain", ctrOpts{mode: "exit", noHooks: true}),
 		variant("nogpu", ctrOpts{mode: "exit"}),
 		variant("gpu", ctrOpts{mode: "exit", env: gpuEnv(0)}),
-		variant("floorhooks", ctrOpts{mode: "exit", hookBin: floorBin}),
-		variant("durablefloor", ctrOpts{mode: "exit", hookBin: durableBin, hookArgs: []string{"--state-dir", floorDir}}),
+		// The floors as a definition without "env" runs them (runc's own
+		// environment), and under the environment the shipped definitions
+		// give the guard's hooks (RuntimeEnv).
+		variant("floorhooks", ctrOpts{mode: "exit", hookBin: floorBin, inheritEnv: true}),
+		variant("durablefloor", ctrOpts{mode: "exit", hookBin: durableBin, hookArgs: []string{"--state-dir", floorDir}, inheritEnv: true}),
+		variant("floorhooks-1p", ctrOpts{mode: "exit", hookBin: floorBin}),
+		variant("durablefloor-1p", ctrOpts{mode: "exit", hookBin: durableBin, hookArgs: []string{"--state-dir", floorDir}}),
+		// The guard's hooks without the shipped environment.
+		variant("nogpu-inherit", ctrOpts{mode: "exit", inheritEnv: true}),
+		variant("gpu-inherit", ctrOpts{mode: "exit", env: gpuEnv(0), inheritEnv: true}),
 	}
 	// HOOK_BASELINE names another build of the hook binary (an earlier
 	// commit's) to run as the hooks in the same rounds: a before/after.
@@ -70,6 +81,8 @@ func BenchmarkRuncHook(b *testing.B) {
 	benchab.Run(b, variants)
 	reportRatio(b, "gpu", "durablefloor", samples)
 	reportRatio(b, "nogpu", "floorhooks", samples)
+	reportRatio(b, "gpu", "durablefloor-1p", samples)
+	reportRatio(b, "nogpu", "floorhooks-1p", samples)
 	if base != "" {
 		reportRatio(b, "base-gpu", "durablefloor", samples)
 	}

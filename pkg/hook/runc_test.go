@@ -253,6 +253,13 @@ type ctrOpts struct {
 	// hookArgs are appended to both hooks' arguments (BenchmarkRuncHook's
 	// durable floor: --state-dir DIR).
 	hookArgs []string
+	// hookEnv is both hooks' environment; nil is the one the shipped hook
+	// definitions set (RuntimeEnv).
+	hookEnv []string
+	// inheritEnv gives the hooks no environment of their own: runc runs them
+	// with its own (BenchmarkRuncHook's floors, as a definition without
+	// "env" would).
+	inheritEnv bool
 }
 
 // ctr is one `runc run` of the rig.
@@ -333,9 +340,16 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		}
 		createArgs = append(createArgs, o.hookArgs...)
 		stopArgs := append([]string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}, o.hookArgs...)
+		env := o.hookEnv
+		switch {
+		case o.inheritEnv:
+			env = nil
+		case env == nil:
+			env = RuntimeEnv()
+		}
 		spec.Hooks = &specs.Hooks{
-			CreateRuntime: []specs.Hook{{Path: bin, Args: createArgs}},
-			Poststop:      []specs.Hook{{Path: bin, Args: stopArgs}},
+			CreateRuntime: []specs.Hook{{Path: bin, Args: createArgs, Env: env}},
+			Poststop:      []specs.Hook{{Path: bin, Args: stopArgs, Env: env}},
 		}
 	}
 	dir := filepath.Join(r.base, "b", id)

@@ -8,6 +8,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -139,9 +141,11 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 	r.cfgPath = filepath.Join(base, "config.toml")
 	require.NoError(t, os.WriteFile(r.cfgPath, []byte(cfg.String()), 0o600))
 
-	// The hooks, as docs/hook.md installs them; hooks-wait adds --wait to
-	// create-runtime (a misconfiguration under podman, which the hook
-	// must survive).
+	// The hooks, as docs/hook.md installs them (with the environment the
+	// shipped definitions set); hooks-wait adds --wait to create-runtime (a
+	// misconfiguration under podman, which the hook must survive).
+	env, err := json.Marshal(hook.RuntimeEnv())
+	require.NoError(t, err)
 	for _, dir := range []string{"hooks", "hooks-wait"} {
 		for _, ph := range []struct{ name, stage, extra string }{
 			{"create-runtime", "createRuntime", ""}, {"poststop", "poststop", ""},
@@ -150,8 +154,8 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 			if dir == "hooks-wait" && ph.name == "create-runtime" {
 				args += `, "--wait"`
 			}
-			doc := fmt.Sprintf(`{"version": "1.0.0", "hook": {"path": %q, "args": %s], "timeout": 30}, "when": {"always": true}, "stages": [%q]}`,
-				podmanHook, args, ph.stage)
+			doc := fmt.Sprintf(`{"version": "1.0.0", "hook": {"path": %q, "args": %s], "env": %s, "timeout": 30}, "when": {"always": true}, "stages": [%q]}`,
+				podmanHook, args, env, ph.stage)
 			require.NoError(t, os.WriteFile(filepath.Join(base, dir, "nri-gpu-guard-"+ph.name+".json"), []byte(doc), 0o644))
 		}
 	}
