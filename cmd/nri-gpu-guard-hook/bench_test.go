@@ -32,7 +32,8 @@ import (
 // durable commit each (flock, append a journal-sized record, fdatasync,
 // unlock: "durable-pair", the floor of any hook that records a claim
 // durably). The hook runs with the environment the shipped hook definitions
-// give it (hook.RuntimeEnv) and, as "create-inherit", with this process's;
+// give it (hook.RuntimeEnv) and, as "create-inherit", with this process's
+// (and as "create-128p" with GOMAXPROCS=128, a 128-CPU node's default);
 // each floor with this process's and, as "-1p", with hook.RuntimeEnv. The
 // ratios are what counts; run it with -benchtime=300x -count=3
 // (hack/bench-process.sh does).
@@ -154,6 +155,8 @@ func BenchmarkHookProcess(b *testing.B) {
 		keep("create", run(shipped, bins["hook"], "create-runtime", "--config", cfg)),
 		{Name: "poststop", Run: run(shipped, bins["hook"], "poststop", "--config", cfg)},
 		{Name: "create-inherit", Run: run(nil, bins["hook"], "create-runtime", "--config", cfg)},
+		// What a definition without the variable costs on a 128-CPU node.
+		{Name: "create-128p", Run: run([]string{"GOMAXPROCS=128"}, bins["hook"], "create-runtime", "--config", cfg)},
 		{Name: "daemon-create", Run: run(nil, bins["daemon"], "hook", "create-runtime", "--config", cfg)},
 		keep("gpu-pair", pair(shipped, bins["hook"])),
 		keep("durable-pair", pair(nil, bins["durable"], "--state-dir", floorDir)),
