@@ -86,7 +86,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	// hook.RunInput handles SIGTERM/SIGINT (a waiting hook leaves the queue)
-	// and SIGPIPE itself.
+	// and SIGPIPE itself, from the moment the hook is about to block.
 	if err := hook.RunInput(context.Background(), phase, hook.Options{Wait: *wait}, cfg, in, stderr); err != nil {
 		_, _ = fmt.Fprintf(stderr, "%s: %v\n", program, err)
 		// 75: a GPU is busy, 77: refused by policy, 1: anything else; crun

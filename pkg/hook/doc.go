@@ -36,6 +36,12 @@
 //     by a waiter killed with SIGKILL, or told to stop while another process
 //     held the lock past that budget, is dropped by the next request it
 //     stands in the way of, once the process its entry records is gone.
+//   - Signal handling (SIGTERM/SIGINT cancel, SIGPIPE ignored) is set up
+//     only before the hook blocks: before it waits in the queue, for the
+//     turnstile or for a ledger lock another process holds (interrupts).
+//     Before that a signal ends the process the default way, with nothing
+//     written or with whole, crash-safe transactions that the runtime's
+//     cleanup of a failed container undoes.
 //   - Hook processes line up on a blocking flock (hook.turnstile) before
 //     they write the ledger; the turnstile is an optimisation, the ledger
 //     lock alone makes a write safe.

@@ -9,8 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
+	"path/filepath"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -58,8 +57,9 @@ func Run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, 
 // the GPUs claimed for the ticket are handed over to it. poststop releases
 // what the container holds.
 //
-// RunWith installs its own SIGTERM/SIGINT handling: a signal cancels a
-// waiting hook, which then leaves the queue and fails. It never panics. A
+// RunWith installs its own SIGTERM/SIGINT handling where the hook may block
+// (see interrupts): a signal cancels a waiting hook, which then leaves the
+// queue and fails. It never panics. A
 // non-nil error is self-contained (it names the container, the devices and
 // what to do): the caller prints it on one line and exits non-zero, which
 // makes the runtime refuse the container (or, for poststop, log a warning).
@@ -72,17 +72,16 @@ func RunWith(ctx context.Context, phase string, opts Options, cfg config.Config,
 // (Input.NeverClaims) is answered before the configuration is loaded.
 func RunInput(ctx context.Context, phase string, opts Options, cfg config.Config, in *Input, stderr io.Writer) error {
 	// The signal is the context's cause ("terminated signal received"), which
-	// the error of a cancelled waiter quotes.
-	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
-	// stdout/stderr are pipes to the runtime. A runtime that died while the
-	// hook waits leaves them without a reader, and Go kills a process that
-	// writes to such a pipe on fd 1 or 2 with SIGPIPE, before the hook could
-	// leave the queue. Ignored, the write fails with EPIPE instead, and the
-	// hook withdraws as it should (its output has nowhere to go anyway).
-	signal.Ignore(syscall.SIGPIPE)
+	// the error of a cancelled waiter quotes. Armed only where the hook is
+	// about to block.
+	ctx, irq := newInterrupts(ctx)
+	defer irq.stop()
 	e := defaultEnv()
 	e.opts = opts
+	e.beforeWait = irq.arm
+	e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
+		return openGuardWith(cfg, inv, irq.arm)
+	}
 	return e.runInput(ctx, phase, cfg, in, stderr)
 }
 
@@ -107,6 +106,10 @@ type env struct {
 	openGuard func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error)
 	// opts are the hook's command-line options.
 	opts Options
+	// beforeWait, if set, is called before the hook waits in the queue (it
+	// arms the interrupt handling; openGuard's guard calls it before waiting
+	// for the turnstile or the ledger lock).
+	beforeWait func()
 	// lockingEngine reports whether the engine that ran the hook holds a
 	// lock around the create (see engineHoldsLock).
 	lockingEngine func() (bool, string)
@@ -212,6 +215,13 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	if !e.opts.Wait {
 		return e.decide(ctx, g, cfg, greq, stderr)
 	}
+	// Waiting is for GPUs that are busy. Free ones are claimed as by a hook
+	// that does not wait (one transaction that writes nothing unless it
+	// admits), before anything a wait needs is set up; any other answer,
+	// or an error, goes the waiting way, which decides again.
+	if d, err := g.AdmitIfFree(ctx, greq); err == nil && (d.Result == guard.Admit || d.Result == guard.Skip) {
+		return nil
+	}
 	if e.lockingEngine != nil {
 		if locked, why := e.lockingEngine(); locked {
 			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: deciding without waiting although --wait is set: %s\n", ledger.ShortID(st.ID), why)
@@ -221,6 +231,9 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 
 	w := e.newQueueWait(g, cfg, greq, stderr)
 	w.gone = e.goneCheck(self)
+	if e.beforeWait != nil {
+		e.beforeWait()
+	}
 	return w.run(ctx)
 }
 
@@ -369,7 +382,15 @@ func withdrawTimeout(cfg config.Config) time.Duration {
 // openGuard opens the host ledger and builds the guard the NRI front end also
 // uses, so that both front ends decide with one policy over one ledger.
 func openGuard(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
-	led, err := ledger.Open(cfg.Ledger.Dir, guard.LedgerOptions(cfg))
+	return openGuardWith(cfg, inv, nil)
+}
+
+// openGuardWith is openGuard whose guard calls beforeWait (if set) before it
+// waits for the turnstile or for a ledger lock another process holds.
+func openGuardWith(cfg config.Config, inv *devices.Inventory, beforeWait func()) (guardAPI, func(), error) {
+	opts := guard.LedgerOptions(cfg)
+	opts.BeforeLockWait = beforeWait
+	led, err := ledger.Open(cfg.Ledger.Dir, opts)
 	if err != nil {
 		return nil, nil, fmt.Errorf("open the GPU ledger in %s: %w", cfg.Ledger.Dir, err)
 	}
@@ -383,5 +404,6 @@ func openGuard(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), err
 	}
 	// Sleeping in the turnstile costs nothing, so it may take longer than one
 	// ledger lock attempt: a burst of n hooks queues there for n writes.
-	return lineUp(g, cfg.Ledger.Dir, 3*cfg.Ledger.LockTimeout.Duration), func() {}, nil
+	return lineUp(g, turnstile{path: filepath.Join(cfg.Ledger.Dir, turnstileName), timeout: 3 * cfg.Ledger.LockTimeout.Duration,
+		beforeWait: beforeWait}), func() {}, nil
 }

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -35,6 +34,8 @@ const turnstileName = "hook.turnstile"
 type turnstile struct {
 	path    string
 	timeout time.Duration
+	// beforeWait, if set, is called before enter blocks.
+	beforeWait func()
 }
 
 // enter waits up to t.timeout (or ctx) for the turnstile and returns the
@@ -49,6 +50,9 @@ func (t turnstile) enter(ctx context.Context) func() {
 	// thread its blocking flock would need.
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err == nil {
 		return func() { _ = f.Close() }
+	}
+	if t.beforeWait != nil {
+		t.beforeWait()
 	}
 	var (
 		mu        sync.Mutex
@@ -107,8 +111,8 @@ type linedUp struct {
 	ts turnstile
 }
 
-func lineUp(g guardAPI, ledgerDir string, timeout time.Duration) guardAPI {
-	return linedUp{guardAPI: g, ts: turnstile{path: filepath.Join(ledgerDir, turnstileName), timeout: timeout}}
+func lineUp(g guardAPI, ts turnstile) guardAPI {
+	return linedUp{guardAPI: g, ts: ts}
 }
 
 func (l linedUp) Admit(ctx context.Context, r guard.Request) (guard.Decision, error) {

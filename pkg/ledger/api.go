@@ -167,6 +167,12 @@ type Options struct {
 	// host. Created 0700 by a writable ledger; a process that cannot read
 	// it (not root, for the default) cannot use the ledger either.
 	RuntimeDir string
+	// BeforeLockWait, if set, is called before a lock acquisition first
+	// waits for a lock another process holds (once per acquisition, from
+	// the goroutine acquiring it). A short-lived process (an OCI hook) sets
+	// up its interrupt handling there, so that it pays for it only when it
+	// may block.
+	BeforeLockWait func()
 }
 
 // Errors, wrapped with details by the concrete error types.

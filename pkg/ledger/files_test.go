@@ -284,6 +284,39 @@ func TestLockTimeoutNamesTheHolder(t *testing.T) {
 	update(t, l3, func(tx *Tx) {})
 }
 
+// BeforeLockWait runs once per acquisition, only when the lock is held by
+// another and before the first wait for it: here it lets the other holder
+// go, so the acquisition's next attempt succeeds.
+func TestBeforeLockWaitOnlyWhenTheLockIsHeld(t *testing.T) {
+	l := seeded(t)
+	calls := 0
+	var other *flock.Flock
+	opts := testOptions(nil)
+	opts.BeforeLockWait = func() {
+		calls++
+		if other != nil {
+			require.NoError(t, other.Unlock())
+		}
+	}
+	l2, err := Open(l.Dir(), opts)
+	require.NoError(t, err)
+
+	update(t, l2, func(tx *Tx) {})
+	require.Zero(t, calls, "a free lock is taken without waiting")
+
+	other = flock.New(l.LockPath())
+	ok, err := other.TryLock()
+	require.NoError(t, err)
+	require.True(t, ok)
+	ran := false
+	update(t, l2, func(tx *Tx) { ran = true })
+	require.True(t, ran)
+	require.Equal(t, 1, calls, "called before waiting for the held lock, once")
+
+	update(t, l2, func(tx *Tx) {})
+	require.Equal(t, 1, calls, "free again: not called")
+}
+
 func TestUpdatesOfOneProcessAreSerialised(t *testing.T) {
 	l := openTest(t, newClock())
 	const n = 16

@@ -65,6 +65,9 @@ func (l *Ledger) acquire(ctx context.Context) (func(), error) {
 		// Jitter keeps polling processes from moving in lockstep.
 		d := delay/2 + time.Duration(time.Now().UnixNano()%int64(delay/2+1))
 		if timer == nil {
+			if l.opts.BeforeLockWait != nil {
+				l.opts.BeforeLockWait()
+			}
 			timer = time.NewTimer(d)
 		} else {
 			timer.Reset(d)
