@@ -29,10 +29,11 @@ import (
 // pod, timed from before the create to after the rm. Four variants, one
 // sample each per round: "plain" (bare, no GPU), "nogpu" (guard, no GPU),
 // "plain-gpu" (bare, NVIDIA_VISIBLE_DEVICES=0) and "gpu" (guard, the same
-// env: the guard claims GPU 0 at create and releases it at stop, each a
-// durable ledger commit). It reports each variant's median and p99 in ms
-// and the ratios of the plugin's cost: nogpu/plain and gpu/plain-gpu (p50
-// and p99). Outside the timed part, every gpu sample is checked against the
+// env: the guard claims GPU 0 at create, records the container's pid at
+// start and releases GPU 0 at stop, three ledger commits). The two bare
+// variants are an A/A pair: plain-gpu/plain shows the run's noise. It
+// reports each variant's median and p99 in ms and the ratios of the
+// plugin's cost: nogpu/plain and gpu/plain-gpu (p50 and p99). Outside the timed part, every gpu sample is checked against the
 // guard's audit log (GPU 0 claimed by that container, then released) and
 // every nogpu sample for leaving no record. Run it with -benchtime=30x
 // -count=3 (hack/bench-process.sh, CRI_N, does).
