@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
-# Whole-process benchmarks of the hook and of gpu-guard-ctl, each an
-# interleaved A/B against its floor (see docs/benchmarks.md), printed as one
-# table: benchmark, metric, one column per run (-count), then the median of
-# the runs. `make bench-process` runs it.
+# Whole-process benchmarks of the hook, of gpu-guard-ctl and of admission
+# through a real containerd, each an interleaved A/B against its floor (see
+# docs/benchmarks.md), printed as one table: benchmark, metric, one column
+# per run (-count), then the median of the runs. `make bench-process` runs it.
 #
 # Environment:
 #   COUNT     runs of each benchmark (default 3)
 #   HOOK_N    rounds of BenchmarkHookProcess per run (default 300)
 #   RUNC_N    rounds of BenchmarkRuncHook per run (default 100; needs root and runc)
 #   CTL_N     rounds of BenchmarkCtlProcess per run (default 50)
-#   ONLY      a regexp of benchmarks to run (default: all three)
+#   CRI_N     rounds of BenchmarkCRIAdmission per run (default 30; needs root
+#             and the end-to-end suite's tools: ./test/integration/setup.sh;
+#             it builds bin/ first, since that is what it measures)
+#   ONLY      a regexp of benchmarks to run (default: all four)
 #   HOOK_BASELINE  another build of nri-gpu-guard-hook to time alongside (before/after,
 #             in BenchmarkHookProcess and BenchmarkRuncHook)
 #   CTL_BASELINE   another build of gpu-guard-ctl to time alongside (BenchmarkCtlProcess)
@@ -23,13 +26,18 @@ ONLY=${ONLY:-.}
 raw=$(mktemp)
 trap 'rm -f "$raw"' EXIT
 
-bench() { # name rounds package
+bench() { # name rounds package [build tags]
 	[[ $1 =~ $ONLY ]] || return 0
-	go test -tags nri_no_wasm -run '^$' -bench "^$1\$" -benchtime="$2x" -count="$COUNT" "$3" | tee -a "$raw" >&2
+	go test -tags "${4:-nri_no_wasm}" -timeout 1h -run '^$' -bench "^$1\$" -benchtime="$2x" -count="$COUNT" "$3" | tee -a "$raw" >&2
 }
 bench BenchmarkHookProcess "${HOOK_N:-300}" ./cmd/nri-gpu-guard-hook
 bench BenchmarkRuncHook "${RUNC_N:-100}" ./pkg/hook
 bench BenchmarkCtlProcess "${CTL_N:-50}" ./pkg/ctl
+# The end-to-end suite runs the plugin from bin/: build what is checked out.
+if [[ BenchmarkCRIAdmission =~ $ONLY ]]; then
+	make -s build >&2
+fi
+bench BenchmarkCRIAdmission "${CRI_N:-30}" ./test/integration "nri_no_wasm integration"
 
 # Each result line: name rounds (value unit)...; keep the ms and ratio
 # metrics, one row per benchmark and metric with every run's value. The table
