@@ -136,31 +136,18 @@ func BenchmarkHookProcess(b *testing.B) {
 			return total, nil
 		}
 	}
-	samples := map[string]*[]time.Duration{}
-	keep := func(name string, f func() (time.Duration, error)) benchab.Variant {
-		got := &[]time.Duration{}
-		samples[name] = got
-		return benchab.Variant{Name: name, Run: func() (time.Duration, error) {
-			d, err := f()
-			if err == nil {
-				*got = append(*got, d)
-			}
-			return d, err
-		}}
-	}
-
 	variants := []benchab.Variant{
-		keep("stdin", run(nil, bins["stdin"])),
-		keep("stdin-1p", run(shipped, bins["stdin"])),
-		keep("create", run(shipped, bins["hook"], "create-runtime", "--config", cfg)),
+		{Name: "stdin", Run: run(nil, bins["stdin"])},
+		{Name: "stdin-1p", Run: run(shipped, bins["stdin"])},
+		{Name: "create", Run: run(shipped, bins["hook"], "create-runtime", "--config", cfg)},
 		{Name: "poststop", Run: run(shipped, bins["hook"], "poststop", "--config", cfg)},
 		{Name: "create-inherit", Run: run(nil, bins["hook"], "create-runtime", "--config", cfg)},
 		// What a definition without the variable costs on a 128-CPU node.
 		{Name: "create-128p", Run: run([]string{"GOMAXPROCS=128"}, bins["hook"], "create-runtime", "--config", cfg)},
 		{Name: "daemon-create", Run: run(nil, bins["daemon"], "hook", "create-runtime", "--config", cfg)},
-		keep("gpu-pair", pair(shipped, bins["hook"])),
-		keep("durable-pair", pair(nil, bins["durable"], "--state-dir", floorDir)),
-		keep("durable-pair-1p", pair(shipped, bins["durable"], "--state-dir", floorDir)),
+		{Name: "gpu-pair", Run: pair(shipped, bins["hook"])},
+		{Name: "durable-pair", Run: pair(nil, bins["durable"], "--state-dir", floorDir)},
+		{Name: "durable-pair-1p", Run: pair(shipped, bins["durable"], "--state-dir", floorDir)},
 	}
 	// HOOK_BASELINE names another build of the hook binary (an earlier
 	// commit's) to time in the same rounds, in the same environment: a
@@ -170,22 +157,14 @@ func BenchmarkHookProcess(b *testing.B) {
 		variants = append(variants,
 			benchab.Variant{Name: "baseline-create", Run: run(shipped, base, "create-runtime", "--config", cfg)},
 			benchab.Variant{Name: "baseline-poststop", Run: run(shipped, base, "poststop", "--config", cfg)},
-			keep("baseline-gpu-pair", pair(shipped, base)))
+			benchab.Variant{Name: "baseline-gpu-pair", Run: pair(shipped, base)})
 	}
-	benchab.Run(b, variants)
-	ratio := func(num, den string) {
-		n := benchab.Stats(append([]time.Duration(nil), *samples[num]...))
-		d := benchab.Stats(append([]time.Duration(nil), *samples[den]...))
-		if d.P50 > 0 && d.P99 > 0 {
-			b.ReportMetric(float64(n.P50)/float64(d.P50), num+"/"+den+"-p50")
-			b.ReportMetric(float64(n.P99)/float64(d.P99), num+"/"+den+"-p99")
-		}
-	}
-	ratio("create", "stdin-1p")
-	ratio("gpu-pair", "durable-pair")
-	ratio("gpu-pair", "durable-pair-1p")
+	samples := benchab.Run(b, variants)
+	samples.ReportRatio(b, "create", "stdin-1p")
+	samples.ReportRatio(b, "gpu-pair", "durable-pair")
+	samples.ReportRatio(b, "gpu-pair", "durable-pair-1p")
 	if base != "" {
-		ratio("baseline-gpu-pair", "durable-pair")
+		samples.ReportRatio(b, "baseline-gpu-pair", "durable-pair")
 	}
 	if _, err := os.Stat(state); err == nil {
 		b.Fatalf("a request that names no GPU created the ledger %s", state)

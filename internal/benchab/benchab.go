@@ -21,10 +21,27 @@ type Variant struct {
 	Run  func() (time.Duration, error)
 }
 
+// Samples are the timings of each variant of a Run, by name.
+type Samples map[string][]time.Duration
+
+// ReportRatio reports the ratio of num's median and of its p99 to den's, as
+// "num/den-p50" and "num/den-p99" (nothing when den has no samples): for a
+// comparison other than with the baseline.
+func (s Samples) ReportRatio(b *testing.B, num, den string) {
+	b.Helper()
+	n, d := Stats(slices.Clone(s[num])), Stats(slices.Clone(s[den]))
+	if d.P50 == 0 || d.P99 == 0 {
+		return
+	}
+	b.ReportMetric(float64(n.P50)/float64(d.P50), num+"/"+den+"-p50")
+	b.ReportMetric(float64(n.P99)/float64(d.P99), num+"/"+den+"-p99")
+}
+
 // Run times every variant once per b.Loop round, rotating which goes first,
 // and reports for each its median and p99 in ms and, for each but the first
 // (the baseline), the ratio of its median and of its p99 to the baseline's.
-func Run(b *testing.B, variants []Variant) {
+// It returns every variant's samples, for further ratios (ReportRatio).
+func Run(b *testing.B, variants []Variant) Samples {
 	b.Helper()
 	samples := make([][]time.Duration, len(variants))
 	round := 0
@@ -51,6 +68,11 @@ func Run(b *testing.B, variants []Variant) {
 	}
 	// The default ns/op is the sum over the variants: meaningless here.
 	b.ReportMetric(0, "ns/op")
+	out := make(Samples, len(variants))
+	for v, vr := range variants {
+		out[vr.Name] = samples[v]
+	}
+	return out
 }
 
 // Summary is a sample's median and 99th percentile (nearest rank).

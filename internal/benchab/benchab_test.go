@@ -22,3 +22,22 @@ func TestStats(t *testing.T) {
 	require.Equal(t, Summary{}, Stats(nil))
 	require.Equal(t, Summary{P50: 1, P99: 2}, Stats([]time.Duration{2, 1}))
 }
+
+// Run hands back every variant's samples by name, one per round, and
+// ReportRatio reports the ratio of two of them.
+func TestRunReturnsSamplesByName(t *testing.T) {
+	var samples Samples
+	res := testing.Benchmark(func(b *testing.B) {
+		variants := []Variant{
+			{Name: "one", Run: func() (time.Duration, error) { return time.Millisecond, nil }},
+			{Name: "three", Run: func() (time.Duration, error) { return 3 * time.Millisecond, nil }},
+		}
+		samples = Run(b, variants)
+		samples.ReportRatio(b, "one", "three")
+	})
+	require.Len(t, samples["one"], res.N)
+	require.Len(t, samples["three"], res.N)
+	require.InDelta(t, 3.0, res.Extra["three/one-p50"], 1e-9)
+	require.InDelta(t, 1.0/3, res.Extra["one/three-p50"], 1e-9)
+	require.InDelta(t, 1.0/3, res.Extra["one/three-p99"], 1e-9)
+}

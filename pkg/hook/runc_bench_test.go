@@ -36,10 +36,7 @@ func BenchmarkRuncHook(b *testing.B) {
 	durableBin := buildFloor(b, "durablefloor")
 	floorDir := filepath.Join(r.base, "floor") // same file system as the ledger
 	i := 0
-	samples := map[string]*[]time.Duration{}
 	variant := func(name string, o ctrOpts) benchab.Variant {
-		got := &[]time.Duration{}
-		samples[name] = got
 		return benchab.Variant{Name: name, Run: func() (time.Duration, error) {
 			i++
 			id := fmt.Sprintf("bench-%s-%d", name, i)
@@ -51,7 +48,6 @@ func BenchmarkRuncHook(b *testing.B) {
 			if err != nil {
 				return 0, fmt.Errorf("runc run %s: %w: %s", id, err, out)
 			}
-			*got = append(*got, d)
 			return d, nil
 		}}
 	}
@@ -78,13 +74,13 @@ func BenchmarkRuncHook(b *testing.B) {
 			variant("base-nogpu", ctrOpts{mode: "exit", hookBin: base}),
 			variant("base-gpu", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: base}))
 	}
-	benchab.Run(b, variants)
-	reportRatio(b, "gpu", "durablefloor", samples)
-	reportRatio(b, "nogpu", "floorhooks", samples)
-	reportRatio(b, "gpu", "durablefloor-1p", samples)
-	reportRatio(b, "nogpu", "floorhooks-1p", samples)
+	samples := benchab.Run(b, variants)
+	samples.ReportRatio(b, "gpu", "durablefloor")
+	samples.ReportRatio(b, "nogpu", "floorhooks")
+	samples.ReportRatio(b, "gpu", "durablefloor-1p")
+	samples.ReportRatio(b, "nogpu", "floorhooks-1p")
 	if base != "" {
-		reportRatio(b, "base-gpu", "durablefloor", samples)
+		samples.ReportRatio(b, "base-gpu", "durablefloor")
 	}
 	if st := r.state(); len(st.Claims) != 0 || len(st.Waiters) != 0 {
 		b.Fatalf("the ledger is not empty after the runs: %d claims, %d waiters", len(st.Claims), len(st.Waiters))
@@ -105,16 +101,4 @@ func buildFloor(b *testing.B, name string) string {
 		b.Fatalf("go build %s: %v\n%s", name, err, out)
 	}
 	return bin
-}
-
-// reportRatio reports the ratio of the medians and of the p99s of variant
-// num to variant den, as "num/den-p50" and "num/den-p99".
-func reportRatio(b *testing.B, num, den string, samples map[string]*[]time.Duration) {
-	b.Helper()
-	n, d := benchab.Stats(append([]time.Duration(nil), *samples[num]...)), benchab.Stats(append([]time.Duration(nil), *samples[den]...))
-	if d.P50 == 0 || d.P99 == 0 {
-		return
-	}
-	b.ReportMetric(float64(n.P50)/float64(d.P50), num+"/"+den+"-p50")
-	b.ReportMetric(float64(n.P99)/float64(d.P99), num+"/"+den+"-p99")
 }

@@ -50,11 +50,8 @@ func BenchmarkCRIAdmission(b *testing.B) {
 
 	gpu0 := guarded.GPUs[0].UUID
 	audit := filepath.Join(g.StateDir, "audit.log")
-	samples := map[string]*[]time.Duration{}
 	seq := 0
 	variant := func(name string, p *Pod, env []EnvVar, check func(id string) error) benchab.Variant {
-		got := &[]time.Duration{}
-		samples[name] = got
 		return benchab.Variant{Name: name, Run: func() (time.Duration, error) {
 			seq++
 			d, id, err := criCycle(b, p, ContainerSpec{Name: fmt.Sprintf("%s-%d", name, seq), Env: env})
@@ -66,7 +63,6 @@ func BenchmarkCRIAdmission(b *testing.B) {
 					return 0, fmt.Errorf("container %s: %w", shortID(id), err)
 				}
 			}
-			*got = append(*got, d)
 			return d, nil
 		}}
 	}
@@ -94,11 +90,8 @@ func BenchmarkCRIAdmission(b *testing.B) {
 			b.Fatalf("warm-up %s: %v", v.Name, err)
 		}
 	}
-	for _, got := range samples {
-		*got = (*got)[:0]
-	}
-	benchab.Run(b, variants)
-	criRatio(b, "gpu", "plain-gpu", samples)
+	samples := benchab.Run(b, variants)
+	samples.ReportRatio(b, "gpu", "plain-gpu")
 	if claims := g.Claims(b); len(claims) != 0 {
 		b.Fatalf("the ledger holds claims after the runs: %s", describe(claims))
 	}
@@ -184,17 +177,4 @@ func auditRecordsOf(path, id string) ([]auditLine, error) {
 		return nil, fmt.Errorf("read the audit log: %w", err)
 	}
 	return recs, nil
-}
-
-// criRatio reports the ratio of the medians and of the p99s of variant num
-// to variant den, as "num/den-p50" and "num/den-p99".
-func criRatio(b *testing.B, num, den string, samples map[string]*[]time.Duration) {
-	b.Helper()
-	n := benchab.Stats(slices.Clone(*samples[num]))
-	d := benchab.Stats(slices.Clone(*samples[den]))
-	if d.P50 == 0 || d.P99 == 0 {
-		return
-	}
-	b.ReportMetric(float64(n.P50)/float64(d.P50), num+"/"+den+"-p50")
-	b.ReportMetric(float64(n.P99)/float64(d.P99), num+"/"+den+"-p99")
 }
