@@ -60,6 +60,10 @@ type runtime struct {
 	// handler gives its ledger work (see deadlineProbe).
 	deadlines *deadlineProbe
 
+	// plugins are the plugins started (startPlugin): start waits for their
+	// start records, which they commit in the background.
+	plugins []*plugin
+
 	mu   sync.Mutex
 	pods map[string]*api.PodSandbox
 	// listed are the CREATED/RUNNING containers, as containerd lists them.
@@ -223,6 +227,7 @@ func (rt *runtime) startPluginWith(live guard.Liveness) *plugin {
 	// Synchronize returned; wait until the runtime added the plugin to its
 	// registry (it does so right after the sync, under the sync lock).
 	rt.nri.BlockPluginSync().Unblock()
+	rt.plugins = append(rt.plugins, pl)
 	return pl
 }
 
@@ -274,6 +279,13 @@ func (rt *runtime) start(pod *api.PodSandbox, c *api.Container, pid uint32) {
 	c.State, c.Pid = api.ContainerState_CONTAINER_RUNNING, pid
 	require.NoError(rt.t, rt.nri.StartContainer(context.Background(), &api.StartContainerRequest{Pod: pod, Container: c}))
 	require.NoError(rt.t, rt.nri.PostStartContainer(context.Background(), &api.PostStartContainerRequest{Pod: pod, Container: c}))
+	// The plugins answer at once and commit the start record in the
+	// background; a test that reads the ledger next expects to see it.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, pl := range rt.plugins {
+		require.NoError(rt.t, pl.p.starts.wait(ctx), "the start record committed")
+	}
 }
 
 // exit empties the container's cgroup (its processes are gone) without any

@@ -104,6 +104,11 @@ type Plugin struct {
 	inflight int
 	idle     chan struct{}
 	lastDone time.Time
+	// starts counts the start records being committed in the background
+	// (recordStart): every handler that reads or writes the ledger waits for
+	// them first, so that it sees them as if they had been committed inside
+	// StartContainer.
+	starts *pending
 	// entered, when set (tests), is called as a handler starts.
 	entered func(handler string)
 	// decisionCtx, when set (tests), replaces decisionContext for the
@@ -185,6 +190,7 @@ func (p *Plugin) waitQuiet(abort, closed <-chan struct{}) bool {
 type trackedCtr struct {
 	sandboxID string
 	started   bool // pid/cgroup recorded
+	starting  bool // being recorded in the background
 }
 
 // New returns a Plugin.
@@ -200,6 +206,7 @@ func New(opts Options) (*Plugin, error) {
 		tracked: map[string]trackedCtr{},
 		resync:  make(chan struct{}, 1),
 		idle:    make(chan struct{}),
+		starts:  newPending(),
 	}
 	close(p.idle)
 	if p.log == nil {
@@ -260,6 +267,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	// plugin reconnect and try again.
 	ctx, cancel := decisionContext(ctx, 0)
 	defer cancel()
+	p.settleStarts(ctx)
 	byID := make(map[string]*api.PodSandbox, len(pods))
 	for _, pod := range pods {
 		byID[pod.GetId()] = pod
@@ -394,6 +402,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
+	p.settleStarts(dctx)
 	d, err := g.Admit(dctx, guardRequest(pod, ctr))
 	if err != nil {
 		p.ledgerTrouble(err)
@@ -418,7 +427,7 @@ func refusal(err error) error {
 }
 
 // StartContainer records the pid and cgroup of a GPU holder.
-func (p *Plugin) StartContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+func (p *Plugin) StartContainer(ctx context.Context, _ *api.PodSandbox, ctr *api.Container) error {
 	defer p.handling("StartContainer", nil)()
 	p.recordStart(ctx, ctr)
 	return nil
@@ -426,37 +435,73 @@ func (p *Plugin) StartContainer(ctx context.Context, pod *api.PodSandbox, ctr *a
 
 // PostStartContainer records the pid and cgroup if StartContainer could not
 // (the pid is normally known at StartContainer already).
-func (p *Plugin) PostStartContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
+func (p *Plugin) PostStartContainer(ctx context.Context, _ *api.PodSandbox, ctr *api.Container) error {
 	defer p.handling("PostStartContainer", nil)()
 	p.recordStart(ctx, ctr)
 	return nil
 }
 
+// recordStart commits a holder's pid and cgroup in the background: the
+// container's start does not wait for the durable write (one of the three
+// of a GPU container's life), nor does containerd's global NRI lock. Every
+// later handler that touches the ledger waits for it first (p.starts), so
+// the order of the ledger's records is that of the events. Until it is
+// committed the claim has no process, which reads as "created, not started":
+// the holder is kept, never released early.
 func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 	id := ctr.GetId()
+	pid := int(ctr.GetPid())
+	cgroup := ctr.GetLinux().GetCgroupsPath()
 	p.mu.Lock()
 	t, ok := p.tracked[id]
 	g := p.g
-	p.mu.Unlock()
-	pid := int(ctr.GetPid())
-	cgroup := ctr.GetLinux().GetCgroupsPath()
-	if !ok || t.started || g == nil || pid <= 0 {
+	if !ok || t.started || t.starting || g == nil || pid <= 0 {
+		p.mu.Unlock()
 		return
 	}
-	ctx, cancel := p.bounded(ctx, g)
-	defer cancel()
-	if err := g.Started(ctx, id, pid, cgroup); err != nil {
-		p.ledgerTrouble(err)
-		// Not fatal: without a pid the holder is kept until its stop event.
-		p.log.Warn("recording container start failed", "container_id", id, "pid", pid, "cgroup", cgroup, "error", err)
-		return
-	}
-	p.mu.Lock()
-	if t, ok := p.tracked[id]; ok {
-		t.started = true
-		p.tracked[id] = t
-	}
+	t.starting = true
+	p.tracked[id] = t
+	p.starts.add()
 	p.mu.Unlock()
+	// Bounded as the write would be inside the request (its deadline less
+	// the margin, or lock_timeout), but not cancelled with the request,
+	// which is answered at once.
+	dctx, dcancel := p.bounded(ctx, g)
+	deadline, hasDeadline := dctx.Deadline()
+	dcancel()
+	go func() {
+		defer p.starts.done()
+		var (
+			bctx   context.Context
+			cancel context.CancelFunc
+		)
+		if hasDeadline {
+			bctx, cancel = context.WithDeadline(context.Background(), deadline)
+		} else {
+			bctx, cancel = context.WithCancel(context.Background())
+		}
+		defer cancel()
+		err := g.Started(bctx, id, pid, cgroup)
+		p.mu.Lock()
+		if t, ok := p.tracked[id]; ok {
+			t.starting, t.started = false, err == nil
+			p.tracked[id] = t
+		}
+		p.mu.Unlock()
+		if err != nil {
+			p.ledgerTrouble(err)
+			// Not fatal: without a pid the holder is kept until its stop event.
+			p.log.Warn("recording container start failed", "container_id", id, "pid", pid, "cgroup", cgroup, "error", err)
+		}
+	}()
+}
+
+// settleStarts waits, within ctx, for the start records still being
+// committed (see recordStart).
+func (p *Plugin) settleStarts(ctx context.Context) {
+	if err := p.starts.wait(ctx); err != nil {
+		p.log.Warn("a container's start record was still being committed when the next event had to be handled", "error", err)
+	}
 }
 
 // StopContainer releases (release_on = "stop") or marks stopped ("remove")
@@ -470,6 +515,7 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 	}
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
+	p.settleStarts(ctx)
 	if err := g.Stopped(ctx, ownerOf(pod, ctr)); err != nil {
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a stopped container failed; the liveness check or the next sync will", "container_id", ctr.GetId(), "error", err)
@@ -490,6 +536,7 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
+	p.settleStarts(ctx)
 	if err := g.Removed(ctx, ownerOf(pod, ctr)); err != nil {
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a removed container failed; the next sync will", "container_id", ctr.GetId(), "error", err)
@@ -520,6 +567,7 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 	}
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
+	p.settleStarts(ctx)
 	if err := g.PodGone(ctx, pod.GetUid(), pod.GetId()); err != nil {
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a "+what+" pod failed; the next sync will", "pod_uid", pod.GetUid(),

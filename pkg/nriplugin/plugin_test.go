@@ -24,6 +24,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // 1. Two containers naming the same GPU (by index, then by UUID): the second
@@ -732,4 +733,40 @@ func TestWithPodCDIRequestLeavesContainerMapAlone(t *testing.T) {
 	assert.Equal(t, map[string]string{"a": "b"}, own, "the container's own annotations are not modified")
 	assert.Equal(t, own, withPodCDIRequest(own, pod, "nomatch"))
 	assert.Equal(t, own, withPodCDIRequest(own, nil, "main"))
+}
+
+// StartContainer answers without waiting for the ledger: the holder's start
+// record is committed in the background (here while another process holds
+// the ledger lock), and the next event that touches the ledger waits for it,
+// so the audit trail keeps the order of the events.
+func TestStartRecordCommittedInTheBackground(t *testing.T) {
+	rt := newRuntime(t, nil)
+	pl := rt.startPlugin()
+	podA := rt.addPod("a")
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+
+	lk := flock.New(filepath.Join(rt.ledgerDir, "ledger.lock"))
+	locked, err := lk.TryLock()
+	require.NoError(t, err)
+	require.True(t, locked)
+	holder.State, holder.Pid = api.ContainerState_CONTAINER_RUNNING, 1001
+	require.NoError(t, rt.nri.StartContainer(context.Background(), &api.StartContainerRequest{Pod: podA, Container: holder}))
+	expired, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.Error(t, pl.p.starts.wait(expired), "answered with the start record still to commit")
+	require.Zero(t, rt.state().Claims[0].Owner.Pid, "not committed while the lock is held")
+	require.NoError(t, lk.Unlock())
+
+	rt.stop(podA, holder)
+	assert.Empty(t, rt.holders())
+	recs, err := ledger.ReadAudit(filepath.Join(rt.ledgerDir, "audit.log"))
+	require.NoError(t, err)
+	var ops []string
+	for _, r := range recs {
+		if r.ContainerID == holder.Id {
+			ops = append(ops, r.Op)
+		}
+	}
+	require.Equal(t, []string{ledger.OpClaim, ledger.OpStarted, ledger.OpRelease}, ops)
 }
