@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
-	"github.com/gofrs/flock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -80,10 +79,7 @@ func TestReleaseHandlersAnswerWithinDeadline(t *testing.T) {
 			holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
 			require.NoError(t, rt.create(podA, holder))
 
-			lk := flock.New(filepath.Join(rt.ledgerDir, "ledger.lock"))
-			locked, err := lk.TryLock()
-			require.NoError(t, err)
-			require.True(t, locked)
+			lk := rt.lockLedger()
 			// Fails to reach the ledger and answers: the harness requires
 			// the runtime to report no error for the event.
 			rt.deadlines.expiring.Store(true)
@@ -170,10 +166,7 @@ func TestShutdownLetsRequestInFlightAnswer(t *testing.T) {
 	}
 	rt.nri.BlockPluginSync().Unblock()
 
-	lk := flock.New(filepath.Join(rt.ledgerDir, "ledger.lock"))
-	locked, err := lk.TryLock()
-	require.NoError(t, err)
-	require.True(t, locked)
+	lk := rt.lockLedger()
 	defer func() { _ = lk.Unlock() }()
 
 	errC := make(chan error, 1)

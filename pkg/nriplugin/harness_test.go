@@ -19,6 +19,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	nrilog "github.com/containerd/nri/pkg/log"
 	"github.com/containerd/nri/pkg/stub"
+	"github.com/gofrs/flock"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -268,6 +269,17 @@ func (rt *runtime) create(pod *api.PodSandbox, c *api.Container) error {
 	rt.order = append(rt.order, c.Id)
 	rt.mu.Unlock()
 	return nil
+}
+
+// lockLedger takes the ledger lock as another process would, and returns
+// it for the test to let go.
+func (rt *runtime) lockLedger() *flock.Flock {
+	rt.t.Helper()
+	lk := flock.New(filepath.Join(rt.ledgerDir, "ledger.lock"))
+	locked, err := lk.TryLock()
+	require.NoError(rt.t, err)
+	require.True(rt.t, locked, "the ledger lock is free")
+	return lk
 }
 
 // start starts a created container with pid and a populated cgroup.

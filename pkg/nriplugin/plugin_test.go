@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
-	"github.com/gofrs/flock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -349,13 +348,10 @@ func TestLedgerBusyRefusedWithinDeadline(t *testing.T) {
 	podA, podB := rt.addPod("a"), rt.addPod("b")
 	require.NoError(t, rt.create(podA, container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")))
 
-	lk := flock.New(filepath.Join(rt.ledgerDir, "ledger.lock"))
-	locked, err := lk.TryLock()
-	require.NoError(t, err)
-	require.True(t, locked)
+	lk := rt.lockLedger()
 
 	rt.deadlines.expiring.Store(true)
-	err = rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
+	err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
 	rt.deadlines.expiring.Store(false)
 	assertBoundedByRequest(t, rt.deadlines.expired(), lockTimeout)
 	require.Error(t, err, "a create the guard could not decide must be refused, not let through")
@@ -746,10 +742,7 @@ func TestStartRecordCommittedInTheBackground(t *testing.T) {
 	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
 	require.NoError(t, rt.create(podA, holder))
 
-	lk := flock.New(filepath.Join(rt.ledgerDir, "ledger.lock"))
-	locked, err := lk.TryLock()
-	require.NoError(t, err)
-	require.True(t, locked)
+	lk := rt.lockLedger()
 	holder.State, holder.Pid = api.ContainerState_CONTAINER_RUNNING, 1001
 	require.NoError(t, rt.nri.StartContainer(context.Background(), &api.StartContainerRequest{Pod: podA, Container: holder}))
 	expired, cancel := context.WithCancel(context.Background())

@@ -33,10 +33,11 @@ import (
 // start and releases GPU 0 at stop, three ledger commits). The two bare
 // variants are an A/A pair: plain-gpu/plain shows the run's noise. It
 // reports each variant's median and p99 in ms and the ratios of the
-// plugin's cost: nogpu/plain and gpu/plain-gpu (p50 and p99). Outside the timed part, every gpu sample is checked against the
-// guard's audit log (GPU 0 claimed by that container, then released) and
-// every nogpu sample for leaving no record. Run it with -benchtime=30x
-// -count=3 (hack/bench-process.sh, CRI_N, does).
+// plugin's cost: nogpu/plain and gpu/plain-gpu (p50 and p99). Outside the
+// timed part, every gpu sample is checked against the guard's audit log
+// (GPU 0 claimed by that container, then released) and every nogpu sample
+// for leaving no record. Run it with -benchtime=30x -count=3
+// (hack/bench-process.sh, CRI_N, does).
 func BenchmarkCRIAdmission(b *testing.B) {
 	bare := StartContainerd(b, ContainerdOptions{})
 	guarded := StartContainerd(b, ContainerdOptions{})
