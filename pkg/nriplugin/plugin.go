@@ -53,6 +53,21 @@ var Events = func() api.EventMask {
 	return m
 }()
 
+// EventsFor is the subscription for the runtime named at Configure: Events,
+// without PostStartContainer for containerd. containerd (1.7, 2.0–2.4)
+// sends StartContainer after it created the container's task, with its pid,
+// so the start is recorded there; PostStartContainer would only add a round
+// trip to every container's start. Other runtimes keep it, for a pid that
+// StartContainer did not carry.
+func EventsFor(runtime string) api.EventMask {
+	if runtime == "containerd" {
+		m := Events
+		m.Clear(api.Event_POST_START_CONTAINER)
+		return m
+	}
+	return Events
+}
+
 // SetupFunc builds the guard for a configuration: it opens the ledger and
 // loads the GPU inventory. The plugin calls it when it is first configured
 // and again when the runtime hands it a different configuration.
@@ -234,7 +249,7 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 	p.log.Info("configured by runtime", "runtime", runtime, "runtime_version", version,
 		"config_from_runtime", cfgText != "")
 	if p.g != nil && cfgText == p.cfgText {
-		return Events, nil
+		return EventsFor(runtime), nil
 	}
 	cfg := p.base
 	if cfgText != "" {
@@ -249,7 +264,7 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 		return 0, fmt.Errorf("nri-gpu-guard: setup: %w", err)
 	}
 	p.g, p.cfgText = g, cfgText
-	return Events, nil
+	return EventsFor(runtime), nil
 }
 
 // Synchronize reconciles the ledger with every container the runtime lists

@@ -403,7 +403,7 @@ func TestConfigureFromRuntimeString(t *testing.T) {
 
 	mask, err := p.Configure(context.Background(), "", "containerd", "v2.2.1")
 	require.NoError(t, err)
-	assert.Equal(t, Events, mask)
+	assert.Equal(t, EventsFor("containerd"), mask)
 	require.Len(t, built, 1)
 	assert.Equal(t, config.ConflictQueue, built[0].Policy.OnConflict)
 
@@ -422,6 +422,19 @@ func TestConfigureFromRuntimeString(t *testing.T) {
 	_, err = p.Configure(context.Background(), "[policy]\nno_such_key = 1\n", "containerd", "v2.2.1")
 	require.ErrorContains(t, err, "no_such_key")
 	assert.Equal(t, config.ConflictReject, p.Guard().Config().Policy.OnConflict, "a bad document changes nothing")
+}
+
+// containerd carries the pid in StartContainer: the plugin does not ask it
+// for PostStartContainer as well; any other runtime gets the full set.
+func TestEventsForRuntime(t *testing.T) {
+	containerd := EventsFor("containerd")
+	assert.False(t, containerd.IsSet(api.Event_POST_START_CONTAINER))
+	assert.True(t, containerd.IsSet(api.Event_START_CONTAINER))
+	want := Events
+	want.Clear(api.Event_POST_START_CONTAINER)
+	assert.Equal(t, want, containerd, "only PostStartContainer is left out")
+	assert.Equal(t, Events, EventsFor("cri-o"))
+	assert.True(t, Events.IsSet(api.Event_POST_START_CONTAINER))
 }
 
 func TestEventMaskAvoidsNewEvents(t *testing.T) {
