@@ -484,6 +484,7 @@ func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 	dctx, dcancel := p.bounded(ctx, g)
 	deadline, hasDeadline := dctx.Deadline()
 	dcancel()
+	detached := context.WithoutCancel(ctx)
 	go func() {
 		defer p.starts.done()
 		var (
@@ -491,9 +492,9 @@ func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 			cancel context.CancelFunc
 		)
 		if hasDeadline {
-			bctx, cancel = context.WithDeadline(context.Background(), deadline)
+			bctx, cancel = context.WithDeadline(detached, deadline)
 		} else {
-			bctx, cancel = context.WithCancel(context.Background())
+			bctx, cancel = context.WithCancel(detached)
 		}
 		defer cancel()
 		err := g.Started(bctx, id, pid, cgroup)
