@@ -60,55 +60,50 @@ func BenchmarkHookProcess(b *testing.B) {
 		bins[bld.name] = out
 	}
 
-	cfg := filepath.Join(dir, "config.toml")
-	state := filepath.Join(dir, "state")
-	writeFile(b, cfg, fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n"+
-		"[[devices.static]]\nindex = 0\nuuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n", state))
-	bundle := filepath.Join(dir, "bundle")
-	spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{
-		Args: []string{"/app"}, Env: []string{"PATH=/usr/bin:/bin", "HOME=/root", "TERM=xterm"}}})
-	if err != nil {
-		b.Fatal(err)
+	// A host: a configuration with one static GPU over its own ledger, and a
+	// bundle whose spec carries env.
+	host := func(name string, env ...string) (cfg, state, bundle string) {
+		cfg, state, bundle = filepath.Join(dir, name+".toml"), filepath.Join(dir, name+"state"), filepath.Join(dir, name+"bundle")
+		writeFile(b, cfg, fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n"+
+			"[[devices.static]]\nindex = 0\nuuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n", state))
+		spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{
+			Args: []string{"/app"}, Env: append([]string{"PATH=/usr/bin:/bin", "HOME=/root"}, env...)}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		writeFile(b, filepath.Join(bundle, "config.json"), string(spec))
+		return cfg, state, bundle
 	}
-	writeFile(b, filepath.Join(bundle, "config.json"), string(spec))
+	cfg, state, bundle := host("nogpu", "TERM=xterm")
 	stdin, err := json.Marshal(specs.State{Version: specs.Version, ID: "bench", Status: specs.StateCreating, Pid: os.Getpid(), Bundle: bundle})
 	if err != nil {
 		b.Fatal(err)
 	}
-	// env is the process's environment: hook.RuntimeEnv() as the shipped
-	// hook definitions set it, or nil for this process's (as a runtime runs
-	// a hook whose definition sets none).
+	// timed runs one process with env as its environment: hook.RuntimeEnv()
+	// as the shipped hook definitions set it, or nil for this process's (as a
+	// runtime runs a hook whose definition sets none).
+	timed := func(env []string, in []byte, bin string, args ...string) (time.Duration, error) {
+		cmd := exec.Command(bin, args...)
+		cmd.Env = env
+		cmd.Stdin = bytes.NewReader(in)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		start := time.Now()
+		err := cmd.Run()
+		d := time.Since(start)
+		if err != nil {
+			return 0, fmt.Errorf("%s %v: %w: %s", bin, args, err, stderr.String())
+		}
+		return d, nil
+	}
 	shipped := hook.RuntimeEnv()
 	run := func(env []string, bin string, args ...string) func() (time.Duration, error) {
-		return func() (time.Duration, error) {
-			cmd := exec.Command(bin, args...)
-			cmd.Env = env
-			cmd.Stdin = bytes.NewReader(stdin)
-			var stderr bytes.Buffer
-			cmd.Stderr = &stderr
-			start := time.Now()
-			err := cmd.Run()
-			d := time.Since(start)
-			if err != nil {
-				return 0, fmt.Errorf("%w: %s", err, stderr.String())
-			}
-			return d, nil
-		}
+		return func() (time.Duration, error) { return timed(env, stdin, bin, args...) }
 	}
 
 	// The GPU pair: its own configuration, ledger and bundle (GPU 0 named),
 	// a new container id per pair; the pid is this process's (alive).
-	gpuState := filepath.Join(dir, "gpustate")
-	gpuCfg := filepath.Join(dir, "gpu.toml")
-	writeFile(b, gpuCfg, fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n"+
-		"[[devices.static]]\nindex = 0\nuuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n", gpuState))
-	gpuBundle := filepath.Join(dir, "gpubundle")
-	gpuSpec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{
-		Args: []string{"/app"}, Env: []string{"PATH=/usr/bin:/bin", "HOME=/root", "NVIDIA_VISIBLE_DEVICES=0"}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	writeFile(b, filepath.Join(gpuBundle, "config.json"), string(gpuSpec))
+	gpuCfg, gpuState, gpuBundle := host("gpu", "NVIDIA_VISIBLE_DEVICES=0")
 	floorDir := filepath.Join(dir, "floorstate") // same file system as the ledger
 	pairs := 0
 	pair := func(env []string, bin string, extra ...string) func() (time.Duration, error) {
@@ -121,17 +116,11 @@ func BenchmarkHookProcess(b *testing.B) {
 			}
 			var total time.Duration
 			for _, args := range [][]string{{"create-runtime", "--config", gpuCfg, "--wait"}, {"poststop", "--config", gpuCfg}} {
-				cmd := exec.Command(bin, append(args, extra...)...)
-				cmd.Env = env
-				cmd.Stdin = bytes.NewReader(in)
-				var stderr bytes.Buffer
-				cmd.Stderr = &stderr
-				start := time.Now()
-				err := cmd.Run()
-				total += time.Since(start)
+				d, err := timed(env, in, bin, append(args, extra...)...)
 				if err != nil {
-					return 0, fmt.Errorf("%s %s: %w: %s", bin, args[0], err, stderr.String())
+					return 0, err
 				}
+				total += d
 			}
 			return total, nil
 		}
