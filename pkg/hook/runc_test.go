@@ -253,12 +253,10 @@ type ctrOpts struct {
 	// hookArgs are appended to both hooks' arguments (BenchmarkRuncHook's
 	// durable floor: --state-dir DIR).
 	hookArgs []string
-	// hookEnv is both hooks' environment; nil is the one the shipped hook
-	// definitions set (RuntimeEnv).
-	hookEnv []string
 	// inheritEnv gives the hooks no environment of their own: runc runs them
 	// with its own (BenchmarkRuncHook's floors, as a definition without
-	// "env" would).
+	// "env" would). Otherwise they get the one the shipped hook definitions
+	// set (RuntimeEnv).
 	inheritEnv bool
 }
 
@@ -340,12 +338,9 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		}
 		createArgs = append(createArgs, o.hookArgs...)
 		stopArgs := append([]string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}, o.hookArgs...)
-		env := o.hookEnv
-		switch {
-		case o.inheritEnv:
+		env := RuntimeEnv()
+		if o.inheritEnv {
 			env = nil
-		case env == nil:
-			env = RuntimeEnv()
 		}
 		spec.Hooks = &specs.Hooks{
 			CreateRuntime: []specs.Hook{{Path: bin, Args: createArgs, Env: env}},
