@@ -44,6 +44,9 @@ type fastDecoder struct {
 	// fresh page of it costs a fault (a whole process, gpu-guard-ctl
 	// status, spent a third of its time in them).
 	share bool
+	// view is share for strings alone (no slab): a journal record decoded
+	// from a buffer the reader owns, whose strings point into it.
+	view bool
 	// unescaped says the last raw string had escapes and was decoded into
 	// a fresh buffer, which str must not take as a slice of s.
 	unescaped bool
@@ -309,7 +312,7 @@ func (d *fastDecoder) str() string {
 	if d.bad {
 		return ""
 	}
-	if d.share && !d.unescaped { // an unescaped string is a fresh buffer, not a slice of s
+	if (d.share || d.view) && !d.unescaped { // an unescaped string is a fresh buffer, not a slice of s
 		end := d.i - 1 // the closing quote
 		return d.s[end-len(s) : end]
 	}
@@ -586,8 +589,21 @@ func (d *fastDecoder) cordon(c *Cordon) {
 // like fastDecodeState. Every cold reader — each hook that claims or
 // releases — replays the journal since the last compaction, up to a few
 // hundred records.
-func fastDecodeRecord(b []byte) (journalRecord, bool) {
+func fastDecodeRecord(b []byte) (journalRecord, bool) { return fastDecodeRecordOf(b, false) }
+
+// fastDecodeRecordOf is fastDecodeRecord; owned says b is never written
+// again, by anyone: the record's strings then point into it instead of
+// each being allocated (with a map to intern them, per record). A cold
+// reader replays up to a few hundred records, and that garbage was most of
+// the fresh heap pages, each a page fault, of a hook's journal replay. The
+// journal buffer stays in memory while a string of it does: at most the
+// journal's size, which compaction bounds.
+func fastDecodeRecordOf(b []byte, owned bool) (journalRecord, bool) {
 	d := fastDecoder{b: b}
+	if owned && len(b) > 0 {
+		d.view = true
+		d.s = unsafe.String(&b[0], len(b)) //nolint:gosec // b is the caller's and never written again (see owned)
+	}
 	var r journalRecord
 	d.lit(`{"g":`)
 	r.Gen = d.uint()

@@ -98,6 +98,40 @@ func TestFastRecordDecoderMatchesEncodingJSON(t *testing.T) {
 	}
 }
 
+// A record decoded from a buffer the reader owns is the same record, its
+// strings point into that buffer (no allocation each), and a string that
+// had escapes is a copy of its own: nothing points at bytes that mean
+// something else.
+func TestOwnedRecordStringsPointIntoTheBuffer(t *testing.T) {
+	rng := rand.New(rand.NewPCG(13, 14))
+	for i := 0; i < 200; i++ {
+		line, err := json.Marshal(randomRecord(rng))
+		require.NoError(t, err)
+		want, ok := fastDecodeRecord(line)
+		require.True(t, ok)
+		buf := bytes.Clone(line)
+		got, ok := fastDecodeRecordOf(buf, true)
+		require.True(t, ok)
+		require.Equal(t, want, got, "record %d: %s", i, line)
+	}
+	rec := journalRecord{Gen: 1, Time: time.Unix(5, 0).UTC(), NextSeq: 2,
+		Claims:      []Claim{{Device: gpu(0), Owner: Owner{ContainerID: "ctr-1", Pod: "a<b", FrontEnd: FrontEndHook}, Since: time.Unix(5, 0).UTC()}},
+		WaitersGone: []string{"ns/uid/name"}}
+	buf, err := json.Marshal(rec) // "a<b" is written escaped, as \u003c
+	require.NoError(t, err)
+	got, ok := fastDecodeRecordOf(buf, true)
+	require.True(t, ok)
+	require.Equal(t, rec, got)
+	inBuf := func(s string) bool {
+		p := uintptr(unsafe.Pointer(unsafe.StringData(s)))
+		start := uintptr(unsafe.Pointer(&buf[0]))
+		return p >= start && p < start+uintptr(len(buf))
+	}
+	require.True(t, inBuf(got.Claims[0].Owner.ContainerID), "a plain string is a slice of the buffer")
+	require.True(t, inBuf(got.WaitersGone[0]))
+	require.False(t, inBuf(got.Claims[0].Owner.Pod), "an unescaped string must be a copy")
+}
+
 // A snapshot's waiters share one string and one slab of devices: appending
 // to one waiter's devices must not write into the next one's.
 func TestFastDecodedWaitersDoNotShareCapacity(t *testing.T) {
@@ -149,6 +183,9 @@ func FuzzFastDecodeLedger(f *testing.F) {
 				t.Fatalf("fast record decoder accepted what encoding/json refuses (%v): %q", err, data)
 			}
 			require.Equal(t, slow, r, "%q", data)
+			owned, ok := fastDecodeRecordOf(bytes.Clone(data), true)
+			require.True(t, ok, "the owned-buffer decode gave up where the copying one did not: %q", data)
+			require.Equal(t, slow, owned, "%q", data)
 		}
 	})
 }

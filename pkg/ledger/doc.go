@@ -75,7 +75,7 @@
 //     transaction never committed (its caller got no answer); readers ignore
 //     it and the next writer cuts it. Any other line that does not verify is
 //     damage.
-//   - Compaction, once the journal outgrows the snapshot (and 32 KiB), runs
+//   - Compaction, once the journal outgrows the snapshot (and 16 KiB), runs
 //     after the commit's record is durable: the new snapshot goes through a
 //     temp file, fsync, rename and fsync of the dir, then a new journal
 //     replaces the old one the same way; the replaced files become .prev. A

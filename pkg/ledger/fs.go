@@ -63,31 +63,35 @@ func reachStage(stage string) {
 
 // checkDir verifies (and, if create, makes) the state dir: a real directory,
 // not a symlink, owned by us (or root, for readers), not writable by group or
-// others. missing reports a dir that does not exist when create is false.
-func checkDir(dir string, create, readOnly bool) (missing bool, err error) {
+// others. missing reports a dir that does not exist when create is false;
+// created, one it made (with any missing parents), whose chain the caller
+// checks again: a dir someone else made in a sticky parent meanwhile is
+// theirs.
+func checkDir(dir string, create, readOnly bool) (missing, created bool, err error) {
 	fi, err := os.Lstat(dir) //nolint:gosec // the state dir is the operator's choice
 	if errors.Is(err, fs.ErrNotExist) {
 		if !create {
-			return true, nil
+			return true, false, nil
 		}
 		if err := os.MkdirAll(dir, 0o700); err != nil { //nolint:gosec // the state dir is the operator's choice
-			return false, fmt.Errorf("create ledger dir %s: %w", dir, err)
+			return false, false, fmt.Errorf("create ledger dir %s: %w", dir, err)
 		}
+		created = true
 		fi, err = os.Lstat(dir) //nolint:gosec // the state dir is the operator's choice
 	}
 	if err != nil {
-		return false, fmt.Errorf("ledger dir %s: %w", dir, err)
+		return false, created, fmt.Errorf("ledger dir %s: %w", dir, err)
 	}
 	if fi.Mode()&fs.ModeSymlink != 0 {
-		return false, fmt.Errorf("%w: %s is a symlink; point the configuration at the real directory", ErrUnsafeDir, dir)
+		return false, created, fmt.Errorf("%w: %s is a symlink; point the configuration at the real directory", ErrUnsafeDir, dir)
 	}
 	if !fi.IsDir() {
-		return false, fmt.Errorf("%w: %s is not a directory", ErrUnsafeDir, dir)
+		return false, created, fmt.Errorf("%w: %s is not a directory", ErrUnsafeDir, dir)
 	}
 	if err := checkOwnerMode(dir, fi, readOnly); err != nil {
-		return false, err
+		return false, created, err
 	}
-	return false, nil
+	return false, created, nil
 }
 
 // checkFiles verifies every file the ledger opens in dir, where it exists.

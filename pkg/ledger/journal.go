@@ -179,8 +179,14 @@ func decodeHeader(line []byte) (journalHeader, error) {
 	return h, nil
 }
 
+// decodeRecord decodes one journal record (a copy of every string).
 func decodeRecord(line []byte, at int64) (journalRecord, error) {
-	if r, ok := fastDecodeRecord(line); ok {
+	return decodeRecordOf(line, at, false)
+}
+
+// decodeRecordOf is decodeRecord; owned is fastDecodeRecordOf's.
+func decodeRecordOf(line []byte, at int64, owned bool) (journalRecord, error) {
+	if r, ok := fastDecodeRecordOf(line, owned); ok {
 		return r, nil
 	}
 	// Not exactly as json.Marshal writes it: encoding/json decides.

@@ -381,7 +381,10 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 // ensureDir creates a missing state dir for Recover and Reset: they are
 // how an operator deliberately resumes after the dir vanished.
 func (l *Ledger) ensureDir() error {
-	_, err := checkDir(l.dir, true, false)
+	_, created, err := checkDir(l.dir, true, false)
+	if err == nil && created {
+		err = CheckDirChain(l.dir)
+	}
 	return err
 }
 

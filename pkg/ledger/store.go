@@ -176,7 +176,7 @@ func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
 	if err != nil {
 		return ld, l.corrupt(l.JournalPath(), err)
 	}
-	hdr, recs, end, err := parseJournal(data, 0)
+	hdr, recs, end, err := parseJournal(data, 0, true) // data is this read's own buffer
 	if err != nil {
 		return ld, l.corrupt(l.JournalPath(), err)
 	}
@@ -209,7 +209,9 @@ func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
 
 // parseJournal verifies a whole journal: its header, its records, and where
 // the complete records end (a torn tail after that is ignored).
-func parseJournal(data []byte, base int64) (journalHeader, []journalRecord, int64, error) {
+// owned says data is never written again: the records' strings point into
+// it (fastDecodeRecordOf).
+func parseJournal(data []byte, base int64, owned bool) (journalHeader, []journalRecord, int64, error) {
 	var hdr journalHeader
 	lines, ends, _, err := journalLines(data, base)
 	if err != nil {
@@ -223,7 +225,7 @@ func parseJournal(data []byte, base int64) (journalHeader, []journalRecord, int6
 	}
 	recs := make([]journalRecord, 0, len(lines)-1)
 	for k := 1; k < len(lines); k++ {
-		r, err := decodeRecord(lines[k], ends[k])
+		r, err := decodeRecordOf(lines[k], ends[k], owned)
 		if err != nil {
 			return hdr, nil, 0, err
 		}
@@ -249,7 +251,7 @@ func (l *Ledger) readJournalTail(jf *os.File, c *loaded, id fileID) (loaded, err
 	}
 	recs := make([]journalRecord, 0, len(lines))
 	for k := range lines {
-		r, err := decodeRecord(lines[k], ends[k])
+		r, err := decodeRecordOf(lines[k], ends[k], true) // data is this read's own buffer
 		if err != nil {
 			return loaded{}, err
 		}
