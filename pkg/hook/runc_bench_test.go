@@ -70,9 +70,15 @@ func BenchmarkRuncHook(b *testing.B) {
 	// commit's) to run as the hooks in the same rounds: a before/after.
 	base := os.Getenv("HOOK_BASELINE")
 	if base != "" {
+		// The baseline claims in a ledger of its own: on a shared one,
+		// whichever build compacts sooner would pay every compaction and
+		// hand the other the shorter journal.
+		baseCfg := r.cfg
+		baseCfg.Ledger.Dir = filepath.Join(r.base, "ledger-base")
+		baseCfgPath := r.writeConfig("config-base.toml", baseCfg)
 		variants = append(variants,
-			variant("base-nogpu", ctrOpts{mode: "exit", hookBin: base}),
-			variant("base-gpu", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: base}))
+			variant("base-nogpu", ctrOpts{mode: "exit", hookBin: base, cfgPath: baseCfgPath}),
+			variant("base-gpu", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: base, cfgPath: baseCfgPath}))
 	}
 	samples := benchab.Run(b, variants)
 	samples.ReportRatio(b, "gpu", "durablefloor")
