@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/phasetrace"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
@@ -27,7 +28,12 @@ import (
 
 const program = "nri-gpu-guard-hook"
 
-func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
+func main() {
+	phasetrace.Mark("init")
+	code := run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	phasetrace.Mark("exit")
+	os.Exit(code)
+}
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(program, flag.ContinueOnError)
@@ -71,10 +77,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// configuration), so the input is read first and such a container is
 	// answered at once, before the TOML is parsed or signals are set up.
 	in := hook.ReadInput(stdin)
+	phasetrace.Mark("input")
 	if in.NeverClaims() {
 		return 0
 	}
 	cfg, _, err := config.LoadDefault(*cfgPath)
+	phasetrace.Mark("config")
 	if err == nil && *stateDir != "" {
 		cfg.Ledger.Dir = *stateDir
 		err = cfg.Validate()

@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/phasetrace"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
@@ -176,6 +177,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	}
 
 	inv, invErr := loadInventory(cfg)
+	phasetrace.Mark("inventory")
 	if skip, err := guard.Prescreen(cfg, inv, invErr, req); err != nil {
 		return fmt.Errorf("container %s refused: %w", st.ID, err)
 	} else if skip {
@@ -200,7 +202,9 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		self = &liveness.Process{Pid: st.Pid, PidStart: pidStart}
 	}
 
+	phasetrace.Mark("pid-start")
 	g, closeGuard, err := e.openGuard(cfg, inv)
+	phasetrace.Mark("open-ledger")
 	if err != nil {
 		return fmt.Errorf("container %s refused: %w", st.ID, err)
 	}
@@ -310,6 +314,7 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input) error {
 	// Releasing needs no inventory: it must work even when the GPU set
 	// changed or the cache is gone.
 	g, closeGuard, err := e.openGuard(cfg, emptyInventory())
+	phasetrace.Mark("open-ledger")
 	if err != nil {
 		return fmt.Errorf("container %s: cannot release its GPUs (run `gpu-guard-ctl gc` or `gpu-guard-ctl release --container %s`): %w", st.ID, st.ID, err)
 	}
@@ -319,7 +324,9 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input) error {
 	// only waited holds nothing. Each skipped write is a lock cycle saved.
 	// Unreadable, both run.
 	holds, waits := true, true
-	if snap, err := g.Ledger().Snapshot(ctx); err == nil {
+	snap, err := g.Ledger().Snapshot(ctx)
+	phasetrace.Mark("lock-free-read")
+	if err == nil {
 		holds, waits = appears(snap, st.ID)
 		if !holds && !waits {
 			return nil

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/gofrs/flock"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/phasetrace"
 )
 
 // Defaults of Options (DESIGN §7).
@@ -339,12 +341,14 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 		return err
 	}
 	defer unlock()
+	phasetrace.Mark("lock")
 
 	now := l.now()
 	ld, err := l.current()
 	if err != nil {
 		return err
 	}
+	phasetrace.Mark("read")
 	st, pre, origin := l.prepare(&ld, now)
 	if want := l.requiredLineage(); want != "" && st.Lineage != want {
 		return l.lineageError(want, st.Lineage, origin)
@@ -499,11 +503,13 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 		return fmt.Errorf("ledger: refusing to write a state that breaks an invariant (a bug; nothing was written): %w", err)
 	}
 	reachStage(stageBeforeWrite)
+	phasetrace.Mark("decide")
 	next, err := l.write(tx, ld, &st, origin)
 	if err != nil {
 		l.setCache(nil)
 		return err
 	}
+	phasetrace.Mark("commit")
 	next.st = st
 	next.settled = tx.settled && !reordered
 	next.minLastSeen, next.minKnown = tx.minLastSeen, tx.minKnown
@@ -521,6 +527,7 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 		// believe it was not.
 		l.log.Error("ledger: state committed but its audit records were not written", "generation", st.Generation, "error", err)
 	}
+	phasetrace.Mark("marker-audit")
 	reachStage(stageAfterAudit)
 	return nil
 }
