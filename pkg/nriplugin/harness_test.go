@@ -64,6 +64,9 @@ type runtime struct {
 	// plugins are the plugins started (startPlugin): start waits for their
 	// start records, which they commit in the background.
 	plugins []*plugin
+	// running are the plugins runPlugin runs (Run, reconnecting): start
+	// waits for their start records too.
+	running []*Plugin
 
 	mu   sync.Mutex
 	pods map[string]*api.PodSandbox
@@ -297,6 +300,9 @@ func (rt *runtime) start(pod *api.PodSandbox, c *api.Container, pid uint32) {
 	defer cancel()
 	for _, pl := range rt.plugins {
 		require.NoError(rt.t, pl.p.starts.wait(ctx), "the start record committed")
+	}
+	for _, p := range rt.running {
+		require.NoError(rt.t, p.starts.wait(ctx), "the start record committed")
 	}
 }
 

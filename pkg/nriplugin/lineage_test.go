@@ -27,6 +27,7 @@ func runPlugin(t *testing.T, rt *runtime) (waitReady func(want bool)) {
 	b := &daemon.Builder{Now: rt.clock.Now, Liveness: liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))}
 	p, err := New(Options{Config: rt.cfg, Setup: b.Setup, Ready: func(ok bool) { readyC <- ok }})
 	require.NoError(t, err)
+	rt.running = append(rt.running, p)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx, Identity{Name: "gpu-guard", Index: "90", Socket: rt.socket}) }()
