@@ -9,6 +9,7 @@ package benchab
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -37,24 +38,31 @@ func (s Samples) ReportRatio(b *testing.B, num, den string) {
 	b.ReportMetric(float64(n.P99)/float64(d.P99), num+"/"+den+"-p99")
 }
 
-// Run times every variant once per b.Loop round, rotating which goes first,
-// and reports for each its median and p99 in ms and, for each but the first
-// (the baseline), the ratio of its median and of its p99 to the baseline's.
-// It returns every variant's samples, for further ratios (ReportRatio).
+// Run times every variant once per b.Loop round, in an order shuffled anew
+// each round, and reports for each its median and p99 in ms and, for each
+// but the first (the baseline), the ratio of its median and of its p99 to
+// the baseline's. It returns every variant's samples, for further ratios
+// (ReportRatio).
+//
+// Why shuffled: what one run leaves behind (a cgroup being torn down, dirty
+// pages, a disk flush in flight) can slow the next one. With a fixed order,
+// or one merely rotated each round, each variant nearly always follows the
+// same other one and carries its after-effects: a `runc run` without hooks
+// that always follows one whose hooks fdatasync is measured slower than it
+// is. Shuffled, every variant follows every other about equally often. The
+// seed is fixed, so that two runs of a benchmark use the same orders.
 func Run(b *testing.B, variants []Variant) Samples {
 	b.Helper()
 	samples := make([][]time.Duration, len(variants))
-	round := 0
+	order := newOrder(len(variants))
 	for b.Loop() {
-		for k := range variants {
-			v := (round + k) % len(variants)
+		for _, v := range order.next() {
 			d, err := variants[v].Run()
 			if err != nil {
 				b.Fatalf("%s: %v", variants[v].Name, err)
 			}
 			samples[v] = append(samples[v], d)
 		}
-		round++
 	}
 	base := Stats(samples[0])
 	for v, vr := range variants {
@@ -92,3 +100,23 @@ func Stats(d []time.Duration) Summary {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// roundOrder hands out one permutation of the variants per round.
+type roundOrder struct {
+	rng  *rand.Rand
+	perm []int
+}
+
+func newOrder(n int) *roundOrder {
+	perm := make([]int, n)
+	for i := range perm {
+		perm[i] = i
+	}
+	return &roundOrder{rng: rand.New(rand.NewPCG(1, 2)), perm: perm} //nolint:gosec // an order of benchmark runs, not a secret
+}
+
+// next shuffles the permutation in place and returns it.
+func (o *roundOrder) next() []int {
+	o.rng.Shuffle(len(o.perm), func(i, j int) { o.perm[i], o.perm[j] = o.perm[j], o.perm[i] })
+	return o.perm
+}

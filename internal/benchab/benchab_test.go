@@ -41,3 +41,32 @@ func TestRunReturnsSamplesByName(t *testing.T) {
 	require.InDelta(t, 1.0/3, res.Extra["one/three-p50"], 1e-9)
 	require.InDelta(t, 1.0/3, res.Extra["one/three-p99"], 1e-9)
 }
+
+// Each round times every variant exactly once, and across rounds every
+// variant follows every other one: no variant carries the after-effects of
+// one fixed predecessor (a rotated order gave each nearly always the same).
+func TestOrderMixesPredecessors(t *testing.T) {
+	const n, rounds = 9, 150
+	o := newOrder(n)
+	follows := make(map[[2]int]int)
+	prev := -1
+	for range rounds {
+		seen := make(map[int]bool, n)
+		for _, v := range o.next() {
+			require.False(t, seen[v], "variant %d twice in one round", v)
+			seen[v] = true
+			if prev >= 0 {
+				follows[[2]int{prev, v}]++
+			}
+			prev = v
+		}
+		require.Len(t, seen, n)
+	}
+	for a := range n {
+		for b := range n {
+			if a != b {
+				require.Positive(t, follows[[2]int{a, b}], "variant %d never follows variant %d in %d rounds", b, a, rounds)
+			}
+		}
+	}
+}

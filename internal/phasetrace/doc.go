@@ -5,7 +5,8 @@
 // spends its time: Mark names the end of a phase. In a normal build Mark
 // does nothing and costs nothing (an empty function, inlined away). Built
 // with the tag phasetrace, each Mark writes "phase NAME MICROSECONDS" to
-// stderr, the microseconds since the package was initialised (early: it
+// stderr (or appends it to the file PHASETRACE_FILE names), the
+// microseconds since the package was initialised (early: it
 // imports only the standard library, so the first phase holds the
 // initialisers of the packages that follow it);
 // hack/hook-phases.sh builds the hook that way and averages the phases over
