@@ -36,34 +36,45 @@ import (
 // existing part must pass. The error wraps ErrUnsafeDir and names the
 // directory and the fix.
 func CheckDirChain(dir string) error {
+	_, err := checkDirChain(dir)
+	return err
+}
+
+// checkDirChain is CheckDirChain; complete reports that every component
+// existed (none was missing at the end of the path). Where one was, Open
+// checks the chain again once the dir exists: a component that appeared
+// meanwhile, made by whoever, must pass too.
+func checkDirChain(dir string) (complete bool, err error) {
 	if !filepath.IsAbs(dir) {
-		return fmt.Errorf("%w: ledger dir %q is not an absolute path", ErrUnsafeDir, dir)
+		return false, fmt.Errorf("%w: ledger dir %q is not an absolute path", ErrUnsafeDir, dir)
 	}
 	if dir != filepath.Clean(dir) {
-		return fmt.Errorf("%w: ledger dir %q is not a clean path (use %q)", ErrUnsafeDir, dir, filepath.Clean(dir))
+		return false, fmt.Errorf("%w: ledger dir %q is not a clean path (use %q)", ErrUnsafeDir, dir, filepath.Clean(dir))
 	}
 	euid := uint32(os.Geteuid()) //nolint:gosec // a uid fits
+	complete = true
 	// tail: every component below p is missing so far.
 	for p, leaf, tail := dir, true, true; ; leaf = false {
 		fi, err := os.Lstat(p) //nolint:gosec // the state dir is the operator's choice
 		switch {
 		case tail && errors.Is(err, fs.ErrNotExist):
 			// Created 0700 by the first writer.
+			complete = false
 		case err != nil:
-			return fmt.Errorf("%w: ledger dir %s: %w", ErrUnsafeDir, p, err)
+			return false, fmt.Errorf("%w: ledger dir %s: %w", ErrUnsafeDir, p, err)
 		case fi.Mode()&fs.ModeSymlink != 0:
-			return fmt.Errorf("%w: %s (on the path of the ledger dir %s) is a symlink; configure the real path", ErrUnsafeDir, p, dir)
+			return false, fmt.Errorf("%w: %s (on the path of the ledger dir %s) is a symlink; configure the real path", ErrUnsafeDir, p, dir)
 		case !fi.IsDir():
-			return fmt.Errorf("%w: %s (on the path of the ledger dir %s) is not a directory", ErrUnsafeDir, p, dir)
+			return false, fmt.Errorf("%w: %s (on the path of the ledger dir %s) is not a directory", ErrUnsafeDir, p, dir)
 		default:
 			tail = false
 			if err := checkChainDir(p, dir, fi, leaf, euid); err != nil {
-				return err
+				return false, err
 			}
 		}
 		parent := filepath.Dir(p)
 		if parent == p {
-			return nil
+			return complete, nil
 		}
 		p = parent
 	}

@@ -369,6 +369,13 @@ func TestCheckDirChain(t *testing.T) {
 		t.Skipf("the temp dir's parents are not safe here: %v", err)
 	}
 	require.NoError(t, CheckDirChain(filepath.Join(safe, "a", "state")), "missing components at the end are created later")
+	// Open walks the chain again only where part of it was missing.
+	complete, err := checkDirChain(filepath.Join(safe, "a", "state"))
+	require.NoError(t, err)
+	require.False(t, complete, "a missing tail is reported, so that Open checks the chain again once it exists")
+	complete, err = checkDirChain(safe)
+	require.NoError(t, err)
+	require.True(t, complete)
 	require.NoError(t, os.Mkdir(filepath.Join(safe, "real"), 0o700))
 	require.NoError(t, os.Symlink(filepath.Join(safe, "real"), filepath.Join(safe, "link")))
 	require.ErrorContains(t, CheckDirChain(filepath.Join(safe, "link", "state")), "symlink")
