@@ -403,6 +403,20 @@ func (p *Plugin) bounded(ctx context.Context, g *guard.Guard) (context.Context, 
 	return decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
 }
 
+// boundedDetached is bounded for work that outlives the request: the same
+// deadline (the request's less the margin, or lock_timeout), but not
+// cancelled with the request, which is answered at once.
+func (p *Plugin) boundedDetached(ctx context.Context, g *guard.Guard) (context.Context, context.CancelFunc) {
+	bctx, cancel := p.bounded(ctx, g)
+	deadline, ok := bctx.Deadline()
+	cancel()
+	detached := context.WithoutCancel(ctx)
+	if !ok {
+		return context.WithCancel(detached)
+	}
+	return context.WithDeadline(detached, deadline)
+}
+
 // CreateContainer admits the container or refuses it with the guard's
 // message, which is the only part of containerd's error written for people.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (_ *api.ContainerAdjustment, _ []*api.ContainerUpdate, err error) {
@@ -478,24 +492,9 @@ func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 	p.tracked[id] = t
 	p.starts.add()
 	p.mu.Unlock()
-	// Bounded as the write would be inside the request (its deadline less
-	// the margin, or lock_timeout), but not cancelled with the request,
-	// which is answered at once.
-	dctx, dcancel := p.bounded(ctx, g)
-	deadline, hasDeadline := dctx.Deadline()
-	dcancel()
-	detached := context.WithoutCancel(ctx)
+	bctx, cancel := p.boundedDetached(ctx, g)
 	go func() {
 		defer p.starts.done()
-		var (
-			bctx   context.Context
-			cancel context.CancelFunc
-		)
-		if hasDeadline {
-			bctx, cancel = context.WithDeadline(detached, deadline)
-		} else {
-			bctx, cancel = context.WithCancel(detached)
-		}
 		defer cancel()
 		err := g.Started(bctx, id, pid, cgroup)
 		p.mu.Lock()
