@@ -87,6 +87,9 @@ cleanup() {
 	done
 	grep -oE " $D/[^ ]+" /proc/self/mountinfo | sort -r | while read -r m; do umount -l "$m" 2>/dev/null || true; done
 	rm -rf "$D"
+	# The ledger's per-boot marker (named after a hash of its state dir):
+	# the state dir is gone, so is the memory of it.
+	rm -f "/run/nri-gpu-guard/ledger-$(printf %s "$D/state" | sha256sum | cut -c1-24).marker"
 	echo "demo: torn down (containerd, guard, pods and $D removed)"
 	exit "$rc"
 }

@@ -26,6 +26,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testtmp"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -75,11 +76,11 @@ func buildBinaries(t *testing.T) {
 }
 
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
-	os.Exit(code)
+	os.Exit(testtmp.Main(m, func() {
+		if binDir != "" {
+			_ = os.RemoveAll(binDir)
+		}
+	}))
 }
 
 // gpuUUIDs is the static inventory of every host: GPU i has minor i.

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testtmp"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -32,7 +33,7 @@ func TestMain(m *testing.M) {
 		os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
 	}
 	nrilog.Set(quietLog{}) // the NRI runtime's own log lines
-	os.Exit(m.Run())
+	os.Exit(testtmp.Main(m))
 }
 
 type quietLog struct{}

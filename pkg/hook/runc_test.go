@@ -33,6 +33,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testtmp"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
@@ -65,11 +66,11 @@ var (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
-	code := m.Run()
-	if binDir != "" {
-		_ = os.RemoveAll(binDir)
-	}
-	os.Exit(code)
+	os.Exit(testtmp.Main(m, func() {
+		if binDir != "" {
+			_ = os.RemoveAll(binDir)
+		}
+	}))
 }
 
 // prepareRunc finds runc and builds the two binaries the runc tests use.

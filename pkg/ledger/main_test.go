@@ -27,7 +27,32 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(fn())
 	}
-	os.Exit(m.Run())
+	os.Exit(runTests(m))
+}
+
+// runTests runs the tests with TMPDIR at a root of their own and then
+// removes the boot markers their ledgers left in DefaultRuntimeDir (what
+// internal/testtmp does for the other packages, which this one cannot
+// import: it imports this package).
+func runTests(m *testing.M) int {
+	root, err := os.MkdirTemp("", "ggt-")
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "ledger tests: %v\n", err)
+		return 1
+	}
+	if err := os.Setenv("TMPDIR", root); err != nil {
+		fmt.Fprintf(os.Stderr, "ledger tests: %v\n", err)
+		return 1
+	}
+	code := m.Run()
+	if _, err := RemoveMarkersUnder(DefaultRuntimeDir, root); err != nil {
+		fmt.Fprintf(os.Stderr, "ledger tests: %v\n", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	_ = os.Remove(root) // only if the tests left it empty
+	return code
 }
 
 // helperCmd prepares a helper process with the given environment. It may

@@ -13,6 +13,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -198,4 +199,57 @@ func ensureRuntimeDir(dir string) error {
 		return fmt.Errorf("%w: ledger runtime dir %s is not a directory (a symlink?)", ErrUnsafeDir, dir)
 	}
 	return checkOwnerMode(dir, fi, false)
+}
+
+// RemoveMarkersUnder removes from runtimeDir the boot markers of state dirs
+// at or below root, and returns how many it removed. It is for whoever
+// deletes state dirs it made and will not use again: a test suite's temp
+// root, an uninstaller. A marker is what refuses a vanished state dir, so
+// calling this for a dir that is still in use turns that refusal off until
+// the next commit writes the marker again. Markers that do not verify, and
+// files that are not markers, are left alone.
+func RemoveMarkersUnder(runtimeDir, root string) (int, error) {
+	if !filepath.IsAbs(root) {
+		return 0, fmt.Errorf("remove boot markers under %q: not an absolute path", root)
+	}
+	root = filepath.Clean(root)
+	entries, err := os.ReadDir(runtimeDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("list the ledger runtime dir: %w", err)
+	}
+	removed := 0
+	for _, e := range entries {
+		name := e.Name()
+		if !e.Type().IsRegular() || !strings.HasPrefix(name, "ledger-") || !strings.HasSuffix(name, ".marker") {
+			continue
+		}
+		p := filepath.Join(runtimeDir, name)
+		data, exists, err := readFileNoFollow(p, 64<<10, nil)
+		if err != nil || !exists {
+			continue
+		}
+		m, err := decodeMarker(data)
+		if err != nil || !isWithin(m.Dir, root) {
+			continue
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return removed, fmt.Errorf("remove the boot marker of %s: %w", m.Dir, err)
+		}
+		removed++
+	}
+	return removed, nil
+}
+
+// isWithin reports whether the clean absolute path p is root or below it.
+func isWithin(p, root string) bool {
+	if p == root {
+		return true
+	}
+	if root == "/" {
+		return strings.HasPrefix(p, "/")
+	}
+	return strings.HasPrefix(p, root+"/")
 }

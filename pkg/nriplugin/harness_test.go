@@ -22,6 +22,7 @@ import (
 	"github.com/gofrs/flock"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testtmp"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
@@ -35,7 +36,7 @@ func gpuUUID(i int) string { return fmt.Sprintf("GPU-6c1a2f2e-0000-4000-8000-%01
 // the test output.
 func TestMain(m *testing.M) {
 	nrilog.Set(slogAdapter{log: slog.New(slog.DiscardHandler)})
-	os.Exit(m.Run())
+	os.Exit(testtmp.Main(m))
 }
 
 type testClock struct {

@@ -21,6 +21,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // Image names. The same image serves as the pod sandbox ("pause") image,
@@ -256,6 +258,11 @@ func sweep(dir string) error {
 		errs = append(errs, err)
 	}
 	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, err)
+	}
+	// The plugin's and the hooks' ledgers below dir are gone: so are their
+	// boot markers in the host's runtime dir.
+	if _, err := ledger.RemoveMarkersUnder(ledger.DefaultRuntimeDir, dir); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

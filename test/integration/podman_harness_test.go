@@ -413,4 +413,5 @@ func (r *podmanRig) cleanup() {
 	}
 	_ = exec.Command("umount", "-R", filepath.Join(r.base, "root", "overlay")).Run()
 	_ = os.RemoveAll(r.base)
+	_, _ = ledger.RemoveMarkersUnder(ledger.DefaultRuntimeDir, r.base)
 }
