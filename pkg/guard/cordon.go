@@ -278,7 +278,7 @@ func drainingText(o ledger.Owner, now time.Time) string {
 
 // drainPod marks draining the claims of every container of a gone pod
 // (matched like Tx.ReleasePod) and reports whether anything changed.
-func (g *Guard) drainPod(tx *ledger.Tx, podUID, sandboxID string) bool {
+func (g *Guard) drainPod(tx *ledger.Tx, fe ledger.FrontEnd, podUID, sandboxID string) bool {
 	if podUID == "" && sandboxID == "" {
 		return false
 	}
@@ -286,8 +286,7 @@ func (g *Guard) drainPod(tx *ledger.Tx, podUID, sandboxID string) bool {
 	var ids []string
 	for _, c := range tx.State().Claims {
 		o := c.Owner
-		if ((podUID != "" && o.PodUID == podUID) || (sandboxID != "" && o.PodSandboxID == sandboxID)) &&
-			!slices.Contains(ids, o.ContainerID) {
+		if ledger.PodMatches(&o, fe, podUID, sandboxID) && !slices.Contains(ids, o.ContainerID) {
 			ids = append(ids, o.ContainerID)
 		}
 	}

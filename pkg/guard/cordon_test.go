@@ -204,7 +204,7 @@ func TestReleaseRequiresIdle(t *testing.T) {
 			e.clock.advance(30 * time.Second)
 			require.NoError(t, e.g.Removed(ctx, holder)) // keeps the drain's start
 		}},
-		{"pod gone", func(e *env) { require.NoError(t, e.g.PodGone(ctx, holder.PodUID, "")) }},
+		{"pod gone", func(e *env) { require.NoError(t, e.g.PodGone(ctx, ledger.FrontEndNRI, holder.PodUID, "")) }},
 		{"not listed at reconcile", func(e *env) {
 			res, err := e.g.Reconcile(ctx, ledger.FrontEndNRI, nil)
 			require.NoError(t, err)

@@ -587,9 +587,11 @@ func (g *Guard) release(ctx context.Context, o ledger.Owner, reason string) erro
 	return err
 }
 
-// PodGone releases every claim of a stopped or removed pod and drops its
-// waiters: a waiter whose pod is gone never claims.
-func (g *Guard) PodGone(ctx context.Context, podUID, sandboxID string) error {
+// PodGone releases every claim of front end fe's stopped or removed pod and
+// drops its waiters: a waiter whose pod is gone never claims. Only fe's own
+// claims and waiters are touched (ledger.PodMatches): another front end's
+// pod identity may be annotations a container's creator wrote.
+func (g *Guard) PodGone(ctx context.Context, fe ledger.FrontEnd, podUID, sandboxID string) error {
 	var (
 		rel     []ledger.Claim
 		dropped []ledger.Waiter
@@ -597,11 +599,11 @@ func (g *Guard) PodGone(ctx context.Context, podUID, sandboxID string) error {
 	err := g.update(ctx, "pod gone", func(tx *ledger.Tx) bool {
 		drained := false
 		if g.requiresIdle() {
-			drained = g.drainPod(tx, podUID, sandboxID)
+			drained = g.drainPod(tx, fe, podUID, sandboxID)
 		} else {
-			rel = tx.ReleasePod(podUID, sandboxID, "pod gone")
+			rel = tx.ReleasePod(fe, podUID, sandboxID, "pod gone")
 		}
-		dropped = tx.DropPodWaiters(podUID, sandboxID, "pod gone")
+		dropped = tx.DropPodWaiters(fe, podUID, sandboxID, "pod gone")
 		return drained || len(rel) > 0 || len(dropped) > 0
 	})
 	if err == nil && (len(rel) > 0 || len(dropped) > 0) {

@@ -575,17 +575,23 @@ func TestPodGone(t *testing.T) {
 	require.Equal(t, guard.Admit, e.admit(sidecar, visible("2")).Result)
 	require.Equal(t, guard.Queue, e.admit(w1, visible("1")).Result)
 	require.Equal(t, guard.Queue, e.admit(w2, visible("1")).Result)
+	// An OCI hook container whose annotations name the holder's pod.
+	spoof := holder
+	spoof.ContainerID, spoof.FrontEnd = "spoof00000000001", ledger.FrontEndHook
+	_, err := e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: spoof, Spec: visible("3")})
+	require.NoError(t, err)
 
 	// The first waiter's pod goes away: it leaves the queue.
-	require.NoError(t, e.g.PodGone(ctx, w1.PodUID, w1.PodSandboxID))
+	require.NoError(t, e.g.PodGone(ctx, ledger.FrontEndNRI, w1.PodUID, w1.PodSandboxID))
 	assert.Equal(t, []string{"ml/uid-c/main"}, e.waiters())
 	d := e.admit(w2, visible("1"))
 	assert.Contains(t, d.Message, "position 1 of 1")
 
 	// The holder's pod goes away: both its containers' claims go, and the
 	// remaining waiter gets the GPU.
-	require.NoError(t, e.g.PodGone(ctx, holder.PodUID, ""))
-	assert.Empty(t, e.holders())
+	require.NoError(t, e.g.PodGone(ctx, ledger.FrontEndNRI, holder.PodUID, ""))
+	assert.Equal(t, map[string]string{uuid(3): spoof.ContainerID}, e.holders(),
+		"a hook claim naming the pod in its annotations is not the pod's: it stays")
 	assert.Equal(t, guard.Admit, e.admit(w2, visible("1")).Result)
 	// The removed waiter never claims, even if it retries.
 	require.Equal(t, guard.Queue, e.admit(w1, visible("1")).Result)

@@ -97,7 +97,7 @@ func (g *Guard) ForgetVanishedPods(ctx context.Context, fe ledger.FrontEnd, live
 		}
 	}
 	for uid, sandbox := range gone {
-		if err := g.PodGone(ctx, uid, sandbox); err != nil {
+		if err := g.PodGone(ctx, fe, uid, sandbox); err != nil {
 			g.log.Warn("dropping waiters of a vanished pod failed", slog.String("pod_uid", uid), slog.Any("error", err))
 		}
 	}

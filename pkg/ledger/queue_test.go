@@ -215,6 +215,7 @@ func TestDropWaiters(t *testing.T) {
 	a, b, other := owner("a"), owner("b"), owner("other")
 	a.PodUID, a.PodSandboxID = "pod-1", "sb-1"
 	b.PodUID, b.PodSandboxID = "pod-1", "sb-1"
+	other.PodUID, other.PodSandboxID, other.FrontEnd = "pod-1", "sb-1", FrontEndHook // annotations
 	update(t, l, func(tx *Tx) {
 		_, err := tx.Claim("", owner("holder"), devs(gpu(0)), "env")
 		require.NoError(t, err)
@@ -224,12 +225,12 @@ func TestDropWaiters(t *testing.T) {
 	})
 	require.Equal(t, map[string]string{gpu(1).UUID: "ns/pod-1/b", gpu(2).UUID: "ns/pod-1/b"}, reservedFor(snapshot(t, l)))
 	update(t, l, func(tx *Tx) {
-		got := tx.DropPodWaiters("", "sb-1", "pod sandbox stopped")
+		got := tx.DropPodWaiters(FrontEndNRI, "", "sb-1", "pod sandbox stopped")
 		require.Len(t, got, 2)
-		require.Empty(t, tx.DropPodWaiters("", "", "no pod named"))
+		require.Empty(t, tx.DropPodWaiters(FrontEndNRI, "", "", "no pod named"))
 	})
 	st := snapshot(t, l)
-	require.Equal(t, []string{"other"}, waiterKeys(st))
+	require.Equal(t, []string{"other"}, waiterKeys(st), "another front end's waiter naming the pod stays")
 	require.Equal(t, map[string]string{gpu(1).UUID: "other"}, reservedFor(st), "the dropped waiter's reservation passes on")
 
 	update(t, l, func(tx *Tx) {

@@ -480,13 +480,13 @@ func (tx *Tx) DropWaiter(key, reason string) bool {
 	return true
 }
 
-// DropPodWaiters removes every waiter of a pod (matched by pod UID or sandbox
-// id, whichever is given) and returns them.
-func (tx *Tx) DropPodWaiters(podUID, sandboxID, reason string) []Waiter {
+// DropPodWaiters removes every waiter of front end fe's pod (matched by pod
+// UID or sandbox id, whichever is given) and returns them.
+func (tx *Tx) DropPodWaiters(fe FrontEnd, podUID, sandboxID, reason string) []Waiter {
 	tx.check()
 	var out []Waiter
 	for _, w := range tx.st.Waiters {
-		if podMatches(&w.Owner, podUID, sandboxID) {
+		if PodMatches(&w.Owner, fe, podUID, sandboxID) {
 			out = append(out, w)
 		}
 	}
@@ -500,7 +500,16 @@ func (tx *Tx) DropPodWaiters(podUID, sandboxID, reason string) []Waiter {
 	return out
 }
 
-func podMatches(o *Owner, podUID, sandboxID string) bool {
+// PodMatches reports whether o belongs to front end fe's pod named by pod
+// UID or sandbox id (whichever is given). Only fe's own owners match: a
+// front end's pod events speak for its pods alone, and the pod identity of
+// another front end's owner may be nothing but annotations its creator
+// wrote (an OCI hook container naming a Kubernetes pod's UID must not lose
+// its claim, while it keeps the GPU, when that pod goes).
+func PodMatches(o *Owner, fe FrontEnd, podUID, sandboxID string) bool {
+	if o.FrontEnd != fe {
+		return false
+	}
 	return (podUID != "" && o.PodUID == podUID) || (sandboxID != "" && o.PodSandboxID == sandboxID)
 }
 
@@ -519,15 +528,16 @@ func (tx *Tx) Release(containerID, reason string) []Claim {
 	return out
 }
 
-// ReleasePod ends every claim (and conflict record) of a pod's containers,
-// matched by pod UID or sandbox id, whichever is given.
-func (tx *Tx) ReleasePod(podUID, sandboxID, reason string) []Claim {
+// ReleasePod ends every claim (and conflict record) of the containers of
+// front end fe's pod, matched by pod UID or sandbox id, whichever is given
+// (see PodMatches).
+func (tx *Tx) ReleasePod(fe FrontEnd, podUID, sandboxID, reason string) []Claim {
 	tx.check()
 	if podUID == "" && sandboxID == "" {
 		return nil
 	}
-	out := tx.releaseWhere(func(c *Claim) bool { return podMatches(&c.Owner, podUID, sandboxID) }, reason)
-	tx.clearConflictsWhere(func(c *Conflict) bool { return podMatches(&c.Owner, podUID, sandboxID) }, reason)
+	out := tx.releaseWhere(func(c *Claim) bool { return PodMatches(&c.Owner, fe, podUID, sandboxID) }, reason)
+	tx.clearConflictsWhere(func(c *Conflict) bool { return PodMatches(&c.Owner, fe, podUID, sandboxID) }, reason)
 	tx.maintain()
 	return out
 }

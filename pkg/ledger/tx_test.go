@@ -194,8 +194,12 @@ func TestReleasePod(t *testing.T) {
 	a.PodUID, a.PodSandboxID = "pod-1", "sb-1"
 	b.PodUID, b.PodSandboxID = "pod-1", "sb-1"
 	c := owner("c")
+	// A hook container whose annotations name the same pod: its pod
+	// identity is its creator's word, and the NRI pod's end is not its end.
+	spoof := owner("spoof")
+	spoof.PodUID, spoof.PodSandboxID, spoof.FrontEnd = "pod-1", "sb-1", FrontEndHook
 	update(t, l, func(tx *Tx) {
-		for i, o := range []Owner{a, b, c} {
+		for i, o := range []Owner{a, b, c, spoof} {
 			_, err := tx.Claim("", o, devs(gpu(i)), "env")
 			require.NoError(t, err)
 		}
@@ -204,10 +208,10 @@ func TestReleasePod(t *testing.T) {
 		l2 := openTest(t, nil)
 		require.NoError(t, copyState(l, l2))
 		update(t, l2, func(tx *Tx) {
-			require.Len(t, tx.ReleasePod(tc.uid, tc.sandbox, "pod removed"), 2)
-			require.Empty(t, tx.ReleasePod("", "", "nothing named"))
+			require.Len(t, tx.ReleasePod(FrontEndNRI, tc.uid, tc.sandbox, "pod removed"), 2)
+			require.Empty(t, tx.ReleasePod(FrontEndNRI, "", "", "nothing named"))
 		})
-		require.Equal(t, map[string]string{gpu(2).UUID: "c"}, holders(snapshot(t, l2)))
+		require.Equal(t, map[string]string{gpu(2).UUID: "c", gpu(3).UUID: "spoof"}, holders(snapshot(t, l2)))
 	}
 }
 

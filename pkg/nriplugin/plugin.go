@@ -583,7 +583,7 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	p.settleStarts(ctx)
-	if err := g.PodGone(ctx, pod.GetUid(), pod.GetId()); err != nil {
+	if err := g.PodGone(ctx, ledger.FrontEndNRI, pod.GetUid(), pod.GetId()); err != nil {
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a "+what+" pod failed; the next sync will", "pod_uid", pod.GetUid(),
 			"pod_sandbox_id", pod.GetId(), "namespace", pod.GetNamespace(), "pod", pod.GetName(), "error", err)
