@@ -33,12 +33,19 @@
 //     panic under a handler), the create is refused with a clear error:
 //     fail closed, never open. A panic never ends the process: a
 //     connection that breaks under a request lets that container through.
-//   - After a ledger was found needing recovery, an external plugin refuses
-//     creations until the reconnect's Synchronize has rebuilt it. Every
-//     handler requires the ledger lineage the last Synchronize reconciled:
-//     a ledger another process started afresh (it found it corrupt, missing
-//     or from an earlier boot) has forgotten the running holders, and is
-//     handled the same way, before anything is decided on it.
+//   - After a ledger was found needing recovery, the plugin refuses
+//     creations until it is rebuilt: an external plugin by the reconnect's
+//     Synchronize, a launched one (which cannot reconnect) in place, from
+//     the containers it tracks. Every handler requires the ledger lineage
+//     the last rebuild reconciled: a ledger another process started afresh
+//     (it found it corrupt, missing or from an earlier boot) has forgotten
+//     the running holders, and is handled the same way, before anything is
+//     decided on it.
+//   - The tracked containers are what a Synchronize would list of the GPU
+//     containers: every claim holder and conflict-record container the last
+//     rebuild found, every admission since, less every stop and removal
+//     since, each with its request as last seen (pid and cgroup once
+//     started). An in-place rebuild that sees them change runs again.
 //   - The connection is only closed on purpose (resync, SIGTERM) once no
 //     handler has run for a short quiet period, so that no reply is cut.
 //   - Run returns once its context is done wherever it is in reaching the

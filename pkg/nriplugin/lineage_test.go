@@ -6,6 +6,7 @@ package nriplugin
 import (
 	"context"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,10 +24,20 @@ import (
 // and returns a function waiting for its next readiness report of want.
 func runPlugin(t *testing.T, rt *runtime) (waitReady func(want bool)) {
 	t.Helper()
+	return runPluginWith(t, rt, nil)
+}
+
+// runPluginWith is runPlugin with adjust applied to the plugin before it
+// runs.
+func runPluginWith(t *testing.T, rt *runtime, adjust func(p *Plugin)) (waitReady func(want bool)) {
+	t.Helper()
 	readyC := make(chan bool, 16)
 	b := &daemon.Builder{Now: rt.clock.Now, Liveness: liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))}
 	p, err := New(Options{Config: rt.cfg, Setup: b.Setup, Ready: func(ok bool) { readyC <- ok }})
 	require.NoError(t, err)
+	if adjust != nil {
+		adjust(p)
+	}
 	rt.running = append(rt.running, p)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -121,6 +132,75 @@ func TestLedgerStartedAfreshElsewhereRebuiltFromRuntime(t *testing.T) {
 			require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")),
 				"is held by ml/a/main (id holder-1)")
 			require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=2")))
+		})
+	}
+}
+
+// A plugin launched by containerd cannot reconnect for a new Synchronize
+// (only a containerd restart relaunches it). When another process starts
+// the ledger afresh, it refuses creations, rebuilds the ledger in place from
+// the containers it tracks (the running holders; not the one that stopped
+// before, nor the one whose stop brought the news) on the same connection,
+// and enforces again.
+func TestLaunchedPluginRebuildsTheLedgerInPlace(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		notice func(t *testing.T, rt *runtime, podB, podC *api.PodSandbox, other *api.Container)
+	}{
+		{"create", func(t *testing.T, rt *runtime, podB, _ *api.PodSandbox, _ *api.Container) {
+			err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
+			require.ErrorContains(t, err, "being rebuilt", "the create that finds the new lineage decides nothing")
+		}},
+		{"release", func(t *testing.T, rt *runtime, _, podC *api.PodSandbox, other *api.Container) {
+			rt.stop(podC, other)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newRuntime(t, nil)
+			podA, podB, podC, podE := rt.addPod("a"), rt.addPod("b"), rt.addPod("c"), rt.addPod("e")
+			var syncs atomic.Int32
+			waitReady := runPluginWith(t, rt, func(p *Plugin) {
+				p.forceInPlace = true
+				p.entered = func(handler string) {
+					if handler == "Synchronize" {
+						syncs.Add(1)
+					}
+				}
+			})
+
+			holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+			require.NoError(t, rt.create(podA, holder))
+			rt.start(podA, holder, 4242)
+			other := container(podC, "main", "other-1", "NVIDIA_VISIBLE_DEVICES=0")
+			require.NoError(t, rt.create(podC, other))
+			rt.start(podC, other, 4343)
+			gone := container(podE, "main", "gone-1", "NVIDIA_VISIBLE_DEVICES=2")
+			require.NoError(t, rt.create(podE, gone))
+			rt.start(podE, gone, 4444)
+			rt.stop(podE, gone)
+
+			startAfreshElsewhere(t, rt)
+			require.Equal(t, map[string]string{"3": "hook-1"}, rt.holders(), "the fresh state forgot the running holders")
+
+			tc.notice(t, rt, podB, podC, other)
+			waitReady(false)
+			waitReady(true)
+
+			want := map[string]string{"1": holder.Id, "3": "hook-1"}
+			if tc.name == "create" {
+				want["0"] = other.Id
+			}
+			assert.Equal(t, want, rt.holders(), "the running holders were adopted again, the hook's claim kept")
+			assert.Equal(t, int32(1), syncs.Load(), "rebuilt on the same connection, without a new Synchronize")
+			for _, c := range rt.state().Claims {
+				if c.Owner.ContainerID == holder.Id {
+					assert.Equal(t, 4242, c.Owner.Pid, "the holder's process is known again")
+				}
+			}
+			require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")),
+				"is held by ml/a/main (id holder-1)")
+			require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=2")),
+				"the container stopped before the reset is not adopted back")
 		})
 	}
 }

@@ -99,18 +99,28 @@ type Plugin struct {
 	g  *guard.Guard
 	// cfgText is the Configure string g was built from ("" = base).
 	cfgText string
-	// tracked holds the containers that may hold an NRI claim, so that the
-	// start/stop/remove of the many containers without a GPU cost no ledger
-	// write under containerd's global NRI lock. It is rebuilt from the ledger
-	// at every Synchronize and grows with every admission.
-	tracked map[string]trackedCtr
-	// resync asks Run for a new connection, hence a new Synchronize: the
-	// only way to learn the runtime's running containers again after the
-	// ledger was found needing recovery (damaged, missing or replaced).
+	// tracked holds the containers that may hold an NRI claim (holders and
+	// the containers of conflict records), so that the start/stop/remove of
+	// the many containers without a GPU cost no ledger write under
+	// containerd's global NRI lock, with each one's request as last seen:
+	// what the runtime would list for it at a Synchronize. It is rebuilt at
+	// every Synchronize and grows with every admission. trackGen counts its
+	// changes.
+	tracked  map[string]trackedCtr
+	trackGen uint64
+	// resync asks Run for a rebuild of the ledger from the runtime's
+	// containers after it was found needing recovery (damaged, missing or
+	// replaced) or started afresh by another process: an external plugin
+	// reconnects for a new Synchronize; a launched one, which cannot,
+	// rebuilds in place from tracked (rebuildInPlace).
 	resync chan struct{}
-	// rebuilding is set from a resync request until the next Synchronize:
+	// rebuilding is set from a resync request until the rebuild is done:
 	// meanwhile creations are refused, since the ledger knows no holder.
 	rebuilding atomic.Bool
+	// inPlace is set by Run for a launched plugin (see resync); tests set
+	// forceInPlace to get that behaviour on an external connection.
+	inPlace      atomic.Bool
+	forceInPlace bool
 
 	// flight counts handlers in progress and when the last one ended, so
 	// that neither a reconnect nor a shutdown cuts a reply on its way to the
@@ -206,6 +216,12 @@ type trackedCtr struct {
 	sandboxID string
 	started   bool // pid/cgroup recorded
 	starting  bool // being recorded in the background
+	// stopped: its stop event came (release_on = "remove" keeps it tracked
+	// until its removal); a Synchronize would not list it.
+	stopped bool
+	// req is the container's request as the runtime last showed it (with
+	// its pid and cgroup once started): what rebuildInPlace reconciles.
+	req guard.Request
 }
 
 // New returns a Plugin.
@@ -291,40 +307,13 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	for _, c := range ctrs {
 		live = append(live, guardRequest(byID[c.GetPodSandboxId()], c))
 	}
-	// Reconcile runs on whatever lineage the ledger has now: it is what
-	// rebuilds a ledger started afresh. A ledger that needs recovery is
-	// recovered first (or, if nothing verifies, started empty): the
-	// runtime's list below is the truth it is then reconciled with.
-	led := g.Ledger()
-	led.RequireLineage("")
-	if rep, err := led.Recover(ctx, ledger.RecoverOptions{AllowEmpty: true,
-		Reason: "NRI Synchronize: rebuilt, then reconciled with the runtime's containers"}); err != nil {
-		return nil, fmt.Errorf("nri-gpu-guard: recover the ledger: %w", err)
-	} else if rep.Problem != "" {
-		p.log.Warn("ledger recovered before reconciling with the runtime", "problem", rep.Problem, "from", rep.From,
-			"replayed", rep.Replayed, "complete", rep.Complete, "lost", rep.Lost, "quarantined", rep.Quarantined)
-	}
-	res, err := g.Reconcile(ctx, ledger.FrontEndNRI, live)
+	res, tracked, err := p.reconcile(ctx, g, live, "NRI Synchronize: rebuilt, then reconciled with the runtime's containers")
 	if err != nil {
-		return nil, fmt.Errorf("nri-gpu-guard: %w", err)
-	}
-	// Every later handler requires this lineage: a ledger another process
-	// started afresh has forgotten the running holders, and is handled like
-	// a corruption found here.
-	led.RequireLineage(res.Lineage)
-	st, err := g.Ledger().Snapshot(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("nri-gpu-guard: read ledger after reconcile: %w", err)
-	}
-	tracked := map[string]trackedCtr{}
-	for _, c := range st.Claims {
-		if c.Owner.FrontEnd == ledger.FrontEndNRI {
-			tracked[c.Owner.ContainerID] = trackedCtr{sandboxID: c.Owner.PodSandboxID,
-				started: c.Owner.Pid > 0 || c.Owner.Cgroup != ""}
-		}
+		return nil, err
 	}
 	p.mu.Lock()
 	p.tracked = tracked
+	p.trackGen++
 	p.mu.Unlock()
 
 	// Waiters of pods removed while the plugin was away never get their
@@ -343,6 +332,152 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.rebuilding.Store(false)
 	p.ready(true)
 	return nil, nil
+}
+
+// reconcile makes the ledger's NRI claims match live, the runtime's
+// containers (Synchronize's list, or what rebuildInPlace remembers of it),
+// and returns the containers to track from then on: those of live that hold
+// an NRI claim or are in a conflict record.
+//
+// It runs on whatever lineage the ledger has now: it is what rebuilds a
+// ledger started afresh. A ledger that needs recovery is recovered first
+// (or, if nothing verifies, started empty): live is the truth it is then
+// reconciled with. Every later handler requires the resulting lineage: a
+// ledger another process starts afresh has forgotten the running holders,
+// and is handled like a corruption found here.
+func (p *Plugin) reconcile(ctx context.Context, g *guard.Guard, live []guard.Request, reason string) (ledger.ReconcileResult, map[string]trackedCtr, error) {
+	led := g.Ledger()
+	led.RequireLineage("")
+	if rep, err := led.Recover(ctx, ledger.RecoverOptions{AllowEmpty: true, Reason: reason}); err != nil {
+		return ledger.ReconcileResult{}, nil, fmt.Errorf("nri-gpu-guard: recover the ledger: %w", err)
+	} else if rep.Problem != "" {
+		p.log.Warn("ledger recovered before reconciling with the runtime's containers", "problem", rep.Problem, "from", rep.From,
+			"replayed", rep.Replayed, "complete", rep.Complete, "lost", rep.Lost, "quarantined", rep.Quarantined)
+	}
+	res, err := g.Reconcile(ctx, ledger.FrontEndNRI, live)
+	if err != nil {
+		return res, nil, fmt.Errorf("nri-gpu-guard: %w", err)
+	}
+	led.RequireLineage(res.Lineage)
+	st, err := led.Snapshot(ctx)
+	if err != nil {
+		return res, nil, fmt.Errorf("nri-gpu-guard: read ledger after reconcile: %w", err)
+	}
+	byID := make(map[string]guard.Request, len(live))
+	for _, r := range live {
+		byID[r.Owner.ContainerID] = r
+	}
+	tracked := map[string]trackedCtr{}
+	track := func(o *ledger.Owner) {
+		if o.FrontEnd != ledger.FrontEndNRI {
+			return
+		}
+		t := tracked[o.ContainerID]
+		t.sandboxID = o.PodSandboxID
+		t.started = t.started || o.Pid > 0 || o.Cgroup != ""
+		if r, ok := byID[o.ContainerID]; ok {
+			t.req = r
+		} else {
+			// Kept by the reconcile although not listed (draining): its
+			// stop or removal still releases it.
+			t.req, t.stopped = guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: *o}, true
+		}
+		tracked[o.ContainerID] = t
+	}
+	for i := range st.Claims {
+		track(&st.Claims[i].Owner)
+	}
+	// A container in a conflict record may be handed the claim when the
+	// holder goes; its own stop and removal must then release it.
+	for i := range st.Conflicts {
+		track(&st.Conflicts[i].Owner)
+	}
+	return res, tracked, nil
+}
+
+// rebuildInPlace is a launched plugin's answer to a ledger that needs
+// recovery or was started afresh by another process (an operator's
+// `gpu-guard-ctl recover`): it cannot reconnect for a new Synchronize (only a
+// containerd restart relaunches it), so it reconciles the ledger with the
+// containers it tracks, which are what the runtime listed at the last
+// Synchronize plus every admission since, less every container stopped or
+// removed since. Creations are refused meanwhile (rebuilding). A container
+// whose stop or removal comes while the rebuild runs changes tracked, and
+// the rebuild runs again, so that no claim of a stopped container is
+// adopted back. A failed rebuild (the lock held too long) is retried with
+// backoff until it succeeds or the plugin stops.
+func (p *Plugin) rebuildInPlace(ctx context.Context, closed <-chan struct{}) {
+	p.rebuilding.Store(true)
+	p.ready(false)
+	backoff := minBackoff
+	for {
+		// A resync asked for until now is served by this attempt.
+		select {
+		case <-p.resync:
+		default:
+		}
+		err := p.rebuildOnce(ctx)
+		if err == nil {
+			p.rebuilding.Store(false)
+			p.ready(true)
+			return
+		}
+		if !errors.Is(err, errTrackedChanged) {
+			p.log.Error("rebuilding the GPU ledger from the containers this plugin tracks failed; creations stay refused, retrying",
+				"retry_in", backoff.String(), "error", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-closed:
+				return
+			case <-time.After(backoff):
+			}
+			backoff = min(backoff*2, maxBackoff)
+		}
+	}
+}
+
+var errTrackedChanged = errors.New("a tracked container stopped or was removed during the rebuild")
+
+func (p *Plugin) rebuildOnce(ctx context.Context) error {
+	g := p.Guard()
+	if g == nil {
+		return errors.New("not configured")
+	}
+	rctx, cancel := decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
+	defer cancel()
+	p.settleStarts(rctx)
+	p.mu.Lock()
+	gen := p.trackGen
+	live := make([]guard.Request, 0, len(p.tracked))
+	for _, t := range p.tracked {
+		if !t.stopped {
+			live = append(live, t.req)
+		}
+	}
+	p.mu.Unlock()
+	res, tracked, err := p.reconcile(rctx, g, live, "NRI plugin launched by containerd: rebuilt, then reconciled with the containers it tracks")
+	if err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.trackGen != gen {
+		return errTrackedChanged
+	}
+	// Stopped containers kept for their removal (release_on = "remove")
+	// stay tracked: their claims went with the reconcile, their events
+	// still come.
+	for id, t := range p.tracked {
+		if _, ok := tracked[id]; !ok && t.stopped {
+			tracked[id] = t
+		}
+	}
+	p.tracked = tracked
+	p.trackGen++
+	p.log.Warn("rebuilt the GPU ledger from the containers this plugin tracks (a launched plugin gets no new Synchronize until containerd restarts)",
+		"containers", len(live), "released", len(res.Released), "adopted", len(res.Adopted), "conflicts", len(res.Conflicts))
+	return nil
 }
 
 // Shutdown is called when the runtime shuts down.
@@ -432,7 +567,8 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	p.settleStarts(dctx)
-	d, err := g.Admit(dctx, guardRequest(pod, ctr))
+	req := guardRequest(pod, ctr)
+	d, err := g.Admit(dctx, req)
 	if err != nil {
 		p.ledgerTrouble(err)
 		return nil, nil, refusal(err)
@@ -442,7 +578,8 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	if d.Result == guard.Admit {
 		p.mu.Lock()
-		p.tracked[ctr.GetId()] = trackedCtr{sandboxID: ctr.GetPodSandboxId()}
+		p.tracked[ctr.GetId()] = trackedCtr{sandboxID: ctr.GetPodSandboxId(), req: req}
+		p.trackGen++
 		p.mu.Unlock()
 	}
 	return nil, nil, nil
@@ -500,7 +637,11 @@ func (p *Plugin) recordStart(ctx context.Context, ctr *api.Container) {
 		p.mu.Lock()
 		if t, ok := p.tracked[id]; ok {
 			t.starting, t.started = false, err == nil
+			// What a Synchronize would show, whether or not the record
+			// was committed.
+			t.req.Owner.Pid, t.req.Owner.Cgroup = pid, cgroup
 			p.tracked[id] = t
+			p.trackGen++
 		}
 		p.mu.Unlock()
 		if err != nil {
@@ -531,13 +672,16 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	p.settleStarts(ctx)
-	if err := g.Stopped(ctx, ownerOf(pod, ctr)); err != nil {
-		p.ledgerTrouble(err)
-		p.log.Error("releasing a stopped container failed; the liveness check or the next sync will", "container_id", ctr.GetId(), "error", err)
-		return nil, nil
-	}
-	if !g.ClaimOutlivesStop() {
+	err := g.Stopped(ctx, ownerOf(pod, ctr))
+	if err != nil || g.ClaimOutlivesStop() {
+		// Kept: its removal tries again, and a rebuild leaves it out.
+		p.markStopped(ctr.GetId())
+	} else {
 		p.untrack(ctr.GetId())
+	}
+	if err != nil {
+		p.ledgerTrouble(err)
+		p.log.Error("releasing a stopped container failed; the liveness check, its removal or the next sync will", "container_id", ctr.GetId(), "error", err)
 	}
 	return nil, nil
 }
@@ -553,6 +697,7 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	defer cancel()
 	p.settleStarts(ctx)
 	if err := g.Removed(ctx, ownerOf(pod, ctr)); err != nil {
+		p.markStopped(ctr.GetId())
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a removed container failed; the next sync will", "container_id", ctr.GetId(), "error", err)
 		return nil
@@ -595,29 +740,23 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 			delete(p.tracked, id)
 		}
 	}
+	p.trackGen++
 	p.mu.Unlock()
 }
 
-// ledgerTrouble asks for a new Synchronize when err says the ledger needs
-// recovery (damaged, missing or replaced: Synchronize recovers it) or was
-// started afresh by another process since the last Synchronize (another
-// lineage: that process reset it, or recovered it without every commit). Either way the ledger has forgotten the
-// runtime's running GPU holders and must learn them again. An external
+// ledgerTrouble asks for a rebuild (see resync) when err says the ledger
+// needs recovery (damaged, missing or replaced) or was started afresh by
+// another process since the last Synchronize (another lineage: that process
+// reset it, or recovered it without every commit). Either way the ledger has
+// forgotten the runtime's running GPU holders and must learn them again. The
 // plugin refuses creations from this moment on, not only once Run has seen
 // the request: the very next create would otherwise be decided against a
-// ledger without them. (A launched plugin cannot reconnect, so it keeps
-// deciding, on the new lineage.)
+// ledger without them.
 func (p *Plugin) ledgerTrouble(err error) {
 	if !errors.Is(err, ledger.ErrNeedsRecovery) && !errors.Is(err, ledger.ErrLineageChanged) {
 		return
 	}
-	if Launched() {
-		if g := p.Guard(); g != nil {
-			g.Ledger().RequireLineage("")
-		}
-	} else {
-		p.rebuilding.Store(true)
-	}
+	p.rebuilding.Store(true)
 	select {
 	case p.resync <- struct{}{}:
 	default: // one is pending already
@@ -634,5 +773,18 @@ func (p *Plugin) trackedGuard(id string) (*guard.Guard, bool) {
 func (p *Plugin) untrack(id string) {
 	p.mu.Lock()
 	delete(p.tracked, id)
+	p.trackGen++
+	p.mu.Unlock()
+}
+
+// markStopped keeps a container tracked but out of rebuilds: the runtime
+// no longer lists it.
+func (p *Plugin) markStopped(id string) {
+	p.mu.Lock()
+	if t, ok := p.tracked[id]; ok {
+		t.stopped = true
+		p.tracked[id] = t
+		p.trackGen++
+	}
 	p.mu.Unlock()
 }

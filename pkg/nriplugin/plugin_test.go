@@ -185,6 +185,37 @@ func TestPluginRestartReconciles(t *testing.T) {
 	require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=1")))
 }
 
+// Two running containers share a GPU when the plugin synchronizes: one
+// holds the claim, the other is recorded in conflict. When the holder stops
+// the other is handed the claim, and its own stop and removal release it
+// (it is tracked like a holder from the Synchronize on).
+func TestConflictContainerReleasedByItsOwnStop(t *testing.T) {
+	rt := newRuntime(t, nil)
+	podC, podD, podE := rt.addPod("c"), rt.addPod("d"), rt.addPod("e")
+	twinC := container(podC, "main", "twin-c", "NVIDIA_VISIBLE_DEVICES=2")
+	twinD := container(podD, "main", "twin-d", "NVIDIA_VISIBLE_DEVICES="+gpuUUID(2))
+	for i, c := range []*api.Container{twinC, twinD} {
+		c.State, c.Pid = api.ContainerState_CONTAINER_RUNNING, uint32(2000+i)
+		rt.mu.Lock()
+		rt.listed[c.Id] = c
+		rt.order = append(rt.order, c.Id)
+		rt.mu.Unlock()
+	}
+	rt.startPlugin()
+	require.Equal(t, map[string]string{"2": "twin-c"}, rt.holders())
+	require.Len(t, rt.state().Conflicts, 1)
+
+	rt.stop(podC, twinC)
+	rt.remove(podC, twinC)
+	require.Equal(t, map[string]string{"2": "twin-d"}, rt.holders(), "the container in conflict is handed the claim")
+
+	rt.stop(podD, twinD)
+	assert.Empty(t, rt.holders(), "its own stop releases it")
+	assert.Empty(t, rt.state().Conflicts)
+	rt.remove(podD, twinD)
+	require.NoError(t, rt.create(podE, container(podE, "main", "e-1", "NVIDIA_VISIBLE_DEVICES=2")))
+}
+
 // 6. The holder exited but StopContainer was not delivered: its empty
 // cgroup gets it released, and the request is admitted.
 func TestExitedHolderReleasedByCgroupCheck(t *testing.T) {

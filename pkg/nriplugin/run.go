@@ -84,6 +84,7 @@ const (
 // full Synchronize. It returns nil once ctx is done (SIGTERM/SIGINT).
 func (p *Plugin) Run(ctx context.Context, id Identity) error {
 	launched := Launched()
+	p.inPlace.Store(launched || p.forceInPlace)
 	backoff := minBackoff
 	for {
 		closed := make(chan struct{})
@@ -171,13 +172,12 @@ func (p *Plugin) serve(ctx context.Context, s stub.Stub, closed <-chan struct{},
 			p.log.Warn("connection to the runtime closed; reconnecting", "socket", id.Socket)
 			return false, nil
 		case <-p.resync:
-			if launched {
+			if p.inPlace.Load() {
 				// Closing the inherited connection would end this process
-				// for good; keep enforcing with what the ledger learns from
-				// now on.
-				p.log.Error("the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh by another process; running holders are unknown " +
-					"until the next Synchronize, which a pre-installed plugin gets only when containerd restarts: " +
-					"restart containerd, or run the guard as an external plugin")
+				// for good: rebuild from the containers tracked instead.
+				p.log.Warn("the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh by another process; " +
+					"rebuilding it from the containers this plugin tracks (creations are refused meanwhile)")
+				p.rebuildInPlace(ctx, closed)
 				continue
 			}
 			p.log.Warn("the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh by another process; reconnecting so that the runtime's "+
