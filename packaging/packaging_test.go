@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 const (
@@ -244,6 +245,13 @@ func TestSystemdUnitMatchesDefaults(t *testing.T) {
 	// the mode the ledger insists on.
 	require.Equal(t, []string{filepath.Base(def.Ledger.Dir)}, d["StateDirectory"])
 	require.Equal(t, []string{"0700"}, d["StateDirectoryMode"])
+	// The ledger's per-boot markers: /run is read-only under
+	// ProtectSystem=strict unless it is the unit's runtime directory, and
+	// systemd must not remove it (and the markers) when the service stops.
+	require.Equal(t, []string{filepath.Base(ledger.DefaultRuntimeDir)}, d["RuntimeDirectory"])
+	require.Equal(t, "/run", filepath.Dir(ledger.DefaultRuntimeDir))
+	require.Equal(t, []string{"0700"}, d["RuntimeDirectoryMode"])
+	require.Equal(t, []string{"yes"}, d["RuntimeDirectoryPreserve"])
 	// PrivateDevices would hide /dev/nvidia*, which NVML needs.
 	for _, v := range d["PrivateDevices"] {
 		require.NotContains(t, []string{"yes", "true", "on", "1"}, v, fmt.Sprintf("%s: PrivateDevices hides the GPUs", unitFile))

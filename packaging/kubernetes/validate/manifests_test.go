@@ -379,6 +379,13 @@ func TestDaemonSetMatchesConfig(t *testing.T) {
 			t.Errorf("%s must be mounted read-write at the same path, got %s (readOnly %v)", p, m.MountPath, m.ReadOnly)
 		}
 	}
+	// The ledger's runtime dir (the per-boot markers: ledger.DefaultRuntimeDir)
+	// must be the host's, writable: the root file system is read-only, and
+	// the hooks and gpu-guard-ctl on the node read the same markers.
+	const runtimeDir = "/run/nri-gpu-guard"
+	if _, m := hostPathVolume(t, spec, c, runtimeDir); path.Clean(m.MountPath) != runtimeDir || m.ReadOnly {
+		t.Errorf("%s must be mounted read-write at the same path, got %s (readOnly %v)", runtimeDir, m.MountPath, m.ReadOnly)
+	}
 	if _, m := hostPathVolume(t, spec, c, "/sys/fs/cgroup"); m.MountPath != "/sys/fs/cgroup" || !m.ReadOnly {
 		t.Errorf("the host cgroup hierarchy must be mounted read-only at /sys/fs/cgroup, got %s (readOnly %v)", m.MountPath, m.ReadOnly)
 	}
