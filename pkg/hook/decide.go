@@ -23,9 +23,12 @@ var ErrNotWaiting = errors.New("the hook does not wait inside the engine")
 // who holds each busy GPU and how many requests wait for it. One transaction
 // under the ledger lock decides and records only an admission
 // (guard.AdmitIfFree): the ledger is read once, and a refused create changes
-// no ledger state and leaves no queue entry. A refusal then appends its audit
-// record (auditRefusal), after the waiters ahead whose process is gone were
-// dropped and the request asked again.
+// no ledger state and leaves no queue entry. Every refusal then appends its
+// audit record (auditRefusal): a busy one after the waiters ahead whose
+// process is gone were dropped and the request asked again, one by policy
+// (an unknown GPU, a cordon, on_conflict = "reject") as it is, since the
+// record the guard writes for some of those goes with the transaction that
+// admitted nothing.
 func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, _ io.Writer) error {
 	id := req.Owner.ContainerID
 	budget := withdrawTimeout(cfg)
@@ -41,9 +44,10 @@ func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guar
 	case guard.Admit, guard.Skip:
 		return nil
 	case guard.Queue:
-		e.auditRefusal(ctx, g, cfg, req, d)
+		e.auditRefusal(ctx, g, cfg, req, d, "busy, not waiting: "+d.Message)
 		return notWaiting(id, d)
 	default:
+		e.auditRefusal(ctx, g, cfg, req, d, "refused ("+d.Reason+"): "+d.Message)
 		return fmt.Errorf("container %s: %w", id, decisionErr(d))
 	}
 }
@@ -72,10 +76,10 @@ func neverRan(err error) bool {
 	return errors.As(err, &le)
 }
 
-// auditRefusal records a busy refusal in the audit log: crun shows the user
-// only the hook's exit code, so `gpu-guard-ctl audit` is where the reason can
-// be read. Best effort, one bounded attempt: the refusal stands either way.
-func (e env) auditRefusal(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, d guard.Decision) {
+// auditRefusal records a refusal in the audit log: crun shows the user only
+// the hook's exit code, so `gpu-guard-ctl audit` is where the reason can be
+// read. Best effort, one bounded attempt: the refusal stands either way.
+func (e env) auditRefusal(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, d guard.Decision, reason string) {
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Ledger.LockTimeout.Duration)
 	defer cancel()
 	uuids := make([]string, len(d.Devices))
@@ -86,7 +90,7 @@ func (e env) auditRefusal(ctx context.Context, g guardAPI, cfg config.Config, re
 	_ = update(actx, g, func(tx *ledger.Tx) error {
 		tx.Audit(guard.AuditRefuse, ledger.AuditRecord{
 			Devices: uuids, ContainerID: o.ContainerID, Key: req.Key, Namespace: o.Namespace, Pod: o.Pod,
-			Container: o.Container, FrontEnd: string(ledger.FrontEndHook), Reason: "busy, not waiting: " + d.Message,
+			Container: o.Container, FrontEnd: string(ledger.FrontEndHook), Reason: reason,
 		})
 		return nil
 	})

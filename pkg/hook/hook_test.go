@@ -177,6 +177,56 @@ func TestRunPhases(t *testing.T) {
 	}
 }
 
+// A create-runtime hook that does not wait leaves one refuse record in the
+// audit log for every refusal, busy or by policy: crun shows the user only
+// the exit code, and docs/hook.md sends them to `gpu-guard-ctl audit`.
+func TestEveryRefusalWithoutWaitIsAudited(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		cfg        func(*config.Config)
+		env        string
+		wantErrIs  error
+		wantReason []string
+	}{
+		{"busy, queue policy", nil, "NVIDIA_VISIBLE_DEVICES=1", guard.ErrQueued,
+			[]string{"busy, not waiting: ", "is held by container holder"}},
+		{"busy, on_conflict=reject", func(c *config.Config) { c.Policy.OnConflict = config.ConflictReject }, "NVIDIA_VISIBLE_DEVICES=1",
+			guard.ErrRejected, []string{"refused (busy): ", "is held by container holder"}},
+		{"unknown GPU", nil, "NVIDIA_VISIBLE_DEVICES=GPU-00000000-0000-4000-8000-0000000000ff", guard.ErrRejected,
+			[]string{"refused (unknown-device): ", "unknown GPU"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := staticConfig(t)
+			if tc.cfg != nil {
+				tc.cfg(&cfg)
+			}
+			opened := 0
+			e := testEnv(&opened)
+			ctx := context.Background()
+			require.NoError(t, e.run(ctx, PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, "holder", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=1")), io.Discard))
+			err := e.run(ctx, PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, "late", os.Getpid(), tc.env)), io.Discard)
+			require.ErrorIs(t, err, tc.wantErrIs)
+
+			l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+			require.NoError(t, err)
+			recs, err := ledger.ReadAudit(l.AuditPath())
+			require.NoError(t, err)
+			var refusals []ledger.AuditRecord
+			for _, r := range recs {
+				if r.ContainerID == "late" {
+					refusals = append(refusals, r)
+				}
+			}
+			require.Len(t, refusals, 1, "one record for the refused container: %+v", recs)
+			require.Equal(t, guard.AuditRefuse, refusals[0].Op)
+			require.Equal(t, string(ledger.FrontEndHook), refusals[0].FrontEnd)
+			for _, s := range tc.wantReason {
+				require.Contains(t, refusals[0].Reason, s)
+			}
+		})
+	}
+}
+
 // TestRunClaimThenPoststop drives both phases in process over one ledger: the
 // claim carries the hook's identity (pid, start time, cgroup) and poststop
 // releases it, twice without error.
