@@ -628,8 +628,11 @@ func (g *Guard) Withdraw(ctx context.Context, key, reason string) error {
 // the runtime lists as live: claims of containers not listed are released
 // ("stale"), listed containers reaching GPUs without a claim are adopted, and
 // two listed containers on one GPU are recorded as a conflict. A listed
-// container whose request no longer resolves (inventory or policy changed)
-// keeps the claims it has: nothing is released on doubt.
+// container whose request no longer resolves (inventory or policy changed:
+// an id the inventory lacks, a privileged container under privileged =
+// "reject") keeps the claims it has, and is adopted for, or recorded in
+// conflict on, what it reaches all the same (reachable): it runs, so what
+// it can open is not free. Nothing is released on doubt.
 func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Request) (ledger.ReconcileResult, error) {
 	type entry struct {
 		owner  ledger.Owner
@@ -637,6 +640,7 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 		failed bool
 	}
 	entries := make([]entry, 0, len(live))
+	var lenient *devices.Resolver // built on the first request that fails
 	for _, r := range live {
 		// The containers are the runtime's own list for front end fe;
 		// that front end decides how far their identity is trusted.
@@ -651,8 +655,12 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 		}
 		res, err := g.resolver.Resolve(r.Spec)
 		if err != nil {
-			g.log.Warn("reconcile: container request does not resolve; its claims are kept",
-				append(ownerAttrs(o, ""), slog.Any("error", err))...)
+			if lenient == nil {
+				lenient = devices.NewResolver(g.inv, reachablePolicy(g.policy))
+			}
+			res, _ = lenient.Resolve(r.Spec) // nothing when even that fails
+			g.log.Warn("reconcile: container request does not resolve; its claims are kept, and what it still reaches is not free",
+				append(ownerAttrs(o, ""), slog.Any("error", err), slog.Any("reaches", resolvedUUIDs(res.Devices)))...)
 		}
 		entries = append(entries, entry{owner: o, res: res, failed: err != nil})
 	}
@@ -666,16 +674,15 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 		for _, e := range entries {
 			var devs []devices.Device
 			source := sourceText(e.res)
+			for _, rd := range e.res.Devices {
+				devs = append(devs, rd.Device)
+			}
 			if e.failed {
 				for _, c := range tx.State().Claims {
-					if c.Owner.ContainerID == e.owner.ContainerID {
+					if c.Owner.ContainerID == e.owner.ContainerID && !slices.ContainsFunc(devs, func(d devices.Device) bool { return d.UUID == c.Device.UUID }) {
 						devs = append(devs, c.Device)
 						source = c.Source
 					}
-				}
-			} else {
-				for _, rd := range e.res.Devices {
-					devs = append(devs, rd.Device)
 				}
 			}
 			if len(devs) == 0 {
@@ -714,6 +721,22 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 		slog.Int("holding", len(entries)), slog.Int("released", len(result.Released)),
 		slog.Int("adopted", len(result.Adopted)), slog.Int("conflicts", len(result.Conflicts)))
 	return result, nil
+}
+
+// reachablePolicy is the policy under which Reconcile reads what a running
+// container whose request the configured policy refuses still reaches:
+// unknown ids are skipped rather than refused, a request for every GPU and a
+// privileged container get every GPU. What "all" means when all_devices =
+// "ignore" (the runtime does not give it every GPU) stays the operator's.
+func reachablePolicy(p config.PolicyConfig) config.PolicyConfig {
+	p.UnknownDevice = config.UnknownIgnore
+	if p.AllDevices == config.AllReject {
+		p.AllDevices = config.AllClaim
+	}
+	if p.Privileged == config.PrivilegedReject {
+		p.Privileged = config.PrivilegedAll
+	}
+	return p
 }
 
 // update runs one lifecycle mutation and reports the new state when fn says

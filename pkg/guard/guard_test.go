@@ -597,6 +597,44 @@ func TestPodGone(t *testing.T) {
 	require.Equal(t, guard.Queue, e.admit(w1, visible("1")).Result)
 }
 
+// A running container whose request the policy now refuses (an id the
+// inventory lacks next to one it has, a privileged container under
+// privileged = "reject") still reaches GPUs: Reconcile adopts what it
+// reaches, or records it in conflict there, instead of leaving those GPUs
+// looking free.
+func TestReconcileAdoptsWhatAnUnresolvableContainerReaches(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) { c.Policy.Privileged = config.PrivilegedReject })
+	holder := ctr("ml", "h", "main", "holder0000000001")
+	require.Equal(t, guard.Admit, e.admit(holder, visible("0")).Result)
+
+	partly := ctr("ml", "a", "main", "partly0000000001")
+	sharing := ctr("ml", "b", "main", "sharing000000001")
+	priv := ctr("ml", "p", "main", "priv000000000001")
+	res, err := e.g.Reconcile(ctx, ledger.FrontEndNRI, []guard.Request{
+		{Owner: holder, Spec: visible("0")},
+		{Owner: partly, Spec: visible("1,9")},  // 9: no such GPU
+		{Owner: sharing, Spec: visible("0,9")}, // on the holder's GPU
+		{Owner: priv, Spec: devices.Request{Privileged: true}},
+	})
+	require.NoError(t, err)
+	holders := e.holders()
+	assert.Equal(t, holder.ContainerID, holders[uuid(0)], "the holder keeps its GPU")
+	assert.Equal(t, partly.ContainerID, holders[uuid(1)], "the GPU it reaches is adopted, the unknown id skipped")
+	assert.Equal(t, priv.ContainerID, holders[uuid(2)], "a privileged container reaches every GPU")
+	conflicts := map[string][]string{}
+	for _, c := range res.Conflicts {
+		conflicts[c.Owner.ContainerID] = append(conflicts[c.Owner.ContainerID], c.Device.UUID)
+	}
+	assert.Equal(t, []string{uuid(0)}, conflicts[sharing.ContainerID], "sharing the holder's GPU is a conflict")
+	assert.Contains(t, conflicts[priv.ContainerID], uuid(0))
+	assert.Contains(t, conflicts[priv.ContainerID], uuid(1))
+
+	// And the GPUs they reach are refused to a newcomer.
+	for _, v := range []string{"1", "2"} {
+		assert.NotEqual(t, guard.Admit, e.admit(ctr("ml", "n"+v, "main", "new0000000000"+v+"00"), visible(v)).Result, "GPU %s", v)
+	}
+}
+
 func TestReconcile(t *testing.T) {
 	e := newEnv(t, nil)
 	gone := ctr("ml", "a", "main", "gone000000000001")
@@ -651,14 +689,21 @@ func TestReconcileKeepsClaimsOfUnresolvableContainers(t *testing.T) {
 	holder := ctr("ml", "a", "main", "holder0000000001")
 	require.Equal(t, guard.Admit, e.admit(holder, visible("1")).Result)
 	// The policy changed since: "all" is now refused, so the container's
-	// request no longer resolves. Its claim is kept (no release on doubt).
+	// request no longer resolves. Its claim is kept (no release on doubt),
+	// and the runtime gave it every GPU, which it is adopted on.
 	e.cfg.Policy.AllDevices = config.AllReject
 	g, err := guard.New(guard.Options{Config: e.cfg, Inventory: inventory(t), Ledger: e.l, Liveness: e.live, Now: e.clock.Now})
 	require.NoError(t, err)
 	res, err := g.Reconcile(ctx, ledger.FrontEndNRI, []guard.Request{{Owner: holder, Spec: visible("all")}})
 	require.NoError(t, err)
 	assert.Empty(t, res.Released)
-	assert.Equal(t, map[string]string{uuid(1): holder.ContainerID}, e.holders())
+	assert.Equal(t, map[string]string{uuid(0): holder.ContainerID, uuid(1): holder.ContainerID, uuid(2): holder.ContainerID,
+		uuid(3): holder.ContainerID}, e.holders())
+
+	// A request that resolves to nothing at all even so keeps its claim.
+	_, err = g.Reconcile(ctx, ledger.FrontEndNRI, []guard.Request{{Owner: holder, Spec: visible("GPU-not-a-uuid,,x")}})
+	require.NoError(t, err)
+	assert.Equal(t, holder.ContainerID, e.holders()[uuid(1)])
 }
 
 func TestLedgerBusy(t *testing.T) {
