@@ -131,6 +131,9 @@ func TestValidateMessages(t *testing.T) {
 		{"plugin name", func(c *Config) { c.NRI.PluginName = "90-gpu guard" }, []string{"nri.plugin_name"}},
 		{"poll longer than wait", func(c *Config) { c.Hook.PollInterval = Duration{time.Hour} }, []string{"hook.poll_interval", "longer than hook.wait_timeout"}},
 		{"metrics listen", func(c *Config) { c.Metrics.Listen = "9464" }, []string{"metrics.listen", `"9464"`}},
+		{"metrics port not a number", func(c *Config) { c.Metrics.Listen = "127.0.0.1:abc" }, []string{"metrics.listen", `port "abc"`, "1 to 65535"}},
+		{"metrics port out of range", func(c *Config) { c.Metrics.Listen = ":99999" }, []string{"metrics.listen", `port "99999"`}},
+		{"metrics port zero", func(c *Config) { c.Metrics.Listen = "127.0.0.1:0" }, []string{"metrics.listen", `port "0"`}},
 		{"relative runtime root", func(c *Config) { c.Hook.RuntimeRoots = []string{"run/runc"} }, []string{"hook.runtime_roots[0]", "absolute", `"run/runc"`}},
 		{"empty runtime root", func(c *Config) { c.Hook.RuntimeRoots = []string{"/run/runc", ""} }, []string{"hook.runtime_roots[1]", "absolute"}},
 		{"unclean runtime root", func(c *Config) { c.Hook.RuntimeRoots = []string{"/run/../run/crun/"} }, []string{"hook.runtime_roots[0]", "not a clean path", `"/run/crun"`}},
@@ -329,4 +332,16 @@ func TestWarnings(t *testing.T) {
 	cfg.Policy.ExemptNamespaces = []string{"gpu-monitoring"}
 	require.Len(t, cfg.Warnings(), 1)
 	assert.Contains(t, cfg.Warnings()[0], "OCI hook are never exempt")
+
+	// TTLs the kubelet's back-off outlasts: valid, but said.
+	cfg = Default()
+	cfg.Policy.ReservationTTL = Duration{5 * time.Minute}
+	cfg.Policy.QueueTTL = Duration{10 * time.Second}
+	require.NoError(t, cfg.Validate())
+	w := cfg.Warnings()
+	require.Len(t, w, 2)
+	assert.Contains(t, w[0], "policy.reservation_ttl: 5m0s is not longer than the kubelet's 5m0s maximum back-off")
+	assert.Contains(t, w[1], "policy.queue_ttl: 10s")
+	cfg.Policy.ReservationTTL, cfg.Policy.QueueTTL = Duration{5*time.Minute + time.Second}, Duration{6 * time.Minute}
+	assert.Empty(t, cfg.Warnings())
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -56,8 +57,12 @@ func (c *Config) Validate() error {
 	c.validateHook(&v)
 	c.validateObserve(&v)
 	if c.Metrics.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
+		if _, port, err := net.SplitHostPort(c.Metrics.Listen); err != nil {
 			v.bad("metrics.listen", "want host:port such as \"127.0.0.1:9464\", got %q", c.Metrics.Listen)
+		} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			// The daemon would fail to listen at start and exit, taking
+			// the guard down with it.
+			v.bad("metrics.listen", "port %q of %q is not a number from 1 to 65535", port, c.Metrics.Listen)
 		}
 	}
 	return errors.Join(v.errs...)
@@ -316,12 +321,27 @@ func (c *Config) Warnings() []string {
 	if w := listenWarning(c.Metrics.Listen); w != "" {
 		out = append(out, "metrics.listen: "+w)
 	}
+	// The kubelet retries a failed create with a back-off that grows to 5
+	// minutes: a reservation that expires sooner is lost by the queue head
+	// between two retries, and a waiter not seen for queue_ttl is dropped.
+	if d := c.Policy.ReservationTTL.Duration; d > 0 && d <= kubeletMaxBackoff {
+		out = append(out, fmt.Sprintf("policy.reservation_ttl: %s is not longer than the kubelet's %s maximum back-off between retries; "+
+			"the head of the queue may lose its reserved GPU before it retries (the default is 6m)", d, kubeletMaxBackoff))
+	}
+	if d := c.Policy.QueueTTL.Duration; d > 0 && d <= kubeletMaxBackoff {
+		out = append(out, fmt.Sprintf("policy.queue_ttl: %s is not longer than the kubelet's %s maximum back-off between retries; "+
+			"a pod that keeps retrying may be dropped from the queue (the default is 15m)", d, kubeletMaxBackoff))
+	}
 	if len(c.Policy.ExemptNamespaces) > 0 {
 		out = append(out, "policy.exempt_namespaces: applies to containers seen through NRI only; "+
 			"containers checked by the OCI hook are never exempt (their namespace is an annotation whoever creates them can set)")
 	}
 	return out
 }
+
+// kubeletMaxBackoff is the longest the kubelet waits between two attempts
+// to create a failed container (its CrashLoopBackOff/ErrImagePull cap).
+const kubeletMaxBackoff = 5 * time.Minute
 
 // listenWarning warns about a metrics endpoint reachable from other hosts:
 // it has no authentication and its labels name pods and containers.
