@@ -12,6 +12,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/nriplugin"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
@@ -108,6 +109,15 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	popts := nriplugin.Options{Config: opts.Config, Setup: setup, Logger: log,
 		Ready: func(ready bool) { m.SetReady(ready); watch.SetReady(ready) }}
 	p, err := nriplugin.New(popts)
+	if err == nil {
+		m.SetStateSource(func(ctx context.Context) (ledger.State, error) {
+			g := p.Guard()
+			if g == nil {
+				return ledger.State{}, errors.New("not configured yet")
+			}
+			return g.Ledger().Snapshot(ctx)
+		})
+	}
 	if err != nil {
 		return err
 	}

@@ -54,8 +54,17 @@ type Metrics struct {
 	lastGen uint64
 	lastAt  time.Time
 
+	// state, when set, reads the ledger at every scrape (SetStateSource);
+	// stateFails counts the scrapes it could not.
+	state      atomic.Pointer[StateSource]
+	stateFails prometheus.Counter
+
 	ready atomic.Bool
 }
+
+// StateSource reads the ledger's last committed state (the current guard's
+// Ledger().Snapshot).
+type StateSource func(ctx context.Context) (ledger.State, error)
 
 var _ guard.Observer = (*Metrics)(nil)
 
@@ -108,13 +117,17 @@ func New() *Metrics {
 			Namespace: namespace, Name: "unhealthy",
 			Help: "1 for each device the observer found unhealthy (critical Xid, lost, needs a reset) since the daemon started.",
 		}, []string{"device_uuid", "device_index"}),
+		stateFails: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "ledger_read_errors_total",
+			Help: "Scrapes that could not read the ledger (damaged, missing, unsafe dir): the state gauges keep their last values, and the guard refuses GPU containers until it is recovered.",
+		}),
 		lastReport: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "observer_last_pass_timestamp_seconds",
 			Help: "When the last observer accounting pass completed (Unix time); alert when it falls behind.",
 		}),
 	}
 	m.reg.MustRegister(m.holder, m.decisions, m.latency, m.wait, m.queueDepth, m.reserved, m.conflicts, m.releases,
-		m.intruders, m.unhealthy, m.lastReport,
+		m.intruders, m.unhealthy, m.lastReport, m.stateFails,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -186,10 +199,39 @@ func (m *Metrics) SetReady(ready bool) { m.ready.Store(ready) }
 // Ready reports what SetReady last recorded.
 func (m *Metrics) Ready() bool { return m.ready.Load() }
 
+// SetStateSource makes every scrape of /metrics first read the ledger and
+// rebuild the state gauges from it (StateChanged). The daemon's own commits
+// update them as they happen; this is what shows the others: gpu-guard-ctl
+// (release, gc, cordon, recover), the OCI hooks, waiters whose queue_ttl
+// ran out. A read is lock-free and never waits for the ledger lock.
+func (m *Metrics) SetStateSource(src StateSource) { m.state.Store(&src) }
+
+// stateReadTimeout bounds the ledger read of one scrape.
+const stateReadTimeout = 2 * time.Second
+
+func (m *Metrics) refreshState(ctx context.Context) {
+	src := m.state.Load()
+	if src == nil || *src == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, stateReadTimeout)
+	defer cancel()
+	st, err := (*src)(ctx)
+	if err != nil {
+		m.stateFails.Inc()
+		return
+	}
+	m.StateChanged(st)
+}
+
 // Handler serves /metrics, /healthz and /readyz.
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	scrape := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{})
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		m.refreshState(r.Context())
+		scrape.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = fmt.Fprintln(w, "ok")

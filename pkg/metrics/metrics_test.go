@@ -5,6 +5,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -134,6 +135,41 @@ func TestStateChangedAfterLedgerRestart(t *testing.T) {
 	// And it orders its own states again.
 	m.StateChanged(ledger.State{Generation: 2, UpdatedAt: t0.Add(2 * time.Minute)})
 	assert.Empty(t, families(t, m)["nri_gpu_guard_device_holder"].GetMetric())
+}
+
+// With a state source, every scrape shows the ledger as it is then, with
+// what other processes changed (gpu-guard-ctl, OCI hooks, expired
+// waiters); a scrape that cannot read it counts the failure and keeps the
+// last values.
+func TestScrapeReadsTheLedger(t *testing.T) {
+	m := New()
+	h := m.Handler()
+	var (
+		st   ledger.State
+		fail error
+	)
+	m.SetStateSource(func(ctx context.Context) (ledger.State, error) {
+		require.NoError(t, ctx.Err())
+		return st, fail
+	})
+	st = ledger.State{Generation: 3, Claims: []ledger.Claim{claim("GPU-a", "0", "ml", "train-0", "main")},
+		Waiters: []ledger.Waiter{{Key: "k1"}}}
+	_, body := get(t, h, "/metrics")
+	assert.Contains(t, body, `nri_gpu_guard_device_holder{container="main",device_index="0",device_uuid="GPU-a",namespace="ml",pod="train-0"} 1`)
+	assert.Contains(t, body, "nri_gpu_guard_queue_depth 1")
+
+	// Another process released the claim and the waiter's TTL ran out.
+	st = ledger.State{Generation: 4}
+	_, body = get(t, h, "/metrics")
+	assert.NotContains(t, body, "nri_gpu_guard_device_holder{")
+	assert.Contains(t, body, "nri_gpu_guard_queue_depth 0")
+	assert.Contains(t, body, "nri_gpu_guard_ledger_read_errors_total 0")
+
+	fail = errors.New("ledger damaged")
+	st = ledger.State{Generation: 5, Claims: []ledger.Claim{claim("GPU-b", "1", "ml", "x", "y")}}
+	_, body = get(t, h, "/metrics")
+	assert.Contains(t, body, "nri_gpu_guard_ledger_read_errors_total 1")
+	assert.NotContains(t, body, "GPU-b", "a failed read changes no gauge")
 }
 
 func TestReleased(t *testing.T) {
