@@ -139,3 +139,34 @@ func TestPreinstalledPluginSurvivesContainerdRestart(t *testing.T) {
 	bID := b.Run(t, want)
 	assert.Equal(t, map[string][]string{bID: {gpu0.UUID}}, g.ClaimsByContainer(t))
 }
+
+// TestPreinstalledPluginRebuildsAfterReset: an operator resets the ledger
+// (gpu-guard-ctl recover --reset) while a GPU container runs under a guard
+// launched by containerd, which gets no new Synchronize until containerd
+// restarts. The guard refuses the create that finds the new ledger,
+// rebuilds it in place from the containers it tracks, and the running
+// holder blocks its GPU again: nothing is admitted onto it meanwhile.
+func TestPreinstalledPluginRebuildsAfterReset(t *testing.T) {
+	var g *Guard
+	c := StartContainerd(t, ContainerdOptions{BeforeStart: func(c *Containerd) error {
+		var err error
+		g, err = InstallGuard(c, GuardOptions{})
+		return err
+	}})
+	gpu0 := c.GPUs[0]
+	a := c.RunPod(t, PodSpec{Name: "reset-a"})
+	aID := a.Run(t, ContainerSpec{Name: worker, Env: GPUEnv("0")})
+	plugin := pidsWithExe(g.PluginExe())
+	require.Len(t, plugin, 1, "containerd launched the plugin")
+
+	g.Ctl(t, "recover", "--reset", "--no-runtime", "--reason", "integration test")
+	require.Empty(t, g.ClaimsByContainer(t), "the reset forgot the running holder")
+
+	b := c.RunPod(t, PodSpec{Name: "reset-b"})
+	want := ContainerSpec{Name: worker, Env: GPUEnv(gpu0.UUID)}
+	first := b.Refused(t, want)
+	assert.NotContains(t, first, "is held by", "the create that finds the new ledger is refused before any decision: %s", first)
+	g.WaitHolder(t, 0, aID)
+	assert.Contains(t, b.Refused(t, want), gpuName(gpu0)+" is held by "+a.Owner(worker))
+	assert.Equal(t, plugin, pidsWithExe(g.PluginExe()), "the same plugin process: containerd was not restarted")
+}
