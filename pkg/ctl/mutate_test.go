@@ -256,14 +256,35 @@ func TestSameHolder(t *testing.T) {
 }
 
 // TestReleaseConflictOnly: a container recorded only in a conflict can be
-// named; its conflict records are cleared and status no longer needs
-// attention for it.
+// named; its conflict records are cleared, the output says so (the dry run
+// first, and the JSON lists them), and status no longer needs attention for
+// it.
 func TestReleaseConflictOnly(t *testing.T) {
 	f := newFixture(t)
 	f.populate(t)
-	r := f.run(t, "release", "--container", idRogue[:12], "--reason", "rogue stopped")
+	r := f.run(t, "release", "--container", idRogue[:12], "--reason", "rogue stopped", "--dry-run")
 	require.Equal(t, ExitOK, r.code, r.stderr)
-	assert.Equal(t, "container "+idRogue+" held no claim; its conflict records were cleared\n", r.stdout)
+	assert.Equal(t, "would clear the conflict record(s) of container "+idRogue+" on GPU 1 ("+uuidGPU1+
+		") (it was found using them while another container held them; check that it no longer runs there)\n", r.stdout)
+	require.Len(t, f.state(t).Conflicts, 1, "a dry run changes nothing")
+
+	r = f.run(t, "release", "--container", idRogue[:12], "--reason", "rogue stopped", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	var v struct {
+		DryRun           bool              `json:"dry_run"`
+		Released         []json.RawMessage `json:"released"`
+		ConflictsCleared []struct {
+			Device, Index, ContainerID string
+		} `json:"conflicts_cleared"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v), r.stdout)
+	assert.False(t, v.DryRun)
+	assert.Empty(t, v.Released)
+	require.Len(t, v.ConflictsCleared, 1, r.stdout)
+	assert.Equal(t, uuidGPU1, v.ConflictsCleared[0].Device)
+	assert.Equal(t, "1", v.ConflictsCleared[0].Index)
+	assert.Contains(t, r.stdout, `"container_id": "`+idRogue+`"`)
+
 	st := f.state(t)
 	assert.Empty(t, st.Conflicts)
 	assert.Equal(t, []string{uuidGPU1}, claimedBy(st, idTrainer))

@@ -79,6 +79,9 @@ type recoverOutput struct {
 
 func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	reset, dryRun, noLiveness := fl.reset, fl.dryRun, fl.noLiveness
+	if reset && dryRun {
+		return usagef("--reset and --dry-run: a reset changes everything; run without --reset to see what recover would do")
+	}
 	l, err := a.openLedger(false)
 	if err != nil {
 		return err
@@ -86,9 +89,6 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	why := "gpu-guard-ctl recover"
 	if fl.reason != "" {
 		why += ": " + fl.reason
-	}
-	if reset && dryRun {
-		return fmt.Errorf("--reset and --dry-run: a reset changes everything; run without --reset to see what recover would do")
 	}
 	cfg, err := a.config()
 	if err != nil {

@@ -36,6 +36,12 @@ func TestRecoverDamagedLedger(t *testing.T) {
 	assert.Contains(t, r.stderr, "needs root")
 
 	f.uid = 0
+	// A contradiction between flags is a usage error, found before the
+	// ledger is touched.
+	r = f.run(t, "recover", "--reset", "--dry-run")
+	require.Equal(t, ExitUsage, r.code, r.stderr)
+	assert.Contains(t, r.stderr, "--reset and --dry-run")
+
 	r = f.run(t, "recover")
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "recovered generation")

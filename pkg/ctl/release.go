@@ -103,16 +103,19 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 		dev, holder, claims = c.Device.UUID, c.Owner.ContainerID, []ledger.Claim{c}
 	}
 	if dryRun {
-		return renderReleased(a.env.Stdout, a.output, true, claims, nil, a.env.Now())
+		return renderReleaseOf(a.env.Stdout, a.output, true, id, claims, conflictsOf(&st, id), a.env.Now())
 	}
 
 	auditReason := a.operatorReason(reason)
-	var released []ledger.Claim
+	var (
+		released []ledger.Claim
+		cleared  []ledger.Conflict
+	)
 	err = a.update(ctx, func(tx *ledger.Tx) error {
 		if id != "" {
-			conflicts := hasConflicts(tx.State(), id)
+			cleared = conflictsOf(tx.State(), id)
 			released = tx.Release(id, auditReason)
-			if len(released) == 0 && !conflicts {
+			if len(released) == 0 && len(cleared) == 0 {
 				return fmt.Errorf("container %s: %w (released by someone else meanwhile?)", id, ledger.ErrNotFound)
 			}
 			return nil
@@ -130,15 +133,7 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 	if err != nil {
 		return err
 	}
-	if len(released) == 0 && a.output != outputJSON {
-		// Only conflict records named the container.
-		_, err := fmt.Fprintf(a.env.Stdout, "container %s held no claim; its conflict records were cleared\n", id)
-		if err != nil {
-			return fmt.Errorf("write output: %w", err)
-		}
-		return nil
-	}
-	return renderReleased(a.env.Stdout, a.output, false, released, nil, a.env.Now())
+	return renderReleaseOf(a.env.Stdout, a.output, false, id, released, cleared, a.env.Now())
 }
 
 // update applies fn in one ledger transaction.
@@ -226,13 +221,54 @@ func claimsOf(st ledger.State, id string) []ledger.Claim {
 	return out
 }
 
-func hasConflicts(st *ledger.State, id string) bool {
+// conflictsOf lists the conflict records of container id ("" = none): what
+// a release of the container clears besides its claims.
+func conflictsOf(st *ledger.State, id string) []ledger.Conflict {
+	var out []ledger.Conflict
 	for _, c := range st.Conflicts {
-		if c.Owner.ContainerID == id {
-			return true
+		if id != "" && c.Owner.ContainerID == id {
+			out = append(out, c)
 		}
 	}
-	return false
+	return out
+}
+
+// renderReleaseOf is the output of release: the claims released and the
+// conflict records of the container cleared (or, for a dry run, that would
+// be).
+func renderReleaseOf(w io.Writer, output string, dryRun bool, id string, claims []ledger.Claim, cleared []ledger.Conflict, now time.Time) error {
+	if output == outputJSON {
+		v := releasedView{DryRun: dryRun, Released: make([]releasedJSON, 0, len(claims))}
+		for _, c := range claims {
+			v.Released = append(v.Released, releasedJSON{claimJSON: claimView(c)})
+		}
+		for _, c := range cleared {
+			v.ConflictsCleared = append(v.ConflictsCleared, clearedJSON{Device: c.Device.UUID, Index: c.Device.Index, ContainerID: c.Owner.ContainerID})
+		}
+		return writeJSON(w, v)
+	}
+	if len(claims) > 0 || len(cleared) == 0 {
+		if err := renderReleased(w, output, dryRun, claims, nil, now); err != nil {
+			return err
+		}
+	}
+	if len(cleared) == 0 {
+		return nil
+	}
+	verb := "cleared"
+	if dryRun {
+		verb = "would clear"
+	}
+	devs := make([]string, len(cleared))
+	for i, c := range cleared {
+		devs[i] = naming.Device(c.Device)
+	}
+	line := fmt.Sprintf("%s the conflict record(s) of container %s on %s (it was found using them while another container held them; "+
+		"check that it no longer runs there)", verb, id, strings.Join(devs, ", "))
+	if _, err := fmt.Fprintln(w, escapeLine(line)); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	return nil
 }
 
 // releasedView is the output of release and gc; its JSON is a public interface.
@@ -242,6 +278,16 @@ type releasedView struct {
 	// Draining (gc under release_requires_idle): claims of exited holders
 	// kept draining instead of released.
 	Draining []releasedJSON `json:"draining,omitempty"`
+	// ConflictsCleared (release --container): the container's conflict
+	// records cleared with its claims.
+	ConflictsCleared []clearedJSON `json:"conflicts_cleared,omitempty"`
+}
+
+// clearedJSON is one conflict record a release cleared.
+type clearedJSON struct {
+	Device      string `json:"device"`
+	Index       string `json:"index"`
+	ContainerID string `json:"container_id"`
 }
 
 type releasedJSON struct {
