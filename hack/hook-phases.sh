@@ -28,9 +28,16 @@ trap 'rm -rf "$work"; rm -f "$marker"' EXIT
 mkdir -p "$work/bundle"
 printf '{"ociVersion":"1.2.0","process":{"args":["/app"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"}}\n' >"$work/bundle/config.json"
 
+# Each pair's container process is a sleep that runs through create-runtime
+# and is gone by poststop, as a container's is (poststop spares a claim whose
+# recorded process still runs).
 for i in $(seq "$n"); do
-	printf '{"ociVersion":"1.2.0","id":"phases-%d","status":"created","pid":%d,"bundle":"%s"}' "$i" $$ "$work/bundle" >"$work/state.json"
+	sleep 3600 &
+	ctr=$!
+	printf '{"ociVersion":"1.2.0","id":"phases-%d","status":"created","pid":%d,"bundle":"%s"}' "$i" "$ctr" "$work/bundle" >"$work/state.json"
 	env -i GOMAXPROCS=1 "$work/hook" create-runtime --config "$work/config.toml" --wait <"$work/state.json" 2>&1 | sed 's/^/create-runtime /'
+	kill "$ctr"
+	wait "$ctr" 2>/dev/null || true
 	env -i GOMAXPROCS=1 "$work/hook" poststop --config "$work/config.toml" <"$work/state.json" 2>&1 | sed 's/^/poststop /'
 done | awk -v n="$n" '
 $2 != "phase" { print "unexpected output: " $0 > "/dev/stderr"; bad = 1; next }

@@ -587,6 +587,43 @@ func (g *Guard) release(ctx context.Context, o ledger.Owner, reason string) erro
 	return err
 }
 
+// ReleaseClaims releases those of claims (as read from a snapshot) that are
+// still held by the same container, the same incarnation (see
+// ledger.SameIncarnation): for a front end that must not release every claim
+// of a container id (an OCI hook's poststop, when another container with the
+// same id still runs). They are released at once, also under
+// release_requires_idle: this serves only that rare case, where the claims
+// of one id are split between two containers.
+func (g *Guard) ReleaseClaims(ctx context.Context, o ledger.Owner, claims []ledger.Claim, reason string) error {
+	var rel []ledger.Claim
+	err := g.update(ctx, reason, func(tx *ledger.Tx) bool {
+		changed := false
+		for _, want := range claims {
+			var held *ledger.Claim
+			for i := range tx.State().Claims {
+				if c := &tx.State().Claims[i]; c.Device.UUID == want.Device.UUID {
+					held = c
+					break
+				}
+			}
+			if held == nil || held.Owner.ContainerID != o.ContainerID || !ledger.SameIncarnation(&held.Owner, &want.Owner) {
+				continue // released or taken over meanwhile
+			}
+			c, err := tx.ReleaseDevice(want.Device.UUID, reason)
+			if err == nil {
+				rel = append(rel, c)
+				changed = true
+			}
+		}
+		return changed
+	})
+	if err == nil && len(rel) > 0 {
+		g.log.Info("released", append(ownerAttrs(o, ""), slog.String("reason", reason),
+			slog.Any("devices", claimUUIDs(rel)))...)
+	}
+	return err
+}
+
 // PodGone releases every claim of front end fe's stopped or removed pod and
 // drops its waiters: a waiter whose pod is gone never claims. Only fe's own
 // claims and waiters are touched (ledger.PodMatches): another front end's

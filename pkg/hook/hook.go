@@ -18,6 +18,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // Phase names accepted by Run: the words after "nri-gpu-guard hook".
@@ -92,6 +93,7 @@ type guardAPI interface {
 	AdmitIfFree(ctx context.Context, r guard.Request) (guard.Decision, error)
 	Resolve(spec devices.Request) (devices.Resolution, error)
 	Removed(ctx context.Context, o ledger.Owner) error
+	ReleaseClaims(ctx context.Context, o ledger.Owner, claims []ledger.Claim, reason string) error
 	Ledger() *ledger.Ledger
 }
 
@@ -149,7 +151,7 @@ func (e env) runInput(ctx context.Context, phase string, cfg config.Config, in *
 	case PhaseCreateRuntime:
 		err = e.createRuntime(ctx, cfg, in, stderr)
 	case PhasePoststop:
-		err = e.poststop(ctx, cfg, in)
+		err = e.poststop(ctx, cfg, in, stderr)
 	default:
 		return fmt.Errorf("%w (unknown phase %q)", ErrUsage, phase)
 	}
@@ -303,7 +305,7 @@ func (e env) goneCheck(self *liveness.Process) func() (bool, string) {
 // tells, and only a container that appears in it takes the ledger lock. The
 // read cannot miss a claim of this container: its create-runtime hook ended
 // (or was killed and reaped by the runtime) before the runtime ran poststop.
-func (e env) poststop(ctx context.Context, cfg config.Config, in *Input) error {
+func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr io.Writer) error {
 	if in.stateErr != nil {
 		return in.stateErr
 	}
@@ -334,6 +336,24 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input) error {
 	}
 	owner := ledger.Owner{ContainerID: st.ID, FrontEnd: ledger.FrontEndHook}
 	var errs []error
+	if holds && err == nil {
+		// A claim of this id whose recorded process still runs is another
+		// container's with the same id (another runtime root or containerd
+		// namespace): this container's processes are gone by poststop.
+		mine, others := e.splitByProcess(snap, st.ID)
+		for _, c := range others {
+			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: hook poststop: container %s: %s not released: it is held by pid %d, which still runs: "+
+				"another container with the same id\n", st.ID, naming.Device(c.Device), c.Owner.Pid)
+		}
+		if len(others) > 0 {
+			holds = false
+			if len(mine) > 0 {
+				if err := g.ReleaseClaims(ctx, owner, mine, "removed"); err != nil {
+					errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl gc` once the ledger is reachable): %w", st.ID, err))
+				}
+			}
+		}
+	}
 	if holds {
 		if err := g.Removed(ctx, owner); err != nil && !errors.Is(err, ledger.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl release --container %s` once the ledger is reachable): %w", st.ID, st.ID, err))
@@ -345,6 +365,24 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// splitByProcess divides the claims of container id in st into those whose
+// recorded process is gone, a zombie or unknown (mine: a poststop releases
+// them) and those whose recorded process (pid and start time) certainly
+// still runs (others).
+func (e env) splitByProcess(st ledger.State, id string) (mine, others []ledger.Claim) {
+	for _, c := range st.Claims {
+		if c.Owner.ContainerID != id {
+			continue
+		}
+		if liveness.Running(e.procRoot, c.Owner.Pid, c.Owner.PidStart) {
+			others = append(others, c)
+			continue
+		}
+		mine = append(mine, c)
+	}
+	return mine, others
 }
 
 // appears reports whether container id holds a claim or has a conflict

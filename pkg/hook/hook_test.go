@@ -4,6 +4,7 @@
 package hook
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +55,25 @@ func stateFor(t *testing.T, id string, pid int, env ...string) string {
 	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreating, Pid: pid, Bundle: bundle})
 	require.NoError(t, err)
 	return string(st)
+}
+
+// containerProcess is a stand-in for a container's process: a child that
+// runs until end is called (as by the time a runtime runs poststop, the
+// container's processes are gone).
+func containerProcess(t *testing.T) (pid int, end func()) {
+	t.Helper()
+	cmd := exec.Command("sleep", "3600")
+	require.NoError(t, cmd.Start())
+	ended := false
+	end = func() {
+		if !ended {
+			ended = true
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}
+	t.Cleanup(end)
+	return cmd.Process.Pid, end
 }
 
 // testEnv is defaultEnv with the guard opened over the real ledger, counting
@@ -227,6 +248,64 @@ func TestEveryRefusalWithoutWaitIsAudited(t *testing.T) {
 	}
 }
 
+// Container ids are unique only per runtime root (or containerd namespace):
+// two containers "train" may run at once. The second is not admitted onto
+// the first one's GPU, and the poststop of either releases only its own
+// claims: the one whose recorded process still runs is the other's.
+func TestSameIDInTwoRuntimeRoots(t *testing.T) {
+	cfg := staticConfig(t)
+	opened := 0
+	e := testEnv(&opened)
+	ctx := context.Background()
+	var stderr bytes.Buffer
+
+	// The first "train" is this test process; the second a child that
+	// runs until the test ends it.
+	require.NoError(t, e.run(ctx, PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, "train", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=0")), io.Discard))
+	child := exec.Command("sleep", "3600")
+	require.NoError(t, child.Start())
+	t.Cleanup(func() { _ = child.Process.Kill(); _ = child.Wait() })
+
+	err := e.run(ctx, PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, "train", child.Process.Pid, "NVIDIA_VISIBLE_DEVICES=0")), io.Discard)
+	require.ErrorIs(t, err, guard.ErrQueued, "the other train holds GPU 0")
+	require.NoError(t, e.run(ctx, PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, "train", child.Process.Pid, "NVIDIA_VISIBLE_DEVICES=1")), io.Discard))
+
+	holders := func() map[string]int {
+		l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+		require.NoError(t, err)
+		st, err := l.Snapshot(ctx)
+		require.NoError(t, err)
+		out := map[string]int{}
+		for _, c := range st.Claims {
+			out[c.Device.UUID] = c.Owner.Pid
+		}
+		return out
+	}
+	require.Equal(t, map[string]int{gpuUUIDs[0]: os.Getpid(), gpuUUIDs[1]: child.Process.Pid}, holders())
+
+	// The second train ends: its poststop releases GPU 1 and spares GPU 0,
+	// whose holder still runs.
+	require.NoError(t, child.Process.Kill())
+	_ = child.Wait()
+	poststop := `{"ociVersion":"1.2.0","id":"train","status":"stopped","bundle":"/gone"}`
+	require.NoError(t, e.run(ctx, PhasePoststop, cfg, strings.NewReader(poststop), &stderr))
+	require.Equal(t, map[string]int{gpuUUIDs[0]: os.Getpid()}, holders())
+	require.Contains(t, stderr.String(), "GPU 0 ("+gpuUUIDs[0]+") not released: it is held by pid "+strconv.Itoa(os.Getpid())+", which still runs")
+
+	// A poststop for a container whose process is gone releases as always.
+	cfg2 := staticConfig(t)
+	gone := exec.Command("true")
+	require.NoError(t, gone.Start())
+	require.NoError(t, e.run(ctx, PhaseCreateRuntime, cfg2, strings.NewReader(stateFor(t, "solo", gone.Process.Pid, "NVIDIA_VISIBLE_DEVICES=2")), io.Discard))
+	require.NoError(t, gone.Wait())
+	require.NoError(t, e.run(ctx, PhasePoststop, cfg2, strings.NewReader(`{"ociVersion":"1.2.0","id":"solo","status":"stopped","bundle":"/gone"}`), io.Discard))
+	l, err := ledger.OpenReadOnly(cfg2.Ledger.Dir, ledger.Options{})
+	require.NoError(t, err)
+	st, err := l.Snapshot(ctx)
+	require.NoError(t, err)
+	require.Empty(t, st.Claims)
+}
+
 // TestRunClaimThenPoststop drives both phases in process over one ledger: the
 // claim carries the hook's identity (pid, start time, cgroup) and poststop
 // releases it, twice without error.
@@ -235,7 +314,8 @@ func TestRunClaimThenPoststop(t *testing.T) {
 	opened := 0
 	e := testEnv(&opened)
 	ctx := context.Background()
-	require.NoError(t, e.run(ctx, PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, "c1", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=3")), io.Discard))
+	pid, end := containerProcess(t)
+	require.NoError(t, e.run(ctx, PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, "c1", pid, "NVIDIA_VISIBLE_DEVICES=3")), io.Discard))
 
 	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
 	require.NoError(t, err)
@@ -246,9 +326,10 @@ func TestRunClaimThenPoststop(t *testing.T) {
 	require.Equal(t, gpuUUIDs[3], c.Device.UUID)
 	require.Equal(t, "c1", c.Owner.ContainerID)
 	require.Equal(t, ledger.FrontEndHook, c.Owner.FrontEnd)
-	require.Equal(t, os.Getpid(), c.Owner.Pid)
+	require.Equal(t, pid, c.Owner.Pid)
 	require.NotZero(t, c.Owner.PidStart, "pid start recorded against pid reuse")
 
+	end() // the container's processes are gone by poststop
 	for range 2 {
 		require.NoError(t, e.run(ctx, PhasePoststop, cfg, strings.NewReader(`{"id":"c1","status":"stopped","bundle":"/x"}`), io.Discard))
 		st, err = l.Snapshot(ctx)

@@ -42,9 +42,19 @@ func TestInterruptsArmedOnlyWhereTheHookBlocks(t *testing.T) {
 		return openGuardWith(cfg, inv, arm)
 	}
 	e.lockingEngine = func() (bool, string) { return false, "" }
+	// Each container's process; ended before its poststop, as a runtime's is.
+	procs := map[string]func(){}
 	run := func(phase, id string, wait bool, env ...string) error {
 		e.opts.Wait = wait
-		return e.run(ctx, phase, cfg, strings.NewReader(stateFor(t, id, os.Getpid(), env...)), io.Discard)
+		pid := os.Getpid()
+		if phase == PhaseCreateRuntime {
+			var end func()
+			pid, end = containerProcess(t)
+			procs[id] = end
+		} else if end, ok := procs[id]; ok {
+			end()
+		}
+		return e.run(ctx, phase, cfg, strings.NewReader(stateFor(t, id, pid, env...)), io.Discard)
 	}
 	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
 	require.NoError(t, err)

@@ -135,6 +135,11 @@ func (l linedUp) Removed(ctx context.Context, o ledger.Owner) error {
 	return l.guardAPI.Removed(ctx, o)
 }
 
+func (l linedUp) ReleaseClaims(ctx context.Context, o ledger.Owner, claims []ledger.Claim, reason string) error {
+	defer l.ts.enter(ctx)()
+	return l.guardAPI.ReleaseClaims(ctx, o, claims, reason)
+}
+
 // update runs a ledger transaction of the hook itself (ticket handover and
 // release) through the turnstile when g has one.
 func update(ctx context.Context, g guardAPI, fn func(tx *ledger.Tx) error) error {

@@ -231,15 +231,16 @@ func (tx *Tx) waiterIndex(key string) int {
 
 // Busy lists what stands between a request and its devices: claims of other
 // containers on a conflicting device, and reservations of a conflicting
-// device for another requester key. Claims of owner's own container and
-// reservations for key do not count. Empty means Claim would succeed.
+// device for another requester key. Claims of owner's own container (see
+// SameIncarnation) and reservations for key do not count. Empty means Claim
+// would succeed.
 func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice {
 	tx.check()
 	key = requesterKey(key, owner)
 	var out []BusyDevice
 	for _, d := range uniqueDevices(devs) {
 		for i := range tx.st.Claims {
-			if c := tx.st.Claims[i]; c.Owner.ContainerID != owner.ContainerID && devices.Conflicts(c.Device, d) {
+			if c := tx.st.Claims[i]; !SameIncarnation(&c.Owner, &owner) && devices.Conflicts(c.Device, d) {
 				out = append(out, BusyDevice{Wanted: d, Holder: &c})
 			}
 		}
@@ -250,6 +251,23 @@ func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice 
 		}
 	}
 	return out
+}
+
+// SameIncarnation reports whether a and b may be the same container: the
+// same container id, and not two different recorded processes (both a pid
+// and its start time known on each side, and unequal). A container id is
+// unique only within one runtime root or containerd namespace: two plain
+// runc roots, or two namespaces behind the containerd hooks wrapper, may
+// each run a container "train" at once, and the pid of each one's process
+// tells them apart.
+func SameIncarnation(a, b *Owner) bool {
+	if a.ContainerID != b.ContainerID {
+		return false
+	}
+	if a.Pid > 0 && b.Pid > 0 && a.PidStart > 0 && b.PidStart > 0 {
+		return a.Pid == b.Pid && a.PidStart == b.PidStart
+	}
+	return true
 }
 
 // Claim gives every device of devs to owner's container, or none: if any is

@@ -312,6 +312,18 @@ type procStat struct {
 	start uint64
 }
 
+// Running reports whether the process recorded as pid with start time start
+// certainly still runs: its stat is readable, it is no zombie, and it started
+// at start. Any doubt (unreadable, start unknown) is false: for callers that
+// spare a claim only on proof that its process lives.
+func Running(procRoot string, pid int, start uint64) bool {
+	if pid <= 0 || start == 0 {
+		return false
+	}
+	st, err := readStat(procRoot, pid)
+	return err == nil && st.state != 'Z' && st.state != 'X' && st.start == start
+}
+
 // PidStart returns the start time of pid (field 22 of procRoot/<pid>/stat,
 // clock ticks since boot). Recorded with a pid, it tells a live holder from
 // an unrelated process that got the same pid later. A missing process yields

@@ -303,6 +303,22 @@ func TestPidStart(t *testing.T) {
 	assert.Equal(t, uint64(123456789), got)
 }
 
+// Running is true only on proof: readable, not a zombie, same start time.
+func TestRunning(t *testing.T) {
+	proc := tree(t, map[string]string{
+		"20/stat": stat(20, "worker", 'S', "500"),
+		"21/stat": stat(21, "worker", 'Z', "500"),
+		"22/stat": "22 (x) R 1 2 3\n",
+	})
+	assert.True(t, Running(proc, 20, 500))
+	assert.False(t, Running(proc, 20, 501), "pid reused")
+	assert.False(t, Running(proc, 20, 0), "start unknown")
+	assert.False(t, Running(proc, 21, 500), "zombie")
+	assert.False(t, Running(proc, 22, 500), "unreadable stat")
+	assert.False(t, Running(proc, 23, 500), "gone")
+	assert.False(t, Running(proc, 0, 500))
+}
+
 // TestPidStartSelf reads the real procfs: the test process's own start time is
 // stable across two reads.
 func TestPidStartSelf(t *testing.T) {
