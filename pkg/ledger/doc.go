@@ -134,7 +134,13 @@
 //     the reboot ended; the observer cordons again what it still finds) are
 //     dropped, audited, with everything else of the earlier boot's state;
 //     a read before that Update already shows the same. Reset drops them
-//     all.
+//     all. That first Update writes its journal (a genesis header and its
+//     record, the kept cordons in it) before the snapshot of the empty
+//     base: killed before the journal is in place it leaves the earlier
+//     boot's files, after, a journal of this boot that a reader replays
+//     from its empty base past the earlier boot's snapshot. Never a
+//     snapshot of this boot next to the earlier boot's journal (which would
+//     read as damage), never the empty base without the cordons.
 //   - A draining claim (Owner.DrainingSince; Tx.MarkDraining) is held like
 //     any other until Tx.FinishDraining or, at the first Update or View
 //     after Options.DrainGrace, released with an audit record and a log

@@ -544,6 +544,8 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 // the append, a journal grown past the snapshot is compacted into a new one.
 func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string) (loaded, error) {
 	cur := *ld
+	var next loaded
+	genesis := false
 	if origin != "" || !ld.snapOK || !ld.jOK || ld.format != FormatVersion {
 		base := tx.base
 		base.Lineage, base.BootID = st.Lineage, l.opts.BootID
@@ -551,17 +553,28 @@ func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string) (loaded, er
 			base.UpdatedAt = tx.now
 		}
 		base.sort(true)
-		b, err := l.compact(&base, ld)
+		if origin == originOtherBoot && isEmpty(&base) {
+			n, err := l.startGenesis(&base, st, tx.touchedWaiters, ld)
+			if err != nil {
+				return loaded{}, err
+			}
+			next, genesis = n, true
+		} else {
+			b, err := l.compact(&base, ld)
+			if err != nil {
+				return loaded{}, err
+			}
+			b.st = base
+			cur = b
+		}
+	}
+	if !genesis {
+		rec := recordOf(&cur.st, st, tx.touchedWaiters)
+		n, err := l.appendRecord(&rec, &cur)
 		if err != nil {
 			return loaded{}, err
 		}
-		b.st = base
-		cur = b
-	}
-	rec := recordOf(&cur.st, st, tx.touchedWaiters)
-	next, err := l.appendRecord(&rec, &cur)
-	if err != nil {
-		return loaded{}, err
+		next = n
 	}
 	if l.compactAlways || l.journalTooBig(&next) {
 		// The commit is durable already: a failed compaction only costs

@@ -169,9 +169,6 @@ func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
 	if !jExists {
 		return ld, nil
 	}
-	if !sExists {
-		return ld, &NeedsRecoveryError{Path: l.StatePath(), Problem: "the snapshot is missing although the journal " + l.JournalPath() + " is there (deleted or renamed)"}
-	}
 	data, err := readFrom(jf, 0, jfi.Size(), maxStateBytes, nil)
 	if err != nil {
 		return ld, l.corrupt(l.JournalPath(), err)
@@ -181,6 +178,21 @@ func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
 		return ld, l.corrupt(l.JournalPath(), err)
 	}
 	ld.jHdr, ld.jEnd = hdr, end
+	if hdr.Genesis && sExists && hdr.BootID == l.opts.BootID && ld.st.BootID != hdr.BootID {
+		// A journal of this boot from an empty base holds its whole
+		// lineage: the first writer after a reboot (startGenesis) was
+		// stopped before the snapshot of that base replaced the earlier
+		// boot's.
+		st := State{Generation: hdr.Base, NextSeq: hdr.BaseNextSeq, BootID: hdr.BootID, Lineage: hdr.Lineage}
+		if err := applyRecords(&st, recs); err != nil {
+			return ld, l.corrupt(l.JournalPath(), err)
+		}
+		ld.st, ld.snapOK, ld.format, ld.snapBytes = st, false, FormatVersion, 0
+		return ld, nil
+	}
+	if !sExists {
+		return ld, &NeedsRecoveryError{Path: l.StatePath(), Problem: "the snapshot is missing although the journal " + l.JournalPath() + " is there (deleted or renamed)"}
+	}
 	if hdr.Lineage != ld.st.Lineage || hdr.BootID != ld.st.BootID {
 		return ld, &NeedsRecoveryError{Path: l.JournalPath(), Problem: fmt.Sprintf(
 			"the journal (lineage %s, boot %s) does not belong to the snapshot (lineage %s, boot %s): one of them was replaced",
@@ -406,13 +418,71 @@ func (l *Ledger) compact(st *State, ld *loaded) (loaded, error) {
 	return next, nil
 }
 
+// startGenesis begins the new lineage of the first commit after a reboot
+// from an empty base (the earlier boot's state is discarded bar the
+// operator's cordons, which this commit's record carries): the journal, its
+// header and this commit's record in one file, is put in place first, and
+// the snapshot of the empty base after it. A crash before the journal is in
+// place leaves the earlier boot's files, read as empty bar its operator
+// cordons; a crash after leaves this commit whole in a journal of this boot
+// that loadFiles replays from its empty base, past the earlier boot's
+// snapshot. (Writing the snapshot first, as compact does, left a window
+// with a snapshot of this boot next to the earlier boot's journal, which
+// reads as damage, and one with the empty base and no record, which lost the
+// operator's cordons.)
+func (l *Ledger) startGenesis(base, st *State, touched []string, ld *loaded) (loaded, error) {
+	hdr := journalHeader{Journal: journalFormat, Lineage: base.Lineage, BootID: base.BootID, Base: base.Generation,
+		Genesis: true, BaseNextSeq: base.NextSeq}
+	content, err := appendJournalLine(nil, hdr)
+	if err != nil {
+		return loaded{}, err
+	}
+	rec := recordOf(base, st, touched)
+	if content, err = appendRecordLine(content, &rec); err != nil {
+		return loaded{}, fmt.Errorf("encode journal record: %w", err)
+	}
+	if err := l.replaceJournal(content, ld.jOK); err != nil {
+		return loaded{}, err
+	}
+	next := loaded{st: *st, exists: true, format: FormatVersion, jOK: true, jHdr: hdr, jEnd: int64(len(content))}
+	if fi, err := os.Lstat(l.JournalPath()); err == nil { //nolint:gosec // fixed names in the operator's state dir
+		next.jID = idOf(fi)
+	}
+	// The commit is durable: a snapshot that cannot be written now only
+	// leaves the next writer to write one (snapOK false).
+	data, err := l.enc.encode(base, nil)
+	if err == nil && ld.snapOK {
+		prev := filepath.Join(l.dir, prevName)
+		if rerr := os.Remove(prev); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) { //nolint:gosec // fixed name in the operator's state dir
+			l.log.Warn("ledger: could not replace the previous snapshot", "path", prev, "error", rerr)
+		} else if lerr := os.Link(l.StatePath(), prev); lerr != nil {
+			l.log.Warn("ledger: could not keep the previous snapshot", "path", prev, "error", lerr)
+		}
+	}
+	if err == nil {
+		err = writeAtomic(l.dir, l.StatePath(), data)
+	}
+	if err != nil {
+		l.log.Warn("ledger: the snapshot of a new lineage could not be written; the journal holds the commit", "error", err)
+		return next, nil
+	}
+	next.snapOK, next.snapBytes = true, int64(len(data))
+	if fi, err := os.Lstat(l.StatePath()); err == nil { //nolint:gosec // fixed names in the operator's state dir
+		next.snapID = idOf(fi)
+	}
+	return next, nil
+}
+
 func isEmpty(st *State) bool {
 	return len(st.Claims) == 0 && len(st.Waiters) == 0 && len(st.Reservations) == 0 && len(st.Conflicts) == 0 &&
 		len(st.Cordons) == 0
 }
 
-// replaceJournal puts a new journal holding header in place, keeping the old
-// one as ledger.journal.prev.
+// replaceJournal puts a new journal holding header (and whatever records
+// follow it in the same bytes) in place, keeping the old one as
+// ledger.journal.prev. The old journal stays in place until the new one
+// replaces it in one rename: a crash never leaves the state dir without a
+// journal next to a snapshot that needs it.
 func (l *Ledger) replaceJournal(header []byte, old bool) error {
 	tmp, err := writeTemp(l.dir, tempPrefix+"journal-*", header, "", "")
 	if err != nil {
@@ -426,8 +496,13 @@ func (l *Ledger) replaceJournal(header []byte, old bool) error {
 	}()
 	reachStage(stageJournalSynced)
 	if old {
-		if err := os.Rename(l.JournalPath(), filepath.Join(l.dir, journalPrevName)); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed names in the operator's state dir
-			return fmt.Errorf("keep the old journal: %w", err)
+		// ledger.journal.prev is for recovery only: failing to keep it
+		// costs nothing now.
+		prev := filepath.Join(l.dir, journalPrevName)
+		if err := os.Remove(prev); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed name in the operator's state dir
+			l.log.Warn("ledger: could not replace the previous journal", "path", prev, "error", err)
+		} else if err := os.Link(l.JournalPath(), prev); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			l.log.Warn("ledger: could not keep the previous journal", "path", prev, "error", err)
 		}
 	}
 	reachStage(stageJournalRotated)
