@@ -277,7 +277,7 @@ func writeBusy(b *strings.Builder, d guard.Decision) {
 		case bd.Holder != nil:
 			fmt.Fprintf(b, " held by %s since %s", ledger.DescribeOwner(bd.Holder.Owner), bd.Holder.Since.UTC().Format(time.RFC3339))
 		case bd.Reservation != nil:
-			fmt.Fprintf(b, " reserved for %s (earlier in the queue) until %s", bd.Reservation.For, bd.Reservation.Until.UTC().Format(time.RFC3339))
+			fmt.Fprintf(b, " reserved for %s until %s", bd.Reservation.For, bd.Reservation.Until.UTC().Format(time.RFC3339))
 		default:
 			b.WriteString(" busy")
 		}

@@ -339,7 +339,7 @@ func TestProgressLine(t *testing.T) {
 				Reservation: &ledger.Reservation{Device: mig, For: "abc", Until: t0},
 			}}},
 			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 2 of 2 for MIG 2:0 (" + mig.UUID +
-				") reserved for abc (earlier in the queue) until 2026-01-02T15:04:05Z",
+				") reserved for abc until 2026-01-02T15:04:05Z",
 		},
 		{
 			name: "no busy detail: the message",
