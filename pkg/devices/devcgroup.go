@@ -21,22 +21,26 @@ type DeviceRule struct {
 	Access string // "r", "w", "m" combined; "" means rwm
 }
 
+// wildcardType reports whether a rule is of type "a" (all devices), which
+// runc also makes of a rule without a type. The kernel's device cgroup (and
+// runc's emulation of it for cgroup v2) reads nothing else of such a rule:
+// "a 1:3 r" allows every device for reading, writing and mknod exactly as
+// "a *:* rwm" does (and denies it all, as a deny). Its major, minor and
+// access must not be read as narrowing it.
+func wildcardType(r DeviceRule) bool { return r.Type == "" || r.Type == "a" }
+
 // AllowsAllDevices reports whether the rules end up allowing every device
 // for reading, writing and mknod: what a privileged container gets
 // (containerd and podman give it a single "allow all, rwm" rule, an
-// unprivileged one "deny all" followed by specific allows). The last
-// wildcard rule decides, as in the kernel's device cgroup.
+// unprivileged one "deny all" followed by specific allows). The last rule of
+// type "a" decides, as in the kernel's device cgroup, whatever major, minor
+// or access it names.
 func AllowsAllDevices(rules []DeviceRule) bool {
 	all := false
 	for _, r := range rules {
-		wildcardType := r.Type == "" || r.Type == "a"
-		anyMajor := r.Major == nil || *r.Major < 0
-		anyMinor := r.Minor == nil || *r.Minor < 0
-		if !wildcardType || !anyMajor || !anyMinor {
-			continue
+		if wildcardType(r) {
+			all = r.Allow
 		}
-		all = r.Allow && (r.Access == "" ||
-			(strings.ContainsRune(r.Access, 'r') && strings.ContainsRune(r.Access, 'w') && strings.ContainsRune(r.Access, 'm')))
 	}
 	return all
 }
@@ -77,7 +81,13 @@ func (req *Request) ApplyDeviceRules(rules []DeviceRule) {
 func gpuNodeAccess(rules []DeviceRule) (all bool, minors []int64) {
 	allowed := map[int64]bool{}
 	for _, r := range rules {
-		if r.Type != "" && r.Type != "a" && r.Type != "c" {
+		if wildcardType(r) {
+			// Every device, with every access (see wildcardType).
+			all = r.Allow
+			clear(allowed)
+			continue
+		}
+		if r.Type != "c" {
 			continue
 		}
 		if r.Major != nil && *r.Major >= 0 && *r.Major != nvidiaMajor {

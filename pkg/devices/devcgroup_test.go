@@ -46,6 +46,12 @@ func TestGPUNodeAccess(t *testing.T) {
 		{"block device rule", []DeviceRule{denyAll, rule(true, "b", 195, 1, "rwm")}, false, nil},
 		{"taken back by a later deny", []DeviceRule{rule(true, "c", 195, 1, "rw"), rule(false, "c", 195, 1, "rw")}, false, nil},
 		{"taken back by a later deny all", []DeviceRule{rule(true, "c", 195, -1, "rw"), denyAll}, false, nil},
+		// Type "a" (or none: runc makes it "a") is every device, rwm,
+		// whatever else the rule says, in the kernel and in runc.
+		{"type a with numbers", []DeviceRule{denyAll, rule(true, "a", 1, 3, "r")}, true, nil},
+		{"type a, mknod only", []DeviceRule{denyAll, rule(true, "a", -1, -1, "m")}, true, nil},
+		{"no type with numbers", []DeviceRule{denyAll, rule(true, "", 1, 3, "rw")}, true, nil},
+		{"deny all by a numbered type a", []DeviceRule{rule(true, "c", 195, 1, "rw"), rule(false, "a", 5, 5, "r")}, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			all, minors := gpuNodeAccess(tc.rules)

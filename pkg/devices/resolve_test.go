@@ -665,7 +665,10 @@ func TestAllowsAllDevices(t *testing.T) {
 		{name: "allow all rwm (privileged)", rules: []DeviceRule{{Allow: true, Access: "rwm"}}, want: true},
 		{name: "allow all, empty access", rules: []DeviceRule{{Allow: true, Type: "a"}}, want: true},
 		{name: "deny all then one GPU", rules: []DeviceRule{{Allow: false, Access: "rwm"}, {Allow: true, Type: "c", Major: n(195), Minor: n(0), Access: "rw"}}, want: false},
-		{name: "allow all read only", rules: []DeviceRule{{Allow: true, Access: "r"}}, want: false},
+		// The kernel reads nothing but "a" of an "a" rule: "a *:* r" allows
+		// every device, rwm.
+		{name: "allow all read only", rules: []DeviceRule{{Allow: true, Access: "r"}}, want: true},
+		{name: "type a with numbers", rules: []DeviceRule{{Allow: false, Access: "rwm"}, {Allow: true, Type: "a", Major: n(1), Minor: n(3), Access: "r"}}, want: true},
 		{name: "allow all then deny all", rules: []DeviceRule{{Allow: true}, {Allow: false}}, want: false},
 		{name: "negative numbers are wildcards", rules: []DeviceRule{{Allow: true, Major: n(-1), Minor: n(-1), Access: "rwm"}}, want: true},
 	} {

@@ -167,3 +167,28 @@ func TestNeverClaimsRepeatedKeys(t *testing.T) {
 		require.False(t, in.NeverClaims(), doc)
 	}
 }
+
+// A device cgroup rule of type "a" (or without a type) allows every device,
+// whatever numbers or access it names: such a container can mknod and open
+// every GPU, and is never let through before the configuration is read.
+func TestNeverClaimsTypeARules(t *testing.T) {
+	one, three := int64(1), int64(3)
+	for _, rules := range [][]specs.LinuxDeviceCgroup{
+		{{Allow: false, Access: "rwm"}, {Allow: true, Type: "a", Major: &one, Minor: &three, Access: "r"}},
+		{{Allow: false, Access: "rwm"}, {Allow: true, Type: "a", Access: "m"}},
+		{{Allow: false, Access: "rwm"}, {Allow: true, Major: &one, Minor: &three, Access: "rw"}},
+	} {
+		spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}},
+			Linux: &specs.Linux{Resources: &specs.LinuxResources{Devices: rules}}}
+		data, err := json.Marshal(spec)
+		require.NoError(t, err)
+		bundle := t.TempDir()
+		require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+		st, err := json.Marshal(specs.State{Version: specs.Version, ID: "a-rule", Status: specs.StateCreating, Bundle: bundle})
+		require.NoError(t, err)
+		in := ReadInput(strings.NewReader(string(st)))
+		require.NoError(t, in.specErr)
+		require.False(t, in.NeverClaims(), "%+v", rules[1])
+		require.True(t, in.request.GPUNodesAllowed, "%+v", rules[1])
+	}
+}

@@ -552,7 +552,9 @@ func TestAllDevicesAllowed(t *testing.T) {
 		{"none", nil, false},
 		{"allow all rwm", []*api.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}}, true},
 		{"allow all, type a, empty access", []*api.LinuxDeviceCgroup{{Allow: true, Type: "a"}}, true},
-		{"allow all read only", []*api.LinuxDeviceCgroup{{Allow: true, Access: "r"}}, false},
+		// Of an "a" rule the kernel reads nothing else: every device, rwm.
+		{"allow all read only", []*api.LinuxDeviceCgroup{{Allow: true, Access: "r"}}, true},
+		{"type a with numbers", []*api.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}, {Allow: true, Type: "a", Major: i64(1), Minor: i64(3), Access: "r"}}, true},
 		{"deny all then specific", []*api.LinuxDeviceCgroup{{Allow: false, Access: "rwm"},
 			{Allow: true, Type: "c", Major: i64(195), Minor: i64(0), Access: "rwm"}}, false},
 		{"allow all then deny all", []*api.LinuxDeviceCgroup{{Allow: true, Access: "rwm"}, {Allow: false, Access: "rwm"}}, false},
