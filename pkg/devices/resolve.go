@@ -22,6 +22,11 @@ const (
 	// EnvDockerResourceGPU carries the same list on some Docker setups; both
 	// variables are read and the union is claimed.
 	EnvDockerResourceGPU = "DOCKER_RESOURCE_GPU"
+
+	// envCUDAVersion set and envRequireCUDA unset or empty mark a legacy
+	// CUDA image (see builder.env).
+	envCUDAVersion = "CUDA_VERSION"
+	envRequireCUDA = "NVIDIA_REQUIRE_CUDA"
 	// MountRoot is where the device plugin's volume-mount strategy mounts one
 	// file per device: MountRoot/<id> or MountRoot/cdi/<qualified CDI name>.
 	MountRoot = "/var/run/nvidia-container-devices"
@@ -326,9 +331,12 @@ func (b *builder) splitValue(where, value string, buf []item, mk func(tok string
 }
 
 // env reads NVIDIA_VISIBLE_DEVICES and DOCKER_RESOURCE_GPU; for each the last
-// occurrence wins, as it does for the runtime.
+// occurrence wins, as it does for the runtime. NVIDIA_VISIBLE_DEVICES unset
+// on a legacy CUDA image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset or
+// empty: built before CUDA 9) means every GPU to NVIDIA's runtime, and so it
+// does here (under policy all_devices).
 func (b *builder) env(env []string) {
-	var nvd, drg string
+	var nvd, drg, cudaVersion, requireCUDA string
 	var hasNVD, hasDRG bool
 	for _, kv := range env {
 		k, v, ok := strings.Cut(kv, "=")
@@ -340,11 +348,17 @@ func (b *builder) env(env []string) {
 			nvd, hasNVD = v, true
 		case EnvDockerResourceGPU:
 			drg, hasDRG = v, true
+		case envCUDAVersion:
+			cudaVersion = v
+		case envRequireCUDA:
+			requireCUDA = v
 		}
 	}
 	var buf [8]item
 	if hasNVD {
 		b.envVar(EnvVisibleDevices, nvd, buf[:])
+	} else if cudaVersion != "" && requireCUDA == "" {
+		b.claimAll("env " + EnvVisibleDevices + " unset on a legacy CUDA image (CUDA_VERSION=" + quoteToken(cudaVersion) + ", no NVIDIA_REQUIRE_CUDA)")
 	}
 	if hasDRG {
 		b.envVar(EnvDockerResourceGPU, drg, buf[:])

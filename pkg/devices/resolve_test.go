@@ -225,6 +225,25 @@ func TestResolveAllPolicies(t *testing.T) {
 	})
 }
 
+// NVIDIA's runtime gives every GPU to a legacy CUDA image (CUDA_VERSION set,
+// no NVIDIA_REQUIRE_CUDA: built before CUDA 9) that leaves
+// NVIDIA_VISIBLE_DEVICES unset; so does the resolver, under all_devices.
+func TestResolveLegacyCUDAImage(t *testing.T) {
+	legacy := Request{Env: env("PATH=/bin", "CUDA_VERSION=8.0.61")}
+	runResolveCases(t, []resolveCase{
+		{name: "legacy, unset: every GPU", req: legacy, want: allGPUs, wantAll: true,
+			sources: map[string][]string{"0": {`env NVIDIA_VISIBLE_DEVICES unset on a legacy CUDA image (CUDA_VERSION="8.0.61", no NVIDIA_REQUIRE_CUDA)`}}},
+		{name: "legacy, empty NVIDIA_REQUIRE_CUDA", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_REQUIRE_CUDA=")}, want: allGPUs, wantAll: true},
+		{name: "legacy, all_devices reject", policy: func(p *config.PolicyConfig) { p.AllDevices = config.AllReject }, req: legacy,
+			err: ErrAllRejected, errHas: []string{"legacy CUDA image"}},
+		{name: "legacy, all_devices ignore", policy: func(p *config.PolicyConfig) { p.AllDevices = config.AllIgnore }, req: legacy, want: nil},
+		{name: "modern image (NVIDIA_REQUIRE_CUDA set), unset: nothing", req: Request{Env: env("CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.4")}, want: nil},
+		{name: "legacy, set: the list", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=1")}, want: []string{"1"}},
+		{name: "legacy, set but empty: nothing", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=")}, want: nil},
+		{name: "legacy, void", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=void")}, want: nil},
+	})
+}
+
 func TestResolvePrivileged(t *testing.T) {
 	pol := func(v config.Privileged) func(*config.PolicyConfig) {
 		return func(p *config.PolicyConfig) { p.Privileged = v }
