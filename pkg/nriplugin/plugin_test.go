@@ -777,6 +777,44 @@ func TestWithPodCDIRequestLeavesContainerMapAlone(t *testing.T) {
 	assert.Equal(t, own, withPodCDIRequest(own, nil, "main"))
 }
 
+// The pod-wide forms NVIDIA's NRI plugin reads when the container has no
+// key of its own (container.*, pod, the bare domain: which depends on the
+// release) all count; the container's own key, when there, is the only one
+// every release reads.
+func TestWithPodCDIRequestPodWideForms(t *testing.T) {
+	pod := &api.PodSandbox{Annotations: map[string]string{
+		"nvidia.cdi.k8s.io/container.*": "nvidia.com/gpu=0",
+		"nvidia.cdi.k8s.io/pod":         "nvidia.com/gpu=1",
+		"nvidia.cdi.k8s.io":             "nvidia.com/gpu=2",
+		"unrelated":                     "x",
+	}}
+	assert.Equal(t, map[string]string{
+		"nvidia.cdi.k8s.io/container.*": "nvidia.com/gpu=0",
+		"nvidia.cdi.k8s.io/pod":         "nvidia.com/gpu=1",
+		"nvidia.cdi.k8s.io/":            "nvidia.com/gpu=2",
+	}, withPodCDIRequest(nil, pod, "main"))
+
+	pod.Annotations["nvidia.cdi.k8s.io/container.main"] = "nvidia.com/gpu=3"
+	assert.Equal(t, map[string]string{"nvidia.cdi.k8s.io/container.main": "nvidia.com/gpu=3"}, withPodCDIRequest(nil, pod, "main"))
+}
+
+// Through the plugin: a pod annotated for all its containers at once is
+// checked like one naming the container.
+func TestPodWideCDIAnnotationClaims(t *testing.T) {
+	for _, key := range []string{"nvidia.cdi.k8s.io/container.*", "nvidia.cdi.k8s.io/pod", "nvidia.cdi.k8s.io"} {
+		t.Run(key, func(t *testing.T) {
+			rt := newRuntime(t, nil)
+			rt.startPlugin()
+			podA, podB := rt.addPod("a"), rt.addPod("b")
+			require.NoError(t, rt.create(podA, container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")))
+			podB.Annotations = map[string]string{key: "nvidia.com/gpu=1"}
+			err := rt.create(podB, container(podB, "worker", "b-worker"))
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "GPU 1 ("+gpuUUID(1)+") is held by ml/a/main (id holder-1)")
+		})
+	}
+}
+
 // StartContainer answers without waiting for the ledger: the holder's start
 // record is committed in the background (here while another process holds
 // the ledger lock), and the next event that touches the ledger waits for it,

@@ -4,6 +4,8 @@
 package nriplugin
 
 import (
+	"strings"
+
 	"github.com/containerd/nri/pkg/api"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -50,26 +52,54 @@ func guardRequest(pod *api.PodSandbox, ctr *api.Container) guard.Request {
 	}
 }
 
-// withPodCDIRequest adds to a container's annotations the pod annotation
-// nvidia.cdi.k8s.io/container.<name> that names CDI devices for this container.
-// NVIDIA's NRI plugin injects those devices, and devices another NRI plugin
-// injects are never shown to this one: the annotation is all there is to see.
-// Keys for other containers of the pod are left out. The container's own map
-// is not modified.
+// withPodCDIRequest adds to a container's annotations the pod annotations
+// through which NVIDIA's NRI plugin names CDI devices for this container: it
+// injects those devices, and devices another NRI plugin injects are never
+// shown to this one, so the annotations are all there is to see. Every
+// release reads nvidia.cdi.k8s.io/container.<name> first; failing that, some
+// read nvidia.cdi.k8s.io/container.* and later ones (the NRI library's
+// GetEffectiveAnnotation) nvidia.cdi.k8s.io/pod, then the bare
+// nvidia.cdi.k8s.io. Which release runs is not known here, so without the
+// container's own key all three count (a claim too many is refused, a GPU
+// reached without one is not). The bare key is added as
+// "nvidia.cdi.k8s.io/", under the prefix the resolver reads. Keys for other
+// containers of the pod are left out. The container's own map is not
+// modified.
 func withPodCDIRequest(ann map[string]string, pod *api.PodSandbox, name string) map[string]string {
-	key := devices.NvidiaCDIAnnotationPrefix + "container." + name
-	v, ok := pod.GetAnnotations()[key]
-	if !ok || name == "" {
+	podAnn := pod.GetAnnotations()
+	if len(podAnn) == 0 {
 		return ann
 	}
-	if _, own := ann[key]; own {
+	domain := strings.TrimSuffix(devices.NvidiaCDIAnnotationPrefix, "/")
+	var keys []string
+	if own := devices.NvidiaCDIAnnotationPrefix + "container." + name; name != "" {
+		if _, ok := podAnn[own]; ok {
+			keys = []string{own}
+		}
+	}
+	if keys == nil {
+		for _, k := range []string{devices.NvidiaCDIAnnotationPrefix + "container.*", devices.NvidiaCDIAnnotationPrefix + "pod", domain} {
+			if _, ok := podAnn[k]; ok {
+				keys = append(keys, k)
+			}
+		}
+	}
+	if len(keys) == 0 {
 		return ann
 	}
-	out := make(map[string]string, len(ann)+1)
+	out := make(map[string]string, len(ann)+len(keys))
 	for k, val := range ann {
 		out[k] = val
 	}
-	out[key] = v
+	for _, k := range keys {
+		dst := k
+		if k == domain {
+			dst = devices.NvidiaCDIAnnotationPrefix
+		}
+		if _, own := ann[dst]; !own {
+			out[dst] = podAnn[k]
+		}
+	}
 	return out
 }
 
