@@ -414,29 +414,37 @@ func (b *builder) mounts(dests []string) {
 	}
 }
 
-// mountID extracts the device id from a volume-mount destination. relevant is
-// false for mounts that are no device request; why is set for a destination
-// under MountRoot that is not one clean path component (or cdi/<name>), which
-// is refused: "..", ".", empty components and trailing slashes could make the
-// guard and the runtime read different ids.
+// mountID extracts the device id from a volume-mount destination. NVIDIA's
+// runtime reads every destination that starts with MountRoot (no "/"
+// needed after it) as a request for what follows, with slashes trimmed; so
+// every such destination is relevant here. One of the form MountRoot/<id>
+// (the id may hold slashes: the legacy MIG-GPU-<uuid>/<gi>/<ci>), or
+// MountRoot/cdi/<vendor>/<class>/<device> (the runtime's form) or
+// MountRoot/cdi/<vendor>/<class>=<device>, is read; any other (a neighbour
+// such as MountRoot+"0", "..", ".", empty components, a trailing slash)
+// could make the guard and the runtime read different ids and is refused
+// (why). IMEX channels (MountRoot/imex/...) are no GPU request.
 func mountID(dest string) (id string, cdi, relevant bool, why string) {
 	clean := path.Clean(dest)
-	under := func(p string) bool { return p == MountRoot || strings.HasPrefix(p, MountRoot+"/") }
-	if !under(dest) && !under(clean) {
+	if !strings.HasPrefix(dest, MountRoot) && !strings.HasPrefix(clean, MountRoot) {
 		return "", false, false, ""
 	}
 	if dest != clean || !strings.HasPrefix(dest, MountRoot+"/") {
 		return "", false, true, "not a clean path of the form " + MountRoot + "/<id> (no \"..\", \".\", \"//\" or trailing \"/\")"
 	}
 	rest := dest[len(MountRoot)+1:]
-	if name, ok := strings.CutPrefix(rest, "cdi/"); ok {
-		if strings.Count(name, "/") != 1 {
-			return "", false, true, "want " + MountRoot + "/cdi/<vendor>/<class>=<name>"
-		}
-		return name, true, true, ""
+	if strings.HasPrefix(rest, "imex/") {
+		return "", false, false, ""
 	}
-	if strings.Contains(rest, "/") {
-		return "", false, true, "want one path component after " + MountRoot + "/"
+	if name, ok := strings.CutPrefix(rest, "cdi/"); ok {
+		parts := strings.SplitN(name, "/", 3)
+		switch {
+		case len(parts) == 2 && strings.Contains(parts[1], "="):
+			return name, true, true, ""
+		case len(parts) == 3 && !strings.Contains(parts[1], "=") && parts[2] != "":
+			return parts[0] + "/" + parts[1] + "=" + parts[2], true, true, ""
+		}
+		return "", false, true, "want " + MountRoot + "/cdi/<vendor>/<class>/<device> or " + MountRoot + "/cdi/<vendor>/<class>=<device>"
 	}
 	return rest, false, true, ""
 }

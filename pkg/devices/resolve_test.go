@@ -294,7 +294,14 @@ func TestResolveMounts(t *testing.T) {
 		resolveCase{name: "CDI form, MIG", req: Request{Mounts: []string{mr + "cdi/nvidia.com/mig=mig1:1"}}, want: []string{"1:1"}},
 		resolveCase{name: "CDI form, other vendor", req: Request{Mounts: []string{mr + "cdi/example.com/nic=0"}}, want: nil},
 		resolveCase{name: "unknown id", req: Request{Mounts: []string{mr + "9"}}, err: ErrUnknownDevice, errHas: []string{`"9"`, "mount " + mr + "9"}},
-		resolveCase{name: "a neighbouring directory is no request", req: Request{Mounts: []string{"/var/run/nvidia-container-devices-x/0", "/run/nvidia-container-devices/0"}}, want: nil},
+		resolveCase{name: "another root is no request", req: Request{Mounts: []string{"/run/nvidia-container-devices/0", "/var/run/nvidia-container-devicez"}}, want: nil},
+		// NVIDIA's runtime's own forms: cdi/<vendor>/<class>/<device>, and
+		// ids with slashes (the legacy MIG-GPU-<uuid>/<gi>/<ci>).
+		resolveCase{name: "CDI form of the runtime", req: Request{Mounts: []string{mr + "cdi/nvidia.com/gpu/2"}}, want: []string{"2"},
+			sources: map[string][]string{"2": {"mount " + mr + "cdi/nvidia.com/gpu/2"}}},
+		resolveCase{name: "legacy MIG with slashes", req: Request{Mounts: []string{mr + "MIG-" + gpuUUID(1) + "/1/0"}}, want: []string{"1:0"}},
+		resolveCase{name: "an id with a slash that names nothing", req: Request{Mounts: []string{mr + "0/1"}}, err: ErrInvalidID},
+		resolveCase{name: "IMEX channels are no GPU request", req: Request{Mounts: []string{mr + "imex/0"}}, want: nil},
 	)
 	for _, trick := range []string{
 		mr + "../0",
@@ -305,8 +312,13 @@ func TestResolveMounts(t *testing.T) {
 		mr + ".",
 		MountRoot,
 		MountRoot + "/",
-		mr + "0/1",
 		mr + "cdi/nvidia.com/gpu=0/x",
+		mr + "cdi/nvidia.com/gpu",
+		// The runtime reads what follows MountRoot even without a "/":
+		// a neighbour of the root is refused, not overlooked.
+		MountRoot + "0",
+		MountRoot + "1,2",
+		"/var/run/nvidia-container-devices-x/0",
 		mr + "cdi/nvidia.com//gpu=0",
 		"/var/./run/nvidia-container-devices/0",
 		"/var/run//nvidia-container-devices/0",
