@@ -218,8 +218,11 @@ func isLegacyMIGUUID(s string) bool {
 const (
 	cdiVendor             = "nvidia.com"
 	cdiVendorDevicePlugin = "k8s.device-plugin.nvidia.com"
-	cdiClassGPU           = "gpu"
-	cdiClassMIG           = "mig"
+	// cdiVendorRuntime: NVIDIA's runtime generates a CDI spec for
+	// runtime.nvidia.com/gpu=<id|all> on the fly.
+	cdiVendorRuntime = "runtime.nvidia.com"
+	cdiClassGPU      = "gpu"
+	cdiClassMIG      = "mig"
 )
 
 // parseQualifiedName splits a CDI device name "vendor/class=name".
@@ -240,7 +243,7 @@ func parseQualifiedName(s string) (vendor, class, name string, ok bool) {
 // plugin's gdrcopy and mofed, imex channels, management.nvidia.com) are not
 // GPU allocations.
 func isGPUClass(vendor, class string) bool {
-	return (vendor == cdiVendor || vendor == cdiVendorDevicePlugin) && (class == cdiClassGPU || class == cdiClassMIG)
+	return (vendor == cdiVendor || vendor == cdiVendorDevicePlugin || vendor == cdiVendorRuntime) && (class == cdiClassGPU || class == cdiClassMIG)
 }
 
 const cdiForms = "want a CDI device name of nvidia.com/gpu: an index (0), <gpu>:<mig> (1:0), gpu<N>, mig<G>:<M>, a UUID or all"

@@ -294,6 +294,13 @@ func (b *builder) list(where string, items []item) {
 		}
 	}
 	for _, it := range items {
+		if strings.Contains(it.tok, "/") && strings.Contains(it.tok, "=") {
+			// A qualified CDI name (nvidia.com/gpu=1): in its CDI mode
+			// NVIDIA's runtime takes it from NVIDIA_VISIBLE_DEVICES (and
+			// from a volume mount) as it would from an annotation.
+			b.cdiName(it.where, it.src, it.tok)
+			continue
+		}
 		pos, err := b.ix.resolveID(it.tok)
 		if err != nil {
 			b.unresolved(it.where, err)

@@ -330,6 +330,24 @@ func TestResolveMounts(t *testing.T) {
 	runResolveCases(t, cases)
 }
 
+// NVIDIA's runtime in CDI mode takes qualified names from
+// NVIDIA_VISIBLE_DEVICES too, and generates runtime.nvidia.com/gpu=<id|all>
+// on the fly: both are requests for those GPUs.
+func TestResolveQualifiedNamesInEnvAndRuntimeVendor(t *testing.T) {
+	const nvd = "NVIDIA_VISIBLE_DEVICES="
+	runResolveCases(t, []resolveCase{
+		{name: "qualified name in env", req: Request{Env: env(nvd + "nvidia.com/gpu=1")}, want: []string{"1"},
+			sources: map[string][]string{"1": {`env NVIDIA_VISIBLE_DEVICES="nvidia.com/gpu=1"`}}},
+		{name: "qualified and plain in env", req: Request{Env: env(nvd + "0,nvidia.com/gpu=2")}, want: []string{"0", "2"}},
+		{name: "qualified all in env", req: Request{Env: env(nvd + "nvidia.com/gpu=all")}, want: allGPUs, wantAll: true},
+		{name: "runtime vendor in env", req: Request{Env: env(nvd + "runtime.nvidia.com/gpu=2")}, want: []string{"2"}},
+		{name: "runtime vendor all in an annotation", req: Request{Annotations: map[string]string{"cdi.k8s.io/x": "runtime.nvidia.com/gpu=all"}},
+			want: allGPUs, wantAll: true},
+		{name: "other vendor in env is no GPU", req: Request{Env: env(nvd + "example.com/nic=0")}, want: nil},
+		{name: "unknown qualified name in env", req: Request{Env: env(nvd + "nvidia.com/gpu=9")}, err: ErrUnknownDevice},
+	})
+}
+
 func TestResolveCDI(t *testing.T) {
 	ann := func(kv ...string) map[string]string {
 		m := map[string]string{}
