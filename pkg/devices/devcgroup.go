@@ -55,10 +55,26 @@ func AllowsAllDevices(rules []DeviceRule) bool {
 // GPUNodesAllowed, which the resolver treats as privileged device access;
 // one for a single GPU minor adds that node to Devices, as if listed.
 // Call it after Devices is filled.
+//
+// Rules for a major of the kernel's dynamic range are kept on req
+// (DynamicMajorRules) for the resolver: one of them may be the host's
+// nvidia-caps major, and a rule that lets the container open every MIG
+// capability node makes its parent GPU nodes reach every MIG instance.
 func (req *Request) ApplyDeviceRules(rules []DeviceRule) {
 	req.AllDevicesAllowed = AllowsAllDevices(rules)
 	all, minors := gpuNodeAccess(rules)
 	req.GPUNodesAllowed = all
+	req.DynamicMajorRules, req.ManyDynamicMajorRules = nil, false
+	for _, r := range rules {
+		if r.Type != "c" || r.Major == nil || *r.Major < firstDynamicMajor {
+			continue
+		}
+		if len(req.DynamicMajorRules) == maxDynamicMajorRules {
+			req.ManyDynamicMajorRules = true
+			break
+		}
+		req.DynamicMajorRules = append(req.DynamicMajorRules, r)
+	}
 	for _, m := range minors {
 		listed := false
 		for _, d := range req.Devices {
@@ -105,6 +121,46 @@ func gpuNodeAccess(rules []DeviceRule) (all bool, minors []int64) {
 		if m := *r.Minor; m >= 0 && m <= gpuid.MaxGPUMinor {
 			allowed[m] = r.Allow
 		}
+	}
+	if all {
+		return true, nil
+	}
+	for m, ok := range allowed {
+		if ok {
+			minors = append(minors, m)
+		}
+	}
+	slices.Sort(minors)
+	return false, minors
+}
+
+const (
+	// firstDynamicMajor is the lowest character major Linux hands out at
+	// module load (nvidia-caps and nvidia-uvm get theirs from 234-254 and
+	// 384-511).
+	firstDynamicMajor = 234
+	// maxDynamicMajorRules bounds the rules kept per request.
+	maxDynamicMajorRules = 64
+)
+
+// capsRuleAccess walks the rules for the nvidia-caps major capsMajor, the
+// later rule deciding as in gpuNodeAccess, and reports whether they let the
+// container open every capability node (all) or which capability minors.
+func capsRuleAccess(rules []DeviceRule, capsMajor int64) (all bool, minors []int64) {
+	allowed := map[int64]bool{}
+	for _, r := range rules {
+		if r.Major == nil || *r.Major != capsMajor {
+			continue
+		}
+		if r.Access != "" && !strings.ContainsAny(r.Access, "rw") {
+			continue
+		}
+		if r.Minor == nil || *r.Minor < 0 {
+			all = r.Allow
+			clear(allowed)
+			continue
+		}
+		allowed[*r.Minor] = r.Allow
 	}
 	if all {
 		return true, nil

@@ -99,3 +99,50 @@ func TestDeviceRulesAreRequests(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, res.Devices, len(inv.GPUs))
 }
+
+// A device cgroup rule on the host's nvidia-caps major lets the container
+// open MIG capability nodes it makes (mknod) or gets through a bind mount:
+// one for every capability makes its parent GPU node reach every MIG
+// instance of that GPU, claimed whole; one for a single capability minor is
+// read as that node.
+func TestCapsMajorRules(t *testing.T) {
+	inv := testInventory(t)
+	caps, other := int64(testCapsMajor), int64(testCapsMajor-1)
+	capNode31 := int64(31)
+	migContainer := func(rules ...specs.LinuxDeviceCgroup) Request {
+		spec := &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{
+			Devices: []specs.LinuxDevice{
+				{Path: "/dev/nvidia3", Type: "c", Major: 195, Minor: 3},
+				{Path: "/dev/nvidia-caps/nvidia-cap30", Type: "c", Major: testCapsMajor, Minor: 30},
+				{Path: "/dev/nvidia-caps/nvidia-cap31", Type: "c", Major: testCapsMajor, Minor: 31},
+			},
+			Resources: &specs.LinuxResources{Devices: append([]specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}}, rules...)}}}
+		return RequestFromSpec(spec)
+	}
+	resolve := func(req Request) []string {
+		t.Helper()
+		res, err := NewResolver(inv, defaultPolicy()).Resolve(req)
+		require.NoError(t, err)
+		var idx []string
+		for _, d := range res.Devices {
+			idx = append(idx, d.Index)
+		}
+		return idx
+	}
+	assert.Equal(t, []string{"1:0"}, resolve(migContainer()), "the MIG instance its capabilities name")
+	assert.Equal(t, []string{"1", "1:0"}, resolve(migContainer(specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &caps, Access: "rw"})),
+		"every capability: the whole parent GPU (and the instance named)")
+	assert.Equal(t, []string{"1:0"}, resolve(migContainer(specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &caps, Access: "m"})),
+		"mknod alone opens nothing")
+	assert.Equal(t, []string{"1:0"}, resolve(migContainer(specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &other, Access: "rw"})),
+		"another dynamic major")
+	assert.Equal(t, []string{"1:0"}, resolve(migContainer(
+		specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &caps, Access: "rw"},
+		specs.LinuxDeviceCgroup{Allow: false, Type: "c", Major: &caps, Access: "rwm"})), "taken back by a later deny")
+	assert.Equal(t, []string{"1:0"}, resolve(migContainer(specs.LinuxDeviceCgroup{Allow: true, Type: "c", Major: &caps, Minor: &capNode31, Access: "rw"})),
+		"one capability minor counts as its node")
+
+	many := migContainer()
+	many.ManyDynamicMajorRules = true
+	assert.Equal(t, []string{"1", "1:0"}, resolve(many), "too many rules to read: the whole parent GPU")
+}

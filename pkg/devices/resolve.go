@@ -118,6 +118,7 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 	b.annotations(req.Annotations)
 	b.cdiList(req.CDIDevices)
 	b.linuxDevices(req.Devices)
+	b.capsRules(req)
 	b.finish()
 	if len(b.errs) > 0 {
 		if b.dropped > 0 {
@@ -595,6 +596,32 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 	if b.skipped > 0 {
 		b.note(fmt.Sprintf("privileged container: its %d GPU device node(s) are not counted as a request (an engine adds every host device to a privileged container); "+
 			"name its GPUs with NVIDIA_VISIBLE_DEVICES or CDI", b.skipped))
+	}
+}
+
+// capsRules reads the device cgroup rules on the host's nvidia-caps major:
+// a container that may open every MIG capability node reaches every MIG
+// instance of a GPU whose node it has (the capability nodes can be made
+// with mknod, or come with a bind mount), so its parent GPUs are claimed
+// whole; a rule for one capability minor is read as that node would be.
+// Without a known nvidia-caps major the host has no MIG capabilities to
+// reach.
+func (b *builder) capsRules(req Request) {
+	if b.capsMj == 0 || (len(req.DynamicMajorRules) == 0 && !req.ManyDynamicMajorRules) {
+		return
+	}
+	all, minors := capsRuleAccess(req.DynamicMajorRules, b.capsMj)
+	src := "device cgroup rule c " + strconv.FormatInt(b.capsMj, 10) + ":"
+	if all || req.ManyDynamicMajorRules {
+		b.unmappedCaps = true
+		b.note(src + "* (nvidia-caps): every MIG capability node can be opened; the GPUs whose nodes the container has are claimed whole")
+		return
+	}
+	for _, m := range minors {
+		if !b.spend(src) {
+			return
+		}
+		b.capNode(src+strconv.FormatInt(m, 10)+" (nvidia-caps)", m)
 	}
 }
 
