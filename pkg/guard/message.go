@@ -171,6 +171,10 @@ func policyText(err error, policy config.PolicyConfig, inv *devices.Inventory) s
 	case "unknown-device":
 		hint = fmt.Sprintf("name a GPU of this host (policy unknown_device = %q). GPUs here: %s",
 			policy.UnknownDevice, inventoryText(inv))
+		if strings.Contains(err.Error(), "name a GPU of this host") {
+			// The resolver's own words already say what to do.
+			hint = "GPUs here: " + inventoryText(inv)
+		}
 	case "invalid-id":
 		hint = "fix the device id (an index, a GPU-/MIG- UUID, \"<gpu>:<mig>\", \"all\" or \"none\"). GPUs here: " +
 			inventoryText(inv)

@@ -137,6 +137,9 @@ func TestPolicyText(t *testing.T) {
 	}{
 		{fmt.Errorf("%w \"7\" in env NVIDIA_VISIBLE_DEVICES", devices.ErrUnknownDevice), "unknown-device",
 			`GPU request refused: unknown GPU "7" in env NVIDIA_VISIBLE_DEVICES; name a GPU of this host (policy unknown_device = "reject"). GPUs here: 0 (GPU-a), 1 (GPU-b).`},
+		// The resolver's error already says what to do: not said twice.
+		{fmt.Errorf("%w \"7\" in env NVIDIA_VISIBLE_DEVICES; name a GPU of this host or set policy.unknown_device = \"ignore\"", devices.ErrUnknownDevice), "unknown-device",
+			`GPU request refused: unknown GPU "7" in env NVIDIA_VISIBLE_DEVICES; name a GPU of this host or set policy.unknown_device = "ignore"; GPUs here: 0 (GPU-a), 1 (GPU-b).`},
 		{fmt.Errorf("x: %w", devices.ErrInvalidID), "invalid-id", "fix the device id"},
 		{devices.ErrAllRejected, "policy-all", `policy all_devices = "claim"`},
 		{devices.ErrPrivilegedRejected, "policy-privileged", `policy privileged = "declared"`},
