@@ -91,6 +91,10 @@ type Watch struct {
 
 	mu sync.Mutex
 	g  *guard.Guard
+	// exempt are the containers of exempt namespaces the runtime runs
+	// (SetExempt, ResetExempt): they use GPUs without claims, and the
+	// observer must not take them for intruders.
+	exempt map[string]bool
 	// What observe.json shows: the findings of the last pass (by key), the
 	// devices found unhealthy, the errors of the last pass.
 	reported  map[string]observe.FileFinding
@@ -295,18 +299,50 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 }
 
 // holdings is the observer's view of the ledger: every claim of the current
-// guard's ledger.
+// guard's ledger, and the exempt containers, which may use any GPU.
 func (w *Watch) holdings(ctx context.Context) ([]observe.Holding, error) {
 	g := w.guard()
 	st, err := g.Ledger().Snapshot(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]observe.Holding, 0, len(st.Claims))
+	w.mu.Lock()
+	out := make([]observe.Holding, 0, len(st.Claims)+len(w.exempt))
+	for id := range w.exempt {
+		out = append(out, observe.Holding{ContainerID: id, AnyDevice: true})
+	}
+	w.mu.Unlock()
 	for _, c := range st.Claims {
 		out = append(out, holdingOf(c))
 	}
 	return out, nil
+}
+
+// SetExempt records that container id, of a namespace in
+// exempt_namespaces, runs (exempt) or is gone: the observer does not take
+// its processes for intruders.
+func (w *Watch) SetExempt(id string, exempt bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !exempt {
+		delete(w.exempt, id)
+		return
+	}
+	if w.exempt == nil {
+		w.exempt = map[string]bool{}
+	}
+	w.exempt[id] = true
+}
+
+// ResetExempt replaces the exempt containers with ids (the runtime's list
+// at a Synchronize).
+func (w *Watch) ResetExempt(ids []string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.exempt = make(map[string]bool, len(ids))
+	for _, id := range ids {
+		w.exempt[id] = true
+	}
 }
 
 func holdingOf(c ledger.Claim) observe.Holding {

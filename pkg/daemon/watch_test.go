@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -535,4 +536,41 @@ func TestFindingsWaitForSynchronize(t *testing.T) {
 	w.SetReady(true)
 	c := receive(t, states.cordons, "cordon once synchronized")
 	assert.Equal(t, h.uuid(2), c[0])
+}
+
+// The observer's view holds the exempt containers the plugin reports, as
+// holdings of any device, next to the claims.
+func TestWatchHoldingsCarryExemptContainers(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	require.Equal(t, guard.Admit, admit(t, g, idA, "ml", "trainer-0", "main", "0").Result)
+	w := NewWatch()
+	w.mu.Lock()
+	w.g = g
+	w.mu.Unlock()
+	exempt := func() []string {
+		t.Helper()
+		hs, err := w.holdings(context.Background())
+		require.NoError(t, err)
+		var ids []string
+		claims := 0
+		for _, h := range hs {
+			if h.AnyDevice {
+				assert.Empty(t, h.DeviceUUID)
+				ids = append(ids, h.ContainerID)
+			} else {
+				claims++
+			}
+		}
+		assert.Equal(t, 1, claims, "the claim is there too")
+		slices.Sort(ids)
+		return ids
+	}
+	assert.Empty(t, exempt())
+	w.SetExempt(idB, true)
+	assert.Equal(t, []string{idB}, exempt())
+	w.ResetExempt([]string{idC})
+	assert.Equal(t, []string{idC}, exempt())
+	w.SetExempt(idC, false)
+	assert.Empty(t, exempt())
 }

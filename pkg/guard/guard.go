@@ -252,8 +252,11 @@ func (g *Guard) admit(ctx context.Context, r Request, mode admitMode) (Decision,
 	return d, nil
 }
 
-// reasonExempt is the Decision.Reason of an exempt request.
-const reasonExempt = "exempt"
+// ReasonExempt is the Decision.Reason of an exempt request: a Skip that
+// lets the container reach its GPUs without a claim.
+const ReasonExempt = "exempt"
+
+const reasonExempt = ReasonExempt
 
 // preDecide settles what needs no ledger decision: requests without a GPU,
 // exempt namespaces (which Admit audits) and requests the policies refuse.

@@ -5,7 +5,9 @@ package nriplugin
 
 import (
 	"context"
+	"maps"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
@@ -203,4 +206,68 @@ func TestLaunchedPluginRebuildsTheLedgerInPlace(t *testing.T) {
 				"the container stopped before the reset is not adopted back")
 		})
 	}
+}
+
+// exemptRecorder is an ExemptTracker that keeps the set it is told.
+type exemptRecorder struct {
+	mu  sync.Mutex
+	ids map[string]bool
+}
+
+func (r *exemptRecorder) SetExempt(id string, exempt bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if exempt {
+		r.ids[id] = true
+	} else {
+		delete(r.ids, id)
+	}
+}
+
+func (r *exemptRecorder) ResetExempt(ids []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.ids = map[string]bool{}
+	for _, id := range ids {
+		r.ids[id] = true
+	}
+}
+
+func (r *exemptRecorder) set() map[string]bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.ids)
+}
+
+// The containers of exempt namespaces that run are told to the GPU
+// observer (they use GPUs without claims): those listed at Synchronize,
+// those created since, until removed.
+func TestExemptContainersAreTracked(t *testing.T) {
+	rt := newRuntime(t, func(c *config.Config) { c.Policy.ExemptNamespaces = []string{"monitoring"} })
+	agent := rt.addPod("dcgm")
+	agent.Namespace = "monitoring"
+	listed := container(agent, "exporter", "exporter-1", "NVIDIA_VISIBLE_DEVICES=all")
+	listed.State, listed.Pid = api.ContainerState_CONTAINER_RUNNING, 3000
+	work := rt.addPod("work")
+	other := container(work, "main", "work-1", "NVIDIA_VISIBLE_DEVICES=0")
+	other.State, other.Pid = api.ContainerState_CONTAINER_RUNNING, 3001
+	rt.mu.Lock()
+	for _, c := range []*api.Container{listed, other} {
+		rt.listed[c.Id] = c
+		rt.order = append(rt.order, c.Id)
+	}
+	rt.mu.Unlock()
+
+	rec := &exemptRecorder{ids: map[string]bool{"stale": true}}
+	runPluginWith(t, rt, func(p *Plugin) { p.exempt = rec })
+	assert.Equal(t, map[string]bool{"exporter-1": true}, rec.set(), "the Synchronize list replaces the set")
+
+	second := container(agent, "exporter", "exporter-2", "NVIDIA_VISIBLE_DEVICES=all")
+	require.NoError(t, rt.create(agent, second))
+	require.NoError(t, rt.create(work, container(work, "side", "work-2", "NVIDIA_VISIBLE_DEVICES=1")))
+	assert.Equal(t, map[string]bool{"exporter-1": true, "exporter-2": true}, rec.set())
+
+	rt.stop(agent, listed)
+	rt.remove(agent, listed)
+	assert.Equal(t, map[string]bool{"exporter-2": true}, rec.set())
 }

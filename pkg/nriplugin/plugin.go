@@ -85,15 +85,29 @@ type Options struct {
 	// Ready is told true once the plugin is registered and synchronized with
 	// the runtime, false when the connection is lost; nil = ignored.
 	Ready func(bool)
+	// Exempt, when set, is told which containers of exempt namespaces run
+	// (they use GPUs without claims: the GPU observer must not take them
+	// for intruders).
+	Exempt ExemptTracker
+}
+
+// ExemptTracker follows the running containers of exempt namespaces
+// (daemon.Watch implements it).
+type ExemptTracker interface {
+	// SetExempt records container id as running (true) or gone.
+	SetExempt(id string, exempt bool)
+	// ResetExempt replaces the set (the runtime's list at a Synchronize).
+	ResetExempt(ids []string)
 }
 
 // Plugin implements the NRI handlers. One Plugin serves one connection at a
 // time; Run creates a fresh stub for each (re)connection.
 type Plugin struct {
-	base  config.Config
-	setup SetupFunc
-	log   *slog.Logger
-	ready func(bool)
+	base   config.Config
+	setup  SetupFunc
+	log    *slog.Logger
+	ready  func(bool)
+	exempt ExemptTracker
 
 	mu sync.Mutex
 	g  *guard.Guard
@@ -234,6 +248,7 @@ func New(opts Options) (*Plugin, error) {
 		setup:   opts.Setup,
 		log:     opts.Logger,
 		ready:   opts.Ready,
+		exempt:  opts.Exempt,
 		tracked: map[string]trackedCtr{},
 		resync:  make(chan struct{}, 1),
 		idle:    make(chan struct{}),
@@ -304,8 +319,16 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 		byID[pod.GetId()] = pod
 	}
 	live := make([]guard.Request, 0, len(ctrs))
+	var exempt []string
 	for _, c := range ctrs {
-		live = append(live, guardRequest(byID[c.GetPodSandboxId()], c))
+		pod := byID[c.GetPodSandboxId()]
+		live = append(live, guardRequest(pod, c))
+		if g.Exempt(pod.GetNamespace()) {
+			exempt = append(exempt, c.GetId())
+		}
+	}
+	if p.exempt != nil {
+		p.exempt.ResetExempt(exempt)
 	}
 	res, tracked, err := p.reconcile(ctx, g, live, "NRI Synchronize: rebuilt, then reconciled with the runtime's containers")
 	if err != nil {
@@ -582,6 +605,9 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		p.trackGen++
 		p.mu.Unlock()
 	}
+	if d.Reason == guard.ReasonExempt && p.exempt != nil {
+		p.exempt.SetExempt(ctr.GetId(), true)
+	}
 	return nil, nil, nil
 }
 
@@ -689,6 +715,9 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 // RemoveContainer releases the container's claims.
 func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
 	defer p.handling("RemoveContainer", nil)()
+	if p.exempt != nil {
+		p.exempt.SetExempt(ctr.GetId(), false)
+	}
 	g, ok := p.trackedGuard(ctr.GetId())
 	if !ok {
 		return nil

@@ -20,19 +20,36 @@ type listing struct {
 	lost error
 }
 
-// ledgerView indexes the holdings for the comparison.
+// ledgerView indexes the holdings for the comparison. Holdings of exempt
+// containers (AnyDevice) are kept apart: they hold no device.
 type ledgerView struct {
 	holdings []Holding
 	byDevice map[string][]Holding
+	exempt   []Holding
 }
 
 func newLedgerView(hs []Holding) ledgerView {
-	v := ledgerView{holdings: hs, byDevice: map[string][]Holding{}}
+	v := ledgerView{byDevice: map[string][]Holding{}}
 	for _, h := range hs {
+		if h.AnyDevice {
+			v.exempt = append(v.exempt, h)
+			continue
+		}
+		v.holdings = append(v.holdings, h)
 		h.ContainerID = strings.ToLower(h.ContainerID)
 		v.byDevice[h.DeviceUUID] = append(v.byDevice[h.DeviceUUID], h)
 	}
 	return v
+}
+
+// exempts reports whether p belongs to an exempt container.
+func (v ledgerView) exempts(p Process) bool {
+	for _, h := range v.exempt {
+		if owns(h, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // holdersOf returns the claims covering d: claims on d itself and, for a
@@ -131,6 +148,9 @@ func judge(now time.Time, d Device, p Process, holders []Holding, v ledgerView) 
 		if owns(h, p) {
 			return Finding{}, false
 		}
+	}
+	if v.exempts(p) {
+		return Finding{}, false
 	}
 	where := "which is free"
 	if holder != nil {

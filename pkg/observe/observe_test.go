@@ -119,6 +119,31 @@ func TestIntruderOnFreeGPU(t *testing.T) {
 	assert.Equal(t, "C+G", r.Devices[3].Processes[0].Type)
 }
 
+// A container of an exempt namespace (AnyDevice) may use any GPU without a
+// claim: its processes are no finding, on a free or a held GPU; another
+// container's are.
+func TestExemptContainerIsNoIntruder(t *testing.T) {
+	h := newMockA100(t)
+	fp := newFakeProc(t, 1000)
+	fp.addIn(200, 20, idB) // the exempt monitoring agent
+	fp.addIn(300, 30, idC)
+	h.run(h.uuid(3), 200, 0)
+	h.run(h.uuid(1), 200, 0) // held by A
+	h.run(h.uuid(2), 300, 0)
+	ledger := &holdings{
+		{DeviceUUID: h.uuid(1), ContainerID: idA},
+		{ContainerID: idB, AnyDevice: true},
+	}
+	o, _ := newObserver(t, h, fp, ledger, nil)
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	require.Len(t, r.Findings, 1, "%+v", r.Findings)
+	assert.Equal(t, KindIntruder, r.Findings[0].Kind)
+	assert.Equal(t, 300, r.Findings[0].PID)
+	assert.Equal(t, idA, r.Devices[1].Holder, "an exempt container holds no device")
+	assert.Empty(t, r.Devices[3].Holder)
+}
+
 func TestOutOfBoundsHolder(t *testing.T) {
 	h := newMockA100(t)
 	fp := newFakeProc(t, 1000)

@@ -71,6 +71,10 @@ type Holding struct {
 	// /proc/PID/cgroup); a process in it or below it belongs to the holder
 	// even when no container id can be read from its path.
 	CgroupPath string
+	// AnyDevice: the container may use every GPU without a claim (its pod's
+	// namespace is in exempt_namespaces, a monitoring agent, say):
+	// DeviceUUID is empty, and its processes are no finding on any device.
+	AnyDevice bool
 }
 
 func (h Holding) name() string {
