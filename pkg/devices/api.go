@@ -50,6 +50,12 @@ type Inventory struct {
 	// MIGCaps maps /dev/nvidia-caps/nvidia-cap<N> minors to MIG instances;
 	// empty when the mapping is unknown.
 	MIGCaps []MIGCap `json:"mig_caps,omitempty"`
+	// UnlistedGPUs counts the NVIDIA GPUs on the PCI bus (not handed to
+	// vfio-pci) that an inventory found empty by every source does not list:
+	// the driver was not loaded yet, say. Such an inventory cannot tell
+	// which GPUs "all" reaches, and a request for every GPU is refused
+	// rather than taken for one that reaches none (see guard).
+	UnlistedGPUs int `json:"unlisted_gpus,omitempty"`
 
 	// idx holds the lookup indexes built by NewInventory; nil for a zero
 	// Inventory, which then behaves as an empty one.

@@ -6,6 +6,10 @@ package devices
 import (
 	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 )
@@ -87,6 +91,13 @@ func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) 
 		return withMIGCaps(inv, root)
 	}
 	if empty != nil {
+		if n, addrs := unboundNvidiaGPUs(root); n > 0 {
+			notes = append(notes, fmt.Sprintf("%d NVIDIA GPU(s) on the PCI bus are not listed (%s): is the NVIDIA driver loaded? "+
+				"Requests for every GPU are refused until nri-gpu-guard is restarted with the driver up", n, strings.Join(addrs, ", ")))
+			next := *empty
+			next.UnlistedGPUs = n
+			empty, _ = newInventory(next) // an empty inventory with a count: valid
+		}
 		empty.Notes = notes
 		return empty, nil
 	}
@@ -127,4 +138,50 @@ func (noNVML) Name() string { return string(config.SourceNVML) }
 
 func (noNVML) Load() ([]GPU, error) {
 	return nil, fmt.Errorf("%w: nvml: not loaded by this program", ErrSourceUnavailable)
+}
+
+// unboundNvidiaGPUs counts the NVIDIA display and 3D controllers on the PCI
+// bus under root (sys/bus/pci/devices) that no other driver than NVIDIA's
+// has taken (a GPU handed to vfio-pci for a virtual machine is no container's),
+// and lists up to a few of their addresses. Without sysfs it finds none.
+func unboundNvidiaGPUs(root string) (n int, addrs []string) {
+	dir := filepath.Join(root, "sys", "bus", "pci", "devices")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return 0, nil
+	}
+	const maxDevices, maxListed = 4096, 4
+	for i, e := range entries {
+		if i == maxDevices {
+			break
+		}
+		dev := filepath.Join(dir, e.Name())
+		if readTrimmed(filepath.Join(dev, "vendor")) != "0x10de" {
+			continue
+		}
+		class := readTrimmed(filepath.Join(dev, "class"))
+		if !strings.HasPrefix(class, "0x0300") && !strings.HasPrefix(class, "0x0302") {
+			continue
+		}
+		if drv, err := os.Readlink(filepath.Join(dev, "driver")); err == nil && filepath.Base(drv) != "nvidia" {
+			continue
+		}
+		n++
+		if len(addrs) < maxListed {
+			addrs = append(addrs, e.Name())
+		}
+	}
+	return n, addrs
+}
+
+// readTrimmed reads a small sysfs attribute ("" when unreadable).
+func readTrimmed(path string) string {
+	f, err := os.Open(path) //nolint:gosec // a fixed sysfs attribute under the configured root
+	if err != nil {
+		return ""
+	}
+	defer func() { _ = f.Close() }()
+	var buf [64]byte
+	n, _ := io.ReadFull(f, buf[:])
+	return strings.TrimSpace(string(buf[:n]))
 }

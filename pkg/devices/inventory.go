@@ -74,14 +74,18 @@ func NewInventory(source string, gpus []GPU) (*Inventory, error) {
 // newInventory validates and indexes a copy of in (all exported fields).
 func newInventory(in Inventory) (*Inventory, error) {
 	inv := &Inventory{
-		Source:    in.Source,
-		GPUs:      cloneGPUs(in.GPUs),
-		Notes:     append([]string(nil), in.Notes...),
-		CapsMajor: in.CapsMajor,
-		MIGCaps:   append([]MIGCap(nil), in.MIGCaps...),
+		Source:       in.Source,
+		GPUs:         cloneGPUs(in.GPUs),
+		Notes:        append([]string(nil), in.Notes...),
+		CapsMajor:    in.CapsMajor,
+		MIGCaps:      append([]MIGCap(nil), in.MIGCaps...),
+		UnlistedGPUs: in.UnlistedGPUs,
 	}
 	if strings.TrimSpace(inv.Source) == "" {
 		return nil, fmt.Errorf("%w: no source named", ErrInvalidInventory)
+	}
+	if inv.UnlistedGPUs < 0 || (inv.UnlistedGPUs > 0 && len(inv.GPUs) > 0) {
+		return nil, fmt.Errorf("%w: %d unlisted GPUs next to %d listed ones", ErrInvalidInventory, inv.UnlistedGPUs, len(inv.GPUs))
 	}
 	if inv.CapsMajor < 0 {
 		return nil, fmt.Errorf("%w: negative nvidia-caps major %d", ErrInvalidInventory, inv.CapsMajor)

@@ -4,8 +4,10 @@
 package devices
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -173,6 +175,57 @@ func TestDiscoverExplicitSources(t *testing.T) {
 
 	_, err = Discover(config.DevicesConfig{Source: "magic"}, nil)
 	require.ErrorContains(t, err, `"magic"`)
+}
+
+// zeroGPUs is a source that works and finds no GPU (NVML with every GPU
+// gone, say).
+type zeroGPUs struct{}
+
+func (zeroGPUs) Name() string         { return "nvml" }
+func (zeroGPUs) Load() ([]GPU, error) { return nil, nil }
+
+// An inventory that every source found empty counts the NVIDIA GPUs the PCI
+// bus shows all the same (unbound, or bound to nvidia; not vfio-pci's, not
+// other vendors' or other classes), and says so.
+func TestDiscoverCountsUnlistedGPUs(t *testing.T) {
+	root := t.TempDir()
+	pci := filepath.Join(root, "sys", "bus", "pci", "devices")
+	device := func(addr, vendor, class, driver string) {
+		dir := filepath.Join(pci, addr)
+		require.NoError(t, os.MkdirAll(dir, 0o755))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "vendor"), []byte(vendor+"\n"), 0o644))
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "class"), []byte(class+"\n"), 0o644))
+		if driver != "" {
+			require.NoError(t, os.Symlink("../../../bus/pci/drivers/"+driver, filepath.Join(dir, "driver")))
+		}
+	}
+	device("0000:3b:00.0", "0x10de", "0x030200", "")         // unbound: the driver is not loaded
+	device("0000:86:00.0", "0x10de", "0x030000", "nvidia")   // bound, yet not listed
+	device("0000:5e:00.0", "0x10de", "0x030200", "vfio-pci") // a VM's
+	device("0000:3c:00.0", "0x10de", "0x040300", "")         // its audio function
+	device("0000:00:02.0", "0x8086", "0x030000", "i915")
+
+	inv, err := Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: root}, zeroGPUs{})
+	require.NoError(t, err)
+	onBus := inv
+	assert.Empty(t, inv.GPUs)
+	assert.Equal(t, 2, inv.UnlistedGPUs)
+	assert.Contains(t, strings.Join(inv.Notes, "\n"), "2 NVIDIA GPU(s) on the PCI bus are not listed (0000:3b:00.0, 0000:86:00.0): is the NVIDIA driver loaded?")
+
+	// Without NVIDIA GPUs on the bus (or without sysfs) an empty inventory
+	// is a host without GPUs.
+	inv, err = Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: t.TempDir()}, zeroGPUs{})
+	require.NoError(t, err)
+	assert.Zero(t, inv.UnlistedGPUs)
+
+	// The count survives the cache the hooks read.
+	data, err := json.Marshal(onBus)
+	require.NoError(t, err)
+	var back Inventory
+	require.NoError(t, json.Unmarshal(data, &back))
+	assert.Equal(t, 2, back.UnlistedGPUs)
+	_, err = newInventory(Inventory{Source: "nvml", GPUs: testGPUs(), UnlistedGPUs: 1})
+	require.ErrorIs(t, err, ErrInvalidInventory, "unlisted GPUs only next to none listed")
 }
 
 func TestDiscoverAttachesMIGCaps(t *testing.T) {

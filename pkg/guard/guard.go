@@ -277,6 +277,13 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 		return Decision{Result: Reject, Reason: reasonFor(err), Devices: res.Devices,
 			Message: policyText(err, g.policy, g.inv)}, res, true
 	}
+	if len(res.Devices) == 0 && res.All && g.inv.UnlistedGPUs > 0 {
+		// "all" over an inventory that lists none of the host's GPUs: it
+		// reaches every GPU there is, and which they are is not known.
+		return Decision{Result: Reject, Reason: "inventory-incomplete",
+			Message: fmt.Sprintf("GPU request refused: the container asks for every GPU, but the GPU inventory lists none while %d NVIDIA GPU(s) are on the PCI bus "+
+				"(the driver was not loaded when the guard started?); restart nri-gpu-guard once nvidia-smi works, and see gpu-guard-ctl devices", g.inv.UnlistedGPUs)}, res, true
+	}
 	if len(res.Devices) == 0 {
 		msg := "no GPU requested"
 		if len(res.Notes) > 0 {

@@ -5,6 +5,7 @@ package guard_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path"
@@ -563,6 +564,30 @@ func TestReleaseOnRemove(t *testing.T) {
 		require.NoError(t, e.g.Stopped(ctx, old))
 		assert.Empty(t, e.holders())
 	})
+}
+
+// An inventory that every source found empty while NVIDIA GPUs sit on the
+// PCI bus (the driver not loaded yet) cannot say what "all" reaches: such a
+// request is refused, not taken for one that reaches no GPU. A container
+// that names no GPU is let through.
+func TestAllOverAnInventoryMissingTheHostsGPUs(t *testing.T) {
+	var inv devices.Inventory
+	require.NoError(t, json.Unmarshal([]byte(`{"source":"nvml","gpus":[],"unlisted_gpus":2}`), &inv))
+	e := newEnv(t, nil)
+	g, err := guard.New(guard.Options{Config: e.cfg, Inventory: &inv, Ledger: e.l, Liveness: e.live, Now: e.clock.Now})
+	require.NoError(t, err)
+	admit := func(spec devices.Request) guard.Decision {
+		t.Helper()
+		d, err := g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: ctr("ml", "a", "main", "all0000000000001"), Spec: spec})
+		require.NoError(t, err)
+		return d
+	}
+	d := admit(visible("all"))
+	assert.Equal(t, guard.Reject, d.Result)
+	assert.Equal(t, "inventory-incomplete", d.Reason)
+	assert.Contains(t, d.Message, "2 NVIDIA GPU(s) are on the PCI bus")
+	assert.Equal(t, guard.Skip, admit(devices.Request{Env: []string{"PATH=/bin"}}).Result)
+	assert.Equal(t, guard.Reject, admit(visible("0")).Result, "an index names no known GPU")
 }
 
 func TestPodGone(t *testing.T) {
