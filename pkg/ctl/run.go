@@ -40,11 +40,13 @@ whose GPU is busy is refused. With it, the wait happens here, where Ctrl-C
 leaves the queue and nothing else freezes.
 
 The claim is handed over through a ticket: the environment variable
-`+hook.TicketEnv+` is set for COMMAND, and for "podman run|create" and
-"docker run|create" an "-e `+hook.TicketEnv+`" is added after the
-subcommand, so that the container carries it; the guard's create-runtime hook
-recognises it and moves the claim to the container. For other commands, pass
-the variable into the container yourself. A ticket is used once.
+`+hook.TicketEnv+` is set for COMMAND, and for "podman run" and "docker run"
+an "-e `+hook.TicketEnv+`" is added after the subcommand, so that the
+container carries it; the guard's create-runtime hook recognises it and moves
+the claim to the container. For other commands, pass the variable into the
+container yourself. A ticket is used once. "podman create" and "docker
+create" are refused: they run no OCI runtime (the hook runs at "start",
+after this command has ended and released the claim).
 
 The GPUs are those of --gpus (ids as in NVIDIA_VISIBLE_DEVICES), or else those
 the command names with -e/--env NVIDIA_VISIBLE_DEVICES=…, --device
@@ -83,6 +85,10 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 	if gpus != "" {
 		req, from = devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + gpus}}, "--gpus "+gpus
 	}
+	if i := engineSubcommand(args); i > 0 && args[i] == "create" {
+		return usagef("%s create starts no container: the engine runs the OCI runtime, and with it the guard's hook, at %s start, "+
+			"after %s run has ended and released the GPUs; use %s run (with -d to detach)", args[0], args[0], programName, args[0])
+	}
 	if from == "" {
 		return usagef("the command names no GPU that %s can see: name them with --gpus (e.g. --gpus 1)", programName)
 	}
@@ -112,7 +118,7 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 	fmt.Fprintf(a.env.Stderr, "%s: %s claimed for ticket %s (from %s); running %s\n",
 		programName, strings.Join(names, ", "), t.ID, from, args[0])
 
-	code, runErr := runChild(ctx, withTicketArg(args), t.ID, a.env)
+	code, runErr := runChild(withTicketArg(args), t.ID, a.env)
 	rel, relErr := hook.ReleaseTicket(context.WithoutCancel(ctx), cfg, t.ID)
 	if len(rel) > 0 {
 		left := make([]string, len(rel))
@@ -133,9 +139,13 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 }
 
 // runChild runs args with the ticket in its environment, forwarding SIGINT
-// and SIGTERM, and returns its exit code (128+signal when killed).
-func runChild(ctx context.Context, args []string, ticket string, env Env) (int, error) {
-	c := exec.CommandContext(ctx, args[0], args[1:]...) //nolint:gosec // running the operator's command is the point
+// and SIGTERM, and returns its exit code (128+signal when killed). The
+// command is not tied to a context: the signal that would cancel one (this
+// command's own interrupt handling) is the command's to handle, forwarded,
+// not a reason to kill it (SIGKILL would end "podman run" while its
+// container went on holding the GPU).
+func runChild(args []string, ticket string, env Env) (int, error) {
+	c := exec.Command(args[0], args[1:]...) //nolint:gosec // running the operator's command is the point
 	c.Env = append(os.Environ(), hook.TicketEnv+"="+ticket)
 	c.Stdin, c.Stdout, c.Stderr = os.Stdin, env.Stdout, env.Stderr
 	sigs := make(chan os.Signal, 2)

@@ -28,6 +28,8 @@ type Options struct {
 // containerd start it under containerd-shim.
 var lockingEngines = map[string]string{
 	"conmon": "the runtime runs under conmon (podman or CRI-O), whose engine holds the container's lock during the create",
+	// CRI-O with runtime_type = "pod" starts the runtime under conmon-rs.
+	"conmonrs": "the runtime runs under conmon-rs (CRI-O), whose engine holds the container's lock during the create",
 	// comm is cut at 15 bytes: containerd-shim-runc-v2 reads "containerd-shim".
 	// Docker (dockerd 20.10 observed) keeps `docker rm -f` of a container
 	// whose create waits hanging until the hook returns.

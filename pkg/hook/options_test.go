@@ -36,6 +36,8 @@ func TestEngineHoldsLock(t *testing.T) {
 	fakeProc(t, root, 301, 1, "crun") // reparented: its engine is gone
 	fakeProc(t, root, 400, 1, "containerd-shim")
 	fakeProc(t, root, 401, 400, "runc")
+	fakeProc(t, root, 500, 1, "conmonrs")
+	fakeProc(t, root, 501, 500, "runc")
 
 	locked, why := engineHoldsLock(root, 101)
 	require.True(t, locked, "runc under conmon: podman or CRI-O")
@@ -45,6 +47,10 @@ func TestEngineHoldsLock(t *testing.T) {
 	locked, why = engineHoldsLock(root, 401)
 	require.True(t, locked, "runc under containerd-shim: Docker or containerd")
 	require.Contains(t, why, "containerd-shim")
+
+	locked, why = engineHoldsLock(root, 501)
+	require.True(t, locked, "runc under conmon-rs: CRI-O with runtime_type = pod")
+	require.Contains(t, why, "conmon-rs")
 
 	for _, ppid := range []int{201, 301, 999, 0} {
 		locked, _ := engineHoldsLock(root, ppid)
