@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -312,6 +313,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 		return d, nil, nil
 	}
 
+	g.dropDeadReservers(tx, key, want)
 	busy := tx.Busy(key, owner, want)
 	var (
 		released []ledger.Claim
@@ -768,6 +770,34 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 		slog.Int("holding", len(entries)), slog.Int("released", len(result.Released)),
 		slog.Int("adopted", len(result.Adopted)), slog.Int("conflicts", len(result.Conflicts)))
 	return result, nil
+}
+
+// dropDeadReservers takes out of the queue the OCI hook waiters (a hook's
+// --wait, a gpu-guard-ctl run ticket) that hold a reservation on a device
+// conflicting with want and whose process is gone: nobody will ever use
+// what they were kept, and the freed GPU would otherwise stay idle until
+// reservation_ttl, whoever asks for it (the hook drops them itself before
+// asking; an NRI request did not). An NRI waiter has no process while it
+// waits (the kubelet retries it): its pid says nothing, and it is left
+// alone. Their reservations pass on as the queue's rules say.
+func (g *Guard) dropDeadReservers(tx *ledger.Tx, self string, want []devices.Device) {
+	var dead []ledger.Waiter
+	for _, r := range tx.State().Reservations {
+		if r.For == self || !slices.ContainsFunc(want, func(d devices.Device) bool { return devices.Conflicts(d, r.Device) }) ||
+			slices.ContainsFunc(dead, func(w ledger.Waiter) bool { return w.Key == r.For }) {
+			continue
+		}
+		w, ok := tx.Waiter(r.For)
+		if !ok || w.Owner.FrontEnd != ledger.FrontEndHook || w.Owner.Pid <= 0 || w.Owner.PidStart == 0 {
+			continue
+		}
+		if gone, _ := g.live.Exited(liveness.Process{Pid: w.Owner.Pid, PidStart: w.Owner.PidStart}); gone {
+			dead = append(dead, w)
+		}
+	}
+	for _, w := range dead {
+		tx.DropWaiter(w.Key, "waiter gone: its process "+strconv.Itoa(w.Owner.Pid)+" exited")
+	}
 }
 
 // reachablePolicy is the policy under which Reconcile reads what a running

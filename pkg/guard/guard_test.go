@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -75,6 +76,9 @@ func (l *liveness) Exited(p lv.Process) (bool, string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	id := path.Base(p.Cgroup)
+	if p.Cgroup == "" {
+		id = "pid:" + strconv.Itoa(p.Pid)
+	}
 	l.asked = append(l.asked, id)
 	if l.exited[id] {
 		return true, "cgroup /k8s.io/" + id + " has no processes"
@@ -588,6 +592,45 @@ func TestAllOverAnInventoryMissingTheHostsGPUs(t *testing.T) {
 	assert.Contains(t, d.Message, "2 NVIDIA GPU(s) are on the PCI bus")
 	assert.Equal(t, guard.Skip, admit(devices.Request{Env: []string{"PATH=/bin"}}).Result)
 	assert.Equal(t, guard.Reject, admit(visible("0")).Result, "an index names no known GPU")
+}
+
+// A hook waiter (a --wait hook, a gpu-guard-ctl run ticket) kept a freed
+// GPU reserved after its process died: the hook dropped it before asking,
+// an NRI request did not and was refused "reserved" until reservation_ttl.
+// Now every request drops it; a living one keeps its reservation.
+func TestDeadHookReserverIsDroppedForAnyRequest(t *testing.T) {
+	e := newEnv(t, nil)
+	holder := ctr("ml", "h", "main", "holder0000000001")
+	require.Equal(t, guard.Admit, e.admit(holder, visible("1")).Result)
+	waiter := ledger.Owner{ContainerID: "hookwaiter000001", FrontEnd: ledger.FrontEndHook, Pid: 4242, PidStart: 42420}
+	d, err := e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: waiter, Spec: visible("1")})
+	require.NoError(t, err)
+	require.Equal(t, guard.Queue, d.Result)
+	require.NoError(t, e.g.Stopped(ctx, holder))
+	require.Len(t, e.state().Reservations, 1, "GPU 1 is kept for the waiter")
+
+	newcomer := ctr("ml", "n", "main", "newcomer00000001")
+	d = e.admit(newcomer, visible("1"))
+	require.Equal(t, guard.Queue, d.Result, "the waiter lives: its reservation stands")
+	assert.Contains(t, d.Message, "reserved")
+
+	e.live.mu.Lock()
+	e.live.exited["pid:4242"] = true
+	e.live.mu.Unlock()
+	d = e.admit(newcomer, visible("1"))
+	require.Equal(t, guard.Admit, d.Result, "%s", d.Message)
+	st := e.state()
+	assert.Empty(t, st.Reservations)
+	for _, w := range st.Waiters {
+		assert.NotEqual(t, waiter.ContainerID, w.Owner.ContainerID, "the dead waiter left the queue")
+	}
+	recs, err := ledger.ReadAudit(e.l.AuditPath())
+	require.NoError(t, err)
+	found := false
+	for _, r := range recs {
+		found = found || (r.Op == ledger.OpDequeue && strings.Contains(r.Reason, "waiter gone: its process 4242 exited"))
+	}
+	assert.True(t, found, "the drop is audited")
 }
 
 func TestPodGone(t *testing.T) {
