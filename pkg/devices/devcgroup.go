@@ -89,28 +89,32 @@ func (req *Request) ApplyDeviceRules(rules []DeviceRule) {
 	}
 }
 
-// gpuNodeAccess walks the rules in order, the later rule deciding for what
-// it covers as in the kernel's device cgroup, and reports whether the
-// container may read or write every GPU node (all) or which GPU minors it
-// may. A rule that grants only mknod ("m") opens nothing and is no grant;
-// a deny that takes away reading or writing takes the grant back.
+// gpuNodeAccess reports whether the rules let the container read or write
+// every GPU node (all) or which GPU minors (see ruleAccess).
 func gpuNodeAccess(rules []DeviceRule) (all bool, minors []int64) {
+	return ruleAccess(rules, nvidiaMajor, gpuid.MaxGPUMinor)
+}
+
+// ruleAccess walks the rules in order, the later rule deciding for what it
+// covers as in the kernel's device cgroup, and reports whether they let the
+// container read or write every character node of major (all) or which of
+// its minors up to maxMinor. A rule of type "a" covers every device with
+// every access (see wildcardType); one of type "c" covers major when it
+// names it or no major. A rule that grants only mknod ("m") opens nothing
+// and is no grant; a deny that takes away reading or writing takes the
+// grant back.
+func ruleAccess(rules []DeviceRule, major, maxMinor int64) (all bool, minors []int64) {
 	allowed := map[int64]bool{}
 	for _, r := range rules {
 		if wildcardType(r) {
-			// Every device, with every access (see wildcardType).
 			all = r.Allow
 			clear(allowed)
 			continue
 		}
-		if r.Type != "c" {
+		if r.Type != "c" || (r.Major != nil && *r.Major >= 0 && *r.Major != major) {
 			continue
 		}
-		if r.Major != nil && *r.Major >= 0 && *r.Major != nvidiaMajor {
-			continue
-		}
-		opens := r.Access == "" || strings.ContainsAny(r.Access, "rw")
-		if !opens {
+		if r.Access != "" && !strings.ContainsAny(r.Access, "rw") {
 			continue
 		}
 		if r.Minor == nil || *r.Minor < 0 {
@@ -118,7 +122,7 @@ func gpuNodeAccess(rules []DeviceRule) (all bool, minors []int64) {
 			clear(allowed)
 			continue
 		}
-		if m := *r.Minor; m >= 0 && m <= gpuid.MaxGPUMinor {
+		if m := *r.Minor; m <= maxMinor {
 			allowed[m] = r.Allow
 		}
 	}
@@ -143,33 +147,5 @@ const (
 	maxDynamicMajorRules = 64
 )
 
-// capsRuleAccess walks the rules for the nvidia-caps major capsMajor, the
-// later rule deciding as in gpuNodeAccess, and reports whether they let the
-// container open every capability node (all) or which capability minors.
-func capsRuleAccess(rules []DeviceRule, capsMajor int64) (all bool, minors []int64) {
-	allowed := map[int64]bool{}
-	for _, r := range rules {
-		if r.Major == nil || *r.Major != capsMajor {
-			continue
-		}
-		if r.Access != "" && !strings.ContainsAny(r.Access, "rw") {
-			continue
-		}
-		if r.Minor == nil || *r.Minor < 0 {
-			all = r.Allow
-			clear(allowed)
-			continue
-		}
-		allowed[*r.Minor] = r.Allow
-	}
-	if all {
-		return true, nil
-	}
-	for m, ok := range allowed {
-		if ok {
-			minors = append(minors, m)
-		}
-	}
-	slices.Sort(minors)
-	return false, minors
-}
+// maxCapsMinor bounds the capability minors read from rules.
+const maxCapsMinor = 1 << 20

@@ -610,7 +610,7 @@ func (b *builder) capsRules(req Request) {
 	if b.capsMj == 0 || (len(req.DynamicMajorRules) == 0 && !req.ManyDynamicMajorRules) {
 		return
 	}
-	all, minors := capsRuleAccess(req.DynamicMajorRules, b.capsMj)
+	all, minors := ruleAccess(req.DynamicMajorRules, b.capsMj, maxCapsMinor)
 	src := "device cgroup rule c " + strconv.FormatInt(b.capsMj, 10) + ":"
 	if all || req.ManyDynamicMajorRules {
 		b.unmappedCaps = true

@@ -89,36 +89,64 @@ func startAfreshElsewhere(t *testing.T, rt *runtime) {
 	}))
 }
 
+// afreshNotices are the two ways the plugin reaches the ledger after
+// another process started it afresh: a create (refused, deciding nothing)
+// or the release of a holder that stopped.
+var afreshNotices = []struct {
+	name   string
+	notice func(t *testing.T, rt *runtime, podB, podC *api.PodSandbox, other *api.Container)
+}{
+	{"create", func(t *testing.T, rt *runtime, podB, _ *api.PodSandbox, _ *api.Container) {
+		err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
+		require.ErrorContains(t, err, "being rebuilt", "the create that finds the new lineage decides nothing")
+	}},
+	{"release", func(t *testing.T, rt *runtime, _, podC *api.PodSandbox, other *api.Container) {
+		rt.stop(podC, other)
+	}},
+}
+
+// runningHolders creates and starts holder-1 on GPU 1 in podA and other-1
+// on GPU 0 in podC.
+func runningHolders(t *testing.T, rt *runtime, podA, podC *api.PodSandbox) (holder, other *api.Container) {
+	t.Helper()
+	holder = container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+	rt.start(podA, holder, 4242)
+	other = container(podC, "main", "other-1", "NVIDIA_VISIBLE_DEVICES=0")
+	require.NoError(t, rt.create(podC, other))
+	rt.start(podC, other, 4343)
+	return holder, other
+}
+
+// checkRebuilt checks a ledger rebuilt after startAfreshElsewhere and the
+// notice named notice: the running holders are adopted again (other only
+// if its stop was not the notice), the hook's claim is kept, a newcomer on
+// the holder's GPU is refused and one on GPU 2 admitted.
+func checkRebuilt(t *testing.T, rt *runtime, notice string, podB *api.PodSandbox, holder, other *api.Container) {
+	t.Helper()
+	want := map[string]string{"1": holder.Id, "3": "hook-1"}
+	if notice == "create" {
+		want["0"] = other.Id
+	}
+	assert.Equal(t, want, rt.holders(), "the running holders were adopted again, the hook's claim kept")
+	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")),
+		"is held by ml/a/main (id holder-1)")
+	require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=2")))
+}
+
 // Another process quarantines the corrupt ledger and writes a fresh state:
 // the plugin's next handler that reaches the ledger (a create or a release)
 // notices the new lineage before deciding anything, the plugin refuses
 // creations, reconnects, and the runtime's Synchronize re-adopts the running
 // holder, so that a newcomer on its GPU is refused again.
 func TestLedgerStartedAfreshElsewhereRebuiltFromRuntime(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		// notice makes the plugin reach the ledger after the fresh start.
-		notice func(t *testing.T, rt *runtime, podB, podC *api.PodSandbox, other *api.Container)
-	}{
-		{"create", func(t *testing.T, rt *runtime, podB, _ *api.PodSandbox, _ *api.Container) {
-			err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
-			require.ErrorContains(t, err, "being rebuilt", "the create that finds the new lineage decides nothing")
-		}},
-		{"release", func(t *testing.T, rt *runtime, _, podC *api.PodSandbox, other *api.Container) {
-			rt.stop(podC, other)
-		}},
-	} {
+	for _, tc := range afreshNotices {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := newRuntime(t, nil)
 			podA, podB, podC := rt.addPod("a"), rt.addPod("b"), rt.addPod("c")
 			waitReady := runPlugin(t, rt)
 
-			holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
-			require.NoError(t, rt.create(podA, holder))
-			rt.start(podA, holder, 4242)
-			other := container(podC, "main", "other-1", "NVIDIA_VISIBLE_DEVICES=0")
-			require.NoError(t, rt.create(podC, other))
-			rt.start(podC, other, 4343)
+			holder, other := runningHolders(t, rt, podA, podC)
 
 			startAfreshElsewhere(t, rt)
 			require.Equal(t, map[string]string{"3": "hook-1"}, rt.holders(), "the fresh state forgot the running holders")
@@ -127,14 +155,7 @@ func TestLedgerStartedAfreshElsewhereRebuiltFromRuntime(t *testing.T) {
 			waitReady(false)
 			waitReady(true)
 
-			want := map[string]string{"1": holder.Id, "3": "hook-1"}
-			if tc.name == "create" {
-				want["0"] = other.Id
-			}
-			assert.Equal(t, want, rt.holders(), "the running holders were adopted again, the hook's claim kept")
-			require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")),
-				"is held by ml/a/main (id holder-1)")
-			require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=2")))
+			checkRebuilt(t, rt, tc.name, podB, holder, other)
 		})
 	}
 }
@@ -146,18 +167,7 @@ func TestLedgerStartedAfreshElsewhereRebuiltFromRuntime(t *testing.T) {
 // before, nor the one whose stop brought the news) on the same connection,
 // and enforces again.
 func TestLaunchedPluginRebuildsTheLedgerInPlace(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		notice func(t *testing.T, rt *runtime, podB, podC *api.PodSandbox, other *api.Container)
-	}{
-		{"create", func(t *testing.T, rt *runtime, podB, _ *api.PodSandbox, _ *api.Container) {
-			err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))
-			require.ErrorContains(t, err, "being rebuilt", "the create that finds the new lineage decides nothing")
-		}},
-		{"release", func(t *testing.T, rt *runtime, _, podC *api.PodSandbox, other *api.Container) {
-			rt.stop(podC, other)
-		}},
-	} {
+	for _, tc := range afreshNotices {
 		t.Run(tc.name, func(t *testing.T) {
 			rt := newRuntime(t, nil)
 			podA, podB, podC, podE := rt.addPod("a"), rt.addPod("b"), rt.addPod("c"), rt.addPod("e")
@@ -171,12 +181,7 @@ func TestLaunchedPluginRebuildsTheLedgerInPlace(t *testing.T) {
 				}
 			})
 
-			holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
-			require.NoError(t, rt.create(podA, holder))
-			rt.start(podA, holder, 4242)
-			other := container(podC, "main", "other-1", "NVIDIA_VISIBLE_DEVICES=0")
-			require.NoError(t, rt.create(podC, other))
-			rt.start(podC, other, 4343)
+			holder, other := runningHolders(t, rt, podA, podC)
 			gone := container(podE, "main", "gone-1", "NVIDIA_VISIBLE_DEVICES=2")
 			require.NoError(t, rt.create(podE, gone))
 			rt.start(podE, gone, 4444)
@@ -189,21 +194,15 @@ func TestLaunchedPluginRebuildsTheLedgerInPlace(t *testing.T) {
 			waitReady(false)
 			waitReady(true)
 
-			want := map[string]string{"1": holder.Id, "3": "hook-1"}
-			if tc.name == "create" {
-				want["0"] = other.Id
-			}
-			assert.Equal(t, want, rt.holders(), "the running holders were adopted again, the hook's claim kept")
 			assert.Equal(t, int32(1), syncs.Load(), "rebuilt on the same connection, without a new Synchronize")
 			for _, c := range rt.state().Claims {
 				if c.Owner.ContainerID == holder.Id {
 					assert.Equal(t, 4242, c.Owner.Pid, "the holder's process is known again")
 				}
 			}
-			require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=1")),
-				"is held by ml/a/main (id holder-1)")
-			require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=2")),
-				"the container stopped before the reset is not adopted back")
+			// b-3 asks for GPU 2, whose holder stopped before the reset:
+			// it is not adopted back.
+			checkRebuilt(t, rt, tc.name, podB, holder, other)
 		})
 	}
 }
