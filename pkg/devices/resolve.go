@@ -342,7 +342,8 @@ func (b *builder) splitValue(where, value string, buf []item, mk func(tok string
 // occurrence wins, as it does for the runtime. NVIDIA_VISIBLE_DEVICES unset
 // on a legacy CUDA image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset or
 // empty: built before CUDA 9) means every GPU to NVIDIA's runtime, and so it
-// does here (under policy all_devices).
+// does here (under policy all_devices), unless DOCKER_RESOURCE_GPU names
+// the devices instead.
 func (b *builder) env(env []string) {
 	var nvd, drg, cudaVersion, requireCUDA string
 	var hasNVD, hasDRG bool
@@ -365,7 +366,7 @@ func (b *builder) env(env []string) {
 	var buf [8]item
 	if hasNVD {
 		b.envVar(EnvVisibleDevices, nvd, buf[:])
-	} else if cudaVersion != "" && requireCUDA == "" {
+	} else if !hasDRG && cudaVersion != "" && requireCUDA == "" {
 		b.claimAll("env " + EnvVisibleDevices + " unset on a legacy CUDA image (CUDA_VERSION=" + quoteToken(cudaVersion) + ", no NVIDIA_REQUIRE_CUDA)")
 	}
 	if hasDRG {

@@ -241,6 +241,7 @@ func TestResolveLegacyCUDAImage(t *testing.T) {
 		{name: "legacy, set: the list", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=1")}, want: []string{"1"}},
 		{name: "legacy, set but empty: nothing", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=")}, want: nil},
 		{name: "legacy, void", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=void")}, want: nil},
+		{name: "legacy, DOCKER_RESOURCE_GPU names the devices", req: Request{Env: env("CUDA_VERSION=8.0", "DOCKER_RESOURCE_GPU=2")}, want: []string{"2"}},
 	})
 }
 
