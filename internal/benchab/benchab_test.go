@@ -4,6 +4,8 @@
 package benchab
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -69,4 +71,24 @@ func TestOrderMixesPredecessors(t *testing.T) {
 			}
 		}
 	}
+}
+
+// Installed makes a byte-identical executable copy next to the original.
+func TestInstalled(t *testing.T) {
+	src := filepath.Join(t.TempDir(), "prog")
+	require.NoError(t, os.WriteFile(src, []byte("#!/bin/sh\nexit 0\n"), 0o700))
+	dir := t.TempDir()
+	dst, err := Installed(src, dir)
+	require.NoError(t, err)
+	require.Equal(t, filepath.Join(dir, "prog"), dst)
+	got, err := os.ReadFile(dst)
+	require.NoError(t, err)
+	require.Equal(t, "#!/bin/sh\nexit 0\n", string(got))
+	fi, err := os.Stat(dst)
+	require.NoError(t, err)
+	require.NotZero(t, fi.Mode()&0o100, "executable")
+	_, err = Installed(filepath.Join(t.TempDir(), "missing"), dir)
+	require.Error(t, err)
+	_, err = Installed(src, filepath.Dir(src))
+	require.ErrorContains(t, err, "would replace it")
 }

@@ -40,7 +40,15 @@ func buildCtl(b *testing.B) string {
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			ctlBinErr = fmt.Errorf("go build gpu-guard-ctl: %w\n%s", err, out)
+			return
 		}
+		// Timed from a copy written in one pass, as a package installs it
+		// (benchab.Installed).
+		inst, err := os.MkdirTemp("", "ctlinst")
+		if err == nil {
+			ctlBin, err = benchab.Installed(ctlBin, inst)
+		}
+		ctlBinErr = err
 	})
 	if ctlBinErr != nil {
 		b.Skip(ctlBinErr)
@@ -147,6 +155,10 @@ func BenchmarkCtlProcess(b *testing.B) {
 			// commit's) to time in the same rounds: a before/after on one
 			// machine under one load.
 			if base := os.Getenv("CTL_BASELINE"); base != "" {
+				base, err := benchab.Installed(base, b.TempDir())
+				if err != nil {
+					b.Fatal(err)
+				}
 				variants = append(variants, benchab.Variant{Name: "baseline", Run: run(base, append([]string{"--config", f.config}, tc.args...)...)})
 			}
 			benchab.Run(b, variants)

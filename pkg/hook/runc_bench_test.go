@@ -34,6 +34,9 @@ func BenchmarkRuncHook(b *testing.B) {
 	r := newRig(b, rigOpts{})
 	floorBin := buildFloor(b, "readstdin")
 	durableBin := buildFloor(b, "durablefloor")
+	// Every hook program runs from a copy written in one pass, as a
+	// package installs it (benchab.Installed).
+	guardBin := installedCopy(b, hookBin)
 	floorDir := filepath.Join(r.base, "floor") // same file system as the ledger
 	i := 0
 	variant := func(name string, o ctrOpts) benchab.Variant {
@@ -53,8 +56,8 @@ func BenchmarkRuncHook(b *testing.B) {
 	}
 	variants := []benchab.Variant{
 		variant("plain", ctrOpts{mode: "exit", noHooks: true}),
-		variant("nogpu", ctrOpts{mode: "exit"}),
-		variant("gpu", ctrOpts{mode: "exit", env: gpuEnv(0)}),
+		variant("nogpu", ctrOpts{mode: "exit", hookBin: guardBin}),
+		variant("gpu", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: guardBin}),
 		// The floors as a definition without "env" runs them (runc's own
 		// environment), and under the environment the shipped definitions
 		// give the guard's hooks (RuntimeEnv).
@@ -63,13 +66,14 @@ func BenchmarkRuncHook(b *testing.B) {
 		variant("floorhooks-1p", ctrOpts{mode: "exit", hookBin: floorBin}),
 		variant("durablefloor-1p", ctrOpts{mode: "exit", hookBin: durableBin, hookArgs: []string{"--state-dir", floorDir}}),
 		// The guard's hooks without the shipped environment.
-		variant("nogpu-inherit", ctrOpts{mode: "exit", inheritEnv: true}),
-		variant("gpu-inherit", ctrOpts{mode: "exit", env: gpuEnv(0), inheritEnv: true}),
+		variant("nogpu-inherit", ctrOpts{mode: "exit", hookBin: guardBin, inheritEnv: true}),
+		variant("gpu-inherit", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: guardBin, inheritEnv: true}),
 	}
 	// HOOK_BASELINE names another build of the hook binary (an earlier
 	// commit's) to run as the hooks in the same rounds: a before/after.
 	base := os.Getenv("HOOK_BASELINE")
 	if base != "" {
+		base = installedCopy(b, base)
 		// The baseline claims in a ledger of its own: on a shared one,
 		// whichever build compacts sooner would pay every compaction and
 		// hand the other the shorter journal.
@@ -106,5 +110,15 @@ func buildFloor(b *testing.B, name string) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("go build %s: %v\n%s", name, err, out)
 	}
-	return bin
+	return installedCopy(b, bin)
+}
+
+// installedCopy is benchab.Installed into a temp dir of the benchmark's.
+func installedCopy(b *testing.B, path string) string {
+	b.Helper()
+	inst, err := benchab.Installed(path, b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	return inst
 }
