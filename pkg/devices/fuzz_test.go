@@ -136,7 +136,15 @@ func FuzzMountDestination(f *testing.F) {
 	f.Fuzz(func(t *testing.T, dest string) {
 		res, err := r.Resolve(Request{Mounts: []string{dest}})
 		rest := strings.TrimPrefix(dest, mr)
-		checkResolution(t, inv, res, err, []string{dest, rest, strings.TrimPrefix(rest, "cdi/")}, []string{"mount"})
+		candidates := []string{dest, rest, strings.TrimPrefix(rest, "cdi/")}
+		if name, ok := strings.CutPrefix(rest, "cdi/"); ok {
+			// The runtime's form cdi/<vendor>/<class>/<device> is named as
+			// the CDI device it means.
+			if p := strings.SplitN(name, "/", 3); len(p) == 3 {
+				candidates = append(candidates, p[0]+"/"+p[1]+"="+p[2])
+			}
+		}
+		checkResolution(t, inv, res, err, candidates, []string{"mount"})
 	})
 }
 
