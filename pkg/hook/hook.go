@@ -5,12 +5,17 @@ package hook
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/phasetrace"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -237,10 +242,49 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 
 	w := e.newQueueWait(g, cfg, greq, stderr)
 	w.gone = e.goneCheck(self)
+	// The runtime kills a hook at its definition's timeout: stop waiting
+	// shortly before, so that the container is refused with the guard's
+	// words (and leaves the queue) rather than by a bare kill.
+	if limit, ok := ownHookTimeout(st.Bundle); ok && limit < w.waitTimeout {
+		w.waitTimeout = limit
+		w.timeoutKey = fmt.Sprintf("the timeout of this hook in the container's config.json (%s, less %s to answer)", limit+hookAnswerMargin, hookAnswerMargin)
+	}
 	if e.beforeWait != nil {
 		e.beforeWait()
 	}
 	return w.run(ctx)
+}
+
+// hookAnswerMargin is kept between the end of a --wait and the runtime's
+// kill at the hook's timeout, for the refusal and the withdrawal.
+const hookAnswerMargin = 2 * time.Second
+
+// ownHookTimeout reads, from the bundle's config.json, the timeout of the
+// createRuntime hook that runs this program with --wait (a hook definition
+// in config.json, as plain runc takes them), less hookAnswerMargin. ok is
+// false when there is none (or it is too short to wait at all, in which case
+// the answer is as quick as the runtime allows anyway).
+func ownHookTimeout(bundle string) (limit time.Duration, ok bool) {
+	data, err := os.ReadFile(filepath.Join(bundle, "config.json")) //nolint:gosec // the bundle the runtime named, read before
+	if err != nil {
+		return 0, false
+	}
+	var spec struct {
+		Hooks *specs.Hooks `json:"hooks"`
+	}
+	if json.Unmarshal(data, &spec) != nil || spec.Hooks == nil {
+		return 0, false
+	}
+	for _, h := range spec.Hooks.CreateRuntime {
+		if h.Timeout == nil || *h.Timeout <= 0 || !strings.HasPrefix(filepath.Base(h.Path), "nri-gpu-guard") ||
+			!slices.Contains(h.Args, "--wait") {
+			continue
+		}
+		if d := time.Duration(*h.Timeout)*time.Second - hookAnswerMargin; d > 0 {
+			return d, true
+		}
+	}
+	return 0, false
 }
 
 // newQueueWait builds the FIFO wait of one request: the hook's --wait and

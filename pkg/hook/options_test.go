@@ -4,6 +4,7 @@
 package hook
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -11,7 +12,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
@@ -85,4 +88,39 @@ func TestExitCode(t *testing.T) {
 	require.Equal(t, ExitBusy, ExitCode(fmt.Errorf("x: %w", ErrWaitTimeout)))
 	require.Equal(t, ExitPolicy, ExitCode(fmt.Errorf("x: %w", guard.ErrRejected)))
 	require.Equal(t, ExitRefused, ExitCode(errors.New("ledger corrupt")))
+}
+
+// A --wait hook stops waiting 2 s before the timeout its own definition in
+// config.json gives it (plain runc kills it there); other hooks and
+// definitions without a timeout change nothing.
+func TestOwnHookTimeout(t *testing.T) {
+	sec := func(n int) *int { return &n }
+	guardWait := specs.Hook{Path: "/usr/bin/nri-gpu-guard-hook", Args: []string{"nri-gpu-guard-hook", "create-runtime", "--wait"}}
+	for _, tc := range []struct {
+		name  string
+		hooks *specs.Hooks
+		want  time.Duration
+		ok    bool
+	}{
+		{"own timeout", &specs.Hooks{CreateRuntime: []specs.Hook{
+			{Path: "/usr/bin/other", Args: []string{"other", "--wait"}, Timeout: sec(5)},
+			func() specs.Hook { h := guardWait; h.Timeout = sec(60); return h }(),
+		}}, 58 * time.Second, true},
+		{"no timeout", &specs.Hooks{CreateRuntime: []specs.Hook{guardWait}}, 0, false},
+		{"not waiting", &specs.Hooks{CreateRuntime: []specs.Hook{{Path: guardWait.Path, Args: []string{"nri-gpu-guard-hook", "create-runtime"}, Timeout: sec(60)}}}, 0, false},
+		{"too short to wait", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(2); return h }()}}, 0, false},
+		{"no hooks", nil, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bundle := t.TempDir()
+			data, err := json.Marshal(specs.Spec{Version: specs.Version, Hooks: tc.hooks})
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+			got, ok := ownHookTimeout(bundle)
+			require.Equal(t, tc.ok, ok)
+			require.Equal(t, tc.want, got)
+		})
+	}
+	_, ok := ownHookTimeout(filepath.Join(t.TempDir(), "missing"))
+	require.False(t, ok)
 }
