@@ -223,7 +223,12 @@ cmp -s "$work/edited.toml" "$CONFIG" || fail "dpkg -i after dpkg -r replaced the
 ok "dpkg -r then dpkg -i keeps the locally edited config"
 
 # --- Purge ------------------------------------------------------------------
+# The default ledger's per-boot marker, as the guard leaves it once it
+# committed in this boot (the name is a hash of the state dir).
+MARKER=/run/nri-gpu-guard/ledger-$(printf %s "$STATE_DIR" | sha256sum | cut -c1-24).marker
+[[ -e $MARKER ]] || { mkdir -p /run/nri-gpu-guard && chmod 0700 /run/nri-gpu-guard && : >"$MARKER"; }
 dpkg --purge "$PKG" </dev/null >/dev/null 2>&1 || fail "dpkg --purge"
+[[ ! -e $MARKER ]] || fail "purge left the ledger's boot marker $MARKER (a reinstall in this boot would refuse every GPU container)"
 for p in "$CONFIG" /etc/nri-gpu-guard "$DROP_IN" "$UNIT" /usr/bin/nri-gpu-guard /usr/bin/nri-gpu-guard-hook "$STATE_DIR"; do
 	[[ ! -e $p ]] || fail "purge left $p"
 done

@@ -15,8 +15,14 @@ fi
 case "$1" in
 	purge)
 		# Everything the package or the guard created. The ledger only
-		# records claims of the guard that is now gone.
+		# records claims of the guard that is now gone. Its per-boot marker
+		# (named after a hash of the state dir) goes with it: left behind, it
+		# would make a reinstall in the same boot refuse every GPU container
+		# as a ledger that vanished.
 		rm -rf "$STATE_DIR"
+		if command -v sha256sum >/dev/null 2>&1; then
+			rm -f "/run/nri-gpu-guard/ledger-$(printf %s "$STATE_DIR" | sha256sum | cut -c1-24).marker"
+		fi
 		rmdir /etc/nri-gpu-guard 2>/dev/null || true
 		;;
 	remove | 0)

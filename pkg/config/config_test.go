@@ -131,6 +131,8 @@ func TestValidateMessages(t *testing.T) {
 		{"plugin name", func(c *Config) { c.NRI.PluginName = "90-gpu guard" }, []string{"nri.plugin_name"}},
 		{"poll longer than wait", func(c *Config) { c.Hook.PollInterval = Duration{time.Hour} }, []string{"hook.poll_interval", "longer than hook.wait_timeout"}},
 		{"metrics listen", func(c *Config) { c.Metrics.Listen = "9464" }, []string{"metrics.listen", `"9464"`}},
+		{"exempt namespace with a space", func(c *Config) { c.Policy.ExemptNamespaces = []string{" gpu-monitoring"} }, []string{"policy.exempt_namespaces[0]", `" gpu-monitoring"`, "not a Kubernetes namespace name"}},
+		{"exempt namespace with capitals", func(c *Config) { c.Policy.ExemptNamespaces = []string{"kube-system", "GPU-Monitoring"} }, []string{"policy.exempt_namespaces[1]"}},
 		{"metrics port not a number", func(c *Config) { c.Metrics.Listen = "127.0.0.1:abc" }, []string{"metrics.listen", `port "abc"`, "1 to 65535"}},
 		{"metrics port out of range", func(c *Config) { c.Metrics.Listen = ":99999" }, []string{"metrics.listen", `port "99999"`}},
 		{"metrics port zero", func(c *Config) { c.Metrics.Listen = "127.0.0.1:0" }, []string{"metrics.listen", `port "0"`}},
@@ -332,6 +334,13 @@ func TestWarnings(t *testing.T) {
 	cfg.Policy.ExemptNamespaces = []string{"gpu-monitoring"}
 	require.Len(t, cfg.Warnings(), 1)
 	assert.Contains(t, cfg.Warnings()[0], "OCI hook are never exempt")
+
+	// Cordoning intruders with the accounting off: valid, but said.
+	cfg = Default()
+	cfg.Observe.OnIntruder, cfg.Observe.Interval = IntruderCordon, Duration{}
+	require.NoError(t, cfg.Validate())
+	require.Len(t, cfg.Warnings(), 1)
+	assert.Contains(t, cfg.Warnings()[0], "observe.on_intruder")
 
 	// TTLs the kubelet's back-off outlasts: valid, but said.
 	cfg = Default()

@@ -173,11 +173,29 @@ func (c *Config) validatePolicy(v *problems) {
 		switch {
 		case strings.TrimSpace(ns) == "":
 			v.bad(key, "empty namespace")
+		case !isDNSLabel(ns):
+			// Namespaces are matched exactly: one that no pod can have
+			// would exempt nothing, silently.
+			v.bad(key, "%q is not a Kubernetes namespace name (lowercase letters, digits and '-', at most 63, starting and ending with a letter or digit)", ns)
 		case seenNS[ns]:
 			v.bad(key, "namespace %q is listed twice", ns)
 		}
 		seenNS[ns] = true
 	}
+}
+
+// isDNSLabel reports whether s is an RFC 1123 label, as Kubernetes
+// namespace names are.
+func isDNSLabel(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] == '-' || s[len(s)-1] == '-' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
 }
 
 func (c *Config) validateNRI(v *problems) {
@@ -331,6 +349,9 @@ func (c *Config) Warnings() []string {
 	if d := c.Policy.QueueTTL.Duration; d > 0 && d <= kubeletMaxBackoff {
 		out = append(out, fmt.Sprintf("policy.queue_ttl: %s is not longer than the kubelet's %s maximum back-off between retries; "+
 			"a pod that keeps retrying may be dropped from the queue (the default is 15m)", d, kubeletMaxBackoff))
+	}
+	if c.Observe.OnIntruder == IntruderCordon && c.Observe.Interval.Duration == 0 {
+		out = append(out, "observe.on_intruder: \"cordon\" has no effect while observe.interval = \"0s\" turns the accounting off: no intruder is ever found")
 	}
 	if len(c.Policy.ExemptNamespaces) > 0 {
 		out = append(out, "policy.exempt_namespaces: applies to containers seen through NRI only; "+
