@@ -204,6 +204,18 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		}
 	}
 	owner := OwnerFrom(st, spec, pidStart)
+	if owner.Cgroup == "" && st.Pid > 0 {
+		// The runtime named no cgroup (runc run without cgroupsPath puts
+		// the container in one named after its id): record the one the
+		// container's process is in, so that its liveness and the GPU
+		// observer can tell its processes. Only a cgroup of its own, whose
+		// leaf names the container: a process left in its caller's cgroup
+		// (rootless, no delegation) shares it, and a shared cgroup would
+		// never read as exited.
+		if cg, err := liveness.ProcessCgroup(e.procRoot, st.Pid); err == nil && namesContainer(filepath.Base(cg), st.ID) {
+			owner.Cgroup = guard.BoundCgroup(cg)
+		}
+	}
 	var self *liveness.Process
 	if st.Pid > 0 {
 		self = &liveness.Process{Pid: st.Pid, PidStart: pidStart}
@@ -253,6 +265,14 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		e.beforeWait()
 	}
 	return w.run(ctx)
+}
+
+// namesContainer reports whether a cgroup's leaf is the container's own:
+// its id ("/train", runc's cgroupfs default) or <prefix>-<id>[.scope]
+// (runc-<id>.scope under systemd).
+func namesContainer(leaf, id string) bool {
+	leaf = strings.TrimSuffix(leaf, ".scope")
+	return id != "" && (leaf == id || strings.HasSuffix(leaf, "-"+id))
 }
 
 // hookAnswerMargin is kept between the end of a --wait and the runtime's

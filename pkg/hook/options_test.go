@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // fakeProc writes procRoot/<pid>/stat (with parent ppid) and comm.
@@ -123,4 +125,36 @@ func TestOwnHookTimeout(t *testing.T) {
 	}
 	_, ok := ownHookTimeout(filepath.Join(t.TempDir(), "missing"))
 	require.False(t, ok)
+}
+
+// A container whose runtime named no cgroup has the cgroup its process is
+// in recorded, when that cgroup is its own (its leaf names the container);
+// a process left in a shared cgroup records none.
+func TestCgroupRecordedFromTheProcess(t *testing.T) {
+	for _, tc := range []struct {
+		id, cgroup, want string
+	}{
+		{"train", "0::/train\n", "/train"},
+		{"train", "0::/system.slice/runc-train.scope\n", "/system.slice/runc-train.scope"},
+		{"train", "12:pids:/train\n11:memory:/train\n", "/train"},
+		{"train", "0::/user.slice/user-0.slice/session-1.scope\n", ""},
+		{"a", "0::/user.slice/data\n", ""},
+	} {
+		t.Run(tc.id+" "+tc.want, func(t *testing.T) {
+			root := t.TempDir()
+			fakeProc(t, root, 4242, 1, "app")
+			require.NoError(t, os.WriteFile(filepath.Join(root, "4242", "cgroup"), []byte(tc.cgroup), 0o644))
+			cfg := staticConfig(t)
+			opened := 0
+			e := testEnv(&opened)
+			e.procRoot = root
+			require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, tc.id, 4242, "NVIDIA_VISIBLE_DEVICES=1")), io.Discard))
+			l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+			require.NoError(t, err)
+			st, err := l.Snapshot(t.Context())
+			require.NoError(t, err)
+			require.Len(t, st.Claims, 1)
+			require.Equal(t, tc.want, st.Claims[0].Owner.Cgroup)
+		})
+	}
 }

@@ -312,6 +312,38 @@ type procStat struct {
 	start uint64
 }
 
+// ProcessCgroup returns the cgroup of pid as procRoot/<pid>/cgroup names it:
+// the unified hierarchy's path ("0::<path>") when there is one, else the
+// first hierarchy's. It is what a holder's cgroup is recorded as when its
+// runtime named none (runc run with no cgroupsPath puts the container in a
+// cgroup of its id).
+func ProcessCgroup(procRoot string, pid int) (string, error) {
+	if pid <= 0 {
+		return "", fmt.Errorf("invalid pid %d", pid)
+	}
+	data, err := readBounded(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"), 16<<10)
+	if err != nil {
+		return "", err
+	}
+	first := ""
+	for _, line := range strings.Split(string(data), "\n") {
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
+			continue
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			return parts[2], nil
+		}
+		if first == "" {
+			first = parts[2]
+		}
+	}
+	if first == "" {
+		return "", fmt.Errorf("pid %d: no cgroup in %s", pid, filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
+	}
+	return first, nil
+}
+
 // Running reports whether the process recorded as pid with start time start
 // certainly still runs: its stat is readable, it is no zombie, and it started
 // at start. Any doubt (unreadable, start unknown) is false: for callers that
