@@ -29,6 +29,8 @@ import (
 type DeviceStates interface {
 	// CordonDevice cordons uuid; source is "intruder" or "unhealthy".
 	CordonDevice(ctx context.Context, uuid, source, reason string) error
+	// Cordoned reports whether a cordon is in force on uuid.
+	Cordoned(ctx context.Context, uuid string) (bool, error)
 	// Draining lists the claims kept draining.
 	Draining(ctx context.Context) ([]ledger.Claim, error)
 	// FinishDraining releases the draining claims of containerID.
@@ -99,9 +101,12 @@ type Watch struct {
 	// devices found unhealthy, the errors of the last pass.
 	reported  map[string]observe.FileFinding
 	unhealthy []observe.Finding
-	lastPass  time.Time
-	errors    []string
-	interval  time.Duration
+	// cordonFailed: unhealthy devices whose cordon could not be written
+	// (settleUnhealthy retries them).
+	cordonFailed map[string]bool
+	lastPass     time.Time
+	errors       []string
+	interval     time.Duration
 }
 
 // NewWatch returns a Watch; set its fields before Run.
@@ -249,6 +254,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	}
 	w.mu.Lock()
 	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, nil, nil, time.Time{}
+	w.cordonFailed = nil
 	w.interval = interval
 	w.mu.Unlock()
 
@@ -257,10 +263,13 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 		var err error
 		o, err = observe.New(observe.Options{
 			Source: src, GPUs: k.gpus, ProcRoot: w.ProcRoot,
-			Ledger:      observe.LedgerFunc(func() ([]observe.Holding, error) { return w.holdings(ctx) }),
-			Interval:    interval,
-			Xids:        cfg.Observe.Xids,
-			OnReport:    func(r observe.Report) { w.onReport(ctx, cfg, r) },
+			Ledger:   observe.LedgerFunc(func() ([]observe.Holding, error) { return w.holdings(ctx) }),
+			Interval: interval,
+			Xids:     cfg.Observe.Xids,
+			OnReport: func(r observe.Report) {
+				w.onReport(ctx, cfg, r)
+				w.settleUnhealthy(ctx, o.ClearHealth)
+			},
 			OnUnhealthy: func(f observe.Finding) { w.onUnhealthy(ctx, f) },
 			Logger:      log.With("component", "observer"),
 		})
@@ -463,27 +472,76 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 		rec := auditOf(observe.FileFinding{Finding: f})
 		tx.Audit(OpUnhealthy, rec)
 	})
-	w.cordon(ctx, f, "unhealthy", f.Message)
+	if !w.cordon(ctx, f, "unhealthy", f.Message) {
+		w.mu.Lock()
+		if w.cordonFailed == nil {
+			w.cordonFailed = map[string]bool{}
+		}
+		w.cordonFailed[f.Device.UUID] = true
+		w.mu.Unlock()
+	}
 	if w.Metrics != nil {
 		w.Metrics.DeviceUnhealthy(f)
 	}
 	w.writeFile()
 }
 
-// cordon cordons f's device, or says why it cannot.
-func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason string) {
+// cordon cordons f's device, or says why it cannot, and reports whether it
+// did.
+func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason string) bool {
 	log := w.log()
 	s := w.states()
 	if s == nil {
 		log.Error("cannot cordon the device: the daemon has no guard yet", "device", f.Device.String(), "source", source)
-		return
+		return false
 	}
 	if err := s.CordonDevice(ctx, f.Device.UUID, source, reason); err != nil {
-		log.Error("cordoning the device failed; it still takes new claims", "device", f.Device.String(),
+		log.Error("cordoning the device failed; it still takes new claims (retried at the next accounting pass)", "device", f.Device.String(),
 			"source", source, "error", err)
-		return
+		return false
 	}
 	log.Warn("device cordoned: no new claims until `gpu-guard-ctl uncordon`", "device", f.Device.String(), "source", source, "reason", reason)
+	return true
+}
+
+// settleUnhealthy runs after each accounting pass: an unhealthy device whose
+// cordon could not be written is cordoned again; one whose cordon is gone
+// although it was written was uncordoned by the operator (after a reset or
+// a replacement), and is forgotten, by the observer too (forget), so that
+// its next critical error cordons it again instead of being taken for the
+// one already reported.
+func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bool) {
+	s := w.states()
+	if s == nil {
+		return
+	}
+	w.mu.Lock()
+	unhealthy := slices.Clone(w.unhealthy)
+	w.mu.Unlock()
+	for _, f := range unhealthy {
+		uuid := f.Device.UUID
+		cordoned, err := s.Cordoned(ctx, uuid)
+		if err != nil || cordoned {
+			continue
+		}
+		w.mu.Lock()
+		retry := w.cordonFailed[uuid]
+		w.mu.Unlock()
+		if retry {
+			if w.cordon(ctx, f, "unhealthy", f.Message) {
+				w.mu.Lock()
+				delete(w.cordonFailed, uuid)
+				w.mu.Unlock()
+			}
+			continue
+		}
+		forget(uuid)
+		w.mu.Lock()
+		w.unhealthy = slices.DeleteFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == uuid })
+		w.mu.Unlock()
+		w.log().Info("unhealthy device uncordoned by the operator: its next critical error cordons it again", "device", f.Device.String())
+		w.writeFile()
+	}
 }
 
 // audit writes records through the ledger (an update that changes nothing

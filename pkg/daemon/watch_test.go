@@ -8,6 +8,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -132,17 +133,40 @@ func (h *gpuHost) stop(pid int) {
 type fakeStates struct {
 	mu       sync.Mutex
 	cordons  chan [3]string // uuid, source, reason
+	cordoned map[string]bool
+	failing  int // CordonDevice fails this many more times
 	draining []ledger.Claim
 	finished chan [2]string // container id, reason
 }
 
 func newFakeStates() *fakeStates {
-	return &fakeStates{cordons: make(chan [3]string, 16), finished: make(chan [2]string, 16)}
+	return &fakeStates{cordons: make(chan [3]string, 16), finished: make(chan [2]string, 16), cordoned: map[string]bool{}}
 }
 
 func (s *fakeStates) CordonDevice(_ context.Context, uuid, source, reason string) error {
+	s.mu.Lock()
+	if s.failing > 0 {
+		s.failing--
+		s.mu.Unlock()
+		return errors.New("ledger lock busy")
+	}
+	s.cordoned[uuid] = true
+	s.mu.Unlock()
 	s.cordons <- [3]string{uuid, source, reason}
 	return nil
+}
+
+func (s *fakeStates) Cordoned(_ context.Context, uuid string) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cordoned[uuid], nil
+}
+
+// uncordon is the operator's gpu-guard-ctl uncordon.
+func (s *fakeStates) uncordon(uuid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.cordoned, uuid)
 }
 
 func (s *fakeStates) Draining(context.Context) ([]ledger.Claim, error) {
@@ -573,4 +597,56 @@ func TestWatchHoldingsCarryExemptContainers(t *testing.T) {
 	assert.Equal(t, []string{idC}, exempt())
 	w.SetExempt(idC, false)
 	assert.Empty(t, exempt())
+}
+
+// An unhealthy GPU whose cordon could not be written is cordoned at a later
+// pass; one the operator uncordoned is forgotten, so that its next critical
+// Xid cordons it again (it was reported once per device for the life of the
+// observer, so an uncordoned GPU that failed again took claims).
+func TestUnhealthyCordonRetriedAndRenewedAfterUncordon(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	states := newFakeStates()
+	states.failing = 1
+	reports := make(chan struct{}, 64)
+	w := NewWatch()
+	w.ProcRoot, w.Interval = h.proc, time.Millisecond
+	w.OpenNVML = func() (observe.Source, error) { return observe.OpenNVML(h.srv) }
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.afterReport = func() {
+		select {
+		case reports <- struct{}{}:
+		default:
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	w.Use(g)
+	receive(t, reports, "first report")
+
+	xid := func(n uint64) {
+		h.events <- nvml.EventData{Device: h.srv.Devices[5], EventType: nvml.EventTypeXidCriticalError, EventData: n,
+			GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+	}
+	xid(79) // its cordon fails once ...
+	c := receive(t, states.cordons, "the cordon, retried at a later pass")
+	assert.Equal(t, [2]string{h.uuid(5), "unhealthy"}, [2]string{c[0], c[1]})
+	assert.Contains(t, c[2], "critical Xid 79")
+
+	states.uncordon(h.uuid(5)) // the operator, after a reset
+	for {
+		receive(t, reports, "a pass after the uncordon")
+		w.mu.Lock()
+		n := len(w.unhealthy)
+		w.mu.Unlock()
+		if n == 0 {
+			break
+		}
+	}
+	xid(48) // fails again
+	c = receive(t, states.cordons, "cordoned again")
+	assert.Equal(t, h.uuid(5), c[0])
+	assert.Contains(t, c[2], "Xid 48")
 }
