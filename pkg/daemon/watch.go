@@ -472,7 +472,14 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 		rec := auditOf(observe.FileFinding{Finding: f})
 		tx.Audit(OpUnhealthy, rec)
 	})
-	if !w.cordon(ctx, f, "unhealthy", f.Message) {
+	if f.Vanished && f.Device.IsMIG() {
+		// A MIG instance gone from NVML is most often a repartition of its
+		// GPU (the inventory is then stale), not a fault; a cordon on it
+		// would block its whole GPU until the next reboot. A GPU that fails
+		// reports itself.
+		w.log().Warn("MIG instance no longer in NVML (its GPU repartitioned?): not cordoned; restart nri-gpu-guard to load the new MIG layout",
+			"device", f.Device.String())
+	} else if !w.cordon(ctx, f, "unhealthy", f.Message) {
 		w.mu.Lock()
 		if w.cordonFailed == nil {
 			w.cordonFailed = map[string]bool{}
@@ -520,6 +527,9 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 	w.mu.Unlock()
 	for _, f := range unhealthy {
 		uuid := f.Device.UUID
+		if f.Vanished && f.Device.IsMIG() {
+			continue // never cordoned (see onUnhealthy)
+		}
 		cordoned, err := s.Cordoned(ctx, uuid)
 		if err != nil || cordoned {
 			continue

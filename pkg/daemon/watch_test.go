@@ -650,3 +650,37 @@ func TestUnhealthyCordonRetriedAndRenewedAfterUncordon(t *testing.T) {
 	assert.Equal(t, h.uuid(5), c[0])
 	assert.Contains(t, c[2], "Xid 48")
 }
+
+// A MIG instance that vanished from NVML (its GPU repartitioned) is recorded
+// as unhealthy but not cordoned: a cordon on it would block its whole GPU
+// until the next reboot. A vanished GPU is cordoned.
+func TestVanishedMIGInstanceIsNotCordoned(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	states := newFakeStates()
+	w := NewWatch()
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.mu.Lock()
+	w.g = g
+	w.mu.Unlock()
+	ctx := context.Background()
+	mig := observe.Finding{Kind: observe.KindUnhealthy, Vanished: true, Message: "gone",
+		Device: observe.Device{UUID: "MIG-00000000-0000-4000-8000-000000000001", Index: "5:0", ParentUUID: h.uuid(5)}}
+	gpu := observe.Finding{Kind: observe.KindUnhealthy, Vanished: true, Message: "gone",
+		Device: observe.Device{UUID: h.uuid(6), Index: "6"}}
+	w.onUnhealthy(ctx, mig)
+	w.onUnhealthy(ctx, gpu)
+	c := receive(t, states.cordons, "the vanished GPU's cordon")
+	assert.Equal(t, h.uuid(6), c[0])
+	select {
+	case c := <-states.cordons:
+		t.Fatalf("unexpected cordon %v", c)
+	default:
+	}
+	forgot := 0
+	w.settleUnhealthy(ctx, func(string) bool { forgot++; return true })
+	assert.Zero(t, forgot, "the MIG instance is not taken for one the operator uncordoned")
+	w.mu.Lock()
+	assert.Len(t, w.unhealthy, 2, "both stay recorded as unhealthy")
+	w.mu.Unlock()
+}

@@ -4,6 +4,7 @@
 package observe
 
 import (
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
@@ -126,7 +127,7 @@ func compare(now time.Time, ls []listing, v ledgerView) Report {
 
 func lostFinding(now time.Time, d Device, err error) Finding {
 	return Finding{
-		Kind: KindUnhealthy, Device: d, Time: now,
+		Kind: KindUnhealthy, Device: d, Time: now, Vanished: errors.Is(err, ErrVanished),
 		Message: fmt.Sprintf("%s is unhealthy: %v; no new claims until it is back (check nvidia-smi and the kernel log; a reset or reboot may be needed)", d, err),
 	}
 }

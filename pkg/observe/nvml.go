@@ -122,7 +122,7 @@ func (s *nvmlSource) Close() error {
 func lostError(ret nvml.Return) error {
 	switch ret {
 	case nvml.ERROR_NOT_FOUND:
-		return fmt.Errorf("it vanished from NVML: %w", ret)
+		return fmt.Errorf("it vanished from NVML: %w: %w", ErrVanished, ret)
 	case nvml.ERROR_GPU_IS_LOST:
 		return fmt.Errorf("it is lost (fallen off the bus?): %w", ret)
 	case nvml.ERROR_RESET_REQUIRED:

@@ -374,6 +374,8 @@ func TestVanishedDeviceIsUnhealthy(t *testing.T) {
 	assert.Contains(t, byIndex["5"].Message, "GPU 5 ("+h.uuid(5)+") is unhealthy: it is lost")
 	assert.Contains(t, byIndex["5"].Message, "ERROR_GPU_IS_LOST")
 	assert.Contains(t, byIndex["6"].Message, "vanished from NVML")
+	assert.True(t, byIndex["6"].Vanished, "a device NVML no longer knows is marked so")
+	assert.False(t, byIndex["5"].Vanished, "a lost GPU is still known")
 	assert.Equal(t, idA, byIndex["5"].Holder, "the holder is named; it keeps its claim")
 	f, ok := o.Health(h.uuid(5))
 	require.True(t, ok)

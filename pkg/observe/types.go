@@ -4,6 +4,7 @@
 package observe
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -144,6 +145,9 @@ const (
 	KindGone Kind = "gone"
 )
 
+// ErrVanished is wrapped by the error of a device NVML no longer knows.
+var ErrVanished = errors.New("vanished from NVML")
+
 // Finding is one thing the observer saw that the ledger does not explain.
 type Finding struct {
 	Kind   Kind      `json:"kind"`
@@ -158,6 +162,9 @@ type Finding struct {
 	// Xid is the Xid error of an unhealthy finding (0: the device vanished
 	// or reported a fatal state).
 	Xid uint64 `json:"xid,omitempty"`
+	// Vanished: the unhealthy device is no longer in NVML at all (for a MIG
+	// instance, most often a repartition of its GPU, not a fault).
+	Vanished bool `json:"vanished,omitempty"`
 	// Message names the process, its container, the device (index + UUID)
 	// and what to do.
 	Message string `json:"message"`
