@@ -57,7 +57,7 @@ func BenchmarkHookProcess(b *testing.B) {
 		if msg, err := cmd.CombinedOutput(); err != nil {
 			b.Skipf("go build %s: %v\n%s", bld.pkg, err, msg)
 		}
-		bins[bld.name] = installed(b, out)
+		bins[bld.name] = benchab.MustInstall(b, out)
 	}
 
 	// A host: a configuration with one static GPU over its own ledger, and a
@@ -162,7 +162,7 @@ func BenchmarkHookProcess(b *testing.B) {
 	// before/after on one machine under one load.
 	base := os.Getenv("HOOK_BASELINE")
 	if base != "" {
-		base = installed(b, base)
+		base = benchab.MustInstall(b, base)
 		variants = append(variants,
 			benchab.Variant{Name: "baseline-create", Run: run(shipped, base, "create-runtime", "--config", cfg)},
 			benchab.Variant{Name: "baseline-poststop", Run: run(shipped, base, "poststop", "--config", cfg)},
@@ -186,16 +186,6 @@ func BenchmarkHookProcess(b *testing.B) {
 		b.Fatalf("the GPU ledger is not empty after the pairs (every poststop releases): %d claims, %d waiters, %v",
 			len(st.Claims), len(st.Waiters), err)
 	}
-}
-
-// installed is benchab.Installed into a temp dir of the benchmark's.
-func installed(b *testing.B, path string) string {
-	b.Helper()
-	inst, err := benchab.Installed(path, b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	return inst
 }
 
 func writeFile(b *testing.B, path, data string) {

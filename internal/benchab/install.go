@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"testing"
 )
 
 // Installed copies the program at path, in one sequential pass, to a new
@@ -42,4 +43,14 @@ func Installed(path, dir string) (string, error) {
 		return "", fmt.Errorf("install %s: %w", path, err)
 	}
 	return dst, nil
+}
+
+// MustInstall is Installed into a temp dir of tb's, failing tb on error.
+func MustInstall(tb testing.TB, path string) string {
+	tb.Helper()
+	inst, err := Installed(path, tb.TempDir())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return inst
 }

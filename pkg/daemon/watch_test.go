@@ -290,22 +290,12 @@ func TestUncheckedContainerShowsUpAsIntruder(t *testing.T) {
 	states := newFakeStates()
 	logs := &syncBuffer{}
 	m := metrics.New()
-	reports := make(chan struct{}, 64)
-	w := NewWatch()
-	w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-	w.Metrics, w.ProcRoot, w.Interval = m, h.proc, time.Millisecond
-	w.OpenNVML = func() (observe.Source, error) { return observe.OpenNVML(h.srv) }
-	w.States = func(*guard.Guard) DeviceStates { return states }
-	w.afterReport = func() {
-		select {
-		case reports <- struct{}{}:
-		default:
-		}
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { w.Run(ctx); close(done) }()
-	w.Use(g)
+	_, reports := startWatch(ctx, t, h, g, states, func(w *Watch) {
+		w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		w.Metrics = m
+	}, done)
 
 	receive(t, reports, "first report")
 	cordons := map[string][3]string{}
@@ -531,23 +521,8 @@ func TestFindingsWaitForSynchronize(t *testing.T) {
 	g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
 	h.run(2, 200, idB)
 	states := newFakeStates()
-	reports := make(chan struct{}, 64)
-	w := NewWatch()
-	w.ProcRoot, w.Interval = h.proc, time.Millisecond
-	w.OpenNVML = func() (observe.Source, error) { return observe.OpenNVML(h.srv) }
-	w.States = func(*guard.Guard) DeviceStates { return states }
-	w.afterReport = func() {
-		select {
-		case reports <- struct{}{}:
-		default:
-		}
-	}
-	w.SetReady(false)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	w.Use(g)
+	w, reports, stop := runWatch(t, h, g, states, func(w *Watch) { w.SetReady(false) })
+	defer stop()
 
 	for range 3 {
 		receive(t, reports, "report before Synchronize")
@@ -608,22 +583,8 @@ func TestUnhealthyCordonRetriedAndRenewedAfterUncordon(t *testing.T) {
 	g := guardFor(t, h, nil)
 	states := newFakeStates()
 	states.failing = 1
-	reports := make(chan struct{}, 64)
-	w := NewWatch()
-	w.ProcRoot, w.Interval = h.proc, time.Millisecond
-	w.OpenNVML = func() (observe.Source, error) { return observe.OpenNVML(h.srv) }
-	w.States = func(*guard.Guard) DeviceStates { return states }
-	w.afterReport = func() {
-		select {
-		case reports <- struct{}{}:
-		default:
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	w.Use(g)
+	w, reports, stop := runWatch(t, h, g, states, nil)
+	defer stop()
 	receive(t, reports, "first report")
 
 	xid := func(n uint64) {
@@ -683,4 +644,39 @@ func TestVanishedMIGInstanceIsNotCordoned(t *testing.T) {
 	w.mu.Lock()
 	assert.Len(t, w.unhealthy, 2, "both stay recorded as unhealthy")
 	w.mu.Unlock()
+}
+
+// startWatch runs a Watch over h's NVML mock and fake proc, with states as
+// its device states and adjust applied before it runs, until ctx is done
+// (then done is closed). reports gets a value after each handled report.
+func startWatch(ctx context.Context, t *testing.T, h *gpuHost, g *guard.Guard, states *fakeStates, adjust func(*Watch),
+	done chan struct{}) (*Watch, chan struct{}) {
+	t.Helper()
+	reports := make(chan struct{}, 64)
+	w := NewWatch()
+	w.ProcRoot, w.Interval = h.proc, time.Millisecond
+	w.OpenNVML = func() (observe.Source, error) { return observe.OpenNVML(h.srv) }
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.afterReport = func() {
+		select {
+		case reports <- struct{}{}:
+		default:
+		}
+	}
+	if adjust != nil {
+		adjust(w)
+	}
+	go func() { w.Run(ctx); close(done) }()
+	w.Use(g)
+	return w, reports
+}
+
+// runWatch is startWatch with its own context; stop ends the watch and
+// waits for it.
+func runWatch(t *testing.T, h *gpuHost, g *guard.Guard, states *fakeStates, adjust func(*Watch)) (*Watch, chan struct{}, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	w, reports := startWatch(ctx, t, h, g, states, adjust, done)
+	return w, reports, func() { cancel(); <-done }
 }

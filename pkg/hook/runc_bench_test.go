@@ -36,7 +36,7 @@ func BenchmarkRuncHook(b *testing.B) {
 	durableBin := buildFloor(b, "durablefloor")
 	// Every hook program runs from a copy written in one pass, as a
 	// package installs it (benchab.Installed).
-	guardBin := installedCopy(b, hookBin)
+	guardBin := benchab.MustInstall(b, hookBin)
 	floorDir := filepath.Join(r.base, "floor") // same file system as the ledger
 	i := 0
 	variant := func(name string, o ctrOpts) benchab.Variant {
@@ -73,7 +73,7 @@ func BenchmarkRuncHook(b *testing.B) {
 	// commit's) to run as the hooks in the same rounds: a before/after.
 	base := os.Getenv("HOOK_BASELINE")
 	if base != "" {
-		base = installedCopy(b, base)
+		base = benchab.MustInstall(b, base)
 		// The baseline claims in a ledger of its own: on a shared one,
 		// whichever build compacts sooner would pay every compaction and
 		// hand the other the shorter journal.
@@ -110,15 +110,5 @@ func buildFloor(b *testing.B, name string) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		b.Fatalf("go build %s: %v\n%s", name, err, out)
 	}
-	return installedCopy(b, bin)
-}
-
-// installedCopy is benchab.Installed into a temp dir of the benchmark's.
-func installedCopy(b *testing.B, path string) string {
-	b.Helper()
-	inst, err := benchab.Installed(path, b.TempDir())
-	if err != nil {
-		b.Fatal(err)
-	}
-	return inst
+	return benchab.MustInstall(b, bin)
 }
