@@ -141,6 +141,13 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		return err
 	}
 	if a.output == outputJSON {
+		// Lists are always present in the JSON, [] when empty.
+		if rep.Claims == nil {
+			rep.Claims = []ledger.Claim{}
+		}
+		if rep.Waiters == nil {
+			rep.Waiters = []ledger.Waiter{}
+		}
 		return writeJSON(a.env.Stdout, recoverOutput{RecoverReport: rep, Runtime: scan})
 	}
 	var b strings.Builder

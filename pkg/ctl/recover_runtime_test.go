@@ -280,4 +280,6 @@ func TestRecoverHealthyLedgerReadsNoRuntime(t *testing.T) {
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	assert.NotContains(t, r.stdout, `"runtime"`)
 	assert.NotContains(t, r.stdout, `"adopted"`)
+	assert.Contains(t, r.stdout, `"waiters": []`, "lists are present, [] when empty")
+	assert.NotContains(t, r.stdout, "null")
 }
