@@ -173,13 +173,18 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	case mok:
 		rep.Complete = best.Lineage == m.Lineage && best.Generation >= m.Generation
 	default:
-		rep.Complete = !markerBad && !damaged
+		// A file that names a later generation than the chain reaches
+		// (a journal header, a snapshot of the same ledger) proves that
+		// commits are missing.
+		rep.Complete = !markerBad && !damaged && best.Generation >= maxGen
 	}
 	switch {
 	case rep.Empty:
 		rep.Lost = "everything: no snapshot or journal verified"
 	case !rep.Complete && mok:
 		rep.Lost = fmt.Sprintf("commits %d to %d of lineage %s (the last this boot made)", best.Generation+1, m.Generation, truncate(m.Lineage, 64))
+	case !rep.Complete && best.Generation < maxGen:
+		rep.Lost = fmt.Sprintf("commits %d to %d (a file names generation %d, the chain reaches %d)", best.Generation+1, maxGen, maxGen, best.Generation)
 	case !rep.Complete:
 		rep.Lost = fmt.Sprintf("unknown: no intact boot marker vouches that generation %d was the last commit", best.Generation)
 	}
@@ -191,15 +196,28 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 
 	now := l.now()
 	st := best
+	var discarded []AuditRecord
+	earlierBoot := ok && best.BootID != "" && best.BootID != l.opts.BootID
+	if earlierBoot {
+		// What verified is an earlier boot's state: its claims and waiters
+		// are of containers that died with that boot, so it is discarded
+		// as any read of it would be (prepare), and only the operator's
+		// cordons carry over (below, audited one by one).
+		st, discarded, _ = l.prepare(&loaded{st: best, exists: true}, now)
+	}
 	st.BootID = l.opts.BootID
 	st.NextSeq = max(st.NextSeq, nextSeq)
-	rep.NewLineage = !rep.Complete || st.Lineage == ""
-	if rep.NewLineage {
-		st.Lineage = newLineage()
+	rep.NewLineage = !rep.Complete || st.Lineage == "" || earlierBoot
+	if rep.NewLineage && !earlierBoot {
+		st.Lineage = newLineage() // prepare gave an earlier boot's a new one
 	}
 	st.Generation = max(st.Generation, maxGen) + 1
 	st.UpdatedAt = now
 	tx := newTx(l, st, now)
+	if earlierBoot {
+		tx.audit = append(tx.audit, discarded...)
+		tx.keepCordonsAcrossBoot(best.Cordons)
+	}
 	listed := make(map[string]bool, len(opts.Running))
 	for _, h := range opts.Running {
 		listed[h.Owner.ContainerID] = true

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -614,4 +615,98 @@ func TestRecoverWithoutAnIntactMarkerIsNotComplete(t *testing.T) {
 			require.NotEqual(t, lineage, snapshot(t, l).Lineage, "a fenced NRI daemon sees the change and rebuilds")
 		})
 	}
+}
+
+// Without a marker (a failed marker write, or the runtime dir cleared),
+// recovery still does not call a chain complete when a file it found names
+// a later commit than the chain reaches: here the latest snapshot and the
+// journal it compacted are gone, the previous snapshot took the current
+// one's place, and the current journal's header names the lost snapshot's
+// generation.
+func TestRecoverWithoutMarkerSeesAGenerationGap(t *testing.T) {
+	dir, opts := failClosedLedger(t, true)
+	l, err := Open(dir, opts)
+	require.NoError(t, err)
+	last := snapshot(t, l)
+	snap := filepath.Join(dir, stateName)
+	require.NoError(t, os.Rename(filepath.Join(dir, journalPrevName), snap+".moved-journal"))
+	require.NoError(t, os.Rename(snap, snap+".moved"))
+	require.NoError(t, os.Rename(filepath.Join(dir, prevName), snap))
+	require.NoError(t, os.Remove(l.markerPath()))
+
+	rep, err := l.Recover(context.Background(), RecoverOptions{Reason: "test"})
+	require.NoError(t, err)
+	require.False(t, rep.Complete, "the journal names generation %d: %+v", last.Generation, rep)
+	require.True(t, rep.NewLineage)
+	require.Less(t, rep.RecoveredGeneration, last.Generation)
+	require.Contains(t, rep.Lost, fmt.Sprintf("names generation %d", last.Generation))
+	require.NotEqual(t, last.Lineage, snapshot(t, l).Lineage, "a fenced NRI daemon sees the change and rebuilds")
+	require.Greater(t, snapshot(t, l).Generation, last.Generation, "generations keep counting up")
+}
+
+// A damaged ledger of an earlier boot, recovered after the reboot, is
+// discarded as any read of an earlier boot's state is: its holders and
+// waiters died with that boot. Only the operator's cordons carry over; the
+// observer's are dropped; each is audited.
+func TestRecoverAfterRebootDiscardsTheEarlierBootsHolders(t *testing.T) {
+	c := newClock()
+	dir := filepath.Join(t.TempDir(), "state")
+	l, err := Open(dir, rebootOptions(t, c, testBoot))
+	require.NoError(t, err)
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+		tx.Enqueue("w", owner("w"), devs(gpu(0)))
+	})
+	update(t, l, func(tx *Tx) {
+		_, _, err := tx.Cordon(gpu(1), CordonOperator, "ECC errors, RMA 4711", "uid 0 via gpu-guard-ctl")
+		require.NoError(t, err)
+		_, _, err = tx.Cordon(gpu(2), CordonIntruder, "pid 4242 not admitted", "observer")
+		require.NoError(t, err)
+	})
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h3"), devs(gpu(3)), "env")
+		require.NoError(t, err)
+	})
+	before := snapshot(t, l)
+	// Damage the journal's last commit: the earlier boot's state needs
+	// recovery (the first Update of the new boot would otherwise discard
+	// it), and what verifies holds h1, the waiter and both cordons.
+	j := filepath.Join(dir, journalName)
+	b := mustRead(t, j)
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	require.Len(t, lines, 5, "header, three commits, and the empty rest")
+	b[len(lines[0])+len(lines[1])+len(lines[2])+len(lines[3])/2] ^= 0x20
+	require.NoError(t, os.WriteFile(j, b, 0o600))
+
+	c.Advance(time.Hour)
+	opts := rebootOptions(t, c, "after-reboot")
+	r, err := Open(dir, opts)
+	require.NoError(t, err)
+	_, err = r.Snapshot(context.Background())
+	require.ErrorIs(t, err, ErrNeedsRecovery)
+	rep, err := r.Recover(context.Background(), RecoverOptions{Reason: "test"})
+	require.NoError(t, err)
+	require.Empty(t, rep.Claims, "no holder of the earlier boot comes back: %+v", rep)
+	require.Empty(t, rep.Waiters)
+	require.True(t, rep.NewLineage, "the NRI daemon rebuilds from the runtime")
+
+	st := snapshot(t, r)
+	require.Empty(t, st.Claims)
+	require.Empty(t, st.Waiters)
+	require.Equal(t, map[string]string{gpu(1).UUID: CordonOperator}, cordonSources(st.Cordons))
+	require.Equal(t, "after-reboot", st.BootID)
+	require.Greater(t, st.Generation, rep.RecoveredGeneration)
+	require.NotEqual(t, before.Lineage, st.Lineage, "(lineage, generation) never names two states")
+
+	audit := string(mustRead(t, filepath.Join(dir, auditName)))
+	require.Contains(t, audit, "from before the current boot")
+	require.Contains(t, audit, "kept across the reboot")
+	require.Contains(t, audit, "dropped at the reboot")
+
+	// A handle opened afresh (the next hook) reads the same.
+	again, err := Open(dir, opts)
+	require.NoError(t, err)
+	require.Equal(t, st.Cordons, snapshot(t, again).Cordons)
+	require.Empty(t, snapshot(t, again).Claims)
 }
