@@ -20,6 +20,10 @@ var (
 	ErrUnsupportedFormat = errors.New("ledger state written by a newer nri-gpu-guard")
 	// ErrReadOnly: a mutation was attempted on a ledger opened with OpenReadOnly.
 	ErrReadOnly = errors.New("ledger opened read-only")
+	// ErrLockLost: the lock file was removed or replaced while this process
+	// held the flock on it, so another process may hold a lock on the new
+	// file at the same time; nothing was written.
+	ErrLockLost = errors.New("ledger lock lost")
 	// ErrInvalid: a request to the ledger is malformed (empty container id or
 	// device UUID). It is a caller bug, never a user error.
 	ErrInvalid = errors.New("invalid ledger request")
@@ -100,7 +104,8 @@ func (e *LockError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "ledger lock %s not acquired within %s", e.Path, e.Waited.Round(time.Millisecond))
 	if e.HolderPid > 0 {
-		fmt.Fprintf(&b, ": held by pid %d (see /proc/%d/cmdline; a stuck holder must be stopped)", e.HolderPid, e.HolderPid)
+		fmt.Fprintf(&b, ": held by pid %d (see /proc/%d/cmdline; a stuck holder must be stopped: removing the lock file "+
+			"does not free it)", e.HolderPid, e.HolderPid)
 	} else {
 		b.WriteString(": holder unknown (see /proc/locks)")
 	}

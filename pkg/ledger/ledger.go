@@ -543,6 +543,9 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 // a format 1 file (the upgrade), a new lineage or a missing journal. After
 // the append, a journal grown past the snapshot is compacted into a new one.
 func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string) (loaded, error) {
+	if err := l.checkLockFile(); err != nil {
+		return loaded{}, err
+	}
 	cur := *ld
 	var next loaded
 	genesis := false

@@ -55,6 +55,12 @@ func (l *Ledger) acquire(ctx context.Context) (func(), error) {
 			<-l.sem
 			return nil, fmt.Errorf("lock %s: %w", l.LockPath(), err)
 		}
+		if ok && l.checkLockFile() != nil {
+			// The file was replaced between our open and our flock: the
+			// lock that counts is the one on the file now at the path.
+			_ = l.flock.Unlock()
+			ok = false
+		}
 		if ok {
 			break
 		}
@@ -80,7 +86,10 @@ func (l *Ledger) acquire(ctx context.Context) (func(), error) {
 			// holder may have just let go); never for a caller that gave up.
 			if ctx.Err() == nil {
 				if ok, err := l.flock.TryLock(); err == nil && ok {
-					return l.unlocker(), nil
+					if l.checkLockFile() == nil {
+						return l.unlocker(), nil
+					}
+					_ = l.flock.Unlock()
 				}
 			}
 			<-l.sem
@@ -89,6 +98,35 @@ func (l *Ledger) acquire(ctx context.Context) (func(), error) {
 		delay = min(2*delay, lockPollMax)
 	}
 	return l.unlocker(), nil
+}
+
+// checkLockFile reports whether the file this process holds the flock on is
+// still the one at LockPath. A flock belongs to an inode, not a name: if
+// someone removes or replaces ledger.lock (taking it for a stale lock file),
+// the next process creates or opens another inode and locks it while the
+// holder still writes. The holder checks before every write (and refuses
+// it), the taker after every flock (and takes the new file's), which leaves
+// only the moments between a holder's check and its write.
+func (l *Ledger) checkLockFile() error {
+	if !l.flock.Locked() {
+		return fmt.Errorf("%w: %s is not locked by this process", ErrLockLost, l.LockPath())
+	}
+	held, err := l.flock.Stat() // fstat of the locked descriptor
+	if err != nil {
+		return fmt.Errorf("%w: stat the held lock %s: %w", ErrLockLost, l.LockPath(), err)
+	}
+	at, err := os.Lstat(l.LockPath()) //nolint:gosec // a fixed name in the operator's state dir
+	if err == nil && os.SameFile(held, at) {
+		return nil
+	}
+	what := "replaced"
+	if err != nil {
+		what = "removed (" + err.Error() + ")"
+	}
+	return fmt.Errorf("%w: %s was %s while this process held it, so another process may be writing the ledger "+
+		"at the same time; nothing was written and the request is refused (retry it). ledger.lock is a flock, "+
+		"released when its holder exits: never remove it to break a lock (find the holder in /proc/locks)",
+		ErrLockLost, l.LockPath(), what)
 }
 
 func (l *Ledger) unlocker() func() {

@@ -257,6 +257,9 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	if opts.DryRun {
 		return rep, nil
 	}
+	if err := l.checkLockFile(); err != nil {
+		return rep, err
+	}
 
 	// Move aside what is damaged or of another ledger; keep the rest
 	// (compaction then keeps the snapshot and journal it replaces as .prev).
@@ -360,6 +363,9 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 		}
 	}
 	// Only once the new state is known to be valid are the old files moved.
+	if err := l.checkLockFile(); err != nil {
+		return rep, err
+	}
 	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
 		p := filepath.Join(l.dir, name)
 		if _, err := os.Lstat(p); err != nil {
