@@ -161,8 +161,9 @@ type HookConfig struct {
 	WaitTimeout  Duration `toml:"wait_timeout"`
 	PollInterval Duration `toml:"poll_interval"`
 	// RuntimeRoots are the state directories of the OCI runtimes whose
-	// containers `gpu-guard-ctl recover` adopts claims for (runc's and
-	// crun's roots; podman uses runc's). Empty: recover does not look.
+	// containers `gpu-guard-ctl recover`, and the NRI daemon when it
+	// recovers the ledger, adopt claims for (runc's and crun's roots;
+	// podman uses runc's). Empty: recovery does not look.
 	RuntimeRoots []string `toml:"runtime_roots"`
 }
 

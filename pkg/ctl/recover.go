@@ -13,6 +13,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/runtimescan"
 )
 
 func (a *app) recoverCommand() *cobra.Command {
@@ -74,7 +75,7 @@ type recoverFlags struct {
 // runtimes were read, what was found there.
 type recoverOutput struct {
 	ledger.RecoverReport
-	Runtime *runtimeScan `json:"runtime,omitempty"`
+	Runtime *runtimescan.Result `json:"runtime,omitempty"`
 }
 
 func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
@@ -94,7 +95,7 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	if err != nil {
 		return err
 	}
-	var scan *runtimeScan
+	var scan *runtimescan.Result
 	// A healthy ledger is left alone (Recover changes nothing): no need to
 	// read the runtimes, nor to fail for an inventory they would need.
 	healthy := false
@@ -115,8 +116,8 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		if scan != nil {
 			// A hook host has no daemon to rebuild the claims: the reset
 			// starts from what the runtimes run.
-			rep, err = l.ResetAdopting(ctx, why, scan.holdings, func(i int) string {
-				return strings.Replace(scan.why[i], "recover:", "reset:", 1)
+			rep, err = l.ResetAdopting(ctx, why, scan.Holdings, func(i int) string {
+				return strings.Replace(scan.Why[i], "recover:", "reset:", 1)
 			})
 		} else {
 			rep, err = l.Reset(ctx, why)
@@ -124,8 +125,8 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	} else {
 		opts := ledger.RecoverOptions{Reason: why, DryRun: dryRun}
 		if scan != nil {
-			opts.Running = scan.holdings
-			opts.RunningWhy = func(i int) string { return scan.why[i] }
+			opts.Running = scan.Holdings
+			opts.RunningWhy = func(i int) string { return scan.Why[i] }
 		}
 		if !noLiveness {
 			// The one release rule decides, as for gc and status: a holder
@@ -209,7 +210,7 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 }
 
 // writeRuntimeScan says which runtime roots were read and what could not be.
-func writeRuntimeScan(b *strings.Builder, scan *runtimeScan) {
+func writeRuntimeScan(b *strings.Builder, scan *runtimescan.Result) {
 	roots := "none of the configured roots exists"
 	if len(scan.Roots) > 0 {
 		roots = strings.Join(scan.Roots, ", ")

@@ -19,6 +19,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/runtimescan"
 )
 
 // Compile-time checks: the stub finds handlers by type assertion, so a
@@ -371,7 +372,11 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 func (p *Plugin) reconcile(ctx context.Context, g *guard.Guard, live []guard.Request, reason string) (ledger.ReconcileResult, map[string]trackedCtr, error) {
 	led := g.Ledger()
 	led.RequireLineage("")
-	if rep, err := led.Recover(ctx, ledger.RecoverOptions{AllowEmpty: true, Reason: reason}); err != nil {
+	opts := ledger.RecoverOptions{AllowEmpty: true, Reason: reason}
+	if _, err := led.Snapshot(ctx); errors.Is(err, ledger.ErrNeedsRecovery) {
+		opts.Running, opts.RunningWhy = p.hookHoldings(g, live)
+	}
+	if rep, err := led.Recover(ctx, opts); err != nil {
 		return ledger.ReconcileResult{}, nil, fmt.Errorf("nri-gpu-guard: recover the ledger: %w", err)
 	} else if rep.Problem != "" {
 		p.log.Warn("ledger recovered before reconciling with the runtime's containers", "problem", rep.Problem, "from", rep.From,
@@ -416,6 +421,40 @@ func (p *Plugin) reconcile(ctx context.Context, g *guard.Guard, live []guard.Req
 		track(&st.Conflicts[i].Owner)
 	}
 	return res, tracked, nil
+}
+
+// hookHoldings lists, for a recovery, the containers of the OCI hook front
+// end that the runtimes' state dirs ([hook] runtime_roots) show live, with
+// the GPUs each one's spec names: on a host where podman or CRI-O runs
+// containers beside containerd's, a recovery that lost commits (or found
+// nothing to recover) would otherwise forget their claims, and nothing
+// else would bring them back. Containers of live (this front end's, as on a
+// CRI-O host whose runc root is listed) are left to the reconcile.
+func (p *Plugin) hookHoldings(g *guard.Guard, live []guard.Request) ([]ledger.Holding, func(int) string) {
+	roots := g.Config().Hook.RuntimeRoots
+	if len(roots) == 0 {
+		return nil, nil
+	}
+	// The host's /proc: a DaemonSet runs with hostPID.
+	res, err := runtimescan.Read(roots, "", func() (*guard.Guard, error) { return g, nil })
+	if err != nil {
+		p.log.Warn("reading the OCI runtimes' state for the hook's containers failed; their lost claims are not adopted",
+			"roots", roots, "error", err)
+		return nil, nil
+	}
+	nri := make(map[string]bool, len(live))
+	for _, r := range live {
+		nri[r.Owner.ContainerID] = true
+	}
+	holdings, why := res.Without(nri)
+	p.log.Warn("the ledger needs recovery: the OCI hook's running containers are adopted from the runtimes' state",
+		"roots", res.Roots, "live", res.Live, "hook_containers", len(holdings), "unresolved", len(res.Unresolved),
+		"problems", len(res.Problems))
+	for _, n := range res.Unresolved {
+		p.log.Warn("a running container's GPUs cannot be told: its claims are kept, nothing is adopted for it",
+			"container", n.ID, "runtime", n.Runtime, "error", n.Error)
+	}
+	return holdings, func(i int) string { return why[i] }
 }
 
 // rebuildInPlace is a launched plugin's answer to a ledger that needs

@@ -1,0 +1,121 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package nriplugin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+)
+
+// runcContainer writes runc's state for container id under root (the
+// format of a file real runc wrote), whose init is a real process of this
+// test, with a bundle whose spec sets env; it returns the owner the OCI
+// hook recorded for it.
+func runcContainer(t *testing.T, root, id string, env ...string) ledger.Owner {
+	t.Helper()
+	cmd := exec.Command("sleep", "3600")
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	start, err := liveness.PidStart("/proc", cmd.Process.Pid)
+	require.NoError(t, err)
+
+	bundle := filepath.Join(t.TempDir(), id)
+	require.NoError(t, os.MkdirAll(bundle, 0o700))
+	spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env},
+		Linux: &specs.Linux{CgroupsPath: "/machine.slice/libpod-" + id + ".scope"}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o600))
+
+	raw, err := os.ReadFile(filepath.Join("..", "runtimestate", "testdata", "runc.state.json"))
+	require.NoError(t, err)
+	var m map[string]any
+	require.NoError(t, json.Unmarshal(raw, &m))
+	m["id"], m["init_process_pid"], m["init_process_start"] = id, cmd.Process.Pid, start
+	m["config"].(map[string]any)["labels"] = []string{"bundle=" + bundle}
+	data, err := json.Marshal(m)
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(filepath.Join(root, id), 0o700))
+	require.NoError(t, os.WriteFile(filepath.Join(root, id, "state.json"), data, 0o600))
+	return ledger.Owner{ContainerID: id, FrontEnd: ledger.FrontEndHook, Pid: cmd.Process.Pid, PidStart: start}
+}
+
+// On a host where podman runs containers through the OCI hook beside
+// containerd's, the daemon finds the ledger with nothing left to recover
+// from (every state file gone) and rebuilds it: containerd's holder comes
+// back from the runtime's list, and the hook's running container keeps its
+// GPU, read from runc's state dir ([hook] runtime_roots), so that a
+// newcomer on it is still refused. Before, the rebuild forgot it: nothing
+// else would ever bring the claim back. A container of containerd's list
+// found in the runtime root too (a CRI-O host) stays the NRI front end's.
+func TestDaemonRecoveryKeepsTheHooksRunningContainers(t *testing.T) {
+	runcRoot := filepath.Join(t.TempDir(), "runc")
+	rt := newRuntime(t, func(c *config.Config) { c.Hook.RuntimeRoots = []string{runcRoot} })
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	waitReady := runPlugin(t, rt)
+
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+	rt.start(podA, holder, 4242)
+
+	podman := runcContainer(t, runcRoot, "podman-1", "NVIDIA_VISIBLE_DEVICES=2")
+	// As on a CRI-O host (whose runc root is /run/runc), the runtime's own
+	// container is in the root too: it stays the NRI front end's.
+	runcContainer(t, runcRoot, holder.Id, "NVIDIA_VISIBLE_DEVICES=1")
+	// Its cgroup, where the daemon's liveness check finds it running.
+	cg := filepath.Join(rt.cgroupRoot, "machine.slice", "libpod-podman-1.scope")
+	require.NoError(t, os.MkdirAll(cg, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(cg, "cgroup.procs"), fmt.Appendf(nil, "%d\n", podman.Pid), 0o644))
+	podman.Cgroup = "/machine.slice/libpod-podman-1.scope"
+	hookLedger, err := ledger.Open(rt.ledgerDir, ledger.Options{Now: rt.clock.Now})
+	require.NoError(t, err)
+	gpu2 := devices.Device{UUID: gpuUUID(2), Index: "2", Kind: devices.KindGPU}
+	require.NoError(t, hookLedger.Update(context.Background(), func(tx *ledger.Tx) error {
+		_, err := tx.Claim("", podman, []devices.Device{gpu2}, "env")
+		return err
+	}))
+	require.Equal(t, map[string]string{"1": holder.Id, "2": "podman-1"}, rt.holders())
+
+	for _, name := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
+		if err := os.Remove(filepath.Join(rt.ledgerDir, name)); err != nil {
+			require.ErrorIs(t, err, os.ErrNotExist)
+		}
+	}
+	cerr := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=3"))
+	require.Error(t, cerr,
+		"nothing is decided while the ledger needs recovery")
+	waitReady(false)
+	waitReady(true)
+
+	assert.Equal(t, map[string]string{"1": holder.Id, "2": "podman-1"}, rt.holders(),
+		"containerd's holder re-adopted from its list, podman's from runc's state")
+	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=2")), "podman-1")
+	require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=3")))
+	st := rt.state()
+	fronts := map[string]ledger.FrontEnd{}
+	for _, c := range st.Claims {
+		fronts[c.Owner.ContainerID] = c.Owner.FrontEnd
+		if c.Owner.ContainerID == "podman-1" {
+			assert.Equal(t, podman.Pid, c.Owner.Pid, "with the container's init pid")
+		}
+	}
+	assert.Equal(t, map[string]ledger.FrontEnd{holder.Id: ledger.FrontEndNRI, "podman-1": ledger.FrontEndHook, "b-3": ledger.FrontEndNRI}, fronts)
+	assert.Empty(t, st.Conflicts, "a container both lists name is not a conflict with itself")
+}

@@ -1,0 +1,117 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package runtimescan
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/runtimestate"
+)
+
+// Result is what was learned from the runtimes' state dirs.
+type Result struct {
+	// Roots are the roots read (configured ones that exist).
+	Roots []string `json:"roots"`
+	// Live is the number of created or running containers found.
+	Live int `json:"live"`
+	// Unresolved are live containers whose GPUs could not be told (their
+	// spec unreadable, or their request no longer resolves): their claims
+	// are kept, but nothing is adopted for them.
+	Unresolved []Note `json:"unresolved,omitempty"`
+	// Creating are containers being created (no state file yet).
+	Creating []string `json:"creating,omitempty"`
+	// Problems are entries that could not be read as containers.
+	Problems []runtimestate.Problem `json:"problems,omitempty"`
+
+	// Holdings are the live containers as the hook front end's holders, in
+	// the order they were started, and Why the audit reason of each (for
+	// ledger.RecoverOptions.Running and RunningWhy).
+	Holdings []ledger.Holding `json:"-"`
+	Why      []string         `json:"-"`
+}
+
+// Note names a container and what is wrong with it.
+type Note struct {
+	ID      string `json:"id"`
+	Runtime string `json:"runtime"`
+	Error   string `json:"error"`
+}
+
+// maxSourceLen bounds the "how it named the device" text of an adopted
+// claim, as the guard bounds it for an admitted one.
+const maxSourceLen = 512
+
+// Read lists the live containers of roots (pids checked under procRoot, ""
+// for /proc) and resolves each one's GPUs as the OCI hook resolves them
+// (same spec decoding, inventory and policy). guardFor gives the guard to
+// resolve with; it is called only when a live container is found, so that
+// a host without one never needs the inventory.
+func Read(roots []string, procRoot string, guardFor func() (*guard.Guard, error)) (*Result, error) {
+	scan := runtimestate.Scan(roots, runtimestate.Options{ProcRoot: procRoot})
+	out := &Result{Roots: scan.Roots, Creating: scan.Creating, Problems: scan.Problems}
+	live := scan.Live()
+	out.Live = len(live)
+	if len(live) == 0 {
+		return out, nil
+	}
+	g, err := guardFor()
+	if err != nil {
+		// Without the inventory no running container's GPUs can be told,
+		// and a lost claim would stay lost: refuse rather than recover
+		// half-way.
+		return nil, fmt.Errorf("the runtimes run %d container(s) whose GPUs must be checked, but the GPU inventory "+
+			"did not load: %w", len(live), err)
+	}
+	for _, c := range live {
+		st := specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle, Annotations: c.Annotations}
+		owner := guard.BoundOwner(hook.OwnerFrom(st, c.Spec, c.PidStart))
+		owner.FrontEnd = ledger.FrontEndHook
+		if owner.Cgroup == "" {
+			owner.Cgroup = guard.BoundCgroup(c.Cgroup)
+		}
+		h := ledger.Holding{Owner: owner}
+		if c.SpecErr != nil {
+			out.Unresolved = append(out.Unresolved, Note{ID: c.ID, Runtime: c.Runtime, Error: c.SpecErr.Error()})
+		} else if res, err := g.Resolve(c.Request); err != nil {
+			out.Unresolved = append(out.Unresolved, Note{ID: c.ID, Runtime: c.Runtime, Error: err.Error()})
+		} else {
+			var srcs []string
+			for _, d := range res.Devices {
+				h.Devices = append(h.Devices, d.Device)
+				for _, s := range d.Sources {
+					if !slices.Contains(srcs, s) {
+						srcs = append(srcs, s)
+					}
+				}
+			}
+			h.Source = strings.Join(srcs, "; ")
+			if len(h.Source) > maxSourceLen {
+				h.Source = h.Source[:maxSourceLen] + "…"
+			}
+		}
+		out.Holdings = append(out.Holdings, h)
+		out.Why = append(out.Why, fmt.Sprintf("recover: found %s in %s state (%s)", c.Status, c.Runtime, c.Root))
+	}
+	return out, nil
+}
+
+// Without returns r less the holdings of the containers in ids (those
+// another front end lists: the NRI daemon's own, on a CRI-O host whose
+// runc root the hook roots include).
+func (r *Result) Without(ids map[string]bool) (holdings []ledger.Holding, why []string) {
+	for i, h := range r.Holdings {
+		if !ids[h.Owner.ContainerID] {
+			holdings = append(holdings, h)
+			why = append(why, r.Why[i])
+		}
+	}
+	return holdings, why
+}
