@@ -103,10 +103,10 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 				if drain[id] {
 					// What the guard does with the same finding: only the
 					// GPU can tell that the processes left it.
-					draining = append(draining, tx.MarkDraining(id, why[id]+" (gc via "+programName+")")...)
+					draining = append(draining, tx.MarkDrainingIncarnation(exited[id], why[id]+" (gc via "+programName+")")...)
 					continue
 				}
-				released = append(released, tx.Release(id, why[id]+" (gc via "+programName+")")...)
+				released = append(released, tx.ReleaseIncarnation(exited[id], why[id]+" (gc via "+programName+")")...)
 			}
 			return nil
 		})

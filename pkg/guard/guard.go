@@ -362,35 +362,47 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, want []devices.Device,
 	busy []ledger.BusyDevice) (_ []ledger.BusyDevice, released []ledger.Claim, tookOver bool) {
 	changed := false
-	checked := map[string]bool{}
+	// The verdict is about one process: another container that runs under
+	// the same id (another runtime root) is another holder, checked and
+	// released on its own (see ledger.SameIncarnation).
+	type incarnation struct {
+		id    string
+		pid   int
+		start uint64
+	}
+	checked := map[incarnation]bool{}
 	// predecessors are stopped holders this request may take over
 	// (release_on = "remove", same pod, same container name).
 	var predecessors []string
 	for _, bd := range busy {
-		if bd.Holder == nil || checked[bd.Holder.Owner.ContainerID] {
+		if bd.Holder == nil {
 			continue
 		}
 		h := bd.Holder.Owner
-		checked[h.ContainerID] = true
+		if inc := (incarnation{h.ContainerID, h.Pid, h.PidStart}); checked[inc] {
+			continue
+		} else {
+			checked[inc] = true
+		}
 		v := g.Releasable(h)
 		stopped := v.Action == KeepStopped
 		switch v.Action {
 		case MarkStopped:
 			// The claim lives until removal; the holder only
 			// stops being a candidate for liveness checks.
-			tx.MarkStopped(h.ContainerID)
+			tx.MarkStoppedIncarnation(h)
 			stopped, changed = true, true
 			g.log.Info("holder exited without a stop event; kept until removal",
 				append(ownerAttrs(h, ""), slog.String("why", v.Why))...)
 		case MarkDraining:
 			// release_requires_idle: the cgroup is empty, but the GPU
 			// may still hold its processes; the claim drains.
-			tx.MarkDraining(h.ContainerID, ReasonHolderExited+": "+v.Why)
+			tx.MarkDrainingIncarnation(h, ReasonHolderExited+": "+v.Why)
 			changed = true
 			g.log.Info("holder exited without a stop event; claim kept draining until its processes leave the GPU",
 				append(ownerAttrs(h, ""), slog.String("why", v.Why))...)
 		case ReleaseNow:
-			rel := tx.Release(h.ContainerID, ReasonHolderExited+": "+v.Why)
+			rel := tx.ReleaseIncarnation(h, ReasonHolderExited+": "+v.Why)
 			released = append(released, rel...)
 			changed = true
 			g.log.Info("released: holder exited",

@@ -461,6 +461,23 @@ func TestHolderLiveness(t *testing.T) {
 		assert.True(t, found, "audit records the release as holder exited")
 	})
 
+	t.Run("only the exited incarnation of a container id is released", func(t *testing.T) {
+		// Two runc roots each run a container "train" (the OCI hook
+		// records each one's init process); the one on GPU 1 exited.
+		e := newEnv(t, nil)
+		dead, live := ctr("ml", "a", "main", "train"), ctr("ml", "c", "main", "train")
+		dead.FrontEnd, dead.Pid, dead.PidStart, dead.Cgroup = ledger.FrontEndHook, 100, 1000, "/root-a/train-a"
+		live.FrontEnd, live.Pid, live.PidStart, live.Cgroup = ledger.FrontEndHook, 200, 2000, "/root-b/train-b"
+		require.Equal(t, guard.Admit, e.admit(dead, visible("1")).Result)
+		require.Equal(t, guard.Admit, e.admit(live, visible("2")).Result)
+		e.live.exited["train-a"] = true
+		d := e.admit(req, visible("1"))
+		require.Equal(t, guard.Admit, d.Result, d.Message)
+		assert.Equal(t, map[string]string{uuid(1): req.ContainerID, uuid(2): "train"}, e.holders(),
+			"the running train keeps GPU 2")
+		assert.Equal(t, []string{"train-a"}, e.live.asked)
+	})
+
 	t.Run("never-started holder is not checked and keeps its claim", func(t *testing.T) {
 		e := newEnv(t, nil)
 		require.Equal(t, guard.Admit, e.admit(holder, visible("1")).Result)

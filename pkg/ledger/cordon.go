@@ -216,15 +216,21 @@ func (tx *Tx) cordonError(containerID string, devs []devices.Device) error {
 // Options.DrainGrace. A claim already draining keeps its DrainingSince. It
 // returns the container's claims.
 func (tx *Tx) MarkDraining(containerID, reason string) []Claim {
+	return tx.MarkDrainingIncarnation(Owner{ContainerID: containerID}, reason)
+}
+
+// MarkDrainingIncarnation is MarkDraining for the one incarnation of a
+// container that o names (see SameIncarnation).
+func (tx *Tx) MarkDrainingIncarnation(o Owner, reason string) []Claim {
 	tx.check()
-	if containerID == "" {
+	if o.ContainerID == "" {
 		return nil
 	}
 	var out []Claim
 	var marked []string
 	for i := range tx.st.Claims {
 		c := &tx.st.Claims[i]
-		if c.Owner.ContainerID != containerID {
+		if !SameIncarnation(&c.Owner, &o) {
 			continue
 		}
 		if c.Owner.DrainingSince.IsZero() {

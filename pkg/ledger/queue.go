@@ -275,7 +275,7 @@ func (tx *Tx) dropInvalidReservations() {
 			reason = "the waiter left the queue"
 		} else if !wantsUUID(tx.st.Waiters[wi].Devices, r.Device.UUID) {
 			reason = "the waiter no longer asks for it"
-		} else if c := tx.conflictingClaim(r.Device, ""); c != nil {
+		} else if c := tx.conflictingClaim(r.Device, nil); c != nil {
 			reason = "held by " + DescribeOwner(c.Owner) + " through " + DescribeDevice(c.Device)
 		}
 		if reason == "" {
@@ -304,10 +304,11 @@ func (tx *Tx) dropReservationsOn(d devices.Device, reason string) {
 }
 
 // conflictingClaim is a claim on a device conflicting with d held by a
-// container other than exceptID, or nil.
-func (tx *Tx) conflictingClaim(d devices.Device, exceptID string) *Claim {
+// container other than except (another incarnation of its id counts as
+// another container, see SameIncarnation; nil excepts nobody), or nil.
+func (tx *Tx) conflictingClaim(d devices.Device, except *Owner) *Claim {
 	for i := range tx.st.Claims {
-		if c := &tx.st.Claims[i]; c.Owner.ContainerID != exceptID && devices.Conflicts(c.Device, d) {
+		if c := &tx.st.Claims[i]; (except == nil || !SameIncarnation(&c.Owner, except)) && devices.Conflicts(c.Device, d) {
 			return c
 		}
 	}
@@ -330,7 +331,7 @@ func (tx *Tx) promoteConflicts() {
 	drop := make([]bool, len(tx.st.Conflicts))
 	for _, i := range order {
 		c := tx.st.Conflicts[i]
-		if tx.conflictingClaim(c.Device, c.Owner.ContainerID) != nil {
+		if tx.conflictingClaim(c.Device, &c.Owner) != nil {
 			continue // still held by someone else
 		}
 		drop[i] = true
@@ -372,7 +373,7 @@ func (tx *Tx) dropPartialReservations() {
 		}
 		w := &tx.st.Waiters[wi]
 		for _, d := range w.Devices {
-			if !tx.reservedFor(d, w.Key) && !tx.heldBy(d, w.Owner.ContainerID) {
+			if !tx.reservedFor(d, w.Key) && !tx.heldBy(d, &w.Owner) {
 				partial = append(partial, r.For)
 				break
 			}
@@ -397,12 +398,13 @@ func (tx *Tx) reservedFor(d devices.Device, key string) bool {
 	return found && tx.st.Reservations[i].For == key
 }
 
-// heldBy reports whether containerID holds d itself and nobody else holds a
+// heldBy reports whether o's container (this incarnation of it, see
+// SameIncarnation: what Busy ignores) holds d itself and nobody else holds a
 // device conflicting with it.
-func (tx *Tx) heldBy(d devices.Device, containerID string) bool {
+func (tx *Tx) heldBy(d devices.Device, o *Owner) bool {
 	i, found := tx.claimIndex(d.UUID)
-	return found && containerID != "" && tx.st.Claims[i].Owner.ContainerID == containerID &&
-		tx.conflictingClaim(d, containerID) == nil
+	return found && o.ContainerID != "" && SameIncarnation(&tx.st.Claims[i].Owner, o) &&
+		tx.conflictingClaim(d, o) == nil
 }
 
 // reserveFreeDevices reserves, in arrival order, all the devices of every
@@ -420,7 +422,7 @@ func (tx *Tx) reserveFreeDevices(consider func(*Waiter) bool) {
 		if f, ok := memo[d.UUID]; ok {
 			return f
 		}
-		f := tx.conflictingClaim(d, "") == nil && !tx.reservedConflicting(d) && !tx.cordoned(d)
+		f := tx.conflictingClaim(d, nil) == nil && !tx.reservedConflicting(d) && !tx.cordoned(d)
 		memo[d.UUID] = f
 		return f
 	}
@@ -464,7 +466,7 @@ func (tx *Tx) reserveFreeDevices(consider func(*Waiter) bool) {
 				owns = owns && w.Owner.ContainerID != ""
 				ownsKnown = true
 			}
-			if owns && tx.heldBy(d, w.Owner.ContainerID) && !tx.reservedConflicting(d) {
+			if owns && tx.heldBy(d, &w.Owner) && !tx.reservedConflicting(d) {
 				continue
 			}
 			all = false

@@ -90,14 +90,14 @@ func (tx *Tx) adoptListed(fe FrontEnd, live []Holding, why func(i int) string) (
 			if d.UUID == "" {
 				continue
 			}
-			if k, ok := tx.claimIndex(d.UUID); ok && tx.st.Claims[k].Owner.ContainerID == owner.ContainerID {
+			if k, ok := tx.claimIndex(d.UUID); ok && SameIncarnation(&tx.st.Claims[k].Owner, &owner) {
 				if fillStarted(&tx.st.Claims[k].Owner, &owner) {
 					tx.touch()
 					tx.record(OpStarted, &owner, "", []string{d.UUID}, "process details reported by the runtime at reconcile")
 				}
 				continue
 			}
-			if holder := tx.conflictingClaim(d, owner.ContainerID); holder != nil {
+			if holder := tx.conflictingClaim(d, &owner); holder != nil {
 				c := Conflict{Device: d, Owner: owner, Since: tx.now}
 				if j := tx.conflictIndex(d.UUID, owner.ContainerID); j >= 0 {
 					c = tx.st.Conflicts[j]

@@ -234,7 +234,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 				continue
 			}
 			if !alive {
-				rep.Released = append(rep.Released, tx.Release(c.Owner.ContainerID, "recover: the holder is no longer running")...)
+				rep.Released = append(rep.Released, tx.ReleaseIncarnation(c.Owner, "recover: the holder is no longer running")...)
 			}
 		}
 	}

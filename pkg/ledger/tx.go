@@ -546,6 +546,20 @@ func (tx *Tx) Release(containerID, reason string) []Claim {
 	return out
 }
 
+// ReleaseIncarnation is Release for the one incarnation of a container that
+// o names (see SameIncarnation): what a liveness check found exited is that
+// process's container, not another one that runs under the same id.
+func (tx *Tx) ReleaseIncarnation(o Owner, reason string) []Claim {
+	tx.check()
+	if o.ContainerID == "" {
+		return nil
+	}
+	out := tx.releaseWhere(func(c *Claim) bool { return SameIncarnation(&c.Owner, &o) }, reason)
+	tx.clearConflictsWhere(func(c *Conflict) bool { return SameIncarnation(&c.Owner, &o) }, reason)
+	tx.maintain()
+	return out
+}
+
 // ReleasePod ends every claim (and conflict record) of the containers of
 // front end fe's pod, matched by pod UID or sandbox id, whichever is given
 // (see PodMatches).
@@ -657,12 +671,18 @@ func (tx *Tx) SetStarted(containerID string, pid int, pidStart uint64, cgroup st
 // claim stays until removal, and a same-pod same-name restart may take it
 // over (TakeOver). It reports whether the container holds anything.
 func (tx *Tx) MarkStopped(containerID string) bool {
+	return tx.MarkStoppedIncarnation(Owner{ContainerID: containerID})
+}
+
+// MarkStoppedIncarnation is MarkStopped for the one incarnation of a
+// container that o names (see SameIncarnation).
+func (tx *Tx) MarkStoppedIncarnation(o Owner) bool {
 	tx.check()
 	var devs []string
 	var owner Owner
 	for i := range tx.st.Claims {
 		c := &tx.st.Claims[i]
-		if c.Owner.ContainerID != containerID || containerID == "" {
+		if o.ContainerID == "" || !SameIncarnation(&c.Owner, &o) {
 			continue
 		}
 		if c.Owner.StoppedAt.IsZero() {
