@@ -40,12 +40,22 @@
 //     the last rebuild reconciled: a ledger another process started afresh
 //     (it found it corrupt, missing or from an earlier boot) has forgotten
 //     the running holders, and is handled the same way, before anything is
-//     decided on it.
+//     decided on it. A rebuild lifts that fence while it rebuilds, so no
+//     create decides while one runs: the create's last rebuilding check
+//     and its decision happen under a shared lock the rebuild holds
+//     exclusively, and a create that cannot take it refuses at once.
 //   - The tracked containers are what a Synchronize would list of the GPU
 //     containers: every claim holder and conflict-record container the last
 //     rebuild found, every admission since, less every stop and removal
 //     since, each with its request as last seen (pid and cgroup once
-//     started). An in-place rebuild that sees them change runs again.
+//     started). An in-place rebuild that sees them change runs again; a
+//     stop or removal leaves the set before its release is written, so
+//     that no rebuild adopts back a claim the release ends.
+//   - A recovery that reads the OCI runtimes' state for the hook's
+//     containers leaves out every container the runtime has shown this
+//     plugin (listed at Synchronize or created since, not removed), GPU or
+//     not: they are this front end's, even in a runtime root the hook
+//     shares (CRI-O's runc root).
 //   - The connection is only closed on purpose (resync, SIGTERM) once no
 //     handler has run for a short quiet period, so that no reply is cut.
 //   - Run returns once its context is done wherever it is in reaching the

@@ -119,3 +119,41 @@ func TestDaemonRecoveryKeepsTheHooksRunningContainers(t *testing.T) {
 	assert.Equal(t, map[string]ledger.FrontEnd{holder.Id: ledger.FrontEndNRI, "podman-1": ledger.FrontEndHook, "b-3": ledger.FrontEndNRI}, fronts)
 	assert.Empty(t, st.Conflicts, "a container both lists name is not a conflict with itself")
 }
+
+// A launched plugin rebuilds in place from the containers it tracks (those
+// holding NRI claims), but every container the runtime has shown it is its
+// own: on a CRI-O host, whose runc root is a default hook runtime root, an
+// exempt GPU agent (NVIDIA_VISIBLE_DEVICES=all, no claim) is in runc's root
+// too, and must not become an OCI-hook holder of every GPU.
+func TestInPlaceRebuildLeavesTheRuntimesOwnContainersOut(t *testing.T) {
+	runcRoot := filepath.Join(t.TempDir(), "runc")
+	rt := newRuntime(t, func(c *config.Config) {
+		c.Hook.RuntimeRoots = []string{runcRoot}
+		c.Policy.ExemptNamespaces = []string{"monitoring"}
+	})
+	agentPod := rt.addPod("dcgm")
+	agentPod.Namespace = "monitoring"
+	podB := rt.addPod("b")
+	waitReady := runPluginWith(t, rt, func(p *Plugin) { p.forceInPlace = true })
+
+	agent := container(agentPod, "exporter", "exporter-1", "NVIDIA_VISIBLE_DEVICES=all")
+	require.NoError(t, rt.create(agentPod, agent))
+	rt.start(agentPod, agent, 4243)
+	o := runcContainer(t, runcRoot, agent.Id, "NVIDIA_VISIBLE_DEVICES=all")
+	cg := filepath.Join(rt.cgroupRoot, "machine.slice", "libpod-exporter-1.scope")
+	require.NoError(t, os.MkdirAll(cg, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(cg, "cgroup.procs"), fmt.Appendf(nil, "%d\n", o.Pid), 0o644))
+	require.Empty(t, rt.holders(), "exempt: no claim")
+
+	for _, name := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
+		if err := os.Remove(filepath.Join(rt.ledgerDir, name)); err != nil {
+			require.ErrorIs(t, err, os.ErrNotExist)
+		}
+	}
+	require.Error(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=3")))
+	waitReady(false)
+	waitReady(true)
+
+	assert.Empty(t, rt.holders(), "the exempt agent is not a holder")
+	assert.NoError(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=3")))
+}

@@ -123,6 +123,13 @@ type Plugin struct {
 	// changes.
 	tracked  map[string]trackedCtr
 	trackGen uint64
+	// known holds the id of every container the runtime has shown this
+	// plugin (listed at the last Synchronize, or created since) and not yet
+	// removed, GPU or not, exempt or not: the containers of this front end.
+	// A recovery that reads the OCI runtimes' state for the hook's
+	// containers leaves these out (on a CRI-O host they are in runc's root
+	// too), not only the tracked ones.
+	known map[string]struct{}
 	// resync asks Run for a rebuild of the ledger from the runtime's
 	// containers after it was found needing recovery (damaged, missing or
 	// replaced) or started afresh by another process: an external plugin
@@ -132,6 +139,12 @@ type Plugin struct {
 	// rebuilding is set from a resync request until the rebuild is done:
 	// meanwhile creations are refused, since the ledger knows no holder.
 	rebuilding atomic.Bool
+	// admitting is held shared by a create from its last rebuilding check
+	// to the end of its decision, and exclusively by a rebuild (which lifts
+	// the ledger's lineage fence to rebuild on the new lineage): a create
+	// never decides against a ledger whose fence a rebuild lifted, and a
+	// create that finds a rebuild running refuses rather than wait.
+	admitting sync.RWMutex
 	// inPlace is set by Run for a launched plugin (see resync); tests set
 	// forceInPlace to get that behaviour on an external connection.
 	inPlace      atomic.Bool
@@ -251,6 +264,7 @@ func New(opts Options) (*Plugin, error) {
 		ready:   opts.Ready,
 		exempt:  opts.Exempt,
 		tracked: map[string]trackedCtr{},
+		known:   map[string]struct{}{},
 		resync:  make(chan struct{}, 1),
 		idle:    make(chan struct{}),
 		starts:  newPending(),
@@ -321,9 +335,11 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	}
 	live := make([]guard.Request, 0, len(ctrs))
 	var exempt []string
+	known := make(map[string]struct{}, len(ctrs))
 	for _, c := range ctrs {
 		pod := byID[c.GetPodSandboxId()]
 		live = append(live, guardRequest(pod, c))
+		known[c.GetId()] = struct{}{}
 		if g.Exempt(pod.GetNamespace()) {
 			exempt = append(exempt, c.GetId())
 		}
@@ -331,7 +347,12 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	if p.exempt != nil {
 		p.exempt.ResetExempt(exempt)
 	}
+	p.mu.Lock()
+	p.known = known
+	p.mu.Unlock()
+	p.admitting.Lock()
 	res, tracked, err := p.reconcile(ctx, g, live, "NRI Synchronize: rebuilt, then reconciled with the runtime's containers")
+	p.admitting.Unlock()
 	if err != nil {
 		return nil, err
 	}
@@ -428,8 +449,9 @@ func (p *Plugin) reconcile(ctx context.Context, g *guard.Guard, live []guard.Req
 // the GPUs each one's spec names: on a host where podman or CRI-O runs
 // containers beside containerd's, a recovery that lost commits (or found
 // nothing to recover) would otherwise forget their claims, and nothing
-// else would bring them back. Containers of live (this front end's, as on a
-// CRI-O host whose runc root is listed) are left to the reconcile.
+// else would bring them back. Containers of this front end (live, and every
+// one the runtime has shown the plugin: on a CRI-O host they are in runc's
+// root too) are left to the reconcile.
 func (p *Plugin) hookHoldings(g *guard.Guard, live []guard.Request) ([]ledger.Holding, func(int) string) {
 	roots := g.Config().Hook.RuntimeRoots
 	if len(roots) == 0 {
@@ -446,6 +468,11 @@ func (p *Plugin) hookHoldings(g *guard.Guard, live []guard.Request) ([]ledger.Ho
 	for _, r := range live {
 		nri[r.Owner.ContainerID] = true
 	}
+	p.mu.Lock()
+	for id := range p.known {
+		nri[id] = true
+	}
+	p.mu.Unlock()
 	holdings, why := res.Without(nri)
 	p.log.Warn("the ledger needs recovery: the OCI hook's running containers are adopted from the runtimes' state",
 		"roots", res.Roots, "live", res.Live, "hook_containers", len(holdings), "unresolved", len(res.Unresolved),
@@ -509,6 +536,8 @@ func (p *Plugin) rebuildOnce(ctx context.Context) error {
 	rctx, cancel := decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
 	defer cancel()
 	p.settleStarts(rctx)
+	p.admitting.Lock()
+	defer p.admitting.Unlock()
 	p.mu.Lock()
 	gen := p.trackGen
 	live := make([]guard.Request, 0, len(p.tracked))
@@ -623,12 +652,24 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		return nil, nil, errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
 	}
 	if p.rebuilding.Load() {
-		return nil, nil, errors.New("nri-gpu-guard: the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh " +
-			"by another process and is being rebuilt from the runtime's containers; refused to stay safe, retrying is automatic")
+		return nil, nil, errRebuilding
 	}
+	p.mu.Lock()
+	p.known[ctr.GetId()] = struct{}{}
+	p.mu.Unlock()
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
+	// Waiting for a start record can itself find the ledger started afresh
+	// and start a rebuild: the rebuilding check that counts comes after it,
+	// under admitting, which the rebuild holds while the fence is lifted.
 	p.settleStarts(dctx)
+	if !p.admitting.TryRLock() {
+		return nil, nil, errRebuilding
+	}
+	defer p.admitting.RUnlock()
+	if p.rebuilding.Load() {
+		return nil, nil, errRebuilding
+	}
 	req := guardRequest(pod, ctr)
 	d, err := g.Admit(dctx, req)
 	if err != nil {
@@ -649,6 +690,10 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	return nil, nil, nil
 }
+
+// errRebuilding refuses a create while the ledger is rebuilt.
+var errRebuilding = errors.New("nri-gpu-guard: the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh " +
+	"by another process and is being rebuilt from the runtime's containers; refused to stay safe, retrying is automatic")
 
 // refusal flattens an error into the text the runtime shows. It deliberately
 // does not wrap: the error travels as a ttrpc status string anyway, and a
@@ -737,13 +782,14 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	p.settleStarts(ctx)
+	// Out of rebuilds before its claims go: a rebuild that listed it before
+	// then sees tracked change and runs again, instead of adopting back the
+	// claim this release ends.
+	p.markStopped(ctr.GetId())
 	err := g.Stopped(ctx, ownerOf(pod, ctr))
-	if err != nil || g.ClaimOutlivesStop() {
-		// Kept: its removal tries again, and a rebuild leaves it out.
-		p.markStopped(ctr.GetId())
-	} else {
+	if err == nil && !g.ClaimOutlivesStop() {
 		p.untrack(ctr.GetId())
-	}
+	} // else kept (stopped): its removal tries again
 	if err != nil {
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a stopped container failed; the liveness check, its removal or the next sync will", "container_id", ctr.GetId(), "error", err)
@@ -757,6 +803,9 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	if p.exempt != nil {
 		p.exempt.SetExempt(ctr.GetId(), false)
 	}
+	p.mu.Lock()
+	delete(p.known, ctr.GetId())
+	p.mu.Unlock()
 	g, ok := p.trackedGuard(ctr.GetId())
 	if !ok {
 		return nil
@@ -764,8 +813,8 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	p.settleStarts(ctx)
+	p.markStopped(ctr.GetId()) // out of rebuilds first, as in StopContainer
 	if err := g.Removed(ctx, ownerOf(pod, ctr)); err != nil {
-		p.markStopped(ctr.GetId())
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a removed container failed; the next sync will", "container_id", ctr.GetId(), "error", err)
 		return nil
