@@ -16,6 +16,26 @@ import (
 
 const nextBoot = "99999999-8888-7777-6666-555555555555"
 
+// thirdBoot is the boot after the one whose first commit a power cut
+// stopped (a power cut is a reboot).
+const thirdBoot = "33333333-3333-4333-8333-333333333333"
+
+// copyStateDir copies the ledger's files to a new state dir, for a second
+// future of the same crash.
+func copyStateDir(t *testing.T, dir string) string {
+	t.Helper()
+	dst := filepath.Join(t.TempDir(), "state")
+	require.NoError(t, os.Mkdir(dst, 0o700))
+	ents, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	for _, e := range ents {
+		if e.Type().IsRegular() {
+			require.NoError(t, os.WriteFile(filepath.Join(dst, e.Name()), mustRead(t, filepath.Join(dir, e.Name())), 0o600))
+		}
+	}
+	return dst
+}
+
 func init() {
 	helpers["reboot-writer"] = rebootWriter
 }
@@ -82,10 +102,37 @@ func TestCrashInTheFirstCommitAfterAReboot(t *testing.T) {
 			out, err := cmd.CombinedOutput()
 			require.True(t, killedBySIGKILL(err), "want SIGKILL, got %v: %s", err, out)
 
+			// Had the kill been a power cut, the next reader is of a third
+			// boot: it finds no damage either, discards the second boot's
+			// state as an earlier boot's, keeps the operator's cordon, and
+			// writes.
+			third, run3 := copyStateDir(t, dir), t.TempDir()
+			l3, err := Open(third, Options{BootID: thirdBoot, RuntimeDir: run3})
+			require.NoError(t, err)
+			st3, err := l3.Snapshot(context.Background())
+			require.NoError(t, err, "never damaged, in the boot after a power cut either")
+			require.Empty(t, holders(st3))
+			require.Len(t, st3.Cordons, 1)
+			update(t, l3, func(tx *Tx) {
+				_, err := tx.Claim("", owner("third"), devs(gpu(3)), "env")
+				require.NoError(t, err)
+			})
+			l3again, err := Open(third, Options{BootID: thirdBoot, RuntimeDir: run3})
+			require.NoError(t, err)
+			st3 = snapshot(t, l3again)
+			require.Equal(t, map[string]string{gpu(3).UUID: "third"}, holders(st3))
+			require.Len(t, st3.Cordons, 1)
+
 			l, err := Open(dir, Options{BootID: nextBoot, RuntimeDir: runDir})
 			require.NoError(t, err)
 			st, err := l.Snapshot(context.Background())
 			require.NoError(t, err, "never damaged")
+			// What was read is what the files hold: no reader mistakes the
+			// earlier boot's snapshot next to a genesis journal for one
+			// replaced meanwhile (and reads again, up to 21 times).
+			ld, err := l.current()
+			require.NoError(t, err)
+			require.False(t, l.replacedMeanwhile(&ld))
 			want := map[string]string{}
 			if s.committed {
 				want[gpu(2).UUID] = "fresh"

@@ -138,7 +138,9 @@
 //     record, the kept cordons in it) before the snapshot of the empty
 //     base: killed before the journal is in place it leaves the earlier
 //     boot's files, after, a journal of this boot that a reader replays
-//     from its empty base past the earlier boot's snapshot. Never a
+//     from its empty base past the earlier boot's snapshot (a reader of a
+//     later boot too, when a power cut did the killing: it then discards
+//     that state as an earlier boot's, operator cordons kept). Never a
 //     snapshot of this boot next to the earlier boot's journal (which would
 //     read as damage), never the empty base without the cordons.
 //   - A draining claim (Owner.DrainingSince; Tx.MarkDraining) is held like

@@ -549,7 +549,7 @@ func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string) (loaded, er
 	cur := *ld
 	var next loaded
 	genesis := false
-	if origin != "" || !ld.snapOK || !ld.jOK || ld.format != FormatVersion {
+	if origin != "" || !ld.snapOK || ld.genesis || !ld.jOK || ld.format != FormatVersion {
 		base := tx.base
 		base.Lineage, base.BootID = st.Lineage, l.opts.BootID
 		if base.UpdatedAt.IsZero() {

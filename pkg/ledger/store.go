@@ -38,8 +38,12 @@ type loaded struct {
 	st     State
 	exists bool // a snapshot or a journal is there
 
-	snapOK    bool // ledger.json is there (and verified)
-	snapID    fileID
+	snapOK bool // ledger.json is there (and verified)
+	snapID fileID
+	// genesis: st is a genesis journal's (the first commit of a boot
+	// from an empty base), read next to an earlier boot's snapshot that
+	// the next write replaces (see startGenesis).
+	genesis   bool
 	format    int
 	snapBytes int64
 
@@ -178,16 +182,20 @@ func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
 		return ld, l.corrupt(l.JournalPath(), err)
 	}
 	ld.jHdr, ld.jEnd = hdr, end
-	if hdr.Genesis && sExists && hdr.BootID == l.opts.BootID && ld.st.BootID != hdr.BootID {
-		// A journal of this boot from an empty base holds its whole
-		// lineage: the first writer after a reboot (startGenesis) was
-		// stopped before the snapshot of that base replaced the earlier
-		// boot's.
+	if hdr.Genesis && sExists && ld.st.BootID != hdr.BootID && hdr.Base >= ld.st.Generation {
+		// A journal from an empty base holds its whole lineage: the first
+		// writer after a reboot (startGenesis) was stopped before the
+		// snapshot of that base replaced the earlier boot's, whose
+		// generation it continues. Stopped by a power cut, the reader is
+		// of a third boot, and discards it in turn as an earlier boot's
+		// (prepare). The snapshot file stays what it is (snapOK, snapID),
+		// so that neither the cache nor replacedMeanwhile mistakes it for
+		// one that changed.
 		st := State{Generation: hdr.Base, NextSeq: hdr.BaseNextSeq, BootID: hdr.BootID, Lineage: hdr.Lineage}
 		if err := applyRecords(&st, recs); err != nil {
 			return ld, l.corrupt(l.JournalPath(), err)
 		}
-		ld.st, ld.snapOK, ld.format, ld.snapBytes = st, false, FormatVersion, 0
+		ld.st, ld.genesis, ld.format, ld.snapBytes = st, true, FormatVersion, 0
 		return ld, nil
 	}
 	if !sExists {
