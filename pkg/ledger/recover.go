@@ -127,6 +127,12 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	if err == nil {
 		rep.Lineage, rep.Generation, rep.Complete = ld.st.Lineage, ld.st.Generation, true
 		rep.RecoveredGeneration = ld.st.Generation
+		// As any read sees it: an earlier boot's holders are gone, and its
+		// lineage ends with the first write of this boot.
+		if ld.exists && ld.st.BootID != l.opts.BootID {
+			rep.Lineage = ""
+			return rep, nil
+		}
 		rep.Claims, rep.Waiters = ld.st.Clone().Claims, ld.st.Clone().Waiters
 		return rep, nil
 	}

@@ -710,3 +710,26 @@ func TestRecoverAfterRebootDiscardsTheEarlierBootsHolders(t *testing.T) {
 	require.Equal(t, st.Cordons, snapshot(t, again).Cordons)
 	require.Empty(t, snapshot(t, again).Claims)
 }
+
+// Recover on a healthy ledger changes nothing and reports the state as any
+// read sees it: after a reboot, the earlier boot's holders are not listed
+// (they are discarded by the first write of this boot).
+func TestRecoverOfAHealthyEarlierBootsLedgerListsNoHolders(t *testing.T) {
+	c := newClock()
+	dir := filepath.Join(t.TempDir(), "state")
+	l, err := Open(dir, rebootOptions(t, c, testBoot))
+	require.NoError(t, err)
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+	})
+	before := mustRead(t, l.StatePath())
+	r, err := Open(dir, rebootOptions(t, c, "after-reboot"))
+	require.NoError(t, err)
+	rep, err := r.Recover(context.Background(), RecoverOptions{Reason: "test"})
+	require.NoError(t, err)
+	require.Empty(t, rep.Problem)
+	require.Empty(t, rep.Claims)
+	require.Empty(t, rep.Lineage, "the earlier boot's lineage ends with this boot's first write")
+	require.Equal(t, before, mustRead(t, l.StatePath()), "nothing written")
+}
