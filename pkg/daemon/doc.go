@@ -32,6 +32,13 @@
 //   - Findings are acted on only while the plugin is synchronized with the
 //     runtime (Watch.SetReady): before Synchronize, containers created while
 //     the plugin was down are not adopted yet and would read as intruders.
+//   - An unhealthy device stays cordoned until the operator uncordons it.
+//     Its cordon missing in the ledger lineage it was last seen in force in
+//     was lifted by an uncordon (nothing else removes it within a lineage):
+//     the device is forgotten, and its next critical error cordons it
+//     again. Missing in another lineage (a reset, or a recovery that
+//     started afresh or lost commits), it may have been lost with the
+//     state: it is cordoned again, logged and audited as such.
 //   - A clean stop removes observe.json; a report left behind by a daemon
 //     that died grows stale, and status says so instead of trusting it.
 //   - Failing to write the inventory cache is not fatal: the hooks fall back

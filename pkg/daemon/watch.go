@@ -29,19 +29,38 @@ import (
 type DeviceStates interface {
 	// CordonDevice cordons uuid; source is "intruder" or "unhealthy".
 	CordonDevice(ctx context.Context, uuid, source, reason string) error
-	// Cordoned reports whether a cordon is in force on uuid.
-	Cordoned(ctx context.Context, uuid string) (bool, error)
+	// CordonInForce reports whether a cordon is in force on uuid, and the
+	// lineage of the ledger state that says so (one read: see
+	// ledger.State.Lineage).
+	CordonInForce(ctx context.Context, uuid string) (cordoned bool, lineage string, err error)
 	// Draining lists the claims kept draining.
 	Draining(ctx context.Context) ([]ledger.Claim, error)
 	// FinishDraining releases the draining claims of containerID.
 	FinishDraining(ctx context.Context, containerID, reason string) error
 }
 
+// guardStates is DeviceStates over a guard: its own operations, and the
+// cordon and lineage read from one snapshot of its ledger.
+type guardStates struct{ *guard.Guard }
+
 // The guard implements DeviceStates (a signature change fails here).
-var _ DeviceStates = (*guard.Guard)(nil)
+var _ DeviceStates = guardStates{}
+
+func (s guardStates) CordonInForce(ctx context.Context, uuid string) (bool, string, error) {
+	st, err := s.Ledger().Snapshot(ctx)
+	if err != nil {
+		return false, "", err
+	}
+	for _, c := range st.Cordons {
+		if c.Device.UUID == uuid {
+			return true, st.Lineage, nil
+		}
+	}
+	return false, st.Lineage, nil
+}
 
 // statesOf returns the device-state operations of g.
-func statesOf(g *guard.Guard) DeviceStates { return g }
+func statesOf(g *guard.Guard) DeviceStates { return guardStates{g} }
 
 // WatchMetrics receives what the observer saw (metrics.Metrics).
 type WatchMetrics interface {
@@ -101,12 +120,16 @@ type Watch struct {
 	// devices found unhealthy, the errors of the last pass.
 	reported  map[string]observe.FileFinding
 	unhealthy []observe.Finding
-	// cordonFailed: unhealthy devices whose cordon could not be written
-	// (settleUnhealthy retries them).
-	cordonFailed map[string]bool
-	lastPass     time.Time
-	errors       []string
-	interval     time.Duration
+	// cordonFailed: unhealthy devices whose cordon could not be written,
+	// with the reason to write (settleUnhealthy retries them).
+	cordonFailed map[string]string
+	// cordonLineage: for each unhealthy device, the ledger lineage in which
+	// its cordon was last seen in force (settleUnhealthy tells an
+	// operator's uncordon from a cordon lost with the state by it).
+	cordonLineage map[string]string
+	lastPass      time.Time
+	errors        []string
+	interval      time.Duration
 }
 
 // NewWatch returns a Watch; set its fields before Run.
@@ -254,7 +277,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	}
 	w.mu.Lock()
 	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, nil, nil, time.Time{}
-	w.cordonFailed = nil
+	w.cordonFailed, w.cordonLineage = nil, nil
 	w.interval = interval
 	w.mu.Unlock()
 
@@ -479,18 +502,49 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 		// reports itself.
 		w.log().Warn("MIG instance no longer in NVML (its GPU repartitioned?): not cordoned; restart nri-gpu-guard to load the new MIG layout",
 			"device", f.Device.String())
-	} else if !w.cordon(ctx, f, "unhealthy", f.Message) {
-		w.mu.Lock()
-		if w.cordonFailed == nil {
-			w.cordonFailed = map[string]bool{}
-		}
-		w.cordonFailed[f.Device.UUID] = true
-		w.mu.Unlock()
+	} else if w.cordon(ctx, f, "unhealthy", f.Message) {
+		w.sawCordon(ctx, f.Device.UUID)
+	} else {
+		w.cordonFailedFor(f.Device.UUID, f.Message)
 	}
 	if w.Metrics != nil {
 		w.Metrics.DeviceUnhealthy(f)
 	}
 	w.writeFile()
+}
+
+// sawCordon records the lineage in which the cordon just written on uuid is
+// in force. Unread (the ledger could not be read, or the cordon is already
+// gone), the next settleUnhealthy reads it, or takes a missing cordon for a
+// lost one.
+func (w *Watch) sawCordon(ctx context.Context, uuid string) {
+	s := w.states()
+	if s == nil {
+		return
+	}
+	if cordoned, lineage, err := s.CordonInForce(ctx, uuid); err == nil && cordoned {
+		w.setCordonLineage(uuid, lineage)
+	}
+}
+
+// cordonFailedFor records that the unhealthy cordon of uuid, with reason,
+// could not be written (settleUnhealthy retries it).
+func (w *Watch) cordonFailedFor(uuid, reason string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cordonFailed == nil {
+		w.cordonFailed = map[string]string{}
+	}
+	w.cordonFailed[uuid] = reason
+}
+
+func (w *Watch) setCordonLineage(uuid, lineage string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cordonLineage == nil {
+		w.cordonLineage = map[string]string{}
+	}
+	w.cordonLineage[uuid] = lineage
 }
 
 // cordon cordons f's device, or says why it cannot, and reports whether it
@@ -511,17 +565,37 @@ func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason st
 	return true
 }
 
-// settleUnhealthy runs after each accounting pass: an unhealthy device whose
-// cordon could not be written is cordoned again; one whose cordon is gone
-// although it was written was uncordoned by the operator (after a reset or
-// a replacement), and is forgotten, by the observer too (forget), so that
-// its next critical error cordons it again instead of being taken for the
-// one already reported.
+// recordonReason prefixes the reason of an unhealthy cordon written again
+// because the ledger lost it (it is the cordon's reason and its audit
+// record's).
+const recordonReason = "cordoned again (the ledger was started afresh by a reset or a recovery and lost this cordon): "
+
+// settleUnhealthy runs after each accounting pass and keeps every unhealthy
+// device cordoned until the operator uncordons it:
+//
+//   - a cordon in force records the ledger lineage it is in force in;
+//   - a cordon that could not be written is written again;
+//   - a cordon missing in the lineage it was last seen in force in was
+//     removed by a commit of that lineage: only an uncordon
+//     (gpu-guard-ctl uncordon) removes a cordon within a lineage (the
+//     observer's cordons end otherwise only with the state of an earlier
+//     boot, which starts a new lineage). The device is forgotten, by the
+//     observer too (forget), so that its next critical error cordons it
+//     again instead of being taken for the one already reported;
+//   - a cordon missing in another lineage (or never seen in force) may
+//     have been lost with the state: Reset, Recover with AllowEmpty (the
+//     NRI daemon's own rebuild after damage) or a recovery that lost
+//     commits start a new lineage, from a state without it. The device is
+//     cordoned again, logged and audited as such: nothing tells a lost
+//     cordon from one uncordoned just before the state was started afresh,
+//     and a device that failed must not take new claims on a guess (an
+//     operator who had uncordoned it uncordons it again).
 func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bool) {
 	s := w.states()
 	if s == nil {
 		return
 	}
+	log := w.log()
 	w.mu.Lock()
 	unhealthy := slices.Clone(w.unhealthy)
 	w.mu.Unlock()
@@ -530,26 +604,48 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		if f.Vanished && f.Device.IsMIG() {
 			continue // never cordoned (see onUnhealthy)
 		}
-		cordoned, err := s.Cordoned(ctx, uuid)
-		if err != nil || cordoned {
+		cordoned, lineage, err := s.CordonInForce(ctx, uuid)
+		if err != nil {
+			continue // retried at the next pass
+		}
+		if cordoned {
+			// In force (a write that reported an error may have committed):
+			// nothing to retry.
+			w.setCordonLineage(uuid, lineage)
+			w.mu.Lock()
+			delete(w.cordonFailed, uuid)
+			w.mu.Unlock()
 			continue
 		}
 		w.mu.Lock()
-		retry := w.cordonFailed[uuid]
+		reason, retry := w.cordonFailed[uuid]
+		seen, wasSeen := w.cordonLineage[uuid]
 		w.mu.Unlock()
 		if retry {
-			if w.cordon(ctx, f, "unhealthy", f.Message) {
+			if w.cordon(ctx, f, "unhealthy", reason) {
 				w.mu.Lock()
 				delete(w.cordonFailed, uuid)
 				w.mu.Unlock()
+				w.sawCordon(ctx, uuid)
+			}
+			continue
+		}
+		if !wasSeen || seen != lineage {
+			log.Warn("unhealthy device's cordon lost: the ledger was started afresh (reset or recovery) since it was written; cordoning it again (`gpu-guard-ctl uncordon` once the device is repaired)",
+				"device", f.Device.String(), "device_uuid", uuid, "cordon_lineage", seen, "ledger_lineage", lineage)
+			if w.cordon(ctx, f, "unhealthy", recordonReason+f.Message) {
+				w.sawCordon(ctx, uuid)
+			} else {
+				w.cordonFailedFor(uuid, recordonReason+f.Message)
 			}
 			continue
 		}
 		forget(uuid)
 		w.mu.Lock()
 		w.unhealthy = slices.DeleteFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == uuid })
+		delete(w.cordonLineage, uuid)
 		w.mu.Unlock()
-		w.log().Info("unhealthy device uncordoned by the operator: its next critical error cordons it again", "device", f.Device.String())
+		log.Info("unhealthy device uncordoned by the operator: its next critical error cordons it again", "device", f.Device.String())
 		w.writeFile()
 	}
 }

@@ -135,6 +135,7 @@ type fakeStates struct {
 	cordons  chan [3]string // uuid, source, reason
 	cordoned map[string]bool
 	failing  int // CordonDevice fails this many more times
+	attempts int // CordonDevice calls
 	draining []ledger.Claim
 	finished chan [2]string // container id, reason
 }
@@ -145,6 +146,7 @@ func newFakeStates() *fakeStates {
 
 func (s *fakeStates) CordonDevice(_ context.Context, uuid, source, reason string) error {
 	s.mu.Lock()
+	s.attempts++
 	if s.failing > 0 {
 		s.failing--
 		s.mu.Unlock()
@@ -156,10 +158,10 @@ func (s *fakeStates) CordonDevice(_ context.Context, uuid, source, reason string
 	return nil
 }
 
-func (s *fakeStates) Cordoned(_ context.Context, uuid string) (bool, error) {
+func (s *fakeStates) CordonInForce(_ context.Context, uuid string) (bool, string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cordoned[uuid], nil
+	return s.cordoned[uuid], "L1", nil // never started afresh: one lineage
 }
 
 // uncordon is the operator's gpu-guard-ctl uncordon.
@@ -644,6 +646,134 @@ func TestVanishedMIGInstanceIsNotCordoned(t *testing.T) {
 	w.mu.Lock()
 	assert.Len(t, w.unhealthy, 2, "both stay recorded as unhealthy")
 	w.mu.Unlock()
+}
+
+// An unhealthy GPU's cordon that is missing at a pass was either lifted by
+// the operator (forgotten: its next critical error cordons it again) or lost
+// with the ledger state, which a reset, the NRI daemon's recovery from
+// nothing (AllowEmpty) or a recovery that lost commits start afresh (a new
+// lineage): then it is cordoned again, logged and audited as such (a broken
+// GPU taking new claims because the ledger was rebuilt was the bug). Only a
+// missing cordon in the lineage it was seen in force in counts as an
+// uncordon.
+func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
+	const gpu = 3
+	// damage makes every state file unreadable, so that only an empty
+	// start (AllowEmpty) recovers.
+	damage := func(t *testing.T, g *guard.Guard) {
+		for _, n := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
+			p := filepath.Join(g.Ledger().Dir(), n)
+			if _, err := os.Stat(p); err == nil {
+				require.NoError(t, os.WriteFile(p, []byte("junk"), 0o600))
+			}
+		}
+	}
+	uncordon := func(t *testing.T, g *guard.Guard, uuid string) {
+		was, err := g.UncordonDevice(context.Background(), uuid, "operator")
+		require.NoError(t, err)
+		require.True(t, was)
+	}
+	reset := func(t *testing.T, g *guard.Guard) {
+		_, err := g.Ledger().Reset(context.Background(), "the host's containers were all stopped")
+		require.NoError(t, err)
+	}
+	for _, tc := range []struct {
+		name string
+		// between runs after the cordon was written and seen in force.
+		between   func(t *testing.T, g *guard.Guard, uuid string)
+		recordon  bool
+		fenceOnce bool // the plugin's fence refuses the first re-cordon
+	}{
+		{name: "operator uncordon", between: func(t *testing.T, g *guard.Guard, uuid string) { uncordon(t, g, uuid) }},
+		{name: "reset", recordon: true, between: func(t *testing.T, g *guard.Guard, _ string) { reset(t, g) }},
+		{name: "recovery from nothing (AllowEmpty)", recordon: true, between: func(t *testing.T, g *guard.Guard, _ string) {
+			damage(t, g)
+			rep, err := g.Ledger().Recover(context.Background(), ledger.RecoverOptions{AllowEmpty: true, Reason: "NRI sync"})
+			require.NoError(t, err)
+			require.True(t, rep.Empty)
+		}},
+		{name: "reset, re-cordon refused until the plugin rebuilt", recordon: true, fenceOnce: true,
+			between: func(t *testing.T, g *guard.Guard, _ string) {
+				st, err := g.Ledger().Snapshot(context.Background())
+				require.NoError(t, err)
+				g.Ledger().RequireLineage(st.Lineage) // as the NRI plugin fences
+				reset(t, g)
+			}},
+		// Nothing tells this from a lost cordon: the safe side is a cordon
+		// the operator lifts again.
+		{name: "uncordon, then reset before the pass", recordon: true, between: func(t *testing.T, g *guard.Guard, uuid string) {
+			uncordon(t, g, uuid)
+			reset(t, g)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newGPUHost(t)
+			g := guardFor(t, h, nil)
+			uuid := h.uuid(gpu)
+			logs := &syncBuffer{}
+			w := NewWatch()
+			w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+			w.mu.Lock()
+			w.g = g
+			w.mu.Unlock()
+			ctx := context.Background()
+			forgot := 0
+			settle := func() { w.settleUnhealthy(ctx, func(string) bool { forgot++; return true }) }
+			cordoned := func() bool {
+				t.Helper()
+				st, err := g.Ledger().Snapshot(ctx)
+				require.NoError(t, err)
+				for _, k := range st.Cordons {
+					if k.Device.UUID == uuid {
+						return true
+					}
+				}
+				return false
+			}
+			f := observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
+				Device: observe.Device{UUID: uuid, Index: "3"}}
+			w.onUnhealthy(ctx, f)
+			require.True(t, cordoned())
+			settle()
+			require.True(t, cordoned())
+
+			tc.between(t, g, uuid)
+			require.False(t, cordoned())
+			settle()
+			if tc.fenceOnce {
+				assert.False(t, cordoned(), "the fence refuses writes until the plugin rebuilt")
+				g.Ledger().RequireLineage("") // rebuilt
+				settle()
+			}
+			w.mu.Lock()
+			left := len(w.unhealthy)
+			w.mu.Unlock()
+			if !tc.recordon {
+				assert.False(t, cordoned())
+				assert.Equal(t, 1, forgot)
+				assert.Zero(t, left)
+				assert.Contains(t, logs.String(), "unhealthy device uncordoned by the operator")
+				return
+			}
+			assert.True(t, cordoned(), "the unhealthy GPU is cordoned again")
+			assert.Zero(t, forgot, "not taken for an operator's uncordon")
+			assert.Equal(t, 1, left, "still known unhealthy")
+			assert.Contains(t, logs.String(), "unhealthy device's cordon lost")
+			recs, err := ledger.ReadAudit(g.Ledger().AuditPath())
+			require.NoError(t, err)
+			last := recs[len(recs)-1]
+			assert.Equal(t, ledger.OpCordon, last.Op)
+			assert.Equal(t, []string{uuid}, last.Devices)
+			assert.Contains(t, last.Reason, "cordoned again (the ledger was started afresh")
+			assert.Contains(t, last.Reason, "critical Xid 79")
+
+			// The cordon written again is the one an uncordon now lifts.
+			uncordon(t, g, uuid)
+			settle()
+			assert.False(t, cordoned())
+			assert.Equal(t, 1, forgot)
+		})
+	}
 }
 
 // startWatch runs a Watch over h's NVML mock and fake proc, with states as
