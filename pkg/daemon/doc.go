@@ -32,6 +32,10 @@
 //   - Findings are acted on only while the plugin is synchronized with the
 //     runtime (Watch.SetReady): before Synchronize, containers created while
 //     the plugin was down are not adopted yet and would read as intruders.
+//   - A cordon the observer decided is not lost to a failed write: an
+//     unhealthy device's is retried at every pass, an intruder's at every
+//     pass that still reports a process the guard did not admit on the
+//     device (dropped once none is).
 //   - An unhealthy device stays cordoned until the operator uncordons it.
 //     Its cordon missing in the ledger lineage it was last seen in force in
 //     was lifted by an uncordon (nothing else removes it within a lineage):

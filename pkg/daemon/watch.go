@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
 	"slices"
 	"sort"
@@ -127,6 +128,9 @@ type Watch struct {
 	// its cordon was last seen in force (settleUnhealthy tells an
 	// operator's uncordon from a cordon lost with the state by it).
 	cordonLineage map[string]string
+	// intruderRetry: devices whose intruder cordon could not be written
+	// (onReport retries them while a finding on the device is reported).
+	intruderRetry map[string]observe.FileFinding
 	lastPass      time.Time
 	errors        []string
 	interval      time.Duration
@@ -277,7 +281,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	}
 	w.mu.Lock()
 	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, nil, nil, time.Time{}
-	w.cordonFailed, w.cordonLineage = nil, nil
+	w.cordonFailed, w.cordonLineage, w.intruderRetry = nil, nil, nil
 	w.interval = interval
 	w.mu.Unlock()
 
@@ -395,7 +399,8 @@ func findingKey(f observe.Finding) string {
 }
 
 // onReport applies the policy to one pass: new findings are logged, audited
-// and (on_intruder = "cordon") cordoned; cleared ones are logged and
+// and (on_intruder = "cordon") cordoned, and the cordons that could not be
+// written are retried (cordonIntruders); cleared ones are logged and
 // audited; the metrics and observe.json show the pass.
 func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Report) {
 	if w.afterReport != nil {
@@ -469,20 +474,72 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 		})
 	}
 	if cfg.Observe.OnIntruder == config.IntruderCordon {
-		cordoned := map[string]bool{}
-		for _, f := range fresh {
-			if cordoned[f.Device.UUID] {
-				continue
-			}
-			cordoned[f.Device.UUID] = true
-			w.cordon(ctx, f.Finding, "intruder",
-				fmt.Sprintf("%s: pid %d (%s) runs on it without a claim", f.Kind, f.PID, ownerText(f)))
-		}
+		w.cordonIntruders(ctx, fresh, current)
 	}
 	if w.Metrics != nil {
 		w.Metrics.ObserverReport(r)
 	}
 	w.writeFile()
+}
+
+// cordonIntruders cordons the device of each new finding (intruder or out
+// of bounds), once per device, and retries the cordons that could not be
+// written at an earlier pass (ledger lock busy, ledger being recovered) for
+// as long as a finding on their device is still reported: a finding is new
+// only at the pass that first sees it, so without the retry its process
+// would run on a device that takes new claims. A retry whose device has no
+// finding left is dropped: the process is gone, there is nothing to cordon
+// for.
+func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding, current map[string]observe.FileFinding) {
+	w.mu.Lock()
+	retry := w.intruderRetry
+	w.intruderRetry = nil
+	w.mu.Unlock()
+
+	todo := map[string]observe.FileFinding{}
+	var order []string
+	add := func(f observe.FileFinding) {
+		if _, ok := todo[f.Device.UUID]; !ok {
+			todo[f.Device.UUID] = f
+			order = append(order, f.Device.UUID)
+		}
+	}
+	for _, f := range fresh {
+		add(f)
+	}
+	if len(retry) > 0 {
+		still := make([]observe.FileFinding, 0, len(current))
+		for _, f := range current {
+			if _, ok := retry[f.Device.UUID]; ok {
+				still = append(still, f)
+			}
+		}
+		sortFindings(still)
+		for _, f := range still {
+			add(f)
+		}
+		for _, uuid := range slices.Sorted(maps.Keys(retry)) {
+			if _, ok := todo[uuid]; !ok {
+				f := retry[uuid]
+				w.log().Info("intruder cordon no longer retried: the process left the device before its cordon could be written",
+					"device", f.Device.String(), "device_uuid", uuid, "pid", f.PID)
+			}
+		}
+	}
+	var failed map[string]observe.FileFinding
+	for _, uuid := range order {
+		f := todo[uuid]
+		if !w.cordon(ctx, f.Finding, "intruder",
+			fmt.Sprintf("%s: pid %d (%s) runs on it without a claim", f.Kind, f.PID, ownerText(f))) {
+			if failed == nil {
+				failed = map[string]observe.FileFinding{}
+			}
+			failed[uuid] = f
+		}
+	}
+	w.mu.Lock()
+	w.intruderRetry = failed
+	w.mu.Unlock()
 }
 
 // onUnhealthy cordons a device the first time it is found unhealthy, and

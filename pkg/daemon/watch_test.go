@@ -776,6 +776,96 @@ func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 	}
 }
 
+// An intruder's cordon that could not be written (ledger lock busy, ledger
+// being recovered) is retried at every pass while a process the guard did
+// not admit is still reported on the device, and dropped once none is
+// (before, the finding was new only once: its process ran on a device that
+// took new claims).
+func TestIntruderCordonRetriedWhileReported(t *testing.T) {
+	type step struct {
+		findings []observe.Finding
+		// wantCordon: the pid named by the cordon written at this pass (0:
+		// none written); attempts: the cordon writes tried so far.
+		wantCordon int
+		attempts   int
+	}
+	h := newGPUHost(t)
+	intruder := func(pid int) observe.Finding {
+		return observe.Finding{Kind: observe.KindIntruder, Device: observe.Device{UUID: h.uuid(2), Index: "2"},
+			PID: pid, ContainerID: idB, Message: fmt.Sprintf("pid %d runs on GPU 2 without a claim", pid)}
+	}
+	for _, tc := range []struct {
+		name    string
+		failing int
+		mode    config.OnIntruder
+		steps   []step
+	}{
+		{name: "retried until written", failing: 2, mode: config.IntruderCordon, steps: []step{
+			{findings: []observe.Finding{intruder(200)}, attempts: 1},
+			{findings: []observe.Finding{intruder(200)}, attempts: 2},
+			{findings: []observe.Finding{intruder(200)}, attempts: 3, wantCordon: 200},
+			{findings: []observe.Finding{intruder(200)}, attempts: 3}, // written: not again
+		}},
+		{name: "dropped when the intruder left", failing: 1, mode: config.IntruderCordon, steps: []step{
+			{findings: []observe.Finding{intruder(200)}, attempts: 1},
+			{attempts: 1},
+			{attempts: 1},
+			{findings: []observe.Finding{intruder(200)}, attempts: 2, wantCordon: 200}, // new again
+		}},
+		{name: "another unadmitted process still on the device", failing: 1, mode: config.IntruderCordon, steps: []step{
+			{findings: []observe.Finding{intruder(200), intruder(201)}, attempts: 1},
+			{findings: []observe.Finding{intruder(201)}, attempts: 2, wantCordon: 201},
+		}},
+		{name: "on_intruder = report never cordons", failing: 1, mode: config.IntruderReport, steps: []step{
+			{findings: []observe.Finding{intruder(200)}},
+			{findings: []observe.Finding{intruder(200)}},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = tc.mode })
+			states := newFakeStates()
+			states.failing = tc.failing
+			w := NewWatch()
+			w.States = func(*guard.Guard) DeviceStates { return states }
+			w.mu.Lock()
+			w.g = g
+			w.mu.Unlock()
+			for i, st := range tc.steps {
+				w.onReport(context.Background(), g.Config(), observe.Report{Time: time.Now(), Findings: st.findings})
+				states.mu.Lock()
+				attempts := states.attempts
+				states.mu.Unlock()
+				assert.Equal(t, st.attempts, attempts, "pass %d: cordon writes tried", i)
+				select {
+				case c := <-states.cordons:
+					assert.Equal(t, h.uuid(2), c[0], "pass %d", i)
+					assert.Equal(t, "intruder", c[1])
+					assert.Contains(t, c[2], fmt.Sprintf("pid %d (container %s)", st.wantCordon, idB[:12]), "pass %d", i)
+				default:
+					assert.Zero(t, st.wantCordon, "pass %d: no cordon written", i)
+				}
+			}
+		})
+	}
+}
+
+// The same through the running observer: the cordon of an intruder first
+// refused by the ledger is written at a later pass.
+func TestIntruderCordonRetriedByTheObserver(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
+	h.run(2, 200, idB) // no claim
+	states := newFakeStates()
+	states.failing = 1
+	_, _, stop := runWatch(t, h, g, states, nil)
+	defer stop()
+	c := receive(t, states.cordons, "the intruder cordon, retried")
+	assert.Equal(t, [2]string{h.uuid(2), "intruder"}, [2]string{c[0], c[1]})
+	states.mu.Lock()
+	assert.Equal(t, 2, states.attempts)
+	states.mu.Unlock()
+}
+
 // startWatch runs a Watch over h's NVML mock and fake proc, with states as
 // its device states and adjust applied before it runs, until ctx is done
 // (then done is closed). reports gets a value after each handled report.
