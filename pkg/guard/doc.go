@@ -45,7 +45,11 @@
 //     positive evidence that its processes are gone.
 //   - Stop and remove events release only the given container id's claims and
 //     never touch the queue: a refused create is followed by both, and its
-//     requester keeps its place. Pod stop/removal drops the pod's waiters;
+//     requester keeps its place. A front end that names a removed container
+//     by id alone while another container may run under that id (the OCI
+//     hook's poststop) ends only the claims and queue entry whose recorded
+//     process is gone, decided under the ledger lock (RemovedExited,
+//     WithdrawExited). Pod stop/removal drops the pod's waiters;
 //     a front end's pod events touch only its own claims and waiters.
 //   - Every refusal message names each busy device by index and full UUID,
 //     its holder (namespace/pod/container and short id) or reservation, the

@@ -611,41 +611,145 @@ func (g *Guard) release(ctx context.Context, o ledger.Owner, reason string) erro
 	return err
 }
 
-// ReleaseClaims releases those of claims (as read from a snapshot) that are
-// still held by the same container, the same incarnation (see
-// ledger.SameIncarnation): for a front end that must not release every claim
-// of a container id (an OCI hook's poststop, when another container with the
-// same id still runs). They are released at once, also under
-// release_requires_idle: this serves only that rare case, where the claims
-// of one id are split between two containers.
-func (g *Guard) ReleaseClaims(ctx context.Context, o ledger.Owner, claims []ledger.Claim, reason string) error {
-	var rel []ledger.Claim
+// RemovedExited is Removed for a front end that names the removed container
+// by id alone while another container may run under the same id (an OCI
+// hook's poststop: an id is unique only within one runtime root or
+// containerd namespace, and two containers of one id are two holders, told
+// apart by pid and pid start time, see ledger.SameIncarnation).
+//
+// Which claims are the removed container's is decided under the ledger
+// lock, so that a container of the same id admitted at any moment before
+// keeps its claim: a claim of the id whose recorded process still runs
+// (runs reports it; nil: the pid recorded runs with the recorded start
+// time, on the host's /proc) is another container's and is kept; RemovedExited
+// returns those. With none kept it does what Removed does. Otherwise the
+// other claims are released, or kept draining under release_requires_idle,
+// incarnation by incarnation (ledger.ReleaseIncarnation,
+// ledger.MarkDrainingIncarnation); a claim that records no process (pid and
+// start time) cannot be told from a running one by those, and is released
+// at once by its device.
+func (g *Guard) RemovedExited(ctx context.Context, o ledger.Owner, runs func(ledger.Owner) bool) ([]ledger.Claim, error) {
+	const reason = "removed"
+	runs = orRunning(runs)
+	var kept, ended []ledger.Claim
+	drained := false
 	err := g.update(ctx, reason, func(tx *ledger.Tx) bool {
-		changed := false
-		for _, want := range claims {
-			var held *ledger.Claim
-			for i := range tx.State().Claims {
-				if c := &tx.State().Claims[i]; c.Device.UUID == want.Device.UUID {
-					held = c
-					break
-				}
+		kept, ended, drained = nil, nil, false
+		if o.ContainerID == "" {
+			return false
+		}
+		var mine []ledger.Claim
+		for _, c := range tx.ReadState().Claims {
+			if c.Owner.ContainerID != o.ContainerID {
+				continue
 			}
-			if held == nil || held.Owner.ContainerID != o.ContainerID || !ledger.SameIncarnation(&held.Owner, &want.Owner) {
-				continue // released or taken over meanwhile
-			}
-			c, err := tx.ReleaseDevice(want.Device.UUID, reason)
-			if err == nil {
-				rel = append(rel, c)
-				changed = true
+			if runs(c.Owner) {
+				kept = append(kept, c)
+			} else {
+				mine = append(mine, c)
 			}
 		}
-		return changed
+		before := drainingUUIDs(tx)
+		if len(kept) == 0 {
+			// Claims and conflict records of the id: Removed.
+			if g.requiresIdle() {
+				tx.MarkDraining(o.ContainerID, reason)
+			} else {
+				ended = tx.Release(o.ContainerID, reason)
+			}
+			drained = newlyDraining(tx, before)
+			return drained || len(ended) > 0
+		}
+		for _, c := range mine {
+			if !stillHeld(tx, c) {
+				continue // ended with an earlier claim of its incarnation
+			}
+			if slices.ContainsFunc(kept, func(k ledger.Claim) bool { return ledger.SameIncarnation(&k.Owner, &c.Owner) }) {
+				// It records no process that tells it from a running
+				// one: this device alone, released at once.
+				if rel, err := tx.ReleaseDevice(c.Device.UUID, reason); err == nil {
+					ended = append(ended, rel)
+				}
+				continue
+			}
+			if g.requiresIdle() {
+				tx.MarkDrainingIncarnation(c.Owner, reason)
+			} else {
+				ended = append(ended, tx.ReleaseIncarnation(c.Owner, reason)...)
+			}
+		}
+		drained = newlyDraining(tx, before)
+		return drained || len(ended) > 0
 	})
-	if err == nil && len(rel) > 0 {
-		g.log.Info("released", append(ownerAttrs(o, ""), slog.String("reason", reason),
-			slog.Any("devices", claimUUIDs(rel)))...)
+	if err != nil {
+		return nil, err
 	}
-	return err
+	if len(ended) > 0 {
+		g.log.Info("released", append(ownerAttrs(o, ""), slog.String("reason", reason),
+			slog.Any("devices", claimUUIDs(ended)))...)
+	}
+	if drained {
+		g.log.Info("holder "+reason+"; claim kept draining until its processes leave the GPU",
+			append(ownerAttrs(o, ""), slog.Duration("idle_grace", g.cfg.Observe.IdleGrace.Duration))...)
+	}
+	return kept, nil
+}
+
+// orRunning is runs, or when nil liveness.Running over the host's /proc
+// (the recorded pid runs with the recorded start time).
+func orRunning(runs func(ledger.Owner) bool) func(ledger.Owner) bool {
+	if runs != nil {
+		return runs
+	}
+	return func(o ledger.Owner) bool { return liveness.Running(liveness.DefaultProcRoot, o.Pid, o.PidStart) }
+}
+
+// drainingUUIDs lists the devices whose claims are draining in tx.
+func drainingUUIDs(tx *ledger.Tx) map[string]bool {
+	out := map[string]bool{}
+	for _, c := range tx.Draining() {
+		out[c.Device.UUID] = true
+	}
+	return out
+}
+
+// newlyDraining reports whether a claim drains in tx that did not in before.
+func newlyDraining(tx *ledger.Tx, before map[string]bool) bool {
+	return slices.ContainsFunc(tx.Draining(), func(c ledger.Claim) bool { return !before[c.Device.UUID] })
+}
+
+// stillHeld reports whether c's device is still held by c's incarnation in
+// tx.
+func stillHeld(tx *ledger.Tx, c ledger.Claim) bool {
+	for i := range tx.ReadState().Claims {
+		if h := &tx.ReadState().Claims[i]; h.Device.UUID == c.Device.UUID {
+			return ledger.SameIncarnation(&h.Owner, &c.Owner)
+		}
+	}
+	return false
+}
+
+// WithdrawExited is Withdraw for a front end that names the requester by a
+// container id that another container may share (see RemovedExited): key's
+// queue entry (and its reservations) is dropped unless the process it
+// records still runs (runs reports it; nil as for RemovedExited), decided
+// under the ledger lock.
+// kept reports an entry left in place for that reason.
+func (g *Guard) WithdrawExited(ctx context.Context, key, reason string, runs func(ledger.Owner) bool) (kept bool, err error) {
+	runs = orRunning(runs)
+	err = g.update(ctx, "withdraw", func(tx *ledger.Tx) bool {
+		kept = false
+		w, ok := tx.Waiter(key)
+		if !ok {
+			return false
+		}
+		if runs(w.Owner) {
+			kept = true
+			return false
+		}
+		return tx.DropWaiter(key, reason)
+	})
+	return kept, err
 }
 
 // PodGone releases every claim of front end fe's stopped or removed pod and

@@ -53,6 +53,11 @@
 //     the ledger is told apart by a lock-free read and never takes the lock,
 //     and one present takes it only for the writes it needs (release if it
 //     holds, withdraw if it waits).
+//   - poststop never ends what another container of the same id has (ids
+//     are unique only per runtime root or containerd namespace): which
+//     claims and queue entry of the id are the deleted container's is
+//     decided under the ledger lock, never from the lock-free read; one
+//     whose recorded process (pid and start time) still runs is kept.
 //   - The input is read once (ReadInput). A container that can reach no GPU
 //     under any configuration is answered from it alone: the hook binary
 //     does so before loading the configuration, so a configuration that does

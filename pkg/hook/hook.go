@@ -97,8 +97,8 @@ type guardAPI interface {
 	admitter
 	AdmitIfFree(ctx context.Context, r guard.Request) (guard.Decision, error)
 	Resolve(spec devices.Request) (devices.Resolution, error)
-	Removed(ctx context.Context, o ledger.Owner) error
-	ReleaseClaims(ctx context.Context, o ledger.Owner, claims []ledger.Claim, reason string) error
+	RemovedExited(ctx context.Context, o ledger.Owner, runs func(ledger.Owner) bool) ([]ledger.Claim, error)
+	WithdrawExited(ctx context.Context, key, reason string, runs func(ledger.Owner) bool) (bool, error)
 	Ledger() *ledger.Ledger
 }
 
@@ -360,7 +360,10 @@ func (e env) goneCheck(self *liveness.Process) func() (bool, string) {
 
 // poststop releases everything the container holds and drops any waiter
 // entry it left (a create-runtime hook killed with SIGKILL cannot withdraw).
-// Both are idempotent: a container that held nothing succeeds.
+// Both are idempotent: a container that held nothing succeeds. A claim or
+// queue entry of the same id whose recorded process still runs is another
+// container's (ids are unique only per runtime root) and is kept; that is
+// decided under the ledger lock (guard.RemovedExited, WithdrawExited).
 //
 // Most containers hold nothing. One whose spec names no GPU in any way a
 // configuration could turn into a claim (Input.NeverClaims) is done without
@@ -399,54 +402,35 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 		}
 	}
 	owner := ledger.Owner{ContainerID: st.ID, FrontEnd: ledger.FrontEndHook}
+	// Which claims and queue entry of this id are this container's is
+	// decided under the ledger lock, never from the read above: another
+	// container may run under the same id (another runtime root or
+	// containerd namespace) and may have been admitted since. One whose
+	// recorded process (pid and start time) still runs is that other
+	// container's: this container's processes are gone by poststop.
+	runs := func(o ledger.Owner) bool { return liveness.Running(e.procRoot, o.Pid, o.PidStart) }
 	var errs []error
-	if holds && err == nil {
-		// A claim of this id whose recorded process still runs is another
-		// container's with the same id (another runtime root or containerd
-		// namespace): this container's processes are gone by poststop.
-		mine, others := e.splitByProcess(snap, st.ID)
+	if holds {
+		others, err := g.RemovedExited(ctx, owner, runs)
+		if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+			errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl gc` once the ledger is reachable): %w", st.ID, err))
+		}
 		for _, c := range others {
 			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: hook poststop: container %s: %s not released: it is held by pid %d, which still runs: "+
 				"another container with the same id\n", st.ID, naming.Device(c.Device), c.Owner.Pid)
 		}
-		if len(others) > 0 {
-			holds = false
-			if len(mine) > 0 {
-				if err := g.ReleaseClaims(ctx, owner, mine, "removed"); err != nil {
-					errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl gc` once the ledger is reachable): %w", st.ID, err))
-				}
-			}
-		}
-	}
-	if holds {
-		if err := g.Removed(ctx, owner); err != nil && !errors.Is(err, ledger.ErrNotFound) {
-			errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl release --container %s` once the ledger is reachable): %w", st.ID, st.ID, err))
-		}
 	}
 	if waits {
-		if err := g.Withdraw(ctx, st.ID, "container removed"); err != nil && !errors.Is(err, ledger.ErrNotFound) {
+		kept, err := g.WithdrawExited(ctx, st.ID, "container removed", runs)
+		if err != nil && !errors.Is(err, ledger.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("drop the queue entry of container %s: %w", st.ID, err))
+		}
+		if kept {
+			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: hook poststop: container %s: its queue entry is kept: the process it records still runs: "+
+				"another container with the same id waits\n", st.ID)
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// splitByProcess divides the claims of container id in st into those whose
-// recorded process is gone, a zombie or unknown (mine: a poststop releases
-// them) and those whose recorded process (pid and start time) certainly
-// still runs (others).
-func (e env) splitByProcess(st ledger.State, id string) (mine, others []ledger.Claim) {
-	for _, c := range st.Claims {
-		if c.Owner.ContainerID != id {
-			continue
-		}
-		if liveness.Running(e.procRoot, c.Owner.Pid, c.Owner.PidStart) {
-			others = append(others, c)
-			continue
-		}
-		mine = append(mine, c)
-	}
-	return mine, others
 }
 
 // appears reports whether container id holds a claim or has a conflict

@@ -306,6 +306,112 @@ func TestSameIDInTwoRuntimeRoots(t *testing.T) {
 	require.Empty(t, st.Claims)
 }
 
+// racyGuard runs between() once, before poststop's first ledger write: what
+// another process's hook can do between poststop's lock-free read and its
+// locked write.
+type racyGuard struct {
+	guardAPI
+	between func()
+}
+
+func (r *racyGuard) RemovedExited(ctx context.Context, o ledger.Owner, runs func(ledger.Owner) bool) ([]ledger.Claim, error) {
+	if r.between != nil {
+		r.between()
+		r.between = nil
+	}
+	return r.guardAPI.RemovedExited(ctx, o, runs)
+}
+
+// A container "train" ended on GPU 0 and its poststop runs, while another
+// container "train" (another runtime root, or the same root once runc
+// removed the first one's state) runs. Poststop decides under the ledger
+// lock which claims and queue entry of the id are the ended one's: the
+// running one keeps its claim, also one admitted after poststop's lock-free
+// read, and its place in the queue.
+func TestPoststopSparesRunningContainerOfSameID(t *testing.T) {
+	type ledgerView struct {
+		held    map[string]int // device → holder pid
+		waiters []string
+	}
+	for _, tc := range []struct {
+		name string
+		// setup runs after the ended train claimed GPU 0; it returns what
+		// runs between poststop's read and its first write (nil: nothing).
+		setup      func(t *testing.T, cfg config.Config, g guardAPI, newPid int) func()
+		want       func(newPid int) ledgerView
+		wantStderr string
+	}{
+		{
+			name: "admitted after poststop's read",
+			setup: func(t *testing.T, cfg config.Config, _ guardAPI, newPid int) func() {
+				return func() {
+					require.NoError(t, defaultEnv().run(context.Background(), PhaseCreateRuntime, cfg,
+						strings.NewReader(stateFor(t, "train", newPid, "NVIDIA_VISIBLE_DEVICES=1")), io.Discard))
+				}
+			},
+			want: func(newPid int) ledgerView {
+				return ledgerView{held: map[string]int{gpuUUIDs[1]: newPid}}
+			},
+			wantStderr: "GPU 1 (" + gpuUUIDs[1] + ") not released: it is held by pid ",
+		},
+		{
+			name: "waiting in the queue",
+			setup: func(t *testing.T, _ config.Config, g guardAPI, newPid int) func() {
+				start, err := liveness.PidStart(liveness.DefaultProcRoot, newPid)
+				require.NoError(t, err)
+				spec := devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=2"}}
+				holder := ledger.Owner{ContainerID: "holder", FrontEnd: ledger.FrontEndHook}
+				d, err := g.Admit(context.Background(), guard.Request{FrontEnd: ledger.FrontEndHook, Owner: holder, Key: "holder", Spec: spec})
+				require.NoError(t, err)
+				require.Equal(t, guard.Admit, d.Result)
+				waiter := ledger.Owner{ContainerID: "train", FrontEnd: ledger.FrontEndHook, Pid: newPid, PidStart: start}
+				d, err = g.Admit(context.Background(), guard.Request{FrontEnd: ledger.FrontEndHook, Owner: waiter, Key: "train", Spec: spec})
+				require.NoError(t, err)
+				require.Equal(t, guard.Queue, d.Result)
+				return nil
+			},
+			want: func(int) ledgerView {
+				return ledgerView{held: map[string]int{gpuUUIDs[2]: 0}, waiters: []string{"train"}}
+			},
+			wantStderr: "its queue entry is kept: the process it records still runs",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := staticConfig(t)
+			ctx := context.Background()
+			oldPid, endOld := containerProcess(t)
+			require.NoError(t, defaultEnv().run(ctx, PhaseCreateRuntime, cfg,
+				strings.NewReader(stateFor(t, "train", oldPid, "NVIDIA_VISIBLE_DEVICES=0")), io.Discard))
+			endOld()
+			newPid, _ := containerProcess(t)
+			g, _, err := openGuard(cfg, mustStatic(t, cfg))
+			require.NoError(t, err)
+			between := tc.setup(t, cfg, g, newPid)
+
+			e := defaultEnv()
+			e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
+				g, c, err := openGuard(cfg, inv)
+				return &racyGuard{guardAPI: g, between: between}, c, err
+			}
+			var stderr bytes.Buffer
+			require.NoError(t, e.run(ctx, PhasePoststop, cfg,
+				strings.NewReader(`{"ociVersion":"1.2.0","id":"train","status":"stopped","bundle":"/gone"}`), &stderr))
+
+			st, err := g.Ledger().Snapshot(ctx)
+			require.NoError(t, err)
+			got := ledgerView{held: map[string]int{}}
+			for _, c := range st.Claims {
+				got.held[c.Device.UUID] = c.Owner.Pid
+			}
+			for _, w := range st.Waiters {
+				got.waiters = append(got.waiters, w.Key)
+			}
+			require.Equal(t, tc.want(newPid), got, "the ended train's GPU 0 is released, the running train keeps what it has")
+			require.Contains(t, stderr.String(), tc.wantStderr)
+		})
+	}
+}
+
 // TestRunClaimThenPoststop drives both phases in process over one ledger: the
 // claim carries the hook's identity (pid, start time, cgroup) and poststop
 // releases it, twice without error.

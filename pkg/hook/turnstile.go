@@ -130,14 +130,14 @@ func (l linedUp) Withdraw(ctx context.Context, key, reason string) error {
 	return l.guardAPI.Withdraw(ctx, key, reason)
 }
 
-func (l linedUp) Removed(ctx context.Context, o ledger.Owner) error {
+func (l linedUp) RemovedExited(ctx context.Context, o ledger.Owner, runs func(ledger.Owner) bool) ([]ledger.Claim, error) {
 	defer l.ts.enter(ctx)()
-	return l.guardAPI.Removed(ctx, o)
+	return l.guardAPI.RemovedExited(ctx, o, runs)
 }
 
-func (l linedUp) ReleaseClaims(ctx context.Context, o ledger.Owner, claims []ledger.Claim, reason string) error {
+func (l linedUp) WithdrawExited(ctx context.Context, key, reason string, runs func(ledger.Owner) bool) (bool, error) {
 	defer l.ts.enter(ctx)()
-	return l.guardAPI.ReleaseClaims(ctx, o, claims, reason)
+	return l.guardAPI.WithdrawExited(ctx, key, reason, runs)
 }
 
 // update runs a ledger transaction of the hook itself (ticket handover and

@@ -266,7 +266,8 @@ func TestWatcherFingerprintsWhatTheAdmitCommitted(t *testing.T) {
 
 	due, why := w.due(ctx, "waiter")
 	require.False(t, due, why)
-	require.NoError(t, holderSide.Removed(ctx, holder))
+	_, err = holderSide.RemovedExited(ctx, holder, func(ledger.Owner) bool { return false })
+	require.NoError(t, err)
 	due, why = w.due(ctx, "waiter")
 	require.True(t, due)
 	require.Equal(t, "ledger changed", why)
