@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -208,11 +209,11 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		// The runtime named no cgroup (runc run without cgroupsPath puts
 		// the container in one named after its id): record the one the
 		// container's process is in, so that its liveness and the GPU
-		// observer can tell its processes. Only a cgroup of its own, whose
-		// leaf names the container: a process left in its caller's cgroup
-		// (rootless, no delegation) shares it, and a shared cgroup would
-		// never read as exited.
-		if cg, err := liveness.ProcessCgroup(e.procRoot, st.Pid); err == nil && namesContainer(filepath.Base(cg), st.ID) {
+		// observer can tell its processes. Only a cgroup of its own (see
+		// ownCgroup): a process left in its caller's cgroup (crun
+		// --cgroup-manager=disabled, rootless runc without delegation)
+		// shares it, and a shared cgroup would never read as exited.
+		if cg, err := liveness.ProcessCgroup(e.procRoot, st.Pid); err == nil && e.ownCgroup(cg, st.ID) {
 			owner.Cgroup = guard.BoundCgroup(cg)
 		}
 	}
@@ -267,12 +268,45 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	return w.run(ctx)
 }
 
-// namesContainer reports whether a cgroup's leaf is the container's own:
-// its id ("/train", runc's cgroupfs default) or <prefix>-<id>[.scope]
-// (runc-<id>.scope under systemd).
+// runtimeScopePrefixes are the prefixes runtimes and engines put before a
+// container's id in the name of the cgroup they create for it
+// (<prefix>-<id>, or <prefix>-<id>.scope under systemd).
+var runtimeScopePrefixes = []string{"runc", "crun", "runsc", "youki", "libpod", "crio", "cri-containerd", "docker", "nerdctl"}
+
+// namesContainer reports whether a cgroup's leaf is container id's own by
+// its name: the id ("/train", runc's cgroupfs default; "train.scope") or
+// <runtime prefix>-<id>[.scope] ("runc-train.scope" under systemd). A leaf
+// that merely ends in "-<id>" is not: the login session "session-3.scope"
+// or the transient unit "run-u12.scope" would pass for containers "3" and
+// "u12".
 func namesContainer(leaf, id string) bool {
+	if id == "" {
+		return false
+	}
 	leaf = strings.TrimSuffix(leaf, ".scope")
-	return id != "" && (leaf == id || strings.HasSuffix(leaf, "-"+id))
+	if leaf == id {
+		return true
+	}
+	prefix, ok := strings.CutSuffix(leaf, "-"+id)
+	return ok && slices.Contains(runtimeScopePrefixes, prefix)
+}
+
+// ownCgroup reports whether cgroup cg, the one container id's process is
+// in, is the container's own: its leaf names the container
+// (namesContainer), and it is neither the cgroup of the runtime that ran
+// this hook (its parent) nor one above it, which the container's process
+// would share with the runtime and whatever else runs there. When the
+// runtime's cgroup cannot be read it is not.
+func (e env) ownCgroup(cg, id string) bool {
+	if !namesContainer(path.Base(cg), id) {
+		return false
+	}
+	rt, err := liveness.ProcessCgroup(e.procRoot, e.getppid())
+	if err != nil {
+		return false
+	}
+	cg, rt = path.Clean(cg), path.Clean(rt)
+	return cg != "/" && cg != rt && !strings.HasPrefix(rt, cg+"/")
 }
 
 // hookAnswerMargin is kept between the end of a --wait and the runtime's

@@ -127,27 +127,72 @@ func TestOwnHookTimeout(t *testing.T) {
 	require.False(t, ok)
 }
 
-// A container whose runtime named no cgroup has the cgroup its process is
-// in recorded, when that cgroup is its own (its leaf names the container);
-// a process left in a shared cgroup records none.
-func TestCgroupRecordedFromTheProcess(t *testing.T) {
+// A cgroup leaf is a container's own by its name only when it is the id
+// (optionally a .scope) or a runtime's <prefix>-<id>[.scope]; a shared
+// cgroup whose name merely ends in "-<id>" is not.
+func TestNamesContainer(t *testing.T) {
 	for _, tc := range []struct {
-		id, cgroup, want string
+		leaf, id string
+		want     bool
 	}{
-		{"train", "0::/train\n", "/train"},
-		{"train", "0::/system.slice/runc-train.scope\n", "/system.slice/runc-train.scope"},
-		{"train", "12:pids:/train\n11:memory:/train\n", "/train"},
-		{"train", "0::/user.slice/user-0.slice/session-1.scope\n", ""},
-		{"a", "0::/user.slice/data\n", ""},
+		{"train", "train", true},
+		{"train.scope", "train", true},
+		{"runc-train.scope", "train", true},
+		{"crun-train.scope", "train", true},
+		{"libpod-0123abcd", "0123abcd", true},
+		{"cri-containerd-0123abcd.scope", "0123abcd", true},
+		{"crio-0123abcd.scope", "0123abcd", true},
+		{"docker-0123abcd.scope", "0123abcd", true},
+		{"session-3.scope", "3", false},
+		{"run-u12.scope", "u12", false},
+		{"user-runtime-dir@1000", "1000", false},
+		{"user-1000.slice", "1000", false},
+		{"app-train.scope", "train", false},
+		{"runc-train.scope", "", false},
+		{"libpod-conmon-0123abcd.scope", "0123abcd", false},
+		{"trainer", "train", false},
 	} {
-		t.Run(tc.id+" "+tc.want, func(t *testing.T) {
+		require.Equal(t, tc.want, namesContainer(tc.leaf, tc.id), "namesContainer(%q, %q)", tc.leaf, tc.id)
+	}
+}
+
+// A container whose runtime named no cgroup has the cgroup its process is
+// in recorded, when that cgroup is its own: its leaf names the container
+// and the runtime that ran the hook (its parent, pid 4000) is not in it or
+// below it. A process left in a shared cgroup records none.
+func TestCgroupRecordedFromTheProcess(t *testing.T) {
+	const userApp = "/user.slice/user-1000.slice/user@1000.service/app.slice"
+	for _, tc := range []struct {
+		name, id, cgroup string
+		runtime          string // cgroup file of pid 4000; "" = unreadable
+		want             string
+	}{
+		{"runc cgroupfs", "train", "0::/train\n", "0::/user.slice/user-0.slice/session-1.scope\n", "/train"},
+		{"runc systemd", "train", "0::/system.slice/runc-train.scope\n", "0::/system.slice/sshd.service\n", "/system.slice/runc-train.scope"},
+		{"cgroup v1", "train", "12:pids:/train\n11:memory:/train\n", "12:pids:/\n11:memory:/\n", "/train"},
+		{"below the runtime's cgroup", "train", "0::" + userApp + "/podman.scope/train\n", "0::" + userApp + "/podman.scope\n",
+			userApp + "/podman.scope/train"},
+		{"shared, other name", "train", "0::/user.slice/user-0.slice/session-1.scope\n", "0::/user.slice/user-0.slice/session-1.scope\n", ""},
+		{"shared, other name, elsewhere", "a", "0::/user.slice/data\n", "0::/system.slice/x.service\n", ""},
+		{"session scope of a short id", "3", "0::/user.slice/user-0.slice/session-3.scope\n", "0::/system.slice/x.service\n", ""},
+		{"transient unit of a short id", "u12", "0::/system.slice/run-u12.scope\n", "0::/system.slice/x.service\n", ""},
+		{"the runtime's own cgroup", "train", "0::" + userApp + "/train\n", "0::" + userApp + "/train\n", ""},
+		{"above the runtime's cgroup", "train", "0::" + userApp + "/train\n", "0::" + userApp + "/train/shell.scope\n", ""},
+		{"the runtime's cgroup unreadable", "train", "0::/train\n", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
-			fakeProc(t, root, 4242, 1, "app")
+			fakeProc(t, root, 4242, 4000, "app")
 			require.NoError(t, os.WriteFile(filepath.Join(root, "4242", "cgroup"), []byte(tc.cgroup), 0o644))
+			fakeProc(t, root, 4000, 1, "runc")
+			if tc.runtime != "" {
+				require.NoError(t, os.WriteFile(filepath.Join(root, "4000", "cgroup"), []byte(tc.runtime), 0o644))
+			}
 			cfg := staticConfig(t)
 			opened := 0
 			e := testEnv(&opened)
 			e.procRoot = root
+			e.getppid = func() int { return 4000 }
 			require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(stateFor(t, tc.id, 4242, "NVIDIA_VISIBLE_DEVICES=1")), io.Discard))
 			l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
 			require.NoError(t, err)
