@@ -352,8 +352,10 @@ func fastState(data []byte) (st specs.State, ok bool) {
 // reports ok false.
 func fastSpec(data []byte) (h hookSpec, ok bool) {
 	s := &jscan{b: data}
-	s.object([]string{"process", "mounts", "annotations", "linux"}, func(k string) bool {
+	s.object([]string{"process", "mounts", "annotations", "linux", "hooks"}, func(k string) bool {
 		switch k {
+		case "hooks":
+			h.Hooks = s.hooks()
 		case "process":
 			h.Process = s.process()
 		case "mounts":
@@ -371,6 +373,54 @@ func fastSpec(data []byte) (h hookSpec, ok bool) {
 		return hookSpec{}, false
 	}
 	return h, true
+}
+
+func (s *jscan) hooks() *hookHooks {
+	if s.null() {
+		return nil
+	}
+	hs := &hookHooks{}
+	s.object([]string{"createRuntime"}, func(k string) bool {
+		if k != "createRuntime" {
+			return false
+		}
+		hs.CreateRuntime = s.hookList()
+		return true
+	})
+	return hs
+}
+
+func (s *jscan) hookList() []hookHook {
+	if s.null() {
+		return nil
+	}
+	out := []hookHook{}
+	s.array(func() {
+		var h hookHook
+		s.object([]string{"path", "args", "timeout"}, func(k string) bool {
+			switch k {
+			case "path":
+				h.Path = s.optString()
+			case "args":
+				h.Args = s.strings()
+			case "timeout":
+				if s.null() {
+					return true
+				}
+				v := s.integer()
+				if int64(int(v)) != v {
+					s.bad = true // too big for an int here: encoding/json says so
+				}
+				n := int(v)
+				h.Timeout = &n
+			default:
+				return false
+			}
+			return true
+		})
+		out = append(out, h)
+	})
+	return out
 }
 
 func (s *jscan) process() *hookProcess {

@@ -30,7 +30,10 @@ func agree(t *testing.T, in []byte) (stateOK, specOK bool) {
 	return stateOK, specOK
 }
 
-var major195, minus1 = int64(195), int64(-1)
+var (
+	major195, minus1 = int64(195), int64(-1)
+	hookTimeout      = 60
+)
 
 // A spec and a state as runtimes write them take the fast path (or the
 // speed-up is gone), and give what encoding/json gives.
@@ -43,7 +46,12 @@ func TestFastDecodeTypical(t *testing.T) {
 			Cwd:  "/", Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN", "CAP_KILL"}, Effective: []string{"CAP_KILL"}},
 			Rlimits: []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
 		},
-		Root:        &specs.Root{Path: "rootfs", Readonly: true},
+		Root: &specs.Root{Path: "rootfs", Readonly: true},
+		Hooks: &specs.Hooks{
+			CreateRuntime: []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook", Args: []string{"nri-gpu-guard-hook", "create-runtime", "--wait"},
+				Env: []string{"GOMAXPROCS=1"}, Timeout: &hookTimeout}},
+			Poststop: []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook", Args: []string{"nri-gpu-guard-hook", "poststop"}}},
+		},
 		Hostname:    "h",
 		Mounts:      []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: "/dev/nvidia0", Source: "/dev/nvidia0", Options: []string{"bind"}}},
 		Annotations: map[string]string{"io.kubernetes.cri.sandbox-name": "pod-1", "x": ""},
@@ -67,6 +75,8 @@ func TestFastDecodeTypical(t *testing.T) {
 	require.Equal(t, []string{"PATH=/usr/bin:/bin", "NVIDIA_VISIBLE_DEVICES=0,1", "HOME=/root"}, h.Process.Env)
 	require.Equal(t, "/kubepods/pod1/c1", h.Linux.CgroupsPath)
 	require.Equal(t, int64(195), *h.Linux.Resources.Devices[1].Major)
+	require.Equal(t, 60, *h.Hooks.CreateRuntime[0].Timeout)
+	require.Equal(t, "/usr/bin/nri-gpu-guard-hook", h.Hooks.CreateRuntime[0].Path)
 
 	data, err = json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: specs.StateCreating, Pid: 4242, Bundle: "/run/b", Annotations: map[string]string{"a": "b"}})
 	require.NoError(t, err)
@@ -105,6 +115,12 @@ func TestFastDecodeGivesUp(t *testing.T) {
 		`{"process":{"env":[],"env":["NVIDIA_VISIBLE_DEVICES=0"]}}`,
 		`{"linux":{"devices":[],"devices":[{"path":"/dev/nvidia0"}]}}`,
 		`{"linux":{"devices":[{"major":1,"major":195}]}}`,
+		`{"hooks":{"CreateRuntime":[]}}`,
+		`{"hooks":{"createRuntime":[{"Timeout":5}]}}`,
+		`{"hooks":{"createRuntime":[null]}}`,
+		`{"hooks":{"createRuntime":[{"timeout":1.5}]}}`,
+		`{"hooks":{"createRuntime":[{"timeout":99999999999999999999}]}}`,
+		`{"hooks":{"createRuntime":[{"args":[null]}]}}`,
 	} {
 		_, ok := fastSpec([]byte(in))
 		require.False(t, ok, "%s", in)
@@ -121,6 +137,8 @@ func FuzzFastDecode(f *testing.F) {
 	f.Add(`{"process":{"env":["A=1"],"capabilities":{"bounding":["CAP_X"]}},"mounts":[{"destination":"/d"}],"linux":{"devices":[{"path":"/dev/x","type":"c","major":195,"minor":0}],"cgroupsPath":"/c","resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":-1,"access":"rwm"}]}}}`)
 	f.Add(`{"id":"a","x":[1,2.5e3,{"y":null}],"pid":0}`)
 	f.Add(`{"linux":null,"process":null,"mounts":[],"annotations":{}}`)
+	f.Add(`{"hooks":{"prestart":[],"createRuntime":[{"path":"/h","args":["h","--wait"],"env":[],"timeout":5},{"timeout":null}]}}`)
+	f.Add(`{"hooks":null}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		agree(t, []byte(in))
 	})

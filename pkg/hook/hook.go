@@ -5,10 +5,10 @@ package hook
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -258,7 +258,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	// The runtime kills a hook at its definition's timeout: stop waiting
 	// shortly before, so that the container is refused with the guard's
 	// words (and leaves the queue) rather than by a bare kill.
-	if limit, ok := ownHookTimeout(st.Bundle); ok && limit < w.waitTimeout {
+	if limit, ok := ownHookTimeout(spec); ok && limit < w.waitTimeout {
 		w.waitTimeout = limit
 		w.timeoutKey = fmt.Sprintf("the timeout of this hook in the container's config.json (%s, less %s to answer)", limit+hookAnswerMargin, hookAnswerMargin)
 	}
@@ -313,24 +313,23 @@ func (e env) ownCgroup(cg, id string) bool {
 // kill at the hook's timeout, for the refusal and the withdrawal.
 const hookAnswerMargin = 2 * time.Second
 
-// ownHookTimeout reads, from the bundle's config.json, the timeout of the
-// createRuntime hook that runs this program with --wait (a hook definition
-// in config.json, as plain runc takes them), less hookAnswerMargin. ok is
-// false when there is none (or it is too short to wait at all, in which case
-// the answer is as quick as the runtime allows anyway).
-func ownHookTimeout(bundle string) (limit time.Duration, ok bool) {
-	data, err := os.ReadFile(filepath.Join(bundle, "config.json")) //nolint:gosec // the bundle the runtime named, read before
-	if err != nil {
-		return 0, false
-	}
-	var spec struct {
-		Hooks *specs.Hooks `json:"hooks"`
-	}
-	if json.Unmarshal(data, &spec) != nil || spec.Hooks == nil {
+// maxHookTimeout is the largest hook timeout, in seconds, taken as a bound.
+const maxHookTimeout = math.MaxInt32
+
+// ownHookTimeout finds, in the container's spec as ReadInput read it (one
+// bounded read of a regular config.json: the file is never opened again),
+// the timeout of the createRuntime hook that runs this program with --wait
+// (a hook definition in config.json, as plain runc takes them), less
+// hookAnswerMargin. ok is false when there is none (or it is too short to
+// wait at all, in which case the answer is as quick as the runtime allows
+// anyway).
+func ownHookTimeout(spec *specs.Spec) (limit time.Duration, ok bool) {
+	if spec == nil || spec.Hooks == nil {
 		return 0, false
 	}
 	for _, h := range spec.Hooks.CreateRuntime {
-		if h.Timeout == nil || *h.Timeout <= 0 || !strings.HasPrefix(filepath.Base(h.Path), "nri-gpu-guard") ||
+		// Past maxHookTimeout it bounds nothing (and would overflow).
+		if h.Timeout == nil || *h.Timeout <= 0 || *h.Timeout > maxHookTimeout || !strings.HasPrefix(filepath.Base(h.Path), "nri-gpu-guard") ||
 			!slices.Contains(h.Args, "--wait") {
 			continue
 		}

@@ -140,8 +140,8 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 }
 
 // hookSpec is the part of config.json the hook reads: what can make a GPU
-// reachable (devices.RequestFromSpec) and what names the container
-// (OwnerFrom). Decoding into specs.Spec instead makes encoding/json build
+// reachable (devices.RequestFromSpec), what names the container
+// (OwnerFrom) and the createRuntime hooks (ownHookTimeout). Decoding into specs.Spec instead makes encoding/json build
 // its field tables for the whole OCI schema in every hook process, a fifth
 // of a hook's run time for a container that names no GPU.
 type hookSpec struct {
@@ -149,6 +149,18 @@ type hookSpec struct {
 	Mounts      []hookMount       `json:"mounts"`
 	Annotations map[string]string `json:"annotations"`
 	Linux       *hookLinux        `json:"linux"`
+	// Hooks: a --wait hook reads its own timeout there (ownHookTimeout).
+	Hooks *hookHooks `json:"hooks"`
+}
+
+type hookHooks struct {
+	CreateRuntime []hookHook `json:"createRuntime"`
+}
+
+type hookHook struct {
+	Path    string   `json:"path"`
+	Args    []string `json:"args"`
+	Timeout *int     `json:"timeout"`
 }
 
 type hookProcess struct {
@@ -192,6 +204,12 @@ func (h *hookSpec) spec() *specs.Spec {
 	}
 	for _, m := range h.Mounts {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: m.Destination})
+	}
+	if hs := h.Hooks; hs != nil {
+		s.Hooks = &specs.Hooks{}
+		for _, k := range hs.CreateRuntime {
+			s.Hooks.CreateRuntime = append(s.Hooks.CreateRuntime, specs.Hook{Path: k.Path, Args: k.Args, Timeout: k.Timeout})
+		}
 	}
 	if l := h.Linux; l != nil {
 		s.Linux = &specs.Linux{CgroupsPath: l.CgroupsPath}

@@ -4,6 +4,7 @@
 package hook
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
@@ -94,7 +96,8 @@ func TestExitCode(t *testing.T) {
 
 // A --wait hook stops waiting 2 s before the timeout its own definition in
 // config.json gives it (plain runc kills it there); other hooks and
-// definitions without a timeout change nothing.
+// definitions without a timeout change nothing. The timeout comes from the
+// spec ReadInput decoded (fast path or encoding/json alike).
 func TestOwnHookTimeout(t *testing.T) {
 	sec := func(n int) *int { return &n }
 	guardWait := specs.Hook{Path: "/usr/bin/nri-gpu-guard-hook", Args: []string{"nri-gpu-guard-hook", "create-runtime", "--wait"}}
@@ -111,6 +114,8 @@ func TestOwnHookTimeout(t *testing.T) {
 		{"no timeout", &specs.Hooks{CreateRuntime: []specs.Hook{guardWait}}, 0, false},
 		{"not waiting", &specs.Hooks{CreateRuntime: []specs.Hook{{Path: guardWait.Path, Args: []string{"nri-gpu-guard-hook", "create-runtime"}, Timeout: sec(60)}}}, 0, false},
 		{"too short to wait", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(2); return h }()}}, 0, false},
+		{"too long to bound anything", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(1 << 40); return h }()}}, 0, false},
+		{"another stage", &specs.Hooks{Poststop: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(60); return h }()}}, 0, false},
 		{"no hooks", nil, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,13 +123,51 @@ func TestOwnHookTimeout(t *testing.T) {
 			data, err := json.Marshal(specs.Spec{Version: specs.Version, Hooks: tc.hooks})
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
-			got, ok := ownHookTimeout(bundle)
+			in := ReadInput(strings.NewReader(`{"id":"c1","pid":1,"bundle":"` + bundle + `"}`))
+			require.NoError(t, in.specErr)
+			got, ok := ownHookTimeout(in.spec)
 			require.Equal(t, tc.ok, ok)
 			require.Equal(t, tc.want, got)
 		})
 	}
-	_, ok := ownHookTimeout(filepath.Join(t.TempDir(), "missing"))
+	_, ok := ownHookTimeout(nil)
 	require.False(t, ok)
+}
+
+// A --wait hook takes its own timeout from the config.json ReadInput read,
+// and never opens the file again: what is at that path afterwards (removed
+// here; a FIFO there would block an open for good) changes nothing.
+func TestWaitTimeoutFromTheSpecReadOnce(t *testing.T) {
+	cfg := staticConfig(t)
+	cfg.Hook.WaitTimeout = config.Duration{Duration: time.Hour}
+	ctx := context.Background()
+	holderPid, _ := containerProcess(t)
+	require.NoError(t, defaultEnv().run(ctx, PhaseCreateRuntime, cfg,
+		strings.NewReader(stateFor(t, "holder", holderPid, "NVIDIA_VISIBLE_DEVICES=0")), io.Discard))
+
+	pid, _ := containerProcess(t)
+	bundle := t.TempDir()
+	timeout := 10
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}},
+		Hooks: &specs.Hooks{CreateRuntime: []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook",
+			Args: []string{"nri-gpu-guard-hook", "create-runtime", "--wait"}, Timeout: &timeout}}}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	in := ReadInput(strings.NewReader(fmt.Sprintf(`{"id":"waiter","pid":%d,"bundle":%q}`, pid, bundle)))
+	require.NoError(t, in.specErr)
+	require.NoError(t, os.Remove(filepath.Join(bundle, "config.json")))
+
+	clock := &fakeClock{t: t0}
+	e := defaultEnv()
+	e.opts = Options{Wait: true}
+	e.lockingEngine = nil
+	e.newTicker = newReadyTicker
+	// Every reading of the clock is a second later: the wait reaches its
+	// limit after a few polls, without real time passing.
+	e.now = func() time.Time { clock.advance(time.Second); return clock.now() }
+	err = e.runInput(ctx, PhaseCreateRuntime, cfg, in, io.Discard)
+	require.ErrorIs(t, err, ErrWaitTimeout)
+	require.Contains(t, err.Error(), "the timeout of this hook in the container's config.json (10s, less 2s to answer)")
 }
 
 // A cgroup leaf is a container's own by its name only when it is the id
