@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/phasetrace"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -28,7 +29,13 @@ import (
 
 const program = "nri-gpu-guard-hook"
 
+// started is when main began, as near the process's start as the program
+// can take it: the timeout a runtime gives the hook counts from its start.
+// Zero when run is called otherwise (tests): then RunInput's own start.
+var started time.Time
+
 func main() {
+	started = time.Now()
 	phasetrace.Mark("init")
 	code := run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	phasetrace.Mark("exit")
@@ -95,7 +102,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	}
 	// hook.RunInput handles SIGTERM/SIGINT (a waiting hook leaves the queue)
 	// and SIGPIPE itself, from the moment the hook is about to block.
-	if err := hook.RunInput(context.Background(), phase, hook.Options{Wait: *wait}, cfg, in, stderr); err != nil {
+	if err := hook.RunInput(context.Background(), phase, hook.Options{Wait: *wait, Started: started}, cfg, in, stderr); err != nil {
 		_, _ = fmt.Fprintf(stderr, "%s: %v\n", program, err)
 		// 75: a GPU is busy, 77: refused by policy, 1: anything else; crun
 		// shows only this code.

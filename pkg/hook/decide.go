@@ -32,6 +32,10 @@ var ErrNotWaiting = errors.New("the hook does not wait inside the engine")
 func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, _ io.Writer) error {
 	id := req.Owner.ContainerID
 	budget := withdrawTimeout(cfg)
+	if dl, ok := ctx.Deadline(); ok {
+		// A --wait hook's own timeout (see createRuntime).
+		budget = min(budget, max(time.Until(dl), 0))
+	}
 	d, err := e.admitIfFree(ctx, g, req, budget)
 	if err == nil && d.Result == guard.Queue &&
 		dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, req.Key, devicesOf(d.Devices), budget) {

@@ -32,10 +32,16 @@
 //   - A waiter (hook or ticket) that is cancelled (SIGTERM/SIGINT), times
 //     out, or whose container disappears leaves no claim and no waiter: the
 //     withdrawal retries lock timeouts, for ten lock timeouts, or for 500 ms
-//     when told to stop (so SIGTERM ends it within a second). An entry left
-//     by a waiter killed with SIGKILL, or told to stop while another process
-//     held the lock past that budget, is dropped by the next request it
-//     stands in the way of, once the process its entry records is gone.
+//     when told to stop (so SIGTERM ends it within a second), or, for a
+//     --wait hook whose config.json definition has a timeout, until 500 ms
+//     before the runtime kills it. An entry left by a waiter killed with
+//     SIGKILL, or that could not withdraw within that budget, is dropped by
+//     the next request it stands in the way of, once the process its entry
+//     records is gone.
+//   - A --wait hook's wait counts from the hook's start (Options.Started),
+//     as the runtime's hook timeout does; under such a timeout it ends
+//     2 s before the kill, and no Admit waits for the turnstile or the
+//     ledger lock past that.
 //   - Signal handling (SIGTERM/SIGINT cancel, SIGPIPE ignored) is set up
 //     only before the hook blocks: before it waits in the queue, for the
 //     turnstile or for a ledger lock another process holds (interrupts).

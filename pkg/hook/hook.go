@@ -72,6 +72,9 @@ func Run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, 
 // what to do): the caller prints it on one line and exits non-zero, which
 // makes the runtime refuse the container (or, for poststop, log a warning).
 func RunWith(ctx context.Context, phase string, opts Options, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
+	if opts.Started.IsZero() {
+		opts.Started = time.Now()
+	}
 	return RunInput(ctx, phase, opts, cfg, ReadInput(stdin), stderr)
 }
 
@@ -82,6 +85,9 @@ func RunInput(ctx context.Context, phase string, opts Options, cfg config.Config
 	// The signal is the context's cause ("terminated signal received"), which
 	// the error of a cancelled waiter quotes. Armed only where the hook is
 	// about to block.
+	if opts.Started.IsZero() {
+		opts.Started = time.Now()
+	}
 	ctx, irq := newInterrupts(ctx)
 	defer irq.stop()
 	e := defaultEnv()
@@ -239,28 +245,45 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	if !e.opts.Wait {
 		return e.decide(ctx, g, cfg, greq, stderr)
 	}
+	// The runtime kills a hook at its definition's timeout, counted from
+	// the hook's start: a --wait hook stops waiting hookAnswerMargin
+	// before, so that the container is refused with the guard's words (and
+	// leaves the queue) rather than by a bare kill, and no single ledger
+	// write (each may wait for the turnstile and the lock) runs past that.
+	started := e.opts.Started
+	if started.IsZero() {
+		started = e.now()
+	}
+	limit, own := ownHookTimeout(spec)
+	bounded := ctx
+	if own {
+		var cancel context.CancelFunc
+		bounded, cancel = context.WithTimeout(ctx, started.Add(limit).Sub(e.now()))
+		defer cancel()
+	}
 	// Waiting is for GPUs that are busy. Free ones are claimed as by a hook
 	// that does not wait (one transaction that writes nothing unless it
 	// admits), before anything a wait needs is set up; any other answer,
 	// or an error, goes the waiting way, which decides again.
-	if d, err := g.AdmitIfFree(ctx, greq); err == nil && (d.Result == guard.Admit || d.Result == guard.Skip) {
+	if d, err := g.AdmitIfFree(bounded, greq); err == nil && (d.Result == guard.Admit || d.Result == guard.Skip) {
 		return nil
 	}
 	if e.lockingEngine != nil {
 		if locked, why := e.lockingEngine(); locked {
 			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: deciding without waiting although --wait is set: %s\n", ledger.ShortID(st.ID), why)
-			return e.decide(ctx, g, cfg, greq, stderr)
+			return e.decide(bounded, g, cfg, greq, stderr)
 		}
 	}
 
 	w := e.newQueueWait(g, cfg, greq, stderr)
 	w.gone = e.goneCheck(self)
-	// The runtime kills a hook at its definition's timeout: stop waiting
-	// shortly before, so that the container is refused with the guard's
-	// words (and leaves the queue) rather than by a bare kill.
-	if limit, ok := ownHookTimeout(spec); ok && limit < w.waitTimeout {
-		w.waitTimeout = limit
-		w.timeoutKey = fmt.Sprintf("the timeout of this hook in the container's config.json (%s, less %s to answer)", limit+hookAnswerMargin, hookAnswerMargin)
+	w.started = started
+	if own {
+		w.killAt = started.Add(limit + hookAnswerMargin)
+		if limit < w.waitTimeout {
+			w.waitTimeout = limit
+			w.timeoutKey = fmt.Sprintf("the timeout of this hook in the container's config.json (%s, less %s to answer)", limit+hookAnswerMargin, hookAnswerMargin)
+		}
 	}
 	if e.beforeWait != nil {
 		e.beforeWait()
@@ -310,8 +333,12 @@ func (e env) ownCgroup(cg, id string) bool {
 }
 
 // hookAnswerMargin is kept between the end of a --wait and the runtime's
-// kill at the hook's timeout, for the refusal and the withdrawal.
-const hookAnswerMargin = 2 * time.Second
+// kill at the hook's timeout, for the refusal and the withdrawal; the
+// withdrawal may take all of it but hookExitReserve.
+const (
+	hookAnswerMargin = 2 * time.Second
+	hookExitReserve  = 500 * time.Millisecond
+)
 
 // maxHookTimeout is the largest hook timeout, in seconds, taken as a bound.
 const maxHookTimeout = math.MaxInt32
@@ -363,8 +390,8 @@ func (e env) newQueueWait(g guardAPI, cfg config.Config, req guard.Request, stde
 			refreshEvery: refreshInterval(cfg),
 		},
 	}
-	w.dropDead = func(ctx context.Context, want []devices.Device) bool {
-		return dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, req.Key, want, w.withdrawTimeout)
+	w.dropDead = func(ctx context.Context, want []devices.Device, budget time.Duration) bool {
+		return dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, req.Key, want, budget)
 	}
 	return w
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 )
 
 // Options are the create-runtime hook's command-line options.
@@ -19,6 +20,10 @@ type Options struct {
 	// wrapper runtime); ignored, with a note, when the engine is one that does
 	// (see engineHoldsLock).
 	Wait bool
+	// Started is when the hook process started: the timeout a runtime
+	// gives a hook counts from there, and so does the wait of a --wait
+	// hook. Zero: when RunWith or RunInput is called.
+	Started time.Time
 }
 
 // lockingEngines are the processes that run an OCI runtime while their

@@ -61,10 +61,16 @@ type queueWait struct {
 	stderr io.Writer
 
 	pollInterval time.Duration
-	waitTimeout  time.Duration
+	// waitTimeout bounds the wait, counted from started (zero: from run).
+	waitTimeout time.Duration
+	started     time.Time
 	// withdrawTimeout bounds the Withdraw done on the way out (with a context
 	// that is no longer cancelled, since the hook's own may be).
 	withdrawTimeout time.Duration
+	// killAt, when set, is when the runtime kills this hook (its own
+	// timeout): no Admit runs past the deadline of the wait, and the
+	// withdrawal on the way out ends hookExitReserve before killAt.
+	killAt time.Time
 
 	now       func() time.Time
 	newTicker func(time.Duration) ticker
@@ -75,8 +81,9 @@ type queueWait struct {
 	// nil = Admit at every poll.
 	watch *watcher
 	// dropDead, when set, withdraws the waiters ahead whose process is gone
-	// (see dropDeadWaiters); it runs before each Admit after a Queue.
-	dropDead func(ctx context.Context, want []devices.Device) bool
+	// (see dropDeadWaiters), each within budget; it runs before each Admit
+	// after a Queue.
+	dropDead func(ctx context.Context, want []devices.Device, budget time.Duration) bool
 
 	// subject names the requester in messages ("container <id>" if empty);
 	// timeoutKey names the setting that bounds the wait ("hook.wait_timeout"
@@ -91,8 +98,18 @@ type queueWait struct {
 // the request was queued, the waiter entry has been withdrawn.
 func (w *queueWait) run(ctx context.Context) error {
 	who := w.who()
-	start := w.now()
+	start := w.started
+	if start.IsZero() {
+		start = w.now()
+	}
 	deadline := start.Add(w.waitTimeout)
+	// With the runtime's kill ahead (killAt), no ledger write of the wait
+	// runs past its deadline; otherwise each is bounded by its own lock
+	// timeouts, and the last one may still admit.
+	var bound time.Time
+	if !w.killAt.IsZero() {
+		bound = deadline
+	}
 	queued := false
 	var last guard.Decision
 	var lastErr error
@@ -112,6 +129,16 @@ func (w *queueWait) run(ctx context.Context) error {
 	gaveUp := func(sentinel error, why string) error {
 		return fmt.Errorf("%s: %w (%s) after waiting %s; it is not queued any more and holds no GPU%s",
 			who, sentinel, why, w.now().Sub(start).Round(time.Second), busyNow(last))
+	}
+	// timedOut leaves the queue with the refusal of a wait that reached its
+	// deadline.
+	timedOut := func(now time.Time) error {
+		err := fmt.Errorf("%s refused: %w after %s (%s); it is not queued any more and holds no GPU; "+
+			"free the GPU or raise %s%s", who, ErrWaitTimeout, now.Sub(start).Round(time.Second), w.timeoutName(), w.timeoutName(), busyNow(last))
+		if lastErr != nil {
+			err = fmt.Errorf("%w; the last attempt failed: %w", err, lastErr)
+		}
+		return fail(err, fmt.Sprintf("%s %s reached", w.timeoutName(), w.waitTimeout))
 	}
 
 	var tick ticker
@@ -134,9 +161,15 @@ func (w *queueWait) run(ctx context.Context) error {
 		if last.Result == guard.Queue && w.dropDead != nil {
 			// A waiter ahead whose process is gone would keep its place
 			// (and a freed GPU's reservation) until queue_ttl.
-			w.dropDead(ctx, devicesOf(last.Devices))
+			budget := w.withdrawTimeout
+			if !bound.IsZero() {
+				budget = min(budget, bound.Sub(w.now()))
+			}
+			if budget > 0 {
+				w.dropDead(ctx, devicesOf(last.Devices), budget)
+			}
 		}
-		d, err := w.g.Admit(ctx, w.req)
+		d, late, err := w.admit(ctx, bound)
 		if err == nil && w.watch != nil {
 			w.watch.after(w.req.Key)
 		}
@@ -149,6 +182,11 @@ func (w *queueWait) run(ctx context.Context) error {
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return fail(gaveUp(ErrCancelled, context.Cause(ctx).Error()), "hook cancelled: "+context.Cause(ctx).Error())
+		case err != nil && late:
+			// Cut at the deadline while it waited for the turnstile or
+			// the ledger lock: the wait timed out (lastErr stays the
+			// last ledger trouble, if any).
+			return timedOut(w.now())
 		case err != nil && errors.Is(err, ledger.ErrLockTimeout):
 			// Another process holds the ledger lock for longer than
 			// lock_timeout; that is congestion, not a decision. Try again
@@ -195,12 +233,7 @@ func (w *queueWait) run(ctx context.Context) error {
 			}
 			now := w.now()
 			if !now.Before(deadline) {
-				err := fmt.Errorf("%s refused: %w after %s (%s); it is not queued any more and holds no GPU; "+
-					"free the GPU or raise %s%s", who, ErrWaitTimeout, now.Sub(start).Round(time.Second), w.timeoutName(), w.timeoutName(), busyNow(last))
-				if lastErr != nil {
-					err = fmt.Errorf("%w; the last attempt failed: %w", err, lastErr)
-				}
-				return fail(err, fmt.Sprintf("%s %s reached", w.timeoutName(), w.waitTimeout))
+				return timedOut(now)
 			}
 			if last.Result == guard.Queue {
 				progress(last, now)
@@ -213,6 +246,20 @@ func (w *queueWait) run(ctx context.Context) error {
 			}
 		}
 	}
+}
+
+// admit is one Admit that waits for the turnstile and the ledger lock no
+// longer than until bound (zero: no bound); late reports that it was cut
+// there (ctx itself not done).
+func (w *queueWait) admit(ctx context.Context, bound time.Time) (d guard.Decision, late bool, err error) {
+	if bound.IsZero() {
+		d, err = w.g.Admit(ctx, w.req)
+		return d, false, err
+	}
+	actx, cancel := context.WithTimeout(ctx, bound.Sub(w.now()))
+	defer cancel()
+	d, err = w.g.Admit(actx, w.req)
+	return d, err != nil && ctx.Err() == nil && actx.Err() != nil, err
 }
 
 // who names the requester in messages: "container <id>" unless set.
@@ -245,14 +292,29 @@ func (w *queueWait) timeoutName() string {
 // the entry in the end) and does not replace the error that made the hook
 // give up.
 func (w *queueWait) withdraw(ctx context.Context, reason string) {
-	if err := withdrawReliably(ctx, w.g, w.req.Key, reason, w.withdrawTimeout); err != nil {
+	budget := w.withdrawBudget(w.now())
+	if err := withdrawReliably(ctx, w.g, w.req.Key, reason, budget); err != nil {
 		next := "policy.queue_ttl will drop the entry"
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || budget < w.withdrawTimeout {
 			next = "the next request for these GPUs drops the entry once this process has exited; policy.queue_ttl at the latest"
 		}
 		_, _ = fmt.Fprintf(w.stderr, "nri-gpu-guard: %s: could not leave the queue within %s (%s): %v\n",
-			w.shortWho(), withdrawBudget(ctx, w.withdrawTimeout), next, err)
+			w.shortWho(), withdrawBudget(ctx, budget), next, err)
 	}
+}
+
+// minWithdraw is the least a withdrawal is given, even past killAt.
+const minWithdraw = 100 * time.Millisecond
+
+// withdrawBudget is withdrawTimeout, or, for a hook the runtime kills at
+// killAt, what is left until hookExitReserve before it (at least
+// minWithdraw): a withdrawal cut short is dropped later (see deadWaiters),
+// one killed in its transaction leaves no refusal line.
+func (w *queueWait) withdrawBudget(now time.Time) time.Duration {
+	if w.killAt.IsZero() {
+		return w.withdrawTimeout
+	}
+	return min(w.withdrawTimeout, max(w.killAt.Sub(now)-hookExitReserve, minWithdraw))
 }
 
 // busyNow describes what stood in the way at the last answer, without a

@@ -70,19 +70,38 @@ type fakeGuard struct {
 	admits  int
 	onAdmit func(n int) // called before answering the n-th Admit (1-based)
 
+	// held reports whether the n-th Admit finds the ledger lock held by
+	// another process until its context ends (nil: never).
+	held func(n int) bool
+	// admitLeft and withdrawLeft are the time each Admit and Withdraw had
+	// left by its context's deadline (-1: none).
+	admitLeft, withdrawLeft []time.Duration
+
 	withdrawn    []string
 	reasons      []string
 	withdrawCtxs []error // ctx.Err() seen by each Withdraw
 	withdrawErr  error
 }
 
-func (f *fakeGuard) Admit(_ context.Context, r guard.Request) (guard.Decision, error) {
+func timeLeft(ctx context.Context) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return time.Until(dl)
+	}
+	return -1
+}
+
+func (f *fakeGuard) Admit(ctx context.Context, r guard.Request) (guard.Decision, error) {
 	f.admits++
+	f.admitLeft = append(f.admitLeft, timeLeft(ctx))
 	if f.onAdmit != nil {
 		f.onAdmit(f.admits)
 	}
 	if f.admits > 1 {
 		f.clock.advance(f.step)
+	}
+	if f.held != nil && f.held(f.admits) {
+		<-ctx.Done()
+		return guard.Decision{}, &ledger.LockError{Path: "ledger.lock", Cause: ctx.Err()}
 	}
 	i := min(f.admits-1, len(f.script)-1)
 	a := f.script[i]
@@ -93,6 +112,7 @@ func (f *fakeGuard) Admit(_ context.Context, r guard.Request) (guard.Decision, e
 }
 
 func (f *fakeGuard) Withdraw(ctx context.Context, key, reason string) error {
+	f.withdrawLeft = append(f.withdrawLeft, timeLeft(ctx))
 	f.withdrawn = append(f.withdrawn, key)
 	f.reasons = append(f.reasons, reason)
 	f.withdrawCtxs = append(f.withdrawCtxs, ctx.Err())
@@ -253,6 +273,93 @@ func TestWaiterOutcomes(t *testing.T) {
 			for _, s := range tc.wantStderr {
 				require.Contains(t, stderr.String(), s)
 			}
+		})
+	}
+}
+
+// A --wait hook whose runtime kills it at its own timeout (killAt) waits
+// until that timeout less the answer margin, counted from the hook's start,
+// not from the start of the wait; no Admit may wait for the turnstile or the
+// ledger lock past that, and the withdrawal on the way out ends 0.5 s
+// before the kill.
+func TestWaiterBoundedByOwnHookTimeout(t *testing.T) {
+	const timeoutKey = "the timeout of this hook in the container's config.json (30s, less 2s to answer)"
+	for _, tc := range []struct {
+		name string
+		// before is how long the hook ran before its wait began.
+		before       time.Duration
+		step         time.Duration
+		script       []answer
+		held         func(n int) bool
+		wantAdmits   int
+		wantWithdraw int
+		wantErrText  string
+	}{
+		{
+			name:   "the wait counts from the hook's start",
+			before: 20 * time.Second, step: time.Second, script: []answer{queued(1, 1)},
+			wantAdmits: 9, wantWithdraw: 1, // t=0..8s of the 28s the hook may wait
+			wantErrText: "gave up waiting for the GPU after 28s (" + timeoutKey + ")",
+		},
+		{
+			name:   "an Admit held up by the lock is cut at the deadline: nothing ran, nothing to withdraw",
+			before: 28*time.Second - 50*time.Millisecond, script: []answer{queued(1, 1)},
+			held:       func(int) bool { return true },
+			wantAdmits: 1, wantErrText: timeoutKey,
+		},
+		{
+			name:   "queued, then an Admit held up by the lock: cut, and the withdrawal bounded",
+			before: 28*time.Second - 50*time.Millisecond, script: []answer{queued(1, 1)},
+			held:       func(n int) bool { return n == 2 },
+			wantAdmits: 2, wantWithdraw: 1, wantErrText: timeoutKey,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeGuard{clock: &fakeClock{t: t0}, step: tc.step, script: tc.script, held: tc.held}
+			var stderr bytes.Buffer
+			w := newTestWaiter(f, &stderr)
+			w.started = t0.Add(-tc.before)
+			w.killAt = w.started.Add(30 * time.Second)
+			w.waitTimeout = 28 * time.Second
+			w.timeoutKey = timeoutKey
+			w.withdrawTimeout = 10 * time.Second
+			deadline := w.started.Add(w.waitTimeout)
+
+			err := w.run(context.Background())
+			require.ErrorIs(t, err, ErrWaitTimeout)
+			require.Contains(t, err.Error(), tc.wantErrText)
+			require.NotContains(t, err.Error(), "the last attempt failed", "a cut Admit is the timeout, not ledger trouble")
+			require.Equal(t, tc.wantAdmits, f.admits)
+			for i, left := range f.admitLeft {
+				require.Positive(t, left, "Admit %d waits no longer than the deadline", i+1)
+				require.LessOrEqual(t, left, deadline.Sub(t0), "Admit %d", i+1)
+			}
+			require.Len(t, f.withdrawn, tc.wantWithdraw)
+			for _, left := range f.withdrawLeft {
+				require.Positive(t, left)
+				require.LessOrEqual(t, left, w.killAt.Sub(f.clock.now())-hookExitReserve, "the withdrawal ends before the kill")
+			}
+		})
+	}
+}
+
+// The withdrawal on the way out is withdrawTimeout, or, with the runtime's
+// kill ahead, what is left before it less hookExitReserve (at least
+// minWithdraw).
+func TestWithdrawBudget(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		killAt time.Time
+		want   time.Duration
+	}{
+		{"no kill ahead", time.Time{}, 10 * time.Second},
+		{"kill far ahead", t0.Add(time.Minute), 10 * time.Second},
+		{"at the deadline: the answer margin less the exit reserve", t0.Add(hookAnswerMargin), hookAnswerMargin - hookExitReserve},
+		{"kill passed", t0.Add(-time.Second), minWithdraw},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &queueWait{withdrawTimeout: 10 * time.Second, killAt: tc.killAt}
+			require.Equal(t, tc.want, w.withdrawBudget(t0))
 		})
 	}
 }
