@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,39 +136,51 @@ func TestOwnHookTimeout(t *testing.T) {
 }
 
 // A --wait hook takes its own timeout from the config.json ReadInput read,
-// and never opens the file again: what is at that path afterwards (removed
-// here; a FIFO there would block an open for good) changes nothing.
+// and never opens the file again: what is at that path afterwards (nothing,
+// or a FIFO, whose open would block for good) changes nothing.
 func TestWaitTimeoutFromTheSpecReadOnce(t *testing.T) {
-	cfg := staticConfig(t)
-	cfg.Hook.WaitTimeout = config.Duration{Duration: time.Hour}
-	ctx := context.Background()
-	holderPid, _ := containerProcess(t)
-	require.NoError(t, defaultEnv().run(ctx, PhaseCreateRuntime, cfg,
-		strings.NewReader(stateFor(t, "holder", holderPid, "NVIDIA_VISIBLE_DEVICES=0")), io.Discard))
+	for _, tc := range []struct {
+		name    string
+		replace func(t *testing.T, path string)
+	}{
+		{"removed", func(*testing.T, string) {}},
+		{"replaced by a FIFO", func(t *testing.T, path string) { require.NoError(t, syscall.Mkfifo(path, 0o600)) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := staticConfig(t)
+			cfg.Hook.WaitTimeout = config.Duration{Duration: time.Hour}
+			ctx := context.Background()
+			holderPid, _ := containerProcess(t)
+			require.NoError(t, defaultEnv().run(ctx, PhaseCreateRuntime, cfg,
+				strings.NewReader(stateFor(t, "holder", holderPid, "NVIDIA_VISIBLE_DEVICES=0")), io.Discard))
 
-	pid, _ := containerProcess(t)
-	bundle := t.TempDir()
-	timeout := 10
-	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}},
-		Hooks: &specs.Hooks{CreateRuntime: []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook",
-			Args: []string{"nri-gpu-guard-hook", "create-runtime", "--wait"}, Timeout: &timeout}}}})
-	require.NoError(t, err)
-	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
-	in := ReadInput(strings.NewReader(fmt.Sprintf(`{"id":"waiter","pid":%d,"bundle":%q}`, pid, bundle)))
-	require.NoError(t, in.specErr)
-	require.NoError(t, os.Remove(filepath.Join(bundle, "config.json")))
+			pid, _ := containerProcess(t)
+			bundle := t.TempDir()
+			path := filepath.Join(bundle, "config.json")
+			timeout := 10
+			data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}},
+				Hooks: &specs.Hooks{CreateRuntime: []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook",
+					Args: []string{"nri-gpu-guard-hook", "create-runtime", "--wait"}, Timeout: &timeout}}}})
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(path, data, 0o600))
+			in := ReadInput(strings.NewReader(fmt.Sprintf(`{"id":"waiter","pid":%d,"bundle":%q}`, pid, bundle)))
+			require.NoError(t, in.specErr)
+			require.NoError(t, os.Remove(path))
+			tc.replace(t, path)
 
-	clock := &fakeClock{t: t0}
-	e := defaultEnv()
-	e.opts = Options{Wait: true}
-	e.lockingEngine = nil
-	e.newTicker = newReadyTicker
-	// Every reading of the clock is a second later: the wait reaches its
-	// limit after a few polls, without real time passing.
-	e.now = func() time.Time { clock.advance(time.Second); return clock.now() }
-	err = e.runInput(ctx, PhaseCreateRuntime, cfg, in, io.Discard)
-	require.ErrorIs(t, err, ErrWaitTimeout)
-	require.Contains(t, err.Error(), "the timeout of this hook in the container's config.json (10s, less 2s to answer)")
+			clock := &fakeClock{t: t0}
+			e := defaultEnv()
+			e.opts = Options{Wait: true}
+			e.lockingEngine = nil
+			e.newTicker = newReadyTicker
+			// Every reading of the clock is a second later: the wait reaches
+			// its limit after a few polls, without real time passing.
+			e.now = func() time.Time { clock.advance(time.Second); return clock.now() }
+			err = e.runInput(ctx, PhaseCreateRuntime, cfg, in, io.Discard)
+			require.ErrorIs(t, err, ErrWaitTimeout)
+			require.Contains(t, err.Error(), "the timeout of this hook in the container's config.json (10s, less 2s to answer)")
+		})
+	}
 }
 
 // A cgroup leaf is a container's own by its name only when it is the id
