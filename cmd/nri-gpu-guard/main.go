@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ctl"
@@ -33,6 +34,8 @@ func main() { os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr)) }
 var openNVML func() (observe.Source, error)
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// A hook's --wait counts from here, before the configuration loads.
+	started := time.Now()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	fs := flag.NewFlagSet("nri-gpu-guard", flag.ContinueOnError)
@@ -83,7 +86,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		return 1
 	}
 	if phase != "" {
-		err = hook.RunWith(ctx, phase, hook.Options{Wait: *wait}, cfg, stdin, stderr)
+		err = hook.RunWith(ctx, phase, hook.Options{Wait: *wait, Started: started}, cfg, stdin, stderr)
 	} else {
 		logger := slog.New(slog.NewJSONHandler(stderr, nil))
 		logger.Info("starting", "version", version.String("nri-gpu-guard"), "launched_by_runtime", nriplugin.Launched())
