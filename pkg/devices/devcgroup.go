@@ -5,7 +5,6 @@ package devices
 
 import (
 	"slices"
-	"strings"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
@@ -18,7 +17,7 @@ type DeviceRule struct {
 	Type   string // "a", "c", "b" or "" (all)
 	Major  *int64
 	Minor  *int64
-	Access string // "r", "w", "m" combined; "" means rwm
+	Access string // "r", "w", "m" combined; "" is rwm in an allow, nothing in a deny (see ruleBits)
 }
 
 // wildcardType reports whether a rule is of type "a" (all devices), which
@@ -95,42 +94,153 @@ func gpuNodeAccess(rules []DeviceRule) (all bool, minors []int64) {
 	return ruleAccess(rules, nvidiaMajor, gpuid.MaxGPUMinor)
 }
 
-// ruleAccess walks the rules in order, the later rule deciding for what it
-// covers as in the kernel's device cgroup, and reports whether they let the
-// container read or write every character node of major (all) or which of
-// its minors up to maxMinor. A rule of type "a" covers every device with
-// every access (see wildcardType); one of type "c" covers major when it
-// names it or no major. A rule that grants only mknod ("m") opens nothing
-// and is no grant; a deny that takes away reading or writing takes the
-// grant back.
-func ruleAccess(rules []DeviceRule, major, maxMinor int64) (all bool, minors []int64) {
-	allowed := map[int64]bool{}
-	for _, r := range rules {
-		if wildcardType(r) {
-			all = r.Allow
-			clear(allowed)
-			continue
+// Access bits of a device cgroup rule.
+const (
+	accRead uint8 = 1 << iota
+	accWrite
+	accMknod
+	accOpen = accRead | accWrite
+)
+
+// ruleBits returns the access a rule names. An empty access is read as rwm
+// in an allow and as nothing in a deny: the kernel and the runtimes do not
+// agree on it, and the reading that leaves more reachable is the safe one.
+func ruleBits(r DeviceRule) uint8 {
+	if r.Access == "" {
+		if r.Allow {
+			return accOpen | accMknod
 		}
-		if r.Type != "c" || (r.Major != nil && *r.Major >= 0 && *r.Major != major) {
-			continue
-		}
-		if r.Access != "" && !strings.ContainsAny(r.Access, "rw") {
-			continue
-		}
-		if r.Minor == nil || *r.Minor < 0 {
-			all = r.Allow
-			clear(allowed)
-			continue
-		}
-		if m := *r.Minor; m <= maxMinor {
-			allowed[m] = r.Allow
+		return 0
+	}
+	var b uint8
+	for _, c := range r.Access {
+		switch c {
+		case 'r':
+			b |= accRead
+		case 'w':
+			b |= accWrite
+		case 'm':
+			b |= accMknod
 		}
 	}
-	if all {
+	return b
+}
+
+// wildcard returns a rule's major or minor, -1 for the wildcard.
+func wildcard(n *int64) int64 {
+	if n == nil || *n < 0 {
+		return -1
+	}
+	return *n
+}
+
+// ruleAccess reports whether the rules let the container read or write
+// every character node of major (all: any minor that no rule names), or
+// which of the minors the rules name, up to maxMinor. A node counts when it
+// can be opened for reading or for writing under either way the runtimes
+// apply the rules (when in doubt, it is reachable):
+//
+//   - the kernel's device cgroup (v1), which runc also emulates for v2: a
+//     rule of type "a" resets the default to allow or deny and drops every
+//     exception, whatever numbers or access it names (see wildcardType);
+//     any other rule adds its access bits to the exception with exactly its
+//     type, major and minor when it goes against the default, and takes
+//     them from that exception only otherwise (a deny of c 195:* r leaves
+//     c 195:* w, and does not touch c 195:0). Under a deny default a node
+//     opens for an access one of its matching exceptions (c M:m, c M:*,
+//     c *:m, c *:*) holds; under an allow default, unless one holds it.
+//   - crun's eBPF program (v2): the last rule that matches the node and
+//     shares an access bit with the request decides; a rule of type "a"
+//     matches every type but its numbers are read; no match denies.
+//
+// A rule that grants only mknod ("m") opens nothing.
+func ruleAccess(rules []DeviceRule, major, maxMinor int64) (all bool, minors []int64) {
+	type key struct{ major, minor int64 } // -1: wildcard
+	type decision struct {
+		at    int // 1 + the rule's position; 0: no rule matched
+		allow bool
+	}
+	// The requests an open makes: read, write, read and write.
+	opens := [3]uint8{accRead, accWrite, accOpen}
+	var (
+		defaultAllow bool
+		exceptions   = map[key]uint8{}
+		crunAny      [3]decision                // last rule matching any minor, per open
+		crunMinor    = map[int64]*[3]decision{} // last rule naming that minor, per open
+		named        = map[int64]bool{}
+	)
+	for i, r := range rules {
+		bits := ruleBits(r)
+		maj, mnr := wildcard(r.Major), wildcard(r.Minor)
+		if maj >= 0 && maj != major {
+			if !wildcardType(r) {
+				continue // another major: neither model applies it here
+			}
+		} else if r.Type != "b" && mnr <= maxMinor {
+			// crun: every type but "b" matches a character node.
+			slot := &crunAny
+			if mnr >= 0 {
+				named[mnr] = true
+				if crunMinor[mnr] == nil {
+					crunMinor[mnr] = &[3]decision{}
+				}
+				slot = crunMinor[mnr]
+			}
+			for k, acc := range opens {
+				if bits&acc != 0 {
+					slot[k] = decision{at: i + 1, allow: r.Allow}
+				}
+			}
+		}
+		if wildcardType(r) {
+			defaultAllow = r.Allow
+			clear(exceptions)
+			continue
+		}
+		if r.Type != "c" || mnr > maxMinor {
+			continue
+		}
+		k := key{maj, mnr}
+		if r.Allow != defaultAllow {
+			exceptions[k] |= bits
+			continue
+		}
+		if exceptions[k] &^= bits; exceptions[k] == 0 {
+			delete(exceptions, k)
+		}
+	}
+	reachable := func(m int64) bool {
+		// The kernel's model: the access bits of every exception that
+		// matches the node (allowed ones under a deny default, denied ones
+		// under an allow default).
+		held := exceptions[key{major, -1}] | exceptions[key{-1, -1}]
+		if m >= 0 {
+			held |= exceptions[key{major, m}] | exceptions[key{-1, m}]
+		}
+		if defaultAllow {
+			if held&accRead == 0 || held&accWrite == 0 {
+				return true
+			}
+		} else if held&accOpen != 0 {
+			return true
+		}
+		// crun's model: the last matching rule, per open.
+		for k := range opens {
+			d := crunAny[k]
+			if s := crunMinor[m]; m >= 0 && s != nil && s[k].at > d.at {
+				d = s[k]
+			}
+			if d.at > 0 && d.allow {
+				return true
+			}
+		}
+		return false
+	}
+	if reachable(-1) {
 		return true, nil
 	}
-	for m, ok := range allowed {
-		if ok {
+	for m := range named {
+		if reachable(m) {
 			minors = append(minors, m)
 		}
 	}

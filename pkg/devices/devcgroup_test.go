@@ -51,7 +51,33 @@ func TestGPUNodeAccess(t *testing.T) {
 		{"type a with numbers", []DeviceRule{denyAll, rule(true, "a", 1, 3, "r")}, true, nil},
 		{"type a, mknod only", []DeviceRule{denyAll, rule(true, "a", -1, -1, "m")}, true, nil},
 		{"no type with numbers", []DeviceRule{denyAll, rule(true, "", 1, 3, "rw")}, true, nil},
-		{"deny all by a numbered type a", []DeviceRule{rule(true, "c", 195, 1, "rw"), rule(false, "a", 5, 5, "r")}, false, nil},
+		// The kernel reads a type-a deny as "deny all", but crun reads its
+		// numbers: 5:5 is not 195:1, whose allow still decides there.
+		{"numbered type a deny: crun keeps the earlier allow", []DeviceRule{rule(true, "c", 195, 1, "rw"), rule(false, "a", 5, 5, "r")}, false, []int64{1}},
+		{"numbered type a deny of that node", []DeviceRule{rule(true, "c", 195, 1, "rw"), rule(false, "a", 195, 1, "rw")}, false, nil},
+		// A deny takes its bits from the exception with exactly its type,
+		// major and minor (the kernel's dev_exception_rm, runc's emulator).
+		{"partial deny leaves write", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, -1, "r")}, true, nil},
+		{"deny of every minor leaves a one-minor exception (runc)", []DeviceRule{denyAll, rule(true, "c", 195, 0, "rw"), rule(false, "c", 195, -1, "rwm")}, false, []int64{0}},
+		{"deny of one minor leaves the wildcard exception (kernel)", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, 2, "rw")}, true, nil},
+		{"deny of every bit a grant holds", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, -1, "r"), rule(false, "c", 195, -1, "w")}, false, nil},
+		{"deny of mknod only takes nothing", []DeviceRule{denyAll, rule(true, "c", 195, 2, "rwm"), rule(false, "c", 195, 2, "m")}, false, []int64{2}},
+		{"a rule for every major", []DeviceRule{denyAll, rule(true, "c", -1, 3, "rw")}, false, []int64{3}},
+		{"a deny for every major does not touch c 195:3", []DeviceRule{denyAll, rule(true, "c", 195, 3, "rw"), rule(false, "c", -1, 3, "rwm")}, false, []int64{3}},
+		// Allow default (privileged), then denies: the kernel denies an
+		// access any matching exception holds.
+		{"allow all, deny every NVIDIA node", []DeviceRule{rule(true, "a", -1, -1, "rwm"), rule(false, "c", 195, -1, "rw")}, false, nil},
+		{"allow all, deny reading only", []DeviceRule{rule(true, "a", -1, -1, "rwm"), rule(false, "c", 195, -1, "r")}, true, nil},
+		{"allow all, deny one node", []DeviceRule{rule(true, "a", -1, -1, "rwm"), rule(false, "c", 195, 0, "rwm")}, true, nil},
+		// Under an allow default the kernel reads a later allow as taking
+		// bits from that exact deny only; crun lets the last rule decide.
+		{"allow all, deny all NVIDIA nodes, allow one (crun)", []DeviceRule{rule(true, "a", -1, -1, "rwm"), rule(false, "c", 195, -1, "rwm"), rule(true, "c", 195, 2, "rw")}, false, []int64{2}},
+		// crun: the last rule sharing an access bit with the open decides.
+		{"crun: a deny of reading leaves O_RDWR to an earlier allow", []DeviceRule{denyAll, rule(true, "c", 195, 1, "rw"), rule(false, "c", 195, 1, "r"), rule(false, "c", 195, 1, "w")}, false, nil},
+		// An empty access: rwm in an allow, nothing in a deny.
+		{"empty access allow", []DeviceRule{denyAll, rule(true, "c", 195, 3, "")}, false, []int64{3}},
+		{"empty access deny takes nothing", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, -1, "")}, true, nil},
+		{"minors past the GPU range are no GPUs", []DeviceRule{denyAll, rule(true, "c", 195, 254, "rw"), rule(true, "c", -1, 291, "rw")}, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			all, minors := gpuNodeAccess(tc.rules)

@@ -31,6 +31,9 @@
 //   - Resolution fails closed: an id that cannot be resolved is an error
 //     unless policy.unknown_device = "ignore", and ambiguous ids and mangled
 //     mount paths are errors under every policy.
+//   - When the rules are in doubt, a GPU counts as reachable: a device
+//     cgroup rule is read the way (kernel and runc, or crun) that opens
+//     more.
 //   - Container-supplied strings are untrusted: bounded (MaxValueBytes,
 //     MaxValueTokens, MaxRequestTokens), never used as paths, quoted in errors;
 //     every error names the offending token and its source.

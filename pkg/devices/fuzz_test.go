@@ -6,6 +6,7 @@ package devices
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -244,4 +245,129 @@ func FuzzMIGMinors(f *testing.F) {
 			t.Fatalf("parsed caps do not fit the inventory: %v", err)
 		}
 	})
+}
+
+// FuzzRuleAccess checks ruleAccess against a plain per-node replay of the two
+// models it joins: the kernel's exception list (and runc's emulation of it)
+// and crun's last-matching-rule program.
+func FuzzRuleAccess(f *testing.F) {
+	f.Add([]byte{0x00, 0x5b, 0x6d})
+	f.Add([]byte{0x01, 0x25, 0x13, 0x0b, 0x00, 0x00})
+	f.Add([]byte{0x81, 0x07, 0xff, 0x3f, 0x12, 0x40, 0x9a})
+	types := []string{"a", "c", "b", ""}
+	majors := []int64{-1, nvidiaMajor, 5}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		var rules []DeviceRule
+		for i := 0; i+1 < len(data) && len(rules) < 12; i += 2 {
+			x, y := data[i], data[i+1]
+			r := DeviceRule{Allow: x&1 == 1, Type: types[(x>>1)&3]}
+			if mj := majors[int(x>>3)%len(majors)]; mj >= 0 {
+				r.Major = &mj
+			}
+			if mn := int64(y&7) - 1; mn >= 0 {
+				r.Minor = &mn
+			}
+			r.Access = []string{"", "r", "w", "m", "rw", "rm", "wm", "rwm"}[(y>>3)&7]
+			rules = append(rules, r)
+		}
+		all, minors := ruleAccess(rules, nvidiaMajor, gpuid.MaxGPUMinor)
+		const other = 100 // a minor no rule names
+		if want := kernelReaches(rules, other) || crunReaches(rules, other); all != want {
+			t.Fatalf("%+v: all = %v, the models say %v", rules, all, want)
+		}
+		if all {
+			return
+		}
+		var want []int64
+		for m := int64(0); m < 7; m++ {
+			if kernelReaches(rules, m) || crunReaches(rules, m) {
+				want = append(want, m)
+			}
+		}
+		if !slices.Equal(minors, want) {
+			t.Fatalf("%+v: minors %v, the models say %v", rules, minors, want)
+		}
+	})
+}
+
+func refBits(r DeviceRule) (bits [3]bool) {
+	if r.Access == "" {
+		return [3]bool{r.Allow, r.Allow, r.Allow}
+	}
+	return [3]bool{strings.Contains(r.Access, "r"), strings.Contains(r.Access, "w"), strings.Contains(r.Access, "m")}
+}
+
+func refWild(n *int64) int64 {
+	if n == nil || *n < 0 {
+		return -1
+	}
+	return *n
+}
+
+// kernelReaches replays the kernel's device cgroup for c 195:minor: may it
+// be opened for reading or for writing?
+func kernelReaches(rules []DeviceRule, minor int64) bool {
+	type exception struct {
+		major, minor int64
+		bits         [3]bool
+	}
+	var list []exception
+	allow := false
+	for _, r := range rules {
+		if r.Type == "" || r.Type == "a" {
+			allow, list = r.Allow, nil
+			continue
+		}
+		if r.Type != "c" {
+			continue
+		}
+		mj, mn, bits := refWild(r.Major), refWild(r.Minor), refBits(r)
+		i := slices.IndexFunc(list, func(e exception) bool { return e.major == mj && e.minor == mn })
+		if r.Allow != allow {
+			if i < 0 {
+				list = append(list, exception{major: mj, minor: mn})
+				i = len(list) - 1
+			}
+			for b := range bits {
+				list[i].bits[b] = list[i].bits[b] || bits[b]
+			}
+		} else if i >= 0 {
+			for b := range bits {
+				list[i].bits[b] = list[i].bits[b] && !bits[b]
+			}
+		}
+	}
+	for _, acc := range []int{0, 1} {
+		held := false
+		for _, e := range list {
+			if (e.major < 0 || e.major == nvidiaMajor) && (e.minor < 0 || e.minor == minor) && e.bits[acc] {
+				held = true
+			}
+		}
+		if held != allow {
+			return true
+		}
+	}
+	return false
+}
+
+// crunReaches replays crun's eBPF program for c 195:minor opened for
+// reading, writing, or both.
+func crunReaches(rules []DeviceRule, minor int64) bool {
+	for _, open := range [][3]bool{{true, false, false}, {false, true, false}, {true, true, false}} {
+		for i := len(rules) - 1; i >= 0; i-- {
+			r := rules[i]
+			mj, mn, bits := refWild(r.Major), refWild(r.Minor), refBits(r)
+			if r.Type == "b" || (mj >= 0 && mj != nvidiaMajor) || (mn >= 0 && mn != minor) {
+				continue
+			}
+			if (open[0] && bits[0]) || (open[1] && bits[1]) {
+				if r.Allow {
+					return true
+				}
+				break
+			}
+		}
+	}
+	return false
 }
