@@ -122,12 +122,13 @@ type Request struct {
 	// nodes are listed: it can open every GPU, and is resolved under
 	// policy.privileged like a privileged container (see ApplyDeviceRules).
 	GPUNodesAllowed bool
-	// DynamicMajorRules are the device cgroup rules of type "c" for a
-	// major of the kernel's dynamic range (where nvidia-caps gets one at
-	// module load), in order, at most maxDynamicMajorRules of them: the
-	// resolver reads those on the host's nvidia-caps major, which only the
-	// inventory knows (see ApplyDeviceRules). ManyDynamicMajorRules: there
-	// were more, and they are read as opening every capability.
+	// DynamicMajorRules are the device cgroup rules that can reach a node
+	// of a major of the kernel's dynamic range (where nvidia-caps gets one
+	// at module load): type "c" for such a major or for no major, and type
+	// "a". In order, at most maxDynamicMajorRules of them: the resolver
+	// reads them for the host's nvidia-caps major, which only the inventory
+	// knows (see ApplyDeviceRules). ManyDynamicMajorRules: there were more,
+	// and they are read as opening every capability.
 	DynamicMajorRules     []DeviceRule
 	ManyDynamicMajorRules bool
 }

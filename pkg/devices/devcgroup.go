@@ -55,17 +55,20 @@ func AllowsAllDevices(rules []DeviceRule) bool {
 // one for a single GPU minor adds that node to Devices, as if listed.
 // Call it after Devices is filled.
 //
-// Rules for a major of the kernel's dynamic range are kept on req
-// (DynamicMajorRules) for the resolver: one of them may be the host's
-// nvidia-caps major, and a rule that lets the container open every MIG
-// capability node makes its parent GPU nodes reach every MIG instance.
+// The rules that can reach a node of the host's nvidia-caps major (a major
+// of the kernel's dynamic range, which only the inventory knows) are kept on
+// req in order (DynamicMajorRules) for the resolver: those of type "c" for a
+// dynamic major or for no major (c *:<minor> covers every major), and those
+// of type "a", which reset what came before. A rule that lets the container
+// open every MIG capability node makes its parent GPU nodes reach every MIG
+// instance.
 func (req *Request) ApplyDeviceRules(rules []DeviceRule) {
 	req.AllDevicesAllowed = AllowsAllDevices(rules)
 	all, minors := gpuNodeAccess(rules)
 	req.GPUNodesAllowed = all
 	req.DynamicMajorRules, req.ManyDynamicMajorRules = nil, false
 	for _, r := range rules {
-		if r.Type != "c" || r.Major == nil || *r.Major < firstDynamicMajor {
+		if r.Type == "b" || (!wildcardType(r) && wildcard(r.Major) >= 0 && *r.Major < firstDynamicMajor) {
 			continue
 		}
 		if len(req.DynamicMajorRules) == maxDynamicMajorRules {

@@ -171,4 +171,85 @@ func TestCapsMajorRules(t *testing.T) {
 	many := migContainer()
 	many.ManyDynamicMajorRules = true
 	assert.Equal(t, []string{"1", "1:0"}, resolve(many), "too many rules to read: the whole parent GPU")
+
+	privileged := migContainer(specs.LinuxDeviceCgroup{Allow: true, Access: "rwm"})
+	privileged.Privileged = true
+	assert.True(t, privileged.AllDevicesAllowed)
+	assert.Empty(t, resolve(privileged), "an engine's allow-all cgroup is no request, for capabilities as for nodes")
+}
+
+// The rules that can reach a node of the (unknown) nvidia-caps major are
+// kept for the resolver: type "c" rules for a dynamic major or for no major,
+// and type "a" rules, which reset what came before.
+func TestDynamicMajorRules(t *testing.T) {
+	denyAll := rule(false, "a", -1, -1, "rwm")
+	for _, tc := range []struct {
+		name  string
+		rules []DeviceRule
+		kept  []DeviceRule
+		many  bool
+	}{
+		{"none", nil, nil, false},
+		{"type a and no type", []DeviceRule{denyAll, rule(true, "", 1, 3, "rw")}, []DeviceRule{denyAll, rule(true, "", 1, 3, "rw")}, false},
+		{"no major", []DeviceRule{rule(true, "c", -1, 291, "rw"), rule(true, "c", -1, -1, "m")}, []DeviceRule{rule(true, "c", -1, 291, "rw"), rule(true, "c", -1, -1, "m")}, false},
+		{"dynamic majors only", []DeviceRule{rule(true, "c", 195, 0, "rw"), rule(true, "c", 233, 1, "rw"), rule(true, "c", 234, 1, "rw"), rule(true, "c", 508, -1, "rw")},
+			[]DeviceRule{rule(true, "c", 234, 1, "rw"), rule(true, "c", 508, -1, "rw")}, false},
+		{"block devices are never nvidia-caps", []DeviceRule{rule(true, "b", -1, -1, "rwm"), rule(true, "b", 508, 1, "rw")}, nil, false},
+		{"too many", func() []DeviceRule {
+			var rs []DeviceRule
+			for i := 0; i <= maxDynamicMajorRules; i++ {
+				rs = append(rs, rule(true, "c", -1, int64(i), "rw"))
+			}
+			return rs
+		}(), nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var req Request
+			req.ApplyDeviceRules(tc.rules)
+			assert.Equal(t, tc.many, req.ManyDynamicMajorRules)
+			if !tc.many {
+				assert.Equal(t, tc.kept, req.DynamicMajorRules)
+			}
+		})
+	}
+}
+
+// nvidia-caps minors go far past the GPU minors (up to thousands on an
+// 8-GPU host): a rule for one of them, even with no major, opens that MIG
+// instance's capability.
+func TestCapsRulesPastGPUMinors(t *testing.T) {
+	gpus := []GPU{{Index: 0, UUID: gpuUUID(0), Minor: 2, MIG: []MIG{
+		{Index: 0, UUID: migUUID(0, 0), GI: 1, CI: 0},
+		{Index: 1, UUID: migUUID(0, 1), GI: 2, CI: 0},
+	}}}
+	caps := []MIGCap{
+		{Minor: 282, Kind: CapGIAccess, GPUMinor: 2, GI: 1}, {Minor: 283, Kind: CapCIAccess, GPUMinor: 2, GI: 1, CI: 0},
+		{Minor: 291, Kind: CapGIAccess, GPUMinor: 2, GI: 2}, {Minor: 292, Kind: CapCIAccess, GPUMinor: 2, GI: 2, CI: 0},
+	}
+	inv, err := newInventory(Inventory{Source: "static", GPUs: gpus, CapsMajor: 508, MIGCaps: caps})
+	require.NoError(t, err)
+	denyAll := rule(false, "a", -1, -1, "rwm")
+	for _, tc := range []struct {
+		name  string
+		rules []DeviceRule
+		want  []string
+	}{
+		{"only its own instance", []DeviceRule{denyAll}, []string{migUUID(0, 0)}},
+		{"c *:291/292 open MIG 0:1", []DeviceRule{denyAll, rule(true, "c", -1, 291, "rw"), rule(true, "c", -1, 292, "rw")}, []string{migUUID(0, 0), migUUID(0, 1)}},
+		{"c 508:292 opens MIG 0:1", []DeviceRule{denyAll, rule(true, "c", 508, 292, "r")}, []string{migUUID(0, 0), migUUID(0, 1)}},
+		{"c *:291 alone opens its GPU instance", []DeviceRule{denyAll, rule(true, "c", -1, 291, "rw")}, []string{migUUID(0, 0), migUUID(0, 1)}},
+		{"taken back by type a", []DeviceRule{rule(true, "c", -1, 292, "rw"), denyAll}, []string{migUUID(0, 0)}},
+		{"a deny of c 508:* does not take c *:292 back", []DeviceRule{denyAll, rule(true, "c", -1, 292, "rw"), rule(false, "c", 508, -1, "rwm")}, []string{migUUID(0, 0), migUUID(0, 1)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := Request{
+				Env:     env("NVIDIA_VISIBLE_DEVICES=" + migUUID(0, 0)),
+				Devices: []LinuxDevice{dev("/dev/nvidia2", 195, 2), dev("/dev/nvidia-caps/nvidia-cap282", 508, 282), dev("/dev/nvidia-caps/nvidia-cap283", 508, 283)},
+			}
+			req.ApplyDeviceRules(tc.rules)
+			res, err := NewResolver(inv, defaultPolicy()).Resolve(req)
+			require.NoError(t, err)
+			assert.Equal(t, sorted(tc.want...), res.UUIDs())
+		})
+	}
 }

@@ -611,6 +611,11 @@ func (b *builder) capsRules(req Request) {
 	if b.capsMj == 0 || (len(req.DynamicMajorRules) == 0 && !req.ManyDynamicMajorRules) {
 		return
 	}
+	if b.privilegedNodes {
+		// Its device cgroup allows every device: the rules say nothing
+		// about what it asked for, as its nodes do not (see Resolve).
+		return
+	}
 	all, minors := ruleAccess(req.DynamicMajorRules, b.capsMj, maxCapsMinor)
 	src := "device cgroup rule c " + strconv.FormatInt(b.capsMj, 10) + ":"
 	if all || req.ManyDynamicMajorRules {
