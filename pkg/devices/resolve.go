@@ -66,7 +66,8 @@ const maxReported = 16
 //     anywhere or no id → nothing; else the first "all"/"none" decides
 //     ("0,all" is all); else ids: index "0", "<gpu>:<mig>", GPU-<uuid> (or a
 //     unique prefix, as the runtime matches), MIG-<uuid>,
-//     MIG-GPU-<uuid>/<gi>/<ci>, PCI bus id.
+//     MIG-GPU-<uuid>/<gi>/<ci>, PCI bus id. NVIDIA_VISIBLE_DEVICES unset on
+//     a legacy CUDA image is all, whatever DOCKER_RESOURCE_GPU says.
 //   - mounts MountRoot/<id> (the same list rules over all of them) and
 //     MountRoot/cdi/<CDI name>; any other path under MountRoot is refused.
 //   - cdi.k8s.io/* annotations and Request.CDIDevices: qualified CDI names;
@@ -342,8 +343,10 @@ func (b *builder) splitValue(where, value string, buf []item, mk func(tok string
 // occurrence wins, as it does for the runtime. NVIDIA_VISIBLE_DEVICES unset
 // on a legacy CUDA image (CUDA_VERSION set, NVIDIA_REQUIRE_CUDA unset or
 // empty: built before CUDA 9) means every GPU to NVIDIA's runtime, and so it
-// does here (under policy all_devices), unless DOCKER_RESOURCE_GPU names
-// the devices instead.
+// does here (under policy all_devices), whatever DOCKER_RESOURCE_GPU says:
+// the runtime reads that variable only when configured to (swarm-resource,
+// unset by default), and then in place of NVIDIA_VISIBLE_DEVICES; which of
+// the two it reads is not known here, so the union is claimed.
 func (b *builder) env(env []string) {
 	var nvd, drg, cudaVersion, requireCUDA string
 	var hasNVD, hasDRG bool
@@ -366,7 +369,7 @@ func (b *builder) env(env []string) {
 	var buf [8]item
 	if hasNVD {
 		b.envVar(EnvVisibleDevices, nvd, buf[:])
-	} else if !hasDRG && cudaVersion != "" && requireCUDA == "" {
+	} else if cudaVersion != "" && requireCUDA == "" {
 		b.claimAll("env " + EnvVisibleDevices + " unset on a legacy CUDA image (CUDA_VERSION=" + quoteToken(cudaVersion) + ", no NVIDIA_REQUIRE_CUDA)")
 	}
 	if hasDRG {

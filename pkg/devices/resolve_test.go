@@ -241,7 +241,13 @@ func TestResolveLegacyCUDAImage(t *testing.T) {
 		{name: "legacy, set: the list", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=1")}, want: []string{"1"}},
 		{name: "legacy, set but empty: nothing", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=")}, want: nil},
 		{name: "legacy, void", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=void")}, want: nil},
-		{name: "legacy, DOCKER_RESOURCE_GPU names the devices", req: Request{Env: env("CUDA_VERSION=8.0", "DOCKER_RESOURCE_GPU=2")}, want: []string{"2"}},
+		// The runtime reads DOCKER_RESOURCE_GPU only when configured to
+		// (swarm-resource, unset by default); then NVIDIA_VISIBLE_DEVICES
+		// unset is every GPU. The union is claimed.
+		{name: "legacy, DOCKER_RESOURCE_GPU does not switch the rule off", req: Request{Env: env("CUDA_VERSION=8.0", "DOCKER_RESOURCE_GPU=2")}, want: allGPUs, wantAll: true,
+			sources: map[string][]string{"2": {`env NVIDIA_VISIBLE_DEVICES unset on a legacy CUDA image (CUDA_VERSION="8.0", no NVIDIA_REQUIRE_CUDA)`, `env DOCKER_RESOURCE_GPU="2"`}}},
+		{name: "legacy, DOCKER_RESOURCE_GPU=void", req: Request{Env: env("CUDA_VERSION=8.0", "DOCKER_RESOURCE_GPU=void")}, want: allGPUs, wantAll: true},
+		{name: "legacy, NVIDIA_VISIBLE_DEVICES set beside DOCKER_RESOURCE_GPU: the union", req: Request{Env: env("CUDA_VERSION=8.0", "NVIDIA_VISIBLE_DEVICES=0", "DOCKER_RESOURCE_GPU=2")}, want: []string{"0", "2"}},
 	})
 }
 
