@@ -129,7 +129,7 @@ func FuzzCDIName(f *testing.F) {
 
 func FuzzMountDestination(f *testing.F) {
 	for _, s := range []string{mr + "0", mr + "../0", mr + "/0", mr + "0/", MountRoot, mr + "cdi/nvidia.com/gpu=1", mr + "all", mr + "void",
-		"/var/./run/nvidia-container-devices/0", "/dev/null", mr + "9", mr + "cdi/x"} {
+		mr + "0,all", mr + " 3", mr + "0,9", "/var/./run/nvidia-container-devices/0", "/dev/null", mr + "9", mr + "cdi/x"} {
 		f.Add(s)
 	}
 	inv := testInventory(f)
@@ -137,7 +137,8 @@ func FuzzMountDestination(f *testing.F) {
 	f.Fuzz(func(t *testing.T, dest string) {
 		res, err := r.Resolve(Request{Mounts: []string{dest}})
 		rest := strings.TrimPrefix(dest, mr)
-		candidates := []string{dest, rest, strings.TrimPrefix(rest, "cdi/")}
+		// The runtime joins mounted ids with commas: an error may name one.
+		candidates := append([]string{dest, rest, strings.TrimPrefix(rest, "cdi/")}, splitCandidates(rest)...)
 		if name, ok := strings.CutPrefix(rest, "cdi/"); ok {
 			// The runtime's form cdi/<vendor>/<class>/<device> is named as
 			// the CDI device it means.
@@ -170,6 +171,7 @@ func FuzzResolve(f *testing.F) {
 		res, err := NewResolver(inv, p).Resolve(req)
 		rest := strings.TrimPrefix(mount, mr)
 		candidates := append(splitCandidates(envVal), mount, rest, strings.TrimPrefix(rest, "cdi/"), strings.TrimSpace(cdi))
+		candidates = append(candidates, splitCandidates(rest)...)
 		candidates = append(candidates, splitCandidates(annVal)...)
 		candidates = append(candidates, devNumbers(major, minor, devPath)...)
 		checkResolution(t, inv, res, err, candidates, []string{"env", "mount", "annotation", "CDI device", "device", "privileged"})

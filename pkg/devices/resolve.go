@@ -68,8 +68,10 @@ const maxReported = 16
 //     unique prefix, as the runtime matches), MIG-<uuid>,
 //     MIG-GPU-<uuid>/<gi>/<ci>, PCI bus id. NVIDIA_VISIBLE_DEVICES unset on
 //     a legacy CUDA image is all, whatever DOCKER_RESOURCE_GPU says.
-//   - mounts MountRoot/<id> (the same list rules over all of them) and
-//     MountRoot/cdi/<CDI name>; any other path under MountRoot is refused.
+//   - mounts MountRoot/<id>, <id> a comma-separated list as the runtime
+//     hands it on: "all" (any case) anywhere is all, every other id is
+//     resolved ("void" and "none" are no keywords there); and
+//     MountRoot/cdi/<CDI name>. Any other path under MountRoot is refused.
 //   - cdi.k8s.io/* annotations and Request.CDIDevices: qualified CDI names;
 //     nvidia.com/gpu and nvidia.com/mig devices (and the same classes of the
 //     device plugin's k8s.device-plugin.nvidia.com) are GPUs, named by index,
@@ -274,7 +276,22 @@ type item struct {
 // anywhere or no id at all means no GPU; otherwise the first "all" or "none"
 // decides ("0,all" is all); otherwise each id is resolved. "all" is matched
 // case-insensitively because the NVIDIA runtime's device selection does so.
-func (b *builder) list(where string, items []item) {
+//
+// fromMounts applies the volume-mount rules instead: NVIDIA's runtime hands
+// the mounted ids on as they are, with no "void" or "none" keyword, and its
+// device selection takes every GPU at an "all" (any case) wherever it
+// stands; so "all" anywhere is all, and every other id is resolved.
+func (b *builder) list(where string, items []item, fromMounts bool) {
+	if fromMounts {
+		for _, it := range items {
+			if strings.EqualFold(it.tok, "all") {
+				b.claimAll(it.src)
+				return
+			}
+		}
+		b.resolveItems(items, true)
+		return
+	}
 	if len(items) == 0 {
 		b.note(where + ": empty: no GPU")
 		return
@@ -295,7 +312,16 @@ func (b *builder) list(where string, items []item) {
 			return
 		}
 	}
+	b.resolveItems(items, false)
+}
+
+// resolveItems resolves each id of a list.
+func (b *builder) resolveItems(items []item, fromMounts bool) {
 	for _, it := range items {
+		if fromMounts && (it.tok == "void" || it.tok == "none") {
+			b.unresolved(it.where, invalid(it.tok, "\"void\" and \"none\" are no keywords in a volume mount: NVIDIA's runtime takes them for device ids and fails"))
+			continue
+		}
 		if strings.Contains(it.tok, "/") && strings.Contains(it.tok, "=") {
 			// A qualified CDI name (nvidia.com/gpu=1): in its CDI mode
 			// NVIDIA's runtime takes it from NVIDIA_VISIBLE_DEVICES (and
@@ -383,12 +409,15 @@ func (b *builder) envVar(name, value string, buf []item) {
 		return item{tok: tok, where: where, src: where + "=" + quoteToken(tok)}
 	})
 	if ok {
-		b.list(where, items)
+		b.list(where, items, false)
 	}
 }
 
-// mounts reads the volume-mount strategy: MountRoot/<id> (list rules over
-// all such mounts) and MountRoot/cdi/<qualified CDI name>.
+// mounts reads the volume-mount strategy: MountRoot/<id> (the mount rules of
+// list over all such mounts) and MountRoot/cdi/<qualified CDI name>. NVIDIA's
+// runtime joins the mounted ids with commas into one device list, and its
+// device selection skips blanks before an index: so an id is split at
+// commas and trimmed ("0,1" is GPUs 0 and 1, " 3" is GPU 3).
 func (b *builder) mounts(dests []string) {
 	var items []item
 	seen := false
@@ -405,8 +434,10 @@ func (b *builder) mounts(dests []string) {
 		if !relevant {
 			continue
 		}
-		if !b.spend(where) {
-			return
+		if why != "" || cdi {
+			if !b.spend(where) {
+				return
+			}
 		}
 		if why != "" {
 			// Not subject to policy.unknown_device: a mangled path is
@@ -418,11 +449,19 @@ func (b *builder) mounts(dests []string) {
 			b.cdiName(where, where, id)
 			continue
 		}
-		seen = true
-		items = append(items, item{tok: id, where: where, src: where})
+		toks, ok := b.splitValue(where, id, nil, func(tok string) item {
+			return item{tok: tok, where: where, src: where}
+		})
+		if b.full {
+			return
+		}
+		if ok {
+			seen = true
+			items = append(items, toks...)
+		}
 	}
 	if seen {
-		b.list("mounts "+MountRoot, items)
+		b.list("mounts "+MountRoot, items, true)
 	}
 }
 

@@ -295,7 +295,25 @@ func TestResolveMounts(t *testing.T) {
 			sources: map[string][]string{"1": {"mount " + mr + "1"}}},
 		resolveCase{name: "several ids", req: Request{Mounts: []string{mr + "0", mr + gpuUUID(3)}}, want: []string{"0", "3"}},
 		resolveCase{name: "MIG by index", req: Request{Mounts: []string{mr + "1:2"}}, want: []string{"1:2"}},
-		resolveCase{name: "void among mounts voids the mounts", req: Request{Mounts: []string{mr + "0", mr + "void"}}, want: nil},
+		// The runtime hands mounted ids on as they are: no void or none
+		// keyword, and its device selection takes every GPU at "all".
+		resolveCase{name: "all then void is all", req: Request{Mounts: []string{mr + "all", mr + "void"}}, want: allGPUs, wantAll: true,
+			sources: map[string][]string{"0": {"mount " + mr + "all"}}},
+		resolveCase{name: "void then all is all", req: Request{Mounts: []string{mr + "void", mr + "0", mr + "all"}}, want: allGPUs, wantAll: true},
+		resolveCase{name: "none then all is all", req: Request{Mounts: []string{mr + "none", mr + "all"}}, want: allGPUs, wantAll: true},
+		resolveCase{name: "ALL in any case", req: Request{Mounts: []string{mr + "1", mr + "All"}}, want: allGPUs, wantAll: true},
+		resolveCase{name: "void is no keyword in a mount", req: Request{Mounts: []string{mr + "0", mr + "void"}}, err: ErrInvalidID,
+			errHas: []string{"mount " + mr + "void", `"void"`, "no keywords in a volume mount"}},
+		// The runtime joins mounted ids with commas, and its index
+		// parsing skips leading blanks.
+		resolveCase{name: "a comma in a mount names two ids", req: Request{Mounts: []string{mr + "0,1"}}, want: []string{"0", "1"},
+			sources: map[string][]string{"1": {"mount " + mr + "0,1"}}},
+		resolveCase{name: "a comma in a mount, under ignore", policy: ignore, req: Request{Mounts: []string{mr + "0,1"}}, want: []string{"0", "1"}},
+		resolveCase{name: "all after a comma", req: Request{Mounts: []string{mr + "0,all"}}, want: allGPUs, wantAll: true},
+		resolveCase{name: "blanks around a mounted id", policy: ignore, req: Request{Mounts: []string{mr + " 3"}}, want: []string{"3"}},
+		resolveCase{name: "empty ids in a mount", req: Request{Mounts: []string{mr + ",2,"}}, want: []string{"2"}},
+		resolveCase{name: "unknown id after a comma", req: Request{Mounts: []string{mr + "0,9"}}, err: ErrUnknownDevice, errHas: []string{`"9"`, "mount " + mr + "0,9"}},
+		resolveCase{name: "unknown id after a comma, ignored", policy: ignore, req: Request{Mounts: []string{mr + "0,9"}}, want: []string{"0"}, notes: []string{`"9"`}},
 		resolveCase{name: "CDI form", req: Request{Mounts: []string{mr + "cdi/nvidia.com/gpu=0"}}, want: []string{"0"},
 			sources: map[string][]string{"0": {"mount " + mr + "cdi/nvidia.com/gpu=0"}}},
 		resolveCase{name: "CDI form, MIG", req: Request{Mounts: []string{mr + "cdi/nvidia.com/mig=mig1:1"}}, want: []string{"1:1"}},
