@@ -129,7 +129,7 @@ func FuzzCDIName(f *testing.F) {
 
 func FuzzMountDestination(f *testing.F) {
 	for _, s := range []string{mr + "0", mr + "../0", mr + "/0", mr + "0/", MountRoot, mr + "cdi/nvidia.com/gpu=1", mr + "all", mr + "void",
-		mr + "0,all", mr + " 3", mr + "0,9", "/var/./run/nvidia-container-devices/0", "/dev/null", mr + "9", mr + "cdi/x"} {
+		mr + "0,all", mr + " 3", mr + "0,9", mr + "cdi/management.nvidia.com/gpu/all", "/var/./run/nvidia-container-devices/0", "/dev/null", mr + "9", mr + "cdi/x"} {
 		f.Add(s)
 	}
 	inv := testInventory(f)

@@ -221,8 +221,13 @@ const (
 	// cdiVendorRuntime: NVIDIA's runtime generates a CDI spec for
 	// runtime.nvidia.com/gpu=<id|all> on the fly.
 	cdiVendorRuntime = "runtime.nvidia.com"
-	cdiClassGPU      = "gpu"
-	cdiClassMIG      = "mig"
+	// cdiVendorManagement: the GPU Operator's management spec
+	// (nvidia-ctk cdi generate --mode=management) has one device,
+	// management.nvidia.com/gpu=all, that injects every /dev/nvidia* node
+	// and every nvidia-caps node: it opens every GPU.
+	cdiVendorManagement = "management.nvidia.com"
+	cdiClassGPU         = "gpu"
+	cdiClassMIG         = "mig"
 )
 
 // parseQualifiedName splits a CDI device name "vendor/class=name".
@@ -240,8 +245,8 @@ func parseQualifiedName(s string) (vendor, class, name string, ok bool) {
 
 // isGPUClass reports whether a qualified CDI name is one of NVIDIA's GPU or
 // MIG devices. Other vendors' and other NVIDIA classes' devices (the device
-// plugin's gdrcopy and mofed, imex channels, management.nvidia.com) are not
-// GPU allocations.
+// plugin's gdrcopy and mofed, imex channels) are not GPU allocations;
+// management.nvidia.com devices open every GPU (see cdiName).
 func isGPUClass(vendor, class string) bool {
 	return (vendor == cdiVendor || vendor == cdiVendorDevicePlugin || vendor == cdiVendorRuntime) && (class == cdiClassGPU || class == cdiClassMIG)
 }

@@ -75,7 +75,8 @@ const maxReported = 16
 //   - cdi.k8s.io/* annotations and Request.CDIDevices: qualified CDI names;
 //     nvidia.com/gpu and nvidia.com/mig devices (and the same classes of the
 //     device plugin's k8s.device-plugin.nvidia.com) are GPUs, named by index,
-//     gpu<N>, mig<G>:<M>, UUID or all; other devices are ignored.
+//     gpu<N>, mig<G>:<M>, UUID or all; any management.nvidia.com device is
+//     all (it injects every GPU node); other devices are ignored.
 //   - linux devices: 195:0-253 is the GPU with that NVML minor number;
 //     195:254/255 are not GPUs; /dev/nvidia-caps nodes are MIG instances
 //     where Inventory.MIGCaps maps them (see finish for the parent node).
@@ -248,12 +249,19 @@ func (b *builder) unresolved(where string, e *idError) {
 	b.fail(fmt.Errorf("%s: %w; name a GPU of this host or set policy.unknown_device = \"ignore\"", where, e))
 }
 
+// fixByUUID is what claimAll's refusal tells the user to do.
+const fixByUUID = "name the GPUs the container needs by UUID instead"
+
 // claimAll handles a request for every GPU under policy.all_devices.
-func (b *builder) claimAll(src string) {
+func (b *builder) claimAll(src string) { b.claimAllOr(src, fixByUUID) }
+
+// claimAllOr is claimAll with what the refusal under all_devices = "reject"
+// tells the user to do.
+func (b *builder) claimAllOr(src, fix string) {
 	if src != srcPrivileged {
 		switch b.policy.AllDevices {
 		case config.AllReject:
-			b.fail(fmt.Errorf("%s: %w (policy.all_devices = \"reject\"); name the GPUs the container needs by UUID instead", src, ErrAllRejected))
+			b.fail(fmt.Errorf("%s: %w (policy.all_devices = \"reject\"); %s", src, ErrAllRejected, fix))
 			return
 		case config.AllIgnore:
 			b.note(src + ": ignored (policy.all_devices = \"ignore\")")
@@ -541,12 +549,18 @@ func (b *builder) cdiList(names []string) {
 }
 
 // cdiName resolves one qualified CDI device name; only the gpu and mig
-// classes of NVIDIA's vendors are GPUs (isGPUClass), everything else is
-// ignored.
+// classes of NVIDIA's vendors are GPUs (isGPUClass), and any device of the
+// management spec is all of them; everything else is ignored.
 func (b *builder) cdiName(where, src, qualified string) {
 	vendor, class, name, ok := parseQualifiedName(qualified)
 	if !ok {
 		b.unresolved(where, invalid(qualified, "want a qualified CDI device name <vendor>/<class>=<name>"))
+		return
+	}
+	if vendor == cdiVendorManagement {
+		const why = "a management.nvidia.com device injects every GPU device node: run GPU monitoring and management agents in a namespace listed in policy.exempt_namespaces"
+		b.note(src + ": " + why)
+		b.claimAllOr(src, why)
 		return
 	}
 	if !isGPUClass(vendor, class) {

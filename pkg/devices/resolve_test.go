@@ -369,6 +369,10 @@ func TestResolveQualifiedNamesInEnvAndRuntimeVendor(t *testing.T) {
 		{name: "runtime vendor all in an annotation", req: Request{Annotations: map[string]string{"cdi.k8s.io/x": "runtime.nvidia.com/gpu=all"}},
 			want: allGPUs, wantAll: true},
 		{name: "other vendor in env is no GPU", req: Request{Env: env(nvd + "example.com/nic=0")}, want: nil},
+		// In auto mode NVIDIA's runtime switches to CDI mode when every id
+		// is a qualified name.
+		{name: "management device in env", req: Request{Env: env(nvd + "management.nvidia.com/gpu=all")}, want: allGPUs, wantAll: true},
+		{name: "management device in a mount", req: Request{Mounts: []string{mr + "cdi/management.nvidia.com/gpu/all"}}, want: allGPUs, wantAll: true},
 		{name: "unknown qualified name in env", req: Request{Env: env(nvd + "nvidia.com/gpu=9")}, err: ErrUnknownDevice},
 	})
 }
@@ -389,7 +393,7 @@ func TestResolveCDI(t *testing.T) {
 		{name: "UUIDs", req: Request{Annotations: ann("cdi.k8s.io/a", "nvidia.com/gpu="+gpuUUID(0), "cdi.k8s.io/b", "nvidia.com/gpu="+migUUID(1, 1))}, want: []string{"0", "1:1"}},
 		{name: "other vendors and classes are ignored", req: Request{Annotations: ann(
 			"cdi.k8s.io/nic", "example.com/nic=0", "cdi.k8s.io/imex", "nvidia.com/imex-channel=0",
-			"cdi.k8s.io/mgmt", "management.nvidia.com/gpu=all", "cdi.k8s.io/gdr", "k8s.device-plugin.nvidia.com/gdrcopy=all")}, want: nil},
+			"cdi.k8s.io/gdr", "k8s.device-plugin.nvidia.com/gdrcopy=all", "cdi.k8s.io/other", "management.example.com/gpu=all")}, want: nil},
 		// The device plugin's cdi-annotations strategy writes
 		// cdi.k8s.io/nvidia-device-plugin_<id> = k8s.device-plugin.nvidia.com/gpu=<uuid>.
 		{name: "device plugin vendor, by UUID", req: Request{Annotations: ann(
@@ -402,8 +406,19 @@ func TestResolveCDI(t *testing.T) {
 		{name: "nvidia.cdi.k8s.io annotation", req: Request{Annotations: ann(
 			"nvidia.cdi.k8s.io/container.main", "nvidia.com/gpu=2")}, want: []string{"2"},
 			sources: map[string][]string{"2": {`annotation nvidia.cdi.k8s.io/container.main="nvidia.com/gpu=2"`}}},
-		{name: "nvidia.cdi.k8s.io management device is not a GPU claim", req: Request{Annotations: ann(
-			"nvidia.cdi.k8s.io/container.agent", "management.nvidia.com/gpu=all")}, want: nil},
+		// The GPU Operator's management spec injects every /dev/nvidia*
+		// node and every nvidia-caps node.
+		{name: "management device is every GPU", req: Request{Annotations: ann(
+			"nvidia.cdi.k8s.io/container.agent", "management.nvidia.com/gpu=all")}, want: allGPUs, wantAll: true,
+			sources: map[string][]string{"3": {`annotation nvidia.cdi.k8s.io/container.agent="management.nvidia.com/gpu=all"`}},
+			notes:   []string{"policy.exempt_namespaces"}},
+		{name: "management device in cdi.k8s.io", req: Request{Annotations: ann("cdi.k8s.io/mgmt", "management.nvidia.com/gpu=all")}, want: allGPUs, wantAll: true},
+		{name: "any management device name", req: Request{CDIDevices: []string{"management.nvidia.com/other=x"}}, want: allGPUs, wantAll: true},
+		{name: "management device under all_devices reject", policy: func(p *config.PolicyConfig) { p.AllDevices = config.AllReject },
+			req: Request{CDIDevices: []string{"management.nvidia.com/gpu=all"}}, err: ErrAllRejected,
+			errHas: []string{`cdi "management.nvidia.com/gpu=all"`, "policy.exempt_namespaces"}},
+		{name: "management device under all_devices ignore", policy: func(p *config.PolicyConfig) { p.AllDevices = config.AllIgnore },
+			req: Request{CDIDevices: []string{"management.nvidia.com/gpu=all"}}, want: nil, notes: []string{"ignored"}},
 		{name: "other annotations are ignored", req: Request{Annotations: ann("example.com/cdi", "nvidia.com/gpu=0", "cdi.k8s.io", "nvidia.com/gpu=0")}, want: nil},
 		{name: "unknown name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=9")}, err: ErrUnknownDevice,
 			errHas: []string{`annotation cdi.k8s.io/gpu: unknown GPU "nvidia.com/gpu=9"`}},
