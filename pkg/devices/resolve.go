@@ -66,8 +66,10 @@ const maxReported = 16
 //     anywhere or no id → nothing; else the first "all"/"none" decides
 //     ("0,all" is all); else ids: index "0", "<gpu>:<mig>", GPU-<uuid> (or a
 //     unique prefix, as the runtime matches), MIG-<uuid>,
-//     MIG-GPU-<uuid>/<gi>/<ci>, PCI bus id. NVIDIA_VISIBLE_DEVICES unset on
-//     a legacy CUDA image is all, whatever DOCKER_RESOURCE_GPU says.
+//     MIG-GPU-<uuid>/<gi>/<ci>, PCI bus id. MountRoot itself (what the
+//     device plugin's volume-mount strategy sets) names no id: the mounts
+//     carry the list. NVIDIA_VISIBLE_DEVICES unset on a legacy CUDA image
+//     is all, whatever DOCKER_RESOURCE_GPU says.
 //   - mounts MountRoot/<id>, <id> a comma-separated list as the runtime
 //     hands it on: "all" (any case) anywhere is all, every other id is
 //     resolved ("void" and "none" are no keywords there); and
@@ -326,7 +328,15 @@ func (b *builder) list(where string, items []item, fromMounts bool) {
 // resolveItems resolves each id of a list.
 func (b *builder) resolveItems(items []item, fromMounts bool) {
 	for _, it := range items {
-		if fromMounts && (it.tok == "void" || it.tok == "none") {
+		switch {
+		case !fromMounts && it.tok == MountRoot:
+			// The device plugin's volume-mount strategy sets
+			// NVIDIA_VISIBLE_DEVICES to MountRoot: the ids are the
+			// mounts, read on their own. NVIDIA's runtime selects no GPU
+			// by this value (it is no id of any form).
+			b.note(it.where + ": " + quoteToken(it.tok) + ": the device list is in the volume mounts")
+			continue
+		case fromMounts && (it.tok == "void" || it.tok == "none"):
 			b.unresolved(it.where, invalid(it.tok, "\"void\" and \"none\" are no keywords in a volume mount: NVIDIA's runtime takes them for device ids and fails"))
 			continue
 		}

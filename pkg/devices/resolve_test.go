@@ -174,6 +174,12 @@ func TestResolveUnknownAndInvalidIDs(t *testing.T) {
 			errHas: []string{`"7"`, `"8"`, `env DOCKER_RESOURCE_GPU: unknown GPU "9"`}},
 		{name: "tokens are quoted, control characters escaped", req: Request{Env: env(nvd + "0\x1b[31m")}, err: ErrInvalidID,
 			errHas: []string{`"0\x1b[31m"`}},
+		// The device plugin's volume-mount strategy sets
+		// NVIDIA_VISIBLE_DEVICES to the mount root; the ids are the mounts.
+		{name: "the mount root in env names no id", req: Request{Env: env(nvd + MountRoot), Mounts: []string{mr + "2"}}, want: []string{"2"},
+			notes: []string{"the device list is in the volume mounts"}},
+		{name: "the mount root beside an id", req: Request{Env: env(nvd + "0," + MountRoot)}, want: []string{"0"}},
+		{name: "a path under the mount root in env is no id", req: Request{Env: env(nvd + mr + "0")}, err: ErrInvalidID},
 	})
 }
 
