@@ -28,12 +28,14 @@
 //     (ErrUntrustedCache): it decides which GPU a container's index means.
 //   - Resolution does no NVML call and no file I/O: it reads the cached
 //     Inventory only. Loading or refreshing the inventory is explicit.
-//   - Resolution fails closed: an id that cannot be resolved is an error
-//     unless policy.unknown_device = "ignore", and ambiguous ids and mangled
-//     mount paths are errors under every policy.
+//   - Resolution fails closed: a well-formed id that names no device of
+//     this host is an error unless policy.unknown_device = "ignore";
+//     malformed and ambiguous ids and mangled mount paths are errors under
+//     every policy (NVIDIA's runtime reads ids loosely and may select a GPU
+//     by one the resolver cannot read).
 //   - When the rules are in doubt, a GPU counts as reachable: a device
 //     cgroup rule is read the way (kernel and runc, or crun) that opens
-//     more.
+//     more, and a request the runtime would refuse may still be claimed.
 //   - Container-supplied strings are untrusted: bounded (MaxValueBytes,
 //     MaxValueTokens, MaxRequestTokens), never used as paths, quoted in errors;
 //     every error names the offending token and its source.

@@ -19,7 +19,12 @@ type idError struct {
 	token    string
 	detail   string
 	// strict errors are refused even under policy.unknown_device = "ignore":
-	// they are not stale ids but ambiguous or evasive ones.
+	// they are not stale ids but ambiguous, malformed or evasive ones. Only
+	// a well-formed id that names no device of this host (ErrUnknownDevice)
+	// may be ignored: NVIDIA's runtime reads ids more loosely than their
+	// forms say (strtoumax takes "-0" and " 3" for indices, sscanf stops
+	// reading a bus id before its function), so an id the resolver cannot
+	// read may still select a GPU there.
 	strict bool
 }
 
@@ -62,8 +67,9 @@ func (ix *index) unknown(tok string) *idError {
 	return &idError{sentinel: ErrUnknownDevice, token: tok, detail: " (" + ix.known + ")"}
 }
 
+// invalid reports a malformed id; it is strict (see idError).
 func invalid(tok, why string) *idError {
-	return &idError{sentinel: ErrInvalidID, token: tok, detail: ": " + why}
+	return &idError{sentinel: ErrInvalidID, token: tok, detail: ": " + why, strict: true}
 }
 
 // decimal parses a non-negative decimal made of digits only (leading zeros
@@ -100,7 +106,8 @@ func hasPrefixFold(s, prefix string) bool {
 // position. The forms are those the NVIDIA runtime accepts: an NVML index
 // (with an optional '+', as strtoumax reads it), <gpu>:<mig>, a GPU UUID or a
 // unique case-insensitive prefix of one, a MIG UUID, the legacy
-// MIG-GPU-<uuid>/<gi>/<ci>, and a PCI bus id.
+// MIG-GPU-<uuid>/<gi>/<ci>, and a PCI bus id. Anything else is a strict
+// ErrInvalidID.
 func (ix *index) resolveID(tok string) (int, *idError) {
 	if n, ok, big := decimal(strings.TrimPrefix(tok, "+")); ok {
 		if big {

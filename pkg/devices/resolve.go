@@ -85,7 +85,8 @@ const maxReported = 16
 //   - privileged: policy.privileged declared (claim what it names), all
 //     (claim every GPU) or reject.
 //   - "all" anywhere: policy.all_devices claim (every full GPU), reject, or
-//     ignore; unknown ids: policy.unknown_device reject or ignore.
+//     ignore; unknown ids: policy.unknown_device reject or ignore; malformed
+//     or ambiguous ids are refused under every policy.
 //
 // It reads only the in-memory inventory: no NVML call, no file I/O, so it is
 // cheap enough for the NRI CreateContainer deadline and gives the same answer
@@ -242,9 +243,14 @@ func (b *builder) add(pos int, src string) {
 
 func (b *builder) has(pos int) bool { return b.slot != nil && b.slot[pos] > 0 }
 
-// unresolved applies policy.unknown_device to an id the inventory lacks.
+// unresolved applies policy.unknown_device to an id the inventory lacks; a
+// strict error (malformed or ambiguous id) is refused under every policy.
 func (b *builder) unresolved(where string, e *idError) {
-	if !e.strict && b.policy.UnknownDevice == config.UnknownIgnore {
+	if e.strict {
+		b.fail(fmt.Errorf("%s: %w; fix the id (policy.unknown_device = \"ignore\" does not apply: NVIDIA's runtime may read it as a GPU)", where, e))
+		return
+	}
+	if b.policy.UnknownDevice == config.UnknownIgnore {
 		b.note(where + ": ignored " + e.Error() + " (policy.unknown_device = \"ignore\")")
 		return
 	}

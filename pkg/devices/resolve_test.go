@@ -174,12 +174,23 @@ func TestResolveUnknownAndInvalidIDs(t *testing.T) {
 			errHas: []string{`"7"`, `"8"`, `env DOCKER_RESOURCE_GPU: unknown GPU "9"`}},
 		{name: "tokens are quoted, control characters escaped", req: Request{Env: env(nvd + "0\x1b[31m")}, err: ErrInvalidID,
 			errHas: []string{`"0\x1b[31m"`}},
+		// A malformed id is refused under every policy: the runtime reads
+		// ids more loosely than their forms (strtoumax, sscanf) and may
+		// select a GPU by it. Only well-formed ids may be ignored.
+		{name: "-0 (strtoumax reads GPU 0) under ignore", policy: ignore, req: Request{Env: env(nvd + "-0")}, err: ErrInvalidID,
+			errHas: []string{`"-0"`, `policy.unknown_device = "ignore" does not apply`}},
+		{name: "1:0abc (sscanf reads MIG 1:0) under ignore", policy: ignore, req: Request{Env: env(nvd + "1:0abc")}, err: ErrInvalidID},
+		{name: "garbage under ignore", policy: ignore, req: Request{Env: env(nvd + "0,foo")}, err: ErrInvalidID, errHas: []string{`"foo"`}},
+		{name: "malformed legacy MIG under ignore", policy: ignore, req: Request{Env: env(nvd + "MIG-" + gpuUUID(1) + "/x/0")}, err: ErrInvalidID},
+		{name: "malformed CDI name under ignore", policy: ignore, req: Request{CDIDevices: []string{"nvidia.com/gpu=gpux"}}, err: ErrInvalidID},
+		{name: "bus id of no GPU, ignored", policy: ignore, req: Request{Env: env(nvd + "0000:ff:00.0,1")}, want: []string{"1"}, notes: []string{`"0000:ff:00.0"`}},
+		{name: "bus id of no GPU, rejected", req: Request{Env: env(nvd + "0000:1c:00.0")}, err: ErrUnknownDevice},
 		// The device plugin's volume-mount strategy sets
 		// NVIDIA_VISIBLE_DEVICES to the mount root; the ids are the mounts.
 		{name: "the mount root in env names no id", req: Request{Env: env(nvd + MountRoot), Mounts: []string{mr + "2"}}, want: []string{"2"},
 			notes: []string{"the device list is in the volume mounts"}},
 		{name: "the mount root beside an id", req: Request{Env: env(nvd + "0," + MountRoot)}, want: []string{"0"}},
-		{name: "a path under the mount root in env is no id", req: Request{Env: env(nvd + mr + "0")}, err: ErrInvalidID},
+		{name: "a path under the mount root in env is no id", policy: ignore, req: Request{Env: env(nvd + mr + "0")}, err: ErrInvalidID},
 	})
 }
 
@@ -310,6 +321,8 @@ func TestResolveMounts(t *testing.T) {
 		resolveCase{name: "ALL in any case", req: Request{Mounts: []string{mr + "1", mr + "All"}}, want: allGPUs, wantAll: true},
 		resolveCase{name: "void is no keyword in a mount", req: Request{Mounts: []string{mr + "0", mr + "void"}}, err: ErrInvalidID,
 			errHas: []string{"mount " + mr + "void", `"void"`, "no keywords in a volume mount"}},
+		resolveCase{name: "none is no keyword in a mount, under ignore too", policy: ignore, req: Request{Mounts: []string{mr + "none"}}, err: ErrInvalidID,
+			errHas: []string{`"none"`}},
 		// The runtime joins mounted ids with commas, and its index
 		// parsing skips leading blanks.
 		resolveCase{name: "a comma in a mount names two ids", req: Request{Mounts: []string{mr + "0,1"}}, want: []string{"0", "1"},
@@ -431,8 +444,10 @@ func TestResolveCDI(t *testing.T) {
 		{name: "invalid name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=gpux")}, err: ErrInvalidID, errHas: []string{`"nvidia.com/gpu=gpux"`}},
 		{name: "prefix is no CDI name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=GPU-c")}, err: ErrInvalidID},
 		{name: "unqualified name", req: Request{Annotations: ann("cdi.k8s.io/gpu", "gpu0")}, err: ErrInvalidID, errHas: []string{`"gpu0"`, "qualified"}},
-		{name: "unqualified name ignored by policy", policy: func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore },
-			req: Request{Annotations: ann("cdi.k8s.io/gpu", "gpu0, nvidia.com/gpu=2")}, want: []string{"2"}},
+		{name: "unqualified name refused under ignore too", policy: func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore },
+			req: Request{Annotations: ann("cdi.k8s.io/gpu", "gpu0, nvidia.com/gpu=2")}, err: ErrInvalidID, errHas: []string{`"gpu0"`, "does not apply"}},
+		{name: "unknown name ignored by policy", policy: func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore },
+			req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=gpu9, nvidia.com/gpu=2")}, want: []string{"2"}},
 		{name: "CDI device list", req: Request{CDIDevices: []string{"nvidia.com/gpu=0", "example.com/x=y"}}, want: []string{"0"},
 			sources: map[string][]string{"0": {`cdi "nvidia.com/gpu=0"`}}},
 		{name: "CDI device list, unknown", req: Request{CDIDevices: []string{"nvidia.com/gpu=gpu7"}}, err: ErrUnknownDevice,
