@@ -106,7 +106,8 @@ func hasPrefixFold(s, prefix string) bool {
 // position. The forms are those the NVIDIA runtime accepts: an NVML index
 // (with an optional '+', as strtoumax reads it), <gpu>:<mig>, a GPU UUID or a
 // unique case-insensitive prefix of one, a MIG UUID, the legacy
-// MIG-GPU-<uuid>/<gi>/<ci>, and a PCI bus id. Anything else is a strict
+// MIG-GPU-<uuid>/<gi>/<ci>, and a PCI bus id (any function: the runtime
+// takes the GPU at function 0 of that device). Anything else is a strict
 // ErrInvalidID.
 func (ix *index) resolveID(tok string) (int, *idError) {
 	if n, ok, big := decimal(strings.TrimPrefix(tok, "+")); ok {
@@ -144,6 +145,12 @@ func (ix *index) resolveID(tok string) (int, *idError) {
 	}
 	if bus, ok := NormaliseBusID(tok); ok {
 		if pos, found := ix.byBus[bus]; found {
+			return pos, nil
+		}
+		// The runtime reads domain, bus and device only, and selects the
+		// GPU at function 0 of that address: 0000:1b:00.1 is the GPU at
+		// 0000:1b:00.0.
+		if pos, found := ix.byBus[bus[:len(bus)-1]+"0"]; found {
 			return pos, nil
 		}
 		return 0, ix.unknown(tok)

@@ -183,6 +183,9 @@ func TestResolveUnknownAndInvalidIDs(t *testing.T) {
 		{name: "garbage under ignore", policy: ignore, req: Request{Env: env(nvd + "0,foo")}, err: ErrInvalidID, errHas: []string{`"foo"`}},
 		{name: "malformed legacy MIG under ignore", policy: ignore, req: Request{Env: env(nvd + "MIG-" + gpuUUID(1) + "/x/0")}, err: ErrInvalidID},
 		{name: "malformed CDI name under ignore", policy: ignore, req: Request{CDIDevices: []string{"nvidia.com/gpu=gpux"}}, err: ErrInvalidID},
+		{name: "bus id of another function is that device's GPU", req: Request{Env: env(nvd + "0000:1b:00.1")}, want: []string{"0"},
+			sources: map[string][]string{"0": {`env NVIDIA_VISIBLE_DEVICES="0000:1b:00.1"`}}},
+		{name: "bus id of another function, under ignore", policy: ignore, req: Request{Env: env(nvd + "0000:1b:00.1")}, want: []string{"0"}},
 		{name: "bus id of no GPU, ignored", policy: ignore, req: Request{Env: env(nvd + "0000:ff:00.0,1")}, want: []string{"1"}, notes: []string{`"0000:ff:00.0"`}},
 		{name: "bus id of no GPU, rejected", req: Request{Env: env(nvd + "0000:1c:00.0")}, err: ErrUnknownDevice},
 		// The device plugin's volume-mount strategy sets
