@@ -559,9 +559,7 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 		// reports itself.
 		w.log().Warn("MIG instance no longer in NVML (its GPU repartitioned?): not cordoned; restart nri-gpu-guard to load the new MIG layout",
 			"device", f.Device.String())
-	} else if w.cordon(ctx, f, "unhealthy", f.Message) {
-		w.sawCordon(ctx, f.Device.UUID)
-	} else {
+	} else if !w.cordonUnhealthy(ctx, f, f.Message) {
 		w.cordonFailedFor(f.Device.UUID, f.Message)
 	}
 	if w.Metrics != nil {
@@ -570,18 +568,28 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	w.writeFile()
 }
 
-// sawCordon records the lineage in which the cordon just written on uuid is
-// in force. Unread (the ledger could not be read, or the cordon is already
-// gone), the next settleUnhealthy reads it, or takes a missing cordon for a
-// lost one.
-func (w *Watch) sawCordon(ctx context.Context, uuid string) {
-	s := w.states()
-	if s == nil {
-		return
+// cordonUnhealthy writes f's unhealthy cordon and records the lineage it
+// was written in: the ledger's lineage read before the write, so that a
+// reset at any moment after that read shows as a change (and the cordon,
+// if it went with it, is written again), while an uncordon in the same
+// lineage, however soon after the write, is the operator's. A lineage that
+// cannot be read is not recorded: a missing cordon then reads as lost,
+// which errs toward cordoning.
+func (w *Watch) cordonUnhealthy(ctx context.Context, f observe.Finding, reason string) bool {
+	var lineage string
+	known := false
+	if s := w.states(); s != nil {
+		if _, l, err := s.CordonInForce(ctx, f.Device.UUID); err == nil {
+			lineage, known = l, true
+		}
 	}
-	if cordoned, lineage, err := s.CordonInForce(ctx, uuid); err == nil && cordoned {
-		w.setCordonLineage(uuid, lineage)
+	if !w.cordon(ctx, f, "unhealthy", reason) {
+		return false
 	}
+	if known {
+		w.setCordonLineage(f.Device.UUID, lineage)
+	}
+	return true
 }
 
 // cordonFailedFor records that the unhealthy cordon of uuid, with reason,
@@ -679,20 +687,17 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		seen, wasSeen := w.cordonLineage[uuid]
 		w.mu.Unlock()
 		if retry {
-			if w.cordon(ctx, f, "unhealthy", reason) {
+			if w.cordonUnhealthy(ctx, f, reason) {
 				w.mu.Lock()
 				delete(w.cordonFailed, uuid)
 				w.mu.Unlock()
-				w.sawCordon(ctx, uuid)
 			}
 			continue
 		}
 		if !wasSeen || seen != lineage {
 			log.Warn("unhealthy device's cordon lost: the ledger was started afresh (reset or recovery) since it was written; cordoning it again (`gpu-guard-ctl uncordon` once the device is repaired)",
 				"device", f.Device.String(), "device_uuid", uuid, "cordon_lineage", seen, "ledger_lineage", lineage)
-			if w.cordon(ctx, f, "unhealthy", recordonReason+f.Message) {
-				w.sawCordon(ctx, uuid)
-			} else {
+			if !w.cordonUnhealthy(ctx, f, recordonReason+f.Message) {
 				w.cordonFailedFor(uuid, recordonReason+f.Message)
 			}
 			continue
