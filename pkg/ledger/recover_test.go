@@ -650,14 +650,8 @@ func TestRecoverWithoutMarkerSeesAGenerationGap(t *testing.T) {
 // observer's are dropped; each is audited.
 func TestRecoverAfterRebootDiscardsTheEarlierBootsHolders(t *testing.T) {
 	c := newClock()
-	dir := filepath.Join(t.TempDir(), "state")
-	l, err := Open(dir, rebootOptions(t, c, testBoot))
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-		tx.Enqueue("w", owner("w"), devs(gpu(0)))
-	})
+	dir, l := earlierBootLedger(t, c)
+	update(t, l, func(tx *Tx) { tx.Enqueue("w", owner("w"), devs(gpu(0))) })
 	update(t, l, func(tx *Tx) {
 		_, _, err := tx.Cordon(gpu(1), CordonOperator, "ECC errors, RMA 4711", "uid 0 via gpu-guard-ctl")
 		require.NoError(t, err)
@@ -675,8 +669,9 @@ func TestRecoverAfterRebootDiscardsTheEarlierBootsHolders(t *testing.T) {
 	j := filepath.Join(dir, journalName)
 	b := mustRead(t, j)
 	lines := bytes.SplitAfter(b, []byte("\n"))
-	require.Len(t, lines, 5, "header, three commits, and the empty rest")
-	b[len(lines[0])+len(lines[1])+len(lines[2])+len(lines[3])/2] ^= 0x20
+	require.Len(t, lines, 6, "header, four commits, and the empty rest")
+	last := len(b) - len(lines[4]) // the last commit's line
+	b[last+len(lines[4])/2] ^= 0x20
 	require.NoError(t, os.WriteFile(j, b, 0o600))
 
 	c.Advance(time.Hour)
@@ -716,13 +711,7 @@ func TestRecoverAfterRebootDiscardsTheEarlierBootsHolders(t *testing.T) {
 // (they are discarded by the first write of this boot).
 func TestRecoverOfAHealthyEarlierBootsLedgerListsNoHolders(t *testing.T) {
 	c := newClock()
-	dir := filepath.Join(t.TempDir(), "state")
-	l, err := Open(dir, rebootOptions(t, c, testBoot))
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-	})
+	dir, l := earlierBootLedger(t, c)
 	before := mustRead(t, l.StatePath())
 	r, err := Open(dir, rebootOptions(t, c, "after-reboot"))
 	require.NoError(t, err)
@@ -732,4 +721,18 @@ func TestRecoverOfAHealthyEarlierBootsLedgerListsNoHolders(t *testing.T) {
 	require.Empty(t, rep.Claims)
 	require.Empty(t, rep.Lineage, "the earlier boot's lineage ends with this boot's first write")
 	require.Equal(t, before, mustRead(t, l.StatePath()), "nothing written")
+}
+
+// earlierBootLedger is a ledger written in boot testBoot, in which h1 holds
+// GPU 0 (the reboot tests then open it with another boot id).
+func earlierBootLedger(t *testing.T, c *clock) (string, *Ledger) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "state")
+	l, err := Open(dir, rebootOptions(t, c, testBoot))
+	require.NoError(t, err)
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+	})
+	return dir, l
 }
