@@ -845,6 +845,22 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	p.settleStarts(ctx)
+	// Out of rebuilds before the release, as in StopContainer; the set
+	// changes (and a rebuild runs again) only if the pod had tracked
+	// containers, so that pod churn without GPUs never holds a rebuild up.
+	p.mu.Lock()
+	changed := false
+	for id, t := range p.tracked {
+		if t.sandboxID == pod.GetId() && !t.stopped {
+			t.stopped = true
+			p.tracked[id] = t
+			changed = true
+		}
+	}
+	if changed {
+		p.trackGen++
+	}
+	p.mu.Unlock()
 	if err := g.PodGone(ctx, ledger.FrontEndNRI, pod.GetUid(), pod.GetId()); err != nil {
 		p.ledgerTrouble(err)
 		p.log.Error("releasing a "+what+" pod failed; the next sync will", "pod_uid", pod.GetUid(),
@@ -855,9 +871,12 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 	for id, t := range p.tracked {
 		if t.sandboxID == pod.GetId() {
 			delete(p.tracked, id)
+			changed = true
 		}
 	}
-	p.trackGen++
+	if changed {
+		p.trackGen++
+	}
 	p.mu.Unlock()
 }
 

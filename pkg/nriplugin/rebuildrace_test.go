@@ -64,14 +64,14 @@ func TestCreateDuringInPlaceRebuildIsRefused(t *testing.T) {
 	assert.Equal(t, map[string]string{"1": holder.Id, "3": "hook-1"}, rt.holders())
 }
 
-// A stopped or removed container leaves the set a rebuild works from before
-// its claims are released, not after: a rebuild that listed it earlier then
-// sees the change and runs again, instead of adopting back the claim the
-// release ended (kept forever under release_on = "remove"). Observed here
+// A stopped or removed container (or one of a stopped pod) leaves the set a
+// rebuild works from before its claims are released, not after: a rebuild
+// that listed it earlier then sees the change and runs again, instead of
+// adopting back the claim the release ended (kept forever under release_on = "remove"). Observed here
 // while the release waits for the ledger lock (before, the container was
 // marked only once the release had given up).
 func TestStopLeavesRebuildsBeforeItsRelease(t *testing.T) {
-	for _, event := range []string{"stop", "remove"} {
+	for _, event := range []string{"stop", "remove", "pod stop"} {
 		t.Run(event, func(t *testing.T) {
 			rt := newRuntime(t, nil)
 			podA := rt.addPod("a")
@@ -86,10 +86,13 @@ func TestStopLeavesRebuildsBeforeItsRelease(t *testing.T) {
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
-				if event == "stop" {
+				switch event {
+				case "stop":
 					_, _ = rt.nri.StopContainer(context.Background(), &api.StopContainerRequest{Pod: podA, Container: holder})
-				} else {
+				case "remove":
 					_ = rt.nri.RemoveContainer(context.Background(), &api.RemoveContainerRequest{Pod: podA, Container: holder})
+				default:
+					_ = rt.nri.StopPodSandbox(context.Background(), &api.StopPodSandboxRequest{Pod: podA})
 				}
 			}()
 			for {
