@@ -279,7 +279,14 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 			badPaths[j.path] = true
 		}
 	}
+	// What is moved aside is first linked aside and only unlinked from its
+	// name once the recovered state is written: a crash in between leaves
+	// the files as they were (read as needing recovery again), never an
+	// empty dir (read as a fresh host, which would lose what was recovered:
+	// an earlier boot's operator cordons, whose every file is "of another
+	// boot").
 	var keep loaded
+	var linked []asideLink
 	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
 		p := filepath.Join(l.dir, name)
 		if _, err := os.Lstat(p); err != nil {
@@ -290,9 +297,12 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 			keep.jOK = keep.jOK || name == journalName
 			continue
 		}
-		dst, err := quarantineAs(l.dir, p, ".corrupt-", now)
+		dst, isLink, err := keepAside(l.dir, p, ".corrupt-", now)
 		if err != nil {
 			return rep, err
+		}
+		if isLink {
+			linked = append(linked, asideLink{path: p, kept: dst})
 		}
 		rep.Quarantined = append(rep.Quarantined, dst)
 	}
@@ -306,6 +316,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	if err := l.writeMarker(&st); err != nil {
 		return rep, err
 	}
+	l.dropAsideNames(linked)
 	l.log.Warn("ledger recovered", "problem", rep.Problem, "from", rep.From, "replayed", rep.Replayed,
 		"generation", rep.Generation, "complete", rep.Complete, "lost", rep.Lost, "claims", len(rep.Claims),
 		"waiters", len(rep.Waiters), "released", len(rep.Released), "adopted", len(rep.Adopted), "conflicts", len(rep.Conflicts),
@@ -592,6 +603,60 @@ func quarantineAs(dir, path, infix string, now time.Time) (string, error) {
 		return dst, syncDir(dir)
 	}
 	return "", fmt.Errorf("move %s aside: too many files named %s*; clean them up", path, base)
+}
+
+// asideLink is a file linked aside by keepAside: path still names it until
+// dropAsideNames.
+type asideLink struct{ path, kept string }
+
+// keepAside keeps path under a new name as quarantineAs does, by a hard link
+// when it can (linked: path still names the file too), else by renaming it.
+func keepAside(dir, path, infix string, now time.Time) (dst string, linked bool, err error) {
+	base := path + infix + now.UTC().Format(quarantineStamp)
+	for i := 0; i < 100; i++ {
+		dst = base
+		if i > 0 {
+			dst = fmt.Sprintf("%s.%d", base, i)
+		}
+		if _, err := os.Lstat(dst); !errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err := os.Link(path, dst); err != nil {
+			// Not a file a link can keep (a directory planted there):
+			// moved aside at once, as before.
+			dst, err := quarantineAs(dir, path, infix, now)
+			return dst, false, err
+		}
+		return dst, true, syncDir(dir)
+	}
+	return "", false, fmt.Errorf("move %s aside: too many files named %s*; clean them up", path, base)
+}
+
+// dropAsideNames unlinks, once the recovered state is written, the names of
+// the files kept aside that still name them (ledger.json and ledger.journal
+// were replaced by the write; the .prev files were not).
+func (l *Ledger) dropAsideNames(linked []asideLink) {
+	dropped := false
+	for _, a := range linked {
+		at, err := os.Lstat(a.path)
+		if err != nil {
+			continue
+		}
+		kept, err := os.Lstat(a.kept)
+		if err != nil || !os.SameFile(at, kept) {
+			continue
+		}
+		if err := os.Remove(a.path); err != nil {
+			l.log.Warn("ledger recover: a file kept aside is still under its old name", "path", a.path, "kept_as", a.kept, "error", err)
+			continue
+		}
+		dropped = true
+	}
+	if dropped {
+		if err := syncDir(l.dir); err != nil {
+			l.log.Warn("ledger recover: could not sync the state dir", "dir", l.dir, "error", err)
+		}
+	}
 }
 
 // orDash is s, or "-" when s is empty, for audit reasons.

@@ -6,6 +6,7 @@ package ledger
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -735,4 +736,66 @@ func earlierBootLedger(t *testing.T, c *clock) (string, *Ledger) {
 		require.NoError(t, err)
 	})
 	return dir, l
+}
+
+// A crash anywhere inside the recovery of an earlier boot's damaged ledger
+// (every file of which is "of another boot", so all are moved aside) never
+// leaves an empty state dir, which the next read would take for a fresh
+// host and so lose the operator's cordon: the files are linked aside and
+// unlinked from their names only once the recovered state is written.
+// Whatever the crash left reads either as needing recovery again (and the
+// next recovery keeps the cordon) or as the recovered state.
+func TestCrashInsideRecoveryKeepsTheOperatorsCordon(t *testing.T) {
+	for _, stage := range []string{stageAfterWrite, stageAfterFsync, stageAfterRename, stageAfterDirSyn,
+		stageJournalSynced, stageJournalRotated, stageJournalSwapped} {
+		t.Run(stage, func(t *testing.T) {
+			c := newClock()
+			dir, l := earlierBootLedger(t, c)
+			update(t, l, func(tx *Tx) {
+				_, _, err := tx.Cordon(gpu(1), CordonOperator, "RMA 4711", "uid 0 via gpu-guard-ctl")
+				require.NoError(t, err)
+			})
+			update(t, l, func(tx *Tx) {
+				_, err := tx.Claim("", owner("h3"), devs(gpu(3)), "env")
+				require.NoError(t, err)
+			})
+			j := filepath.Join(dir, journalName)
+			b := mustRead(t, j)
+			lines := bytes.SplitAfter(b, []byte("\n"))
+			last := len(b) - len(lines[len(lines)-2]) // the last commit's line
+			b[last+len(lines[len(lines)-2])/2] ^= 0x20
+			require.NoError(t, os.WriteFile(j, b, 0o600))
+
+			c.Advance(time.Hour)
+			opts := rebootOptions(t, c, "after-reboot")
+			r, err := Open(dir, opts)
+			require.NoError(t, err)
+			crashed := false
+			func() {
+				failpoint = func(s string) {
+					if s == stage {
+						panic("crash")
+					}
+				}
+				defer func() {
+					failpoint = nil
+					crashed = recover() != nil
+				}()
+				_, _ = r.Recover(context.Background(), RecoverOptions{Reason: "test", AllowEmpty: true})
+			}()
+			require.True(t, crashed, "the recovery reached %s", stage)
+
+			again, err := Open(dir, opts)
+			require.NoError(t, err)
+			st, err := again.Snapshot(context.Background())
+			if errors.Is(err, ErrNeedsRecovery) {
+				_, err = again.Recover(context.Background(), RecoverOptions{Reason: "test", AllowEmpty: true})
+				require.NoError(t, err)
+				st, err = again.Snapshot(context.Background())
+			}
+			require.NoError(t, err)
+			require.Equal(t, map[string]string{gpu(1).UUID: CordonOperator}, cordonSources(st.Cordons))
+			require.Empty(t, st.Claims)
+		})
+	}
 }
