@@ -5,7 +5,6 @@ package ctl
 
 import (
 	"context"
-	"maps"
 	"slices"
 
 	"github.com/spf13/cobra"
@@ -61,52 +60,73 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 		return err
 	}
 	// Liveness reads cgroupfs and procfs: do it before taking the lock, so the
-	// daemon is not kept waiting on that I/O.
-	exited := map[string]ledger.Owner{}
-	drain := map[string]bool{} // release_requires_idle: kept draining, not released
-	why := map[string]string{}
+	// daemon is not kept waiting on that I/O. A container id names one
+	// container only within one runtime root or namespace, so every
+	// incarnation (every recorded process) of an id is checked on its own.
+	var found []gcFinding
+	seen := map[incarnation]bool{}
 	for _, c := range st.Claims {
-		id := c.Owner.ContainerID
-		if _, seen := why[id]; seen {
+		k := incarnationOf(&c.Owner)
+		if seen[k] {
 			continue
 		}
-		why[id] = ""
+		seen[k] = true
 		// The rule the guard applies: a holder kept by policy (release_on
 		// = "remove", or never started) is not a leak.
 		if v := rule.Check(c.Owner); v.Release() || v.Action == guard.MarkDraining {
-			exited[id] = c.Owner
-			why[id] = "holder exited: " + v.Why
-			drain[id] = v.Action == guard.MarkDraining
+			found = append(found, gcFinding{owner: c.Owner, why: "holder exited: " + v.Why, drain: v.Action == guard.MarkDraining})
 		}
 	}
+	why := map[string]string{} // by device UUID: the finding of the claim's incarnation
+	whyOf := func(c ledger.Claim) string { return why[c.Device.UUID] }
 	if dryRun {
+		// Exactly the claims that the real run's ReleaseIncarnation and
+		// MarkDrainingIncarnation take for the findings, in that order.
 		var claims, draining []ledger.Claim
 		for _, c := range st.Claims {
-			if _, ok := exited[c.Owner.ContainerID]; ok && drain[c.Owner.ContainerID] {
+			i := slices.IndexFunc(found, func(f gcFinding) bool { return ledger.SameIncarnation(&c.Owner, &f.owner) })
+			if i < 0 {
+				continue
+			}
+			why[c.Device.UUID] = found[i].why
+			if found[i].drain {
 				draining = append(draining, c)
-			} else if ok {
+			} else {
 				claims = append(claims, c)
 			}
 		}
-		return renderReleasedDraining(a.env.Stdout, a.output, true, claims, draining, why, a.env.Now())
+		return renderReleasedDraining(a.env.Stdout, a.output, true, claims, draining, whyOf, a.env.Now())
 	}
 	var released, draining []ledger.Claim
-	if len(exited) > 0 {
+	if len(found) > 0 {
 		err = a.update(ctx, func(tx *ledger.Tx) error {
 			released, draining = nil, nil // fn may be retried; start over each time
-			for _, id := range slices.Sorted(maps.Keys(exited)) {
-				if !sameIncarnation(tx.State(), id, exited[id]) {
+			clear(why)
+			for _, f := range found {
+				if !sameIncarnation(tx.State(), f.owner) {
 					// It started again (new pid) or was released since the
 					// check: the finding no longer applies.
 					continue
 				}
-				if drain[id] {
+				var got []ledger.Claim
+				if f.drain {
 					// What the guard does with the same finding: only the
 					// GPU can tell that the processes left it.
-					draining = append(draining, tx.MarkDrainingIncarnation(exited[id], why[id]+" (gc via "+programName+")")...)
-					continue
+					got = tx.MarkDrainingIncarnation(f.owner, f.why+" (gc via "+programName+")")
+				} else {
+					got = tx.ReleaseIncarnation(f.owner, f.why+" (gc via "+programName+")")
 				}
-				released = append(released, tx.ReleaseIncarnation(exited[id], why[id]+" (gc via "+programName+")")...)
+				for _, c := range got {
+					if _, dup := why[c.Device.UUID]; dup {
+						continue // a claim without a recorded process matches more than one finding
+					}
+					why[c.Device.UUID] = f.why
+					if f.drain {
+						draining = append(draining, c)
+					} else {
+						released = append(released, c)
+					}
+				}
 			}
 			return nil
 		})
@@ -114,16 +134,35 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 			return err
 		}
 	}
-	return renderReleasedDraining(a.env.Stdout, a.output, false, released, draining, why, a.env.Now())
+	return renderReleasedDraining(a.env.Stdout, a.output, false, released, draining, whyOf, a.env.Now())
 }
 
-// sameIncarnation reports whether container id still holds a claim with the
-// process identity that was found exited.
-func sameIncarnation(st *ledger.State, id string, checked ledger.Owner) bool {
-	for _, c := range st.Claims {
-		if c.Owner.ContainerID == id {
-			return c.Owner.Pid == checked.Pid && c.Owner.PidStart == checked.PidStart && c.Owner.Cgroup == checked.Cgroup
-		}
-	}
-	return false
+// incarnation is the identity of one process of a container: a container id
+// is unique only within one runtime root or namespace, and two containers of
+// one id are told apart by the process recorded for each.
+type incarnation struct {
+	containerID string
+	pid         int
+	pidStart    uint64
+	cgroup      string
+}
+
+func incarnationOf(o *ledger.Owner) incarnation {
+	return incarnation{containerID: o.ContainerID, pid: o.Pid, pidStart: o.PidStart, cgroup: o.Cgroup}
+}
+
+// gcFinding is gc's liveness finding for one incarnation found exited.
+type gcFinding struct {
+	owner ledger.Owner // as checked
+	why   string
+	drain bool // release_requires_idle: kept draining, not released
+}
+
+// sameIncarnation reports whether a claim is still held with the process
+// identity that was found exited (container id, pid, pid start time and
+// cgroup): not when that container started again (a new pid) or its claims
+// were released since, whatever another incarnation of the same id holds.
+func sameIncarnation(st *ledger.State, checked ledger.Owner) bool {
+	want := incarnationOf(&checked)
+	return slices.ContainsFunc(st.Claims, func(c ledger.Claim) bool { return incarnationOf(&c.Owner) == want })
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 func claimedBy(st ledger.State, id string) []string {
@@ -232,15 +233,137 @@ func TestGCRealLiveness(t *testing.T) {
 	assert.NotEmpty(t, claimedBy(st, idOld))
 }
 
-// TestSameIncarnation: gc's finding applies only to the process it checked.
+// pidsExited reports the listed pids as exited, with the finding.
+type pidsExited map[int]string
+
+func (p pidsExited) Exited(o liveness.Process) (bool, string) {
+	why, ok := p[o.Pid]
+	return ok, why
+}
+
+// TestGCIncarnations: two containers of one id (two runtime roots) are two
+// holders, told apart by their recorded processes. gc checks each one, and
+// the dry run lists exactly what the real run then releases (or keeps
+// draining): the claims of the incarnations that exited, each with its own
+// finding, never those of a live one, whichever sorts first.
+func TestGCIncarnations(t *testing.T) {
+	dead := ledger.Owner{ContainerID: "train", FrontEnd: ledger.FrontEndHook, Pid: 100, PidStart: 1, Cgroup: "/a/train", StartedAt: now.Add(-time.Hour)}
+	alive := ledger.Owner{ContainerID: "train", FrontEnd: ledger.FrontEndHook, Pid: 200, PidStart: 2, Cgroup: "/b/train", StartedAt: now.Add(-time.Hour)}
+	const gone100, gone200 = "holder exited: pid 100 gone", "holder exited: pid 200 gone"
+	for _, tc := range []struct {
+		name               string
+		deadGPU, aliveGPU  string
+		exited             pidsExited
+		drain              bool              // release_requires_idle
+		released, draining map[string]string // device UUID -> why
+		held               map[string]int    // device UUID -> pid, after gc
+	}{
+		{
+			name: "exited incarnation sorts second", deadGPU: uuidGPU2, aliveGPU: uuidGPU1,
+			exited:   pidsExited{100: "pid 100 gone"},
+			released: map[string]string{uuidGPU2: gone100},
+			held:     map[string]int{uuidGPU1: 200},
+		},
+		{
+			name: "exited incarnation sorts first", deadGPU: uuidGPU1, aliveGPU: uuidGPU2,
+			exited:   pidsExited{100: "pid 100 gone"},
+			released: map[string]string{uuidGPU1: gone100},
+			held:     map[string]int{uuidGPU2: 200},
+		},
+		{
+			name: "both exited, each with its finding", deadGPU: uuidGPU2, aliveGPU: uuidGPU1,
+			exited:   pidsExited{100: "pid 100 gone", 200: "pid 200 gone"},
+			released: map[string]string{uuidGPU2: gone100, uuidGPU1: gone200},
+			held:     map[string]int{},
+		},
+		{
+			name: "none exited", deadGPU: uuidGPU1, aliveGPU: uuidGPU2,
+			exited: pidsExited{},
+			held:   map[string]int{uuidGPU1: 100, uuidGPU2: 200},
+		},
+		{
+			name: "release_requires_idle: only the exited one drains", deadGPU: uuidGPU2, aliveGPU: uuidGPU1,
+			exited: pidsExited{100: "pid 100 gone"}, drain: true,
+			draining: map[string]string{uuidGPU2: gone100},
+			held:     map[string]int{uuidGPU1: 200, uuidGPU2: 100},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			if tc.drain {
+				appendConfig(t, f, "[observe]\nrelease_requires_idle = true\nidle_grace = \"10m\"\n")
+			}
+			f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+				claim(t, tx, dead, "env", f.dev(t, tc.deadGPU))
+				claim(t, tx, alive, "env", f.dev(t, tc.aliveGPU))
+			})
+			f.uid = 0
+			byDevice := func(rs []releasedJSON) map[string]string {
+				out := map[string]string{}
+				for _, r := range rs {
+					out[r.Device] = r.Why
+				}
+				return out
+			}
+			for _, args := range [][]string{{"gc", "--dry-run", "-o", "json"}, {"gc", "-o", "json"}} {
+				r := runLive(f, tc.exited, args...)
+				require.Equal(t, ExitOK, r.code, r.stderr)
+				var v releasedView
+				require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+				assert.Equal(t, len(args) == 4, v.DryRun)
+				assert.Equal(t, nonNil(tc.released), byDevice(v.Released), "%v: released", args)
+				assert.Equal(t, nonNil(tc.draining), byDevice(v.Draining), "%v: draining", args)
+			}
+			held, draining, wantDraining := map[string]int{}, map[string]bool{}, map[string]bool{}
+			for _, c := range f.state(t).Claims {
+				held[c.Device.UUID] = c.Owner.Pid
+				draining[c.Device.UUID] = !c.Owner.DrainingSince.IsZero()
+				wantDraining[c.Device.UUID] = tc.draining[c.Device.UUID] != ""
+			}
+			assert.Equal(t, tc.held, held, "the GPUs each incarnation holds after gc")
+			assert.Equal(t, wantDraining, draining)
+			r := runLive(f, tc.exited, "gc", "--dry-run")
+			require.Equal(t, ExitOK, r.code, r.stderr)
+			assert.Equal(t, "nothing to release\n", r.stdout, "nothing left to collect")
+		})
+	}
+}
+
+func nonNil(m map[string]string) map[string]string {
+	if m == nil {
+		return map[string]string{}
+	}
+	return m
+}
+
+// TestSameIncarnation: gc's finding applies only to the process it checked,
+// whatever another incarnation of the same container id holds.
 func TestSameIncarnation(t *testing.T) {
 	checked := ledger.Owner{ContainerID: "x", Pid: 10, PidStart: 5, Cgroup: "/k8s.io/x"}
-	st := &ledger.State{Claims: []ledger.Claim{{Owner: checked}}}
-	assert.True(t, sameIncarnation(st, "x", checked))
+	other := ledger.Owner{ContainerID: "x", Pid: 20, PidStart: 6, Cgroup: "/other/x"}
 	restarted := checked
 	restarted.Pid = 11
-	assert.False(t, sameIncarnation(&ledger.State{Claims: []ledger.Claim{{Owner: restarted}}}, "x", checked))
-	assert.False(t, sameIncarnation(&ledger.State{}, "x", checked), "released meanwhile")
+	for _, tc := range []struct {
+		name   string
+		owners []ledger.Owner // claims, in ledger order
+		want   bool
+	}{
+		{"still held", []ledger.Owner{checked}, true},
+		{"held after another incarnation's claim", []ledger.Owner{other, checked}, true},
+		{"held before another incarnation's claim", []ledger.Owner{checked, other}, true},
+		{"started again", []ledger.Owner{restarted}, false},
+		{"started again, another incarnation runs", []ledger.Owner{other, restarted}, false},
+		{"released meanwhile", nil, false},
+		{"released meanwhile, another incarnation holds", []ledger.Owner{other}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			st := &ledger.State{}
+			for _, o := range tc.owners {
+				st.Claims = append(st.Claims, ledger.Claim{Owner: o})
+			}
+			assert.Equal(t, tc.want, sameIncarnation(st, checked))
+		})
+	}
 }
 
 // TestSameHolder: release --device refuses a device that changed hands

@@ -248,7 +248,7 @@ func renderReleaseOf(w io.Writer, output string, dryRun bool, id string, claims 
 		return writeJSON(w, v)
 	}
 	if len(claims) > 0 || len(cleared) == 0 {
-		if err := renderReleased(w, output, dryRun, claims, nil, now); err != nil {
+		if err := renderReleased(w, output, dryRun, claims, now); err != nil {
 			return err
 		}
 	}
@@ -297,21 +297,25 @@ type releasedJSON struct {
 }
 
 // renderReleased prints the claims released (or, for a dry run, that would
-// be). why, when set, gives gc's reason per container id.
-func renderReleased(w io.Writer, output string, dryRun bool, claims []ledger.Claim, why map[string]string, now time.Time) error {
-	return renderReleasedDraining(w, output, dryRun, claims, nil, why, now)
+// be).
+func renderReleased(w io.Writer, output string, dryRun bool, claims []ledger.Claim, now time.Time) error {
+	return renderReleasedDraining(w, output, dryRun, claims, nil, nil, now)
 }
 
 // renderReleasedDraining is renderReleased, with the claims kept draining
-// (or, for a dry run, that would be).
-func renderReleasedDraining(w io.Writer, output string, dryRun bool, claims, draining []ledger.Claim, why map[string]string, now time.Time) error {
+// (or, for a dry run, that would be); why, when set, gives gc's finding for
+// each claim.
+func renderReleasedDraining(w io.Writer, output string, dryRun bool, claims, draining []ledger.Claim, why func(ledger.Claim) string, now time.Time) error {
+	if why == nil {
+		why = func(ledger.Claim) string { return "" }
+	}
 	if output == outputJSON {
 		v := releasedView{DryRun: dryRun, Released: make([]releasedJSON, 0, len(claims))}
 		for _, c := range claims {
-			v.Released = append(v.Released, releasedJSON{claimJSON: claimView(c), Why: why[c.Owner.ContainerID]})
+			v.Released = append(v.Released, releasedJSON{claimJSON: claimView(c), Why: why(c)})
 		}
 		for _, c := range draining {
-			v.Draining = append(v.Draining, releasedJSON{claimJSON: claimView(c), Why: why[c.Owner.ContainerID]})
+			v.Draining = append(v.Draining, releasedJSON{claimJSON: claimView(c), Why: why(c)})
 		}
 		return writeJSON(w, v)
 	}
@@ -321,7 +325,7 @@ func renderReleasedDraining(w io.Writer, output string, dryRun bool, claims, dra
 			verb = "would keep draining"
 		}
 		line := fmt.Sprintf("%s %s held by %s: %s; released once its processes leave the GPU (release_requires_idle)",
-			verb, naming.Device(c.Device), guard.HolderName(c.Owner), why[c.Owner.ContainerID])
+			verb, naming.Device(c.Device), guard.HolderName(c.Owner), why(c))
 		if _, err := fmt.Fprintln(w, escapeLine(line)); err != nil {
 			return fmt.Errorf("write output: %w", err)
 		}
@@ -341,7 +345,7 @@ func renderReleasedDraining(w io.Writer, output string, dryRun bool, claims, dra
 	}
 	for _, c := range claims {
 		line := fmt.Sprintf("%s %s held by %s for %s", verb, naming.Device(c.Device), guard.HolderName(c.Owner), since(now, c.Since))
-		if r := why[c.Owner.ContainerID]; r != "" {
+		if r := why(c); r != "" {
 			line += ": " + r
 		}
 		if _, err := fmt.Fprintln(w, escapeLine(line)); err != nil {
