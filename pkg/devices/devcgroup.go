@@ -190,7 +190,11 @@ func ruleAccess(rules []DeviceRule, major, maxMinor int64) (all bool, minors []i
 				slot = crunMinor[mnr]
 			}
 			for k, acc := range opens {
-				if bits&acc != 0 {
+				// A rule applies to an open only when it covers every
+				// access bit of the open ((req & rule) == req, as crun's
+				// and runc's eBPF programs test): "deny r" says nothing
+				// about an O_RDWR open.
+				if bits&acc == acc {
 					slot[k] = decision{at: i + 1, allow: r.Allow}
 				}
 			}

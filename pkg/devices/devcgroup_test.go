@@ -60,7 +60,12 @@ func TestGPUNodeAccess(t *testing.T) {
 		{"partial deny leaves write", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, -1, "r")}, true, nil},
 		{"deny of every minor leaves a one-minor exception (runc)", []DeviceRule{denyAll, rule(true, "c", 195, 0, "rw"), rule(false, "c", 195, -1, "rwm")}, false, []int64{0}},
 		{"deny of one minor leaves the wildcard exception (kernel)", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, 2, "rw")}, true, nil},
-		{"deny of every bit a grant holds", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, -1, "r"), rule(false, "c", 195, -1, "w")}, false, nil},
+		// runc takes both bits away; under crun neither deny covers an
+		// O_RDWR open (a rule applies only to opens whose every bit it
+		// holds), so the allow decides it.
+		{"deny of every bit a grant holds, one bit at a time", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, -1, "r"), rule(false, "c", 195, -1, "w")}, true, nil},
+		{"deny of every bit a grant holds, at once", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, -1, "rw")}, false, nil},
+		{"allow all, deny reading and writing one at a time", []DeviceRule{rule(true, "a", -1, -1, "rwm"), rule(false, "c", 195, -1, "r"), rule(false, "c", 195, -1, "w")}, true, nil},
 		{"deny of mknod only takes nothing", []DeviceRule{denyAll, rule(true, "c", 195, 2, "rwm"), rule(false, "c", 195, 2, "m")}, false, []int64{2}},
 		{"a rule for every major", []DeviceRule{denyAll, rule(true, "c", -1, 3, "rw")}, false, []int64{3}},
 		{"a deny for every major does not touch c 195:3", []DeviceRule{denyAll, rule(true, "c", 195, 3, "rw"), rule(false, "c", -1, 3, "rwm")}, false, []int64{3}},
@@ -73,7 +78,7 @@ func TestGPUNodeAccess(t *testing.T) {
 		// bits from that exact deny only; crun lets the last rule decide.
 		{"allow all, deny all NVIDIA nodes, allow one (crun)", []DeviceRule{rule(true, "a", -1, -1, "rwm"), rule(false, "c", 195, -1, "rwm"), rule(true, "c", 195, 2, "rw")}, false, []int64{2}},
 		// crun: the last rule sharing an access bit with the open decides.
-		{"crun: a deny of reading leaves O_RDWR to an earlier allow", []DeviceRule{denyAll, rule(true, "c", 195, 1, "rw"), rule(false, "c", 195, 1, "r"), rule(false, "c", 195, 1, "w")}, false, nil},
+		{"crun: a deny of reading leaves O_RDWR to an earlier allow", []DeviceRule{denyAll, rule(true, "c", 195, 1, "rw"), rule(false, "c", 195, 1, "r"), rule(false, "c", 195, 1, "w")}, false, []int64{1}},
 		// An empty access: rwm in an allow, nothing in a deny.
 		{"empty access allow", []DeviceRule{denyAll, rule(true, "c", 195, 3, "")}, false, []int64{3}},
 		{"empty access deny takes nothing", []DeviceRule{denyAll, rule(true, "c", 195, -1, "rw"), rule(false, "c", 195, -1, "")}, true, nil},

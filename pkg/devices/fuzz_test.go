@@ -363,7 +363,7 @@ func crunReaches(rules []DeviceRule, minor int64) bool {
 			if r.Type == "b" || (mj >= 0 && mj != nvidiaMajor) || (mn >= 0 && mn != minor) {
 				continue
 			}
-			if (open[0] && bits[0]) || (open[1] && bits[1]) {
+			if (!open[0] || bits[0]) && (!open[1] || bits[1]) {
 				if r.Allow {
 					return true
 				}
