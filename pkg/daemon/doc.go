@@ -36,13 +36,19 @@
 //     unhealthy device's is retried at every pass, an intruder's at every
 //     pass that still reports a process the guard did not admit on the
 //     device (dropped once none is).
-//   - An unhealthy device stays cordoned until the operator uncordons it.
-//     Its cordon missing in the ledger lineage it was last seen in force in
-//     was lifted by an uncordon (nothing else removes it within a lineage):
-//     the device is forgotten, and its next critical error cordons it
-//     again. Missing in another lineage (a reset, or a recovery that
-//     started afresh or lost commits), it may have been lost with the
-//     state: it is cordoned again, logged and audited as such.
+//   - An observer's cordon missing in the ledger lineage it was written in
+//     (read before the write) or last seen in force in was lifted by an
+//     uncordon: nothing else removes it within a lineage. Missing in
+//     another lineage (a reset, or a recovery that started afresh or lost
+//     commits), it may have been lost with the state: it is written again,
+//     logged and audited as such ("cordoned again").
+//   - An unhealthy device stays cordoned until the operator uncordons it:
+//     then it is forgotten, and its next critical error cordons it again.
+//   - An intruder's device (on_intruder = "cordon") stays cordoned while a
+//     process the guard did not admit is reported on it, until the
+//     operator uncordons it: then the same finding does not cordon it
+//     again (a new one does). Once no finding is left on the device, its
+//     cordon is no longer watched.
 //   - A clean stop removes observe.json; a report left behind by a daemon
 //     that died grows stale, and status says so instead of trusting it.
 //   - Failing to write the inventory cache is not fatal: the hooks fall back

@@ -124,10 +124,12 @@ type Watch struct {
 	// cordonFailed: unhealthy devices whose cordon could not be written,
 	// with the reason to write (settleUnhealthy retries them).
 	cordonFailed map[string]string
-	// cordonLineage: for each unhealthy device, the ledger lineage in which
-	// its cordon was last seen in force (settleUnhealthy tells an
-	// operator's uncordon from a cordon lost with the state by it).
-	cordonLineage map[string]string
+	// cordonLineage: for each cordon the observer wrote (by source and
+	// device), the ledger lineage it was written in or last seen in force
+	// in ("" when it could not be read): settleUnhealthy and
+	// settleIntruders tell an operator's uncordon from a cordon lost with
+	// the state by it (cordonLost).
+	cordonLineage map[cordonKey]string
 	// intruderRetry: devices whose intruder cordon could not be written
 	// (onReport retries them while a finding on the device is reported).
 	intruderRetry map[string]observe.FileFinding
@@ -400,7 +402,8 @@ func findingKey(f observe.Finding) string {
 
 // onReport applies the policy to one pass: new findings are logged, audited
 // and (on_intruder = "cordon") cordoned, and the cordons that could not be
-// written are retried (cordonIntruders); cleared ones are logged and
+// written, or were lost with the ledger state, are written again while their
+// device is still reported (cordonIntruders); cleared ones are logged and
 // audited; the metrics and observe.json show the pass.
 func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Report) {
 	if w.afterReport != nil {
@@ -489,7 +492,8 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 // only at the pass that first sees it, so without the retry its process
 // would run on a device that takes new claims. A retry whose device has no
 // finding left is dropped: the process is gone, there is nothing to cordon
-// for.
+// for. The cordons written at earlier passes are checked too
+// (settleIntruders): one lost with the ledger state is written again.
 func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding, current map[string]observe.FileFinding) {
 	w.mu.Lock()
 	retry := w.intruderRetry
@@ -526,11 +530,21 @@ func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding
 			}
 		}
 	}
+	lost := w.settleIntruders(ctx, current, todo)
+	for _, uuid := range slices.Sorted(maps.Keys(lost)) {
+		add(lost[uuid])
+	}
 	var failed map[string]observe.FileFinding
 	for _, uuid := range order {
 		f := todo[uuid]
-		if !w.cordon(ctx, f.Finding, "intruder",
-			fmt.Sprintf("%s: pid %d (%s) runs on it without a claim", f.Kind, f.PID, ownerText(f))) {
+		reason := fmt.Sprintf("%s: pid %d (%s) runs on it without a claim", f.Kind, f.PID, ownerText(f))
+		_, again := lost[uuid]
+		if again {
+			reason = recordonReason + reason
+		}
+		if !w.cordonRecorded(ctx, f.Finding, ledger.CordonIntruder, reason) && !again {
+			// A cordon lost that could not be written again needs no
+			// retry: its record still names the lineage it was lost from.
 			if failed == nil {
 				failed = map[string]observe.FileFinding{}
 			}
@@ -540,6 +554,71 @@ func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding
 	w.mu.Lock()
 	w.intruderRetry = failed
 	w.mu.Unlock()
+}
+
+// settleIntruders checks the intruder cordons written at earlier passes, as
+// settleUnhealthy does the unhealthy ones, on the devices not cordoned at
+// this pass anyway (todo):
+//
+//   - a device with no finding left is forgotten: its process is gone, and
+//     its next intruder is a new finding;
+//   - a cordon in force records the lineage it is in force in;
+//   - a cordon missing in the lineage it was written in or last seen in
+//     force in was lifted by the operator: it is forgotten and stays lifted
+//     (the same finding does not cordon the device again; a new one does);
+//   - a cordon missing in another lineage (cordonLost) was lost with the
+//     state while its process still runs: its device is returned, with a
+//     finding on it, to be cordoned again (logged here, audited with
+//     recordonReason).
+func (w *Watch) settleIntruders(ctx context.Context, current, todo map[string]observe.FileFinding) map[string]observe.FileFinding {
+	on := map[string]observe.FileFinding{} // a finding on each device, the first in order
+	for _, f := range current {
+		if prev, ok := on[f.Device.UUID]; !ok || findingKey(f.Finding) < findingKey(prev.Finding) {
+			on[f.Device.UUID] = f
+		}
+	}
+	written := map[string]string{}
+	w.mu.Lock()
+	for k, lineage := range w.cordonLineage {
+		if k.source != ledger.CordonIntruder {
+			continue
+		}
+		if _, ok := on[k.uuid]; !ok {
+			delete(w.cordonLineage, k)
+		} else if _, ok := todo[k.uuid]; !ok {
+			written[k.uuid] = lineage
+		}
+	}
+	w.mu.Unlock()
+	s := w.states()
+	if s == nil || len(written) == 0 {
+		return nil
+	}
+	log := w.log()
+	var lost map[string]observe.FileFinding
+	for _, uuid := range slices.Sorted(maps.Keys(written)) {
+		f := on[uuid]
+		cordoned, lineage, err := s.CordonInForce(ctx, uuid)
+		switch {
+		case err != nil: // checked at the next pass
+		case cordoned:
+			w.setCordonLineage(ledger.CordonIntruder, uuid, lineage)
+		case cordonLost(written[uuid], lineage):
+			log.Warn("intruder cordon lost: the ledger was started afresh (reset or recovery) since it was written, and a process the guard did not admit still runs on the device; cordoning it again",
+				"device", f.Device.String(), "device_uuid", uuid, "pid", f.PID, "cordon_lineage", written[uuid], "ledger_lineage", lineage)
+			if lost == nil {
+				lost = map[string]observe.FileFinding{}
+			}
+			lost[uuid] = f
+		default:
+			w.mu.Lock()
+			delete(w.cordonLineage, cordonKey{ledger.CordonIntruder, uuid})
+			w.mu.Unlock()
+			log.Info("intruder cordon lifted by the operator: not cordoned again for this process; a new intruder cordons the device again",
+				"device", f.Device.String(), "device_uuid", uuid, "pid", f.PID)
+		}
+	}
+	return lost
 }
 
 // onUnhealthy cordons a device the first time it is found unhealthy, and
@@ -559,7 +638,7 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 		// reports itself.
 		w.log().Warn("MIG instance no longer in NVML (its GPU repartitioned?): not cordoned; restart nri-gpu-guard to load the new MIG layout",
 			"device", f.Device.String())
-	} else if !w.cordonUnhealthy(ctx, f, f.Message) {
+	} else if !w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, f.Message) {
 		w.cordonFailedFor(f.Device.UUID, f.Message)
 	}
 	if w.Metrics != nil {
@@ -568,29 +647,41 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	w.writeFile()
 }
 
-// cordonUnhealthy writes f's unhealthy cordon and records the lineage it
+// cordonKey names a cordon the observer writes: its source
+// (ledger.CordonIntruder or ledger.CordonUnhealthy) and its device.
+type cordonKey struct{ source, uuid string }
+
+// cordonRecorded writes f's cordon from source and records the lineage it
 // was written in: the ledger's lineage read before the write, so that a
 // reset at any moment after that read shows as a change (and the cordon,
 // if it went with it, is written again), while an uncordon in the same
 // lineage, however soon after the write, is the operator's. A lineage that
-// cannot be read is not recorded: a missing cordon then reads as lost,
-// which errs toward cordoning.
-func (w *Watch) cordonUnhealthy(ctx context.Context, f observe.Finding, reason string) bool {
+// cannot be read is recorded as "": a missing cordon then reads as lost
+// (cordonLost), which errs toward cordoning.
+func (w *Watch) cordonRecorded(ctx context.Context, f observe.Finding, source, reason string) bool {
 	var lineage string
-	known := false
 	if s := w.states(); s != nil {
 		if _, l, err := s.CordonInForce(ctx, f.Device.UUID); err == nil {
-			lineage, known = l, true
+			lineage = l
 		}
 	}
-	if !w.cordon(ctx, f, "unhealthy", reason) {
+	if !w.cordon(ctx, f, source, reason) {
 		return false
 	}
-	if known {
-		w.setCordonLineage(f.Device.UUID, lineage)
-	}
+	w.setCordonLineage(source, f.Device.UUID, lineage)
 	return true
 }
+
+// cordonLost tells whether an observer's cordon missing from the ledger,
+// whose lineage is now lineage, was lost with the state (true: it is
+// written again) rather than lifted by an uncordon: seen is the lineage it
+// was written in or last seen in force in ("" unknown). Only an uncordon
+// removes a cordon within a lineage; Reset, Recover with AllowEmpty (the
+// NRI daemon's own rebuild after damage) and a recovery that lost commits
+// start a new one, from a state without it. Nothing tells a lost cordon
+// from one uncordoned just before the state was started afresh; the safe
+// side is a cordon (an operator who had lifted it lifts it again).
+func cordonLost(seen, lineage string) bool { return seen == "" || seen != lineage }
 
 // cordonFailedFor records that the unhealthy cordon of uuid, with reason,
 // could not be written (settleUnhealthy retries it).
@@ -603,13 +694,13 @@ func (w *Watch) cordonFailedFor(uuid, reason string) {
 	w.cordonFailed[uuid] = reason
 }
 
-func (w *Watch) setCordonLineage(uuid, lineage string) {
+func (w *Watch) setCordonLineage(source, uuid, lineage string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.cordonLineage == nil {
-		w.cordonLineage = map[string]string{}
+		w.cordonLineage = map[cordonKey]string{}
 	}
-	w.cordonLineage[uuid] = lineage
+	w.cordonLineage[cordonKey{source, uuid}] = lineage
 }
 
 // cordon cordons f's device, or says why it cannot, and reports whether it
@@ -630,7 +721,7 @@ func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason st
 	return true
 }
 
-// recordonReason prefixes the reason of an unhealthy cordon written again
+// recordonReason prefixes the reason of an observer's cordon written again
 // because the ledger lost it (it is the cordon's reason and its audit
 // record's).
 const recordonReason = "cordoned again (the ledger was started afresh by a reset or a recovery and lost this cordon): "
@@ -640,21 +731,16 @@ const recordonReason = "cordoned again (the ledger was started afresh by a reset
 //
 //   - a cordon in force records the ledger lineage it is in force in;
 //   - a cordon that could not be written is written again;
-//   - a cordon missing in the lineage it was last seen in force in was
-//     removed by a commit of that lineage: only an uncordon
+//   - a cordon missing in the lineage it was written in or last seen in
+//     force in was removed by a commit of that lineage: only an uncordon
 //     (gpu-guard-ctl uncordon) removes a cordon within a lineage (the
 //     observer's cordons end otherwise only with the state of an earlier
 //     boot, which starts a new lineage). The device is forgotten, by the
 //     observer too (forget), so that its next critical error cordons it
 //     again instead of being taken for the one already reported;
-//   - a cordon missing in another lineage (or never seen in force) may
-//     have been lost with the state: Reset, Recover with AllowEmpty (the
-//     NRI daemon's own rebuild after damage) or a recovery that lost
-//     commits start a new lineage, from a state without it. The device is
-//     cordoned again, logged and audited as such: nothing tells a lost
-//     cordon from one uncordoned just before the state was started afresh,
-//     and a device that failed must not take new claims on a guess (an
-//     operator who had uncordoned it uncordons it again).
+//   - a cordon missing in another lineage (cordonLost) may have been lost
+//     with the state. The device is cordoned again, logged and audited as
+//     such: a device that failed must not take new claims on a guess.
 func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bool) {
 	s := w.states()
 	if s == nil {
@@ -676,7 +762,7 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		if cordoned {
 			// In force (a write that reported an error may have committed):
 			// nothing to retry.
-			w.setCordonLineage(uuid, lineage)
+			w.setCordonLineage(ledger.CordonUnhealthy, uuid, lineage)
 			w.mu.Lock()
 			delete(w.cordonFailed, uuid)
 			w.mu.Unlock()
@@ -684,20 +770,20 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		}
 		w.mu.Lock()
 		reason, retry := w.cordonFailed[uuid]
-		seen, wasSeen := w.cordonLineage[uuid]
+		seen := w.cordonLineage[cordonKey{ledger.CordonUnhealthy, uuid}]
 		w.mu.Unlock()
 		if retry {
-			if w.cordonUnhealthy(ctx, f, reason) {
+			if w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, reason) {
 				w.mu.Lock()
 				delete(w.cordonFailed, uuid)
 				w.mu.Unlock()
 			}
 			continue
 		}
-		if !wasSeen || seen != lineage {
+		if cordonLost(seen, lineage) {
 			log.Warn("unhealthy device's cordon lost: the ledger was started afresh (reset or recovery) since it was written; cordoning it again (`gpu-guard-ctl uncordon` once the device is repaired)",
 				"device", f.Device.String(), "device_uuid", uuid, "cordon_lineage", seen, "ledger_lineage", lineage)
-			if !w.cordonUnhealthy(ctx, f, recordonReason+f.Message) {
+			if !w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, recordonReason+f.Message) {
 				w.cordonFailedFor(uuid, recordonReason+f.Message)
 			}
 			continue
@@ -705,7 +791,7 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		forget(uuid)
 		w.mu.Lock()
 		w.unhealthy = slices.DeleteFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == uuid })
-		delete(w.cordonLineage, uuid)
+		delete(w.cordonLineage, cordonKey{ledger.CordonUnhealthy, uuid})
 		w.mu.Unlock()
 		log.Info("unhealthy device uncordoned by the operator: its next critical error cordons it again", "device", f.Device.String())
 		w.writeFile()

@@ -649,6 +649,93 @@ func TestVanishedMIGInstanceIsNotCordoned(t *testing.T) {
 	w.mu.Unlock()
 }
 
+// damageLedger makes every state file of g's ledger unreadable, so that
+// only an empty start (AllowEmpty) recovers.
+func damageLedger(t *testing.T, g *guard.Guard) {
+	t.Helper()
+	for _, n := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
+		p := filepath.Join(g.Ledger().Dir(), n)
+		if _, err := os.Stat(p); err == nil {
+			require.NoError(t, os.WriteFile(p, []byte("junk"), 0o600))
+		}
+	}
+}
+
+// operatorUncordon is `gpu-guard-ctl uncordon` of a device that is cordoned.
+func operatorUncordon(t *testing.T, g *guard.Guard, uuid string) {
+	t.Helper()
+	was, err := g.UncordonDevice(context.Background(), uuid, "operator")
+	require.NoError(t, err)
+	require.True(t, was)
+}
+
+// resetLedger is `gpu-guard-ctl recover --reset`: a new lineage, no cordon.
+func resetLedger(t *testing.T, g *guard.Guard) {
+	t.Helper()
+	_, err := g.Ledger().Reset(context.Background(), "the host's containers were all stopped")
+	require.NoError(t, err)
+}
+
+// cordonedIn reports whether g's ledger holds a cordon on uuid.
+func cordonedIn(t *testing.T, g *guard.Guard, uuid string) bool {
+	t.Helper()
+	st, err := g.Ledger().Snapshot(context.Background())
+	require.NoError(t, err)
+	for _, k := range st.Cordons {
+		if k.Device.UUID == uuid {
+			return true
+		}
+	}
+	return false
+}
+
+// lineageCase is a change of the ledger between two passes of the
+// observer's policy, after it wrote a cordon: whether the cordon is to be
+// written again (lost with the state) or left lifted (the operator's), and
+// whether the NRI plugin's fence refuses the first write again.
+type lineageCase struct {
+	name      string
+	between   func(t *testing.T, g *guard.Guard, uuid string)
+	recordon  bool
+	fenceOnce bool
+}
+
+// lineageCases are the ways an observer's cordon goes missing.
+func lineageCases() []lineageCase {
+	return []lineageCase{
+		{name: "operator uncordon", between: operatorUncordon},
+		{name: "reset", recordon: true, between: func(t *testing.T, g *guard.Guard, _ string) { resetLedger(t, g) }},
+		{name: "recovery from nothing (AllowEmpty)", recordon: true, between: func(t *testing.T, g *guard.Guard, _ string) {
+			damageLedger(t, g)
+			rep, err := g.Ledger().Recover(context.Background(), ledger.RecoverOptions{AllowEmpty: true, Reason: "NRI sync"})
+			require.NoError(t, err)
+			require.True(t, rep.Empty)
+		}},
+		{name: "reset, re-cordon refused until the plugin rebuilt", recordon: true, fenceOnce: true,
+			between: func(t *testing.T, g *guard.Guard, _ string) {
+				st, err := g.Ledger().Snapshot(context.Background())
+				require.NoError(t, err)
+				g.Ledger().RequireLineage(st.Lineage) // as the NRI plugin fences
+				resetLedger(t, g)
+			}},
+		// Nothing tells this from a lost cordon: the safe side is a cordon
+		// the operator lifts again.
+		{name: "uncordon, then reset before the pass", recordon: true, between: func(t *testing.T, g *guard.Guard, uuid string) {
+			operatorUncordon(t, g, uuid)
+			resetLedger(t, g)
+		}},
+	}
+}
+
+// lastAudit is the last record of g's audit log.
+func lastAudit(t *testing.T, g *guard.Guard) ledger.AuditRecord {
+	t.Helper()
+	recs, err := ledger.ReadAudit(g.Ledger().AuditPath())
+	require.NoError(t, err)
+	require.NotEmpty(t, recs)
+	return recs[len(recs)-1]
+}
+
 // An unhealthy GPU's cordon that is missing at a pass was either lifted by
 // the operator (forgotten: its next critical error cordons it again) or lost
 // with the ledger state, which a reset, the NRI daemon's recovery from
@@ -659,54 +746,7 @@ func TestVanishedMIGInstanceIsNotCordoned(t *testing.T) {
 // uncordon.
 func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 	const gpu = 3
-	// damage makes every state file unreadable, so that only an empty
-	// start (AllowEmpty) recovers.
-	damage := func(t *testing.T, g *guard.Guard) {
-		for _, n := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
-			p := filepath.Join(g.Ledger().Dir(), n)
-			if _, err := os.Stat(p); err == nil {
-				require.NoError(t, os.WriteFile(p, []byte("junk"), 0o600))
-			}
-		}
-	}
-	uncordon := func(t *testing.T, g *guard.Guard, uuid string) {
-		was, err := g.UncordonDevice(context.Background(), uuid, "operator")
-		require.NoError(t, err)
-		require.True(t, was)
-	}
-	reset := func(t *testing.T, g *guard.Guard) {
-		_, err := g.Ledger().Reset(context.Background(), "the host's containers were all stopped")
-		require.NoError(t, err)
-	}
-	for _, tc := range []struct {
-		name string
-		// between runs after the cordon was written and seen in force.
-		between   func(t *testing.T, g *guard.Guard, uuid string)
-		recordon  bool
-		fenceOnce bool // the plugin's fence refuses the first re-cordon
-	}{
-		{name: "operator uncordon", between: func(t *testing.T, g *guard.Guard, uuid string) { uncordon(t, g, uuid) }},
-		{name: "reset", recordon: true, between: func(t *testing.T, g *guard.Guard, _ string) { reset(t, g) }},
-		{name: "recovery from nothing (AllowEmpty)", recordon: true, between: func(t *testing.T, g *guard.Guard, _ string) {
-			damage(t, g)
-			rep, err := g.Ledger().Recover(context.Background(), ledger.RecoverOptions{AllowEmpty: true, Reason: "NRI sync"})
-			require.NoError(t, err)
-			require.True(t, rep.Empty)
-		}},
-		{name: "reset, re-cordon refused until the plugin rebuilt", recordon: true, fenceOnce: true,
-			between: func(t *testing.T, g *guard.Guard, _ string) {
-				st, err := g.Ledger().Snapshot(context.Background())
-				require.NoError(t, err)
-				g.Ledger().RequireLineage(st.Lineage) // as the NRI plugin fences
-				reset(t, g)
-			}},
-		// Nothing tells this from a lost cordon: the safe side is a cordon
-		// the operator lifts again.
-		{name: "uncordon, then reset before the pass", recordon: true, between: func(t *testing.T, g *guard.Guard, uuid string) {
-			uncordon(t, g, uuid)
-			reset(t, g)
-		}},
-	} {
+	for _, tc := range lineageCases() {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newGPUHost(t)
 			g := guardFor(t, h, nil)
@@ -720,17 +760,7 @@ func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 			ctx := context.Background()
 			forgot := 0
 			settle := func() { w.settleUnhealthy(ctx, func(string) bool { forgot++; return true }) }
-			cordoned := func() bool {
-				t.Helper()
-				st, err := g.Ledger().Snapshot(ctx)
-				require.NoError(t, err)
-				for _, k := range st.Cordons {
-					if k.Device.UUID == uuid {
-						return true
-					}
-				}
-				return false
-			}
+			cordoned := func() bool { t.Helper(); return cordonedIn(t, g, uuid) }
 			f := observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
 				Device: observe.Device{UUID: uuid, Index: "3"}}
 			w.onUnhealthy(ctx, f)
@@ -760,16 +790,14 @@ func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 			assert.Zero(t, forgot, "not taken for an operator's uncordon")
 			assert.Equal(t, 1, left, "still known unhealthy")
 			assert.Contains(t, logs.String(), "unhealthy device's cordon lost")
-			recs, err := ledger.ReadAudit(g.Ledger().AuditPath())
-			require.NoError(t, err)
-			last := recs[len(recs)-1]
+			last := lastAudit(t, g)
 			assert.Equal(t, ledger.OpCordon, last.Op)
 			assert.Equal(t, []string{uuid}, last.Devices)
 			assert.Contains(t, last.Reason, "cordoned again (the ledger was started afresh")
 			assert.Contains(t, last.Reason, "critical Xid 79")
 
 			// The cordon written again is the one an uncordon now lifts.
-			uncordon(t, g, uuid)
+			operatorUncordon(t, g, uuid)
 			settle()
 			assert.False(t, cordoned())
 			assert.Equal(t, 1, forgot)
@@ -865,6 +893,102 @@ func TestIntruderCordonRetriedByTheObserver(t *testing.T) {
 	states.mu.Lock()
 	assert.Equal(t, 2, states.attempts)
 	states.mu.Unlock()
+}
+
+// An intruder's cordon (on_intruder = "cordon") missing at a pass while a
+// process the guard did not admit still runs on the device was either lifted
+// by the operator (left lifted: the same finding does not cordon it again)
+// or lost with the ledger state, which a reset or the NRI daemon's recovery
+// from nothing start afresh (a new lineage): then it is written again,
+// logged and audited as such. Before, only unhealthy cordons were checked:
+// the finding was no longer new and only a failed write was retried, so the
+// intruder ran on a device that took new claims. The lineage is the one read
+// before the write, so an uncordon before any later pass ("at once") is the
+// operator's too. Once no finding is left on the device, nothing of its
+// cordon is remembered.
+func TestIntruderCordonKeptWhileReportedUntilOperatorUncordons(t *testing.T) {
+	const gpu = 2
+	for _, tc := range lineageCases() {
+		for _, seen := range []bool{true, false} {
+			name := tc.name + "/seen in force"
+			if !seen {
+				name = tc.name + "/at once"
+			}
+			t.Run(name, func(t *testing.T) {
+				h := newGPUHost(t)
+				g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
+				// The daemon acts on findings once it reconciled the ledger
+				// with the runtime: the state has a lineage before the first
+				// cordon (on a state without one yet, the cordon's own
+				// commit starts one, and a missing cordon reads as lost).
+				res, err := g.Reconcile(context.Background(), ledger.FrontEndNRI, nil)
+				require.NoError(t, err)
+				require.NotEmpty(t, res.Lineage)
+				uuid := h.uuid(gpu)
+				logs := &syncBuffer{}
+				w := NewWatch()
+				w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+				w.mu.Lock()
+				w.g = g
+				w.mu.Unlock()
+				ctx := context.Background()
+				f := observe.Finding{Kind: observe.KindIntruder, Device: observe.Device{UUID: uuid, Index: "2"},
+					PID: 200, ContainerID: idB, Message: "pid 200 runs on GPU 2 without a claim"}
+				// pass is one accounting pass, as the observer's OnReport.
+				pass := func(fs ...observe.Finding) {
+					w.onReport(ctx, g.Config(), observe.Report{Time: time.Now(), Findings: fs})
+					w.settleUnhealthy(ctx, func(string) bool { return true })
+				}
+				cordoned := func() bool { t.Helper(); return cordonedIn(t, g, uuid) }
+
+				pass(f)
+				require.True(t, cordoned(), "the intruder's device is cordoned")
+				if seen {
+					pass(f)
+					require.True(t, cordoned())
+				}
+				tc.between(t, g, uuid)
+				require.False(t, cordoned())
+				pass(f)
+				if tc.fenceOnce {
+					assert.False(t, cordoned(), "the fence refuses writes until the plugin rebuilt")
+					g.Ledger().RequireLineage("") // rebuilt
+					pass(f)
+				}
+				if !tc.recordon {
+					assert.False(t, cordoned(), "the operator's uncordon is honoured")
+					assert.Contains(t, logs.String(), "intruder cordon lifted by the operator")
+					pass(f)
+					assert.False(t, cordoned(), "the same finding does not cordon again")
+				} else {
+					assert.True(t, cordoned(), "the intruder still runs: its device is cordoned again")
+					assert.Contains(t, logs.String(), "intruder cordon lost")
+					last := lastAudit(t, g)
+					assert.Equal(t, ledger.OpCordon, last.Op)
+					assert.Equal(t, []string{uuid}, last.Devices)
+					assert.Contains(t, last.Reason, "cordoned again (the ledger was started afresh")
+					assert.Contains(t, last.Reason, "pid 200")
+
+					// The cordon written again is the one an uncordon now lifts.
+					operatorUncordon(t, g, uuid)
+					pass(f)
+					assert.False(t, cordoned())
+					pass(f)
+					assert.False(t, cordoned())
+				}
+
+				// The intruder left: nothing is remembered, and a reset then
+				// cordons nothing.
+				pass()
+				w.mu.Lock()
+				assert.Empty(t, w.cordonLineage)
+				w.mu.Unlock()
+				resetLedger(t, g)
+				pass()
+				assert.False(t, cordoned())
+			})
+		}
+	}
 }
 
 // startWatch runs a Watch over h's NVML mock and fake proc, with states as
