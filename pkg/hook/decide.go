@@ -31,15 +31,21 @@ var ErrNotWaiting = errors.New("the hook does not wait inside the engine")
 // admitted nothing.
 func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, _ io.Writer) error {
 	id := req.Owner.ContainerID
-	budget := withdrawTimeout(cfg)
-	if dl, ok := ctx.Deadline(); ok {
-		// A --wait hook's own timeout (see createRuntime).
-		budget = min(budget, max(time.Until(dl), 0))
+	// budget is what each step may take: withdrawTimeout, or less, what is
+	// left before the deadline of a hook the runtime kills at its own
+	// timeout (see createRuntime), taken again before each step, so that
+	// the steps together end by that deadline.
+	budget := func() time.Duration {
+		b := withdrawTimeout(cfg)
+		if dl, ok := ctx.Deadline(); ok {
+			b = min(b, max(time.Until(dl), 0))
+		}
+		return b
 	}
-	d, err := e.admitIfFree(ctx, g, req, budget)
+	d, err := e.admitIfFree(ctx, g, req, budget())
 	if err == nil && d.Result == guard.Queue &&
-		dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, req.Key, devicesOf(d.Devices), budget) {
-		d, err = e.admitIfFree(ctx, g, req, budget)
+		dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, req.Key, devicesOf(d.Devices), budget()) {
+		d, err = e.admitIfFree(ctx, g, req, budget())
 	}
 	if err != nil {
 		return fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err)

@@ -91,21 +91,32 @@ func deadWaiters(st ledger.State, procRoot, self string, want []devices.Device) 
 }
 
 // dropDeadWaiters withdraws the dead waiters that stand in the way of want
-// (see deadWaiters) and reports whether it dropped any.
+// (see deadWaiters) and reports whether it dropped any. budget bounds the
+// whole pass, not each withdrawal: a --wait hook passes what is left before
+// its deadline, which n dead waiters behind a contended ledger lock must not
+// turn into n times that. Each withdrawal gets what is left of the budget,
+// and the first one that fails ends the pass (a lock held past the budget
+// would hold up the next one too); what is left is dropped by a later pass.
 func dropDeadWaiters(ctx context.Context, g admitter, snapshot func(context.Context) (ledger.State, error),
 	procRoot, self string, want []devices.Device, budget time.Duration) bool {
-	if snapshot == nil || len(want) == 0 {
+	if snapshot == nil || len(want) == 0 || budget <= 0 {
 		return false
 	}
+	deadline := time.Now().Add(budget)
 	st, err := snapshot(ctx)
 	if err != nil {
 		return false
 	}
 	dropped := false
 	for _, w := range deadWaiters(st, procRoot, self, want) {
-		if withdrawReliably(ctx, g, w.Key, "waiter gone: its process "+strconv.Itoa(w.Owner.Pid)+" exited", budget) == nil {
-			dropped = true
+		left := time.Until(deadline)
+		if left <= 0 {
+			break
 		}
+		if withdrawReliably(ctx, g, w.Key, "waiter gone: its process "+strconv.Itoa(w.Owner.Pid)+" exited", left) != nil {
+			break
+		}
+		dropped = true
 	}
 	return dropped
 }

@@ -81,8 +81,8 @@ type queueWait struct {
 	// nil = Admit at every poll.
 	watch *watcher
 	// dropDead, when set, withdraws the waiters ahead whose process is gone
-	// (see dropDeadWaiters), each within budget; it runs before each Admit
-	// after a Queue.
+	// (see dropDeadWaiters), all of them within budget; it runs before each
+	// Admit after a Queue.
 	dropDead func(ctx context.Context, want []devices.Device, budget time.Duration) bool
 
 	// subject names the requester in messages ("container <id>" if empty);
