@@ -142,9 +142,16 @@ func (w *queueWait) run(ctx context.Context) error {
 	}
 
 	var tick ticker
+	// expiry fires at the deadline: a poll interval may be longer than
+	// what is left (up to a minute, and the runtime's kill may be 2 s past
+	// the deadline), so the loop does not wait for the next tick to notice.
+	var expiry *time.Timer
 	defer func() {
 		if tick != nil {
 			tick.Stop()
+		}
+		if expiry != nil {
+			expiry.Stop()
 		}
 	}()
 	progress := func(d guard.Decision, now time.Time) {
@@ -214,12 +221,15 @@ func (w *queueWait) run(ctx context.Context) error {
 
 		if tick == nil {
 			tick = w.newTicker(w.pollInterval)
+			expiry = time.NewTimer(deadline.Sub(w.now()))
 		}
-		// Poll until another Admit is due (every poll without a watcher).
+		// Poll until another Admit is due (every poll without a watcher),
+		// or until the deadline.
 		for {
 			select {
 			case <-ctx.Done():
 			case <-tick.C():
+			case <-expiry.C:
 			}
 			// Checked after the select too: when both are ready, select
 			// picks at random, and a cancelled hook must not claim.

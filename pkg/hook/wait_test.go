@@ -343,6 +343,34 @@ func TestWaiterBoundedByOwnHookTimeout(t *testing.T) {
 	}
 }
 
+// hook.poll_interval may be as long as a minute, longer than the margin
+// between the deadline of a --wait hook and the runtime's kill: the wait
+// wakes at its deadline, not at the next poll, and gives up (leaving the
+// queue) before the kill.
+func TestWaiterWakesAtDeadlineNotNextPoll(t *testing.T) {
+	f := &fakeGuard{clock: &fakeClock{t: t0}, script: []answer{queued(1, 1)}}
+	var stderr bytes.Buffer
+	w := newTestWaiter(f, &stderr)
+	w.now = time.Now
+	w.newTicker = newRealTicker
+	w.pollInterval = time.Minute
+	w.started = time.Now()
+	// A hook timeout of 2.5 s: the wait may take 0.5 s of it.
+	w.killAt = w.started.Add(2500 * time.Millisecond)
+	w.waitTimeout = w.killAt.Sub(w.started) - hookAnswerMargin
+
+	done := make(chan error, 1)
+	go func() { done <- w.run(context.Background()) }()
+	select {
+	case err := <-done:
+		require.ErrorIs(t, err, ErrWaitTimeout)
+		require.Equal(t, 1, f.admits)
+		require.Equal(t, []string{"c0ffee0123456789"}, f.withdrawn, "it leaves the queue")
+	case <-time.After(time.Until(w.killAt)):
+		t.Fatal("still waiting for the next poll when the runtime kills the hook")
+	}
+}
+
 // The withdrawal on the way out is withdrawTimeout, or, with the runtime's
 // kill ahead, what is left before it less hookExitReserve (at least
 // minWithdraw).
