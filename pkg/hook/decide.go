@@ -88,9 +88,18 @@ func neverRan(err error) bool {
 
 // auditRefusal records a refusal in the audit log: crun shows the user only
 // the hook's exit code, so `gpu-guard-ctl audit` is where the reason can be
-// read. Best effort, one bounded attempt: the refusal stands either way.
+// read. Best effort, one attempt bounded by lock_timeout and by the
+// deadline of ctx, if any (the refusal must be answered before the runtime
+// kills the hook): the refusal stands either way.
 func (e env) auditRefusal(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, d guard.Decision, reason string) {
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Ledger.LockTimeout.Duration)
+	limit := cfg.Ledger.LockTimeout.Duration
+	if dl, ok := ctx.Deadline(); ok {
+		limit = min(limit, time.Until(dl))
+	}
+	if limit <= 0 {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
 	defer cancel()
 	uuids := make([]string, len(d.Devices))
 	for i, rd := range d.Devices {

@@ -40,8 +40,12 @@
 //     records is gone.
 //   - A --wait hook's wait counts from the hook's start (Options.Started),
 //     as the runtime's hook timeout does; under such a timeout it ends
-//     2 s before the kill, and no Admit waits for the turnstile or the
-//     ledger lock past that.
+//     2 s before the kill: it wakes at that deadline whatever
+//     hook.poll_interval is, no Admit waits for the turnstile or the ledger
+//     lock past it, and the dead waiters dropped before an Admit share one
+//     budget that ends there. Under a timeout of 2 s or less it does not
+//     wait at all: it decides as a hook without --wait does, ending 0.5 s
+//     before the kill.
 //   - Signal handling (SIGTERM/SIGINT cancel, SIGPIPE ignored) is set up
 //     only before the hook blocks: before it waits in the queue, for the
 //     turnstile or for a ledger lock another process holds (interrupts).

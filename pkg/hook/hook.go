@@ -254,7 +254,23 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	if started.IsZero() {
 		started = e.now()
 	}
-	limit, own := ownHookTimeout(spec)
+	kill, own := ownHookTimeout(spec)
+	if own && kill <= hookAnswerMargin {
+		// Too short to wait at all: decide as a hook without --wait does
+		// (admit, or refuse with the queue position, leaving no waiter),
+		// answering hookExitReserve before the kill rather than waiting
+		// hook.wait_timeout into it.
+		short, cancel := context.WithTimeout(ctx, started.Add(kill-hookExitReserve).Sub(e.now()))
+		defer cancel()
+		err := e.decide(short, g, cfg, greq, stderr)
+		if err != nil {
+			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: deciding without waiting although --wait is set: "+
+				"the timeout of this hook in the container's config.json (%s) leaves no time to wait (it must exceed %s)\n",
+				ledger.ShortID(st.ID), kill, hookAnswerMargin)
+		}
+		return err
+	}
+	limit := kill - hookAnswerMargin
 	bounded := ctx
 	if own {
 		var cancel context.CancelFunc
@@ -279,10 +295,10 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	w.gone = e.goneCheck(self)
 	w.started = started
 	if own {
-		w.killAt = started.Add(limit + hookAnswerMargin)
+		w.killAt = started.Add(kill)
 		if limit < w.waitTimeout {
 			w.waitTimeout = limit
-			w.timeoutKey = fmt.Sprintf("the timeout of this hook in the container's config.json (%s, less %s to answer)", limit+hookAnswerMargin, hookAnswerMargin)
+			w.timeoutKey = fmt.Sprintf("the timeout of this hook in the container's config.json (%s, less %s to answer)", kill, hookAnswerMargin)
 		}
 	}
 	if e.beforeWait != nil {
@@ -346,11 +362,11 @@ const maxHookTimeout = math.MaxInt32
 // ownHookTimeout finds, in the container's spec as ReadInput read it (one
 // bounded read of a regular config.json: the file is never opened again),
 // the timeout of the createRuntime hook that runs this program with --wait
-// (a hook definition in config.json, as plain runc takes them), less
-// hookAnswerMargin. ok is false when there is none (or it is too short to
-// wait at all, in which case the answer is as quick as the runtime allows
-// anyway).
-func ownHookTimeout(spec *specs.Spec) (limit time.Duration, ok bool) {
+// (a hook definition in config.json, as plain runc takes them): how long
+// after the hook's start the runtime kills it. ok is false when there is
+// none. A timeout of hookAnswerMargin or less leaves no time to wait: such
+// a hook decides at once (see createRuntime).
+func ownHookTimeout(spec *specs.Spec) (timeout time.Duration, ok bool) {
 	if spec == nil || spec.Hooks == nil {
 		return 0, false
 	}
@@ -360,9 +376,7 @@ func ownHookTimeout(spec *specs.Spec) (limit time.Duration, ok bool) {
 			!slices.Contains(h.Args, "--wait") {
 			continue
 		}
-		if d := time.Duration(*h.Timeout)*time.Second - hookAnswerMargin; d > 0 {
-			return d, true
-		}
+		return time.Duration(*h.Timeout) * time.Second, true
 	}
 	return 0, false
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
@@ -95,8 +96,8 @@ func TestExitCode(t *testing.T) {
 	require.Equal(t, ExitRefused, ExitCode(errors.New("ledger corrupt")))
 }
 
-// A --wait hook stops waiting 2 s before the timeout its own definition in
-// config.json gives it (plain runc kills it there); other hooks and
+// A --wait hook finds the timeout its own definition in config.json gives
+// it (plain runc kills it there), however short; other hooks and
 // definitions without a timeout change nothing. The timeout comes from the
 // spec ReadInput decoded (fast path or encoding/json alike).
 func TestOwnHookTimeout(t *testing.T) {
@@ -111,10 +112,12 @@ func TestOwnHookTimeout(t *testing.T) {
 		{"own timeout", &specs.Hooks{CreateRuntime: []specs.Hook{
 			{Path: "/usr/bin/other", Args: []string{"other", "--wait"}, Timeout: sec(5)},
 			func() specs.Hook { h := guardWait; h.Timeout = sec(60); return h }(),
-		}}, 58 * time.Second, true},
+		}}, 60 * time.Second, true},
 		{"no timeout", &specs.Hooks{CreateRuntime: []specs.Hook{guardWait}}, 0, false},
 		{"not waiting", &specs.Hooks{CreateRuntime: []specs.Hook{{Path: guardWait.Path, Args: []string{"nri-gpu-guard-hook", "create-runtime"}, Timeout: sec(60)}}}, 0, false},
-		{"too short to wait", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(2); return h }()}}, 0, false},
+		{"too short to wait: still a bound", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(2); return h }()}}, 2 * time.Second, true},
+		{"one second", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(1); return h }()}}, time.Second, true},
+		{"zero", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(0); return h }()}}, 0, false},
 		{"too long to bound anything", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(1 << 40); return h }()}}, 0, false},
 		{"another stage", &specs.Hooks{Poststop: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(60); return h }()}}, 0, false},
 		{"no hooks", nil, 0, false},
@@ -181,6 +184,83 @@ func TestWaitTimeoutFromTheSpecReadOnce(t *testing.T) {
 			require.Contains(t, err.Error(), "the timeout of this hook in the container's config.json (10s, less 2s to answer)")
 		})
 	}
+}
+
+// A --wait hook whose own timeout in config.json is no longer than the 2 s
+// it keeps to answer does not wait at all (it would otherwise wait
+// hook.wait_timeout and be killed by the runtime): it decides as a hook
+// without --wait does, refusing a busy GPU at once with the queue position
+// and leaving no queue entry, and says why it did not wait.
+func TestOwnTimeoutTooShortToWaitDecidesAtOnce(t *testing.T) {
+	for _, timeout := range []int{1, 2} {
+		t.Run(strconv.Itoa(timeout)+"s", func(t *testing.T) {
+			cfg := staticConfig(t)
+			cfg.Hook.WaitTimeout = config.Duration{Duration: time.Hour}
+			holderPid, _ := containerProcess(t)
+			require.NoError(t, defaultEnv().run(t.Context(), PhaseCreateRuntime, cfg,
+				strings.NewReader(stateFor(t, "holder", holderPid, "NVIDIA_VISIBLE_DEVICES=0")), io.Discard))
+
+			pid, _ := containerProcess(t)
+			bundle := t.TempDir()
+			data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}},
+				Hooks: &specs.Hooks{CreateRuntime: []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook",
+					Args: []string{"nri-gpu-guard-hook", "create-runtime", "--wait"}, Timeout: &timeout}}}})
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+			in := ReadInput(strings.NewReader(fmt.Sprintf(`{"id":"waiter","pid":%d,"bundle":%q}`, pid, bundle)))
+			require.NoError(t, in.specErr)
+
+			// A hook that starts waiting is cancelled at once, so that the
+			// test ends either way.
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			waited := false
+			e := defaultEnv()
+			e.opts = Options{Wait: true, Started: t0}
+			e.lockingEngine = nil
+			e.now = func() time.Time { return t0 }
+			e.newTicker = func(d time.Duration) ticker { waited = true; cancel(); return newReadyTicker(d) }
+			var admits []time.Time // the deadline of each AdmitIfFree
+			e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
+				g, c, err := openGuard(cfg, inv)
+				return &deadlineGuard{guardAPI: g, deadlines: &admits}, c, err
+			}
+			var stderr strings.Builder
+			start := time.Now()
+			err = e.runInput(ctx, PhaseCreateRuntime, cfg, in, &stderr)
+			require.False(t, waited, "a hook that cannot wait must not start to")
+			require.NotEmpty(t, admits)
+			for i, dl := range admits {
+				require.False(t, dl.IsZero(), "AdmitIfFree %d is bounded by the hook's timeout", i+1)
+				require.True(t, dl.Before(start.Add(time.Duration(timeout)*time.Second)), "AdmitIfFree %d ends before the kill", i+1)
+			}
+			require.ErrorIs(t, err, ErrNotWaiting)
+			require.ErrorIs(t, err, guard.ErrQueued)
+			require.Equal(t, ExitBusy, ExitCode(err))
+			require.Contains(t, err.Error(), "no other request waits for it")
+			require.Contains(t, stderr.String(), "deciding without waiting although --wait is set: the timeout of this hook in the container's config.json ("+
+				strconv.Itoa(timeout)+"s) leaves no time to wait")
+
+			l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+			require.NoError(t, err)
+			st, err := l.Snapshot(t.Context())
+			require.NoError(t, err)
+			require.Empty(t, st.Waiters, "a hook that does not wait leaves no queue entry")
+		})
+	}
+}
+
+// deadlineGuard records the deadline of the context of every AdmitIfFree
+// (zero: none).
+type deadlineGuard struct {
+	guardAPI
+	deadlines *[]time.Time
+}
+
+func (g *deadlineGuard) AdmitIfFree(ctx context.Context, r guard.Request) (guard.Decision, error) {
+	dl, _ := ctx.Deadline()
+	*g.deadlines = append(*g.deadlines, dl)
+	return g.guardAPI.AdmitIfFree(ctx, r)
 }
 
 // A cgroup leaf is a container's own by its name only when it is the id
