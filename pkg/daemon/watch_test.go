@@ -728,6 +728,19 @@ func lineageCases() []lineageCase {
 }
 
 // lastAudit is the last record of g's audit log.
+// assertCordonedAgain checks that the cordon on uuid was written again
+// because the ledger lost it: the log line, and the last audit record a
+// cordon whose reason says why and carries the finding's detail.
+func assertCordonedAgain(t *testing.T, g *guard.Guard, logs *syncBuffer, uuid, logLine, detail string) {
+	t.Helper()
+	assert.Contains(t, logs.String(), logLine)
+	last := lastAudit(t, g)
+	assert.Equal(t, ledger.OpCordon, last.Op)
+	assert.Equal(t, []string{uuid}, last.Devices)
+	assert.Contains(t, last.Reason, "cordoned again (the ledger was started afresh")
+	assert.Contains(t, last.Reason, detail)
+}
+
 func lastAudit(t *testing.T, g *guard.Guard) ledger.AuditRecord {
 	t.Helper()
 	recs, err := ledger.ReadAudit(g.Ledger().AuditPath())
@@ -789,12 +802,7 @@ func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 			assert.True(t, cordoned(), "the unhealthy GPU is cordoned again")
 			assert.Zero(t, forgot, "not taken for an operator's uncordon")
 			assert.Equal(t, 1, left, "still known unhealthy")
-			assert.Contains(t, logs.String(), "unhealthy device's cordon lost")
-			last := lastAudit(t, g)
-			assert.Equal(t, ledger.OpCordon, last.Op)
-			assert.Equal(t, []string{uuid}, last.Devices)
-			assert.Contains(t, last.Reason, "cordoned again (the ledger was started afresh")
-			assert.Contains(t, last.Reason, "critical Xid 79")
+			assertCordonedAgain(t, g, logs, uuid, "unhealthy device's cordon lost", "critical Xid 79")
 
 			// The cordon written again is the one an uncordon now lifts.
 			operatorUncordon(t, g, uuid)
@@ -962,12 +970,7 @@ func TestIntruderCordonKeptWhileReportedUntilOperatorUncordons(t *testing.T) {
 					assert.False(t, cordoned(), "the same finding does not cordon again")
 				} else {
 					assert.True(t, cordoned(), "the intruder still runs: its device is cordoned again")
-					assert.Contains(t, logs.String(), "intruder cordon lost")
-					last := lastAudit(t, g)
-					assert.Equal(t, ledger.OpCordon, last.Op)
-					assert.Equal(t, []string{uuid}, last.Devices)
-					assert.Contains(t, last.Reason, "cordoned again (the ledger was started afresh")
-					assert.Contains(t, last.Reason, "pid 200")
+					assertCordonedAgain(t, g, logs, uuid, "intruder cordon lost", "pid 200")
 
 					// The cordon written again is the one an uncordon now lifts.
 					operatorUncordon(t, g, uuid)
