@@ -84,7 +84,7 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 		// MarkDrainingIncarnation take for the findings, in that order.
 		var claims, draining []ledger.Claim
 		for _, c := range st.Claims {
-			i := slices.IndexFunc(found, func(f gcFinding) bool { return ledger.SameIncarnation(&c.Owner, &f.owner) })
+			i := slices.IndexFunc(found, func(f gcFinding) bool { return ledger.SameRecordedProcess(&c.Owner, &f.owner) })
 			if i < 0 {
 				continue
 			}

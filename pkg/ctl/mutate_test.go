@@ -462,3 +462,37 @@ func TestLockedLedger(t *testing.T) {
 	assert.Contains(t, r.stderr, "retry in a moment")
 	require.Equal(t, before, f.state(t))
 }
+
+// gc's finding about an exited incarnation keeps a claim of the same id
+// that records no process start (created and not started yet, or a pid
+// without its start time): it may be another container, and the release
+// rule keeps such a holder. The dry run says the same.
+func TestGCKeepsAnIncarnationWithoutARecordedProcess(t *testing.T) {
+	dead := ledger.Owner{ContainerID: "train", FrontEnd: ledger.FrontEndHook, Pid: 100, PidStart: 1, Cgroup: "/a/train", StartedAt: now.Add(-time.Hour)}
+	for _, tc := range []struct {
+		name  string
+		other ledger.Owner
+	}{
+		{"not started", ledger.Owner{ContainerID: "train", FrontEnd: ledger.FrontEndHook}},
+		{"no pid start time", ledger.Owner{ContainerID: "train", FrontEnd: ledger.FrontEndHook, Pid: 200, Cgroup: "/b/train", StartedAt: now.Add(-time.Hour)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+				claim(t, tx, tc.other, "env", f.dev(t, uuidGPU1))
+				claim(t, tx, dead, "env", f.dev(t, uuidGPU2))
+			})
+			f.uid = 0
+			dry := runLive(f, pidsExited{100: "pid 100 gone"}, "gc", "--dry-run")
+			require.Equal(t, ExitOK, dry.code, dry.stderr)
+			assert.NotContains(t, dry.stdout, "GPU 1 ", "the dry run lists only the exited incarnation's claims")
+			r := runLive(f, pidsExited{100: "pid 100 gone"}, "gc")
+			require.Equal(t, ExitOK, r.code, r.stderr)
+			held := map[string]bool{}
+			for _, c := range f.state(t).Claims {
+				held[c.Device.UUID] = true
+			}
+			assert.Equal(t, map[string]bool{uuidGPU1: true}, held, "GPU 2 released, GPU 1 kept")
+		})
+	}
+}

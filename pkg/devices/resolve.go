@@ -114,10 +114,12 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 			// Engines add every host device node to a privileged container
 			// (podman, containerd's CRI): the nodes say nothing about what it
 			// asked for, so only the other sources name its GPUs. Only when
-			// its device cgroup really allows every device: CAP_SYS_ADMIN
-			// alone does not open a node the cgroup denies, and a node it
-			// allows is a request.
-			b.privilegedNodes = req.AllDevicesAllowed
+			// it is privileged and its device cgroup really allows every
+			// device: CAP_SYS_ADMIN alone does not open a node the cgroup
+			// denies, and the nodes of an unprivileged container (whatever
+			// rule opens its device cgroup: `--device-cgroup-rule 'a 1:3 r'`)
+			// were asked for one by one.
+			b.privilegedNodes = req.Privileged && req.AllDevicesAllowed
 		}
 	}
 	b.env(req.Env)

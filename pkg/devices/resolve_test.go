@@ -70,7 +70,7 @@ func runResolveCases(t *testing.T, cases []resolveCase) {
 			}
 			assert.Equal(t, want, res.UUIDs())
 			assert.Equal(t, tc.wantAll, res.All, "All")
-			assert.Equal(t, tc.req.Privileged, res.Privileged, "Privileged")
+			assert.Equal(t, tc.req.Privileged || tc.req.GPUNodesAllowed, res.Privileged, "Privileged")
 			for idx, srcs := range tc.sources {
 				u := uuidOf(t, inv, idx)
 				var got []string
@@ -288,6 +288,10 @@ func TestResolvePrivileged(t *testing.T) {
 			sources: map[string][]string{"2": {`env NVIDIA_VISIBLE_DEVICES="2"`}}},
 		{name: "nodes of an unprivileged container are a request", policy: pol(config.PrivilegedDeclared),
 			req: Request{Devices: everyNode[:1]}, want: []string{"0"}},
+		{name: "declared: an unprivileged container whose device cgroup allows every device still claims its nodes",
+			policy: pol(config.PrivilegedDeclared),
+			req:    Request{AllDevicesAllowed: true, GPUNodesAllowed: true, Devices: everyNode[:1]}, want: []string{"0"},
+			notes: []string{"container whose device cgroup lets it open every GPU node"}},
 		{name: "declared: CAP_SYS_ADMIN with a device cgroup that allows one node: the node is a request",
 			policy: pol(config.PrivilegedDeclared),
 			req:    Request{Privileged: true, Devices: everyNode[:1]}, want: []string{"0"}},

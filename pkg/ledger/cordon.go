@@ -220,7 +220,7 @@ func (tx *Tx) MarkDraining(containerID, reason string) []Claim {
 }
 
 // MarkDrainingIncarnation is MarkDraining for the one incarnation of a
-// container that o names (see SameIncarnation).
+// container that o names (see ReleaseIncarnation).
 func (tx *Tx) MarkDrainingIncarnation(o Owner, reason string) []Claim {
 	tx.check()
 	if o.ContainerID == "" {
@@ -230,7 +230,7 @@ func (tx *Tx) MarkDrainingIncarnation(o Owner, reason string) []Claim {
 	var marked []string
 	for i := range tx.st.Claims {
 		c := &tx.st.Claims[i]
-		if !SameIncarnation(&c.Owner, &o) {
+		if !SameRecordedProcess(&c.Owner, &o) {
 			continue
 		}
 		if c.Owner.DrainingSince.IsZero() {

@@ -125,3 +125,41 @@ func TestListedIncarnationOnAnothersDeviceIsAConflict(t *testing.T) {
 	assert.Equal(t, 100, st.Claims[0].Owner.Pid, "train#1 keeps its claim, without train#2's pid")
 	require.Len(t, st.Conflicts, 1)
 }
+
+// What ends the exited incarnation keeps a claim of the same id that
+// records no process: it may be another container, created and not started
+// yet (a liveness check keeps such a holder).
+func TestIncarnationOpsKeepAClaimWithoutAProcess(t *testing.T) {
+	dead := incarnation("train", 100, 1)
+	notStarted := owner("train")
+	notStarted.FrontEnd = FrontEndHook
+	for _, tc := range []struct {
+		name string
+		do   func(tx *Tx)
+	}{
+		{name: "release", do: func(tx *Tx) { tx.ReleaseIncarnation(dead, "exited") }},
+		{name: "drain", do: func(tx *Tx) { tx.MarkDrainingIncarnation(dead, "exited") }},
+		{name: "stopped", do: func(tx *Tx) { tx.MarkStoppedIncarnation(dead) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := testOptions(newClock())
+			opts.DrainGrace = time.Hour
+			l, err := Open(t.TempDir(), opts)
+			require.NoError(t, err)
+			update(t, l, func(tx *Tx) {
+				_, err := tx.Claim("", dead, devs(gpu(0)), "env")
+				require.NoError(t, err)
+				_, err = tx.Claim("", notStarted, devs(gpu(1)), "env")
+				require.NoError(t, err)
+			})
+			update(t, l, tc.do)
+			for _, c := range snapshot(t, l).Claims {
+				if c.Device.UUID == gpu(1).UUID {
+					assert.True(t, c.Owner.DrainingSince.IsZero() && c.Owner.StoppedAt.IsZero(), "untouched: %+v", c.Owner)
+					return
+				}
+			}
+			t.Fatal("the claim without a process was released")
+		})
+	}
+}

@@ -149,7 +149,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	markerBad := err != nil
 
 	snaps, journals, bad, badPaths := l.gatherForRecovery()
-	best, from, replayed, ok := bestChain(snaps, journals, m, mok)
+	best, from, replayed, ok := bestChain(snaps, journals, m, mok, l.opts.BootID)
 	maxGen, nextSeq := highWater(snaps, journals)
 	if mok {
 		maxGen = max(maxGen, m.Generation)
@@ -187,6 +187,9 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	switch {
 	case rep.Empty:
 		rep.Lost = "everything: no snapshot or journal verified"
+	case !rep.Complete && mok && best.Lineage != m.Lineage:
+		rep.Lost = fmt.Sprintf("unknown: the state is of lineage %s, which a recovery or reset of this boot wrote past the marker's "+
+			"generation %d of lineage %s without updating the marker", truncate(best.Lineage, 64), m.Generation, truncate(m.Lineage, 64))
 	case !rep.Complete && mok:
 		rep.Lost = fmt.Sprintf("commits %d to %d of lineage %s (the last this boot made)", best.Generation+1, m.Generation, truncate(m.Lineage, 64))
 	case !rep.Complete && best.Generation < maxGen:
@@ -522,7 +525,7 @@ func highWater(snaps []recSnapshot, journals []recJournal) (gen, seq uint64) {
 // empty base of a fresh-start journal) and returns the state that reaches
 // the highest generation, preferring the marker's lineage, with the files
 // used and the number of records replayed.
-func bestChain(snaps []recSnapshot, journals []recJournal, m marker, mok bool) (best State, from []string, replayed int, ok bool) {
+func bestChain(snaps []recSnapshot, journals []recJournal, m marker, mok bool, boot string) (best State, from []string, replayed int, ok bool) {
 	bases := slices.Clone(snaps)
 	for _, j := range journals {
 		if j.hdr.Genesis {
@@ -532,8 +535,12 @@ func bestChain(snaps []recSnapshot, journals []recJournal, m marker, mok bool) (
 	}
 	better := func(a State, b State) bool { return a.Generation > b.Generation }
 	for _, b := range bases {
-		if mok && b.st.Lineage != m.Lineage {
-			continue // another ledger's state: its claims are not ours to adopt
+		// Another ledger's state: its claims are not ours to adopt. But a
+		// state of this boot past the marker's generation is what a recovery
+		// or reset of this boot wrote (every other commit keeps the lineage)
+		// before it could update the marker: it supersedes the marker's.
+		if mok && b.st.Lineage != m.Lineage && (b.st.BootID != boot || b.st.Generation <= m.Generation) {
+			continue
 		}
 		st := b.st
 		used := []string{b.path}

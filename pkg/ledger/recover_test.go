@@ -738,64 +738,80 @@ func earlierBootLedger(t *testing.T, c *clock) (string, *Ledger) {
 	return dir, l
 }
 
-// A crash anywhere inside the recovery of an earlier boot's damaged ledger
-// (every file of which is "of another boot", so all are moved aside) never
-// leaves an empty state dir, which the next read would take for a fresh
-// host and so lose the operator's cordon: the files are linked aside and
-// unlinked from their names only once the recovered state is written.
+// A crash anywhere inside a recovery never loses what it recovers. Of an
+// earlier boot's damaged ledger every file is "of another boot", so all are
+// moved aside: they are linked aside and unlinked from their names only
+// once the recovered state is written, never leaving an empty state dir
+// (which the next read would take for a fresh host, losing the operator's
+// cordon). In this boot, a crash after the new state (a new lineage: the
+// journal lost a commit) is in place but before the boot marker says so
+// leaves a state the next recovery takes as superseding the marker's.
 // Whatever the crash left reads either as needing recovery again (and the
 // next recovery keeps the cordon) or as the recovered state.
 func TestCrashInsideRecoveryKeepsTheOperatorsCordon(t *testing.T) {
-	for _, stage := range []string{stageAfterWrite, stageAfterFsync, stageAfterRename, stageAfterDirSyn,
-		stageJournalSynced, stageJournalRotated, stageJournalSwapped} {
-		t.Run(stage, func(t *testing.T) {
-			c := newClock()
-			dir, l := earlierBootLedger(t, c)
-			update(t, l, func(tx *Tx) {
-				_, _, err := tx.Cordon(gpu(1), CordonOperator, "RMA 4711", "uid 0 via gpu-guard-ctl")
-				require.NoError(t, err)
+	for _, boot := range []struct {
+		name  string
+		after string // the boot that recovers; claims of an earlier one go
+		held  int
+	}{{"earlier boot", "after-reboot", 0}, {"this boot", testBoot, 1}} {
+		for _, stage := range []string{stageAfterWrite, stageAfterFsync, stageAfterRename, stageAfterDirSyn,
+			stageJournalSynced, stageJournalRotated, stageJournalSwapped} {
+			t.Run(boot.name+"/"+stage, func(t *testing.T) {
+				crashInsideRecovery(t, stage, boot.after, boot.held)
 			})
-			update(t, l, func(tx *Tx) {
-				_, err := tx.Claim("", owner("h3"), devs(gpu(3)), "env")
-				require.NoError(t, err)
-			})
-			j := filepath.Join(dir, journalName)
-			b := mustRead(t, j)
-			lines := bytes.SplitAfter(b, []byte("\n"))
-			last := len(b) - len(lines[len(lines)-2]) // the last commit's line
-			b[last+len(lines[len(lines)-2])/2] ^= 0x20
-			require.NoError(t, os.WriteFile(j, b, 0o600))
-
-			c.Advance(time.Hour)
-			opts := rebootOptions(t, c, "after-reboot")
-			r, err := Open(dir, opts)
-			require.NoError(t, err)
-			crashed := false
-			func() {
-				failpoint = func(s string) {
-					if s == stage {
-						panic("crash")
-					}
-				}
-				defer func() {
-					failpoint = nil
-					crashed = recover() != nil
-				}()
-				_, _ = r.Recover(context.Background(), RecoverOptions{Reason: "test", AllowEmpty: true})
-			}()
-			require.True(t, crashed, "the recovery reached %s", stage)
-
-			again, err := Open(dir, opts)
-			require.NoError(t, err)
-			st, err := again.Snapshot(context.Background())
-			if errors.Is(err, ErrNeedsRecovery) {
-				_, err = again.Recover(context.Background(), RecoverOptions{Reason: "test", AllowEmpty: true})
-				require.NoError(t, err)
-				st, err = again.Snapshot(context.Background())
-			}
-			require.NoError(t, err)
-			require.Equal(t, map[string]string{gpu(1).UUID: CordonOperator}, cordonSources(st.Cordons))
-			require.Empty(t, st.Claims)
-		})
+		}
 	}
+}
+
+func crashInsideRecovery(t *testing.T, stage, after string, held int) {
+	c := newClock()
+	dir, l := earlierBootLedger(t, c)
+	update(t, l, func(tx *Tx) {
+		_, _, err := tx.Cordon(gpu(1), CordonOperator, "RMA 4711", "uid 0 via gpu-guard-ctl")
+		require.NoError(t, err)
+	})
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h3"), devs(gpu(3)), "env")
+		require.NoError(t, err)
+	})
+	j := filepath.Join(dir, journalName)
+	b := mustRead(t, j)
+	lines := bytes.SplitAfter(b, []byte("\n"))
+	last := len(b) - len(lines[len(lines)-2]) // the last commit's line
+	b[last+len(lines[len(lines)-2])/2] ^= 0x20
+	require.NoError(t, os.WriteFile(j, b, 0o600))
+
+	c.Advance(time.Hour)
+	opts := l.opts
+	if after != testBoot {
+		opts = rebootOptions(t, c, after)
+	}
+	r, err := Open(dir, opts)
+	require.NoError(t, err)
+	crashed := false
+	func() {
+		failpoint = func(s string) {
+			if s == stage {
+				panic("crash")
+			}
+		}
+		defer func() {
+			failpoint = nil
+			crashed = recover() != nil
+		}()
+		_, _ = r.Recover(context.Background(), RecoverOptions{Reason: "test", AllowEmpty: true})
+	}()
+	require.True(t, crashed, "the recovery reached %s", stage)
+
+	again, err := Open(dir, opts)
+	require.NoError(t, err)
+	st, err := again.Snapshot(context.Background())
+	if errors.Is(err, ErrNeedsRecovery) {
+		_, err = again.Recover(context.Background(), RecoverOptions{Reason: "test", AllowEmpty: true})
+		require.NoError(t, err)
+		st, err = again.Snapshot(context.Background())
+	}
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{gpu(1).UUID: CordonOperator}, cordonSources(st.Cordons))
+	require.Len(t, st.Claims, held, "this boot's holder h1 stays (h3's commit was the damaged one); an earlier boot's go")
 }

@@ -547,17 +547,34 @@ func (tx *Tx) Release(containerID, reason string) []Claim {
 }
 
 // ReleaseIncarnation is Release for the one incarnation of a container that
-// o names (see SameIncarnation): what a liveness check found exited is that
-// process's container, not another one that runs under the same id.
+// o names: what a liveness check found exited is that process's container,
+// not another one that runs under the same id. With o's process recorded
+// (pid and start time) only claims recording that same process end; a claim
+// of the id that records none may be another container not started yet,
+// and is kept (unlike SameIncarnation, which calls such a pair the same
+// container so as never to count one container twice as busy).
 func (tx *Tx) ReleaseIncarnation(o Owner, reason string) []Claim {
 	tx.check()
 	if o.ContainerID == "" {
 		return nil
 	}
-	out := tx.releaseWhere(func(c *Claim) bool { return SameIncarnation(&c.Owner, &o) }, reason)
-	tx.clearConflictsWhere(func(c *Conflict) bool { return SameIncarnation(&c.Owner, &o) }, reason)
+	out := tx.releaseWhere(func(c *Claim) bool { return SameRecordedProcess(&c.Owner, &o) }, reason)
+	tx.clearConflictsWhere(func(c *Conflict) bool { return SameRecordedProcess(&c.Owner, &o) }, reason)
 	tx.maintain()
 	return out
+}
+
+// SameRecordedProcess reports whether a is the incarnation o names: the same
+// container id and, when o records its process (pid and start time), the
+// same process recorded in a.
+func SameRecordedProcess(a, o *Owner) bool {
+	if a.ContainerID != o.ContainerID {
+		return false
+	}
+	if o.Pid > 0 && o.PidStart > 0 {
+		return a.Pid == o.Pid && a.PidStart == o.PidStart
+	}
+	return true
 }
 
 // ReleasePod ends every claim (and conflict record) of the containers of
@@ -675,14 +692,14 @@ func (tx *Tx) MarkStopped(containerID string) bool {
 }
 
 // MarkStoppedIncarnation is MarkStopped for the one incarnation of a
-// container that o names (see SameIncarnation).
+// container that o names (see ReleaseIncarnation).
 func (tx *Tx) MarkStoppedIncarnation(o Owner) bool {
 	tx.check()
 	var devs []string
 	var owner Owner
 	for i := range tx.st.Claims {
 		c := &tx.st.Claims[i]
-		if o.ContainerID == "" || !SameIncarnation(&c.Owner, &o) {
+		if o.ContainerID == "" || !SameRecordedProcess(&c.Owner, &o) {
 			continue
 		}
 		if c.Owner.StoppedAt.IsZero() {
