@@ -576,7 +576,7 @@ func (b *builder) cdiName(where, src, qualified string) {
 		return
 	}
 	if vendor == cdiVendorManagement {
-		const why = "a management.nvidia.com device injects every GPU device node: run GPU monitoring and management agents in a namespace listed in policy.exempt_namespaces"
+		const why = "a management.nvidia.com device injects every GPU device node: run GPU monitoring and management agents in a namespace listed in policy.exempt_namespaces (NRI only: a container the OCI hook checks is never exempt)"
 		b.note(src + ": " + why)
 		b.claimAllOr(src, why)
 		return

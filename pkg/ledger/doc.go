@@ -38,7 +38,14 @@
 //     whole;
 //   - ledger.json.prev, ledger.journal.prev: the snapshot and journal the
 //     last compaction replaced, kept for Recover;
-//   - ledger.lock: the flock every mutation holds (never deleted);
+//   - ledger.lock: the flock every mutation holds (never deleted). A flock
+//     belongs to the inode: if the file is removed or replaced while held,
+//     the next process locks another one. The holder checks before every
+//     write (commit, Recover, Reset) that the file at the path is the one
+//     it locked and otherwise refuses to write (ErrLockLost, "ledger lock
+//     lost"), and a process whose flock landed on a replaced file takes the
+//     new one's; only the moments between a holder's check and its write
+//     stay open;
 //   - audit.log: one JSON line per change, rotated to audit.log.1 by size.
 //     Records, marker and audit lines are rendered by hand, byte-for-byte
 //     as encoding/json renders them (a hook is a process per claim, and
@@ -87,11 +94,21 @@
 //     should the snapshot be lost: Recover does that, preferring the chain
 //     that reaches this boot's marker, never adopting another lineage's
 //     state, moving damaged or foreign files aside, and reporting exactly
-//     what it recovered and what was lost. Nothing else moves or overwrites
-//     a file that does not verify. The containers a runtime runs
-//     (RecoverOptions.Running; ResetAdopting) are applied in the same
-//     commit: their claims are never released by Alive, a device of theirs
-//     without a claim is adopted, one another holds is a Conflict.
+//     what it recovered and what was lost. A verified state of this boot
+//     past the marker's generation (what a recovery or reset of this boot
+//     wrote before it could update the marker) supersedes the marker's
+//     lineage. An earlier boot's state is discarded by Recover as by any
+//     read of it (audited): only the operator's cordons carry over, and the
+//     result gets a new lineage. Files moved aside are first linked aside
+//     and unlinked from their names only once the recovered state is
+//     written, so a crash inside Recover leaves the files as they were
+//     (still needing recovery), never an empty dir read as a fresh host.
+//     Nothing else moves or overwrites a file that does not verify. The
+//     containers a runtime runs (RecoverOptions.Running; ResetAdopting) are
+//     applied in the same commit: their claims are never released by
+//     Alive, a device of theirs without a claim is adopted, one another
+//     container holds (another incarnation of its id included) is a
+//     Conflict.
 //   - A Ledger caches the last committed state with the identity of its
 //     files (inode, size, mtime, ctime): an unchanged file is not read
 //     again, a grown journal only from where it was read. A rewrite in place
@@ -102,7 +119,15 @@
 //   - No two containers hold conflicting devices (the same device, or a full
 //     GPU and one of its MIG instances); a claim is all or nothing.
 //   - A claim belongs to exactly one container id; release is idempotent and
-//     only ever releases claims of the given container id.
+//     only ever releases claims of the given container id. A container id
+//     is unique only within one runtime root (or containerd namespace): two
+//     containers of one id are separate holders, told apart by the recorded
+//     pid and its start time (SameIncarnation). What ends claims because a
+//     holder was found exited (the guard's liveness check, gc, Recover's
+//     Alive) ends only that incarnation (ReleaseIncarnation,
+//     MarkDrainingIncarnation, MarkStoppedIncarnation: the claims recording
+//     the exited process, SameRecordedProcess); a claim of the id that
+//     records no process may be another container and is kept.
 //   - Reservations are all or nothing: a waiter holds one on every device it
 //     asks for (bar those its own container holds), or none. Whenever every
 //     device some waiter asks for is free, they are reserved for the earliest
