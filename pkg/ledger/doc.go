@@ -128,16 +128,22 @@
 //     MarkDrainingIncarnation, MarkStoppedIncarnation: the claims recording
 //     the exited process, SameRecordedProcess); a claim of the id that
 //     records no process may be another container and is kept.
-//   - Reservations are all or nothing: a waiter holds one on every device it
-//     asks for (bar those its own container holds), or none. Whenever every
-//     device some waiter asks for is free, they are reserved for the earliest
-//     such waiter until reservation_ttl; so a newcomer never takes devices a
-//     waiter could start on, every reservation can be used at its waiter's
-//     next retry, and no free device is held for a request that cannot start
-//     (no two waiters can block each other with halves of their requests).
-//     Reservations are never taken back before they are used or expire,
-//     unless they stop covering their waiter's whole request (its retry asked
-//     for other devices, or a container found running on one took it).
+//   - Reservations are on free devices (no claim conflicts with one), and
+//     keep the queue fair without deadlock. The head of the queue (the
+//     earliest waiter that cannot start yet and asks for no cordoned
+//     device) has every device it asks for reserved as soon as it is free,
+//     so later requests cannot overtake it on any of them. Every other
+//     waiter holds a reservation on every device it asks for (bar those its
+//     own container holds), or none: whenever every device some waiter asks
+//     for is free, they are reserved for the earliest such waiter until
+//     reservation_ttl, so a newcomer never takes devices a waiter could
+//     start on. One partial holder cannot deadlock (it waits for claims, and
+//     for reservations that can be used at their waiter's next retry); when
+//     it starts, the next waiter is the head. Reservations are never taken
+//     back before they are used or expire, unless they stop being of use
+//     (their waiter's retry asked for other devices, a container found
+//     running on one took it, a waiter other than the head holds part of
+//     its request).
 //     Waiters not seen for queue_ttl are dropped.
 //   - Every commit increments the generation and writes at least one audit
 //     record stamped with it.

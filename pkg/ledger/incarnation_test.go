@@ -87,8 +87,8 @@ func TestOnlyTheDeadIncarnationIsReleased(t *testing.T) {
 }
 
 // A waiter whose container id holds a device, but as another incarnation,
-// does not own that device: nothing is reserved for it while train#1 holds
-// GPU 0 (its claim could only fail), and it is busy, not admitted.
+// does not own that device: it heads the queue waiting for GPU 0 (only the
+// free GPU 1 is kept for it), and it is busy, not admitted.
 func TestAnotherIncarnationsDeviceIsNotTheWaitersOwn(t *testing.T) {
 	l := openTest(t, newClock())
 	t1, t2 := incarnation("train", 100, 1), incarnation("train", 200, 2)
@@ -97,7 +97,7 @@ func TestAnotherIncarnationsDeviceIsNotTheWaitersOwn(t *testing.T) {
 		require.NoError(t, err)
 		tx.Enqueue("w2", t2, devs(gpu(0), gpu(1)))
 	})
-	assert.Empty(t, reservedFor(snapshot(t, l)), "no free device is held for a request that cannot start")
+	assert.Equal(t, map[string]string{gpu(1).UUID: "w2"}, reservedFor(snapshot(t, l)), "w2 waits for GPU 0 as the head of the queue")
 	err := l.Update(context.Background(), func(tx *Tx) error {
 		_, err := tx.Claim("w2", t2, devs(gpu(0), gpu(1)), "env")
 		return err

@@ -24,12 +24,19 @@ import (
 //	(a) safety: no two containers hold conflicting devices, and every
 //	    admitted requester holds exactly what it asked for;
 //	(b) liveness: a requester that keeps retrying is refused only while one
-//	    of its devices had a holder (or lost a reservation nobody used)
-//	    within the last maxBackoff (reservation_ttl when some requesters
-//	    stop retrying silently), and every one is admitted in the end;
-//	(c) no idle GPU for a waiter that could take it: reservations cover
-//	    their waiter's whole request, and a waiter whose devices are all
-//	    free has them reserved.
+//	    of its devices had a holder, or a reservation for another waiter
+//	    (or lost a reservation nobody used), within the last maxBackoff
+//	    (reservation_ttl when some requesters stop retrying silently), and
+//	    every one is admitted in the end;
+//	(c) no idle GPU for a waiter that could take it, and no part held for
+//	    a waiter that cannot start but for the head of the queue: only the
+//	    head holds part of its request, and it has every free device it
+//	    asks for; a waiter whose devices are all free has them reserved;
+//	(d) no overtaking: while a waiter heads the queue, nobody else is
+//	    admitted on a device conflicting with one it asks for, unless that
+//	    was reserved for them before (or is a MIG instance of a GPU the head
+//	    asks for whole while another instance of it is held or reserved for
+//	    another waiter: the one gap left, see maintain).
 //
 // The state is carried in memory from one Tx to the next (no file, no
 // fsync), which is what makes 10,000 schedules affordable; pkg/guard runs
@@ -185,11 +192,23 @@ func runSchedule(s simSchedule) (simOutcome, error) {
 		}
 	}
 	lastBusy := map[string]time.Duration{}
+	// lastReserved: when each device last had a conflicting reservation,
+	// by the waiter it was for (the head's reservations may stand for long:
+	// for everyone else they keep the device busy).
+	lastReserved := map[string]map[string]time.Duration{}
 	markHeld := func(at time.Duration) {
 		for _, u := range universe {
 			for _, c := range m.st.Claims {
 				if devices.Conflicts(c.Device, u) {
 					lastBusy[u.UUID] = at
+				}
+			}
+			for _, r := range m.st.Reservations {
+				if devices.Conflicts(r.Device, u) {
+					if lastReserved[u.UUID] == nil {
+						lastReserved[u.UUID] = map[string]time.Duration{}
+					}
+					lastReserved[u.UUID][r.For] = at
 				}
 			}
 		}
@@ -212,6 +231,12 @@ func runSchedule(s simSchedule) (simOutcome, error) {
 		now := base.Add(e.at)
 		markHeld(e.at) // a holder stopping now held its devices until now
 		before := slices.Clone(m.st.Reservations)
+		claimsBefore := slices.Clone(m.st.Claims)
+		head := expectedHead(&m.st)
+		var headWants []devices.Device
+		if i := slices.IndexFunc(m.st.Waiters, func(w Waiter) bool { return w.Key == head }); i >= 0 {
+			headWants = m.st.Waiters[i].Devices
+		}
 		admitted, refused := "", -1
 		switch e.kind {
 		case simHolderStop:
@@ -234,6 +259,9 @@ func runSchedule(s simSchedule) (simOutcome, error) {
 				}
 			})
 			if ok {
+				if err := checkNoOvertaking(&m.st, head, headWants, r, before, claimsBefore); err != nil {
+					return out, fmt.Errorf("schedule %s at %s: (d) %w: %s", s.name, e.at, err, describeQueue(&m.st))
+				}
 				out.admittedAt[e.i] = e.at
 				admitted = r.key
 				push(e.at+r.hold, simStop, e.i)
@@ -277,6 +305,11 @@ func runSchedule(s simSchedule) (simOutcome, error) {
 				for _, d := range r.want {
 					if t, seen := lastBusy[d.UUID]; seen && e.at-t < bound {
 						calm = false
+					}
+					for key, t := range lastReserved[d.UUID] {
+						if key != r.key && e.at-t < bound {
+							calm = false
+						}
 					}
 				}
 				if calm {
@@ -322,38 +355,41 @@ func checkSimState(st *State, s simSchedule, admittedAt []time.Duration, ids []s
 			}
 		}
 	}
-	// (c) reservations are whole, and a waiter whose devices are all free
-	// has them.
+	// (c) reservations are for waiters; only the head holds part of its
+	// request, and has every free device it asks for; a waiter whose
+	// devices are all free has them reserved.
 	for _, r := range st.Reservations {
 		if !slices.ContainsFunc(st.Waiters, func(w Waiter) bool { return w.Key == r.For }) {
 			return fmt.Errorf("(c) %s reserved for %s, who does not wait", r.Device.Index, r.For)
 		}
 	}
-	for _, w := range st.Waiters {
-		has, covered, free := false, true, true
-		for _, d := range w.Devices {
-			mine := false
-			for _, r := range st.Reservations {
-				switch {
-				case r.For == w.Key:
-					has = true
-					mine = mine || r.Device.UUID == d.UUID
-				case devices.Conflicts(r.Device, d):
-					free = false
-				}
-			}
-			for _, c := range st.Claims {
-				if devices.Conflicts(c.Device, d) {
-					free = false
-				}
-			}
-			covered = covered && mine
+	if err := checkReservations(st); err != nil {
+		return fmt.Errorf("(c) %w", err)
+	}
+	return nil
+}
+
+// checkNoOvertaking checks (d) for r, just admitted into st; head, asking
+// for want, headed the queue before, when reservations and claims were
+// before and claimsBefore. A head that left the queue in the meantime (it
+// stopped retrying and expired) is no longer owed anything.
+func checkNoOvertaking(st *State, head string, want []devices.Device, r *simReq, before []Reservation, claimsBefore []Claim) error {
+	if head == "" || head == r.key || !slices.ContainsFunc(st.Waiters, func(w Waiter) bool { return w.Key == head }) {
+		return nil
+	}
+	for _, d := range r.want {
+		if slices.ContainsFunc(before, func(x Reservation) bool { return x.For == r.key && x.Device.UUID == d.UUID }) {
+			continue
 		}
-		if has && !covered {
-			return fmt.Errorf("(c) %s holds a reservation on part of %s only: it blocks devices it cannot use", w.Key, devNames(w.Devices))
-		}
-		if !has && free {
-			return fmt.Errorf("(c) %s waits for %s, all free, and has no reservation", w.Key, devNames(w.Devices))
+		for _, h := range want {
+			if !devices.Conflicts(d, h) {
+				continue
+			}
+			gap := d.Parent == h.UUID && (slices.ContainsFunc(claimsBefore, func(c Claim) bool { return c.Device.Parent == h.UUID }) ||
+				slices.ContainsFunc(before, func(x Reservation) bool { return x.Device.Parent == h.UUID && x.For != head }))
+			if !gap {
+				return fmt.Errorf("%s admitted on %s while %s, the head of the queue, asks for %s", r.key, d.Index, head, h.Index)
+			}
 		}
 	}
 	return nil
@@ -461,6 +497,7 @@ func randomSchedule(seed uint64) simSchedule {
 // TestQueueLiveness plays the fixed schedules, then the random ones.
 func TestQueueLiveness(t *testing.T) {
 	t.Run("mig-deadlock", testQueueLivenessMIGDeadlock)
+	t.Run("starvation", testQueueLivenessStarvation)
 	t.Run("random", testQueueLivenessRandomSchedules)
 }
 
@@ -475,19 +512,57 @@ func testQueueLivenessMIGDeadlock(t *testing.T) {
 	if at := out.admittedAt[0]; at < 20*time.Minute || at > 20*time.Minute+simMaxBackoff {
 		t.Fatalf("A admitted at %s, want within %s of 20m0s", at, simMaxBackoff)
 	}
-	// N, a newcomer for the idle 4:0 while neither A nor B can start, is
-	// admitted at once rather than refused "reserved".
-	if at := out.admittedAt[3]; at != 15*time.Minute {
-		t.Fatalf("N admitted at %s, want at once (15m0s)", at)
+	// N, a newcomer for 4:0, does not overtake A, the head of the queue:
+	// GPU 4 is kept for A from 10m, when X stopped. Nor does it overtake B,
+	// which waits for 4:0 since before: B is admitted once A's GPUs are
+	// free, then N, then C.
+	a, b, c, n := out.admittedAt[0], out.admittedAt[1], out.admittedAt[2], out.admittedAt[3]
+	if b < a+30*time.Minute {
+		t.Fatalf("B admitted at %s while A held GPU 1 (A admitted at %s)", b, a)
 	}
-	// C, a newcomer for the instance B waits for (B also needs GPU 1, held
-	// by A), is not refused for a reservation B cannot use: it gets 4:0
-	// only once A's GPU 4 is free.
-	if at := out.admittedAt[2]; at < out.admittedAt[0]+30*time.Minute {
-		t.Fatalf("C admitted at %s while A held GPU 4", at)
+	if n < b+30*time.Minute || c < n+2*time.Minute {
+		t.Fatalf("admitted A %s, B %s, N %s, C %s: want N after B's 30 minutes on 4:0, C after N's 2", a, b, n, c)
 	}
-	if out.admittedAt[1] < out.admittedAt[0]+30*time.Minute {
-		t.Fatalf("B admitted at %s while A held GPU 1", out.admittedAt[1])
+}
+
+// starvationSchedule is what all or nothing reservations alone let starve:
+// A asks for GPUs 0 and 1, held by H0 and H1 until 10 and 20 minutes, and
+// newcomers for GPU 0 or GPU 1 alone arrive in turn, each before the last
+// one stops, so that GPUs 0 and 1 are never free together unless one is
+// kept for A.
+func starvationSchedule() simSchedule {
+	s := simSchedule{
+		name: "starvation",
+		holders: []simHolder{
+			{id: "H0", devs: devs(gpu(0)), until: 10 * time.Minute},
+			{id: "H1", devs: devs(gpu(1)), until: 20 * time.Minute},
+		},
+		reqs: []simReq{{key: "A", want: devs(gpu(0), gpu(1)), arrive: 0, hold: 10 * time.Minute}},
+	}
+	for i := range 12 {
+		s.reqs = append(s.reqs, simReq{
+			key: fmt.Sprintf("S%d", i), want: devs(gpu(i % 2)),
+			arrive: time.Duration(5+10*i) * time.Minute, hold: 20 * time.Minute,
+		})
+	}
+	return s
+}
+
+func testQueueLivenessStarvation(t *testing.T) {
+	out, err := runSchedule(starvationSchedule())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// GPU 0 is kept for A from 10m; GPU 1 frees at 20m: A starts at its
+	// next retry, before any newcomer.
+	a := out.admittedAt[0]
+	if a < 20*time.Minute || a > 20*time.Minute+simMaxBackoff {
+		t.Fatalf("A admitted at %s, want within %s of 20m0s", a, simMaxBackoff)
+	}
+	for i, at := range out.admittedAt[1:] {
+		if at < a {
+			t.Fatalf("S%d admitted at %s, before A (%s)", i, at, a)
+		}
 	}
 }
 
@@ -543,8 +618,9 @@ func TestPartialReservationsOfAnOlderVersionAreUndone(t *testing.T) {
 	}
 }
 
-// A waiter whose retry asks for a held device loses the reservations it no
-// longer can use whole, and they pass to the next waiter that can start.
+// A waiter whose retry asks for a held device keeps, as the head of the
+// queue, the reservations it still asks for; once a later waiter is the
+// head instead, what it cannot use whole passes on.
 func TestChangedRequestDropsItsReservations(t *testing.T) {
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 	m := newMemLedger()
@@ -562,20 +638,43 @@ func TestChangedRequestDropsItsReservations(t *testing.T) {
 	if got := reservedFor(m.st); got[gpu(0).UUID] != "A" {
 		t.Fatalf("reservations %v, want GPU 0 for A", got)
 	}
-	var rec []AuditRecord
 	m.update(now.Add(time.Minute), func(tx *Tx) {
 		tx.Enqueue("A", owner("a"), devs(gpu(0), gpu(2))) // GPU 2 is held
-		rec = tx.audit
 	})
-	if got := reservedFor(m.st); len(got) != 1 || got[gpu(0).UUID] != "B" {
-		t.Fatalf("reservations %v, want GPU 0 for B: %s", got, describeQueue(&m.st))
-	}
-	if !slices.ContainsFunc(rec, func(r AuditRecord) bool { return r.Op == OpUnreserve && r.Key == "A" }) {
-		t.Fatalf("no unreserve record for A: %+v", rec)
+	if got := reservedFor(m.st); len(got) != 1 || got[gpu(0).UUID] != "A" {
+		t.Fatalf("reservations %v, want GPU 0 for A, the head: %s", got, describeQueue(&m.st))
 	}
 	var pos int
 	m.update(now.Add(time.Minute), func(tx *Tx) { pos, _, _ = tx.Position("A") })
 	if pos != 1 {
 		t.Fatalf("A at position %d, want 1: it keeps its place", pos)
+	}
+	// An earlier waiter E, complete, loses GPU 3 to a container found
+	// running on it: E heads the queue now, and A's partial reservation
+	// goes to nobody else but is dropped (one partial holder at a time).
+	m = newMemLedger()
+	var rec []AuditRecord
+	m.update(now, func(tx *Tx) {
+		if _, err := tx.Claim("", owner("h"), devs(gpu(2)), "env"); err != nil {
+			t.Fatal(err)
+		}
+		tx.Enqueue("E", owner("e"), devs(gpu(3)))
+		tx.Enqueue("A", owner("a"), devs(gpu(0), gpu(2)))
+	})
+	if got := reservedFor(m.st); len(got) != 2 || got[gpu(3).UUID] != "E" || got[gpu(0).UUID] != "A" {
+		t.Fatalf("reservations %v, want GPU 3 for E (can start) and GPU 0 for A (the head): %s", got, describeQueue(&m.st))
+	}
+	m.update(now.Add(time.Minute), func(tx *Tx) {
+		tx.dropReservationsOn(gpu(3), "in use by a running container")
+		tx.insertClaim(Claim{Device: gpu(3), Owner: owner("found"), Source: "reconcile", Since: tx.now})
+		tx.touch()
+		tx.maintain()
+		rec = tx.audit
+	})
+	if got := reservedFor(m.st); len(got) != 0 {
+		t.Fatalf("reservations %v, want none: E (the head) waits for GPU 3, A is not the head: %s", got, describeQueue(&m.st))
+	}
+	if !slices.ContainsFunc(rec, func(r AuditRecord) bool { return r.Op == OpUnreserve && r.Key == "A" }) {
+		t.Fatalf("no unreserve record for A: %+v", rec)
 	}
 }

@@ -25,38 +25,62 @@ import (
 //     (the container was running on it all along: reality wins);
 //  4. reservations whose waiter is gone, no longer asks for the device, or
 //     whose device is now held, are dropped, and so are the remaining
-//     reservations of a waiter that no longer has every device it asks for
-//     reserved ("unreserve");
-//  5. in arrival order, a waiter every one of whose devices is free (no
-//     conflicting claim, reservation or cordon) gets all of them reserved, for
-//     reservation_ttl ("reserve").
+//     reservations of any waiter but the head (below) that no longer has
+//     every device it asks for reserved ("unreserve");
+//  5. the head of the queue — the earliest waiter that still waits for
+//     something (not every device it asks for is reserved for it or held by
+//     its own container) and asks for no cordoned device — gets every device
+//     it asks for that is free (no conflicting claim, no reservation for
+//     another waiter) reserved, for reservation_ttl ("reserve"); once that
+//     covers its whole request, the next such waiter is the head;
+//  6. in arrival order, every other waiter all of whose devices are free
+//     (no conflicting claim, reservation or cordon) gets all of them
+//     reserved, for reservation_ttl ("reserve").
 //
-// Reservations are all or nothing: a waiter holds one on every device it
-// asks for, or none. So every reservation can be used at its waiter's next
-// retry, and a free device is never held for a request that cannot start.
-// Partial reservations were what let two waiters deadlock: with X on GPU 4's
-// MIG instance 4:1 and Y on GPU 1, A asking for GPU 4 and GPU 1, then B for
-// 4:0 and GPU 1, B got the free 4:0 and, once Y stopped, A got GPU 1; A then
-// waited for B's 4:0 and B for A's GPU 1, each retry renewing both, and both
-// GPUs idled with newcomers refused "reserved".
+// A reservation is always on a free device (no claim conflicts with it),
+// and only the head holds reservations on part of its request. That keeps
+// the queue both live and fair:
 //
-// Step 5 is what keeps a newcomer from jumping the queue: as soon as some
-// waiter can start on free devices, they are reserved for the earliest such
-// waiter, so Busy reports them to everyone else. Among waiters for the same
-// devices, FIFO is strict. The price of all-or-nothing: while one of a
-// waiter's devices is held, its free ones stay usable by later requests (a
-// request for several devices, or for a whole GPU whose MIG instance is
-// held, is served once all it asks for is free at the same time).
+//   - No deadlock. Partial reservations for several waiters were what let
+//     two of them block each other: with X on GPU 4's MIG instance 4:1 and
+//     Y on GPU 1, A asking for GPU 4 and GPU 1, then B for 4:0 and GPU 1, B
+//     got the free 4:0 and, once Y stopped, A got GPU 1; A then waited for
+//     B's 4:0 and B for A's GPU 1, each retry renewing both, and both GPUs
+//     idled. With one partial holder, the head waits only for claims, which
+//     end, and for other waiters' reservations, which cover requests that
+//     can start and so are used at their next retry or expire; every other
+//     reservation can be used at its waiter's next retry.
+//   - No starvation. Each device the head asks for is kept for it as soon
+//     as it is free — in the very commit that releases it — so a request
+//     for several devices is not overtaken for ever by later requests for
+//     one of them, each taking a device as it frees (what all or nothing
+//     reservations alone allowed). Once the head starts, the next waiter is
+//     the head, so every waiter that keeps retrying is served.
+//   - Backfill elsewhere. A later waiter whose devices are all free and
+//     conflict with nothing reserved gets them at once (step 6).
+//
+// The price of fairness: a device the head asks for stays idle while the
+// head waits for its other devices. A waiter asking for a cordoned device
+// is never the head: it waits for an operator, not for holders, and must
+// not keep devices idle meanwhile. One gap is left, by the rule that a
+// reservation is on a free device (which every reader, older versions
+// included, checks): a head asking for a whole GPU one of whose MIG
+// instances is in use (or reserved for another waiter) has nothing of it
+// kept until all of them are free, so requests for its other instances are
+// still admitted meanwhile.
 //
 // Reservations, like claims, are never taken back before they are used or
-// expire, except when they stop covering their waiter's whole request: its
-// retry asked for other devices, or a container found running on one of
-// them took it (reality wins). A partial reservation would only block others.
+// expire, except when they stop being of use: their waiter's retry asked
+// for other devices, a container found running on the device took it
+// (reality wins), or a waiter other than the head (which includes a former
+// head, once an earlier waiter lost a reservation) holds part of its
+// request.
 //
-// Steps 3 to 5 depend on the claims, conflicts, reservations and waiters
+// Steps 3 to 6 depend on the claims, conflicts, reservations and waiters
 // alone, not on the time (which only dates what they create), and a state
 // they just ran over is their fixed point: promoting a conflict needs a
-// freed device, and none is freed by steps 4 and 5; reserving makes devices
+// freed device, and none is freed by steps 4 to 6; the head is the same
+// waiter again and has every device it can have; reserving makes devices
 // busier, so a waiter passed over stays passed over. So when the Tx starts
 // from a state this process committed right after maintain ran
 // (baseSettled) and steps 1 and 2 expire nothing, steps 3 to 5 would
@@ -76,14 +100,15 @@ func (tx *Tx) maintain() {
 	tx.baseSettled = false
 	tx.promoteConflicts()
 	tx.dropInvalidReservations()
-	tx.dropPartialReservations()
+	tx.dropPartialReservations(tx.queueHead())
+	tx.reserveForHead()
 	tx.reserveFreeDevices(tx.reserveCandidates())
 	tx.fixed = &queueFixed{claims: slices.Clone(tx.st.Claims), reservations: slices.Clone(tx.st.Reservations),
 		cordons: slices.Clone(tx.st.Cordons), touched: len(tx.touchedWaiters)}
 	tx.settled = true
 }
 
-// queueFixed is what step 5 depends on besides the waiters — the claims,
+// queueFixed is what step 6 depends on besides the waiters — the claims,
 // reservations and cordons — at a moment when the waiters were its fixed
 // point, and how many waiter changes the Tx had recorded then.
 type queueFixed struct {
@@ -93,7 +118,7 @@ type queueFixed struct {
 	touched      int
 }
 
-// reserveCandidates says which waiters step 5 has to look at, or nil for
+// reserveCandidates says which waiters step 6 has to look at, or nil for
 // all of them. Whether a waiter can be reserved depends on its own entry
 // (key, devices, container) and on the claims, reservations and cordons of
 // the devices conflicting with the ones it asks for. At the last fixed
@@ -263,6 +288,8 @@ func (tx *Tx) expireReservations() {
 	}
 }
 
+// dropInvalidReservations drops the reservations whose waiter is gone or no
+// longer asks for the device, and those of a device now held.
 func (tx *Tx) dropInvalidReservations() {
 	if len(tx.st.Reservations) == 0 {
 		return
@@ -354,29 +381,21 @@ func (tx *Tx) promoteConflicts() {
 	tx.st.Conflicts = kept
 }
 
-// dropPartialReservations drops the reservations of every waiter that does
-// not have all of its devices reserved (or held by its own container): they
+// dropPartialReservations drops the reservations of every waiter but head
+// (the head of the queue's key, or "") that cannot start on them: they
 // could not be used at its next retry and would only block others.
-func (tx *Tx) dropPartialReservations() {
+func (tx *Tx) dropPartialReservations(head string) {
 	if len(tx.st.Reservations) == 0 {
 		return
 	}
 	var partial []string
 	for _, r := range tx.st.Reservations {
-		if slices.Contains(partial, r.For) {
+		if (r.For == head && head != "") || slices.Contains(partial, r.For) {
 			continue
 		}
 		wi := tx.waiterIndex(r.For)
-		if wi < 0 { // dropInvalidReservations ran first; kept for safety
+		if wi < 0 || !tx.canStart(&tx.st.Waiters[wi]) { // wi < 0: dropInvalidReservations ran first; kept for safety
 			partial = append(partial, r.For)
-			continue
-		}
-		w := &tx.st.Waiters[wi]
-		for _, d := range w.Devices {
-			if !tx.reservedFor(d, w.Key) && !tx.heldBy(d, &w.Owner) {
-				partial = append(partial, r.For)
-				break
-			}
 		}
 	}
 	for _, key := range partial {
@@ -390,6 +409,75 @@ func (tx *Tx) dropPartialReservations() {
 		tx.record(OpUnreserve, nil, key, devs,
 			"no longer covers every device the waiter asks for (reservations are all or nothing)")
 	}
+}
+
+// canStart reports whether w has every device it asks for, so that its
+// next retry is admitted: each one reserved for it (a reserved device is
+// free: no claim conflicts with a reservation) or held by its own
+// container.
+func (tx *Tx) canStart(w *Waiter) bool {
+	for _, d := range w.Devices {
+		if !tx.reservedFor(d, w.Key) && !tx.heldBy(d, &w.Owner) {
+			return false
+		}
+	}
+	return true
+}
+
+// queueHead is the key of the head of the queue (see maintain, step 5): the
+// earliest waiter that cannot start yet and asks for no cordoned device, or
+// "" when there is none. The waiters before it can start, and there are
+// rarely more than a few: finding it costs a few lookups, not a pass over
+// a long queue.
+func (tx *Tx) queueHead() string {
+	for i := range tx.st.Waiters {
+		w := &tx.st.Waiters[i]
+		if len(w.Devices) == 0 || tx.canStart(w) || len(tx.CordonsOn(w.Owner.ContainerID, w.Devices)) > 0 {
+			continue
+		}
+		return w.Key
+	}
+	return ""
+}
+
+// reserveForHead is step 5 of maintain: it reserves for the head of the
+// queue every device it asks for that is free (no conflicting claim, no
+// reservation for another waiter; it asks for no cordoned one), and moves
+// on to the next head when that lets the head start.
+func (tx *Tx) reserveForHead() {
+	until := tx.now.Add(tx.l.opts.ReservationTTL)
+	for {
+		key := tx.queueHead()
+		if key == "" {
+			return
+		}
+		w := &tx.st.Waiters[tx.waiterIndex(key)]
+		var got []string
+		for _, d := range w.Devices {
+			if tx.reservedFor(d, key) || tx.heldBy(d, &w.Owner) || tx.conflictingClaim(d, nil) != nil || tx.reservedForAnother(d, key) {
+				continue
+			}
+			tx.insertReservation(Reservation{Device: d, For: key, Since: tx.now, Until: until})
+			got = append(got, d.UUID)
+		}
+		start := tx.canStart(w)
+		if len(got) > 0 {
+			why := "head of the queue; until %s"
+			if !start {
+				why = "head of the queue, kept until its other devices are free; until %s"
+			}
+			tx.record(OpReserve, &w.Owner, key, got, fmt.Sprintf(why, until.Format(time.RFC3339)))
+		}
+		if !start {
+			return
+		}
+	}
+}
+
+// reservedForAnother reports whether a device conflicting with d is
+// reserved for a waiter other than key.
+func (tx *Tx) reservedForAnother(d devices.Device, key string) bool {
+	return slices.ContainsFunc(tx.st.Reservations, func(r Reservation) bool { return r.For != key && devices.Conflicts(r.Device, d) })
 }
 
 // reservedFor reports whether d itself is reserved for key.
@@ -407,9 +495,10 @@ func (tx *Tx) heldBy(d devices.Device, o *Owner) bool {
 		tx.conflictingClaim(d, o) == nil
 }
 
-// reserveFreeDevices reserves, in arrival order, all the devices of every
-// waiter whose devices are all free, and nothing for a waiter with any
-// device busy. Whether a device is free is memoised per pass (hundreds of
+// reserveFreeDevices is step 6 of maintain: it reserves, in arrival order,
+// all the devices of every waiter whose devices are all free, and nothing
+// for a waiter with any device busy (the head's reservations, made in step
+// 5, make its devices busy for everyone else). Whether a device is free is memoised per pass (hundreds of
 // waiters usually ask for the same few held devices) and forgotten whenever
 // a reservation is made.
 func (tx *Tx) reserveFreeDevices(consider func(*Waiter) bool) {
@@ -476,7 +565,7 @@ func (tx *Tx) reserveFreeDevices(consider func(*Waiter) bool) {
 			continue
 		}
 		if _, done := reserved[w.Key]; done {
-			continue // complete already (dropPartialReservations ran)
+			continue // complete already (dropPartialReservations ran), or the head
 		}
 		got := make([]string, 0, len(need))
 		for _, d := range need {

@@ -125,55 +125,81 @@ func TestReservationExpiresWithItsWaiter(t *testing.T) {
 	})
 }
 
-func TestPartlyFreeRequestReservesNothingAndKeepsItsPlace(t *testing.T) {
+// The head of the queue keeps every device it asks for as it frees: a
+// request for two GPUs is not overtaken by later requests for one of them,
+// while a later request for a device it does not ask for is served at once.
+func TestHeadKeepsItsFreeDevicesAndKeepsItsPlace(t *testing.T) {
 	c := newClock()
 	l, err := Open(t.TempDir(), Options{BootID: testBoot, Now: c.Now, ReservationTTL: 6 * time.Minute, QueueTTL: 15 * time.Minute})
 	require.NoError(t, err)
 	update(t, l, func(tx *Tx) {
 		_, err := tx.Claim("", owner("holder"), devs(gpu(0)), "env")
 		require.NoError(t, err)
+		_, err = tx.Claim("", owner("other"), devs(gpu(2)), "env")
+		require.NoError(t, err)
 		ok, _, _ := claimOrQueue(tx, "a", owner("a"), devs(gpu(0), gpu(1)))
 		require.False(t, ok)
 	})
-	require.Empty(t, snapshot(t, l).Reservations,
-		"a cannot start while GPU 0 is held: GPU 1 is not held idle for it")
-	// Someone else may use GPU 1 meanwhile.
+	require.Equal(t, map[string]string{gpu(1).UUID: "a"}, reservedFor(snapshot(t, l)),
+		"a heads the queue: the free GPU 1 is kept for it while GPU 0 is held")
 	update(t, l, func(tx *Tx) {
 		ok, _, _ := claimOrQueue(tx, "b", owner("b"), devs(gpu(1)))
-		require.True(t, ok)
+		require.False(t, ok, "b must not take a device the head waits with")
+		ok, _, _ = claimOrQueue(tx, "e", owner("e"), devs(gpu(3)))
+		require.True(t, ok, "a device the head does not ask for is served at once")
 	})
 	// a keeps retrying every 5 minutes for 40 minutes: it keeps its place
-	// although that is older than queue_ttl.
+	// (although that is older than queue_ttl) and its reservation.
 	for i := 0; i < 8; i++ {
 		c.Advance(5 * time.Minute)
 		update(t, l, func(tx *Tx) {
 			ok, _, _ := claimOrQueue(tx, "a", owner("a"), devs(gpu(0), gpu(1)))
 			require.False(t, ok)
+			ok, _, _ = claimOrQueue(tx, "b", owner("b"), devs(gpu(1)))
+			require.False(t, ok)
 		})
-		require.Equal(t, []string{"a"}, waiterKeys(snapshot(t, l)))
+		st := snapshot(t, l)
+		require.Equal(t, []string{"a", "b"}, waiterKeys(st))
+		require.Equal(t, map[string]string{gpu(1).UUID: "a"}, reservedFor(st))
 	}
-	// GPU 0 freed while b still runs on GPU 1: still nothing reserved, and a
-	// later request for GPU 0 alone may take it.
+	// GPU 0 freed: both are a's in the commit that frees it; a request for
+	// GPU 0 alone cannot take it.
 	update(t, l, func(tx *Tx) { tx.Release("holder", "stop") })
-	require.Empty(t, snapshot(t, l).Reservations)
-	update(t, l, func(tx *Tx) {
-		ok, _, _ := claimOrQueue(tx, "c", owner("c"), devs(gpu(0)))
-		require.True(t, ok)
-	})
-	// Once both are free at the same time they are reserved for a together,
-	// and a later request for either is refused.
-	update(t, l, func(tx *Tx) { tx.Release("c", "stop"); tx.Release("b", "stop") })
 	require.Equal(t, map[string]string{gpu(0).UUID: "a", gpu(1).UUID: "a"}, reservedFor(snapshot(t, l)))
-	c.Advance(5 * time.Minute)
 	update(t, l, func(tx *Tx) {
-		ok, _, _ := claimOrQueue(tx, "d", owner("d"), devs(gpu(1)))
+		ok, _, _ := claimOrQueue(tx, "d", owner("d"), devs(gpu(0)))
 		require.False(t, ok, "d must not jump the queue")
 		ok, _, _ = claimOrQueue(tx, "a", owner("a"), devs(gpu(0), gpu(1)))
 		require.True(t, ok)
 	})
 	st := snapshot(t, l)
-	require.Equal(t, map[string]string{gpu(0).UUID: "a", gpu(1).UUID: "a"}, holders(st))
-	require.Equal(t, []string{"d"}, waiterKeys(st))
+	require.Equal(t, map[string]string{gpu(0).UUID: "a", gpu(1).UUID: "a", gpu(2).UUID: "other", gpu(3).UUID: "e"}, holders(st))
+	require.Equal(t, []string{"b", "d"}, waiterKeys(st))
+	require.Empty(t, st.Reservations, "b and d wait for a's GPUs")
+}
+
+// Only the head may hold part of its request: the next waiter, although
+// one of its devices is free, gets nothing until it is the head, and a
+// waiter that asks for a cordoned device is never the head.
+func TestOnlyTheHeadHoldsPartOfItsRequest(t *testing.T) {
+	c := newClock()
+	l := openTest(t, c)
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+		_, err = tx.Claim("", owner("h2"), devs(gpu(2)), "env")
+		require.NoError(t, err)
+		_, _, err = tx.Cordon(gpu(5), CordonOperator, "maintenance", "test")
+		require.NoError(t, err)
+		tx.Enqueue("cordoned", owner("cordoned"), devs(gpu(5), gpu(4)))
+		tx.Enqueue("a", owner("a"), devs(gpu(0), gpu(1)))
+		tx.Enqueue("b", owner("b"), devs(gpu(2), gpu(3)))
+	})
+	require.Equal(t, map[string]string{gpu(1).UUID: "a"}, reservedFor(snapshot(t, l)),
+		"a is the head (the earlier waiter asks for a cordoned GPU); b is not")
+	update(t, l, func(tx *Tx) { tx.Release("h0", "stop") })
+	require.Equal(t, map[string]string{gpu(0).UUID: "a", gpu(1).UUID: "a", gpu(3).UUID: "b"}, reservedFor(snapshot(t, l)),
+		"a can start: b is the head now")
 }
 
 func TestQueueTTLDropsWaitersThatStopRetrying(t *testing.T) {
@@ -409,10 +435,13 @@ func TestQueueInvariantsUnderRandomOperations(t *testing.T) {
 	}
 }
 
-// checkQueueInvariants checks what the queue promises: reservations are all
-// or nothing (a waiter with one has every device it asks for reserved, or
-// held by its own container), and a waiter all of whose devices are free has
-// them reserved (so no newcomer can take them).
+// checkQueueInvariants checks what the queue promises: reservations are on
+// free devices and for waiters; only the head of the queue (expectedHead)
+// holds a reservation on part of its request, and it has every free device
+// it asks for reserved; every other waiter with a reservation has every
+// device it asks for reserved or held by its own container, and a waiter
+// all of whose devices are free has them reserved (so no newcomer can take
+// them).
 func checkQueueInvariants(t *testing.T, st State) {
 	t.Helper()
 	require.NoError(t, validateState(&st))
@@ -420,16 +449,53 @@ func checkQueueInvariants(t *testing.T, st State) {
 		require.True(t, slices.ContainsFunc(st.Waiters, func(w Waiter) bool { return w.Key == r.For }),
 			"reservation for %q without a waiter", r.For)
 	}
+	require.NoError(t, checkReservations(&st))
+}
+
+// expectedHead is the head of the queue in st, found without the code under
+// test: the earliest waiter that asks for something not reserved for it
+// and not held by its own container, and for no cordoned device.
+func expectedHead(st *State) string {
+	for _, w := range st.Waiters {
+		if len(w.Devices) == 0 {
+			continue
+		}
+		covered, cordoned := true, false
+		for _, d := range w.Devices {
+			mine := slices.ContainsFunc(st.Reservations, func(r Reservation) bool { return r.For == w.Key && r.Device.UUID == d.UUID }) ||
+				slices.ContainsFunc(st.Claims, func(c Claim) bool {
+					return c.Device.UUID == d.UUID && c.Owner.ContainerID == w.Owner.ContainerID && w.Owner.ContainerID != ""
+				})
+			covered = covered && mine
+			ownClaim := slices.ContainsFunc(st.Claims, func(c Claim) bool {
+				return c.Device.UUID == d.UUID && c.Owner.ContainerID == w.Owner.ContainerID && w.Owner.ContainerID != ""
+			})
+			if !ownClaim && slices.ContainsFunc(st.Cordons, func(k Cordon) bool { return devices.Conflicts(k.Device, d) }) {
+				cordoned = true
+			}
+		}
+		if !covered && !cordoned {
+			return w.Key
+		}
+	}
+	return ""
+}
+
+// checkReservations checks the reservation rules of checkQueueInvariants
+// (the queue liveness simulation checks them after every event too).
+func checkReservations(st *State) error {
+	head := expectedHead(st)
 	for _, w := range st.Waiters {
 		has, covered, free, needs := false, true, true, false
+		var freeNotMine []string
 		for _, d := range w.Devices {
-			mine := false
+			mine, freeD := false, true
 			for _, r := range st.Reservations {
 				if r.For == w.Key {
 					has = true
 					mine = mine || r.Device.UUID == d.UUID
 				} else if devices.Conflicts(r.Device, d) {
-					free = false
+					freeD = false
 				}
 			}
 			for _, c := range st.Claims {
@@ -437,17 +503,27 @@ func checkQueueInvariants(t *testing.T, st State) {
 					if c.Owner.ContainerID == w.Owner.ContainerID && c.Device.UUID == d.UUID {
 						mine = true
 					} else {
-						free = false
+						freeD = false
 					}
 				}
 			}
+			if freeD && !mine {
+				freeNotMine = append(freeNotMine, d.Index)
+			}
+			free = free && freeD
 			covered = covered && mine
 			needs = needs || !mine
 		}
-		if has {
-			require.True(t, covered, "generation %d: %q has a partial reservation", st.Generation, w.Key)
-		} else {
-			require.False(t, free && needs, "generation %d: every device %q asks for is free, and not reserved", st.Generation, w.Key)
+		switch {
+		case w.Key == head:
+			if len(freeNotMine) > 0 {
+				return fmt.Errorf("generation %d: %q heads the queue but free %v is not reserved for it", st.Generation, w.Key, freeNotMine)
+			}
+		case has && !covered:
+			return fmt.Errorf("generation %d: %q has a partial reservation but %q heads the queue", st.Generation, w.Key, head)
+		case !has && free && needs:
+			return fmt.Errorf("generation %d: every device %q asks for is free, and not reserved", st.Generation, w.Key)
 		}
 	}
+	return nil
 }
