@@ -444,12 +444,13 @@ func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledg
 		d.Reason = "reserved"
 	}
 	text := conflictText{
-		now:    now,
-		policy: g.policy,
-		busy:   d.Busy,
-		waiter: tx.Waiter,
-		key:    key,
-		hook:   owner.FrontEnd == ledger.FrontEndHook,
+		now:     now,
+		policy:  g.policy,
+		busy:    d.Busy,
+		waiter:  tx.Waiter,
+		partial: tx.HoldsPartOfRequest,
+		key:     key,
+		hook:    owner.FrontEnd == ledger.FrontEndHook,
 	}
 	if g.policy.OnConflict == config.ConflictQueue {
 		d.Result = Queue

@@ -22,6 +22,9 @@ type conflictText struct {
 	// waiter resolves a reservation's waiter key to the waiter, so that
 	// "reserved for" names a container rather than a key.
 	waiter func(key string) (ledger.Waiter, bool)
+	// partial reports whether a waiter holds reservations it cannot start
+	// on yet (the head of the queue, keeping what frees for it); nil: never.
+	partial func(key string) bool
 	// key is the requester's waiter key: a reservation for a waiter that
 	// arrived after it is not called "earlier in the queue".
 	key string
@@ -112,8 +115,14 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 		if known {
 			who = HolderName(w.Owner)
 		}
+		order := c.order(w, known)
+		if c.partial != nil && c.partial(r.For) {
+			// The head of the queue: it keeps the device while it waits
+			// for its other ones, so it is not used at its next retry.
+			order += ", first in line: kept for it until the other devices it asks for are free"
+		}
 		return fmt.Sprintf("%s is reserved for %s (%s) until %s (%s left)",
-			name, who, c.order(w, known), r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))
+			name, who, order, r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))
 	default:
 		return name + " is busy"
 	}

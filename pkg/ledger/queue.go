@@ -424,6 +424,19 @@ func (tx *Tx) canStart(w *Waiter) bool {
 	return true
 }
 
+// HoldsPartOfRequest reports whether key's waiter holds reservations but
+// cannot start on them yet: the head of the queue, keeping the devices it
+// asks for as they free until the rest is free too.
+func (tx *Tx) HoldsPartOfRequest(key string) bool {
+	tx.check()
+	i := tx.waiterIndex(key)
+	if i < 0 {
+		return false
+	}
+	w := &tx.st.Waiters[i]
+	return slices.ContainsFunc(w.Devices, func(d devices.Device) bool { return tx.reservedFor(d, key) }) && !tx.canStart(w)
+}
+
 // queueHead is the key of the head of the queue (see maintain, step 5): the
 // earliest waiter that cannot start yet and asks for no cordoned device, or
 // "" when there is none. The waiters before it can start, and there are
