@@ -67,9 +67,10 @@ column says what else the device is ("cordoned,held"). A device the observer
 reports unhealthy is marked so.
 
 status exits 3 and lists what to do when a device is in conflict, a holder has
-exited without releasing its claim, a claim names a device that is not in
-the inventory, or the observer cordoned a device (an intruder, an unhealthy
-GPU). An operator's cordon and a draining claim are listed, not problems.
+exited without releasing its claim (what gc acts on: it releases the claim,
+or under release_requires_idle marks it draining), a claim names a device
+that is not in the inventory, or the observer cordoned a device (an
+intruder, an unhealthy GPU). An operator's cordon and a draining claim are listed, not problems.
 The daemon's GPU observer adds what it saw on the devices themselves (its
 last report, observe.json in the state dir): a process on a GPU its
 container does not hold (intruder, out-of-bounds) and an unhealthy device; a
@@ -167,6 +168,9 @@ type statusDevice struct {
 	InInventory bool             `json:"in_inventory"`
 	// Stale is why the holder's claim is stale (its processes are gone).
 	Stale string `json:"stale,omitempty"`
+	// staleDrains: the stale claim is kept draining, not released, when gc
+	// (or the daemon) acts on it (release_requires_idle).
+	staleDrains bool
 	// Cordon is the cordon covering this device, on it or, then named by
 	// CordonedVia, on its GPU or one of its MIG instances; nil if none.
 	Cordon      *cordonJSON `json:"cordon"`
@@ -386,24 +390,36 @@ func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, r
 	}
 
 	// A claim is stale when the release rule (the one gc and the guard
-	// apply) would release it now; a holder kept by policy (release_on =
-	// "remove") is not stale.
-	exited := map[string]string{} // container id → why, for releasable holders
-	checked := map[string]bool{}
+	// apply) would end it now: release it, or, under [observe]
+	// release_requires_idle, mark it draining (gc does either). A holder
+	// kept by policy (release_on = "remove") is not stale. A container id
+	// names one container only within one runtime root or namespace, so, as
+	// gc does, every incarnation (recorded process) of an id is checked on
+	// its own and its verdict applies to its own claims only: keyed by id,
+	// a live incarnation would hide an exited one or lend it its finding.
+	verdicts := map[incarnation]guard.Verdict{} // one liveness check per incarnation
+	stale := map[string]guard.Verdict{}         // by claimed device UUID
 	for _, c := range st.Claims {
-		id := c.Owner.ContainerID
-		if checked[id] {
-			continue
+		k := incarnationOf(&c.Owner)
+		verdict, ok := verdicts[k]
+		if !ok {
+			verdict = rule.Check(c.Owner)
+			verdicts[k] = verdict
 		}
-		checked[id] = true
-		if v := rule.Check(c.Owner); v.Release() {
-			exited[id] = v.Why
+		if verdict.Release() || verdict.Action == guard.MarkDraining {
+			stale[c.Device.UUID] = verdict
 		}
 	}
 	for i := range v.Devices {
 		d := &v.Devices[i]
 		if d.Holder != nil && d.HeldVia == "" {
-			d.Stale = exited[d.Holder.ContainerID]
+			// The row of the claimed device itself: its holder is that
+			// claim's owner (a row held via another device reports nothing,
+			// the claimed device's row does).
+			if verdict, ok := stale[d.UUID]; ok {
+				d.Stale = verdict.Why
+				d.staleDrains = verdict.Action == guard.MarkDraining
+			}
 		}
 		v.Problems = append(v.Problems, d.problems(inv)...)
 		v.Summary.count(d)
@@ -483,10 +499,17 @@ func (d *statusDevice) problems(inv *devices.Inventory) []problem {
 	var out []problem
 	label := naming.Device(devices.Device{UUID: d.UUID, Index: d.Index, Kind: devices.Kind(d.Kind)})
 	if d.Stale != "" {
+		what := fmt.Sprintf("release it with `sudo %s gc`", programName)
+		if d.staleDrains {
+			// gc does not release it: it marks the claim draining, and the
+			// daemon's observer releases it once the GPU shows the processes
+			// gone (or at idle_grace).
+			what = fmt.Sprintf("run `sudo %s gc` to mark its claim draining (release_requires_idle: it is released once its processes leave the GPU, at the latest after idle_grace)", programName)
+		}
 		out = append(out, problem{
 			Kind: problemHolderExited, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
-			Message: fmt.Sprintf("%s is held by %s (%s) whose processes are gone (%s); release it with `sudo %s gc`",
-				label, d.Holder.name(), naming.ShortID(d.Holder.ContainerID), d.Stale, programName),
+			Message: fmt.Sprintf("%s is held by %s (%s) whose processes are gone (%s); %s",
+				label, d.Holder.name(), naming.ShortID(d.Holder.ContainerID), d.Stale, what),
 		})
 	}
 	for _, c := range d.Conflicts {
