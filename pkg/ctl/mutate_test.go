@@ -496,3 +496,51 @@ func TestGCKeepsAnIncarnationWithoutARecordedProcess(t *testing.T) {
 		})
 	}
 }
+
+// TestReleaseDeviceAmbiguousIndex: an index that names two claimed devices
+// (a stale claim on a MIG instance gone with a layout change keeps the index
+// a live instance has now) is refused, dry run or not, naming both devices
+// and holders; each UUID still releases only its own claim.
+func TestReleaseDeviceAmbiguousIndex(t *testing.T) {
+	gone := devices.Device{UUID: uuidGoneMIG, Index: "0:1", Kind: devices.KindMIG, Parent: uuidGPU0}
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		code     int
+		stderr   []string
+		released string // device UUID whose claim must be gone
+	}{
+		{name: "index", args: []string{"release", "--device", "0:1", "--reason", "x"}, code: ExitUsage,
+			stderr: []string{`device index "0:1" names 2 claimed devices`, "MIG 0:1 (" + uuidGoneMIG + ") held by team-z/ghost/app",
+				"MIG 0:1 (" + uuidMIG1 + ") held by container " + idHook[:12], "give the UUID"}},
+		{name: "index, dry run", args: []string{"release", "--device", "0:1", "--reason", "x", "--dry-run"}, code: ExitUsage,
+			stderr: []string{`device index "0:1" names 2 claimed devices`, uuidGoneMIG, uuidMIG1, "give the UUID"}},
+		{name: "index, dry run, json", args: []string{"release", "--device", "0:1", "--reason", "x", "--dry-run", "-o", "json"}, code: ExitUsage,
+			stderr: []string{`device index "0:1" names 2 claimed devices`}},
+		{name: "the stale claim's UUID", args: []string{"release", "--device", uuidGoneMIG, "--reason", "MIG layout changed"},
+			code: ExitOK, released: uuidGoneMIG},
+		{name: "the live claim's UUID", args: []string{"release", "--device", strings.ToLower(uuidMIG1), "--reason", "x"},
+			code: ExitOK, released: uuidMIG1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+				claim(t, tx, ownGhost, "cdi", gone)
+				claim(t, tx, ownHook, "cdi", f.dev(t, uuidMIG1))
+			})
+			before := f.state(t)
+			r := f.run(t, tc.args...)
+			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			for _, s := range tc.stderr {
+				assert.Contains(t, r.stderr, s)
+			}
+			after := map[string]bool{}
+			for _, c := range f.state(t).Claims {
+				after[c.Device.UUID] = true
+			}
+			for _, c := range before.Claims {
+				assert.Equal(t, c.Device.UUID != tc.released, after[c.Device.UUID], "claim on %s", c.Device.UUID)
+			}
+		})
+	}
+}

@@ -31,8 +31,10 @@ func (a *app) releaseCommand() *cobra.Command {
 		"Force-release a claim (root only, audited)",
 		`Release the claims of one container (--container: the full id or a unique
 prefix, as status and claims show it), or the claim on one device (--device:
-its UUID or index). The reason is required and is written to the audit log with
-the released claims and the operator's uid.
+its UUID or index). An index that names more than one claimed device (a claim
+on a MIG instance or GPU gone from the inventory keeps an index another device
+may have now) is refused, naming each: give the UUID. The reason is required
+and is written to the audit log with the released claims and the operator's uid.
 
 Use it when a holder is known to be gone but its claim stayed (the daemon was
 down when it stopped), or to clear a claim on a GPU that was removed. A released
@@ -189,14 +191,35 @@ func matchContainer(st ledger.State, want string) (string, error) {
 }
 
 // matchDevice finds the claim on a device named by UUID (case-insensitive, as
-// the NVIDIA runtime compares them) or index.
+// the NVIDIA runtime compares them) or index. An index may name more than one
+// claimed device: a claim on a MIG instance the inventory no longer has keeps
+// its old index, which a new instance may have now (a MIG layout change), and
+// a removed GPU's index may be another GPU's. A force-release must not guess
+// between them (it could end a live container's claim): such an index is a
+// usage error naming every device it matches, and the operator gives the
+// UUID.
 func matchDevice(st ledger.State, want string) (ledger.Claim, error) {
+	var byIndex []ledger.Claim
 	for _, c := range st.Claims {
-		if strings.EqualFold(c.Device.UUID, want) || c.Device.Index == want {
-			return c, nil
+		if strings.EqualFold(c.Device.UUID, want) {
+			return c, nil // a UUID names one device, and a device has one claim
+		}
+		if c.Device.Index == want {
+			byIndex = append(byIndex, c)
 		}
 	}
-	return ledger.Claim{}, fmt.Errorf("no claim on device %q: %w (see `%s claims`)", want, ledger.ErrNotFound, programName)
+	switch len(byIndex) {
+	case 0:
+		return ledger.Claim{}, fmt.Errorf("no claim on device %q: %w (see `%s claims`)", want, ledger.ErrNotFound, programName)
+	case 1:
+		return byIndex[0], nil
+	}
+	held := make([]string, len(byIndex))
+	for i, c := range byIndex {
+		held[i] = fmt.Sprintf("%s held by %s", naming.Device(c.Device), guard.HolderName(c.Owner))
+	}
+	return ledger.Claim{}, usagef("device index %q names %d claimed devices: %s; give the UUID of the one to release (--device UUID)",
+		want, len(byIndex), strings.Join(held, "; "))
 }
 
 // sameHolder refuses to release dev when it changed hands since the operator
