@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -17,7 +18,7 @@ import (
 )
 
 func (a *app) recoverCommand() *cobra.Command {
-	var reset, dryRun, noLiveness, noRuntime bool
+	var reset, force, dryRun, noLiveness, noRuntime bool
 	var reason string
 	cmd := newCommand("recover",
 		"Rebuild a damaged, missing or replaced ledger (root only)",
@@ -45,19 +46,24 @@ can be recovered, --reset starts the ledger afresh deliberately (the old files
 are moved aside) with only the claims of the containers the runtimes run
 (read as above; none with --no-runtime): waiters and claims of anything else
 (gpu-guard-ctl run tickets) are forgotten. On an NRI host the daemon rebuilds
-the claims from containerd at its next sync.`,
+the claims from containerd at its next sync. The operator's cordons of the
+newest state that still verifies are kept (each is listed); the observer's
+are dropped (the daemon sets them again). --reset refuses a healthy ledger,
+which has nothing to recover: add --force to start it afresh anyway.`,
 		`  sudo gpu-guard-ctl recover --dry-run
   sudo gpu-guard-ctl recover
-  sudo gpu-guard-ctl recover --reset --reason "all GPU jobs stopped"`,
+  sudo gpu-guard-ctl recover --reset --reason "nothing verifies, all GPU jobs stopped"
+  sudo gpu-guard-ctl recover --reset --force --reason "start afresh: all GPU jobs stopped"`,
 		noArgs,
 		func(cmd *cobra.Command, _ []string) error {
 			if err := a.requireRoot("recover"); err != nil {
 				return err
 			}
-			return a.recoverLedger(cmd.Context(), recoverFlags{reset: reset, dryRun: dryRun, noLiveness: noLiveness,
+			return a.recoverLedger(cmd.Context(), recoverFlags{reset: reset, force: force, dryRun: dryRun, noLiveness: noLiveness,
 				noRuntime: noRuntime, reason: reason})
 		})
-	cmd.Flags().BoolVar(&reset, "reset", false, "start the ledger empty, moving the old files aside")
+	cmd.Flags().BoolVar(&reset, "reset", false, "start the ledger empty (but for the operator's cordons), moving the old files aside")
+	cmd.Flags().BoolVar(&force, "force", false, "with --reset: reset a healthy ledger too")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be recovered; change nothing")
 	cmd.Flags().BoolVar(&noLiveness, "no-liveness", false, "keep every recovered claim, even of holders that exited")
 	cmd.Flags().BoolVar(&noRuntime, "no-runtime", false, "do not read the OCI runtimes' state dirs (no adoption of running containers)")
@@ -67,8 +73,8 @@ the claims from containerd at its next sync.`,
 
 // recoverFlags are the flags of recover.
 type recoverFlags struct {
-	reset, dryRun, noLiveness, noRuntime bool
-	reason                               string
+	reset, force, dryRun, noLiveness, noRuntime bool
+	reason                                      string
 }
 
 // recoverOutput is recover's JSON: the ledger's report and, when the
@@ -81,7 +87,11 @@ type recoverOutput struct {
 func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	reset, dryRun, noLiveness := fl.reset, fl.dryRun, fl.noLiveness
 	if reset && dryRun {
-		return usagef("--reset and --dry-run: a reset changes everything; run without --reset to see what recover would do")
+		return usagef("--reset and --dry-run: a reset starts the ledger afresh, forgetting every claim and waiter but those of " +
+			"the containers the runtimes run; run without --reset to see what recover would do")
+	}
+	if fl.force && !reset {
+		return usagef("--force applies to --reset only (resetting a healthy ledger); recover itself never changes a healthy one")
 	}
 	l, err := a.openLedger(false)
 	if err != nil {
@@ -98,12 +108,17 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	var scan *runtimescan.Result
 	// A healthy ledger is left alone (Recover changes nothing): no need to
 	// read the runtimes, nor to fail for an inventory they would need.
-	healthy := false
-	if !reset {
-		_, serr := l.Snapshot(ctx)
-		healthy = serr == nil
+	st, serr := l.Snapshot(ctx)
+	healthy := serr == nil
+	if reset && healthy && !fl.force {
+		// Nothing to recover: a reset would only forget the claims of
+		// containers that still run (on a hook host nothing rebuilds them)
+		// and every waiter. A typo away from `recover`, it asks for --force.
+		return fmt.Errorf("the ledger in %s is healthy (generation %d: %d claim(s), %d waiter(s), %d cordon(s)): nothing to recover, "+
+			"and --reset would forget its claims and waiters; `%s recover` checks it, `%s recover --reset --force` starts it afresh anyway "+
+			"(the operator's cordons are kept)", l.Dir(), st.Generation, len(st.Claims), len(st.Waiters), len(st.Cordons), programName, programName)
 	}
-	if !fl.noRuntime && len(cfg.Hook.RuntimeRoots) > 0 && !healthy {
+	if !fl.noRuntime && len(cfg.Hook.RuntimeRoots) > 0 && (reset || !healthy) {
 		// Read before the ledger's lock is taken: while the ledger needs
 		// recovery no hook admits anything, so the list cannot miss a
 		// container admitted in between.
@@ -172,6 +187,14 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		if rep.NewLineage {
 			b.WriteString("the state got a new lineage: an NRI daemon rebuilds from the runtime at its next sync\n")
 		}
+	}
+	if reset && rep.Lost != "" {
+		fmt.Fprintf(&b, "LOST: %s\n", rep.Lost)
+	}
+	for _, k := range rep.KeptCordons {
+		// The reason and who are the operator's words: one line each.
+		fmt.Fprintf(&b, "  kept (operator cordon, lasts until uncordoned): %s\n", escapeLine(fmt.Sprintf("%s, by %s since %s: %s",
+			ledger.DescribeDevice(k.Device), k.By, k.Since.UTC().Format(time.RFC3339), k.Reason)))
 	}
 	for _, c := range rep.Claims {
 		fmt.Fprintf(&b, "  holds: %s by %s\n", ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))

@@ -7,9 +7,12 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // A damaged ledger: status fails (never prints GPUs as free), recover
@@ -65,4 +68,83 @@ func TestRecoverDamagedLedger(t *testing.T) {
 	r = f.run(t, "recover")
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "healthy")
+}
+
+// TestRecoverReset: --reset refuses a healthy ledger (nothing to recover)
+// unless --force, changing nothing; a reset keeps the operator's cordons of
+// the newest state that verifies and lists each, drops the observer's, and
+// says so when no state verified to read them from.
+func TestRecoverReset(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		args      []string
+		damage    []string // state files overwritten with junk first
+		code      int
+		stderr    []string
+		stdout    []string
+		kept      bool // the operator's cordon is in the reset state
+		unchanged bool // the ledger is as before
+	}{
+		{name: "healthy ledger, no --force", args: []string{"recover", "--reset", "--reason", "x"}, code: ExitError,
+			stderr:    []string{"is healthy (generation", "4 claim(s)", "2 cordon(s)", "nothing to recover", "recover --reset --force"},
+			unchanged: true},
+		{name: "healthy ledger, --force", args: []string{"recover", "--reset", "--force", "--reason", "x"}, code: ExitOK,
+			stdout: []string{"the ledger was reset: empty", "kept (operator cordon, lasts until uncordoned): GPU 1 (" + uuidGPU1 + "), by uid 0 via gpu-guard-ctl since 2026-03-01T11:00:00Z: ECC errors"},
+			kept:   true},
+		{name: "damaged snapshot", args: []string{"recover", "--reset"}, damage: []string{"ledger.json"}, code: ExitOK,
+			stdout: []string{"the ledger was reset: empty", "kept (operator cordon, lasts until uncordoned): GPU 1 (" + uuidGPU1 + ")"},
+			kept:   true},
+		{name: "nothing verifies", args: []string{"recover", "--reset"}, damage: []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"},
+			code: ExitOK, stdout: []string{"the ledger was reset: empty", "LOST: the operator's cordons: no state verified to read them from"}},
+		{name: "--force without --reset", args: []string{"recover", "--force"}, code: ExitUsage,
+			stderr: []string{"--force applies to --reset only"}, unchanged: true},
+		{name: "--reset --force --dry-run", args: []string{"recover", "--reset", "--force", "--dry-run"}, code: ExitUsage,
+			stderr: []string{"--reset and --dry-run"}, unchanged: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.populate(t)
+			f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+				cordon(t, tx, f.dev(t, uuidGPU1), ledger.CordonOperator, "ECC errors", "uid 0 via gpu-guard-ctl")
+				cordon(t, tx, f.dev(t, uuidGPU0), ledger.CordonIntruder, "pid 4242 not admitted", "nri-gpu-guard observer")
+			})
+			for _, name := range tc.damage {
+				p := filepath.Join(f.dir, name)
+				if _, err := os.Stat(p); err == nil {
+					require.NoError(t, os.WriteFile(p, []byte("junk"), 0o600))
+				}
+			}
+			var before ledger.State
+			if tc.unchanged {
+				before = f.state(t)
+			}
+			auditBefore := len(f.audit(t))
+			f.uid = 0
+			r := f.run(t, tc.args...)
+			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			for _, s := range tc.stderr {
+				assert.Contains(t, r.stderr, s)
+			}
+			for _, s := range tc.stdout {
+				assert.Contains(t, r.stdout, s)
+			}
+			if tc.unchanged {
+				require.Equal(t, before, f.state(t), "a refused reset changes nothing")
+				require.Len(t, f.audit(t), auditBefore)
+				return
+			}
+			st := f.state(t)
+			assert.Empty(t, st.Claims, "the claims are forgotten")
+			var cordons []string
+			for _, k := range st.Cordons {
+				cordons = append(cordons, k.Source+" "+k.Device.UUID)
+			}
+			if tc.kept {
+				assert.Equal(t, []string{ledger.CordonOperator + " " + uuidGPU1}, cordons, "only the operator's cordon is kept")
+				assert.NotContains(t, r.stdout, "LOST")
+			} else {
+				assert.Empty(t, cordons)
+			}
+		})
+	}
 }

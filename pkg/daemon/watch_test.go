@@ -669,7 +669,8 @@ func operatorUncordon(t *testing.T, g *guard.Guard, uuid string) {
 	require.True(t, was)
 }
 
-// resetLedger is `gpu-guard-ctl recover --reset`: a new lineage, no cordon.
+// resetLedger is `gpu-guard-ctl recover --reset`: a new lineage, no cordon
+// of the observer (only an operator's is kept).
 func resetLedger(t *testing.T, g *guard.Guard) {
 	t.Helper()
 	_, err := g.Ledger().Reset(context.Background(), "the host's containers were all stopped")

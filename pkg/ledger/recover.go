@@ -92,6 +92,11 @@ type RecoverReport struct {
 	// Quarantined are the files moved aside (kept for a human, never
 	// overwritten): damaged ones, and ones of another ledger.
 	Quarantined []string `json:"quarantined,omitempty"`
+	// KeptCordons (Reset) are the operator's cordons carried into the
+	// fresh state from the newest state that verified: a reset forgets
+	// holders, not maintenance set on purpose. When no state verified to
+	// read them from, Lost says so.
+	KeptCordons []Cordon `json:"kept_cordons,omitempty"`
 }
 
 // candidate file contents found by Recover.
@@ -360,27 +365,37 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 	}
 	defer unlock()
 	now := l.now()
-	snaps, journals, _, _ := l.gatherForRecovery()
+	snaps, journals, bad, _ := l.gatherForRecovery()
 	gen, seq := highWater(snaps, journals)
 	if m, ok, err := l.readMarker(); err == nil && ok {
 		gen = max(gen, m.Generation)
 	}
 	st := l.emptyState(gen+1, seq)
 	st.Lineage, st.UpdatedAt = newLineage(), now
-	var adoptRecs []AuditRecord
+	tx := newTx(l, st, now)
+	// The newest state that verifies, whatever its lineage or boot (the
+	// marker is not asked: a reset trusts none of them for its holders):
+	// its operator cordons are carried over, as across a reboot. Keeping a
+	// cordon too many only blocks a GPU until uncordoned; dropping one
+	// would hand a GPU under maintenance to the next container.
+	if newest, _, _, ok := bestChain(snaps, journals, marker{}, false, l.opts.BootID); ok {
+		rep.KeptCordons = tx.keepCordonsAcrossReset(newest.Cordons)
+	} else if len(snaps)+len(journals)+len(bad) > 0 {
+		rep.Lost = "the operator's cordons: no state verified to read them from (the files moved aside may hold some); " +
+			"cordon again what is under maintenance (gpu-guard-ctl cordon)"
+	}
 	if len(running) > 0 {
 		if why == nil {
 			why = func(int) string { return "reset: found running in the runtime's state" }
 		}
-		tx := newTx(l, st, now)
 		rep.Adopted, rep.Conflicts = tx.adoptListed(FrontEndHook, running, why)
-		tx.maintain()
-		st, adoptRecs = tx.st, tx.audit
-		tx.close()
-		st.sort(true)
-		if err := validateState(&st); err != nil {
-			return rep, fmt.Errorf("ledger reset: the adopted state breaks an invariant (nothing was written): %w", err)
-		}
+	}
+	tx.maintain()
+	st, adoptRecs := tx.st, tx.audit
+	tx.close()
+	st.sort(true)
+	if err := validateState(&st); err != nil {
+		return rep, fmt.Errorf("ledger reset: the reset state breaks an invariant (nothing was written): %w", err)
 	}
 	// Only once the new state is known to be valid are the old files moved.
 	if err := l.checkLockFile(); err != nil {
@@ -410,9 +425,14 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 	rep.Problem, rep.Generation, rep.Lineage, rep.NewLineage, rep.Empty = "reset: "+reason, st.Generation, st.Lineage, true, len(st.Claims) == 0
 	rep.Claims, rep.Waiters = st.Claims, st.Waiters
 	l.log.Warn("ledger reset: started afresh", "reason", reason, "moved_aside", rep.Quarantined, "adopted", len(rep.Adopted),
-		"conflicts", len(rep.Conflicts))
-	recs := append(adoptRecs, AuditRecord{Time: now, Op: OpReset, Reason: fmt.Sprintf("%s; old files moved to %s; %d claim(s) adopted from the runtime's state",
-		orDash(reason), strings.Join(rep.Quarantined, ", "), len(rep.Adopted))})
+		"conflicts", len(rep.Conflicts), "kept_cordons", len(rep.KeptCordons), "lost", rep.Lost)
+	lost := ""
+	if rep.Lost != "" {
+		lost = "; lost: " + rep.Lost
+	}
+	recs := append(adoptRecs, AuditRecord{Time: now, Op: OpReset, Reason: fmt.Sprintf(
+		"%s; old files moved to %s; %d claim(s) adopted from the runtime's state; %d operator cordon(s) kept%s",
+		orDash(reason), strings.Join(rep.Quarantined, ", "), len(rep.Adopted), len(rep.KeptCordons), lost)})
 	for i := range recs {
 		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
 	}
@@ -420,6 +440,31 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 		l.log.Error("ledger: reset, but its audit record was not written", "error", err)
 	}
 	return rep, nil
+}
+
+// keepCordonsAcrossReset puts the operator's cordons of old (the newest
+// state that verified) into the reset state and audits every cordon of old,
+// kept or dropped, so that none ends silently; it returns the kept ones. As
+// across a reboot (keepCordonsAcrossBoot), an operator's cordon is
+// maintenance set on purpose and lasts until uncordoned, while the
+// observer's are dropped: the daemon's observer cordons a device again
+// while it still sees the reason, and writes again a cordon the ledger lost.
+func (tx *Tx) keepCordonsAcrossReset(old []Cordon) []Cordon {
+	tx.st.Cordons = bootKeptCordons(old)
+	if len(tx.st.Cordons) > 0 {
+		tx.touch()
+	}
+	for _, k := range old {
+		was := fmt.Sprintf("%s cordon by %s since %s: %s", k.Source, k.By, k.Since.UTC().Format(time.RFC3339), k.Reason)
+		if k.Source == CordonOperator {
+			tx.Audit(OpCordon, AuditRecord{Devices: []string{k.Device.UUID},
+				Reason: "kept across the reset (an operator's cordon lasts until uncordoned): " + was})
+			continue
+		}
+		tx.Audit(OpUncordon, AuditRecord{Devices: []string{k.Device.UUID},
+			Reason: "dropped at the reset (the daemon's observer cordons it again while it sees the reason): was " + was})
+	}
+	return slices.Clone(tx.st.Cordons)
 }
 
 // ensureDir creates a missing state dir for Recover and Reset: they are

@@ -141,7 +141,7 @@ func TestPreinstalledPluginSurvivesContainerdRestart(t *testing.T) {
 }
 
 // TestPreinstalledPluginRebuildsAfterReset: an operator resets the ledger
-// (gpu-guard-ctl recover --reset) while a GPU container runs under a guard
+// (gpu-guard-ctl recover --reset --force: the ledger is healthy) while a GPU container runs under a guard
 // launched by containerd, which gets no new Synchronize until containerd
 // restarts. The guard refuses the create that finds the new ledger,
 // rebuilds it in place from the containers it tracks, and the running
@@ -159,7 +159,7 @@ func TestPreinstalledPluginRebuildsAfterReset(t *testing.T) {
 	plugin := pidsWithExe(g.PluginExe())
 	require.Len(t, plugin, 1, "containerd launched the plugin")
 
-	g.Ctl(t, "recover", "--reset", "--no-runtime", "--reason", "integration test")
+	g.Ctl(t, "recover", "--reset", "--force", "--no-runtime", "--reason", "integration test")
 	require.Empty(t, g.ClaimsByContainer(t), "the reset forgot the running holder")
 
 	b := c.RunPod(t, PodSpec{Name: "reset-b"})
