@@ -157,13 +157,14 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		return err
 	}
 	if a.output == outputJSON {
-		// Lists are always present in the JSON, [] when empty.
-		if rep.Claims == nil {
-			rep.Claims = []ledger.Claim{}
-		}
-		if rep.Waiters == nil {
-			rep.Waiters = []ledger.Waiter{}
-		}
+		// Lists are always present in the JSON, [] when empty
+		// (docs/ctl-json.md); but adopted and conflicts, absent when empty.
+		rep.Claims = nonNilSlice(rep.Claims)
+		rep.Waiters = nonNilSlice(rep.Waiters)
+		rep.From = nonNilSlice(rep.From)
+		rep.Released = nonNilSlice(rep.Released)
+		rep.Quarantined = nonNilSlice(rep.Quarantined)
+		rep.KeptCordons = nonNilSlice(rep.KeptCordons)
 		return writeJSON(a.env.Stdout, recoverOutput{RecoverReport: rep, Runtime: scan})
 	}
 	var b strings.Builder
@@ -230,6 +231,14 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	}
 	_, err = fmt.Fprint(a.env.Stdout, b.String())
 	return err
+}
+
+// nonNilSlice is s, or an empty slice for nil: a JSON list, never null.
+func nonNilSlice[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
 }
 
 // writeRuntimeScan says which runtime roots were read and what could not be.

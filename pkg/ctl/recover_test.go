@@ -4,8 +4,10 @@
 package ctl
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,6 +146,61 @@ func TestRecoverReset(t *testing.T) {
 				assert.NotContains(t, r.stdout, "LOST")
 			} else {
 				assert.Empty(t, cordons)
+			}
+		})
+	}
+}
+
+// TestRecoverJSONKeys: recover -o json has every key docs/ctl-json.md lists,
+// whatever happened: problem ("" on a healthy ledger) and lost as strings,
+// every list a list ([] when empty, never null, never absent); only
+// adopted and conflicts are absent when empty.
+func TestRecoverJSONKeys(t *testing.T) {
+	strs := []string{"problem", "lost", "lineage"}
+	lists := []string{"from", "claims", "waiters", "released", "quarantined", "kept_cordons"}
+	others := []string{"replayed", "recovered_generation", "generation", "complete", "new_lineage", "empty"}
+	for _, tc := range []struct {
+		name        string
+		args        []string
+		damage      bool // ledger.json overwritten with junk first
+		wantProblem bool
+	}{
+		{name: "healthy", args: []string{"recover", "-o", "json"}},
+		{name: "healthy, dry run", args: []string{"recover", "--dry-run", "-o", "json"}},
+		{name: "damaged, dry run", args: []string{"recover", "--dry-run", "-o", "json"}, damage: true, wantProblem: true},
+		{name: "damaged", args: []string{"recover", "-o", "json"}, damage: true, wantProblem: true},
+		{name: "reset", args: []string{"recover", "--reset", "--force", "-o", "json"}, wantProblem: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+				claim(t, tx, ownTrainer, "env", f.dev(t, uuidGPU1))
+			})
+			if tc.damage {
+				require.NoError(t, os.WriteFile(filepath.Join(f.dir, "ledger.json"), []byte("junk"), 0o600))
+			}
+			f.uid = 0
+			r := f.run(t, tc.args...)
+			require.Equal(t, ExitOK, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			var out map[string]json.RawMessage
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+			for _, k := range strs {
+				var s string
+				require.Contains(t, out, k, r.stdout)
+				require.NoError(t, json.Unmarshal(out[k], &s), "%s is a string: %s", k, out[k])
+			}
+			for _, k := range lists {
+				require.Contains(t, out, k, r.stdout)
+				assert.True(t, strings.HasPrefix(string(out[k]), "["), "%s is a list, [] when empty: %s", k, out[k])
+			}
+			for _, k := range others {
+				assert.Contains(t, out, k, r.stdout)
+			}
+			var problem string
+			require.NoError(t, json.Unmarshal(out["problem"], &problem))
+			assert.Equal(t, tc.wantProblem, problem != "", "problem = %q", problem)
+			for _, k := range []string{"adopted", "conflicts"} {
+				assert.NotContains(t, out, k, "absent when empty")
 			}
 		})
 	}

@@ -56,13 +56,15 @@ type RecoverOptions struct {
 	DryRun bool
 }
 
-// RecoverReport says exactly what Recover found and did.
+// RecoverReport says exactly what Recover found and did. Its JSON is
+// gpu-guard-ctl recover's (docs/ctl-json.md): every key is present, but
+// Adopted and Conflicts, which are omitted when empty.
 type RecoverReport struct {
 	// Problem is what was wrong; "" if the state was healthy and nothing
 	// was done.
-	Problem string `json:"problem,omitempty"`
+	Problem string `json:"problem"`
 	// From lists the files the state was rebuilt from, in order of use.
-	From []string `json:"from,omitempty"`
+	From []string `json:"from"`
 	// Replayed is the number of journal records replayed onto the base.
 	Replayed int `json:"replayed"`
 	// RecoveredGeneration is the last commit recovered; Generation the
@@ -73,7 +75,7 @@ type RecoverReport struct {
 	// true when there is no marker to compare with).
 	Complete bool `json:"complete"`
 	// Lost describes what could not be recovered ("" if nothing).
-	Lost string `json:"lost,omitempty"`
+	Lost string `json:"lost"`
 	// Lineage of the written state; NewLineage when it had to change
 	// (commits lost, or started empty), which makes the NRI daemon rebuild
 	// from the runtime.
@@ -84,19 +86,19 @@ type RecoverReport struct {
 	// freed because Alive said their holder is gone.
 	Claims   []Claim  `json:"claims"`
 	Waiters  []Waiter `json:"waiters"`
-	Released []Claim  `json:"released,omitempty"`
+	Released []Claim  `json:"released"`
 	// Adopted are the claims given to Running containers that held none;
 	// Conflicts the Running containers found on a device another holds.
 	Adopted   []Claim    `json:"adopted,omitempty"`
 	Conflicts []Conflict `json:"conflicts,omitempty"`
 	// Quarantined are the files moved aside (kept for a human, never
 	// overwritten): damaged ones, and ones of another ledger.
-	Quarantined []string `json:"quarantined,omitempty"`
+	Quarantined []string `json:"quarantined"`
 	// KeptCordons (Reset) are the operator's cordons carried into the
 	// fresh state from the newest state that verified: a reset forgets
 	// holders, not maintenance set on purpose. When no state verified to
 	// read them from, Lost says so.
-	KeptCordons []Cordon `json:"kept_cordons,omitempty"`
+	KeptCordons []Cordon `json:"kept_cordons"`
 }
 
 // candidate file contents found by Recover.
