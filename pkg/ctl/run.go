@@ -99,9 +99,14 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 	if err != nil {
 		return err
 	}
-	if a.stateDirFlag != "" {
-		cfg.Ledger.Dir = a.stateDirFlag
+	// The checked --state-dir, as every other command takes it: a mistyped
+	// one would otherwise open a fresh, empty ledger there and "claim" GPUs
+	// that the daemon and the hooks never see.
+	dir, err := a.stateDir()
+	if err != nil {
+		return err
 	}
+	cfg.Ledger.Dir = dir
 
 	// Ctrl-C while waiting leaves the queue; once the command runs, the
 	// signals are its to handle (forwarded below).

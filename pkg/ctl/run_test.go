@@ -161,3 +161,34 @@ func (w *lineWatch) String() string {
 	defer w.mu.Unlock()
 	return w.buf.String()
 }
+
+// TestRunChecksStateDir: run takes --state-dir as every other command does:
+// a relative or missing dir is refused before anything is claimed, and
+// nothing is created there (a fresh ledger in a mistyped dir would "claim"
+// GPUs the daemon and the hooks never see).
+func TestRunChecksStateDir(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		dir  func(f *fixture) string
+		code int
+		want string
+	}{
+		{name: "missing", dir: func(f *fixture) string { return f.dir + "-typo" }, code: ExitError, want: "no such directory"},
+		{name: "relative", dir: func(*fixture) string { return "state" }, code: ExitUsage, want: "want the absolute path"},
+		{name: "a file", dir: func(f *fixture) string { return f.config }, code: ExitError, want: "not a directory"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			dir := tc.dir(f)
+			r := f.run(t, "--state-dir", dir, "run", "--gpus", "1", "--", "true")
+			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			assert.Contains(t, r.stderr, "--state-dir")
+			assert.Contains(t, r.stderr, tc.want)
+			assert.NotContains(t, r.stderr, "claimed for ticket")
+			if tc.name == "missing" {
+				assert.NoDirExists(t, dir, "nothing is created in a mistyped state dir")
+			}
+			assert.Empty(t, f.state(t).Claims)
+		})
+	}
+}
