@@ -280,6 +280,37 @@ func TestStateDirFlag(t *testing.T) {
 	assert.JSONEq(t, `{"claims":[]}`, r.stdout)
 }
 
+// TestStateDirFlagRefused: a --state-dir that cannot be the ledger's is
+// refused by every command that reads the ledger, with one clear error and
+// nothing else (no warning about the inventory cache that is not there
+// either), and nothing is shown.
+func TestStateDirFlagRefused(t *testing.T) {
+	for _, dir := range []struct {
+		name string
+		dir  func(f *fixture) string
+		code int
+		want string
+	}{
+		{name: "missing", dir: func(f *fixture) string { return f.dir + "-typo" }, code: ExitError, want: "no such directory"},
+		{name: "relative", dir: func(*fixture) string { return "state" }, code: ExitUsage, want: "want the absolute path"},
+		{name: "a file", dir: func(f *fixture) string { return f.config }, code: ExitError, want: "not a directory"},
+	} {
+		for _, args := range [][]string{{"status"}, {"status", "-o", "json"}, {"claims"}, {"queue"}, {"gc", "--dry-run"}} {
+			t.Run(dir.name+"/"+strings.Join(args, " "), func(t *testing.T) {
+				f := newFixture(t)
+				f.populate(t)
+				d := dir.dir(f)
+				r := f.run(t, append([]string{"--state-dir", d}, args...)...)
+				require.Equal(t, dir.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+				assert.Empty(t, r.stdout)
+				assert.Contains(t, r.stderr, "--state-dir")
+				assert.Contains(t, r.stderr, dir.want)
+				assert.NotContains(t, r.stderr, "warning", "only the error")
+			})
+		}
+	}
+}
+
 // TestConfigFromEnvironment: without --config, NRI_GPU_GUARD_CONFIG names the
 // configuration.
 func TestConfigFromEnvironment(t *testing.T) {

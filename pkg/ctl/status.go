@@ -90,6 +90,11 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 				return err
 			}
 			rule := guard.NewReleaseRule(cfg, a.env.Liveness)
+			// A bad --state-dir is the error, not a warning that the
+			// inventory (whose cache is there) is missing before it.
+			if _, err := a.stateDir(); err != nil {
+				return err
+			}
 			inv, info, err := a.inventory()
 			if _, ok := errors.AsType[*NVMLHandoverError](err); ok {
 				return err
