@@ -126,8 +126,13 @@
 //     holder was found exited (the guard's liveness check, gc, Recover's
 //     Alive) ends only that incarnation (ReleaseIncarnation,
 //     MarkDrainingIncarnation, MarkStoppedIncarnation: the claims recording
-//     the exited process, SameRecordedProcess); a claim of the id that
-//     records no process may be another container and is kept.
+//     the exited process, SameRecordedProcess: a pid on both sides or on
+//     neither, and every field both record — pid, its start time, cgroup —
+//     equal); a claim of the id that records no process, or one whose
+//     process differs in any field both know, may be another container and
+//     is kept. What is missing from the exited one's record (a start time
+//     that could not be read, a pid not recorded yet) is never taken for a
+//     match.
 //   - Reservations are on free devices (no claim conflicts with one), and
 //     keep the queue fair without deadlock. The head of the queue (the
 //     earliest waiter that cannot start yet and asks for no cordoned

@@ -549,9 +549,9 @@ func (tx *Tx) Release(containerID, reason string) []Claim {
 // ReleaseIncarnation is Release for the one incarnation of a container that
 // o names: what a liveness check found exited is that process's container,
 // not another one that runs under the same id. With o's process recorded
-// (pid and start time) only claims recording that same process end; a claim
-// of the id that records none may be another container not started yet,
-// and is kept (unlike SameIncarnation, which calls such a pair the same
+// only claims recording that same process end (see SameRecordedProcess); a
+// claim of the id that records none may be another container not started
+// yet, and is kept (unlike SameIncarnation, which calls such a pair the same
 // container so as never to count one container twice as busy).
 func (tx *Tx) ReleaseIncarnation(o Owner, reason string) []Claim {
 	tx.check()
@@ -564,15 +564,41 @@ func (tx *Tx) ReleaseIncarnation(o Owner, reason string) []Claim {
 	return out
 }
 
+// recordsProcess reports whether o records anything of its process: a pid
+// or a cgroup.
+func recordsProcess(o *Owner) bool { return o.Pid > 0 || o.Cgroup != "" }
+
 // SameRecordedProcess reports whether a is the incarnation o names: the same
-// container id and, when o records its process (pid and start time), the
-// same process recorded in a.
+// container id and, when o records its process, the same process recorded in
+// a. It decides which claims the incarnation operations end, so it matches
+// only on evidence, never on its absence: a claim is o's only when it
+// records a process too and every field both record agrees — the pid (one
+// recording a pid and the other none are two stages of two containers, not
+// one), the pid's start time when both know it, the cgroup when both know
+// it. Any difference in a known field makes it another container of the id
+// (another runtime root or namespace), which is kept: an exited container
+// whose pid start time could not be read, or that records only its cgroup
+// (an NRI claim before its start record), must not end the claim of a live
+// one of the same id. An o that records no process at all names the
+// container by id (MarkStopped, MarkDraining): every claim of the id.
 func SameRecordedProcess(a, o *Owner) bool {
 	if a.ContainerID != o.ContainerID {
 		return false
 	}
-	if o.Pid > 0 && o.PidStart > 0 {
-		return a.Pid == o.Pid && a.PidStart == o.PidStart
+	if !recordsProcess(o) {
+		return true
+	}
+	if !recordsProcess(a) || (a.Pid > 0) != (o.Pid > 0) {
+		return false
+	}
+	if a.Pid > 0 && a.Pid != o.Pid {
+		return false
+	}
+	if a.PidStart > 0 && o.PidStart > 0 && a.PidStart != o.PidStart {
+		return false
+	}
+	if a.Cgroup != "" && o.Cgroup != "" && a.Cgroup != o.Cgroup {
+		return false
 	}
 	return true
 }
