@@ -292,7 +292,9 @@ func drainingText(o ledger.Owner, now time.Time) string {
 }
 
 // drainPod marks draining the claims of every container of a gone pod
-// (matched like Tx.ReleasePod) and reports whether anything changed.
+// sandbox (matched like Tx.ReleasePod: by sandbox id, so that the old
+// sandbox of a pod the kubelet gave a new one drains nothing of the new
+// one's) and reports whether anything changed.
 func (g *Guard) drainPod(tx *ledger.Tx, fe ledger.FrontEnd, podUID, sandboxID string) bool {
 	if podUID == "" && sandboxID == "" {
 		return false

@@ -753,10 +753,14 @@ func (g *Guard) WithdrawExited(ctx context.Context, key, reason string, runs fun
 	return kept, err
 }
 
-// PodGone releases every claim of front end fe's stopped or removed pod and
-// drops its waiters: a waiter whose pod is gone never claims. Only fe's own
-// claims and waiters are touched (ledger.PodMatches): another front end's
-// pod identity may be annotations a container's creator wrote.
+// PodGone releases every claim of front end fe's stopped or removed pod
+// sandbox and drops its waiters: a waiter whose pod is gone never claims.
+// The sandbox id decides (ledger.PodMatches): the kubelet replaces a pod's
+// sandbox under the same pod UID and removes the old one later, and that
+// removal must leave the new sandbox's containers alone; the pod UID counts
+// only where the event or the ledger has no sandbox id. Only fe's own claims
+// and waiters are touched: another front end's pod identity may be
+// annotations a container's creator wrote.
 func (g *Guard) PodGone(ctx context.Context, fe ledger.FrontEnd, podUID, sandboxID string) error {
 	var (
 		rel     []ledger.Claim

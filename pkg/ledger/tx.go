@@ -498,8 +498,8 @@ func (tx *Tx) DropWaiter(key, reason string) bool {
 	return true
 }
 
-// DropPodWaiters removes every waiter of front end fe's pod (matched by pod
-// UID or sandbox id, whichever is given) and returns them.
+// DropPodWaiters removes every waiter of front end fe's pod sandbox (matched
+// as PodMatches says) and returns them.
 func (tx *Tx) DropPodWaiters(fe FrontEnd, podUID, sandboxID, reason string) []Waiter {
 	tx.check()
 	var out []Waiter
@@ -518,17 +518,33 @@ func (tx *Tx) DropPodWaiters(fe FrontEnd, podUID, sandboxID, reason string) []Wa
 	return out
 }
 
-// PodMatches reports whether o belongs to front end fe's pod named by pod
-// UID or sandbox id (whichever is given). Only fe's own owners match: a
-// front end's pod events speak for its pods alone, and the pod identity of
-// another front end's owner may be nothing but annotations its creator
-// wrote (an OCI hook container naming a Kubernetes pod's UID must not lose
-// its claim, while it keeps the GPU, when that pod goes).
+// PodMatches reports whether o belongs to the pod sandbox of front end fe
+// that a pod event names by pod UID and sandbox id.
+//
+// The sandbox id decides whenever both the event and o have one: a pod
+// keeps its UID when the kubelet replaces its sandbox (a new sandbox id, the
+// old one stopped and removed later by its garbage collection, while the
+// containers of the new one run), so the old sandbox's stop or removal must
+// not end the claims, or drop the waiters, of the new one's containers. A
+// waiter records the sandbox of its latest retry (Enqueue refreshes the
+// owner), so a waiter that retried in the new sandbox stays too. Only an
+// event without a sandbox id, or an owner that records none (written by an
+// older version, or by a front end that knows no sandbox), is matched by
+// pod UID.
+//
+// Only fe's own owners match: a front end's pod events speak for its pods
+// alone, and the pod identity of another front end's owner may be nothing
+// but annotations its creator wrote (an OCI hook container naming a
+// Kubernetes pod's UID must not lose its claim, while it keeps the GPU, when
+// that pod goes).
 func PodMatches(o *Owner, fe FrontEnd, podUID, sandboxID string) bool {
 	if o.FrontEnd != fe {
 		return false
 	}
-	return (podUID != "" && o.PodUID == podUID) || (sandboxID != "" && o.PodSandboxID == sandboxID)
+	if sandboxID != "" && o.PodSandboxID != "" {
+		return o.PodSandboxID == sandboxID
+	}
+	return podUID != "" && o.PodUID == podUID
 }
 
 // Release ends every claim of containerID (and its conflict records) and
@@ -604,8 +620,8 @@ func SameRecordedProcess(a, o *Owner) bool {
 }
 
 // ReleasePod ends every claim (and conflict record) of the containers of
-// front end fe's pod, matched by pod UID or sandbox id, whichever is given
-// (see PodMatches).
+// front end fe's pod sandbox, matched by sandbox id, or by pod UID where
+// the event or the claim has no sandbox id (see PodMatches).
 func (tx *Tx) ReleasePod(fe FrontEnd, podUID, sandboxID, reason string) []Claim {
 	tx.check()
 	if podUID == "" && sandboxID == "" {
