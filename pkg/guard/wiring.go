@@ -75,31 +75,49 @@ func Prescreen(cfg config.Config, inv *devices.Inventory, invErr error, req devi
 // containers hold claims keeps tracking it past its stop event.
 func (g *Guard) ClaimOutlivesStop() bool { return g.policy.ReleaseOn == config.ReleaseOnRemove }
 
-// ForgetVanishedPods drops the waiters (and releases any claims) of the pods
-// of front end fe that the runtime no longer lists: a pod removed while the
-// front end was away never gets its pod-removal event, and a waiter whose pod
-// is gone never claims. livePods are the pod UIDs the runtime lists. It
-// returns how many pods it dropped; a pod whose drop failed is logged and
-// left for the next call.
+// ForgetVanishedPods drops the waiters of the pods of front end fe that the
+// runtime no longer lists: a pod removed while the front end was away never
+// gets its pod-removal event, and a waiter whose pod is gone never claims.
+// livePods are the pod UIDs the runtime lists. It returns how many pods'
+// waiters it dropped.
+//
+// It leaves claims alone: the reconcile of the same Synchronize decides
+// them from the containers the runtime lists. A pod missing from the pod
+// list is not always gone: containerd's ListPodSandboxes leaves out a pod
+// in StateUnknown while ListContainers still lists its running containers,
+// so releasing a vanished pod's claims here would end the claim the
+// reconcile just kept for a container that runs on the GPU. A waiter of
+// such a pod loses its place, but a live pod's next create retry queues it
+// again.
 func (g *Guard) ForgetVanishedPods(ctx context.Context, fe ledger.FrontEnd, livePods []string) (int, error) {
-	st, err := g.ledger.Snapshot(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("read ledger: %w", err)
-	}
 	live := make(map[string]bool, len(livePods))
 	for _, uid := range livePods {
 		live[uid] = true
 	}
-	gone := map[string]string{} // pod uid -> sandbox id
-	for _, w := range st.Waiters {
-		if w.Owner.FrontEnd == fe && w.Owner.PodUID != "" && !live[w.Owner.PodUID] {
-			gone[w.Owner.PodUID] = w.Owner.PodSandboxID
+	var dropped []ledger.Waiter
+	err := g.update(ctx, "forget vanished pods", func(tx *ledger.Tx) bool {
+		dropped = nil // fn may be retried
+		var keys []string
+		for _, w := range tx.ReadState().Waiters {
+			if w.Owner.FrontEnd == fe && w.Owner.PodUID != "" && !live[w.Owner.PodUID] {
+				keys = append(keys, w.Key)
+			}
 		}
-	}
-	for uid, sandbox := range gone {
-		if err := g.PodGone(ctx, fe, uid, sandbox); err != nil {
-			g.log.Warn("dropping waiters of a vanished pod failed", slog.String("pod_uid", uid), slog.Any("error", err))
+		for _, k := range keys {
+			if w, ok := tx.Waiter(k); ok && tx.DropWaiter(k, "pod gone: the runtime no longer lists it") {
+				dropped = append(dropped, w)
+			}
 		}
+		return len(dropped) > 0
+	})
+	if err != nil {
+		return 0, fmt.Errorf("drop the waiters of vanished pods: %w", err)
 	}
-	return len(gone), nil
+	pods := map[string]bool{}
+	for _, w := range dropped {
+		pods[w.Owner.PodUID] = true
+		g.log.Info("waiter dropped: its pod is no longer listed", append(ownerAttrs(w.Owner, w.Key),
+			slog.Any("devices", deviceUUIDs(w.Devices)))...)
+	}
+	return len(pods), nil
 }
