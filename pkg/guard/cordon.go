@@ -48,6 +48,9 @@ const maxCordonReasonLen = 512
 // source is "operator", "intruder" or "unhealthy"; idempotent (a repeat
 // updates reason, keeps Since). The holder keeps its claim. Cordons by the
 // observer are recorded as by ObserverBy, an operator's as by "operator".
+// An observer's cordon never replaces an operator's on the same device
+// (ledger.OperatorCordonKept): the operator's stays, and the finding is
+// audited and logged; an operator's replaces an observer's.
 func (g *Guard) CordonDevice(ctx context.Context, uuid, source, reason string) error {
 	by := ObserverBy
 	if source == ledger.CordonOperator {
@@ -75,7 +78,8 @@ func (g *Guard) Cordoned(ctx context.Context, uuid string) (bool, error) {
 // Cordon is CordonDevice naming who cordoned the device (gpu-guard-ctl
 // records the operator's uid). It returns the cordon in force and whether
 // this call changed the ledger: a new cordon, or another source, reason or
-// by. Both are decided in the transaction that writes it, so a concurrent
+// by (never an observer's finding on an operator's cordon, which stays).
+// Both are decided in the transaction that writes it, so a concurrent
 // cordon of the same device cannot make the answer wrong.
 func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (ledger.Cordon, bool, error) {
 	dev, err := g.lookup(uuid)
@@ -92,6 +96,7 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 	var (
 		k       ledger.Cordon
 		changed bool
+		kept    bool // an operator's cordon stays, unchanged by this observer's finding
 		cerr    error
 	)
 	err = g.update(ctx, "cordon", func(tx *ledger.Tx) bool {
@@ -102,6 +107,7 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 				break
 			}
 		}
+		kept = prev != nil && ledger.OperatorCordonKept(prev, source)
 		var isNew bool
 		k, isNew, cerr = tx.Cordon(dev, source, reason, by)
 		changed = isNew || (prev != nil && (prev.Source != k.Source || prev.Reason != k.Reason || prev.By != k.By))
@@ -112,6 +118,17 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 	}
 	if err != nil {
 		return ledger.Cordon{}, false, fmt.Errorf("cordon %s: %w", naming.Device(dev), err)
+	}
+	if kept {
+		// The device is out of new claims already, by an operator who
+		// lifts it on purpose: the finding is for them to see (audited
+		// with the cordon kept), and must not turn the cordon into one a
+		// reboot drops.
+		g.log.Warn("device already cordoned by an operator: the operator's cordon is kept; the observer's finding is audited, not recorded as a cordon",
+			slog.String("device", naming.Device(dev)), slog.String("device_uuid", dev.UUID),
+			slog.String("source", source), slog.String("reason", reason),
+			slog.String("operator_cordon_by", k.By), slog.String("operator_cordon_reason", k.Reason))
+		return k, false, nil
 	}
 	level := slog.LevelInfo
 	if changed {

@@ -270,25 +270,37 @@ func TestStopReleasesWithoutRequiresIdle(t *testing.T) {
 }
 
 // Cordon says whether it changed the ledger, decided in its own transaction:
-// a new cordon or another source, reason or by does; a repeat does not.
+// a new cordon or another source, reason or by does; a repeat does not, nor
+// does an observer's finding on an operator's cordon, which stays as it is.
 func TestCordonReportsWhetherItChangedTheLedger(t *testing.T) {
 	e, _ := newStateEnv(t, nil)
 	for i, tc := range []struct {
 		source, reason, by string
 		changed            bool
+		// the cordon in force after the call, when not the one asked for
+		wantSource, wantReason string
 	}{
-		{ledger.CordonOperator, "fan", "uid 0", true},
-		{ledger.CordonOperator, "fan", "uid 0", false},
-		{ledger.CordonOperator, "fan replaced", "uid 0", true},
-		{ledger.CordonOperator, "fan replaced", "uid 1000 (alice)", true},
-		{ledger.CordonUnhealthy, "fan replaced", "uid 1000 (alice)", true},
-		{ledger.CordonUnhealthy, "fan replaced", "uid 1000 (alice)", false},
+		{source: ledger.CordonUnhealthy, reason: "Xid 79", by: guard.ObserverBy, changed: true},
+		{source: ledger.CordonUnhealthy, reason: "Xid 79", by: guard.ObserverBy, changed: false},
+		{source: ledger.CordonIntruder, reason: "pid 4242", by: guard.ObserverBy, changed: true},
+		{source: ledger.CordonOperator, reason: "fan", by: "uid 0", changed: true},
+		{source: ledger.CordonOperator, reason: "fan", by: "uid 0", changed: false},
+		{source: ledger.CordonOperator, reason: "fan replaced", by: "uid 0", changed: true},
+		{source: ledger.CordonOperator, reason: "fan replaced", by: "uid 1000 (alice)", changed: true},
+		{source: ledger.CordonUnhealthy, reason: "Xid 48", by: guard.ObserverBy, changed: false,
+			wantSource: ledger.CordonOperator, wantReason: "fan replaced"},
+		{source: ledger.CordonIntruder, reason: "pid 4343", by: guard.ObserverBy, changed: false,
+			wantSource: ledger.CordonOperator, wantReason: "fan replaced"},
 	} {
+		if tc.wantSource == "" {
+			tc.wantSource, tc.wantReason = tc.source, tc.reason
+		}
 		gen := e.state().Generation
 		k, changed, err := e.g.Cordon(ctx, uuid(2), tc.source, tc.reason, tc.by)
 		require.NoError(t, err, "step %d", i)
 		assert.Equal(t, tc.changed, changed, "step %d", i)
-		assert.Equal(t, tc.reason, k.Reason, "step %d", i)
+		assert.Equal(t, tc.wantSource, k.Source, "step %d", i)
+		assert.Equal(t, tc.wantReason, k.Reason, "step %d", i)
 		assert.Equal(t, tc.changed, e.state().Generation != gen, "step %d: written iff changed", i)
 	}
 }

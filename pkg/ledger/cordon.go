@@ -120,7 +120,15 @@ func (tx *Tx) Cordons() []Cordon {
 // reservation is made on it; the reservations already on it are dropped
 // (their waiters keep their places). Whoever holds d keeps its claim. A
 // repeated cordon of the same device updates source, reason and by and keeps
-// Since. It returns the cordon and whether it is new.
+// Since, with one exception: an observer's cordon (intruder, unhealthy)
+// never replaces an operator's (see OperatorCordonKept). It returns the
+// cordon in force and whether it is new.
+//
+// Cordons are kept by device UUID: one on a GPU and one on a MIG instance
+// of it are two cordons, each lifted and each carried across a reboot on
+// its own, so an observer's cordon on a MIG instance of an
+// operator-cordoned GPU (or the reverse) stands next to the operator's and
+// still covers its device once the operator's is lifted.
 func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool, error) {
 	tx.check()
 	if d.UUID == "" {
@@ -131,12 +139,25 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 	}
 	k := Cordon{Device: d, Source: source, Reason: reason, By: by, Since: tx.now}
 	i, found := tx.cordonIndex(d.UUID)
+	var was string
 	if found {
 		old := tx.st.Cordons[i]
+		if OperatorCordonKept(&old, source) {
+			// The operator's cordon is maintenance set on purpose (a GPU
+			// waiting for an RMA): rewritten with the observer's source it
+			// would lose its reason and author, and be dropped at the next
+			// reboot as the observer's, after which the GPU takes claims
+			// again. The device is out of new claims either way; the
+			// finding is kept in the audit log for whoever lifts the cordon.
+			tx.Audit(OpCordon, AuditRecord{Devices: []string{d.UUID},
+				Reason: fmt.Sprintf("%s %s (%s) by %s: %s", CordonKeptPrefix, cordonText(&old), source, by, reason)})
+			return old, false, nil
+		}
 		k.Since = old.Since
 		if sameCordon(&old, &k) {
 			return old, false, nil
 		}
+		was = " (was " + cordonText(&old) + ")"
 	}
 	// A new array: st.Cordons may share its storage with the cache.
 	tx.st.Cordons = upsertByUUID(slices.Clone(tx.st.Cordons), k, cordonUUID)
@@ -146,10 +167,28 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 		verb = "cordon updated"
 	}
 	tx.Audit(OpCordon, AuditRecord{Devices: []string{d.UUID},
-		Reason: fmt.Sprintf("%s (%s) by %s: %s", verb, source, by, reason)})
+		Reason: fmt.Sprintf("%s (%s) by %s: %s%s", verb, source, by, reason, was)})
 	tx.dropReservationsOn(d, "cordoned ("+source+"): "+reason)
 	tx.maintain()
 	return k, !found, nil
+}
+
+// CordonKeptPrefix starts the reason of the audit record (OpCordon) of an
+// observer's finding on a device an operator cordoned: the operator's
+// cordon stays as it was, and the finding is recorded after it.
+const CordonKeptPrefix = "operator cordon kept, not replaced by the observer's finding:"
+
+// OperatorCordonKept reports whether a cordon from source leaves the cordon
+// old in force as it is: old is an operator's and source the observer's
+// (intruder, unhealthy). An operator's cordon replaces any cordon, and an
+// observer's replaces the observer's.
+func OperatorCordonKept(old *Cordon, source string) bool {
+	return old.Source == CordonOperator && source != CordonOperator
+}
+
+// cordonText describes a cordon for audit records.
+func cordonText(k *Cordon) string {
+	return fmt.Sprintf("%s cordon by %s since %s: %s", k.Source, k.By, k.Since.UTC().Format(time.RFC3339), k.Reason)
 }
 
 // Uncordon lifts the cordon on the device uuid and returns it; ok is false
@@ -330,7 +369,7 @@ func (tx *Tx) keepCordonsAcrossBoot(old []Cordon) {
 		tx.touch()
 	}
 	for _, k := range old {
-		was := fmt.Sprintf("%s cordon by %s since %s: %s", k.Source, k.By, k.Since.UTC().Format(time.RFC3339), k.Reason)
+		was := cordonText(&k)
 		if k.Source == CordonOperator {
 			tx.Audit(OpCordon, AuditRecord{Devices: []string{k.Device.UUID},
 				Reason: "kept across the reboot (an operator's cordon lasts until uncordoned): " + was})

@@ -68,12 +68,13 @@ func TestCordonKeepsTheHolderAndIsIdempotent(t *testing.T) {
 	})
 	since := c.Now()
 	update(t, l, func(tx *Tx) {
-		_, _, err := tx.Cordon(gpu(0), CordonOperator, "first", "alice")
+		_, _, err := tx.Cordon(gpu(0), CordonUnhealthy, "Xid 79", "observer")
 		require.NoError(t, err)
 	})
 	c.Advance(time.Minute)
 	update(t, l, func(tx *Tx) {
-		k, isNew, err := tx.Cordon(gpu(0), CordonUnhealthy, "Xid 79", "observer")
+		// An operator's cordon replaces the observer's.
+		k, isNew, err := tx.Cordon(gpu(0), CordonOperator, "first", "alice")
 		require.NoError(t, err)
 		require.False(t, isNew, "a repeat is not a new cordon")
 		require.True(t, k.Since.Equal(since), "a repeat keeps Since")
@@ -84,12 +85,12 @@ func TestCordonKeepsTheHolderAndIsIdempotent(t *testing.T) {
 	st := snapshot(t, l)
 	require.Equal(t, map[string]string{gpu(0).UUID: "h1"}, holders(st), "the holder keeps its claim")
 	require.Len(t, st.Cordons, 1)
-	require.Equal(t, Cordon{Device: gpu(0), Source: CordonUnhealthy, Reason: "Xid 79", By: "observer", Since: since}, st.Cordons[0])
+	require.Equal(t, Cordon{Device: gpu(0), Source: CordonOperator, Reason: "first", By: "alice", Since: since}, st.Cordons[0])
 
 	// An identical repeat changes nothing (no commit, no audit record).
 	gen := st.Generation
 	update(t, l, func(tx *Tx) {
-		_, _, err := tx.Cordon(gpu(0), CordonUnhealthy, "Xid 79", "observer")
+		_, _, err := tx.Cordon(gpu(0), CordonOperator, "first", "alice")
 		require.NoError(t, err)
 	})
 	require.Equal(t, gen, snapshot(t, l).Generation)
@@ -98,7 +99,7 @@ func TestCordonKeepsTheHolderAndIsIdempotent(t *testing.T) {
 	var ok bool
 	update(t, l, func(tx *Tx) { k, ok = tx.Uncordon(gpu(0).UUID, "bob") })
 	require.True(t, ok)
-	require.Equal(t, "Xid 79", k.Reason)
+	require.Equal(t, "first", k.Reason)
 	update(t, l, func(tx *Tx) { _, ok = tx.Uncordon(gpu(0).UUID, "bob") })
 	require.False(t, ok, "nothing to lift")
 	require.Empty(t, snapshot(t, l).Cordons)

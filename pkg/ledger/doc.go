@@ -162,7 +162,12 @@
 //     of new claims: no Claim of it or of a device conflicting with it (a
 //     cordon on a GPU covers its MIG instances, one on a MIG instance blocks
 //     its GPU) and no reservation on it; its holder keeps its claim, and so
-//     may a container ask again for what it holds. Cordons last until
+//     may a container ask again for what it holds. An observer's cordon
+//     never replaces an operator's on the same device (OperatorCordonKept:
+//     the finding is audited, the operator's cordon stays as it was, and
+//     so survives a reboot); an operator's replaces an observer's.
+//     Cordons are per device UUID: a GPU's and its MIG instance's are two,
+//     each lifted on its own. Cordons last until
 //     lifted, through compaction and Recover (they are journaled). At the
 //     first Update after a reboot the operator's cordons (source operator:
 //     maintenance set on purpose) are kept, each audited as kept, while the
