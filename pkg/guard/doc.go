@@ -21,7 +21,8 @@
 //
 // It also keeps the persistent device states of the ledger (cordon.go): a
 // cordon (CordonDevice, UncordonDevice; from gpu-guard-ctl, or from the
-// observer for an intruder or an unhealthy device) and, under [observe]
+// observer for an intruder or an unhealthy device, never over an operator's
+// cordon, which stays as the operator set it) and, under [observe]
 // release_requires_idle, draining claims (Draining, FinishDraining): a
 // holder's stop, removal, pod removal, exit found out of band, or absence
 // from the runtime's list at reconcile keeps its claims draining until the observer sees its processes leave the GPU or
@@ -50,7 +51,11 @@
 //     hook's poststop) ends only the claims and queue entry whose recorded
 //     process is gone, decided under the ledger lock (RemovedExited,
 //     WithdrawExited). Pod stop/removal drops the pod's waiters;
-//     a front end's pod events touch only its own claims and waiters.
+//     a front end's pod events touch only its own claims and waiters, and
+//     only those of the sandbox the event names (a pod keeps its UID across
+//     the sandboxes the kubelet gives it; ledger.PodMatches). A pod the
+//     runtime no longer lists loses its waiters (ForgetVanishedPods), never
+//     a claim: the reconcile decides claims from the container list.
 //   - Every refusal message names each busy device by index and full UUID,
 //     its holder (namespace/pod/container and short id) or reservation, the
 //     queue position, and what to do.
