@@ -21,13 +21,13 @@ func inSandbox(o ledger.Owner, sb string) ledger.Owner {
 	return o
 }
 
-// The kubelet replaces pod a's sandbox sb-a1 with sb-a2 (same pod UID): the
-// old one is stopped, its container's claim released; main starts again in
-// sb-a2 on GPU 1 and side, queued for GPU 2 since sb-a1, retries from
-// sb-a2. The old sandbox's removal, later (the kubelet's garbage collection
-// of dead sandboxes, a forced stop first), must neither release main's
-// claim while it runs nor drop side from the queue; the removal of sb-a2,
-// the pod's real end, ends both.
+// The kubelet replaces pod a's sandbox sb-a1 with sb-a2 (same pod UID):
+// main stops in sb-a1 and runs again in sb-a2 on GPU 1, and side, queued
+// for GPU 2 from sb-a1, retries from sb-a2 (keeping its place, under its
+// key). The old sandbox's StopPodSandbox and RemovePodSandbox, later (the
+// kubelet's garbage collection of dead sandboxes, a forced stop first),
+// must neither release main's claim while it runs nor drop side from the
+// queue; the removal of sb-a2, the pod's real end, ends both.
 func TestPodGoneOfAReplacedSandboxKeepsTheNewOne(t *testing.T) {
 	for _, idle := range []bool{false, true} {
 		name := "release"
@@ -47,21 +47,24 @@ func TestPodGoneOfAReplacedSandboxKeepsTheNewOne(t *testing.T) {
 			require.NoError(t, e.g.Started(ctx, old.ContainerID, 4242, "/k8s.io/"+old.ContainerID))
 			side := inSandbox(ctr("ml", "a", "side", "side000000000001"), "sb-a1")
 			require.Equal(t, guard.Queue, e.admit(side, visible("2")).Result)
+			require.Equal(t, "sb-a1", e.state().Waiters[0].Owner.PodSandboxID)
 
-			// sb-a1 stops: its running container's claim ends.
-			require.NoError(t, e.g.PodGone(ctx, ledger.FrontEndNRI, old.PodUID, "sb-a1"))
+			// main stops in sb-a1 ...
+			require.NoError(t, e.g.Stopped(ctx, old))
 			require.NoError(t, e.g.FinishDraining(ctx, old.ContainerID, "idle"))
 			require.Equal(t, map[string]string{uuid(2): holder.ContainerID}, e.holders())
 
-			// The pod runs again in sb-a2.
+			// ... and the pod runs again in sb-a2.
 			main := inSandbox(ctr("ml", "a", "main", "main000000000002"), "sb-a2")
 			require.Equal(t, guard.Admit, e.admit(main, visible("1")).Result)
 			require.NoError(t, e.g.Started(ctx, main.ContainerID, 4343, "/k8s.io/"+main.ContainerID))
 			side2 := inSandbox(ctr("ml", "a", "side", "side000000000002"), "sb-a2")
-			require.Equal(t, guard.Queue, e.admit(side2, visible("2")).Result)
-			require.Equal(t, []string{"ml/uid-a/side"}, e.waiters(), "side waits from sb-a2 under its key")
+			d := e.admit(side2, visible("2"))
+			require.Equal(t, guard.Queue, d.Result)
+			require.Equal(t, []string{"ml/uid-a/side"}, e.waiters(), "side waits under its key")
+			require.Equal(t, "sb-a2", e.state().Waiters[0].Owner.PodSandboxID, "the retry recorded its new sandbox")
 
-			// The old sandbox's stop and removal, again.
+			// The old sandbox's stop and removal.
 			require.NoError(t, e.g.PodGone(ctx, ledger.FrontEndNRI, old.PodUID, "sb-a1"))
 			require.NoError(t, e.g.PodGone(ctx, ledger.FrontEndNRI, old.PodUID, "sb-a1"))
 			st := e.state()
