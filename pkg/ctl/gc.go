@@ -118,7 +118,7 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 				}
 				for _, c := range got {
 					if _, dup := why[c.Device.UUID]; dup {
-						continue // a claim without a recorded process matches more than one finding
+						continue // reported once, should two findings ever end the same claim
 					}
 					why[c.Device.UUID] = f.why
 					if f.drain {
