@@ -90,6 +90,27 @@ func deadWaiters(st ledger.State, procRoot, self string, want []devices.Device) 
 	return out
 }
 
+// deadWithdrawer is what dropDeadWaiters needs from *guard.Guard.
+type deadWithdrawer interface {
+	WithdrawExited(ctx context.Context, key, reason string, runs func(ledger.Owner) bool) (bool, error)
+}
+
+// withdrawDead takes the waiter of key out of the queue if, under the
+// ledger lock, it is still the dead process found by a lock-free read: a
+// container or ticket of the same key may have queued again since (a new
+// process), and it keeps its place. Lock timeouts are retried within
+// budget; a waiter gone meanwhile is no error.
+func withdrawDead(ctx context.Context, g deadWithdrawer, dead ledger.Waiter, budget time.Duration) error {
+	reason := "waiter gone: its process " + strconv.Itoa(dead.Owner.Pid) + " exited"
+	queuedAgain := func(o ledger.Owner) bool {
+		return o.Pid != dead.Owner.Pid || o.PidStart != dead.Owner.PidStart
+	}
+	return retryLocked(ctx, withdrawBudget(ctx, budget), func(ctx context.Context) error {
+		_, err := g.WithdrawExited(ctx, dead.Key, reason, queuedAgain)
+		return err
+	})
+}
+
 // dropDeadWaiters withdraws the dead waiters that stand in the way of want
 // (see deadWaiters) and reports whether it dropped any. budget bounds the
 // whole pass, not each withdrawal: a --wait hook passes what is left before
@@ -97,7 +118,7 @@ func deadWaiters(st ledger.State, procRoot, self string, want []devices.Device) 
 // turn into n times that. Each withdrawal gets what is left of the budget,
 // and the first one that fails ends the pass (a lock held past the budget
 // would hold up the next one too); what is left is dropped by a later pass.
-func dropDeadWaiters(ctx context.Context, g admitter, snapshot func(context.Context) (ledger.State, error),
+func dropDeadWaiters(ctx context.Context, g deadWithdrawer, snapshot func(context.Context) (ledger.State, error),
 	procRoot, self string, want []devices.Device, budget time.Duration) bool {
 	if snapshot == nil || len(want) == 0 || budget <= 0 {
 		return false
@@ -113,7 +134,7 @@ func dropDeadWaiters(ctx context.Context, g admitter, snapshot func(context.Cont
 		if left <= 0 {
 			break
 		}
-		if withdrawReliably(ctx, g, w.Key, "waiter gone: its process "+strconv.Itoa(w.Owner.Pid)+" exited", left) != nil {
+		if withdrawDead(ctx, g, w, left) != nil {
 			break
 		}
 		dropped = true

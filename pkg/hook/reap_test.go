@@ -12,35 +12,59 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
-// slowAdmitter's Withdraw takes until its context ends: it finds the ledger
-// lock held by another process (held), or it succeeds just then (slow), or
-// at once (neither).
+// slowAdmitter's WithdrawExited takes until its context ends: it finds the
+// ledger lock held by another process (held), or it succeeds just then
+// (slow), or at once (neither). underLock, when set, is each waiter's
+// owner as the ledger holds it at that moment.
 type slowAdmitter struct {
 	held, slow bool
+	underLock  map[string]ledger.Owner
 
 	mu        sync.Mutex
 	withdrawn []string
+	kept      []string
 }
 
-func (*slowAdmitter) Admit(context.Context, guard.Request) (guard.Decision, error) {
-	return guard.Decision{}, nil
-}
-
-func (a *slowAdmitter) Withdraw(ctx context.Context, key, _ string) error {
-	a.mu.Lock()
-	a.withdrawn = append(a.withdrawn, key)
-	a.mu.Unlock()
+func (a *slowAdmitter) WithdrawExited(ctx context.Context, key, _ string, runs func(ledger.Owner) bool) (bool, error) {
 	if a.held || a.slow {
 		<-ctx.Done()
 	}
 	if a.held {
-		return ledger.ErrLockTimeout
+		a.mu.Lock()
+		a.withdrawn = append(a.withdrawn, key)
+		a.mu.Unlock()
+		return false, ledger.ErrLockTimeout
 	}
-	return nil
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if o, ok := a.underLock[key]; ok && runs(o) {
+		a.kept = append(a.kept, key)
+		return true, nil
+	}
+	a.withdrawn = append(a.withdrawn, key)
+	return false, nil
+}
+
+// A dead waiter found by the lock-free read is withdrawn only if, under the
+// lock, its entry still records that process: a container of the same key
+// that queued again meanwhile (a new process) keeps its place.
+func TestDropDeadWaitersSparesAWaiterQueuedAgain(t *testing.T) {
+	gpu := devices.Device{UUID: "GPU-11111111-2222-3333-4444-555555555555", Kind: devices.KindGPU, Index: "0"}
+	dead := ledger.Owner{ContainerID: "train", FrontEnd: ledger.FrontEndHook, Pid: 999990, PidStart: 42}
+	st := ledger.State{Waiters: []ledger.Waiter{
+		{Key: "train", Seq: 1, Devices: []devices.Device{gpu}, Owner: dead},
+		{Key: "other", Seq: 2, Devices: []devices.Device{gpu}, Owner: ledger.Owner{ContainerID: "other", FrontEnd: ledger.FrontEndHook, Pid: 999991, PidStart: 43}},
+	}}
+	again := dead
+	again.Pid, again.PidStart = 999992, 44
+	a := &slowAdmitter{underLock: map[string]ledger.Owner{"train": again, "other": st.Waiters[1].Owner}}
+	snap := func(context.Context) (ledger.State, error) { return st, nil }
+	require.True(t, dropDeadWaiters(context.Background(), a, snap, t.TempDir(), "me", []devices.Device{gpu}, time.Second))
+	require.Equal(t, []string{"train"}, a.kept, "train queued again from a new process: it keeps its place")
+	require.Equal(t, []string{"other"}, a.withdrawn)
 }
 
 // dropDeadWaiters' budget bounds the whole pass, not each withdrawal: a
