@@ -137,8 +137,15 @@ type Plugin struct {
 	// rebuilds in place from tracked (rebuildInPlace).
 	resync chan struct{}
 	// rebuilding is set from a resync request until the rebuild is done:
-	// meanwhile creations are refused, since the ledger knows no holder.
+	// meanwhile creations that need the ledger's holders (those asking for
+	// a GPU) are refused, since the ledger knows none (setRebuilding).
 	rebuilding atomic.Bool
+	// rebuildCause is the ledger error that made the rebuild necessary, or
+	// the one its last attempt failed with (a lock timeout names the lock's
+	// holder): the refusals show it (rebuildingError), so that whoever reads
+	// one knows what to look at. Its text only, never wrapped into a
+	// refusal (see refusal): a lock timeout wraps the context's error.
+	rebuildCause atomic.Pointer[string]
 	// admitting is held shared by a create from its last rebuilding check
 	// to the end of its decision, and exclusively by a rebuild (which lifts
 	// the ledger's lineage fence to rebuild on the new lineage): a create
@@ -374,7 +381,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.log.Info("synchronized with runtime", "pods", len(pods), "containers", len(ctrs),
 		"released", len(res.Released), "adopted", len(res.Adopted), "conflicts", len(res.Conflicts),
 		"tracked", len(tracked), "vanished_pods", gone)
-	p.rebuilding.Store(false)
+	p.setRebuilding(false, nil)
 	p.ready(true)
 	return nil, nil
 }
@@ -496,7 +503,7 @@ func (p *Plugin) hookHoldings(g *guard.Guard, live []guard.Request) ([]ledger.Ho
 // adopted back. A failed rebuild (the lock held too long) is retried with
 // backoff until it succeeds or the plugin stops.
 func (p *Plugin) rebuildInPlace(ctx context.Context, closed <-chan struct{}) {
-	p.rebuilding.Store(true)
+	p.setRebuilding(true, nil)
 	p.ready(false)
 	backoff := minBackoff
 	for {
@@ -507,11 +514,12 @@ func (p *Plugin) rebuildInPlace(ctx context.Context, closed <-chan struct{}) {
 		}
 		err := p.rebuildOnce(ctx)
 		if err == nil {
-			p.rebuilding.Store(false)
+			p.setRebuilding(false, nil)
 			p.ready(true)
 			return
 		}
 		if !errors.Is(err, errTrackedChanged) {
+			p.setRebuilding(true, err)
 			p.log.Error("rebuilding the GPU ledger from the containers this plugin tracks failed; creations stay refused, retrying",
 				"retry_in", backoff.String(), "error", err)
 			select {
@@ -651,26 +659,33 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	if g == nil {
 		return nil, nil, errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
 	}
-	if p.rebuilding.Load() {
-		return nil, nil, errRebuilding
-	}
 	p.mu.Lock()
 	p.known[ctr.GetId()] = struct{}{}
 	p.mu.Unlock()
+	req := guardRequest(pod, ctr)
+	// During a rebuild only the requests decided on the ledger's holders
+	// are refused: one that names no GPU, or of an exempt namespace, is
+	// decided as always (and the exemption audited), so that a node's
+	// ordinary containers keep starting while a rebuild waits for a busy
+	// ledger lock.
+	withoutClaims := sync.OnceValue(func() bool { return decidedWithoutClaims(g, req) })
+	if p.rebuilding.Load() && !withoutClaims() {
+		return nil, nil, p.rebuildingError()
+	}
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	// Waiting for a start record can itself find the ledger started afresh
 	// and start a rebuild: the rebuilding check that counts comes after it,
 	// under admitting, which the rebuild holds while the fence is lifted.
 	p.settleStarts(dctx)
-	if !p.admitting.TryRLock() {
-		return nil, nil, errRebuilding
+	if p.admitting.TryRLock() {
+		defer p.admitting.RUnlock()
+		if p.rebuilding.Load() && !withoutClaims() {
+			return nil, nil, p.rebuildingError()
+		}
+	} else if !withoutClaims() {
+		return nil, nil, p.rebuildingError()
 	}
-	defer p.admitting.RUnlock()
-	if p.rebuilding.Load() {
-		return nil, nil, errRebuilding
-	}
-	req := guardRequest(pod, ctr)
 	d, err := g.Admit(dctx, req)
 	if err != nil {
 		p.ledgerTrouble(err)
@@ -691,9 +706,46 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	return nil, nil, nil
 }
 
-// errRebuilding refuses a create while the ledger is rebuilt.
-var errRebuilding = errors.New("nri-gpu-guard: the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh " +
-	"by another process and is being rebuilt from the runtime's containers; refused to stay safe, retrying is automatic")
+// decidedWithoutClaims reports whether the guard decides req without
+// looking at the ledger's claims: it names no GPU (a Skip), its namespace is
+// exempt (a Skip whose only ledger write is the exemption's audit record), or
+// a policy refuses it outright. These are the cases guard.Admit settles
+// before it reads the ledger; only the others need the holders a rebuild
+// restores.
+func decidedWithoutClaims(g *guard.Guard, req guard.Request) bool {
+	if g.Exempt(req.Owner.Namespace) && guard.TrustsIdentity(req.FrontEnd) {
+		return true
+	}
+	res, err := g.Resolve(req.Spec)
+	return err != nil || len(res.Devices) == 0
+}
+
+// errRebuilding refuses a GPU container's create while the ledger is rebuilt.
+var errRebuilding = errors.New("nri-gpu-guard: the GPU ledger is being rebuilt from the runtime's containers (it needed " +
+	"recovery, was started afresh by another process, or could not be reconciled when the plugin synchronized with the runtime); " +
+	"containers asking for a GPU are refused until then to stay safe, retrying is automatic")
+
+// rebuildingError is errRebuilding with the ledger error behind the
+// rebuild, when one is known.
+func (p *Plugin) rebuildingError() error {
+	if cause := p.rebuildCause.Load(); cause != nil {
+		return fmt.Errorf("%w; last ledger error: %s", errRebuilding, *cause)
+	}
+	return errRebuilding
+}
+
+// setRebuilding enters (with the ledger error that makes the rebuild
+// necessary, or that its last attempt failed with) or leaves (cause nil
+// with on false) the rebuilding mode.
+func (p *Plugin) setRebuilding(on bool, cause error) {
+	if cause != nil {
+		why := cause.Error()
+		p.rebuildCause.Store(&why)
+	} else if !on {
+		p.rebuildCause.Store(nil)
+	}
+	p.rebuilding.Store(on)
+}
 
 // refusal flattens an error into the text the runtime shows. It deliberately
 // does not wrap: the error travels as a ttrpc status string anyway, and a
@@ -892,7 +944,7 @@ func (p *Plugin) ledgerTrouble(err error) {
 	if !errors.Is(err, ledger.ErrNeedsRecovery) && !errors.Is(err, ledger.ErrLineageChanged) {
 		return
 	}
-	p.rebuilding.Store(true)
+	p.setRebuilding(true, err)
 	select {
 	case p.resync <- struct{}{}:
 	default: // one is pending already

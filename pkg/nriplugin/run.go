@@ -182,7 +182,7 @@ func (p *Plugin) serve(ctx context.Context, s stub.Stub, closed <-chan struct{},
 			}
 			p.log.Warn("the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh by another process; reconnecting so that the runtime's "+
 				"Synchronize rebuilds it from the running containers", "socket", id.Socket)
-			p.rebuilding.Store(true)
+			p.setRebuilding(true, nil)
 			p.ready(false)
 			return p.reconnectWhenQuiet(ctx, s, closed)
 		}
