@@ -107,7 +107,7 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		serve(opts.Config.Metrics.Listen)
 	}
 	popts := nriplugin.Options{Config: opts.Config, Setup: setup, Logger: log,
-		Ready: func(ready bool) { m.SetReady(ready); watch.SetReady(ready) }, Exempt: watch}
+		Ready: func(ready bool) { m.SetReady(ready); watch.SetReady(ready) }, Exempt: watch, Gauges: m}
 	p, err := nriplugin.New(popts)
 	if err == nil {
 		m.SetStateSource(func(ctx context.Context) (ledger.State, error) {

@@ -4,15 +4,20 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
 	nrilog "github.com/containerd/nri/pkg/log"
+	"github.com/gofrs/flock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -91,4 +96,109 @@ func TestLaunchedByRuntime(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, st.Claims, 1, "the claim is in the ledger dir named by conf.d")
 	assert.Equal(t, "holder-1", st.Claims[0].Owner.ContainerID)
+}
+
+// launchPlugin starts an NRI runtime (containerd's side, no external
+// connections) that launches the test binary as the pre-installed plugin
+// 90-gpu-guard, configured by conf.d with a ledger dir, two static GPUs and
+// extraConf. before, when set, runs with the ledger dir before the runtime
+// starts (and so before the plugin's Synchronize). It returns a function
+// creating a container of one pod with one env entry, and the plugin's log
+// lines.
+func launchPlugin(t *testing.T, extraConf string, before func(state string)) (create func(id, env string) error, lines <-chan string) {
+	t.Helper()
+	self, err := os.Executable()
+	require.NoError(t, err)
+	dir, err := os.MkdirTemp("", "gg-launch-") // unix socket paths are short
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	plugins, confd, state := filepath.Join(dir, "plugins"), filepath.Join(dir, "conf.d"), filepath.Join(dir, "state")
+	require.NoError(t, os.MkdirAll(plugins, 0o755))
+	require.NoError(t, os.MkdirAll(confd, 0o755))
+	// containerd gives a launched plugin no stderr of its own: the plugin's
+	// log goes to a fifo the test reads line by line.
+	fifo := filepath.Join(dir, "plugin.log")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	require.NoError(t, os.WriteFile(filepath.Join(plugins, "90-gpu-guard"),
+		[]byte("#!/bin/sh\nexec '"+self+"' 2>'"+fifo+"'\n"), 0o755))
+	out := make(chan string, 4096)
+	go func() {
+		f, err := os.Open(fifo) // blocks until the plugin opens its end
+		if err != nil {
+			return
+		}
+		defer f.Close()
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			select {
+			case out <- sc.Text():
+			default: // nobody reads: drop
+			}
+		}
+	}()
+	conf := fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n", state)
+	for i := 0; i < 2; i++ {
+		conf += fmt.Sprintf("[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\n", i, gpuUUID(i), i)
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(confd, "90-gpu-guard.conf"), []byte(conf+extraConf), 0o600))
+	if before != nil {
+		before(state)
+	}
+	r, err := adaptation.New("containerd", "v2.2.1",
+		func(ctx context.Context, cb adaptation.SyncCB) error { _, err := cb(ctx, nil, nil); return err },
+		func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) { return nil, nil },
+		adaptation.WithPluginPath(plugins), adaptation.WithPluginConfigPath(confd),
+		adaptation.WithSocketPath(filepath.Join(dir, "nri.sock")), adaptation.WithDisabledExternalConnections())
+	require.NoError(t, err)
+	require.NoError(t, r.Start()) // launches, registers and synchronizes the plugin
+	t.Cleanup(r.Stop)
+	pod := &api.PodSandbox{Id: "sb-a", Name: "a", Uid: "uid-a", Namespace: "ml"}
+	return func(id, env string) error {
+		_, err := r.CreateContainer(context.Background(), &api.CreateContainerRequest{Pod: pod,
+			Container: &api.Container{Id: id, PodSandboxId: pod.Id, Name: id, Env: []string{env}}})
+		return err
+	}, out
+}
+
+// waitLogLine waits for a line of lines containing want.
+func waitLogLine(t *testing.T, lines <-chan string, want string) {
+	t.Helper()
+	deadline := time.After(condWait)
+	for {
+		select {
+		case l := <-lines:
+			if strings.Contains(l, want) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no plugin log line with %q within %s", want, condWait)
+		}
+	}
+}
+
+// The ledger lock is held (a gpu-guard-ctl command, a hook) while
+// containerd starts, longer than the plugin's Synchronize may wait for it.
+// containerd stops a pre-installed plugin whose Synchronize fails and never
+// relaunches it: the plugin must answer, refuse GPU containers until it has
+// rebuilt the ledger, and enforce once the lock is free.
+func TestLaunchedPluginSurvivesLedgerLockedAtSync(t *testing.T) {
+	var lk *flock.Flock
+	create, lines := launchPlugin(t, "", func(state string) {
+		require.NoError(t, os.MkdirAll(state, 0o700))
+		lk = flock.New(filepath.Join(state, "ledger.lock"))
+		locked, err := lk.TryLock()
+		require.NoError(t, err)
+		require.True(t, locked)
+	})
+	err := create("early-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.Error(t, err, "a GPU container was created unchecked: containerd dropped the plugin")
+	assert.Contains(t, err.Error(), "being rebuilt")
+	require.NoError(t, create("web-1", "PATH=/usr/bin"), "a container without a GPU is let through meanwhile")
+
+	require.NoError(t, lk.Unlock())
+	waitLogLine(t, lines, "rebuilt the GPU ledger")
+	require.NoError(t, create("holder-1", "NVIDIA_VISIBLE_DEVICES=1"))
+	err = create("second-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.Error(t, err, "the plugin enforces once the ledger is rebuilt")
+	assert.Contains(t, err.Error(), "is held by ml/a/holder-1")
 }

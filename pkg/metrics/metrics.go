@@ -59,6 +59,10 @@ type Metrics struct {
 	state      atomic.Pointer[StateSource]
 	stateFails prometheus.Counter
 
+	// rebuilding: the NRI plugin refuses GPU containers until it rebuilt
+	// the ledger from the runtime's containers.
+	rebuilding prometheus.Gauge
+
 	ready atomic.Bool
 }
 
@@ -121,13 +125,17 @@ func New() *Metrics {
 			Namespace: namespace, Name: "ledger_read_errors_total",
 			Help: "Scrapes that could not read the ledger (damaged, missing, unsafe dir): the state gauges keep their last values, and the guard refuses GPU containers until it is recovered.",
 		}),
+		rebuilding: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "ledger_rebuilding",
+			Help: "1 while the NRI plugin rebuilds the ledger from the runtime's containers (it needed recovery, was started afresh, or a Synchronize could not reconcile it): containers asking for a GPU are refused until then; the daemon's log names the ledger error.",
+		}),
 		lastReport: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "observer_last_pass_timestamp_seconds",
 			Help: "When the last observer accounting pass completed (Unix time); alert when it falls behind.",
 		}),
 	}
 	m.reg.MustRegister(m.holder, m.decisions, m.latency, m.wait, m.queueDepth, m.reserved, m.conflicts, m.releases,
-		m.intruders, m.unhealthy, m.lastReport, m.stateFails,
+		m.intruders, m.unhealthy, m.lastReport, m.stateFails, m.rebuilding,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -191,6 +199,16 @@ func (m *Metrics) ObserverReport(r observe.Report) {
 // DeviceUnhealthy marks a device unhealthy.
 func (m *Metrics) DeviceUnhealthy(f observe.Finding) {
 	m.unhealthy.WithLabelValues(f.Device.UUID, f.Device.Index).Set(1)
+}
+
+// SetRebuilding records whether the NRI plugin is rebuilding the ledger
+// (nriplugin.Gauges).
+func (m *Metrics) SetRebuilding(on bool) {
+	v := 0.0
+	if on {
+		v = 1
+	}
+	m.rebuilding.Set(v)
 }
 
 // SetReady records whether the plugin is registered with the runtime.

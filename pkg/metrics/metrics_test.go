@@ -216,6 +216,19 @@ func TestHandler(t *testing.T) {
 	assert.Contains(t, body, "go_goroutines")
 }
 
+func TestRebuildingGauge(t *testing.T) {
+	m := New()
+	h := m.Handler()
+	_, body := get(t, h, "/metrics")
+	assert.Contains(t, body, "nri_gpu_guard_ledger_rebuilding 0")
+	m.SetRebuilding(true)
+	_, body = get(t, h, "/metrics")
+	assert.Contains(t, body, "nri_gpu_guard_ledger_rebuilding 1")
+	m.SetRebuilding(false)
+	_, body = get(t, h, "/metrics")
+	assert.Contains(t, body, "nri_gpu_guard_ledger_rebuilding 0")
+}
+
 func TestServeShutsDownOnCancel(t *testing.T) {
 	m := New()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -68,6 +68,8 @@ type runtime struct {
 	// running are the plugins runPlugin runs (Run, reconnecting): start
 	// waits for their start records too.
 	running []*Plugin
+	// syncs, when set, receives the plugin's answer to every Synchronize.
+	syncs chan error
 
 	mu   sync.Mutex
 	pods map[string]*api.PodSandbox
@@ -187,6 +189,9 @@ func (rt *runtime) sync(ctx context.Context, cb adaptation.SyncCB) error {
 	}
 	rt.mu.Unlock()
 	_, err := cb(ctx, pods, ctrs)
+	if rt.syncs != nil {
+		rt.syncs <- err
+	}
 	return err
 }
 

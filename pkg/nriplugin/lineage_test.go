@@ -34,6 +34,16 @@ func runPlugin(t *testing.T, rt *runtime) (waitReady func(want bool)) {
 // runs.
 func runPluginWith(t *testing.T, rt *runtime, adjust func(p *Plugin)) (waitReady func(want bool)) {
 	t.Helper()
+	waitReady, _ = runPluginNoWait(t, rt, adjust)
+	waitReady(true)
+	return waitReady
+}
+
+// runPluginNoWait is runPluginWith without the wait for the first
+// readiness report; stop ends Run and waits for it to return (it is also
+// called at cleanup).
+func runPluginNoWait(t *testing.T, rt *runtime, adjust func(p *Plugin)) (waitReady func(want bool), stop func()) {
+	t.Helper()
 	readyC := make(chan bool, 16)
 	b := &daemon.Builder{Now: rt.clock.Now, Liveness: liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))}
 	p, err := New(Options{Config: rt.cfg, Setup: b.Setup, Ready: func(ok bool) { readyC <- ok }})
@@ -45,10 +55,19 @@ func runPluginWith(t *testing.T, rt *runtime, adjust func(p *Plugin)) (waitReady
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.Run(ctx, Identity{Name: "gpu-guard", Index: "90", Socket: rt.socket}) }()
-	t.Cleanup(func() {
-		cancel()
-		assert.NoError(t, <-done)
-	})
+	var stopOnce sync.Once
+	stop = func() {
+		stopOnce.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				assert.NoError(t, err)
+			case <-time.After(30 * time.Second):
+				t.Errorf("Run did not return within 30s of its context's end")
+			}
+		})
+	}
+	t.Cleanup(stop)
 	waitReady = func(want bool) {
 		t.Helper()
 		deadline := time.After(30 * time.Second)
@@ -68,8 +87,7 @@ func runPluginWith(t *testing.T, rt *runtime, adjust func(p *Plugin)) (waitReady
 			}
 		}
 	}
-	waitReady(true)
-	return waitReady
+	return waitReady, stop
 }
 
 // startAfreshElsewhere is another process (an operator's `gpu-guard-ctl

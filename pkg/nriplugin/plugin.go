@@ -90,6 +90,17 @@ type Options struct {
 	// (they use GPUs without claims: the GPU observer must not take them
 	// for intruders).
 	Exempt ExemptTracker
+	// Gauges, when set, is told what the plugin is retrying in the
+	// background (metrics.Metrics implements it).
+	Gauges Gauges
+}
+
+// Gauges shows the plugin's background retries, which otherwise only its
+// log tells of.
+type Gauges interface {
+	// SetRebuilding is told whether containers asking for a GPU are refused
+	// until the ledger is rebuilt from the runtime's containers.
+	SetRebuilding(bool)
 }
 
 // ExemptTracker follows the running containers of exempt namespaces
@@ -109,6 +120,7 @@ type Plugin struct {
 	log    *slog.Logger
 	ready  func(bool)
 	exempt ExemptTracker
+	gauges Gauges
 
 	mu sync.Mutex
 	g  *guard.Guard
@@ -130,6 +142,11 @@ type Plugin struct {
 	// containers leaves these out (on a CRI-O host they are in runc's root
 	// too), not only the tracked ones.
 	known map[string]struct{}
+	// pendingPods, set by a failed Synchronize of a launched plugin (see
+	// syncFailed), holds the uids of the pods it listed and of every pod a
+	// container was created in since: once the rebuild succeeds, the waiters
+	// of any other pod are dropped, as that Synchronize would have done.
+	pendingPods map[string]struct{}
 	// resync asks Run for a rebuild of the ledger from the runtime's
 	// containers after it was found needing recovery (damaged, missing or
 	// replaced) or started afresh by another process: an external plugin
@@ -270,6 +287,7 @@ func New(opts Options) (*Plugin, error) {
 		log:     opts.Logger,
 		ready:   opts.Ready,
 		exempt:  opts.Exempt,
+		gauges:  opts.Gauges,
 		tracked: map[string]trackedCtr{},
 		known:   map[string]struct{}{},
 		resync:  make(chan struct{}, 1),
@@ -361,11 +379,19 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	res, tracked, err := p.reconcile(ctx, g, live, "NRI Synchronize: rebuilt, then reconciled with the runtime's containers")
 	p.admitting.Unlock()
 	if err != nil {
-		return nil, err
+		if p.inPlace.Load() {
+			p.syncFailed(live, pods, err)
+			return nil, nil
+		}
+		// An external plugin's connection is closed by the runtime on this
+		// error; Run reconnects with backoff, and the next Synchronize
+		// tries again.
+		return nil, fmt.Errorf("%w (the plugin reconnects and synchronizes again; if this repeats, see the ledger error)", err)
 	}
 	p.mu.Lock()
 	p.tracked = tracked
 	p.trackGen++
+	p.pendingPods = nil
 	p.mu.Unlock()
 
 	// Waiters of pods removed while the plugin was away never get their
@@ -384,6 +410,67 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.setRebuilding(false, nil)
 	p.ready(true)
 	return nil, nil
+}
+
+// syncFailed is a launched plugin's answer to a Synchronize whose reconcile
+// failed (the ledger lock held past the request's budget by a gpu-guard-ctl
+// command or a hook, a recovery that failed). An error would make containerd
+// stop the plugin for good, since it relaunches pre-installed plugins only
+// when it restarts itself: GPU containers would then be created unchecked,
+// or, with required_plugins, every container refused. Instead the plugin
+// answers, tracks every container the runtime listed (the input of a
+// rebuild: those holding no GPU drop out of it) and rebuilds in place with
+// backoff (rebuildInPlace, through resync), refusing GPU containers until
+// the ledger matches the runtime again.
+func (p *Plugin) syncFailed(live []guard.Request, pods []*api.PodSandbox, err error) {
+	tracked := make(map[string]trackedCtr, len(live))
+	for _, r := range live {
+		tracked[r.Owner.ContainerID] = trackedCtr{
+			sandboxID: r.Owner.PodSandboxID,
+			started:   r.Owner.Pid > 0 || r.Owner.Cgroup != "",
+			req:       r,
+		}
+	}
+	uids := make(map[string]struct{}, len(pods))
+	for _, pod := range pods {
+		uids[pod.GetUid()] = struct{}{}
+	}
+	p.mu.Lock()
+	p.tracked = tracked
+	p.trackGen++
+	p.pendingPods = uids
+	p.mu.Unlock()
+	p.setRebuilding(true, err)
+	p.log.Error("synchronizing with the runtime failed: the GPU ledger could not be reconciled with the runtime's containers; "+
+		"the plugin stays registered (containerd would not relaunch it) and rebuilds the ledger in place, retrying with backoff; "+
+		"containers asking for a GPU are refused until then", "containers", len(live), "pods", len(pods), "error", err)
+	select {
+	case p.resync <- struct{}{}:
+	default: // one is pending already
+	}
+}
+
+// forgetVanishedPods drops the waiters of the pods a failed Synchronize
+// would have found gone (see pendingPods), once a rebuild succeeded.
+func (p *Plugin) forgetVanishedPods(ctx context.Context, g *guard.Guard) {
+	p.mu.Lock()
+	pending := p.pendingPods
+	p.pendingPods = nil
+	p.mu.Unlock()
+	if pending == nil {
+		return
+	}
+	uids := make([]string, 0, len(pending))
+	for uid := range pending {
+		uids = append(uids, uid)
+	}
+	gone, err := g.ForgetVanishedPods(ctx, ledger.FrontEndNRI, uids)
+	if err != nil {
+		// Not worth another rebuild: those waiters leave after queue_ttl.
+		p.log.Warn("dropping waiters of vanished pods failed; they leave after policy.queue_ttl", "error", err)
+		return
+	}
+	p.log.Info("dropped the waiters of pods gone before the plugin could synchronize", "vanished_pods", gone)
 }
 
 // reconcile makes the ledger's NRI claims match live, the runtime's
@@ -497,7 +584,7 @@ func (p *Plugin) hookHoldings(g *guard.Guard, live []guard.Request) ([]ledger.Ho
 // containerd restart relaunches it), so it reconciles the ledger with the
 // containers it tracks, which are what the runtime listed at the last
 // Synchronize plus every admission since, less every container stopped or
-// removed since. Creations are refused meanwhile (rebuilding). A container
+// removed since. GPU creations are refused meanwhile (rebuilding). A container
 // whose stop or removal comes while the rebuild runs changes tracked, and
 // the rebuild runs again, so that no claim of a stopped container is
 // adopted back. A failed rebuild (the lock held too long) is retried with
@@ -515,12 +602,13 @@ func (p *Plugin) rebuildInPlace(ctx context.Context, closed <-chan struct{}) {
 		err := p.rebuildOnce(ctx)
 		if err == nil {
 			p.setRebuilding(false, nil)
+			p.rebuilt(ctx)
 			p.ready(true)
 			return
 		}
 		if !errors.Is(err, errTrackedChanged) {
 			p.setRebuilding(true, err)
-			p.log.Error("rebuilding the GPU ledger from the containers this plugin tracks failed; creations stay refused, retrying",
+			p.log.Error("rebuilding the GPU ledger from the containers this plugin tracks failed; containers asking for a GPU stay refused, retrying",
 				"retry_in", backoff.String(), "error", err)
 			select {
 			case <-ctx.Done():
@@ -577,6 +665,18 @@ func (p *Plugin) rebuildOnce(ctx context.Context) error {
 	p.log.Warn("rebuilt the GPU ledger from the containers this plugin tracks (a launched plugin gets no new Synchronize until containerd restarts)",
 		"containers", len(live), "released", len(res.Released), "adopted", len(res.Adopted), "conflicts", len(res.Conflicts))
 	return nil
+}
+
+// rebuilt finishes a successful in-place rebuild: what a Synchronize does
+// after its reconcile and that one left undone.
+func (p *Plugin) rebuilt(ctx context.Context) {
+	g := p.Guard()
+	if g == nil {
+		return
+	}
+	fctx, cancel := decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
+	defer cancel()
+	p.forgetVanishedPods(fctx, g)
 }
 
 // Shutdown is called when the runtime shuts down.
@@ -661,6 +761,9 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	p.mu.Lock()
 	p.known[ctr.GetId()] = struct{}{}
+	if p.pendingPods != nil {
+		p.pendingPods[pod.GetUid()] = struct{}{}
+	}
 	p.mu.Unlock()
 	req := guardRequest(pod, ctr)
 	// During a rebuild only the requests decided on the ledger's holders
@@ -728,10 +831,18 @@ var errRebuilding = errors.New("nri-gpu-guard: the GPU ledger is being rebuilt f
 // rebuildingError is errRebuilding with the ledger error behind the
 // rebuild, when one is known.
 func (p *Plugin) rebuildingError() error {
-	if cause := p.rebuildCause.Load(); cause != nil {
-		return fmt.Errorf("%w; last ledger error: %s", errRebuilding, *cause)
+	if cause := p.rebuildingCause(); cause != "" {
+		return fmt.Errorf("%w; last ledger error: %s", errRebuilding, cause)
 	}
 	return errRebuilding
+}
+
+// rebuildingCause is the ledger error behind the rebuild ("" = none known).
+func (p *Plugin) rebuildingCause() string {
+	if cause := p.rebuildCause.Load(); cause != nil {
+		return *cause
+	}
+	return ""
 }
 
 // setRebuilding enters (with the ledger error that makes the rebuild
@@ -745,6 +856,9 @@ func (p *Plugin) setRebuilding(on bool, cause error) {
 		p.rebuildCause.Store(nil)
 	}
 	p.rebuilding.Store(on)
+	if p.gauges != nil {
+		p.gauges.SetRebuilding(on)
+	}
 }
 
 // refusal flattens an error into the text the runtime shows. It deliberately

@@ -175,8 +175,9 @@ func (p *Plugin) serve(ctx context.Context, s stub.Stub, closed <-chan struct{},
 			if p.inPlace.Load() {
 				// Closing the inherited connection would end this process
 				// for good: rebuild from the containers tracked instead.
-				p.log.Warn("the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh by another process; " +
-					"rebuilding it from the containers this plugin tracks (creations are refused meanwhile)")
+				p.log.Warn("the GPU ledger must be rebuilt (it needs recovery, was started afresh by another process, or the "+
+					"Synchronize could not reconcile it); rebuilding it from the containers this plugin tracks "+
+					"(containers asking for a GPU are refused meanwhile)", "cause", p.rebuildingCause())
 				p.rebuildInPlace(ctx, closed)
 				continue
 			}
@@ -196,7 +197,7 @@ func (p *Plugin) serve(ctx context.Context, s stub.Stub, closed <-chan struct{},
 const resyncQuiet = 200 * time.Millisecond
 
 // reconnectWhenQuiet closes the connection once no handler has run for
-// resyncQuiet (meanwhile creations are refused fast, see rebuilding).
+// resyncQuiet (meanwhile GPU containers are refused fast, see rebuilding).
 //
 // A request that arrives in the instant between that check and the close
 // still meets a closed connection; the quiet period makes this unlikely, not
