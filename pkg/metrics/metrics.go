@@ -62,6 +62,8 @@ type Metrics struct {
 	// rebuilding: the NRI plugin refuses GPU containers until it rebuilt
 	// the ledger from the runtime's containers.
 	rebuilding prometheus.Gauge
+	// releasesDue: failed releases the NRI plugin retries.
+	releasesDue prometheus.Gauge
 
 	ready atomic.Bool
 }
@@ -129,13 +131,17 @@ func New() *Metrics {
 			Namespace: namespace, Name: "ledger_rebuilding",
 			Help: "1 while the NRI plugin rebuilds the ledger from the runtime's containers (it needed recovery, was started afresh, or a Synchronize could not reconcile it): containers asking for a GPU are refused until then; the daemon's log names the ledger error.",
 		}),
+		releasesDue: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "releases_due",
+			Help: "Releases of stopped or removed containers (or pods) whose ledger update failed and that the NRI plugin retries until they succeed: their GPUs stay held until then; the daemon's log names the ledger error.",
+		}),
 		lastReport: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "observer_last_pass_timestamp_seconds",
 			Help: "When the last observer accounting pass completed (Unix time); alert when it falls behind.",
 		}),
 	}
 	m.reg.MustRegister(m.holder, m.decisions, m.latency, m.wait, m.queueDepth, m.reserved, m.conflicts, m.releases,
-		m.intruders, m.unhealthy, m.lastReport, m.stateFails, m.rebuilding,
+		m.intruders, m.unhealthy, m.lastReport, m.stateFails, m.rebuilding, m.releasesDue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -210,6 +216,10 @@ func (m *Metrics) SetRebuilding(on bool) {
 	}
 	m.rebuilding.Set(v)
 }
+
+// SetReleasesDue records how many failed releases the NRI plugin retries
+// (nriplugin.Gauges).
+func (m *Metrics) SetReleasesDue(n int) { m.releasesDue.Set(float64(n)) }
 
 // SetReady records whether the plugin is registered with the runtime.
 func (m *Metrics) SetReady(ready bool) { m.ready.Store(ready) }

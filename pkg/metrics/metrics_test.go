@@ -229,6 +229,16 @@ func TestRebuildingGauge(t *testing.T) {
 	assert.Contains(t, body, "nri_gpu_guard_ledger_rebuilding 0")
 }
 
+func TestReleasesDueGauge(t *testing.T) {
+	m := New()
+	h := m.Handler()
+	_, body := get(t, h, "/metrics")
+	assert.Contains(t, body, "nri_gpu_guard_releases_due 0")
+	m.SetReleasesDue(3)
+	_, body = get(t, h, "/metrics")
+	assert.Contains(t, body, "nri_gpu_guard_releases_due 3")
+}
+
 func TestServeShutsDownOnCancel(t *testing.T) {
 	m := New()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -17,7 +17,9 @@
 //     waiters leave the queue.
 //   - Synchronize (every (re)connect): the ledger's NRI claims are reconciled
 //     with the containers the runtime lists, and the guard forgets the
-//     waiters of pods the runtime no longer lists.
+//     waiters of pods the runtime no longer lists. A launched plugin whose
+//     reconcile fails still answers (containerd would stop it for good) and
+//     rebuilds in place from the containers listed.
 //
 // Invariants:
 //   - A handler never blocks on a GPU becoming free. containerd serialises
@@ -33,8 +35,15 @@
 //     panic under a handler), the create is refused with a clear error:
 //     fail closed, never open. A panic never ends the process: a
 //     connection that breaks under a request lets that container through.
-//   - After a ledger was found needing recovery, the plugin refuses
-//     creations until it is rebuilt: an external plugin by the reconnect's
+//   - A release that fails (ledger lock busy) is due: it is retried, with
+//     its own event's meaning, at the start of every later handler that
+//     takes the ledger lock and on a timer with backoff, until it succeeds
+//     or a reconcile settles it. A create of a container id whose earlier
+//     container's release is still due is refused: releases name a
+//     container by id alone.
+//   - After a ledger was found needing recovery, the plugin refuses GPU
+//     creations until it is rebuilt (the others are decided as always,
+//     needing no holder): an external plugin by the reconnect's
 //     Synchronize, a launched one (which cannot reconnect) in place, from
 //     the containers it tracks. Every handler requires the ledger lineage
 //     the last rebuild reconciled: a ledger another process started afresh

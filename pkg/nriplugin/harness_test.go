@@ -226,6 +226,7 @@ func (rt *runtime) startPluginWith(live guard.Liveness) *plugin {
 			}
 		}})
 	require.NoError(rt.t, err)
+	rt.t.Cleanup(pl.p.halt) // what Run does when it returns
 	if rt.deadlines != nil {
 		pl.p.decisionCtx = rt.deadlines.decisionContext
 	}

@@ -101,6 +101,10 @@ type Gauges interface {
 	// SetRebuilding is told whether containers asking for a GPU are refused
 	// until the ledger is rebuilt from the runtime's containers.
 	SetRebuilding(bool)
+	// SetReleasesDue is told how many releases of stopped or removed
+	// containers (or pods) failed and are being retried: their GPUs stay
+	// held until then.
+	SetReleasesDue(int)
 }
 
 // ExemptTracker follows the running containers of exempt namespaces
@@ -181,6 +185,24 @@ type Plugin struct {
 	inflight int
 	idle     chan struct{}
 	lastDone time.Time
+	// due holds the releases that failed and are retried until they
+	// succeed (see due.go), by container id (a pod's by "pod/" and its
+	// sandbox id); dueSeq numbers them; retrying is set while
+	// retryReleases runs. dueMu guards the three.
+	dueMu    sync.Mutex
+	due      map[string]dueRelease
+	dueSeq   uint64
+	retrying bool
+	// releasing is a one-slot lock held by a retry of the due releases,
+	// and by a create while it checks that no release of its container id
+	// is due: a retry that began before is over by then, and none begins
+	// after, so none ends the claims of a new container of that id.
+	releasing chan struct{}
+	// life ends the background retries of due releases when Run returns
+	// (halt).
+	life context.Context
+	halt context.CancelFunc
+
 	// starts counts the start records being committed in the background
 	// (recordStart): every handler that reads or writes the ledger waits for
 	// them first, so that it sees them as if they had been committed inside
@@ -282,19 +304,22 @@ func New(opts Options) (*Plugin, error) {
 		return nil, errors.New("nriplugin: no guard setup function")
 	}
 	p := &Plugin{
-		base:    opts.Config,
-		setup:   opts.Setup,
-		log:     opts.Logger,
-		ready:   opts.Ready,
-		exempt:  opts.Exempt,
-		gauges:  opts.Gauges,
-		tracked: map[string]trackedCtr{},
-		known:   map[string]struct{}{},
-		resync:  make(chan struct{}, 1),
-		idle:    make(chan struct{}),
-		starts:  newPending(),
+		base:      opts.Config,
+		setup:     opts.Setup,
+		log:       opts.Logger,
+		ready:     opts.Ready,
+		exempt:    opts.Exempt,
+		gauges:    opts.Gauges,
+		tracked:   map[string]trackedCtr{},
+		known:     map[string]struct{}{},
+		resync:    make(chan struct{}, 1),
+		due:       map[string]dueRelease{},
+		releasing: make(chan struct{}, 1),
+		idle:      make(chan struct{}),
+		starts:    newPending(),
 	}
 	close(p.idle)
+	p.life, p.halt = context.WithCancel(context.Background())
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
@@ -375,6 +400,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.mu.Lock()
 	p.known = known
 	p.mu.Unlock()
+	mark := p.dueMark()
 	p.admitting.Lock()
 	res, tracked, err := p.reconcile(ctx, g, live, "NRI Synchronize: rebuilt, then reconciled with the runtime's containers")
 	p.admitting.Unlock()
@@ -393,6 +419,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.trackGen++
 	p.pendingPods = nil
 	p.mu.Unlock()
+	p.settleDue(mark)
 
 	// Waiters of pods removed while the plugin was away never get their
 	// RemovePodSandbox: the guard drops them now.
@@ -634,6 +661,7 @@ func (p *Plugin) rebuildOnce(ctx context.Context) error {
 	p.settleStarts(rctx)
 	p.admitting.Lock()
 	defer p.admitting.Unlock()
+	mark := p.dueMark()
 	p.mu.Lock()
 	gen := p.trackGen
 	live := make([]guard.Request, 0, len(p.tracked))
@@ -664,6 +692,9 @@ func (p *Plugin) rebuildOnce(ctx context.Context) error {
 	p.trackGen++
 	p.log.Warn("rebuilt the GPU ledger from the containers this plugin tracks (a launched plugin gets no new Synchronize until containerd restarts)",
 		"containers", len(live), "released", len(res.Released), "adopted", len(res.Adopted), "conflicts", len(res.Conflicts))
+	// The containers of the due releases were left out of live (marked
+	// stopped before their release ran): the reconcile released them.
+	p.settleDue(mark)
 	return nil
 }
 
@@ -788,6 +819,15 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		}
 	} else if !withoutClaims() {
 		return nil, nil, p.rebuildingError()
+	}
+	if p.hasDue() && !withoutClaims() {
+		// Before the decision: the GPUs of containers whose release
+		// failed are free again for this one. (hasDue first: a create
+		// resolves its request twice only while a release is due.)
+		p.retryDue(dctx, g, "CreateContainer")
+		if err := p.claimDueFor(dctx, ctr.GetId()); err != nil {
+			return nil, nil, err
+		}
 	}
 	d, err := g.Admit(dctx, req)
 	if err != nil {
@@ -948,18 +988,24 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	p.settleStarts(ctx)
+	p.retryDue(ctx, g, "StopContainer")
 	// Out of rebuilds before its claims go: a rebuild that listed it before
 	// then sees tracked change and runs again, instead of adopting back the
 	// claim this release ends.
 	p.markStopped(ctr.GetId())
-	err := g.Stopped(ctx, ownerOf(pod, ctr))
+	o := ownerOf(pod, ctr)
+	err := g.Stopped(ctx, o)
 	if err == nil && !g.ClaimOutlivesStop() {
 		p.untrack(ctr.GetId())
-	} // else kept (stopped): its removal tries again
+	} // else kept (stopped) for its removal
 	if err != nil {
 		p.ledgerTrouble(err)
-		p.log.Error("releasing a stopped container failed; the liveness check, its removal or the next sync will", "container_id", ctr.GetId(), "error", err)
+		p.addDue(releaseStop, o, err)
+		p.log.Error("releasing a stopped container failed; retried in the background and at the next NRI event until it succeeds "+
+			"(its GPU stays held until then)", "container_id", ctr.GetId(), "error", err)
+		return nil, nil
 	}
+	p.clearDue(releaseStop, o)
 	return nil, nil
 }
 
@@ -979,12 +1025,18 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	p.settleStarts(ctx)
+	p.retryDue(ctx, g, "RemoveContainer")
 	p.markStopped(ctr.GetId()) // out of rebuilds first, as in StopContainer
-	if err := g.Removed(ctx, ownerOf(pod, ctr)); err != nil {
+	o := ownerOf(pod, ctr)
+	if err := g.Removed(ctx, o); err != nil {
 		p.ledgerTrouble(err)
-		p.log.Error("releasing a removed container failed; the next sync will", "container_id", ctr.GetId(), "error", err)
+		// Replaces a due release of its stop: the removal ends it all.
+		p.addDue(releaseRemove, o, err)
+		p.log.Error("releasing a removed container failed; retried in the background and at the next NRI event until it succeeds "+
+			"(its GPU stays held until then)", "container_id", ctr.GetId(), "error", err)
 		return nil
 	}
+	p.clearDue(releaseRemove, o)
 	p.untrack(ctr.GetId())
 	return nil
 }
@@ -1011,6 +1063,7 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 	ctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	p.settleStarts(ctx)
+	p.retryDue(ctx, g, "pod "+what)
 	// Out of rebuilds before the release, as in StopContainer; the set
 	// changes (and a rebuild runs again) only if the pod had tracked
 	// containers, so that pod churn without GPUs never holds a rebuild up.
@@ -1027,15 +1080,27 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 		p.trackGen++
 	}
 	p.mu.Unlock()
+	o := ledger.Owner{PodUID: pod.GetUid(), PodSandboxID: pod.GetId(), Namespace: pod.GetNamespace(), Pod: pod.GetName(),
+		FrontEnd: ledger.FrontEndNRI}
 	if err := g.PodGone(ctx, ledger.FrontEndNRI, pod.GetUid(), pod.GetId()); err != nil {
 		p.ledgerTrouble(err)
-		p.log.Error("releasing a "+what+" pod failed; the next sync will", "pod_uid", pod.GetUid(),
+		p.addDue(releasePod, o, err)
+		p.log.Error("releasing a "+what+" pod failed; retried in the background and at the next NRI event until it succeeds "+
+			"(its GPUs stay held until then)", "pod_uid", pod.GetUid(),
 			"pod_sandbox_id", pod.GetId(), "namespace", pod.GetNamespace(), "pod", pod.GetName(), "error", err)
 		return
 	}
+	p.clearDue(releasePod, o)
+	p.untrackPod(pod.GetId())
+}
+
+// untrackPod stops tracking the containers of a sandbox whose claims went.
+func (p *Plugin) untrackPod(sandboxID string) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed := false
 	for id, t := range p.tracked {
-		if t.sandboxID == pod.GetId() {
+		if t.sandboxID == sandboxID {
 			delete(p.tracked, id)
 			changed = true
 		}
@@ -1043,7 +1108,6 @@ func (p *Plugin) podGone(ctx context.Context, pod *api.PodSandbox, what string) 
 	if changed {
 		p.trackGen++
 	}
-	p.mu.Unlock()
 }
 
 // ledgerTrouble asks for a rebuild (see resync) when err says the ledger

@@ -83,6 +83,8 @@ const (
 // whenever the connection closes or cannot be made; every reconnect brings a
 // full Synchronize. It returns nil once ctx is done (SIGTERM/SIGINT).
 func (p *Plugin) Run(ctx context.Context, id Identity) error {
+	// The retries of failed releases end with the plugin.
+	defer p.halt()
 	launched := Launched()
 	p.inPlace.Store(launched || p.forceInPlace)
 	backoff := minBackoff

@@ -28,9 +28,14 @@ func syncResult(t *testing.T, rt *runtime) error {
 type gaugeRecorder struct {
 	mu         sync.Mutex
 	rebuilding bool
+	due        int
 }
 
 func (g *gaugeRecorder) SetRebuilding(on bool) { g.mu.Lock(); g.rebuilding = on; g.mu.Unlock() }
+
+func (g *gaugeRecorder) SetReleasesDue(n int) { g.mu.Lock(); g.due = n; g.mu.Unlock() }
+
+func (g *gaugeRecorder) releasesDue() int { g.mu.Lock(); defer g.mu.Unlock(); return g.due }
 
 func (g *gaugeRecorder) isRebuilding() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.rebuilding }
 
