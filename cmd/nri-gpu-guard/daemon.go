@@ -8,6 +8,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
@@ -31,11 +32,54 @@ type daemonOptions struct {
 	OpenNVML func() (observe.Source, error)
 	// ProcRoot holds the host's proc/ for the observer; "" = "/".
 	ProcRoot string
+	// MetricsRetry is the first wait before the metrics endpoint is tried
+	// again after it failed (tests); 0 = metricsMinBackoff.
+	MetricsRetry time.Duration
+}
+
+// Bounds of the wait between two attempts to serve the metrics endpoint.
+const (
+	metricsMinBackoff = time.Second
+	metricsMaxBackoff = 10 * time.Second
+)
+
+// serveMetrics serves the metrics endpoint on listen until ctx is done. An
+// endpoint that cannot listen (the port is taken, the address not there yet)
+// or that fails is logged and tried again with backoff, forever: it never
+// stops the plugin. Enforcement does not depend on it, and ending the daemon
+// for it would leave GPU containers unchecked: an external daemon would
+// crash-loop, and containerd never relaunches a plugin it launched.
+func serveMetrics(ctx context.Context, m *metrics.Metrics, listen string, log *slog.Logger, first time.Duration) {
+	if first <= 0 {
+		first = metricsMinBackoff
+	}
+	backoff := first
+	for {
+		started := time.Now()
+		err := m.Serve(ctx, listen, log)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > metricsMaxBackoff {
+			backoff = first // it served for a while: a new failure
+		}
+		log.Error("metrics endpoint failed; the guard keeps enforcing without it (no /metrics, /healthz or /readyz meanwhile), retrying",
+			"listen", listen, "retry_in", backoff.String(), "error", err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		backoff = min(backoff*2, metricsMaxBackoff)
+	}
 }
 
 // runDaemon is the whole NRI daemon: it builds the guard, serves metrics when
-// [metrics] listen is set, runs the GPU observer (when NVML is there) on the
-// guard of the latest setup, and runs the plugin until ctx is done.
+// [metrics] listen is set (retrying while it cannot, see serveMetrics), runs
+// the GPU observer (when NVML is there) on the guard of the latest setup, and
+// runs the plugin until ctx is done.
 //
 // An external daemon builds the guard once up front, so a broken
 // configuration, an unsafe ledger dir or a missing inventory fail at start,
@@ -78,18 +122,19 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	}
 	defer watchDone.Wait()
 	defer cancel() // before the wait: the watch stops with the plugin
-	errc := make(chan error, 1)
 	var serveOnce sync.Once
+	var metricsDone sync.WaitGroup
+	defer metricsDone.Wait()
+	defer cancel() // before the wait: the endpoint stops with the plugin
 	serve := func(listen string) {
 		if listen == "" {
 			return
 		}
 		serveOnce.Do(func() {
+			metricsDone.Add(1)
 			go func() {
-				if err := m.Serve(ctx, listen, log); err != nil {
-					errc <- err
-					cancel()
-				}
+				defer metricsDone.Done()
+				serveMetrics(ctx, m, listen, log, opts.MetricsRetry)
 			}()
 		})
 	}
@@ -121,11 +166,5 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	if err != nil {
 		return err
 	}
-	runErr := p.Run(ctx, opts.Identity.WithDefaults(opts.Config.NRI))
-	select {
-	case err := <-errc:
-		return errors.Join(err, runErr)
-	default:
-		return runErr
-	}
+	return p.Run(ctx, opts.Identity.WithDefaults(opts.Config.NRI))
 }

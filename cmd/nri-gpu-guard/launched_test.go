@@ -7,6 +7,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,7 +105,7 @@ func TestLaunchedByRuntime(t *testing.T) {
 // extraConf. before, when set, runs with the ledger dir before the runtime
 // starts (and so before the plugin's Synchronize). It returns a function
 // creating a container of one pod with one env entry, and the plugin's log
-// lines.
+// lines (closed once the plugin exited).
 func launchPlugin(t *testing.T, extraConf string, before func(state string)) (create func(id, env string) error, lines <-chan string) {
 	t.Helper()
 	self, err := os.Executable()
@@ -123,6 +124,8 @@ func launchPlugin(t *testing.T, extraConf string, before func(state string)) (cr
 		[]byte("#!/bin/sh\nexec '"+self+"' 2>'"+fifo+"'\n"), 0o755))
 	out := make(chan string, 4096)
 	go func() {
+		// Closed once the plugin exited (or the test could not read).
+		defer close(out)
 		f, err := os.Open(fifo) // blocks until the plugin opens its end
 		if err != nil {
 			return
@@ -166,7 +169,10 @@ func waitLogLine(t *testing.T, lines <-chan string, want string) {
 	deadline := time.After(condWait)
 	for {
 		select {
-		case l := <-lines:
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("the plugin exited before logging %q", want)
+			}
 			if strings.Contains(l, want) {
 				return
 			}
@@ -200,5 +206,20 @@ func TestLaunchedPluginSurvivesLedgerLockedAtSync(t *testing.T) {
 	require.NoError(t, create("holder-1", "NVIDIA_VISIBLE_DEVICES=1"))
 	err = create("second-1", "NVIDIA_VISIBLE_DEVICES=1")
 	require.Error(t, err, "the plugin enforces once the ledger is rebuilt")
+	assert.Contains(t, err.Error(), "is held by ml/a/holder-1")
+}
+
+// A launched plugin whose [metrics] listen cannot be served (the port is
+// taken) keeps enforcing: it used to exit, and containerd never relaunches
+// it.
+func TestLaunchedPluginKeepsEnforcingWithoutMetrics(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer func() { _ = taken.Close() }()
+	create, lines := launchPlugin(t, fmt.Sprintf("[metrics]\nlisten = %q\n", taken.Addr().String()), nil)
+	waitLogLine(t, lines, "metrics endpoint failed")
+	require.NoError(t, create("holder-1", "NVIDIA_VISIBLE_DEVICES=1"))
+	err = create("second-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.Error(t, err, "a second container was admitted on GPU 1: the plugin is gone")
 	assert.Contains(t, err.Error(), "is held by ml/a/holder-1")
 }
