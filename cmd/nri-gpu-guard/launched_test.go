@@ -130,7 +130,7 @@ func launchPlugin(t *testing.T, extraConf string, before func(state string)) (cr
 		if err != nil {
 			return
 		}
-		defer f.Close()
+		defer func() { _ = f.Close() }()
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
 			select {

@@ -35,8 +35,6 @@ func (g *gaugeRecorder) SetRebuilding(on bool) { g.mu.Lock(); g.rebuilding = on;
 
 func (g *gaugeRecorder) SetReleasesDue(n int) { g.mu.Lock(); g.due = n; g.mu.Unlock() }
 
-func (g *gaugeRecorder) releasesDue() int { g.mu.Lock(); defer g.mu.Unlock(); return g.due }
-
 func (g *gaugeRecorder) isRebuilding() bool { g.mu.Lock(); defer g.mu.Unlock(); return g.rebuilding }
 
 // A plugin launched by containerd whose Synchronize cannot reconcile the
