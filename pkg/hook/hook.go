@@ -532,10 +532,16 @@ func appears(st ledger.State, id string) (holds, waits bool) {
 }
 
 // refreshInterval is how long a waiting hook may go without an Admit when
-// nothing changes: a quarter of queue_ttl (so that a live waiter is never
-// dropped), at most maxRefresh, at least one poll.
+// nothing changes: a quarter of queue_ttl and of reservation_ttl (so that a
+// live waiter is never dropped, nor is the head of the queue, whose
+// reservations on part of its request stand while it waits for the rest
+// and lapse with their waiter if not renewed in time), at most maxRefresh,
+// at least one poll.
 func refreshInterval(cfg config.Config) time.Duration {
 	d := min(cfg.Policy.QueueTTL.Duration/4, maxRefresh)
+	if r := cfg.Policy.ReservationTTL.Duration; r > 0 {
+		d = min(d, r/4)
+	}
 	return max(d, cfg.Hook.PollInterval.Duration)
 }
 

@@ -208,14 +208,18 @@ func TestWaiterWithWatcherAdmitsOnlyOnChange(t *testing.T) {
 
 func TestRefreshInterval(t *testing.T) {
 	for _, tc := range []struct {
-		queueTTL, poll, want time.Duration
+		queueTTL, reservationTTL, poll, want time.Duration
 	}{
-		{15 * time.Minute, 250 * time.Millisecond, 30 * time.Second},
-		{time.Minute, 250 * time.Millisecond, 15 * time.Second},
-		{time.Second, 2 * time.Second, 2 * time.Second},
+		{15 * time.Minute, 6 * time.Minute, 250 * time.Millisecond, 30 * time.Second},
+		{time.Minute, 6 * time.Minute, 250 * time.Millisecond, 15 * time.Second},
+		{time.Second, 6 * time.Minute, 2 * time.Second, 2 * time.Second},
+		// The head of the queue renews its reservations well within
+		// reservation_ttl, or it would lose its place while it waits.
+		{15 * time.Minute, 20 * time.Second, 250 * time.Millisecond, 5 * time.Second},
 	} {
 		cfg := config.Default()
 		cfg.Policy.QueueTTL = config.Duration{Duration: tc.queueTTL}
+		cfg.Policy.ReservationTTL = config.Duration{Duration: tc.reservationTTL}
 		cfg.Hook.PollInterval = config.Duration{Duration: tc.poll}
 		require.Equal(t, tc.want, refreshInterval(cfg), "queue_ttl %s poll %s", tc.queueTTL, tc.poll)
 	}

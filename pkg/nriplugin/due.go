@@ -112,11 +112,10 @@ func (p *Plugin) addDue(kind releaseKind, o ledger.Owner, err error) {
 		r.since, r.tries = old.since, old.tries+1
 	}
 	p.due[key] = r
-	n := len(p.due)
+	p.showDueLocked()
 	start := !p.retrying
 	p.retrying = true
 	p.dueMu.Unlock()
-	p.showDue(n)
 	if start {
 		go p.retryReleases()
 	}
@@ -127,13 +126,11 @@ func (p *Plugin) addDue(kind releaseKind, o ledger.Owner, err error) {
 func (p *Plugin) clearDue(kind releaseKind, o ledger.Owner) {
 	key := dueKey(kind, o)
 	p.dueMu.Lock()
-	_, ok := p.due[key]
-	delete(p.due, key)
-	n := len(p.due)
-	p.dueMu.Unlock()
-	if ok {
-		p.showDue(n)
+	if _, ok := p.due[key]; ok {
+		delete(p.due, key)
+		p.showDueLocked()
 	}
+	p.dueMu.Unlock()
 }
 
 // dueMark is the last due release recorded so far: a reconcile started
@@ -158,17 +155,21 @@ func (p *Plugin) settleDue(mark uint64) {
 			settled++
 		}
 	}
-	n := len(p.due)
+	if settled > 0 {
+		p.showDueLocked()
+	}
 	p.dueMu.Unlock()
 	if settled > 0 {
 		p.log.Info("failed releases settled by reconciling the ledger with the runtime's containers", "settled", settled)
-		p.showDue(n)
 	}
 }
 
-func (p *Plugin) showDue(n int) {
+// showDueLocked publishes how many releases are due; dueMu is held, so
+// that the gauge follows the changes in the order they were made (a count
+// published after the lock is released could land after a newer one).
+func (p *Plugin) showDueLocked() {
 	if p.gauges != nil {
-		p.gauges.SetReleasesDue(n)
+		p.gauges.SetReleasesDue(len(p.due))
 	}
 }
 
@@ -221,7 +222,7 @@ func (p *Plugin) retryDue(ctx context.Context, g *guard.Guard, by string) (progr
 				p.due[key] = cur
 			}
 		}
-		n := len(p.due)
+		p.showDueLocked()
 		p.dueMu.Unlock()
 		if err != nil {
 			p.ledgerTrouble(err)
@@ -233,7 +234,6 @@ func (p *Plugin) retryDue(ctx context.Context, g *guard.Guard, by string) (progr
 		progressed = true
 		if still {
 			p.released(g, r)
-			p.showDue(n)
 			p.log.Info("released on retry after a failed release", "release", r.kind.String(),
 				"container_id", r.owner.ContainerID, "pod_uid", r.owner.PodUID, "pod_sandbox_id", r.owner.PodSandboxID,
 				"namespace", r.owner.Namespace, "pod", r.owner.Pod, "tries", r.tries+1,
