@@ -58,3 +58,27 @@ func TestForgetVanishedPodsDropsWaitersOnly(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, n, "nothing left to drop")
 }
+
+// ForgetPodsNotLive asks which pods are live under the ledger lock, once
+// per waiter's pod: a pod whose create queued a waiter after the caller's
+// pod list was taken (a launched plugin admits creations during the drop)
+// counts as live if the caller says so at that moment, and keeps its place.
+func TestForgetPodsNotLiveAsksUnderTheLock(t *testing.T) {
+	e, _ := newStateEnv(t, nil)
+	holder := ctr("ml", "q", "main", "q0000000000001")
+	late := ctr("ml", "late", "main", "l0000000000001")
+	gone := ctr("ml", "r", "main", "r0000000000001")
+	require.Equal(t, guard.Admit, e.admit(holder, visible("1")).Result)
+	require.Equal(t, guard.Queue, e.admit(gone, visible("1")).Result)
+	require.Equal(t, guard.Queue, e.admit(late, visible("1")).Result)
+
+	asked := map[string]bool{}
+	n, err := e.g.ForgetPodsNotLive(ctx, ledger.FrontEndNRI, func(uid string) bool {
+		asked[uid] = true
+		return uid == late.PodUID || uid == holder.PodUID
+	})
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "pod r only")
+	assert.True(t, asked[late.PodUID] && asked[gone.PodUID], "asked for each waiter's pod: %v", asked)
+	assert.Len(t, e.waiters(), 1, "late keeps its place")
+}

@@ -94,12 +94,21 @@ func (g *Guard) ForgetVanishedPods(ctx context.Context, fe ledger.FrontEnd, live
 	for _, uid := range livePods {
 		live[uid] = true
 	}
+	return g.ForgetPodsNotLive(ctx, fe, func(uid string) bool { return live[uid] })
+}
+
+// ForgetPodsNotLive is ForgetVanishedPods with the live pods given by a
+// function, asked under the ledger lock: a front end that admits creations
+// meanwhile (a launched plugin after its in-place rebuild) counts the pod
+// of a create that queued a waiter just before as live, which a list taken
+// before the update would have left out.
+func (g *Guard) ForgetPodsNotLive(ctx context.Context, fe ledger.FrontEnd, isLive func(uid string) bool) (int, error) {
 	var dropped []ledger.Waiter
 	err := g.update(ctx, "forget vanished pods", func(tx *ledger.Tx) bool {
 		dropped = nil // fn may be retried
 		var keys []string
 		for _, w := range tx.ReadState().Waiters {
-			if w.Owner.FrontEnd == fe && w.Owner.PodUID != "" && !live[w.Owner.PodUID] {
+			if w.Owner.FrontEnd == fe && w.Owner.PodUID != "" && !isLive(w.Owner.PodUID) {
 				keys = append(keys, w.Key)
 			}
 		}

@@ -151,6 +151,10 @@ type Plugin struct {
 	// container was created in since: once the rebuild succeeds, the waiters
 	// of any other pod are dropped, as that Synchronize would have done.
 	pendingPods map[string]struct{}
+	// pendingMu guards pendingPods alone. It is never held while the ledger
+	// lock is taken, so that the drop of vanished pods' waiters can ask it
+	// under the ledger lock (see forgetVanishedPods).
+	pendingMu sync.Mutex
 	// resync asks Run for a rebuild of the ledger from the runtime's
 	// containers after it was found needing recovery (damaged, missing or
 	// replaced) or started afresh by another process: an external plugin
@@ -417,8 +421,10 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.mu.Lock()
 	p.tracked = tracked
 	p.trackGen++
-	p.pendingPods = nil
 	p.mu.Unlock()
+	p.pendingMu.Lock()
+	p.pendingPods = nil
+	p.pendingMu.Unlock()
 	p.settleDue(mark)
 
 	// Waiters of pods removed while the plugin was away never get their
@@ -465,8 +471,10 @@ func (p *Plugin) syncFailed(live []guard.Request, pods []*api.PodSandbox, err er
 	p.mu.Lock()
 	p.tracked = tracked
 	p.trackGen++
-	p.pendingPods = uids
 	p.mu.Unlock()
+	p.pendingMu.Lock()
+	p.pendingPods = uids
+	p.pendingMu.Unlock()
 	p.setRebuilding(true, err)
 	p.log.Error("synchronizing with the runtime failed: the GPU ledger could not be reconciled with the runtime's containers; "+
 		"the plugin stays registered (containerd would not relaunch it) and rebuilds the ledger in place, retrying with backoff; "+
@@ -479,19 +487,28 @@ func (p *Plugin) syncFailed(live []guard.Request, pods []*api.PodSandbox, err er
 
 // forgetVanishedPods drops the waiters of the pods a failed Synchronize
 // would have found gone (see pendingPods), once a rebuild succeeded.
+//
+// pendingPods keeps recording the pods of new creations until the drop has
+// committed, and is read under the ledger lock: a create admitted since the
+// rebuild whose request queued a waiter before the drop took the lock has
+// recorded its pod, which therefore counts as live.
 func (p *Plugin) forgetVanishedPods(ctx context.Context, g *guard.Guard) {
-	p.mu.Lock()
-	pending := p.pendingPods
-	p.pendingPods = nil
-	p.mu.Unlock()
-	if pending == nil {
+	p.pendingMu.Lock()
+	active := p.pendingPods != nil
+	p.pendingMu.Unlock()
+	if !active {
 		return
 	}
-	uids := make([]string, 0, len(pending))
-	for uid := range pending {
-		uids = append(uids, uid)
+	isLive := func(uid string) bool {
+		p.pendingMu.Lock()
+		defer p.pendingMu.Unlock()
+		_, ok := p.pendingPods[uid]
+		return ok
 	}
-	gone, err := g.ForgetVanishedPods(ctx, ledger.FrontEndNRI, uids)
+	gone, err := g.ForgetPodsNotLive(ctx, ledger.FrontEndNRI, isLive)
+	p.pendingMu.Lock()
+	p.pendingPods = nil
+	p.pendingMu.Unlock()
 	if err != nil {
 		// Not worth another rebuild: those waiters leave after queue_ttl.
 		p.log.Warn("dropping waiters of vanished pods failed; they leave after policy.queue_ttl", "error", err)
@@ -792,10 +809,12 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	p.mu.Lock()
 	p.known[ctr.GetId()] = struct{}{}
+	p.mu.Unlock()
+	p.pendingMu.Lock()
 	if p.pendingPods != nil {
 		p.pendingPods[pod.GetUid()] = struct{}{}
 	}
-	p.mu.Unlock()
+	p.pendingMu.Unlock()
 	req := guardRequest(pod, ctr)
 	// During a rebuild only the requests decided on the ledger's holders
 	// are refused: one that names no GPU, or of an exempt namespace, is
