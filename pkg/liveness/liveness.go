@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -23,10 +24,12 @@ const (
 )
 
 // v1Controllers are the cgroup v1 hierarchies a container's cgroup is looked
-// up in, in order. Every runtime puts a container into the pids and memory
-// hierarchies; the others cover hosts that mount fewer controllers. "unified"
-// is the v2 hierarchy of a hybrid host.
-var v1Controllers = []string{"pids", "memory", "cpu,cpuacct", "cpuacct,cpu", "cpu", "cpuacct", "systemd", "unified"}
+// up in, in order. Every runtime puts a container into the pids, memory and
+// devices hierarchies (the ones ProcessCgroup records a path from, in this
+// order: see cgroupRank); the others cover hosts that mount fewer
+// controllers. "unified" is the v2 hierarchy of a hybrid host, last: runc's
+// cgroupfs driver does not put containers there.
+var v1Controllers = []string{"pids", "memory", "devices", "cpu,cpuacct", "cpuacct,cpu", "cpu", "cpuacct", "systemd", "unified"}
 
 // maxCgroupDirs bounds the walk below a v1 cgroup: a container may create
 // child cgroups, but thousands of them mean something odd is going on and the
@@ -312,36 +315,75 @@ type procStat struct {
 	start uint64
 }
 
-// ProcessCgroup returns the cgroup of pid as procRoot/<pid>/cgroup names it:
-// the unified hierarchy's path ("0::<path>") when there is one, else the
-// first hierarchy's. It is what a holder's cgroup is recorded as when its
-// runtime named none (runc run with no cgroupsPath puts the container in a
-// cgroup of its id).
+// ProcessCgroup returns the cgroup of pid as procRoot/<pid>/cgroup names it,
+// the line PickCgroup picks. It is what a holder's cgroup is recorded as when
+// its runtime named none (runc run with no cgroupsPath puts the container in
+// a cgroup of its id), and what that is compared with (the runtime's own
+// cgroup): both are read from the same hierarchy.
 func ProcessCgroup(procRoot string, pid int) (string, error) {
 	if pid <= 0 {
 		return "", fmt.Errorf("invalid pid %d", pid)
 	}
-	data, err := readBounded(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"), 16<<10)
+	path := filepath.Join(procRoot, strconv.Itoa(pid), "cgroup")
+	data, err := readBounded(path, 16<<10)
 	if err != nil {
 		return "", err
 	}
-	first := ""
+	cg := PickCgroup(data, nil)
+	if cg == "" {
+		return "", fmt.Errorf("pid %d: no cgroup in %s", pid, path)
+	}
+	return cg, nil
+}
+
+// cgroupRank orders the lines of /proc/PID/cgroup, lowest first, by how
+// surely they hold a container's processes. On a cgroup v2 host there is one
+// line ("0::"). On a v1 host, and on a hybrid one (v1 controllers plus the
+// unified "0::" line; systemd's hybrid mode, the default of Ubuntu 20.04 and
+// DGX OS 5), the v1 hierarchies come first: they carry the controllers, and
+// every runtime puts a container into pids and memory (its limits), devices
+// (the device cgroup is what lets it open the GPU) and name=systemd (runc's
+// and crun's drivers join it, systemd tracks units in it). The unified
+// hierarchy of a hybrid host carries no controller: runc's cgroupfs driver
+// does not join it, so its "0::" line stays at the cgroup the runtime was
+// started in (containerd's, the shim's, a login session). The order of the
+// first four matches v1Controllers, where Checker looks a recorded path up.
+func cgroupRank(hierarchy, controllers string) int {
+	if hierarchy == "0" && controllers == "" {
+		return 5 // the unified hierarchy
+	}
+	for i, c := range []string{"pids", "memory", "devices"} {
+		if slices.Contains(strings.Split(controllers, ","), c) {
+			return i
+		}
+	}
+	if controllers == "name=systemd" {
+		return 3
+	}
+	return 4 // another v1 hierarchy: one a runtime may leave alone
+}
+
+// PickCgroup picks one cgroup path from a /proc/PID/cgroup document: the
+// line of lowest cgroupRank (the first such line on a tie). With names (a
+// test for "this path is a container's cgroup", such as the GPU observer's
+// container id rule), a line it accepts is picked before any it does not, so
+// a container is found in whichever hierarchy names it. "" when no line
+// holds a path.
+func PickCgroup(data []byte, names func(path string) bool) string {
+	best, bestRank, bestNamed := "", 0, false
 	for _, line := range strings.Split(string(data), "\n") {
+		// hierarchy-ID:controller-list:cgroup-path; the path may hold ':'.
 		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
 		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
 			continue
 		}
-		if parts[0] == "0" && parts[1] == "" {
-			return parts[2], nil
-		}
-		if first == "" {
-			first = parts[2]
+		rank, named := cgroupRank(parts[0], parts[1]), names != nil && names(parts[2])
+		better := best == "" || (named && !bestNamed) || (named == bestNamed && rank < bestRank)
+		if better {
+			best, bestRank, bestNamed = parts[2], rank, named
 		}
 	}
-	if first == "" {
-		return "", fmt.Errorf("pid %d: no cgroup in %s", pid, filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
-	}
-	return first, nil
+	return best
 }
 
 // Running reports whether the process recorded as pid with start time start

@@ -343,3 +343,88 @@ func TestWalkBound(t *testing.T) {
 	assert.False(t, exited)
 	assert.Contains(t, reason, "more than")
 }
+
+// hybridDoc is /proc/PID/cgroup of a container on a hybrid host (v1
+// controllers plus the unified hierarchy, systemd's hybrid mode) run by
+// runc's cgroupfs driver: it joins the v1 hierarchies and name=systemd, and
+// leaves the unified one where the shim runs.
+const hybridDoc = "12:devices:/kubepods/besteffort/pod1/c1\n11:memory:/kubepods/besteffort/pod1/c1\n" +
+	"7:net_cls,net_prio:/\n3:pids:/kubepods/besteffort/pod1/c1\n1:name=systemd:/kubepods/besteffort/pod1/c1\n" +
+	"0::/system.slice/containerd.service\n"
+
+func TestProcessCgroup(t *testing.T) {
+	for _, tc := range []struct{ name, doc, want string }{
+		{"cgroup v2", "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-c1.scope\n",
+			"/kubepods.slice/kubepods-pod1.slice/cri-containerd-c1.scope"},
+		{"hybrid, cgroupfs driver: the v1 controllers, not the shim's unified cgroup", hybridDoc, "/kubepods/besteffort/pod1/c1"},
+		{"hybrid, systemd driver: every line agrees", "4:pids:/system.slice/runc-c1.scope\n1:name=systemd:/system.slice/runc-c1.scope\n0::/system.slice/runc-c1.scope\n",
+			"/system.slice/runc-c1.scope"},
+		{"cgroup v1: pids before the first line", "12:hugetlb:/\n11:cpuset:/\n4:pids:/k8s.io/c1\n1:name=systemd:/k8s.io/c1\n", "/k8s.io/c1"},
+		{"cgroup v1: memory", "12:hugetlb:/\n5:cpu,cpuacct:/x\n3:memory:/k8s.io/c1\n", "/k8s.io/c1"},
+		{"cgroup v1: devices", "12:hugetlb:/\n5:cpu,cpuacct:/x\n3:devices:/k8s.io/c1\n", "/k8s.io/c1"},
+		{"cgroup v1: name=systemd", "12:hugetlb:/\n1:name=systemd:/user.slice/c1\n", "/user.slice/c1"},
+		{"cgroup v1: another hierarchy, the first", "12:hugetlb:/a\n5:cpu,cpuacct:/b\n", "/a"},
+		{"cgroup v1 with the unified root listed", "4:pids:/k8s.io/c1\n0::/\n", "/k8s.io/c1"},
+		{"a path holding ':'", "0::/odd:name\n", "/odd:name"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proc := tree(t, map[string]string{"7/cgroup": tc.doc})
+			got, err := ProcessCgroup(proc, 7)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, got)
+		})
+	}
+	proc := tree(t, map[string]string{"7/cgroup": "garbage\n"})
+	_, err := ProcessCgroup(proc, 7)
+	require.ErrorContains(t, err, "no cgroup")
+	_, err = ProcessCgroup(proc, 8)
+	require.ErrorIs(t, err, fs.ErrNotExist)
+}
+
+// With names, a line naming a container is picked before a better-ranked
+// one that does not; among lines naming one, the rank decides.
+func TestPickCgroupNames(t *testing.T) {
+	names := func(p string) bool { return strings.HasSuffix(p, "/c1") || strings.HasSuffix(p, "/c2") }
+	assert.Equal(t, "/kubepods/besteffort/pod1/c1", PickCgroup([]byte(hybridDoc), names))
+	assert.Equal(t, "/k8s.io/c1", PickCgroup([]byte("4:pids:/\n0::/k8s.io/c1\n"), names),
+		"only the unified line names it")
+	assert.Equal(t, "/k8s.io/c1", PickCgroup([]byte("5:cpuset:/k8s.io/c2\n4:pids:/k8s.io/c1\n0::/k8s.io/c2\n"), names),
+		"disagreeing lines: the controller every runtime joins")
+	assert.Equal(t, "/system.slice/sshd.service", PickCgroup([]byte("4:pids:/system.slice/sshd.service\n0::/system.slice/sshd.service\n"), names),
+		"a host process: the ranked line")
+	assert.Empty(t, PickCgroup([]byte("\n"), names))
+}
+
+// A holder recorded through ProcessCgroup on a hybrid host is checked in the
+// hierarchy its path came from: its v1 cgroup emptied is an exit, although
+// the unified cgroup of the shim it was started from still has processes.
+func TestExitedHybridRecordedCgroup(t *testing.T) {
+	proc := tree(t, map[string]string{"7/cgroup": hybridDoc})
+	cg, err := ProcessCgroup(proc, 7)
+	require.NoError(t, err)
+	root := tree(t, map[string]string{
+		"pids/kubepods/besteffort/pod1/c1/cgroup.procs":         "",
+		"memory/kubepods/besteffort/pod1/c1/cgroup.procs":       "",
+		"devices/kubepods/besteffort/pod1/c1/cgroup.procs":      "",
+		"systemd/kubepods/besteffort/pod1/c1/cgroup.procs":      "",
+		"unified/system.slice/containerd.service/cgroup.events": "populated 1\n",
+		"systemd/system.slice/containerd.service/cgroup.procs":  "812\n",
+		"pids/system.slice/containerd.service/cgroup.procs":     "812\n",
+	})
+	exited, reason := New(root, proc).Exited(Process{Cgroup: cg})
+	assert.True(t, exited, "reason: %s", reason)
+	assert.Contains(t, reason, "cgroup /kubepods/besteffort/pod1/c1 has no processes")
+
+	// Still running: not exited.
+	require.NoError(t, os.WriteFile(filepath.Join(root, "pids/kubepods/besteffort/pod1/c1/cgroup.procs"), []byte("900\n"), 0o644))
+	exited, reason = New(root, proc).Exited(Process{Cgroup: cg})
+	assert.False(t, exited, "reason: %s", reason)
+}
+
+// Only devices mounted of the hierarchies ProcessCgroup records from: the
+// path is found there.
+func TestExitedV1DevicesOnly(t *testing.T) {
+	root := tree(t, map[string]string{"devices/k8s.io/c1/cgroup.procs": ""})
+	exited, reason := New(root, t.TempDir()).Exited(Process{Cgroup: "/k8s.io/c1"})
+	assert.True(t, exited, "reason: %s", reason)
+}

@@ -8,12 +8,14 @@
 // It owns the observer (New, Observer.Run): a periodic accounting pass
 // (Observer.Account) that lists the compute and graphics processes NVML
 // reports on every device, maps each pid to its container through
-// /proc/PID/cgroup (ContainerIDFromCgroup) and compares them with the claims
-// the ledger holds (Ledger, Holding); the draining check of
-// release_requires_idle (Observer.Idle); and the health watcher, which
-// subscribes to NVML's critical Xid events and turns a critical Xid, a
-// device that vanished or one that needs a reset into an unhealthy device
-// (Observer.Unhealthy, Observer.Health).
+// /proc/PID/cgroup (the line liveness.PickCgroup picks, one that names a
+// container first, so that a hybrid cgroup host's unified line, left at the
+// shim's cgroup, does not hide the container; ContainerIDFromCgroup) and
+// compares them with the claims the ledger holds (Ledger, Holding); the
+// draining check of release_requires_idle (Observer.Idle); and the health
+// watcher, which subscribes to NVML's critical Xid events and turns a
+// critical Xid, a device that vanished or one that needs a reset into an
+// unhealthy device (Observer.Unhealthy, Observer.Health).
 //
 // It also owns observe.json (File, WriteFile, ReadFile): the daemon's last
 // report for gpu-guard-ctl, bounded, written atomically, judged stale after

@@ -420,6 +420,38 @@ func TestVanishedDeviceIsUnhealthy(t *testing.T) {
 	assert.False(t, o.ClearHealth(h.uuid(5)))
 }
 
+// On a hybrid host (see hybridCgroup) a holder's, and an exempt agent's,
+// processes are theirs: no intruder, and the holder's draining claim is not
+// idle while its process is on the GPU.
+func TestHybridCgroupHost(t *testing.T) {
+	h := newMockA100(t)
+	fp := newFakeProc(t, 1000)
+	fp.add(100, 10, hybridCgroup(idA))
+	fp.add(200, 20, hybridCgroup(idB)) // the exempt monitoring agent
+	fp.add(300, 30, hybridCgroup(idC))
+	h.run(h.uuid(0), 100, 1<<30)
+	h.run(h.uuid(0), 200, 0)
+	h.run(h.uuid(2), 300, 0)
+	holder := Holding{DeviceUUID: h.uuid(0), ContainerID: idA, CgroupPath: hybridPath(idA)}
+	o, _ := newObserver(t, h, fp, &holdings{holder, {ContainerID: idB, AnyDevice: true}}, nil)
+
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	require.Len(t, r.Problems(), 1, "%+v", r.Problems())
+	assert.Equal(t, KindIntruder, r.Problems()[0].Kind)
+	assert.Equal(t, 300, r.Problems()[0].PID)
+	assert.Equal(t, idC, r.Problems()[0].ContainerID, "a container, not a host process")
+	assert.Equal(t, hybridPath(idA), r.Devices[0].Processes[0].Cgroup)
+
+	res, err := o.Idle(context.Background(), holder)
+	require.NoError(t, err)
+	assert.False(t, res.Idle, "pid 100 is the holder's and still on the GPU")
+	// Matched by cgroup alone too (a holder the hook recorded by its cgroup).
+	res, err = o.Idle(context.Background(), Holding{DeviceUUID: h.uuid(0), ContainerID: "job", CgroupPath: hybridPath(idA)})
+	require.NoError(t, err)
+	assert.False(t, res.Idle)
+}
+
 func TestIdle(t *testing.T) {
 	h := newMockH100MIG(t)
 	fp := newFakeProc(t, 1000)

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 // errESRCH is what reading /proc/PID/* returns for a process that exited
@@ -103,32 +105,16 @@ func (p procFS) cgroup(pid int) (path, id string, err error) {
 	return path, id, nil
 }
 
-// parseCgroup picks the cgroup path of a /proc/PID/cgroup document (the
-// unified "0::" line when there is one, else the first hierarchy that names
-// a container) and the container id in it ("" for a host process).
+// parseCgroup picks the cgroup path of a /proc/PID/cgroup document and the
+// container id in it ("" for a host process). The path is the one a line
+// naming a container gives, else that of the line liveness.ProcessCgroup
+// records a holder's cgroup from (liveness.PickCgroup, one rule for both):
+// on a hybrid host (v1 controllers plus a unified "0::" line) runc's
+// cgroupfs driver leaves "0::" at the shim's cgroup, so the unified line
+// must not win over a v1 line that names the container.
 func parseCgroup(data []byte) (path, id string) {
-	var first string
-	for _, line := range strings.Split(string(data), "\n") {
-		// hierarchy-ID:controller-list:cgroup-path; the path may hold ':'.
-		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if first == "" {
-			first = parts[2]
-		}
-		cid := ContainerIDFromCgroup(parts[2])
-		if parts[0] == "0" && parts[1] == "" {
-			return parts[2], cid // cgroup v2: the one hierarchy
-		}
-		if cid != "" && id == "" {
-			path, id = parts[2], cid
-		}
-	}
-	if id == "" {
-		path = first
-	}
-	return path, id
+	path = liveness.PickCgroup(data, func(p string) bool { return ContainerIDFromCgroup(p) != "" })
+	return path, ContainerIDFromCgroup(path)
 }
 
 // runtimeScopePrefixes are the systemd scope names runtimes give containers:

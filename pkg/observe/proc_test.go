@@ -87,19 +87,57 @@ func TestContainerIDFromCgroup(t *testing.T) {
 	}
 }
 
-func TestParseCgroupPrefersUnifiedThenContainer(t *testing.T) {
-	path, id := parseCgroup([]byte("12:pids:/k8s.io/" + idA + "\n0::/k8s.io/" + idB + "\n"))
-	assert.Equal(t, "/k8s.io/"+idB, path, "the cgroup v2 line wins")
+// hybridCgroup is /proc/PID/cgroup of a process of container id on a hybrid
+// host (cgroup v1 controllers plus the unified hierarchy; systemd's hybrid
+// mode, the default of Ubuntu 20.04 and DGX OS 5) whose runtime uses runc's
+// cgroupfs driver: runc joins the v1 controllers and name=systemd only, so
+// the "0::" line stays at the shim's cgroup.
+func hybridCgroup(id string) string {
+	p := hybridPath(id)
+	return "12:devices:" + p + "\n11:memory:" + p + "\n7:net_cls,net_prio:/\n3:pids:" + p + "\n1:name=systemd:" + p +
+		"\n0::/system.slice/containerd.service\n"
+}
+
+func hybridPath(id string) string {
+	return "/kubepods/besteffort/pod0a1b2c3d-0000-4000-8000-000000000000/" + id
+}
+
+func TestParseCgroupPrefersTheLineNamingAContainer(t *testing.T) {
+	// Hybrid host: the v1 lines name the container, the unified one the
+	// shim's service.
+	path, id := parseCgroup([]byte(hybridCgroup(idA)))
+	assert.Equal(t, hybridPath(idA), path)
+	assert.Equal(t, idA, id)
+
+	// Hybrid host, systemd driver: every line names it.
+	scope := "/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + idB + ".scope"
+	path, id = parseCgroup([]byte("3:pids:" + scope + "\n1:name=systemd:" + scope + "\n0::" + scope + "\n"))
+	assert.Equal(t, scope, path)
 	assert.Equal(t, idB, id)
 
-	// cgroup v1: the first hierarchy that names a container.
+	// Only the unified line names one: it wins.
+	path, id = parseCgroup([]byte("3:pids:/system.slice/containerd.service\n0::/k8s.io/" + idB + "\n"))
+	assert.Equal(t, "/k8s.io/"+idB, path)
+	assert.Equal(t, idB, id)
+
+	// Lines naming different containers: a v1 controller every runtime
+	// joins, not the unified hierarchy (it carries no controller on a
+	// hybrid host) nor one a runtime may leave alone.
+	path, id = parseCgroup([]byte("13:cpuset:/docker/" + idB + "\n12:pids:/k8s.io/" + idA + "\n0::/k8s.io/" + idB + "\n"))
+	assert.Equal(t, "/k8s.io/"+idA, path)
+	assert.Equal(t, idA, id)
+
+	// cgroup v1: a hierarchy that names the container.
 	path, id = parseCgroup([]byte("13:cpuset:/\n12:pids:/docker/" + idC + "\n1:name=systemd:/docker/" + idC + "\n"))
 	assert.Equal(t, "/docker/"+idC, path)
 	assert.Equal(t, idC, id)
 
-	// A host process: no id, the first path.
+	// A host process: no id; the path liveness.ProcessCgroup would record.
 	path, id = parseCgroup([]byte("0::/system.slice/sshd.service\n"))
 	assert.Equal(t, "/system.slice/sshd.service", path)
+	assert.Empty(t, id)
+	path, id = parseCgroup([]byte("12:hugetlb:/\n3:pids:/user.slice/job\n0::/user.slice/user-0.slice/session-1.scope\n"))
+	assert.Equal(t, "/user.slice/job", path)
 	assert.Empty(t, id)
 
 	// A path holding ':' is kept whole.
