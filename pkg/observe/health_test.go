@@ -6,11 +6,15 @@
 package observe
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
 // xidEvent is a critical-Xid event on GPU dev (all instances).
@@ -85,6 +89,81 @@ func TestXidOnMIGInstance(t *testing.T) {
 	assert.Equal(t, "1", f.Device.Index)
 	_, ok = o.Health(h.migUUID(1, 3))
 	assert.True(t, ok)
+}
+
+// An Xid of a GPU instance as a whole (compute instance "all") makes every
+// compute instance of it unhealthy, and no other GPU instance.
+func TestXidOfAGPUInstanceMarksEachComputeInstance(t *testing.T) {
+	h := newMockH100MIG(t)
+	// MIG 1:0 and 1:1 are compute instances 0 and 1 of GPU instance 1;
+	// 1:3 is GPU instance 3's.
+	h.gpus[1].MIG[1].GI, h.gpus[1].MIG[1].CI = 1, 1
+	var ch chan Finding
+	o, _ := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	ev := xidEvent(h.srv.Devices[1], 48)
+	ev.GpuInstanceId = 1 // ComputeInstanceId stays noInstance
+	h.events <- ev
+	got := map[string]bool{}
+	for range 2 {
+		f := receive(t, ch, "unhealthy compute instance")
+		assert.EqualValues(t, 48, f.Xid)
+		got[f.Device.Index] = true
+	}
+	assert.Equal(t, map[string]bool{"1:0": true, "1:1": true}, got)
+	for _, n := range []int{0, 1} {
+		_, ok := o.Health(h.migUUID(1, n))
+		assert.True(t, ok, "MIG 1:%d", n)
+	}
+	_, ok := o.Health(h.migUUID(1, 3))
+	assert.False(t, ok, "another GPU instance stays healthy")
+	_, ok = o.Health(h.uuid(0))
+	assert.False(t, ok)
+}
+
+func TestEventDevices(t *testing.T) {
+	gpu, other := "GPU-00000000-0000-4000-8000-000000000001", "GPU-00000000-0000-4000-8000-000000000002"
+	mig := func(n int) string { return fmt.Sprintf("MIG-00000000-0000-4000-8000-0000000000a%d", n) }
+	devs := DevicesOf([]devices.GPU{
+		{Index: 0, UUID: gpu, MIG: []devices.MIG{
+			{Index: 0, UUID: mig(0), GI: 1, CI: 0},
+			{Index: 1, UUID: mig(1), GI: 1, CI: 1},
+			{Index: 2, UUID: mig(2), GI: 2, CI: 0},
+		}},
+		{Index: 1, UUID: other, Minor: 1},
+	})
+	dev := func(uuid string) nvml.Device {
+		return &mock.Device{GetUUIDFunc: func() (string, nvml.Return) { return uuid, nvml.SUCCESS }}
+	}
+	for _, tc := range []struct {
+		name   string
+		dev    nvml.Device
+		gi, ci uint32
+		want   []string // device indices; nil: not in the inventory
+	}{
+		{"one compute instance", dev(gpu), 1, 1, []string{"0:1"}},
+		{"a GPU instance: each of its compute instances", dev(gpu), 1, noInstance, []string{"0:0", "0:1"}},
+		{"a GPU instance of one compute instance", dev(gpu), 2, noInstance, []string{"0:2"}},
+		{"the whole GPU", dev(gpu), noInstance, noInstance, []string{"0"}},
+		{"ids no instance has: the GPU", dev(gpu), 7, noInstance, []string{"0"}},
+		{"a GPU not in MIG mode", dev(other), noInstance, noInstance, []string{"1"}},
+		{"a MIG handle", dev(mig(2)), 2, 0, []string{"0:2"}},
+		{"not in the inventory", dev("GPU-00000000-0000-4000-8000-0000000000ff"), noInstance, noInstance, nil},
+		{"no device", nil, noInstance, noInstance, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ev := nvml.EventData{Device: tc.dev, EventType: nvml.EventTypeXidCriticalError, EventData: 48,
+				GpuInstanceId: tc.gi, ComputeInstanceId: tc.ci}
+			got, ok := eventDevices(ev, devs)
+			assert.Equal(t, tc.want != nil, ok)
+			var idx []string
+			for _, d := range got {
+				idx = append(idx, d.Index)
+			}
+			assert.Equal(t, tc.want, idx)
+		})
+	}
 }
 
 func TestHealthWatcherRetriesNVMLErrors(t *testing.T) {

@@ -293,17 +293,19 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]b
 		if ev.EventType&nvml.EventTypeXidCriticalError == 0 {
 			continue
 		}
-		d, ok := eventDevice(ev, devs)
+		hit, ok := eventDevices(ev, devs)
 		if !ok {
 			log.Warn("Xid event from a device outside the inventory", "xid", ev.EventData)
 			continue
 		}
 		if !xids[ev.EventData] {
-			log.Info("Xid not in observe.xids; device stays healthy", "device", d.String(), "xid", ev.EventData)
+			log.Info("Xid not in observe.xids; device stays healthy", "device", hit[0].String(), "xid", ev.EventData)
 			continue
 		}
-		emit(Finding{Kind: KindUnhealthy, Device: d, Xid: ev.EventData,
-			Message: fmt.Sprintf("%s reported critical Xid %d; no new claims on it, its holder keeps its claim (see the kernel log, dmesg | grep Xid, and NVIDIA's Xid catalogue; a reset or reboot is usually needed)", d, ev.EventData)})
+		for _, d := range hit {
+			emit(Finding{Kind: KindUnhealthy, Device: d, Xid: ev.EventData,
+				Message: fmt.Sprintf("%s reported critical Xid %d; no new claims on it, its holder keeps its claim (see the kernel log, dmesg | grep Xid, and NVIDIA's Xid catalogue; a reset or reboot is usually needed)", d, ev.EventData)})
+		}
 	}
 	return nil
 }
@@ -338,32 +340,41 @@ func register(lib nvml.Interface, d Device, set nvml.EventSet, emit func(Finding
 	return nil
 }
 
-// eventDevice maps an event to the device it concerns: the MIG instance
-// named by its GPU/compute instance ids, else the GPU.
-func eventDevice(ev nvml.EventData, devs []Device) (Device, bool) {
+// eventDevices maps an event to the devices it concerns. An event of a GPU
+// in MIG mode names a GPU instance and a compute instance: the MIG device
+// of that pair, or, with compute instance noInstance (the fault is the GPU
+// instance's, NVML cannot pin it on one compute instance), every MIG device
+// of that GPU instance, since they share its memory and engines. With GPU
+// instance noInstance, or ids no MIG device of the inventory has, it is the
+// GPU's: the GPU is unhealthy, and so each of its instances (Health).
+func eventDevices(ev nvml.EventData, devs []Device) ([]Device, bool) {
 	if ev.Device == nil {
-		return Device{}, false
+		return nil, false
 	}
 	uuid, ret := ev.Device.GetUUID()
 	if ret != nvml.SUCCESS {
-		return Device{}, false
+		return nil, false
 	}
 	for _, d := range devs {
 		if d.UUID != uuid {
 			continue
 		}
 		if d.IsMIG() {
-			return d, true // a driver that reports the instance itself
+			return []Device{d}, true // a driver that reports the instance itself
 		}
+		var out []Device
 		if d.hasMIG && ev.GpuInstanceId != noInstance {
 			for _, m := range devs {
 				if m.ParentUUID == d.UUID && int64(m.gi) == int64(ev.GpuInstanceId) &&
 					(ev.ComputeInstanceId == noInstance || int64(m.ci) == int64(ev.ComputeInstanceId)) {
-					return m, true
+					out = append(out, m)
 				}
 			}
 		}
-		return d, true
+		if len(out) == 0 {
+			out = []Device{d}
+		}
+		return out, true
 	}
-	return Device{}, false
+	return nil, false
 }
