@@ -39,8 +39,11 @@
 //     Every NVML query runs bounded by its context (ErrNVMLSlow), one at a
 //     time; the health watcher runs in its own goroutine, stops within one
 //     event wait of its context ending, and retries NVML failures with
-//     capped exponential back-off. Run returns when its context ends even if
-//     NVML never returns from a call; with no GPU it makes no event wait.
+//     capped exponential back-off (starting over after a watch that ran); a
+//     GPU whose registration for Xid events failed is registered again, with
+//     back-off, while the others are watched. Run returns when its context
+//     ends even if NVML never returns from a call; with no GPU it makes no
+//     event wait.
 //   - Callbacks (OnReport, OnUnhealthy) never hold up the observer: Run
 //     delivers them from a goroutine of its own; a slow consumer gets the
 //     latest report and every unhealthy device (at most one per device).

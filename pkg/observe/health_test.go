@@ -7,6 +7,7 @@ package observe
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -192,6 +193,75 @@ func TestHealthWatcherRetriesNVMLErrors(t *testing.T) {
 	assert.GreaterOrEqual(t, h.frees, 1)
 	h.mu.Unlock()
 	assert.Contains(t, logs.String(), "wait for NVML events: ERROR_UNKNOWN")
+}
+
+// The back-off of the health watcher starts over after a watch that ran: a
+// failure after a working watch is retried after RetryMin, not after the
+// back-off that failures before it had reached.
+func TestHealthWatcherBackoffStartsOverAfterAWatchRan(t *testing.T) {
+	h := newMockA100(t)
+	h.createOK = 3 // EventSetCreate fails twice: back-off 1ms, 2ms, then 4ms (RetryMax)
+	var ch chan Finding
+	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	h.events <- xidEvent(h.srv.Devices[2], 79)
+	receive(t, ch, "unhealthy from a working watch")
+	h.waitErr <- nvml.ERROR_UNKNOWN
+	// The next watch has started once it reports: the retry was logged.
+	h.events <- xidEvent(h.srv.Devices[5], 79)
+	receive(t, ch, "unhealthy after the failed wait")
+	var retries []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "NVML health events failed; retrying") {
+			retries = append(retries, line)
+		}
+	}
+	require.Len(t, retries, 3, "%s", logs.String())
+	assert.Contains(t, retries[0], "retry_in=1ms")
+	assert.Contains(t, retries[1], "retry_in=2ms")
+	assert.Contains(t, retries[2], "wait for NVML events: ERROR_UNKNOWN")
+	assert.Contains(t, retries[2], "retry_in=1ms", "the watch ran: the back-off starts over")
+}
+
+// A GPU whose registration for Xid events failed is registered again while
+// the other GPUs are watched (the watch is not restarted for it), with
+// back-off; one that does not support Xid events is not.
+func TestFailedXidRegistrationIsRetried(t *testing.T) {
+	h := newMockA100(t)
+	calls, registered := 0, make(chan struct{})
+	h.srv.Devices[2].(*mockDevice).RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return {
+		// Called from the watcher goroutine only.
+		calls++
+		if calls < 3 {
+			return nvml.ERROR_UNKNOWN // transient
+		}
+		close(registered)
+		return nvml.SUCCESS
+	}
+	unsupported := 0
+	h.srv.Devices[3].(*mockDevice).RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return {
+		unsupported++
+		return nvml.ERROR_NOT_SUPPORTED
+	}
+	var ch chan Finding
+	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	receive(t, registered, "GPU 2 registered again")
+	// GPU 3 would have been retried with GPU 2's first retry (same
+	// back-off), which returned before this one started.
+	h.events <- xidEvent(h.srv.Devices[2], 79)
+	f := receive(t, ch, "Xid on the GPU registered late")
+	assert.Equal(t, "2", f.Device.Index)
+	assert.Equal(t, 1, unsupported, "a GPU without Xid events is not retried")
+	h.mu.Lock()
+	assert.Equal(t, 1, h.creates, "the watch was not restarted for it")
+	h.mu.Unlock()
+	assert.Contains(t, logs.String(), "GPU health is not watched; retrying")
+	assert.Contains(t, logs.String(), "GPU health is still not watched; retrying")
+	assert.Contains(t, logs.String(), "GPU health is watched again")
+	assert.Contains(t, logs.String(), "GPU health is not watched: the GPU does not support Xid events")
 }
 
 func TestLostDeviceAtRegistrationIsUnhealthy(t *testing.T) {

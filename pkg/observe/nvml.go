@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"sync"
 	"time"
@@ -238,7 +237,7 @@ func usedMemory(pi nvml.ProcessInfo) uint64 {
 	return pi.UsedGpuMemory
 }
 
-func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]bool, wait time.Duration, emit func(Finding), log *slog.Logger) error {
+func (s *nvmlSource) watch(ctx context.Context, devs []Device, w watchOpts) error {
 	if !s.enter() {
 		return errClosed
 	}
@@ -248,14 +247,29 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]b
 		return fmt.Errorf("create an NVML event set: %w", ret)
 	}
 	defer func() { _ = set.Free() }() // nothing to do about a failed free
-	gpus, registered := 0, 0
+	var (
+		gpus, registered int
+		// retry: GPUs whose registration failed for a reason that may
+		// pass (not ERROR_NOT_SUPPORTED). They are registered again while
+		// the set is watched: a GPU left out would have its Xids missed
+		// for as long as the other GPUs keep the watch running.
+		retry []*pendingGPU
+	)
 	for _, d := range devs {
 		if d.IsMIG() {
 			continue // registered on the GPU; instances are told apart by GI/CI
 		}
 		gpus++
-		if err := register(s.lib, d, set, emit, log); err == nil {
+		err := register(s.lib, d, set, w.emit)
+		switch {
+		case err == nil:
 			registered++
+		case errors.Is(err, nvml.ERROR_NOT_SUPPORTED):
+			w.log.Warn("GPU health is not watched: the GPU does not support Xid events", "device", d.String(), "error", err)
+		default:
+			p := &pendingGPU{device: d, backoff: w.retryMin, next: time.Now().Add(w.retryMin)}
+			retry = append(retry, p)
+			w.log.Warn("GPU health is not watched; retrying", "device", d.String(), "error", err, "retry_in", p.backoff)
 		}
 	}
 	if gpus > 0 && registered == 0 {
@@ -271,7 +285,7 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]b
 			return errClosed
 		}
 	}
-	ms := wait.Milliseconds()
+	ms := w.wait.Milliseconds()
 	if ms < 1 {
 		ms = 1
 	}
@@ -282,10 +296,13 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]b
 		if s.isClosed() {
 			return errClosed
 		}
+		retry = registerDue(s.lib, set, retry, time.Now(), w)
 		ev, ret := set.Wait(uint32(ms))
 		switch ret {
 		case nvml.SUCCESS:
+			w.ran()
 		case nvml.ERROR_TIMEOUT:
+			w.ran()
 			continue
 		default:
 			return fmt.Errorf("wait for NVML events: %w", ret)
@@ -295,30 +312,61 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, xids map[uint64]b
 		}
 		hit, ok := eventDevices(ev, devs)
 		if !ok {
-			log.Warn("Xid event from a device outside the inventory", "xid", ev.EventData)
+			w.log.Warn("Xid event from a device outside the inventory", "xid", ev.EventData)
 			continue
 		}
-		if !xids[ev.EventData] {
-			log.Info("Xid not in observe.xids; device stays healthy", "device", hit[0].String(), "xid", ev.EventData)
+		if !w.xids[ev.EventData] {
+			w.log.Info("Xid not in observe.xids; device stays healthy", "device", hit[0].String(), "xid", ev.EventData)
 			continue
 		}
 		for _, d := range hit {
-			emit(Finding{Kind: KindUnhealthy, Device: d, Xid: ev.EventData,
+			w.emit(Finding{Kind: KindUnhealthy, Device: d, Xid: ev.EventData,
 				Message: fmt.Sprintf("%s reported critical Xid %d; no new claims on it, its holder keeps its claim (see the kernel log, dmesg | grep Xid, and NVIDIA's Xid catalogue; a reset or reboot is usually needed)", d, ev.EventData)})
 		}
 	}
 	return nil
 }
 
+// pendingGPU is a GPU whose registration for Xid events failed: it is tried
+// again at next, with back-off between retryMin and retryMax.
+type pendingGPU struct {
+	device  Device
+	next    time.Time
+	backoff time.Duration
+}
+
+// registerDue registers the pending GPUs whose retry is due at now on set,
+// and returns those still pending. Retries between waits cost one NVML call
+// per due GPU; the back-off keeps a GPU that never accepts from costing more.
+func registerDue(lib nvml.Interface, set nvml.EventSet, pending []*pendingGPU, now time.Time, w watchOpts) []*pendingGPU {
+	left := pending[:0]
+	for _, p := range pending {
+		if now.Before(p.next) {
+			left = append(left, p)
+			continue
+		}
+		err := register(lib, p.device, set, w.emit)
+		if err == nil {
+			w.log.Info("GPU health is watched again: registered for Xid events", "device", p.device.String())
+			continue
+		}
+		p.backoff = min(2*p.backoff, w.retryMax)
+		p.next = now.Add(p.backoff)
+		left = append(left, p)
+		// Debug: the first failure was logged at warning level, and the
+		// GPU stays unwatched until a line says it is watched again.
+		w.log.Debug("GPU health is still not watched; retrying", "device", p.device.String(), "error", err, "retry_in", p.backoff)
+	}
+	return left
+}
+
 // register subscribes set to d's critical Xid events. A lost device is
-// emitted as unhealthy; other failures are logged and leave d unwatched.
-func register(lib nvml.Interface, d Device, set nvml.EventSet, emit func(Finding), log *slog.Logger) error {
+// emitted as unhealthy; any failure leaves d unwatched (the error says why).
+func register(lib nvml.Interface, d Device, set nvml.EventSet, emit func(Finding)) error {
 	fail := func(ret nvml.Return, what string) error {
 		if lost := lostError(ret); lost != nil {
 			emit(Finding{Kind: KindUnhealthy, Device: d,
 				Message: fmt.Sprintf("%s is unhealthy: %v; no new claims until it is back (check nvidia-smi and the kernel log; a reset or reboot may be needed)", d, lost)})
-		} else {
-			log.Warn("GPU health is not watched", "device", d.String(), "step", what, "error", ret)
 		}
 		return fmt.Errorf("%s: %s: %w", d, what, ret)
 	}

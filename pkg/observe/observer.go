@@ -25,10 +25,10 @@ var ErrNVMLSlow = errors.New("NVML did not answer in time")
 type Source interface {
 	// list reports the processes of each device.
 	list(devs []Device) []listing
-	// watch delivers critical-Xid and lost-device findings to emit until
-	// ctx ends (nil) or NVML fails (the error; the caller retries). One
-	// NVML wait lasts at most wait.
-	watch(ctx context.Context, devs []Device, xids map[uint64]bool, wait time.Duration, emit func(Finding), log *slog.Logger) error
+	// watch delivers critical-Xid and lost-device findings of devs to
+	// w.emit until ctx ends (nil) or NVML fails (the error; the caller
+	// retries).
+	watch(ctx context.Context, devs []Device, w watchOpts) error
 	// Close releases NVML.
 	Close() error
 }
@@ -450,14 +450,40 @@ func (o *Observer) pass(ctx context.Context) {
 	}
 }
 
+// watchOpts are the parameters of one health watch (Source.watch).
+type watchOpts struct {
+	xids map[uint64]bool // the critical Xids
+	// wait bounds one NVML event wait: the watch sees ctx end within it.
+	wait time.Duration
+	// retryMin and retryMax bound the back-off between registrations of a
+	// GPU whose registration for Xid events failed: it is registered again
+	// while the others are watched.
+	retryMin, retryMax time.Duration
+	emit               func(Finding)
+	log                *slog.Logger
+	// ran is called when an event wait has returned (an event or its
+	// timeout): the watch works, and a later failure is a new one.
+	ran func()
+}
+
 // watchHealth runs the NVML event watch until ctx ends, restarting it with
-// back-off whenever NVML fails.
+// back-off whenever NVML fails. The back-off starts over after a watch that
+// ran: it is there to space out the attempts of an NVML that keeps failing,
+// and a failure after hours of watching must not wait RetryMax, with no
+// Xid seen, because of failures long past.
 func (o *Observer) watchHealth(ctx context.Context) {
 	backoff := o.opts.RetryMin
 	for ctx.Err() == nil {
-		err := o.src.watch(ctx, o.devs, o.xids, o.opts.EventWait, o.markUnhealthy, o.log)
+		ran := false
+		err := o.src.watch(ctx, o.devs, watchOpts{
+			xids: o.xids, wait: o.opts.EventWait, retryMin: o.opts.RetryMin, retryMax: o.opts.RetryMax,
+			emit: o.markUnhealthy, log: o.log, ran: func() { ran = true },
+		})
 		if ctx.Err() != nil {
 			return
+		}
+		if ran {
+			backoff = o.opts.RetryMin
 		}
 		o.log.Warn("NVML health events failed; retrying", "error", err, "retry_in", backoff)
 		t := time.NewTimer(backoff)
