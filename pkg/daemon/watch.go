@@ -404,7 +404,9 @@ func findingKey(f observe.Finding) string {
 // and (on_intruder = "cordon") cordoned, and the cordons that could not be
 // written, or were lost with the ledger state, are written again while their
 // device is still reported (cordonIntruders); cleared ones are logged and
-// audited; the metrics and observe.json show the pass.
+// audited; the metrics and observe.json show the pass. The findings of a
+// device the pass could not list are kept as they were: not seeing a
+// process is no sign that it left.
 func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Report) {
 	if w.afterReport != nil {
 		defer w.afterReport()
@@ -420,9 +422,11 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 	}
 	current := map[string]observe.FileFinding{}
 	var errs []string
+	unlisted := map[string]bool{} // devices NVML could not list this pass
 	for _, d := range r.Devices {
 		if d.Error != "" {
 			errs = append(errs, fmt.Sprintf("%s: %s", d.Device, d.Error))
+			unlisted[d.Device.UUID] = true
 		}
 	}
 	for _, f := range r.Problems() {
@@ -438,6 +442,21 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 
 	w.mu.Lock()
 	prev := w.reported
+	// A device NVML could not list (or that is lost: the MIG instances of
+	// a lost GPU are not listed at all) was not seen this pass, and nothing
+	// is concluded about it (observe.DeviceReport.Error): its findings
+	// stand as the last pass that listed it saw them. Dropped, they would
+	// read as the process leaving (finding-cleared, the cordon lineage and
+	// a pending cordon retry forgotten), and the next pass that lists the
+	// device would take the same process for a new finding and cordon the
+	// device again, although the operator had lifted its cordon.
+	var carried []observe.Finding
+	for k, f := range prev {
+		if _, ok := current[k]; !ok && (unlisted[f.Device.UUID] || (f.Device.IsMIG() && unlisted[f.Device.ParentUUID])) {
+			current[k] = f
+			carried = append(carried, f.Finding)
+		}
+	}
 	w.reported, w.errors, w.lastPass = current, errs, r.Time
 	w.mu.Unlock()
 
@@ -480,7 +499,10 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 		w.cordonIntruders(ctx, fresh, current)
 	}
 	if w.Metrics != nil {
-		w.Metrics.ObserverReport(r)
+		// The gauges show what observe.json shows: the carried findings too.
+		shown := r
+		shown.Findings = append(slices.Clone(r.Findings), carried...)
+		w.Metrics.ObserverReport(shown)
 	}
 	w.writeFile()
 }
@@ -561,7 +583,8 @@ func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding
 // this pass anyway (todo):
 //
 //   - a device with no finding left is forgotten: its process is gone, and
-//     its next intruder is a new finding;
+//     its next intruder is a new finding (a device NVML could not list
+//     keeps its findings in current: see onReport);
 //   - a cordon in force records the lineage it is in force in;
 //   - a cordon missing in the lineage it was written in or last seen in
 //     force in was lifted by the operator: it is forgotten and stays lifted

@@ -995,6 +995,124 @@ func TestIntruderCordonKeptWhileReportedUntilOperatorUncordons(t *testing.T) {
 	}
 }
 
+// A device NVML could not list at a pass (DeviceReport.Error: nothing
+// concluded about it) keeps its findings: no finding-cleared, no cordon
+// lineage or cordon retry forgotten, the finding still in observe.json and
+// the gauge, so the next pass that lists the same process neither takes it
+// for a new finding nor cordons the device the operator had uncordoned.
+// Before, a failed listing read as the process leaving.
+func TestListingErrorKeepsFindings(t *testing.T) {
+	h := newGPUHost(t)
+	const gpu = 2
+	uuid := h.uuid(gpu)
+	dev := observe.Device{UUID: uuid, Index: "2"}
+	f := observe.Finding{Kind: observe.KindIntruder, Device: dev, PID: 200, ContainerID: idB,
+		Message: "pid 200 runs on GPU 2 without a claim"}
+	good := observe.Report{Devices: []observe.DeviceReport{{Device: dev}}, Findings: []observe.Finding{f}}
+	failed := observe.Report{Devices: []observe.DeviceReport{{Device: dev, Error: "list compute processes: ERROR_UNKNOWN"}}}
+
+	setup := func(t *testing.T) (*Watch, *guard.Guard, *syncBuffer, *metrics.Metrics, func(observe.Report)) {
+		g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
+		_, err := g.Reconcile(context.Background(), ledger.FrontEndNRI, nil)
+		require.NoError(t, err)
+		logs := &syncBuffer{}
+		m := metrics.New()
+		w := NewWatch()
+		w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		w.Metrics = m
+		w.mu.Lock()
+		w.g = g
+		w.mu.Unlock()
+		pass := func(r observe.Report) { r.Time = time.Now(); w.onReport(context.Background(), g.Config(), r) }
+		return w, g, logs, m, pass
+	}
+	ops := func(t *testing.T, g *guard.Guard) (out []string) {
+		recs, err := ledger.ReadAudit(g.Ledger().AuditPath())
+		require.NoError(t, err)
+		for _, r := range recs {
+			if r.Op == OpIntruder || r.Op == OpFindingCleared || r.Op == ledger.OpCordon || r.Op == ledger.OpUncordon {
+				out = append(out, r.Op)
+			}
+		}
+		return out
+	}
+
+	t.Run("operator uncordon stays", func(t *testing.T) {
+		_, g, logs, m, pass := setup(t)
+		pass(good)
+		require.True(t, cordonedIn(t, g, uuid))
+		operatorUncordon(t, g, uuid)
+		pass(good)
+		require.Contains(t, logs.String(), "intruder cordon lifted by the operator")
+
+		pass(failed)
+		assert.Equal(t, map[string]float64{"2": 1}, gaugeByIndex(t, m, "nri_gpu_guard_intruders"), "still counted")
+		file, err := observe.ReadFile(g.Ledger().Dir())
+		require.NoError(t, err)
+		if assert.Len(t, file.Findings, 1, "still shown") {
+			assert.Equal(t, 200, file.Findings[0].PID)
+		}
+		assert.Equal(t, []string{"GPU 2 (" + uuid + "): list compute processes: ERROR_UNKNOWN"}, file.Errors)
+		pass(failed)
+		pass(good)
+		assert.False(t, cordonedIn(t, g, uuid), "not cordoned again: the same process, the operator's uncordon")
+		assert.Equal(t, []string{OpIntruder, ledger.OpCordon, ledger.OpUncordon}, ops(t, g))
+		assert.NotContains(t, logs.String(), "GPU finding cleared")
+
+		// Once a listing says the process left, it clears.
+		pass(observe.Report{Devices: []observe.DeviceReport{{Device: dev}}})
+		assert.Equal(t, []string{OpIntruder, ledger.OpCordon, ledger.OpUncordon, OpFindingCleared}, ops(t, g))
+	})
+
+	t.Run("cordon kept in its lineage", func(t *testing.T) {
+		w, g, _, _, pass := setup(t)
+		pass(good)
+		pass(failed)
+		w.mu.Lock()
+		_, kept := w.cordonLineage[cordonKey{ledger.CordonIntruder, uuid}]
+		w.mu.Unlock()
+		assert.True(t, kept, "the cordon written for the finding is still known")
+		assert.Equal(t, []string{OpIntruder, ledger.OpCordon}, ops(t, g))
+	})
+
+	t.Run("cordon retry kept", func(t *testing.T) {
+		w, g, logs, _, pass := setup(t)
+		states := newFakeStates()
+		states.failing = 1
+		w.States = func(*guard.Guard) DeviceStates { return states }
+		pass(good) // the cordon write fails
+		pass(failed)
+		// onReport writes its cordons before it returns.
+		select {
+		case c := <-states.cordons:
+			assert.Equal(t, uuid, c[0])
+		default:
+			t.Error("the cordon retry was dropped")
+		}
+		assert.NotContains(t, logs.String(), "intruder cordon no longer retried")
+		pass(good)
+		assert.Empty(t, states.cordons, "written once")
+		assert.Equal(t, []string{OpIntruder}, ops(t, g))
+	})
+
+	t.Run("MIG instance of a lost GPU", func(t *testing.T) {
+		_, g, _, _, pass := setup(t)
+		gpu := observe.Device{UUID: uuid, Index: "2"}
+		mig := observe.Device{UUID: "MIG-00000000-0000-4000-8000-0000000000a0", Index: "2:0", ParentUUID: uuid}
+		fm := f
+		fm.Device = mig
+		pass(observe.Report{Devices: []observe.DeviceReport{{Device: mig}}, Findings: []observe.Finding{fm}})
+		// A lost GPU: its instances are not listed at all.
+		pass(observe.Report{Devices: []observe.DeviceReport{{Device: gpu, Error: "it is lost (fallen off the bus?): ERROR_GPU_IS_LOST"}}})
+		file, err := observe.ReadFile(g.Ledger().Dir())
+		require.NoError(t, err)
+		if assert.Len(t, file.Findings, 1) {
+			assert.Equal(t, mig.UUID, file.Findings[0].Device.UUID)
+		}
+		assert.NotContains(t, ops(t, g), OpFindingCleared)
+	})
+}
+
 // startWatch runs a Watch over h's NVML mock and fake proc, with states as
 // its device states and adjust applied before it runs, until ctx is done
 // (then done is closed). reports gets a value after each handled report.

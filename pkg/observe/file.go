@@ -49,7 +49,9 @@ type File struct {
 	// IntervalSeconds is the daemon's [observe] interval; 0 = accounting
 	// off. A reader judges the file stale against it.
 	IntervalSeconds float64 `json:"interval_seconds"`
-	// Findings are the problems of the last pass (no "gone" ones).
+	// Findings are the problems of the last pass (no "gone" ones); for a
+	// device it could not list (Errors), those of the last pass that did
+	// (the daemon keeps them: nothing is concluded about such a device).
 	Findings []FileFinding `json:"findings"`
 	// Unhealthy are the devices the observer found unhealthy since the
 	// daemon started.
