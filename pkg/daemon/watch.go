@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -314,10 +315,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 		}
 	}
 	if cfg.Observe.ReleaseRequiresIdle {
-		drainEvery := interval
-		if drainEvery <= 0 {
-			drainEvery = 10 * time.Second
-		}
+		drainEvery := w.drainPeriod(cfg)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -887,13 +885,42 @@ func (w *Watch) writeFile() {
 	}
 }
 
+// maxIdleCheck bounds one idle check of a draining claim. Listing one
+// device's processes takes NVML milliseconds; a check this slow is a hang,
+// and a timeout costs little: the claim stays draining until the next check
+// or its grace.
+const maxIdleCheck = 5 * time.Second
+
+// drainPeriod is how often the draining claims are checked: every
+// accounting interval, or every 10s with accounting off.
+func (w *Watch) drainPeriod(cfg config.Config) time.Duration {
+	d := cfg.Observe.Interval.Duration
+	if w.Interval > 0 {
+		d = w.Interval
+	}
+	if d <= 0 {
+		d = 10 * time.Second
+	}
+	return d
+}
+
 // drainOnce checks every draining claim: a holder with none of its
 // processes left on its devices is released ("idle"); one still there after
 // observe.idle_grace is released anyway, with a log line naming the device
 // and the holder. Without NVML (o nil) only the grace applies. Errors keep
 // the claim draining until the next check.
+//
+// Each idle check is bounded (maxIdleCheck, and never past the drain
+// period, so that a round ends before the next): one that hangs in NVML must
+// not hold this check (and its ticker) forever, or no claim past its grace
+// would be released. A check that timed out counts as "not idle", so the
+// grace decides; the checks after it in the same round are not tried, as
+// they would wait for the same NVML call (the observer asks NVML one query
+// at a time).
 func (w *Watch) drainOnce(ctx context.Context, cfg config.Config, o *observe.Observer) {
 	log := w.log()
+	idleTimeout := min(w.drainPeriod(cfg), maxIdleCheck)
+	var nvmlSlow error // an idle check of this round that NVML did not answer
 	s := w.states()
 	if s == nil {
 		return
@@ -924,8 +951,19 @@ func (w *Watch) drainOnce(ctx context.Context, cfg config.Config, o *observe.Obs
 				idle, why = false, "NVML is not available"
 				break
 			}
-			res, err := o.Idle(ctx, holdingOf(c))
+			if nvmlSlow != nil {
+				idle, why = false, nvmlSlow.Error()
+				break
+			}
+			ictx, cancel := context.WithTimeout(ctx, idleTimeout)
+			res, err := o.Idle(ictx, holdingOf(c))
+			cancel()
 			if err != nil {
+				if errors.Is(err, observe.ErrNVMLSlow) && ctx.Err() == nil {
+					nvmlSlow = err
+					log.Warn("release_requires_idle: NVML did not answer the idle check in time; the claim stays draining until observe.idle_grace",
+						"holder", holder, "container_id", id, "device", ledger.DescribeDevice(c.Device), "timeout", idleTimeout.String(), "error", err)
+				}
 				idle, why = false, err.Error()
 				break
 			}

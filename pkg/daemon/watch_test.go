@@ -514,6 +514,58 @@ func TestDrainingReleasedWhenIdleOrAfterGrace(t *testing.T) {
 	assert.Contains(t, fin[1], "NVML is not available")
 }
 
+// TestDrainingReleasedWhileNVMLHangs: an idle check that NVML does not
+// answer is bounded (maxIdleCheck, or the drain period when shorter, as
+// here): the claims past their grace are released, naming why, the hang is
+// logged naming the device, and drainOnce returns while NVML still hangs. Before, it waited for NVML forever and so
+// did the claims.
+func TestDrainingReleasedWhileNVMLHangs(t *testing.T) {
+	h := newGPUHost(t)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	g := guardFor(t, h, func(c *config.Config) { c.Observe.ReleaseRequiresIdle = true })
+	cfg := g.Config()
+	claim := func(i int, id string) ledger.Claim {
+		return ledger.Claim{Device: devices.Device{UUID: h.uuid(i), Index: fmt.Sprint(i), Kind: devices.KindGPU},
+			Owner: ledger.Owner{ContainerID: id, StoppedAt: now.Add(-2 * time.Minute), DrainingSince: now.Add(-2 * time.Minute)}}
+	}
+	states := newFakeStates()
+	states.draining = []ledger.Claim{claim(2, idC), claim(3, idB)} // both past the 1m grace
+	src, err := observe.OpenNVML(h.srv)
+	require.NoError(t, err)
+	o, err := observe.New(observe.Options{Source: src, GPUs: g.Inventory().GPUs, ProcRoot: h.proc,
+		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return nil, nil })})
+	require.NoError(t, err)
+	logs := &syncBuffer{}
+	w := NewWatch()
+	w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	w.Now = func() time.Time { return now }
+	w.Interval = 10 * time.Millisecond // the drain period, shorter than maxIdleCheck: the bound of an idle check
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.g = g
+
+	block := make(chan struct{})
+	h.mu.Lock()
+	h.block = block
+	h.mu.Unlock()
+	t.Cleanup(func() {
+		close(block) // NVML returns; the listing given up on leaves it, then NVML closes
+		require.NoError(t, src.Close())
+	})
+	done := make(chan struct{})
+	go func() { w.drainOnce(context.Background(), cfg, o); close(done) }()
+	for _, id := range []string{idC, idB} {
+		fin := receive(t, states.finished, "grace release while NVML hangs")
+		assert.Equal(t, id, fin[0])
+		assert.Contains(t, fin[1], "idle grace 1m0s expired")
+		assert.Contains(t, fin[1], observe.ErrNVMLSlow.Error())
+	}
+	receive(t, done, "drainOnce to return while NVML hangs")
+	assert.Contains(t, logs.String(), "NVML did not answer the idle check in time")
+	assert.Contains(t, logs.String(), `"device":"GPU 2 (`+h.uuid(2)+`)"`)
+	assert.Equal(t, 1, strings.Count(logs.String(), "NVML did not answer the idle check in time"),
+		"the next holder's check is not tried while NVML hangs")
+}
+
 // TestFindingsWaitForSynchronize: until the plugin has synchronized with the
 // runtime, a container created while it was down has not been adopted yet;
 // its process must not be taken for an intruder (nor its device cordoned).
