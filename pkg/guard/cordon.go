@@ -242,7 +242,22 @@ func (g *Guard) refuseCordoned(tx *ledger.Tx, d *Decision, key string, owner led
 		Namespace: owner.Namespace, Pod: owner.Pod, Container: owner.Container,
 		FrontEnd: string(owner.FrontEnd), Reason: AuditRefuseCordoned + cordonAttrs(cordoned),
 	})
-	d.Message = cordonText(cordoned, now) + " " + freeText(freeGPUs(tx.State(), g.inv, key))
+	d.Message = g.cordonMessage(tx, key, cordoned, now)
+}
+
+// CordonRefusal is the decision Admit makes for requester key when the
+// cordons in cordoned (from ledger.Tx.CordonsOn, inside tx) cover devices
+// of its request res: Reject, reason ReasonCordoned, and Admit's message
+// (every cordoned device, its cordon, how to lift it, the free GPUs). It
+// writes nothing: it is for a front end that moves claims itself inside tx
+// (the OCI hook's ticket hand-over) and audits its refusal with them.
+func (g *Guard) CordonRefusal(tx *ledger.Tx, key string, res []devices.Resolved, cordoned []ledger.CordonedDevice) Decision {
+	return Decision{Result: Reject, Reason: ReasonCordoned, Devices: res, Cordoned: cordoned,
+		Message: g.cordonMessage(tx, key, cordoned, g.now())}
+}
+
+func (g *Guard) cordonMessage(tx *ledger.Tx, key string, cordoned []ledger.CordonedDevice, now time.Time) string {
+	return cordonText(cordoned, now) + " " + freeText(freeGPUs(tx.State(), g.inv, key))
 }
 
 // cordonText says which devices are cordoned, by whom, since when and why,

@@ -304,3 +304,31 @@ func TestCordonReportsWhetherItChangedTheLedger(t *testing.T) {
 		assert.Equal(t, tc.changed, e.state().Generation != gen, "step %d: written iff changed", i)
 	}
 }
+
+// CordonRefusal (for a front end that moves claims itself inside a
+// transaction: the hook's ticket hand-over) is the decision Admit makes for
+// a request that wants a cordoned device, and writes nothing.
+func TestCordonRefusalIsAdmitsDecision(t *testing.T) {
+	e, _ := newStateEnv(t, nil)
+	require.NoError(t, e.g.CordonDevice(ctx, uuid(1), ledger.CordonUnhealthy, "Xid 79"))
+	req := ctr("ml", "b", "main", "req0000000000001")
+	x, err := e.g.Explain(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: req, Spec: visible("1")})
+	require.NoError(t, err)
+	before := len(auditOf(t, e.l))
+
+	res, err := e.g.Resolve(visible("1"))
+	require.NoError(t, err)
+	want := []devices.Device{res.Devices[0].Device}
+	require.NoError(t, e.l.Update(ctx, func(tx *ledger.Tx) error {
+		cordoned := tx.CordonsOn(req.ContainerID, want)
+		require.Len(t, cordoned, 1)
+		d := e.g.CordonRefusal(tx, req.ContainerID, res.Devices, cordoned)
+		assert.Equal(t, guard.Reject, d.Result)
+		assert.Equal(t, guard.ReasonCordoned, d.Reason)
+		assert.Equal(t, x.Message, d.Message, "Admit's words")
+		assert.Equal(t, cordoned, d.Cordoned)
+		assert.ErrorIs(t, d.Err(), guard.ErrRejected)
+		return nil
+	}))
+	assert.Len(t, auditOf(t, e.l), before, "CordonRefusal audits nothing")
+}

@@ -101,18 +101,24 @@ func (e env) auditRefusal(ctx context.Context, g guardAPI, cfg config.Config, re
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
 	defer cancel()
+	_ = update(actx, g, func(tx *ledger.Tx) error {
+		tx.Audit(guard.AuditRefuse, refuseRecord(req, d, reason))
+		return nil
+	})
+}
+
+// refuseRecord is the audit record (operation guard.AuditRefuse) of the
+// hook's refusal of req, decided d, for reason.
+func refuseRecord(req guard.Request, d guard.Decision, reason string) ledger.AuditRecord {
 	uuids := make([]string, len(d.Devices))
 	for i, rd := range d.Devices {
 		uuids[i] = rd.UUID
 	}
 	o := req.Owner
-	_ = update(actx, g, func(tx *ledger.Tx) error {
-		tx.Audit(guard.AuditRefuse, ledger.AuditRecord{
-			Devices: uuids, ContainerID: o.ContainerID, Key: req.Key, Namespace: o.Namespace, Pod: o.Pod,
-			Container: o.Container, FrontEnd: string(ledger.FrontEndHook), Reason: reason,
-		})
-		return nil
-	})
+	return ledger.AuditRecord{
+		Devices: uuids, ContainerID: o.ContainerID, Key: req.Key, Namespace: o.Namespace, Pod: o.Pod,
+		Container: o.Container, FrontEnd: string(ledger.FrontEndHook), Reason: reason,
+	}
 }
 
 // Exit codes of a create-runtime hook, for runtimes that show the user only

@@ -56,7 +56,8 @@
 //     they write the ledger; the turnstile is an optimisation, the ledger
 //     lock alone makes a write safe.
 //   - A ticket's claim moves to a container only if the ticket holds every
-//     GPU the container asks for; a ticket is used once.
+//     GPU the container asks for and none of them is cordoned (checked in
+//     the hand-over's transaction); a ticket is used once.
 //   - poststop is idempotent: releasing a container that holds nothing
 //     succeeds. A container whose spec names no GPU under any policy
 //     (Input.NeverClaims) does not open the ledger at all; one absent from

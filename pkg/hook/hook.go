@@ -106,6 +106,7 @@ type guardAPI interface {
 	Resolve(spec devices.Request) (devices.Resolution, error)
 	RemovedExited(ctx context.Context, o ledger.Owner, runs func(ledger.Owner) bool) ([]ledger.Claim, error)
 	WithdrawExited(ctx context.Context, key, reason string, runs func(ledger.Owner) bool) (bool, error)
+	CordonRefusal(tx *ledger.Tx, key string, res []devices.Resolved, cordoned []ledger.CordonedDevice) guard.Decision
 	Ledger() *ledger.Ledger
 }
 

@@ -70,15 +70,30 @@ func ticketOf(env []string) string {
 // owner. done is true when the hook's answer is settled (admitted: nil error;
 // or refused: the error); false when the ticket holds nothing (its ctl is
 // gone, or it was used already) and the container is decided as usual.
+//
+// In one transaction under the ledger lock: the container must ask only for
+// GPUs the ticket holds, and none of them may be cordoned (a cordon laid
+// after the ticket was admitted, by an operator or by the observer finding
+// the GPU unhealthy, stops the hand-over as it stops any new claim). A
+// refusal for a cordon (exit 77) changes no claim: the ticket keeps its GPUs
+// until its gpu-guard-ctl run ends (the command fails with the container and
+// the ctl releases them, or, if the ctl was killed, the next request for
+// them finds its process gone), and leaves a refuse record whose key is the
+// ticket.
 func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t string, owner ledger.Owner,
 	req devices.Request, stderr io.Writer) (done bool, err error) {
 	res, err := g.Resolve(req)
 	if err != nil || len(res.Devices) == 0 {
 		return false, nil // the guard words that refusal
 	}
-	var held, missing []devices.Device
+	want := devicesOf(res.Devices)
+	id := owner.ContainerID
+	var (
+		held, missing []devices.Device
+		refusal       *guard.Decision
+	)
 	err = retryLocked(ctx, withdrawTimeout(cfg), func(ctx context.Context) error {
-		held, missing = nil, nil
+		held, missing, refusal = nil, nil, nil
 		return update(ctx, g, func(tx *ledger.Tx) error {
 			for _, c := range tx.State().Claims {
 				if c.Owner.ContainerID == t {
@@ -88,21 +103,33 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 			if len(held) == 0 {
 				return nil
 			}
-			for _, rd := range res.Devices {
-				if !containsUUID(held, rd.UUID) {
-					missing = append(missing, rd.Device)
+			for _, d := range want {
+				if !containsUUID(held, d.UUID) {
+					missing = append(missing, d)
 				}
 			}
-			if len(missing) == 0 {
-				tx.TakeOver(t, owner, "ticket of gpu-guard-ctl run")
+			if len(missing) > 0 {
+				return nil
 			}
+			if cordoned := tx.CordonsOn(id, want); len(cordoned) > 0 {
+				d := g.CordonRefusal(tx, id, res.Devices, cordoned)
+				d.Message = fmt.Sprintf("its ticket %s (gpu-guard-ctl run) is not handed over: %s The ticket keeps its GPUs until its gpu-guard-ctl run ends.",
+					t, d.Message)
+				refusal = &d
+			}
+			if refusal != nil {
+				tx.Audit(guard.AuditRefuse, refuseRecord(guard.Request{Owner: owner, Key: t}, *refusal,
+					"refused ("+refusal.Reason+"): "+refusal.Message))
+				return nil
+			}
+			tx.TakeOver(t, owner, "ticket of gpu-guard-ctl run")
 			return nil
 		})
 	})
-	id := owner.ContainerID
 	switch {
 	case err != nil:
-		return true, fmt.Errorf("container %s refused: hand its ticket %s over: %w", id, t, err)
+		return true, fmt.Errorf("container %s refused: its ticket %s could not be handed over (the ticket's GPUs are released "+
+			"when its gpu-guard-ctl run ends; run it again once the ledger is reachable): %w", id, t, err)
 	case len(held) == 0:
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: ticket %s holds no GPU (its gpu-guard-ctl run ended, or the ticket was used); deciding as usual\n",
 			ledger.ShortID(id), t)
@@ -110,6 +137,8 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 	case len(missing) > 0:
 		return true, fmt.Errorf("container %s refused: its ticket %s holds %s, but the container also asks for %s; "+
 			"name the same GPUs to gpu-guard-ctl run and to the container", id, t, describeDevices(held), describeDevices(missing))
+	case refusal != nil:
+		return true, fmt.Errorf("container %s refused: %w", id, decisionErr(*refusal))
 	}
 	return true, nil
 }

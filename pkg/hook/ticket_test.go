@@ -1,0 +1,138 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package hook
+
+import (
+	"context"
+	"io"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// ticketRig is a ledger with a ticket of gpu-guard-ctl run admitted on some
+// GPUs (held by this test process, as the ctl holds them).
+type ticketRig struct {
+	t   *testing.T
+	cfg config.Config
+	e   env
+	id  string
+}
+
+func newTicketRig(t *testing.T, gpus string) *ticketRig {
+	t.Helper()
+	cfg := staticConfig(t)
+	opened := 0
+	tk, err := AcquireTicket(context.Background(), cfg, devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + gpus}}, TicketOptions{})
+	require.NoError(t, err)
+	return &ticketRig{t: t, cfg: cfg, e: testEnv(&opened), id: tk.ID}
+}
+
+// create runs the create-runtime hook of container id asking for gpus and
+// carrying the ticket.
+func (r *ticketRig) create(id, gpus string, stderr io.Writer) error {
+	st := stateFor(r.t, id, os.Getpid(), "NVIDIA_VISIBLE_DEVICES="+gpus, TicketEnv+"="+r.id)
+	return r.e.run(context.Background(), PhaseCreateRuntime, r.cfg, strings.NewReader(st), stderr)
+}
+
+func (r *ticketRig) state() ledger.State {
+	r.t.Helper()
+	l, err := ledger.OpenReadOnly(r.cfg.Ledger.Dir, ledger.Options{})
+	require.NoError(r.t, err)
+	st, err := l.Snapshot(context.Background())
+	require.NoError(r.t, err)
+	return st
+}
+
+// holders maps each held GPU's index to its holder's container id.
+func (r *ticketRig) holders() map[int]string {
+	out := map[int]string{}
+	for _, c := range r.state().Claims {
+		for i, u := range gpuUUIDs {
+			if c.Device.UUID == u {
+				out[i] = c.Owner.ContainerID
+			}
+		}
+	}
+	return out
+}
+
+func (r *ticketRig) audit() []ledger.AuditRecord {
+	r.t.Helper()
+	l, err := ledger.OpenReadOnly(r.cfg.Ledger.Dir, ledger.Options{})
+	require.NoError(r.t, err)
+	recs, err := ledger.ReadAudit(l.AuditPath())
+	require.NoError(r.t, err)
+	return recs
+}
+
+func (r *ticketRig) cordon(gpu int, source, reason string) {
+	r.t.Helper()
+	l, err := ledger.Open(r.cfg.Ledger.Dir, guard.LedgerOptions(r.cfg))
+	require.NoError(r.t, err)
+	require.NoError(r.t, l.Update(context.Background(), func(tx *ledger.Tx) error {
+		_, _, err := tx.Cordon(devices.Device{Index: string(rune('0' + gpu)), UUID: gpuUUIDs[gpu]}, source, reason, "test")
+		return err
+	}))
+}
+
+// refusals are the refuse records of container id.
+func (r *ticketRig) refusals(id string) []ledger.AuditRecord {
+	var out []ledger.AuditRecord
+	for _, rec := range r.audit() {
+		if rec.Op == guard.AuditRefuse && rec.ContainerID == id {
+			out = append(out, rec)
+		}
+	}
+	return out
+}
+
+// A GPU cordoned after the ticket was admitted (the observer found it
+// unhealthy, or an operator took it out) is not handed over: the container
+// is refused as any new claim on a cordoned GPU is (exit 77, a refuse
+// record, the cordon named), and the ticket keeps its claims until its
+// gpu-guard-ctl run ends, which then releases them.
+func TestTicketHandoverRefusesCordonedGPU(t *testing.T) {
+	for _, source := range []string{ledger.CordonUnhealthy, ledger.CordonOperator} {
+		t.Run(source, func(t *testing.T) {
+			r := newTicketRig(t, "1,2")
+			r.cordon(2, source, "Xid 79")
+
+			err := r.create("c", "1,2", io.Discard)
+			require.Error(t, err, "a cordoned GPU must not reach the container")
+			require.ErrorIs(t, err, guard.ErrRejected)
+			require.Equal(t, ExitPolicy, ExitCode(err))
+			for _, s := range []string{"container c refused", "ticket " + r.id, "GPU 2 (" + gpuUUIDs[2] + ") is cordoned", "Xid 79",
+				"gpu-guard-ctl uncordon 2", "keeps its GPUs until its gpu-guard-ctl run ends"} {
+				require.Contains(t, err.Error(), s)
+			}
+			require.Equal(t, map[int]string{1: r.id, 2: r.id}, r.holders(), "nothing moved: the ticket keeps its claims")
+
+			recs := r.refusals("c")
+			require.Len(t, recs, 1, "one refuse record")
+			require.Equal(t, r.id, recs[0].Key, "keyed by the ticket")
+			require.Equal(t, string(ledger.FrontEndHook), recs[0].FrontEnd)
+			require.Contains(t, recs[0].Reason, "refused (cordoned): ")
+			require.Contains(t, recs[0].Reason, "is cordoned")
+
+			rel, err := ReleaseTicket(context.Background(), r.cfg, r.id)
+			require.NoError(t, err)
+			require.Len(t, rel, 2, "the ctl's end releases the ticket's claims")
+			require.Empty(t, r.holders())
+
+			// A container that asks only for the GPU that is not cordoned
+			// gets it from a fresh ticket.
+			r2 := newTicketRig(t, "1")
+			require.NoError(t, r2.create("d", "1", io.Discard))
+			require.Equal(t, map[int]string{1: "d"}, r2.holders())
+		})
+	}
+}
