@@ -53,7 +53,8 @@ the command names with -e/--env NVIDIA_VISIBLE_DEVICES=…, --device
 /dev/nvidiaN or docker's --gpus. The container must ask for no GPU beyond them.
 
 When COMMAND exits, whatever the ticket still holds (the command started no
-container that took it over) is released. The exit code is COMMAND's. If this
+container that took it over) is released, with a note saying why when the
+guard's hook refused the container that carried the ticket. The exit code is COMMAND's. If this
 process is killed, its queue entry and claim are dropped by the next request
 for those GPUs (its process is gone).`,
 		`  sudo gpu-guard-ctl run -- podman run --rm -e NVIDIA_VISIBLE_DEVICES=1 cuda-image train.sh
@@ -130,7 +131,14 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 		for i, d := range rel {
 			left[i] = ledger.DescribeDevice(d)
 		}
-		fmt.Fprintf(a.env.Stderr, "%s: no container took ticket %s over; released %s\n", programName, t.ID, strings.Join(left, ", "))
+		// Why: the guard's hook refused the container that carried the
+		// ticket (its refuse record is keyed by the ticket), or no
+		// container carrying it reached the hook.
+		why := "the command started no container that carried it, or the container's create failed before the guard's hook decided"
+		if cause, ok := hook.TicketRefusal(cfg, t.ID); ok {
+			why = cause
+		}
+		fmt.Fprintf(a.env.Stderr, "%s: no container took ticket %s over (%s); released %s\n", programName, t.ID, why, strings.Join(left, ", "))
 	}
 	switch {
 	case runErr != nil:

@@ -110,6 +110,27 @@ func TestRunReleasesAnUnusedTicket(t *testing.T) {
 	require.Empty(t, f.state(t).Waiters)
 }
 
+// When the guard's hook refused the container that carried the ticket, the
+// note on the unused ticket says why (from the refuse record the hook keys
+// by the ticket) instead of only that no container took it over.
+func TestRunUnusedTicketSaysWhy(t *testing.T) {
+	f := newFixture(t)
+	// The command stands in for a container engine whose create-runtime
+	// hook refused the container: it leaves the hook's refuse record.
+	script := `printf '{"time":"2026-12-01T00:00:00Z","op":"refuse","container_id":"4f3a9c1b2d7e00","key":"%s","front_end":"hook",` +
+		`"reason":"refused (cordoned): GPU 1 is cordoned (unhealthy)","generation":1,"pid":1}\n' "$` + hook.TicketEnv + `" >>` + f.dir + `/audit.log; exit 126`
+	r := f.run(t, "run", "--gpus", "1", "--", "sh", "-c", script)
+	require.Equal(t, 126, r.code, r.stderr)
+	require.Contains(t, r.stderr, "no container took ticket ticket-")
+	require.Contains(t, r.stderr, "over (container 4f3a9c1b2d7e was refused (cordoned): GPU 1 is cordoned (unhealthy)); released GPU 1")
+	require.Empty(t, f.state(t).Claims)
+
+	// Without a refusal, the note says what else it can be.
+	r = f.run(t, "run", "--gpus", "1", "--", "true")
+	require.Equal(t, 0, r.code, r.stderr)
+	require.Contains(t, r.stderr, "(the command started no container that carried it, or the container's create failed before the guard's hook decided)")
+}
+
 // A SIGINT or SIGTERM while the command runs is forwarded to it, not turned
 // into a SIGKILL (the command's context is this process's interrupt
 // handling, cancelled by the same signal): the command handles it.

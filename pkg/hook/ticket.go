@@ -66,6 +66,10 @@ func ticketOf(env []string) string {
 	return t
 }
 
+// reasonTicketMismatch is the reason of a ticket hand-over refused because
+// the container asks for a GPU its ticket does not hold.
+const reasonTicketMismatch = "ticket-mismatch"
+
 // useTicket hands the GPUs claimed for ticket t over to the container of
 // owner. done is true when the hook's answer is settled (admitted: nil error;
 // or refused: the error); false when the ticket holds nothing (its ctl is
@@ -75,11 +79,11 @@ func ticketOf(env []string) string {
 // GPUs the ticket holds, and none of them may be cordoned (a cordon laid
 // after the ticket was admitted, by an operator or by the observer finding
 // the GPU unhealthy, stops the hand-over as it stops any new claim). A
-// refusal for a cordon (exit 77) changes no claim: the ticket keeps its GPUs
-// until its gpu-guard-ctl run ends (the command fails with the container and
-// the ctl releases them, or, if the ctl was killed, the next request for
-// them finds its process gone), and leaves a refuse record whose key is the
-// ticket.
+// refusal (exit 77) changes no claim: the ticket
+// keeps its GPUs until its gpu-guard-ctl run ends (the command fails with the
+// container and the ctl releases them, or, if the ctl was killed, the next
+// request for them finds its process gone), and leaves a refuse record whose
+// key is the ticket, which gpu-guard-ctl run quotes (TicketRefusal).
 func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t string, owner ledger.Owner,
 	req devices.Request, stderr io.Writer) (done bool, err error) {
 	res, err := g.Resolve(req)
@@ -89,11 +93,11 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 	want := devicesOf(res.Devices)
 	id := owner.ContainerID
 	var (
-		held, missing []devices.Device
-		refusal       *guard.Decision
+		held    []devices.Device
+		refusal *guard.Decision
 	)
 	err = retryLocked(ctx, withdrawTimeout(cfg), func(ctx context.Context) error {
-		held, missing, refusal = nil, nil, nil
+		held, refusal = nil, nil
 		return update(ctx, g, func(tx *ledger.Tx) error {
 			for _, c := range tx.State().Claims {
 				if c.Owner.ContainerID == t {
@@ -103,15 +107,19 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 			if len(held) == 0 {
 				return nil
 			}
+			var missing []devices.Device
 			for _, d := range want {
 				if !containsUUID(held, d.UUID) {
 					missing = append(missing, d)
 				}
 			}
-			if len(missing) > 0 {
-				return nil
-			}
-			if cordoned := tx.CordonsOn(id, want); len(cordoned) > 0 {
+			switch cordoned := tx.CordonsOn(id, want); {
+			case len(missing) > 0:
+				refusal = &guard.Decision{Result: guard.Reject, Reason: reasonTicketMismatch, Devices: res.Devices,
+					Message: fmt.Sprintf("its ticket %s (gpu-guard-ctl run) holds %s, but the container also asks for %s, which the ticket does not hold; "+
+						"name the same GPUs to gpu-guard-ctl run (--gpus) and to the container. The ticket keeps its GPUs until its gpu-guard-ctl run ends",
+						t, describeDevices(held), describeDevices(missing))}
+			case len(cordoned) > 0:
 				d := g.CordonRefusal(tx, id, res.Devices, cordoned)
 				d.Message = fmt.Sprintf("its ticket %s (gpu-guard-ctl run) is not handed over: %s The ticket keeps its GPUs until its gpu-guard-ctl run ends.",
 					t, d.Message)
@@ -134,13 +142,35 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: ticket %s holds no GPU (its gpu-guard-ctl run ended, or the ticket was used); deciding as usual\n",
 			ledger.ShortID(id), t)
 		return false, nil
-	case len(missing) > 0:
-		return true, fmt.Errorf("container %s refused: its ticket %s holds %s, but the container also asks for %s; "+
-			"name the same GPUs to gpu-guard-ctl run and to the container", id, t, describeDevices(held), describeDevices(missing))
 	case refusal != nil:
 		return true, fmt.Errorf("container %s refused: %w", id, decisionErr(*refusal))
 	}
 	return true, nil
+}
+
+// TicketRefusal says why no container took ticket id over when the guard's
+// hook refused one that carried it: "container C was refused (REASON):
+// MESSAGE", from the last refuse record keyed by the ticket. ok is false
+// when there is none: the command started no container that carried the
+// ticket, or its create failed before the hook decided (or the audit log
+// cannot be read).
+func TicketRefusal(cfg config.Config, id string) (cause string, ok bool) {
+	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, guard.LedgerOptions(cfg))
+	if err != nil {
+		return "", false
+	}
+	recs, _ := ledger.ReadAudit(l.AuditPath()) // the records that decode
+	for i := len(recs) - 1; i >= 0; i-- {
+		r := recs[i]
+		if r.Op != guard.AuditRefuse || r.Key != id {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(r.Reason, "refused ("); ok {
+			return fmt.Sprintf("container %s was refused (%s", ledger.ShortID(r.ContainerID), rest), true
+		}
+		return fmt.Sprintf("container %s was refused: %s", ledger.ShortID(r.ContainerID), r.Reason), true
+	}
+	return "", false
 }
 
 func containsUUID(ds []devices.Device, uuid string) bool {

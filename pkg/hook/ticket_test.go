@@ -118,10 +118,14 @@ func TestTicketHandoverRefusesCordonedGPU(t *testing.T) {
 
 			recs := r.refusals("c")
 			require.Len(t, recs, 1, "one refuse record")
-			require.Equal(t, r.id, recs[0].Key, "keyed by the ticket")
+			require.Equal(t, r.id, recs[0].Key, "keyed by the ticket, for gpu-guard-ctl run to quote")
 			require.Equal(t, string(ledger.FrontEndHook), recs[0].FrontEnd)
 			require.Contains(t, recs[0].Reason, "refused (cordoned): ")
 			require.Contains(t, recs[0].Reason, "is cordoned")
+			cause, ok := TicketRefusal(r.cfg, r.id)
+			require.True(t, ok)
+			require.Contains(t, cause, "container c was refused")
+			require.Contains(t, cause, "is cordoned")
 
 			rel, err := ReleaseTicket(context.Background(), r.cfg, r.id)
 			require.NoError(t, err)
@@ -135,4 +139,29 @@ func TestTicketHandoverRefusesCordonedGPU(t *testing.T) {
 			require.Equal(t, map[int]string{1: "d"}, r2.holders())
 		})
 	}
+}
+
+// A container that asks for a GPU its ticket does not hold is refused by
+// policy (exit 77) and leaves a refuse record, as every refusal does.
+func TestTicketMismatchIsAuditedRefusal(t *testing.T) {
+	r := newTicketRig(t, "1")
+	err := r.create("c", "1,2", io.Discard)
+	require.Error(t, err)
+	require.ErrorIs(t, err, guard.ErrRejected)
+	require.Equal(t, ExitPolicy, ExitCode(err))
+	for _, s := range []string{"container c refused", "its ticket " + r.id, "holds GPU 1 (" + gpuUUIDs[1] + ")",
+		"also asks for GPU 2 (" + gpuUUIDs[2] + ")", "name the same GPUs"} {
+		require.Contains(t, err.Error(), s)
+	}
+	require.Equal(t, map[int]string{1: r.id}, r.holders())
+	recs := r.refusals("c")
+	require.Len(t, recs, 1, "the refusal leaves a refuse record")
+	require.Equal(t, r.id, recs[0].Key)
+	require.Contains(t, recs[0].Reason, "refused (ticket-mismatch): ")
+	require.ElementsMatch(t, []string{gpuUUIDs[1], gpuUUIDs[2]}, recs[0].Devices)
+
+	cause, ok := TicketRefusal(r.cfg, r.id)
+	require.True(t, ok)
+	require.Contains(t, cause, "container c was refused")
+	require.Contains(t, cause, "also asks for GPU 2")
 }
