@@ -50,7 +50,8 @@ after this command has ended and released the claim).
 
 The GPUs are those of --gpus (ids as in NVIDIA_VISIBLE_DEVICES), or else those
 the command names with -e/--env NVIDIA_VISIBLE_DEVICES=…, --device
-/dev/nvidiaN or docker's --gpus. The container must ask for no GPU beyond them.
+/dev/nvidiaN or docker's --gpus. The container must ask for no GPU beyond them;
+those of them it does not ask for are released when it takes the ticket over.
 
 When COMMAND exits, whatever the ticket still holds (the command started no
 container that took it over) is released, with a note saying why when the

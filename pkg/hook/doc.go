@@ -57,7 +57,9 @@
 //     lock alone makes a write safe.
 //   - A ticket's claim moves to a container only if the ticket holds every
 //     GPU the container asks for and none of them is cordoned (checked in
-//     the hand-over's transaction); a ticket is used once.
+//     the hand-over's transaction); the container takes over the claims on
+//     the GPUs it asks for and the ticket's others are released in the same
+//     transaction; a ticket is used once.
 //   - poststop is idempotent: releasing a container that holds nothing
 //     succeeds. A container whose spec names no GPU under any policy
 //     (Input.NeverClaims) does not open the ledger at all; one absent from

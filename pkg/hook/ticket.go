@@ -78,8 +78,10 @@ const reasonTicketMismatch = "ticket-mismatch"
 // In one transaction under the ledger lock: the container must ask only for
 // GPUs the ticket holds, and none of them may be cordoned (a cordon laid
 // after the ticket was admitted, by an operator or by the observer finding
-// the GPU unhealthy, stops the hand-over as it stops any new claim). A
-// refusal (exit 77) changes no claim: the ticket
+// the GPU unhealthy, stops the hand-over as it stops any new claim). Then
+// the container takes over the ticket's claims on the GPUs it asks for, and
+// the ticket's other GPUs are released (audited), rather than kept idle for
+// the container's life. A refusal (exit 77) changes no claim: the ticket
 // keeps its GPUs until its gpu-guard-ctl run ends (the command fails with the
 // container and the ctl releases them, or, if the ctl was killed, the next
 // request for them finds its process gone), and leaves a refuse record whose
@@ -93,11 +95,11 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 	want := devicesOf(res.Devices)
 	id := owner.ContainerID
 	var (
-		held    []devices.Device
-		refusal *guard.Decision
+		held, extra []devices.Device
+		refusal     *guard.Decision
 	)
 	err = retryLocked(ctx, withdrawTimeout(cfg), func(ctx context.Context) error {
-		held, refusal = nil, nil
+		held, extra, refusal = nil, nil, nil
 		return update(ctx, g, func(tx *ledger.Tx) error {
 			for _, c := range tx.State().Claims {
 				if c.Owner.ContainerID == t {
@@ -130,6 +132,17 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 					"refused ("+refusal.Reason+"): "+refusal.Message))
 				return nil
 			}
+			for _, d := range held {
+				if !containsUUID(want, d.UUID) {
+					extra = append(extra, d)
+				}
+			}
+			for _, d := range extra {
+				if _, err := tx.ReleaseDevice(d.UUID, fmt.Sprintf("ticket %s of gpu-guard-ctl run handed over to container %s, which does not ask for this GPU",
+					t, ledger.ShortID(id))); err != nil {
+					return fmt.Errorf("release %s of ticket %s: %w", ledger.DescribeDevice(d), t, err)
+				}
+			}
 			tx.TakeOver(t, owner, "ticket of gpu-guard-ctl run")
 			return nil
 		})
@@ -144,6 +157,10 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 		return false, nil
 	case refusal != nil:
 		return true, fmt.Errorf("container %s refused: %w", id, decisionErr(*refusal))
+	}
+	if len(extra) > 0 {
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s took ticket %s over for %s; released %s of the ticket, which the container does not ask for\n",
+			ledger.ShortID(id), t, describeDevices(want), describeDevices(extra))
 	}
 	return true, nil
 }

@@ -4,6 +4,7 @@
 package hook
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"os"
@@ -164,4 +165,29 @@ func TestTicketMismatchIsAuditedRefusal(t *testing.T) {
 	require.True(t, ok)
 	require.Contains(t, cause, "container c was refused")
 	require.Contains(t, cause, "also asks for GPU 2")
+}
+
+// A container that asks for part of its ticket's GPUs takes those over; the
+// others are released (audited) at once rather than held idle for the
+// container's life.
+func TestTicketHandoverOfASubset(t *testing.T) {
+	r := newTicketRig(t, "0,1,2")
+	var stderr bytes.Buffer
+	require.NoError(t, r.create("c", "1", &stderr))
+	require.Equal(t, map[int]string{1: "c"}, r.holders(), "c holds what it asked for; GPUs 0 and 2 are free again")
+	require.Contains(t, stderr.String(), "released GPU 0 ("+gpuUUIDs[0]+"), GPU 2 ("+gpuUUIDs[2]+") of the ticket, which the container does not ask for")
+
+	var released []string
+	for _, rec := range r.audit() {
+		if rec.Op == ledger.OpRelease && rec.ContainerID == r.id {
+			require.Contains(t, rec.Reason, "handed over to container c, which does not ask for this GPU")
+			released = append(released, rec.Devices...)
+		}
+	}
+	require.ElementsMatch(t, []string{gpuUUIDs[0], gpuUUIDs[2]}, released)
+	rel, err := ReleaseTicket(context.Background(), r.cfg, r.id)
+	require.NoError(t, err)
+	require.Empty(t, rel)
+	_, ok := TicketRefusal(r.cfg, r.id)
+	require.False(t, ok, "nothing refused")
 }
