@@ -83,9 +83,13 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	// configuration nor the ledger (Input.NeverClaims holds under any
 	// configuration), so the input is read first and such a container is
 	// answered at once, before the TOML is parsed or signals are set up.
+	// poststop takes that short cut only when create-runtime left no
+	// marker for the container (one stat): the bundle's config.json may
+	// have been edited since create, and a container the hook claimed for
+	// is released whatever it says now.
 	in := hook.ReadInput(stdin)
 	phasetrace.Mark("input")
-	if in.NeverClaims() {
+	if in.NeverClaims() && (phase != hook.PhasePoststop || !hook.Marked(in)) {
 		return 0
 	}
 	cfg, _, err := config.LoadDefault(*cfgPath)

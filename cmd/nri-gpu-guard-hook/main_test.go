@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
 )
 
@@ -88,6 +90,47 @@ func TestNoGPUNeverReadsLedger(t *testing.T) {
 		require.Equal(t, 1, code, phase)
 		require.Contains(t, stderr.String(), fifo)
 	}
+}
+
+// Plain runc: the bundle's config.json is edited between create and delete
+// to name no GPU. The hook binary's poststop still releases the claim: it
+// takes its no-GPU short cut only when create-runtime left no marker for the
+// container, and here it did.
+func TestPoststopAfterTheBundleWasEdited(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the container markers are in " + hook.DefaultMarkerDir + " (root only)")
+	}
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "config.toml")
+	require.NoError(t, os.WriteFile(cfgPath, []byte("[ledger]\ndir = \""+filepath.Join(dir, "state")+"\"\n[devices]\nsource = \"static\"\n"+
+		"[[devices.static]]\nindex = 0\nuuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n"), 0o600))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "state"), 0o700))
+	state := bundleState(t, specs.StateCreating, "NVIDIA_VISIBLE_DEVICES=0")
+	var st specs.State
+	require.NoError(t, json.Unmarshal([]byte(state), &st))
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, run([]string{"create-runtime", "--config", cfgPath}, strings.NewReader(state), &stdout, &stderr), stderr.String())
+	claims := func() int {
+		l, err := ledger.OpenReadOnly(filepath.Join(dir, "state"), ledger.Options{})
+		require.NoError(t, err)
+		s, err := l.Snapshot(t.Context())
+		require.NoError(t, err)
+		return len(s.Claims)
+	}
+	require.Equal(t, 1, claims())
+
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}}})
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(st.Bundle, "config.json"), data, 0o600))
+	require.Equal(t, 0, run([]string{"poststop", "--config", cfgPath}, strings.NewReader(state), &stdout, &stderr), stderr.String())
+	require.Zero(t, claims(), "released although config.json names no GPU any more")
+
+	// The marker went with the release: the next no-GPU poststop of the
+	// same container id and bundle is the short cut again (the FIFO as state
+	// dir fails any ledger access).
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	require.Equal(t, 0, run([]string{"poststop", "--config", cfgPath, "--state-dir", fifo}, strings.NewReader(state), &stdout, &stderr), stderr.String())
 }
 
 // bundleState writes a bundle whose config.json sets env and returns the OCI

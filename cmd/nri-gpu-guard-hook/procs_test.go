@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testtmp"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -79,6 +80,11 @@ func TestMain(m *testing.M) {
 	os.Exit(testtmp.Main(m, func() {
 		if binDir != "" {
 			_ = os.RemoveAll(binDir)
+		}
+		// The container markers of the hooks these tests ran (TMPDIR is
+		// still the tests' root here).
+		if _, err := hook.RemoveMarkersUnder(hook.DefaultMarkerDir, os.TempDir()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 		}
 	}))
 }

@@ -5,11 +5,15 @@ package ctl
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io/fs"
 	"slices"
 
 	"github.com/spf13/cobra"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -30,7 +34,9 @@ container is removed (use release to end it sooner); under [observe]
 release_requires_idle = true an exited holder's claim is kept draining (until
 the GPU shows its processes gone, or idle_grace) instead of released. When in
 doubt (unreadable cgroup, unknown layout) a claim is kept.
-Every release is audited with the finding.
+Every release is audited with the finding. gc also removes the OCI hook's
+container markers (in `+hook.DefaultMarkerDir+`) of containers the ledger no
+longer shows: those whose poststop never ran.
 
 --dry-run lists what would be released and changes nothing (no root needed).`,
 		`  gpu-guard-ctl gc --dry-run
@@ -134,7 +140,22 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 			return err
 		}
 	}
+	a.sweepHookMarkers(ctx)
 	return renderReleasedDraining(a.env.Stdout, a.output, false, released, draining, whyOf, a.env.Now())
+}
+
+// sweepHookMarkers removes the container markers of the OCI hook (see
+// hook.SweepMarkers) that this ledger does not explain: those of containers
+// whose poststop never ran. They cost no more than a ledger read each, so a
+// failure is a note on stderr, not gc's error.
+func (a *app) sweepHookMarkers(ctx context.Context) {
+	dir, err := a.stateDir()
+	if err != nil {
+		return
+	}
+	if _, err := hook.SweepMarkers(ctx, "", dir, a.snapshot); err != nil && !errors.Is(err, fs.ErrPermission) {
+		fmt.Fprintf(a.env.Stderr, "%s: gc: the hook's container markers: %v\n", programName, err)
+	}
 }
 
 // incarnation is the identity of one process of a container: a container id

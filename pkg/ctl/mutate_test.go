@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
@@ -153,6 +155,36 @@ func TestReleaseHandsOver(t *testing.T) {
 	require.Len(t, st.Reservations, 1)
 	assert.Equal(t, uuidGPU2, st.Reservations[0].Device.UUID)
 	assert.Equal(t, key(ownW1), st.Reservations[0].For)
+}
+
+// gc removes the hook's container markers of its ledger that the ledger
+// does not explain, and keeps the others.
+func TestGCSweepsHookMarkers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the container markers are in " + hook.DefaultMarkerDir + " (root only)")
+	}
+	f := newFixture(t)
+	f.populate(t)
+	require.NoError(t, os.MkdirAll(hook.DefaultMarkerDir, 0o700))
+	write := func(name, id, ledgerDir string) string {
+		p := filepath.Join(hook.DefaultMarkerDir, name)
+		data, err := json.Marshal(map[string]string{"id": id, "bundle": "/b/" + id, "ledger": ledgerDir})
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		t.Cleanup(func() { _ = os.Remove(p) })
+		return p
+	}
+	base := "c-gctest" + strconv.Itoa(os.Getpid())
+	gone := write(base+"gone", "never-in-the-ledger", f.dir)
+	held := write(base+"held", f.state(t).Claims[0].Owner.ContainerID, f.dir)
+	other := write(base+"other", "never-in-the-ledger", f.dir+"-another")
+
+	r := f.run(t, "gc")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.NotContains(t, r.stderr, "markers")
+	assert.NoFileExists(t, gone)
+	assert.FileExists(t, held, "its container holds a GPU")
+	assert.FileExists(t, other, "another ledger's")
 }
 
 // TestGC releases the claims of exited holders only, with the finding in the

@@ -62,7 +62,11 @@
 //     transaction; a ticket is used once.
 //   - poststop is idempotent: releasing a container that holds nothing
 //     succeeds. A container whose spec names no GPU under any policy
-//     (Input.NeverClaims) does not open the ledger at all; one absent from
+//     (Input.NeverClaims) and that has no marker (create-runtime writes one
+//     before it writes anything of the container to the ledger, so that a
+//     config.json edited after create cannot make poststop skip a release:
+//     marker.go) does not open the ledger at all; a marker only makes
+//     poststop read the ledger, never decides a release; one absent from
 //     the ledger is told apart by a lock-free read and never takes the lock,
 //     and one present takes it only for the writes it needs (release if it
 //     holds, withdraw if it waits).

@@ -129,6 +129,8 @@ type env struct {
 	// lockingEngine reports whether the engine that ran the hook holds a
 	// lock around the create (see engineHoldsLock).
 	lockingEngine func() (bool, string)
+	// markerDir holds the container markers (see marker.go).
+	markerDir string
 }
 
 func defaultEnv() env {
@@ -141,6 +143,7 @@ func defaultEnv() env {
 		lockingEngine: func() (bool, string) {
 			return engineHoldsLock(liveness.DefaultProcRoot, os.Getppid())
 		},
+		markerDir: markerDir,
 	}
 }
 
@@ -237,6 +240,42 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	}
 	defer closeGuard()
 
+	// The container's marker is written before anything of it is written
+	// to the ledger, so that its poststop reads the ledger whatever its
+	// config.json says by then (see marker.go). Without it the claim still
+	// stands; only that protection is lost, and said.
+	mk := newMarker(e.markerDir, st, cfg.Ledger.Dir)
+	if err := mk.write(); err != nil {
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: %v; its poststop will go by its config.json alone "+
+			"(should that be edited to name no GPU before the container is deleted, run `gpu-guard-ctl release --container %s` after)\n",
+			ledger.ShortID(st.ID), err, st.ID)
+	}
+	err = e.admitContainer(ctx, g, cfg, in, owner, self, stderr)
+	if err == nil {
+		// A remover may have taken the marker away between its write and
+		// the claim's commit: it is put back (see marker.go).
+		_ = mk.ensure()
+		return nil
+	}
+	// Refused, or failed: this container has nothing in the ledger (unless
+	// a withdrawal failed) and, under podman, gets no poststop. Its marker
+	// goes, unless the ledger still shows the id.
+	removed := mk.remove()
+	holds, waits := true, true
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Ledger.LockTimeout.Duration)
+	defer cancel()
+	if snap, serr := g.Ledger().Snapshot(sctx); serr == nil {
+		holds, waits = appears(snap, st.ID)
+	}
+	settleMarker(mk, removed, holds || waits, nil)
+	return err
+}
+
+// admitContainer is create-runtime once the ledger is open: the ticket's
+// hand-over, or the decision (at once, or waiting with --wait).
+func (e env) admitContainer(ctx context.Context, g guardAPI, cfg config.Config, in *Input, owner ledger.Owner,
+	self *liveness.Process, stderr io.Writer) error {
+	st, spec, req := in.state, in.spec, in.request
 	if t := ticketOf(req.Env); t != "" {
 		if done, err := e.useTicket(ctx, g, cfg, t, owner, req, stderr); done || err != nil {
 			return err
@@ -452,7 +491,8 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 		return in.stateErr
 	}
 	st := in.state
-	if in.NeverClaims() {
+	mk := newMarker(e.markerDir, st, cfg.Ledger.Dir)
+	if in.NeverClaims() && !mk.exists() {
 		return nil
 	}
 	// Releasing needs no inventory: it must work even when the GPU set
@@ -463,6 +503,17 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 		return fmt.Errorf("container %s: cannot release its GPUs (run `gpu-guard-ctl gc` or `gpu-guard-ctl release --container %s`): %w", st.ID, st.ID, err)
 	}
 	defer closeGuard()
+	// The marker goes before the ledger is read, and comes back if what
+	// follows leaves anything of the id in the ledger that is not settled
+	// (another container of the id still runs, or a write failed): see
+	// marker.go.
+	removed := mk.remove()
+	keep := false
+	defer func() {
+		settleMarker(mk, removed, keep, func(err error) {
+			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: hook poststop: container %s: %v\n", st.ID, err)
+		})
+	}()
 	// What the lock-free read shows decides which writes are needed: a
 	// container that only held GPUs has no queue entry to drop, and one that
 	// only waited holds nothing. Each skipped write is a lock cycle saved.
@@ -491,6 +542,7 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 			errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl gc` once the ledger is reachable): %w", st.ID, err))
 		}
 		for _, c := range others {
+			keep = true
 			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: hook poststop: container %s: %s not released: it is held by pid %d, which still runs: "+
 				"another container with the same id\n", st.ID, naming.Device(c.Device), c.Owner.Pid)
 		}
@@ -501,10 +553,12 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 			errs = append(errs, fmt.Errorf("drop the queue entry of container %s: %w", st.ID, err))
 		}
 		if kept {
+			keep = true
 			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: hook poststop: container %s: its queue entry is kept: the process it records still runs: "+
 				"another container with the same id waits\n", st.ID)
 		}
 	}
+	keep = keep || len(errs) > 0
 	return errors.Join(errs...)
 }
 

@@ -66,9 +66,23 @@ var (
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	// The tests that run the hook in this process keep their container
+	// markers in a dir of their own; the hook binaries the runc tests run
+	// use the host's, swept below.
+	dir, err := os.MkdirTemp("", "hkmarkers")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	markerDir = filepath.Join(dir, "m")
 	os.Exit(testtmp.Main(m, func() {
 		if binDir != "" {
 			_ = os.RemoveAll(binDir)
+		}
+		_ = os.RemoveAll(dir)
+		// TMPDIR is still the tests' root here.
+		if _, err := RemoveMarkersUnder(DefaultMarkerDir, os.TempDir()); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 		}
 	}))
 }
@@ -907,4 +921,30 @@ func TestHookWaiterLeavesQueue(t *testing.T) {
 			require.Empty(t, r.state().Reservations, "nothing reserved for the gone waiter")
 		})
 	}
+}
+
+// TestRuncPoststopAfterBundleEdit: `runc run --detach`, then the bundle's
+// config.json is edited to name no GPU, then `runc delete --force`: the
+// poststop hook reads the edited file, and still releases the claim
+// (create-runtime's marker makes it read the ledger).
+func TestRuncPoststopAfterBundleEdit(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	c := r.start("edited", ctrOpts{env: gpuEnv(2), detached: true, noWait: true})
+	require.NoError(t, c.wait(t))
+	r.waitFor("edited to start", func() bool { return r.started("edited") })
+	require.Equal(t, map[string]string{gpuUUIDs[2]: "edited"}, r.holders())
+
+	path := filepath.Join(r.base, "b", "edited", "config.json")
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var spec specs.Spec
+	require.NoError(t, json.Unmarshal(data, &spec))
+	spec.Process.Env = []string{"PATH=/"}
+	data, err = json.Marshal(spec)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+
+	out, err := exec.Command(runcBin, "--root", r.runcRoot, "delete", "--force", "edited").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	require.Empty(t, r.holders(), "poststop released the claim although config.json names no GPU any more: %s", out)
 }

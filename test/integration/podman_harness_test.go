@@ -414,4 +414,5 @@ func (r *podmanRig) cleanup() {
 	_ = exec.Command("umount", "-R", filepath.Join(r.base, "root", "overlay")).Run()
 	_ = os.RemoveAll(r.base)
 	_, _ = ledger.RemoveMarkersUnder(ledger.DefaultRuntimeDir, r.base)
+	_, _ = hook.RemoveMarkersUnder(hook.DefaultMarkerDir, r.base) // containers whose create failed after admission
 }
