@@ -168,9 +168,9 @@ func TestGCSweepsHookMarkers(t *testing.T) {
 	require.NoError(t, os.MkdirAll(hook.DefaultMarkerDir, 0o700))
 	write := func(name, id, ledgerDir string) string {
 		p := filepath.Join(hook.DefaultMarkerDir, name)
-		data, err := json.Marshal(map[string]string{"id": id, "bundle": "/b/" + id, "ledger": ledgerDir})
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(p, data, 0o600))
+		// As pkg/hook writes them (see hook.SweepMarkers).
+		data := "nri-gpu-guard hook container marker v1\nledger " + ledgerDir + "\nid " + id + "\nbundle /b/" + id
+		require.NoError(t, os.WriteFile(p, []byte(data), 0o600))
 		t.Cleanup(func() { _ = os.Remove(p) })
 		return p
 	}

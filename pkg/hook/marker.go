@@ -7,7 +7,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,7 +15,6 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -69,12 +67,38 @@ const maxMarkerBytes = 64 << 10
 
 // markerRecord is a marker's content: what the sweep needs (which ledger,
 // which container) and what an operator looking at the file wants to see.
-// None of it decides a release.
+// None of it decides a release. On disk it is markerHeader, then one line
+// each for the ledger dir and the container id, then the bundle (the rest of
+// the file): written without encoding/json, whose set-up would cost a hook
+// process more than the rest of the marker's work.
 type markerRecord struct {
-	ID      string    `json:"id"`
-	Bundle  string    `json:"bundle"`
-	Ledger  string    `json:"ledger"`
-	Created time.Time `json:"created"`
+	ID     string
+	Bundle string
+	Ledger string
+}
+
+const markerHeader = "nri-gpu-guard hook container marker v1\n"
+
+func (r markerRecord) encode() []byte {
+	return []byte(markerHeader + "ledger " + r.Ledger + "\nid " + r.ID + "\nbundle " + r.Bundle)
+}
+
+func decodeMarkerRecord(data []byte) (markerRecord, bool) {
+	rest, ok := strings.CutPrefix(string(data), markerHeader)
+	if !ok {
+		return markerRecord{}, false
+	}
+	lines := strings.SplitN(rest, "\n", 3)
+	if len(lines) != 3 {
+		return markerRecord{}, false
+	}
+	l, ok1 := strings.CutPrefix(lines[0], "ledger ")
+	id, ok2 := strings.CutPrefix(lines[1], "id ")
+	b, ok3 := strings.CutPrefix(lines[2], "bundle ")
+	if !ok1 || !ok2 || !ok3 || l == "" || id == "" {
+		return markerRecord{}, false
+	}
+	return markerRecord{ID: id, Bundle: b, Ledger: l}, true
 }
 
 // marker is the marker of one container.
@@ -129,18 +153,18 @@ func (m marker) write() error {
 	if err := ensurePrivateDir(m.dir); err != nil {
 		return err
 	}
-	rec := m.rec
-	rec.Created = time.Now().UTC()
-	data, err := json.Marshal(rec)
-	if err != nil {
-		return fmt.Errorf("encode the container marker: %w", err)
-	}
-	f, err := os.OpenFile(m.path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o600) //nolint:gosec // a hash in the marker dir
+	// With syscall, not os.OpenFile: a descriptor os opens starts the
+	// runtime's poller, which costs a hook process more than the write.
+	fd, err := syscall.Open(m.path, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_TRUNC|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("write the container marker %s: %w", m.path, err)
 	}
-	_, err = f.Write(append(data, '\n'))
-	if cerr := f.Close(); err == nil {
+	data := m.rec.encode()
+	n, err := syscall.Write(fd, data)
+	if err == nil && n != len(data) {
+		err = syscall.EIO
+	}
+	if cerr := syscall.Close(fd); err == nil {
 		err = cerr
 	}
 	if err != nil {
@@ -271,8 +295,12 @@ func readMarker(path string) (marker, bool) {
 		return marker{}, false
 	}
 	defer func() { _ = f.Close() }()
-	var rec markerRecord
-	if err := json.NewDecoder(io.LimitReader(f, maxMarkerBytes)).Decode(&rec); err != nil || rec.ID == "" || rec.Ledger == "" {
+	data, err := io.ReadAll(io.LimitReader(f, maxMarkerBytes))
+	if err != nil {
+		return marker{}, false
+	}
+	rec, ok := decodeMarkerRecord(data)
+	if !ok {
 		return marker{}, false
 	}
 	return marker{path: path, rec: rec}, true

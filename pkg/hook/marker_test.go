@@ -260,3 +260,18 @@ func TestMarkedStatsOnly(t *testing.T) {
 	require.NoError(t, newMarker("", in.state, r.cfg.Ledger.Dir).write())
 	require.True(t, Marked(in))
 }
+
+func TestMarkerRecordRoundTrip(t *testing.T) {
+	for _, rec := range []markerRecord{
+		{ID: "c1", Bundle: "/run/containers/c1/userdata", Ledger: "/var/lib/nri-gpu-guard"},
+		{ID: "x", Bundle: "/odd\nbundle path", Ledger: "/l"},
+	} {
+		got, ok := decodeMarkerRecord(rec.encode())
+		require.True(t, ok)
+		require.Equal(t, rec, got)
+	}
+	for _, bad := range []string{"", "{}", markerHeader, markerHeader + "ledger /l\nid \nbundle /b", markerHeader + "id c\nledger /l\nbundle /b"} {
+		_, ok := decodeMarkerRecord([]byte(bad))
+		require.False(t, ok, "%q", bad)
+	}
+}
