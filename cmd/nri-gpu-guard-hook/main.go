@@ -101,7 +101,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	if err != nil {
 		// The runtime logs this line and, for create-runtime, refuses the
 		// container: an unreadable configuration must not let GPUs through.
-		_, _ = fmt.Fprintf(stderr, "%s: hook %s: container refused: configuration: %v\n", program, phase, err)
+		// poststop says how to release the stopped container's GPUs.
+		_, _ = fmt.Fprintf(stderr, "%s: %v\n", program, hook.ConfigError(phase, in, err))
 		return 1
 	}
 	// hook.RunInput handles SIGTERM/SIGINT (a waiting hook leaves the queue)

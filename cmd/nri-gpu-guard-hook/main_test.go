@@ -50,7 +50,11 @@ func TestRunExitCodes(t *testing.T) {
 		{name: "stray argument", args: []string{"poststop", "x"}, want: 2, wantErr: `unexpected argument "x"`},
 		{name: "invalid config fails closed", args: []string{"create-runtime", "--config", bad}, want: 1,
 			wantErr: "hook create-runtime: container refused: configuration: "},
+		{name: "invalid config in poststop: how to release", args: []string{"poststop", "--config", bad}, want: 1,
+			wantErr: "hook poststop: a stopped container (its id is unknown): its GPUs are not released: configuration: "},
 		{name: "relative state dir", args: []string{"poststop", "--config", good, "--state-dir", "rel"}, want: 1, wantErr: "ledger.dir"},
+		{name: "unreadable input in poststop: how to release", args: []string{"poststop", "--config", good}, stdin: "{", want: 1,
+			wantErr: "the GPUs of a stopped container (its id is unknown) are not released: run `gpu-guard-ctl gc`"},
 		{name: "empty stdin fails closed", args: []string{"create-runtime", "--config", good}, want: 1,
 			wantErr: program + ": hook create-runtime: container refused: cannot read the runtime's input: stdin is empty"},
 	} {
@@ -164,8 +168,18 @@ func TestNoGPUNeedsNoConfig(t *testing.T) {
 		stderr.Reset()
 		code = run([]string{phase, "--config", bad}, strings.NewReader(state("NVIDIA_VISIBLE_DEVICES=0")), &stdout, &stderr)
 		require.Equal(t, 1, code, phase)
-		require.Contains(t, stderr.String(), "hook "+phase+": container refused: configuration: ")
 		require.Contains(t, stderr.String(), "on_conflict")
+		if phase == "create-runtime" {
+			require.Contains(t, stderr.String(), "hook "+phase+": container refused: configuration: ")
+			continue
+		}
+		// The container stopped already: poststop refuses nothing, it
+		// could not release, and says how to.
+		require.NotContains(t, stderr.String(), "refused")
+		for _, s := range []string{"hook poststop: container c1: its GPUs are not released: configuration: ", "gpu-guard-ctl check-config",
+			"then run `gpu-guard-ctl release --container c1` (or `gpu-guard-ctl gc`"} {
+			require.Contains(t, stderr.String(), s)
+		}
 	}
 }
 

@@ -157,11 +157,16 @@ func (e env) run(ctx context.Context, phase string, cfg config.Config, stdin io.
 func (e env) runInput(ctx context.Context, phase string, cfg config.Config, in *Input, stderr io.Writer) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
+			if phase == PhasePoststop {
+				subject, remedy := releaseRemedy(in)
+				err = fmt.Errorf("hook poststop: internal error (please report this): %v; the GPUs of %s may not be released: %s", r, subject, remedy)
+				return
+			}
 			err = fmt.Errorf("hook %s: internal error, container refused (please report this): %v", phase, r)
 		}
 	}()
 	if err := cfg.Validate(); err != nil {
-		return fmt.Errorf("hook %s: container refused: configuration: %w", phase, err)
+		return ConfigError(phase, in, err)
 	}
 	switch phase {
 	case PhaseCreateRuntime:
@@ -175,6 +180,31 @@ func (e env) runInput(ctx context.Context, phase string, cfg config.Config, in *
 		return fmt.Errorf("hook %s: %w", phase, err)
 	}
 	return nil
+}
+
+// ConfigError is the error of a hook phase whose configuration does not
+// load or validate (err). create-runtime refuses the container: a
+// configuration it cannot read must not let GPUs through. poststop runs for
+// a container that has stopped already: it cannot release the container's
+// GPUs, and says how to release them once the configuration is fixed.
+func ConfigError(phase string, in *Input, err error) error {
+	if phase == PhasePoststop {
+		subject, remedy := releaseRemedy(in)
+		return fmt.Errorf("hook poststop: %s: its GPUs are not released: configuration: %w. Fix the configuration "+
+			"(`gpu-guard-ctl check-config` says what is wrong), then %s", subject, err, remedy)
+	}
+	return fmt.Errorf("hook %s: container refused: configuration: %w", phase, err)
+}
+
+// releaseRemedy names the container of a poststop's input and says how an
+// operator releases its GPUs when poststop could not.
+func releaseRemedy(in *Input) (subject, remedy string) {
+	if in == nil || in.stateErr != nil {
+		return "a stopped container (its id is unknown)", "run `gpu-guard-ctl gc` (it releases holders whose processes are gone), " +
+			"or `gpu-guard-ctl release --container ID` (`gpu-guard-ctl claims` lists the holders)"
+	}
+	id := in.state.ID
+	return "container " + id, fmt.Sprintf("run `gpu-guard-ctl release --container %s` (or `gpu-guard-ctl gc`, which releases holders whose processes are gone)", id)
 }
 
 // createRuntime admits (or refuses) the container described by stdin.
@@ -488,7 +518,8 @@ func (e env) goneCheck(self *liveness.Process) func() (bool, string) {
 // (or was killed and reaped by the runtime) before the runtime ran poststop.
 func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr io.Writer) error {
 	if in.stateErr != nil {
-		return in.stateErr
+		subject, remedy := releaseRemedy(in)
+		return fmt.Errorf("%w; the GPUs of %s are not released: %s", in.stateErr, subject, remedy)
 	}
 	st := in.state
 	mk := newMarker(e.markerDir, st, cfg.Ledger.Dir)

@@ -165,6 +165,29 @@ func TestRunPhases(t *testing.T) {
 			wantErr: []string{"configuration", "hook.poll_interval"},
 		},
 		{
+			name:    "invalid configuration in poststop: not released, and how to",
+			phase:   PhasePoststop,
+			stdin:   func(t *testing.T) string { return stateFor(t, "c1", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=1") },
+			cfg:     func(c *config.Config) { c.Hook.PollInterval = config.Duration{} },
+			wantErr: []string{"hook poststop: container c1: its GPUs are not released: configuration", "hook.poll_interval", "gpu-guard-ctl release --container c1"},
+		},
+		{
+			name:  "a panic in poststop: not released, and how to",
+			phase: PhasePoststop,
+			stdin: func(t *testing.T) string { return stateFor(t, "c1", os.Getpid(), "NVIDIA_VISIBLE_DEVICES=1") },
+			openGuard: func(config.Config, *devices.Inventory) (guardAPI, func(), error) {
+				panic("boom")
+			},
+			wantErr: []string{"internal error", "boom", "the GPUs of container c1 may not be released", "gpu-guard-ctl release --container c1"},
+		},
+		{
+			name:      "unreadable input in poststop: not released, and how to",
+			phase:     PhasePoststop,
+			stdin:     func(*testing.T) string { return "{not json" },
+			wantErrIs: errInput,
+			wantErr:   []string{"the GPUs of a stopped container (its id is unknown) are not released", "gpu-guard-ctl gc"},
+		},
+		{
 			name:       "poststop of a container that holds nothing",
 			phase:      PhasePoststop,
 			stdin:      func(*testing.T) string { return `{"id":"never-seen","status":"stopped","bundle":"/gone"}` },
