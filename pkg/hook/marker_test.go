@@ -7,7 +7,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,7 +63,7 @@ func (r *markerRig) hook(phase, state string, stderr io.Writer) error {
 
 func (r *markerRig) markers() []string {
 	entries, err := os.ReadDir(r.dir)
-	if os.IsNotExist(err) {
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
 	require.NoError(r.t, err)
