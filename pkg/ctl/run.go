@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
@@ -52,6 +53,11 @@ The GPUs are those of --gpus (ids as in NVIDIA_VISIBLE_DEVICES), or else those
 the command names with -e/--env NVIDIA_VISIBLE_DEVICES=…, --device
 /dev/nvidiaN or docker's --gpus. The container must ask for no GPU beyond them;
 those of them it does not ask for are released when it takes the ticket over.
+
+While COMMAND runs, each signal reaches it once: SIGTERM is forwarded;
+SIGINT, SIGQUIT and SIGHUP are forwarded only when this process is not in the
+foreground of a terminal (in the foreground, Ctrl-C reaches COMMAND from the
+terminal itself).
 
 When COMMAND exits, whatever the ticket still holds (the command started no
 container that took it over) is released, with a note saying why when the
@@ -111,7 +117,7 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 	cfg.Ledger.Dir = dir
 
 	// Ctrl-C while waiting leaves the queue; once the command runs, the
-	// signals are its to handle (forwarded below).
+	// signals are its to handle (see runChild).
 	wctx, stopWait := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	t, err := hook.AcquireTicket(wctx, cfg, req, hook.TicketOptions{Timeout: timeout, Stderr: a.env.Stderr})
 	stopWait()
@@ -152,18 +158,21 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 	return nil
 }
 
-// runChild runs args with the ticket in its environment, forwarding SIGINT
-// and SIGTERM, and returns its exit code (128+signal when killed). The
-// command is not tied to a context: the signal that would cancel one (this
-// command's own interrupt handling) is the command's to handle, forwarded,
-// not a reason to kill it (SIGKILL would end "podman run" while its
-// container went on holding the GPU).
+// runChild runs args with the ticket in its environment and returns its exit
+// code (128+signal when killed). The command is not tied to a context: the
+// signal that would cancel one (this command's own interrupt handling) is the
+// command's to handle, not a reason to kill it (SIGKILL would end "podman
+// run" while its container went on holding the GPU).
+//
+// Signals while it runs are handled as system(3) handles them: the command
+// is in this process's process group, so that it reads the terminal and gets
+// what the terminal sends, and each signal reaches it once (forwardSignal).
 func runChild(args []string, ticket string, env Env) (int, error) {
 	c := exec.Command(args[0], args[1:]...) //nolint:gosec // running the operator's command is the point
 	c.Env = append(os.Environ(), hook.TicketEnv+"="+ticket)
 	c.Stdin, c.Stdout, c.Stderr = os.Stdin, env.Stdout, env.Stderr
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, childSignals...)
 	defer signal.Stop(sigs)
 	if err := c.Start(); err != nil {
 		return 0, fmt.Errorf("run %s: %w", args[0], err)
@@ -173,7 +182,9 @@ func runChild(args []string, ticket string, env Env) (int, error) {
 		for {
 			select {
 			case s := <-sigs:
-				_ = c.Process.Signal(s)
+				if forwardSignal(s, inTerminalForeground()) {
+					_ = c.Process.Signal(s)
+				}
 			case <-done:
 				return
 			}
@@ -192,6 +203,48 @@ func runChild(args []string, ticket string, env Env) (int, error) {
 		return 0, fmt.Errorf("run %s: %w", args[0], err)
 	}
 	return 0, nil
+}
+
+// childSignals are the signals runChild catches while the command runs
+// (none of them ends this process then: it waits for the command).
+var childSignals = []os.Signal{syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGTERM}
+
+// forwardSignal decides whether s, received while the command runs, is
+// passed on to it. SIGTERM is: nothing sends it to a whole process group but
+// kill(1) asked to, and supervisors send it to this process alone
+// (systemd's stop under KillMode=mixed, `kill PID`). SIGINT, SIGQUIT and
+// SIGHUP are what a terminal sends to its whole foreground process group
+// (Ctrl-C, Ctrl-\, hang-up), the command included: when this process is in
+// the foreground group of its controlling terminal (foreground), the
+// command got its own copy and a forwarded one would be a second
+// (`podman run` passes both into the container, and a second Ctrl-C often
+// means "force quit"), so they are not forwarded. Elsewhere (no terminal:
+// systemd, cron, CI; a background job) they can only have been sent to
+// this process (`kill -INT PID`) and are forwarded.
+//
+// What this cannot tell (Go gives a handler no sender): `kill -INT PID`
+// aimed at this process while it is in a terminal's foreground is not
+// forwarded (send SIGTERM, or signal the group: `kill -INT -PGID`), and a
+// signal sent to the whole group while it is not in a terminal's
+// foreground reaches the command twice (under systemd, KillMode=mixed
+// sends the stop signal to this process alone).
+func forwardSignal(s os.Signal, foreground bool) bool {
+	if s == syscall.SIGTERM {
+		return true
+	}
+	return !foreground
+}
+
+// inTerminalForeground reports whether this process is in the foreground
+// process group of its controlling terminal (false when it has none).
+func inTerminalForeground() bool {
+	fd, err := unix.Open("/dev/tty", unix.O_RDONLY|unix.O_NOCTTY|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+	if err != nil {
+		return false // no controlling terminal
+	}
+	defer func() { _ = unix.Close(fd) }()
+	pgrp, err := unix.IoctlGetInt(fd, unix.TIOCGPGRP)
+	return err == nil && pgrp == unix.Getpgrp()
 }
 
 // engineSubcommand finds the "run" or "create" subcommand of a podman or

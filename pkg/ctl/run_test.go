@@ -4,13 +4,6 @@
 package ctl
 
 import (
-	"context"
-	"io"
-	"os"
-	"os/signal"
-	"strings"
-	"sync"
-	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -129,58 +122,6 @@ func TestRunUnusedTicketSaysWhy(t *testing.T) {
 	r = f.run(t, "run", "--gpus", "1", "--", "true")
 	require.Equal(t, 0, r.code, r.stderr)
 	require.Contains(t, r.stderr, "(the command started no container that carried it, or the container's create failed before the guard's hook decided)")
-}
-
-// A SIGINT or SIGTERM while the command runs is forwarded to it, not turned
-// into a SIGKILL (the command's context is this process's interrupt
-// handling, cancelled by the same signal): the command handles it.
-func TestRunChildForwardsSignals(t *testing.T) {
-	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
-		t.Run(sig.String(), func(t *testing.T) {
-			// What root.go sets up for every command: a context the signal
-			// cancels.
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			ready := make(chan struct{})
-			out := &lineWatch{want: "ready", seen: ready}
-			go func() {
-				<-ready
-				assert.NoError(t, syscall.Kill(os.Getpid(), sig))
-			}()
-			code, err := runChild([]string{"sh", "-c", `trap 'echo got signal; exit 7' INT TERM; echo ready; while :; do sleep 0.05; done`},
-				"ticket-x", Env{Stdout: out, Stderr: io.Discard})
-			require.NoError(t, err)
-			<-ctx.Done()
-			require.Equal(t, 7, code, "the command's own handler ran: %s", out.String())
-			require.Contains(t, out.String(), "got signal")
-		})
-	}
-}
-
-// lineWatch is a writer that closes seen once want has been written.
-type lineWatch struct {
-	mu   sync.Mutex
-	buf  strings.Builder
-	want string
-	seen chan struct{}
-	done bool
-}
-
-func (w *lineWatch) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.buf.Write(p)
-	if !w.done && strings.Contains(w.buf.String(), w.want) {
-		w.done = true
-		close(w.seen)
-	}
-	return len(p), nil
-}
-
-func (w *lineWatch) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
 }
 
 // TestRunChecksStateDir: run takes --state-dir as every other command does:

@@ -1,0 +1,292 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// The signal tests of `gpu-guard-ctl run` start this test binary twice: as
+// "ctl", which runs runChild as gpu-guard-ctl run does, and, below it, as
+// "container", the command, which counts the signals it gets. Both in a
+// session of their own: with the pseudo-terminal the test drives as their
+// controlling terminal (an interactive gpu-guard-ctl run), or with none (one
+// run by systemd or cron).
+const signalRoleEnv = "GPU_GUARD_CTL_TEST_SIGNAL_ROLE"
+
+func playSignalRole(role string) int {
+	switch role {
+	case "ctl":
+		// What root.go sets up for every command: a context the signals
+		// cancel; runChild must not turn them into a kill.
+		_, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		exe, err := os.Executable()
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		if err := os.Setenv(signalRoleEnv, "container"); err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		code, err := runChild([]string{exe}, "ticket-x", Env{Stdout: os.Stdout, Stderr: os.Stderr})
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		return code
+	case "container":
+		// Each signal is reported once handled, so that a signal the test
+		// sends next arrives after it; SIGTERM ends it with the counts.
+		sigs := make(chan os.Signal, 8)
+		signal.Notify(sigs, syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGTERM)
+		counts := map[string]int{}
+		fmt.Printf("ready %d\n", os.Getpid())
+		for s := range sigs {
+			name := s.(syscall.Signal).String()
+			counts[name]++
+			if s == syscall.SIGTERM {
+				fmt.Printf("done interrupt=%d quit=%d hangup=%d terminated=%d\n",
+					counts["interrupt"], counts["quit"], counts["hangup"], counts["terminated"])
+				return 7
+			}
+			fmt.Printf("got %s %d\n", name, counts[name])
+		}
+	}
+	return 2
+}
+
+// signalRig is a "ctl" process (and its "container") started by the test.
+type signalRig struct {
+	t   *testing.T
+	cmd *exec.Cmd
+	out *outWatch
+	tty *os.File // the pseudo-terminal's master side, or nil
+	// exited is closed once ctl has exited, with its error in err.
+	exited chan struct{}
+	err    error
+}
+
+// startSignalRig starts "ctl" in a session of its own, with a
+// pseudo-terminal as its controlling terminal (and stdio) when withTTY.
+func startSignalRig(t *testing.T, withTTY bool) *signalRig {
+	t.Helper()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	r := &signalRig{t: t, out: &outWatch{}, exited: make(chan struct{})}
+	r.cmd = exec.Command(exe)
+	r.cmd.Env = append(os.Environ(), signalRoleEnv+"=ctl")
+	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if withTTY {
+		master, slave := openPTY(t)
+		r.tty = master
+		r.cmd.Stdin, r.cmd.Stdout, r.cmd.Stderr = slave, slave, slave
+		r.cmd.SysProcAttr.Setctty, r.cmd.SysProcAttr.Ctty = true, 0
+		require.NoError(t, r.cmd.Start())
+		_ = slave.Close()
+		go func() { _, _ = io.Copy(r.out, master) }() // ends with EIO once both have exited
+	} else {
+		r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
+		require.NoError(t, r.cmd.Start())
+	}
+	go func() {
+		r.err = r.cmd.Wait()
+		close(r.exited)
+	}()
+	t.Cleanup(func() {
+		_ = syscall.Kill(-r.cmd.Process.Pid, syscall.SIGKILL)
+		if r.tty != nil {
+			_ = r.tty.Close()
+		}
+	})
+	r.waitOutput("ready")
+	return r
+}
+
+// waitOutput waits until the output holds s.
+func (r *signalRig) waitOutput(s string) {
+	r.t.Helper()
+	select {
+	case <-r.out.when(s):
+	case <-r.exited:
+		select {
+		case <-r.out.when(s):
+		default:
+			r.t.Fatalf("ctl exited (%v) before %q was in the output:\n%s", r.err, s, r.out.String())
+		}
+	case <-time.After(time.Minute):
+		r.t.Fatalf("no %q in the output within a minute:\n%s", s, r.out.String())
+	}
+}
+
+// outWatch collects output and tells when it holds a string.
+type outWatch struct {
+	mu      sync.Mutex
+	buf     strings.Builder
+	waiting map[string]chan struct{}
+}
+
+func (w *outWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf.Write(p)
+	for s, ch := range w.waiting {
+		if strings.Contains(w.buf.String(), s) {
+			close(ch)
+			delete(w.waiting, s)
+		}
+	}
+	return len(p), nil
+}
+
+// when returns a channel closed once the output holds s.
+func (w *outWatch) when(s string) <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ch := make(chan struct{})
+	if strings.Contains(w.buf.String(), s) {
+		close(ch)
+		return ch
+	}
+	if w.waiting == nil {
+		w.waiting = map[string]chan struct{}{}
+	}
+	if old, ok := w.waiting[s]; ok {
+		return old
+	}
+	w.waiting[s] = ch
+	return ch
+}
+
+func (w *outWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.buf.String()
+}
+
+// finish ends the container with a SIGTERM to ctl (forwarded in every
+// case) and returns the container's counts line and ctl's exit code.
+func (r *signalRig) finish() (string, int) {
+	r.t.Helper()
+	require.NoError(r.t, syscall.Kill(r.cmd.Process.Pid, syscall.SIGTERM))
+	r.waitOutput("done ")
+	select {
+	case <-r.exited:
+	case <-time.After(time.Minute):
+		r.t.Fatalf("ctl did not exit:\n%s", r.out.String())
+	}
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(r.err, &ee) {
+		code = ee.ExitCode()
+	} else {
+		require.NoError(r.t, r.err)
+	}
+	out := r.out.String()
+	i := strings.Index(out, "done ")
+	line, _, _ := strings.Cut(out[i:], "\n")
+	return strings.TrimSpace(line), code
+}
+
+// openPTY opens a pseudo-terminal pair (master, slave).
+func openPTY(t *testing.T) (*os.File, *os.File) {
+	t.Helper()
+	master, err := os.OpenFile("/dev/ptmx", os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		t.Skipf("no pseudo-terminal here: %v", err)
+	}
+	if err := unix.IoctlSetPointerInt(int(master.Fd()), unix.TIOCSPTLCK, 0); err != nil {
+		_ = master.Close()
+		t.Skipf("unlock the pseudo-terminal: %v", err)
+	}
+	n, err := unix.IoctlGetUint32(int(master.Fd()), unix.TIOCGPTN)
+	if err != nil {
+		_ = master.Close()
+		t.Skipf("name the pseudo-terminal: %v", err)
+	}
+	slave, err := os.OpenFile(filepath.Join("/dev/pts", strconv.Itoa(int(n))), os.O_RDWR|syscall.O_NOCTTY, 0)
+	if err != nil {
+		_ = master.Close()
+		t.Skipf("open the pseudo-terminal's slave: %v", err)
+	}
+	return master, slave
+}
+
+// An interactive `gpu-guard-ctl run -- podman run …`: Ctrl-C and Ctrl-\ on
+// the terminal reach the command once, from the terminal, as they reach
+// every process of the foreground group; gpu-guard-ctl does not send a
+// second copy (podman run --sig-proxy would pass both into the container).
+// SIGTERM, which only a sender aiming at gpu-guard-ctl sends, is forwarded.
+func TestRunChildTerminalSignalsReachTheCommandOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		key  byte
+		got  string
+		want string
+	}{
+		{"ctrl-c", 0x03, "got interrupt 1", "done interrupt=1 quit=0 hangup=0 terminated=1"},
+		{"ctrl-backslash", 0x1c, "got quit 1", "done interrupt=0 quit=1 hangup=0 terminated=1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startSignalRig(t, true)
+			_, err := r.tty.Write([]byte{tc.key}) // the signal to the foreground group
+			require.NoError(t, err)
+			r.waitOutput(tc.got)
+			counts, code := r.finish()
+			// A copy forwarded by gpu-guard-ctl would have reached the
+			// command before the SIGTERM it forwards after it.
+			assert.Equal(t, tc.want, counts, r.out.String())
+			assert.Equal(t, 7, code, "the command's exit code, not a kill")
+		})
+	}
+}
+
+// Without a terminal (systemd, cron, CI, `kill -INT PID`), a signal sent to
+// gpu-guard-ctl reaches the command only through it: each is forwarded
+// once, and the command handles it (not turned into a kill by the
+// command's own interrupt handling).
+func TestRunChildForwardsSignals(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) {
+			r := startSignalRig(t, false)
+			require.NoError(t, syscall.Kill(r.cmd.Process.Pid, sig))
+			r.waitOutput(fmt.Sprintf("got %s 1", sig))
+			counts, code := r.finish()
+			want := map[syscall.Signal]string{
+				syscall.SIGINT:  "done interrupt=1 quit=0 hangup=0 terminated=1",
+				syscall.SIGQUIT: "done interrupt=0 quit=1 hangup=0 terminated=1",
+				syscall.SIGHUP:  "done interrupt=0 quit=0 hangup=1 terminated=1",
+			}[sig]
+			assert.Equal(t, want, counts, r.out.String())
+			assert.Equal(t, 7, code)
+		})
+	}
+}
+
+func TestForwardSignal(t *testing.T) {
+	for _, s := range []syscall.Signal{syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP} {
+		assert.False(t, forwardSignal(s, true), "%s in a terminal's foreground: the terminal sent the command its own", s)
+		assert.True(t, forwardSignal(s, false), "%s elsewhere: sent to gpu-guard-ctl alone", s)
+	}
+	assert.True(t, forwardSignal(syscall.SIGTERM, true))
+	assert.True(t, forwardSignal(syscall.SIGTERM, false))
+}
