@@ -177,7 +177,7 @@ func TestNoGPUNeedsNoConfig(t *testing.T) {
 		// could not release, and says how to.
 		require.NotContains(t, stderr.String(), "refused")
 		for _, s := range []string{"hook poststop: container c1: its GPUs are not released: configuration: ", "gpu-guard-ctl check-config",
-			"then run `gpu-guard-ctl release --container c1` (or `gpu-guard-ctl gc`"} {
+			"then run `sudo gpu-guard-ctl release --container c1 --reason \"poststop failed\"` (or `gpu-guard-ctl gc`"} {
 			require.Contains(t, stderr.String(), s)
 		}
 	}

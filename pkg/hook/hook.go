@@ -201,10 +201,10 @@ func ConfigError(phase string, in *Input, err error) error {
 func releaseRemedy(in *Input) (subject, remedy string) {
 	if in == nil || in.stateErr != nil {
 		return "a stopped container (its id is unknown)", "run `gpu-guard-ctl gc` (it releases holders whose processes are gone), " +
-			"or `gpu-guard-ctl release --container ID` (`gpu-guard-ctl claims` lists the holders)"
+			"or `sudo gpu-guard-ctl release --container ID --reason \"poststop failed\"` (`gpu-guard-ctl claims` lists the holders)"
 	}
 	id := in.state.ID
-	return "container " + id, fmt.Sprintf("run `gpu-guard-ctl release --container %s` (or `gpu-guard-ctl gc`, which releases holders whose processes are gone)", id)
+	return "container " + id, fmt.Sprintf("run `sudo gpu-guard-ctl release --container %s --reason \"poststop failed\"` (or `gpu-guard-ctl gc`, which releases holders whose processes are gone)", id)
 }
 
 // createRuntime admits (or refuses) the container described by stdin.
@@ -277,7 +277,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	mk := newMarker(e.markerDir, st, cfg.Ledger.Dir)
 	if err := mk.write(); err != nil {
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: %v; its poststop will go by its config.json alone "+
-			"(should that be edited to name no GPU before the container is deleted, run `gpu-guard-ctl release --container %s` after)\n",
+			"(should that be edited to name no GPU before the container is deleted, run `sudo gpu-guard-ctl release --container %s --reason \"config.json edited\"` after)\n",
 			ledger.ShortID(st.ID), err, st.ID)
 	}
 	err = e.admitContainer(ctx, g, cfg, in, owner, self, stderr)
@@ -531,7 +531,7 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 	g, closeGuard, err := e.openGuard(cfg, emptyInventory())
 	phasetrace.Mark("open-ledger")
 	if err != nil {
-		return fmt.Errorf("container %s: cannot release its GPUs (run `gpu-guard-ctl gc` or `gpu-guard-ctl release --container %s`): %w", st.ID, st.ID, err)
+		return fmt.Errorf("container %s: cannot release its GPUs (run `gpu-guard-ctl gc` or `gpu-guard-ctl release --container %s --reason \"poststop failed\"`): %w", st.ID, st.ID, err)
 	}
 	defer closeGuard()
 	// The marker goes before the ledger is read, and comes back if what
