@@ -227,8 +227,13 @@ ok "dpkg -r then dpkg -i keeps the locally edited config"
 # committed in this boot (the name is a hash of the state dir).
 MARKER=/run/nri-gpu-guard/ledger-$(printf %s "$STATE_DIR" | sha256sum | cut -c1-24).marker
 [[ -e $MARKER ]] || { mkdir -p /run/nri-gpu-guard && chmod 0700 /run/nri-gpu-guard && : >"$MARKER"; }
+# And an OCI hook container marker, as create-runtime leaves one.
+HOOK_MARKERS=/run/nri-gpu-guard/hook-containers
+[[ -d $HOOK_MARKERS ]] || { mkdir -p "$HOOK_MARKERS" && chmod 0700 "$HOOK_MARKERS"; }
+: >"$HOOK_MARKERS/c-package-test"
 dpkg --purge "$PKG" </dev/null >/dev/null 2>&1 || fail "dpkg --purge"
 [[ ! -e $MARKER ]] || fail "purge left the ledger's boot marker $MARKER (a reinstall in this boot would refuse every GPU container)"
+[[ ! -e $HOOK_MARKERS ]] || fail "purge left the hook's container markers in $HOOK_MARKERS"
 for p in "$CONFIG" /etc/nri-gpu-guard "$DROP_IN" "$UNIT" /usr/bin/nri-gpu-guard /usr/bin/nri-gpu-guard-hook "$STATE_DIR"; do
 	[[ ! -e $p ]] || fail "purge left $p"
 done

@@ -23,6 +23,9 @@ case "$1" in
 		if command -v sha256sum >/dev/null 2>&1; then
 			rm -f "/run/nri-gpu-guard/ledger-$(printf %s "$STATE_DIR" | sha256sum | cut -c1-24).marker"
 		fi
+		# The OCI hook's container markers (each says "read the ledger at
+		# poststop"): with the ledger gone they only cost reads.
+		rm -rf /run/nri-gpu-guard/hook-containers
 		rmdir /etc/nri-gpu-guard 2>/dev/null || true
 		;;
 	remove | 0)
