@@ -202,7 +202,7 @@ func TestLaunchedPluginSurvivesLedgerLockedAtSync(t *testing.T) {
 	require.NoError(t, create("web-1", "PATH=/usr/bin"), "a container without a GPU is let through meanwhile")
 
 	require.NoError(t, lk.Unlock())
-	waitLogLine(t, lines, "rebuilt the GPU ledger")
+	waitLogLine(t, lines, "GPU ledger rebuilt: containers asking for a GPU are decided again")
 	require.NoError(t, create("holder-1", "NVIDIA_VISIBLE_DEVICES=1"))
 	err = create("second-1", "NVIDIA_VISIBLE_DEVICES=1")
 	require.Error(t, err, "the plugin enforces once the ledger is rebuilt")

@@ -646,6 +646,10 @@ func (p *Plugin) rebuildInPlace(ctx context.Context, closed <-chan struct{}) {
 		err := p.rebuildOnce(ctx)
 		if err == nil {
 			p.setRebuilding(false, nil)
+			// Logged once GPU creations are decided again (tests and
+			// operators wait for it): the line of rebuildOnce comes while
+			// they are still refused.
+			p.log.Info("GPU ledger rebuilt: containers asking for a GPU are decided again")
 			p.rebuilt(ctx)
 			p.ready(true)
 			return
