@@ -56,38 +56,10 @@ func gpuUUID(i int) string { return fmt.Sprintf("GPU-6c1a2f2e-0000-4000-8000-%01
 // refuses a second one), talk over fd 3, and build the guard from the
 // configuration Configure carries (here, the ledger dir and the GPUs).
 func TestLaunchedByRuntime(t *testing.T) {
-	self, err := os.Executable()
-	require.NoError(t, err)
-	dir, err := os.MkdirTemp("", "gg-launch-") // unix socket paths are short
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	plugins, confd, state := filepath.Join(dir, "plugins"), filepath.Join(dir, "conf.d"), filepath.Join(dir, "state")
-	require.NoError(t, os.MkdirAll(plugins, 0o755))
-	require.NoError(t, os.MkdirAll(confd, 0o755))
-	require.NoError(t, os.Symlink(self, filepath.Join(plugins, "90-gpu-guard")))
-	conf := fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n", state)
-	for i := 0; i < 2; i++ {
-		conf += fmt.Sprintf("[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\n", i, gpuUUID(i), i)
-	}
-	require.NoError(t, os.WriteFile(filepath.Join(confd, "90-gpu-guard.conf"), []byte(conf), 0o600))
-
-	r, err := adaptation.New("containerd", "v2.2.1",
-		func(ctx context.Context, cb adaptation.SyncCB) error { _, err := cb(ctx, nil, nil); return err },
-		func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) { return nil, nil },
-		adaptation.WithPluginPath(plugins), adaptation.WithPluginConfigPath(confd),
-		adaptation.WithSocketPath(filepath.Join(dir, "nri.sock")), adaptation.WithDisabledExternalConnections())
-	require.NoError(t, err)
-	require.NoError(t, r.Start()) // launches, registers and synchronizes the plugin
-	t.Cleanup(r.Stop)
-
-	pod := &api.PodSandbox{Id: "sb-a", Name: "a", Uid: "uid-a", Namespace: "ml"}
-	create := func(id, env string) error {
-		_, err := r.CreateContainer(context.Background(), &api.CreateContainerRequest{Pod: pod,
-			Container: &api.Container{Id: id, PodSandboxId: pod.Id, Name: id, Env: []string{env}}})
-		return err
-	}
+	var state string
+	create, _ := launchPlugin(t, "", func(dir string) { state = dir })
 	require.NoError(t, create("holder-1", "NVIDIA_VISIBLE_DEVICES=1"))
-	err = create("second-1", "NVIDIA_VISIBLE_DEVICES="+gpuUUID(1))
+	err := create("second-1", "NVIDIA_VISIBLE_DEVICES="+gpuUUID(1))
 	require.Error(t, err, "the launched plugin is not enforcing")
 	assert.Contains(t, err.Error(), "is held by ml/a/holder-1")
 

@@ -280,21 +280,25 @@ func TestStateDirFlag(t *testing.T) {
 	assert.JSONEq(t, `{"claims":[]}`, r.stdout)
 }
 
+// badStateDirs are --state-dir values no command may take for the ledger's:
+// the exit code and what the error says.
+var badStateDirs = []struct {
+	name string
+	dir  func(f *fixture) string
+	code int
+	want string
+}{
+	{name: "missing", dir: func(f *fixture) string { return f.dir + "-typo" }, code: ExitError, want: "no such directory"},
+	{name: "relative", dir: func(*fixture) string { return "state" }, code: ExitUsage, want: "want the absolute path"},
+	{name: "a file", dir: func(f *fixture) string { return f.config }, code: ExitError, want: "not a directory"},
+}
+
 // TestStateDirFlagRefused: a --state-dir that cannot be the ledger's is
 // refused by every command that reads the ledger, with one clear error and
 // nothing else (no warning about the inventory cache that is not there
 // either), and nothing is shown.
 func TestStateDirFlagRefused(t *testing.T) {
-	for _, dir := range []struct {
-		name string
-		dir  func(f *fixture) string
-		code int
-		want string
-	}{
-		{name: "missing", dir: func(f *fixture) string { return f.dir + "-typo" }, code: ExitError, want: "no such directory"},
-		{name: "relative", dir: func(*fixture) string { return "state" }, code: ExitUsage, want: "want the absolute path"},
-		{name: "a file", dir: func(f *fixture) string { return f.config }, code: ExitError, want: "not a directory"},
-	} {
+	for _, dir := range badStateDirs {
 		for _, args := range [][]string{{"status"}, {"status", "-o", "json"}, {"claims"}, {"queue"}, {"gc", "--dry-run"}} {
 			t.Run(dir.name+"/"+strings.Join(args, " "), func(t *testing.T) {
 				f := newFixture(t)

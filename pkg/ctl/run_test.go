@@ -129,16 +129,7 @@ func TestRunUnusedTicketSaysWhy(t *testing.T) {
 // nothing is created there (a fresh ledger in a mistyped dir would "claim"
 // GPUs the daemon and the hooks never see).
 func TestRunChecksStateDir(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		dir  func(f *fixture) string
-		code int
-		want string
-	}{
-		{name: "missing", dir: func(f *fixture) string { return f.dir + "-typo" }, code: ExitError, want: "no such directory"},
-		{name: "relative", dir: func(*fixture) string { return "state" }, code: ExitUsage, want: "want the absolute path"},
-		{name: "a file", dir: func(f *fixture) string { return f.config }, code: ExitError, want: "not a directory"},
-	} {
+	for _, tc := range badStateDirs {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			dir := tc.dir(f)
