@@ -58,9 +58,11 @@ func (a *app) uncordonCommand() *cobra.Command {
 	return newCommand("uncordon GPU",
 		"Lift a cordon: the device takes new claims again (root only, audited)",
 		`Lift the cordon on a device (an index, "1:0" for a MIG instance, or a UUID;
-also the UUID of a cordoned device no longer in the inventory). The earliest
-waiter whose devices are all free then gets them reserved at once; anyone else
-is admitted as usual. Uncordoning a device that is not cordoned changes nothing
+also the UUID of a cordoned device no longer in the inventory). The queue is
+applied at once: the head of the queue keeps each device it asks for that is
+now free (even while its other devices are held), and any other waiter whose
+devices are all free gets them reserved; a request for a device kept that way
+is refused "reserved for …", anyone else is admitted as usual. Uncordoning a device that is not cordoned changes nothing
 and says so. Audited with the operator's uid.`,
 		`  sudo gpu-guard-ctl uncordon 1
   sudo gpu-guard-ctl uncordon 0:1 -o json`,

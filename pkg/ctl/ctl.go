@@ -26,7 +26,7 @@ const (
 	ExitOK        = 0 // the command did what was asked
 	ExitError     = 1 // the command failed (message on stderr)
 	ExitUsage     = 2 // unknown command or flag, bad or missing argument
-	ExitAttention = 3 // status: a conflict or a stale claim needs an operator
+	ExitAttention = 3 // status or ps: a problem needs an operator (conflict, exited holder, observer finding, …)
 )
 
 // programName is how the tool names itself in help and messages.
@@ -232,5 +232,5 @@ func corruptAdvice(ce *ledger.CorruptError) string {
 const recoverAdvice = "\n  NO container gets a GPU until the ledger is recovered (every front end refuses)." +
 	"\n  run `sudo gpu-guard-ctl recover`: it replays the journal onto the last good snapshot, keeps the bad file" +
 	" (moved aside) and every claim whose holder still runs, and reports what it recovered." +
-	"\n  on an NRI host the daemon also recovers it at its next sync with containerd (an external plugin reconnects" +
-	" for one at the next refused container; one launched by containerd only when containerd restarts)."
+	"\n  on an NRI host the daemon also recovers it itself: an external plugin reconnects for a new sync with containerd" +
+	" at the next refused container; one launched by containerd rebuilds the ledger in place from the containers it tracks."

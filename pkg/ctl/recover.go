@@ -46,7 +46,8 @@ can be recovered, --reset starts the ledger afresh deliberately (the old files
 are moved aside) with only the claims of the containers the runtimes run
 (read as above; none with --no-runtime): waiters and claims of anything else
 (gpu-guard-ctl run tickets) are forgotten. On an NRI host the daemon rebuilds
-the claims from containerd at its next sync. The operator's cordons of the
+the claims from containerd (an external plugin at its next sync, one launched
+by containerd in place, from the containers it tracks). The operator's cordons of the
 newest state that still verifies are kept (each is listed); the observer's
 are dropped (the daemon sets them again). --reset refuses a healthy ledger,
 which has nothing to recover: add --force to start it afresh anyway.`,
@@ -186,7 +187,7 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 			fmt.Fprintf(&b, "LOST: %s\n", rep.Lost)
 		}
 		if rep.NewLineage {
-			b.WriteString("the state got a new lineage: an NRI daemon rebuilds from the runtime at its next sync\n")
+			b.WriteString("the state got a new lineage: an NRI daemon rebuilds from the runtime (at its next sync, or in place when launched by containerd)\n")
 		}
 	}
 	if reset && rep.Lost != "" {

@@ -30,8 +30,9 @@ force-release a stuck claim (audited) and collect claims of exited holders.
 
 Read commands never take the ledger lock, so they are safe to run at any time.
 
-Exit codes: 0 ok, 1 error, 2 usage, 3 attention needed (status found a
-conflict or a stale claim).`,
+Exit codes: 0 ok, 1 error, 2 usage, 3 attention needed (status or ps found
+a problem: a conflict, an exited holder, an unknown device, an observer
+cordon or finding; see docs/ctl-json.md).`,
 		Example: `  gpu-guard-ctl status
   gpu-guard-ctl queue -o json
   sudo gpu-guard-ctl release --container 4f2a9c1be0d3 --reason "job hung, GPU memory leaked"`,

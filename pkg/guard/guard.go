@@ -539,14 +539,15 @@ func (g *Guard) ledgerError(owner ledger.Owner, err error) error {
 		return fmt.Errorf("GPU ledger busy: no decision for %s before the request deadline; refused to stay safe: %w", who, err)
 	case errors.Is(err, ledger.ErrLineageChanged):
 		return fmt.Errorf("GPU ledger was started afresh by another process and is being rebuilt from the runtime's "+
-			"containers at the next NRI sync; refused %s to stay safe, retrying is automatic: %w", who, err)
+			"containers (a new NRI sync, or in place by a plugin launched by containerd); refused %s to stay safe, "+
+			"retrying is automatic: %w", who, err)
 	case errors.Is(err, ledger.ErrNeedsRecovery) && owner.FrontEnd == ledger.FrontEndNRI:
 		// The plugin asks for a new Synchronize (an external one reconnects),
 		// which recovers the ledger and reconciles it with the runtime.
 		return fmt.Errorf("GPU ledger needs recovery: NO container gets a GPU until it is recovered; refused %s. "+
-			"The daemon recovers it and rebuilds the claims from the runtime's containers at its next sync "+
-			"(an external plugin reconnects for one now, retrying is automatic; a plugin launched by containerd "+
-			"gets one only when containerd restarts), or run `sudo gpu-guard-ctl recover`: %w", who, err)
+			"The daemon recovers it and rebuilds the claims from the runtime's containers "+
+			"(an external plugin reconnects for a new sync now; a plugin launched by containerd rebuilds in place "+
+			"from the containers it tracks; retrying is automatic), or run `sudo gpu-guard-ctl recover`: %w", who, err)
 	case errors.Is(err, ledger.ErrNeedsRecovery):
 		return fmt.Errorf("GPU ledger needs recovery: NO container gets a GPU until it is recovered; refused %s. "+
 			"Run `sudo gpu-guard-ctl recover` (it replays the journal onto the last good snapshot and keeps every "+

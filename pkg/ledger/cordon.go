@@ -192,8 +192,9 @@ func cordonText(k *Cordon) string {
 }
 
 // Uncordon lifts the cordon on the device uuid and returns it; ok is false
-// when there was none (nothing changes). The queue mechanics run at once, so
-// the earliest waiter whose devices are now all free gets them reserved.
+// when there was none (nothing changes). The queue mechanics run at once: the
+// head of the queue keeps the device if it asks for it, and any other waiter
+// whose devices are now all free gets them reserved.
 func (tx *Tx) Uncordon(uuid, by string) (Cordon, bool) {
 	tx.check()
 	i, found := tx.cordonIndex(uuid)
