@@ -439,10 +439,8 @@ func TestDaemonSetMatchesConfig(t *testing.T) {
 		}
 	}
 
-	// Scheduling: GPU nodes, including tainted ones.
-	if len(spec.NodeSelector) == 0 {
-		t.Error("nodeSelector must pick GPU nodes")
-	}
+	// Scheduling: the nodes provisioned with the drop-ins, including tainted
+	// ones (see TestDaemonSetNodeSelector).
 	tolerated := false
 	for _, tol := range spec.Tolerations {
 		tolerated = tolerated || (tol.Key == "nvidia.com/gpu" && tol.Operator == corev1.TolerationOpExists && tol.Effect == "")
@@ -493,6 +491,46 @@ func TestDaemonSetToleratesMissingGuard(t *testing.T) {
 	ann := ds.Spec.Template.Annotations
 	if got := ann[key+"/pod"]; got != "true" {
 		t.Errorf("pod template annotation %s/pod = %q, want \"true\"", key, got)
+	}
+}
+
+// The label node provisioning sets together with the containerd drop-ins
+// (kubelet --node-labels), and docs/install.md tells it so.
+const (
+	enabledLabel = "nri-gpu-guard.io/enabled"
+	installDoc   = "../../../docs/install.md"
+)
+
+// The DaemonSet selects only on labels that exist before any pod ran on the
+// node. A node with the drop-ins refuses every pod until the guard runs, so a
+// label set by a pod (GPU Feature Discovery, NFD, the GPU operator) would never
+// appear on a new node, and the guard would never be scheduled there.
+func TestDaemonSetNodeSelector(t *testing.T) {
+	ds := single[*appsv1.DaemonSet](t, manifests(t))
+	want := map[string]string{"kubernetes.io/os": "linux", enabledLabel: "true"}
+	got := ds.Spec.Template.Spec.NodeSelector
+	if len(got) != len(want) {
+		t.Errorf("nodeSelector = %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("nodeSelector[%s] = %q, want %q", k, got[k], v)
+		}
+	}
+	if a := ds.Spec.Template.Spec.Affinity; a != nil && a.NodeAffinity != nil {
+		t.Error("node affinity: select nodes with nodeSelector on " + enabledLabel + " only")
+	}
+	doc := string(readFile(t, installDoc))
+	for _, s := range []string{
+		"--node-labels=" + enabledLabel + "=true",
+		"kubectl label node <node> " + enabledLabel + "=true",
+	} {
+		if !strings.Contains(doc, s) {
+			t.Errorf("%s does not mention %q", installDoc, s)
+		}
+	}
+	if strings.Contains(doc, "nvidia.com/gpu.present=true") {
+		t.Errorf("%s still tells operators to select on nvidia.com/gpu.present", installDoc)
 	}
 }
 
