@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds the packages (make package) and checks the .deb on this machine:
-# install, the installed binaries, the systemd unit, the containerd drop-in,
-# the OCI hooks, that a locally edited config survives remove + reinstall, and
-# purge. Needs root and dpkg (Debian/Ubuntu); CI runs it. The machine is left
+# install, the installed binaries, the systemd unit, the containerd drop-in
+# (installed only for containerd >= 2.2, never over an operator's file; a fake
+# `containerd --version` on PATH picks the version), the OCI hooks, that a
+# locally edited config survives remove + reinstall and an enabled service is
+# enabled again, and purge. Needs root and dpkg (Debian/Ubuntu); CI runs it. The machine is left
 # as it was found: the package is purged and anything it removed that existed
 # before (the ledger directory) is put back.
 #
@@ -17,6 +19,7 @@ cd "$repo_root"
 PKG=nri-gpu-guard
 CONFIG=/etc/nri-gpu-guard/config.toml
 DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
+DROP_IN_EXAMPLE=/usr/share/nri-gpu-guard/containerd-nri-gpu-guard.toml
 UNIT=/usr/lib/systemd/system/nri-gpu-guard.service
 HOOKS_DIR=/usr/share/containers/oci/hooks.d
 STATE_DIR=/var/lib/nri-gpu-guard
@@ -38,10 +41,15 @@ status=$(dpkg-query -W -f='${Status}' "$PKG" 2>/dev/null || true)
 if [[ $status == *installed* || $status == *config-files* ]]; then
 	fail "$PKG is already installed on this machine; not touching an operator's installation"
 fi
+[[ ! -e $DROP_IN && ! -L $DROP_IN ]] || fail "$DROP_IN exists; not touching an operator's containerd configuration"
 
 # What exists before, to leave the machine as found.
 work=$(mktemp -d)
 saved_state=""
+made_dirs=()
+for d in /etc/containerd/conf.d /etc/containerd; do
+	[[ -e $d ]] || made_dirs+=("$d")
+done
 if [[ -e $STATE_DIR ]]; then
 	saved_state=$work/state
 	cp -a "$STATE_DIR" "$saved_state"
@@ -55,10 +63,24 @@ cleanup() {
 		rm -rf "$STATE_DIR"
 		cp -a "$saved_state" "$STATE_DIR"
 	fi
+	rm -f "$DROP_IN" # absent at the start (checked)
+	for d in "${made_dirs[@]}"; do
+		rmdir "$d" 2>/dev/null || true
+	done
 	rm -rf "$work"
 	exit "$rc"
 }
 trap cleanup EXIT
+
+# A fake containerd whose --version the maintainer scripts read.
+fake_containerd() {
+	mkdir -p "$work/fake-$1"
+	printf '#!/bin/sh\necho "containerd github.com/containerd/containerd/v2 %s 0123abcd"\n' "$1" >"$work/fake-$1/containerd"
+	chmod 0755 "$work/fake-$1/containerd"
+	echo "$work/fake-$1"
+}
+new_containerd=$(fake_containerd v2.2.0)
+old_containerd=$(fake_containerd 1.7.35)
 
 if [[ ${NO_BUILD:-} != 1 ]]; then
 	log "make package"
@@ -76,22 +98,20 @@ version=$(dpkg-deb -f "$deb" Version)
 dpkg --compare-versions "$version" gt 0 || fail "version '$version' does not sort above 0"
 ok "version $version is valid for dpkg"
 conffiles=$(dpkg-deb --ctrl-tarfile "$deb" | tar -xOf - ./conffiles)
-for f in "$CONFIG" "$DROP_IN"; do
-	grep -qxF "$f" <<<"$conffiles" || fail "$f is not a conffile"
-done
-ok "config and drop-in are conffiles"
+grep -qxF "$CONFIG" <<<"$conffiles" || fail "$CONFIG is not a conffile"
+! grep -qxF "$DROP_IN" <<<"$conffiles" || fail "$DROP_IN is a conffile (it must be installed only for containerd >= 2.2)"
+ok "config is a conffile, the drop-in is not a package file"
 
 if command -v rpm >/dev/null; then
 	rpm_files=$(rpm -qpl "${rpms[0]}" 2>/dev/null)
 	rpm_config=$(rpm -qpc "${rpms[0]}" 2>/dev/null)
-	for f in /usr/bin/nri-gpu-guard /usr/bin/gpu-guard-ctl /usr/bin/nri-gpu-guard-hook "$UNIT" "$CONFIG" "$DROP_IN"; do
+	for f in /usr/bin/nri-gpu-guard /usr/bin/gpu-guard-ctl /usr/bin/nri-gpu-guard-hook "$UNIT" "$CONFIG" "$DROP_IN_EXAMPLE"; do
 		grep -qxF "$f" <<<"$rpm_files" || fail "rpm lacks $f"
 	done
-	for f in "$CONFIG" "$DROP_IN"; do
-		grep -qxF "$f" <<<"$rpm_config" || fail "rpm: $f is not %config"
-	done
+	! grep -qxF "$DROP_IN" <<<"$rpm_files" || fail "rpm owns $DROP_IN (it must be installed only for containerd >= 2.2)"
+	grep -qxF "$CONFIG" <<<"$rpm_config" || fail "rpm: $CONFIG is not %config"
 	rpm_scripts=$(rpm -qp --scripts "${rpms[0]}" 2>/dev/null)
-	for s in 'postinstall scriptlet' 'preuninstall scriptlet' 'postuninstall scriptlet' 'systemctl enable --now nri-gpu-guard'; do
+	for s in 'postinstall scriptlet' 'preuninstall scriptlet' 'postuninstall scriptlet' 'posttrans scriptlet' 'systemctl enable --now nri-gpu-guard' 'package-containerd-drop-in.save'; do
 		grep -qF "$s" <<<"$rpm_scripts" || fail "rpm scriptlets lack '$s'"
 	done
 	[[ $(rpm -qp --queryformat '%{LICENSE}' "${rpms[0]}" 2>/dev/null) == Apache-2.0 ]] ||
@@ -102,13 +122,15 @@ else
 fi
 
 # --- Install ----------------------------------------------------------------
-dpkg -i "$deb" </dev/null >"$work/install.log" 2>&1 || {
+PATH=$new_containerd:$PATH dpkg -i "$deb" </dev/null >"$work/install.log" 2>&1 || {
 	cat "$work/install.log" >&2
 	fail "dpkg -i"
 }
 grep -q 'Next step' "$work/install.log" || fail "postinst did not print the next step"
 grep -q 'systemctl enable --now nri-gpu-guard' "$work/install.log" || fail "postinst did not name the enable command"
 ok "dpkg -i installed $PKG and printed the next step"
+grep -qF "installed the containerd drop-in $DROP_IN (containerd v2.2.0)" "$work/install.log" ||
+	fail "postinst did not say it installed the drop-in for containerd 2.2: $(cat "$work/install.log")"
 
 [[ -d $STATE_DIR && ! -L $STATE_DIR ]] || fail "$STATE_DIR was not created"
 [[ $(stat -c '%a %U %G' "$STATE_DIR") == "700 root root" ]] || fail "$STATE_DIR is $(stat -c '%a %U %G' "$STATE_DIR"), want 700 root root"
@@ -157,7 +179,9 @@ out=$(PATH=/nonexistent /usr/bin/gpu-guard-ctl ps 2>&1) || true
 ok "gpu-guard-ctl: static, runs ps through nri-gpu-guard ctl"
 
 cmp -s packaging/containerd/nri-gpu-guard.toml "$DROP_IN" || fail "$DROP_IN differs from packaging/containerd/nri-gpu-guard.toml"
-ok "installed drop-in is byte-identical"
+cmp -s packaging/containerd/nri-gpu-guard.toml "$DROP_IN_EXAMPLE" || fail "$DROP_IN_EXAMPLE differs from packaging/containerd/nri-gpu-guard.toml"
+[[ $(stat -c '%a %U' "$DROP_IN") == "644 root" ]] || fail "$DROP_IN is $(stat -c '%a %U' "$DROP_IN"), want 644 root"
+ok "installed drop-in (containerd 2.2) and its template are byte-identical"
 cmp -s packaging/config.toml "$CONFIG" || fail "$CONFIG differs from packaging/config.toml"
 ok "installed config is byte-identical"
 hooks=0
@@ -201,6 +225,14 @@ fi
 ok "reinstall is quiet"
 
 # --- A locally edited config survives remove + install ----------------------
+# With systemd running, an enabled service is enabled again by the reinstall
+# that follows `dpkg -r` (a configure with the old version, not a first
+# install), since the drop-in stays and containerd would refuse everything.
+systemd_up=no
+if [[ -d /run/systemd/system ]]; then
+	systemd_up=yes
+	systemctl enable nri-gpu-guard >/dev/null 2>&1 || fail "systemctl enable nri-gpu-guard"
+fi
 sed -i 's/^on_conflict = "queue"$/on_conflict = "reject"/' "$CONFIG"
 grep -q '^on_conflict = "reject"$' "$CONFIG" || fail "could not edit $CONFIG"
 cp "$CONFIG" "$work/edited.toml"
@@ -221,6 +253,17 @@ dpkg -i "$deb" </dev/null >"$work/install2.log" 2>&1 || {
 cmp -s "$work/edited.toml" "$CONFIG" || fail "dpkg -i after dpkg -r replaced the edited $CONFIG"
 /usr/bin/gpu-guard-ctl check-config >/dev/null 2>&1 || fail "check-config rejects the edited config"
 ok "dpkg -r then dpkg -i keeps the locally edited config"
+cmp -s packaging/containerd/nri-gpu-guard.toml "$DROP_IN" || fail "dpkg -r then dpkg -i lost or changed $DROP_IN"
+if [[ $systemd_up == yes ]]; then
+	systemctl is-enabled --quiet nri-gpu-guard || fail "dpkg -r then dpkg -i left the previously enabled service disabled: $(cat "$work/install2.log")"
+	grep -q 're-enabled and started' "$work/install2.log" || fail "postinst did not say it re-enabled the service"
+	systemctl disable --now nri-gpu-guard >/dev/null 2>&1 || true
+	ok "dpkg -r then dpkg -i enables the previously enabled service again"
+	# Disabled by hand with the drop-in in place: an upgrade warns.
+	dpkg -i "$deb" </dev/null >"$work/upgrade-disabled.log" 2>&1 || fail "dpkg -i (upgrade, service disabled)"
+	grep -q 'is not enabled' "$work/upgrade-disabled.log" || fail "upgrade with the drop-in and a disabled service did not warn"
+	ok "an upgrade warns that the service is disabled while the drop-in is in place"
+fi
 
 # --- Purge ------------------------------------------------------------------
 # The default ledger's per-boot marker, as the guard leaves it once it
@@ -234,12 +277,30 @@ HOOK_MARKERS=/run/nri-gpu-guard/hook-containers
 dpkg --purge "$PKG" </dev/null >/dev/null 2>&1 || fail "dpkg --purge"
 [[ ! -e $MARKER ]] || fail "purge left the ledger's boot marker $MARKER (a reinstall in this boot would refuse every GPU container)"
 [[ ! -e $HOOK_MARKERS ]] || fail "purge left the hook's container markers in $HOOK_MARKERS"
-for p in "$CONFIG" /etc/nri-gpu-guard "$DROP_IN" "$UNIT" /usr/bin/nri-gpu-guard /usr/bin/nri-gpu-guard-hook "$STATE_DIR"; do
+for p in "$CONFIG" /etc/nri-gpu-guard "$DROP_IN" "$DROP_IN_EXAMPLE" "$UNIT" /usr/bin/nri-gpu-guard /usr/bin/nri-gpu-guard-hook "$STATE_DIR"; do
 	[[ ! -e $p ]] || fail "purge left $p"
 done
 for f in packaging/oci-hooks.d/*.json; do
 	[[ ! -e $HOOKS_DIR/$(basename "$f") ]] || fail "purge left $HOOKS_DIR/$(basename "$f")"
 done
 ok "dpkg --purge removes everything"
+
+# --- The drop-in on other hosts ---------------------------------------------
+# containerd 1.7 (config version 2; it would not start with the drop-in): not installed.
+PATH=$old_containerd:$PATH dpkg -i "$deb" </dev/null >"$work/install-old.log" 2>&1 || fail "dpkg -i with containerd 1.7"
+[[ ! -e $DROP_IN ]] || fail "postinst installed $DROP_IN for containerd 1.7"
+grep -q 'older than 2.2: NOT installing' "$work/install-old.log" || fail "postinst did not say why it skipped the drop-in: $(cat "$work/install-old.log")"
+dpkg --purge "$PKG" </dev/null >/dev/null 2>&1 || fail "dpkg --purge"
+ok "containerd 1.7: the drop-in is not installed, and postinst says why"
+# An operator's own file: kept as it is.
+mkdir -p "$(dirname "$DROP_IN")"
+printf '# operator file\nversion = 3\n' >"$DROP_IN"
+cp "$DROP_IN" "$work/operator-drop-in.toml"
+PATH=$new_containerd:$PATH dpkg -i "$deb" </dev/null >"$work/install-kept.log" 2>&1 || fail "dpkg -i over an operator's drop-in"
+cmp -s "$work/operator-drop-in.toml" "$DROP_IN" || fail "postinst overwrote the operator's $DROP_IN"
+grep -q "kept the existing $DROP_IN" "$work/install-kept.log" || fail "postinst did not say it kept the operator's drop-in"
+dpkg --purge "$PKG" </dev/null >/dev/null 2>&1 || fail "dpkg --purge"
+[[ ! -e $DROP_IN ]] || fail "purge left $DROP_IN"
+ok "an operator's drop-in is kept on install (purge removes it)"
 
 printf '%d passed, 0 failed\n' "$checks"

@@ -1,18 +1,25 @@
 #!/bin/sh
 # postinstall for the nri-gpu-guard .deb (postinst) and .rpm (%post).
 #
-# Creates the ledger directory and tells the operator the one step left. It
-# never edits containerd's configuration and never restarts containerd: doing
-# so would restart every container runtime operation on the node, and the
-# drop-in makes containerd refuse containers until the guard runs, so the
-# operator must choose the moment.
+# Creates the ledger directory, installs the containerd drop-in where it is
+# safe to, and tells the operator the step left. It never edits containerd's
+# main configuration and never restarts containerd: doing so would restart
+# every container runtime operation on the node, and the drop-in makes
+# containerd refuse containers until the guard runs, so the operator must
+# choose the moment.
 #
 # Arguments: deb "configure <previously-configured-version>" (empty on a first
-# install); rpm "1" on a first install, "2" or more on an upgrade.
+# install; the old version also after `dpkg -r` + reinstall, from the
+# config-files state); rpm "1" on a first install, "2" or more on an upgrade.
 set -e
 
 STATE_DIR=/var/lib/nri-gpu-guard
 UNIT=nri-gpu-guard.service
+DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
+DROP_IN_EXAMPLE=/usr/share/nri-gpu-guard/containerd-nri-gpu-guard.toml
+DROP_IN_SAVE=$STATE_DIR/package-containerd-drop-in.save
+# Written by preremove when a removal disabled an enabled service.
+WAS_ENABLED=$STATE_DIR/package-removed-enabled-service
 
 first_install=no
 case "$1" in
@@ -33,10 +40,78 @@ else
 	chmod 0700 "$STATE_DIR"
 fi
 
+# containerd_fails_closed: succeeds when `containerd --version` reports 2.2 or
+# newer, the first release with the NRI default validator the drop-in turns
+# on. The drop-in is config version 3, which containerd 1.7 cannot load at all
+# (it fails to start when its imports find the file), and on 2.0/2.1 the
+# validator does not exist. Sets containerd_version for the messages.
+containerd_version=
+containerd_fails_closed() {
+	command -v containerd >/dev/null 2>&1 || return 1
+	# "containerd containerd.io 1.7.35 <commit>", "containerd github.com/containerd/containerd/v2 v2.2.0 <commit>"
+	containerd_version=$(containerd --version 2>/dev/null | awk '{print $3}') || return 1
+	v=${containerd_version#v}
+	major=${v%%.*}
+	rest=${v#*.}
+	minor=${rest%%.*}
+	case "$major$minor" in
+		'' | *[!0-9]*) return 1 ;;
+	esac
+	[ "$major" -gt 2 ] || { [ "$major" -eq 2 ] && [ "$minor" -ge 2 ]; }
+}
+
+# An rpm upgrade from a package that still owned the drop-in as %config
+# erases it (or moves an edited one to .rpmsave) after this script, when the
+# old package goes: keep a copy that posttrans.sh puts back.
+case "$1" in
+	[2-9] | [1-9][0-9]*)
+		if [ -f "$DROP_IN" ] && [ -d "$STATE_DIR" ] && [ ! -L "$STATE_DIR" ]; then
+			cp -p "$DROP_IN" "$DROP_IN_SAVE"
+		fi
+		;;
+esac
+
+# The drop-in: installed only on a first install (an upgrade keeps what the
+# operator has, including no drop-in), never over an existing file or link,
+# and only for containerd >= 2.2.
+if [ "$first_install" = yes ]; then
+	if [ -e "$DROP_IN" ] || [ -L "$DROP_IN" ]; then
+		echo "nri-gpu-guard: kept the existing $DROP_IN (the shipped one is $DROP_IN_EXAMPLE)."
+	elif containerd_fails_closed; then
+		mkdir -p "$(dirname "$DROP_IN")"
+		cp "$DROP_IN_EXAMPLE" "$DROP_IN.tmp.$$"
+		chmod 0644 "$DROP_IN.tmp.$$"
+		mv -f "$DROP_IN.tmp.$$" "$DROP_IN"
+		echo "nri-gpu-guard: installed the containerd drop-in $DROP_IN (containerd $containerd_version)."
+	elif [ -n "$containerd_version" ]; then
+		echo "nri-gpu-guard: containerd $containerd_version is older than 2.2: NOT installing the drop-in $DROP_IN"
+		echo "nri-gpu-guard: (it cannot fail closed there, and containerd 1.7 would not start with it; see $DROP_IN_EXAMPLE)."
+	else
+		echo "nri-gpu-guard: containerd not found: NOT installing the drop-in $DROP_IN."
+		echo "nri-gpu-guard: With containerd >= 2.2, copy $DROP_IN_EXAMPLE there (see install.md)."
+	fi
+fi
+
 systemd_running=no
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	systemd_running=yes
 	systemctl daemon-reload >/dev/null 2>&1 || true
+fi
+
+# A removal (deb `dpkg -r`, rpm erase) disabled a service that was enabled,
+# and this install follows it: put the service back as it was. Without this a
+# Debian reinstall from the config-files state (which is `configure <old>`, not
+# a first install) would leave the guard disabled while the drop-in it kept
+# makes containerd refuse every container. Only the removal's own record
+# enables the service: an operator who runs the guard another way
+# (/opt/nri/plugins) or not at all is never overridden.
+if [ -e "$WAS_ENABLED" ]; then
+	rm -f "$WAS_ENABLED"
+	if [ "$systemd_running" = yes ] && systemctl enable --now "$UNIT" >/dev/null 2>&1; then
+		echo "nri-gpu-guard: re-enabled and started $UNIT, as it was before the package was removed."
+		exit 0
+	fi
+	echo "nri-gpu-guard: WARNING: $UNIT was enabled before the package was removed; could not re-enable it: systemctl enable --now nri-gpu-guard" >&2
 fi
 
 if [ "$first_install" = no ]; then
@@ -45,21 +120,49 @@ if [ "$first_install" = no ]; then
 	# kubelet retries them.
 	if [ "$systemd_running" = yes ]; then
 		systemctl try-restart "$UNIT" >/dev/null 2>&1 || true
+		# Not enabled while the drop-in is in place: containerd refuses every
+		# container once it (re)loads the drop-in. Say so on every configure,
+		# not only the first; not enabled by force, since the guard may be
+		# launched by containerd from /opt/nri/plugins instead.
+		if [ -e "$DROP_IN" ] && ! systemctl is-enabled --quiet "$UNIT" 2>/dev/null; then
+			cat >&2 <<MSG
+
+nri-gpu-guard: WARNING: $UNIT is not enabled, but $DROP_IN
+makes containerd refuse every container while the guard is not running.
+To start it (unless containerd launches the guard from /opt/nri/plugins):
+  systemctl enable --now nri-gpu-guard
+
+MSG
+		fi
 	fi
 	exit 0
 fi
 
-cat <<'MSG'
+if [ -e "$DROP_IN" ]; then
+	cat <<MSG
 
 nri-gpu-guard is installed but not running yet. Next step:
 
-  1. make containerd (>= 2.2) read /etc/containerd/conf.d/nri-gpu-guard.toml:
+  1. make containerd (>= 2.2) read $DROP_IN:
      /etc/containerd/config.toml (version = 3) needs the line
          imports = ["/etc/containerd/conf.d/*.toml"]
      then:  systemctl restart containerd
      From then on containerd refuses containers while the guard is not running.
   2. start the guard:  systemctl enable --now nri-gpu-guard
 
+MSG
+else
+	cat <<MSG
+
+nri-gpu-guard is installed but not running yet. Next step:
+
+  start the guard:  systemctl enable --now nri-gpu-guard
+  Without the drop-in (not installed, see above) containerd does not refuse
+  containers while the guard is down (fail open).
+
+MSG
+fi
+cat <<'MSG'
 Configuration: /etc/nri-gpu-guard/config.toml (check it with
 `gpu-guard-ctl check-config`). Guide: /usr/share/doc/nri-gpu-guard/install.md
 

@@ -27,10 +27,23 @@ case "$1" in
 		# poststop"): with the ledger gone they only cost reads.
 		rm -rf /run/nri-gpu-guard/hook-containers
 		rmdir /etc/nri-gpu-guard 2>/dev/null || true
+		# The containerd drop-in, which postinstall installed (no package
+		# file: it is installed only for containerd >= 2.2). The running
+		# containerd keeps the requirement until it restarts.
+		if [ -e "$DROP_IN" ] || [ -L "$DROP_IN" ]; then
+			rm -f "$DROP_IN"
+			cat >&2 <<'MSG'
+
+nri-gpu-guard: purged, with the containerd drop-in. containerd keeps refusing
+containers until it is restarted: systemctl restart containerd
+
+MSG
+		fi
 		;;
 	remove | 0)
-		# A removed .deb keeps its conffiles, and a locally edited one of an
-		# .rpm survives as .rpmsave. If the drop-in is still in place, the
+		# A removed .deb keeps the drop-in (until purge), and an erased .rpm
+		# an edited one (preremove removed an unedited one). If the drop-in
+		# is still in place, the
 		# next containerd restart would refuse EVERY container, because the
 		# plugin it requires is gone. Say so, with the fix.
 		if [ -e "$DROP_IN" ]; then
@@ -39,7 +52,7 @@ case "$1" in
 nri-gpu-guard: WARNING: $DROP_IN is still in place.
 It makes containerd refuse every container while the gpu-guard plugin is
 absent. Remove it before containerd next restarts:
-  dpkg --purge nri-gpu-guard   (Debian/Ubuntu; or: rm $DROP_IN)
+  dpkg --purge nri-gpu-guard   (Debian/Ubuntu), or: rm $DROP_IN
   systemctl restart containerd
 The running containerd keeps refusing containers until it is restarted
 without the drop-in.

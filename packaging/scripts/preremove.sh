@@ -1,14 +1,23 @@
 #!/bin/sh
 # preremove for the nri-gpu-guard .deb (prerm) and .rpm (%preun).
 #
-# On removal (not on upgrade) stop and disable the service. containerd is not
-# touched.
+# On removal (not on upgrade) stop and disable the service, and record that it
+# was enabled so that a reinstall (a Debian reinstall from the config-files
+# state is not a first install) enables it again: the drop-in stays, and with
+# it containerd's refusal of every container while the guard is down.
+# containerd is not touched. On rpm erase the containerd drop-in goes too when
+# it is still the shipped one (rpm has no purge; an edited one stays, and
+# postremove warns about it).
 #
 # Arguments: deb "remove" | "upgrade <new-version>" | "deconfigure" | ...;
 # rpm "0" on erase, "1" or more on upgrade.
 set -e
 
 UNIT=nri-gpu-guard.service
+STATE_DIR=/var/lib/nri-gpu-guard
+WAS_ENABLED=$STATE_DIR/package-removed-enabled-service
+DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
+DROP_IN_EXAMPLE=/usr/share/nri-gpu-guard/containerd-nri-gpu-guard.toml
 
 case "$1" in
 	remove | 0) ;;
@@ -16,6 +25,13 @@ case "$1" in
 esac
 
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+	if systemctl is-enabled --quiet "$UNIT" 2>/dev/null && [ -d "$STATE_DIR" ] && [ ! -L "$STATE_DIR" ]; then
+		: >"$WAS_ENABLED" || true
+	fi
 	systemctl disable --now "$UNIT" >/dev/null 2>&1 || true
+fi
+
+if [ "$1" = 0 ] && [ -f "$DROP_IN" ] && [ ! -L "$DROP_IN" ] && cmp -s "$DROP_IN" "$DROP_IN_EXAMPLE"; then
+	rm -f "$DROP_IN"
 fi
 exit 0
