@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"path/filepath"
 	"runtime"
 	"strings"
 
@@ -90,8 +91,10 @@ func (a *app) checkConfig(name string) error {
 	if v.Valid {
 		// The ledger's parent chain as this host has it: the daemon, the
 		// hook and ctl refuse to open a ledger below a directory someone
-		// else could rename or replace, so check-config says so first.
-		if err := ledger.CheckDirChain(v.cfg.Ledger.Dir); err != nil {
+		// else could rename or replace, so check-config says so first. The
+		// daemon, the hook and ctl clean the configured path before opening
+		// it ("/var/lib/nri-gpu-guard/" is fine), so this check does too.
+		if err := ledger.CheckDirChain(filepath.Clean(v.cfg.Ledger.Dir)); err != nil {
 			v.Valid = false
 			v.Errors = append(v.Errors, fmt.Sprintf("ledger.dir: %v", err))
 		}

@@ -40,6 +40,11 @@ func TestCheckConfigChecksLedgerDirChain(t *testing.T) {
 		want      []string
 	}{
 		{"safe chain, dir not created yet", filepath.Join(safe, "state"), ExitOK, []string{"valid"}},
+		// The daemon cleans the path; check-config must accept what it accepts.
+		{"trailing slash, dir not created yet", filepath.Join(safe, "state") + "/", ExitOK, []string{"valid"}},
+		{"trailing slash, existing dir", safe + "/", ExitOK, []string{"valid"}},
+		{"trailing slash below a symlink", filepath.Join(link, "state") + "/", ExitError,
+			[]string{"invalid (1 problem(s))", "ledger.dir:", link, "is a symlink; configure the real path"}},
 		{"world-writable parent", filepath.Join(open, "state"), ExitError,
 			[]string{"invalid (1 problem(s))", "ledger.dir:", open, "writable by group or others without the sticky bit", "chmod go-w"}},
 		{"symlink on the path", filepath.Join(link, "state"), ExitError,
