@@ -41,6 +41,13 @@ MSG
 		fi
 		;;
 	remove | 0)
+		# rpm has no purge: an operator deletes the ledger directory by hand
+		# (install.md). Once it is gone, its per-boot marker must go too, or
+		# a reinstall in this boot would refuse every GPU container as a
+		# ledger that vanished. Only then: a kept ledger needs its marker.
+		if [ "$1" = 0 ] && [ ! -e "$STATE_DIR" ] && [ ! -L "$STATE_DIR" ] && command -v sha256sum >/dev/null 2>&1; then
+			rm -f "/run/nri-gpu-guard/ledger-$(printf %s "$STATE_DIR" | sha256sum | cut -c1-24).marker"
+		fi
 		# A removed .deb keeps the drop-in (until purge), and an erased .rpm
 		# an edited one (preremove removed an unedited one). If the drop-in
 		# is still in place, the
