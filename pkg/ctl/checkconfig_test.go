@@ -39,7 +39,9 @@ func TestCheckConfigChecksLedgerDirChain(t *testing.T) {
 		code      int
 		want      []string
 	}{
-		{"safe chain, dir not created yet", filepath.Join(safe, "state"), ExitOK, []string{"valid"}},
+		{"safe chain, dir not created yet", filepath.Join(safe, "state"), ExitOK, []string{"valid",
+			"ledger.dir: " + filepath.Join(safe, "state") + " is not /var/lib/nri-gpu-guard", "systemctl edit nri-gpu-guard",
+			"ReadWritePaths=" + filepath.Join(safe, "state")}},
 		// The daemon cleans the path; check-config must accept what it accepts.
 		{"trailing slash, dir not created yet", filepath.Join(safe, "state") + "/", ExitOK, []string{"valid"}},
 		{"trailing slash, existing dir", safe + "/", ExitOK, []string{"valid"}},
