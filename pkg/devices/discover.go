@@ -93,7 +93,7 @@ func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) 
 	if empty != nil {
 		if n, addrs := unboundNvidiaGPUs(root); n > 0 {
 			notes = append(notes, fmt.Sprintf("%d NVIDIA GPU(s) on the PCI bus are not listed (%s): is the NVIDIA driver loaded? "+
-				"Requests for every GPU are refused until nri-gpu-guard is restarted with the driver up", n, strings.Join(addrs, ", ")))
+				"Requests for every GPU are refused until the inventory lists them: the nri-gpu-guard daemon retries the discovery by itself once the driver is up", n, strings.Join(addrs, ", ")))
 			next := *empty
 			next.UnlistedGPUs = n
 			empty, _ = newInventory(next) // an empty inventory with a count: valid

@@ -166,11 +166,12 @@ func (g *Guard) UncordonDevice(ctx context.Context, uuid, by string) (bool, erro
 
 // lookup finds a device of the inventory by UUID.
 func (g *Guard) lookup(uuid string) (devices.Device, error) {
-	if d, ok := g.inv.Lookup(uuid); ok {
+	inv := g.Inventory()
+	if d, ok := inv.Lookup(uuid); ok {
 		return d, nil
 	}
 	return devices.Device{}, fmt.Errorf("no GPU or MIG instance with UUID %q on this host (GPUs here: %s): %w",
-		uuid, inventoryText(g.inv), ledger.ErrNotFound)
+		uuid, inventoryText(inv), ledger.ErrNotFound)
 }
 
 // Draining lists the claims kept draining (release_requires_idle).
@@ -257,7 +258,7 @@ func (g *Guard) CordonRefusal(tx *ledger.Tx, key string, res []devices.Resolved,
 }
 
 func (g *Guard) cordonMessage(tx *ledger.Tx, key string, cordoned []ledger.CordonedDevice, now time.Time) string {
-	return cordonText(cordoned, now) + " " + freeText(freeGPUs(tx.State(), g.inv, key))
+	return cordonText(cordoned, now) + " " + freeText(freeGPUs(tx.State(), g.Inventory(), key))
 }
 
 // cordonText says which devices are cordoned, by whom, since when and why,

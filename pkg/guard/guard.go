@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -24,8 +25,8 @@ import (
 type Options struct {
 	// Config supplies the policies ([policy]).
 	Config config.Config
-	// Inventory is the host's GPUs, loaded once; decisions never enumerate
-	// devices themselves.
+	// Inventory is the host's GPUs, loaded once (the daemon may replace it
+	// with SetInventory); decisions never enumerate devices themselves.
 	Inventory *devices.Inventory
 	// Ledger is the host ledger the decisions are recorded in.
 	Ledger *ledger.Ledger
@@ -45,15 +46,17 @@ type Options struct {
 // containers' lifecycle. It is safe for concurrent use: all shared state is in
 // the ledger, under its lock.
 type Guard struct {
-	cfg      config.Config
-	policy   config.PolicyConfig
-	inv      *devices.Inventory
-	resolver *devices.Resolver
-	ledger   *ledger.Ledger
-	live     Liveness
-	now      func() time.Time
-	log      *slog.Logger
-	obs      Observer
+	cfg    config.Config
+	policy config.PolicyConfig
+	// view is the inventory decisions use and its resolver, swapped as one
+	// (SetInventory): a decision loads it once and uses that pair
+	// throughout, whatever a concurrent swap does.
+	view   atomic.Pointer[invView]
+	ledger *ledger.Ledger
+	live   Liveness
+	now    func() time.Time
+	log    *slog.Logger
+	obs    Observer
 	// observed: an Observer was given; without one (an OCI hook) Admit
 	// skips the copy of the state it would hand to StateChanged.
 	observed bool
@@ -69,16 +72,14 @@ func New(opts Options) (*Guard, error) {
 		return nil, errors.New("guard: no ledger")
 	}
 	g := &Guard{
-		cfg:      opts.Config,
-		policy:   opts.Config.Policy,
-		inv:      opts.Inventory,
-		resolver: devices.NewResolver(opts.Inventory, opts.Config.Policy),
-		ledger:   opts.Ledger,
-		live:     opts.Liveness,
-		now:      opts.Now,
-		log:      opts.Logger,
-		obs:      opts.Observer,
-		exempt:   map[string]bool{},
+		cfg:    opts.Config,
+		policy: opts.Config.Policy,
+		ledger: opts.Ledger,
+		live:   opts.Liveness,
+		now:    opts.Now,
+		log:    opts.Logger,
+		obs:    opts.Observer,
+		exempt: map[string]bool{},
 	}
 	if g.live == nil {
 		g.live = liveness.New("", "")
@@ -89,6 +90,7 @@ func New(opts Options) (*Guard, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
+	g.view.Store(&invView{inv: opts.Inventory, resolver: devices.NewResolver(opts.Inventory, opts.Config.Policy)})
 	g.observed = g.obs != nil
 	if g.obs == nil {
 		g.obs = nopObserver{}
@@ -102,8 +104,26 @@ func New(opts Options) (*Guard, error) {
 // Config returns the configuration the guard was built with.
 func (g *Guard) Config() config.Config { return g.cfg }
 
+// invView is an inventory and the resolver over it under the guard's policy.
+type invView struct {
+	inv      *devices.Inventory
+	resolver *devices.Resolver
+}
+
 // Inventory returns the GPU inventory the guard decides over.
-func (g *Guard) Inventory() *devices.Inventory { return g.inv }
+func (g *Guard) Inventory() *devices.Inventory { return g.view.Load().inv }
+
+// SetInventory replaces the inventory later decisions use. The daemon calls
+// it when discovery, retried after the guard started with an incomplete
+// inventory (the NVIDIA driver came up later), lists the host's GPUs. It is
+// safe with concurrent decisions: each uses the inventory it started with.
+func (g *Guard) SetInventory(inv *devices.Inventory) error {
+	if inv == nil {
+		return errors.New("guard: no GPU inventory")
+	}
+	g.view.Store(&invView{inv: inv, resolver: devices.NewResolver(inv, g.policy)})
+	return nil
+}
 
 // Ledger returns the ledger the guard records in.
 func (g *Guard) Ledger() *ledger.Ledger { return g.ledger }
@@ -129,7 +149,7 @@ func (g *Guard) Releasable(o ledger.Owner) Verdict {
 // Resolve turns a container description into the devices it reaches under the
 // guard's policies, without touching the ledger.
 func (g *Guard) Resolve(spec devices.Request) (devices.Resolution, error) {
-	return g.resolver.Resolve(spec)
+	return g.view.Load().resolver.Resolve(spec)
 }
 
 // Admit decides and records (claim or enqueue). A non-nil error means the
@@ -263,7 +283,8 @@ const reasonExempt = ReasonExempt
 // exempt namespaces (which Admit audits) and requests the policies refuse.
 // done is false when the ledger must be consulted for res.
 func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision, res devices.Resolution, done bool) {
-	res, err := g.resolver.Resolve(spec)
+	v := g.view.Load()
+	res, err := v.resolver.Resolve(spec)
 	if g.exempts(owner) && (err != nil || len(res.Devices) > 0 || res.All) {
 		// Exempt requests skip every check, the policies' included; only a
 		// request that reaches no GPU at all is not an exemption.
@@ -276,14 +297,15 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 	}
 	if err != nil {
 		return Decision{Result: Reject, Reason: reasonFor(err), Devices: res.Devices,
-			Message: policyText(err, g.policy, g.inv)}, res, true
+			Message: policyText(err, g.policy, v.inv)}, res, true
 	}
-	if len(res.Devices) == 0 && res.All && g.inv.UnlistedGPUs > 0 {
+	if len(res.Devices) == 0 && res.All && v.inv.UnlistedGPUs > 0 {
 		// "all" over an inventory that lists none of the host's GPUs: it
 		// reaches every GPU there is, and which they are is not known.
 		return Decision{Result: Reject, Reason: "inventory-incomplete",
 			Message: fmt.Sprintf("GPU request refused: the container asks for every GPU, but the GPU inventory lists none while %d NVIDIA GPU(s) are on the PCI bus "+
-				"(the driver was not loaded when the guard started?); restart nri-gpu-guard once nvidia-smi works, and see gpu-guard-ctl devices", g.inv.UnlistedGPUs)}, res, true
+				"(the driver was not loaded when the guard started?); nri-gpu-guard retries the discovery by itself and admits such requests once it lists the GPUs "+
+				"(a minute at most after nvidia-smi works); see gpu-guard-ctl devices", v.inv.UnlistedGPUs)}, res, true
 	}
 	if len(res.Devices) == 0 {
 		msg := "no GPU requested"
@@ -469,7 +491,7 @@ func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledg
 			FrontEnd: string(owner.FrontEnd), Reason: "on_conflict=reject: " + strings.Join(busyAttrs(d.Busy), "; "),
 		})
 	}
-	text.free = freeGPUs(tx.State(), g.inv, key)
+	text.free = freeGPUs(tx.State(), g.Inventory(), key)
 	d.Message = text.String()
 }
 
@@ -812,6 +834,7 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 	}
 	entries := make([]entry, 0, len(live))
 	var lenient *devices.Resolver // built on the first request that fails
+	v := g.view.Load()
 	for _, r := range live {
 		// The containers are the runtime's own list for front end fe;
 		// that front end decides how far their identity is trusted.
@@ -824,10 +847,10 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 		if g.exempts(o) {
 			continue
 		}
-		res, err := g.resolver.Resolve(r.Spec)
+		res, err := v.resolver.Resolve(r.Spec)
 		if err != nil {
 			if lenient == nil {
-				lenient = devices.NewResolver(g.inv, reachablePolicy(g.policy))
+				lenient = devices.NewResolver(v.inv, reachablePolicy(g.policy))
 			}
 			res, _ = lenient.Resolve(r.Spec) // nothing when even that fails
 			g.log.Warn("reconcile: container request does not resolve; its claims are kept, and what it still reaches is not free",
