@@ -88,6 +88,12 @@ type Loaded struct {
 	// CacheWriteErr is set when the daemon could not write the cache. It is
 	// not fatal to the daemon (the hooks then discover themselves).
 	CacheWriteErr error
+	// CacheKept is set when the daemon's discovery listed no GPU while the
+	// PCI bus shows NVIDIA GPUs (Inventory.UnlistedGPUs > 0: the driver is
+	// not up yet) and the cache, which lists GPUs, was left as it was
+	// rather than overwritten with the empty result. The daemon still
+	// decides with the empty inventory (see LoadInventory).
+	CacheKept bool
 }
 
 // LoadInventory loads the GPU inventory in the one order every program
@@ -99,7 +105,10 @@ type Loaded struct {
 //  2. RoleDaemon and RoleRefresh discover per devices.source (NVML,
 //     /proc/driver/nvidia, the static list; see Discover) and write the
 //     cache. When discovery fails, the daemon falls back to the cache; a
-//     refresh fails.
+//     refresh fails. When the daemon's discovery lists no GPU while the PCI
+//     bus shows NVIDIA GPUs (the driver is not up yet), it decides with
+//     that empty inventory but does not overwrite a cache that lists GPUs
+//     (Loaded.CacheKept); it retries the discovery itself (pkg/daemon).
 //  3. RoleHook and RoleReader read the cache the daemon wrote. A cache that
 //     is missing, untrusted (not a root-owned regular file, or writable by
 //     group or others) or unusable is skipped, and the inventory is
@@ -137,6 +146,18 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 		inv, discErr := Discover(cfg, opts.NVML)
 		if discErr == nil {
 			out.Inventory, out.Origin = inv, OriginDiscovery
+			if opts.Role == RoleDaemon && len(inv.GPUs) == 0 && inv.UnlistedGPUs > 0 && cacheListsGPUs(out.CachePath) {
+				// The driver is not up yet (a GPU Operator's driver
+				// container starts after the guard): keep the cache
+				// of the GPUs the bus shows rather than destroy it.
+				// The daemon does not decide with it: after a
+				// hardware change its UUIDs and minors could be
+				// another host's, so it refuses GPU requests until
+				// its own discovery, retried in the background,
+				// lists the GPUs and rewrites the cache.
+				out.CacheKept = true
+				return out, nil
+			}
 			out.save(opts.Role)
 			return out, out.fatalWrite(opts.Role)
 		}
@@ -180,6 +201,13 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 	}
 	out.Inventory, out.Origin = inv, OriginDiscovery
 	return out, nil
+}
+
+// cacheListsGPUs reports whether path holds a trusted, usable cache that
+// lists at least one GPU.
+func cacheListsGPUs(path string) bool {
+	inv, _, err := loadCache(path)
+	return err == nil && len(inv.GPUs) > 0
 }
 
 // save writes the cache and records its time, or the error.
