@@ -122,6 +122,15 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	}
 	defer watchDone.Wait()
 	defer cancel() // before the wait: the watch stops with the plugin
+	// An inventory that lists no GPU (the NVIDIA driver came up after the
+	// daemon, as a GPU Operator's driver container does) is discovered
+	// again in the background and swapped into the guards; the observer
+	// then restarts over the GPUs it lists.
+	var rediscoverDone sync.WaitGroup
+	rediscoverDone.Add(1)
+	go func() { defer rediscoverDone.Done(); b.Rediscover(ctx, watch.Use) }()
+	defer rediscoverDone.Wait()
+	defer cancel() // before the wait
 	var serveOnce sync.Once
 	var metricsDone sync.WaitGroup
 	defer metricsDone.Wait()

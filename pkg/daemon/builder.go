@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"sync"
@@ -34,13 +35,36 @@ type Builder struct {
 	// Now is the ledger's and the guard's clock; nil = time.Now (tests
 	// inject one).
 	Now func() time.Time
+	// NVML is the NVML inventory source; nil = nvmlloader.New(nil) (tests
+	// inject one).
+	NVML devices.Loader
+	// After is the timer Rediscover waits on between attempts; nil =
+	// time.NewTimer (tests inject one).
+	After func(time.Duration) <-chan time.Time
 
 	mu     sync.Mutex
 	invKey *inventoryKey
 	inv    *devices.Inventory
 	ledKey ledgerKey
 	ledger *ledger.Ledger
+	// invCfg is the configuration inv was loaded with.
+	invCfg config.Config
+	// incomplete: inv lists no GPU, or is the cache a failed discovery fell
+	// back to; Rediscover retries the discovery until it lists the GPUs.
+	// atStart says what inv was (for the log line of the swap); guards are
+	// the guards built over inv since, which the swap updates.
+	incomplete bool
+	atStart    string
+	guards     []*guard.Guard
+	// wake tells Rediscover that a Setup loaded an incomplete inventory.
+	wake chan struct{}
 }
+
+// Bounds of the wait between two discoveries of an incomplete inventory.
+const (
+	rediscoverFirst = 5 * time.Second
+	rediscoverMax   = time.Minute
+)
 
 // inventoryKey is what an inventory was loaded with: the [devices] section
 // and the state directory its cache lives in.
@@ -96,7 +120,7 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 
 	if b.invKey == nil || !reflect.DeepEqual(*b.invKey, invKeyOf(cfg)) {
 		loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{
-			Role: devices.RoleDaemon, StateDir: cfg.Ledger.Dir, NVML: nvmlloader.New(nil),
+			Role: devices.RoleDaemon, StateDir: cfg.Ledger.Dir, NVML: b.nvml(),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("load the GPU inventory: %w", err)
@@ -117,9 +141,21 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 		}
 		log.Info("GPU inventory loaded", "source", loaded.Inventory.Source, "origin", string(loaded.Origin),
 			"gpus", len(loaded.Inventory.GPUs))
+		b.invCfg, b.guards = cfg, nil
+		b.incomplete, b.atStart = incomplete(cfg, loaded)
+		if loaded.CacheKept {
+			log.Warn("GPU discovery lists no GPU while the PCI bus shows NVIDIA GPUs (driver not up yet?): "+
+				"the inventory cache that lists GPUs is kept, but not decided with (it may predate a hardware change)",
+				"unlisted", loaded.Inventory.UnlistedGPUs, "cache", loaded.CachePath)
+		}
+		if b.incomplete {
+			log.Warn("GPU inventory incomplete; requests for GPUs it does not list are refused, and the discovery is retried in the background until it lists them",
+				"inventory", b.atStart, "source", cfg.Devices.Source)
+			b.signal()
+		}
 	}
 
-	return guard.New(guard.Options{
+	g, err := guard.New(guard.Options{
 		Config:    cfg,
 		Inventory: b.inv,
 		Ledger:    b.ledger,
@@ -128,4 +164,140 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 		Logger:    log,
 		Observer:  b.Observer,
 	})
+	if err == nil && b.incomplete {
+		b.guards = append(b.guards, g)
+	}
+	return g, err
+}
+
+func (b *Builder) nvml() devices.Loader {
+	if b.NVML != nil {
+		return b.NVML
+	}
+	return nvmlloader.New(nil)
+}
+
+// incomplete reports whether the daemon should keep discovering for an
+// inventory it loaded, and what that inventory was. A static inventory is
+// the configuration's, complete by definition. An empty one is the common
+// case of a GPU Operator node, whose driver container starts after the
+// guard; the cache a failed discovery fell back to may predate a hardware
+// change. Either way, live discovery replaces it once it lists GPUs.
+func incomplete(cfg config.Config, l devices.Loaded) (bool, string) {
+	if cfg.Devices.Source == config.SourceStatic {
+		return false, ""
+	}
+	switch {
+	case l.Origin == devices.OriginCache:
+		return true, fmt.Sprintf("the cache of %d GPU(s) (discovery failed)", len(l.Inventory.GPUs))
+	case len(l.Inventory.GPUs) > 0:
+		return false, ""
+	case l.Inventory.UnlistedGPUs > 0:
+		return true, fmt.Sprintf("empty, missing %d NVIDIA GPU(s) on the PCI bus", l.Inventory.UnlistedGPUs)
+	}
+	return true, "empty"
+}
+
+// signal wakes Rediscover; b.mu is held.
+func (b *Builder) signal() {
+	if b.wake == nil {
+		b.wake = make(chan struct{}, 1)
+	}
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (b *Builder) wakeChan() <-chan struct{} {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.wake == nil {
+		b.wake = make(chan struct{}, 1)
+	}
+	return b.wake
+}
+
+// Rediscover runs until ctx is done. While the inventory the guards decide
+// with is incomplete (see incomplete: no GPU listed, typically because the
+// NVIDIA driver came up after the daemon), it discovers again after 5s,
+// then after twice the previous wait, up to a minute. Once discovery lists
+// GPUs it writes the inventory cache the OCI hooks read, swaps the
+// inventory of every guard built over the incomplete one
+// (guard.SetInventory: safe with admissions in flight) and calls swapped
+// with the latest of them (the daemon hands it to the observer, whose key
+// changed). Without this, such a daemon refused every GPU request until
+// someone restarted it. It never decides with a cache that a discovery
+// listing nothing left in place (see devices.Loaded.CacheKept).
+func (b *Builder) Rediscover(ctx context.Context, swapped func(*guard.Guard)) {
+	wake := b.wakeChan()
+	after := b.After
+	if after == nil {
+		after = func(d time.Duration) <-chan time.Time { return time.NewTimer(d).C }
+	}
+	wait := rediscoverFirst
+	for {
+		b.mu.Lock()
+		need := b.incomplete
+		b.mu.Unlock()
+		if !need {
+			wait = rediscoverFirst
+			select {
+			case <-ctx.Done():
+				return
+			case <-wake:
+			}
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-after(wait):
+		}
+		wait = min(wait*2, rediscoverMax)
+		if g := b.rediscoverOnce(); g != nil && swapped != nil {
+			swapped(g)
+		}
+	}
+}
+
+// rediscoverOnce discovers the GPUs once (outside b.mu: NVML enumeration
+// takes a while) and, when the result lists GPUs and the inventory it
+// replaces is still the incomplete one, writes the cache and swaps it in.
+// It returns the latest guard it updated, nil when nothing was swapped.
+func (b *Builder) rediscoverOnce() *guard.Guard {
+	b.mu.Lock()
+	cfg, old, atStart := b.invCfg, b.inv, b.atStart
+	b.mu.Unlock()
+	log := b.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	inv, err := devices.Discover(cfg.Devices, b.nvml())
+	if err != nil || len(inv.GPUs) == 0 {
+		log.Debug("GPU inventory still incomplete; discovery is retried", "error", err)
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.incomplete || b.inv != old {
+		return nil // a Setup loaded another inventory meanwhile
+	}
+	cachePath := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
+	if err := devices.SaveCache(cachePath, inv); err != nil {
+		// As in Setup: the hooks discover themselves; the next Setup
+		// loads and writes again.
+		log.Warn("could not write the inventory cache for the OCI hooks", "path", cachePath, "error", err)
+		b.invKey = nil
+	}
+	var latest *guard.Guard
+	for _, g := range b.guards {
+		if err := g.SetInventory(inv); err == nil {
+			latest = g
+		}
+	}
+	b.inv, b.incomplete, b.guards = inv, false, nil
+	log.Info(fmt.Sprintf("GPU inventory now lists %d GPUs (source %s); was %s at start", len(inv.GPUs), inv.Source, atStart),
+		"gpus", len(inv.GPUs), "source", inv.Source, "was", atStart)
+	return latest
 }

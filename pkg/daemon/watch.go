@@ -248,8 +248,12 @@ func (w *Watch) Run(ctx context.Context) {
 		}
 		stop()
 		stop = func() {}
+		prev := key
 		key = &k
-		if !opened {
+		// NVML that failed to open is tried again once the inventory
+		// lists GPUs at last (the driver came up after the daemon, see
+		// Builder.Rediscover): the driver may be there to open now.
+		if !opened || (src == nil && prev != nil && len(prev.gpus) == 0 && len(k.gpus) > 0) {
 			opened = true
 			open := w.OpenNVML
 			if open == nil {
