@@ -3,7 +3,7 @@
 
 // Package daemon builds what the NRI daemon decides with, from a
 // configuration: the ledger, the GPU inventory (discovered once, NVML
-// included, and written to the cache the OCI hooks and gpu-guard-ctl read) and the guard
+// included, again in the background while it lists no GPU, and written to the cache the OCI hooks and gpu-guard-ctl read) and the guard
 // over both. Builder.Setup is the nriplugin.SetupFunc the daemon hands to the
 // NRI adapter; cmd/nri-gpu-guard wires it together with the metrics
 // endpoint and the Watch.
@@ -23,6 +23,14 @@
 //     otherwise discover, write the cache, and fall back to a trusted cache
 //     (with a warning) when discovery fails. With neither, Setup fails and
 //     the daemon refuses to start rather than decide without an inventory.
+//   - An inventory that lists no GPU (the NVIDIA driver came up after the
+//     daemon, as a GPU Operator's driver container does) or that is the
+//     cache a failed discovery fell back to is discovered again by
+//     Builder.Rediscover (5s doubling to 1 min) until discovery lists GPUs;
+//     then the cache is rewritten and the inventory swapped into every guard
+//     built over the old one (guard.SetInventory), without a restart. While
+//     the PCI bus shows NVIDIA GPUs discovery does not list, a cache that
+//     lists GPUs is kept, not overwritten, and not decided with.
 //   - A Setup with an unchanged [devices] section and state directory reuses
 //     the ledger and the inventory: a reconnect (which calls Configure again)
 //     costs no NVML enumeration.
