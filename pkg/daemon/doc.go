@@ -3,8 +3,8 @@
 
 // Package daemon builds what the NRI daemon decides with, from a
 // configuration: the ledger, the GPU inventory (discovered once, NVML
-// included, again in the background while it lists no GPU, and written to the cache the OCI hooks and gpu-guard-ctl read) and the guard
-// over both. Builder.Setup is the nriplugin.SetupFunc the daemon hands to the
+// included, again in the background while it lists no GPU, and written to
+// the cache the OCI hooks and gpu-guard-ctl read) and the guard over both. Builder.Setup is the nriplugin.SetupFunc the daemon hands to the
 // NRI adapter; cmd/nri-gpu-guard wires it together with the metrics
 // endpoint and the Watch.
 //
