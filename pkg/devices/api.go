@@ -56,6 +56,13 @@ type Inventory struct {
 	// which GPUs "all" reaches, and a request for every GPU is refused
 	// rather than taken for one that reaches none (see guard).
 	UnlistedGPUs int `json:"unlisted_gpus,omitempty"`
+	// Undiscovered marks the empty inventory a daemon starts with when no
+	// discovery source works (the NVIDIA driver is not loaded yet) and no
+	// cache exists: which GPUs the host has is not known, so every GPU
+	// request is refused (see guard) until the daemon's own discovery,
+	// retried in the background, lists them. It is never written to the
+	// cache (SaveCache refuses it): the OCI hooks keep failing closed.
+	Undiscovered bool `json:"undiscovered,omitempty"`
 
 	// idx holds the lookup indexes built by NewInventory; nil for a zero
 	// Inventory, which then behaves as an empty one.

@@ -44,6 +44,11 @@ func SaveCache(path string, inv *Inventory) (err error) {
 	if inv == nil || inv.idx == nil {
 		return errors.New("save inventory cache: the inventory was not built by NewInventory")
 	}
+	if inv.Undiscovered {
+		// It says nothing about the host's GPUs: written, it would read as
+		// a host without GPUs to the hooks, which fail closed without it.
+		return errors.New("save inventory cache: the inventory is undiscovered (no discovery source works)")
+	}
 	data, err := json.MarshalIndent(cacheDoc{Version: cacheVersion, Inventory: inv}, "", "  ")
 	if err != nil {
 		return fmt.Errorf("save inventory cache: %w", err)

@@ -76,3 +76,15 @@ func TestCacheFailures(t *testing.T) {
 	require.Error(t, SaveCache(filepath.Join(dir, "x.json"), &Inventory{Source: "nvml"}), "an unbuilt inventory is not saved")
 	require.Error(t, SaveCache(filepath.Join(dir, "nodir", "x.json"), testInventory(t)))
 }
+
+// An undiscovered inventory (the daemon's when no source works and no cache
+// exists) is never written: the hooks would read it as a host without GPUs.
+func TestSaveCacheRefusesUndiscovered(t *testing.T) {
+	inv, err := newInventory(Inventory{Source: "none", Undiscovered: true})
+	require.NoError(t, err)
+	path := filepath.Join(t.TempDir(), CacheFile)
+	require.Error(t, SaveCache(path, inv))
+	assert.NoFileExists(t, path)
+	_, err = newInventory(Inventory{Source: "nvml", Undiscovered: true, GPUs: []GPU{{Index: 0, UUID: "GPU-00000000-0000-4000-8000-000000000000"}}})
+	require.ErrorIs(t, err, ErrInvalidInventory)
+}

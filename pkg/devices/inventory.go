@@ -80,12 +80,16 @@ func newInventory(in Inventory) (*Inventory, error) {
 		CapsMajor:    in.CapsMajor,
 		MIGCaps:      append([]MIGCap(nil), in.MIGCaps...),
 		UnlistedGPUs: in.UnlistedGPUs,
+		Undiscovered: in.Undiscovered,
 	}
 	if strings.TrimSpace(inv.Source) == "" {
 		return nil, fmt.Errorf("%w: no source named", ErrInvalidInventory)
 	}
 	if inv.UnlistedGPUs < 0 || (inv.UnlistedGPUs > 0 && len(inv.GPUs) > 0) {
 		return nil, fmt.Errorf("%w: %d unlisted GPUs next to %d listed ones", ErrInvalidInventory, inv.UnlistedGPUs, len(inv.GPUs))
+	}
+	if inv.Undiscovered && (len(inv.GPUs) > 0 || inv.UnlistedGPUs > 0) {
+		return nil, fmt.Errorf("%w: an undiscovered inventory lists %d GPUs (%d unlisted)", ErrInvalidInventory, len(inv.GPUs), inv.UnlistedGPUs)
 	}
 	if inv.CapsMajor < 0 {
 		return nil, fmt.Errorf("%w: negative nvidia-caps major %d", ErrInvalidInventory, inv.CapsMajor)

@@ -58,6 +58,10 @@ const (
 	OriginDiscovery Origin = "discovery"
 	// OriginCache is an inventory read from the cache file (CacheFile).
 	OriginCache Origin = "cache"
+	// OriginNone is the daemon's empty, undiscovered inventory
+	// (Inventory.Undiscovered): discovery failed and there is no usable
+	// cache to fall back to.
+	OriginNone Origin = "none"
 )
 
 // LoadOptions says who loads the inventory and where the cache lives.
@@ -105,7 +109,12 @@ type Loaded struct {
 //  2. RoleDaemon and RoleRefresh discover per devices.source (NVML,
 //     /proc/driver/nvidia, the static list; see Discover) and write the
 //     cache. When discovery fails, the daemon falls back to the cache; a
-//     refresh fails. When the daemon's discovery lists no GPU while the PCI
+//     refresh fails. When discovery fails and there is no usable cache
+//     either (the first boot of a node whose NVIDIA driver is not loaded
+//     yet), the daemon gets an empty inventory marked Undiscovered
+//     (OriginNone) and writes no cache: it refuses every GPU request and
+//     retries the discovery itself, rather than refuse to start and leave
+//     containerd refusing every pod, the driver's included. When the daemon's discovery lists no GPU while the PCI
 //     bus shows NVIDIA GPUs (the driver is not up yet), it decides with
 //     that empty inventory but does not overwrite a cache that lists GPUs
 //     (Loaded.CacheKept); it retries the discovery itself (pkg/daemon).
@@ -165,6 +174,23 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 			return out, fmt.Errorf("discover GPUs (devices.source = %q): %w", cfg.Source, discErr)
 		}
 		inv, at, cacheErr := loadCache(out.CachePath)
+		if cacheErr != nil && opts.Role == RoleDaemon && discovers(cfg.Source) {
+			// No source works (the driver is not loaded yet: a GPU
+			// Operator installs it from a pod, which containerd starts
+			// only once the guard is registered) and no cache says what
+			// the GPUs are. Start over nothing known, refusing every GPU
+			// request, and let the daemon discover again. The cache is
+			// not written: the hooks keep failing closed without it.
+			none, err := newInventory(Inventory{Source: "none", Undiscovered: true,
+				Notes: []string{fmt.Sprintf("discovery (devices.source = %q): %v", cfg.Source, discErr)}})
+			if err != nil {
+				return out, err
+			}
+			out.Inventory, out.Origin = none, OriginNone
+			out.Skipped = append(out.Skipped, fmt.Errorf("discovery (devices.source = %q): %w", cfg.Source, discErr),
+				fmt.Errorf("cache: %w", cacheErr))
+			return out, nil
+		}
 		if cacheErr != nil {
 			return out, fmt.Errorf("no GPU inventory: discovery (devices.source = %q): %w; cache: %w "+
 				"(check the NVIDIA driver, or set devices.source = \"static\" with [[devices.static]])",
@@ -201,6 +227,16 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 	}
 	out.Inventory, out.Origin = inv, OriginDiscovery
 	return out, nil
+}
+
+// discovers reports whether source names a live discovery, which may work
+// later (not a misspelt source, which never will).
+func discovers(source config.Source) bool {
+	switch source {
+	case config.SourceAuto, "", config.SourceNVML, config.SourceProc:
+		return true
+	}
+	return false
 }
 
 // cacheListsGPUs reports whether path holds a trusted, usable cache that

@@ -108,6 +108,9 @@ const (
 	gotS   outcome = "S"
 	gotC   outcome = "C"
 	gotErr outcome = "err"
+	// gotNone: the daemon's empty, undiscovered inventory (OriginNone),
+	// the cache left as it was.
+	gotNone outcome = "none"
 )
 
 // TestLoadInventoryOrder runs every role × devices.source × cache state ×
@@ -130,10 +133,12 @@ func TestLoadInventoryOrder(t *testing.T) {
 		{RoleHook, config.SourceStatic, [4]outcome{gotS, gotS, gotS, gotS}, [4]outcome{gotErr, gotErr, gotErr, gotErr}},
 		{RoleReader, config.SourceStatic, [4]outcome{gotS, gotS, gotS, gotS}, [4]outcome{gotErr, gotErr, gotErr, gotErr}},
 
-		// The daemon discovers; only a trusted cache replaces a failed discovery.
-		{RoleDaemon, config.SourceAuto, [4]outcome{gotN, gotN, gotN, gotN}, [4]outcome{gotErr, gotC, gotErr, gotErr}},
-		{RoleDaemon, config.SourceNVML, [4]outcome{gotN, gotN, gotN, gotN}, [4]outcome{gotErr, gotC, gotErr, gotErr}},
-		{RoleDaemon, config.SourceProc, [4]outcome{gotP, gotP, gotP, gotP}, [4]outcome{gotErr, gotC, gotErr, gotErr}},
+		// The daemon discovers; only a trusted cache replaces a failed
+		// discovery; without one it starts over an undiscovered inventory
+		// (refusing every GPU request) and writes no cache.
+		{RoleDaemon, config.SourceAuto, [4]outcome{gotN, gotN, gotN, gotN}, [4]outcome{gotNone, gotC, gotNone, gotNone}},
+		{RoleDaemon, config.SourceNVML, [4]outcome{gotN, gotN, gotN, gotN}, [4]outcome{gotNone, gotC, gotNone, gotNone}},
+		{RoleDaemon, config.SourceProc, [4]outcome{gotP, gotP, gotP, gotP}, [4]outcome{gotNone, gotC, gotNone, gotNone}},
 
 		// A refresh discovers and never falls back.
 		{RoleRefresh, config.SourceAuto, [4]outcome{gotN, gotN, gotN, gotN}, [4]outcome{gotErr, gotErr, gotErr, gotErr}},
@@ -186,6 +191,14 @@ func TestLoadInventoryOrder(t *testing.T) {
 					}
 					require.NoError(t, err)
 					require.NotNil(t, got.Inventory)
+					if want == gotNone {
+						assert.Equal(t, OriginNone, got.Origin)
+						assert.True(t, got.Inventory.Undiscovered)
+						assert.Empty(t, got.Inventory.GPUs)
+						assert.NotEmpty(t, got.Skipped)
+						assert.Equal(t, before, snapshotCache(t, path), "no cache is written over nothing")
+						return
+					}
 					require.Len(t, got.Inventory.GPUs, 1)
 					assert.Equal(t, map[outcome]string{gotN: loadUUIDNVML, gotP: loadUUIDProc, gotS: loadUUIDStatic, gotC: loadUUIDCache}[want],
 						got.Inventory.GPUs[0].UUID)

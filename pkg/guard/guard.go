@@ -273,6 +273,11 @@ func (g *Guard) admit(ctx context.Context, r Request, mode admitMode) (Decision,
 	return d, nil
 }
 
+// ReasonInventoryIncomplete is the Decision.Reason of a GPU request refused
+// because the inventory does not list the host's GPUs yet (the driver was
+// not loaded when the daemon discovered them); the daemon retries.
+const ReasonInventoryIncomplete = "inventory-incomplete"
+
 // ReasonExempt is the Decision.Reason of an exempt request: a Skip that
 // lets the container reach its GPUs without a claim.
 const ReasonExempt = "exempt"
@@ -295,6 +300,16 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 		g.log.Info("namespace is in exempt_namespaces, but this front end cannot vouch for it; checked like any other",
 			ownerAttrs(owner, "")...)
 	}
+	if v.inv.Undiscovered && (res.All || len(res.Devices) > 0 || errors.Is(err, devices.ErrUnknownDevice) || namesUnknown(v.inv, g.policy, spec, err)) {
+		// No discovery source worked at start (the driver is not loaded
+		// yet) and no cache said what the GPUs are: every GPU is unknown,
+		// so every GPU request is refused, whatever names it; a request
+		// the policies refuse anyway keeps its own reason below.
+		return Decision{Result: Reject, Reason: ReasonInventoryIncomplete,
+			Message: "GPU request refused: the GPU inventory is not known yet (no discovery source worked when the guard started: " +
+				"is the NVIDIA driver loaded?); nri-gpu-guard retries the discovery by itself and admits GPU requests once it lists the GPUs " +
+				"(a minute at most after nvidia-smi works); see gpu-guard-ctl devices"}, res, true
+	}
 	if err != nil {
 		return Decision{Result: Reject, Reason: reasonFor(err), Devices: res.Devices,
 			Message: policyText(err, g.policy, v.inv)}, res, true
@@ -302,7 +317,7 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 	if len(res.Devices) == 0 && res.All && v.inv.UnlistedGPUs > 0 {
 		// "all" over an inventory that lists none of the host's GPUs: it
 		// reaches every GPU there is, and which they are is not known.
-		return Decision{Result: Reject, Reason: "inventory-incomplete",
+		return Decision{Result: Reject, Reason: ReasonInventoryIncomplete,
 			Message: fmt.Sprintf("GPU request refused: the container asks for every GPU, but the GPU inventory lists none while %d NVIDIA GPU(s) are on the PCI bus "+
 				"(the driver was not loaded when the guard started?); nri-gpu-guard retries the discovery by itself and admits such requests once it lists the GPUs "+
 				"(a minute at most after nvidia-smi works); see gpu-guard-ctl devices", v.inv.UnlistedGPUs)}, res, true
@@ -315,6 +330,20 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 		return Decision{Result: Skip, Reason: "no-gpu", Message: msg}, res, true
 	}
 	return Decision{}, res, false
+}
+
+// namesUnknown reports whether spec, which resolved to nothing (err nil)
+// under unknown_device = "ignore", names a GPU all the same: over an
+// inventory that lists nothing, every id is unknown, and ignoring them
+// would let a container naming GPU 0 pass unchecked (as Prescreen).
+func namesUnknown(inv *devices.Inventory, policy config.PolicyConfig, spec devices.Request, err error) bool {
+	if err != nil || policy.UnknownDevice == config.UnknownReject {
+		return false
+	}
+	strict := policy
+	strict.UnknownDevice = config.UnknownReject
+	_, serr := devices.NewResolver(inv, strict).Resolve(spec)
+	return errors.Is(serr, devices.ErrUnknownDevice)
 }
 
 // decide runs inside one ledger transaction: find what is busy, release
