@@ -126,6 +126,14 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 			return nil, fmt.Errorf("load the GPU inventory: %w", err)
 		}
 		for _, skipped := range loaded.Skipped {
+			if loaded.Origin == devices.OriginNone {
+				// Not fatal: refusing to start would leave containerd
+				// (required_plugins) refusing every pod, the GPU
+				// Operator's driver pod included.
+				log.Warn("GPU inventory unavailable and no cache: starting with none, refusing every GPU request until the discovery retried in the background lists the GPUs",
+					"source", cfg.Devices.Source, "error", skipped, "cache", loaded.CachePath)
+				continue
+			}
 			log.Warn("GPU inventory unavailable, using the cached one", "source", cfg.Devices.Source,
 				"error", skipped, "cache", loaded.CachePath, "gpus", len(loaded.Inventory.GPUs))
 		}
@@ -188,6 +196,8 @@ func incomplete(cfg config.Config, l devices.Loaded) (bool, string) {
 		return false, ""
 	}
 	switch {
+	case l.Inventory.Undiscovered:
+		return true, "none (no discovery source worked, no cache)"
 	case l.Origin == devices.OriginCache:
 		return true, fmt.Sprintf("the cache of %d GPU(s) (discovery failed)", len(l.Inventory.GPUs))
 	case len(l.Inventory.GPUs) > 0:

@@ -61,7 +61,9 @@ func TestSetupWritesCacheOnce(t *testing.T) {
 }
 
 // TestSetupFallsBackToTrustedCache: when discovery fails, the daemon starts
-// from a trusted cache, and refuses to start from an untrusted one.
+// from a trusted cache; without one (none, or an untrusted one) it starts
+// over an undiscovered inventory that refuses every GPU request, and writes
+// no cache.
 func TestSetupFallsBackToTrustedCache(t *testing.T) {
 	cfg := config.Default()
 	cfg.Ledger.Dir = t.TempDir()
@@ -69,19 +71,23 @@ func TestSetupFallsBackToTrustedCache(t *testing.T) {
 	cfg.Devices.ProcRoot = t.TempDir() // no /proc/driver/nvidia: discovery fails
 	cache := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
 
-	_, err := (&Builder{}).Setup(context.Background(), cfg)
-	require.Error(t, err, "neither discovery nor a cache: the daemon does not start")
-	assert.Contains(t, err.Error(), cache)
+	g, err := (&Builder{}).Setup(context.Background(), cfg)
+	require.NoError(t, err, "neither discovery nor a cache: the daemon starts all the same")
+	assert.True(t, g.Inventory().Undiscovered)
+	assert.NoFileExists(t, cache)
 
 	inv, err := devices.NewInventory("nvml", []devices.GPU{{Index: 0, UUID: uuidCached, Minor: 0}})
 	require.NoError(t, err)
 	require.NoError(t, devices.SaveCache(cache, inv))
-	g, err := (&Builder{}).Setup(context.Background(), cfg)
+	g, err = (&Builder{}).Setup(context.Background(), cfg)
 	require.NoError(t, err)
 	_, ok := g.Inventory().Lookup(uuidCached)
 	assert.True(t, ok)
 
 	require.NoError(t, os.Chmod(cache, 0o666))
-	_, err = (&Builder{}).Setup(context.Background(), cfg)
-	require.ErrorIs(t, err, devices.ErrUntrustedCache)
+	g, err = (&Builder{}).Setup(context.Background(), cfg)
+	require.NoError(t, err)
+	assert.True(t, g.Inventory().Undiscovered, "an untrusted cache is not decided with")
+	_, ok = g.Inventory().Lookup(uuidCached)
+	assert.False(t, ok)
 }

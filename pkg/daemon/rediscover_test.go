@@ -215,3 +215,78 @@ func TestRediscoverIdleWhenComplete(t *testing.T) {
 	cancel()
 	bounded(t, done, "Rediscover to stop")
 }
+
+// TestStartWithoutDriverOrCache: the first boot of a GPU Operator node. No
+// discovery source works (no NVML library, no /proc/driver/nvidia, no
+// static list) and no cache exists. The daemon starts all the same (else
+// containerd, whose drop-in requires the plugin, refuses every pod, the
+// driver's included), writes no cache, admits containers without GPU,
+// refuses every GPU request whatever names it, and admits them once the
+// driver is up and its discovery, retried in the background, lists GPUs.
+func TestStartWithoutDriverOrCache(t *testing.T) {
+	for _, unknown := range []config.UnknownDevice{config.UnknownReject, config.UnknownIgnore} {
+		t.Run(string(unknown), func(t *testing.T) {
+			cfg := config.Default()
+			cfg.Ledger.Dir = t.TempDir()
+			cfg.Devices.Source = config.SourceAuto
+			cfg.Devices.ProcRoot = t.TempDir() // no driver, no sysfs
+			cfg.Policy.UnknownDevice = unknown
+			cache := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
+			nvml, timer := &lateNVML{unavailable: true}, newManualTimer()
+			b := &Builder{NVML: nvml, After: timer.after}
+
+			g, err := b.Setup(context.Background(), cfg)
+			require.NoError(t, err, "the daemon starts without a driver or a cache")
+			assert.Empty(t, g.Inventory().GPUs)
+			assert.True(t, g.Inventory().Undiscovered)
+			assert.NoFileExists(t, cache, "no cache is written over nothing: the hooks keep failing closed")
+
+			ctx := context.Background()
+			d, err := g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI,
+				Owner: ledger.Owner{ContainerID: "plain", Namespace: "ml", Pod: "p", PodUID: "u-plain", Container: "c", FrontEnd: ledger.FrontEndNRI},
+				Spec: devices.Request{Env: []string{"PATH=/bin"}, Devices: []devices.LinuxDevice{
+					{Path: "/dev/nvidiactl", Type: "c", Major: 195, Minor: 255}}}})
+			require.NoError(t, err)
+			assert.Equal(t, guard.Skip, d.Result, "a container without GPU is admitted: %s", d.Message)
+
+			refused := map[string]guard.Request{
+				"id 0":        gpuRequest("r-id", "0"),
+				"uuid":        gpuRequest("r-uuid", uuidLate),
+				"all":         gpuRequest("r-all", "all"),
+				"device node": {FrontEnd: ledger.FrontEndNRI, Owner: gpuRequest("r-node", "void").Owner, Spec: devices.Request{Devices: []devices.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}}},
+				"cdi":         {FrontEnd: ledger.FrontEndNRI, Owner: gpuRequest("r-cdi", "void").Owner, Spec: devices.Request{CDIDevices: []string{"nvidia.com/gpu=0"}}},
+			}
+			for what, req := range refused {
+				d, err := g.Admit(ctx, req)
+				require.NoError(t, err, what)
+				assert.Equal(t, guard.Reject, d.Result, "%s: %s", what, d.Message)
+				assert.Equal(t, guard.ReasonInventoryIncomplete, d.Reason, what)
+				assert.Contains(t, d.Message, "retries the discovery by itself", what)
+			}
+
+			rctx, cancel := context.WithCancel(context.Background())
+			swapped := make(chan *guard.Guard, 1)
+			var done sync.WaitGroup
+			done.Add(1)
+			go func() { defer done.Done(); b.Rediscover(rctx, func(g *guard.Guard) { swapped <- g }) }()
+			defer func() { cancel(); done.Wait() }()
+
+			assert.Equal(t, 5*time.Second, bounded(t, timer.waits, "a wait"))
+			timer.fire <- time.Time{} // still no driver
+			assert.Equal(t, 10*time.Second, bounded(t, timer.waits, "a wait"))
+			assert.NoFileExists(t, cache)
+
+			nvml.up.Store(true)
+			timer.fire <- time.Time{}
+			assert.Same(t, g, bounded(t, swapped, "the swap"))
+			assert.False(t, g.Inventory().Undiscovered)
+			cached, err := devices.LoadCache(cache)
+			require.NoError(t, err)
+			assert.Equal(t, uuidLate, cached.GPUs[0].UUID, "the cache the hooks read is written")
+
+			d, err = g.Admit(ctx, gpuRequest("late", "0"))
+			require.NoError(t, err)
+			assert.Equal(t, guard.Admit, d.Result, d.Message)
+		})
+	}
+}
