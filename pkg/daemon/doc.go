@@ -21,8 +21,11 @@
 //   - The inventory is loaded by devices.LoadInventory as RoleDaemon, the
 //     order every program shares: a static source is the configured list;
 //     otherwise discover, write the cache, and fall back to a trusted cache
-//     (with a warning) when discovery fails. With neither, Setup fails and
-//     the daemon refuses to start rather than decide without an inventory.
+//     (with a warning) when discovery fails. With neither, the daemon starts
+//     over an empty, undiscovered inventory that refuses every GPU request
+//     and writes no cache (the hooks keep failing closed): refusing to start
+//     deadlocks a GPU Operator node, whose driver pod containerd
+//     (required_plugins) starts only once the guard is registered.
 //   - An inventory that lists no GPU (the NVIDIA driver came up after the
 //     daemon, as a GPU Operator's driver container does) or that is the
 //     cache a failed discovery fell back to is discovered again by
