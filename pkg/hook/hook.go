@@ -290,14 +290,18 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	// Refused, or failed: this container has nothing in the ledger (unless
 	// a withdrawal failed) and, under podman, gets no poststop. Its marker
 	// goes, unless the ledger still shows the id.
-	removed := mk.remove()
+	// With no marker removed (its write failed) there is nothing to settle,
+	// and no ledger read to make.
+	if !mk.remove() {
+		return err
+	}
 	holds, waits := true, true
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.Ledger.LockTimeout.Duration)
 	defer cancel()
 	if snap, serr := g.Ledger().Snapshot(sctx); serr == nil {
 		holds, waits = appears(snap, st.ID)
 	}
-	settleMarker(mk, removed, holds || waits, nil)
+	settleMarker(mk, true, holds || waits, nil)
 	return err
 }
 
