@@ -167,6 +167,9 @@ type builder struct {
 	// them for the note).
 	privilegedNodes bool
 	skipped         int
+	// incomplete says why the inventory may lack GPUs the host has (see
+	// Inventory.Undiscovered and UnlistedGPUs); empty when it lists them.
+	incomplete string
 }
 
 type pending struct {
@@ -189,6 +192,12 @@ func (r *Resolver) newBuilder() *builder {
 	if r.inv != nil && r.inv.idx != nil {
 		b.ix = r.inv.idx
 		b.capsMj = r.inv.CapsMajor
+		switch {
+		case r.inv.Undiscovered:
+			b.incomplete = "no GPU discovery source works yet"
+		case r.inv.UnlistedGPUs > 0:
+			b.incomplete = fmt.Sprintf("it lists none of the %d NVIDIA GPU(s) on the PCI bus", r.inv.UnlistedGPUs)
+		}
 	}
 	return b
 }
@@ -246,10 +255,18 @@ func (b *builder) add(pos int, src string) {
 func (b *builder) has(pos int) bool { return b.slot != nil && b.slot[pos] > 0 }
 
 // unresolved applies policy.unknown_device to an id the inventory lacks; a
-// strict error (malformed or ambiguous id) is refused under every policy.
+// strict error (malformed or ambiguous id) is refused under every policy,
+// and so is any unknown id while the inventory is incomplete: the id may
+// name a GPU it does not list, which NVIDIA's runtime selects once the
+// driver is up.
 func (b *builder) unresolved(where string, e *idError) {
 	if e.strict {
 		b.fail(fmt.Errorf("%s: %w; fix the id (policy.unknown_device = \"ignore\" does not apply: NVIDIA's runtime may read it as a GPU)", where, e))
+		return
+	}
+	if b.incomplete != "" && b.policy.UnknownDevice == config.UnknownIgnore {
+		b.fail(fmt.Errorf("%s: %w (policy.unknown_device = \"ignore\" does not apply: the GPU inventory is incomplete, %s; "+
+			"nri-gpu-guard retries the discovery by itself)", where, e, b.incomplete))
 		return
 	}
 	if b.policy.UnknownDevice == config.UnknownIgnore {

@@ -796,3 +796,35 @@ func TestAllowsAllDevices(t *testing.T) {
 		})
 	}
 }
+
+// An inventory that lists none of the host's GPUs (the driver was not up
+// when it was discovered, or no source worked) cannot tell a stale id from a
+// GPU it does not list: policy.unknown_device = "ignore" must not admit an id
+// the NVIDIA runtime may select once the driver is up.
+func TestResolveIncompleteInventoryRefusesUnknownUnderIgnore(t *testing.T) {
+	ignore := config.PolicyConfig{UnknownDevice: config.UnknownIgnore, AllDevices: config.AllClaim, Privileged: config.PrivilegedDeclared}
+	for name, in := range map[string]Inventory{
+		"unlisted":     {Source: "nvml", UnlistedGPUs: 2},
+		"undiscovered": {Source: "none", Undiscovered: true},
+	} {
+		inv, err := newInventory(in)
+		require.NoError(t, err, name)
+		r := NewResolver(inv, ignore)
+		for _, req := range []Request{
+			{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}},
+			{Env: []string{"NVIDIA_VISIBLE_DEVICES=GPU-00000000-0000-4000-8000-000000000000"}},
+			{Mounts: []string{MountRoot + "/1"}},
+			{CDIDevices: []string{"nvidia.com/gpu=0"}},
+			{Devices: []LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}}},
+		} {
+			_, err := r.Resolve(req)
+			assert.ErrorIs(t, err, ErrUnknownDevice, "%s: %+v", name, req)
+		}
+	}
+	// A complete inventory still ignores a stale id.
+	inv, err := NewInventory("nvml", nil)
+	require.NoError(t, err)
+	res, err := NewResolver(inv, ignore).Resolve(Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}})
+	require.NoError(t, err)
+	assert.Empty(t, res.Devices)
+}
