@@ -107,6 +107,10 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 		first = g
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	// The background goroutines (the watch, the rediscovery, the metrics
+	// endpoint) stop with the plugin: cancel, then wait for them.
+	var background sync.WaitGroup
+	defer background.Wait()
 	defer cancel()
 	// The observer runs beside admission, never in its path: Use only hands
 	// over the guard, the watch does its NVML work in its own goroutines.
@@ -114,37 +118,22 @@ func runDaemon(ctx context.Context, opts daemonOptions) error {
 	watch.Logger, watch.Metrics = log.With("component", "observe"), m
 	watch.OpenNVML, watch.ProcRoot = opts.OpenNVML, opts.ProcRoot
 	watch.SetReady(false) // until the first Synchronize
-	var watchDone sync.WaitGroup
-	watchDone.Add(1)
-	go func() { defer watchDone.Done(); watch.Run(ctx) }()
+	background.Go(func() { watch.Run(ctx) })
 	if first != nil {
 		watch.Use(first)
 	}
-	defer watchDone.Wait()
-	defer cancel() // before the wait: the watch stops with the plugin
 	// An inventory that lists no GPU (the NVIDIA driver came up after the
 	// daemon, as a GPU Operator's driver container does) is discovered
 	// again in the background and swapped into the guards; the observer
 	// then restarts over the GPUs it lists.
-	var rediscoverDone sync.WaitGroup
-	rediscoverDone.Add(1)
-	go func() { defer rediscoverDone.Done(); b.Rediscover(ctx, watch.Use) }()
-	defer rediscoverDone.Wait()
-	defer cancel() // before the wait
+	background.Go(func() { b.Rediscover(ctx, watch.Use) })
 	var serveOnce sync.Once
-	var metricsDone sync.WaitGroup
-	defer metricsDone.Wait()
-	defer cancel() // before the wait: the endpoint stops with the plugin
 	serve := func(listen string) {
 		if listen == "" {
 			return
 		}
 		serveOnce.Do(func() {
-			metricsDone.Add(1)
-			go func() {
-				defer metricsDone.Done()
-				serveMetrics(ctx, m, listen, log, opts.MetricsRetry)
-			}()
+			background.Go(func() { serveMetrics(ctx, m, listen, log, opts.MetricsRetry) })
 		})
 	}
 	setup := func(ctx context.Context, cfg config.Config) (*guard.Guard, error) {
