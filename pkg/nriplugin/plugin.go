@@ -807,13 +807,16 @@ func (p *Plugin) boundedDetached(ctx context.Context, g *guard.Guard) (context.C
 // message, which is the only part of containerd's error written for people.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (_ *api.ContainerAdjustment, _ []*api.ContainerUpdate, err error) {
 	defer p.handling("CreateContainer", &err)()
-	g := p.Guard()
+	// One p.mu section: the guard, and the container made known.
+	p.mu.Lock()
+	g := p.g
+	if g != nil {
+		p.known[ctr.GetId()] = struct{}{}
+	}
+	p.mu.Unlock()
 	if g == nil {
 		return nil, nil, errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
 	}
-	p.mu.Lock()
-	p.known[ctr.GetId()] = struct{}{}
-	p.mu.Unlock()
 	p.pendingMu.Lock()
 	if p.pendingPods != nil {
 		p.pendingPods[pod.GetUid()] = struct{}{}
@@ -825,7 +828,16 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	// decided as always (and the exemption audited), so that a node's
 	// ordinary containers keep starting while a rebuild waits for a busy
 	// ledger lock.
-	withoutClaims := sync.OnceValue(func() bool { return decidedWithoutClaims(g, req) })
+	// Resolved at most once, and only when a rebuild or a due release asks
+	// (a plain local memo: the handler is one goroutine, and a closure
+	// that does not escape costs no allocation per create).
+	var without, resolved bool
+	withoutClaims := func() bool {
+		if !resolved {
+			without, resolved = decidedWithoutClaims(g, req), true
+		}
+		return without
+	}
 	if p.rebuilding.Load() && !withoutClaims() {
 		return nil, nil, p.rebuildingError()
 	}
