@@ -74,6 +74,18 @@ func bounded[T any](t *testing.T, c <-chan T, what string) T {
 	return zero
 }
 
+// runRediscover runs b.Rediscover until the test ends, and returns the
+// channel its swaps are sent on.
+func runRediscover(t *testing.T, b *Builder) <-chan *guard.Guard {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	swapped := make(chan *guard.Guard, 1)
+	var done sync.WaitGroup
+	done.Go(func() { b.Rediscover(ctx, func(g *guard.Guard) { swapped <- g }) })
+	t.Cleanup(func() { cancel(); done.Wait() })
+	return swapped
+}
+
 // lateDriverHost is a state directory whose cache lists the GPU from a
 // previous boot, and a PCI bus that shows it with no driver bound.
 func lateDriverHost(t *testing.T) config.Config {
@@ -127,12 +139,7 @@ func TestRediscoverAfterLateDriver(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, guard.Reject, d.Result, "the stale cache is not decided with")
 
-	ctx, cancel := context.WithCancel(context.Background())
-	swapped := make(chan *guard.Guard, 1)
-	var done sync.WaitGroup
-	done.Add(1)
-	go func() { defer done.Done(); b.Rediscover(ctx, func(g *guard.Guard) { swapped <- g }) }()
-	defer func() { cancel(); done.Wait() }()
+	swapped := runRediscover(t, b)
 
 	// The driver is still down: attempts back off 5s, 10s, 20s, 40s, 1m, 1m.
 	want := []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, time.Minute}
@@ -184,12 +191,7 @@ func TestRediscoverReplacesCacheFallback(t *testing.T) {
 	_, ok := g.Inventory().Lookup(uuidCached)
 	require.True(t, ok, "the cache fallback")
 
-	ctx, cancel := context.WithCancel(context.Background())
-	swapped := make(chan *guard.Guard, 1)
-	var done sync.WaitGroup
-	done.Add(1)
-	go func() { defer done.Done(); b.Rediscover(ctx, func(g *guard.Guard) { swapped <- g }) }()
-	defer func() { cancel(); done.Wait() }()
+	swapped := runRediscover(t, b)
 	assert.Equal(t, 5*time.Second, bounded(t, timer.waits, "a wait"))
 	nvml.up.Store(true)
 	timer.fire <- time.Time{}
@@ -264,12 +266,7 @@ func TestStartWithoutDriverOrCache(t *testing.T) {
 				assert.Contains(t, d.Message, "retries the discovery by itself", what)
 			}
 
-			rctx, cancel := context.WithCancel(context.Background())
-			swapped := make(chan *guard.Guard, 1)
-			var done sync.WaitGroup
-			done.Add(1)
-			go func() { defer done.Done(); b.Rediscover(rctx, func(g *guard.Guard) { swapped <- g }) }()
-			defer func() { cancel(); done.Wait() }()
+			swapped := runRediscover(t, b)
 
 			assert.Equal(t, 5*time.Second, bounded(t, timer.waits, "a wait"))
 			timer.fire <- time.Time{} // still no driver
