@@ -597,10 +597,7 @@ func TestWatchHoldingsCarryExemptContainers(t *testing.T) {
 	h := newGPUHost(t)
 	g := guardFor(t, h, nil)
 	require.Equal(t, guard.Admit, admit(t, g, idA, "ml", "trainer-0", "main", "0").Result)
-	w := NewWatch()
-	w.mu.Lock()
-	w.g = g
-	w.mu.Unlock()
+	w := watchOver(g, nil)
 	exempt := func() []string {
 		t.Helper()
 		hs, err := w.holdings(context.Background())
@@ -674,11 +671,8 @@ func TestVanishedMIGInstanceIsNotCordoned(t *testing.T) {
 	h := newGPUHost(t)
 	g := guardFor(t, h, nil)
 	states := newFakeStates()
-	w := NewWatch()
+	w := watchOver(g, nil)
 	w.States = func(*guard.Guard) DeviceStates { return states }
-	w.mu.Lock()
-	w.g = g
-	w.mu.Unlock()
 	ctx := context.Background()
 	mig := observe.Finding{Kind: observe.KindUnhealthy, Vanished: true, Message: "gone",
 		Device: observe.Device{UUID: "MIG-00000000-0000-4000-8000-000000000001", Index: "5:0", ParentUUID: h.uuid(5)}}
@@ -802,6 +796,19 @@ func lastAudit(t *testing.T, g *guard.Guard) ledger.AuditRecord {
 	return recs[len(recs)-1]
 }
 
+// watchOver is a Watch that decides with g, as after its Use, logging to
+// logs when set.
+func watchOver(g *guard.Guard, logs *syncBuffer) *Watch {
+	w := NewWatch()
+	if logs != nil {
+		w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	}
+	w.mu.Lock()
+	w.g = g
+	w.mu.Unlock()
+	return w
+}
+
 // An unhealthy GPU's cordon that is missing at a pass was either lifted by
 // the operator (forgotten: its next critical error cordons it again) or lost
 // with the ledger state, which a reset, the NRI daemon's recovery from
@@ -818,11 +825,7 @@ func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 			g := guardFor(t, h, nil)
 			uuid := h.uuid(gpu)
 			logs := &syncBuffer{}
-			w := NewWatch()
-			w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-			w.mu.Lock()
-			w.g = g
-			w.mu.Unlock()
+			w := watchOver(g, logs)
 			ctx := context.Background()
 			forgot := 0
 			settle := func() { w.settleUnhealthy(ctx, func(string) bool { forgot++; return true }) }
@@ -915,11 +918,8 @@ func TestIntruderCordonRetriedWhileReported(t *testing.T) {
 			g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = tc.mode })
 			states := newFakeStates()
 			states.failing = tc.failing
-			w := NewWatch()
+			w := watchOver(g, nil)
 			w.States = func(*guard.Guard) DeviceStates { return states }
-			w.mu.Lock()
-			w.g = g
-			w.mu.Unlock()
 			for i, st := range tc.steps {
 				w.onReport(context.Background(), g.Config(), observe.Report{Time: time.Now(), Findings: st.findings})
 				states.mu.Lock()
@@ -987,11 +987,7 @@ func TestIntruderCordonKeptWhileReportedUntilOperatorUncordons(t *testing.T) {
 				require.NotEmpty(t, res.Lineage)
 				uuid := h.uuid(gpu)
 				logs := &syncBuffer{}
-				w := NewWatch()
-				w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
-				w.mu.Lock()
-				w.g = g
-				w.mu.Unlock()
+				w := watchOver(g, logs)
 				ctx := context.Background()
 				f := observe.Finding{Kind: observe.KindIntruder, Device: observe.Device{UUID: uuid, Index: "2"},
 					PID: 200, ContainerID: idB, Message: "pid 200 runs on GPU 2 without a claim"}
@@ -1069,12 +1065,8 @@ func TestListingErrorKeepsFindings(t *testing.T) {
 		require.NoError(t, err)
 		logs := &syncBuffer{}
 		m := metrics.New()
-		w := NewWatch()
-		w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		w := watchOver(g, logs)
 		w.Metrics = m
-		w.mu.Lock()
-		w.g = g
-		w.mu.Unlock()
 		pass := func(r observe.Report) { r.Time = time.Now(); w.onReport(context.Background(), g.Config(), r) }
 		return w, g, logs, m, pass
 	}
