@@ -100,8 +100,9 @@ func (tx *Tx) maintain() {
 	tx.baseSettled = false
 	tx.promoteConflicts()
 	tx.dropInvalidReservations()
-	tx.dropPartialReservations(tx.queueHead())
-	tx.reserveForHead()
+	head := tx.queueHead()
+	tx.dropPartialReservations(head)
+	tx.reserveForHead(head)
 	tx.reserveFreeDevices(tx.reserveCandidates())
 	tx.fixed = &queueFixed{claims: slices.Clone(tx.st.Claims), reservations: slices.Clone(tx.st.Reservations),
 		cordons: slices.Clone(tx.st.Cordons), touched: len(tx.touchedWaiters)}
@@ -456,14 +457,14 @@ func (tx *Tx) queueHead() string {
 // reserveForHead is step 5 of maintain: it reserves for the head of the
 // queue every device it asks for that is free (no conflicting claim, no
 // reservation for another waiter; it asks for no cordoned one), and moves
-// on to the next head when that lets the head start.
-func (tx *Tx) reserveForHead() {
+// on to the next head when that lets the head start. key is the head's
+// key (queueHead) as step 4 found it: step 4 drops only reservations of
+// waiters that cannot start and are not the head, which the waiters
+// before the head (all able to start) and the head itself do not hold,
+// so the head is the same after it.
+func (tx *Tx) reserveForHead(key string) {
 	until := tx.now.Add(tx.l.opts.ReservationTTL)
-	for {
-		key := tx.queueHead()
-		if key == "" {
-			return
-		}
+	for ; key != ""; key = tx.queueHead() {
 		w := &tx.st.Waiters[tx.waiterIndex(key)]
 		var got []string
 		for _, d := range w.Devices {
