@@ -457,7 +457,7 @@ func (tx *Tx) keepCordonsAcrossReset(old []Cordon) []Cordon {
 		tx.touch()
 	}
 	for _, k := range old {
-		was := fmt.Sprintf("%s cordon by %s since %s: %s", k.Source, k.By, k.Since.UTC().Format(time.RFC3339), k.Reason)
+		was := cordonText(&k)
 		if k.Source == CordonOperator {
 			tx.Audit(OpCordon, AuditRecord{Devices: []string{k.Device.UUID},
 				Reason: "kept across the reset (an operator's cordon lasts until uncordoned): " + was})
