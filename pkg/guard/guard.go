@@ -430,11 +430,11 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 			continue
 		}
 		h := bd.Holder.Owner
-		if inc := (incarnation{h.ContainerID, h.Pid, h.PidStart}); checked[inc] {
+		inc := incarnation{h.ContainerID, h.Pid, h.PidStart}
+		if checked[inc] {
 			continue
-		} else {
-			checked[inc] = true
 		}
+		checked[inc] = true
 		v := g.Releasable(h)
 		stopped := v.Action == KeepStopped
 		switch v.Action {
