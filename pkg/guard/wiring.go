@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -106,14 +107,16 @@ func (g *Guard) ForgetPodsNotLive(ctx context.Context, fe ledger.FrontEnd, isLiv
 	var dropped []ledger.Waiter
 	err := g.update(ctx, "forget vanished pods", func(tx *ledger.Tx) bool {
 		dropped = nil // fn may be retried
-		var keys []string
+		// Gathered first: DropWaiter changes the queue.
+		var gone []ledger.Waiter
 		for _, w := range tx.ReadState().Waiters {
 			if w.Owner.FrontEnd == fe && w.Owner.PodUID != "" && !isLive(w.Owner.PodUID) {
-				keys = append(keys, w.Key)
+				gone = append(gone, w)
 			}
 		}
-		for _, k := range keys {
-			if w, ok := tx.Waiter(k); ok && tx.DropWaiter(k, "pod gone: the runtime no longer lists it") {
+		for _, w := range gone {
+			if tx.DropWaiter(w.Key, "pod gone: the runtime no longer lists it") {
+				w.Devices = slices.Clone(w.Devices) // logged after the Tx, as Tx.Waiter would copy it
 				dropped = append(dropped, w)
 			}
 		}
