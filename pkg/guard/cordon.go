@@ -60,21 +60,6 @@ func (g *Guard) CordonDevice(ctx context.Context, uuid, source, reason string) e
 	return err
 }
 
-// Cordoned reports whether a cordon is in force on uuid itself (a
-// lock-free read of the ledger).
-func (g *Guard) Cordoned(ctx context.Context, uuid string) (bool, error) {
-	st, err := g.ledger.Snapshot(ctx)
-	if err != nil {
-		return false, err
-	}
-	for _, c := range st.Cordons {
-		if c.Device.UUID == uuid {
-			return true, nil
-		}
-	}
-	return false, nil
-}
-
 // Cordon is CordonDevice naming who cordoned the device (gpu-guard-ctl
 // records the operator's uid). It returns the cordon in force and whether
 // this call changed the ledger: a new cordon, or another source, reason or
