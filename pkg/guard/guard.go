@@ -300,11 +300,13 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 		g.log.Info("namespace is in exempt_namespaces, but this front end cannot vouch for it; checked like any other",
 			ownerAttrs(owner, "")...)
 	}
-	if v.inv.Undiscovered && (res.All || len(res.Devices) > 0 || errors.Is(err, devices.ErrUnknownDevice) || namesUnknown(v.inv, g.policy, spec, err)) {
+	if v.inv.Undiscovered && (res.All || len(res.Devices) > 0 || errors.Is(err, devices.ErrUnknownDevice)) {
 		// No discovery source worked at start (the driver is not loaded
 		// yet) and no cache said what the GPUs are: every GPU is unknown,
-		// so every GPU request is refused, whatever names it; a request
-		// the policies refuse anyway keeps its own reason below.
+		// so every GPU request is refused, whatever names it (the resolver
+		// refuses unknown ids over an incomplete inventory under
+		// unknown_device = "ignore" too); a request the policies refuse
+		// anyway keeps its own reason below.
 		return Decision{Result: Reject, Reason: ReasonInventoryIncomplete,
 			Message: "GPU request refused: the GPU inventory is not known yet (no discovery source worked when the guard started: " +
 				"is the NVIDIA driver loaded?); nri-gpu-guard retries the discovery by itself and admits GPU requests once it lists the GPUs " +
@@ -330,20 +332,6 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 		return Decision{Result: Skip, Reason: "no-gpu", Message: msg}, res, true
 	}
 	return Decision{}, res, false
-}
-
-// namesUnknown reports whether spec, which resolved to nothing (err nil)
-// under unknown_device = "ignore", names a GPU all the same: over an
-// inventory that lists nothing, every id is unknown, and ignoring them
-// would let a container naming GPU 0 pass unchecked (as Prescreen).
-func namesUnknown(inv *devices.Inventory, policy config.PolicyConfig, spec devices.Request, err error) bool {
-	if err != nil || policy.UnknownDevice == config.UnknownReject {
-		return false
-	}
-	strict := policy
-	strict.UnknownDevice = config.UnknownReject
-	_, serr := devices.NewResolver(inv, strict).Resolve(spec)
-	return errors.Is(serr, devices.ErrUnknownDevice)
 }
 
 // decide runs inside one ledger transaction: find what is busy, release
