@@ -170,13 +170,30 @@ func (g *Guard) AdmitIfFree(ctx context.Context, r Request) (Decision, error) {
 	return g.admit(ctx, r, modeIfFree)
 }
 
+// AdmitWithoutClaims is Admit for a front end whose ledger's claims cannot
+// be trusted yet (the NRI plugin while it rebuilds them): a request the
+// guard decides without the claims (no GPU, an exempt namespace, a policy
+// refusal) is decided as Admit would, and any other returns ErrNeedsClaims
+// and records nothing. The request is resolved once, so what is decided is
+// what was checked: an inventory swapped in meanwhile (the daemon's
+// re-discovery) cannot turn a request that named no known GPU into one
+// decided on claims that are not rebuilt yet.
+func (g *Guard) AdmitWithoutClaims(ctx context.Context, r Request) (Decision, error) {
+	return g.admit(ctx, r, modeWithoutClaims)
+}
+
+// ErrNeedsClaims is AdmitWithoutClaims' answer to a request that can only
+// be decided on the ledger's claims.
+var ErrNeedsClaims = errors.New("the request is decided on the ledger's claims")
+
 // How admit treats the ledger.
 type admitMode int
 
 const (
-	modeAdmit   admitMode = iota // decide and record
-	modeExplain                  // decide on a view, write nothing
-	modeIfFree                   // record only an admission
+	modeAdmit         admitMode = iota // decide and record
+	modeExplain                        // decide on a view, write nothing
+	modeIfFree                         // record only an admission
+	modeWithoutClaims                  // decide only what needs no claims
 )
 
 // errNotFree aborts an AdmitIfFree transaction whose decision is not to
@@ -220,6 +237,9 @@ func (g *Guard) admit(ctx context.Context, r Request, mode admitMode) (Decision,
 		}
 		g.finish(d, owner, key, start, dryRun)
 		return d, nil
+	}
+	if mode == modeWithoutClaims {
+		return Decision{}, ErrNeedsClaims
 	}
 
 	if owner.Pid > 0 && owner.PidStart == 0 {

@@ -827,44 +827,42 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	// are refused: one that names no GPU, or of an exempt namespace, is
 	// decided as always (and the exemption audited), so that a node's
 	// ordinary containers keep starting while a rebuild waits for a busy
-	// ledger lock.
-	// Resolved at most once, and only when a rebuild or a due release asks
-	// (a plain local memo: the handler is one goroutine, and a closure
-	// that does not escape costs no allocation per create).
-	var without, resolved bool
-	withoutClaims := func() bool {
-		if !resolved {
-			without, resolved = decidedWithoutClaims(g, req), true
-		}
-		return without
-	}
-	if p.rebuilding.Load() && !withoutClaims() {
-		return nil, nil, p.rebuildingError()
-	}
+	// ledger lock. The guard tells which in the same resolution it decides
+	// on (AdmitWithoutClaims).
+	onlyWithoutClaims := p.rebuilding.Load()
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
-	// Waiting for a start record can itself find the ledger started afresh
-	// and start a rebuild: the rebuilding check that counts comes after it,
-	// under admitting, which the rebuild holds while the fence is lifted.
-	p.settleStarts(dctx)
-	if p.admitting.TryRLock() {
-		defer p.admitting.RUnlock()
-		if p.rebuilding.Load() && !withoutClaims() {
-			return nil, nil, p.rebuildingError()
+	if !onlyWithoutClaims {
+		// Waiting for a start record can itself find the ledger started
+		// afresh and start a rebuild: the rebuilding check that counts
+		// comes after it, under admitting, which the rebuild holds while
+		// the fence is lifted.
+		p.settleStarts(dctx)
+		if p.admitting.TryRLock() {
+			defer p.admitting.RUnlock()
+			onlyWithoutClaims = p.rebuilding.Load()
+		} else {
+			onlyWithoutClaims = true
 		}
-	} else if !withoutClaims() {
-		return nil, nil, p.rebuildingError()
 	}
-	if p.hasDue() && !withoutClaims() {
+	if !onlyWithoutClaims && p.hasDue() {
 		// Before the decision: the GPUs of containers whose release
-		// failed are free again for this one. (hasDue first: a create
-		// resolves its request twice only while a release is due.)
+		// failed are free again for this one, and a container of an id
+		// whose release is still due is refused (the retry would end its
+		// claims).
 		p.retryDue(dctx, g, "CreateContainer")
 		if err := p.claimDueFor(dctx, ctr.GetId()); err != nil {
 			return nil, nil, err
 		}
 	}
-	d, err := g.Admit(dctx, req)
+	admit := g.Admit
+	if onlyWithoutClaims {
+		admit = g.AdmitWithoutClaims
+	}
+	d, err := admit(dctx, req)
+	if errors.Is(err, guard.ErrNeedsClaims) {
+		return nil, nil, p.rebuildingError()
+	}
 	if err != nil {
 		p.ledgerTrouble(err)
 		return nil, nil, refusal(err)
@@ -882,20 +880,6 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		p.exempt.SetExempt(ctr.GetId(), true)
 	}
 	return nil, nil, nil
-}
-
-// decidedWithoutClaims reports whether the guard decides req without
-// looking at the ledger's claims: it names no GPU (a Skip), its namespace is
-// exempt (a Skip whose only ledger write is the exemption's audit record), or
-// a policy refuses it outright. These are the cases guard.Admit settles
-// before it reads the ledger; only the others need the holders a rebuild
-// restores.
-func decidedWithoutClaims(g *guard.Guard, req guard.Request) bool {
-	if g.Exempt(req.Owner.Namespace) && guard.TrustsIdentity(req.FrontEnd) {
-		return true
-	}
-	res, err := g.Resolve(req.Spec)
-	return err != nil || len(res.Devices) == 0
 }
 
 // errRebuilding refuses a GPU container's create while the ledger is rebuilt.
