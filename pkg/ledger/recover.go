@@ -399,18 +399,31 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 	if err := validateState(&st); err != nil {
 		return rep, fmt.Errorf("ledger reset: the reset state breaks an invariant (nothing was written): %w", err)
 	}
-	// Only once the new state is known to be valid are the old files moved.
+	// Only once the new state is known to be valid are the old files kept
+	// aside, and as Recover does: linked aside, their names unlinked only
+	// once the new state and the marker are written. Renamed away first, a
+	// crash before the write left a state dir without any ledger file: read
+	// as a fresh host (after a reboot) or started empty by the next
+	// recovery, either way without the operator's cordons this reset was
+	// carrying, and a GPU under maintenance was claimable. Now a crash
+	// leaves the old files (the reset did not happen) or the new state
+	// beside them (read as needing recovery, which finds the cordons in
+	// either).
 	if err := l.checkLockFile(); err != nil {
 		return rep, err
 	}
+	var linked []asideLink
 	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
 		p := filepath.Join(l.dir, name)
 		if _, err := os.Lstat(p); err != nil {
 			continue
 		}
-		dst, err := quarantineAs(l.dir, p, ".reset-", now)
+		dst, isLink, err := keepAside(l.dir, p, ".reset-", now)
 		if err != nil {
 			return rep, err
+		}
+		if isLink {
+			linked = append(linked, asideLink{path: p, kept: dst})
 		}
 		rep.Quarantined = append(rep.Quarantined, dst)
 	}
@@ -424,6 +437,7 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 	if err := l.writeMarker(&st); err != nil {
 		return rep, err
 	}
+	l.dropAsideNames(linked)
 	rep.Problem, rep.Generation, rep.Lineage, rep.NewLineage, rep.Empty = "reset: "+reason, st.Generation, st.Lineage, true, len(st.Claims) == 0
 	rep.Claims, rep.Waiters = st.Claims, st.Waiters
 	l.log.Warn("ledger reset: started afresh", "reason", reason, "moved_aside", rep.Quarantined, "adopted", len(rep.Adopted),

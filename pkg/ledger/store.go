@@ -142,12 +142,18 @@ func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
 	}
 
 	// The cache is good if the snapshot is the same file, and the journal
-	// the same one, grown at most.
+	// the same one, grown at most. A cached journal that ended in a torn
+	// record (jEnd short of its size) is read again from jEnd even when it
+	// looks unchanged: a writer may have cut that tail and appended a
+	// commit of the same length within one timestamp tick (coarse
+	// timestamps). Trusting the identity hid that commit; the boot
+	// marker's generation then read as commits lost, and a healthy ledger
+	// needed recovery.
 	if c != nil && c.snapOK == ld.snapOK && c.snapID == ld.snapID && c.jOK == ld.jOK {
 		switch {
 		case !ld.jOK:
 			return *c, nil
-		case c.jID == ld.jID:
+		case c.jID == ld.jID && c.jID.size == c.jEnd:
 			return *c, nil
 		case c.jID.dev == ld.jID.dev && c.jID.ino == ld.jID.ino && ld.jID.size > c.jEnd:
 			next, err := l.readJournalTail(jf, c, ld.jID)
