@@ -65,7 +65,10 @@
 // state as newer and leaves it untouched, so it never drops a cordon.
 //
 // Use: Ledger.Update runs a function on a Tx under the lock and commits what
-// it changed; Ledger.Snapshot reads without the lock; Ledger.Committed gives,
+// it changed; Ledger.Snapshot reads without the lock (a read that finds
+// the ledger needing recovery confirms it under the lock first, since
+// another process's recovery or reset can be caught half done);
+// Ledger.Committed gives,
 // without reading, the state this handle's last Update committed;
 // Ledger.View runs a Tx that is never committed (explain); Ledger.AppendAudit writes audit records
 // alone, fsynced, returning any error, for a decision whose only trace is its

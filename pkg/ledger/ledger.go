@@ -270,6 +270,17 @@ func (l *Ledger) read(ctx context.Context) (State, error) {
 		return State{}, err
 	}
 	ld, err := l.current()
+	if err != nil && !l.readOnly && errors.Is(err, ErrNeedsRecovery) {
+		// Read without the lock, the files and the marker of another
+		// process's recovery or reset can be caught half replaced (its
+		// new snapshot beside the old journal, or the new state before
+		// the marker that names it). Damage is only reported once a read
+		// under the lock, after any such writer, confirms it.
+		if unlock, lerr := l.acquire(ctx); lerr == nil {
+			ld, err = l.current()
+			unlock()
+		}
+	}
 	if err != nil {
 		if l.readOnly && errors.Is(err, os.ErrPermission) {
 			return State{}, fmt.Errorf("read ledger (run as root): %w", err)

@@ -154,3 +154,62 @@ func TestCachedTornTailIsReadAgain(t *testing.T) {
 	require.Len(t, st.Claims, 2)
 	require.Equal(t, "h1", holders(st)[gpu(1).UUID])
 }
+
+// A lock-free read that catches another process's reset half done (its new
+// snapshot in place, the journal not yet swapped) does not report the
+// ledger as needing recovery: it confirms under the lock, after the reset,
+// and reads the reset's state.
+func TestReadDuringAResetConfirmsUnderTheLock(t *testing.T) {
+	c := newClock()
+	dir := t.TempDir()
+	w, err := Open(dir, testOptions(c))
+	require.NoError(t, err)
+	update(t, w, func(tx *Tx) {
+		_, _, err := tx.Cordon(gpu(1), CordonOperator, "RMA 4711", "uid 0 via gpu-guard-ctl")
+		require.NoError(t, err)
+	})
+	waiting := make(chan struct{})
+	ropts := testOptions(c)
+	ropts.BeforeLockWait = func() { close(waiting) }
+	r, err := Open(dir, ropts)
+	require.NoError(t, err)
+
+	paused, resume := make(chan struct{}), make(chan struct{})
+	once := false
+	failpoint = func(s string) {
+		if s == stageJournalRotated && !once {
+			once = true
+			close(paused)
+			<-resume
+		}
+	}
+	defer func() { failpoint = nil }()
+	resetDone := make(chan error, 1)
+	go func() {
+		_, err := w.Reset(context.Background(), "test")
+		resetDone <- err
+	}()
+	<-paused // the reset's snapshot is written, its journal not yet
+
+	type result struct {
+		st  State
+		err error
+	}
+	read := make(chan result, 1)
+	go func() {
+		st, err := r.Snapshot(context.Background())
+		read <- result{st, err}
+	}()
+	select {
+	case <-waiting: // the reader found the half-replaced files and waits for the lock
+	case got := <-read:
+		close(resume)
+		<-resetDone
+		t.Fatalf("the read did not wait for the reset: %+v", got.err)
+	}
+	close(resume)
+	require.NoError(t, <-resetDone)
+	got := <-read
+	require.NoError(t, got.err)
+	require.Equal(t, map[string]string{gpu(1).UUID: CordonOperator}, cordonSources(got.st.Cordons))
+}
