@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -26,10 +27,14 @@ import (
 // with the environment the shipped definitions give them (RuntimeEnv) and,
 // as "-inherit", with runc's; the floors with runc's and, as "-1p", with
 // RuntimeEnv. When HOOK_BASELINE names one, the nogpu and gpu cases run with
-// another build of the hook too. It reports the median and p99 of each and
+// another build of the hook too. Where a C compiler can link static
+// programs, the two floors run as C programs as well ("cfloor",
+// "cdurable", testdata/cfloor): no language runtime starts in them, so they
+// are the floor of a hook written in any language, what runc's way of
+// running a hook costs by itself. It reports the median and p99 of each and
 // their ratios to plain, and the hook cases' ratios to their floors (both
-// environments of the floor); run it with -benchtime=60x
-// -count=3 (hack/bench-process.sh does).
+// environments of the floor, and the C floors); run it with
+// -benchtime=60x -count=3 (hack/bench-process.sh does).
 func BenchmarkRuncHook(b *testing.B) {
 	r := newRig(b, rigOpts{})
 	floorBin := buildFloor(b, "readstdin")
@@ -69,6 +74,12 @@ func BenchmarkRuncHook(b *testing.B) {
 		variant("nogpu-inherit", ctrOpts{mode: "exit", hookBin: guardBin, inheritEnv: true}),
 		variant("gpu-inherit", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: guardBin, inheritEnv: true}),
 	}
+	cFloor, cDurable := buildCFloor(b, "readstdin.c"), buildCFloor(b, "durable.c")
+	if cFloor != "" && cDurable != "" {
+		variants = append(variants,
+			variant("cfloor", ctrOpts{mode: "exit", hookBin: cFloor, inheritEnv: true}),
+			variant("cdurable", ctrOpts{mode: "exit", hookBin: cDurable, hookArgs: []string{"--state-dir", floorDir}, inheritEnv: true}))
+	}
 	// HOOK_BASELINE names another build of the hook binary (an earlier
 	// commit's) to run as the hooks in the same rounds: a before/after.
 	base := os.Getenv("HOOK_BASELINE")
@@ -89,6 +100,8 @@ func BenchmarkRuncHook(b *testing.B) {
 	samples.ReportRatio(b, "nogpu", "floorhooks")
 	samples.ReportRatio(b, "gpu", "durablefloor-1p")
 	samples.ReportRatio(b, "nogpu", "floorhooks-1p")
+	samples.ReportRatio(b, "nogpu", "cfloor")
+	samples.ReportRatio(b, "gpu", "cdurable")
 	if base != "" {
 		samples.ReportRatio(b, "base-gpu", "durablefloor")
 	}
@@ -98,6 +111,30 @@ func BenchmarkRuncHook(b *testing.B) {
 	if fi, err := os.Stat(filepath.Join(floorDir, "floor.journal")); err != nil || fi.Size() == 0 {
 		b.Fatalf("the durable floor wrote no record (%v)", err)
 	}
+	if cDurable != "" {
+		if fi, err := os.Stat(filepath.Join(floorDir, "cfloor.journal")); err != nil || fi.Size() == 0 {
+			b.Fatalf("the C durable floor wrote no record (%v)", err)
+		}
+	}
+}
+
+// buildCFloor builds one of the C floor programs of
+// cmd/nri-gpu-guard-hook/testdata/cfloor as a static binary, or returns ""
+// (and says why) where no C compiler or no static C library is installed:
+// the C floors are a reference, not what the benchmark measures.
+func buildCFloor(b *testing.B, src string) string {
+	b.Helper()
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "cc"
+	}
+	bin := filepath.Join(b.TempDir(), strings.TrimSuffix(src, ".c"))
+	out, err := exec.Command(cc, "-O2", "-static", "-o", bin, "../../cmd/nri-gpu-guard-hook/testdata/cfloor/"+src).CombinedOutput()
+	if err != nil {
+		b.Logf("no C floor %s (%s -static: %v): %s", src, cc, err, out)
+		return ""
+	}
+	return benchab.MustInstall(b, bin)
 }
 
 // buildFloor builds one of the floor programs of cmd/nri-gpu-guard-hook's
