@@ -369,7 +369,7 @@ func (b *builder) resolveItems(items []item, fromMounts bool) {
 			// A qualified CDI name (nvidia.com/gpu=1): in its CDI mode
 			// NVIDIA's runtime takes it from NVIDIA_VISIBLE_DEVICES (and
 			// from a volume mount) as it would from an annotation.
-			b.cdiName(it.where, it.src, it.tok)
+			b.cdiName(it.where, it.src, it.tok, true)
 			continue
 		}
 		pos, err := b.ix.resolveID(it.tok)
@@ -489,7 +489,7 @@ func (b *builder) mounts(dests []string) {
 			continue
 		}
 		if cdi {
-			b.cdiName(where, where, id)
+			b.cdiName(where, where, id, true)
 			continue
 		}
 		toks, ok := b.splitValue(where, id, nil, func(tok string) item {
@@ -563,7 +563,7 @@ func (b *builder) annotations(ann map[string]string) {
 			continue
 		}
 		for _, it := range items {
-			b.cdiName(it.where, it.src, it.tok)
+			b.cdiName(it.where, it.src, it.tok, false)
 		}
 	}
 }
@@ -579,14 +579,22 @@ func (b *builder) cdiList(names []string) {
 		if !b.spend(where) {
 			return
 		}
-		b.cdiName("CDI device", "cdi "+quoteToken(n), strings.TrimSpace(n))
+		b.cdiName("CDI device", "cdi "+quoteToken(n), strings.TrimSpace(n), false)
 	}
 }
 
 // cdiName resolves one qualified CDI device name; only the gpu and mig
 // classes of NVIDIA's vendors are GPUs (isGPUClass), and any device of the
-// management spec is all of them; everything else is ignored.
-func (b *builder) cdiName(where, src, qualified string) {
+// management spec is all of them.
+//
+// Another vendor's or class's device is no GPU when the engine injects it
+// (annotations, the CRI's CDI device list): its nodes are in the spec the
+// guard checks, and a GPU node among them is caught by its numbers. A name
+// in NVIDIA_VISIBLE_DEVICES or a volume mount (afterCheck) is injected by
+// NVIDIA's runtime in its CDI mode, after this check, from whatever spec
+// defines it (the DRA driver's k8s.gpu.nvidia.com/device=gpu-0 is GPU 0):
+// the guard cannot tell its GPUs, so it is refused under every policy.
+func (b *builder) cdiName(where, src, qualified string, afterCheck bool) {
 	vendor, class, name, ok := parseQualifiedName(qualified)
 	if !ok {
 		b.unresolved(where, invalid(qualified, "want a qualified CDI device name <vendor>/<class>=<name>"))
@@ -599,6 +607,11 @@ func (b *builder) cdiName(where, src, qualified string) {
 		return
 	}
 	if !isGPUClass(vendor, class) {
+		if afterCheck {
+			b.unresolved(where, invalid(qualified, "NVIDIA's runtime injects the CDI device a name here denotes after the guard's check, "+
+				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+
+				"or request other CDI devices through CDI annotations or the CRI's CDI devices, which the engine injects before the check"))
+		}
 		return
 	}
 	pos, all, err := b.ix.resolveCDIName(name)

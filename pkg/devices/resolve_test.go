@@ -343,7 +343,10 @@ func TestResolveMounts(t *testing.T) {
 		resolveCase{name: "CDI form", req: Request{Mounts: []string{mr + "cdi/nvidia.com/gpu=0"}}, want: []string{"0"},
 			sources: map[string][]string{"0": {"mount " + mr + "cdi/nvidia.com/gpu=0"}}},
 		resolveCase{name: "CDI form, MIG", req: Request{Mounts: []string{mr + "cdi/nvidia.com/mig=mig1:1"}}, want: []string{"1:1"}},
-		resolveCase{name: "CDI form, other vendor", req: Request{Mounts: []string{mr + "cdi/example.com/nic=0"}}, want: nil},
+		// NVIDIA's runtime injects whatever the spec of another vendor's
+		// name holds, after the check: the guard cannot tell its GPUs.
+		resolveCase{name: "CDI form, other vendor", policy: ignore, req: Request{Mounts: []string{mr + "cdi/example.com/nic=0"}}, err: ErrInvalidID,
+			errHas: []string{`"example.com/nic=0"`, "after the guard's check"}},
 		resolveCase{name: "unknown id", req: Request{Mounts: []string{mr + "9"}}, err: ErrUnknownDevice, errHas: []string{`"9"`, "mount " + mr + "9"}},
 		resolveCase{name: "another root is no request", req: Request{Mounts: []string{"/run/nvidia-container-devices/0", "/var/run/nvidia-container-devicez"}}, want: nil},
 		// NVIDIA's runtime's own forms: cdi/<vendor>/<class>/<device>, and
@@ -386,6 +389,7 @@ func TestResolveMounts(t *testing.T) {
 // on the fly: both are requests for those GPUs.
 func TestResolveQualifiedNamesInEnvAndRuntimeVendor(t *testing.T) {
 	const nvd = "NVIDIA_VISIBLE_DEVICES="
+	ignore := func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore }
 	runResolveCases(t, []resolveCase{
 		{name: "qualified name in env", req: Request{Env: env(nvd + "nvidia.com/gpu=1")}, want: []string{"1"},
 			sources: map[string][]string{"1": {`env NVIDIA_VISIBLE_DEVICES="nvidia.com/gpu=1"`}}},
@@ -394,7 +398,16 @@ func TestResolveQualifiedNamesInEnvAndRuntimeVendor(t *testing.T) {
 		{name: "runtime vendor in env", req: Request{Env: env(nvd + "runtime.nvidia.com/gpu=2")}, want: []string{"2"}},
 		{name: "runtime vendor all in an annotation", req: Request{Annotations: map[string]string{"cdi.k8s.io/x": "runtime.nvidia.com/gpu=all"}},
 			want: allGPUs, wantAll: true},
-		{name: "other vendor in env is no GPU", req: Request{Env: env(nvd + "example.com/nic=0")}, want: nil},
+		// In NVIDIA_VISIBLE_DEVICES another vendor's or class's name is
+		// injected by NVIDIA's runtime after the check, from whatever spec
+		// defines it: the DRA driver's k8s.gpu.nvidia.com/device=gpu-0 is
+		// GPU 0. Refused under every policy (it was ignored: a GPU with no
+		// claim).
+		{name: "other vendor in env", policy: ignore, req: Request{Env: env(nvd + "example.com/nic=0")}, err: ErrInvalidID,
+			errHas: []string{`"example.com/nic=0"`, `env NVIDIA_VISIBLE_DEVICES`, "nvidia.com/gpu=<index|UUID|all>"}},
+		{name: "DRA driver's name in env", req: Request{Env: env(nvd + "k8s.gpu.nvidia.com/device=gpu-0")}, err: ErrInvalidID,
+			errHas: []string{`"k8s.gpu.nvidia.com/device=gpu-0"`}},
+		{name: "another class of NVIDIA's vendor in env", req: Request{Env: env(nvd + "0,nvidia.com/imex-channel=0")}, err: ErrInvalidID},
 		// In auto mode NVIDIA's runtime switches to CDI mode when every id
 		// is a qualified name.
 		{name: "management device in env", req: Request{Env: env(nvd + "management.nvidia.com/gpu=all")}, want: allGPUs, wantAll: true},
