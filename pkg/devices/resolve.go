@@ -109,7 +109,16 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 				what, ErrPrivilegedRejected, config.PrivilegedReject)
 		case config.PrivilegedAll:
 			b.claimAll(srcPrivileged)
-		default:
+		default: // declared
+			if !req.Privileged {
+				// The wildcard was asked for: no engine opens the GPU
+				// major of an unprivileged container wholesale, and with
+				// CAP_MKNOD (in every engine's default set) or a
+				// bind-mounted /dev it reaches every GPU. It declared
+				// them all, under policy.all_devices.
+				b.claimAllOr(srcGPURule, "name the GPUs the container needs and let its device cgroup allow only their nodes")
+				break
+			}
 			b.note(what + ": claims only the GPUs it names (policy.privileged = \"declared\"), though it can open every GPU")
 			// Engines add every host device node to a privileged container
 			// (podman, containerd's CRI): the nodes say nothing about what it
@@ -140,6 +149,10 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 }
 
 const srcPrivileged = "privileged"
+
+// srcGPURule is the source of the GPUs an unprivileged container's device
+// cgroup lets it open all at once (c 195:*, or a rule for every device).
+const srcGPURule = "device cgroup rule opening every GPU node"
 
 // builder accumulates one resolution.
 type builder struct {

@@ -288,10 +288,21 @@ func TestResolvePrivileged(t *testing.T) {
 			sources: map[string][]string{"2": {`env NVIDIA_VISIBLE_DEVICES="2"`}}},
 		{name: "nodes of an unprivileged container are a request", policy: pol(config.PrivilegedDeclared),
 			req: Request{Devices: everyNode[:1]}, want: []string{"0"}},
-		{name: "declared: an unprivileged container whose device cgroup allows every device still claims its nodes",
+		// An unprivileged container's rule that opens every GPU node was
+		// asked for (no engine sets one up wholesale), and with CAP_MKNOD
+		// or a bind-mounted /dev the container reaches every GPU: it
+		// claims them all (it claimed nothing but its listed nodes).
+		{name: "declared: an unprivileged container whose device cgroup allows every device claims every GPU",
 			policy: pol(config.PrivilegedDeclared),
-			req:    Request{AllDevicesAllowed: true, GPUNodesAllowed: true, Devices: everyNode[:1]}, want: []string{"0"},
-			notes: []string{"container whose device cgroup lets it open every GPU node"}},
+			req:    Request{AllDevicesAllowed: true, GPUNodesAllowed: true, Devices: everyNode[:1]}, want: allGPUs, wantAll: true,
+			sources: map[string][]string{"1": {srcGPURule}}},
+		{name: "declared: an unprivileged c 195:* rule claims every GPU", policy: pol(config.PrivilegedDeclared),
+			req: Request{GPUNodesAllowed: true}, want: allGPUs, wantAll: true},
+		{name: "declared: an unprivileged c 195:* rule under all_devices = reject", req: Request{GPUNodesAllowed: true},
+			policy: func(p *config.PolicyConfig) { p.Privileged, p.AllDevices = config.PrivilegedDeclared, config.AllReject },
+			err: ErrAllRejected, errHas: []string{srcGPURule, "let its device cgroup allow only their nodes"}},
+		{name: "reject: an unprivileged c 195:* rule", policy: pol(config.PrivilegedReject), req: Request{GPUNodesAllowed: true},
+			err: ErrPrivilegedRejected, errHas: []string{"c 195:*"}},
 		{name: "declared: CAP_SYS_ADMIN with a device cgroup that allows one node: the node is a request",
 			policy: pol(config.PrivilegedDeclared),
 			req:    Request{Privileged: true, Devices: everyNode[:1]}, want: []string{"0"}},

@@ -204,7 +204,7 @@ func TestReadDuringAResetConfirmsUnderTheLock(t *testing.T) {
 	case <-waiting: // the reader found the half-replaced files and waits for the lock
 	case got := <-read:
 		close(resume)
-		<-resetDone
+		require.NoError(t, <-resetDone)
 		t.Fatalf("the read did not wait for the reset: %+v", got.err)
 	}
 	close(resume)
