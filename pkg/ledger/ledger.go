@@ -182,16 +182,41 @@ func withDefaults(o Options) (Options, error) {
 	}
 	o.RuntimeDir = filepath.Clean(o.RuntimeDir)
 	if o.BootID == "" {
-		b, err := os.ReadFile(bootIDPath)
+		b, err := HostBootID()
 		if err != nil {
 			return o, fmt.Errorf("read boot id (claims from an earlier boot must be discarded, so the ledger needs it): %w", err)
 		}
-		o.BootID = strings.TrimSpace(string(b))
-		if o.BootID == "" {
-			return o, fmt.Errorf("read boot id: %s is empty", bootIDPath)
-		}
+		o.BootID = b
 	}
 	return o, nil
+}
+
+var hostBoot struct {
+	sync.Mutex
+	id string
+}
+
+// HostBootID is the id of the current boot (bootIDPath). It is read once per
+// process, as it cannot change while the process runs: the OCI hook asks
+// for it both to load the GPU inventory (whose cache records the boot it was
+// written in) and to open the ledger, and reads the file once. A failed
+// read is not remembered.
+func HostBootID() (string, error) {
+	hostBoot.Lock()
+	defer hostBoot.Unlock()
+	if hostBoot.id != "" {
+		return hostBoot.id, nil
+	}
+	b, err := os.ReadFile(bootIDPath)
+	if err != nil {
+		return "", err
+	}
+	id := strings.TrimSpace(string(b))
+	if id == "" {
+		return "", fmt.Errorf("%s is empty", bootIDPath)
+	}
+	hostBoot.id = id
+	return id, nil
 }
 
 // Dir is the state dir.
