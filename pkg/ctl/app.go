@@ -99,6 +99,22 @@ func (a *app) ledgerOptions(cfg config.Config) ledger.Options {
 	return opts
 }
 
+// bootID is the host's boot id (env.BootID when a test pins it), as the
+// ledger reads it: a refresh stamps the inventory cache with it, and a
+// reader trusts a cache of this boot without checking it against the driver.
+// "" when it cannot be read: a cache is then checked, and one written says
+// its boot is unknown, which costs its readers that check, never safety.
+func (a *app) bootID() string {
+	if a.env.BootID != "" {
+		return a.env.BootID
+	}
+	id, err := ledger.HostBootID()
+	if err != nil {
+		return ""
+	}
+	return id
+}
+
 // openLedger opens the ledger read-only (readOnly) or for writing.
 func (a *app) openLedger(readOnly bool) (*ledger.Ledger, error) {
 	cfg, err := a.config()
@@ -186,7 +202,7 @@ func (a *app) loadInventory(role devices.Role) (*devices.Inventory, inventoryInf
 		}
 	}
 	nvml, handover := a.nvmlLoader(cfg.Devices.Source)
-	loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{Role: role, StateDir: dir, NVML: nvml})
+	loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{Role: role, StateDir: dir, NVML: nvml, BootID: a.bootID()})
 	info := inventoryInfo{Origin: string(loaded.Origin), CachePath: loaded.CachePath, CachedAt: loaded.CachedAt}
 	if handover != nil && handover.err != nil {
 		// Discovery needed NVML and the handover failed: what discovery

@@ -28,7 +28,7 @@ func BenchmarkStatus(b *testing.B) {
 		b.Run(output, func(b *testing.B) {
 			f := newFixture(b)
 			inv := benchInventory(b)
-			require.NoError(b, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), inv))
+			require.NoError(b, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), inv, bootID))
 			devs := inv.Devices()
 
 			f.update(b, now.Add(-time.Hour), func(tx *ledger.Tx) {

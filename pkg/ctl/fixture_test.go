@@ -114,7 +114,7 @@ func newFixture(t testing.TB) *fixture {
 	require.NoError(t, err)
 	f.inv = inv
 	cache := filepath.Join(f.dir, devices.CacheFile)
-	require.NoError(t, devices.SaveCache(cache, inv))
+	require.NoError(t, devices.SaveCache(cache, inv, bootID))
 	require.NoError(t, os.Chtimes(cache, now.Add(-26*time.Hour), now.Add(-26*time.Hour)))
 	return f
 }

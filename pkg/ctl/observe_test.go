@@ -131,7 +131,7 @@ func newPSHost(t *testing.T, f *fixture) *psHost {
 	inv, err := devices.NewInventory("nvml", gpus)
 	require.NoError(t, err)
 	f.inv = inv
-	require.NoError(t, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), inv))
+	require.NoError(t, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), inv, bootID))
 	return h
 }
 

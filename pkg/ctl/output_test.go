@@ -186,7 +186,7 @@ func TestDevicesFromConfig(t *testing.T) {
 	f.setSource(t, "static")
 	other, err := devices.NewInventory("nvml", []devices.GPU{{Index: 0, UUID: uuidGone, Minor: 0}})
 	require.NoError(t, err)
-	require.NoError(t, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), other))
+	require.NoError(t, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), other, bootID))
 	for _, withCache := range []bool{true, false} {
 		if !withCache {
 			require.NoError(t, os.Remove(filepath.Join(f.dir, devices.CacheFile)))
@@ -511,7 +511,7 @@ func TestExplainCapNode(t *testing.T) {
 		require.NoError(t, err)
 		var inv devices.Inventory
 		require.NoError(t, json.Unmarshal(data, &inv))
-		require.NoError(t, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), &inv))
+		require.NoError(t, devices.SaveCache(filepath.Join(f.dir, devices.CacheFile), &inv, bootID))
 
 		v := explain(t, f)
 		require.Len(t, v.Devices, 1)

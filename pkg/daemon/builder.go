@@ -119,8 +119,11 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 	}
 
 	if b.invKey == nil || !reflect.DeepEqual(*b.invKey, invKeyOf(cfg)) {
+		// The ledger's boot id (read from the host, unless injected)
+		// stamps the cache, so that the hooks trust it within this boot
+		// and check it against the driver after a reboot.
 		loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{
-			Role: devices.RoleDaemon, StateDir: cfg.Ledger.Dir, NVML: b.nvml(),
+			Role: devices.RoleDaemon, StateDir: cfg.Ledger.Dir, NVML: b.nvml(), BootID: b.ledger.BootID(),
 		})
 		if err != nil {
 			return nil, fmt.Errorf("load the GPU inventory: %w", err)
@@ -294,7 +297,7 @@ func (b *Builder) rediscoverOnce() *guard.Guard {
 		return nil // a Setup loaded another inventory meanwhile
 	}
 	cachePath := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
-	if err := devices.SaveCache(cachePath, inv); err != nil {
+	if err := devices.SaveCache(cachePath, inv, b.ledger.BootID()); err != nil {
 		// As in Setup: the hooks discover themselves; the next Setup
 		// loads and writes again.
 		log.Warn("could not write the inventory cache for the OCI hooks", "path", cachePath, "error", err)

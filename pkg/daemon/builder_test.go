@@ -78,7 +78,7 @@ func TestSetupFallsBackToTrustedCache(t *testing.T) {
 
 	inv, err := devices.NewInventory("nvml", []devices.GPU{{Index: 0, UUID: uuidCached, Minor: 0}})
 	require.NoError(t, err)
-	require.NoError(t, devices.SaveCache(cache, inv))
+	require.NoError(t, devices.SaveCache(cache, inv, ""))
 	g, err = (&Builder{}).Setup(context.Background(), cfg)
 	require.NoError(t, err)
 	_, ok := g.Inventory().Lookup(uuidCached)

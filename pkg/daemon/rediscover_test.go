@@ -100,7 +100,7 @@ func lateDriverHost(t *testing.T) config.Config {
 	require.NoError(t, os.WriteFile(filepath.Join(dev, "class"), []byte("0x030200\n"), 0o644))
 	prev, err := devices.NewInventory("nvml", []devices.GPU{{Index: 0, UUID: uuidCached, Minor: 0, BusID: "0000:3b:00.0"}})
 	require.NoError(t, err)
-	require.NoError(t, devices.SaveCache(filepath.Join(cfg.Ledger.Dir, devices.CacheFile), prev))
+	require.NoError(t, devices.SaveCache(filepath.Join(cfg.Ledger.Dir, devices.CacheFile), prev, "an-earlier-boot"))
 	return cfg
 }
 

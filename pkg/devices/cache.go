@@ -33,14 +33,24 @@ const maxCacheBytes = 16 << 20
 var ErrBadCache = errors.New("unusable inventory cache")
 
 type cacheDoc struct {
-	Version   int        `json:"version"`
+	Version int `json:"version"`
+	// BootID is the boot the cache was written in (the host's
+	// /proc/sys/kernel/random/boot_id): within it the GPUs cannot have
+	// changed, so readers trust the cache as it is; a cache of another boot
+	// is checked against the driver first (see LoadInventory). A cache
+	// written before the field existed has none: its boot is unknown, and it
+	// is checked too. Adding the field kept the format version, so that an
+	// upgrade does not make every reader discard the cache.
+	BootID    string     `json:"boot_id,omitempty"`
 	Inventory *Inventory `json:"inventory"`
 }
 
 // SaveCache writes inv to path atomically: a temporary file in the same
 // directory, mode 0600, fsynced, renamed over path, and the directory fsynced,
-// so a reader sees the old or the new inventory, never a torn one.
-func SaveCache(path string, inv *Inventory) (err error) {
+// so a reader sees the old or the new inventory, never a torn one. bootID is
+// the boot it is written in ("" when unknown: readers then check the cache
+// against the driver before they use it).
+func SaveCache(path string, inv *Inventory, bootID string) (err error) {
 	if inv == nil || inv.idx == nil {
 		return errors.New("save inventory cache: the inventory was not built by NewInventory")
 	}
@@ -49,7 +59,7 @@ func SaveCache(path string, inv *Inventory) (err error) {
 		// a host without GPUs to the hooks, which fail closed without it.
 		return errors.New("save inventory cache: the inventory is undiscovered (no discovery source works)")
 	}
-	data, err := json.MarshalIndent(cacheDoc{Version: cacheVersion, Inventory: inv}, "", "  ")
+	data, err := json.MarshalIndent(cacheDoc{Version: cacheVersion, BootID: bootID, Inventory: inv}, "", "  ")
 	if err != nil {
 		return fmt.Errorf("save inventory cache: %w", err)
 	}
@@ -108,49 +118,59 @@ var ErrUntrustedCache = errors.New("untrusted inventory cache")
 // may have been written by someone else wraps ErrUntrustedCache (see
 // checkCacheTrust); a file that cannot be used wraps ErrBadCache.
 func LoadCache(path string) (*Inventory, error) {
-	inv, _, err := loadCache(path)
-	return inv, err
+	c, err := loadCache(path)
+	return c.inv, err
 }
 
-// loadCache is LoadCache that also returns the file's modification time.
-// The trust check runs on the opened descriptor, so the file checked is the
-// file read: no rename between a stat and the open can swap it.
-func loadCache(path string) (*Inventory, time.Time, error) {
+// cached is a cache file as loadCache read it.
+type cached struct {
+	inv *Inventory
+	// at is the file's modification time.
+	at time.Time
+	// bootID is the boot it was written in; "" when unknown.
+	bootID string
+}
+
+// loadCache is LoadCache that also returns the file's modification time and
+// the boot it was written in. The trust check runs on the opened descriptor,
+// so the file checked is the file read: no rename between a stat and the
+// open can swap it.
+func loadCache(path string) (cached, error) {
 	// O_NOFOLLOW: never a link. O_NONBLOCK: a FIFO planted at path must not
 	// block the reader (the OCI hook) before it is refused as not regular.
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // the state directory the operator configured
 	if err != nil {
 		if errors.Is(err, syscall.ELOOP) {
-			return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: it is a symbolic link", path, ErrUntrustedCache)
+			return cached{}, fmt.Errorf("load inventory cache %s: %w: it is a symbolic link", path, ErrUntrustedCache)
 		}
-		return nil, time.Time{}, fmt.Errorf("load inventory cache: %w", err)
+		return cached{}, fmt.Errorf("load inventory cache: %w", err)
 	}
 	defer func() { _ = f.Close() }()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w", path, err)
+		return cached{}, fmt.Errorf("load inventory cache %s: %w", path, err)
 	}
 	if err := checkCacheTrust(path, fi, os.Geteuid()); err != nil {
-		return nil, time.Time{}, err
+		return cached{}, err
 	}
 	data, err := io.ReadAll(io.LimitReader(f, maxCacheBytes+1))
 	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w", path, err)
+		return cached{}, fmt.Errorf("load inventory cache %s: %w", path, err)
 	}
 	if len(data) > maxCacheBytes {
-		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: larger than %d bytes", path, ErrBadCache, maxCacheBytes)
+		return cached{}, fmt.Errorf("load inventory cache %s: %w: larger than %d bytes", path, ErrBadCache, maxCacheBytes)
 	}
 	var doc cacheDoc
 	if err := json.Unmarshal(data, &doc); err != nil {
-		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: %w", path, ErrBadCache, err)
+		return cached{}, fmt.Errorf("load inventory cache %s: %w: %w", path, ErrBadCache, err)
 	}
 	if doc.Version != cacheVersion {
-		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: format version %d, this build reads %d", path, ErrBadCache, doc.Version, cacheVersion)
+		return cached{}, fmt.Errorf("load inventory cache %s: %w: format version %d, this build reads %d", path, ErrBadCache, doc.Version, cacheVersion)
 	}
 	if doc.Inventory == nil {
-		return nil, time.Time{}, fmt.Errorf("load inventory cache %s: %w: no inventory in it", path, ErrBadCache)
+		return cached{}, fmt.Errorf("load inventory cache %s: %w: no inventory in it", path, ErrBadCache)
 	}
-	return doc.Inventory, fi.ModTime(), nil
+	return cached{inv: doc.Inventory, at: fi.ModTime(), bootID: doc.BootID}, nil
 }
 
 // checkCacheTrust accepts a regular file that is not writable by group or

@@ -21,7 +21,7 @@ func TestCacheRoundTrip(t *testing.T) {
 	inv, err := newInventory(*inv)
 	require.NoError(t, err)
 
-	require.NoError(t, SaveCache(path, inv))
+	require.NoError(t, SaveCache(path, inv, testBoot))
 	st, err := os.Stat(path)
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), st.Mode().Perm())
@@ -39,7 +39,7 @@ func TestCacheRoundTrip(t *testing.T) {
 
 	// Overwrite with another inventory; no temporary file is left behind.
 	other := mustInventory(t, "proc", []GPU{{Index: 0, UUID: gpuUUID(5), Minor: 0}})
-	require.NoError(t, SaveCache(path, other))
+	require.NoError(t, SaveCache(path, other, testBoot))
 	back, err = LoadCache(path)
 	require.NoError(t, err)
 	assert.Equal(t, "proc", back.Source)
@@ -67,14 +67,14 @@ func TestCacheFailures(t *testing.T) {
 		assert.Contains(t, err.Error(), path, name)
 	}
 	target := filepath.Join(dir, "real.json")
-	require.NoError(t, SaveCache(target, testInventory(t)))
+	require.NoError(t, SaveCache(target, testInventory(t), testBoot))
 	link := filepath.Join(dir, "link.json")
 	require.NoError(t, os.Symlink(target, link))
 	_, err = LoadCache(link)
 	require.ErrorIs(t, err, ErrUntrustedCache, "a symlink is refused")
 
-	require.Error(t, SaveCache(filepath.Join(dir, "x.json"), &Inventory{Source: "nvml"}), "an unbuilt inventory is not saved")
-	require.Error(t, SaveCache(filepath.Join(dir, "nodir", "x.json"), testInventory(t)))
+	require.Error(t, SaveCache(filepath.Join(dir, "x.json"), &Inventory{Source: "nvml"}, testBoot), "an unbuilt inventory is not saved")
+	require.Error(t, SaveCache(filepath.Join(dir, "nodir", "x.json"), testInventory(t), testBoot))
 }
 
 // An undiscovered inventory (the daemon's when no source works and no cache
@@ -83,7 +83,7 @@ func TestSaveCacheRefusesUndiscovered(t *testing.T) {
 	inv, err := newInventory(Inventory{Source: "none", Undiscovered: true})
 	require.NoError(t, err)
 	path := filepath.Join(t.TempDir(), CacheFile)
-	require.Error(t, SaveCache(path, inv))
+	require.Error(t, SaveCache(path, inv, testBoot))
 	assert.NoFileExists(t, path)
 	_, err = newInventory(Inventory{Source: "nvml", Undiscovered: true, GPUs: []GPU{{Index: 0, UUID: "GPU-00000000-0000-4000-8000-000000000000"}}})
 	require.ErrorIs(t, err, ErrInvalidInventory)

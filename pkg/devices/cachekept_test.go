@@ -47,11 +47,11 @@ func TestLoadInventoryKeepsCacheWhileDriverIsDown(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			state := t.TempDir()
 			path := filepath.Join(state, CacheFile)
-			require.NoError(t, SaveCache(path, testInventory(t)))
+			require.NoError(t, SaveCache(path, testInventory(t), testBoot))
 			c := cfg
 			c.ProcRoot = tc.procRoot
 
-			got, err := LoadInventory(c, LoadOptions{Role: tc.role, StateDir: state, NVML: zeroGPUs{}})
+			got, err := LoadInventory(c, LoadOptions{Role: tc.role, StateDir: state, NVML: zeroGPUs{}, BootID: testBoot})
 			require.NoError(t, err)
 			assert.Equal(t, OriginDiscovery, got.Origin)
 			assert.Empty(t, got.Inventory.GPUs, "the daemon does not decide with the cache")
@@ -68,7 +68,7 @@ func TestLoadInventoryKeepsCacheWhileDriverIsDown(t *testing.T) {
 
 	// Nothing to keep: an absent cache is written (empty, with the count).
 	state := t.TempDir()
-	got, err := LoadInventory(cfg, LoadOptions{Role: RoleDaemon, StateDir: state, NVML: zeroGPUs{}})
+	got, err := LoadInventory(cfg, LoadOptions{Role: RoleDaemon, StateDir: state, NVML: zeroGPUs{}, BootID: testBoot})
 	require.NoError(t, err)
 	assert.False(t, got.CacheKept)
 	cached, err := LoadCache(filepath.Join(state, CacheFile))

@@ -14,6 +14,10 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 )
 
+// testBoot is the boot id the tests load and save the cache in; a cache of
+// another boot is checked against the driver's /proc tree.
+const testBoot = "5c3a1e0f-boot-test"
+
 // Test UUIDs: the first hex digit is chosen so that UUID order differs from
 // index order (GPU 3 sorts first, GPU 2 last), which proves that Resolve
 // sorts by UUID and never by index.

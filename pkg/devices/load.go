@@ -73,6 +73,12 @@ type LoadOptions struct {
 	// NVML is the NVML loader (nvmlloader.New); nil counts NVML as
 	// unavailable. RoleHook never uses it.
 	NVML Loader
+	// BootID is the host's current boot id (/proc/sys/kernel/random/boot_id,
+	// as the ledger reads it). The cache records the boot it is written in;
+	// a cache of this boot is used as it is, any other is checked against
+	// the driver first. "" counts as unknown: every cache is checked, and
+	// one written says it was written in an unknown boot.
+	BootID string
 }
 
 // Loaded is an inventory and how LoadInventory got it.
@@ -86,8 +92,9 @@ type Loaded struct {
 	CachedAt time.Time
 	// Skipped holds why earlier steps of the order did not give the
 	// inventory: a cache that is missing (wraps fs.ErrNotExist), untrusted
-	// (ErrUntrustedCache) or unusable (ErrBadCache), or the discovery a
-	// daemon fell back from. Callers warn about them.
+	// (ErrUntrustedCache), unusable (ErrBadCache) or out of date
+	// (ErrStaleCache), or the discovery a daemon fell back from. Callers
+	// warn about them.
 	Skipped []error
 	// CacheWriteErr is set when the daemon could not write the cache. It is
 	// not fatal to the daemon (the hooks then discover themselves).
@@ -108,23 +115,35 @@ type Loaded struct {
 //     it to the cache, so the file always holds what the daemon decides with.
 //  2. RoleDaemon and RoleRefresh discover per devices.source (NVML,
 //     /proc/driver/nvidia, the static list; see Discover) and write the
-//     cache. When discovery fails, the daemon falls back to the cache; a
-//     refresh fails. When discovery fails and there is no usable cache
-//     either (the first boot of a node whose NVIDIA driver is not loaded
-//     yet), the daemon gets an empty inventory marked Undiscovered
-//     (OriginNone) and writes no cache: it refuses every GPU request and
-//     retries the discovery itself, rather than refuse to start and leave
-//     containerd refusing every pod, the driver's included. When the daemon's discovery lists no GPU while the PCI
-//     bus shows NVIDIA GPUs (the driver is not up yet), it decides with
-//     that empty inventory but does not overwrite a cache that lists GPUs
-//     (Loaded.CacheKept); it retries the discovery itself (pkg/daemon).
-//  3. RoleHook and RoleReader read the cache the daemon wrote. A cache that
-//     is missing, untrusted (not a root-owned regular file, or writable by
-//     group or others) or unusable is skipped, and the inventory is
-//     discovered instead: by RoleReader as the daemon would, by RoleHook
-//     without NVML (source "auto": /proc/driver/nvidia then the static list;
-//     "nvml" and "proc": /proc/driver/nvidia), so that no container start
-//     initialises NVML.
+//     cache, stamped with opts.BootID. When discovery fails, the daemon
+//     falls back to a usable cache (see 3); a refresh fails. When discovery
+//     fails and there is no usable cache either (the first boot of a node
+//     whose NVIDIA driver is not loaded yet, or a cache the driver shows to
+//     be out of date), the daemon gets an empty inventory marked
+//     Undiscovered (OriginNone) and writes no cache: it refuses every GPU
+//     request and retries the discovery itself, rather than refuse to start
+//     and leave containerd refusing every pod, the driver's included. When
+//     the daemon's discovery lists no GPU while the PCI bus shows NVIDIA
+//     GPUs (the driver is not up yet), it decides with that empty inventory
+//     but does not overwrite a cache that lists GPUs (Loaded.CacheKept); it
+//     retries the discovery itself (pkg/daemon).
+//  3. RoleHook and RoleReader read the cache the daemon (or a refresh)
+//     wrote. A cache that is missing, untrusted (not a root-owned regular
+//     file, or writable by group or others), unusable, or stale is skipped,
+//     and the inventory is discovered instead: by RoleReader as the daemon
+//     would, by RoleHook without NVML (source "auto": /proc/driver/nvidia
+//     then the static list; "nvml" and "proc": /proc/driver/nvidia), so
+//     that no container start initialises NVML. A cache written in this
+//     boot (opts.BootID) is used as it is: GPUs do not change while the
+//     host runs, and the hook reads nothing more. One written in another
+//     boot, or in an unknown one, is stale (ErrStaleCache) when the GPUs
+//     the driver lists under proc_root (/proc/driver/nvidia/gpus) are not
+//     the ones it lists, by UUID, PCI bus id and device minor: a GPU added,
+//     removed or replaced while the host was down would otherwise reach
+//     containers unclaimed, or an index name another GPU than the one the
+//     container gets. When the driver's tree cannot be read (no driver
+//     loaded: no container reaches a GPU) the cache is used as it is. The
+//     cache (from NVML) keeps the MIG instances that /proc cannot list.
 //  4. Otherwise the load fails closed with an error naming every step tried
 //     and what to do.
 func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
@@ -146,7 +165,7 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 		}
 		out.Inventory, out.Origin = inv, OriginConfig
 		if writes {
-			out.save(opts.Role)
+			out.save(opts)
 		}
 		return out, out.fatalWrite(opts.Role)
 	}
@@ -167,20 +186,23 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 				out.CacheKept = true
 				return out, nil
 			}
-			out.save(opts.Role)
+			out.save(opts)
 			return out, out.fatalWrite(opts.Role)
 		}
 		if opts.Role == RoleRefresh {
 			return out, fmt.Errorf("discover GPUs (devices.source = %q): %w", cfg.Source, discErr)
 		}
-		inv, at, cacheErr := loadCache(out.CachePath)
+		c, cacheErr := loadUsableCache(cfg, opts, out.CachePath)
 		if cacheErr != nil && opts.Role == RoleDaemon && discovers(cfg.Source) {
 			// No source works (the driver is not loaded yet: a GPU
 			// Operator installs it from a pod, which containerd starts
 			// only once the guard is registered) and no cache says what
-			// the GPUs are. Start over nothing known, refusing every GPU
-			// request, and let the daemon discover again. The cache is
-			// not written: the hooks keep failing closed without it.
+			// the GPUs are, or the one there lists other GPUs than the
+			// driver (NVML failed, /proc did not). Start over nothing
+			// known, refusing every GPU request, and let the daemon
+			// discover again. The cache is not written: the hooks keep
+			// failing closed without it, or skip the stale one as the
+			// daemon did.
 			none, err := newInventory(Inventory{Source: "none", Undiscovered: true,
 				Notes: []string{fmt.Sprintf("discovery (devices.source = %q): %v", cfg.Source, discErr)}})
 			if err != nil {
@@ -196,14 +218,14 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 				"(check the NVIDIA driver, or set devices.source = \"static\" with [[devices.static]])",
 				cfg.Source, discErr, cacheErr)
 		}
-		out.Inventory, out.Origin, out.CachedAt = inv, OriginCache, at
+		out.Inventory, out.Origin, out.CachedAt = c.inv, OriginCache, c.at
 		out.Skipped = append(out.Skipped, fmt.Errorf("discovery (devices.source = %q): %w", cfg.Source, discErr))
 		return out, nil
 	}
 
-	inv, at, cacheErr := loadCache(out.CachePath)
+	c, cacheErr := loadUsableCache(cfg, opts, out.CachePath)
 	if cacheErr == nil {
-		out.Inventory, out.Origin, out.CachedAt = inv, OriginCache, at
+		out.Inventory, out.Origin, out.CachedAt = c.inv, OriginCache, c.at
 		return out, nil
 	}
 	out.Skipped = append(out.Skipped, cacheErr)
@@ -239,17 +261,34 @@ func discovers(source config.Source) bool {
 	return false
 }
 
-// cacheListsGPUs reports whether path holds a trusted, usable cache that
-// lists at least one GPU.
-func cacheListsGPUs(path string) bool {
-	inv, _, err := loadCache(path)
-	return err == nil && len(inv.GPUs) > 0
+// loadUsableCache reads the cache at path and checks that it may be used in
+// this boot (checkCacheBoot): a stale cache is an error wrapping
+// ErrStaleCache, like an untrusted or a corrupt one.
+func loadUsableCache(cfg config.DevicesConfig, opts LoadOptions, path string) (cached, error) {
+	c, err := loadCache(path)
+	if err != nil {
+		return c, err
+	}
+	if err := checkCacheBoot(path, cfg.ProcRoot, c, opts.BootID); err != nil {
+		return cached{}, err
+	}
+	return c, nil
 }
 
-// save writes the cache and records its time, or the error.
-func (l *Loaded) save(role Role) {
-	if err := SaveCache(l.CachePath, l.Inventory); err != nil {
-		l.CacheWriteErr = fmt.Errorf("write inventory cache %s (%s): %w", l.CachePath, role, err)
+// cacheListsGPUs reports whether path holds a trusted, usable cache that
+// lists at least one GPU. It does not check the cache against the driver:
+// it only decides whether the daemon keeps the file, never what it decides
+// with, and the readers check it themselves.
+func cacheListsGPUs(path string) bool {
+	c, err := loadCache(path)
+	return err == nil && len(c.inv.GPUs) > 0
+}
+
+// save writes the cache, stamped with the boot, and records its time, or the
+// error.
+func (l *Loaded) save(opts LoadOptions) {
+	if err := SaveCache(l.CachePath, l.Inventory, opts.BootID); err != nil {
+		l.CacheWriteErr = fmt.Errorf("write inventory cache %s (%s): %w", l.CachePath, opts.Role, err)
 		return
 	}
 	if at, err := modTime(l.CachePath); err == nil {

@@ -71,7 +71,7 @@ func (c cacheState) setUp(t *testing.T, dir string) {
 	t.Helper()
 	path := filepath.Join(dir, CacheFile)
 	trusted := func(p string) {
-		require.NoError(t, SaveCache(p, mustInventory(t, "nvml", []GPU{{Index: 0, UUID: loadUUIDCache, Minor: 0}})))
+		require.NoError(t, SaveCache(p, mustInventory(t, "nvml", []GPU{{Index: 0, UUID: loadUUIDCache, Minor: 0}}), testBoot))
 	}
 	switch c {
 	case cacheAbsent:
@@ -180,7 +180,7 @@ func TestLoadInventoryOrder(t *testing.T) {
 					path := filepath.Join(dir, CacheFile)
 					before := snapshotCache(t, path)
 
-					got, err := LoadInventory(cfg, LoadOptions{Role: row.role, StateDir: dir, NVML: nvml})
+					got, err := LoadInventory(cfg, LoadOptions{Role: row.role, StateDir: dir, NVML: nvml, BootID: testBoot})
 					assert.Equal(t, path, got.CachePath)
 					if want == gotErr {
 						require.Error(t, err)

@@ -572,7 +572,9 @@ func TestLoadInventory(t *testing.T) {
 		inv, err := devices.NewInventory("nvml", cached)
 		require.NoError(t, err)
 		path := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
-		require.NoError(t, devices.SaveCache(path, inv))
+		boot, err := ledger.HostBootID() // as the daemon of this boot writes it
+		require.NoError(t, err)
+		require.NoError(t, devices.SaveCache(path, inv, boot))
 		require.NoError(t, os.Chmod(path, mode))
 	}
 	for _, tc := range []struct {

@@ -6,6 +6,7 @@ package hook
 import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // loadInventory returns the GPUs to resolve a request against, in the order
@@ -14,8 +15,15 @@ import (
 // (then the static list under "auto"). It never initialises NVML: a hook
 // runs once per container, NVML init costs tens of milliseconds to seconds
 // and needs the driver library in the hook's mount namespace.
+//
+// The boot id tells a cache of this boot, used as it is, from one of an
+// earlier boot, checked against /proc/driver/nvidia first (the GPUs may have
+// changed while the host was down). It is the one the ledger opens with:
+// ledger.HostBootID reads the file once per process. Unreadable, it is
+// unknown, and the cache is checked.
 func loadInventory(cfg config.Config) (*devices.Inventory, error) {
-	loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{Role: devices.RoleHook, StateDir: cfg.Ledger.Dir})
+	boot, _ := ledger.HostBootID()
+	loaded, err := devices.LoadInventory(cfg.Devices, devices.LoadOptions{Role: devices.RoleHook, StateDir: cfg.Ledger.Dir, BootID: boot})
 	if err != nil {
 		return nil, err
 	}
