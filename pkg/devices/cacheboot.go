@@ -43,7 +43,7 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 	if procRoot == "" {
 		procRoot = "/"
 	}
-	driver, _, err := (&procLoader{root: procRoot}).loadNoted()
+	driver, err := NewProcLoader(procRoot).Load()
 	if err != nil {
 		return nil
 	}
