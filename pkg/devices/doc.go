@@ -26,6 +26,11 @@
 //   - The cache is read only when it is a regular file owned by root (or
 //     the reading user), not writable by group or others, and not a link
 //     (ErrUntrustedCache): it decides which GPU a container's index means.
+//   - The cache is used as it is only in the boot it was written in (its
+//     boot_id); a cache of another or an unknown boot is used only when the
+//     GPUs the driver lists under proc_root are its GPUs, else it is skipped
+//     (ErrStaleCache), since GPUs change while the host is down. Without a
+//     driver tree to compare with, it is used as it is.
 //   - Resolution does no NVML call and no file I/O: it reads the cached
 //     Inventory only. Loading or refreshing the inventory is explicit.
 //   - Resolution fails closed: a well-formed id that names no device of
