@@ -133,7 +133,7 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 				// Not fatal: refusing to start would leave containerd
 				// (required_plugins) refusing every pod, the GPU
 				// Operator's driver pod included.
-				log.Warn("GPU inventory unavailable and no cache: starting with none, refusing every GPU request until the discovery retried in the background lists the GPUs",
+				log.Warn("GPU inventory unavailable and no usable cache: starting with none, refusing every GPU request until the discovery retried in the background lists the GPUs",
 					"source", cfg.Devices.Source, "error", skipped, "cache", loaded.CachePath)
 				continue
 			}
