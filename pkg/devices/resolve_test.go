@@ -300,7 +300,7 @@ func TestResolvePrivileged(t *testing.T) {
 			req: Request{GPUNodesAllowed: true}, want: allGPUs, wantAll: true},
 		{name: "declared: an unprivileged c 195:* rule under all_devices = reject", req: Request{GPUNodesAllowed: true},
 			policy: func(p *config.PolicyConfig) { p.Privileged, p.AllDevices = config.PrivilegedDeclared, config.AllReject },
-			err: ErrAllRejected, errHas: []string{srcGPURule, "let its device cgroup allow only their nodes"}},
+			err:    ErrAllRejected, errHas: []string{srcGPURule, "let its device cgroup allow only their nodes"}},
 		{name: "reject: an unprivileged c 195:* rule", policy: pol(config.PrivilegedReject), req: Request{GPUNodesAllowed: true},
 			err: ErrPrivilegedRejected, errHas: []string{"c 195:*"}},
 		{name: "declared: CAP_SYS_ADMIN with a device cgroup that allows one node: the node is a request",
