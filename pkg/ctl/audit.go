@@ -147,7 +147,8 @@ func (a *app) auditTable(w io.Writer, recs []ledger.AuditRecord, header, follow 
 		}
 		holder := none
 		if r.Namespace != "" || r.Pod != "" || r.Container != "" {
-			holder = holderName(ledger.Owner{Namespace: r.Namespace, Pod: r.Pod, Container: r.Container, ContainerID: r.ContainerID})
+			holder = holderName(ledger.Owner{Namespace: r.Namespace, Pod: r.Pod, Container: r.Container, ContainerID: r.ContainerID,
+				FrontEnd: ledger.FrontEnd(r.FrontEnd)})
 		}
 		ts := r.Time.UTC().Format(time.RFC3339)
 		if wide {

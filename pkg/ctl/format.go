@@ -65,9 +65,13 @@ func shortUUID(u string) string {
 }
 
 // holderName is "namespace/pod/container" for CRI containers, the container
-// name or the short id otherwise.
+// name or the short id otherwise. Pod names a container's creator wrote
+// itself (the OCI hook's, from annotations) are marked "(unverified)": a
+// podman container can name itself after any Kubernetes pod.
 func holderName(o ledger.Owner) string {
 	switch {
+	case (o.Namespace != "" || o.Pod != "") && o.FrontEnd == ledger.FrontEndHook:
+		return o.Namespace + "/" + o.Pod + "/" + o.Container + " (unverified)"
 	case o.Namespace != "" || o.Pod != "":
 		return o.Namespace + "/" + o.Pod + "/" + o.Container
 	case o.Container != "":

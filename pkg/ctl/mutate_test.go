@@ -543,7 +543,7 @@ func TestReleaseDeviceAmbiguousIndex(t *testing.T) {
 		released string // device UUID whose claim must be gone
 	}{
 		{name: "index", args: []string{"release", "--device", "0:1", "--reason", "x"}, code: ExitUsage,
-			stderr: []string{`device index "0:1" names 2 claimed devices`, "MIG 0:1 (" + uuidGoneMIG + ") held by team-z/ghost/app",
+			stderr: []string{`device index "0:1" names 2 claimed devices`, "MIG 0:1 (" + uuidGoneMIG + ") held by container f6f6f6f6f6f6 (team-z/ghost/app by its own annotations, unverified)",
 				"MIG 0:1 (" + uuidMIG1 + ") held by container " + idHook[:12], "give the UUID"}},
 		{name: "index, dry run", args: []string{"release", "--device", "0:1", "--reason", "x", "--dry-run"}, code: ExitUsage,
 			stderr: []string{`device index "0:1" names 2 claimed devices`, uuidGoneMIG, uuidMIG1, "give the UUID"}},

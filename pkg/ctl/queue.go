@@ -72,6 +72,7 @@ type waiterJSON struct {
 	indices         []string
 	reservedIndices []string
 	reservedUntil   time.Time
+	frontEnd        ledger.FrontEnd // whether its pod names are verified (holderName)
 }
 
 // buildQueue lists the waiters with their positions as the ledger computes
@@ -97,6 +98,7 @@ func buildQueue(tx *ledger.Tx, now time.Time) queueView {
 			FirstSeen: w.FirstSeen, LastSeen: w.LastSeen,
 			WaitedSeconds: int64(now.Sub(w.FirstSeen) / time.Second),
 			Reserved:      []string{},
+			frontEnd:      w.Owner.FrontEnd,
 		}
 		for i, d := range w.Devices {
 			wj.Devices[i], wj.indices[i] = d.UUID, d.Index
@@ -125,7 +127,8 @@ func (v queueView) render(w io.Writer, output string, now time.Time) error {
 	t := newTable(w, header...)
 	for _, wj := range v.Waiters {
 		pos := fmt.Sprintf("%d of %d", wj.Position, wj.QueueLength)
-		requester := holderName(ledger.Owner{ContainerID: wj.ContainerID, Namespace: wj.Namespace, Pod: wj.Pod, Container: wj.Container})
+		requester := holderName(ledger.Owner{ContainerID: wj.ContainerID, Namespace: wj.Namespace, Pod: wj.Pod, Container: wj.Container,
+			FrontEnd: wj.frontEnd})
 		devs := strings.Join(wj.indices, ",")
 		reserved := none
 		if len(wj.reservedIndices) > 0 {

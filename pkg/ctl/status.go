@@ -297,7 +297,8 @@ func holderOf(o ledger.Owner, since time.Time) *holderJSON {
 }
 
 func (h *holderJSON) name() string {
-	return holderName(ledger.Owner{ContainerID: h.ContainerID, Namespace: h.Namespace, Pod: h.Pod, Container: h.Container})
+	return holderName(ledger.Owner{ContainerID: h.ContainerID, Namespace: h.Namespace, Pod: h.Pod, Container: h.Container,
+		FrontEnd: ledger.FrontEnd(h.FrontEnd)})
 }
 
 // statusIndex holds the ledger state keyed the way status looks it up, so

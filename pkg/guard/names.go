@@ -12,5 +12,5 @@ import (
 // of the guard and gpu-guard-ctl does: `ns/pod/container (id 0123456789ab)`
 // (see naming.Container).
 func HolderName(o ledger.Owner) string {
-	return naming.Container(o.Namespace, o.Pod, o.Container, o.ContainerID)
+	return naming.Holder(o.Namespace, o.Pod, o.Container, o.ContainerID, o.FrontEnd != ledger.FrontEndHook)
 }

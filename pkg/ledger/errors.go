@@ -128,9 +128,10 @@ func (e *LockError) Unwrap() []error {
 func DescribeDevice(d devices.Device) string { return naming.Device(d) }
 
 // DescribeOwner names a holder in the ledger's own messages (see
-// naming.Container).
+// naming.Holder): the OCI hook's pod names are the container creator's own
+// annotations, shown as unverified.
 func DescribeOwner(o Owner) string {
-	return naming.Container(o.Namespace, o.Pod, o.Container, o.ContainerID)
+	return naming.Holder(o.Namespace, o.Pod, o.Container, o.ContainerID, o.FrontEnd != FrontEndHook)
 }
 
 // ShortID is naming.ShortID, for the ledger's own messages.

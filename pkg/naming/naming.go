@@ -50,3 +50,17 @@ func orDash(s string) string {
 	}
 	return s
 }
+
+// Holder names a container as Container does when its pod names are
+// verified (the NRI front end's: containerd has them from the kubelet). Pod
+// names its creator wrote itself (the OCI hook reads them from the spec's
+// annotations, which `podman --annotation` sets) come after its id and are
+// marked as such, so that a podman container naming itself
+// prod/db/main is not taken for that Kubernetes pod by someone deciding
+// which holder to release.
+func Holder(namespace, pod, container, id string, verified bool) string {
+	if verified || (namespace == "" && pod == "") {
+		return Container(namespace, pod, container, id)
+	}
+	return fmt.Sprintf("container %s (%s/%s/%s by its own annotations, unverified)", ShortID(id), orDash(namespace), orDash(pod), orDash(container))
+}

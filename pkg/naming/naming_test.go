@@ -20,6 +20,11 @@ func TestNames(t *testing.T) {
 		Container("", "", "web", "abc"):                                            "web (id abc)",
 		Container("", "", "", "0123456789abcdef"):                                  "container 0123456789ab",
 		ShortID("0123456789ab"):                                                    "0123456789ab",
+		// Pod names a container's creator wrote itself come after its id,
+		// marked: a podman container can name itself after any pod.
+		Holder("prod", "db", "main", "0123456789abcdef", false): "container 0123456789ab (prod/db/main by its own annotations, unverified)",
+		Holder("prod", "db", "main", "0123456789abcdef", true):  "prod/db/main (id 0123456789ab)",
+		Holder("", "", "web", "abc", false):                     "web (id abc)",
 	} {
 		if got != want {
 			t.Errorf("got %q, want %q", got, want)
