@@ -120,21 +120,45 @@ func withdrawDead(ctx context.Context, g deadWithdrawer, dead ledger.Waiter, bud
 // would hold up the next one too); what is left is dropped by a later pass.
 func dropDeadWaiters(ctx context.Context, g deadWithdrawer, snapshot func(context.Context) (ledger.State, error),
 	procRoot, self string, want []devices.Device, budget time.Duration) bool {
-	if snapshot == nil || len(want) == 0 || budget <= 0 {
+	p := deadPass{
+		snapshot: snapshot,
+		procRoot: procRoot,
+		self:     self,
+		now:      time.Now,
+		withdraw: func(ctx context.Context, dead ledger.Waiter, budget time.Duration) error {
+			return withdrawDead(ctx, g, dead, budget)
+		},
+	}
+	return p.run(ctx, want, budget)
+}
+
+// deadPass is one pass of dropDeadWaiters. now and withdraw are fields so
+// that a test can check how the budget is shared out without real time
+// passing: dropDeadWaiters sets time.Now and withdrawDead.
+type deadPass struct {
+	snapshot       func(context.Context) (ledger.State, error)
+	procRoot, self string
+	now            func() time.Time
+	// withdraw withdraws one dead waiter within budget.
+	withdraw func(ctx context.Context, dead ledger.Waiter, budget time.Duration) error
+}
+
+func (p deadPass) run(ctx context.Context, want []devices.Device, budget time.Duration) bool {
+	if p.snapshot == nil || len(want) == 0 || budget <= 0 {
 		return false
 	}
-	deadline := time.Now().Add(budget)
-	st, err := snapshot(ctx)
+	deadline := p.now().Add(budget)
+	st, err := p.snapshot(ctx)
 	if err != nil {
 		return false
 	}
 	dropped := false
-	for _, w := range deadWaiters(st, procRoot, self, want) {
-		left := time.Until(deadline)
+	for _, w := range deadWaiters(st, p.procRoot, p.self, want) {
+		left := deadline.Sub(p.now())
 		if left <= 0 {
 			break
 		}
-		if withdrawDead(ctx, g, w, left) != nil {
+		if p.withdraw(ctx, w, left) != nil {
 			break
 		}
 		dropped = true

@@ -5,7 +5,6 @@ package hook
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,31 +14,17 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
-// slowAdmitter's WithdrawExited takes until its context ends: it finds the
-// ledger lock held by another process (held), or it succeeds just then
-// (slow), or at once (neither). underLock, when set, is each waiter's
-// owner as the ledger holds it at that moment.
-type slowAdmitter struct {
-	held, slow bool
-	underLock  map[string]ledger.Owner
+// underLockWithdrawer's WithdrawExited sees underLock as each waiter's
+// owner as the ledger holds it under the lock, and records what it withdrew
+// and what it kept.
+type underLockWithdrawer struct {
+	underLock map[string]ledger.Owner
 
-	mu        sync.Mutex
 	withdrawn []string
 	kept      []string
 }
 
-func (a *slowAdmitter) WithdrawExited(ctx context.Context, key, _ string, runs func(ledger.Owner) bool) (bool, error) {
-	if a.held || a.slow {
-		<-ctx.Done()
-	}
-	if a.held {
-		a.mu.Lock()
-		a.withdrawn = append(a.withdrawn, key)
-		a.mu.Unlock()
-		return false, ledger.ErrLockTimeout
-	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+func (a *underLockWithdrawer) WithdrawExited(_ context.Context, key, _ string, runs func(ledger.Owner) bool) (bool, error) {
 	if o, ok := a.underLock[key]; ok && runs(o) {
 		a.kept = append(a.kept, key)
 		return true, nil
@@ -60,7 +45,7 @@ func TestDropDeadWaitersSparesAWaiterQueuedAgain(t *testing.T) {
 	}}
 	again := dead
 	again.Pid, again.PidStart = 999992, 44
-	a := &slowAdmitter{underLock: map[string]ledger.Owner{"train": again, "other": st.Waiters[1].Owner}}
+	a := &underLockWithdrawer{underLock: map[string]ledger.Owner{"train": again, "other": st.Waiters[1].Owner}}
 	snap := func(context.Context) (ledger.State, error) { return st, nil }
 	require.True(t, dropDeadWaiters(context.Background(), a, snap, t.TempDir(), "me", []devices.Device{gpu}, time.Second))
 	require.Equal(t, []string{"train"}, a.kept, "train queued again from a new process: it keeps its place")
@@ -70,8 +55,10 @@ func TestDropDeadWaitersSparesAWaiterQueuedAgain(t *testing.T) {
 // dropDeadWaiters' budget bounds the whole pass, not each withdrawal: a
 // --wait hook passes what is left before its deadline, and n dead waiters
 // behind a contended ledger lock must not take n budgets (and run past the
-// runtime's kill). The first withdrawal that fails ends the pass; one that
-// used up the budget leaves none for the next.
+// runtime's kill). Each withdrawal gets what is left of the budget; the
+// first one that fails ends the pass; one that used up the budget leaves
+// none for the next. The fake withdrawal advances a fake clock by what it
+// "took", so the sharing out is checked without real time passing.
 func TestDropDeadWaitersBudgetBoundsThePass(t *testing.T) {
 	gpu := devices.Device{UUID: "GPU-11111111-2222-3333-4444-555555555555", Kind: devices.KindGPU, Index: "0"}
 	keys := []string{"dead1", "dead2", "dead3", "dead4", "dead5"}
@@ -83,26 +70,48 @@ func TestDropDeadWaitersBudgetBoundsThePass(t *testing.T) {
 	}
 	snap := func(context.Context) (ledger.State, error) { return st, nil }
 	const budget = 200 * time.Millisecond
+	// takesAll: the withdrawal runs until its budget ends (the lock held by
+	// another process all along, or won just then).
+	const takesAll = time.Hour
 	for _, tc := range []struct {
-		name          string
-		a             *slowAdmitter
-		budget        time.Duration
+		name   string
+		budget time.Duration
+		// takes is how long each withdrawal takes, cut at its budget as a
+		// real one is; fails, whether it then fails (lock timeout).
+		takes         time.Duration
+		fails         bool
 		wantDropped   bool
 		wantWithdrawn []string
+		wantBudgets   []time.Duration
 	}{
-		{"lock held: the first failure ends the pass", &slowAdmitter{held: true}, budget, false, keys[:1]},
-		{"a withdrawal that takes the budget leaves none for the next", &slowAdmitter{slow: true}, budget, true, keys[:1]},
-		{"lock free: all dropped", &slowAdmitter{}, budget, true, keys},
-		{"no budget: nothing tried", &slowAdmitter{}, 0, false, nil},
+		{"lock held: the first failure ends the pass", budget, takesAll, true, false,
+			keys[:1], []time.Duration{budget}},
+		{"a withdrawal that takes the budget leaves none for the next", budget, takesAll, false, true,
+			keys[:1], []time.Duration{budget}},
+		{"each withdrawal gets what is left, none once it is spent", budget, 60 * time.Millisecond, false, true,
+			keys[:4], []time.Duration{budget, 140 * time.Millisecond, 80 * time.Millisecond, 20 * time.Millisecond}},
+		{"lock free: all dropped, each with the whole budget", budget, 0, false, true,
+			keys, []time.Duration{budget, budget, budget, budget, budget}},
+		{"no budget: nothing tried", 0, 0, false, false, nil, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			start := time.Now()
-			require.Equal(t, tc.wantDropped, dropDeadWaiters(context.Background(), tc.a, snap, t.TempDir(), "me", []devices.Device{gpu}, tc.budget))
-			elapsed := time.Since(start)
-			require.Equal(t, tc.wantWithdrawn, tc.a.withdrawn)
-			// Generous: a budget per dead waiter is what the pass took when
-			// each withdrawal had its own.
-			require.Less(t, elapsed, time.Duration(len(keys)-2)*budget, "the pass overran its budget")
+			clock := &fakeClock{t: t0}
+			var withdrawn []string
+			var budgets []time.Duration
+			p := deadPass{snapshot: snap, procRoot: t.TempDir(), self: "me", now: clock.now,
+				withdraw: func(_ context.Context, dead ledger.Waiter, left time.Duration) error {
+					withdrawn = append(withdrawn, dead.Key)
+					budgets = append(budgets, left)
+					clock.advance(min(tc.takes, left))
+					if tc.fails {
+						return ledger.ErrLockTimeout
+					}
+					return nil
+				}}
+			require.Equal(t, tc.wantDropped, p.run(context.Background(), []devices.Device{gpu}, tc.budget))
+			require.Equal(t, tc.wantWithdrawn, withdrawn)
+			require.Equal(t, tc.wantBudgets, budgets, "the budget each withdrawal was given")
+			require.False(t, clock.now().After(t0.Add(tc.budget)), "the pass ends within its budget")
 		})
 	}
 }
