@@ -114,6 +114,7 @@ type guardAPI interface {
 type env struct {
 	now       func() time.Time
 	newTicker func(time.Duration) ticker
+	newTimer  func(time.Duration) timer
 	procRoot  string
 	// getppid is the hook's parent: the runtime that runs it. A change means
 	// the runtime died and nobody waits for this hook's answer.
@@ -137,6 +138,7 @@ func defaultEnv() env {
 	return env{
 		now:       time.Now,
 		newTicker: newRealTicker,
+		newTimer:  newRealTimer,
 		procRoot:  liveness.DefaultProcRoot,
 		getppid:   os.Getppid,
 		openGuard: openGuard,
@@ -469,6 +471,7 @@ func (e env) newQueueWait(g guardAPI, cfg config.Config, req guard.Request, stde
 		procRoot:        e.procRoot,
 		now:             e.now,
 		newTicker:       e.newTicker,
+		newTimer:        e.newTimer,
 		watch: &watcher{
 			snapshot:     g.Ledger().Snapshot,
 			committed:    g.Ledger().Committed,

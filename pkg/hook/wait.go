@@ -52,6 +52,19 @@ func (r realTicker) Stop()               { r.t.Stop() }
 
 func newRealTicker(d time.Duration) ticker { return realTicker{time.NewTicker(d)} }
 
+// timer is the part of *time.Timer the wait loop uses; tests fire it.
+type timer interface {
+	C() <-chan time.Time
+	Stop()
+}
+
+type realTimer struct{ t *time.Timer }
+
+func (r realTimer) C() <-chan time.Time { return r.t.C }
+func (r realTimer) Stop()               { r.t.Stop() }
+
+func newRealTimer(d time.Duration) timer { return realTimer{time.NewTimer(d)} }
+
 // waiter runs the admission of one create-runtime hook: one Admit, then, while
 // the guard answers Queue, one Admit per poll interval until admitted,
 // refused, timed out, cancelled, or the container is gone.
@@ -74,6 +87,7 @@ type queueWait struct {
 
 	now       func() time.Time
 	newTicker func(time.Duration) ticker
+	newTimer  func(time.Duration) timer
 	// gone reports whether the container or the runtime that ran this hook
 	// has disappeared, and why. nil = never.
 	gone func() (bool, string)
@@ -145,7 +159,7 @@ func (w *queueWait) run(ctx context.Context) error {
 	// expiry fires at the deadline: a poll interval may be longer than
 	// what is left (up to a minute, and the runtime's kill may be 2 s past
 	// the deadline), so the loop does not wait for the next tick to notice.
-	var expiry *time.Timer
+	var expiry timer
 	defer func() {
 		if tick != nil {
 			tick.Stop()
@@ -221,7 +235,7 @@ func (w *queueWait) run(ctx context.Context) error {
 
 		if tick == nil {
 			tick = w.newTicker(w.pollInterval)
-			expiry = time.NewTimer(deadline.Sub(w.now()))
+			expiry = w.newTimer(deadline.Sub(w.now()))
 		}
 		// Poll until another Admit is due (every poll without a watcher),
 		// or until the deadline.
@@ -229,7 +243,7 @@ func (w *queueWait) run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 			case <-tick.C():
-			case <-expiry.C:
+			case <-expiry.C():
 			}
 			// Checked after the select too: when both are ready, select
 			// picks at random, and a cancelled hook must not claim.

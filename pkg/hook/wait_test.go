@@ -56,6 +56,38 @@ func newReadyTicker(time.Duration) ticker {
 func (r *readyTicker) C() <-chan time.Time { return r.c }
 func (r *readyTicker) Stop()               { r.stopped = true }
 
+// handTimer is a deadline timer under the test's control: it fires when the
+// test sends on c (a nil c never fires). Real time never reaches a deadline
+// on the fake clock.
+type handTimer struct{ c chan time.Time }
+
+func (h handTimer) C() <-chan time.Time { return h.c }
+func (handTimer) Stop()                 {}
+
+// newIdleTimer is a deadline timer that never fires: the waits that use it
+// reach their deadline through the ticker and the fake clock.
+func newIdleTimer(time.Duration) timer { return handTimer{} }
+
+// silentTicker never ticks.
+type silentTicker struct{}
+
+func (silentTicker) C() <-chan time.Time { return nil }
+func (silentTicker) Stop()               {}
+
+// within receives from c, failing the test after a generous bound: a guard
+// against a hang, never what decides a pass.
+func within[T any](t *testing.T, c <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatalf("no %s within a minute", what)
+	}
+	var zero T
+	return zero
+}
+
 type answer struct {
 	d   guard.Decision
 	err error
@@ -154,6 +186,7 @@ func newTestWaiter(f *fakeGuard, stderr *bytes.Buffer) *queueWait {
 		withdrawTimeout: time.Second,
 		now:             f.clock.now,
 		newTicker:       newReadyTicker,
+		newTimer:        newIdleTimer,
 	}
 }
 
@@ -351,24 +384,33 @@ func TestWaiterWakesAtDeadlineNotNextPoll(t *testing.T) {
 	f := &fakeGuard{clock: &fakeClock{t: t0}, script: []answer{queued(1, 1)}}
 	var stderr bytes.Buffer
 	w := newTestWaiter(f, &stderr)
-	w.now = time.Now
-	w.newTicker = newRealTicker
 	w.pollInterval = time.Minute
-	w.started = time.Now()
+	w.started = t0
 	// A hook timeout of 2.5 s: the wait may take 0.5 s of it.
 	w.killAt = w.started.Add(2500 * time.Millisecond)
 	w.waitTimeout = w.killAt.Sub(w.started) - hookAnswerMargin
+	// The next poll never comes: only the deadline timer can end the wait.
+	var polls []time.Duration
+	w.newTicker = func(d time.Duration) ticker { polls = append(polls, d); return silentTicker{} }
+	armed := make(chan time.Duration, 1)
+	fire := make(chan time.Time)
+	w.newTimer = func(d time.Duration) timer { armed <- d; return handTimer{c: fire} }
 
 	done := make(chan error, 1)
 	go func() { done <- w.run(context.Background()) }()
+	require.Equal(t, 500*time.Millisecond, within(t, armed, "deadline timer"), "armed for the time left, not the poll interval")
+	// The deadline comes: the clock reaches it and the timer fires.
+	f.clock.advance(500 * time.Millisecond)
 	select {
-	case err := <-done:
-		require.ErrorIs(t, err, ErrWaitTimeout)
-		require.Equal(t, 1, f.admits)
-		require.Equal(t, []string{"c0ffee0123456789"}, f.withdrawn, "it leaves the queue")
-	case <-time.After(time.Until(w.killAt)):
-		t.Fatal("still waiting for the next poll when the runtime kills the hook")
+	case fire <- t0.Add(500 * time.Millisecond):
+	case <-time.After(time.Minute):
+		t.Fatal("the wait does not listen to its deadline timer")
 	}
+	err := within(t, done, "end of the wait")
+	require.ErrorIs(t, err, ErrWaitTimeout)
+	require.Equal(t, []time.Duration{time.Minute}, polls)
+	require.Equal(t, 1, f.admits, "woken by the deadline, not by a poll")
+	require.Equal(t, []string{"c0ffee0123456789"}, f.withdrawn, "it leaves the queue")
 }
 
 // The withdrawal on the way out is withdrawTimeout, or, with the runtime's
