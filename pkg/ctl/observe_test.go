@@ -158,12 +158,6 @@ func (f *fixture) runPS(t *testing.T, h *psHost, args ...string) result {
 	return result{code: code, stdout: stdout.String(), stderr: stderr.String()}
 }
 
-func failingNVML() nvml.Interface {
-	srv := dgxa100.New()
-	srv.InitFunc = func() nvml.Return { return nvml.ERROR_LIBRARY_NOT_FOUND }
-	return srv
-}
-
 // TestPS: ps lists every process NVML reports with its container and its
 // verdict against the ledger, and exits 3 for an intruder.
 func TestPS(t *testing.T) {
