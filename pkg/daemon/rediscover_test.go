@@ -74,16 +74,30 @@ func bounded[T any](t *testing.T, c <-chan T, what string) T {
 	return zero
 }
 
-// runRediscover runs b.Rediscover until the test ends, and returns the
-// channel its swaps are sent on.
-func runRediscover(t *testing.T, b *Builder) <-chan *guard.Guard {
+// runRediscover runs b.Rediscover until stop is called or the test ends,
+// and returns the channel its swaps are sent on. stop returns once
+// Rediscover has.
+func runRediscover(t *testing.T, b *Builder) (swapped <-chan *guard.Guard, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	swapped := make(chan *guard.Guard, 1)
+	swaps := make(chan *guard.Guard, 1)
 	var done sync.WaitGroup
-	done.Go(func() { b.Rediscover(ctx, func(g *guard.Guard) { swapped <- g }) })
-	t.Cleanup(func() { cancel(); done.Wait() })
-	return swapped
+	done.Go(func() { b.Rediscover(ctx, func(g *guard.Guard) { swaps <- g }) })
+	stop = func() { cancel(); done.Wait() }
+	t.Cleanup(stop)
+	return swaps, stop
+}
+
+// noWait fails the test if a retry was waited for. Called once Rediscover
+// has returned, it sees every wait it armed: Rediscover asks for the timer
+// before it selects on it, even with its context done.
+func noWait(t *testing.T, timer *manualTimer, why string) {
+	t.Helper()
+	select {
+	case w := <-timer.waits:
+		t.Fatalf("a wait of %s %s", w, why)
+	default:
+	}
 }
 
 // lateDriverHost is a state directory whose cache lists the GPU from a
@@ -139,7 +153,7 @@ func TestRediscoverAfterLateDriver(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, guard.Reject, d.Result, "the stale cache is not decided with")
 
-	swapped := runRediscover(t, b)
+	swapped, stop := runRediscover(t, b)
 
 	// The driver is still down: attempts back off 5s, 10s, 20s, 40s, 1m, 1m.
 	want := []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, time.Minute}
@@ -167,12 +181,11 @@ func TestRediscoverAfterLateDriver(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, guard.Admit, d.Result, d.Message)
 
-	// Complete: no more attempts, and a reconnect reuses the inventory.
-	select {
-	case w := <-timer.waits:
-		t.Fatalf("a wait of %s after the inventory was complete", w)
-	default:
-	}
+	// Complete: no more attempts (checked once Rediscover has returned,
+	// so that one it was about to arm is seen), and a reconnect reuses
+	// the inventory.
+	stop()
+	noWait(t, timer, "after the inventory was complete")
 	g2, err := b.Setup(context.Background(), cfg)
 	require.NoError(t, err)
 	_, ok = g2.Inventory().Lookup(uuidLate)
@@ -191,7 +204,7 @@ func TestRediscoverReplacesCacheFallback(t *testing.T) {
 	_, ok := g.Inventory().Lookup(uuidCached)
 	require.True(t, ok, "the cache fallback")
 
-	swapped := runRediscover(t, b)
+	swapped, _ := runRediscover(t, b)
 	assert.Equal(t, 5*time.Second, bounded(t, timer.waits, "a wait"))
 	nvml.up.Store(true)
 	timer.fire <- time.Time{}
@@ -209,13 +222,9 @@ func TestRediscoverIdleWhenComplete(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); b.Rediscover(ctx, nil) }()
-	select {
-	case w := <-timer.waits:
-		t.Fatalf("a wait of %s over a complete inventory", w)
-	default:
-	}
 	cancel()
 	bounded(t, done, "Rediscover to stop")
+	noWait(t, timer, "over a complete inventory")
 }
 
 // TestStartWithoutDriverOrCache: the first boot of a GPU Operator node. No
@@ -266,7 +275,7 @@ func TestStartWithoutDriverOrCache(t *testing.T) {
 				assert.Contains(t, d.Message, "retries the discovery by itself", what)
 			}
 
-			swapped := runRediscover(t, b)
+			swapped, _ := runRediscover(t, b)
 
 			assert.Equal(t, 5*time.Second, bounded(t, timer.waits, "a wait"))
 			timer.fire <- time.Time{} // still no driver
