@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -72,6 +73,18 @@ func openTest(t testing.TB, c *clock) *Ledger {
 	l, err := Open(t.TempDir(), testOptions(c))
 	require.NoError(t, err)
 	return l
+}
+
+// safeDir is a fresh directory whose chain CheckDirChain must accept: made
+// by this process (owned by its euid), mode 0755 (not writable by group or
+// others), in the temp dir. That the temp dir's own parents are safe is no
+// extra assumption: openTest opens every test ledger there, and Open checks
+// the chain. A rejection is thus a failure of the test, never a skip.
+func safeDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	require.NoError(t, os.Chmod(dir, 0o755))
+	return dir
 }
 
 // update runs fn in an Update and fails the test on error.

@@ -366,10 +366,8 @@ func TestCheckDirChain(t *testing.T) {
 	require.ErrorIs(t, CheckDirChain("relative/state"), ErrUnsafeDir)
 	require.ErrorIs(t, CheckDirChain("/var/../etc"), ErrUnsafeDir)
 
-	safe := t.TempDir()
-	if err := CheckDirChain(safe); err != nil {
-		t.Skipf("the temp dir's parents are not safe here: %v", err)
-	}
+	safe := safeDir(t)
+	require.NoError(t, CheckDirChain(safe), "a fresh 0755 dir of the test's own, in the temp dir")
 	require.NoError(t, CheckDirChain(filepath.Join(safe, "a", "state")), "missing components at the end are created later")
 	// Open walks the chain again only where part of it was missing.
 	complete, err := checkDirChain(filepath.Join(safe, "a", "state"))
@@ -395,10 +393,8 @@ func TestOpenRefusesMovableStateDir(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to chown")
 	}
-	base := t.TempDir()
-	if err := CheckDirChain(base); err != nil {
-		t.Skipf("the temp dir's parents are not safe here: %v", err)
-	}
+	base := safeDir(t)
+	require.NoError(t, CheckDirChain(base), "a fresh 0755 dir of the test's own, in the temp dir")
 	mk := func(name string, mode os.FileMode) string {
 		p := filepath.Join(base, name)
 		require.NoError(t, os.Mkdir(p, 0o700))
