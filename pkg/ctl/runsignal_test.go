@@ -84,6 +84,11 @@ type signalRig struct {
 	// exited is closed once ctl has exited, with its error in err.
 	exited chan struct{}
 	err    error
+	// drained is closed once out holds all the output: with a terminal,
+	// when the copy from its master side has ended (output written before
+	// ctl exited may still be in the terminal when exited closes); without,
+	// at once (cmd.Wait copies the pipes out before it returns).
+	drained chan struct{}
 }
 
 // startSignalRig starts "ctl" in a session of its own, with a
@@ -92,7 +97,7 @@ func startSignalRig(t *testing.T, withTTY bool) *signalRig {
 	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
-	r := &signalRig{t: t, out: &outWatch{}, exited: make(chan struct{})}
+	r := &signalRig{t: t, out: &outWatch{}, exited: make(chan struct{}), drained: make(chan struct{})}
 	r.cmd = exec.Command(exe)
 	r.cmd.Env = append(os.Environ(), signalRoleEnv+"=ctl")
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -103,10 +108,14 @@ func startSignalRig(t *testing.T, withTTY bool) *signalRig {
 		r.cmd.SysProcAttr.Setctty, r.cmd.SysProcAttr.Ctty = true, 0
 		require.NoError(t, r.cmd.Start())
 		_ = slave.Close()
-		go func() { _, _ = io.Copy(r.out, master) }() // ends with EIO once both have exited
+		go func() { // ends with EIO once both have exited
+			defer close(r.drained)
+			_, _ = io.Copy(r.out, master)
+		}()
 	} else {
 		r.cmd.Stdout, r.cmd.Stderr = r.out, r.out
 		require.NoError(t, r.cmd.Start())
+		close(r.drained)
 	}
 	go func() {
 		r.err = r.cmd.Wait()
@@ -128,6 +137,11 @@ func (r *signalRig) waitOutput(s string) {
 	select {
 	case <-r.out.when(s):
 	case <-r.exited:
+		select {
+		case <-r.drained:
+		case <-time.After(time.Minute):
+			r.t.Fatalf("the output of ctl did not end within a minute of its exit:\n%s", r.out.String())
+		}
 		select {
 		case <-r.out.when(s):
 		default:
