@@ -147,6 +147,13 @@ type PolicyConfig struct {
 	ReservationTTL   Duration      `toml:"reservation_ttl"`
 	QueueTTL         Duration      `toml:"queue_ttl"`
 	ExemptNamespaces []string      `toml:"exempt_namespaces"`
+	// SwarmResourceEnvvars are further variables NVIDIA's runtime reads
+	// GPU ids from, in place of NVIDIA_VISIBLE_DEVICES, when they are set:
+	// its swarm-resource setting (a Docker swarm's generic resource, e.g.
+	// DOCKER_RESOURCE_NVIDIA-GPU). DOCKER_RESOURCE_GPU is always read; a
+	// name the runtime reads and the guard does not is a GPU without a
+	// claim.
+	SwarmResourceEnvvars []string `toml:"swarm_resource_envvars"`
 }
 
 // NRIConfig identifies the plugin to containerd.
@@ -235,6 +242,8 @@ func Default() Config {
 			ReservationTTL:   Duration{6 * time.Minute},
 			QueueTTL:         Duration{15 * time.Minute},
 			ExemptNamespaces: []string{},
+			// Read always: DOCKER_RESOURCE_GPU (the resolver's).
+			SwarmResourceEnvvars: []string{},
 		},
 		NRI: NRIConfig{
 			PluginName:  "gpu-guard",

@@ -5,6 +5,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -52,6 +53,7 @@ memory_mib = 81559
 on_conflict = "reject"
 release_on = "remove"
 exempt_namespaces = ["gpu-monitoring"]
+swarm_resource_envvars = ["DOCKER_RESOURCE_NVIDIA-GPU"]
 [hook]
 poll_interval = "100ms"
 [metrics]
@@ -70,6 +72,7 @@ listen = "127.0.0.1:9464"
 	want.Policy.OnConflict = ConflictReject
 	want.Policy.ReleaseOn = ReleaseOnRemove
 	want.Policy.ExemptNamespaces = []string{"gpu-monitoring"}
+	want.Policy.SwarmResourceEnvvars = []string{"DOCKER_RESOURCE_NVIDIA-GPU"}
 	want.Hook.PollInterval = Duration{100 * time.Millisecond}
 	want.Metrics.Listen = "127.0.0.1:9464"
 	require.Equal(t, want, cfg)
@@ -127,6 +130,15 @@ func TestValidateMessages(t *testing.T) {
 		{"unknown_device", func(c *Config) { c.Policy.UnknownDevice = "warn" }, []string{"policy.unknown_device"}},
 		{"negative ttl", func(c *Config) { c.Policy.QueueTTL = Duration{-time.Second} }, []string{"policy.queue_ttl"}},
 		{"dup namespace", func(c *Config) { c.Policy.ExemptNamespaces = []string{"a", "a"} }, []string{"exempt_namespaces[1]", "twice"}},
+		{"swarm variable with =", func(c *Config) { c.Policy.SwarmResourceEnvvars = []string{"DOCKER_RESOURCE_GPU=1"} },
+			[]string{"policy.swarm_resource_envvars[0]", "not an environment variable name"}},
+		{"empty swarm variable", func(c *Config) { c.Policy.SwarmResourceEnvvars = []string{"A", ""} }, []string{"policy.swarm_resource_envvars[1]"}},
+		{"dup swarm variable", func(c *Config) { c.Policy.SwarmResourceEnvvars = []string{"A", "A"} }, []string{"swarm_resource_envvars[1]", "twice"}},
+		{"too many swarm variables", func(c *Config) {
+			for i := range 17 {
+				c.Policy.SwarmResourceEnvvars = append(c.Policy.SwarmResourceEnvvars, fmt.Sprintf("V%d", i))
+			}
+		}, []string{"policy.swarm_resource_envvars", "17 names listed, at most 16"}},
 		{"plugin index", func(c *Config) { c.NRI.PluginIndex = "9" }, []string{"nri.plugin_index", `"9"`}},
 		{"plugin name", func(c *Config) { c.NRI.PluginName = "90-gpu guard" }, []string{"nri.plugin_name"}},
 		{"poll longer than wait", func(c *Config) { c.Hook.PollInterval = Duration{time.Hour} }, []string{"hook.poll_interval", "longer than hook.wait_timeout"}},

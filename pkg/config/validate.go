@@ -182,6 +182,45 @@ func (c *Config) validatePolicy(v *problems) {
 		}
 		seenNS[ns] = true
 	}
+	if len(c.Policy.SwarmResourceEnvvars) > maxSwarmEnvvars {
+		v.bad("policy.swarm_resource_envvars", "%d names listed, at most %d", len(c.Policy.SwarmResourceEnvvars), maxSwarmEnvvars)
+	}
+	seenVar := map[string]bool{}
+	for i, name := range c.Policy.SwarmResourceEnvvars {
+		key := fmt.Sprintf("policy.swarm_resource_envvars[%d]", i)
+		switch {
+		case !validEnvName(name):
+			// Matched exactly against the container's variables: a name
+			// no variable can have would read nothing, silently.
+			v.bad(key, "%q is not an environment variable name (1 to %d printable ASCII characters, no '=' or space)", name, maxEnvNameLen)
+		case seenVar[name]:
+			v.bad(key, "variable %q is listed twice", name)
+		}
+		seenVar[name] = true
+	}
+}
+
+// Bounds on policy.swarm_resource_envvars: NVIDIA's runtime is given one or
+// a few names; each is compared with every variable of every container.
+const (
+	maxSwarmEnvvars = 16
+	maxEnvNameLen   = 128
+)
+
+// validEnvName reports whether s can name a variable of a container's
+// environment as NVIDIA's runtime matches it: exactly, up to the first '='.
+// Swarm's generic resources carry a '-' (DOCKER_RESOURCE_NVIDIA-GPU), so
+// only what cannot be in a name (or be told apart in a message) is refused.
+func validEnvName(s string) bool {
+	if s == "" || len(s) > maxEnvNameLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c > '~' || c == '=' {
+			return false
+		}
+	}
+	return true
 }
 
 // isDNSLabel reports whether s is an RFC 1123 label, as Kubernetes

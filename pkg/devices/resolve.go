@@ -429,9 +429,16 @@ func (b *builder) splitValue(where, value string, buf []item, mk func(tok string
 // the runtime reads that variable only when configured to (swarm-resource,
 // unset by default), and then in place of NVIDIA_VISIBLE_DEVICES; which of
 // the two it reads is not known here, so the union is claimed.
+//
+// The further names of policy.swarm_resource_envvars (the runtime's
+// swarm-resource setting) are read the same way, and claimed in the union
+// too.
 func (b *builder) env(env []string) {
 	var nvd, drg, cudaVersion, requireCUDA string
 	var hasNVD, hasDRG bool
+	swarm := b.policy.SwarmResourceEnvvars
+	var swarmVals []string // by position in swarm; "" with swarmSet false: unset
+	var swarmSet []bool
 	for _, kv := range env {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok {
@@ -446,6 +453,15 @@ func (b *builder) env(env []string) {
 			cudaVersion = v
 		case envRequireCUDA:
 			requireCUDA = v
+		default:
+			for i, name := range swarm {
+				if k == name {
+					if swarmVals == nil {
+						swarmVals, swarmSet = make([]string, len(swarm)), make([]bool, len(swarm))
+					}
+					swarmVals[i], swarmSet[i] = v, true
+				}
+			}
 		}
 	}
 	var buf [8]item
@@ -456,6 +472,11 @@ func (b *builder) env(env []string) {
 	}
 	if hasDRG {
 		b.envVar(EnvDockerResourceGPU, drg, buf[:])
+	}
+	for i, set := range swarmSet {
+		if set {
+			b.envVar(plainText(swarm[i]), swarmVals[i], buf[:])
+		}
 	}
 }
 

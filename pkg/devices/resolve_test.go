@@ -101,6 +101,9 @@ var allGPUs = []string{"0", "1", "2", "3"}
 
 func TestResolveVisibleDevicesEnv(t *testing.T) {
 	const nvd = "NVIDIA_VISIBLE_DEVICES="
+	swarm := func(p *config.PolicyConfig) {
+		p.SwarmResourceEnvvars = []string{"DOCKER_RESOURCE_NVIDIA-GPU", "DOCKER_RESOURCE_GPU"}
+	}
 	runResolveCases(t, []resolveCase{
 		{name: "no variable, nothing", req: Request{Env: env("PATH=/bin")}, want: nil},
 		{name: "one index", req: Request{Env: env(nvd + "0")}, want: []string{"0"},
@@ -142,6 +145,16 @@ func TestResolveVisibleDevicesEnv(t *testing.T) {
 			sources: map[string][]string{"3": {`env DOCKER_RESOURCE_GPU="3"`}}},
 		{name: "both variables: union", req: Request{Env: env(nvd+"0", "DOCKER_RESOURCE_GPU=2")}, want: []string{"0", "2"}},
 		{name: "void in one variable does not void the other", req: Request{Env: env(nvd+"0", "DOCKER_RESOURCE_GPU=void")}, want: []string{"0"}},
+		// A swarm generic resource NVIDIA's runtime is configured to read
+		// (swarm-resource) is read when listed, last occurrence winning,
+		// and claimed in the union; unlisted, it is just a variable.
+		{name: "listed swarm variable", policy: swarm, req: Request{Env: env("DOCKER_RESOURCE_NVIDIA-GPU=1", "DOCKER_RESOURCE_NVIDIA-GPU="+gpuUUID(3))},
+			want: []string{"3"}, sources: map[string][]string{"3": {`env DOCKER_RESOURCE_NVIDIA-GPU="` + gpuUUID(3) + `"`}}},
+		{name: "listed swarm variable beside NVIDIA_VISIBLE_DEVICES: union", policy: swarm,
+			req: Request{Env: env(nvd+"0", "OTHER=2", "DOCKER_RESOURCE_NVIDIA-GPU=2")}, want: []string{"0", "2"}},
+		{name: "listed swarm variable, malformed id", policy: swarm, req: Request{Env: env("DOCKER_RESOURCE_NVIDIA-GPU=-1")}, err: ErrInvalidID,
+			errHas: []string{"env DOCKER_RESOURCE_NVIDIA-GPU"}},
+		{name: "unlisted swarm variable is no request", req: Request{Env: env("DOCKER_RESOURCE_NVIDIA-GPU=1")}, want: nil},
 		{name: "docker --gpus 2 is literally 0,1", req: Request{Env: env(nvd + "0,1")}, want: []string{"0", "1"}},
 	})
 }
