@@ -115,8 +115,13 @@ type Request struct {
 	Mounts      []string          // mount destinations inside the container
 	Annotations map[string]string // OCI/CRI annotations (cdi.k8s.io/*)
 	CDIDevices  []string          // fully qualified CDI names (api.Container.CDIDevices)
-	Devices     []LinuxDevice     // linux.devices of the spec
-	Privileged  bool
+	// LateCDIDevices are qualified CDI names injected after the guard's
+	// check (another NRI plugin's adjustment, which containerd resolves
+	// once every plugin has answered): their device nodes are never seen,
+	// so only NVIDIA GPU names are accepted, as in NVIDIA_VISIBLE_DEVICES.
+	LateCDIDevices []string
+	Devices        []LinuxDevice // linux.devices of the spec
+	Privileged     bool
 	// AllDevicesAllowed: the device cgroup lets the container open every
 	// device, as engines set it up for a privileged container. Only then are
 	// its GPU device nodes the engine's wholesale addition rather than a

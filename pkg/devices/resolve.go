@@ -134,7 +134,8 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 	b.env(req.Env)
 	b.mounts(req.Mounts)
 	b.annotations(req.Annotations)
-	b.cdiList(req.CDIDevices)
+	b.cdiList(req.CDIDevices, false)
+	b.cdiList(req.LateCDIDevices, true)
 	b.linuxDevices(req.Devices)
 	b.capsRules(req)
 	b.finish()
@@ -602,8 +603,10 @@ func (b *builder) annotations(ann map[string]string) {
 	}
 }
 
-// cdiList reads the container's CDI device list (containerd ≥ 2.3).
-func (b *builder) cdiList(names []string) {
+// cdiList reads the container's CDI device list (containerd ≥ 2.3), or
+// (afterCheck) the CDI devices another NRI plugin adds, which containerd
+// injects after every plugin has answered.
+func (b *builder) cdiList(names []string, afterCheck bool) {
 	for _, n := range names {
 		where := "CDI device " + quoteToken(n)
 		if len(n) > MaxValueBytes {
@@ -613,7 +616,7 @@ func (b *builder) cdiList(names []string) {
 		if !b.spend(where) {
 			return
 		}
-		b.cdiName("CDI device", "cdi "+quoteToken(n), strings.TrimSpace(n), false)
+		b.cdiName("CDI device", "cdi "+quoteToken(n), strings.TrimSpace(n), afterCheck)
 	}
 }
 

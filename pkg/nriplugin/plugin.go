@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +21,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/runtimescan"
 )
 
@@ -35,11 +38,14 @@ var (
 	_ stub.StopPodInterface            = (*Plugin)(nil)
 	_ stub.RemovePodInterface          = (*Plugin)(nil)
 	_ stub.ShutdownInterface           = (*Plugin)(nil)
+
+	_ stub.ValidateContainerAdjustmentInterface = (*Plugin)(nil)
 )
 
 // Events is the explicit subscription. It leaves out events 12–14 (pod
 // sandbox updates, adjustment validation): runtimes older than NRI v0.10
-// (containerd 2.0, 2.1) refuse a plugin subscribing to them.
+// (containerd 2.0, 2.1) refuse a plugin subscribing to them. EventsFor adds
+// the validation where the runtime has it.
 var Events = func() api.EventMask {
 	var m api.EventMask
 	m.Set(
@@ -54,19 +60,56 @@ var Events = func() api.EventMask {
 	return m
 }()
 
-// EventsFor is the subscription for the runtime named at Configure: Events,
-// without PostStartContainer for containerd. containerd (1.7, 2.0–2.4)
-// sends StartContainer after it created the container's task, with its pid,
-// so the start is recorded there; PostStartContainer would only add a round
-// trip to every container's start. Other runtimes keep it, for a pid that
-// StartContainer did not carry.
-func EventsFor(runtime string) api.EventMask {
+// EventsFor is the subscription for the runtime and version named at
+// Configure: Events, without PostStartContainer for containerd. containerd
+// (1.7, 2.0–2.4) sends StartContainer after it created the container's
+// task, with its pid, so the start is recorded there; PostStartContainer
+// would only add a round trip to every container's start. Other runtimes
+// keep it, for a pid that StartContainer did not carry.
+//
+// containerd 2.2 and later (NRI v0.10) also get ValidateContainerAdjustment
+// (see Plugin.ValidateContainerAdjustment): a plugin with a higher index
+// than the guard's can add a GPU after the guard decided, and only the
+// validation, which comes after every plugin, sees it. Older containerd
+// refuses a plugin that subscribes to it; a version that cannot be read is
+// taken for an older one (the plugin must register).
+func EventsFor(runtime, version string) api.EventMask {
 	if runtime == "containerd" {
 		m := Events
 		m.Clear(api.Event_POST_START_CONTAINER)
+		if atLeast(version, 2, 2) {
+			m.Set(api.Event_VALIDATE_CONTAINER_ADJUSTMENT)
+		}
 		return m
 	}
 	return Events
+}
+
+// atLeast reports whether a runtime version ("v2.2.1", "2.2.1+unknown",
+// "2.3.0-rc.1") is major.minor or later.
+func atLeast(version string, major, minor int) bool {
+	v := strings.TrimPrefix(version, "v")
+	fields := strings.SplitN(v, ".", 3)
+	if len(fields) < 2 {
+		return false
+	}
+	num := func(s string) (int, bool) {
+		end := 0
+		for end < len(s) && s[end] >= '0' && s[end] <= '9' {
+			end++
+		}
+		if end == 0 || end > 4 {
+			return 0, false
+		}
+		n, err := strconv.Atoi(s[:end])
+		return n, err == nil
+	}
+	ma, ok1 := num(fields[0])
+	mi, ok2 := num(fields[1])
+	if !ok1 || !ok2 {
+		return false
+	}
+	return ma > major || (ma == major && mi >= minor)
 }
 
 // SetupFunc builds the guard for a configuration: it opens the ledger and
@@ -349,7 +392,7 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 	p.log.Info("configured by runtime", "runtime", runtime, "runtime_version", version,
 		"config_from_runtime", cfgText != "")
 	if p.g != nil && cfgText == p.cfgText {
-		return EventsFor(runtime), nil
+		return EventsFor(runtime, version), nil
 	}
 	cfg := p.base
 	if cfgText != "" {
@@ -364,7 +407,7 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 		return 0, fmt.Errorf("nri-gpu-guard: setup: %w", err)
 	}
 	p.g, p.cfgText = g, cfgText
-	return EventsFor(runtime), nil
+	return EventsFor(runtime, version), nil
 }
 
 // Synchronize reconciles the ledger with every container the runtime lists
@@ -801,6 +844,73 @@ func (p *Plugin) boundedDetached(ctx context.Context, g *guard.Guard) (context.C
 		return context.WithCancel(detached)
 	}
 	return context.WithDeadline(detached, deadline)
+}
+
+// ValidateContainerAdjustment refuses a container that, as every plugin's
+// adjustments leave it, reaches a GPU it holds no claim for. containerd
+// (2.2 and later; see EventsFor) asks it once every plugin has answered
+// CreateContainer, before it creates the container: a plugin with a higher
+// index than the guard's (a device injector reading pod annotations, a
+// plugin adding CDI devices or env) can add a GPU the guard's
+// CreateContainer never saw. The container as created is resolved as at
+// admission (adjusted, guardRequest), the CDI devices of the adjustment as
+// names injected after the check, and every device it reaches must be
+// claimed by it (guard.Unclaimed). A refusal fails the create; containerd's
+// undo then sends StopContainer and RemoveContainer, which release what
+// CreateContainer claimed.
+func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.ValidateContainerAdjustmentRequest) (err error) {
+	defer p.handling("ValidateContainerAdjustment", &err)()
+	g := p.Guard()
+	if g == nil {
+		return errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
+	}
+	pod := req.GetPod()
+	final, late := adjusted(req.GetContainer(), req.GetAdjust())
+	r := guardRequest(pod, final)
+	r.Spec.LateCDIDevices = late
+	dctx, cancel := p.bounded(ctx, g)
+	defer cancel()
+	unclaimed, err := g.Unclaimed(dctx, r)
+	id := final.GetId()
+	if err != nil {
+		return fmt.Errorf("nri-gpu-guard: container %s refused: as the NRI plugins' adjustments leave it: %w", naming.ShortID(id), err)
+	}
+	if len(unclaimed) == 0 {
+		return nil
+	}
+	parts := make([]string, len(unclaimed))
+	for i, d := range unclaimed {
+		parts[i] = naming.Device(d.Device) + " (" + strings.Join(d.Sources, ", ") + ")"
+	}
+	after := pluginsAfter(req.GetPlugins(), g.Config().NRI.PluginName)
+	p.log.Warn("refused a container another NRI plugin gave a GPU after the guard's check",
+		"container_id", id, "namespace", pod.GetNamespace(), "pod", pod.GetName(), "devices", parts, "plugins_after", after)
+	return fmt.Errorf("nri-gpu-guard: container %s refused: an NRI plugin that runs after nri-gpu-guard (%s) gave it %s, "+
+		"which nri-gpu-guard did not check or claim; request the GPU in the container's spec (NVIDIA_VISIBLE_DEVICES, CDI), "+
+		"or give nri-gpu-guard a plugin index above every plugin that adds devices",
+		naming.ShortID(id), after, strings.Join(parts, "; "))
+}
+
+// pluginsAfter names the plugins consulted after the one named self
+// ("95-device-injector"), or all of them but self when self is not listed.
+func pluginsAfter(plugins []*api.PluginInstance, self string) string {
+	selfIdx := ""
+	for _, pl := range plugins {
+		if pl.GetName() == self {
+			selfIdx = pl.GetIndex()
+		}
+	}
+	var names []string
+	for _, pl := range plugins {
+		if pl.GetName() == self || (selfIdx != "" && pl.GetIndex() <= selfIdx) {
+			continue
+		}
+		names = append(names, pl.GetIndex()+"-"+pl.GetName())
+	}
+	if len(names) == 0 {
+		return "none listed"
+	}
+	return strings.Join(names, ", ")
 }
 
 // CreateContainer admits the container or refuses it with the guard's

@@ -434,7 +434,7 @@ func TestConfigureFromRuntimeString(t *testing.T) {
 
 	mask, err := p.Configure(context.Background(), "", "containerd", "v2.2.1")
 	require.NoError(t, err)
-	assert.Equal(t, EventsFor("containerd"), mask)
+	assert.Equal(t, EventsFor("containerd", "v2.2.1"), mask)
 	require.Len(t, built, 1)
 	assert.Equal(t, config.ConflictQueue, built[0].Policy.OnConflict)
 
@@ -457,15 +457,27 @@ func TestConfigureFromRuntimeString(t *testing.T) {
 
 // containerd carries the pid in StartContainer: the plugin does not ask it
 // for PostStartContainer as well; any other runtime gets the full set.
+// containerd 2.2 and later also validate the plugins' combined adjustments;
+// older ones refuse a plugin subscribing to that, and so does a version
+// that cannot be read.
 func TestEventsForRuntime(t *testing.T) {
-	containerd := EventsFor("containerd")
+	containerd := EventsFor("containerd", "v2.1.4")
 	assert.False(t, containerd.IsSet(api.Event_POST_START_CONTAINER))
 	assert.True(t, containerd.IsSet(api.Event_START_CONTAINER))
 	want := Events
 	want.Clear(api.Event_POST_START_CONTAINER)
 	assert.Equal(t, want, containerd, "only PostStartContainer is left out")
-	assert.Equal(t, Events, EventsFor("cri-o"))
+	assert.Equal(t, Events, EventsFor("cri-o", "1.34.0"))
 	assert.True(t, Events.IsSet(api.Event_POST_START_CONTAINER))
+	for version, validates := range map[string]bool{
+		"v2.2.1": true, "2.2.0": true, "v2.4.2": true, "2.3.0-rc.1": true, "v3.0.0": true, "2.10.1+unknown": true,
+		"v2.1.4": false, "1.7.35": false, "v2.0.0": false, "": false, "devel": false, "v2": false, "x.y.z": false,
+	} {
+		got := EventsFor("containerd", version)
+		assert.Equal(t, validates, got.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT), version)
+		got.Clear(api.Event_VALIDATE_CONTAINER_ADJUSTMENT)
+		assert.Equal(t, want, got, version)
+	}
 }
 
 func TestEventMaskAvoidsNewEvents(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/containerd/nri/pkg/api"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
@@ -147,4 +148,85 @@ func deviceRules(rules []*api.LinuxDeviceCgroup) []devices.DeviceRule {
 		out = append(out, d)
 	}
 	return out
+}
+
+// adjusted is ctr as it will be created: its pristine state with the
+// runtime's other plugins' combined adjustment applied, as containerd
+// applies it (env, mounts, devices and annotations replaced by key or
+// removed where marked for removal, device cgroup rules appended). The CDI
+// devices of the adjustment are returned apart: containerd injects them
+// only after every plugin has answered, so their device nodes are never
+// seen, and they are resolved as such (devices.Request.LateCDIDevices).
+// ctr is not modified.
+func adjusted(ctr *api.Container, adj *api.ContainerAdjustment) (*api.Container, []string) {
+	out := proto.Clone(ctr).(*api.Container)
+	if adj == nil {
+		return out, nil
+	}
+	for _, kv := range adj.GetEnv() {
+		key, remove := kv.IsMarkedForRemoval()
+		env := out.Env[:0:0]
+		for _, e := range out.Env {
+			if k, _, _ := strings.Cut(e, "="); k != key {
+				env = append(env, e)
+			}
+		}
+		if !remove {
+			env = append(env, kv.ToOCI())
+		}
+		out.Env = env
+	}
+	for _, m := range adj.GetMounts() {
+		dest, remove := m.IsMarkedForRemoval()
+		mounts := out.Mounts[:0:0]
+		for _, have := range out.Mounts {
+			if have.GetDestination() != dest {
+				mounts = append(mounts, have)
+			}
+		}
+		if !remove {
+			mounts = append(mounts, m)
+		}
+		out.Mounts = mounts
+	}
+	for k, v := range adj.GetAnnotations() {
+		key, remove := api.IsMarkedForRemoval(k)
+		if remove {
+			delete(out.Annotations, key)
+			continue
+		}
+		if out.Annotations == nil {
+			out.Annotations = map[string]string{}
+		}
+		out.Annotations[key] = v
+	}
+	if la := adj.GetLinux(); la != nil {
+		if out.Linux == nil {
+			out.Linux = &api.LinuxContainer{}
+		}
+		for _, d := range la.GetDevices() {
+			path, remove := d.IsMarkedForRemoval()
+			devs := out.Linux.Devices[:0:0]
+			for _, have := range out.Linux.Devices {
+				if have.GetPath() != path {
+					devs = append(devs, have)
+				}
+			}
+			if !remove {
+				devs = append(devs, d)
+			}
+			out.Linux.Devices = devs
+		}
+		if rules := la.GetResources().GetDevices(); len(rules) > 0 {
+			if out.Linux.Resources == nil {
+				out.Linux.Resources = &api.LinuxResources{}
+			}
+			out.Linux.Resources.Devices = append(out.Linux.Resources.Devices, rules...)
+		}
+	}
+	var late []string
+	for _, d := range adj.GetCDIDevices() {
+		late = append(late, d.GetName())
+	}
+	return out, late
 }

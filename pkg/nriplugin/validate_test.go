@@ -1,0 +1,129 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package nriplugin
+
+import (
+	"context"
+	"testing"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// injector is another NRI plugin, with a higher index than the guard's (95
+// against 90): it adjusts every container as adjust says, after the guard's
+// CreateContainer, as containerd's device-injector sample does from a pod's
+// annotations.
+type injector struct {
+	adjust func(*api.Container) *api.ContainerAdjustment
+	synced chan struct{}
+}
+
+func (in *injector) Synchronize(context.Context, []*api.PodSandbox, []*api.Container) ([]*api.ContainerUpdate, error) {
+	select {
+	case in.synced <- struct{}{}:
+	default:
+	}
+	return nil, nil
+}
+
+func (in *injector) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
+	return in.adjust(c), nil, nil
+}
+
+// startInjector starts the injector and waits until the runtime has it
+// registered.
+func (rt *runtime) startInjector(adjust func(*api.Container) *api.ContainerAdjustment) {
+	rt.t.Helper()
+	in := &injector{adjust: adjust, synced: make(chan struct{}, 1)}
+	s, err := stub.New(in, stub.WithPluginName("device-injector"), stub.WithPluginIdx("95"), stub.WithSocketPath(rt.socket))
+	require.NoError(rt.t, err)
+	require.NoError(rt.t, s.Start(context.Background()))
+	rt.t.Cleanup(s.Stop)
+	<-in.synced
+	rt.nri.BlockPluginSync().Unblock()
+}
+
+// A plugin that runs after the guard can give a container a GPU the guard
+// never saw: containerd (2.2 and later) asks the guard to validate the
+// container as every plugin leaves it, and the guard refuses one that
+// reaches a GPU it holds no claim for. Before, such a container was created
+// with the GPU and no claim, also while another container held it. What a
+// refused create claimed is released by containerd's undo.
+func TestLaterPluginCannotAddAnUncheckedGPU(t *testing.T) {
+	gpu1 := &api.LinuxDevice{Path: "/dev/nvidia1", Type: "c", Major: 195, Minor: 1}
+	for _, tc := range []struct {
+		name    string
+		env     []string // the container's own request
+		adjust  *api.ContainerAdjustment
+		refused []string // in the refusal; nil: admitted
+		holds   []string // the container's claims once created
+	}{
+		{name: "a GPU device node", adjust: &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{Devices: []*api.LinuxDevice{gpu1}}},
+			refused: []string{"GPU 1 (" + gpuUUID(1) + ")", "device /dev/nvidia1 (195:1)", "95-device-injector"}},
+		{name: "a GPU beside the one claimed", env: []string{"NVIDIA_VISIBLE_DEVICES=0"},
+			adjust:  &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{Devices: []*api.LinuxDevice{gpu1}}},
+			refused: []string{"GPU 1 (" + gpuUUID(1) + ")"}},
+		{name: "the node of the GPU claimed", env: []string{"NVIDIA_VISIBLE_DEVICES=1"},
+			adjust: &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{Devices: []*api.LinuxDevice{gpu1}}},
+			holds:  []string{gpuUUID(1)}},
+		{name: "an env id", adjust: &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: "NVIDIA_VISIBLE_DEVICES", Value: "2"}}},
+			refused: []string{"GPU 2 (" + gpuUUID(2) + ")", `env NVIDIA_VISIBLE_DEVICES="2"`}},
+		{name: "an env id replacing the one claimed", env: []string{"NVIDIA_VISIBLE_DEVICES=0"},
+			adjust:  &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: "NVIDIA_VISIBLE_DEVICES", Value: "2"}}},
+			refused: []string{"GPU 2 (" + gpuUUID(2) + ")"}},
+		{name: "the env id removed", env: []string{"NVIDIA_VISIBLE_DEVICES=0"},
+			adjust: &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: api.MarkForRemoval("NVIDIA_VISIBLE_DEVICES")}}},
+			holds:  []string{gpuUUID(0)}},
+		{name: "an NVIDIA CDI device", adjust: &api.ContainerAdjustment{CDIDevices: []*api.CDIDevice{{Name: "nvidia.com/gpu=3"}}},
+			refused: []string{"GPU 3 (" + gpuUUID(3) + ")", `cdi "nvidia.com/gpu=3"`}},
+		// Injected after every plugin answered: its nodes are never seen.
+		{name: "another vendor's CDI device", adjust: &api.ContainerAdjustment{CDIDevices: []*api.CDIDevice{{Name: "k8s.gpu.nvidia.com/device=gpu-0"}}},
+			refused: []string{`"k8s.gpu.nvidia.com/device=gpu-0"`, "after the guard's check"}},
+		{name: "a rule opening every GPU node", adjust: &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{
+			Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{{Allow: true, Type: "c", Major: api.Int64(195), Access: "rw"}}}}},
+			refused: []string{"GPU 0 (" + gpuUUID(0) + ")"}},
+		{name: "nothing about GPUs", adjust: &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: "FOO", Value: "bar"}},
+			Annotations: map[string]string{"example.com/x": "y"}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newRuntime(t, nil)
+			rt.startPlugin()
+			rt.startInjector(func(*api.Container) *api.ContainerAdjustment { return tc.adjust })
+			pod := rt.addPod("p")
+			err := rt.create(pod, container(pod, "c", "ctr-1", tc.env...))
+			if tc.refused != nil {
+				require.Error(t, err)
+				for _, s := range tc.refused {
+					assert.ErrorContains(t, err, s)
+				}
+				assert.Empty(t, rt.state().Claims, "containerd's undo released what CreateContainer claimed")
+				return
+			}
+			require.NoError(t, err)
+			var held []string
+			for _, c := range rt.state().Claims {
+				require.Equal(t, "ctr-1", c.Owner.ContainerID)
+				held = append(held, c.Device.UUID)
+			}
+			assert.ElementsMatch(t, tc.holds, held)
+		})
+	}
+}
+
+// An exempt namespace's containers reach what they reach, as at admission.
+func TestLaterPluginInExemptNamespace(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.cfg.Policy.ExemptNamespaces = []string{"ml"}
+	rt.startPlugin()
+	rt.startInjector(func(*api.Container) *api.ContainerAdjustment {
+		return &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{Devices: []*api.LinuxDevice{
+			{Path: "/dev/nvidia1", Type: "c", Major: 195, Minor: 1}}}}
+	})
+	pod := rt.addPod("p")
+	require.NoError(t, rt.create(pod, container(pod, "c", "ctr-1")))
+	assert.Empty(t, rt.state().Claims)
+}
