@@ -74,6 +74,15 @@ func dueKey(kind releaseKind, o ledger.Owner) string {
 	return o.ContainerID
 }
 
+// stillDue reports whether the due release of key is still the one of seq
+// (no event replaced it since it was read).
+func (p *Plugin) stillDue(key string, seq uint64) bool {
+	p.dueMu.Lock()
+	defer p.dueMu.Unlock()
+	cur, ok := p.due[key]
+	return ok && cur.seq == seq
+}
+
 // releaseDue runs one due release.
 func (p *Plugin) releaseDue(ctx context.Context, g *guard.Guard, r dueRelease) error {
 	switch r.kind {
@@ -210,10 +219,15 @@ func (p *Plugin) retryDue(ctx context.Context, g *guard.Guard, by string) (progr
 	for _, r := range todo {
 		key := dueKey(r.kind, r.owner)
 		err := p.releaseDue(ctx, g, r)
+		still := p.stillDue(key, r.seq)
+		if err == nil && still {
+			// Tracking follows the release before the entry leaves the
+			// due list: whoever sees the count of due releases fall (the
+			// gauge) sees the container's events over too.
+			p.released(g, r)
+		}
 		p.dueMu.Lock()
-		cur, still := p.due[key]
-		still = still && cur.seq == r.seq
-		if still {
+		if cur, ok := p.due[key]; ok && cur.seq == r.seq {
 			if err == nil {
 				delete(p.due, key)
 			} else {
@@ -233,7 +247,6 @@ func (p *Plugin) retryDue(ctx context.Context, g *guard.Guard, by string) (progr
 		}
 		progressed = true
 		if still {
-			p.released(g, r)
 			p.log.Info("released on retry after a failed release", "release", r.kind.String(),
 				"container_id", r.owner.ContainerID, "pod_uid", r.owner.PodUID, "pod_sandbox_id", r.owner.PodSandboxID,
 				"namespace", r.owner.Namespace, "pod", r.owner.Pod, "tries", r.tries+1,
