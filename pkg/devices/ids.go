@@ -261,6 +261,13 @@ func parseQualifiedName(s string) (vendor, class, name string, ok bool) {
 // MIG devices. Other vendors' and other NVIDIA classes' devices (the device
 // plugin's gdrcopy and mofed, imex channels) are not GPU allocations;
 // management.nvidia.com devices open every GPU (see cdiName).
+// nvidiaVendor reports whether a CDI vendor is NVIDIA's domain or one of
+// its subdomains (k8s.gpu.nvidia.com, the DRA driver's), whose specs may hold
+// GPU device nodes under any class.
+func nvidiaVendor(vendor string) bool {
+	return vendor == "nvidia.com" || strings.HasSuffix(vendor, ".nvidia.com")
+}
+
 func isGPUClass(vendor, class string) bool {
 	return (vendor == cdiVendor || vendor == cdiVendorDevicePlugin || vendor == cdiVendorRuntime) && (class == cdiClassGPU || class == cdiClassMIG)
 }

@@ -110,12 +110,15 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 		case config.PrivilegedAll:
 			b.claimAll(srcPrivileged)
 		default: // declared
-			if !req.Privileged {
-				// The wildcard was asked for: no engine opens the GPU
-				// major of an unprivileged container wholesale, and with
+			if req.GPUNodesAllowed && (!req.Privileged || !req.AllDevicesAllowed) {
+				// The wildcard was asked for: engines open every device
+				// of a privileged container (CAP_SYS_ADMIN and a device
+				// cgroup allowing everything), and nothing else
+				// wholesale; `--cap-add SYS_ADMIN` does not make a
+				// `--device-cgroup-rule 'c 195:* rw'` the engine's. With
 				// CAP_MKNOD (in every engine's default set) or a
-				// bind-mounted /dev it reaches every GPU. It declared
-				// them all, under policy.all_devices.
+				// bind-mounted /dev the container reaches every GPU: it
+				// declared them all, under policy.all_devices.
 				b.claimAllOr(srcGPURule, "name the GPUs the container needs and let its device cgroup allow only their nodes")
 				break
 			}
@@ -134,8 +137,8 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 	b.env(req.Env)
 	b.mounts(req.Mounts)
 	b.annotations(req.Annotations)
-	b.cdiList(req.CDIDevices, false)
-	b.cdiList(req.LateCDIDevices, true)
+	b.cdiList(req.CDIDevices, cdiByEngine)
+	b.cdiList(req.LateCDIDevices, cdiByPlugin)
 	b.linuxDevices(req.Devices)
 	b.capsRules(req)
 	b.finish()
@@ -383,7 +386,7 @@ func (b *builder) resolveItems(items []item, fromMounts bool) {
 			// A qualified CDI name (nvidia.com/gpu=1): in its CDI mode
 			// NVIDIA's runtime takes it from NVIDIA_VISIBLE_DEVICES (and
 			// from a volume mount) as it would from an annotation.
-			b.cdiName(it.where, it.src, it.tok, true)
+			b.cdiName(it.where, it.src, it.tok, cdiByRuntime)
 			continue
 		}
 		pos, err := b.ix.resolveID(it.tok)
@@ -524,7 +527,7 @@ func (b *builder) mounts(dests []string) {
 			continue
 		}
 		if cdi {
-			b.cdiName(where, where, id, true)
+			b.cdiName(where, where, id, cdiByRuntime)
 			continue
 		}
 		toks, ok := b.splitValue(where, id, nil, func(tok string) item {
@@ -598,15 +601,15 @@ func (b *builder) annotations(ann map[string]string) {
 			continue
 		}
 		for _, it := range items {
-			b.cdiName(it.where, it.src, it.tok, false)
+			b.cdiName(it.where, it.src, it.tok, cdiByEngine)
 		}
 	}
 }
 
 // cdiList reads the container's CDI device list (containerd ≥ 2.3), or
-// (afterCheck) the CDI devices another NRI plugin adds, which containerd
+// (cdiByPlugin) the CDI devices another NRI plugin adds, which containerd
 // injects after every plugin has answered.
-func (b *builder) cdiList(names []string, afterCheck bool) {
+func (b *builder) cdiList(names []string, by cdiInjector) {
 	for _, n := range names {
 		where := "CDI device " + quoteToken(n)
 		if len(n) > MaxValueBytes {
@@ -616,22 +619,43 @@ func (b *builder) cdiList(names []string, afterCheck bool) {
 		if !b.spend(where) {
 			return
 		}
-		b.cdiName("CDI device", "cdi "+quoteToken(n), strings.TrimSpace(n), afterCheck)
+		b.cdiName("CDI device", "cdi "+quoteToken(n), strings.TrimSpace(n), by)
 	}
 }
+
+// cdiInjector is who injects the devices of a CDI name, which decides what
+// the guard can see of them.
+type cdiInjector int
+
+const (
+	// cdiByEngine: the engine injects them before the check (annotations,
+	// the CRI's CDI device list): their device nodes are in the spec the
+	// guard checks, and a GPU node among them is caught by its numbers.
+	cdiByEngine cdiInjector = iota
+	// cdiByRuntime: NVIDIA's runtime in its CDI mode injects them after
+	// the check, from a name in NVIDIA_VISIBLE_DEVICES or a volume mount,
+	// which the container's creator writes.
+	cdiByRuntime
+	// cdiByPlugin: containerd injects them after every NRI plugin has
+	// answered, from another plugin's adjustment (devices.Request.
+	// LateCDIDevices), an operator-installed plugin's choice.
+	cdiByPlugin
+)
 
 // cdiName resolves one qualified CDI device name; only the gpu and mig
 // classes of NVIDIA's vendors are GPUs (isGPUClass), and any device of the
 // management spec is all of them.
 //
-// Another vendor's or class's device is no GPU when the engine injects it
-// (annotations, the CRI's CDI device list): its nodes are in the spec the
-// guard checks, and a GPU node among them is caught by its numbers. A name
-// in NVIDIA_VISIBLE_DEVICES or a volume mount (afterCheck) is injected by
-// NVIDIA's runtime in its CDI mode, after this check, from whatever spec
-// defines it (the DRA driver's k8s.gpu.nvidia.com/device=gpu-0 is GPU 0):
-// the guard cannot tell its GPUs, so it is refused under every policy.
-func (b *builder) cdiName(where, src, qualified string, afterCheck bool) {
+// Another vendor's or class's device injected by the engine is no GPU: its
+// nodes are seen. Injected later, its nodes are never seen, and the guard
+// cannot tell its GPUs from the name (the DRA driver's
+// k8s.gpu.nvidia.com/device=gpu-0 is GPU 0): a name the container's creator
+// wrote for NVIDIA's runtime is refused under every policy (no other use of
+// such a name is known); one another NRI plugin added is refused when its
+// vendor is NVIDIA's (nvidia.com or a subdomain of it) and no GPU
+// otherwise, since plugins add other vendors' devices (NICs, FPGAs) to
+// ordinary containers and their specs are the operator's.
+func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 	vendor, class, name, ok := parseQualifiedName(qualified)
 	if !ok {
 		b.unresolved(where, invalid(qualified, "want a qualified CDI device name <vendor>/<class>=<name>"))
@@ -644,10 +668,15 @@ func (b *builder) cdiName(where, src, qualified string, afterCheck bool) {
 		return
 	}
 	if !isGPUClass(vendor, class) {
-		if afterCheck {
+		switch {
+		case by == cdiByRuntime:
 			b.unresolved(where, invalid(qualified, "NVIDIA's runtime injects the CDI device a name here denotes after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+
 				"or request other CDI devices through CDI annotations or the CRI's CDI devices, which the engine injects before the check"))
+		case by == cdiByPlugin && nvidiaVendor(vendor):
+			b.unresolved(where, invalid(qualified, "an NRI plugin added this NVIDIA CDI device, which containerd injects after the guard's check, "+
+				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: have the plugin name GPUs that way, "+
+				"or request the device in the container's own spec"))
 		}
 		return
 	}

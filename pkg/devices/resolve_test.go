@@ -311,6 +311,12 @@ func TestResolvePrivileged(t *testing.T) {
 			sources: map[string][]string{"1": {srcGPURule}}},
 		{name: "declared: an unprivileged c 195:* rule claims every GPU", policy: pol(config.PrivilegedDeclared),
 			req: Request{GPUNodesAllowed: true}, want: allGPUs, wantAll: true},
+		// CAP_SYS_ADMIN (--cap-add) does not make the rule the engine's:
+		// only a device cgroup allowing everything is.
+		{name: "declared: CAP_SYS_ADMIN with a c 195:* rule claims every GPU", policy: pol(config.PrivilegedDeclared),
+			req: Request{Privileged: true, GPUNodesAllowed: true}, want: allGPUs, wantAll: true},
+		{name: "declared: privileged with every device allowed claims what it names", policy: pol(config.PrivilegedDeclared),
+			req: Request{Privileged: true, AllDevicesAllowed: true, GPUNodesAllowed: true, Env: env("NVIDIA_VISIBLE_DEVICES=2")}, want: []string{"2"}},
 		{name: "declared: an unprivileged c 195:* rule under all_devices = reject", req: Request{GPUNodesAllowed: true},
 			policy: func(p *config.PolicyConfig) { p.Privileged, p.AllDevices = config.PrivilegedDeclared, config.AllReject },
 			err:    ErrAllRejected, errHas: []string{srcGPURule, "let its device cgroup allow only their nodes"}},
@@ -494,6 +500,14 @@ func TestResolveCDI(t *testing.T) {
 			req: Request{Annotations: ann("cdi.k8s.io/gpu", "nvidia.com/gpu=gpu9, nvidia.com/gpu=2")}, want: []string{"2"}},
 		{name: "CDI device list", req: Request{CDIDevices: []string{"nvidia.com/gpu=0", "example.com/x=y"}}, want: []string{"0"},
 			sources: map[string][]string{"0": {`cdi "nvidia.com/gpu=0"`}}},
+		// CDI devices another NRI plugin adds, injected after the check:
+		// NVIDIA GPU names are read, NVIDIA's other names refused (their
+		// GPUs cannot be told), other vendors' devices are no GPU.
+		{name: "late CDI: a GPU name", req: Request{LateCDIDevices: []string{"nvidia.com/gpu=2"}}, want: []string{"2"}},
+		{name: "late CDI: another vendor's device", req: Request{LateCDIDevices: []string{"intel.com/sriov=vf0"}}, want: nil},
+		{name: "late CDI: NVIDIA's DRA name", req: Request{LateCDIDevices: []string{"k8s.gpu.nvidia.com/device=gpu-0"}}, err: ErrInvalidID,
+			errHas: []string{"an NRI plugin added this NVIDIA CDI device"}},
+		{name: "late CDI: NVIDIA's other class", req: Request{LateCDIDevices: []string{"nvidia.com/imex-channel=0"}}, err: ErrInvalidID},
 		{name: "CDI device list, unknown", req: Request{CDIDevices: []string{"nvidia.com/gpu=gpu7"}}, err: ErrUnknownDevice,
 			errHas: []string{`CDI device: unknown GPU "nvidia.com/gpu=gpu7"`}},
 		{name: "annotation keys are rendered safely", req: Request{Annotations: ann("cdi.k8s.io/a b\n", "nvidia.com/gpu=9")}, err: ErrUnknownDevice,
