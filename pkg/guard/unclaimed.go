@@ -5,6 +5,7 @@ package guard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -22,18 +23,20 @@ import (
 // CreateContainer, and the container would reach that GPU without a claim.
 // A container of an exempt namespace reaches what it reaches, as at
 // admission. A request that resolves to nothing costs no ledger read; one
-// that cannot be resolved, or whose holdings cannot be read, is an error:
-// the caller refuses the container.
+// that admission would refuse before reading the ledger (it cannot be
+// resolved, or asks for GPUs while the inventory is incomplete), or whose
+// holdings cannot be read, is an error: the caller refuses the container.
 func (g *Guard) Unclaimed(ctx context.Context, r Request) ([]devices.Resolved, error) {
-	if g.Exempt(r.Owner.Namespace) && TrustsIdentity(r.FrontEnd) {
-		return nil, nil
-	}
-	res, err := g.Resolve(r.Spec)
-	if err != nil {
-		return nil, err
-	}
-	if len(res.Devices) == 0 {
-		return nil, nil
+	// The checks before the ledger are admission's own (preDecide): an
+	// exemption, a request that cannot be resolved, and "all" or any GPU
+	// while the inventory is incomplete, which resolves to no device but
+	// reaches every GPU there is.
+	d, res, done := g.preDecide(r.Owner, r.Spec)
+	if done {
+		if d.Result == Reject {
+			return nil, errors.New(d.Message)
+		}
+		return nil, nil // exempt, or no GPU
 	}
 	st, err := g.ledger.Snapshot(ctx)
 	if err != nil {

@@ -868,6 +868,13 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	final, late := adjusted(req.GetContainer(), req.GetAdjust())
 	r := guardRequest(pod, final)
 	r.Spec.LateCDIDevices = late
+	if !specOf(req.GetContainer()).Privileged {
+		// NRI has no privileged flag (specOf: a device cgroup allowing
+		// everything stands for it). A container the engine did not open
+		// wholesale is not made privileged by a plugin's rule: such a rule
+		// reaches every GPU, and is resolved as the rule it is.
+		r.Spec.Privileged = false
+	}
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	unclaimed, err := g.Unclaimed(dctx, r)

@@ -82,10 +82,21 @@ func TestLaterPluginCannotAddAnUncheckedGPU(t *testing.T) {
 			refused: []string{"GPU 3 (" + gpuUUID(3) + ")", `cdi "nvidia.com/gpu=3"`}},
 		// Injected after every plugin answered: its nodes are never seen.
 		{name: "another vendor's CDI device", adjust: &api.ContainerAdjustment{CDIDevices: []*api.CDIDevice{{Name: "k8s.gpu.nvidia.com/device=gpu-0"}}},
-			refused: []string{`"k8s.gpu.nvidia.com/device=gpu-0"`, "after the guard's check"}},
+			refused: []string{`"k8s.gpu.nvidia.com/device=gpu-0"`, "an NRI plugin added this NVIDIA CDI device"}},
 		{name: "a rule opening every GPU node", adjust: &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{
 			Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{{Allow: true, Type: "c", Major: api.Int64(195), Access: "rw"}}}}},
 			refused: []string{"GPU 0 (" + gpuUUID(0) + ")"}},
+		// A plugin's rule allowing every device does not make the
+		// container privileged (whose engine-added nodes are no request):
+		// it reaches every GPU.
+		{name: "a rule allowing every device, and a GPU node", adjust: &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{
+			Devices:   []*api.LinuxDevice{gpu1},
+			Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{{Allow: true, Type: "a", Access: "rwm"}}}}},
+			refused: []string{"GPU 0 (" + gpuUUID(0) + ")", "GPU 1 (" + gpuUUID(1) + ")"}},
+		// Another vendor's device (a NIC's virtual function) added by a
+		// plugin is no GPU; a device of NVIDIA's domain is refused, its
+		// GPUs unknown.
+		{name: "a NIC's CDI device", adjust: &api.ContainerAdjustment{CDIDevices: []*api.CDIDevice{{Name: "intel.com/sriov=vf0"}}}},
 		{name: "nothing about GPUs", adjust: &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: "FOO", Value: "bar"}},
 			Annotations: map[string]string{"example.com/x": "y"}}},
 	} {
