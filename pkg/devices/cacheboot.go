@@ -32,6 +32,8 @@ const maxStaleDiffs = 4
 //     must be the cache's, by UUID, PCI bus id (where the cache has one) and
 //     device minor. The minor counts: a container's /dev/nvidia<minor> node
 //     is resolved through it.
+//   - A cache of another boot that lists MIG instances is stale whatever the
+//     GPUs: MIG instances get new UUIDs when they are re-created.
 //   - When the driver's tree cannot be read (the driver is not loaded, so no
 //     container reaches a GPU), the cache is used as it is: nothing tells it
 //     is out of date, and the daemon's fallback needs it while the driver
@@ -48,6 +50,18 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 		return nil
 	}
 	diffs := cacheDiffs(driver, c.inv.GPUs)
+	// MIG instances are not kept across a reboot: whoever re-creates them
+	// (mig-parted, nvidia-smi mig) gets new UUIDs. A cache listing them
+	// from another boot names instances that are gone, and not the new
+	// ones (a new MIG UUID would read as unknown, an index like 3:0 would
+	// claim the old UUID).
+	migs := 0
+	for _, g := range c.inv.GPUs {
+		migs += len(g.MIG)
+	}
+	if migs > 0 {
+		diffs = append(diffs, fmt.Sprintf("the cache lists %d MIG instance(s), which are re-created with new UUIDs after a reboot", migs))
+	}
 	if len(diffs) == 0 {
 		return nil
 	}
