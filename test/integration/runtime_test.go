@@ -89,6 +89,15 @@ var CapDefaultValidator = Capability{
 	Without: "the guard cannot fail closed: while it is not registered, containers are created unchecked",
 }
 
+// CapAdjustmentValidation is NRI's ValidateContainerAdjustment: the guard
+// checks the container as every plugin leaves it. Older lines refuse a
+// plugin subscribing to it (the guard subscribes only from 2.2 on).
+var CapAdjustmentValidation = Capability{
+	Name:       "NRI adjustment validation (ValidateContainerAdjustment)",
+	SinceMajor: 2, SinceMinor: 2,
+	Without: "an NRI plugin with a higher index than the guard's can add a GPU unchecked: keep device-adding plugins below the guard's index",
+}
+
 // Has reports whether the runtime under test has c.
 func (c Capability) Has(v ContainerdVersion) bool { return v.AtLeast(c.SinceMajor, c.SinceMinor) }
 

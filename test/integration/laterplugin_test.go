@@ -1,0 +1,80 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build integration
+
+package integration
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// injectAnnotation names the device node testdata/injector adds.
+const injectAnnotation = "test.nri-gpu-guard.io/inject-device"
+
+// startInjector builds and runs testdata/injector, an NRI plugin with index
+// 95 (the guard's is 90) that adds the device node a container's annotation
+// names, as containerd's device-injector sample does, and waits until
+// containerd consults it: it creates probe containers in pod until the
+// injector reports one (a plugin's first Synchronize comes before
+// containerd adds it to the plugins it asks).
+func startInjector(t *testing.T, c *Containerd, pod *Pod) {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "injector")
+	build := exec.Command("go", "build", "-tags", "nri_no_wasm", "-o", bin, "./testdata/injector")
+	build.Dir = filepath.Join(RepoRoot, "test", "integration")
+	out, err := build.CombinedOutput()
+	require.NoError(t, err, "building the injector: %s", out)
+	logPath := filepath.Join(dir, "injector.log")
+	p, err := startProcess("injector", logPath, os.Environ(), bin, "-socket", c.NRISocket, "-idx", "95", "-annotation", injectAnnotation)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.stop(10 * time.Second) })
+	probes := 0
+	waitFor(t, time.Minute, "containerd to consult the injector", func() (bool, string) {
+		probes++
+		name := fmt.Sprintf("probe-%d", probes)
+		id, err := pod.Create(ContainerSpec{Name: name})
+		if err != nil {
+			return false, err.Error()
+		}
+		_, _ = c.Crictl("rm", "--force", id)
+		log, _ := os.ReadFile(logPath)
+		return strings.Contains(string(log), "injector: saw "+name), string(log)
+	})
+}
+
+// TestLaterPluginCannotAddAnUncheckedGPU: an NRI plugin that runs after the
+// guard (index 95) adds /dev/nvidia<minor> of GPU 1 to a container that
+// asked for no GPU; containerd (2.2 and later) validates the container as
+// every plugin leaves it, and the guard refuses it there, naming the GPU and
+// the plugin, with nothing left claimed. Before, the container was created
+// with the GPU node and no claim. The same node added to a container that
+// asked for GPU 1 itself is its own claim, and it runs.
+func TestLaterPluginCannotAddAnUncheckedGPU(t *testing.T) {
+	RequireCapability(t, CapAdjustmentValidation)
+	env := NewGuardEnv(t, GuardOptions{})
+	c, g := env.C, env.G
+	gpu1 := c.GPUs[1]
+	pod := c.RunPod(t, PodSpec{Name: "later-plugin"})
+	startInjector(t, c, pod)
+
+	node := fmt.Sprintf("/dev/nvidia%d:195:%d", gpu1.Minor, gpu1.Minor)
+	msg := pod.Refused(t, ContainerSpec{Name: worker, Annotations: map[string]string{injectAnnotation: node}})
+	t.Logf("refusal seen by crictl: %s", msg)
+	assert.Contains(t, msg, gpuName(gpu1))
+	assert.Contains(t, msg, "an NRI plugin that runs after nri-gpu-guard (95-injector)")
+	assert.Empty(t, g.Claims(t), "containerd's undo released what the create claimed")
+
+	id := pod.Run(t, ContainerSpec{Name: worker, Env: GPUEnv("1"), Annotations: map[string]string{injectAnnotation: node}})
+	assert.Equal(t, map[string][]string{id: {gpu1.UUID}}, g.ClaimsByContainer(t))
+}
