@@ -47,6 +47,7 @@ var Scenarios = []Scenario{
 	{"exited holder via cgroup", "TestExitedHolderIsSeenThroughItsCgroup"},
 	{"fail-closed validator", "TestGuardAbsentFailsClosed"},
 	{"launched mode", "TestPreinstalledPluginSurvivesContainerdRestart"},
+	{"later-plugin validation", "TestLaterPluginCannotAddAnUncheckedGPU"},
 }
 
 // runtimeTest logs the version line every run must have.

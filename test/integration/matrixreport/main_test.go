@@ -56,6 +56,8 @@ func allPass(except map[string]string) map[string]string {
 	return m
 }
 
+const noValidation = "not supported on containerd v1.7.35: NRI adjustment validation (ValidateContainerAdjustment) (since containerd 2.2); a later plugin can add a GPU unchecked"
+
 const noValidator = "not supported on containerd v1.7.35: NRI default validator (required_plugins) (since containerd 2.2); fails open"
 
 func TestParseReadsStatusesAndNotes(t *testing.T) {
@@ -86,15 +88,16 @@ func TestParseRejectsALogWithoutTheRuntimeLine(t *testing.T) {
 }
 
 func TestReadmeRowAndTable(t *testing.T) {
-	old, err := Parse(strings.NewReader(logOf("v1.7.35", "v0.8.0", true, allPass(map[string]string{"TestGuardAbsentFailsClosed": noValidator}))))
+	old, err := Parse(strings.NewReader(logOf("v1.7.35", "v0.8.0", true, allPass(map[string]string{
+		"TestGuardAbsentFailsClosed": noValidator, "TestLaterPluginCannotAddAnUncheckedGPU": noValidation}))))
 	require.NoError(t, err)
 	cur, err := Parse(strings.NewReader(logOf("v2.2.1", "v0.11.0", false, allPass(nil))))
 	require.NoError(t, err)
 	broken, err := Parse(strings.NewReader(logOf("v2.4.2", "v0.12.3", false, allPass(map[string]string{"TestPreinstalledPluginSurvivesContainerdRestart": "FAIL"}))))
 	require.NoError(t, err)
 
-	assert.Equal(t, "| 1.7 (v1.7.35) | v0.8.0 | supported, without fail-closed validator | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, exited holder via cgroup, launched mode |", ReadmeRow(old))
-	assert.Equal(t, "| 2.2 (v2.2.1) | v0.11.0 | supported | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, exited holder via cgroup, fail-closed validator, launched mode |", ReadmeRow(cur))
+	assert.Equal(t, "| 1.7 (v1.7.35) | v0.8.0 | supported, without fail-closed validator, later-plugin validation | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, exited holder via cgroup, launched mode |", ReadmeRow(old))
+	assert.Equal(t, "| 2.2 (v2.2.1) | v0.11.0 | supported | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, exited holder via cgroup, fail-closed validator, launched mode, later-plugin validation |", ReadmeRow(cur))
 	assert.Contains(t, ReadmeRow(broken), "| **failing**: launched mode |")
 
 	rs := []*Result{broken, cur, old}
@@ -103,7 +106,7 @@ func TestReadmeRowAndTable(t *testing.T) {
 	lines := strings.Split(table, "\n")
 	assert.True(t, strings.HasPrefix(lines[2], "| v1.7.35 | v0.8.0 | v1 | yes | pass |"), lines[2])
 	assert.True(t, strings.HasPrefix(lines[3], "| v2.2.1 |"), lines[3])
-	assert.True(t, strings.HasSuffix(lines[4], "| FAIL |"), lines[4])
+	assert.True(t, strings.HasSuffix(lines[4], "| FAIL | pass |"), lines[4])
 	assert.Contains(t, table, "- v1.7.35, fail-closed validator: "+noValidator)
 }
 
