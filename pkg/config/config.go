@@ -156,6 +156,12 @@ type PolicyConfig struct {
 	SwarmResourceEnvvars []string `toml:"swarm_resource_envvars"`
 }
 
+// SwarmResourcePrefix starts every name of policy.swarm_resource_envvars:
+// Docker names a swarm generic resource's variable DOCKER_RESOURCE_<KIND>,
+// and the OCI hook's no-GPU shortcut, which answers before it reads the
+// configuration, treats every such variable as a possible GPU request.
+const SwarmResourcePrefix = "DOCKER_RESOURCE_"
+
 // NRIConfig identifies the plugin to containerd.
 type NRIConfig struct {
 	PluginName  string `toml:"plugin_name"`

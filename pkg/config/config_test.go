@@ -132,11 +132,13 @@ func TestValidateMessages(t *testing.T) {
 		{"dup namespace", func(c *Config) { c.Policy.ExemptNamespaces = []string{"a", "a"} }, []string{"exempt_namespaces[1]", "twice"}},
 		{"swarm variable with =", func(c *Config) { c.Policy.SwarmResourceEnvvars = []string{"DOCKER_RESOURCE_GPU=1"} },
 			[]string{"policy.swarm_resource_envvars[0]", "not an environment variable name"}},
-		{"empty swarm variable", func(c *Config) { c.Policy.SwarmResourceEnvvars = []string{"A", ""} }, []string{"policy.swarm_resource_envvars[1]"}},
-		{"dup swarm variable", func(c *Config) { c.Policy.SwarmResourceEnvvars = []string{"A", "A"} }, []string{"swarm_resource_envvars[1]", "twice"}},
+		{"empty swarm variable", func(c *Config) { c.Policy.SwarmResourceEnvvars = []string{"DOCKER_RESOURCE_A", ""} }, []string{"policy.swarm_resource_envvars[1]"}},
+		{"dup swarm variable", func(c *Config) { c.Policy.SwarmResourceEnvvars = []string{"DOCKER_RESOURCE_A", "DOCKER_RESOURCE_A"} }, []string{"swarm_resource_envvars[1]", "twice"}},
+		{"swarm variable without Docker's prefix", func(c *Config) { c.Policy.SwarmResourceEnvvars = []string{"GPU_LIST"} },
+			[]string{"policy.swarm_resource_envvars[0]", `"GPU_LIST" does not start with DOCKER_RESOURCE_`}},
 		{"too many swarm variables", func(c *Config) {
 			for i := range 17 {
-				c.Policy.SwarmResourceEnvvars = append(c.Policy.SwarmResourceEnvvars, fmt.Sprintf("V%d", i))
+				c.Policy.SwarmResourceEnvvars = append(c.Policy.SwarmResourceEnvvars, fmt.Sprintf("DOCKER_RESOURCE_V%d", i))
 			}
 		}, []string{"policy.swarm_resource_envvars", "17 names listed, at most 16"}},
 		{"plugin index", func(c *Config) { c.NRI.PluginIndex = "9" }, []string{"nri.plugin_index", `"9"`}},

@@ -193,6 +193,10 @@ func (c *Config) validatePolicy(v *problems) {
 			// Matched exactly against the container's variables: a name
 			// no variable can have would read nothing, silently.
 			v.bad(key, "%q is not an environment variable name (1 to %d printable ASCII characters, no '=' or space)", name, maxEnvNameLen)
+		case !strings.HasPrefix(name, SwarmResourcePrefix):
+			// The OCI hook's no-GPU shortcut recognises these variables
+			// by the prefix Docker gives them, before it reads this file.
+			v.bad(key, "%q does not start with %s (Docker names a swarm generic resource's variable %s<KIND>)", name, SwarmResourcePrefix, SwarmResourcePrefix)
 		case seenVar[name]:
 			v.bad(key, "variable %q is listed twice", name)
 		}

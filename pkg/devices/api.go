@@ -134,6 +134,12 @@ type Request struct {
 	// nodes are listed: it can open every GPU, and is resolved under
 	// policy.privileged like a privileged container (see ApplyDeviceRules).
 	GPUNodesAllowed bool
+	// HostDevMounted: the host's /dev is bind-mounted into the container.
+	// Where a device cgroup applies (every rootful engine), it decides what
+	// opens, and the rules are read as such; without one (a rootless
+	// runtime) every node of it opens: the OCI hook then sets
+	// GPUNodesAllowed (see BindMountedNodes).
+	HostDevMounted bool
 	// DynamicMajorRules are the device cgroup rules that can reach a node
 	// of a major of the kernel's dynamic range (where nvidia-caps gets one
 	// at module load): type "c" for such a major or for no major, and type

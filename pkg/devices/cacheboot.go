@@ -34,10 +34,11 @@ const maxStaleDiffs = 4
 //     is resolved through it.
 //   - A cache of another boot that lists MIG instances is stale whatever the
 //     GPUs: MIG instances get new UUIDs when they are re-created.
-//   - When the driver's tree cannot be read (the driver is not loaded, so no
+//   - When the driver's tree is not there (the driver is not loaded, so no
 //     container reaches a GPU), the cache is used as it is: nothing tells it
 //     is out of date, and the daemon's fallback needs it while the driver
-//     comes up.
+//     comes up. When it is there but a GPU in it cannot be read (its UUID
+//     not known yet), the cache is stale: nothing shows it matches.
 func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 	if bootID != "" && c.bootID == bootID {
 		return nil
@@ -46,8 +47,17 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 		procRoot = "/"
 	}
 	driver, err := NewProcLoader(procRoot).Load()
+	if errors.Is(err, ErrSourceUnavailable) {
+		return nil // no driver: nothing tells the cache is out of date
+	}
 	if err != nil {
-		return nil
+		// The driver lists GPUs but one cannot be read (an uninitialised
+		// GPU shows its UUID as "GPU-????????-…" until persistence mode or
+		// a first open brings it up, right after a reboot): nothing shows
+		// the cache matches, so it is not used. The next step of the order
+		// fails on the same GPU and says so.
+		return fmt.Errorf("load inventory cache %s: %w: it was written in another boot, and the GPUs the NVIDIA driver lists now "+
+			"cannot all be read to compare (%w); run `gpu-guard-ctl devices --refresh` once they can", path, ErrStaleCache, err)
 	}
 	diffs := cacheDiffs(driver, c.inv.GPUs)
 	// MIG instances are not kept across a reboot: whoever re-creates them

@@ -226,3 +226,31 @@ func containsKey(t *testing.T, data []byte, key string) bool {
 	_, ok := m[key]
 	return ok
 }
+
+// A GPU the driver lists but whose information cannot be read yet (its
+// UUID "GPU-????????-…" until it is initialised, right after a reboot) does
+// not make a cache of another boot trusted: nothing shows it matches. It
+// is stale; the hook's /proc discovery then fails on the same GPU, and the
+// daemon starts undiscovered. (The cache used to be taken as it was, with
+// the new GPU reachable unclaimed by "all".)
+func TestStaleCacheWhenADriverGPUCannotBeRead(t *testing.T) {
+	procRoot := t.TempDir()
+	for _, e := range sameGPUs {
+		fakeProcGPU(t, procRoot, e.bus, bootModel, e.uuid, e.minor, false)
+	}
+	fakeProcGPU(t, procRoot, "0000:5b:00.0", bootModel, "GPU-????????-????-????-????-????????????", 2, false)
+	state := t.TempDir()
+	path := filepath.Join(state, CacheFile)
+	writeBootCache(t, path, bootEarlier, bootCacheGPUs())
+
+	_, err := LoadInventory(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: procRoot},
+		LoadOptions{Role: RoleHook, StateDir: state, BootID: testBoot})
+	require.ErrorIs(t, err, ErrStaleCache, "the hook refuses GPU containers")
+	assert.ErrorContains(t, err, "cannot all be read")
+
+	got, err := LoadInventory(config.DevicesConfig{Source: config.SourceNVML, ProcRoot: procRoot},
+		LoadOptions{Role: RoleDaemon, StateDir: state, NVML: fakeNVML{}, BootID: testBoot})
+	require.NoError(t, err)
+	assert.Equal(t, OriginNone, got.Origin)
+	assert.True(t, got.Inventory.Undiscovered)
+}

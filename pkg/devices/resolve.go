@@ -672,7 +672,8 @@ func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 		case by == cdiByRuntime:
 			b.unresolved(where, invalid(qualified, "NVIDIA's runtime injects the CDI device a name here denotes after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+
-				"or request other CDI devices through CDI annotations or the CRI's CDI devices, which the engine injects before the check"))
+				"or request other CDI devices through CDI annotations or the CRI's CDI devices (podman: --device VENDOR/CLASS=NAME), "+
+				"which the engine injects before the check"))
 		case by == cdiByPlugin && nvidiaVendor(vendor):
 			b.unresolved(where, invalid(qualified, "an NRI plugin added this NVIDIA CDI device, which containerd injects after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: have the plugin name GPUs that way, "+

@@ -4,6 +4,9 @@
 package devices
 
 import (
+	"path"
+	"strings"
+
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -34,16 +37,17 @@ func RequestFromSpec(spec *specs.Spec) Request {
 			}
 		}
 	}
-	if len(spec.Mounts) > 0 {
-		req.Mounts = make([]string, len(spec.Mounts))
-		for i, m := range spec.Mounts {
-			req.Mounts[i] = m.Destination
-		}
-	}
 	if l := spec.Linux; l != nil && len(l.Devices) > 0 {
 		req.Devices = make([]LinuxDevice, len(l.Devices))
 		for i, d := range l.Devices {
 			req.Devices[i] = LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor}
+		}
+	}
+	if len(spec.Mounts) > 0 {
+		req.Mounts = make([]string, len(spec.Mounts))
+		for i, m := range spec.Mounts {
+			req.Mounts[i] = m.Destination
+			req.addBindSource(m.Source)
 		}
 	}
 	if l := spec.Linux; l != nil && l.Resources != nil {
@@ -54,4 +58,26 @@ func RequestFromSpec(spec *specs.Spec) Request {
 		req.ApplyDeviceRules(rules)
 	}
 	return req
+}
+
+// AddBindSource records what a bind mount of host path source brings into
+// the container: a host NVIDIA device node (/dev/nvidia<N>, a capability
+// node) is a device of the container, as if listed in linux.devices, by the
+// host node's name (rootless podman turns `--device /dev/nvidia0` into such
+// a bind mount, and there is no device cgroup to stop it being opened); the
+// whole of the host's /dev sets HostDevMounted. Other sources bring no
+// device. Both front ends call it for every mount (RequestFromSpec does).
+func (req *Request) AddBindSource(source string) { req.addBindSource(source) }
+
+func (req *Request) addBindSource(source string) {
+	if source == "" || source[0] != '/' {
+		return
+	}
+	src := path.Clean(source)
+	switch {
+	case src == "/dev":
+		req.HostDevMounted = true
+	case strings.HasPrefix(src, "/dev/nvidia"):
+		req.Devices = append(req.Devices, LinuxDevice{Path: src})
+	}
 }

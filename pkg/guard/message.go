@@ -187,8 +187,16 @@ func policyText(err error, policy config.PolicyConfig, inv *devices.Inventory) s
 	case "invalid-id":
 		hint = "fix the device id (an index, a GPU-/MIG- UUID, \"<gpu>:<mig>\", \"all\" or \"none\"). GPUs here: " +
 			inventoryText(inv)
+		if strings.Contains(err.Error(), "after the guard's check") {
+			// The resolver's words say which names work and where other
+			// CDI devices go; the id forms above would contradict them.
+			hint = "GPUs here: " + inventoryText(inv)
+		}
 	case "policy-all":
 		hint = fmt.Sprintf("requests for every GPU are refused (policy all_devices = %q); name the GPUs the container needs", policy.AllDevices)
+		if strings.Contains(err.Error(), "name the GPUs the container needs") {
+			hint = "GPUs here: " + inventoryText(inv) // said already
+		}
 	case "policy-privileged":
 		hint = fmt.Sprintf("privileged containers are refused (policy privileged = %q); drop privileged or exempt the namespace", policy.Privileged)
 	case "too-large":

@@ -29,6 +29,14 @@ func NeverClaims(req devices.Request) bool {
 	if req.Privileged || req.GPUNodesAllowed {
 		return false
 	}
+	for _, kv := range req.Env {
+		// policy.swarm_resource_envvars names more variables the runtime
+		// reads ids from; which ones is configuration, so every name they
+		// may have (config.Validate requires the prefix) may claim.
+		if strings.HasPrefix(kv, config.SwarmResourcePrefix) {
+			return false
+		}
+	}
 	for _, d := range req.Devices {
 		if d.Type != "" && d.Type != "c" && d.Type != "u" {
 			continue // block devices and FIFOs are never GPUs

@@ -5,6 +5,7 @@ package guard_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -60,4 +61,20 @@ func TestUnclaimed(t *testing.T) {
 			require.Error(t, err, "%s, NVIDIA_VISIBLE_DEVICES=%s: %v", doc, spec, got)
 		}
 	}
+}
+
+// A refusal says what to do once: the resolver's own advice for a CDI name
+// NVIDIA's runtime would inject after the check, or for a rule opening every
+// GPU under all_devices = "reject", is not followed by a generic hint that
+// contradicts or repeats it.
+func TestRefusalAdviceSaidOnce(t *testing.T) {
+	e := newEnv(t, func(c *config.Config) { c.Policy.AllDevices = config.AllReject })
+	d := e.admit(ctr("ml", "n", "main", "nnnn000000000001"), visible("vendor.com/nic=0"))
+	require.Equal(t, guard.Reject, d.Result)
+	assert.Contains(t, d.Message, "podman: --device VENDOR/CLASS=NAME")
+	assert.NotContains(t, d.Message, "fix the device id (an index")
+
+	d = e.admit(ctr("ml", "r", "main", "rrrr000000000001"), devices.Request{GPUNodesAllowed: true})
+	require.Equal(t, guard.Reject, d.Result)
+	assert.Equal(t, 1, strings.Count(d.Message, "name the GPUs the container needs"), d.Message)
 }

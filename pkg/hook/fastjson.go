@@ -460,11 +460,15 @@ func (s *jscan) mounts() []hookMount {
 	out := []hookMount{}
 	s.array(func() {
 		var m hookMount
-		s.object([]string{"destination"}, func(k string) bool {
-			if k != "destination" {
+		s.object([]string{"destination", "source"}, func(k string) bool {
+			switch k {
+			case "destination":
+				m.Destination = s.optString()
+			case "source":
+				m.Source = s.optString()
+			default:
 				return false
 			}
-			m.Destination = s.optString()
 			return true
 		})
 		out = append(out, m)

@@ -174,6 +174,7 @@ type hookCaps struct {
 
 type hookMount struct {
 	Destination string `json:"destination"`
+	Source      string `json:"source"`
 }
 
 type hookLinux struct {
@@ -203,7 +204,7 @@ func (h *hookSpec) spec() *specs.Spec {
 		}
 	}
 	for _, m := range h.Mounts {
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: m.Destination})
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: m.Destination, Source: m.Source})
 	}
 	if hs := h.Hooks; hs != nil {
 		s.Hooks = &specs.Hooks{}

@@ -5,6 +5,8 @@ package hook
 
 import (
 	"io"
+	"os"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -39,9 +41,33 @@ func ReadInput(stdin io.Reader) *Input {
 	in.spec, in.specErr = readSpec(in.state)
 	if in.specErr == nil {
 		in.request = devices.RequestFromSpec(in.spec)
+		if in.request.HostDevMounted && runtimeInUserNamespace() {
+			// A rootless runtime (it runs in a user namespace) sets up no
+			// device cgroup: every node of the host's /dev bound in opens.
+			in.request.GPUNodesAllowed = true
+		}
 		in.never = guard.NeverClaims(in.request)
 	}
 	return in
+}
+
+// runtimeInUserNamespace reports whether the hook, and so the runtime that
+// runs it, is in a user namespace other than the host's, as rootless
+// podman's runc and crun are: they set up no device cgroup there. An
+// unreadable map counts as one (the conservative answer: more may open).
+func runtimeInUserNamespace() bool {
+	data, err := os.ReadFile("/proc/self/uid_map")
+	if err != nil {
+		return true
+	}
+	return inUserNamespace(data)
+}
+
+// inUserNamespace reads a uid_map: only the initial namespace maps every id
+// to itself ("0 0 4294967295").
+func inUserNamespace(uidMap []byte) bool {
+	f := strings.Fields(string(uidMap))
+	return len(f) != 3 || f[0] != "0" || f[1] != "0" || f[2] != "4294967295"
 }
 
 // NeverClaims reports whether both the state and the spec were read and the

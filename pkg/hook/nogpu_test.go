@@ -16,6 +16,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
@@ -62,6 +63,15 @@ func TestNeverClaims(t *testing.T) {
 		{"MIG capability by path", withDev(specs.LinuxDevice{Path: "/dev/nvidia-caps/nvidia-cap12", Type: "c"}), false},
 		{"MIG capability renamed (dynamic major)", withDev(specs.LinuxDevice{Path: "/dev/x", Type: "c", Major: 508, Minor: 12}), false},
 		{"unknown type, dynamic major", withDev(specs.LinuxDevice{Path: "/dev/y", Major: 240}), false},
+		// policy.swarm_resource_envvars may name any DOCKER_RESOURCE_
+		// variable, and the shortcut answers before the configuration is
+		// read.
+		{"a swarm generic resource", withEnv("DOCKER_RESOURCE_NVIDIA-GPU=0"), false},
+		// Rootless podman turns --device /dev/nvidia0 into a bind mount
+		// (no linux.devices entry, no device cgroup).
+		{"GPU node bind-mounted", &specs.Spec{Mounts: []specs.Mount{{Destination: "/dev/nvidia0", Source: "/dev/nvidia0", Type: "bind"}}}, false},
+		{"GPU node bind-mounted elsewhere", &specs.Spec{Mounts: []specs.Mount{{Destination: "/dev/gpu", Source: "/dev/nvidia3", Type: "bind"}}}, false},
+		{"an ordinary bind mount", &specs.Spec{Mounts: []specs.Mount{{Destination: "/data", Source: "/srv/data", Type: "bind"}}}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, neverClaims(tc.spec))
@@ -190,5 +200,45 @@ func TestNeverClaimsTypeARules(t *testing.T) {
 		require.NoError(t, in.specErr)
 		require.False(t, in.NeverClaims(), "%+v", rules[1])
 		require.True(t, in.request.GPUNodesAllowed, "%+v", rules[1])
+	}
+}
+
+// A GPU node bind-mounted into the container (rootless podman's --device)
+// is a request for that GPU, by the host node it binds; so is the whole of
+// the host's /dev in a runtime without device cgroup (one in a user
+// namespace).
+func TestBindMountedNodes(t *testing.T) {
+	inv, err := devices.NewInventory("static", []devices.GPU{{Index: 0, UUID: "GPU-00000000-0000-4000-8000-000000000000", Minor: 0},
+		{Index: 1, UUID: "GPU-00000000-0000-4000-8000-000000000001", Minor: 3}})
+	require.NoError(t, err)
+	resolve := func(req devices.Request) []string {
+		res, err := devices.NewResolver(inv, config.Default().Policy).Resolve(req)
+		require.NoError(t, err)
+		var out []string
+		for _, d := range res.Devices {
+			out = append(out, d.Index)
+		}
+		return out
+	}
+	req := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{
+		{Destination: "/dev/nvidia0", Source: "/dev/nvidia3", Type: "bind", Options: []string{"rbind"}},
+		{Destination: "/dev/nvidiactl", Source: "/dev/nvidiactl", Type: "bind"}}})
+	require.Equal(t, []string{"1"}, resolve(req), "the host's /dev/nvidia3 (minor 3) is GPU 1, whatever its name inside")
+
+	whole := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/dev", Source: "/dev/", Type: "bind"}}})
+	require.True(t, whole.HostDevMounted)
+	require.Empty(t, resolve(whole), "a device cgroup (rootful) decides what of /dev opens")
+	whole.GPUNodesAllowed = true // what ReadInput sets in a user namespace
+	require.Equal(t, []string{"0", "1"}, resolve(whole))
+}
+
+func TestInUserNamespace(t *testing.T) {
+	for uidMap, want := range map[string]bool{
+		"         0          0 4294967295\n":                                   false,
+		"         0       1000          1\n         1     100000      65536\n": true,
+		"0 0 65536\n": true,
+		"":            true,
+	} {
+		require.Equal(t, want, inUserNamespace([]byte(uidMap)), "%q", uidMap)
 	}
 }
