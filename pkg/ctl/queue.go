@@ -56,12 +56,15 @@ type waiterJSON struct {
 	QueueLength int `json:"queue_length"`
 	// Requester is the stable requester key ("namespace/pod-uid/container"
 	// for CRI containers, the container id for hook requests).
-	Requester     string    `json:"requester"`
-	ContainerID   string    `json:"container_id"`
-	Namespace     string    `json:"namespace"`
-	Pod           string    `json:"pod"`
-	PodUID        string    `json:"pod_uid"`
-	Container     string    `json:"container"`
+	Requester   string `json:"requester"`
+	ContainerID string `json:"container_id"`
+	Namespace   string `json:"namespace"`
+	Pod         string `json:"pod"`
+	PodUID      string `json:"pod_uid"`
+	Container   string `json:"container"`
+	// FrontEnd is nri, hook or ctl: a hook request's pod names are its
+	// own annotations, unverified.
+	FrontEnd      string    `json:"front_end"`
 	Devices       []string  `json:"devices"`
 	FirstSeen     time.Time `json:"first_seen"`
 	LastSeen      time.Time `json:"last_seen"`
@@ -72,7 +75,6 @@ type waiterJSON struct {
 	indices         []string
 	reservedIndices []string
 	reservedUntil   time.Time
-	frontEnd        ledger.FrontEnd // whether its pod names are verified (holderName)
 }
 
 // buildQueue lists the waiters with their positions as the ledger computes
@@ -98,7 +100,7 @@ func buildQueue(tx *ledger.Tx, now time.Time) queueView {
 			FirstSeen: w.FirstSeen, LastSeen: w.LastSeen,
 			WaitedSeconds: int64(now.Sub(w.FirstSeen) / time.Second),
 			Reserved:      []string{},
-			frontEnd:      w.Owner.FrontEnd,
+			FrontEnd:      string(w.Owner.FrontEnd),
 		}
 		for i, d := range w.Devices {
 			wj.Devices[i], wj.indices[i] = d.UUID, d.Index
@@ -128,7 +130,7 @@ func (v queueView) render(w io.Writer, output string, now time.Time) error {
 	for _, wj := range v.Waiters {
 		pos := fmt.Sprintf("%d of %d", wj.Position, wj.QueueLength)
 		requester := holderName(ledger.Owner{ContainerID: wj.ContainerID, Namespace: wj.Namespace, Pod: wj.Pod, Container: wj.Container,
-			FrontEnd: wj.frontEnd})
+			FrontEnd: ledger.FrontEnd(wj.FrontEnd)})
 		devs := strings.Join(wj.indices, ",")
 		reserved := none
 		if len(wj.reservedIndices) > 0 {

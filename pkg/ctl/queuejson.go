@@ -87,6 +87,7 @@ func appendWaiterJSON(b []byte, wj *waiterJSON) []byte {
 	b = appendField(b, "pod", wj.Pod)
 	b = appendField(b, "pod_uid", wj.PodUID)
 	b = appendField(b, "container", wj.Container)
+	b = appendField(b, "front_end", wj.FrontEnd)
 	b = append(b, ",\n      \"devices\": "...)
 	b = appendStringList(b, wj.Devices)
 	b = append(b, ",\n      \"first_seen\": "...)

@@ -296,6 +296,17 @@ func holderOf(o ledger.Owner, since time.Time) *holderJSON {
 	}
 }
 
+// who names the holder in a sentence: "ns/pod/container (0123456789ab)",
+// or, for pod names the container's creator wrote itself (the OCI hook's),
+// "container 0123456789ab (ns/pod/container by its own annotations,
+// unverified)".
+func (h *holderJSON) who() string {
+	if ledger.FrontEnd(h.FrontEnd) == ledger.FrontEndHook && (h.Namespace != "" || h.Pod != "") {
+		return naming.Holder(h.Namespace, h.Pod, h.Container, h.ContainerID, false)
+	}
+	return h.name() + " (" + naming.ShortID(h.ContainerID) + ")"
+}
+
 func (h *holderJSON) name() string {
 	return holderName(ledger.Owner{ContainerID: h.ContainerID, Namespace: h.Namespace, Pod: h.Pod, Container: h.Container,
 		FrontEnd: ledger.FrontEnd(h.FrontEnd)})
@@ -514,19 +525,19 @@ func (d *statusDevice) problems(inv *devices.Inventory) []problem {
 		}
 		out = append(out, problem{
 			Kind: problemHolderExited, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
-			Message: fmt.Sprintf("%s is held by %s (%s) whose processes are gone (%s); %s",
-				label, d.Holder.name(), naming.ShortID(d.Holder.ContainerID), d.Stale, what),
+			Message: fmt.Sprintf("%s is held by %s whose processes are gone (%s); %s",
+				label, d.Holder.who(), d.Stale, what),
 		})
 	}
 	for _, c := range d.Conflicts {
 		holder := "no recorded holder"
 		if d.Holder != nil {
-			holder = fmt.Sprintf("%s (%s)", d.Holder.name(), naming.ShortID(d.Holder.ContainerID))
+			holder = d.Holder.who()
 		}
 		out = append(out, problem{
 			Kind: problemConflict, Device: d.UUID, Index: d.Index, ContainerID: c.ContainerID,
-			Message: fmt.Sprintf("%s is held by %s but %s (%s) uses it too (seen at reconcile); nothing is killed automatically: stop one of them",
-				label, holder, c.name(), naming.ShortID(c.ContainerID)),
+			Message: fmt.Sprintf("%s is held by %s but %s uses it too (seen at reconcile); nothing is killed automatically: stop one of them",
+				label, holder, c.who()),
 		})
 	}
 	if p, ok := d.cordonProblem(label); ok {
@@ -535,8 +546,8 @@ func (d *statusDevice) problems(inv *devices.Inventory) []problem {
 	if !d.InInventory && inv != nil && d.Holder != nil && d.HeldVia == "" {
 		out = append(out, problem{
 			Kind: problemUnknownDevice, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
-			Message: fmt.Sprintf("%s is claimed by %s (%s) but is not in the inventory (source %s); if the GPU is gone, release the claim with `sudo %s release --device %s --reason \"GPU removed\"`, if it was added, run `sudo %s devices --refresh`",
-				label, d.Holder.name(), naming.ShortID(d.Holder.ContainerID), inv.Source, programName, d.UUID, programName),
+			Message: fmt.Sprintf("%s is claimed by %s but is not in the inventory (source %s); if the GPU is gone, release the claim with `sudo %s release --device %s --reason \"GPU removed\"`, if it was added, run `sudo %s devices --refresh`",
+				label, d.Holder.who(), inv.Source, programName, d.UUID, programName),
 		})
 	}
 	return out

@@ -157,6 +157,10 @@ type LinuxDevice struct {
 	Type  string // "c", "b", ...
 	Major int64
 	Minor int64
+	// BoundAt is set for a host node bind-mounted into the container
+	// (Request.AddBindSource): Path is the host node, BoundAt where the
+	// container sees it. Messages name both.
+	BoundAt string
 }
 
 // Resolved is one device a container reaches, with every source that named it.

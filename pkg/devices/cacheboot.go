@@ -82,7 +82,7 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 	if c.bootID == "" {
 		when = "a boot it does not record (an older nri-gpu-guard wrote it)"
 	}
-	return fmt.Errorf("load inventory cache %s: %w: it was written in %s and the NVIDIA driver now lists other GPUs: %s; "+
+	return fmt.Errorf("load inventory cache %s: %w: it was written in %s and does not match what the NVIDIA driver lists now: %s; "+
 		"run `gpu-guard-ctl devices --refresh` or start the nri-gpu-guard daemon to rewrite it",
 		path, ErrStaleCache, when, strings.Join(diffs, "; "))
 }

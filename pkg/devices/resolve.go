@@ -105,8 +105,12 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 		}
 		switch r.policy.Privileged {
 		case config.PrivilegedReject:
-			return Resolution{}, fmt.Errorf("%s: %w (policy.privileged = %q): it can open every GPU; run it unprivileged and name its GPUs",
-				what, ErrPrivilegedRejected, config.PrivilegedReject)
+			fix := "run it unprivileged and name its GPUs"
+			if !req.Privileged {
+				fix = "name its GPUs and let its device cgroup allow only their nodes"
+			}
+			return Resolution{}, fmt.Errorf("%s: %w (policy.privileged = %q): it can open every GPU; %s",
+				what, ErrPrivilegedRejected, config.PrivilegedReject, fix)
 		case config.PrivilegedAll:
 			b.claimAll(srcPrivileged)
 		default: // declared
@@ -731,6 +735,9 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 			major = b.capsMj // path only: show the numbers the node has
 		}
 		src := "device " + plainText(d.Path) + " (" + strconv.FormatInt(major, 10) + ":" + strconv.FormatInt(minor, 10) + ")"
+		if d.BoundAt != "" {
+			src = "bind mount " + plainText(d.BoundAt) + " from " + plainText(d.Path) + " (" + strconv.FormatInt(major, 10) + ":" + strconv.FormatInt(minor, 10) + ")"
+		}
 		// The numbers decide what a node opens, never its name inside the
 		// container: `--device /dev/nvidia0:/dev/nvidia-caps/nvidia-cap1`
 		// is GPU 0. The capability path counts only when the numbers cannot

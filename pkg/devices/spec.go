@@ -47,7 +47,7 @@ func RequestFromSpec(spec *specs.Spec) Request {
 		req.Mounts = make([]string, len(spec.Mounts))
 		for i, m := range spec.Mounts {
 			req.Mounts[i] = m.Destination
-			req.addBindSource(m.Source)
+			req.AddBindSource(m.Source, m.Destination)
 		}
 	}
 	if l := spec.Linux; l != nil && l.Resources != nil {
@@ -67,9 +67,7 @@ func RequestFromSpec(spec *specs.Spec) Request {
 // a bind mount, and there is no device cgroup to stop it being opened); the
 // whole of the host's /dev sets HostDevMounted. Other sources bring no
 // device. Both front ends call it for every mount (RequestFromSpec does).
-func (req *Request) AddBindSource(source string) { req.addBindSource(source) }
-
-func (req *Request) addBindSource(source string) {
+func (req *Request) AddBindSource(source, destination string) {
 	if source == "" || source[0] != '/' {
 		return
 	}
@@ -78,6 +76,6 @@ func (req *Request) addBindSource(source string) {
 	case src == "/dev":
 		req.HostDevMounted = true
 	case strings.HasPrefix(src, "/dev/nvidia"):
-		req.Devices = append(req.Devices, LinuxDevice{Path: src})
+		req.Devices = append(req.Devices, LinuxDevice{Path: src, BoundAt: destination})
 	}
 }

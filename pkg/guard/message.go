@@ -199,6 +199,9 @@ func policyText(err error, policy config.PolicyConfig, inv *devices.Inventory) s
 		}
 	case "policy-privileged":
 		hint = fmt.Sprintf("privileged containers are refused (policy privileged = %q); drop privileged or exempt the namespace", policy.Privileged)
+		if strings.Contains(err.Error(), "let its device cgroup allow only their nodes") {
+			hint = "GPUs here: " + inventoryText(inv) // not privileged: the resolver said what to do
+		}
 	case "too-large":
 		hint = "the container's device request is larger than any real one"
 	default:

@@ -7,53 +7,139 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
-// Unclaimed checks a container as it will be created against what it holds:
-// it resolves r (the container with every change the runtime's other
-// plugins made after the guard decided) and returns the devices it reaches
-// that its container holds no claim for, neither on the device nor, for a
-// MIG instance, on its parent GPU. Nothing is written.
+// ReasonUnclaimed is the reason of a Validate refusal: the container, as it
+// will be created, reaches a GPU it holds no claim for.
+const ReasonUnclaimed = "unclaimed"
+
+// ValidateOptions say how Validate may decide.
+type ValidateOptions struct {
+	// After names what changed the container since admission, for the
+	// refusal's message ("an NRI plugin that runs after nri-gpu-guard
+	// (95-injector)").
+	After string
+	// WithoutLedger: the ledger's holders are not to be trusted now (the
+	// plugin is rebuilding them): a container that reaches a GPU returns
+	// ErrNeedsClaims without reading the ledger.
+	WithoutLedger bool
+	// Admitted is the container as admission saw it, when known: an
+	// exemption admission granted (and audited) already is not audited
+	// again.
+	Admitted *devices.Request
+}
+
+// Validate checks a container as it will be created against what it holds:
+// r is the container with every change the runtime's other plugins made
+// after the guard decided. It returns Admit when every device it reaches is
+// claimed by its container (on the device or, for a MIG instance, on its
+// parent GPU); Skip when it reaches none, or its namespace is exempt; and
+// Reject (ReasonUnclaimed, the devices it would reach unclaimed) otherwise,
+// or with admission's own refusal of what is decided before the ledger (an
+// unresolvable request, "all" while the inventory is incomplete). Nothing
+// is claimed; refusals and exemptions are audited as at admission, an
+// exemption granted only once its record is on disk. An error is a
+// decision that could not be made: the caller refuses.
 //
 // The NRI front end asks it when containerd validates the plugins' combined
 // adjustments (NRI ≥ 0.10): a plugin with a higher index than the guard's
 // can add a GPU device node, an env id or a CDI device after the guard's
 // CreateContainer, and the container would reach that GPU without a claim.
-// A container of an exempt namespace reaches what it reaches, as at
-// admission. A request that resolves to nothing costs no ledger read; one
-// that admission would refuse before reading the ledger (it cannot be
-// resolved, or asks for GPUs while the inventory is incomplete), or whose
-// holdings cannot be read, is an error: the caller refuses the container.
-func (g *Guard) Unclaimed(ctx context.Context, r Request) ([]devices.Resolved, error) {
-	// The checks before the ledger are admission's own (preDecide): an
-	// exemption, a request that cannot be resolved, and "all" or any GPU
-	// while the inventory is incomplete, which resolves to no device but
-	// reaches every GPU there is.
-	d, res, done := g.preDecide(r.Owner, r.Spec)
+// A request that resolves to nothing costs no ledger read.
+func (g *Guard) Validate(ctx context.Context, r Request, opts ValidateOptions) (Decision, error) {
+	start := time.Now()
+	owner := r.Owner
+	if r.FrontEnd != "" {
+		owner.FrontEnd = r.FrontEnd
+	}
+	key := r.Key
+	if key == "" || !TrustsIdentity(owner.FrontEnd) {
+		key = RequesterKey(owner)
+	}
+	d, res, done := g.preDecide(owner, r.Spec)
 	if done {
-		if d.Result == Reject {
-			return nil, errors.New(d.Message)
+		switch {
+		case d.Reason == reasonExempt && !g.exemptAtAdmission(opts.Admitted):
+			// Admission saw no GPU (no exemption then): the exemption is
+			// granted here, and audited first.
+			if err := g.auditExempt(ctx, owner, key, d, res); err != nil {
+				return Decision{}, g.ledgerError(owner, fmt.Errorf("namespace %s is exempt (policy exempt_namespaces), but an exemption "+
+					"is granted only once its audit record is on disk: %w", owner.Namespace, err))
+			}
+		case d.Result == Reject:
+			d.Message = "as the NRI plugins' adjustments leave it: " + d.Message
+			g.auditValidation(ctx, owner, key, d)
+			g.finish(d, owner, key, start, false)
 		}
-		return nil, nil // exempt, or no GPU
+		return d, nil
+	}
+	if opts.WithoutLedger {
+		return Decision{}, ErrNeedsClaims
 	}
 	st, err := g.ledger.Snapshot(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("read the GPU ledger to check what container %s holds: %w", r.Owner.ContainerID, err)
+		return Decision{}, g.ledgerError(owner, fmt.Errorf("read the GPU ledger to check what container %s holds: %w", naming.ShortID(owner.ContainerID), err))
 	}
 	held := make(map[string]bool)
 	for _, c := range st.Claims {
-		if c.Owner.ContainerID == r.Owner.ContainerID {
+		if c.Owner.ContainerID == owner.ContainerID {
 			held[c.Device.UUID] = true
 		}
 	}
-	var out []devices.Resolved
-	for _, d := range res.Devices {
-		if held[d.UUID] || (d.Kind == devices.KindMIG && d.Parent != "" && held[d.Parent]) {
+	var unclaimed []devices.Resolved
+	for _, rd := range res.Devices {
+		if held[rd.UUID] || (rd.Kind == devices.KindMIG && rd.Parent != "" && held[rd.Parent]) {
 			continue
 		}
-		out = append(out, d)
+		unclaimed = append(unclaimed, rd)
 	}
-	return out, nil
+	if len(unclaimed) == 0 {
+		return Decision{Result: Admit, Reason: "claimed", Devices: res.Devices}, nil
+	}
+	parts := make([]string, len(unclaimed))
+	for i, rd := range unclaimed {
+		parts[i] = naming.Device(rd.Device) + " (" + strings.Join(rd.Sources, ", ") + ")"
+	}
+	after := opts.After
+	if after == "" {
+		after = "a change after the guard's check"
+	}
+	d = Decision{Result: Reject, Reason: ReasonUnclaimed, Devices: unclaimed, Message: fmt.Sprintf(
+		"%s gave it %s, which nri-gpu-guard did not check or claim (or its claim is gone since); request the GPU in the "+
+			"container's spec (NVIDIA_VISIBLE_DEVICES, CDI), or give nri-gpu-guard a plugin index above every plugin that adds devices",
+		after, strings.Join(parts, "; "))}
+	g.auditValidation(ctx, owner, key, d)
+	g.finish(d, owner, key, start, false)
+	return d, nil
+}
+
+// exemptAtAdmission reports whether admission, which saw admitted, granted
+// an exemption: the request reached a GPU (an exempt namespace is the
+// caller's to check). Unknown (nil): not.
+func (g *Guard) exemptAtAdmission(admitted *devices.Request) bool {
+	if admitted == nil {
+		return false
+	}
+	res, err := g.Resolve(*admitted)
+	return err != nil || len(res.Devices) > 0 || res.All
+}
+
+// auditValidation records a refusal at validation, best effort (the
+// container is refused whether or not the record is written): the audit log
+// says who was turned away and why, as for any refusal that is not queued.
+func (g *Guard) auditValidation(ctx context.Context, owner ledger.Owner, key string, d Decision) {
+	err := g.ledger.AppendAudit(ctx, ledger.AuditRecord{
+		Op: AuditRefuse, Devices: resolvedUUIDs(d.Devices), ContainerID: owner.ContainerID, Key: key,
+		Namespace: owner.Namespace, Pod: owner.Pod, Container: owner.Container,
+		FrontEnd: string(owner.FrontEnd), Reason: "validation of the NRI plugins' adjustments: " + d.Message,
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		g.log.Warn("a refusal at validation could not be audited", append(ownerAttrs(owner, key), "error", err)...)
+	}
 }

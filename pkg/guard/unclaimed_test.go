@@ -17,17 +17,18 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
-// Unclaimed lists what a container reaches beyond its claims, after the
-// checks admission makes before reading the ledger: an exempt namespace
-// reaches what it reaches, and "all" while the inventory lists none of the
-// host's GPUs is refused as at admission (it resolves to no device, yet
-// reaches every GPU there is).
-func TestUnclaimed(t *testing.T) {
+// Validate checks a container as it will be created against its claims,
+// after the checks admission makes before reading the ledger: what it holds
+// is admitted, what it would reach unclaimed is refused (and audited), an
+// exempt namespace reaches what it reaches (the exemption audited), and
+// "all" while the inventory lists none of the host's GPUs is refused as at
+// admission (it resolves to no device, yet reaches every GPU there is).
+func TestValidate(t *testing.T) {
 	e := newEnv(t, func(c *config.Config) { c.Policy.ExemptNamespaces = []string{"monitoring"} })
 	holder := ctr("ml", "h", "main", "hhhh000000000001")
 	require.Equal(t, guard.Admit, e.admit(holder, visible("1")).Result)
-	req := func(o ledger.Owner, spec devices.Request) guard.Request {
-		return guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: o, Spec: spec}
+	validate := func(o ledger.Owner, spec devices.Request, opts guard.ValidateOptions) (guard.Decision, error) {
+		return e.g.Validate(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: o, Spec: spec}, opts)
 	}
 	uuids := func(rs []devices.Resolved) []string {
 		var out []string
@@ -36,29 +37,55 @@ func TestUnclaimed(t *testing.T) {
 		}
 		return out
 	}
+	opts := guard.ValidateOptions{After: "an NRI plugin that runs after nri-gpu-guard (95-injector)"}
 
-	got, err := e.g.Unclaimed(ctx, req(holder, visible("1")))
+	d, err := validate(holder, visible("1"), opts)
 	require.NoError(t, err)
-	assert.Empty(t, got, "it holds GPU 1")
-	got, err = e.g.Unclaimed(ctx, req(holder, visible("1,2")))
+	assert.Equal(t, guard.Admit, d.Result, "it holds GPU 1")
+	d, err = validate(holder, visible("1,2"), opts)
 	require.NoError(t, err)
-	assert.Equal(t, []string{uuid(2)}, uuids(got))
-	got, err = e.g.Unclaimed(ctx, req(ctr("ml", "o", "main", "oooo000000000001"), visible("1")))
+	assert.Equal(t, guard.Reject, d.Result)
+	assert.Equal(t, []string{uuid(2)}, uuids(d.Devices))
+	assert.Contains(t, d.Message, "an NRI plugin that runs after nri-gpu-guard (95-injector) gave it GPU 2 ("+uuid(2)+")")
+	d, err = validate(ctr("ml", "o", "main", "oooo000000000001"), visible("1"), opts)
 	require.NoError(t, err)
-	assert.Equal(t, []string{uuid(1)}, uuids(got), "another container's claim is not this one's")
-	got, err = e.g.Unclaimed(ctx, req(ctr("monitoring", "dcgm", "main", "mmmm000000000001"), visible("all")))
+	assert.Equal(t, []string{uuid(1)}, uuids(d.Devices), "another container's claim is not this one's")
+	d, err = validate(ctr("ml", "n", "main", "nnnn000000000001"), devices.Request{}, opts)
 	require.NoError(t, err)
-	assert.Empty(t, got, "exempt")
-	_, err = e.g.Unclaimed(ctx, req(holder, visible("-1")))
-	require.ErrorContains(t, err, `invalid device id "-1"`)
+	assert.Equal(t, guard.Skip, d.Result, "no GPU")
+	d, err = validate(ctr("monitoring", "dcgm", "main", "mmmm000000000001"), visible("all"), opts)
+	require.NoError(t, err)
+	assert.Equal(t, guard.ReasonExempt, d.Reason)
+	d, err = validate(holder, visible("-1"), opts)
+	require.NoError(t, err)
+	assert.Equal(t, guard.Reject, d.Result)
+	assert.Contains(t, d.Message, `invalid device id "-1"`)
+	_, err = validate(holder, visible("2"), guard.ValidateOptions{WithoutLedger: true})
+	require.ErrorIs(t, err, guard.ErrNeedsClaims, "while the holders are rebuilt, no ledger read")
+
+	recs, err := ledger.ReadAudit(e.l.AuditPath())
+	require.NoError(t, err)
+	var refused, exempt []string
+	for _, r := range recs {
+		switch r.Op {
+		case guard.AuditRefuse:
+			refused = append(refused, r.ContainerID)
+			assert.Contains(t, r.Reason, "validation of the NRI plugins' adjustments")
+		case guard.AuditExempt:
+			exempt = append(exempt, r.ContainerID)
+		}
+	}
+	assert.Equal(t, []string{"hhhh000000000001", "oooo000000000001", "hhhh000000000001"}, refused, "every refusal audited")
+	assert.Equal(t, []string{"mmmm000000000001"}, exempt, "the exemption audited")
 
 	for _, doc := range []string{`{"source":"none","gpus":[],"undiscovered":true}`, `{"source":"proc","gpus":[],"unlisted_gpus":4}`} {
 		var inv devices.Inventory
 		require.NoError(t, json.Unmarshal([]byte(doc), &inv))
 		require.NoError(t, e.g.SetInventory(&inv))
 		for _, spec := range []string{"all", "0"} {
-			got, err = e.g.Unclaimed(ctx, req(ctr("ml", "n", "main", "nnnn000000000001"), visible(spec)))
-			require.Error(t, err, "%s, NVIDIA_VISIBLE_DEVICES=%s: %v", doc, spec, got)
+			d, err = validate(ctr("ml", "n", "main", "nnnn000000000001"), visible(spec), opts)
+			require.NoError(t, err)
+			assert.Equal(t, guard.Reject, d.Result, "%s, NVIDIA_VISIBLE_DEVICES=%s", doc, spec)
 		}
 	}
 }

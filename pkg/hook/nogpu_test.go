@@ -224,6 +224,9 @@ func TestBindMountedNodes(t *testing.T) {
 		{Destination: "/dev/nvidia0", Source: "/dev/nvidia3", Type: "bind", Options: []string{"rbind"}},
 		{Destination: "/dev/nvidiactl", Source: "/dev/nvidiactl", Type: "bind"}}})
 	require.Equal(t, []string{"1"}, resolve(req), "the host's /dev/nvidia3 (minor 3) is GPU 1, whatever its name inside")
+	res, err := devices.NewResolver(inv, config.Default().Policy).Resolve(req)
+	require.NoError(t, err)
+	require.Equal(t, []string{"bind mount /dev/nvidia0 from /dev/nvidia3 (195:3)"}, res.Devices[0].Sources, "messages name both")
 
 	whole := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/dev", Source: "/dev/", Type: "bind"}}})
 	require.True(t, whole.HostDevMounted)

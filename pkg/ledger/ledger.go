@@ -288,6 +288,10 @@ func (l *Ledger) View(ctx context.Context, fn func(tx *Tx) error) error {
 	return fn(tx)
 }
 
+// confirmWait bounds how long a read that finds the ledger needing recovery
+// waits for the lock to confirm it (see read).
+const confirmWait = 2 * time.Second
+
 // read is Snapshot without the copy: the result may share storage with the
 // cache and must not be modified.
 func (l *Ledger) read(ctx context.Context) (State, error) {
@@ -300,11 +304,17 @@ func (l *Ledger) read(ctx context.Context) (State, error) {
 		// process's recovery or reset can be caught half replaced (its
 		// new snapshot beside the old journal, or the new state before
 		// the marker that names it). Damage is only reported once a read
-		// under the lock, after any such writer, confirms it.
-		if unlock, lerr := l.acquire(ctx); lerr == nil {
+		// under the lock, after any such writer, confirms it. The wait is
+		// short (confirmWait): a recovery holds the lock for milliseconds,
+		// and a reader (the observer, a metrics scrape) must not stall for
+		// lock_timeout behind a lock held for long while the ledger is
+		// really damaged.
+		cctx, cancel := context.WithTimeout(ctx, confirmWait)
+		if unlock, lerr := l.acquire(cctx); lerr == nil {
 			ld, err = l.current()
 			unlock()
 		}
+		cancel()
 	}
 	if err != nil {
 		if l.readOnly && errors.Is(err, os.ErrPermission) {

@@ -231,7 +231,8 @@ func (m *Metrics) Ready() bool { return m.ready.Load() }
 // rebuild the state gauges from it (StateChanged). The daemon's own commits
 // update them as they happen; this is what shows the others: gpu-guard-ctl
 // (release, gc, cordon, recover), the OCI hooks, waiters whose queue_ttl
-// ran out. A read is lock-free and never waits for the ledger lock.
+// ran out. A read is lock-free; only a ledger that reads as needing recovery
+// makes it wait, briefly, for the lock to confirm that (ledger.Snapshot).
 func (m *Metrics) SetStateSource(src StateSource) { m.state.Store(&src) }
 
 // stateReadTimeout bounds the ledger read of one scrape.

@@ -855,7 +855,7 @@ func (p *Plugin) boundedDetached(ctx context.Context, g *guard.Guard) (context.C
 // CreateContainer never saw. The container as created is resolved as at
 // admission (adjusted, guardRequest), the CDI devices of the adjustment as
 // names injected after the check, and every device it reaches must be
-// claimed by it (guard.Unclaimed). A refusal fails the create; containerd's
+// claimed by it (guard.Validate). A refusal fails the create; containerd's
 // undo then sends StopContainer and RemoveContainer, which release what
 // CreateContainer claimed.
 func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.ValidateContainerAdjustmentRequest) (err error) {
@@ -877,25 +877,30 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	}
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
-	unclaimed, err := g.Unclaimed(dctx, r)
 	id := final.GetId()
-	if err != nil {
-		return fmt.Errorf("nri-gpu-guard: container %s refused: as the NRI plugins' adjustments leave it: %w", naming.ShortID(id), err)
+	admitted := guardRequest(pod, req.GetContainer()).Spec
+	d, err := g.Validate(dctx, r, guard.ValidateOptions{
+		Admitted: &admitted,
+		After:    "an NRI plugin that runs after nri-gpu-guard (" + pluginsAfter(req.GetPlugins(), g.Config().NRI.PluginName) + ")",
+		// While the ledger's holders are being rebuilt, a container that
+		// reaches a GPU is refused at once, as at CreateContainer.
+		WithoutLedger: p.rebuilding.Load(),
+	})
+	switch {
+	case errors.Is(err, guard.ErrNeedsClaims):
+		return p.rebuildingError()
+	case err != nil:
+		p.ledgerTrouble(err)
+		return fmt.Errorf("nri-gpu-guard: container %s refused: %w", naming.ShortID(id), err)
+	case d.Result == guard.Reject:
+		return fmt.Errorf("nri-gpu-guard: container %s refused: %s", naming.ShortID(id), d.Message)
 	}
-	if len(unclaimed) == 0 {
-		return nil
+	if d.Reason == guard.ReasonExempt && p.exempt != nil {
+		// Exempt because of what a later plugin added (its create named
+		// no GPU): the observer must not take its processes for intruders.
+		p.exempt.SetExempt(id, true)
 	}
-	parts := make([]string, len(unclaimed))
-	for i, d := range unclaimed {
-		parts[i] = naming.Device(d.Device) + " (" + strings.Join(d.Sources, ", ") + ")"
-	}
-	after := pluginsAfter(req.GetPlugins(), g.Config().NRI.PluginName)
-	p.log.Warn("refused a container another NRI plugin gave a GPU after the guard's check",
-		"container_id", id, "namespace", pod.GetNamespace(), "pod", pod.GetName(), "devices", parts, "plugins_after", after)
-	return fmt.Errorf("nri-gpu-guard: container %s refused: an NRI plugin that runs after nri-gpu-guard (%s) gave it %s, "+
-		"which nri-gpu-guard did not check or claim; request the GPU in the container's spec (NVIDIA_VISIBLE_DEVICES, CDI), "+
-		"or give nri-gpu-guard a plugin index above every plugin that adds devices",
-		naming.ShortID(id), after, strings.Join(parts, "; "))
+	return nil
 }
 
 // pluginsAfter names the plugins consulted after the one named self

@@ -5,12 +5,16 @@ package nriplugin
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // injector is another NRI plugin, with a higher index than the guard's (95
@@ -125,7 +129,9 @@ func TestLaterPluginCannotAddAnUncheckedGPU(t *testing.T) {
 	}
 }
 
-// An exempt namespace's containers reach what they reach, as at admission.
+// An exempt namespace's containers reach what they reach, as at admission;
+// one whose create named no GPU (no exemption then) is granted it at
+// validation, audited there once.
 func TestLaterPluginInExemptNamespace(t *testing.T) {
 	rt := newRuntime(t, nil)
 	rt.cfg.Policy.ExemptNamespaces = []string{"ml"}
@@ -136,5 +142,39 @@ func TestLaterPluginInExemptNamespace(t *testing.T) {
 	})
 	pod := rt.addPod("p")
 	require.NoError(t, rt.create(pod, container(pod, "c", "ctr-1")))
+	require.NoError(t, rt.create(pod, container(pod, "g", "ctr-2", "NVIDIA_VISIBLE_DEVICES=0")))
 	assert.Empty(t, rt.state().Claims)
+	recs, err := ledger.ReadAudit(filepath.Join(rt.ledgerDir, "audit.log"))
+	require.NoError(t, err)
+	var exempt []string
+	for _, r := range recs {
+		if r.Op == guard.AuditExempt {
+			exempt = append(exempt, r.ContainerID)
+		}
+	}
+	assert.Equal(t, []string{"ctr-1", "ctr-2"}, exempt, "each exemption audited once, at validation or at admission")
+}
+
+// A refusal at validation is audited, as every refusal that is not queued.
+func TestLaterPluginRefusalIsAudited(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	rt.startInjector(func(*api.Container) *api.ContainerAdjustment {
+		return &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{Devices: []*api.LinuxDevice{
+			{Path: "/dev/nvidia1", Type: "c", Major: 195, Minor: 1}}}}
+	})
+	pod := rt.addPod("p")
+	require.Error(t, rt.create(pod, container(pod, "c", "ctr-1", "NVIDIA_VISIBLE_DEVICES=0")))
+	recs, err := ledger.ReadAudit(filepath.Join(rt.ledgerDir, "audit.log"))
+	require.NoError(t, err)
+	var refusals []ledger.AuditRecord
+	for _, r := range recs {
+		if r.Op == guard.AuditRefuse {
+			refusals = append(refusals, r)
+		}
+	}
+	require.Len(t, refusals, 1)
+	assert.Equal(t, "ctr-1", refusals[0].ContainerID)
+	assert.Equal(t, []string{gpuUUID(1)}, refusals[0].Devices)
+	assert.Contains(t, refusals[0].Reason, "95-device-injector")
 }

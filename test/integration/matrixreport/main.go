@@ -242,13 +242,22 @@ func ReadmeRow(r *Result) string {
 	case len(failed) > 0:
 		status = "**failing**: " + strings.Join(failed, ", ")
 	case len(missing) > 0:
-		status = "supported, without " + strings.Join(missing, ", ")
+		status = "supported, without " + joinOr(missing)
 	}
 	verified := strings.Join(passed, ", ")
 	if verified == "" {
 		verified = "nothing"
 	}
 	return fmt.Sprintf("| %s (%s) | %s | %s | %s |", Line(r.Containerd), r.Containerd, r.NRI, status, verified)
+}
+
+// joinOr joins names as "a, b or c": a status lists what a line lacks, and
+// "without a, b" could read as lacking a but having b.
+func joinOr(names []string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
 // Unverified names every scenario of the runs that neither passed nor was

@@ -96,7 +96,7 @@ func TestReadmeRowAndTable(t *testing.T) {
 	broken, err := Parse(strings.NewReader(logOf("v2.4.2", "v0.12.3", false, allPass(map[string]string{"TestPreinstalledPluginSurvivesContainerdRestart": "FAIL"}))))
 	require.NoError(t, err)
 
-	assert.Equal(t, "| 1.7 (v1.7.35) | v0.8.0 | supported, without fail-closed validator, later-plugin validation | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, exited holder via cgroup, launched mode |", ReadmeRow(old))
+	assert.Equal(t, "| 1.7 (v1.7.35) | v0.8.0 | supported, without fail-closed validator or later-plugin validation | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, exited holder via cgroup, launched mode |", ReadmeRow(old))
 	assert.Equal(t, "| 2.2 (v2.2.1) | v0.11.0 | supported | containers + CDI, admit/refuse + message, queue + reservation, restart reconcile, exited holder via cgroup, fail-closed validator, launched mode, later-plugin validation |", ReadmeRow(cur))
 	assert.Contains(t, ReadmeRow(broken), "| **failing**: launched mode |")
 
