@@ -4,6 +4,7 @@
 package devices
 
 import (
+	"fmt"
 	"path"
 	"strings"
 
@@ -73,9 +74,17 @@ func (req *Request) AddBindSource(source, destination string) {
 	}
 	src := path.Clean(source)
 	switch {
-	case src == "/dev":
+	case src == "/dev" || src == "/":
+		// The host's /dev, or a tree that holds it (`-v /:/host`).
 		req.HostDevMounted = true
 	case strings.HasPrefix(src, "/dev/nvidia"):
 		req.Devices = append(req.Devices, LinuxDevice{Path: src, BoundAt: destination})
+	case strings.HasPrefix(src, "/dev/char/"):
+		// udev's links by number (/dev/char/195:0), which the runtime
+		// follows: the node of those numbers.
+		var major, minor int64
+		if n, err := fmt.Sscanf(strings.TrimPrefix(src, "/dev/char/"), "%d:%d", &major, &minor); err == nil && n == 2 {
+			req.Devices = append(req.Devices, LinuxDevice{Path: src, Type: "c", Major: major, Minor: minor, BoundAt: destination})
+		}
 	}
 }

@@ -29,10 +29,9 @@ type ValidateOptions struct {
 	// plugin is rebuilding them): a container that reaches a GPU returns
 	// ErrNeedsClaims without reading the ledger.
 	WithoutLedger bool
-	// Admitted is the container as admission saw it, when known: an
-	// exemption admission granted (and audited) already is not audited
-	// again.
-	Admitted *devices.Request
+	// ExemptAtAdmission: admission granted (and audited) this container
+	// an exemption already; it is not audited again.
+	ExemptAtAdmission bool
 }
 
 // Validate checks a container as it will be created against what it holds:
@@ -65,7 +64,7 @@ func (g *Guard) Validate(ctx context.Context, r Request, opts ValidateOptions) (
 	d, res, done := g.preDecide(owner, r.Spec)
 	if done {
 		switch {
-		case d.Reason == reasonExempt && !g.exemptAtAdmission(opts.Admitted):
+		case d.Reason == reasonExempt && !opts.ExemptAtAdmission:
 			// Admission saw no GPU (no exemption then): the exemption is
 			// granted here, and audited first.
 			if err := g.auditExempt(ctx, owner, key, d, res); err != nil {
@@ -117,17 +116,6 @@ func (g *Guard) Validate(ctx context.Context, r Request, opts ValidateOptions) (
 	g.auditValidation(ctx, owner, key, d)
 	g.finish(d, owner, key, start, false)
 	return d, nil
-}
-
-// exemptAtAdmission reports whether admission, which saw admitted, granted
-// an exemption: the request reached a GPU (an exempt namespace is the
-// caller's to check). Unknown (nil): not.
-func (g *Guard) exemptAtAdmission(admitted *devices.Request) bool {
-	if admitted == nil {
-		return false
-	}
-	res, err := g.Resolve(*admitted)
-	return err != nil || len(res.Devices) > 0 || res.All
 }
 
 // auditValidation records a refusal at validation, best effort (the

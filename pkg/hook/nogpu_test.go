@@ -72,6 +72,7 @@ func TestNeverClaims(t *testing.T) {
 		{"GPU node bind-mounted", &specs.Spec{Mounts: []specs.Mount{{Destination: "/dev/nvidia0", Source: "/dev/nvidia0", Type: "bind"}}}, false},
 		{"GPU node bind-mounted elsewhere", &specs.Spec{Mounts: []specs.Mount{{Destination: "/dev/gpu", Source: "/dev/nvidia3", Type: "bind"}}}, false},
 		{"an ordinary bind mount", &specs.Spec{Mounts: []specs.Mount{{Destination: "/data", Source: "/srv/data", Type: "bind"}}}, true},
+		{"GPU node by udev's number link", &specs.Spec{Mounts: []specs.Mount{{Destination: "/dev/g", Source: "/dev/char/195:0", Type: "bind"}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			require.Equal(t, tc.want, neverClaims(tc.spec))
@@ -230,6 +231,10 @@ func TestBindMountedNodes(t *testing.T) {
 
 	whole := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/dev", Source: "/dev/", Type: "bind"}}})
 	require.True(t, whole.HostDevMounted)
+	root := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/host", Source: "/", Type: "bind"}}})
+	require.True(t, root.HostDevMounted, "the host's / holds its /dev")
+	byNumber := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/dev/g", Source: "/dev/char/195:3", Type: "bind"}}})
+	require.Equal(t, []string{"1"}, resolve(byNumber), "udev's /dev/char/195:3 is minor 3, GPU 1")
 	require.Empty(t, resolve(whole), "a device cgroup (rootful) decides what of /dev opens")
 	whole.GPUNodesAllowed = true // what ReadInput sets in a user namespace
 	require.Equal(t, []string{"0", "1"}, resolve(whole))

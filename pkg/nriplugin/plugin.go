@@ -189,6 +189,14 @@ type Plugin struct {
 	// containers leaves these out (on a CRI-O host they are in runc's root
 	// too), not only the tracked ones.
 	known map[string]struct{}
+	// exemptAtCreate holds the ids whose CreateContainer granted (and
+	// audited) an exemption, until their validation: it must not audit
+	// the same exemption again. What admission saw, lower-index plugins'
+	// changes included, is not in the validation request (it carries the
+	// pristine container).
+	exemptAtCreate map[string]struct{}
+	// validates: the runtime asks ValidateContainerAdjustment (EventsFor).
+	validates atomic.Bool
 	// pendingPods, set by a failed Synchronize of a launched plugin (see
 	// syncFailed), holds the uids of the pods it listed and of every pod a
 	// container was created in since: once the rebuild succeeds, the waiters
@@ -351,19 +359,20 @@ func New(opts Options) (*Plugin, error) {
 		return nil, errors.New("nriplugin: no guard setup function")
 	}
 	p := &Plugin{
-		base:      opts.Config,
-		setup:     opts.Setup,
-		log:       opts.Logger,
-		ready:     opts.Ready,
-		exempt:    opts.Exempt,
-		gauges:    opts.Gauges,
-		tracked:   map[string]trackedCtr{},
-		known:     map[string]struct{}{},
-		resync:    make(chan struct{}, 1),
-		due:       map[string]dueRelease{},
-		releasing: make(chan struct{}, 1),
-		idle:      make(chan struct{}),
-		starts:    newPending(),
+		base:           opts.Config,
+		setup:          opts.Setup,
+		log:            opts.Logger,
+		ready:          opts.Ready,
+		exempt:         opts.Exempt,
+		gauges:         opts.Gauges,
+		tracked:        map[string]trackedCtr{},
+		known:          map[string]struct{}{},
+		exemptAtCreate: map[string]struct{}{},
+		resync:         make(chan struct{}, 1),
+		due:            map[string]dueRelease{},
+		releasing:      make(chan struct{}, 1),
+		idle:           make(chan struct{}),
+		starts:         newPending(),
 	}
 	close(p.idle)
 	p.life, p.halt = context.WithCancel(context.Background())
@@ -391,8 +400,10 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 	defer p.mu.Unlock()
 	p.log.Info("configured by runtime", "runtime", runtime, "runtime_version", version,
 		"config_from_runtime", cfgText != "")
+	mask := EventsFor(runtime, version)
+	p.validates.Store(mask.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT))
 	if p.g != nil && cfgText == p.cfgText {
-		return EventsFor(runtime, version), nil
+		return mask, nil
 	}
 	cfg := p.base
 	if cfgText != "" {
@@ -407,7 +418,7 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 		return 0, fmt.Errorf("nri-gpu-guard: setup: %w", err)
 	}
 	p.g, p.cfgText = g, cfgText
-	return EventsFor(runtime, version), nil
+	return mask, nil
 }
 
 // Synchronize reconciles the ledger with every container the runtime lists
@@ -878,10 +889,13 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	id := final.GetId()
-	admitted := guardRequest(pod, req.GetContainer()).Spec
+	p.mu.Lock()
+	_, exempted := p.exemptAtCreate[id]
+	delete(p.exemptAtCreate, id)
+	p.mu.Unlock()
 	d, err := g.Validate(dctx, r, guard.ValidateOptions{
-		Admitted: &admitted,
-		After:    "an NRI plugin that runs after nri-gpu-guard (" + pluginsAfter(req.GetPlugins(), g.Config().NRI.PluginName) + ")",
+		ExemptAtAdmission: exempted,
+		After:             "an NRI plugin that runs after nri-gpu-guard (" + pluginsAfter(req.GetPlugins(), g.Config().NRI.PluginName) + ")",
 		// While the ledger's holders are being rebuilt, a container that
 		// reaches a GPU is refused at once, as at CreateContainer.
 		WithoutLedger: p.rebuilding.Load(),
@@ -998,8 +1012,15 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		p.trackGen++
 		p.mu.Unlock()
 	}
-	if d.Reason == guard.ReasonExempt && p.exempt != nil {
-		p.exempt.SetExempt(ctr.GetId(), true)
+	if d.Reason == guard.ReasonExempt {
+		if p.validates.Load() {
+			p.mu.Lock()
+			p.exemptAtCreate[ctr.GetId()] = struct{}{}
+			p.mu.Unlock()
+		}
+		if p.exempt != nil {
+			p.exempt.SetExempt(ctr.GetId(), true)
+		}
 	}
 	return nil, nil, nil
 }
@@ -1158,6 +1179,7 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	p.mu.Lock()
 	delete(p.known, ctr.GetId())
+	delete(p.exemptAtCreate, ctr.GetId()) // a create whose validation never came
 	p.mu.Unlock()
 	g, ok := p.trackedGuard(ctr.GetId())
 	if !ok {

@@ -42,8 +42,15 @@ func (in *injector) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api
 // registered.
 func (rt *runtime) startInjector(adjust func(*api.Container) *api.ContainerAdjustment) {
 	rt.t.Helper()
+	rt.startInjectorAt("95", adjust)
+}
+
+// startInjectorAt is startInjector with another plugin index ("10": before
+// the guard's 90).
+func (rt *runtime) startInjectorAt(idx string, adjust func(*api.Container) *api.ContainerAdjustment) {
+	rt.t.Helper()
 	in := &injector{adjust: adjust, synced: make(chan struct{}, 1)}
-	s, err := stub.New(in, stub.WithPluginName("device-injector"), stub.WithPluginIdx("95"), stub.WithSocketPath(rt.socket))
+	s, err := stub.New(in, stub.WithPluginName("device-injector"), stub.WithPluginIdx(idx), stub.WithSocketPath(rt.socket))
 	require.NoError(rt.t, err)
 	require.NoError(rt.t, s.Start(context.Background()))
 	rt.t.Cleanup(s.Stop)
@@ -177,4 +184,29 @@ func TestLaterPluginRefusalIsAudited(t *testing.T) {
 	assert.Equal(t, "ctr-1", refusals[0].ContainerID)
 	assert.Equal(t, []string{gpuUUID(1)}, refusals[0].Devices)
 	assert.Contains(t, refusals[0].Reason, "95-device-injector")
+}
+
+// An exemption admission granted because a plugin with a lower index than
+// the guard's gave the container a GPU is audited once: the validation
+// request carries the pristine container, without that GPU, and must not
+// take the exemption for its own.
+func TestEarlierPluginExemptionAuditedOnce(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.cfg.Policy.ExemptNamespaces = []string{"ml"}
+	rt.startPlugin()
+	rt.startInjectorAt("10", func(*api.Container) *api.ContainerAdjustment {
+		return &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{Devices: []*api.LinuxDevice{
+			{Path: "/dev/nvidia1", Type: "c", Major: 195, Minor: 1}}}}
+	})
+	pod := rt.addPod("p")
+	require.NoError(t, rt.create(pod, container(pod, "c", "ctr-1")))
+	recs, err := ledger.ReadAudit(filepath.Join(rt.ledgerDir, "audit.log"))
+	require.NoError(t, err)
+	var exempt []string
+	for _, r := range recs {
+		if r.Op == guard.AuditExempt {
+			exempt = append(exempt, r.ContainerID)
+		}
+	}
+	assert.Equal(t, []string{"ctr-1"}, exempt)
 }
