@@ -208,12 +208,11 @@ func (g *Guard) Explain(ctx context.Context, r Request) (Decision, error) {
 	return g.admit(ctx, r, modeExplain)
 }
 
-func (g *Guard) admit(ctx context.Context, r Request, mode admitMode) (Decision, error) {
-	dryRun := mode == modeExplain
-	start := time.Now()
+// identity is the request's owner, bounded, with the front end the caller
+// (the front end itself) set, which decides how far the owner's pod
+// identity is trusted; and its requester key.
+func (r Request) identity() (ledger.Owner, string) {
 	owner := BoundOwner(r.Owner)
-	// The request's front end is the one the caller (the front end itself)
-	// set; it decides how far the owner's pod identity is trusted.
 	if r.FrontEnd != "" {
 		owner.FrontEnd = r.FrontEnd
 	}
@@ -221,6 +220,13 @@ func (g *Guard) admit(ctx context.Context, r Request, mode admitMode) (Decision,
 	if key == "" || !TrustsIdentity(owner.FrontEnd) {
 		key = RequesterKey(owner)
 	}
+	return owner, key
+}
+
+func (g *Guard) admit(ctx context.Context, r Request, mode admitMode) (Decision, error) {
+	dryRun := mode == modeExplain
+	start := time.Now()
+	owner, key := r.identity()
 
 	d, res, done := g.preDecide(owner, r.Spec)
 	if done {

@@ -53,14 +53,7 @@ type ValidateOptions struct {
 // A request that resolves to nothing costs no ledger read.
 func (g *Guard) Validate(ctx context.Context, r Request, opts ValidateOptions) (Decision, error) {
 	start := time.Now()
-	owner := r.Owner
-	if r.FrontEnd != "" {
-		owner.FrontEnd = r.FrontEnd
-	}
-	key := r.Key
-	if key == "" || !TrustsIdentity(owner.FrontEnd) {
-		key = RequesterKey(owner)
-	}
+	owner, key := r.identity()
 	d, res, done := g.preDecide(owner, r.Spec)
 	if done {
 		switch {

@@ -5,7 +5,6 @@ package nriplugin
 
 import (
 	"errors"
-	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // While a rebuild is pending only the containers that ask for a GPU are
@@ -31,17 +29,13 @@ func TestRebuildRefusesOnlyGPURequests(t *testing.T) {
 	require.NoError(t, rt.create(app, container(app, "web", "web-1")), "a container without a GPU needs no holder")
 	require.NoError(t, rt.create(sys, container(sys, "dcgm", "dcgm-1", "NVIDIA_VISIBLE_DEVICES=0")),
 		"an exempt container is let through as always")
-	recs, err := ledger.ReadAudit(filepath.Join(rt.ledgerDir, "audit.log"))
-	require.NoError(t, err)
 	var exempt []string
-	for _, r := range recs {
-		if r.Op == guard.AuditExempt {
-			exempt = append(exempt, r.ContainerID)
-		}
+	for _, r := range rt.audited(guard.AuditExempt) {
+		exempt = append(exempt, r.ContainerID)
 	}
 	assert.Equal(t, []string{"dcgm-1"}, exempt, "the exemption is audited as always")
 
-	err = rt.create(app, container(app, "typo", "typo-1", "NVIDIA_VISIBLE_DEVICES=17"))
+	err := rt.create(app, container(app, "typo", "typo-1", "NVIDIA_VISIBLE_DEVICES=17"))
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "being rebuilt", "a policy refusal needs no holder: its own message")
 

@@ -151,13 +151,9 @@ func TestLaterPluginInExemptNamespace(t *testing.T) {
 	require.NoError(t, rt.create(pod, container(pod, "c", "ctr-1")))
 	require.NoError(t, rt.create(pod, container(pod, "g", "ctr-2", "NVIDIA_VISIBLE_DEVICES=0")))
 	assert.Empty(t, rt.state().Claims)
-	recs, err := ledger.ReadAudit(filepath.Join(rt.ledgerDir, "audit.log"))
-	require.NoError(t, err)
 	var exempt []string
-	for _, r := range recs {
-		if r.Op == guard.AuditExempt {
-			exempt = append(exempt, r.ContainerID)
-		}
+	for _, r := range rt.audited(guard.AuditExempt) {
+		exempt = append(exempt, r.ContainerID)
 	}
 	assert.Equal(t, []string{"ctr-1", "ctr-2"}, exempt, "each exemption audited once, at validation or at admission")
 }
@@ -172,14 +168,7 @@ func TestLaterPluginRefusalIsAudited(t *testing.T) {
 	})
 	pod := rt.addPod("p")
 	require.Error(t, rt.create(pod, container(pod, "c", "ctr-1", "NVIDIA_VISIBLE_DEVICES=0")))
-	recs, err := ledger.ReadAudit(filepath.Join(rt.ledgerDir, "audit.log"))
-	require.NoError(t, err)
-	var refusals []ledger.AuditRecord
-	for _, r := range recs {
-		if r.Op == guard.AuditRefuse {
-			refusals = append(refusals, r)
-		}
-	}
+	refusals := rt.audited(guard.AuditRefuse)
 	require.Len(t, refusals, 1)
 	assert.Equal(t, "ctr-1", refusals[0].ContainerID)
 	assert.Equal(t, []string{gpuUUID(1)}, refusals[0].Devices)
@@ -200,13 +189,23 @@ func TestEarlierPluginExemptionAuditedOnce(t *testing.T) {
 	})
 	pod := rt.addPod("p")
 	require.NoError(t, rt.create(pod, container(pod, "c", "ctr-1")))
-	recs, err := ledger.ReadAudit(filepath.Join(rt.ledgerDir, "audit.log"))
-	require.NoError(t, err)
 	var exempt []string
-	for _, r := range recs {
-		if r.Op == guard.AuditExempt {
-			exempt = append(exempt, r.ContainerID)
-		}
+	for _, r := range rt.audited(guard.AuditExempt) {
+		exempt = append(exempt, r.ContainerID)
 	}
 	assert.Equal(t, []string{"ctr-1"}, exempt)
+}
+
+// audited returns the audit log's records of operation op, in order.
+func (rt *runtime) audited(op string) []ledger.AuditRecord {
+	rt.t.Helper()
+	recs, err := ledger.ReadAudit(filepath.Join(rt.ledgerDir, "audit.log"))
+	require.NoError(rt.t, err)
+	var out []ledger.AuditRecord
+	for _, r := range recs {
+		if r.Op == op {
+			out = append(out, r)
+		}
+	}
+	return out
 }
