@@ -104,10 +104,10 @@ func (a *app) checkConfig(name string) error {
 		// The packaged systemd unit (ProtectSystem=strict) may write only
 		// the default ledger dir: another one is read-only there, and the
 		// service fails at every start.
-		if def := config.Default().Ledger.Dir; filepath.Clean(v.cfg.Ledger.Dir) != def {
+		if dir, def := filepath.Clean(v.cfg.Ledger.Dir), config.Default().Ledger.Dir; dir != def {
 			v.Warnings = append(v.Warnings, fmt.Sprintf("ledger.dir: %s is not %s, the only ledger directory the packaged "+
 				"systemd unit may write (ProtectSystem=strict); allow it with `systemctl edit nri-gpu-guard`: "+
-				"[Service] ReadWritePaths=%s", filepath.Clean(v.cfg.Ledger.Dir), def, filepath.Clean(v.cfg.Ledger.Dir)))
+				"[Service] ReadWritePaths=%s", dir, def, dir))
 		}
 	}
 	if err := v.render(a.env.Stdout, a.output); err != nil {

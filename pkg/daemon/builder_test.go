@@ -68,7 +68,8 @@ func TestSetupFallsBackToTrustedCache(t *testing.T) {
 	cfg := config.Default()
 	cfg.Ledger.Dir = t.TempDir()
 	cfg.Devices.Source = config.SourceProc
-	cfg.Devices.ProcRoot = t.TempDir() // no /proc/driver/nvidia: discovery fails
+	cfg.Devices.ProcRoot = t.TempDir() // a procfs without /proc/driver/nvidia: discovery fails
+	require.NoError(t, os.MkdirAll(filepath.Join(cfg.Devices.ProcRoot, "proc"), 0o755))
 	cache := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
 
 	g, err := (&Builder{}).Setup(context.Background(), cfg)

@@ -60,20 +60,6 @@ func (m *manualTimer) after(d time.Duration) <-chan time.Time {
 	return m.fire
 }
 
-// bounded receives from c, failing the test after a generous bound (a guard
-// against a hang, not a synchronisation).
-func bounded[T any](t *testing.T, c <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-c:
-		return v
-	case <-time.After(10 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-	}
-	var zero T
-	return zero
-}
-
 // runRediscover runs b.Rediscover until stop is called or the test ends,
 // and returns the channel its swaps are sent on. stop returns once
 // Rediscover has.
@@ -107,7 +93,8 @@ func lateDriverHost(t *testing.T) config.Config {
 	cfg := config.Default()
 	cfg.Ledger.Dir = t.TempDir()
 	cfg.Devices.Source = config.SourceAuto
-	cfg.Devices.ProcRoot = t.TempDir() // no /proc/driver/nvidia yet
+	cfg.Devices.ProcRoot = t.TempDir() // a procfs without /proc/driver/nvidia yet
+	require.NoError(t, os.MkdirAll(filepath.Join(cfg.Devices.ProcRoot, "proc"), 0o755))
 	dev := filepath.Join(cfg.Devices.ProcRoot, "sys", "bus", "pci", "devices", "0000:3b:00.0")
 	require.NoError(t, os.MkdirAll(dev, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dev, "vendor"), []byte("0x10de\n"), 0o644))
@@ -158,7 +145,7 @@ func TestRediscoverAfterLateDriver(t *testing.T) {
 	// The driver is still down: attempts back off 5s, 10s, 20s, 40s, 1m, 1m.
 	want := []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, time.Minute}
 	for i, w := range want {
-		assert.Equal(t, w, bounded(t, timer.waits, "a wait"), "wait %d", i)
+		assert.Equal(t, w, receive(t, timer.waits, "a wait"), "wait %d", i)
 		if i < len(want)-1 {
 			timer.fire <- time.Time{}
 		}
@@ -170,7 +157,7 @@ func TestRediscoverAfterLateDriver(t *testing.T) {
 
 	nvml.up.Store(true)
 	timer.fire <- time.Time{}
-	assert.Same(t, g, bounded(t, swapped, "the swap"))
+	assert.Same(t, g, receive(t, swapped, "the swap"))
 	_, ok := g.Inventory().Lookup(uuidLate)
 	require.True(t, ok, "the guard decides with the new inventory")
 	cached, err = devices.LoadCache(cache)
@@ -205,10 +192,10 @@ func TestRediscoverReplacesCacheFallback(t *testing.T) {
 	require.True(t, ok, "the cache fallback")
 
 	swapped, _ := runRediscover(t, b)
-	assert.Equal(t, 5*time.Second, bounded(t, timer.waits, "a wait"))
+	assert.Equal(t, 5*time.Second, receive(t, timer.waits, "a wait"))
 	nvml.up.Store(true)
 	timer.fire <- time.Time{}
-	assert.Same(t, g, bounded(t, swapped, "the swap"))
+	assert.Same(t, g, receive(t, swapped, "the swap"))
 	_, ok = g.Inventory().Lookup(uuidLate)
 	assert.True(t, ok)
 }
@@ -223,7 +210,7 @@ func TestRediscoverIdleWhenComplete(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); b.Rediscover(ctx, nil) }()
 	cancel()
-	bounded(t, done, "Rediscover to stop")
+	receive(t, done, "Rediscover to stop")
 	noWait(t, timer, "over a complete inventory")
 }
 
@@ -240,7 +227,8 @@ func TestStartWithoutDriverOrCache(t *testing.T) {
 			cfg := config.Default()
 			cfg.Ledger.Dir = t.TempDir()
 			cfg.Devices.Source = config.SourceAuto
-			cfg.Devices.ProcRoot = t.TempDir() // no driver, no sysfs
+			cfg.Devices.ProcRoot = t.TempDir() // a procfs without the driver, no sysfs
+			require.NoError(t, os.MkdirAll(filepath.Join(cfg.Devices.ProcRoot, "proc"), 0o755))
 			cfg.Policy.UnknownDevice = unknown
 			cache := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
 			nvml, timer := &lateNVML{unavailable: true}, newManualTimer()
@@ -277,14 +265,14 @@ func TestStartWithoutDriverOrCache(t *testing.T) {
 
 			swapped, _ := runRediscover(t, b)
 
-			assert.Equal(t, 5*time.Second, bounded(t, timer.waits, "a wait"))
+			assert.Equal(t, 5*time.Second, receive(t, timer.waits, "a wait"))
 			timer.fire <- time.Time{} // still no driver
-			assert.Equal(t, 10*time.Second, bounded(t, timer.waits, "a wait"))
+			assert.Equal(t, 10*time.Second, receive(t, timer.waits, "a wait"))
 			assert.NoFileExists(t, cache)
 
 			nvml.up.Store(true)
 			timer.fire <- time.Time{}
-			assert.Same(t, g, bounded(t, swapped, "the swap"))
+			assert.Same(t, g, receive(t, swapped, "the swap"))
 			assert.False(t, g.Inventory().Undiscovered)
 			cached, err := devices.LoadCache(cache)
 			require.NoError(t, err)

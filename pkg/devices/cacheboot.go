@@ -6,6 +6,8 @@ package devices
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 )
 
@@ -48,7 +50,13 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 	}
 	driver, err := NewProcLoader(procRoot).Load()
 	if errors.Is(err, ErrSourceUnavailable) {
-		return nil // no driver: nothing tells the cache is out of date
+		if _, serr := os.Stat(filepath.Join(procRoot, "proc")); serr == nil {
+			return nil // no driver: nothing tells the cache is out of date
+		}
+		// No procfs where the configuration says (devices.proc_root set
+		// for another mount namespace): nothing shows the cache matches.
+		return fmt.Errorf("load inventory cache %s: %w: it was written in another boot, and there is no procfs under "+
+			"devices.proc_root %s to compare it with; fix devices.proc_root, or run `gpu-guard-ctl devices --refresh`", path, ErrStaleCache, procRoot)
 	}
 	if err != nil {
 		// The driver lists GPUs but one cannot be read (an uninitialised

@@ -78,7 +78,7 @@ func TestLoadInventoryChecksCacheOfAnotherBoot(t *testing.T) {
 		boot      string // the cache's boot
 		cacheGPUs []GPU  // nil = bootCacheGPUs()
 		proc      []procEntry
-		noProc    bool
+		noProc    bool     // a procfs without the driver's tree
 		stale     []string // what the skip reason names; nil = cache used
 	}{
 		// GPUs do not change while a host runs: within its boot the cache
@@ -129,6 +129,7 @@ func TestLoadInventoryChecksCacheOfAnotherBoot(t *testing.T) {
 				if !tc.noProc && len(tc.proc) == 0 {
 					t.Fatal("a row names its /proc tree or noProc")
 				}
+				require.NoError(t, os.MkdirAll(filepath.Join(procRoot, "proc"), 0o755))
 				state := t.TempDir()
 				path := filepath.Join(state, CacheFile)
 				gpus := tc.cacheGPUs
@@ -253,4 +254,17 @@ func TestStaleCacheWhenADriverGPUCannotBeRead(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, OriginNone, got.Origin)
 	assert.True(t, got.Inventory.Undiscovered)
+}
+
+// No procfs at all at devices.proc_root (set for another mount namespace)
+// is not "no driver": nothing shows an earlier boot's cache matches, and it
+// is stale (it used to be used as it was).
+func TestStaleCacheWithoutProcfs(t *testing.T) {
+	state := t.TempDir()
+	path := filepath.Join(state, CacheFile)
+	writeBootCache(t, path, bootEarlier, bootCacheGPUs())
+	_, err := LoadInventory(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: filepath.Join(t.TempDir(), "elsewhere")},
+		LoadOptions{Role: RoleHook, StateDir: state, BootID: testBoot})
+	require.ErrorIs(t, err, ErrStaleCache)
+	assert.ErrorContains(t, err, "no procfs")
 }

@@ -74,13 +74,13 @@ func (g *Guard) Validate(ctx context.Context, r Request, opts ValidateOptions) (
 	if opts.WithoutLedger {
 		return Decision{}, ErrNeedsClaims
 	}
-	st, err := g.ledger.Snapshot(ctx)
+	claims, err := g.ledger.ClaimsOf(ctx, owner.ContainerID)
 	if err != nil {
 		return Decision{}, g.ledgerError(owner, fmt.Errorf("read the GPU ledger to check what container %s holds: %w", naming.ShortID(owner.ContainerID), err))
 	}
 	held := make(map[string]bool)
-	for _, c := range st.Claims {
-		if c.Owner.ContainerID == owner.ContainerID {
+	for _, c := range claims {
+		if c.Owner.FrontEnd == owner.FrontEnd {
 			held[c.Device.UUID] = true
 		}
 	}

@@ -60,6 +60,15 @@ func TestValidate(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, guard.Reject, d.Result)
 	assert.Contains(t, d.Message, `invalid device id "-1"`)
+	// A claim of the OCI hook's front end under the same id (an id whoever
+	// runs runc chose) is not this NRI container's.
+	hookOwner := ledger.Owner{ContainerID: "dupe00000000001", FrontEnd: ledger.FrontEndHook}
+	hd, err := e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: hookOwner, Spec: visible("3")})
+	require.NoError(t, err)
+	require.Equal(t, guard.Admit, hd.Result)
+	d, err = validate(ctr("ml", "d", "main", "dupe00000000001"), visible("3"), opts)
+	require.NoError(t, err)
+	assert.Equal(t, guard.Reject, d.Result, "another front end's claim under the same id")
 	_, err = validate(holder, visible("2"), guard.ValidateOptions{WithoutLedger: true})
 	require.ErrorIs(t, err, guard.ErrNeedsClaims, "while the holders are rebuilt, no ledger read")
 
@@ -75,7 +84,7 @@ func TestValidate(t *testing.T) {
 			exempt = append(exempt, r.ContainerID)
 		}
 	}
-	assert.Equal(t, []string{"hhhh000000000001", "oooo000000000001", "hhhh000000000001"}, refused, "every refusal audited")
+	assert.Equal(t, []string{"hhhh000000000001", "oooo000000000001", "hhhh000000000001", "dupe00000000001"}, refused, "every refusal audited")
 	assert.Equal(t, []string{"mmmm000000000001"}, exempt, "the exemption audited")
 
 	for _, doc := range []string{`{"source":"none","gpus":[],"undiscovered":true}`, `{"source":"proc","gpus":[],"unlisted_gpus":4}`} {

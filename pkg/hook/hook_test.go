@@ -596,7 +596,8 @@ func TestLoadInventory(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := staticConfig(t)
 			cfg.Devices.Source = tc.source
-			cfg.Devices.ProcRoot = t.TempDir() // no /proc/driver/nvidia there
+			cfg.Devices.ProcRoot = t.TempDir() // a procfs without /proc/driver/nvidia
+			require.NoError(t, os.MkdirAll(filepath.Join(cfg.Devices.ProcRoot, "proc"), 0o755))
 			if tc.cache != 0 {
 				writeCache(t, cfg, tc.cache)
 			}

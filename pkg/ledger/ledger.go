@@ -290,7 +290,23 @@ func (l *Ledger) View(ctx context.Context, fn func(tx *Tx) error) error {
 
 // confirmWait bounds how long a read that finds the ledger needing recovery
 // waits for the lock to confirm it (see read).
-const confirmWait = 2 * time.Second
+var confirmWait = 2 * time.Second // a variable for tests
+
+// ClaimsOf returns the claims of container id, as Snapshot would show them,
+// without copying the rest of the state.
+func (l *Ledger) ClaimsOf(ctx context.Context, id string) ([]Claim, error) {
+	st, err := l.read(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []Claim
+	for _, c := range st.Claims {
+		if c.Owner.ContainerID == id {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
 
 // read is Snapshot without the copy: the result may share storage with the
 // cache and must not be modified.

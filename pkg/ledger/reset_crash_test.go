@@ -8,7 +8,9 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -169,16 +171,21 @@ func TestReadDuringAResetConfirmsUnderTheLock(t *testing.T) {
 		require.NoError(t, err)
 	})
 	waiting := make(chan struct{})
+	var once sync.Once
 	ropts := testOptions(c)
-	ropts.BeforeLockWait = func() { close(waiting) }
+	ropts.BeforeLockWait = func() { once.Do(func() { close(waiting) }) }
+	// The reader waits for the reset as long as the test lets it: no
+	// deadline of the real clock decides the outcome.
+	defer func(d time.Duration) { confirmWait = d }(confirmWait)
+	confirmWait = time.Hour
 	r, err := Open(dir, ropts)
 	require.NoError(t, err)
 
 	paused, resume := make(chan struct{}), make(chan struct{})
-	once := false
+	paused1 := false
 	failpoint = func(s string) {
-		if s == stageJournalRotated && !once {
-			once = true
+		if s == stageJournalRotated && !paused1 {
+			paused1 = true
 			close(paused)
 			<-resume
 		}

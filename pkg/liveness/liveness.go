@@ -346,14 +346,15 @@ func ProcessCgroup(procRoot string, pid int) (string, error) {
 // and crun's drivers join it, systemd tracks units in it). The unified
 // hierarchy of a hybrid host carries no controller: runc's cgroupfs driver
 // does not join it, so its "0::" line stays at the cgroup the runtime was
-// started in (containerd's, the shim's, a login session). The order of the
-// first four matches v1Controllers, where Checker looks a recorded path up.
+// started in (containerd's, the shim's, a login session). The first three
+// are v1Controllers' first three, where Checker looks a recorded path up.
 func cgroupRank(hierarchy, controllers string) int {
 	if hierarchy == "0" && controllers == "" {
 		return 5 // the unified hierarchy
 	}
-	for i, c := range []string{"pids", "memory", "devices"} {
-		if slices.Contains(strings.Split(controllers, ","), c) {
+	listed := strings.Split(controllers, ",")
+	for i, c := range v1Controllers[:3] {
+		if slices.Contains(listed, c) {
 			return i
 		}
 	}

@@ -402,6 +402,10 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 		"config_from_runtime", cfgText != "")
 	mask := EventsFor(runtime, version)
 	p.validates.Store(mask.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT))
+	if runtime == "containerd" && !p.validates.Load() && !atLeast(version, 0, 0) {
+		p.log.Warn("containerd's version cannot be read: the plugins' adjustments are not validated (other NRI plugins "+
+			"with a higher index can add GPUs unchecked); keep plugins that add devices below this one's index", "runtime_version", version)
+	}
 	if p.g != nil && cfgText == p.cfgText {
 		return mask, nil
 	}
@@ -874,6 +878,12 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	g := p.Guard()
 	if g == nil {
 		return errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
+	}
+	if !adjustsAccess(req.GetAdjust()) {
+		// The container is the one admission decided on: nothing that
+		// can reach a GPU was changed after it. The common case, at no
+		// cost beyond this look.
+		return nil
 	}
 	pod := req.GetPod()
 	final, late := adjusted(req.GetContainer(), req.GetAdjust())

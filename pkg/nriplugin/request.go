@@ -231,3 +231,15 @@ func adjusted(ctr *api.Container, adj *api.ContainerAdjustment) (*api.Container,
 	}
 	return out, late
 }
+
+// adjustsAccess reports whether an adjustment changes anything resolution
+// reads (env, mounts, annotations, CDI devices, device nodes, device cgroup
+// rules): without such a change the container is the one admission saw.
+func adjustsAccess(adj *api.ContainerAdjustment) bool {
+	if adj == nil {
+		return false
+	}
+	la := adj.GetLinux()
+	return len(adj.GetEnv()) > 0 || len(adj.GetMounts()) > 0 || len(adj.GetAnnotations()) > 0 ||
+		len(adj.GetCDIDevices()) > 0 || len(la.GetDevices()) > 0 || len(la.GetResources().GetDevices()) > 0
+}

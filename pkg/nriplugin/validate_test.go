@@ -7,6 +7,7 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -54,7 +55,11 @@ func (rt *runtime) startInjectorAt(idx string, adjust func(*api.Container) *api.
 	require.NoError(rt.t, err)
 	require.NoError(rt.t, s.Start(context.Background()))
 	rt.t.Cleanup(s.Stop)
-	<-in.synced
+	select {
+	case <-in.synced:
+	case <-time.After(time.Minute): // a hang guard, not a timing assertion
+		rt.t.Fatal("the injector was never synchronized")
+	}
 	rt.nri.BlockPluginSync().Unblock()
 }
 
@@ -208,4 +213,28 @@ func (rt *runtime) audited(op string) []ledger.AuditRecord {
 		}
 	}
 	return out
+}
+
+// Only an adjustment that changes what resolution reads sends validation
+// down its slow path; anything else is the container admission decided on.
+func TestAdjustsAccess(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		adj  *api.ContainerAdjustment
+		want bool
+	}{
+		{"none", nil, false},
+		{"empty", &api.ContainerAdjustment{}, false},
+		{"rlimits and hooks only", &api.ContainerAdjustment{Rlimits: []*api.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1, Soft: 1}},
+			Hooks: &api.Hooks{}, Linux: &api.LinuxContainerAdjustment{CgroupsPath: "/x"}}, false},
+		{"env", &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: "A", Value: "b"}}}, true},
+		{"mount", &api.ContainerAdjustment{Mounts: []*api.Mount{{Destination: "/d"}}}, true},
+		{"annotation", &api.ContainerAdjustment{Annotations: map[string]string{"a": "b"}}, true},
+		{"CDI device", &api.ContainerAdjustment{CDIDevices: []*api.CDIDevice{{Name: "x.com/y=z"}}}, true},
+		{"device node", &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{Devices: []*api.LinuxDevice{{Path: "/dev/x"}}}}, true},
+		{"device rule", &api.ContainerAdjustment{Linux: &api.LinuxContainerAdjustment{
+			Resources: &api.LinuxResources{Devices: []*api.LinuxDeviceCgroup{{Allow: true}}}}}, true},
+	} {
+		assert.Equal(t, tc.want, adjustsAccess(tc.adj), tc.name)
+	}
 }
