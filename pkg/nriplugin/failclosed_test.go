@@ -172,7 +172,7 @@ func TestShutdownLetsRequestInFlightAnswer(t *testing.T) {
 			break
 		}
 	}
-	rt.nri.BlockPluginSync().Unblock()
+	rt.registered()
 
 	lk := rt.lockLedger()
 	defer func() { _ = lk.Unlock() }()

@@ -5,6 +5,7 @@ package nriplugin
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"github.com/containerd/nri/pkg/api"
 	nrilog "github.com/containerd/nri/pkg/log"
 	"github.com/containerd/nri/pkg/stub"
+	"github.com/containerd/ttrpc"
 	"github.com/gofrs/flock"
 	"github.com/stretchr/testify/require"
 
@@ -235,11 +237,40 @@ func (rt *runtime) startPluginWith(live guard.Liveness) *plugin {
 	require.NoError(rt.t, pl.stub.Start(context.Background()))
 	rt.t.Cleanup(pl.stub.Stop)
 	<-pl.ready
-	// Synchronize returned; wait until the runtime added the plugin to its
-	// registry (it does so right after the sync, under the sync lock).
-	rt.nri.BlockPluginSync().Unblock()
+	rt.registered()
 	rt.plugins = append(rt.plugins, pl)
 	return pl
+}
+
+// registered waits, once a plugin's Synchronize returned, until the runtime
+// has added it to its registry (right after the sync, under the sync lock)
+// and has dropped every connection a plugin closed before.
+//
+// NRI marks a plugin closed only when the close handler of its connection
+// has run, on a goroutine of its own, and removes it at the end of the next
+// request: a plugin that dropped its connection to reconnect (a resync, a
+// restart) can be registered again before that, and the next request relayed
+// to the old registration fails with ttrpc.ErrClosed, which also drops it.
+// A probe every plugin answers at no cost (the stop of a container no one
+// tracks) takes that failure, so that the requests a test checks meet only
+// live plugins.
+func (rt *runtime) registered() {
+	rt.t.Helper()
+	rt.nri.BlockPluginSync().Unblock()
+	probe := &api.StopContainerRequest{
+		Pod:       &api.PodSandbox{Id: "sb-probe", Name: "probe", Uid: "uid-probe", Namespace: "probe"},
+		Container: &api.Container{Id: "probe", PodSandboxId: "sb-probe", Name: "probe"},
+	}
+	// Each failure drops one stale registration; a test has at most a
+	// few reconnects behind it.
+	for range 8 {
+		_, err := rt.nri.StopContainer(context.Background(), probe)
+		if !errors.Is(err, ttrpc.ErrClosed) {
+			require.NoError(rt.t, err, "the probe of the runtime's plugins")
+			return
+		}
+	}
+	rt.t.Fatal("the runtime keeps relaying requests to closed plugin connections")
 }
 
 func (rt *runtime) addPod(name string) *api.PodSandbox {

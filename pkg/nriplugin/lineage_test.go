@@ -76,9 +76,7 @@ func runPluginNoWait(t *testing.T, rt *runtime, adjust func(p *Plugin)) (waitRea
 			case got := <-readyC:
 				if got == want {
 					if want {
-						// Synchronize returned; wait until the runtime has
-						// the plugin registered.
-						rt.nri.BlockPluginSync().Unblock()
+						rt.registered()
 					}
 					return
 				}

@@ -707,7 +707,7 @@ func TestRunReconnects(t *testing.T) {
 		}
 	}
 	waitReady(true)
-	rt.nri.BlockPluginSync().Unblock()
+	rt.registered()
 	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
 	require.NoError(t, rt.create(podA, holder))
 
@@ -717,7 +717,7 @@ func TestRunReconnects(t *testing.T) {
 	px.cut()
 	waitReady(false)
 	waitReady(true)
-	rt.nri.BlockPluginSync().Unblock()
+	rt.registered()
 	assert.Empty(t, rt.holders(), "the claim of the vanished holder was released at the new Synchronize")
 	require.NoError(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1")))
 	require.ErrorContains(t, rt.create(podA, container(podA, "main", "a-2", "NVIDIA_VISIBLE_DEVICES=1")),

@@ -67,7 +67,7 @@ func TestLaunchedPluginSurvivesAFailedSync(t *testing.T) {
 	gauges := &gaugeRecorder{}
 	waitReady, _ := runPluginNoWait(t, rt, func(p *Plugin) { p.forceInPlace, p.gauges = true, gauges })
 	require.NoError(t, syncResult(t, rt), "a launched plugin answers a failed reconcile without an error: containerd would kill it")
-	rt.nri.BlockPluginSync().Unblock() // registered
+	rt.registered()
 	assert.True(t, gauges.isRebuilding(), "the rebuild is shown")
 
 	err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=2"))

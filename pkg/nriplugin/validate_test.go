@@ -60,7 +60,7 @@ func (rt *runtime) startInjectorAt(idx string, adjust func(*api.Container) *api.
 	case <-time.After(time.Minute): // a hang guard, not a timing assertion
 		rt.t.Fatal("the injector was never synchronized")
 	}
-	rt.nri.BlockPluginSync().Unblock()
+	rt.registered()
 }
 
 // A plugin that runs after the guard can give a container a GPU the guard
