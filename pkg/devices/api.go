@@ -5,6 +5,7 @@ package devices
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 )
@@ -203,6 +204,32 @@ var (
 	ErrPrivilegedRejected = errors.New("privileged containers are refused by policy")
 	ErrTooLarge           = errors.New("input too large")
 )
+
+// advice is a resolution error whose text says what to do about it.
+type advice struct{ error }
+
+func (a advice) Unwrap() error { return a.error }
+
+// advised marks err as saying what to do about it.
+func advised(err error) error { return advice{err} }
+
+// Advises reports whether an error of kind (ErrUnknownDevice, ErrInvalidID,
+// ...) wrapped or joined into err says itself what to do instead, so that a
+// message built on it adds no generic advice, which could repeat or
+// contradict it.
+func Advises(err error, kind error) bool {
+	switch e := err.(type) { //nolint:errorlint // walks the tree itself, to look at every joined error
+	case nil:
+		return false
+	case advice:
+		return errors.Is(e.error, kind)
+	case interface{ Unwrap() []error }:
+		return slices.ContainsFunc(e.Unwrap(), func(x error) bool { return Advises(x, kind) })
+	case interface{ Unwrap() error }:
+		return Advises(e.Unwrap(), kind)
+	}
+	return false
+}
 
 // Resolver turns Requests into Resolutions against a fixed Inventory and the
 // policy. It is safe for concurrent use.

@@ -26,6 +26,8 @@ type idError struct {
 	// reading a bus id before its function), so an id the resolver cannot
 	// read may still select a GPU there.
 	strict bool
+	// advises: detail says what to do about the id (see Advises).
+	advises bool
 }
 
 func (e *idError) Error() string { return e.sentinel.Error() + " " + quoteToken(e.token) + e.detail }
@@ -70,6 +72,12 @@ func (ix *index) unknown(tok string) *idError {
 // invalid reports a malformed id; it is strict (see idError).
 func invalid(tok, why string) *idError {
 	return &idError{sentinel: ErrInvalidID, token: tok, detail: ": " + why, strict: true}
+}
+
+// advising marks e as saying, in its detail, what to do instead.
+func (e *idError) advising() *idError {
+	e.advises = true
+	return e
 }
 
 // decimal parses a non-negative decimal made of digits only (leading zeros

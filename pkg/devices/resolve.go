@@ -109,8 +109,13 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 			if !req.Privileged {
 				fix = "name its GPUs and let its device cgroup allow only their nodes"
 			}
-			return Resolution{}, fmt.Errorf("%s: %w (policy.privileged = %q): it can open every GPU; %s",
+			err := fmt.Errorf("%s: %w (policy.privileged = %q): it can open every GPU; %s",
 				what, ErrPrivilegedRejected, config.PrivilegedReject, fix)
+			if !req.Privileged {
+				// The generic advice (drop privileged) does not apply.
+				err = advised(err)
+			}
+			return Resolution{}, err
 		case config.PrivilegedAll:
 			b.claimAll(srcPrivileged)
 		default: // declared
@@ -282,7 +287,11 @@ func (b *builder) has(pos int) bool { return b.slot != nil && b.slot[pos] > 0 }
 // driver is up.
 func (b *builder) unresolved(where string, e *idError) {
 	if e.strict {
-		b.fail(fmt.Errorf("%s: %w; fix the id (policy.unknown_device = \"ignore\" does not apply: NVIDIA's runtime may read it as a GPU)", where, e))
+		err := fmt.Errorf("%s: %w; fix the id (policy.unknown_device = \"ignore\" does not apply: NVIDIA's runtime may read it as a GPU)", where, e)
+		if e.advises {
+			err = advised(err)
+		}
+		b.fail(err)
 		return
 	}
 	if b.incomplete != "" && b.policy.UnknownDevice == config.UnknownIgnore {
@@ -294,7 +303,7 @@ func (b *builder) unresolved(where string, e *idError) {
 		b.note(where + ": ignored " + e.Error() + " (policy.unknown_device = \"ignore\")")
 		return
 	}
-	b.fail(fmt.Errorf("%s: %w; name a GPU of this host or set policy.unknown_device = \"ignore\"", where, e))
+	b.fail(advised(fmt.Errorf("%s: %w; name a GPU of this host or set policy.unknown_device = \"ignore\"", where, e)))
 }
 
 // fixByUUID is what claimAll's refusal tells the user to do.
@@ -309,7 +318,7 @@ func (b *builder) claimAllOr(src, fix string) {
 	if src != srcPrivileged {
 		switch b.policy.AllDevices {
 		case config.AllReject:
-			b.fail(fmt.Errorf("%s: %w (policy.all_devices = \"reject\"); %s", src, ErrAllRejected, fix))
+			b.fail(advised(fmt.Errorf("%s: %w (policy.all_devices = \"reject\"); %s", src, ErrAllRejected, fix)))
 			return
 		case config.AllIgnore:
 			b.note(src + ": ignored (policy.all_devices = \"ignore\")")
@@ -677,11 +686,11 @@ func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 			b.unresolved(where, invalid(qualified, "NVIDIA's runtime injects the CDI device a name here denotes after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+
 				"or request other CDI devices through CDI annotations or the CRI's CDI devices (podman: --device VENDOR/CLASS=NAME), "+
-				"which the engine injects before the check"))
+				"which the engine injects before the check").advising())
 		case by == cdiByPlugin && nvidiaVendor(vendor):
 			b.unresolved(where, invalid(qualified, "an NRI plugin added this NVIDIA CDI device, which containerd injects after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: have the plugin name GPUs that way, "+
-				"or request the device in the container's own spec"))
+				"or request the device in the container's own spec").advising())
 		}
 		return
 	}

@@ -175,32 +175,33 @@ func age(d time.Duration) string {
 // policyText explains a refusal that comes from resolution, not from a busy
 // device, and how to get past it.
 func policyText(err error, policy config.PolicyConfig, inv *devices.Inventory) string {
+	// The resolver's own words may already say what to do (name a GPU of
+	// this host, which CDI names work, name the GPUs instead of a device
+	// rule): the generic advice would then repeat or contradict them.
+	said := func(kind error) bool { return devices.Advises(err, kind) }
 	var hint string
 	switch reasonFor(err) {
 	case "unknown-device":
 		hint = fmt.Sprintf("name a GPU of this host (policy unknown_device = %q). GPUs here: %s",
 			policy.UnknownDevice, inventoryText(inv))
-		if strings.Contains(err.Error(), "name a GPU of this host") {
-			// The resolver's own words already say what to do.
+		if said(devices.ErrUnknownDevice) {
 			hint = "GPUs here: " + inventoryText(inv)
 		}
 	case "invalid-id":
 		hint = "fix the device id (an index, a GPU-/MIG- UUID, \"<gpu>:<mig>\", \"all\" or \"none\"). GPUs here: " +
 			inventoryText(inv)
-		if strings.Contains(err.Error(), "after the guard's check") {
-			// The resolver's words say which names work and where other
-			// CDI devices go; the id forms above would contradict them.
+		if said(devices.ErrInvalidID) {
 			hint = "GPUs here: " + inventoryText(inv)
 		}
 	case "policy-all":
 		hint = fmt.Sprintf("requests for every GPU are refused (policy all_devices = %q); name the GPUs the container needs", policy.AllDevices)
-		if strings.Contains(err.Error(), "name the GPUs the container needs") {
-			hint = "GPUs here: " + inventoryText(inv) // said already
+		if said(devices.ErrAllRejected) {
+			hint = "GPUs here: " + inventoryText(inv)
 		}
 	case "policy-privileged":
 		hint = fmt.Sprintf("privileged containers are refused (policy privileged = %q); drop privileged or exempt the namespace", policy.Privileged)
-		if strings.Contains(err.Error(), "let its device cgroup allow only their nodes") {
-			hint = "GPUs here: " + inventoryText(inv) // not privileged: the resolver said what to do
+		if said(devices.ErrPrivilegedRejected) {
+			hint = "GPUs here: " + inventoryText(inv)
 		}
 	case "too-large":
 		hint = "the container's device request is larger than any real one"

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -127,9 +128,19 @@ func TestConflictText(t *testing.T) {
 	}
 }
 
+// resolveErr is the resolver's error for NVIDIA_VISIBLE_DEVICES=visible.
+func resolveErr(t *testing.T, inv *devices.Inventory, policy config.PolicyConfig, visible string) error {
+	t.Helper()
+	_, err := devices.NewResolver(inv, policy).Resolve(devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=" + visible}})
+	require.Error(t, err)
+	return err
+}
+
 func TestPolicyText(t *testing.T) {
 	inv := &devices.Inventory{GPUs: []devices.GPU{{Index: 0, UUID: "GPU-a"}, {Index: 1, UUID: "GPU-b"}}}
 	policy := config.Default().Policy
+	allReject := policy
+	allReject.AllDevices = config.AllReject
 	for _, tc := range []struct {
 		err        error
 		wantReason string
@@ -138,8 +149,12 @@ func TestPolicyText(t *testing.T) {
 		{fmt.Errorf("%w \"7\" in env NVIDIA_VISIBLE_DEVICES", devices.ErrUnknownDevice), "unknown-device",
 			`GPU request refused: unknown GPU "7" in env NVIDIA_VISIBLE_DEVICES; name a GPU of this host (policy unknown_device = "reject"). GPUs here: 0 (GPU-a), 1 (GPU-b).`},
 		// The resolver's error already says what to do: not said twice.
-		{fmt.Errorf("%w \"7\" in env NVIDIA_VISIBLE_DEVICES; name a GPU of this host or set policy.unknown_device = \"ignore\"", devices.ErrUnknownDevice), "unknown-device",
-			`GPU request refused: unknown GPU "7" in env NVIDIA_VISIBLE_DEVICES; name a GPU of this host or set policy.unknown_device = "ignore"; GPUs here: 0 (GPU-a), 1 (GPU-b).`},
+		{resolveErr(t, inv, policy, "7"), "unknown-device",
+			`; name a GPU of this host or set policy.unknown_device = "ignore"; GPUs here: 0 (GPU-a), 1 (GPU-b).`},
+		// Joined with another kind's advice, the unknown id still gets its
+		// own.
+		{errors.Join(fmt.Errorf("%w \"7\" in env X", devices.ErrUnknownDevice), resolveErr(t, inv, allReject, "all")), "unknown-device",
+			`name a GPU of this host (policy unknown_device = "reject"). GPUs here`},
 		{fmt.Errorf("x: %w", devices.ErrInvalidID), "invalid-id", "fix the device id"},
 		{devices.ErrAllRejected, "policy-all", `policy all_devices = "claim"`},
 		{devices.ErrPrivilegedRejected, "policy-privileged", `policy privileged = "declared"`},

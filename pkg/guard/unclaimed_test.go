@@ -113,4 +113,24 @@ func TestRefusalAdviceSaidOnce(t *testing.T) {
 	d = e.admit(ctr("ml", "r", "main", "rrrr000000000001"), devices.Request{GPUNodesAllowed: true})
 	require.Equal(t, guard.Reject, d.Result)
 	assert.Equal(t, 1, strings.Count(d.Message, "name the GPUs the container needs"), d.Message)
+
+	// A management device under all_devices = "reject": the resolver says
+	// where monitoring agents go; the policy is named once.
+	d = e.admit(ctr("ml", "m", "main", "mmmm000000000001"), devices.Request{Annotations: map[string]string{
+		"cdi.k8s.io/monitor": "management.nvidia.com/gpu=all"}})
+	require.Equal(t, guard.Reject, d.Result)
+	assert.Contains(t, d.Message, "policy.exempt_namespaces")
+	assert.Equal(t, 1, strings.Count(d.Message, "all_devices"), d.Message)
+
+	d = e.admit(ctr("ml", "u", "main", "uuuu000000000001"), visible("7"))
+	require.Equal(t, guard.Reject, d.Result)
+	assert.Equal(t, 1, strings.Count(d.Message, "name a GPU of this host"), d.Message)
+
+	// A device rule under privileged = "reject": the container is not
+	// privileged, so "drop privileged" would be wrong.
+	e = newEnv(t, func(c *config.Config) { c.Policy.Privileged = config.PrivilegedReject })
+	d = e.admit(ctr("ml", "p", "main", "pppp000000000001"), devices.Request{GPUNodesAllowed: true})
+	require.Equal(t, guard.Reject, d.Result)
+	assert.Contains(t, d.Message, "let its device cgroup allow only their nodes")
+	assert.NotContains(t, d.Message, "drop privileged", d.Message)
 }
