@@ -224,6 +224,21 @@ if grep -q 'Next step' "$work/reinstall.log"; then
 fi
 ok "reinstall is quiet"
 
+# --- An upgrade over a configuration this version refuses -------------------
+# The running guard must not be restarted into a crash loop (containerd would
+# refuse every container); postinst says why and what to do.
+cp "$CONFIG" "$work/good.toml"
+sed -i 's/^\[policy\]$/[policy]\nno_such_key = 1/' "$CONFIG"
+grep -q '^no_such_key = 1$' "$CONFIG" || fail "could not edit $CONFIG"
+dpkg -i "$deb" </dev/null >"$work/upgrade-bad-config.log" 2>&1 || {
+	cat "$work/upgrade-bad-config.log" >&2
+	fail "dpkg -i over the installed package with a refused config"
+}
+grep -q 'guard was NOT restarted' "$work/upgrade-bad-config.log" || fail "an upgrade over a refused config did not say the guard was not restarted: $(cat "$work/upgrade-bad-config.log")"
+grep -q 'no_such_key' "$work/upgrade-bad-config.log" || fail "an upgrade over a refused config did not name what is wrong: $(cat "$work/upgrade-bad-config.log")"
+cp "$work/good.toml" "$CONFIG"
+ok "an upgrade over a refused config keeps the running guard and says why"
+
 # --- A locally edited config survives remove + install ----------------------
 # With systemd running, an enabled service is enabled again by the reinstall
 # that follows `dpkg -r` (a configure with the old version, not a first

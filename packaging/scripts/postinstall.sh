@@ -16,6 +16,7 @@ set -e
 STATE_DIR=/var/lib/nri-gpu-guard
 UNIT=nri-gpu-guard.service
 DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
+CONFIG=/etc/nri-gpu-guard/config.toml
 DROP_IN_EXAMPLE=/usr/share/nri-gpu-guard/containerd-nri-gpu-guard.toml
 DROP_IN_SAVE=$STATE_DIR/package-containerd-drop-in.save
 # Written by preremove when a removal disabled an enabled service.
@@ -117,9 +118,31 @@ fi
 if [ "$first_install" = no ]; then
 	# Upgrade: restart the guard itself (only if it is running) so the new
 	# binary serves. containerd refuses creates for the second this takes, and
-	# kubelet retries them.
+	# kubelet retries them. Not when this version refuses the configuration
+	# (edited and not yet loaded, or checked more strictly than before): the
+	# new daemon would exit at once and restart in a loop, and containerd
+	# would refuse every container meanwhile; the running one keeps
+	# enforcing with what it loaded.
+	config_ok=yes
+	if ! config_check=$(/usr/bin/gpu-guard-ctl check-config "$CONFIG" 2>&1); then
+		config_ok=no
+		cat >&2 <<MSG
+
+nri-gpu-guard: WARNING: $CONFIG does not pass this version's check:
+$config_check
+The guard was NOT restarted: if it runs, it keeps enforcing with the
+configuration it loaded. OCI hooks (podman, CRI-O) read the file for every
+container and refuse containers until it is fixed. Fix it, check it with
+  gpu-guard-ctl check-config
+then restart the guard:
+  systemctl restart nri-gpu-guard
+
+MSG
+	fi
 	if [ "$systemd_running" = yes ]; then
-		systemctl try-restart "$UNIT" >/dev/null 2>&1 || true
+		if [ "$config_ok" = yes ]; then
+			systemctl try-restart "$UNIT" >/dev/null 2>&1 || true
+		fi
 		# Not enabled while the drop-in is in place: containerd refuses every
 		# container once it (re)loads the drop-in. Say so on every configure,
 		# not only the first; not enabled by force, since the guard may be
