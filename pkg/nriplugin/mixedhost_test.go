@@ -7,9 +7,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -156,4 +160,54 @@ func TestInPlaceRebuildLeavesTheRuntimesOwnContainersOut(t *testing.T) {
 
 	assert.Empty(t, rt.holders(), "the exempt agent is not a holder")
 	assert.NoError(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=3")))
+}
+
+// messageLog keeps the messages of the records logged to it.
+type messageLog struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (l *messageLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *messageLog) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs = append(l.msgs, r.Message)
+	return nil
+}
+func (l *messageLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *messageLog) WithGroup(string) slog.Handler      { return l }
+
+func (l *messageLog) has(substr string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.ContainsFunc(l.msgs, func(m string) bool { return strings.Contains(m, substr) })
+}
+
+// A daemon that cannot read any runtime root (a DaemonSet pod, which does not
+// mount them) says, when it recovers the ledger, that the OCI hook's
+// containers cannot get their claims back, instead of reporting that it
+// adopted none.
+func TestDaemonRecoveryWithoutRuntimeRootsSaysSo(t *testing.T) {
+	rt := newRuntime(t, func(c *config.Config) { c.Hook.RuntimeRoots = []string{filepath.Join(t.TempDir(), "not-mounted")} })
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	logs := &messageLog{}
+	waitReady := runPluginWith(t, rt, func(p *Plugin) { p.log = slog.New(logs) })
+
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+	rt.start(podA, holder, 4242)
+	for _, name := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
+		if err := os.Remove(filepath.Join(rt.ledgerDir, name)); err != nil {
+			require.ErrorIs(t, err, os.ErrNotExist)
+		}
+	}
+	require.Error(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=3")),
+		"nothing is decided while the ledger needs recovery")
+	waitReady(false)
+	waitReady(true)
+
+	assert.Equal(t, map[string]string{"1": holder.Id}, rt.holders(), "containerd's holder re-adopted from its list")
+	assert.True(t, logs.has("none of hook.runtime_roots is readable here"), "the recovery says the hook's containers were not looked for")
+	assert.False(t, logs.has("the OCI hook's running containers are adopted"), "no claim of adopting them")
 }

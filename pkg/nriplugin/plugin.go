@@ -660,6 +660,15 @@ func (p *Plugin) hookHoldings(g *guard.Guard, live []guard.Request) ([]ledger.Ho
 			"roots", roots, "error", err)
 		return nil, nil
 	}
+	if len(res.Roots) == 0 {
+		// A DaemonSet pod does not mount them: on a node where podman or
+		// CRI-O run hooked containers, their claims are not given back.
+		p.log.Warn("the ledger needs recovery, but none of hook.runtime_roots is readable here: the claims of containers "+
+			"the OCI hook admitted (podman, CRI-O) cannot be given back; if such containers run on this host, mount the "+
+			"runtime roots and bundle directories read-only into the guard, or run `gpu-guard-ctl recover` on the host",
+			"runtime_roots", roots)
+		return nil, nil
+	}
 	nri := make(map[string]bool, len(live))
 	for _, r := range live {
 		nri[r.Owner.ContainerID] = true

@@ -441,12 +441,19 @@ func TestDaemonSetMatchesConfig(t *testing.T) {
 
 	// Scheduling: the nodes provisioned with the drop-ins, including tainted
 	// ones (see TestDaemonSetNodeSelector).
-	tolerated := false
+	// A labelled node that kubeadm made a control-plane node is tainted
+	// NoSchedule; without its guard it refuses every pod (docs/install.md).
+	tolerated, controlPlane := false, false
 	for _, tol := range spec.Tolerations {
 		tolerated = tolerated || (tol.Key == "nvidia.com/gpu" && tol.Operator == corev1.TolerationOpExists && tol.Effect == "")
+		controlPlane = controlPlane || (tol.Key == "node-role.kubernetes.io/control-plane" && tol.Operator == corev1.TolerationOpExists &&
+			(tol.Effect == "" || tol.Effect == corev1.TaintEffectNoSchedule))
 	}
 	if !tolerated {
 		t.Error("missing a toleration for the nvidia.com/gpu taint (operator Exists, every effect)")
+	}
+	if !controlPlane {
+		t.Error("missing a toleration for kubeadm's node-role.kubernetes.io/control-plane:NoSchedule taint")
 	}
 
 	// Resources: requests for scheduling; memory bounded; no CPU limit
