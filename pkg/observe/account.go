@@ -143,6 +143,9 @@ func judge(now time.Time, d Device, p Process, holders []Holding, v ledgerView) 
 	if p.Gone {
 		f.Kind = KindGone
 		f.Message = fmt.Sprintf("pid %d on %s exited or was reused before it could be attributed; not counted", p.PID, d)
+		if p.unattributed != nil {
+			f.Message = fmt.Sprintf("pid %d on %s could not be attributed (%v); not counted", p.PID, d, p.unattributed)
+		}
 		return f, true
 	}
 	for _, h := range holders {

@@ -52,6 +52,8 @@
 //   - A pid is never guessed: a pid that cannot be attributed (gone, reused,
 //     unreadable) is not blamed on a container or on the host; a device whose
 //     processes cannot be listed is reported with its error and not judged.
+//     Nor is it taken for gone when it may still run: Idle answers an error
+//     for a listed pid whose /proc entry is there but unreadable.
 //   - Every message names the device by index and UUID, the pid, and the
 //     container (or "host process").
 //   - NVML reports host pids: the process running the observer must see the

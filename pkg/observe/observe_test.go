@@ -8,8 +8,11 @@ package observe
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -498,6 +501,44 @@ func TestIdle(t *testing.T) {
 
 	_, err = o.Idle(ctx, Holding{DeviceUUID: "GPU-nope", ContainerID: idA})
 	require.ErrorContains(t, err, "GPU-nope is not in the inventory")
+}
+
+// TestIdleUnattributableProcessIsNotIdle: a listed process whose /proc entry
+// exists but cannot be read (here its cgroup file is a directory: EISDIR) may
+// be the holder's. Idle returns an error, so the claim stays draining until
+// the check can tell or observe.idle_grace ends; it used to read the process
+// as gone and the device as idle, releasing the claim on doubt. Accounting
+// still does not blame it (a gone finding naming the error).
+func TestIdleUnattributableProcessIsNotIdle(t *testing.T) {
+	h := newMockA100(t)
+	fp := newFakeProc(t, 1000)
+	fp.addIn(100, 10, idA)
+	cg := filepath.Join(fp.root, "proc", "100", "cgroup")
+	require.NoError(t, os.Remove(cg))
+	require.NoError(t, os.Mkdir(cg, 0o755))
+	h.run(h.uuid(0), 100, 4<<30)
+	holder := Holding{DeviceUUID: h.uuid(0), ContainerID: idA}
+	o, _ := newObserver(t, h, fp, &holdings{holder}, nil)
+	ctx := context.Background()
+
+	_, err := o.Idle(ctx, holder)
+	require.ErrorIs(t, err, syscall.EISDIR)
+	require.ErrorContains(t, err, "pid 100 cannot be attributed")
+	require.ErrorContains(t, err, "GPU 0 ("+h.uuid(0)+")")
+
+	r, err := o.Account(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, r.Problems(), "an unreadable process is not blamed")
+	gone := findings(r, KindGone)
+	require.Contains(t, gone, 100)
+	assert.Contains(t, gone[100].Message, "could not be attributed")
+
+	// Once readable again, the check answers.
+	require.NoError(t, os.Remove(cg))
+	fp.addIn(100, 10, idA)
+	res, err := o.Idle(ctx, holder)
+	require.NoError(t, err)
+	assert.False(t, res.Idle)
 }
 
 func TestLedgerErrorFailsThePass(t *testing.T) {

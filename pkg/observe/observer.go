@@ -216,10 +216,11 @@ func (o *Observer) listAttributed(ctx context.Context, devs []Device) ([]listing
 		for j := range ls[i].procs {
 			p := &ls[i].procs[j]
 			if err := o.proc.attribute(p, listedAt); err != nil {
-				// Unreadable, not absent: not attributable, so not blamed.
+				// Unreadable, not absent: not attributable, so not blamed;
+				// but not known to be gone either (see Idle).
 				o.log.Warn("cannot map a GPU process to its container; not counted",
 					"pid", p.PID, "device", ls[i].device.String(), "error", err)
-				p.Gone = true
+				p.Gone, p.unattributed = true, err
 			}
 		}
 	}
@@ -237,9 +238,9 @@ type IdleResult struct {
 // Idle reports whether the holder h still has processes on h.DeviceUUID (for
 // a GPU in MIG mode: on any of its MIG instances). It is the check of
 // release_requires_idle: a draining claim is released once it is true.
-// An NVML error or a lost device is returned as an error (the claim stays
-// draining and the caller retries until its grace ends); it returns when
-// ctx ends at the latest.
+// An NVML error, a lost device or a listed process whose /proc entry cannot
+// be read is returned as an error (the claim stays draining and the caller
+// retries until its grace ends); it returns when ctx ends at the latest.
 func (o *Observer) Idle(ctx context.Context, h Holding) (IdleResult, error) {
 	var devs []Device
 	for _, d := range o.devs {
@@ -263,6 +264,13 @@ func (o *Observer) Idle(ctx context.Context, h Holding) (IdleResult, error) {
 			return IdleResult{}, fmt.Errorf("observe: %s: %w", l.device, l.err)
 		}
 		for _, p := range l.procs {
+			if p.unattributed != nil {
+				// Its /proc entry is there but unreadable: it may be the
+				// holder's. Not proven idle; the claim stays draining until
+				// the check can tell, or its grace ends.
+				return IdleResult{}, fmt.Errorf("observe: %s: pid %d cannot be attributed, so the device is not known to be idle: %w",
+					l.device, p.PID, p.unattributed)
+			}
 			if !p.Gone && owns(h, p) {
 				res.Idle = false
 				res.Processes = append(res.Processes, p)

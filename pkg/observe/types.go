@@ -111,10 +111,16 @@ type Process struct {
 	// Cgroup is the process's cgroup path.
 	Cgroup string `json:"cgroup,omitempty"`
 	// Gone is set when the process could not be attributed: its /proc entry
-	// vanished, or its pid was reused after NVML listed it.
+	// vanished, its pid was reused after NVML listed it, or its /proc entry
+	// could not be read (unattributed says why).
 	Gone bool `json:"gone,omitempty"`
 	// startTicks is the process start time in clock ticks since boot.
 	startTicks uint64
+	// unattributed is why a process whose /proc entry exists could not be
+	// read (Gone is set too). Accounting does not blame such a process, but
+	// it may be anyone's, the holder's included: Idle must not read it as
+	// gone, or a draining claim would be released on doubt.
+	unattributed error
 }
 
 func (p Process) owner() string {
