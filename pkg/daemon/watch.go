@@ -21,6 +21,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
@@ -390,10 +391,19 @@ func holdingOf(c ledger.Claim) observe.Holding {
 	if c.Owner.Namespace != "" || c.Owner.Pod != "" || c.Owner.Container != "" {
 		h.Name = guard.HolderName(c.Owner)
 	}
-	// Only a cgroup as /proc/PID/cgroup writes it (a path) can be compared;
-	// the systemd form "slice:prefix:name" of a runtime's spec cannot.
-	if strings.HasPrefix(c.Owner.Cgroup, "/") {
-		h.CgroupPath = c.Owner.Cgroup
+	// The observer compares the holder's cgroup with /proc/PID/cgroup paths,
+	// and a process below it is the holder's: a container nested in the
+	// holder (docker-in-docker) names its own id in its path, and without
+	// the holder's cgroup it would read as an intruder (cordoning the GPU
+	// under on_intruder = "cordon") and leave Idle blind to it. Owner.Cgroup
+	// is the runtime's cgroupsPath, which under the systemd cgroup driver is
+	// "slice:prefix:name", not a path: it is turned into the path the host
+	// shows, as the liveness check does. One that names no cgroup is left
+	// out: the container id still matches the holder's own processes.
+	if c.Owner.Cgroup != "" {
+		if p, err := liveness.CgroupPath(c.Owner.Cgroup); err == nil {
+			h.CgroupPath = p
+		}
 	}
 	return h
 }

@@ -113,6 +113,18 @@ func (h *gpuHost) run(i, pid int, id string) {
 	h.procs[h.uuid(i)] = append(h.procs[h.uuid(i)], nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: 1 << 30})
 }
 
+// runCgroup starts pid on GPU i with cgroup as its /proc/PID/cgroup.
+func (h *gpuHost) runCgroup(i, pid int, cgroup string) {
+	dir := filepath.Join(h.proc, "proc", fmt.Sprint(pid))
+	require.NoError(h.t, os.MkdirAll(dir, 0o755))
+	stat := fmt.Sprintf("%d (python) S 1 %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0\n", pid, pid, pid)
+	require.NoError(h.t, os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644))
+	require.NoError(h.t, os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cgroup), 0o644))
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.procs[h.uuid(i)] = append(h.procs[h.uuid(i)], nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: 1 << 30})
+}
+
 // stop ends pid: gone from NVML and from /proc.
 func (h *gpuHost) stop(pid int) {
 	require.NoError(h.t, os.RemoveAll(filepath.Join(h.proc, "proc", fmt.Sprint(pid))))
@@ -564,6 +576,51 @@ func TestDrainingReleasedWhileNVMLHangs(t *testing.T) {
 	assert.Contains(t, logs.String(), `"device":"GPU 2 (`+h.uuid(2)+`)"`)
 	assert.Equal(t, 1, strings.Count(logs.String(), "NVML did not answer the idle check in time"),
 		"the next holder's check is not tried while NVML hangs")
+}
+
+// TestNestedContainerIsTheHolders: under the systemd cgroup driver the
+// runtime records the holder's cgroup as "slice:prefix:name". A container
+// nested in the holder (docker-in-docker) runs in a cgroup below the
+// holder's, which names its own id: it is the holder's process, no
+// intruder, and it keeps the holder's draining claim from being released as
+// idle. The watch used to drop that form of the cgroup, so the nested
+// process was an intruder (and under on_intruder = "cordon" its GPU was
+// cordoned) and the draining claim read as idle while it ran.
+func TestNestedContainerIsTheHolders(t *testing.T) {
+	h := newGPUHost(t)
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	g := guardFor(t, h, func(c *config.Config) { c.Observe.ReleaseRequiresIdle = true })
+	h.runCgroup(2, 400, "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234.slice/cri-containerd-"+
+		idA+".scope/docker/"+idC+"\n")
+	claim := ledger.Claim{Device: devices.Device{UUID: h.uuid(2), Index: "2", Kind: devices.KindGPU},
+		Owner: ledger.Owner{ContainerID: idA, Namespace: "ml", Pod: "dind", Container: "c",
+			Cgroup:    "kubepods-besteffort-pod1234.slice:cri-containerd:" + idA,
+			StoppedAt: now.Add(-5 * time.Second), DrainingSince: now.Add(-5 * time.Second)}}
+
+	hold := holdingOf(claim)
+	assert.Equal(t, "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234.slice/cri-containerd-"+idA+".scope",
+		hold.CgroupPath)
+	src, err := observe.OpenNVML(h.srv)
+	require.NoError(t, err)
+	defer func() { _ = src.Close() }()
+	o, err := observe.New(observe.Options{Source: src, GPUs: g.Inventory().GPUs, ProcRoot: h.proc,
+		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return []observe.Holding{holdingOf(claim)}, nil })})
+	require.NoError(t, err)
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, r.Problems(), "the nested container's process is the holder's")
+
+	states := newFakeStates()
+	states.draining = []ledger.Claim{claim}
+	w := NewWatch()
+	w.Now = func() time.Time { return now }
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.g = g
+	w.drainOnce(context.Background(), g.Config(), o)
+	assert.Empty(t, states.finished, "the holder's nested process still runs on its GPU: not idle")
+	res, err := o.Idle(context.Background(), holdingOf(claim))
+	require.NoError(t, err)
+	assert.False(t, res.Idle)
 }
 
 // TestFindingsWaitForSynchronize: until the plugin has synchronized with the
