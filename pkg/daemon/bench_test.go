@@ -130,8 +130,8 @@ func BenchmarkDaemonPass(b *testing.B) {
 
 type nopMetrics struct{}
 
-func (nopMetrics) ObserverReport(observe.Report)   {}
-func (nopMetrics) DeviceUnhealthy(observe.Finding) {}
+func (nopMetrics) ObserverReport(observe.Report)      {}
+func (nopMetrics) UnhealthyDevices([]observe.Finding) {}
 
 func cpuTime(b *testing.B) time.Duration {
 	var ru syscall.Rusage

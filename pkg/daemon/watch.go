@@ -68,7 +68,9 @@ func statesOf(g *guard.Guard) DeviceStates { return guardStates{g} }
 // WatchMetrics receives what the observer saw (metrics.Metrics).
 type WatchMetrics interface {
 	ObserverReport(r observe.Report)
-	DeviceUnhealthy(f observe.Finding)
+	// UnhealthyDevices shows the devices held unhealthy now (the whole
+	// set: a device no longer in it is no longer unhealthy).
+	UnhealthyDevices(fs []observe.Finding)
 }
 
 // Audit operations the observer's policy writes.
@@ -291,6 +293,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, nil, nil, time.Time{}
 	w.cordonFailed, w.cordonLineage, w.intruderRetry = nil, nil, nil
 	w.interval = interval
+	w.showUnhealthyLocked() // the new observer starts with none
 	w.mu.Unlock()
 
 	var o *observe.Observer
@@ -661,6 +664,7 @@ func (w *Watch) settleIntruders(ctx context.Context, current, todo map[string]ob
 func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	w.mu.Lock()
 	w.unhealthy = append(w.unhealthy, f)
+	w.showUnhealthyLocked()
 	w.mu.Unlock()
 	w.audit(ctx, func(tx *ledger.Tx) {
 		rec := auditOf(observe.FileFinding{Finding: f})
@@ -676,10 +680,17 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	} else if !w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, f.Message) {
 		w.cordonFailedFor(f.Device.UUID, f.Message)
 	}
-	if w.Metrics != nil {
-		w.Metrics.DeviceUnhealthy(f)
-	}
 	w.writeFile()
+}
+
+// showUnhealthyLocked rebuilds the unhealthy gauge from w.unhealthy (w.mu
+// held, so that two changes cannot show in the wrong order): the gauge
+// shows what observe.json shows, and a device forgotten after the
+// operator's uncordon, or after a restart of the observer, loses its series.
+func (w *Watch) showUnhealthyLocked() {
+	if w.Metrics != nil {
+		w.Metrics.UnhealthyDevices(slices.Clone(w.unhealthy))
+	}
 }
 
 // cordonKey names a cordon the observer writes: its source
@@ -827,6 +838,7 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		w.mu.Lock()
 		w.unhealthy = slices.DeleteFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == uuid })
 		delete(w.cordonLineage, cordonKey{ledger.CordonUnhealthy, uuid})
+		w.showUnhealthyLocked()
 		w.mu.Unlock()
 		log.Info("unhealthy device uncordoned by the operator: its next critical error cordons it again", "device", f.Device.String())
 		w.writeFile()

@@ -883,6 +883,9 @@ func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 			uuid := h.uuid(gpu)
 			logs := &syncBuffer{}
 			w := watchOver(g, logs)
+			m := metrics.New()
+			w.Metrics = m
+			gauge := func() map[string]float64 { t.Helper(); return gaugeByIndex(t, m, "nri_gpu_guard_unhealthy") }
 			ctx := context.Background()
 			forgot := 0
 			settle := func() { w.settleUnhealthy(ctx, func(string) bool { forgot++; return true }) }
@@ -893,6 +896,7 @@ func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 			require.True(t, cordoned())
 			settle()
 			require.True(t, cordoned())
+			assert.Equal(t, map[string]float64{"3": 1}, gauge())
 
 			tc.between(t, g, uuid)
 			require.False(t, cordoned())
@@ -910,8 +914,12 @@ func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 				assert.Equal(t, 1, forgot)
 				assert.Zero(t, left)
 				assert.Contains(t, logs.String(), "unhealthy device uncordoned by the operator")
+				// The gauge follows: it used to show the device until the
+				// daemon restarted.
+				assert.Empty(t, gauge(), "an uncordoned device is no longer shown unhealthy")
 				return
 			}
+			assert.Equal(t, map[string]float64{"3": 1}, gauge(), "still unhealthy")
 			assert.True(t, cordoned(), "the unhealthy GPU is cordoned again")
 			assert.Zero(t, forgot, "not taken for an operator's uncordon")
 			assert.Equal(t, 1, left, "still known unhealthy")
@@ -922,8 +930,31 @@ func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
 			settle()
 			assert.False(t, cordoned())
 			assert.Equal(t, 1, forgot)
+			assert.Empty(t, gauge())
 		})
 	}
+}
+
+// TestUnhealthyGaugeClearedWithANewObserver: an observer started afresh
+// (another inventory or [observe] section) starts with no unhealthy device,
+// as observe.json does; the gauge used to keep the old observer's devices
+// until the daemon restarted.
+func TestUnhealthyGaugeClearedWithANewObserver(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	w := watchOver(g, nil)
+	m := metrics.New()
+	w.Metrics = m
+	w.States = func(*guard.Guard) DeviceStates { return newFakeStates() }
+	ctx := context.Background()
+	w.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 5 reported critical Xid 79",
+		Device: observe.Device{UUID: h.uuid(5), Index: "5"}})
+	require.Equal(t, map[string]float64{"5": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
+
+	cfg := g.Config()
+	stop := w.start(ctx, nil, watchKey{gpus: g.Inventory().GPUs, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
+	stop()
+	assert.Empty(t, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
 }
 
 // An intruder's cordon that could not be written (ledger lock busy, ledger

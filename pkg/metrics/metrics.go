@@ -121,7 +121,7 @@ func New() *Metrics {
 		}, []string{"device_uuid", "device_index"}),
 		unhealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "unhealthy",
-			Help: "1 for each device the observer found unhealthy (critical Xid, lost, needs a reset) since the daemon started.",
+			Help: "1 for each device the observer found unhealthy (critical Xid, lost, needs a reset) and holds cordoned until the operator uncordons it.",
 		}, []string{"device_uuid", "device_index"}),
 		stateFails: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "ledger_read_errors_total",
@@ -202,9 +202,18 @@ func (m *Metrics) ObserverReport(r observe.Report) {
 	m.lastReport.Set(float64(r.Time.UnixNano()) / 1e9)
 }
 
-// DeviceUnhealthy marks a device unhealthy.
-func (m *Metrics) DeviceUnhealthy(f observe.Finding) {
-	m.unhealthy.WithLabelValues(f.Device.UUID, f.Device.Index).Set(1)
+// UnhealthyDevices rebuilds the unhealthy gauge from the devices the
+// observer holds unhealthy now: one series per device, so that a device the
+// operator uncordoned (which the observer then forgets), or one no longer
+// observed after a restart of the observer, loses its series instead of
+// reading as unhealthy until the daemon restarts.
+func (m *Metrics) UnhealthyDevices(fs []observe.Finding) {
+	m.observeMu.Lock()
+	defer m.observeMu.Unlock()
+	m.unhealthy.Reset()
+	for _, f := range fs {
+		m.unhealthy.WithLabelValues(f.Device.UUID, f.Device.Index).Set(1)
+	}
 }
 
 // SetRebuilding records whether the NRI plugin is rebuilding the ledger

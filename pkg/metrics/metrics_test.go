@@ -292,6 +292,9 @@ func TestObserverMetrics(t *testing.T) {
 	m.ObserverReport(observe.Report{Time: at.Add(10 * time.Second)})
 	assert.Empty(t, gauge("nri_gpu_guard_intruders"))
 
-	m.DeviceUnhealthy(observe.Finding{Kind: observe.KindUnhealthy, Device: d0, Xid: 79})
+	m.UnhealthyDevices([]observe.Finding{{Kind: observe.KindUnhealthy, Device: d0, Xid: 79}})
 	assert.Equal(t, map[string]float64{"0/GPU-0": 1}, gauge("nri_gpu_guard_unhealthy"))
+	// The device uncordoned and forgotten: its series goes.
+	m.UnhealthyDevices(nil)
+	assert.Empty(t, gauge("nri_gpu_guard_unhealthy"))
 }
