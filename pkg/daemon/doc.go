@@ -43,6 +43,10 @@
 //   - Findings are acted on only while the plugin is synchronized with the
 //     runtime (Watch.SetReady): before Synchronize, containers created while
 //     the plugin was down are not adopted yet and would read as intruders.
+//     Readiness counts when the pass reads the ledger: no pass reads it
+//     while the plugin is not ready, and a report whose view was read before
+//     the last SetReady(true) is dropped (the pass waits in NVML after the
+//     read, and the plugin may have resynchronized meanwhile).
 //   - A cordon the observer decided is not lost to a failed write: an
 //     unhealthy device's is retried at every pass, an intruder's at every
 //     pass that still reports a process the guard did not admit on the

@@ -14,7 +14,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -109,14 +108,21 @@ type Watch struct {
 	Interval time.Duration
 
 	guards chan *guard.Guard
-	// notReady is set while the plugin is not synchronized with the
-	// runtime (SetReady): reports are not acted on then.
-	notReady atomic.Bool
 	// afterReport, when set (tests), runs after each report was handled.
 	afterReport func()
+	// refused, when set (tests), runs when a pass was refused the ledger
+	// because the plugin is not ready.
+	refused func()
 
 	mu sync.Mutex
 	g  *guard.Guard
+	// notReady is set while the plugin is not synchronized with the
+	// runtime (SetReady): the observer is refused the ledger then, and
+	// reports are not acted on. readyEpoch counts the SetReady(true) calls:
+	// a report is acted on only if it was read in the current one (see
+	// SetReady).
+	notReady   bool
+	readyEpoch uint64
 	// exempt are the containers of exempt namespaces the runtime runs
 	// (SetExempt, ResetExempt): they use GPUs without claims, and the
 	// observer must not take them for intruders.
@@ -162,11 +168,35 @@ func (w *Watch) Use(g *guard.Guard) {
 }
 
 // SetReady tells the watch whether the plugin is registered and
-// synchronized with the runtime. Until it is, a pass's findings are not
-// acted on: before Synchronize the ledger has not yet adopted the containers
-// created while the plugin was down, and their processes would be taken for
-// intruders (and their devices cordoned). A Watch never told is ready.
-func (w *Watch) SetReady(ready bool) { w.notReady.Store(!ready) }
+// synchronized with the runtime. Until it is, the observer's passes are
+// refused the ledger (holdings) and so make no report: before Synchronize
+// (or before the plugin's rebuild of a ledger started afresh) the ledger
+// has not yet adopted the containers created while the plugin was down, and
+// their processes would be taken for intruders (and their devices
+// cordoned).
+//
+// Readiness is what it was when a pass read the ledger, not when its report
+// arrives: a pass reads the ledger, then waits up to its interval for NVML,
+// and the plugin may lose and regain readiness meanwhile (a reconnect, a
+// rebuild in place), the ledger then adopting containers the pass's view
+// lacks. Each SetReady(true) starts a new epoch; a report read in an
+// earlier one is dropped (onReport). A Watch never told is ready.
+func (w *Watch) SetReady(ready bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.notReady = !ready
+	if ready {
+		w.readyEpoch++
+	}
+}
+
+// actsOn reports whether a report whose ledger view was read in epoch is
+// acted on: the plugin is ready now and has stayed so since the read.
+func (w *Watch) actsOn(epoch uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.notReady && epoch == w.readyEpoch
+}
 
 func (w *Watch) log() *slog.Logger {
 	if w.Logger == nil {
@@ -301,7 +331,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 		var err error
 		o, err = observe.New(observe.Options{
 			Source: src, GPUs: k.gpus, ProcRoot: w.ProcRoot,
-			Ledger:   observe.LedgerFunc(func() ([]observe.Holding, error) { return w.holdings(ctx) }),
+			Ledger:   observe.EpochLedgerFunc(func() ([]observe.Holding, uint64, error) { return w.holdingsAt(ctx) }),
 			Interval: interval,
 			Xids:     cfg.Observe.Xids,
 			OnReport: func(r observe.Report) {
@@ -342,24 +372,45 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	return func() { cancel(); wg.Wait() }
 }
 
-// holdings is the observer's view of the ledger: every claim of the current
-// guard's ledger, and the exempt containers, which may use any GPU.
+// holdings is holdingsAt without the epoch.
 func (w *Watch) holdings(ctx context.Context) ([]observe.Holding, error) {
-	g := w.guard()
-	st, err := g.Ledger().Snapshot(ctx)
-	if err != nil {
-		return nil, err
-	}
+	hs, _, err := w.holdingsAt(ctx)
+	return hs, err
+}
+
+// holdingsAt is the observer's view of the ledger: every claim of the
+// current guard's ledger, and the exempt containers, which may use any GPU,
+// with the readiness epoch it was read in. While the plugin is not ready it
+// is refused (observe.ErrLedgerNotReady): neither the ledger nor the exempt
+// set holds the containers the runtime started meanwhile. The epoch is taken
+// before the reads, so that a SetReady(true) during them makes the report
+// stale rather than current.
+func (w *Watch) holdingsAt(ctx context.Context) ([]observe.Holding, uint64, error) {
 	w.mu.Lock()
-	out := make([]observe.Holding, 0, len(st.Claims)+len(w.exempt))
-	for id := range w.exempt {
-		out = append(out, observe.Holding{ContainerID: id, AnyDevice: true})
+	notReady, epoch, g := w.notReady, w.readyEpoch, w.g
+	var exempt []string
+	if !notReady {
+		exempt = slices.Collect(maps.Keys(w.exempt))
 	}
 	w.mu.Unlock()
+	if notReady {
+		if w.refused != nil {
+			w.refused()
+		}
+		return nil, 0, fmt.Errorf("%w: the NRI plugin is not synchronized with the runtime", observe.ErrLedgerNotReady)
+	}
+	st, err := g.Ledger().Snapshot(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("read the ledger: %w", err)
+	}
+	out := make([]observe.Holding, 0, len(st.Claims)+len(exempt))
+	for _, id := range exempt {
+		out = append(out, observe.Holding{ContainerID: id, AnyDevice: true})
+	}
 	for _, c := range st.Claims {
 		out = append(out, holdingOf(c))
 	}
-	return out, nil
+	return out, epoch, nil
 }
 
 // SetExempt records that container id, of a namespace in
@@ -426,7 +477,14 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 	if w.afterReport != nil {
 		defer w.afterReport()
 	}
-	if w.notReady.Load() {
+	if !w.actsOn(r.LedgerEpoch) {
+		// Read while the plugin was not ready, or before it became ready
+		// again: the view may lack containers the ledger has adopted since,
+		// whose processes would read as intruders (and, under on_intruder
+		// = "cordon", their devices cordoned for good). The next pass
+		// reads the ledger afresh.
+		w.log().Debug("GPU observer: report dropped: its ledger view predates the plugin's last synchronization",
+			"ledger_epoch", r.LedgerEpoch)
 		return
 	}
 	log := w.log()

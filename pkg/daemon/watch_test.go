@@ -632,12 +632,22 @@ func TestFindingsWaitForSynchronize(t *testing.T) {
 	g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
 	h.run(2, 200, idB)
 	states := newFakeStates()
-	w, reports, stop := runWatch(t, h, g, states, func(w *Watch) { w.SetReady(false) })
+	refused := make(chan struct{}, 64)
+	w, reports, stop := runWatch(t, h, g, states, func(w *Watch) {
+		w.SetReady(false)
+		w.refused = func() {
+			select {
+			case refused <- struct{}{}:
+			default:
+			}
+		}
+	})
 	defer stop()
 
 	for range 3 {
-		receive(t, reports, "report before Synchronize")
+		receive(t, refused, "a pass refused the ledger before Synchronize")
 	}
+	assert.Empty(t, reports, "no report before Synchronize")
 	assert.Empty(t, states.cordons, "nothing cordoned before Synchronize")
 	f, err := observe.ReadFile(g.Ledger().Dir())
 	require.NoError(t, err)
@@ -646,6 +656,147 @@ func TestFindingsWaitForSynchronize(t *testing.T) {
 	w.SetReady(true)
 	c := receive(t, states.cordons, "cordon once synchronized")
 	assert.Equal(t, h.uuid(2), c[0])
+}
+
+// passResult is the outcome of one accounting pass.
+type passResult struct {
+	r   observe.Report
+	err error
+}
+
+// syncRaceSetup is a watch over g (on_intruder = "cordon") whose observer's
+// NVML listings block on the returned channel until it is closed, with idB's
+// process on GPU 2 and no claim for it in the ledger: a container the
+// plugin adopts at its Synchronize.
+func syncRaceSetup(t *testing.T) (h *gpuHost, g *guard.Guard, w *Watch, o *observe.Observer, states *fakeStates, release chan struct{}) {
+	t.Helper()
+	h = newGPUHost(t)
+	g = guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
+	h.run(2, 200, idB)
+	states = newFakeStates()
+	w = watchOver(g, nil)
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	w.reported = map[string]observe.FileFinding{}
+	src, err := observe.OpenNVML(h.srv)
+	require.NoError(t, err)
+	release = make(chan struct{})
+	h.mu.Lock()
+	h.block = release
+	h.mu.Unlock()
+	t.Cleanup(func() {
+		h.mu.Lock()
+		h.block = nil
+		h.mu.Unlock()
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+		_ = src.Close()
+	})
+	ctx := context.Background()
+	o, err = observe.New(observe.Options{Source: src, GPUs: g.Inventory().GPUs, ProcRoot: h.proc,
+		Ledger: observe.EpochLedgerFunc(func() ([]observe.Holding, uint64, error) { return w.holdingsAt(ctx) })})
+	require.NoError(t, err)
+	return h, g, w, o, states, release
+}
+
+// adopt is the plugin's Synchronize adopting idB's container on GPU 2.
+func adopt(t *testing.T, g *guard.Guard) {
+	t.Helper()
+	require.Equal(t, guard.Admit, admit(t, g, idB, "ml", "late", "main", "2").Result)
+}
+
+// accountAndHandle runs one pass and hands its report to the policy, as
+// the observer's Run does.
+func accountAndHandle(t *testing.T, w *Watch, o *observe.Observer, g *guard.Guard) {
+	t.Helper()
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	w.onReport(context.Background(), g.Config(), r)
+}
+
+// TestPassNotReadWhileNotReady: a pass used to read the ledger while the
+// plugin was not ready (daemon start before the first Synchronize, a
+// reconnect, a rebuild in place after the ledger was started afresh), then
+// wait in NVML while Synchronize adopted the runtime's containers and set
+// the plugin ready; its report then arrived as "ready", and every running
+// GPU container the view lacked was an intruder, its GPU cordoned for good.
+// Now a pass is refused the ledger until the plugin is ready.
+func TestPassNotReadWhileNotReady(t *testing.T) {
+	h, g, w, o, states, release := syncRaceSetup(t)
+	w.SetReady(false)
+	results := make(chan passResult, 1)
+	go func() {
+		r, err := o.Account(context.Background())
+		results <- passResult{r, err}
+	}()
+	var res passResult
+	got := false
+	select {
+	case <-h.entered: // the pass read the ledger, and is in NVML
+	case res = <-results:
+		got = true
+	}
+	adopt(t, g)
+	w.SetReady(true)
+	h.mu.Lock()
+	h.block = nil
+	h.mu.Unlock()
+	close(release)
+	if !got {
+		res = receive(t, results, "the pass")
+	}
+	if res.err == nil {
+		w.onReport(context.Background(), g.Config(), res.r)
+	}
+	assert.Empty(t, states.cordons, "nothing cordoned")
+	require.ErrorIs(t, res.err, observe.ErrLedgerNotReady)
+
+	for range 2 {
+		accountAndHandle(t, w, o, g)
+	}
+	assert.Empty(t, states.cordons, "the adopted container is its GPU's holder")
+	w.mu.Lock()
+	assert.Empty(t, w.reported)
+	w.mu.Unlock()
+}
+
+// TestReportReadBeforeResyncIsDropped: a pass reads the ledger while the
+// plugin is ready, then waits in NVML; meanwhile the plugin loses its
+// runtime and synchronizes again, adopting a container the pass's view
+// lacks. The report, read in the earlier readiness epoch, used to be acted
+// on (the plugin being ready when it arrived): the adopted container's
+// process was an intruder and its GPU was cordoned. It is dropped now, and
+// the next passes read the ledger afresh.
+func TestReportReadBeforeResyncIsDropped(t *testing.T) {
+	h, g, w, o, states, release := syncRaceSetup(t)
+	results := make(chan passResult, 1)
+	go func() {
+		r, err := o.Account(context.Background())
+		results <- passResult{r, err}
+	}()
+	receive(t, h.entered, "the pass in NVML, its ledger view read")
+	w.SetReady(false) // the runtime restarted
+	adopt(t, g)       // Synchronize
+	w.SetReady(true)
+	h.mu.Lock()
+	h.block = nil
+	h.mu.Unlock()
+	close(release)
+	res := receive(t, results, "the pass")
+	require.NoError(t, res.err)
+	require.Len(t, res.r.Problems(), 1, "the view read before Synchronize lacks idB's claim")
+	w.onReport(context.Background(), g.Config(), res.r)
+	assert.Empty(t, states.cordons, "a report read before the last Synchronize is not acted on")
+
+	for range 2 {
+		accountAndHandle(t, w, o, g)
+	}
+	assert.Empty(t, states.cordons)
+	w.mu.Lock()
+	assert.Empty(t, w.reported)
+	w.mu.Unlock()
 }
 
 // The observer's view holds the exempt containers the plugin reports, as

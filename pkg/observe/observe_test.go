@@ -8,12 +8,14 @@ package observe
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/stretchr/testify/assert"
@@ -548,6 +550,43 @@ func TestLedgerErrorFailsThePass(t *testing.T) {
 	o, _ := newObserver(t, h, fp, LedgerFunc(func() ([]Holding, error) { return nil, boom }), nil)
 	_, err := o.Account(context.Background())
 	require.ErrorIs(t, err, boom)
+}
+
+// A report carries the epoch of the ledger view its pass read (the daemon
+// drops a report read before the plugin's last Synchronize); a ledger not
+// ready yet skips the pass quietly, with no report.
+func TestLedgerEpochAndNotReady(t *testing.T) {
+	h := newMockA100(t)
+	fp := newFakeProc(t, 1000)
+	o, _ := newObserver(t, h, fp, EpochLedgerFunc(func() ([]Holding, uint64, error) { return nil, 7, nil }), nil)
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	assert.EqualValues(t, 7, r.LedgerEpoch)
+
+	reads := make(chan struct{}, 1)
+	reports := make(chan Report, 1)
+	o, logs := newObserver(t, h, fp, EpochLedgerFunc(func() ([]Holding, uint64, error) {
+		select {
+		case reads <- struct{}{}:
+		default:
+		}
+		return nil, 0, fmt.Errorf("%w: not synchronized", ErrLedgerNotReady)
+	}), func(opts *Options) {
+		opts.Interval = time.Millisecond
+		opts.OnReport = func(r Report) {
+			select {
+			case reports <- r:
+			default:
+			}
+		}
+	})
+	startRun(t, o)
+	for range 3 {
+		receive(t, reads, "a pass")
+	}
+	assert.Empty(t, reports, "no report without a ledger view")
+	assert.NotContains(t, logs.String(), "level=WARN")
+	assert.Contains(t, logs.String(), "accounting skipped: the ledger is not ready")
 }
 
 func TestNewRejectsBadOptions(t *testing.T) {

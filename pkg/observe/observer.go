@@ -179,7 +179,16 @@ func (o *Observer) call(ctx context.Context, what string, fn func()) error {
 // vanished become unhealthy (also in Unhealthy). It returns when the pass is
 // done or ctx ends.
 func (o *Observer) Account(ctx context.Context) (Report, error) {
-	holdings, err := o.opts.Ledger.Holdings()
+	var (
+		holdings []Holding
+		epoch    uint64
+		err      error
+	)
+	if el, ok := o.opts.Ledger.(EpochLedger); ok {
+		holdings, epoch, err = el.HoldingsAt()
+	} else {
+		holdings, err = o.opts.Ledger.Holdings()
+	}
 	if err != nil {
 		return Report{}, fmt.Errorf("observe: read the ledger: %w", err)
 	}
@@ -188,6 +197,7 @@ func (o *Observer) Account(ctx context.Context) (Report, error) {
 		return Report{}, err
 	}
 	r := compare(o.now(), ls, newLedgerView(holdings))
+	r.LedgerEpoch = epoch
 	for _, l := range ls {
 		if l.err != nil {
 			o.log.Warn("cannot list the processes of a device; nothing concluded about it this pass",
@@ -436,6 +446,10 @@ func (o *Observer) pass(ctx context.Context) {
 	pctx, cancel := context.WithTimeout(ctx, o.opts.Interval)
 	defer cancel()
 	r, err := o.Account(pctx)
+	if errors.Is(err, ErrLedgerNotReady) {
+		o.log.Debug("GPU process accounting skipped: the ledger is not ready", "error", err)
+		return
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			o.log.Warn("GPU process accounting failed; retrying at the next interval", "error", err)

@@ -97,6 +97,37 @@ type LedgerFunc func() ([]Holding, error)
 // Holdings calls f.
 func (f LedgerFunc) Holdings() ([]Holding, error) { return f() }
 
+// ErrLedgerNotReady is wrapped by a Ledger's error to say that the ledger is
+// not to be compared with what runs yet (the daemon: the NRI plugin has not
+// synchronized with the runtime, so the containers created meanwhile are not
+// adopted and would read as intruders). The pass is skipped without a
+// report, and logged at debug level only: it is expected, not a failure.
+var ErrLedgerNotReady = errors.New("the ledger is not ready to be compared with the GPUs")
+
+// EpochLedger is a Ledger whose reads carry an epoch, which the report of
+// the pass that made the read carries on (Report.LedgerEpoch). A pass takes
+// up to its interval in NVML after reading the ledger; the epoch lets the
+// consumer of its report tell that the ledger's meaning changed meanwhile
+// (the daemon: the plugin synchronized with the runtime again) and that the
+// report is judged against a view that no longer holds.
+type EpochLedger interface {
+	Ledger
+	// HoldingsAt is Holdings and the epoch the view was read in.
+	HoldingsAt() ([]Holding, uint64, error)
+}
+
+// EpochLedgerFunc adapts a function to EpochLedger.
+type EpochLedgerFunc func() ([]Holding, uint64, error)
+
+// Holdings calls f and drops the epoch.
+func (f EpochLedgerFunc) Holdings() ([]Holding, error) {
+	hs, _, err := f()
+	return hs, err
+}
+
+// HoldingsAt calls f.
+func (f EpochLedgerFunc) HoldingsAt() ([]Holding, uint64, error) { return f() }
+
 // Process is one process NVML reports on a device, mapped to its container.
 type Process struct {
 	PID int `json:"pid"`
@@ -191,6 +222,9 @@ type Report struct {
 	Time     time.Time      `json:"time"`
 	Devices  []DeviceReport `json:"devices"`
 	Findings []Finding      `json:"findings"`
+	// LedgerEpoch is the epoch of the ledger view the pass judged against
+	// (EpochLedger; 0 for a plain Ledger).
+	LedgerEpoch uint64 `json:"-"`
 }
 
 // Problems returns the findings that are problems (all but gone).
