@@ -403,6 +403,12 @@ func (w *Watch) holdingsAt(ctx context.Context) ([]observe.Holding, uint64, erro
 	if err != nil {
 		return nil, 0, fmt.Errorf("read the ledger: %w", err)
 	}
+	if err := g.Ledger().CheckLineage(&st); err != nil {
+		// Started afresh by another process, which the plugin learns at
+		// its next write (then not ready until rebuilt): the running
+		// holders are missing from this state, and would be intruders.
+		return nil, 0, fmt.Errorf("%w: %w", observe.ErrLedgerNotReady, err)
+	}
 	out := make([]observe.Holding, 0, len(st.Claims)+len(exempt))
 	for _, id := range exempt {
 		out = append(out, observe.Holding{ContainerID: id, AnyDevice: true})

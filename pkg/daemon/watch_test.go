@@ -799,6 +799,36 @@ func TestReportReadBeforeResyncIsDropped(t *testing.T) {
 	w.mu.Unlock()
 }
 
+// TestPassAfterAnotherProcessStartedTheLedgerAfresh: an operator's
+// `gpu-guard-ctl recover --reset` starts the ledger afresh; the plugin, still
+// ready, learns it only at its next write. A pass reading the fresh state in
+// between saw the running holders missing and took their processes for
+// intruders (their GPUs cordoned for good). A state of another lineage than
+// the one the plugin synchronized with is refused like an unready plugin.
+func TestPassAfterAnotherProcessStartedTheLedgerAfresh(t *testing.T) {
+	h, g, w, o, states, release := syncRaceSetup(t)
+	h.mu.Lock()
+	h.block = nil
+	h.mu.Unlock()
+	close(release)
+	adopt(t, g) // idB holds GPU 2, where its process runs
+	st, err := g.Ledger().Snapshot(context.Background())
+	require.NoError(t, err)
+	g.Ledger().RequireLineage(st.Lineage) // what Synchronize does
+	accountAndHandle(t, w, o, g)
+	require.Empty(t, states.cordons)
+
+	other, err := ledger.Open(g.Config().Ledger.Dir, ledger.Options{})
+	require.NoError(t, err)
+	_, err = other.Reset(context.Background(), "test: started afresh by an operator")
+	require.NoError(t, err)
+
+	_, err = o.Account(context.Background())
+	require.ErrorIs(t, err, observe.ErrLedgerNotReady, "the pass reads no holders from a state the plugin has not rebuilt")
+	require.ErrorIs(t, err, ledger.ErrLineageChanged)
+	assert.Empty(t, states.cordons, "nothing cordoned")
+}
+
 // The observer's view holds the exempt containers the plugin reports, as
 // holdings of any device, next to the claims.
 func TestWatchHoldingsCarryExemptContainers(t *testing.T) {

@@ -368,6 +368,19 @@ func (l *Ledger) RequireLineage(lineage string) {
 	l.fenceMu.Unlock()
 }
 
+// CheckLineage reports, for a state read from this ledger (Snapshot), a
+// *LineageError when it is not of the lineage RequireLineage set: another
+// process started the ledger afresh, and the state no longer knows every
+// running holder. Readers that act on who holds what (the observer) check it
+// as writers do; nil when no lineage is required.
+func (l *Ledger) CheckLineage(st *State) error {
+	if want := l.requiredLineage(); want != "" && st.Lineage != want {
+		return &LineageError{Path: filepath.Join(l.dir, stateName), Expected: want, Found: st.Lineage,
+			Why: "another process started it afresh since (gpu-guard-ctl recover, recover --reset), or it is gone"}
+	}
+	return nil
+}
+
 func (l *Ledger) requiredLineage() string {
 	l.fenceMu.Lock()
 	defer l.fenceMu.Unlock()
