@@ -4,6 +4,8 @@
 package guard
 
 import (
+	"strconv"
+
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
@@ -76,6 +78,9 @@ func ProcessOf(o ledger.Owner) liveness.Process {
 // processes are gone is released under release_on = "stop" and marked
 // stopped (kept until its container is removed) under "remove".
 //
+// A ticket of `gpu-guard-ctl run` (IsTicket) is the exception: released as
+// soon as its process is gone, whatever the policy (see ticketVerdict).
+//
 // Releasable is the rule with release_requires_idle off; ReleasableIdle
 // is the whole rule, which the guard and ReleaseRule apply.
 func Releasable(o ledger.Owner, releaseOn config.ReleaseOn, live Liveness) Verdict {
@@ -87,6 +92,9 @@ func Releasable(o ledger.Owner, releaseOn config.ReleaseOn, live Liveness) Verdi
 // found exited under release_on = "stop" is marked draining, not released
 // (its cgroup is empty, but only the GPU can say that its processes left it).
 func ReleasableIdle(o ledger.Owner, releaseOn config.ReleaseOn, requiresIdle bool, live Liveness) Verdict {
+	if IsTicket(o) {
+		return ticketVerdict(o, live)
+	}
 	if !o.DrainingSince.IsZero() {
 		return Verdict{Action: KeepDraining}
 	}
@@ -107,6 +115,31 @@ func ReleasableIdle(o ledger.Owner, releaseOn config.ReleaseOn, requiresIdle boo
 	default:
 		return Verdict{Action: ReleaseNow, Why: why}
 	}
+}
+
+// ticketVerdict is the release rule for a ticket of `gpu-guard-ctl run`
+// (IsTicket), whatever release_on and release_requires_idle say. Both
+// policies wait for an event that never comes for a ticket: no container
+// runs under its id, so nothing removes it, and its process is the ctl,
+// which never used the GPU, so there is nothing to drain. Kept until
+// removal, a killed ctl's claim would never end. So a ticket whose process is
+// gone is released now, including one that an earlier version recorded as
+// stopped or draining (its process was found gone then).
+func ticketVerdict(o ledger.Owner, live Liveness) Verdict {
+	switch {
+	case !o.StoppedAt.IsZero(), !o.DrainingSince.IsZero():
+		return Verdict{Action: ReleaseNow, Why: "the process of ticket " + o.ContainerID + " (gpu-guard-ctl run, pid " +
+			strconv.Itoa(o.Pid) + ") exited earlier"}
+	case o.Pid <= 0 && o.Cgroup == "":
+		// Not what AcquireTicket records (it sets the ctl's pid); without a
+		// process to check, doubt keeps the claim.
+		return Verdict{Action: KeepNotStarted}
+	}
+	exited, why := live.Exited(ProcessOf(o))
+	if !exited {
+		return Verdict{Action: KeepRunning, Why: why}
+	}
+	return Verdict{Action: ReleaseNow, Why: "ticket " + o.ContainerID + " (gpu-guard-ctl run): " + why}
 }
 
 // ReleaseRule is Releasable bound to a configuration and a liveness check,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -255,7 +256,7 @@ func TestTicketHandover(t *testing.T) {
 	}()
 	r.waitFor("the ticket to queue", func() bool { return len(r.waiterKeys()) == 1 })
 	key := r.waiterKeys()[0]
-	require.True(t, validTicket(key), "the waiter is the ticket: %q", key)
+	require.True(t, guard.ValidTicket(key), "the waiter is the ticket: %q", key)
 
 	// A plain create meanwhile is refused: the ticket waits before it.
 	w, err := r.run("w", ctrOpts{env: gpuEnv(1), noWait: true})

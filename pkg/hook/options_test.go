@@ -68,16 +68,16 @@ func TestEngineHoldsLock(t *testing.T) {
 }
 
 func TestTicketOf(t *testing.T) {
-	id := NewTicketID()
-	require.True(t, validTicket(id), id)
-	require.Len(t, id, ticketLen)
-	require.NotEqual(t, id, NewTicketID())
+	id := guard.NewTicketID()
+	require.True(t, guard.ValidTicket(id), id)
+	require.Len(t, id, len(guard.TicketPrefix)+26)
+	require.NotEqual(t, id, guard.NewTicketID())
 	for _, tc := range []struct {
 		env  []string
 		want string
 	}{
 		{[]string{"PATH=/bin", TicketEnv + "=" + id}, id},
-		{[]string{TicketEnv + "=" + NewTicketID(), TicketEnv + "=" + id}, id}, // the last one wins, as in the runtime
+		{[]string{TicketEnv + "=" + guard.NewTicketID(), TicketEnv + "=" + id}, id}, // the last one wins, as in the runtime
 		{[]string{TicketEnv + "=" + strings.ToUpper(id)}, ""},
 		{[]string{TicketEnv + "=ticket-../../etc"}, ""},
 		{[]string{TicketEnv + "=" + id + "x"}, ""},

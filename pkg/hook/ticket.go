@@ -5,7 +5,6 @@ package hook
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
@@ -23,32 +22,14 @@ import (
 // `gpu-guard-ctl run` into the container it starts.
 const TicketEnv = "NRI_GPU_GUARD_TICKET"
 
-// A ticket is the requester (and, once admitted, the claim owner) of a
-// `gpu-guard-ctl run`: "ticket-" and 26 base32 letters (130 random bits, not
-// guessable by another container). While the ctl waits, the ticket queues
+// A ticket (guard.NewTicketID: its format is the guard's, whose release
+// rule must recognise it) is the requester, and once admitted the claim
+// owner, of a `gpu-guard-ctl run`. While the ctl waits, the ticket queues
 // like any container; once admitted, the ticket holds the GPUs, with the
 // ctl's pid as its process (a killed ctl is a holder that exited, released by
-// the next liveness check). The container's create-runtime hook finds the
-// ticket in the container's environment and takes the claims over.
-const (
-	ticketPrefix = "ticket-"
-	ticketLen    = len(ticketPrefix) + 26
-)
-
-// NewTicketID returns a fresh ticket id.
-func NewTicketID() string { return ticketPrefix + strings.ToLower(rand.Text()) }
-
-func validTicket(s string) bool {
-	if len(s) != ticketLen || !strings.HasPrefix(s, ticketPrefix) {
-		return false
-	}
-	for _, c := range s[len(ticketPrefix):] {
-		if (c < 'a' || c > 'z') && (c < '2' || c > '7') {
-			return false
-		}
-	}
-	return true
-}
+// the next liveness check whatever release_on says). The container's
+// create-runtime hook finds the ticket in the container's environment and
+// takes the claims over.
 
 // ticketOf returns the ticket named by the last TicketEnv entry of env, or ""
 // when there is none or it is malformed (container-supplied: never trusted
@@ -60,7 +41,7 @@ func ticketOf(env []string) string {
 			t = v
 		}
 	}
-	if !validTicket(t) {
+	if !guard.ValidTicket(t) {
 		return ""
 	}
 	return t
@@ -246,7 +227,7 @@ func AcquireTicket(ctx context.Context, cfg config.Config, spec devices.Request,
 	if len(res.Devices) == 0 {
 		return Ticket{}, fmt.Errorf("the request names no GPU: nothing to wait for (name GPUs as in NVIDIA_VISIBLE_DEVICES)")
 	}
-	id := NewTicketID()
+	id := guard.NewTicketID()
 	pid := os.Getpid()
 	start, err := liveness.PidStart(liveness.DefaultProcRoot, pid)
 	if err != nil {
