@@ -47,16 +47,28 @@ func releaseRecords(recs []ledger.AuditRecord, id string) []ledger.AuditRecord {
 // audit record, and every refusal with its exit code.
 func TestRelease(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		uid      int
-		args     []string
-		code     int
-		stderr   string // substring of the error
-		released string // container id whose claims must be gone
-		stdout   string
+		name      string
+		uid       int
+		args      []string
+		code      int
+		stderr    string // substring of the error
+		stderrAll []string
+		released  string // container id whose claims must be gone
+		stdout    string
 	}{
-		{name: "by container prefix", args: []string{"release", "--container", idTrainer[:12], "--reason", "node drained"},
-			code: ExitOK, released: idTrainer, stdout: "released GPU 1 (" + uuidGPU1 + ") held by team-a/trainer-0/main"},
+		{name: "by container prefix", args: []string{"release", "--container", idTrainer[:12], "--reason", "node drained", "--force"},
+			code: ExitOK, released: idTrainer, stdout: "released GPU 1 (" + uuidGPU1 + ") held by team-a/trainer-0/main",
+			stderrAll: []string{"warning: --force: GPU 1 (" + uuidGPU1 + ") is held by team-a/trainer-0/main (id a1a1a1a1a1a1), which is still running (pid 4242); " +
+				"released anyway: it keeps using the GPU, and the next container will share it"}},
+		{name: "a running holder is refused without --force", args: []string{"release", "--container", idTrainer[:12], "--reason", "node drained"},
+			code: ExitError, stderrAll: []string{"release refused: GPU 1 (" + uuidGPU1 + ") is held by team-a/trainer-0/main (id a1a1a1a1a1a1), " +
+				"which is still running (pid 4242); stop it first, or add --force"}},
+		{name: "a running holder by device is refused without --force", args: []string{"release", "--device", "1", "--reason", "x"},
+			code: ExitError, stderr: "GPU 1 (" + uuidGPU1 + ") is held by team-a/trainer-0/main (id a1a1a1a1a1a1), which is still running (pid 4242)"},
+		{name: "a running holder by device, forced", args: []string{"release", "--device", uuidGPU1, "--reason", "x", "--force"},
+			code: ExitOK, released: idTrainer},
+		{name: "a holder that never started is released with a note", args: []string{"release", "--container", idHook, "--reason", "x"},
+			code: ExitOK, released: idHook, stderrAll: []string{"note: MIG 0:1 (" + uuidMIG1 + ") is held by container " + idHook[:12] + ", which never started"}},
 		{name: "by full container id", args: []string{"release", "--container", idHook, "--reason", "x"},
 			code: ExitOK, released: idHook, stdout: "released MIG 0:1"},
 		{name: "by device uuid, any case", args: []string{"release", "--device", strings.ToLower(uuidGone), "--reason", "GPU removed"},
@@ -70,8 +82,10 @@ func TestRelease(t *testing.T) {
 		{name: "not root", uid: 1000, args: []string{"release", "--container", idTrainer, "--reason", "x"}, code: ExitError, stderr: "needs root"},
 		{name: "unknown container", args: []string{"release", "--container", "0123456789ab", "--reason", "x"}, code: ExitError, stderr: `no claim is held by container "0123456789ab"`},
 		{name: "unknown device", args: []string{"release", "--device", "0:0", "--reason", "x"}, code: ExitError, stderr: `no claim on device "0:0"`},
-		{name: "dry run changes nothing, no root needed", uid: 1000, args: []string{"release", "--container", idTrainer[:6], "--reason", "x", "--dry-run"},
-			code: ExitOK, stdout: "would release GPU 1 (" + uuidGPU1 + ")"},
+		{name: "dry run changes nothing, no root needed", uid: 1000, args: []string{"release", "--container", idTrainer[:6], "--reason", "x", "--dry-run", "--force"},
+			code: ExitOK, stdout: "would release GPU 1 (" + uuidGPU1 + ")", stderr: "warning: --force"},
+		{name: "dry run refuses what the release refuses", uid: 1000, args: []string{"release", "--container", idTrainer[:6], "--reason", "x", "--dry-run"},
+			code: ExitError, stderr: "which is still running (pid 4242); stop it first, or add --force"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -83,6 +97,9 @@ func TestRelease(t *testing.T) {
 			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 			if tc.stderr != "" {
 				assert.Contains(t, r.stderr, tc.stderr)
+			}
+			for _, s := range tc.stderrAll {
+				assert.Contains(t, r.stderr, s)
 			}
 			if tc.stdout != "" {
 				assert.Contains(t, r.stdout, tc.stdout)
@@ -134,7 +151,7 @@ func TestReleaseAmbiguousPrefix(t *testing.T) {
 func TestReleaseHandsOver(t *testing.T) {
 	f := newFixture(t)
 	f.populate(t)
-	r := f.run(t, "release", "--container", idTrainer, "--reason", "hung", "-o", "json")
+	r := f.run(t, "release", "--container", idTrainer, "--reason", "hung", "-o", "json", "--force")
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	var v releasedView
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
@@ -488,7 +505,7 @@ func TestLockedLedger(t *testing.T) {
 		assert.Contains(t, r.stdout, want, cmd)
 	}
 	before := f.state(t)
-	r := f.run(t, "release", "--container", idTrainer, "--reason", "x")
+	r := f.run(t, "release", "--container", idTrainer, "--reason", "x", "--force")
 	require.Equal(t, ExitError, r.code)
 	assert.Contains(t, r.stderr, "ledger lock")
 	assert.Contains(t, r.stderr, "retry in a moment")

@@ -553,7 +553,8 @@ func TestJSONFieldsDocumented(t *testing.T) {
 		{"status"}, {"claims"}, {"queue"}, {"devices"}, {"audit", "-n", "0"},
 		{"explain", "--env", "NVIDIA_VISIBLE_DEVICES=0,1", "--privileged"},
 		{"explain", "--namespace", "team-g", "--pod", "w2", "--pod-uid", "uid-w2", "--container", "main", "--env", "NVIDIA_VISIBLE_DEVICES=0,1"},
-		{"release", "--container", idTrainer, "--reason", "x", "--dry-run"},
+		{"release", "--container", idTrainer, "--reason", "x", "--dry-run", "--force"},
+		{"release", "--container", key(ownW1), "--reason", "x", "--dry-run"},
 		{"gc", "--dry-run"}, {"check-config"}, {"version"},
 	} {
 		r := f.run(t, append(args, "-o", "json")...)

@@ -5,14 +5,17 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
@@ -25,9 +28,9 @@ const maxReasonLen = 512
 func (a *app) releaseCommand() *cobra.Command {
 	var (
 		containerID, device, reason string
-		dryRun                      bool
+		dryRun, force               bool
 	)
-	cmd := newCommand("release (--container ID | --device UUID) --reason TEXT",
+	cmd := newCommand("release (--container ID | --device UUID) --reason TEXT [--force]",
 		"Force-release a claim (root only, audited)",
 		`Release the claims of one container (--container: the full id or a unique
 prefix, as status and claims show it), or the claim on one device (--device:
@@ -40,10 +43,21 @@ Use it when a holder is known to be gone but its claim stayed (the daemon was
 down when it stopped), or to clear a claim on a GPU that was removed. A released
 GPU is reserved for the head of its queue, if anyone waits for it.
 
-Releasing a claim does not stop the container: if it still runs, it keeps using
-the GPU and the next container will share it. Prefer `+"`gc`"+` for holders that exited.
+--container also removes the container's queue entry, if it waits (a
+gpu-guard-ctl run ticket, a hook or a pod container), with the GPUs reserved
+for it: the id is matched against the queue's container ids and requesters
+too. A released GPU goes to the next in line.
 
---dry-run shows what would be released and changes nothing (no root needed).`,
+Releasing a claim does not stop the container: if it still ran, it would keep
+using the GPU and the next container would share it. So a holder (or waiter)
+whose process still runs, or whose liveness cannot be told, is refused (exit 1,
+naming the device and the holder): stop it first, or add --force to release
+anyway (a warning is printed on stderr). A holder that never started (no pid,
+no cgroup recorded) has nothing to check: it is released, with a note. Prefer
+`+"`gc`"+` for holders that exited.
+
+--dry-run shows what would be released and changes nothing (no root needed);
+it refuses what the release would refuse.`,
 		`  sudo gpu-guard-ctl release --container 4f2a9c1be0d3 --reason "node drained, pod force-deleted"
   sudo gpu-guard-ctl release --device GPU-6c1a2f2e-0000-4000-8000-000000000000 --reason "GPU removed"
   gpu-guard-ctl release --device 1 --reason "check" --dry-run`,
@@ -64,13 +78,14 @@ the GPU and the next container will share it. Prefer `+"`gc`"+` for holders that
 					return err
 				}
 			}
-			return a.release(cmd.Context(), releaseTarget{containerID: containerID, device: device}, reason, dryRun)
+			return a.release(cmd.Context(), releaseTarget{containerID: containerID, device: device}, reason, dryRun, force)
 		})
 	f := cmd.Flags()
 	f.StringVar(&containerID, "container", "", "release every claim of this container (full id or unique prefix)")
 	f.StringVar(&device, "device", "", "release the claim on this device (UUID or index)")
 	f.StringVar(&reason, "reason", "", "why (required; written to the audit log)")
 	f.BoolVar(&dryRun, "dry-run", false, "show what would be released; change nothing")
+	f.BoolVar(&force, "force", false, "release even a holder whose process still runs (it keeps using the GPU)")
 	return cmd
 }
 
@@ -80,23 +95,24 @@ type releaseTarget struct {
 	device      string
 }
 
-func (a *app) release(ctx context.Context, target releaseTarget, reason string, dryRun bool) error {
+func (a *app) release(ctx context.Context, target releaseTarget, reason string, dryRun, force bool) error {
 	st, err := a.snapshot(ctx)
 	if err != nil {
 		return err
 	}
 	var (
-		claims []ledger.Claim
-		id     string // the full container id, for --container
-		dev    string // the device UUID, for --device
-		holder string // the container holding dev when the operator looked
+		claims  []ledger.Claim
+		waiters []ledger.Waiter
+		id      string // the full container id (or requester), for --container
+		dev     string // the device UUID, for --device
+		holder  string // the container holding dev when the operator looked
 	)
 	if target.containerID != "" {
 		id, err = matchContainer(st, target.containerID)
 		if err != nil {
 			return err
 		}
-		claims = claimsOf(st, id)
+		claims, waiters = claimsOf(st, id), waitersOf(st, id)
 	} else {
 		c, err := matchDevice(st, target.device)
 		if err != nil {
@@ -104,20 +120,54 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 		}
 		dev, holder, claims = c.Device.UUID, c.Owner.ContainerID, []ledger.Claim{c}
 	}
+	cfg, err := a.config()
+	if err != nil {
+		return err
+	}
+	// Liveness reads cgroupfs and procfs: checked before the lock is taken,
+	// and the transaction then makes sure it ends exactly what was checked.
+	chk := checkRelease(guard.NewReleaseRule(cfg, a.env.Liveness), claims, waiters)
+	if len(chk.running) > 0 && !force {
+		return fmt.Errorf("%w: %s; stop it first, or add --force to release anyway (a process that runs on keeps using the GPU, "+
+			"and the next container will share it)", errHolderRunning, strings.Join(chk.running, "; "))
+	}
+	for _, n := range chk.notes {
+		fmt.Fprintln(a.env.Stderr, escapeLine("note: "+n))
+	}
+	if force {
+		for _, r := range chk.running {
+			fmt.Fprintln(a.env.Stderr, escapeLine("warning: --force: "+r+"; released anyway: it keeps using the GPU, and the next container will share it"))
+		}
+	}
 	if dryRun {
-		return renderReleaseOf(a.env.Stdout, a.output, true, id, claims, conflictsOf(&st, id), a.env.Now())
+		return renderReleaseOf(a.env.Stdout, a.output, releaseOutcome{dryRun: true, id: id, claims: claims,
+			cleared: conflictsOf(&st, id), dequeued: dequeuedOf(&st, waiters)}, a.env.Now())
 	}
 
 	auditReason := a.operatorReason(reason)
-	var (
-		released []ledger.Claim
-		cleared  []ledger.Conflict
-	)
+	var out releaseOutcome
 	err = a.update(ctx, func(tx *ledger.Tx) error {
+		out = releaseOutcome{id: id} // fn may be retried; start over each time
 		if id != "" {
-			cleared = conflictsOf(tx.State(), id)
-			released = tx.Release(id, auditReason)
-			if len(released) == 0 && len(cleared) == 0 {
+			if err := claimsUnchanged(claimsOf(*tx.State(), id), claims); err != nil {
+				return err
+			}
+			if err := waitersUnchanged(tx.State(), waiters); err != nil {
+				return err
+			}
+			out.cleared = conflictsOf(tx.State(), id)
+			var still []ledger.Waiter // the checked entries still queued
+			for _, w := range tx.State().Waiters {
+				if slices.ContainsFunc(waiters, func(k ledger.Waiter) bool { return k.Key == w.Key }) {
+					still = append(still, w)
+				}
+			}
+			out.dequeued = dequeuedOf(tx.State(), still)
+			out.claims = tx.Release(id, auditReason)
+			for _, w := range still {
+				tx.DropWaiter(w.Key, auditReason)
+			}
+			if len(out.claims) == 0 && len(out.cleared) == 0 && len(out.dequeued) == 0 {
 				return fmt.Errorf("container %s: %w (released by someone else meanwhile?)", id, ledger.ErrNotFound)
 			}
 			return nil
@@ -125,17 +175,119 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 		if err := sameHolder(tx.State(), dev, holder); err != nil {
 			return err
 		}
+		for _, c := range tx.State().Claims {
+			if c.Device.UUID == dev {
+				if err := claimsUnchanged([]ledger.Claim{c}, claims); err != nil {
+					return err
+				}
+			}
+		}
 		c, err := tx.ReleaseDevice(dev, auditReason)
 		if err != nil {
 			return fmt.Errorf("release %s: %w", dev, err)
 		}
-		released = []ledger.Claim{c}
+		out.claims = []ledger.Claim{c}
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	return renderReleaseOf(a.env.Stdout, a.output, false, id, released, cleared, a.env.Now())
+	return renderReleaseOf(a.env.Stdout, a.output, out, a.env.Now())
+}
+
+// errHolderRunning: release refused because the holder (or waiter) it would
+// end still runs, or its liveness cannot be told.
+var errHolderRunning = errors.New("release refused")
+
+// releaseCheck is the release rule's finding about what a release would end:
+// running lists, one line each, the claims (and queue entries) whose process
+// still runs or cannot be told gone; notes, those that never started.
+type releaseCheck struct {
+	running, notes []string
+}
+
+// checkRelease applies the release rule (the one gc, status and the guard
+// apply) to the holders of claims and to waiters. KeepRunning (processes
+// found, or the evidence missing or ambiguous) is what a force-release must
+// not end silently: the container would go on using the GPU and share it
+// with the next one. A holder that never started has no process to check
+// and is what release exists for besides exited holders (containerd sends
+// no stop event for a container that never ran, and gc keeps it), so it is
+// let through with a note. Every other verdict means the process is gone.
+func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledger.Waiter) releaseCheck {
+	var chk releaseCheck
+	for _, c := range claims {
+		switch v := rule.Check(c.Owner); v.Action {
+		case guard.KeepRunning:
+			chk.running = append(chk.running, fmt.Sprintf("%s is held by %s, which is %s",
+				naming.Device(c.Device), guard.HolderName(c.Owner), runningWhy(c.Owner, v)))
+		case guard.KeepNotStarted:
+			chk.notes = append(chk.notes, fmt.Sprintf("%s is held by %s, which never started (no pid, no cgroup recorded): "+
+				"nothing to check; if it starts after the release, it runs without a claim",
+				naming.Device(c.Device), guard.HolderName(c.Owner)))
+		}
+	}
+	for _, w := range waiters {
+		if v := rule.Check(w.Owner); v.Action == guard.KeepRunning {
+			chk.running = append(chk.running, fmt.Sprintf("%s waits in the queue (requester %s) for %s and is %s; "+
+				"removed, it would join the queue again at its tail on its next try",
+				guard.HolderName(w.Owner), w.Key, describeDevices(w.Devices), runningWhy(w.Owner, v)))
+		}
+	}
+	return chk
+}
+
+// runningWhy words a KeepRunning verdict: "still running (pid 4242: …)",
+// or, with no pid recorded, "may still be running (…)" (the cgroup could
+// not tell).
+func runningWhy(o ledger.Owner, v guard.Verdict) string {
+	if o.Pid > 0 {
+		if v.Why == "" {
+			return fmt.Sprintf("still running (pid %d)", o.Pid)
+		}
+		return fmt.Sprintf("still running (pid %d: %s)", o.Pid, v.Why)
+	}
+	if v.Why == "" {
+		return "may still be running"
+	}
+	return "may still be running (" + v.Why + ")"
+}
+
+// claimsUnchanged refuses a release when the claims it would end (now) are
+// not those checkRelease judged (checked): a new incarnation of the
+// container, or a claim on another device, was recorded in between.
+func claimsUnchanged(now, checked []ledger.Claim) error {
+	for _, c := range now {
+		if !slices.ContainsFunc(checked, func(k ledger.Claim) bool {
+			return k.Device.UUID == c.Device.UUID && k.Owner.ContainerID == c.Owner.ContainerID && sameProcess(k.Owner, c.Owner)
+		}) {
+			return fmt.Errorf("%s held by %s changed since it was checked; check `%s status` and run release again",
+				naming.Device(c.Device), guard.HolderName(c.Owner), programName)
+		}
+	}
+	return nil
+}
+
+// waitersUnchanged refuses a release when a queue entry it would remove
+// records another process now than when checkRelease judged it. A pod
+// container's entry changes its container id with every retry and records
+// no process: that is the same entry.
+func waitersUnchanged(st *ledger.State, checked []ledger.Waiter) error {
+	for _, k := range checked {
+		for _, w := range st.Waiters {
+			if w.Key == k.Key && !sameProcess(k.Owner, w.Owner) {
+				return fmt.Errorf("the queue entry of %s changed since it was checked; check `%s queue` and run release again",
+					guard.HolderName(w.Owner), programName)
+			}
+		}
+	}
+	return nil
+}
+
+// sameProcess reports whether a and b record the same process (or both
+// none).
+func sameProcess(a, b ledger.Owner) bool {
+	return a.Pid == b.Pid && a.PidStart == b.PidStart && a.Cgroup == b.Cgroup
 }
 
 // update applies fn in one ledger transaction.
@@ -161,7 +313,8 @@ func (a *app) operatorReason(reason string) string {
 }
 
 // matchContainer resolves a full container id or a unique prefix of one
-// against the containers that hold claims or are recorded in conflicts.
+// against the containers that hold claims, are recorded in conflicts or wait
+// in the queue; a waiter's requester (as `queue` shows it) matches exactly.
 func matchContainer(st ledger.State, want string) (string, error) {
 	ids := map[string]bool{}
 	for _, c := range st.Claims {
@@ -169,6 +322,12 @@ func matchContainer(st ledger.State, want string) (string, error) {
 	}
 	for _, c := range st.Conflicts {
 		ids[c.Owner.ContainerID] = true
+	}
+	for _, w := range st.Waiters {
+		ids[w.Owner.ContainerID] = true
+		if w.Key == want {
+			return want, nil
+		}
 	}
 	if ids[want] {
 		return want, nil
@@ -184,7 +343,8 @@ func matchContainer(st ledger.State, want string) (string, error) {
 	case 1:
 		return matches[0], nil
 	case 0:
-		return "", fmt.Errorf("no claim is held by container %q: %w (see `%s claims` for the holders)", want, ledger.ErrNotFound, programName)
+		return "", fmt.Errorf("no claim is held by container %q, and it waits in no queue: %w (see `%s claims` for the holders, `%s queue` for the waiters)",
+			want, ledger.ErrNotFound, programName, programName)
 	default:
 		return "", fmt.Errorf("container id prefix %q is ambiguous: it matches %s; give more of the id", want, strings.Join(matches, ", "))
 	}
@@ -244,6 +404,57 @@ func claimsOf(st ledger.State, id string) []ledger.Claim {
 	return out
 }
 
+// waitersOf lists the queue entries of container id: its own (a hook's or
+// a ticket's key is the id) or those whose latest attempt it was (a pod
+// container's key is namespace/pod UID/name), or the entry whose requester
+// is id.
+func waitersOf(st ledger.State, id string) []ledger.Waiter {
+	var out []ledger.Waiter
+	for _, w := range st.Waiters {
+		if id != "" && (w.Owner.ContainerID == id || w.Key == id) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// dequeuedJSON is one queue entry a release removed.
+type dequeuedJSON struct {
+	Requester   string   `json:"requester"`
+	ContainerID string   `json:"container_id"`
+	Devices     []string `json:"devices"`
+	// Reserved: the devices that were reserved for it, handed on.
+	Reserved []string `json:"reserved"`
+}
+
+// dequeued is a queue entry a release removes, with its reservations.
+type dequeued struct {
+	waiter   ledger.Waiter
+	reserved []devices.Device
+}
+
+func dequeuedOf(st *ledger.State, waiters []ledger.Waiter) []dequeued {
+	var out []dequeued
+	for _, w := range waiters {
+		d := dequeued{waiter: w}
+		for _, r := range st.Reservations {
+			if r.For == w.Key {
+				d.reserved = append(d.reserved, r.Device)
+			}
+		}
+		out = append(out, d)
+	}
+	return out
+}
+
+func describeDevices(ds []devices.Device) string {
+	names := make([]string, len(ds))
+	for i, d := range ds {
+		names[i] = naming.Device(d)
+	}
+	return strings.Join(names, ", ")
+}
+
 // conflictsOf lists the conflict records of container id ("" = none): what
 // a release of the container clears besides its claims.
 func conflictsOf(st *ledger.State, id string) []ledger.Conflict {
@@ -256,40 +467,73 @@ func conflictsOf(st *ledger.State, id string) []ledger.Conflict {
 	return out
 }
 
-// renderReleaseOf is the output of release: the claims released and the
-// conflict records of the container cleared (or, for a dry run, that would
-// be).
-func renderReleaseOf(w io.Writer, output string, dryRun bool, id string, claims []ledger.Claim, cleared []ledger.Conflict, now time.Time) error {
+// releaseOutcome is what a release did (or, for a dry run, would do).
+type releaseOutcome struct {
+	dryRun   bool
+	id       string // --container: the container id (or requester)
+	claims   []ledger.Claim
+	cleared  []ledger.Conflict
+	dequeued []dequeued
+}
+
+// renderReleaseOf is the output of release: the claims released, the
+// conflict records of the container cleared and its queue entries removed
+// (or, for a dry run, that would be).
+func renderReleaseOf(w io.Writer, output string, o releaseOutcome, now time.Time) error {
 	if output == outputJSON {
-		v := releasedView{DryRun: dryRun, Released: make([]releasedJSON, 0, len(claims))}
-		for _, c := range claims {
+		v := releasedView{DryRun: o.dryRun, Released: make([]releasedJSON, 0, len(o.claims))}
+		for _, c := range o.claims {
 			v.Released = append(v.Released, releasedJSON{claimJSON: claimView(c)})
 		}
-		for _, c := range cleared {
+		for _, c := range o.cleared {
 			v.ConflictsCleared = append(v.ConflictsCleared, clearedJSON{Device: c.Device.UUID, Index: c.Device.Index, ContainerID: c.Owner.ContainerID})
+		}
+		for _, d := range o.dequeued {
+			j := dequeuedJSON{Requester: d.waiter.Key, ContainerID: d.waiter.Owner.ContainerID, Devices: []string{}, Reserved: []string{}}
+			for _, dev := range d.waiter.Devices {
+				j.Devices = append(j.Devices, dev.UUID)
+			}
+			for _, dev := range d.reserved {
+				j.Reserved = append(j.Reserved, dev.UUID)
+			}
+			v.Dequeued = append(v.Dequeued, j)
 		}
 		return writeJSON(w, v)
 	}
-	if len(claims) > 0 || len(cleared) == 0 {
-		if err := renderReleased(w, output, dryRun, claims, now); err != nil {
+	if len(o.claims) > 0 || (len(o.cleared) == 0 && len(o.dequeued) == 0) {
+		if err := renderReleased(w, output, o.dryRun, o.claims, now); err != nil {
 			return err
 		}
 	}
-	if len(cleared) == 0 {
-		return nil
+	var lines []string
+	if len(o.cleared) > 0 {
+		verb := "cleared"
+		if o.dryRun {
+			verb = "would clear"
+		}
+		devs := make([]string, len(o.cleared))
+		for i, c := range o.cleared {
+			devs[i] = naming.Device(c.Device)
+		}
+		lines = append(lines, fmt.Sprintf("%s the conflict record(s) of container %s on %s (it was found using them while another container held them; "+
+			"check that it no longer runs there)", verb, o.id, strings.Join(devs, ", ")))
 	}
-	verb := "cleared"
-	if dryRun {
-		verb = "would clear"
+	for _, d := range o.dequeued {
+		verb := "removed"
+		if o.dryRun {
+			verb = "would remove"
+		}
+		line := fmt.Sprintf("%s the queue entry of %s (requester %s, waiting for %s since %s)", verb, guard.HolderName(d.waiter.Owner),
+			d.waiter.Key, describeDevices(d.waiter.Devices), d.waiter.FirstSeen.UTC().Format(time.RFC3339))
+		if len(d.reserved) > 0 {
+			line += "; the reservation of " + describeDevices(d.reserved) + " for it goes to the next in line"
+		}
+		lines = append(lines, line)
 	}
-	devs := make([]string, len(cleared))
-	for i, c := range cleared {
-		devs[i] = naming.Device(c.Device)
-	}
-	line := fmt.Sprintf("%s the conflict record(s) of container %s on %s (it was found using them while another container held them; "+
-		"check that it no longer runs there)", verb, id, strings.Join(devs, ", "))
-	if _, err := fmt.Fprintln(w, escapeLine(line)); err != nil {
-		return fmt.Errorf("write output: %w", err)
+	for _, line := range lines {
+		if _, err := fmt.Fprintln(w, escapeLine(line)); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
 	}
 	return nil
 }
@@ -304,6 +548,9 @@ type releasedView struct {
 	// ConflictsCleared (release --container): the container's conflict
 	// records cleared with its claims.
 	ConflictsCleared []clearedJSON `json:"conflicts_cleared,omitempty"`
+	// Dequeued (release --container): the container's queue entries
+	// removed, with the devices that were reserved for them.
+	Dequeued []dequeuedJSON `json:"dequeued,omitempty"`
 }
 
 // clearedJSON is one conflict record a release cleared.
