@@ -14,19 +14,16 @@ package main
 import (
 	"context"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ctl"
 )
 
 func main() {
 	env := ctl.DefaultEnv()
-	// Interrupt ends `audit --follow` cleanly, and a waiting or changing
-	// command through its context; a read that renders once ignores it.
-	env.Interrupts = func(ctx context.Context) (context.Context, context.CancelFunc) {
-		return signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
-	}
+	// Interrupt (and SIGTERM, SIGHUP, SIGQUIT) ends `audit --follow`
+	// cleanly, and a waiting or changing command through its context; a
+	// read that renders once ignores it.
+	env.Interrupts = ctl.NotifyInterrupts
 	if !withNVML {
 		env.NeedNVML = ctl.ExecCompanion(os.Args[1:])
 	}

@@ -60,7 +60,9 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case len(args) > 0 && args[0] == ctl.CompanionCommand:
 		// gpu-guard-ctl is built without cgo and hands the commands that
 		// need NVML to this binary, which links it (ctl.ExecCompanion).
-		return ctl.Run(ctx, args[1:], ctl.Env{Stdout: stdout, Stderr: stderr})
+		// The same signal handling as gpu-guard-ctl's own (a handed-over
+		// `run` that waits must leave the queue on a hang-up too).
+		return ctl.Run(ctx, args[1:], ctl.Env{Stdout: stdout, Stderr: stderr, Interrupts: ctl.NotifyInterrupts})
 	case len(args) > 0 && args[0] == "hook":
 		if len(args) < 2 || (args[1] != hook.PhaseCreateRuntime && args[1] != hook.PhasePoststop) {
 			fs.Usage()

@@ -66,8 +66,8 @@ type Env struct {
 	// NVML. It returns only when it cannot; the command then fails with an
 	// NVMLHandoverError. Nil: NVML is used through the NVML field.
 	NeedNVML func(why string) error
-	// Interrupts returns ctx canceled on Ctrl-C or SIGTERM, and its stop
-	// (signal.NotifyContext in the real process). A command that waits or
+	// Interrupts returns ctx canceled on Ctrl-C, SIGTERM, SIGHUP or SIGQUIT,
+	// and its stop (NotifyInterrupts in the real process). A command that waits or
 	// changes the ledger runs under it, so that a signal ends the wait, or
 	// lets the change finish, instead of killing the process. A read that
 	// renders once (status, queue, claims, explain, check-config, version)

@@ -54,6 +54,7 @@ the command names with -e/--env NVIDIA_VISIBLE_DEVICES=…, --device
 /dev/nvidiaN or docker's --gpus. The container must ask for no GPU beyond them;
 those of them it does not ask for are released when it takes the ticket over.
 
+Ctrl-C, SIGTERM, SIGHUP or SIGQUIT while waiting leaves the queue.
 While COMMAND runs, each signal reaches it once: SIGTERM is forwarded;
 SIGINT, SIGQUIT and SIGHUP are forwarded only when this process is not in the
 foreground of a terminal (in the foreground, Ctrl-C reaches COMMAND from the
@@ -116,9 +117,12 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 	}
 	cfg.Ledger.Dir = dir
 
-	// Ctrl-C while waiting leaves the queue; once the command runs, the
-	// signals are its to handle (see runChild).
-	wctx, stopWait := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	// Ctrl-C while waiting leaves the queue, and so do the other signals
+	// that would end this process (a hang-up of the terminal or ssh session,
+	// Ctrl-\): killed by one, it would leave its entry queued, and the next
+	// freed GPU reserved for a waiter that will never come. Once the command
+	// runs, the signals are its to handle (see runChild).
+	wctx, stopWait := signal.NotifyContext(ctx, interruptSignals...)
 	t, err := hook.AcquireTicket(wctx, cfg, req, hook.TicketOptions{Timeout: timeout, Stderr: a.env.Stderr})
 	stopWait()
 	if err != nil {
@@ -156,6 +160,21 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 		return &quietExit{code: code, why: fmt.Sprintf("%s exited with status %d", args[0], code)}
 	}
 	return nil
+}
+
+// interruptSignals are the signals that end a waiting or changing command
+// cleanly (NotifyInterrupts) instead of killing it: every signal whose
+// default action ends the process and that a terminal, a supervisor or an
+// operator sends to ask for an end.
+var interruptSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT}
+
+// NotifyInterrupts is the real process's Env.Interrupts: ctx canceled by
+// SIGINT, SIGTERM, SIGHUP or SIGQUIT. SIGHUP and SIGQUIT count too: a
+// `gpu-guard-ctl run` waiting in an ssh session that hangs up, or a
+// Ctrl-\, must leave the queue as Ctrl-C does, and a release or gc must
+// finish its change rather than die in it.
+func NotifyInterrupts(ctx context.Context) (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(ctx, interruptSignals...)
 }
 
 // runChild runs args with the ticket in its environment and returns its exit

@@ -22,6 +22,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // The signal tests of `gpu-guard-ctl run` start this test binary twice: as
@@ -31,6 +34,9 @@ import (
 // controlling terminal (an interactive gpu-guard-ctl run), or with none (one
 // run by systemd or cron).
 const signalRoleEnv = "GPU_GUARD_CTL_TEST_SIGNAL_ROLE"
+
+// signalConfigEnv names the configuration file of the "wait" role.
+const signalConfigEnv = "GPU_GUARD_CTL_TEST_SIGNAL_CONFIG"
 
 func playSignalRole(role string) int {
 	switch role {
@@ -54,6 +60,12 @@ func playSignalRole(role string) int {
 			return 1
 		}
 		return code
+	case "wait":
+		// gpu-guard-ctl run, waiting for a busy GPU, with the signal
+		// handling of the real process (cmd/gpu-guard-ctl).
+		env := Env{Stdout: os.Stdout, Stderr: os.Stdout, Getuid: func() int { return 0 }, Interrupts: NotifyInterrupts}
+		fmt.Println("ready")
+		return Run(context.Background(), []string{"--config", os.Getenv(signalConfigEnv), "run", "--gpus", "1", "--", "true"}, env)
 	case "container":
 		// Each signal is reported once handled, so that a signal the test
 		// sends next arrives after it; SIGTERM ends it with the counts.
@@ -95,11 +107,17 @@ type signalRig struct {
 // pseudo-terminal as its controlling terminal (and stdio) when withTTY.
 func startSignalRig(t *testing.T, withTTY bool) *signalRig {
 	t.Helper()
+	return startSignalRole(t, withTTY, "ctl")
+}
+
+// startSignalRole is startSignalRig for any role, with extra environment.
+func startSignalRole(t *testing.T, withTTY bool, role string, env ...string) *signalRig {
+	t.Helper()
 	exe, err := os.Executable()
 	require.NoError(t, err)
 	r := &signalRig{t: t, out: &outWatch{}, exited: make(chan struct{}), drained: make(chan struct{})}
 	r.cmd = exec.Command(exe)
-	r.cmd.Env = append(os.Environ(), signalRoleEnv+"=ctl")
+	r.cmd.Env = append(append(os.Environ(), signalRoleEnv+"="+role), env...)
 	r.cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if withTTY {
 		master, slave := openPTY(t)
@@ -303,4 +321,44 @@ func TestForwardSignal(t *testing.T) {
 	}
 	assert.True(t, forwardSignal(syscall.SIGTERM, true))
 	assert.True(t, forwardSignal(syscall.SIGTERM, false))
+}
+
+// A signal that would end gpu-guard-ctl run while it waits leaves the queue,
+// as Ctrl-C does. SIGHUP (the ssh session or terminal hung up) and SIGQUIT
+// (Ctrl-\\) used to kill it with its entry still queued: the next freed GPU
+// was reserved for a waiter that would never come.
+func TestRunWaitLeavesTheQueueOnEverySignal(t *testing.T) {
+	for _, sig := range []syscall.Signal{syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGINT, syscall.SIGTERM} {
+		t.Run(sig.String(), func(t *testing.T) {
+			f := newFixture(t)
+			// The ledger as the hook opens it (the host's boot id): GPU 1
+			// held by a container that never started, so run waits.
+			l, err := ledger.Open(f.dir, ledger.Options{})
+			require.NoError(t, err)
+			require.NoError(t, l.Update(t.Context(), func(tx *ledger.Tx) error {
+				_, err := tx.Claim(key(ownTrainer), ownTrainer, []devices.Device{f.dev(t, uuidGPU1)}, "env")
+				return err
+			}))
+			r := startSignalRole(t, false, "wait", signalConfigEnv+"="+f.config)
+			r.waitOutput(" waiting ") // queued: the first progress line
+			st, err := l.Snapshot(t.Context())
+			require.NoError(t, err)
+			require.Len(t, st.Waiters, 1, r.out.String())
+
+			require.NoError(t, syscall.Kill(r.cmd.Process.Pid, sig))
+			select {
+			case <-r.exited:
+			case <-time.After(time.Minute):
+				t.Fatalf("run did not exit:\n%s", r.out.String())
+			}
+			var ee *exec.ExitError
+			require.ErrorAs(t, r.err, &ee, r.out.String())
+			assert.Equal(t, ExitError, ee.ExitCode(), "left the wait and failed (not killed by %s):\n%s", sig, r.out.String())
+			st, err = l.Snapshot(t.Context())
+			require.NoError(t, err)
+			assert.Empty(t, st.Waiters, "the queue entry is withdrawn")
+			assert.Empty(t, st.Reservations)
+			assert.Len(t, st.Claims, 1, "the holder keeps its GPU")
+		})
+	}
 }
