@@ -5,6 +5,7 @@ package ctl
 
 import (
 	"context"
+	"encoding/csv"
 	"errors"
 	"fmt"
 	"os"
@@ -41,12 +42,12 @@ whose GPU is busy is refused. With it, the wait happens here, where Ctrl-C
 leaves the queue and nothing else freezes.
 
 The claim is handed over through a ticket: the environment variable
-`+hook.TicketEnv+` is set for COMMAND, and for "podman run" and "docker run"
+`+hook.TicketEnv+` is set for COMMAND, and for "podman run" and "docker run" (also "podman container run")
 an "-e `+hook.TicketEnv+`" is added after the subcommand, so that the
 container carries it; the guard's create-runtime hook recognises it and moves
 the claim to the container. For other commands, pass the variable into the
 container yourself. A ticket is used once. "podman create" and "docker
-create" are refused: they run no OCI runtime (the hook runs at "start",
+create" (or "container create") are refused: they run no OCI runtime (the hook runs at "start",
 after this command has ended and released the claim).
 
 The GPUs are those of --gpus (ids as in NVIDIA_VISIBLE_DEVICES), or else those
@@ -267,7 +268,8 @@ func inTerminalForeground() bool {
 }
 
 // engineSubcommand finds the "run" or "create" subcommand of a podman or
-// docker command line and returns its index, or -1.
+// docker command line ("podman run", or the management command's long form
+// "podman container run") and returns its index, or -1.
 func engineSubcommand(args []string) int {
 	if len(args) < 2 {
 		return -1
@@ -277,13 +279,18 @@ func engineSubcommand(args []string) int {
 	default:
 		return -1
 	}
+	container := false // "container" seen: run/create must follow
 	for i := 1; i < len(args); i++ {
 		switch a := args[i]; {
 		case a == "run" || a == "create":
 			return i
+		case a == "container" && !container:
+			// "podman container run" is "podman run" (and so for docker,
+			// and for create): the same flags follow.
+			container = true
 		case a == "--":
 			return -1
-		case strings.HasPrefix(a, "-"):
+		case strings.HasPrefix(a, "-") && !container:
 			if !strings.Contains(a, "=") && globalTakesValue(a) {
 				i++
 			}
@@ -381,28 +388,75 @@ func commandRequest(args []string) (req devices.Request, from string) {
 	return req, strings.Join(found, " ")
 }
 
-// dockerGPUs turns docker's --gpus value into NVIDIA_VISIBLE_DEVICES ids:
-// "all", a count N (GPUs 0..N-1, as docker does) or device=ID[,ID].
+// dockerGPUs turns docker's --gpus value into NVIDIA_VISIBLE_DEVICES ids
+// ("" = none). The value is what docker reads: comma-separated fields (CSV,
+// so that '"device=0,1",capabilities=utility' keeps its ids together), each
+// a count ("all" or N: GPUs 0..N-1, as docker picks them), count=N,
+// device=ID[,ID], or a key that names no GPU (capabilities=, driver=,
+// options=), in any order. Unquoted, "device=1,2" arrives as the fields
+// "device=1" and "2": a bare field after device= is read as one more id.
+// (Docker itself refuses that, a count and ids both given; the ids meant
+// are read here, and a container that does not start releases them.) A
+// bare word that is no count ("utility" of an unquoted capability list)
+// names no GPU. Device ids win over a count.
 func dockerGPUs(v string) string {
-	v = strings.Trim(v, `"'`)
-	if v == "all" {
-		return "all"
+	r := csv.NewReader(strings.NewReader(strings.TrimSpace(v)))
+	r.TrimLeadingSpace = true
+	fields, err := r.Read()
+	if err != nil {
+		return "" // not docker syntax: docker refuses it too
 	}
-	if n, err := strconv.Atoi(v); err == nil && n > 0 {
-		ids := make([]string, n)
-		for i := range ids {
-			ids[i] = strconv.Itoa(i)
+	var (
+		ids   []string
+		count string
+		last  string // the key of the last key=value field
+	)
+	for _, f := range fields {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
 		}
+		key, val, ok := strings.Cut(f, "=")
+		if !ok {
+			_, numErr := strconv.Atoi(f)
+			switch {
+			case last == "device" && f != "all":
+				ids = append(ids, f)
+			case f == "all" || numErr == nil:
+				count = f // docker's count
+			default:
+				// A capability or option after an unquoted comma
+				// (docker refuses it as a count; no GPU named).
+			}
+			continue
+		}
+		last = key
+		switch key {
+		case "device":
+			for _, id := range strings.Split(val, ",") {
+				if id = strings.TrimSpace(id); id != "" {
+					ids = append(ids, id)
+				}
+			}
+		case "count":
+			count = val
+		}
+	}
+	if len(ids) > 0 {
 		return strings.Join(ids, ",")
 	}
-	for _, part := range strings.Split(v, ",") {
-		if ids, ok := strings.CutPrefix(part, "device="); ok {
-			// device=1,2 arrives as "device=1" and "2".
-			rest := strings.TrimPrefix(v, part)
-			return strings.TrimSuffix(ids+rest, ",")
-		}
+	if count == "all" {
+		return "all"
 	}
-	return ""
+	n, err := strconv.Atoi(count)
+	if err != nil || n <= 0 {
+		return ""
+	}
+	out := make([]string, n)
+	for i := range out {
+		out[i] = strconv.Itoa(i)
+	}
+	return strings.Join(out, ",")
 }
 
 // runTakesValue: the flags of podman and docker run|create that take a value

@@ -53,6 +53,25 @@ func TestCommandRequest(t *testing.T) {
 			wantArgs: []string{"docker", "run", "-e", hook.TicketEnv, "--gpus=2", "img"},
 		},
 		{
+			name:     "podman container run: the long form",
+			args:     []string{"podman", "--root", "/r", "container", "run", "--rm", "-e", "NVIDIA_VISIBLE_DEVICES=1", "img"},
+			want:     devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=1"}},
+			wantFrom: "-e NVIDIA_VISIBLE_DEVICES=1",
+			wantArgs: []string{"podman", "--root", "/r", "container", "run", "-e", hook.TicketEnv, "--rm", "-e", "NVIDIA_VISIBLE_DEVICES=1", "img"},
+		},
+		{
+			name:     "docker container create",
+			args:     []string{"docker", "container", "create", "--gpus", "device=2", "img"},
+			want:     devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=2"}},
+			wantFrom: "--gpus device=2",
+			wantArgs: []string{"docker", "container", "create", "-e", hook.TicketEnv, "--gpus", "device=2", "img"},
+		},
+		{
+			name:     "podman container ls is no run",
+			args:     []string{"podman", "container", "ls", "run"},
+			wantArgs: []string{"podman", "container", "ls", "run"},
+		},
+		{
 			name:     "another command: nothing read, nothing added",
 			args:     []string{"sh", "-c", "podman run -e NVIDIA_VISIBLE_DEVICES=1 img"},
 			wantArgs: []string{"sh", "-c", "podman run -e NVIDIA_VISIBLE_DEVICES=1 img"},
@@ -72,12 +91,45 @@ func TestCommandRequest(t *testing.T) {
 	}
 }
 
+// TestDockerGPUs: docker's --gpus value, read as docker reads it (CSV
+// fields in any order; a bare field continues an unquoted list).
+func TestDockerGPUs(t *testing.T) {
+	for v, want := range map[string]string{
+		"all":                                   "all",
+		"2":                                     "0,1",
+		"0":                                     "",
+		"count=3":                               "0,1,2",
+		"count=all":                             "all",
+		"device=1":                              "1",
+		"device=1,2":                            "1,2",
+		`"device=1,2"`:                          "1,2",
+		`"device=0,1",capabilities=compute`:     "0,1",
+		"capabilities=compute,device=1":         "1",
+		"capabilities=compute,utility,device=3": "3",
+		"device=0,1,capabilities=compute":       "0,1",
+		"all,capabilities=utility":              "all",
+		"capabilities=utility,all":              "all",
+		"driver=nvidia,count=1":                 "0",
+		`"capabilities=compute,utility",2`:      "0,1",
+		"device=GPU-6c1a2f2e":                   "GPU-6c1a2f2e",
+		"device=1:0":                            "1:0",
+		"capabilities=compute":                  "",
+		`"device=1`:                             "",
+		"":                                      "",
+	} {
+		assert.Equal(t, want, dockerGPUs(v), "--gpus %s", v)
+	}
+}
+
 func TestRunUsage(t *testing.T) {
 	f := newFixture(t)
 	r := f.run(t, "run", "--", "podman", "create", "-e", "NVIDIA_VISIBLE_DEVICES=1", "img")
 	require.Equal(t, ExitUsage, r.code, r.stderr)
 	require.Contains(t, r.stderr, "podman create starts no container")
 	require.Empty(t, f.state(t).Waiters, "refused before queueing")
+	r = f.run(t, "run", "--", "docker", "container", "create", "-e", "NVIDIA_VISIBLE_DEVICES=1", "img")
+	require.Equal(t, ExitUsage, r.code, r.stderr)
+	require.Contains(t, r.stderr, "docker create starts no container")
 	for _, args := range [][]string{
 		{"run"},
 		{"run", "--gpus", "1", "podman"}, // no --
