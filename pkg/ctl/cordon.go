@@ -92,6 +92,8 @@ type cordonView struct {
 	// not cordoned.
 	Changed bool        `json:"changed"`
 	Cordon  *cordonJSON `json:"cordon"` // the cordon in force, or the one lifted; null if none
+	// device is the device named (uncordon), for the text of "not cordoned".
+	device devices.Device
 }
 
 // cordonJSON is one cordon.
@@ -280,12 +282,23 @@ func (a *app) uncordon(ctx context.Context, arg string) error {
 			// Say where a cordon covering it is, if one is.
 			if k := cordonOf(st, d); k != nil {
 				_, err := fmt.Fprintf(a.env.Stdout, "%s is not cordoned itself, but %s is: run `%s uncordon %s`\n",
-					naming.Device(d), naming.Device(k.Device), programName, k.Device.Index)
+					naming.Device(d), naming.Device(k.Device), programName, uncordonArg(inv, k.Device))
 				return writeErr(err)
 			}
 		}
 	}
-	return renderCordon(a.env.Stdout, a.output, cordonView{Action: "uncordon", Changed: was, Cordon: lifted}, nil)
+	return renderCordon(a.env.Stdout, a.output, cordonView{Action: "uncordon", Changed: was, Cordon: lifted, device: d}, nil)
+}
+
+// uncordonArg is how `uncordon` names cordoned device d: its index while
+// the inventory has d under that index, else its UUID. A cordon outlives
+// its device's place in the inventory (a MIG instance gone with a layout
+// change, a removed GPU): its index then names nothing, or another device.
+func uncordonArg(inv *devices.Inventory, d devices.Device) string {
+	if cur, ok := inv.Lookup(d.UUID); ok && d.Index != "" && cur.Index == d.Index {
+		return d.Index
+	}
+	return d.UUID
 }
 
 // holdersOf lists who holds d or a device conflicting with it.
@@ -322,6 +335,8 @@ func renderCordon(w io.Writer, output string, v cordonView, holders []ledger.Cla
 		dev := naming.Device(devices.Device{UUID: k.Device, Index: k.Index, Kind: devices.Kind(k.Kind)})
 		line = fmt.Sprintf("uncordoned %s (cordoned %s by %s since %s: %s); it takes new claims again.", dev, k.Source, k.By,
 			k.Since.UTC().Format(time.RFC3339), k.Reason)
+	case v.device.UUID != "":
+		line = naming.Device(v.device) + " is not cordoned; nothing changed."
 	default:
 		line = "not cordoned; nothing changed."
 	}

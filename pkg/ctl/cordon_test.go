@@ -124,7 +124,7 @@ func TestCordonUncordonCommands(t *testing.T) {
 
 	r = f.run(t, "uncordon", "1")
 	require.Equal(t, ExitOK, r.code, r.stderr)
-	assert.Contains(t, r.stdout, "not cordoned; nothing changed")
+	assert.Equal(t, "GPU 1 ("+uuidGPU1+") is not cordoned; nothing changed.\n", r.stdout)
 
 	r = f.run(t, "explain", "--env", "NVIDIA_VISIBLE_DEVICES=1", "-o", "json")
 	require.Equal(t, ExitOK, r.code, r.stderr)
@@ -252,4 +252,24 @@ func appendConfig(t *testing.T, f *fixture, toml string) {
 	cfg, err := os.ReadFile(f.config)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(f.config, append(cfg, []byte(toml)...), 0o600))
+}
+
+// A cordon on a MIG instance gone from the inventory (a layout change)
+// keeps its old index, which names another instance now: the hint of
+// `uncordon <its GPU>` gives the UUID, which lifts the right one.
+func TestUncordonHintNamesAGoneDeviceByUUID(t *testing.T) {
+	f := cordonFixture(t)
+	gone := devices.Device{UUID: uuidGoneMIG, Index: "0:1", Kind: devices.KindMIG, Parent: uuidGPU0}
+	f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+		_, _, err := tx.Cordon(gone, ledger.CordonOperator, "MIG layout change", "uid 0")
+		require.NoError(t, err)
+	})
+	r := f.run(t, "uncordon", "0")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Equal(t, "GPU 0 ("+uuidGPU0+") is not cordoned itself, but MIG 0:1 ("+uuidGoneMIG+") is: run `gpu-guard-ctl uncordon "+uuidGoneMIG+"`\n", r.stdout)
+
+	r = f.run(t, "uncordon", uuidGoneMIG)
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "uncordoned MIG 0:1 ("+uuidGoneMIG+")")
+	assert.Empty(t, f.state(t).Cordons)
 }
