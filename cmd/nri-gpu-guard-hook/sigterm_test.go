@@ -209,7 +209,7 @@ func TestSIGTERMEndsEveryCommand(t *testing.T) {
 			return h.state("c2", h.ctrProcess(), gpuEnv(2)), hookBin, []string{hook.PhaseCreateRuntime, "--config", h.slowLockCfg(t)}
 		}},
 		{"gpu-guard-ctl release of holder h1, ledger lock held", func(t *testing.T, h *host) ([]byte, string, []string) {
-			return nil, ctlBin, []string{"--config", h.slowLockCfg(t), "release", "--container", "h1", "--reason", "test"}
+			return nil, ctlBin, []string{"--config", h.slowLockCfg(t), "release", "--container", "h1", "--reason", "test", "--force"}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
