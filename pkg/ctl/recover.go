@@ -132,9 +132,9 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		if scan != nil {
 			// A hook host has no daemon to rebuild the claims: the reset
 			// starts from what the runtimes run.
-			rep, err = l.ResetAdopting(ctx, why, scan.Holdings, func(i int) string {
+			rep, err = l.ResetWith(ctx, ledger.ResetOptions{Reason: why, Running: scan.Holdings, RunningWhy: func(i int) string {
 				return strings.Replace(scan.Why[i], "recover:", "reset:", 1)
-			})
+			}})
 		} else {
 			rep, err = l.Reset(ctx, why)
 		}

@@ -188,6 +188,10 @@ var (
 	// rolled back (see NeedsRecoveryError and CorruptError): nothing is
 	// decided against it until Ledger.Recover or Ledger.Reset.
 	ErrNeedsRecovery = errors.New("ledger needs recovery")
+	// ErrHealthy: a reset asked to start only a ledger that needs recovery
+	// afresh (ResetOptions.RefuseHealthy) found it healthy under the lock;
+	// nothing was written.
+	ErrHealthy = errors.New("refusing to reset a healthy ledger")
 	// ErrUnsafeDir: the state dir or a file in it is a symlink, world-writable
 	// or owned by another user.
 	ErrUnsafeDir = errors.New("unsafe ledger directory")

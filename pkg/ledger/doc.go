@@ -107,11 +107,14 @@
 //     written, so a crash inside Recover leaves the files as they were
 //     (still needing recovery), never an empty dir read as a fresh host.
 //     Nothing else moves or overwrites a file that does not verify. The
-//     containers a runtime runs (RecoverOptions.Running; ResetAdopting) are
-//     applied in the same commit: their claims are never released by
-//     Alive, a device of theirs without a claim is adopted, one another
-//     container holds (another incarnation of its id included) is a
-//     Conflict.
+//     containers a runtime runs (RecoverOptions.Running,
+//     ResetOptions.Running) are applied in the same commit: their claims
+//     are never released by Alive, a device of theirs without a claim is
+//     adopted, one another container holds (another incarnation of its id
+//     included) is a Conflict. A reset decides whether the ledger is
+//     healthy under its lock (RefuseHealthy; Keep carries a healthy one's
+//     running holders): the runtimes are read before it, while front ends
+//     may still admit.
 //   - A Ledger caches the last committed state with the identity of its
 //     files (inode, size, mtime, ctime): an unchanged file is not read
 //     again, a grown journal only from where it was read. A rewrite in place

@@ -58,7 +58,7 @@ type RecoverOptions struct {
 
 // RecoverReport says exactly what Recover found and did. Its JSON is
 // gpu-guard-ctl recover's (docs/ctl-json.md): every key is present, but
-// Adopted and Conflicts, which are omitted when empty.
+// Adopted, Conflicts and KeptClaims, which are omitted when empty.
 type RecoverReport struct {
 	// Problem is what was wrong; "" if the state was healthy and nothing
 	// was done.
@@ -99,6 +99,10 @@ type RecoverReport struct {
 	// holders, not maintenance set on purpose. When no state verified to
 	// read them from, Lost says so.
 	KeptCordons []Cordon `json:"kept_cordons"`
+	// KeptClaims (ResetWith, a healthy ledger) are the claims carried into
+	// the fresh state because ResetOptions.Keep kept them (their holders
+	// still run); omitted when empty.
+	KeptClaims []Claim `json:"kept_claims,omitempty"`
 }
 
 // candidate file contents found by Recover.
@@ -344,28 +348,83 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	return rep, nil
 }
 
-// Reset starts the ledger afresh deliberately: every state file is moved
-// aside (kept, never deleted), and an empty state with a new lineage is
-// written. Whoever calls it takes responsibility for the holders it
-// forgets: the NRI daemon rebuilds them from the runtime; an operator uses
-// it when nothing can be recovered.
-func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error) {
-	return l.ResetAdopting(ctx, reason, nil, nil)
+// ResetOptions tune ResetWith.
+type ResetOptions struct {
+	// Reason is written to the audit log (who asked, and why).
+	Reason string
+	// Running lists the containers the runtime runs, with the devices each
+	// reaches: in the same commit as the fresh state, every device of
+	// Running is adopted by its container, and a device another holds (a
+	// kept claim, or one a container listed earlier adopted) is a Conflict
+	// of the later one (see RecoverOptions.Running). RunningWhy words the
+	// audit reason of Running[i]; nil: "reset: found running in the
+	// runtime's state".
+	Running    []Holding
+	RunningWhy func(i int) string
+	// RefuseHealthy refuses the reset (ErrHealthy, nothing written) when
+	// the ledger reads healthy under the lock. A caller that decided to
+	// reset because the ledger needed recovery sets it: the ledger may have
+	// been recovered since it looked (by an NRI daemon in place, or a
+	// concurrent recover), and hooks admit again from then on, so what it
+	// learned while the ledger was unhealthy (the runtimes' containers) no
+	// longer covers every holder, and the recovered claims are no longer
+	// its to forget.
+	RefuseHealthy bool
+	// Keep, when set and the ledger reads healthy under the lock (a reset
+	// of a healthy ledger), is asked about each claim of its current state:
+	// a claim it keeps is carried into the fresh state (audit adopt, with
+	// why as the reason), the others are forgotten. Front ends admit
+	// while the ledger is healthy, so only the state read under the lock
+	// knows every holder: Running, read before, misses any admitted since.
+	// The claims of an unhealthy ledger are never asked about (nothing
+	// trusts them; Running stands for its holders, and nothing is admitted
+	// while it is unhealthy).
+	Keep func(Claim) (keep bool, why string)
 }
 
-// ResetAdopting is Reset that starts from the containers the runtime runs
-// instead of nothing: in the same commit as the empty state, every device
-// of running is adopted by its container and a device two of them reach
-// is a Conflict of the later one (see RecoverOptions.Running; why words
-// the audit reason of running[i]). A hook host, which has no daemon to
-// rebuild its claims, resets this way when nothing can be recovered.
-func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Holding, why func(i int) string) (RecoverReport, error) {
+// Reset starts the ledger afresh deliberately: every state file is moved
+// aside (kept, never deleted), and an empty state with a new lineage is
+// written, healthy ledger or not. Whoever calls it takes responsibility for
+// the holders it forgets: the NRI daemon rebuilds them from the runtime; an
+// operator uses it when nothing can be recovered.
+func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error) {
+	return l.ResetWith(ctx, ResetOptions{Reason: reason})
+}
+
+// ResetWith is Reset tuned by opts: it starts from the containers the
+// runtime runs instead of nothing (Running; a hook host, which has no
+// daemon to rebuild its claims, resets this way when nothing can be
+// recovered), refuses a ledger found healthy under the lock
+// (RefuseHealthy), or carries the claims of a healthy ledger's holders that
+// still run (Keep). Everything it decides on is read under the ledger's
+// lock, in the one commit that writes the fresh state.
+func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverReport, error) {
 	var rep RecoverReport
+	reason := opts.Reason
 	unlock, err := l.lockForWrite(ctx, "reset", true)
 	if err != nil {
 		return rep, err
 	}
 	defer unlock()
+	// Whether the ledger is healthy is decided here, under the lock, and not
+	// by what the caller saw before taking it: front ends admit against a
+	// healthy ledger up to the moment this lock is held.
+	cur, cerr := l.current()
+	healthy := cerr == nil
+	// An earlier boot's state reads as empty (see prepare): its holders
+	// died with that boot, and none of its claims is kept.
+	var holders State
+	if healthy && cur.exists && cur.st.BootID == l.opts.BootID {
+		holders = cur.st.Clone()
+	}
+	if healthy && opts.RefuseHealthy {
+		return rep, fmt.Errorf("%w: the ledger in %s is healthy (generation %d: %d claim(s), %d waiter(s), %d cordon(s))",
+			ErrHealthy, l.dir, cur.st.Generation, len(holders.Claims), len(holders.Waiters), len(cur.st.Cordons))
+	}
+	var carry []Claim
+	if opts.Keep != nil {
+		carry = holders.Claims
+	}
 	now := l.now()
 	snaps, journals, bad, _ := l.gatherForRecovery()
 	gen, seq := highWater(snaps, journals)
@@ -386,11 +445,24 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 		rep.Lost = "the operator's cordons: no state verified to read them from (the files moved aside may hold some); " +
 			"cordon again what is under maintenance (gpu-guard-ctl cordon)"
 	}
-	if len(running) > 0 {
+	// The kept claims go in first: a container of Running on a device a
+	// kept claim holds is then a Conflict, as at any reconcile, never a
+	// second holder.
+	for _, c := range carry {
+		keep, why := opts.Keep(c)
+		if !keep {
+			continue
+		}
+		tx.insertClaim(c)
+		tx.record(OpAdopt, &c.Owner, "", []string{c.Device.UUID}, "kept across the reset: "+why)
+		rep.KeptClaims = append(rep.KeptClaims, c)
+	}
+	if len(opts.Running) > 0 {
+		why := opts.RunningWhy
 		if why == nil {
 			why = func(int) string { return "reset: found running in the runtime's state" }
 		}
-		rep.Adopted, rep.Conflicts = tx.adoptListed(FrontEndHook, running, why)
+		rep.Adopted, rep.Conflicts = tx.adoptListed(FrontEndHook, opts.Running, why)
 	}
 	tx.maintain()
 	st, adoptRecs := tx.st, tx.audit
@@ -447,8 +519,9 @@ func (l *Ledger) ResetAdopting(ctx context.Context, reason string, running []Hol
 		lost = "; lost: " + rep.Lost
 	}
 	recs := append(adoptRecs, AuditRecord{Time: now, Op: OpReset, Reason: fmt.Sprintf(
-		"%s; old files moved to %s; %d claim(s) adopted from the runtime's state; %d operator cordon(s) kept%s",
-		orDash(reason), strings.Join(rep.Quarantined, ", "), len(rep.Adopted), len(rep.KeptCordons), lost)})
+		"%s; old files moved to %s; %d claim(s) of running holders kept; %d claim(s) adopted from the runtime's state; "+
+			"%d operator cordon(s) kept%s",
+		orDash(reason), strings.Join(rep.Quarantined, ", "), len(rep.KeptClaims), len(rep.Adopted), len(rep.KeptCordons), lost)})
 	for i := range recs {
 		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
 	}

@@ -148,16 +148,16 @@ func TestRecoverRunningOnHealthyLedgerChangesNothing(t *testing.T) {
 	require.Equal(t, map[string]string{gpu(0).UUID: "h1"}, holders(snapshot(t, l)))
 }
 
-// TestResetAdoptingStartsFromTheRunningContainers: the reset state holds
+// TestResetWithRunningStartsFromTheRunningContainers: the reset state holds
 // exactly the running containers' devices, the later of two on one GPU
 // being a conflict; every adoption is audited before the reset record.
-func TestResetAdoptingStartsFromTheRunningContainers(t *testing.T) {
+func TestResetWithRunningStartsFromTheRunningContainers(t *testing.T) {
 	l, _ := lostClaimLedger(t)
-	rep, err := l.ResetAdopting(context.Background(), "test", []Holding{
+	rep, err := l.ResetWith(context.Background(), ResetOptions{Reason: "test", Running: []Holding{
 		{Owner: hookHolder("h1"), Devices: devs(gpu(0))},
 		{Owner: hookHolder("x"), Devices: devs(gpu(0))},
 		{Owner: hookHolder("h3"), Devices: devs(gpu(2))},
-	}, nil)
+	}})
 	require.NoError(t, err)
 	require.False(t, rep.Empty)
 	require.True(t, rep.NewLineage)
