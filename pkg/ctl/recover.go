@@ -5,6 +5,7 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -50,7 +51,13 @@ the claims from containerd (an external plugin at its next sync, one launched
 by containerd in place, from the containers it tracks). The operator's cordons of the
 newest state that still verifies are kept (each is listed); the observer's
 are dropped (the daemon sets them again). --reset refuses a healthy ledger,
-which has nothing to recover: add --force to start it afresh anyway.`,
+which has nothing to recover, also one that turned healthy while recover
+ran (another recover, or the NRI daemon, rebuilt it): add --force to start it
+afresh anyway. Containers are admitted against a healthy ledger until the
+reset holds its lock, so a forced reset also keeps, from the ledger as it
+finds it under that lock, the claims of the holders still running or not yet
+started (as gc tells them: each is listed and audited); the claims of holders
+that exited, and every waiter, are forgotten.`,
 		`  sudo gpu-guard-ctl recover --dry-run
   sudo gpu-guard-ctl recover
   sudo gpu-guard-ctl recover --reset --reason "nothing verifies, all GPU jobs stopped"
@@ -63,8 +70,8 @@ which has nothing to recover: add --force to start it afresh anyway.`,
 			return a.recoverLedger(cmd.Context(), recoverFlags{reset: reset, force: force, dryRun: dryRun, noLiveness: noLiveness,
 				noRuntime: noRuntime, reason: reason})
 		})
-	cmd.Flags().BoolVar(&reset, "reset", false, "start the ledger empty (but for the operator's cordons), moving the old files aside")
-	cmd.Flags().BoolVar(&force, "force", false, "with --reset: reset a healthy ledger too")
+	cmd.Flags().BoolVar(&reset, "reset", false, "start the ledger afresh, moving the old files aside (what it keeps: see above)")
+	cmd.Flags().BoolVar(&force, "force", false, "with --reset: reset a healthy ledger too (keeping the claims of holders still running)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be recovered; change nothing")
 	cmd.Flags().BoolVar(&noLiveness, "no-liveness", false, "keep every recovered claim, even of holders that exited")
 	cmd.Flags().BoolVar(&noRuntime, "no-runtime", false, "do not read the OCI runtimes' state dirs (no adoption of running containers)")
@@ -120,23 +127,49 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 			"(the operator's cordons are kept)", l.Dir(), st.Generation, len(st.Claims), len(st.Waiters), len(st.Cordons), programName, programName)
 	}
 	if !fl.noRuntime && len(cfg.Hook.RuntimeRoots) > 0 && (reset || !healthy) {
-		// Read before the ledger's lock is taken: while the ledger needs
-		// recovery no hook admits anything, so the list cannot miss a
-		// container admitted in between.
+		// Read before the ledger's lock is taken (it resolves GPUs, which
+		// may take the inventory from NVML). While the ledger needs
+		// recovery no hook admits anything, so the list misses no
+		// container admitted meanwhile; but the ledger may be healthy (a
+		// forced reset) or become so before the lock (an NRI daemon
+		// rebuilds it in place, a concurrent recover): the reset checks
+		// that again under the lock (below).
 		if scan, err = a.scanRuntimes(cfg, l); err != nil {
 			return err
 		}
 	}
+	if afterRecoverLook != nil {
+		afterRecoverLook()
+	}
 	var rep ledger.RecoverReport
 	if reset {
+		opts := ledger.ResetOptions{
+			Reason: why,
+			// Without --force a healthy ledger is refused, as above, and
+			// it is refused again if it turned healthy before the lock:
+			// its claims then include ones admitted after the scan, which
+			// a reset would forget (their GPUs claimable by a second
+			// container).
+			RefuseHealthy: !fl.force,
+			// With --force a healthy ledger is reset under the front ends'
+			// feet: the claims of holders the release rule (as gc applies
+			// it) finds running or not yet started are carried over, read
+			// under the lock, so that one admitted after the scan keeps
+			// its GPU. Those of holders gone, waiters and the rest are
+			// forgotten.
+			Keep: resetKeep(guard.NewReleaseRule(cfg, a.env.Liveness)),
+		}
 		if scan != nil {
 			// A hook host has no daemon to rebuild the claims: the reset
 			// starts from what the runtimes run.
-			rep, err = l.ResetWith(ctx, ledger.ResetOptions{Reason: why, Running: scan.Holdings, RunningWhy: func(i int) string {
-				return strings.Replace(scan.Why[i], "recover:", "reset:", 1)
-			}})
-		} else {
-			rep, err = l.Reset(ctx, why)
+			opts.Running = scan.Holdings
+			opts.RunningWhy = func(i int) string { return strings.Replace(scan.Why[i], "recover:", "reset:", 1) }
+		}
+		rep, err = l.ResetWith(ctx, opts)
+		if errors.Is(err, ledger.ErrHealthy) {
+			return fmt.Errorf("%w; it became healthy after this command looked (an NRI daemon rebuilt it in place, or another "+
+				"`recover` ran), and a reset now would forget the claims admitted since; `%s recover` checks it, `%s recover --reset --force` "+
+				"starts it afresh anyway (keeping the claims of holders still running and the operator's cordons)", err, programName, programName)
 		}
 	} else {
 		opts := ledger.RecoverOptions{Reason: why, DryRun: dryRun}
@@ -159,7 +192,8 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	}
 	if a.output == outputJSON {
 		// Lists are always present in the JSON, [] when empty
-		// (docs/ctl-json.md); but adopted and conflicts, absent when empty.
+		// (docs/ctl-json.md); but adopted, conflicts and kept_claims,
+		// absent when empty.
 		rep.Claims = nonNilSlice(rep.Claims)
 		rep.Waiters = nonNilSlice(rep.Waiters)
 		rep.From = nonNilSlice(rep.From)
@@ -172,6 +206,13 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	switch {
 	case rep.Problem == "":
 		fmt.Fprintf(&b, "the ledger is healthy (generation %d): nothing to recover\n", rep.Generation)
+	case reset && len(rep.KeptClaims) > 0:
+		adopting := ""
+		if len(rep.Adopted) > 0 {
+			adopting = " and the containers the runtimes run"
+		}
+		fmt.Fprintf(&b, "the ledger was reset to the claims of the holders still running or not yet started%s: generation %d, new lineage %s\n",
+			adopting, rep.Generation, rep.Lineage)
 	case reset && len(rep.Adopted) > 0:
 		fmt.Fprintf(&b, "the ledger was reset to the containers the runtimes run: generation %d, new lineage %s\n", rep.Generation, rep.Lineage)
 	case reset:
@@ -198,8 +239,14 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		fmt.Fprintf(&b, "  kept (operator cordon, lasts until uncordoned): %s\n", escapeLine(fmt.Sprintf("%s, by %s since %s: %s",
 			ledger.DescribeDevice(k.Device), k.By, k.Since.UTC().Format(time.RFC3339), k.Reason)))
 	}
-	for _, c := range rep.Claims {
-		fmt.Fprintf(&b, "  holds: %s by %s\n", ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))
+	if !reset {
+		// A reset's claims are each kept or adopted, listed below as such.
+		for _, c := range rep.Claims {
+			fmt.Fprintf(&b, "  holds: %s by %s\n", ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))
+		}
+	}
+	for _, c := range rep.KeptClaims {
+		fmt.Fprintf(&b, "  kept (holder running or not yet started): %s by %s\n", ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))
 	}
 	for _, c := range rep.Released {
 		fmt.Fprintf(&b, "  released (holder exited): %s by %s\n", ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))
@@ -232,6 +279,34 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	}
 	_, err = fmt.Fprint(a.env.Stdout, b.String())
 	return err
+}
+
+// afterRecoverLook, when set, is called by recover between its look at the
+// ledger (and the runtimes) and the change it makes under the ledger's lock.
+// Only tests set it, to change the ledger in that window.
+var afterRecoverLook func()
+
+// resetKeep is the Keep of a forced reset: the claims of holders rule finds
+// running, or created and not yet started, are carried into the fresh
+// state. Draining and stopped holders (no process left in their cgroup) and
+// exited ones are not.
+func resetKeep(rule guard.ReleaseRule) func(ledger.Claim) (bool, string) {
+	return func(c ledger.Claim) (bool, string) {
+		v := rule.Check(c.Owner)
+		switch v.Action {
+		case guard.KeepRunning:
+			// Running, or no evidence that it exited: kept on doubt.
+			why := "its holder is not known to have exited"
+			if v.Why != "" {
+				why += " (" + v.Why + ")"
+			}
+			return true, why
+		case guard.KeepNotStarted:
+			return true, "its holder was created and has not started yet"
+		default:
+			return false, ""
+		}
+	}
 }
 
 // nonNilSlice is s, or an empty slice for nil: a JSON list, never null.

@@ -259,8 +259,16 @@ func TestResetAdoptsFromRuntimeState(t *testing.T) {
 	require.Len(t, adopts, 1)
 	assert.Equal(t, "reset: found running in runc state ("+h.runcRoot+")", adopts[0].Reason)
 
-	// --no-runtime: empty, as before (the ledger is healthy now: a reset
-	// takes --force).
+	// The ledger is healthy now: a reset takes --force, and keeps the
+	// claim of h2, which still runs, even with --no-runtime (the ledger's
+	// own record, read under its lock, says so).
+	r = h.run(t, "recover", "--reset", "--no-runtime", "--force")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "kept (holder running or not yet started): GPU 2")
+	require.Len(t, h.state(t).Claims, 1)
+
+	// Once h2 exited, --no-runtime starts empty, as before.
+	h.liveness["h2"] = "cgroup /k8s.io/h2 has no processes"
 	r = h.run(t, "recover", "--reset", "--no-runtime", "--force")
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "reset: empty")

@@ -84,15 +84,22 @@ func TestRecoverReset(t *testing.T) {
 		code      int
 		stderr    []string
 		stdout    []string
-		kept      bool // the operator's cordon is in the reset state
-		unchanged bool // the ledger is as before
+		kept      bool     // the operator's cordon is in the reset state
+		claims    []string // the holders whose claims the reset state keeps
+		unchanged bool     // the ledger is as before
 	}{
 		{name: "healthy ledger, no --force", args: []string{"recover", "--reset", "--reason", "x"}, code: ExitError,
 			stderr:    []string{"is healthy (generation", "4 claim(s)", "2 cordon(s)", "nothing to recover", "recover --reset --force"},
 			unchanged: true},
+		// The claims of the holders still running (trainer) or not yet
+		// started (hook, ghost) are kept: the front ends admit against a
+		// healthy ledger, and forgetting them would let a second container
+		// onto their GPUs. The exited holder's (stale) is forgotten.
 		{name: "healthy ledger, --force", args: []string{"recover", "--reset", "--force", "--reason", "x"}, code: ExitOK,
-			stdout: []string{"the ledger was reset: empty", "kept (operator cordon, lasts until uncordoned): GPU 1 (" + uuidGPU1 + "), by uid 0 via gpu-guard-ctl since 2026-03-01T11:00:00Z: ECC errors"},
-			kept:   true},
+			stdout: []string{"the ledger was reset to the claims of the holders still running or not yet started",
+				"kept (holder running or not yet started): GPU 1 (" + uuidGPU1 + ") by team-a/trainer-0/main",
+				"kept (operator cordon, lasts until uncordoned): GPU 1 (" + uuidGPU1 + "), by uid 0 via gpu-guard-ctl since 2026-03-01T11:00:00Z: ECC errors"},
+			kept: true, claims: []string{idTrainer, idHook, idGhost}},
 		{name: "damaged snapshot", args: []string{"recover", "--reset"}, damage: []string{"ledger.json"}, code: ExitOK,
 			stdout: []string{"the ledger was reset: empty", "kept (operator cordon, lasts until uncordoned): GPU 1 (" + uuidGPU1 + ")"},
 			kept:   true},
@@ -136,7 +143,12 @@ func TestRecoverReset(t *testing.T) {
 				return
 			}
 			st := f.state(t)
-			assert.Empty(t, st.Claims, "the claims are forgotten")
+			var claims []string
+			for _, c := range st.Claims {
+				claims = append(claims, c.Owner.ContainerID)
+			}
+			assert.ElementsMatch(t, tc.claims, claims, "the other claims are forgotten")
+			assert.Empty(t, st.Waiters, "the waiters are forgotten")
 			var cordons []string
 			for _, k := range st.Cordons {
 				cordons = append(cordons, k.Source+" "+k.Device.UUID)
@@ -154,7 +166,8 @@ func TestRecoverReset(t *testing.T) {
 // TestRecoverJSONKeys: recover -o json has every key docs/ctl-json.md lists,
 // whatever happened: problem ("" on a healthy ledger) and lost as strings,
 // every list a list ([] when empty, never null, never absent); only
-// adopted and conflicts are absent when empty.
+// adopted, conflicts and kept_claims are absent when empty (the reset keeps
+// the trainer's claim: its holder has not started yet).
 func TestRecoverJSONKeys(t *testing.T) {
 	strs := []string{"problem", "lost", "lineage"}
 	lists := []string{"from", "claims", "waiters", "released", "quarantined", "kept_cordons"}
@@ -201,6 +214,11 @@ func TestRecoverJSONKeys(t *testing.T) {
 			assert.Equal(t, tc.wantProblem, problem != "", "problem = %q", problem)
 			for _, k := range []string{"adopted", "conflicts"} {
 				assert.NotContains(t, out, k, "absent when empty")
+			}
+			if tc.name == "reset" {
+				assert.True(t, strings.HasPrefix(string(out["kept_claims"]), "["), "kept_claims is a list: %s", r.stdout)
+			} else {
+				assert.NotContains(t, out, "kept_claims", "absent when empty")
 			}
 		})
 	}
