@@ -125,19 +125,7 @@ func TestReleaseRuleAgrees(t *testing.T) {
 				// status: stale exactly when the rule releases.
 				r := runLive(f, live, "status", "-o", "json")
 				require.Contains(t, []int{ExitOK, ExitAttention}, r.code, r.stderr)
-				var view struct {
-					Devices []struct {
-						UUID  string `json:"uuid"`
-						Stale string `json:"stale"`
-					} `json:"devices"`
-				}
-				require.NoError(t, json.Unmarshal([]byte(r.stdout), &view))
-				stale := ""
-				for _, d := range view.Devices {
-					if d.UUID == uuidGPU1 {
-						stale = d.Stale
-					}
-				}
+				stale := staleOf(t, r.stdout, uuidGPU1)
 				assert.Equal(t, v.Release(), stale != "", "status stale = %q", stale)
 				if v.Release() {
 					assert.Equal(t, v.Why, stale)
@@ -188,4 +176,22 @@ func claimOwner(t *testing.T, st ledger.State, id string) ledger.Owner {
 	}
 	t.Fatalf("no claim of %s", id)
 	return ledger.Owner{}
+}
+
+// staleOf is the "stale" field `status -o json` (stdout) gives device uuid.
+func staleOf(t *testing.T, stdout, uuid string) string {
+	t.Helper()
+	var view struct {
+		Devices []struct {
+			UUID  string `json:"uuid"`
+			Stale string `json:"stale"`
+		} `json:"devices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(stdout), &view))
+	for _, d := range view.Devices {
+		if d.UUID == uuid {
+			return d.Stale
+		}
+	}
+	return ""
 }

@@ -38,19 +38,7 @@ func TestKilledTicketIsStaleAndCollected(t *testing.T) {
 
 	r := runLive(f, live, "status", "-o", "json")
 	require.Equal(t, ExitAttention, r.code, r.stderr)
-	var view struct {
-		Devices []struct {
-			UUID  string `json:"uuid"`
-			Stale string `json:"stale"`
-		} `json:"devices"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &view))
-	stale := ""
-	for _, d := range view.Devices {
-		if d.UUID == uuidGPU1 {
-			stale = d.Stale
-		}
-	}
+	stale := staleOf(t, r.stdout, uuidGPU1)
 	assert.Contains(t, stale, id, "status reports the dead ticket as stale")
 
 	r = runLive(f, live, "gc")
