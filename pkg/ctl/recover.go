@@ -153,7 +153,7 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 			RefuseHealthy: !fl.force,
 			// With --force a healthy ledger is reset under the front ends'
 			// feet: the claims of holders the release rule (as gc applies
-			// it) finds running or not yet started are carried over, read
+			// it) finds running, not yet started or draining are carried over, read
 			// under the lock, so that one admitted after the scan keeps
 			// its GPU. Those of holders gone, waiters and the rest are
 			// forgotten.
@@ -211,7 +211,7 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		if len(rep.Adopted) > 0 {
 			adopting = " and the containers the runtimes run"
 		}
-		fmt.Fprintf(&b, "the ledger was reset to the claims of the holders still running or not yet started%s: generation %d, new lineage %s\n",
+		fmt.Fprintf(&b, "the ledger was reset to the claims of the holders still running, not yet started or draining%s: generation %d, new lineage %s\n",
 			adopting, rep.Generation, rep.Lineage)
 	case reset && len(rep.Adopted) > 0:
 		fmt.Fprintf(&b, "the ledger was reset to the containers the runtimes run: generation %d, new lineage %s\n", rep.Generation, rep.Lineage)
@@ -246,7 +246,7 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		}
 	}
 	for _, c := range rep.KeptClaims {
-		fmt.Fprintf(&b, "  kept (holder running or not yet started): %s by %s\n", ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))
+		fmt.Fprintf(&b, "  kept (holder running, not yet started or draining): %s by %s\n", ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))
 	}
 	for _, c := range rep.Released {
 		fmt.Fprintf(&b, "  released (holder exited): %s by %s\n", ledger.DescribeDevice(c.Device), ledger.DescribeOwner(c.Owner))
@@ -287,9 +287,10 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 var afterRecoverLook func()
 
 // resetKeep is the Keep of a forced reset: the claims of holders rule finds
-// running, or created and not yet started, are carried into the fresh
-// state. Draining and stopped holders (no process left in their cgroup) and
-// exited ones are not.
+// running, or created and not yet started, or draining (exited, but under
+// release_requires_idle the GPU may still hold their processes; the drain
+// grace still bounds them) are carried into the fresh state. Stopped holders
+// (kept until removal) and exited ones are not.
 func resetKeep(rule guard.ReleaseRule) func(ledger.Claim) (bool, string) {
 	return func(c ledger.Claim) (bool, string) {
 		v := rule.Check(c.Owner)
@@ -303,6 +304,8 @@ func resetKeep(rule guard.ReleaseRule) func(ledger.Claim) (bool, string) {
 			return true, why
 		case guard.KeepNotStarted:
 			return true, "its holder was created and has not started yet"
+		case guard.KeepDraining:
+			return true, "its holder exited and the claim drains until its processes leave the GPU (release_requires_idle)"
 		default:
 			return false, ""
 		}

@@ -60,7 +60,7 @@ func TestRecoverResetForceKeepsAClaimAdmittedAfterTheLook(t *testing.T) {
 
 	r := f.run(t, "recover", "--reset", "--force", "--reason", "start afresh")
 	require.Equal(t, ExitOK, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
-	assert.Contains(t, r.stdout, "kept (holder running or not yet started): GPU 3 ("+uuidGPU3+")")
+	assert.Contains(t, r.stdout, "kept (holder running, not yet started or draining): GPU 3 ("+uuidGPU3+")")
 	st := f.state(t)
 	got := map[string]string{}
 	for _, c := range st.Claims {
@@ -86,6 +86,35 @@ func TestRecoverResetForceKeepsAClaimAdmittedAfterTheLook(t *testing.T) {
 		}
 	}
 	assert.ElementsMatch(t, []string{idTrainer, ownLate.ContainerID}, kept, "each kept claim is audited")
+}
+
+// TestRecoverResetForceKeepsADrainingClaim: under release_requires_idle a
+// claim drains after its holder exited, until its processes leave the GPU
+// (bounded by the drain grace); a forced reset used to forget it, handing
+// the GPU to the next container while those processes could still run on it.
+func TestRecoverResetForceKeepsADrainingClaim(t *testing.T) {
+	f := newFixture(t)
+	opts := f.ledgerOpts(0)
+	opts.DrainGrace = time.Minute // the default idle_grace, as the config's
+	l, err := ledger.Open(f.dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, l.Update(context.Background(), func(tx *ledger.Tx) error {
+		claim(t, tx, ownStale, `env NVIDIA_VISIBLE_DEVICES="2"`, f.dev(t, uuidGPU2))
+		require.True(t, tx.SetStarted(idStale, 999, 0, "/k8s.io/"+idStale))
+		require.NotEmpty(t, tx.MarkDraining(idStale, "stopped"))
+		return nil
+	}))
+	require.Len(t, f.state(t).Claims, 1, "draining")
+	f.liveness[idStale] = "cgroup k8s.io/" + idStale + " has no processes"
+	f.uid = 0
+
+	r := f.run(t, "recover", "--reset", "--force", "--reason", "start afresh")
+	require.Equal(t, ExitOK, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	assert.Contains(t, r.stdout, "kept (holder running, not yet started or draining): GPU 2 ("+uuidGPU2+")")
+	st := f.state(t)
+	require.Len(t, st.Claims, 1)
+	assert.Equal(t, idStale, st.Claims[0].Owner.ContainerID)
+	assert.False(t, st.Claims[0].Owner.DrainingSince.IsZero(), "still draining, so the drain grace bounds it")
 }
 
 // TestRecoverResetForceJSON: the JSON of a forced reset lists the kept

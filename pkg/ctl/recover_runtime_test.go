@@ -264,7 +264,7 @@ func TestResetAdoptsFromRuntimeState(t *testing.T) {
 	// own record, read under its lock, says so).
 	r = h.run(t, "recover", "--reset", "--no-runtime", "--force")
 	require.Equal(t, ExitOK, r.code, r.stderr)
-	assert.Contains(t, r.stdout, "kept (holder running or not yet started): GPU 2")
+	assert.Contains(t, r.stdout, "kept (holder running, not yet started or draining): GPU 2")
 	require.Len(t, h.state(t).Claims, 1)
 
 	// Once h2 exited, --no-runtime starts empty, as before.

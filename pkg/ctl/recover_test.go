@@ -96,8 +96,8 @@ func TestRecoverReset(t *testing.T) {
 		// healthy ledger, and forgetting them would let a second container
 		// onto their GPUs. The exited holder's (stale) is forgotten.
 		{name: "healthy ledger, --force", args: []string{"recover", "--reset", "--force", "--reason", "x"}, code: ExitOK,
-			stdout: []string{"the ledger was reset to the claims of the holders still running or not yet started",
-				"kept (holder running or not yet started): GPU 1 (" + uuidGPU1 + ") by team-a/trainer-0/main",
+			stdout: []string{"the ledger was reset to the claims of the holders still running, not yet started or draining",
+				"kept (holder running, not yet started or draining): GPU 1 (" + uuidGPU1 + ") by team-a/trainer-0/main",
 				"kept (operator cordon, lasts until uncordoned): GPU 1 (" + uuidGPU1 + "), by uid 0 via gpu-guard-ctl since 2026-03-01T11:00:00Z: ECC errors"},
 			kept: true, claims: []string{idTrainer, idHook, idGhost}},
 		{name: "damaged snapshot", args: []string{"recover", "--reset"}, damage: []string{"ledger.json"}, code: ExitOK,

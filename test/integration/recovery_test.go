@@ -140,8 +140,9 @@ func TestPreinstalledPluginSurvivesContainerdRestart(t *testing.T) {
 	assert.Equal(t, map[string][]string{bID: {gpu0.UUID}}, g.ClaimsByContainer(t))
 }
 
-// TestPreinstalledPluginRebuildsAfterReset: an operator resets the ledger
-// (gpu-guard-ctl recover --reset --force: the ledger is healthy) while a GPU container runs under a guard
+// TestPreinstalledPluginRebuildsAfterReset: an operator forgets a running
+// holder's claim (gpu-guard-ctl release --force) and resets the ledger
+// (recover --reset --force: the ledger is healthy) while that GPU container runs under a guard
 // launched by containerd, which gets no new Synchronize until containerd
 // restarts. The guard refuses the create that finds the new ledger,
 // rebuilds it in place from the containers it tracks, and the running
@@ -159,8 +160,14 @@ func TestPreinstalledPluginRebuildsAfterReset(t *testing.T) {
 	plugin := pidsWithExe(g.PluginExe())
 	require.Len(t, plugin, 1, "containerd launched the plugin")
 
+	// A forced reset keeps the claims of holders still running.
 	g.Ctl(t, "recover", "--reset", "--force", "--no-runtime", "--reason", "integration test")
-	require.Empty(t, g.ClaimsByContainer(t), "the reset forgot the running holder")
+	require.Contains(t, g.ClaimsByContainer(t), aID, "a forced reset keeps the claim of a holder still running")
+	// The operator releases the running holder's claim by force (the
+	// ledger then forgets it, as a reset used to), and resets again.
+	g.Ctl(t, "release", "--container", aID, "--force", "--reason", "integration test")
+	g.Ctl(t, "recover", "--reset", "--force", "--no-runtime", "--reason", "integration test")
+	require.Empty(t, g.ClaimsByContainer(t), "the ledger forgot the running holder")
 
 	b := c.RunPod(t, PodSpec{Name: "reset-b"})
 	want := ContainerSpec{Name: worker, Env: GPUEnv(gpu0.UUID)}
