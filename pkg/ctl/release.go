@@ -228,10 +228,17 @@ func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledge
 		}
 	}
 	for _, w := range waiters {
-		if v := rule.Check(w.Owner); v.Action == guard.KeepRunning {
+		switch v := rule.Check(w.Owner); v.Action {
+		case guard.KeepRunning:
 			chk.running = append(chk.running, fmt.Sprintf("%s waits in the queue (requester %s) for %s and is %s; "+
 				"removed, it would join the queue again at its tail on its next try",
 				guard.HolderName(w.Owner), w.Key, describeDevices(w.Devices), runningWhy(w.Owner, v)))
+		case guard.KeepNotStarted:
+			// A pod's container waits between the kubelet's retries with
+			// no process of its own: nothing tells whether it will retry.
+			chk.notes = append(chk.notes, fmt.Sprintf("%s waits in the queue (requester %s) for %s; no process is recorded "+
+				"to check: if it is retried (the kubelet retries a refused pod), it joins the queue again at its tail",
+				guard.HolderName(w.Owner), w.Key, describeDevices(w.Devices)))
 		}
 	}
 	return chk

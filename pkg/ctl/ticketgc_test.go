@@ -62,6 +62,10 @@ func TestReleaseRemovesAQueueEntry(t *testing.T) {
 			r := f.run(t, "release", "--container", name, "--reason", "gave up")
 			require.Equal(t, ExitOK, r.code, r.stderr)
 			assert.Contains(t, r.stdout, "removed the queue entry of team-f/w1/main (id 272727272727) (requester team-f/uid-w1/main, waiting for GPU 1 ("+uuidGPU1+")")
+			// A pod's waiter records no process: the operator is told what
+			// its next retry does.
+			assert.Contains(t, r.stderr, "note: team-f/w1/main (id 272727272727) waits in the queue (requester team-f/uid-w1/main) for GPU 1 ("+uuidGPU1+")")
+			assert.Contains(t, r.stderr, "it joins the queue again at its tail")
 			st := f.state(t)
 			assert.Empty(t, waitersOf(st, ownW1.ContainerID))
 			assert.Len(t, st.Waiters, len(before.Waiters)-1, "only that entry goes")
