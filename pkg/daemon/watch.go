@@ -480,6 +480,9 @@ func findingKey(f observe.Finding) string {
 // device the pass could not list are kept as they were: not seeing a
 // process is no sign that it left.
 func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Report) {
+	if r.Skipped {
+		return // no view was read; the caller settles unhealthy devices
+	}
 	if w.afterReport != nil {
 		defer w.afterReport()
 	}

@@ -902,6 +902,27 @@ func TestUnhealthyCordonRetriedAndRenewedAfterUncordon(t *testing.T) {
 	assert.Contains(t, c[2], "Xid 48")
 }
 
+// An unhealthy GPU whose cordon could not be written is cordoned at a later
+// pass also while the plugin is not ready (before its first Synchronize, or
+// through a rebuild that keeps failing): those passes read no ledger view,
+// and the retry used to wait for a report, while the OCI hooks of the host
+// kept admitting containers onto the GPU.
+func TestUnhealthyCordonRetriedWhileNotReady(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	states := newFakeStates()
+	states.failing = 1
+	w, reports, stop := runWatch(t, h, g, states, nil)
+	defer stop()
+	receive(t, reports, "first report")
+	w.SetReady(false)
+
+	h.events <- nvml.EventData{Device: h.srv.Devices[5], EventType: nvml.EventTypeXidCriticalError, EventData: 79,
+		GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+	c := receive(t, states.cordons, "the cordon, retried at a later pass while not ready")
+	assert.Equal(t, [2]string{h.uuid(5), "unhealthy"}, [2]string{c[0], c[1]})
+}
+
 // A MIG instance that vanished from NVML (its GPU repartitioned) is recorded
 // as unhealthy but not cordoned: a cordon on it would block its whole GPU
 // until the next reboot. A vanished GPU is cordoned.

@@ -554,7 +554,7 @@ func TestLedgerErrorFailsThePass(t *testing.T) {
 
 // A report carries the epoch of the ledger view its pass read (the daemon
 // drops a report read before the plugin's last Synchronize); a ledger not
-// ready yet skips the pass quietly, with no report.
+// ready yet skips the pass quietly, with a report that says only that.
 func TestLedgerEpochAndNotReady(t *testing.T) {
 	h := newMockA100(t)
 	fp := newFakeProc(t, 1000)
@@ -584,7 +584,12 @@ func TestLedgerEpochAndNotReady(t *testing.T) {
 	for range 3 {
 		receive(t, reads, "a pass")
 	}
-	assert.Empty(t, reports, "no report without a ledger view")
+	// OnReport hears of the skipped passes, with nothing judged: the
+	// daemon settles its unhealthy devices on them.
+	r = receive(t, reports, "a skipped pass's report")
+	assert.True(t, r.Skipped)
+	assert.Empty(t, r.Devices)
+	assert.Empty(t, r.Findings)
 	assert.NotContains(t, logs.String(), "level=WARN")
 	assert.Contains(t, logs.String(), "accounting skipped: the ledger is not ready")
 }

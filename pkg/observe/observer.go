@@ -448,6 +448,14 @@ func (o *Observer) pass(ctx context.Context) {
 	r, err := o.Account(pctx)
 	if errors.Is(err, ErrLedgerNotReady) {
 		o.log.Debug("GPU process accounting skipped: the ledger is not ready", "error", err)
+		if o.opts.OnReport != nil {
+			// The caller's periodic work that needs no view still runs
+			// (a rebuild can keep the plugin unready for long).
+			o.mu.Lock()
+			o.pendingReport = &Report{Time: o.now(), Skipped: true}
+			o.mu.Unlock()
+			o.poke()
+		}
 		return
 	}
 	if err != nil {

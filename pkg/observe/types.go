@@ -225,6 +225,11 @@ type Report struct {
 	// LedgerEpoch is the epoch of the ledger view the pass judged against
 	// (EpochLedger; 0 for a plain Ledger).
 	LedgerEpoch uint64 `json:"-"`
+	// Skipped: the pass read no ledger view (ErrLedgerNotReady) and judged
+	// nothing; OnReport still hears of it, for the work that needs no
+	// view (putting back a device's unhealthy cordon). Nothing else in
+	// the report is set.
+	Skipped bool `json:"-"`
 }
 
 // Problems returns the findings that are problems (all but gone).
