@@ -191,3 +191,26 @@ func TestTicketHandoverOfASubset(t *testing.T) {
 	_, ok := TicketRefusal(r.cfg, r.id)
 	require.False(t, ok, "nothing refused")
 }
+
+// A container may not take the id of a ticket: the release rule ends a
+// ticket's claim as soon as its process is gone, whatever release_on and
+// release_requires_idle say (guard.IsTicket), so such a container's claim
+// would skip both. One that names no GPU is let through as any other.
+func TestContainerWithATicketIDIsRefused(t *testing.T) {
+	cfg := staticConfig(t)
+	opened := 0
+	e := testEnv(&opened)
+	id := guard.NewTicketID()
+	st := stateFor(t, id, os.Getpid(), "NVIDIA_VISIBLE_DEVICES=1")
+	err := e.run(context.Background(), PhaseCreateRuntime, cfg, strings.NewReader(st), io.Discard)
+	require.Error(t, err)
+	require.ErrorContains(t, err, "reserved for the tickets of gpu-guard-ctl run")
+	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+	require.NoError(t, err)
+	snap, err := l.Snapshot(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, snap.Claims, "nothing claimed")
+
+	st = stateFor(t, id, os.Getpid(), "NVIDIA_VISIBLE_DEVICES=void")
+	require.NoError(t, e.run(context.Background(), PhaseCreateRuntime, cfg, strings.NewReader(st), io.Discard))
+}
