@@ -407,9 +407,10 @@ func dockerGPUs(v string) string {
 		return "" // not docker syntax: docker refuses it too
 	}
 	var (
-		ids   []string
-		count string
-		last  string // the key of the last key=value field
+		ids     []string
+		count   string
+		last    string // the key of the last key=value field
+		invalid bool   // a field docker refuses
 	)
 	for _, f := range fields {
 		f = strings.TrimSpace(f)
@@ -427,6 +428,7 @@ func dockerGPUs(v string) string {
 			default:
 				// A capability or option after an unquoted comma
 				// (docker refuses it as a count; no GPU named).
+				invalid = true
 			}
 			continue
 		}
@@ -444,6 +446,14 @@ func dockerGPUs(v string) string {
 	}
 	if len(ids) > 0 {
 		return strings.Join(ids, ",")
+	}
+	if invalid {
+		return ""
+	}
+	if count == "" {
+		// Neither a count nor device ids (`--gpus capabilities=compute`,
+		// `--gpus driver=nvidia`): docker asks for one GPU, the first.
+		count = "1"
 	}
 	if count == "all" {
 		return "all"

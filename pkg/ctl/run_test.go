@@ -113,7 +113,9 @@ func TestDockerGPUs(t *testing.T) {
 		`"capabilities=compute,utility",2`:      "0,1",
 		"device=GPU-6c1a2f2e":                   "GPU-6c1a2f2e",
 		"device=1:0":                            "1:0",
-		"capabilities=compute":                  "",
+		"capabilities=compute":                  "0", // docker: one GPU when no count or device is given
+		"driver=nvidia":                         "0",
+		"capabilities=compute,utility":          "", // docker refuses "utility" as a count
 		`"device=1`:                             "",
 		"":                                      "",
 	} {
