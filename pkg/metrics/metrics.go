@@ -121,7 +121,7 @@ func New() *Metrics {
 		}, []string{"device_uuid", "device_index"}),
 		unhealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "unhealthy",
-			Help: "1 for each device the observer found unhealthy (critical Xid, lost, needs a reset) and holds cordoned until the operator uncordons it.",
+			Help: "1 for each device the running observer found unhealthy (critical Xid, lost, needs a reset) and holds cordoned, until the operator uncordons it; an observer that restarts (configuration reload, reconnect) starts with none, while the ledger keeps the cordon (gpu-guard-ctl status).",
 		}, []string{"device_uuid", "device_index"}),
 		stateFails: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "ledger_read_errors_total",
