@@ -211,3 +211,29 @@ func TestDaemonRecoveryWithoutRuntimeRootsSaysSo(t *testing.T) {
 	assert.True(t, logs.has("none of hook.runtime_roots is readable here"), "the recovery says the hook's containers were not looked for")
 	assert.False(t, logs.has("the OCI hook's running containers are adopted"), "no claim of adopting them")
 }
+
+// CRI-O runs OCI hooks as well as NRI plugins: when it connects while the
+// guard's hooks files are in a directory it reads by default, the plugin
+// warns (each GPU container would be checked twice, and exempt containers
+// claimed by the hook). containerd, which runs no hooks.d, gets no warning.
+func TestWarnsWhenCRIORunsTheHooksToo(t *testing.T) {
+	dir := t.TempDir()
+	saved := hookDirs
+	hookDirs = []string{filepath.Join(dir, "none"), dir}
+	t.Cleanup(func() { hookDirs = saved })
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "nri-gpu-guard-create-runtime.json"), []byte("{}"), 0o600))
+
+	for _, tc := range []struct {
+		runtime string
+		warned  bool
+	}{{"cri-o", true}, {"containerd", false}} {
+		logs := &messageLog{}
+		p := &Plugin{log: slog.New(logs)}
+		p.warnHooksUnderNRI(tc.runtime)
+		assert.Equal(t, tc.warned, logs.has("may also run nri-gpu-guard's OCI hooks"), tc.runtime)
+	}
+	require.NoError(t, os.Remove(filepath.Join(dir, "nri-gpu-guard-create-runtime.json")))
+	logs := &messageLog{}
+	(&Plugin{log: slog.New(logs)}).warnHooksUnderNRI("cri-o")
+	assert.False(t, logs.has("OCI hooks"), "no hooks files, no warning")
+}

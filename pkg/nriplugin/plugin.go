@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -406,6 +408,7 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 		p.log.Warn("containerd's version cannot be read: the plugins' adjustments are not validated (other NRI plugins "+
 			"with a higher index can add GPUs unchecked); keep plugins that add devices below this one's index", "runtime_version", version)
 	}
+	p.warnHooksUnderNRI(runtime)
 	if p.g != nil && cfgText == p.cfgText {
 		return mask, nil
 	}
@@ -423,6 +426,35 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 	}
 	p.g, p.cfgText = g, cfgText
 	return mask, nil
+}
+
+// hookDirs are the OCI hooks directories CRI-O reads when its hooks_dir is
+// not set, and the hook files the packages install there.
+var (
+	hookDirs  = []string{"/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d"}
+	hookFiles = []string{"nri-gpu-guard-create-runtime.json", "nri-gpu-guard-poststop.json"}
+)
+
+// warnHooksUnderNRI warns when CRI-O, which also runs OCI hooks, connects
+// while the guard's hooks files are in its default hooks directories: each
+// GPU container is then checked by both front ends, and the hook, which
+// honours no exempt namespace, claims the GPUs of exempt containers
+// (docs/hook.md, podman and CRI-O).
+func (p *Plugin) warnHooksUnderNRI(runtime string) {
+	if r := strings.ToLower(runtime); !strings.Contains(r, "cri-o") && !strings.Contains(r, "crio") {
+		return
+	}
+	for _, dir := range hookDirs {
+		for _, f := range hookFiles {
+			path := filepath.Join(dir, f)
+			if _, err := os.Stat(path); err == nil {
+				p.log.Warn("CRI-O runs NRI plugins and may also run nri-gpu-guard's OCI hooks: unless CRI-O's hooks_dir "+
+					"([crio.runtime] in crio.conf) leaves this directory out, every GPU container is checked twice and "+
+					"the hook claims the GPUs of containers in exempt namespaces", "hook_file", path)
+				return
+			}
+		}
+	}
 }
 
 // Synchronize reconciles the ledger with every container the runtime lists
