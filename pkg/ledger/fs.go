@@ -91,7 +91,24 @@ func checkDir(dir string, create, readOnly bool) (missing, created bool, err err
 	if err := checkOwnerMode(dir, fi, readOnly); err != nil {
 		return false, created, err
 	}
+	if !readOnly {
+		tightenDir(dir, fi)
+	}
 	return false, created, nil
+}
+
+// tightenDir makes dir, which this process owns and checked, 0700 when it
+// is readable or searchable by others (writable by them it was refused):
+// the ledger is root's alone (the audit log and the holders' names are in
+// it), but a dir made by another tool, such as a Kubernetes hostPath of type
+// DirectoryOrCreate (0755), would stay open to reading. Best effort: a
+// read-only mount keeps its mode, and nothing depends on it.
+func tightenDir(dir string, fi fs.FileInfo) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || int(st.Uid) != os.Geteuid() || fi.Mode().Perm()&0o077 == 0 {
+		return
+	}
+	_ = os.Chmod(dir, 0o700) //nolint:gosec // the operator's state dir, checked above: a directory owned by this user
 }
 
 // checkFiles verifies every file the ledger opens in dir, where it exists.

@@ -198,7 +198,11 @@ func ensureRuntimeDir(dir string) error {
 	if fi.Mode()&fs.ModeSymlink != 0 || !fi.IsDir() {
 		return fmt.Errorf("%w: ledger runtime dir %s is not a directory (a symlink?)", ErrUnsafeDir, dir)
 	}
-	return checkOwnerMode(dir, fi, false)
+	if err := checkOwnerMode(dir, fi, false); err != nil {
+		return err
+	}
+	tightenDir(dir, fi)
+	return nil
 }
 
 // RemoveMarkersUnder removes from runtimeDir the boot markers of state dirs

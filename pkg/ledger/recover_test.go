@@ -811,3 +811,36 @@ func crashInsideRecovery(t *testing.T, stage, after string, held int) {
 	require.Equal(t, map[string]string{gpu(1).UUID: CordonOperator}, cordonSources(st.Cordons))
 	require.Len(t, st.Claims, held, "this boot's holder h1 stays (h3's commit was the damaged one); an earlier boot's go")
 }
+
+// A writer makes the state dir and the runtime dir it owns 0700 when they
+// are open to reading (a Kubernetes hostPath of type DirectoryOrCreate is
+// made 0755): the audit log, the holders' names and the hook's container
+// markers are root's alone. A reader changes nothing.
+func TestWriterTightensItsDirs(t *testing.T) {
+	base := safeDir(t)
+	state, run := filepath.Join(base, "state"), filepath.Join(base, "run")
+	for _, d := range []string{state, run} {
+		require.NoError(t, os.Mkdir(d, 0o700))
+		require.NoError(t, os.Chmod(d, 0o755))
+	}
+	mode := func(p string) os.FileMode {
+		t.Helper()
+		fi, err := os.Stat(p)
+		require.NoError(t, err)
+		return fi.Mode().Perm()
+	}
+	opts := testOptions(nil)
+	opts.RuntimeDir = run
+	_, err := OpenReadOnly(state, opts)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o755), mode(state), "a reader leaves the dir as it is")
+
+	l, err := Open(state, opts)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o700), mode(state))
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("a"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+	})
+	require.Equal(t, os.FileMode(0o700), mode(run), "the runtime dir, made 0700 at the commit that writes the boot marker")
+}
