@@ -6,6 +6,7 @@ package nriplugin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -14,7 +15,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
@@ -22,8 +25,10 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/runtimescan"
 )
 
 // runcContainer writes runc's state for container id under root (the
@@ -70,6 +75,25 @@ func runcContainer(t *testing.T, root, id string, env ...string) ledger.Owner {
 // else would ever bring the claim back. A container of containerd's list
 // found in the runtime root too (a CRI-O host) stays the NRI front end's.
 func TestDaemonRecoveryKeepsTheHooksRunningContainers(t *testing.T) {
+	t.Run("", func(t *testing.T) { daemonRecoveryKeepsTheHooksContainers(t, false) })
+	// A read of the runtimes' state that fails (it ran past the
+	// Synchronize's deadline) fails the recovery, which is tried again:
+	// recovering without the hook's containers lost their claims.
+	t.Run("first read of the runtimes fails", func(t *testing.T) { daemonRecoveryKeepsTheHooksContainers(t, true) })
+}
+
+func daemonRecoveryKeepsTheHooksContainers(t *testing.T, failFirstRead bool) {
+	if failFirstRead {
+		var reads atomic.Int32
+		saved := readHookState
+		readHookState = func(roots []string, procRoot string, deadline time.Time, guardFor func() (*guard.Guard, error)) (*runtimescan.Result, error) {
+			if reads.Add(1) == 1 {
+				return nil, errors.New("the runtimes' state was not read in time")
+			}
+			return saved(roots, procRoot, deadline, guardFor)
+		}
+		t.Cleanup(func() { readHookState = saved })
+	}
 	runcRoot := filepath.Join(t.TempDir(), "runc")
 	rt := newRuntime(t, func(c *config.Config) { c.Hook.RuntimeRoots = []string{runcRoot} })
 	podA, podB := rt.addPod("a"), rt.addPod("b")

@@ -623,7 +623,13 @@ func (p *Plugin) reconcile(ctx context.Context, g *guard.Guard, live []guard.Req
 	led.RequireLineage("")
 	opts := ledger.RecoverOptions{AllowEmpty: true, Reason: reason}
 	if _, err := led.Snapshot(ctx); errors.Is(err, ledger.ErrNeedsRecovery) {
-		opts.Running, opts.RunningWhy = p.hookHoldings(g, live)
+		var herr error
+		opts.Running, opts.RunningWhy, herr = p.hookHoldings(ctx, g, live)
+		if herr != nil {
+			// Recovering without them would lose the claims of the OCI
+			// hook's running containers: the rebuild is tried again.
+			return ledger.ReconcileResult{}, nil, fmt.Errorf("nri-gpu-guard: recover the ledger: the OCI hook's containers: %w", herr)
+		}
 	}
 	if rep, err := led.Recover(ctx, opts); err != nil {
 		return ledger.ReconcileResult{}, nil, fmt.Errorf("nri-gpu-guard: recover the ledger: %w", err)
@@ -680,17 +686,18 @@ func (p *Plugin) reconcile(ctx context.Context, g *guard.Guard, live []guard.Req
 // else would bring them back. Containers of this front end (live, and every
 // one the runtime has shown the plugin: on a CRI-O host they are in runc's
 // root too) are left to the reconcile.
-func (p *Plugin) hookHoldings(g *guard.Guard, live []guard.Request) ([]ledger.Holding, func(int) string) {
+func (p *Plugin) hookHoldings(ctx context.Context, g *guard.Guard, live []guard.Request) ([]ledger.Holding, func(int) string, error) {
 	roots := g.Config().Hook.RuntimeRoots
 	if len(roots) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
-	// The host's /proc: a DaemonSet runs with hostPID.
-	res, err := runtimescan.Read(roots, "", func() (*guard.Guard, error) { return g, nil })
+	// The host's /proc: a DaemonSet runs with hostPID. Bounded by the
+	// request's deadline: a Synchronize answered late gets the plugin
+	// dropped, and a launched one is not relaunched.
+	deadline, _ := ctx.Deadline()
+	res, err := readHookState(roots, "", deadline, func() (*guard.Guard, error) { return g, nil })
 	if err != nil {
-		p.log.Warn("reading the OCI runtimes' state for the hook's containers failed; their lost claims are not adopted",
-			"roots", roots, "error", err)
-		return nil, nil
+		return nil, nil, fmt.Errorf("read the OCI runtimes' state (%s): %w", strings.Join(roots, ", "), err)
 	}
 	if len(res.Roots) == 0 {
 		// A DaemonSet pod does not mount them: on a node where podman or
@@ -699,7 +706,7 @@ func (p *Plugin) hookHoldings(g *guard.Guard, live []guard.Request) ([]ledger.Ho
 			"the OCI hook admitted (podman, CRI-O) cannot be given back; if such containers run on this host, mount the "+
 			"runtime roots and bundle directories read-only into the guard, or run `gpu-guard-ctl recover` on the host",
 			"runtime_roots", roots)
-		return nil, nil
+		return nil, nil, nil
 	}
 	nri := make(map[string]bool, len(live))
 	for _, r := range live {
@@ -718,8 +725,12 @@ func (p *Plugin) hookHoldings(g *guard.Guard, live []guard.Request) ([]ledger.Ho
 		p.log.Warn("a running container's GPUs cannot be told: its claims are kept, nothing is adopted for it",
 			"container", n.ID, "runtime", n.Runtime, "error", n.Error)
 	}
-	return holdings, func(i int) string { return why[i] }
+	return holdings, func(i int) string { return why[i] }, nil
 }
+
+// readHookState reads the OCI runtimes' state for hookHoldings (a test
+// makes it fail).
+var readHookState = runtimescan.ReadBy
 
 // rebuildInPlace is a launched plugin's answer to a ledger that needs
 // recovery or was started afresh by another process (an operator's

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -55,7 +56,16 @@ const maxSourceLen = 512
 // resolve with; it is called only when a live container is found, so that
 // a host without one never needs the inventory.
 func Read(roots []string, procRoot string, guardFor func() (*guard.Guard, error)) (*Result, error) {
-	scan := runtimestate.Scan(roots, runtimestate.Options{ProcRoot: procRoot})
+	return ReadBy(roots, procRoot, time.Time{}, guardFor)
+}
+
+// ReadBy is Read that gives up once deadline (zero: none) has passed, with
+// an error: a list that misses containers would lose their claims.
+func ReadBy(roots []string, procRoot string, deadline time.Time, guardFor func() (*guard.Guard, error)) (*Result, error) {
+	scan := runtimestate.Scan(roots, runtimestate.Options{ProcRoot: procRoot, Deadline: deadline})
+	if scan.Unfinished != "" {
+		return nil, fmt.Errorf("the runtimes' state was not read in time: the scan %s", scan.Unfinished)
+	}
 	out := &Result{Roots: scan.Roots, Creating: scan.Creating, Problems: scan.Problems}
 	live := scan.Live()
 	out.Live = len(live)
@@ -70,7 +80,10 @@ func Read(roots []string, procRoot string, guardFor func() (*guard.Guard, error)
 		return nil, fmt.Errorf("the runtimes run %d container(s) whose GPUs must be checked, but the GPU inventory "+
 			"did not load: %w", len(live), err)
 	}
-	for _, c := range live {
+	for i, c := range live {
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return nil, fmt.Errorf("the runtimes' containers were not resolved in time: %d of %d done", i, len(live))
+		}
 		st := specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle, Annotations: c.Annotations}
 		owner := guard.BoundOwner(hook.OwnerFrom(st, c.Spec, c.PidStart))
 		owner.FrontEnd = ledger.FrontEndHook

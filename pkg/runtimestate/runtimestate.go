@@ -123,6 +123,9 @@ type Result struct {
 	// state), or one that failed and left its directory behind.
 	Creating []string  `json:"creating,omitempty"`
 	Problems []Problem `json:"problems,omitempty"`
+	// Unfinished says where a scan stopped at Options.Deadline; "" when it
+	// read everything. The containers past that point are not listed.
+	Unfinished string `json:"unfinished,omitempty"`
 }
 
 // Live returns the live containers, in the order of Containers.
@@ -140,6 +143,10 @@ func (r *Result) Live() []Container {
 type Options struct {
 	// ProcRoot is procfs (default /proc; tests use a fake tree).
 	ProcRoot string
+	// Deadline, when set, stops the scan once passed (Result.Unfinished):
+	// a caller that must answer by then (the NRI daemon's Synchronize)
+	// learns that the list is incomplete instead of answering late.
+	Deadline time.Time
 }
 
 // Scan lists the containers of every root. It never fails: what it cannot
@@ -152,9 +159,12 @@ func Scan(roots []string, opts Options) Result {
 		if slices.Contains(res.Roots, root) {
 			continue
 		}
-		ok := scanRoot(&res, root, check)
+		ok := scanRoot(&res, root, check, opts.Deadline)
 		if ok {
 			res.Roots = append(res.Roots, root)
+		}
+		if res.Unfinished != "" {
+			break
 		}
 	}
 	slices.SortStableFunc(res.Containers, func(a, b Container) int {
@@ -179,7 +189,7 @@ func cmpU(a, b uint64) int {
 }
 
 // scanRoot reads one root; false when it does not exist or cannot be read.
-func scanRoot(res *Result, root string, check *liveness.Checker) bool {
+func scanRoot(res *Result, root string, check *liveness.Checker, deadline time.Time) bool {
 	if !filepath.IsAbs(root) {
 		res.Problems = append(res.Problems, Problem{root, errors.New("not an absolute path")})
 		return false
@@ -203,7 +213,11 @@ func scanRoot(res *Result, root string, check *liveness.Checker) bool {
 		res.Problems = append(res.Problems, Problem{root, fmt.Errorf("more than %d entries: only the first %d were read", MaxContainers, MaxContainers)})
 		entries = entries[:MaxContainers]
 	}
-	for _, e := range entries {
+	for i, e := range entries {
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			res.Unfinished = fmt.Sprintf("stopped at its deadline in %s after %d of %d entries", root, i, len(entries))
+			return true
+		}
 		path := filepath.Join(root, e.Name())
 		if err := checkName(e.Name()); err != nil {
 			res.Problems = append(res.Problems, Problem{path, err})

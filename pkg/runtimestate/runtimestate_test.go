@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
@@ -299,4 +300,23 @@ func TestScanLiveWithoutSpec(t *testing.T) {
 	assert.Nil(t, c.Spec)
 	require.Error(t, c.SpecErr)
 	assert.Contains(t, c.SpecErr.Error(), "config.json")
+}
+
+// TestScanStopsAtItsDeadline: a scan whose deadline has passed lists nothing
+// more and says where it stopped, so that a caller who must answer by then
+// knows the list is incomplete (a recovery from it would lose the claims of
+// the containers left out).
+func TestScanStopsAtItsDeadline(t *testing.T) {
+	h := newHost(t)
+	runcRoot := h.root("runc")
+	h.process(100, 5000, 'S')
+	h.runc(runcRoot, "r-running", 100, 5000, h.bundle("r-running", []string{"NVIDIA_VISIBLE_DEVICES=1"}, nil), false)
+
+	res := Scan([]string{runcRoot}, Options{ProcRoot: h.proc, Deadline: time.Now().Add(-time.Second)})
+	assert.Empty(t, res.Containers)
+	assert.Contains(t, res.Unfinished, "stopped at its deadline in "+runcRoot+" after 0 of 1 entries")
+
+	res = Scan([]string{runcRoot}, Options{ProcRoot: h.proc, Deadline: time.Now().Add(time.Hour)})
+	assert.Empty(t, res.Unfinished)
+	assert.Len(t, res.Live(), 1)
 }
