@@ -126,7 +126,7 @@ type Watch struct {
 	// exempt are the containers of exempt namespaces the runtime runs
 	// (SetExempt, ResetExempt): they use GPUs without claims, and the
 	// observer must not take them for intruders.
-	exempt map[string]bool
+	exempt map[string]string // container id → cgroupsPath
 	// What observe.json shows: the findings of the last pass (by key), the
 	// devices found unhealthy, the errors of the last pass.
 	reported  map[string]observe.FileFinding
@@ -388,9 +388,9 @@ func (w *Watch) holdings(ctx context.Context) ([]observe.Holding, error) {
 func (w *Watch) holdingsAt(ctx context.Context) ([]observe.Holding, uint64, error) {
 	w.mu.Lock()
 	notReady, epoch, g := w.notReady, w.readyEpoch, w.g
-	var exempt []string
+	var exempt map[string]string
 	if !notReady {
-		exempt = slices.Collect(maps.Keys(w.exempt))
+		exempt = maps.Clone(w.exempt)
 	}
 	w.mu.Unlock()
 	if notReady {
@@ -410,8 +410,10 @@ func (w *Watch) holdingsAt(ctx context.Context) ([]observe.Holding, uint64, erro
 		return nil, 0, fmt.Errorf("%w: %w", observe.ErrLedgerNotReady, err)
 	}
 	out := make([]observe.Holding, 0, len(st.Claims)+len(exempt))
-	for _, id := range exempt {
-		out = append(out, observe.Holding{ContainerID: id, AnyDevice: true})
+	for id, cg := range exempt {
+		// With its cgroup, so that a container nested in it is its own
+		// too (see holdingOf).
+		out = append(out, observe.Holding{ContainerID: id, AnyDevice: true, CgroupPath: hostCgroup(cg)})
 	}
 	for _, c := range st.Claims {
 		out = append(out, holdingOf(c))
@@ -422,7 +424,7 @@ func (w *Watch) holdingsAt(ctx context.Context) ([]observe.Holding, uint64, erro
 // SetExempt records that container id, of a namespace in
 // exempt_namespaces, runs (exempt) or is gone: the observer does not take
 // its processes for intruders.
-func (w *Watch) SetExempt(id string, exempt bool) {
+func (w *Watch) SetExempt(id, cgroup string, exempt bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !exempt {
@@ -430,20 +432,17 @@ func (w *Watch) SetExempt(id string, exempt bool) {
 		return
 	}
 	if w.exempt == nil {
-		w.exempt = map[string]bool{}
+		w.exempt = map[string]string{}
 	}
-	w.exempt[id] = true
+	w.exempt[id] = cgroup
 }
 
-// ResetExempt replaces the exempt containers with ids (the runtime's list
-// at a Synchronize).
-func (w *Watch) ResetExempt(ids []string) {
+// ResetExempt replaces the exempt containers with cgroups, container id →
+// cgroupsPath (the runtime's list at a Synchronize).
+func (w *Watch) ResetExempt(cgroups map[string]string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.exempt = make(map[string]bool, len(ids))
-	for _, id := range ids {
-		w.exempt[id] = true
-	}
+	w.exempt = maps.Clone(cgroups)
 }
 
 func holdingOf(c ledger.Claim) observe.Holding {
@@ -460,12 +459,21 @@ func holdingOf(c ledger.Claim) observe.Holding {
 	// "slice:prefix:name", not a path: it is turned into the path the host
 	// shows, as the liveness check does. One that names no cgroup is left
 	// out: the container id still matches the holder's own processes.
-	if c.Owner.Cgroup != "" {
-		if p, err := liveness.CgroupPath(c.Owner.Cgroup); err == nil {
-			h.CgroupPath = p
-		}
-	}
+	h.CgroupPath = hostCgroup(c.Owner.Cgroup)
 	return h
+}
+
+// hostCgroup is the path the host shows for a runtime's cgroupsPath (""
+// for none, or one that cannot be read).
+func hostCgroup(cgroupsPath string) string {
+	if cgroupsPath == "" {
+		return ""
+	}
+	p, err := liveness.CgroupPath(cgroupsPath)
+	if err != nil {
+		return ""
+	}
+	return p
 }
 
 func findingKey(f observe.Finding) string {

@@ -855,12 +855,34 @@ func TestWatchHoldingsCarryExemptContainers(t *testing.T) {
 		return ids
 	}
 	assert.Empty(t, exempt())
-	w.SetExempt(idB, true)
+	w.SetExempt(idB, "", true)
 	assert.Equal(t, []string{idB}, exempt())
-	w.ResetExempt([]string{idC})
+	w.ResetExempt(map[string]string{idC: ""})
 	assert.Equal(t, []string{idC}, exempt())
-	w.SetExempt(idC, false)
+	w.SetExempt(idC, "", false)
 	assert.Empty(t, exempt())
+}
+
+// A container nested in a container of an exempt namespace (a monitoring
+// agent that runs its own containers) is that container's too: exempt
+// containers reach the observer with their cgroup, and a process below it is
+// theirs. Without it, the nested container's id was an intruder.
+func TestNestedInAnExemptContainerIsExempt(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	h.runCgroup(3, 410, "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod77.slice/cri-containerd-"+
+		idB+".scope/docker/"+idC+"\n")
+	w := watchOver(g, nil)
+	w.SetExempt(idB, "kubepods-burstable-pod77.slice:cri-containerd:"+idB, true)
+	src, err := observe.OpenNVML(h.srv)
+	require.NoError(t, err)
+	defer func() { _ = src.Close() }()
+	o, err := observe.New(observe.Options{Source: src, GPUs: g.Inventory().GPUs, ProcRoot: h.proc,
+		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return w.holdings(context.Background()) })})
+	require.NoError(t, err)
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, r.Problems(), "the nested container's process is the exempt container's")
 }
 
 // An unhealthy GPU whose cordon could not be written is cordoned at a later

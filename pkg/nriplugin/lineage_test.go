@@ -229,7 +229,7 @@ type exemptRecorder struct {
 	ids map[string]bool
 }
 
-func (r *exemptRecorder) SetExempt(id string, exempt bool) {
+func (r *exemptRecorder) SetExempt(id, _ string, exempt bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if exempt {
@@ -239,11 +239,11 @@ func (r *exemptRecorder) SetExempt(id string, exempt bool) {
 	}
 }
 
-func (r *exemptRecorder) ResetExempt(ids []string) {
+func (r *exemptRecorder) ResetExempt(cgroups map[string]string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.ids = map[string]bool{}
-	for _, id := range ids {
+	for id := range cgroups {
 		r.ids[id] = true
 	}
 }

@@ -155,10 +155,12 @@ type Gauges interface {
 // ExemptTracker follows the running containers of exempt namespaces
 // (daemon.Watch implements it).
 type ExemptTracker interface {
-	// SetExempt records container id as running (true) or gone.
-	SetExempt(id string, exempt bool)
-	// ResetExempt replaces the set (the runtime's list at a Synchronize).
-	ResetExempt(ids []string)
+	// SetExempt records container id, whose cgroupsPath the runtime gave
+	// as cgroup ("" if none), as running (true) or gone.
+	SetExempt(id, cgroup string, exempt bool)
+	// ResetExempt replaces the set (the runtime's list at a Synchronize):
+	// container id → cgroupsPath.
+	ResetExempt(cgroups map[string]string)
 }
 
 // Plugin implements the NRI handlers. One Plugin serves one connection at a
@@ -478,14 +480,14 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 		byID[pod.GetId()] = pod
 	}
 	live := make([]guard.Request, 0, len(ctrs))
-	var exempt []string
+	exempt := map[string]string{}
 	known := make(map[string]struct{}, len(ctrs))
 	for _, c := range ctrs {
 		pod := byID[c.GetPodSandboxId()]
 		live = append(live, guardRequest(pod, c))
 		known[c.GetId()] = struct{}{}
 		if g.Exempt(pod.GetNamespace()) {
-			exempt = append(exempt, c.GetId())
+			exempt[c.GetId()] = c.GetLinux().GetCgroupsPath()
 		}
 	}
 	if p.exempt != nil {
@@ -974,7 +976,7 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	if d.Reason == guard.ReasonExempt && p.exempt != nil {
 		// Exempt because of what a later plugin added (its create named
 		// no GPU): the observer must not take its processes for intruders.
-		p.exempt.SetExempt(id, true)
+		p.exempt.SetExempt(id, final.GetLinux().GetCgroupsPath(), true)
 	}
 	return nil
 }
@@ -1081,7 +1083,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 			p.mu.Unlock()
 		}
 		if p.exempt != nil {
-			p.exempt.SetExempt(ctr.GetId(), true)
+			p.exempt.SetExempt(ctr.GetId(), ctr.GetLinux().GetCgroupsPath(), true)
 		}
 	}
 	return nil, nil, nil
@@ -1237,7 +1239,7 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) error {
 	defer p.handling("RemoveContainer", nil)()
 	if p.exempt != nil {
-		p.exempt.SetExempt(ctr.GetId(), false)
+		p.exempt.SetExempt(ctr.GetId(), "", false)
 	}
 	p.mu.Lock()
 	delete(p.known, ctr.GetId())
