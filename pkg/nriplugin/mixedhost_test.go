@@ -75,14 +75,29 @@ func runcContainer(t *testing.T, root, id string, env ...string) ledger.Owner {
 // else would ever bring the claim back. A container of containerd's list
 // found in the runtime root too (a CRI-O host) stays the NRI front end's.
 func TestDaemonRecoveryKeepsTheHooksRunningContainers(t *testing.T) {
-	t.Run("", func(t *testing.T) { daemonRecoveryKeepsTheHooksContainers(t, false) })
+	t.Run("", func(t *testing.T) { daemonRecoveryKeepsTheHooksContainers(t, false, false) })
 	// A read of the runtimes' state that fails (it ran past the
 	// Synchronize's deadline) fails the recovery, which is tried again:
 	// recovering without the hook's containers lost their claims.
-	t.Run("first read of the runtimes fails", func(t *testing.T) { daemonRecoveryKeepsTheHooksContainers(t, true) })
+	t.Run("first read of the runtimes fails", func(t *testing.T) { daemonRecoveryKeepsTheHooksContainers(t, true, false) })
+	// A launched plugin rebuilds in place, answering no request: its read
+	// of the runtimes' state gets a budget of its own, not lock_timeout
+	// (here 50 ms), which a host with many containers outlasts: every
+	// retry then failed, and GPU containers stayed refused.
+	t.Run("launched plugin, a read longer than lock_timeout", func(t *testing.T) { daemonRecoveryKeepsTheHooksContainers(t, false, true) })
 }
 
-func daemonRecoveryKeepsTheHooksContainers(t *testing.T, failFirstRead bool) {
+func daemonRecoveryKeepsTheHooksContainers(t *testing.T, failFirstRead, inPlace bool) {
+	if inPlace {
+		saved := readHookState
+		readHookState = func(roots []string, procRoot string, deadline time.Time, guardFor func() (*guard.Guard, error)) (*runtimescan.Result, error) {
+			if deadline.IsZero() || time.Until(deadline) < 10*time.Second {
+				return nil, errors.New("the runtimes' state was not read in time (a host with many containers)")
+			}
+			return saved(roots, procRoot, deadline, guardFor)
+		}
+		t.Cleanup(func() { readHookState = saved })
+	}
 	if failFirstRead {
 		var reads atomic.Int32
 		saved := readHookState
@@ -95,9 +110,14 @@ func daemonRecoveryKeepsTheHooksContainers(t *testing.T, failFirstRead bool) {
 		t.Cleanup(func() { readHookState = saved })
 	}
 	runcRoot := filepath.Join(t.TempDir(), "runc")
-	rt := newRuntime(t, func(c *config.Config) { c.Hook.RuntimeRoots = []string{runcRoot} })
+	rt := newRuntime(t, func(c *config.Config) {
+		c.Hook.RuntimeRoots = []string{runcRoot}
+		if inPlace {
+			c.Ledger.LockTimeout.Duration = 50 * time.Millisecond
+		}
+	})
 	podA, podB := rt.addPod("a"), rt.addPod("b")
-	waitReady := runPlugin(t, rt)
+	waitReady := runPluginWith(t, rt, func(p *Plugin) { p.forceInPlace = inPlace })
 
 	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
 	require.NoError(t, rt.create(podA, holder))
@@ -260,4 +280,11 @@ func TestWarnsWhenCRIORunsTheHooksToo(t *testing.T) {
 	logs := &messageLog{}
 	(&Plugin{log: slog.New(logs)}).warnHooksUnderNRI("cri-o")
 	assert.False(t, logs.has("OCI hooks"), "no hooks files, no warning")
+
+	// In a pod, which mounts none of the hooks directories: it says it
+	// cannot check.
+	hookDirs = []string{filepath.Join(dir, "none")}
+	logs = &messageLog{}
+	(&Plugin{log: slog.New(logs)}).warnHooksUnderNRI("cri-o")
+	assert.True(t, logs.has("cannot be checked"))
 }

@@ -446,7 +446,11 @@ func (p *Plugin) warnHooksUnderNRI(runtime string) {
 	if r := strings.ToLower(runtime); !strings.Contains(r, "cri-o") && !strings.Contains(r, "crio") {
 		return
 	}
+	seen := false
 	for _, dir := range hookDirs {
+		if _, err := os.Stat(dir); err == nil {
+			seen = true
+		}
 		for _, f := range hookFiles {
 			path := filepath.Join(dir, f)
 			if _, err := os.Stat(path); err == nil {
@@ -456,6 +460,12 @@ func (p *Plugin) warnHooksUnderNRI(runtime string) {
 				return
 			}
 		}
+	}
+	if !seen {
+		// In a pod, which mounts none of them.
+		p.log.Info("CRI-O connected; its OCI hooks directories are not visible here, so whether it also runs "+
+			"nri-gpu-guard's OCI hooks cannot be checked: if the packages are installed on the host, make CRI-O's "+
+			"hooks_dir ([crio.runtime] in crio.conf) leave out their nri-gpu-guard-*.json files", "hook_dirs", hookDirs)
 	}
 }
 
@@ -621,12 +631,18 @@ func (p *Plugin) forgetVanishedPods(ctx context.Context, g *guard.Guard) {
 // ledger another process starts afresh has forgotten the running holders,
 // and is handled like a corruption found here.
 func (p *Plugin) reconcile(ctx context.Context, g *guard.Guard, live []guard.Request, reason string) (ledger.ReconcileResult, map[string]trackedCtr, error) {
+	return p.reconcileWith(ctx, g, live, reason, nil)
+}
+
+// reconcileWith is reconcile with the runtimes' state already read
+// (preReadHooks; nil: read it now if a recovery needs it).
+func (p *Plugin) reconcileWith(ctx context.Context, g *guard.Guard, live []guard.Request, reason string, hooks *runtimescan.Result) (ledger.ReconcileResult, map[string]trackedCtr, error) {
 	led := g.Ledger()
 	led.RequireLineage("")
 	opts := ledger.RecoverOptions{AllowEmpty: true, Reason: reason}
 	if _, err := led.Snapshot(ctx); errors.Is(err, ledger.ErrNeedsRecovery) {
 		var herr error
-		opts.Running, opts.RunningWhy, herr = p.hookHoldings(ctx, g, live)
+		opts.Running, opts.RunningWhy, herr = p.hookHoldings(ctx, g, live, hooks)
 		if herr != nil {
 			// Recovering without them would lose the claims of the OCI
 			// hook's running containers: the rebuild is tried again.
@@ -687,28 +703,15 @@ func (p *Plugin) reconcile(ctx context.Context, g *guard.Guard, live []guard.Req
 // nothing to recover) would otherwise forget their claims, and nothing
 // else would bring them back. Containers of this front end (live, and every
 // one the runtime has shown the plugin: on a CRI-O host they are in runc's
-// root too) are left to the reconcile.
-func (p *Plugin) hookHoldings(ctx context.Context, g *guard.Guard, live []guard.Request) ([]ledger.Holding, func(int) string, error) {
-	roots := g.Config().Hook.RuntimeRoots
-	if len(roots) == 0 {
-		return nil, nil, nil
-	}
-	// The host's /proc: a DaemonSet runs with hostPID. Bounded by the
-	// request's deadline: a Synchronize answered late gets the plugin
-	// dropped, and a launched one is not relaunched.
-	deadline, _ := ctx.Deadline()
-	res, err := readHookState(roots, "", deadline, func() (*guard.Guard, error) { return g, nil })
-	if err != nil {
-		return nil, nil, fmt.Errorf("read the OCI runtimes' state (%s): %w", strings.Join(roots, ", "), err)
-	}
-	if len(res.Roots) == 0 {
-		// A DaemonSet pod does not mount them: on a node where podman or
-		// CRI-O run hooked containers, their claims are not given back.
-		p.log.Warn("the ledger needs recovery, but none of hook.runtime_roots is readable here: the claims of containers "+
-			"the OCI hook admitted (podman, CRI-O) cannot be given back; if such containers run on this host, mount the "+
-			"runtime roots and bundle directories read-only into the guard, or run `gpu-guard-ctl recover` on the host",
-			"runtime_roots", roots)
-		return nil, nil, nil
+// root too) are left to the reconcile. pre is a read made earlier
+// (rebuildOnce); nil reads now, within ctx's deadline.
+func (p *Plugin) hookHoldings(ctx context.Context, g *guard.Guard, live []guard.Request, pre *runtimescan.Result) ([]ledger.Holding, func(int) string, error) {
+	res := pre
+	if res == nil {
+		var err error
+		if res, err = p.readHooks(ctx, g); err != nil || res == nil {
+			return nil, nil, err
+		}
 	}
 	nri := make(map[string]bool, len(live))
 	for _, r := range live {
@@ -728,6 +731,53 @@ func (p *Plugin) hookHoldings(ctx context.Context, g *guard.Guard, live []guard.
 			"container", n.ID, "runtime", n.Runtime, "error", n.Error)
 	}
 	return holdings, func(i int) string { return why[i] }, nil
+}
+
+// readHooks reads the runtimes' state for hookHoldings, by ctx's deadline
+// (a Synchronize answered late gets the plugin dropped, and a launched one
+// is not relaunched). nil, nil: nothing to read (no runtime_roots, or none
+// readable here).
+func (p *Plugin) readHooks(ctx context.Context, g *guard.Guard) (*runtimescan.Result, error) {
+	roots := g.Config().Hook.RuntimeRoots
+	if len(roots) == 0 {
+		return nil, nil
+	}
+	// The host's /proc: a DaemonSet runs with hostPID.
+	deadline, _ := ctx.Deadline()
+	res, err := readHookState(roots, "", deadline, func() (*guard.Guard, error) { return g, nil })
+	if err != nil {
+		return nil, fmt.Errorf("read the OCI runtimes' state (%s): %w", strings.Join(roots, ", "), err)
+	}
+	if len(res.Roots) == 0 {
+		// A DaemonSet pod does not mount them: on a node where podman or
+		// CRI-O run hooked containers, their claims are not given back.
+		p.log.Warn("the ledger needs recovery, but none of hook.runtime_roots is readable here: the claims of containers "+
+			"the OCI hook admitted (podman, CRI-O) cannot be given back; if such containers run on this host, mount the "+
+			"runtime roots and bundle directories read-only into the guard, or run `gpu-guard-ctl recover` on the host",
+			"runtime_roots", roots)
+		return nil, nil
+	}
+	return res, nil
+}
+
+// rebuildScanBudget bounds the read of the runtimes' state an in-place
+// rebuild makes before it takes the ledger's lock: no request waits for
+// it (GPU containers are refused meanwhile), and lock_timeout, the budget
+// of the rebuild's lock waits, is too short for a host with many
+// containers.
+const rebuildScanBudget = 30 * time.Second
+
+// preReadHooks is the read of hookHoldings for a rebuild in place, made
+// before its lock waits, with a budget of its own; nil when the ledger does
+// not need recovery now (a recovery found needed later reads within the
+// lock budget, and a failure is retried).
+func (p *Plugin) preReadHooks(ctx context.Context, g *guard.Guard) (*runtimescan.Result, error) {
+	if _, err := g.Ledger().Snapshot(ctx); !errors.Is(err, ledger.ErrNeedsRecovery) {
+		return nil, nil
+	}
+	sctx, cancel := context.WithTimeout(ctx, rebuildScanBudget)
+	defer cancel()
+	return p.readHooks(sctx, g)
 }
 
 // readHookState reads the OCI runtimes' state for hookHoldings (a test
@@ -789,6 +839,10 @@ func (p *Plugin) rebuildOnce(ctx context.Context) error {
 	if g == nil {
 		return errors.New("not configured")
 	}
+	hooks, err := p.preReadHooks(ctx, g)
+	if err != nil {
+		return err
+	}
 	rctx, cancel := decisionContext(ctx, g.Config().Ledger.LockTimeout.Duration)
 	defer cancel()
 	p.settleStarts(rctx)
@@ -804,7 +858,7 @@ func (p *Plugin) rebuildOnce(ctx context.Context) error {
 		}
 	}
 	p.mu.Unlock()
-	res, tracked, err := p.reconcile(rctx, g, live, "NRI plugin launched by containerd: rebuilt, then reconciled with the containers it tracks")
+	res, tracked, err := p.reconcileWith(rctx, g, live, "NRI plugin launched by containerd: rebuilt, then reconciled with the containers it tracks", hooks)
 	if err != nil {
 		return err
 	}
