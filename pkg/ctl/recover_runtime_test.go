@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
@@ -291,4 +292,32 @@ func TestRecoverHealthyLedgerReadsNoRuntime(t *testing.T) {
 	assert.NotContains(t, r.stdout, `"adopted"`)
 	assert.Contains(t, r.stdout, `"waiters": []`, "lists are present, [] when empty")
 	assert.NotContains(t, r.stdout, "null")
+}
+
+// TestRecoverDoesNotAdoptATicketFormID: a running container whose id has the
+// form of a gpu-guard-ctl run ticket (admitted before the hook refused such
+// ids, or run without the hook) is not adopted: its claim would be taken for
+// a ticket's and released as soon as its process is gone, whatever
+// release_on says. It is listed as unresolved: a claim it holds is kept.
+func TestRecoverDoesNotAdoptATicketFormID(t *testing.T) {
+	h := newRuntimeHost(t)
+	p1, s1 := h.process()
+	pt, st := h.process()
+	h.container("runc", "h1", p1, s1, false, "NVIDIA_VISIBLE_DEVICES=1")
+	ticketForm := guard.NewTicketID()
+	h.container("runc", ticketForm, pt, st, false, "NVIDIA_VISIBLE_DEVICES=3")
+	h.claim("h1", p1, s1, uuidGPU1)
+	journal := filepath.Join(h.dir, "ledger.journal")
+	data, err := os.ReadFile(journal)
+	require.NoError(t, err)
+	data[len(data)-10] ^= 0x20
+	require.NoError(t, os.WriteFile(journal, data, 0o600))
+
+	r := h.run(t, "recover")
+	require.Equal(t, ExitOK, r.code, r.stdout+r.stderr)
+	assert.Contains(t, r.stdout+r.stderr, "runc container "+ledger.ShortID(ticketForm)+" runs")
+	assert.Contains(t, r.stdout+r.stderr, "form of a gpu-guard-ctl run ticket")
+	for _, c := range h.state(t).Claims {
+		assert.NotEqual(t, ticketForm, c.Owner.ContainerID, "not adopted")
+	}
 }

@@ -235,14 +235,6 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		// named anywhere. Done without touching the ledger.
 		return nil
 	}
-	if guard.ValidTicket(st.ID) {
-		// The release rule gives a ticket's claim no stop and no drain
-		// (guard.IsTicket): a container posing as one would have its claim
-		// released at its exit whatever release_on and
-		// release_requires_idle say.
-		return fmt.Errorf("container %s refused: container ids of the form %s<26 letters and digits> are reserved for "+
-			"the tickets of gpu-guard-ctl run; give the container another id", st.ID, guard.TicketPrefix)
-	}
 
 	var (
 		pidStart uint64
@@ -279,6 +271,18 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		return fmt.Errorf("container %s refused: %w", st.ID, err)
 	}
 	defer closeGuard()
+
+	if guard.ValidTicket(st.ID) {
+		// The release rule gives a ticket's claim no stop and no drain
+		// (guard.IsTicket): a container posing as one would have its claim
+		// released at its exit whatever release_on and
+		// release_requires_idle say.
+		why := fmt.Sprintf("container ids of the form %s<26 letters and digits> are reserved for the tickets of "+
+			"gpu-guard-ctl run; give the container another id", guard.TicketPrefix)
+		e.auditRefusal(ctx, g, cfg, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner}, guard.Decision{},
+			"refused (reserved-id): "+why)
+		return fmt.Errorf("container %s refused: %w: %s", st.ID, guard.ErrRejected, why)
+	}
 
 	// The container's marker is written before anything of it is written
 	// to the ledger, so that its poststop reads the ledger whatever its

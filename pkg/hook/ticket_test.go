@@ -205,11 +205,19 @@ func TestContainerWithATicketIDIsRefused(t *testing.T) {
 	err := e.run(context.Background(), PhaseCreateRuntime, cfg, strings.NewReader(st), io.Discard)
 	require.Error(t, err)
 	require.ErrorContains(t, err, "reserved for the tickets of gpu-guard-ctl run")
+	require.Equal(t, ExitPolicy, ExitCode(err), "refused by policy")
 	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
 	require.NoError(t, err)
 	snap, err := l.Snapshot(context.Background())
 	require.NoError(t, err)
 	require.Empty(t, snap.Claims, "nothing claimed")
+	recs, err := ledger.ReadAudit(l.AuditPath())
+	require.NoError(t, err)
+	refused := false
+	for _, rec := range recs {
+		refused = refused || (rec.Op == guard.AuditRefuse && rec.ContainerID == id && strings.Contains(rec.Reason, "reserved-id"))
+	}
+	require.True(t, refused, "the refusal leaves a refuse record, as every refusal does (crun shows only the exit code)")
 
 	st = stateFor(t, id, os.Getpid(), "NVIDIA_VISIBLE_DEVICES=void")
 	require.NoError(t, e.run(context.Background(), PhaseCreateRuntime, cfg, strings.NewReader(st), io.Discard))

@@ -91,7 +91,13 @@ func ReadBy(roots []string, procRoot string, deadline time.Time, guardFor func()
 			owner.Cgroup = guard.BoundCgroup(c.Cgroup)
 		}
 		h := ledger.Holding{Owner: owner}
-		if c.SpecErr != nil {
+		if guard.ValidTicket(c.ID) {
+			// Adopted, it would be a ticket's claim, released as soon as
+			// its process is gone whatever release_on says (the hook
+			// refuses such ids; this one was admitted without it).
+			out.Unresolved = append(out.Unresolved, Note{ID: c.ID, Runtime: c.Runtime,
+				Error: "its id has the form of a gpu-guard-ctl run ticket, which containers may not take"})
+		} else if c.SpecErr != nil {
 			out.Unresolved = append(out.Unresolved, Note{ID: c.ID, Runtime: c.Runtime, Error: c.SpecErr.Error()})
 		} else if res, err := g.Resolve(c.Request); err != nil {
 			out.Unresolved = append(out.Unresolved, Note{ID: c.ID, Runtime: c.Runtime, Error: err.Error()})
