@@ -885,18 +885,26 @@ func TestNestedInAnExemptContainerIsExempt(t *testing.T) {
 	assert.Empty(t, r.Problems(), "the nested container's process is the exempt container's")
 }
 
-// An unhealthy GPU whose cordon could not be written is cordoned at a later
-// pass; one the operator uncordoned is forgotten, so that its next critical
-// Xid cordons it again (it was reported once per device for the life of the
-// observer, so an uncordoned GPU that failed again took claims).
-func TestUnhealthyCordonRetriedAndRenewedAfterUncordon(t *testing.T) {
+// failingCordonWatch runs a watch whose first cordon write fails, after its
+// first report.
+func failingCordonWatch(t *testing.T) (*gpuHost, *Watch, chan struct{}, *fakeStates) {
+	t.Helper()
 	h := newGPUHost(t)
 	g := guardFor(t, h, nil)
 	states := newFakeStates()
 	states.failing = 1
 	w, reports, stop := runWatch(t, h, g, states, nil)
-	defer stop()
+	t.Cleanup(stop)
 	receive(t, reports, "first report")
+	return h, w, reports, states
+}
+
+// An unhealthy GPU whose cordon could not be written is cordoned at a later
+// pass; one the operator uncordoned is forgotten, so that its next critical
+// Xid cordons it again (it was reported once per device for the life of the
+// observer, so an uncordoned GPU that failed again took claims).
+func TestUnhealthyCordonRetriedAndRenewedAfterUncordon(t *testing.T) {
+	h, w, reports, states := failingCordonWatch(t)
 
 	xid := func(n uint64) {
 		h.events <- nvml.EventData{Device: h.srv.Devices[5], EventType: nvml.EventTypeXidCriticalError, EventData: n,
@@ -930,13 +938,7 @@ func TestUnhealthyCordonRetriedAndRenewedAfterUncordon(t *testing.T) {
 // and the retry used to wait for a report, while the OCI hooks of the host
 // kept admitting containers onto the GPU.
 func TestUnhealthyCordonRetriedWhileNotReady(t *testing.T) {
-	h := newGPUHost(t)
-	g := guardFor(t, h, nil)
-	states := newFakeStates()
-	states.failing = 1
-	w, reports, stop := runWatch(t, h, g, states, nil)
-	defer stop()
-	receive(t, reports, "first report")
+	h, w, _, states := failingCordonWatch(t)
 	w.SetReady(false)
 
 	h.events <- nvml.EventData{Device: h.srv.Devices[5], EventType: nvml.EventTypeXidCriticalError, EventData: 79,
