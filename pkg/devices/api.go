@@ -135,7 +135,8 @@ type Request struct {
 	// nodes are listed: it can open every GPU, and is resolved under
 	// policy.privileged like a privileged container (see ApplyDeviceRules).
 	GPUNodesAllowed bool
-	// HostDevMounted: the host's /dev is bind-mounted into the container.
+	// HostDevMounted: the host's /dev is bind-mounted into the container
+	// (from /dev, /, or a /proc path that leads to a process's root).
 	// Where a device cgroup applies (every rootful engine), it decides what
 	// opens, and the rules are read as such; without one (a rootless
 	// runtime) every node of it opens: the OCI hook then sets

@@ -77,6 +77,11 @@ func (req *Request) AddBindSource(source, destination string) {
 	case src == "/dev" || src == "/":
 		// The host's /dev, or a tree that holds it (`-v /:/host`).
 		req.HostDevMounted = true
+	case src == "/proc" || strings.HasPrefix(src, "/proc/"):
+		// The runtime resolves /proc/self/root/dev (and any process's
+		// root, cwd or fd link) to what that process sees: the host's
+		// /dev among it. A bind of /proc itself shows every such link.
+		req.HostDevMounted = true
 	case strings.HasPrefix(src, "/dev/nvidia"):
 		req.Devices = append(req.Devices, LinuxDevice{Path: src, BoundAt: destination})
 	case strings.HasPrefix(src, "/dev/char/"):

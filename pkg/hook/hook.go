@@ -132,6 +132,17 @@ type env struct {
 	lockingEngine func() (bool, string)
 	// markerDir holds the container markers (see marker.go).
 	markerDir string
+	// lockBudget bounds poststop's retries of a busy ledger lock (0:
+	// withdrawTimeout).
+	lockBudget time.Duration
+}
+
+// poststopBudget is how long poststop retries a busy ledger lock.
+func (e env) poststopBudget(cfg config.Config) time.Duration {
+	if e.lockBudget > 0 {
+		return e.lockBudget
+	}
+	return withdrawTimeout(cfg)
 }
 
 func defaultEnv() env {
@@ -382,6 +393,15 @@ func (e env) admitContainer(ctx context.Context, g guardAPI, cfg config.Config, 
 	w := e.newQueueWait(g, cfg, greq, stderr)
 	w.gone = e.goneCheck(self)
 	w.started = started
+	// Every refusal leaves a refuse record, as without --wait (crun shows
+	// only the exit code): but those the guard's transaction records
+	// itself (a cordon, a busy GPU under on_conflict = "reject").
+	w.onRefuse = func(ctx context.Context, d guard.Decision, reason string) {
+		if d.Result == guard.Reject && (d.Reason == guard.ReasonCordoned || d.Reason == "busy" || d.Reason == "reserved") {
+			return
+		}
+		e.auditRefusal(ctx, g, cfg, greq, d, reason)
+	}
 	if own {
 		w.killAt = started.Add(kill)
 		if limit < w.waitTimeout {
@@ -585,11 +605,24 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 	// recorded process (pid and start time) still runs is that other
 	// container's: this container's processes are gone by poststop.
 	runs := func(o ledger.Owner) bool { return liveness.Running(e.procRoot, o.Pid, o.PidStart) }
+	// A busy lock is waited for as create-runtime waits for it: nothing
+	// else ends these claims under release_on = "remove" (the container is
+	// gone: no later event names it, and gc keeps an exited holder's claim
+	// there).
 	var errs []error
 	if holds {
-		others, err := g.RemovedExited(ctx, owner, runs)
+		var others []ledger.Claim
+		err := retryLocked(ctx, e.poststopBudget(cfg), func(ctx context.Context) error {
+			var err error
+			others, err = g.RemovedExited(ctx, owner, runs)
+			return err
+		})
 		if err != nil && !errors.Is(err, ledger.ErrNotFound) {
-			errs = append(errs, fmt.Errorf("release the GPUs of container %s (run `gpu-guard-ctl gc` once the ledger is reachable): %w", st.ID, err))
+			remedy := "run `gpu-guard-ctl gc` once the ledger is reachable"
+			if cfg.Policy.ReleaseOn == config.ReleaseOnRemove {
+				remedy = "run `sudo gpu-guard-ctl release --container " + st.ID + " --reason \"poststop failed\"` once the ledger is reachable"
+			}
+			errs = append(errs, fmt.Errorf("release the GPUs of container %s (%s): %w", st.ID, remedy, err))
 		}
 		for _, c := range others {
 			keep = true
@@ -598,7 +631,12 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 		}
 	}
 	if waits {
-		kept, err := g.WithdrawExited(ctx, st.ID, "container removed", runs)
+		var kept bool
+		err := retryLocked(ctx, e.poststopBudget(cfg), func(ctx context.Context) error {
+			var err error
+			kept, err = g.WithdrawExited(ctx, st.ID, "container removed", runs)
+			return err
+		})
 		if err != nil && !errors.Is(err, ledger.ErrNotFound) {
 			errs = append(errs, fmt.Errorf("drop the queue entry of container %s: %w", st.ID, err))
 		}

@@ -627,6 +627,7 @@ func TestPoststop(t *testing.T) {
 	cfg.Ledger.LockTimeout = config.Duration{Duration: 50 * time.Millisecond}
 	opened := 0
 	e := testEnv(&opened)
+	e.lockBudget = 200 * time.Millisecond // a few tries of lock_timeout, for the lock held throughout below
 	g, _, err := openGuard(cfg, mustStatic(t, cfg))
 	require.NoError(t, err)
 
@@ -672,6 +673,52 @@ func TestPoststop(t *testing.T) {
 	require.NoError(t, poststop("holder"))
 	require.Empty(t, snapshot().Claims)
 	require.NoError(t, poststop("holder"), "idempotent")
+}
+
+// A poststop that finds the ledger lock busy tries again, as create-runtime
+// does, within a budget of its own: it used to give up after one
+// lock_timeout, and under release_on = "remove" nothing else ends the claim
+// (the container is gone; gc keeps an exited holder's claim there).
+func TestPoststopRetriesABusyLock(t *testing.T) {
+	ctx := context.Background()
+	cfg := staticConfig(t)
+	cfg.Ledger.LockTimeout = config.Duration{Duration: 50 * time.Millisecond}
+	cfg.Policy.ReleaseOn = config.ReleaseOnRemove
+	g, _, err := openGuard(cfg, mustStatic(t, cfg))
+	require.NoError(t, err)
+	d, err := g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Key: "holder",
+		Owner: ledger.Owner{ContainerID: "holder", FrontEnd: ledger.FrontEndHook},
+		Spec:  devices.Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=1"}}})
+	require.NoError(t, err)
+	require.Equal(t, guard.Admit, d.Result)
+
+	lock := flock.New(g.Ledger().LockPath())
+	require.NoError(t, lock.Lock())
+	// Held throughout: the error says what ends the claim under "remove".
+	e := defaultEnv()
+	e.lockBudget = 120 * time.Millisecond
+	err = e.run(ctx, PhasePoststop, cfg, strings.NewReader(`{"id":"holder","status":"stopped","bundle":"/x"}`), io.Discard)
+	require.ErrorIs(t, err, ledger.ErrLockTimeout)
+	require.ErrorContains(t, err, "gpu-guard-ctl release --container holder")
+	require.NotContains(t, err.Error(), "gc", "gc keeps an exited holder's claim under release_on = \"remove\"")
+
+	e = defaultEnv()
+	waits := 0
+	e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
+		// Let go of the lock once a later try waits for it: one try
+		// alone never gets it.
+		return openGuardWith(cfg, inv, func() {
+			if waits++; waits == 3 {
+				require.NoError(t, lock.Unlock())
+			}
+		})
+	}
+	err = e.run(ctx, PhasePoststop, cfg, strings.NewReader(`{"id":"holder","status":"stopped","bundle":"/x"}`), io.Discard)
+	require.NoError(t, err)
+	st, err := g.Ledger().Snapshot(ctx)
+	require.NoError(t, err)
+	require.Empty(t, st.Claims, "released once the lock was free")
+	require.GreaterOrEqual(t, waits, 3)
 }
 
 func mustStatic(t *testing.T, cfg config.Config) *devices.Inventory {

@@ -6,6 +6,7 @@ package hook
 import (
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -41,14 +42,37 @@ func ReadInput(stdin io.Reader) *Input {
 	in.spec, in.specErr = readSpec(in.state)
 	if in.specErr == nil {
 		in.request = devices.RequestFromSpec(in.spec)
-		if in.request.HostDevMounted && runtimeInUserNamespace() {
+		if len(in.spec.Mounts) > 0 && runtimeInUserNamespace() {
 			// A rootless runtime (it runs in a user namespace) sets up no
-			// device cgroup: every node of the host's /dev bound in opens.
-			in.request.GPUNodesAllowed = true
+			// device cgroup: a host GPU node bound in opens, and so does
+			// every node of the host's /dev bound in.
+			addResolvedBindSources(&in.request, in.spec.Mounts)
+			if in.request.HostDevMounted {
+				in.request.GPUNodesAllowed = true
+			}
 		}
 		in.never = guard.NeverClaims(in.request)
 	}
 	return in
+}
+
+// addResolvedBindSources records, for a rootless runtime, what the bind
+// sources that are symlinks lead to: the runtime follows them (a link to
+// /dev mounts the host's /dev), and AddBindSource reads sources by their
+// spelling. Only there: a rootful runtime's device cgroup stops every node
+// the spec does not allow, however it is bound in, and the lookups would
+// cost every container.
+func addResolvedBindSources(req *devices.Request, mounts []specs.Mount) {
+	for _, m := range mounts {
+		if m.Source == "" || m.Source[0] != '/' {
+			continue
+		}
+		resolved, err := filepath.EvalSymlinks(m.Source)
+		if err != nil || resolved == filepath.Clean(m.Source) {
+			continue
+		}
+		req.AddBindSource(resolved, m.Destination)
+	}
 }
 
 // runtimeInUserNamespace reports whether the hook, and so the runtime that

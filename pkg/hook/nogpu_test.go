@@ -238,6 +238,22 @@ func TestBindMountedNodes(t *testing.T) {
 	require.Empty(t, resolve(whole), "a device cgroup (rootful) decides what of /dev opens")
 	whole.GPUNodesAllowed = true // what ReadInput sets in a user namespace
 	require.Equal(t, []string{"0", "1"}, resolve(whole))
+
+	// The runtime resolves a process's root link before it mounts: the
+	// host's /dev, however it is spelled.
+	for _, src := range []string{"/proc/self/root/dev", "/proc/1/root", "/proc"} {
+		viaProc := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/hostdev", Source: src, Type: "bind"}}})
+		require.True(t, viaProc.HostDevMounted, src)
+	}
+	// A symlink to /dev, followed by the runtime: read through it where no
+	// device cgroup stops what it brings (a rootless runtime).
+	link := filepath.Join(t.TempDir(), "devlink")
+	require.NoError(t, os.Symlink("/dev", link))
+	mounts := []specs.Mount{{Destination: "/hostdev", Source: link, Type: "bind"}}
+	viaLink := devices.RequestFromSpec(&specs.Spec{Mounts: mounts})
+	require.False(t, viaLink.HostDevMounted, "by its spelling alone")
+	addResolvedBindSources(&viaLink, mounts)
+	require.True(t, viaLink.HostDevMounted)
 }
 
 func TestInUserNamespace(t *testing.T) {

@@ -747,14 +747,20 @@ func TestRuncWaitTimeout(t *testing.T) {
 	require.Empty(t, r.state().Waiters, "w left the queue")
 	require.Empty(t, r.state().Reservations)
 	// Nothing changed while w waited (about 15 polls of 20ms), so its hook
-	// read the ledger at each poll but wrote it only to join and to leave.
+	// read the ledger at each poll but wrote it only to join, to leave, and
+	// to leave the refuse record every refusal leaves (crun shows only the
+	// exit code), which names the holder.
 	ops := map[string]int{}
 	for _, rec := range r.audit() {
 		if rec.Key == "w" {
 			ops[rec.Op]++
+			if rec.Op == guard.AuditRefuse {
+				require.Contains(t, rec.Reason, "gave up waiting (hook.wait_timeout")
+				require.Contains(t, rec.Reason, "container h")
+			}
 		}
 	}
-	require.Equal(t, map[string]int{ledger.OpEnqueue: 1, ledger.OpDequeue: 1}, ops)
+	require.Equal(t, map[string]int{ledger.OpEnqueue: 1, ledger.OpDequeue: 1, guard.AuditRefuse: 1}, ops)
 
 	r.release("h")
 	require.NoError(t, h.wait(t))
@@ -824,6 +830,26 @@ func TestRuncNoGPUSkipsWithoutLedger(t *testing.T) {
 	require.Error(t, err)
 	require.False(t, r.started("gpu"))
 	require.Contains(t, c.out.String(), broken.Ledger.Dir)
+}
+
+// TestRuncWaitRefusalIsAudited: with --wait, a request refused by policy (an
+// unknown GPU) leaves a refuse record, as without it: under crun the audit
+// log is where the reason can be read. The waiting path decided it without
+// recording it.
+func TestRuncWaitRefusalIsAudited(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	c, err := r.run("u", ctrOpts{env: gpuEnv(7), mode: "exit"})
+	require.Error(t, err)
+	require.False(t, r.started("u"))
+	require.Contains(t, c.out.String(), "unknown GPU")
+	refused := 0
+	for _, rec := range r.audit() {
+		if rec.Op == guard.AuditRefuse && rec.ContainerID == "u" {
+			refused++
+			require.Contains(t, rec.Reason, "unknown GPU")
+		}
+	}
+	require.Equal(t, 1, refused, "one refuse record")
 }
 
 // hookProc runs the hook binary directly, as a runtime would, for a

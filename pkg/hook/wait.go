@@ -104,6 +104,10 @@ type queueWait struct {
 	subject, timeoutKey string
 	// procRoot is where process liveness is read (/proc).
 	procRoot string
+	// onRefuse, when set, is told of a refusal the wait ends with (a
+	// Reject, or the deadline reached while queued, with the last
+	// decision) and the reason for the audit trail.
+	onRefuse func(ctx context.Context, d guard.Decision, reason string)
 }
 
 // run returns nil when the container may start (admitted, or nothing to
@@ -151,7 +155,11 @@ func (w *queueWait) run(ctx context.Context) error {
 		if lastErr != nil {
 			err = fmt.Errorf("%w; the last attempt failed: %w", err, lastErr)
 		}
-		return fail(err, fmt.Sprintf("%s %s reached", w.timeoutName(), w.waitTimeout))
+		reason := fmt.Sprintf("%s %s reached", w.timeoutName(), w.waitTimeout)
+		if w.onRefuse != nil {
+			w.onRefuse(ctx, last, "busy, gave up waiting ("+reason+"): "+last.Message)
+		}
+		return fail(err, reason)
 	}
 
 	var tick ticker
@@ -228,6 +236,9 @@ func (w *queueWait) run(ctx context.Context) error {
 				last = d
 				progress(d, w.now())
 			default: // Reject, or a result this build does not know: refuse.
+				if w.onRefuse != nil {
+					w.onRefuse(ctx, d, "refused ("+d.Reason+"): "+d.Message)
+				}
 				return fail(fmt.Errorf("%s: %w", who, decisionErr(d)), "refused: "+d.Reason)
 			}
 		}
