@@ -199,6 +199,9 @@ type Plugin struct {
 	// changes included, is not in the validation request (it carries the
 	// pristine container).
 	exemptAtCreate map[string]struct{}
+	// creating are the CreateContainer handlers running, by container id
+	// (see startCreation).
+	creating map[string]*creation
 	// validates: the runtime asks ValidateContainerAdjustment (EventsFor).
 	validates atomic.Bool
 	// pendingPods, set by a failed Synchronize of a launched plugin (see
@@ -372,6 +375,7 @@ func New(opts Options) (*Plugin, error) {
 		tracked:        map[string]trackedCtr{},
 		known:          map[string]struct{}{},
 		exemptAtCreate: map[string]struct{}{},
+		creating:       map[string]*creation{},
 		resync:         make(chan struct{}, 1),
 		due:            map[string]dueRelease{},
 		releasing:      make(chan struct{}, 1),
@@ -1060,6 +1064,8 @@ func pluginsAfter(plugins []*api.PluginInstance, self string) string {
 // CreateContainer admits the container or refuses it with the guard's
 // message, which is the only part of containerd's error written for people.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) (_ *api.ContainerAdjustment, _ []*api.ContainerUpdate, err error) {
+	cr := p.startCreation(ctr.GetId())
+	defer p.endCreation(ctr.GetId(), cr)
 	defer p.handling("CreateContainer", &err)()
 	// One p.mu section: the guard, and the container made known.
 	p.mu.Lock()
@@ -1126,9 +1132,15 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	if d.Result == guard.Admit {
 		p.mu.Lock()
-		p.tracked[ctr.GetId()] = trackedCtr{sandboxID: ctr.GetPodSandboxId(), req: req}
-		p.trackGen++
+		undone := cr.undone
+		if !undone {
+			p.tracked[ctr.GetId()] = trackedCtr{sandboxID: ctr.GetPodSandboxId(), req: req}
+			p.trackGen++
+		}
 		p.mu.Unlock()
+		if undone {
+			return nil, nil, p.undoCreation(ctx, g, pod, ctr)
+		}
 	}
 	if d.Reason == guard.ReasonExempt {
 		if p.validates.Load() {
@@ -1141,6 +1153,66 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 		}
 	}
 	return nil, nil, nil
+}
+
+// creation is one CreateContainer handler running.
+type creation struct {
+	// undone: the runtime stopped or removed the container while the
+	// handler ran (guarded by Plugin.mu).
+	undone bool
+}
+
+// startCreation records a create of container id as running. Under the
+// failure policy the plugin asks for (KeepConnected), a create that answers
+// past the runtime's deadline fails without the plugin being dropped, and the
+// runtime's undo (StopContainer, RemoveContainer of the id) can arrive while
+// the handler still runs: the id is not tracked yet, so those would end
+// nothing, and the claim the handler then commits, of a container that never
+// exists (no process: the liveness check keeps it), would never end.
+func (p *Plugin) startCreation(id string) *creation {
+	cr := &creation{}
+	p.mu.Lock()
+	p.creating[id] = cr
+	p.mu.Unlock()
+	return cr
+}
+
+func (p *Plugin) endCreation(id string, cr *creation) {
+	p.mu.Lock()
+	if p.creating[id] == cr {
+		delete(p.creating, id)
+	}
+	p.mu.Unlock()
+}
+
+// undoCreations marks the running creates of id as undone (a stop or removal
+// of an id not tracked: see startCreation).
+func (p *Plugin) undoCreations(id string) {
+	p.mu.Lock()
+	if cr := p.creating[id]; cr != nil {
+		cr.undone = true
+	}
+	p.mu.Unlock()
+}
+
+// undoCreation ends the claim a create committed after the runtime had
+// already stopped or removed the container, and refuses the create (the
+// runtime gave up on it anyway). A release that fails is due, retried as any
+// other.
+func (p *Plugin) undoCreation(ctx context.Context, g *guard.Guard, pod *api.PodSandbox, ctr *api.Container) error {
+	rctx, cancel := p.boundedDetached(ctx, g)
+	defer cancel()
+	o := ownerOf(pod, ctr)
+	if err := g.Removed(rctx, o); err != nil {
+		p.ledgerTrouble(err)
+		p.addDue(releaseRemove, o, err)
+		p.log.Error("releasing the claim of a create the runtime had already undone failed; retried in the background "+
+			"and at the next NRI event", "container_id", ctr.GetId(), "error", err)
+	}
+	p.log.Warn("the runtime stopped or removed the container while its create was decided (the create answered past "+
+		"the runtime's deadline): its claim is released", "container_id", ctr.GetId())
+	return fmt.Errorf("nri-gpu-guard: container %s refused: the runtime stopped or removed it while nri-gpu-guard decided "+
+		"its create (the answer came past the runtime's deadline); its claim is released, retrying is automatic", naming.ShortID(ctr.GetId()))
 }
 
 // errRebuilding refuses a GPU container's create while the ledger is rebuilt.
@@ -1263,6 +1335,7 @@ func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *ap
 	defer p.handling("StopContainer", nil)()
 	g, ok := p.trackedGuard(ctr.GetId())
 	if !ok {
+		p.undoCreations(ctr.GetId())
 		return nil, nil
 	}
 	ctx, cancel := p.bounded(ctx, g)
@@ -1301,6 +1374,7 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	p.mu.Unlock()
 	g, ok := p.trackedGuard(ctr.GetId())
 	if !ok {
+		p.undoCreations(ctr.GetId())
 		return nil
 	}
 	ctx, cancel := p.bounded(ctx, g)

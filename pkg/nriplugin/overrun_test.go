@@ -1,0 +1,67 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package nriplugin
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+)
+
+// Under the failure policy the plugin asks for (KeepConnected), a create
+// that answers past the runtime's deadline fails without the plugin being
+// dropped, and the runtime's undo (StopContainer, RemoveContainer) reaches
+// the plugin while the create's handler still runs. Those handlers found the
+// id untracked and ended nothing; the claim the create committed next was of
+// a container that never existed (no process: the liveness check keeps it),
+// and nothing ever released it. The create now sees that it was undone,
+// releases what it claimed and refuses.
+func TestCreateUndoneWhileItRunsLeavesNoClaim(t *testing.T) {
+	rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: time.Minute} })
+	pl := rt.startPlugin()
+	entered := make(chan string, 16)
+	pl.p.entered = func(h string) { entered <- h }
+	pod := rt.addPod("a")
+	ctr := container(pod, "main", "x-1", "NVIDIA_VISIBLE_DEVICES=0")
+
+	lk := rt.lockLedger() // the create waits for the ledger (a stalled disk, a throttled daemon)
+	created := make(chan error, 1)
+	go func() {
+		_, _, err := pl.p.CreateContainer(context.Background(), pod, ctr)
+		created <- err
+	}()
+	require.Equal(t, "CreateContainer", within(t, entered, "the create's handler"))
+
+	// The runtime gave up on the create and undoes it.
+	_, err := pl.p.StopContainer(context.Background(), pod, ctr)
+	require.NoError(t, err)
+	require.NoError(t, pl.p.RemoveContainer(context.Background(), pod, ctr))
+	require.NoError(t, lk.Unlock())
+
+	err = within(t, created, "the create's answer")
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "stopped or removed it while nri-gpu-guard decided its create")
+	assert.Empty(t, rt.holders(), "the claim of a container that never existed is released")
+	_, tracked := pl.p.trackedGuard(ctr.Id)
+	assert.False(t, tracked)
+}
+
+// within receives from ch, failing the test if nothing comes for a minute (a
+// hang guard, not a timing assertion).
+func within[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatalf("%s never came", what)
+		var zero T
+		return zero
+	}
+}
