@@ -860,22 +860,19 @@ func (g *Guard) Withdraw(ctx context.Context, key, reason string) error {
 	})
 }
 
-// Reconcile makes the ledger's claims of front end fe match the containers
-// the runtime lists as live: claims of containers not listed are released
-// ("stale"), listed containers reaching GPUs without a claim are adopted, and
-// two listed containers on one GPU are recorded as a conflict. A listed
-// container whose request no longer resolves (inventory or policy changed:
-// an id the inventory lacks, a privileged container under privileged =
-// "reject") keeps the claims it has, and is adopted for, or recorded in
-// conflict on, what it reaches all the same (reachable): it runs, so what
-// it can open is not free. Nothing is released on doubt.
-func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Request) (ledger.ReconcileResult, error) {
-	type entry struct {
-		owner  ledger.Owner
-		res    devices.Resolution
-		failed bool
-	}
-	entries := make([]entry, 0, len(live))
+// listedEntry is one container of a runtime's list, as Reconcile and
+// ListedHoldings read it.
+type listedEntry struct {
+	owner  ledger.Owner
+	res    devices.Resolution
+	failed bool
+}
+
+// listedEntries resolves the containers of front end fe's list (exempt ones
+// left out): a request that no longer resolves reaches what a lenient policy
+// still resolves (failed).
+func (g *Guard) listedEntries(fe ledger.FrontEnd, live []Request) []listedEntry {
+	entries := make([]listedEntry, 0, len(live))
 	var lenient *devices.Resolver // built on the first request that fails
 	v := g.view.Load()
 	for _, r := range live {
@@ -899,8 +896,39 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 			g.log.Warn("reconcile: container request does not resolve; its claims are kept, and what it still reaches is not free",
 				append(ownerAttrs(o, ""), slog.Any("error", err), slog.Any("reaches", resolvedUUIDs(res.Devices)))...)
 		}
-		entries = append(entries, entry{owner: o, res: res, failed: err != nil})
+		entries = append(entries, listedEntry{owner: o, res: res, failed: err != nil})
 	}
+	return entries
+}
+
+// ListedHoldings is what the containers of front end fe's list reach, as
+// Reconcile reads them, for a recovery that must know them in the commit
+// that writes the recovered state (ledger.RecoverOptions.Running): between
+// that commit and the reconcile another front end could otherwise be
+// admitted onto a GPU one of them uses.
+func (g *Guard) ListedHoldings(fe ledger.FrontEnd, live []Request) []ledger.Holding {
+	var out []ledger.Holding
+	for _, e := range g.listedEntries(fe, live) {
+		h := ledger.Holding{Owner: e.owner, Source: sourceText(e.res)}
+		for _, rd := range e.res.Devices {
+			h.Devices = append(h.Devices, rd.Device)
+		}
+		out = append(out, h)
+	}
+	return out
+}
+
+// Reconcile makes the ledger's claims of front end fe match the containers
+// the runtime lists as live: claims of containers not listed are released
+// ("stale"), listed containers reaching GPUs without a claim are adopted, and
+// two listed containers on one GPU are recorded as a conflict. A listed
+// container whose request no longer resolves (inventory or policy changed:
+// an id the inventory lacks, a privileged container under privileged =
+// "reject") keeps the claims it has, and is adopted for, or recorded in
+// conflict on, what it reaches all the same (reachable): it runs, so what
+// it can open is not free. Nothing is released on doubt.
+func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Request) (ledger.ReconcileResult, error) {
+	entries := g.listedEntries(fe, live)
 
 	var (
 		result ledger.ReconcileResult

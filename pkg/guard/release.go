@@ -163,3 +163,14 @@ func NewReleaseRule(cfg config.Config, live Liveness) ReleaseRule {
 func (r ReleaseRule) Check(o ledger.Owner) Verdict {
 	return ReleasableIdle(o, r.releaseOn, r.requiresIdle, r.live)
 }
+
+// ReleaseAdvice is what an operator runs, once the ledger is reachable, to
+// end the claims of container id, which is gone but whose release failed:
+// gc releases an exited holder's claim, except under release_on = "remove",
+// where it keeps it until a removal that will not come again.
+func ReleaseAdvice(cfg config.Config, id string) string {
+	if cfg.Policy.ReleaseOn == config.ReleaseOnRemove {
+		return "run `sudo gpu-guard-ctl release --container " + id + " --reason \"poststop failed\"` once the ledger is reachable"
+	}
+	return "run `gpu-guard-ctl gc` once the ledger is reachable"
+}

@@ -618,11 +618,7 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 			return err
 		})
 		if err != nil && !errors.Is(err, ledger.ErrNotFound) {
-			remedy := "run `gpu-guard-ctl gc` once the ledger is reachable"
-			if cfg.Policy.ReleaseOn == config.ReleaseOnRemove {
-				remedy = "run `sudo gpu-guard-ctl release --container " + st.ID + " --reason \"poststop failed\"` once the ledger is reachable"
-			}
-			errs = append(errs, fmt.Errorf("release the GPUs of container %s (%s): %w", st.ID, remedy, err))
+			errs = append(errs, fmt.Errorf("release the GPUs of container %s (%s): %w", st.ID, guard.ReleaseAdvice(cfg, st.ID), err))
 		}
 		for _, c := range others {
 			keep = true

@@ -288,3 +288,52 @@ func TestWarnsWhenCRIORunsTheHooksToo(t *testing.T) {
 	(&Plugin{log: slog.New(logs)}).warnHooksUnderNRI("cri-o")
 	assert.True(t, logs.has("cannot be checked"))
 }
+
+// The recovery of a ledger that needs it and the reconcile with the
+// runtime's list are two lock holds: an OCI hook admitted between them found
+// the GPU of a running NRI container free (the recovered state did not know
+// it yet), and two containers shared it. The runtime's containers now go
+// into the recovered state's own commit.
+func TestRecoveryKnowsTheRuntimesContainersBeforeAnyOtherFrontEnd(t *testing.T) {
+	rt := newRuntime(t, nil)
+	podA, podB := rt.addPod("a"), rt.addPod("b")
+	var hookErr error
+	var armed, hooked atomic.Bool
+	waitReady := runPluginWith(t, rt, func(p *Plugin) {
+		p.afterRecover = func() {
+			if !armed.CompareAndSwap(true, false) {
+				return
+			}
+			hooked.Store(true)
+			l, err := ledger.Open(rt.ledgerDir, ledger.Options{Now: rt.clock.Now})
+			if err != nil {
+				hookErr = err
+				return
+			}
+			hookErr = l.Update(context.Background(), func(tx *ledger.Tx) error {
+				_, err := tx.Claim("", ledger.Owner{ContainerID: "podman-9", FrontEnd: ledger.FrontEndHook},
+					[]devices.Device{{UUID: gpuUUID(1), Index: "1", Kind: devices.KindGPU}}, "env")
+				return err
+			})
+		}
+	})
+	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(podA, holder))
+	rt.start(podA, holder, 4242)
+	armed.Store(true) // the recovery to come, not the first Synchronize's
+
+	for _, name := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
+		if err := os.Remove(filepath.Join(rt.ledgerDir, name)); err != nil {
+			require.ErrorIs(t, err, os.ErrNotExist)
+		}
+	}
+	require.Error(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=3")),
+		"nothing is decided while the ledger needs recovery")
+	waitReady(false)
+	waitReady(true)
+
+	require.True(t, hooked.Load())
+	var busy *ledger.BusyError
+	require.ErrorAs(t, hookErr, &busy, "the hook found GPU 1 held by the running NRI container")
+	assert.Equal(t, map[string]string{"1": holder.Id}, rt.holders())
+}

@@ -202,6 +202,9 @@ type Plugin struct {
 	// creating are the CreateContainer handlers running, by container id
 	// (see startCreation).
 	creating map[string]*creation
+	// afterRecover, when set, runs between a reconcile's recovery and its
+	// reconcile with the runtime's list (tests: another front end's turn).
+	afterRecover func()
 	// validates: the runtime asks ValidateContainerAdjustment (EventsFor).
 	validates atomic.Bool
 	// pendingPods, set by a failed Synchronize of a launched plugin (see
@@ -645,12 +648,25 @@ func (p *Plugin) reconcileWith(ctx context.Context, g *guard.Guard, live []guard
 	led.RequireLineage("")
 	opts := ledger.RecoverOptions{AllowEmpty: true, Reason: reason}
 	if _, err := led.Snapshot(ctx); errors.Is(err, ledger.ErrNeedsRecovery) {
-		var herr error
-		opts.Running, opts.RunningWhy, herr = p.hookHoldings(ctx, g, live, hooks)
+		hookRun, hookWhy, herr := p.hookHoldings(ctx, g, live, hooks)
 		if herr != nil {
 			// Recovering without them would lose the claims of the OCI
 			// hook's running containers: the rebuild is tried again.
 			return ledger.ReconcileResult{}, nil, fmt.Errorf("nri-gpu-guard: recover the ledger: the OCI hook's containers: %w", herr)
+		}
+		// The runtime's own containers go into the recovered state's
+		// commit too, after the hook's (a GPU both use stays the hook
+		// container's, the runtime's is a conflict, as the reconcile would
+		// record it): the recovery and the reconcile are two lock holds,
+		// and an OCI hook admitted between them would find the GPUs of
+		// running containers free. The reconcile then finds them claimed.
+		listed := g.ListedHoldings(ledger.FrontEndNRI, live)
+		opts.Running = append(hookRun, listed...)
+		opts.RunningWhy = func(i int) string {
+			if i < len(hookRun) {
+				return hookWhy(i)
+			}
+			return "recover: listed by the runtime (" + reason + ")"
 		}
 	}
 	if rep, err := led.Recover(ctx, opts); err != nil {
@@ -658,6 +674,9 @@ func (p *Plugin) reconcileWith(ctx context.Context, g *guard.Guard, live []guard
 	} else if rep.Problem != "" {
 		p.log.Warn("ledger recovered before reconciling with the runtime's containers", "problem", rep.Problem, "from", rep.From,
 			"replayed", rep.Replayed, "complete", rep.Complete, "lost", rep.Lost, "quarantined", rep.Quarantined)
+	}
+	if p.afterRecover != nil {
+		p.afterRecover()
 	}
 	res, err := g.Reconcile(ctx, ledger.FrontEndNRI, live)
 	if err != nil {
