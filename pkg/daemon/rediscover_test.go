@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
@@ -145,7 +146,7 @@ func TestRediscoverAfterLateDriver(t *testing.T) {
 	// The driver is still down: attempts back off 5s, 10s, 20s, 40s, 1m, 1m.
 	want := []time.Duration{5 * time.Second, 10 * time.Second, 20 * time.Second, 40 * time.Second, time.Minute, time.Minute}
 	for i, w := range want {
-		assert.Equal(t, w, receive(t, timer.waits, "a wait"), "wait %d", i)
+		assert.Equal(t, w, testwait.Receive(t, timer.waits, "a wait"), "wait %d", i)
 		if i < len(want)-1 {
 			timer.fire <- time.Time{}
 		}
@@ -157,7 +158,7 @@ func TestRediscoverAfterLateDriver(t *testing.T) {
 
 	nvml.up.Store(true)
 	timer.fire <- time.Time{}
-	assert.Same(t, g, receive(t, swapped, "the swap"))
+	assert.Same(t, g, testwait.Receive(t, swapped, "the swap"))
 	_, ok := g.Inventory().Lookup(uuidLate)
 	require.True(t, ok, "the guard decides with the new inventory")
 	cached, err = devices.LoadCache(cache)
@@ -192,10 +193,10 @@ func TestRediscoverReplacesCacheFallback(t *testing.T) {
 	require.True(t, ok, "the cache fallback")
 
 	swapped, _ := runRediscover(t, b)
-	assert.Equal(t, 5*time.Second, receive(t, timer.waits, "a wait"))
+	assert.Equal(t, 5*time.Second, testwait.Receive(t, timer.waits, "a wait"))
 	nvml.up.Store(true)
 	timer.fire <- time.Time{}
-	assert.Same(t, g, receive(t, swapped, "the swap"))
+	assert.Same(t, g, testwait.Receive(t, swapped, "the swap"))
 	_, ok = g.Inventory().Lookup(uuidLate)
 	assert.True(t, ok)
 }
@@ -210,7 +211,7 @@ func TestRediscoverIdleWhenComplete(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); b.Rediscover(ctx, nil) }()
 	cancel()
-	receive(t, done, "Rediscover to stop")
+	testwait.Receive(t, done, "Rediscover to stop")
 	noWait(t, timer, "over a complete inventory")
 }
 
@@ -265,14 +266,14 @@ func TestStartWithoutDriverOrCache(t *testing.T) {
 
 			swapped, _ := runRediscover(t, b)
 
-			assert.Equal(t, 5*time.Second, receive(t, timer.waits, "a wait"))
+			assert.Equal(t, 5*time.Second, testwait.Receive(t, timer.waits, "a wait"))
 			timer.fire <- time.Time{} // still no driver
-			assert.Equal(t, 10*time.Second, receive(t, timer.waits, "a wait"))
+			assert.Equal(t, 10*time.Second, testwait.Receive(t, timer.waits, "a wait"))
 			assert.NoFileExists(t, cache)
 
 			nvml.up.Store(true)
 			timer.fire <- time.Time{}
-			assert.Same(t, g, receive(t, swapped, "the swap"))
+			assert.Same(t, g, testwait.Receive(t, swapped, "the swap"))
 			assert.False(t, g.Inventory().Undiscovered)
 			cached, err := devices.LoadCache(cache)
 			require.NoError(t, err)

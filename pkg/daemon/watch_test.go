@@ -27,6 +27,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
@@ -221,18 +222,6 @@ func (b *syncBuffer) String() string {
 	return b.buf.String()
 }
 
-func receive[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(30 * time.Second): // a deadlock guard, not a timing assertion
-		t.Fatalf("no %s", what)
-		var zero T
-		return zero
-	}
-}
-
 // guardFor builds the daemon's guard over a real ledger with the mock's GPUs
 // as a static inventory.
 func guardFor(t testing.TB, h *gpuHost, edit func(*config.Config)) *guard.Guard {
@@ -311,10 +300,10 @@ func TestUncheckedContainerShowsUpAsIntruder(t *testing.T) {
 		w.Metrics = m
 	}, done)
 
-	receive(t, reports, "first report")
+	testwait.Receive(t, reports, "first report")
 	cordons := map[string][3]string{}
 	for range 3 {
-		c := receive(t, states.cordons, "cordon")
+		c := testwait.Receive(t, states.cordons, "cordon")
 		cordons[c[0]] = c
 	}
 	for _, i := range []int{0, 3, 4} {
@@ -351,7 +340,7 @@ func TestUncheckedContainerShowsUpAsIntruder(t *testing.T) {
 	assert.Empty(t, byDevice[h.uuid(4)].ContainerID, "a host process has no container")
 
 	// observe.json and the gauge, after a full pass has been handled.
-	receive(t, reports, "a later report")
+	testwait.Receive(t, reports, "a later report")
 	f, err := observe.ReadFile(g.Ledger().Dir())
 	require.NoError(t, err)
 	require.Len(t, f.Findings, 3)
@@ -372,7 +361,7 @@ func TestUncheckedContainerShowsUpAsIntruder(t *testing.T) {
 	h.stop(201)
 	h.stop(300)
 	for {
-		receive(t, reports, "report after the stop")
+		testwait.Receive(t, reports, "report after the stop")
 		if f, err = observe.ReadFile(g.Ledger().Dir()); err == nil && len(f.Findings) == 0 {
 			break
 		}
@@ -392,13 +381,13 @@ func TestUncheckedContainerShowsUpAsIntruder(t *testing.T) {
 	// A critical Xid on GPU 5: unhealthy, cordoned, audited, counted, shown.
 	h.events <- nvml.EventData{Device: h.srv.Devices[5], EventType: nvml.EventTypeXidCriticalError, EventData: 79,
 		GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
-	c := receive(t, states.cordons, "unhealthy cordon")
+	c := testwait.Receive(t, states.cordons, "unhealthy cordon")
 	assert.Equal(t, [2]string{h.uuid(5), "unhealthy"}, [2]string{c[0], c[1]})
 	assert.Contains(t, c[2], "critical Xid 79")
 	// The health path sets the gauge, then writes observe.json, on its own
 	// goroutine: wait for the file, the last of the two.
 	for {
-		receive(t, reports, "report after the Xid")
+		testwait.Receive(t, reports, "report after the Xid")
 		if f, err = observe.ReadFile(g.Ledger().Dir()); err == nil && len(f.Unhealthy) == 1 {
 			break
 		}
@@ -408,7 +397,7 @@ func TestUncheckedContainerShowsUpAsIntruder(t *testing.T) {
 	assert.EqualValues(t, 79, f.Unhealthy[0].Xid)
 
 	cancel()
-	receive(t, done, "Run to return")
+	testwait.Receive(t, done, "Run to return")
 	_, err = observe.ReadFile(g.Ledger().Dir())
 	require.ErrorIs(t, err, observe.ErrNoFile, "a clean stop removes the report: it would only grow stale")
 }
@@ -431,7 +420,7 @@ func TestObserverNeverBlocksAdmission(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	w.Use(g)
 
-	receive(t, h.entered, "a listing stuck in NVML")
+	testwait.Receive(t, h.entered, "a listing stuck in NVML")
 	assert.Equal(t, guard.Admit, admit(t, g, idC, "ml", "p", "c", "2").Result)
 	h.mu.Lock()
 	h.block = nil
@@ -456,7 +445,7 @@ func TestNoNVMLOneLogLine(t *testing.T) {
 	done := make(chan struct{})
 	go func() { w.Run(ctx); close(done) }()
 	w.Use(g)
-	receive(t, opened, "NVML open")
+	testwait.Receive(t, opened, "NVML open")
 	// Another guard with another [observe] section: NVML is not tried again.
 	g2, err := (&Builder{}).Setup(context.Background(), func() config.Config {
 		c := g.Config()
@@ -466,7 +455,7 @@ func TestNoNVMLOneLogLine(t *testing.T) {
 	require.NoError(t, err)
 	w.Use(g2)
 	cancel()
-	receive(t, done, "Run to return")
+	testwait.Receive(t, done, "Run to return")
 	assert.Len(t, opened, 0, "NVML is opened once")
 	assert.Equal(t, 1, strings.Count(logs.String(), "GPU observer off: NVML is not available"))
 	_, err = observe.ReadFile(g.Ledger().Dir())
@@ -506,7 +495,7 @@ func TestDrainingReleasedWhenIdleOrAfterGrace(t *testing.T) {
 	ctx := context.Background()
 
 	w.drainOnce(ctx, cfg, o)
-	fin := receive(t, states.finished, "grace release")
+	fin := testwait.Receive(t, states.finished, "grace release")
 	assert.Equal(t, idC, fin[0])
 	assert.Contains(t, fin[1], "idle grace 1m0s expired")
 	assert.Contains(t, fin[1], "pid 300 still on GPU 2 ("+h.uuid(2)+")")
@@ -514,7 +503,7 @@ func TestDrainingReleasedWhenIdleOrAfterGrace(t *testing.T) {
 
 	h.stop(100)
 	w.drainOnce(ctx, cfg, o)
-	assert.Equal(t, [2]string{idA, "idle"}, receive(t, states.finished, "idle release"))
+	assert.Equal(t, [2]string{idA, "idle"}, testwait.Receive(t, states.finished, "idle release"))
 
 	// Without NVML only the grace applies.
 	states.draining = []ledger.Claim{claim(1, idB, now.Add(-5*time.Second))}
@@ -522,7 +511,7 @@ func TestDrainingReleasedWhenIdleOrAfterGrace(t *testing.T) {
 	assert.Len(t, states.finished, 0)
 	now = now.Add(time.Minute)
 	w.drainOnce(ctx, cfg, nil)
-	fin = receive(t, states.finished, "grace release without NVML")
+	fin = testwait.Receive(t, states.finished, "grace release without NVML")
 	assert.Contains(t, fin[1], "NVML is not available")
 }
 
@@ -566,12 +555,12 @@ func TestDrainingReleasedWhileNVMLHangs(t *testing.T) {
 	done := make(chan struct{})
 	go func() { w.drainOnce(context.Background(), cfg, o); close(done) }()
 	for _, id := range []string{idC, idB} {
-		fin := receive(t, states.finished, "grace release while NVML hangs")
+		fin := testwait.Receive(t, states.finished, "grace release while NVML hangs")
 		assert.Equal(t, id, fin[0])
 		assert.Contains(t, fin[1], "idle grace 1m0s expired")
 		assert.Contains(t, fin[1], observe.ErrNVMLSlow.Error())
 	}
-	receive(t, done, "drainOnce to return while NVML hangs")
+	testwait.Receive(t, done, "drainOnce to return while NVML hangs")
 	assert.Contains(t, logs.String(), "NVML did not answer the idle check in time")
 	assert.Contains(t, logs.String(), `"device":"GPU 2 (`+h.uuid(2)+`)"`)
 	assert.Equal(t, 1, strings.Count(logs.String(), "NVML did not answer the idle check in time"),
@@ -645,7 +634,7 @@ func TestFindingsWaitForSynchronize(t *testing.T) {
 	defer stop()
 
 	for range 3 {
-		receive(t, refused, "a pass refused the ledger before Synchronize")
+		testwait.Receive(t, refused, "a pass refused the ledger before Synchronize")
 	}
 	assert.Empty(t, reports, "no report before Synchronize")
 	assert.Empty(t, states.cordons, "nothing cordoned before Synchronize")
@@ -654,7 +643,7 @@ func TestFindingsWaitForSynchronize(t *testing.T) {
 	assert.Empty(t, f.Findings)
 
 	w.SetReady(true)
-	c := receive(t, states.cordons, "cordon once synchronized")
+	c := testwait.Receive(t, states.cordons, "cordon once synchronized")
 	assert.Equal(t, h.uuid(2), c[0])
 }
 
@@ -745,7 +734,7 @@ func TestPassNotReadWhileNotReady(t *testing.T) {
 	h.mu.Unlock()
 	close(release)
 	if !got {
-		res = receive(t, results, "the pass")
+		res = testwait.Receive(t, results, "the pass")
 	}
 	if res.err == nil {
 		w.onReport(context.Background(), g.Config(), res.r)
@@ -776,7 +765,7 @@ func TestReportReadBeforeResyncIsDropped(t *testing.T) {
 		r, err := o.Account(context.Background())
 		results <- passResult{r, err}
 	}()
-	receive(t, h.entered, "the pass in NVML, its ledger view read")
+	testwait.Receive(t, h.entered, "the pass in NVML, its ledger view read")
 	w.SetReady(false) // the runtime restarted
 	adopt(t, g)       // Synchronize
 	w.SetReady(true)
@@ -784,7 +773,7 @@ func TestReportReadBeforeResyncIsDropped(t *testing.T) {
 	h.block = nil
 	h.mu.Unlock()
 	close(release)
-	res := receive(t, results, "the pass")
+	res := testwait.Receive(t, results, "the pass")
 	require.NoError(t, res.err)
 	require.Len(t, res.r.Problems(), 1, "the view read before Synchronize lacks idB's claim")
 	w.onReport(context.Background(), g.Config(), res.r)
@@ -895,7 +884,7 @@ func failingCordonWatch(t *testing.T) (*gpuHost, *Watch, chan struct{}, *fakeSta
 	states.failing = 1
 	w, reports, stop := runWatch(t, h, g, states, nil)
 	t.Cleanup(stop)
-	receive(t, reports, "first report")
+	testwait.Receive(t, reports, "first report")
 	return h, w, reports, states
 }
 
@@ -911,14 +900,14 @@ func TestUnhealthyCordonRetriedAndRenewedAfterUncordon(t *testing.T) {
 			GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
 	}
 	xid(79) // its cordon fails once ...
-	c := receive(t, states.cordons, "the cordon, retried at a later pass")
+	c := testwait.Receive(t, states.cordons, "the cordon, retried at a later pass")
 	assert.Equal(t, [2]string{h.uuid(5), "unhealthy"}, [2]string{c[0], c[1]})
 	assert.Contains(t, c[2], "critical Xid 79")
 
 	states.uncordon(h.uuid(5)) // the operator, at once
 	for pass := 0; ; pass++ {
 		require.Less(t, pass, 100, "the uncordon was never taken for the operator's")
-		receive(t, reports, "a pass after the uncordon")
+		testwait.Receive(t, reports, "a pass after the uncordon")
 		w.mu.Lock()
 		n := len(w.unhealthy)
 		w.mu.Unlock()
@@ -927,7 +916,7 @@ func TestUnhealthyCordonRetriedAndRenewedAfterUncordon(t *testing.T) {
 		}
 	}
 	xid(48) // fails again
-	c = receive(t, states.cordons, "cordoned again")
+	c = testwait.Receive(t, states.cordons, "cordoned again")
 	assert.Equal(t, h.uuid(5), c[0])
 	assert.Contains(t, c[2], "Xid 48")
 }
@@ -943,7 +932,7 @@ func TestUnhealthyCordonRetriedWhileNotReady(t *testing.T) {
 
 	h.events <- nvml.EventData{Device: h.srv.Devices[5], EventType: nvml.EventTypeXidCriticalError, EventData: 79,
 		GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
-	c := receive(t, states.cordons, "the cordon, retried at a later pass while not ready")
+	c := testwait.Receive(t, states.cordons, "the cordon, retried at a later pass while not ready")
 	assert.Equal(t, [2]string{h.uuid(5), "unhealthy"}, [2]string{c[0], c[1]})
 }
 
@@ -963,7 +952,7 @@ func TestVanishedMIGInstanceIsNotCordoned(t *testing.T) {
 		Device: observe.Device{UUID: h.uuid(6), Index: "6"}}
 	w.onUnhealthy(ctx, mig)
 	w.onUnhealthy(ctx, gpu)
-	c := receive(t, states.cordons, "the vanished GPU's cordon")
+	c := testwait.Receive(t, states.cordons, "the vanished GPU's cordon")
 	assert.Equal(t, h.uuid(6), c[0])
 	select {
 	case c := <-states.cordons:
@@ -1263,7 +1252,7 @@ func TestIntruderCordonRetriedByTheObserver(t *testing.T) {
 	states.failing = 1
 	_, _, stop := runWatch(t, h, g, states, nil)
 	defer stop()
-	c := receive(t, states.cordons, "the intruder cordon, retried")
+	c := testwait.Receive(t, states.cordons, "the intruder cordon, retried")
 	assert.Equal(t, [2]string{h.uuid(2), "intruder"}, [2]string{c[0], c[1]})
 	states.mu.Lock()
 	assert.Equal(t, 2, states.attempts)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
@@ -73,20 +74,6 @@ type silentTicker struct{}
 
 func (silentTicker) C() <-chan time.Time { return nil }
 func (silentTicker) Stop()               {}
-
-// within receives from c, failing the test after a generous bound: a guard
-// against a hang, never what decides a pass.
-func within[T any](t *testing.T, c <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-c:
-		return v
-	case <-time.After(time.Minute):
-		t.Fatalf("no %s within a minute", what)
-	}
-	var zero T
-	return zero
-}
 
 type answer struct {
 	d   guard.Decision
@@ -408,7 +395,7 @@ func TestWaiterWakesAtDeadlineNotNextPoll(t *testing.T) {
 
 	done := make(chan error, 1)
 	go func() { done <- w.run(context.Background()) }()
-	require.Equal(t, 500*time.Millisecond, within(t, armed, "deadline timer"), "armed for the time left, not the poll interval")
+	require.Equal(t, 500*time.Millisecond, testwait.Receive(t, armed, "deadline timer"), "armed for the time left, not the poll interval")
 	// The deadline comes: the clock reaches it and the timer fires.
 	f.clock.advance(500 * time.Millisecond)
 	select {
@@ -416,7 +403,7 @@ func TestWaiterWakesAtDeadlineNotNextPoll(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("the wait does not listen to its deadline timer")
 	}
-	err := within(t, done, "end of the wait")
+	err := testwait.Receive(t, done, "end of the wait")
 	require.ErrorIs(t, err, ErrWaitTimeout)
 	require.Equal(t, []time.Duration{time.Minute}, polls)
 	require.Equal(t, 1, f.admits, "woken by the deadline, not by a poll")

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 )
 
@@ -36,7 +37,7 @@ func TestCreateUndoneWhileItRunsLeavesNoClaim(t *testing.T) {
 		_, _, err := pl.p.CreateContainer(context.Background(), pod, ctr)
 		created <- err
 	}()
-	require.Equal(t, "CreateContainer", within(t, entered, "the create's handler"))
+	require.Equal(t, "CreateContainer", testwait.Receive(t, entered, "the create's handler"))
 
 	// The runtime gave up on the create and undoes it.
 	_, err := pl.p.StopContainer(context.Background(), pod, ctr)
@@ -44,24 +45,10 @@ func TestCreateUndoneWhileItRunsLeavesNoClaim(t *testing.T) {
 	require.NoError(t, pl.p.RemoveContainer(context.Background(), pod, ctr))
 	require.NoError(t, lk.Unlock())
 
-	err = within(t, created, "the create's answer")
+	err = testwait.Receive(t, created, "the create's answer")
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "stopped or removed it while nri-gpu-guard decided its create")
 	assert.Empty(t, rt.holders(), "the claim of a container that never existed is released")
 	_, tracked := pl.p.trackedGuard(ctr.Id)
 	assert.False(t, tracked)
-}
-
-// within receives from ch, failing the test if nothing comes for a minute (a
-// hang guard, not a timing assertion).
-func within[T any](t *testing.T, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(time.Minute):
-		t.Fatalf("%s never came", what)
-		var zero T
-		return zero
-	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
@@ -41,7 +42,7 @@ func TestCriticalXidMarksUnhealthy(t *testing.T) {
 	h.events <- xidEvent(h.srv.Devices[4], 13) // application error: not in xids
 	h.events <- nvml.EventData{Device: h.srv.Devices[4], EventType: nvml.EventTypeSingleBitEccError}
 	h.events <- xidEvent(h.srv.Devices[3], 79)
-	f := receive(t, ch, "unhealthy finding")
+	f := testwait.Receive(t, ch, "unhealthy finding")
 	assert.Equal(t, KindUnhealthy, f.Kind)
 	assert.Equal(t, "3", f.Device.Index)
 	assert.Equal(t, h.uuid(3), f.Device.UUID)
@@ -62,7 +63,7 @@ func TestCriticalXidMarksUnhealthy(t *testing.T) {
 	// not notify again; another GPU is notified.
 	h.events <- xidEvent(h.srv.Devices[3], 48)
 	h.events <- xidEvent(h.srv.Devices[6], 95)
-	f = receive(t, ch, "second unhealthy finding")
+	f = testwait.Receive(t, ch, "second unhealthy finding")
 	assert.Equal(t, "6", f.Device.Index)
 	got, _ = o.Health(h.uuid(3))
 	assert.EqualValues(t, 79, got.Xid)
@@ -77,7 +78,7 @@ func TestXidOnMIGInstance(t *testing.T) {
 	ev := xidEvent(h.srv.Devices[1], 48)
 	ev.GpuInstanceId, ev.ComputeInstanceId = 2, 0 // the second instance: MIG 1:1
 	h.events <- ev
-	f := receive(t, ch, "unhealthy MIG")
+	f := testwait.Receive(t, ch, "unhealthy MIG")
 	assert.Equal(t, "1:1", f.Device.Index)
 	assert.Equal(t, h.migUUID(1, 1), f.Device.UUID)
 	_, ok := o.Health(h.migUUID(1, 0))
@@ -86,7 +87,7 @@ func TestXidOnMIGInstance(t *testing.T) {
 	// An event for the whole GPU in MIG mode marks the GPU, and so every
 	// instance of it.
 	h.events <- xidEvent(h.srv.Devices[1], 79)
-	f = receive(t, ch, "unhealthy GPU")
+	f = testwait.Receive(t, ch, "unhealthy GPU")
 	assert.Equal(t, "1", f.Device.Index)
 	_, ok = o.Health(h.migUUID(1, 3))
 	assert.True(t, ok)
@@ -108,7 +109,7 @@ func TestXidOfAGPUInstanceMarksEachComputeInstance(t *testing.T) {
 	h.events <- ev
 	got := map[string]bool{}
 	for range 2 {
-		f := receive(t, ch, "unhealthy compute instance")
+		f := testwait.Receive(t, ch, "unhealthy compute instance")
 		assert.EqualValues(t, 48, f.Xid)
 		got[f.Device.Index] = true
 	}
@@ -175,7 +176,7 @@ func TestHealthWatcherRetriesNVMLErrors(t *testing.T) {
 	startRun(t, o)
 
 	h.events <- xidEvent(h.srv.Devices[2], 79)
-	f := receive(t, ch, "unhealthy after retries")
+	f := testwait.Receive(t, ch, "unhealthy after retries")
 	assert.Equal(t, "2", f.Device.Index)
 	h.mu.Lock()
 	assert.Equal(t, 3, h.creates)
@@ -186,7 +187,7 @@ func TestHealthWatcherRetriesNVMLErrors(t *testing.T) {
 	// A failed wait frees the set and starts over with a new one.
 	h.waitErr <- nvml.ERROR_UNKNOWN
 	h.events <- xidEvent(h.srv.Devices[5], 79)
-	f = receive(t, ch, "unhealthy after a failed wait")
+	f = testwait.Receive(t, ch, "unhealthy after a failed wait")
 	assert.Equal(t, "5", f.Device.Index)
 	h.mu.Lock()
 	assert.Equal(t, 4, h.creates)
@@ -206,11 +207,11 @@ func TestHealthWatcherBackoffStartsOverAfterAWatchRan(t *testing.T) {
 	startRun(t, o)
 
 	h.events <- xidEvent(h.srv.Devices[2], 79)
-	receive(t, ch, "unhealthy from a working watch")
+	testwait.Receive(t, ch, "unhealthy from a working watch")
 	h.waitErr <- nvml.ERROR_UNKNOWN
 	// The next watch has started once it reports: the retry was logged.
 	h.events <- xidEvent(h.srv.Devices[5], 79)
-	receive(t, ch, "unhealthy after the failed wait")
+	testwait.Receive(t, ch, "unhealthy after the failed wait")
 	var retries []string
 	for _, line := range strings.Split(logs.String(), "\n") {
 		if strings.Contains(line, "NVML health events failed; retrying") {
@@ -248,11 +249,11 @@ func TestFailedXidRegistrationIsRetried(t *testing.T) {
 	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
 	startRun(t, o)
 
-	receive(t, registered, "GPU 2 registered again")
+	testwait.Receive(t, registered, "GPU 2 registered again")
 	// GPU 3 would have been retried with GPU 2's first retry (same
 	// back-off), which returned before this one started.
 	h.events <- xidEvent(h.srv.Devices[2], 79)
-	f := receive(t, ch, "Xid on the GPU registered late")
+	f := testwait.Receive(t, ch, "Xid on the GPU registered late")
 	assert.Equal(t, "2", f.Device.Index)
 	assert.Equal(t, 1, unsupported, "a GPU without Xid events is not retried")
 	h.mu.Lock()
@@ -274,13 +275,13 @@ func TestLostDeviceAtRegistrationIsUnhealthy(t *testing.T) {
 	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
 	startRun(t, o)
 
-	f := receive(t, ch, "lost GPU")
+	f := testwait.Receive(t, ch, "lost GPU")
 	assert.Equal(t, "7", f.Device.Index)
 	assert.Zero(t, f.Xid)
 	assert.Contains(t, f.Message, "ERROR_GPU_IS_LOST")
 	// GPU 2 cannot be watched: logged, not unhealthy; the others are watched.
 	h.events <- xidEvent(h.srv.Devices[0], 79)
-	f = receive(t, ch, "Xid on a watched GPU")
+	f = testwait.Receive(t, ch, "Xid on a watched GPU")
 	assert.Equal(t, "0", f.Device.Index)
 	_, ok := o.Health(h.uuid(2))
 	assert.False(t, ok)
@@ -303,10 +304,10 @@ func TestRunReportsEveryInterval(t *testing.T) {
 		}
 	})
 	startRun(t, o)
-	r := receive(t, reports, "first report")
+	r := testwait.Receive(t, reports, "first report")
 	require.Len(t, r.Problems(), 1)
 	assert.Equal(t, KindIntruder, r.Problems()[0].Kind)
-	receive(t, reports, "second report")
+	testwait.Receive(t, reports, "second report")
 	assert.Contains(t, logs.String(), "GPU process not explained by the ledger")
 	assert.Contains(t, logs.String(), "pid=200")
 }
@@ -321,7 +322,7 @@ func TestXidFromMIGHandleAndUnknownDevice(t *testing.T) {
 	stranger.GetUUIDFunc = func() (string, nvml.Return) { return "GPU-00000000-0000-4000-8000-0000000000ff", nvml.SUCCESS }
 	h.events <- xidEvent(stranger, 79)
 	h.events <- xidEvent(h.migs[h.uuid(1)][2], 95) // the MIG handle of 1:3
-	f := receive(t, ch, "unhealthy MIG")
+	f := testwait.Receive(t, ch, "unhealthy MIG")
 	assert.Equal(t, "1:3", f.Device.Index)
 	assert.Contains(t, logs.String(), "Xid event from a device outside the inventory")
 	assert.Len(t, o.Unhealthy(), 1, "an unknown device marks nothing")

@@ -270,20 +270,6 @@ func newObserver(t testing.TB, h *mockHost, fp *fakeProc, ledger Ledger, edit fu
 	return o, logs
 }
 
-// receive waits for one value; the bound only turns a deadlock into a
-// failure, it is not a timing assertion.
-func receive[T any](t testing.TB, ch <-chan T, what string) T {
-	t.Helper()
-	select {
-	case v := <-ch:
-		return v
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no %s", what)
-		var zero T
-		return zero
-	}
-}
-
 // startRun runs o.Run until the test ends.
 func startRun(t testing.TB, o *Observer) {
 	ctx, cancel := context.WithCancel(context.Background())

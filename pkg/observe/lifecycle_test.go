@@ -16,6 +16,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 )
 
 // countShutdowns makes the mock report each NVML shutdown on the returned
@@ -70,14 +72,14 @@ func TestRunStopsWhileNVMLHangsInEventWait(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { o.Run(ctx); close(done) }()
-	receive(t, entered, "event wait")
+	testwait.Receive(t, entered, "event wait")
 	cancel()
-	receive(t, done, "Run to return while NVML hangs")
+	testwait.Receive(t, done, "Run to return while NVML hangs")
 
 	require.NoError(t, src.Close())
 	noShutdownYet(t, shutdowns)
 	close(release)
-	receive(t, shutdowns, "shutdown once the wait returned")
+	testwait.Receive(t, shutdowns, "shutdown once the wait returned")
 	require.NoError(t, src.Close(), "a second Close does nothing")
 }
 
@@ -99,14 +101,14 @@ func TestCloseWaitsForAListingInFlight(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := o.Account(ctx); errc <- err }()
-	receive(t, h.entered, "listing inside NVML")
+	testwait.Receive(t, h.entered, "listing inside NVML")
 	cancel()
-	require.ErrorIs(t, receive(t, errc, "Account to give up"), ErrNVMLSlow)
+	require.ErrorIs(t, testwait.Receive(t, errc, "Account to give up"), ErrNVMLSlow)
 
 	require.NoError(t, src.Close())
 	noShutdownYet(t, shutdowns)
 	close(release)
-	receive(t, shutdowns, "shutdown once the listing returned")
+	testwait.Receive(t, shutdowns, "shutdown once the listing returned")
 
 	// The slot is free again once the listing returned; the closed source
 	// answers without NVML.
@@ -146,10 +148,10 @@ func TestNoGPUsDoesNotSpin(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { o.Run(ctx); close(done) }()
-	receive(t, created, "event set")
+	testwait.Receive(t, created, "event set")
 	cancel()
-	receive(t, done, "Run to return")
-	receive(t, freed, "the watcher to leave")
+	testwait.Receive(t, done, "Run to return")
+	testwait.Receive(t, freed, "the watcher to leave")
 	assert.Zero(t, waits.Load(), "no event wait on an empty set")
 }
 
@@ -210,7 +212,7 @@ func TestSlowCallbacksDoNotHoldUpTheObserver(t *testing.T) {
 	h.events <- xidEvent(h.srv.Devices[3], 79)
 	h.events <- xidEvent(h.srv.Devices[6], 79)
 	for {
-		if m := receive(t, logs, "log line"); strings.Contains(m, "GPU unhealthy") && strings.Contains(m, h.uuid(6)) {
+		if m := testwait.Receive(t, logs, "log line"); strings.Contains(m, "GPU unhealthy") && strings.Contains(m, h.uuid(6)) {
 			break
 		}
 	}
@@ -219,12 +221,12 @@ func TestSlowCallbacksDoNotHoldUpTheObserver(t *testing.T) {
 	// Passes go on while a callback is stuck: five more than had run
 	// when it was known stuck. (passes may still hold tokens of earlier
 	// passes; if passes stopped, they run out and receive fails.)
-	receive(t, stuck, "a stuck callback")
+	testwait.Receive(t, stuck, "a stuck callback")
 	for before := holdingsCalls.Load(); holdingsCalls.Load() < before+5; {
-		receive(t, passes, "accounting pass")
+		testwait.Receive(t, passes, "accounting pass")
 	}
 	close(unblock)
-	assert.Equal(t, "3", receive(t, unhealthy, "first unhealthy").Device.Index)
-	assert.Equal(t, "6", receive(t, unhealthy, "second unhealthy").Device.Index)
-	receive(t, reports, "a report")
+	assert.Equal(t, "3", testwait.Receive(t, unhealthy, "first unhealthy").Device.Index)
+	assert.Equal(t, "6", testwait.Receive(t, unhealthy, "second unhealthy").Device.Index)
+	testwait.Receive(t, reports, "a report")
 }

@@ -20,6 +20,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 )
 
 // findings returns the report's findings of kind k, by pid.
@@ -334,9 +336,9 @@ func TestSlowNVMLNeverBlocks(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { _, err := o.Account(ctx); errc <- err }()
-	receive(t, h.entered, "NVML call")
+	testwait.Receive(t, h.entered, "NVML call")
 	cancel()
-	err := receive(t, errc, "Account result")
+	err := testwait.Receive(t, errc, "Account result")
 	require.ErrorIs(t, err, ErrNVMLSlow)
 	require.ErrorIs(t, err, context.Canceled)
 
@@ -389,7 +391,7 @@ func TestVanishedDeviceIsUnhealthy(t *testing.T) {
 	startRun(t, o)
 	got := map[string]bool{}
 	for range 2 {
-		got[receive(t, notified, "unhealthy notification").Device.Index] = true
+		got[testwait.Receive(t, notified, "unhealthy notification").Device.Index] = true
 	}
 	assert.Equal(t, map[string]bool{"5": true, "6": true}, got)
 
@@ -410,7 +412,7 @@ func TestVanishedDeviceIsUnhealthy(t *testing.T) {
 	}
 	_, err = o.Account(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, "1:3", receive(t, notified, "unhealthy MIG").Device.Index)
+	assert.Equal(t, "1:3", testwait.Receive(t, notified, "unhealthy MIG").Device.Index)
 	f, ok = o.Health(h.migUUID(1, 3))
 	require.True(t, ok)
 	assert.Equal(t, "1:3", f.Device.Index)
@@ -582,11 +584,11 @@ func TestLedgerEpochAndNotReady(t *testing.T) {
 	})
 	startRun(t, o)
 	for range 3 {
-		receive(t, reads, "a pass")
+		testwait.Receive(t, reads, "a pass")
 	}
 	// OnReport hears of the skipped passes, with nothing judged: the
 	// daemon settles its unhealthy devices on them.
-	r = receive(t, reports, "a skipped pass's report")
+	r = testwait.Receive(t, reports, "a skipped pass's report")
 	assert.True(t, r.Skipped)
 	assert.Empty(t, r.Devices)
 	assert.Empty(t, r.Findings)
