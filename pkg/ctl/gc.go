@@ -32,14 +32,17 @@ that was created but never started has no process yet and keeps its claim, and
 under release_on = "remove" an exited holder keeps its claim until its
 container is removed (use release to end it sooner); under [observe]
 release_requires_idle = true an exited holder's claim is kept draining (until
-the GPU shows its processes gone, or idle_grace) instead of released. When in
-doubt (unreadable cgroup, unknown layout) a claim is kept.
+the GPU shows its processes gone, or idle_grace) instead of released. A
+gpu-guard-ctl run ticket whose process is gone is released whatever
+release_on and release_requires_idle say. When in doubt (unreadable cgroup,
+unknown layout) a claim is kept.
 Every release is audited with the finding. gc also removes the OCI hook's
 container markers (in `+hook.DefaultMarkerDir+`) of containers the ledger no
 longer shows: those whose poststop never ran.
 
---dry-run lists what would be released and changes nothing (no root needed).`,
-		`  gpu-guard-ctl gc --dry-run
+--dry-run lists what would be released and changes nothing (it does not
+demand root, but reading the ledger needs it: run it with sudo).`,
+		`  sudo gpu-guard-ctl gc --dry-run
   sudo gpu-guard-ctl gc
   sudo gpu-guard-ctl gc -o json`,
 		noArgs,

@@ -55,9 +55,9 @@ which has nothing to recover, also one that turned healthy while recover
 ran (another recover, or the NRI daemon, rebuilt it): add --force to start it
 afresh anyway. Containers are admitted against a healthy ledger until the
 reset holds its lock, so a forced reset also keeps, from the ledger as it
-finds it under that lock, the claims of the holders still running or not yet
-started (as gc tells them: each is listed and audited); the claims of holders
-that exited, and every waiter, are forgotten.`,
+finds it under that lock, the claims of the holders still running, not yet
+started or draining (as gc tells them: each is listed and audited); the
+claims of holders that exited, and every waiter, are forgotten.`,
 		`  sudo gpu-guard-ctl recover --dry-run
   sudo gpu-guard-ctl recover
   sudo gpu-guard-ctl recover --reset --reason "nothing verifies, all GPU jobs stopped"
@@ -71,7 +71,7 @@ that exited, and every waiter, are forgotten.`,
 				noRuntime: noRuntime, reason: reason})
 		})
 	cmd.Flags().BoolVar(&reset, "reset", false, "start the ledger afresh, moving the old files aside (what it keeps: see above)")
-	cmd.Flags().BoolVar(&force, "force", false, "with --reset: reset a healthy ledger too (keeping the claims of holders still running)")
+	cmd.Flags().BoolVar(&force, "force", false, "with --reset: reset a healthy ledger too (keeping the claims of holders still running, not yet started or draining)")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "report what would be recovered; change nothing")
 	cmd.Flags().BoolVar(&noLiveness, "no-liveness", false, "keep every recovered claim, even of holders that exited")
 	cmd.Flags().BoolVar(&noRuntime, "no-runtime", false, "do not read the OCI runtimes' state dirs (no adoption of running containers)")
@@ -169,7 +169,7 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		if errors.Is(err, ledger.ErrHealthy) {
 			return fmt.Errorf("%w; it became healthy after this command looked (an NRI daemon rebuilt it in place, or another "+
 				"`recover` ran), and a reset now would forget the claims admitted since; `%s recover` checks it, `%s recover --reset --force` "+
-				"starts it afresh anyway (keeping the claims of holders still running and the operator's cordons)", err, programName, programName)
+				"starts it afresh anyway (keeping the claims of holders still running, not yet started or draining, and the operator's cordons)", err, programName, programName)
 		}
 	} else {
 		opts := ledger.RecoverOptions{Reason: why, DryRun: dryRun}

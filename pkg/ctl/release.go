@@ -56,11 +56,12 @@ anyway (a warning is printed on stderr). A holder that never started (no pid,
 no cgroup recorded) has nothing to check: it is released, with a note. Prefer
 `+"`gc`"+` for holders that exited.
 
---dry-run shows what would be released and changes nothing (no root needed);
-it refuses what the release would refuse.`,
+--dry-run shows what would be released and changes nothing (it does not
+demand root, but reading the ledger needs it: run it with sudo); it refuses
+what the release would refuse.`,
 		`  sudo gpu-guard-ctl release --container 4f2a9c1be0d3 --reason "node drained, pod force-deleted"
   sudo gpu-guard-ctl release --device GPU-6c1a2f2e-0000-4000-8000-000000000000 --reason "GPU removed"
-  gpu-guard-ctl release --device 1 --reason "check" --dry-run`,
+  sudo gpu-guard-ctl release --device 1 --reason "check" --dry-run`,
 		noArgs,
 		func(cmd *cobra.Command, _ []string) error {
 			if (containerID == "") == (device == "") {
@@ -81,7 +82,7 @@ it refuses what the release would refuse.`,
 			return a.release(cmd.Context(), releaseTarget{containerID: containerID, device: device}, reason, dryRun, force)
 		})
 	f := cmd.Flags()
-	f.StringVar(&containerID, "container", "", "release every claim of this container (full id or unique prefix)")
+	f.StringVar(&containerID, "container", "", "release every claim and queue entry of this container (full id or unique prefix, or a requester as queue shows it)")
 	f.StringVar(&device, "device", "", "release the claim on this device (UUID or index)")
 	f.StringVar(&reason, "reason", "", "why (required; written to the audit log)")
 	f.BoolVar(&dryRun, "dry-run", false, "show what would be released; change nothing")

@@ -42,7 +42,7 @@ whose GPU is busy is refused. With it, the wait happens here, where Ctrl-C
 leaves the queue and nothing else freezes.
 
 The claim is handed over through a ticket: the environment variable
-`+hook.TicketEnv+` is set for COMMAND, and for "podman run" and "docker run" (also "podman container run")
+`+hook.TicketEnv+` is set for COMMAND, and for "podman run" and "docker run" (also "podman|docker container run")
 an "-e `+hook.TicketEnv+`" is added after the subcommand, so that the
 container carries it; the guard's create-runtime hook recognises it and moves
 the claim to the container. For other commands, pass the variable into the

@@ -137,12 +137,17 @@ type env struct {
 	lockBudget time.Duration
 }
 
+// maxPoststopBudget keeps poststop's retries inside the 30 s timeout of the
+// shipped hooks.d poststop hook: a runtime that kills it first reports
+// nothing the operator can act on.
+const maxPoststopBudget = 20 * time.Second
+
 // poststopBudget is how long poststop retries a busy ledger lock.
 func (e env) poststopBudget(cfg config.Config) time.Duration {
 	if e.lockBudget > 0 {
 		return e.lockBudget
 	}
-	return withdrawTimeout(cfg)
+	return min(withdrawTimeout(cfg), maxPoststopBudget)
 }
 
 func defaultEnv() env {
@@ -288,7 +293,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		// (guard.IsTicket): a container posing as one would have its claim
 		// released at its exit whatever release_on and
 		// release_requires_idle say.
-		why := fmt.Sprintf("container ids of the form %s<26 letters and digits> are reserved for the tickets of "+
+		why := fmt.Sprintf("container ids of the form %s<26 lowercase letters or digits 2-7> are reserved for the tickets of "+
 			"gpu-guard-ctl run; give the container another id", guard.TicketPrefix)
 		e.auditRefusal(ctx, g, cfg, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner}, guard.Decision{},
 			"refused (reserved-id): "+why)

@@ -16,7 +16,8 @@
 //   - intruders{device_uuid,device_index}: processes the last observer pass
 //     found on a device their container does not hold (intruder or out of
 //     bounds), rebuilt every pass; unhealthy{device_uuid,device_index}: 1 per
-//     device found unhealthy since the daemon started;
+//     device the running observer found unhealthy and holds cordoned (an
+//     operator's uncordon clears it; a restarted observer starts empty);
 //     observer_last_pass_timestamp_seconds: when the last pass completed.
 //
 // Invariants:
