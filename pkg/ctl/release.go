@@ -233,13 +233,13 @@ func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledge
 		case guard.KeepRunning:
 			chk.running = append(chk.running, fmt.Sprintf("%s waits in the queue (requester %s) for %s and is %s; "+
 				"removed, it would join the queue again at its tail on its next try",
-				guard.HolderName(w.Owner), w.Key, describeDevices(w.Devices), runningWhy(w.Owner, v)))
+				guard.HolderName(w.Owner), w.Key, naming.Devices(w.Devices), runningWhy(w.Owner, v)))
 		case guard.KeepNotStarted:
 			// A pod's container waits between the kubelet's retries with
 			// no process of its own: nothing tells whether it will retry.
 			chk.notes = append(chk.notes, fmt.Sprintf("%s waits in the queue (requester %s) for %s; no process is recorded "+
 				"to check: if it is retried (the kubelet retries a refused pod), it joins the queue again at its tail",
-				guard.HolderName(w.Owner), w.Key, describeDevices(w.Devices)))
+				guard.HolderName(w.Owner), w.Key, naming.Devices(w.Devices)))
 		}
 	}
 	return chk
@@ -455,14 +455,6 @@ func dequeuedOf(st *ledger.State, waiters []ledger.Waiter) []dequeued {
 	return out
 }
 
-func describeDevices(ds []devices.Device) string {
-	names := make([]string, len(ds))
-	for i, d := range ds {
-		names[i] = naming.Device(d)
-	}
-	return strings.Join(names, ", ")
-}
-
 // conflictsOf lists the conflict records of container id ("" = none): what
 // a release of the container clears besides its claims.
 func conflictsOf(st *ledger.State, id string) []ledger.Conflict {
@@ -532,9 +524,9 @@ func renderReleaseOf(w io.Writer, output string, o releaseOutcome, now time.Time
 			verb = "would remove"
 		}
 		line := fmt.Sprintf("%s the queue entry of %s (requester %s, waiting for %s since %s)", verb, guard.HolderName(d.waiter.Owner),
-			d.waiter.Key, describeDevices(d.waiter.Devices), d.waiter.FirstSeen.UTC().Format(time.RFC3339))
+			d.waiter.Key, naming.Devices(d.waiter.Devices), d.waiter.FirstSeen.UTC().Format(time.RFC3339))
 		if len(d.reserved) > 0 {
-			line += "; the reservation of " + describeDevices(d.reserved) + " for it goes to the next in line"
+			line += "; the reservation of " + naming.Devices(d.reserved) + " for it goes to the next in line"
 		}
 		lines = append(lines, line)
 	}

@@ -396,7 +396,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 		if _, err := tx.Claim(key, owner, want, sourceText(res)); err != nil {
 			var be *ledger.BusyError
 			if !errors.As(err, &be) {
-				return Decision{}, nil, fmt.Errorf("claim %s for %s: %w", deviceList(want), HolderName(owner), err)
+				return Decision{}, nil, fmt.Errorf("claim %s for %s: %w", naming.Devices(want), HolderName(owner), err)
 			}
 			// Busy said free but Claim disagrees: refuse with what Claim saw.
 			busy = be.Busy
@@ -410,7 +410,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 			default:
 				d.Reason = "free"
 			}
-			d.Message = "admitted: " + deviceList(want)
+			d.Message = "admitted: " + naming.Devices(want)
 			return d, released, nil
 		}
 	}
@@ -1192,14 +1192,6 @@ func sourceText(res devices.Resolution) string {
 		s = s[:maxSourceLen] + "…"
 	}
 	return s
-}
-
-func deviceList(devs []devices.Device) string {
-	parts := make([]string, len(devs))
-	for i, d := range devs {
-		parts[i] = naming.Device(d)
-	}
-	return strings.Join(parts, ", ")
 }
 
 func ownerAttrs(o ledger.Owner, key string) []any {

@@ -16,6 +16,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // TicketEnv is the environment variable that carries a ticket of
@@ -101,7 +102,7 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 				refusal = &guard.Decision{Result: guard.Reject, Reason: reasonTicketMismatch, Devices: res.Devices,
 					Message: fmt.Sprintf("its ticket %s (gpu-guard-ctl run) holds %s, but the container also asks for %s, which the ticket does not hold; "+
 						"name the same GPUs to gpu-guard-ctl run (--gpus) and to the container. The ticket keeps its GPUs until its gpu-guard-ctl run ends",
-						t, describeDevices(held), describeDevices(missing))}
+						t, naming.Devices(held), naming.Devices(missing))}
 			case len(cordoned) > 0:
 				d := g.CordonRefusal(tx, id, res.Devices, cordoned)
 				d.Message = fmt.Sprintf("its ticket %s (gpu-guard-ctl run) is not handed over: %s The ticket keeps its GPUs until its gpu-guard-ctl run ends.",
@@ -141,7 +142,7 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 	}
 	if len(extra) > 0 {
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s took ticket %s over for %s; released %s of the ticket, which the container does not ask for\n",
-			ledger.ShortID(id), t, describeDevices(want), describeDevices(extra))
+			ledger.ShortID(id), t, naming.Devices(want), naming.Devices(extra))
 	}
 	return true, nil
 }
@@ -178,14 +179,6 @@ func containsUUID(ds []devices.Device, uuid string) bool {
 		}
 	}
 	return false
-}
-
-func describeDevices(ds []devices.Device) string {
-	parts := make([]string, len(ds))
-	for i, d := range ds {
-		parts[i] = ledger.DescribeDevice(d)
-	}
-	return strings.Join(parts, ", ")
 }
 
 // TicketOptions tune AcquireTicket.

@@ -5,6 +5,7 @@ package naming
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
@@ -20,6 +21,15 @@ func Device(d devices.Device) string {
 		return fmt.Sprintf("%s %s", kind, d.UUID)
 	}
 	return fmt.Sprintf("%s %s (%s)", kind, d.Index, d.UUID)
+}
+
+// Devices names devices for people, as Device does, comma-separated.
+func Devices(ds []devices.Device) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = Device(d)
+	}
+	return strings.Join(parts, ", ")
 }
 
 // Container names a container for people: `ns/pod/container (id
