@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/nri/pkg/api"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -141,16 +142,7 @@ func daemonRecoveryKeepsTheHooksContainers(t *testing.T, failFirstRead, inPlace 
 	}))
 	require.Equal(t, map[string]string{"1": holder.Id, "2": "podman-1"}, rt.holders())
 
-	for _, name := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
-		if err := os.Remove(filepath.Join(rt.ledgerDir, name)); err != nil {
-			require.ErrorIs(t, err, os.ErrNotExist)
-		}
-	}
-	cerr := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=3"))
-	require.Error(t, cerr,
-		"nothing is decided while the ledger needs recovery")
-	waitReady(false)
-	waitReady(true)
+	loseLedgerAndRebuild(t, rt, podB, waitReady)
 
 	assert.Equal(t, map[string]string{"1": holder.Id, "2": "podman-1"}, rt.holders(),
 		"containerd's holder re-adopted from its list, podman's from runc's state")
@@ -193,14 +185,7 @@ func TestInPlaceRebuildLeavesTheRuntimesOwnContainersOut(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(cg, "cgroup.procs"), fmt.Appendf(nil, "%d\n", o.Pid), 0o644))
 	require.Empty(t, rt.holders(), "exempt: no claim")
 
-	for _, name := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
-		if err := os.Remove(filepath.Join(rt.ledgerDir, name)); err != nil {
-			require.ErrorIs(t, err, os.ErrNotExist)
-		}
-	}
-	require.Error(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=3")))
-	waitReady(false)
-	waitReady(true)
+	loseLedgerAndRebuild(t, rt, podB, waitReady)
 
 	assert.Empty(t, rt.holders(), "the exempt agent is not a holder")
 	assert.NoError(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=3")))
@@ -241,15 +226,7 @@ func TestDaemonRecoveryWithoutRuntimeRootsSaysSo(t *testing.T) {
 	holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
 	require.NoError(t, rt.create(podA, holder))
 	rt.start(podA, holder, 4242)
-	for _, name := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
-		if err := os.Remove(filepath.Join(rt.ledgerDir, name)); err != nil {
-			require.ErrorIs(t, err, os.ErrNotExist)
-		}
-	}
-	require.Error(t, rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=3")),
-		"nothing is decided while the ledger needs recovery")
-	waitReady(false)
-	waitReady(true)
+	loseLedgerAndRebuild(t, rt, podB, waitReady)
 
 	assert.Equal(t, map[string]string{"1": holder.Id}, rt.holders(), "containerd's holder re-adopted from its list")
 	assert.True(t, logs.has("none of hook.runtime_roots is readable here"), "the recovery says the hook's containers were not looked for")
@@ -322,6 +299,20 @@ func TestRecoveryKnowsTheRuntimesContainersBeforeAnyOtherFrontEnd(t *testing.T) 
 	rt.start(podA, holder, 4242)
 	armed.Store(true) // the recovery to come, not the first Synchronize's
 
+	loseLedgerAndRebuild(t, rt, podB, waitReady)
+
+	require.True(t, hooked.Load())
+	var busy *ledger.BusyError
+	require.ErrorAs(t, hookErr, &busy, "the hook found GPU 1 held by the running NRI container")
+	assert.Equal(t, map[string]string{"1": holder.Id}, rt.holders())
+}
+
+// loseLedgerAndRebuild removes every state file of the ledger (as a disk
+// lost under it), and waits until the plugin has rebuilt it: the create that
+// finds it needing recovery (a container of podB) is refused, deciding
+// nothing, and the plugin goes unready, then ready again.
+func loseLedgerAndRebuild(t *testing.T, rt *runtime, podB *api.PodSandbox, waitReady func(bool)) {
+	t.Helper()
 	for _, name := range []string{"ledger.json", "ledger.json.prev", "ledger.journal", "ledger.journal.prev"} {
 		if err := os.Remove(filepath.Join(rt.ledgerDir, name)); err != nil {
 			require.ErrorIs(t, err, os.ErrNotExist)
@@ -331,9 +322,4 @@ func TestRecoveryKnowsTheRuntimesContainersBeforeAnyOtherFrontEnd(t *testing.T) 
 		"nothing is decided while the ledger needs recovery")
 	waitReady(false)
 	waitReady(true)
-
-	require.True(t, hooked.Load())
-	var busy *ledger.BusyError
-	require.ErrorAs(t, hookErr, &busy, "the hook found GPU 1 held by the running NRI container")
-	assert.Equal(t, map[string]string{"1": holder.Id}, rt.holders())
 }
