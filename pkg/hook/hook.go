@@ -142,7 +142,8 @@ type env struct {
 // nothing the operator can act on.
 const maxPoststopBudget = 20 * time.Second
 
-// poststopBudget is how long poststop retries a busy ledger lock.
+// poststopBudget is how long poststop retries a busy ledger lock, for its
+// release and its withdrawal together.
 func (e env) poststopBudget(cfg config.Config) time.Duration {
 	if e.lockBudget > 0 {
 		return e.lockBudget
@@ -613,11 +614,12 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 	// A busy lock is waited for as create-runtime waits for it: nothing
 	// else ends these claims under release_on = "remove" (the container is
 	// gone: no later event names it, and gc keeps an exited holder's claim
-	// there).
+	// there). One budget for both writes, inside the hook's own timeout.
+	deadline := time.Now().Add(e.poststopBudget(cfg))
 	var errs []error
 	if holds {
 		var others []ledger.Claim
-		err := retryLocked(ctx, e.poststopBudget(cfg), func(ctx context.Context) error {
+		err := retryLocked(ctx, time.Until(deadline), func(ctx context.Context) error {
 			var err error
 			others, err = g.RemovedExited(ctx, owner, runs)
 			return err
@@ -633,7 +635,7 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 	}
 	if waits {
 		var kept bool
-		err := retryLocked(ctx, e.poststopBudget(cfg), func(ctx context.Context) error {
+		err := retryLocked(ctx, time.Until(deadline), func(ctx context.Context) error {
 			var err error
 			kept, err = g.WithdrawExited(ctx, st.ID, "container removed", runs)
 			return err
