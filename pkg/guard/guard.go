@@ -863,14 +863,14 @@ func (g *Guard) Withdraw(ctx context.Context, key, reason string) error {
 // listedEntry is one container of a runtime's list, as Reconcile and
 // ListedHoldings read it.
 type listedEntry struct {
-	owner  ledger.Owner
-	res    devices.Resolution
-	failed bool
+	owner ledger.Owner
+	res   devices.Resolution
+	err   error // the request no longer resolves: res is what a lenient policy still reaches
 }
 
 // listedEntries resolves the containers of front end fe's list (exempt ones
 // left out): a request that no longer resolves reaches what a lenient policy
-// still resolves (failed).
+// still resolves (err set).
 func (g *Guard) listedEntries(fe ledger.FrontEnd, live []Request) []listedEntry {
 	entries := make([]listedEntry, 0, len(live))
 	var lenient *devices.Resolver // built on the first request that fails
@@ -893,10 +893,8 @@ func (g *Guard) listedEntries(fe ledger.FrontEnd, live []Request) []listedEntry 
 				lenient = devices.NewResolver(v.inv, reachablePolicy(g.policy))
 			}
 			res, _ = lenient.Resolve(r.Spec) // nothing when even that fails
-			g.log.Warn("reconcile: container request does not resolve; its claims are kept, and what it still reaches is not free",
-				append(ownerAttrs(o, ""), slog.Any("error", err), slog.Any("reaches", resolvedUUIDs(res.Devices)))...)
 		}
-		entries = append(entries, listedEntry{owner: o, res: res, failed: err != nil})
+		entries = append(entries, listedEntry{owner: o, res: res, err: err})
 	}
 	return entries
 }
@@ -909,6 +907,9 @@ func (g *Guard) listedEntries(fe ledger.FrontEnd, live []Request) []listedEntry 
 func (g *Guard) ListedHoldings(fe ledger.FrontEnd, live []Request) []ledger.Holding {
 	var out []ledger.Holding
 	for _, e := range g.listedEntries(fe, live) {
+		if len(e.res.Devices) == 0 {
+			continue // no GPU: nothing to keep for it (Reconcile skips it too)
+		}
 		h := ledger.Holding{Owner: e.owner, Source: sourceText(e.res)}
 		for _, rd := range e.res.Devices {
 			h.Devices = append(h.Devices, rd.Device)
@@ -929,6 +930,12 @@ func (g *Guard) ListedHoldings(fe ledger.FrontEnd, live []Request) []ledger.Hold
 // it can open is not free. Nothing is released on doubt.
 func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Request) (ledger.ReconcileResult, error) {
 	entries := g.listedEntries(fe, live)
+	for _, e := range entries {
+		if e.err != nil {
+			g.log.Warn("reconcile: container request does not resolve; its claims are kept, and what it still reaches is not free",
+				append(ownerAttrs(e.owner, ""), slog.Any("error", e.err), slog.Any("reaches", resolvedUUIDs(e.res.Devices)))...)
+		}
+	}
 
 	var (
 		result ledger.ReconcileResult
@@ -942,7 +949,7 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 			for _, rd := range e.res.Devices {
 				devs = append(devs, rd.Device)
 			}
-			if e.failed {
+			if e.err != nil {
 				for _, c := range tx.State().Claims {
 					if c.Owner.ContainerID == e.owner.ContainerID && !slices.ContainsFunc(devs, func(d devices.Device) bool { return d.UUID == c.Device.UUID }) {
 						devs = append(devs, c.Device)

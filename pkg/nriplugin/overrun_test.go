@@ -52,3 +52,41 @@ func TestCreateUndoneWhileItRunsLeavesNoClaim(t *testing.T) {
 	_, tracked := pl.p.trackedGuard(ctr.Id)
 	assert.False(t, tracked)
 }
+
+// An exempt container's create undone while it ran (its exemption's audit
+// record waited for the ledger) leaves nothing of it behind: not in the
+// observer's exempt set, not waiting for a validation that will not come.
+func TestExemptCreateUndoneWhileItRunsLeavesNothing(t *testing.T) {
+	rt := newRuntime(t, func(c *config.Config) {
+		c.Ledger.LockTimeout = config.Duration{Duration: time.Minute}
+		c.Policy.ExemptNamespaces = []string{"monitoring"}
+	})
+	pl := rt.startPlugin()
+	rec := &exemptRecorder{ids: map[string]bool{}}
+	pl.p.exempt = rec
+	pl.p.validates.Store(true)
+	entered := make(chan string, 16)
+	pl.p.entered = func(h string) { entered <- h }
+	pod := rt.addPod("dcgm")
+	pod.Namespace = "monitoring"
+	ctr := container(pod, "exporter", "exporter-1", "NVIDIA_VISIBLE_DEVICES=all")
+
+	lk := rt.lockLedger()
+	created := make(chan error, 1)
+	go func() {
+		_, _, err := pl.p.CreateContainer(context.Background(), pod, ctr)
+		created <- err
+	}()
+	require.Equal(t, "CreateContainer", testwait.Receive(t, entered, "the create's handler"))
+	_, err := pl.p.StopContainer(context.Background(), pod, ctr)
+	require.NoError(t, err)
+	require.NoError(t, pl.p.RemoveContainer(context.Background(), pod, ctr))
+	require.NoError(t, lk.Unlock())
+	_ = testwait.Receive(t, created, "the create's answer") // admitted or refused: what is left behind counts
+
+	assert.Empty(t, rec.set(), "not in the observer's exempt set")
+	pl.p.mu.Lock()
+	_, waiting := pl.p.exemptAtCreate[ctr.Id]
+	pl.p.mu.Unlock()
+	assert.False(t, waiting, "no exemption waits for a validation")
+}

@@ -1010,6 +1010,13 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	if g == nil {
 		return errors.New("nri-gpu-guard: not configured yet; refused to stay safe, retrying is automatic")
 	}
+	// Whether its create granted an exemption, asked once (the entry goes
+	// now, whatever the answer).
+	id := req.GetContainer().GetId()
+	p.mu.Lock()
+	_, exempted := p.exemptAtCreate[id]
+	delete(p.exemptAtCreate, id)
+	p.mu.Unlock()
 	if !adjustsAccess(req.GetAdjust()) {
 		// The container is the one admission decided on: nothing that
 		// can reach a GPU was changed after it. The common case, at no
@@ -1029,11 +1036,6 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	}
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
-	id := final.GetId()
-	p.mu.Lock()
-	_, exempted := p.exemptAtCreate[id]
-	delete(p.exemptAtCreate, id)
-	p.mu.Unlock()
 	d, err := g.Validate(dctx, r, guard.ValidateOptions{
 		ExemptAtAdmission: exempted,
 		After:             "an NRI plugin that runs after nri-gpu-guard (" + pluginsAfter(req.GetPlugins(), g.Config().NRI.PluginName) + ")",
@@ -1149,27 +1151,29 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	if derr := d.Err(); derr != nil {
 		return nil, nil, refusal(derr)
 	}
-	if d.Result == guard.Admit {
-		p.mu.Lock()
-		undone := cr.undone
-		if !undone {
-			p.tracked[ctr.GetId()] = trackedCtr{sandboxID: ctr.GetPodSandboxId(), req: req}
-			p.trackGen++
-		}
-		p.mu.Unlock()
-		if undone {
-			return nil, nil, p.undoCreation(ctx, g, pod, ctr)
-		}
+	// One p.mu section: whether the runtime undid the create meanwhile,
+	// and what the container is tracked as if it did not.
+	exempt := d.Reason == guard.ReasonExempt
+	p.mu.Lock()
+	undone := cr.undone
+	if !undone && d.Result == guard.Admit {
+		p.tracked[ctr.GetId()] = trackedCtr{sandboxID: ctr.GetPodSandboxId(), req: req}
+		p.trackGen++
 	}
-	if d.Reason == guard.ReasonExempt {
-		if p.validates.Load() {
-			p.mu.Lock()
-			p.exemptAtCreate[ctr.GetId()] = struct{}{}
-			p.mu.Unlock()
-		}
-		if p.exempt != nil {
-			p.exempt.SetExempt(ctr.GetId(), ctr.GetLinux().GetCgroupsPath(), true)
-		}
+	if !undone && exempt && p.validates.Load() {
+		p.exemptAtCreate[ctr.GetId()] = struct{}{}
+	}
+	p.mu.Unlock()
+	switch {
+	case undone && d.Result == guard.Admit:
+		return nil, nil, p.undoCreation(ctx, g, pod, ctr)
+	case undone:
+		// Nothing claimed; nothing of a container that never runs is
+		// kept (its removal has already come).
+		return nil, nil, nil
+	}
+	if exempt && p.exempt != nil {
+		p.exempt.SetExempt(ctr.GetId(), ctr.GetLinux().GetCgroupsPath(), true)
 	}
 	return nil, nil, nil
 }

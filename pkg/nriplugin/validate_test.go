@@ -7,13 +7,13 @@ import (
 	"context"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
@@ -55,11 +55,7 @@ func (rt *runtime) startInjectorAt(idx string, adjust func(*api.Container) *api.
 	require.NoError(rt.t, err)
 	require.NoError(rt.t, s.Start(context.Background()))
 	rt.t.Cleanup(s.Stop)
-	select {
-	case <-in.synced:
-	case <-time.After(time.Minute): // a hang guard, not a timing assertion
-		rt.t.Fatal("the injector was never synchronized")
-	}
+	testwait.Receive(rt.t, in.synced, "the injector's Synchronize")
 	rt.registered()
 }
 
