@@ -118,6 +118,12 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	// read the runtimes, nor to fail for an inventory they would need.
 	st, serr := l.Snapshot(ctx)
 	healthy := serr == nil
+	if serr != nil && !errors.Is(serr, ledger.ErrNeedsRecovery) {
+		// Not damage (a state written by a newer nri-gpu-guard, an I/O
+		// error): nothing here can recover it, and a reset would forget
+		// the claims of containers that run.
+		return serr
+	}
 	if reset && healthy && !fl.force {
 		// Nothing to recover: a reset would only forget the claims of
 		// containers that still run (on a hook host nothing rebuilds them)

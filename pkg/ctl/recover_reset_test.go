@@ -171,3 +171,30 @@ func TestRecoverResetRefusesALedgerRecoveredAfterTheLook(t *testing.T) {
 		assert.NotEqual(t, ledger.OpReset, rec.Op, "nothing was reset")
 	}
 }
+
+// A draining claim (release_requires_idle: the holder exited, its processes
+// may still be on the GPU) is refused by release as a running holder is,
+// unless --force: release let it through without a word, while a forced
+// reset keeps it for the same reason.
+func TestReleaseRefusesADrainingClaim(t *testing.T) {
+	f := newFixture(t)
+	opts := f.ledgerOpts(0)
+	opts.DrainGrace = time.Minute
+	l, err := ledger.Open(f.dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, l.Update(context.Background(), func(tx *ledger.Tx) error {
+		claim(t, tx, ownStale, `env NVIDIA_VISIBLE_DEVICES="2"`, f.dev(t, uuidGPU2))
+		require.True(t, tx.SetStarted(idStale, 999, 0, "/k8s.io/"+idStale))
+		require.NotEmpty(t, tx.MarkDraining(idStale, "stopped"))
+		return nil
+	}))
+	f.uid = 0
+	r := f.run(t, "release", "--container", idStale, "--reason", "x")
+	require.Equal(t, ExitError, r.code, r.stdout+r.stderr)
+	assert.Contains(t, r.stderr, "its claim drains until its processes leave the GPU")
+	require.Len(t, f.state(t).Claims, 1, "kept")
+
+	r = f.run(t, "release", "--container", idStale, "--reason", "x", "--force")
+	require.Equal(t, ExitOK, r.code, r.stdout+r.stderr)
+	require.Empty(t, f.state(t).Claims)
+}

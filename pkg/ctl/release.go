@@ -222,6 +222,9 @@ func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledge
 		case guard.KeepRunning:
 			chk.running = append(chk.running, fmt.Sprintf("%s is held by %s, which is %s",
 				naming.Device(c.Device), guard.HolderName(c.Owner), runningWhy(c.Owner, v)))
+		case guard.KeepDraining:
+			chk.running = append(chk.running, fmt.Sprintf("%s is held by %s, which exited, but its claim drains until its processes "+
+				"leave the GPU (release_requires_idle)", naming.Device(c.Device), guard.HolderName(c.Owner)))
 		case guard.KeepNotStarted:
 			chk.notes = append(chk.notes, fmt.Sprintf("%s is held by %s, which never started (no pid, no cgroup recorded): "+
 				"nothing to check; if it starts after the release, it runs without a claim",

@@ -123,7 +123,7 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 	// Ctrl-\): killed by one, it would leave its entry queued, and the next
 	// freed GPU reserved for a waiter that will never come. Once the command
 	// runs, the signals are its to handle (see runChild).
-	wctx, stopWait := signal.NotifyContext(ctx, interruptSignals...)
+	wctx, stopWait := NotifyInterrupts(ctx)
 	t, err := hook.AcquireTicket(wctx, cfg, req, hook.TicketOptions{Timeout: timeout, Stderr: a.env.Stderr})
 	stopWait()
 	if err != nil {
@@ -175,7 +175,20 @@ var interruptSignals = []os.Signal{os.Interrupt, syscall.SIGTERM, syscall.SIGHUP
 // Ctrl-\, must leave the queue as Ctrl-C does, and a release or gc must
 // finish its change rather than die in it.
 func NotifyInterrupts(ctx context.Context) (context.Context, context.CancelFunc) {
-	return signal.NotifyContext(ctx, interruptSignals...)
+	return signal.NotifyContext(ctx, caughtInterrupts(signal.Ignored)...)
+}
+
+// caughtInterrupts are interruptSignals less those the process started
+// with ignored: notifying one would turn it back on (`nohup gpu-guard-ctl
+// run …` must go on waiting through a hang-up).
+func caughtInterrupts(ignored func(os.Signal) bool) []os.Signal {
+	var out []os.Signal
+	for _, s := range interruptSignals {
+		if !ignored(s) {
+			out = append(out, s)
+		}
+	}
+	return out
 }
 
 // runChild runs args with the ticket in its environment and returns its exit

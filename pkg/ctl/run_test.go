@@ -4,6 +4,8 @@
 package ctl
 
 import (
+	"os"
+	"syscall"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -198,4 +200,15 @@ func TestRunChecksStateDir(t *testing.T) {
 			assert.Empty(t, f.state(t).Claims)
 		})
 	}
+}
+
+// A signal the process started with ignored (`nohup gpu-guard-ctl run …`)
+// stays ignored: notifying it would turn it back on, and a hang-up would end
+// a wait that nohup was asked to keep.
+func TestIgnoredSignalsStayIgnored(t *testing.T) {
+	none := func(os.Signal) bool { return false }
+	hup := func(s os.Signal) bool { return s == syscall.SIGHUP }
+	require.Contains(t, caughtInterrupts(none), os.Signal(syscall.SIGHUP))
+	assert.NotContains(t, caughtInterrupts(hup), os.Signal(syscall.SIGHUP))
+	assert.Contains(t, caughtInterrupts(hup), os.Signal(syscall.SIGTERM))
 }

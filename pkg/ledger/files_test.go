@@ -57,6 +57,26 @@ func TestNewerFormatIsLeftAlone(t *testing.T) {
 	require.Empty(t, quarantined(t, l.Dir()))
 }
 
+// A reset that refuses a healthy ledger, or keeps what runs, cannot tell
+// either from a state it cannot read for another reason than damage (a
+// newer format, an I/O error): it used to take any read error for damage,
+// and moved the newer state aside with every claim of it.
+func TestResetThatMustReadRefusesANewerFormat(t *testing.T) {
+	for name, opts := range map[string]ResetOptions{
+		"refuse healthy": {Reason: "test", RefuseHealthy: true},
+		"keep":           {Reason: "test", Keep: func(Claim) (bool, string) { return true, "runs" }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			l := seeded(t)
+			future := append([]byte(`{"format":4,`), mustRead(t, l.StatePath())[len(`{"format":3,`):]...)
+			require.NoError(t, os.WriteFile(l.StatePath(), future, 0o600))
+			_, err := l.ResetWith(context.Background(), opts)
+			require.ErrorIs(t, err, ErrUnsupportedFormat)
+			require.Equal(t, future, mustRead(t, l.StatePath()), "untouched")
+		})
+	}
+}
+
 func TestStateFromAnotherBootIsDiscarded(t *testing.T) {
 	l := seeded(t)
 	update(t, l, func(tx *Tx) {

@@ -411,6 +411,12 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 	// healthy ledger up to the moment this lock is held.
 	cur, cerr := l.current()
 	healthy := cerr == nil
+	if cerr != nil && !errors.Is(cerr, ErrNeedsRecovery) && (opts.RefuseHealthy || opts.Keep != nil) {
+		// Not damage (a state of a newer format, an I/O error): a reset
+		// that would keep what runs cannot read it, and one that refuses a
+		// healthy ledger cannot tell.
+		return rep, fmt.Errorf("reset: read the ledger: %w", cerr)
+	}
 	// An earlier boot's state reads as empty (see prepare): its holders
 	// died with that boot, and none of its claims is kept.
 	var holders State
