@@ -6,10 +6,11 @@ package hook
 import (
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
+	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
@@ -46,7 +47,7 @@ func ReadInput(stdin io.Reader) *Input {
 			// A rootless runtime (it runs in a user namespace) sets up no
 			// device cgroup: a host GPU node bound in opens, and so does
 			// every node of the host's /dev bound in.
-			addResolvedBindSources(&in.request, in.spec.Mounts)
+			addBoundNodes(&in.request, in.spec.Mounts)
 			if in.request.HostDevMounted {
 				in.request.GPUNodesAllowed = true
 			}
@@ -56,22 +57,38 @@ func ReadInput(stdin io.Reader) *Input {
 	return in
 }
 
-// addResolvedBindSources records, for a rootless runtime, what the bind
-// sources that are symlinks lead to: the runtime follows them (a link to
-// /dev mounts the host's /dev), and AddBindSource reads sources by their
-// spelling. Only there: a rootful runtime's device cgroup stops every node
-// the spec does not allow, however it is bound in, and the lookups would
-// cost every container.
-func addResolvedBindSources(req *devices.Request, mounts []specs.Mount) {
+// addBoundNodes records, for a rootless runtime, what each bind source is
+// on the host, whatever it is called (the runtime follows symlinks, and
+// numbers, not names, tell a GPU node): a character device is a node of the
+// container, and the host's / or /dev sets HostDevMounted. AddBindSource
+// reads sources by their spelling only. Only there: a rootful runtime's
+// device cgroup stops every node the spec does not allow, however it is
+// bound in, and a stat per mount would cost every container.
+func addBoundNodes(req *devices.Request, mounts []specs.Mount) {
+	var root, dev os.FileInfo
 	for _, m := range mounts {
 		if m.Source == "" || m.Source[0] != '/' {
 			continue
 		}
-		resolved, err := filepath.EvalSymlinks(m.Source)
-		if err != nil || resolved == filepath.Clean(m.Source) {
-			continue
+		fi, err := os.Stat(m.Source)
+		if err != nil {
+			continue // nothing the runtime can bind either
 		}
-		req.AddBindSource(resolved, m.Destination)
+		switch {
+		case fi.Mode()&os.ModeCharDevice != 0:
+			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+				req.Devices = append(req.Devices, devices.LinuxDevice{Path: m.Source, Type: "c",
+					Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: m.Destination})
+			}
+		case fi.IsDir():
+			if root == nil {
+				root, _ = os.Stat("/")
+				dev, _ = os.Stat("/dev")
+			}
+			if (root != nil && os.SameFile(fi, root)) || (dev != nil && os.SameFile(fi, dev)) {
+				req.HostDevMounted = true
+			}
+		}
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -245,15 +246,27 @@ func TestBindMountedNodes(t *testing.T) {
 		viaProc := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/hostdev", Source: src, Type: "bind"}}})
 		require.True(t, viaProc.HostDevMounted, src)
 	}
-	// A symlink to /dev, followed by the runtime: read through it where no
-	// device cgroup stops what it brings (a rootless runtime).
+	// A symlink to /dev, followed by the runtime: read as what it is where
+	// no device cgroup stops what it brings (a rootless runtime).
 	link := filepath.Join(t.TempDir(), "devlink")
 	require.NoError(t, os.Symlink("/dev", link))
 	mounts := []specs.Mount{{Destination: "/hostdev", Source: link, Type: "bind"}}
 	viaLink := devices.RequestFromSpec(&specs.Spec{Mounts: mounts})
 	require.False(t, viaLink.HostDevMounted, "by its spelling alone")
-	addResolvedBindSources(&viaLink, mounts)
+	addBoundNodes(&viaLink, mounts)
 	require.True(t, viaLink.HostDevMounted)
+
+	// A GPU node made outside /dev/nvidia*: its numbers tell it (mknod
+	// needs root, as this test does).
+	if os.Geteuid() == 0 {
+		node := filepath.Join(t.TempDir(), "gpu")
+		require.NoError(t, syscall.Mknod(node, syscall.S_IFCHR|0o600, int(unix.Mkdev(195, 3))))
+		mounts = []specs.Mount{{Destination: "/dev/x", Source: node, Type: "bind"}}
+		byNumber := devices.RequestFromSpec(&specs.Spec{Mounts: mounts})
+		require.Empty(t, resolve(byNumber), "by its spelling alone")
+		addBoundNodes(&byNumber, mounts)
+		require.Equal(t, []string{"1"}, resolve(byNumber), "minor 3 is GPU 1")
+	}
 }
 
 func TestInUserNamespace(t *testing.T) {
