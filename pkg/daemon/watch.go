@@ -372,12 +372,6 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	return func() { cancel(); wg.Wait() }
 }
 
-// holdings is holdingsAt without the epoch.
-func (w *Watch) holdings(ctx context.Context) ([]observe.Holding, error) {
-	hs, _, err := w.holdingsAt(ctx)
-	return hs, err
-}
-
 // holdingsAt is the observer's view of the ledger: every claim of the
 // current guard's ledger, and the exempt containers, which may use any GPU,
 // with the readiness epoch it was read in. While the plugin is not ready it

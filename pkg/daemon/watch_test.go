@@ -1494,3 +1494,9 @@ func runWatch(t *testing.T, h *gpuHost, g *guard.Guard, states *fakeStates, adju
 	w, reports := startWatch(ctx, t, h, g, states, adjust, done)
 	return w, reports, func() { cancel(); <-done }
 }
+
+// holdings is holdingsAt without the epoch, for tests.
+func (w *Watch) holdings(ctx context.Context) ([]observe.Holding, error) {
+	hs, _, err := w.holdingsAt(ctx)
+	return hs, err
+}

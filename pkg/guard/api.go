@@ -52,6 +52,10 @@ type Decision struct {
 	Position    int           `json:"position,omitempty"`
 	QueueLength int           `json:"queue_length,omitempty"`
 	Waited      time.Duration `json:"-"`
+	// Audited: the transaction that decided it wrote its refuse record
+	// (a cordon; a busy device under on_conflict = "reject"); a front end
+	// that records refusals itself does not write another.
+	Audited bool `json:"-"`
 	// Message is the operator-facing text: for each busy device its index and
 	// full UUID, the holder ns/pod/container and short id, since when, the queue
 	// position, the time waited and what to do.

@@ -222,7 +222,7 @@ func (g *Guard) drain(ctx context.Context, o ledger.Owner, reason string) error 
 // every cordoned device, its cordon and what to do.
 func (g *Guard) refuseCordoned(tx *ledger.Tx, d *Decision, key string, owner ledger.Owner, want []devices.Device,
 	cordoned []ledger.CordonedDevice, now time.Time) {
-	d.Result, d.Reason, d.Cordoned = Reject, ReasonCordoned, cordoned
+	d.Result, d.Reason, d.Cordoned, d.Audited = Reject, ReasonCordoned, cordoned, true
 	tx.Audit(AuditRefuse, ledger.AuditRecord{
 		Devices: deviceUUIDs(want), ContainerID: owner.ContainerID, Key: key,
 		Namespace: owner.Namespace, Pod: owner.Pod, Container: owner.Container,

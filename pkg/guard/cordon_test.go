@@ -95,6 +95,7 @@ func TestCordonRefusesRequests(t *testing.T) {
 				}
 				require.Equal(t, guard.Reject, d.Result, "refused outright, not queued")
 				assert.Equal(t, guard.ReasonCordoned, d.Reason)
+				assert.True(t, d.Audited, "the cordon refusal records itself")
 				assert.Equal(t, guard.ReasonCordoned, x.Reason)
 				assert.ErrorIs(t, d.Err(), guard.ErrRejected)
 				assert.Empty(t, e.holders(), "nothing claimed")

@@ -525,7 +525,7 @@ func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledg
 		}
 		text.queued, text.position, text.total, text.waited = true, d.Position, d.QueueLength, d.Waited
 	} else {
-		d.Result = Reject
+		d.Result, d.Audited = Reject, true
 		// Nothing else records a refusal that is not queued; the audit log
 		// should still say who was turned away and why.
 		tx.Audit(AuditRefuse, ledger.AuditRecord{

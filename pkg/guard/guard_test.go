@@ -334,6 +334,9 @@ func TestAdmitPolicies(t *testing.T) {
 			d := e.admit(tc.owner, tc.spec)
 			assert.Equal(t, tc.wantResult, d.Result, d.Message)
 			assert.Equal(t, tc.wantReason, d.Reason, d.Message)
+			// Only an on_conflict = "reject" refusal records itself (a
+			// refusal by resolution is recorded by the front end).
+			assert.Equal(t, tc.wantResult == guard.Reject && tc.wantReason == "busy", d.Audited, "Audited")
 			for _, m := range tc.wantMsg {
 				assert.Contains(t, d.Message, m)
 			}

@@ -5,12 +5,11 @@ package guard
 
 import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // HolderName names a claim holder or requester for people, as every message
 // of the guard and gpu-guard-ctl does: `ns/pod/container (id 0123456789ab)`
-// (see naming.Container).
+// (see ledger.DescribeOwner, which it is: one wording for both).
 func HolderName(o ledger.Owner) string {
-	return naming.Holder(o.Namespace, o.Pod, o.Container, o.ContainerID, o.FrontEnd != ledger.FrontEndHook)
+	return ledger.DescribeOwner(o)
 }

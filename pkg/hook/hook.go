@@ -401,9 +401,9 @@ func (e env) admitContainer(ctx context.Context, g guardAPI, cfg config.Config, 
 	w.started = started
 	// Every refusal leaves a refuse record, as without --wait (crun shows
 	// only the exit code): but those the guard's transaction records
-	// itself (a cordon, a busy GPU under on_conflict = "reject").
+	// itself (Decision.Audited).
 	w.onRefuse = func(ctx context.Context, d guard.Decision, reason string) {
-		if d.Result == guard.Reject && (d.Reason == guard.ReasonCordoned || d.Reason == "busy" || d.Reason == "reserved") {
+		if d.Audited {
 			return
 		}
 		e.auditRefusal(ctx, g, cfg, greq, d, reason)

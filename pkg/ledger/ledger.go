@@ -375,7 +375,7 @@ func (l *Ledger) RequireLineage(lineage string) {
 // as writers do; nil when no lineage is required.
 func (l *Ledger) CheckLineage(st *State) error {
 	if want := l.requiredLineage(); want != "" && st.Lineage != want {
-		return &LineageError{Path: filepath.Join(l.dir, stateName), Expected: want, Found: st.Lineage,
+		return &LineageError{Path: l.StatePath(), Expected: want, Found: st.Lineage,
 			Why: "another process started it afresh since (gpu-guard-ctl recover, recover --reset), or it is gone"}
 	}
 	return nil
