@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 )
 
 // A crash anywhere inside a reset never loses the operator's cordon the
@@ -196,7 +198,7 @@ func TestReadDuringAResetConfirmsUnderTheLock(t *testing.T) {
 		_, err := w.Reset(context.Background(), "test")
 		resetDone <- err
 	}()
-	<-paused // the reset's snapshot is written, its journal not yet
+	testwait.Receive(t, paused, "the reset's pause") // its snapshot is written, its journal not yet
 
 	type result struct {
 		st  State
@@ -211,12 +213,12 @@ func TestReadDuringAResetConfirmsUnderTheLock(t *testing.T) {
 	case <-waiting: // the reader found the half-replaced files and waits for the lock
 	case got := <-read:
 		close(resume)
-		require.NoError(t, <-resetDone)
+		require.NoError(t, testwait.Receive(t, resetDone, "the reset's end"))
 		t.Fatalf("the read did not wait for the reset: %+v", got.err)
 	}
 	close(resume)
-	require.NoError(t, <-resetDone)
-	got := <-read
+	require.NoError(t, testwait.Receive(t, resetDone, "the reset's end"))
+	got := testwait.Receive(t, read, "the read")
 	require.NoError(t, got.err)
 	require.Equal(t, map[string]string{gpu(1).UUID: CordonOperator}, cordonSources(got.st.Cordons))
 }
