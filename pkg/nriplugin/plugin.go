@@ -21,6 +21,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
@@ -1027,7 +1028,7 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	final, late := adjusted(req.GetContainer(), req.GetAdjust())
 	r := guardRequest(pod, final)
 	r.Spec.LateCDIDevices = late
-	if !specOf(req.GetContainer()).Privileged {
+	if !devices.AllowsAllDevices(deviceRules(req.GetContainer().GetLinux().GetResources().GetDevices())) {
 		// NRI has no privileged flag (specOf: a device cgroup allowing
 		// everything stands for it). A container the engine did not open
 		// wholesale is not made privileged by a plugin's rule: such a rule
