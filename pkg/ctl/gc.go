@@ -175,6 +175,21 @@ func incarnationOf(o *ledger.Owner) incarnation {
 	return incarnation{containerID: o.ContainerID, pid: o.Pid, pidStart: o.PidStart, cgroup: o.Cgroup}
 }
 
+// memoCheck is rule.Check asked once per incarnation: a holder of several
+// devices is one process to look at, not one per device.
+func memoCheck(rule guard.ReleaseRule) func(ledger.Owner) guard.Verdict {
+	seen := map[incarnation]guard.Verdict{}
+	return func(o ledger.Owner) guard.Verdict {
+		k := incarnationOf(&o)
+		v, ok := seen[k]
+		if !ok {
+			v = rule.Check(o)
+			seen[k] = v
+		}
+		return v
+	}
+}
+
 // gcFinding is gc's liveness finding for one incarnation found exited.
 type gcFinding struct {
 	owner ledger.Owner // as checked

@@ -298,8 +298,9 @@ var afterRecoverLook func()
 // grace still bounds them) are carried into the fresh state. Stopped holders
 // (kept until removal) and exited ones are not.
 func resetKeep(rule guard.ReleaseRule) func(ledger.Claim) (bool, string) {
+	check := memoCheck(rule) // under the ledger's lock: once per holder
 	return func(c ledger.Claim) (bool, string) {
-		v := rule.Check(c.Owner)
+		v := check(c.Owner)
 		switch v.Action {
 		case guard.KeepRunning:
 			// Running, or no evidence that it exited: kept on doubt.

@@ -217,8 +217,9 @@ type releaseCheck struct {
 // let through with a note. Every other verdict means the process is gone.
 func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledger.Waiter) releaseCheck {
 	var chk releaseCheck
+	check := memoCheck(rule)
 	for _, c := range claims {
-		switch v := rule.Check(c.Owner); v.Action {
+		switch v := check(c.Owner); v.Action {
 		case guard.KeepRunning:
 			chk.running = append(chk.running, fmt.Sprintf("%s is held by %s, which is %s",
 				naming.Device(c.Device), guard.HolderName(c.Owner), runningWhy(c.Owner, v)))
@@ -232,7 +233,7 @@ func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledge
 		}
 	}
 	for _, w := range waiters {
-		switch v := rule.Check(w.Owner); v.Action {
+		switch v := check(w.Owner); v.Action {
 		case guard.KeepRunning:
 			chk.running = append(chk.running, fmt.Sprintf("%s waits in the queue (requester %s) for %s and is %s; "+
 				"removed, it would join the queue again at its tail on its next try",
@@ -270,7 +271,7 @@ func runningWhy(o ledger.Owner, v guard.Verdict) string {
 func claimsUnchanged(now, checked []ledger.Claim) error {
 	for _, c := range now {
 		if !slices.ContainsFunc(checked, func(k ledger.Claim) bool {
-			return k.Device.UUID == c.Device.UUID && k.Owner.ContainerID == c.Owner.ContainerID && sameProcess(k.Owner, c.Owner)
+			return k.Device.UUID == c.Device.UUID && incarnationOf(&k.Owner) == incarnationOf(&c.Owner)
 		}) {
 			return fmt.Errorf("%s held by %s changed since it was checked; check `%s status` and run release again",
 				naming.Device(c.Device), guard.HolderName(c.Owner), programName)
