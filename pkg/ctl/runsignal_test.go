@@ -62,8 +62,14 @@ func playSignalRole(role string) int {
 		return code
 	case "wait":
 		// gpu-guard-ctl run, waiting for a busy GPU, with the signal
-		// handling of the real process (cmd/gpu-guard-ctl).
-		env := Env{Stdout: os.Stdout, Stderr: os.Stdout, Getuid: func() int { return 0 }, Interrupts: NotifyInterrupts}
+		// handling of the real process (cmd/gpu-guard-ctl) started from a
+		// terminal, where none is ignored: a test run under nohup hands
+		// its ignored SIGHUP down, which NotifyInterrupts leaves ignored
+		// on purpose (TestIgnoredSignalsStayIgnored).
+		fromTerminal := func(ctx context.Context) (context.Context, context.CancelFunc) {
+			return signal.NotifyContext(ctx, caughtInterrupts(func(os.Signal) bool { return false })...)
+		}
+		env := Env{Stdout: os.Stdout, Stderr: os.Stdout, Getuid: func() int { return 0 }, Interrupts: fromTerminal}
 		fmt.Println("ready")
 		return Run(context.Background(), []string{"--config", os.Getenv(signalConfigEnv), "run", "--gpus", "1", "--", "true"}, env)
 	case "container":
