@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -117,6 +118,85 @@ func TestStatusStates(t *testing.T) {
 		case "1":
 			assert.Equal(t, 2, d.Waiters)
 		}
+	}
+}
+
+// A free MIG instance of a GPU that the head of the queue asks for whole is
+// kept for it (no other request is admitted on it): status shows it
+// reserved for the head, with the GPU it waits for and no deadline.
+func TestStatusShowsAnInstanceKeptForTheHead(t *testing.T) {
+	f := newFixture(t)
+	f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) {
+		claim(t, tx, ownHook, `annotation cdi.k8s.io/gpu="nvidia.com/mig=0:1"`, f.dev(t, uuidMIG1))
+		tx.Enqueue(key(ownW2), ownW2, []devices.Device{f.dev(t, uuidGPU0)})
+	})
+	r := f.run(t, "status", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	var out struct {
+		Devices []struct {
+			Index       string                     `json:"index"`
+			State       string                     `json:"state"`
+			Reservation map[string]json.RawMessage `json:"reservation"`
+		} `json:"devices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+	var kept map[string]json.RawMessage
+	for _, d := range out.Devices {
+		if d.Index == "0:0" {
+			assert.Equal(t, stateReserved, d.State)
+			kept = d.Reservation
+		}
+	}
+	require.NotNil(t, kept, r.stdout)
+	assert.JSONEq(t, `"`+key(ownW2)+`"`, string(kept["for"]))
+	assert.JSONEq(t, `"`+ownW2.ContainerID+`"`, string(kept["container_id"]))
+	assert.JSONEq(t, `"`+uuidGPU0+`"`, string(kept["kept_for"]))
+	assert.NotContains(t, kept, "since", "kept without a stored reservation: no deadline")
+	assert.NotContains(t, kept, "until")
+
+	r = f.run(t, "status")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Regexp(t, `(?m)^0:0 +MIG-a0a0a0a0 .* reserved +for team-g/w2/main \(first in line for 0\) `, r.stdout)
+}
+
+// A reservation on a GPU keeps its MIG instances from everyone else, and one
+// on a MIG instance keeps its GPU: status shows both reserved, naming the
+// reserved device, as explain says for a request of either.
+func TestStatusShowsDevicesAReservationCovers(t *testing.T) {
+	for _, tc := range []struct{ reserved, related string }{{uuidGPU0, "0:0"}, {uuidMIG0, "0"}} {
+		f := newFixture(t)
+		d := f.dev(t, tc.reserved)
+		f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) { claim(t, tx, ownTrainer, "env", d) })
+		f.update(t, now.Add(-5*time.Minute), func(tx *ledger.Tx) { tx.Enqueue(key(ownW1), ownW1, []devices.Device{d}) })
+		f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) { tx.Release(idTrainer, "stop") })
+		r := f.run(t, "status", "-o", "json")
+		require.Equal(t, ExitOK, r.code, r.stderr)
+		var out struct {
+			Devices []struct {
+				Index       string `json:"index"`
+				State       string `json:"state"`
+				ReservedVia string `json:"reserved_via"`
+				Reservation *struct {
+					For string `json:"for"`
+				} `json:"reservation"`
+			} `json:"devices"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+		found := false
+		for _, row := range out.Devices {
+			if row.Index == tc.related {
+				found = true
+				assert.Equal(t, stateReserved, row.State, "device %s is blocked by the reservation on %s", row.Index, tc.reserved)
+				assert.Equal(t, tc.reserved, row.ReservedVia)
+				require.NotNil(t, row.Reservation)
+				assert.Equal(t, key(ownW1), row.Reservation.For)
+			}
+		}
+		require.True(t, found, tc.related)
+		ex := f.run(t, "explain", "--env", "NVIDIA_VISIBLE_DEVICES="+tc.related, "-o", "json")
+		assert.Contains(t, ex.stdout, `"reason": "reserved"`)
+		r = f.run(t, "status")
+		assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(tc.related)+` .* reserved +for team-f/w1/main \(via `+regexp.QuoteMeta(d.Index)+`\) `, r.stdout)
 	}
 }
 

@@ -109,7 +109,7 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			err = a.view(cmd.Context(), func(tx *ledger.Tx) error {
 				// Read once and rendered: no copy of the state
 				// (buildStatus only reads it; TestReadersLeaveTheStateAsRead).
-				v = buildStatus(tx.ReadState(), inv, info, rule)
+				v = buildStatus(tx.ReadState(), headOf(tx), inv, info, rule)
 				return nil
 			})
 			if err != nil {
@@ -165,9 +165,14 @@ type statusDevice struct {
 	State  string `json:"state"`
 	// Holder is the claim on this device, or on its parent GPU or one of its
 	// MIG instances (then HeldVia names the claimed device).
-	Holder      *holderJSON      `json:"holder"`
-	HeldVia     string           `json:"held_via,omitempty"`
-	Reservation *reservationJSON `json:"reservation,omitempty"`
+	Holder  *holderJSON `json:"holder"`
+	HeldVia string      `json:"held_via,omitempty"`
+	// Reservation is what keeps the device for a waiter, or null: a
+	// reservation on it, or on its GPU or one of its MIG instances (then
+	// ReservedVia names the reserved device), or the head of the queue's
+	// need of a conflicting device (KeptFor).
+	Reservation *reservationJSON `json:"reservation"`
+	ReservedVia string           `json:"reserved_via,omitempty"`
 	Conflicts   []holderJSON     `json:"conflicts,omitempty"`
 	Waiters     int              `json:"waiters"`
 	InInventory bool             `json:"in_inventory"`
@@ -184,9 +189,10 @@ type statusDevice struct {
 	// unhealthy (observe.json; not set from a stale report).
 	UnhealthySince *time.Time `json:"unhealthy_since,omitempty"`
 
-	heldViaIndex string
-	reservedFor  string // display name of the waiter a reservation is for
-	underlying   string // the state a cordon hides (held, draining, free), for the table
+	heldViaIndex     string
+	reservedViaIndex string
+	reservedFor      string // display name of the waiter a reservation is for
+	underlying       string // the state a cordon hides (held, draining, free), for the table
 }
 
 type holderJSON struct {
@@ -209,10 +215,15 @@ type holderJSON struct {
 }
 
 type reservationJSON struct {
-	For         string    `json:"for"`
-	ContainerID string    `json:"container_id,omitempty"`
-	Since       time.Time `json:"since"`
-	Until       time.Time `json:"until"`
+	For         string `json:"for"`
+	ContainerID string `json:"container_id,omitempty"`
+	// KeptFor is set, and Since and Until are not, for a free device kept
+	// for the head of the queue without a stored reservation: the UUID of
+	// the device the head asks for (a whole GPU another MIG instance of
+	// which is in use). It lasts until the head starts or leaves the queue.
+	KeptFor string    `json:"kept_for,omitempty"`
+	Since   time.Time `json:"since,omitzero"`
+	Until   time.Time `json:"until,omitzero"`
 }
 
 type problem struct {
@@ -318,21 +329,44 @@ type statusIndex struct {
 	claims       map[string]*ledger.Claim       // by device UUID
 	migClaims    map[string][]*ledger.Claim     // claims on MIG instances, by parent UUID
 	reservations map[string]*ledger.Reservation // by device UUID
-	conflicts    map[string][]ledger.Conflict   // by device UUID
-	waiters      map[string]int                 // waiters wanting each device UUID
-	waiterByKey  map[string]*ledger.Waiter      // the waiters a reservation is for
-	cordons      cordonIndex
+	// migReservations are the reservations of MIG instances, by parent UUID.
+	migReservations map[string][]*ledger.Reservation
+	conflicts       map[string][]ledger.Conflict // by device UUID
+	waiters         map[string]int               // waiters wanting each device UUID
+	waiterByKey     map[string]*ledger.Waiter    // the waiters a reservation is for
+	cordons         cordonIndex
+	head            headWait
+}
+
+// headWait is the head of the queue and what it waits for (see
+// ledger.Tx.HeadWaitsFor); a free device conflicting with one of those is
+// kept for it.
+type headWait struct {
+	waiter ledger.Waiter
+	wants  []devices.Device
+}
+
+// keptThrough reports whether d, free, is kept for the head of the queue,
+// and the device the head asks for that it conflicts with.
+func (x statusIndex) keptThrough(d devices.Device) (devices.Device, bool) {
+	for _, w := range x.head.wants {
+		if devices.Conflicts(w, d) {
+			return w, true
+		}
+	}
+	return devices.Device{}, false
 }
 
 func indexState(st *ledger.State) statusIndex {
 	x := statusIndex{
-		claims:       make(map[string]*ledger.Claim, len(st.Claims)),
-		migClaims:    map[string][]*ledger.Claim{},
-		reservations: make(map[string]*ledger.Reservation, len(st.Reservations)),
-		conflicts:    map[string][]ledger.Conflict{},
-		waiters:      map[string]int{},
-		waiterByKey:  make(map[string]*ledger.Waiter, len(st.Reservations)),
-		cordons:      newCordonIndex(st.Cordons),
+		claims:          make(map[string]*ledger.Claim, len(st.Claims)),
+		migClaims:       map[string][]*ledger.Claim{},
+		migReservations: map[string][]*ledger.Reservation{},
+		reservations:    make(map[string]*ledger.Reservation, len(st.Reservations)),
+		conflicts:       map[string][]ledger.Conflict{},
+		waiters:         map[string]int{},
+		waiterByKey:     make(map[string]*ledger.Waiter, len(st.Reservations)),
+		cordons:         newCordonIndex(st.Cordons),
 	}
 	for i := range st.Claims {
 		c := &st.Claims[i]
@@ -344,6 +378,9 @@ func indexState(st *ledger.State) statusIndex {
 	for i := range st.Reservations {
 		r := &st.Reservations[i]
 		x.reservations[r.Device.UUID] = r
+		if r.Device.Parent != "" {
+			x.migReservations[r.Device.Parent] = append(x.migReservations[r.Device.Parent], r)
+		}
 		x.waiterByKey[r.For] = nil // looked up below: only these of thousands of waiters
 	}
 	for _, c := range st.Conflicts {
@@ -363,8 +400,9 @@ func indexState(st *ledger.State) statusIndex {
 
 // buildStatus joins the ledger state with the inventory (nil when it could not
 // be loaded) and the holders' liveness.
-func buildStatus(st *ledger.State, inv *devices.Inventory, info inventoryInfo, rule guard.ReleaseRule) *statusView {
+func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info inventoryInfo, rule guard.ReleaseRule) *statusView {
 	x := indexState(st)
+	x.head = head
 	v := &statusView{Devices: []statusDevice{}, Problems: []problem{}, Generation: st.Generation, UpdatedAt: timeOrNil(st.UpdatedAt)}
 	if inv != nil {
 		v.InventorySource = inv.Source
@@ -464,7 +502,7 @@ func (x statusIndex) device(d devices.Device, model string, inInventory bool) st
 		sd.Holder = holderOf(via.Owner, via.Since)
 		sd.HeldVia = via.Device.UUID
 		sd.heldViaIndex = via.Device.Index
-	} else if r := x.reservations[d.UUID]; r != nil {
+	} else if r := x.reservation(d); r != nil {
 		sd.State = stateReserved
 		sd.Reservation = &reservationJSON{For: r.For, Since: r.Since, Until: r.Until}
 		sd.reservedFor = r.For
@@ -472,6 +510,17 @@ func (x statusIndex) device(d devices.Device, model string, inInventory bool) st
 			sd.Reservation.ContainerID = w.Owner.ContainerID
 			sd.reservedFor = holderName(w.Owner)
 		}
+		if r.Device.UUID != d.UUID {
+			// The GPU of a reserved MIG instance, or a MIG instance of a
+			// reserved GPU: nobody else can have it either.
+			sd.ReservedVia, sd.reservedViaIndex = r.Device.UUID, r.Device.Index
+			sd.reservedFor += " (via " + r.Device.Index + ")"
+		}
+	} else if through, ok := x.keptThrough(d); ok {
+		sd.State = stateReserved
+		h := x.head.waiter
+		sd.Reservation = &reservationJSON{For: h.Key, ContainerID: h.Owner.ContainerID, KeptFor: through.UUID}
+		sd.reservedFor = holderName(h.Owner) + " (first in line for " + through.Index + ")"
 	}
 	if k := x.cordons.lookup(d); k != nil {
 		// Above held, draining and reserved (which a cordon excludes
@@ -501,6 +550,21 @@ func heldState(c *ledger.Claim) string {
 
 // relatedClaim is a claim that makes d unavailable without naming it: on d's
 // parent GPU, or on one of d's MIG instances.
+// reservation is the reservation on d, or else on a device conflicting
+// with it (its GPU, or one of its MIG instances), or nil.
+func (x statusIndex) reservation(d devices.Device) *ledger.Reservation {
+	if r := x.reservations[d.UUID]; r != nil {
+		return r
+	}
+	if d.Parent != "" {
+		return x.reservations[d.Parent]
+	}
+	if rs := x.migReservations[d.UUID]; len(rs) > 0 {
+		return rs[0]
+	}
+	return nil
+}
+
 func (x statusIndex) relatedClaim(d devices.Device) *ledger.Claim {
 	if d.Parent != "" {
 		return x.claims[d.Parent]
@@ -646,4 +710,13 @@ func renderProblems(w io.Writer, problems []problem) error {
 		}
 	}
 	return nil
+}
+
+// headOf is the head of tx's queue and what it waits for.
+func headOf(tx *ledger.Tx) headWait {
+	w, wants, ok := tx.HeadWaitsFor()
+	if !ok {
+		return headWait{}
+	}
+	return headWait{waiter: w, wants: wants}
 }

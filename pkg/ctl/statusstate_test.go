@@ -414,7 +414,7 @@ func BenchmarkStatusRenderCordons(b *testing.B) {
 	}
 	rule := guard.NewReleaseRule(config.Default(), f.liveness)
 	for b.Loop() {
-		v := buildStatus(&st, inv, inventoryInfo{Origin: "cache"}, rule)
+		v := buildStatus(&st, headWait{}, inv, inventoryInfo{Origin: "cache"}, rule)
 		v.setDrainDeadlines(drainGrace)
 		if err := v.render(io.Discard, outputTable, now); err != nil {
 			b.Fatal(err)
@@ -490,7 +490,7 @@ func TestReadersLeaveTheStateAsRead(t *testing.T) {
 		require.NotEmpty(t, before.Conflicts)
 		require.NotEmpty(t, before.Cordons)
 		for _, output := range []string{outputTable, outputWide, outputJSON} {
-			v := buildStatus(tx.ReadState(), f.inv, inventoryInfo{Origin: "cache"}, rule)
+			v := buildStatus(tx.ReadState(), headOf(tx), f.inv, inventoryInfo{Origin: "cache"}, rule)
 			v.setDrainDeadlines(time.Minute)
 			require.NoError(t, v.render(io.Discard, output, now))
 			q := buildQueue(tx, now)

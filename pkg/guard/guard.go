@@ -1254,6 +1254,8 @@ func busyAttrs(busy []ledger.BusyDevice) []string {
 			out = append(out, b.Wanted.UUID+" held by "+b.Holder.Owner.ContainerID)
 		case b.Reservation != nil:
 			out = append(out, b.Wanted.UUID+" reserved for "+b.Reservation.For)
+		case b.KeptFor != nil:
+			out = append(out, b.Wanted.UUID+" kept for "+b.KeptFor.Key)
 		default:
 			out = append(out, b.Wanted.UUID)
 		}

@@ -80,7 +80,7 @@ func (c conflictText) String() string {
 // another requester (nobody holds it).
 func (c conflictText) onlyReserved() bool {
 	for _, bd := range c.busy {
-		if bd.Holder != nil {
+		if bd.Holder != nil || bd.KeptFor != nil { // a kept device waits for a holder too
 			return false
 		}
 	}
@@ -123,6 +123,13 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 		}
 		return fmt.Sprintf("%s is reserved for %s (%s) until %s (%s left)",
 			name, who, order, r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))
+	case bd.KeptFor != nil:
+		// Nobody holds or reserves the device, but the head of the queue
+		// asks for a whole GPU it belongs to (or a MIG instance of it),
+		// which cannot be reserved while part of it is in use.
+		w := bd.KeptFor
+		return fmt.Sprintf("%s is kept for %s (%s, first in line for %s, which waits until the rest of it is free)",
+			name, HolderName(w.Owner), c.order(*w, true), naming.Device(bd.Through))
 	default:
 		return name + " is busy"
 	}

@@ -115,6 +115,14 @@ func TestConflictText(t *testing.T) {
 			want: "(12m3s ago); no other request waits for it. No GPU is free now.",
 		},
 		{
+			name: "a free MIG instance kept for the head asking for its GPU whole",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: mig10, KeptFor: &ledger.Waiter{Key: "ml/uid-7/worker", Seq: 1,
+				Owner: waiters["ml/uid-7/worker"].Owner}, Through: gpu1}}, queued: true, position: 2, total: 2},
+			want: "MIG 1:0 (MIG-aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa) is kept for ml/train-7/worker (id aaaabbbbcccc) " +
+				"(earlier in the queue, first in line for GPU 1 (GPU-11111111-1111-4111-8111-111111111111), which waits until the rest of it is free); " +
+				"queued at position 2 of 2, waiting 0s. The request will be admitted when the holder stops and its turn comes;",
+		},
+		{
 			name: "stopped holder kept until removal",
 			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: stoppedHolder}}},
 			want: "is held by ml/train-0/main (id fedcba987654) since 2026-05-09T07:47:57Z (12m3s ago) " +

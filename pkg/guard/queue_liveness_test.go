@@ -182,8 +182,24 @@ func TestQueueLivenessThroughAdmit(t *testing.T) {
 		// it busy: the head's may stand while it waits for the rest).
 		lastReserved := map[string]map[string]time.Duration{}
 		markHeld := func(at time.Duration, st ledger.State) {
+			// What the head of the queue waits for is kept for it like a
+			// reservation (a free MIG instance of a GPU it asks for whole).
+			var head ledger.Waiter
+			var headWants []devices.Device
+			require.NoError(t, e.l.View(ctx, func(tx *ledger.Tx) error {
+				head, headWants, _ = tx.HeadWaitsFor()
+				return nil
+			}))
 			for _, r := range reqs {
 				for _, d := range r.want {
+					for _, h := range headWants {
+						if devices.Conflicts(h, d) {
+							if lastReserved[d.UUID] == nil {
+								lastReserved[d.UUID] = map[string]time.Duration{}
+							}
+							lastReserved[d.UUID][head.Key] = at
+						}
+					}
 					for _, c := range st.Claims {
 						if devices.Conflicts(c.Device, d) {
 							lastBusy[d.UUID] = at

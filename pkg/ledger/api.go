@@ -204,11 +204,18 @@ type BusyError struct {
 	Busy []BusyDevice
 }
 
-// BusyDevice is one device that is held, or reserved for another waiter.
+// BusyDevice is one device that is held, reserved for another waiter, or
+// kept for the head of the queue.
 type BusyDevice struct {
 	Wanted      devices.Device // the device asked for
 	Holder      *Claim         // the conflicting claim, if held
 	Reservation *Reservation   // the conflicting reservation, if reserved
+	// KeptFor is the head of the queue, when nothing holds or reserves the
+	// device but the head asks for a device conflicting with it (Through)
+	// that it cannot have reserved yet: a whole GPU another MIG instance of
+	// which is in use. Set only when Holder and Reservation are not.
+	KeptFor *Waiter
+	Through devices.Device // the device the head asks for, when KeptFor is set
 }
 
 // Error names every busy device (index and UUID) and who holds or reserved it.

@@ -143,7 +143,10 @@
 //     keep the queue fair without deadlock. The head of the queue (the
 //     earliest waiter that cannot start yet and asks for no cordoned
 //     device) has every device it asks for reserved as soon as it is free,
-//     so later requests cannot overtake it on any of them. Every other
+//     so later requests cannot overtake it on any of them; a free MIG
+//     instance of a GPU it asks for whole, which cannot be reserved while
+//     another instance is in use, is kept for it without a stored
+//     reservation (Busy reports it as KeptFor). Every other
 //     waiter holds a reservation on every device it asks for (bar those its
 //     own container holds), or none: whenever every device some waiter asks
 //     for is free, they are reserved for the earliest such waiter until

@@ -158,6 +158,9 @@ func busyMessage(busy []BusyDevice) string {
 			}
 			parts = append(parts, fmt.Sprintf("%s is reserved for queued request %q%s until %s",
 				DescribeDevice(b.Wanted), b.Reservation.For, via, b.Reservation.Until.UTC().Format(time.RFC3339)))
+		case b.KeptFor != nil:
+			parts = append(parts, fmt.Sprintf("%s is kept for queued request %q, first in line for %s",
+				DescribeDevice(b.Wanted), b.KeptFor.Key, DescribeDevice(b.Through)))
 		default:
 			parts = append(parts, DescribeDevice(b.Wanted)+" is busy")
 		}

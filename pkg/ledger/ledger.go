@@ -446,7 +446,7 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 		tx.minLastSeen, tx.minKnown = ld.minLastSeen, ld.minKnown
 	}
 	if tx.baseSettled {
-		tx.fixed = &queueFixed{claims: tx.base.Claims, reservations: tx.base.Reservations, cordons: tx.base.Cordons}
+		tx.fixed = &queueFixed{claims: tx.base.Claims, reservations: tx.base.Reservations, cordons: tx.base.Cordons, keep: tx.keptForHead()}
 	}
 	tx.maintain()
 	if err := fn(tx); err != nil {

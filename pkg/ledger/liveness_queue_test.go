@@ -34,9 +34,8 @@ import (
 //	    asks for; a waiter whose devices are all free has them reserved;
 //	(d) no overtaking: while a waiter heads the queue, nobody else is
 //	    admitted on a device conflicting with one it asks for, unless that
-//	    was reserved for them before (or is a MIG instance of a GPU the head
-//	    asks for whole while another instance of it is held or reserved for
-//	    another waiter: the one gap left, see maintain).
+//	    was reserved for them before (a MIG instance of a GPU the head asks
+//	    for whole included, while another instance of it is in use).
 //
 // The state is carried in memory from one Tx to the next (no file, no
 // fsync), which is what makes 10,000 schedules affordable; pkg/guard runs
@@ -211,6 +210,17 @@ func runSchedule(s simSchedule) (simOutcome, error) {
 					lastReserved[u.UUID][r.For] = at
 				}
 			}
+			// What the head waits for is kept for it like a
+			// reservation (a MIG instance of a GPU it asks for whole).
+			head := expectedHead(&m.st)
+			for _, k := range headWaitsFor(&m.st, head) {
+				if devices.Conflicts(k, u) {
+					if lastReserved[u.UUID] == nil {
+						lastReserved[u.UUID] = map[string]time.Duration{}
+					}
+					lastReserved[u.UUID][head] = at
+				}
+			}
 		}
 	}
 	waitingSince := make([]time.Duration, len(s.reqs))
@@ -231,7 +241,6 @@ func runSchedule(s simSchedule) (simOutcome, error) {
 		now := base.Add(e.at)
 		markHeld(e.at) // a holder stopping now held its devices until now
 		before := slices.Clone(m.st.Reservations)
-		claimsBefore := slices.Clone(m.st.Claims)
 		head := expectedHead(&m.st)
 		var headWants []devices.Device
 		if i := slices.IndexFunc(m.st.Waiters, func(w Waiter) bool { return w.Key == head }); i >= 0 {
@@ -259,7 +268,7 @@ func runSchedule(s simSchedule) (simOutcome, error) {
 				}
 			})
 			if ok {
-				if err := checkNoOvertaking(&m.st, head, headWants, r, before, claimsBefore); err != nil {
+				if err := checkNoOvertaking(&m.st, head, headWants, r, before); err != nil {
 					return out, fmt.Errorf("schedule %s at %s: (d) %w: %s", s.name, e.at, err, describeQueue(&m.st))
 				}
 				out.admittedAt[e.i] = e.at
@@ -370,10 +379,10 @@ func checkSimState(st *State, s simSchedule, admittedAt []time.Duration, ids []s
 }
 
 // checkNoOvertaking checks (d) for r, just admitted into st; head, asking
-// for want, headed the queue before, when reservations and claims were
-// before and claimsBefore. A head that left the queue in the meantime (it
-// stopped retrying and expired) is no longer owed anything.
-func checkNoOvertaking(st *State, head string, want []devices.Device, r *simReq, before []Reservation, claimsBefore []Claim) error {
+// for want, headed the queue before, when reservations were before. A head
+// that left the queue in the meantime (it stopped retrying and expired) is
+// no longer owed anything.
+func checkNoOvertaking(st *State, head string, want []devices.Device, r *simReq, before []Reservation) error {
 	if head == "" || head == r.key || !slices.ContainsFunc(st.Waiters, func(w Waiter) bool { return w.Key == head }) {
 		return nil
 	}
@@ -385,11 +394,7 @@ func checkNoOvertaking(st *State, head string, want []devices.Device, r *simReq,
 			if !devices.Conflicts(d, h) {
 				continue
 			}
-			gap := d.Parent == h.UUID && (slices.ContainsFunc(claimsBefore, func(c Claim) bool { return c.Device.Parent == h.UUID }) ||
-				slices.ContainsFunc(before, func(x Reservation) bool { return x.Device.Parent == h.UUID && x.For != head }))
-			if !gap {
-				return fmt.Errorf("%s admitted on %s while %s, the head of the queue, asks for %s", r.key, d.Index, head, h.Index)
-			}
+			return fmt.Errorf("%s admitted on %s while %s, the head of the queue, asks for %s", r.key, d.Index, head, h.Index)
 		}
 	}
 	return nil

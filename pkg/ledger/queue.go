@@ -34,8 +34,9 @@ import (
 //     another waiter) reserved, for reservation_ttl ("reserve"); once that
 //     covers its whole request, the next such waiter is the head;
 //  6. in arrival order, every other waiter all of whose devices are free
-//     (no conflicting claim, reservation or cordon) gets all of them
-//     reserved, for reservation_ttl ("reserve").
+//     (no conflicting claim, reservation or cordon, and none kept for the
+//     head: see keptForHead) gets all of them reserved, for
+//     reservation_ttl ("reserve").
 //
 // A reservation is always on a free device (no claim conflicts with it),
 // and only the head holds reservations on part of its request. That keeps
@@ -62,12 +63,12 @@ import (
 // The price of fairness: a device the head asks for stays idle while the
 // head waits for its other devices. A waiter asking for a cordoned device
 // is never the head: it waits for an operator, not for holders, and must
-// not keep devices idle meanwhile. One gap is left, by the rule that a
-// reservation is on a free device (which every reader, older versions
-// included, checks): a head asking for a whole GPU one of whose MIG
-// instances is in use (or reserved for another waiter) has nothing of it
-// kept until all of them are free, so requests for its other instances are
-// still admitted meanwhile.
+// not keep devices idle meanwhile. A head asking for a whole GPU one of
+// whose MIG instances is in use cannot have the GPU reserved (a
+// reservation is on a free device, which every reader, older versions
+// included, checks); its free instances are kept for it all the same,
+// without a stored reservation (keptForHead), so that requests for them do
+// not keep the GPU from ever being whole again.
 //
 // Reservations, like claims, are never taken back before they are used or
 // expire, except when they stop being of use: their waiter's retry asked
@@ -105,17 +106,19 @@ func (tx *Tx) maintain() {
 	tx.reserveForHead(head)
 	tx.reserveFreeDevices(tx.reserveCandidates())
 	tx.fixed = &queueFixed{claims: slices.Clone(tx.st.Claims), reservations: slices.Clone(tx.st.Reservations),
-		cordons: slices.Clone(tx.st.Cordons), touched: len(tx.touchedWaiters)}
+		cordons: slices.Clone(tx.st.Cordons), keep: tx.keptForHead(), touched: len(tx.touchedWaiters)}
 	tx.settled = true
 }
 
 // queueFixed is what step 6 depends on besides the waiters — the claims,
-// reservations and cordons — at a moment when the waiters were its fixed
-// point, and how many waiter changes the Tx had recorded then.
+// reservations and cordons, and what is kept for the head — at a moment
+// when the waiters were its fixed point, and how many waiter changes the Tx
+// had recorded then.
 type queueFixed struct {
 	claims       []Claim
 	reservations []Reservation
 	cordons      []Cordon
+	keep         headKeep
 	touched      int
 }
 
@@ -140,6 +143,9 @@ func (tx *Tx) reserveCandidates() func(*Waiter) bool {
 	changed = appendChanged(changed, f.claims, tx.st.Claims, func(c *Claim) devices.Device { return c.Device }, sameClaim)
 	changed = appendChanged(changed, f.reservations, tx.st.Reservations, func(r *Reservation) devices.Device { return r.Device }, sameReservation)
 	changed = appendChanged(changed, f.cordons, tx.st.Cordons, func(k *Cordon) devices.Device { return k.Device }, sameCordon)
+	if keep := tx.keptForHead(); !keep.same(&f.keep) {
+		changed = append(append(changed, f.keep.wants...), keep.wants...)
+	}
 	touched := map[string]struct{}{}
 	for _, k := range tx.touchedWaiters[min(f.touched, len(tx.touchedWaiters)):] {
 		touched[k] = struct{}{}
@@ -438,6 +444,78 @@ func (tx *Tx) HoldsPartOfRequest(key string) bool {
 	return slices.ContainsFunc(w.Devices, func(d devices.Device) bool { return tx.reservedFor(d, key) }) && !tx.canStart(w)
 }
 
+// headKeep is what the head of the queue still waits for (keptForHead).
+type headKeep struct {
+	key   string           // the head's key; "" when there is no head
+	index int              // its index in the waiters
+	wants []devices.Device // what it asks for and has neither reserved nor held
+}
+
+// keptForHead finds the head of the queue (queueHead) and the devices it
+// asks for that are neither reserved for it nor held by its own container.
+// A device conflicting with one of them is kept for the head: nobody else
+// is admitted on it (Busy) or gets it reserved (maintain, step 6), although
+// no claim or reservation is on it. That matters for one kind of device
+// only: a MIG instance of a GPU the head asks for whole while another
+// instance of that GPU is in use (or reserved for a waiter that can start).
+// The GPU itself cannot be reserved then (a reservation is on a free
+// device, which every reader, older versions included, checks), and without
+// the keep, requests for its free instances would still be admitted, one
+// after another, and the head might never see the whole GPU free. Every
+// other device the head waits for is busy for others already: held, or
+// reserved.
+//
+// The keep is not stored: it follows from the waiters, claims and
+// reservations, so it ends when the head starts, leaves the queue (its
+// pod is removed, or it stops retrying for queue_ttl) or stops being the
+// head, and a ledger of this format needs nothing new to hold it.
+func (tx *Tx) keptForHead() headKeep {
+	key := tx.queueHead()
+	if key == "" {
+		return headKeep{}
+	}
+	i := tx.waiterIndex(key)
+	w := &tx.st.Waiters[i]
+	k := headKeep{key: key, index: i}
+	for _, d := range w.Devices {
+		if !tx.reservedFor(d, key) && !tx.heldBy(d, &w.Owner) {
+			k.wants = append(k.wants, d)
+		}
+	}
+	return k
+}
+
+// HeadWaitsFor is the head of the queue (a copy of its waiter) and the
+// devices it asks for that are neither reserved for it nor held by its own
+// container: a device conflicting with one of them is kept for it (Busy
+// reports it as KeptFor). ok is false when nobody heads the queue.
+func (tx *Tx) HeadWaitsFor() (head Waiter, wants []devices.Device, ok bool) {
+	tx.check()
+	k := tx.keptForHead()
+	if k.key == "" {
+		return Waiter{}, nil, false
+	}
+	head = tx.st.Waiters[k.index]
+	head.Devices = slices.Clone(head.Devices)
+	return head, k.wants, true
+}
+
+// conflicting is the device the head waits for that d conflicts with, if
+// any.
+func (k *headKeep) conflicting(d devices.Device) (devices.Device, bool) {
+	for _, h := range k.wants {
+		if devices.Conflicts(h, d) {
+			return h, true
+		}
+	}
+	return devices.Device{}, false
+}
+
+// same reports whether k and o keep the same devices for the same head.
+func (k *headKeep) same(o *headKeep) bool {
+	return k.key == o.key && slices.EqualFunc(k.wants, o.wants, func(a, b devices.Device) bool { return a.UUID == b.UUID })
+}
+
 // queueHead is the key of the head of the queue (see maintain, step 5): the
 // earliest waiter that cannot start yet and asks for no cordoned device, or
 // "" when there is none. The waiters before it can start, and there are
@@ -520,12 +598,19 @@ func (tx *Tx) reserveFreeDevices(consider func(*Waiter) bool) {
 		return
 	}
 	memo := map[string]bool{}
-	// isFree: no claim and no reservation on a device conflicting with d.
+	// Reservations made below are for waiters that can start, so the head
+	// (step 5 moved it past every waiter that can) and what is kept for it
+	// stay the same during the pass.
+	keep := tx.keptForHead()
+	// isFree: no claim and no reservation on a device conflicting with d,
+	// and not kept for the head (the head itself is never reserved here:
+	// what it waits for conflicts with what is kept).
 	isFree := func(d devices.Device) bool {
 		if f, ok := memo[d.UUID]; ok {
 			return f
 		}
-		f := tx.conflictingClaim(d, nil) == nil && !tx.reservedConflicting(d) && !tx.cordoned(d)
+		_, kept := keep.conflicting(d)
+		f := !kept && tx.conflictingClaim(d, nil) == nil && !tx.reservedConflicting(d) && !tx.cordoned(d)
 		memo[d.UUID] = f
 		return f
 	}

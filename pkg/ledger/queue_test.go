@@ -337,8 +337,17 @@ func TestReservationsRespectMIG(t *testing.T) {
 			reserved: map[string]string{gpu(0).UUID: "w0"},
 		},
 		{
-			name: "a freed instance of a still partly held GPU goes to its own waiter", held: devs(mig(0, 0), mig(0, 1)),
+			// The head cannot have GPU 0 reserved while 0:1 is held, but its
+			// freed 0:0 is kept for it (keptForHead): before, w1 got 0:0,
+			// and requests for GPU 0's instances could keep it from ever
+			// being whole again.
+			name: "a freed instance of a still partly held GPU is kept for the head asking for the GPU", held: devs(mig(0, 0), mig(0, 1)),
 			waiters:  devs(gpu(0), mig(0, 0)),
+			reserved: map[string]string{},
+		},
+		{
+			name: "a freed instance goes to its own waiter when the head waits elsewhere", held: devs(mig(0, 0), mig(0, 1), gpu(1)),
+			waiters:  devs(gpu(1), mig(0, 0)),
 			reserved: map[string]string{mig(0, 0).UUID: "w1"},
 		},
 	} {
@@ -373,6 +382,63 @@ func TestReservationsRespectMIG(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A head asking for a whole GPU one of whose MIG instances is in use cannot
+// have the GPU reserved, but nobody else is admitted on (or reserved) its
+// free instances meanwhile, except a waiter that had one reserved before;
+// once the GPU is whole again it is the head's.
+func TestHeadAskingForAWholeGPUKeepsItsFreeInstances(t *testing.T) {
+	l := openTest(t, newClock())
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("x"), devs(mig(0, 0)), "env")
+		require.NoError(t, err)
+		// r waits for 0:1, which is free: reserved for it at once.
+		tx.Enqueue("r", owner("r"), devs(mig(0, 1)))
+		require.Equal(t, map[string]string{mig(0, 1).UUID: "r"}, reservedFor(*tx.State()))
+		// The head asks for GPU 0 whole.
+		ok, _, _ := claimOrQueue(tx, "head", owner("h"), devs(gpu(0)))
+		require.False(t, ok)
+	})
+
+	claimBy := func(key, id string, d devices.Device) error {
+		return l.View(context.Background(), func(tx *Tx) error {
+			_, err := tx.Claim(key, owner(id), devs(d), "env")
+			return err
+		})
+	}
+	err := claimBy("newcomer", "n", mig(0, 2))
+	var be *BusyError
+	require.ErrorAs(t, err, &be)
+	require.Len(t, be.Busy, 1)
+	b := be.Busy[0]
+	require.Equal(t, mig(0, 2).UUID, b.Wanted.UUID)
+	require.Nil(t, b.Holder)
+	require.Nil(t, b.Reservation)
+	require.NotNil(t, b.KeptFor, "0:2 is free but kept for the head")
+	require.Equal(t, "head", b.KeptFor.Key)
+	require.Equal(t, gpu(0).UUID, b.Through.UUID)
+	require.Contains(t, err.Error(), `is kept for queued request "head", first in line for GPU 0`)
+
+	// r had 0:1 reserved before the head asked: it is still admitted on it.
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("r", owner("r"), devs(mig(0, 1)), "env")
+		require.NoError(t, err)
+		tx.Release("r", "stop")
+	})
+	// Once freed, 0:1 is kept for the head too.
+	require.ErrorAs(t, claimBy("newcomer", "n", mig(0, 1)), &be)
+	require.Equal(t, "head", be.Busy[0].KeptFor.Key)
+	// A waiter for a free instance is not reserved it either.
+	update(t, l, func(tx *Tx) { tx.Enqueue("later", owner("l"), devs(mig(0, 1))) })
+	require.Empty(t, reservedFor(snapshot(t, l)))
+	// x's own container asking again for what it holds is not refused.
+	require.NoError(t, claimBy("", "x", mig(0, 0)))
+
+	// x stops: GPU 0 is whole and reserved for the head, which starts.
+	update(t, l, func(tx *Tx) { tx.Release("x", "stop") })
+	require.Equal(t, map[string]string{gpu(0).UUID: "head"}, reservedFor(snapshot(t, l)))
+	require.NoError(t, claimBy("head", "h", gpu(0)))
 }
 
 // TestQueueInvariantsUnderRandomOperations drives random operations and checks
@@ -481,10 +547,33 @@ func expectedHead(st *State) string {
 	return ""
 }
 
+// headWaitsFor is what the head of the queue (expectedHead) asks for and
+// has neither reserved nor held by its own container: a device conflicting
+// with one of them is kept for it.
+func headWaitsFor(st *State, head string) []devices.Device {
+	i := slices.IndexFunc(st.Waiters, func(w Waiter) bool { return w.Key == head })
+	if head == "" || i < 0 {
+		return nil
+	}
+	w := st.Waiters[i]
+	var out []devices.Device
+	for _, d := range w.Devices {
+		mine := slices.ContainsFunc(st.Reservations, func(r Reservation) bool { return r.For == head && r.Device.UUID == d.UUID }) ||
+			slices.ContainsFunc(st.Claims, func(c Claim) bool {
+				return c.Device.UUID == d.UUID && c.Owner.ContainerID == w.Owner.ContainerID && w.Owner.ContainerID != ""
+			})
+		if !mine {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
 // checkReservations checks the reservation rules of checkQueueInvariants
 // (the queue liveness simulation checks them after every event too).
 func checkReservations(st *State) error {
 	head := expectedHead(st)
+	kept := headWaitsFor(st, head)
 	for _, w := range st.Waiters {
 		has, covered, free, needs := false, true, true, false
 		var freeNotMine []string
@@ -506,6 +595,9 @@ func checkReservations(st *State) error {
 						freeD = false
 					}
 				}
+			}
+			if w.Key != head && slices.ContainsFunc(kept, func(k devices.Device) bool { return devices.Conflicts(k, d) }) {
+				freeD = false // kept for the head
 			}
 			if freeD && !mine {
 				freeNotMine = append(freeNotMine, d.Index)

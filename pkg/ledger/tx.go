@@ -230,15 +230,18 @@ func (tx *Tx) waiterIndex(key string) int {
 }
 
 // Busy lists what stands between a request and its devices: claims of other
-// containers on a conflicting device, and reservations of a conflicting
-// device for another requester key. Claims of owner's own container (see
-// SameIncarnation) and reservations for key do not count. Empty means Claim
-// would succeed.
+// containers on a conflicting device, reservations of a conflicting device
+// for another requester key, and, for a device neither makes busy, what the
+// head of the queue waits for (see keptForHead). Claims of owner's own
+// container (see SameIncarnation) and reservations for key do not count.
+// Empty means Claim would succeed.
 func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice {
 	tx.check()
 	key = requesterKey(key, owner)
 	var out []BusyDevice
+	var keep *headKeep
 	for _, d := range uniqueDevices(devs) {
+		n := len(out)
 		for i := range tx.st.Claims {
 			if c := tx.st.Claims[i]; !SameIncarnation(&c.Owner, &owner) && devices.Conflicts(c.Device, d) {
 				out = append(out, BusyDevice{Wanted: d, Holder: &c})
@@ -249,8 +252,30 @@ func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice 
 				out = append(out, BusyDevice{Wanted: d, Reservation: &r})
 			}
 		}
+		if len(out) > n || tx.reservedFor(d, key) || tx.holdsItself(d, &owner) {
+			continue
+		}
+		if keep == nil {
+			k := tx.keptForHead()
+			keep = &k
+		}
+		if keep.key == "" || keep.key == key {
+			continue
+		}
+		if through, ok := keep.conflicting(d); ok {
+			w := tx.st.Waiters[keep.index]
+			w.Devices = slices.Clone(w.Devices)
+			out = append(out, BusyDevice{Wanted: d, KeptFor: &w, Through: through})
+		}
 	}
 	return out
+}
+
+// holdsItself reports whether owner's container (this incarnation of it)
+// holds d itself: asking for it again changes nothing.
+func (tx *Tx) holdsItself(d devices.Device, owner *Owner) bool {
+	i, found := tx.claimIndex(d.UUID)
+	return found && owner.ContainerID != "" && SameIncarnation(&tx.st.Claims[i].Owner, owner)
 }
 
 // SameIncarnation reports whether a and b may be the same container: the
