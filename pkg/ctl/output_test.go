@@ -121,6 +121,24 @@ func TestStatusStates(t *testing.T) {
 	}
 }
 
+// statusRow is the row of device index in `status -o json`, field by field.
+func statusRow(t *testing.T, f *fixture, index string) map[string]json.RawMessage {
+	t.Helper()
+	r := f.run(t, "status", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	var out struct {
+		Devices []map[string]json.RawMessage `json:"devices"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+	for _, row := range out.Devices {
+		if string(row["index"]) == `"`+index+`"` {
+			return row
+		}
+	}
+	require.Failf(t, "no row", "device %s not in %s", index, r.stdout)
+	return nil
+}
+
 // A free MIG instance of a GPU that the head of the queue asks for whole is
 // kept for it (no other request is admitted on it): status shows it
 // reserved for the head, with the GPU it waits for and no deadline.
@@ -130,31 +148,18 @@ func TestStatusShowsAnInstanceKeptForTheHead(t *testing.T) {
 		claim(t, tx, ownHook, `annotation cdi.k8s.io/gpu="nvidia.com/mig=0:1"`, f.dev(t, uuidMIG1))
 		tx.Enqueue(key(ownW2), ownW2, []devices.Device{f.dev(t, uuidGPU0)})
 	})
-	r := f.run(t, "status", "-o", "json")
-	require.Equal(t, ExitOK, r.code, r.stderr)
-	var out struct {
-		Devices []struct {
-			Index       string                     `json:"index"`
-			State       string                     `json:"state"`
-			Reservation map[string]json.RawMessage `json:"reservation"`
-		} `json:"devices"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
+	row := statusRow(t, f, "0:0")
+	assert.JSONEq(t, `"`+stateReserved+`"`, string(row["state"]))
 	var kept map[string]json.RawMessage
-	for _, d := range out.Devices {
-		if d.Index == "0:0" {
-			assert.Equal(t, stateReserved, d.State)
-			kept = d.Reservation
-		}
-	}
-	require.NotNil(t, kept, r.stdout)
+	require.NoError(t, json.Unmarshal(row["reservation"], &kept))
+	require.NotNil(t, kept)
 	assert.JSONEq(t, `"`+key(ownW2)+`"`, string(kept["for"]))
 	assert.JSONEq(t, `"`+ownW2.ContainerID+`"`, string(kept["container_id"]))
 	assert.JSONEq(t, `"`+uuidGPU0+`"`, string(kept["kept_for"]))
 	assert.NotContains(t, kept, "since", "kept without a stored reservation: no deadline")
 	assert.NotContains(t, kept, "until")
 
-	r = f.run(t, "status")
+	r := f.run(t, "status")
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	assert.Regexp(t, `(?m)^0:0 +MIG-a0a0a0a0 .* reserved +for team-g/w2/main \(first in line for 0\) `, r.stdout)
 }
@@ -169,33 +174,17 @@ func TestStatusShowsDevicesAReservationCovers(t *testing.T) {
 		f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) { claim(t, tx, ownTrainer, "env", d) })
 		f.update(t, now.Add(-5*time.Minute), func(tx *ledger.Tx) { tx.Enqueue(key(ownW1), ownW1, []devices.Device{d}) })
 		f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) { tx.Release(idTrainer, "stop") })
-		r := f.run(t, "status", "-o", "json")
-		require.Equal(t, ExitOK, r.code, r.stderr)
-		var out struct {
-			Devices []struct {
-				Index       string `json:"index"`
-				State       string `json:"state"`
-				ReservedVia string `json:"reserved_via"`
-				Reservation *struct {
-					For string `json:"for"`
-				} `json:"reservation"`
-			} `json:"devices"`
+		row := statusRow(t, f, tc.related)
+		assert.JSONEq(t, `"`+stateReserved+`"`, string(row["state"]), "device %s is blocked by the reservation on %s", tc.related, tc.reserved)
+		assert.JSONEq(t, `"`+tc.reserved+`"`, string(row["reserved_via"]))
+		var res struct {
+			For string `json:"for"`
 		}
-		require.NoError(t, json.Unmarshal([]byte(r.stdout), &out))
-		found := false
-		for _, row := range out.Devices {
-			if row.Index == tc.related {
-				found = true
-				assert.Equal(t, stateReserved, row.State, "device %s is blocked by the reservation on %s", row.Index, tc.reserved)
-				assert.Equal(t, tc.reserved, row.ReservedVia)
-				require.NotNil(t, row.Reservation)
-				assert.Equal(t, key(ownW1), row.Reservation.For)
-			}
-		}
-		require.True(t, found, tc.related)
+		require.NoError(t, json.Unmarshal(row["reservation"], &res))
+		assert.Equal(t, key(ownW1), res.For)
 		ex := f.run(t, "explain", "--env", "NVIDIA_VISIBLE_DEVICES="+tc.related, "-o", "json")
 		assert.Contains(t, ex.stdout, `"reason": "reserved"`)
-		r = f.run(t, "status")
+		r := f.run(t, "status")
 		assert.Regexp(t, `(?m)^`+regexp.QuoteMeta(tc.related)+` .* reserved +for team-f/w1/main \(via `+regexp.QuoteMeta(d.Index)+`\) `, r.stdout)
 	}
 }
