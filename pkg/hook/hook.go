@@ -135,6 +135,13 @@ type env struct {
 	// lockBudget bounds poststop's retries of a busy ledger lock (0:
 	// withdrawTimeout).
 	lockBudget time.Duration
+	// userNS reports whether the runtime runs in a user namespace
+	// (runtimeInUserNamespace): then it sets up no device cgroup.
+	userNS func() bool
+	// readCgroup reads a /proc/<pid>/cgroup file below procRoot
+	// (readCgroupFile); read only for a container that binds something
+	// device-like (see noDeviceCgroup).
+	readCgroup func(path string) ([]byte, error)
 }
 
 // maxPoststopBudget keeps poststop's retries inside the 30 s timeout of the
@@ -162,13 +169,15 @@ func defaultEnv() env {
 		lockingEngine: func() (bool, string) {
 			return engineHoldsLock(liveness.DefaultProcRoot, os.Getppid())
 		},
-		markerDir: markerDir,
+		markerDir:  markerDir,
+		userNS:     runtimeInUserNamespace,
+		readCgroup: readCgroupFile,
 	}
 }
 
 // run is Run without the signal handling.
 func (e env) run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
-	return e.runInput(ctx, phase, cfg, ReadInput(stdin), stderr)
+	return e.runInput(ctx, phase, cfg, e.readInput(stdin), stderr)
 }
 
 // runInput is RunInput without the signal handling; it turns a panic into an
@@ -451,11 +460,24 @@ func namesContainer(leaf, id string) bool {
 // would share with the runtime and whatever else runs there. When the
 // runtime's cgroup cannot be read it is not.
 func (e env) ownCgroup(cg, id string) bool {
+	// Asked first: a leaf that names another spares the runtime's read.
 	if !namesContainer(path.Base(cg), id) {
 		return false
 	}
 	rt, err := liveness.ProcessCgroup(e.procRoot, e.getppid())
 	if err != nil {
+		return false
+	}
+	return ownedCgroup(cg, rt, id)
+}
+
+// ownedCgroup reports whether cgroup cg, the one container id's process is
+// in, is the container's own given rt, the cgroup of the runtime that ran
+// this hook in the same hierarchy: its leaf names the container
+// (namesContainer), and it is neither rt nor above rt (the container's
+// process would share it with the runtime and whatever else runs there).
+func ownedCgroup(cg, rt, id string) bool {
+	if !namesContainer(path.Base(cg), id) {
 		return false
 	}
 	cg, rt = path.Clean(cg), path.Clean(rt)

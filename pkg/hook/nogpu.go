@@ -4,8 +4,12 @@
 package hook
 
 import (
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 
@@ -35,6 +39,12 @@ type Input struct {
 // which refuses the container (create-runtime) or reads the ledger anyway
 // (poststop).
 func ReadInput(stdin io.Reader) *Input {
+	return defaultEnv().readInput(stdin)
+}
+
+// readInput is ReadInput reading the host through e (procRoot, getppid,
+// userNS, readCgroup).
+func (e env) readInput(stdin io.Reader) *Input {
 	in := &Input{}
 	in.state, in.stateErr = readState(stdin)
 	if in.stateErr != nil {
@@ -43,10 +53,10 @@ func ReadInput(stdin io.Reader) *Input {
 	in.spec, in.specErr = readSpec(in.state)
 	if in.specErr == nil {
 		in.request = devices.RequestFromSpec(in.spec)
-		if len(in.spec.Mounts) > 0 && runtimeInUserNamespace() {
-			// A rootless runtime (it runs in a user namespace) sets up no
-			// device cgroup: a host GPU node bound in opens, and so does
-			// every node of the host's /dev bound in.
+		if len(in.spec.Mounts) > 0 && e.noDeviceCgroup(in.state, &in.request) {
+			// No device cgroup stops what a bind brings: a host GPU node
+			// bound in opens, and so does every node of the host's /dev
+			// bound in.
 			addBoundNodes(&in.request, in.spec.Mounts)
 			if in.request.HostDevMounted {
 				in.request.GPUNodesAllowed = true
@@ -57,13 +67,152 @@ func ReadInput(stdin io.Reader) *Input {
 	return in
 }
 
-// addBoundNodes records, for a rootless runtime, what each bind source is
+// noDeviceCgroup reports whether the container st describes may run without
+// a device cgroup, so that its linux.resources.devices rules stop nothing a
+// bind mount brings in: its runtime runs in a user namespace (rootless
+// podman's runc and crun set up none there), or, for a rootful runtime, the
+// request binds something device-like (AddBindSource recorded the host's
+// /dev or a host node from the mounts) and the container's process is not
+// in a device cgroup of its own (deviceCgroupApplies). A rootful runtime
+// may apply none too: crun --cgroup-manager=disabled (podman
+// --cgroups=disabled), or a runtime without a cgroup it may write to,
+// leaves the process in its caller's cgroup, whose device rules (if any)
+// are not the spec's.
+//
+// The cgroup is read only for a request with such a bind: every container
+// has mounts, and the hook's no-GPU path is what most containers take, so
+// one that binds nothing device-like pays nothing beyond the user namespace
+// test it paid before. What such a container reaches without a bind (a
+// node it lists is a request whatever the cgroup does; a node it makes
+// with CAP_MKNOD is not seen here) is left as it was.
+func (e env) noDeviceCgroup(st specs.State, req *devices.Request) bool {
+	if e.userNS() {
+		return true
+	}
+	if !bindsDeviceLike(req) {
+		return false
+	}
+	return !e.deviceCgroupApplies(st)
+}
+
+// bindsDeviceLike reports whether AddBindSource recorded, from the spec's
+// mounts, the host's /dev (HostDevMounted) or a host device node (a device
+// with BoundAt): what a missing device cgroup would let the container open.
+func bindsDeviceLike(req *devices.Request) bool {
+	if req.HostDevMounted {
+		return true
+	}
+	for _, d := range req.Devices {
+		if d.BoundAt != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// deviceCgroupApplies reports whether the spec's device rules are enforced
+// on the container st describes: its process is in a device cgroup of its
+// own (ownedCgroup: the leaf names the container, and it is neither the
+// cgroup of the runtime that ran this hook, the hook's parent, nor one
+// above it). A runtime that creates a cgroup for the container applies the
+// spec's device rules to it before the createRuntime hooks run (runc and
+// crun move the process in and set the rules, or attach the cgroup v2
+// device program, in the same step); one that creates none leaves the
+// process where its caller was.
+//
+// Whatever cannot be told is answered false, the conservative answer (more
+// may open, so more is claimed): no pid (poststop's state, whose process is
+// gone and whose pid may be another's by now), an unreadable cgroup file,
+// or one without the line that holds the device controller. Poststop so
+// always reads the ledger for such a container, and releases whatever its
+// create-runtime claimed, whichever way create-runtime decided.
+func (e env) deviceCgroupApplies(st specs.State) bool {
+	if st.Pid <= 0 || st.Status == specs.StateStopped {
+		return false
+	}
+	cg, err := e.deviceCgroupOf(st.Pid)
+	if err != nil {
+		return false
+	}
+	rt, err := e.deviceCgroupOf(e.getppid())
+	if err != nil {
+		return false
+	}
+	return ownedCgroup(cg, rt, st.ID)
+}
+
+// maxCgroupFileBytes bounds the read of /proc/<pid>/cgroup: a dozen
+// hierarchies of a few hundred bytes each. A longer file is not guessed at.
+const maxCgroupFileBytes = 16 << 10
+
+// deviceCgroupOf returns the cgroup of pid that enforces device rules, from
+// procRoot/<pid>/cgroup (each line hierarchy-ID:controllers:path):
+//   - cgroup v1, and hybrid hosts (v1 controllers plus the unified "0::"
+//     line): the line whose controllers include "devices". Device rules are
+//     that controller's, and nothing else tells: the unified line of a
+//     hybrid host carries no controller and stays at the caller's cgroup
+//     under runc's cgroupfs driver, and liveness.ProcessCgroup's pick (pids
+//     first) is a cgroup that says nothing of the devices controller.
+//   - cgroup v2 (only "0::" lines): the unified cgroup, where runtimes
+//     attach the device program of the container.
+//
+// A v1 file without a devices line is an error: the device controller is
+// not where this can see it.
+func (e env) deviceCgroupOf(pid int) (string, error) {
+	if pid <= 0 {
+		return "", fmt.Errorf("invalid pid %d", pid)
+	}
+	path := filepath.Join(e.procRoot, strconv.Itoa(pid), "cgroup")
+	data, err := e.readCgroup(path)
+	if err != nil {
+		return "", err
+	}
+	unified, v1 := "", false
+	for _, line := range strings.Split(string(data), "\n") {
+		// The path may hold ':'.
+		parts := strings.SplitN(strings.TrimSpace(line), ":", 3)
+		if len(parts) != 3 || !strings.HasPrefix(parts[2], "/") {
+			continue
+		}
+		if parts[0] == "0" && parts[1] == "" {
+			unified = parts[2]
+			continue
+		}
+		v1 = true
+		if slices.Contains(strings.Split(parts[1], ","), "devices") {
+			return parts[2], nil
+		}
+	}
+	if v1 || unified == "" {
+		return "", fmt.Errorf("pid %d: no device cgroup in %s", pid, path)
+	}
+	return unified, nil
+}
+
+// readCgroupFile reads a /proc/<pid>/cgroup file, bounded.
+func readCgroupFile(path string) ([]byte, error) {
+	f, err := os.Open(path) //nolint:gosec // below the configured proc root
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	data, err := io.ReadAll(io.LimitReader(f, maxCgroupFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxCgroupFileBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxCgroupFileBytes)
+	}
+	return data, nil
+}
+
+// addBoundNodes records, where no device cgroup applies, what each bind source is
 // on the host, whatever it is called (the runtime follows symlinks, and
 // numbers, not names, tell a GPU node): a character device is a node of the
 // container, and the host's / or /dev sets HostDevMounted. AddBindSource
-// reads sources by their spelling only. Only there: a rootful runtime's
-// device cgroup stops every node the spec does not allow, however it is
-// bound in, and a stat per mount would cost every container.
+// reads sources by their spelling only. Only there: a device cgroup stops
+// every node the spec does not allow, however it is bound in, and a stat
+// per mount would cost every container.
 func addBoundNodes(req *devices.Request, mounts []specs.Mount) {
 	var root, dev os.FileInfo
 	for _, m := range mounts {

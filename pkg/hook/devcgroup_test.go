@@ -1,0 +1,215 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package hook
+
+import (
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// bindState writes a bundle whose config.json binds the host path src at
+// dst and denies every device but /dev/null in its device cgroup rules (an
+// engine's default for an unprivileged container), and returns the OCI
+// state of container id with process pid in it.
+func bindState(t *testing.T, id string, pid int, status specs.ContainerState, src, dst string) string {
+	t.Helper()
+	one, three := int64(1), int64(3)
+	spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}},
+		Mounts: []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: dst, Source: src, Type: "bind", Options: []string{"rbind"}}},
+		Linux: &specs.Linux{Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
+			{Allow: false, Access: "rwm"}, {Allow: true, Type: "c", Major: &one, Minor: &three, Access: "rwm"}}}}}
+	data, err := json.Marshal(spec)
+	require.NoError(t, err)
+	bundle := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: status, Pid: pid, Bundle: bundle})
+	require.NoError(t, err)
+	return string(st)
+}
+
+// cgroupProc is a /proc tree with the container's process (pid 4242, its
+// cgroup file container; none when "") and the runtime that runs the hook
+// (pid 4000, runtime; none when ""), and an env that reads it as a rootful
+// runtime's hook.
+func cgroupProc(t *testing.T, container, runtime string, opened *int) env {
+	t.Helper()
+	root := t.TempDir()
+	fakeProc(t, root, 4242, 4000, "app")
+	fakeProc(t, root, 4000, 1, "crun")
+	if container != "" {
+		require.NoError(t, os.WriteFile(filepath.Join(root, "4242", "cgroup"), []byte(container), 0o644))
+	}
+	if runtime != "" {
+		require.NoError(t, os.WriteFile(filepath.Join(root, "4000", "cgroup"), []byte(runtime), 0o644))
+	}
+	e := testEnv(opened)
+	e.procRoot = root
+	e.getppid = func() int { return 4000 }
+	e.userNS = func() bool { return false }
+	return e
+}
+
+// A rootful runtime that leaves the container's process in its caller's
+// cgroup (crun --cgroup-manager=disabled, podman --cgroups=disabled) applies
+// no device cgroup: the spec's deny rules stop nothing, and a bind of the
+// host's /dev (or of what holds it) opens every GPU. Such a container claims
+// every GPU (policy.privileged "declared", all_devices "claim"), or is
+// refused under privileged = "reject". One in a cgroup of its own has its
+// deny rules enforced and claims nothing, as before. Whatever cannot be told
+// (a cgroup unreadable, v1 without a devices line) counts as no device
+// cgroup.
+func TestBindWithoutDeviceCgroup(t *testing.T) {
+	const session = "/user.slice/user-0.slice/session-1.scope"
+	for _, tc := range []struct {
+		name               string
+		container, runtime string // cgroup files; "" = unreadable
+		enforced           bool
+	}{
+		{"v2 own cgroup (systemd)", "0::/machine.slice/libpod-train.scope\n", "0::" + session + "\n", true},
+		{"v2 own cgroup (cgroupfs)", "0::/train\n", "0::" + session + "\n", true},
+		{"v2 caller's cgroup (crun --cgroup-manager=disabled)", "0::" + session + "\n", "0::" + session + "\n", false},
+		{"v2 the runtime's cgroup though named after the container", "0::/x/train\n", "0::/x/train\n", false},
+		{"v2 above the runtime's cgroup", "0::/x/train\n", "0::/x/train/crun.scope\n", false},
+		{"v1 own devices cgroup", "12:pids:/train\n11:devices:/train\n1:name=systemd:/train\n", "12:pids:/\n11:devices:/\n1:name=systemd:" + session + "\n", true},
+		// The devices line decides, not the pids one liveness.ProcessCgroup
+		// would pick.
+		{"v1 own pids cgroup, caller's devices cgroup", "12:pids:/train\n11:devices:" + session + "\n", "12:pids:/\n11:devices:" + session + "\n", false},
+		{"hybrid: own devices cgroup, caller's unified one", "11:devices:/train\n0::" + session + "\n", "11:devices:/\n0::" + session + "\n", true},
+		{"v1 without a devices line", "12:pids:/train\n", "12:pids:/\n", false},
+		{"the container's cgroup unreadable", "", "0::" + session + "\n", false},
+		{"the runtime's cgroup unreadable", "0::/train\n", "", false},
+	} {
+		for _, src := range []string{"/dev", "/", "/proc/self/root/dev"} {
+			t.Run(tc.name+" "+src, func(t *testing.T) {
+				cfg := staticConfig(t)
+				opened := 0
+				e := cgroupProc(t, tc.container, tc.runtime, &opened)
+				in := e.readInput(strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, src, "/hostdev")))
+				require.NoError(t, in.specErr)
+				require.Equal(t, tc.enforced, in.NeverClaims())
+				require.NoError(t, e.runInput(t.Context(), PhaseCreateRuntime, cfg, in, io.Discard))
+				l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+				if tc.enforced {
+					require.Zero(t, opened, "the deny rules hold: nothing to claim")
+					return
+				}
+				require.NoError(t, err)
+				snap, err := l.Snapshot(t.Context())
+				require.NoError(t, err)
+				var got []string
+				for _, c := range snap.Claims {
+					require.Equal(t, "train", c.Owner.ContainerID)
+					got = append(got, c.Device.UUID)
+				}
+				require.ElementsMatch(t, gpuUUIDs, got, "every GPU opens through the host's /dev")
+
+				cfg = staticConfig(t)
+				cfg.Policy.Privileged = config.PrivilegedReject
+				err = e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, src, "/hostdev")), io.Discard)
+				require.ErrorIs(t, err, guard.ErrRejected)
+				require.ErrorContains(t, err, `policy.privileged = "reject"`)
+			})
+		}
+	}
+}
+
+// Poststop's state has no live process to read (pid 0, or the pid of a
+// process that has gone): it cannot tell whether create-runtime saw a device
+// cgroup, so it reads the ledger, and releases what create-runtime claimed
+// for a container in its caller's cgroup.
+func TestPoststopReleasesWithoutDeviceCgroup(t *testing.T) {
+	const shared = "0::/user.slice/user-0.slice/session-1.scope\n"
+	cfg := staticConfig(t)
+	opened := 0
+	e := cgroupProc(t, shared, shared, &opened)
+	e.markerDir = "" // the ledger alone must lead poststop there
+	require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, "/dev", "/dev")), io.Discard))
+	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+	require.NoError(t, err)
+	snap, err := l.Snapshot(t.Context())
+	require.NoError(t, err)
+	require.Len(t, snap.Claims, len(gpuUUIDs))
+
+	// The container's processes are gone by poststop.
+	require.NoError(t, os.RemoveAll(filepath.Join(e.procRoot, "4242")))
+	for _, pid := range []int{0, 4242} {
+		in := e.readInput(strings.NewReader(bindState(t, "train", pid, specs.StateStopped, "/dev", "/dev")))
+		require.False(t, in.NeverClaims(), "pid %d: poststop cannot tell, so it reads the ledger", pid)
+	}
+	opened = 0
+	require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(bindState(t, "train", 0, specs.StateStopped, "/dev", "/dev")), io.Discard))
+	require.Equal(t, 1, opened)
+	snap, err = l.Snapshot(t.Context())
+	require.NoError(t, err)
+	require.Empty(t, snap.Claims)
+
+	// A stopped container's pid is not read even where it now names a
+	// process in a cgroup of the id: that process is not the container's.
+	own := cgroupProc(t, "0::/train\n", shared, new(int))
+	in := own.readInput(strings.NewReader(bindState(t, "train", 4242, specs.StateStopped, "/dev", "/dev")))
+	require.False(t, in.NeverClaims())
+}
+
+// The cgroup is read only for a container that binds something device-like:
+// an ordinary one (a bind of a data directory, /dev/null, a /dev entry that
+// is not a node of a GPU) pays no read, and asks nothing of its runtime.
+func TestNoDeviceBindReadsNoCgroup(t *testing.T) {
+	e := defaultEnv()
+	e.procRoot = filepath.Join(t.TempDir(), "no-proc")
+	e.userNS = func() bool { return false }
+	e.getppid = func() int { t.Error("getppid called"); return 1 }
+	e.readCgroup = func(path string) ([]byte, error) {
+		t.Errorf("read %s", path)
+		return nil, os.ErrNotExist
+	}
+	for _, src := range []string{"/srv/data", "/dev/null", "/dev/shm", "/dev/fuse", "relative"} {
+		in := e.readInput(strings.NewReader(bindState(t, "plain", 4242, specs.StateCreating, src, "/data")))
+		require.NoError(t, in.specErr)
+		require.True(t, in.NeverClaims(), src)
+	}
+	// And one that does bind the host's /dev reads it (the test above is no
+	// test without this).
+	reads := 0
+	e.readCgroup = func(string) ([]byte, error) { reads++; return nil, os.ErrNotExist }
+	in := e.readInput(strings.NewReader(bindState(t, "dev", 4242, specs.StateCreating, "/dev", "/dev")))
+	require.Equal(t, 1, reads)
+	require.False(t, in.NeverClaims())
+}
+
+func TestDeviceCgroupOf(t *testing.T) {
+	for _, tc := range []struct {
+		name, doc, want string
+	}{
+		{"v2", "0::/a/b\n", "/a/b"},
+		{"v1", "12:pids:/p\n11:cpu,devices:/d\n1:name=systemd:/s\n", "/d"},
+		{"hybrid", "11:devices:/d\n1:name=systemd:/s\n0::/u\n", "/d"},
+		{"a path with ':'", "0::/a:b\n", "/a:b"},
+		{"v1 without devices", "12:pids:/p\n", ""},
+		{"hybrid without devices", "12:pids:/p\n0::/u\n", ""},
+		{"empty", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := defaultEnv()
+			e.readCgroup = func(string) ([]byte, error) { return []byte(tc.doc), nil }
+			got, err := e.deviceCgroupOf(7)
+			if tc.want == "" {
+				require.Error(t, err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
