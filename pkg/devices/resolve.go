@@ -74,11 +74,15 @@ const maxReported = 16
 //     hands it on: "all" (any case) anywhere is all, every other id is
 //     resolved ("void" and "none" are no keywords there); and
 //     MountRoot/cdi/<CDI name>. Any other path under MountRoot is refused.
-//   - cdi.k8s.io/* annotations and Request.CDIDevices: qualified CDI names;
-//     nvidia.com/gpu and nvidia.com/mig devices (and the same classes of the
-//     device plugin's k8s.device-plugin.nvidia.com) are GPUs, named by index,
-//     gpu<N>, mig<G>:<M>, UUID or all; any management.nvidia.com device is
-//     all (it injects every GPU node); other devices are ignored.
+//   - cdi.k8s.io/* and nvidia.cdi.k8s.io/* annotations, Request.CDIDevices
+//     and Request.LateCDIDevices: qualified CDI names; nvidia.com/gpu and
+//     nvidia.com/mig devices (and the same classes of the device plugin's
+//     k8s.device-plugin.nvidia.com) are GPUs, named by index, gpu<N>,
+//     mig<G>:<M>, UUID or all; any management.nvidia.com device is all (it
+//     injects every GPU node); other devices are ignored, except another
+//     NVIDIA device injected after the check (nvidia.cdi.k8s.io/*,
+//     LateCDIDevices), which is refused: its GPUs cannot be told (see
+//     cdiName).
 //   - linux devices: 195:0-253 is the GPU with that NVML minor number;
 //     195:254/255 are not GPUs; /dev/nvidia-caps nodes are MIG instances
 //     where Inventory.MIGCaps maps them (see finish for the parent node).
@@ -613,8 +617,15 @@ func (b *builder) annotations(ann map[string]string) {
 		if !ok {
 			continue
 		}
+		// The engine injects what cdi.k8s.io/* names before the check;
+		// NVIDIA's NRI plugin and its runtime in CDI mode inject what
+		// nvidia.cdi.k8s.io/* names after it, where its nodes are never seen.
+		by := cdiByEngine
+		if strings.HasPrefix(k, NvidiaCDIAnnotationPrefix) {
+			by = cdiByNvidia
+		}
 		for _, it := range items {
-			b.cdiName(it.where, it.src, it.tok, cdiByEngine)
+			b.cdiName(it.where, it.src, it.tok, by)
 		}
 	}
 }
@@ -653,6 +664,12 @@ const (
 	// answered, from another plugin's adjustment (devices.Request.
 	// LateCDIDevices), an operator-installed plugin's choice.
 	cdiByPlugin
+	// cdiByNvidia: NVIDIA's NRI plugin (the pod annotation
+	// nvidia.cdi.k8s.io/container.<name>) or its runtime in CDI mode
+	// injects them after the check, from a nvidia.cdi.k8s.io/* annotation,
+	// which the pod's creator writes. Like cdiByPlugin, every name is
+	// injected, whatever its vendor and class, and its nodes are never seen.
+	cdiByNvidia
 )
 
 // cdiName resolves one qualified CDI device name; only the gpu and mig
@@ -667,7 +684,10 @@ const (
 // such a name is known); one another NRI plugin added is refused when its
 // vendor is NVIDIA's (nvidia.com or a subdomain of it) and no GPU
 // otherwise, since plugins add other vendors' devices (NICs, FPGAs) to
-// ordinary containers and their specs are the operator's.
+// ordinary containers and their specs are the operator's. A name in a
+// nvidia.cdi.k8s.io annotation is read as one a plugin added: NVIDIA's NRI
+// plugin injects it late as well, and another vendor's device there is no
+// GPU for the same reason.
 func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 	vendor, class, name, ok := parseQualifiedName(qualified)
 	if !ok {
@@ -691,6 +711,10 @@ func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 			b.unresolved(where, invalid(qualified, "an NRI plugin added this NVIDIA CDI device, which containerd injects after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: have the plugin name GPUs that way, "+
 				"or request the device in the container's own spec").advising())
+		case by == cdiByNvidia && nvidiaVendor(vendor):
+			b.unresolved(where, invalid(qualified, "NVIDIA's NRI plugin (or its runtime in CDI mode) injects the CDI devices a "+NvidiaCDIAnnotationPrefix+"* annotation names "+
+				"after the guard's check, and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+
+				"or request other NVIDIA CDI devices through "+CDIAnnotationPrefix+"* annotations or the CRI's CDI devices, which the engine injects before the check").advising())
 		}
 		return
 	}

@@ -475,6 +475,21 @@ func TestResolveCDI(t *testing.T) {
 		{name: "nvidia.cdi.k8s.io annotation", req: Request{Annotations: ann(
 			"nvidia.cdi.k8s.io/container.main", "nvidia.com/gpu=2")}, want: []string{"2"},
 			sources: map[string][]string{"2": {`annotation nvidia.cdi.k8s.io/container.main="nvidia.com/gpu=2"`}}},
+		// NVIDIA's NRI plugin injects every name of nvidia.cdi.k8s.io/*,
+		// after the check: NVIDIA's names it cannot tell the GPUs of (the
+		// DRA driver's gpu-0 is GPU 0) are refused, under every policy,
+		// as when another plugin adds them; other vendors' are no GPU.
+		{name: "nvidia.cdi.k8s.io annotation: NVIDIA's DRA name", req: Request{Annotations: ann(
+			"nvidia.cdi.k8s.io/container.main", "k8s.gpu.nvidia.com/device=gpu-0")}, err: ErrInvalidID,
+			errHas: []string{`annotation nvidia.cdi.k8s.io/container.main: invalid device id "k8s.gpu.nvidia.com/device=gpu-0"`, "NVIDIA's NRI plugin"}},
+		{name: "nvidia.cdi.k8s.io annotation: NVIDIA's DRA name under ignore", policy: func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore },
+			req: Request{Annotations: ann("nvidia.cdi.k8s.io/container.*", "nvidia.com/gpu=2, k8s.gpu.nvidia.com/device=gpu-0")}, err: ErrInvalidID},
+		{name: "nvidia.cdi.k8s.io annotation: NVIDIA's other class", req: Request{Annotations: ann(
+			"nvidia.cdi.k8s.io/", "nvidia.com/imex-channel=0")}, err: ErrInvalidID},
+		{name: "nvidia.cdi.k8s.io annotation: another vendor's device", req: Request{Annotations: ann(
+			"nvidia.cdi.k8s.io/container.main", "vendor.com/foo=bar, nvidia.com/gpu=1")}, want: []string{"1"}},
+		{name: "cdi.k8s.io annotation: NVIDIA's DRA name is seen", req: Request{Annotations: ann(
+			"cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0")}, want: nil},
 		// The GPU Operator's management spec injects every /dev/nvidia*
 		// node and every nvidia-caps node.
 		{name: "management device is every GPU", req: Request{Annotations: ann(
