@@ -827,6 +827,24 @@ func TestPodWideCDIAnnotationClaims(t *testing.T) {
 	}
 }
 
+// NVIDIA's NRI plugin injects every CDI name of the pod annotation after
+// the guard answered, so an NVIDIA name whose GPUs cannot be told (the DRA
+// driver's) is refused, not taken for no GPU: on containerd < 2.2 nothing
+// checks the injected devices later.
+func TestPodCDIAnnotationRefusesUntellableNvidiaName(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	pod := rt.addPod("a")
+	pod.Annotations = map[string]string{"nvidia.cdi.k8s.io/container.main": "k8s.gpu.nvidia.com/device=gpu-0"}
+	err := rt.create(pod, container(pod, "main", "a-main"))
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `invalid device id "k8s.gpu.nvidia.com/device=gpu-0"`)
+	assert.Empty(t, rt.holders())
+
+	pod.Annotations = map[string]string{"nvidia.cdi.k8s.io/container.main": "vendor.com/foo=bar"}
+	require.NoError(t, rt.create(pod, container(pod, "main", "a-main-2")), "another vendor's device is no GPU")
+}
+
 // StartContainer answers without waiting for the ledger: the holder's start
 // record is committed in the background (here while another process holds
 // the ledger lock), and the next event that touches the ledger waits for it,
