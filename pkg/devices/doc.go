@@ -35,9 +35,10 @@
 //     Inventory only. Loading or refreshing the inventory is explicit.
 //   - Resolution fails closed: a well-formed id that names no device of
 //     this host is an error unless policy.unknown_device = "ignore";
-//     malformed and ambiguous ids and mangled mount paths are errors under
-//     every policy (NVIDIA's runtime reads ids loosely and may select a GPU
-//     by one the resolver cannot read).
+//     malformed and ambiguous ids, PCI bus ids of no GPU and mangled mount
+//     paths are errors under every policy (NVIDIA's runtime reads ids
+//     loosely and may select a GPU by one the resolver cannot read: a bus
+//     id it matches to no GPU it reads as <gpu>:<mig>).
 //   - When the rules are in doubt, a GPU counts as reachable: a device
 //     cgroup rule is read the way (kernel and runc, or crun) that opens
 //     more, and a request the runtime would refuse may still be claimed.

@@ -161,9 +161,40 @@ func (ix *index) resolveID(tok string) (int, *idError) {
 		if pos, found := ix.byBus[bus[:len(bus)-1]+"0"]; found {
 			return pos, nil
 		}
-		return 0, ix.unknown(tok)
+		// A bus id of no GPU is no stale id the policy may ignore: the
+		// runtime then tries it as an index and as <gpu>:<mig> with
+		// sscanf("%u:%u"), which reads the leading digits of domain and
+		// bus, so 0001:02:00.0 selects MIG 1:2. Telling the harmless ones
+		// apart would copy that loose parse exactly; refusing them all
+		// costs a stale bus id an error.
+		e := ix.unknown(tok)
+		e.strict = true
+		e.detail += ": no GPU of this host has this PCI bus id"
+		if g, m, ok := busIDAsMIG(tok); ok {
+			e.detail += fmt.Sprintf(", and NVIDIA's runtime then reads it as MIG %d:%d", g, m)
+		} else {
+			e.detail += ", and NVIDIA's runtime then reads it as other forms of id"
+		}
+		return 0, e
 	}
 	return 0, invalid(tok, idForms)
+}
+
+// busIDAsMIG reads a PCI bus id as NVIDIA's runtime's sscanf("%u:%u")
+// does: the decimal digits that start the domain, a colon, the decimal
+// digits that start the bus. It serves the error message only.
+func busIDAsMIG(tok string) (gpu, mig int, ok bool) {
+	dom, bus, _ := strings.Cut(tok, ":")
+	n := 0
+	for n < len(bus) && bus[n] >= '0' && bus[n] <= '9' {
+		n++
+	}
+	g, okG, bigG := decimal(dom)
+	m, okM, bigM := decimal(bus[:n])
+	if !okG || !okM || bigG || bigM {
+		return 0, 0, false
+	}
+	return g, m, true
 }
 
 // resolveGPUUUID matches a full GPU UUID, then a unique prefix of one: the

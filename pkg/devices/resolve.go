@@ -90,7 +90,8 @@ const maxReported = 16
 //     (claim every GPU) or reject.
 //   - "all" anywhere: policy.all_devices claim (every full GPU), reject, or
 //     ignore; unknown ids: policy.unknown_device reject or ignore; malformed
-//     or ambiguous ids are refused under every policy.
+//     or ambiguous ids, and PCI bus ids of no GPU (the runtime reads them as
+//     <gpu>:<mig>), are refused under every policy.
 //
 // It reads only the in-memory inventory: no NVML call, no file I/O, so it is
 // cheap enough for the NRI CreateContainer deadline and gives the same answer

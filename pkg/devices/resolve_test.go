@@ -199,8 +199,18 @@ func TestResolveUnknownAndInvalidIDs(t *testing.T) {
 		{name: "bus id of another function is that device's GPU", req: Request{Env: env(nvd + "0000:1b:00.1")}, want: []string{"0"},
 			sources: map[string][]string{"0": {`env NVIDIA_VISIBLE_DEVICES="0000:1b:00.1"`}}},
 		{name: "bus id of another function, under ignore", policy: ignore, req: Request{Env: env(nvd + "0000:1b:00.1")}, want: []string{"0"}},
-		{name: "bus id of no GPU, ignored", policy: ignore, req: Request{Env: env(nvd + "0000:ff:00.0,1")}, want: []string{"1"}, notes: []string{`"0000:ff:00.0"`}},
-		{name: "bus id of no GPU, rejected", req: Request{Env: env(nvd + "0000:1c:00.0")}, err: ErrUnknownDevice},
+		// A bus id of no GPU is read by the runtime as <gpu>:<mig>
+		// (sscanf "%u:%u": 0001:02:00.0 is MIG 1:2), so it is refused
+		// under every policy.
+		{name: "bus id of no GPU (MIG 1:2 to the runtime) under ignore", policy: ignore, req: Request{Env: env(nvd + "0001:02:00.0,1")}, err: ErrUnknownDevice,
+			errHas: []string{`"0001:02:00.0"`, "reads it as MIG 1:2", `policy.unknown_device = "ignore" does not apply`}},
+		{name: "bus id of no GPU (MIG 0:1 to the runtime) under ignore", policy: ignore, req: Request{Env: env(nvd + "0000:1c:00.0")}, err: ErrUnknownDevice,
+			errHas: []string{"reads it as MIG 0:1"}},
+		{name: "bus id of no GPU with a hex bus under ignore", policy: ignore, req: Request{Env: env(nvd + "0000:ff:00.0")}, err: ErrUnknownDevice,
+			errHas: []string{`"0000:ff:00.0"`, "no GPU of this host has this PCI bus id"}},
+		{name: "bus id of no GPU in a mount under ignore", policy: ignore, req: Request{Mounts: []string{mr + "0001:02:00.0"}}, err: ErrUnknownDevice},
+		{name: "bus id of no GPU, rejected", req: Request{Env: env(nvd + "0000:1c:00.0")}, err: ErrUnknownDevice,
+			errHas: []string{"fix the id"}},
 		// The device plugin's volume-mount strategy sets
 		// NVIDIA_VISIBLE_DEVICES to the mount root; the ids are the mounts.
 		{name: "the mount root in env names no id", req: Request{Env: env(nvd + MountRoot), Mounts: []string{mr + "2"}}, want: []string{"2"},
