@@ -28,6 +28,14 @@ type idError struct {
 	strict bool
 	// advises: detail says what to do about the id (see Advises).
 	advises bool
+	// mig: the id has a MIG instance's form (<gpu>:<mig>, MIG-<uuid>, the
+	// legacy MIG-GPU-<uuid>/<gi>/<ci>) and names no listed instance;
+	// migParent is the entry position, plus one, of the listed GPU it
+	// names as the parent (0: it names none, as a MIG UUID does). An
+	// inventory that cannot list MIG instances needs both (see
+	// builder.missing).
+	mig       bool
+	migParent int
 }
 
 func (e *idError) Error() string { return e.sentinel.Error() + " " + quoteToken(e.token) + e.detail }
@@ -137,7 +145,7 @@ func (ix *index) resolveID(tok string) (int, *idError) {
 			if pos, found := ix.byIndex[strconv.Itoa(gi)+":"+strconv.Itoa(mi)]; found {
 				return pos, nil
 			}
-			return 0, ix.unknown(tok)
+			return 0, ix.unknownMIG(tok, strconv.Itoa(gi))
 		}
 	}
 	switch {
@@ -149,7 +157,7 @@ func (ix *index) resolveID(tok string) (int, *idError) {
 		if pos, found := ix.byFold[strings.ToLower(tok)]; found {
 			return pos, nil
 		}
-		return 0, ix.unknown(tok)
+		return 0, ix.unknownMIG(tok, "")
 	}
 	if bus, ok := NormaliseBusID(tok); ok {
 		if pos, found := ix.byBus[bus]; found {
@@ -197,6 +205,22 @@ func busIDAsMIG(tok string) (gpu, mig int, ok bool) {
 	return g, m, true
 }
 
+// unknownMIG reports an id of a MIG instance's form that names no listed
+// instance; parentIndex is the index of the GPU it names as the parent,
+// "" when it names none. One whose parent is no GPU of this host is a plain
+// unknown id: that GPU has no MIG instance either.
+func (ix *index) unknownMIG(tok, parentIndex string) *idError {
+	e := ix.unknown(tok)
+	if parentIndex == "" {
+		e.mig = true
+		return e
+	}
+	if pos, found := ix.byIndex[parentIndex]; found {
+		e.mig, e.migParent = true, pos+1
+	}
+	return e
+}
+
 // resolveGPUUUID matches a full GPU UUID, then a unique prefix of one: the
 // NVIDIA runtime selects a GPU whose UUID starts with the given text, so a
 // prefix reaches a real GPU and must be claimed as one.
@@ -240,7 +264,9 @@ func (ix *index) resolveLegacyMIG(tok string) (int, *idError) {
 	if pos, found := ix.byGICI[giciKey{parent: parent, gi: gi, ci: ci}]; found {
 		return pos, nil
 	}
-	return 0, ix.unknown(tok)
+	e := ix.unknown(tok)
+	e.mig, e.migParent = true, parent+1
+	return 0, e
 }
 
 // parseLegacyMIG splits MIG-GPU-<uuid>/<gi>/<ci> into "GPU-<uuid>", gi, ci.
@@ -352,6 +378,9 @@ func (ix *index) resolveCDIName(name string) (pos int, all bool, err *idError) {
 	if gpuid.IsGPUUUID(id) || gpuid.IsMIGUUID(id) {
 		if p, found := ix.byFold[strings.ToLower(id)]; found {
 			return p, false, nil
+		}
+		if gpuid.IsMIGUUID(id) {
+			return 0, false, ix.unknownMIG(name, "")
 		}
 		return 0, false, ix.unknown(name)
 	}

@@ -47,7 +47,9 @@ type procLoader struct {
 // order: that is the order NVML enumerates GPUs in (nvidia-smi shows the
 // same), and GPUs the driver excludes are skipped, as NVML skips them.
 // test/gpu/gpu-check.sh compares both on a real host. /proc does not list MIG
-// instances (it has no MIG UUIDs), so a proc inventory has none.
+// instances (it has no MIG UUIDs), so a proc inventory has none: the
+// resolver then claims the parent GPU of a MIG id whole, and refuses a MIG
+// UUID (see builder.missing).
 func NewProcLoader(root string) Loader {
 	return &procLoader{root: root}
 }

@@ -91,7 +91,10 @@ const maxReported = 16
 //   - "all" anywhere: policy.all_devices claim (every full GPU), reject, or
 //     ignore; unknown ids: policy.unknown_device reject or ignore; malformed
 //     or ambiguous ids, and PCI bus ids of no GPU (the runtime reads them as
-//     <gpu>:<mig>), are refused under every policy.
+//     <gpu>:<mig>), are refused under every policy. On an inventory that
+//     cannot list MIG instances (source proc) a MIG id is no unknown id:
+//     <gpu>:<mig> (and the legacy form) claims that GPU whole, a MIG UUID is
+//     refused under every policy.
 //
 // It reads only the in-memory inventory: no NVML call, no file I/O, so it is
 // cheap enough for the NRI CreateContainer deadline and gives the same answer
@@ -201,6 +204,10 @@ type builder struct {
 	// incomplete says why the inventory may lack GPUs the host has (see
 	// Inventory.Undiscovered and UnlistedGPUs); empty when it lists them.
 	incomplete string
+	// noMIGs: the inventory's source cannot list MIG instances (/proc has
+	// no MIG UUIDs), so a MIG id it lacks may still name one the runtime
+	// selects (see missing).
+	noMIGs bool
 }
 
 type pending struct {
@@ -229,8 +236,32 @@ func (r *Resolver) newBuilder() *builder {
 		case r.inv.UnlistedGPUs > 0:
 			b.incomplete = fmt.Sprintf("it lists none of the %d NVIDIA GPU(s) on the PCI bus", r.inv.UnlistedGPUs)
 		}
+		b.noMIGs = r.inv.Source == string(config.SourceProc)
 	}
 	return b
+}
+
+// missing handles an id the inventory lacks, as unresolved does, except a
+// MIG id on an inventory that cannot list MIG instances: the instance may
+// well exist, and NVIDIA's runtime selects it, so the id is no unknown one
+// a policy may ignore. Where it names its parent GPU (<gpu>:<mig>, the
+// legacy MIG-GPU-<uuid>/<gi>/<ci>), that GPU is claimed whole, which
+// covers any of its instances; a MIG UUID names no parent, and is refused
+// under every policy.
+func (b *builder) missing(where, src string, e *idError) {
+	if !b.noMIGs || !e.mig || e.strict {
+		b.unresolved(where, e)
+		return
+	}
+	const why = "the GPU inventory (devices.source = \"proc\") cannot list MIG instances"
+	if e.migParent > 0 {
+		gpu := b.ix.ents[e.migParent-1].dev
+		b.note(fmt.Sprintf("%s: %s: GPU %s (%s) is claimed whole for MIG instance %s", src, why, gpu.Index, gpu.UUID, quoteToken(e.token)))
+		b.add(e.migParent-1, src)
+		return
+	}
+	b.fail(advised(fmt.Errorf("%s: %w: %s, so which GPU it belongs to is not known (policy.unknown_device does not apply); "+
+		"use devices.source = \"nvml\", list the MIG instances under [[devices.static]], or name the MIG instance as <gpu>:<mig>", where, e, why)))
 }
 
 func (b *builder) fail(err error) {
@@ -409,7 +440,7 @@ func (b *builder) resolveItems(items []item, fromMounts bool) {
 		}
 		pos, err := b.ix.resolveID(it.tok)
 		if err != nil {
-			b.unresolved(it.where, err)
+			b.missing(it.where, it.src, err)
 			continue
 		}
 		b.add(pos, it.src)
@@ -722,7 +753,7 @@ func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 	pos, all, err := b.ix.resolveCDIName(name)
 	switch {
 	case err != nil:
-		b.unresolved(where, reToken(err, qualified))
+		b.missing(where, src, reToken(err, qualified))
 	case all:
 		b.claimAll(src)
 	default:

@@ -43,7 +43,12 @@ type resolveCase struct {
 
 func runResolveCases(t *testing.T, cases []resolveCase) {
 	t.Helper()
-	inv := testInventory(t)
+	runResolveCasesOn(t, testInventory(t), cases)
+}
+
+// runResolveCasesOn runs cases against inv instead of the test inventory.
+func runResolveCasesOn(t *testing.T, inv *Inventory, cases []resolveCase) {
+	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			pol := defaultPolicy()
@@ -901,6 +906,46 @@ func TestResolveIncompleteInventoryRefusesUnknownUnderIgnore(t *testing.T) {
 	inv, err := NewInventory("nvml", nil)
 	require.NoError(t, err)
 	res, err := NewResolver(inv, ignore).Resolve(Request{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}})
+	require.NoError(t, err)
+	assert.Empty(t, res.Devices)
+}
+
+// A /proc inventory lists no MIG instance (/proc has no MIG UUIDs), yet
+// NVIDIA's runtime selects the instance a MIG id names: such an id is no
+// unknown one a policy may ignore. Naming its parent, it claims the parent
+// whole; a MIG UUID names none, and is refused under every policy.
+func TestResolveProcInventoryMIGIDs(t *testing.T) {
+	gpus := testGPUs()
+	for i := range gpus {
+		gpus[i].MIG = nil
+	}
+	inv, err := newInventory(Inventory{Source: "proc", GPUs: gpus})
+	require.NoError(t, err)
+	const nvd = "NVIDIA_VISIBLE_DEVICES="
+	ignore := func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore }
+	legacy := "MIG-" + gpuUUID(1) + "/2/1"
+	runResolveCasesOn(t, inv, []resolveCase{
+		{name: "<gpu>:<mig> under ignore claims the parent", policy: ignore, req: Request{Env: env(nvd + "1:0")}, want: []string{"1"},
+			sources: map[string][]string{"1": {`env NVIDIA_VISIBLE_DEVICES="1:0"`}},
+			notes:   []string{`cannot list MIG instances: GPU 1 (` + gpuUUID(1) + `) is claimed whole for MIG instance "1:0"`}},
+		{name: "<gpu>:<mig> under reject claims the parent", req: Request{Env: env(nvd + "1:2")}, want: []string{"1"}},
+		{name: "CDI mig name claims the parent", policy: ignore, req: Request{CDIDevices: []string{"nvidia.com/mig=mig2:0"}}, want: []string{"2"},
+			sources: map[string][]string{"2": {`cdi "nvidia.com/mig=mig2:0"`}}},
+		{name: "legacy MIG id claims the parent", policy: ignore, req: Request{Mounts: []string{mr + legacy}}, want: []string{"1"}},
+		{name: "MIG UUID under ignore", policy: ignore, req: Request{Env: env(nvd + migUUID(1, 0))}, err: ErrUnknownDevice,
+			errHas: []string{`"` + migUUID(1, 0) + `"`, `devices.source = "proc"`, "cannot list MIG instances", `devices.source = "nvml"`}},
+		{name: "MIG UUID as a CDI name under ignore", policy: ignore, req: Request{Annotations: map[string]string{"cdi.k8s.io/x": "nvidia.com/mig=" + migUUID(1, 0)}},
+			err: ErrUnknownDevice, errHas: []string{"cannot list MIG instances"}},
+		{name: "MIG UUID under reject", req: Request{Env: env(nvd + migUUID(1, 0))}, err: ErrUnknownDevice, errHas: []string{"cannot list MIG instances"}},
+		// A GPU the inventory does not list has no MIG instance either.
+		{name: "<gpu>:<mig> of no GPU is still ignorable", policy: ignore, req: Request{Env: env(nvd + "7:0, 0")}, want: []string{"0"},
+			notes: []string{`ignored unknown GPU "7:0"`}},
+		{name: "legacy MIG id of no GPU is still ignorable", policy: ignore, req: Request{Env: env(nvd + "MIG-" + gpuUUID(9) + "/1/0")}, want: nil},
+	})
+
+	// An inventory that lists MIG instances ignores an unknown one.
+	res, err := NewResolver(testInventory(t), config.PolicyConfig{UnknownDevice: config.UnknownIgnore, AllDevices: config.AllClaim, Privileged: config.PrivilegedDeclared}).
+		Resolve(Request{Env: []string{nvd + "0:0," + migUUID(3, 3)}})
 	require.NoError(t, err)
 	assert.Empty(t, res.Devices)
 }
