@@ -60,6 +60,9 @@ type Decision struct {
 	// full UUID, the holder ns/pod/container and short id, since when, the queue
 	// position, the time waited and what to do.
 	Message string `json:"message"`
+	// tookOver: the claims the request took over from its stopped
+	// predecessor (Reason "takeover"), as they were.
+	tookOver []ledger.Claim
 }
 
 // Errors returned (wrapped) by Decision.Err.

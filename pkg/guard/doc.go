@@ -40,7 +40,10 @@
 //   - A decision is all or nothing: every device of the request is claimed
 //     in the same transaction, or none is. A same-pod restart takes over its
 //     stopped predecessor's claim only when that admits it; a refused
-//     restart leaves the predecessor's claim untouched.
+//     restart leaves the predecessor's claim untouched, and one whose create
+//     is undone after its admission (refused at validation, failed in the
+//     runtime) hands it back when it is removed without having started
+//     (remembered in memory, so within one daemon's life).
 //   - A holder that never started (no pid, no cgroup) is never checked for
 //     liveness and keeps its claim; a holder is released out of band only on
 //     positive evidence that its processes are gone.

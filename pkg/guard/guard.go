@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +62,12 @@ type Guard struct {
 	// skips the copy of the state it would hand to StateChanged.
 	observed bool
 	exempt   map[string]bool
+	// takeovers are the claims restarts took over from their stopped
+	// predecessors (settleHolders), as they were before, by the restart's
+	// container id, until the restart starts: if its create is undone
+	// first, Removed hands them back (see rememberTakeover).
+	takeoversMu sync.Mutex
+	takeovers   map[string][]ledger.Claim
 }
 
 // New returns a Guard. Inventory and Ledger are required.
@@ -289,6 +296,9 @@ func (g *Guard) admit(ctx context.Context, r Request, mode admitMode) (Decision,
 			slog.Any("devices", res.UUIDs()), slog.Any("error", err))...)
 		return Decision{}, g.ledgerError(owner, err)
 	}
+	if !dryRun && len(d.tookOver) > 0 {
+		g.rememberTakeover(owner.ContainerID, d.tookOver)
+	}
 	if !dryRun && g.observed {
 		if len(released) > 0 {
 			g.obs.Released(ReasonHolderExited, released)
@@ -380,10 +390,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 
 	g.dropDeadReservers(tx, key, want)
 	busy := tx.Busy(key, owner, want)
-	var (
-		released []ledger.Claim
-		tookOver bool
-	)
+	var released, tookOver []ledger.Claim
 	if len(busy) > 0 {
 		busy, released, tookOver = g.settleHolders(tx, key, owner, want, busy)
 	}
@@ -403,8 +410,9 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 		} else {
 			d.Result, d.Waited = Admit, waited
 			switch {
-			case tookOver:
+			case len(tookOver) > 0:
 				d.Reason = "takeover"
+				d.tookOver = tookOver
 			case len(released) > 0:
 				d.Reason = "holder-exited"
 			default:
@@ -425,7 +433,7 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 // stopped), and a stopped predecessor of the same pod and container name is
 // taken over when that admits the request. It returns what is still busy.
 func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, want []devices.Device,
-	busy []ledger.BusyDevice) (_ []ledger.BusyDevice, released []ledger.Claim, tookOver bool) {
+	busy []ledger.BusyDevice) (_ []ledger.BusyDevice, released, tookOver []ledger.Claim) {
 	changed := false
 	// The verdict is about one process: another container that runs under
 	// the same id (another runtime root) is another holder, checked and
@@ -487,9 +495,15 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 	// the predecessor is removed.
 	if len(predecessors) > 0 && len(busy) > 0 && onlyHeldBy(busy, predecessors) {
 		for _, from := range predecessors {
+			// The claims as they were, should the restart's create be
+			// undone before it starts (see rememberTakeover).
+			for _, c := range tx.ReadState().Claims {
+				if c.Owner.ContainerID == from {
+					tookOver = append(tookOver, c)
+				}
+			}
 			moved := tx.TakeOver(from, owner, "restart of "+naming.ShortID(from)+" in the same pod")
 			if len(moved) > 0 {
-				tookOver = true
 				g.log.Info("claim taken over by a restart in the same pod",
 					append(ownerAttrs(owner, key), slog.String("from_container_id", from),
 						slog.Any("devices", claimUUIDs(moved)))...)
@@ -632,9 +646,93 @@ func (g *Guard) Started(ctx context.Context, containerID string, pid int, cgroup
 	if pid > 0 {
 		pidStart = g.pidStart(pid)
 	}
-	return g.update(ctx, "start", func(tx *ledger.Tx) bool {
+	err := g.update(ctx, "start", func(tx *ledger.Tx) bool {
 		return tx.SetStarted(containerID, pid, pidStart, cgroup)
 	})
+	if err == nil {
+		g.takenOver(containerID, true) // it runs: the takeover is real
+	}
+	return err
+}
+
+// maxTakeovers bounds the takeovers remembered: one whose restart never
+// starts nor is removed (an event missed) would otherwise stay for good.
+// Forgetting one only loses the hand-back of a create undone later.
+const maxTakeovers = 1024
+
+// rememberTakeover keeps the claims restartID took over, as they were, until
+// it starts or is removed. A restart's create can still be undone after
+// its admission (a later NRI plugin's adjustment refused at validation, the
+// runtime failing, an answer past the deadline): the runtime then stops and
+// removes the restart, and releasing its claims would end the claim of the
+// predecessor, which is still there (stopped, kept until its removal under
+// release_on = "remove"), and let another pod take the GPU. Kept in memory
+// only: the restart's create and its undo reach the same process, seconds
+// apart; a daemon restart in between forgets it, and the claim is then
+// released as before.
+func (g *Guard) rememberTakeover(restartID string, originals []ledger.Claim) {
+	g.takeoversMu.Lock()
+	defer g.takeoversMu.Unlock()
+	if g.takeovers == nil {
+		g.takeovers = map[string][]ledger.Claim{}
+	}
+	if len(g.takeovers) >= maxTakeovers {
+		for k := range g.takeovers {
+			delete(g.takeovers, k)
+			break
+		}
+	}
+	g.takeovers[restartID] = originals
+}
+
+// takenOver returns the claims restartID took over, as they were, and
+// forgets them when forget is set. It also forgets what anyone took over
+// from restartID: when that container is removed, nothing is handed back to
+// it.
+func (g *Guard) takenOver(id string, forget bool) []ledger.Claim {
+	g.takeoversMu.Lock()
+	defer g.takeoversMu.Unlock()
+	out := g.takeovers[id]
+	if forget {
+		delete(g.takeovers, id)
+	}
+	return out
+}
+
+// forgetTakeoversFrom forgets the takeovers from predecessor id, which is
+// removed: a restart undone later has nobody to hand them back to.
+func (g *Guard) forgetTakeoversFrom(id string) {
+	g.takeoversMu.Lock()
+	defer g.takeoversMu.Unlock()
+	for k, cs := range g.takeovers {
+		if len(cs) > 0 && cs[0].Owner.ContainerID == id {
+			delete(g.takeovers, k)
+		}
+	}
+}
+
+// handBack gives the claims o took over back to its predecessor if o never
+// started (its create was undone): see rememberTakeover.
+func (g *Guard) handBack(ctx context.Context, o ledger.Owner) error {
+	originals := g.takenOver(o.ContainerID, false)
+	if len(originals) == 0 {
+		return nil
+	}
+	var back []ledger.Claim
+	err := g.update(ctx, "removed", func(tx *ledger.Tx) bool {
+		back = tx.HandBack(o.ContainerID, originals, "the restart was removed before it started (its create was undone)")
+		return len(back) > 0
+	})
+	if err != nil {
+		return err // kept: the retried Removed tries again
+	}
+	g.takenOver(o.ContainerID, true)
+	if len(back) > 0 {
+		g.log.Info("claim handed back to the restart's predecessor: the restart never started",
+			append(ownerAttrs(o, ""), slog.String("to_container_id", back[0].Owner.ContainerID),
+				slog.Any("devices", claimUUIDs(back)))...)
+	}
+	return nil
 }
 
 // Stopped handles a container whose processes exited: under release_on =
@@ -659,6 +757,10 @@ func (g *Guard) Stopped(ctx context.Context, o ledger.Owner) error {
 // draining keeps its start): removal does not prove that the container's
 // processes left the GPU, and the drain grace bounds the wait.
 func (g *Guard) Removed(ctx context.Context, o ledger.Owner) error {
+	if err := g.handBack(ctx, o); err != nil {
+		return err
+	}
+	g.forgetTakeoversFrom(o.ContainerID)
 	if g.requiresIdle() {
 		return g.drain(ctx, o, "removed")
 	}

@@ -582,6 +582,48 @@ func TestReleaseOnRemove(t *testing.T) {
 		assert.Equal(t, map[string]string{uuid(1): restart.ContainerID, uuid(2): restart.ContainerID}, e.holders())
 	})
 
+	t.Run("a restart that took over and is undone before it starts hands the claim back", func(t *testing.T) {
+		e := newEnv(t, mutate)
+		require.Equal(t, guard.Admit, e.admit(old, visible("1")).Result)
+		require.NoError(t, e.g.Stopped(ctx, old))
+		before := e.state().Claims[0]
+		d := e.admit(restart, visible("1"))
+		require.Equal(t, "takeover", d.Reason, d.Message)
+		// A later plugin's adjustment makes the restart reach GPU 2 too:
+		// refused at validation, and containerd undoes the create.
+		v, err := e.g.Validate(ctx, guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: restart, Spec: visible("1,2")},
+			guard.ValidateOptions{After: "95-injector"})
+		require.NoError(t, err)
+		require.Equal(t, guard.Reject, v.Result)
+		require.NoError(t, e.g.Stopped(ctx, restart))
+		require.NoError(t, e.g.Removed(ctx, restart))
+		// The predecessor, stopped and not removed, holds GPU 1 as before.
+		require.Len(t, e.state().Claims, 1)
+		assert.Equal(t, before, e.state().Claims[0])
+		assert.NotEqual(t, guard.Admit, e.admit(other, visible("1")).Result, "the GPU is still the stopped predecessor's")
+		require.NoError(t, e.g.Withdraw(ctx, "ml/uid-b/main", "test"))
+		// The next restart takes it over again; once it starts, its removal
+		// releases the claim (the predecessor's removal ends nothing).
+		again := restart
+		again.ContainerID = "new0000000000002"
+		require.Equal(t, "takeover", e.admit(again, visible("1")).Reason)
+		require.NoError(t, e.g.Started(ctx, again.ContainerID, 88, "/k8s.io/"+again.ContainerID))
+		require.NoError(t, e.g.Removed(ctx, old))
+		require.NoError(t, e.g.Stopped(ctx, again))
+		require.NoError(t, e.g.Removed(ctx, again))
+		assert.Empty(t, e.holders())
+	})
+
+	t.Run("an undone restart whose predecessor was removed meanwhile releases the claim", func(t *testing.T) {
+		e := newEnv(t, mutate)
+		require.Equal(t, guard.Admit, e.admit(old, visible("1")).Result)
+		require.NoError(t, e.g.Stopped(ctx, old))
+		require.Equal(t, "takeover", e.admit(restart, visible("1")).Reason)
+		require.NoError(t, e.g.Removed(ctx, old))
+		require.NoError(t, e.g.Removed(ctx, restart))
+		assert.Empty(t, e.holders(), "nobody is left to hand the claim back to")
+	})
+
 	t.Run("stop under release_on=stop releases", func(t *testing.T) {
 		e := newEnv(t, nil)
 		require.Equal(t, guard.Admit, e.admit(old, visible("1")).Result)

@@ -808,3 +808,33 @@ func (tx *Tx) TakeOver(fromContainerID string, to Owner, reason string) []Claim 
 	tx.record(OpTakeover, &to, "", uuids(out, claimDevice), fmt.Sprintf("from container %s: %s", fromContainerID, reason))
 	return out
 }
+
+// HandBack gives claims a restart took over (TakeOver) back to their
+// earlier holder as they were (originals, read before the takeover), when
+// the restart never started: its create was undone (refused by a later
+// check, or failed in the runtime), so the takeover never became real. A
+// device whose claim is no longer restartID's, or whose holder started,
+// is left alone. It returns the claims given back.
+func (tx *Tx) HandBack(restartID string, originals []Claim, reason string) []Claim {
+	tx.check()
+	var out []Claim
+	for _, o := range originals {
+		i, found := tx.claimIndex(o.Device.UUID)
+		if !found {
+			continue
+		}
+		c := &tx.st.Claims[i]
+		if c.Owner.ContainerID != restartID || c.Owner.Pid > 0 || o.Owner.ContainerID == restartID {
+			continue
+		}
+		*c = o
+		out = append(out, o)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	tx.touch()
+	o := out[0].Owner
+	tx.record(OpTakeover, &o, "", uuids(out, claimDevice), fmt.Sprintf("handed back from container %s: %s", restartID, reason))
+	return out
+}
