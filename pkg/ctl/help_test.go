@@ -41,9 +41,10 @@ func TestHelp(t *testing.T) {
 func TestUsageErrors(t *testing.T) {
 	f := newFixture(t)
 	for _, tc := range []struct {
-		args    []string
-		stderr  []string
-		suggest string
+		args     []string
+		stderr   []string
+		noStderr []string
+		suggest  string
 	}{
 		{args: []string{"staus"}, suggest: "status"},
 		{args: []string{"relase", "--container", "x"}, suggest: "release"},
@@ -52,6 +53,10 @@ func TestUsageErrors(t *testing.T) {
 		{args: []string{"frobnicate"}, stderr: []string{`unknown command "frobnicate"`}},
 		{args: []string{}, stderr: []string{"no command given", "Available Commands:"}},
 		{args: []string{"status", "--bogus"}, stderr: []string{"unknown flag: --bogus", "gpu-guard-ctl status --help"}},
+		// An unknown flag before a command is the mistake, not the command.
+		{args: []string{"--bogus", "status"}, stderr: []string{"unknown flag: --bogus"}, noStderr: []string{"unknown command", "Did you mean"}},
+		{args: []string{"-x", "status"}, stderr: []string{"unknown shorthand flag: 'x' in -x"}, noStderr: []string{"unknown command", "Did you mean"}},
+		{args: []string{"--bogus", "relase"}, suggest: "release"},
 		{args: []string{"status", "extra"}, stderr: []string{"takes no arguments"}},
 		{args: []string{"-o", "yaml", "status"}, stderr: []string{`invalid output format "yaml"`}},
 		{args: []string{"audit", "-n", "-1"}, stderr: []string{"-n must not be negative"}},
@@ -65,6 +70,9 @@ func TestUsageErrors(t *testing.T) {
 			assert.Contains(t, r.stderr, "error: ")
 			for _, s := range tc.stderr {
 				assert.Contains(t, r.stderr, s)
+			}
+			for _, s := range tc.noStderr {
+				assert.NotContains(t, r.stderr, s)
 			}
 			if tc.suggest != "" {
 				assert.Contains(t, r.stderr, "Did you mean this?\n\t"+tc.suggest+"\n")

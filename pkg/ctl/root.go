@@ -69,9 +69,11 @@ cordon or finding; see docs/ctl-json.md).`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		// "relase --container x": cobra parses the subcommand's flags
 		// against the root when the command is unknown. The unknown command
-		// is the mistake to report, with its suggestion.
+		// is the mistake to report, with its suggestion. A word that names
+		// a command is no such mistake ("--bogus status": cobra stops at
+		// the unknown flag before it finds the command): the flag is.
 		if !cmd.HasParent() {
-			if word := firstWord(cmd, args); word != "" {
+			if word := firstWord(cmd, args); word != "" && !isCommand(cmd, word) {
 				if uerr := a.validateRoot(cmd, []string{word}); uerr != nil {
 					return uerr
 				}
@@ -115,6 +117,16 @@ func (a *app) validateRoot(cmd *cobra.Command, args []string) error {
 		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
 	}
 	return &usageError{msg: msg}
+}
+
+// isCommand reports whether word names one of root's commands (or an alias).
+func isCommand(root *cobra.Command, word string) bool {
+	for _, c := range root.Commands() {
+		if c.Name() == word || c.HasAlias(word) {
+			return true
+		}
+	}
+	return false
 }
 
 // firstWord is the first argument that is neither a flag nor the value of one
