@@ -55,6 +55,8 @@ func TestRelease(t *testing.T) {
 		stderrAll []string
 		released  string // container id whose claims must be gone
 		stdout    string
+		drain     bool // the exited holder of GPU 2 drains (release_requires_idle)
+		noStderr  []string
 	}{
 		{name: "by container prefix", args: []string{"release", "--container", idTrainer[:12], "--reason", "node drained", "--force"},
 			code: ExitOK, released: idTrainer, stdout: "released GPU 1 (" + uuidGPU1 + ") held by team-a/trainer-0/main",
@@ -75,6 +77,15 @@ func TestRelease(t *testing.T) {
 			code: ExitOK, released: idGhost, stdout: "released GPU 7"},
 		{name: "by device index", args: []string{"release", "--device", "2", "--reason", "stuck"},
 			code: ExitOK, released: idStale},
+		// A draining holder exited already: "stop it first" is no advice;
+		// its processes leaving the GPU, or --force, end the claim.
+		{name: "a draining claim is refused without --force", drain: true, args: []string{"release", "--device", "2", "--reason", "x"},
+			code: ExitError, stderrAll: []string{"release refused: GPU 2 (" + uuidGPU2 + ") is held by team-c/batch/job (id c3c3c3c3c3c3), which exited, " +
+				"but its claim drains until its processes leave the GPU (release_requires_idle); its processes may still use the GPU: " +
+				"wait for the claim to end by itself (when the GPU observer sees them gone, at the latest after idle_grace), " +
+				"or add --force if you know they are gone"}, noStderr: []string{"stop it first"}},
+		{name: "a draining claim, forced", drain: true, args: []string{"release", "--device", "2", "--reason", "processes gone", "--force"},
+			code: ExitOK, released: idStale, stderrAll: []string{"warning: --force: GPU 2 (" + uuidGPU2 + ") is held by team-c/batch/job (id c3c3c3c3c3c3), which exited"}},
 		{name: "no reason", args: []string{"release", "--container", idTrainer}, code: ExitUsage, stderr: "--reason is required"},
 		{name: "blank reason", args: []string{"release", "--container", idTrainer, "--reason", "  "}, code: ExitUsage, stderr: "--reason is required"},
 		{name: "neither target", args: []string{"release", "--reason", "x"}, code: ExitUsage, stderr: "exactly one of"},
@@ -90,6 +101,12 @@ func TestRelease(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			f.populate(t)
+			if tc.drain {
+				appendConfig(t, f, "[observe]\nrelease_requires_idle = true\nidle_grace = \"10m\"\n")
+				f.updateDraining(t, now, func(tx *ledger.Tx) {
+					require.Len(t, tx.MarkDraining(idStale, "holder exited"), 1)
+				})
+			}
 			f.uid = tc.uid
 			before := f.state(t)
 			auditBefore := len(f.audit(t))
@@ -100,6 +117,9 @@ func TestRelease(t *testing.T) {
 			}
 			for _, s := range tc.stderrAll {
 				assert.Contains(t, r.stderr, s)
+			}
+			for _, s := range tc.noStderr {
+				assert.NotContains(t, r.stderr, s)
 			}
 			if tc.stdout != "" {
 				assert.Contains(t, r.stdout, tc.stdout)

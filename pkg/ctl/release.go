@@ -52,7 +52,10 @@ Releasing a claim does not stop the container: if it still ran, it would keep
 using the GPU and the next container would share it. So a holder (or waiter)
 whose process still runs, or whose liveness cannot be told, is refused (exit 1,
 naming the device and the holder): stop it first, or add --force to release
-anyway (a warning is printed on stderr). A holder that never started (no pid,
+anyway (a warning is printed on stderr). A draining claim (release_requires_idle:
+its holder exited, its processes may still be on the GPU) is refused the
+same way: it ends by itself once they leave (at the latest after idle_grace);
+add --force if you know they are gone. A holder that never started (no pid,
 no cgroup recorded) has nothing to check: it is released, with a note. Prefer
 `+"`gc`"+` for holders that exited.
 
@@ -128,9 +131,8 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 	// Liveness reads cgroupfs and procfs: checked before the lock is taken,
 	// and the transaction then makes sure it ends exactly what was checked.
 	chk := checkRelease(guard.NewReleaseRule(cfg, a.env.Liveness), claims, waiters)
-	if len(chk.running) > 0 && !force {
-		return fmt.Errorf("%w: %s; stop it first, or add --force to release anyway (a process that runs on keeps using the GPU, "+
-			"and the next container will share it)", errHolderRunning, strings.Join(chk.running, "; "))
+	if err := chk.refusal(); err != nil && !force {
+		return err
 	}
 	for _, n := range chk.notes {
 		fmt.Fprintln(a.env.Stderr, escapeLine("note: "+n))
@@ -138,6 +140,9 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 	if force {
 		for _, r := range chk.running {
 			fmt.Fprintln(a.env.Stderr, escapeLine("warning: --force: "+r+"; released anyway: it keeps using the GPU, and the next container will share it"))
+		}
+		for _, r := range chk.draining {
+			fmt.Fprintln(a.env.Stderr, escapeLine("warning: --force: "+r+"; released anyway: a process of it still on the GPU shares it with the next container"))
 		}
 	}
 	if dryRun {
@@ -202,9 +207,32 @@ var errHolderRunning = errors.New("release refused")
 
 // releaseCheck is the release rule's finding about what a release would end:
 // running lists, one line each, the claims (and queue entries) whose process
-// still runs or cannot be told gone; notes, those that never started.
+// still runs or cannot be told gone; draining, the claims of holders that
+// exited whose processes may still be on the GPU (release_requires_idle);
+// notes, those that never started.
 type releaseCheck struct {
-	running, notes []string
+	running, draining, notes []string
+}
+
+// refusal is the error that refuses the release without --force (nil when
+// nothing stands in its way), with the advice that fits each holder: a
+// running one is stopped first; a draining one has stopped already, and
+// only its processes leaving the GPU (or idle_grace) end its claim.
+func (chk releaseCheck) refusal() error {
+	var parts []string
+	if len(chk.running) > 0 {
+		parts = append(parts, strings.Join(chk.running, "; ")+"; stop it first, or add --force to release anyway "+
+			"(a process that runs on keeps using the GPU, and the next container will share it)")
+	}
+	if len(chk.draining) > 0 {
+		parts = append(parts, strings.Join(chk.draining, "; ")+"; its processes may still use the GPU: wait for the claim "+
+			"to end by itself (when the GPU observer sees them gone, at the latest after idle_grace), or add --force "+
+			"if you know they are gone (`nvidia-smi` lists none on the device)")
+	}
+	if len(parts) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", errHolderRunning, strings.Join(parts, "; and "))
 }
 
 // checkRelease applies the release rule (the one gc, status and the guard
@@ -224,7 +252,7 @@ func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledge
 			chk.running = append(chk.running, fmt.Sprintf("%s is held by %s, which is %s",
 				naming.Device(c.Device), guard.HolderName(c.Owner), runningWhy(c.Owner, v)))
 		case guard.KeepDraining:
-			chk.running = append(chk.running, fmt.Sprintf("%s is held by %s, which exited, but its claim drains until its processes "+
+			chk.draining = append(chk.draining, fmt.Sprintf("%s is held by %s, which exited, but its claim drains until its processes "+
 				"leave the GPU (release_requires_idle)", naming.Device(c.Device), guard.HolderName(c.Owner)))
 		case guard.KeepNotStarted:
 			chk.notes = append(chk.notes, fmt.Sprintf("%s is held by %s, which never started (no pid, no cgroup recorded): "+
