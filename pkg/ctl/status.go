@@ -146,7 +146,9 @@ type statusView struct {
 
 // observerJSON summarises observe.json.
 type observerJSON struct {
-	Time            time.Time `json:"time"`
+	// Time is when the last accounting pass ran: omitted before the first
+	// one, and always under interval = 0 (health only).
+	Time            time.Time `json:"time,omitzero"`
 	AgeSeconds      float64   `json:"age_seconds"`
 	IntervalSeconds float64   `json:"interval_seconds"`
 	Stale           bool      `json:"stale"`
