@@ -30,7 +30,8 @@ type app struct {
 	stateDirFlag string
 	output       string
 
-	cfg *config.Config // loaded once, on first use
+	cfg     *config.Config // loaded once, on first use
+	cfgPath string         // the file cfg was read from; "" for the defaults
 
 	// stopInterrupts stops the signal handling Env.Interrupts started.
 	stopInterrupts context.CancelFunc
@@ -46,12 +47,35 @@ func (a *app) config() (config.Config, error) {
 	if name == "" {
 		name = a.env.Getenv(config.EnvPath)
 	}
-	cfg, _, err := config.LoadDefault(name)
+	cfg, path, err := config.LoadDefault(name)
 	if err != nil {
 		return config.Config{}, fmt.Errorf("load configuration: %w (check it with `%s check-config`)", err, programName)
 	}
-	a.cfg = &cfg
+	a.cfg, a.cfgPath = &cfg, path
 	return cfg, nil
+}
+
+// warnMissingLedgerDir warns a read command's user when the ledger directory
+// of the configuration does not exist: it reads as an empty ledger, every GPU
+// free. That is true on a fresh host (nothing was ever claimed: the daemon
+// and the hook create the directory on their first claim), so it is not
+// refused, but it is also what a mistyped [ledger] dir looks like. A
+// --state-dir that does not exist is refused before (checkStateDirFlag).
+func (a *app) warnMissingLedgerDir() {
+	if a.stateDirFlag != "" || a.cfg == nil {
+		return
+	}
+	dir := a.cfg.Ledger.Dir
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	from := "the default, no configuration file"
+	if a.cfgPath != "" {
+		from = "[ledger] dir of " + a.cfgPath
+	}
+	fmt.Fprintln(a.env.Stderr, escapeLine(fmt.Sprintf("warning: the ledger directory %s (%s) does not exist, so the ledger reads as empty: "+
+		"either no claim was ever recorded on this host (the daemon and the hook create it with their first claim), "+
+		"or the path is wrong: [ledger] dir must name the directory the daemon and the hook use", dir, from)))
 }
 
 // stateDir is --state-dir, else [ledger] dir.

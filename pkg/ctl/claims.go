@@ -33,6 +33,7 @@ and cgroup recorded when the container started.`,
 			if err != nil {
 				return err
 			}
+			a.warnMissingLedgerDir()
 			return renderClaims(a.env.Stdout, a.output, st, a.env.Now())
 		})
 }

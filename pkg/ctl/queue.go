@@ -40,6 +40,7 @@ not shown once expired.`,
 			if err != nil {
 				return err
 			}
+			a.warnMissingLedgerDir()
 			return v.render(a.env.Stdout, a.output, now)
 		})
 }

@@ -115,6 +115,7 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			if err != nil {
 				return err
 			}
+			a.warnMissingLedgerDir()
 			v.setDrainDeadlines(cfg.Observe.IdleGrace.Duration)
 			if dir, err := a.stateDir(); err == nil {
 				v.addObserver(dir, a.env.Now(), a.env.Stderr)
