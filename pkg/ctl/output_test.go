@@ -249,6 +249,55 @@ func TestStatusWithoutInventory(t *testing.T) {
 	assert.NotContains(t, r.stdout, "0:0") // free devices are unknown
 }
 
+// TestStatusWithoutInventoryRows: with no inventory loaded, no device is
+// said to be missing from it (the MODEL column says the inventory is
+// unavailable), and the rows, from the ledger alone, come in index order
+// (a GPU, then its MIG instances, numerically), not in the ledger's.
+func TestStatusWithoutInventoryRows(t *testing.T) {
+	wantOrder := []string{"0:1", "1", "2", "3", "7"}
+	for _, tc := range []struct {
+		name   string
+		output string
+	}{
+		{name: "table", output: outputTable},
+		{name: "wide", output: outputWide},
+		{name: "json", output: outputJSON},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.populate(t)
+			require.NoError(t, os.Remove(filepath.Join(f.dir, devices.CacheFile)))
+			cfg := "version = 1\n[ledger]\ndir = \"" + f.dir + "\"\n[devices]\nsource = \"proc\"\nproc_root = \"" + t.TempDir() + "\"\n"
+			require.NoError(t, os.WriteFile(f.config, []byte(cfg), 0o600))
+			r := f.run(t, "status", "-o", tc.output)
+			require.Equal(t, ExitAttention, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			assert.NotContains(t, r.stdout, "not in inventory")
+			assert.NotContains(t, r.stdout, "not in the inventory")
+			var order []string
+			if tc.output == outputJSON {
+				var v statusView
+				require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+				assert.Empty(t, v.InventorySource)
+				for _, d := range v.Devices {
+					order = append(order, d.Index)
+					assert.False(t, d.InInventory, "in_inventory is false: not known")
+					assert.Empty(t, d.Model)
+				}
+			} else {
+				lines := strings.Split(r.stdout, "\n")
+				for _, line := range lines[1:] {
+					if line == "" {
+						break
+					}
+					order = append(order, strings.Fields(line)[0])
+					assert.Contains(t, line, "(inventory unavailable)")
+				}
+			}
+			assert.Equal(t, wantOrder, order)
+		})
+	}
+}
+
 // TestDevicesFromConfig: under devices.source = "static" the configured
 // list is the inventory, whatever the daemon's cache says.
 func TestDevicesFromConfig(t *testing.T) {

@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -143,6 +145,10 @@ type statusView struct {
 	// Observer is the daemon's last GPU observer report; absent when there
 	// is none (no daemon, no NVML, or a clean stop).
 	Observer *observerJSON `json:"observer,omitempty"`
+
+	// noInventory: no inventory could be loaded; the rows are the devices
+	// the ledger names, and none is known to be missing from the inventory.
+	noInventory bool
 }
 
 // observerJSON summarises observe.json.
@@ -446,6 +452,17 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 	for _, k := range st.Cordons {
 		extra(k.Device)
 	}
+	if inv == nil {
+		// The rows come from the ledger alone, in its order: put them in
+		// the inventory's (a GPU, then its MIG instances, numerically).
+		v.noInventory = true
+		slices.SortStableFunc(v.Devices, func(a, b statusDevice) int {
+			if c := compareIndex(a.Index, b.Index); c != 0 {
+				return c
+			}
+			return strings.Compare(a.UUID, b.UUID)
+		})
+	}
 
 	// A claim is stale when the release rule (the one gc and the guard
 	// apply) would end it now: release it, or, under [observe]
@@ -659,7 +676,10 @@ func (v *statusView) render(w io.Writer, output string, now time.Time) error {
 			uuid = shortUUID(uuid)
 		}
 		model := d.Model
-		if !d.InInventory {
+		switch {
+		case v.noInventory:
+			model = "(inventory unavailable)"
+		case !d.InInventory:
 			model = "(not in inventory)"
 		}
 		holder, id, frontEnd, pid, sinceCol := none, "", none, none, none

@@ -182,7 +182,7 @@ func (v *statusView) renderNotes(w io.Writer, now time.Time) error {
 		if k := d.Cordon; k != nil && d.CordonedVia == "" {
 			line := fmt.Sprintf("%s: %s cordon by %s since %s (%s ago): %s", d.label(), k.Source, k.By,
 				k.Since.UTC().Format(time.RFC3339), age(now.Sub(k.Since)), k.Reason)
-			if !d.InInventory {
+			if !d.InInventory && !v.noInventory {
 				line += "; not in the inventory any more: lift it with `sudo " + programName + " uncordon " + d.UUID + "`"
 			}
 			cordoned = append(cordoned, line)
