@@ -204,7 +204,7 @@ func describe(err error) string {
 	case errors.As(err, &ce):
 		return corruptAdvice(ce)
 	case errors.Is(err, ledger.ErrNeedsRecovery):
-		return "LEDGER NEEDS RECOVERY: " + err.Error() + recoverAdvice
+		return "LEDGER NEEDS RECOVERY: " + err.Error() + recoverAdvice(false)
 	case errors.Is(err, ledger.ErrLockTimeout):
 		return err.Error() + "\n  the ledger is busy; retry in a moment. If this persists, the process named above holds the lock: check it is the nri-gpu-guard daemon and that it is healthy."
 	case errors.Is(err, ledger.ErrUnsafeDir):
@@ -224,13 +224,21 @@ func corruptAdvice(ce *ledger.CorruptError) string {
 		fmt.Fprintf(&b, "\n  the bad file is kept at %s for the bug report.", ce.Quarantined)
 		return b.String()
 	}
-	b.WriteString(recoverAdvice)
+	b.WriteString(recoverAdvice(true))
 	return b.String()
 }
 
-// recoverAdvice is what an operator does about a ledger that needs recovery.
-const recoverAdvice = "\n  NO container gets a GPU until the ledger is recovered (every front end refuses)." +
-	"\n  run `sudo gpu-guard-ctl recover`: it replays the journal onto the last good snapshot, keeps the bad file" +
-	" (moved aside) and every claim whose holder still runs, and reports what it recovered." +
-	"\n  on an NRI host the daemon also recovers it itself: an external plugin reconnects for a new sync with containerd" +
-	" at the next refused container; one launched by containerd rebuilds the ledger in place from the containers it tracks."
+// recoverAdvice adds, under the ledger's own error (which already says to
+// run recover), what an operator needs besides: that recover needs root,
+// what it keeps (badFile: a corrupt file, which it moves aside; a missing
+// or replaced ledger has none), and that the daemon may recover it itself.
+func recoverAdvice(badFile bool) string {
+	keeps := "every claim whose holder still runs"
+	if badFile {
+		keeps = "the bad file (moved aside) and " + keeps
+	}
+	return "\n  NO container gets a GPU until the ledger is recovered (every front end refuses)." +
+		"\n  recover needs root (`sudo gpu-guard-ctl recover`); it keeps " + keeps + ", and reports what it recovered." +
+		"\n  on an NRI host the daemon also recovers it itself: an external plugin reconnects for a new sync with containerd" +
+		" at the next refused container; one launched by containerd rebuilds the ledger in place from the containers it tracks."
+}

@@ -17,6 +17,36 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
+// TestNeedsRecoveryAdvice: the advice under a ledger that needs recovery
+// says once to run recover (the ledger's own error does), and mentions a bad
+// file kept aside only when there is one (a corrupt file, not a missing one).
+func TestNeedsRecoveryAdvice(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		damage  func(t *testing.T, dir string)
+		badFile bool
+	}{
+		{name: "corrupt snapshot", badFile: true, damage: func(t *testing.T, dir string) {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "ledger.json"), []byte("\x00\x00garbage"), 0o600))
+		}},
+		{name: "missing snapshot", damage: func(t *testing.T, dir string) {
+			require.NoError(t, os.Remove(filepath.Join(dir, "ledger.json")))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			f.populate(t)
+			tc.damage(t, f.dir)
+			r := f.run(t, "status")
+			require.Equal(t, ExitError, r.code, r.stderr)
+			assert.Equal(t, 1, strings.Count(r.stderr, "run `gpu-guard-ctl recover`")+strings.Count(r.stderr, "run `sudo gpu-guard-ctl recover`"),
+				"say once to run recover: %s", r.stderr)
+			assert.Contains(t, r.stderr, "recover needs root (`sudo gpu-guard-ctl recover`)")
+			assert.Equal(t, tc.badFile, strings.Contains(r.stderr, "moved aside"), "a bad file is mentioned only when there is one: %s", r.stderr)
+		})
+	}
+}
+
 // A damaged ledger: status fails (never prints GPUs as free), recover
 // rebuilds it from the journal, releases the holder that exited, and status
 // works again.
