@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -196,6 +197,16 @@ type inventoryInfo struct {
 	// CachedAt is the cache file's modification time when it was read or
 	// written (zero otherwise).
 	CachedAt time.Time
+
+	// warnings are for stderr: a cache that is present but was refused.
+	warnings []string
+}
+
+// printWarnings writes info's warnings to w.
+func (info inventoryInfo) printWarnings(w io.Writer) {
+	for _, s := range info.warnings {
+		fmt.Fprintln(w, escapeLine("warning: "+s))
+	}
 }
 
 // inventory loads the GPU inventory as every reading program does
@@ -203,6 +214,15 @@ type inventoryInfo struct {
 // source, else the daemon's cache when it is trusted, else discovery as the
 // daemon would. A cache that is present but refused is reported on stderr.
 func (a *app) inventory() (*devices.Inventory, inventoryInfo, error) {
+	inv, info, err := a.inventoryQuiet()
+	info.printWarnings(a.env.Stderr)
+	return inv, info, err
+}
+
+// inventoryQuiet is inventory leaving its warnings to the caller (in
+// inventoryInfo), which prints them once it knows they matter: status
+// does not lead with a refused cache when the ledger read then fails.
+func (a *app) inventoryQuiet() (*devices.Inventory, inventoryInfo, error) {
 	return a.loadInventory(devices.RoleReader)
 }
 
@@ -239,7 +259,7 @@ func (a *app) loadInventory(role devices.Role) (*devices.Inventory, inventoryInf
 	}
 	for _, skipped := range loaded.Skipped {
 		if !errors.Is(skipped, fs.ErrNotExist) {
-			fmt.Fprintf(a.env.Stderr, "warning: ignoring the inventory cache: %v; discovering GPUs instead\n", skipped)
+			info.warnings = append(info.warnings, fmt.Sprintf("ignoring the inventory cache: %v; discovering GPUs instead", skipped))
 		}
 	}
 	return loaded.Inventory, info, nil

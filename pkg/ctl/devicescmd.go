@@ -58,7 +58,9 @@ func (a *app) refreshInventory() (*devices.Inventory, inventoryInfo, error) {
 	if err := a.requireRoot("devices --refresh"); err != nil {
 		return nil, inventoryInfo{}, err
 	}
-	return a.loadInventory(devices.RoleRefresh)
+	inv, info, err := a.loadInventory(devices.RoleRefresh)
+	info.printWarnings(a.env.Stderr)
+	return inv, info, err
 }
 
 // devicesView is the devices output; its JSON is a public interface.

@@ -97,14 +97,19 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			if _, err := a.stateDir(); err != nil {
 				return err
 			}
-			inv, info, err := a.inventory()
+			// The inventory's warnings wait for the ledger read: when that
+			// fails (not root, a ledger that needs recovery), its error is
+			// what to fix, not a refused cache (unreadable for the same
+			// reason) before it.
+			inv, info, err := a.inventoryQuiet()
 			if _, ok := errors.AsType[*NVMLHandoverError](err); ok {
+				info.printWarnings(a.env.Stderr)
 				return err
 			}
 			if err != nil {
 				// The ledger alone still says who holds what; say why the
 				// free devices are missing.
-				fmt.Fprintf(a.env.Stderr, "warning: %v; showing claimed devices only\n", err)
+				info.warnings = append(info.warnings, fmt.Sprintf("%v; showing claimed devices only", err))
 				inv = nil
 			}
 			var v *statusView
@@ -118,6 +123,7 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 				return err
 			}
 			a.warnMissingLedgerDir()
+			info.printWarnings(a.env.Stderr)
 			v.setDrainDeadlines(cfg.Observe.IdleGrace.Duration)
 			if dir, err := a.stateDir(); err == nil {
 				v.addObserver(dir, a.env.Now(), a.env.Stderr)
