@@ -350,7 +350,7 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 	}
 	if err != nil {
 		return Decision{Result: Reject, Reason: reasonFor(err), Devices: res.Devices,
-			Message: policyText(err, g.policy, v.inv)}, res, true
+			Message: policyText(err, g.policy, v.inv, owner.FrontEnd)}, res, true
 	}
 	if len(res.Devices) == 0 && res.All && v.inv.UnlistedGPUs > 0 {
 		// "all" over an inventory that lists none of the host's GPUs: it

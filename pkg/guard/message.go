@@ -181,7 +181,7 @@ func age(d time.Duration) string {
 
 // policyText explains a refusal that comes from resolution, not from a busy
 // device, and how to get past it.
-func policyText(err error, policy config.PolicyConfig, inv *devices.Inventory) string {
+func policyText(err error, policy config.PolicyConfig, inv *devices.Inventory, fe ledger.FrontEnd) string {
 	// The resolver's own words may already say what to do (name a GPU of
 	// this host, which CDI names work, name the GPUs instead of a device
 	// rule): the generic advice would then repeat or contradict them.
@@ -207,6 +207,12 @@ func policyText(err error, policy config.PolicyConfig, inv *devices.Inventory) s
 		}
 	case "policy-privileged":
 		hint = fmt.Sprintf("privileged containers are refused (policy privileged = %q); drop privileged or exempt the namespace", policy.Privileged)
+		if !TrustsIdentity(fe) {
+			// An exemption is never granted on this front end's word
+			// (see TrustsIdentity): only dropping privileged helps.
+			hint = fmt.Sprintf("privileged containers are refused (policy privileged = %q); drop privileged "+
+				"(exempt_namespaces does not apply to this front end: the container names its namespace itself)", policy.Privileged)
+		}
 		if said(devices.ErrPrivilegedRejected) {
 			hint = "GPUs here: " + inventoryText(inv)
 		}

@@ -170,8 +170,20 @@ func TestPolicyText(t *testing.T) {
 		{errors.New("odd"), "invalid-request", "could not be understood"},
 	} {
 		assert.Equal(t, tc.wantReason, reasonFor(tc.err))
-		assert.Contains(t, policyText(tc.err, policy, inv), tc.want)
+		assert.Contains(t, policyText(tc.err, policy, inv, ledger.FrontEndNRI), tc.want)
 	}
+}
+
+// An OCI hook's container names its own namespace, so no exemption is
+// granted on it: its privileged refusal does not suggest one.
+func TestPrivilegedRefusalAdvicePerFrontEnd(t *testing.T) {
+	inv := &devices.Inventory{GPUs: []devices.GPU{{Index: 0, UUID: "GPU-a"}}}
+	policy := config.Default().Policy
+	err := fmt.Errorf("x: %w", devices.ErrPrivilegedRejected)
+	assert.Contains(t, policyText(err, policy, inv, ledger.FrontEndNRI), "drop privileged or exempt the namespace")
+	hook := policyText(err, policy, inv, ledger.FrontEndHook)
+	assert.NotContains(t, hook, "or exempt the namespace")
+	assert.Contains(t, hook, "exempt_namespaces does not apply to this front end")
 }
 
 func TestAge(t *testing.T) {
