@@ -148,7 +148,7 @@ func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) er
 // error here is returned, never only logged. A state that needs recovery
 // (or any error reading it) fails it, as it fails Update.
 func (l *Ledger) AppendAudit(ctx context.Context, recs ...AuditRecord) error {
-	unlock, err := l.lockForWrite(ctx, "audit", false)
+	unlock, _, err := l.lockForWrite(ctx, "audit", false)
 	if err != nil {
 		return err
 	}

@@ -414,7 +414,7 @@ func (l *Ledger) requiredLineage() string {
 // fn must not call Update, View or Snapshot of the same Ledger (the lock is
 // not reentrant) and must not keep tx.
 func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
-	unlock, err := l.lockForWrite(ctx, "update", false)
+	unlock, _, err := l.lockForWrite(ctx, "update", false)
 	if err != nil {
 		return err
 	}
@@ -471,22 +471,25 @@ func (l *Ledger) lockTrouble(err error) error {
 // lockForWrite is how every writer (Update, Recover, Reset) starts: refuse a
 // read-only ledger, recreate the state dir when asked (recovery of a dir
 // that vanished), take the lock (a vanished dir worded by lockTrouble) and remove
-// the temp files a crashed writer left. The caller defers the unlock.
-func (l *Ledger) lockForWrite(ctx context.Context, verb string, createDir bool) (unlock func(), err error) {
+// the temp files a crashed writer left. The caller defers the unlock. made
+// is the topmost dir it created ("" if none): a caller that ends up writing
+// nothing removes what it made (unmakeDir), so that a dir moved away can be
+// put back at its name.
+func (l *Ledger) lockForWrite(ctx context.Context, verb string, createDir bool) (unlock func(), made string, err error) {
 	if l.readOnly {
-		return nil, fmt.Errorf("%s %s: %w", verb, l.StatePath(), ErrReadOnly)
+		return nil, "", fmt.Errorf("%s %s: %w", verb, l.StatePath(), ErrReadOnly)
 	}
 	if createDir {
-		if err := l.ensureDir(); err != nil {
-			return nil, err
+		if made, err = l.ensureDir(); err != nil {
+			return nil, "", err
 		}
 	}
 	unlock, err = l.acquire(ctx)
 	if err != nil {
-		return nil, l.lockTrouble(err)
+		return nil, "", l.lockTrouble(err)
 	}
 	l.removeTemps()
-	return unlock, nil
+	return unlock, made, nil
 }
 
 // removeTemps deletes, once per Ledger, temp files of an interrupted write

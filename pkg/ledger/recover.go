@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -52,7 +53,8 @@ type RecoverOptions struct {
 	// snapshot or journal verifies, instead of failing. The NRI daemon sets
 	// it: it rebuilds the claims from the runtime's containers next.
 	AllowEmpty bool
-	// DryRun reports what would be recovered and changes nothing.
+	// DryRun reports what would be recovered and changes nothing (a
+	// vanished state dir is not made again either).
 	DryRun bool
 }
 
@@ -126,13 +128,38 @@ type recJournal struct {
 // releases claims whose holder is gone (Alive); writes the result as a new
 // snapshot and reports exactly what it recovered. On a healthy ledger it
 // changes nothing and returns a report with an empty Problem.
-func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverReport, error) {
-	var rep RecoverReport
-	unlock, err := l.lockForWrite(ctx, "recover", true)
-	if err != nil {
-		return rep, err
+//
+// A vanished state dir is made again to take the lock in it, and removed
+// again when Recover writes nothing (nothing verifies, or an error): the
+// error tells the operator to put a moved dir back, which a dir left in its
+// place would turn into a nested one. A dry run does not make it at all.
+func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverReport, err error) {
+	unlock, made := func() {}, ""
+	gone := false
+	if opts.DryRun {
+		// A dry run changes nothing: a dir that is not there is not made
+		// to lock it, and there is nothing in it to lock (what it reads,
+		// nothing, is what a real run would find).
+		_, serr := os.Lstat(l.dir)
+		gone = errors.Is(serr, fs.ErrNotExist)
+	}
+	if !gone {
+		if unlock, made, err = l.lockForWrite(ctx, "recover", !opts.DryRun); err != nil {
+			return rep, err
+		}
 	}
 	defer unlock()
+	// Runs before the unlock, with the lock held. made is cleared once
+	// Recover starts writing.
+	defer func() {
+		if made == "" {
+			return
+		}
+		if uerr := l.unmakeDir(made); uerr != nil {
+			l.log.Warn("ledger recover: could not remove the state dir it made and wrote nothing to; remove it before "+
+				"putting a moved state dir back at its name", "dir", made, "error", uerr)
+		}
+	}()
 
 	ld, err := l.current()
 	if err == nil {
@@ -167,9 +194,22 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	}
 	if !ok {
 		if !opts.AllowEmpty {
+			what := describeBad(bad)
+			if gone || made != "" {
+				what = "the state dir does not exist"
+			}
+			if made != "" {
+				// Removed now, not by the deferred call, so that the
+				// message can say whether it is gone.
+				if uerr := l.unmakeDir(made); uerr != nil {
+					what = fmt.Sprintf("the state dir did not exist; this recover made %s to take the lock and could not remove it "+
+						"again (%v): remove it before putting a moved state dir back", made, uerr)
+				}
+				made = ""
+			}
 			return rep, fmt.Errorf("%w: nothing in %s verifies to recover from (%s); if the state dir or its files were moved, "+
 				"put them back and retry, or start empty deliberately with `gpu-guard-ctl recover --reset` (the NRI daemon "+
-				"rebuilds from the runtime at its next sync)", ErrNeedsRecovery, l.dir, describeBad(bad))
+				"rebuilds from the runtime at its next sync)", ErrNeedsRecovery, l.dir, what)
 		}
 		best = l.emptyState(maxGen, nextSeq)
 		rep.Empty = true
@@ -280,6 +320,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (RecoverRepor
 	if err := l.checkLockFile(); err != nil {
 		return rep, err
 	}
+	made = "" // what follows writes to the dir: it stays
 
 	// Move aside what is damaged or of another ledger; keep the rest
 	// (compaction then keeps the snapshot and journal it replaces as .prev).
@@ -401,7 +442,7 @@ func (l *Ledger) Reset(ctx context.Context, reason string) (RecoverReport, error
 func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverReport, error) {
 	var rep RecoverReport
 	reason := opts.Reason
-	unlock, err := l.lockForWrite(ctx, "reset", true)
+	unlock, _, err := l.lockForWrite(ctx, "reset", true)
 	if err != nil {
 		return rep, err
 	}
@@ -563,13 +604,54 @@ func (tx *Tx) keepCordonsAcrossReset(old []Cordon) []Cordon {
 }
 
 // ensureDir creates a missing state dir for Recover and Reset: they are
-// how an operator deliberately resumes after the dir vanished.
-func (l *Ledger) ensureDir() error {
+// how an operator deliberately resumes after the dir vanished. made is the
+// topmost dir it created (the state dir, or a missing parent of it), ""
+// when the dir was there.
+func (l *Ledger) ensureDir() (made string, err error) {
+	top := firstMissing(l.dir)
 	_, created, err := checkDir(l.dir, true, false)
-	if err == nil && created {
-		err = CheckDirChain(l.dir)
+	if created {
+		made = top
+		if err == nil {
+			err = CheckDirChain(l.dir)
+		}
 	}
-	return err
+	return made, err
+}
+
+// firstMissing is the topmost of dir and its parents that does not exist
+// ("" when dir exists): what MkdirAll(dir) would create.
+func firstMissing(dir string) string {
+	top := ""
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if _, err := os.Lstat(d); !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // the state dir and its parents, the operator's choice
+			return top
+		}
+		top = d
+		if filepath.Dir(d) == d {
+			return top
+		}
+	}
+}
+
+// unmakeDir removes what lockForWrite made for a writer that wrote
+// nothing: the lock file it created (the flock this process holds on it
+// dies with its name; a process waiting on that file finds it replaced and
+// locks none, the dir being gone) and each dir from the state dir up to
+// made. Only empty dirs are removed (rmdir): anything another process put
+// there meanwhile stays, and so does its dir.
+func (l *Ledger) unmakeDir(made string) error {
+	if err := os.Remove(l.LockPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove %s: %w", l.LockPath(), err)
+	}
+	for d := filepath.Clean(l.dir); ; d = filepath.Dir(d) {
+		if err := syscall.Rmdir(d); err != nil {
+			return fmt.Errorf("remove the dir %s: %w", d, err)
+		}
+		if d == made || filepath.Dir(d) == d {
+			return nil
+		}
+	}
 }
 
 // gatherForRecovery reads every snapshot and journal there is, keeping
