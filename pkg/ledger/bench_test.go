@@ -60,7 +60,14 @@ func (f *floor) write(payload []byte) {
 	if err := f.lock.Lock(); err != nil {
 		f.b.Fatal(err)
 	}
-	if err := writeAtomic(f.dir, filepath.Join(f.dir, "bare.json"), payload); err != nil {
+	tmp, err := writeTemp(f.dir, "bare.json.tmp-*", payload, "", "")
+	if err != nil {
+		f.b.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(f.dir, "bare.json")); err != nil {
+		f.b.Fatal(err)
+	}
+	if err := syncDir(f.dir); err != nil {
 		f.b.Fatal(err)
 	}
 	if err := f.lock.Unlock(); err != nil {

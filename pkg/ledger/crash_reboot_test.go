@@ -79,9 +79,11 @@ func TestCrashInTheFirstCommitAfterAReboot(t *testing.T) {
 		{stageJournalSynced, false},  // the new journal written, not in place
 		{stageJournalRotated, false}, // the old one linked aside, still in place
 		{stageJournalSwapped, true},  // the new journal in place, next to the earlier boot's snapshot
-		{stageAfterWrite, true},      // the snapshot of the empty base being written
-		{stageAfterFsync, true},
-		{stageAfterRename, true}, // ... and in place
+		{stageSnapWritten, true},     // the snapshot of the empty base being written
+		{stageSnapSynced, true},
+		{stagePrevLinked, true},  // the earlier boot's snapshot linked to a temp name
+		{stageAfterRename, true}, // the new one in place
+		{stagePrevKept, true},    // the earlier boot's kept as .prev
 		{stageAfterDirSyn, true},
 		{stageAfterAudit, true},
 	} {

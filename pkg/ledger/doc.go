@@ -88,10 +88,15 @@
 //   - Compaction, once the journal outgrows the snapshot (and 16 KiB), runs
 //     after the commit's record is durable: the new snapshot goes through a
 //     temp file, fsync, rename and fsync of the dir, then a new journal
-//     replaces the old one the same way; the replaced files become .prev. A
-//     crash at any instant leaves the old or the new state, never a torn
-//     one; a leftover temp file is never read and is removed by the next
-//     writer. Readers without the lock retry a read that overlapped it.
+//     replaces the old one the same way; the replaced files become .prev.
+//     The replaced snapshot is linked to a temp name before the rename and
+//     renamed over ledger.json.prev after it: .prev is never a second name
+//     of ledger.json, and a compaction that fails or is cut before its
+//     snapshot is in place leaves .prev as it was. A crash at any instant
+//     leaves the old or the new state, never a torn one, and .prev with
+//     the journals still replays to it; a leftover temp file is never read
+//     and is removed by the next writer. Readers without the lock retry a
+//     read that overlapped it.
 //   - Every commit is a journal record, so the previous snapshot (or the
 //     empty base of a genesis journal) and the journals replay to any commit
 //     should the snapshot be lost: Recover does that, preferring the chain

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 )
@@ -34,16 +36,24 @@ const (
 //
 // A journal append: before-write, torn-write (half the record written),
 // after-write (all of it, not synced), after-fsync, after-audit.
-// A compaction: before-write, after-write (snapshot temp file written),
-// after-fsync, after-rename, after-dirsync, journal-synced (new journal
-// temp file synced), journal-rotated (old journal renamed to .prev, new one
-// not yet in place), journal-swapped, after-audit.
+// A compaction: before-write, snapshot-written (snapshot temp file
+// written), snapshot-synced, prev-linked (the snapshot it replaces linked
+// to a temp name), after-rename (the new snapshot in place), prev-kept (the
+// old one renamed to .prev), after-dirsync, journal-synced (new journal
+// temp file synced), journal-rotated (old journal linked as .prev, new one
+// not yet in place), journal-swapped, after-audit. The snapshot's stages
+// have names of their own: a test that kills at a stage kills at its first
+// occurrence, and a compaction follows a journal append.
 const (
 	stageBeforeWrite    = "before-write"
 	stageTornWrite      = "torn-write"
 	stageAfterWrite     = "after-write"
 	stageAfterFsync     = "after-fsync"
+	stageSnapWritten    = "snapshot-written"
+	stageSnapSynced     = "snapshot-synced"
+	stagePrevLinked     = "prev-linked"
 	stageAfterRename    = "after-rename"
+	stagePrevKept       = "prev-kept"
 	stageAfterDirSyn    = "after-dirsync"
 	stageJournalSynced  = "journal-synced"
 	stageJournalRotated = "journal-rotated"
@@ -188,25 +198,22 @@ func readFileNoFollow(p string, limit int64, buf []byte) (data []byte, exists bo
 	}
 }
 
-// writeAtomic replaces path with data: temp file in the same dir, fsync,
-// rename, fsync the dir. A crash at any point leaves the old or the new file;
-// a leftover temp file is never read as state and is removed by the next
-// writer.
-func writeAtomic(dir, path string, data []byte) error {
-	tmp, err := writeTemp(dir, tempPrefix+"*", data, stageAfterWrite, stageAfterFsync)
-	if err != nil {
-		return err
+// linkTemp gives the file at path a second, new name in dir starting with
+// prefix (a temp name: never read as state, removed by the next writer if
+// left behind), and returns it.
+func linkTemp(dir, path, prefix string) (string, error) {
+	for i := 0; ; i++ {
+		// Uniqueness is all the name needs: the dir is ours alone (0700), and
+		// a name taken is tried again.
+		name := filepath.Join(dir, prefix+strconv.FormatUint(rand.Uint64(), 36)) //nolint:gosec // not a secret
+		err := os.Link(path, name)
+		if err == nil {
+			return name, nil
+		}
+		if !errors.Is(err, fs.ErrExist) || i == 9 {
+			return "", fmt.Errorf("link %s to %s: %w", path, name, err)
+		}
 	}
-	if err := os.Rename(tmp, path); err != nil { //nolint:gosec // our temp file onto the fixed state name
-		_ = os.Remove(tmp) //nolint:gosec // our own temp file
-		return fmt.Errorf("rename %s to %s: %w", tmp, path, err)
-	}
-	reachStage(stageAfterRename)
-	if err := syncDir(dir); err != nil {
-		return err
-	}
-	reachStage(stageAfterDirSyn)
-	return nil
 }
 
 // writeTemp writes data to a new temp file in dir (named by pattern) and

@@ -749,9 +749,11 @@ func TestCrashInsideRecoveryKeepsTheOperatorsCordon(t *testing.T) {
 		name  string
 		after string // the boot that recovers; claims of an earlier one go
 		held  int
-	}{{"earlier boot", "after-reboot", 0}, {"this boot", testBoot, 1}} {
-		for _, stage := range []string{stageAfterWrite, stageAfterFsync, stageAfterRename, stageAfterDirSyn,
-			stageJournalSynced, stageJournalRotated, stageJournalSwapped} {
+		prev  []string // stages of keeping the snapshot as .prev: only one that verified and is of this boot is kept
+	}{{"earlier boot", "after-reboot", 0, nil}, {"this boot", testBoot, 1, []string{stagePrevLinked, stagePrevKept}}} {
+		stages := append([]string{stageSnapWritten, stageSnapSynced, stageAfterRename, stageAfterDirSyn,
+			stageJournalSynced, stageJournalRotated, stageJournalSwapped}, boot.prev...)
+		for _, stage := range stages {
 			t.Run(boot.name+"/"+stage, func(t *testing.T) {
 				crashInsideRecovery(t, stage, boot.after, boot.held)
 			})

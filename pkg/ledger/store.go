@@ -395,21 +395,14 @@ func (l *Ledger) journalTooBig(ld *loaded) bool {
 // ledger.json.prev, and the journal as ledger.journal.prev, for Recover.
 // Order matters for lock-free readers and crashes: the snapshot is renamed
 // into place first (its journal's records up to its generation are skipped
-// by readers), then the journal is replaced.
+// by readers; replaceSnapshot keeps the old one as .prev), then the journal
+// is replaced.
 func (l *Ledger) compact(st *State, ld *loaded) (loaded, error) {
 	data, err := l.enc.encode(st, nil)
 	if err != nil {
 		return loaded{}, fmt.Errorf("encode ledger state: %w", err)
 	}
-	if ld.snapOK {
-		prev := filepath.Join(l.dir, prevName)
-		if err := os.Remove(prev); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed name in the operator's state dir
-			l.log.Warn("ledger: could not replace the previous snapshot", "path", prev, "error", err)
-		} else if err := os.Link(l.StatePath(), prev); err != nil {
-			l.log.Warn("ledger: could not keep the previous snapshot", "path", prev, "error", err)
-		}
-	}
-	if err := writeAtomic(l.dir, l.StatePath(), data); err != nil {
+	if err := l.replaceSnapshot(data, ld.snapOK); err != nil {
 		return loaded{}, err
 	}
 	hdr := journalHeader{Journal: journalFormat, Lineage: st.Lineage, BootID: st.BootID, Base: st.Generation,
@@ -465,16 +458,8 @@ func (l *Ledger) startGenesis(base, st *State, touched []string, ld *loaded) (lo
 	// The commit is durable: a snapshot that cannot be written now only
 	// leaves the next writer to write one (snapOK false).
 	data, err := l.enc.encode(base, nil)
-	if err == nil && ld.snapOK {
-		prev := filepath.Join(l.dir, prevName)
-		if rerr := os.Remove(prev); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) { //nolint:gosec // fixed name in the operator's state dir
-			l.log.Warn("ledger: could not replace the previous snapshot", "path", prev, "error", rerr)
-		} else if lerr := os.Link(l.StatePath(), prev); lerr != nil {
-			l.log.Warn("ledger: could not keep the previous snapshot", "path", prev, "error", lerr)
-		}
-	}
 	if err == nil {
-		err = writeAtomic(l.dir, l.StatePath(), data)
+		err = l.replaceSnapshot(data, ld.snapOK)
 	}
 	if err != nil {
 		l.log.Warn("ledger: the snapshot of a new lineage could not be written; the journal holds the commit", "error", err)
@@ -485,6 +470,58 @@ func (l *Ledger) startGenesis(base, st *State, touched []string, ld *loaded) (lo
 		next.snapID = idOf(fi)
 	}
 	return next, nil
+}
+
+// replaceSnapshot puts data in place as ledger.json, keeping the snapshot
+// it replaces (keepPrev: one that verified) as ledger.json.prev. Order:
+//
+//  1. the new snapshot is written to a temp file and fsynced;
+//  2. the current snapshot is linked to a second temp name;
+//  3. the new snapshot is renamed over ledger.json;
+//  4. the linked old one is renamed over ledger.json.prev; the dir fsynced.
+//
+// ledger.json.prev is thus replaced in one rename, by a file that no longer
+// has the name ledger.json: it never shares the snapshot's inode (damage in
+// place to one would be damage to both), and a write that fails or is cut
+// before step 3 leaves it as it was, the only base of ledger.journal.prev.
+// Cut between steps 3 and 4, the old snapshot is lost with its temp name
+// (the next writer removes it), but nothing else is: the journal is not yet
+// replaced, so .prev, .journal.prev and the journal still replay, one after
+// the other, to the commit the new snapshot holds. Keeping .prev is for
+// Recover only: failing to costs nothing now and is only logged.
+func (l *Ledger) replaceSnapshot(data []byte, keepPrev bool) error {
+	tmp, err := writeTemp(l.dir, tempPrefix+"*", data, stageSnapWritten, stageSnapSynced)
+	if err != nil {
+		return err
+	}
+	prev := filepath.Join(l.dir, prevName)
+	old := ""
+	if keepPrev {
+		if old, err = linkTemp(l.dir, l.StatePath(), tempPrefix+"prev-"); err != nil {
+			l.log.Warn("ledger: could not keep the previous snapshot", "path", prev, "error", err)
+		}
+		reachStage(stagePrevLinked)
+	}
+	if err := os.Rename(tmp, l.StatePath()); err != nil { //nolint:gosec // our temp file onto the fixed state name
+		_ = os.Remove(tmp) //nolint:gosec // our own temp file
+		if old != "" {
+			_ = os.Remove(old) // our own temp link; the snapshot keeps its name
+		}
+		return fmt.Errorf("rename %s to %s: %w", tmp, l.StatePath(), err)
+	}
+	reachStage(stageAfterRename)
+	if old != "" {
+		if err := os.Rename(old, prev); err != nil { //nolint:gosec // our temp link onto the fixed name
+			_ = os.Remove(old) // our own temp link
+			l.log.Warn("ledger: could not keep the previous snapshot", "path", prev, "error", err)
+		}
+		reachStage(stagePrevKept)
+	}
+	if err := syncDir(l.dir); err != nil {
+		return err
+	}
+	reachStage(stageAfterDirSyn)
+	return nil
 }
 
 func isEmpty(st *State) bool {
