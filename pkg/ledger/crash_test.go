@@ -177,7 +177,11 @@ func TestCrashAtEachCommitStage(t *testing.T) {
 	// A commit with compaction: the record is appended first, so every
 	// compaction stage has the commit in effect.
 	compactStages := []stage{
-		{stageAfterRename, true, 1, false}, // the old snapshot's temp name, not yet .prev
+		{stageSnapWritten, true, 1, false}, // the new snapshot's temp file
+		{stageSnapSynced, true, 1, false},
+		{stagePrevLinked, true, 2, false}, // ... and the old snapshot's temp name
+		{stageAfterRename, true, 1, false},
+		{stagePrevKept, true, 0, false},
 		{stageAfterDirSyn, true, 0, false},
 		{stageJournalSynced, true, 1, false},
 		{stageJournalRotated, true, 1, false},
@@ -211,6 +215,7 @@ func TestCrashAtEachCommitStage(t *testing.T) {
 				}
 				require.Equal(t, want, st.Generation, "stage %s, commit %d: old or new state exactly", s.name, at)
 				checkCrashState(t, st, seedGen)
+				checkRecoverableWithoutSnapshot(t, dir, st.Generation, seedGen, s.name)
 				// The next writer removes the leftovers and carries on from there.
 				l, err := Open(dir, Options{BootID: testBoot})
 				require.NoError(t, err)
@@ -223,6 +228,31 @@ func TestCrashAtEachCommitStage(t *testing.T) {
 	}
 	checkAuditAfterCrashes(t, dir)
 	t.Logf("%d writers killed at commit stages", kills)
+}
+
+// checkRecoverableWithoutSnapshot: whatever instant a crash hit, the other
+// files (ledger.json.prev, the journals) still replay to the commit the
+// snapshot holds, should the snapshot be damaged; and ledger.json.prev is
+// never the snapshot itself under a second name (a hard link), which
+// damage in place to the snapshot would damage too. Checked on a copy, with
+// its ledger.json overwritten.
+func checkRecoverableWithoutSnapshot(t *testing.T, dir string, gen, seedGen uint64, stage string) {
+	t.Helper()
+	a, err := os.Lstat(filepath.Join(dir, stateName))
+	require.NoError(t, err)
+	if b, err := os.Lstat(filepath.Join(dir, prevName)); err == nil {
+		require.False(t, os.SameFile(a, b), "stage %s: %s is a link to %s", stage, prevName, stateName)
+	}
+	cp := copyStateDir(t, dir)
+	require.NoError(t, os.WriteFile(filepath.Join(cp, stateName), []byte("damaged"), 0o600))
+	l, err := Open(cp, Options{BootID: testBoot, RuntimeDir: t.TempDir()})
+	require.NoError(t, err)
+	rep, err := l.Recover(context.Background(), RecoverOptions{Reason: "test"})
+	require.NoError(t, err, "stage %s", stage)
+	require.Equal(t, gen, rep.RecoveredGeneration, "stage %s: the snapshot's commit replays from the other files", stage)
+	st := snapshot(t, l)
+	st.Generation = rep.RecoveredGeneration // the recovered state is written one generation on
+	checkCrashState(t, st, seedGen)
 }
 
 func TestCrashAtRandomInstants(t *testing.T) {
