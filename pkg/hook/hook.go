@@ -273,17 +273,11 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		}
 	}
 	owner := OwnerFrom(st, spec, pidStart)
-	if owner.Cgroup == "" && st.Pid > 0 {
-		// The runtime named no cgroup (runc run without cgroupsPath puts
-		// the container in one named after its id): record the one the
-		// container's process is in, so that its liveness and the GPU
-		// observer can tell its processes. Only a cgroup of its own (see
-		// ownCgroup): a process left in its caller's cgroup (crun
-		// --cgroup-manager=disabled, rootless runc without delegation)
-		// shares it, and a shared cgroup would never read as exited.
-		if cg, err := liveness.ProcessCgroup(e.procRoot, st.Pid); err == nil && e.ownCgroup(cg, st.ID) {
-			owner.Cgroup = guard.BoundCgroup(cg)
-		}
+	// OwnerFrom's cgroup is the spec's, unverified; without a pid there is
+	// no process to verify it by, and none is recorded.
+	owner.Cgroup = ""
+	if st.Pid > 0 {
+		owner.Cgroup = e.holderCgroup(st, spec)
 	}
 	var self *liveness.Process
 	if st.Pid > 0 {
@@ -451,6 +445,40 @@ func namesContainer(leaf, id string) bool {
 	}
 	prefix, ok := strings.CutSuffix(leaf, "-"+id)
 	return ok && slices.Contains(runtimeScopePrefixes, prefix)
+}
+
+// holderCgroup is the cgroup recorded for the container st describes, so
+// that its liveness and the GPU observer can tell its processes; "" for
+// none, which the liveness check answers by the pid and its start time.
+//
+// The spec's cgroupsPath is recorded only when the container's process is
+// in it (inCgroup): it is written by whoever creates the container, and a
+// runtime that creates no cgroup leaves the process where its caller was
+// (crun --cgroup-manager=disabled, rootless runc without delegation). Named
+// there, any existing cgroup without processes would read as "exited"
+// while the process runs, and its claim would be released to the next
+// container. Otherwise (no cgroupsPath: runc run puts the container in a
+// cgroup named after its id; or one the process is not in) the cgroup the
+// process is in is recorded when it is the container's own (ownCgroup): a
+// process left in its caller's cgroup shares it, and a shared cgroup would
+// never read as exited. When the process's cgroup cannot be read nothing is
+// recorded: an unverified cgroup could release a running holder's claim, a
+// missing one cannot.
+//
+// Read only for a container that claims a GPU: create-runtime answers the
+// others before this.
+func (e env) holderCgroup(st specs.State, spec *specs.Spec) string {
+	cg, err := liveness.ProcessCgroup(e.procRoot, st.Pid)
+	if err != nil {
+		return ""
+	}
+	if v := verifiedCgroup(cg, st.ID, specCgroup(spec)); v != "" {
+		return v
+	}
+	if e.ownCgroup(cg, st.ID) {
+		return guard.BoundCgroup(cg)
+	}
+	return ""
 }
 
 // ownCgroup reports whether cgroup cg, the one container id's process is

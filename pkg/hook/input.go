@@ -11,6 +11,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 // Input bounds. The runtime writes the state (a few hundred bytes plus the
@@ -256,10 +258,19 @@ var (
 
 // OwnerFrom builds the ledger identity create-runtime records for the
 // container: its id, its pod when CRI annotations name one, its pid (with
-// start time pidStart, against pid reuse) and its cgroup when the spec names
-// one. The annotations of the spec win over those of the state; both come
-// from the same runtime. A claim adopted from the runtime's own state
-// (gpu-guard-ctl recover) must look like this to be the same holder.
+// start time pidStart, against pid reuse) and the cgroup the spec names. The
+// annotations of the spec win over those of the state; both come from the
+// same runtime. A claim adopted from the runtime's own state (gpu-guard-ctl
+// recover) must look like this to be the same holder.
+//
+// The cgroup is the spec's linux.cgroupsPath as written, unverified: it is
+// written by whoever creates the container, and a runtime that creates no
+// cgroup (crun --cgroup-manager=disabled, rootless runc without delegation)
+// leaves the process elsewhere. The liveness check decides on a recorded
+// cgroup alone, so an empty one named there would release a running
+// holder's claim: a caller that records the owner of a process it can read
+// replaces it with what VerifiedCgroup (create-runtime: holderCgroup)
+// finds.
 func OwnerFrom(st specs.State, spec *specs.Spec, pidStart uint64) ledger.Owner {
 	ann := func(keys []string) string {
 		for _, k := range keys {
@@ -285,8 +296,71 @@ func OwnerFrom(st specs.State, spec *specs.Spec, pidStart uint64) ledger.Owner {
 		Pid:          st.Pid,
 		PidStart:     pidStart,
 	}
-	if spec != nil && spec.Linux != nil {
-		o.Cgroup = guard.BoundCgroup(spec.Linux.CgroupsPath)
-	}
+	o.Cgroup = guard.BoundCgroup(specCgroup(spec))
 	return o
+}
+
+// specCgroup is the spec's linux.cgroupsPath ("" when it names none).
+func specCgroup(spec *specs.Spec) string {
+	if spec == nil || spec.Linux == nil {
+		return ""
+	}
+	return spec.Linux.CgroupsPath
+}
+
+// VerifiedCgroup returns the first of cgroupsPaths (a runtime's cgroups
+// paths: cgroupfs "/k8s.io/<id>" or systemd "<slice>:<prefix>:<name>") that
+// the process pid of container id is verifiably in, bounded by
+// guard.BoundCgroup; "" when it is in none of them or its cgroup cannot be
+// read. The process's cgroup is read from procRoot/<pid>/cgroup on the
+// hierarchy liveness.ProcessCgroup picks, the one the liveness check looks
+// a recorded path up in first. Only a cgroup so verified may be recorded as
+// a holder's: the liveness check reads an existing cgroup without processes
+// as "exited" whatever the pid says.
+func VerifiedCgroup(procRoot string, pid int, id string, cgroupsPaths ...string) string {
+	if pid <= 0 {
+		return ""
+	}
+	cg, err := liveness.ProcessCgroup(procRoot, pid)
+	if err != nil {
+		return ""
+	}
+	return verifiedCgroup(cg, id, cgroupsPaths...)
+}
+
+// verifiedCgroup is VerifiedCgroup with the process's cgroup cg read.
+func verifiedCgroup(cg, id string, cgroupsPaths ...string) string {
+	for _, p := range cgroupsPaths {
+		if p == "" || !inCgroup(cg, p, id) {
+			continue
+		}
+		if b := guard.BoundCgroup(p); b != "" {
+			return b
+		}
+	}
+	return ""
+}
+
+// inCgroup reports whether cg, the cgroup of container id's process as
+// /proc/<pid>/cgroup names it, is the cgroup cgroupsPath names or, when
+// that one is the container's own by its name (namesContainer), one below
+// it: crun's systemd driver puts the process in a "container" cgroup below
+// its scope.
+// Either way the named cgroup holds the process, so the liveness check
+// cannot read it as empty while the process runs. A shared cgroup above the
+// process (a login session's, a user's slice) is not accepted: the GPU
+// observer would count everything below it as the holder's.
+func inCgroup(cg, cgroupsPath, id string) bool {
+	rel, err := liveness.CgroupPath(cgroupsPath)
+	if err != nil {
+		return false
+	}
+	cg = path.Clean(cg)
+	if cg == rel {
+		return true
+	}
+	if !strings.HasPrefix(cg, rel+"/") {
+		return false
+	}
+	return namesContainer(path.Base(rel), id)
 }
