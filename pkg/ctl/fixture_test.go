@@ -67,11 +67,16 @@ func fixtureGPUs() []devices.GPU {
 }
 
 // fakeLiveness reports the listed container ids as exited; a holder is named
-// by the last element of its cgroup path ("/k8s.io/<container id>").
+// by the last element of its cgroup path ("/k8s.io/<container id>"), or,
+// when it records no cgroup, by "pid:<pid>".
 type fakeLiveness map[string]string
 
 func (f fakeLiveness) Exited(p liveness.Process) (bool, string) {
-	why, ok := f[path.Base(p.Cgroup)]
+	key := path.Base(p.Cgroup)
+	if p.Cgroup == "" {
+		key = "pid:" + strconv.Itoa(p.Pid)
+	}
+	why, ok := f[key]
 	return ok, why
 }
 

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -268,8 +269,14 @@ func TestResetAdoptsFromRuntimeState(t *testing.T) {
 	assert.Contains(t, r.stdout, "kept (holder running, not yet started or draining): GPU 2")
 	require.Len(t, h.state(t).Claims, 1)
 
+	// h2's spec names /k8s.io/h2, but its process (the test's sleep) is
+	// not in that cgroup: the adopted claim records none, and liveness
+	// goes by its pid.
+	assert.Empty(t, h.state(t).Claims[0].Owner.Cgroup)
+	assert.Equal(t, pid, h.state(t).Claims[0].Owner.Pid)
+
 	// Once h2 exited, --no-runtime starts empty, as before.
-	h.liveness["h2"] = "cgroup /k8s.io/h2 has no processes"
+	h.liveness["pid:"+strconv.Itoa(pid)] = "process gone"
 	r = h.run(t, "recover", "--reset", "--no-runtime", "--force")
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, "reset: empty")

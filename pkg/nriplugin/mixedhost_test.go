@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,6 +66,17 @@ func runcContainer(t *testing.T, root, id string, env ...string) ledger.Owner {
 	require.NoError(t, os.MkdirAll(filepath.Join(root, id), 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(root, id, "state.json"), data, 0o600))
 	return ledger.Owner{ContainerID: id, FrontEnd: ledger.FrontEndHook, Pid: cmd.Process.Pid, PidStart: start}
+}
+
+// procStat copies the host's /proc/<pid>/stat into the fake procfs root:
+// there the process runs, with its start time.
+func procStat(t *testing.T, root string, pid int) {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	require.NoError(t, err)
+	dir := filepath.Join(root, strconv.Itoa(pid))
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "stat"), stat, 0o644))
 }
 
 // On a host where podman runs containers through the OCI hook beside
@@ -133,6 +145,11 @@ func daemonRecoveryKeepsTheHooksContainers(t *testing.T, failFirstRead, inPlace 
 	require.NoError(t, os.MkdirAll(cg, 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(cg, "cgroup.procs"), fmt.Appendf(nil, "%d\n", podman.Pid), 0o644))
 	podman.Cgroup = "/machine.slice/libpod-podman-1.scope"
+	// The rebuild reads the runtimes' state on the host's /proc, where the
+	// process (this test's sleep) is not in the cgroup its spec names: the
+	// adopted claim records no cgroup, and the daemon's liveness check
+	// (on the runtime's fake /proc) goes by its pid and start time.
+	procStat(t, filepath.Join(rt.dir, "proc"), podman.Pid)
 	hookLedger, err := ledger.Open(rt.ledgerDir, ledger.Options{Now: rt.clock.Now})
 	require.NoError(t, err)
 	gpu2 := devices.Device{UUID: gpuUUID(2), Index: "2", Kind: devices.KindGPU}

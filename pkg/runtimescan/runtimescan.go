@@ -87,9 +87,14 @@ func ReadBy(roots []string, procRoot string, deadline time.Time, guardFor func()
 		st := specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle, Annotations: c.Annotations}
 		owner := guard.BoundOwner(hook.OwnerFrom(st, c.Spec, c.PidStart))
 		owner.FrontEnd = ledger.FrontEndHook
-		if owner.Cgroup == "" {
-			owner.Cgroup = guard.BoundCgroup(c.Cgroup)
-		}
+		// The spec's cgroupsPath, and the runtime's state (runc copies
+		// it from the spec), name a cgroup the container's creator
+		// chose: recorded only when the process is in it, as the hook
+		// does at create-runtime. An empty cgroup named by a container
+		// left in its caller's cgroup would read as exited, and the
+		// adopted claim be released while its holder runs; without a
+		// cgroup liveness goes by pid and start time.
+		owner.Cgroup = hook.VerifiedCgroup(procRootOr(procRoot), c.Pid, c.ID, owner.Cgroup, c.Cgroup)
 		h := ledger.Holding{Owner: owner}
 		if guard.ValidTicket(c.ID) {
 			// Adopted, it would be a ticket's claim, released as soon as
@@ -133,4 +138,13 @@ func (r *Result) Without(ids map[string]bool) (holdings []ledger.Holding, why []
 		}
 	}
 	return holdings, why
+}
+
+// procRootOr is procRoot, or the host's /proc when it is empty (Read's
+// default).
+func procRootOr(procRoot string) string {
+	if procRoot == "" {
+		return "/proc"
+	}
+	return procRoot
 }
