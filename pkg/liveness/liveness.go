@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 )
 
 // Default roots of the host's cgroup hierarchy and procfs.
@@ -174,16 +175,64 @@ func (c *Checker) pidExited(pid int, recordedStart uint64) (bool, string) {
 	st, err := readStat(c.procRoot, pid)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		if c.hostProc() && pidExists(pid) {
+			// /proc mounted with hidepid (or a pid namespace view that
+			// hides it) shows no entry for another user's process, as if
+			// it were gone; the kernel still knows it.
+			return false, fmt.Sprintf("pid %d is not shown in %s, but exists (kill(pid, 0)): is /proc mounted with hidepid?", pid, c.procRoot)
+		}
 		return true, fmt.Sprintf("pid %d is gone", pid)
 	case err != nil:
 		return false, fmt.Sprintf("pid %d unreadable: %v", pid, err)
-	case st.state == 'Z' || st.state == 'X':
-		return true, fmt.Sprintf("pid %d has exited (zombie)", pid)
 	case recordedStart != 0 && st.start != recordedStart:
 		return true, fmt.Sprintf("pid %d was reused by another process (start %d, recorded %d)", pid, st.start, recordedStart)
+	case st.state == 'Z' || st.state == 'X':
+		// A process whose main thread ended (pthread_exit) while others
+		// run shows its pid as a zombie: it runs, and may use the GPU.
+		switch n, err := otherThreads(c.procRoot, pid); {
+		case err != nil:
+			return false, fmt.Sprintf("pid %d's main thread has exited; its other threads are unreadable: %v", pid, err)
+		case n > 0:
+			return false, fmt.Sprintf("pid %d's main thread has exited, but %d other thread(s) run", pid, n)
+		}
+		return true, fmt.Sprintf("pid %d has exited (zombie)", pid)
 	default:
 		return false, fmt.Sprintf("pid %d is running", pid)
 	}
+}
+
+// otherThreads counts the threads of pid other than its main one
+// (/proc/<pid>/task). A process entry gone meanwhile has none.
+func otherThreads(procRoot string, pid int) (int, error) {
+	entries, err := os.ReadDir(filepath.Join(procRoot, strconv.Itoa(pid), "task"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, e := range entries {
+		if e.Name() != strconv.Itoa(pid) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// hostProc reports whether the Checker reads the procfs of its own pid
+// namespace (its "self" is this process), where kill(2) names the same
+// processes: not a test's tree, nor another namespace's procfs.
+func (c *Checker) hostProc() bool {
+	self, err := os.Readlink(filepath.Join(c.procRoot, "self"))
+	return err == nil && self == strconv.Itoa(os.Getpid())
+}
+
+// pidExists asks the kernel whether pid names a process (kill with signal
+// 0 sends nothing): ESRCH is the only proof that it does not; EPERM (another
+// user's process, without CAP_KILL) means it does.
+func pidExists(pid int) bool {
+	return !errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
 // ErrBadCgroupPath is wrapped by CgroupPath for a path it cannot interpret.

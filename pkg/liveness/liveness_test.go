@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -225,6 +226,30 @@ func TestExited(t *testing.T) {
 			wantReason: "zombie",
 		},
 		{
+			// pthread_exit in the main thread: the pid shows as a zombie
+			// while the process's other threads run (and may use the GPU).
+			name: "no cgroup, main thread exited, other threads run",
+			proc: map[string]string{"4242/stat": stat(4242, "python3", 'Z', "1000"),
+				"4242/task/4242/stat": stat(4242, "python3", 'Z', "1000"), "4242/task/4243/stat": stat(4243, "python3", 'S', "1001")},
+			owner:      Process{Pid: 4242, PidStart: 1000},
+			wantReason: "main thread has exited, but 1 other thread(s) run",
+		},
+		{
+			name: "no cgroup, zombie with its main thread alone",
+			proc: map[string]string{"4242/stat": stat(4242, "python3", 'Z', "1000"),
+				"4242/task/4242/stat": stat(4242, "python3", 'Z', "1000")},
+			owner:      Process{Pid: 4242, PidStart: 1000},
+			wantExited: true,
+			wantReason: "zombie",
+		},
+		{
+			name:       "no cgroup, a reused pid that is a zombie",
+			proc:       map[string]string{"4242/stat": stat(4242, "bash", 'Z', "2000")},
+			owner:      Process{Pid: 4242, PidStart: 1000},
+			wantExited: true,
+			wantReason: "reused",
+		},
+		{
 			name:       "no cgroup, malformed stat: doubt",
 			proc:       map[string]string{"4242/stat": "4242 garbage"},
 			owner:      Process{Pid: 4242, PidStart: 1000},
@@ -241,6 +266,30 @@ func TestExited(t *testing.T) {
 			assert.Contains(t, reason, tc.wantReason)
 		})
 	}
+}
+
+// A procfs of this process's pid namespace that shows no entry for a pid
+// (mounted with hidepid, the process another user's) does not prove it
+// gone: the kernel is asked (kill(pid, 0)). A pid the kernel does not know
+// is gone; a tree that is not this namespace's procfs (no "self" naming
+// this process) is read as it is.
+func TestPidHiddenFromProcButAlive(t *testing.T) {
+	ownNamespace := tree(t, map[string]string{"1/stat": stat(1, "init", 'S', "1")})
+	require.NoError(t, os.Symlink(strconv.Itoa(os.Getpid()), filepath.Join(ownNamespace, "self")))
+
+	exited, why := New(tree(t, nil), ownNamespace).Exited(Process{Pid: os.Getpid(), PidStart: 1000})
+	assert.False(t, exited, why)
+	assert.Contains(t, why, "is not shown in")
+
+	done := exec.Command("true")
+	require.NoError(t, done.Run())
+	exited, why = New(tree(t, nil), ownNamespace).Exited(Process{Pid: done.Process.Pid, PidStart: 1000})
+	assert.True(t, exited, why)
+	assert.Contains(t, why, "is gone")
+
+	other := tree(t, map[string]string{"1/stat": stat(1, "init", 'S', "1")})
+	exited, why = New(tree(t, nil), other).Exited(Process{Pid: os.Getpid(), PidStart: 1000})
+	assert.True(t, exited, "a tree of no pid namespace of ours: %s", why)
 }
 
 func TestCgroupPath(t *testing.T) {
