@@ -221,11 +221,25 @@ func otherThreads(procRoot string, pid int) (int, error) {
 }
 
 // hostProc reports whether the Checker reads the procfs of its own pid
+// namespace (see ownProcfs).
+func (c *Checker) hostProc() bool { return ownProcfs(c.procRoot) }
+
+// ownProcfs reports whether procRoot is the procfs of this process's pid
 // namespace (its "self" is this process), where kill(2) names the same
 // processes: not a test's tree, nor another namespace's procfs.
-func (c *Checker) hostProc() bool {
-	self, err := os.Readlink(filepath.Join(c.procRoot, "self"))
+func ownProcfs(procRoot string) bool {
+	self, err := os.Readlink(filepath.Join(procRoot, "self"))
 	return err == nil && self == strconv.Itoa(os.Getpid())
+}
+
+// Hidden reports whether pid, which procRoot shows no entry for, still
+// names a process the kernel knows: procRoot is this pid namespace's procfs
+// and kill(pid, 0) does not answer ESRCH. A procfs mounted with hidepid
+// hides other users' processes from a reader without CAP_SYS_PTRACE (the
+// DaemonSet keeps only CAP_KILL): a missing entry is then no proof that the
+// process is gone.
+func Hidden(procRoot string, pid int) bool {
+	return pid > 0 && ownProcfs(procRoot) && pidExists(pid)
 }
 
 // pidExists asks the kernel whether pid names a process (kill with signal

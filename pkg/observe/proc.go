@@ -62,15 +62,28 @@ func (p procFS) uptimeTicks() (uint64, error) {
 	return uint64(secs * clockTicks), nil
 }
 
-// errGone is returned for a pid whose /proc entry does not exist.
+// errGone is returned for a pid whose /proc entry does not exist and that
+// the kernel does not know either.
 var errGone = errors.New("process is gone")
+
+// gone is errGone for a pid whose entry read failed with err (missing, or
+// ESRCH), unless the kernel still knows the pid: a procfs mounted with
+// hidepid shows no entry for another user's process, which may run (and
+// use the GPU); that is an error, never "gone".
+func (p procFS) gone(pid int, err error) error {
+	if liveness.Hidden(filepath.Join(p.root, "proc"), pid) {
+		return fmt.Errorf("pid %d: %s shows no entry, but the kernel knows the process (kill(pid, 0)): "+
+			"is /proc mounted with hidepid? %w", pid, p.path(), err)
+	}
+	return errGone
+}
 
 // startTicks reads a process's start time (field 22 of /proc/PID/stat).
 func (p procFS) startTicks(pid int) (uint64, error) {
 	data, err := p.read(strconv.Itoa(pid), "stat")
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errESRCH) {
-			return 0, errGone
+			return 0, p.gone(pid, err)
 		}
 		return 0, fmt.Errorf("pid %d: read stat: %w", pid, err)
 	}
@@ -97,7 +110,7 @@ func (p procFS) cgroup(pid int) (path, id string, err error) {
 	data, err := p.read(strconv.Itoa(pid), "cgroup")
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, errESRCH) {
-			return "", "", errGone
+			return "", "", p.gone(pid, err)
 		}
 		return "", "", fmt.Errorf("pid %d: read cgroup: %w", pid, err)
 	}
