@@ -81,11 +81,19 @@ func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) 
 			notes = append(notes, fmt.Sprintf("%s: skipped: %v", l.Name(), err))
 			continue
 		}
-		if len(gpus) == 0 && !explicit {
+		if len(gpus) == 0 {
+			// No GPU: under auto, try the next source; named alone (nvml,
+			// proc), the answer, but one that may come before the driver
+			// lists its GPUs: either way the PCI bus is counted below, so
+			// that a request for every GPU is not admitted with nothing
+			// claimed while they are there. (A static list of none is
+			// refused by its loader.)
 			if empty == nil {
 				empty = inv
 			}
-			notes = append(notes, l.Name()+": skipped: found no GPU")
+			if !explicit {
+				notes = append(notes, l.Name()+": skipped: found no GPU")
+			}
 			continue
 		}
 		return withMIGCaps(inv, root)

@@ -122,12 +122,26 @@ func (l *procLoader) loadNoted() ([]GPU, []string, error) {
 		}
 		return false
 	})
-	gpus := make([]GPU, len(found))
+	gpus := make([]GPU, 0, len(found))
 	for i, g := range found {
-		gpus[i] = g.GPU
-		gpus[i].Index = i
+		if isDisplayGPU(g.Model) {
+			// NVML counts it (its index is skipped, not reused), but the
+			// NVML inventory leaves it out, as go-nvlib's enumeration
+			// does: the same GPUs, at the same indices, from both
+			// sources, so that a cache of one is not stale to the other.
+			notes = append(notes, fmt.Sprintf("proc: GPU %s at %s (%s) is a display adapter: not in the inventory, as in NVML's", g.UUID, g.BusID, g.Model))
+			continue
+		}
+		g.Index = i
+		gpus = append(gpus, g.GPU)
 	}
 	return gpus, notes, nil
+}
+
+// isDisplayGPU reports whether model names the display adapter of a DGX
+// Station, which NVIDIA's enumeration (go-nvlib) never lists as a GPU.
+func isDisplayGPU(model string) bool {
+	return model == "DGX Display" || model == "NVIDIA DGX Display"
 }
 
 func busKey(norm string) [4]uint64 {

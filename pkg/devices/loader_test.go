@@ -212,6 +212,15 @@ func TestDiscoverCountsUnlistedGPUs(t *testing.T) {
 	assert.Equal(t, 2, inv.UnlistedGPUs)
 	assert.Contains(t, strings.Join(inv.Notes, "\n"), "2 NVIDIA GPU(s) on the PCI bus are not listed (0000:3b:00.0, 0000:86:00.0): is the NVIDIA driver loaded?")
 
+	// A source named alone that lists none counts them too: NVML, or the
+	// driver's /proc tree, may answer before the driver lists its GPUs.
+	require.NoError(t, os.MkdirAll(filepath.Join(root, procGPUsDir), 0o755))
+	for _, src := range []config.Source{config.SourceNVML, config.SourceProc} {
+		named, err := Discover(config.DevicesConfig{Source: src, ProcRoot: root}, zeroGPUs{})
+		require.NoError(t, err, src)
+		assert.Empty(t, named.GPUs)
+		assert.Equal(t, 2, named.UnlistedGPUs, "source %s", src)
+	}
 	// Without NVIDIA GPUs on the bus (or without sysfs) an empty inventory
 	// is a host without GPUs.
 	inv, err = Discover(config.DevicesConfig{Source: config.SourceAuto, ProcRoot: t.TempDir()}, zeroGPUs{})
