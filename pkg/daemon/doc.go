@@ -39,7 +39,11 @@
 //     costs no NVML enumeration.
 //   - The Watch never runs on the admission path: Use only hands over the
 //     guard; NVML is queried in the Watch's goroutines, never under the
-//     ledger lock. Without NVML it logs one line and observes nothing.
+//     ledger lock. Without NVML it logs one line and observes nothing, and
+//     tries NVML again only once the inventory comes from a discovery that
+//     works after one that listed no GPU or fell back to the cache (the
+//     GPU Operator's reboot: the library was not there yet), not at every
+//     reconnect.
 //   - Findings are acted on only while the plugin is synchronized with the
 //     runtime (Watch.SetReady): before Synchronize, containers created while
 //     the plugin was down are not adopted yet and would read as intruders.

@@ -28,9 +28,11 @@ const uuidLate = "GPU-1a7e1a7e-0000-4000-8000-000000000000"
 // lateNVML is an NVML source whose driver is not there until up is set (a
 // GPU Operator's driver container that starts after the guard): until then
 // it lists no GPU, or with unavailable set it fails as without a library.
+// Once up it lists gpus, or one GPU (uuidLate) when gpus is nil.
 type lateNVML struct {
 	up          atomic.Bool
 	unavailable bool
+	gpus        []devices.GPU
 }
 
 func (*lateNVML) Name() string { return string(config.SourceNVML) }
@@ -41,6 +43,9 @@ func (l *lateNVML) Load() ([]devices.GPU, error) {
 	}
 	if !l.up.Load() {
 		return nil, fmt.Errorf("%w: nvml: libnvidia-ml.so.1 not found (test)", devices.ErrSourceUnavailable)
+	}
+	if l.gpus != nil {
+		return l.gpus, nil
 	}
 	return []devices.GPU{{Index: 0, UUID: uuidLate, Minor: 0, BusID: "0000:3b:00.0"}}, nil
 }

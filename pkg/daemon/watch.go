@@ -240,7 +240,9 @@ type watchKey struct {
 // Run observes until ctx ends: it waits for the first guard, opens NVML once
 // (without NVML, one log line says the observer is off), and restarts the
 // observer when a new guard comes with another inventory or [observe]
-// section. On a clean stop it removes observe.json.
+// section. NVML that failed to open is tried again only when the guards'
+// inventory comes from a discovery that works at last (see reopen). On a
+// clean stop it removes observe.json.
 func (w *Watch) Run(ctx context.Context) {
 	log := w.log()
 	var (
@@ -250,6 +252,9 @@ func (w *Watch) Run(ctx context.Context) {
 		key      *watchKey
 		stop     = func() {}
 		stateDir string
+		// provisional: the inventory of the last guard is one a Builder
+		// decides with until its discovery works (isProvisional).
+		provisional bool
 	)
 	defer func() {
 		stop()
@@ -276,17 +281,16 @@ func (w *Watch) Run(ctx context.Context) {
 		w.mu.Unlock()
 		cfg := g.Config()
 		k := watchKey{gpus: g.Inventory().GPUs, observe: cfg.Observe, dir: g.Ledger().Dir()}
-		if key != nil && reflect.DeepEqual(*key, k) {
+		wasProvisional := provisional
+		provisional = isProvisional(g.Inventory())
+		retry := src == nil && reopen(key, k, wasProvisional, provisional)
+		if key != nil && reflect.DeepEqual(*key, k) && !retry {
 			continue // a reconnect: same observer, the new guard acts on its findings
 		}
 		stop()
 		stop = func() {}
-		prev := key
 		key = &k
-		// NVML that failed to open is tried again once the inventory
-		// lists GPUs at last (the driver came up after the daemon, see
-		// Builder.Rediscover): the driver may be there to open now.
-		if !opened || (src == nil && prev != nil && len(prev.gpus) == 0 && len(k.gpus) > 0) {
+		if !opened || retry {
 			opened = true
 			open := w.OpenNVML
 			if open == nil {
@@ -307,6 +311,24 @@ func (w *Watch) Run(ctx context.Context) {
 		stateDir = k.dir
 		stop = w.start(ctx, src, k, cfg)
 	}
+}
+
+// reopen reports whether NVML, which failed to open, is tried again for the
+// guard of key k, that of key prev (nil: none yet) precedes; wasProvisional
+// and provisional say whether their inventories are provisional (see
+// isProvisional). It is, once the inventory lists GPUs after one that
+// listed none (the driver came up after the daemon) or after one a failed
+// discovery left (the cache of an earlier boot: the NVML library was not
+// there yet): Builder.Rediscover swaps in what a discovery that works
+// lists, and the library it found may be there to open now. The cache
+// most often lists the very GPUs discovered, so the GPUs alone do not tell.
+// Nothing else retries: a reconnect, or another [observe] section, says
+// nothing new about NVML, and each retry that fails logs again.
+func reopen(prev *watchKey, k watchKey, wasProvisional, provisional bool) bool {
+	if prev == nil || len(k.gpus) == 0 {
+		return false
+	}
+	return len(prev.gpus) == 0 || (wasProvisional && !provisional)
 }
 
 // start runs an observer (when NVML is there) and the draining check for

@@ -462,6 +462,82 @@ func TestNoNVMLOneLogLine(t *testing.T) {
 	require.ErrorIs(t, err, observe.ErrNoFile)
 }
 
+// TestNVMLReopenedAfterCacheFallback: the GPU Operator reboot. The NVML
+// library is not there when the daemon starts, so its discovery falls back
+// to the cache of an earlier boot and the observer finds no NVML. Once the
+// driver is up, Rediscover swaps in what discovery lists (the GPUs the
+// cache listed: the usual case) and the observer opens NVML again and
+// runs. It used to retry only after an inventory that listed no GPU, so the
+// observer (intruders, Xids, the idle check) stayed off until a restart. A
+// reconnect with the same inventory does not try NVML again.
+func TestNVMLReopenedAfterCacheFallback(t *testing.T) {
+	h := newGPUHost(t)
+	cfg := lateDriverHost(t)
+	gpu := devices.GPU{Index: 0, UUID: h.uuid(0), Minor: 0, BusID: "0000:3b:00.0"}
+	prev, err := devices.NewInventory("nvml", []devices.GPU{gpu})
+	require.NoError(t, err)
+	require.NoError(t, devices.SaveCache(filepath.Join(cfg.Ledger.Dir, devices.CacheFile), prev, "an-earlier-boot"))
+	nvmlLib, timer := &lateNVML{unavailable: true, gpus: []devices.GPU{gpu}}, newManualTimer()
+	b := &Builder{NVML: nvmlLib, After: timer.after}
+	g, err := b.Setup(context.Background(), cfg)
+	require.NoError(t, err)
+	require.Equal(t, []devices.GPU{gpu}, g.Inventory().GPUs, "the cache fallback")
+
+	opens := make(chan error, 8)
+	reports := make(chan struct{}, 64)
+	w := NewWatch()
+	w.ProcRoot, w.Interval = h.proc, time.Millisecond
+	w.OpenNVML = func() (observe.Source, error) {
+		if !nvmlLib.up.Load() {
+			err := fmt.Errorf("%w: initialise: ERROR_LIBRARY_NOT_FOUND", observe.ErrNVMLUnavailable)
+			opens <- err
+			return nil, err
+		}
+		opens <- nil
+		return observe.OpenNVML(h.srv)
+	}
+	w.afterReport = func() {
+		select {
+		case reports <- struct{}{}:
+		default:
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	w.Use(g)
+	require.Error(t, testwait.Receive(t, opens, "first NVML open"))
+
+	swapped, _ := runRediscover(t, b)
+	testwait.Receive(t, timer.waits, "a wait")
+	nvmlLib.up.Store(true)
+	timer.fire <- time.Time{}
+	sg := testwait.Receive(t, swapped, "the swap")
+	require.Same(t, g, sg)
+	require.Equal(t, []devices.GPU{gpu}, g.Inventory().GPUs, "discovery lists the GPU the cache did")
+	w.Use(sg)
+	require.NoError(t, testwait.Receive(t, opens, "NVML opened again after the swap"))
+	testwait.Receive(t, reports, "pass of the observer")
+	f, err := observe.ReadFile(cfg.Ledger.Dir)
+	require.NoError(t, err, "observe.json")
+	assert.False(t, f.Time.IsZero(), "observe.json shows a pass")
+
+	// A reconnect over the same inventory keeps the observer: once a pass
+	// ran under the new guard, NVML was not opened again.
+	g2, err := b.Setup(context.Background(), cfg)
+	require.NoError(t, err)
+	w.Use(g2)
+	for pass := 0; w.guard() != g2; pass++ {
+		require.Less(t, pass, 1000, "the reconnect's guard was never taken")
+		testwait.Receive(t, reports, "a pass after the reconnect")
+	}
+	testwait.Receive(t, reports, "a pass under the reconnect's guard")
+	cancel()
+	testwait.Receive(t, done, "Run to return")
+	assert.Empty(t, opens, "NVML is not tried again at a reconnect")
+}
+
 // TestDrainingReleasedWhenIdleOrAfterGrace: under release_requires_idle, a
 // draining holder still on its device stays; once its processes left, it is
 // released "idle"; one still there past idle_grace is released anyway with
