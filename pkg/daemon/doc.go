@@ -52,9 +52,10 @@
 //     the last SetReady(true) is dropped (the pass waits in NVML after the
 //     read, and the plugin may have resynchronized meanwhile).
 //   - A cordon the observer decided is not lost to a failed write: an
-//     unhealthy device's is retried at every pass, an intruder's at every
-//     pass that still reports a process the guard did not admit on the
-//     device (dropped once none is).
+//     unhealthy device's is retried at every pass, by an observer started
+//     afresh too (NVML reports the Xid once), while the inventory lists the
+//     device; an intruder's at every pass that still reports a process the
+//     guard did not admit on the device (dropped once none is).
 //   - An observer's cordon missing in the ledger lineage it was written in
 //     (read before the write) or last seen in force in was lifted by an
 //     uncordon: nothing else removes it within a lineage. Missing in

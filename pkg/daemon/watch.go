@@ -342,10 +342,11 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 		interval = w.Interval
 	}
 	w.mu.Lock()
-	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, nil, nil, time.Time{}
-	w.cordonFailed, w.cordonLineage, w.intruderRetry = nil, nil, nil
+	pending, failed := w.pendingUnhealthyLocked(k.gpus)
+	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, pending, nil, time.Time{}
+	w.cordonFailed, w.cordonLineage, w.intruderRetry = failed, nil, nil
 	w.interval = interval
-	w.showUnhealthyLocked() // the new observer starts with none
+	w.showUnhealthyLocked() // the new observer starts with none but those pending
 	w.mu.Unlock()
 
 	var o *observe.Observer
@@ -392,6 +393,44 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 		}()
 	}
 	return func() { cancel(); wg.Wait() }
+}
+
+// pendingUnhealthyLocked returns the unhealthy devices whose cordon could
+// not be written yet (cordonFailed) that gpus still lists, and their
+// reasons, for the observer that starts over gpus (w.mu held). A new
+// observer knows of no unhealthy device, and NVML reports a critical Xid
+// once, as an event: dropped at a restart (a reconnect with another
+// [observe] section, an inventory swap), such a device read as healthy and
+// took new claims. Carried, settleUnhealthy writes its cordon at the new
+// observer's passes. A device whose cordon is in the ledger needs nothing
+// carried: the cordon holds until the operator lifts it. One the inventory
+// no longer lists is dropped: no claim can name it, nor can the new
+// observer watch it.
+func (w *Watch) pendingUnhealthyLocked(gpus []devices.GPU) ([]observe.Finding, map[string]string) {
+	if len(w.cordonFailed) == 0 {
+		return nil, nil
+	}
+	listed := map[string]bool{}
+	for _, g := range gpus {
+		listed[g.UUID] = true
+		for _, m := range g.MIG {
+			listed[m.UUID] = true
+		}
+	}
+	var pending []observe.Finding
+	var failed map[string]string
+	for _, f := range w.unhealthy {
+		uuid := f.Device.UUID
+		reason, ok := w.cordonFailed[uuid]
+		if !ok || !listed[uuid] {
+			continue
+		}
+		if failed == nil {
+			failed = map[string]string{}
+		}
+		pending, failed[uuid] = append(pending, f), reason
+	}
+	return pending, failed
 }
 
 // holdingsAt is the observer's view of the ledger: every claim of the
@@ -751,10 +790,16 @@ func (w *Watch) settleIntruders(ctx context.Context, current, todo map[string]ob
 }
 
 // onUnhealthy cordons a device the first time it is found unhealthy, and
-// audits, counts and reports it.
+// audits, counts and reports it. The observer reports a device once, but a
+// device carried over from the previous observer (pendingUnhealthyLocked)
+// is news to the new one: its entry is replaced, not listed twice.
 func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	w.mu.Lock()
-	w.unhealthy = append(w.unhealthy, f)
+	if i := slices.IndexFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == f.Device.UUID }); i >= 0 {
+		w.unhealthy[i] = f
+	} else {
+		w.unhealthy = append(w.unhealthy, f)
+	}
 	w.showUnhealthyLocked()
 	w.mu.Unlock()
 	w.audit(ctx, func(tx *ledger.Tx) {

@@ -1248,6 +1248,51 @@ func TestUnhealthyGaugeClearedWithANewObserver(t *testing.T) {
 	assert.Empty(t, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
 }
 
+// An unhealthy device whose cordon could not be written is still cordoned
+// after the observer restarts (another [observe] section, an inventory
+// swap): the new observer knows of no unhealthy device and NVML reports
+// the Xid only once, so the device used to read as healthy and take new
+// claims. A device the new inventory no longer lists is not carried, and a
+// device reported again by the new observer is listed once.
+func TestUnhealthyCordonPendingSurvivesARestart(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	states := newFakeStates()
+	states.failing = 2 // both cordons below fail
+	w := watchOver(g, nil)
+	w.ProcRoot, w.Interval = h.proc, time.Millisecond
+	w.States = func(*guard.Guard) DeviceStates { return states }
+	ctx := context.Background()
+	unhealthy := func(i int, xid uint64) observe.Finding {
+		return observe.Finding{Kind: observe.KindUnhealthy, Xid: xid, Message: fmt.Sprintf("GPU %d reported critical Xid %d", i, xid),
+			Device: observe.Device{UUID: h.uuid(i), Index: fmt.Sprint(i)}}
+	}
+	w.onUnhealthy(ctx, unhealthy(6, 79)) // first: it would be retried first
+	w.onUnhealthy(ctx, unhealthy(5, 79))
+	require.Empty(t, states.cordons, "both cordons failed")
+
+	// The new observer's inventory no longer lists GPU 6.
+	cfg := g.Config()
+	gpus := slices.DeleteFunc(slices.Clone(g.Inventory().GPUs), func(d devices.GPU) bool { return d.UUID == h.uuid(6) })
+	src, err := observe.OpenNVML(h.srv)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+	stop := w.start(ctx, src, watchKey{gpus: gpus, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
+	c := testwait.Receive(t, states.cordons, "pending cordon written by the new observer")
+	stop()
+	assert.Equal(t, [2]string{h.uuid(5), "unhealthy"}, [2]string{c[0], c[1]})
+	assert.Contains(t, c[2], "critical Xid 79")
+	states.mu.Lock()
+	assert.False(t, states.cordoned[h.uuid(6)], "a device no longer in the inventory is not carried")
+	states.mu.Unlock()
+
+	w.onUnhealthy(ctx, unhealthy(5, 48)) // the new observer's own report
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	require.Len(t, w.unhealthy, 1)
+	assert.Equal(t, uint64(48), w.unhealthy[0].Xid)
+}
+
 // An intruder's cordon that could not be written (ledger lock busy, ledger
 // being recovered) is retried at every pass while a process the guard did
 // not admit is still reported on the device, and dropped once none is
