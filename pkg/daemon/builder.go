@@ -9,11 +9,9 @@ import (
 	"log/slog"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"slices"
 	"sync"
 	"time"
-	"weak"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -157,7 +155,7 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 		b.invCfg, b.guards = cfg, nil
 		b.incomplete, b.atStart = incomplete(cfg, loaded)
 		if b.incomplete {
-			markProvisional(b.inv)
+			b.inv.Provisional = true // before any guard uses it
 		}
 		if loaded.CacheKept {
 			log.Warn("GPU discovery lists no GPU while the PCI bus shows NVIDIA GPUs (driver not up yet?): "+
@@ -214,33 +212,6 @@ func incomplete(cfg config.Config, l devices.Loaded) (bool, string) {
 		return true, fmt.Sprintf("empty, missing %d NVIDIA GPU(s) on the PCI bus", l.Inventory.UnlistedGPUs)
 	}
 	return true, "empty"
-}
-
-// provisional holds the inventories a Builder decides with only until its
-// discovery, retried by Rediscover, lists the GPUs (see incomplete): the
-// cache a failed discovery fell back to, an empty inventory, none at all.
-// The watch reads it (isProvisional) to learn that a guard's inventory now
-// comes from a discovery that worked: it sees only guards, and the
-// inventory Rediscover swaps in for a cache most often lists the very GPUs
-// the cache did, so nothing else tells it that NVML may open now (see
-// Watch.Run). An inventory is immutable and so is its entry: a watch that
-// reads it late cannot see a cache inventory as a discovered one. The keys
-// are weak, and an entry goes with its inventory, so that reloads (a
-// [devices] change while the driver is down) do not pile up.
-var provisional sync.Map // weak.Pointer[devices.Inventory] → struct{}
-
-// markProvisional records that inv is provisional (see provisional).
-func markProvisional(inv *devices.Inventory) {
-	key := weak.Make(inv)
-	provisional.Store(key, struct{}{})
-	runtime.AddCleanup(inv, func(key weak.Pointer[devices.Inventory]) { provisional.Delete(key) }, key)
-}
-
-// isProvisional reports whether inv is an inventory a Builder decides with
-// only until its discovery lists the GPUs (see provisional).
-func isProvisional(inv *devices.Inventory) bool {
-	_, ok := provisional.Load(weak.Make(inv))
-	return ok
 }
 
 // signal wakes Rediscover; b.mu is held.

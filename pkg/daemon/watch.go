@@ -253,7 +253,7 @@ func (w *Watch) Run(ctx context.Context) {
 		stop     = func() {}
 		stateDir string
 		// provisional: the inventory of the last guard is one a Builder
-		// decides with until its discovery works (isProvisional).
+		// decides with until its discovery works (Inventory.Provisional).
 		provisional bool
 	)
 	defer func() {
@@ -282,7 +282,7 @@ func (w *Watch) Run(ctx context.Context) {
 		cfg := g.Config()
 		k := watchKey{gpus: g.Inventory().GPUs, observe: cfg.Observe, dir: g.Ledger().Dir()}
 		wasProvisional := provisional
-		provisional = isProvisional(g.Inventory())
+		provisional = g.Inventory().Provisional
 		retry := src == nil && reopen(key, k, wasProvisional, provisional)
 		if key != nil && reflect.DeepEqual(*key, k) && !retry {
 			continue // a reconnect: same observer, the new guard acts on its findings
@@ -316,7 +316,7 @@ func (w *Watch) Run(ctx context.Context) {
 // reopen reports whether NVML, which failed to open, is tried again for the
 // guard of key k, that of key prev (nil: none yet) precedes; wasProvisional
 // and provisional say whether their inventories are provisional (see
-// isProvisional). It is, once the inventory lists GPUs after one that
+// devices.Inventory.Provisional). It is, once the inventory lists GPUs after one that
 // listed none (the driver came up after the daemon) or after one a failed
 // discovery left (the cache of an earlier boot: the NVML library was not
 // there yet): Builder.Rediscover swaps in what a discovery that works

@@ -64,6 +64,13 @@ type Inventory struct {
 	// retried in the background, lists them. It is never written to the
 	// cache (SaveCache refuses it): the OCI hooks keep failing closed.
 	Undiscovered bool `json:"undiscovered,omitempty"`
+	// Provisional marks an inventory the daemon decides with only until its
+	// discovery, retried in the background, lists the GPUs (the cache a
+	// failed discovery fell back to, an empty or undiscovered inventory): a
+	// GPU observer that could not open NVML then tries again once an
+	// inventory that is not provisional replaces it. Set by the daemon
+	// before the inventory is used; never written to the cache.
+	Provisional bool `json:"-"`
 
 	// idx holds the lookup indexes built by NewInventory; nil for a zero
 	// Inventory, which then behaves as an empty one.
