@@ -106,8 +106,34 @@ type queueWait struct {
 	procRoot string
 	// onRefuse, when set, is told of a refusal the wait ends with (a
 	// Reject, or the deadline reached while queued, with the last
-	// decision) and the reason for the audit trail.
+	// decision) and the reason for the audit trail. With the runtime's
+	// kill ahead (killAt), ctx's deadline is its share of what is left
+	// (refuseContext).
 	onRefuse func(ctx context.Context, d guard.Decision, reason string)
+}
+
+// refuseContext is the context onRefuse gets at now: ctx itself, or, with
+// the runtime's kill ahead, ctx with a deadline at half of what is left
+// before hookExitReserve ahead of the kill. The refusal's record and the
+// withdrawal after it (withdrawBudget) share that time: neither can push
+// the answer past the kill, and a record that the ledger lock keeps out
+// for its whole share leaves the withdrawal, which frees the container's
+// place in the queue, the other half.
+func (w *queueWait) refuseContext(ctx context.Context, now time.Time) (context.Context, context.CancelFunc) {
+	if w.killAt.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, w.killAt.Add(-hookExitReserve).Sub(now)/2)
+}
+
+// refused tells onRefuse, if set, of the refusal d (see refuseContext).
+func (w *queueWait) refused(ctx context.Context, d guard.Decision, reason string) {
+	if w.onRefuse == nil {
+		return
+	}
+	rctx, cancel := w.refuseContext(ctx, w.now())
+	defer cancel()
+	w.onRefuse(rctx, d, reason)
 }
 
 // run returns nil when the container may start (admitted, or nothing to
@@ -156,9 +182,7 @@ func (w *queueWait) run(ctx context.Context) error {
 			err = fmt.Errorf("%w; the last attempt failed: %w", err, lastErr)
 		}
 		reason := fmt.Sprintf("%s %s reached", w.timeoutName(), w.waitTimeout)
-		if w.onRefuse != nil {
-			w.onRefuse(ctx, last, "busy, gave up waiting ("+reason+"): "+last.Message)
-		}
+		w.refused(ctx, last, "busy, gave up waiting ("+reason+"): "+last.Message)
 		return fail(err, reason)
 	}
 
@@ -236,9 +260,7 @@ func (w *queueWait) run(ctx context.Context) error {
 				last = d
 				progress(d, w.now())
 			default: // Reject, or a result this build does not know: refuse.
-				if w.onRefuse != nil {
-					w.onRefuse(ctx, d, "refused ("+d.Reason+"): "+d.Message)
-				}
+				w.refused(ctx, d, "refused ("+d.Reason+"): "+d.Message)
 				return fail(fmt.Errorf("%s: %w", who, decisionErr(d)), "refused: "+d.Reason)
 			}
 		}

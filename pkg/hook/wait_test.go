@@ -373,6 +373,49 @@ func TestWaiterBoundedByOwnHookTimeout(t *testing.T) {
 	}
 }
 
+// The refusal a --wait hook ends with is recorded within its share of what
+// is left before the kill: the record and the withdrawal after it together
+// end hookExitReserve before the kill, however long the ledger lock keeps
+// the record out (a record cut there is dropped, never the answer delayed).
+func TestWaiterRefusalRecordSharesTheAnswerMargin(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		script []answer
+		held   func(n int) bool
+	}{
+		{"deadline reached while queued", []answer{queued(1, 1)}, nil},
+		{"refused by policy after queueing", []answer{queued(1, 1), rejected()}, nil},
+		{"the last Admit cut at the deadline", []answer{queued(1, 1)}, func(n int) bool { return n == 2 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &fakeGuard{clock: &fakeClock{t: t0}, step: time.Second, script: tc.script, held: tc.held}
+			var stderr bytes.Buffer
+			w := newTestWaiter(f, &stderr)
+			w.started = t0.Add(-(28*time.Second - time.Second))
+			w.killAt = w.started.Add(30 * time.Second)
+			w.waitTimeout = 28 * time.Second
+			w.withdrawTimeout = 10 * time.Second
+			var record ctxBound
+			var recordAt time.Time
+			w.onRefuse = func(ctx context.Context, _ guard.Decision, _ string) {
+				recordAt = f.clock.now()
+				record = boundOf(ctx)
+				// The ledger lock keeps the record out for as long as it
+				// may wait.
+				f.clock.advance(record.left)
+			}
+
+			require.Error(t, w.run(context.Background()))
+			require.True(t, record.set, "the refusal's record is bounded by the kill")
+			left := w.killAt.Add(-hookExitReserve).Sub(recordAt)
+			require.LessOrEqual(t, record.left, left/2, "half of what is left is the record's")
+			require.Len(t, f.withdrawBounds, 1, "it leaves the queue")
+			require.True(t, f.withdrawBounds[0].set)
+			require.LessOrEqual(t, record.left+f.withdrawBounds[0].left, left, "record and withdrawal end before the kill")
+		})
+	}
+}
+
 // hook.poll_interval may be as long as a minute, longer than the margin
 // between the deadline of a --wait hook and the runtime's kill: the wait
 // wakes at its deadline, not at the next poll, and gives up (leaving the
