@@ -29,7 +29,11 @@ var ErrNotWaiting = errors.New("the hook does not wait inside the engine")
 // (an unknown GPU, a cordon, on_conflict = "reject") as it is, since the
 // record the guard writes for some of those goes with the transaction that
 // admitted nothing.
-func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, _ io.Writer) error {
+//
+// ctx's deadline, if any, bounds the decision; answerBy (zero: none) the
+// refusal's record after it, so that the record cannot push the answer past
+// the runtime's kill.
+func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, answerBy time.Time, stderr io.Writer) error {
 	id := req.Owner.ContainerID
 	// budget is what each step may take: withdrawTimeout, or less, what is
 	// left before the deadline of a hook the runtime kills at its own
@@ -50,14 +54,18 @@ func (e env) decide(ctx context.Context, g guardAPI, cfg config.Config, req guar
 	if err != nil {
 		return fmt.Errorf("container %s: GPU admission failed, container refused: %w", id, err)
 	}
+	// Not ctx's deadline, which ended the decision: the record has until
+	// answerBy.
+	actx, cancel := e.until(context.WithoutCancel(ctx), answerBy)
+	defer cancel()
 	switch d.Result {
 	case guard.Admit, guard.Skip:
 		return nil
 	case guard.Queue:
-		e.auditRefusal(ctx, g, cfg, req, d, "busy, not waiting: "+d.Message)
+		e.auditRefusal(actx, g, cfg, req, d, "busy, not waiting: "+d.Message, stderr)
 		return notWaiting(id, d)
 	default:
-		e.auditRefusal(ctx, g, cfg, req, d, "refused ("+d.Reason+"): "+d.Message)
+		e.auditRefusal(actx, g, cfg, req, d, "refused ("+d.Reason+"): "+d.Message, stderr)
 		return fmt.Errorf("container %s: %w", id, decisionErr(d))
 	}
 }
@@ -90,21 +98,28 @@ func neverRan(err error) bool {
 // the hook's exit code, so `gpu-guard-ctl audit` is where the reason can be
 // read. Best effort, one attempt bounded by lock_timeout and by the
 // deadline of ctx, if any (the refusal must be answered before the runtime
-// kills the hook): the refusal stands either way.
-func (e env) auditRefusal(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, d guard.Decision, reason string) {
+// kills the hook): the refusal stands either way, and a record that cannot
+// be written in time is dropped, with a line on stderr.
+func (e env) auditRefusal(ctx context.Context, g guardAPI, cfg config.Config, req guard.Request, d guard.Decision, reason string, stderr io.Writer) {
 	limit := cfg.Ledger.LockTimeout.Duration
 	if dl, ok := ctx.Deadline(); ok {
 		limit = min(limit, time.Until(dl))
 	}
+	var err error
 	if limit <= 0 {
-		return
+		err = errors.New("no time left before the runtime kills the hook")
+	} else {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
+		defer cancel()
+		err = update(actx, g, func(tx *ledger.Tx) error {
+			tx.Audit(guard.AuditRefuse, refuseRecord(req, d, reason))
+			return nil
+		})
 	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
-	defer cancel()
-	_ = update(actx, g, func(tx *ledger.Tx) error {
-		tx.Audit(guard.AuditRefuse, refuseRecord(req, d, reason))
-		return nil
-	})
+	if err != nil {
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: the refusal is not in the audit log: %v\n",
+			ledger.ShortID(req.Owner.ContainerID), err)
+	}
 }
 
 // refuseRecord is the audit record (operation guard.AuditRefuse) of the

@@ -251,6 +251,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		// the inventory or the ledger.
 		return nil
 	}
+	dl := e.deadlines(spec)
 
 	inv, invErr := loadInventory(cfg)
 	phasetrace.Mark("inventory")
@@ -299,8 +300,10 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		// release_requires_idle say.
 		why := fmt.Sprintf("container ids of the form %s<26 lowercase letters or digits 2-7> are reserved for the tickets of "+
 			"gpu-guard-ctl run; give the container another id", guard.TicketPrefix)
-		e.auditRefusal(ctx, g, cfg, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner}, guard.Decision{},
-			"refused (reserved-id): "+why)
+		actx, cancel := e.until(ctx, dl.answerBy)
+		defer cancel()
+		e.auditRefusal(actx, g, cfg, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner}, guard.Decision{},
+			"refused (reserved-id): "+why, stderr)
 		return fmt.Errorf("container %s refused: %w: %s", st.ID, guard.ErrRejected, why)
 	}
 
@@ -314,7 +317,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 			"(should that be edited to name no GPU before the container is deleted, run `sudo gpu-guard-ctl release --container %s --reason \"config.json edited\"` after)\n",
 			ledger.ShortID(st.ID), err, st.ID)
 	}
-	err = e.admitContainer(ctx, g, cfg, in, owner, self, stderr)
+	err = e.admitContainer(ctx, g, cfg, in, owner, self, dl, stderr)
 	if err == nil {
 		// A remover may have taken the marker away between its write and
 		// the claim's commit: it is put back (see marker.go).
@@ -342,35 +345,34 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 // admitContainer is create-runtime once the ledger is open: the ticket's
 // hand-over, or the decision (at once, or waiting with --wait).
 func (e env) admitContainer(ctx context.Context, g guardAPI, cfg config.Config, in *Input, owner ledger.Owner,
-	self *liveness.Process, stderr io.Writer) error {
-	st, spec, req := in.state, in.spec, in.request
+	self *liveness.Process, dl hookDeadlines, stderr io.Writer) error {
+	st, req := in.state, in.request
+	// Everything below, the ticket's hand-over included, decides by
+	// dl.decideBy: a runtime that kills the hook at its timeout refuses the
+	// container with a bare kill, its exit code and the guard's words lost.
+	dctx, cancel := e.until(ctx, dl.decideBy)
+	defer cancel()
 	if t := ticketOf(req.Env); t != "" {
-		if done, err := e.useTicket(ctx, g, cfg, t, owner, req, stderr); done || err != nil {
+		if done, err := e.useTicket(dctx, g, cfg, t, owner, req, dl, stderr); done || err != nil {
 			return err
 		}
 	}
 	greq := guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner, Key: st.ID, Spec: req}
 	if !e.opts.Wait {
-		return e.decide(ctx, g, cfg, greq, stderr)
+		return e.decide(dctx, g, cfg, greq, dl.answerBy, stderr)
 	}
 	// The runtime kills a hook at its definition's timeout, counted from
 	// the hook's start: a --wait hook stops waiting hookAnswerMargin
 	// before, so that the container is refused with the guard's words (and
 	// leaves the queue) rather than by a bare kill, and no single ledger
 	// write (each may wait for the turnstile and the lock) runs past that.
-	started := e.opts.Started
-	if started.IsZero() {
-		started = e.now()
-	}
-	kill, own := ownHookTimeout(spec)
-	if own && kill <= hookAnswerMargin {
+	kill := dl.kill
+	if kill > 0 && kill <= hookAnswerMargin {
 		// Too short to wait at all: decide as a hook without --wait does
 		// (admit, or refuse with the queue position, leaving no waiter),
-		// answering hookExitReserve before the kill rather than waiting
-		// hook.wait_timeout into it.
-		short, cancel := context.WithTimeout(ctx, started.Add(kill-hookExitReserve).Sub(e.now()))
-		defer cancel()
-		err := e.decide(short, g, cfg, greq, stderr)
+		// answering hookExitReserve before the kill (dl.decideBy) rather
+		// than waiting hook.wait_timeout into it.
+		err := e.decide(dctx, g, cfg, greq, dl.answerBy, stderr)
 		if err != nil {
 			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: deciding without waiting although --wait is set: "+
 				"the timeout of this hook in the container's config.json (%s) leaves no time to wait (it must exceed %s)\n",
@@ -378,42 +380,35 @@ func (e env) admitContainer(ctx context.Context, g guardAPI, cfg config.Config, 
 		}
 		return err
 	}
-	limit := kill - hookAnswerMargin
-	bounded := ctx
-	if own {
-		var cancel context.CancelFunc
-		bounded, cancel = context.WithTimeout(ctx, started.Add(limit).Sub(e.now()))
-		defer cancel()
-	}
 	// Waiting is for GPUs that are busy. Free ones are claimed as by a hook
 	// that does not wait (one transaction that writes nothing unless it
 	// admits), before anything a wait needs is set up; any other answer,
 	// or an error, goes the waiting way, which decides again.
-	if d, err := g.AdmitIfFree(bounded, greq); err == nil && (d.Result == guard.Admit || d.Result == guard.Skip) {
+	if d, err := g.AdmitIfFree(dctx, greq); err == nil && (d.Result == guard.Admit || d.Result == guard.Skip) {
 		return nil
 	}
 	if e.lockingEngine != nil {
 		if locked, why := e.lockingEngine(); locked {
 			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: deciding without waiting although --wait is set: %s\n", ledger.ShortID(st.ID), why)
-			return e.decide(bounded, g, cfg, greq, stderr)
+			return e.decide(dctx, g, cfg, greq, dl.answerBy, stderr)
 		}
 	}
 
 	w := e.newQueueWait(g, cfg, greq, stderr)
 	w.gone = e.goneCheck(self)
-	w.started = started
+	w.started = dl.started
 	// Every refusal leaves a refuse record, as without --wait (crun shows
 	// only the exit code): but those the guard's transaction records
-	// itself (Decision.Audited).
+	// itself (Decision.Audited). ctx bounds the record: see queueWait.run.
 	w.onRefuse = func(ctx context.Context, d guard.Decision, reason string) {
 		if d.Audited {
 			return
 		}
-		e.auditRefusal(ctx, g, cfg, greq, d, reason)
+		e.auditRefusal(ctx, g, cfg, greq, d, reason, stderr)
 	}
-	if own {
-		w.killAt = started.Add(kill)
-		if limit < w.waitTimeout {
+	if kill > 0 {
+		w.killAt = dl.killAt
+		if limit := kill - hookAnswerMargin; limit < w.waitTimeout {
 			w.waitTimeout = limit
 			w.timeoutKey = fmt.Sprintf("the timeout of this hook in the container's config.json (%s, less %s to answer)", kill, hookAnswerMargin)
 		}
@@ -422,6 +417,57 @@ func (e env) admitContainer(ctx context.Context, g guardAPI, cfg config.Config, 
 		e.beforeWait()
 	}
 	return w.run(ctx)
+}
+
+// hookDeadlines are the deadlines of one create-runtime hook, counted, as
+// the runtime counts its hook timeout, from the hook's start. kill is zero
+// when the hook's own timeout is unknown (its definition gives none: nothing
+// kills it); then the other times are zero too, and each ledger write is
+// bounded by its own retry budget alone.
+type hookDeadlines struct {
+	started time.Time
+	// kill is the hook's own timeout (ownHookTimeout), killAt when the
+	// runtime kills it.
+	kill   time.Duration
+	killAt time.Time
+	// decideBy ends the deciding (the ticket's hand-over, the admission,
+	// a wait): hookAnswerMargin before the kill, leaving the rest to the
+	// refusal's record and the withdrawal; for a timeout that leaves no
+	// such margin, answerBy.
+	decideBy time.Time
+	// answerBy ends every ledger write: hookExitReserve before the kill,
+	// so that the hook exits with its code and its words before it.
+	answerBy time.Time
+}
+
+// deadlines reads the hook's own timeout from spec (see ownHookTimeout) and
+// places its deadlines from the hook's start (opts.Started, or now).
+func (e env) deadlines(spec *specs.Spec) hookDeadlines {
+	dl := hookDeadlines{started: e.opts.Started}
+	if dl.started.IsZero() {
+		dl.started = e.now()
+	}
+	kill, ok := ownHookTimeout(spec, e.opts.Wait)
+	if !ok {
+		return dl
+	}
+	dl.kill = kill
+	dl.killAt = dl.started.Add(kill)
+	dl.answerBy = dl.killAt.Add(-hookExitReserve)
+	dl.decideBy = dl.answerBy
+	if kill > hookAnswerMargin {
+		dl.decideBy = dl.killAt.Add(-hookAnswerMargin)
+	}
+	return dl
+}
+
+// until is ctx with deadline t, read on e's clock (zero t: ctx as it is).
+// A deadline already passed gives a context that is done.
+func (e env) until(ctx context.Context, t time.Time) (context.Context, context.CancelFunc) {
+	if t.IsZero() {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, t.Sub(e.now()))
 }
 
 // runtimeScopePrefixes are the prefixes runtimes and engines put before a
@@ -525,19 +571,22 @@ const maxHookTimeout = math.MaxInt32
 
 // ownHookTimeout finds, in the container's spec as ReadInput read it (one
 // bounded read of a regular config.json: the file is never opened again),
-// the timeout of the createRuntime hook that runs this program with --wait
-// (a hook definition in config.json, as plain runc takes them): how long
-// after the hook's start the runtime kills it. ok is false when there is
-// none. A timeout of hookAnswerMargin or less leaves no time to wait: such
-// a hook decides at once (see createRuntime).
-func ownHookTimeout(spec *specs.Spec) (timeout time.Duration, ok bool) {
+// the timeout of the createRuntime hook that runs this program, with --wait
+// when wait is set and without it otherwise: how long after the hook's
+// start the runtime kills it. ok is false when there is none. Both plain
+// runc's config.json hooks and hooks.d definitions reach the spec this way:
+// podman and CRI-O copy a hooks.d definition, its timeout included, into the
+// config.json the runtime (which enforces the timeout) reads. A --wait
+// timeout of hookAnswerMargin or less leaves no time to wait: such a hook
+// decides at once (see admitContainer).
+func ownHookTimeout(spec *specs.Spec, wait bool) (timeout time.Duration, ok bool) {
 	if spec == nil || spec.Hooks == nil {
 		return 0, false
 	}
 	for _, h := range spec.Hooks.CreateRuntime {
 		// Past maxHookTimeout it bounds nothing (and would overflow).
 		if h.Timeout == nil || *h.Timeout <= 0 || *h.Timeout > maxHookTimeout || !strings.HasPrefix(filepath.Base(h.Path), "nri-gpu-guard") ||
-			!slices.Contains(h.Args, "--wait") {
+			slices.Contains(h.Args, "--wait") != wait {
 			continue
 		}
 		return time.Duration(*h.Timeout) * time.Second, true

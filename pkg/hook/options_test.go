@@ -114,7 +114,7 @@ func TestOwnHookTimeout(t *testing.T) {
 			func() specs.Hook { h := guardWait; h.Timeout = sec(60); return h }(),
 		}}, 60 * time.Second, true},
 		{"no timeout", &specs.Hooks{CreateRuntime: []specs.Hook{guardWait}}, 0, false},
-		{"not waiting", &specs.Hooks{CreateRuntime: []specs.Hook{{Path: guardWait.Path, Args: []string{"nri-gpu-guard-hook", "create-runtime"}, Timeout: sec(60)}}}, 0, false},
+		{"another hook of the guard, without --wait", &specs.Hooks{CreateRuntime: []specs.Hook{{Path: guardWait.Path, Args: []string{"nri-gpu-guard-hook", "create-runtime"}, Timeout: sec(60)}}}, 0, false},
 		{"too short to wait: still a bound", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(2); return h }()}}, 2 * time.Second, true},
 		{"one second", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(1); return h }()}}, time.Second, true},
 		{"zero", &specs.Hooks{CreateRuntime: []specs.Hook{func() specs.Hook { h := guardWait; h.Timeout = sec(0); return h }()}}, 0, false},
@@ -129,12 +129,26 @@ func TestOwnHookTimeout(t *testing.T) {
 			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
 			in := ReadInput(strings.NewReader(`{"id":"c1","pid":1,"bundle":"` + bundle + `"}`))
 			require.NoError(t, in.specErr)
-			got, ok := ownHookTimeout(in.spec)
+			got, ok := ownHookTimeout(in.spec, true)
 			require.Equal(t, tc.ok, ok)
 			require.Equal(t, tc.want, got)
 		})
 	}
-	_, ok := ownHookTimeout(nil)
+	_, ok := ownHookTimeout(nil, true)
+	require.False(t, ok)
+}
+
+// A hook without --wait finds its own timeout too: podman and CRI-O copy a
+// hooks.d definition, timeout included, into config.json, and the runtime
+// kills the hook there. The --wait hook's entry is not its own.
+func TestOwnHookTimeoutWithoutWait(t *testing.T) {
+	sec := func(n int) *int { return &n }
+	guardNoWait := specs.Hook{Path: "/usr/bin/nri-gpu-guard-hook", Args: []string{"nri-gpu-guard-hook", "create-runtime"}, Timeout: sec(30)}
+	guardWait := specs.Hook{Path: "/usr/bin/nri-gpu-guard-hook", Args: []string{"nri-gpu-guard-hook", "create-runtime", "--wait"}, Timeout: sec(60)}
+	got, ok := ownHookTimeout(&specs.Spec{Hooks: &specs.Hooks{CreateRuntime: []specs.Hook{guardWait, guardNoWait}}}, false)
+	require.True(t, ok)
+	require.Equal(t, 30*time.Second, got)
+	_, ok = ownHookTimeout(&specs.Spec{Hooks: &specs.Hooks{CreateRuntime: []specs.Hook{guardWait}}}, false)
 	require.False(t, ok)
 }
 

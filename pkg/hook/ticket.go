@@ -52,6 +52,19 @@ func ticketOf(env []string) string {
 // the container asks for a GPU its ticket does not hold.
 const reasonTicketMismatch = "ticket-mismatch"
 
+// reasonHandoverFailed is the reason of a ticket hand-over that could not
+// be written: the ledger failed, or stayed locked until the hook's deadline.
+const reasonHandoverFailed = "handover-failed"
+
+// ctxBudget is budget, or less: what is left before ctx's deadline, if any
+// (zero once it passed).
+func ctxBudget(ctx context.Context, budget time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		budget = min(budget, max(time.Until(dl), 0))
+	}
+	return budget
+}
+
 // useTicket hands the GPUs claimed for ticket t over to the container of
 // owner. done is true when the hook's answer is settled (admitted: nil error;
 // or refused: the error); false when the ticket holds nothing (its ctl is
@@ -68,8 +81,13 @@ const reasonTicketMismatch = "ticket-mismatch"
 // container and the ctl releases them, or, if the ctl was killed, the next
 // request for them finds its process gone), and leaves a refuse record whose
 // key is the ticket, which gpu-guard-ctl run quotes (TicketRefusal).
+//
+// A busy ledger lock is retried within withdrawTimeout, and no longer than
+// ctx's deadline (the hook's own, see hookDeadlines): a hand-over cut there
+// refuses the container in the guard's words, its record written by
+// dl.answerBy if it can be, rather than leaving the runtime to kill the hook.
 func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t string, owner ledger.Owner,
-	req devices.Request, stderr io.Writer) (done bool, err error) {
+	req devices.Request, dl hookDeadlines, stderr io.Writer) (done bool, err error) {
 	res, err := g.Resolve(req)
 	if err != nil || len(res.Devices) == 0 {
 		return false, nil // the guard words that refusal
@@ -80,7 +98,7 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 		held, extra []devices.Device
 		refusal     *guard.Decision
 	)
-	err = retryLocked(ctx, withdrawTimeout(cfg), func(ctx context.Context) error {
+	err = retryLocked(ctx, ctxBudget(ctx, withdrawTimeout(cfg)), func(ctx context.Context) error {
 		held, extra, refusal = nil, nil, nil
 		return update(ctx, g, func(tx *ledger.Tx) error {
 			for _, c := range tx.State().Claims {
@@ -131,8 +149,23 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 	})
 	switch {
 	case err != nil:
-		return true, fmt.Errorf("container %s refused: its ticket %s could not be handed over (the ticket's GPUs are released "+
-			"when its gpu-guard-ctl run ends; run it again once the ledger is reachable): %w", id, t, err)
+		what := fmt.Sprintf("its ticket %s could not be handed over", t)
+		if dl.kill > 0 && !e.now().Before(dl.decideBy) {
+			what += fmt.Sprintf(" before the timeout of this hook in the container's config.json (%s, less %s to answer)",
+				dl.kill, dl.killAt.Sub(dl.decideBy))
+		}
+		// Keyed by the ticket, so that gpu-guard-ctl run says why no
+		// container took it over (TicketRefusal); dropped if the ledger is
+		// as busy as it was.
+		// ctx is done if the deadline cut the hand-over: the record has
+		// until dl.answerBy.
+		actx, cancel := e.until(context.WithoutCancel(ctx), dl.answerBy)
+		defer cancel()
+		e.auditRefusal(actx, g, cfg, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: owner, Key: t},
+			guard.Decision{Result: guard.Reject, Reason: reasonHandoverFailed, Devices: res.Devices},
+			"refused ("+reasonHandoverFailed+"): "+what+": "+firstLine(err.Error()), stderr)
+		return true, fmt.Errorf("container %s refused: %s (the ticket's GPUs are released "+
+			"when its gpu-guard-ctl run ends; run it again once the ledger is reachable): %w", id, what, err)
 	case len(held) == 0:
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: ticket %s holds no GPU (its gpu-guard-ctl run ended, or the ticket was used); deciding as usual\n",
 			ledger.ShortID(id), t)

@@ -6,11 +6,17 @@ package hook
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/gofrs/flock"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -221,4 +227,107 @@ func TestContainerWithATicketIDIsRefused(t *testing.T) {
 
 	st = stateFor(t, id, os.Getpid(), "NVIDIA_VISIBLE_DEVICES=void")
 	require.NoError(t, e.run(context.Background(), PhaseCreateRuntime, cfg, strings.NewReader(st), io.Discard))
+}
+
+// specWith writes a bundle whose config.json carries env and the guard's
+// createRuntime hook (args) with a timeout of timeoutSec, and returns the
+// OCI state of container id in it.
+func specWith(t *testing.T, id string, args []string, timeoutSec int, env ...string) string {
+	t.Helper()
+	bundle := t.TempDir()
+	spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}, Hooks: &specs.Hooks{
+		CreateRuntime: []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook", Args: args, Timeout: &timeoutSec}},
+	}}
+	data, err := json.Marshal(spec)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreating, Pid: os.Getpid(), Bundle: bundle})
+	require.NoError(t, err)
+	return string(st)
+}
+
+// A ticket's hand-over is a ledger write like any other of the hook: with
+// the ledger lock held elsewhere it is retried only until the hook's own
+// deadline (its timeout in config.json less the answer margin, counted from
+// the hook's start), and the container is refused in the guard's words
+// before the runtime kills the hook, with or without --wait. The refuse
+// record that cannot be written meanwhile is dropped, and said so.
+func TestTicketHandoverEndsBeforeTheHookIsKilled(t *testing.T) {
+	for _, wait := range []bool{true, false} {
+		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
+			r := newTicketRig(t, "1")
+			r.cfg.Ledger.LockTimeout = config.Duration{Duration: 50 * time.Millisecond}
+			args := []string{"nri-gpu-guard-hook", "create-runtime"}
+			if wait {
+				args = append(args, "--wait")
+			}
+			const timeout = 4 * time.Second
+			st := specWith(t, "c", args, int(timeout/time.Second), "NVIDIA_VISIBLE_DEVICES=1", TicketEnv+"="+r.id)
+			// The hook started long enough ago that its deadline is 300 ms
+			// away: the runtime kills it 2.3 s from now.
+			started := time.Now().Add(-(timeout - hookAnswerMargin - 300*time.Millisecond))
+			r.e.opts = Options{Wait: wait, Started: started}
+			r.e.lockingEngine = func() (bool, string) { return false, "" }
+
+			lock := flock.New(filepath.Join(r.cfg.Ledger.Dir, "ledger.lock"))
+			require.NoError(t, lock.Lock())
+			var stderr bytes.Buffer
+			err := r.e.run(context.Background(), PhaseCreateRuntime, r.cfg, strings.NewReader(st), &stderr)
+			answered := r.e.now()
+			require.NoError(t, lock.Unlock())
+
+			require.Error(t, err)
+			require.Contains(t, err.Error(), "its ticket "+r.id+" could not be handed over before the timeout of this hook in the container's config.json (4s, less 2s to answer)")
+			require.ErrorIs(t, err, ledger.ErrLockTimeout)
+			require.Equal(t, ExitRefused, ExitCode(err))
+			require.True(t, answered.Before(started.Add(timeout)), "answered %s after the hook's start, the runtime kills it at %s",
+				answered.Sub(started), timeout)
+			require.Contains(t, stderr.String(), "the refusal is not in the audit log")
+			require.Equal(t, map[int]string{1: r.id}, r.holders(), "the ticket keeps its GPU until its gpu-guard-ctl run ends")
+		})
+	}
+}
+
+// A hand-over that fails leaves a refuse record keyed by the ticket when the
+// ledger takes it, so that gpu-guard-ctl run says why no container took its
+// ticket over.
+func TestTicketHandoverFailureIsAudited(t *testing.T) {
+	r := newTicketRig(t, "1")
+	r.cfg.Ledger.LockTimeout = config.Duration{Duration: 50 * time.Millisecond}
+	st := specWith(t, "c", []string{"nri-gpu-guard-hook", "create-runtime"}, 4, "NVIDIA_VISIBLE_DEVICES=1", TicketEnv+"="+r.id)
+	started := time.Now().Add(-(4*time.Second - hookAnswerMargin - 100*time.Millisecond))
+	r.e.opts = Options{Started: started}
+	// The lock is held through the hand-over's deadline and let go once the
+	// hook tries to record its refusal: the record gets in.
+	lock := flock.New(filepath.Join(r.cfg.Ledger.Dir, "ledger.lock"))
+	require.NoError(t, lock.Lock())
+	r.e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
+		g, closeGuard, err := openGuard(cfg, inv)
+		return unlockOnAudit{guardAPI: g, lock: lock, deadline: started.Add(4*time.Second - hookAnswerMargin), now: r.e.now}, closeGuard, err
+	}
+	err := r.e.run(context.Background(), PhaseCreateRuntime, r.cfg, strings.NewReader(st), io.Discard)
+	require.ErrorContains(t, err, "could not be handed over before the timeout of this hook")
+	recs := r.refusals("c")
+	require.Len(t, recs, 1)
+	require.Equal(t, r.id, recs[0].Key)
+	require.Contains(t, recs[0].Reason, "refused (handover-failed): its ticket "+r.id+" could not be handed over")
+	cause, ok := TicketRefusal(r.cfg, r.id)
+	require.True(t, ok)
+	require.Contains(t, cause, "container c was refused (handover-failed)")
+}
+
+// unlockOnAudit lets go of lock when the hook, past deadline, reads the
+// ledger for a write of its own: its refusal's record.
+type unlockOnAudit struct {
+	guardAPI
+	lock     *flock.Flock
+	deadline time.Time
+	now      func() time.Time
+}
+
+func (u unlockOnAudit) Ledger() *ledger.Ledger {
+	if !u.now().Before(u.deadline) && u.lock.Locked() {
+		_ = u.lock.Unlock()
+	}
+	return u.guardAPI.Ledger()
 }
