@@ -252,6 +252,14 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		return nil
 	}
 	dl := e.deadlines(spec)
+	if in.never {
+		// It reaches no GPU but carries a ticket (Input.NeverClaims is
+		// false for that alone): the ticket's GPUs are released. No
+		// inventory is needed, nor read: one that does not load must not
+		// refuse a container that asks for no GPU.
+		e.releaseUnusedTicket(ctx, cfg, in.ticket, st.ID, dl, stderr)
+		return nil
+	}
 
 	inv, invErr := loadInventory(cfg)
 	phasetrace.Mark("inventory")
@@ -259,7 +267,11 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		return fmt.Errorf("container %s refused: %w", st.ID, err)
 	} else if skip {
 		// The common case for a hook installed for every container: no GPU
-		// named anywhere. Done without touching the ledger.
+		// named anywhere. Done without touching the ledger, unless it
+		// carries a ticket, whose GPUs it would otherwise leave idle.
+		if t := ticketOf(req.Env); t != "" {
+			e.releaseUnusedTicket(ctx, cfg, t, st.ID, dl, stderr)
+		}
 		return nil
 	}
 
@@ -667,7 +679,7 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 	}
 	st := in.state
 	mk := newMarker(e.markerDir, st, cfg.Ledger.Dir)
-	if in.NeverClaims() && !mk.exists() {
+	if in.reachesNoGPU() && !mk.exists() {
 		return nil
 	}
 	// Releasing needs no inventory: it must work even when the GPU set

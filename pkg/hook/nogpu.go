@@ -32,6 +32,10 @@ type Input struct {
 	// never is guard.NeverClaims(request), decided once: a hook binary asks
 	// before loading the configuration and create-runtime asks again.
 	never bool
+	// ticket is the ticket of gpu-guard-ctl run that a container that
+	// reaches no GPU (never) carries, "" for none: its create-runtime
+	// releases the ticket's GPUs (see releaseUnusedTicket).
+	ticket string
 }
 
 // ReadInput reads the OCI state from stdin and the spec of its bundle. It
@@ -63,6 +67,11 @@ func (e env) readInput(stdin io.Reader) *Input {
 			}
 		}
 		in.never = guard.NeverClaims(in.request)
+		if in.never {
+			// A scan of the environment already decoded: the no-GPU path
+			// most containers take stays as cheap as it was.
+			in.ticket = ticketOf(in.request.Env)
+		}
 	}
 	return in
 }
@@ -260,11 +269,21 @@ func inUserNamespace(uidMap []byte) bool {
 	return len(f) != 3 || f[0] != "0" || f[1] != "0" || f[2] != "4294967295"
 }
 
-// NeverClaims reports whether both the state and the spec were read and the
+// NeverClaims reports whether both the state and the spec were read, the
 // container can reach no GPU under any configuration or inventory
-// (guard.NeverClaims): create-runtime admits it and poststop has nothing to
-// release, whatever the configuration says, so a hook binary answers it
-// before loading the configuration.
+// (guard.NeverClaims) and it carries no ticket of gpu-guard-ctl run:
+// create-runtime admits it and poststop has nothing to release, whatever
+// the configuration says, so a hook binary answers it before loading the
+// configuration. A container that carries a ticket is not answered so:
+// its create-runtime releases the ticket's GPUs, which would otherwise stay
+// idle for the container's life.
 func (in *Input) NeverClaims() bool {
+	return in.reachesNoGPU() && in.ticket == ""
+}
+
+// reachesNoGPU is NeverClaims whatever ticket the container carries: what
+// poststop asks, since a released ticket leaves nothing of the container in
+// the ledger.
+func (in *Input) reachesNoGPU() bool {
 	return in.stateErr == nil && in.specErr == nil && in.never
 }

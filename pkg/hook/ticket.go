@@ -65,6 +65,52 @@ func ctxBudget(ctx context.Context, budget time.Duration) time.Duration {
 	return budget
 }
 
+// releaseUnusedTicket is create-runtime for a container that asks for no
+// GPU but carries ticket t: the ledger is opened only to release the
+// ticket's GPUs (dropTicket), by dl.decideBy. The container is admitted
+// whatever comes of it: it claims nothing.
+func (e env) releaseUnusedTicket(ctx context.Context, cfg config.Config, t, id string, dl hookDeadlines, stderr io.Writer) {
+	dctx, cancel := e.until(ctx, dl.decideBy)
+	defer cancel()
+	// Releasing needs no inventory (poststop releases without one too).
+	g, closeGuard, err := e.openGuard(cfg, emptyInventory())
+	if err != nil {
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s carries ticket %s but asks for no GPU; the ticket's GPUs are not released "+
+			"(its gpu-guard-ctl run releases them when it ends): %v\n", ledger.ShortID(id), t, err)
+		return
+	}
+	defer closeGuard()
+	e.dropTicket(dctx, g, cfg, t, id, stderr)
+}
+
+// dropTicket releases what ticket t holds, for container id, which carries
+// it but asks for no GPU: kept, the ticket's GPUs would stay idle for the
+// container's life, since its gpu-guard-ctl run releases them only when the
+// command ends (podman run -d ends at once, podman run with the container).
+// The release records say so; a note goes to stderr. Best effort within
+// ctx's deadline: what is not released is released when the ctl ends.
+func (e env) dropTicket(ctx context.Context, g guardAPI, cfg config.Config, t, id string, stderr io.Writer) {
+	var rel []devices.Device
+	err := retryLocked(ctx, ctxBudget(ctx, withdrawTimeout(cfg)), func(ctx context.Context) error {
+		rel = nil
+		return update(ctx, g, func(tx *ledger.Tx) error {
+			for _, c := range tx.Release(t, fmt.Sprintf("ticket %s of gpu-guard-ctl run carried by container %s, which asks for no GPU",
+				t, ledger.ShortID(id))) {
+				rel = append(rel, c.Device)
+			}
+			return nil
+		})
+	})
+	switch {
+	case err != nil:
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s carries ticket %s but asks for no GPU; the ticket's GPUs are not released "+
+			"(its gpu-guard-ctl run releases them when it ends): %v\n", ledger.ShortID(id), t, err)
+	case len(rel) > 0:
+		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s carries ticket %s but asks for no GPU; released %s of the ticket\n",
+			ledger.ShortID(id), t, naming.Devices(rel))
+	}
+}
+
 // useTicket hands the GPUs claimed for ticket t over to the container of
 // owner. done is true when the hook's answer is settled (admitted: nil error;
 // or refused: the error); false when the ticket holds nothing (its ctl is
@@ -76,7 +122,8 @@ func ctxBudget(ctx context.Context, budget time.Duration) time.Duration {
 // the GPU unhealthy, stops the hand-over as it stops any new claim). Then
 // the container takes over the ticket's claims on the GPUs it asks for, and
 // the ticket's other GPUs are released (audited), rather than kept idle for
-// the container's life. A refusal (exit 77) changes no claim: the ticket
+// the container's life; a container that asks for none releases them all
+// (releaseUnusedTicket). A refusal (exit 77) changes no claim: the ticket
 // keeps its GPUs until its gpu-guard-ctl run ends (the command fails with the
 // container and the ctl releases them, or, if the ctl was killed, the next
 // request for them finds its process gone), and leaves a refuse record whose
@@ -89,8 +136,12 @@ func ctxBudget(ctx context.Context, budget time.Duration) time.Duration {
 func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t string, owner ledger.Owner,
 	req devices.Request, dl hookDeadlines, stderr io.Writer) (done bool, err error) {
 	res, err := g.Resolve(req)
-	if err != nil || len(res.Devices) == 0 {
+	if err != nil {
 		return false, nil // the guard words that refusal
+	}
+	if len(res.Devices) == 0 {
+		e.dropTicket(ctx, g, cfg, t, owner.ContainerID, stderr)
+		return false, nil // admitted as usual: it claims nothing
 	}
 	want := devicesOf(res.Devices)
 	id := owner.ContainerID

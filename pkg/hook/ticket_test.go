@@ -331,3 +331,54 @@ func (u unlockOnAudit) Ledger() *ledger.Ledger {
 	}
 	return u.guardAPI.Ledger()
 }
+
+// A container that carries a ticket but asks for no GPU releases the
+// ticket's GPUs (audited) instead of leaving them idle for its life, both
+// when its spec can reach no GPU at all (the fast path, which then reads no
+// inventory) and when the configuration makes what it names no GPU. It is
+// admitted whatever comes of that, and gpu-guard-ctl run finds nothing left
+// to release. Its poststop still skips the ledger: nothing of it is there.
+func TestTicketCarrierWithoutGPUReleasesTheTicket(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  string
+		cfg  func(*config.Config)
+	}{
+		{"reaches no GPU", "PATH=/bin", nil},
+		{"names none the configuration counts", "NVIDIA_VISIBLE_DEVICES=7", func(c *config.Config) { c.Policy.UnknownDevice = config.UnknownIgnore }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newTicketRig(t, "0,1")
+			if tc.cfg != nil {
+				tc.cfg(&r.cfg)
+			}
+			opened := 0
+			r.e = testEnv(&opened)
+			r.e.markerDir = t.TempDir()
+			st := stateFor(t, "c", os.Getpid(), tc.env, TicketEnv+"="+r.id)
+			in := ReadInput(strings.NewReader(st))
+			require.False(t, in.NeverClaims(), "a hook binary does not answer it before loading the configuration")
+			var stderr bytes.Buffer
+			require.NoError(t, r.e.run(context.Background(), PhaseCreateRuntime, r.cfg, strings.NewReader(st), &stderr))
+			require.Empty(t, r.holders(), "the ticket's GPUs are free again")
+			require.Contains(t, stderr.String(), "container c carries ticket "+r.id+" but asks for no GPU; released GPU 0 ("+gpuUUIDs[0]+"), GPU 1 ("+gpuUUIDs[1]+") of the ticket")
+			var released []string
+			for _, rec := range r.audit() {
+				if rec.Op == ledger.OpRelease && rec.ContainerID == r.id {
+					require.Contains(t, rec.Reason, "carried by container c, which asks for no GPU")
+					released = append(released, rec.Devices...)
+				}
+			}
+			require.ElementsMatch(t, []string{gpuUUIDs[0], gpuUUIDs[1]}, released)
+			rel, err := ReleaseTicket(context.Background(), r.cfg, r.id)
+			require.NoError(t, err)
+			require.Empty(t, rel, "nothing left for gpu-guard-ctl run to release")
+
+			if tc.cfg == nil {
+				opened = 0
+				require.NoError(t, r.e.run(context.Background(), PhasePoststop, r.cfg, strings.NewReader(st), io.Discard))
+				require.Zero(t, opened, "its poststop does not open the ledger")
+			}
+		})
+	}
+}
