@@ -200,12 +200,16 @@ func caughtInterrupts(ignored func(os.Signal) bool) []os.Signal {
 // Signals while it runs are handled as system(3) handles them: the command
 // is in this process's process group, so that it reads the terminal and gets
 // what the terminal sends, and each signal reaches it once (forwardSignal).
+// A signal this process started with ignored is left ignored, and so
+// reaches neither: caught, it would be reset to its default action in the
+// command by exec, and forwarded to it (`nohup gpu-guard-ctl run -- CMD`
+// must not let a hang-up end CMD).
 func runChild(args []string, ticket string, env Env) (int, error) {
 	c := exec.Command(args[0], args[1:]...) //nolint:gosec // running the operator's command is the point
 	c.Env = append(os.Environ(), hook.TicketEnv+"="+ticket)
 	c.Stdin, c.Stdout, c.Stderr = os.Stdin, env.Stdout, env.Stderr
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, childSignals...)
+	signal.Notify(sigs, caughtInterrupts(signal.Ignored)...)
 	defer signal.Stop(sigs)
 	if err := c.Start(); err != nil {
 		return 0, fmt.Errorf("run %s: %w", args[0], err)
@@ -237,10 +241,6 @@ func runChild(args []string, ticket string, env Env) (int, error) {
 	}
 	return 0, nil
 }
-
-// childSignals are the signals runChild catches while the command runs
-// (none of them ends this process then: it waits for the command).
-var childSignals = []os.Signal{syscall.SIGINT, syscall.SIGQUIT, syscall.SIGHUP, syscall.SIGTERM}
 
 // forwardSignal decides whether s, received while the command runs, is
 // passed on to it. SIGTERM is: nothing sends it to a whole process group but

@@ -60,6 +60,17 @@ func playSignalRole(role string) int {
 			return 1
 		}
 		return code
+	case "ctl-nohup":
+		// gpu-guard-ctl run started by nohup: SIGHUP ignored from the
+		// start. The command reports what it ignores.
+		signal.Ignore(syscall.SIGHUP)
+		fmt.Println("ready")
+		code, err := runChild([]string{"grep", "SigIgn", "/proc/self/status"}, "ticket-x", Env{Stdout: os.Stdout, Stderr: os.Stderr})
+		if err != nil {
+			fmt.Println(err)
+			return 1
+		}
+		return code
 	case "wait":
 		// gpu-guard-ctl run, waiting for a busy GPU, with the signal
 		// handling of the real process (cmd/gpu-guard-ctl) started from a
@@ -367,4 +378,25 @@ func TestRunWaitLeavesTheQueueOnEverySignal(t *testing.T) {
 			assert.Len(t, st.Claims, 1, "the holder keeps its GPU")
 		})
 	}
+}
+
+// `nohup gpu-guard-ctl run -- CMD`: a signal the ctl started with ignored
+// stays ignored in the command. Caught by the ctl, exec would reset it to
+// its default action there (and the ctl would forward it), so that a
+// hang-up ended the command nohup was asked to keep.
+func TestRunChildKeepsIgnoredSignalsIgnored(t *testing.T) {
+	r := startSignalRole(t, false, "ctl-nohup")
+	select {
+	case <-r.exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("ctl did not exit:\n%s", r.out.String())
+	}
+	require.NoError(t, r.err, r.out.String())
+	out := r.out.String()
+	i := strings.Index(out, "SigIgn:")
+	require.GreaterOrEqual(t, i, 0, out)
+	line, _, _ := strings.Cut(out[i+len("SigIgn:"):], "\n")
+	mask, err := strconv.ParseUint(strings.TrimSpace(line), 16, 64)
+	require.NoError(t, err, out)
+	assert.NotZero(t, mask&(1<<(uint(syscall.SIGHUP)-1)), "SIGHUP is still ignored in the command: %s", out)
 }
