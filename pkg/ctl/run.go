@@ -122,10 +122,14 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 	// that would end this process (a hang-up of the terminal or ssh session,
 	// Ctrl-\): killed by one, it would leave its entry queued, and the next
 	// freed GPU reserved for a waiter that will never come. Once the command
-	// runs, the signals are its to handle (see runChild).
+	// runs, the signals are its to handle (see runChild). The wait's
+	// handling stays until the command's is set up, so that no signal in
+	// between ends this process the default way; one that arrives then (or
+	// while the admitting transaction runs) cancels wctx, and the command
+	// is not started.
 	wctx, stopWait := NotifyInterrupts(ctx)
+	defer stopWait()
 	t, err := hook.AcquireTicket(wctx, cfg, req, hook.TicketOptions{Timeout: timeout, Stderr: a.env.Stderr})
-	stopWait()
 	if err != nil {
 		return err
 	}
@@ -136,7 +140,7 @@ func (a *app) runWithTicket(ctx context.Context, gpus string, timeout time.Durat
 	fmt.Fprintf(a.env.Stderr, "%s: %s claimed for ticket %s (from %s); running %s\n",
 		programName, strings.Join(names, ", "), t.ID, from, args[0])
 
-	code, runErr := runChild(withTicketArg(args), t.ID, a.env)
+	code, runErr := runChild(wctx, withTicketArg(args), t.ID, a.env)
 	rel, relErr := hook.ReleaseTicket(context.WithoutCancel(ctx), cfg, t.ID)
 	if len(rel) > 0 {
 		left := make([]string, len(rel))
@@ -204,13 +208,20 @@ func caughtInterrupts(ignored func(os.Signal) bool) []os.Signal {
 // reaches neither: caught, it would be reset to its default action in the
 // command by exec, and forwarded to it (`nohup gpu-guard-ctl run -- CMD`
 // must not let a hang-up end CMD).
-func runChild(args []string, ticket string, env Env) (int, error) {
+//
+// ctx done once this handling is set up (a signal that came before, while
+// the caller's own handling caught it) means the command is not started:
+// an error wrapping ctx's cause.
+func runChild(ctx context.Context, args []string, ticket string, env Env) (int, error) {
 	c := exec.Command(args[0], args[1:]...) //nolint:gosec // running the operator's command is the point
 	c.Env = append(os.Environ(), hook.TicketEnv+"="+ticket)
 	c.Stdin, c.Stdout, c.Stderr = os.Stdin, env.Stdout, env.Stderr
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, caughtInterrupts(signal.Ignored)...)
 	defer signal.Stop(sigs)
+	if ctx.Err() != nil {
+		return 0, fmt.Errorf("interrupted as the GPUs were claimed, %s not run: %w", args[0], context.Cause(ctx))
+	}
 	if err := c.Start(); err != nil {
 		return 0, fmt.Errorf("run %s: %w", args[0], err)
 	}

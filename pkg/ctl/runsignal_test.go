@@ -54,7 +54,7 @@ func playSignalRole(role string) int {
 			fmt.Println(err)
 			return 1
 		}
-		code, err := runChild([]string{exe}, "ticket-x", Env{Stdout: os.Stdout, Stderr: os.Stderr})
+		code, err := runChild(context.Background(), []string{exe}, "ticket-x", Env{Stdout: os.Stdout, Stderr: os.Stderr})
 		if err != nil {
 			fmt.Println(err)
 			return 1
@@ -65,7 +65,7 @@ func playSignalRole(role string) int {
 		// start. The command reports what it ignores.
 		signal.Ignore(syscall.SIGHUP)
 		fmt.Println("ready")
-		code, err := runChild([]string{"grep", "SigIgn", "/proc/self/status"}, "ticket-x", Env{Stdout: os.Stdout, Stderr: os.Stderr})
+		code, err := runChild(context.Background(), []string{"grep", "SigIgn", "/proc/self/status"}, "ticket-x", Env{Stdout: os.Stdout, Stderr: os.Stderr})
 		if err != nil {
 			fmt.Println(err)
 			return 1
@@ -399,4 +399,18 @@ func TestRunChildKeepsIgnoredSignalsIgnored(t *testing.T) {
 	mask, err := strconv.ParseUint(strings.TrimSpace(line), 16, 64)
 	require.NoError(t, err, out)
 	assert.NotZero(t, mask&(1<<(uint(syscall.SIGHUP)-1)), "SIGHUP is still ignored in the command: %s", out)
+}
+
+// A signal caught while the ticket was being admitted, or between the wait
+// and the command's own signal handling, cancels the context runChild gets:
+// the command is not started (its ticket is then released by the caller),
+// rather than started as if nothing had been asked.
+func TestRunChildNotStartedOnceInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	cancel(errors.New("interrupt signal received"))
+	mark := filepath.Join(t.TempDir(), "ran")
+	code, err := runChild(ctx, []string{"touch", mark}, "ticket-x", Env{Stdout: io.Discard, Stderr: io.Discard})
+	require.ErrorContains(t, err, "interrupted as the GPUs were claimed, touch not run: interrupt signal received")
+	assert.Zero(t, code)
+	assert.NoFileExists(t, mark)
 }
