@@ -263,9 +263,10 @@ func TestTicketHandoverEndsBeforeTheHookIsKilled(t *testing.T) {
 			}
 			const timeout = 4 * time.Second
 			st := specWith(t, "c", args, int(timeout/time.Second), "NVIDIA_VISIBLE_DEVICES=1", TicketEnv+"="+r.id)
-			// The hook started long enough ago that its deadline is 300 ms
-			// away: the runtime kills it 2.3 s from now.
-			started := time.Now().Add(-(timeout - hookAnswerMargin - 300*time.Millisecond))
+			// The hook started long enough ago that its deadline is 1 s
+			// away (time enough to reach the hand-over on a loaded
+			// machine): the runtime kills it 3 s from now.
+			started := time.Now().Add(-(timeout - hookAnswerMargin - time.Second))
 			r.e.opts = Options{Wait: wait, Started: started}
 			r.e.lockingEngine = func() (bool, string) { return false, "" }
 
