@@ -79,6 +79,10 @@ func TestBindWithoutDeviceCgroup(t *testing.T) {
 	}{
 		{"v2 own cgroup (systemd)", "0::/machine.slice/libpod-train.scope\n", "0::" + session + "\n", true},
 		{"v2 own cgroup (cgroupfs)", "0::/train\n", "0::" + session + "\n", true},
+		// crun's systemd driver (podman, CRI-O) runs the process in a
+		// "container" cgroup below the scope whose rules apply to it.
+		{"v2 crun's sub-cgroup of its own scope", "0::/machine.slice/libpod-train.scope/container\n", "0::/machine.slice/libpod-conmon-train.scope\n", true},
+		{"v2 a sub-cgroup of the caller's", "0::" + session + "/container\n", "0::" + session + "\n", false},
 		{"v2 caller's cgroup (crun --cgroup-manager=disabled)", "0::" + session + "\n", "0::" + session + "\n", false},
 		{"v2 the runtime's cgroup though named after the container", "0::/x/train\n", "0::/x/train\n", false},
 		{"v2 above the runtime's cgroup", "0::/x/train\n", "0::/x/train/crun.scope\n", false},

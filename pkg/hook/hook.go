@@ -559,15 +559,23 @@ func (e env) ownCgroup(cg, id string) bool {
 
 // ownedCgroup reports whether cgroup cg, the one container id's process is
 // in, is the container's own given rt, the cgroup of the runtime that ran
-// this hook in the same hierarchy: its leaf names the container
-// (namesContainer), and it is neither rt nor above rt (the container's
-// process would share it with the runtime and whatever else runs there).
+// this hook in the same hierarchy: cg or a cgroup above it names the
+// container (namesContainer: crun's systemd driver runs the process in a
+// "container" cgroup below its libpod-<id>.scope or crio-<id>.scope, whose
+// rules apply below it), and neither cg nor that one is rt or above rt
+// (the container's process would share it with the runtime and whatever
+// else runs there).
 func ownedCgroup(cg, rt, id string) bool {
-	if !namesContainer(path.Base(cg), id) {
+	cg, rt = path.Clean(cg), path.Clean(rt)
+	if cg == "/" || cg == "." || cg == rt || strings.HasPrefix(rt, cg+"/") {
 		return false
 	}
-	cg, rt = path.Clean(cg), path.Clean(rt)
-	return cg != "/" && cg != rt && !strings.HasPrefix(rt, cg+"/")
+	for p := cg; p != "/" && p != "."; p = path.Dir(p) {
+		if namesContainer(path.Base(p), id) {
+			return p != rt && !strings.HasPrefix(rt, p+"/")
+		}
+	}
+	return false
 }
 
 // hookAnswerMargin is kept between the end of a --wait and the runtime's
