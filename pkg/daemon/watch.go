@@ -402,10 +402,13 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 // once, as an event: dropped at a restart (a reconnect with another
 // [observe] section, an inventory swap), such a device read as healthy and
 // took new claims. Carried, settleUnhealthy writes its cordon at the new
-// observer's passes. A device whose cordon is in the ledger needs nothing
-// carried: the cordon holds until the operator lifts it. One the inventory
-// no longer lists is dropped: no claim can name it, nor can the new
-// observer watch it.
+// observer's passes. A device whose cordon was written is not carried: the
+// cordon holds until the operator lifts it, or until the ledger loses it
+// with the rest of its state (a recovery that starts a new lineage), which
+// only the observer that saw the Xid re-cordons (settleUnhealthy): after a
+// restart as well, such a device reads as healthy until its next critical
+// Xid. One the inventory no longer lists is dropped: no claim can name it,
+// nor can the new observer watch it.
 func (w *Watch) pendingUnhealthyLocked(gpus []devices.GPU) ([]observe.Finding, map[string]string) {
 	if len(w.cordonFailed) == 0 {
 		return nil, nil

@@ -1112,17 +1112,46 @@ func (g *Guard) dropDeadReservers(tx *ledger.Tx, self string, want []devices.Dev
 			slices.ContainsFunc(dead, func(w ledger.Waiter) bool { return w.Key == r.For }) {
 			continue
 		}
-		w, ok := tx.Waiter(r.For)
-		if !ok || w.Owner.FrontEnd != ledger.FrontEndHook || w.Owner.Pid <= 0 || w.Owner.PidStart == 0 {
-			continue
-		}
-		if gone, _ := g.live.Exited(liveness.Process{Pid: w.Owner.Pid, PidStart: w.Owner.PidStart}); gone {
+		if w, ok := tx.Waiter(r.For); ok && g.deadHookWaiter(w) {
 			dead = append(dead, w)
 		}
 	}
 	for _, w := range dead {
 		tx.DropWaiter(w.Key, "waiter gone: its process "+strconv.Itoa(w.Owner.Pid)+" exited")
 	}
+	// The head of the queue keeps, without a reservation, the free MIG
+	// instances of a GPU it asks for whole (ledger.Tx.Busy's KeptFor): a
+	// dead hook waiter there would keep them from everyone until
+	// queue_ttl. Each head dropped makes the next waiter the head: a few
+	// are looked at, not the whole queue.
+	for range maxDeadHeads {
+		head, wants, ok := tx.HeadWaitsFor()
+		if !ok || head.Key == self || !anyConflict(wants, want) || !g.deadHookWaiter(head) {
+			return
+		}
+		tx.DropWaiter(head.Key, "waiter gone: its process "+strconv.Itoa(head.Owner.Pid)+" exited")
+	}
+}
+
+// maxDeadHeads bounds the dead heads of the queue one request drops.
+const maxDeadHeads = 8
+
+// deadHookWaiter reports whether w is an OCI hook waiter (a hook's --wait,
+// a gpu-guard-ctl run ticket) whose process, known by pid and start time,
+// is gone. An NRI waiter has no process while it waits.
+func (g *Guard) deadHookWaiter(w ledger.Waiter) bool {
+	if w.Owner.FrontEnd != ledger.FrontEndHook || w.Owner.Pid <= 0 || w.Owner.PidStart == 0 {
+		return false
+	}
+	gone, _ := g.live.Exited(liveness.Process{Pid: w.Owner.Pid, PidStart: w.Owner.PidStart})
+	return gone
+}
+
+// anyConflict reports whether a device of a conflicts with one of b.
+func anyConflict(a, b []devices.Device) bool {
+	return slices.ContainsFunc(a, func(x devices.Device) bool {
+		return slices.ContainsFunc(b, func(y devices.Device) bool { return devices.Conflicts(x, y) })
+	})
 }
 
 // reachablePolicy is the policy under which Reconcile reads what a running

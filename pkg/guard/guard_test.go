@@ -695,6 +695,35 @@ func TestDeadHookReserverIsDroppedForAnyRequest(t *testing.T) {
 	assert.True(t, found, "the drop is audited")
 }
 
+// A dead hook waiter at the head of the queue, asking for a GPU whole while
+// one of its MIG instances is in use, holds no reservation but keeps the
+// GPU's free instances (the keep of the queue's head): every request drops
+// it, as a dead reserver, rather than be refused until queue_ttl.
+func TestDeadHookHeadKeepsNoMIGInstance(t *testing.T) {
+	e := newEnv(t, nil)
+	holder := ctr("ml", "h", "main", "holder0000000001")
+	require.Equal(t, guard.Admit, e.admit(holder, visible("3:0")).Result)
+	waiter := ledger.Owner{ContainerID: "hookwaiter000001", FrontEnd: ledger.FrontEndHook, Pid: 4242, PidStart: 42420}
+	d, err := e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: waiter, Spec: visible("3")})
+	require.NoError(t, err)
+	require.Equal(t, guard.Queue, d.Result)
+	require.Empty(t, e.state().Reservations)
+
+	newcomer := ctr("ml", "n", "main", "newcomer00000001")
+	d = e.admit(newcomer, visible("3:1"))
+	require.Equal(t, guard.Queue, d.Result, "the waiter lives: 3:1 is kept for it")
+	assert.Contains(t, d.Message, "is kept for")
+
+	e.live.mu.Lock()
+	e.live.exited["pid:4242"] = true
+	e.live.mu.Unlock()
+	d = e.admit(newcomer, visible("3:1"))
+	assert.Equal(t, guard.Admit, d.Result, "%s", d.Message)
+	for _, w := range e.state().Waiters {
+		assert.NotEqual(t, waiter.ContainerID, w.Owner.ContainerID, "the dead waiter left the queue")
+	}
+}
+
 func TestPodGone(t *testing.T) {
 	e := newEnv(t, nil)
 	holder := ctr("ml", "a", "main", "holder0000000001")
