@@ -104,6 +104,36 @@ func (e env) noDeviceCgroup(st specs.State, req *devices.Request) bool {
 	return !e.deviceCgroupApplies(st)
 }
 
+// RunningRequest is what a running container's spec reaches, read as the
+// hook read it at its create-runtime, for a recovery that rebuilds claims
+// from the runtimes' state: req (devices.RequestFromSpec of the spec whose
+// mounts are given) gains what bind mounts bring when no device cgroup
+// stops them. rootless says the runtime ran in a user namespace (its state
+// root belongs to another user than root); otherwise the device cgroup
+// applies when the container's process (pid, read under procRoot) is in a
+// cgroup named after it, or below one (the runtime that ran the hook is
+// gone: that is all that can be checked now). Whatever cannot be read
+// counts as no device cgroup, as at create-runtime.
+func RunningRequest(req *devices.Request, mounts []specs.Mount, procRoot string, pid int, id string, rootless bool) {
+	if len(mounts) == 0 {
+		return
+	}
+	if !rootless {
+		if !bindsDeviceLike(req) {
+			return
+		}
+		e := defaultEnv()
+		e.procRoot = procRoot
+		if cg, err := e.deviceCgroupOf(pid); err == nil && ownedCgroup(cg, "", id) {
+			return
+		}
+	}
+	addBoundNodes(req, mounts)
+	if req.HostDevMounted {
+		req.GPUNodesAllowed = true
+	}
+}
+
 // bindsDeviceLike reports whether AddBindSource recorded, from the spec's
 // mounts, the host's /dev (HostDevMounted) or a host device node (a device
 // with BoundAt): what a missing device cgroup would let the container open.

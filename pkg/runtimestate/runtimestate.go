@@ -159,7 +159,7 @@ func Scan(roots []string, opts Options) Result {
 		if slices.Contains(res.Roots, root) {
 			continue
 		}
-		ok := scanRoot(&res, root, check, opts.Deadline)
+		ok := scanRoot(&res, root, check, opts)
 		if ok {
 			res.Roots = append(res.Roots, root)
 		}
@@ -189,7 +189,8 @@ func cmpU(a, b uint64) int {
 }
 
 // scanRoot reads one root; false when it does not exist or cannot be read.
-func scanRoot(res *Result, root string, check *liveness.Checker, deadline time.Time) bool {
+func scanRoot(res *Result, root string, check *liveness.Checker, opts Options) bool {
+	deadline := opts.Deadline
 	if !filepath.IsAbs(root) {
 		res.Problems = append(res.Problems, Problem{root, errors.New("not an absolute path")})
 		return false
@@ -204,6 +205,16 @@ func scanRoot(res *Result, root string, check *liveness.Checker, deadline time.T
 	}
 	dir := os.NewFile(uintptr(fd), root)
 	defer func() { _ = dir.Close() }()
+	// A root another user than root owns is a rootless runtime's (podman's
+	// under $XDG_RUNTIME_DIR): it set up no device cgroup for its
+	// containers. One that cannot be told counts as rootless, as the hook
+	// counts an unreadable uid_map: more may open.
+	rootless := true
+	if fi, err := dir.Stat(); err == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			rootless = st.Uid != 0
+		}
+	}
 	entries, err := dir.ReadDir(MaxContainers + 1)
 	if err != nil && !errors.Is(err, io.EOF) {
 		res.Problems = append(res.Problems, Problem{root, fmt.Errorf("list: %w", err)})
@@ -242,7 +253,7 @@ func scanRoot(res *Result, root string, check *liveness.Checker, deadline time.T
 		}
 		decideStatus(&c, check)
 		if c.Live() {
-			readSpec(&c)
+			readSpec(&c, opts.ProcRoot, rootless)
 		}
 		res.Containers = append(res.Containers, c)
 	}
@@ -458,12 +469,19 @@ func decideStatus(c *Container, check *liveness.Checker) {
 	}
 }
 
-// readSpec reads the bundle's config.json as the OCI hook does.
-func readSpec(c *Container) {
+// readSpec reads the bundle's config.json as the OCI hook does, and what it
+// reaches as the hook read it (hook.RunningRequest: binds a rootless
+// runtime, or one that set up no device cgroup, let through).
+func readSpec(c *Container, procRoot string, rootless bool) {
 	spec, err := hook.ReadSpec(specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle})
 	if err != nil {
 		c.SpecErr = err
 		return
 	}
-	c.Spec, c.Request, c.Annotations = spec, devices.RequestFromSpec(spec), spec.Annotations
+	if procRoot == "" {
+		procRoot = liveness.DefaultProcRoot
+	}
+	req := devices.RequestFromSpec(spec)
+	hook.RunningRequest(&req, spec.Mounts, procRoot, c.Pid, c.ID, rootless)
+	c.Spec, c.Request, c.Annotations = spec, req, spec.Annotations
 }

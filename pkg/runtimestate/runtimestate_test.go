@@ -320,3 +320,49 @@ func TestScanStopsAtItsDeadline(t *testing.T) {
 	assert.Empty(t, res.Unfinished)
 	assert.Len(t, res.Live(), 1)
 }
+
+// A running container is read as its hook read it at create-runtime: a bind
+// of the host's /dev opens every GPU where no device cgroup stops it (the
+// container's process in no cgroup named after it, or a rootless runtime,
+// whose state root another user owns), so that a recovery rebuilds the
+// claim the hook made; where the container's own cgroup (crun's systemd
+// sub-cgroup of its scope included) applies its rules, the bind brings
+// nothing.
+func TestScanReadsBindsAsTheHookDid(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		cgroup    string // /proc/<pid>/cgroup; "" = none
+		rootOwner int
+		opens     bool
+	}{
+		{"own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false},
+		{"crun's sub-cgroup of its scope", "0::/machine.slice/libpod-c1.scope/container\n", 0, false},
+		{"v1 own devices cgroup", "11:devices:/c1\n0::/user.slice/session-1.scope\n", 0, false},
+		{"the caller's cgroup (no device cgroup)", "0::/user.slice/session-1.scope\n", 0, true},
+		{"cgroup unreadable", "", 0, true},
+		{"rootless runtime's root", "0::/user.slice/user-1000.slice/user@1000.service/libpod-c1.scope\n", 1000, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost(t)
+			h.process(300, 30, 'S')
+			if tc.cgroup != "" {
+				require.NoError(t, os.WriteFile(filepath.Join(h.proc, "300", "cgroup"), []byte(tc.cgroup), 0o644))
+			}
+			bundle := filepath.Join(h.base, "bundles", "c1")
+			require.NoError(t, os.MkdirAll(bundle, 0o755))
+			data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}},
+				Mounts: []specs.Mount{{Destination: "/host/dev", Source: "/dev", Type: "bind", Options: []string{"rbind"}}}})
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+			root := h.root("runc")
+			h.runc(root, "c1", 300, 30, bundle, false)
+			require.NoError(t, os.Chown(root, tc.rootOwner, tc.rootOwner))
+
+			c := byID(h.scan(root))["c1"]
+			require.True(t, c.Live(), c.Why)
+			require.NoError(t, c.SpecErr)
+			assert.True(t, c.Request.HostDevMounted)
+			assert.Equal(t, tc.opens, c.Request.GPUNodesAllowed)
+		})
+	}
+}
