@@ -75,6 +75,11 @@ type Env struct {
 	// tenth of such a command, and the default (the process ends) is all it
 	// needs. Nil: commands run under Run's ctx as it is.
 	Interrupts func(ctx context.Context) (context.Context, context.CancelFunc)
+	// Ignored reports whether the process started with a signal ignored
+	// (signal.Ignored when nil): `gpu-guard-ctl run` leaves such a signal
+	// ignored for its command (nohup). Tests that play a process started
+	// from a terminal report none, whatever the test run itself ignores.
+	Ignored func(os.Signal) bool
 	// BootID overrides the host boot id the ledger compares its state with
 	// (tests pin it; empty = /proc/sys/kernel/random/boot_id).
 	BootID string

@@ -217,7 +217,11 @@ func runChild(ctx context.Context, args []string, ticket string, env Env) (int, 
 	c.Env = append(os.Environ(), hook.TicketEnv+"="+ticket)
 	c.Stdin, c.Stdout, c.Stderr = os.Stdin, env.Stdout, env.Stderr
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, caughtInterrupts(signal.Ignored)...)
+	ignored := env.Ignored
+	if ignored == nil {
+		ignored = signal.Ignored
+	}
+	signal.Notify(sigs, caughtInterrupts(ignored)...)
 	defer signal.Stop(sigs)
 	if ctx.Err() != nil {
 		return 0, fmt.Errorf("interrupted as the GPUs were claimed, %s not run: %w", args[0], context.Cause(ctx))

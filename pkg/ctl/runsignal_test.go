@@ -54,7 +54,12 @@ func playSignalRole(role string) int {
 			fmt.Println(err)
 			return 1
 		}
-		code, err := runChild(context.Background(), []string{exe}, "ticket-x", Env{Stdout: os.Stdout, Stderr: os.Stderr})
+		// As started from a terminal, where no signal is ignored: a
+		// test run under nohup hands its ignored SIGHUP down, which
+		// runChild leaves ignored on purpose
+		// (TestRunChildKeepsIgnoredSignalsIgnored).
+		fromTerminal := func(os.Signal) bool { return false }
+		code, err := runChild(context.Background(), []string{exe}, "ticket-x", Env{Stdout: os.Stdout, Stderr: os.Stderr, Ignored: fromTerminal})
 		if err != nil {
 			fmt.Println(err)
 			return 1
