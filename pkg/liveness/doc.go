@@ -12,8 +12,11 @@
 //     hierarchy such as pids, memory, cpu,cpuacct or name=systemd) are read;
 //     cgroupfs paths ("/k8s.io/<id>") and systemd paths
 //     ("slice:prefix:name") are understood.
-//   - A holder without a usable cgroup whose pid is gone, is a zombie, or was
-//     reused by another process (start time differs from the one recorded).
+//   - A holder without a usable cgroup whose pid is gone (no /proc entry and,
+//     on the procfs of this process's pid namespace, kill(pid, 0) answers
+//     ESRCH: a pid hidden by hidepid is not gone), is a zombie with no other
+//     thread left in /proc/<pid>/task, or was reused by another process
+//     (start time differs from the one recorded).
 //
 // Invariants:
 //   - A holder that never started (no pid, no cgroup) is alive: containerd

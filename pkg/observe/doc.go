@@ -28,8 +28,9 @@
 //     cover (a claim on a GPU covers its MIG instances);
 //   - unhealthy: a critical Xid (the configured list), or NVML reports the
 //     device lost, not found, or needing a reset;
-//   - gone (informational): NVML listed a pid whose /proc entry vanished or
-//     whose pid was reused by a process started after the listing.
+//   - gone (informational): NVML listed a pid whose /proc entry vanished and
+//     that the kernel no longer knows (kill(pid, 0) answers ESRCH), or whose
+//     pid was reused by a process started after the listing.
 //
 // Invariants:
 //   - The observer never kills, never refuses, never writes the ledger: it
@@ -53,7 +54,8 @@
 //     unreadable) is not blamed on a container or on the host; a device whose
 //     processes cannot be listed is reported with its error and not judged.
 //     Nor is it taken for gone when it may still run: Idle answers an error
-//     for a listed pid whose /proc entry is there but unreadable.
+//     for a listed pid whose /proc entry is unreadable, or missing while the
+//     kernel still knows the pid (/proc mounted with hidepid).
 //   - Every message names the device by index and UUID, the pid, and the
 //     container (or "host process").
 //   - NVML reports host pids: the process running the observer must see the
