@@ -32,6 +32,7 @@ func TestPodman(t *testing.T) {
 				{"Privileged", podmanPrivileged},
 				{"AllAndDeviceWhileHeld", podmanAllAndDevice},
 				{"AbandonedCreate", podmanAbandoned},
+				{"HostDevBind", podmanHostDevBind},
 			} {
 				t.Run(sc.name, func(t *testing.T) {
 					r.t = t
@@ -258,4 +259,36 @@ func keys(m map[int]string) []int {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// podmanHostDevBind: a container that binds the host's /dev (a monitoring
+// agent's -v /dev:/host/dev) reaches the GPU nodes its device cgroup lets it
+// open. In the cgroup podman creates for it, the spec's device rules hold:
+// admitted, nothing claimed. With --cgroups=disabled (crun: the process
+// stays where podman's conmon runs it, under no device rules) every GPU
+// opens: it claims them all, and is refused while one is held.
+func podmanHostDevBind(t *testing.T, r *podmanRig) {
+	out, err := r.runGPU("b", "", "-v", "/dev:/host-dev")
+	require.NoError(t, err, out)
+	require.Empty(t, r.holders(), "the device cgroup stops what the bind brings")
+	if r.runtime != "crun" {
+		return // podman disables a container's cgroups with crun only
+	}
+	out, err = r.runGPU("h", "1")
+	require.NoError(t, err, out)
+	out, err = r.runGPU("nc", "", "--cgroups=disabled", "-v", "/dev:/host-dev")
+	require.Error(t, err, "GPU 1 is held: a container that opens every GPU is refused: %s", out)
+	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+r.id("h")[:12])
+	r.mustPodman("rm", "-f", "nc")
+	r.mustPodman("rm", "-f", "-t", "0", "h")
+	r.waitFor("h's claim released", func() bool { return len(r.holders()) == 0 })
+
+	out, err = r.runGPU("nc2", "", "--cgroups=disabled", "-v", "/dev:/host-dev")
+	require.NoError(t, err, out)
+	id := r.id("nc2")
+	held := r.holders()
+	require.Len(t, held, len(r.gpu), "every GPU: %v", held)
+	for _, holder := range held {
+		require.Equal(t, id, holder)
+	}
 }
