@@ -416,7 +416,8 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 	p.validates.Store(mask.IsSet(api.Event_VALIDATE_CONTAINER_ADJUSTMENT))
 	if runtime == "containerd" && !p.validates.Load() && !atLeast(version, 0, 0) {
 		p.log.Warn("containerd's version cannot be read: the plugins' adjustments are not validated (other NRI plugins "+
-			"with a higher index can add GPUs unchecked); keep plugins that add devices below this one's index", "runtime_version", version)
+			"with a higher index can add GPUs unchecked, and any plugin's CDI devices go unseen); keep plugins that add devices, env or "+
+			"mounts below this one's index, and let none add CDI devices or device cgroup rules, or remove env or devices", "runtime_version", version)
 	}
 	p.warnHooksUnderNRI(runtime)
 	if p.g != nil && cfgText == p.cfgText {
@@ -1018,10 +1019,18 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	_, exempted := p.exemptAtCreate[id]
 	delete(p.exemptAtCreate, id)
 	p.mu.Unlock()
-	if !adjustsAccess(req.GetAdjust()) {
-		// The container is the one admission decided on: nothing that
-		// can reach a GPU was changed after it. The common case, at no
-		// cost beyond this look.
+	self := g.Config().NRI.PluginName
+	before, after := pluginsAround(req.GetPlugins(), self)
+	if !adjustsAccess(req.GetAdjust()) && len(before) == 0 {
+		// The container is the one admission decided on: no plugin ran
+		// before the guard, and nothing that can reach a GPU was changed
+		// after it. The common case, at no cost beyond this look. A
+		// plugin that ran before changed the request the guard saw in
+		// place, and not always as the runtime creates the container:
+		// NRI applies an env or device removal to what later plugins
+		// see, but leaves it out of the adjustment containerd applies
+		// (a removed NVIDIA_VISIBLE_DEVICES stays in the spec), so the
+		// pristine container and the adjustment are resolved then.
 		return nil
 	}
 	pod := req.GetPod()
@@ -1039,7 +1048,7 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	defer cancel()
 	d, err := g.Validate(dctx, r, guard.ValidateOptions{
 		ExemptAtAdmission: exempted,
-		After:             "an NRI plugin that runs after nri-gpu-guard (" + pluginsAfter(req.GetPlugins(), g.Config().NRI.PluginName) + ")",
+		After:             culpritText(before, after),
 		// While the ledger's holders are being rebuilt, a container that
 		// reaches a GPU is refused at once, as at CreateContainer.
 		WithoutLedger: p.rebuilding.Load(),
@@ -1061,26 +1070,40 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	return nil
 }
 
-// pluginsAfter names the plugins consulted after the one named self
-// ("95-device-injector"), or all of them but self when self is not listed.
-func pluginsAfter(plugins []*api.PluginInstance, self string) string {
+// pluginsAround names ("10-device-injector") the plugins consulted before
+// and after the one named self, by index; when self is not listed, all of
+// them count as after.
+func pluginsAround(plugins []*api.PluginInstance, self string) (before, after []string) {
 	selfIdx := ""
 	for _, pl := range plugins {
 		if pl.GetName() == self {
 			selfIdx = pl.GetIndex()
 		}
 	}
-	var names []string
 	for _, pl := range plugins {
-		if pl.GetName() == self || (selfIdx != "" && pl.GetIndex() <= selfIdx) {
-			continue
+		switch name := pl.GetIndex() + "-" + pl.GetName(); {
+		case pl.GetName() == self:
+		case selfIdx != "" && pl.GetIndex() <= selfIdx:
+			before = append(before, name)
+		default:
+			after = append(after, name)
 		}
-		names = append(names, pl.GetIndex()+"-"+pl.GetName())
 	}
-	if len(names) == 0 {
-		return "none listed"
+	return before, after
+}
+
+// culpritText says which plugins a refusal at validation can come from: the
+// ones after the guard, and, when any ran before it, those too (they changed
+// the request the guard decided on in ways the runtime may not follow).
+func culpritText(before, after []string) string {
+	a := "none listed"
+	if len(after) > 0 {
+		a = strings.Join(after, ", ")
 	}
-	return strings.Join(names, ", ")
+	if len(before) == 0 {
+		return "an NRI plugin that runs after nri-gpu-guard (" + a + ")"
+	}
+	return "an NRI plugin's adjustment (before nri-gpu-guard: " + strings.Join(before, ", ") + "; after it: " + a + ")"
 }
 
 // CreateContainer admits the container or refuses it with the guard's

@@ -190,16 +190,23 @@ func adjusted(ctr *api.Container, adj *api.ContainerAdjustment) (*api.Container,
 		}
 		out.Mounts = mounts
 	}
-	for k, v := range adj.GetAnnotations() {
-		key, remove := api.IsMarkedForRemoval(k)
-		if remove {
+	// Removals first, then what is set: one plugin's removal and a later
+	// plugin's setting of the same key are both in the adjustment, and the
+	// runtime applies its map in no set order; the guard reads the key as
+	// set (a claim too many, never one too few).
+	for k := range adj.GetAnnotations() {
+		if key, remove := api.IsMarkedForRemoval(k); remove {
 			delete(out.Annotations, key)
+		}
+	}
+	for k, v := range adj.GetAnnotations() {
+		if _, remove := api.IsMarkedForRemoval(k); remove {
 			continue
 		}
 		if out.Annotations == nil {
 			out.Annotations = map[string]string{}
 		}
-		out.Annotations[key] = v
+		out.Annotations[k] = v
 	}
 	if la := adj.GetLinux(); la != nil {
 		if out.Linux == nil {

@@ -137,6 +137,56 @@ func TestLaterPluginCannotAddAnUncheckedGPU(t *testing.T) {
 	}
 }
 
+// A plugin that runs before the guard changes the request the guard sees in
+// place, and NRI does not always hand that change to the runtime: an env
+// removal is applied to what later plugins see but left out of the
+// adjustment containerd applies, so the container keeps the variable the
+// guard never saw. The validation resolves the pristine container with the
+// adjustment whenever a plugin ran before the guard, and refuses what it
+// reaches unclaimed, naming that plugin.
+func TestEarlierPluginsInPlaceChangeIsValidated(t *testing.T) {
+	rt := newRuntime(t, nil)
+	rt.startPlugin()
+	rt.startInjectorAt("10", func(c *api.Container) *api.ContainerAdjustment {
+		if c.GetName() != "b" {
+			return nil
+		}
+		return &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: api.MarkForRemoval("NVIDIA_VISIBLE_DEVICES")}}}
+	})
+	pa := rt.addPod("a")
+	require.NoError(t, rt.create(pa, container(pa, "a", "ctr-a", "NVIDIA_VISIBLE_DEVICES=0")))
+	pb := rt.addPod("b")
+	err := rt.create(pb, container(pb, "b", "ctr-b", "NVIDIA_VISIBLE_DEVICES=0"))
+	require.Error(t, err, "the runtime creates ctr-b with NVIDIA_VISIBLE_DEVICES=0 while ctr-a holds GPU 0")
+	assert.ErrorContains(t, err, "GPU 0 ("+gpuUUID(0)+")")
+	assert.ErrorContains(t, err, "before nri-gpu-guard: 10-device-injector")
+	assert.Equal(t, map[string]string{"0": "ctr-a"}, rt.holders())
+}
+
+// One plugin's removal of an annotation and a later plugin's setting of it
+// are both in the adjustment, which the runtime applies in no set order: the
+// guard reads the key as set, whatever the order.
+func TestAdjustedAnnotationRemovedThenSet(t *testing.T) {
+	ctr := &api.Container{Id: "c", Annotations: map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=1"}}
+	adj := &api.ContainerAdjustment{Annotations: map[string]string{
+		api.MarkForRemoval("cdi.k8s.io/x"): "", "cdi.k8s.io/x": "nvidia.com/gpu=0", api.MarkForRemoval("cdi.k8s.io/y"): ""}}
+	for range 50 { // map order differs between runs of the loop
+		out, _ := adjusted(ctr, adj)
+		require.Equal(t, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=0"}, out.Annotations)
+	}
+}
+
+func TestCulpritText(t *testing.T) {
+	plugins := []*api.PluginInstance{{Name: "device-injector", Index: "10"}, {Name: "gpu-guard", Index: "90"}, {Name: "cdi", Index: "95"}}
+	before, after := pluginsAround(plugins, "gpu-guard")
+	assert.Equal(t, []string{"10-device-injector"}, before)
+	assert.Equal(t, []string{"95-cdi"}, after)
+	assert.Equal(t, "an NRI plugin's adjustment (before nri-gpu-guard: 10-device-injector; after it: 95-cdi)", culpritText(before, after))
+	assert.Equal(t, "an NRI plugin that runs after nri-gpu-guard (none listed)", culpritText(nil, nil))
+	_, after = pluginsAround(plugins, "not-listed")
+	assert.Len(t, after, 3, "self not listed: all count as after")
+}
+
 // An exempt namespace's containers reach what they reach, as at admission;
 // one whose create named no GPU (no exemption then) is granted it at
 // validation, audited there once.
