@@ -664,21 +664,16 @@ func TestDeadHookReserverIsDroppedForAnyRequest(t *testing.T) {
 	e := newEnv(t, nil)
 	holder := ctr("ml", "h", "main", "holder0000000001")
 	require.Equal(t, guard.Admit, e.admit(holder, visible("1")).Result)
-	waiter := ledger.Owner{ContainerID: "hookwaiter000001", FrontEnd: ledger.FrontEndHook, Pid: 4242, PidStart: 42420}
-	d, err := e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: waiter, Spec: visible("1")})
-	require.NoError(t, err)
-	require.Equal(t, guard.Queue, d.Result)
+	waiter := e.queueHookWaiter(visible("1"))
 	require.NoError(t, e.g.Stopped(ctx, holder))
 	require.Len(t, e.state().Reservations, 1, "GPU 1 is kept for the waiter")
 
 	newcomer := ctr("ml", "n", "main", "newcomer00000001")
-	d = e.admit(newcomer, visible("1"))
+	d := e.admit(newcomer, visible("1"))
 	require.Equal(t, guard.Queue, d.Result, "the waiter lives: its reservation stands")
 	assert.Contains(t, d.Message, "reserved")
 
-	e.live.mu.Lock()
-	e.live.exited["pid:4242"] = true
-	e.live.mu.Unlock()
+	e.live.exitPid(waiter.Pid)
 	d = e.admit(newcomer, visible("1"))
 	require.Equal(t, guard.Admit, d.Result, "%s", d.Message)
 	st := e.state()
@@ -695,6 +690,24 @@ func TestDeadHookReserverIsDroppedForAnyRequest(t *testing.T) {
 	assert.True(t, found, "the drop is audited")
 }
 
+// queueHookWaiter queues an OCI hook waiter (a --wait hook, a ctl ticket)
+// whose process is pid 4242, for spec's GPUs, which are busy.
+func (e *env) queueHookWaiter(spec devices.Request) ledger.Owner {
+	e.t.Helper()
+	waiter := ledger.Owner{ContainerID: "hookwaiter000001", FrontEnd: ledger.FrontEndHook, Pid: 4242, PidStart: 42420}
+	d, err := e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: waiter, Spec: spec})
+	require.NoError(e.t, err)
+	require.Equal(e.t, guard.Queue, d.Result, d.Message)
+	return waiter
+}
+
+// exitPid makes the process pid read as gone.
+func (l *liveness) exitPid(pid int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.exited["pid:"+strconv.Itoa(pid)] = true
+}
+
 // A dead hook waiter at the head of the queue, asking for a GPU whole while
 // one of its MIG instances is in use, holds no reservation but keeps the
 // GPU's free instances (the keep of the queue's head): every request drops
@@ -703,20 +716,15 @@ func TestDeadHookHeadKeepsNoMIGInstance(t *testing.T) {
 	e := newEnv(t, nil)
 	holder := ctr("ml", "h", "main", "holder0000000001")
 	require.Equal(t, guard.Admit, e.admit(holder, visible("3:0")).Result)
-	waiter := ledger.Owner{ContainerID: "hookwaiter000001", FrontEnd: ledger.FrontEndHook, Pid: 4242, PidStart: 42420}
-	d, err := e.g.Admit(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: waiter, Spec: visible("3")})
-	require.NoError(t, err)
-	require.Equal(t, guard.Queue, d.Result)
+	waiter := e.queueHookWaiter(visible("3"))
 	require.Empty(t, e.state().Reservations)
 
 	newcomer := ctr("ml", "n", "main", "newcomer00000001")
-	d = e.admit(newcomer, visible("3:1"))
+	d := e.admit(newcomer, visible("3:1"))
 	require.Equal(t, guard.Queue, d.Result, "the waiter lives: 3:1 is kept for it")
 	assert.Contains(t, d.Message, "is kept for")
 
-	e.live.mu.Lock()
-	e.live.exited["pid:4242"] = true
-	e.live.mu.Unlock()
+	e.live.exitPid(waiter.Pid)
 	d = e.admit(newcomer, visible("3:1"))
 	assert.Equal(t, guard.Admit, d.Result, "%s", d.Message)
 	for _, w := range e.state().Waiters {

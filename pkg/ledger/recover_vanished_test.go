@@ -7,6 +7,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -17,7 +18,15 @@ import (
 func movedStateDir(t *testing.T) (l *Ledger, dir, moved string) {
 	t.Helper()
 	root := safeDir(t)
-	dir, moved = filepath.Join(root, "state"), filepath.Join(root, "moved")
+	return movedDir(t, root, "state", "moved")
+}
+
+// movedDir commits a claim in the state dir root/state (state may name a
+// dir below a parent: "lib/state"), then moves the first element of state
+// to root/moved.
+func movedDir(t *testing.T, root, state, moved string) (l *Ledger, dir, movedTo string) {
+	t.Helper()
+	dir = filepath.Join(root, state)
 	opts := testOptions(nil)
 	opts.RuntimeDir = t.TempDir()
 	l, err := Open(dir, opts)
@@ -26,8 +35,10 @@ func movedStateDir(t *testing.T) (l *Ledger, dir, moved string) {
 		_, err := tx.Claim("", owner("a"), devs(gpu(0)), "env")
 		require.NoError(t, err)
 	})
-	require.NoError(t, os.Rename(dir, moved))
-	return l, dir, moved
+	top := strings.SplitN(state, "/", 2)[0]
+	movedTo = filepath.Join(root, moved)
+	require.NoError(t, os.Rename(filepath.Join(root, top), movedTo))
+	return l, dir, movedTo
 }
 
 // A dry run changes nothing: not even the vanished state dir is made
@@ -70,17 +81,8 @@ func TestRecoverThatFindsNothingRemovesTheDirItMade(t *testing.T) {
 // A missing parent made for the state dir is removed with it.
 func TestRecoverThatFindsNothingRemovesTheParentsItMade(t *testing.T) {
 	root := safeDir(t)
-	dir := filepath.Join(root, "lib", "state")
-	opts := testOptions(nil)
-	opts.RuntimeDir = t.TempDir()
-	l, err := Open(dir, opts)
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("a"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-	})
-	require.NoError(t, os.Rename(filepath.Join(root, "lib"), filepath.Join(root, "saved")))
-	_, err = l.Recover(context.Background(), RecoverOptions{})
+	l, _, _ := movedDir(t, root, "lib/state", "saved")
+	_, err := l.Recover(context.Background(), RecoverOptions{})
 	require.ErrorIs(t, err, ErrNeedsRecovery)
 	require.NoDirExists(t, filepath.Join(root, "lib"), "Recover left the parent it made")
 }
