@@ -29,6 +29,15 @@ const injectAnnotation = "test.nri-gpu-guard.io/inject-device"
 // containerd adds it to the plugins it asks).
 func startInjector(t *testing.T, c *Containerd, pod *Pod) {
 	t.Helper()
+	startInjectorAt(t, c, pod, "95")
+}
+
+// unsetAnnotation names the env variable testdata/injector removes.
+const unsetAnnotation = "test.nri-gpu-guard.io/unset-env"
+
+// startInjectorAt is startInjector with the injector at index idx.
+func startInjectorAt(t *testing.T, c *Containerd, pod *Pod, idx string) {
+	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "injector")
 	build := exec.Command("go", "build", "-tags", "nri_no_wasm", "-o", bin, "./testdata/injector")
@@ -36,7 +45,8 @@ func startInjector(t *testing.T, c *Containerd, pod *Pod) {
 	out, err := build.CombinedOutput()
 	require.NoError(t, err, "building the injector: %s", out)
 	logPath := filepath.Join(dir, "injector.log")
-	p, err := startProcess("injector", logPath, os.Environ(), bin, "-socket", c.NRISocket, "-idx", "95", "-annotation", injectAnnotation)
+	p, err := startProcess("injector", logPath, os.Environ(), bin, "-socket", c.NRISocket, "-idx", idx,
+		"-annotation", injectAnnotation, "-unset-annotation", unsetAnnotation)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.stop(10 * time.Second) })
 	probes := 0
@@ -77,4 +87,28 @@ func TestLaterPluginCannotAddAnUncheckedGPU(t *testing.T) {
 
 	id := pod.Run(t, ContainerSpec{Name: worker, Env: GPUEnv("1"), Annotations: map[string]string{injectAnnotation: node}})
 	assert.Equal(t, map[string][]string{id: {gpu1.UUID}}, g.ClaimsByContainer(t))
+}
+
+// TestEarlierPluginsEnvRemovalIsValidated: an NRI plugin that runs before
+// the guard (index 10) removes NVIDIA_VISIBLE_DEVICES from a container that
+// names GPU 1 while another container holds it. NRI shows the guard the
+// container without the variable, but containerd creates it as the
+// adjustment says, and the adjustment carries no removal: the container
+// would reach GPU 1 with no claim. The validation resolves the container as
+// created and refuses it, naming the plugin that ran before the guard.
+func TestEarlierPluginsEnvRemovalIsValidated(t *testing.T) {
+	RequireCapability(t, CapAdjustmentValidation)
+	env := NewGuardEnv(t, GuardOptions{})
+	c, g := env.C, env.G
+	gpu1 := c.GPUs[1]
+	pod := c.RunPod(t, PodSpec{Name: "earlier-plugin"})
+	startInjectorAt(t, c, pod, "10")
+
+	holder := pod.Run(t, ContainerSpec{Name: "holder", Env: GPUEnv("1")})
+	msg := pod.Refused(t, ContainerSpec{Name: worker, Env: GPUEnv("1"),
+		Annotations: map[string]string{unsetAnnotation: "NVIDIA_VISIBLE_DEVICES"}})
+	t.Logf("refusal seen by crictl: %s", msg)
+	assert.Contains(t, msg, gpuName(gpu1))
+	assert.Contains(t, msg, "before nri-gpu-guard: 10-injector")
+	assert.Equal(t, map[string][]string{holder: {gpu1.UUID}}, g.ClaimsByContainer(t))
 }

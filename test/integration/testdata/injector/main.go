@@ -10,7 +10,9 @@
 //
 //	injector -socket PATH -idx 95 -annotation KEY
 //
-// The annotation's value is "PATH:MAJOR:MINOR" (a character device).
+// The annotation's value is "PATH:MAJOR:MINOR" (a character device). With
+// -unset-annotation KEY2, a container annotated KEY2=NAME has its env
+// variable NAME removed instead.
 package main
 
 import (
@@ -25,10 +27,18 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 )
 
-type injector struct{ key string }
+type injector struct{ key, unsetKey string }
 
 func (in injector) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	fmt.Printf("injector: saw %s\n", c.GetName())
+	if name, ok := c.GetAnnotations()[in.unsetKey]; ok && in.unsetKey != "" {
+		// As a plugin that strips a variable from the containers it
+		// adjusts (NVIDIA_VISIBLE_DEVICES of a CUDA image, say).
+		adj := &api.ContainerAdjustment{}
+		adj.RemoveEnv(name)
+		fmt.Printf("injector: removed env %s of %s\n", name, c.GetName())
+		return adj, nil, nil
+	}
 	v, ok := c.GetAnnotations()[in.key]
 	if !ok {
 		return nil, nil, nil
@@ -52,8 +62,9 @@ func main() {
 	socket := flag.String("socket", "", "the runtime's NRI socket")
 	idx := flag.String("idx", "95", "plugin index")
 	key := flag.String("annotation", "", "the annotation naming the device to add")
+	unsetKey := flag.String("unset-annotation", "", "the annotation naming an env variable to remove")
 	flag.Parse()
-	s, err := stub.New(injector{key: *key}, stub.WithPluginName("injector"), stub.WithPluginIdx(*idx), stub.WithSocketPath(*socket))
+	s, err := stub.New(injector{key: *key, unsetKey: *unsetKey}, stub.WithPluginName("injector"), stub.WithPluginIdx(*idx), stub.WithSocketPath(*socket))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "injector:", err)
 		os.Exit(1)
