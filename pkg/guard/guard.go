@@ -650,7 +650,7 @@ func (g *Guard) Started(ctx context.Context, containerID string, pid int, cgroup
 		return tx.SetStarted(containerID, pid, pidStart, cgroup)
 	})
 	if err == nil {
-		g.takenOver(containerID, true) // it runs: the takeover is real
+		g.forgetTakeover(containerID) // it runs: the takeover is real
 	}
 	return err
 }
@@ -685,28 +685,34 @@ func (g *Guard) rememberTakeover(restartID string, originals []ledger.Claim) {
 	g.takeovers[restartID] = originals
 }
 
-// takenOver returns the claims restartID took over, as they were, and
-// forgets them when forget is set. It also forgets what anyone took over
-// from restartID: when that container is removed, nothing is handed back to
-// it.
-func (g *Guard) takenOver(id string, forget bool) []ledger.Claim {
+// takenOver returns the claims restart id took over, as they were.
+func (g *Guard) takenOver(id string) []ledger.Claim {
 	g.takeoversMu.Lock()
 	defer g.takeoversMu.Unlock()
-	out := g.takeovers[id]
-	if forget {
-		delete(g.takeovers, id)
-	}
-	return out
+	return g.takeovers[id]
 }
 
-// forgetTakeoversFrom forgets the takeovers from predecessor id, which is
-// removed: a restart undone later has nobody to hand them back to.
+// forgetTakeover forgets what restart id took over: it started (the
+// takeover is real), or what could be handed back was.
+func (g *Guard) forgetTakeover(id string) {
+	g.takeoversMu.Lock()
+	defer g.takeoversMu.Unlock()
+	delete(g.takeovers, id)
+}
+
+// forgetTakeoversFrom forgets the claims taken over from predecessor id,
+// which is removed: a restart undone later has nobody to hand them back to.
+// A restart may have taken over from several predecessors; what it took
+// from the others is kept.
 func (g *Guard) forgetTakeoversFrom(id string) {
 	g.takeoversMu.Lock()
 	defer g.takeoversMu.Unlock()
 	for k, cs := range g.takeovers {
-		if len(cs) > 0 && cs[0].Owner.ContainerID == id {
+		kept := slices.DeleteFunc(slices.Clone(cs), func(c ledger.Claim) bool { return c.Owner.ContainerID == id })
+		if len(kept) == 0 {
 			delete(g.takeovers, k)
+		} else {
+			g.takeovers[k] = kept
 		}
 	}
 }
@@ -714,7 +720,7 @@ func (g *Guard) forgetTakeoversFrom(id string) {
 // handBack gives the claims o took over back to its predecessor if o never
 // started (its create was undone): see rememberTakeover.
 func (g *Guard) handBack(ctx context.Context, o ledger.Owner) error {
-	originals := g.takenOver(o.ContainerID, false)
+	originals := g.takenOver(o.ContainerID)
 	if len(originals) == 0 {
 		return nil
 	}
@@ -726,11 +732,11 @@ func (g *Guard) handBack(ctx context.Context, o ledger.Owner) error {
 	if err != nil {
 		return err // kept: the retried Removed tries again
 	}
-	g.takenOver(o.ContainerID, true)
-	if len(back) > 0 {
+	g.forgetTakeover(o.ContainerID)
+	for _, c := range back {
 		g.log.Info("claim handed back to the restart's predecessor: the restart never started",
-			append(ownerAttrs(o, ""), slog.String("to_container_id", back[0].Owner.ContainerID),
-				slog.Any("devices", claimUUIDs(back)))...)
+			append(ownerAttrs(o, ""), slog.String("to_container_id", c.Owner.ContainerID),
+				slog.String("device", c.Device.UUID))...)
 	}
 	return nil
 }

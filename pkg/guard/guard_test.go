@@ -624,6 +624,22 @@ func TestReleaseOnRemove(t *testing.T) {
 		assert.Empty(t, e.holders(), "nobody is left to hand the claim back to")
 	})
 
+	t.Run("an undone restart hands back only to the predecessors that are still there", func(t *testing.T) {
+		e := newEnv(t, mutate)
+		first := ctr("ml", "a", "main", "old0000000000001")
+		second := ctr("ml", "a", "main", "old0000000000002")
+		require.Equal(t, guard.Admit, e.admit(first, visible("1")).Result)
+		require.NoError(t, e.g.Stopped(ctx, first))
+		require.Equal(t, "free", e.admit(second, visible("2")).Reason)
+		require.NoError(t, e.g.Stopped(ctx, second))
+		// The restart asks for both: it takes over from both predecessors.
+		require.Equal(t, "takeover", e.admit(restart, visible("1,2")).Reason)
+		require.NoError(t, e.g.Removed(ctx, first))
+		require.NoError(t, e.g.Removed(ctx, restart))
+		assert.Equal(t, map[string]string{uuid(2): second.ContainerID}, e.holders(),
+			"GPU 2 back to the predecessor still there, GPU 1 to nobody")
+	})
+
 	t.Run("stop under release_on=stop releases", func(t *testing.T) {
 		e := newEnv(t, nil)
 		require.Equal(t, guard.Admit, e.admit(old, visible("1")).Result)

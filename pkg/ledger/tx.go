@@ -834,7 +834,20 @@ func (tx *Tx) HandBack(restartID string, originals []Claim, reason string) []Cla
 		return nil
 	}
 	tx.touch()
-	o := out[0].Owner
-	tx.record(OpTakeover, &o, "", uuids(out, claimDevice), fmt.Sprintf("handed back from container %s: %s", restartID, reason))
+	// One record per container handed back to (a restart may have taken
+	// over from several).
+	for i := range out {
+		o := out[i].Owner
+		if slices.ContainsFunc(out[:i], func(c Claim) bool { return c.Owner.ContainerID == o.ContainerID }) {
+			continue
+		}
+		var devs []string
+		for _, c := range out[i:] {
+			if c.Owner.ContainerID == o.ContainerID {
+				devs = append(devs, c.Device.UUID)
+			}
+		}
+		tx.record(OpTakeover, &o, "", devs, fmt.Sprintf("handed back from container %s: %s", restartID, reason))
+	}
 	return out
 }
