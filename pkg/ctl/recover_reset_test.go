@@ -94,16 +94,7 @@ func TestRecoverResetForceKeepsAClaimAdmittedAfterTheLook(t *testing.T) {
 // the GPU to the next container while those processes could still run on it.
 func TestRecoverResetForceKeepsADrainingClaim(t *testing.T) {
 	f := newFixture(t)
-	opts := f.ledgerOpts(0)
-	opts.DrainGrace = time.Minute // the default idle_grace, as the config's
-	l, err := ledger.Open(f.dir, opts)
-	require.NoError(t, err)
-	require.NoError(t, l.Update(context.Background(), func(tx *ledger.Tx) error {
-		claim(t, tx, ownStale, `env NVIDIA_VISIBLE_DEVICES="2"`, f.dev(t, uuidGPU2))
-		require.True(t, tx.SetStarted(idStale, 999, 0, "/k8s.io/"+idStale))
-		require.NotEmpty(t, tx.MarkDraining(idStale, "stopped"))
-		return nil
-	}))
+	f.drainingStale(t)
 	require.Len(t, f.state(t).Claims, 1, "draining")
 	f.liveness[idStale] = "cgroup k8s.io/" + idStale + " has no processes"
 	f.uid = 0
@@ -178,6 +169,23 @@ func TestRecoverResetRefusesALedgerRecoveredAfterTheLook(t *testing.T) {
 // reset keeps it for the same reason.
 func TestReleaseRefusesADrainingClaim(t *testing.T) {
 	f := newFixture(t)
+	f.drainingStale(t)
+	f.uid = 0
+	r := f.run(t, "release", "--container", idStale, "--reason", "x")
+	require.Equal(t, ExitError, r.code, r.stdout+r.stderr)
+	assert.Contains(t, r.stderr, "its claim drains until its processes leave the GPU")
+	require.Len(t, f.state(t).Claims, 1, "kept")
+
+	r = f.run(t, "release", "--container", idStale, "--reason", "x", "--force")
+	require.Equal(t, ExitOK, r.code, r.stdout+r.stderr)
+	require.Empty(t, f.state(t).Claims)
+}
+
+// drainingStale gives the fixture's stale holder a claim on GPU 2 that
+// drains: it started, then stopped under release_requires_idle (the drain
+// grace a minute, the default idle_grace).
+func (f *fixture) drainingStale(t *testing.T) {
+	t.Helper()
 	opts := f.ledgerOpts(0)
 	opts.DrainGrace = time.Minute
 	l, err := ledger.Open(f.dir, opts)
@@ -188,13 +196,4 @@ func TestReleaseRefusesADrainingClaim(t *testing.T) {
 		require.NotEmpty(t, tx.MarkDraining(idStale, "stopped"))
 		return nil
 	}))
-	f.uid = 0
-	r := f.run(t, "release", "--container", idStale, "--reason", "x")
-	require.Equal(t, ExitError, r.code, r.stdout+r.stderr)
-	assert.Contains(t, r.stderr, "its claim drains until its processes leave the GPU")
-	require.Len(t, f.state(t).Claims, 1, "kept")
-
-	r = f.run(t, "release", "--container", idStale, "--reason", "x", "--force")
-	require.Equal(t, ExitOK, r.code, r.stdout+r.stderr)
-	require.Empty(t, f.state(t).Claims)
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/nri/pkg/api"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -31,21 +32,7 @@ func TestCreateUndoneWhileItRunsLeavesNoClaim(t *testing.T) {
 	pod := rt.addPod("a")
 	ctr := container(pod, "main", "x-1", "NVIDIA_VISIBLE_DEVICES=0")
 
-	lk := rt.lockLedger() // the create waits for the ledger (a stalled disk, a throttled daemon)
-	created := make(chan error, 1)
-	go func() {
-		_, _, err := pl.p.CreateContainer(context.Background(), pod, ctr)
-		created <- err
-	}()
-	require.Equal(t, "CreateContainer", testwait.Receive(t, entered, "the create's handler"))
-
-	// The runtime gave up on the create and undoes it.
-	_, err := pl.p.StopContainer(context.Background(), pod, ctr)
-	require.NoError(t, err)
-	require.NoError(t, pl.p.RemoveContainer(context.Background(), pod, ctr))
-	require.NoError(t, lk.Unlock())
-
-	err = testwait.Receive(t, created, "the create's answer")
+	err := createUndoneWhileItWaits(t, rt, pl, entered, pod, ctr)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "stopped or removed it while nri-gpu-guard decided its create")
 	assert.Empty(t, rt.holders(), "the claim of a container that never existed is released")
@@ -71,6 +58,22 @@ func TestExemptCreateUndoneWhileItRunsLeavesNothing(t *testing.T) {
 	pod.Namespace = "monitoring"
 	ctr := container(pod, "exporter", "exporter-1", "NVIDIA_VISIBLE_DEVICES=all")
 
+	_ = createUndoneWhileItWaits(t, rt, pl, entered, pod, ctr) // admitted or refused: what is left behind counts
+
+	assert.Empty(t, rec.set(), "not in the observer's exempt set")
+	pl.p.mu.Lock()
+	_, waiting := pl.p.exemptAtCreate[ctr.Id]
+	pl.p.mu.Unlock()
+	assert.False(t, waiting, "no exemption waits for a validation")
+}
+
+// createUndoneWhileItWaits runs ctr's create while the ledger's lock is held
+// (a stalled disk, a throttled daemon), undoes it as the runtime does once
+// it gave up on it (StopContainer, RemoveContainer) while the handler waits,
+// then lets the lock go, and returns the create's answer. entered receives
+// the handlers' names as they start.
+func createUndoneWhileItWaits(t *testing.T, rt *runtime, pl *plugin, entered chan string, pod *api.PodSandbox, ctr *api.Container) error {
+	t.Helper()
 	lk := rt.lockLedger()
 	created := make(chan error, 1)
 	go func() {
@@ -82,11 +85,5 @@ func TestExemptCreateUndoneWhileItRunsLeavesNothing(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, pl.p.RemoveContainer(context.Background(), pod, ctr))
 	require.NoError(t, lk.Unlock())
-	_ = testwait.Receive(t, created, "the create's answer") // admitted or refused: what is left behind counts
-
-	assert.Empty(t, rec.set(), "not in the observer's exempt set")
-	pl.p.mu.Lock()
-	_, waiting := pl.p.exemptAtCreate[ctr.Id]
-	pl.p.mu.Unlock()
-	assert.False(t, waiting, "no exemption waits for a validation")
+	return testwait.Receive(t, created, "the create's answer")
 }
