@@ -296,7 +296,7 @@ func TestTicketHandoverFailureIsAudited(t *testing.T) {
 	r := newTicketRig(t, "1")
 	r.cfg.Ledger.LockTimeout = config.Duration{Duration: 50 * time.Millisecond}
 	st := specWith(t, "c", []string{"nri-gpu-guard-hook", "create-runtime"}, 4, "NVIDIA_VISIBLE_DEVICES=1", TicketEnv+"="+r.id)
-	started := time.Now().Add(-(4*time.Second - hookAnswerMargin - 100*time.Millisecond))
+	started := time.Now().Add(-(4*time.Second - hookAnswerMargin - time.Second))
 	r.e.opts = Options{Started: started}
 	// The lock is held through the hand-over's deadline and let go once the
 	// hook tries to record its refusal: the record gets in.
