@@ -270,13 +270,12 @@ func CgroupPath(cgroupsPath string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("%w: %q: %w", ErrBadCgroupPath, cgroupsPath, err)
 		}
+		// runc and crun join prefix and name with a dash even when the
+		// prefix is empty ("-<name>.scope"); runc takes a name ending in
+		// ".slice" as the unit itself.
 		unit := name
 		if !strings.HasSuffix(name, ".slice") {
-			if prefix != "" {
-				unit = prefix + "-" + name + ".scope"
-			} else {
-				unit = name + ".scope"
-			}
+			unit = prefix + "-" + name + ".scope"
 		}
 		if strings.Contains(unit, "/") {
 			return "", fmt.Errorf("%w: %q: unit name contains '/'", ErrBadCgroupPath, cgroupsPath)
