@@ -149,6 +149,13 @@ type Request struct {
 	// runtime) every node of it opens: the OCI hook then sets
 	// GPUNodesAllowed (see BindMountedNodes).
 	HostDevMounted bool
+	// NoDeviceCgroup: no device cgroup enforces the container's device
+	// rules (a rootless runtime, or a rootful one that set up no cgroup for
+	// it), and it can open every GPU that way: through the host's /dev
+	// bound in, or a node it makes itself with CAP_MKNOD. The OCI hook sets
+	// it together with GPUNodesAllowed; messages then name the cause
+	// instead of a device cgroup rule.
+	NoDeviceCgroup bool
 	// DynamicMajorRules are the device cgroup rules that can reach a node
 	// of a major of the kernel's dynamic range (where nvidia-caps gets one
 	// at module load): type "c" for such a major or for no major, and type

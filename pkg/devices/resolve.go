@@ -108,15 +108,24 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 	b := r.newBuilder()
 	if req.Privileged || req.GPUNodesAllowed {
 		what := "privileged container (CAP_SYS_ADMIN)"
-		if !req.Privileged {
+		fix := "run it unprivileged and name its GPUs"
+		// What claims every GPU of an unprivileged container, and how not to.
+		allSrc, allFix := srcGPURule, "name the GPUs the container needs and let its device cgroup allow only their nodes"
+		if req.NoDeviceCgroup {
+			allSrc = srcNoDeviceCgroup
+			allFix = "run it in a device cgroup of its own (cgroups enabled), or without the host's /dev bound in and without CAP_MKNOD, and name its GPUs"
+		}
+		switch {
+		case req.Privileged:
+		case req.NoDeviceCgroup:
+			what = "container without a device cgroup (the host's /dev bound in, or CAP_MKNOD, opens every GPU node)"
+			fix = allFix
+		default:
 			what = "container whose device cgroup lets it open every GPU node (c 195:*)"
+			fix = "name its GPUs and let its device cgroup allow only their nodes"
 		}
 		switch r.policy.Privileged {
 		case config.PrivilegedReject:
-			fix := "run it unprivileged and name its GPUs"
-			if !req.Privileged {
-				fix = "name its GPUs and let its device cgroup allow only their nodes"
-			}
 			err := fmt.Errorf("%s: %w (policy.privileged = %q): it can open every GPU; %s",
 				what, ErrPrivilegedRejected, config.PrivilegedReject, fix)
 			if !req.Privileged {
@@ -136,7 +145,7 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 				// CAP_MKNOD (in every engine's default set) or a
 				// bind-mounted /dev the container reaches every GPU: it
 				// declared them all, under policy.all_devices.
-				b.claimAllOr(srcGPURule, "name the GPUs the container needs and let its device cgroup allow only their nodes")
+				b.claimAllOr(allSrc, allFix)
 				break
 			}
 			b.note(what + ": claims only the GPUs it names (policy.privileged = \"declared\"), though it can open every GPU")
@@ -174,6 +183,10 @@ const srcPrivileged = "privileged"
 // srcGPURule is the source of the GPUs an unprivileged container's device
 // cgroup lets it open all at once (c 195:*, or a rule for every device).
 const srcGPURule = "device cgroup rule opening every GPU node"
+
+// srcNoDeviceCgroup is the source of the GPUs a container reaches because no
+// device cgroup stops it (Request.NoDeviceCgroup).
+const srcNoDeviceCgroup = "no device cgroup (host /dev bound in, or CAP_MKNOD)"
 
 // builder accumulates one resolution.
 type builder struct {

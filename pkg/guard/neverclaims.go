@@ -38,10 +38,7 @@ func NeverClaims(req devices.Request) bool {
 		}
 	}
 	for _, d := range req.Devices {
-		if d.Type != "" && d.Type != "c" && d.Type != "u" {
-			continue // block devices and FIFOs are never GPUs
-		}
-		if d.Major == nvidiaMajor || d.Major >= firstDynamicMajor || strings.HasPrefix(d.Path, "/dev/nvidia") {
+		if MayBeGPUNode(d) {
 			return false
 		}
 	}
@@ -62,3 +59,14 @@ const (
 	// which but 195 is NVIDIA's.
 	firstDynamicMajor = 234
 )
+
+// MayBeGPUNode reports whether device node d may be a GPU, a MIG capability
+// or an NVIDIA control node on some host: a character device of NVIDIA's
+// major or of one Linux hands out at module load, or one named
+// /dev/nvidia*. Block devices and FIFOs never are.
+func MayBeGPUNode(d devices.LinuxDevice) bool {
+	if d.Type != "" && d.Type != "c" && d.Type != "u" {
+		return false
+	}
+	return d.Major == nvidiaMajor || d.Major >= firstDynamicMajor || strings.HasPrefix(d.Path, "/dev/nvidia")
+}

@@ -23,13 +23,18 @@ import (
 // dst and denies every device but /dev/null in its device cgroup rules (an
 // engine's default for an unprivileged container), and returns the OCI
 // state of container id with process pid in it.
-func bindState(t *testing.T, id string, pid int, status specs.ContainerState, src, dst string) string {
+//
+// Each edit changes the spec before it is written.
+func bindState(t *testing.T, id string, pid int, status specs.ContainerState, src, dst string, edits ...func(*specs.Spec)) string {
 	t.Helper()
 	one, three := int64(1), int64(3)
 	spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}},
 		Mounts: []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: dst, Source: src, Type: "bind", Options: []string{"rbind"}}},
 		Linux: &specs.Linux{Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
 			{Allow: false, Access: "rwm"}, {Allow: true, Type: "c", Major: &one, Minor: &three, Access: "rwm"}}}}}
+	for _, edit := range edits {
+		edit(&spec)
+	}
 	data, err := json.Marshal(spec)
 	require.NoError(t, err)
 	bundle := t.TempDir()
@@ -72,6 +77,9 @@ func cgroupProc(t *testing.T, container, runtime string, opened *int) env {
 // cgroup.
 func TestBindWithoutDeviceCgroup(t *testing.T) {
 	const session = "/user.slice/user-0.slice/session-1.scope"
+	// A symlink to /dev is bound as /dev: the runtime follows it.
+	devLink := filepath.Join(t.TempDir(), "devlink")
+	require.NoError(t, os.Symlink("/dev", devLink))
 	for _, tc := range []struct {
 		name               string
 		container, runtime string // cgroup files; "" = unreadable
@@ -95,8 +103,12 @@ func TestBindWithoutDeviceCgroup(t *testing.T) {
 		{"the container's cgroup unreadable", "", "0::" + session + "\n", false},
 		{"the runtime's cgroup unreadable", "0::/train\n", "", false},
 	} {
-		for _, src := range []string{"/dev", "/", "/proc/self/root/dev"} {
-			t.Run(tc.name+" "+src, func(t *testing.T) {
+		for _, src := range []string{"/dev", "/", "/proc/self/root/dev", devLink} {
+			name := tc.name + " " + src
+			if src == devLink {
+				name = tc.name + " a symlink to /dev"
+			}
+			t.Run(name, func(t *testing.T) {
 				cfg := staticConfig(t)
 				opened := 0
 				e := cgroupProc(t, tc.container, tc.runtime, &opened)
@@ -178,18 +190,116 @@ func TestNoDeviceBindReadsNoCgroup(t *testing.T) {
 		t.Errorf("read %s", path)
 		return nil, os.ErrNotExist
 	}
-	for _, src := range []string{"/srv/data", "/dev/null", "/dev/shm", "/dev/fuse", "relative"} {
+	devNull := filepath.Join(t.TempDir(), "null")
+	require.NoError(t, os.Symlink("/dev/null", devNull))
+	for _, src := range []string{"/srv/data", "/dev/null", "/dev/shm", "/dev/fuse", "relative", devNull} {
 		in := e.readInput(strings.NewReader(bindState(t, "plain", 4242, specs.StateCreating, src, "/data")))
 		require.NoError(t, in.specErr)
 		require.True(t, in.NeverClaims(), src)
 	}
-	// And one that does bind the host's /dev reads it (the test above is no
-	// test without this).
-	reads := 0
-	e.readCgroup = func(string) ([]byte, error) { reads++; return nil, os.ErrNotExist }
-	in := e.readInput(strings.NewReader(bindState(t, "dev", 4242, specs.StateCreating, "/dev", "/dev")))
-	require.Equal(t, 1, reads)
-	require.False(t, in.NeverClaims())
+	// CAP_MKNOD in a user namespace of the container's own makes no device
+	// node: nothing to read either.
+	in := e.readInput(strings.NewReader(bindState(t, "userns", 4242, specs.StateCreating, "/srv/data", "/data", withMknod, withUserNS)))
+	require.True(t, in.NeverClaims())
+
+	// And one that does bind the host's /dev reads it, however the bind
+	// source is spelled, and so does one that can make device nodes (the
+	// test above is no test without this).
+	devLink := filepath.Join(t.TempDir(), "devlink")
+	require.NoError(t, os.Symlink("/dev", devLink))
+	for name, st := range map[string]string{
+		"/dev":      bindState(t, "dev", 4242, specs.StateCreating, "/dev", "/dev"),
+		"symlink":   bindState(t, "dev", 4242, specs.StateCreating, devLink, "/dev"),
+		"CAP_MKNOD": bindState(t, "dev", 4242, specs.StateCreating, "/srv/data", "/data", withMknod),
+		"no mount":  bindState(t, "dev", 4242, specs.StateCreating, "/srv/data", "/data", withMknod, func(s *specs.Spec) { s.Mounts = nil }),
+	} {
+		reads := 0
+		e.readCgroup = func(string) ([]byte, error) { reads++; return nil, os.ErrNotExist }
+		in := e.readInput(strings.NewReader(st))
+		require.Equal(t, 1, reads, name)
+		require.False(t, in.NeverClaims(), name)
+	}
+}
+
+// withMknod grants the container CAP_MKNOD, as docker's and containerd's
+// default capability sets do.
+func withMknod(s *specs.Spec) {
+	s.Process.Capabilities = &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN", "CAP_MKNOD"}, Effective: []string{"CAP_MKNOD"}}
+}
+
+// withUserNS gives the container a user namespace of its own.
+func withUserNS(s *specs.Spec) {
+	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.PIDNamespace}, specs.LinuxNamespace{Type: specs.UserNamespace})
+}
+
+// A container that can make device nodes (CAP_MKNOD, no user namespace of
+// its own) opens every GPU through a node it makes when no device cgroup
+// stops it: it claims every GPU, named for what it is, or is refused under
+// privileged = "reject" with advice that fits. In a device cgroup of its
+// own, or in a user namespace, it claims nothing. Its poststop, which
+// cannot read the cgroup, finds the claim through the marker its
+// create-runtime wrote.
+func TestMknodWithoutDeviceCgroup(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	for _, tc := range []struct {
+		name      string
+		container string
+		edits     []func(*specs.Spec)
+		claims    bool
+	}{
+		{"caller's cgroup", session, []func(*specs.Spec){withMknod}, true},
+		{"own cgroup", "0::/machine.slice/libpod-train.scope\n", []func(*specs.Spec){withMknod}, false},
+		{"caller's cgroup, user namespace", session, []func(*specs.Spec){withMknod, withUserNS}, false},
+		{"caller's cgroup, no CAP_MKNOD", session, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := staticConfig(t)
+			opened := 0
+			e := cgroupProc(t, tc.container, session, &opened)
+			e.markerDir = t.TempDir()
+			create := bindState(t, "train", 4242, specs.StateCreating, "/srv/data", "/data", tc.edits...)
+			require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(create), io.Discard))
+			if !tc.claims {
+				require.Zero(t, opened, "nothing to claim")
+				return
+			}
+			l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+			require.NoError(t, err)
+			snap, err := l.Snapshot(t.Context())
+			require.NoError(t, err)
+			var got []string
+			for _, c := range snap.Claims {
+				got = append(got, c.Device.UUID)
+				require.Contains(t, c.Source, "no device cgroup (host /dev bound in, or CAP_MKNOD)")
+			}
+			require.ElementsMatch(t, gpuUUIDs, got, "a node it makes opens any GPU")
+
+			// poststop: the process is gone, the cgroup unreadable; the
+			// marker leads it to the ledger.
+			require.NoError(t, os.RemoveAll(filepath.Join(e.procRoot, "4242")))
+			var st specs.State
+			require.NoError(t, json.Unmarshal([]byte(create), &st))
+			st.Status, st.Pid = specs.StateStopped, 0
+			data, err := json.Marshal(st)
+			require.NoError(t, err)
+			stop := string(data)
+			in := e.readInput(strings.NewReader(stop))
+			require.True(t, in.NeverClaims(), "poststop goes by its marker, not by a cgroup it cannot read")
+			require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(stop), io.Discard))
+			snap, err = l.Snapshot(t.Context())
+			require.NoError(t, err)
+			require.Empty(t, snap.Claims)
+
+			cfg = staticConfig(t)
+			cfg.Policy.Privileged = config.PrivilegedReject
+			e = cgroupProc(t, tc.container, session, &opened)
+			err = e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(create), io.Discard)
+			require.ErrorIs(t, err, guard.ErrRejected)
+			require.ErrorContains(t, err, "container without a device cgroup")
+			require.ErrorContains(t, err, "run it in a device cgroup of its own")
+			require.NotContains(t, err.Error(), "run it unprivileged")
+		})
+	}
 }
 
 func TestDeviceCgroupOf(t *testing.T) {

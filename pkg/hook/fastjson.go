@@ -481,10 +481,12 @@ func (s *jscan) linux() *hookLinux {
 		return nil
 	}
 	l := &hookLinux{}
-	s.object([]string{"devices", "cgroupsPath", "resources"}, func(k string) bool {
+	s.object([]string{"devices", "cgroupsPath", "resources", "namespaces"}, func(k string) bool {
 		switch k {
 		case "devices":
 			l.Devices = s.linuxDevices()
+		case "namespaces":
+			l.Namespaces = s.namespaces()
 		case "cgroupsPath":
 			l.CgroupsPath = s.optString()
 		case "resources":
@@ -506,6 +508,25 @@ func (s *jscan) linux() *hookLinux {
 		return true
 	})
 	return l
+}
+
+func (s *jscan) namespaces() []hookNamespace {
+	if s.null() {
+		return nil
+	}
+	out := []hookNamespace{}
+	s.array(func() {
+		var n hookNamespace
+		s.object([]string{"type"}, func(k string) bool {
+			if k != "type" {
+				return false
+			}
+			n.Type = s.optString()
+			return true
+		})
+		out = append(out, n)
+	})
+	return out
 }
 
 func (s *jscan) linuxDevices() []hookDevice {

@@ -60,7 +60,7 @@ func TestFastDecodeTypical(t *testing.T) {
 			Devices:     []specs.LinuxDevice{{Path: "/dev/nvidia0", Type: "c", Major: 195, Minor: 0}},
 			Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
 				{Allow: false, Access: "rwm"}, {Allow: true, Type: "c", Major: &major195, Minor: &minus1, Access: "rw"}}},
-			Namespaces:    []specs.LinuxNamespace{{Type: "pid"}, {Type: "mount"}},
+			Namespaces:    []specs.LinuxNamespace{{Type: "pid"}, {Type: "mount"}, {Type: "user", Path: "/proc/1/ns/user"}},
 			MaskedPaths:   []string{"/proc/kcore"},
 			ReadonlyPaths: []string{"/proc/sys"},
 		},
@@ -77,6 +77,7 @@ func TestFastDecodeTypical(t *testing.T) {
 	require.Equal(t, int64(195), *h.Linux.Resources.Devices[1].Major)
 	require.Equal(t, 60, *h.Hooks.CreateRuntime[0].Timeout)
 	require.Equal(t, "/usr/bin/nri-gpu-guard-hook", h.Hooks.CreateRuntime[0].Path)
+	require.Equal(t, []hookNamespace{{"pid"}, {"mount"}, {"user"}}, h.Linux.Namespaces)
 
 	data, err = json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: specs.StateCreating, Pid: 4242, Bundle: "/run/b", Annotations: map[string]string{"a": "b"}})
 	require.NoError(t, err)
@@ -139,6 +140,8 @@ func FuzzFastDecode(f *testing.F) {
 	f.Add(`{"linux":null,"process":null,"mounts":[],"annotations":{}}`)
 	f.Add(`{"hooks":{"prestart":[],"createRuntime":[{"path":"/h","args":["h","--wait"],"env":[],"timeout":5},{"timeout":null}]}}`)
 	f.Add(`{"hooks":null}`)
+	f.Add(`{"linux":{"namespaces":[{"type":"pid"},{"type":"user","path":"/proc/1/ns/user"},{}]}}`)
+	f.Add(`{"linux":{"namespaces":null}}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		agree(t, []byte(in))
 	})

@@ -183,6 +183,13 @@ type hookLinux struct {
 	Devices     []hookDevice   `json:"devices"`
 	CgroupsPath string         `json:"cgroupsPath"`
 	Resources   *hookResources `json:"resources"`
+	// Namespaces: only their types (a user namespace stops CAP_MKNOD
+	// making device nodes, see makesNodes).
+	Namespaces []hookNamespace `json:"namespaces"`
+}
+
+type hookNamespace struct {
+	Type string `json:"type"`
 }
 
 type hookDevice struct {
@@ -221,6 +228,9 @@ func (h *hookSpec) spec() *specs.Spec {
 		}
 		for _, d := range l.Devices {
 			s.Linux.Devices = append(s.Linux.Devices, specs.LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor})
+		}
+		for _, n := range l.Namespaces {
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.LinuxNamespaceType(n.Type)})
 		}
 	}
 	return s

@@ -57,15 +57,7 @@ func (e env) readInput(stdin io.Reader) *Input {
 	in.spec, in.specErr = readSpec(in.state)
 	if in.specErr == nil {
 		in.request = devices.RequestFromSpec(in.spec)
-		if len(in.spec.Mounts) > 0 && e.noDeviceCgroup(in.state, &in.request) {
-			// No device cgroup stops what a bind brings: a host GPU node
-			// bound in opens, and so does every node of the host's /dev
-			// bound in.
-			addBoundNodes(&in.request, in.spec.Mounts)
-			if in.request.HostDevMounted {
-				in.request.GPUNodesAllowed = true
-			}
-		}
+		e.addUnfenced(in.state, in.spec, &in.request)
 		in.never = guard.NeverClaims(in.request)
 		if in.never {
 			// A scan of the environment already decoded: the no-GPU path
@@ -76,67 +68,127 @@ func (e env) readInput(stdin io.Reader) *Input {
 	return in
 }
 
-// noDeviceCgroup reports whether the container st describes may run without
-// a device cgroup, so that its linux.resources.devices rules stop nothing a
-// bind mount brings in: its runtime runs in a user namespace (rootless
-// podman's runc and crun set up none there), or, for a rootful runtime, the
-// request binds something device-like (AddBindSource recorded the host's
-// /dev or a host node from the mounts) and the container's process is not
-// in a device cgroup of its own (deviceCgroupApplies). A rootful runtime
-// may apply none too: crun --cgroup-manager=disabled (podman
+// addUnfenced adds to req what the container st describes reaches past its
+// device rules when no device cgroup enforces them: every node a bind mount
+// brings in (the host's /dev opens every GPU), and, with CAP_MKNOD outside
+// a user namespace (makesNodes), every GPU through a node it makes itself.
+// Such a container is resolved like one whose device cgroup allows every
+// GPU node (GPUNodesAllowed), named as having none (NoDeviceCgroup).
+//
+// No device cgroup applies when the runtime runs in a user namespace
+// (rootless podman's runc and crun set up none there), or, for a rootful
+// runtime, when the container's process is not in a device cgroup of its
+// own (deviceCgroupApplies): crun --cgroup-manager=disabled (podman
 // --cgroups=disabled), or a runtime without a cgroup it may write to,
 // leaves the process in its caller's cgroup, whose device rules (if any)
 // are not the spec's.
 //
-// The cgroup is read only for a request with such a bind: every container
-// has mounts, and the hook's no-GPU path is what most containers take, so
-// one that binds nothing device-like pays nothing beyond the user namespace
-// test it paid before. What such a container reaches without a bind (a
-// node it lists is a request whatever the cgroup does; a node it makes
-// with CAP_MKNOD is not seen here) is left as it was.
-func (e env) noDeviceCgroup(st specs.State, req *devices.Request) bool {
+// The cgroup is read only when it could matter: a bind source that is a
+// device node, the host's / or /dev, whatever it is called (one stat per
+// bind source, a few microseconds: the runtime follows symlinks, so
+// spellings do not tell), a /proc path that leads to a root, or CAP_MKNOD
+// (in docker's and containerd's default set, not podman's or CRI-O's).
+// Poststop, whose process is gone, cannot read it: it goes by spellings
+// alone (such a container then always reads the ledger) and by the marker
+// its create-runtime wrote before any claim (marker.go), which a claim for
+// a node made with CAP_MKNOD or a bind spelled otherwise relies on.
+func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request) {
+	mknod := makesNodes(spec)
+	if len(spec.Mounts) == 0 && !mknod {
+		return
+	}
 	if e.userNS() {
-		return true
+		// No device node can be made in a user namespace: only binds.
+		markUnfenced(req, boundNodes(spec.Mounts), false)
+		return
 	}
-	if !bindsDeviceLike(req) {
-		return false
+	if st.Pid <= 0 || st.Status == specs.StateStopped {
+		if bindsDeviceLike(req) {
+			markUnfenced(req, boundNodes(spec.Mounts), false)
+		}
+		return
 	}
-	return !e.deviceCgroupApplies(st)
+	bound := boundNodes(spec.Mounts)
+	if !mknod && !bindsDeviceLike(req) && bound.none() {
+		return
+	}
+	if e.deviceCgroupApplies(st) {
+		return
+	}
+	markUnfenced(req, bound, mknod)
 }
 
 // RunningRequest is what a running container's spec reaches, read as the
-// hook read it at its create-runtime, for a recovery that rebuilds claims
-// from the runtimes' state: req (devices.RequestFromSpec of the spec whose
-// mounts are given) gains what bind mounts bring when no device cgroup
-// stops them. rootless says the runtime ran in a user namespace (its state
-// root belongs to another user than root); otherwise the device cgroup
-// applies when the container's process (pid, read under procRoot) is in a
-// cgroup named after it, or below one (the runtime that ran the hook is
-// gone: that is all that can be checked now). Whatever cannot be read
-// counts as no device cgroup, as at create-runtime.
-func RunningRequest(req *devices.Request, mounts []specs.Mount, procRoot string, pid int, id string, rootless bool) {
-	if len(mounts) == 0 {
+// hook read it at its create-runtime (addUnfenced), for a recovery that
+// rebuilds claims from the runtimes' state: req (devices.RequestFromSpec of
+// spec) gains what no device cgroup stops. rootless says the runtime ran in
+// a user namespace (its state root belongs to another user than root);
+// otherwise the device cgroup applies when the container's process (pid,
+// read under procRoot) is in a cgroup named after it, or below one (the
+// runtime that ran the hook is gone: that is all that can be checked now).
+// Whatever cannot be read counts as no device cgroup, as at create-runtime.
+func RunningRequest(req *devices.Request, spec *specs.Spec, procRoot string, pid int, id string, rootless bool) {
+	mknod := makesNodes(spec)
+	if len(spec.Mounts) == 0 && !mknod {
 		return
 	}
-	if !rootless {
-		if !bindsDeviceLike(req) {
-			return
-		}
-		e := defaultEnv()
-		e.procRoot = procRoot
-		if cg, err := e.deviceCgroupOf(pid); err == nil && ownedCgroup(cg, "", id) {
-			return
-		}
+	if rootless {
+		markUnfenced(req, boundNodes(spec.Mounts), false)
+		return
 	}
-	addBoundNodes(req, mounts)
-	if req.HostDevMounted {
+	bound := boundNodes(spec.Mounts)
+	if !mknod && !bindsDeviceLike(req) && bound.none() {
+		return
+	}
+	e := defaultEnv()
+	e.procRoot = procRoot
+	if cg, err := e.deviceCgroupOf(pid); err == nil && ownedCgroup(cg, "", id) {
+		return
+	}
+	markUnfenced(req, bound, mknod)
+}
+
+// markUnfenced records in req, for a container no device cgroup fences,
+// the nodes its binds bring in and whether it opens every GPU node (the
+// host's /dev bound in, or mknod: it can make any node).
+func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
+	req.Devices = append(req.Devices, bound.nodes...)
+	if bound.hostDev {
+		req.HostDevMounted = true
+	}
+	if req.HostDevMounted || mknod {
 		req.GPUNodesAllowed = true
+		req.NoDeviceCgroup = true
 	}
+}
+
+// capMknod lets a process make device nodes.
+const capMknod = "CAP_MKNOD"
+
+// makesNodes reports whether the container spec describes can make device
+// nodes: CAP_MKNOD in its bounding set (as CAP_SYS_ADMIN marks a privileged
+// container: what a process of it may come to hold), and no user namespace
+// of its own, since the kernel lets only the initial user namespace make
+// device nodes. Without a device cgroup it opens every GPU through a node
+// it makes.
+func makesNodes(spec *specs.Spec) bool {
+	p := spec.Process
+	if p == nil || p.Capabilities == nil || !slices.Contains(p.Capabilities.Bounding, capMknod) {
+		return false
+	}
+	if l := spec.Linux; l != nil {
+		for _, ns := range l.Namespaces {
+			if ns.Type == specs.UserNamespace {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // bindsDeviceLike reports whether AddBindSource recorded, from the spec's
 // mounts, the host's /dev (HostDevMounted) or a host device node (a device
-// with BoundAt): what a missing device cgroup would let the container open.
+// with BoundAt) by their spelling.
 func bindsDeviceLike(req *devices.Request) bool {
 	if req.HostDevMounted {
 		return true
@@ -245,14 +297,28 @@ func readCgroupFile(path string) ([]byte, error) {
 	return data, nil
 }
 
-// addBoundNodes records, where no device cgroup applies, what each bind source is
-// on the host, whatever it is called (the runtime follows symlinks, and
-// numbers, not names, tell a GPU node): a character device is a node of the
-// container, and the host's / or /dev sets HostDevMounted. AddBindSource
-// reads sources by their spelling only. Only there: a device cgroup stops
-// every node the spec does not allow, however it is bound in, and a stat
-// per mount would cost every container.
-func addBoundNodes(req *devices.Request, mounts []specs.Mount) {
+// boundSources is what a container's bind sources are on the host.
+type boundSources struct {
+	// nodes are the character devices bound in, by their numbers.
+	nodes []devices.LinuxDevice
+	// hostDev: the host's / or /dev is bound in.
+	hostDev bool
+}
+
+// none reports whether nothing bound in may reach a GPU: neither the host's
+// /dev nor a node that may be one (guard.MayBeGPUNode: /dev/null or
+// /dev/fuse bound in is no reason to read the container's cgroup).
+func (b boundSources) none() bool {
+	return !b.hostDev && !slices.ContainsFunc(b.nodes, guard.MayBeGPUNode)
+}
+
+// boundNodes reads what each absolute mount source is on the host, whatever
+// it is called (the runtime follows symlinks, and numbers, not names, tell
+// a GPU node): a character device is a node of the container, and the
+// host's / or /dev is the host's /dev bound in. AddBindSource reads sources
+// by their spelling only; this reads them as the runtime bound them.
+func boundNodes(mounts []specs.Mount) boundSources {
+	var b boundSources
 	var root, dev os.FileInfo
 	for _, m := range mounts {
 		if m.Source == "" || m.Source[0] != '/' {
@@ -265,7 +331,7 @@ func addBoundNodes(req *devices.Request, mounts []specs.Mount) {
 		switch {
 		case fi.Mode()&os.ModeCharDevice != 0:
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				req.Devices = append(req.Devices, devices.LinuxDevice{Path: m.Source, Type: "c",
+				b.nodes = append(b.nodes, devices.LinuxDevice{Path: m.Source, Type: "c",
 					Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: m.Destination})
 			}
 		case fi.IsDir():
@@ -274,10 +340,11 @@ func addBoundNodes(req *devices.Request, mounts []specs.Mount) {
 				dev, _ = os.Stat("/dev")
 			}
 			if (root != nil && os.SameFile(fi, root)) || (dev != nil && os.SameFile(fi, dev)) {
-				req.HostDevMounted = true
+				b.hostDev = true
 			}
 		}
 	}
+	return b
 }
 
 // runtimeInUserNamespace reports whether the hook, and so the runtime that

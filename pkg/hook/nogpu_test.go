@@ -253,7 +253,7 @@ func TestBindMountedNodes(t *testing.T) {
 	mounts := []specs.Mount{{Destination: "/hostdev", Source: link, Type: "bind"}}
 	viaLink := devices.RequestFromSpec(&specs.Spec{Mounts: mounts})
 	require.False(t, viaLink.HostDevMounted, "by its spelling alone")
-	addBoundNodes(&viaLink, mounts)
+	markUnfenced(&viaLink, boundNodes(mounts), false)
 	require.True(t, viaLink.HostDevMounted)
 
 	// A GPU node made outside /dev/nvidia*: its numbers tell it (mknod
@@ -264,7 +264,7 @@ func TestBindMountedNodes(t *testing.T) {
 		mounts = []specs.Mount{{Destination: "/dev/x", Source: node, Type: "bind"}}
 		byNumber := devices.RequestFromSpec(&specs.Spec{Mounts: mounts})
 		require.Empty(t, resolve(byNumber), "by its spelling alone")
-		addBoundNodes(&byNumber, mounts)
+		markUnfenced(&byNumber, boundNodes(mounts), false)
 		require.Equal(t, []string{"1"}, resolve(byNumber), "minor 3 is GPU 1")
 	}
 }

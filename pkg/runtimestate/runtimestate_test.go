@@ -334,13 +334,18 @@ func TestScanReadsBindsAsTheHookDid(t *testing.T) {
 		cgroup    string // /proc/<pid>/cgroup; "" = none
 		rootOwner int
 		opens     bool
+		// mknod: the container has CAP_MKNOD and binds no /dev.
+		mknod bool
 	}{
-		{"own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false},
-		{"crun's sub-cgroup of its scope", "0::/machine.slice/libpod-c1.scope/container\n", 0, false},
-		{"v1 own devices cgroup", "11:devices:/c1\n0::/user.slice/session-1.scope\n", 0, false},
-		{"the caller's cgroup (no device cgroup)", "0::/user.slice/session-1.scope\n", 0, true},
-		{"cgroup unreadable", "", 0, true},
-		{"rootless runtime's root", "0::/user.slice/user-1000.slice/user@1000.service/libpod-c1.scope\n", 1000, true},
+		{"own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false, false},
+		{"crun's sub-cgroup of its scope", "0::/machine.slice/libpod-c1.scope/container\n", 0, false, false},
+		{"v1 own devices cgroup", "11:devices:/c1\n0::/user.slice/session-1.scope\n", 0, false, false},
+		{"the caller's cgroup (no device cgroup)", "0::/user.slice/session-1.scope\n", 0, true, false},
+		{"cgroup unreadable", "", 0, true, false},
+		{"rootless runtime's root", "0::/user.slice/user-1000.slice/user@1000.service/libpod-c1.scope\n", 1000, true, false},
+		{"CAP_MKNOD, own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false, true},
+		{"CAP_MKNOD, the caller's cgroup", "0::/user.slice/session-1.scope\n", 0, true, true},
+		{"CAP_MKNOD, rootless runtime's root", "0::/user.slice/user-1000.slice/user@1000.service/libpod-c1.scope\n", 1000, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHost(t)
@@ -350,8 +355,13 @@ func TestScanReadsBindsAsTheHookDid(t *testing.T) {
 			}
 			bundle := filepath.Join(h.base, "bundles", "c1")
 			require.NoError(t, os.MkdirAll(bundle, 0o755))
-			data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}},
-				Mounts: []specs.Mount{{Destination: "/host/dev", Source: "/dev", Type: "bind", Options: []string{"rbind"}}}})
+			spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}},
+				Mounts: []specs.Mount{{Destination: "/host/dev", Source: "/dev", Type: "bind", Options: []string{"rbind"}}}}
+			if tc.mknod {
+				spec.Process.Capabilities = &specs.LinuxCapabilities{Bounding: []string{"CAP_MKNOD"}}
+				spec.Mounts = []specs.Mount{{Destination: "/data", Source: h.base, Type: "bind"}}
+			}
+			data, err := json.Marshal(spec)
 			require.NoError(t, err)
 			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
 			root := h.root("runc")
@@ -361,8 +371,9 @@ func TestScanReadsBindsAsTheHookDid(t *testing.T) {
 			c := byID(h.scan(root))["c1"]
 			require.True(t, c.Live(), c.Why)
 			require.NoError(t, c.SpecErr)
-			assert.True(t, c.Request.HostDevMounted)
+			assert.Equal(t, !tc.mknod, c.Request.HostDevMounted)
 			assert.Equal(t, tc.opens, c.Request.GPUNodesAllowed)
+			assert.Equal(t, tc.opens, c.Request.NoDeviceCgroup)
 		})
 	}
 }
