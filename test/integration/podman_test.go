@@ -7,7 +7,9 @@ package integration
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,6 +35,7 @@ func TestPodman(t *testing.T) {
 				{"AllAndDeviceWhileHeld", podmanAllAndDevice},
 				{"AbandonedCreate", podmanAbandoned},
 				{"HostDevBind", podmanHostDevBind},
+				{"MknodWithoutCgroup", podmanMknodWithoutCgroup},
 			} {
 				t.Run(sc.name, func(t *testing.T) {
 					r.t = t
@@ -290,5 +293,42 @@ func podmanHostDevBind(t *testing.T, r *podmanRig) {
 	require.Len(t, held, len(r.gpu), "every GPU: %v", held)
 	for _, holder := range held {
 		require.Equal(t, id, holder)
+	}
+}
+
+// podmanMknodWithoutCgroup: a container that may make device nodes
+// (--cap-add MKNOD) opens a GPU node it makes when no device cgroup stops it,
+// and a bind of the host's /dev through a symlink is the host's /dev. In the
+// cgroup podman creates, neither reaches a GPU: admitted, nothing claimed.
+// With --cgroups=disabled (crun) each claims every GPU.
+func podmanMknodWithoutCgroup(t *testing.T, r *podmanRig) {
+	out, err := r.runGPU("m", "", "--cap-add", "MKNOD")
+	require.NoError(t, err, out)
+	require.Empty(t, r.holders(), "the device cgroup denies what it makes")
+	devLink := filepath.Join(t.TempDir(), "devlink")
+	require.NoError(t, os.Symlink("/dev", devLink))
+	out, err = r.runGPU("l", "", "-v", devLink+":/host-dev")
+	require.NoError(t, err, out)
+	require.Empty(t, r.holders(), "the device cgroup stops what the bind brings")
+	if r.runtime != "crun" {
+		return // podman disables a container's cgroups with crun only
+	}
+	for _, tc := range []struct {
+		name, why string
+		args      []string
+	}{
+		{"mk", "CAP_MKNOD", []string{"--cap-add", "MKNOD"}},
+		{"ml", "/dev through a symlink", []string{"-v", devLink + ":/host-dev"}},
+	} {
+		out, err = r.runGPU(tc.name, "", append([]string{"--cgroups=disabled"}, tc.args...)...)
+		require.NoError(t, err, "%s: %s", tc.why, out)
+		id := r.id(tc.name)
+		held := r.holders()
+		require.Len(t, held, len(r.gpu), "%s: every GPU: %v", tc.why, held)
+		for _, holder := range held {
+			require.Equal(t, id, holder, tc.why)
+		}
+		r.mustPodman("rm", "-f", "-t", "0", tc.name)
+		r.waitFor(tc.why+": its claims released", func() bool { return len(r.holders()) == 0 })
 	}
 }
