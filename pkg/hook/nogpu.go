@@ -93,29 +93,8 @@ func (e env) readInput(stdin io.Reader) *Input {
 // its create-runtime wrote before any claim (marker.go), which a claim for
 // a node made with CAP_MKNOD or a bind spelled otherwise relies on.
 func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request) {
-	mknod := makesNodes(spec)
-	if len(spec.Mounts) == 0 && !mknod {
-		return
-	}
-	if e.userNS() {
-		// No device node can be made in a user namespace: only binds.
-		markUnfenced(req, boundNodes(spec.Mounts), false)
-		return
-	}
-	if st.Pid <= 0 || st.Status == specs.StateStopped {
-		if bindsDeviceLike(req) {
-			markUnfenced(req, boundNodes(spec.Mounts), false)
-		}
-		return
-	}
-	bound := boundNodes(spec.Mounts)
-	if !mknod && !bindsDeviceLike(req) && bound.none() {
-		return
-	}
-	if e.deviceCgroupApplies(st) {
-		return
-	}
-	markUnfenced(req, bound, mknod)
+	live := st.Pid > 0 && st.Status != specs.StateStopped
+	unfence(req, spec, e.userNS, live, func() bool { return e.deviceCgroupApplies(st) })
 }
 
 // RunningRequest is what a running container's spec reaches, read as the
@@ -128,21 +107,39 @@ func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request)
 // runtime that ran the hook is gone: that is all that can be checked now).
 // Whatever cannot be read counts as no device cgroup, as at create-runtime.
 func RunningRequest(req *devices.Request, spec *specs.Spec, procRoot string, pid int, id string, rootless bool) {
+	e := defaultEnv()
+	e.procRoot = procRoot
+	unfence(req, spec, func() bool { return rootless }, pid > 0, func() bool {
+		cg, err := e.deviceCgroupOf(pid)
+		return err == nil && ownedCgroup(cg, "", id)
+	})
+}
+
+// unfence is addUnfenced for a runtime that ran in a user namespace
+// (rootless, asked only for a spec with mounts or CAP_MKNOD), a process that
+// can be read (live) and the check of its device cgroup (applies, asked only
+// when something could reach a GPU).
+func unfence(req *devices.Request, spec *specs.Spec, rootless func() bool, live bool, applies func() bool) {
 	mknod := makesNodes(spec)
 	if len(spec.Mounts) == 0 && !mknod {
 		return
 	}
-	if rootless {
+	if rootless() {
+		// No device node can be made in a user namespace: only binds.
 		markUnfenced(req, boundNodes(spec.Mounts), false)
+		return
+	}
+	if !live {
+		if bindsDeviceLike(req) {
+			markUnfenced(req, boundNodes(spec.Mounts), false)
+		}
 		return
 	}
 	bound := boundNodes(spec.Mounts)
 	if !mknod && !bindsDeviceLike(req) && bound.none() {
 		return
 	}
-	e := defaultEnv()
-	e.procRoot = procRoot
-	if cg, err := e.deviceCgroupOf(pid); err == nil && ownedCgroup(cg, "", id) {
+	if applies() {
 		return
 	}
 	markUnfenced(req, bound, mknod)
