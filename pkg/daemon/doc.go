@@ -62,8 +62,16 @@
 //     another lineage (a reset, or a recovery that started afresh or lost
 //     commits), it may have been lost with the state: it is written again,
 //     logged and audited as such ("cordoned again").
-//   - An unhealthy device stays cordoned until the operator uncordons it:
-//     then it is forgotten, and its next critical error cordons it again.
+//   - An unhealthy device stays unhealthy, and cordoned, until the operator
+//     uncordons it: then it is forgotten, and its next critical error
+//     cordons it again. It stays so across a restart of the observer (NVML
+//     reports the Xid once): every unhealthy device the new inventory
+//     lists is carried over, with the lineage its cordon was seen in, so
+//     that a cordon lost later is written again and an uncordon is still
+//     told from a loss. A new observer also adopts the unhealthy cordons in
+//     force in the ledger (a daemon restart starts with none of its own);
+//     a cordon the ledger lost while no daemon ran is not known to anyone,
+//     and its device takes claims again until its next critical error.
 //   - An intruder's device (on_intruder = "cordon") stays cordoned while a
 //     process the guard did not admit is reported on it, until the
 //     operator uncordons it: then the same finding does not cordon it

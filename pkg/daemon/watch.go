@@ -35,6 +35,9 @@ type DeviceStates interface {
 	// lineage of the ledger state that says so (one read: see
 	// ledger.State.Lineage).
 	CordonInForce(ctx context.Context, uuid string) (cordoned bool, lineage string, err error)
+	// CordonsInForce lists the cordons in force, and the lineage of the
+	// ledger state that holds them (one read).
+	CordonsInForce(ctx context.Context) (cordons []ledger.Cordon, lineage string, err error)
 	// Draining lists the claims kept draining.
 	Draining(ctx context.Context) ([]ledger.Claim, error)
 	// FinishDraining releases the draining claims of containerID.
@@ -59,6 +62,14 @@ func (s guardStates) CordonInForce(ctx context.Context, uuid string) (bool, stri
 		}
 	}
 	return false, st.Lineage, nil
+}
+
+func (s guardStates) CordonsInForce(ctx context.Context) ([]ledger.Cordon, string, error) {
+	st, err := s.Ledger().Snapshot(ctx)
+	if err != nil {
+		return nil, "", err
+	}
+	return st.Cordons, st.Lineage, nil
 }
 
 // statesOf returns the device-state operations of g.
@@ -341,13 +352,26 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	if w.Interval > 0 {
 		interval = w.Interval
 	}
+	var inLedger []observe.Finding
+	var inLineage string
+	if src != nil {
+		// Read before w.mu: never held across a ledger read. Without NVML
+		// no pass would settle a device adopted from the ledger (and no
+		// observer ever found one to carry: NVML that opened stays open),
+		// so the ledger's cordons are left as they stand.
+		inLedger, inLineage = w.unhealthyCordons(ctx)
+	}
 	w.mu.Lock()
-	pending, failed := w.pendingUnhealthyLocked(k.gpus)
-	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, pending, nil, time.Time{}
-	w.cordonFailed, w.cordonLineage, w.intruderRetry = failed, nil, nil
+	carried, failed, lineages, adopted := w.carryUnhealthyLocked(k.gpus, inLedger, inLineage)
+	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, carried, nil, time.Time{}
+	w.cordonFailed, w.cordonLineage, w.intruderRetry = failed, lineages, nil
 	w.interval = interval
-	w.showUnhealthyLocked() // the new observer starts with none but those pending
+	w.showUnhealthyLocked() // the new observer starts with the unhealthy devices carried over
 	w.mu.Unlock()
+	for _, f := range adopted {
+		log.Info("unhealthy device's cordon found in the ledger: the device stays unhealthy, cordoned again if the ledger loses the cordon, until `gpu-guard-ctl uncordon`",
+			"device", f.Device.String(), "device_uuid", f.Device.UUID, "reason", f.Message)
+	}
 
 	var o *observe.Observer
 	if src != nil {
@@ -395,45 +419,119 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	return func() { cancel(); wg.Wait() }
 }
 
-// pendingUnhealthyLocked returns the unhealthy devices whose cordon could
-// not be written yet (cordonFailed) that gpus still lists, and their
-// reasons, for the observer that starts over gpus (w.mu held). A new
-// observer knows of no unhealthy device, and NVML reports a critical Xid
-// once, as an event: dropped at a restart (a reconnect with another
-// [observe] section, an inventory swap), such a device read as healthy and
-// took new claims. Carried, settleUnhealthy writes its cordon at the new
-// observer's passes. A device whose cordon was written is not carried: the
-// cordon holds until the operator lifts it, or until the ledger loses it
-// with the rest of its state (a recovery that starts a new lineage), which
-// only the observer that saw the Xid re-cordons (settleUnhealthy): after a
-// restart as well, such a device reads as healthy until its next critical
-// Xid. One the inventory no longer lists is dropped: no claim can name it,
-// nor can the new observer watch it.
-func (w *Watch) pendingUnhealthyLocked(gpus []devices.GPU) ([]observe.Finding, map[string]string) {
-	if len(w.cordonFailed) == 0 {
-		return nil, nil
+// carryUnhealthyLocked returns the unhealthy devices the observer that
+// starts over gpus begins with, with what settleUnhealthy needs of each:
+// the reason of a cordon still to be written (cordonFailed) and the ledger
+// lineage its cordon was written in or last seen in force in
+// (cordonLineage). w.mu is held.
+//
+// Every device the watch holds unhealthy is carried, not only those whose
+// cordon could not be written yet: a new observer knows of no unhealthy
+// device, and NVML reports a critical Xid once, as an event. Dropped at a
+// restart (a reconnect with another [observe] section, an inventory swap,
+// NVML reopened), a device whose cordon could not be written read as
+// healthy and took new claims; one whose cordon was written kept it only
+// until the ledger lost it with its state (a reset, a recovery that starts
+// a new lineage), as nothing re-cordoned it before its next Xid. Its
+// lineage is carried with it, so that a missing cordon is still told apart:
+// lifted by the operator in the same lineage (forgotten), or lost in
+// another (written again); without it, an operator's uncordon would read
+// as a loss (cordonLost errs toward cordoning) and the device would be
+// cordoned again.
+//
+// inLedger are the unhealthy cordons in force in the ledger, read in
+// lineage (unhealthyCordons): one on a device not carried is adopted,
+// seen in force in lineage, and returned in adopted too. That is the
+// daemon's restart (a new Watch holds nothing), or a device an inventory
+// left and lists again: its cordon stands in the ledger, and the device
+// stays unhealthy, as if this observer had found it.
+//
+// A device gpus no longer lists is dropped: no claim can name it, nor can
+// the new observer watch it. A carried one takes the device as gpus lists
+// it (its index may have changed).
+func (w *Watch) carryUnhealthyLocked(gpus []devices.GPU, inLedger []observe.Finding, lineage string) (
+	carried []observe.Finding, failed map[string]string, lineages map[cordonKey]string, adopted []observe.Finding) {
+	listed := map[string]observe.Device{}
+	for _, d := range observe.DevicesOf(gpus) {
+		listed[d.UUID] = d
 	}
-	listed := map[string]bool{}
-	for _, g := range gpus {
-		listed[g.UUID] = true
-		for _, m := range g.MIG {
-			listed[m.UUID] = true
+	has := map[string]bool{}
+	keep := func(f observe.Finding, seen string, known bool) {
+		uuid := f.Device.UUID
+		has[uuid] = true
+		carried = append(carried, f)
+		if known {
+			if lineages == nil {
+				lineages = map[cordonKey]string{}
+			}
+			lineages[cordonKey{ledger.CordonUnhealthy, uuid}] = seen
 		}
 	}
-	var pending []observe.Finding
-	var failed map[string]string
 	for _, f := range w.unhealthy {
 		uuid := f.Device.UUID
-		reason, ok := w.cordonFailed[uuid]
-		if !ok || !listed[uuid] {
+		d, ok := listed[uuid]
+		if !ok {
 			continue
 		}
-		if failed == nil {
-			failed = map[string]string{}
+		f.Device = d
+		seen, known := w.cordonLineage[cordonKey{ledger.CordonUnhealthy, uuid}]
+		keep(f, seen, known)
+		if reason, ok := w.cordonFailed[uuid]; ok {
+			if failed == nil {
+				failed = map[string]string{}
+			}
+			failed[uuid] = reason
 		}
-		pending, failed[uuid] = append(pending, f), reason
 	}
-	return pending, failed
+	for _, f := range inLedger {
+		d, ok := listed[f.Device.UUID]
+		if !ok || has[f.Device.UUID] {
+			continue
+		}
+		f.Device = d
+		keep(f, lineage, true)
+		adopted = append(adopted, f)
+	}
+	return carried, failed, lineages, adopted
+}
+
+// unhealthyCordons returns a finding for each cordon from source unhealthy
+// in force in the ledger, and the lineage of the state read, for
+// carryUnhealthyLocked to adopt. The finding's message is the cordon's
+// reason, without the prefix of a cordon written again (settleUnhealthy
+// adds it again should the cordon be lost once more); its time is when the
+// device was cordoned; its Xid is not known (only the reason names it). A
+// ledger that cannot be read adopts nothing (logged): the cordons stand in
+// it all the same, but one lost later is not written again before the
+// device's next critical error.
+//
+// A state of an earlier boot reads without the observer's cordons
+// (ledger.Snapshot, as its next update drops them): a reboot is not taken
+// for a loss.
+func (w *Watch) unhealthyCordons(ctx context.Context) ([]observe.Finding, string) {
+	s := w.states()
+	if s == nil {
+		return nil, ""
+	}
+	ks, lineage, err := s.CordonsInForce(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log().Warn("GPU observer: cannot read the ledger's cordons; an unhealthy device cordoned before this observer started is not cordoned again should the ledger lose its cordon",
+				"error", err)
+		}
+		return nil, ""
+	}
+	var out []observe.Finding
+	for _, k := range ks {
+		if k.Source != ledger.CordonUnhealthy {
+			continue
+		}
+		// The device as the inventory lists it is filled in by
+		// carryUnhealthyLocked, which drops one it does not list.
+		out = append(out, observe.Finding{Kind: observe.KindUnhealthy, Device: observe.Device{UUID: k.Device.UUID},
+			Time: k.Since, Message: strings.TrimPrefix(k.Reason, recordonReason)})
+	}
+	return out, lineage
 }
 
 // holdingsAt is the observer's view of the ledger: every claim of the
@@ -794,8 +892,9 @@ func (w *Watch) settleIntruders(ctx context.Context, current, todo map[string]ob
 
 // onUnhealthy cordons a device the first time it is found unhealthy, and
 // audits, counts and reports it. The observer reports a device once, but a
-// device carried over from the previous observer (pendingUnhealthyLocked)
-// is news to the new one: its entry is replaced, not listed twice.
+// device carried over from the previous observer, or adopted from the
+// ledger's cordons (carryUnhealthyLocked), is news to the new one: its
+// entry is replaced, not listed twice.
 func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	w.mu.Lock()
 	if i := slices.IndexFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == f.Device.UUID }); i >= 0 {

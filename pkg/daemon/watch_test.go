@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -147,14 +148,16 @@ type fakeStates struct {
 	mu       sync.Mutex
 	cordons  chan [3]string // uuid, source, reason
 	cordoned map[string]bool
-	failing  int // CordonDevice fails this many more times
-	attempts int // CordonDevice calls
+	sources  map[string]string // the source of each cordon in cordoned
+	failing  int               // CordonDevice fails this many more times
+	attempts int               // CordonDevice calls
 	draining []ledger.Claim
 	finished chan [2]string // container id, reason
 }
 
 func newFakeStates() *fakeStates {
-	return &fakeStates{cordons: make(chan [3]string, 16), finished: make(chan [2]string, 16), cordoned: map[string]bool{}}
+	return &fakeStates{cordons: make(chan [3]string, 16), finished: make(chan [2]string, 16), cordoned: map[string]bool{},
+		sources: map[string]string{}}
 }
 
 func (s *fakeStates) CordonDevice(_ context.Context, uuid, source, reason string) error {
@@ -166,6 +169,7 @@ func (s *fakeStates) CordonDevice(_ context.Context, uuid, source, reason string
 		return errors.New("ledger lock busy")
 	}
 	s.cordoned[uuid] = true
+	s.sources[uuid] = source
 	s.mu.Unlock()
 	s.cordons <- [3]string{uuid, source, reason}
 	return nil
@@ -177,11 +181,22 @@ func (s *fakeStates) CordonInForce(_ context.Context, uuid string) (bool, string
 	return s.cordoned[uuid], "L1", nil // never started afresh: one lineage
 }
 
+func (s *fakeStates) CordonsInForce(context.Context) ([]ledger.Cordon, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []ledger.Cordon
+	for _, uuid := range slices.Sorted(maps.Keys(s.cordoned)) {
+		out = append(out, ledger.Cordon{Device: devices.Device{UUID: uuid}, Source: s.sources[uuid]})
+	}
+	return out, "L1", nil
+}
+
 // uncordon is the operator's gpu-guard-ctl uncordon.
 func (s *fakeStates) uncordon(uuid string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.cordoned, uuid)
+	delete(s.sources, uuid)
 }
 
 func (s *fakeStates) Draining(context.Context) ([]ledger.Claim, error) {
@@ -1166,71 +1181,191 @@ func watchOver(g *guard.Guard, logs *syncBuffer) *Watch {
 // missing cordon in the lineage it was seen in force in counts as an
 // uncordon.
 func TestUnhealthyCordonKeptUntilOperatorUncordons(t *testing.T) {
-	const gpu = 3
 	for _, tc := range lineageCases() {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newGPUHost(t)
-			g := guardFor(t, h, nil)
-			uuid := h.uuid(gpu)
-			logs := &syncBuffer{}
-			w := watchOver(g, logs)
-			m := metrics.New()
-			w.Metrics = m
-			gauge := func() map[string]float64 { t.Helper(); return gaugeByIndex(t, m, "nri_gpu_guard_unhealthy") }
-			ctx := context.Background()
-			forgot := 0
-			settle := func() { w.settleUnhealthy(ctx, func(string) bool { forgot++; return true }) }
-			cordoned := func() bool { t.Helper(); return cordonedIn(t, g, uuid) }
-			f := observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
-				Device: observe.Device{UUID: uuid, Index: "3"}}
-			w.onUnhealthy(ctx, f)
-			require.True(t, cordoned())
-			settle()
-			require.True(t, cordoned())
-			assert.Equal(t, map[string]float64{"3": 1}, gauge())
-
-			tc.between(t, g, uuid)
-			require.False(t, cordoned())
-			settle()
-			if tc.fenceOnce {
-				assert.False(t, cordoned(), "the fence refuses writes until the plugin rebuilt")
-				g.Ledger().RequireLineage("") // rebuilt
-				settle()
-			}
-			w.mu.Lock()
-			left := len(w.unhealthy)
-			w.mu.Unlock()
-			if !tc.recordon {
-				assert.False(t, cordoned())
-				assert.Equal(t, 1, forgot)
-				assert.Zero(t, left)
-				assert.Contains(t, logs.String(), "unhealthy device uncordoned by the operator")
-				// The gauge follows: it used to show the device until the
-				// daemon restarted.
-				assert.Empty(t, gauge(), "an uncordoned device is no longer shown unhealthy")
-				return
-			}
-			assert.Equal(t, map[string]float64{"3": 1}, gauge(), "still unhealthy")
-			assert.True(t, cordoned(), "the unhealthy GPU is cordoned again")
-			assert.Zero(t, forgot, "not taken for an operator's uncordon")
-			assert.Equal(t, 1, left, "still known unhealthy")
-			assertCordonedAgain(t, g, logs, uuid, "unhealthy device's cordon lost", "critical Xid 79")
-
-			// The cordon written again is the one an uncordon now lifts.
-			operatorUncordon(t, g, uuid)
-			settle()
-			assert.False(t, cordoned())
-			assert.Equal(t, 1, forgot)
-			assert.Empty(t, gauge())
-		})
+		t.Run(tc.name, func(t *testing.T) { unhealthyCordonCase(t, tc, nil) })
 	}
 }
 
-// TestUnhealthyGaugeClearedWithANewObserver: an observer started afresh
-// (another inventory or [observe] section) starts with no unhealthy device,
-// as observe.json does; the gauge used to keep the old observer's devices
-// until the daemon restarted.
-func TestUnhealthyGaugeClearedWithANewObserver(t *testing.T) {
+// unhealthyCordonCase runs tc on an unhealthy GPU whose cordon was written
+// and seen in force, and checks that its cordon is written again or
+// forgotten as tc says. restart, when set, restarts the observer over the
+// watch's guard: before the change when before is true, after it
+// otherwise.
+func unhealthyCordonCase(t *testing.T, tc lineageCase, restart func(t *testing.T, w *Watch, before bool)) {
+	const gpu = 3
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	uuid := h.uuid(gpu)
+	logs := &syncBuffer{}
+	w := watchOver(g, logs)
+	m := metrics.New()
+	w.Metrics = m
+	gauge := func() map[string]float64 { t.Helper(); return gaugeByIndex(t, m, "nri_gpu_guard_unhealthy") }
+	ctx := context.Background()
+	forgot := 0
+	settle := func() { w.settleUnhealthy(ctx, func(string) bool { forgot++; return true }) }
+	cordoned := func() bool { t.Helper(); return cordonedIn(t, g, uuid) }
+	f := observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
+		Device: observe.Device{UUID: uuid, Index: "3"}}
+	w.onUnhealthy(ctx, f)
+	require.True(t, cordoned())
+	settle()
+	require.True(t, cordoned())
+	assert.Equal(t, map[string]float64{"3": 1}, gauge())
+
+	if restart != nil {
+		restart(t, w, true)
+	}
+	tc.between(t, g, uuid)
+	if restart != nil {
+		restart(t, w, false)
+	}
+	require.False(t, cordoned())
+	settle()
+	if tc.fenceOnce {
+		assert.False(t, cordoned(), "the fence refuses writes until the plugin rebuilt")
+		g.Ledger().RequireLineage("") // rebuilt
+		settle()
+	}
+	w.mu.Lock()
+	left := len(w.unhealthy)
+	w.mu.Unlock()
+	if !tc.recordon {
+		assert.False(t, cordoned())
+		assert.Equal(t, 1, forgot)
+		assert.Zero(t, left)
+		assert.Contains(t, logs.String(), "unhealthy device uncordoned by the operator")
+		// The gauge follows: it used to show the device until the
+		// daemon restarted.
+		assert.Empty(t, gauge(), "an uncordoned device is no longer shown unhealthy")
+		return
+	}
+	assert.Equal(t, map[string]float64{"3": 1}, gauge(), "still unhealthy")
+	assert.True(t, cordoned(), "the unhealthy GPU is cordoned again")
+	assert.Zero(t, forgot, "not taken for an operator's uncordon")
+	assert.Equal(t, 1, left, "still known unhealthy")
+	assertCordonedAgain(t, g, logs, uuid, "unhealthy device's cordon lost", "critical Xid 79")
+
+	// The cordon written again is the one an uncordon now lifts.
+	operatorUncordon(t, g, uuid)
+	settle()
+	assert.False(t, cordoned())
+	assert.Equal(t, 1, forgot)
+	assert.Empty(t, gauge())
+}
+
+// An unhealthy GPU whose cordon was written stays unhealthy when the
+// observer restarts (another [observe] section, an inventory swap, NVML
+// reopened), and its cordon is written again when the ledger loses it with
+// its state, whether that happens after the restart or between the last
+// pass and the restart. Only the devices whose cordon write had failed used
+// to be carried over: the new observer knew of no other (NVML reports the
+// Xid once), so a reset or a recovery afresh handed the broken GPU to
+// containers again until its next critical Xid. The lineage the cordon was
+// seen in is carried with it: an operator's uncordon, before or after the
+// restart, is still told from a loss, and forgets the device.
+func TestUnhealthyCordonKeptAcrossAnObserverRestart(t *testing.T) {
+	restart := func(when bool) func(t *testing.T, w *Watch, before bool) {
+		return func(t *testing.T, w *Watch, before bool) {
+			t.Helper()
+			if before != when {
+				return
+			}
+			g := w.guard()
+			cfg := g.Config()
+			// Without NVML the new observer runs no pass: this test settles
+			// by hand, and the carried state alone decides (a running
+			// observer would also adopt the cordon still in the ledger:
+			// see TestUnhealthyCordonInTheLedgerAdoptedByANewDaemon).
+			stop := w.start(context.Background(), nil, watchKey{gpus: g.Inventory().GPUs, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
+			stop()
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			require.Len(t, w.unhealthy, 1, "carried over to the new observer")
+			assert.Equal(t, uint64(79), w.unhealthy[0].Xid)
+		}
+	}
+	for _, tc := range lineageCases() {
+		t.Run("restart, then "+tc.name, func(t *testing.T) { unhealthyCordonCase(t, tc, restart(true)) })
+		t.Run(tc.name+", then restart", func(t *testing.T) { unhealthyCordonCase(t, tc, restart(false)) })
+	}
+}
+
+// An unhealthy GPU's cordon in force in the ledger is adopted by the
+// observer of a daemon started afresh (a new Watch, which holds no finding
+// of its own): the device is shown unhealthy (gauge, observe.json), its
+// cordon is written again when the ledger loses it, and an operator's
+// uncordon forgets it. The daemon's restart used to leave the cordon
+// unwatched: lost with the state, it was not written again until the next
+// critical Xid. Cordons of other sources are not adopted, nor is a cordon
+// on a device the inventory does not list.
+func TestUnhealthyCordonInTheLedgerAdoptedByANewDaemon(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	ctx := context.Background()
+	uuid := h.uuid(3)
+	// The daemon that found GPU 3 unhealthy and GPU 6 too; GPU 4 cordoned
+	// for an intruder, GPU 5 by the operator.
+	first := watchOver(g, nil)
+	first.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
+		Device: observe.Device{UUID: uuid, Index: "3"}})
+	first.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 6 reported critical Xid 79",
+		Device: observe.Device{UUID: h.uuid(6), Index: "6"}})
+	require.NoError(t, g.CordonDevice(ctx, h.uuid(4), ledger.CordonIntruder, "pid 200 runs on it without a claim"))
+	require.NoError(t, g.CordonDevice(ctx, h.uuid(5), ledger.CordonOperator, "maintenance"))
+
+	// The daemon restarts; its inventory no longer lists GPU 6.
+	logs := &syncBuffer{}
+	w := watchOver(g, logs)
+	m := metrics.New()
+	w.Metrics = m
+	w.ProcRoot, w.Interval = h.proc, time.Hour // passes find nothing to change
+	gauge := func() map[string]float64 { t.Helper(); return gaugeByIndex(t, m, "nri_gpu_guard_unhealthy") }
+	cfg := g.Config()
+	gpus := slices.DeleteFunc(slices.Clone(g.Inventory().GPUs), func(d devices.GPU) bool { return d.UUID == h.uuid(6) })
+	src, err := observe.OpenNVML(h.srv)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+	stop := w.start(ctx, src, watchKey{gpus: gpus, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
+	stop()
+
+	assert.Equal(t, map[string]float64{"3": 1}, gauge(), "GPU 3 alone is adopted")
+	file, err := observe.ReadFile(g.Ledger().Dir())
+	require.NoError(t, err)
+	require.Len(t, file.Unhealthy, 1)
+	assert.Equal(t, uuid, file.Unhealthy[0].Device.UUID)
+	assert.Equal(t, "3", file.Unhealthy[0].Device.Index)
+	assert.Equal(t, "GPU 3 reported critical Xid 79", file.Unhealthy[0].Message)
+	assert.Contains(t, logs.String(), "unhealthy device's cordon found in the ledger")
+
+	forgot := 0
+	settle := func() { w.settleUnhealthy(ctx, func(string) bool { forgot++; return true }) }
+	resetLedger(t, g)
+	require.False(t, cordonedIn(t, g, uuid))
+	settle()
+	assert.True(t, cordonedIn(t, g, uuid), "the lost cordon is written again")
+	assert.Zero(t, forgot)
+	assertCordonedAgain(t, g, logs, uuid, "unhealthy device's cordon lost", "critical Xid 79")
+
+	// Lost once more: its reason says so once.
+	resetLedger(t, g)
+	settle()
+	last := lastAudit(t, g)
+	assert.Equal(t, 1, strings.Count(last.Reason, "cordoned again"), last.Reason)
+
+	operatorUncordon(t, g, uuid)
+	settle()
+	assert.False(t, cordonedIn(t, g, uuid))
+	assert.Equal(t, 1, forgot, "the operator's uncordon forgets it")
+	assert.Empty(t, gauge())
+}
+
+// TestUnhealthyGaugeFollowsANewObserver: an observer started afresh
+// (another inventory or [observe] section) shows the unhealthy devices it
+// carried over, as observe.json does, and no others: the gauge used to keep
+// the old observer's devices until the daemon restarted, one the new
+// inventory no longer lists included.
+func TestUnhealthyGaugeFollowsANewObserver(t *testing.T) {
 	h := newGPUHost(t)
 	g := guardFor(t, h, nil)
 	w := watchOver(g, nil)
@@ -1238,14 +1373,18 @@ func TestUnhealthyGaugeClearedWithANewObserver(t *testing.T) {
 	w.Metrics = m
 	w.States = func(*guard.Guard) DeviceStates { return newFakeStates() }
 	ctx := context.Background()
-	w.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 5 reported critical Xid 79",
-		Device: observe.Device{UUID: h.uuid(5), Index: "5"}})
-	require.Equal(t, map[string]float64{"5": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
+	for _, i := range []int{5, 6} {
+		w.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: fmt.Sprintf("GPU %d reported critical Xid 79", i),
+			Device: observe.Device{UUID: h.uuid(i), Index: fmt.Sprint(i)}})
+	}
+	require.Equal(t, map[string]float64{"5": 1, "6": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
 
+	// The new observer's inventory no longer lists GPU 6.
 	cfg := g.Config()
-	stop := w.start(ctx, nil, watchKey{gpus: g.Inventory().GPUs, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
+	gpus := slices.DeleteFunc(slices.Clone(g.Inventory().GPUs), func(d devices.GPU) bool { return d.UUID == h.uuid(6) })
+	stop := w.start(ctx, nil, watchKey{gpus: gpus, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
 	stop()
-	assert.Empty(t, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
+	assert.Equal(t, map[string]float64{"5": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
 }
 
 // An unhealthy device whose cordon could not be written is still cordoned
