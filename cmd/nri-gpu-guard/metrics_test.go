@@ -72,6 +72,7 @@ func TestMetricsEndpointFailureKeepsEnforcing(t *testing.T) {
 	cfg := config.Default()
 	cfg.Ledger.Dir = filepath.Join(dir, "state")
 	cfg.Devices.Source = config.SourceStatic
+	cfg.Devices.ProcRoot = dir // fake GPUs: no driver tree to check the list against
 	cfg.Devices.Static = []config.StaticGPU{{Index: 0, UUID: gpuUUID(0), Minor: 0}}
 	cfg.Metrics.Listen = addr
 	require.NoError(t, cfg.Validate())

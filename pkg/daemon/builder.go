@@ -193,7 +193,8 @@ func (b *Builder) nvml() devices.Loader {
 
 // incomplete reports whether the daemon should keep discovering for an
 // inventory it loaded, and what that inventory was. A static inventory is
-// the configuration's, complete by definition. An empty one is the common
+// the configuration's, complete by definition (LoadInventory refused it if
+// the driver listed other GPUs). An empty one is the common
 // case of a GPU Operator node, whose driver container starts after the
 // guard; the cache a failed discovery fell back to may predate a hardware
 // change. Either way, live discovery replaces it once it lists GPUs.

@@ -26,6 +26,7 @@ func staticConfig(t *testing.T) config.Config {
 	cfg := config.Default()
 	cfg.Ledger.Dir = t.TempDir()
 	cfg.Devices.Source = config.SourceStatic
+	cfg.Devices.ProcRoot = t.TempDir() // fake GPUs: no driver tree to check the list against
 	cfg.Devices.Static = []config.StaticGPU{{Index: 0, UUID: uuidStatic, Minor: 0}}
 	return cfg
 }

@@ -243,6 +243,7 @@ func guardFor(t testing.TB, h *gpuHost, edit func(*config.Config)) *guard.Guard 
 	cfg := config.Default()
 	cfg.Ledger.Dir = t.TempDir()
 	cfg.Devices.Source = config.SourceStatic
+	cfg.Devices.ProcRoot = t.TempDir() // fake GPUs: no driver tree to check the list against
 	for i := range h.srv.Devices {
 		cfg.Devices.Static = append(cfg.Devices.Static, config.StaticGPU{Index: i, UUID: h.uuid(i), Minor: i})
 	}

@@ -97,44 +97,140 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 
 // cacheDiffs lists how the GPUs the driver lists (from the /proc loader:
 // index in bus id order, normalised bus id) differ from the cache's, one
-// phrase each; none when they are the same GPUs.
+// phrase each; none when they are the same GPUs. Indices are not compared:
+// a cache holds the indices NVML or the /proc source gave, and both number
+// GPUs in bus id order, which the bus ids compared already fix.
 func cacheDiffs(driver, cache []GPU) []string {
-	byUUID := make(map[string]GPU, len(cache))
-	for _, g := range cache {
-		byUUID[g.UUID] = g
+	d := make([]procGPU, len(driver))
+	for i, g := range driver {
+		d[i] = procGPU{GPU: g}
+	}
+	return listDiffs(d, cache, listCache, false)
+}
+
+// listKind names the list of GPUs listDiffs compares with the driver's, in
+// its phrases.
+type listKind struct {
+	in    string // "in the cache"
+	whose string // "the cache's GPU"
+	// minors: name the minor of a GPU missing from the list (what a
+	// static list must give for it).
+	minors bool
+}
+
+var (
+	listCache  = listKind{in: "in the cache", whose: "the cache's GPU"}
+	listStatic = listKind{in: "in [[devices.static]]", whose: "the [[devices.static]] GPU", minors: true}
+)
+
+// listDiffs lists how the GPUs the driver lists (readDriverGPUs, or the
+// /proc loader) differ from list, one phrase each naming the GPU by index,
+// UUID and bus id; none when they are the same GPUs. This is the one
+// comparison of a list of GPUs with the driver, for a cache of another boot
+// (checkCacheBoot) and for the configuration's static list (checkStatic):
+//
+//   - by UUID: every GPU the driver lists is in the list, and every GPU
+//     in the list is one the driver lists;
+//   - by PCI bus id, where the list has one (a static list has none);
+//   - by device minor: a container's /dev/nvidia<minor> node is resolved
+//     through it;
+//   - with withIndex, by index (the driver's GPUs numbered in bus id order,
+//     as NVML numbers them): a hand-written index that is not NVML's would
+//     claim one GPU while NVIDIA's runtime hands the container another.
+//
+// A GPU whose UUID the driver does not know yet (uuidUnknown) is matched to
+// the listed GPU at its bus id, else (a list without bus ids) at its minor,
+// among those no known UUID matched, and then compared like the others: what
+// it shows still fixes which listed GPU it is, only its UUID is unchecked.
+func listDiffs(driver []procGPU, list []GPU, kind listKind, withIndex bool) []string {
+	byUUID := make(map[string]int, len(list))
+	for i, g := range list {
+		byUUID[g.UUID] = i
 	}
 	var diffs []string
-	listed := make(map[string]bool, len(driver))
-	for _, d := range driver {
-		listed[d.UUID] = true
-		c, ok := byUUID[d.UUID]
-		if !ok {
-			diffs = append(diffs, fmt.Sprintf("GPU %d (%s) at %s is not in the cache", d.Index, d.UUID, d.BusID))
+	matched := make([]bool, len(list))
+	pair := make([]int, len(driver))
+	for i, d := range driver {
+		pair[i] = -1
+		if d.uuidUnknown {
 			continue
 		}
+		if j, ok := byUUID[d.UUID]; ok {
+			pair[i], matched[j] = j, true
+		}
+	}
+	for i, d := range driver {
+		if !d.uuidUnknown {
+			continue
+		}
+		pair[i] = matchUnknown(d, list, matched)
+		if pair[i] >= 0 {
+			matched[pair[i]] = true
+		}
+	}
+	for i, d := range driver {
+		if pair[i] < 0 {
+			minor := ""
+			if kind.minors || d.uuidUnknown {
+				minor = fmt.Sprintf(", /dev/nvidia%d,", d.Minor)
+			}
+			diffs = append(diffs, fmt.Sprintf("GPU %d %s at %s%s is not %s", d.Index, uuidPhrase(d), d.BusID, minor, kind.in))
+			continue
+		}
+		c := list[pair[i]]
 		if c.BusID != "" {
 			// A cache from NVML holds bus ids normalised already;
 			// anything else is compared in the same spelling.
 			if bus, ok := NormaliseBusID(c.BusID); !ok || bus != d.BusID {
-				diffs = append(diffs, fmt.Sprintf("GPU %d (%s) is at %s, at %s in the cache", d.Index, d.UUID, d.BusID, c.BusID))
+				diffs = append(diffs, fmt.Sprintf("GPU %d %s is at %s, at %s %s", d.Index, uuidPhrase(d), d.BusID, c.BusID, kind.in))
 				continue
 			}
 		}
 		if c.Minor != d.Minor {
-			diffs = append(diffs, fmt.Sprintf("GPU %d (%s) at %s is /dev/nvidia%d, /dev/nvidia%d in the cache",
-				d.Index, d.UUID, d.BusID, d.Minor, c.Minor))
+			diffs = append(diffs, fmt.Sprintf("GPU %d %s at %s is /dev/nvidia%d, /dev/nvidia%d %s",
+				d.Index, uuidPhrase(d), d.BusID, d.Minor, c.Minor, kind.in))
+			continue
+		}
+		if withIndex && c.Index != d.Index {
+			diffs = append(diffs, fmt.Sprintf("GPU %d %s at %s is index %d %s (NVML numbers GPUs in PCI bus id order)",
+				d.Index, uuidPhrase(d), d.BusID, c.Index, kind.in))
 		}
 	}
-	for _, c := range cache {
-		if listed[c.UUID] {
+	for j, c := range list {
+		if matched[j] {
 			continue
 		}
 		at := ""
 		if c.BusID != "" {
 			at = " at " + c.BusID
 		}
-		diffs = append(diffs, fmt.Sprintf("the cache's GPU %d (%s)%s is not listed by the driver (removed, replaced or excluded)",
-			c.Index, c.UUID, at))
+		diffs = append(diffs, fmt.Sprintf("%s %d (%s)%s is not listed by the driver (removed, replaced or excluded)",
+			kind.whose, c.Index, c.UUID, at))
 	}
 	return diffs
 }
+
+// matchUnknown is the position in list of the GPU that driver GPU d, whose
+// UUID is not known yet, is: the one not matched yet at its bus id, else,
+// when that one has no bus id, at its minor; -1 when none is.
+func matchUnknown(d procGPU, list []GPU, matched []bool) int {
+	byMinor := -1
+	for j, c := range list {
+		if matched[j] {
+			continue
+		}
+		if c.BusID != "" {
+			if bus, ok := NormaliseBusID(c.BusID); ok && bus == d.BusID {
+				return j
+			}
+			continue
+		}
+		if c.Minor == d.Minor && byMinor < 0 {
+			byMinor = j
+		}
+	}
+	return byMinor
+}
+
+// uuidPhrase is "(GPU-…)", or what stands for a UUID not known yet.
+func uuidPhrase(d procGPU) string { return "(" + d.uuidText() + ")" }

@@ -35,7 +35,13 @@ func Discover(cfg config.DevicesConfig, nvml Loader) (*Inventory, error) {
 	if nvml == nil {
 		nvml = noNVML{}
 	}
-	nvmlL, procL, staticL := nvml, NewProcLoader(root), NewStaticLoader(cfg.Static)
+	// The static list is checked against the driver's tree under root
+	// wherever it is used: named alone, and as the last resort of "auto",
+	// which reaches it when NVML is not there (the hook, an image without
+	// the library) and /proc cannot be read (a GPU whose UUID is not known
+	// yet): a list the driver contradicts is never the inventory.
+	nvmlL, procL, staticL := nvml, NewProcLoader(root), &staticLoader{gpus: cfg.Static, root: root,
+		fallback: cfg.Source != config.SourceStatic}
 	var loaders []Loader
 	switch cfg.Source {
 	case config.SourceAuto, "":
@@ -60,6 +66,13 @@ func load(l Loader) ([]GPU, []string, error) {
 	return gpus, nil, err
 }
 
+// verifyingLoader is a Loader whose validated list is checked before it is
+// used (the static list against the driver: staticLoader.verify); it may
+// add notes.
+type verifyingLoader interface {
+	verify(gpus []GPU) ([]string, error)
+}
+
 func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) {
 	var notes []string
 	var empty *Inventory
@@ -74,6 +87,13 @@ func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) 
 		}
 		notes = append(notes, loaderNotes...)
 		inv, err := newInventory(Inventory{Source: l.Name(), GPUs: gpus, Notes: notes})
+		if v, ok := l.(verifyingLoader); ok && err == nil {
+			var checked []string
+			if checked, err = v.verify(inv.GPUs); err == nil && len(checked) > 0 {
+				notes = append(notes, checked...)
+				inv, err = newInventory(Inventory{Source: l.Name(), GPUs: gpus, Notes: notes})
+			}
+		}
 		if err != nil {
 			if explicit {
 				return nil, fmt.Errorf("GPU inventory from %s: %w", l.Name(), err)

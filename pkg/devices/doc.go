@@ -23,6 +23,12 @@
 //     documented order: a static source is authoritative everywhere; the
 //     daemon discovers and writes the cache; the hook and gpu-guard-ctl read
 //     it, else discover (the hook without NVML); else the load fails closed.
+//   - A static list ([[devices.static]], named as the source or reached as
+//     the last resort of "auto") is the inventory only when it is the GPUs
+//     the driver lists under proc_root, by UUID, minor and index, compared
+//     as a cache of another boot is; otherwise the load fails
+//     (ErrStaticMismatch). A GPU whose UUID the driver does not know yet is
+//     matched by what it shows. Without a driver tree it is used as it is.
 //   - The cache is read only when it is a regular file owned by root (or
 //     the reading user), not writable by group or others, and not a link
 //     (ErrUntrustedCache): it decides which GPU a container's index means.

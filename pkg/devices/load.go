@@ -111,8 +111,13 @@ type Loaded struct {
 // follows:
 //
 //  1. devices.source = "static": the configuration's list is authoritative
-//     for every role; no cache is read. The daemon and a refresh still write
-//     it to the cache, so the file always holds what the daemon decides with.
+//     for every role; no cache is read. It is checked against the GPUs the
+//     driver lists under proc_root, where it lists any (see
+//     staticLoader.verify): a list the driver contradicts fails the load,
+//     wrapping ErrStaticMismatch, for every role (the daemon included: a
+//     list that can never be right stops it, as an invalid list does), and
+//     no cache is written. The daemon and a refresh still write it to the
+//     cache, so the file always holds what the daemon decides with.
 //  2. RoleDaemon and RoleRefresh discover per devices.source (NVML,
 //     /proc/driver/nvidia, the static list; see Discover) and write the
 //     cache, stamped with opts.BootID. When discovery fails, the daemon
@@ -132,8 +137,9 @@ type Loaded struct {
 //     file, or writable by group or others), unusable, or stale is skipped,
 //     and the inventory is discovered instead: by RoleReader as the daemon
 //     would, by RoleHook without NVML (source "auto": /proc/driver/nvidia
-//     then the static list; "nvml" and "proc": /proc/driver/nvidia), so
-//     that no container start initialises NVML. A cache written in this
+//     then the static list, checked against the driver as in 1; "nvml" and
+//     "proc": /proc/driver/nvidia), so that no container start initialises
+//     NVML. A cache written in this
 //     boot (opts.BootID) is used as it is: GPUs do not change while the
 //     host runs, and the hook reads nothing more. One written in another
 //     boot, or in an unknown one, is stale (ErrStaleCache) when the GPUs

@@ -177,6 +177,13 @@ func TestLoadInventoryOrder(t *testing.T) {
 						cfg.Static = []config.StaticGPU{{Index: 0, UUID: loadUUIDStatic, Minor: 0}}
 						nvml.works = true
 					}
+					if row.source == config.SourceStatic {
+						// No driver tree: the static list, which the
+						// driver's would contradict, is used as it is
+						// (TestStaticListMatchesDriver checks it against
+						// one).
+						cfg.ProcRoot = t.TempDir()
+					}
 					path := filepath.Join(dir, CacheFile)
 					before := snapshotCache(t, path)
 

@@ -36,6 +36,11 @@ type notingLoader interface {
 
 type procLoader struct {
 	root string
+	// unknownUUIDs lists a GPU whose UUID the driver does not know yet
+	// (procGPU.uuidUnknown) rather than fail: only for comparing a list
+	// with the driver (readDriverGPUs), which can still match it by bus id
+	// and minor. An inventory never holds such a GPU.
+	unknownUUIDs bool
 }
 
 // NewProcLoader returns the loader that reads
@@ -65,9 +70,35 @@ type procGPU struct {
 	GPU
 	bus      [4]uint64
 	excluded bool
+	// uuidUnknown: the driver shows the UUID as "GPU-????????-…" (the GPU
+	// is not initialised yet); UUID is empty. Only with unknownUUIDs.
+	uuidUnknown bool
 }
 
 func (l *procLoader) loadNoted() ([]GPU, []string, error) {
+	found, notes, err := l.read()
+	if err != nil {
+		return nil, nil, err
+	}
+	gpus := make([]GPU, len(found))
+	for i, g := range found {
+		gpus[i] = g.GPU
+	}
+	return gpus, notes, nil
+}
+
+// readDriverGPUs reads the GPUs the driver lists under root, as the /proc
+// source does (same indices, excluded GPUs and display adapters left out),
+// but keeps a GPU whose UUID is not known yet (uuidUnknown) instead of
+// failing: what it shows (bus id, minor, its index) can still be compared
+// with a list of GPUs. A missing driver tree wraps ErrSourceUnavailable.
+func readDriverGPUs(root string) ([]procGPU, error) {
+	gpus, _, err := (&procLoader{root: root, unknownUUIDs: true}).read()
+	return gpus, err
+}
+
+// read lists the GPUs in the inventory's order, with their indices.
+func (l *procLoader) read() ([]procGPU, []string, error) {
 	root, err := os.OpenRoot(l.root)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
@@ -94,7 +125,7 @@ func (l *procLoader) loadNoted() ([]GPU, []string, error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("proc: %w", err)
 		}
-		g, err := parseInformation(data)
+		g, err := parseInfo(data, l.unknownUUIDs)
 		if err != nil {
 			return nil, nil, fmt.Errorf("proc: %s: %w", name, err)
 		}
@@ -108,7 +139,7 @@ func (l *procLoader) loadNoted() ([]GPU, []string, error) {
 		g.BusID = norm
 		g.bus = busKey(norm)
 		if g.excluded {
-			notes = append(notes, fmt.Sprintf("proc: GPU %s at %s is excluded by the driver (NVreg_ExcludedGpus): not in the inventory, as NVML does not list it", g.UUID, g.BusID))
+			notes = append(notes, fmt.Sprintf("proc: GPU %s at %s is excluded by the driver (NVreg_ExcludedGpus): not in the inventory, as NVML does not list it", g.uuidText(), g.BusID))
 			continue
 		}
 		found = append(found, g)
@@ -122,20 +153,28 @@ func (l *procLoader) loadNoted() ([]GPU, []string, error) {
 		}
 		return false
 	})
-	gpus := make([]GPU, 0, len(found))
+	gpus := make([]procGPU, 0, len(found))
 	for i, g := range found {
 		if isDisplayGPU(g.Model) {
 			// NVML counts it (its index is skipped, not reused), but the
 			// NVML inventory leaves it out, as go-nvlib's enumeration
 			// does: the same GPUs, at the same indices, from both
 			// sources, so that a cache of one is not stale to the other.
-			notes = append(notes, fmt.Sprintf("proc: GPU %s at %s (%s) is a display adapter: not in the inventory, as in NVML's", g.UUID, g.BusID, g.Model))
+			notes = append(notes, fmt.Sprintf("proc: GPU %s at %s (%s) is a display adapter: not in the inventory, as in NVML's", g.uuidText(), g.BusID, g.Model))
 			continue
 		}
 		g.Index = i
-		gpus = append(gpus, g.GPU)
+		gpus = append(gpus, g)
 	}
 	return gpus, notes, nil
+}
+
+// uuidText is the GPU's UUID for messages.
+func (g procGPU) uuidText() string {
+	if g.uuidUnknown {
+		return "UUID not known yet"
+	}
+	return g.UUID
 }
 
 // isDisplayGPU reports whether model names the display adapter of a DGX
@@ -173,6 +212,12 @@ func readBounded(root *os.Root, name string) (string, error) {
 // "Key: value" lines, of which Model, GPU UUID, Device Minor, Bus Location
 // and GPU Excluded are used.
 func parseInformation(data string) (procGPU, error) {
+	return parseInfo(data, false)
+}
+
+// parseInfo is parseInformation that, with unknownUUID, reads a UUID the
+// driver does not know yet as uuidUnknown rather than as an error.
+func parseInfo(data string, unknownUUID bool) (procGPU, error) {
 	var g procGPU
 	var hasUUID, hasMinor bool
 	sc := bufio.NewScanner(strings.NewReader(data))
@@ -186,6 +231,10 @@ func parseInformation(data string) (procGPU, error) {
 		case "Model":
 			g.Model = value
 		case "GPU UUID":
+			if strings.Contains(value, "?") && unknownUUID {
+				g.uuidUnknown, hasUUID = true, true
+				continue
+			}
 			if strings.Contains(value, "?") {
 				return g, fmt.Errorf("GPU UUID %q is not known yet (the driver fills it in once the GPU is initialised: enable persistence mode, or use source \"nvml\")", value)
 			}

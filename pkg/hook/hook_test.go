@@ -35,6 +35,7 @@ func staticConfig(t *testing.T) config.Config {
 	cfg := config.Default()
 	cfg.Ledger.Dir = filepath.Join(t.TempDir(), "ledger")
 	cfg.Devices.Source = config.SourceStatic
+	cfg.Devices.ProcRoot = t.TempDir() // fake GPUs: no driver tree to check the list against
 	cfg.Devices.Static = nil
 	for i, u := range gpuUUIDs {
 		cfg.Devices.Static = append(cfg.Devices.Static, config.StaticGPU{Index: i, UUID: u, Minor: i})

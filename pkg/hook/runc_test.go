@@ -225,6 +225,7 @@ func (r *rig) config(waitTimeout time.Duration) config.Config {
 	cfg.Ledger.Dir = filepath.Join(r.base, "ledger")
 	cfg.Ledger.LockTimeout = config.Duration{Duration: 5 * time.Second}
 	cfg.Devices.Source = config.SourceStatic
+	cfg.Devices.ProcRoot = r.base // fake GPUs: no driver tree to check the list against
 	cfg.Devices.Static = nil
 	for i, u := range gpuUUIDs {
 		cfg.Devices.Static = append(cfg.Devices.Static, config.StaticGPU{Index: i, UUID: u, Minor: i, Model: "Fake GPU"})

@@ -151,6 +151,7 @@ func newRuntime(t testing.TB, mutate func(*config.Config)) *runtime {
 	rt.cfg = config.Default()
 	rt.cfg.Ledger.Dir = rt.ledgerDir
 	rt.cfg.Devices.Source = config.SourceStatic
+	rt.cfg.Devices.ProcRoot = t.TempDir() // fake GPUs: no driver tree to check the list against
 	for i := 0; i < 4; i++ {
 		rt.cfg.Devices.Static = append(rt.cfg.Devices.Static, config.StaticGPU{Index: i, UUID: gpuUUID(i), Minor: i, Model: "Fake GPU"})
 	}
