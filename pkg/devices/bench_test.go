@@ -6,6 +6,8 @@ package devices
 import (
 	"fmt"
 	"testing"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 )
 
 func benchInventory(b *testing.B) *Inventory {
@@ -61,5 +63,30 @@ func BenchmarkResolveAll16(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		_, _ = r.Resolve(req)
+	}
+}
+
+// BenchmarkDiscoverStatic8 loads an 8-GPU static list as the hook does under
+// devices.source = "static" (once per container that names a GPU), with
+// and without a driver tree to check it against (staticLoader.verify): the
+// difference is what the check costs.
+func BenchmarkDiscoverStatic8(b *testing.B) {
+	var static []config.StaticGPU
+	tree := b.TempDir()
+	for i := range 8 {
+		bus := fmt.Sprintf("0000:%02x:00.0", i+1)
+		fakeProcGPU(b, tree, bus, "NVIDIA H100 80GB HBM3", gpuUUID(i), i, false)
+		static = append(static, config.StaticGPU{Index: i, UUID: gpuUUID(i), Minor: i})
+	}
+	for _, bc := range []struct{ name, root string }{{"no driver tree", b.TempDir()}, {"checked", tree}} {
+		b.Run(bc.name, func(b *testing.B) {
+			cfg := config.DevicesConfig{Source: config.SourceStatic, ProcRoot: bc.root, Static: static}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Discover(cfg, nil); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
