@@ -145,7 +145,9 @@ EOF
 printf 'runtime-endpoint: unix://%s\nimage-endpoint: unix://%s\ntimeout: 60\n' "$D/containerd.sock" "$D/containerd.sock" >"$D/crictl.yaml"
 
 {
-	printf 'version = 1\n[ledger]\ndir = "%s"\n[devices]\nsource = "static"\n' "$D/state"
+	# proc_root: no driver tree there, so the demo's fake GPUs are not
+	# compared with a real driver's on a GPU host.
+	printf 'version = 1\n[ledger]\ndir = "%s"\n[devices]\nsource = "static"\nproc_root = "%s"\n' "$D/state" "$D/no-driver"
 	for i in 0 1 2 3; do
 		printf '[[devices.static]]\nindex = %d\nuuid = "%s"\nminor = %d\nmodel = "Demo GPU"\n' "$i" "$(uuid "$i")" "$i"
 	done

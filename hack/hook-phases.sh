@@ -20,7 +20,7 @@ trap 'rm -rf "$work"; rm -f "$marker"' EXIT
 (cd "$repo_root" && CGO_ENABLED=0 go build -tags 'nri_no_wasm phasetrace' -trimpath -ldflags='-s -w' -o "$work/hook" ./cmd/nri-gpu-guard-hook)
 
 {
-	printf 'version = 1\n[ledger]\ndir = "%s"\n[devices]\nsource = "static"\n' "$state"
+	printf 'version = 1\n[ledger]\ndir = "%s"\n[devices]\nsource = "static"\nproc_root = "%s"\n' "$state" "$work/no-driver"
 	for i in 0 1 2 3 4 5 6 7; do
 		printf '[[devices.static]]\nindex = %d\nuuid = "GPU-6c1a2f2e-0000-4000-8000-00000000000%d"\nminor = %d\nmodel = "Fake GPU"\n' "$i" "$i" "$i"
 	done

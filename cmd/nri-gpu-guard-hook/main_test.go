@@ -77,7 +77,7 @@ func TestRunExitCodes(t *testing.T) {
 func TestNoGPUNeverReadsLedger(t *testing.T) {
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "config.toml")
-	require.NoError(t, os.WriteFile(cfgPath, []byte("[devices]\nsource = \"static\"\n[[devices.static]]\nindex = 0\n"+
+	require.NoError(t, os.WriteFile(cfgPath, []byte("[devices]\nsource = \"static\"\nproc_root = \""+filepath.Join(dir, "no-driver")+"\"\n[[devices.static]]\nindex = 0\n"+
 		"uuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n"), 0o600))
 	fifo := filepath.Join(dir, "state")
 	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
@@ -106,7 +106,7 @@ func TestPoststopAfterTheBundleWasEdited(t *testing.T) {
 	}
 	dir := t.TempDir()
 	cfgPath := filepath.Join(dir, "config.toml")
-	require.NoError(t, os.WriteFile(cfgPath, []byte("[ledger]\ndir = \""+filepath.Join(dir, "state")+"\"\n[devices]\nsource = \"static\"\n"+
+	require.NoError(t, os.WriteFile(cfgPath, []byte("[ledger]\ndir = \""+filepath.Join(dir, "state")+"\"\n[devices]\nsource = \"static\"\nproc_root = \""+filepath.Join(dir, "no-driver")+"\"\n"+
 		"[[devices.static]]\nindex = 0\nuuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n"), 0o600))
 	require.NoError(t, os.Mkdir(filepath.Join(dir, "state"), 0o700))
 	state := bundleState(t, specs.StateCreating, "NVIDIA_VISIBLE_DEVICES=0")

@@ -120,7 +120,7 @@ func newHost(t *testing.T) *host {
 	require.NoError(t, ledger.CheckDirChain(h.stateDir), "the test's state dir must have a safe parent chain")
 	for path, poll := range map[string]string{h.cfgPath: "20ms", h.waitCfgPath: "1m"} {
 		var b strings.Builder
-		fmt.Fprintf(&b, "version = 1\n[ledger]\ndir = %q\nlock_timeout = \"5s\"\n[devices]\nsource = \"static\"\n", h.stateDir)
+		fmt.Fprintf(&b, "version = 1\n[ledger]\ndir = %q\nlock_timeout = \"5s\"\n[devices]\nsource = \"static\"\nproc_root = %q\n", h.stateDir, filepath.Join(h.stateDir, "no-driver"))
 		for i, u := range gpuUUIDs {
 			fmt.Fprintf(&b, "[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\nmodel = \"Fake GPU\"\n", i, u, i)
 		}

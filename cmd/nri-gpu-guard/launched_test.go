@@ -111,7 +111,7 @@ func launchPlugin(t *testing.T, extraConf string, before func(state string)) (cr
 			}
 		}
 	}()
-	conf := fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n", state)
+	conf := fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\nproc_root = %q\n", state, t.TempDir())
 	for i := 0; i < 2; i++ {
 		conf += fmt.Sprintf("[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\n", i, gpuUUID(i), i)
 	}

@@ -109,8 +109,8 @@ func daemonConfig(t *testing.T) (dir, cfgPath string) {
 	dir, err := os.MkdirTemp("", "gg-sig-")
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	conf := fmt.Sprintf("version = 1\n[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n"+
-		"[[devices.static]]\nindex = 0\nuuid = %q\nminor = 0\n", filepath.Join(dir, "state"), gpuUUID(0))
+	conf := fmt.Sprintf("version = 1\n[ledger]\ndir = %q\n[devices]\nsource = \"static\"\nproc_root = %q\n"+
+		"[[devices.static]]\nindex = 0\nuuid = %q\nminor = 0\n", filepath.Join(dir, "state"), filepath.Join(dir, "no-driver"), gpuUUID(0))
 	cfgPath = filepath.Join(dir, "config.toml")
 	require.NoError(t, os.WriteFile(cfgPath, []byte(conf), 0o600))
 	return dir, cfgPath

@@ -167,7 +167,8 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 	if cfg.Source == config.SourceStatic {
 		inv, err := Discover(cfg, nil)
 		if err != nil {
-			return out, fmt.Errorf("GPU inventory from the configuration (devices.source = \"static\"): %w", err)
+			// Discover's error says "GPU inventory from static: ...".
+			return out, fmt.Errorf("devices.source = \"static\": %w", err)
 		}
 		out.Inventory, out.Origin = inv, OriginConfig
 		if writes {

@@ -65,7 +65,10 @@ type Guard struct {
 // ledger in the temp dir, metrics on a free local port.
 func (g *Guard) guardConfig(opts GuardOptions) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "version = 1\n\n[ledger]\ndir = %s\n\n[devices]\nsource = \"static\"\n", tomlString(g.StateDir))
+	// proc_root names a dir without a driver tree: the fake GPUs are
+	// compared with no real driver's (on a GPU host they would differ).
+	fmt.Fprintf(&b, "version = 1\n\n[ledger]\ndir = %s\n\n[devices]\nsource = \"static\"\nproc_root = %s\n",
+		tomlString(g.StateDir), tomlString(filepath.Join(g.StateDir, "no-driver")))
 	for _, gpu := range g.c.GPUs {
 		fmt.Fprintf(&b, "\n[[devices.static]]\nindex = %d\nuuid = %s\nminor = %d\nmodel = \"Fake GPU (integration test)\"\nmemory_mib = 81559\n",
 			gpu.Index, tomlString(gpu.UUID), gpu.Minor)

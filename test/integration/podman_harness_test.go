@@ -131,7 +131,9 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 	t.Cleanup(r.cleanup)
 
 	var cfg strings.Builder
-	fmt.Fprintf(&cfg, "version = 1\n[ledger]\ndir = %q\n[devices]\nsource = \"static\"\n", r.ledgerDir)
+	// proc_root names a dir without a driver tree: the fake GPUs are
+	// compared with no real driver's (on a GPU host they would differ).
+	fmt.Fprintf(&cfg, "version = 1\n[ledger]\ndir = %q\n[devices]\nsource = \"static\"\nproc_root = %q\n", r.ledgerDir, t.TempDir())
 	for i := range fakeGPUs {
 		u := fmt.Sprintf("GPU-6c1a2f2e-0000-4000-8000-%012d", i)
 		r.gpu = append(r.gpu, u)
