@@ -152,7 +152,8 @@ type Request struct {
 	// NoDeviceCgroup: no device cgroup enforces the container's device
 	// rules (a rootless runtime, or a rootful one that set up no cgroup for
 	// it), and it can open every GPU that way: through the host's /dev
-	// bound in, or a node it makes itself with CAP_MKNOD. The OCI hook sets
+	// bound in, or a node it makes itself (CAP_MKNOD, or a devtmpfs it
+	// mounts with CAP_SYS_ADMIN). The OCI hook sets
 	// it together with GPUNodesAllowed; messages then name the cause
 	// instead of a device cgroup rule.
 	NoDeviceCgroup bool

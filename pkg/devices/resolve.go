@@ -113,12 +113,12 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 		allSrc, allFix := srcGPURule, "name the GPUs the container needs and let its device cgroup allow only their nodes"
 		if req.NoDeviceCgroup {
 			allSrc = srcNoDeviceCgroup
-			allFix = "run it in a device cgroup of its own (cgroups enabled), or without the host's /dev bound in and without CAP_MKNOD, and name its GPUs"
+			allFix = "run it in a device cgroup of its own (cgroups enabled), or without the host's /dev bound in and without CAP_MKNOD and CAP_SYS_ADMIN, and name its GPUs"
 		}
 		switch {
 		case req.Privileged:
 		case req.NoDeviceCgroup:
-			what = "container without a device cgroup (the host's /dev bound in, or CAP_MKNOD, opens every GPU node)"
+			what = "container without a device cgroup (the host's /dev bound in, or CAP_MKNOD or CAP_SYS_ADMIN, opens every GPU node)"
 			fix = allFix
 		default:
 			what = "container whose device cgroup lets it open every GPU node (c 195:*)"
@@ -186,7 +186,7 @@ const srcGPURule = "device cgroup rule opening every GPU node"
 
 // srcNoDeviceCgroup is the source of the GPUs a container reaches because no
 // device cgroup stops it (Request.NoDeviceCgroup).
-const srcNoDeviceCgroup = "no device cgroup (host /dev bound in, or CAP_MKNOD)"
+const srcNoDeviceCgroup = "no device cgroup (host /dev bound in, or CAP_MKNOD or CAP_SYS_ADMIN)"
 
 // builder accumulates one resolution.
 type builder struct {

@@ -48,7 +48,7 @@ func RequestFromSpec(spec *specs.Spec) Request {
 		req.Mounts = make([]string, len(spec.Mounts))
 		for i, m := range spec.Mounts {
 			req.Mounts[i] = m.Destination
-			req.AddBindSource(m.Source, m.Destination)
+			req.AddMount(m.Type, m.Source, m.Destination)
 		}
 	}
 	if l := spec.Linux; l != nil && l.Resources != nil {
@@ -69,6 +69,18 @@ func RequestFromSpec(spec *specs.Spec) Request {
 // whole of the host's /dev sets HostDevMounted. Other sources bring no
 // device. Both front ends call it for every mount (RequestFromSpec does).
 func (req *Request) AddBindSource(source, destination string) {
+	req.AddMount("", source, destination)
+}
+
+// AddMount is AddBindSource for a mount of type mountType: a devtmpfs
+// mounted afresh (type "devtmpfs", whatever its source) is the kernel's one
+// devtmpfs, every node of the host's /dev, and sets HostDevMounted as a
+// bind of /dev does. The runtime mounts it before it drops its privileges.
+func (req *Request) AddMount(mountType, source, destination string) {
+	if mountType == "devtmpfs" {
+		req.HostDevMounted = true
+		return
+	}
 	if source == "" || source[0] != '/' {
 		return
 	}

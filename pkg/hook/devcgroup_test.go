@@ -90,6 +90,12 @@ func TestBindWithoutDeviceCgroup(t *testing.T) {
 		// crun's systemd driver (podman, CRI-O) runs the process in a
 		// "container" cgroup below the scope whose rules apply to it.
 		{"v2 crun's sub-cgroup of its own scope", "0::/machine.slice/libpod-train.scope/container\n", "0::/machine.slice/libpod-conmon-train.scope\n", true},
+		// podman --cgroups=split (quadlet's default): the container below
+		// the service's cgroup, where conmon and the runtime run.
+		{"v2 podman --cgroups=split", "0::/system.slice/web.service/libpod-payload-train\n", "0::/system.slice/web.service\n", true},
+		// A systemd cgroupsPath "<slice>::<id>": runc and crun name the
+		// unit "-<id>.scope".
+		{"v2 systemd unit of an empty prefix", "0::/system.slice/-train.scope\n", "0::" + session + "\n", true},
 		{"v2 a sub-cgroup of the caller's", "0::" + session + "/container\n", "0::" + session + "\n", false},
 		{"v2 caller's cgroup (crun --cgroup-manager=disabled)", "0::" + session + "\n", "0::" + session + "\n", false},
 		{"v2 the runtime's cgroup though named after the container", "0::/x/train\n", "0::/x/train\n", false},
@@ -211,7 +217,10 @@ func TestNoDeviceBindReadsNoCgroup(t *testing.T) {
 		"/dev":      bindState(t, "dev", 4242, specs.StateCreating, "/dev", "/dev"),
 		"symlink":   bindState(t, "dev", 4242, specs.StateCreating, devLink, "/dev"),
 		"CAP_MKNOD": bindState(t, "dev", 4242, specs.StateCreating, "/srv/data", "/data", withMknod),
-		"no mount":  bindState(t, "dev", 4242, specs.StateCreating, "/srv/data", "/data", withMknod, func(s *specs.Spec) { s.Mounts = nil }),
+		"devtmpfs": bindState(t, "dev", 4242, specs.StateCreating, "/srv/data", "/data", func(s *specs.Spec) {
+			s.Mounts = append(s.Mounts, specs.Mount{Destination: "/d", Type: "devtmpfs", Source: "devtmpfs"})
+		}),
+		"no mount": bindState(t, "dev", 4242, specs.StateCreating, "/srv/data", "/data", withMknod, func(s *specs.Spec) { s.Mounts = nil }),
 	} {
 		reads := 0
 		e.readCgroup = func(string) ([]byte, error) { reads++; return nil, os.ErrNotExist }
@@ -241,23 +250,38 @@ func withUserNS(s *specs.Spec) {
 // create-runtime wrote.
 func TestMknodWithoutDeviceCgroup(t *testing.T) {
 	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	// CAP_SYS_ADMIN mounts a devtmpfs: every node of the host's /dev.
+	withSysAdmin := func(s *specs.Spec) {
+		s.Process.Capabilities = &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN", "CAP_SYS_ADMIN"}}
+	}
 	for _, tc := range []struct {
-		name      string
-		container string
-		edits     []func(*specs.Spec)
-		claims    bool
+		name       string
+		container  string
+		edits      []func(*specs.Spec)
+		claims     bool
+		privileged bool
+		pid        int // 0: 4242
 	}{
-		{"caller's cgroup", session, []func(*specs.Spec){withMknod}, true},
-		{"own cgroup", "0::/machine.slice/libpod-train.scope\n", []func(*specs.Spec){withMknod}, false},
-		{"caller's cgroup, user namespace", session, []func(*specs.Spec){withMknod, withUserNS}, false},
-		{"caller's cgroup, no CAP_MKNOD", session, nil, false},
+		{name: "caller's cgroup", container: session, edits: []func(*specs.Spec){withMknod}, claims: true},
+		{name: "own cgroup", container: "0::/machine.slice/libpod-train.scope\n", edits: []func(*specs.Spec){withMknod}},
+		{name: "caller's cgroup, user namespace", container: session, edits: []func(*specs.Spec){withMknod, withUserNS}},
+		{name: "caller's cgroup, no CAP_MKNOD", container: session},
+		{name: "caller's cgroup, CAP_SYS_ADMIN", container: session, edits: []func(*specs.Spec){withSysAdmin}, claims: true, privileged: true},
+		{name: "own cgroup, CAP_SYS_ADMIN", container: "0::/machine.slice/libpod-train.scope\n", edits: []func(*specs.Spec){withSysAdmin}},
+		// The OCI state of a container being created may lack its pid:
+		// nothing tells that a device cgroup applies.
+		{name: "no pid", container: "0::/machine.slice/libpod-train.scope\n", edits: []func(*specs.Spec){withMknod}, claims: true, pid: -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := staticConfig(t)
 			opened := 0
 			e := cgroupProc(t, tc.container, session, &opened)
 			e.markerDir = t.TempDir()
-			create := bindState(t, "train", 4242, specs.StateCreating, "/srv/data", "/data", tc.edits...)
+			pid := 4242
+			if tc.pid < 0 {
+				pid = 0
+			}
+			create := bindState(t, "train", pid, specs.StateCreating, "/srv/data", "/data", tc.edits...)
 			require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(create), io.Discard))
 			if !tc.claims {
 				require.Zero(t, opened, "nothing to claim")
@@ -270,7 +294,7 @@ func TestMknodWithoutDeviceCgroup(t *testing.T) {
 			var got []string
 			for _, c := range snap.Claims {
 				got = append(got, c.Device.UUID)
-				require.Contains(t, c.Source, "no device cgroup (host /dev bound in, or CAP_MKNOD)")
+				require.Contains(t, c.Source, "no device cgroup (host /dev bound in, or CAP_MKNOD or CAP_SYS_ADMIN)")
 			}
 			require.ElementsMatch(t, gpuUUIDs, got, "a node it makes opens any GPU")
 
@@ -284,7 +308,8 @@ func TestMknodWithoutDeviceCgroup(t *testing.T) {
 			require.NoError(t, err)
 			stop := string(data)
 			in := e.readInput(strings.NewReader(stop))
-			require.True(t, in.NeverClaims(), "poststop goes by its marker, not by a cgroup it cannot read")
+			// (A privileged container's poststop always reads the ledger.)
+			require.Equal(t, !tc.privileged, in.NeverClaims(), "poststop goes by its marker, not by a cgroup it cannot read")
 			require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(stop), io.Discard))
 			snap, err = l.Snapshot(t.Context())
 			require.NoError(t, err)
@@ -295,11 +320,70 @@ func TestMknodWithoutDeviceCgroup(t *testing.T) {
 			e = cgroupProc(t, tc.container, session, &opened)
 			err = e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(create), io.Discard)
 			require.ErrorIs(t, err, guard.ErrRejected)
+			if tc.privileged {
+				require.ErrorContains(t, err, "privileged container (CAP_SYS_ADMIN)")
+				return
+			}
 			require.ErrorContains(t, err, "container without a device cgroup")
 			require.ErrorContains(t, err, "run it in a device cgroup of its own")
 			require.NotContains(t, err.Error(), "run it unprivileged")
 		})
 	}
+}
+
+// A devtmpfs the runtime mounts for the container is the kernel's one
+// devtmpfs: every node of the host's /dev. Without a device cgroup it opens
+// every GPU; in a cgroup of its own nothing opens.
+func TestDevtmpfsMountWithoutDeviceCgroup(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	devtmpfs := func(s *specs.Spec) {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/mnt/dev", Type: "devtmpfs", Source: "devtmpfs"})
+	}
+	for container, claims := range map[string]bool{session: true, "0::/machine.slice/libpod-train.scope\n": false} {
+		cfg := staticConfig(t)
+		opened := 0
+		e := cgroupProc(t, container, session, &opened)
+		require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg,
+			strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, "/srv/data", "/data", devtmpfs)), io.Discard))
+		if !claims {
+			require.Zero(t, opened, "the device cgroup stops what the devtmpfs shows")
+			continue
+		}
+		l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+		require.NoError(t, err)
+		snap, err := l.Snapshot(t.Context())
+		require.NoError(t, err)
+		require.Len(t, snap.Claims, len(gpuUUIDs), "every GPU opens through the devtmpfs")
+	}
+}
+
+// A claim that only the marker leads poststop to (CAP_MKNOD, or a bind
+// through a symlink, without a device cgroup) is not made when the marker
+// cannot be written: the container is refused, since its poststop would
+// skip the ledger and the claim outlive it. One whose spec names its GPU
+// is admitted with a warning, as before: poststop reads the ledger for it.
+func TestUnmarkableUnfencedClaimRefused(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	cfg := staticConfig(t)
+	opened := 0
+	e := cgroupProc(t, session, session, &opened)
+	blocker := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(blocker, nil, 0o600))
+	e.markerDir = filepath.Join(blocker, "markers") // below a file: never written
+	err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, "/srv/data", "/data", withMknod)), io.Discard)
+	require.ErrorContains(t, err, "its poststop needs the marker")
+	if opened > 0 {
+		l, lerr := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+		require.NoError(t, lerr)
+		snap, serr := l.Snapshot(t.Context())
+		require.NoError(t, serr)
+		require.Empty(t, snap.Claims)
+	}
+
+	var warned strings.Builder
+	named := bindState(t, "named", 4242, specs.StateCreating, "/dev", "/dev", withMknod)
+	require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(named), &warned))
+	require.Contains(t, warned.String(), "its poststop will go by its config.json alone")
 }
 
 func TestDeviceCgroupOf(t *testing.T) {

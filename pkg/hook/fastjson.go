@@ -460,12 +460,14 @@ func (s *jscan) mounts() []hookMount {
 	out := []hookMount{}
 	s.array(func() {
 		var m hookMount
-		s.object([]string{"destination", "source"}, func(k string) bool {
+		s.object([]string{"destination", "source", "type"}, func(k string) bool {
 			switch k {
 			case "destination":
 				m.Destination = s.optString()
 			case "source":
 				m.Source = s.optString()
+			case "type":
+				m.Type = s.optString()
 			default:
 				return false
 			}

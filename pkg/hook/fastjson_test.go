@@ -78,6 +78,7 @@ func TestFastDecodeTypical(t *testing.T) {
 	require.Equal(t, 60, *h.Hooks.CreateRuntime[0].Timeout)
 	require.Equal(t, "/usr/bin/nri-gpu-guard-hook", h.Hooks.CreateRuntime[0].Path)
 	require.Equal(t, []hookNamespace{{"pid"}, {"mount"}, {"user"}}, h.Linux.Namespaces)
+	require.Equal(t, "proc", h.Mounts[0].Type)
 
 	data, err = json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: specs.StateCreating, Pid: 4242, Bundle: "/run/b", Annotations: map[string]string{"a": "b"}})
 	require.NoError(t, err)
@@ -142,6 +143,7 @@ func FuzzFastDecode(f *testing.F) {
 	f.Add(`{"hooks":null}`)
 	f.Add(`{"linux":{"namespaces":[{"type":"pid"},{"type":"user","path":"/proc/1/ns/user"},{}]}}`)
 	f.Add(`{"linux":{"namespaces":null}}`)
+	f.Add(`{"mounts":[{"destination":"/d","type":"devtmpfs","source":"devtmpfs"},{"type":null,"options":["rbind"]}]}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		agree(t, []byte(in))
 	})

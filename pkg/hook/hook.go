@@ -325,6 +325,14 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 	// stands; only that protection is lost, and said.
 	mk := newMarker(e.markerDir, st, cfg.Ledger.Dir)
 	if err := mk.write(); err != nil {
+		if !e.poststopFindsClaim(in) {
+			// Its poststop would skip the ledger (it reaches GPUs only
+			// through what no device cgroup stops, which a stopped
+			// container's spec does not show): a claim made now would
+			// outlive it.
+			return fmt.Errorf("container %s refused: %w (its poststop needs the marker to release the GPUs it reaches "+
+				"without a device cgroup; fix the marker directory, or run the container in a device cgroup of its own)", st.ID, err)
+		}
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: container %s: %v; its poststop will go by its config.json alone "+
 			"(should that be edited to name no GPU before the container is deleted, run `sudo gpu-guard-ctl release --container %s --reason \"config.json edited\"` after)\n",
 			ledger.ShortID(st.ID), err, st.ID)
@@ -484,8 +492,12 @@ func (e env) until(ctx context.Context, t time.Time) (context.Context, context.C
 
 // runtimeScopePrefixes are the prefixes runtimes and engines put before a
 // container's id in the name of the cgroup they create for it
-// (<prefix>-<id>, or <prefix>-<id>.scope under systemd).
-var runtimeScopePrefixes = []string{"runc", "crun", "runsc", "youki", "libpod", "crio", "cri-containerd", "docker", "nerdctl"}
+// (<prefix>-<id>, or <prefix>-<id>.scope under systemd). "libpod-payload"
+// is podman's --cgroups=split (quadlet's default), whose container runs in
+// libpod-payload-<id> below the service's cgroup. The empty prefix is a
+// systemd cgroupsPath "<slice>::<id>", which runc and crun name
+// "-<id>.scope" (liveness.CgroupPath): it matches a leaf "-<id>" only.
+var runtimeScopePrefixes = []string{"runc", "crun", "runsc", "youki", "libpod", "libpod-payload", "crio", "cri-containerd", "docker", "nerdctl", ""}
 
 // namesContainer reports whether a cgroup's leaf is container id's own by
 // its name: the id ("/train", runc's cgroupfs default; "train.scope") or

@@ -177,6 +177,8 @@ type hookCaps struct {
 type hookMount struct {
 	Destination string `json:"destination"`
 	Source      string `json:"source"`
+	// Type: a devtmpfs mounted afresh is the host's /dev (AddMount).
+	Type string `json:"type"`
 }
 
 type hookLinux struct {
@@ -213,7 +215,7 @@ func (h *hookSpec) spec() *specs.Spec {
 		}
 	}
 	for _, m := range h.Mounts {
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: m.Destination, Source: m.Source})
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: m.Destination, Source: m.Source, Type: m.Type})
 	}
 	if hs := h.Hooks; hs != nil {
 		s.Hooks = &specs.Hooks{}

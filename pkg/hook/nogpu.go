@@ -70,8 +70,9 @@ func (e env) readInput(stdin io.Reader) *Input {
 
 // addUnfenced adds to req what the container st describes reaches past its
 // device rules when no device cgroup enforces them: every node a bind mount
-// brings in (the host's /dev opens every GPU), and, with CAP_MKNOD outside
-// a user namespace (makesNodes), every GPU through a node it makes itself.
+// brings in (the host's /dev, or a devtmpfs mounted afresh, opens every
+// GPU), and, with CAP_MKNOD or CAP_SYS_ADMIN outside a user namespace
+// (makesNodes), every GPU through a node it makes or mounts itself.
 // Such a container is resolved like one whose device cgroup allows every
 // GPU node (GPUNodesAllowed), named as having none (NoDeviceCgroup).
 //
@@ -86,15 +87,18 @@ func (e env) readInput(stdin io.Reader) *Input {
 // The cgroup is read only when it could matter: a bind source that is a
 // device node, the host's / or /dev, whatever it is called (one stat per
 // bind source, a few microseconds: the runtime follows symlinks, so
-// spellings do not tell), a /proc path that leads to a root, or CAP_MKNOD
-// (in docker's and containerd's default set, not podman's or CRI-O's).
+// spellings do not tell), a /proc path that leads to a root, a devtmpfs
+// mount, or CAP_MKNOD (in docker's and containerd's default set, not
+// podman's or CRI-O's) or CAP_SYS_ADMIN. A state without a pid (which runc
+// and crun always give create-runtime) counts as no device cgroup.
 // Poststop, whose process is gone, cannot read it: it goes by spellings
 // alone (such a container then always reads the ledger) and by the marker
 // its create-runtime wrote before any claim (marker.go), which a claim for
-// a node made with CAP_MKNOD or a bind spelled otherwise relies on.
+// a node made or mounted by the container, or a bind spelled otherwise,
+// relies on: create-runtime refuses such a container when the marker
+// cannot be written (poststopFindsClaim).
 func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request) {
-	live := st.Pid > 0 && st.Status != specs.StateStopped
-	unfence(req, spec, e.userNS, live, func() bool { return e.deviceCgroupApplies(st) })
+	unfence(req, spec, e.userNS, st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) })
 }
 
 // RunningRequest is what a running container's spec reaches, read as the
@@ -109,17 +113,19 @@ func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request)
 func RunningRequest(req *devices.Request, spec *specs.Spec, procRoot string, pid int, id string, rootless bool) {
 	e := defaultEnv()
 	e.procRoot = procRoot
-	unfence(req, spec, func() bool { return rootless }, pid > 0, func() bool {
+	unfence(req, spec, func() bool { return rootless }, false, func() bool {
 		cg, err := e.deviceCgroupOf(pid)
 		return err == nil && ownedCgroup(cg, "", id)
 	})
 }
 
 // unfence is addUnfenced for a runtime that ran in a user namespace
-// (rootless, asked only for a spec with mounts or CAP_MKNOD), a process that
-// can be read (live) and the check of its device cgroup (applies, asked only
-// when something could reach a GPU).
-func unfence(req *devices.Request, spec *specs.Spec, rootless func() bool, live bool, applies func() bool) {
+// (rootless, asked only for a spec with mounts or node-making
+// capabilities), a container that has stopped (poststop: its process is
+// gone, so only spellings and the marker can tell) and the check of its
+// device cgroup (applies, asked only when something could reach a GPU; a
+// state without a pid has none that applies).
+func unfence(req *devices.Request, spec *specs.Spec, rootless func() bool, stopped bool, applies func() bool) {
 	mknod := makesNodes(spec)
 	if len(spec.Mounts) == 0 && !mknod {
 		return
@@ -129,7 +135,7 @@ func unfence(req *devices.Request, spec *specs.Spec, rootless func() bool, live 
 		markUnfenced(req, boundNodes(spec.Mounts), false)
 		return
 	}
-	if !live {
+	if stopped {
 		if bindsDeviceLike(req) {
 			markUnfenced(req, boundNodes(spec.Mounts), false)
 		}
@@ -159,18 +165,42 @@ func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 	}
 }
 
-// capMknod lets a process make device nodes.
-const capMknod = "CAP_MKNOD"
+// poststopFindsClaim reports whether the poststop of the container in
+// would read the ledger without its marker: what its spec reaches read as
+// poststop reads it (stopped: no cgroup, spellings only) can be claimed.
+// Without that, a claim create-runtime makes stays when the container is
+// deleted (poststop skips the ledger), so create-runtime must not make it
+// without a marker.
+func (e env) poststopFindsClaim(in *Input) bool {
+	req := devices.RequestFromSpec(in.spec)
+	unfence(&req, in.spec, e.userNS, true, func() bool { return false })
+	return !guard.NeverClaims(req)
+}
 
-// makesNodes reports whether the container spec describes can make device
-// nodes: CAP_MKNOD in its bounding set (as CAP_SYS_ADMIN marks a privileged
-// container: what a process of it may come to hold), and no user namespace
-// of its own, since the kernel lets only the initial user namespace make
-// device nodes. Without a device cgroup it opens every GPU through a node
-// it makes.
+// The capabilities that let a process make device nodes of its own:
+// mknod, or mount a devtmpfs (every node of the host's /dev).
+const (
+	capMknod    = "CAP_MKNOD"
+	capSysAdmin = "CAP_SYS_ADMIN"
+)
+
+// makesNodes reports whether the container spec describes can come by a
+// device node of its own: CAP_MKNOD or CAP_SYS_ADMIN (a devtmpfs mount) in
+// its bounding set (what a process of it may come to hold), and no user
+// namespace of its own, since the kernel lets only the initial user
+// namespace make device nodes or mount a devtmpfs. Without a device cgroup
+// it opens every GPU through such a node.
+//
+// A spec without a capabilities object counts as having neither, as it does
+// for privileged (devices.RequestFromSpec), though runc then leaves its own
+// capabilities (root's) in place: every engine writes the object, so only
+// a hand-written spec lacks it.
 func makesNodes(spec *specs.Spec) bool {
 	p := spec.Process
-	if p == nil || p.Capabilities == nil || !slices.Contains(p.Capabilities.Bounding, capMknod) {
+	if p == nil || p.Capabilities == nil {
+		return false
+	}
+	if c := p.Capabilities; !slices.Contains(c.Bounding, capMknod) && !slices.Contains(c.Bounding, capSysAdmin) {
 		return false
 	}
 	if l := spec.Linux; l != nil {
@@ -318,6 +348,10 @@ func boundNodes(mounts []specs.Mount) boundSources {
 	var b boundSources
 	var root, dev os.FileInfo
 	for _, m := range mounts {
+		if m.Type == "devtmpfs" {
+			b.hostDev = true // the kernel's one devtmpfs (AddMount)
+			continue
+		}
 		if m.Source == "" || m.Source[0] != '/' {
 			continue
 		}

@@ -232,6 +232,8 @@ func TestBindMountedNodes(t *testing.T) {
 
 	whole := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/dev", Source: "/dev/", Type: "bind"}}})
 	require.True(t, whole.HostDevMounted)
+	fresh := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/d", Source: "devtmpfs", Type: "devtmpfs"}}})
+	require.True(t, fresh.HostDevMounted, "a devtmpfs mounted afresh is the host's /dev")
 	root := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/host", Source: "/", Type: "bind"}}})
 	require.True(t, root.HostDevMounted, "the host's / holds its /dev")
 	byNumber := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/dev/g", Source: "/dev/char/195:3", Type: "bind"}}})

@@ -50,8 +50,13 @@ func runcContainer(t *testing.T, root, id string, env ...string) ledger.Owner {
 
 	bundle := filepath.Join(t.TempDir(), id)
 	require.NoError(t, os.MkdirAll(bundle, 0o700))
-	spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env},
-		Linux: &specs.Linux{CgroupsPath: "/machine.slice/libpod-" + id + ".scope"}})
+	// podman's default capabilities: a spec without any would leave runc's
+	// own (root's) in place, CAP_MKNOD among them (see hook.RunningRequest).
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+		"CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
+	spec, err := json.Marshal(specs.Spec{Version: specs.Version,
+		Process: &specs.Process{Env: env, Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}},
+		Linux:   &specs.Linux{CgroupsPath: "/machine.slice/libpod-" + id + ".scope"}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o600))
 
