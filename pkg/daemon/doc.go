@@ -76,7 +76,13 @@
 //     process the guard did not admit is reported on it, until the
 //     operator uncordons it: then the same finding does not cordon it
 //     again (a new one does). Once no finding is left on the device, its
-//     cordon is no longer watched.
+//     cordon is no longer watched. A restart of the observer is no new
+//     finding: the findings on the devices the new inventory lists are
+//     carried over (when it still accounts, over the same ledger), with
+//     their cordons' lineages and pending retries, and the first pass that
+//     no longer sees one clears it. A daemon restart starts with none: a
+//     process still running is reported, audited and (on_intruder =
+//     "cordon") its device cordoned again, as a new finding.
 //   - A clean stop removes observe.json; a report left behind by a daemon
 //     that died grows stale, and status says so instead of trusting it.
 //   - Failing to write the inventory cache is not fatal: the hooks fall back

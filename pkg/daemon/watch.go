@@ -154,9 +154,11 @@ type Watch struct {
 	// intruderRetry: devices whose intruder cordon could not be written
 	// (onReport retries them while a finding on the device is reported).
 	intruderRetry map[string]observe.FileFinding
-	lastPass      time.Time
-	errors        []string
-	interval      time.Duration
+	// observing: what the running observer was started with (start).
+	observing observerRun
+	lastPass  time.Time
+	errors    []string
+	interval  time.Duration
 }
 
 // NewWatch returns a Watch; set its fields before Run.
@@ -361,14 +363,26 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 		// so the ledger's cordons are left as they stand.
 		inLedger, inLineage = w.unhealthyCordons(ctx)
 	}
+	next := observerRun{dir: k.dir, cordons: cfg.Observe.OnIntruder == config.IntruderCordon}
 	w.mu.Lock()
-	carried, failed, lineages, adopted := w.carryUnhealthyLocked(k.gpus, inLedger, inLineage)
-	w.reported, w.unhealthy, w.errors, w.lastPass = map[string]observe.FileFinding{}, carried, nil, time.Time{}
-	w.cordonFailed, w.cordonLineage, w.intruderRetry = failed, lineages, nil
-	w.interval = interval
-	w.showUnhealthyLocked() // the new observer starts with the unhealthy devices carried over
+	c := w.carryLocked(k.gpus, next, interval > 0, inLedger, inLineage)
+	lastReport := w.lastPass
+	w.reported, w.unhealthy, w.errors, w.lastPass = c.reported, c.unhealthy, nil, c.lastPass
+	w.cordonFailed, w.cordonLineage, w.intruderRetry = c.cordonFailed, c.lineages, c.intruderRetry
+	w.interval, w.observing = interval, next
+	// The new observer starts with what was carried over, and the gauges
+	// show it as observe.json does: a finding not carried loses its series
+	// (the time of the last report stays what it was).
+	w.showUnhealthyLocked()
+	if w.Metrics != nil && !lastReport.IsZero() {
+		r := observe.Report{Time: lastReport}
+		for _, f := range c.reported {
+			r.Findings = append(r.Findings, f.Finding)
+		}
+		w.Metrics.ObserverReport(r)
+	}
 	w.mu.Unlock()
-	for _, f := range adopted {
+	for _, f := range c.adopted {
 		log.Info("unhealthy device's cordon found in the ledger: the device stays unhealthy, cordoned again if the ledger loses the cordon, until `gpu-guard-ctl uncordon`",
 			"device", f.Device.String(), "device_uuid", f.Device.UUID, "reason", f.Message)
 	}
@@ -419,54 +433,86 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	return func() { cancel(); wg.Wait() }
 }
 
-// carryUnhealthyLocked returns the unhealthy devices the observer that
-// starts over gpus begins with, with what settleUnhealthy needs of each:
-// the reason of a cordon still to be written (cordonFailed) and the ledger
-// lineage its cordon was written in or last seen in force in
-// (cordonLineage). w.mu is held.
+// observerRun is what the running observer was started with that the next
+// one carries its findings by (carryLocked): the ledger they are judged
+// against, and whether its policy cordons intruders' devices.
+type observerRun struct {
+	dir     string
+	cordons bool
+}
+
+// observerCarry is what an observer that starts takes over from the one
+// before it (carryLocked).
+type observerCarry struct {
+	unhealthy    []observe.Finding
+	cordonFailed map[string]string
+	lineages     map[cordonKey]string
+	// adopted: the unhealthy devices adopted from the ledger's cordons.
+	adopted       []observe.Finding
+	reported      map[string]observe.FileFinding
+	intruderRetry map[string]observe.FileFinding
+	lastPass      time.Time
+}
+
+// carryLocked returns what the observer that starts over gpus, for next,
+// begins with; accounts tells whether it runs accounting passes. w.mu is
+// held.
 //
-// Every device the watch holds unhealthy is carried, not only those whose
-// cordon could not be written yet: a new observer knows of no unhealthy
-// device, and NVML reports a critical Xid once, as an event. Dropped at a
-// restart (a reconnect with another [observe] section, an inventory swap,
-// NVML reopened), a device whose cordon could not be written read as
-// healthy and took new claims; one whose cordon was written kept it only
-// until the ledger lost it with its state (a reset, a recovery that starts
-// a new lineage), as nothing re-cordoned it before its next Xid. Its
-// lineage is carried with it, so that a missing cordon is still told apart:
-// lifted by the operator in the same lineage (forgotten), or lost in
-// another (written again); without it, an operator's uncordon would read
-// as a loss (cordonLost errs toward cordoning) and the device would be
-// cordoned again.
+// A restart of the observer (a reconnect with another [observe] section,
+// an inventory swap, NVML reopened) changes nothing on the host: a device
+// that failed is still broken, a process that ran without a claim still
+// runs. What the policy knows of both is carried, for every device gpus
+// still lists (a device it no longer lists is dropped: no claim can name
+// it, nor can the new observer watch it; a carried finding takes the
+// device as gpus lists it, its index may have changed):
+//
+//   - Every unhealthy device, not only those whose cordon could not be
+//     written yet (cordonFailed): a new observer knows of no unhealthy
+//     device, and NVML reports a critical Xid once, as an event. Dropped,
+//     a device whose cordon could not be written read as healthy and took
+//     new claims; one whose cordon was written kept it only until the
+//     ledger lost it with its state (a reset, a recovery that starts a new
+//     lineage), as nothing re-cordoned it before its next Xid.
+//   - The findings of the last pass (intruders, out of bounds), and the
+//     intruder cordons pending a retry (intruderRetry): dropped, the first
+//     pass of the new observer took every process still running for a new
+//     finding, logged and audited it again and, under on_intruder =
+//     "cordon", cordoned its device again, although the operator had
+//     lifted that cordon (accepting the process). A carried finding whose
+//     process has gone by that pass is cleared by it, as any other
+//     (finding-cleared). They are carried only to an observer that runs
+//     accounting passes (none would clear them) over the same ledger: a
+//     finding is a process the claims of that ledger do not account for,
+//     and another ledger judges it afresh (its audit log records it).
+//   - The lineage of each cordon the observer wrote or saw in force
+//     (cordonLineage), with the finding it is for: a missing cordon is
+//     still told apart, lifted by the operator in the same lineage
+//     (forgotten, and the same finding does not cordon again) or lost in
+//     another (written again). Without it, an operator's uncordon would read
+//     as a loss (cordonLost errs toward cordoning).
+//
+// An observer that cordons intruders after one that did not (on_intruder
+// changed from "report" to "cordon") has the device of each carried
+// finding no cordon is known for cordoned at its first pass, as a pending
+// retry: the old policy never cordoned it, and the finding is not new to
+// the new one.
 //
 // inLedger are the unhealthy cordons in force in the ledger, read in
 // lineage (unhealthyCordons): one on a device not carried is adopted,
 // seen in force in lineage, and returned in adopted too. That is the
 // daemon's restart (a new Watch holds nothing), or a device an inventory
 // left and lists again: its cordon stands in the ledger, and the device
-// stays unhealthy, as if this observer had found it.
-//
-// A device gpus no longer lists is dropped: no claim can name it, nor can
-// the new observer watch it. A carried one takes the device as gpus lists
-// it (its index may have changed).
-func (w *Watch) carryUnhealthyLocked(gpus []devices.GPU, inLedger []observe.Finding, lineage string) (
-	carried []observe.Finding, failed map[string]string, lineages map[cordonKey]string, adopted []observe.Finding) {
+// stays unhealthy, as if this observer had found it. Intruder cordons are
+// not adopted: the finding they were written for is not in the ledger.
+func (w *Watch) carryLocked(gpus []devices.GPU, next observerRun, accounts bool, inLedger []observe.Finding, lineage string) observerCarry {
+	var c observerCarry
 	listed := map[string]observe.Device{}
 	for _, d := range observe.DevicesOf(gpus) {
 		listed[d.UUID] = d
 	}
-	has := map[string]bool{}
-	keep := func(f observe.Finding, seen string, known bool) {
-		uuid := f.Device.UUID
-		has[uuid] = true
-		carried = append(carried, f)
-		if known {
-			if lineages == nil {
-				lineages = map[cordonKey]string{}
-			}
-			lineages[cordonKey{ledger.CordonUnhealthy, uuid}] = seen
-		}
-	}
+	// carried: the devices of the findings carried, by the source of the
+	// cordons written for them; their lineages go with them.
+	carried := map[string]map[string]bool{ledger.CordonUnhealthy: {}, ledger.CordonIntruder: {}}
 	for _, f := range w.unhealthy {
 		uuid := f.Device.UUID
 		d, ok := listed[uuid]
@@ -474,30 +520,81 @@ func (w *Watch) carryUnhealthyLocked(gpus []devices.GPU, inLedger []observe.Find
 			continue
 		}
 		f.Device = d
-		seen, known := w.cordonLineage[cordonKey{ledger.CordonUnhealthy, uuid}]
-		keep(f, seen, known)
+		c.unhealthy = append(c.unhealthy, f)
+		carried[ledger.CordonUnhealthy][uuid] = true
 		if reason, ok := w.cordonFailed[uuid]; ok {
-			if failed == nil {
-				failed = map[string]string{}
+			if c.cordonFailed == nil {
+				c.cordonFailed = map[string]string{}
 			}
-			failed[uuid] = reason
+			c.cordonFailed[uuid] = reason
+		}
+	}
+	c.reported = map[string]observe.FileFinding{}
+	if accounts && next.dir == w.observing.dir {
+		for k, f := range w.reported {
+			d, ok := listed[f.Device.UUID]
+			if !ok {
+				continue
+			}
+			f.Device = d
+			c.reported[k] = f
+			carried[ledger.CordonIntruder][d.UUID] = true
+		}
+		for uuid, f := range w.intruderRetry {
+			if carried[ledger.CordonIntruder][uuid] {
+				if c.intruderRetry == nil {
+					c.intruderRetry = map[string]observe.FileFinding{}
+				}
+				f.Device = listed[uuid]
+				c.intruderRetry[uuid] = f
+			}
+		}
+		c.lastPass = w.lastPass // when the findings carried were seen (observe.json's time)
+	}
+	for k, seen := range w.cordonLineage {
+		if carried[k.source][k.uuid] {
+			if c.lineages == nil {
+				c.lineages = map[cordonKey]string{}
+			}
+			c.lineages[k] = seen
 		}
 	}
 	for _, f := range inLedger {
 		d, ok := listed[f.Device.UUID]
-		if !ok || has[f.Device.UUID] {
+		if !ok || carried[ledger.CordonUnhealthy][d.UUID] {
 			continue
 		}
 		f.Device = d
-		keep(f, lineage, true)
-		adopted = append(adopted, f)
+		c.unhealthy = append(c.unhealthy, f)
+		if c.lineages == nil {
+			c.lineages = map[cordonKey]string{}
+		}
+		c.lineages[cordonKey{ledger.CordonUnhealthy, d.UUID}] = lineage
+		c.adopted = append(c.adopted, f)
 	}
-	return carried, failed, lineages, adopted
+	if next.cordons && !w.observing.cordons {
+		fs := slices.Collect(maps.Values(c.reported))
+		sortFindings(fs)
+		for _, f := range fs {
+			uuid := f.Device.UUID
+			if _, known := c.lineages[cordonKey{ledger.CordonIntruder, uuid}]; known {
+				continue
+			}
+			if _, pending := c.intruderRetry[uuid]; pending {
+				continue
+			}
+			if c.intruderRetry == nil {
+				c.intruderRetry = map[string]observe.FileFinding{}
+			}
+			c.intruderRetry[uuid] = f
+		}
+	}
+	return c
 }
 
 // unhealthyCordons returns a finding for each cordon from source unhealthy
 // in force in the ledger, and the lineage of the state read, for
-// carryUnhealthyLocked to adopt. The finding's message is the cordon's
+// carryLocked to adopt. The finding's message is the cordon's
 // reason, without the prefix of a cordon written again (settleUnhealthy
 // adds it again should the cordon be lost once more); its time is when the
 // device was cordoned; its Xid is not known (only the reason names it). A
@@ -527,7 +624,7 @@ func (w *Watch) unhealthyCordons(ctx context.Context) ([]observe.Finding, string
 			continue
 		}
 		// The device as the inventory lists it is filled in by
-		// carryUnhealthyLocked, which drops one it does not list.
+		// carryLocked, which drops one it does not list.
 		out = append(out, observe.Finding{Kind: observe.KindUnhealthy, Device: observe.Device{UUID: k.Device.UUID},
 			Time: k.Since, Message: strings.TrimPrefix(k.Reason, recordonReason)})
 	}
@@ -893,7 +990,7 @@ func (w *Watch) settleIntruders(ctx context.Context, current, todo map[string]ob
 // onUnhealthy cordons a device the first time it is found unhealthy, and
 // audits, counts and reports it. The observer reports a device once, but a
 // device carried over from the previous observer, or adopted from the
-// ledger's cordons (carryUnhealthyLocked), is news to the new one: its
+// ledger's cordons (carryLocked), is news to the new one: its
 // entry is replaced, not listed twice.
 func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	w.mu.Lock()
