@@ -16,6 +16,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -32,7 +33,7 @@ const explainContainerID = "gpu-guard-ctl-explain"
 // explainFlags is what explain is told about the hypothetical container.
 type explainFlags struct {
 	env, annotations, deviceNodes, mounts, cdi []string
-	privileged                                 bool
+	privileged, noDeviceCgroup                 bool
 	specPath                                   string
 	namespace, pod, podUID, container          string
 }
@@ -53,6 +54,11 @@ Nothing is written: no claim, no queue entry, no audit record.
 /dev/nvidia-caps/nvidia-cap<N>. --namespace/--pod/--pod-uid/--container name
 the pod: exempt namespaces are honoured, and a request that is already queued
 is shown at its own position.
+
+--no-device-cgroup reads the --spec container as the OCI hook reads one that
+a rootful runtime runs without a device cgroup (podman --cgroups=disabled,
+crun --cgroup-manager=disabled): its bind sources as this host has them, and
+every GPU when it binds the host's /dev or holds CAP_MKNOD or CAP_SYS_ADMIN.
 
 Exits 0 whatever the decision; 1 when the decision could not be made.`,
 		`  gpu-guard-ctl explain --env NVIDIA_VISIBLE_DEVICES=1
@@ -102,6 +108,7 @@ Exits 0 whatever the decision; 1 when the decision could not be made.`,
 	fl.StringArrayVar(&f.mounts, "mount", nil, "mount destination, e.g. /var/run/nvidia-container-devices/0 (repeatable)")
 	fl.StringArrayVar(&f.cdi, "cdi", nil, "CDI device name, e.g. nvidia.com/gpu=0 (repeatable)")
 	fl.BoolVar(&f.privileged, "privileged", false, "the container is privileged")
+	fl.BoolVar(&f.noDeviceCgroup, "no-device-cgroup", false, "the --spec container runs without a device cgroup (read as the OCI hook reads it then)")
 	fl.StringVar(&f.specPath, "spec", "", "OCI runtime spec (config.json) to start from")
 	fl.StringVar(&f.namespace, "namespace", "", "pod namespace")
 	fl.StringVar(&f.pod, "pod", "", "pod name")
@@ -119,6 +126,11 @@ func explainRequest(f explainFlags) (devices.Request, ledger.Owner, error) {
 			return req, ledger.Owner{}, err
 		}
 		req = devices.RequestFromSpec(spec)
+		if f.noDeviceCgroup {
+			hook.UnfencedRequest(&req, spec)
+		}
+	} else if f.noDeviceCgroup {
+		return req, ledger.Owner{}, usagef("--no-device-cgroup reads the container of --spec: give --spec")
 	}
 	for _, e := range f.env {
 		if !strings.Contains(e, "=") {

@@ -604,6 +604,41 @@ func TestExplainSpec(t *testing.T) {
 	assert.Contains(t, r.stderr, "--spec")
 }
 
+// TestExplainNoDeviceCgroup: --no-device-cgroup reads the --spec container
+// as the OCI hook reads one a rootful runtime runs without a device cgroup:
+// with CAP_MKNOD it reaches every GPU, named for why; without the flag (or
+// without CAP_MKNOD) it reaches none. The flag needs --spec.
+func TestExplainNoDeviceCgroup(t *testing.T) {
+	f := newFixture(t)
+	spec := func(caps string) string {
+		p := filepath.Join(t.TempDir(), "config.json")
+		require.NoError(t, os.WriteFile(p, []byte(`{"ociVersion":"1.2.0",
+		"process":{"env":["PATH=/bin"],"capabilities":{"bounding":[`+caps+`]}}}`), 0o600))
+		return p
+	}
+	devicesOf := func(args ...string) []string {
+		t.Helper()
+		r := f.run(t, append([]string{"explain", "-o", "json"}, args...)...)
+		require.Equal(t, ExitOK, r.code, r.stderr)
+		var v explainView
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+		var got []string
+		for _, d := range v.Devices {
+			got = append(got, d.Index)
+			assert.Equal(t, []string{"no device cgroup (host /dev bound in, or CAP_MKNOD or CAP_SYS_ADMIN)"}, d.Sources)
+		}
+		return got
+	}
+	mknod := spec(`"CAP_CHOWN","CAP_MKNOD"`)
+	assert.Empty(t, devicesOf("--spec", mknod), "a device cgroup stops the nodes it makes")
+	assert.Len(t, devicesOf("--spec", mknod, "--no-device-cgroup"), len(f.inv.GPUs), "without one it reaches every GPU")
+	assert.Empty(t, devicesOf("--spec", spec(`"CAP_CHOWN"`), "--no-device-cgroup"), "nothing to make a node with")
+
+	r := f.run(t, "explain", "--no-device-cgroup")
+	require.Equal(t, ExitUsage, r.code)
+	assert.Contains(t, r.stderr, "give --spec")
+}
+
 // TestExplainCapNode: --device takes MIG capability nodes whether or not the
 // inventory knows the nvidia-caps numbers, and a known mapping narrows the
 // claim from the whole GPU to the MIG instance the node opens.

@@ -119,6 +119,16 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, procRoot string, pid
 	})
 }
 
+// UnfencedRequest is what a container of spec reaches in a rootful runtime
+// that applies no device cgroup to it, read as the hook reads it there:
+// req (devices.RequestFromSpec of spec) gains the nodes its binds bring in
+// (each bind source read on this host), and every GPU node when it binds
+// the host's /dev or can make or mount a node itself (CAP_MKNOD,
+// CAP_SYS_ADMIN). For `gpu-guard-ctl explain --no-device-cgroup`.
+func UnfencedRequest(req *devices.Request, spec *specs.Spec) {
+	unfence(req, spec, func() bool { return false }, false, func() bool { return false })
+}
+
 // unfence is addUnfenced for a runtime that ran in a user namespace
 // (rootless, asked only for a spec with mounts or node-making
 // capabilities), a container that has stopped (poststop: its process is
