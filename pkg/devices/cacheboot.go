@@ -129,8 +129,10 @@ var (
 // comparison of a list of GPUs with the driver, for a cache of another boot
 // (checkCacheBoot) and for the configuration's static list (checkStatic):
 //
-//   - by UUID: every GPU the driver lists is in the list, and every GPU
-//     in the list is one the driver lists;
+//   - by UUID, ignoring case as the configuration's validation, the
+//     inventory's index and the resolver do (a list typed with upper-case
+//     hex names the same GPUs): every GPU the driver lists is in the list,
+//     and every GPU in the list is one the driver lists;
 //   - by PCI bus id, where the list has one (a static list has none);
 //   - by device minor: a container's /dev/nvidia<minor> node is resolved
 //     through it;
@@ -145,7 +147,7 @@ var (
 func listDiffs(driver []procGPU, list []GPU, kind listKind, withIndex bool) []string {
 	byUUID := make(map[string]int, len(list))
 	for i, g := range list {
-		byUUID[g.UUID] = i
+		byUUID[strings.ToLower(g.UUID)] = i
 	}
 	var diffs []string
 	matched := make([]bool, len(list))
@@ -155,7 +157,7 @@ func listDiffs(driver []procGPU, list []GPU, kind listKind, withIndex bool) []st
 		if d.uuidUnknown {
 			continue
 		}
-		if j, ok := byUUID[d.UUID]; ok {
+		if j, ok := byUUID[strings.ToLower(d.UUID)]; ok {
 			pair[i], matched[j] = j, true
 		}
 	}

@@ -116,6 +116,8 @@ func TestLoadInventoryChecksCacheOfAnotherBoot(t *testing.T) {
 		// and minor.
 		{name: "earlier boot, no bus ids in the cache, same GPUs: used", boot: bootEarlier,
 			cacheGPUs: []GPU{{Index: 0, UUID: gpuUUID(0), Minor: 0}, {Index: 1, UUID: gpuUUID(1), Minor: 1}}, proc: sameGPUs},
+		{name: "earlier boot, no bus ids in the cache, UUIDs in upper case, same GPUs: used", boot: bootEarlier,
+			cacheGPUs: []GPU{{Index: 0, UUID: upperUUID(gpuUUID(0)), Minor: 0}, {Index: 1, UUID: upperUUID(gpuUUID(1)), Minor: 1}}, proc: sameGPUs},
 		{name: "earlier boot, no bus ids in the cache, GPU added", boot: bootEarlier,
 			cacheGPUs: []GPU{{Index: 0, UUID: gpuUUID(0), Minor: 0}, {Index: 1, UUID: gpuUUID(1), Minor: 1}}, proc: added,
 			stale: []string{"GPU 2 (" + gpuUUID(2) + ") at 0000:5b:00.0 is not in the cache"}},

@@ -70,6 +70,15 @@ func TestStaticListMatchesDriver(t *testing.T) {
 		note string
 	}{
 		{name: "the driver's GPUs: used", root: fakeProcTree, static: treeStatic()},
+		// UUIDs are compared ignoring case, as the configuration's
+		// validation, the inventory and the resolver read them.
+		{name: "the driver's GPUs, UUIDs in upper case: used", root: fakeProcTree,
+			static: editStatic(func(s []config.StaticGPU) []config.StaticGPU {
+				for i := range s {
+					s[i].UUID = upperUUID(s[i].UUID)
+				}
+				return s
+			})},
 		{name: "a GPU the list misses (added, or left out)", root: fakeProcTree,
 			static: editStatic(func(s []config.StaticGPU) []config.StaticGPU { return s[:3] }),
 			want:   []string{"GPU 3 (" + gpuUUID(3) + ") at 0001:01:00.0, /dev/nvidia4, is not in [[devices.static]]"}},
@@ -204,6 +213,12 @@ func TestAutoStaticFallbackMatchesDriver(t *testing.T) {
 			assert.Contains(t, err.Error(), "enable persistence mode (nvidia-smi -pm 1)", "says what to do")
 		})
 	}
+}
+
+// upperUUID is uuid with its hex digits in upper case, as a list typed by
+// hand may spell it.
+func upperUUID(uuid string) string {
+	return "GPU-" + strings.ToUpper(strings.TrimPrefix(uuid, "GPU-"))
 }
 
 func errorsText(errs []error) string {
