@@ -87,7 +87,8 @@ func BenchmarkCtlProcess(b *testing.B) {
 			inv, err := devices.NewInventory("static", gpus)
 			require.NoError(b, err)
 			devs := inv.Devices()
-			cfg := "version = 1\n[ledger]\ndir = \"" + f.dir + "\"\n[devices]\nsource = \"static\"\n" + staticTOML(gpus)
+			// proc_root: fake GPUs, no driver tree to check the list against.
+			cfg := "version = 1\n[ledger]\ndir = \"" + f.dir + "\"\n[devices]\nsource = \"static\"\nproc_root = \"" + b.TempDir() + "\"\n" + staticTOML(gpus)
 			require.NoError(b, os.WriteFile(f.config, []byte(cfg), 0o600))
 			// Written under this boot's id (not the fixture's): gpu-guard-ctl
 			// shows the state of an earlier boot as empty, so it would

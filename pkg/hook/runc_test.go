@@ -238,7 +238,7 @@ func (r *rig) config(waitTimeout time.Duration) config.Config {
 func (r *rig) writeConfig(name string, cfg config.Config) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "version = 1\n[ledger]\ndir = %q\nlock_timeout = %q\n", cfg.Ledger.Dir, cfg.Ledger.LockTimeout.Duration)
-	fmt.Fprintf(&b, "[devices]\nsource = %q\n", cfg.Devices.Source)
+	fmt.Fprintf(&b, "[devices]\nsource = %q\nproc_root = %q\n", cfg.Devices.Source, cfg.Devices.ProcRoot)
 	for _, g := range cfg.Devices.Static {
 		fmt.Fprintf(&b, "[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\nmodel = %q\n", g.Index, g.UUID, g.Minor, g.Model)
 	}
@@ -249,6 +249,7 @@ func (r *rig) writeConfig(name string, cfg config.Config) string {
 	got, err := config.LoadFile(path)
 	require.NoError(r.t, err)
 	require.Equal(r.t, cfg.Hook, got.Hook)
+	require.Equal(r.t, cfg.Devices, got.Devices)
 	require.Equal(r.t, cfg.Ledger.Dir, got.Ledger.Dir)
 	return path
 }

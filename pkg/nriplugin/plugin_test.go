@@ -444,7 +444,8 @@ func TestConfigureFromRuntimeString(t *testing.T) {
 	assert.Len(t, built, 1)
 
 	doc := "[ledger]\ndir = \"" + rt.ledgerDir + "\"\n[policy]\non_conflict = \"reject\"\n" +
-		"[devices]\nsource = \"static\"\n[[devices.static]]\nindex = 0\nuuid = \"" + gpuUUID(0) + "\"\nminor = 0\n"
+		"[devices]\nsource = \"static\"\nproc_root = \"" + t.TempDir() + "\"\n" + // fake GPUs: no driver tree
+		"[[devices.static]]\nindex = 0\nuuid = \"" + gpuUUID(0) + "\"\nminor = 0\n"
 	_, err = p.Configure(context.Background(), doc, "containerd", "v2.2.1")
 	require.NoError(t, err)
 	require.Len(t, built, 2)
