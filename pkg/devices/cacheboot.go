@@ -105,7 +105,7 @@ func cacheDiffs(driver, cache []GPU) []string {
 	for i, g := range driver {
 		d[i] = procGPU{GPU: g}
 	}
-	return listDiffs(d, cache, listCache, false)
+	return listDiffs(d, nil, cache, listCache, false)
 }
 
 // listKind names the list of GPUs listDiffs compares with the driver's, in
@@ -140,11 +140,16 @@ var (
 //     as NVML numbers them): a hand-written index that is not NVML's would
 //     claim one GPU while NVIDIA's runtime hands the container another.
 //
+// aside are the GPUs the driver shows but leaves out (excluded ones, display
+// adapters: readDriverGPUs): a listed GPU that is one of them is named as
+// such, since it is no GPU a container is handed (NVML does not list it
+// either) and the list must leave it out.
+//
 // A GPU whose UUID the driver does not know yet (uuidUnknown) is matched to
 // the listed GPU at its bus id, else (a list without bus ids) at its minor,
 // among those no known UUID matched, and then compared like the others: what
 // it shows still fixes which listed GPU it is, only its UUID is unchecked.
-func listDiffs(driver []procGPU, list []GPU, kind listKind, withIndex bool) []string {
+func listDiffs(driver, aside []procGPU, list []GPU, kind listKind, withIndex bool) []string {
 	byUUID := make(map[string]int, len(list))
 	for i, g := range list {
 		byUUID[strings.ToLower(g.UUID)] = i
@@ -206,10 +211,31 @@ func listDiffs(driver []procGPU, list []GPU, kind listKind, withIndex bool) []st
 		if c.BusID != "" {
 			at = " at " + c.BusID
 		}
+		if why := asideWhy(aside, c.UUID); why != "" {
+			diffs = append(diffs, fmt.Sprintf("%s %d (%s)%s is %s: leave it out of %s",
+				kind.whose, c.Index, c.UUID, at, why, strings.TrimPrefix(kind.in, "in ")))
+			continue
+		}
 		diffs = append(diffs, fmt.Sprintf("%s %d (%s)%s is not listed by the driver (removed, replaced or excluded)",
 			kind.whose, c.Index, c.UUID, at))
 	}
 	return diffs
+}
+
+// asideWhy says why the driver leaves the GPU of uuid out of the GPUs it
+// lists, when aside holds it: "" when it does not.
+func asideWhy(aside []procGPU, uuid string) string {
+	for _, g := range aside {
+		if g.uuidUnknown || !strings.EqualFold(g.UUID, uuid) {
+			continue
+		}
+		if g.excluded {
+			return fmt.Sprintf("excluded by the driver at %s (NVreg_ExcludedGpus), so no container is handed it and NVML does not list it", g.BusID)
+		}
+		return fmt.Sprintf("a display adapter (%s) at %s: nvidia-smi lists it on a DGX Station, but it is no GPU a container is handed "+
+			"and NVIDIA's enumeration leaves it out", g.Model, g.BusID)
+	}
+	return ""
 }
 
 // matchUnknown is the position in list of the GPU that driver GPU d, whose

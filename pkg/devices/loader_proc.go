@@ -41,6 +41,9 @@ type procLoader struct {
 	// with the driver (readDriverGPUs), which can still match it by bus id
 	// and minor. An inventory never holds such a GPU.
 	unknownUUIDs bool
+	// aside collects, when non-nil, the GPUs read() leaves out of the
+	// inventory (excluded by the driver, display adapters), for messages.
+	aside *[]procGPU
 }
 
 // NewProcLoader returns the loader that reads
@@ -91,10 +94,12 @@ func (l *procLoader) loadNoted() ([]GPU, []string, error) {
 // source does (same indices, excluded GPUs and display adapters left out),
 // but keeps a GPU whose UUID is not known yet (uuidUnknown) instead of
 // failing: what it shows (bus id, minor, its index) can still be compared
-// with a list of GPUs. A missing driver tree wraps ErrSourceUnavailable.
-func readDriverGPUs(root string) ([]procGPU, error) {
-	gpus, _, err := (&procLoader{root: root, unknownUUIDs: true}).read()
-	return gpus, err
+// with a list of GPUs. aside holds the GPUs left out (excluded ones, display
+// adapters), so that a list naming one can be told why it is not a GPU of
+// the inventory. A missing driver tree wraps ErrSourceUnavailable.
+func readDriverGPUs(root string) (gpus, aside []procGPU, err error) {
+	gpus, _, err = (&procLoader{root: root, unknownUUIDs: true, aside: &aside}).read()
+	return gpus, aside, err
 }
 
 // read lists the GPUs in the inventory's order, with their indices.
@@ -140,6 +145,9 @@ func (l *procLoader) read() ([]procGPU, []string, error) {
 		g.bus = busKey(norm)
 		if g.excluded {
 			notes = append(notes, fmt.Sprintf("proc: GPU %s at %s is excluded by the driver (NVreg_ExcludedGpus): not in the inventory, as NVML does not list it", g.uuidText(), g.BusID))
+			if l.aside != nil {
+				*l.aside = append(*l.aside, g)
+			}
 			continue
 		}
 		found = append(found, g)
@@ -161,6 +169,9 @@ func (l *procLoader) read() ([]procGPU, []string, error) {
 			// does: the same GPUs, at the same indices, from both
 			// sources, so that a cache of one is not stale to the other.
 			notes = append(notes, fmt.Sprintf("proc: GPU %s at %s (%s) is a display adapter: not in the inventory, as in NVML's", g.uuidText(), g.BusID, g.Model))
+			if l.aside != nil {
+				*l.aside = append(*l.aside, g)
+			}
 			continue
 		}
 		g.Index = i

@@ -99,7 +99,7 @@ func (l *staticLoader) verify(gpus []GPU) (notes []string, err error) {
 	if l.root == "" {
 		return nil, nil
 	}
-	driver, err := readDriverGPUs(l.root)
+	driver, aside, err := readDriverGPUs(l.root)
 	if errors.Is(err, ErrSourceUnavailable) {
 		return nil, nil
 	}
@@ -108,7 +108,7 @@ func (l *staticLoader) verify(gpus []GPU) (notes []string, err error) {
 		return nil, fmt.Errorf("%w: the GPUs the driver lists under %s cannot be read to compare (%w); "+
 			"fix the driver's tree, or set devices.source = \"auto\"", ErrStaticMismatch, tree, err)
 	}
-	if diffs := listDiffs(driver, gpus, listStatic, true); len(diffs) > 0 {
+	if diffs := listDiffs(driver, aside, gpus, listStatic, true); len(diffs) > 0 {
 		if len(diffs) > maxStaticDiffs {
 			diffs = append(diffs[:maxStaticDiffs], fmt.Sprintf("%d more difference(s)", len(diffs)-maxStaticDiffs))
 		}

@@ -103,7 +103,23 @@ func TestStaticListMatchesDriver(t *testing.T) {
 			static: editStatic(func(s []config.StaticGPU) []config.StaticGPU {
 				return append(s, config.StaticGPU{Index: 4, UUID: gpuUUID(7), Minor: 3})
 			}),
-			want: []string{"the [[devices.static]] GPU 4 (" + gpuUUID(7) + ") is not listed by the driver (removed, replaced or excluded)"}},
+			want: []string{"the [[devices.static]] GPU 4 (" + gpuUUID(7) + ") is excluded by the driver at 0000:50:00.0 (NVreg_ExcludedGpus)",
+				"leave it out of [[devices.static]]"}},
+		// A list copied from nvidia-smi on a DGX Station names its display
+		// adapter, which the driver shows and NVML's enumeration skips.
+		{name: "the DGX Station's display adapter listed too", root: func(t testing.TB) string {
+			root := fakeProcTree(t)
+			fakeProcGPU(t, root, "0001:c1:00.0", "DGX Display", gpuUUID(9), 5, false)
+			return root
+		}, static: editStatic(func(s []config.StaticGPU) []config.StaticGPU {
+			return append(s, config.StaticGPU{Index: 4, UUID: gpuUUID(9), Minor: 5})
+		}), want: []string{"the [[devices.static]] GPU 4 (" + gpuUUID(9) + ") is a display adapter (DGX Display) at 0001:c1:00.0",
+			"leave it out of [[devices.static]]"}},
+		{name: "the DGX Station's display adapter left out: used", root: func(t testing.TB) string {
+			root := fakeProcTree(t)
+			fakeProcGPU(t, root, "0001:c1:00.0", "DGX Display", gpuUUID(9), 5, false)
+			return root
+		}, static: treeStatic()},
 		{name: "no driver tree: the list as it is", root: procfsWithoutDriver,
 			static: editStatic(func(s []config.StaticGPU) []config.StaticGPU { return s[:1] })},
 		{name: "no procfs at all (fake GPUs): the list as it is", root: func(t testing.TB) string { return t.TempDir() },
@@ -242,12 +258,12 @@ func TestListDiffsUnknownUUIDByBus(t *testing.T) {
 		{GPU: GPU{Index: 0, UUID: gpuUUID(0), Minor: 0, BusID: "0000:07:00.0"}},
 		{GPU: GPU{Index: 1, Minor: 1, BusID: "0000:3b:00.0"}, uuidUnknown: true},
 	}
-	assert.Empty(t, listDiffs(driver, list, listCache, true))
+	assert.Empty(t, listDiffs(driver, nil, list, listCache, true))
 	driver[1].Minor = 0
 	assert.Equal(t, []string{"GPU 1 (UUID not known yet) at 0000:3b:00.0 is /dev/nvidia0, /dev/nvidia1 in the cache"},
-		listDiffs(driver, list, listCache, true))
+		listDiffs(driver, nil, list, listCache, true))
 	driver[1].BusID = "0000:5b:00.0"
 	assert.Equal(t, []string{"GPU 1 (UUID not known yet) at 0000:5b:00.0, /dev/nvidia0, is not in the cache",
 		"the cache's GPU 1 (" + gpuUUID(1) + ") at 0000:3B:00.0 is not listed by the driver (removed, replaced or excluded)"},
-		listDiffs(driver, list, listCache, true))
+		listDiffs(driver, nil, list, listCache, true))
 }
