@@ -64,6 +64,20 @@ type Inventory struct {
 	// retried in the background, lists them. It is never written to the
 	// cache (SaveCache refuses it): the OCI hooks keep failing closed.
 	Undiscovered bool `json:"undiscovered,omitempty"`
+	// Unchecked says why a static list ([[devices.static]]) is the
+	// inventory without having been checked against the GPUs the driver
+	// lists in full (see staticLoader.verify); "" when it was, or when the
+	// inventory is no static list. It is written to the cache, whose readers
+	// then check it against the driver on every read, in the boot it was
+	// written in too (checkCacheBoot), and the daemon checks it again in the
+	// background until it is checked in full (pkg/daemon).
+	Unchecked Unchecked `json:"unchecked,omitempty"`
+	// Contradiction is set on the undiscovered inventory a daemon swaps in
+	// when the driver, checked again, contradicts the static list it
+	// decided with unchecked: the mismatch (ErrStaticMismatch's text), which
+	// the guard's refusals of GPU requests carry. Never written to the
+	// cache (an undiscovered inventory is not).
+	Contradiction string `json:"-"`
 	// Provisional marks an inventory the daemon decides with only until its
 	// discovery, retried in the background, lists the GPUs (the cache a
 	// failed discovery fell back to, an empty or undiscovered inventory): a
@@ -76,6 +90,26 @@ type Inventory struct {
 	// Inventory, which then behaves as an empty one.
 	idx *index
 }
+
+// Unchecked says why a static list was not checked against the driver in
+// full (Inventory.Unchecked).
+type Unchecked string
+
+const (
+	// UncheckedNoDriver means there was no driver tree under proc_root to
+	// compare with. The NVIDIA driver is not loaded (yet: a GPU Operator
+	// loads it after the guard), so no container reaches a GPU; or
+	// proc_root names a directory of fake GPUs (tests, demos), where it
+	// never will be.
+	UncheckedNoDriver Unchecked = "no-driver"
+	// UncheckedUUIDs means the driver does not know the UUID of at least one
+	// GPU yet (no persistence mode, right after a boot); the list matched
+	// what it shows of that GPU (minor, index), not its UUID. Until the
+	// UUIDs are checked, an unknown id is refused under
+	// policy.unknown_device = "ignore" too (see the resolver): it may be
+	// the real UUID of a GPU the list names wrongly.
+	UncheckedUUIDs Unchecked = "uuids"
+)
 
 // MIGCapKind tells what a /dev/nvidia-caps node grants.
 type MIGCapKind string

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 )
 
 // ErrStaleCache is wrapped by LoadInventory's skip reason for a cache
@@ -36,14 +38,26 @@ const maxStaleDiffs = 4
 //     is resolved through it.
 //   - A cache of another boot that lists MIG instances is stale whatever the
 //     GPUs: MIG instances get new UUIDs when they are re-created.
+//   - A cache of a static list that was not checked against the driver in
+//     full when it was written (Inventory.Unchecked: no driver tree then, or
+//     a GPU whose UUID the driver did not know) is checked as one of another
+//     boot is, on every read, in the boot it was written in too: the
+//     driver may have come up, or shown the UUID, since. Its indices are
+//     compared as well (they are the list's, not NVML's), and its MIG
+//     instances are kept within its boot.
 //   - When the driver's tree is not there (the driver is not loaded, so no
 //     container reaches a GPU), the cache is used as it is: nothing tells it
 //     is out of date, and the daemon's fallback needs it while the driver
 //     comes up. When it is there but a GPU in it cannot be read (its UUID
 //     not known yet), the cache is stale: nothing shows it matches.
 func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
-	if bootID != "" && c.bootID == bootID {
+	thisBoot := bootID != "" && c.bootID == bootID
+	if thisBoot && c.inv.Unchecked == "" {
 		return nil
+	}
+	when := "another boot"
+	if thisBoot {
+		when = "this boot, of a [[devices.static]] list not checked against the driver then"
 	}
 	if procRoot == "" {
 		procRoot = "/"
@@ -55,8 +69,8 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 		}
 		// No procfs where the configuration says (devices.proc_root set
 		// for another mount namespace): nothing shows the cache matches.
-		return fmt.Errorf("load inventory cache %s: %w: it was written in another boot, and there is no procfs under "+
-			"devices.proc_root %s to compare it with; fix devices.proc_root, or run `gpu-guard-ctl devices --refresh`", path, ErrStaleCache, procRoot)
+		return fmt.Errorf("load inventory cache %s: %w: it was written in %s, and there is no procfs under "+
+			"devices.proc_root %s to compare it with; fix devices.proc_root, or run `gpu-guard-ctl devices --refresh`", path, ErrStaleCache, when, procRoot)
 	}
 	if err != nil {
 		// The driver lists GPUs but one cannot be read (an uninitialised
@@ -64,10 +78,10 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 		// a first open brings it up, right after a reboot): nothing shows
 		// the cache matches, so it is not used. The next step of the order
 		// fails on the same GPU and says so.
-		return fmt.Errorf("load inventory cache %s: %w: it was written in another boot, and the GPUs the NVIDIA driver lists now "+
-			"cannot all be read to compare (%w); run `gpu-guard-ctl devices --refresh` once they can", path, ErrStaleCache, err)
+		return fmt.Errorf("load inventory cache %s: %w: it was written in %s, and the GPUs the NVIDIA driver lists now "+
+			"cannot all be read to compare (%w); run `gpu-guard-ctl devices --refresh` once they can", path, ErrStaleCache, when, err)
 	}
-	diffs := cacheDiffs(driver, c.inv.GPUs)
+	diffs := cacheDiffs(driver, c.inv)
 	// MIG instances are not kept across a reboot: whoever re-creates them
 	// (mig-parted, nvidia-smi mig) gets new UUIDs. A cache listing them
 	// from another boot names instances that are gone, and not the new
@@ -75,7 +89,9 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 	// claim the old UUID).
 	migs := 0
 	for _, g := range c.inv.GPUs {
-		migs += len(g.MIG)
+		if !thisBoot {
+			migs += len(g.MIG)
+		}
 	}
 	if migs > 0 {
 		diffs = append(diffs, fmt.Sprintf("the cache lists %d MIG instance(s), which are re-created with new UUIDs after a reboot", migs))
@@ -86,9 +102,12 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 	if len(diffs) > maxStaleDiffs {
 		diffs = append(diffs[:maxStaleDiffs], fmt.Sprintf("%d more difference(s)", len(diffs)-maxStaleDiffs))
 	}
-	when := "an earlier boot"
-	if c.bootID == "" {
+	switch {
+	case thisBoot:
+	case c.bootID == "":
 		when = "a boot it does not record (an older nri-gpu-guard wrote it)"
+	default:
+		when = "an earlier boot"
 	}
 	return fmt.Errorf("load inventory cache %s: %w: it was written in %s and does not match what the NVIDIA driver lists now: %s; "+
 		"run `gpu-guard-ctl devices --refresh` or start the nri-gpu-guard daemon to rewrite it",
@@ -97,15 +116,16 @@ func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 
 // cacheDiffs lists how the GPUs the driver lists (from the /proc loader:
 // index in bus id order, normalised bus id) differ from the cache's, one
-// phrase each; none when they are the same GPUs. Indices are not compared:
-// a cache holds the indices NVML or the /proc source gave, and both number
-// GPUs in bus id order, which the bus ids compared already fix.
-func cacheDiffs(driver, cache []GPU) []string {
+// phrase each; none when they are the same GPUs. Indices are not compared
+// in a cache of NVML or the /proc source: both number GPUs in bus id order,
+// which the bus ids compared already fix. They are in a cache of a static
+// list, which has no bus ids and whose indices were written by hand.
+func cacheDiffs(driver []GPU, cache *Inventory) []string {
 	d := make([]procGPU, len(driver))
 	for i, g := range driver {
 		d[i] = procGPU{GPU: g}
 	}
-	return listDiffs(d, nil, cache, listCache, false)
+	return listDiffs(d, nil, cache.GPUs, listCache, cache.Source == string(config.SourceStatic))
 }
 
 // listKind names the list of GPUs listDiffs compares with the driver's, in

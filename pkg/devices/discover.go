@@ -70,11 +70,26 @@ func load(l Loader) ([]GPU, []string, error) {
 // used (the static list against the driver: staticLoader.verify); it may
 // add notes.
 type verifyingLoader interface {
-	verify(gpus []GPU) ([]string, error)
+	verify(gpus []GPU) ([]string, Unchecked, error)
 }
 
 func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) {
 	var notes []string
+	// skips are the notes as errors, a source's own error wrapped, so that
+	// the error of a discovery where no source works still wraps each
+	// (ErrStaticMismatch, say: pkg/daemon tells a contradicted static list
+	// by it).
+	var skips []error
+	skip := func(name string, err error) {
+		notes = append(notes, fmt.Sprintf("%s: skipped: %v", name, err))
+		skips = append(skips, fmt.Errorf("%s: skipped: %w", name, err))
+	}
+	note := func(n ...string) {
+		notes = append(notes, n...)
+		for _, s := range n {
+			skips = append(skips, errors.New(s))
+		}
+	}
 	var empty *Inventory
 	for _, l := range loaders {
 		gpus, loaderNotes, err := load(l)
@@ -82,23 +97,24 @@ func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) 
 			if explicit {
 				return nil, fmt.Errorf("GPU inventory from %s: %w", l.Name(), err)
 			}
-			notes = append(notes, fmt.Sprintf("%s: skipped: %v", l.Name(), err))
+			skip(l.Name(), err)
 			continue
 		}
-		notes = append(notes, loaderNotes...)
+		note(loaderNotes...)
 		inv, err := newInventory(Inventory{Source: l.Name(), GPUs: gpus, Notes: notes})
 		if v, ok := l.(verifyingLoader); ok && err == nil {
 			var checked []string
-			if checked, err = v.verify(inv.GPUs); err == nil && len(checked) > 0 {
-				notes = append(notes, checked...)
-				inv, err = newInventory(Inventory{Source: l.Name(), GPUs: gpus, Notes: notes})
+			var unchecked Unchecked
+			if checked, unchecked, err = v.verify(inv.GPUs); err == nil && (len(checked) > 0 || unchecked != "") {
+				note(checked...)
+				inv, err = newInventory(Inventory{Source: l.Name(), GPUs: gpus, Notes: notes, Unchecked: unchecked})
 			}
 		}
 		if err != nil {
 			if explicit {
 				return nil, fmt.Errorf("GPU inventory from %s: %w", l.Name(), err)
 			}
-			notes = append(notes, fmt.Sprintf("%s: skipped: %v", l.Name(), err))
+			skip(l.Name(), err)
 			continue
 		}
 		if len(gpus) == 0 {
@@ -112,7 +128,7 @@ func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) 
 				empty = inv
 			}
 			if !explicit {
-				notes = append(notes, l.Name()+": skipped: found no GPU")
+				note(l.Name() + ": skipped: found no GPU")
 			}
 			continue
 		}
@@ -129,15 +145,7 @@ func discover(loaders []Loader, root string, explicit bool) (*Inventory, error) 
 		empty.Notes = notes
 		return empty, nil
 	}
-	return nil, fmt.Errorf("%w: no GPU inventory source works: %s", ErrSourceUnavailable, joinNotes(notes))
-}
-
-func joinNotes(notes []string) string {
-	err := make([]error, len(notes))
-	for i, n := range notes {
-		err[i] = errors.New(n)
-	}
-	return errors.Join(err...).Error()
+	return nil, fmt.Errorf("%w: no GPU inventory source works: %w", ErrSourceUnavailable, errors.Join(skips...))
 }
 
 // withMIGCaps adds the /dev/nvidia-caps mapping to an inventory with MIG

@@ -29,11 +29,16 @@
 //     as a cache of another boot is; otherwise the load fails
 //     (ErrStaticMismatch). A GPU whose UUID the driver does not know yet is
 //     matched by what it shows. Without a driver tree it is used as it is.
+//     Either way it is marked unchecked (Inventory.Unchecked): its cache is
+//     checked against the driver on every read, an unknown id is refused
+//     while UUIDs are unchecked, and the daemon checks it again until it is
+//     checked in full.
 //   - The cache is read only when it is a regular file owned by root (or
 //     the reading user), not writable by group or others, and not a link
 //     (ErrUntrustedCache): it decides which GPU a container's index means.
 //   - The cache is used as it is only in the boot it was written in (its
-//     boot_id); a cache of another or an unknown boot is used only when the
+//     boot_id), and only when it holds no unchecked static list; a cache of
+//     another or an unknown boot, or an unchecked one, is used only when the
 //     GPUs the driver lists under proc_root are its GPUs, else it is skipped
 //     (ErrStaleCache), since GPUs change while the host is down. Without a
 //     driver tree to compare with, it is used as it is.

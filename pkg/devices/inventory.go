@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
@@ -81,6 +82,10 @@ func newInventory(in Inventory) (*Inventory, error) {
 		MIGCaps:      append([]MIGCap(nil), in.MIGCaps...),
 		UnlistedGPUs: in.UnlistedGPUs,
 		Undiscovered: in.Undiscovered,
+		Unchecked:    in.Unchecked,
+		// Contradiction is the daemon's, set on an undiscovered
+		// inventory only.
+		Contradiction: in.Contradiction,
 	}
 	if strings.TrimSpace(inv.Source) == "" {
 		return nil, fmt.Errorf("%w: no source named", ErrInvalidInventory)
@@ -90,6 +95,17 @@ func newInventory(in Inventory) (*Inventory, error) {
 	}
 	if inv.Undiscovered && (len(inv.GPUs) > 0 || inv.UnlistedGPUs > 0) {
 		return nil, fmt.Errorf("%w: an undiscovered inventory lists %d GPUs (%d unlisted)", ErrInvalidInventory, len(inv.GPUs), inv.UnlistedGPUs)
+	}
+	switch inv.Unchecked {
+	case "", UncheckedNoDriver, UncheckedUUIDs:
+	default:
+		return nil, fmt.Errorf("%w: unchecked %q: want %q or %q", ErrInvalidInventory, inv.Unchecked, UncheckedNoDriver, UncheckedUUIDs)
+	}
+	if inv.Unchecked != "" && inv.Source != string(config.SourceStatic) {
+		return nil, fmt.Errorf("%w: an inventory from %s is marked unchecked (only a static list is)", ErrInvalidInventory, inv.Source)
+	}
+	if inv.Contradiction != "" && !inv.Undiscovered {
+		return nil, fmt.Errorf("%w: a contradiction on an inventory that is not undiscovered", ErrInvalidInventory)
 	}
 	if inv.CapsMajor < 0 {
 		return nil, fmt.Errorf("%w: negative nvidia-caps major %d", ErrInvalidInventory, inv.CapsMajor)

@@ -117,7 +117,11 @@ type Loaded struct {
 //     wrapping ErrStaticMismatch, for every role (the daemon included: a
 //     list that can never be right stops it, as an invalid list does), and
 //     no cache is written. The daemon and a refresh still write it to the
-//     cache, so the file always holds what the daemon decides with.
+//     cache, so the file always holds what the daemon decides with. A list
+//     used without a check in full (no driver tree, or a GPU whose UUID the
+//     driver does not know yet: Inventory.Unchecked) is written marked so,
+//     and every reader checks that cache against the driver (see 3), in
+//     its boot too; the daemon checks the list again in the background.
 //  2. RoleDaemon and RoleRefresh discover per devices.source (NVML,
 //     /proc/driver/nvidia, the static list; see Discover) and write the
 //     cache, stamped with opts.BootID. When discovery fails, the daemon
@@ -141,7 +145,11 @@ type Loaded struct {
 //     "proc": /proc/driver/nvidia), so that no container start initialises
 //     NVML. A cache written in this
 //     boot (opts.BootID) is used as it is: GPUs do not change while the
-//     host runs, and the hook reads nothing more. One written in another
+//     host runs, and the hook reads nothing more; unless it holds a static
+//     list marked unchecked (a static list reached under "auto" while a
+//     GPU's UUID was not known, say), which is checked as one of another
+//     boot is, indices included, and skipped while a UUID is not known
+//     (the hook then matches the list itself). One written in another
 //     boot, or in an unknown one, is stale (ErrStaleCache) when the GPUs
 //     the driver lists under proc_root (/proc/driver/nvidia/gpus) are not
 //     the ones it lists, by UUID, PCI bus id and device minor: a GPU added,

@@ -75,13 +75,21 @@ func (l *staticLoader) Load() ([]GPU, error) {
 // naming each difference.
 //
 //   - No driver tree (no driver loaded, or a proc_root of fake GPUs in
-//     tests): nothing to compare, the list is used as it is, as before.
+//     tests): nothing to compare, the list is used as it is, marked
+//     UncheckedNoDriver. No container reaches a GPU without the driver; the
+//     daemon checks the list again in the background (the driver of a GPU
+//     Operator node loads after the guard), and every other load checks it
+//     anew.
 //   - A GPU whose UUID the driver does not know yet (right after a boot,
 //     before persistence mode or a first open) is matched by minor, and its
-//     index compared; its UUID is checked by the next load that can read it
-//     (the hook loads on every GPU container, gpu-guard-ctl on every run, the
-//     daemon on its start), and a note says so. Failing there would stop the
-//     daemon on every boot of a host without persistence mode.
+//     index compared; the list is marked UncheckedUUIDs and a note says so.
+//     Failing there would stop the daemon on every boot of a host without
+//     persistence mode. Its UUID is checked by the next load once the driver
+//     shows it: the daemon's background check, the hook's own load under
+//     "static", and under "auto" every reader of the cache, which holds the
+//     list marked unchecked and is checked against the driver on every read
+//     (checkCacheBoot), in this boot too. Until then an unknown id is
+//     refused under unknown_device = "ignore" (the resolver).
 //   - The driver's tree there but unreadable: nothing shows the list
 //     matches; the load fails.
 //
@@ -95,17 +103,17 @@ func (l *staticLoader) Load() ([]GPU, error) {
 // name a GPU (the no-GPU path never loads the inventory), next to the ledger
 // lock and fsync the same hook takes. Checking on every load also catches a
 // UUID that was not known at the daemon's start.
-func (l *staticLoader) verify(gpus []GPU) (notes []string, err error) {
+func (l *staticLoader) verify(gpus []GPU) (notes []string, unchecked Unchecked, err error) {
 	if l.root == "" {
-		return nil, nil
+		return nil, "", nil
 	}
 	driver, aside, err := readDriverGPUs(l.root)
 	if errors.Is(err, ErrSourceUnavailable) {
-		return nil, nil
+		return nil, UncheckedNoDriver, nil
 	}
 	tree := path.Join(l.root, procGPUsDir)
 	if err != nil {
-		return nil, fmt.Errorf("%w: the GPUs the driver lists under %s cannot be read to compare (%w); "+
+		return nil, "", fmt.Errorf("%w: the GPUs the driver lists under %s cannot be read to compare (%w); "+
 			"fix the driver's tree, or set devices.source = \"auto\"", ErrStaticMismatch, tree, err)
 	}
 	if diffs := listDiffs(driver, aside, gpus, listStatic, true); len(diffs) > 0 {
@@ -119,7 +127,7 @@ func (l *staticLoader) verify(gpus []GPU) (notes []string, err error) {
 			// UUID the driver does not show yet.
 			instead = "or enable persistence mode (nvidia-smi -pm 1) so that /proc/driver/nvidia shows every GPU's UUID and discovery needs no list"
 		}
-		return nil, fmt.Errorf("%w (%s): %s; fix [[devices.static]] to list every GPU the driver lists, "+
+		return nil, "", fmt.Errorf("%w (%s): %s; fix [[devices.static]] to list every GPU the driver lists, "+
 			"each with its index (PCI bus id order, as nvidia-smi numbers them), UUID and minor "+
 			"(`nvidia-smi -q` shows them as GPU UUID and Minor Number), %s",
 			ErrStaticMismatch, tree, strings.Join(diffs, "; "), instead)
@@ -128,7 +136,8 @@ func (l *staticLoader) verify(gpus []GPU) (notes []string, err error) {
 		if d.uuidUnknown {
 			notes = append(notes, fmt.Sprintf("static: GPU %d at %s (/dev/nvidia%d) matches [[devices.static]] by minor and index; "+
 				"its UUID is not known to the driver yet, and is checked once it is", d.Index, d.BusID, d.Minor))
+			unchecked = UncheckedUUIDs
 		}
 	}
-	return notes, nil
+	return notes, unchecked, nil
 }

@@ -214,8 +214,9 @@ type builder struct {
 	// them for the note).
 	privilegedNodes bool
 	skipped         int
-	// incomplete says why the inventory may lack GPUs the host has (see
-	// Inventory.Undiscovered and UnlistedGPUs); empty when it lists them.
+	// incomplete says why the inventory may lack GPUs the host has, or
+	// name them by other UUIDs (see Inventory.Undiscovered, UnlistedGPUs
+	// and Unchecked); empty when it lists them.
 	incomplete string
 	// noMIGs: the inventory's source cannot list MIG instances (/proc has
 	// no MIG UUIDs), so a MIG id it lacks may still name one the runtime
@@ -248,6 +249,13 @@ func (r *Resolver) newBuilder() *builder {
 			b.incomplete = "no GPU discovery source works yet"
 		case r.inv.UnlistedGPUs > 0:
 			b.incomplete = fmt.Sprintf("it lists none of the %d NVIDIA GPU(s) on the PCI bus", r.inv.UnlistedGPUs)
+		case r.inv.Unchecked == UncheckedUUIDs:
+			// The list matched the driver by minor and index: a GPU
+			// the list names by a wrong UUID (a card replaced) would
+			// otherwise be ignored by its real one, and reached
+			// unclaimed.
+			b.incomplete = "it is [[devices.static]], whose UUIDs are not checked yet: the driver does not show every GPU's UUID " +
+				"(enable persistence mode, nvidia-smi -pm 1)"
 		}
 		b.noMIGs = r.inv.Source == string(config.SourceProc)
 	}

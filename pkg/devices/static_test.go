@@ -4,6 +4,7 @@
 package devices
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,6 +69,8 @@ func TestStaticListMatchesDriver(t *testing.T) {
 		want []string
 		// note: a substring of an inventory note.
 		note string
+		// unchecked: how far the list could not be checked.
+		unchecked Unchecked
 	}{
 		{name: "the driver's GPUs: used", root: fakeProcTree, static: treeStatic()},
 		// UUIDs are compared ignoring case, as the configuration's
@@ -120,12 +123,12 @@ func TestStaticListMatchesDriver(t *testing.T) {
 			fakeProcGPU(t, root, "0001:c1:00.0", "DGX Display", gpuUUID(9), 5, false)
 			return root
 		}, static: treeStatic()},
-		{name: "no driver tree: the list as it is", root: procfsWithoutDriver,
-			static: editStatic(func(s []config.StaticGPU) []config.StaticGPU { return s[:1] })},
-		{name: "no procfs at all (fake GPUs): the list as it is", root: func(t testing.TB) string { return t.TempDir() },
-			static: editStatic(func(s []config.StaticGPU) []config.StaticGPU { return s[:1] })},
-		{name: "UUIDs not known yet, the same minors and indices: used, with a note", root: unknownTree, static: treeStatic(),
-			note: "GPU 1 at 0000:3b:00.0 (/dev/nvidia1) matches [[devices.static]] by minor and index"},
+		{name: "no driver tree: the list as it is, unchecked", root: procfsWithoutDriver,
+			static: editStatic(func(s []config.StaticGPU) []config.StaticGPU { return s[:1] }), unchecked: UncheckedNoDriver},
+		{name: "no procfs at all (fake GPUs): the list as it is, unchecked", root: func(t testing.TB) string { return t.TempDir() },
+			static: editStatic(func(s []config.StaticGPU) []config.StaticGPU { return s[:1] }), unchecked: UncheckedNoDriver},
+		{name: "UUIDs not known yet, the same minors and indices: used, with a note, UUIDs unchecked", root: unknownTree, static: treeStatic(),
+			note: "GPU 1 at 0000:3b:00.0 (/dev/nvidia1) matches [[devices.static]] by minor and index", unchecked: UncheckedUUIDs},
 		{name: "UUID not known yet, a GPU the list misses", root: unknownTree,
 			static: editStatic(func(s []config.StaticGPU) []config.StaticGPU { return s[:3] }),
 			want:   []string{"GPU 3 (UUID not known yet) at 0001:01:00.0, /dev/nvidia4, is not in [[devices.static]]"}},
@@ -166,6 +169,14 @@ func TestStaticListMatchesDriver(t *testing.T) {
 				assert.Len(t, got.Inventory.GPUs, len(tc.static))
 				if tc.note != "" {
 					assert.Contains(t, strings.Join(got.Inventory.Notes, "\n"), tc.note)
+				}
+				assert.Equal(t, tc.unchecked, got.Inventory.Unchecked, role)
+				if role == RoleDaemon || role == RoleRefresh {
+					// The cache holds the mark, for its readers to check
+					// it again.
+					c, err := loadCache(filepath.Join(dir, CacheFile))
+					require.NoError(t, err)
+					assert.Equal(t, tc.unchecked, c.inv.Unchecked, role)
 				}
 			}
 		})
@@ -222,6 +233,7 @@ func TestAutoStaticFallbackMatchesDriver(t *testing.T) {
 				return
 			}
 			require.Error(t, err)
+			assert.ErrorIs(t, err, ErrStaticMismatch, "the error of a discovery where no source works wraps each source's")
 			assert.Nil(t, got.Inventory)
 			for _, w := range tc.want {
 				assert.Contains(t, err.Error(), w)
@@ -266,4 +278,106 @@ func TestListDiffsUnknownUUIDByBus(t *testing.T) {
 	assert.Equal(t, []string{"GPU 1 (UUID not known yet) at 0000:5b:00.0, /dev/nvidia0, is not in the cache",
 		"the cache's GPU 1 (" + gpuUUID(1) + ") at 0000:3B:00.0 is not listed by the driver (removed, replaced or excluded)"},
 		listDiffs(driver, nil, list, listCache, true))
+}
+
+// TestUncheckedStaticCacheIsCheckedInItsBoot: under source "auto" without
+// NVML, a daemon that took the static list while a GPU's UUID was not known
+// yet (matched by minor and index) writes it to the cache marked unchecked.
+// Its readers check that cache against the driver on every read, in the
+// boot it was written in too: while the UUID is unknown nothing shows it
+// matches, and the hook matches the list itself; once the driver shows a
+// UUID the list does not have (the card was replaced), the cache is stale
+// and the hook discovers the real GPU. It used to use the cache, stamped
+// with this boot, as it was for the whole boot, so that the real UUID,
+// under unknown_device = "ignore", was admitted unclaimed.
+func TestUncheckedStaticCacheIsCheckedInItsBoot(t *testing.T) {
+	root := unknownTree(t)
+	cfg := config.DevicesConfig{Source: config.SourceAuto, ProcRoot: root, Static: treeStatic()}
+	dir := t.TempDir()
+	opts := LoadOptions{StateDir: dir, NVML: fakeNVML{}, BootID: testBoot}
+
+	opts.Role = RoleDaemon
+	got, err := LoadInventory(cfg, opts)
+	require.NoError(t, err)
+	require.Equal(t, "static", got.Inventory.Source)
+	require.Equal(t, UncheckedUUIDs, got.Inventory.Unchecked)
+
+	opts.Role = RoleHook
+	got, err = LoadInventory(cfg, opts)
+	require.NoError(t, err)
+	assert.Equal(t, OriginDiscovery, got.Origin, "nothing shows the cache matches while a UUID is not known")
+	require.ErrorIs(t, errors.Join(got.Skipped...), ErrStaleCache)
+	assert.Equal(t, UncheckedUUIDs, got.Inventory.Unchecked)
+
+	// GPU 1 was replaced: the driver now shows its real UUID.
+	fakeProcGPU(t, root, "0000:3b:00.0", "NVIDIA H100 80GB HBM3", gpuUUID(11), 1, false)
+	fakeProcGPU(t, root, "0001:01:00.0", "NVIDIA H100 80GB HBM3", gpuUUID(3), 4, false)
+	got, err = LoadInventory(cfg, opts)
+	require.NoError(t, err)
+	assert.Equal(t, OriginDiscovery, got.Origin)
+	require.ErrorIs(t, errors.Join(got.Skipped...), ErrStaleCache)
+	assert.Contains(t, errorsText(got.Skipped), "GPU 1 ("+gpuUUID(11)+") at 0000:3b:00.0 is not in the cache")
+	assert.Equal(t, "proc", got.Inventory.Source)
+	_, ok := got.Inventory.Lookup(gpuUUID(11))
+	assert.True(t, ok, "the real GPU is in the inventory the hook decides with")
+
+	// The right UUIDs, shown at last: the cache matches and is used.
+	fakeProcGPU(t, root, "0000:3b:00.0", "NVIDIA H100 80GB HBM3", gpuUUID(1), 1, false)
+	got, err = LoadInventory(cfg, opts)
+	require.NoError(t, err)
+	assert.Equal(t, OriginCache, got.Origin)
+	assert.Empty(t, got.Skipped)
+
+	// Indices are compared for a static list's cache: they were written
+	// by hand.
+	swapped := treeStatic()
+	swapped[1].Index, swapped[3].Index = 3, 1
+	inv, err := NewInventory("static", staticGPUs(swapped))
+	require.NoError(t, err)
+	marked := *inv
+	marked.Unchecked = UncheckedUUIDs
+	inv, err = newInventory(marked)
+	require.NoError(t, err)
+	require.NoError(t, SaveCache(filepath.Join(dir, CacheFile), inv, testBoot))
+	got, err = LoadInventory(cfg, opts)
+	require.NoError(t, err)
+	assert.Equal(t, OriginDiscovery, got.Origin)
+	assert.Contains(t, errorsText(got.Skipped), "is index 3 in the cache")
+}
+
+// staticGPUs is the inventory's reading of a static list.
+func staticGPUs(s []config.StaticGPU) []GPU {
+	gpus, err := NewStaticLoader(s).Load()
+	if err != nil {
+		panic(err)
+	}
+	return gpus
+}
+
+// TestUncheckedUUIDsRefuseUnknownIDs: over a static list whose UUIDs the
+// driver does not show yet, an id the list lacks may be the real UUID of a
+// GPU the list names wrongly: it is refused under unknown_device = "ignore"
+// too, as over an incomplete inventory. A list checked in full, or one with
+// no driver to check against (no GPU is reachable), ignores it as before.
+func TestUncheckedUUIDsRefuseUnknownIDs(t *testing.T) {
+	pol := defaultPolicy()
+	pol.UnknownDevice = config.UnknownIgnore
+	req := Request{Env: env("NVIDIA_VISIBLE_DEVICES=" + gpuUUID(11))}
+	for _, tc := range []struct {
+		unchecked Unchecked
+		refused   bool
+	}{{"", false}, {UncheckedNoDriver, false}, {UncheckedUUIDs, true}} {
+		t.Run(string(tc.unchecked), func(t *testing.T) {
+			inv, err := newInventory(Inventory{Source: "static", GPUs: staticGPUs(treeStatic()), Unchecked: tc.unchecked})
+			require.NoError(t, err)
+			res, err := NewResolver(inv, pol).Resolve(req)
+			if !tc.refused {
+				require.NoError(t, err)
+				assert.Empty(t, res.Devices)
+				return
+			}
+			require.ErrorIs(t, err, ErrUnknownDevice)
+			assert.Contains(t, err.Error(), "whose UUIDs are not checked yet")
+		})
+	}
 }
