@@ -5,6 +5,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -49,8 +50,11 @@ type Builder struct {
 	ledger *ledger.Ledger
 	// invCfg is the configuration inv was loaded with.
 	invCfg config.Config
-	// incomplete: inv lists no GPU, or is the cache a failed discovery fell
-	// back to; Rediscover retries the discovery until it lists the GPUs.
+	// incomplete: inv lists no GPU, is the cache a failed discovery fell
+	// back to, or is a static list not checked against the driver in full
+	// (devices.Inventory.Unchecked), or the undiscovered inventory that
+	// replaced one the driver contradicted; Rediscover retries the
+	// discovery until it lists the GPUs, checked.
 	// atStart says what inv was (for the log line of the swap); guards are
 	// the guards built over inv since, which the swap updates.
 	incomplete bool
@@ -162,7 +166,23 @@ func (b *Builder) Setup(_ context.Context, cfg config.Config) (*guard.Guard, err
 				"the inventory cache that lists GPUs is kept, but not decided with (it may predate a hardware change)",
 				"unlisted", loaded.Inventory.UnlistedGPUs, "cache", loaded.CachePath)
 		}
-		if b.incomplete {
+		switch {
+		case !b.incomplete:
+		case loaded.Inventory.Unchecked == devices.UncheckedNoDriver:
+			// Fake GPUs (tests, demos) point proc_root where no driver
+			// ever is: not worth a warning, and said once.
+			log.Info("[[devices.static]] is used without a check against the NVIDIA driver: no driver tree under devices.proc_root "+
+				"(driver not loaded yet, or fake GPUs); it is checked in the background once the driver lists GPUs, "+
+				"and GPU requests are refused if the driver contradicts it",
+				"proc_root", cfg.Devices.ProcRoot, "source", cfg.Devices.Source)
+			b.signal()
+		case loaded.Inventory.Unchecked == devices.UncheckedUUIDs:
+			log.Warn("[[devices.static]] matches the NVIDIA driver by minor and index only: it does not show every GPU's UUID yet "+
+				"(enable persistence mode, nvidia-smi -pm 1); an id the list lacks is refused, the UUIDs are checked in the background "+
+				"once the driver shows them, and GPU requests are refused if it contradicts the list",
+				"source", cfg.Devices.Source)
+			b.signal()
+		default:
 			log.Warn("GPU inventory incomplete; requests for GPUs it does not list are refused, and the discovery is retried in the background until it lists them",
 				"inventory", b.atStart, "source", cfg.Devices.Source)
 			b.signal()
@@ -192,13 +212,23 @@ func (b *Builder) nvml() devices.Loader {
 }
 
 // incomplete reports whether the daemon should keep discovering for an
-// inventory it loaded, and what that inventory was. A static inventory is
-// the configuration's, complete by definition (LoadInventory refused it if
-// the driver listed other GPUs). An empty one is the common
-// case of a GPU Operator node, whose driver container starts after the
-// guard; the cache a failed discovery fell back to may predate a hardware
+// inventory it loaded, and what that inventory was. A static list checked
+// against the driver is complete (LoadInventory refused it if the driver
+// listed other GPUs); one used unchecked is not: without a driver tree (a
+// GPU Operator node, whose driver container starts after the guard; or
+// fake GPUs, which never get one: the check then costs a directory read
+// per minute, and changes nothing) or with a UUID the driver does not show
+// yet, it is checked again until the driver shows that it matches, or
+// contradicts it. An empty inventory is the common case of a GPU Operator
+// node; the cache a failed discovery fell back to may predate a hardware
 // change. Either way, live discovery replaces it once it lists GPUs.
 func incomplete(cfg config.Config, l devices.Loaded) (bool, string) {
+	switch l.Inventory.Unchecked {
+	case devices.UncheckedNoDriver:
+		return true, fmt.Sprintf("[[devices.static]] of %d GPU(s), unchecked (no driver tree)", len(l.Inventory.GPUs))
+	case devices.UncheckedUUIDs:
+		return true, fmt.Sprintf("[[devices.static]] of %d GPU(s), matched by minor and index (UUIDs not known yet)", len(l.Inventory.GPUs))
+	}
 	if cfg.Devices.Source == config.SourceStatic {
 		return false, ""
 	}
@@ -279,9 +309,25 @@ func (b *Builder) Rediscover(ctx context.Context, swapped func(*guard.Guard)) {
 }
 
 // rediscoverOnce discovers the GPUs once (outside b.mu: NVML enumeration
-// takes a while) and, when the result lists GPUs and the inventory it
-// replaces is still the incomplete one, writes the cache and swaps it in.
-// It returns the latest guard it updated, nil when nothing was swapped.
+// takes a while) and, when the inventory it replaces is still the incomplete
+// one, swaps in what it found. It returns the latest guard it updated, nil
+// when nothing was swapped.
+//
+//   - A discovery that lists GPUs, checked (not an unchecked static list):
+//     the cache is written and the inventory is complete.
+//   - A static list still unchecked: swapped in only when how far it is
+//     checked changed (the driver came up, but a UUID is not known yet; or
+//     it no longer contradicts the list); nothing is logged otherwise, so
+//     that fake GPUs, which never get a driver, are not logged about every
+//     minute.
+//   - A discovery that fails because the driver contradicts the static list
+//     (devices.ErrStaticMismatch) while the inventory is that list (used
+//     unchecked) or already refuses on such a contradiction: an
+//     undiscovered inventory carrying the mismatch replaces it, so that
+//     every GPU request is refused with it; logged when the mismatch
+//     changes. The cache is left as it is: it is marked unchecked, and
+//     its readers find the same mismatch.
+//   - Anything else: still incomplete, retried.
 func (b *Builder) rediscoverOnce() *guard.Guard {
 	b.mu.Lock()
 	cfg, old, atStart := b.invCfg, b.inv, b.atStart
@@ -291,7 +337,24 @@ func (b *Builder) rediscoverOnce() *guard.Guard {
 		log = slog.New(slog.DiscardHandler)
 	}
 	inv, err := devices.Discover(cfg.Devices, b.nvml())
-	if err != nil || len(inv.GPUs) == 0 {
+	staticList := old.Source == string(config.SourceStatic) || old.Contradiction != ""
+	switch {
+	case err == nil && len(inv.GPUs) > 0 && inv.Unchecked == "":
+	case err == nil && inv.Unchecked != "" && staticList:
+		if inv.Unchecked == old.Unchecked {
+			return nil // as it was: nothing new, nothing logged
+		}
+	case err != nil && errors.Is(err, devices.ErrStaticMismatch) && staticList:
+		if old.Contradiction == err.Error() {
+			return nil
+		}
+		none, nerr := devices.NewUndiscovered(fmt.Sprintf("discovery (devices.source = %q): %v", cfg.Devices.Source, err), err.Error())
+		if nerr != nil {
+			log.Error("GPU inventory: cannot build the inventory that refuses GPU requests", "error", nerr)
+			return nil
+		}
+		inv = none
+	default:
 		log.Debug("GPU inventory still incomplete; discovery is retried", "error", err)
 		return nil
 	}
@@ -300,12 +363,18 @@ func (b *Builder) rediscoverOnce() *guard.Guard {
 	if !b.incomplete || b.inv != old {
 		return nil // a Setup loaded another inventory meanwhile
 	}
-	cachePath := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
-	if err := devices.SaveCache(cachePath, inv, b.ledger.BootID()); err != nil {
-		// As in Setup: the hooks discover themselves; the next Setup
-		// loads and writes again.
-		log.Warn("could not write the inventory cache for the OCI hooks", "path", cachePath, "error", err)
-		b.invKey = nil
+	done := !inv.Undiscovered && inv.Unchecked == ""
+	if !inv.Undiscovered {
+		cachePath := filepath.Join(cfg.Ledger.Dir, devices.CacheFile)
+		if err := devices.SaveCache(cachePath, inv, b.ledger.BootID()); err != nil {
+			// As in Setup: the hooks discover themselves; the next Setup
+			// loads and writes again.
+			log.Warn("could not write the inventory cache for the OCI hooks", "path", cachePath, "error", err)
+			b.invKey = nil
+		}
+	}
+	if !done {
+		inv.Provisional = true // before any guard uses it
 	}
 	var latest *guard.Guard
 	for _, g := range b.guards {
@@ -313,8 +382,22 @@ func (b *Builder) rediscoverOnce() *guard.Guard {
 			latest = g
 		}
 	}
-	b.inv, b.incomplete, b.guards = inv, false, nil
-	log.Info(fmt.Sprintf("GPU inventory now lists %d GPUs (source %s); was %s at start", len(inv.GPUs), inv.Source, atStart),
-		"gpus", len(inv.GPUs), "source", inv.Source, "was", atStart)
+	b.inv = inv
+	switch {
+	case done:
+		b.incomplete, b.guards = false, nil
+		log.Info(fmt.Sprintf("GPU inventory now lists %d GPUs (source %s); was %s at start", len(inv.GPUs), inv.Source, atStart),
+			"gpus", len(inv.GPUs), "source", inv.Source, "was", atStart)
+	case inv.Undiscovered:
+		log.Error("the NVIDIA driver contradicts [[devices.static]]: every GPU request is refused until it matches "+
+			"(fix the list and restart the daemon); checked again in the background",
+			"error", inv.Contradiction, "source", cfg.Devices.Source)
+	case inv.Unchecked == devices.UncheckedUUIDs:
+		log.Warn("[[devices.static]] now matches the NVIDIA driver by minor and index; its UUIDs are checked once the driver shows them",
+			"source", cfg.Devices.Source)
+	default:
+		log.Info("[[devices.static]] is used without a check again: no driver tree under devices.proc_root",
+			"proc_root", cfg.Devices.ProcRoot, "source", cfg.Devices.Source)
+	}
 	return latest
 }

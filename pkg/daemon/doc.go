@@ -34,6 +34,17 @@
 //     built over the old one (guard.SetInventory), without a restart. While
 //     the PCI bus shows NVIDIA GPUs discovery does not list, a cache that
 //     lists GPUs is kept, not overwritten, and not decided with.
+//   - A static list used without a check against the driver in full
+//     (devices.Inventory.Unchecked: no driver tree under proc_root, or a GPU
+//     whose UUID the driver does not show yet), under "static" or as the
+//     last resort of "auto", is decided with, and checked again the same
+//     way until the driver shows it matches (then it, or under "auto" what
+//     discovery lists, is the inventory, cached, and the retries stop) or
+//     contradicts it (devices.ErrStaticMismatch: an undiscovered inventory
+//     carrying the mismatch is swapped in, refusing every GPU request).
+//     Nothing is swapped or logged while nothing changes: fake GPUs (tests,
+//     demos), whose proc_root never gets a driver, cost a directory read
+//     per minute.
 //   - A Setup with an unchanged [devices] section and state directory reuses
 //     the ledger and the inventory: a reconnect (which calls Configure again)
 //     costs no NVML enumeration.

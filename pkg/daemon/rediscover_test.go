@@ -206,12 +206,16 @@ func TestRediscoverReplacesCacheFallback(t *testing.T) {
 	assert.True(t, ok)
 }
 
-// A static inventory, or one discovery listed GPUs in, is not retried.
+// A static inventory checked against the driver, or one discovery listed
+// GPUs in, is not retried.
 func TestRediscoverIdleWhenComplete(t *testing.T) {
 	timer := newManualTimer()
 	b := &Builder{After: timer.after}
-	_, err := b.Setup(context.Background(), staticConfig(t))
+	cfg := staticConfig(t)
+	driverGPU(t, cfg.Devices.ProcRoot, "0000:07:00.0", uuidStatic, 0)
+	g, err := b.Setup(context.Background(), cfg)
 	require.NoError(t, err)
+	require.Empty(t, g.Inventory().Unchecked)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); b.Rediscover(ctx, nil) }()

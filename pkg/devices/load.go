@@ -218,8 +218,7 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 			// discover again. The cache is not written: the hooks keep
 			// failing closed without it, or skip the stale one as the
 			// daemon did.
-			none, err := newInventory(Inventory{Source: "none", Undiscovered: true,
-				Notes: []string{fmt.Sprintf("discovery (devices.source = %q): %v", cfg.Source, discErr)}})
+			none, err := NewUndiscovered(fmt.Sprintf("discovery (devices.source = %q): %v", cfg.Source, discErr), "")
 			if err != nil {
 				return out, err
 			}
@@ -264,6 +263,15 @@ func LoadInventory(cfg config.DevicesConfig, opts LoadOptions) (Loaded, error) {
 	}
 	out.Inventory, out.Origin = inv, OriginDiscovery
 	return out, nil
+}
+
+// NewUndiscovered returns the empty inventory marked Undiscovered that a
+// daemon decides with when no discovery source works (note says why), or,
+// with contradiction set, when the driver contradicts the static list it
+// decided with unchecked (see Inventory.Contradiction): every GPU request is
+// refused.
+func NewUndiscovered(note, contradiction string) (*Inventory, error) {
+	return newInventory(Inventory{Source: "none", Undiscovered: true, Notes: []string{note}, Contradiction: contradiction})
 }
 
 // discovers reports whether source names a live discovery, which may work

@@ -343,6 +343,13 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 		// refuses unknown ids over an incomplete inventory under
 		// unknown_device = "ignore" too); a request the policies refuse
 		// anyway keeps its own reason below.
+		if v.inv.Contradiction != "" {
+			// The daemon decided with a static list it could not
+			// check, and the driver, checked again, contradicts it.
+			return Decision{Result: Reject, Reason: ReasonInventoryIncomplete,
+				Message: "GPU request refused: the NVIDIA driver contradicts the [[devices.static]] list the guard decided with: " +
+					v.inv.Contradiction + "; then restart the nri-gpu-guard daemon; see gpu-guard-ctl devices"}, res, true
+		}
 		return Decision{Result: Reject, Reason: ReasonInventoryIncomplete,
 			Message: "GPU request refused: the GPU inventory is not known yet (no discovery source worked when the guard started: " +
 				"is the NVIDIA driver loaded?); nri-gpu-guard retries the discovery by itself and admits GPU requests once it lists the GPUs " +
