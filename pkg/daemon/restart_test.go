@@ -246,6 +246,32 @@ func TestIntruderPolicySwitchedToCordon(t *testing.T) {
 	assert.Equal(t, 1, auditCount(t, g, OpIntruder))
 }
 
+// A cordon's lineage goes with the last finding on its device under
+// "report" too: cordon → report (the operator uncordons, the process
+// leaves, another arrives) → cordon cordons the new process's device. The
+// lineage used to stay while "report" ran, so the new process read as one
+// whose cordon the operator had lifted and was never cordoned.
+func TestIntruderLineageForgottenUnderReport(t *testing.T) {
+	g, w, _, _, f, pass := intruderRestartSetup(t, nil)
+	uuid := f.Device.UUID
+	require.True(t, cordonedIn(t, g, uuid))
+	report := g.Config()
+	report.Observe.OnIntruder = config.IntruderReport
+	restartObserver(t, w, report)
+	operatorUncordon(t, g, uuid)
+	pass(report, f)
+	pass(report) // the process leaves
+	next := f
+	next.PID, next.ContainerID = 201, idA
+	pass(report, next) // another arrives, reported only
+	require.False(t, cordonedIn(t, g, uuid))
+
+	restartObserver(t, w, g.Config())
+	pass(g.Config(), next)
+	pass(g.Config(), next)
+	assert.True(t, cordonedIn(t, g, uuid), "the new intruder's device is cordoned")
+}
+
 // The same through Run: a reconnect with another [observe] section restarts
 // the observer, whose passes find the intruder the operator accepted (an
 // uncordon) still running, and neither report nor cordon it again.

@@ -840,6 +840,15 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 	}
 	if cfg.Observe.OnIntruder == config.IntruderCordon {
 		w.cordonIntruders(ctx, fresh, current)
+	} else {
+		// Under "report" no cordon is written or settled, but a lineage
+		// must still go with the last finding on its device, as
+		// settleIntruders drops it: carried to an observer that cordons
+		// again, it would make the next process on the device read as one
+		// whose cordon the operator lifted, never cordoned.
+		w.mu.Lock()
+		w.forgetIntruderLineagesLocked(findingsByDevice(current))
+		w.mu.Unlock()
 	}
 	if w.Metrics != nil {
 		// The gauges show what observe.json shows: the carried findings too.
@@ -921,6 +930,29 @@ func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding
 	w.mu.Unlock()
 }
 
+// findingsByDevice returns a finding on each device of current, the first
+// in findingKey order.
+func findingsByDevice(current map[string]observe.FileFinding) map[string]observe.FileFinding {
+	on := map[string]observe.FileFinding{}
+	for _, f := range current {
+		if prev, ok := on[f.Device.UUID]; !ok || findingKey(f.Finding) < findingKey(prev.Finding) {
+			on[f.Device.UUID] = f
+		}
+	}
+	return on
+}
+
+// forgetIntruderLineagesLocked drops the lineage of each intruder cordon
+// whose device has no finding left in on (w.mu held): its process is gone,
+// and the next intruder there is a new finding.
+func (w *Watch) forgetIntruderLineagesLocked(on map[string]observe.FileFinding) {
+	for k := range w.cordonLineage {
+		if _, ok := on[k.uuid]; k.source == ledger.CordonIntruder && !ok {
+			delete(w.cordonLineage, k)
+		}
+	}
+}
+
 // settleIntruders checks the intruder cordons written at earlier passes, as
 // settleUnhealthy does the unhealthy ones, on the devices not cordoned at
 // this pass anyway (todo):
@@ -937,21 +969,15 @@ func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding
 //     finding on it, to be cordoned again (logged here, audited with
 //     recordonReason).
 func (w *Watch) settleIntruders(ctx context.Context, current, todo map[string]observe.FileFinding) map[string]observe.FileFinding {
-	on := map[string]observe.FileFinding{} // a finding on each device, the first in order
-	for _, f := range current {
-		if prev, ok := on[f.Device.UUID]; !ok || findingKey(f.Finding) < findingKey(prev.Finding) {
-			on[f.Device.UUID] = f
-		}
-	}
+	on := findingsByDevice(current)
 	written := map[string]string{}
 	w.mu.Lock()
+	w.forgetIntruderLineagesLocked(on)
 	for k, lineage := range w.cordonLineage {
 		if k.source != ledger.CordonIntruder {
 			continue
 		}
-		if _, ok := on[k.uuid]; !ok {
-			delete(w.cordonLineage, k)
-		} else if _, ok := todo[k.uuid]; !ok {
+		if _, ok := todo[k.uuid]; !ok {
 			written[k.uuid] = lineage
 		}
 	}
