@@ -38,11 +38,13 @@ const maxStaleDiffs = 4
 //     is resolved through it.
 //   - A cache of another boot that lists MIG instances is stale whatever the
 //     GPUs: MIG instances get new UUIDs when they are re-created.
-//   - A cache of a static list that was not checked against the driver in
-//     full when it was written (Inventory.Unchecked: no driver tree then, or
-//     a GPU whose UUID the driver did not know) is checked as one of another
-//     boot is, on every read, in the boot it was written in too: the
-//     driver may have come up, or shown the UUID, since. Its indices are
+//   - A cache of a static list is checked as one of another boot is, on
+//     every read, in the boot it was written in too: one not checked
+//     against the driver in full when it was written (Inventory.Unchecked:
+//     no driver tree then, or a GPU whose UUID the driver did not know),
+//     since the driver may have come up, or shown the UUID, since; and one
+//     without the mark, which a binary from before static lists were
+//     checked may have written unchecked. Its indices are
 //     compared as well (they are the list's, not NVML's), and its MIG
 //     instances are kept within its boot.
 //   - When the driver's tree is not there (the driver is not loaded, so no
@@ -52,7 +54,12 @@ const maxStaleDiffs = 4
 //     not known yet), the cache is stale: nothing shows it matches.
 func checkCacheBoot(path, procRoot string, c cached, bootID string) error {
 	thisBoot := bootID != "" && c.bootID == bootID
-	if thisBoot && c.inv.Unchecked == "" {
+	// A static list's cache is checked in its boot too, marked unchecked or
+	// not: one written by a binary from before static lists were checked
+	// carries no mark, and a list it never compared could name other GPUs
+	// than the driver's. Hosts read such a cache only when "auto" fell
+	// back to the list (under "static" the hooks load the list itself).
+	if thisBoot && c.inv.Unchecked == "" && c.inv.Source != string(config.SourceStatic) {
 		return nil
 	}
 	when := "another boot"

@@ -343,6 +343,21 @@ func TestUncheckedStaticCacheIsCheckedInItsBoot(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, OriginDiscovery, got.Origin)
 	assert.Contains(t, errorsText(got.Skipped), "is index 3 in the cache")
+
+	// A static list's cache without the mark (written by a binary from
+	// before static lists were checked) is checked in its boot too: GPU 1
+	// was replaced, and the list it holds names the old card.
+	fakeProcGPU(t, root, "0000:3b:00.0", "NVIDIA H100 80GB HBM3", gpuUUID(11), 1, false)
+	inv, err = NewInventory("static", staticGPUs(treeStatic()))
+	require.NoError(t, err)
+	require.Empty(t, inv.Unchecked)
+	require.NoError(t, SaveCache(filepath.Join(dir, CacheFile), inv, testBoot))
+	got, err = LoadInventory(cfg, opts)
+	require.NoError(t, err)
+	assert.Equal(t, OriginDiscovery, got.Origin, "an unmarked static cache is not trusted unchecked")
+	assert.Contains(t, errorsText(got.Skipped), "GPU 1 ("+gpuUUID(11)+") at 0000:3b:00.0 is not in the cache")
+	_, ok = got.Inventory.Lookup(gpuUUID(11))
+	assert.True(t, ok, "the real GPU is in the inventory the hook decides with")
 }
 
 // staticGPUs is the inventory's reading of a static list.
