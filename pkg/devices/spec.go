@@ -48,7 +48,7 @@ func RequestFromSpec(spec *specs.Spec) Request {
 		req.Mounts = make([]string, len(spec.Mounts))
 		for i, m := range spec.Mounts {
 			req.Mounts[i] = m.Destination
-			req.AddMount(m.Type, m.Source, m.Destination)
+			req.AddMount(m.Type, m.Source, m.Destination, m.Options)
 		}
 	}
 	if l := spec.Linux; l != nil && l.Resources != nil {
@@ -69,18 +69,53 @@ func RequestFromSpec(spec *specs.Spec) Request {
 // whole of the host's /dev sets HostDevMounted. Other sources bring no
 // device. Both front ends call it for every mount (RequestFromSpec does).
 func (req *Request) AddBindSource(source, destination string) {
-	req.AddMount("", source, destination)
+	req.addSource(source, destination)
 }
 
-// AddMount is AddBindSource for a mount of type mountType: a devtmpfs
-// mounted afresh (type "devtmpfs", whatever its source) is the kernel's one
-// devtmpfs, every node of the host's /dev, and sets HostDevMounted as a
-// bind of /dev does. The runtime mounts it before it drops its privileges.
-func (req *Request) AddMount(mountType, source, destination string) {
-	if mountType == "devtmpfs" {
+// AddMount is AddBindSource for a mount of type mountType with options: a
+// devtmpfs mounted afresh (type "devtmpfs", whatever its source) is the
+// kernel's one devtmpfs, every node of the host's /dev, and sets
+// HostDevMounted as a bind of /dev does (the runtime mounts it before it
+// drops its privileges); an overlay (podman's `-v /src:/dst:O`) shows what
+// its layers hold, each read as a bind source (OverlayLayers).
+func (req *Request) AddMount(mountType, source, destination string, options []string) {
+	switch mountType {
+	case "devtmpfs":
 		req.HostDevMounted = true
 		return
+	case "overlay":
+		for _, l := range OverlayLayers(options) {
+			req.addSource(l, destination)
+		}
 	}
+	req.addSource(source, destination)
+}
+
+// OverlayLayers returns the host directories an overlay mount's options name
+// as its layers (lowerdir, a list joined by ':', and upperdir): device nodes
+// in a layer open through the overlay as they do through a bind.
+func OverlayLayers(options []string) []string {
+	var out []string
+	for _, o := range options {
+		// The options of a spec mount are one each, or one string joined
+		// by ',' (as mount(8) takes them).
+		for _, kv := range strings.Split(o, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				continue
+			}
+			switch k {
+			case "lowerdir":
+				out = append(out, strings.Split(v, ":")...)
+			case "upperdir":
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+func (req *Request) addSource(source, destination string) {
 	if source == "" || source[0] != '/' {
 		return
 	}

@@ -334,26 +334,37 @@ func TestMknodWithoutDeviceCgroup(t *testing.T) {
 // A devtmpfs the runtime mounts for the container is the kernel's one
 // devtmpfs: every node of the host's /dev. Without a device cgroup it opens
 // every GPU; in a cgroup of its own nothing opens.
+//
+// So does an overlay whose layer is the host's /dev (podman's
+// `-v /dev:/x:O`, a link to it as well): device nodes in a layer open
+// through the overlay.
 func TestDevtmpfsMountWithoutDeviceCgroup(t *testing.T) {
 	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
-	devtmpfs := func(s *specs.Spec) {
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/mnt/dev", Type: "devtmpfs", Source: "devtmpfs"})
-	}
-	for container, claims := range map[string]bool{session: true, "0::/machine.slice/libpod-train.scope\n": false} {
-		cfg := staticConfig(t)
-		opened := 0
-		e := cgroupProc(t, container, session, &opened)
-		require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg,
-			strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, "/srv/data", "/data", devtmpfs)), io.Discard))
-		if !claims {
-			require.Zero(t, opened, "the device cgroup stops what the devtmpfs shows")
-			continue
+	devLink := filepath.Join(t.TempDir(), "devlink")
+	require.NoError(t, os.Symlink("/dev", devLink))
+	for name, mount := range map[string]specs.Mount{
+		"devtmpfs":          {Destination: "/mnt/dev", Type: "devtmpfs", Source: "devtmpfs"},
+		"overlay of /dev":   {Destination: "/mnt/dev", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/dev", "upperdir=" + t.TempDir(), "workdir=" + t.TempDir()}},
+		"overlay of a link": {Destination: "/mnt/dev", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/srv:" + devLink + ",upperdir=/u,workdir=/w"}},
+	} {
+		for container, claims := range map[string]bool{session: true, "0::/machine.slice/libpod-train.scope\n": false} {
+			cfg := staticConfig(t)
+			opened := 0
+			e := cgroupProc(t, container, session, &opened)
+			require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg,
+				strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, "/srv/data", "/data", func(s *specs.Spec) {
+					s.Mounts = append(s.Mounts, mount)
+				})), io.Discard))
+			if !claims {
+				require.Zero(t, opened, "%s: the device cgroup stops what it shows", name)
+				continue
+			}
+			l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+			require.NoError(t, err)
+			snap, err := l.Snapshot(t.Context())
+			require.NoError(t, err)
+			require.Len(t, snap.Claims, len(gpuUUIDs), "%s: every GPU opens through it", name)
 		}
-		l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
-		require.NoError(t, err)
-		snap, err := l.Snapshot(t.Context())
-		require.NoError(t, err)
-		require.Len(t, snap.Claims, len(gpuUUIDs), "every GPU opens through the devtmpfs")
 	}
 }
 

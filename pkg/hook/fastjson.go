@@ -460,7 +460,7 @@ func (s *jscan) mounts() []hookMount {
 	out := []hookMount{}
 	s.array(func() {
 		var m hookMount
-		s.object([]string{"destination", "source", "type"}, func(k string) bool {
+		s.object([]string{"destination", "source", "type", "options"}, func(k string) bool {
 			switch k {
 			case "destination":
 				m.Destination = s.optString()
@@ -468,6 +468,8 @@ func (s *jscan) mounts() []hookMount {
 				m.Source = s.optString()
 			case "type":
 				m.Type = s.optString()
+			case "options":
+				m.Options = s.strings()
 			default:
 				return false
 			}

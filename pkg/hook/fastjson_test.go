@@ -144,6 +144,7 @@ func FuzzFastDecode(f *testing.F) {
 	f.Add(`{"linux":{"namespaces":[{"type":"pid"},{"type":"user","path":"/proc/1/ns/user"},{}]}}`)
 	f.Add(`{"linux":{"namespaces":null}}`)
 	f.Add(`{"mounts":[{"destination":"/d","type":"devtmpfs","source":"devtmpfs"},{"type":null,"options":["rbind"]}]}`)
+	f.Add(`{"mounts":[{"type":"overlay","source":"overlay","options":["lowerdir=/a:/b","upperdir=/u"]},{"options":null},{"options":[]}]}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		agree(t, []byte(in))
 	})

@@ -177,8 +177,10 @@ type hookCaps struct {
 type hookMount struct {
 	Destination string `json:"destination"`
 	Source      string `json:"source"`
-	// Type: a devtmpfs mounted afresh is the host's /dev (AddMount).
-	Type string `json:"type"`
+	// Type: a devtmpfs mounted afresh is the host's /dev (AddMount);
+	// Options: an overlay's layers are host directories (OverlayLayers).
+	Type    string   `json:"type"`
+	Options []string `json:"options"`
 }
 
 type hookLinux struct {
@@ -215,7 +217,7 @@ func (h *hookSpec) spec() *specs.Spec {
 		}
 	}
 	for _, m := range h.Mounts {
-		s.Mounts = append(s.Mounts, specs.Mount{Destination: m.Destination, Source: m.Source, Type: m.Type})
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: m.Destination, Source: m.Source, Type: m.Type, Options: m.Options})
 	}
 	if hs := h.Hooks; hs != nil {
 		s.Hooks = &specs.Hooks{}

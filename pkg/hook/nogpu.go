@@ -352,28 +352,25 @@ func (b boundSources) none() bool {
 // boundNodes reads what each absolute mount source is on the host, whatever
 // it is called (the runtime follows symlinks, and numbers, not names, tell
 // a GPU node): a character device is a node of the container, and the
-// host's / or /dev is the host's /dev bound in. AddBindSource reads sources
-// by their spelling only; this reads them as the runtime bound them.
+// host's / or /dev is the host's /dev bound in; an overlay's layers are read
+// so too (devices.OverlayLayers). AddBindSource reads sources by their
+// spelling only; this reads them as the runtime bound them.
 func boundNodes(mounts []specs.Mount) boundSources {
 	var b boundSources
 	var root, dev os.FileInfo
-	for _, m := range mounts {
-		if m.Type == "devtmpfs" {
-			b.hostDev = true // the kernel's one devtmpfs (AddMount)
-			continue
+	read := func(src, dst string) {
+		if src == "" || src[0] != '/' {
+			return
 		}
-		if m.Source == "" || m.Source[0] != '/' {
-			continue
-		}
-		fi, err := os.Stat(m.Source)
+		fi, err := os.Stat(src)
 		if err != nil {
-			continue // nothing the runtime can bind either
+			return // nothing the runtime can bind either
 		}
 		switch {
 		case fi.Mode()&os.ModeCharDevice != 0:
 			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				b.nodes = append(b.nodes, devices.LinuxDevice{Path: m.Source, Type: "c",
-					Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: m.Destination})
+				b.nodes = append(b.nodes, devices.LinuxDevice{Path: src, Type: "c",
+					Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: dst})
 			}
 		case fi.IsDir():
 			if root == nil {
@@ -384,6 +381,18 @@ func boundNodes(mounts []specs.Mount) boundSources {
 				b.hostDev = true
 			}
 		}
+	}
+	for _, m := range mounts {
+		switch m.Type {
+		case "devtmpfs":
+			b.hostDev = true // the kernel's one devtmpfs (AddMount)
+			continue
+		case "overlay":
+			for _, l := range devices.OverlayLayers(m.Options) {
+				read(l, m.Destination)
+			}
+		}
+		read(m.Source, m.Destination)
 	}
 	return b
 }

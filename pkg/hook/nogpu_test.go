@@ -234,6 +234,10 @@ func TestBindMountedNodes(t *testing.T) {
 	require.True(t, whole.HostDevMounted)
 	fresh := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/d", Source: "devtmpfs", Type: "devtmpfs"}}})
 	require.True(t, fresh.HostDevMounted, "a devtmpfs mounted afresh is the host's /dev")
+	layered := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/d", Source: "overlay", Type: "overlay",
+		Options: []string{"lowerdir=/srv/a:/dev", "upperdir=/u", "workdir=/w"}}}})
+	require.True(t, layered.HostDevMounted, "an overlay whose layer is the host's /dev")
+	require.Equal(t, []string{"/a", "/b", "/u", "/c"}, devices.OverlayLayers([]string{"lowerdir=/a:/b,upperdir=/u", "workdir=/w", "lowerdir=/c", "ro"}))
 	root := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/host", Source: "/", Type: "bind"}}})
 	require.True(t, root.HostDevMounted, "the host's / holds its /dev")
 	byNumber := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/dev/g", Source: "/dev/char/195:3", Type: "bind"}}})
