@@ -70,14 +70,17 @@ type devicesView struct {
 	CachePath string        `json:"cache_path"`
 	CachedAt  *time.Time    `json:"cached_at,omitempty"`
 	GPUs      []devices.GPU `json:"gpus"`
-	Notes     []string      `json:"notes,omitempty"`
+	// Unchecked: a static list not checked against the NVIDIA driver in
+	// full (devices.Inventory.Unchecked), omitted when checked.
+	Unchecked devices.Unchecked `json:"unchecked,omitempty"`
+	Notes     []string          `json:"notes,omitempty"`
 }
 
 func renderDevices(w io.Writer, output string, inv *devices.Inventory, info inventoryInfo, now time.Time) error {
 	if output == outputJSON {
 		v := devicesView{
 			Source: inv.Source, Origin: info.Origin, CachePath: info.CachePath,
-			CachedAt: timeOrNil(info.CachedAt), GPUs: inv.GPUs, Notes: inv.Notes,
+			CachedAt: timeOrNil(info.CachedAt), GPUs: inv.GPUs, Unchecked: inv.Unchecked, Notes: inv.Notes,
 		}
 		if v.GPUs == nil {
 			v.GPUs = []devices.GPU{}
@@ -94,7 +97,19 @@ func renderDevices(w io.Writer, output string, inv *devices.Inventory, info inve
 			origin += ", written " + since(now, info.CachedAt) + " ago"
 		}
 	}
-	if _, err := fmt.Fprintf(w, "Source: %s (%s)\n\n", escapeLine(inv.Source), escapeLine(origin)); err != nil {
+	if _, err := fmt.Fprintf(w, "Source: %s (%s)\n", escapeLine(inv.Source), escapeLine(origin)); err != nil {
+		return fmt.Errorf("write output: %w", err)
+	}
+	// An operator reading the list wants to know the driver has not
+	// vouched for it (the daemon re-checks it in the background).
+	unchecked := ""
+	switch inv.Unchecked {
+	case devices.UncheckedNoDriver:
+		unchecked = "Not checked against the NVIDIA driver: no driver tree under devices.proc_root (not loaded yet, or fake GPUs)\n"
+	case devices.UncheckedUUIDs:
+		unchecked = "Checked against the NVIDIA driver by minor and index only: it does not show every GPU's UUID yet (nvidia-smi -pm 1)\n"
+	}
+	if _, err := fmt.Fprint(w, unchecked+"\n"); err != nil {
 		return fmt.Errorf("write output: %w", err)
 	}
 	wide := output == outputWide

@@ -319,8 +319,14 @@ func TestDevicesFromConfig(t *testing.T) {
 		assert.Nil(t, v.CachedAt)
 		require.Len(t, v.GPUs, 4)
 		assert.Equal(t, uuidMIG1, v.GPUs[0].MIG[1].UUID)
+		// proc_root holds no driver tree: the list is used unchecked,
+		// and said so.
+		assert.Equal(t, devices.UncheckedNoDriver, v.Unchecked)
 	}
-	r := f.run(t, "status", "-o", "json")
+	r := f.run(t, "devices")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "Source: static (configuration)\nNot checked against the NVIDIA driver: no driver tree under devices.proc_root")
+	r = f.run(t, "status", "-o", "json")
 	require.Equal(t, ExitOK, r.code, r.stderr)
 	assert.Contains(t, r.stdout, `"inventory_source": "static"`, "no \"(cache)\" under a static source")
 }
