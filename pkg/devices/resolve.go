@@ -218,10 +218,11 @@ type builder struct {
 	// name them by other UUIDs (see Inventory.Undiscovered, UnlistedGPUs
 	// and Unchecked); empty when it lists them.
 	incomplete string
-	// noMIGs: the inventory's source cannot list MIG instances (/proc has
-	// no MIG UUIDs), so a MIG id it lacks may still name one the runtime
-	// selects (see missing).
-	noMIGs bool
+	// noMIGs says why the inventory lists no MIG instance though the host
+	// may have some ("" when it may list them): /proc has no MIG UUIDs, and
+	// a static list that names none may simply leave them out. A MIG id it
+	// lacks may then still name one the runtime selects (see missing).
+	noMIGs string
 }
 
 type pending struct {
@@ -257,9 +258,24 @@ func (r *Resolver) newBuilder() *builder {
 			b.incomplete = "it is [[devices.static]], whose UUIDs are not checked yet: the driver does not show every GPU's UUID " +
 				"(enable persistence mode, nvidia-smi -pm 1)"
 		}
-		b.noMIGs = r.inv.Source == string(config.SourceProc)
+		switch {
+		case r.inv.Source == string(config.SourceProc):
+			b.noMIGs = "the GPU inventory (devices.source = \"proc\") cannot list MIG instances"
+		case r.inv.Source == string(config.SourceStatic) && !listsMIG(r.inv):
+			b.noMIGs = "the GPU inventory ([[devices.static]]) lists no MIG instance"
+		}
 	}
 	return b
+}
+
+// listsMIG reports whether inv lists a MIG instance of any GPU.
+func listsMIG(inv *Inventory) bool {
+	for _, g := range inv.GPUs {
+		if len(g.MIG) > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // missing handles an id the inventory lacks, as unresolved does, except a
@@ -270,11 +286,11 @@ func (r *Resolver) newBuilder() *builder {
 // covers any of its instances; a MIG UUID names no parent, and is refused
 // under every policy.
 func (b *builder) missing(where, src string, e *idError) {
-	if !b.noMIGs || !e.mig || e.strict {
+	if b.noMIGs == "" || !e.mig || e.strict {
 		b.unresolved(where, e)
 		return
 	}
-	const why = "the GPU inventory (devices.source = \"proc\") cannot list MIG instances"
+	why := b.noMIGs
 	if e.migParent > 0 {
 		gpu := b.ix.ents[e.migParent-1].dev
 		b.note(fmt.Sprintf("%s: %s: GPU %s (%s) is claimed whole for MIG instance %s", src, why, gpu.Index, gpu.UUID, quoteToken(e.token)))

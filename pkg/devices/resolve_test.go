@@ -943,6 +943,17 @@ func TestResolveProcInventoryMIGIDs(t *testing.T) {
 		{name: "legacy MIG id of no GPU is still ignorable", policy: ignore, req: Request{Env: env(nvd + "MIG-" + gpuUUID(9) + "/1/0")}, want: nil},
 	})
 
+	// So does a static list that names no MIG instance: it may simply leave
+	// them out. One that names some lists them.
+	static, err := newInventory(Inventory{Source: "static", GPUs: gpus})
+	require.NoError(t, err)
+	runResolveCasesOn(t, static, []resolveCase{
+		{name: "static: <gpu>:<mig> under ignore claims the parent", policy: ignore, req: Request{Env: env(nvd + "1:0")}, want: []string{"1"},
+			notes: []string{`[[devices.static]]) lists no MIG instance: GPU 1 (` + gpuUUID(1) + `) is claimed whole for MIG instance "1:0"`}},
+		{name: "static: MIG UUID under ignore", policy: ignore, req: Request{Env: env(nvd + migUUID(1, 0))}, err: ErrUnknownDevice,
+			errHas: []string{`"` + migUUID(1, 0) + `"`, "lists no MIG instance", "list the MIG instances under [[devices.static]]"}},
+	})
+
 	// An inventory that lists MIG instances ignores an unknown one.
 	res, err := NewResolver(testInventory(t), config.PolicyConfig{UnknownDevice: config.UnknownIgnore, AllDevices: config.AllClaim, Privileged: config.PrivilegedDeclared}).
 		Resolve(Request{Env: []string{nvd + "0:0," + migUUID(3, 3)}})
