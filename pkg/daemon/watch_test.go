@@ -1322,13 +1322,7 @@ func TestUnhealthyCordonInTheLedgerAdoptedByANewDaemon(t *testing.T) {
 	w.Metrics = m
 	w.ProcRoot, w.Interval = h.proc, time.Hour // passes find nothing to change
 	gauge := func() map[string]float64 { t.Helper(); return gaugeByIndex(t, m, "nri_gpu_guard_unhealthy") }
-	cfg := g.Config()
-	gpus := slices.DeleteFunc(slices.Clone(g.Inventory().GPUs), func(d devices.GPU) bool { return d.UUID == h.uuid(6) })
-	src, err := observe.OpenNVML(h.srv)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = src.Close() })
-	stop := w.start(ctx, src, watchKey{gpus: gpus, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
-	stop()
+	startWithout(t, w, g, h, 6)()
 
 	assert.Equal(t, map[string]float64{"3": 1}, gauge(), "GPU 3 alone is adopted")
 	file, err := observe.ReadFile(g.Ledger().Dir())
@@ -1412,12 +1406,7 @@ func TestUnhealthyCordonPendingSurvivesARestart(t *testing.T) {
 	require.Empty(t, states.cordons, "both cordons failed")
 
 	// The new observer's inventory no longer lists GPU 6.
-	cfg := g.Config()
-	gpus := slices.DeleteFunc(slices.Clone(g.Inventory().GPUs), func(d devices.GPU) bool { return d.UUID == h.uuid(6) })
-	src, err := observe.OpenNVML(h.srv)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = src.Close() })
-	stop := w.start(ctx, src, watchKey{gpus: gpus, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
+	stop := startWithout(t, w, g, h, 6)
 	c := testwait.Receive(t, states.cordons, "pending cordon written by the new observer")
 	stop()
 	assert.Equal(t, [2]string{h.uuid(5), "unhealthy"}, [2]string{c[0], c[1]})
@@ -1760,4 +1749,16 @@ func runWatch(t *testing.T, h *gpuHost, g *guard.Guard, states *fakeStates, adju
 func (w *Watch) holdings(ctx context.Context) ([]observe.Holding, error) {
 	hs, _, err := w.holdingsAt(ctx)
 	return hs, err
+}
+
+// startWithout starts w's observer over g's inventory without GPU i (an
+// inventory that no longer lists it) and h's NVML, and returns its stop.
+func startWithout(t *testing.T, w *Watch, g *guard.Guard, h *gpuHost, i int) func() {
+	t.Helper()
+	cfg := g.Config()
+	gpus := slices.DeleteFunc(slices.Clone(g.Inventory().GPUs), func(d devices.GPU) bool { return d.UUID == h.uuid(i) })
+	src, err := observe.OpenNVML(h.srv)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = src.Close() })
+	return w.start(context.Background(), src, watchKey{gpus: gpus, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
 }
