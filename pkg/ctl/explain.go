@@ -58,7 +58,9 @@ is shown at its own position.
 --no-device-cgroup reads the --spec container as the OCI hook reads one that
 a rootful runtime runs without a device cgroup (podman --cgroups=disabled,
 crun --cgroup-manager=disabled): its bind sources as this host has them, and
-every GPU when it binds the host's /dev or holds CAP_MKNOD or CAP_SYS_ADMIN.
+every GPU when it binds the host's /dev (or mounts a devtmpfs, or an overlay
+with it as a layer) or holds CAP_MKNOD or CAP_SYS_ADMIN outside a user
+namespace of its own.
 
 Exits 0 whatever the decision; 1 when the decision could not be made.`,
 		`  gpu-guard-ctl explain --env NVIDIA_VISIBLE_DEVICES=1
@@ -218,6 +220,10 @@ func readSpec(path string) (*specs.Spec, error) {
 }
 
 // explainView is the explain output; its JSON is a public interface.
+// Privileged says the request was resolved under policy.privileged
+// (devices.Resolution): the container is privileged, or it can open every
+// GPU node (a device cgroup rule such as c 195:*, or, with
+// --no-device-cgroup, the host's /dev bound in, CAP_MKNOD or CAP_SYS_ADMIN).
 type explainView struct {
 	Devices     []explainDevice `json:"devices"`
 	All         bool            `json:"all"`

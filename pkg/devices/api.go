@@ -231,7 +231,10 @@ type Resolution struct {
 	Devices []Resolved `json:"devices"`
 	// All is true when some source asked for every GPU (after policy).
 	All bool `json:"all,omitempty"`
-	// Privileged is true when the container is privileged.
+	// Privileged is true when the request was resolved under
+	// policy.privileged: the container is privileged, or it can open every
+	// GPU node (GPUNodesAllowed: a device cgroup rule such as c 195:*, or
+	// no device cgroup).
 	Privileged bool `json:"privileged,omitempty"`
 	// Notes are non-fatal observations (an ignored unknown id, `none`, `void`).
 	Notes []string `json:"notes,omitempty"`

@@ -37,11 +37,13 @@
 //     the reading user), not writable by group or others, and not a link
 //     (ErrUntrustedCache): it decides which GPU a container's index means.
 //   - The cache is used as it is only in the boot it was written in (its
-//     boot_id), and only when it holds no unchecked static list; a cache of
-//     another or an unknown boot, or an unchecked one, is used only when the
-//     GPUs the driver lists under proc_root are its GPUs, else it is skipped
-//     (ErrStaleCache), since GPUs change while the host is down. Without a
-//     driver tree to compare with, it is used as it is.
+//     boot_id), and only when it holds no static list; a cache of another
+//     or an unknown boot, or one of a static list (in its boot too), is used
+//     only when the GPUs the driver lists under proc_root are its GPUs, else
+//     it is skipped (ErrStaleCache), since GPUs change while the host is
+//     down. It is skipped too while the driver shows a GPU whose UUID it
+//     does not know yet: nothing shows the cache matches. Without a driver
+//     tree to compare with, it is used as it is.
 //   - Resolution does no NVML call and no file I/O: it reads the cached
 //     Inventory only. Loading or refreshing the inventory is explicit.
 //   - Resolution fails closed: a well-formed id that names no device of

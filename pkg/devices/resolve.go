@@ -142,9 +142,10 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 				// cgroup allowing everything), and nothing else
 				// wholesale; `--cap-add SYS_ADMIN` does not make a
 				// `--device-cgroup-rule 'c 195:* rw'` the engine's. With
-				// CAP_MKNOD (in every engine's default set) or a
-				// bind-mounted /dev the container reaches every GPU: it
-				// declared them all, under policy.all_devices.
+				// CAP_MKNOD (in docker's and containerd's default set, not
+				// podman's or CRI-O's), CAP_SYS_ADMIN or a bind-mounted
+				// /dev and no device cgroup the container reaches every
+				// GPU: it declared them all, under policy.all_devices.
 				b.claimAllOr(allSrc, allFix)
 				break
 			}

@@ -24,8 +24,9 @@
 //     release rule its waiting loop watches (guard.Releasable) are pkg/guard's,
 //     the same code the NRI front end uses, over the same ledger.
 //   - Fail closed: a create-runtime hook that cannot read its input, resolve
-//     the devices or reach the ledger exits non-zero with one self-contained
-//     line, and the runtime refuses the container.
+//     the devices or reach the ledger, or cannot write the marker a
+//     container's poststop needs to find its claim (below), exits non-zero
+//     with one self-contained line, and the runtime refuses the container.
 //   - A create-runtime hook that does not wait leaves no waiter: it decides
 //     in one transaction that records only an admission
 //     (guard.AdmitIfFree), so a busy answer changes no ledger state.
@@ -70,6 +71,14 @@
 //     the ledger is told apart by a lock-free read and never takes the lock,
 //     and one present takes it only for the writes it needs (release if it
 //     holds, withdraw if it waits).
+//   - The marker also leads poststop to the claim of a container that
+//     reaches GPUs only because no device cgroup applies to it (CAP_MKNOD,
+//     CAP_SYS_ADMIN, a bind through a symlink): poststop cannot read a
+//     cgroup (the process is gone) and goes by the spec's spellings, which
+//     do not show such a claim. create-runtime refuses such a container
+//     when it cannot write the marker (poststopFindsClaim), since its claim
+//     would outlive it; any other container goes on without one, with a
+//     line on stderr.
 //   - poststop never ends what another container of the same id has (ids
 //     are unique only per runtime root or containerd namespace): which
 //     claims and queue entry of the id are the deleted container's is
@@ -89,7 +98,10 @@
 //     changed or its queue entry needs refreshing; it reads the state before
 //     each such Admit, so no change between two polls goes unnoticed.
 //   - Container-supplied input (state, config.json) is bounded in size and
-//     never used as a path, except the bundle directory the runtime names.
+//     never opened as a path, except the bundle directory the runtime
+//     names. Absolute mount sources and overlay layers (lowerdir, upperdir)
+//     are stat'ed to tell what they are on the host (boundNodes), never
+//     opened.
 //   - No NVML initialisation per container: the inventory comes from the
 //     daemon's cache (inventory.json in the ledger dir) or a /proc or static
 //     discovery.
