@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -129,7 +130,7 @@ func explainRequest(f explainFlags) (devices.Request, ledger.Owner, error) {
 		}
 		req = devices.RequestFromSpec(spec)
 		if f.noDeviceCgroup {
-			hook.UnfencedRequest(&req, spec)
+			hook.UnfencedRequest(&req, spec, filepath.Dir(f.specPath))
 		}
 	} else if f.noDeviceCgroup {
 		return req, ledger.Owner{}, usagef("--no-device-cgroup reads the container of --spec: give --spec")

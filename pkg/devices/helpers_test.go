@@ -69,7 +69,7 @@ const testCapsMajor = 508
 
 func testInventory(t testing.TB) *Inventory {
 	t.Helper()
-	inv, err := newInventory(Inventory{Source: "static", GPUs: testGPUs(), CapsMajor: testCapsMajor, MIGCaps: testCaps()})
+	inv, err := newInventory(Inventory{Source: "nvml", GPUs: testGPUs(), CapsMajor: testCapsMajor, MIGCaps: testCaps()})
 	require.NoError(t, err)
 	return inv
 }

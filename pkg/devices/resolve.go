@@ -264,6 +264,11 @@ func (r *Resolver) newBuilder() *builder {
 			b.noMIGs = "the GPU inventory (devices.source = \"proc\") cannot list MIG instances"
 		case r.inv.Source == string(config.SourceStatic) && !listsMIG(r.inv):
 			b.noMIGs = "the GPU inventory ([[devices.static]]) lists no MIG instance"
+		case r.inv.Source == string(config.SourceStatic):
+			// The MIG instances a list names are never checked against
+			// the driver (its /proc tree shows none), and one created
+			// since is not in it.
+			b.noMIGs = "the GPU inventory ([[devices.static]]) lists MIG instances unchecked against the driver"
 		}
 	}
 	return b

@@ -954,7 +954,22 @@ func TestResolveProcInventoryMIGIDs(t *testing.T) {
 			errHas: []string{`"` + migUUID(1, 0) + `"`, "lists no MIG instance", "list the MIG instances under [[devices.static]]"}},
 	})
 
-	// An inventory that lists MIG instances ignores an unknown one.
+	// A static list that names some MIG instances is not checked for them
+	// either (the driver's /proc tree shows none): an instance it does not
+	// name claims its parent whole, a MIG UUID it does not name is refused;
+	// one it names is claimed alone.
+	listed, err := newInventory(Inventory{Source: "static", GPUs: testGPUs()})
+	require.NoError(t, err)
+	runResolveCasesOn(t, listed, []resolveCase{
+		{name: "static with MIG: another GPU's instance claims it whole", policy: ignore, req: Request{Env: env(nvd + "0:0")}, want: []string{"0"}},
+		{name: "static with MIG: an unlisted instance claims its GPU whole", policy: ignore, req: Request{Env: env(nvd + "1:5")}, want: []string{"1"}},
+		{name: "static with MIG: an unlisted MIG UUID", policy: ignore, req: Request{Env: env(nvd + migUUID(3, 3))}, err: ErrUnknownDevice,
+			errHas: []string{"lists MIG instances unchecked against the driver"}},
+		{name: "static with MIG: a listed instance alone", req: Request{Env: env(nvd + "1:0")}, want: []string{"1:0"}},
+	})
+
+	// An NVML inventory (it lists every MIG instance there is) ignores an
+	// unknown one.
 	res, err := NewResolver(testInventory(t), config.PolicyConfig{UnknownDevice: config.UnknownIgnore, AllDevices: config.AllClaim, Privileged: config.PrivilegedDeclared}).
 		Resolve(Request{Env: []string{nvd + "0:0," + migUUID(3, 3)}})
 	require.NoError(t, err)

@@ -76,27 +76,49 @@ func (req *Request) AddBindSource(source, destination string) {
 // devtmpfs mounted afresh (type "devtmpfs", whatever its source) is the
 // kernel's one devtmpfs, every node of the host's /dev, and sets
 // HostDevMounted as a bind of /dev does (the runtime mounts it before it
-// drops its privileges); an overlay (podman's `-v /src:/dst:O`) shows what
-// its layers hold, each read as a bind source (OverlayLayers).
-func (req *Request) AddMount(mountType, source, destination string, options []string) {
-	switch mountType {
-	case "devtmpfs":
+// drops its privileges). An overlay's layers (OverlayLayers) are not read
+// here: their nodes open only where the overlay is mounted from the
+// initial user namespace and no device cgroup applies, which the OCI hook
+// tells and reads them for.
+func (req *Request) AddMount(mountType, source, destination string, _ []string) {
+	if mountType == "devtmpfs" {
 		req.HostDevMounted = true
 		return
-	case "overlay":
-		for _, l := range OverlayLayers(options) {
-			req.addSource(l, destination)
-		}
 	}
 	req.addSource(source, destination)
 }
 
+// maxOverlayLayers bounds the layers OverlayLayers returns: the kernel
+// takes at most 500 lower layers.
+const maxOverlayLayers = 512
+
 // OverlayLayers returns the host directories an overlay mount's options name
-// as its layers (lowerdir, a list joined by ':', and upperdir): device nodes
-// in a layer open through the overlay as they do through a bind.
-func OverlayLayers(options []string) []string {
-	var out []string
+// as its layers (lowerdir, a list joined by ':', lowerdir+ and datadir+ of
+// newer kernels, and upperdir), each once: device nodes in a layer open
+// through the overlay as they do through a bind. opaque is set when what
+// the kernel will take cannot be told from them: an escaped character (the
+// kernel reads "\," and "\:" as part of a path, and the runtime joins the
+// options with ','), a relative layer (resolved from the runtime's working
+// directory), or more layers than maxOverlayLayers.
+func OverlayLayers(options []string) (layers []string, opaque bool) {
+	seen := map[string]bool{}
+	add := func(l string) {
+		switch {
+		case l == "" || l[0] != '/':
+			opaque = true
+		case !seen[l]:
+			if len(layers) == maxOverlayLayers {
+				opaque = true
+				return
+			}
+			seen[l] = true
+			layers = append(layers, l)
+		}
+	}
 	for _, o := range options {
+		if strings.Contains(o, "\\") {
+			opaque = true
+		}
 		// The options of a spec mount are one each, or one string joined
 		// by ',' (as mount(8) takes them).
 		for _, kv := range strings.Split(o, ",") {
@@ -106,13 +128,15 @@ func OverlayLayers(options []string) []string {
 			}
 			switch k {
 			case "lowerdir":
-				out = append(out, strings.Split(v, ":")...)
-			case "upperdir":
-				out = append(out, v)
+				for _, l := range strings.Split(v, ":") {
+					add(l)
+				}
+			case "lowerdir+", "datadir+", "upperdir":
+				add(v)
 			}
 		}
 	}
-	return out
+	return layers, opaque
 }
 
 func (req *Request) addSource(source, destination string) {

@@ -343,9 +343,13 @@ func TestDevtmpfsMountWithoutDeviceCgroup(t *testing.T) {
 	devLink := filepath.Join(t.TempDir(), "devlink")
 	require.NoError(t, os.Symlink("/dev", devLink))
 	for name, mount := range map[string]specs.Mount{
-		"devtmpfs":          {Destination: "/mnt/dev", Type: "devtmpfs", Source: "devtmpfs"},
-		"overlay of /dev":   {Destination: "/mnt/dev", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/dev", "upperdir=" + t.TempDir(), "workdir=" + t.TempDir()}},
-		"overlay of a link": {Destination: "/mnt/dev", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/srv:" + devLink + ",upperdir=/u,workdir=/w"}},
+		"devtmpfs":                    {Destination: "/mnt/dev", Type: "devtmpfs", Source: "devtmpfs"},
+		"overlay of /dev":             {Destination: "/mnt/dev", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/dev", "upperdir=" + t.TempDir(), "workdir=" + t.TempDir()}},
+		"overlay of a link":           {Destination: "/mnt/dev", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/srv:" + devLink + ",upperdir=/u,workdir=/w"}},
+		"overlay, newer kernels' key": {Destination: "/mnt/dev", Type: "overlay", Source: "overlay", Options: []string{"lowerdir+=/dev", "upperdir=/u"}},
+		"overlay, an escaped layer":   {Destination: "/mnt/dev", Type: "overlay", Source: "overlay", Options: []string{`lowerdir=/srv/a\,b:/dev`}},
+		"overlay, a relative layer":   {Destination: "/mnt/dev", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=../../../../../../../../../../dev"}},
+		"bind of a relative source":   {Destination: "/mnt/dev", Type: "bind", Source: "../../../../../../../../../../dev", Options: []string{"rbind"}},
 	} {
 		for container, claims := range map[string]bool{session: true, "0::/machine.slice/libpod-train.scope\n": false} {
 			cfg := staticConfig(t)
@@ -421,4 +425,21 @@ func TestDeviceCgroupOf(t *testing.T) {
 			require.Equal(t, tc.want, got)
 		})
 	}
+}
+
+// An overlay a rootless runtime mounts is mounted in its user namespace,
+// where the kernel opens no device node on it: an overlay of the host's
+// /dev opens no GPU there, and claims nothing. A bind of /dev does open
+// them (the nodes keep the host's devtmpfs).
+func TestRootlessOverlayOfDevClaimsNothing(t *testing.T) {
+	e := defaultEnv()
+	e.userNS = func() bool { return true }
+	overlay := bindState(t, "ov", 4242, specs.StateCreating, "/srv/data", "/data", func(s *specs.Spec) {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/x", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/dev"}})
+	})
+	in := e.readInput(strings.NewReader(overlay))
+	require.NoError(t, in.specErr)
+	require.True(t, in.NeverClaims())
+	in = e.readInput(strings.NewReader(bindState(t, "bd", 4242, specs.StateCreating, "/dev", "/x")))
+	require.False(t, in.NeverClaims())
 }

@@ -99,9 +99,9 @@
 //     each such Admit, so no change between two polls goes unnoticed.
 //   - Container-supplied input (state, config.json) is bounded in size and
 //     never opened as a path, except the bundle directory the runtime
-//     names. Absolute mount sources and overlay layers (lowerdir, upperdir)
-//     are stat'ed to tell what they are on the host (boundNodes), never
-//     opened.
+//     names. Mount sources (a relative one from the bundle) and overlay
+//     layers (lowerdir, lowerdir+, datadir+, upperdir) are stat'ed to tell
+//     what they are on the host (boundNodes), never opened.
 //   - No NVML initialisation per container: the inventory comes from the
 //     daemon's cache (inventory.json in the ledger dir) or a /proc or static
 //     discovery.

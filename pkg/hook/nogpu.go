@@ -98,22 +98,22 @@ func (e env) readInput(stdin io.Reader) *Input {
 // relies on: create-runtime refuses such a container when the marker
 // cannot be written (poststopFindsClaim).
 func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request) {
-	unfence(req, spec, e.userNS, st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) })
+	unfence(req, spec, st.Bundle, e.userNS, st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) })
 }
 
 // RunningRequest is what a running container's spec reaches, read as the
 // hook read it at its create-runtime (addUnfenced), for a recovery that
 // rebuilds claims from the runtimes' state: req (devices.RequestFromSpec of
-// spec) gains what no device cgroup stops. rootless says the runtime ran in
+// spec, the config.json in bundle) gains what no device cgroup stops. rootless says the runtime ran in
 // a user namespace (its state root belongs to another user than root);
 // otherwise the device cgroup applies when the container's process (pid,
 // read under procRoot) is in a cgroup named after it, or below one (the
 // runtime that ran the hook is gone: that is all that can be checked now).
 // Whatever cannot be read counts as no device cgroup, as at create-runtime.
-func RunningRequest(req *devices.Request, spec *specs.Spec, procRoot string, pid int, id string, rootless bool) {
+func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot string, pid int, id string, rootless bool) {
 	e := defaultEnv()
 	e.procRoot = procRoot
-	unfence(req, spec, func() bool { return rootless }, false, func() bool {
+	unfence(req, spec, bundle, func() bool { return rootless }, false, func() bool {
 		cg, err := e.deviceCgroupOf(pid)
 		return err == nil && ownedCgroup(cg, "", id)
 	})
@@ -124,9 +124,10 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, procRoot string, pid
 // req (devices.RequestFromSpec of spec) gains the nodes its binds bring in
 // (each bind source read on this host), and every GPU node when it binds
 // the host's /dev or can make or mount a node itself (CAP_MKNOD,
-// CAP_SYS_ADMIN). For `gpu-guard-ctl explain --no-device-cgroup`.
-func UnfencedRequest(req *devices.Request, spec *specs.Spec) {
-	unfence(req, spec, func() bool { return false }, false, func() bool { return false })
+// CAP_SYS_ADMIN). bundle is the directory relative bind sources are read
+// from (the config.json's). For `gpu-guard-ctl explain --no-device-cgroup`.
+func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
+	unfence(req, spec, bundle, func() bool { return false }, false, func() bool { return false })
 }
 
 // unfence is addUnfenced for a runtime that ran in a user namespace
@@ -134,24 +135,26 @@ func UnfencedRequest(req *devices.Request, spec *specs.Spec) {
 // capabilities), a container that has stopped (poststop: its process is
 // gone, so only spellings and the marker can tell) and the check of its
 // device cgroup (applies, asked only when something could reach a GPU; a
-// state without a pid has none that applies).
-func unfence(req *devices.Request, spec *specs.Spec, rootless func() bool, stopped bool, applies func() bool) {
+// state without a pid has none that applies). bundle is the directory the
+// runtime reads relative bind sources from.
+func unfence(req *devices.Request, spec *specs.Spec, bundle string, rootless func() bool, stopped bool, applies func() bool) {
 	mknod := makesNodes(spec)
 	if len(spec.Mounts) == 0 && !mknod {
 		return
 	}
 	if rootless() {
-		// No device node can be made in a user namespace: only binds.
-		markUnfenced(req, boundNodes(spec.Mounts), false)
+		// No device node can be made in a user namespace, nor opened
+		// through a filesystem mounted there (an overlay): only binds.
+		markUnfenced(req, boundNodes(spec.Mounts, bundle, true), false)
 		return
 	}
 	if stopped {
 		if bindsDeviceLike(req) {
-			markUnfenced(req, boundNodes(spec.Mounts), false)
+			markUnfenced(req, boundNodes(spec.Mounts, bundle, false), false)
 		}
 		return
 	}
-	bound := boundNodes(spec.Mounts)
+	bound := boundNodes(spec.Mounts, bundle, false)
 	if !mknod && !bindsDeviceLike(req) && bound.none() {
 		return
 	}
@@ -183,7 +186,7 @@ func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 // without a marker.
 func (e env) poststopFindsClaim(in *Input) bool {
 	req := devices.RequestFromSpec(in.spec)
-	unfence(&req, in.spec, e.userNS, true, func() bool { return false })
+	unfence(&req, in.spec, in.state.Bundle, e.userNS, true, func() bool { return false })
 	return !guard.NeverClaims(req)
 }
 
@@ -349,18 +352,28 @@ func (b boundSources) none() bool {
 	return !b.hostDev && !slices.ContainsFunc(b.nodes, guard.MayBeGPUNode)
 }
 
-// boundNodes reads what each absolute mount source is on the host, whatever
-// it is called (the runtime follows symlinks, and numbers, not names, tell
-// a GPU node): a character device is a node of the container, and the
-// host's / or /dev is the host's /dev bound in; an overlay's layers are read
-// so too (devices.OverlayLayers). AddBindSource reads sources by their
-// spelling only; this reads them as the runtime bound them.
-func boundNodes(mounts []specs.Mount) boundSources {
+// boundNodes reads what each mount source is on the host, whatever it is
+// called (the runtime follows symlinks, and numbers, not names, tell a GPU
+// node): a character device is a node of the container, and the host's /
+// or /dev is the host's /dev bound in. A relative source is read from the
+// bundle, as the runtime reads it. An overlay's layers are read so too
+// (devices.OverlayLayers), and one whose layers cannot be told counts as
+// the host's /dev; not under a rootless runtime (rootless), whose overlay
+// is mounted in its user namespace, where the kernel opens no device node
+// on it. A devtmpfs mount is the host's /dev. AddBindSource reads sources by
+// their spelling only; this reads them as the runtime mounts them.
+func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources {
 	var b boundSources
 	var root, dev os.FileInfo
 	read := func(src, dst string) {
-		if src == "" || src[0] != '/' {
+		if src == "" {
 			return
+		}
+		if src[0] != '/' {
+			if bundle == "" {
+				return
+			}
+			src = filepath.Join(bundle, src)
 		}
 		fi, err := os.Stat(src)
 		if err != nil {
@@ -388,13 +401,33 @@ func boundNodes(mounts []specs.Mount) boundSources {
 			b.hostDev = true // the kernel's one devtmpfs (AddMount)
 			continue
 		case "overlay":
-			for _, l := range devices.OverlayLayers(m.Options) {
+			if rootless {
+				continue
+			}
+			layers, opaque := devices.OverlayLayers(m.Options)
+			if opaque {
+				b.hostDev = true
+			}
+			for _, l := range layers {
 				read(l, m.Destination)
 			}
+			continue
 		}
-		read(m.Source, m.Destination)
+		if isBind(m) {
+			read(m.Source, m.Destination)
+		}
 	}
 	return b
+}
+
+// isBind reports whether m is a bind mount (its source a host path): type
+// "bind", or options that say bind (runc and crun read either), or an
+// absolute source under another type name ("none").
+func isBind(m specs.Mount) bool {
+	if m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind") {
+		return true
+	}
+	return m.Source != "" && m.Source[0] == '/'
 }
 
 // runtimeInUserNamespace reports whether the hook, and so the runtime that

@@ -6,6 +6,7 @@ package hook
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
@@ -234,10 +236,6 @@ func TestBindMountedNodes(t *testing.T) {
 	require.True(t, whole.HostDevMounted)
 	fresh := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/d", Source: "devtmpfs", Type: "devtmpfs"}}})
 	require.True(t, fresh.HostDevMounted, "a devtmpfs mounted afresh is the host's /dev")
-	layered := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/d", Source: "overlay", Type: "overlay",
-		Options: []string{"lowerdir=/srv/a:/dev", "upperdir=/u", "workdir=/w"}}}})
-	require.True(t, layered.HostDevMounted, "an overlay whose layer is the host's /dev")
-	require.Equal(t, []string{"/a", "/b", "/u", "/c"}, devices.OverlayLayers([]string{"lowerdir=/a:/b,upperdir=/u", "workdir=/w", "lowerdir=/c", "ro"}))
 	root := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/host", Source: "/", Type: "bind"}}})
 	require.True(t, root.HostDevMounted, "the host's / holds its /dev")
 	byNumber := devices.RequestFromSpec(&specs.Spec{Mounts: []specs.Mount{{Destination: "/dev/g", Source: "/dev/char/195:3", Type: "bind"}}})
@@ -259,7 +257,7 @@ func TestBindMountedNodes(t *testing.T) {
 	mounts := []specs.Mount{{Destination: "/hostdev", Source: link, Type: "bind"}}
 	viaLink := devices.RequestFromSpec(&specs.Spec{Mounts: mounts})
 	require.False(t, viaLink.HostDevMounted, "by its spelling alone")
-	markUnfenced(&viaLink, boundNodes(mounts), false)
+	markUnfenced(&viaLink, boundNodes(mounts, "", false), false)
 	require.True(t, viaLink.HostDevMounted)
 
 	// A GPU node made outside /dev/nvidia*: its numbers tell it (mknod
@@ -270,7 +268,7 @@ func TestBindMountedNodes(t *testing.T) {
 		mounts = []specs.Mount{{Destination: "/dev/x", Source: node, Type: "bind"}}
 		byNumber := devices.RequestFromSpec(&specs.Spec{Mounts: mounts})
 		require.Empty(t, resolve(byNumber), "by its spelling alone")
-		markUnfenced(&byNumber, boundNodes(mounts), false)
+		markUnfenced(&byNumber, boundNodes(mounts, "", false), false)
 		require.Equal(t, []string{"1"}, resolve(byNumber), "minor 3 is GPU 1")
 	}
 }
@@ -284,4 +282,37 @@ func TestInUserNamespace(t *testing.T) {
 	} {
 		require.Equal(t, want, inUserNamespace([]byte(uidMap)), "%q", uidMap)
 	}
+}
+
+// OverlayLayers names every layer the kernel takes, once, and says when it
+// cannot tell them: an escaped character, a relative layer, too many.
+func TestOverlayLayers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		opts   []string
+		layers []string
+		opaque bool
+	}{
+		{"joined and apart", []string{"lowerdir=/a:/b,upperdir=/u", "workdir=/w", "lowerdir=/c", "ro"}, []string{"/a", "/b", "/u", "/c"}, false},
+		{"newer kernels' keys", []string{"lowerdir+=/a", "lowerdir+=/dev", "datadir+=/d"}, []string{"/a", "/dev", "/d"}, false},
+		{"once each", []string{"lowerdir=/a:/a", "upperdir=/a"}, []string{"/a"}, false},
+		{"escaped comma", []string{`lowerdir=/tmp/a\,b:/dev`}, []string{"/tmp/a\\"}, true},
+		{"escape split by the runtime's join", []string{`lowerdir=/tmp/a\`, "b:/dev"}, []string{"/tmp/a\\"}, true},
+		{"relative layer", []string{"lowerdir=../../../../dev"}, nil, true},
+		{"empty layer", []string{"lowerdir=/a::/b"}, []string{"/a", "/b"}, true},
+		{"no layers", []string{"ro", "nodev"}, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			layers, opaque := devices.OverlayLayers(tc.opts)
+			assert.Equal(t, tc.layers, layers)
+			assert.Equal(t, tc.opaque, opaque)
+		})
+	}
+	many := make([]string, 600)
+	for i := range many {
+		many[i] = fmt.Sprintf("lowerdir+=/l%d", i)
+	}
+	layers, opaque := devices.OverlayLayers(many)
+	assert.Len(t, layers, 512)
+	assert.True(t, opaque, "more layers than the kernel takes: not told")
 }

@@ -482,6 +482,6 @@ func readSpec(c *Container, procRoot string, rootless bool) {
 		procRoot = liveness.DefaultProcRoot
 	}
 	req := devices.RequestFromSpec(spec)
-	hook.RunningRequest(&req, spec, procRoot, c.Pid, c.ID, rootless)
+	hook.RunningRequest(&req, spec, c.Bundle, procRoot, c.Pid, c.ID, rootless)
 	c.Spec, c.Request, c.Annotations = spec, req, spec.Annotations
 }
