@@ -365,13 +365,21 @@ func (b boundSources) none() bool {
 func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources {
 	var b boundSources
 	var root, dev os.FileInfo
-	read := func(src, dst string) {
+	var read func(src, dst string)
+	read = func(src, dst string) {
 		if src == "" {
 			return
 		}
 		if src[0] != '/' {
 			if bundle == "" {
 				return
+			}
+			// runc joins a relative source to the bundle as text
+			// (x/../dev is bundle/dev); crun hands it to the kernel from
+			// the bundle, which follows a symlink x before the "..":
+			// both are read.
+			if raw := bundle + "/" + src; filepath.Clean(raw) != raw {
+				read(raw, dst)
 			}
 			src = filepath.Join(bundle, src)
 		}
@@ -421,10 +429,11 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources
 }
 
 // isBind reports whether m is a bind mount (its source a host path): type
-// "bind", or options that say bind (runc and crun read either), or an
+// "bind" (or crun's "rbind"), or options that say bind (runc and crun read
+// either), or an
 // absolute source under another type name ("none").
 func isBind(m specs.Mount) bool {
-	if m.Type == "bind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind") {
+	if m.Type == "bind" || m.Type == "rbind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind") {
 		return true
 	}
 	return m.Source != "" && m.Source[0] == '/'

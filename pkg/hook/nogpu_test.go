@@ -316,3 +316,19 @@ func TestOverlayLayers(t *testing.T) {
 	assert.Len(t, layers, 512)
 	assert.True(t, opaque, "more layers than the kernel takes: not told")
 }
+
+// A relative bind source is read from the bundle both as runc joins it (as
+// text: x/../dev is bundle/dev) and as crun's kernel walks it (following a
+// symlink x first): either one that is the host's /dev counts.
+func TestRelativeBindSourceReadBothWays(t *testing.T) {
+	bundle := t.TempDir()
+	require.NoError(t, os.Symlink("/etc", filepath.Join(bundle, "x")))
+	mount := func(src string) []specs.Mount {
+		return []specs.Mount{{Destination: "/d", Type: "bind", Source: src, Options: []string{"rbind"}}}
+	}
+	rel, err := filepath.Rel(bundle, "/dev")
+	require.NoError(t, err)
+	assert.True(t, boundNodes(mount(rel), bundle, false).hostDev, "runc's join reaches /dev")
+	assert.True(t, boundNodes(mount("x/../dev"), bundle, false).hostDev, "the kernel follows x to /etc, then .. to /")
+	assert.False(t, boundNodes(mount("x"), bundle, false).hostDev, "/etc is not /dev")
+}
