@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
@@ -364,7 +363,11 @@ func (b boundSources) none() bool {
 // their spelling only; this reads them as the runtime mounts them.
 func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources {
 	var b boundSources
-	var root, dev os.FileInfo
+	// The host's / and /dev, stat'ed once a directory is bound in. A raw
+	// stat, not os.Stat: every rootful container's binds are read, and a
+	// FileInfo per bind is garbage the hook's no-GPU path need not make.
+	var root, dev unix.Stat_t
+	rootRead := false
 	var read func(src, dst string)
 	read = func(src, dst string) {
 		if src == "" {
@@ -383,22 +386,26 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources
 			}
 			src = filepath.Join(bundle, src)
 		}
-		fi, err := os.Stat(src)
-		if err != nil {
+		var st unix.Stat_t
+		if unix.Stat(src, &st) != nil {
 			return // nothing the runtime can bind either
 		}
-		switch {
-		case fi.Mode()&os.ModeCharDevice != 0:
-			if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-				b.nodes = append(b.nodes, devices.LinuxDevice{Path: src, Type: "c",
-					Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: dst})
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFCHR:
+			b.nodes = append(b.nodes, devices.LinuxDevice{Path: src, Type: "c",
+				Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: dst})
+		case unix.S_IFDIR:
+			if !rootRead {
+				rootRead = true
+				if unix.Stat("/", &root) != nil {
+					root = unix.Stat_t{}
+				}
+				if unix.Stat("/dev", &dev) != nil {
+					dev = unix.Stat_t{}
+				}
 			}
-		case fi.IsDir():
-			if root == nil {
-				root, _ = os.Stat("/")
-				dev, _ = os.Stat("/dev")
-			}
-			if (root != nil && os.SameFile(fi, root)) || (dev != nil && os.SameFile(fi, dev)) {
+			same := func(o *unix.Stat_t) bool { return o.Ino != 0 && o.Dev == st.Dev && o.Ino == st.Ino }
+			if same(&root) || same(&dev) {
 				b.hostDev = true
 			}
 		}
