@@ -103,8 +103,9 @@ func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request)
 // RunningRequest is what a running container's spec reaches, read as the
 // hook read it at its create-runtime (addUnfenced), for a recovery that
 // rebuilds claims from the runtimes' state: req (devices.RequestFromSpec of
-// spec, the config.json in bundle) gains what no device cgroup stops. rootless says the runtime ran in
-// a user namespace (its state root belongs to another user than root);
+// spec, the config.json in bundle) gains what no device cgroup stops.
+// rootless says the runtime ran in a user namespace (its state root
+// belongs to another user than root);
 // otherwise the device cgroup applies when the container's process (pid,
 // read under procRoot) is in a cgroup named after it, or below one (the
 // runtime that ran the hook is gone: that is all that can be checked now).
@@ -437,8 +438,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources
 
 // isBind reports whether m is a bind mount (its source a host path): type
 // "bind" (or crun's "rbind"), or options that say bind (runc and crun read
-// either), or an
-// absolute source under another type name ("none").
+// either), or an absolute source under another type name ("none").
 func isBind(m specs.Mount) bool {
 	if m.Type == "bind" || m.Type == "rbind" || slices.Contains(m.Options, "bind") || slices.Contains(m.Options, "rbind") {
 		return true
