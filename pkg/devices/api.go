@@ -209,7 +209,7 @@ type LinuxDevice struct {
 	Major int64
 	Minor int64
 	// BoundAt is set for a host node bind-mounted into the container
-	// (Request.AddBindSource): Path is the host node, BoundAt where the
+	// (Request.AddMount): Path is the host node, BoundAt where the
 	// container sees it. Messages name both.
 	BoundAt string
 }

@@ -48,7 +48,7 @@ func RequestFromSpec(spec *specs.Spec) Request {
 		req.Mounts = make([]string, len(spec.Mounts))
 		for i, m := range spec.Mounts {
 			req.Mounts[i] = m.Destination
-			req.AddMount(m.Type, m.Source, m.Destination, m.Options)
+			req.AddMount(m.Type, m.Source, m.Destination)
 		}
 	}
 	if l := spec.Linux; l != nil && l.Resources != nil {
@@ -61,26 +61,21 @@ func RequestFromSpec(spec *specs.Spec) Request {
 	return req
 }
 
-// AddBindSource records what a bind mount of host path source brings into
-// the container: a host NVIDIA device node (/dev/nvidia<N>, a capability
-// node) is a device of the container, as if listed in linux.devices, by the
-// host node's name (rootless podman turns `--device /dev/nvidia0` into such
-// a bind mount, and there is no device cgroup to stop it being opened); the
-// whole of the host's /dev sets HostDevMounted. Other sources bring no
-// device. Both front ends call it for every mount (RequestFromSpec does).
-func (req *Request) AddBindSource(source, destination string) {
-	req.addSource(source, destination)
-}
-
-// AddMount is AddBindSource for a mount of type mountType with options: a
-// devtmpfs mounted afresh (type "devtmpfs", whatever its source) is the
-// kernel's one devtmpfs, every node of the host's /dev, and sets
-// HostDevMounted as a bind of /dev does (the runtime mounts it before it
-// drops its privileges). An overlay's layers (OverlayLayers) are not read
-// here: their nodes open only where the overlay is mounted from the
+// AddMount records what a mount of type mountType, from host path source,
+// brings into the container. A bind of a host NVIDIA device node
+// (/dev/nvidia<N>, a capability node) is a device of the container, as if
+// listed in linux.devices, by the host node's name (rootless podman turns
+// `--device /dev/nvidia0` into such a bind mount, and there is no device
+// cgroup to stop it being opened); a bind of the host's whole /dev sets
+// HostDevMounted, and so does a devtmpfs mounted afresh (type "devtmpfs",
+// whatever its source: the kernel's one devtmpfs, which the runtime mounts
+// before it drops its privileges). Other sources bring no device. Sources
+// are read by their spelling. An overlay's layers (OverlayLayers) are not
+// read here: their nodes open only where the overlay is mounted from the
 // initial user namespace and no device cgroup applies, which the OCI hook
-// tells and reads them for.
-func (req *Request) AddMount(mountType, source, destination string, _ []string) {
+// tells and reads them for. Both front ends call it for every mount
+// (RequestFromSpec does).
+func (req *Request) AddMount(mountType, source, destination string) {
 	if mountType == "devtmpfs" {
 		req.HostDevMounted = true
 		return

@@ -387,13 +387,12 @@ func TestUnmarkableUnfencedClaimRefused(t *testing.T) {
 	e.markerDir = filepath.Join(blocker, "markers") // below a file: never written
 	err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, "/srv/data", "/data", withMknod)), io.Discard)
 	require.ErrorContains(t, err, "its poststop needs the marker")
-	if opened > 0 {
-		l, lerr := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
-		require.NoError(t, lerr)
-		snap, serr := l.Snapshot(t.Context())
-		require.NoError(t, serr)
-		require.Empty(t, snap.Claims)
-	}
+	require.Equal(t, 1, opened, "the ledger is opened before the marker is written")
+	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+	require.NoError(t, err)
+	snap, err := l.Snapshot(t.Context())
+	require.NoError(t, err)
+	require.Empty(t, snap.Claims, "nothing claimed for the refused container")
 
 	var warned strings.Builder
 	named := bindState(t, "named", 4242, specs.StateCreating, "/dev", "/dev", withMknod)

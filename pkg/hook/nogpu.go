@@ -226,7 +226,7 @@ func makesNodes(spec *specs.Spec) bool {
 	return true
 }
 
-// bindsDeviceLike reports whether AddBindSource recorded, from the spec's
+// bindsDeviceLike reports whether AddMount recorded, from the spec's
 // mounts, the host's /dev (HostDevMounted) or a host device node (a device
 // with BoundAt) by their spelling.
 func bindsDeviceLike(req *devices.Request) bool {
@@ -360,7 +360,7 @@ func (b boundSources) none() bool {
 // (devices.OverlayLayers), and one whose layers cannot be told counts as
 // the host's /dev; not under a rootless runtime (rootless), whose overlay
 // is mounted in its user namespace, where the kernel opens no device node
-// on it. A devtmpfs mount is the host's /dev. AddBindSource reads sources by
+// on it. A devtmpfs mount is the host's /dev. AddMount reads sources by
 // their spelling only; this reads them as the runtime mounts them.
 func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources {
 	var b boundSources

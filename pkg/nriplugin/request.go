@@ -115,7 +115,7 @@ func specOf(ctr *api.Container) devices.Request {
 	}
 	for _, m := range ctr.GetMounts() {
 		req.Mounts = append(req.Mounts, m.GetDestination())
-		req.AddMount(m.GetType(), m.GetSource(), m.GetDestination(), m.GetOptions())
+		req.AddMount(m.GetType(), m.GetSource(), m.GetDestination())
 	}
 	for _, d := range ctr.GetCDIDevices() {
 		req.CDIDevices = append(req.CDIDevices, d.GetName())
