@@ -341,8 +341,12 @@ func (b *Builder) rediscoverOnce() *guard.Guard {
 	switch {
 	case err == nil && len(inv.GPUs) > 0 && inv.Unchecked == "":
 	case err == nil && inv.Unchecked != "" && staticList:
-		if inv.Unchecked == old.Unchecked {
-			return nil // as it was: nothing new, nothing logged
+		if inv.Unchecked == old.Unchecked || old.Contradiction != "" {
+			// As it was: nothing new, nothing logged. Or a list the
+			// driver contradicted, now unchecked (the driver's tree gone
+			// for a while, a UUID not shown): it stays refused until a
+			// discovery checks it in full.
+			return nil
 		}
 	case err != nil && errors.Is(err, devices.ErrStaticMismatch) && staticList:
 		if old.Contradiction == err.Error() {

@@ -107,6 +107,17 @@ func TestRediscoverChecksStaticList(t *testing.T) {
 	noSwap(t, swapped, "for the same mismatch")
 	assert.Equal(t, 1, strings.Count(logs.String(), "contradicts [[devices.static]]"))
 
+	// The driver's tree goes away for a while (its pod restarts): the list
+	// it contradicted is not used again unchecked.
+	require.NoError(t, os.RemoveAll(filepath.Join(root, "proc", "driver")))
+	timer.fire <- time.Time{}
+	assert.Equal(t, time.Minute, testwait.Receive(t, timer.waits, "a wait"))
+	noSwap(t, swapped, "while the driver's tree is gone")
+	d, err = g.Admit(context.Background(), gpuRequest("c-gone", "all"))
+	require.NoError(t, err)
+	assert.Equal(t, guard.Reject, d.Result, "still refused: %s", d.Message)
+	driverGPU(t, root, "0000:07:00.0", uuidStatic, 0)
+
 	// The driver lists the list's GPU alone: checked, decided with, cached,
 	// and no more retries.
 	require.NoError(t, os.RemoveAll(filepath.Join(root, "proc", "driver", "nvidia", "gpus", "0000:3b:00.0")))
