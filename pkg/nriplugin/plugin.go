@@ -243,6 +243,10 @@ type Plugin struct {
 	// forceInPlace to get that behaviour on an external connection.
 	inPlace      atomic.Bool
 	forceInPlace bool
+	// registeredName is the name Run registers under (a string; unset
+	// before Run): the --name flag, or the one containerd gives a plugin it
+	// launches. Validation finds the guard in the plugin list by it.
+	registeredName atomic.Value
 
 	// flight counts handlers in progress and when the last one ended, so
 	// that neither a reconnect nor a shutdown cuts a reply on its way to the
@@ -1020,8 +1024,11 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	delete(p.exemptAtCreate, id)
 	p.mu.Unlock()
 	self := g.Config().NRI.PluginName
-	before, after := pluginsAround(req.GetPlugins(), self)
-	if !adjustsAccess(req.GetAdjust()) && len(before) == 0 {
+	if n, ok := p.registeredName.Load().(string); ok && n != "" {
+		self = n
+	}
+	before, after, found := pluginsAround(req.GetPlugins(), self)
+	if !adjustsAccess(req.GetAdjust()) && len(before) == 0 && found {
 		// The container is the one admission decided on: no plugin ran
 		// before the guard, and nothing that can reach a GPU was changed
 		// after it. The common case, at no cost beyond this look. A
@@ -1030,7 +1037,9 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 		// NRI applies an env or device removal to what later plugins
 		// see, but leaves it out of the adjustment containerd applies
 		// (a removed NVIDIA_VISIBLE_DEVICES stays in the spec), so the
-		// pristine container and the adjustment are resolved then.
+		// pristine container and the adjustment are resolved then; and so
+		// they are when the guard is not in the list under the name it
+		// looks for: which plugins ran before it is not known.
 		return nil
 	}
 	pod := req.GetPod()
@@ -1071,13 +1080,14 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 }
 
 // pluginsAround names ("10-device-injector") the plugins consulted before
-// and after the one named self, by index; when self is not listed, all of
-// them count as after.
-func pluginsAround(plugins []*api.PluginInstance, self string) (before, after []string) {
+// and after the one named self, by index; found says self is listed. When
+// it is not, all of them count as after, and the caller cannot tell that
+// none ran before.
+func pluginsAround(plugins []*api.PluginInstance, self string) (before, after []string, found bool) {
 	selfIdx := ""
 	for _, pl := range plugins {
 		if pl.GetName() == self {
-			selfIdx = pl.GetIndex()
+			selfIdx, found = pl.GetIndex(), true
 		}
 	}
 	for _, pl := range plugins {
@@ -1089,7 +1099,7 @@ func pluginsAround(plugins []*api.PluginInstance, self string) (before, after []
 			after = append(after, name)
 		}
 	}
-	return before, after
+	return before, after, found
 }
 
 // culpritText says which plugins a refusal at validation can come from: the

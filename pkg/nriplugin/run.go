@@ -87,6 +87,11 @@ func (p *Plugin) Run(ctx context.Context, id Identity) error {
 	defer p.halt()
 	launched := Launched()
 	p.inPlace.Store(launched || p.forceInPlace)
+	if name := id.Name; name != "" {
+		p.registeredName.Store(name)
+	} else if name = os.Getenv(api.PluginNameEnvVar); name != "" {
+		p.registeredName.Store(name)
+	}
 	backoff := minBackoff
 	for {
 		closed := make(chan struct{})

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
@@ -163,6 +164,29 @@ func TestEarlierPluginsInPlaceChangeIsValidated(t *testing.T) {
 	assert.Equal(t, map[string]string{"0": "ctr-a"}, rt.holders())
 }
 
+// The same when the configuration's [nri] plugin_name is not the name the
+// plugin registered under (a --name flag, or the name containerd gives a
+// plugin it launches): the guard is found in the plugin list by the name it
+// registered under, and one it cannot find never lets the validation
+// assume that no plugin ran before it.
+func TestEarlierPluginsChangeValidatedWhateverTheConfiguredName(t *testing.T) {
+	rt := newRuntime(t, func(c *config.Config) { c.NRI.PluginName = "nri-gpu-guard" })
+	rt.startPlugin()
+	rt.startInjectorAt("10", func(c *api.Container) *api.ContainerAdjustment {
+		if c.GetName() != "b" {
+			return nil
+		}
+		return &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: api.MarkForRemoval("NVIDIA_VISIBLE_DEVICES")}}}
+	})
+	pa := rt.addPod("a")
+	require.NoError(t, rt.create(pa, container(pa, "a", "ctr-a", "NVIDIA_VISIBLE_DEVICES=0")))
+	pb := rt.addPod("b")
+	err := rt.create(pb, container(pb, "b", "ctr-b", "NVIDIA_VISIBLE_DEVICES=0"))
+	require.Error(t, err, "ctr-b is created with NVIDIA_VISIBLE_DEVICES=0 while ctr-a holds GPU 0")
+	assert.ErrorContains(t, err, "GPU 0 ("+gpuUUID(0)+")")
+	assert.Equal(t, map[string]string{"0": "ctr-a"}, rt.holders())
+}
+
 // One plugin's removal of an annotation and a later plugin's setting of it
 // are both in the adjustment, which the runtime applies in no set order: the
 // guard reads the key as set, whatever the order.
@@ -178,13 +202,15 @@ func TestAdjustedAnnotationRemovedThenSet(t *testing.T) {
 
 func TestCulpritText(t *testing.T) {
 	plugins := []*api.PluginInstance{{Name: "device-injector", Index: "10"}, {Name: "gpu-guard", Index: "90"}, {Name: "cdi", Index: "95"}}
-	before, after := pluginsAround(plugins, "gpu-guard")
+	before, after, found := pluginsAround(plugins, "gpu-guard")
+	assert.True(t, found)
 	assert.Equal(t, []string{"10-device-injector"}, before)
 	assert.Equal(t, []string{"95-cdi"}, after)
 	assert.Equal(t, "an NRI plugin's adjustment (before nri-gpu-guard: 10-device-injector; after it: 95-cdi)", culpritText(before, after))
 	assert.Equal(t, "an NRI plugin that runs after nri-gpu-guard (none listed)", culpritText(nil, nil))
-	_, after = pluginsAround(plugins, "not-listed")
+	_, after, found = pluginsAround(plugins, "not-listed")
 	assert.Len(t, after, 3, "self not listed: all count as after")
+	assert.False(t, found, "and the caller is told: it cannot take the no-plugin-before shortcut")
 }
 
 // An exempt namespace's containers reach what they reach, as at admission;
