@@ -154,14 +154,23 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, rootless fun
 		}
 		return
 	}
+	if mknod {
+		// The cgroup decides alone: in one of its own (the common case
+		// under docker's and containerd's defaults) the binds are not
+		// read at all.
+		if !applies() {
+			markUnfenced(req, boundNodes(spec.Mounts, bundle, false), true)
+		}
+		return
+	}
 	bound := boundNodes(spec.Mounts, bundle, false)
-	if !mknod && !bindsDeviceLike(req) && bound.none() {
+	if !bindsDeviceLike(req) && bound.none() {
 		return
 	}
 	if applies() {
 		return
 	}
-	markUnfenced(req, bound, mknod)
+	markUnfenced(req, bound, false)
 }
 
 // markUnfenced records in req, for a container no device cgroup fences,
