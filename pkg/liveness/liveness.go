@@ -175,7 +175,7 @@ func (c *Checker) pidExited(pid int, recordedStart uint64) (bool, string) {
 	st, err := readStat(c.procRoot, pid)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		if c.hostProc() && pidExists(pid) {
+		if Hidden(c.procRoot, pid) {
 			// /proc mounted with hidepid (or a pid namespace view that
 			// hides it) shows no entry for another user's process, as if
 			// it were gone; the kernel still knows it.
@@ -219,10 +219,6 @@ func otherThreads(procRoot string, pid int) (int, error) {
 	}
 	return n, nil
 }
-
-// hostProc reports whether the Checker reads the procfs of its own pid
-// namespace (see ownProcfs).
-func (c *Checker) hostProc() bool { return ownProcfs(c.procRoot) }
 
 // ownProcfs reports whether procRoot is the procfs of this process's pid
 // namespace (its "self" is this process), where kill(2) names the same
