@@ -582,9 +582,7 @@ func (tx *Tx) reservedFor(d devices.Device, key string) bool {
 // SameIncarnation: what Busy ignores) holds d itself and nobody else holds a
 // device conflicting with it.
 func (tx *Tx) heldBy(d devices.Device, o *Owner) bool {
-	i, found := tx.claimIndex(d.UUID)
-	return found && o.ContainerID != "" && SameIncarnation(&tx.st.Claims[i].Owner, o) &&
-		tx.conflictingClaim(d, o) == nil
+	return tx.holdsItself(d, o) && tx.conflictingClaim(d, o) == nil
 }
 
 // reserveFreeDevices is step 6 of maintain: it reserves, in arrival order,
