@@ -356,9 +356,10 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	}
 	var inLedger []observe.Finding
 	var inLineage string
-	if src != nil {
-		// Read before w.mu: never held across a ledger read. Without NVML
-		// no pass would settle a device adopted from the ledger (and no
+	if src != nil && interval > 0 {
+		// Read before w.mu: never held across a ledger read. Without NVML,
+		// or without accounting passes ([observe] interval = "0s"), no
+		// pass would settle a device adopted from the ledger (and no
 		// observer ever found one to carry: NVML that opened stays open),
 		// so the ledger's cordons are left as they stand.
 		inLedger, inLineage = w.unhealthyCordons(ctx)
