@@ -1762,3 +1762,32 @@ func startWithout(t *testing.T, w *Watch, g *guard.Guard, h *gpuHost, i int) fun
 	t.Cleanup(func() { _ = src.Close() })
 	return w.start(context.Background(), src, watchKey{gpus: gpus, observe: cfg.Observe, dir: g.Ledger().Dir()}, cfg)
 }
+
+// reopen decides whether NVML, which failed to open, is tried again: only
+// when the inventory lists GPUs after one that listed none, or after a
+// provisional one (the cache a failed discovery fell back to) gave way to
+// a discovered one. A reconnect, another [observe] section or the same
+// inventory again say nothing new about NVML.
+func TestReopenNVMLOnlyWhenTheInventoryTellsSomethingNew(t *testing.T) {
+	gpus := []devices.GPU{{Index: 0, UUID: "GPU-6c1a2f2e-0000-4000-8000-000000000000"}}
+	none := &watchKey{}
+	listed := &watchKey{gpus: gpus}
+	for _, tc := range []struct {
+		name                  string
+		prev                  *watchKey
+		k                     watchKey
+		wasProvisional, isNow bool
+		want                  bool
+	}{
+		{name: "first observer", prev: nil, k: *listed},
+		{name: "no GPU listed now", prev: none, k: *none},
+		{name: "GPUs listed after none", prev: none, k: *listed, want: true},
+		{name: "a provisional inventory swapped for a discovered one", prev: listed, k: *listed, wasProvisional: true, want: true},
+		{name: "a reconnect over the same inventory", prev: listed, k: *listed},
+		{name: "still provisional", prev: listed, k: *listed, wasProvisional: true, isNow: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, reopen(tc.prev, tc.k, tc.wasProvisional, tc.isNow))
+		})
+	}
+}
