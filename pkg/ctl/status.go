@@ -478,15 +478,10 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 	// gc does, every incarnation (recorded process) of an id is checked on
 	// its own and its verdict applies to its own claims only: keyed by id,
 	// a live incarnation would hide an exited one or lend it its finding.
-	verdicts := map[incarnation]guard.Verdict{} // one liveness check per incarnation
-	stale := map[string]guard.Verdict{}         // by claimed device UUID
+	check := memoCheck(rule)            // one liveness check per incarnation
+	stale := map[string]guard.Verdict{} // by claimed device UUID
 	for _, c := range st.Claims {
-		k := incarnationOf(&c.Owner)
-		verdict, ok := verdicts[k]
-		if !ok {
-			verdict = rule.Check(c.Owner)
-			verdicts[k] = verdict
-		}
+		verdict := check(c.Owner)
 		if verdict.Release() || verdict.Action == guard.MarkDraining {
 			stale[c.Device.UUID] = verdict
 		}
@@ -574,8 +569,6 @@ func heldState(c *ledger.Claim) string {
 	return stateHeld
 }
 
-// relatedClaim is a claim that makes d unavailable without naming it: on d's
-// parent GPU, or on one of d's MIG instances.
 // reservation is the reservation on d, or else on a device conflicting
 // with it (its GPU, or one of its MIG instances), or nil.
 func (x statusIndex) reservation(d devices.Device) *ledger.Reservation {
@@ -591,6 +584,8 @@ func (x statusIndex) reservation(d devices.Device) *ledger.Reservation {
 	return nil
 }
 
+// relatedClaim is a claim that makes d unavailable without naming it: on d's
+// parent GPU, or on one of d's MIG instances.
 func (x statusIndex) relatedClaim(d devices.Device) *ledger.Claim {
 	if d.Parent != "" {
 		return x.claims[d.Parent]
