@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -667,7 +668,7 @@ func (p *Plugin) reconcileWith(ctx context.Context, g *guard.Guard, live []guard
 		// and an OCI hook admitted between them would find the GPUs of
 		// running containers free. The reconcile then finds them claimed.
 		listed := g.ListedHoldings(ledger.FrontEndNRI, live)
-		opts.Running = append(hookRun, listed...)
+		opts.Running = slices.Concat(hookRun, listed)
 		opts.RunningWhy = func(i int) string {
 			if i < len(hookRun) {
 				return hookWhy(i)
@@ -1260,16 +1261,19 @@ func (p *Plugin) undoCreation(ctx context.Context, g *guard.Guard, pod *api.PodS
 	rctx, cancel := p.boundedDetached(ctx, g)
 	defer cancel()
 	o := ownerOf(pod, ctr)
+	released := "its claim is released"
 	if err := g.Removed(rctx, o); err != nil {
 		p.ledgerTrouble(err)
 		p.addDue(releaseRemove, o, err)
 		p.log.Error("releasing the claim of a create the runtime had already undone failed; retried in the background "+
 			"and at the next NRI event", "container_id", ctr.GetId(), "error", err)
+		released = "the release of its claim is retried in the background"
+	} else {
+		p.log.Warn("the runtime stopped or removed the container while its create was decided (the create answered past "+
+			"the runtime's deadline): its claim is released", "container_id", ctr.GetId())
 	}
-	p.log.Warn("the runtime stopped or removed the container while its create was decided (the create answered past "+
-		"the runtime's deadline): its claim is released", "container_id", ctr.GetId())
 	return fmt.Errorf("nri-gpu-guard: container %s refused: the runtime stopped or removed it while nri-gpu-guard decided "+
-		"its create (the answer came past the runtime's deadline); its claim is released, retrying is automatic", naming.ShortID(ctr.GetId()))
+		"its create (the answer came past the runtime's deadline); %s, retrying is automatic", naming.ShortID(ctr.GetId()), released)
 }
 
 // errRebuilding refuses a GPU container's create while the ledger is rebuilt.
