@@ -122,14 +122,11 @@ func TestBindWithoutDeviceCgroup(t *testing.T) {
 				require.NoError(t, in.specErr)
 				require.Equal(t, tc.enforced, in.NeverClaims())
 				require.NoError(t, e.runInput(t.Context(), PhaseCreateRuntime, cfg, in, io.Discard))
-				l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
 				if tc.enforced {
 					require.Zero(t, opened, "the deny rules hold: nothing to claim")
 					return
 				}
-				require.NoError(t, err)
-				snap, err := l.Snapshot(t.Context())
-				require.NoError(t, err)
+				snap := ledgerState(t, cfg)
 				var got []string
 				for _, c := range snap.Claims {
 					require.Equal(t, "train", c.Owner.ContainerID)
@@ -139,7 +136,7 @@ func TestBindWithoutDeviceCgroup(t *testing.T) {
 
 				cfg = staticConfig(t)
 				cfg.Policy.Privileged = config.PrivilegedReject
-				err = e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, src, "/hostdev")), io.Discard)
+				err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, src, "/hostdev")), io.Discard)
 				require.ErrorIs(t, err, guard.ErrRejected)
 				require.ErrorContains(t, err, `policy.privileged = "reject"`)
 			})
@@ -158,10 +155,7 @@ func TestPoststopReleasesWithoutDeviceCgroup(t *testing.T) {
 	e := cgroupProc(t, shared, shared, &opened)
 	e.markerDir = "" // the ledger alone must lead poststop there
 	require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, "/dev", "/dev")), io.Discard))
-	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
-	require.NoError(t, err)
-	snap, err := l.Snapshot(t.Context())
-	require.NoError(t, err)
+	snap := ledgerState(t, cfg)
 	require.Len(t, snap.Claims, len(gpuUUIDs))
 
 	// The container's processes are gone by poststop.
@@ -173,9 +167,7 @@ func TestPoststopReleasesWithoutDeviceCgroup(t *testing.T) {
 	opened = 0
 	require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(bindState(t, "train", 0, specs.StateStopped, "/dev", "/dev")), io.Discard))
 	require.Equal(t, 1, opened)
-	snap, err = l.Snapshot(t.Context())
-	require.NoError(t, err)
-	require.Empty(t, snap.Claims)
+	require.Empty(t, ledgerState(t, cfg).Claims)
 
 	// A stopped container's pid is not read even where it now names a
 	// process in a cgroup of the id: that process is not the container's.
@@ -287,10 +279,7 @@ func TestMknodWithoutDeviceCgroup(t *testing.T) {
 				require.Zero(t, opened, "nothing to claim")
 				return
 			}
-			l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
-			require.NoError(t, err)
-			snap, err := l.Snapshot(t.Context())
-			require.NoError(t, err)
+			snap := ledgerState(t, cfg)
 			var got []string
 			for _, c := range snap.Claims {
 				got = append(got, c.Device.UUID)
@@ -311,9 +300,7 @@ func TestMknodWithoutDeviceCgroup(t *testing.T) {
 			// (A privileged container's poststop always reads the ledger.)
 			require.Equal(t, !tc.privileged, in.NeverClaims(), "poststop goes by its marker, not by a cgroup it cannot read")
 			require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(stop), io.Discard))
-			snap, err = l.Snapshot(t.Context())
-			require.NoError(t, err)
-			require.Empty(t, snap.Claims)
+			require.Empty(t, ledgerState(t, cfg).Claims)
 
 			cfg = staticConfig(t)
 			cfg.Policy.Privileged = config.PrivilegedReject
@@ -363,10 +350,7 @@ func TestDevtmpfsMountWithoutDeviceCgroup(t *testing.T) {
 				require.Zero(t, opened, "%s: the device cgroup stops what it shows", name)
 				continue
 			}
-			l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
-			require.NoError(t, err)
-			snap, err := l.Snapshot(t.Context())
-			require.NoError(t, err)
+			snap := ledgerState(t, cfg)
 			require.Len(t, snap.Claims, len(gpuUUIDs), "%s: every GPU opens through it", name)
 		}
 	}
@@ -388,10 +372,7 @@ func TestUnmarkableUnfencedClaimRefused(t *testing.T) {
 	err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, "/srv/data", "/data", withMknod)), io.Discard)
 	require.ErrorContains(t, err, "its poststop needs the marker")
 	require.Equal(t, 1, opened, "the ledger is opened before the marker is written")
-	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
-	require.NoError(t, err)
-	snap, err := l.Snapshot(t.Context())
-	require.NoError(t, err)
+	snap := ledgerState(t, cfg)
 	require.Empty(t, snap.Claims, "nothing claimed for the refused container")
 
 	var warned strings.Builder
@@ -441,4 +422,14 @@ func TestRootlessOverlayOfDevClaimsNothing(t *testing.T) {
 	require.True(t, in.NeverClaims())
 	in = e.readInput(strings.NewReader(bindState(t, "bd", 4242, specs.StateCreating, "/dev", "/x")))
 	require.False(t, in.NeverClaims())
+}
+
+// ledgerState is the state of cfg's ledger, read as gpu-guard-ctl reads it.
+func ledgerState(t *testing.T, cfg config.Config) ledger.State {
+	t.Helper()
+	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+	require.NoError(t, err)
+	st, err := l.Snapshot(t.Context())
+	require.NoError(t, err)
+	return st
 }

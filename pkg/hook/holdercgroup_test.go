@@ -80,10 +80,7 @@ func TestSpecCgroupRecordedOnlyWhenTheProcessIsInIt(t *testing.T) {
 			e.getppid = func() int { return 4000 }
 			require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg,
 				strings.NewReader(stateInCgroup(t, "train", 4242, tc.spec, "NVIDIA_VISIBLE_DEVICES=1")), io.Discard))
-			l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
-			require.NoError(t, err)
-			st, err := l.Snapshot(t.Context())
-			require.NoError(t, err)
+			st := ledgerState(t, cfg)
 			require.Len(t, st.Claims, 1)
 			require.Equal(t, tc.want, st.Claims[0].Owner.Cgroup)
 		})
@@ -135,10 +132,7 @@ func TestRunningHolderNamingAnEmptyCgroupKeepsItsGPU(t *testing.T) {
 // ownerOf returns the owner of container id's claim in cfg's ledger.
 func ownerOf(t *testing.T, cfg config.Config, id string) ledger.Owner {
 	t.Helper()
-	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
-	require.NoError(t, err)
-	st, err := l.Snapshot(t.Context())
-	require.NoError(t, err)
+	st := ledgerState(t, cfg)
 	for _, c := range st.Claims {
 		if c.Owner.ContainerID == id {
 			return c.Owner
