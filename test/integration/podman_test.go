@@ -288,11 +288,18 @@ func podmanHostDevBind(t *testing.T, r *podmanRig) {
 
 	out, err = r.runGPU("nc2", "", "--cgroups=disabled", "-v", "/dev:/host-dev")
 	require.NoError(t, err, out)
-	id := r.id("nc2")
+	r.requireHoldsEveryGPU("nc2", "a bound /dev")
+}
+
+// requireHoldsEveryGPU checks that container name holds every GPU, and
+// nothing else holds one.
+func (r *podmanRig) requireHoldsEveryGPU(name, why string) {
+	r.t.Helper()
+	id := r.id(name)
 	held := r.holders()
-	require.Len(t, held, len(r.gpu), "every GPU: %v", held)
+	require.Len(r.t, held, len(r.gpu), "%s: every GPU: %v", why, held)
 	for _, holder := range held {
-		require.Equal(t, id, holder)
+		require.Equal(r.t, id, holder, why)
 	}
 }
 
@@ -322,12 +329,7 @@ func podmanMknodWithoutCgroup(t *testing.T, r *podmanRig) {
 	} {
 		out, err = r.runGPU(tc.name, "", append([]string{"--cgroups=disabled"}, tc.args...)...)
 		require.NoError(t, err, "%s: %s", tc.why, out)
-		id := r.id(tc.name)
-		held := r.holders()
-		require.Len(t, held, len(r.gpu), "%s: every GPU: %v", tc.why, held)
-		for _, holder := range held {
-			require.Equal(t, id, holder, tc.why)
-		}
+		r.requireHoldsEveryGPU(tc.name, tc.why)
 		r.mustPodman("rm", "-f", "-t", "0", tc.name)
 		r.waitFor(tc.why+": its claims released", func() bool { return len(r.holders()) == 0 })
 	}
