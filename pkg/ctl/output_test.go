@@ -612,7 +612,8 @@ func TestExplainSpec(t *testing.T) {
 
 // TestExplainNoDeviceCgroup: --no-device-cgroup reads the --spec container
 // as the OCI hook reads one a rootful runtime runs without a device cgroup:
-// with CAP_MKNOD it reaches every GPU, named for why; without the flag (or
+// with CAP_MKNOD (or without a capabilities object, which counts as every
+// capability) it reaches every GPU, named for why; without the flag (or
 // without CAP_MKNOD) it reaches none. The flag needs --spec.
 func TestExplainNoDeviceCgroup(t *testing.T) {
 	f := newFixture(t)
@@ -639,6 +640,12 @@ func TestExplainNoDeviceCgroup(t *testing.T) {
 	assert.Empty(t, devicesOf("--spec", mknod), "a device cgroup stops the nodes it makes")
 	assert.Len(t, devicesOf("--spec", mknod, "--no-device-cgroup"), len(f.inv.GPUs), "without one it reaches every GPU")
 	assert.Empty(t, devicesOf("--spec", spec(`"CAP_CHOWN"`), "--no-device-cgroup"), "nothing to make a node with")
+	// Without a capabilities object recent runc leaves the process its
+	// own, root's: CAP_MKNOD among them.
+	noCaps := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(noCaps, []byte(`{"ociVersion":"1.2.0","process":{"env":["PATH=/bin"]}}`), 0o600))
+	assert.Empty(t, devicesOf("--spec", noCaps), "a device cgroup stops the nodes it makes")
+	assert.Len(t, devicesOf("--spec", noCaps, "--no-device-cgroup"), len(f.inv.GPUs), "no capabilities object: every capability")
 
 	r := f.run(t, "explain", "--no-device-cgroup")
 	require.Equal(t, ExitUsage, r.code)

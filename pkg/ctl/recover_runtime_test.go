@@ -63,13 +63,20 @@ func (h *runtimeHost) process() (int, uint64) {
 }
 
 // container writes the state of container id (runtime "runc" or "crun",
-// created or running) with a bundle whose spec sets env.
+// created or running) with a bundle whose spec sets env. The spec carries
+// podman's default capabilities (no CAP_MKNOD): one without a capabilities
+// object counts as holding every capability, and its process (this test's
+// child, in no cgroup of its own) is fenced by no device cgroup, so it
+// would reach every GPU.
 func (h *runtimeHost) container(runtime, id string, pid int, start uint64, created bool, env ...string) {
 	t := h.t
 	bundle := filepath.Join(h.bundles, id)
 	require.NoError(t, os.MkdirAll(bundle, 0o700))
-	spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env},
-		Linux: &specs.Linux{CgroupsPath: "/k8s.io/" + id}})
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+		"CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
+	spec, err := json.Marshal(specs.Spec{Version: specs.Version,
+		Process: &specs.Process{Env: env, Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}},
+		Linux:   &specs.Linux{CgroupsPath: "/k8s.io/" + id}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o600))
 

@@ -21,14 +21,15 @@ import (
 
 // bindState writes a bundle whose config.json binds the host path src at
 // dst and denies every device but /dev/null in its device cgroup rules (an
-// engine's default for an unprivileged container), and returns the OCI
-// state of container id with process pid in it.
+// engine's default for an unprivileged container), with podman's default
+// capabilities, and returns the OCI state of container id with process pid
+// in it.
 //
 // Each edit changes the spec before it is written.
 func bindState(t *testing.T, id string, pid int, status specs.ContainerState, src, dst string, edits ...func(*specs.Spec)) string {
 	t.Helper()
 	one, three := int64(1), int64(3)
-	spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}},
+	spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()},
 		Mounts: []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: dst, Source: src, Type: "bind", Options: []string{"rbind"}}},
 		Linux: &specs.Linux{Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
 			{Allow: false, Access: "rwm"}, {Allow: true, Type: "c", Major: &one, Minor: &three, Access: "rwm"}}}}}
@@ -228,6 +229,13 @@ func withMknod(s *specs.Spec) {
 	s.Process.Capabilities = &specs.LinuxCapabilities{Bounding: []string{"CAP_CHOWN", "CAP_MKNOD"}, Effective: []string{"CAP_MKNOD"}}
 }
 
+// withoutCaps drops the spec's capabilities object, as only a hand-written
+// spec does: recent runc then leaves the process the capabilities runc
+// runs with (root's full set), so it counts as holding every one.
+func withoutCaps(s *specs.Spec) {
+	s.Process.Capabilities = nil
+}
+
 // withUserNS gives the container a user namespace of its own.
 func withUserNS(s *specs.Spec) {
 	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.PIDNamespace}, specs.LinuxNamespace{Type: specs.UserNamespace})
@@ -240,6 +248,11 @@ func withUserNS(s *specs.Spec) {
 // own, or in a user namespace, it claims nothing. Its poststop, which
 // cannot read the cgroup, finds the claim through the marker its
 // create-runtime wrote.
+//
+// A spec without a capabilities object counts as holding every capability
+// (whichever runtime runs it), not as privileged: it is refused under
+// privileged = "reject" as a container without a device cgroup, and a
+// device cgroup of its own fences it.
 func TestMknodWithoutDeviceCgroup(t *testing.T) {
 	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
 	// CAP_SYS_ADMIN mounts a devtmpfs: every node of the host's /dev.
@@ -260,6 +273,9 @@ func TestMknodWithoutDeviceCgroup(t *testing.T) {
 		{name: "caller's cgroup, no CAP_MKNOD", container: session},
 		{name: "caller's cgroup, CAP_SYS_ADMIN", container: session, edits: []func(*specs.Spec){withSysAdmin}, claims: true, privileged: true},
 		{name: "own cgroup, CAP_SYS_ADMIN", container: "0::/machine.slice/libpod-train.scope\n", edits: []func(*specs.Spec){withSysAdmin}},
+		{name: "caller's cgroup, no capabilities object", container: session, edits: []func(*specs.Spec){withoutCaps}, claims: true},
+		{name: "own cgroup, no capabilities object", container: "0::/machine.slice/libpod-train.scope\n", edits: []func(*specs.Spec){withoutCaps}},
+		{name: "caller's cgroup, no capabilities object, user namespace", container: session, edits: []func(*specs.Spec){withoutCaps, withUserNS}},
 		// The OCI state of a container being created may lack its pid:
 		// nothing tells that a device cgroup applies.
 		{name: "no pid", container: "0::/machine.slice/libpod-train.scope\n", edits: []func(*specs.Spec){withMknod}, claims: true, pid: -1},
@@ -314,6 +330,37 @@ func TestMknodWithoutDeviceCgroup(t *testing.T) {
 			require.ErrorContains(t, err, "container without a device cgroup")
 			require.ErrorContains(t, err, "run it in a device cgroup of its own")
 			require.NotContains(t, err.Error(), "run it unprivileged")
+		})
+	}
+}
+
+// A spec without a capabilities object that names one GPU claims that GPU
+// alone where its device cgroup of its own applies, and every GPU where no
+// device cgroup can be told to apply (no pid in the state, as a runtime
+// may give create-runtime).
+func TestNoCapabilitiesObjectClaimsEveryGPUOnlyUnfenced(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	named := func(s *specs.Spec) { s.Process.Env = append(s.Process.Env, "NVIDIA_VISIBLE_DEVICES=1") }
+	for _, tc := range []struct {
+		name string
+		pid  int
+		want []string
+	}{
+		{"own cgroup", 4242, gpuUUIDs[1:2]},
+		{"no pid", 0, gpuUUIDs},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := staticConfig(t)
+			opened := 0
+			e := cgroupProc(t, "0::/machine.slice/libpod-train.scope\n", session, &opened)
+			e.markerDir = t.TempDir()
+			create := bindState(t, "train", tc.pid, specs.StateCreating, "/srv/data", "/data", withoutCaps, named)
+			require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(create), io.Discard))
+			var got []string
+			for _, c := range ledgerState(t, cfg).Claims {
+				got = append(got, c.Device.UUID)
+			}
+			require.ElementsMatch(t, tc.want, got)
 		})
 	}
 }

@@ -27,7 +27,7 @@ import (
 func stateInCgroup(t *testing.T, id string, pid int, cgroupsPath string, env ...string) string {
 	t.Helper()
 	bundle := t.TempDir()
-	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env},
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env, Capabilities: podmanCaps()},
 		Linux: &specs.Linux{CgroupsPath: cgroupsPath}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))

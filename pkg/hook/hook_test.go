@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,12 +46,23 @@ func staticConfig(t *testing.T) config.Config {
 	return cfg
 }
 
-// stateFor writes a bundle whose config.json carries env and returns the OCI
-// state of a container in it.
+// podmanCaps is podman's default capability set (containers.conf's
+// default_capabilities): neither CAP_MKNOD nor CAP_SYS_ADMIN. The specs the
+// tests write carry it, as every engine's do: a spec without a
+// capabilities object counts as holding every capability (makesNodes), and
+// so claims every GPU where no device cgroup can be told to apply.
+func podmanCaps() *specs.LinuxCapabilities {
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+		"CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
+	return &specs.LinuxCapabilities{Bounding: caps, Effective: slices.Clone(caps), Permitted: slices.Clone(caps)}
+}
+
+// stateFor writes a bundle whose config.json carries env (and podman's
+// default capabilities) and returns the OCI state of a container in it.
 func stateFor(t *testing.T, id string, pid int, env ...string) string {
 	t.Helper()
 	bundle := t.TempDir()
-	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env, Capabilities: podmanCaps()}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
 	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreating, Pid: pid, Bundle: bundle})

@@ -50,9 +50,10 @@ func (r *markerRig) bundle(id string, pid int, env ...string) (state string, bun
 	return st, s.Bundle
 }
 
-// edit rewrites the bundle's config.json with env.
+// edit rewrites the bundle's config.json with env (and podman's default
+// capabilities, as stateFor).
 func (r *markerRig) edit(bundle string, env ...string) {
-	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env, Capabilities: podmanCaps()}})
 	require.NoError(r.t, err)
 	require.NoError(r.t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
 }

@@ -124,7 +124,7 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot str
 // req (devices.RequestFromSpec of spec) gains the nodes its binds bring in
 // (each bind source read on this host), and every GPU node when it binds
 // the host's /dev or can make or mount a node itself (CAP_MKNOD,
-// CAP_SYS_ADMIN). bundle is the directory relative bind sources are read
+// CAP_SYS_ADMIN, or no capabilities object: makesNodes). bundle is the directory relative bind sources are read
 // from (the config.json's). For `gpu-guard-ctl explain --no-device-cgroup`.
 func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 	unfence(req, spec, bundle, func() bool { return false }, false, func() bool { return false })
@@ -213,17 +213,21 @@ const (
 // namespace make device nodes or mount a devtmpfs. Without a device cgroup
 // it opens every GPU through such a node.
 //
-// A spec without a capabilities object counts as having neither, as it does
-// for privileged (devices.RequestFromSpec), though runc then leaves its own
-// capabilities (root's) in place: every engine writes the object, so only
-// a hand-written spec lacks it.
+// A spec without a capabilities object (or without a process) counts as
+// holding every capability: recent runc (its libcontainer applies no
+// capability set it was not given) then leaves its own capabilities in
+// place (root's full set, CAP_MKNOD and CAP_SYS_ADMIN among them), while
+// runc 1.1 and crun 1.8 drop them all. The hook cannot tell which runtime,
+// or which release, runs it, so it takes the reading under which more
+// opens.
+// Every engine writes the object: only a hand-written spec lacks it. This
+// is not privileged (devices.RequestFromSpec): a device cgroup, where one
+// applies, still stops what CAP_SYS_ADMIN alone would open.
 func makesNodes(spec *specs.Spec) bool {
-	p := spec.Process
-	if p == nil || p.Capabilities == nil {
-		return false
-	}
-	if c := p.Capabilities; !slices.Contains(c.Bounding, capMknod) && !slices.Contains(c.Bounding, capSysAdmin) {
-		return false
+	if p := spec.Process; p != nil && p.Capabilities != nil {
+		if c := p.Capabilities; !slices.Contains(c.Bounding, capMknod) && !slices.Contains(c.Bounding, capSysAdmin) {
+			return false
+		}
 	}
 	if l := spec.Linux; l != nil {
 		for _, ns := range l.Namespaces {

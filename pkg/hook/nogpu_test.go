@@ -273,6 +273,30 @@ func TestBindMountedNodes(t *testing.T) {
 	}
 }
 
+// makesNodes reads a spec without a capabilities object (or without a
+// process) as holding every capability: recent runc keeps its own then.
+// An object without CAP_MKNOD and CAP_SYS_ADMIN in its bounding set, or a
+// user namespace of the container's own, makes no node.
+func TestMakesNodes(t *testing.T) {
+	userNS := &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.MountNamespace}, {Type: specs.UserNamespace}}}
+	for _, tc := range []struct {
+		name string
+		spec specs.Spec
+		want bool
+	}{
+		{"no process", specs.Spec{}, true},
+		{"no capabilities object", specs.Spec{Process: &specs.Process{}}, true},
+		{"no capabilities object, user namespace", specs.Spec{Process: &specs.Process{}, Linux: userNS}, false},
+		{"an empty object", specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}}, false},
+		{"CAP_MKNOD effective only", specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Effective: []string{capMknod}}}}, false},
+		{"CAP_MKNOD", specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: []string{capMknod}}}}, true},
+		{"CAP_SYS_ADMIN", specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: []string{capSysAdmin}}}}, true},
+		{"podman's default set", specs.Spec{Process: &specs.Process{Capabilities: podmanCaps()}}, false},
+	} {
+		require.Equal(t, tc.want, makesNodes(&tc.spec), tc.name)
+	}
+}
+
 func TestInUserNamespace(t *testing.T) {
 	for uidMap, want := range map[string]bool{
 		"         0          0 4294967295\n":                                   false,

@@ -235,7 +235,7 @@ func TestContainerWithATicketIDIsRefused(t *testing.T) {
 func specWith(t *testing.T, id string, args []string, timeoutSec int, env ...string) string {
 	t.Helper()
 	bundle := t.TempDir()
-	spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}, Hooks: &specs.Hooks{
+	spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env, Capabilities: podmanCaps()}, Hooks: &specs.Hooks{
 		CreateRuntime: []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook", Args: args, Timeout: &timeoutSec}},
 	}}
 	data, err := json.Marshal(spec)

@@ -60,6 +60,15 @@ func (h *host) bundle(id string, env []string, ann map[string]string) string {
 	return dir
 }
 
+// podmanCaps is podman's default capability set: neither CAP_MKNOD nor
+// CAP_SYS_ADMIN. A spec without a capabilities object counts as holding
+// every capability (see hook.RunningRequest).
+func podmanCaps() *specs.LinuxCapabilities {
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+		"CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
+	return &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
+}
+
 // testdata decodes a captured state file into a generic map.
 func testdata(t testing.TB, name string) map[string]any {
 	data, err := os.ReadFile(filepath.Join("testdata", name))
@@ -327,7 +336,8 @@ func TestScanStopsAtItsDeadline(t *testing.T) {
 // whose state root another user owns), so that a recovery rebuilds the
 // claim the hook made; where the container's own cgroup (crun's systemd
 // sub-cgroup of its scope included) applies its rules, the bind brings
-// nothing.
+// nothing. So does CAP_MKNOD, and a spec without a capabilities object,
+// which counts as holding every capability.
 func TestScanReadsBindsAsTheHookDid(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
@@ -336,16 +346,21 @@ func TestScanReadsBindsAsTheHookDid(t *testing.T) {
 		opens     bool
 		// mknod: the container has CAP_MKNOD and binds no /dev.
 		mknod bool
+		// noCaps: its spec has no capabilities object (every capability)
+		// and binds no /dev.
+		noCaps bool
 	}{
-		{"own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false, false},
-		{"crun's sub-cgroup of its scope", "0::/machine.slice/libpod-c1.scope/container\n", 0, false, false},
-		{"v1 own devices cgroup", "11:devices:/c1\n0::/user.slice/session-1.scope\n", 0, false, false},
-		{"the caller's cgroup (no device cgroup)", "0::/user.slice/session-1.scope\n", 0, true, false},
-		{"cgroup unreadable", "", 0, true, false},
-		{"rootless runtime's root", "0::/user.slice/user-1000.slice/user@1000.service/libpod-c1.scope\n", 1000, true, false},
-		{"CAP_MKNOD, own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false, true},
-		{"CAP_MKNOD, the caller's cgroup", "0::/user.slice/session-1.scope\n", 0, true, true},
-		{"CAP_MKNOD, rootless runtime's root", "0::/user.slice/user-1000.slice/user@1000.service/libpod-c1.scope\n", 1000, false, true},
+		{"own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false, false, false},
+		{"crun's sub-cgroup of its scope", "0::/machine.slice/libpod-c1.scope/container\n", 0, false, false, false},
+		{"v1 own devices cgroup", "11:devices:/c1\n0::/user.slice/session-1.scope\n", 0, false, false, false},
+		{"the caller's cgroup (no device cgroup)", "0::/user.slice/session-1.scope\n", 0, true, false, false},
+		{"cgroup unreadable", "", 0, true, false, false},
+		{"rootless runtime's root", "0::/user.slice/user-1000.slice/user@1000.service/libpod-c1.scope\n", 1000, true, false, false},
+		{"CAP_MKNOD, own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false, true, false},
+		{"CAP_MKNOD, the caller's cgroup", "0::/user.slice/session-1.scope\n", 0, true, true, false},
+		{"CAP_MKNOD, rootless runtime's root", "0::/user.slice/user-1000.slice/user@1000.service/libpod-c1.scope\n", 1000, false, true, false},
+		{"no capabilities object, own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false, false, true},
+		{"no capabilities object, the caller's cgroup", "0::/user.slice/session-1.scope\n", 0, true, false, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHost(t)
@@ -355,10 +370,14 @@ func TestScanReadsBindsAsTheHookDid(t *testing.T) {
 			}
 			bundle := filepath.Join(h.base, "bundles", "c1")
 			require.NoError(t, os.MkdirAll(bundle, 0o755))
-			spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}},
+			spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()},
 				Mounts: []specs.Mount{{Destination: "/host/dev", Source: "/dev", Type: "bind", Options: []string{"rbind"}}}}
-			if tc.mknod {
+			switch {
+			case tc.mknod:
 				spec.Process.Capabilities = &specs.LinuxCapabilities{Bounding: []string{"CAP_MKNOD"}}
+				spec.Mounts = []specs.Mount{{Destination: "/data", Source: h.base, Type: "bind"}}
+			case tc.noCaps:
+				spec.Process.Capabilities = nil
 				spec.Mounts = []specs.Mount{{Destination: "/data", Source: h.base, Type: "bind"}}
 			}
 			data, err := json.Marshal(spec)
@@ -371,7 +390,7 @@ func TestScanReadsBindsAsTheHookDid(t *testing.T) {
 			c := byID(h.scan(root))["c1"]
 			require.True(t, c.Live(), c.Why)
 			require.NoError(t, c.SpecErr)
-			assert.Equal(t, !tc.mknod, c.Request.HostDevMounted)
+			assert.Equal(t, !tc.mknod && !tc.noCaps, c.Request.HostDevMounted)
 			assert.Equal(t, tc.opens, c.Request.GPUNodesAllowed)
 			assert.Equal(t, tc.opens, c.Request.NoDeviceCgroup)
 		})
