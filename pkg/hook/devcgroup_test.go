@@ -63,7 +63,7 @@ func cgroupProc(t *testing.T, container, runtime string, opened *int) env {
 	e := testEnv(opened)
 	e.procRoot = root
 	e.getppid = func() int { return 4000 }
-	e.userNS = func() bool { return false }
+	e.userNS = func() RuntimeUserNS { return Rootful }
 	return e
 }
 
@@ -183,7 +183,7 @@ func TestPoststopReleasesWithoutDeviceCgroup(t *testing.T) {
 func TestNoDeviceBindReadsNoCgroup(t *testing.T) {
 	e := defaultEnv()
 	e.procRoot = filepath.Join(t.TempDir(), "no-proc")
-	e.userNS = func() bool { return false }
+	e.userNS = func() RuntimeUserNS { return Rootful }
 	e.getppid = func() int { t.Error("getppid called"); return 1 }
 	e.readCgroup = func(path string) ([]byte, error) {
 		t.Errorf("read %s", path)
@@ -460,7 +460,7 @@ func TestDeviceCgroupOf(t *testing.T) {
 // them (the nodes keep the host's devtmpfs).
 func TestRootlessOverlayOfDevClaimsNothing(t *testing.T) {
 	e := defaultEnv()
-	e.userNS = func() bool { return true }
+	e.userNS = func() RuntimeUserNS { return Rootless }
 	overlay := bindState(t, "ov", 4242, specs.StateCreating, "/srv/data", "/data", func(s *specs.Spec) {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/x", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/dev"}})
 	})
@@ -469,6 +469,91 @@ func TestRootlessOverlayOfDevClaimsNothing(t *testing.T) {
 	require.True(t, in.NeverClaims())
 	in = e.readInput(strings.NewReader(bindState(t, "bd", 4242, specs.StateCreating, "/dev", "/x")))
 	require.False(t, in.NeverClaims())
+}
+
+// A runtime whose user namespace cannot be told (its uid_map unreadable)
+// may be rootful or rootless: the container is read both ways at once. No
+// device cgroup applies, though the container's process is in a cgroup of
+// its own (a rootless runtime sets up none), and CAP_MKNOD and an overlay
+// of the host's /dev open every GPU (as under a rootful runtime without
+// one), as does a bind of /dev. Its poststop, where the uid_map may read
+// no better, releases the claim. A container with none of these claims
+// nothing.
+func TestUnknownUserNSReadsBothWays(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	overlay := func(s *specs.Spec) {
+		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/x", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/dev"}})
+	}
+	for _, tc := range []struct {
+		name   string
+		src    string
+		edits  []func(*specs.Spec)
+		claims bool
+	}{
+		{"CAP_MKNOD", "/srv/data", []func(*specs.Spec){withMknod}, true},
+		{"overlay of /dev", "/srv/data", []func(*specs.Spec){overlay}, true},
+		{"bind of /dev", "/dev", nil, true},
+		{"none", "/srv/data", nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := staticConfig(t)
+			opened := 0
+			e := cgroupProc(t, "0::/machine.slice/libpod-train.scope\n", session, &opened)
+			procRoot := e.procRoot // no self/uid_map in it
+			e.userNS = func() RuntimeUserNS { return runtimeUserNS(procRoot) }
+			e.markerDir = t.TempDir()
+			create := bindState(t, "train", 4242, specs.StateCreating, tc.src, "/data", tc.edits...)
+			require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(create), io.Discard))
+			if !tc.claims {
+				require.Zero(t, opened, "nothing to claim")
+				return
+			}
+			var got []string
+			for _, c := range ledgerState(t, cfg).Claims {
+				got = append(got, c.Device.UUID)
+				require.Contains(t, c.Source, "no device cgroup")
+			}
+			require.ElementsMatch(t, gpuUUIDs, got, "no device cgroup fences it")
+
+			require.NoError(t, os.RemoveAll(filepath.Join(procRoot, "4242"))) // the process is gone
+			var st specs.State
+			require.NoError(t, json.Unmarshal([]byte(create), &st))
+			st.Status, st.Pid = specs.StateStopped, 0
+			stop, err := json.Marshal(st)
+			require.NoError(t, err)
+			require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(string(stop)), io.Discard))
+			require.Empty(t, ledgerState(t, cfg).Claims)
+		})
+	}
+}
+
+// A claim made where the runtime's user namespace cannot be told must show
+// to poststop under whichever reading it takes by then, or create-runtime
+// needs the marker: a bind of /dev through a symlink, which a rootful
+// runtime's poststop does not read (its spelling says nothing), is refused
+// when the marker cannot be written. A bind spelled /dev is not.
+func TestUnknownUserNSUnmarkableClaimRefused(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	devLink := filepath.Join(t.TempDir(), "devlink")
+	require.NoError(t, os.Symlink("/dev", devLink))
+	cfg := staticConfig(t)
+	opened := 0
+	e := cgroupProc(t, "0::/machine.slice/libpod-train.scope\n", session, &opened)
+	procRoot := e.procRoot // no self/uid_map in it
+	e.userNS = func() RuntimeUserNS { return runtimeUserNS(procRoot) }
+	blocker := filepath.Join(t.TempDir(), "file")
+	require.NoError(t, os.WriteFile(blocker, nil, 0o600))
+	e.markerDir = filepath.Join(blocker, "markers") // below a file: never written
+
+	err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, devLink, "/data")), io.Discard)
+	require.ErrorContains(t, err, "its poststop needs the marker")
+	require.Empty(t, ledgerState(t, cfg).Claims, "nothing claimed for the refused container")
+
+	var warned strings.Builder
+	named := bindState(t, "named", 4242, specs.StateCreating, "/dev", "/dev")
+	require.NoError(t, e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(named), &warned))
+	require.Contains(t, warned.String(), "its poststop will go by its config.json alone")
+	require.Len(t, ledgerState(t, cfg).Claims, len(gpuUUIDs))
 }
 
 // ledgerState is the state of cfg's ledger, read as gpu-guard-ctl reads it.

@@ -135,9 +135,10 @@ type env struct {
 	// lockBudget bounds poststop's retries of a busy ledger lock (0:
 	// withdrawTimeout).
 	lockBudget time.Duration
-	// userNS reports whether the runtime runs in a user namespace
-	// (runtimeInUserNamespace): then it sets up no device cgroup.
-	userNS func() bool
+	// userNS tells the user namespace the runtime runs in
+	// (runtimeUserNS): in another than the host's it sets up no device
+	// cgroup.
+	userNS func() RuntimeUserNS
 	// readCgroup reads a /proc/<pid>/cgroup file below procRoot
 	// (readCgroupFile); read only for a container that binds something
 	// device-like (see noDeviceCgroup).
@@ -170,7 +171,7 @@ func defaultEnv() env {
 			return engineHoldsLock(liveness.DefaultProcRoot, os.Getppid())
 		},
 		markerDir:  markerDir,
-		userNS:     runtimeInUserNamespace,
+		userNS:     func() RuntimeUserNS { return runtimeUserNS(liveness.DefaultProcRoot) },
 		readCgroup: readCgroupFile,
 	}
 }

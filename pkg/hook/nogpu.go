@@ -76,10 +76,12 @@ func (e env) readInput(stdin io.Reader) *Input {
 // GPU node (GPUNodesAllowed), named as having none (NoDeviceCgroup).
 //
 // No device cgroup applies when the runtime runs in a user namespace
-// (rootless podman's runc and crun set up none there), or, for a rootful
-// runtime, when the container's process is not in a device cgroup of its
-// own (deviceCgroupApplies): crun --cgroup-manager=disabled (podman
-// --cgroups=disabled), or a runtime without a cgroup it may write to,
+// (rootless podman's runc and crun set up none there; a namespace that
+// cannot be told is read as both rootless and rootful, see UnknownUserNS),
+// or, for a rootful runtime, when the container's process is not in a
+// device cgroup of its own (deviceCgroupApplies): crun
+// --cgroup-manager=disabled (podman --cgroups=disabled), or a runtime
+// without a cgroup it may write to,
 // leaves the process in its caller's cgroup, whose device rules (if any)
 // are not the spec's.
 //
@@ -100,20 +102,44 @@ func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request)
 	unfence(req, spec, st.Bundle, e.userNS, st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) })
 }
 
+// RuntimeUserNS is what is known of the user namespace of the OCI runtime
+// that runs a container, which decides what its device rules and mounts
+// let through (unfence).
+type RuntimeUserNS uint8
+
+const (
+	// UnknownUserNS: it cannot be told (an unreadable uid_map, a state
+	// root whose owner cannot be read). Either reading may be the
+	// runtime's, so the container is read both ways at once: no device
+	// cgroup applies (as rootless), binds and overlays open nodes and
+	// CAP_MKNOD and CAP_SYS_ADMIN count (as rootful). The zero value, so
+	// that a caller that says nothing fails closed.
+	UnknownUserNS RuntimeUserNS = iota
+	// Rootful: the host's initial user namespace. Its runtime applies the
+	// container's device rules when it puts it in a cgroup of its own.
+	Rootful
+	// Rootless: another user namespace (rootless podman's runc and crun).
+	// Its runtime sets up no device cgroup, and neither a node the
+	// container makes nor one on an overlay it mounts opens there: only
+	// binds bring nodes in.
+	Rootless
+)
+
 // RunningRequest is what a running container's spec reaches, read as the
 // hook read it at its create-runtime (addUnfenced), for a recovery that
 // rebuilds claims from the runtimes' state: req (devices.RequestFromSpec of
 // spec, the config.json in bundle) gains what no device cgroup stops.
-// rootless says the runtime ran in a user namespace (its state root
-// belongs to another user than root);
-// otherwise the device cgroup applies when the container's process (pid,
-// read under procRoot) is in a cgroup named after it, or below one (the
-// runtime that ran the hook is gone: that is all that can be checked now).
-// Whatever cannot be read counts as no device cgroup, as at create-runtime.
-func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot string, pid int, id string, rootless bool) {
+// userNS is the runtime's user namespace, told by its state root's owner
+// (root's: Rootful; another user's: Rootless; unknown: read both ways).
+// For a rootful runtime the device cgroup applies when the container's
+// process (pid, read under procRoot) is in a cgroup named after it, or
+// below one (the runtime that ran the hook is gone: that is all that can be
+// checked now). Whatever cannot be read counts as no device cgroup, as at
+// create-runtime.
+func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot string, pid int, id string, userNS RuntimeUserNS) {
 	e := defaultEnv()
 	e.procRoot = procRoot
-	unfence(req, spec, bundle, func() bool { return rootless }, false, func() bool {
+	unfence(req, spec, bundle, func() RuntimeUserNS { return userNS }, false, func() bool {
 		cg, err := e.deviceCgroupOf(pid)
 		return err == nil && ownedCgroup(cg, "", id)
 	})
@@ -124,29 +150,45 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot str
 // req (devices.RequestFromSpec of spec) gains the nodes its binds bring in
 // (each bind source read on this host), and every GPU node when it binds
 // the host's /dev or can make or mount a node itself (CAP_MKNOD,
-// CAP_SYS_ADMIN, or no capabilities object: makesNodes). bundle is the directory relative bind sources are read
-// from (the config.json's). For `gpu-guard-ctl explain --no-device-cgroup`.
+// CAP_SYS_ADMIN, or no capabilities object: makesNodes). bundle is the
+// directory relative bind sources are read from (the config.json's). For
+// `gpu-guard-ctl explain --no-device-cgroup`.
 func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
-	unfence(req, spec, bundle, func() bool { return false }, false, func() bool { return false })
+	unfence(req, spec, bundle, func() RuntimeUserNS { return Rootful }, false, func() bool { return false })
 }
 
-// unfence is addUnfenced for a runtime that ran in a user namespace
-// (rootless, asked only for a spec with mounts or node-making
-// capabilities), a container that has stopped (poststop: its process is
-// gone, so only spellings and the marker can tell) and the check of its
-// device cgroup (applies, asked only when something could reach a GPU; a
-// state without a pid has none that applies). bundle is the directory the
-// runtime reads relative bind sources from.
-func unfence(req *devices.Request, spec *specs.Spec, bundle string, rootless func() bool, stopped bool, applies func() bool) {
+// unfence is addUnfenced for a runtime in the user namespace userNS tells
+// (asked only for a spec with mounts or node-making capabilities), a
+// container that has stopped (poststop: its process is gone, so only
+// spellings and the marker can tell) and the check of its device cgroup
+// (applies, asked only when something could reach a GPU; a state without a
+// pid has none that applies). bundle is the directory the runtime reads
+// relative bind sources from.
+func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func() RuntimeUserNS, stopped bool, applies func() bool) {
 	mknod := makesNodes(spec)
 	if len(spec.Mounts) == 0 && !mknod {
 		return
 	}
-	if rootless() {
+	switch userNS() {
+	case Rootful:
+	case Rootless:
 		// No device node can be made in a user namespace, nor opened
 		// through a filesystem mounted there (an overlay): only binds.
 		markUnfenced(req, boundNodes(spec.Mounts, bundle, true), false)
 		return
+	default:
+		// Unknown: what either reading lets through. Stopped, every bind
+		// and overlay is read whatever its spelling (a rootless runtime's
+		// poststop reads every bind, a rootful one's overlays too); the
+		// marker leads poststop to the rest (CAP_MKNOD, CAP_SYS_ADMIN),
+		// as for a rootful runtime. Otherwise it is a rootful runtime's
+		// container that no device cgroup fences, since a rootless
+		// runtime sets up none.
+		if stopped {
+			markUnfenced(req, boundNodes(spec.Mounts, bundle, false), false)
+			return
+		}
+		applies = func() bool { return false }
 	}
 	if stopped {
 		if bindsDeviceLike(req) {
@@ -193,10 +235,21 @@ func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 // Without that, a claim create-runtime makes stays when the container is
 // deleted (poststop skips the ledger), so create-runtime must not make it
 // without a marker.
+//
+// When the runtime's user namespace cannot be told now, poststop may tell
+// it (or not) by then: the claim must show under each reading it may take.
 func (e env) poststopFindsClaim(in *Input) bool {
-	req := devices.RequestFromSpec(in.spec)
-	unfence(&req, in.spec, in.state.Bundle, e.userNS, true, func() bool { return false })
-	return !guard.NeverClaims(req)
+	finds := func(userNS RuntimeUserNS) bool {
+		req := devices.RequestFromSpec(in.spec)
+		unfence(&req, in.spec, in.state.Bundle, func() RuntimeUserNS { return userNS }, true, func() bool { return false })
+		return !guard.NeverClaims(req)
+	}
+	if userNS := e.userNS(); userNS != UnknownUserNS {
+		return finds(userNS)
+	}
+	// An unknown reading at poststop finds whatever either of these does:
+	// they are the least poststop may find.
+	return finds(Rootful) && finds(Rootless)
 }
 
 // The capabilities that let a process make device nodes of its own:
@@ -459,16 +512,21 @@ func isBind(m specs.Mount) bool {
 	return m.Source != "" && m.Source[0] == '/'
 }
 
-// runtimeInUserNamespace reports whether the hook, and so the runtime that
-// runs it, is in a user namespace other than the host's, as rootless
-// podman's runc and crun are: they set up no device cgroup there. An
-// unreadable map counts as one (the conservative answer: more may open).
-func runtimeInUserNamespace() bool {
-	data, err := os.ReadFile("/proc/self/uid_map")
+// runtimeUserNS tells, from procRoot/self/uid_map, the user namespace of
+// the hook, and so of the runtime that runs it: the host's (Rootful), or
+// another (Rootless), as rootless podman's runc and crun are: they set up
+// no device cgroup there. An unreadable map tells neither (UnknownUserNS):
+// the container is then read both ways at once, since either reading alone
+// lets through what the other stops.
+func runtimeUserNS(procRoot string) RuntimeUserNS {
+	data, err := os.ReadFile(filepath.Join(procRoot, "self", "uid_map")) //nolint:gosec // a file of the configured proc root
 	if err != nil {
-		return true
+		return UnknownUserNS
 	}
-	return inUserNamespace(data)
+	if inUserNamespace(data) {
+		return Rootless
+	}
+	return Rootful
 }
 
 // inUserNamespace reads a uid_map: only the initial namespace maps every id

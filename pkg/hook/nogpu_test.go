@@ -297,6 +297,34 @@ func TestMakesNodes(t *testing.T) {
 	}
 }
 
+// The runtime's user namespace is read from procRoot/self/uid_map: only
+// the initial namespace's identity map is rootful; a map that cannot be
+// read tells neither.
+func TestRuntimeUserNS(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write func(t *testing.T, path string)
+		want  RuntimeUserNS
+	}{
+		{"identity map", func(t *testing.T, p string) {
+			require.NoError(t, os.WriteFile(p, []byte("         0          0 4294967295\n"), 0o644))
+		}, Rootful},
+		{"rootless podman's map", func(t *testing.T, p string) {
+			require.NoError(t, os.WriteFile(p, []byte("         0       1000          1\n         1     100000      65536\n"), 0o644))
+		}, Rootless},
+		{"missing", func(*testing.T, string) {}, UnknownUserNS},
+		{"not a file", func(t *testing.T, p string) { require.NoError(t, os.Mkdir(p, 0o755)) }, UnknownUserNS},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			require.NoError(t, os.Mkdir(filepath.Join(root, "self"), 0o755))
+			tc.write(t, filepath.Join(root, "self", "uid_map"))
+			require.Equal(t, tc.want, runtimeUserNS(root))
+		})
+	}
+	require.Equal(t, UnknownUserNS, RuntimeUserNS(0), "the zero value fails closed")
+}
+
 func TestInUserNamespace(t *testing.T) {
 	for uidMap, want := range map[string]bool{
 		"         0          0 4294967295\n":                                   false,

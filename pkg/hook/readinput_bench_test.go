@@ -75,7 +75,7 @@ func BenchmarkReadInput(b *testing.B) {
 			e := defaultEnv()
 			e.procRoot = proc
 			e.getppid = func() int { return 4000 }
-			e.userNS = func() bool { return false }
+			e.userNS = func() RuntimeUserNS { return Rootful }
 			b.ResetTimer()
 			for b.Loop() {
 				in := e.readInput(strings.NewReader(string(st)))

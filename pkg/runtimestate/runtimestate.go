@@ -147,6 +147,9 @@ type Options struct {
 	// a caller that must answer by then (the NRI daemon's Synchronize)
 	// learns that the list is incomplete instead of answering late.
 	Deadline time.Time
+	// statRoot stats an open root, for its owner (nil: (*os.File).Stat;
+	// tests make it fail).
+	statRoot func(*os.File) (fs.FileInfo, error)
 }
 
 // Scan lists the containers of every root. It never fails: what it cannot
@@ -205,16 +208,11 @@ func scanRoot(res *Result, root string, check *liveness.Checker, opts Options) b
 	}
 	dir := os.NewFile(uintptr(fd), root)
 	defer func() { _ = dir.Close() }()
-	// A root another user than root owns is a rootless runtime's (podman's
-	// under $XDG_RUNTIME_DIR): it set up no device cgroup for its
-	// containers. One that cannot be told counts as rootless, as the hook
-	// counts an unreadable uid_map: more may open.
-	rootless := true
-	if fi, err := dir.Stat(); err == nil {
-		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			rootless = st.Uid != 0
-		}
+	stat := opts.statRoot
+	if stat == nil {
+		stat = (*os.File).Stat
 	}
+	userNS := rootUserNS(stat(dir))
 	entries, err := dir.ReadDir(MaxContainers + 1)
 	if err != nil && !errors.Is(err, io.EOF) {
 		res.Problems = append(res.Problems, Problem{root, fmt.Errorf("list: %w", err)})
@@ -253,11 +251,32 @@ func scanRoot(res *Result, root string, check *liveness.Checker, opts Options) b
 		}
 		decideStatus(&c, check)
 		if c.Live() {
-			readSpec(&c, opts.ProcRoot, rootless)
+			readSpec(&c, opts.ProcRoot, userNS)
 		}
 		res.Containers = append(res.Containers, c)
 	}
 	return true
+}
+
+// rootUserNS tells, from the owner of a state root (fi, or err when it
+// could not be read), the user namespace its runtime ran in: a root that
+// root owns is a rootful runtime's; one another user owns a rootless
+// runtime's (podman's under $XDG_RUNTIME_DIR), which set up no device
+// cgroup for its containers. One whose owner cannot be told is either
+// (hook.UnknownUserNS), as the hook takes an unreadable uid_map: its
+// containers are read both ways at once.
+func rootUserNS(fi fs.FileInfo, err error) hook.RuntimeUserNS {
+	if err != nil {
+		return hook.UnknownUserNS
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	switch {
+	case !ok:
+		return hook.UnknownUserNS
+	case st.Uid != 0:
+		return hook.Rootless
+	}
+	return hook.Rootful
 }
 
 // checkName refuses directory names no runtime gives a container.
@@ -470,9 +489,10 @@ func decideStatus(c *Container, check *liveness.Checker) {
 }
 
 // readSpec reads the bundle's config.json as the OCI hook does, and what it
-// reaches as the hook read it (hook.RunningRequest: binds a rootless
-// runtime, or one that set up no device cgroup, let through).
-func readSpec(c *Container, procRoot string, rootless bool) {
+// reaches as the hook read it (hook.RunningRequest: what a rootless
+// runtime, or one that set up no device cgroup, lets through; userNS is
+// the runtime's, told by its root's owner).
+func readSpec(c *Container, procRoot string, userNS hook.RuntimeUserNS) {
 	spec, err := hook.ReadSpec(specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle})
 	if err != nil {
 		c.SpecErr = err
@@ -482,6 +502,6 @@ func readSpec(c *Container, procRoot string, rootless bool) {
 		procRoot = liveness.DefaultProcRoot
 	}
 	req := devices.RequestFromSpec(spec)
-	hook.RunningRequest(&req, spec, c.Bundle, procRoot, c.Pid, c.ID, rootless)
+	hook.RunningRequest(&req, spec, c.Bundle, procRoot, c.Pid, c.ID, userNS)
 	c.Spec, c.Request, c.Annotations = spec, req, spec.Annotations
 }

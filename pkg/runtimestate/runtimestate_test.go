@@ -6,6 +6,7 @@ package runtimestate
 import (
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -16,6 +17,8 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 )
 
 // host is a fake host: runtime roots in a temp dir, bundles, and a fake
@@ -396,3 +399,98 @@ func TestScanReadsBindsAsTheHookDid(t *testing.T) {
 		})
 	}
 }
+
+// A root whose owner cannot be told may be a rootful runtime's or a
+// rootless one's: its containers are read both ways at once. No device
+// cgroup applies (a rootless runtime sets up none), and CAP_MKNOD and an
+// overlay of the host's /dev open every GPU (as under a rootful runtime
+// that sets up none), though each container's process is in a cgroup of
+// its own. A container with neither, binding nothing device-like, reaches
+// nothing.
+func TestScanRootOwnerUnknownReadsBothWays(t *testing.T) {
+	for name, stat := range map[string]func(*os.File) (fs.FileInfo, error){
+		"stat fails":           func(*os.File) (fs.FileInfo, error) { return nil, syscall.EIO },
+		"no owner in its info": func(f *os.File) (fs.FileInfo, error) { return noOwner{}, nil },
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHost(t)
+			root := h.root("runc")
+			for i, tc := range []struct {
+				id    string
+				edit  func(*specs.Spec)
+				opens bool
+			}{
+				{"mknod", func(s *specs.Spec) {
+					s.Process.Capabilities.Bounding = append(s.Process.Capabilities.Bounding, "CAP_MKNOD")
+				}, true},
+				{"overlay", func(s *specs.Spec) {
+					s.Mounts = append(s.Mounts, specs.Mount{Destination: "/x", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/dev"}})
+				}, true},
+				{"bind", func(s *specs.Spec) {
+					s.Mounts = append(s.Mounts, specs.Mount{Destination: "/x", Type: "bind", Source: "/dev", Options: []string{"rbind"}})
+				}, true},
+				{"plain", func(*specs.Spec) {}, false},
+			} {
+				pid := 300 + i
+				h.process(pid, 30, 'S')
+				require.NoError(t, os.WriteFile(filepath.Join(h.proc, fmt.Sprint(pid), "cgroup"),
+					[]byte("0::/machine.slice/libpod-"+tc.id+".scope\n"), 0o644))
+				bundle := filepath.Join(h.base, "bundles", tc.id)
+				require.NoError(t, os.MkdirAll(bundle, 0o755))
+				spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()},
+					Mounts: []specs.Mount{{Destination: "/data", Source: h.base, Type: "bind", Options: []string{"rbind"}}}}
+				tc.edit(&spec)
+				data, err := json.Marshal(spec)
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+				h.runc(root, tc.id, pid, 30, bundle, false)
+			}
+			// root's: rootful, each container fenced by its own cgroup.
+			require.NoError(t, os.Chown(root, 0, 0))
+			for id, c := range byID(h.scan(root)) {
+				require.True(t, c.Live(), c.Why)
+				require.NoError(t, c.SpecErr)
+				assert.False(t, c.Request.GPUNodesAllowed, "%s: its own device cgroup fences it", id)
+			}
+			got := byID(Scan([]string{root}, Options{ProcRoot: h.proc, statRoot: stat}))
+			require.Len(t, got, 4)
+			for id, want := range map[string]bool{"mknod": true, "overlay": true, "bind": true, "plain": false} {
+				c := got[id]
+				require.True(t, c.Live(), c.Why)
+				require.NoError(t, c.SpecErr)
+				assert.Equal(t, want, c.Request.GPUNodesAllowed, id)
+				assert.Equal(t, want, c.Request.NoDeviceCgroup, id)
+			}
+		})
+	}
+}
+
+// noOwner is a root's FileInfo that carries no owner.
+type noOwner struct{}
+
+func (noOwner) Name() string       { return "runc" }
+func (noOwner) Size() int64        { return 0 }
+func (noOwner) Mode() fs.FileMode  { return fs.ModeDir | 0o700 }
+func (noOwner) ModTime() time.Time { return time.Time{} }
+func (noOwner) IsDir() bool        { return true }
+func (noOwner) Sys() any           { return nil }
+
+func TestRootUserNS(t *testing.T) {
+	fi, err := os.Stat(t.TempDir())
+	require.NoError(t, err)
+	owner := *fi.Sys().(*syscall.Stat_t)
+	owner.Uid = 0
+	require.Equal(t, hook.Rootful, rootUserNS(withSys{fi, &owner}, nil), "root's")
+	owner.Uid = 1000
+	require.Equal(t, hook.Rootless, rootUserNS(withSys{fi, &owner}, nil), "another user's")
+	require.Equal(t, hook.UnknownUserNS, rootUserNS(nil, syscall.EIO), "not read")
+	require.Equal(t, hook.UnknownUserNS, rootUserNS(noOwner{}, nil), "no owner")
+}
+
+// withSys is a FileInfo with another Sys.
+type withSys struct {
+	fs.FileInfo
+	sys any
+}
+
+func (w withSys) Sys() any { return w.sys }
