@@ -108,17 +108,17 @@ func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request)
 type RuntimeUserNS uint8
 
 const (
-	// UnknownUserNS: it cannot be told (an unreadable uid_map, a state
-	// root whose owner cannot be read). Either reading may be the
-	// runtime's, so the container is read both ways at once: no device
-	// cgroup applies (as rootless), binds and overlays open nodes and
-	// CAP_MKNOD and CAP_SYS_ADMIN count (as rootful). The zero value, so
-	// that a caller that says nothing fails closed.
+	// UnknownUserNS is a namespace that cannot be told (an unreadable
+	// uid_map, a state root whose owner cannot be read). Either reading
+	// may be the runtime's, so the container is read both ways at once:
+	// no device cgroup applies (as rootless), binds and overlays open
+	// nodes and CAP_MKNOD and CAP_SYS_ADMIN count (as rootful). The zero
+	// value, so that a caller that says nothing fails closed.
 	UnknownUserNS RuntimeUserNS = iota
-	// Rootful: the host's initial user namespace. Its runtime applies the
+	// Rootful is the host's initial user namespace. Its runtime applies the
 	// container's device rules when it puts it in a cgroup of its own.
 	Rootful
-	// Rootless: another user namespace (rootless podman's runc and crun).
+	// Rootless is another user namespace (rootless podman's runc and crun).
 	// Its runtime sets up no device cgroup, and neither a node the
 	// container makes nor one on an overlay it mounts opens there: only
 	// binds bring nodes in.
