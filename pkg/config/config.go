@@ -5,12 +5,15 @@ package config
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"reflect"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -296,19 +299,111 @@ func Parse(data []byte) (Config, error) {
 	if err != nil {
 		return Config{}, fmt.Errorf("parse configuration: %w", err)
 	}
-	if undecoded := md.Undecoded(); len(undecoded) > 0 {
-		keys := make([]string, 0, len(undecoded))
-		for _, k := range undecoded {
-			keys = append(keys, k.String())
-		}
-		sort.Strings(keys)
-		return Config{}, fmt.Errorf("%w: %s (check the spelling; see the README for every key)",
-			ErrUnknownKey, strings.Join(keys, ", "))
+	if err := checkKeys(md.Keys()); err != nil {
+		return Config{}, err
 	}
 	if err := cfg.Validate(); err != nil {
 		return Config{}, err
 	}
 	return cfg, nil
+}
+
+// keysHelp says where an operator finds every key of the schema on a host
+// the packages installed: the shipped configuration lists each one with its
+// default, and the design document, installed with the other documents,
+// describes them.
+const keysHelp = "every key is shown, with its default, in the configuration file the package installs " +
+	"(" + DefaultPath + ") and in /usr/share/doc/nri-gpu-guard/design.md"
+
+// checkKeys refuses every key of the document that is not exactly a key of
+// the schema. The decoder matches keys without regard to case, and leaves
+// out of MetaData.Undecoded what it matched so: "ON_CONFLICT" or "[Policy]"
+// would be taken, and a case variant of a key written next to the key
+// itself would silently replace its value. TOML keys are case-sensitive, so
+// the document's keys, as written, are compared with the schema's. Below a
+// key that is refused, nothing more is named.
+func checkKeys(doc []toml.Key) error {
+	schema := schemaKeys()
+	var bad []string
+	seen := map[string]bool{}
+	var refused []string // prefixes ("ledgr.") of the refused keys
+next:
+	for _, k := range doc {
+		name := k.String()
+		if schema[name] || seen[name] {
+			continue
+		}
+		for _, p := range refused {
+			if strings.HasPrefix(name, p) {
+				continue next
+			}
+		}
+		seen[name] = true
+		refused = append(refused, name+".")
+		if want := schemaFold(name); want != "" {
+			bad = append(bad, fmt.Sprintf("%s (keys are case-sensitive: write %s)", name, want))
+		} else {
+			bad = append(bad, name)
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	sort.Strings(bad)
+	return fmt.Errorf("%w: %s (check the spelling; %s)", ErrUnknownKey, strings.Join(bad, ", "), keysHelp)
+}
+
+// schemaFold is the schema key that name spells in other case, or "".
+func schemaFold(name string) string {
+	for k := range schemaKeys() {
+		if strings.EqualFold(k, name) {
+			return k
+		}
+	}
+	return ""
+}
+
+// schemaKeys is every key path of the schema ("ledger", "ledger.dir",
+// "devices.static.mig.gi", ...) in the form toml.Key.String writes it,
+// derived once from the toml tags of Config, so that a key added to the
+// structs is accepted without a list to keep up to date. An array of tables
+// ([[devices.static]]) adds no index to the path, as the decoder's keys
+// have none.
+var schemaKeys = sync.OnceValue(func() map[string]bool {
+	keys := map[string]bool{}
+	addSchemaKeys(keys, "", reflect.TypeFor[Config]())
+	return keys
+})
+
+// textUnmarshaler marks a struct that is one value in TOML (Duration).
+var textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
+
+func addSchemaKeys(keys map[string]bool, prefix string, t reflect.Type) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if !f.IsExported() {
+			continue
+		}
+		name, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+		if name == "-" {
+			continue
+		}
+		if name == "" {
+			// The decoder's name for a field without a tag. Every field
+			// has one (TestSchemaKeysAreTheDecodersKeys), so that the
+			// schema's key names are written down beside the fields.
+			name = f.Name
+		}
+		key := prefix + name
+		keys[key] = true
+		ft := f.Type
+		if ft.Kind() == reflect.Slice {
+			ft = ft.Elem()
+		}
+		if ft.Kind() == reflect.Struct && !reflect.PointerTo(ft).Implements(textUnmarshaler) {
+			addSchemaKeys(keys, key+".", ft)
+		}
+	}
 }
 
 // ErrNotRegular is wrapped by LoadFile for a path that is not a regular file.
