@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
@@ -409,13 +411,25 @@ func addSchemaKeys(keys map[string]bool, prefix string, t reflect.Type) {
 // ErrNotRegular is wrapped by LoadFile for a path that is not a regular file.
 var ErrNotRegular = errors.New("not a regular file")
 
-// LoadFile loads the configuration at path. A missing file is an error: callers
-// that accept "no file" check Path's second result first. Anything but a
-// regular file (a FIFO, a device, a directory) is refused at once: opening a
-// FIFO without a writer would block, and reading a device would not end.
+// ErrLinkLeadsNowhere is wrapped by LoadFile when no file is at path but a
+// symbolic link is: path itself (its target gone) or a directory above it.
+var ErrLinkLeadsNowhere = errors.New("no configuration file where a symbolic link leads")
+
+// LoadFile loads the configuration at path. A missing file is an error that
+// wraps fs.ErrNotExist only when nothing at all is there: no symbolic link in
+// path's place and none among the directories above it (see absent); callers
+// that accept "no file" (LoadDefault) apply the defaults for that error only.
+// Anything but a regular file (a FIFO, a device, a directory) is refused at
+// once: opening a FIFO without a writer would block, and reading a device
+// would not end.
 func LoadFile(path string) (Config, error) {
 	f, err := OpenRegular(path)
 	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			if lerr := absent(path); lerr != nil {
+				return Config{}, lerr
+			}
+		}
 		return Config{}, fmt.Errorf("open configuration: %w", err)
 	}
 	defer func() { _ = f.Close() }() // read-only: a close error loses nothing
@@ -424,6 +438,58 @@ func LoadFile(path string) (Config, error) {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
+}
+
+// absent checks, for a path whose open said it does not exist, that nothing
+// at all is there. A symbolic link at path (its target gone), or one among
+// the directories above it, says that a configuration is kept elsewhere and
+// was meant to be found (a configuration-management checkout, a file system
+// not mounted yet, a link being replaced): the built-in defaults would then
+// be another guard, with another ledger directory, so that two containers
+// could hold one GPU. Such a path is an error naming the link and where it
+// leads, which never wraps fs.ErrNotExist.
+func absent(path string) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return fmt.Errorf("configuration %s: %w", path, err)
+	}
+	for p := abs; ; p = filepath.Dir(p) {
+		fi, err := os.Lstat(p)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// Nothing here; a link above could still be why.
+		case err != nil:
+			return fmt.Errorf("configuration %s: cannot tell whether it exists: %w", path, err)
+		case fi.Mode()&fs.ModeSymlink != 0:
+			return linkError(path, abs, p)
+		case p == abs:
+			// The open found nothing, but something is there now.
+			return fmt.Errorf("configuration %s appeared while it was being opened; run again", path)
+		}
+		if parent := filepath.Dir(p); parent == p {
+			return nil
+		}
+	}
+}
+
+// linkError is absent's error for the symbolic link link on the way to the
+// configuration path (abs, absolute).
+func linkError(path, abs, link string) error {
+	target, err := os.Readlink(link)
+	if err != nil {
+		target = "?" // replaced since the Lstat; the link is still what is named
+	} else if !filepath.IsAbs(target) {
+		target = filepath.Join(filepath.Dir(link), target)
+	}
+	what := fmt.Sprintf("%s is a symbolic link to %s", link, target)
+	if _, err := os.Stat(target); errors.Is(err, fs.ErrNotExist) {
+		what += ", which does not exist"
+	}
+	if link != abs {
+		what += fmt.Sprintf(", and no file is at %s below it", path)
+	}
+	return fmt.Errorf("configuration %s: %w: %s. Restore the configuration the link leads to, or name a file with --config; "+
+		"the built-in defaults apply only where no file and no link is found", path, ErrLinkLeadsNowhere, what)
 }
 
 // OpenRegular opens path for reading if it is a regular file (symlinks to one
@@ -480,9 +546,14 @@ func Path(flagValue string) (path string, explicit bool) {
 }
 
 // LoadDefault loads the configuration named by flagValue (see Path). When no
-// path was named and DefaultPath does not exist, it returns Default().
+// path was named and nothing at all is at DefaultPath, it returns Default():
+// a symbolic link there that leads nowhere is an error (see LoadFile).
 func LoadDefault(flagValue string) (Config, string, error) {
-	path, explicit := Path(flagValue)
+	return loadPath(Path(flagValue))
+}
+
+// loadPath is LoadDefault for the path Path picked.
+func loadPath(path string, explicit bool) (Config, string, error) {
 	cfg, err := LoadFile(path)
 	if err != nil && !explicit && errors.Is(err, os.ErrNotExist) {
 		return Default(), "", nil

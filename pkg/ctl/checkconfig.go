@@ -26,8 +26,11 @@ func (a *app) checkConfigCommand() *cobra.Command {
 naming the key, the bad value and what is accepted. Unknown keys are errors.
 
 PATH defaults to --config, then $NRI_GPU_GUARD_CONFIG, then
-/etc/nri-gpu-guard/config.toml. When no path is named and the default file
-does not exist, the built-in defaults apply and check-config says so.
+/etc/nri-gpu-guard/config.toml. When no path is named and nothing at all is
+at the default path, the built-in defaults apply and check-config says so. A
+symbolic link there whose target is gone (or a link among the directories
+above it) is not "nothing": the file is invalid, as the daemon, the hook and
+ctl refuse to run on the defaults in its place.
 
 The ledger dir's parent chain is checked as this host has it: every
 directory on the path must be owned by root (or the running user), not a
@@ -73,6 +76,9 @@ func (a *app) checkConfig(name string) error {
 		cfg, err := config.LoadFile(config.DefaultPath)
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
+			// Nothing at all is there: LoadFile reports a symbolic
+			// link that leads nowhere as another error, and that is
+			// invalid (config.ErrLinkLeadsNowhere).
 			v.Valid, v.Defaults, v.cfg = true, true, config.Default()
 		case err != nil:
 			v.Errors = splitErrors(err)
