@@ -113,26 +113,31 @@ var systemDirs = map[string]bool{
 // pseudoFSRoots hold kernel file systems: no state can live beneath them.
 var pseudoFSRoots = []string{"/proc/", "/sys/", "/dev/"}
 
-// ledgerDirProblem says what is wrong with dir as the ledger directory, or "".
-func ledgerDirProblem(dir string) string {
+// CheckLedgerDir says what is wrong with dir as the ledger directory, or
+// nil: the one judgement of [ledger] dir (Validate) and of every flag that
+// stands for it (the daemon's, the hook's and gpu-guard-ctl's --state-dir),
+// which callers prefix with the key or the flag. The ledger writes its files
+// into that directory and makes it 0700: a system directory would be
+// damaged.
+func CheckLedgerDir(dir string) error {
 	if dir == "" || !filepath.IsAbs(dir) {
-		return fmt.Sprintf("must be an absolute path, got %q", dir)
+		return fmt.Errorf("want the absolute path of a directory of the guard's own such as /var/lib/nri-gpu-guard, got %q", dir)
 	}
 	clean := filepath.Clean(dir)
 	if systemDirs[clean] {
-		return fmt.Sprintf("%q is the system directory %s; name a directory of the guard's own such as /var/lib/nri-gpu-guard", dir, clean)
+		return fmt.Errorf("%q is the system directory %s; name a directory of the guard's own such as /var/lib/nri-gpu-guard", dir, clean)
 	}
 	for _, root := range pseudoFSRoots {
 		if strings.HasPrefix(clean+"/", root) {
-			return fmt.Sprintf("%q is on a kernel file system (%s); name a directory such as /var/lib/nri-gpu-guard", dir, strings.TrimSuffix(root, "/"))
+			return fmt.Errorf("%q is on a kernel file system (%s); name a directory such as /var/lib/nri-gpu-guard", dir, strings.TrimSuffix(root, "/"))
 		}
 	}
-	return ""
+	return nil
 }
 
 func (c *Config) validateLedger(v *problems) {
-	if p := ledgerDirProblem(c.Ledger.Dir); p != "" {
-		v.bad("ledger.dir", "%s", p)
+	if err := CheckLedgerDir(c.Ledger.Dir); err != nil {
+		v.bad("ledger.dir", "%v", err)
 	}
 	// A ledger update takes about a millisecond; under that a busy host
 	// would refuse containers for nothing. Over an hour, a front end stalls

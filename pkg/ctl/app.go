@@ -11,7 +11,6 @@ import (
 	"io/fs"
 	"math"
 	"os"
-	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -94,14 +93,16 @@ func (a *app) stateDir() (string, error) {
 	return cfg.Ledger.Dir, nil
 }
 
-// checkStateDirFlag refuses a --state-dir that cannot be a ledger directory:
-// a relative path (it would depend on where ctl runs) or one that is not an
-// existing directory. Opened anyway, it reads as an empty ledger, and status
-// would report every GPU free.
+// checkStateDirFlag refuses a --state-dir that cannot be a ledger directory.
+// It stands for [ledger] dir, so it is judged as that key is
+// (config.CheckLedgerDir, with the same words): a relative path would depend
+// on where ctl runs, and a system directory (/var/lib for
+// /var/lib/nri-gpu-guard) would get the ledger's files and mode 0700 from a
+// mutating command. It must also be an existing directory: opened anyway, it
+// reads as an empty ledger, and status would report every GPU free.
 func checkStateDirFlag(dir string) error {
-	if !filepath.IsAbs(dir) {
-		return usagef("--state-dir %q: want the absolute path of the ledger directory (the daemon's [ledger] dir, %s by default)",
-			dir, config.Default().Ledger.Dir)
+	if err := config.CheckLedgerDir(dir); err != nil {
+		return usagef("--state-dir: %v (it names the ledger directory the daemon and the hook use, [ledger] dir of their configuration)", err)
 	}
 	fi, err := os.Stat(dir)
 	switch {
