@@ -170,7 +170,8 @@ func TestNoGPUNeedsNoConfig(t *testing.T) {
 		require.Equal(t, 1, code, phase)
 		require.Contains(t, stderr.String(), "on_conflict")
 		if phase == "create-runtime" {
-			require.Contains(t, stderr.String(), "hook "+phase+": container refused: configuration: ")
+			require.Contains(t, stderr.String(), "hook "+phase+": container c1 refused: configuration: ")
+			require.Contains(t, stderr.String(), ". Fix the configuration (`gpu-guard-ctl check-config` says what is wrong), then create the container again")
 			continue
 		}
 		// The container stopped already: poststop refuses nothing, it

@@ -215,14 +215,20 @@ func (e env) runInput(ctx context.Context, phase string, cfg config.Config, in *
 // load or validate (err). create-runtime refuses the container: a
 // configuration it cannot read must not let GPUs through. poststop runs for
 // a container that has stopped already: it cannot release the container's
-// GPUs, and says how to release them once the configuration is fixed.
+// GPUs, and says how to release them once the configuration is fixed. Both
+// name the container (when its state could be read) and the check that says
+// what is wrong, as the runtime's log may be all an operator sees.
 func ConfigError(phase string, in *Input, err error) error {
+	const check = "Fix the configuration (`gpu-guard-ctl check-config` says what is wrong)"
 	if phase == PhasePoststop {
 		subject, remedy := releaseRemedy(in)
-		return fmt.Errorf("hook poststop: %s: its GPUs are not released: configuration: %w. Fix the configuration "+
-			"(`gpu-guard-ctl check-config` says what is wrong), then %s", subject, err, remedy)
+		return fmt.Errorf("hook poststop: %s: its GPUs are not released: configuration: %w. %s, then %s", subject, err, check, remedy)
 	}
-	return fmt.Errorf("hook %s: container refused: configuration: %w", phase, err)
+	subject := "container"
+	if in != nil && in.stateErr == nil && in.state.ID != "" {
+		subject += " " + in.state.ID
+	}
+	return fmt.Errorf("hook %s: %s refused: configuration: %w. %s, then create the container again", phase, subject, err, check)
 }
 
 // releaseRemedy names the container of a poststop's input and says how an
