@@ -79,39 +79,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	// Most containers can reach no GPU: their answer needs neither the
-	// configuration nor the ledger (Input.NeverClaims holds under any
-	// configuration), so the input is read first and such a container is
-	// answered at once, before the TOML is parsed or signals are set up.
-	// poststop takes that short cut only when create-runtime left no
-	// marker for the container (one stat): the bundle's config.json may
-	// have been edited since create, and a container the hook claimed for
-	// is released whatever it says now.
-	in := hook.ReadInput(stdin)
-	phasetrace.Mark("input")
-	if in.NeverClaims() && (phase != hook.PhasePoststop || !hook.Marked(in)) {
-		return 0
-	}
-	cfg, _, err := config.LoadDefault(*cfgPath)
-	phasetrace.Mark("config")
-	if err == nil && *stateDir != "" {
-		cfg.Ledger.Dir = *stateDir
-		err = cfg.Validate()
-	}
-	if err != nil {
-		// The runtime logs this line and, for create-runtime, refuses the
-		// container: an unreadable configuration must not let GPUs through.
-		// poststop says how to release the stopped container's GPUs.
-		_, _ = fmt.Fprintf(stderr, "%s: %v\n", program, hook.ConfigError(phase, in, err))
-		return 1
-	}
-	// hook.RunInput handles SIGTERM/SIGINT (a waiting hook leaves the queue)
-	// and SIGPIPE itself, from the moment the hook is about to block.
-	if err := hook.RunInput(context.Background(), phase, hook.Options{Wait: *wait, Started: started}, cfg, in, stderr); err != nil {
-		_, _ = fmt.Fprintf(stderr, "%s: %v\n", program, err)
-		// 75: a GPU is busy, 77: refused by policy, 1: anything else; crun
-		// shows only this code.
-		return hook.ExitCode(err)
-	}
-	return 0
+	// The one path of both hook binaries (see hook.Main): a container
+	// that can reach no GPU is answered before the configuration is read.
+	return hook.Main(context.Background(), hook.Invocation{Program: program, Phase: phase, Config: *cfgPath, StateDir: *stateDir,
+		Options: hook.Options{Wait: *wait, Started: started}}, stdin, stderr)
 }

@@ -86,7 +86,13 @@ func TestDefaultConfigLinkLeadingNowhere(t *testing.T) {
 					assert.NotContains(t, stdout+stderr, "built-in defaults apply\n")
 				})
 			}
-			code, stdout, stderr := inPrivateHost(t, layout.setup, "", "ctl", "check-config", "-o", "json")
+			// A container that can reach no GPU is answered before the
+			// configuration is read, as for any configuration error.
+			code, stdout, stderr := inPrivateHost(t, layout.setup, hookState(t, "PATH=/bin"), "hook", "create-runtime")
+			assert.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+			assert.Empty(t, stderr)
+
+			code, stdout, stderr = inPrivateHost(t, layout.setup, "", "ctl", "check-config", "-o", "json")
 			require.Equal(t, 1, code, stderr)
 			var v struct {
 				Path     string   `json:"path"`

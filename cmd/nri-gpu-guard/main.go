@@ -78,6 +78,14 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
+	if phase != "" {
+		// The hook binary's own path (hook.Main): the runtime's input is
+		// read before the configuration, so that a container that can
+		// reach no GPU is not refused for a configuration that does not
+		// load.
+		return hook.Main(ctx, hook.Invocation{Program: "nri-gpu-guard", Phase: phase, Config: *cfgPath, StateDir: *stateDir,
+			Options: hook.Options{Wait: *wait, Started: started}}, stdin, stderr)
+	}
 	cfg, _, err := config.LoadDefault(*cfgPath)
 	if err == nil && *stateDir != "" {
 		cfg.Ledger.Dir = *stateDir
@@ -87,19 +95,12 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: configuration: %v\n", err)
 		return 1
 	}
-	if phase != "" {
-		err = hook.RunWith(ctx, phase, hook.Options{Wait: *wait, Started: started}, cfg, stdin, stderr)
-	} else {
-		logger := slog.New(slog.NewJSONHandler(stderr, nil))
-		logger.Info("starting", "version", version.String("nri-gpu-guard"), "launched_by_runtime", nriplugin.Launched())
-		err = runDaemon(ctx, daemonOptions{Config: cfg, Logger: logger, OpenNVML: openNVML,
-			Identity: nriplugin.Identity{Name: *name, Index: *idx, Socket: *socket}})
-	}
+	logger := slog.New(slog.NewJSONHandler(stderr, nil))
+	logger.Info("starting", "version", version.String("nri-gpu-guard"), "launched_by_runtime", nriplugin.Launched())
+	err = runDaemon(ctx, daemonOptions{Config: cfg, Logger: logger, OpenNVML: openNVML,
+		Identity: nriplugin.Identity{Name: *name, Index: *idx, Socket: *socket}})
 	if err != nil {
 		_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: %v\n", err)
-		if phase != "" {
-			return hook.ExitCode(err)
-		}
 		return 1
 	}
 	return 0

@@ -85,9 +85,10 @@
 //     decided under the ledger lock, never from the lock-free read; one
 //     whose recorded process (pid and start time) still runs is kept.
 //   - The input is read once (ReadInput). A container that can reach no GPU
-//     under any configuration is answered from it alone: the hook binary
-//     does so before loading the configuration, so a configuration that does
-//     not load refuses only containers that could reach a GPU. The decoders
+//     under any configuration is answered from it alone: both hook entries
+//     (nri-gpu-guard-hook and "nri-gpu-guard hook", one path: Main) do so
+//     before loading the configuration, so a configuration that does not
+//     load refuses only containers that could reach a GPU. The decoders
 //     of the state and the spec take a fast path without reflection only
 //     where it yields exactly what encoding/json yields (FuzzFastDecode).
 //   - The package imports nothing of NRI, ttrpc, protobuf, prometheus,
