@@ -102,12 +102,23 @@ func TestNothingAtTheDefaultPathIsTheDefaults(t *testing.T) {
 		_, _, err = loadPath(path, true)
 		require.ErrorIs(t, err, fs.ErrNotExist)
 	}
+	// A link further up than the file's own directory that leads somewhere
+	// (a distribution whose /etc is one) is only the way there.
+	realEtc := filepath.Join(dir, "real-etc")
+	mkdir(t, realEtc)
+	etc := filepath.Join(dir, "etc")
+	require.NoError(t, os.Symlink(realEtc, etc))
+	cfg, used, err := loadPath(filepath.Join(etc, "nri-gpu-guard", "config.toml"), false)
+	require.NoError(t, err)
+	assert.Equal(t, Default(), cfg)
+	assert.Empty(t, used)
+
 	// A link to a file that is there is simply followed.
 	real := filepath.Join(dir, "real.toml")
 	require.NoError(t, os.WriteFile(real, []byte("[policy]\non_conflict = \"reject\"\n"), 0o600))
 	link := filepath.Join(dir, "link.toml")
 	require.NoError(t, os.Symlink(real, link))
-	cfg, used, err := loadPath(link, false)
+	cfg, used, err = loadPath(link, false)
 	require.NoError(t, err)
 	assert.Equal(t, link, used)
 	assert.Equal(t, ConflictReject, cfg.Policy.OnConflict)

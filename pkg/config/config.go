@@ -441,13 +441,15 @@ func LoadFile(path string) (Config, error) {
 }
 
 // absent checks, for a path whose open said it does not exist, that nothing
-// at all is there. A symbolic link at path (its target gone), or one among
-// the directories above it, says that a configuration is kept elsewhere and
-// was meant to be found (a configuration-management checkout, a file system
-// not mounted yet, a link being replaced): the built-in defaults would then
-// be another guard, with another ledger directory, so that two containers
-// could hold one GPU. Such a path is an error naming the link and where it
-// leads, which never wraps fs.ErrNotExist.
+// at all is there. A symbolic link at path (its target gone) or in place of
+// its directory, or a link further up whose target is gone, says that a
+// configuration is kept elsewhere and was meant to be found (a
+// configuration-management checkout, a file system not mounted yet, a link
+// being replaced): the built-in defaults would then be another guard, with
+// another ledger directory, so that two containers could hold one GPU. Such
+// a path is an error naming the link and where it leads, which never wraps
+// fs.ErrNotExist. A link further up that leads somewhere (a distribution
+// whose /etc is one) is only the way there: below it, nothing is.
 func absent(path string) error {
 	abs, err := filepath.Abs(path)
 	if err != nil {
@@ -461,6 +463,11 @@ func absent(path string) error {
 		case err != nil:
 			return fmt.Errorf("configuration %s: cannot tell whether it exists: %w", path, err)
 		case fi.Mode()&fs.ModeSymlink != 0:
+			if p != abs && p != filepath.Dir(abs) {
+				if _, err := os.Stat(p); err == nil {
+					break
+				}
+			}
 			return linkError(path, abs, p)
 		case p == abs:
 			// The open found nothing, but something is there now.
