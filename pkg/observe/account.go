@@ -156,6 +156,7 @@ func judge(now time.Time, d Device, p Process, holders []Holding, v ledgerView) 
 	if v.exempts(p) {
 		return Finding{}, false
 	}
+	f.StartTicks = p.startTicks
 	where := "which is free"
 	if holder != nil {
 		where = "held by " + holder.name()

@@ -86,8 +86,10 @@ func TestIntruderOnHeldGPU(t *testing.T) {
 	assert.Contains(t, f.Message, "GPU 0 ("+h.uuid(0)+")")
 	assert.Contains(t, f.Message, "held by ml/trainer-0/main (container "+idA[:12]+")")
 	assert.Contains(t, f.Message, "does not kill")
+	assert.EqualValues(t, 20, f.StartTicks, "the finding names its process's start, not only its pid")
 	require.Contains(t, in, 300)
 	assert.Empty(t, in[300].ContainerID)
+	assert.EqualValues(t, 30, in[300].StartTicks)
 	assert.Contains(t, in[300].Message, "pid 300 (host process)")
 
 	// The device report shows all three, typed and mapped.

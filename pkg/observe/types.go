@@ -194,6 +194,11 @@ type Finding struct {
 	// ContainerID is empty for a host process.
 	PID         int    `json:"pid,omitempty"`
 	ContainerID string `json:"container_id,omitempty"`
+	// StartTicks is when the process started, in clock ticks since boot
+	// (/proc/PID/stat), for intruder and out_of_bounds: with the pid and
+	// the boot, it names one process, so a pid reused by another is another
+	// finding (the daemon carries its findings across its restart by it).
+	StartTicks uint64 `json:"start_ticks,omitempty"`
 	// Holder is the container id holding Device, empty when it is free.
 	Holder string `json:"holder,omitempty"`
 	// Xid is the Xid error of an unhealthy finding (0: the device vanished
