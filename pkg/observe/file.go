@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -94,25 +95,32 @@ func WriteFile(dir string, f File) error {
 	if f.Errors == nil {
 		f.Errors = []string{}
 	}
-	data, err := json.MarshalIndent(f, "", "  ")
+	return writeJSON(dir, FileName, "the observer report", f)
+}
+
+// writeJSON replaces dir/name with v as JSON (mode 0600): a temp file
+// renamed into place, so a reader sees the old file or the new one. what
+// names the file in errors.
+func writeJSON(dir, name, what string, v any) error {
+	data, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return fmt.Errorf("encode the observer report: %w", err)
+		return fmt.Errorf("encode %s: %w", what, err)
 	}
-	tmp, err := os.CreateTemp(dir, ".observe-*.tmp")
+	tmp, err := os.CreateTemp(dir, "."+strings.TrimSuffix(name, ".json")+"-*.tmp")
 	if err != nil {
-		return fmt.Errorf("write the observer report in %s: %w", dir, err)
+		return fmt.Errorf("write %s in %s: %w", what, dir, err)
 	}
-	name := tmp.Name()
+	tmpName := tmp.Name()
 	_, err = tmp.Write(append(data, '\n'))
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(name, filepath.Join(dir, FileName))
+		err = os.Rename(tmpName, filepath.Join(dir, name))
 	}
 	if err != nil {
-		_ = os.Remove(name)
-		return fmt.Errorf("write the observer report %s: %w", filepath.Join(dir, FileName), err)
+		_ = os.Remove(tmpName)
+		return fmt.Errorf("write %s %s: %w", what, filepath.Join(dir, name), err)
 	}
 	return nil
 }
@@ -134,34 +142,44 @@ var ErrNoFile = errors.New("no observer report")
 // ReadFile reads dir/observe.json. It refuses a symlink or a file that is
 // not regular, and one larger than any the daemon writes.
 func ReadFile(dir string) (*File, error) {
-	p := filepath.Join(dir, FileName)
+	var f File
+	if err := readJSON(dir, FileName, "observer report", &f); err != nil {
+		return nil, err
+	}
+	return &f, nil
+}
+
+// readJSON decodes dir/name into v: ErrNoFile when it does not exist; an
+// error for a symlink, a file that is not regular, one larger than
+// maxFileBytes, or one that does not parse. what names the file in errors.
+func readJSON(dir, name, what string, v any) error {
+	p := filepath.Join(dir, name)
 	fd, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // fixed name in the state dir
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, ErrNoFile
+		return ErrNoFile
 	case errors.Is(err, syscall.ELOOP):
-		return nil, fmt.Errorf("observer report %s is a symlink; remove it (the daemon rewrites it)", p)
+		return fmt.Errorf("%s %s is a symlink; remove it (the daemon rewrites it)", what, p)
 	case err != nil:
-		return nil, fmt.Errorf("read the observer report: %w", err)
+		return fmt.Errorf("read the %s: %w", what, err)
 	}
 	defer func() { _ = fd.Close() }()
 	fi, err := fd.Stat()
 	if err != nil {
-		return nil, fmt.Errorf("read the observer report: %w", err)
+		return fmt.Errorf("read the %s: %w", what, err)
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("observer report %s is not a regular file", p)
+		return fmt.Errorf("%s %s is not a regular file", what, p)
 	}
 	data, err := io.ReadAll(io.LimitReader(fd, maxFileBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("read the observer report: %w", err)
+		return fmt.Errorf("read the %s: %w", what, err)
 	}
 	if len(data) > maxFileBytes {
-		return nil, fmt.Errorf("observer report %s is larger than %d bytes; not read", p, maxFileBytes)
+		return fmt.Errorf("%s %s is larger than %d bytes; not read", what, p, maxFileBytes)
 	}
-	var f File
-	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("observer report %s does not parse: %w", p, err)
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s %s does not parse: %w", what, p, err)
 	}
-	return &f, nil
+	return nil
 }

@@ -82,3 +82,41 @@ func TestReadFileRefusesOddFiles(t *testing.T) {
 	_, err = ReadFile(dir)
 	require.ErrorContains(t, err, "not a regular file")
 }
+
+func TestCarryFileRoundTripAndRefusals(t *testing.T) {
+	dir := t.TempDir()
+	_, err := ReadCarry(dir)
+	require.ErrorIs(t, err, ErrNoFile)
+
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	c := Carry{BootID: "boot-1", WrittenAt: at, Cordons: true,
+		CordonLineages: map[string]string{"GPU-0": "L1"}, CordonRetries: []string{"GPU-1"}}
+	for i := range maxFileFindings + 2 {
+		c.Findings = append(c.Findings, FileFinding{Finding: Finding{Kind: KindIntruder, PID: i, StartTicks: uint64(500 + i),
+			Device: Device{Index: "0", UUID: "GPU-0"}}, Pod: "rogue"})
+	}
+	require.NoError(t, WriteCarry(dir, c))
+	fi, err := os.Stat(filepath.Join(dir, CarryFileName))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "root-only, like the ledger")
+	got, err := ReadCarry(dir)
+	require.NoError(t, err)
+	assert.Equal(t, CarryFormat, got.Format)
+	assert.Equal(t, "boot-1", got.BootID)
+	assert.True(t, got.Cordons)
+	assert.Len(t, got.Findings, maxFileFindings)
+	assert.Equal(t, 2, got.Truncated)
+	assert.EqualValues(t, 503, got.Findings[3].StartTicks)
+	assert.Equal(t, "rogue", got.Findings[3].Pod)
+	assert.Equal(t, map[string]string{"GPU-0": "L1"}, got.CordonLineages)
+	assert.Equal(t, []string{"GPU-1"}, got.CordonRetries)
+	_, err = ReadFile(dir)
+	require.ErrorIs(t, err, ErrNoFile, "not the report gpu-guard-ctl reads")
+
+	require.NoError(t, os.WriteFile(filepath.Join(dir, CarryFileName), []byte(`{"format": 2, "findings": []}`), 0o600))
+	_, err = ReadCarry(dir)
+	require.ErrorContains(t, err, "format 2")
+	require.NoError(t, os.WriteFile(filepath.Join(dir, CarryFileName), []byte(`{"format": 1, "findi`), 0o600))
+	_, err = ReadCarry(dir)
+	require.ErrorContains(t, err, "does not parse")
+}
