@@ -11,7 +11,9 @@
 // Watch runs the GPU observer (pkg/observe) beside the guard and applies its
 // policy: each finding (intruder, out of bounds, unhealthy) is logged once
 // when it appears and when it clears, audited, counted (metrics) and written
-// to observe.json in the state directory for gpu-guard-ctl status; under
+// to observe.json in the state directory for gpu-guard-ctl status (and the
+// intruder and out-of-bounds ones to observe-carry.json, for the next
+// daemon); under
 // [observe] on_intruder = "cordon" an intruder's device is cordoned, an
 // unhealthy device always is (persisted in the ledger, so the hook front end
 // honours it too); under release_requires_idle a draining claim is released
@@ -91,9 +93,18 @@
 //     finding: the findings on the devices the new inventory lists are
 //     carried over (when it still accounts, over the same ledger), with
 //     their cordons' lineages and pending retries, and the first pass that
-//     no longer sees one clears it. A daemon restart starts with none: a
-//     process still running is reported, audited and (on_intruder =
-//     "cordon") its device cordoned again, as a new finding.
+//     no longer sees one clears it. So is a restart of the daemon: its
+//     first observer that accounts carries them from observe-carry.json,
+//     which the daemon rewrites after each pass that changes them and
+//     keeps across a clean stop. A finding is a process (the boot, the pid
+//     and its start time): one that ended is cleared at the first pass, a
+//     pid reused is a new finding. The ledger decides the cordons: an
+//     intruder cordon in force on a carried finding's device is seen in
+//     force there, whatever the file says; one missing is judged at the
+//     first pass by the lineage the file recorded (lifted or lost). A file
+//     that is missing, of another boot or format, or unreadable carries
+//     nothing (logged): every process is judged afresh, toward reporting
+//     and cordoning.
 //   - A clean stop removes observe.json; a report left behind by a daemon
 //     that died grows stale, and status says so instead of trusting it.
 //   - Failing to write the inventory cache is not fatal: the hooks fall back

@@ -156,9 +156,15 @@ type Watch struct {
 	intruderRetry map[string]observe.FileFinding
 	// observing: what the running observer was started with (start).
 	observing observerRun
-	lastPass  time.Time
-	errors    []string
-	interval  time.Duration
+	// accounted: an observer that runs accounting passes was started; the
+	// first one took over the findings of the daemon before (readPrior).
+	accounted bool
+	// carried: what the carry file was last written with (writeCarry), so
+	// that a pass that changes nothing of it does not write it again.
+	carried  string
+	lastPass time.Time
+	errors   []string
+	interval time.Duration
 }
 
 // NewWatch returns a Watch; set its fields before Run.
@@ -354,18 +360,32 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	if w.Interval > 0 {
 		interval = w.Interval
 	}
-	var inLedger []observe.Finding
-	var inLineage string
-	if src != nil && interval > 0 {
+	var (
+		inLedger  []observe.Finding
+		inLineage string
+		prior     *priorFindings
+	)
+	accounts := src != nil && interval > 0
+	if accounts {
 		// Read before w.mu: never held across a ledger read. Without NVML,
 		// or without accounting passes ([observe] interval = "0s"), no
 		// pass would settle a device adopted from the ledger (and no
 		// observer ever found one to carry: NVML that opened stays open),
-		// so the ledger's cordons are left as they stand.
-		inLedger, inLineage = w.unhealthyCordons(ctx)
+		// so the ledger's cordons are left as they stand, and the findings
+		// of the daemon before stay in its carry file for an observer that
+		// accounts.
+		cordons, lineage, read := w.ledgerCordons(ctx)
+		inLedger, inLineage = unhealthyOf(cordons), lineage
+		if w.firstAccounting() {
+			prior = w.readPrior(k.dir, cordons, lineage, read)
+		}
 	}
 	next := observerRun{dir: k.dir, cordons: cfg.Observe.OnIntruder == config.IntruderCordon}
 	w.mu.Lock()
+	if accounts && !w.accounted {
+		w.accounted = true
+		w.adoptPriorLocked(k.dir, prior)
+	}
 	c := w.carryLocked(k.gpus, next, interval > 0, inLedger, inLineage)
 	lastReport := w.lastPass
 	w.reported, w.unhealthy, w.errors, w.lastPass = c.reported, c.unhealthy, nil, c.lastPass
@@ -498,13 +518,18 @@ type observerCarry struct {
 // retry: the old policy never cordoned it, and the finding is not new to
 // the new one.
 //
+// The daemon's first observer that accounts carries the same way what the
+// daemon before it recorded (adoptPriorLocked, from its carry file: see
+// readPrior), as if it were the observer before.
+//
 // inLedger are the unhealthy cordons in force in the ledger, read in
-// lineage (unhealthyCordons): one on a device not carried is adopted,
+// lineage (unhealthyOf): one on a device not carried is adopted,
 // seen in force in lineage, and returned in adopted too. That is the
 // daemon's restart (a new Watch holds nothing), or a device an inventory
 // left and lists again: its cordon stands in the ledger, and the device
 // stays unhealthy, as if this observer had found it. Intruder cordons are
-// not adopted: the finding they were written for is not in the ledger.
+// adopted only for a finding carried (readPrior): the finding they were
+// written for is not in the ledger.
 func (w *Watch) carryLocked(gpus []devices.GPU, next observerRun, accounts bool, inLedger []observe.Finding, lineage string) observerCarry {
 	var c observerCarry
 	listed := map[string]observe.Device{}
@@ -593,23 +618,21 @@ func (w *Watch) carryLocked(gpus []devices.GPU, next observerRun, accounts bool,
 	return c
 }
 
-// unhealthyCordons returns a finding for each cordon from source unhealthy
-// in force in the ledger, and the lineage of the state read, for
-// carryLocked to adopt. The finding's message is the cordon's
-// reason, without the prefix of a cordon written again (settleUnhealthy
-// adds it again should the cordon be lost once more); its time is when the
-// device was cordoned; its Xid is not known (only the reason names it). A
+// ledgerCordons returns the cordons in force in the ledger and the lineage
+// of the state read (read: whether it could be read), for the observer that
+// starts: the unhealthy ones are adopted (unhealthyOf, carryLocked), the
+// intruder ones settle the findings of the daemon before (readPrior). A
 // ledger that cannot be read adopts nothing (logged): the cordons stand in
-// it all the same, but one lost later is not written again before the
-// device's next critical error.
+// it all the same, but an unhealthy one lost later is not written again
+// before the device's next critical error.
 //
 // A state of an earlier boot reads without the observer's cordons
 // (ledger.Snapshot, as its next update drops them): a reboot is not taken
 // for a loss.
-func (w *Watch) unhealthyCordons(ctx context.Context) ([]observe.Finding, string) {
+func (w *Watch) ledgerCordons(ctx context.Context) (cordons []ledger.Cordon, lineage string, read bool) {
 	s := w.states()
 	if s == nil {
-		return nil, ""
+		return nil, "", false
 	}
 	ks, lineage, err := s.CordonsInForce(ctx)
 	if err != nil {
@@ -617,10 +640,19 @@ func (w *Watch) unhealthyCordons(ctx context.Context) ([]observe.Finding, string
 			w.log().Warn("GPU observer: cannot read the ledger's cordons; an unhealthy device cordoned before this observer started is not cordoned again should the ledger lose its cordon",
 				"error", err)
 		}
-		return nil, ""
+		return nil, "", false
 	}
+	return ks, lineage, true
+}
+
+// unhealthyOf returns a finding for each cordon from source unhealthy in
+// cordons, for carryLocked to adopt. The finding's message is the cordon's
+// reason, without the prefix of a cordon written again (settleUnhealthy
+// adds it again should the cordon be lost once more); its time is when the
+// device was cordoned; its Xid is not known (only the reason names it).
+func unhealthyOf(cordons []ledger.Cordon) []observe.Finding {
 	var out []observe.Finding
-	for _, k := range ks {
+	for _, k := range cordons {
 		if k.Source != ledger.CordonUnhealthy {
 			continue
 		}
@@ -629,7 +661,7 @@ func (w *Watch) unhealthyCordons(ctx context.Context) ([]observe.Finding, string
 		out = append(out, observe.Finding{Kind: observe.KindUnhealthy, Device: observe.Device{UUID: k.Device.UUID},
 			Time: k.Since, Message: strings.TrimPrefix(k.Reason, recordonReason)})
 	}
-	return out, lineage
+	return out
 }
 
 // holdingsAt is the observer's view of the ledger: every claim of the
@@ -730,8 +762,11 @@ func hostCgroup(cgroupsPath string) string {
 	return p
 }
 
+// findingKey names a finding across passes, and across daemons (the carry
+// file): its kind, device and process, the pid with its start time, so that
+// a pid reused by another process is another finding.
 func findingKey(f observe.Finding) string {
-	return fmt.Sprintf("%s|%s|%d|%s", f.Kind, f.Device.UUID, f.PID, f.ContainerID)
+	return fmt.Sprintf("%s|%s|%d|%d|%s", f.Kind, f.Device.UUID, f.PID, f.StartTicks, f.ContainerID)
 }
 
 // onReport applies the policy to one pass: new findings are logged, audited
@@ -858,6 +893,7 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 		w.Metrics.ObserverReport(shown)
 	}
 	w.writeFile()
+	w.writeCarry()
 }
 
 // cordonIntruders cordons the device of each new finding (intruder or out

@@ -19,7 +19,9 @@
 //
 // It also owns observe.json (File, WriteFile, ReadFile): the daemon's last
 // report for gpu-guard-ctl, bounded, written atomically, judged stale after
-// three intervals without a pass.
+// three intervals without a pass; and observe-carry.json (Carry,
+// WriteCarry, ReadCarry): the findings the daemon acted on, for the daemon
+// after it, named by process (the boot, the pid and Finding.StartTicks).
 //
 // Rules (Finding.Kind):
 //   - intruder: a process of a container that holds no claim (or of the

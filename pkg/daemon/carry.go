@@ -1,0 +1,211 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"maps"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
+)
+
+// A daemon that starts (an upgrade, a crash, a configuration change that
+// restarts the process) finds the processes the daemon before it reported
+// still running. Taken for new findings, they were logged and audited
+// again and, under on_intruder = "cordon", their devices cordoned again
+// although the operator had lifted the cordon (accepting the process). So
+// the findings cross the restart as they cross a restart of the observer
+// (carryLocked), through two sources, each the truth for its part:
+//
+//   - the carry file (observe.CarryFileName, written by writeCarry after
+//     each pass that changed it) for what only the daemon knew: the
+//     findings it reported, by process (boot, pid, start time: a process
+//     that ended, or a pid reused, is cleared or is a new finding at the
+//     first pass), the ledger lineage it saw each of its intruder cordons
+//     in, the cordons it still had to write, and its policy. observe.json
+//     does not do: a clean stop removes it (gpu-guard-ctl status must not
+//     show a stopped daemon's findings), and an upgrade stops cleanly.
+//   - the ledger for the cordons: an intruder cordon in force on the device
+//     of a carried finding is the cordon, seen in force in the ledger's
+//     lineage, whatever the file says (a write the file missed, a retry
+//     that committed). One missing is judged at the first pass as at any
+//     other (settleIntruders): lifted by the operator if the ledger is
+//     still in the lineage the file saw it in, lost with the state (and
+//     written again) if not.
+//
+// A file that cannot be trusted (missing, of another boot or format,
+// corrupt) carries nothing, logged: every process is then judged afresh, as
+// before, which errs toward reporting and cordoning, never away from it.
+
+// priorFindings is what the daemon's first accounting observer takes over
+// from the daemon before it (readPrior, adoptPriorLocked).
+type priorFindings struct {
+	reported map[string]observe.FileFinding
+	// lineages: by device, the lineage each intruder cordon was written in
+	// or last seen in force in.
+	lineages map[string]string
+	retry    map[string]observe.FileFinding
+	cordons  bool
+}
+
+// firstAccounting reports whether no observer that runs accounting passes
+// has started in this daemon yet: the carry file in the state directory is
+// still the daemon before's.
+func (w *Watch) firstAccounting() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return !w.accounted
+}
+
+// readPrior reads the carry file of the daemon before from dir (nil when
+// it carries nothing: each case logged) and settles it against the
+// ledger's cordons in force, read in lineage (read: whether they could be
+// read; if not, the first pass settles them).
+func (w *Watch) readPrior(dir string, cordons []ledger.Cordon, lineage string, read bool) *priorFindings {
+	log := w.log().With("file", filepath.Join(dir, observe.CarryFileName))
+	var boot string
+	if g := w.guard(); g != nil {
+		boot = g.Ledger().BootID()
+	}
+	c, err := observe.ReadCarry(dir)
+	switch {
+	case errors.Is(err, observe.ErrNoFile):
+		log.Info("GPU observer: no findings of an earlier daemon to carry over; every process found is a new finding")
+		return nil
+	case err != nil:
+		log.Warn("GPU observer: the findings of the daemon before cannot be read, so none is carried over: a process still running is reported, audited and (on_intruder = \"cordon\") its device cordoned again, as a new finding (uncordon it again if you had accepted it); the file is rewritten at the next pass",
+			"error", err)
+		return nil
+	case boot == "" || c.BootID != boot:
+		log.Info("GPU observer: the findings of the daemon before were seen in an earlier boot: their processes are gone; none is carried over",
+			"file_boot_id", c.BootID, "boot_id", boot)
+		return nil
+	}
+	p := &priorFindings{reported: map[string]observe.FileFinding{}, cordons: c.Cordons}
+	var unnamed int
+	for _, f := range c.Findings {
+		if (f.Kind != observe.KindIntruder && f.Kind != observe.KindOutOfBounds) || f.PID <= 0 || f.StartTicks == 0 || f.Device.UUID == "" {
+			// Without its start time, nothing tells the process from
+			// another that took its pid: judged afresh.
+			unnamed++
+			continue
+		}
+		p.reported[findingKey(f.Finding)] = f
+	}
+	on := findingsByDevice(p.reported)
+	inForce := map[string]bool{}
+	if read {
+		for _, k := range cordons {
+			if k.Source == ledger.CordonIntruder {
+				inForce[k.Device.UUID] = true
+			}
+		}
+	}
+	for uuid := range on {
+		seen, known := c.CordonLineages[uuid]
+		switch {
+		case inForce[uuid]:
+			seen, known = lineage, true // the ledger's word, not the file's
+		case slices.Contains(c.CordonRetries, uuid):
+			if p.retry == nil {
+				p.retry = map[string]observe.FileFinding{}
+			}
+			p.retry[uuid] = on[uuid]
+		}
+		if known {
+			if p.lineages == nil {
+				p.lineages = map[string]string{}
+			}
+			p.lineages[uuid] = seen
+		}
+	}
+	attrs := []any{"findings", len(p.reported), "written_at", c.WrittenAt, "cordons_watched", len(p.lineages), "cordons_pending", len(p.retry)}
+	if unnamed > 0 {
+		attrs = append(attrs, "not_carried", unnamed)
+	}
+	if c.Truncated > 0 {
+		attrs = append(attrs, "truncated", c.Truncated)
+	}
+	log.Info("GPU observer: findings of the daemon before carried over: a process that still runs is not reported, audited or cordoned again; one that ended is cleared at the first pass",
+		attrs...)
+	return p
+}
+
+// adoptPriorLocked makes p the state of the observer before the one that
+// starts in dir (w.mu held), for carryLocked to carry as it carries an
+// observer restart's; nil adopts nothing.
+func (w *Watch) adoptPriorLocked(dir string, p *priorFindings) {
+	if p == nil {
+		return
+	}
+	w.reported, w.intruderRetry = p.reported, p.retry
+	w.observing = observerRun{dir: dir, cordons: p.cordons}
+	for uuid, seen := range p.lineages {
+		if w.cordonLineage == nil {
+			w.cordonLineage = map[cordonKey]string{}
+		}
+		w.cordonLineage[cordonKey{ledger.CordonIntruder, uuid}] = seen
+	}
+}
+
+// writeCarry writes the carry file for the daemon after this one from what
+// the policy holds after a pass, unless it would say what it already says
+// (the findings' pass times aside: the next daemon matches processes, not
+// passes). A failure is logged and tried again after the next pass.
+func (w *Watch) writeCarry() {
+	g := w.guard()
+	if g == nil {
+		return
+	}
+	dir := g.Ledger().Dir()
+	w.mu.Lock()
+	c := observe.Carry{BootID: g.Ledger().BootID(), Cordons: w.observing.cordons,
+		Findings: slices.Collect(maps.Values(w.reported)), CordonRetries: slices.Sorted(maps.Keys(w.intruderRetry))}
+	for k, seen := range w.cordonLineage {
+		if k.source != ledger.CordonIntruder {
+			continue
+		}
+		if c.CordonLineages == nil {
+			c.CordonLineages = map[string]string{}
+		}
+		c.CordonLineages[k.uuid] = seen
+	}
+	last := w.carried
+	w.mu.Unlock()
+	sortFindings(c.Findings)
+	sig := carrySignature(dir, c)
+	if sig == last {
+		return
+	}
+	c.WrittenAt = w.now().UTC()
+	if err := observe.WriteCarry(dir, c); err != nil {
+		w.log().Warn("GPU observer: findings not recorded for the next daemon (retried after the next pass); should the daemon restart before, a process still running is reported, and its device cordoned, again",
+			"error", err)
+		return
+	}
+	w.mu.Lock()
+	w.carried = sig
+	w.mu.Unlock()
+}
+
+// carrySignature is what c says that the next daemon reads, written to dir.
+func carrySignature(dir string, c observe.Carry) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s\n%s\n%t\n", dir, c.BootID, c.Cordons)
+	for _, f := range c.Findings {
+		fmt.Fprintf(&b, "f %s %s/%s/%s\n", findingKey(f.Finding), f.Namespace, f.Pod, f.Container)
+	}
+	for _, uuid := range slices.Sorted(maps.Keys(c.CordonLineages)) {
+		fmt.Fprintf(&b, "l %s %s\n", uuid, c.CordonLineages[uuid])
+	}
+	for _, uuid := range c.CordonRetries {
+		fmt.Fprintf(&b, "r %s\n", uuid)
+	}
+	return b.String()
+}

@@ -1,0 +1,381 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
+)
+
+// daemon is one run of the daemon's Watch: a new Watch over g (all a
+// restarted daemon holds), with h's NVML and /proc, logging to logs, the
+// guard's own device states over the real ledger unless states is set.
+type daemon struct {
+	t       *testing.T
+	w       *Watch
+	reports chan struct{}
+	stop    func()
+}
+
+func runDaemon(t *testing.T, h *gpuHost, g *guard.Guard, states *fakeStates, logs *syncBuffer) *daemon {
+	t.Helper()
+	// No test here sends an Xid: an event wait that gives up soon lets the
+	// observer stop at once (it waits for the wait in flight).
+	h.srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(uint32) (nvml.EventData, nvml.Return) {
+				time.Sleep(10 * time.Millisecond)
+				return nvml.EventData{}, nvml.ERROR_TIMEOUT
+			},
+			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+	w, reports, stop := runWatch(t, h, g, states, func(w *Watch) {
+		if states == nil {
+			w.States = nil
+		}
+		w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+	})
+	return &daemon{t: t, w: w, reports: reports, stop: stop}
+}
+
+// until waits, pass by pass, for done.
+func (d *daemon) until(what string, done func() bool) {
+	d.t.Helper()
+	for pass := 0; !done(); pass++ {
+		require.Less(d.t, pass, 1000, what)
+		testwait.Receive(d.t, d.reports, what)
+	}
+}
+
+// passes waits for n passes that started after the call: a signal still
+// queued may be of an earlier one, and the pass in flight may have read the
+// ledger before the caller's change.
+func (d *daemon) passes(n int) {
+	d.t.Helper()
+	for drained := false; !drained; {
+		select {
+		case <-d.reports:
+		default:
+			drained = true
+		}
+	}
+	for range n + 1 {
+		testwait.Receive(d.t, d.reports, "an accounting pass")
+	}
+}
+
+// restartPID makes pid another process, started at ticks, as when a
+// process exits and the kernel gives its pid to a new one (NVML lists the
+// pid all along).
+func restartPID(t *testing.T, h *gpuHost, pid int, ticks uint64) {
+	t.Helper()
+	stat := fmt.Sprintf("%d (python) S 1 %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 %d 0 0\n", pid, pid, pid, ticks)
+	require.NoError(t, os.WriteFile(filepath.Join(h.proc, "proc", fmt.Sprint(pid), "stat"), []byte(stat), 0o644))
+}
+
+// cordonGuard is a guard over a reconciled ledger (a lineage before the
+// first cordon) that cordons intruders' devices.
+func cordonGuard(t *testing.T, h *gpuHost) *guard.Guard {
+	t.Helper()
+	g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
+	_, err := g.Reconcile(context.Background(), ledger.FrontEndNRI, nil)
+	require.NoError(t, err)
+	return g
+}
+
+// A process the daemon reported is no new finding for the daemon after it
+// (an upgrade, a crash, a restart for a new configuration), as it is none
+// for a restarted observer: the intruder cordon the operator lifted stays
+// lifted, whether lifted before the restart or while no daemon ran; a
+// cordon the ledger lost with its state while no daemon ran is written
+// again, as by the daemon that wrote it. The new daemon used to take the
+// still-running process for a new finding: logged, audited and its device
+// cordoned again, the operator's uncordon undone.
+func TestIntruderUncordonSticksAcrossADaemonRestart(t *testing.T) {
+	type tc struct {
+		name string
+		// before: the change made while the first daemon runs (it sees
+		// it); between: while no daemon runs.
+		before, between func(t *testing.T, g *guard.Guard, uuid string)
+		recordon        bool
+	}
+	cases := []tc{{name: "operator uncordon, then restart", before: operatorUncordon}}
+	for _, lc := range lineageCases() {
+		if lc.fenceOnce {
+			continue // the NRI plugin's fence: no restart of the daemon in it
+		}
+		cases = append(cases, tc{name: "restart across " + lc.name, between: lc.between, recordon: lc.recordon})
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newGPUHost(t)
+			g := cordonGuard(t, h)
+			uuid := h.uuid(2)
+			cordoned := func() bool { t.Helper(); return cordonedIn(t, g, uuid) }
+			h.run(2, 200, idB) // no claim
+			logs := &syncBuffer{}
+
+			first := runDaemon(t, h, g, nil, logs)
+			first.until("the intruder's device cordoned", cordoned)
+			if tc.before != nil {
+				tc.before(t, g, uuid)
+				first.until("the uncordon taken for the operator's", func() bool {
+					return strings.Contains(logs.String(), "intruder cordon lifted by the operator")
+				})
+			}
+			first.stop()
+			if tc.between != nil {
+				tc.between(t, g, uuid)
+			}
+			require.False(t, cordoned())
+
+			second := runDaemon(t, h, g, nil, logs)
+			defer second.stop()
+			if tc.recordon {
+				second.until("the lost cordon written again", cordoned)
+				second.passes(1) // the pass that wrote it has audited it
+				assertCordonedAgain(t, g, logs, uuid, "intruder cordon lost", "pid 200")
+			} else {
+				second.passes(2)
+				assert.False(t, cordoned(), "the operator's uncordon sticks across the daemon's restart")
+			}
+			assert.Contains(t, logs.String(), "findings of the daemon before carried over")
+			assert.Equal(t, 1, auditCount(t, g, OpIntruder), "one process, audited once")
+			assert.Equal(t, 1, strings.Count(logs.String(), "GPU process not admitted by the guard"), "one process, logged once")
+			file, err := observe.ReadFile(g.Ledger().Dir())
+			require.NoError(t, err)
+			if assert.Len(t, file.Findings, 1, "status still shows it") {
+				assert.Equal(t, 200, file.Findings[0].PID)
+			}
+
+			// It leaves: its finding clears, once.
+			h.stop(200)
+			second.until("the finding cleared", func() bool { return auditCount(t, g, OpFindingCleared) > 0 })
+			second.passes(1)
+			assert.Equal(t, 1, auditCount(t, g, OpFindingCleared))
+		})
+	}
+}
+
+// Under on_intruder = "report" the daemon after reports no process the
+// daemon before reported; a process it had not seen is still a new
+// finding. A new daemon that cordons after one that reported (the policy
+// changed with the restart) cordons the device of the process still
+// running, without reporting it again, as a restarted observer does.
+func TestIntruderNotReportedAgainByANewDaemon(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil) // on_intruder = "report"
+	_, err := g.Reconcile(context.Background(), ledger.FrontEndNRI, nil)
+	require.NoError(t, err)
+	h.run(2, 200, idB)
+	logs := &syncBuffer{}
+	first := runDaemon(t, h, g, nil, logs)
+	first.until("the intruder reported", func() bool { return auditCount(t, g, OpIntruder) >= 1 })
+	first.stop()
+
+	h.run(3, 201, idC) // started while no daemon ran
+	second := runDaemon(t, h, g, nil, logs)
+	second.until("the new intruder reported", func() bool { return auditCount(t, g, OpIntruder) >= 2 })
+	second.passes(2)
+	second.stop()
+	assert.Equal(t, 2, auditCount(t, g, OpIntruder), "pid 200 is not reported again, pid 201 is")
+	assert.Equal(t, 2, strings.Count(logs.String(), "GPU process not admitted by the guard"))
+	assert.Contains(t, logs.String(), `"pid":201`)
+	assert.False(t, cordonedIn(t, g, h.uuid(2)))
+
+	// The policy becomes "cordon" with the next restart.
+	cfg := g.Config()
+	cfg.Observe.OnIntruder = config.IntruderCordon
+	g2, err := (&Builder{}).Setup(context.Background(), cfg)
+	require.NoError(t, err)
+	third := runDaemon(t, h, g2, nil, logs)
+	defer third.stop()
+	third.until("the running intruders' devices cordoned", func() bool {
+		return cordonedIn(t, g2, h.uuid(2)) && cordonedIn(t, g2, h.uuid(3))
+	})
+	third.passes(1)
+	assert.Equal(t, 2, auditCount(t, g2, OpIntruder), "cordoned, not reported again")
+}
+
+// An intruder cordon the daemon could not write (ledger lock busy, ledger
+// being recovered) is written by the daemon after it while the process
+// runs, once, and the process is not reported again. The ledger decides
+// over the record: a cordon in force there (a write that reported an error
+// but committed) is not written again.
+func TestIntruderCordonPendingMadeByANewDaemon(t *testing.T) {
+	for _, inForce := range []bool{false, true} {
+		name := "pending"
+		if inForce {
+			name = "pending but in force in the ledger"
+		}
+		t.Run(name, func(t *testing.T) {
+			h := newGPUHost(t)
+			g := cordonGuard(t, h)
+			uuid := h.uuid(2)
+			h.run(2, 200, idB)
+			logs := &syncBuffer{}
+			refusing := newFakeStates()
+			refusing.failing = 1 << 30
+			first := runDaemon(t, h, g, refusing, logs)
+			first.until("the cordon retried", func() bool {
+				refusing.mu.Lock()
+				defer refusing.mu.Unlock()
+				return refusing.attempts >= 2
+			})
+			first.stop()
+
+			states := newFakeStates()
+			if inForce {
+				states.cordoned[uuid], states.sources[uuid] = true, ledger.CordonIntruder
+			}
+			second := runDaemon(t, h, g, states, logs)
+			if !inForce {
+				c := testwait.Receive(t, states.cordons, "the pending cordon written by the new daemon")
+				assert.Equal(t, [2]string{uuid, ledger.CordonIntruder}, [2]string{c[0], c[1]})
+				assert.Contains(t, c[2], "pid 200")
+			}
+			second.passes(2)
+			second.stop()
+			states.mu.Lock()
+			want := 1
+			if inForce {
+				want = 0
+			}
+			assert.Equal(t, want, states.attempts, "written once, or not at all when in force")
+			states.mu.Unlock()
+			assert.Equal(t, 1, auditCount(t, g, OpIntruder), "not a new finding")
+			assert.Equal(t, 1, strings.Count(logs.String(), "GPU process not admitted by the guard"))
+		})
+	}
+}
+
+// The record is of processes, not of pids, and its age does not matter:
+// the daemon after carries a finding only for the same process (the same
+// boot, pid and start time). A process that ended while no daemon ran is
+// cleared at the first pass; a pid the kernel gave to another process is a
+// new finding, reported and its device cordoned, although the operator had
+// lifted the cordon of the pid's earlier process.
+func TestCarriedFindingsAreOfTheSameProcesses(t *testing.T) {
+	h := newGPUHost(t)
+	g := cordonGuard(t, h)
+	h.run(2, 200, idB)
+	h.run(3, 201, idB)
+	h.run(4, 202, "") // a host process
+	logs := &syncBuffer{}
+	first := runDaemon(t, h, g, nil, logs)
+	first.until("the three devices cordoned", func() bool {
+		return cordonedIn(t, g, h.uuid(2)) && cordonedIn(t, g, h.uuid(3)) && cordonedIn(t, g, h.uuid(4))
+	})
+	first.stop()
+	for _, i := range []int{2, 3, 4} {
+		operatorUncordon(t, g, h.uuid(i))
+	}
+	h.stop(201)
+	restartPID(t, h, 202, 900)
+	// Written a week ago: it still names the processes it names.
+	c, err := observe.ReadCarry(g.Ledger().Dir())
+	require.NoError(t, err)
+	c.WrittenAt = c.WrittenAt.Add(-7 * 24 * time.Hour)
+	require.NoError(t, observe.WriteCarry(g.Ledger().Dir(), *c))
+
+	second := runDaemon(t, h, g, nil, logs)
+	defer second.stop()
+	second.until("the new process on pid 202 cordons GPU 4", func() bool { return cordonedIn(t, g, h.uuid(4)) })
+	second.until("the findings of the ended processes cleared", func() bool { return auditCount(t, g, OpFindingCleared) == 2 })
+	second.passes(1)
+	assert.False(t, cordonedIn(t, g, h.uuid(2)), "pid 200 is the process the operator accepted")
+	assert.False(t, cordonedIn(t, g, h.uuid(3)))
+	assert.Equal(t, 4, auditCount(t, g, OpIntruder), "three by the first daemon, the new process on pid 202 by the second")
+	assert.Equal(t, 2, auditCount(t, g, OpFindingCleared), "pid 201, and pid 202's earlier process")
+	assert.Equal(t, 4, strings.Count(logs.String(), "GPU process not admitted by the guard"))
+}
+
+// A record that cannot be trusted carries nothing, with a log line that
+// says why, and never leaves a process unreported or a device uncordoned
+// on its word: the process still running is a new finding (reported,
+// audited, its device cordoned although the operator had lifted the
+// cordon), as before there was a record, and the next pass writes a
+// record that can be read.
+func TestCarryFileNotTrustedCarriesNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		spoil func(t *testing.T, path string)
+		log   string
+	}{
+		{name: "missing", log: "no findings of an earlier daemon to carry over",
+			spoil: func(t *testing.T, path string) { require.NoError(t, os.Remove(path)) }},
+		{name: "corrupt", log: "the findings of the daemon before cannot be read",
+			spoil: func(t *testing.T, path string) {
+				require.NoError(t, os.WriteFile(path, []byte(`{"format": 1, "find`), 0o600))
+			}},
+		{name: "another format", log: "the findings of the daemon before cannot be read",
+			spoil: func(t *testing.T, path string) {
+				require.NoError(t, os.WriteFile(path, []byte(`{"format": 99, "findings": []}`), 0o600))
+			}},
+		{name: "a symlink", log: "the findings of the daemon before cannot be read",
+			spoil: func(t *testing.T, path string) {
+				other := filepath.Join(t.TempDir(), "carry.json")
+				data, err := os.ReadFile(path)
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(other, data, 0o600))
+				require.NoError(t, os.Remove(path))
+				require.NoError(t, os.Symlink(other, path))
+			}},
+		{name: "an earlier boot", log: "the findings of the daemon before were seen in an earlier boot",
+			spoil: func(t *testing.T, path string) {
+				c, err := observe.ReadCarry(filepath.Dir(path))
+				require.NoError(t, err)
+				c.BootID = "an-earlier-boot"
+				require.NoError(t, observe.WriteCarry(filepath.Dir(path), *c))
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newGPUHost(t)
+			g := cordonGuard(t, h)
+			uuid := h.uuid(2)
+			h.run(2, 200, idB)
+			logs := &syncBuffer{}
+			first := runDaemon(t, h, g, nil, logs)
+			first.until("the intruder's device cordoned", func() bool { return cordonedIn(t, g, uuid) })
+			first.stop()
+			operatorUncordon(t, g, uuid)
+			path := filepath.Join(g.Ledger().Dir(), observe.CarryFileName)
+			tc.spoil(t, path)
+
+			second := runDaemon(t, h, g, nil, logs)
+			defer second.stop()
+			second.until("the device cordoned again, for a new finding", func() bool { return cordonedIn(t, g, uuid) })
+			second.passes(1)
+			assert.Contains(t, logs.String(), tc.log)
+			assert.NotContains(t, logs.String(), "findings of the daemon before carried over")
+			assert.Equal(t, 2, auditCount(t, g, OpIntruder), "judged afresh")
+			c, err := observe.ReadCarry(g.Ledger().Dir())
+			require.NoError(t, err, "rewritten at the first pass")
+			require.Len(t, c.Findings, 1)
+			assert.Equal(t, 200, c.Findings[0].PID)
+			assert.EqualValues(t, 500, c.Findings[0].StartTicks)
+			assert.Equal(t, g.Ledger().BootID(), c.BootID)
+		})
+	}
+}
