@@ -1019,27 +1019,24 @@ func (w *Watch) settleIntruders(ctx context.Context, current, todo map[string]ob
 		}
 	}
 	w.mu.Unlock()
-	s := w.states()
-	if s == nil || len(written) == 0 {
+	if len(written) == 0 {
 		return nil
 	}
+	fates, lineage := w.cordonFates(ctx, ledger.CordonIntruder, written)
 	log := w.log()
 	var lost map[string]observe.FileFinding
-	for _, uuid := range slices.Sorted(maps.Keys(written)) {
+	for _, uuid := range slices.Sorted(maps.Keys(fates)) {
 		f := on[uuid]
-		cordoned, lineage, err := s.CordonInForce(ctx, uuid)
-		switch {
-		case err != nil: // checked at the next pass
-		case cordoned:
-			w.setCordonLineage(ledger.CordonIntruder, uuid, lineage)
-		case cordonLost(written[uuid], lineage):
+		switch fates[uuid] {
+		case cordonInForce:
+		case cordonMissingLost:
 			log.Warn("intruder cordon lost: the ledger was started afresh (reset or recovery) since it was written, and a process the guard did not admit still runs on the device; cordoning it again",
 				"device", f.Device.String(), "device_uuid", uuid, "pid", f.PID, "cordon_lineage", written[uuid], "ledger_lineage", lineage)
 			if lost == nil {
 				lost = map[string]observe.FileFinding{}
 			}
 			lost[uuid] = f
-		default:
+		case cordonMissingLifted:
 			w.mu.Lock()
 			delete(w.cordonLineage, cordonKey{ledger.CordonIntruder, uuid})
 			w.mu.Unlock()
@@ -1048,6 +1045,56 @@ func (w *Watch) settleIntruders(ctx context.Context, current, todo map[string]ob
 		}
 	}
 	return lost
+}
+
+// cordonFate is what became of an observer's cordon since it was written
+// or last seen in force (cordonFates).
+type cordonFate int
+
+const (
+	// cordonInForce: in the ledger (a write that reported an error may
+	// have committed).
+	cordonInForce cordonFate = iota
+	// cordonMissingLost: missing in another lineage than the one it was
+	// seen in (cordonLost): it may have been lost with the state.
+	cordonMissingLost
+	// cordonMissingLifted: missing in the lineage it was seen in: only an
+	// uncordon (gpu-guard-ctl uncordon) removes a cordon within a lineage.
+	cordonMissingLifted
+)
+
+// cordonFates reads the ledger's cordons once (one snapshot, however many
+// devices are watched) and tells what became of the observer's cordon from
+// source on each device of seen (device UUID → the lineage the cordon was
+// written in or last seen in force in, "" unknown), and the lineage read.
+// A cordon in force records that lineage. When the ledger cannot be read it
+// tells nothing (nil): every device is checked at the next pass.
+func (w *Watch) cordonFates(ctx context.Context, source string, seen map[string]string) (map[string]cordonFate, string) {
+	s := w.states()
+	if s == nil || len(seen) == 0 {
+		return nil, ""
+	}
+	cordons, lineage, err := s.CordonsInForce(ctx)
+	if err != nil {
+		return nil, "" // checked at the next pass
+	}
+	cordoned := map[string]bool{}
+	for _, k := range cordons {
+		cordoned[k.Device.UUID] = true
+	}
+	fates := make(map[string]cordonFate, len(seen))
+	for uuid, was := range seen {
+		switch {
+		case cordoned[uuid]:
+			fates[uuid] = cordonInForce
+			w.setCordonLineage(source, uuid, lineage)
+		case cordonLost(was, lineage):
+			fates[uuid] = cordonMissingLost
+		default:
+			fates[uuid] = cordonMissingLifted
+		}
+	}
+	return fates, lineage
 }
 
 // onUnhealthy cordons a device the first time it is found unhealthy, and
@@ -1186,60 +1233,54 @@ const recordonReason = "cordoned again (the ledger was started afresh by a reset
 //     with the state. The device is cordoned again, logged and audited as
 //     such: a device that failed must not take new claims on a guess.
 func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bool) {
-	s := w.states()
-	if s == nil {
-		return
-	}
 	log := w.log()
 	w.mu.Lock()
 	unhealthy := slices.Clone(w.unhealthy)
-	w.mu.Unlock()
+	seen := map[string]string{}
 	for _, f := range unhealthy {
-		uuid := f.Device.UUID
 		if f.Vanished && f.Device.IsMIG() {
 			continue // never cordoned (see onUnhealthy)
 		}
-		cordoned, lineage, err := s.CordonInForce(ctx, uuid)
-		if err != nil {
-			continue // retried at the next pass
-		}
-		if cordoned {
-			// In force (a write that reported an error may have committed):
-			// nothing to retry.
-			w.setCordonLineage(ledger.CordonUnhealthy, uuid, lineage)
-			w.mu.Lock()
-			delete(w.cordonFailed, uuid)
-			w.mu.Unlock()
-			continue
+		seen[f.Device.UUID] = w.cordonLineage[cordonKey{ledger.CordonUnhealthy, f.Device.UUID}]
+	}
+	w.mu.Unlock()
+	fates, lineage := w.cordonFates(ctx, ledger.CordonUnhealthy, seen)
+	for _, f := range unhealthy {
+		uuid := f.Device.UUID
+		fate, ok := fates[uuid]
+		if !ok {
+			continue // not cordoned, or retried at the next pass
 		}
 		w.mu.Lock()
 		reason, retry := w.cordonFailed[uuid]
-		seen := w.cordonLineage[cordonKey{ledger.CordonUnhealthy, uuid}]
+		if fate == cordonInForce {
+			delete(w.cordonFailed, uuid) // nothing to retry
+		}
 		w.mu.Unlock()
-		if retry {
+		switch {
+		case fate == cordonInForce:
+		case retry:
 			if w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, reason) {
 				w.mu.Lock()
 				delete(w.cordonFailed, uuid)
 				w.mu.Unlock()
 			}
-			continue
-		}
-		if cordonLost(seen, lineage) {
+		case fate == cordonMissingLost:
 			log.Warn("unhealthy device's cordon lost: the ledger was started afresh (reset or recovery) since it was written; cordoning it again (`gpu-guard-ctl uncordon` once the device is repaired)",
-				"device", f.Device.String(), "device_uuid", uuid, "cordon_lineage", seen, "ledger_lineage", lineage)
+				"device", f.Device.String(), "device_uuid", uuid, "cordon_lineage", seen[uuid], "ledger_lineage", lineage)
 			if !w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, recordonReason+f.Message) {
 				w.cordonFailedFor(uuid, recordonReason+f.Message)
 			}
-			continue
+		default:
+			forget(uuid)
+			w.mu.Lock()
+			w.unhealthy = slices.DeleteFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == uuid })
+			delete(w.cordonLineage, cordonKey{ledger.CordonUnhealthy, uuid})
+			w.showUnhealthyLocked()
+			w.mu.Unlock()
+			log.Info("unhealthy device uncordoned by the operator: its next critical error cordons it again", "device", f.Device.String())
+			w.writeFile()
 		}
-		forget(uuid)
-		w.mu.Lock()
-		w.unhealthy = slices.DeleteFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == uuid })
-		delete(w.cordonLineage, cordonKey{ledger.CordonUnhealthy, uuid})
-		w.showUnhealthyLocked()
-		w.mu.Unlock()
-		log.Info("unhealthy device uncordoned by the operator: its next critical error cordons it again", "device", f.Device.String())
-		w.writeFile()
 	}
 }
 
