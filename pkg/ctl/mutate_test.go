@@ -56,6 +56,7 @@ func TestRelease(t *testing.T) {
 		released  string // container id whose claims must be gone
 		stdout    string
 		drain     bool // the exited holder of GPU 2 drains (release_requires_idle)
+		idle      bool // release_requires_idle, the exited holder of GPU 2 not marked draining yet
 		noStderr  []string
 	}{
 		{name: "by container prefix", args: []string{"release", "--container", idTrainer[:12], "--reason", "node drained", "--force"},
@@ -86,6 +87,22 @@ func TestRelease(t *testing.T) {
 				"or add --force if you know they are gone"}, noStderr: []string{"stop it first"}},
 		{name: "a draining claim, forced", drain: true, args: []string{"release", "--device", "2", "--reason", "processes gone", "--force"},
 			code: ExitOK, released: idStale, stderrAll: []string{"warning: --force: GPU 2 (" + uuidGPU2 + ") is held by team-c/batch/job (id c3c3c3c3c3c3), which exited"}},
+		// Found exited, but not marked draining yet: its processes may
+		// be on the GPU all the same, and gc (not idle_grace) ends it.
+		{name: "an exited holder under release_requires_idle is refused without --force", idle: true,
+			args: []string{"release", "--device", "2", "--reason", "x"},
+			code: ExitError, stderrAll: []string{"release refused: GPU 2 (" + uuidGPU2 + ") is held by team-c/batch/job (id c3c3c3c3c3c3), which exited " +
+				"(cgroup k8s.io/" + idStale + " has no processes), but its claim is kept until its processes leave the GPU (release_requires_idle); " +
+				"its processes may still use the GPU: run `sudo gpu-guard-ctl gc` to mark its claim draining",
+				"or add --force if you know they are gone"}, noStderr: []string{"stop it first"}},
+		{name: "an exited holder under release_requires_idle, dry run", idle: true, uid: 1000,
+			args: []string{"release", "--container", idStale, "--reason", "x", "--dry-run"},
+			code: ExitError, stderr: "run `sudo gpu-guard-ctl gc` to mark its claim draining"},
+		{name: "an exited holder under release_requires_idle, forced", idle: true,
+			args: []string{"release", "--device", "2", "--reason", "processes gone", "--force"},
+			code: ExitOK, released: idStale, stderrAll: []string{"warning: --force: GPU 2 (" + uuidGPU2 + ") is held by team-c/batch/job (id c3c3c3c3c3c3), " +
+				"which exited (cgroup k8s.io/" + idStale + " has no processes), but its claim is kept until its processes leave the GPU (release_requires_idle); " +
+				"released anyway"}},
 		{name: "no reason", args: []string{"release", "--container", idTrainer}, code: ExitUsage, stderr: "--reason is required"},
 		{name: "blank reason", args: []string{"release", "--container", idTrainer, "--reason", "  "}, code: ExitUsage, stderr: "--reason is required"},
 		{name: "neither target", args: []string{"release", "--reason", "x"}, code: ExitUsage, stderr: "exactly one of"},
@@ -101,8 +118,10 @@ func TestRelease(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
 			f.populate(t)
-			if tc.drain {
+			if tc.drain || tc.idle {
 				appendConfig(t, f, "[observe]\nrelease_requires_idle = true\nidle_grace = \"10m\"\n")
+			}
+			if tc.drain {
 				f.updateDraining(t, now, func(tx *ledger.Tx) {
 					require.Len(t, tx.MarkDraining(idStale, "holder exited"), 1)
 				})

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,8 +57,10 @@ ran (another recover, or the NRI daemon, rebuilt it): add --force to start it
 afresh anyway. Containers are admitted against a healthy ledger until the
 reset holds its lock, so a forced reset also keeps, from the ledger as it
 finds it under that lock, the claims of the holders still running, not yet
-started or draining (as gc tells them: each is listed and audited); the
-claims of holders that exited, and every waiter, are forgotten.`,
+started or draining (as gc tells them: each is listed and audited; under
+release_requires_idle one found exited is kept and marked draining, as gc
+marks it); the claims of holders that exited, and every waiter, are
+forgotten.`,
 		`  sudo gpu-guard-ctl recover --dry-run
   sudo gpu-guard-ctl recover
   sudo gpu-guard-ctl recover --reset --reason "nothing verifies, all GPU jobs stopped"
@@ -147,8 +150,12 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	if afterRecoverLook != nil {
 		afterRecoverLook()
 	}
-	var rep ledger.RecoverReport
+	var (
+		rep     ledger.RecoverReport
+		markErr error // the reset was written, but its exited holders' claims were not marked draining
+	)
 	if reset {
+		keeper := newResetKeeper(guard.NewReleaseRule(cfg, a.env.Liveness))
 		opts := ledger.ResetOptions{
 			Reason: why,
 			// Without --force a healthy ledger is refused, as above, and
@@ -161,9 +168,10 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 			// feet: the claims of holders the release rule (as gc applies
 			// it) finds running, not yet started or draining are carried over, read
 			// under the lock, so that one admitted after the scan keeps
-			// its GPU. Those of holders gone, waiters and the rest are
-			// forgotten.
-			Keep: resetKeep(guard.NewReleaseRule(cfg, a.env.Liveness)),
+			// its GPU (and those of holders found exited under
+			// release_requires_idle, marked draining just after). Those of
+			// holders gone, waiters and the rest are forgotten.
+			Keep: keeper.keep,
 		}
 		if scan != nil {
 			// A hook host has no daemon to rebuild the claims: the reset
@@ -172,6 +180,9 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 			opts.RunningWhy = func(i int) string { return strings.Replace(scan.Why[i], "recover:", "reset:", 1) }
 		}
 		rep, err = l.ResetWith(ctx, opts)
+		if err == nil && len(keeper.drain) > 0 {
+			markErr = markDraining(ctx, l, keeper.drain, &rep)
+		}
 		if errors.Is(err, ledger.ErrHealthy) {
 			return fmt.Errorf("%w; it became healthy after this command looked (an NRI daemon rebuilt it in place, or another "+
 				"`recover` ran), and a reset now would forget the claims admitted since; `%s recover` checks it, `%s recover --reset --force` "+
@@ -206,7 +217,10 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 		rep.Released = nonNilSlice(rep.Released)
 		rep.Quarantined = nonNilSlice(rep.Quarantined)
 		rep.KeptCordons = nonNilSlice(rep.KeptCordons)
-		return writeJSON(a.env.Stdout, recoverOutput{RecoverReport: rep, Runtime: scan})
+		if err := writeJSON(a.env.Stdout, recoverOutput{RecoverReport: rep, Runtime: scan}); err != nil {
+			return err
+		}
+		return markErr
 	}
 	var b strings.Builder
 	switch {
@@ -283,8 +297,10 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 	for _, q := range rep.Quarantined {
 		fmt.Fprintf(&b, "  moved aside (kept): %s\n", q)
 	}
-	_, err = fmt.Fprint(a.env.Stdout, b.String())
-	return err
+	if _, err := fmt.Fprint(a.env.Stdout, b.String()); err != nil {
+		return err
+	}
+	return markErr
 }
 
 // afterRecoverLook, when set, is called by recover between its look at the
@@ -292,31 +308,100 @@ func (a *app) recoverLedger(ctx context.Context, fl recoverFlags) error {
 // Only tests set it, to change the ledger in that window.
 var afterRecoverLook func()
 
-// resetKeep is the Keep of a forced reset: the claims of holders rule finds
-// running, or created and not yet started, or draining (exited, but under
-// release_requires_idle the GPU may still hold their processes; the drain
-// grace still bounds them) are carried into the fresh state. Stopped holders
-// (kept until removal) and exited ones are not.
-func resetKeep(rule guard.ReleaseRule) func(ledger.Claim) (bool, string) {
-	check := memoCheck(rule) // under the ledger's lock: once per holder
-	return func(c ledger.Claim) (bool, string) {
-		v := check(c.Owner)
-		switch v.Action {
-		case guard.KeepRunning:
-			// Running, or no evidence that it exited: kept on doubt.
-			why := "its holder is not known to have exited"
-			if v.Why != "" {
-				why += " (" + v.Why + ")"
+// resetKeeper is the Keep of a forced reset: the claims of holders rule
+// finds running, or created and not yet started, or draining (exited, but
+// under release_requires_idle the GPU may still hold their processes; the
+// drain grace still bounds them) are carried into the fresh state. Stopped
+// holders (kept until removal) and exited ones are not.
+//
+// A holder found exited under release_requires_idle whose claim is not
+// marked draining yet (MarkDraining) is in the same case as a draining one:
+// its cgroup is empty, but only the GPU can say that its processes left.
+// Its claim is kept too, and recorded in drain, for the reset to mark
+// draining, so that idle_grace bounds it as it bounds any other.
+type resetKeeper struct {
+	check func(ledger.Owner) guard.Verdict
+	drain []exitedHolder
+}
+
+// exitedHolder is a holder the release rule found exited, with its finding.
+type exitedHolder struct {
+	owner ledger.Owner
+	why   string
+}
+
+func newResetKeeper(rule guard.ReleaseRule) *resetKeeper {
+	return &resetKeeper{check: memoCheck(rule)} // under the ledger's lock: once per holder
+}
+
+// keep is ResetOptions.Keep.
+func (k *resetKeeper) keep(c ledger.Claim) (bool, string) {
+	v := k.check(c.Owner)
+	switch v.Action {
+	case guard.KeepRunning:
+		// Running, or no evidence that it exited: kept on doubt.
+		why := "its holder is not known to have exited"
+		if v.Why != "" {
+			why += " (" + v.Why + ")"
+		}
+		return true, why
+	case guard.KeepNotStarted:
+		return true, "its holder was created and has not started yet"
+	case guard.KeepDraining:
+		return true, "its holder exited and the claim drains until its processes leave the GPU (release_requires_idle)"
+	case guard.MarkDraining:
+		if !slices.ContainsFunc(k.drain, func(e exitedHolder) bool { return incarnationOf(&e.owner) == incarnationOf(&c.Owner) }) {
+			k.drain = append(k.drain, exitedHolder{owner: c.Owner, why: v.Why})
+		}
+		why := "its holder exited"
+		if v.Why != "" {
+			why += " (" + v.Why + ")"
+		}
+		return true, why + ", but its processes may still be on the GPU (release_requires_idle): kept, marked draining"
+	default:
+		return false, ""
+	}
+}
+
+// markDraining marks draining, in one transaction after a forced reset, the
+// claims the reset kept for holders found exited (resetKeeper.drain), and
+// updates rep to show them so. Until it commits they are plain claims,
+// which nothing releases (gc would mark them): the GPU stays taken either
+// way.
+func markDraining(ctx context.Context, l *ledger.Ledger, drain []exitedHolder, rep *ledger.RecoverReport) error {
+	var marked []ledger.Claim
+	err := l.Update(ctx, func(tx *ledger.Tx) error {
+		marked = nil // fn may be retried
+		for _, e := range drain {
+			reason := "recover --reset --force: holder exited"
+			if e.why != "" {
+				reason += " (" + e.why + ")"
 			}
-			return true, why
-		case guard.KeepNotStarted:
-			return true, "its holder was created and has not started yet"
-		case guard.KeepDraining:
-			return true, "its holder exited and the claim drains until its processes leave the GPU (release_requires_idle)"
-		default:
-			return false, ""
+			marked = append(marked, tx.MarkDrainingIncarnation(e.owner, reason)...)
+		}
+		return nil
+	})
+	if err != nil {
+		var names []string
+		for _, e := range drain {
+			names = append(names, guard.HolderName(e.owner))
+		}
+		return fmt.Errorf("the ledger was reset, keeping the claims of %s, whose holders exited, but they were not marked "+
+			"draining (release_requires_idle): %w; run `sudo %s gc`, which marks them", strings.Join(names, ", "), err, programName)
+	}
+	// Copies: rep.Claims may share its array with the state the ledger
+	// handle caches.
+	rep.KeptClaims, rep.Claims = slices.Clone(rep.KeptClaims), slices.Clone(rep.Claims)
+	for _, m := range marked {
+		for _, list := range [][]ledger.Claim{rep.KeptClaims, rep.Claims} {
+			for i := range list {
+				if list[i].Device.UUID == m.Device.UUID {
+					list[i] = m
+				}
+			}
 		}
 	}
+	return nil
 }
 
 // nonNilSlice is s, or an empty slice for nil: a JSON list, never null.

@@ -5,6 +5,7 @@ package ctl
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -91,21 +92,80 @@ func TestRecoverResetForceKeepsAClaimAdmittedAfterTheLook(t *testing.T) {
 // TestRecoverResetForceKeepsADrainingClaim: under release_requires_idle a
 // claim drains after its holder exited, until its processes leave the GPU
 // (bounded by the drain grace); a forced reset used to forget it, handing
-// the GPU to the next container while those processes could still run on it.
+// the GPU to the next container while those processes could still run on
+// it. A holder found exited whose claim nobody marked draining yet (the
+// daemon missed its stop) is in the same case: the reset keeps its claim
+// too, and marks it draining (as gc would), so that the drain grace bounds
+// it from the reset on.
 func TestRecoverResetForceKeepsADrainingClaim(t *testing.T) {
-	f := newFixture(t)
-	f.drainingStale(t)
-	require.Len(t, f.state(t).Claims, 1, "draining")
-	f.liveness[idStale] = "cgroup k8s.io/" + idStale + " has no processes"
-	f.uid = 0
+	for _, tc := range []struct {
+		name   string
+		marked bool // the claim is marked draining before the reset
+	}{
+		{name: "draining", marked: true},
+		{name: "holder exited, not marked draining yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			if tc.marked {
+				f.drainingStale(t)
+			} else {
+				appendConfig(t, f, "[observe]\nrelease_requires_idle = true\nidle_grace = \"10m\"\n")
+				f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+					claim(t, tx, ownStale, `env NVIDIA_VISIBLE_DEVICES="2"`, f.dev(t, uuidGPU2))
+					require.True(t, tx.SetStarted(idStale, 999, 0, "/k8s.io/"+idStale))
+				})
+			}
+			require.Len(t, f.state(t).Claims, 1)
+			f.liveness[idStale] = "cgroup k8s.io/" + idStale + " has no processes"
+			f.uid = 0
+			auditBefore := len(f.audit(t))
 
-	r := f.run(t, "recover", "--reset", "--force", "--reason", "start afresh")
-	require.Equal(t, ExitOK, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
-	assert.Contains(t, r.stdout, "kept (holder running, not yet started or draining): GPU 2 ("+uuidGPU2+")")
-	st := f.state(t)
-	require.Len(t, st.Claims, 1)
-	assert.Equal(t, idStale, st.Claims[0].Owner.ContainerID)
-	assert.False(t, st.Claims[0].Owner.DrainingSince.IsZero(), "still draining, so the drain grace bounds it")
+			r := f.run(t, "recover", "--reset", "--force", "--reason", "start afresh")
+			require.Equal(t, ExitOK, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			assert.Contains(t, r.stdout, "kept (holder running, not yet started or draining): GPU 2 ("+uuidGPU2+")")
+			st := f.state(t)
+			require.Len(t, st.Claims, 1, "kept")
+			assert.Equal(t, idStale, st.Claims[0].Owner.ContainerID)
+			assert.False(t, st.Claims[0].Owner.DrainingSince.IsZero(), "draining, so the drain grace bounds it")
+			if tc.marked {
+				return
+			}
+			assert.Equal(t, now, st.Claims[0].Owner.DrainingSince.UTC(), "the drain grace runs from the reset")
+			var ops []string
+			for _, rec := range f.audit(t)[auditBefore:] {
+				if rec.ContainerID == idStale {
+					ops = append(ops, rec.Op)
+					if rec.Op == ledger.OpAdopt {
+						assert.Contains(t, rec.Reason, "its holder exited (cgroup k8s.io/"+idStale+" has no processes), "+
+							"but its processes may still be on the GPU (release_requires_idle): kept, marked draining")
+					}
+				}
+			}
+			assert.Equal(t, []string{ledger.OpAdopt, ledger.OpDraining}, ops, "kept across the reset, then marked draining: both audited")
+
+			// The JSON shows the kept claim draining, as the ledger has it.
+			f = newFixture(t)
+			appendConfig(t, f, "[observe]\nrelease_requires_idle = true\nidle_grace = \"10m\"\n")
+			f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+				claim(t, tx, ownStale, `env NVIDIA_VISIBLE_DEVICES="2"`, f.dev(t, uuidGPU2))
+				require.True(t, tx.SetStarted(idStale, 999, 0, "/k8s.io/"+idStale))
+			})
+			f.liveness[idStale] = "cgroup k8s.io/" + idStale + " has no processes"
+			f.uid = 0
+			r = f.run(t, "recover", "--reset", "--force", "-o", "json")
+			require.Equal(t, ExitOK, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			var out struct {
+				KeptClaims []ledger.Claim `json:"kept_claims"`
+				Claims     []ledger.Claim `json:"claims"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &out), r.stdout)
+			require.Len(t, out.KeptClaims, 1)
+			require.Len(t, out.Claims, 1)
+			assert.Equal(t, now, out.KeptClaims[0].Owner.DrainingSince.UTC())
+			assert.Equal(t, now, out.Claims[0].Owner.DrainingSince.UTC())
+		})
+	}
 }
 
 // TestRecoverResetForceJSON: the JSON of a forced reset lists the kept

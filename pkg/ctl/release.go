@@ -55,7 +55,9 @@ naming the device and the holder): stop it first, or add --force to release
 anyway (a warning is printed on stderr). A draining claim (release_requires_idle:
 its holder exited, its processes may still be on the GPU) is refused the
 same way: it ends by itself once they leave (at the latest after idle_grace);
-add --force if you know they are gone. A holder that never started (no pid,
+add --force if you know they are gone. So is, under release_requires_idle, a
+holder found exited whose claim is not marked draining yet: gc marks it.
+A holder that never started (no pid,
 no cgroup recorded) has nothing to check: it is released, with a note. Prefer
 `+"`gc`"+` for holders that exited.
 
@@ -141,7 +143,7 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 		for _, r := range chk.running {
 			fmt.Fprintln(a.env.Stderr, escapeLine("warning: --force: "+r+"; released anyway: it keeps using the GPU, and the next container will share it"))
 		}
-		for _, r := range chk.draining {
+		for _, r := range append(chk.draining, chk.exited...) {
 			fmt.Fprintln(a.env.Stderr, escapeLine("warning: --force: "+r+"; released anyway: a process of it still on the GPU shares it with the next container"))
 		}
 	}
@@ -208,10 +210,11 @@ var errHolderRunning = errors.New("release refused")
 // releaseCheck is the release rule's finding about what a release would end:
 // running lists, one line each, the claims (and queue entries) whose process
 // still runs or cannot be told gone; draining, the claims of holders that
-// exited whose processes may still be on the GPU (release_requires_idle);
-// notes, those that never started.
+// exited whose processes may still be on the GPU (release_requires_idle),
+// kept draining already; exited, the same found just now, their claims not
+// yet marked draining; notes, those that never started.
 type releaseCheck struct {
-	running, draining, notes []string
+	running, draining, exited, notes []string
 }
 
 // refusal is the error that refuses the release without --force (nil when
@@ -229,6 +232,13 @@ func (chk releaseCheck) refusal() error {
 			"to end by itself (when the GPU observer sees them gone, at the latest after idle_grace), or add --force "+
 			"if you know they are gone (`nvidia-smi` lists none on the device)")
 	}
+	if len(chk.exited) > 0 {
+		// Not draining yet, so idle_grace does not bound it: gc (or the
+		// daemon's next decision on the GPU) marks it.
+		parts = append(parts, strings.Join(chk.exited, "; ")+"; its processes may still use the GPU: run `sudo "+programName+
+			" gc` to mark its claim draining (it then ends by itself when the GPU observer sees them gone, at the latest "+
+			"after idle_grace), or add --force if you know they are gone (`nvidia-smi` lists none on the device)")
+	}
 	if len(parts) == 0 {
 		return nil
 	}
@@ -242,7 +252,12 @@ func (chk releaseCheck) refusal() error {
 // with the next one. A holder that never started has no process to check
 // and is what release exists for besides exited holders (containerd sends
 // no stop event for a container that never ran, and gc keeps it), so it is
-// let through with a note. Every other verdict means the process is gone.
+// let through with a note. A holder found exited under
+// release_requires_idle (MarkDraining) is refused like a draining one: its
+// cgroup is empty, but only the GPU can say that its processes left it,
+// which is what the rule keeps its claim for; that nobody has marked it
+// draining yet changes nothing on the GPU. Every other verdict means the
+// process is gone.
 func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledger.Waiter) releaseCheck {
 	var chk releaseCheck
 	check := memoCheck(rule)
@@ -254,6 +269,13 @@ func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledge
 		case guard.KeepDraining:
 			chk.draining = append(chk.draining, fmt.Sprintf("%s is held by %s, which exited, but its claim drains until its processes "+
 				"leave the GPU (release_requires_idle)", naming.Device(c.Device), guard.HolderName(c.Owner)))
+		case guard.MarkDraining:
+			why := ""
+			if v.Why != "" {
+				why = " (" + v.Why + ")"
+			}
+			chk.exited = append(chk.exited, fmt.Sprintf("%s is held by %s, which exited%s, but its claim is kept until its "+
+				"processes leave the GPU (release_requires_idle)", naming.Device(c.Device), guard.HolderName(c.Owner), why))
 		case guard.KeepNotStarted:
 			chk.notes = append(chk.notes, fmt.Sprintf("%s is held by %s, which never started (no pid, no cgroup recorded): "+
 				"nothing to check; if it starts after the release, it runs without a claim",
