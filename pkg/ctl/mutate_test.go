@@ -478,6 +478,11 @@ func TestReleaseConflictOnly(t *testing.T) {
 	assert.Equal(t, "would clear the conflict record(s) of container "+idRogue+" on GPU 1 ("+uuidGPU1+
 		") (it was found using them while another container held them; check that it no longer runs there)\n", r.stdout)
 	require.Len(t, f.state(t).Conflicts, 1, "a dry run changes nothing")
+	// The record names no process (reconcile found it created, not
+	// started): nothing to check, as for a holder that never started.
+	assert.Contains(t, r.stderr, "note: team-x/rogue/cuda (id e5e5e5e5e5e5) runs on GPU 1 ("+uuidGPU1+
+		"), which team-a/trainer-0/main (id a1a1a1a1a1a1) holds (a conflict record: the device becomes its claim once free), "+
+		"and records no process (no pid, no cgroup): nothing to check")
 
 	r = f.run(t, "release", "--container", idRogue[:12], "--reason", "rogue stopped", "-o", "json")
 	require.Equal(t, ExitOK, r.code, r.stderr)
@@ -501,6 +506,109 @@ func TestReleaseConflictOnly(t *testing.T) {
 	assert.Equal(t, []string{uuidGPU1}, claimedBy(st, idTrainer))
 	r = f.run(t, "status", "-o", "json")
 	assert.NotContains(t, r.stdout, `"kind": "conflict"`)
+}
+
+// conflictFixture: the trainer holds GPU 1 (running, pid 4242), and
+// reconcile found rogue running on it too (pid 5555): a conflict record.
+func conflictFixture(t *testing.T) *fixture {
+	t.Helper()
+	f := newFixture(t)
+	gpu1 := f.dev(t, uuidGPU1)
+	rogue, trainer := ownRogue, ownTrainer
+	rogue.Pid, rogue.Cgroup = 5555, "/k8s.io/"+idRogue
+	trainer.Pid, trainer.Cgroup = 4242, "/k8s.io/"+idTrainer
+	f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+		claim(t, tx, trainer, "env", gpu1)
+		tx.Reconcile(ledger.FrontEndNRI, []ledger.Holding{
+			{Owner: trainer, Devices: []devices.Device{gpu1}, Source: "reconcile"},
+			{Owner: rogue, Devices: []devices.Device{gpu1}, Source: "reconcile"},
+		})
+	})
+	require.Len(t, f.state(t).Conflicts, 1)
+	f.uid = 0
+	return f
+}
+
+// TestReleaseConflictRecord: release --container of a container recorded
+// only in a conflict (running on a GPU another holds) applies the release
+// rule to it as to a holder: the record becomes its claim once the holder
+// stops, so clearing it while it runs would leave the GPU free in the
+// ledger with the container on it. Before, such a record was cleared
+// without a check.
+func TestReleaseConflictRecord(t *testing.T) {
+	const on = "team-x/rogue/cuda (id e5e5e5e5e5e5) runs on GPU 1 (" + uuidGPU1 + "), which team-a/trainer-0/main (id a1a1a1a1a1a1) holds " +
+		"(a conflict record: the device becomes its claim once free)"
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		exited  bool // the rogue's cgroup is empty
+		idle    bool // release_requires_idle
+		code    int
+		stderr  []string
+		cleared bool
+	}{
+		{name: "running: refused", args: []string{"--reason", "cleanup"}, code: ExitError,
+			stderr: []string{"release refused: " + on + ", and is still running (pid 5555); stop it first, or add --force"}},
+		{name: "running, dry run: refused", args: []string{"--reason", "cleanup", "--dry-run"}, code: ExitError,
+			stderr: []string{"release refused: " + on + ", and is still running (pid 5555)"}},
+		{name: "running, forced", args: []string{"--reason", "cleanup", "--force"}, code: ExitOK, cleared: true,
+			stderr: []string{"warning: --force: " + on + ", and is still running (pid 5555); released anyway"}},
+		{name: "exited", exited: true, args: []string{"--reason", "cleanup"}, code: ExitOK, cleared: true},
+		{name: "exited under release_requires_idle: refused", exited: true, idle: true, args: []string{"--reason", "cleanup"}, code: ExitError,
+			stderr: []string{"release refused: " + on + ", and exited (cgroup gone), but under release_requires_idle its processes are not known " +
+				"to have left the GPU; leave the record", "or add --force if you know they are gone"}},
+		{name: "exited under release_requires_idle, forced", exited: true, idle: true, args: []string{"--reason", "cleanup", "--force"},
+			code: ExitOK, cleared: true, stderr: []string{"warning: --force: " + on + ", and exited (cgroup gone)"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := conflictFixture(t)
+			if tc.idle {
+				appendConfig(t, f, "[observe]\nrelease_requires_idle = true\nidle_grace = \"10m\"\n")
+			}
+			if tc.exited {
+				f.liveness[idRogue] = "cgroup gone"
+			}
+			before := f.state(t)
+			r := f.run(t, append([]string{"release", "--container", idRogue[:12]}, tc.args...)...)
+			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			for _, s := range tc.stderr {
+				assert.Contains(t, r.stderr, s)
+			}
+			if !tc.cleared {
+				require.Equal(t, before, f.state(t), "a refused or dry release changes nothing")
+				// The trainer stops: the rogue, still running, holds GPU 1.
+				f.update(t, now, func(tx *ledger.Tx) { tx.Release(idTrainer, "stop") })
+				assert.Equal(t, []string{uuidGPU1}, claimedBy(f.state(t), idRogue))
+				return
+			}
+			assert.Empty(t, f.state(t).Conflicts)
+			assert.Contains(t, r.stdout, "cleared the conflict record(s) of container "+idRogue)
+		})
+	}
+}
+
+// A conflict record that changed between the check and the release (the
+// container recorded on another device, or another incarnation of it) is
+// not cleared.
+func TestConflictsUnchanged(t *testing.T) {
+	gpu1 := devices.Device{UUID: uuidGPU1, Index: "1", Kind: devices.KindGPU}
+	gpu2 := devices.Device{UUID: uuidGPU2, Index: "2", Kind: devices.KindGPU}
+	rogue := ownRogue
+	rogue.Pid = 5555
+	restarted := rogue
+	restarted.Pid = 6666
+	checked := []ledger.Conflict{{Device: gpu1, Owner: rogue}}
+	require.NoError(t, conflictsUnchanged(checked, checked))
+	require.NoError(t, conflictsUnchanged(nil, checked), "cleared meanwhile: nothing left to clear")
+	for _, now := range [][]ledger.Conflict{
+		{{Device: gpu1, Owner: rogue}, {Device: gpu2, Owner: rogue}},
+		{{Device: gpu1, Owner: restarted}},
+	} {
+		err := conflictsUnchanged(now, checked)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "team-x/rogue/cuda")
+		assert.Contains(t, err.Error(), "changed since it was checked")
+	}
 }
 
 // TestStoppedHolderIsNotStale: under release_on = "remove" a holder the

@@ -61,6 +61,10 @@ A holder that never started (no pid,
 no cgroup recorded) has nothing to check: it is released, with a note. Prefer
 `+"`gc`"+` for holders that exited.
 
+--container also clears the container's conflict records (it was found
+running on a GPU another container holds): such a record becomes the
+container's claim once the GPU is free, and is checked as a claim is.
+
 --dry-run shows what would be released and changes nothing (it does not
 demand root, but reading the ledger needs it: run it with sudo); it refuses
 what the release would refuse.`,
@@ -107,18 +111,19 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 		return err
 	}
 	var (
-		claims  []ledger.Claim
-		waiters []ledger.Waiter
-		id      string // the full container id (or requester), for --container
-		dev     string // the device UUID, for --device
-		holder  string // the container holding dev when the operator looked
+		claims    []ledger.Claim
+		conflicts []ledger.Conflict // --container: its conflict records, which the release clears
+		waiters   []ledger.Waiter
+		id        string // the full container id (or requester), for --container
+		dev       string // the device UUID, for --device
+		holder    string // the container holding dev when the operator looked
 	)
 	if target.containerID != "" {
 		id, err = matchContainer(st, target.containerID)
 		if err != nil {
 			return err
 		}
-		claims, waiters = claimsOf(st, id), waitersOf(st, id)
+		claims, conflicts, waiters = claimsOf(st, id), conflictsOf(&st, id), waitersOf(st, id)
 	} else {
 		c, err := matchDevice(st, target.device)
 		if err != nil {
@@ -132,7 +137,7 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 	}
 	// Liveness reads cgroupfs and procfs: checked before the lock is taken,
 	// and the transaction then makes sure it ends exactly what was checked.
-	chk := checkRelease(guard.NewReleaseRule(cfg, a.env.Liveness), claims, waiters)
+	chk := checkRelease(guard.NewReleaseRule(cfg, a.env.Liveness), &st, claims, conflicts, waiters)
 	if err := chk.refusal(); err != nil && !force {
 		return err
 	}
@@ -143,13 +148,13 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 		for _, r := range chk.running {
 			fmt.Fprintln(a.env.Stderr, escapeLine("warning: --force: "+r+"; released anyway: it keeps using the GPU, and the next container will share it"))
 		}
-		for _, r := range append(chk.draining, chk.exited...) {
+		for _, r := range slices.Concat(chk.draining, chk.exited, chk.exitedConflicts) {
 			fmt.Fprintln(a.env.Stderr, escapeLine("warning: --force: "+r+"; released anyway: a process of it still on the GPU shares it with the next container"))
 		}
 	}
 	if dryRun {
 		return renderReleaseOf(a.env.Stdout, a.output, releaseOutcome{dryRun: true, id: id, claims: claims,
-			cleared: conflictsOf(&st, id), dequeued: dequeuedOf(&st, waiters)}, a.env.Now())
+			cleared: conflicts, dequeued: dequeuedOf(&st, waiters)}, a.env.Now())
 	}
 
 	auditReason := a.operatorReason(reason)
@@ -164,6 +169,9 @@ func (a *app) release(ctx context.Context, target releaseTarget, reason string, 
 				return err
 			}
 			out.cleared = conflictsOf(tx.State(), id)
+			if err := conflictsUnchanged(out.cleared, conflicts); err != nil {
+				return err
+			}
 			var still []ledger.Waiter // the checked entries still queued
 			for _, w := range tx.State().Waiters {
 				if slices.ContainsFunc(waiters, func(k ledger.Waiter) bool { return k.Key == w.Key }) {
@@ -212,9 +220,10 @@ var errHolderRunning = errors.New("release refused")
 // still runs or cannot be told gone; draining, the claims of holders that
 // exited whose processes may still be on the GPU (release_requires_idle),
 // kept draining already; exited, the same found just now, their claims not
-// yet marked draining; notes, those that never started.
+// yet marked draining; exitedConflicts, the conflict records of such
+// containers; notes, those that never started.
 type releaseCheck struct {
-	running, draining, exited, notes []string
+	running, draining, exited, exitedConflicts, notes []string
 }
 
 // refusal is the error that refuses the release without --force (nil when
@@ -239,6 +248,11 @@ func (chk releaseCheck) refusal() error {
 			" gc` to mark its claim draining (it then ends by itself when the GPU observer sees them gone, at the latest "+
 			"after idle_grace), or add --force if you know they are gone (`nvidia-smi` lists none on the device)")
 	}
+	if len(chk.exitedConflicts) > 0 {
+		parts = append(parts, strings.Join(chk.exitedConflicts, "; ")+"; leave the record (once the device is free it "+
+			"becomes the container's claim, which gc then marks draining), or add --force if you know they are gone "+
+			"(`nvidia-smi` lists none on the device)")
+	}
 	if len(parts) == 0 {
 		return nil
 	}
@@ -246,7 +260,13 @@ func (chk releaseCheck) refusal() error {
 }
 
 // checkRelease applies the release rule (the one gc, status and the guard
-// apply) to the holders of claims and to waiters. KeepRunning (processes
+// apply) to the holders of claims, to the containers of conflicts and to
+// waiters (st is the state they were read from, to name who holds a
+// conflict's device). A conflict record is a container found running on a
+// device another holds: it becomes the device's claim when the holder
+// stops. Cleared while the container runs, the ledger would show the
+// device free once its holder stops, with the container still on it; so
+// a conflict is judged as the claim it stands for. KeepRunning (processes
 // found, or the evidence missing or ambiguous) is what a force-release must
 // not end silently: the container would go on using the GPU and share it
 // with the next one. A holder that never started has no process to check
@@ -258,9 +278,27 @@ func (chk releaseCheck) refusal() error {
 // which is what the rule keeps its claim for; that nobody has marked it
 // draining yet changes nothing on the GPU. Every other verdict means the
 // process is gone.
-func checkRelease(rule guard.ReleaseRule, claims []ledger.Claim, waiters []ledger.Waiter) releaseCheck {
+func checkRelease(rule guard.ReleaseRule, st *ledger.State, claims []ledger.Claim, conflicts []ledger.Conflict, waiters []ledger.Waiter) releaseCheck {
 	var chk releaseCheck
 	check := memoCheck(rule)
+	for _, c := range conflicts {
+		on := fmt.Sprintf("%s runs on %s, which %s holds (a conflict record: the device becomes its claim once free)",
+			guard.HolderName(c.Owner), naming.Device(c.Device), conflictHolder(st, c))
+		switch v := check(c.Owner); v.Action {
+		case guard.KeepRunning:
+			chk.running = append(chk.running, fmt.Sprintf("%s, and is %s", on, runningWhy(c.Owner, v)))
+		case guard.KeepDraining, guard.MarkDraining:
+			why := ""
+			if v.Why != "" {
+				why = " (" + v.Why + ")"
+			}
+			chk.exitedConflicts = append(chk.exitedConflicts, fmt.Sprintf("%s, and exited%s, but under release_requires_idle its processes "+
+				"are not known to have left the GPU", on, why))
+		case guard.KeepNotStarted:
+			chk.notes = append(chk.notes, fmt.Sprintf("%s, and records no process (no pid, no cgroup): nothing to check; "+
+				"if it runs there, the device shows free once its holder stops", on))
+		}
+	}
 	for _, c := range claims {
 		switch v := check(c.Owner); v.Action {
 		case guard.KeepRunning:
@@ -328,6 +366,33 @@ func claimsUnchanged(now, checked []ledger.Claim) error {
 		}
 	}
 	return nil
+}
+
+// conflictsUnchanged refuses a release when the conflict records it would
+// clear (now) are not those checkRelease judged (checked): the container
+// was recorded on another device, or another incarnation of it was, in
+// between.
+func conflictsUnchanged(now, checked []ledger.Conflict) error {
+	for _, c := range now {
+		if !slices.ContainsFunc(checked, func(k ledger.Conflict) bool {
+			return k.Device.UUID == c.Device.UUID && incarnationOf(&k.Owner) == incarnationOf(&c.Owner)
+		}) {
+			return fmt.Errorf("the conflict record of %s on %s changed since it was checked; check `%s status` and run release again",
+				guard.HolderName(c.Owner), naming.Device(c.Device), programName)
+		}
+	}
+	return nil
+}
+
+// conflictHolder names the container holding the device of conflict c (a
+// claim on it, or on a device conflicting with it), as st has it.
+func conflictHolder(st *ledger.State, c ledger.Conflict) string {
+	for _, h := range st.Claims {
+		if h.Owner.ContainerID != c.Owner.ContainerID && devices.Conflicts(h.Device, c.Device) {
+			return guard.HolderName(h.Owner)
+		}
+	}
+	return "another container"
 }
 
 // waitersUnchanged refuses a release when a queue entry it would remove
