@@ -5,6 +5,7 @@ package ctl
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -63,7 +64,10 @@ applied at once: the head of the queue keeps each device it asks for that is
 now free (even while its other devices are held), and any other waiter whose
 devices are all free gets them reserved; a request for a device kept that way
 is refused "reserved for …", anyone else is admitted as usual. Uncordoning a device that is not cordoned changes nothing
-and says so. Audited with the operator's uid.`,
+and says so. Only the cordon the command read is lifted: a device cordoned
+while it runs (the observer found it unhealthy) is left alone, and a cordon
+changed meanwhile is refused (exit 1), naming both. Audited with the
+operator's uid.`,
 		`  sudo gpu-guard-ctl uncordon 1
   sudo gpu-guard-ctl uncordon 0:1 -o json`,
 		oneDevice,
@@ -266,19 +270,36 @@ func (a *app) uncordon(ctx context.Context, arg string) error {
 			return derr
 		}
 	}
-	var lifted *cordonJSON
+	var seen *ledger.Cordon // the cordon on d, as read
 	for _, k := range st.Cordons {
 		if k.Device.UUID == d.UUID {
-			lifted = cordonJSONOf(k)
+			seen = &k
 		}
 	}
-	was, err := g.UncordonDevice(ctx, d.UUID, a.operatorWho())
-	if err != nil {
-		return err
+	if afterUncordonLook != nil {
+		afterUncordonLook()
 	}
+	var (
+		lifted ledger.Cordon
+		was    bool
+	)
+	if seen != nil {
+		// Only the cordon read is lifted: one set since (the observer
+		// found the GPU unhealthy, another operator cordoned it again)
+		// is refused, and named, rather than lifted unseen.
+		lifted, was, err = g.Uncordon(ctx, d.UUID, a.operatorWho(), seen)
+		if errors.Is(err, guard.ErrCordonChanged) {
+			return fmt.Errorf("%w; check it (`%s status`) and run uncordon again", err, programName)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	// Not cordoned when read, nothing is lifted: a cordon set since is
+	// nobody's to lift unseen. (Cordoned when read, and not when lifted:
+	// someone else lifted it meanwhile.)
 	if !was {
-		lifted = nil
-		if a.output != outputJSON {
+		if seen == nil && a.output != outputJSON {
 			// Say where a cordon covering it is, if one is.
 			if k := cordonOf(st, d); k != nil {
 				_, err := fmt.Fprintf(a.env.Stdout, "%s is not cordoned itself, but %s is: run `%s uncordon %s`\n",
@@ -286,9 +307,15 @@ func (a *app) uncordon(ctx context.Context, arg string) error {
 				return writeErr(err)
 			}
 		}
+		return renderCordon(a.env.Stdout, a.output, cordonView{Action: "uncordon", device: d}, nil)
 	}
-	return renderCordon(a.env.Stdout, a.output, cordonView{Action: "uncordon", Changed: was, Cordon: lifted, device: d}, nil)
+	return renderCordon(a.env.Stdout, a.output, cordonView{Action: "uncordon", Changed: true, Cordon: cordonJSONOf(lifted), device: d}, nil)
 }
+
+// afterUncordonLook, when set, is called by uncordon between its look at the
+// ledger and the transaction that lifts the cordon. Only tests set it, to
+// change the ledger in that window.
+var afterUncordonLook func()
 
 // uncordonArg is how `uncordon` names cordoned device d: its index while
 // the inventory has d under that index, else its UUID. A cordon outlives

@@ -273,3 +273,110 @@ func TestUncordonHintNamesAGoneDeviceByUUID(t *testing.T) {
 	assert.Contains(t, r.stdout, "uncordoned MIG 0:1 ("+uuidGoneMIG+")")
 	assert.Empty(t, f.state(t).Cordons)
 }
+
+// onUncordonLook runs fn in the window between uncordon's look at the ledger
+// and the transaction that lifts the cordon.
+func onUncordonLook(t *testing.T, fn func()) {
+	t.Helper()
+	afterUncordonLook = fn
+	t.Cleanup(func() { afterUncordonLook = nil })
+}
+
+// TestUncordonLiftsOnlyTheCordonItRead: a cordon set on the device between
+// uncordon's look and its write (the daemon's observer finds the GPU
+// unhealthy, another operator cordons it again) is not lifted unseen: with
+// no cordon read, nothing is lifted; with another cordon read, the uncordon
+// is refused naming both. What it lifts is what its transaction lifted, in
+// the output and the audit record. Before, the cordon set meanwhile was
+// lifted, and the text output panicked on the cordon it had not read.
+func TestUncordonLiftsOnlyTheCordonItRead(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		before  string // the reason of an operator's cordon on GPU 2 before uncordon looks; "" = none
+		window  func(t *testing.T, f *fixture)
+		json    bool
+		code    int
+		stdout  string
+		stderr  []string
+		reason  string // of the cordon on GPU 2 afterwards; "" = none
+		audited bool   // an uncordon audit record, naming before
+	}{
+		{name: "not cordoned when read, the observer cordons it meanwhile", window: cordonUnhealthy,
+			code: ExitOK, stdout: "GPU 2 (" + uuidGPU2 + ") is not cordoned; nothing changed.\n", reason: "Xid 79: fallen off the bus"},
+		{name: "the same, json", window: cordonUnhealthy, json: true,
+			code: ExitOK, stdout: `"cordon": null`, reason: "Xid 79: fallen off the bus"},
+		{name: "cordoned again meanwhile, with another reason", before: "fan", window: func(t *testing.T, f *fixture) {
+			f.update(t, now, func(tx *ledger.Tx) {
+				_, _, err := tx.Cordon(f.dev(t, uuidGPU2), ledger.CordonOperator, "RMA 4711", "uid 0 (sudo user bob) via gpu-guard-ctl")
+				require.NoError(t, err)
+			})
+		}, code: ExitError, reason: "RMA 4711", stderr: []string{"uncordon GPU 2 (" + uuidGPU2 + "): the cordon changed since it was read: " +
+			`it is now cordoned operator by uid 0 (sudo user bob) via gpu-guard-ctl since 2026-03-01T11:00:00Z: "RMA 4711", ` +
+			`not cordoned operator by uid 0 via gpu-guard-ctl since 2026-03-01T11:00:00Z: "fan"; nothing was lifted; ` +
+			"check it (`gpu-guard-ctl status`) and run uncordon again"}},
+		{name: "lifted meanwhile", before: "fan", window: func(t *testing.T, f *fixture) {
+			f.update(t, now, func(tx *ledger.Tx) {
+				_, was := tx.Uncordon(uuidGPU2, "uid 0 (sudo user bob) via gpu-guard-ctl")
+				require.True(t, was)
+			})
+		}, code: ExitOK, stdout: "GPU 2 (" + uuidGPU2 + ") is not cordoned; nothing changed.\n"},
+		{name: "unchanged", before: "fan", window: func(*testing.T, *fixture) {},
+			code: ExitOK, stdout: "uncordoned GPU 2 (" + uuidGPU2 + ") (cordoned operator by uid 0 via gpu-guard-ctl since 2026-03-01T11:00:00Z: fan); " +
+				"it takes new claims again.\n", audited: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := cordonFixture(t)
+			f.uid = 0
+			if tc.before != "" {
+				f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+					_, _, err := tx.Cordon(f.dev(t, uuidGPU2), ledger.CordonOperator, tc.before, "uid 0 via gpu-guard-ctl")
+					require.NoError(t, err)
+				})
+			}
+			onUncordonLook(t, func() { tc.window(t, f) })
+			auditBefore := len(f.audit(t))
+			args := []string{"uncordon", "2"}
+			if tc.json {
+				args = append(args, "-o", "json")
+			}
+			r := f.run(t, args...)
+			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			if tc.json {
+				assert.Contains(t, r.stdout, tc.stdout)
+				assert.Contains(t, r.stdout, `"changed": false`)
+			} else {
+				assert.Equal(t, tc.stdout, r.stdout)
+			}
+			for _, s := range tc.stderr {
+				assert.Contains(t, r.stderr, s)
+			}
+			st := f.state(t)
+			if tc.reason == "" {
+				assert.Empty(t, st.Cordons)
+			} else {
+				require.Len(t, st.Cordons, 1, "the cordon set meanwhile is kept")
+				assert.Equal(t, tc.reason, st.Cordons[0].Reason)
+			}
+			var mine []ledger.AuditRecord
+			for _, rec := range f.audit(t)[auditBefore:] {
+				if rec.Op == ledger.OpUncordon && strings.Contains(rec.Reason, "uncordoned by uid 0 via") {
+					mine = append(mine, rec)
+				}
+			}
+			if !tc.audited {
+				assert.Empty(t, mine)
+				return
+			}
+			require.Len(t, mine, 1)
+			assert.Contains(t, mine[0].Reason, "(was operator by uid 0 via gpu-guard-ctl since 2026-03-01T11:00:00Z: "+tc.before+")")
+		})
+	}
+}
+
+// cordonUnhealthy is the daemon's observer cordoning GPU 2.
+func cordonUnhealthy(t *testing.T, f *fixture) {
+	f.update(t, now, func(tx *ledger.Tx) {
+		_, _, err := tx.Cordon(f.dev(t, uuidGPU2), ledger.CordonUnhealthy, "Xid 79: fallen off the bus", guard.ObserverBy)
+		require.NoError(t, err)
+	})
+}

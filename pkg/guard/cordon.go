@@ -5,6 +5,7 @@ package guard
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -129,24 +130,70 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 // there. The earliest waiter whose devices are now all free gets them
 // reserved at once.
 func (g *Guard) UncordonDevice(ctx context.Context, uuid, by string) (bool, error) {
+	_, was, err := g.Uncordon(ctx, uuid, by, nil)
+	return was, err
+}
+
+// ErrCordonChanged is returned by Uncordon when the cordon in force is not
+// the one the caller read: nothing was lifted.
+var ErrCordonChanged = errors.New("the cordon changed since it was read")
+
+// Uncordon is UncordonDevice returning the cordon it lifted, as the
+// transaction that lifted it found it. With seen set (the cordon the caller
+// read, and showed or acted on), only that cordon is lifted: when the
+// cordon in force differs (another source, reason, by or since: the
+// observer cordoned the device again, or another operator did), nothing is
+// lifted and the error (ErrCordonChanged) names both, so that a cordon
+// nobody looked at is never lifted unseen. A device cordoned by nobody
+// (lifted meanwhile) is no error: false, as for UncordonDevice.
+func (g *Guard) Uncordon(ctx context.Context, uuid, by string, seen *ledger.Cordon) (ledger.Cordon, bool, error) {
 	dev, err := g.lookup(uuid)
 	if err != nil {
 		// A cordon on a device that left the inventory can still be lifted.
 		dev = devices.Device{UUID: uuid}
 	}
-	var was bool
+	var (
+		lifted  ledger.Cordon
+		was     bool
+		changed *ledger.Cordon // the cordon in force, when it is not seen
+	)
 	err = g.update(ctx, "uncordon", func(tx *ledger.Tx) bool {
-		_, was = tx.Uncordon(dev.UUID, by)
+		lifted, was, changed = ledger.Cordon{}, false, nil
+		if seen != nil {
+			for _, k := range tx.Cordons() {
+				if k.Device.UUID == dev.UUID && !sameCordon(k, *seen) {
+					changed = &k
+					return false
+				}
+			}
+		}
+		lifted, was = tx.Uncordon(dev.UUID, by)
 		return was
 	})
 	if err != nil {
-		return false, fmt.Errorf("uncordon %s: %w", naming.Device(dev), err)
+		return ledger.Cordon{}, false, fmt.Errorf("uncordon %s: %w", naming.Device(dev), err)
+	}
+	if changed != nil {
+		return ledger.Cordon{}, false, fmt.Errorf("uncordon %s: %w: it is now %s, not %s; nothing was lifted",
+			naming.Device(dev), ErrCordonChanged, cordonWords(changed), cordonWords(seen))
 	}
 	if was {
 		g.log.Info("device uncordoned", slog.String("device", naming.Device(dev)), slog.String("device_uuid", dev.UUID),
-			slog.String("by", by))
+			slog.String("by", by), slog.String("source", lifted.Source), slog.String("reason", lifted.Reason))
 	}
-	return was, nil
+	return lifted, was, nil
+}
+
+// sameCordon reports whether a and b are the same cordon: on the same
+// device, with the same source, reason, by and since.
+func sameCordon(a, b ledger.Cordon) bool {
+	return a.Device.UUID == b.Device.UUID && a.Source == b.Source && a.Reason == b.Reason && a.By == b.By && a.Since.Equal(b.Since)
+}
+
+// cordonWords describes a cordon in a sentence: `cordoned unhealthy by
+// nri-gpu-guard observer since 2026-03-01T12:00:00Z: "Xid 79"`.
+func cordonWords(k *ledger.Cordon) string {
+	return fmt.Sprintf("cordoned %s by %s since %s: %q", k.Source, k.By, k.Since.UTC().Format(time.RFC3339), k.Reason)
 }
 
 // lookup finds a device of the inventory by UUID.

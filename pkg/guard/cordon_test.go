@@ -333,3 +333,73 @@ func TestCordonRefusalIsAdmitsDecision(t *testing.T) {
 	}))
 	assert.Len(t, auditOf(t, e.l), before, "CordonRefusal audits nothing")
 }
+
+// Uncordon returns the cordon its transaction lifted. Told which cordon the
+// caller read (seen), it lifts only that one: a cordon set since (the
+// observer found the GPU unhealthy, another operator cordoned it again) is
+// kept and named in ErrCordonChanged, so that no cordon is lifted unseen;
+// one lifted meanwhile is no error.
+func TestUncordonLiftsOnlyTheCordonSeen(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// then changes the cordon between the caller's read and Uncordon.
+		then    func(e *env)
+		changed bool   // ErrCordonChanged, the cordon in force kept
+		was     bool   // a cordon was lifted
+		reason  string // of the cordon left (changed) or lifted (was)
+	}{
+		{name: "unchanged", was: true, reason: "pid 4242"},
+		{name: "the observer found it unhealthy", changed: true, reason: "Xid 79",
+			then: func(e *env) {
+				require.NoError(e.t, e.g.CordonDevice(ctx, uuid(2), ledger.CordonUnhealthy, "Xid 79"))
+			}},
+		{name: "cordoned again by an operator", changed: true, reason: "RMA 4711",
+			then: func(e *env) {
+				_, _, err := e.g.Cordon(ctx, uuid(2), ledger.CordonOperator, "RMA 4711", "uid 0")
+				require.NoError(e.t, err)
+			}},
+		{name: "lifted meanwhile",
+			then: func(e *env) {
+				_, err := e.g.UncordonDevice(ctx, uuid(2), "uid 0")
+				require.NoError(e.t, err)
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _ := newStateEnv(t, nil)
+			seen, _, err := e.g.Cordon(ctx, uuid(2), ledger.CordonIntruder, "pid 4242", guard.ObserverBy)
+			require.NoError(t, err)
+			if tc.then != nil {
+				e.clock.advance(time.Minute)
+				tc.then(e)
+			}
+			before := e.state()
+			lifted, was, err := e.g.Uncordon(ctx, uuid(2), "uid 0", &seen)
+			if tc.changed {
+				require.ErrorIs(t, err, guard.ErrCordonChanged)
+				for _, s := range []string{uuid(2), tc.reason, "pid 4242", "nothing was lifted"} {
+					assert.Contains(t, err.Error(), s)
+				}
+				assert.False(t, was)
+				assert.Equal(t, before, e.state(), "nothing written")
+				require.Len(t, e.state().Cordons, 1)
+				assert.Equal(t, tc.reason, e.state().Cordons[0].Reason)
+				return
+			}
+			require.NoError(t, err)
+			assert.Equal(t, tc.was, was)
+			assert.Empty(t, e.state().Cordons)
+			if tc.was {
+				assert.Equal(t, seen, lifted, "the cordon lifted, as the transaction found it")
+			}
+		})
+	}
+
+	// Without seen, whatever cordon is in force is lifted, and returned.
+	e, _ := newStateEnv(t, nil)
+	k, _, err := e.g.Cordon(ctx, uuid(2), ledger.CordonUnhealthy, "Xid 79", guard.ObserverBy)
+	require.NoError(t, err)
+	lifted, was, err := e.g.Uncordon(ctx, uuid(2), "uid 0", nil)
+	require.NoError(t, err)
+	assert.True(t, was)
+	assert.Equal(t, k, lifted)
+}

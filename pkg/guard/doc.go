@@ -22,7 +22,8 @@
 // It also keeps the persistent device states of the ledger (cordon.go): a
 // cordon (CordonDevice, UncordonDevice; from gpu-guard-ctl, or from the
 // observer for an intruder or an unhealthy device, never over an operator's
-// cordon, which stays as the operator set it) and, under [observe]
+// cordon, which stays as the operator set it; gpu-guard-ctl lifts only the
+// cordon it read, Uncordon) and, under [observe]
 // release_requires_idle, draining claims (Draining, FinishDraining): a
 // holder's stop, removal, pod removal, exit found out of band, or absence
 // from the runtime's list at reconcile keeps its claims draining until the observer sees its processes leave the GPU or
