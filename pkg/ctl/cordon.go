@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -59,7 +60,8 @@ func (a *app) uncordonCommand() *cobra.Command {
 	return newCommand("uncordon GPU",
 		"Lift a cordon: the device takes new claims again (root only, audited)",
 		`Lift the cordon on a device (an index, "1:0" for a MIG instance, or a UUID;
-also the UUID of a cordoned device no longer in the inventory). The queue is
+also the UUID of a cordoned device no longer in the inventory, which works
+when the inventory does not load too). The queue is
 applied at once: the head of the queue keeps each device it asks for that is
 now free (even while its other devices are held), and any other waiter whose
 devices are all free gets them reserved; a request for a device kept that way
@@ -213,7 +215,7 @@ func (a *app) guardFor() (*guard.Guard, *devices.Inventory, error) {
 	}
 	inv, _, err := a.inventory()
 	if err != nil {
-		return nil, nil, fmt.Errorf("load the GPU inventory: %w", err)
+		return nil, nil, fmt.Errorf("%w: %w", errInventory, err)
 	}
 	l, err := a.openLedger(false)
 	if err != nil {
@@ -225,6 +227,50 @@ func (a *app) guardFor() (*guard.Guard, *devices.Inventory, error) {
 	}
 	return g, inv, nil
 }
+
+// uncordonGuard is guardFor for uncordon of arg, which also works when the
+// inventory does not load, for a device the ledger records a cordon on by
+// UUID (arg): lifting a cordon needs nothing but the ledger, and the
+// device may be the very GPU whose driver broke. The guard is then built
+// over an empty inventory, and a warning says so. A failed hand-over to
+// the NVML build stays the error: nothing stands in for NVML.
+func (a *app) uncordonGuard(ctx context.Context, arg string) (*guard.Guard, *devices.Inventory, error) {
+	g, inv, err := a.guardFor()
+	if err == nil {
+		return g, inv, nil
+	}
+	if _, ok := errors.AsType[*NVMLHandoverError](err); ok || !errors.Is(err, errInventory) {
+		return nil, nil, err
+	}
+	cfg, cerr := a.config()
+	if cerr != nil {
+		return nil, nil, cerr
+	}
+	l, lerr := a.openLedger(false)
+	if lerr != nil {
+		return nil, nil, lerr
+	}
+	st, serr := l.Snapshot(ctx)
+	if serr != nil {
+		return nil, nil, fmt.Errorf("read ledger %s: %w", l.StatePath(), serr)
+	}
+	if !slices.ContainsFunc(st.Cordons, func(k ledger.Cordon) bool { return strings.EqualFold(k.Device.UUID, arg) }) {
+		return nil, nil, err
+	}
+	empty, ierr := devices.NewInventory("none", nil)
+	if ierr != nil {
+		return nil, nil, fmt.Errorf("%w (and an empty one for the uncordon: %w)", err, ierr)
+	}
+	fmt.Fprintln(a.env.Stderr, escapeLine(fmt.Sprintf("warning: %v; lifting the cordon the ledger records on %s", err, arg)))
+	g, err = guard.New(guard.Options{Config: cfg, Inventory: empty, Ledger: l, Liveness: a.env.Liveness, Now: a.env.Now})
+	if err != nil {
+		return nil, nil, err
+	}
+	return g, empty, nil
+}
+
+// errInventory marks guardFor's error when the inventory did not load.
+var errInventory = errors.New("load the GPU inventory")
 
 func (a *app) cordon(ctx context.Context, arg, reason string) error {
 	g, inv, err := a.guardFor()
@@ -249,7 +295,7 @@ func (a *app) cordon(ctx context.Context, arg, reason string) error {
 }
 
 func (a *app) uncordon(ctx context.Context, arg string) error {
-	g, inv, err := a.guardFor()
+	g, inv, err := a.uncordonGuard(ctx, arg)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -379,4 +380,32 @@ func cordonUnhealthy(t *testing.T, f *fixture) {
 		_, _, err := tx.Cordon(f.dev(t, uuidGPU2), ledger.CordonUnhealthy, "Xid 79: fallen off the bus", guard.ObserverBy)
 		require.NoError(t, err)
 	})
+}
+
+// The inventory does not load (devices.source "proc" and no driver there, the
+// cache unusable: a GPU whose driver broke): a cordon the ledger records is
+// still lifted by its UUID, as the help promises for a device no longer in
+// the inventory; anything else still needs the inventory.
+func TestUncordonByUUIDWithoutInventory(t *testing.T) {
+	f := cordonFixture(t)
+	f.uid = 0
+	f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+		_, _, err := tx.Cordon(f.dev(t, uuidGPU2), ledger.CordonUnhealthy, "Xid 79: fallen off the bus", guard.ObserverBy)
+		require.NoError(t, err)
+	})
+	f.setSource(t, "proc")
+	require.NoError(t, os.WriteFile(filepath.Join(f.dir, devices.CacheFile), []byte("{not json"), 0o600))
+
+	r := f.run(t, "uncordon", "2")
+	require.Equal(t, ExitError, r.code, "an index needs the inventory: stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	assert.Contains(t, r.stderr, "load the GPU inventory")
+	require.Len(t, f.state(t).Cordons, 1)
+
+	r = f.run(t, "uncordon", strings.ToLower(uuidGPU2))
+	require.Equal(t, ExitOK, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	assert.Equal(t, "uncordoned GPU 2 ("+uuidGPU2+") (cordoned unhealthy by "+guard.ObserverBy+" since 2026-03-01T11:00:00Z: "+
+		"Xid 79: fallen off the bus); it takes new claims again.\n", r.stdout)
+	assert.Contains(t, r.stderr, "warning: load the GPU inventory: ")
+	assert.Contains(t, r.stderr, "; lifting the cordon the ledger records on "+strings.ToLower(uuidGPU2))
+	assert.Empty(t, f.state(t).Cordons)
 }
