@@ -100,12 +100,56 @@ func TestStatusDistrustsAStaleReport(t *testing.T) {
 	assert.Contains(t, r.stdout, "ATTENTION (1)")
 	assert.Contains(t, r.stdout, "the GPU observer's last report is 5m old (interval 10s): its findings are not shown; is nri-gpu-guard running?")
 	assert.NotContains(t, r.stdout, "pid 1 runs")
+}
 
-	// A damaged report is a warning, not a problem.
-	require.NoError(t, os.WriteFile(filepath.Join(f.dir, observe.FileName), []byte("{"), 0o600))
-	r = f.run(t, "status")
-	require.Equal(t, ExitOK, r.code)
-	assert.Regexp(t, `observe.json does not parse: .*; GPU observer findings not shown`, r.stderr)
+// TestStatusReportsAnUnreadableReport: an observe.json that is there but
+// cannot be read is a problem (exit 3, kind observer-unreadable), not the
+// silence of a host without a daemon: the daemon writes it whole, so it was
+// damaged or replaced, and the intruders and unhealthy GPUs it may list go
+// unseen. Before, status printed a warning on stderr and exited 0, as if
+// no daemon ran.
+func TestStatusReportsAnUnreadableReport(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		write func(t *testing.T, path string)
+		why   string
+	}{
+		{name: "does not parse", why: "does not parse", write: func(t *testing.T, path string) {
+			require.NoError(t, os.WriteFile(path, []byte(`{"time":"2026-03-01T11:59:`), 0o600))
+		}},
+		{name: "symlink", why: "is a symlink", write: func(t *testing.T, path string) {
+			target := filepath.Join(t.TempDir(), "observe.json")
+			require.NoError(t, os.WriteFile(target, []byte(`{}`), 0o600))
+			require.NoError(t, os.Symlink(target, path))
+		}},
+		{name: "too large", why: "is larger than", write: func(t *testing.T, path string) {
+			require.NoError(t, os.WriteFile(path, []byte(strings.Repeat(" ", 2<<20)), 0o600))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			tc.write(t, filepath.Join(f.dir, observe.FileName))
+			r := f.run(t, "status")
+			require.Equal(t, ExitAttention, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			assert.Contains(t, r.stdout, "ATTENTION (1)")
+			assert.Contains(t, r.stdout, "the GPU observer's report cannot be read (")
+			assert.Contains(t, r.stdout, tc.why)
+			assert.Contains(t, r.stdout, "): its findings are not shown")
+			assert.Empty(t, r.stderr, "said once, in the output")
+
+			r = f.run(t, "status", "-o", "json")
+			require.Equal(t, ExitAttention, r.code, r.stderr)
+			var v struct {
+				Problems []problem       `json:"problems"`
+				Observer json.RawMessage `json:"observer"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+			require.Len(t, v.Problems, 1)
+			assert.Equal(t, "observer-unreadable", v.Problems[0].Kind)
+			assert.Contains(t, v.Problems[0].Message, tc.why)
+			assert.Nil(t, v.Observer, "no report to summarise")
+		})
+	}
 }
 
 // psHost is go-nvml's DGX A100 mock as the ctl's NVML, with the fixture's

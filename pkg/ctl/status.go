@@ -48,6 +48,10 @@ const (
 	problemOutOfBounds   = "out-of-bounds"
 	problemUnhealthy     = "unhealthy"
 	problemObserverStale = "observer-stale"
+	// problemObserverUnreadable: observe.json is there but cannot be read
+	// (it does not parse, is too large, is a symlink): what the observer
+	// saw is unknown, which is not the same as "no daemon".
+	problemObserverUnreadable = "observer-unreadable"
 )
 
 func (a *app) statusCommand() *cobra.Command {
@@ -77,7 +81,8 @@ The daemon's GPU observer adds what it saw on the devices themselves (its
 last report, observe.json in the state dir): a process on a GPU its
 container does not hold (intruder, out-of-bounds) and an unhealthy device; a
 report older than three observer intervals is not trusted but
-reported as stale. It exits 1, showing no device, while the ledger needs recovery
+reported as stale, and one that cannot be read (damaged, a symlink) is a
+problem too. It exits 1, showing no device, while the ledger needs recovery
 (damaged, missing, moved or replaced: no container gets a GPU until
 gpu-guard-ctl recover) or its state dir is unsafe.`,
 		`  gpu-guard-ctl status
@@ -126,7 +131,7 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			info.printWarnings(a.env.Stderr)
 			v.setDrainDeadlines(cfg.Observe.IdleGrace.Duration)
 			if dir, err := a.stateDir(); err == nil {
-				v.addObserver(dir, a.env.Now(), a.env.Stderr)
+				v.addObserver(dir, a.env.Now())
 			}
 			if err := v.render(a.env.Stdout, a.output, a.env.Now()); err != nil {
 				return err
@@ -254,14 +259,21 @@ type problem struct {
 
 // addObserver adds the daemon's last observer report: its findings as
 // problems, or one observer-stale problem instead when it is too old to
-// trust. No report is no problem: the daemon may run without NVML.
-func (v *statusView) addObserver(dir string, now time.Time, stderr io.Writer) {
+// trust. No report is no problem: the daemon may run without NVML. A
+// report that is there but cannot be read is one (observer-unreadable):
+// the daemon writes it whole (a rename), so it was damaged or replaced,
+// and the intruders or unhealthy GPUs it may list go unseen.
+func (v *statusView) addObserver(dir string, now time.Time) {
 	f, err := observe.ReadFile(dir)
 	if errors.Is(err, observe.ErrNoFile) {
 		return
 	}
 	if err != nil {
-		fmt.Fprintf(stderr, "warning: %v; GPU observer findings not shown\n", err)
+		v.Problems = append(v.Problems, problem{
+			Kind: problemObserverUnreadable,
+			Message: fmt.Sprintf("the GPU observer's report cannot be read (%v): its findings are not shown; the daemon "+
+				"rewrites it at its next pass: if this persists, check nri-gpu-guard's log (`sudo %s ps` asks NVML directly)", err, programName),
+		})
 		return
 	}
 	at := f.Time
