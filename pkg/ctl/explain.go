@@ -85,6 +85,17 @@ Exits 0 whatever the decision; 1 when the decision could not be made.`,
 			if err != nil {
 				return err
 			}
+			// The ledger is read first, as status reads it: one that
+			// cannot be read (needs recovery, not root) is the error, in
+			// the ledger's own words, once. Asked to decide on it, the
+			// guard words it as the refusal of a container, which
+			// explain's is not.
+			if err := l.View(cmd.Context(), func(*ledger.Tx) error { return nil }); err != nil {
+				return fmt.Errorf("read ledger %s: %w", l.StatePath(), err)
+			}
+			// A mistyped [ledger] dir reads as an empty ledger: every GPU
+			// would be admitted as free.
+			a.warnMissingLedgerDir()
 			g, err := guard.New(guard.Options{
 				Config: cfg, Inventory: inv, Ledger: l, Liveness: a.env.Liveness, Now: a.env.Now,
 			})

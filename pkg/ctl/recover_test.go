@@ -37,12 +37,21 @@ func TestNeedsRecoveryAdvice(t *testing.T) {
 			f := newFixture(t)
 			f.populate(t)
 			tc.damage(t, f.dir)
-			r := f.run(t, "status")
-			require.Equal(t, ExitError, r.code, r.stderr)
-			assert.Equal(t, 1, strings.Count(r.stderr, "run `gpu-guard-ctl recover`")+strings.Count(r.stderr, "run `sudo gpu-guard-ctl recover`"),
-				"say once to run recover: %s", r.stderr)
-			assert.Contains(t, r.stderr, "recover needs root (`sudo gpu-guard-ctl recover`)")
-			assert.Equal(t, tc.badFile, strings.Contains(r.stderr, "moved aside"), "a bad file is mentioned only when there is one: %s", r.stderr)
+			// explain, asked about a container, answers with the ledger's
+			// error as status does: not with the refusal the guard would
+			// give a container (which named explain's pseudo container and
+			// said to run recover three times).
+			for _, args := range [][]string{{"status"}, {"explain", "--env", "NVIDIA_VISIBLE_DEVICES=1"},
+				{"explain", "--env", "NVIDIA_VISIBLE_DEVICES=2", "-o", "json"}} {
+				r := f.run(t, args...)
+				require.Equal(t, ExitError, r.code, "%v: %s", args, r.stderr)
+				assert.Empty(t, r.stdout, args)
+				assert.Equal(t, 1, strings.Count(r.stderr, "run `gpu-guard-ctl recover`")+strings.Count(r.stderr, "run `sudo gpu-guard-ctl recover`"),
+					"%v: say once to run recover: %s", args, r.stderr)
+				assert.Contains(t, r.stderr, "recover needs root (`sudo gpu-guard-ctl recover`)", args)
+				assert.Equal(t, tc.badFile, strings.Contains(r.stderr, "moved aside"), "%v: a bad file is mentioned only when there is one: %s", args, r.stderr)
+				assert.NotContains(t, r.stderr, "; refused ", args)
+			}
 		})
 	}
 }
