@@ -26,7 +26,7 @@ trap 'rm -rf "$work"; rm -f "$marker"' EXIT
 	done
 } >"$work/config.toml"
 mkdir -p "$work/bundle"
-printf '{"ociVersion":"1.2.0","process":{"args":["/app"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/"},"root":{"path":"rootfs"}}\n' >"$work/bundle/config.json"
+printf '{"ociVersion":"1.2.0","process":{"args":["/app"],"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=0"],"cwd":"/","capabilities":{"bounding":["CAP_CHOWN","CAP_KILL","CAP_SETGID","CAP_SETUID"]}},"root":{"path":"rootfs"}}\n' >"$work/bundle/config.json"
 
 # Each pair's container process is a sleep that runs through create-runtime
 # and is gone by poststop, as a container's is (poststop spares a claim whose

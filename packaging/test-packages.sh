@@ -151,7 +151,9 @@ grep -qF "$want" <<<"$out" || fail "nri-gpu-guard-hook --version printed '$out',
 # that names no GPU: admitted and released without the ledger (the state dir
 # here does not exist).
 mkdir -p "$work/bundle"
-printf '{"ociVersion":"1.0.2","process":{"env":["PATH=/bin"]}}' >"$work/bundle/config.json"
+# (A capabilities object as every engine writes one: without it the hook
+# reads the container as able to make device nodes.)
+printf '{"ociVersion":"1.0.2","process":{"env":["PATH=/bin"],"capabilities":{"bounding":["CAP_CHOWN","CAP_KILL"]}}}' >"$work/bundle/config.json"
 for phase in create-runtime poststop; do
 	printf '{"ociVersion":"1.0.2","id":"pkgtest","status":"creating","bundle":"%s"}' "$work/bundle" |
 		env -i GOMAXPROCS=1 /usr/bin/nri-gpu-guard-hook "$phase" --state-dir "$work/no-state" >"$work/hook.log" 2>&1 ||

@@ -67,7 +67,7 @@ func BenchmarkHookProcess(b *testing.B) {
 		writeFile(b, cfg, fmt.Sprintf("[ledger]\ndir = %q\n[devices]\nsource = \"static\"\nproc_root = %q\n"+
 			"[[devices.static]]\nindex = 0\nuuid = \"GPU-6c1a2f2e-0000-4000-8000-000000000000\"\nminor = 0\n", state, filepath.Join(dir, "no-driver")))
 		spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{
-			Args: []string{"/app"}, Env: append([]string{"PATH=/usr/bin:/bin", "HOME=/root"}, env...)}})
+			Args: []string{"/app"}, Env: append([]string{"PATH=/usr/bin:/bin", "HOME=/root"}, env...), Capabilities: podmanCaps()}})
 		if err != nil {
 			b.Fatal(err)
 		}

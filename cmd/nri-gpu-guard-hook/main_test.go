@@ -123,7 +123,7 @@ func TestPoststopAfterTheBundleWasEdited(t *testing.T) {
 	}
 	require.Equal(t, 1, claims())
 
-	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}}})
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(st.Bundle, "config.json"), data, 0o600))
 	require.Equal(t, 0, run([]string{"poststop", "--config", cfgPath}, strings.NewReader(state), &stdout, &stderr), stderr.String())
@@ -142,7 +142,7 @@ func TestPoststopAfterTheBundleWasEdited(t *testing.T) {
 func bundleState(t *testing.T, status specs.ContainerState, env ...string) string {
 	t.Helper()
 	bundle := t.TempDir()
-	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env, Capabilities: podmanCaps()}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
 	st, err := json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: status, Bundle: bundle})
@@ -228,4 +228,14 @@ func TestHookDeps(t *testing.T) {
 			}
 		}
 	}
+}
+
+// podmanCaps is podman's default capability set (no CAP_MKNOD): a spec
+// without a capabilities object counts as holding every capability, which
+// a container the runtime gives no device cgroup (these tests' states name
+// no process in one) turns into a claim of every GPU.
+func podmanCaps() *specs.LinuxCapabilities {
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+		"CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
+	return &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
 }

@@ -165,7 +165,7 @@ func (h *host) state(id string, pid int, env ...string) []byte {
 	h.t.Helper()
 	bundle := filepath.Join(h.base, "bundles", id)
 	require.NoError(h.t, os.MkdirAll(bundle, 0o700))
-	spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: append([]string{"PATH=/bin"}, env...)}})
+	spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: append([]string{"PATH=/bin"}, env...), Capabilities: podmanCaps()}})
 	require.NoError(h.t, err)
 	require.NoError(h.t, os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o600))
 	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreated, Pid: pid, Bundle: bundle})

@@ -119,10 +119,20 @@ func TestDefaultConfigLinkLeadingNowhere(t *testing.T) {
 func hookState(t *testing.T, env ...string) string {
 	t.Helper()
 	bundle := t.TempDir()
-	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env}})
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: env, Capabilities: podmanCaps()}})
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
 	st, err := json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: specs.StateCreating, Bundle: bundle})
 	require.NoError(t, err)
 	return string(st)
+}
+
+// podmanCaps is podman's default capability set (no CAP_MKNOD): a spec
+// without a capabilities object counts as holding every capability, which
+// a container the runtime gives no device cgroup (these tests' states name
+// no process in one) turns into a claim of every GPU.
+func podmanCaps() *specs.LinuxCapabilities {
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+		"CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
+	return &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
 }
