@@ -4,6 +4,7 @@
 package devices
 
 import (
+	"math"
 	"slices"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
@@ -11,7 +12,8 @@ import (
 
 // DeviceRule is one device cgroup rule of a container (the OCI spec's
 // linux.resources.devices, NRI's LinuxDeviceCgroup). A nil Major or Minor,
-// or a negative one, is the wildcard.
+// or a negative one, is the wildcard; one that does not fit a C int is
+// read as each runtime reads it (crun truncates it: see ruleAccess).
 type DeviceRule struct {
 	Allow  bool
 	Type   string // "a", "c", "b" or "" (all)
@@ -137,77 +139,123 @@ func wildcard(n *int64) int64 {
 	return *n
 }
 
+// numberReading is how a runtime reads a rule's major or minor: the number
+// it matches a node's against, -1 for the wildcard. The spec's numbers are
+// int64, the runtimes' are not, and a number none of them expects can mean
+// a different node to each.
+type numberReading func(n *int64) int64
+
+// asWritten reads a number as the spec writes it, negative meaning the
+// wildcard: runc on either cgroup version (which refuses a number past
+// 4294967295, and whose eBPF program matches nothing for one from
+// 2147483648 on), and crun for numbers that fit a C int.
+func asWritten(n *int64) int64 { return wildcard(n) }
+
+// asKernelU32 reads a number as the kernel's device cgroup (v1) does when
+// crun writes it to devices.allow or devices.deny as written: a u32, where
+// 4294967295 is the kernel's own wildcard, so c 4294967295:* rwm is
+// c *:* rwm. (runc writes it too, but fails the container when the kernel
+// reads back another rule; a number the kernel cannot take fails the
+// container under both.)
+func asKernelU32(n *int64) int64 {
+	if n != nil && *n == math.MaxUint32 {
+		return -1
+	}
+	return wildcard(n)
+}
+
+// asCInt reads a number as crun does for its eBPF program (cgroup v2): it
+// copies the spec's int64 into a C int, which keeps the low 32 bits, and
+// reads a negative result as the wildcard. So 4294967295 and everything
+// from 2147483648 to 4294967295 are the wildcard, and 4294967491 is 195:
+// c 4294967491:* rwm is c 195:* rwm.
+func asCInt(n *int64) int64 {
+	if n == nil {
+		return -1
+	}
+	if v := int64(int32(*n)); v >= 0 { //nolint:gosec // the truncation is what crun does
+		return v
+	}
+	return -1
+}
+
+// fitsCInt reports whether every reading of the rules' numbers is the
+// number as written: each is absent or fits a C int (no negative number
+// that fits one reads as anything but the wildcard).
+func fitsCInt(rules []DeviceRule) bool {
+	for _, r := range rules {
+		for _, n := range [2]*int64{r.Major, r.Minor} {
+			if n != nil && int64(int32(*n)) != *n { //nolint:gosec // comparing with the truncation
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // ruleAccess reports whether the rules let the container read or write
 // every character node of major (all: any minor that no rule names), or
 // which of the minors the rules name, up to maxMinor. A node counts when it
-// can be opened for reading or for writing under either way the runtimes
-// apply the rules (when in doubt, it is reachable):
+// can be opened for reading or for writing under any way a runtime applies
+// the rules (when in doubt, it is reachable):
 //
-//   - the kernel's device cgroup (v1), which runc also emulates for v2: a
-//     rule of type "a" resets the default to allow or deny and drops every
-//     exception, whatever numbers or access it names (see wildcardType);
-//     any other rule adds its access bits to the exception with exactly its
-//     type, major and minor when it goes against the default, and takes
-//     them from that exception only otherwise (a deny of c 195:* r leaves
-//     c 195:* w, and does not touch c 195:0). Under a deny default a node
-//     opens for an access one of its matching exceptions (c M:m, c M:*,
-//     c *:m, c *:*) holds; under an allow default, unless one holds it.
-//   - crun's eBPF program (v2): the last rule that matches the node and
-//     shares an access bit with the request decides; a rule of type "a"
-//     matches every type but its numbers are read; no match denies.
+//   - the kernel's device cgroup (v1), which runc also emulates for v2
+//     (kernelAccess), with the numbers as written and, as crun writes them
+//     to the kernel, as the kernel reads them (asKernelU32);
+//   - crun's eBPF program (v2; crunAccess), with the numbers as written and
+//     as crun truncates them (asCInt).
 //
-// A rule that grants only mknod ("m") opens nothing.
+// The readings differ only for numbers that do not fit a C int, which no
+// device has: a rule that uses one to reach GPU nodes under one runtime
+// while looking like another device's under the others is read as each
+// would apply it.
 func ruleAccess(rules []DeviceRule, major, maxMinor int64) (all bool, minors []int64) {
-	type key struct{ major, minor int64 } // -1: wildcard
-	type decision struct {
-		at    int // 1 + the rule's position; 0: no rule matched
-		allow bool
+	type model struct {
+		access func([]DeviceRule, int64, int64, numberReading) (bool, []int64)
+		read   numberReading
 	}
-	// The requests an open makes: read, write, read and write.
-	opens := [3]uint8{accRead, accWrite, accOpen}
+	models := []model{{kernelAccess, asWritten}, {crunAccess, asWritten}}
+	if !fitsCInt(rules) {
+		models = append(models, model{kernelAccess, asKernelU32}, model{crunAccess, asCInt})
+	}
+	for _, m := range models {
+		a, ms := m.access(rules, major, maxMinor, m.read)
+		if a {
+			return true, nil
+		}
+		minors = append(minors, ms...)
+	}
+	slices.Sort(minors)
+	return false, slices.Compact(minors)
+}
+
+// kernelAccess is ruleAccess under the kernel's device cgroup (v1), which
+// runc also emulates for v2: a rule of type "a" resets the default to allow
+// or deny and drops every exception, whatever numbers or access it names
+// (see wildcardType); any other rule adds its access bits to the exception
+// with exactly its type, major and minor (as read) when it goes against the
+// default, and takes them from that exception only otherwise (a deny of
+// c 195:* r leaves c 195:* w, and does not touch c 195:0). Under a deny
+// default a node opens for an access one of its matching exceptions
+// (c M:m, c M:*, c *:m, c *:*) holds; under an allow default, unless one
+// holds it. A rule that grants only mknod ("m") opens nothing.
+func kernelAccess(rules []DeviceRule, major, maxMinor int64, read numberReading) (all bool, minors []int64) {
+	type key struct{ major, minor int64 } // -1: wildcard
 	var (
 		defaultAllow bool
 		exceptions   = map[key]uint8{}
-		crunAny      [3]decision                // last rule matching any minor, per open
-		crunMinor    = map[int64]*[3]decision{} // last rule naming that minor, per open
-		named        = map[int64]bool{}
 	)
-	for i, r := range rules {
-		bits := ruleBits(r)
-		maj, mnr := wildcard(r.Major), wildcard(r.Minor)
-		if maj >= 0 && maj != major {
-			if !wildcardType(r) {
-				continue // another major: neither model applies it here
-			}
-		} else if r.Type != "b" && mnr <= maxMinor {
-			// crun: every type but "b" matches a character node.
-			slot := &crunAny
-			if mnr >= 0 {
-				named[mnr] = true
-				if crunMinor[mnr] == nil {
-					crunMinor[mnr] = &[3]decision{}
-				}
-				slot = crunMinor[mnr]
-			}
-			for k, acc := range opens {
-				// A rule applies to an open only when it covers every
-				// access bit of the open ((req & rule) == req, as crun's
-				// and runc's eBPF programs test): "deny r" says nothing
-				// about an O_RDWR open.
-				if bits&acc == acc {
-					slot[k] = decision{at: i + 1, allow: r.Allow}
-				}
-			}
-		}
+	for _, r := range rules {
 		if wildcardType(r) {
 			defaultAllow = r.Allow
 			clear(exceptions)
 			continue
 		}
-		if r.Type != "c" || mnr > maxMinor {
-			continue
+		maj, mnr := read(r.Major), read(r.Minor)
+		if r.Type != "c" || (maj >= 0 && maj != major) || mnr > maxMinor {
+			continue // no exception that can match a node here
 		}
-		k := key{maj, mnr}
+		k, bits := key{maj, mnr}, ruleBits(r)
 		if r.Allow != defaultAllow {
 			exceptions[k] |= bits
 			continue
@@ -217,24 +265,72 @@ func ruleAccess(rules []DeviceRule, major, maxMinor int64) (all bool, minors []i
 		}
 	}
 	reachable := func(m int64) bool {
-		// The kernel's model: the access bits of every exception that
-		// matches the node (allowed ones under a deny default, denied ones
-		// under an allow default).
+		// The access bits of every exception that matches the node
+		// (allowed ones under a deny default, denied ones under an allow
+		// default).
 		held := exceptions[key{major, -1}] | exceptions[key{-1, -1}]
 		if m >= 0 {
 			held |= exceptions[key{major, m}] | exceptions[key{-1, m}]
 		}
 		if defaultAllow {
-			if held&accRead == 0 || held&accWrite == 0 {
-				return true
-			}
-		} else if held&accOpen != 0 {
-			return true
+			return held&accRead == 0 || held&accWrite == 0
 		}
-		// crun's model: the last matching rule, per open.
+		return held&accOpen != 0
+	}
+	if reachable(-1) {
+		return true, nil
+	}
+	for k := range exceptions {
+		if k.minor >= 0 && reachable(k.minor) {
+			minors = append(minors, k.minor)
+		}
+	}
+	return false, minors
+}
+
+// crunAccess is ruleAccess under crun's eBPF program (v2): the last rule
+// that matches the node and covers every access bit of the open decides; a
+// rule of type "a" matches every type but its numbers are read; no match
+// denies. A rule that grants only mknod ("m") opens nothing.
+func crunAccess(rules []DeviceRule, major, maxMinor int64, read numberReading) (all bool, minors []int64) {
+	type decision struct {
+		at    int // 1 + the rule's position; 0: no rule matched
+		allow bool
+	}
+	// The requests an open makes: read, write, read and write.
+	opens := [3]uint8{accRead, accWrite, accOpen}
+	var (
+		anyMinor [3]decision                // last rule matching any minor, per open
+		byMinor  = map[int64]*[3]decision{} // last rule naming that minor, per open
+	)
+	for i, r := range rules {
+		maj, mnr := read(r.Major), read(r.Minor)
+		// Every type but "b" matches a character node.
+		if r.Type == "b" || (maj >= 0 && maj != major) || mnr > maxMinor {
+			continue
+		}
+		slot := &anyMinor
+		if mnr >= 0 {
+			if byMinor[mnr] == nil {
+				byMinor[mnr] = &[3]decision{}
+			}
+			slot = byMinor[mnr]
+		}
+		bits := ruleBits(r)
+		for k, acc := range opens {
+			// A rule applies to an open only when it covers every
+			// access bit of the open ((req & rule) == req, as crun's
+			// and runc's eBPF programs test): "deny r" says nothing
+			// about an O_RDWR open.
+			if bits&acc == acc {
+				slot[k] = decision{at: i + 1, allow: r.Allow}
+			}
+		}
+	}
+	reachable := func(m int64) bool {
 		for k := range opens {
-			d := crunAny[k]
-			if s := crunMinor[m]; m >= 0 && s != nil && s[k].at > d.at {
+			d := anyMinor[k]
+			if s := byMinor[m]; m >= 0 && s != nil && s[k].at > d.at {
 				d = s[k]
 			}
 			if d.at > 0 && d.allow {
@@ -246,12 +342,11 @@ func ruleAccess(rules []DeviceRule, major, maxMinor int64) (all bool, minors []i
 	if reachable(-1) {
 		return true, nil
 	}
-	for m := range named {
+	for m := range byMinor {
 		if reachable(m) {
 			minors = append(minors, m)
 		}
 	}
-	slices.Sort(minors)
 	return false, minors
 }
 

@@ -4,6 +4,7 @@
 package devices
 
 import (
+	"math"
 	"testing"
 
 	"github.com/opencontainers/runtime-spec/specs-go"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
 
 func rule(allow bool, typ string, major, minor int64, access string) DeviceRule {
@@ -90,6 +92,81 @@ func TestGPUNodeAccess(t *testing.T) {
 			assert.Equal(t, tc.minors, minors)
 		})
 	}
+}
+
+// A rule's major and minor are int64 in the spec; runtimes read them in
+// narrower types. crun (cgroup v2) copies them into a C int, negative
+// meaning any: c 4294967295:* is c *:*, c 4294967491:* is c 195:*; the
+// kernel (cgroup v1, as crun writes the rule) reads 4294967295 as "*". A
+// rule is read as every runtime would apply it (runc: as written).
+func TestRuleNumbersAsRuntimesReadThem(t *testing.T) {
+	denyAll := rule(false, "a", -1, -1, "rwm")
+	allowAll := rule(true, "a", -1, -1, "rwm")
+	n := func(v int64) *int64 { return &v }
+	c := func(allow bool, major, minor *int64, access string) DeviceRule {
+		return DeviceRule{Allow: allow, Type: "c", Major: major, Minor: minor, Access: access}
+	}
+	for _, tc := range []struct {
+		name   string
+		rules  []DeviceRule
+		major  int64
+		all    bool
+		minors []int64
+	}{
+		{"c 4294967295:* (crun, kernel: c *:*)", []DeviceRule{denyAll, c(true, n(math.MaxUint32), nil, "rwm")}, nvidiaMajor, true, nil},
+		{"c 2147483648:* (crun: c *:*)", []DeviceRule{denyAll, c(true, n(1<<31), nil, "rw")}, nvidiaMajor, true, nil},
+		{"c 4294967491:* (crun: c 195:*)", []DeviceRule{denyAll, c(true, n(1<<32+nvidiaMajor), nil, "rw")}, nvidiaMajor, true, nil},
+		{"c -4294967101:* (crun: c 195:*)", []DeviceRule{denyAll, c(true, n(-(1<<32)+nvidiaMajor), nil, "r")}, nvidiaMajor, true, nil},
+		{"c 4294967296:* (crun: c 0:*) is no GPU", []DeviceRule{denyAll, c(true, n(1<<32), nil, "rw")}, nvidiaMajor, false, nil},
+		{"c 195:4294967295 (crun, kernel: c 195:*)", []DeviceRule{denyAll, c(true, n(nvidiaMajor), n(math.MaxUint32), "rw")}, nvidiaMajor, true, nil},
+		{"c 195:4294967296 (crun: c 195:0)", []DeviceRule{denyAll, c(true, n(nvidiaMajor), n(1<<32), "rw")}, nvidiaMajor, false, []int64{0}},
+		{"c 195:4294967298 and c 195:2 are one minor", []DeviceRule{denyAll, c(true, n(nvidiaMajor), n(1<<32+2), "rw"), c(true, n(nvidiaMajor), n(2), "rw")}, nvidiaMajor, false, []int64{2}},
+		{"c 4294967491:4294967299 (crun: c 195:3)", []DeviceRule{denyAll, c(true, n(1<<32+nvidiaMajor), n(1<<32+3), "w")}, nvidiaMajor, false, []int64{3}},
+		// runc reads the deny as another major's, crun as c 195:*: both
+		// readings count.
+		{"allow all, deny c 4294967491:* (runc: no GPU node denied)", []DeviceRule{allowAll, c(false, n(1<<32+nvidiaMajor), nil, "rwm")}, nvidiaMajor, true, nil},
+		{"deny c 4294967491:* after c 195:* (runc: another exception)", []DeviceRule{denyAll, c(true, n(nvidiaMajor), nil, "rw"), c(false, n(1<<32+nvidiaMajor), nil, "rwm")}, nvidiaMajor, true, nil},
+		// The kernel keeps c 4294967295:* (its c *:*) apart from
+		// c 2147483648:*, which crun reads as c *:* too.
+		{"deny c 2147483648:* does not take back c 4294967295:* (kernel)", []DeviceRule{denyAll, c(true, n(math.MaxUint32), nil, "rw"), c(false, n(1<<31), nil, "rwm")}, nvidiaMajor, true, nil},
+		// The caps major is read the same way.
+		{"c 4294967804:* (crun: c 508:*)", []DeviceRule{denyAll, c(true, n(1<<32+testCapsMajor), nil, "rw")}, testCapsMajor, true, nil},
+		{"c 508:4294967336 (crun: c 508:40)", []DeviceRule{denyAll, c(true, n(testCapsMajor), n(1<<32+40), "rw")}, testCapsMajor, false, []int64{40}},
+		{"numbers that fit are read as written", []DeviceRule{denyAll, c(true, n(nvidiaMajor), n(7), "rw"), c(true, n(5), nil, "rw")}, nvidiaMajor, false, []int64{7}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			maxMinor := int64(gpuid.MaxGPUMinor)
+			if tc.major != nvidiaMajor {
+				maxMinor = maxCapsMinor
+			}
+			all, minors := ruleAccess(tc.rules, tc.major, maxMinor)
+			assert.Equal(t, tc.all, all)
+			assert.Equal(t, tc.minors, minors)
+		})
+	}
+}
+
+// Through the resolver: `--device-cgroup-rule 'c 4294967295:* rwm'` and the
+// host's /dev bound in reach every GPU under crun; it is read as c *:*.
+func TestTruncatedRuleThroughTheResolver(t *testing.T) {
+	inv := testInventory(t)
+	big := int64(math.MaxUint32)
+	req := RequestFromSpec(&specs.Spec{
+		Process: &specs.Process{},
+		Mounts:  []specs.Mount{{Destination: "/hostdev", Type: "bind", Source: "/dev", Options: []string{"rbind"}}},
+		Linux: &specs.Linux{Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
+			{Allow: false, Access: "rwm"},
+			{Allow: true, Type: "c", Major: &big, Access: "rwm"},
+		}}},
+	})
+	assert.True(t, req.GPUNodesAllowed)
+	strict := defaultPolicy()
+	strict.Privileged = config.PrivilegedReject
+	_, err := NewResolver(inv, strict).Resolve(req)
+	require.ErrorIs(t, err, ErrPrivilegedRejected)
+	res, err := NewResolver(inv, defaultPolicy()).Resolve(req)
+	require.NoError(t, err)
+	assert.Len(t, res.Devices, len(inv.GPUs), "every GPU is claimed")
 }
 
 // Through the resolver: a rule for one GPU claims it like its node would

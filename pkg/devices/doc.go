@@ -54,7 +54,9 @@
 //     id it matches to no GPU it reads as <gpu>:<mig>).
 //   - When the rules are in doubt, a GPU counts as reachable: a device
 //     cgroup rule is read the way (kernel and runc, or crun) that opens
-//     more, and a request the runtime would refuse may still be claimed.
+//     more, its major and minor as each runtime reads them (crun keeps 32
+//     bits of them: c 4294967295:* is c *:* there), and a request the
+//     runtime would refuse may still be claimed.
 //   - Container-supplied strings are untrusted: bounded (MaxValueBytes,
 //     MaxValueTokens, MaxRequestTokens), never used as paths, quoted in errors;
 //     every error names the offending token and its source.

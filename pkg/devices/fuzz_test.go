@@ -6,6 +6,8 @@ package devices
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -249,47 +251,95 @@ func FuzzMIGMinors(f *testing.F) {
 	})
 }
 
-// FuzzRuleAccess checks ruleAccess against a plain per-node replay of the two
+// FuzzRuleAccess checks ruleAccess against a plain per-node replay of the
 // models it joins: the kernel's exception list (and runc's emulation of it)
-// and crun's last-matching-rule program.
+// and crun's last-matching-rule program, each with the numbers as every
+// runtime reads them (numbers past a C int included: crun truncates them).
 func FuzzRuleAccess(f *testing.F) {
 	f.Add([]byte{0x00, 0x5b, 0x6d})
 	f.Add([]byte{0x01, 0x25, 0x13, 0x0b, 0x00, 0x00})
 	f.Add([]byte{0x81, 0x07, 0xff, 0x3f, 0x12, 0x40, 0x9a})
+	f.Add([]byte{0x00, 0x00, 0x1b, 0x38}) // deny all, allow c 4294967295:* rwm
 	types := []string{"a", "c", "b", ""}
-	majors := []int64{-1, nvidiaMajor, 5}
+	majors := []int64{-1, nvidiaMajor, 5,
+		math.MaxUint32,           // crun and the kernel (v1): any major
+		1<<32 + nvidiaMajor,      // crun: 195
+		1 << 31,                  // crun: any major
+		-(1 << 32) + nvidiaMajor, // crun: 195; runc: any major
+		1 << 32,                  // crun: 0
+		-5,
+	}
+	minors := []int64{-1, 0, 1, 2, 3, 4, 5,
+		1<<32 + 2,      // crun: 2
+		math.MaxUint32, // crun and the kernel (v1): any minor
+		1<<31 + 3,      // crun: any minor
+		-(1 << 32) + 4, // crun: 4; runc: any minor
+		-7,
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var rules []DeviceRule
 		for i := 0; i+1 < len(data) && len(rules) < 12; i += 2 {
 			x, y := data[i], data[i+1]
 			r := DeviceRule{Allow: x&1 == 1, Type: types[(x>>1)&3]}
-			if mj := majors[int(x>>3)%len(majors)]; mj >= 0 {
+			if mj := majors[int(x>>3)%len(majors)]; mj != -1 {
 				r.Major = &mj
 			}
-			if mn := int64(y&7) - 1; mn >= 0 {
+			if mn := minors[(int(y&7)|int(y>>6)<<3)%len(minors)]; mn != -1 {
 				r.Minor = &mn
 			}
 			r.Access = []string{"", "r", "w", "m", "rw", "rm", "wm", "rwm"}[(y>>3)&7]
 			rules = append(rules, r)
 		}
-		all, minors := ruleAccess(rules, nvidiaMajor, gpuid.MaxGPUMinor)
+		reaches := func(minor int64) bool {
+			for _, read := range []func(*int64) int64{refWritten, refKernelU32} {
+				if kernelReaches(rules, minor, read) {
+					return true
+				}
+			}
+			for _, read := range []func(*int64) int64{refWritten, refCInt} {
+				if crunReaches(rules, minor, read) {
+					return true
+				}
+			}
+			return false
+		}
+		all, got := ruleAccess(rules, nvidiaMajor, gpuid.MaxGPUMinor)
 		const other = 100 // a minor no rule names
-		if want := kernelReaches(rules, other) || crunReaches(rules, other); all != want {
-			t.Fatalf("%+v: all = %v, the models say %v", rules, all, want)
+		if want := reaches(other); all != want {
+			t.Fatalf("%s: all = %v, the models say %v", showRules(rules), all, want)
 		}
 		if all {
 			return
 		}
 		var want []int64
 		for m := int64(0); m < 7; m++ {
-			if kernelReaches(rules, m) || crunReaches(rules, m) {
+			if reaches(m) {
 				want = append(want, m)
 			}
 		}
-		if !slices.Equal(minors, want) {
-			t.Fatalf("%+v: minors %v, the models say %v", rules, minors, want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("%s: minors %v, the models say %v", showRules(rules), got, want)
 		}
 	})
+}
+
+// showRules prints rules as the device cgroup writes them.
+func showRules(rules []DeviceRule) string {
+	num := func(n *int64) string {
+		if n == nil {
+			return "*"
+		}
+		return strconv.FormatInt(*n, 10)
+	}
+	var b strings.Builder
+	for _, r := range rules {
+		verb := "deny"
+		if r.Allow {
+			verb = "allow"
+		}
+		fmt.Fprintf(&b, "[%s %q %s:%s %q]", verb, r.Type, num(r.Major), num(r.Minor), r.Access)
+	}
+	return b.String()
 }
 
 func refBits(r DeviceRule) (bits [3]bool) {
@@ -299,16 +349,40 @@ func refBits(r DeviceRule) (bits [3]bool) {
 	return [3]bool{strings.Contains(r.Access, "r"), strings.Contains(r.Access, "w"), strings.Contains(r.Access, "m")}
 }
 
-func refWild(n *int64) int64 {
+// refWritten reads a rule's number as written: negative is the wildcard.
+func refWritten(n *int64) int64 {
 	if n == nil || *n < 0 {
 		return -1
 	}
 	return *n
 }
 
-// kernelReaches replays the kernel's device cgroup for c 195:minor: may it
-// be opened for reading or for writing?
-func kernelReaches(rules []DeviceRule, minor int64) bool {
+// refKernelU32 reads it as the kernel's device cgroup (v1) parses what crun
+// writes: 4294967295 (~0 in a u32) is the kernel's wildcard.
+func refKernelU32(n *int64) int64 {
+	if n != nil && *n == 1<<32-1 {
+		return -1
+	}
+	return refWritten(n)
+}
+
+// refCInt reads it as crun's C int: the low 32 bits, two's complement, and
+// a negative value is the wildcard.
+func refCInt(n *int64) int64 {
+	if n == nil {
+		return -1
+	}
+	v := *n & (1<<32 - 1)
+	if v >= 1<<31 {
+		return -1
+	}
+	return v
+}
+
+// kernelReaches replays the kernel's device cgroup for c 195:minor, with
+// the rules' numbers as read reads them: may it be opened for reading or for
+// writing?
+func kernelReaches(rules []DeviceRule, minor int64, read func(*int64) int64) bool {
 	type exception struct {
 		major, minor int64
 		bits         [3]bool
@@ -323,7 +397,7 @@ func kernelReaches(rules []DeviceRule, minor int64) bool {
 		if r.Type != "c" {
 			continue
 		}
-		mj, mn, bits := refWild(r.Major), refWild(r.Minor), refBits(r)
+		mj, mn, bits := read(r.Major), read(r.Minor), refBits(r)
 		i := slices.IndexFunc(list, func(e exception) bool { return e.major == mj && e.minor == mn })
 		if r.Allow != allow {
 			if i < 0 {
@@ -354,12 +428,12 @@ func kernelReaches(rules []DeviceRule, minor int64) bool {
 }
 
 // crunReaches replays crun's eBPF program for c 195:minor opened for
-// reading, writing, or both.
-func crunReaches(rules []DeviceRule, minor int64) bool {
+// reading, writing, or both, with the rules' numbers as read reads them.
+func crunReaches(rules []DeviceRule, minor int64, read func(*int64) int64) bool {
 	for _, open := range [][3]bool{{true, false, false}, {false, true, false}, {true, true, false}} {
 		for i := len(rules) - 1; i >= 0; i-- {
 			r := rules[i]
-			mj, mn, bits := refWild(r.Major), refWild(r.Minor), refBits(r)
+			mj, mn, bits := read(r.Major), read(r.Minor), refBits(r)
 			if r.Type == "b" || (mj >= 0 && mj != nvidiaMajor) || (mn >= 0 && mn != minor) {
 				continue
 			}
