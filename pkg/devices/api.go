@@ -45,8 +45,10 @@ type Inventory struct {
 	// mapped (for operators: gpu-guard-ctl devices shows them).
 	Notes []string `json:"notes,omitempty"`
 	// CapsMajor is the character-device major of /dev/nvidia-caps/* (from
-	// /proc/devices); 0 when unknown. It lets a renamed capability node still
-	// be recognised by its numbers.
+	// /proc/devices, read whether or not MIGCaps could be); 0 when unknown.
+	// It lets a renamed capability node still be recognised by its numbers.
+	// Unknown while MIG instances are listed, any node or rule of a dynamic
+	// major is read as an unmapped capability.
 	CapsMajor int64 `json:"caps_major,omitempty"`
 	// MIGCaps maps /dev/nvidia-caps/nvidia-cap<N> minors to MIG instances;
 	// empty when the mapping is unknown.

@@ -350,11 +350,41 @@ func crunAccess(rules []DeviceRule, major, maxMinor int64, read numberReading) (
 	return false, minors
 }
 
+// dynamicMajorAccess reports whether the rules let the container read or
+// write some character node of a major of the kernel's dynamic range: one a
+// rule names (as any runtime reads it), or one no rule names (reached
+// through a rule for every major).
+func dynamicMajorAccess(rules []DeviceRule) bool {
+	named := map[int64]bool{}
+	for _, r := range rules {
+		for _, read := range [...]numberReading{asWritten, asKernelU32, asCInt} {
+			if mj := read(r.Major); mj >= firstDynamicMajor {
+				named[mj] = true
+			}
+		}
+	}
+	// A dynamic major no rule names stands for every other one: there
+	// are more of them (234-254, 384-511) than rules read.
+	unnamed := int64(lastDynamicMajor)
+	for named[unnamed] {
+		unnamed--
+	}
+	named[unnamed] = true
+	for mj := range named {
+		if all, minors := ruleAccess(rules, mj, maxCapsMinor); all || len(minors) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 const (
 	// firstDynamicMajor is the lowest character major Linux hands out at
 	// module load (nvidia-caps and nvidia-uvm get theirs from 234-254 and
 	// 384-511).
 	firstDynamicMajor = 234
+	// lastDynamicMajor is the highest (CHRDEV_MAJOR_MAX - 1).
+	lastDynamicMajor = 511
 	// maxDynamicMajorRules bounds the rules kept per request.
 	maxDynamicMajorRules = 64
 )

@@ -158,11 +158,11 @@ func withMIGCaps(inv *Inventory, root string) (*Inventory, error) {
 	if !hasMIG {
 		return inv, nil
 	}
-	major, caps, note := loadMIGCaps(root, inv.GPUs)
+	major, caps, notes := loadMIGCaps(root, inv.GPUs)
 	next := *inv
 	next.CapsMajor, next.MIGCaps = major, caps
-	if note != "" {
-		next.Notes = append(append([]string(nil), inv.Notes...), note)
+	if len(notes) > 0 {
+		next.Notes = append(append([]string(nil), inv.Notes...), notes...)
 	}
 	return newInventory(next)
 }

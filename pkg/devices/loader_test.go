@@ -260,13 +260,36 @@ func TestDiscoverAttachesMIGCaps(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{migUUID(1, 1)}, res.UUIDs())
 
-	// Without the mapping: a note, and no caps.
+	// Without the mapping: a note, and no caps; the major is kept, so a
+	// node or rule of it is still recognised, under any name, and claims
+	// its whole GPU.
 	require.NoError(t, os.Remove(filepath.Join(root, "proc/driver/nvidia-caps/mig-minors")))
 	inv, err = Discover(config.DevicesConfig{Source: config.SourceStatic, ProcRoot: root, Static: static}, nil)
 	require.NoError(t, err)
 	assert.Empty(t, inv.MIGCaps)
+	assert.Equal(t, int64(508), inv.CapsMajor)
 	require.Len(t, inv.Notes, 1)
 	assert.Contains(t, inv.Notes[0], "MIG capability mapping unknown")
+	r := NewResolver(inv, defaultPolicy())
+	for _, capNode := range []LinuxDevice{dev("/dev/nvidia-caps/nvidia-cap40", 508, 40), dev("/dev/x", 508, 40)} {
+		res, err = r.Resolve(Request{Env: env("NVIDIA_VISIBLE_DEVICES=1:0"), Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3), capNode}})
+		require.NoError(t, err)
+		assert.Equal(t, sorted(gpuUUID(1), migUUID(1, 0)), res.UUIDs(), "%s: the whole parent GPU", capNode.Path)
+	}
+	req := Request{Env: env("NVIDIA_VISIBLE_DEVICES=1:0"), Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3)}, HostDevMounted: true}
+	req.ApplyDeviceRules([]DeviceRule{rule(false, "a", -1, -1, "rwm"), rule(true, "c", 195, 3, "rwm"), rule(true, "c", 508, -1, "rwm")})
+	res, err = r.Resolve(req)
+	require.NoError(t, err)
+	assert.Equal(t, sorted(gpuUUID(1), migUUID(1, 0)), res.UUIDs(), "c 508:* opens every capability: the whole parent GPU")
+
+	// Without /proc/devices either: both notes.
+	require.NoError(t, os.Remove(filepath.Join(root, "proc/devices")))
+	inv, err = Discover(config.DevicesConfig{Source: config.SourceStatic, ProcRoot: root, Static: static}, nil)
+	require.NoError(t, err)
+	assert.Zero(t, inv.CapsMajor)
+	require.Len(t, inv.Notes, 2)
+	assert.Contains(t, inv.Notes[0], "nvidia-caps major unknown")
+	assert.Contains(t, inv.Notes[1], "MIG capability mapping unknown")
 }
 
 // TestResolveDoesNoFileIO loads an inventory from a fake /proc tree, removes

@@ -13,32 +13,42 @@ import (
 
 // loadMIGCaps maps /dev/nvidia-caps/nvidia-cap<N> to the MIG instances of
 // gpus, from <root>/proc/driver/nvidia-caps/mig-minors (which the driver
-// writes for every possible GPU/compute instance) and the nvidia-caps major
-// from <root>/proc/devices. Only entries that name an instance of gpus are
-// kept. It never fails: when the mapping cannot be read the note says so and
-// capability nodes are then claimed conservatively (see builder.finish).
-func loadMIGCaps(rootDir string, gpus []GPU) (major int64, caps []MIGCap, note string) {
+// writes for every possible GPU/compute instance), and reads the
+// nvidia-caps major from <root>/proc/devices. Only entries that name an
+// instance of gpus are kept. It never fails: what cannot be read is said in
+// notes, and capability nodes are then claimed conservatively (see
+// builder.capNode and builder.linuxDevices).
+//
+// The major is read whatever becomes of the mapping: with the major known,
+// a node or device cgroup rule of it is recognised by its numbers, under any
+// name, and claims its whole GPU while the mapping is unknown.
+func loadMIGCaps(rootDir string, gpus []GPU) (major int64, caps []MIGCap, notes []string) {
 	root, err := os.OpenRoot(rootDir)
 	if err != nil {
-		return 0, nil, "MIG capability mapping unknown: " + err.Error()
+		return 0, nil, []string{"MIG capability mapping and nvidia-caps major unknown (" + err.Error() + "): " + unknownCapsMajorEffect}
 	}
 	defer func() { _ = root.Close() }()
-	data, err := readBounded(root, procMIGMinors)
-	if err != nil {
-		return 0, nil, "MIG capability mapping unknown (" + err.Error() + "): /dev/nvidia-caps nodes will claim their whole GPU"
-	}
-	caps, err = parseMIGMinors(data, gpus)
-	if err != nil {
-		return 0, nil, "MIG capability mapping unknown (" + procMIGMinors + ": " + err.Error() + "): /dev/nvidia-caps nodes will claim their whole GPU"
-	}
 	if devs, err := readBounded(root, procDevices); err == nil {
 		major = parseCapsMajor(devs)
 	}
 	if major == 0 {
-		note = "nvidia-caps major unknown (" + procDevices + "): capability nodes are recognised by their path only"
+		notes = append(notes, "nvidia-caps major unknown ("+procDevices+"): "+unknownCapsMajorEffect)
 	}
-	return major, caps, note
+	data, err := readBounded(root, procMIGMinors)
+	if err != nil {
+		return major, nil, append(notes, "MIG capability mapping unknown ("+err.Error()+"): /dev/nvidia-caps nodes will claim their whole GPU")
+	}
+	caps, err = parseMIGMinors(data, gpus)
+	if err != nil {
+		return major, nil, append(notes, "MIG capability mapping unknown ("+procMIGMinors+": "+err.Error()+"): /dev/nvidia-caps nodes will claim their whole GPU")
+	}
+	return major, caps, notes
 }
+
+// unknownCapsMajorEffect says what an unknown nvidia-caps major does to
+// resolution (see builder.linuxDevices and builder.capsRules).
+const unknownCapsMajorEffect = "any device node or device cgroup rule of a dynamic major may be a MIG capability, " +
+	"and claims whole the GPUs whose nodes the container has"
 
 // parseMIGMinors reads "<name> <minor>" lines: "config 1", "monitor 2",
 // "gpu<M>/gi<G>/access <N>" and "gpu<M>/gi<G>/ci<C>/access <N>", where M is the

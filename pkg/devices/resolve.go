@@ -85,7 +85,9 @@ const maxReported = 16
 //     cdiName).
 //   - linux devices: 195:0-253 is the GPU with that NVML minor number;
 //     195:254/255 are not GPUs; /dev/nvidia-caps nodes are MIG instances
-//     where Inventory.MIGCaps maps them (see finish for the parent node).
+//     where Inventory.MIGCaps maps them (see finish for the parent node),
+//     and so is any node of a dynamic major while the inventory lists MIG
+//     instances but not the nvidia-caps major (unmapped: see linuxDevices).
 //   - privileged: policy.privileged declared (claim what it names), all
 //     (claim every GPU) or reject.
 //   - "all" anywhere: policy.all_devices claim (every full GPU), reject, or
@@ -194,7 +196,11 @@ type builder struct {
 	ix     *index
 	policy config.PolicyConfig
 	capsMj int64
-	found  []Resolved
+	// capsUnknown: the inventory lists MIG instances but not the
+	// nvidia-caps major, so any node or rule of a dynamic major may open a
+	// MIG capability (see linuxDevices, capsRules).
+	capsUnknown bool
+	found       []Resolved
 	// slot maps an entry position to its index in found, plus one; it is
 	// allocated on first use so requests that name nothing cost nothing.
 	slot    []int
@@ -246,6 +252,7 @@ func (r *Resolver) newBuilder() *builder {
 	if r.inv != nil && r.inv.idx != nil {
 		b.ix = r.inv.idx
 		b.capsMj = r.inv.CapsMajor
+		b.capsUnknown = b.capsMj == 0 && listsMIG(r.inv)
 		switch {
 		case r.inv.Undiscovered:
 			b.incomplete = "no GPU discovery source works yet"
@@ -806,6 +813,10 @@ func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 
 const capsPathPrefix = "/dev/nvidia-caps/nvidia-cap"
 
+// capsMajorUnknown says why a node or rule of a dynamic major may be a MIG
+// capability.
+const capsMajorUnknown = "the GPU inventory lists MIG instances but not the nvidia-caps major: is /proc/devices readable under devices.proc_root?"
+
 // nodeNumbers returns a device node's major and minor. When the caller gave
 // none (0:0, as gpu-guard-ctl explain --device does), they come from the
 // well-known path: /dev/nvidia<N> is 195:N.
@@ -851,7 +862,12 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 		// is GPU 0. The capability path counts only when the numbers cannot
 		// say (none given, or the nvidia-caps major is unknown).
 		isCap := (b.capsMj != 0 && major == b.capsMj) || (isCapPath && (major == 0 || b.capsMj == 0))
-		if b.privilegedNodes && ((major == nvidiaMajor && minor >= 0 && minor <= gpuid.MaxGPUMinor) || isCap) {
+		// With the major unknown, a node of any dynamic major may be a
+		// capability under another name (`--device
+		// /dev/nvidia-caps/nvidia-cap40:/dev/x`): which one, and so which
+		// MIG instance it opens, cannot be told.
+		maybeCap := !isCap && b.capsUnknown && major >= firstDynamicMajor
+		if b.privilegedNodes && ((major == nvidiaMajor && minor >= 0 && minor <= gpuid.MaxGPUMinor) || isCap || maybeCap) {
 			b.skipped++
 			continue
 		}
@@ -876,6 +892,12 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 				return
 			}
 			b.capNode(src, minor)
+		case maybeCap:
+			if !b.spend(src) {
+				return
+			}
+			b.unmappedCaps = true
+			b.note(src + ": may be a MIG capability node (" + capsMajorUnknown + "); the GPUs whose nodes the container has are claimed whole")
 		}
 		// 195:254 (nvidia-modeset), 195:255 (nvidiactl), nvidia-uvm and
 		// everything else reach no particular GPU.
@@ -891,15 +913,25 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 // instance of a GPU whose node it has (the capability nodes can be made
 // with mknod, or come with a bind mount), so its parent GPUs are claimed
 // whole; a rule for one capability minor is read as that node would be.
-// Without a known nvidia-caps major the host has no MIG capabilities to
-// reach.
+// When the inventory lists MIG instances but not the nvidia-caps major, a
+// rule that opens a node of any dynamic major may open a capability, which
+// one cannot be told: the parent GPUs are claimed whole. Without MIG
+// instances there are no MIG capabilities to reach.
 func (b *builder) capsRules(req Request) {
-	if b.capsMj == 0 || (len(req.DynamicMajorRules) == 0 && !req.ManyDynamicMajorRules) {
+	if (b.capsMj == 0 && !b.capsUnknown) || (len(req.DynamicMajorRules) == 0 && !req.ManyDynamicMajorRules) {
 		return
 	}
 	if b.privilegedNodes {
 		// Its device cgroup allows every device: the rules say nothing
 		// about what it asked for, as its nodes do not (see Resolve).
+		return
+	}
+	if b.capsUnknown {
+		if req.ManyDynamicMajorRules || dynamicMajorAccess(req.DynamicMajorRules) {
+			b.unmappedCaps = true
+			b.note("device cgroup rules open nodes of a dynamic major, which may be MIG capability nodes (" + capsMajorUnknown +
+				"); the GPUs whose nodes the container has are claimed whole")
+		}
 		return
 	}
 	all, minors := ruleAccess(req.DynamicMajorRules, b.capsMj, maxCapsMinor)

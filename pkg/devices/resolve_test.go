@@ -602,17 +602,51 @@ func TestResolveLinuxDevices(t *testing.T) {
 	})
 }
 
-func TestResolveCapsWithoutMapping(t *testing.T) {
-	inv, err := NewInventory("nvml", testGPUs()) // MIG instances, no caps mapping
+// An inventory that lists MIG instances but not the nvidia-caps major (nor
+// the mapping) cannot tell a capability node by its numbers: any node of a
+// dynamic major may be one under another name, and any rule that opens such
+// a node may open one. Each claims whole the GPUs whose nodes the container
+// has; a MIG container's nvidia-uvm node does so too.
+func TestResolveCapsMajorUnknown(t *testing.T) {
+	inv, err := NewInventory("nvml", testGPUs()) // MIG instances, no caps major, no mapping
 	require.NoError(t, err)
-	res, err := NewResolver(inv, defaultPolicy()).Resolve(Request{
-		Env: env("NVIDIA_VISIBLE_DEVICES=" + migUUID(1, 0)),
-		Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3),
-			dev("/dev/nvidia-caps/nvidia-cap30", 508, 30), dev("/dev/nvidia-caps/nvidia-cap31", 508, 31)},
+	withRules := func(req Request, rules ...DeviceRule) Request {
+		req.ApplyDeviceRules(append([]DeviceRule{rule(false, "a", -1, -1, "rwm"), rule(true, "c", 195, 3, "rw")}, rules...))
+		return req
+	}
+	mig := Request{Env: env("NVIDIA_VISIBLE_DEVICES=1:0"), Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3)}}
+	runResolveCasesOn(t, inv, []resolveCase{
+		{name: "parent node and the MIG instance named: that instance", req: mig, want: []string{"1:0"}},
+		{name: "renamed capability node", req: Request{Env: mig.Env, Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3), dev("/dev/x", 508, 40)}},
+			want: []string{"1", "1:0"}, notes: []string{"device /dev/x (508:40): may be a MIG capability node", "nvidia-caps major"}},
+		{name: "capability path, numbers given", req: Request{Env: mig.Env, Devices: []LinuxDevice{
+			dev("/dev/nvidia3", 195, 3), dev("/dev/nvidia-caps/nvidia-cap30", 508, 30), dev("/dev/nvidia-caps/nvidia-cap31", 508, 31)}},
+			want: []string{"1", "1:0"}, notes: []string{"no known mapping"}},
+		{name: "nvidia-uvm may be a capability too", req: Request{Env: mig.Env, Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3), dev("/dev/nvidia-uvm", 510, 0)}},
+			want: []string{"1", "1:0"}},
+		{name: "a node below the dynamic majors is none", req: Request{Env: mig.Env, Devices: []LinuxDevice{dev("/dev/nvidia3", 195, 3), dev("/dev/null", 1, 3)}},
+			want: []string{"1:0"}},
+		{name: "rule for every node of a dynamic major", req: withRules(mig, rule(true, "c", 508, -1, "rwm")), want: []string{"1", "1:0"},
+			notes: []string{"device cgroup rules open nodes of a dynamic major"}},
+		{name: "rule for one node of a dynamic major", req: withRules(mig, rule(true, "c", 508, 40, "r")), want: []string{"1", "1:0"}},
+		{name: "rule for a minor of every major", req: withRules(mig, rule(true, "c", -1, 300, "rw")), want: []string{"1", "1:0"}},
+		{name: "rule for a truncated dynamic major (crun: c 508:*)", req: withRules(mig, rule(true, "c", 1<<32+508, -1, "rw")), want: []string{"1", "1:0"}},
+		{name: "mknod only opens nothing", req: withRules(mig, rule(true, "c", -1, -1, "m")), want: []string{"1:0"}},
+		{name: "rule taken back", req: withRules(mig, rule(true, "c", 508, -1, "rw"), rule(false, "c", 508, -1, "rw")), want: []string{"1:0"}},
+		{name: "rules for majors below the dynamic range", req: withRules(mig, rule(true, "c", 10, 200, "rw")), want: []string{"1:0"}},
 	})
+
+	// Without MIG instances there is no capability to reach.
+	plain, err := NewInventory("nvml", []GPU{{Index: 0, UUID: gpuUUID(0), Minor: 0}})
 	require.NoError(t, err)
-	assert.Equal(t, sorted(gpuUUID(1), migUUID(1, 0)), res.UUIDs(), "without a mapping the parent node is a whole-GPU claim")
-	assert.True(t, containsAny(res.Notes, "no known mapping"))
+	runResolveCasesOn(t, plain, []resolveCase{
+		{name: "no MIG: a dynamic major's node is nothing", req: Request{Devices: []LinuxDevice{dev("/dev/x", 508, 40)}}, want: nil},
+		{name: "no MIG: a dynamic major's rule is nothing", req: func() Request {
+			var req Request
+			req.ApplyDeviceRules([]DeviceRule{rule(false, "a", -1, -1, "rwm"), rule(true, "c", 508, -1, "rw")})
+			return req
+		}(), want: nil},
+	})
 }
 
 func sorted(s ...string) []string {
