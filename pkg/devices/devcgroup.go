@@ -88,7 +88,7 @@ func (req *Request) ApplyDeviceRules(rules []DeviceRule) {
 			}
 		}
 		if !listed {
-			req.Devices = append(req.Devices, LinuxDevice{Path: "(device cgroup rule)", Type: "c", Major: nvidiaMajor, Minor: m})
+			req.Devices = append(req.Devices, LinuxDevice{Path: cgroupRuleNode, Type: "c", Major: nvidiaMajor, Minor: m})
 		}
 	}
 }

@@ -116,7 +116,7 @@ func FuzzVisibleDevices(f *testing.F) {
 
 func FuzzCDIName(f *testing.F) {
 	for _, s := range []string{"nvidia.com/gpu=0", "nvidia.com/gpu=all", "nvidia.com/mig=mig1:0", "nvidia.com/gpu=gpu3", "nvidia.com/gpu=GPU-a0000001-0000-4000-8000-000000000001",
-		"example.com/x=1", "gpu0", "=", "/=", "nvidia.com/=0", "nvidia.com/gpu=", "nvidia.com/gpu=mig:", "nvidia.com/gpu=gpu+1", "a/b/c=d"} {
+		"example.com/x=1", "k8s.gpu.nvidia.com/device=gpu-0", "gpu0", "=", "/=", "nvidia.com/=0", "nvidia.com/gpu=", "nvidia.com/gpu=mig:", "nvidia.com/gpu=gpu+1", "a/b/c=d"} {
 		f.Add(s)
 	}
 	inv := testInventory(f)

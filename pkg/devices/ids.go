@@ -337,6 +337,22 @@ func isGPUClass(vendor, class string) bool {
 	return (vendor == cdiVendor || vendor == cdiVendorDevicePlugin || vendor == cdiVendorRuntime) && (class == cdiClassGPU || class == cdiClassMIG)
 }
 
+// isNonGPUClass reports whether a qualified CDI name is one of the devices
+// NVIDIA's own spec generators make that are no GPU: the toolkit's and the
+// device plugin's IMEX channels, and the device plugin's gdrcopy, gds and
+// mofed devices, which its cdi-annotations strategy names next to the GPUs
+// it allocates (their specs hold no GPU device node).
+func isNonGPUClass(vendor, class string) bool {
+	if vendor != cdiVendor && vendor != cdiVendorDevicePlugin {
+		return false
+	}
+	switch class {
+	case "imex-channel", "gdrcopy", "gds", "mofed":
+		return true
+	}
+	return false
+}
+
 const cdiForms = "want a CDI device name of nvidia.com/gpu: an index (0), <gpu>:<mig> (1:0), gpu<N>, mig<G>:<M>, a UUID or all"
 
 // resolveCDIName resolves the name part of nvidia.com/gpu=<name> (or

@@ -81,8 +81,8 @@ const maxReported = 16
 //     mig<G>:<M>, UUID or all; any management.nvidia.com device is all (it
 //     injects every GPU node); other devices are ignored, except another
 //     NVIDIA device injected after the check (nvidia.cdi.k8s.io/*,
-//     LateCDIDevices), which is refused: its GPUs cannot be told (see
-//     cdiName).
+//     LateCDIDevices, and cdi.k8s.io/* when the spec lists no GPU node),
+//     which is refused: its GPUs cannot be told (see cdiName).
 //   - linux devices: 195:0-253 is the GPU with that NVML minor number;
 //     195:254/255 are not GPUs; /dev/nvidia-caps nodes are MIG instances
 //     where Inventory.MIGCaps maps them (see finish for the parent node),
@@ -165,6 +165,7 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 	}
 	b.env(req.Env)
 	b.mounts(req.Mounts)
+	b.gpuNodes = hasGPUNode(req.Devices)
 	b.annotations(req.Annotations)
 	b.cdiList(req.CDIDevices, cdiByEngine)
 	b.cdiList(req.LateCDIDevices, cdiByPlugin)
@@ -216,6 +217,9 @@ type builder struct {
 	nodes        []pending
 	giCaps       []pending
 	unmappedCaps bool
+	// gpuNodes: the spec lists a GPU device node, as an engine's CDI
+	// injection adds (see cdiName).
+	gpuNodes bool
 	// privilegedNodes: the request is privileged under "declared", so its
 	// GPU and MIG capability device nodes are not a request (skipped counts
 	// them for the note).
@@ -699,10 +703,12 @@ func (b *builder) annotations(ann map[string]string) {
 		if !ok {
 			continue
 		}
-		// The engine injects what cdi.k8s.io/* names before the check;
-		// NVIDIA's NRI plugin and its runtime in CDI mode inject what
-		// nvidia.cdi.k8s.io/* names after it, where its nodes are never seen.
-		by := cdiByEngine
+		// The engine injects what cdi.k8s.io/* names before the check,
+		// where it has CDI enabled, and NVIDIA's runtime in CDI mode after
+		// it otherwise; NVIDIA's NRI plugin and its runtime in CDI mode
+		// inject what nvidia.cdi.k8s.io/* names after it, where its nodes
+		// are never seen.
+		by := cdiByAnnotation
 		if strings.HasPrefix(k, NvidiaCDIAnnotationPrefix) {
 			by = cdiByNvidia
 		}
@@ -752,7 +758,31 @@ const (
 	// which the pod's creator writes. Like cdiByPlugin, every name is
 	// injected, whatever its vendor and class, and its nodes are never seen.
 	cdiByNvidia
+	// cdiByAnnotation: a cdi.k8s.io/* annotation. An engine with CDI
+	// enabled injects its devices before the check (containerd with
+	// enable_cdi, CRI-O); NVIDIA's runtime in CDI mode, whose
+	// annotation-prefixes are cdi.k8s.io/ by default, injects them after
+	// it where the engine does not (containerd before 2.0 by default).
+	cdiByAnnotation
 )
+
+// cgroupRuleNode is the path of a GPU node a device cgroup rule opens
+// without the spec listing it (see ApplyDeviceRules).
+const cgroupRuleNode = "(device cgroup rule)"
+
+// hasGPUNode reports whether devs holds a GPU device node of the spec's own
+// (not one a device cgroup rule opens, nor a bind-mounted host node).
+func hasGPUNode(devs []LinuxDevice) bool {
+	for _, d := range devs {
+		if d.Path == cgroupRuleNode || d.BoundAt != "" || (d.Type != "" && d.Type != "c" && d.Type != "u") {
+			continue
+		}
+		if major, minor, _ := nodeNumbers(d); major == nvidiaMajor && minor >= 0 && minor <= gpuid.MaxGPUMinor {
+			return true
+		}
+	}
+	return false
+}
 
 // cdiName resolves one qualified CDI device name; only the gpu and mig
 // classes of NVIDIA's vendors are GPUs (isGPUClass), and any device of the
@@ -770,6 +800,13 @@ const (
 // nvidia.cdi.k8s.io annotation is read as one a plugin added: NVIDIA's NRI
 // plugin injects it late as well, and another vendor's device there is no
 // GPU for the same reason.
+//
+// A cdi.k8s.io annotation's name is injected by the engine or, late, by
+// NVIDIA's runtime (cdiByAnnotation). Its engine adds a GPU's device nodes
+// before the check, where they are claimed; so an NVIDIA name the guard
+// cannot resolve is refused only when the spec lists no GPU device node,
+// which is the case where it can only be injected late, unless it is one
+// of the devices NVIDIA's generators make that are no GPU (isNonGPUClass).
 func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 	vendor, class, name, ok := parseQualifiedName(qualified)
 	if !ok {
@@ -787,16 +824,22 @@ func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 		case by == cdiByRuntime:
 			b.unresolved(where, invalid(qualified, "NVIDIA's runtime injects the CDI device a name here denotes after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+
-				"or request other CDI devices through CDI annotations or the CRI's CDI devices (podman: --device VENDOR/CLASS=NAME), "+
+				"or request other CDI devices through the CRI's CDI devices (podman: --device VENDOR/CLASS=NAME), or CDI annotations where the engine has CDI enabled, "+
 				"which the engine injects before the check").advising())
 		case by == cdiByPlugin && nvidiaVendor(vendor):
 			b.unresolved(where, invalid(qualified, "an NRI plugin added this NVIDIA CDI device, which containerd injects after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: have the plugin name GPUs that way, "+
 				"or request the device in the container's own spec").advising())
+		case by == cdiByAnnotation && nvidiaVendor(vendor) && !isNonGPUClass(vendor, class) && !b.gpuNodes:
+			b.unresolved(where, invalid(qualified, "NVIDIA's runtime in CDI mode injects the CDI devices a "+CDIAnnotationPrefix+"* annotation names after the guard's check "+
+				"where the engine does not (containerd before 2.0: enable_cdi = false by default); this container lists no GPU device node, so no engine injected it, "+
+				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+
+				"or have the engine inject the device before the check (containerd: enable_cdi = true; the CRI's CDI devices, as DRA and the device plugin's cdi-cri strategy use)").advising())
 		case by == cdiByNvidia && nvidiaVendor(vendor):
 			b.unresolved(where, invalid(qualified, "NVIDIA's NRI plugin (or its runtime in CDI mode) injects the CDI devices a "+NvidiaCDIAnnotationPrefix+"* annotation names "+
 				"after the guard's check, and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+
-				"or request other NVIDIA CDI devices through "+CDIAnnotationPrefix+"* annotations or the CRI's CDI devices, which the engine injects before the check").advising())
+				"or request other NVIDIA CDI devices through the CRI's CDI devices, or "+CDIAnnotationPrefix+"* annotations where the engine has CDI enabled, "+
+				"which the engine injects before the check").advising())
 		}
 		return
 	}

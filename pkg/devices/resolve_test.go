@@ -503,8 +503,36 @@ func TestResolveCDI(t *testing.T) {
 			"nvidia.cdi.k8s.io/", "nvidia.com/imex-channel=0")}, err: ErrInvalidID},
 		{name: "nvidia.cdi.k8s.io annotation: another vendor's device", req: Request{Annotations: ann(
 			"nvidia.cdi.k8s.io/container.main", "vendor.com/foo=bar, nvidia.com/gpu=1")}, want: []string{"1"}},
-		{name: "cdi.k8s.io annotation: NVIDIA's DRA name is seen", req: Request{Annotations: ann(
-			"cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0")}, want: nil},
+		// A cdi.k8s.io annotation is injected by the engine (CDI enabled)
+		// before the check, or by NVIDIA's runtime in CDI mode after it:
+		// an NVIDIA name the guard cannot resolve is refused when no GPU
+		// node shows an engine injected it, under every policy; with the
+		// nodes there, they are claimed.
+		{name: "cdi.k8s.io annotation: NVIDIA's DRA name, no GPU node", req: Request{Annotations: ann(
+			"cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0")}, err: ErrInvalidID,
+			errHas: []string{`annotation cdi.k8s.io/dra: invalid device id "k8s.gpu.nvidia.com/device=gpu-0"`, "after the guard's check", "enable_cdi = true", "nvidia.com/gpu=<index|UUID|all>"}},
+		{name: "cdi.k8s.io annotation: NVIDIA's DRA name under ignore", policy: func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore },
+			req: Request{Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0")}, err: ErrInvalidID},
+		{name: "cdi.k8s.io annotation: another class of nvidia.com, no GPU node", req: Request{Annotations: ann(
+			"cdi.k8s.io/x", "nvidia.com/nvswitch=0")}, err: ErrInvalidID},
+		{name: "cdi.k8s.io annotation: NVIDIA's DRA name injected by the engine", req: Request{
+			Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0"),
+			Devices:     []LinuxDevice{dev("/dev/nvidia0", 195, 0), dev("/dev/nvidiactl", 195, 255)}}, want: []string{"0"},
+			sources: map[string][]string{"0": {"device /dev/nvidia0 (195:0)"}}},
+		{name: "cdi.k8s.io annotation: a node a device cgroup rule opens shows no injection", req: func() Request {
+			req := Request{Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0")}
+			req.ApplyDeviceRules([]DeviceRule{rule(false, "a", -1, -1, "rwm"), rule(true, "c", 195, 0, "rw")})
+			return req
+		}(), err: ErrInvalidID},
+		{name: "cdi.k8s.io annotation: a bound host node shows no injection", req: Request{
+			Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0"),
+			Devices:     []LinuxDevice{{Path: "/dev/nvidia0", BoundAt: "/dev/nvidia0"}}}, err: ErrInvalidID},
+		{name: "cdi.k8s.io annotation: NVIDIA's devices that are no GPU, no GPU node", req: Request{Annotations: ann(
+			"cdi.k8s.io/nvidia-device-plugin_x", "k8s.device-plugin.nvidia.com/gpu="+gpuUUID(2)+", k8s.device-plugin.nvidia.com/imex-channel=0, "+
+				"k8s.device-plugin.nvidia.com/gds=all, k8s.device-plugin.nvidia.com/mofed=all, k8s.device-plugin.nvidia.com/gdrcopy=all",
+			"cdi.k8s.io/imex", "nvidia.com/imex-channel=1")}, want: []string{"2"}},
+		// The CRI's CDI devices are the engine's alone.
+		{name: "CDI list: NVIDIA's DRA name is the engine's", req: Request{CDIDevices: []string{"k8s.gpu.nvidia.com/claim=x-gpu-0"}}, want: nil},
 		// The GPU Operator's management spec injects every /dev/nvidia*
 		// node and every nvidia-caps node.
 		{name: "management device is every GPU", req: Request{Annotations: ann(
