@@ -248,13 +248,14 @@ const ReasonDrained = "drained"
 func (g *Guard) requiresIdle() bool { return g.cfg.Observe.ReleaseRequiresIdle }
 
 // drain marks containerID's claims draining (release_requires_idle) instead
-// of releasing them, and logs it.
+// of releasing them, and ends its conflict records as a release would
+// (ledger.Tx.MarkDraining), and logs it.
 func (g *Guard) drain(ctx context.Context, o ledger.Owner, reason string) error {
 	var kept []ledger.Claim
 	err := g.update(ctx, reason, func(tx *ledger.Tx) bool {
-		before := len(tx.Draining())
+		before, conflicts := len(tx.Draining()), len(tx.ReadState().Conflicts)
 		kept = tx.MarkDraining(o.ContainerID, reason)
-		return len(tx.Draining()) != before
+		return len(tx.Draining()) != before || len(tx.ReadState().Conflicts) != conflicts
 	})
 	if err == nil && len(kept) > 0 {
 		g.log.Info("holder "+reason+"; claim kept draining until its processes leave the GPU",
@@ -359,23 +360,31 @@ func drainingText(o ledger.Owner, now time.Time) string {
 // drainPod marks draining the claims of every container of a gone pod
 // sandbox (matched like Tx.ReleasePod: by sandbox id, so that the old
 // sandbox of a pod the kubelet gave a new one drains nothing of the new
-// one's) and reports whether anything changed.
+// one's), ends their conflict records as ReleasePod does (a container of
+// the pod that holds nothing but is recorded in conflict included), and
+// reports whether anything changed.
 func (g *Guard) drainPod(tx *ledger.Tx, fe ledger.FrontEnd, podUID, sandboxID string) bool {
 	if podUID == "" && sandboxID == "" {
 		return false
 	}
-	before := len(tx.Draining())
+	st := tx.ReadState()
+	before, conflicts := len(tx.Draining()), len(st.Conflicts)
 	var ids []string
-	for _, c := range tx.State().Claims {
-		o := c.Owner
+	add := func(o ledger.Owner) {
 		if ledger.PodMatches(&o, fe, podUID, sandboxID) && !slices.Contains(ids, o.ContainerID) {
 			ids = append(ids, o.ContainerID)
 		}
 	}
+	for _, c := range st.Claims {
+		add(c.Owner)
+	}
+	for _, c := range st.Conflicts {
+		add(c.Owner)
+	}
 	for _, id := range ids {
 		tx.MarkDraining(id, "pod gone")
 	}
-	return len(tx.Draining()) != before
+	return len(tx.Draining()) != before || len(tx.ReadState().Conflicts) != conflicts
 }
 
 // drainUnlisted marks draining the claims of front end fe whose containers

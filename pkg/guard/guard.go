@@ -831,7 +831,10 @@ func (g *Guard) RemovedExited(ctx context.Context, o ledger.Owner, runs func(led
 				mine = append(mine, c)
 			}
 		}
-		before := drainingUUIDs(tx)
+		before, conflicts := drainingUUIDs(tx), len(tx.ReadState().Conflicts)
+		// Ending conflict records (with the claims, under either rule)
+		// changes the state too.
+		cleared := func() bool { return len(tx.ReadState().Conflicts) != conflicts }
 		if len(kept) == 0 {
 			// Claims and conflict records of the id: Removed.
 			if g.requiresIdle() {
@@ -840,7 +843,7 @@ func (g *Guard) RemovedExited(ctx context.Context, o ledger.Owner, runs func(led
 				ended = tx.Release(o.ContainerID, reason)
 			}
 			drained = newlyDraining(tx, before)
-			return drained || len(ended) > 0
+			return drained || len(ended) > 0 || cleared()
 		}
 		for _, c := range mine {
 			if !stillHeld(tx, c) {
@@ -861,7 +864,7 @@ func (g *Guard) RemovedExited(ctx context.Context, o ledger.Owner, runs func(led
 			}
 		}
 		drained = newlyDraining(tx, before)
-		return drained || len(ended) > 0
+		return drained || len(ended) > 0 || cleared()
 	})
 	if err != nil {
 		return nil, err

@@ -725,23 +725,36 @@ func (tx *Tx) clearConflictsWhere(match func(*Conflict) bool, reason string) {
 }
 
 // SetStarted records the pid (with its start time, against pid reuse) and
-// cgroup of a holder once it started. It reports whether the container holds
-// anything.
+// cgroup of a holder once it started, in its claims and in its conflict
+// records: a record becomes the container's claim once the device is free
+// (promoteConflicts), and a claim without a process is never checked for
+// liveness, so without them a container that ended without a stop event
+// would keep the device for good. It reports whether the container holds
+// anything or is recorded in conflict.
 func (tx *Tx) SetStarted(containerID string, pid int, pidStart uint64, cgroup string) bool {
 	tx.check()
+	if containerID == "" {
+		return false
+	}
 	var devs []string
 	var owner Owner
+	set := func(o *Owner, uuid string) {
+		o.Pid, o.PidStart, o.Cgroup = pid, pidStart, cgroup
+		if o.StartedAt.IsZero() {
+			o.StartedAt = tx.now
+		}
+		devs = append(devs, uuid)
+		owner = *o
+	}
 	for i := range tx.st.Claims {
-		c := &tx.st.Claims[i]
-		if c.Owner.ContainerID != containerID || containerID == "" {
-			continue
+		if c := &tx.st.Claims[i]; c.Owner.ContainerID == containerID {
+			set(&c.Owner, c.Device.UUID)
 		}
-		c.Owner.Pid, c.Owner.PidStart, c.Owner.Cgroup = pid, pidStart, cgroup
-		if c.Owner.StartedAt.IsZero() {
-			c.Owner.StartedAt = tx.now
+	}
+	for i := range tx.st.Conflicts {
+		if c := &tx.st.Conflicts[i]; c.Owner.ContainerID == containerID {
+			set(&c.Owner, c.Device.UUID)
 		}
-		devs = append(devs, c.Device.UUID)
-		owner = c.Owner
 	}
 	if len(devs) == 0 {
 		return false

@@ -1,0 +1,142 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package guard_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+// conflictOnGPU2 reconciles a running holder and a container created while
+// the front end was away, both on GPU 2: the holder keeps it, the other is
+// recorded in conflict (the device becomes its claim once it is free).
+func conflictOnGPU2(t *testing.T, e *env, holder, late ledger.Owner) {
+	t.Helper()
+	holder.Pid, holder.Cgroup = 4242, "/k8s.io/"+holder.ContainerID
+	_, err := e.g.Reconcile(ctx, ledger.FrontEndNRI, []guard.Request{
+		{FrontEnd: ledger.FrontEndNRI, Owner: holder, Spec: visible("2")},
+		{FrontEnd: ledger.FrontEndNRI, Owner: late, Spec: visible("2")},
+	})
+	require.NoError(t, err)
+	st := e.state()
+	require.Equal(t, map[string]string{uuid(2): holder.ContainerID}, e.holders())
+	require.Len(t, st.Conflicts, 1)
+	require.Equal(t, late.ContainerID, st.Conflicts[0].Owner.ContainerID)
+}
+
+// Under release_requires_idle a container that stops or is removed (or
+// whose pod goes) keeps its claims draining; its conflict records must end
+// as a release ends them. Kept, the record of a container that is gone was
+// promoted to a claim once the holder's claim drained away, and held the
+// GPU for good: it records no process, so nothing ever found it exited.
+func TestDrainEndsConflictRecords(t *testing.T) {
+	idle := func(c *config.Config) {
+		c.Observe.ReleaseRequiresIdle = true
+		c.Observe.IdleGrace = config.Duration{Duration: time.Minute}
+	}
+	holder := ctr("ml", "c", "main", "holder0000000001")
+	late := ctr("ml", "d", "main", "late000000000001")
+	next := ctr("ml", "e", "main", "next000000000001")
+	for _, tc := range []struct {
+		name string
+		ends func(e *env)
+	}{
+		{"stop", func(e *env) { require.NoError(t, e.g.Stopped(ctx, late)) }},
+		{"remove", func(e *env) { require.NoError(t, e.g.Removed(ctx, late)) }},
+		{"started, stopped, removed", func(e *env) {
+			require.NoError(t, e.g.Started(ctx, late.ContainerID, 5151, "/k8s.io/"+late.ContainerID))
+			require.NoError(t, e.g.Stopped(ctx, late))
+			require.NoError(t, e.g.Removed(ctx, late))
+		}},
+		{"pod gone", func(e *env) { require.NoError(t, e.g.PodGone(ctx, ledger.FrontEndNRI, late.PodUID, late.PodSandboxID)) }},
+		{"removed, named by id alone", func(e *env) {
+			kept, err := e.g.RemovedExited(ctx, late, func(ledger.Owner) bool { return false })
+			require.NoError(t, err)
+			assert.Empty(t, kept)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, _ := newStateEnv(t, idle)
+			conflictOnGPU2(t, e, holder, late)
+			before := len(e.obs.states)
+			tc.ends(e)
+			assert.Empty(t, e.state().Conflicts, "the gone container's conflict record ended with it")
+			assert.Greater(t, len(e.obs.states), before, "the change is reported")
+
+			// The holder goes too; its claim drains, then the grace ends.
+			require.NoError(t, e.g.Stopped(ctx, holder))
+			e.clock.advance(2 * time.Minute)
+			d := e.admit(next, visible("2"))
+			require.Equal(t, guard.Admit, d.Result, "GPU 2 runs nothing: %s", d.Message)
+			assert.Equal(t, map[string]string{uuid(2): next.ContainerID}, e.holders())
+		})
+	}
+}
+
+// A holder found exited under release_requires_idle drains; the conflict
+// records of that container (here on another GPU) end with it.
+func TestExitedHolderDrainEndsItsConflictRecords(t *testing.T) {
+	e, _ := newStateEnv(t, func(c *config.Config) {
+		c.Observe.ReleaseRequiresIdle = true
+		c.Observe.IdleGrace = config.Duration{Duration: time.Minute}
+	})
+	holder := ctr("ml", "c", "main", "holder0000000001")
+	late := ctr("ml", "d", "main", "late000000000001")
+	late.Pid, late.Cgroup = 5151, "/k8s.io/"+late.ContainerID
+	holder.Pid, holder.Cgroup = 4242, "/k8s.io/"+holder.ContainerID
+	_, err := e.g.Reconcile(ctx, ledger.FrontEndNRI, []guard.Request{
+		{FrontEnd: ledger.FrontEndNRI, Owner: holder, Spec: visible("2")},
+		{FrontEnd: ledger.FrontEndNRI, Owner: late, Spec: visible("1,2")},
+	})
+	require.NoError(t, err)
+	require.Equal(t, map[string]string{uuid(1): late.ContainerID, uuid(2): holder.ContainerID}, e.holders())
+	require.Len(t, e.state().Conflicts, 1)
+
+	e.live.exited[late.ContainerID] = true
+	d := e.admit(ctr("ml", "e", "main", "next000000000001"), visible("1"))
+	require.Equal(t, guard.Queue, d.Result, "the exited holder's claim drains")
+	assert.Contains(t, d.Message, "draining since")
+	assert.Empty(t, e.state().Conflicts, "its conflict record ended with it")
+}
+
+// A container recorded in conflict that starts gets its pid and cgroup
+// recorded in the record, as in a claim: promoted once the holder goes, its
+// claim can then be found exited. Without them it was kept as "never
+// started" for good, whatever became of the container.
+func TestStartRecordedInConflictRecord(t *testing.T) {
+	e := newEnv(t, nil)
+	holder := ctr("ml", "c", "main", "holder0000000001")
+	late := ctr("ml", "d", "main", "late000000000001")
+	conflictOnGPU2(t, e, holder, late)
+
+	require.NoError(t, e.g.Started(ctx, late.ContainerID, 5151, "/k8s.io/"+late.ContainerID))
+	c := e.state().Conflicts[0].Owner
+	assert.Equal(t, 5151, c.Pid)
+	assert.Equal(t, uint64(51510), c.PidStart)
+	assert.Equal(t, "/k8s.io/"+late.ContainerID, c.Cgroup)
+	assert.False(t, c.StartedAt.IsZero())
+
+	// The holder stops: the record becomes the claim, with the process.
+	require.NoError(t, e.g.Stopped(ctx, holder))
+	st := e.state()
+	require.Empty(t, st.Conflicts)
+	require.Len(t, st.Claims, 1)
+	assert.Equal(t, late.ContainerID, st.Claims[0].Owner.ContainerID)
+	assert.Equal(t, 5151, st.Claims[0].Owner.Pid)
+
+	// It ends without a stop event (one missed): the next request finds it
+	// exited and gets the GPU.
+	e.live.exited[late.ContainerID] = true
+	next := ctr("ml", "e", "main", "next000000000001")
+	d := e.admit(next, visible("2"))
+	require.Equal(t, guard.Admit, d.Result, d.Message)
+	assert.Equal(t, "holder-exited", d.Reason)
+}
