@@ -65,15 +65,48 @@ func (c conflictText) String() string {
 		if c.onlyReserved() {
 			b.WriteString("The request will be admitted once the requesters holding the reservations have started or let them expire; retrying is automatic under Kubernetes")
 		} else {
-			b.WriteString("The request will be admitted when the holder stops and its turn comes; retrying is automatic under Kubernetes")
+			when, _ := c.holderEnds()
+			b.WriteString("The request will be admitted when " + when + " and its turn comes; retrying is automatic under Kubernetes")
 		}
 		fmt.Fprintf(&b, " (the head of the queue keeps a freed GPU for %s).", c.policy.ReservationTTL.Duration)
 	default:
-		b.WriteString(". Refused and not queued (policy on_conflict = \"reject\"): retry once the holder has stopped.")
+		_, once := c.holderEnds()
+		b.WriteString(". Refused and not queued (policy on_conflict = \"reject\"): retry once " + once + ".")
 	}
 	b.WriteString(" ")
 	b.WriteString(freeText(c.free))
 	return b.String()
+}
+
+// holderEnds says what ends the holders' claims, for "admitted when …"
+// (when) and "retry once …" (once). A holder that has already stopped —
+// kept until its removal (release_on = "remove") or draining — does not
+// "stop" again: told so, the reader would wait for nothing, or stop a
+// container that is gone.
+func (c conflictText) holderEnds() (when, once string) {
+	var stopped, draining bool
+	for _, bd := range c.busy {
+		switch h := bd.Holder; {
+		case h == nil:
+		case !h.Owner.DrainingSince.IsZero():
+			draining = true
+		case !h.Owner.StoppedAt.IsZero():
+			stopped = true
+		default:
+			return "the holder stops", "the holder has stopped"
+		}
+	}
+	switch {
+	case draining && stopped:
+		return "the stopped holders' claims end (at their removal, or once their processes have left the GPU)",
+			"the stopped holders' claims have ended (at their removal, or once their processes have left the GPU)"
+	case draining:
+		return "the draining holder's processes have left the GPU (or its claim's idle grace is over)",
+			"the draining holder's processes have left the GPU (or its claim's idle grace is over)"
+	case stopped:
+		return "the stopped holder's container is removed", "the stopped holder's container has been removed"
+	}
+	return "the holder stops", "the holder has stopped"
 }
 
 // onlyReserved reports whether every busy device is merely reserved for

@@ -54,6 +54,9 @@ func TestConflictText(t *testing.T) {
 	stoppedHolder := &ledger.Claim{Device: gpu1, Since: holder.Since,
 		Owner: ledger.Owner{ContainerID: "fedcba9876543210", Namespace: "ml", Pod: "train-0", Container: "main",
 			StoppedAt: msgNow.Add(-time.Minute)}}
+	drainingHolder := &ledger.Claim{Device: gpu1, Since: holder.Since,
+		Owner: ledger.Owner{ContainerID: "0a1b2c3d4e5f6789", Namespace: "ml", Pod: "train-1", Container: "main",
+			DrainingSince: msgNow.Add(-time.Minute)}}
 	reservation := &ledger.Reservation{Device: gpu2, For: "ml/uid-7/worker", Since: msgNow.Add(-time.Second),
 		Until: msgNow.Add(5*time.Minute + 59*time.Second)}
 	policy := config.Default().Policy
@@ -127,6 +130,36 @@ func TestConflictText(t *testing.T) {
 			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: stoppedHolder}}},
 			want: "is held by ml/train-0/main (id fedcba987654) since 2026-05-09T07:47:57Z (12m3s ago) " +
 				"(exited 2026-05-09T07:59:00Z (1m0s ago), kept until the container is removed: policy release_on = \"remove\")",
+		},
+		// A holder that has stopped already is not waited for to "stop".
+		{
+			name: "stopped holder, rejected: retry once it is removed",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: stoppedHolder}}},
+			want: "Refused and not queued (policy on_conflict = \"reject\"): retry once the stopped holder's container has been removed.",
+		},
+		{
+			name: "stopped holder, queued: admitted once it is removed",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: stoppedHolder}}, queued: true, position: 1, total: 1},
+			want: "The request will be admitted when the stopped holder's container is removed and its turn comes;",
+		},
+		{
+			name: "draining holder, queued: admitted once its processes left the GPU",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: drainingHolder}}, queued: true, position: 1, total: 1},
+			want: "(draining since 2026-05-09T07:59:00Z (1m0s ago), waiting for its processes to leave the GPU); queued at position 1 of 1, " +
+				"waiting 0s. The request will be admitted when the draining holder's processes have left the GPU (or its claim's idle grace is over) " +
+				"and its turn comes;",
+		},
+		{
+			name: "a running holder among stopped ones is waited for",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: stoppedHolder}, {Wanted: gpu2, Holder: &ledger.Claim{
+				Device: gpu2, Owner: holder.Owner, Since: holder.Since}}}},
+			want: "retry once the holder has stopped.",
+		},
+		{
+			name: "stopped and draining holders",
+			text: conflictText{busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: stoppedHolder}, {Wanted: gpu2, Holder: &ledger.Claim{
+				Device: gpu2, Owner: drainingHolder.Owner, Since: holder.Since}}}},
+			want: "retry once the stopped holders' claims have ended (at their removal, or once their processes have left the GPU).",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
