@@ -13,8 +13,9 @@
 // A decision resolves the container's request against the cached inventory
 // (no NVML, no file I/O), then, inside one ledger transaction: finds what is
 // busy, releases holders whose processes are gone although no stop event
-// arrived (or, under release_on = "remove", lets a same-pod restart take over
-// its stopped predecessor's claim), and claims, queues or refuses. Explain
+// arrived (or, under release_on = "remove", lets a container of the same pod,
+// a restart or the pod's next container, take over the claim of one that has
+// stopped), and claims, queues or refuses. Explain
 // makes the same decision on a view and writes nothing; AdmitIfFree (a
 // requester that does not wait) makes it under the lock and writes only an
 // admission.
@@ -39,9 +40,9 @@
 //     reserves the device. The refusal names the device, the cordon (source,
 //     by, since, why) and the command that lifts it, and is audited.
 //   - A decision is all or nothing: every device of the request is claimed
-//     in the same transaction, or none is. A same-pod restart takes over its
-//     stopped predecessor's claim only when that admits it; a refused
-//     restart leaves the predecessor's claim untouched, and one whose create
+//     in the same transaction, or none is. A container takes over the claim
+//     of a stopped container of its pod (never of a running one) only when
+//     that admits it; a refused one leaves the predecessor's claim untouched, and one whose create
 //     is undone after its admission (refused at validation, failed in the
 //     runtime) hands it back when it is removed without having started
 //     (remembered in memory, so within one daemon's life).

@@ -437,8 +437,8 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 
 // settleHolders runs the release rule on the holders of the busy devices:
 // an exited holder is released (or, under release_on = "remove", marked
-// stopped), and a stopped predecessor of the same pod and container name is
-// taken over when that admits the request. It returns what is still busy.
+// stopped), and a stopped holder of the same pod (see samePod) is taken
+// over when that admits the request. It returns what is still busy.
 func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, want []devices.Device,
 	busy []ledger.BusyDevice) (_ []ledger.BusyDevice, released, tookOver []ledger.Claim) {
 	changed := false
@@ -452,7 +452,7 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 	}
 	checked := map[incarnation]bool{}
 	// predecessors are stopped holders this request may take over
-	// (release_on = "remove", same pod, same container name).
+	// (release_on = "remove", same pod).
 	var predecessors []string
 	for _, bd := range busy {
 		if bd.Holder == nil {
@@ -489,7 +489,7 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 				append(ownerAttrs(h, ""), slog.String("why", v.Why), slog.Any("devices", claimUUIDs(rel)))...)
 			continue
 		}
-		if stopped && g.policy.ReleaseOn == config.ReleaseOnRemove && sameWorkload(h, owner) {
+		if stopped && g.policy.ReleaseOn == config.ReleaseOnRemove && samePod(h, owner) {
 			predecessors = append(predecessors, h.ContainerID)
 		}
 	}
@@ -509,9 +509,9 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 					tookOver = append(tookOver, c)
 				}
 			}
-			moved := tx.TakeOver(from, owner, "restart of "+naming.ShortID(from)+" in the same pod")
+			moved := tx.TakeOver(from, owner, "container "+naming.ShortID(from)+" of the same pod has stopped")
 			if len(moved) > 0 {
-				g.log.Info("claim taken over by a restart in the same pod",
+				g.log.Info("claim taken over from a stopped container of the same pod",
 					append(ownerAttrs(owner, key), slog.String("from_container_id", from),
 						slog.Any("devices", claimUUIDs(moved)))...)
 			}
@@ -1264,14 +1264,23 @@ func reasonFor(err error) string {
 	}
 }
 
-// sameWorkload reports whether a and b are the same container of the same pod
-// (a restart), the condition for taking over a stopped claim. Both pod
-// identities must come from a front end that vouches for them
-// (TrustsIdentity): a hook container naming another's pod uid and container
-// name must not take its claim, nor may a trusted restart take the claim of a
-// hook container that named its pod.
-func sameWorkload(a, b ledger.Owner) bool {
-	return TrustsIdentity(a.FrontEnd) && TrustsIdentity(b.FrontEnd) && a.PodUID != "" && a.PodUID == b.PodUID && a.Container != "" && a.Container == b.Container &&
+// samePod reports whether a and b are two containers of the same pod, the
+// condition for b taking over the claim of a, which has stopped (release_on
+// = "remove"): a restart of a, or the pod's next container. The device
+// plugin hands an app container the devices of the pod's init containers,
+// and the kubelet removes a finished init container only with its pod:
+// limited to a restart of the same name, the takeover left the pod's own
+// app container queued for good behind it. Any container of the pod may
+// take it over: a stopped holder runs nothing, so the GPU still has one
+// user, and should it start again it queues like any other. The pod is its
+// UID, not its sandbox: a pod whose sandbox the kubelet replaced runs its
+// containers again in the new one, while the stopped ones of the old
+// sandbox are kept until the pod's garbage collection. Both pod identities
+// must come from a front end that vouches for them (TrustsIdentity): a hook
+// container naming another's pod uid must not take its claim, nor may a
+// trusted container take the claim of a hook container that named its pod.
+func samePod(a, b ledger.Owner) bool {
+	return TrustsIdentity(a.FrontEnd) && TrustsIdentity(b.FrontEnd) && a.PodUID != "" && a.PodUID == b.PodUID &&
 		a.ContainerID != b.ContainerID
 }
 

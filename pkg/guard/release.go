@@ -30,7 +30,7 @@ const (
 	// MarkStopped: the holder's processes are gone, but release_on =
 	// "remove" keeps the claim until removal; the ledger should record it
 	// as stopped (it then stops being a candidate for liveness checks and a
-	// restart in the same pod may take it over).
+	// container of the same pod may take it over).
 	MarkStopped ReleaseAction = "mark-stopped"
 	// KeepDraining: the holder stopped under release_requires_idle; its
 	// claim is kept until its processes leave the GPU (FinishDraining) or

@@ -13,7 +13,7 @@ import (
 // TrustsIdentity reports whether the pod identity that front end fe reports
 // (namespace, pod name and uid, container name) may decide anything: an
 // exemption (policy exempt_namespaces) or the takeover of a stopped
-// predecessor's claim by a restart in the same pod (release_on = "remove").
+// container's claim by another container of its pod (release_on = "remove").
 //
 //   - NRI: containerd fills the pod sandbox and container metadata from the
 //     kubelet's CRI requests; the container's creator cannot set them through

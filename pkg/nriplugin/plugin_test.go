@@ -423,6 +423,30 @@ func TestReleaseOnRemoveRestartTakesOver(t *testing.T) {
 	assert.Equal(t, map[string]string{"1": "restart-1"}, rt.holders())
 }
 
+// Under release_on = "remove", a pod whose init container and app container
+// get the same GPU (the device plugin hands an app container the devices of
+// its init containers): the init container completes and is kept by the
+// kubelet until the pod goes, and the app container takes its claim over
+// instead of queueing behind it for good. The stopped init container's
+// removal with the pod then ends nothing of the app's.
+func TestReleaseOnRemoveAppTakesOverItsInitContainer(t *testing.T) {
+	rt := newRuntime(t, func(c *config.Config) { c.Policy.ReleaseOn = config.ReleaseOnRemove })
+	rt.startPlugin()
+	pod := rt.addPod("train")
+	initC := container(pod, "init-check", "init-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(pod, initC))
+	rt.start(pod, initC, 1001)
+	rt.exit(initC)
+	rt.stop(pod, initC)
+
+	app := container(pod, "app", "app-1", "NVIDIA_VISIBLE_DEVICES=1")
+	require.NoError(t, rt.create(pod, app), "the pod's own app container gets the GPU its finished init container held")
+	assert.Equal(t, map[string]string{"1": "app-1"}, rt.holders())
+	rt.start(pod, app, 1002)
+	rt.remove(pod, initC)
+	assert.Equal(t, map[string]string{"1": "app-1"}, rt.holders())
+}
+
 func TestConfigureFromRuntimeString(t *testing.T) {
 	rt := newRuntime(t, nil)
 	var built []config.Config
