@@ -50,6 +50,14 @@
 //   - A Setup with an unchanged [devices] section and state directory reuses
 //     the ledger and the inventory: a reconnect (which calls Configure again)
 //     costs no NVML enumeration.
+//   - Setup answers by its context's end: the inventory is loaded in the
+//     background, and a load still running then (NVML's enumeration
+//     outlasting the runtime's request timeout) leaves the guard it returns
+//     over an undiscovered inventory that refuses every GPU request, saying
+//     that the discovery is in progress (guard.Options.Discovering), until
+//     the load swaps in what it found (guard.SetInventory) and Rediscover
+//     hands the guard to the observer. A context that never ends (the
+//     external daemon's first Setup) waits for the load and gets its error.
 //   - The Watch never runs on the admission path: Use only hands over the
 //     guard; NVML is queried in the Watch's goroutines, never under the
 //     ledger lock. Without NVML it logs one line and observes nothing, and
@@ -108,6 +116,7 @@
 //   - A clean stop removes observe.json; a report left behind by a daemon
 //     that died grows stale, and status says so instead of trusting it.
 //   - Failing to write the inventory cache is not fatal: the hooks fall back
-//     to discovering the GPUs themselves, and the next Setup loads and
-//     writes again.
+//     to discovering the GPUs themselves, and Rediscover writes the
+//     inventory known again with its back-off (no new enumeration: a
+//     reconnect's Setup reuses the inventory all the same).
 package daemon

@@ -41,6 +41,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Observer receives decisions and state changes (metrics); nil = none.
 	Observer Observer
+	// Discovering marks Inventory as standing in for a GPU discovery that
+	// is still running (an undiscovered inventory: the daemon answered the
+	// runtime before a slow NVML enumeration ended). Every GPU request is
+	// refused, saying so, until SetInventory replaces it (see Discovering).
+	Discovering bool
 }
 
 // Guard makes admission decisions and keeps the ledger in step with the
@@ -51,8 +56,10 @@ type Guard struct {
 	policy config.PolicyConfig
 	// view is the inventory decisions use and its resolver, swapped as one
 	// (SetInventory): a decision loads it once and uses that pair
-	// throughout, whatever a concurrent swap does.
+	// throughout, whatever a concurrent swap does. swapMu orders the swaps,
+	// so that each view's replaced channel is closed once.
 	view   atomic.Pointer[invView]
+	swapMu sync.Mutex
 	ledger *ledger.Ledger
 	live   Liveness
 	now    func() time.Time
@@ -97,7 +104,8 @@ func New(opts Options) (*Guard, error) {
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
-	g.view.Store(&invView{inv: opts.Inventory, resolver: devices.NewResolver(opts.Inventory, opts.Config.Policy)})
+	g.view.Store(&invView{inv: opts.Inventory, resolver: devices.NewResolver(opts.Inventory, opts.Config.Policy),
+		discovering: opts.Discovering, replaced: make(chan struct{})})
 	g.observed = g.obs != nil
 	if g.obs == nil {
 		g.obs = nopObserver{}
@@ -115,6 +123,11 @@ func (g *Guard) Config() config.Config { return g.cfg }
 type invView struct {
 	inv      *devices.Inventory
 	resolver *devices.Resolver
+	// discovering: inv stands in for a discovery still running
+	// (Options.Discovering).
+	discovering bool
+	// replaced is closed when SetInventory replaces this view.
+	replaced chan struct{}
 }
 
 // Inventory returns the GPU inventory the guard decides over.
@@ -122,14 +135,32 @@ func (g *Guard) Inventory() *devices.Inventory { return g.view.Load().inv }
 
 // SetInventory replaces the inventory later decisions use. The daemon calls
 // it when discovery, retried after the guard started with an incomplete
-// inventory (the NVIDIA driver came up later), lists the host's GPUs. It is
+// inventory (the NVIDIA driver came up later), lists the host's GPUs, and
+// when the discovery a guard was built before (Options.Discovering) ends:
+// the inventory set is a discovery's result, never one still awaited. It is
 // safe with concurrent decisions: each uses the inventory it started with.
 func (g *Guard) SetInventory(inv *devices.Inventory) error {
 	if inv == nil {
 		return errors.New("guard: no GPU inventory")
 	}
-	g.view.Store(&invView{inv: inv, resolver: devices.NewResolver(inv, g.policy)})
+	g.swapMu.Lock()
+	defer g.swapMu.Unlock()
+	old := g.view.Swap(&invView{inv: inv, resolver: devices.NewResolver(inv, g.policy), replaced: make(chan struct{})})
+	close(old.replaced)
 	return nil
+}
+
+// Discovering reports whether the guard decides over an inventory that
+// stands in for a GPU discovery still running (Options.Discovering: every
+// GPU request is refused meanwhile), and returns a channel closed once
+// SetInventory replaces the inventory it reports on. Both come from one
+// view, so a replacement in between is never missed: a front end that
+// deferred work until the discovery ends (the NRI plugin's reconcile with
+// the runtime's containers, whose GPUs an undiscovered inventory cannot
+// tell) waits on the channel.
+func (g *Guard) Discovering() (bool, <-chan struct{}) {
+	v := g.view.Load()
+	return v.discovering, v.replaced
 }
 
 // Ledger returns the ledger the guard records in.
@@ -338,11 +369,18 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 	}
 	if v.inv.Undiscovered && (res.All || len(res.Devices) > 0 || errors.Is(err, devices.ErrUnknownDevice)) {
 		// No discovery source worked at start (the driver is not loaded
-		// yet) and no cache said what the GPUs are: every GPU is unknown,
-		// so every GPU request is refused, whatever names it (the resolver
-		// refuses unknown ids over an incomplete inventory under
-		// unknown_device = "ignore" too); a request the policies refuse
-		// anyway keeps its own reason below.
+		// yet) and no cache said what the GPUs are, or the discovery is
+		// still running: every GPU is unknown, so every GPU request is
+		// refused, whatever names it (the resolver refuses unknown ids over
+		// an incomplete inventory under unknown_device = "ignore" too); a
+		// request the policies refuse anyway keeps its own reason below.
+		if v.discovering {
+			return Decision{Result: Reject, Reason: ReasonInventoryIncomplete,
+				Message: "GPU request refused: nri-gpu-guard is still discovering this host's GPUs (the NVIDIA driver's " +
+					"enumeration took longer than the runtime lets a plugin answer; it goes on in the background); refused to stay safe, " +
+					"retrying is automatic under Kubernetes and the request is decided as soon as the discovery ends; " +
+					"containers without a GPU are not affected; see gpu-guard-ctl devices"}, res, true
+		}
 		if v.inv.Contradiction != "" {
 			// The daemon decided with a static list it could not
 			// check, and the driver, checked again, contradicts it.

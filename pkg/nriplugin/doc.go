@@ -15,11 +15,18 @@
 //     claims (Guard.Stopped, Guard.Removed).
 //   - StopPodSandbox / RemovePodSandbox: the pod's claims are released and its
 //     waiters leave the queue.
+//   - Configure: the guard is built (SetupFunc) within the request's
+//     deadline; a GPU discovery still running then goes on in the
+//     background, GPU requests refused meanwhile (guard.Guard.Discovering).
 //   - Synchronize (every (re)connect): the ledger's NRI claims are reconciled
 //     with the containers the runtime lists, and the guard forgets the
 //     waiters of pods the runtime no longer lists. A launched plugin whose
 //     reconcile fails still answers (containerd would stop it for good) and
-//     rebuilds in place from the containers listed.
+//     rebuilds in place from the containers listed. One that comes while
+//     the guard's GPU discovery still runs is answered the same way and
+//     reconciled once the discovery's inventory is in (a launched plugin
+//     in place, an external one by reconnecting): over an inventory that
+//     knows no GPU, running containers' GPUs would read as free.
 //
 // Invariants:
 //   - A handler never blocks on a GPU becoming free. containerd serialises

@@ -44,8 +44,15 @@ func runPluginWith(t *testing.T, rt *runtime, adjust func(p *Plugin)) (waitReady
 // called at cleanup).
 func runPluginNoWait(t *testing.T, rt *runtime, adjust func(p *Plugin)) (waitReady func(want bool), stop func()) {
 	t.Helper()
+	return runPluginOn(t, rt, &daemon.Builder{}, adjust)
+}
+
+// runPluginOn is runPluginNoWait with the guard built by b (its clock and
+// liveness check are the runtime's).
+func runPluginOn(t *testing.T, rt *runtime, b *daemon.Builder, adjust func(p *Plugin)) (waitReady func(want bool), stop func()) {
+	t.Helper()
 	readyC := make(chan bool, 16)
-	b := &daemon.Builder{Now: rt.clock.Now, Liveness: liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))}
+	b.Now, b.Liveness = rt.clock.Now, liveness.New(rt.cgroupRoot, filepath.Join(rt.dir, "proc"))
 	p, err := New(Options{Config: rt.cfg, Setup: b.Setup, Ready: func(ok bool) { readyC <- ok }})
 	require.NoError(t, err)
 	if adjust != nil {

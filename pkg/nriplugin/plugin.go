@@ -118,7 +118,12 @@ func atLeast(version string, major, minor int) bool {
 
 // SetupFunc builds the guard for a configuration: it opens the ledger and
 // loads the GPU inventory. The plugin calls it when it is first configured
-// and again when the runtime hands it a different configuration.
+// and again when the runtime hands it a different configuration, from
+// Configure, whose answer the runtime awaits for its request timeout only:
+// it must answer by ctx's end (the request's deadline less a margin for
+// the reply). A discovery that takes longer goes on in the background over
+// a guard that refuses GPU requests meanwhile (guard.Guard.Discovering;
+// the daemon's Builder does so).
 type SetupFunc func(ctx context.Context, cfg config.Config) (*guard.Guard, error)
 
 // Options configure a Plugin.
@@ -436,7 +441,13 @@ func (p *Plugin) Configure(ctx context.Context, cfgText, runtime, version string
 		}
 		cfg = parsed
 	}
-	g, err := p.setup(ctx, cfg)
+	// Within the request's deadline: a plugin that answers Configure late
+	// is dropped, its registration refused (a launched one is not
+	// relaunched until containerd restarts), and containers are then
+	// created unchecked or, with the validator, all refused.
+	sctx, cancel := decisionContext(ctx, 0)
+	defer cancel()
+	g, err := p.setup(sctx, cfg)
 	if err != nil {
 		return 0, fmt.Errorf("nri-gpu-guard: setup: %w", err)
 	}
@@ -520,6 +531,10 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 	p.mu.Lock()
 	p.known = known
 	p.mu.Unlock()
+	if discovering, replaced := g.Discovering(); discovering {
+		p.awaitDiscovery(live, pods, replaced)
+		return nil, nil
+	}
 	mark := p.dueMark()
 	p.admitting.Lock()
 	res, tracked, err := p.reconcile(ctx, g, live, "NRI Synchronize: rebuilt, then reconciled with the runtime's containers")
@@ -572,6 +587,23 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*api.PodSandbox, ctrs [
 // backoff (rebuildInPlace, through resync), refusing GPU containers until
 // the ledger matches the runtime again.
 func (p *Plugin) syncFailed(live []guard.Request, pods []*api.PodSandbox, err error) {
+	p.trackListed(live, pods)
+	p.setRebuilding(true, err)
+	p.log.Error("synchronizing with the runtime failed: the GPU ledger could not be reconciled with the runtime's containers; "+
+		"the plugin stays registered (containerd would not relaunch it) and rebuilds the ledger in place, retrying with backoff; "+
+		"containers asking for a GPU are refused until then", "containers", len(live), "pods", len(pods), "error", err)
+	select {
+	case p.resync <- struct{}{}:
+	default: // one is pending already
+	}
+}
+
+// trackListed makes the containers and pods of a Synchronize that was not
+// reconciled the input of the rebuild that will be: every container listed
+// is tracked (those holding no GPU drop out at the rebuild), and the pods'
+// uids are kept for dropping the waiters of the others once it succeeded
+// (pendingPods).
+func (p *Plugin) trackListed(live []guard.Request, pods []*api.PodSandbox) {
 	tracked := make(map[string]trackedCtr, len(live))
 	for _, r := range live {
 		tracked[r.Owner.ContainerID] = trackedCtr{
@@ -591,14 +623,41 @@ func (p *Plugin) syncFailed(live []guard.Request, pods []*api.PodSandbox, err er
 	p.pendingMu.Lock()
 	p.pendingPods = uids
 	p.pendingMu.Unlock()
-	p.setRebuilding(true, err)
-	p.log.Error("synchronizing with the runtime failed: the GPU ledger could not be reconciled with the runtime's containers; "+
-		"the plugin stays registered (containerd would not relaunch it) and rebuilds the ledger in place, retrying with backoff; "+
-		"containers asking for a GPU are refused until then", "containers", len(live), "pods", len(pods), "error", err)
-	select {
-	case p.resync <- struct{}{}:
-	default: // one is pending already
-	}
+}
+
+// awaitDiscovery answers a Synchronize that comes while the guard's GPU
+// discovery still runs (its Setup answered Configure before a slow NVML
+// enumeration ended; see guard.Guard.Discovering). The ledger is not
+// reconciled yet: over an inventory that knows no GPU, a running
+// container's GPUs could be neither adopted nor recorded in conflict, and
+// once the discovery's inventory is in, they would read as free. Meanwhile
+// the guard refuses every GPU request (saying the discovery is in progress)
+// and decides the others as always; stops and removals of the containers
+// listed release their claims as always. Once the discovery's inventory is
+// swapped in, the ledger is rebuilt as after a failed Synchronize (resync):
+// a launched plugin reconciles in place with the containers listed here,
+// less those stopped or removed since; an external one reconnects for a new
+// Synchronize. The plugin reports ready only then.
+func (p *Plugin) awaitDiscovery(live []guard.Request, pods []*api.PodSandbox, replaced <-chan struct{}) {
+	p.trackListed(live, pods)
+	// Rebuilding from now on, not from the rebuild's start: between the
+	// swap and the rebuild a GPU request would be decided on a ledger
+	// that has not adopted the running containers yet.
+	p.setRebuilding(true, errSyncedDiscovering)
+	p.log.Warn("synchronized with the runtime while the GPU discovery still runs: containers asking for a GPU are refused "+
+		"until it ends; the ledger is then reconciled with the containers listed", "containers", len(live), "pods", len(pods))
+	go func() {
+		select {
+		case <-replaced:
+		case <-p.life.Done():
+			return
+		}
+		p.log.Info("GPU discovery ended: reconciling the ledger with the runtime's containers")
+		select {
+		case p.resync <- struct{}{}:
+		default: // one is pending already
+		}
+	}()
 }
 
 // forgetVanishedPods drops the waiters of the pods a failed Synchronize
@@ -836,6 +895,21 @@ func (p *Plugin) rebuildInPlace(ctx context.Context, closed <-chan struct{}) {
 		default:
 		}
 		err := p.rebuildOnce(ctx)
+		if errors.Is(err, errDiscovering) {
+			// Not a failure: rebuilt once the discovery ends.
+			if g := p.Guard(); g != nil {
+				if discovering, replaced := g.Discovering(); discovering {
+					select {
+					case <-ctx.Done():
+						return
+					case <-closed:
+						return
+					case <-replaced:
+					}
+				}
+			}
+			continue
+		}
 		if err == nil {
 			p.setRebuilding(false, nil)
 			// Logged once GPU creations are decided again (tests and
@@ -864,10 +938,23 @@ func (p *Plugin) rebuildInPlace(ctx context.Context, closed <-chan struct{}) {
 
 var errTrackedChanged = errors.New("a tracked container stopped or was removed during the rebuild")
 
+// errDiscovering postpones a rebuild until the guard's GPU discovery ends.
+var errDiscovering = errors.New("the GPU discovery is still running; the ledger is rebuilt once it ends")
+
+// errSyncedDiscovering is why the ledger is rebuilt after a Synchronize
+// that came while the GPU discovery ran (see awaitDiscovery).
+var errSyncedDiscovering = errors.New("the GPU discovery was still running when the plugin synchronized with the runtime; " +
+	"the ledger is reconciled with the runtime's containers once it ends")
+
 func (p *Plugin) rebuildOnce(ctx context.Context) error {
 	g := p.Guard()
 	if g == nil {
 		return errors.New("not configured")
+	}
+	if discovering, _ := g.Discovering(); discovering {
+		// Not over an inventory that knows no GPU (see awaitDiscovery):
+		// retried, and resynchronized once the discovery ends.
+		return errDiscovering
 	}
 	hooks, err := p.preReadHooks(ctx, g)
 	if err != nil {
@@ -1278,7 +1365,8 @@ func (p *Plugin) undoCreation(ctx context.Context, g *guard.Guard, pod *api.PodS
 
 // errRebuilding refuses a GPU container's create while the ledger is rebuilt.
 var errRebuilding = errors.New("nri-gpu-guard: the GPU ledger is being rebuilt from the runtime's containers (it needed " +
-	"recovery, was started afresh by another process, or could not be reconciled when the plugin synchronized with the runtime); " +
+	"recovery, was started afresh by another process, or could not be reconciled when the plugin synchronized with the runtime, " +
+	"as while the GPU discovery still ran); " +
 	"containers asking for a GPU are refused until then to stay safe, retrying is automatic")
 
 // rebuildingError is errRebuilding with the ledger error behind the

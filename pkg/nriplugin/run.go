@@ -182,13 +182,14 @@ func (p *Plugin) serve(ctx context.Context, s stub.Stub, closed <-chan struct{},
 			if p.inPlace.Load() {
 				// Closing the inherited connection would end this process
 				// for good: rebuild from the containers tracked instead.
-				p.log.Warn("the GPU ledger must be rebuilt (it needs recovery, was started afresh by another process, or the "+
-					"Synchronize could not reconcile it); rebuilding it from the containers this plugin tracks "+
+				p.log.Warn("the GPU ledger must be rebuilt (it needs recovery, was started afresh by another process, the "+
+					"Synchronize could not reconcile it, or the GPU discovery it waited for ended); rebuilding it from the containers this plugin tracks "+
 					"(containers asking for a GPU are refused meanwhile)", "cause", p.rebuildingCause())
 				p.rebuildInPlace(ctx, closed)
 				continue
 			}
-			p.log.Warn("the GPU ledger needs recovery (damaged, missing or replaced) or was started afresh by another process; reconnecting so that the runtime's "+
+			p.log.Warn("the GPU ledger needs recovery (damaged, missing or replaced), was started afresh by another process, or was not "+
+				"reconciled yet (the GPU discovery ended after the Synchronize); reconnecting so that the runtime's "+
 				"Synchronize rebuilds it from the running containers", "socket", id.Socket)
 			p.setRebuilding(true, nil)
 			p.ready(false)
