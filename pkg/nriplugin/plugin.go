@@ -652,6 +652,11 @@ func (p *Plugin) awaitDiscovery(live []guard.Request, pods []*api.PodSandbox, re
 		case <-p.life.Done():
 			return
 		}
+		if !p.rebuilding.Load() {
+			// A later Synchronize (an external plugin's reconnect) came
+			// after the discovery and reconciled already.
+			return
+		}
 		p.log.Info("GPU discovery ended: reconciling the ledger with the runtime's containers")
 		select {
 		case p.resync <- struct{}{}:
