@@ -38,8 +38,8 @@ type Owner struct {
 	Cgroup    string    `json:"cgroup,omitempty"`
 	StartedAt time.Time `json:"started_at,omitzero"`
 	// StoppedAt is set under release_on = "remove" once the container exited:
-	// the claim is kept until removal, and a same-pod same-name restart may take
-	// it over.
+	// the claim is kept until removal, and another container of the same pod
+	// may take it over.
 	StoppedAt time.Time `json:"stopped_at,omitzero"`
 	// DrainingSince is set when the holder stopped (or was removed) under
 	// release_requires_idle: the claim is kept, draining, until its

@@ -765,8 +765,8 @@ func (tx *Tx) SetStarted(containerID string, pid int, pidStart uint64, cgroup st
 }
 
 // MarkStopped records that a holder exited under release_on = "remove": the
-// claim stays until removal, and a same-pod same-name restart may take it
-// over (TakeOver). It reports whether the container holds anything.
+// claim stays until removal, and another container of the same pod (a
+// restart, the app after its init container) may take it over (TakeOver). It reports whether the container holds anything.
 func (tx *Tx) MarkStopped(containerID string) bool {
 	return tx.MarkStoppedIncarnation(Owner{ContainerID: containerID})
 }
@@ -797,7 +797,7 @@ func (tx *Tx) MarkStoppedIncarnation(o Owner) bool {
 }
 
 // TakeOver moves every claim of fromContainerID to the container to (a
-// same-pod same-name restart under release_on = "remove") and returns the
+// container of the same pod under release_on = "remove") and returns the
 // new claims. Nothing happens if from holds nothing or to has no id.
 func (tx *Tx) TakeOver(fromContainerID string, to Owner, reason string) []Claim {
 	tx.check()
