@@ -30,7 +30,7 @@ const namespace = "nri_gpu_guard"
 type Metrics struct {
 	reg *prometheus.Registry
 
-	holder     *prometheus.GaugeVec
+	holder     seriesSet
 	decisions  *prometheus.CounterVec
 	latency    prometheus.Histogram
 	wait       prometheus.Histogram
@@ -40,8 +40,8 @@ type Metrics struct {
 	releases   *prometheus.CounterVec
 
 	// Observer: findings of the last pass and unhealthy devices.
-	intruders  *prometheus.GaugeVec
-	unhealthy  *prometheus.GaugeVec
+	intruders  seriesSet
+	unhealthy  seriesSet
 	lastReport prometheus.Gauge
 	observeMu  sync.Mutex
 
@@ -79,10 +79,10 @@ var _ guard.Observer = (*Metrics)(nil)
 func New() *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
-		holder: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		holder: newSeriesSet(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "device_holder",
 			Help: "1 for each device claim: which container holds which GPU or MIG device.",
-		}, []string{"device_uuid", "device_index", "namespace", "pod", "container"}),
+		}, []string{"device_uuid", "device_index", "namespace", "pod", "container"})),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "decisions_total",
 			Help: "Admission decisions by result (admit, queue, reject, skip) and reason.",
@@ -115,14 +115,14 @@ func New() *Metrics {
 			Namespace: namespace, Name: "reconcile_releases_total",
 			Help: "Claims released without a stop event: stale at reconcile, or holder exited.",
 		}, []string{"reason"}),
-		intruders: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		intruders: newSeriesSet(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "intruders",
 			Help: "Processes the last observer pass found on a device the ledger does not give their container (intruder or out of bounds), per device.",
-		}, []string{"device_uuid", "device_index"}),
-		unhealthy: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		}, []string{"device_uuid", "device_index"})),
+		unhealthy: newSeriesSet(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: namespace, Name: "unhealthy",
-			Help: "1 for each device the running observer found unhealthy (critical Xid, lost, needs a reset) and holds cordoned, until the operator uncordons it; an observer that restarts (configuration reload, reconnect) starts with none, while the ledger keeps the cordon (gpu-guard-ctl status).",
-		}, []string{"device_uuid", "device_index"}),
+			Help: "1 for each device the observer found unhealthy (critical Xid, lost, needs a reset) and holds cordoned, until the operator uncordons it; kept across restarts of the observer and of the daemon, as the ledger keeps the cordon (gpu-guard-ctl status).",
+		}, []string{"device_uuid", "device_index"})),
 		stateFails: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "ledger_read_errors_total",
 			Help: "Scrapes that could not read the ledger (damaged, missing, unsafe dir): the state gauges keep their last values, and the guard refuses GPU containers until it is recovered.",
@@ -140,8 +140,8 @@ func New() *Metrics {
 			Help: "When the last observer accounting pass completed (Unix time); alert when it falls behind.",
 		}),
 	}
-	m.reg.MustRegister(m.holder, m.decisions, m.latency, m.wait, m.queueDepth, m.reserved, m.conflicts, m.releases,
-		m.intruders, m.unhealthy, m.lastReport, m.stateFails, m.rebuilding, m.releasesDue,
+	m.reg.MustRegister(m.holder.vec, m.decisions, m.latency, m.wait, m.queueDepth, m.reserved, m.conflicts, m.releases,
+		m.intruders.vec, m.unhealthy.vec, m.lastReport, m.stateFails, m.rebuilding, m.releasesDue,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -178,10 +178,11 @@ func (m *Metrics) StateChanged(st ledger.State) {
 		return
 	}
 	m.lastGen, m.lastAt = st.Generation, st.UpdatedAt
-	m.holder.Reset()
+	held := make([]series, 0, len(st.Claims))
 	for _, c := range st.Claims {
-		m.holder.WithLabelValues(c.Device.UUID, c.Device.Index, c.Owner.Namespace, c.Owner.Pod, c.Owner.Container).Set(1)
+		held = append(held, series{labels: []string{c.Device.UUID, c.Device.Index, c.Owner.Namespace, c.Owner.Pod, c.Owner.Container}, value: 1})
 	}
+	m.holder.replace(held)
 	m.queueDepth.Set(float64(len(st.Waiters)))
 	m.reserved.Set(float64(len(st.Reservations)))
 	m.conflicts.Set(float64(len(st.Conflicts)))
@@ -193,12 +194,21 @@ func (m *Metrics) StateChanged(st ledger.State) {
 func (m *Metrics) ObserverReport(r observe.Report) {
 	m.observeMu.Lock()
 	defer m.observeMu.Unlock()
-	m.intruders.Reset()
+	var found []series
+	at := map[[2]string]int{} // index in found, by device
 	for _, f := range r.Findings {
-		if f.Kind == observe.KindIntruder || f.Kind == observe.KindOutOfBounds {
-			m.intruders.WithLabelValues(f.Device.UUID, f.Device.Index).Inc()
+		if f.Kind != observe.KindIntruder && f.Kind != observe.KindOutOfBounds {
+			continue
 		}
+		k := [2]string{f.Device.UUID, f.Device.Index}
+		if i, ok := at[k]; ok {
+			found[i].value++
+			continue
+		}
+		at[k] = len(found)
+		found = append(found, series{labels: k[:], value: 1})
 	}
+	m.intruders.replace(found)
 	m.lastReport.Set(float64(r.Time.UnixNano()) / 1e9)
 }
 
@@ -210,10 +220,11 @@ func (m *Metrics) ObserverReport(r observe.Report) {
 func (m *Metrics) UnhealthyDevices(fs []observe.Finding) {
 	m.observeMu.Lock()
 	defer m.observeMu.Unlock()
-	m.unhealthy.Reset()
+	bad := make([]series, 0, len(fs))
 	for _, f := range fs {
-		m.unhealthy.WithLabelValues(f.Device.UUID, f.Device.Index).Set(1)
+		bad = append(bad, series{labels: []string{f.Device.UUID, f.Device.Index}, value: 1})
 	}
+	m.unhealthy.replace(bad)
 }
 
 // SetRebuilding records whether the NRI plugin is rebuilding the ledger

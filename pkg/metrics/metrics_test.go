@@ -298,3 +298,48 @@ func TestObserverMetrics(t *testing.T) {
 	m.UnhealthyDevices(nil)
 	assert.Empty(t, gauge("nri_gpu_guard_unhealthy"))
 }
+
+// TestScrapeNeverSeesAStandingSeriesMissing: the gauges rebuilt from a whole
+// set (holders, intruders, unhealthy devices) are scraped while they are
+// rebuilt with the same content; a series that stands before and after must
+// be in every scrape (a Reset then refill let a scrape read a held GPU as
+// free, or an intruder as gone, for an instant).
+func TestScrapeNeverSeesAStandingSeriesMissing(t *testing.T) {
+	m := New()
+	d0, d1 := observe.Device{Index: "0", UUID: "GPU-0"}, observe.Device{Index: "1", UUID: "GPU-1"}
+	report := observe.Report{Time: time.Unix(1700000000, 0), Findings: []observe.Finding{
+		{Kind: observe.KindIntruder, Device: d0, PID: 1}, {Kind: observe.KindIntruder, Device: d1, PID: 2}}}
+	unhealthy := []observe.Finding{{Kind: observe.KindUnhealthy, Device: d0}, {Kind: observe.KindUnhealthy, Device: d1}}
+	st := ledger.State{Generation: 1, Claims: []ledger.Claim{
+		{Device: devices.Device{UUID: "GPU-0", Index: "0"}, Owner: ledger.Owner{ContainerID: "a", Namespace: "ml", Pod: "p", Container: "c"}},
+		{Device: devices.Device{UUID: "GPU-1", Index: "1"}, Owner: ledger.Owner{ContainerID: "b", Namespace: "ml", Pod: "q", Container: "c"}}}}
+	m.ObserverReport(report)
+	m.UnhealthyDevices(unhealthy)
+	m.StateChanged(st)
+
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			m.ObserverReport(report)
+			m.UnhealthyDevices(unhealthy)
+			st.Generation++
+			m.StateChanged(st)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for i := range 300 {
+		fams := families(t, m)
+		for _, name := range []string{"nri_gpu_guard_intruders", "nri_gpu_guard_unhealthy", "nri_gpu_guard_device_holder"} {
+			f := fams[name]
+			require.NotNil(t, f, "scrape %d: no %s series", i, name)
+			require.Len(t, f.GetMetric(), 2, "scrape %d: %s lost a standing series", i, name)
+		}
+	}
+}
