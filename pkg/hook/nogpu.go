@@ -70,8 +70,11 @@ func (e env) readInput(stdin io.Reader) *Input {
 // addUnfenced adds to req what the container st describes reaches past its
 // device rules when no device cgroup enforces them: every node a bind mount
 // brings in (the host's /dev, or a devtmpfs mounted afresh, opens every
-// GPU), and, with CAP_MKNOD or CAP_SYS_ADMIN outside a user namespace
-// (makesNodes), every GPU through a node it makes or mounts itself.
+// GPU), the host's node at each linux.devices entry's path, which a
+// runtime that cannot mknod binds whatever the entry's numbers say
+// (boundDevicePaths), and, with CAP_MKNOD or CAP_SYS_ADMIN outside a user
+// namespace (makesNodes), every GPU through a node it makes or mounts
+// itself.
 // Such a container is resolved like one whose device cgroup allows every
 // GPU node (GPUNodesAllowed), named as having none (NoDeviceCgroup).
 //
@@ -85,19 +88,20 @@ func (e env) readInput(stdin io.Reader) *Input {
 // leaves the process in its caller's cgroup, whose device rules (if any)
 // are not the spec's.
 //
-// The cgroup is read only when it could matter: a bind source that is a
-// device node, the host's / or /dev, whatever it is called (one stat per
-// bind source, a few microseconds: the runtime follows symlinks, so
-// spellings do not tell), a /proc path that leads to a root, a devtmpfs
+// The cgroup is read only when it could matter: a bind source or a
+// linux.devices path that is a device node (other than the one the entry's
+// numbers make), the host's / or /dev, whatever it is called (one stat per
+// bind source and entry, a few microseconds: the runtime follows symlinks,
+// so spellings do not tell), a /proc path that leads to a root, a devtmpfs
 // mount, or CAP_MKNOD (in docker's and containerd's default set, not
 // podman's or CRI-O's) or CAP_SYS_ADMIN. A state without a pid (which runc
 // and crun always give create-runtime) counts as no device cgroup.
 // Poststop, whose process is gone, cannot read it: it goes by spellings
 // alone (such a container then always reads the ledger) and by the marker
 // its create-runtime wrote before any claim (marker.go), which a claim for
-// a node made or mounted by the container, or a bind spelled otherwise,
-// relies on: create-runtime refuses such a container when the marker
-// cannot be written (poststopFindsClaim).
+// a node made or mounted by the container, or a bind or linux.devices path
+// spelled otherwise, relies on: create-runtime refuses such a container
+// when the marker cannot be written (poststopFindsClaim).
 func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request) {
 	unfence(req, spec, st.Bundle, e.userNS, st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) })
 }
@@ -121,7 +125,8 @@ const (
 	// Rootless is another user namespace (rootless podman's runc and crun).
 	// Its runtime sets up no device cgroup, and neither a node the
 	// container makes nor one on an overlay it mounts opens there: only
-	// binds bring nodes in.
+	// binds bring nodes in, the runtime's own of the host's node at each
+	// linux.devices path among them (it cannot mknod).
 	Rootless
 )
 
@@ -148,8 +153,9 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot str
 // UnfencedRequest is what a container of spec reaches in a rootful runtime
 // that applies no device cgroup to it, read as the hook reads it there:
 // req (devices.RequestFromSpec of spec) gains the nodes its binds bring in
-// (each bind source read on this host), and every GPU node when it binds
-// the host's /dev or can make or mount a node itself (CAP_MKNOD,
+// (each bind source read on this host) and those at its linux.devices
+// paths (a runtime that cannot mknod binds them), and every GPU node when
+// it binds the host's /dev or can make or mount a node itself (CAP_MKNOD,
 // CAP_SYS_ADMIN, or no capabilities object: makesNodes). bundle is the
 // directory relative bind sources are read from (the config.json's). For
 // `gpu-guard-ctl explain --no-device-cgroup`.
@@ -158,41 +164,42 @@ func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 }
 
 // unfence is addUnfenced for a runtime in the user namespace userNS tells
-// (asked only for a spec with mounts or node-making capabilities), a
-// container that has stopped (poststop: its process is gone, so only
-// spellings and the marker can tell) and the check of its device cgroup
-// (applies, asked only when something could reach a GPU; a state without a
-// pid has none that applies). bundle is the directory the runtime reads
-// relative bind sources from.
+// (asked only for a spec with mounts, linux.devices entries or node-making
+// capabilities), a container that has stopped (poststop: its process is
+// gone, so only spellings and the marker can tell) and the check of its
+// device cgroup (applies, asked only when something could reach a GPU; a
+// state without a pid has none that applies). bundle is the directory the
+// runtime reads relative bind sources from.
 func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func() RuntimeUserNS, stopped bool, applies func() bool) {
 	mknod := makesNodes(spec)
-	if len(spec.Mounts) == 0 && !mknod {
+	if len(spec.Mounts) == 0 && !mknod && (spec.Linux == nil || len(spec.Linux.Devices) == 0) {
 		return
 	}
 	switch userNS() {
 	case Rootful:
 	case Rootless:
 		// No device node can be made in a user namespace, nor opened
-		// through a filesystem mounted there (an overlay): only binds.
-		markUnfenced(req, boundNodes(spec.Mounts, bundle, true), false)
+		// through a filesystem mounted there (an overlay): only binds,
+		// the runtime's own of each linux.devices entry among them.
+		markUnfenced(req, unfencedSources(spec, bundle, true), false)
 		return
 	default:
-		// Unknown: what either reading lets through. Stopped, every bind
-		// and overlay is read whatever its spelling (a rootless runtime's
-		// poststop reads every bind, a rootful one's overlays too); the
-		// marker leads poststop to the rest (CAP_MKNOD, CAP_SYS_ADMIN),
-		// as for a rootful runtime. Otherwise it is a rootful runtime's
-		// container that no device cgroup fences, since a rootless
-		// runtime sets up none.
+		// Unknown: what either reading lets through. Stopped, every bind,
+		// overlay and linux.devices path is read whatever its spelling (a
+		// rootless runtime's poststop reads every bind and path, a
+		// rootful one's overlays too); the marker leads poststop to the
+		// rest (CAP_MKNOD, CAP_SYS_ADMIN), as for a rootful runtime.
+		// Otherwise it is a rootful runtime's container that no device
+		// cgroup fences, since a rootless runtime sets up none.
 		if stopped {
-			markUnfenced(req, boundNodes(spec.Mounts, bundle, false), false)
+			markUnfenced(req, unfencedSources(spec, bundle, false), false)
 			return
 		}
 		applies = func() bool { return false }
 	}
 	if stopped {
 		if bindsDeviceLike(req) {
-			markUnfenced(req, boundNodes(spec.Mounts, bundle, false), false)
+			markUnfenced(req, unfencedSources(spec, bundle, false), false)
 		}
 		return
 	}
@@ -201,11 +208,11 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 		// under docker's and containerd's defaults) the binds are not
 		// read at all.
 		if !applies() {
-			markUnfenced(req, boundNodes(spec.Mounts, bundle, false), true)
+			markUnfenced(req, unfencedSources(spec, bundle, false), true)
 		}
 		return
 	}
-	bound := boundNodes(spec.Mounts, bundle, false)
+	bound := unfencedSources(spec, bundle, false)
 	if !bindsDeviceLike(req) && bound.none() {
 		return
 	}
@@ -500,6 +507,57 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources
 		}
 	}
 	return b
+}
+
+// unfencedSources is what a container's binds bring in (boundNodes) and
+// what its runtime binds for its linux.devices entries (boundDevicePaths),
+// read on the host.
+func unfencedSources(spec *specs.Spec, bundle string, rootless bool) boundSources {
+	b := boundNodes(spec.Mounts, bundle, rootless)
+	if l := spec.Linux; l != nil && len(l.Devices) > 0 {
+		b.boundDevicePaths(l.Devices)
+	}
+	return b
+}
+
+// boundDevicePaths adds to b the host node each linux.devices entry's path
+// names, where it is not the node the entry's numbers make. A runtime that
+// cannot mknod binds the host's node at the entry's path instead, without
+// looking at the numbers: runc when it runs in a user namespace, when the
+// container has one of its own, or when mknod is refused (EPERM: a runtime
+// without CAP_MKNOD); crun when it runs in a user namespace (rootless).
+// A CDI device node whose hostPath differs from its path is such an entry
+// (its numbers are hostPath's). {path /dev/nvidia0, c 1:3} then
+// gives the container the host's GPU 0, not /dev/null, and only a device
+// cgroup, which allows 1:3 and not 195:0, stops the open. So where none
+// applies the path is read as a bind source (stat, following symlinks as
+// the mount does) in addition to the numbers: which way the runtime went
+// cannot be told from here, and reading both never opens less.
+//
+// A relative path is resolved by runc from its working directory, the
+// container's root filesystem (crun refuses it), whose symlinks lead
+// anywhere on the host: it cannot be told, and counts as the host's /dev.
+func (b *boundSources) boundDevicePaths(devs []specs.LinuxDevice) {
+	for _, d := range devs {
+		switch {
+		case d.Path == "":
+			continue
+		case d.Path[0] != '/':
+			b.hostDev = true
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(d.Path, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFCHR {
+			// Nothing the runtime can bind, or no character device: only
+			// those can be GPUs.
+			continue
+		}
+		major, minor := int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
+		if (d.Type == "c" || d.Type == "u" || d.Type == "") && d.Major == major && d.Minor == minor {
+			continue // the node its numbers make: read as an entry already
+		}
+		b.nodes = append(b.nodes, devices.LinuxDevice{Path: d.Path, Type: "c", Major: major, Minor: minor, BoundAt: d.Path})
+	}
 }
 
 // isBind reports whether m is a bind mount (its source a host path): type

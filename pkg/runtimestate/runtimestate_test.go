@@ -465,6 +465,62 @@ func TestScanRootOwnerUnknownReadsBothWays(t *testing.T) {
 	}
 }
 
+// A linux.devices entry whose path is a GPU node on the host, though its
+// numbers are /dev/null's, reaches that GPU where the runtime binds the
+// path (it cannot mknod: a rootless runtime, runc for a container with a
+// user namespace of its own) and no device cgroup stops the open: the scan
+// reads it as the hook did at create-runtime. In a device cgroup of its own
+// under a rootful runtime only the numbers count.
+func TestScanReadsDevicePathsAsTheHookDid(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mknod of a GPU node needs root")
+	}
+	gpu := filepath.Join(t.TempDir(), "g")
+	require.NoError(t, syscall.Mknod(gpu, syscall.S_IFCHR|0o600, int(195<<8|2)))
+	for _, tc := range []struct {
+		name      string
+		cgroup    string
+		rootOwner int
+		reaches   bool
+	}{
+		{"rootless runtime's root", "0::/user.slice/user-1000.slice/user@1000.service/libpod-c1.scope\n", 1000, true},
+		{"rootful, the caller's cgroup (no device cgroup)", "0::/user.slice/session-1.scope\n", 0, true},
+		{"rootful, own scope", "0::/machine.slice/libpod-c1.scope\n", 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHost(t)
+			h.process(300, 30, 'S')
+			require.NoError(t, os.WriteFile(filepath.Join(h.proc, "300", "cgroup"), []byte(tc.cgroup), 0o644))
+			bundle := filepath.Join(h.base, "bundles", "c1")
+			require.NoError(t, os.MkdirAll(bundle, 0o755))
+			spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()},
+				Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.UserNamespace}},
+					Devices: []specs.LinuxDevice{{Path: gpu, Type: "c", Major: 1, Minor: 3}}}}
+			data, err := json.Marshal(spec)
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+			root := h.root("runc")
+			h.runc(root, "c1", 300, 30, bundle, false)
+			require.NoError(t, os.Chown(root, tc.rootOwner, tc.rootOwner))
+
+			c := byID(h.scan(root))["c1"]
+			require.True(t, c.Live(), c.Why)
+			require.NoError(t, c.SpecErr)
+			var bound []int64
+			for _, d := range c.Request.Devices {
+				if d.BoundAt != "" {
+					bound = append(bound, d.Major, d.Minor)
+				}
+			}
+			if tc.reaches {
+				assert.Equal(t, []int64{195, 2}, bound, "the host's node at the path")
+			} else {
+				assert.Empty(t, bound, "its device cgroup allows only what the numbers make")
+			}
+		})
+	}
+}
+
 // noOwner is a root's FileInfo that carries no owner.
 type noOwner struct{}
 

@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 )
 
 // TestPodman runs every scenario on podman with runc and with crun.
@@ -36,6 +37,7 @@ func TestPodman(t *testing.T) {
 				{"AbandonedCreate", podmanAbandoned},
 				{"HostDevBind", podmanHostDevBind},
 				{"MknodWithoutCgroup", podmanMknodWithoutCgroup},
+				{"DevicePathUserNS", podmanDevicePathUserNS},
 			} {
 				t.Run(sc.name, func(t *testing.T) {
 					r.t = t
@@ -333,4 +335,34 @@ func podmanMknodWithoutCgroup(t *testing.T, r *podmanRig) {
 		r.mustPodman("rm", "-f", "-t", "0", tc.name)
 		r.waitFor(tc.why+": its claims released", func() bool { return len(r.holders()) == 0 })
 	}
+}
+
+// podmanDevicePathUserNS: `--device /dev/null:/dev/nvidia2` lists
+// {path /dev/nvidia2, c 1:3}. In a user namespace runc cannot mknod and
+// binds the host's node at that path: the container's /dev/nvidia2 is GPU
+// 2 (195:2), not /dev/null. Its device cgroup allows 1:3 only: admitted,
+// nothing claimed. Where no device cgroup applies (crun
+// --cgroups=disabled) the hook reads the path as well as the numbers,
+// since it cannot tell whether its runtime binds or mknods (crun 1.8
+// rootful mknods 1:3): the container claims GPU 2. (crun 1.8 with a user
+// namespace hands createRuntime hooks the bundle "/", whose config.json
+// the hook cannot read: it refuses such a container.)
+func podmanDevicePathUserNS(t *testing.T, r *podmanRig) {
+	device := []string{"--device", "/dev/null:/dev/nvidia2"}
+	if r.runtime == "runc" {
+		out, err := r.runGPU("u", "", append([]string{"--uidmap", "0:0:65536", "--gidmap", "0:0:65536"}, device...)...)
+		require.NoError(t, err, out)
+		require.Empty(t, r.holders(), "the device cgroup allows 1:3 only")
+		var st syscall.Stat_t
+		node := "/proc/" + r.inspect("u", "{{.State.Pid}}") + "/root/dev/nvidia2"
+		require.NoError(t, syscall.Stat(node, &st))
+		require.Equal(t, [2]uint32{195, 2}, [2]uint32{unix.Major(st.Rdev), unix.Minor(st.Rdev)},
+			"runc binds the host's node at the entry's path")
+		return // podman disables a container's cgroups with crun only
+	}
+	// Without CAP_MKNOD (in podman's built-in set), which alone opens
+	// every GPU there.
+	out, err := r.runGPU("un", "", append([]string{"--cgroups=disabled", "--cap-drop", "MKNOD"}, device...)...)
+	require.NoError(t, err, out)
+	require.Equal(t, map[int]string{2: r.id("un")}, r.holders())
 }
