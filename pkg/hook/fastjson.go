@@ -23,8 +23,12 @@ import (
 // anything outside the plain shape: a key that differs from a field's name
 // only in case (encoding/json matches those too), a repeated key (merged by
 // encoding/json), a string with an escape or invalid UTF-8, a number that is
-// not a plain integer, a value of the wrong type, trailing data.
-// FuzzFastDecode checks the agreement.
+// not a plain integer, a value of the wrong type, trailing data. The caller
+// refuses the first two (checkKeys) before encoding/json sees them: where
+// the fast decoders answer, checkKeys finds nothing to refuse, as each
+// object they read gives up on the keys that differ from its names (the
+// fields of specKeys and stateKeys) only in case, and every object on a
+// repeated key. FuzzFastDecode checks both.
 
 // jscan walks a JSON text; bad is set on anything it does not handle, after
 // which every method returns zero values.
@@ -380,14 +384,40 @@ func (s *jscan) hooks() *hookHooks {
 		return nil
 	}
 	hs := &hookHooks{}
-	s.object([]string{"createRuntime"}, func(k string) bool {
-		if k != "createRuntime" {
+	s.object([]string{"createRuntime", "poststop"}, func(k string) bool {
+		switch k {
+		case "createRuntime":
+			hs.CreateRuntime = s.hookList()
+		case "poststop":
+			// Not decoded, but its keys are checked as checkKeys does.
+			s.hookKeys()
+		default:
 			return false
 		}
-		hs.CreateRuntime = s.hookList()
 		return true
 	})
 	return hs
+}
+
+// hookKeys consumes a list of hooks, giving up on the keys checkKeys
+// refuses (hookEntryKeys).
+func (s *jscan) hookKeys() {
+	if s.null() {
+		return
+	}
+	s.array(func() {
+		if s.null() {
+			return
+		}
+		s.object([]string{"path", "args", "timeout"}, func(k string) bool {
+			switch k {
+			case "path", "args", "timeout":
+				s.skip(0)
+				return true
+			}
+			return false
+		})
+	})
 }
 
 func (s *jscan) hookList() []hookHook {

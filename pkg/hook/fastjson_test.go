@@ -12,19 +12,22 @@ import (
 )
 
 // agree fails unless the fast decoders, where they answer, answer exactly as
-// encoding/json does; it reports whether they answered.
+// encoding/json does and take nothing checkKeys refuses (a repeated key, a
+// field's name in another case); it reports whether they answered.
 func agree(t *testing.T, in []byte) (stateOK, specOK bool) {
 	t.Helper()
 	if st, ok := fastState(in); ok {
 		var want specs.State
 		require.NoError(t, json.Unmarshal(in, &want), "fastState took %q", in)
 		require.Equal(t, want, st, "%q", in)
+		require.NoError(t, checkKeys(in, stateKeys), "fastState took %q", in)
 		stateOK = true
 	}
 	if h, ok := fastSpec(in); ok {
 		var want hookSpec
 		require.NoError(t, json.Unmarshal(in, &want), "fastSpec took %q", in)
 		require.Equal(t, want, h, "%q", in)
+		require.NoError(t, checkKeys(in, specKeys), "fastSpec took %q", in)
 		specOK = true
 	}
 	return stateOK, specOK
@@ -145,6 +148,14 @@ func FuzzFastDecode(f *testing.F) {
 	f.Add(`{"linux":{"namespaces":null}}`)
 	f.Add(`{"mounts":[{"destination":"/d","type":"devtmpfs","source":"devtmpfs"},{"type":null,"options":["rbind"]}]}`)
 	f.Add(`{"mounts":[{"type":"overlay","source":"overlay","options":["lowerdir=/a:/b","upperdir=/u"]},{"options":null},{"options":[]}]}`)
+	// What runtimes read differently (checkKeys), where the fast decoders
+	// must give up.
+	f.Add(`{"linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}]},"linux":{"devices":[]}}`)
+	f.Add(`{"linux":{"devices":[]},"Linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}]}}`)
+	f.Add(`{"process":{"ENV":["NVIDIA_VISIBLE_DEVICES=0"],"env":[]}}`)
+	f.Add(`{"linux":{"devices":[{"path":"/dev/nvidia1","minor":1,"minor":0}]}}`)
+	f.Add(`{"hooks":{"poststop":[{"path":"/h"},null,{"Args":[]}],"createRuntime":[]}}`)
+	f.Add(`{"id":"a","bundle":"/b","annotations":{"k":"1","k":"2"}}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		agree(t, []byte(in))
 	})

@@ -13,9 +13,11 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"unicode"
+	"unicode/utf8"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -59,7 +61,13 @@ func readState(r io.Reader) (specs.State, error) {
 	}
 	st, ok := fastState(data)
 	if !ok {
-		// Anything the fast decoder does not handle, errors included.
+		// Anything the fast decoder does not handle, errors included. It
+		// gives up on a repeated key and on a key that differs from a
+		// field's only in case: those are refused before encoding/json
+		// merges them (checkKeys).
+		if err := checkKeys(data, stateKeys); err != nil {
+			return specs.State{}, fmt.Errorf("%w: the OCI state on stdin: %w", errInput, err)
+		}
 		if err := json.Unmarshal(data, &st); err != nil {
 			return specs.State{}, fmt.Errorf("%w: decode the OCI state from stdin: %w", errInput, err)
 		}
@@ -133,7 +141,11 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 	}
 	sub, ok := fastSpec(data)
 	if !ok {
-		// Anything the fast decoder does not handle, errors included.
+		// Anything the fast decoder does not handle, errors included (see
+		// readState for the keys refused first).
+		if err := checkKeys(data, specKeys); err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", errInput, path, err)
+		}
 		if err := json.Unmarshal(data, &sub); err != nil {
 			return nil, fmt.Errorf("%w: decode %s: %w", errInput, path, err)
 		}
@@ -238,6 +250,310 @@ func (h *hookSpec) spec() *specs.Spec {
 		}
 	}
 	return s
+}
+
+// errAmbiguousKey is wrapped by the error about a key of the runtime's
+// input that OCI runtimes read differently (checkKeys).
+var errAmbiguousKey = errors.New("ambiguous key")
+
+// keySchema names the fields of a JSON object that the hook reads, each
+// with the schema of its value: nil for a value whose keys are not fields
+// (a map such as annotations) or that has none (a string, a list of
+// strings). The schema of a list is that of its elements.
+type keySchema map[string]keySchema
+
+var (
+	// hookEntryKeys are the keys of a hook's entry in the spec.
+	hookEntryKeys = keySchema{"path": nil, "args": nil, "timeout": nil}
+	// specKeys are the fields of hookSpec, and the poststop hooks (the
+	// hook's other phase: a "Poststop" runs it under runc, not crun).
+	specKeys = keySchema{
+		"process": {"env": nil, "capabilities": {"bounding": nil}},
+		"mounts":  {"destination": nil, "source": nil, "type": nil, "options": nil},
+		"linux": {
+			"devices":     {"path": nil, "type": nil, "major": nil, "minor": nil},
+			"cgroupsPath": nil,
+			"resources":   {"devices": {"allow": nil, "type": nil, "major": nil, "minor": nil, "access": nil}},
+			"namespaces":  {"type": nil},
+		},
+		"annotations": nil,
+		"hooks":       {"createRuntime": hookEntryKeys, "poststop": hookEntryKeys},
+	}
+	// stateKeys are the fields of specs.State.
+	stateKeys = keySchema{"ociVersion": nil, "id": nil, "status": nil, "pid": nil, "bundle": nil, "annotations": nil}
+)
+
+// maxKeyDepth bounds the nesting checkKeys follows: encoding/json refuses
+// deeper input as well.
+const maxKeyDepth = 10000
+
+// checkKeys refuses a JSON text (the spec, or the OCI state) that OCI
+// runtimes can read in more than one way: an object that repeats a key
+// (Go's encoding/json, runc's, keeps the last and merges two objects;
+// crun's parser keeps the first), or a key that differs from a field of
+// schema at its level only in case (encoding/json matches it to the field,
+// crun ignores it). The hook would read one container and the runtime
+// create another: a spec that names a GPU in its first "linux" and none in
+// its second reaches the GPU under crun while the hook claims nothing.
+// Runtimes and engines write config.json with one key each, spelled as the
+// runtime spec does, so only a spec written by hand (or to get round the
+// guard) is refused.
+//
+// Keys are compared as encoding/json compares them: unescaped (invalid
+// UTF-8 as U+FFFD), and folded as bytes.EqualFold does for the case.
+// A text that is not valid JSON is left to the decoder that follows, which
+// says what is wrong. The walk decodes no value (it runs wherever the fast
+// decoder gave up, on a string with an escape for one: a URL with & in an
+// environment variable, as Go's encoder writes it, \u0026).
+func checkKeys(data []byte, schema keySchema) error {
+	w := keyWalk{s: jscan{b: data}}
+	err := w.value(schema, 0)
+	if errors.Is(err, errAmbiguousKey) || errors.Is(err, errTooDeep) {
+		return err
+	}
+	return nil
+}
+
+var (
+	errTooDeep = fmt.Errorf("JSON nested deeper than %d levels", maxKeyDepth)
+	// errNotJSON stops checkKeys' walk; what is wrong is encoding/json's
+	// to say.
+	errNotJSON = errors.New("not JSON")
+)
+
+// keyWalk walks a JSON text for checkKeys: s scans it (its bad is never
+// read: every method here checks what it consumes), path is where the
+// walk is, keys the keys of the objects on it so far (a small object's
+// repeated key is found without a map).
+type keyWalk struct {
+	s    jscan
+	path []pathStep
+	keys [][]byte
+}
+
+// pathStep is a key, or the index of a list's element.
+type pathStep struct {
+	key   []byte
+	index int
+	elem  bool
+}
+
+// smallObject is the number of keys up to which an object's keys are
+// compared one by one: most objects of a spec have a handful.
+const smallObject = 16
+
+func (w *keyWalk) value(schema keySchema, depth int) error {
+	s := &w.s
+	s.ws()
+	if s.i >= len(s.b) {
+		return errNotJSON
+	}
+	switch c := s.b[s.i]; {
+	case c == '{':
+		s.i++
+		return w.object(schema, depth+1)
+	case c == '[':
+		s.i++
+		return w.array(schema, depth+1)
+	case c == '"':
+		_, _, err := w.str()
+		return err
+	case c == 't':
+		s.lit("true")
+	case c == 'f':
+		s.lit("false")
+	case c == 'n':
+		s.lit("null")
+	case c == '-' || ('0' <= c && c <= '9'):
+		s.number()
+	default:
+		return errNotJSON
+	}
+	if s.bad {
+		return errNotJSON
+	}
+	return nil
+}
+
+// str consumes a string: its bytes between the quotes, and whether they
+// hold an escape (which str skips, never checks: encoding/json does).
+func (w *keyWalk) str() (raw []byte, escaped bool, err error) {
+	s := &w.s
+	start := s.i + 1
+	for j := start; j < len(s.b); j++ {
+		switch c := s.b[j]; {
+		case c == '"':
+			s.i = j + 1
+			return s.b[start:j], escaped, nil
+		case c == '\\':
+			escaped = true
+			j++ // the escaped byte, which may be a quote
+		case c < 0x20:
+			return nil, false, errNotJSON
+		}
+	}
+	return nil, false, errNotJSON
+}
+
+// key consumes an object's key and returns it as encoding/json decodes it.
+func (w *keyWalk) key() ([]byte, error) {
+	start := w.s.i
+	raw, escaped, err := w.str()
+	if err != nil {
+		return nil, err
+	}
+	if !escaped && utf8.Valid(raw) {
+		return raw, nil
+	}
+	// Rare: decoded by encoding/json itself, so that every escape and
+	// invalid byte comes out as it does there.
+	var k string
+	if err := json.Unmarshal(w.s.b[start:w.s.i], &k); err != nil {
+		return nil, errNotJSON
+	}
+	return []byte(k), nil
+}
+
+// next consumes the separator after a member or an element: true for a
+// comma, false for the closing byte.
+func (w *keyWalk) next(closing byte) (more bool, err error) {
+	s := &w.s
+	s.ws()
+	if s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ',':
+			s.i++
+			return true, nil
+		case closing:
+			s.i++
+			return false, nil
+		}
+	}
+	return false, errNotJSON
+}
+
+func (w *keyWalk) object(schema keySchema, depth int) error {
+	if depth > maxKeyDepth {
+		return errTooDeep
+	}
+	s := &w.s
+	if s.peek() == '}' {
+		s.i++
+		return nil
+	}
+	base := len(w.keys)
+	defer func() { w.keys = w.keys[:base] }()
+	var seen map[string]bool // for a large object
+	for {
+		if s.peek() != '"' {
+			return errNotJSON
+		}
+		key, err := w.key()
+		if err != nil {
+			return err
+		}
+		if s.peek() != ':' {
+			return errNotJSON
+		}
+		s.i++
+		if w.repeated(base, &seen, key) {
+			return repeatedKey(string(key), w.path)
+		}
+		child, known := schema[string(key)]
+		if !known {
+			for name := range schema {
+				if strings.EqualFold(string(key), name) {
+					return caseVariant(string(key), name, w.path)
+				}
+			}
+		}
+		w.path = append(w.path, pathStep{key: key})
+		if err := w.value(child, depth); err != nil {
+			return err
+		}
+		w.path = w.path[:len(w.path)-1]
+		if more, err := w.next('}'); !more || err != nil {
+			return err
+		}
+	}
+}
+
+// repeated records key, a key of the object whose keys start at
+// w.keys[base], and reports whether the object had it already.
+func (w *keyWalk) repeated(base int, seen *map[string]bool, key []byte) bool {
+	if *seen != nil {
+		if (*seen)[string(key)] {
+			return true
+		}
+		(*seen)[string(key)] = true
+		return false
+	}
+	for _, k := range w.keys[base:] {
+		if bytes.Equal(k, key) {
+			return true
+		}
+	}
+	w.keys = append(w.keys, key)
+	if len(w.keys)-base > smallObject {
+		*seen = make(map[string]bool, 2*smallObject)
+		for _, k := range w.keys[base:] {
+			(*seen)[string(k)] = true
+		}
+	}
+	return false
+}
+
+func (w *keyWalk) array(schema keySchema, depth int) error {
+	if depth > maxKeyDepth {
+		return errTooDeep
+	}
+	if w.s.peek() == ']' {
+		w.s.i++
+		return nil
+	}
+	for i := 0; ; i++ {
+		w.path = append(w.path, pathStep{index: i, elem: true})
+		if err := w.value(schema, depth); err != nil {
+			return err
+		}
+		w.path = w.path[:len(w.path)-1]
+		if more, err := w.next(']'); !more || err != nil {
+			return err
+		}
+	}
+}
+
+// repeatedKey is the error about key, repeated in the object at path.
+func repeatedKey(key string, path []pathStep) error {
+	return fmt.Errorf("%w %q: it appears twice in %s, and OCI runtimes disagree on which one counts "+
+		"(runc takes the last, crun the first): write each key once", errAmbiguousKey, key, where(path))
+}
+
+// caseVariant is the error about key, in the object at path, which
+// differs from the field name only in case.
+func caseVariant(key, name string, path []pathStep) error {
+	return fmt.Errorf("%w %q in %s: it differs from the field %q only in case, which runc reads as %q and crun ignores: spell it %q",
+		errAmbiguousKey, key, where(path), name, name, name)
+}
+
+// where names the object at path: "the top-level object", or its path
+// such as linux.devices[0].
+func where(path []pathStep) string {
+	if len(path) == 0 {
+		return "the top-level object"
+	}
+	var b strings.Builder
+	for i, p := range path {
+		switch {
+		case p.elem:
+			b.WriteString("[" + strconv.Itoa(p.index) + "]")
+		case i > 0:
+			b.WriteString("." + string(p.key))
+		default:
+			b.Write(p.key)
+		}
+	}
+	return b.String()
 }
 
 // fileType names the type of a non-regular file as fs.FileMode does.

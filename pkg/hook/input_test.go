@@ -4,9 +4,15 @@
 package hook
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -218,5 +224,318 @@ func FuzzReadState(f *testing.F) {
 		}
 		require.NoError(t, checkID(st.ID))
 		require.GreaterOrEqual(t, st.Pid, 0)
+	})
+}
+
+// A config.json or OCI state that OCI runtimes read in more than one way is
+// refused, whichever decoder reads it: crun takes the first of two keys and
+// only the exact spelling, runc (encoding/json) the last (merged) and any
+// case. Reproduced with crun 1.8.1: two "linux" objects, the first with
+// /dev/nvidia1 and a rule allowing it, the second with no devices: crun
+// created the container with nvidia1 and the hook claimed nothing.
+func TestAmbiguousKeysRefused(t *testing.T) {
+	const gpu1 = `{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}],` +
+		`"resources":{"devices":[{"allow":false,"access":"rwm"},{"allow":true,"type":"c","major":195,"minor":1,"access":"rwm"}]}}`
+	const caps = `"process":{"env":["PATH=/bin"],"capabilities":{"bounding":["CAP_KILL"]}}`
+	for _, tc := range []struct {
+		name, spec string
+		want       []string // in the error; none: accepted
+	}{
+		{"linux twice, GPU in the first", `{` + caps + `,"linux":` + gpu1 + `,"linux":{"devices":[]}}`,
+			[]string{`ambiguous key "linux": it appears twice in the top-level object`, "runc takes the last, crun the first"}},
+		{"linux twice, GPU in the second", `{` + caps + `,"linux":{"devices":[]},"linux":` + gpu1 + `}`,
+			[]string{`ambiguous key "linux": it appears twice in the top-level object`}},
+		{"env twice in process", `{"process":{"env":["NVIDIA_VISIBLE_DEVICES=0"],"env":["PATH=/bin"]}}`,
+			[]string{`ambiguous key "env": it appears twice in process,`}},
+		{"devices twice in linux", `{` + caps + `,"linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}],"devices":[]}}`,
+			[]string{`ambiguous key "devices": it appears twice in linux,`}},
+		{"minor twice in a device entry", `{` + caps + `,"linux":{"devices":[{"path":"/dev/null","type":"c","major":1,"minor":3},` +
+			`{"path":"/dev/nvidia1","type":"c","major":195,"minor":1,"minor":3}]}}`,
+			[]string{`ambiguous key "minor": it appears twice in linux.devices[1],`}},
+		{"a key twice in a cgroup rule", `{` + caps + `,"linux":{"resources":{"devices":[{"allow":false,"allow":true,"access":"rwm"}]}}}`,
+			[]string{`ambiguous key "allow": it appears twice in linux.resources.devices[0],`}},
+		{"an annotation twice", `{` + caps + `,"annotations":{"cdi.k8s.io/x":"nvidia.com/gpu=0","cdi.k8s.io/x":""}}`,
+			[]string{`ambiguous key "cdi.k8s.io/x": it appears twice in annotations,`}},
+		{"a key twice where the hook reads nothing", `{` + caps + `,"root":{"path":"rootfs","path":"/"}}`,
+			[]string{`ambiguous key "path": it appears twice in root,`}},
+		{"twice, once escaped", `{` + caps + `,"linux":` + gpu1 + `,"l\u0069nux":{}}`,
+			[]string{`ambiguous key "linux": it appears twice in the top-level object`}},
+		{"twice, after a string the fast decoder does not read", `{"annotations":{"a":"\u0026"},` + caps + `,"linux":` + gpu1 + `,"linux":{}}`,
+			[]string{`ambiguous key "linux": it appears twice`}},
+		{"Linux", `{` + caps + `,"Linux":` + gpu1 + `}`,
+			[]string{`ambiguous key "Linux" in the top-level object: it differs from the field "linux" only in case`,
+				`runc reads as "linux" and crun ignores: spell it "linux"`}},
+		{"linux, then Linux", `{` + caps + `,"linux":{"devices":[]},"Linux":` + gpu1 + `}`,
+			[]string{`ambiguous key "Linux" in the top-level object`}},
+		{"ENV", `{"process":{"ENV":["NVIDIA_VISIBLE_DEVICES=0"],"capabilities":{"bounding":[]}}}`,
+			[]string{`ambiguous key "ENV" in process: it differs from the field "env" only in case`}},
+		{"folded as encoding/json folds (long s)", `{"proce\u017fs":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}`,
+			[]string{`ambiguous key "proceſs" in the top-level object`}},
+		{"Path in a createRuntime hook", `{` + caps + `,"hooks":{"createRuntime":[{"Path":"/x"}]}}`,
+			[]string{`ambiguous key "Path" in hooks.createRuntime[0]`}},
+		{"Poststop", `{` + caps + `,"hooks":{"Poststop":[]}}`,
+			[]string{`ambiguous key "Poststop" in hooks`}},
+		{"Path in a poststop hook", `{` + caps + `,"hooks":{"poststop":[{"path":"/x"},{"Path":"/y"}]}}`,
+			[]string{`ambiguous key "Path" in hooks.poststop[1]`}},
+		// Not refused: keys the hook does not read cannot change what it
+		// decides.
+		{"a case variant of a field the hook does not read", `{` + caps + `,"Hostname":"h","linux":{"Sysctl":{}}}`, nil},
+		{"the same key in two objects", `{` + caps + `,"linux":{"devices":[{"path":"/dev/null","type":"c"}],"resources":{"devices":[{"type":"c"}]}}}`, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bundle := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), []byte(tc.spec), 0o600))
+			spec, err := readSpec(specs.State{ID: "c1", Bundle: bundle})
+			if tc.want == nil {
+				require.NoError(t, err)
+				require.NotNil(t, spec)
+				return
+			}
+			require.ErrorIs(t, err, errInput)
+			require.ErrorIs(t, err, errAmbiguousKey)
+			require.ErrorContains(t, err, filepath.Join(bundle, "config.json")+": ambiguous key")
+			for _, s := range tc.want {
+				require.ErrorContains(t, err, s)
+			}
+		})
+	}
+	for _, tc := range []struct{ name, state, want string }{
+		{"id twice", `{"id":"a","bundle":"/b","id":"b"}`, `the OCI state on stdin: ambiguous key "id": it appears twice in the top-level object`},
+		{"ID", `{"ID":"c1","bundle":"/b"}`, `the OCI state on stdin: ambiguous key "ID" in the top-level object: it differs from the field "id" only in case`},
+		{"an annotation twice", `{"id":"c1","bundle":"/b","annotations":{"k":"1","k":"2"}}`, `ambiguous key "k": it appears twice in annotations`},
+	} {
+		t.Run("state: "+tc.name, func(t *testing.T) {
+			_, err := readState(strings.NewReader(tc.state))
+			require.ErrorIs(t, err, errInput)
+			require.ErrorIs(t, err, errAmbiguousKey)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+// Nesting beyond encoding/json's limit is refused by the key check itself
+// (it does not recurse without bound), and within it the check finds what
+// lies past the deep part.
+func TestCheckKeysDepth(t *testing.T) {
+	deep := `{"a":` + strings.Repeat("[", maxKeyDepth) + strings.Repeat("]", maxKeyDepth) + `}`
+	require.ErrorIs(t, checkKeys([]byte(deep), specKeys), errTooDeep)
+	within := `{"a":` + strings.Repeat("[", maxKeyDepth-1) + strings.Repeat("]", maxKeyDepth-1) + `,"b":1,"b":2}`
+	require.ErrorIs(t, checkKeys([]byte(within), specKeys), errAmbiguousKey)
+	// Not JSON: left to the decoder that follows, which words the error.
+	require.NoError(t, checkKeys([]byte(`{"linux":{"devices":[}}`), specKeys))
+	require.NoError(t, checkKeys([]byte(`{"a":1} {"a":1,"a":2}`), specKeys), "trailing data is encoding/json's to refuse")
+}
+
+// A repeated key is found in an object of any size, and across the nested
+// objects between its two places.
+func TestCheckKeysLargeObjects(t *testing.T) {
+	for _, n := range []int{2, smallObject, smallObject + 1, 200} {
+		var b strings.Builder
+		b.WriteString(`{"annotations":{`)
+		for i := range n {
+			fmt.Fprintf(&b, `"k%d":"v","n%d":{"k%d":{},"x":[{"k0":1}]},`, i, i, i)
+		}
+		b.WriteString(`"k0":"again"}}`)
+		err := checkKeys([]byte(b.String()), specKeys)
+		require.ErrorContains(t, err, `ambiguous key "k0": it appears twice in annotations,`, n)
+		require.EqualError(t, err, tokenCheckKeys([]byte(b.String()), specKeys).Error())
+		ok := strings.Replace(b.String(), `"k0":"again"`, `"last":"once"`, 1)
+		require.NoError(t, checkKeys([]byte(ok), specKeys), n)
+	}
+}
+
+// specKeys and stateKeys are the fields encoding/json fills in hookSpec and
+// specs.State (and the poststop hooks, whose keys add-hooks reads), and the
+// fast decoders give up on a case variant of each of them: a field added to
+// hookSpec without its key here would let encoding/json match a variant of
+// it that crun ignores.
+func TestKeySchemasMatchTheDecoders(t *testing.T) {
+	type variant struct{ doc, key string }
+	var variants []variant
+	var schemaOf func(t reflect.Type, wrap func(string) string) keySchema
+	schemaOf = func(typ reflect.Type, wrap func(string) string) keySchema {
+		for typ.Kind() == reflect.Pointer || typ.Kind() == reflect.Slice {
+			typ = typ.Elem()
+		}
+		if typ.Kind() != reflect.Struct {
+			return nil
+		}
+		ks := keySchema{}
+		for i := range typ.NumField() {
+			f := typ.Field(i)
+			name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+			require.NotEmpty(t, name, "%s.%s has a json name", typ, f.Name)
+			upper := strings.ToUpper(name[:1]) + name[1:]
+			variants = append(variants, variant{wrap(`{"` + upper + `":null}`), upper})
+			ft := f.Type
+			for ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			inner := func(s string) string { return wrap(`{"` + name + `":` + s + `}`) }
+			if ft.Kind() == reflect.Slice {
+				inner = func(s string) string { return wrap(`{"` + name + `":[` + s + `]}`) }
+			}
+			ks[name] = schemaOf(f.Type, inner)
+		}
+		return ks
+	}
+	id := func(s string) string { return s }
+	want := schemaOf(reflect.TypeOf(hookSpec{}), id)
+	want["hooks"]["poststop"] = want["hooks"]["createRuntime"]
+	variants = append(variants, variant{`{"hooks":{"Poststop":null}}`, "Poststop"}, variant{`{"hooks":{"poststop":[{"Path":null}]}}`, "Path"},
+		variant{`{"hooks":{"poststop":[{"TIMEOUT":null}]}}`, "TIMEOUT"})
+	require.Equal(t, want, specKeys)
+	for _, v := range variants {
+		_, ok := fastSpec([]byte(v.doc))
+		require.False(t, ok, "fastSpec gives up on %s", v.doc)
+		require.ErrorIs(t, checkKeys([]byte(v.doc), specKeys), errAmbiguousKey, v.doc)
+		require.ErrorContains(t, checkKeys([]byte(v.doc), specKeys), strconv.Quote(v.key))
+	}
+
+	variants = nil
+	require.Equal(t, schemaOf(reflect.TypeOf(specs.State{}), id), stateKeys)
+	for _, v := range variants {
+		_, ok := fastState([]byte(v.doc))
+		require.False(t, ok, "fastState gives up on %s", v.doc)
+		require.ErrorIs(t, checkKeys([]byte(v.doc), stateKeys), errAmbiguousKey, v.doc)
+	}
+}
+
+// Both phases of a container whose spec repeats "linux": create-runtime
+// refuses it before it opens the ledger or writes a marker, and poststop
+// (runc runs it after a failed create) finds nothing of it to release and
+// succeeds, leaving nothing behind.
+func TestAmbiguousSpecPhases(t *testing.T) {
+	cfg := staticConfig(t)
+	bundle := t.TempDir()
+	spec := `{"process":{"env":["PATH=/bin"],"capabilities":{"bounding":[]}},` +
+		`"linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}],` +
+		`"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":1,"access":"rwm"}]}},"linux":{"devices":[]}}`
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), []byte(spec), 0o600))
+	state := func(status specs.ContainerState) string {
+		st, err := json.Marshal(specs.State{Version: specs.Version, ID: "dup", Status: status, Pid: os.Getpid(), Bundle: bundle})
+		require.NoError(t, err)
+		return string(st)
+	}
+	opened := 0
+	e := testEnv(&opened)
+	in := e.readInput(strings.NewReader(state(specs.StateCreating)))
+	require.False(t, in.NeverClaims(), "a hook binary does not answer it before loading the configuration")
+	err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(state(specs.StateCreating)), io.Discard)
+	require.ErrorIs(t, err, errAmbiguousKey)
+	require.ErrorContains(t, err, `hook create-runtime: container dup refused: cannot read the runtime's input: `+
+		filepath.Join(bundle, "config.json")+`: ambiguous key "linux": it appears twice in the top-level object`)
+	require.Equal(t, 0, opened, "refused before the ledger")
+	require.NoFileExists(t, newMarker(e.markerDir, specs.State{ID: "dup", Bundle: bundle}, cfg.Ledger.Dir).path)
+
+	var stderr bytes.Buffer
+	require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(state(specs.StateStopped)), &stderr))
+	require.Empty(t, stderr.String())
+	l, err := ledger.OpenReadOnly(cfg.Ledger.Dir, ledger.Options{})
+	require.NoError(t, err)
+	snap, err := l.Snapshot(t.Context())
+	require.NoError(t, err)
+	require.Empty(t, snap.Claims)
+	require.Empty(t, snap.Waiters)
+}
+
+// tokenCheckKeys is checkKeys written over json.Decoder.Token: slower (it
+// decodes every value), but its keys are encoding/json's by construction.
+// FuzzCheckKeys holds checkKeys to it.
+func tokenCheckKeys(data []byte, schema keySchema) error {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	var path []pathStep
+	var value func(schema keySchema, depth int) error
+	value = func(schema keySchema, depth int) error {
+		tok, err := dec.Token()
+		if err != nil {
+			return err
+		}
+		switch tok {
+		case json.Delim('{'):
+			if depth+1 > maxKeyDepth {
+				return errTooDeep
+			}
+			seen := map[string]bool{}
+			for dec.More() {
+				tok, err := dec.Token()
+				if err != nil {
+					return err
+				}
+				key := tok.(string)
+				if seen[key] {
+					return repeatedKey(key, path)
+				}
+				seen[key] = true
+				child, known := schema[key]
+				if !known {
+					for name := range schema {
+						if strings.EqualFold(key, name) {
+							return caseVariant(key, name, path)
+						}
+					}
+				}
+				path = append(path, pathStep{key: []byte(key)})
+				if err := value(child, depth+1); err != nil {
+					return err
+				}
+				path = path[:len(path)-1]
+			}
+			_, err = dec.Token()
+			return err
+		case json.Delim('['):
+			if depth+1 > maxKeyDepth {
+				return errTooDeep
+			}
+			for i := 0; dec.More(); i++ {
+				path = append(path, pathStep{index: i, elem: true})
+				if err := value(schema, depth+1); err != nil {
+					return err
+				}
+				path = path[:len(path)-1]
+			}
+			_, err = dec.Token()
+			return err
+		}
+		return nil
+	}
+	err := value(schema, 0)
+	if errors.Is(err, errAmbiguousKey) || errors.Is(err, errTooDeep) {
+		return err
+	}
+	return nil
+}
+
+// FuzzCheckKeys: on valid JSON, checkKeys finds what a walk over
+// encoding/json's tokens finds, in the same words (on the rest,
+// encoding/json refuses the text anyway).
+func FuzzCheckKeys(f *testing.F) {
+	for _, s := range []string{
+		`{"linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}]},"linux":{"devices":[]}}`,
+		`{"Linux":{},"process":{"ENV":[]}}`,
+		`{"process":{"env":["A=\u0026","B=\"\\"]},"l\u0069nux":{},"linux":{}}`,
+		`{"annotations":{"a":"1","\u0061":"2"}}`,
+		`{"x":[1,-2.5e-3,true,false,null,{"y":{},"y":[]}]}`,
+		"{\"\xff\":1,\"\xfe\":2}",
+		`{"proceſs":{}}`,
+		`{"hooks":{"poststop":[{"path":"/x","Path":"/y"}]}}`,
+		`{"id":"a","ID":"b"}`,
+		` { "a" : [ { } , [ ] ] , "b" : "\ud83d\ude00" } `,
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, in string) {
+		for _, schema := range []keySchema{specKeys, stateKeys} {
+			got := checkKeys([]byte(in), schema)
+			if !json.Valid([]byte(in)) {
+				continue
+			}
+			want := tokenCheckKeys([]byte(in), schema)
+			if want == nil {
+				require.NoError(t, got, "%q", in)
+			} else {
+				require.EqualError(t, got, want.Error(), "%q", in)
+			}
+		}
 	})
 }
