@@ -11,6 +11,10 @@
 // protobuf, prometheus or net/http, no cgo), so starting it costs little more
 // than starting any static Go program. `nri-gpu-guard hook PHASE` runs the
 // same code and stays for hooks.d files written for it.
+//
+// `nri-gpu-guard-hook add-hooks CONFIG.JSON` adds both hooks to a bundle's
+// config.json, for engines that read no hooks.d (the runc wrapper of
+// docs/hook.md, for Docker and containerd without NRI).
 package main
 
 import (
@@ -46,7 +50,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(program, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		_, _ = fmt.Fprintln(fs.Output(), "usage: "+program+" create-runtime|poststop [--config PATH] [--state-dir DIR] [--wait]\n       "+program+" version")
+		_, _ = fmt.Fprintln(fs.Output(), "usage: "+program+" create-runtime|poststop [--config PATH] [--state-dir DIR] [--wait]\n       "+
+			addHooksUsage+"\n       "+program+" version")
 		fs.PrintDefaults()
 	}
 	cfgPath := fs.String("config", "", "configuration file (default $"+config.EnvPath+" or "+config.DefaultPath+")")
@@ -65,6 +70,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 		fs.SetOutput(stdout)
 		fs.Usage()
 		return 0
+	case cmdAddHooks:
+		return addHooks(args[1:], stderr)
 	case hook.PhaseCreateRuntime, hook.PhasePoststop:
 	default:
 		_, _ = fmt.Fprintf(stderr, "%s: unknown phase %q\n", program, phase)

@@ -266,7 +266,8 @@ var (
 	// hookEntryKeys are the keys of a hook's entry in the spec.
 	hookEntryKeys = keySchema{"path": nil, "args": nil, "timeout": nil}
 	// specKeys are the fields of hookSpec, and the poststop hooks (the
-	// hook's other phase: a "Poststop" runs it under runc, not crun).
+	// hook's other phase: a "Poststop" runs it under runc, not crun; and
+	// add-hooks looks there for the guard's entry).
 	specKeys = keySchema{
 		"process": {"env": nil, "capabilities": {"bounding": nil}},
 		"mounts":  {"destination": nil, "source": nil, "type": nil, "options": nil},
@@ -282,6 +283,15 @@ var (
 	// stateKeys are the fields of specs.State.
 	stateKeys = keySchema{"ociVersion": nil, "id": nil, "status": nil, "pid": nil, "bundle": nil, "annotations": nil}
 )
+
+// CheckSpecKeys returns the error create-runtime gives for a config.json
+// (data) that OCI runtimes read in more than one way (checkKeys), nil for
+// one they all read alike, or that is not valid JSON. For a tool that edits
+// the spec's hooks (nri-gpu-guard-hook add-hooks): an edit by key would
+// pick one of two readings of such a file, and hide the other.
+func CheckSpecKeys(data []byte) error {
+	return checkKeys(data, specKeys)
+}
 
 // maxKeyDepth bounds the nesting checkKeys follows: encoding/json refuses
 // deeper input as well.

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -34,23 +33,43 @@ func docWrapper(t *testing.T) string {
 	return path
 }
 
+// buildHookBinary builds nri-gpu-guard-hook (the wrapper runs its
+// add-hooks) into dir.
+func buildHookBinary(t *testing.T, dir string) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("the wrapper runs the hook binary, built with the go command: %v", err)
+	}
+	root, err := moduleRoot()
+	require.NoError(t, err)
+	bin := filepath.Join(dir, "nri-gpu-guard-hook")
+	cmd := exec.Command(goBin, "build", "-tags", "nri_no_wasm", "-o", bin, "./cmd/nri-gpu-guard-hook")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as the release builds it
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "go build: %s", out)
+	return bin
+}
+
 // The runc wrapper of docs/hook.md adds the guard's hooks to the bundle of
 // every runc subcommand that runs createRuntime hooks: create, run, and
 // restore (a container restored from a checkpoint; containerd writes its
-// bundle afresh), and leaves the others alone.
+// bundle afresh), and leaves the others alone. Every other byte of
+// config.json stays: docker writes --ulimit memlock=-1 as an rlimit of
+// 2^64-1, which an edit through float64 (jq 1.6) turned into a number runc
+// refuses.
 func TestDocWrapperAddsTheHooks(t *testing.T) {
-	// CI installs both (.ci/run): there a missing one is a broken setup
-	// that would silently leave the documented wrapper untested.
-	ci, _ := strconv.ParseBool(os.Getenv("CI"))
-	for _, tool := range []string{"sh", "jq"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			if ci {
-				t.Fatalf("the wrapper needs %s, which CI installs: %v", tool, err)
-			}
-			t.Skipf("the wrapper needs %s: %v", tool, err)
-		}
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skipf("the wrapper needs sh: %v", err)
 	}
 	wrapper := docWrapper(t)
+	guardBin := buildHookBinary(t, t.TempDir())
+	const rlimits = `"rlimits":[{"type":"RLIMIT_MEMLOCK","hard":18446744073709551615,"soft":18446744073709551615},` +
+		`{"type":"RLIMIT_NOFILE","hard":1048576,"soft":1048576}]`
+	spec := "{\n  \"ociVersion\": \"" + specs.Version + "\",\n  \"process\": {\"env\": [\"NVIDIA_VISIBLE_DEVICES=1\", \"X=\\u003c\"], " +
+		`"capabilities":{"bounding":["CAP_KILL"]},` + rlimits + "},\n" +
+		`  "linux": {"resources": {"memory": {"limit": 9007199254740993, "swap": 9223372036854775807}}}` + "\n}\n"
 	for _, tc := range []struct {
 		name  string
 		args  func(bundle string) []string
@@ -69,36 +88,88 @@ func TestDocWrapperAddsTheHooks(t *testing.T) {
 			dir := t.TempDir()
 			bundle := filepath.Join(dir, "bundle")
 			require.NoError(t, os.Mkdir(bundle, 0o755))
-			data, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=1"}}})
-			require.NoError(t, err)
 			cfgPath := filepath.Join(bundle, "config.json")
-			require.NoError(t, os.WriteFile(cfgPath, data, 0o600))
+			require.NoError(t, os.WriteFile(cfgPath, []byte(spec), 0o600))
 			// The runc the wrapper runs records its arguments.
 			fake := filepath.Join(dir, "runc")
 			require.NoError(t, os.WriteFile(fake, []byte("#!/bin/sh\necho \"$@\" >"+filepath.Join(dir, "args")+"\n"), 0o755))
 
 			cmd := exec.Command(wrapper, tc.args(bundle)...)
 			cmd.Dir = dir
-			cmd.Env = append(os.Environ(), "RUNC_GPU_GUARD_RUNC="+fake, "RUNC_GPU_GUARD_BIN=/usr/bin/nri-gpu-guard-hook")
+			cmd.Env = append(os.Environ(), "RUNC_GPU_GUARD_RUNC="+fake, "RUNC_GPU_GUARD_BIN="+guardBin)
 			out, err := cmd.CombinedOutput()
 			require.NoError(t, err, "%s", out)
+			require.Empty(t, out, "the wrapper says nothing")
 			args, err := os.ReadFile(filepath.Join(dir, "args"))
 			require.NoError(t, err)
 			require.Equal(t, strings.Join(tc.args(bundle), " ")+"\n", string(args), "runc gets the arguments unchanged")
 
-			data, err = os.ReadFile(cfgPath)
+			data, err := os.ReadFile(cfgPath)
 			require.NoError(t, err)
-			var spec specs.Spec
-			require.NoError(t, json.Unmarshal(data, &spec))
 			if !tc.hooks {
-				require.Nil(t, spec.Hooks, "config.json left alone")
+				require.Equal(t, spec, string(data), "config.json left alone")
 				return
 			}
-			require.NotNil(t, spec.Hooks, "the hooks were added")
-			require.Equal(t, []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook", Args: []string{"nri-gpu-guard-hook", PhaseCreateRuntime}, Env: RuntimeEnv()}},
-				spec.Hooks.CreateRuntime)
-			require.Equal(t, []specs.Hook{{Path: "/usr/bin/nri-gpu-guard-hook", Args: []string{"nri-gpu-guard-hook", PhasePoststop}, Env: RuntimeEnv()}},
-				spec.Hooks.Poststop)
+			// Every value but the hooks byte for byte, the numbers above
+			// 2^53 included.
+			members := func(data []byte) map[string]string {
+				var m map[string]json.RawMessage
+				require.NoError(t, json.Unmarshal(data, &m))
+				out := map[string]string{}
+				for k, v := range m {
+					out[k] = string(v)
+				}
+				return out
+			}
+			after := members(data)
+			require.Contains(t, after, "hooks", "the hooks were added")
+			delete(after, "hooks")
+			require.Equal(t, members([]byte(spec)), after)
+			require.Contains(t, string(data), rlimits)
+			require.Contains(t, string(data), `"limit": 9007199254740993, "swap": 9223372036854775807`)
+
+			var got specs.Spec
+			require.NoError(t, json.Unmarshal(data, &got), "runc reads it")
+			require.Equal(t, uint64(18446744073709551615), got.Process.Rlimits[0].Hard)
+			require.Equal(t, []specs.Hook{{Path: guardBin, Args: []string{"nri-gpu-guard-hook", PhaseCreateRuntime}, Env: RuntimeEnv()}},
+				got.Hooks.CreateRuntime)
+			require.Equal(t, []specs.Hook{{Path: guardBin, Args: []string{"nri-gpu-guard-hook", PhasePoststop}, Env: RuntimeEnv()}},
+				got.Hooks.Poststop)
+
+			// A second create over the same bundle adds nothing.
+			cmd = exec.Command(wrapper, tc.args(bundle)...)
+			cmd.Dir = dir
+			cmd.Env = append(os.Environ(), "RUNC_GPU_GUARD_RUNC="+fake, "RUNC_GPU_GUARD_BIN="+guardBin)
+			out, err = cmd.CombinedOutput()
+			require.NoError(t, err, "%s", out)
+			again, err := os.ReadFile(cfgPath)
+			require.NoError(t, err)
+			require.Equal(t, string(data), string(again))
 		})
 	}
+}
+
+// A config.json that runtimes read in two ways fails the wrapper before
+// runc runs: the container is not created, and the file is left as it was.
+func TestDocWrapperRefusesAmbiguousSpec(t *testing.T) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skipf("the wrapper needs sh: %v", err)
+	}
+	wrapper := docWrapper(t)
+	guardBin := buildHookBinary(t, t.TempDir())
+	dir := t.TempDir()
+	cfgPath := filepath.Join(dir, "config.json")
+	spec := `{"linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}]},"linux":{"devices":[]}}`
+	require.NoError(t, os.WriteFile(cfgPath, []byte(spec), 0o600))
+	fake := filepath.Join(dir, "runc")
+	require.NoError(t, os.WriteFile(fake, []byte("#!/bin/sh\ntouch "+filepath.Join(dir, "ran")+"\n"), 0o755))
+	cmd := exec.Command(wrapper, "create", "--bundle", dir, "c1")
+	cmd.Env = append(os.Environ(), "RUNC_GPU_GUARD_RUNC="+fake, "RUNC_GPU_GUARD_BIN="+guardBin)
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), `add-hooks: `+cfgPath+`: ambiguous key "linux": it appears twice in the top-level object`)
+	require.NoFileExists(t, filepath.Join(dir, "ran"), "runc did not run")
+	data, err := os.ReadFile(cfgPath)
+	require.NoError(t, err)
+	require.Equal(t, spec, string(data))
 }

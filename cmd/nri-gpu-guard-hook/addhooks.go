@@ -1,0 +1,406 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"syscall"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
+)
+
+// cmdAddHooks is the subcommand that adds the guard's hooks to a bundle's
+// config.json, for runtimes that read no hooks.d (Docker, containerd
+// without NRI: docs/hook.md's runc wrapper runs it for every container).
+const cmdAddHooks = "add-hooks"
+
+// maxSpecBytes bounds the config.json add-hooks reads, as the hook bounds
+// the one it reads.
+const maxSpecBytes = 16 << 20
+
+// addHooksUsage is add-hooks' line of the usage.
+const addHooksUsage = program + " " + cmdAddHooks + " [--config PATH] [--state-dir DIR] [--wait] [--path HOOK] CONFIG.JSON"
+
+// addHooks runs `nri-gpu-guard-hook add-hooks`: it adds a createRuntime
+// and a poststop hook running this binary to the config.json named, each
+// unless that stage already has an entry with the same path, and leaves
+// every other byte of the file as it was. jq, which the wrapper used
+// before, rewrites every number as a double: docker's --ulimit
+// memlock=-1 (18446744073709551615) came out as 18446744073709552000,
+// which runc refuses, and every such container failed to start.
+func addHooks(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet(program+" "+cmdAddHooks, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		_, _ = fmt.Fprintln(fs.Output(), "usage: "+addHooksUsage+"\n\n"+
+			"Adds the createRuntime and poststop hooks of "+program+" to an OCI bundle's config.json\n"+
+			"(each unless that stage has an entry with the same path already); the flags given are\n"+
+			"passed on to the hooks. The rest of the file is kept byte for byte.")
+		fs.PrintDefaults()
+	}
+	cfgPath := fs.String("config", "", "configuration file the hooks read (absolute; default theirs: $"+config.EnvPath+" or "+config.DefaultPath+")")
+	stateDir := fs.String("state-dir", "", "ledger directory the hooks use (absolute; default [ledger] dir)")
+	wait := fs.Bool("wait", false, "the create-runtime hook waits in the queue for a busy GPU (plain runc only)")
+	hookPath := fs.String("path", "", "path of the hook binary the hooks run (default: this binary, as it was started)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() != 1 {
+		_, _ = fmt.Fprintf(stderr, "%s %s: want one config.json, got %d arguments\n", program, cmdAddHooks, fs.NArg())
+		fs.Usage()
+		return 2
+	}
+	for _, f := range []struct{ name, v string }{{"--config", *cfgPath}, {"--state-dir", *stateDir}, {"--path", *hookPath}} {
+		if f.v != "" && !filepath.IsAbs(f.v) {
+			// The runtime runs the hooks in the bundle directory.
+			_, _ = fmt.Fprintf(stderr, "%s %s: %s %q: want an absolute path (the runtime runs the hooks in the bundle directory)\n",
+				program, cmdAddHooks, f.name, f.v)
+			return 2
+		}
+	}
+	if *hookPath == "" {
+		p, err := selfPath()
+		if err != nil {
+			_, _ = fmt.Fprintf(stderr, "%s %s: cannot tell this binary's path (give --path): %v\n", program, cmdAddHooks, err)
+			return 1
+		}
+		*hookPath = p
+	}
+	var extra []string
+	if *cfgPath != "" {
+		extra = append(extra, "--config", *cfgPath)
+	}
+	if *stateDir != "" {
+		extra = append(extra, "--state-dir", *stateDir)
+	}
+	create := append([]string{program, hook.PhaseCreateRuntime}, extra...)
+	if *wait {
+		create = append(create, "--wait")
+	}
+	entries := []hookEntry{
+		{stage: "createRuntime", Path: *hookPath, Args: create, Env: hook.RuntimeEnv()},
+		{stage: "poststop", Path: *hookPath, Args: append([]string{program, hook.PhasePoststop}, extra...), Env: hook.RuntimeEnv()},
+	}
+	if err := addHooksToFile(fs.Arg(0), entries); err != nil {
+		_, _ = fmt.Fprintf(stderr, "%s %s: %v\n", program, cmdAddHooks, err)
+		return 1
+	}
+	return 0
+}
+
+// selfPath is the path this binary was started by when it is absolute (a
+// wrapper's $GUARD: the path an entry already there names), else the
+// executable's.
+func selfPath() (string, error) {
+	if len(os.Args) > 0 && filepath.IsAbs(os.Args[0]) {
+		return os.Args[0], nil
+	}
+	return os.Executable()
+}
+
+// hookEntry is one hook to add to the spec's hooks.<stage>.
+type hookEntry struct {
+	stage string
+	Path  string   `json:"path"`
+	Args  []string `json:"args"`
+	Env   []string `json:"env"`
+}
+
+// addHooksToFile adds entries to the config.json at path, replacing the
+// file (same directory, same mode and owner) only when something was
+// added.
+func addHooksToFile(path string, entries []hookEntry) error {
+	data, mode, uid, gid, err := readRegular(path)
+	if err != nil {
+		return err
+	}
+	out, err := addHookEntries(data, entries)
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	if out == nil {
+		return nil
+	}
+	return replaceFile(path, out, mode, uid, gid)
+}
+
+// readRegular reads a regular file of at most maxSpecBytes: a FIFO or
+// device there would block or never end.
+func readRegular(path string) (data []byte, mode os.FileMode, uid, gid int, err error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0) //nolint:gosec // the config.json the caller names
+	if err != nil {
+		return nil, 0, 0, 0, err
+	}
+	defer func() { _ = f.Close() }() // read only: a close error loses nothing
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, 0, 0, 0, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, 0, 0, 0, fmt.Errorf("%s is not a regular file (%s)", path, fi.Mode().Type())
+	}
+	data, err = io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
+	if err != nil {
+		return nil, 0, 0, 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(data) > maxSpecBytes {
+		return nil, 0, 0, 0, fmt.Errorf("%s is larger than %d bytes", path, maxSpecBytes)
+	}
+	st, _ := fi.Sys().(*syscall.Stat_t)
+	if st == nil {
+		return nil, 0, 0, 0, fmt.Errorf("stat %s: no owner", path)
+	}
+	return data, fi.Mode().Perm(), int(st.Uid), int(st.Gid), nil
+}
+
+// replaceFile writes data to a new file beside path and renames it over
+// path: a runtime (or a crash) sees the old file or the new one, never a
+// part.
+func replaceFile(path string, data []byte, mode os.FileMode, uid, gid int) (err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".gpu-guard-*")
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = tmp.Close()
+			_ = os.Remove(tmp.Name())
+		}
+	}()
+	if err := tmp.Chmod(mode); err != nil {
+		return err
+	}
+	if uid != os.Geteuid() || gid != os.Getegid() {
+		if err := tmp.Chown(uid, gid); err != nil {
+			return err
+		}
+	}
+	if _, err := tmp.Write(data); err != nil {
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	return os.Rename(tmp.Name(), path)
+}
+
+// addHookEntries returns data, a config.json, with each entry added to
+// hooks.<stage> unless one with its path is there; nil when nothing was
+// added. Only the hooks object changes, by splicing: every other byte (the
+// key order, white space, and numbers such as an rlimit of 2^64-1, which a
+// decode into float64 or any re-encoding would change) stays as it was.
+func addHookEntries(data []byte, entries []hookEntry) ([]byte, error) {
+	if !json.Valid(data) {
+		// Say where, as encoding/json does.
+		var v any
+		if err := json.Unmarshal(data, &v); err != nil {
+			return nil, fmt.Errorf("not JSON: %w", err)
+		}
+		return nil, errors.New("not JSON")
+	}
+	// A key repeated, or a field spelled in another case, would leave the
+	// hooks that counted to the runtime's reading: refused as the hook
+	// refuses it.
+	if err := hook.CheckSpecKeys(data); err != nil {
+		return nil, err
+	}
+	top, err := objectMembers(data, 0, len(data))
+	if err != nil {
+		return nil, fmt.Errorf("not an OCI runtime spec: %w", err)
+	}
+	var edits []edit
+	hooks, ok := top.find("hooks")
+	switch {
+	case !ok:
+		obj, err := newHooksObject(entries)
+		if err != nil {
+			return nil, err
+		}
+		edits = append(edits, top.insert(`"hooks":`+obj))
+	case string(data[hooks.start:hooks.end]) == "null":
+		obj, err := newHooksObject(entries)
+		if err != nil {
+			return nil, err
+		}
+		edits = append(edits, edit{hooks.start, hooks.end, obj})
+	default:
+		obj, err := objectMembers(data, hooks.start, hooks.end)
+		if err != nil {
+			return nil, fmt.Errorf("hooks: %w", err)
+		}
+		var added []string
+		for _, e := range entries {
+			entry, err := json.Marshal(e)
+			if err != nil {
+				return nil, err
+			}
+			stage, ok := obj.find(e.stage)
+			if !ok {
+				added = append(added, `"`+e.stage+`":[`+string(entry)+`]`)
+				continue
+			}
+			ed, err := addToList(data, stage, e, entry)
+			if err != nil {
+				return nil, err
+			}
+			if ed != nil {
+				edits = append(edits, *ed)
+			}
+		}
+		if len(added) > 0 {
+			ed := obj.insert(added[0])
+			for _, a := range added[1:] {
+				ed.text += "," + a
+			}
+			edits = append(edits, ed)
+		}
+	}
+	if len(edits) == 0 {
+		return nil, nil
+	}
+	// From the end, so that each edit's offsets still hold.
+	sort.Slice(edits, func(i, j int) bool { return edits[i].start > edits[j].start })
+	out := data
+	for _, e := range edits {
+		out = slices.Concat(out[:e.start], []byte(e.text), out[e.end:])
+	}
+	return out, nil
+}
+
+// addToList returns the edit that appends entry (e marshalled) to the list
+// of hooks at span, nil when the list has an entry with e's path already.
+func addToList(data []byte, span member, e hookEntry, entry []byte) (*edit, error) {
+	raw := data[span.start:span.end]
+	if string(raw) == "null" {
+		return &edit{span.start, span.end, "[" + string(entry) + "]"}, nil
+	}
+	var list []*struct {
+		Path string `json:"path"`
+	}
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, fmt.Errorf("hooks.%s is not a list of hooks", e.stage)
+	}
+	for _, h := range list {
+		if h != nil && h.Path == e.Path {
+			return nil, nil
+		}
+	}
+	closing := span.end - 1 // raw ends with its ']'
+	if len(list) == 0 {
+		return &edit{span.start, span.end, "[" + string(entry) + "]"}, nil
+	}
+	return &edit{closing, closing, "," + string(entry)}, nil
+}
+
+// newHooksObject is a hooks object holding entries alone.
+func newHooksObject(entries []hookEntry) (string, error) {
+	s := "{"
+	for i, e := range entries {
+		entry, err := json.Marshal(e)
+		if err != nil {
+			return "", err
+		}
+		if i > 0 {
+			s += ","
+		}
+		s += `"` + e.stage + `":[` + string(entry) + `]`
+	}
+	return s + "}", nil
+}
+
+// edit replaces data[start:end] with text.
+type edit struct {
+	start, end int
+	text       string
+}
+
+// member is a key of a JSON object and where its value is in the text.
+type member struct {
+	key        string
+	start, end int
+}
+
+// object is a JSON object's members and the offset of its closing brace.
+type object struct {
+	members []member
+	closing int
+}
+
+func (o object) find(key string) (member, bool) {
+	for _, m := range o.members {
+		if m.key == key {
+			return m, true
+		}
+	}
+	return member{}, false
+}
+
+// insert is the edit that adds the member text (`"key":value`) last: just
+// after the last value, or inside the braces of an empty object.
+func (o object) insert(text string) edit {
+	if n := len(o.members); n > 0 {
+		end := o.members[n-1].end
+		return edit{end, end, "," + text}
+	}
+	return edit{o.closing, o.closing, text}
+}
+
+// objectMembers reads the JSON object data[start:end] (valid JSON,
+// checked by the caller) and says where each member's value is, in
+// offsets of data.
+func objectMembers(data []byte, start, end int) (object, error) {
+	dec := json.NewDecoder(bytes.NewReader(data[start:end]))
+	tok, err := dec.Token()
+	if err != nil {
+		return object{}, err
+	}
+	if tok != json.Delim('{') {
+		return object{}, errors.New("not a JSON object")
+	}
+	var o object
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return object{}, err
+		}
+		key, _ := tok.(string) // the decoder gives an object's keys as strings
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return object{}, err
+		}
+		// The decoder's offset is just past the value, and the raw
+		// message is the value's own bytes: so the value starts there
+		// minus its length. Checked, since the file is rewritten from it.
+		vend := start + int(dec.InputOffset())
+		vstart := vend - len(raw)
+		if vstart < start || !bytes.Equal(data[vstart:vend], raw) {
+			return object{}, fmt.Errorf("cannot tell where the value of %q is", key)
+		}
+		o.members = append(o.members, member{key: key, start: vstart, end: vend})
+	}
+	if _, err := dec.Token(); err != nil { // the closing brace
+		return object{}, err
+	}
+	o.closing = start + int(dec.InputOffset()) - 1
+	if o.closing < start || data[o.closing] != '}' {
+		return object{}, errors.New("cannot tell where the object ends")
+	}
+	return o, nil
+}

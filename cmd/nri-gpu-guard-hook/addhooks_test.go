@@ -1,0 +1,171 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/require"
+)
+
+const (
+	testHook = "/usr/bin/nri-gpu-guard-hook"
+	// The entries add-hooks writes for testHook without flags.
+	createEntry   = `{"path":"/usr/bin/nri-gpu-guard-hook","args":["nri-gpu-guard-hook","create-runtime"],"env":["GOMAXPROCS=1"]}`
+	poststopEntry = `{"path":"/usr/bin/nri-gpu-guard-hook","args":["nri-gpu-guard-hook","poststop"],"env":["GOMAXPROCS=1"]}`
+	bothHooks     = `{"createRuntime":[` + createEntry + `],"poststop":[` + poststopEntry + `]}`
+	// rlimits as docker writes them for --ulimit memlock=-1 (RLIM_INFINITY,
+	// NGC's recommendation), and a number above 2^53 elsewhere: a decoder
+	// into float64 (jq 1.6) rewrites both, and runc refuses the first.
+	bigNumbers = `"process":{"rlimits":[{"type":"RLIMIT_MEMLOCK","hard":18446744073709551615,"soft":18446744073709551615}],` +
+		`"env":["A=\u003cb\u003e"]},"linux":{"resources":{"memory":{"limit":9007199254740993}}}`
+)
+
+func testEntries() []hookEntry {
+	return []hookEntry{
+		{stage: "createRuntime", Path: testHook, Args: []string{program, "create-runtime"}, Env: []string{"GOMAXPROCS=1"}},
+		{stage: "poststop", Path: testHook, Args: []string{program, "poststop"}, Env: []string{"GOMAXPROCS=1"}},
+	}
+}
+
+// add-hooks changes the hooks object alone: every other byte of the file,
+// its numbers, escapes, key order and white space, stays.
+func TestAddHookEntries(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string // want "": unchanged
+	}{
+		{"no hooks", `{"ociVersion":"1.2.0",` + bigNumbers + `}`,
+			`{"ociVersion":"1.2.0",` + bigNumbers + `,"hooks":` + bothHooks + `}`},
+		{"no hooks, indented, with a newline after", "{\n\t\"ociVersion\": \"1.2.0\",\n\t" + bigNumbers + "\n}\n",
+			"{\n\t\"ociVersion\": \"1.2.0\",\n\t" + bigNumbers + `,"hooks":` + bothHooks + "\n}\n"},
+		{"an empty spec", `{ }`, `{ "hooks":` + bothHooks + `}`},
+		{"hooks null", `{"hooks":null,` + bigNumbers + `}`, `{"hooks":` + bothHooks + `,` + bigNumbers + `}`},
+		{"hooks empty", `{"hooks":{},` + bigNumbers + `}`, `{"hooks":` + bothHooks + `,` + bigNumbers + `}`},
+		{"other stages only", `{"hooks":{"prestart":[{"path":"/p","timeout":  5 }]}}`,
+			`{"hooks":{"prestart":[{"path":"/p","timeout":  5 }],"createRuntime":[` + createEntry + `],"poststop":[` + poststopEntry + `]}}`},
+		{"another createRuntime hook first", `{"hooks":{"createRuntime":[{"path":"/nvidia"}],"poststop":null}}`,
+			`{"hooks":{"createRuntime":[{"path":"/nvidia"},` + createEntry + `],"poststop":[` + poststopEntry + `]}}`},
+		{"empty lists", `{"hooks":{"createRuntime":[ ],"poststop":[]}}`,
+			`{"hooks":{"createRuntime":[` + createEntry + `],"poststop":[` + poststopEntry + `]}}`},
+		{"createRuntime there already (other args): poststop added", `{"hooks":{"createRuntime":[{"path":"/usr/bin/nri-gpu-guard-hook","args":["x","--wait"]}]}}`,
+			`{"hooks":{"createRuntime":[{"path":"/usr/bin/nri-gpu-guard-hook","args":["x","--wait"]}],"poststop":[` + poststopEntry + `]}}`},
+		{"both there: not written again", `{"hooks":{"poststop":[null,` + poststopEntry + `],"createRuntime":[` + createEntry + `]},` + bigNumbers + `}`, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, err := addHookEntries([]byte(tc.in), testEntries())
+			require.NoError(t, err)
+			if tc.want == "" {
+				require.Nil(t, out)
+				return
+			}
+			require.Equal(t, tc.want, string(out))
+			var spec specs.Spec
+			require.NoError(t, json.Unmarshal(out, &spec))
+			again, err := addHookEntries(out, testEntries())
+			require.NoError(t, err)
+			require.Nil(t, again, "a second run adds nothing")
+		})
+	}
+}
+
+// A spec that runtimes read in two ways is refused as the hook refuses it:
+// an edit by key would go into one of the two readings.
+func TestAddHookEntriesRefuses(t *testing.T) {
+	for _, tc := range []struct{ name, in, want string }{
+		{"hooks twice", `{"hooks":{},"hooks":{"createRuntime":[]}}`, `ambiguous key "hooks": it appears twice in the top-level object`},
+		{"linux twice", `{"linux":{"devices":[]},"linux":{}}`, `ambiguous key "linux"`},
+		{"Hooks", `{"Hooks":{"createRuntime":[]}}`, `ambiguous key "Hooks" in the top-level object: it differs from the field "hooks" only in case`},
+		{"Poststop", `{"hooks":{"Poststop":[]}}`, `ambiguous key "Poststop" in hooks`},
+		{"createruntime", `{"hooks":{"createruntime":[]}}`, `ambiguous key "createruntime" in hooks`},
+		{"Path", `{"hooks":{"poststop":[{"Path":"/usr/bin/nri-gpu-guard-hook"}]}}`, `ambiguous key "Path" in hooks.poststop[0]`},
+		{"not JSON", `{"hooks":`, "not JSON"},
+		{"trailing data", `{} {}`, "not JSON"},
+		{"not an object", `[]`, "not an OCI runtime spec: not a JSON object"},
+		{"hooks not an object", `{"hooks":[]}`, "hooks: not a JSON object"},
+		{"a stage not a list", `{"hooks":{"poststop":{"path":"/x"}}}`, "hooks.poststop is not a list of hooks"},
+		{"an entry not a hook", `{"hooks":{"createRuntime":["/x"]}}`, "hooks.createRuntime is not a list of hooks"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := addHookEntries([]byte(tc.in), testEntries())
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestAddHooksCommand(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "config.json")
+	orig := "{\n  \"ociVersion\": \"1.2.0\",\n  " + bigNumbers + "\n}\n"
+	require.NoError(t, os.WriteFile(cfg, []byte(orig), 0o640))
+	require.NoError(t, os.Chmod(cfg, 0o640)) // whatever the umask
+
+	var stdout, stderr bytes.Buffer
+	args := []string{cmdAddHooks, "--config", "/etc/gg/c.toml", "--state-dir", "/run/gg", "--wait", "--path", testHook, cfg}
+	require.Equal(t, 0, run(args, strings.NewReader(""), &stdout, &stderr), stderr.String())
+	require.Empty(t, stdout.String())
+	require.Empty(t, stderr.String())
+	data, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	require.Equal(t, "{\n  \"ociVersion\": \"1.2.0\",\n  "+bigNumbers+`,"hooks":{"createRuntime":[{"path":"/usr/bin/nri-gpu-guard-hook",`+
+		`"args":["nri-gpu-guard-hook","create-runtime","--config","/etc/gg/c.toml","--state-dir","/run/gg","--wait"],"env":["GOMAXPROCS=1"]}],`+
+		`"poststop":[{"path":"/usr/bin/nri-gpu-guard-hook","args":["nri-gpu-guard-hook","poststop","--config","/etc/gg/c.toml","--state-dir","/run/gg"],`+
+		`"env":["GOMAXPROCS=1"]}]}`+"\n}\n", string(data))
+	fi, err := os.Stat(cfg)
+	require.NoError(t, err)
+	require.Equal(t, os.FileMode(0o640), fi.Mode().Perm(), "the mode is kept")
+	ino := fi.Sys().(*syscall.Stat_t).Ino
+
+	// Again: nothing to add, and the file is not rewritten.
+	require.Equal(t, 0, run(args, strings.NewReader(""), &stdout, &stderr), stderr.String())
+	fi, err = os.Stat(cfg)
+	require.NoError(t, err)
+	require.Equal(t, ino, fi.Sys().(*syscall.Stat_t).Ino, "not replaced")
+	entries, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1, "no temporary file left: %v", entries)
+
+	// A refused spec is left as it was, and no temporary file stays.
+	dup := `{"linux":{},"linux":{}}`
+	require.NoError(t, os.WriteFile(cfg, []byte(dup), 0o600))
+	stderr.Reset()
+	require.Equal(t, 1, run([]string{cmdAddHooks, "--path", testHook, cfg}, strings.NewReader(""), &stdout, &stderr))
+	require.Contains(t, stderr.String(), program+" add-hooks: "+cfg+`: ambiguous key "linux"`)
+	data, err = os.ReadFile(cfg)
+	require.NoError(t, err)
+	require.Equal(t, dup, string(data))
+	entries, err = os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Len(t, entries, 1)
+
+	fifo := filepath.Join(dir, "fifo.json")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	for _, tc := range []struct {
+		name string
+		args []string
+		want int
+		err  string
+	}{
+		{"no file", []string{cmdAddHooks}, 2, "want one config.json, got 0 arguments"},
+		{"two files", []string{cmdAddHooks, cfg, cfg}, 2, "want one config.json, got 2 arguments"},
+		{"relative config", []string{cmdAddHooks, "--config", "c.toml", cfg}, 2, `--config "c.toml": want an absolute path`},
+		{"relative path", []string{cmdAddHooks, "--path", "nri-gpu-guard-hook", cfg}, 2, `--path "nri-gpu-guard-hook": want an absolute path`},
+		{"unknown flag", []string{cmdAddHooks, "--bogus", cfg}, 2, "usage: " + addHooksUsage},
+		{"help", []string{cmdAddHooks, "--help"}, 0, "usage: " + addHooksUsage},
+		{"missing file", []string{cmdAddHooks, filepath.Join(dir, "none.json")}, 1, "none.json: no such file"},
+		{"a FIFO", []string{cmdAddHooks, fifo}, 1, "is not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, tc.want, run(tc.args, strings.NewReader(""), &stdout, &stderr), stderr.String())
+			require.Contains(t, stderr.String(), tc.err)
+		})
+	}
+}
