@@ -224,6 +224,11 @@ func readSpec(path string) (*specs.Spec, error) {
 	if len(data) > maxSpecBytes {
 		return nil, fmt.Errorf("--spec: %s is larger than %d bytes; is it an OCI config.json?", path, maxSpecBytes)
 	}
+	// A spec the runtimes read in two ways is refused by the hook; explain
+	// says so rather than show one reading.
+	if err := hook.CheckSpecKeys(data); err != nil {
+		return nil, fmt.Errorf("--spec: %s: %w", path, err)
+	}
 	var spec specs.Spec
 	if err := json.Unmarshal(data, &spec); err != nil {
 		return nil, fmt.Errorf("--spec: %s is not an OCI runtime spec: %w", path, err)

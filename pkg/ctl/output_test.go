@@ -608,6 +608,15 @@ func TestExplainSpec(t *testing.T) {
 	r = f.run(t, "explain", "--spec", filepath.Join(t.TempDir(), "missing.json"))
 	require.Equal(t, ExitError, r.code)
 	assert.Contains(t, r.stderr, "--spec")
+
+	// A spec runc and crun read in two ways (crun takes the first "linux",
+	// runc the last) is refused, as the hook refuses it: neither reading is
+	// shown.
+	require.NoError(t, os.WriteFile(spec, []byte(`{"ociVersion":"1.2.0","process":{"env":["PATH=/bin"]},
+		"linux":{"devices":[{"path":"/dev/nvidia4","type":"c","major":195,"minor":4}]},"linux":{}}`), 0o600))
+	r = f.run(t, "explain", "--spec", spec)
+	require.Equal(t, ExitError, r.code, r.stdout)
+	assert.Contains(t, r.stderr, `ambiguous key "linux"`)
 }
 
 // TestExplainNoDeviceCgroup: --no-device-cgroup reads the --spec container
