@@ -14,6 +14,8 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/daemon"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
@@ -29,6 +31,7 @@ const (
 	verdictIntruder    = "intruder"
 	verdictOutOfBounds = "out-of-bounds"
 	verdictGone        = "gone"
+	verdictExempt      = "exempt"
 )
 
 func (a *app) psCommand() *cobra.Command {
@@ -43,8 +46,13 @@ is out-of-bounds; a pid that exited (or was reused) before it could be mapped
 is gone and not judged. A device NVML cannot list, or that is lost, is shown
 with its error.
 
-This is the daemon's periodic accounting ([observe] interval), done on demand;
-run it as root in the host's pid namespace (NVML reports host pids). It needs
+This is the daemon's periodic accounting ([observe] interval), done on demand,
+with the same holdings (a process in a container nested in the holder's cgroup
+is the holder's). The containers of policy.exempt_namespaces, which may use
+any GPU, the daemon learns from the runtime through NRI; ps knows them from
+their "exempt" records in the audit log (verdict exempt), and says under the
+table what that misses. Run it as root in the host's pid namespace (NVML
+reports host pids). It needs
 NVML (the NVIDIA driver); ps exits 1 with an error without it, and 3 when a
 process is an intruder or out of bounds, or a device is unhealthy.`,
 		`  sudo gpu-guard-ctl ps
@@ -70,6 +78,8 @@ type psView struct {
 	Time     time.Time  `json:"time"`
 	Devices  []psDevice `json:"devices"`
 	Problems []problem  `json:"problems"`
+	// Notes say what ps could not judge (exempt containers it cannot know).
+	Notes []string `json:"notes"`
 }
 
 type psDevice struct {
@@ -123,11 +133,11 @@ func (a *app) ps(ctx context.Context) (*psView, error) {
 		return nil, err
 	}
 	defer func() { _ = src.Close() }() // nothing to do about a failed shutdown
-	holdings := make([]observe.Holding, 0, len(st.Claims))
-	for _, c := range st.Claims {
-		holdings = append(holdings, observe.Holding{DeviceUUID: c.Device.UUID, ContainerID: c.Owner.ContainerID,
-			Name: holderName(c.Owner)})
-	}
+	// The daemon's holdings, built by the same function: with each
+	// holder's cgroup, so that a container nested in a holder is the
+	// holder's, and the exempt containers, as far as ps can know them.
+	exempt, exemptErr := a.psExempt()
+	holdings := daemon.Holdings(st.Claims, exempt)
 	o, err := observe.New(observe.Options{Source: src, GPUs: inv.GPUs, ProcRoot: filepath.Dir(procRoot),
 		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return holdings, nil })})
 	if err != nil {
@@ -139,14 +149,66 @@ func (a *app) ps(ctx context.Context) (*psView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ps: %w (NVML did not list the GPU processes within %s; check nvidia-smi and the kernel log)", err, psTimeout)
 	}
-	return buildPS(r, &st), nil
+	v := buildPS(r, &st, exempt)
+	v.Notes = psNotes(v, len(exempt) > 0, exemptErr)
+	return v, nil
 }
 
-// buildPS joins a report with the names the ledger knows.
-func buildPS(r observe.Report, st *ledger.State) *psView {
+// psExempt returns the containers the guard exempted (container id → "",
+// no cgroup known), from their "exempt" records in the audit log: the
+// daemon learns a container's namespace from the runtime through NRI and
+// keeps its exempt set to itself, but no container is exempted without
+// that record (a container id is never reused). A record the log's rotation
+// dropped is missing; psNotes says so.
+func (a *app) psExempt() (map[string]string, error) {
+	l, err := a.openLedger(true)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := ledger.ReadAudit(l.AuditPath())
+	exempt := map[string]string{}
+	for _, r := range recs {
+		if r.Op == guard.AuditExempt && r.ContainerID != "" {
+			exempt[r.ContainerID] = ""
+		}
+	}
+	return exempt, err
+}
+
+// psNotes says what ps could not tell when it found an intruder: a
+// container exempted (exempt_namespaces) whose audit record the rotation
+// dropped, or one nested in an exempt container (the audit record names no
+// cgroup), looks like an intruder to ps but not to the daemon. Said when
+// exemptions were recorded, or the audit log could not be read.
+func psNotes(v *psView, exempted bool, auditErr error) []string {
+	notes := []string{}
+	intruder := false
+	for _, p := range v.Problems {
+		intruder = intruder || p.Kind == problemIntruder
+	}
+	if !intruder {
+		return notes
+	}
+	const daemon = "the daemon learns them from the runtime through NRI, and does not count their processes: " +
+		"`" + programName + " status` shows its own findings"
+	switch {
+	case auditErr != nil:
+		notes = append(notes, fmt.Sprintf("the audit log did not read whole (%v): an intruder above may be a container of "+
+			"policy.exempt_namespaces whose \"exempt\" record is on a line that did not read (%s)", auditErr, daemon))
+	case exempted:
+		notes = append(notes, "ps knows the containers of policy.exempt_namespaces, which may use any GPU, from their "+
+			"\"exempt\" records in the audit log: an intruder above may be one whose record the log's rotation dropped, "+
+			"or a container nested in one ("+daemon+")")
+	}
+	return notes
+}
+
+// buildPS joins a report with the names the ledger knows; a process of a
+// container in exempt is shown as exempt.
+func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psView {
 	known := st.Owners()
 	verdicts := map[string]string{} // device UUID + pid → verdict
-	v := &psView{Time: r.Time, Devices: []psDevice{}, Problems: []problem{}}
+	v := &psView{Time: r.Time, Devices: []psDevice{}, Problems: []problem{}, Notes: []string{}}
 	for _, f := range r.Findings {
 		k := f.Device.UUID + "/" + strconv.Itoa(f.PID)
 		switch f.Kind {
@@ -193,6 +255,8 @@ func buildPS(r observe.Report, st *ledger.State) *psView {
 			}
 			if vd, ok := verdicts[d.Device.UUID+"/"+strconv.Itoa(p.PID)]; ok {
 				pp.Verdict = vd
+			} else if _, ok := exempt[p.ContainerID]; ok && !p.Gone && p.ContainerID != "" {
+				pp.Verdict = verdictExempt
 			}
 			pd.Processes = append(pd.Processes, pp)
 		}
@@ -247,5 +311,13 @@ func (v *psView) render(w io.Writer, output string) error {
 	if err := t.flush(); err != nil {
 		return err
 	}
-	return renderProblems(w, v.Problems)
+	if err := renderProblems(w, v.Problems); err != nil {
+		return err
+	}
+	for _, n := range v.Notes {
+		if _, err := fmt.Fprintln(w, escapeLine("note: "+n)); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
+	}
+	return nil
 }

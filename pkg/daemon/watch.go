@@ -20,7 +20,6 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
@@ -695,16 +694,7 @@ func (w *Watch) holdingsAt(ctx context.Context) ([]observe.Holding, uint64, erro
 		// holders are missing from this state, and would be intruders.
 		return nil, 0, fmt.Errorf("%w: %w", observe.ErrLedgerNotReady, err)
 	}
-	out := make([]observe.Holding, 0, len(st.Claims)+len(exempt))
-	for id, cg := range exempt {
-		// With its cgroup, so that a container nested in it is its own
-		// too (see holdingOf).
-		out = append(out, observe.Holding{ContainerID: id, AnyDevice: true, CgroupPath: hostCgroup(cg)})
-	}
-	for _, c := range st.Claims {
-		out = append(out, holdingOf(c))
-	}
-	return out, epoch, nil
+	return Holdings(st.Claims, exempt), epoch, nil
 }
 
 // SetExempt records that container id, of a namespace in
@@ -729,37 +719,6 @@ func (w *Watch) ResetExempt(cgroups map[string]string) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.exempt = maps.Clone(cgroups)
-}
-
-func holdingOf(c ledger.Claim) observe.Holding {
-	h := observe.Holding{DeviceUUID: c.Device.UUID, ContainerID: c.Owner.ContainerID}
-	if c.Owner.Namespace != "" || c.Owner.Pod != "" || c.Owner.Container != "" {
-		h.Name = guard.HolderName(c.Owner)
-	}
-	// The observer compares the holder's cgroup with /proc/PID/cgroup paths,
-	// and a process below it is the holder's: a container nested in the
-	// holder (docker-in-docker) names its own id in its path, and without
-	// the holder's cgroup it would read as an intruder (cordoning the GPU
-	// under on_intruder = "cordon") and leave Idle blind to it. Owner.Cgroup
-	// is the runtime's cgroupsPath, which under the systemd cgroup driver is
-	// "slice:prefix:name", not a path: it is turned into the path the host
-	// shows, as the liveness check does. One that names no cgroup is left
-	// out: the container id still matches the holder's own processes.
-	h.CgroupPath = hostCgroup(c.Owner.Cgroup)
-	return h
-}
-
-// hostCgroup is the path the host shows for a runtime's cgroupsPath (""
-// for none, or one that cannot be read).
-func hostCgroup(cgroupsPath string) string {
-	if cgroupsPath == "" {
-		return ""
-	}
-	p, err := liveness.CgroupPath(cgroupsPath)
-	if err != nil {
-		return ""
-	}
-	return p
 }
 
 // findingKey names a finding across passes, and across daemons (the carry
@@ -1421,7 +1380,7 @@ func (w *Watch) drainOnce(ctx context.Context, cfg config.Config, o *observe.Obs
 				break
 			}
 			ictx, cancel := context.WithTimeout(ctx, idleTimeout)
-			res, err := o.Idle(ictx, holdingOf(c))
+			res, err := o.Idle(ictx, HoldingOf(c))
 			cancel()
 			if err != nil {
 				if errors.Is(err, observe.ErrNVMLSlow) && ctx.Err() == nil {

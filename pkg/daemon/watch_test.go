@@ -678,14 +678,14 @@ func TestNestedContainerIsTheHolders(t *testing.T) {
 			Cgroup:    "kubepods-besteffort-pod1234.slice:cri-containerd:" + idA,
 			StoppedAt: now.Add(-5 * time.Second), DrainingSince: now.Add(-5 * time.Second)}}
 
-	hold := holdingOf(claim)
+	hold := HoldingOf(claim)
 	assert.Equal(t, "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1234.slice/cri-containerd-"+idA+".scope",
 		hold.CgroupPath)
 	src, err := observe.OpenNVML(h.srv)
 	require.NoError(t, err)
 	defer func() { _ = src.Close() }()
 	o, err := observe.New(observe.Options{Source: src, GPUs: g.Inventory().GPUs, ProcRoot: h.proc,
-		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return []observe.Holding{holdingOf(claim)}, nil })})
+		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return []observe.Holding{HoldingOf(claim)}, nil })})
 	require.NoError(t, err)
 	r, err := o.Account(context.Background())
 	require.NoError(t, err)
@@ -699,7 +699,7 @@ func TestNestedContainerIsTheHolders(t *testing.T) {
 	w.g = g
 	w.drainOnce(context.Background(), g.Config(), o)
 	assert.Empty(t, states.finished, "the holder's nested process still runs on its GPU: not idle")
-	res, err := o.Idle(context.Background(), holdingOf(claim))
+	res, err := o.Idle(context.Background(), HoldingOf(claim))
 	require.NoError(t, err)
 	assert.False(t, res.Idle)
 }
