@@ -46,6 +46,14 @@
 //     lost"), and a process whose flock landed on a replaced file takes the
 //     new one's; only the moments between a holder's check and its write
 //     stay open;
+//   - ledger.gate: keeps the polled lock fair (lock.go). A writer that
+//     finds the lock held closes the gate (an exclusive flock, held until
+//     it has the lock or gives up) and every writer passes it (a shared
+//     flock, taken and dropped) before it tries the lock, so that a writer
+//     that commits back to back cannot take the lock again ahead of one
+//     that waits. An optimisation, never a condition: a gate that cannot
+//     be used, whose holder is stopped or leaves the free lock alone, is
+//     passed;
 //   - audit.log: one JSON line per change, rotated to audit.log.1 by size.
 //     Records, marker and audit lines are rendered by hand, byte-for-byte
 //     as encoding/json renders them (a hook is a process per claim, and
@@ -77,7 +85,8 @@
 //
 // Invariants:
 //   - Every mutation runs under the exclusive lock, bounded by
-//     min(LockTimeout, context deadline): read + verify, change, append one
+//     min(LockTimeout, context deadline) (a LockError then says whether
+//     the ledger committed meanwhile: busy, or a holder stuck): read + verify, change, append one
 //     journal record with one write and one fdatasync, update the boot
 //     marker, append the audit records. Its cost does not grow with the
 //     queue: the record holds what changed. A record is written whole or,

@@ -97,17 +97,35 @@ type LockError struct {
 	HolderPid int           // the process holding it, 0 if unknown
 	Waited    time.Duration // how long this call waited
 	Cause     error         // the context error, if the caller's context ended
+	// Commits is how many commits the ledger made while this call waited,
+	// from the boot marker (read without the lock); CommitsKnown is false
+	// when that cannot be told (no marker yet, one that did not read, a
+	// ledger started afresh meanwhile). Commits mean a busy holder, none
+	// a holder that keeps the lock without writing.
+	Commits      uint64
+	CommitsKnown bool
 }
 
-// Error names the lock file and the holder, and what to check.
+// Error names the lock file and the holder, and what to do: wait for a busy
+// ledger, stop a stuck holder.
 func (e *LockError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "ledger lock %s not acquired within %s", e.Path, e.Waited.Round(time.Millisecond))
 	if e.HolderPid > 0 {
-		fmt.Fprintf(&b, ": held by pid %d (see /proc/%d/cmdline; a stuck holder must be stopped: removing the lock file "+
-			"does not free it)", e.HolderPid, e.HolderPid)
+		fmt.Fprintf(&b, ": held by pid %d (see /proc/%d/cmdline)", e.HolderPid, e.HolderPid)
 	} else {
 		b.WriteString(": holder unknown (see /proc/locks)")
+	}
+	switch {
+	case e.CommitsKnown && e.Commits > 0:
+		fmt.Fprintf(&b, "; the ledger is busy, not stuck: %d commit(s) were made while this call waited, and its turn "+
+			"did not come in time: retry it, and if this keeps happening raise [ledger] lock_timeout", e.Commits)
+	case e.CommitsKnown:
+		b.WriteString("; no commit was made while this call waited: a holder that keeps the lock without writing " +
+			"is stuck and must be stopped (removing the lock file does not free it)")
+	default:
+		b.WriteString("; a holder that commits is busy (retry), one stuck with the lock must be stopped " +
+			"(removing the lock file does not free it)")
 	}
 	if e.Cause != nil {
 		fmt.Fprintf(&b, ": %v", e.Cause)

@@ -5,9 +5,12 @@ package ledger
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,6 +26,41 @@ const (
 	lockPollMax = 5 * time.Millisecond
 )
 
+// The gate keeps a polled lock fair. A writer that commits back to back
+// (the daemon in a burst of container starts) takes the lock again
+// microseconds after it let go, while a writer of another process polls it
+// every few milliseconds: without a gate the poller almost never finds it
+// free and reaches lock_timeout behind a holder that is busy, not stuck. So
+// a writer that finds the lock held closes the gate (an exclusive flock on
+// ledger.gate, taken without blocking, held until it has the lock or gives
+// up), and every writer passes the gate (a shared flock, taken and dropped)
+// before it tries the lock: whoever closed the gate gets the lock after the
+// current holder and those already past the gate, never behind a writer
+// that came after it. A writer that meets a closed gate polls it: the gate
+// opens as soon as its holder has the lock, so it waits about one poll
+// more than it would have, and then closes the gate itself if the lock is
+// still held. (It is fair between one busy writer and the others, the case
+// of the daemon in a burst; two writers committing back to back can still
+// keep a third at the gate, as they kept it from the lock before.)
+//
+// The hook's turnstile does not do this: it lines hooks up among
+// themselves, and the NRI daemon never enters it. Nor would a blocking
+// flock: Linux does not hand a released flock to a waiter but wakes it to
+// try again, and the writer that let go may take it first.
+//
+// The gate is an optimisation, never a condition: the ledger lock alone
+// makes a write safe. A gate that cannot be opened is passed. A writer
+// at a closed gate goes on to the lock when the gate's holder is stopped
+// (SIGSTOP, ^Z of a waiting gpu-guard-ctl: it would hold the gate until
+// continued), when the lock has been free for gateGrace without the gate's
+// holder taking it (it polls at least every lockPollMax: one that leaves a
+// free lock alone that long is frozen or starved of CPU), and when its own
+// time runs out.
+const gateName = "ledger.gate"
+
+// gateGrace: see gateName.
+var gateGrace = 50 * time.Millisecond // a variable for tests
+
 // acquire takes the in-process and the host-wide lock within
 // min(LockTimeout, ctx deadline). The returned func releases both. A context
 // that is already done fails at once (nothing is changed for a caller that
@@ -30,7 +68,7 @@ const (
 func (l *Ledger) acquire(ctx context.Context) (func(), error) {
 	start := time.Now()
 	if ctx.Err() != nil {
-		return nil, l.lockError(ctx, start, 0)
+		return nil, l.lockError(ctx, start, 0, nil)
 	}
 	lctx, cancel := context.WithTimeout(ctx, l.opts.LockTimeout)
 	defer cancel()
@@ -44,8 +82,16 @@ func (l *Ledger) acquire(ctx context.Context) (func(), error) {
 		select {
 		case l.sem <- struct{}{}:
 		case <-lctx.Done():
-			return nil, l.lockError(ctx, start, os.Getpid())
+			return nil, l.lockError(ctx, start, os.Getpid(), nil)
 		}
+	}
+	w := lockWait{l: l, gateFD: -1}
+	defer w.leaveGate() // after the lock is taken, or given up
+	w.passGate(lctx)
+	if ctx.Err() != nil {
+		// The caller gave up at the gate: nothing is taken for it.
+		<-l.sem
+		return nil, l.lockError(ctx, start, 0, &w)
 	}
 	delay := lockPollMin
 	var timer *time.Timer
@@ -66,14 +112,15 @@ func (l *Ledger) acquire(ctx context.Context) (func(), error) {
 		}
 		if lctx.Err() != nil {
 			<-l.sem
-			return nil, l.lockError(ctx, start, 0)
+			return nil, l.lockError(ctx, start, 0, &w)
 		}
+		// Closed before BeforeLockWait runs: once that is called, no
+		// writer that comes later takes the lock ahead of this one.
+		w.closeGate()
+		w.begin()
 		// Jitter keeps polling processes from moving in lockstep.
 		d := delay/2 + time.Duration(time.Now().UnixNano()%int64(delay/2+1))
 		if timer == nil {
-			if l.opts.BeforeLockWait != nil {
-				l.opts.BeforeLockWait()
-			}
 			timer = time.NewTimer(d)
 		} else {
 			timer.Reset(d)
@@ -93,11 +140,161 @@ func (l *Ledger) acquire(ctx context.Context) (func(), error) {
 				}
 			}
 			<-l.sem
-			return nil, l.lockError(ctx, start, 0)
+			return nil, l.lockError(ctx, start, 0, &w)
 		}
 		delay = min(2*delay, lockPollMax)
 	}
 	return l.unlocker(), nil
+}
+
+// lockWait is one acquisition's part in the gate, and what it saw of the
+// ledger's progress while it waited.
+type lockWait struct {
+	l *Ledger
+	// began: the wait started (BeforeLockWait called, the boot marker
+	// read into before/beforeOK).
+	began    bool
+	before   marker
+	beforeOK bool
+	// gateFD is open on the gate while this acquisition tries to close it
+	// (-1: not opened, -2: cannot be), closed whether it holds it.
+	gateFD int
+	closed bool
+}
+
+// begin starts the wait, once: it reads the generation the ledger has
+// committed so far (so that a timeout can tell a busy holder from a stuck
+// one) and calls Options.BeforeLockWait.
+func (w *lockWait) begin() {
+	if w.began {
+		return
+	}
+	w.began = true
+	w.before, w.beforeOK = w.l.markerGeneration()
+	if w.l.opts.BeforeLockWait != nil {
+		w.l.opts.BeforeLockWait()
+	}
+}
+
+// passGate waits, within ctx, until the gate is open (see gateName).
+func (w *lockWait) passGate(ctx context.Context) {
+	fd, err := syscall.Open(w.l.gatePath(), syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return // none yet (nobody ever waited here), or unusable: passed
+	}
+	defer func() { _ = syscall.Close(fd) }() // drops the shared flock too
+	delay := lockPollMin
+	var freeSince time.Time
+	var timer *time.Timer
+	for first := true; ; first = false {
+		if err := syscall.Flock(fd, syscall.LOCK_SH|syscall.LOCK_NB); !errors.Is(err, syscall.EWOULDBLOCK) {
+			return // open (or an error: passed)
+		}
+		if first {
+			if processStopped(lockHolder(w.l.gatePath())) {
+				return
+			}
+			w.begin()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		switch free := lockFree(w.l.LockPath()); {
+		case !free:
+			freeSince = time.Time{}
+		case freeSince.IsZero():
+			freeSince = time.Now()
+		case time.Since(freeSince) >= gateGrace:
+			return
+		}
+		d := delay/2 + time.Duration(time.Now().UnixNano()%int64(delay/2+1))
+		if timer == nil {
+			timer = time.NewTimer(d)
+			defer timer.Stop()
+		} else {
+			timer.Reset(d)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return
+		}
+		delay = min(2*delay, lockPollMax)
+	}
+}
+
+// closeGate tries, without blocking, to close the gate for the writers that
+// come after this one; it is tried again at every poll until it holds.
+func (w *lockWait) closeGate() {
+	if w.closed || w.gateFD == -2 {
+		return
+	}
+	if w.gateFD == -1 {
+		fd, err := syscall.Open(w.l.gatePath(), syscall.O_RDWR|syscall.O_CREAT|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0o600)
+		if err != nil {
+			w.gateFD = -2
+			return
+		}
+		w.gateFD = fd
+	}
+	w.closed = syscall.Flock(w.gateFD, syscall.LOCK_EX|syscall.LOCK_NB) == nil
+}
+
+// leaveGate opens the gate again if this acquisition closed it.
+func (w *lockWait) leaveGate() {
+	if w.gateFD >= 0 {
+		_ = syscall.Close(w.gateFD)
+		w.gateFD = -1
+	}
+}
+
+// gatePath is the gate's file (see gateName).
+func (l *Ledger) gatePath() string { return filepath.Join(l.dir, gateName) }
+
+// lockFree reports whether no process holds the lock on path: a shared
+// flock on a descriptor of its own, taken and dropped at once. An error
+// reads as held, which keeps a writer at the gate no longer than its time.
+func lockFree(path string) bool {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer func() { _ = syscall.Close(fd) }()
+	return syscall.Flock(fd, syscall.LOCK_SH|syscall.LOCK_NB) == nil
+}
+
+// processStopped reports whether pid is stopped (by a signal or a
+// debugger), from /proc/PID/stat; false when it cannot tell.
+func processStopped(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	// "pid (comm) S ...": comm may hold spaces and parentheses, the state
+	// follows the last ')'.
+	i := bytes.LastIndexByte(data, ')')
+	if i < 0 || i+2 >= len(data) {
+		return false
+	}
+	return data[i+2] == 'T' || data[i+2] == 't'
+}
+
+// markerGeneration reads the boot marker once, without the lock and without
+// readMarker's retries (a torn read counts as unknown): what this boot last
+// committed, for telling a busy holder from a stuck one.
+func (l *Ledger) markerGeneration() (marker, bool) {
+	data, exists, err := readFileNoFollow(l.markerPath(), markerSize, nil)
+	if err != nil || !exists {
+		return marker{}, false
+	}
+	m, err := decodeMarker(data)
+	if err != nil || m.Dir != l.dir || m.BootID != l.opts.BootID {
+		return marker{}, false
+	}
+	return m, true
 }
 
 // checkLockFile reports whether the file this process holds the flock on is
@@ -136,16 +333,27 @@ func (l *Ledger) unlocker() func() {
 	}
 }
 
-func (l *Ledger) lockError(ctx context.Context, start time.Time, holder int) error {
+// lockError reports a lock not taken in time; w (nil if the wait never
+// began) gives the commits made meanwhile.
+func (l *Ledger) lockError(ctx context.Context, start time.Time, holder int, w *lockWait) error {
 	if holder == 0 {
 		holder = lockHolder(l.LockPath())
 	}
-	return &LockError{
+	e := &LockError{
 		Path:      l.LockPath(),
 		HolderPid: holder,
 		Waited:    time.Since(start),
 		Cause:     context.Cause(ctx),
 	}
+	if w != nil && w.beforeOK {
+		// The same lineage at a generation not below: the commits in
+		// between. Another lineage (a reset) or an older generation (a
+		// recovery that lost commits) cannot be counted.
+		if after, ok := l.markerGeneration(); ok && after.Lineage == w.before.Lineage && after.Generation >= w.before.Generation {
+			e.Commits, e.CommitsKnown = after.Generation-w.before.Generation, true
+		}
+	}
+	return e
 }
 
 // lockHolder finds the pid holding a flock on path in /proc/locks (0 if it

@@ -641,8 +641,11 @@ func firstMissing(dir string) string {
 // made. Only empty dirs are removed (rmdir): anything another process put
 // there meanwhile stays, and so does its dir.
 func (l *Ledger) unmakeDir(made string) error {
-	if err := os.Remove(l.LockPath()); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("remove %s: %w", l.LockPath(), err)
+	// The gate too, which a writer that waited for the lock left.
+	for _, p := range []string{l.LockPath(), l.gatePath()} {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("remove %s: %w", p, err)
+		}
 	}
 	for d := filepath.Clean(l.dir); ; d = filepath.Dir(d) {
 		if err := syscall.Rmdir(d); err != nil {
