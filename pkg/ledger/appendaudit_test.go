@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -113,8 +114,11 @@ func TestAuditAppendCutsATornTail(t *testing.T) {
 }
 
 // A tail without a newline longer than any record is not a torn append:
-// the append leaves it alone (nothing of unknown origin is cut away) and
-// the log keeps reporting it as a bad line.
+// the append leaves it alone (nothing of unknown origin is cut away), and
+// the log keeps reporting it as a bad line, with its offset. But the
+// records appended after it start a line of their own and read back: an
+// append that returned nil is on disk and readable, and so is every later
+// commit's record.
 func TestAuditAppendLeavesALongFragment(t *testing.T) {
 	ctx := context.Background()
 	opts := testOptions(newClock())
@@ -125,16 +129,64 @@ func TestAuditAppendLeavesALongFragment(t *testing.T) {
 		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
 		require.NoError(t, err)
 	})
+	good, err := ReadAudit(l.AuditPath())
+	require.NoError(t, err)
 	before, err := os.ReadFile(l.AuditPath())
 	require.NoError(t, err)
-	fragment := bytes.Repeat([]byte("x"), maxAuditLine)
-	require.NoError(t, os.WriteFile(l.AuditPath(), append(bytes.Clone(before), fragment...), 0o600))
+	for _, tc := range []struct {
+		name string
+		fill byte
+	}{
+		{"text", 'x'},
+		{"zeros of a power cut", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fragment := bytes.Repeat([]byte{tc.fill}, maxAuditLine)
+			require.NoError(t, os.WriteFile(l.AuditPath(), append(bytes.Clone(before), fragment...), 0o600))
 
-	require.NoError(t, l.AppendAudit(ctx, AuditRecord{Op: "exempt", ContainerID: "x"}))
-	after, err := os.ReadFile(l.AuditPath())
-	require.NoError(t, err)
-	require.True(t, bytes.HasPrefix(after, append(bytes.Clone(before), fragment...)), "the long fragment was cut")
-	assert.NotContains(t, string(after[len(before):]), OpAuditTorn)
-	_, err = ReadAudit(l.AuditPath())
-	require.Error(t, err, "the fragment stays a bad line")
+			require.NoError(t, l.AppendAudit(ctx, AuditRecord{Op: "exempt", ContainerID: "x"}))
+			after, err := os.ReadFile(l.AuditPath())
+			require.NoError(t, err)
+			require.True(t, bytes.HasPrefix(after, append(bytes.Clone(before), fragment...)), "the long fragment was not cut")
+			assert.NotContains(t, string(after[len(before):]), OpAuditTorn)
+			update(t, l, func(tx *Tx) { tx.Release("h1", "stop") })
+			update(t, l, func(tx *Tx) {
+				_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
+				require.NoError(t, err)
+			})
+
+			recs, err := ReadAudit(l.AuditPath())
+			var le *AuditLineError
+			require.ErrorAs(t, err, &le, "the fragment stays a bad line")
+			assert.Equal(t, l.AuditPath(), le.Path)
+			assert.Equal(t, len(good)+1, le.Line)
+			assert.Contains(t, err.Error(), fmt.Sprintf("a line of %d bytes at byte offset %d, longer than any record",
+				maxAuditLine, len(before)))
+			require.Len(t, recs, len(good)+3, "the records after the fragment read back")
+			assert.Equal(t, good, recs[:len(good)])
+			assert.Equal(t, "exempt", recs[len(good)].Op)
+			assert.Equal(t, OpRelease, recs[len(good)+1].Op)
+			assert.Equal(t, OpClaim, recs[len(good)+2].Op)
+		})
+	}
+}
+
+// ReadAudit goes on past a line too long to be a record wherever it is,
+// and names it by its line and byte offset.
+func TestReadAuditSkipsAnOverlongLine(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "audit.log")
+	rec := func(op string) string {
+		return `{"time":"2026-01-02T03:04:05Z","op":"` + op + `","generation":1,"pid":1}` + "\n"
+	}
+	long := strings.Repeat("y", 3*maxAuditLine)
+	require.NoError(t, os.WriteFile(p, []byte(rec("claim")+long+"\n"+rec("release")+"{bad\n"+rec("enqueue")), 0o600))
+	recs, err := ReadAudit(p)
+	ops := []string{}
+	for _, r := range recs {
+		ops = append(ops, r.Op)
+	}
+	assert.Equal(t, []string{"claim", "release", "enqueue"}, ops)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), fmt.Sprintf("audit log %s line 2: a line of %d bytes at byte offset %d", p, len(long), len(rec("claim"))))
+	assert.Contains(t, err.Error(), fmt.Sprintf("audit log %s line 4: ", p))
 }

@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -95,10 +96,12 @@ func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) er
 	// at a fatal signal). Appending after it would glue our first record to
 	// it and make both unreadable: cut the fragment off first (the lock is
 	// held, so nobody is writing it) and say so in the log itself.
-	if cut, err := cutTornTail(f); err != nil {
+	cut, unended, err := cutTornTail(f)
+	if err != nil {
 		_ = f.Close()
 		return fmt.Errorf("repair the torn end of %s: %w", p, err)
-	} else if cut > 0 {
+	}
+	if cut > 0 {
 		torn := AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: recs[0].Generation, Pid: recs[0].Pid,
 			Reason: fmt.Sprintf("%d bytes of an unfinished record (a writer killed while appending) were cut off", cut)}
 		note, err := appendAuditLine(nil, &torn)
@@ -116,12 +119,19 @@ func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) er
 		if f, err = openAudit(p); err != nil {
 			return err
 		}
+		unended = false // the line left unended went with the rotation
 		if durable {
 			if err := syncDir(dir); err != nil {
 				_ = f.Close()
 				return fmt.Errorf("rotate %s: %w", p, err)
 			}
 		}
+	}
+	if unended {
+		// A line without its end that is too long to be a torn record of
+		// ours stays as it is, but our records must not be glued to it
+		// (ReadAudit would take them for part of it): they start a line.
+		payload = append([]byte{'\n'}, payload...)
 	}
 	// One write: appends of one write call are not interleaved with others.
 	if _, err := f.Write(payload); err != nil {
@@ -174,33 +184,34 @@ func (l *Ledger) AppendAudit(ctx context.Context, recs ...AuditRecord) error {
 // cutTornTail truncates f (open for appending, under the ledger lock) after
 // its last newline when its last byte is not one, and returns how many bytes
 // it cut. The fragment is at most one record long: a longer one is not a
-// torn append, and is left for ReadAudit to report.
-func cutTornTail(f *os.File) (int64, error) {
+// torn append, and is left for ReadAudit to report (unended: the file then
+// ends inside that line).
+func cutTornTail(f *os.File) (cut int64, unended bool, err error) {
 	fi, err := f.Stat()
 	if err != nil || fi.Size() == 0 {
-		return 0, err
+		return 0, false, err
 	}
 	size := fi.Size()
 	var last [1]byte
 	if _, err := f.ReadAt(last[:], size-1); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	if last[0] == '\n' {
-		return 0, nil
+		return 0, false, nil
 	}
 	window := min(size, maxAuditLine)
 	tail := make([]byte, window)
 	if _, err := f.ReadAt(tail, size-window); err != nil {
-		return 0, err
+		return 0, false, err
 	}
 	keep := int64(bytes.LastIndexByte(tail, '\n')) + 1 + size - window
 	if keep == size-window && window == maxAuditLine {
-		return 0, nil // no newline within a record's length: not ours to cut
+		return 0, true, nil // no newline within a record's length: not ours to cut
 	}
 	if err := f.Truncate(keep); err != nil {
-		return 0, err
+		return 0, false, err
 	}
-	return size - keep, nil
+	return size - keep, false, nil
 }
 
 func openAudit(p string) (*os.File, error) {
@@ -238,7 +249,9 @@ const maxAuditLine = 1 << 20
 // ReadAudit reads the audit log at path (normally Ledger.AuditPath()) and its
 // rotation path+".1", oldest first. Lines that do not decode are not skipped
 // silently: every good record is returned together with an error that joins
-// one *AuditLineError per bad line. Missing files are no error.
+// one *AuditLineError per bad line; a line too long to be a record is one
+// of them (named by its byte offset too), and the records after it are read.
+// Missing files are no error.
 func ReadAudit(path string) ([]AuditRecord, error) {
 	var recs []AuditRecord
 	var errs []error
@@ -256,30 +269,76 @@ func ReadAudit(path string) ([]AuditRecord, error) {
 			errs = append(errs, fmt.Errorf("%w: audit log %s is not a regular file (%s)", ErrUnsafeDir, p, fi.Mode().Type()))
 			continue
 		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 0, 64<<10), maxAuditLine)
-		line := 0
-		for sc.Scan() {
-			line++
-			b := bytes.TrimSpace(sc.Bytes())
-			if len(b) == 0 {
-				continue
-			}
-			var r AuditRecord
-			if err := json.Unmarshal(b, &r); err != nil {
-				errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: err})
-				continue
-			}
-			if r.Op == "" {
-				errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: errors.New("record has no op")})
-				continue
-			}
-			recs = append(recs, r)
-		}
-		if err := sc.Err(); err != nil {
-			errs = append(errs, &AuditLineError{Path: p, Line: line + 1, Cause: err})
-		}
+		recs, errs = readAuditFile(f, p, recs, errs)
 		_ = f.Close()
 	}
 	return recs, errors.Join(errs...)
+}
+
+// readAuditFile appends the records of one audit file to recs, and one error
+// per bad line to errs.
+func readAuditFile(f *os.File, p string, recs []AuditRecord, errs []error) ([]AuditRecord, []error) {
+	r := bufio.NewReaderSize(f, 64<<10)
+	var (
+		line int
+		off  int64
+		buf  []byte
+	)
+	for {
+		start := off
+		buf = buf[:0]
+		long := false
+		var err error
+		for {
+			var chunk []byte
+			chunk, err = r.ReadSlice('\n')
+			off += int64(len(chunk))
+			// A line longer than a record can be is not kept whole (a
+			// zero-filled tail after a power cut can be any length):
+			// only its length is counted.
+			if !long && len(buf)+len(chunk) > maxAuditLine {
+				long, buf = true, buf[:0]
+			}
+			if !long {
+				buf = append(buf, chunk...)
+			}
+			if !errors.Is(err, bufio.ErrBufferFull) {
+				break
+			}
+		}
+		if off == start {
+			if err != nil && !errors.Is(err, io.EOF) {
+				errs = append(errs, &AuditLineError{Path: p, Line: line + 1, Cause: err})
+			}
+			return recs, errs
+		}
+		line++
+		switch b := bytes.TrimSpace(buf); {
+		case long:
+			n := off - start
+			if err == nil {
+				n-- // its newline
+			}
+			errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: fmt.Errorf("a line of %d bytes at byte offset %d, "+
+				"longer than any record (under %d bytes): skipped, the records after it are read", n, start, maxAuditLine)})
+		case len(b) == 0:
+		default:
+			var rec AuditRecord
+			if err := json.Unmarshal(b, &rec); err != nil {
+				errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: err})
+				break
+			}
+			if rec.Op == "" {
+				errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: errors.New("record has no op")})
+				break
+			}
+			recs = append(recs, rec)
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				errs = append(errs, &AuditLineError{Path: p, Line: line + 1, Cause: err})
+			}
+			return recs, errs
+		}
+	}
 }
