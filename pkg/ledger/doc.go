@@ -70,7 +70,11 @@
 // generation are refused. Format 1 (one ledger.json rewritten whole at
 // every commit) and format 2 (before cordons and draining claims) are read,
 // and converted at the next commit; a format 2 build refuses a format 3
-// state as newer and leaves it untouched, so it never drops a cordon.
+// state as newer and leaves it untouched, so it never drops a cordon. The
+// format number (a snapshot's "format", a journal header's "journal") is
+// read before the strict decode, so that a newer file with fields this
+// build does not know reads as newer, not as damage; Recover refuses to
+// move such a file aside (its commits would be lost).
 //
 // Use: Ledger.Update runs a function on a Tx under the lock and commits what
 // it changed; Ledger.Snapshot reads without the lock (a read that finds

@@ -166,6 +166,16 @@ func journalLines(data []byte, base int64) (lines [][]byte, ends []int64, torn i
 func decodeHeader(line []byte) (journalHeader, error) {
 	h, ok := fastDecodeHeader(line)
 	if !ok {
+		// The format number first, as peekFormat does for a snapshot: a
+		// newer build's header may carry fields this one does not know,
+		// and must read as newer (left alone), not as damage (which
+		// recovery moves aside, dropping the newer build's commits).
+		var v struct {
+			Journal int `json:"journal"`
+		}
+		if json.Unmarshal(line, &v) == nil && v.Journal > journalFormat {
+			return h, &FormatError{Version: FormatVersion + v.Journal - journalFormat, Supported: FormatVersion}
+		}
 		if err := decodeStrict(line, &h); err != nil {
 			return h, badState("journal header does not decode: %v", err)
 		}

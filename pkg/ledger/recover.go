@@ -186,7 +186,15 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 	// vouch for the chain any more than a missing one.
 	markerBad := err != nil
 
-	snaps, journals, bad, badPaths := l.gatherForRecovery()
+	snaps, journals, bad, badPaths, newer := l.gatherForRecovery()
+	if len(newer) > 0 {
+		// Not damage: moved aside, the newer build's commits would be
+		// lost, and this build cannot replay them.
+		return rep, fmt.Errorf("ledger recover: nothing was changed: %w; recovering with this build would move it aside "+
+			"and lose the commits it holds. Recover with the newer build (upgrade every nri-gpu-guard binary on this "+
+			"host), or, to go back to this build, start afresh deliberately with `gpu-guard-ctl recover --reset` "+
+			"(it moves the files aside, kept; the NRI daemon rebuilds the claims from the runtime)", errors.Join(newer...))
+	}
 	best, from, replayed, ok := bestChain(snaps, journals, m, mok, l.opts.BootID)
 	maxGen, nextSeq := highWater(snaps, journals)
 	if mok {
@@ -473,7 +481,7 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 		carry = holders.Claims
 	}
 	now := l.now()
-	snaps, journals, bad, _ := l.gatherForRecovery()
+	snaps, journals, bad, _, _ := l.gatherForRecovery()
 	gen, seq := highWater(snaps, journals)
 	if m, ok, err := l.readMarker(); err == nil && ok {
 		gen = max(gen, m.Generation)
@@ -659,8 +667,17 @@ func (l *Ledger) unmakeDir(made string) error {
 
 // gatherForRecovery reads every snapshot and journal there is, keeping
 // what verifies: each journal's records up to its first damaged line.
-func (l *Ledger) gatherForRecovery() (snaps []recSnapshot, journals []recJournal, bad []string, badPaths map[string]bool) {
+// newer has the *FormatError (with its path) of each file a newer build
+// wrote, which is in bad too (a reset moves it aside with the rest; a
+// recovery refuses).
+func (l *Ledger) gatherForRecovery() (snaps []recSnapshot, journals []recJournal, bad []string, badPaths map[string]bool, newer []error) {
 	badPaths = map[string]bool{}
+	noteNewer := func(p string, err error) {
+		var fe *FormatError
+		if errors.As(err, &fe) {
+			newer = append(newer, l.corrupt(p, err))
+		}
+	}
 	for _, name := range []string{stateName, prevName} {
 		p := filepath.Join(l.dir, name)
 		data, exists, err := l.readForRecovery(p)
@@ -674,6 +691,7 @@ func (l *Ledger) gatherForRecovery() (snaps []recSnapshot, journals []recJournal
 				continue
 			}
 		}
+		noteNewer(p, err)
 		bad = append(bad, fmt.Sprintf("%s: %v", p, err))
 		badPaths[p] = true
 	}
@@ -700,6 +718,7 @@ func (l *Ledger) gatherForRecovery() (snaps []recSnapshot, journals []recJournal
 			continue
 		}
 		if j.hdr, err = decodeHeader(lines[0]); err != nil {
+			noteNewer(p, err)
 			bad = append(bad, fmt.Sprintf("%s: %v", p, err))
 			badPaths[p] = true
 			continue
@@ -717,7 +736,7 @@ func (l *Ledger) gatherForRecovery() (snaps []recSnapshot, journals []recJournal
 		}
 		journals = append(journals, j)
 	}
-	return snaps, journals, bad, badPaths
+	return snaps, journals, bad, badPaths, newer
 }
 
 func (l *Ledger) readForRecovery(p string) ([]byte, bool, error) {
