@@ -60,6 +60,7 @@ const (
 	OpDiscard            = "discard"             // state from an earlier boot dropped
 	OpCorrupt            = "corrupt"             // a bad state file moved aside
 	OpAuditTorn          = "audit-torn"          // the unfinished last line of a writer killed mid-append was cut off
+	OpLineage            = "lineage"             // a reconcile stored the ledger's new lineage, as it does even when it changes nothing else (Reason says why it is new)
 )
 
 // auditFileMode is the mode of audit.log and its rotation.

@@ -31,8 +31,11 @@ func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 	if tx.freshLineage {
 		// Store the new lineage now, even if nothing else changes: the
 		// daemon fences its later decisions with the lineage it reconciled,
-		// which must therefore be the one on disk.
+		// which must therefore be the one on disk. Audited, as every
+		// commit is: one that changes nothing else has no other record.
 		tx.touch()
+		tx.record(OpLineage, nil, "", nil, fmt.Sprintf("lineage %s stored (%s)", tx.st.Lineage, tx.lineageOrigin()))
+		tx.freshLineage = false // stored by this commit
 	}
 	res.Lineage = tx.st.Lineage
 	listed := make(map[string]map[string]bool, len(live))
@@ -62,6 +65,20 @@ func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 	res.Adopted, res.Conflicts = tx.adoptListed(fe, live, nil)
 	tx.maintain()
 	return res
+}
+
+// lineageOrigin says why a state without a stored lineage got one (prepare's
+// origins, told apart by what they leave in the Tx).
+func (tx *Tx) lineageOrigin() string {
+	for i := range tx.audit {
+		if tx.audit[i].Op == OpDiscard {
+			return "fresh start: the state of an earlier boot was discarded"
+		}
+	}
+	if tx.base.Generation == 0 {
+		return "fresh start: a new ledger"
+	}
+	return "the state file had none: written by an older nri-gpu-guard, or restored from an old copy"
 }
 
 // adoptListed is the adopting half of Reconcile: every device of live
