@@ -9,7 +9,9 @@
 // process starts and "nri-gpu-guard-hook poststop" after it was deleted
 // (cmd/nri-gpu-guard-hook, a small static binary; "nri-gpu-guard hook PHASE"
 // runs the same Run). Both read the OCI state (specs.State) on stdin and the
-// bundle's config.json.
+// bundle's config.json (for a state that names the bundle "/", as crun 1.8
+// does for a container with a user namespace and devices, crun's own copy
+// of it in its state directory: crunSpec).
 //
 // create-runtime decides at once by default: engines such as podman hold the
 // container's lock while it runs, so waiting there froze them. Waiting happens
@@ -100,7 +102,9 @@
 //     each such Admit, so no change between two polls goes unnoticed.
 //   - Container-supplied input (state, config.json) is bounded in size and
 //     never opened as a path, except the bundle directory the runtime
-//     names. Mount sources (a relative one from the bundle) and overlay
+//     names (or, for the bundle "/", <root>/<id>/config.json below the
+//     crun root its command line names, only when owned by the hook's user
+//     and writable by no other, with no symlink below the root). Mount sources (a relative one from the bundle) and overlay
 //     layers (lowerdir, lowerdir+, datadir+, upperdir) are stat'ed to tell
 //     what they are on the host (boundNodes), never opened.
 //   - No NVML initialisation per container: the inventory comes from the

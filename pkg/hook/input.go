@@ -20,6 +20,7 @@ import (
 	"unicode/utf8"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
@@ -126,6 +127,12 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 		_ = syscall.Close(fd)
 		return nil, fmt.Errorf("%w: %s is not a regular file (%s)", errInput, path, fileType(sys.Mode))
 	}
+	return decodeSpecFile(fd, path)
+}
+
+// decodeSpecFile reads and decodes the spec open at fd (a regular file,
+// opened non-blocking, named path in messages) and closes fd.
+func decodeSpecFile(fd int, path string) (*specs.Spec, error) {
 	if err := syscall.SetNonblock(fd, false); err != nil {
 		_ = syscall.Close(fd)
 		return nil, fmt.Errorf("%w: open %s: %w", errInput, path, err)
@@ -151,6 +158,215 @@ func readSpec(st specs.State) (*specs.Spec, error) {
 		}
 	}
 	return sub.spec(), nil
+}
+
+// crunDefaultRoot is the state root of crun run as root without --root.
+const crunDefaultRoot = "/run/crun"
+
+// maxCmdlineBytes bounds the read of the runtime's command line.
+const maxCmdlineBytes = 64 << 10
+
+// cwdBundle reports whether bundle, the one an OCI state names, is "/": the
+// working directory crun 1.8 reports instead of the bundle (crunSpec).
+func cwdBundle(bundle string) bool {
+	return bundle != "" && filepath.Clean(bundle) == "/"
+}
+
+// readSpecOf reads the spec of the container st describes: its bundle's
+// config.json (readSpec), or, where the state names the bundle "/",
+// the runtime's own copy of it (crunSpec), st.Bundle then becoming the
+// bundle directory the runtime was given, so that relative paths of the
+// spec and the container's marker (marker.go) go by the bundle as they do
+// for every other container.
+func (e env) readSpecOf(st *specs.State) (*specs.Spec, error) {
+	if !cwdBundle(st.Bundle) {
+		return readSpec(*st)
+	}
+	spec, bundle, err := e.crunSpec(st.ID, st.Bundle)
+	if err != nil {
+		return nil, err
+	}
+	st.Bundle = bundle
+	return spec, nil
+}
+
+// crunSpec reads the spec of container id, whose OCI state names the bundle
+// stateBundle ("/"), from the state directory of the runtime that runs this
+// hook, its parent. crun 1.8 fills the state's bundle with its working
+// directory (getcwd), not the bundle it was given; for a container with a
+// user namespace and linux.devices entries it has changed directory to "/"
+// by the time it runs the createRuntime hooks (it makes the device nodes on
+// the host first), and records "/" as the bundle for `crun state` and the
+// poststop hooks of `crun delete` as well (containers/crun#2025, #2263).
+// The "/" is no bundle: its config.json, if any, is another file.
+//
+// crun keeps a copy of the spec it was given, byte for byte, in
+// <root>/<id>/config.json from before the container is created until it is
+// deleted; <root> is its --root, /run/crun by default. That copy is read,
+// and only when it is the runtime's own: the root, the container's directory
+// and the file are owned by the hook's user (root, as the runtime is) and
+// writable by no one else, the id is one path element, and neither the
+// directory nor the file is a symlink. So a user who is not root cannot
+// plant a spec there. The root and the bundle come from the runtime's
+// command line (/proc/<ppid>/cmdline: --root and --bundle or -b), which is
+// the runtime's own (the hook's parent). The bundle is needed too: a relative
+// root.path or bind source is read from it, as the runtime did.
+//
+// Where either cannot be found the container is refused (an error): what it
+// reaches cannot be read. Poststop, given the same "/" by `crun delete`
+// (whose command line names no bundle), so reads the ledger rather than
+// take the spec's word that it holds nothing; podman runs poststop itself,
+// with the bundle.
+func (e env) crunSpec(id, stateBundle string) (*specs.Spec, string, error) {
+	ppid := e.getppid()
+	prefix := fmt.Sprintf("the OCI state of container %q names the bundle %q, which crun 1.8 reports instead of the bundle "+
+		"for a container with a user namespace and devices (its working directory)", id, stateBundle)
+	const remedy = "use a crun release that reports the bundle (containers/crun#2263) or runc"
+	args, err := readCmdline(filepath.Join(e.procRoot, strconv.Itoa(ppid), "cmdline"))
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %s, and the command line of the runtime that ran this hook (pid %d) cannot be read to find the spec: %w; %s",
+			errInput, prefix, ppid, err, remedy)
+	}
+	root, bundle := runtimeDirs(args)
+	if root == "" {
+		root = crunDefaultRoot
+	}
+	if bundle == "" || !filepath.IsAbs(bundle) {
+		return nil, "", fmt.Errorf("%w: %s, and the command line of the runtime that ran this hook (pid %d) names no absolute --bundle: "+
+			"the directory the spec's relative paths start from is unknown. Give the runtime --bundle with an absolute path, or %s",
+			errInput, prefix, ppid, remedy)
+	}
+	fd, path, err := openRuntimeSpec(root, id)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %s, and the runtime's own copy of the spec cannot be read: %w. "+
+			"If the runtime keeps its state elsewhere, give it that --root; or %s", errInput, prefix, err, remedy)
+	}
+	spec, err := decodeSpecFile(fd, path)
+	if err != nil {
+		return nil, "", err
+	}
+	return spec, filepath.Clean(bundle), nil
+}
+
+// readCmdline reads a /proc/<pid>/cmdline file: its NUL-separated words.
+func readCmdline(path string) ([]string, error) {
+	f, err := os.Open(path) //nolint:gosec // below the configured proc root
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	data, err := io.ReadAll(io.LimitReader(f, maxCmdlineBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxCmdlineBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxCmdlineBytes)
+	}
+	return strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00"), nil
+}
+
+// runtimeDirs returns the state root (--root) and the bundle (--bundle, -b)
+// that an OCI runtime's command line args (args[0] the program) names, ""
+// for one it does not name. runc and crun take --root before the command and
+// --bundle after it; both read "--flag value" and "--flag=value", and crun
+// "-bvalue" too. The first of each counts, as the runtimes read them.
+func runtimeDirs(args []string) (root, bundle string) {
+	for i := 1; i < len(args); i++ {
+		a := args[i]
+		if a == "--" {
+			break
+		}
+		next := func() string {
+			if i+1 < len(args) {
+				i++
+				return args[i]
+			}
+			return ""
+		}
+		switch {
+		case a == "--root":
+			if v := next(); root == "" {
+				root = v
+			}
+		case strings.HasPrefix(a, "--root="):
+			if root == "" {
+				root = strings.TrimPrefix(a, "--root=")
+			}
+		case a == "--bundle" || a == "-b":
+			if v := next(); bundle == "" {
+				bundle = v
+			}
+		case strings.HasPrefix(a, "--bundle="):
+			if bundle == "" {
+				bundle = strings.TrimPrefix(a, "--bundle=")
+			}
+		case strings.HasPrefix(a, "-b") && !strings.HasPrefix(a, "--"):
+			if bundle == "" {
+				bundle = strings.TrimPrefix(a, "-b")
+			}
+		}
+	}
+	return root, bundle
+}
+
+// openRuntimeSpec opens <root>/<id>/config.json, the copy of a container's
+// spec that crun keeps in its state directory, if it is the runtime's own:
+// the root (followed if a symlink: it is the runtime's own setting), the
+// container's directory and the file are owned by the hook's effective user
+// and writable by no other, the directory and the file are no symlinks, the
+// file is a regular one, and id is a single path element. It returns the
+// descriptor, opened non-blocking (see readSpec), and the path.
+func openRuntimeSpec(root, id string) (int, string, error) {
+	if !filepath.IsAbs(root) {
+		return -1, "", fmt.Errorf("the runtime's state root %q is not an absolute path", root)
+	}
+	root = filepath.Clean(root)
+	if id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
+		return -1, "", fmt.Errorf("the container id %q is not a file name", id)
+	}
+	dir := filepath.Join(root, id)
+	path := filepath.Join(dir, "config.json")
+	euid := uint32(os.Geteuid()) //nolint:gosec // a uid fits 32 bits
+	owned := func(fd int, name string, mode uint32, kind string) error {
+		var st unix.Stat_t
+		if err := unix.Fstat(fd, &st); err != nil {
+			return &os.PathError{Op: "stat", Path: name, Err: err}
+		}
+		switch {
+		case st.Mode&unix.S_IFMT != mode:
+			return fmt.Errorf("%s is not a %s (%s)", name, kind, fileType(st.Mode))
+		case st.Uid != euid:
+			return fmt.Errorf("%s is owned by uid %d, not by the runtime's user (uid %d)", name, st.Uid, euid)
+		case st.Mode&0o022 != 0:
+			return fmt.Errorf("%s is writable by others than its owner (mode %#o)", name, st.Mode&0o7777)
+		}
+		return nil
+	}
+	rootFD, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, "", &os.PathError{Op: "open", Path: root, Err: err}
+	}
+	defer func() { _ = unix.Close(rootFD) }()
+	if err := owned(rootFD, root, unix.S_IFDIR, "directory"); err != nil {
+		return -1, "", err
+	}
+	dirFD, err := unix.Openat(rootFD, id, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, "", &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer func() { _ = unix.Close(dirFD) }()
+	if err := owned(dirFD, dir, unix.S_IFDIR, "directory"); err != nil {
+		return -1, "", err
+	}
+	fd, err := unix.Openat(dirFD, "config.json", unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, "", &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	if err := owned(fd, path, unix.S_IFREG, "regular file"); err != nil {
+		_ = unix.Close(fd)
+		return -1, "", err
+	}
+	return fd, path, nil
 }
 
 // hookSpec is the part of config.json the hook reads: what can make a GPU

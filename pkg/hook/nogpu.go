@@ -53,7 +53,7 @@ func (e env) readInput(stdin io.Reader) *Input {
 	if in.stateErr != nil {
 		return in
 	}
-	in.spec, in.specErr = readSpec(in.state)
+	in.spec, in.specErr = e.readSpecOf(&in.state)
 	if in.specErr == nil {
 		in.request = devices.RequestFromSpec(in.spec)
 		e.addUnfenced(in.state, in.spec, &in.request)

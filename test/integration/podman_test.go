@@ -38,6 +38,7 @@ func TestPodman(t *testing.T) {
 				{"HostDevBind", podmanHostDevBind},
 				{"MknodWithoutCgroup", podmanMknodWithoutCgroup},
 				{"DevicePathUserNS", podmanDevicePathUserNS},
+				{"UserNSDeviceBundle", podmanUserNSDeviceBundle},
 			} {
 				t.Run(sc.name, func(t *testing.T) {
 					r.t = t
@@ -345,8 +346,8 @@ func podmanMknodWithoutCgroup(t *testing.T, r *podmanRig) {
 // --cgroups=disabled) the hook reads the path as well as the numbers,
 // since it cannot tell whether its runtime binds or mknods (crun 1.8
 // rootful mknods 1:3): the container claims GPU 2. (crun 1.8 with a user
-// namespace hands createRuntime hooks the bundle "/", whose config.json
-// the hook cannot read: it refuses such a container.)
+// namespace and a device hands createRuntime hooks the bundle "/": see
+// podmanUserNSDeviceBundle.)
 func podmanDevicePathUserNS(t *testing.T, r *podmanRig) {
 	device := []string{"--device", "/dev/null:/dev/nvidia2"}
 	if r.runtime == "runc" {
@@ -365,4 +366,28 @@ func podmanDevicePathUserNS(t *testing.T, r *podmanRig) {
 	out, err := r.runGPU("un", "", append([]string{"--cgroups=disabled", "--cap-drop", "MKNOD"}, device...)...)
 	require.NoError(t, err, out)
 	require.Equal(t, map[int]string{2: r.id("un")}, r.holders())
+}
+
+// podmanUserNSDeviceBundle: a container with a user namespace (--uidmap)
+// and a device. crun 1.8 hands its createRuntime hooks the bundle "/" (its
+// working directory, not the bundle); the hook reads crun's own copy of the
+// spec instead of /config.json. One that names no GPU is admitted; one that
+// names GPU 1 claims it, and its poststop (run by podman, with the bundle)
+// releases it. runc gives the bundle: the same outcome.
+func podmanUserNSDeviceBundle(t *testing.T, r *podmanRig) {
+	userns := []string{"--uidmap", "0:0:65536", "--gidmap", "0:0:65536", "--device", "/dev/zero"}
+	out, err := r.runGPU("un", "", userns...)
+	require.NoError(t, err, "names no GPU: %s", out)
+	require.Empty(t, r.holders())
+
+	out, err = r.runGPU("ug", "1", userns...)
+	require.NoError(t, err, "names GPU 1: %s", out)
+	require.Equal(t, map[int]string{1: r.id("ug")}, r.holders())
+	out, err = r.runGPU("ux", "1", userns...)
+	require.Error(t, err, "GPU 1 is held: %s", out)
+	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+r.id("ug")[:12])
+	r.mustPodman("rm", "-f", "ux")
+
+	r.mustPodman("stop", "-t", "0", "ug")
+	r.waitFor("ug's poststop to release GPU 1", func() bool { return len(r.holders()) == 0 })
 }
