@@ -104,9 +104,11 @@
 //     never opened as a path, except the bundle directory the runtime
 //     names (or, for the bundle "/", <root>/<id>/config.json below the
 //     crun root its command line names, only when owned by the hook's user
-//     and writable by no other, with no symlink below the root). Mount sources (a relative one from the bundle) and overlay
-//     layers (lowerdir, lowerdir+, datadir+, upperdir) are stat'ed to tell
-//     what they are on the host (boundNodes), never opened.
+//     and writable by no other, with no symlink below the root). Mount
+//     sources (a relative one from the bundle), overlay layers (lowerdir,
+//     lowerdir+, datadir+, upperdir) and the root filesystem (root.path,
+//     and its dev) are stat'ed to tell what they are on the host
+//     (boundNodes, boundRoot), never opened.
 //   - No NVML initialisation per container: the inventory comes from the
 //     daemon's cache (inventory.json in the ledger dir) or a /proc or static
 //     discovery.

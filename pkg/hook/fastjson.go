@@ -356,12 +356,14 @@ func fastState(data []byte) (st specs.State, ok bool) {
 // reports ok false.
 func fastSpec(data []byte) (h hookSpec, ok bool) {
 	s := &jscan{b: data}
-	s.object([]string{"process", "mounts", "annotations", "linux", "hooks"}, func(k string) bool {
+	s.object([]string{"process", "root", "mounts", "annotations", "linux", "hooks"}, func(k string) bool {
 		switch k {
 		case "hooks":
 			h.Hooks = s.hooks()
 		case "process":
 			h.Process = s.process()
+		case "root":
+			h.Root = s.root()
 		case "mounts":
 			h.Mounts = s.mounts()
 		case "annotations":
@@ -451,6 +453,21 @@ func (s *jscan) hookList() []hookHook {
 		out = append(out, h)
 	})
 	return out
+}
+
+func (s *jscan) root() *hookRoot {
+	if s.null() {
+		return nil
+	}
+	r := &hookRoot{}
+	s.object([]string{"path"}, func(k string) bool {
+		if k != "path" {
+			return false
+		}
+		r.Path = s.optString()
+		return true
+	})
+	return r
 }
 
 func (s *jscan) process() *hookProcess {

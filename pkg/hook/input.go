@@ -370,12 +370,15 @@ func openRuntimeSpec(root, id string) (int, string, error) {
 }
 
 // hookSpec is the part of config.json the hook reads: what can make a GPU
-// reachable (devices.RequestFromSpec), what names the container
+// reachable (devices.RequestFromSpec, and the root filesystem and mounts
+// where no device cgroup applies: unfence), what names the container
 // (OwnerFrom) and the createRuntime hooks (ownHookTimeout). Decoding into specs.Spec instead makes encoding/json build
 // its field tables for the whole OCI schema in every hook process, a fifth
 // of a hook's run time for a container that names no GPU.
 type hookSpec struct {
-	Process     *hookProcess      `json:"process"`
+	Process *hookProcess `json:"process"`
+	// Root: its path is bound at the container's "/" (boundRoot).
+	Root        *hookRoot         `json:"root"`
 	Mounts      []hookMount       `json:"mounts"`
 	Annotations map[string]string `json:"annotations"`
 	Linux       *hookLinux        `json:"linux"`
@@ -391,6 +394,10 @@ type hookHook struct {
 	Path    string   `json:"path"`
 	Args    []string `json:"args"`
 	Timeout *int     `json:"timeout"`
+}
+
+type hookRoot struct {
+	Path string `json:"path"`
 }
 
 type hookProcess struct {
@@ -438,6 +445,9 @@ type hookResources struct {
 // spec returns the decoded fields as a specs.Spec (the rest left zero).
 func (h *hookSpec) spec() *specs.Spec {
 	s := &specs.Spec{Annotations: h.Annotations}
+	if r := h.Root; r != nil {
+		s.Root = &specs.Root{Path: r.Path}
+	}
 	if p := h.Process; p != nil {
 		s.Process = &specs.Process{Env: p.Env}
 		if c := p.Capabilities; c != nil {
@@ -486,6 +496,7 @@ var (
 	// add-hooks looks there for the guard's entry).
 	specKeys = keySchema{
 		"process": {"env": nil, "capabilities": {"bounding": nil}},
+		"root":    {"path": nil},
 		"mounts":  {"destination": nil, "source": nil, "type": nil, "options": nil},
 		"linux": {
 			"devices":     {"path": nil, "type": nil, "major": nil, "minor": nil},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -69,8 +70,8 @@ func (e env) readInput(stdin io.Reader) *Input {
 
 // addUnfenced adds to req what the container st describes reaches past its
 // device rules when no device cgroup enforces them: every node a bind mount
-// brings in (the host's /dev, or a devtmpfs mounted afresh, opens every
-// GPU), the host's node at each linux.devices entry's path, which a
+// or its root filesystem brings in (the host's /dev, or a devtmpfs mounted
+// afresh, opens every GPU; see boundRoot for the root), the host's node at each linux.devices entry's path, which a
 // runtime that cannot mknod binds whatever the entry's numbers say
 // (boundDevicePaths), and, with CAP_MKNOD or CAP_SYS_ADMIN outside a user
 // namespace (makesNodes), every GPU through a node it makes or mounts
@@ -92,8 +93,10 @@ func (e env) readInput(stdin io.Reader) *Input {
 // linux.devices path that is a device node (other than the one the entry's
 // numbers make), the host's / or /dev, whatever it is called (one stat per
 // bind source and entry, a few microseconds: the runtime follows symlinks,
-// so spellings do not tell), a /proc path that leads to a root, a devtmpfs
-// mount, or CAP_MKNOD (in docker's and containerd's default set, not
+// so spellings do not tell), a /proc path that leads to a root, a root
+// filesystem that brings in the host's /dev (one stat of root.path, and
+// the host's /dev, wherever the binds are read), a devtmpfs mount, or
+// CAP_MKNOD (in docker's and containerd's default set, not
 // podman's or CRI-O's) or CAP_SYS_ADMIN. A state without a pid (which runc
 // and crun always give create-runtime) counts as no device cgroup.
 // Poststop, whose process is gone, cannot read it: it goes by spellings
@@ -155,24 +158,32 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot str
 // req (devices.RequestFromSpec of spec) gains the nodes its binds bring in
 // (each bind source read on this host) and those at its linux.devices
 // paths (a runtime that cannot mknod binds them), and every GPU node when
-// it binds the host's /dev or can make or mount a node itself (CAP_MKNOD,
-// CAP_SYS_ADMIN, or no capabilities object: makesNodes). bundle is the
-// directory relative bind sources are read from (the config.json's). For
+// it binds the host's /dev, has it in its root filesystem (boundRoot), or
+// can make or mount a node itself (CAP_MKNOD, CAP_SYS_ADMIN, or no
+// capabilities object: makesNodes). bundle is the directory relative bind
+// sources and a relative root.path are read from (the config.json's). For
 // `gpu-guard-ctl explain --no-device-cgroup`.
 func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 	unfence(req, spec, bundle, func() RuntimeUserNS { return Rootful }, false, func() bool { return false })
 }
 
 // unfence is addUnfenced for a runtime in the user namespace userNS tells
-// (asked only for a spec with mounts, linux.devices entries or node-making
-// capabilities), a container that has stopped (poststop: its process is
-// gone, so only spellings and the marker can tell) and the check of its
-// device cgroup (applies, asked only when something could reach a GPU; a
-// state without a pid has none that applies). bundle is the directory the
-// runtime reads relative bind sources from.
+// (asked only for a spec with mounts, linux.devices entries, node-making
+// capabilities or a root filesystem), a container that has stopped
+// (poststop: its process is gone, so only spellings and the marker can
+// tell) and the check of its device cgroup (applies, asked only when
+// something could reach a GPU; a state without a pid has none that
+// applies). bundle is the directory the runtime reads relative bind
+// sources and a relative root.path from.
+//
+// The root filesystem (root.path) is read as a bind of its directory at
+// "/" (boundRoot), where the binds are read: one stat of it, and the
+// host's /dev, for every container whose binds are read; a hand-written
+// spec whose root is the host's "/" and that mounts nothing over /dev
+// gives its container the host's /dev, every GPU node with it.
 func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func() RuntimeUserNS, stopped bool, applies func() bool) {
 	mknod := makesNodes(spec)
-	if len(spec.Mounts) == 0 && !mknod && (spec.Linux == nil || len(spec.Linux.Devices) == 0) {
+	if len(spec.Mounts) == 0 && !mknod && (spec.Linux == nil || len(spec.Linux.Devices) == 0) && rootPath(spec) == "" {
 		return
 	}
 	switch userNS() {
@@ -198,7 +209,7 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 		applies = func() bool { return false }
 	}
 	if stopped {
-		if bindsDeviceLike(req) {
+		if bindsDeviceLike(req) || rootNamesHostDev(spec) {
 			markUnfenced(req, unfencedSources(spec, bundle, false), false)
 		}
 		return
@@ -435,13 +446,8 @@ func (b boundSources) none() bool {
 // is mounted in its user namespace, where the kernel opens no device node
 // on it. A devtmpfs mount is the host's /dev. AddMount reads sources by
 // their spelling only; this reads them as the runtime mounts them.
-func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources {
+func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDirs) boundSources {
 	var b boundSources
-	// The host's / and /dev, stat'ed once a directory is bound in. A raw
-	// stat, not os.Stat: every rootful container's binds are read, and a
-	// FileInfo per bind is garbage the hook's no-GPU path need not make.
-	var root, dev unix.Stat_t
-	rootRead := false
 	var read func(src, dst string)
 	read = func(src, dst string) {
 		if src == "" {
@@ -469,17 +475,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources
 			b.nodes = append(b.nodes, devices.LinuxDevice{Path: src, Type: "c",
 				Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: dst})
 		case unix.S_IFDIR:
-			if !rootRead {
-				rootRead = true
-				if unix.Stat("/", &root) != nil {
-					root = unix.Stat_t{}
-				}
-				if unix.Stat("/dev", &dev) != nil {
-					dev = unix.Stat_t{}
-				}
-			}
-			same := func(o *unix.Stat_t) bool { return o.Ino != 0 && o.Dev == st.Dev && o.Ino == st.Ino }
-			if same(&root) || same(&dev) {
+			if host.isDev(&st) || host.isRoot(&st) {
 				b.hostDev = true
 			}
 		}
@@ -509,15 +505,140 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool) boundSources
 	return b
 }
 
-// unfencedSources is what a container's binds bring in (boundNodes) and
-// what its runtime binds for its linux.devices entries (boundDevicePaths),
-// read on the host.
+// hostDirs is the host's / and /dev, each stat'ed once, when a directory
+// is first compared with it. A raw stat, not os.Stat: every rootful
+// container's binds and root are read, and a FileInfo each is garbage the
+// hook's no-GPU path need not make.
+type hostDirs struct {
+	root, dev         unix.Stat_t
+	rootRead, devRead bool
+}
+
+// isRoot reports whether st is the host's "/" (by device and inode).
+func (h *hostDirs) isRoot(st *unix.Stat_t) bool {
+	return sameFile(h.stat("/", &h.root, &h.rootRead), st)
+}
+
+// isDev reports whether st is the host's /dev (by device and inode).
+func (h *hostDirs) isDev(st *unix.Stat_t) bool {
+	return sameFile(h.stat("/dev", &h.dev, &h.devRead), st)
+}
+
+func (h *hostDirs) stat(path string, st *unix.Stat_t, read *bool) *unix.Stat_t {
+	if !*read {
+		*read = true
+		if unix.Stat(path, st) != nil {
+			*st = unix.Stat_t{}
+		}
+	}
+	return st
+}
+
+// sameFile reports whether host, a file read on the host (zero: not
+// read), is st.
+func sameFile(host, st *unix.Stat_t) bool {
+	return host.Ino != 0 && host.Dev == st.Dev && host.Ino == st.Ino
+}
+
+// unfencedSources is what a container's binds bring in (boundNodes), its
+// root filesystem (boundRoot) and what its runtime binds for its
+// linux.devices entries (boundDevicePaths), read on the host.
 func unfencedSources(spec *specs.Spec, bundle string, rootless bool) boundSources {
-	b := boundNodes(spec.Mounts, bundle, rootless)
+	var host hostDirs
+	b := boundNodes(spec.Mounts, bundle, rootless, &host)
+	b.boundRoot(spec, bundle, &host)
 	if l := spec.Linux; l != nil && len(l.Devices) > 0 {
 		b.boundDevicePaths(l.Devices)
 	}
 	return b
+}
+
+// rootPath is the spec's root.path ("" for none).
+func rootPath(spec *specs.Spec) string {
+	if spec.Root == nil {
+		return ""
+	}
+	return spec.Root.Path
+}
+
+// mountsDev reports whether a mount of the spec covers the container's
+// /dev (any mount at /dev, however its destination is spelled: runc and
+// crun read a relative one from the container's root).
+func mountsDev(mounts []specs.Mount) bool {
+	for _, m := range mounts {
+		// Only a destination that holds "dev" is cleaned: an engine gives
+		// every container a dozen mounts, and this runs for each.
+		if d := m.Destination; d == "/dev" || (strings.Contains(d, "dev") && path.Clean("/"+d) == "/dev") {
+			return true
+		}
+	}
+	return false
+}
+
+// rootNamesHostDev reports whether the spec's root.path is, by its
+// spelling, the host's /dev, or the host's / with no mount over its /dev:
+// what poststop, which goes by spellings (unfence), reads as a root that
+// brings the host's /dev in.
+func rootNamesHostDev(spec *specs.Spec) bool {
+	p := rootPath(spec)
+	if p == "" || p[0] != '/' {
+		return false
+	}
+	switch filepath.Clean(p) {
+	case "/dev":
+		return true
+	case "/":
+		return !mountsDev(spec.Mounts)
+	}
+	return false
+}
+
+// boundRoot adds to b what the container's root filesystem brings in:
+// the runtime binds root.path (read from the bundle when relative) at the
+// container's "/", following symlinks. The host's /dev there puts every
+// device node at the container's root, which no mount at /dev covers; the
+// host's "/", or a directory whose dev is the host's /dev (bound there, or
+// a devtmpfs), is the host's /dev at the container's /dev unless a mount
+// covers it (mountsDev). Compared by device and inode, as boundNodes
+// compares bind sources, whatever the path is called. A root dev that is a
+// symlink is not followed: inside the container it resolves from the
+// container's root.
+func (b *boundSources) boundRoot(spec *specs.Spec, bundle string, host *hostDirs) {
+	p := rootPath(spec)
+	if p == "" {
+		return
+	}
+	paths := []string{p}
+	if p[0] != '/' {
+		if bundle == "" {
+			return
+		}
+		// As for a relative bind source (boundNodes): runc joins it to
+		// the bundle as text, crun hands it to the kernel from there.
+		paths = []string{filepath.Join(bundle, p)}
+		if raw := bundle + "/" + p; filepath.Clean(raw) != raw {
+			paths = append(paths, raw)
+		}
+	}
+	devCovered := mountsDev(spec.Mounts)
+	for _, dir := range paths {
+		var st unix.Stat_t
+		if unix.Stat(dir, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
+			continue // nothing the runtime can use as a root either
+		}
+		if host.isDev(&st) {
+			b.hostDev = true
+			return
+		}
+		if devCovered {
+			continue
+		}
+		var dev unix.Stat_t
+		if host.isRoot(&st) || (unix.Lstat(dir+"/dev", &dev) == nil && host.isDev(&dev)) {
+			b.hostDev = true
+			return
+		}
+	}
 }
 
 // boundDevicePaths adds to b the host node each linux.devices entry's path

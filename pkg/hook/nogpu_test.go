@@ -258,7 +258,7 @@ func TestBindMountedNodes(t *testing.T) {
 	mounts := []specs.Mount{{Destination: "/hostdev", Source: link, Type: "bind"}}
 	viaLink := devices.RequestFromSpec(&specs.Spec{Mounts: mounts})
 	require.False(t, viaLink.HostDevMounted, "by its spelling alone")
-	markUnfenced(&viaLink, boundNodes(mounts, "", false), false)
+	markUnfenced(&viaLink, boundNodes(mounts, "", false, &hostDirs{}), false)
 	require.True(t, viaLink.HostDevMounted)
 
 	// A GPU node made outside /dev/nvidia*: its numbers tell it (mknod
@@ -269,7 +269,7 @@ func TestBindMountedNodes(t *testing.T) {
 		mounts = []specs.Mount{{Destination: "/dev/x", Source: node, Type: "bind"}}
 		byNumber := devices.RequestFromSpec(&specs.Spec{Mounts: mounts})
 		require.Empty(t, resolve(byNumber), "by its spelling alone")
-		markUnfenced(&byNumber, boundNodes(mounts, "", false), false)
+		markUnfenced(&byNumber, boundNodes(mounts, "", false, &hostDirs{}), false)
 		require.Equal(t, []string{"1"}, resolve(byNumber), "minor 3 is GPU 1")
 	}
 }
@@ -381,7 +381,7 @@ func TestRelativeBindSourceReadBothWays(t *testing.T) {
 	}
 	rel, err := filepath.Rel(bundle, "/dev")
 	require.NoError(t, err)
-	assert.True(t, boundNodes(mount(rel), bundle, false).hostDev, "runc's join reaches /dev")
-	assert.True(t, boundNodes(mount("x/../dev"), bundle, false).hostDev, "the kernel follows x to /etc, then .. to /")
-	assert.False(t, boundNodes(mount("x"), bundle, false).hostDev, "/etc is not /dev")
+	assert.True(t, boundNodes(mount(rel), bundle, false, &hostDirs{}).hostDev, "runc's join reaches /dev")
+	assert.True(t, boundNodes(mount("x/../dev"), bundle, false, &hostDirs{}).hostDev, "the kernel follows x to /etc, then .. to /")
+	assert.False(t, boundNodes(mount("x"), bundle, false, &hostDirs{}).hostDev, "/etc is not /dev")
 }

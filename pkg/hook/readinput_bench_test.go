@@ -15,8 +15,9 @@ import (
 
 // BenchmarkReadInput times what a hook does with its input before it
 // decides, for a container that names no GPU under a rootful runtime, with
-// the mounts podman gives every container (binds of files in its run dir)
-// and an engine's default capabilities: podman's and CRI-O's (no
+// the mounts podman gives every container (binds of files in its run dir),
+// its root filesystem (an overlay's merged dir, stat'ed: boundRoot) and
+// an engine's default capabilities: podman's and CRI-O's (no
 // CAP_MKNOD) and docker's and containerd's (CAP_MKNOD: the container's
 // cgroup is read, from a /proc tree of files here). In-process, warm: the
 // syscalls the input costs, not the process start (BenchmarkHookProcess).
@@ -52,7 +53,11 @@ func BenchmarkReadInput(b *testing.B) {
 				}
 				mounts = append(mounts, specs.Mount{Destination: "/etc/" + f, Type: "bind", Source: src, Options: []string{"rbind"}})
 			}
-			spec, err := json.Marshal(specs.Spec{Version: specs.Version,
+			merged := filepath.Join(dir, "overlay", "merged")
+			if err := os.MkdirAll(filepath.Join(merged, "dev"), 0o755); err != nil {
+				b.Fatal(err)
+			}
+			spec, err := json.Marshal(specs.Spec{Version: specs.Version, Root: &specs.Root{Path: merged},
 				Process: &specs.Process{Args: []string{"/app"}, Env: []string{"PATH=/usr/bin:/bin", "TERM=xterm"},
 					Capabilities: &specs.LinuxCapabilities{Bounding: bc.caps, Effective: bc.caps, Permitted: bc.caps}},
 				Mounts: mounts,
