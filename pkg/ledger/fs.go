@@ -40,10 +40,11 @@ const (
 // written), snapshot-synced, prev-linked (the snapshot it replaces linked
 // to a temp name), after-rename (the new snapshot in place), prev-kept (the
 // old one renamed to .prev), after-dirsync, journal-synced (new journal
-// temp file synced), journal-rotated (old journal linked as .prev, new one
-// not yet in place), journal-swapped, after-audit. The snapshot's stages
-// have names of their own: a test that kills at a stage kills at its first
-// occurrence, and a compaction follows a journal append.
+// temp file synced), journal-prev-linked (the journal it replaces linked
+// to a temp name), journal-rotated (that name renamed to .journal.prev,
+// the new journal not yet in place), journal-swapped, after-audit. The
+// snapshot's stages have names of their own: a test that kills at a stage
+// kills at its first occurrence, and a compaction follows a journal append.
 const (
 	stageBeforeWrite    = "before-write"
 	stageTornWrite      = "torn-write"
@@ -56,6 +57,7 @@ const (
 	stagePrevKept       = "prev-kept"
 	stageAfterDirSyn    = "after-dirsync"
 	stageJournalSynced  = "journal-synced"
+	stageJournalLinked  = "journal-prev-linked"
 	stageJournalRotated = "journal-rotated"
 	stageJournalSwapped = "journal-swapped"
 	stageAfterAudit     = "after-audit"

@@ -530,11 +530,25 @@ func isEmpty(st *State) bool {
 }
 
 // replaceJournal puts a new journal holding header (and whatever records
-// follow it in the same bytes) in place, keeping the old one as
-// ledger.journal.prev. The old journal stays in place until the new one
+// follow it in the same bytes) in place, keeping the journal it replaces
+// (keepPrev: one that verified) as ledger.journal.prev. Order:
+//
+//  1. the new journal is written to a temp file and fsynced;
+//  2. the current journal is linked to a second temp name;
+//  3. that name is renamed over ledger.journal.prev;
+//  4. the new journal is renamed over ledger.journal; the dir fsynced.
+//
+// ledger.journal.prev is thus replaced in one rename, as replaceSnapshot
+// replaces ledger.json.prev: cut anywhere, it is the journal it was or the
+// one being replaced, never missing, and either replays onto
+// ledger.json.prev (the old one's records all precede it, the replaced
+// one continues it). The old journal keeps its name until the new one
 // replaces it in one rename: a crash never leaves the state dir without a
-// journal next to a snapshot that needs it.
-func (l *Ledger) replaceJournal(header []byte, old bool) error {
+// journal next to a snapshot that needs it. Unlike the snapshot's, the
+// previous journal cannot be renamed into place after the new one: cut in
+// between, it would be left under a temp name only, and nothing would
+// replay from ledger.json.prev to the new snapshot's generation.
+func (l *Ledger) replaceJournal(header []byte, keepPrev bool) error {
 	tmp, err := writeTemp(l.dir, tempPrefix+"journal-*", header, "", "")
 	if err != nil {
 		return err
@@ -546,15 +560,8 @@ func (l *Ledger) replaceJournal(header []byte, old bool) error {
 		}
 	}()
 	reachStage(stageJournalSynced)
-	if old {
-		// ledger.journal.prev is for recovery only: failing to keep it
-		// costs nothing now.
-		prev := filepath.Join(l.dir, journalPrevName)
-		if err := os.Remove(prev); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed name in the operator's state dir
-			l.log.Warn("ledger: could not replace the previous journal", "path", prev, "error", err)
-		} else if err := os.Link(l.JournalPath(), prev); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			l.log.Warn("ledger: could not keep the previous journal", "path", prev, "error", err)
-		}
+	if keepPrev {
+		l.keepPrevJournal()
 	}
 	reachStage(stageJournalRotated)
 	if err := os.Rename(tmp, l.JournalPath()); err != nil { //nolint:gosec // our temp file onto the fixed journal name
@@ -566,6 +573,34 @@ func (l *Ledger) replaceJournal(header []byte, old bool) error {
 	}
 	reachStage(stageJournalSwapped)
 	return nil
+}
+
+// keepPrevJournal is steps 2 and 3 of replaceJournal: the journal in place
+// becomes ledger.journal.prev too. It is for Recover only: failing to keep
+// it costs nothing now and is only logged.
+func (l *Ledger) keepPrevJournal() {
+	prev := filepath.Join(l.dir, journalPrevName)
+	cur, err := os.Lstat(l.JournalPath())
+	if errors.Is(err, fs.ErrNotExist) {
+		return // nothing to keep
+	}
+	// A writer cut between steps 3 and 4 left ledger.journal.prev a second
+	// name of the journal, which is kept already; renaming a link over
+	// another name of the same file would do nothing and leave the temp
+	// name behind (rename(2)).
+	if p, perr := os.Lstat(prev); err == nil && perr == nil && os.SameFile(cur, p) {
+		return
+	}
+	old, err := linkTemp(l.dir, l.JournalPath(), tempPrefix+"journal-prev-")
+	if err != nil {
+		l.log.Warn("ledger: could not keep the previous journal", "path", prev, "error", err)
+		return
+	}
+	reachStage(stageJournalLinked)
+	if err := os.Rename(old, prev); err != nil { //nolint:gosec // our temp link onto the fixed name
+		_ = os.Remove(old) //nolint:gosec // our own temp link; the journal keeps its name
+		l.log.Warn("ledger: could not keep the previous journal", "path", prev, "error", err)
+	}
 }
 
 // appendRecord appends one commit to the journal (one write, one fdatasync)
