@@ -164,6 +164,52 @@ func benchCommit(b *testing.B, waiters int) {
 	b.ReportMetric(float64(cpu.Microseconds())/float64(len(ours)), "cpu-µs/commit")
 }
 
+// BenchmarkCommitBehindCordonedBacklog is BenchmarkDurableCommit's claim and
+// release at 10,000 waiters, the first 5,000 of which wait for a GPU an
+// operator cordoned: none of them is the head of the queue, so finding the
+// head passes over all of them. It reports the process's CPU per commit.
+//
+//	go test -tags nri_no_wasm -run '^$' -bench CordonedBacklog -benchtime 200x -count 4 ./pkg/ledger/
+func BenchmarkCommitBehindCordonedBacklog(b *testing.B) {
+	ctx := context.Background()
+	l, err := Open(b.TempDir(), Options{BootID: testBoot, LockTimeout: time.Minute})
+	if err != nil {
+		b.Fatal(err)
+	}
+	update(b, l, func(tx *Tx) {
+		for g := 0; g < 8; g++ {
+			if _, err := tx.Claim("", owner(fmt.Sprintf("holder-%d", g)), devs(gpu(g)), "env"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, _, err := tx.Cordon(gpu(15), CordonOperator, "RMA", "bench"); err != nil {
+			b.Fatal(err)
+		}
+		for w := 0; w < 10000; w++ {
+			d := gpu(15)
+			if w >= 5000 {
+				d = gpu(w % 8)
+			}
+			o := owner(fmt.Sprintf("waiter-%d", w))
+			tx.Enqueue(fmt.Sprintf("ns/%s/ctr", o.PodUID), o, devs(d))
+		}
+	})
+	var cpu time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c0 := cpuTime()
+		if err := l.Update(ctx, func(tx *Tx) error {
+			_, err := tx.Claim("", owner("bench"), devs(gpu(8+i%7)), "env")
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		update(b, l, func(tx *Tx) { tx.Release("bench", "stop") })
+		cpu += cpuTime() - c0
+	}
+	b.ReportMetric(float64(cpu.Microseconds())/float64(2*b.N), "cpu-µs/commit")
+}
+
 // cpuTime is the process's user and system CPU time so far. The figure it
 // gives a commit does not depend on how long the disk takes to sync, so it
 // shows what grows with the queue.

@@ -446,6 +446,7 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 		tx.minLastSeen, tx.minKnown = ld.minLastSeen, ld.minKnown
 	}
 	if tx.baseSettled {
+		tx.keep = ld.keep
 		tx.fixed = &queueFixed{claims: tx.base.Claims, reservations: tx.base.Reservations, cordons: tx.base.Cordons, keep: tx.keptForHead()}
 	}
 	tx.maintain()
@@ -593,6 +594,10 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 	phasetrace.Mark("commit")
 	next.st = st
 	next.settled = tx.settled && !reordered
+	next.keep = nil
+	if next.settled {
+		next.keep = tx.keep // found for tx.st, which st is
+	}
 	next.minLastSeen, next.minKnown = tx.minLastSeen, tx.minKnown
 	l.setCache(&next)
 	if err := l.writeMarker(&st); err != nil {

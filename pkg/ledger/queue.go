@@ -101,7 +101,9 @@ func (tx *Tx) maintain() {
 	tx.baseSettled = false
 	tx.promoteConflicts()
 	tx.dropInvalidReservations()
-	head := tx.queueHead()
+	// The head is the keep's (found once per version of the state, and
+	// used again by the steps below when these change nothing).
+	head := tx.keptForHead().key
 	tx.dropPartialReservations(head)
 	tx.reserveForHead(head)
 	tx.reserveFreeDevices(tx.reserveCandidates())
@@ -469,7 +471,26 @@ type headKeep struct {
 // reservations, so it ends when the head starts, leaves the queue (its
 // pod is removed, or it stops retrying for queue_ttl) or stops being the
 // head, and a ledger of this format needs nothing new to hold it.
+//
+// It is found once per version of the state: every change of the state
+// goes through touch, which forgets it (checkKeep verifies that in tests).
 func (tx *Tx) keptForHead() headKeep {
+	if tx.keep != nil && !checkKeep {
+		return *tx.keep
+	}
+	k := tx.findKeptForHead()
+	if tx.keep != nil && (k.index != tx.keep.index || !k.same(tx.keep)) {
+		panic(fmt.Sprintf("ledger: the head's keep was not forgotten at a change of the state: %+v, now %+v", *tx.keep, k))
+	}
+	tx.keep = &k
+	return k
+}
+
+// checkKeep, set by tests only, makes keptForHead find the keep again at
+// every call and panic if the one it remembered is stale.
+var checkKeep bool
+
+func (tx *Tx) findKeptForHead() headKeep {
 	key := tx.queueHead()
 	if key == "" {
 		return headKeep{}
@@ -497,7 +518,7 @@ func (tx *Tx) HeadWaitsFor() (head Waiter, wants []devices.Device, ok bool) {
 	}
 	head = tx.st.Waiters[k.index]
 	head.Devices = slices.Clone(head.Devices)
-	return head, k.wants, true
+	return head, slices.Clone(k.wants), true
 }
 
 // conflicting is the device the head waits for that d conflicts with, if

@@ -57,6 +57,9 @@ type loaded struct {
 	// nothing expires (see Tx.maintain). Never set for a state read from
 	// the files.
 	settled bool
+	// keep, when settled, is what keptForHead found for st in the Tx that
+	// committed it, or nil: the next Tx of this process starts from it.
+	keep *headKeep
 	// minLastSeen, when minKnown, is at most the LastSeen of every waiter
 	// of st: the queue_ttl expiry has nothing to do before
 	// minLastSeen+queue_ttl. Known only for a state this process
@@ -289,6 +292,7 @@ func (l *Ledger) readJournalTail(jf *os.File, c *loaded, id fileID) (loaded, err
 	}
 	next.st, next.jEnd = st, ends[len(ends)-1]
 	next.settled = false // another writer's commits
+	next.keep = nil
 	next.minKnown = false
 	return next, nil
 }

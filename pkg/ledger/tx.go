@@ -51,7 +51,10 @@ type Tx struct {
 	minKnown    bool
 	// fixed, when set, is what the reservation pass depends on as it was
 	// when the waiters were last its fixed point (see reserveCandidates).
-	fixed  *queueFixed
+	fixed *queueFixed
+	// keep is keptForHead's answer for st, until the next change (touch
+	// forgets it, as it forgets view).
+	keep   *headKeep
 	closed bool
 	// freshLineage: the state got its lineage from this Update's load (it
 	// started empty, or its file had none) and it is not stored yet.
@@ -63,6 +66,7 @@ func (tx *Tx) touch() {
 	tx.dirty = true
 	tx.settled = false
 	tx.view = nil
+	tx.keep = nil
 }
 
 func newTx(l *Ledger, st State, now time.Time) *Tx {
