@@ -584,7 +584,7 @@ func (l *Ledger) replaceJournal(header []byte, keepPrev bool) error {
 // it costs nothing now and is only logged.
 func (l *Ledger) keepPrevJournal() {
 	prev := filepath.Join(l.dir, journalPrevName)
-	cur, err := os.Lstat(l.JournalPath())
+	cur, err := os.Lstat(l.JournalPath()) //nolint:gosec // fixed names in the operator's state dir
 	if errors.Is(err, fs.ErrNotExist) {
 		return // nothing to keep
 	}
@@ -592,7 +592,7 @@ func (l *Ledger) keepPrevJournal() {
 	// name of the journal, which is kept already; renaming a link over
 	// another name of the same file would do nothing and leave the temp
 	// name behind (rename(2)).
-	if p, perr := os.Lstat(prev); err == nil && perr == nil && os.SameFile(cur, p) {
+	if p, perr := os.Lstat(prev); err == nil && perr == nil && os.SameFile(cur, p) { //nolint:gosec // fixed names in the operator's state dir
 		return
 	}
 	old, err := linkTemp(l.dir, l.JournalPath(), tempPrefix+"journal-prev-")
@@ -602,7 +602,7 @@ func (l *Ledger) keepPrevJournal() {
 	}
 	reachStage(stageJournalLinked)
 	if err := os.Rename(old, prev); err != nil { //nolint:gosec // our temp link onto the fixed name
-		_ = os.Remove(old) //nolint:gosec // our own temp link; the journal keeps its name
+		_ = os.Remove(old) // our own temp link; the journal keeps its name
 		l.log.Warn("ledger: could not keep the previous journal", "path", prev, "error", err)
 	}
 }
