@@ -30,7 +30,11 @@ down while containers stopped.
 This is the rule the daemon applies, with the configured release_on: a holder
 that was created but never started has no process yet and keeps its claim, and
 under release_on = "remove" an exited holder keeps its claim until its
-container is removed (use release to end it sooner); under [observe]
+container is removed (use release to end it sooner); an OCI hook holder
+counts as removed once no runtime state root ([hook] runtime_roots) lists
+its container (a create that failed after the hook admitted it gets no
+poststop), and one whose removal cannot be told (a root that cannot be read)
+is kept and reported on stderr; under [observe]
 release_requires_idle = true an exited holder's claim is kept draining (until
 the GPU shows its processes gone, or idle_grace) instead of released. A
 gpu-guard-ctl run ticket whose process is gone is released whatever
@@ -73,6 +77,7 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 	// container only within one runtime root or namespace, so every
 	// incarnation (every recorded process) of an id is checked on its own.
 	var found []gcFinding
+	var unsure []string
 	seen := map[incarnation]bool{}
 	for _, c := range st.Claims {
 		k := incarnationOf(&c.Owner)
@@ -82,9 +87,20 @@ func (a *app) gc(ctx context.Context, dryRun bool) error {
 		seen[k] = true
 		// The rule the guard applies: a holder kept by policy (release_on
 		// = "remove", or never started) is not a leak.
-		if v := rule.Check(c.Owner); v.Release() || v.Action == guard.MarkDraining {
+		switch v := rule.Check(c.Owner); {
+		case v.Release() || v.Action == guard.MarkDraining:
 			found = append(found, gcFinding{owner: c.Owner, why: "holder exited: " + v.Why, drain: v.Action == guard.MarkDraining})
+		case v.Unsure != "":
+			// Kept on doubt, and nothing else will end it: say so, as
+			// status does.
+			unsure = append(unsure, fmt.Sprintf("%s: gc: kept the claims of %s: it exited and keeps them until its container "+
+				"is removed (release_on = \"remove\"), but whether it was removed cannot be told: %s; if its engine no longer "+
+				"lists it, run `sudo %s release --container %s --reason \"container removed\"`",
+				programName, guard.HolderName(c.Owner), v.Unsure, programName, c.Owner.ContainerID))
 		}
+	}
+	for _, line := range unsure {
+		fmt.Fprintln(a.env.Stderr, escapeLine(line))
 	}
 	why := map[string]string{} // by device UUID: the finding of the claim's incarnation
 	whyOf := func(c ledger.Claim) string { return why[c.Device.UUID] }

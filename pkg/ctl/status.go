@@ -40,6 +40,11 @@ const (
 	problemConflict      = "conflict"
 	problemHolderExited  = "holder-exited"
 	problemUnknownDevice = "unknown-device"
+	// problemRemovalUnknown: an OCI hook holder that exited, kept under
+	// release_on = "remove" until its container is removed, whose removal
+	// cannot be told from the runtimes' state (a runtime root that cannot
+	// be read, none configured or present): nothing will end its claim.
+	problemRemovalUnknown = "holder-removal-unknown"
 	// problemCordoned: a cordon the observer set (intruder, unhealthy); an
 	// operator's cordon is intentional and not a problem.
 	problemCordoned = "cordoned"
@@ -74,9 +79,12 @@ reports unhealthy is marked so.
 
 status exits 3 and lists what to do when a device is in conflict, a holder has
 exited without releasing its claim (what gc acts on: it releases the claim,
-or under release_requires_idle marks it draining), a claim names a device
-that is not in the inventory, or the observer cordoned a device (an
-intruder, an unhealthy GPU). An operator's cordon and a draining claim are listed, not problems.
+or under release_requires_idle marks it draining; under release_on =
+"remove", an OCI hook holder whose container no runtime knows any more, see
+[hook] runtime_roots), an exited OCI hook holder kept under release_on =
+"remove" cannot be told removed or not (a runtime root that cannot be read),
+a claim names a device that is not in the inventory, or the observer
+cordoned a device (an intruder, an unhealthy GPU). An operator's cordon and a draining claim are listed, not problems.
 The daemon's GPU observer adds what it saw on the devices themselves (its
 last report, observe.json in the state dir): a process on a GPU its
 container does not hold (intruder, out-of-bounds) and an unhealthy device; a
@@ -201,6 +209,12 @@ type statusDevice struct {
 	// staleDrains: the stale claim is kept draining, not released, when gc
 	// (or the daemon) acts on it (release_requires_idle).
 	staleDrains bool
+	// staleRemoved: the stale holder is an OCI hook's whose container no
+	// runtime knows any more (release_on = "remove").
+	staleRemoved bool
+	// removalUnknown says why the removal of an exited OCI hook holder,
+	// kept under release_on = "remove", cannot be told.
+	removalUnknown string
 	// Cordon is the cordon covering this device, on it or, then named by
 	// CordonedVia, on its GPU or one of its MIG instances; nil if none.
 	Cordon      *cordonJSON `json:"cordon"`
@@ -490,11 +504,13 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 	// gc does, every incarnation (recorded process) of an id is checked on
 	// its own and its verdict applies to its own claims only: keyed by id,
 	// a live incarnation would hide an exited one or lend it its finding.
+	// A claim the rule keeps because it cannot tell whether its holder
+	// was removed (Verdict.Unsure) is a problem too: nothing ends it.
 	check := memoCheck(rule)            // one liveness check per incarnation
 	stale := map[string]guard.Verdict{} // by claimed device UUID
 	for _, c := range st.Claims {
 		verdict := check(c.Owner)
-		if verdict.Release() || verdict.Action == guard.MarkDraining {
+		if verdict.Release() || verdict.Action == guard.MarkDraining || verdict.Unsure != "" {
 			stale[c.Device.UUID] = verdict
 		}
 	}
@@ -504,9 +520,14 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 			// The row of the claimed device itself: its holder is that
 			// claim's owner (a row held via another device reports nothing,
 			// the claimed device's row does).
-			if verdict, ok := stale[d.UUID]; ok {
+			switch verdict, ok := stale[d.UUID]; {
+			case !ok:
+			case verdict.Unsure != "":
+				d.removalUnknown = verdict.Unsure
+			default:
 				d.Stale = verdict.Why
 				d.staleDrains = verdict.Action == guard.MarkDraining
+				d.staleRemoved = verdict.Deleted
 			}
 		}
 		v.Problems = append(v.Problems, d.problems(inv)...)
@@ -620,10 +641,23 @@ func (d *statusDevice) problems(inv *devices.Inventory) []problem {
 			// gone (or at idle_grace).
 			what = fmt.Sprintf("run `sudo %s gc` to mark its claim draining (release_requires_idle: it is released once its processes leave the GPU, at the latest after idle_grace)", programName)
 		}
+		gone := "whose processes are gone"
+		if d.staleRemoved {
+			gone = "whose processes are gone and whose container was removed"
+		}
 		out = append(out, problem{
 			Kind: problemHolderExited, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
-			Message: fmt.Sprintf("%s is held by %s whose processes are gone (%s); %s",
-				label, d.Holder.who(), d.Stale, what),
+			Message: fmt.Sprintf("%s is held by %s %s (%s); %s",
+				label, d.Holder.who(), gone, d.Stale, what),
+		})
+	}
+	if d.removalUnknown != "" {
+		out = append(out, problem{
+			Kind: problemRemovalUnknown, Device: d.UUID, Index: d.Index, ContainerID: d.Holder.ContainerID,
+			Message: fmt.Sprintf("%s is held by %s, which exited and keeps its claim until its container is removed "+
+				"(release_on = \"remove\"), but whether it was removed cannot be told: %s; check that [hook] runtime_roots "+
+				"names this host's runtime state roots and that they can be read, or, if its engine no longer lists it, end its claim with `sudo %s release --container %s --reason \"container removed\"`",
+				label, d.Holder.who(), d.removalUnknown, programName, d.Holder.ContainerID),
 		})
 	}
 	for _, c := range d.Conflicts {

@@ -26,6 +26,7 @@ func newStateEnv(t *testing.T, mutate func(*config.Config)) (*env, *bytes.Buffer
 	t.Helper()
 	cfg := config.Default()
 	cfg.Ledger.Dir = filepath.Join(t.TempDir(), "state")
+	cfg.Hook.RuntimeRoots = testRuntimeRoots(t)
 	if mutate != nil {
 		mutate(&cfg)
 	}

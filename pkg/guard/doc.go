@@ -48,7 +48,12 @@
 //     (remembered in memory, so within one daemon's life).
 //   - A holder that never started (no pid, no cgroup) is never checked for
 //     liveness and keeps its claim; a holder is released out of band only on
-//     positive evidence that its processes are gone.
+//     positive evidence that its processes are gone. Under release_on =
+//     "remove" an OCI hook holder's claim, kept past its exit, ends out of
+//     band only on positive evidence that its container was removed too: no
+//     runtime state root ([hook] runtime_roots) lists its id, and at least
+//     one of them was read (RuntimeRoots). A root that cannot be read keeps
+//     the claim, and the refusal, status and gc say why (Verdict.Unsure).
 //   - Stop and remove events release only the given container id's claims and
 //     never touch the queue: a refused create is followed by both, and its
 //     requester keeps its place. A front end that names a removed container

@@ -62,9 +62,12 @@ type Guard struct {
 	swapMu sync.Mutex
 	ledger *ledger.Ledger
 	live   Liveness
-	now    func() time.Time
-	log    *slog.Logger
-	obs    Observer
+	// rt is the runtimes' state ([hook] runtime_roots), the evidence that
+	// an OCI hook holder was removed (see ReleasableIdle).
+	rt  Runtimes
+	now func() time.Time
+	log *slog.Logger
+	obs Observer
 	// observed: an Observer was given; without one (an OCI hook) Admit
 	// skips the copy of the state it would hand to StateChanged.
 	observed bool
@@ -90,6 +93,7 @@ func New(opts Options) (*Guard, error) {
 		policy: opts.Config.Policy,
 		ledger: opts.Ledger,
 		live:   opts.Liveness,
+		rt:     RuntimeRoots(opts.Config.Hook.RuntimeRoots),
 		now:    opts.Now,
 		log:    opts.Logger,
 		obs:    opts.Observer,
@@ -178,10 +182,10 @@ func (g *Guard) exempts(o ledger.Owner) bool {
 	return g.Exempt(o.Namespace) && TrustsIdentity(o.FrontEnd)
 }
 
-// Releasable applies the release rule (see Releasable) with the guard's
-// policy and liveness check.
+// Releasable applies the release rule (see ReleasableIdle) with the guard's
+// policy, liveness check and runtime roots.
 func (g *Guard) Releasable(o ledger.Owner) Verdict {
-	return ReleasableIdle(o, g.policy.ReleaseOn, g.requiresIdle(), g.live)
+	return ReleasableIdle(o, g.policy.ReleaseOn, g.requiresIdle(), g.live, g.rt)
 }
 
 // Resolve turns a container description into the devices it reaches under the
@@ -436,8 +440,9 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 	g.dropDeadReservers(tx, key, want)
 	busy := tx.Busy(key, owner, want)
 	var released, tookOver []ledger.Claim
+	var kept map[incarnation]Verdict
 	if len(busy) > 0 {
-		busy, released, tookOver = g.settleHolders(tx, key, owner, want, busy)
+		busy, released, tookOver, kept = g.settleHolders(tx, key, owner, want, busy)
 	}
 
 	if len(busy) == 0 {
@@ -469,26 +474,33 @@ func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res device
 	}
 
 	d.Busy = busy
-	g.refuseOrQueue(tx, &d, key, owner, want, now)
+	g.refuseOrQueue(tx, &d, key, owner, want, now, kept)
 	return d, released, nil
 }
 
+// incarnation is one process of a holder: the release rule's verdict is
+// about one process, and another container that runs under the same id
+// (another runtime root) is another holder, checked and released on its own
+// (see ledger.SameIncarnation).
+type incarnation struct {
+	id    string
+	pid   int
+	start uint64
+}
+
+func incarnationOf(o ledger.Owner) incarnation { return incarnation{o.ContainerID, o.Pid, o.PidStart} }
+
 // settleHolders runs the release rule on the holders of the busy devices:
 // an exited holder is released (or, under release_on = "remove", marked
-// stopped), and a stopped holder of the same pod (see samePod) is taken
-// over when that admits the request. It returns what is still busy.
+// stopped, unless it was removed), and a stopped holder of the same pod
+// (see samePod) is taken over when that admits the request. It returns what
+// is still busy, and the verdicts that kept or drained a holder, for the
+// refusal's words.
 func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, want []devices.Device,
-	busy []ledger.BusyDevice) (_ []ledger.BusyDevice, released, tookOver []ledger.Claim) {
+	busy []ledger.BusyDevice) (_ []ledger.BusyDevice, released, tookOver []ledger.Claim, kept map[incarnation]Verdict) {
 	changed := false
-	// The verdict is about one process: another container that runs under
-	// the same id (another runtime root) is another holder, checked and
-	// released on its own (see ledger.SameIncarnation).
-	type incarnation struct {
-		id    string
-		pid   int
-		start uint64
-	}
 	checked := map[incarnation]bool{}
+	kept = map[incarnation]Verdict{}
 	// predecessors are stopped holders this request may take over
 	// (release_on = "remove", same pod).
 	var predecessors []string
@@ -497,7 +509,7 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 			continue
 		}
 		h := bd.Holder.Owner
-		inc := incarnation{h.ContainerID, h.Pid, h.PidStart}
+		inc := incarnationOf(h)
 		if checked[inc] {
 			continue
 		}
@@ -510,8 +522,11 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 			// stops being a candidate for liveness checks.
 			tx.MarkStoppedIncarnation(h)
 			stopped, changed = true, true
-			g.log.Info("holder exited without a stop event; kept until removal",
-				append(ownerAttrs(h, ""), slog.String("why", v.Why))...)
+			attrs := append(ownerAttrs(h, ""), slog.String("why", v.Why))
+			if v.Unsure != "" {
+				attrs = append(attrs, slog.String("removal_unknown", v.Unsure))
+			}
+			g.log.Info("holder exited without a stop event; kept until removal", attrs...)
 		case MarkDraining:
 			// release_requires_idle: the cgroup is empty, but the GPU
 			// may still hold its processes; the claim drains.
@@ -523,10 +538,14 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 			rel := tx.ReleaseIncarnation(h, ReasonHolderExited+": "+v.Why)
 			released = append(released, rel...)
 			changed = true
-			g.log.Info("released: holder exited",
-				append(ownerAttrs(h, ""), slog.String("why", v.Why), slog.Any("devices", claimUUIDs(rel)))...)
+			msg := "released: holder exited"
+			if v.Deleted {
+				msg = "released: holder exited and its container was removed"
+			}
+			g.log.Info(msg, append(ownerAttrs(h, ""), slog.String("why", v.Why), slog.Any("devices", claimUUIDs(rel)))...)
 			continue
 		}
+		kept[inc] = v
 		if stopped && g.policy.ReleaseOn == config.ReleaseOnRemove && samePod(h, owner) {
 			predecessors = append(predecessors, h.ContainerID)
 		}
@@ -556,13 +575,14 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 		}
 		busy = tx.Busy(key, owner, want)
 	}
-	return busy, released, tookOver
+	return busy, released, tookOver, kept
 }
 
 // refuseOrQueue completes a decision whose devices are busy (d.Busy): the
 // requester is queued (on_conflict = "queue") or refused and the refusal
 // audited, and the message says who holds what and what to do.
-func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledger.Owner, want []devices.Device, now time.Time) {
+func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledger.Owner, want []devices.Device, now time.Time,
+	kept map[incarnation]Verdict) {
 	d.Reason = "busy"
 	if allReserved(d.Busy) {
 		d.Reason = "reserved"
@@ -575,6 +595,7 @@ func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledg
 		partial: tx.HoldsPartOfRequest,
 		key:     key,
 		hook:    owner.FrontEnd == ledger.FrontEndHook,
+		kept:    kept,
 	}
 	if g.policy.OnConflict == config.ConflictQueue {
 		d.Result = Queue

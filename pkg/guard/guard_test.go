@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -127,6 +128,7 @@ func newEnv(t testing.TB, mutate func(*config.Config)) *env {
 	t.Helper()
 	cfg := config.Default()
 	cfg.Ledger.Dir = filepath.Join(t.TempDir(), "state")
+	cfg.Hook.RuntimeRoots = testRuntimeRoots(t)
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -145,6 +147,20 @@ func newEnv(t testing.TB, mutate func(*config.Config)) *env {
 		Liveness: e.live, Now: e.clock.Now, Observer: e.obs})
 	require.NoError(t, err)
 	return e
+}
+
+// testRuntimeRoots are the runtime roots of a test: one that does not
+// exist until a test says that the runtime knows a container (runtimeKnows),
+// so that no test reads the host's /run/runc or /run/crun.
+func testRuntimeRoots(t testing.TB) []string {
+	return []string{filepath.Join(t.TempDir(), "run", "runc")}
+}
+
+// runtimeKnows makes the test's runtime root list container id, as runc
+// does from its create until its delete.
+func (e *env) runtimeKnows(id string) {
+	e.t.Helper()
+	require.NoError(e.t, os.MkdirAll(filepath.Join(e.cfg.Hook.RuntimeRoots[0], id), 0o700))
 }
 
 // ctr is a CRI container identity: pod UID "uid-<pod>".

@@ -38,6 +38,10 @@ type conflictText struct {
 	// it (no kubelet), and whether the hook waits is the hook's business, so
 	// the text says only how many requests wait before this one.
 	hook bool
+	// kept are the release rule's verdicts on the holders it kept (by
+	// incarnation): what it found out about a holder that the ledger does
+	// not record (its container removed, or its removal unknown).
+	kept map[incarnation]Verdict
 }
 
 // String renders the refusal: every busy device with its holder or
@@ -134,9 +138,21 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 			fmt.Fprintf(&b, " through %s", naming.Device(h.Device))
 		}
 		fmt.Fprintf(&b, " since %s", stamp(h.Since, c.now))
-		if !h.Owner.DrainingSince.IsZero() {
+		v := c.kept[incarnationOf(h.Owner)]
+		switch {
+		case !h.Owner.DrainingSince.IsZero() && v.Deleted:
+			fmt.Fprintf(&b, " (exited and removed: no runtime knows its container any more; draining since %s, "+
+				"waiting for its processes to leave the GPU)", stamp(h.Owner.DrainingSince, c.now))
+		case !h.Owner.DrainingSince.IsZero():
 			b.WriteString(drainingText(h.Owner, c.now))
-		} else if !h.Owner.StoppedAt.IsZero() {
+		case !h.Owner.StoppedAt.IsZero() && v.Unsure != "":
+			// Nothing will end this claim by itself: the reader must be
+			// able to tell a container that is gone and end it.
+			fmt.Fprintf(&b, " (exited %s, kept until the container is removed: policy release_on = \"remove\"; whether it was "+
+				"removed cannot be told: %s; if its engine no longer lists it, end its claim with "+
+				"`sudo gpu-guard-ctl release --container %s --reason \"container removed\"`)",
+				stamp(h.Owner.StoppedAt, c.now), v.Unsure, h.Owner.ContainerID)
+		case !h.Owner.StoppedAt.IsZero():
 			fmt.Fprintf(&b, " (exited %s, kept until the container is removed: policy release_on = \"remove\")",
 				stamp(h.Owner.StoppedAt, c.now))
 		}

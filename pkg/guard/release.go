@@ -5,6 +5,7 @@ package guard
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
@@ -51,6 +52,16 @@ type Verdict struct {
 	// Why is the liveness finding ("cgroup /k8s.io/abc has no processes"),
 	// for the audit trail and messages; empty when no check was made.
 	Why string
+	// Deleted: the holder is an OCI hook's whose processes are gone and
+	// whose container no runtime knows any more (release_on = "remove"):
+	// its claim ends as at its removal (Action ReleaseNow, or MarkDraining
+	// under release_requires_idle), and Why says so.
+	Deleted bool
+	// Unsure says, for such a holder kept until its removal (MarkStopped,
+	// KeepStopped), why its container could not be told deleted (a runtime
+	// root that cannot be read, none configured or none present): the
+	// claim is kept, and only an operator can end it.
+	Unsure string
 }
 
 // Release reports whether the claim may be released now.
@@ -81,24 +92,44 @@ func ProcessOf(o ledger.Owner) liveness.Process {
 // A ticket of `gpu-guard-ctl run` (IsTicket) is the exception: released as
 // soon as its process is gone, whatever the policy (see ticketVerdict).
 //
-// Releasable is the rule with release_requires_idle off; ReleasableIdle
-// is the whole rule, which the guard and ReleaseRule apply.
+// Releasable is the rule with release_requires_idle off and without the
+// runtimes' state; ReleasableIdle is the whole rule, which the guard and
+// ReleaseRule apply.
 func Releasable(o ledger.Owner, releaseOn config.ReleaseOn, live Liveness) Verdict {
-	return ReleasableIdle(o, releaseOn, false, live)
+	return ReleasableIdle(o, releaseOn, false, live, nil)
 }
 
 // ReleasableIdle is the release rule under [observe]
 // release_requires_idle = requiresIdle: as Releasable, except that a holder
 // found exited under release_on = "stop" is marked draining, not released
 // (its cgroup is empty, but only the GPU can say that its processes left it).
-func ReleasableIdle(o ledger.Owner, releaseOn config.ReleaseOn, requiresIdle bool, live Liveness) Verdict {
+//
+// Under release_on = "remove" an OCI hook holder (front end "hook") is
+// also checked against the runtimes' state (rt; nil: never): once its
+// processes are gone (found now, or recorded as stopped) and no runtime
+// knows its container any more (Runtimes.Deleted), it has been removed, and
+// its claim ends as at its removal: released, or marked draining under
+// release_requires_idle. A hook front end learns of a removal only from the
+// container's poststop, which runs when the container is deleted; a
+// container whose create failed after its createRuntime hook admitted it (a
+// later hook failed, a missing executable) is deleted without one under
+// podman (which runs the poststop hooks itself) and crun, and no later event
+// would ever name it. A container the runtime still knows (stopped, not
+// deleted) keeps its claim, and so does one whose deletion cannot be told
+// (Verdict.Unsure).
+func ReleasableIdle(o ledger.Owner, releaseOn config.ReleaseOn, requiresIdle bool, live Liveness, rt Runtimes) Verdict {
 	if IsTicket(o) {
 		return ticketVerdict(o, live)
 	}
 	if !o.DrainingSince.IsZero() {
 		return Verdict{Action: KeepDraining}
 	}
+	byRuntime := releaseOn == config.ReleaseOnRemove && o.FrontEnd == ledger.FrontEndHook && rt != nil
 	if !o.StoppedAt.IsZero() {
+		if byRuntime {
+			return deletedVerdict(o, requiresIdle, rt, KeepStopped,
+				"it exited at "+o.StoppedAt.UTC().Format(time.RFC3339))
+		}
 		return Verdict{Action: KeepStopped}
 	}
 	if o.Pid <= 0 && o.Cgroup == "" {
@@ -108,6 +139,8 @@ func ReleasableIdle(o ledger.Owner, releaseOn config.ReleaseOn, requiresIdle boo
 	switch {
 	case !exited:
 		return Verdict{Action: KeepRunning, Why: why}
+	case byRuntime:
+		return deletedVerdict(o, requiresIdle, rt, MarkStopped, why)
 	case releaseOn == config.ReleaseOnRemove:
 		return Verdict{Action: MarkStopped, Why: why}
 	case requiresIdle:
@@ -115,6 +148,26 @@ func ReleasableIdle(o ledger.Owner, releaseOn config.ReleaseOn, requiresIdle boo
 	default:
 		return Verdict{Action: ReleaseNow, Why: why}
 	}
+}
+
+// deletedVerdict is the verdict on an exited OCI hook holder under
+// release_on = "remove" (exited says how it was found so): its claim ends
+// when no runtime knows its container any more, and is kept (keep: marked
+// stopped, or left stopped) otherwise.
+func deletedVerdict(o ledger.Owner, requiresIdle bool, rt Runtimes, keep ReleaseAction, exited string) Verdict {
+	deleted, unsure, why := rt.Deleted(o.ContainerID)
+	if !deleted {
+		v := Verdict{Action: keep, Why: exited}
+		if unsure {
+			v.Unsure = why
+		}
+		return v
+	}
+	v := Verdict{Action: ReleaseNow, Deleted: true, Why: exited + "; removed: " + why}
+	if requiresIdle {
+		v.Action = MarkDraining
+	}
+	return v
 }
 
 // ticketVerdict is the release rule for a ticket of `gpu-guard-ctl run`
@@ -142,26 +195,30 @@ func ticketVerdict(o ledger.Owner, live Liveness) Verdict {
 	return Verdict{Action: ReleaseNow, Why: "ticket " + o.ContainerID + " (gpu-guard-ctl run): " + why}
 }
 
-// ReleaseRule is Releasable bound to a configuration and a liveness check,
-// for callers that hold a config.Config rather than a Guard (ctl, the hook).
+// ReleaseRule is ReleasableIdle bound to a configuration, a liveness check
+// and the runtimes' state, for callers that hold a config.Config rather than
+// a Guard (ctl, the hook).
 type ReleaseRule struct {
 	releaseOn    config.ReleaseOn
 	requiresIdle bool
 	live         Liveness
+	rt           Runtimes
 }
 
-// NewReleaseRule binds Releasable to cfg's policy and live; nil live is
+// NewReleaseRule binds ReleasableIdle to cfg's policy, live and the state
+// roots of cfg's [hook] runtime_roots (RuntimeRoots); nil live is
 // liveness.New over the host's /sys/fs/cgroup and /proc.
 func NewReleaseRule(cfg config.Config, live Liveness) ReleaseRule {
 	if live == nil {
 		live = liveness.New("", "")
 	}
-	return ReleaseRule{releaseOn: cfg.Policy.ReleaseOn, requiresIdle: cfg.Observe.ReleaseRequiresIdle, live: live}
+	return ReleaseRule{releaseOn: cfg.Policy.ReleaseOn, requiresIdle: cfg.Observe.ReleaseRequiresIdle, live: live,
+		rt: RuntimeRoots(cfg.Hook.RuntimeRoots)}
 }
 
 // Check applies the rule to holder o.
 func (r ReleaseRule) Check(o ledger.Owner) Verdict {
-	return ReleasableIdle(o, r.releaseOn, r.requiresIdle, r.live)
+	return ReleasableIdle(o, r.releaseOn, r.requiresIdle, r.live, r.rt)
 }
 
 // ReleaseAdvice is what an operator runs, once the ledger is reachable, to

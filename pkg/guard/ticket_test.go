@@ -111,6 +111,7 @@ func TestNonTicketHookHolderKeptUntilRemoval(t *testing.T) {
 	o := ticketOwner("0123456789abcdef", 4242)
 	o.Container = "train"
 	require.Equal(t, guard.Admit, e.admitHook(o, visible("1")).Result)
+	e.runtimeKnows(o.ContainerID) // stopped, not deleted
 	e.live.exited["pid:4242"] = true
 	next := ctr("ml", "b", "main", "next000000000001")
 	require.Equal(t, guard.Queue, e.admit(next, visible("1")).Result)

@@ -181,6 +181,7 @@ func TestHookCannotTakeOverAClaim(t *testing.T) {
 		old := hookCtr("ml", "a", "main", "old0000000000001")
 		require.Equal(t, guard.Admit, e.admitAs(ledger.FrontEndHook, old, visible("1")).Result)
 		require.NoError(t, e.g.Stopped(ctx, old))
+		e.runtimeKnows(old.ContainerID) // stopped, not deleted
 		d := e.admitAs(ledger.FrontEndHook, hookCtr("ml", "a", "main", "new0000000000001"), visible("1"))
 		assert.Equal(t, guard.Queue, d.Result, d.Message)
 		assert.Equal(t, map[string]string{uuid(1): old.ContainerID}, e.holders())
@@ -191,6 +192,7 @@ func TestHookCannotTakeOverAClaim(t *testing.T) {
 		squatter := hookCtr("ml", "a", "main", "squat00000000001")
 		require.Equal(t, guard.Admit, e.admitAs(ledger.FrontEndHook, squatter, visible("1")).Result)
 		require.NoError(t, e.g.Stopped(ctx, squatter))
+		e.runtimeKnows(squatter.ContainerID) // stopped, not deleted
 		d := e.admit(ctr("ml", "a", "main", "new0000000000001"), visible("1"))
 		assert.Equal(t, guard.Queue, d.Result, d.Message)
 		assert.Equal(t, map[string]string{uuid(1): squatter.ContainerID}, e.holders())

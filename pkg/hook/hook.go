@@ -749,10 +749,12 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 	// recorded process (pid and start time) still runs is that other
 	// container's: this container's processes are gone by poststop.
 	runs := func(o ledger.Owner) bool { return liveness.Running(e.procRoot, o.Pid, o.PidStart) }
-	// A busy lock is waited for as create-runtime waits for it: nothing
-	// else ends these claims under release_on = "remove" (the container is
-	// gone: no later event names it, and gc keeps an exited holder's claim
-	// there). One budget for both writes, inside the hook's own timeout.
+	// A busy lock is waited for as create-runtime waits for it: under
+	// release_on = "remove" little else ends these claims (the container is
+	// gone: no later event names it, and gc or the next request end an
+	// exited holder's claim there only where [hook] runtime_roots shows
+	// that its runtime deleted it). One budget for both writes, inside the
+	// hook's own timeout.
 	deadline := time.Now().Add(e.poststopBudget(cfg))
 	var errs []error
 	if holds {

@@ -43,6 +43,9 @@ func staticConfig(t *testing.T) config.Config {
 	}
 	cfg.Hook.PollInterval = config.Duration{Duration: time.Millisecond}
 	cfg.Hook.WaitTimeout = config.Duration{Duration: time.Minute}
+	// Runtime roots of the test's own, absent unless a test makes them:
+	// the host's /run/runc and /run/crun are not read.
+	cfg.Hook.RuntimeRoots = []string{filepath.Join(t.TempDir(), "run", "runc")}
 	return cfg
 }
 
@@ -690,8 +693,9 @@ func TestPoststop(t *testing.T) {
 
 // A poststop that finds the ledger lock busy tries again, as create-runtime
 // does, within a budget of its own: it used to give up after one
-// lock_timeout, and under release_on = "remove" nothing else ends the claim
-// (the container is gone; gc keeps an exited holder's claim there).
+// lock_timeout, and under release_on = "remove" little else ends the claim
+// (the container is gone; gc keeps an exited holder's claim there unless
+// [hook] runtime_roots shows that its runtime deleted it).
 func TestPoststopRetriesABusyLock(t *testing.T) {
 	ctx := context.Background()
 	cfg := staticConfig(t)

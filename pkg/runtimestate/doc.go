@@ -5,6 +5,10 @@
 // know, from the runtimes' own state directories: what a hook-only host has
 // instead of containerd's container list when the ledger lost claims
 // (gpu-guard-ctl recover adopts the running containers it finds).
+// Whether one container id is still known at all (the release rule's
+// evidence that an OCI hook holder was removed) is guard.RuntimeRoots' to
+// tell, over the same roots: the guard, which the hook imports, cannot
+// import this package, which imports the hook.
 //
 // Each root (runc's /run/runc, which podman uses too; crun's /run/crun; any
 // configured in [hook] runtime_roots) holds one directory per container id:

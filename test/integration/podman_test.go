@@ -7,6 +7,7 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +40,7 @@ func TestPodman(t *testing.T) {
 				{"MknodWithoutCgroup", podmanMknodWithoutCgroup},
 				{"DevicePathUserNS", podmanDevicePathUserNS},
 				{"UserNSDeviceBundle", podmanUserNSDeviceBundle},
+				{"FailedCreateUnderRemove", podmanFailedCreateUnderRemove},
 			} {
 				t.Run(sc.name, func(t *testing.T) {
 					r.t = t
@@ -165,6 +167,58 @@ func podmanHolderKilled(t *testing.T, r *podmanRig) {
 	out, err = r.runGPU("n", "2")
 	require.NoError(t, err, "the holder's process is gone: released at the next request: %s", out)
 	require.Equal(t, r.id("n"), r.holders()[2])
+}
+
+// podmanFailedCreateUnderRemove: under release_on = "remove", a container
+// whose create fails after the guard's create-runtime hook admitted it (a
+// createContainer hook fails, as CDI's nvidia-ctk hooks may) is deleted by
+// the runtime, and podman, which runs the poststop hooks itself, runs none
+// for it (with runc as with crun). Its claim used to outlive it for good:
+// `podman rm -f` and `podman ps -a` showed nothing, gc had "nothing to
+// release", and the next container on the GPU was refused. No runtime root
+// lists it any more: status says so, and the next request releases the
+// claim.
+func podmanFailedCreateUnderRemove(t *testing.T, r *podmanRig) {
+	cfg, err := os.ReadFile(r.cfgPath)
+	require.NoError(t, err)
+	require.NotContains(t, string(cfg), "[policy]")
+	require.NoError(t, os.WriteFile(r.cfgPath, append(slices.Clone(cfg), "[policy]\nrelease_on = \"remove\"\n"...), 0o600))
+	t.Cleanup(func() { require.NoError(t, os.WriteFile(r.cfgPath, cfg, 0o600)) })
+	// A createContainer hook that fails, for the containers annotated so:
+	// it runs after the guard's createRuntime hook admitted them.
+	falseBin, err := exec.LookPath("false")
+	require.NoError(t, err)
+	failing := filepath.Join(r.hooksDir, "zz-fail-create.json")
+	doc := fmt.Sprintf(`{"version": "1.0.0", "hook": {"path": %q}, "when": {"annotations": {"^gg\\.test/fail-create$": "^1$"}}, "stages": ["createContainer"]}`,
+		falseBin)
+	require.NoError(t, os.WriteFile(failing, []byte(doc), 0o644))
+	t.Cleanup(func() { require.NoError(t, os.Remove(failing)) })
+
+	extra := []string{"--annotation", "gg.test/fail-create=1"}
+	if r.runtime == "crun" {
+		// In this rig crun runs where /sys/fs/cgroup/unified is unmounted,
+		// and "creates" the container's cgroup v2 as a plain directory of
+		// the tmpfs below, whose cgroup.procs file keeps the pid after the
+		// failed create: read there, the holder would never look exited.
+		// Without a cgroup its liveness goes by its pid, as on a real host
+		// by its emptied cgroup (and, under no device cgroup, it claims
+		// every GPU).
+		extra = append(extra, "--cgroups=disabled")
+	}
+	out, err := r.runGPU("f", "1", extra...)
+	require.Error(t, err, "its createContainer hook fails: %s", out)
+	f := r.id("f")
+	r.mustPodman("rm", "-f", "-t", "0", "f")
+	require.Equal(t, f, r.holders()[1], "no poststop ran")
+	st, err := r.ctl("status")
+	require.Error(t, err, "status exits 3: %s", st)
+	require.Contains(t, st, "ATTENTION (")
+	require.Contains(t, st, "whose processes are gone and whose container was removed")
+	require.Contains(t, st, "release it with `sudo gpu-guard-ctl gc`")
+
+	out, err = r.runGPU("n", "1")
+	require.NoError(t, err, "the removed container's claim does not block GPU 1: %s", out)
+	require.Equal(t, map[int]string{1: r.id("n")}, r.holders())
 }
 
 // podmanPrivileged: podman adds every /dev/nvidiaN to a privileged container;
