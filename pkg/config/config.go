@@ -181,7 +181,9 @@ type HookConfig struct {
 	// RuntimeRoots are the state directories of the OCI runtimes whose
 	// containers `gpu-guard-ctl recover`, and the NRI daemon when it
 	// recovers the ledger, adopt claims for (runc's and crun's roots;
-	// podman uses runc's). Empty: recovery does not look.
+	// podman uses runc's). Under release_on = "remove" the release rule
+	// also asks them whether an exited OCI hook holder was removed (no
+	// root lists its id). Empty: neither looks (such a holder is kept).
 	RuntimeRoots []string `toml:"runtime_roots"`
 }
 
