@@ -22,6 +22,7 @@ import (
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
@@ -378,4 +379,93 @@ func TestCarryFileNotTrustedCarriesNothing(t *testing.T) {
 			assert.Equal(t, g.Ledger().BootID(), c.BootID)
 		})
 	}
+}
+
+// discoveringGuard is the guard Builder.Setup answers with while the GPU
+// discovery still runs: g's configuration and ledger over an inventory that
+// knows no GPU yet.
+func discoveringGuard(t *testing.T, g *guard.Guard) *guard.Guard {
+	t.Helper()
+	pending, err := devices.NewUndiscovered("discovery in progress", "")
+	require.NoError(t, err)
+	pending.Provisional = true
+	gd, err := guard.New(guard.Options{Config: g.Config(), Inventory: pending, Ledger: g.Ledger(), Discovering: true})
+	require.NoError(t, err)
+	return gd
+}
+
+// A daemon whose first guard knows no GPU yet (Setup answered while the
+// discovery still ran, as on a host without persistence mode) starts no
+// observer over it: one would watch nothing, and its start dropped what
+// the daemon before carried, which only listed devices keep. Once the
+// discovered inventory is handed on, the carried findings hold: the
+// operator's uncordon sticks, and the process is audited and logged once.
+func TestCarriedFindingsWaitForTheDiscovery(t *testing.T) {
+	h := newGPUHost(t)
+	g := cordonGuard(t, h)
+	uuid := h.uuid(2)
+	cordoned := func() bool { t.Helper(); return cordonedIn(t, g, uuid) }
+	h.run(2, 200, idB)
+	logs := &syncBuffer{}
+
+	first := runDaemon(t, h, g, nil, logs)
+	first.until("the intruder's device cordoned", cordoned)
+	operatorUncordon(t, g, uuid)
+	first.until("the uncordon taken for the operator's", func() bool {
+		return strings.Contains(logs.String(), "intruder cordon lifted by the operator")
+	})
+	first.stop()
+	require.False(t, cordoned())
+
+	gd := discoveringGuard(t, g)
+	taken := make(chan struct{}, 4)
+	w, reports, stop := runWatch(t, h, gd, nil, func(w *Watch) {
+		w.States = nil
+		w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		w.guardTaken = func() { taken <- struct{}{} }
+	})
+	second := &daemon{t: t, w: w, reports: reports, stop: stop}
+	defer second.stop()
+	testwait.Receive(t, taken, "the first guard taken")
+	assert.Contains(t, logs.String(), "waiting for the GPU discovery")
+	assert.Equal(t, 1, strings.Count(logs.String(), "GPU observer running"), "no observer over no GPU")
+
+	// The discovery lands: its inventory swapped in, the guard handed on.
+	require.NoError(t, gd.SetInventory(g.Inventory()))
+	second.w.Use(gd)
+	testwait.Receive(t, taken, "the discovered guard taken")
+	second.passes(2)
+	assert.Contains(t, logs.String(), "findings of the daemon before carried over")
+	assert.False(t, cordoned(), "the operator's uncordon sticks across the daemon's restart")
+	assert.Equal(t, 1, auditCount(t, g, OpIntruder), "one process, audited once")
+	assert.Equal(t, 1, strings.Count(logs.String(), "GPU process not admitted by the guard"), "one process, logged once")
+}
+
+// Within one daemon, a guard that knows no GPU yet (a reconnect whose
+// Setup, for another [devices] section, answered before its discovery)
+// leaves the running observer as it is: an unhealthy device whose cordon
+// could not be written yet is not forgotten, and is cordoned at a later
+// pass (NVML reports the Xid once; forgotten, the broken GPU would take new
+// claims).
+func TestPendingUnhealthyCordonWaitsForTheDiscovery(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	states := newFakeStates()
+	states.failing = 1 << 30 // every cordon fails until the guard is handed on
+	taken := make(chan struct{}, 4)
+	w, _, stop := runWatch(t, h, g, states, func(w *Watch) { w.guardTaken = func() { taken <- struct{}{} } })
+	defer stop()
+	testwait.Receive(t, taken, "the first guard taken")
+	w.onUnhealthy(context.Background(), observe.Finding{Kind: observe.KindUnhealthy, Xid: 79,
+		Message: "GPU 5 reported critical Xid 79", Device: observe.Device{UUID: h.uuid(5), Index: "5"}})
+
+	gd := discoveringGuard(t, g)
+	w.Use(gd)
+	testwait.Receive(t, taken, "the guard without GPUs taken")
+	states.mu.Lock()
+	states.failing = 0 // the ledger takes cordons again
+	states.mu.Unlock()
+	c := testwait.Receive(t, states.cordons, "the pending unhealthy cordon")
+	assert.Equal(t, h.uuid(5), c[0])
+	assert.Equal(t, "unhealthy", c[1])
 }

@@ -120,6 +120,10 @@ type Watch struct {
 	guards chan *guard.Guard
 	// afterReport, when set (tests), runs after each report was handled.
 	afterReport func()
+	// guardTaken, when set (tests), runs after Run has acted on each guard
+	// handed to it (an observer started, kept, or none for a guard that
+	// knows no GPU yet).
+	guardTaken func()
 	// refused, when set (tests), runs when a pass was refused the ledger
 	// because the plugin is not ready.
 	refused func()
@@ -294,6 +298,24 @@ func (w *Watch) Run(ctx context.Context) {
 			return
 		case g = <-w.guards:
 		}
+		if g.Inventory().Undiscovered {
+			// No GPU is known yet (a discovery still running behind a
+			// Configure that had to answer, or one that failed): an
+			// observer over it would watch nothing, and its start would
+			// drop everything carried (the findings and pending cordons
+			// of the observer before it, or of the daemon before this
+			// one), which only devices it lists keep. The observer that
+			// runs, if any, goes on with its guard until a guard that
+			// knows its GPUs arrives (Builder.Rediscover).
+			w.mu.Lock()
+			if w.g == nil {
+				w.g = g
+			}
+			w.mu.Unlock()
+			log.Info("GPU observer: waiting for the GPU discovery; the observer (if one runs) keeps its devices and findings until it lands")
+			w.tookGuard()
+			continue
+		}
 		w.mu.Lock()
 		w.g = g
 		w.mu.Unlock()
@@ -303,6 +325,7 @@ func (w *Watch) Run(ctx context.Context) {
 		provisional = g.Inventory().Provisional
 		retry := src == nil && reopen(key, k, wasProvisional, provisional)
 		if key != nil && reflect.DeepEqual(*key, k) && !retry {
+			w.tookGuard()
 			continue // a reconnect: same observer, the new guard acts on its findings
 		}
 		stop()
@@ -328,6 +351,14 @@ func (w *Watch) Run(ctx context.Context) {
 		}
 		stateDir = k.dir
 		stop = w.start(ctx, src, k, cfg)
+		w.tookGuard()
+	}
+}
+
+// tookGuard tells a test that Run has acted on a guard (guardTaken).
+func (w *Watch) tookGuard() {
+	if w.guardTaken != nil {
+		w.guardTaken()
 	}
 }
 

@@ -33,10 +33,12 @@ func conflictOnGPU2(t *testing.T, e *env, holder, late ledger.Owner) {
 }
 
 // Under release_requires_idle a container that stops or is removed (or
-// whose pod goes) keeps its claims draining; its conflict records must end
-// as a release ends them. Kept, the record of a container that is gone was
-// promoted to a claim once the holder's claim drained away, and held the
-// GPU for good: it records no process, so nothing ever found it exited.
+// whose pod goes) keeps its claims draining; its conflict records that name
+// no process must end as a release ends them. Kept, the record of a
+// container that is gone was promoted to a claim once the holder's claim
+// drained away, and held the GPU for good: it records no process, so
+// nothing ever found it exited. A record that names the container's process
+// stays (its processes may still be on the device): promoted, it drains.
 func TestDrainEndsConflictRecords(t *testing.T) {
 	idle := func(c *config.Config) {
 		c.Observe.ReleaseRequiresIdle = true
@@ -48,42 +50,63 @@ func TestDrainEndsConflictRecords(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		ends func(e *env)
+		// started: the container's process was recorded in its record.
+		started bool
 	}{
-		{"stop", func(e *env) { require.NoError(t, e.g.Stopped(ctx, late)) }},
-		{"remove", func(e *env) { require.NoError(t, e.g.Removed(ctx, late)) }},
+		{"stop", func(e *env) { require.NoError(t, e.g.Stopped(ctx, late)) }, false},
+		{"remove", func(e *env) { require.NoError(t, e.g.Removed(ctx, late)) }, false},
 		{"started, stopped, removed", func(e *env) {
 			require.NoError(t, e.g.Started(ctx, late.ContainerID, 5151, "/k8s.io/"+late.ContainerID))
 			require.NoError(t, e.g.Stopped(ctx, late))
 			require.NoError(t, e.g.Removed(ctx, late))
-		}},
-		{"pod gone", func(e *env) { require.NoError(t, e.g.PodGone(ctx, ledger.FrontEndNRI, late.PodUID, late.PodSandboxID)) }},
+		}, true},
+		{"pod gone", func(e *env) { require.NoError(t, e.g.PodGone(ctx, ledger.FrontEndNRI, late.PodUID, late.PodSandboxID)) }, false},
 		{"removed, named by id alone", func(e *env) {
 			kept, err := e.g.RemovedExited(ctx, late, func(ledger.Owner) bool { return false })
 			require.NoError(t, err)
 			assert.Empty(t, kept)
-		}},
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e, _ := newStateEnv(t, idle)
 			conflictOnGPU2(t, e, holder, late)
 			before := len(e.obs.states)
 			tc.ends(e)
-			assert.Empty(t, e.state().Conflicts, "the gone container's conflict record ended with it")
 			assert.Greater(t, len(e.obs.states), before, "the change is reported")
+			if tc.started {
+				st := e.state()
+				require.Len(t, st.Conflicts, 1, "a record naming the process stays: it may still be on GPU 2")
+				assert.Equal(t, 5151, st.Conflicts[0].Owner.Pid)
+				e.live.exited[late.ContainerID] = true
+			} else {
+				assert.Empty(t, e.state().Conflicts, "the gone container's conflict record ended with it")
+			}
 
 			// The holder goes too; its claim drains, then the grace ends.
 			require.NoError(t, e.g.Stopped(ctx, holder))
 			e.clock.advance(2 * time.Minute)
 			d := e.admit(next, visible("2"))
+			if tc.started {
+				// The record became the gone container's claim, which
+				// drains in its turn.
+				require.Equal(t, guard.Queue, d.Result, d.Message)
+				assert.Contains(t, d.Message, "draining since")
+				e.clock.advance(2 * time.Minute)
+				d = e.admit(next, visible("2"))
+			}
 			require.Equal(t, guard.Admit, d.Result, "GPU 2 runs nothing: %s", d.Message)
 			assert.Equal(t, map[string]string{uuid(2): next.ContainerID}, e.holders())
 		})
 	}
 }
 
-// A holder found exited under release_requires_idle drains; the conflict
-// records of that container (here on another GPU) end with it.
-func TestExitedHolderDrainEndsItsConflictRecords(t *testing.T) {
+// A holder found exited under release_requires_idle drains; its conflict
+// record on another GPU, which names its process, stays: its processes may
+// be on that GPU too, so the GPU must not go to anyone else once its holder
+// is gone until they have left. The observer's idle check of the holder
+// (its processes only) finishes the holder's drain; the record then becomes
+// the exited container's claim, which drains in its turn.
+func TestExitedHolderDrainKeepsItsConflictRecords(t *testing.T) {
 	e, _ := newStateEnv(t, func(c *config.Config) {
 		c.Observe.ReleaseRequiresIdle = true
 		c.Observe.IdleGrace = config.Duration{Duration: time.Minute}
@@ -101,10 +124,21 @@ func TestExitedHolderDrainEndsItsConflictRecords(t *testing.T) {
 	require.Len(t, e.state().Conflicts, 1)
 
 	e.live.exited[late.ContainerID] = true
-	d := e.admit(ctr("ml", "e", "main", "next000000000001"), visible("1"))
+	next := ctr("ml", "e", "main", "next000000000001")
+	d := e.admit(next, visible("1"))
 	require.Equal(t, guard.Queue, d.Result, "the exited holder's claim drains")
 	assert.Contains(t, d.Message, "draining since")
-	assert.Empty(t, e.state().Conflicts, "its conflict record ended with it")
+	require.Len(t, e.state().Conflicts, 1, "its record on GPU 2 stays: its processes may be there")
+
+	// GPU 2's holder stops and its processes leave (the observer's idle
+	// check sees only them): GPU 2 is not handed out while the exited
+	// container may still be on it.
+	require.NoError(t, e.g.Stopped(ctx, holder))
+	require.NoError(t, e.g.FinishDraining(ctx, holder.ContainerID, "idle"))
+	other := ctr("ml", "f", "main", "other00000000001")
+	d = e.admit(other, visible("2"))
+	require.NotEqual(t, guard.Admit, d.Result, "GPU 2 while the exited container may still be on it: %s", d.Message)
+	assert.Equal(t, late.ContainerID, e.holders()[uuid(2)], "the record became its claim")
 }
 
 // A container recorded in conflict that starts gets its pid and cgroup

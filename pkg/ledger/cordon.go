@@ -256,24 +256,27 @@ func (tx *Tx) cordonError(containerID string, devs []devices.Device) error {
 // Options.DrainGrace. A claim already draining keeps its DrainingSince. It
 // returns the container's claims.
 //
-// The container's conflict records end now, as Release ends them: a record
-// is a claim-to-be for a container that runs, and one left behind by a
-// container that stopped would be promoted once the device is free,
-// handing the GPU to a container that is gone (without a process to
-// check, for good).
+// The container's conflict records that name no process end now, as
+// Release ends them: one left behind by a container that never started
+// would be promoted once the device is free, handing the GPU to a container
+// that is gone with no process to check, for good. A record that names the
+// container's process stays: its processes, like those of its draining
+// claims, may still be on that device, which must not go to anyone else
+// until they have left; promoted once the holder's claim ends, it is a
+// claim of an exited container, which the release rule drains like any.
 func (tx *Tx) MarkDraining(containerID, reason string) []Claim {
 	return tx.MarkDrainingIncarnation(Owner{ContainerID: containerID}, reason)
 }
 
 // MarkDrainingIncarnation is MarkDraining for the one incarnation of a
 // container that o names (see ReleaseIncarnation): its conflict records
-// end as ReleaseIncarnation ends them.
+// without a process end as ReleaseIncarnation ends them.
 func (tx *Tx) MarkDrainingIncarnation(o Owner, reason string) []Claim {
 	tx.check()
 	if o.ContainerID == "" {
 		return nil
 	}
-	tx.clearConflictsWhere(func(c *Conflict) bool { return SameRecordedProcess(&c.Owner, &o) }, reason)
+	tx.clearConflictsWhere(func(c *Conflict) bool { return !recordsProcess(&c.Owner) && SameRecordedProcess(&c.Owner, &o) }, reason)
 	var out []Claim
 	var marked []string
 	for i := range tx.st.Claims {

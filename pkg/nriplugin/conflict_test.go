@@ -50,10 +50,12 @@ func twinsOnGPU2(t *testing.T, rt *runtime) (podC, podD *api.PodSandbox, holder,
 
 // Under release_requires_idle, the container recorded in conflict runs,
 // stops and is removed, and then the holder goes too: GPU 2 runs nothing,
-// and the next container gets it once the holder's claim has drained. The
-// conflict record used to outlive its container (the drain kept it, and the
-// stop untracked the container, so its removal did nothing) and was handed
-// the GPU, for good.
+// and the next container gets it once the holder's claim and then the gone
+// container's have drained. The record names the container's process, so
+// it stays through the stop (its processes may still be on GPU 2), becomes
+// its claim once the holder's has drained, and drains in its turn. It used
+// to be handed the GPU for good: it named no process (the start was not
+// recorded in it), so nothing ever found it exited.
 func TestDrainEndsConflictOfGoneContainer(t *testing.T) {
 	rt := newRuntime(t, func(c *config.Config) {
 		c.Observe.ReleaseRequiresIdle = true
@@ -64,7 +66,7 @@ func TestDrainEndsConflictOfGoneContainer(t *testing.T) {
 	rt.start(podD, late, 2001)
 	rt.exit(late)
 	rt.stop(podD, late)
-	assert.Empty(t, rt.state().Conflicts, "its stop ends its conflict record")
+	require.Len(t, rt.state().Conflicts, 1, "the record names its process, which may still be on GPU 2")
 	rt.remove(podD, late)
 
 	rt.stop(podC, holder)
@@ -72,6 +74,9 @@ func TestDrainEndsConflictOfGoneContainer(t *testing.T) {
 	rt.advance(2 * time.Minute) // past idle_grace: the holder's claim drained away
 
 	podE := rt.addPod("e")
+	err := rt.create(podE, container(podE, "main", "e-1", "NVIDIA_VISIBLE_DEVICES=2"))
+	require.ErrorContains(t, err, "draining since", "the record became the gone container's claim, which drains")
+	rt.advance(2 * time.Minute)
 	require.NoError(t, rt.create(podE, container(podE, "main", "e-1", "NVIDIA_VISIBLE_DEVICES=2")), "GPU 2 runs nothing")
 	assert.Equal(t, map[string]string{"2": "e-1"}, rt.holders())
 }
