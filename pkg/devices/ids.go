@@ -337,20 +337,16 @@ func isGPUClass(vendor, class string) bool {
 	return (vendor == cdiVendor || vendor == cdiVendorDevicePlugin || vendor == cdiVendorRuntime) && (class == cdiClassGPU || class == cdiClassMIG)
 }
 
-// isNonGPUClass reports whether a qualified CDI name is one of the devices
-// NVIDIA's own spec generators make that are no GPU: the toolkit's and the
-// device plugin's IMEX channels, and the device plugin's gdrcopy, gds and
-// mofed devices, which its cdi-annotations strategy names next to the GPUs
-// it allocates (their specs hold no GPU device node).
-func isNonGPUClass(vendor, class string) bool {
-	if vendor != cdiVendor && vendor != cdiVendorDevicePlugin {
-		return false
-	}
-	switch class {
-	case "imex-channel", "gdrcopy", "gds", "mofed":
-		return true
-	}
-	return false
+// namesGPUs reports whether an NVIDIA CDI name the guard cannot resolve may
+// denote GPUs: the DRA driver's (k8s.gpu.nvidia.com/device=gpu-0), or a
+// class that says gpu or mig under another vendor of NVIDIA's. NVIDIA's
+// names for other devices (the Network Operator's nvidia.com/net-pci, IMEX
+// channels, the device plugin's gdrcopy, gds and mofed, which its
+// cdi-annotations strategy names next to the GPUs it allocates) hold no GPU
+// device node.
+func namesGPUs(vendor, class string) bool {
+	v, c := strings.ToLower(vendor), strings.ToLower(class)
+	return strings.Contains(v, "gpu") || strings.Contains(c, "gpu") || strings.Contains(c, "mig")
 }
 
 const cdiForms = "want a CDI device name of nvidia.com/gpu: an index (0), <gpu>:<mig> (1:0), gpu<N>, mig<G>:<M>, a UUID or all"

@@ -804,9 +804,11 @@ func hasGPUNode(devs []LinuxDevice) bool {
 // A cdi.k8s.io annotation's name is injected by the engine or, late, by
 // NVIDIA's runtime (cdiByAnnotation). Its engine adds a GPU's device nodes
 // before the check, where they are claimed; so an NVIDIA name the guard
-// cannot resolve is refused only when the spec lists no GPU device node,
-// which is the case where it can only be injected late, unless it is one
-// of the devices NVIDIA's generators make that are no GPU (isNonGPUClass).
+// cannot resolve that may denote GPUs (namesGPUs: the DRA driver's
+// k8s.gpu.nvidia.com, a gpu or mig class) is refused only when the spec
+// lists no GPU device node, which is the case where it can only be injected
+// late. NVIDIA's names for other devices (a NIC's VF, IMEX channels,
+// GDRCopy) inject no GPU whoever injects them.
 func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 	vendor, class, name, ok := parseQualifiedName(qualified)
 	if !ok {
@@ -830,7 +832,7 @@ func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 			b.unresolved(where, invalid(qualified, "an NRI plugin added this NVIDIA CDI device, which containerd injects after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: have the plugin name GPUs that way, "+
 				"or request the device in the container's own spec").advising())
-		case by == cdiByAnnotation && nvidiaVendor(vendor) && !isNonGPUClass(vendor, class) && !b.gpuNodes:
+		case by == cdiByAnnotation && nvidiaVendor(vendor) && namesGPUs(vendor, class) && !b.gpuNodes:
 			b.unresolved(where, invalid(qualified, "NVIDIA's runtime in CDI mode injects the CDI devices a "+CDIAnnotationPrefix+"* annotation names after the guard's check "+
 				"where the engine does not (containerd before 2.0: enable_cdi = false by default); this container lists no GPU device node, so no engine injected it, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+

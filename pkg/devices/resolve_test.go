@@ -513,8 +513,17 @@ func TestResolveCDI(t *testing.T) {
 			errHas: []string{`annotation cdi.k8s.io/dra: invalid device id "k8s.gpu.nvidia.com/device=gpu-0"`, "after the guard's check", "enable_cdi = true", "nvidia.com/gpu=<index|UUID|all>"}},
 		{name: "cdi.k8s.io annotation: NVIDIA's DRA name under ignore", policy: func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore },
 			req: Request{Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0")}, err: ErrInvalidID},
-		{name: "cdi.k8s.io annotation: another class of nvidia.com, no GPU node", req: Request{Annotations: ann(
-			"cdi.k8s.io/x", "nvidia.com/nvswitch=0")}, err: ErrInvalidID},
+		{name: "cdi.k8s.io annotation: another GPU class of nvidia.com, no GPU node", req: Request{Annotations: ann(
+			"cdi.k8s.io/x", "nvidia.com/vgpu=0")}, err: ErrInvalidID},
+		// NVIDIA's names for devices that are no GPU are the engine's (or
+		// name no GPU if NVIDIA's runtime injects them): the Network
+		// Operator's SR-IOV device plugin names a NIC's VF nvidia.com/net-pci
+		// (its resource prefix); its pod lists the VF's nodes, no GPU node.
+		{name: "cdi.k8s.io annotation: NVIDIA NIC (SR-IOV net-pci)", req: Request{
+			Annotations: ann("cdi.k8s.io/nvidia.com_net-pci", "nvidia.com/net-pci=0000:3b:00.2"),
+			Devices:     []LinuxDevice{dev("/dev/vfio/vfio", 10, 196), dev("/dev/vfio/12", 243, 12)}}, want: nil},
+		{name: "cdi.k8s.io annotation: NVSwitch, compute domain", req: Request{Annotations: ann(
+			"cdi.k8s.io/x", "nvidia.com/nvswitch=0", "cdi.k8s.io/cd", "k8s.compute-domain.nvidia.com/channel=0")}, want: nil},
 		{name: "cdi.k8s.io annotation: NVIDIA's DRA name injected by the engine", req: Request{
 			Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0"),
 			Devices:     []LinuxDevice{dev("/dev/nvidia0", 195, 0), dev("/dev/nvidiactl", 195, 255)}}, want: []string{"0"},
