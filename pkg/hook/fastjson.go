@@ -24,7 +24,8 @@ import (
 // only in case (encoding/json matches those too), a repeated key (merged by
 // encoding/json), a string with an escape or invalid UTF-8, a number that is
 // not a plain integer, a value of the wrong type, trailing data. The caller
-// refuses the first two (checkKeys) before encoding/json sees them: where
+// refuses the first two, and a NUL (an escape) in a key or a string
+// (checkKeys), before encoding/json sees them: where
 // the fast decoders answer, checkKeys finds nothing to refuse, as each
 // object they read gives up on the keys that differ from its names (the
 // fields of specKeys and stateKeys) only in case, and every object on a

@@ -156,6 +156,10 @@ func FuzzFastDecode(f *testing.F) {
 	f.Add(`{"linux":{"devices":[{"path":"/dev/nvidia1","minor":1,"minor":0}]}}`)
 	f.Add(`{"hooks":{"poststop":[{"path":"/h"},null,{"Args":[]}],"createRuntime":[]}}`)
 	f.Add(`{"id":"a","bundle":"/b","annotations":{"k":"1","k":"2"}}`)
+	// A NUL, which crun reads as the end of a key or a string.
+	f.Add(`{"linux\u0000":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}]},"linux":{}}`)
+	f.Add(`{"mounts":[{"destination":"/mnt","type":"bind","source":"/dev\u0000x","options":["rbind"]}]}`)
+	f.Add(`{"id":"a\u0000","bundle":"/b\u0000"}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		agree(t, []byte(in))
 	})

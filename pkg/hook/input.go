@@ -482,6 +482,11 @@ func (h *hookSpec) spec() *specs.Spec {
 // input that OCI runtimes read differently (checkKeys).
 var errAmbiguousKey = errors.New("ambiguous key")
 
+// errNULString is wrapped by the error about a string value of the
+// runtime's input that holds a NUL character, which OCI runtimes read
+// differently (checkKeys).
+var errNULString = errors.New("NUL character in a string")
+
 // keySchema names the fields of a JSON object that the hook reads, each
 // with the schema of its value: nil for a value whose keys are not fields
 // (a map such as annotations) or that has none (a string, a list of
@@ -536,6 +541,13 @@ const maxKeyDepth = 10000
 // runtime spec does, so only a spec written by hand (or to get round the
 // guard) is refused.
 //
+// It refuses as well a key or a string value that holds U+0000 (only an
+// escape, \u0000, can put one in JSON): crun's parser hands C strings on,
+// which end at the NUL, and compares keys with strcmp, so crun reads
+// "linux\u0000" as "linux" (the first of two "linux" keys, the one the hook
+// never sees) and a bind source "/dev\u0000x" as "/dev", where encoding/json
+// reads an unknown key and a path no file has.
+//
 // Keys are compared as encoding/json compares them: unescaped (invalid
 // UTF-8 as U+FFFD), and folded as bytes.EqualFold does for the case.
 // A text that is not valid JSON is left to the decoder that follows, which
@@ -545,10 +557,16 @@ const maxKeyDepth = 10000
 func checkKeys(data []byte, schema keySchema) error {
 	w := keyWalk{s: jscan{b: data}}
 	err := w.value(schema, 0)
-	if errors.Is(err, errAmbiguousKey) || errors.Is(err, errTooDeep) {
+	if refusedText(err) {
 		return err
 	}
 	return nil
+}
+
+// refusedText reports whether err, from checkKeys' walk, refuses the
+// text (rather than leave a text that is not JSON to encoding/json).
+func refusedText(err error) bool {
+	return errors.Is(err, errAmbiguousKey) || errors.Is(err, errNULString) || errors.Is(err, errTooDeep)
 }
 
 var (
@@ -593,8 +611,16 @@ func (w *keyWalk) value(schema keySchema, depth int) error {
 		s.i++
 		return w.array(schema, depth+1)
 	case c == '"':
-		_, _, err := w.str()
-		return err
+		start := s.i
+		raw, escaped, err := w.str()
+		if err != nil || !escaped || !nulEscape(raw) {
+			return err
+		}
+		var v string
+		if err := json.Unmarshal(s.b[start:s.i], &v); err != nil {
+			return errNotJSON
+		}
+		return nulString(v, w.path)
 	case c == 't':
 		s.lit("true")
 	case c == 'f':
@@ -630,6 +656,23 @@ func (w *keyWalk) str() (raw []byte, escaped bool, err error) {
 		}
 	}
 	return nil, false, errNotJSON
+}
+
+// nulEscape reports whether raw, a JSON string's bytes between the quotes,
+// holds the escape \u0000 (a NUL: the only way one is written in JSON, which
+// refuses control characters as they are). An escaped backslash followed by
+// "u0000" (\\u0000) is no NUL.
+func nulEscape(raw []byte) bool {
+	for j := 0; j < len(raw)-1; j++ {
+		if raw[j] != '\\' {
+			continue
+		}
+		if raw[j+1] == 'u' && j+6 <= len(raw) && string(raw[j+2:j+6]) == "0000" {
+			return true
+		}
+		j++ // the escaped byte: a backslash escaped is no escape's start
+	}
+	return false
 }
 
 // key consumes an object's key and returns it as encoding/json decodes it.
@@ -693,6 +736,9 @@ func (w *keyWalk) object(schema keySchema, depth int) error {
 			return errNotJSON
 		}
 		s.i++
+		if bytes.IndexByte(key, 0) >= 0 {
+			return nulKey(string(key), w.path)
+		}
 		if w.repeated(base, &seen, key) {
 			return repeatedKey(string(key), w.path)
 		}
@@ -771,6 +817,25 @@ func repeatedKey(key string, path []pathStep) error {
 func caseVariant(key, name string, path []pathStep) error {
 	return fmt.Errorf("%w %q in %s: it differs from the field %q only in case, which runc reads as %q and crun ignores: spell it %q",
 		errAmbiguousKey, key, where(path), name, name, name)
+}
+
+// nulKey is the error about key, in the object at path, which holds a NUL.
+func nulKey(key string, path []pathStep) error {
+	crun, _, _ := strings.Cut(key, "\x00")
+	return fmt.Errorf("%w %q in %s: it holds a NUL character (\\u0000), where crun ends the key: crun reads it as %q, runc as "+
+		"a key of its own, so they disagree on what the container gets: remove the NUL", errAmbiguousKey, key, where(path), crun)
+}
+
+// nulString is the error about the string value s, at path, which holds a
+// NUL.
+func nulString(s string, path []pathStep) error {
+	at := "the top-level value"
+	if len(path) > 0 {
+		at = where(path)
+	}
+	crun, _, _ := strings.Cut(s, "\x00")
+	return fmt.Errorf("%w: the string %q at %s holds a NUL character (\\u0000), where crun ends the string: crun reads %q, runc "+
+		"the whole string, so they disagree on what the container gets: remove the NUL", errNULString, s, at, crun)
 }
 
 // where names the object at path: "the top-level object", or its path

@@ -313,6 +313,64 @@ func TestAmbiguousKeysRefused(t *testing.T) {
 	}
 }
 
+// A key or a string that holds a NUL (\u0000) is refused: crun's parser
+// hands on C strings, so it reads "linux\u0000" as "linux" (the first of
+// two, and first wins) and a bind source "/dev\u0000x" as "/dev", where
+// encoding/json reads an unknown key and a path the hook cannot stat.
+// Reproduced with crun 1.8: {"ociVersion\u0000":"9.9.9","ociVersion":"1.0.2"}
+// makes it say "unknown version specified".
+func TestNULRefused(t *testing.T) {
+	const caps = `"process":{"env":["PATH=/bin"],"capabilities":{"bounding":["CAP_CHOWN"]}}`
+	for _, tc := range []struct {
+		name, spec string
+		is         error
+		want       string // in the error; "": accepted
+	}{
+		{"a NUL key shadowing linux", `{` + caps + `,"linux\u0000":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}],` +
+			`"resources":{"devices":[{"allow":true,"type":"c","major":195,"minor":0,"access":"rwm"}]}},` +
+			`"linux":{"resources":{"devices":[{"allow":false,"access":"rwm"}]}}}`,
+			errAmbiguousKey, `ambiguous key "linux\x00" in the top-level object: it holds a NUL character (\u0000), where crun ends the key: crun reads it as "linux"`},
+		{"a NUL key in an annotation", `{` + caps + `,"annotations":{"a\u0000b":"x"}}`,
+			errAmbiguousKey, `ambiguous key "a\x00b" in annotations: it holds a NUL character`},
+		{"a NUL in a bind source", `{` + caps + `,"mounts":[{"destination":"/dev","type":"tmpfs","source":"tmpfs"},` +
+			`{"destination":"/mnt","type":"bind","source":"/dev\u0000x","options":["rbind"]}]}`,
+			errNULString, `NUL character in a string: the string "/dev\x00x" at mounts[1].source holds a NUL character (\u0000), where crun ends the string: crun reads "/dev"`},
+		{"a NUL in an environment variable", `{"process":{"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES=none\u0000"]}}`,
+			errNULString, `the string "NVIDIA_VISIBLE_DEVICES=none\x00" at process.env[1] holds a NUL character`},
+		{"a NUL after other escapes", `{` + caps + `,"root":{"path":"\"\\\u0000"}}`,
+			errNULString, `at root.path holds a NUL character`},
+		// Not a NUL: an escaped backslash, then "u0000".
+		{"an escaped backslash before u0000", `{` + caps + `,"root":{"path":"r\\u0000"},"annotations":{"k\\u0000":"\\\\u0000"}}`, nil, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, ok := fastSpec([]byte(tc.spec))
+			require.False(t, ok, "the fast decoder gives up on any escape")
+			bundle := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), []byte(tc.spec), 0o600))
+			st, err := json.Marshal(specs.State{Version: specs.Version, ID: "nul", Status: specs.StateCreating, Pid: 1, Bundle: bundle})
+			require.NoError(t, err)
+			e := defaultEnv()
+			e.userNS = func() RuntimeUserNS { return Rootful }
+			in := e.readInput(bytes.NewReader(st))
+			if tc.is == nil {
+				require.NoError(t, in.specErr)
+				require.Equal(t, "r\\u0000", in.spec.Root.Path)
+				return
+			}
+			require.ErrorIs(t, in.specErr, errInput)
+			require.ErrorIs(t, in.specErr, tc.is)
+			require.ErrorContains(t, in.specErr, filepath.Join(bundle, "config.json")+": ")
+			require.ErrorContains(t, in.specErr, tc.want)
+			require.False(t, in.NeverClaims(), "refused, not let through as a container that names no GPU")
+			require.ErrorIs(t, CheckSpecKeys([]byte(tc.spec)), tc.is, "add-hooks refuses it too")
+		})
+	}
+	_, err := readState(strings.NewReader(`{"id":"c1","bundle":"/b","annotations":{"k":"v\u0000"}}`))
+	require.ErrorIs(t, err, errInput)
+	require.ErrorIs(t, err, errNULString)
+	require.ErrorContains(t, err, `the OCI state on stdin: NUL character in a string: the string "v\x00" at annotations.k holds a NUL character`)
+}
+
 // Nesting beyond encoding/json's limit is refused by the key check itself
 // (it does not recurse without bound), and within it the check finds what
 // lies past the deep part.
@@ -463,6 +521,9 @@ func tokenCheckKeys(data []byte, schema keySchema) error {
 					return err
 				}
 				key := tok.(string)
+				if strings.Contains(key, "\x00") {
+					return nulKey(key, path)
+				}
 				if seen[key] {
 					return repeatedKey(key, path)
 				}
@@ -497,10 +558,13 @@ func tokenCheckKeys(data []byte, schema keySchema) error {
 			_, err = dec.Token()
 			return err
 		}
+		if v, ok := tok.(string); ok && strings.Contains(v, "\x00") {
+			return nulString(v, path)
+		}
 		return nil
 	}
 	err := value(schema, 0)
-	if errors.Is(err, errAmbiguousKey) || errors.Is(err, errTooDeep) {
+	if errors.Is(err, errAmbiguousKey) || errors.Is(err, errNULString) || errors.Is(err, errTooDeep) {
 		return err
 	}
 	return nil
@@ -521,6 +585,8 @@ func FuzzCheckKeys(f *testing.F) {
 		`{"hooks":{"poststop":[{"path":"/x","Path":"/y"}]}}`,
 		`{"id":"a","ID":"b"}`,
 		` { "a" : [ { } , [ ] ] , "b" : "\ud83d\ude00" } `,
+		`{"linux\u0000":{"devices":[]},"linux":{}}`,
+		`{"mounts":[{"source":"/dev\u0000x"}],"a":"\\u0000","b":["\\\u0000"]}`,
 	} {
 		f.Add(s)
 	}
