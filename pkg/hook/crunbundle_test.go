@@ -239,6 +239,35 @@ func TestCrunBundleSlashForeignOwner(t *testing.T) {
 	require.ErrorContains(t, in.specErr, "is owned by uid 65534, not by the runtime's user (uid 0)")
 }
 
+// ReadRuntimeSpec (a recovery's reading of crun's copy) takes the
+// runtime's user to be the root's owner: a rootless crun's root is its
+// user's, read by root. Under such a root a copy of another user is not
+// read (as root only: only root can give a file away).
+func TestReadRuntimeSpecRootOwner(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("chown needs root")
+	}
+	root := filepath.Join(t.TempDir(), "crun")
+	data, err := json.Marshal(specs.Spec{Version: specs.Version, Root: &specs.Root{Path: "/var/lib/c/rootfs"},
+		Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=1"}, Capabilities: podmanCaps()}})
+	require.NoError(t, err)
+	for _, id := range []string{"mine", "foreign"} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, id), 0o700))
+		require.NoError(t, os.WriteFile(filepath.Join(root, id, "config.json"), data, 0o600))
+	}
+	for _, p := range []string{root, filepath.Join(root, "mine"), filepath.Join(root, "mine", "config.json"), filepath.Join(root, "foreign")} {
+		require.NoError(t, os.Chown(p, 1000, 1000))
+	}
+	spec, err := ReadRuntimeSpec(root, "mine")
+	require.NoError(t, err)
+	require.Equal(t, []string{"NVIDIA_VISIBLE_DEVICES=1"}, spec.Process.Env)
+	_, err = ReadRuntimeSpec(root, "foreign")
+	require.ErrorIs(t, err, errInput)
+	require.ErrorContains(t, err, filepath.Join(root, "foreign", "config.json")+" is owned by uid 0, not by the runtime's user (uid 1000)")
+	_, err = ReadRuntimeSpec(root, "../x")
+	require.ErrorContains(t, err, `the container id "../x" is not a file name`)
+}
+
 // The bundle "/" alone is crun's: any other bundle is read as before,
 // whatever the runtime's command line says.
 func TestCrunBundleOnlySlash(t *testing.T) {

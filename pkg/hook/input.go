@@ -236,7 +236,7 @@ func (e env) crunSpec(id, stateBundle string) (*specs.Spec, string, error) {
 			"the directory the spec's relative paths start from is unknown. Give the runtime --bundle with an absolute path, or %s",
 			errInput, prefix, ppid, remedy)
 	}
-	fd, path, err := openRuntimeSpec(root, id)
+	fd, path, err := openRuntimeSpec(root, id, os.Geteuid())
 	if err != nil {
 		return nil, "", fmt.Errorf("%w: %s, and the runtime's own copy of the spec cannot be read: %w. "+
 			"If the runtime keeps its state elsewhere, give it that --root; or %s", errInput, prefix, err, remedy)
@@ -309,14 +309,50 @@ func runtimeDirs(args []string) (root, bundle string) {
 	return root, bundle
 }
 
+// ReadRuntimeSpec reads the spec of container id from crun's own copy of
+// it, <root>/<id>/config.json, for a caller that learns the container from
+// the runtime's state root rather than a hook's stdin (pkg/runtimestate)
+// and finds the bundle "/" recorded: crun 1.8's working directory, not the
+// bundle (crunSpec), whose config.json is another file. The copy is read
+// only when it is the runtime's own (openRuntimeSpec), the runtime's user
+// being the root's owner (a rootless runtime's root is its user's). A spec
+// that names a path read from the bundle (a relative root.path or bind
+// source) is refused: the bundle is unknown, and read from elsewhere such a
+// path could miss what the container reaches.
+func ReadRuntimeSpec(root, id string) (*specs.Spec, error) {
+	if err := checkID(id); err != nil {
+		return nil, err
+	}
+	fd, path, err := openRuntimeSpec(root, id, -1)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the runtime's own copy of the spec of container %q cannot be read: %w", errInput, id, err)
+	}
+	spec, err := decodeSpecFile(fd, path)
+	if err != nil {
+		return nil, err
+	}
+	if p := rootPath(spec); p != "" && p[0] != '/' {
+		return nil, fmt.Errorf("%w: %s names the relative root.path %q, read from the bundle, which the runtime did not record",
+			errInput, path, p)
+	}
+	for _, m := range spec.Mounts {
+		if isBind(m) && m.Source != "" && m.Source[0] != '/' {
+			return nil, fmt.Errorf("%w: %s binds the relative source %q at %q, read from the bundle, which the runtime did not record",
+				errInput, path, m.Source, m.Destination)
+		}
+	}
+	return spec, nil
+}
+
 // openRuntimeSpec opens <root>/<id>/config.json, the copy of a container's
 // spec that crun keeps in its state directory, if it is the runtime's own:
 // the root (followed if a symlink: it is the runtime's own setting), the
-// container's directory and the file are owned by the hook's effective user
-// and writable by no other, the directory and the file are no symlinks, the
-// file is a regular one, and id is a single path element. It returns the
-// descriptor, opened non-blocking (see readSpec), and the path.
-func openRuntimeSpec(root, id string) (int, string, error) {
+// container's directory and the file are owned by the runtime's user, owner
+// (the hook's effective user; -1: the root's owner), and writable by no
+// other, the directory and the file are no symlinks, the file is a regular
+// one, and id is a single path element. It returns the descriptor, opened
+// non-blocking (see readSpec), and the path.
+func openRuntimeSpec(root, id string, owner int) (int, string, error) {
 	if !filepath.IsAbs(root) {
 		return -1, "", fmt.Errorf("the runtime's state root %q is not an absolute path", root)
 	}
@@ -326,7 +362,7 @@ func openRuntimeSpec(root, id string) (int, string, error) {
 	}
 	dir := filepath.Join(root, id)
 	path := filepath.Join(dir, "config.json")
-	euid := uint32(os.Geteuid()) //nolint:gosec // a uid fits 32 bits
+	euid := uint32(owner) //nolint:gosec // a uid fits 32 bits; -1 is replaced below
 	owned := func(fd int, name string, mode uint32, kind string) error {
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
@@ -347,6 +383,13 @@ func openRuntimeSpec(root, id string) (int, string, error) {
 		return -1, "", &os.PathError{Op: "open", Path: root, Err: err}
 	}
 	defer func() { _ = unix.Close(rootFD) }()
+	if owner < 0 {
+		var st unix.Stat_t
+		if err := unix.Fstat(rootFD, &st); err != nil {
+			return -1, "", &os.PathError{Op: "stat", Path: root, Err: err}
+		}
+		euid = st.Uid
+	}
 	if err := owned(rootFD, root, unix.S_IFDIR, "directory"); err != nil {
 		return -1, "", err
 	}

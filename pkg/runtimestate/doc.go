@@ -29,7 +29,10 @@
 // (against pid reuse): the runtime's own notion of a stopped container.
 // The spec of a live container is its bundle's config.json, decoded as the
 // OCI hook decodes it (hook.ReadSpec): the request its GPUs resolve from and
-// its annotations.
+// its annotations. A bundle "/" is crun 1.8's working directory, recorded
+// instead of the bundle for a container with a user namespace and devices:
+// crun's own copy, <root>/<id>/config.json, is read for it
+// (hook.ReadRuntimeSpec, as the hook did at create), never /config.json.
 //
 // Invariants:
 //   - Nothing is followed as a symlink: a root, container directory or

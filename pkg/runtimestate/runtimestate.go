@@ -251,7 +251,7 @@ func scanRoot(res *Result, root string, check *liveness.Checker, opts Options) b
 		}
 		decideStatus(&c, check)
 		if c.Live() {
-			readSpec(&c, opts.ProcRoot, userNS)
+			readSpec(&c, root, opts.ProcRoot, userNS)
 		}
 		res.Containers = append(res.Containers, c)
 	}
@@ -492,8 +492,28 @@ func decideStatus(c *Container, check *liveness.Checker) {
 // reaches as the hook read it (hook.RunningRequest: what a rootless
 // runtime, or one that set up no device cgroup, lets through; userNS is
 // the runtime's, told by its root's owner).
-func readSpec(c *Container, procRoot string, userNS hook.RuntimeUserNS) {
-	spec, err := hook.ReadSpec(specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle})
+//
+// A bundle "/" is crun 1.8's working directory, recorded instead of the
+// bundle for a container with a user namespace and devices (the hook reads
+// crun's copy of the spec for it too): /config.json is never read as its
+// spec (missing, the container's claims would be forgotten; present, another
+// file would be taken for its spec). crun's copy, <root>/<id>/config.json,
+// is read instead (hook.ReadRuntimeSpec); where it cannot be, the container
+// is reported with SpecErr, unresolved.
+func readSpec(c *Container, root, procRoot string, userNS hook.RuntimeUserNS) {
+	var spec *specs.Spec
+	var err error
+	if c.Bundle != "" && filepath.Clean(c.Bundle) == "/" {
+		spec, err = hook.ReadRuntimeSpec(root, c.ID)
+		if err != nil {
+			c.SpecErr = fmt.Errorf("the runtime records the bundle %q, which crun 1.8 records instead of the bundle for a container "+
+				"with a user namespace and devices (its working directory): /config.json is not its spec, and crun's copy "+
+				"in its state directory is read instead: %w", c.Bundle, err)
+			return
+		}
+	} else {
+		spec, err = hook.ReadSpec(specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle})
+	}
 	if err != nil {
 		c.SpecErr = err
 		return

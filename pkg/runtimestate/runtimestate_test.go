@@ -314,6 +314,67 @@ func TestScanLiveWithoutSpec(t *testing.T) {
 	assert.Contains(t, c.SpecErr.Error(), "config.json")
 }
 
+// TestScanCrunBundleSlash: crun 1.8 records the bundle "/" (its working
+// directory) for a container with a user namespace and devices. The scan
+// reads crun's own copy of the spec, <root>/<id>/config.json, as the hook
+// did at create, and never /config.json: where the copy cannot be read, or
+// names paths relative to the bundle (unknown), the container is listed
+// with why.
+func TestScanCrunBundleSlash(t *testing.T) {
+	h := newHost(t)
+	root := h.root("crun")
+	copyOf := func(id string, spec specs.Spec, mode os.FileMode) {
+		data, err := json.Marshal(spec)
+		require.NoError(t, err)
+		p := filepath.Join(root, id, "config.json")
+		require.NoError(t, os.WriteFile(p, data, 0o600))
+		require.NoError(t, os.Chmod(p, mode))
+	}
+	gpu0 := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"NVIDIA_VISIBLE_DEVICES=0"}, Capabilities: podmanCaps()},
+		Annotations: map[string]string{"io.kubernetes.pod.namespace": "ns1"}}
+	for i, id := range []string{"slash", "slashes", "none", "open", "relroot", "relbind"} {
+		h.process(200+i, 7000, 'S')
+		bundle := "/"
+		if id == "slashes" {
+			bundle = "//"
+		}
+		h.crun(root, id, 200+i, 7000, bundle, false)
+	}
+	copyOf("slash", gpu0, 0o600)
+	copyOf("slashes", gpu0, 0o644)
+	copyOf("open", gpu0, 0o666)
+	rel := gpu0
+	rel.Root = &specs.Root{Path: "rootfs"}
+	copyOf("relroot", rel, 0o600)
+	rel = gpu0
+	rel.Mounts = []specs.Mount{{Destination: "/data", Type: "bind", Source: "data", Options: []string{"rbind"}}}
+	copyOf("relbind", rel, 0o600)
+
+	got := byID(h.scan(root))
+	for _, id := range []string{"slash", "slashes"} {
+		c := got[id]
+		require.NoError(t, c.SpecErr, id)
+		assert.Contains(t, c.Request.Env, "NVIDIA_VISIBLE_DEVICES=0", id)
+		assert.Equal(t, "ns1", c.Annotations["io.kubernetes.pod.namespace"], id)
+	}
+	const why = `the runtime records the bundle "/", which crun 1.8 records instead of the bundle for a container with a user namespace ` +
+		`and devices (its working directory): /config.json is not its spec, and crun's copy in its state directory is read instead: `
+	for id, want := range map[string]string{
+		"none":    "open " + filepath.Join(root, "none", "config.json") + ": no such file or directory",
+		"open":    filepath.Join(root, "open", "config.json") + " is writable by others than its owner",
+		"relroot": `names the relative root.path "rootfs", read from the bundle, which the runtime did not record`,
+		"relbind": `binds the relative source "data" at "/data", read from the bundle, which the runtime did not record`,
+	} {
+		c := got[id]
+		require.True(t, c.Live(), id)
+		require.Error(t, c.SpecErr, id)
+		assert.Nil(t, c.Spec, id)
+		assert.Contains(t, c.SpecErr.Error(), why, id)
+		assert.Contains(t, c.SpecErr.Error(), want, id)
+		assert.NotContains(t, c.SpecErr.Error(), "open /config.json", id)
+	}
+}
+
 // TestScanStopsAtItsDeadline: a scan whose deadline has passed lists nothing
 // more and says where it stopped, so that a caller who must answer by then
 // knows the list is incomplete (a recovery from it would lose the claims of
