@@ -95,6 +95,19 @@ func TestCrunBundleSlashNoGPU(t *testing.T) {
 	require.Equal(t, r.bundle, in.state.Bundle)
 }
 
+// An option given twice counts as the runtime counts it: the last one
+// (crun's argp and runc's flag parser keep overwriting).
+func TestCrunBundleSlashLastOptionWins(t *testing.T) {
+	r := newCrunRig(t)
+	r.spec("c", "PATH=/bin")
+	wrong := t.TempDir()
+	r.cmdline("crun", "--root", filepath.Join(wrong, "crun"), "--root="+r.root, "create", "--bundle", wrong, "-b", r.bundle, "c")
+	in := r.e.readInput(strings.NewReader(crunState(t, "c", specs.StateCreating, 4242, "/")))
+	require.NoError(t, in.specErr)
+	require.True(t, in.NeverClaims())
+	require.Equal(t, r.bundle, in.state.Bundle)
+}
+
 // One that names a GPU claims it; its marker goes by the bundle crun was
 // given, and the poststop podman runs (with that bundle) finds it and
 // releases the claim.
@@ -201,6 +214,15 @@ func TestCrunBundleSlashRefused(t *testing.T) {
 		{"an id of ..", "..", func(r *crunRig) {
 			r.cmdline("crun", "--root", r.root, "create", "--bundle", r.bundle, "..")
 		}, []string{`the container id ".." is not a file name`}},
+		{"an abbreviated --root", "c", func(r *crunRig) {
+			r.spec("c", "PATH=/bin")
+			r.cmdline("crun", "--roo", r.root, "create", "--bundle", r.bundle, "c")
+		}, []string{`the command line of the runtime that ran this hook (pid 4000) cannot be read as crun reads it: ` +
+			`it abbreviates --root to "--roo", which crun reads as --root: give the option in full`}},
+		{"an abbreviated --bundle", "c", func(r *crunRig) {
+			r.spec("c", "PATH=/bin")
+			r.cmdline("crun", "--root", r.root, "create", "--bundl="+r.bundle, "c")
+		}, []string{`it abbreviates --bundle to "--bundl"`}},
 		{"a copy that is a FIFO", "c", func(r *crunRig) {
 			require.NoError(t, os.MkdirAll(filepath.Join(r.root, "c"), 0o700))
 			require.NoError(t, syscall.Mkfifo(filepath.Join(r.root, "c", "config.json"), 0o600))
@@ -294,12 +316,30 @@ func TestRuntimeDirs(t *testing.T) {
 		{[]string{"crun", "--root=/r", "create", "--bundle=/b", "id"}, "/r", "/b"},
 		{[]string{"crun", "create", "-b", "/b", "id"}, "", "/b"},
 		{[]string{"crun", "create", "-b/b", "id"}, "", "/b"},
-		{[]string{"runc", "--log", "/l", "--root", "/r", "--root", "/s", "create", "--bundle", "/b", "--bundle", "/c", "id"}, "/r", "/b"},
+		// The last of each counts, as both runtimes read them.
+		{[]string{"runc", "--log", "/l", "--root", "/r", "--root", "/s", "create", "--bundle", "/b", "--bundle", "/c", "id"}, "/s", "/c"},
+		{[]string{"crun", "--root=/r", "--root", "/s", "create", "-b/b", "--bundle=/c", "-b", "/d", "id"}, "/s", "/d"},
+		{[]string{"crun", "--rootless=true", "create", "--bundle", "/b", "id"}, "", "/b"},
 		{[]string{"crun", "create", "--bundle"}, "", ""},
 		{[]string{"crun", "create", "--", "--bundle", "/b"}, "", ""},
 		{nil, "", ""},
 	} {
-		root, bundle := runtimeDirs(tc.args)
+		root, bundle, err := runtimeDirs(tc.args)
+		require.NoError(t, err, "%q", tc.args)
 		require.Equal(t, [2]string{tc.root, tc.bundle}, [2]string{root, bundle}, "%q", tc.args)
+	}
+	// crun's argp takes an abbreviated long option: what it names cannot
+	// be missed, so it is refused rather than read as no option.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"crun", "--roo", "/r", "create", "--bundle", "/b", "id"}, `it abbreviates --root to "--roo", which crun reads as --root`},
+		{[]string{"crun", "--root", "/r", "create", "--bund=/b", "id"}, `it abbreviates --bundle to "--bund"`},
+		{[]string{"crun", "create", "--bundl", "/b", "id"}, `it abbreviates --bundle to "--bundl"`},
+		{[]string{"crun", "--r=/r", "create", "id"}, `it abbreviates --root to "--r"`},
+	} {
+		_, _, err := runtimeDirs(tc.args)
+		require.ErrorContains(t, err, tc.want, "%q", tc.args)
 	}
 }

@@ -227,7 +227,11 @@ func (e env) crunSpec(id, stateBundle string) (*specs.Spec, string, error) {
 		return nil, "", fmt.Errorf("%w: %s, and the command line of the runtime that ran this hook (pid %d) cannot be read to find the spec: %w; %s",
 			errInput, prefix, ppid, err, remedy)
 	}
-	root, bundle := runtimeDirs(args)
+	root, bundle, err := runtimeDirs(args)
+	if err != nil {
+		return nil, "", fmt.Errorf("%w: %s, and the command line of the runtime that ran this hook (pid %d) cannot be read as crun reads it: %w",
+			errInput, prefix, ppid, err)
+	}
 	if root == "" {
 		root = crunDefaultRoot
 	}
@@ -269,8 +273,13 @@ func readCmdline(path string) ([]string, error) {
 // that an OCI runtime's command line args (args[0] the program) names, ""
 // for one it does not name. runc and crun take --root before the command and
 // --bundle after it; both read "--flag value" and "--flag=value", and crun
-// "-bvalue" too. The first of each counts, as the runtimes read them.
-func runtimeDirs(args []string) (root, bundle string) {
+// "-bvalue" too. The last of each counts, as the runtimes read them (crun's
+// argp and runc's flag parser both overwrite an option given twice: `crun
+// --root A --root B state x` opens B/x/status). crun's argp also takes a
+// long option abbreviated to a prefix (--bund for --bundle): such a word is
+// an error here, since the directory it names would otherwise be missed
+// and the default taken instead.
+func runtimeDirs(args []string) (root, bundle string, err error) {
 	for i := 1; i < len(args); i++ {
 		a := args[i]
 		if a == "--" {
@@ -283,30 +292,27 @@ func runtimeDirs(args []string) (root, bundle string) {
 			}
 			return ""
 		}
+		name, _, _ := strings.Cut(a, "=")
 		switch {
 		case a == "--root":
-			if v := next(); root == "" {
-				root = v
-			}
+			root = next()
 		case strings.HasPrefix(a, "--root="):
-			if root == "" {
-				root = strings.TrimPrefix(a, "--root=")
-			}
+			root = strings.TrimPrefix(a, "--root=")
 		case a == "--bundle" || a == "-b":
-			if v := next(); bundle == "" {
-				bundle = v
-			}
+			bundle = next()
 		case strings.HasPrefix(a, "--bundle="):
-			if bundle == "" {
-				bundle = strings.TrimPrefix(a, "--bundle=")
-			}
+			bundle = strings.TrimPrefix(a, "--bundle=")
 		case strings.HasPrefix(a, "-b") && !strings.HasPrefix(a, "--"):
-			if bundle == "" {
-				bundle = strings.TrimPrefix(a, "-b")
+			bundle = strings.TrimPrefix(a, "-b")
+		case len(name) > 2 && (strings.HasPrefix("--root", name) || strings.HasPrefix("--bundle", name)):
+			full := "--root"
+			if strings.HasPrefix("--bundle", name) {
+				full = "--bundle"
 			}
+			return "", "", fmt.Errorf("it abbreviates %s to %q, which crun reads as %s: give the option in full", full, name, full)
 		}
 	}
-	return root, bundle
+	return root, bundle, nil
 }
 
 // ReadRuntimeSpec reads the spec of container id from crun's own copy of
