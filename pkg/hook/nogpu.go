@@ -179,8 +179,8 @@ func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 // The root filesystem (root.path) is read as a bind of its directory at
 // "/" (boundRoot), where the binds are read: one stat of it, and the
 // host's /dev, for every container whose binds are read; a hand-written
-// spec whose root is the host's "/" and that mounts nothing over /dev
-// gives its container the host's /dev, every GPU node with it.
+// spec whose root is the host's "/" gives its container the host's /dev,
+// every GPU node with it, whatever it mounts at /dev.
 func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func() RuntimeUserNS, stopped bool, applies func() bool) {
 	mknod := makesNodes(spec)
 	if len(spec.Mounts) == 0 && !mknod && (spec.Linux == nil || len(spec.Linux.Devices) == 0) && rootPath(spec) == "" {
@@ -576,19 +576,17 @@ func mountsDev(mounts []specs.Mount) bool {
 }
 
 // rootNamesHostDev reports whether the spec's root.path is, by its
-// spelling, the host's /dev, or the host's / with no mount over its /dev:
-// what poststop, which goes by spellings (unfence), reads as a root that
-// brings the host's /dev in.
+// spelling, the host's /dev or the host's / (whatever is mounted at /dev:
+// see boundRoot): what poststop, which goes by spellings (unfence), reads
+// as a root that brings the host's /dev in.
 func rootNamesHostDev(spec *specs.Spec) bool {
 	p := rootPath(spec)
 	if p == "" || p[0] != '/' {
 		return false
 	}
 	switch filepath.Clean(p) {
-	case "/dev":
+	case "/dev", "/":
 		return true
-	case "/":
-		return !mountsDev(spec.Mounts)
 	}
 	return false
 }
@@ -596,10 +594,14 @@ func rootNamesHostDev(spec *specs.Spec) bool {
 // boundRoot adds to b what the container's root filesystem brings in:
 // the runtime binds root.path (read from the bundle when relative) at the
 // container's "/", following symlinks. The host's /dev there puts every
-// device node at the container's root, which no mount at /dev covers; the
-// host's "/", or a directory whose dev is the host's /dev (bound there, or
-// a devtmpfs), is the host's /dev at the container's /dev unless a mount
-// covers it (mountsDev). Compared by device and inode, as boundNodes
+// device node at the container's root, which no mount at /dev covers. The
+// host's "/" is the host's /dev too, whatever is mounted at /dev, as a
+// bind of "/" is (boundNodes): bound recursively, it brings every mount of
+// the host, the host's /proc among them unless one is mounted over it,
+// where /proc/<pid>/root/dev is the host's /dev again, and the /dev of
+// every other container. A directory whose dev is the host's /dev (bound
+// there, or a devtmpfs) is the host's /dev at the container's /dev unless
+// a mount covers it (mountsDev). Compared by device and inode, as boundNodes
 // compares bind sources, whatever the path is called. A root dev that is a
 // symlink is not followed: inside the container it resolves from the
 // container's root.
@@ -626,7 +628,7 @@ func (b *boundSources) boundRoot(spec *specs.Spec, bundle string, host *hostDirs
 		if unix.Stat(dir, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue // nothing the runtime can use as a root either
 		}
-		if host.isDev(&st) {
+		if host.isDev(&st) || host.isRoot(&st) {
 			b.hostDev = true
 			return
 		}
@@ -634,7 +636,7 @@ func (b *boundSources) boundRoot(spec *specs.Spec, bundle string, host *hostDirs
 			continue
 		}
 		var dev unix.Stat_t
-		if host.isRoot(&st) || (unix.Lstat(dir+"/dev", &dev) == nil && host.isDev(&dev)) {
+		if unix.Lstat(dir+"/dev", &dev) == nil && host.isDev(&dev) {
 			b.hostDev = true
 			return
 		}

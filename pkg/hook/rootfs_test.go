@@ -46,13 +46,14 @@ var (
 )
 
 // A hand-written spec whose root.path is the host's "/" (however it is
-// spelled) and that mounts nothing over /dev gives its container the
-// host's /dev: run by a rootful runtime that applies no device cgroup (the
-// process left in its caller's cgroup) it reaches every GPU node, and
-// claims every GPU. The host's /dev as the root puts every node at the
-// container's root, which a mount at /dev does not cover. The host's "/"
-// under a mount at /dev reaches nothing: nothing is claimed. A device
-// cgroup of the container's own fences them all.
+// spelled) gives its container the host's /dev: run by a rootful runtime
+// that applies no device cgroup (the process left in its caller's cgroup)
+// it reaches every GPU node, and claims every GPU. A mount at /dev does not
+// change that: the root is bound recursively, the host's /proc with it
+// unless a proc is mounted over it (/proc/<pid>/root/dev is the host's
+// /dev), and every other mount of the host. The host's /dev as the root
+// puts every node at the container's root, which a mount at /dev does not
+// cover. A device cgroup of the container's own fences them all.
 func TestRootFilesystemWithoutDeviceCgroup(t *testing.T) {
 	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
 	rootLink := filepath.Join(t.TempDir(), "rootlink")
@@ -74,8 +75,10 @@ func TestRootFilesystemWithoutDeviceCgroup(t *testing.T) {
 		{"host /dev", "/dev", "", []specs.Mount{procMount}, true},
 		{"host /dev under a /dev mount", "/dev", "", []specs.Mount{procMount, devTmpfs}, true},
 		{"host /dev through a symlink under a /dev mount", devLink, "", []specs.Mount{devTmpfs}, true},
-		{"host / under a /dev mount", "/", "", []specs.Mount{procMount, devTmpfs}, false},
-		{"host / under a relative /dev mount", "/", "", []specs.Mount{devTmpfsRe}, false},
+		{"host / under a /dev mount", "/", "", []specs.Mount{procMount, devTmpfs}, true},
+		{"host / under a /dev mount, its /proc kept", "/", "", []specs.Mount{devTmpfs}, true},
+		{"host / under a relative /dev mount", "/", "", []specs.Mount{devTmpfsRe}, true},
+		{"host / through a symlink under a /dev mount", rootLink, "", []specs.Mount{devTmpfs}, true},
 		{"an ordinary root filesystem", "", "", []specs.Mount{procMount}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -133,18 +136,25 @@ func claimedGPUs(t *testing.T, claims []ledger.Claim, id string) []string {
 	return got
 }
 
-// poststop goes by spellings: a root.path of "/" (with nothing over /dev)
-// or "/dev" makes it read the ledger and release what create-runtime
+// poststop goes by spellings: a root.path of "/" (whatever is mounted at
+// /dev) or "/dev" makes it read the ledger and release what create-runtime
 // claimed, without a marker; so create-runtime does not need one for it.
 func TestPoststopReleasesRootFilesystem(t *testing.T) {
 	const shared = "0::/user.slice/user-0.slice/session-1.scope\n"
-	for _, root := range []string{"/", "/dev"} {
-		t.Run(root, func(t *testing.T) {
+	for _, tc := range []struct {
+		root   string
+		mounts []specs.Mount
+	}{
+		{"/", []specs.Mount{procMount}},
+		{"/", []specs.Mount{devTmpfs}},
+		{"/dev", []specs.Mount{procMount}},
+	} {
+		t.Run(tc.root, func(t *testing.T) {
 			cfg := staticConfig(t)
 			opened := 0
 			e := cgroupProc(t, shared, shared, &opened)
 			e.markerDir = "" // the ledger alone must lead poststop there
-			st, bundle := rootState(t, "train", 4242, specs.StateCreating, root, procMount)
+			st, bundle := rootState(t, "train", 4242, specs.StateCreating, tc.root, tc.mounts...)
 			in := e.readInput(strings.NewReader(st))
 			require.True(t, e.poststopFindsClaim(in))
 			require.NoError(t, e.runInput(t.Context(), PhaseCreateRuntime, cfg, in, io.Discard))
@@ -203,9 +213,19 @@ func TestOrdinaryRootReadsNoCgroup(t *testing.T) {
 	in := e.readInput(strings.NewReader(st))
 	require.NoError(t, in.specErr)
 	require.True(t, in.NeverClaims())
-	st, _ = rootState(t, "plain", 4242, specs.StateCreating, "/", procMount, devTmpfs)
-	in = e.readInput(strings.NewReader(st))
-	require.True(t, in.NeverClaims(), "the host's / under a mount at /dev")
+}
+
+// The host's "/" as the root is the host's /dev whatever is mounted at
+// /dev, read by explain --no-device-cgroup as by the hook: with no proc
+// mounted, the host's /proc stays, and /proc/<pid>/root/dev is the host's
+// /dev.
+func TestUnfencedRequestHostRootUnderDevMount(t *testing.T) {
+	for _, mounts := range [][]specs.Mount{{devTmpfs}, {procMount, devTmpfs}} {
+		req := devices.Request{}
+		UnfencedRequest(&req, &specs.Spec{Root: &specs.Root{Path: "/"}, Mounts: mounts, Process: &specs.Process{Capabilities: podmanCaps()}}, "")
+		require.True(t, req.HostDevMounted, "%v", mounts)
+		require.True(t, req.GPUNodesAllowed, "%v", mounts)
+	}
 }
 
 // root.path is read like the other fields: both decoders agree, and a key
