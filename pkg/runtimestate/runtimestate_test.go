@@ -84,6 +84,23 @@ func testdata(t testing.TB, name string) map[string]any {
 // runc writes <root>/<id>/state.json: the state runc 1.1 wrote for a real
 // container (testdata/runc.state.json), with this container's id, pid,
 // start time and bundle.
+// scanRunning writes spec as bundle's config.json, lists a running runc
+// container c1 of it (pid 300) under a runc root that owner owns, and
+// returns the scan's reading of it, which must have read the spec.
+func (h *host) scanRunning(t *testing.T, bundle string, spec specs.Spec, owner int) Container {
+	t.Helper()
+	data, err := json.Marshal(spec)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	root := h.root("runc")
+	h.runc(root, "c1", 300, 30, bundle, false)
+	require.NoError(t, os.Chown(root, owner, owner))
+	c := byID(h.scan(root))["c1"]
+	require.True(t, c.Live(), c.Why)
+	require.NoError(t, c.SpecErr)
+	return c
+}
+
 func (h *host) runc(root, id string, pid int, start uint64, bundle string, created bool) string {
 	return h.runcFrom("runc.state.json", root, id, pid, start, bundle, created)
 }
@@ -444,16 +461,7 @@ func TestScanReadsBindsAsTheHookDid(t *testing.T) {
 				spec.Process.Capabilities = nil
 				spec.Mounts = []specs.Mount{{Destination: "/data", Source: h.base, Type: "bind"}}
 			}
-			data, err := json.Marshal(spec)
-			require.NoError(t, err)
-			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
-			root := h.root("runc")
-			h.runc(root, "c1", 300, 30, bundle, false)
-			require.NoError(t, os.Chown(root, tc.rootOwner, tc.rootOwner))
-
-			c := byID(h.scan(root))["c1"]
-			require.True(t, c.Live(), c.Why)
-			require.NoError(t, c.SpecErr)
+			c := h.scanRunning(t, bundle, spec, tc.rootOwner)
 			assert.Equal(t, !tc.mknod && !tc.noCaps, c.Request.HostDevMounted)
 			assert.Equal(t, tc.opens, c.Request.GPUNodesAllowed)
 			assert.Equal(t, tc.opens, c.Request.NoDeviceCgroup)
@@ -557,16 +565,7 @@ func TestScanReadsDevicePathsAsTheHookDid(t *testing.T) {
 			spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()},
 				Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.UserNamespace}},
 					Devices: []specs.LinuxDevice{{Path: gpu, Type: "c", Major: 1, Minor: 3}}}}
-			data, err := json.Marshal(spec)
-			require.NoError(t, err)
-			require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
-			root := h.root("runc")
-			h.runc(root, "c1", 300, 30, bundle, false)
-			require.NoError(t, os.Chown(root, tc.rootOwner, tc.rootOwner))
-
-			c := byID(h.scan(root))["c1"]
-			require.True(t, c.Live(), c.Why)
-			require.NoError(t, c.SpecErr)
+			c := h.scanRunning(t, bundle, spec, tc.rootOwner)
 			var bound []int64
 			for _, d := range c.Request.Devices {
 				if d.BoundAt != "" {
