@@ -117,6 +117,14 @@ func (tx *Tx) adoptListed(fe FrontEnd, live []Holding, why func(i int) string) (
 			if holder := tx.conflictingClaim(d, &owner); holder != nil {
 				c := Conflict{Device: d, Owner: owner, Since: tx.now}
 				if j := tx.conflictIndex(d.UUID, owner.ContainerID); j >= 0 {
+					// The record learns the process the runtime lists now (it
+					// was recorded before the container started, or while a
+					// start event was missed): promoted once the holder goes,
+					// a claim without a process is never found exited.
+					if SameIncarnation(&tx.st.Conflicts[j].Owner, &owner) && fillStarted(&tx.st.Conflicts[j].Owner, &owner) {
+						tx.touch()
+						tx.record(OpStarted, &owner, "", []string{d.UUID}, "process details reported by the runtime at reconcile")
+					}
 					c = tx.st.Conflicts[j]
 				} else {
 					tx.st.Conflicts = append(tx.st.Conflicts, c)

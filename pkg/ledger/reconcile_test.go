@@ -137,3 +137,39 @@ func TestReconcileMIG(t *testing.T) {
 	require.Len(t, st.Conflicts, 1)
 	require.Equal(t, map[string]string{mig(0, 1).UUID: "sibling"}, holders(st))
 }
+
+// A container recorded in conflict before it started (listed without a
+// process) is listed again once it runs: the record learns its process, as
+// a claim does, so that the claim it becomes once the holder goes can be
+// found exited. Without it the promoted claim counted as never started and
+// kept the device for good.
+func TestReconcileFillsAConflictRecordsProcess(t *testing.T) {
+	l := openTest(t, newClock())
+	holder := owner("holder")
+	holder.Pid, holder.PidStart, holder.Cgroup = 70, 700, "/k8s/holder"
+	late := owner("late")
+	update(t, l, func(tx *Tx) {
+		tx.Reconcile(FrontEndNRI, []Holding{{Owner: holder, Devices: devs(gpu(2))}, {Owner: late, Devices: devs(gpu(2))}})
+	})
+	st := snapshot(t, l)
+	require.Len(t, st.Conflicts, 1)
+	require.Zero(t, st.Conflicts[0].Owner.Pid, "created, not started")
+
+	late.Pid, late.PidStart, late.Cgroup = 77, 770, "/k8s/late"
+	update(t, l, func(tx *Tx) {
+		tx.Reconcile(FrontEndNRI, []Holding{{Owner: holder, Devices: devs(gpu(2))}, {Owner: late, Devices: devs(gpu(2))}})
+	})
+	st = snapshot(t, l)
+	require.Len(t, st.Conflicts, 1)
+	c := st.Conflicts[0].Owner
+	require.Equal(t, 77, c.Pid)
+	require.Equal(t, uint64(770), c.PidStart)
+	require.Equal(t, "/k8s/late", c.Cgroup)
+	require.Contains(t, auditOps(t, l), OpStarted)
+
+	// The holder goes: the record becomes the claim, with the process.
+	update(t, l, func(tx *Tx) { tx.Release("holder", "stop") })
+	st = snapshot(t, l)
+	require.Len(t, st.Claims, 1)
+	require.Equal(t, 77, st.Claims[0].Owner.Pid)
+}
