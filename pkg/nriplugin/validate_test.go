@@ -146,7 +146,16 @@ func TestLaterPluginCannotAddAnUncheckedGPU(t *testing.T) {
 // adjustment whenever a plugin ran before the guard, and refuses what it
 // reaches unclaimed, naming that plugin.
 func TestEarlierPluginsInPlaceChangeIsValidated(t *testing.T) {
-	rt := newRuntime(t, nil)
+	err := createBehindEnvRemoval(t, newRuntime(t, nil))
+	assert.ErrorContains(t, err, "before nri-gpu-guard: 10-device-injector")
+}
+
+// createBehindEnvRemoval starts the guard in rt and, before it (index 10),
+// a plugin that removes NVIDIA_VISIBLE_DEVICES from container "b"; ctr-a
+// then holds GPU 0, and the create of ctr-b asking for it must be refused
+// (its error, which names the GPU, is returned for more checks).
+func createBehindEnvRemoval(t *testing.T, rt *runtime) error {
+	t.Helper()
 	rt.startPlugin()
 	rt.startInjectorAt("10", func(c *api.Container) *api.ContainerAdjustment {
 		if c.GetName() != "b" {
@@ -160,8 +169,8 @@ func TestEarlierPluginsInPlaceChangeIsValidated(t *testing.T) {
 	err := rt.create(pb, container(pb, "b", "ctr-b", "NVIDIA_VISIBLE_DEVICES=0"))
 	require.Error(t, err, "the runtime creates ctr-b with NVIDIA_VISIBLE_DEVICES=0 while ctr-a holds GPU 0")
 	assert.ErrorContains(t, err, "GPU 0 ("+gpuUUID(0)+")")
-	assert.ErrorContains(t, err, "before nri-gpu-guard: 10-device-injector")
 	assert.Equal(t, map[string]string{"0": "ctr-a"}, rt.holders())
+	return err
 }
 
 // The same when the configuration's [nri] plugin_name is not the name the
@@ -170,21 +179,7 @@ func TestEarlierPluginsInPlaceChangeIsValidated(t *testing.T) {
 // registered under, and one it cannot find never lets the validation
 // assume that no plugin ran before it.
 func TestEarlierPluginsChangeValidatedWhateverTheConfiguredName(t *testing.T) {
-	rt := newRuntime(t, func(c *config.Config) { c.NRI.PluginName = "nri-gpu-guard" })
-	rt.startPlugin()
-	rt.startInjectorAt("10", func(c *api.Container) *api.ContainerAdjustment {
-		if c.GetName() != "b" {
-			return nil
-		}
-		return &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: api.MarkForRemoval("NVIDIA_VISIBLE_DEVICES")}}}
-	})
-	pa := rt.addPod("a")
-	require.NoError(t, rt.create(pa, container(pa, "a", "ctr-a", "NVIDIA_VISIBLE_DEVICES=0")))
-	pb := rt.addPod("b")
-	err := rt.create(pb, container(pb, "b", "ctr-b", "NVIDIA_VISIBLE_DEVICES=0"))
-	require.Error(t, err, "ctr-b is created with NVIDIA_VISIBLE_DEVICES=0 while ctr-a holds GPU 0")
-	assert.ErrorContains(t, err, "GPU 0 ("+gpuUUID(0)+")")
-	assert.Equal(t, map[string]string{"0": "ctr-a"}, rt.holders())
+	createBehindEnvRemoval(t, newRuntime(t, func(c *config.Config) { c.NRI.PluginName = "nri-gpu-guard" }))
 }
 
 // One plugin's removal of an annotation and a later plugin's setting of it
