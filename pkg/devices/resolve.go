@@ -165,7 +165,7 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 	}
 	b.env(req.Env)
 	b.mounts(req.Mounts)
-	b.gpuNodes = hasGPUNode(req.Devices)
+	b.specDevices = req.Devices
 	b.annotations(req.Annotations)
 	b.cdiList(req.CDIDevices, cdiByEngine)
 	b.cdiList(req.LateCDIDevices, cdiByPlugin)
@@ -217,9 +217,10 @@ type builder struct {
 	nodes        []pending
 	giCaps       []pending
 	unmappedCaps bool
-	// gpuNodes: the spec lists a GPU device node, as an engine's CDI
-	// injection adds (see cdiName).
-	gpuNodes bool
+	// specDevices are the request's device nodes, read by cdiName only
+	// (hasGPUNode: an engine's CDI injection adds GPU nodes) for the rare
+	// request that needs it, not for every request.
+	specDevices []LinuxDevice
 	// privilegedNodes: the request is privileged under "declared", so its
 	// GPU and MIG capability device nodes are not a request (skipped counts
 	// them for the note).
@@ -805,10 +806,13 @@ func hasGPUNode(devs []LinuxDevice) bool {
 // NVIDIA's runtime (cdiByAnnotation). Its engine adds a GPU's device nodes
 // before the check, where they are claimed; so an NVIDIA name the guard
 // cannot resolve that may denote GPUs (namesGPUs: the DRA driver's
-// k8s.gpu.nvidia.com, a gpu or mig class) is refused only when the spec
-// lists no GPU device node, which is the case where it can only be injected
-// late. NVIDIA's names for other devices (a NIC's VF, IMEX channels,
-// GDRCopy) inject no GPU whoever injects them.
+// k8s.gpu.nvidia.com, a gpu or mig class) is refused when the spec lists no
+// GPU device node, the case where it can only be injected late. Where the
+// spec lists one, an engine may have injected the name's GPUs, or they came
+// from elsewhere (a device plugin) and the name's are injected late: which
+// GPUs it adds cannot be told, so it reaches every GPU (under
+// policy.all_devices). NVIDIA's names for other devices (a NIC's VF, IMEX
+// channels, GDRCopy) inject no GPU whoever injects them.
 func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 	vendor, class, name, ok := parseQualifiedName(qualified)
 	if !ok {
@@ -832,7 +836,12 @@ func (b *builder) cdiName(where, src, qualified string, by cdiInjector) {
 			b.unresolved(where, invalid(qualified, "an NRI plugin added this NVIDIA CDI device, which containerd injects after the guard's check, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: have the plugin name GPUs that way, "+
 				"or request the device in the container's own spec").advising())
-		case by == cdiByAnnotation && nvidiaVendor(vendor) && namesGPUs(vendor, class) && !b.gpuNodes:
+		case by == cdiByAnnotation && nvidiaVendor(vendor) && namesGPUs(vendor, class) && hasGPUNode(b.specDevices):
+			why := "an NVIDIA CDI device whose GPUs the guard cannot tell: an engine with CDI enabled injected it, or NVIDIA's runtime in CDI mode " +
+				"injects it after the check; name the GPUs as nvidia.com/gpu=<index|UUID|all>"
+			b.note(src + ": " + why + "; it is read as reaching every GPU")
+			b.claimAllOr(src, why)
+		case by == cdiByAnnotation && nvidiaVendor(vendor) && namesGPUs(vendor, class):
 			b.unresolved(where, invalid(qualified, "NVIDIA's runtime in CDI mode injects the CDI devices a "+CDIAnnotationPrefix+"* annotation names after the guard's check "+
 				"where the engine does not (containerd before 2.0: enable_cdi = false by default); this container lists no GPU device node, so no engine injected it, "+
 				"and only nvidia.com/gpu and nvidia.com/mig names say which GPUs: name the GPUs as nvidia.com/gpu=<index|UUID|all>, "+

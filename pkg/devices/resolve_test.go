@@ -524,10 +524,17 @@ func TestResolveCDI(t *testing.T) {
 			Devices:     []LinuxDevice{dev("/dev/vfio/vfio", 10, 196), dev("/dev/vfio/12", 243, 12)}}, want: nil},
 		{name: "cdi.k8s.io annotation: NVSwitch, compute domain", req: Request{Annotations: ann(
 			"cdi.k8s.io/x", "nvidia.com/nvswitch=0", "cdi.k8s.io/cd", "k8s.compute-domain.nvidia.com/channel=0")}, want: nil},
-		{name: "cdi.k8s.io annotation: NVIDIA's DRA name injected by the engine", req: Request{
-			Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0"),
-			Devices:     []LinuxDevice{dev("/dev/nvidia0", 195, 0), dev("/dev/nvidiactl", 195, 255)}}, want: []string{"0"},
-			sources: map[string][]string{"0": {"device /dev/nvidia0 (195:0)"}}},
+		// With a GPU node in the spec, an engine may have injected the
+		// name's GPUs, or the node came from elsewhere (a device plugin)
+		// and NVIDIA's runtime injects the name's later: it cannot be told
+		// which GPUs it adds, so it reaches every GPU (policy.all_devices).
+		{name: "cdi.k8s.io annotation: NVIDIA's DRA name beside a GPU node", req: Request{
+			Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-1"),
+			Devices:     []LinuxDevice{dev("/dev/nvidia0", 195, 0), dev("/dev/nvidiactl", 195, 255)}}, want: allGPUs, wantAll: true},
+		{name: "cdi.k8s.io annotation: NVIDIA's DRA name beside a GPU node, all_devices = reject",
+			policy: func(p *config.PolicyConfig) { p.AllDevices = config.AllReject }, req: Request{
+				Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-1"),
+				Devices:     []LinuxDevice{dev("/dev/nvidia0", 195, 0)}}, err: ErrAllRejected},
 		{name: "cdi.k8s.io annotation: a node a device cgroup rule opens shows no injection", req: func() Request {
 			req := Request{Annotations: ann("cdi.k8s.io/dra", "k8s.gpu.nvidia.com/device=gpu-0")}
 			req.ApplyDeviceRules([]DeviceRule{rule(false, "a", -1, -1, "rwm"), rule(true, "c", 195, 0, "rw")})
