@@ -269,14 +269,20 @@ func (tx *Tx) MarkDraining(containerID, reason string) []Claim {
 }
 
 // MarkDrainingIncarnation is MarkDraining for the one incarnation of a
-// container that o names (see ReleaseIncarnation): its conflict records
-// without a process end as ReleaseIncarnation ends them.
+// container that o names (see ReleaseIncarnation). Its conflict records
+// that name no process end only when o names none either: an o that names
+// a process is not theirs by evidence (SameRecordedProcess), so, as for
+// ReleaseIncarnation, it clears nothing.
 func (tx *Tx) MarkDrainingIncarnation(o Owner, reason string) []Claim {
 	tx.check()
 	if o.ContainerID == "" {
 		return nil
 	}
-	tx.clearConflictsWhere(func(c *Conflict) bool { return !recordsProcess(&c.Owner) && SameRecordedProcess(&c.Owner, &o) }, reason)
+	if !recordsProcess(&o) {
+		tx.clearConflictsWhere(func(c *Conflict) bool {
+			return c.Owner.ContainerID == o.ContainerID && !recordsProcess(&c.Owner)
+		}, reason)
+	}
 	var out []Claim
 	var marked []string
 	for i := range tx.st.Claims {

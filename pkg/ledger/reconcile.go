@@ -108,10 +108,7 @@ func (tx *Tx) adoptListed(fe FrontEnd, live []Holding, why func(i int) string) (
 				continue
 			}
 			if k, ok := tx.claimIndex(d.UUID); ok && SameIncarnation(&tx.st.Claims[k].Owner, &owner) {
-				if fillStarted(&tx.st.Claims[k].Owner, &owner) {
-					tx.touch()
-					tx.record(OpStarted, &owner, "", []string{d.UUID}, "process details reported by the runtime at reconcile")
-				}
+				tx.learnStarted(&tx.st.Claims[k].Owner, &owner, d.UUID)
 				continue
 			}
 			if holder := tx.conflictingClaim(d, &owner); holder != nil {
@@ -121,9 +118,8 @@ func (tx *Tx) adoptListed(fe FrontEnd, live []Holding, why func(i int) string) (
 					// was recorded before the container started, or while a
 					// start event was missed): promoted once the holder goes,
 					// a claim without a process is never found exited.
-					if SameIncarnation(&tx.st.Conflicts[j].Owner, &owner) && fillStarted(&tx.st.Conflicts[j].Owner, &owner) {
-						tx.touch()
-						tx.record(OpStarted, &owner, "", []string{d.UUID}, "process details reported by the runtime at reconcile")
+					if SameIncarnation(&tx.st.Conflicts[j].Owner, &owner) {
+						tx.learnStarted(&tx.st.Conflicts[j].Owner, &owner, d.UUID)
 					}
 					c = tx.st.Conflicts[j]
 				} else {
@@ -160,6 +156,16 @@ func (tx *Tx) conflictIndex(uuid, containerID string) int {
 // fillStarted copies process details the runtime reports into a claim that
 // lacks them (the daemon restarted after the container started). It reports
 // whether anything changed.
+// learnStarted fills into dst, a claim's or conflict record's owner on the
+// device uuid, the process details the runtime lists for it (owner), and
+// records that it did.
+func (tx *Tx) learnStarted(dst, owner *Owner, uuid string) {
+	if fillStarted(dst, owner) {
+		tx.touch()
+		tx.record(OpStarted, owner, "", []string{uuid}, "process details reported by the runtime at reconcile")
+	}
+}
+
 func fillStarted(dst, src *Owner) bool {
 	changed := false
 	if dst.Pid == 0 && src.Pid != 0 {
