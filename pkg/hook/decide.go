@@ -144,7 +144,7 @@ const (
 	ExitPolicy  = 77 // refused by policy or an unknown device (EX_NOPERM)
 )
 
-// ExitCode is the exit code for an error returned by Run or RunWith.
+// ExitCode is the exit code for an error returned by RunInput.
 func ExitCode(err error) int {
 	switch {
 	case err == nil:

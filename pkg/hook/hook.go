@@ -44,16 +44,13 @@ const (
 // configuration path goes in the arguments (--config).
 func RuntimeEnv() []string { return []string{"GOMAXPROCS=1"} }
 
-// ErrUsage is wrapped by Run for an unknown phase.
+// ErrUsage is wrapped by RunInput for an unknown phase.
 var ErrUsage = errors.New("usage: nri-gpu-guard hook create-runtime|poststop [--config PATH]")
 
-// Run executes one hook phase with the OCI state read from stdin, with the
-// default Options (create-runtime decides at once and never waits).
-func Run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
-	return RunWith(ctx, phase, Options{}, cfg, stdin, stderr)
-}
-
-// RunWith executes one hook phase with the OCI state read from stdin.
+// RunInput executes one hook phase for the runtime's input, already read
+// (ReadInput): a hook binary reads it first (Main), so that a container that
+// can reach no GPU (Input.NeverClaims) is answered before the configuration
+// is loaded.
 //
 // create-runtime admits the container through the guard. By default it
 // decides at once: admit, or refuse with who holds the GPU and how many wait
@@ -65,22 +62,12 @@ func Run(ctx context.Context, phase string, cfg config.Config, stdin io.Reader, 
 // the GPUs claimed for the ticket are handed over to it. poststop releases
 // what the container holds.
 //
-// RunWith installs its own SIGTERM/SIGINT handling where the hook may block
+// RunInput installs its own SIGTERM/SIGINT handling where the hook may block
 // (see interrupts): a signal cancels a waiting hook, which then leaves the
-// queue and fails. It never panics. A
-// non-nil error is self-contained (it names the container, the devices and
-// what to do): the caller prints it on one line and exits non-zero, which
-// makes the runtime refuse the container (or, for poststop, log a warning).
-func RunWith(ctx context.Context, phase string, opts Options, cfg config.Config, stdin io.Reader, stderr io.Writer) error {
-	if opts.Started.IsZero() {
-		opts.Started = time.Now()
-	}
-	return RunInput(ctx, phase, opts, cfg, ReadInput(stdin), stderr)
-}
-
-// RunInput is RunWith with the runtime's input already read (ReadInput): a
-// hook binary reads it first, so that a container that can reach no GPU
-// (Input.NeverClaims) is answered before the configuration is loaded.
+// queue and fails. It never panics. A non-nil error is self-contained (it
+// names the container, the devices and what to do): the caller prints it on
+// one line and exits non-zero, which makes the runtime refuse the container
+// (or, for poststop, log a warning).
 func RunInput(ctx context.Context, phase string, opts Options, cfg config.Config, in *Input, stderr io.Writer) error {
 	// The signal is the context's cause ("terminated signal received"), which
 	// the error of a cancelled waiter quotes. Armed only where the hook is

@@ -22,7 +22,7 @@ type Options struct {
 	Wait bool
 	// Started is when the hook process started: the timeout a runtime
 	// gives a hook counts from there, and so does the wait of a --wait
-	// hook. Zero: when RunWith or RunInput is called.
+	// hook. Zero: when RunInput is called.
 	Started time.Time
 }
 
