@@ -392,35 +392,16 @@ func (s *jscan) hooks() *hookHooks {
 		case "createRuntime":
 			hs.CreateRuntime = s.hookList()
 		case "poststop":
-			// Not decoded, but its keys are checked as checkKeys does.
-			s.hookKeys()
+			// Not kept, but read as createRuntime is, so that a key
+			// checkKeys refuses (or any value the fast path cannot
+			// read) sends the spec to the checked fallback.
+			_ = s.hookList()
 		default:
 			return false
 		}
 		return true
 	})
 	return hs
-}
-
-// hookKeys consumes a list of hooks, giving up on the keys checkKeys
-// refuses (hookEntryKeys).
-func (s *jscan) hookKeys() {
-	if s.null() {
-		return
-	}
-	s.array(func() {
-		if s.null() {
-			return
-		}
-		s.object([]string{"path", "args", "timeout"}, func(k string) bool {
-			switch k {
-			case "path", "args", "timeout":
-				s.skip(0)
-				return true
-			}
-			return false
-		})
-	})
 }
 
 func (s *jscan) hookList() []hookHook {
