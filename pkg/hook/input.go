@@ -254,17 +254,9 @@ func (e env) crunSpec(id, stateBundle string) (*specs.Spec, string, error) {
 
 // readCmdline reads a /proc/<pid>/cmdline file: its NUL-separated words.
 func readCmdline(path string) ([]string, error) {
-	f, err := os.Open(path) //nolint:gosec // below the configured proc root
+	data, err := readBounded(path, maxCmdlineBytes)
 	if err != nil {
 		return nil, err
-	}
-	defer func() { _ = f.Close() }()
-	data, err := io.ReadAll(io.LimitReader(f, maxCmdlineBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > maxCmdlineBytes {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxCmdlineBytes)
 	}
 	return strings.Split(strings.TrimSuffix(string(data), "\x00"), "\x00"), nil
 }

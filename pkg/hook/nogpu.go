@@ -405,18 +405,22 @@ func (e env) deviceCgroupOf(pid int) (string, error) {
 }
 
 // readCgroupFile reads a /proc/<pid>/cgroup file, bounded.
-func readCgroupFile(path string) ([]byte, error) {
+func readCgroupFile(path string) ([]byte, error) { return readBounded(path, maxCgroupFileBytes) }
+
+// readBounded reads a /proc file whole, refusing one larger than limit
+// bytes (what no runtime writes there: a truncated read would be a guess).
+func readBounded(path string, limit int) ([]byte, error) {
 	f, err := os.Open(path) //nolint:gosec // below the configured proc root
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = f.Close() }()
-	data, err := io.ReadAll(io.LimitReader(f, maxCgroupFileBytes+1))
+	data, err := io.ReadAll(io.LimitReader(f, int64(limit)+1))
 	if err != nil {
 		return nil, err
 	}
-	if len(data) > maxCgroupFileBytes {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxCgroupFileBytes)
+	if len(data) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, limit)
 	}
 	return data, nil
 }

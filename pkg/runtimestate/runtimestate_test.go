@@ -84,6 +84,10 @@ func testdata(t testing.TB, name string) map[string]any {
 // runc writes <root>/<id>/state.json: the state runc 1.1 wrote for a real
 // container (testdata/runc.state.json), with this container's id, pid,
 // start time and bundle.
+func (h *host) runc(root, id string, pid int, start uint64, bundle string, created bool) string {
+	return h.runcFrom("runc.state.json", root, id, pid, start, bundle, created)
+}
+
 // scanRunning writes spec as bundle's config.json, lists a running runc
 // container c1 of it (pid 300) under a runc root that owner owns, and
 // returns the scan's reading of it, which must have read the spec.
@@ -99,10 +103,6 @@ func (h *host) scanRunning(t *testing.T, bundle string, spec specs.Spec, owner i
 	require.True(t, c.Live(), c.Why)
 	require.NoError(t, c.SpecErr)
 	return c
-}
-
-func (h *host) runc(root, id string, pid int, start uint64, bundle string, created bool) string {
-	return h.runcFrom("runc.state.json", root, id, pid, start, bundle, created)
 }
 
 func (h *host) runcFrom(file, root, id string, pid int, start uint64, bundle string, created bool) string {
