@@ -1074,7 +1074,7 @@ func damageLedger(t *testing.T, g *guard.Guard) {
 // operatorUncordon is `gpu-guard-ctl uncordon` of a device that is cordoned.
 func operatorUncordon(t *testing.T, g *guard.Guard, uuid string) {
 	t.Helper()
-	was, err := g.UncordonDevice(context.Background(), uuid, "operator")
+	_, was, err := g.Uncordon(context.Background(), uuid, "operator", nil)
 	require.NoError(t, err)
 	require.True(t, was)
 }

@@ -126,26 +126,19 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 	return k, changed, nil
 }
 
-// UncordonDevice lifts the cordon on a device; it reports whether one was
-// there. The earliest waiter whose devices are now all free gets them
-// reserved at once.
-func (g *Guard) UncordonDevice(ctx context.Context, uuid, by string) (bool, error) {
-	_, was, err := g.Uncordon(ctx, uuid, by, nil)
-	return was, err
-}
-
 // ErrCordonChanged is returned by Uncordon when the cordon in force is not
 // the one the caller read: nothing was lifted.
 var ErrCordonChanged = errors.New("the cordon changed since it was read")
 
-// Uncordon is UncordonDevice returning the cordon it lifted, as the
-// transaction that lifted it found it. With seen set (the cordon the caller
+// Uncordon lifts the cordon on a device and returns it, as the transaction
+// that lifted it found it, and whether one was there; the earliest waiter
+// whose devices are now all free gets them reserved at once. With seen set (the cordon the caller
 // read, and showed or acted on), only that cordon is lifted: when the
 // cordon in force differs (another source, reason, by or since: the
 // observer cordoned the device again, or another operator did), nothing is
 // lifted and the error (ErrCordonChanged) names both, so that a cordon
 // nobody looked at is never lifted unseen. A device cordoned by nobody
-// (lifted meanwhile) is no error: false, as for UncordonDevice.
+// (lifted meanwhile) is no error: false.
 func (g *Guard) Uncordon(ctx context.Context, uuid, by string, seen *ledger.Cordon) (ledger.Cordon, bool, error) {
 	dev, err := g.lookup(uuid)
 	if err != nil {

@@ -150,10 +150,10 @@ func TestCordonKeepsHolderAndQueue(t *testing.T) {
 	assert.Equal(t, []string{"ml/uid-w/main"}, e.waiters(), "it keeps its place")
 	assert.NotContains(t, d.Message, "Free GPUs now: 0, 1", "a cordoned GPU is not offered as free")
 
-	was, err := e.g.UncordonDevice(ctx, uuid(1), "uid 0")
+	_, was, err := e.g.Uncordon(ctx, uuid(1), "uid 0", nil)
 	require.NoError(t, err)
 	assert.True(t, was)
-	was, err = e.g.UncordonDevice(ctx, uuid(1), "uid 0")
+	_, was, err = e.g.Uncordon(ctx, uuid(1), "uid 0", nil)
 	require.NoError(t, err)
 	assert.False(t, was)
 	assert.Equal(t, map[string]string{uuid(1): "ml/uid-w/main"}, reservationsOf(e.state()), "the head gets it once lifted")
@@ -361,7 +361,7 @@ func TestUncordonLiftsOnlyTheCordonSeen(t *testing.T) {
 			}},
 		{name: "lifted meanwhile",
 			then: func(e *env) {
-				_, err := e.g.UncordonDevice(ctx, uuid(2), "uid 0")
+				_, _, err := e.g.Uncordon(ctx, uuid(2), "uid 0", nil)
 				require.NoError(e.t, err)
 			}},
 	} {

@@ -21,7 +21,7 @@
 // admission.
 //
 // It also keeps the persistent device states of the ledger (cordon.go): a
-// cordon (CordonDevice, UncordonDevice; from gpu-guard-ctl, or from the
+// cordon (CordonDevice, Uncordon; from gpu-guard-ctl, or from the
 // observer for an intruder or an unhealthy device, never over an operator's
 // cordon, which stays as the operator set it; gpu-guard-ctl lifts only the
 // cordon it read, Uncordon) and, under [observe]
