@@ -171,6 +171,11 @@ func (a *app) view(ctx context.Context, fn func(tx *ledger.Tx) error) error {
 	if err != nil {
 		return err
 	}
+	return viewOf(ctx, l, fn)
+}
+
+// viewOf is view over a ledger already open.
+func viewOf(ctx context.Context, l *ledger.Ledger, fn func(tx *ledger.Tx) error) error {
 	if err := l.View(ctx, fn); err != nil {
 		return fmt.Errorf("read ledger %s: %w", l.StatePath(), err)
 	}
@@ -181,8 +186,17 @@ func (a *app) view(ctx context.Context, fn func(tx *ledger.Tx) error) error {
 // modify: tx.State() already is one (it shares no storage with the Tx or the
 // ledger), so it is not copied again.
 func (a *app) snapshot(ctx context.Context) (ledger.State, error) {
+	l, err := a.openLedger(true)
+	if err != nil {
+		return ledger.State{}, err
+	}
+	return snapshotOf(ctx, l)
+}
+
+// snapshotOf is snapshot of a ledger already open.
+func snapshotOf(ctx context.Context, l *ledger.Ledger) (ledger.State, error) {
 	var st ledger.State
-	err := a.view(ctx, func(tx *ledger.Tx) error {
+	err := viewOf(ctx, l, func(tx *ledger.Tx) error {
 		st = *tx.State()
 		return nil
 	})

@@ -116,7 +116,11 @@ func (a *app) ps(ctx context.Context) (*psView, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ps needs the GPU inventory: %w", err)
 	}
-	st, err := a.snapshot(ctx)
+	l, err := a.openLedger(true)
+	if err != nil {
+		return nil, err
+	}
+	st, err := snapshotOf(ctx, l)
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +140,7 @@ func (a *app) ps(ctx context.Context) (*psView, error) {
 	// The daemon's holdings, built by the same function: with each
 	// holder's cgroup, so that a container nested in a holder is the
 	// holder's, and the exempt containers, as far as ps can know them.
-	exempt, exemptErr := a.psExempt()
+	exempt, exemptErr := psExempt(l.AuditPath())
 	holdings := daemon.Holdings(st.Claims, exempt)
 	o, err := observe.New(observe.Options{Source: src, GPUs: inv.GPUs, ProcRoot: filepath.Dir(procRoot),
 		Ledger: observe.LedgerFunc(func() ([]observe.Holding, error) { return holdings, nil })})
@@ -155,17 +159,14 @@ func (a *app) ps(ctx context.Context) (*psView, error) {
 }
 
 // psExempt returns the containers the guard exempted (container id → "",
-// no cgroup known), from their "exempt" records in the audit log: the
+// no cgroup known), from their "exempt" records in the audit log at
+// auditPath: the
 // daemon learns a container's namespace from the runtime through NRI and
 // keeps its exempt set to itself, but no container is exempted without
 // that record (a container id is never reused). A record the log's rotation
 // dropped is missing; psNotes says so.
-func (a *app) psExempt() (map[string]string, error) {
-	l, err := a.openLedger(true)
-	if err != nil {
-		return nil, err
-	}
-	recs, err := ledger.ReadAudit(l.AuditPath())
+func psExempt(auditPath string) (map[string]string, error) {
+	recs, err := ledger.ReadAudit(auditPath)
 	exempt := map[string]string{}
 	for _, r := range recs {
 		if r.Op == guard.AuditExempt && r.ContainerID != "" {
