@@ -261,7 +261,7 @@ func TestCrunBundleSlashForeignOwner(t *testing.T) {
 	require.ErrorContains(t, in.specErr, "is owned by uid 65534, not by the runtime's user (uid 0)")
 }
 
-// ReadRuntimeSpec (a recovery's reading of crun's copy) takes the
+// readRuntimeSpec (a recovery's reading of crun's copy) takes the
 // runtime's user to be the root's owner: a rootless crun's root is its
 // user's, read by root. Under such a root a copy of another user is not
 // read (as root only: only root can give a file away).
@@ -280,13 +280,13 @@ func TestReadRuntimeSpecRootOwner(t *testing.T) {
 	for _, p := range []string{root, filepath.Join(root, "mine"), filepath.Join(root, "mine", "config.json"), filepath.Join(root, "foreign")} {
 		require.NoError(t, os.Chown(p, 1000, 1000))
 	}
-	spec, err := ReadRuntimeSpec(root, "mine")
+	spec, err := readRuntimeSpec(root, "mine")
 	require.NoError(t, err)
 	require.Equal(t, []string{"NVIDIA_VISIBLE_DEVICES=1"}, spec.Process.Env)
-	_, err = ReadRuntimeSpec(root, "foreign")
+	_, err = readRuntimeSpec(root, "foreign")
 	require.ErrorIs(t, err, errInput)
 	require.ErrorContains(t, err, filepath.Join(root, "foreign", "config.json")+" is owned by uid 0, not by the runtime's user (uid 1000)")
-	_, err = ReadRuntimeSpec(root, "../x")
+	_, err = readRuntimeSpec(root, "../x")
 	require.ErrorContains(t, err, `the container id "../x" is not a file name`)
 }
 

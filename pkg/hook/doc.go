@@ -105,7 +105,7 @@
 //     names (or, for the bundle "/", <root>/<id>/config.json below the
 //     crun root its command line names, only when owned by the hook's user
 //     and writable by no other, with no symlink below the root; a
-//     recovery's ReadRuntimeSpec takes the root's owner for that user). Mount
+//     recovery's ReadSpec takes the root's owner for that user). Mount
 //     sources (a relative one from the bundle), overlay layers (lowerdir,
 //     lowerdir+, datadir+, upperdir) and the root filesystem (root.path,
 //     and its dev) are stat'ed to tell what they are on the host

@@ -307,17 +307,17 @@ func runtimeDirs(args []string) (root, bundle string, err error) {
 	return root, bundle, nil
 }
 
-// ReadRuntimeSpec reads the spec of container id from crun's own copy of
+// readRuntimeSpec reads the spec of container id from crun's own copy of
 // it, <root>/<id>/config.json, for a caller that learns the container from
-// the runtime's state root rather than a hook's stdin (pkg/runtimestate)
-// and finds the bundle "/" recorded: crun 1.8's working directory, not the
+// the runtime's state root rather than a hook's stdin (ReadSpec) and finds
+// the bundle "/" recorded: crun 1.8's working directory, not the
 // bundle (crunSpec), whose config.json is another file. The copy is read
 // only when it is the runtime's own (openRuntimeSpec), the runtime's user
 // being the root's owner (a rootless runtime's root is its user's). A spec
 // that names a path read from the bundle (a relative root.path or bind
 // source) is refused: the bundle is unknown, and read from elsewhere such a
 // path could miss what the container reaches.
-func ReadRuntimeSpec(root, id string) (*specs.Spec, error) {
+func readRuntimeSpec(root, id string) (*specs.Spec, error) {
 	if err := checkID(id); err != nil {
 		return nil, err
 	}

@@ -32,7 +32,7 @@
 // its annotations. A bundle "/" is crun 1.8's working directory, recorded
 // instead of the bundle for a container with a user namespace and devices:
 // crun's own copy, <root>/<id>/config.json, is read for it
-// (hook.ReadRuntimeSpec, as the hook did at create), never /config.json.
+// (hook.ReadSpec, as the hook did at create), never /config.json.
 //
 // Invariants:
 //   - Nothing is followed as a symlink: a root, container directory or

@@ -498,22 +498,10 @@ func decideStatus(c *Container, check *liveness.Checker) {
 // crun's copy of the spec for it too): /config.json is never read as its
 // spec (missing, the container's claims would be forgotten; present, another
 // file would be taken for its spec). crun's copy, <root>/<id>/config.json,
-// is read instead (hook.ReadRuntimeSpec); where it cannot be, the container
+// is read instead (hook.ReadSpec); where it cannot be, the container
 // is reported with SpecErr, unresolved.
 func readSpec(c *Container, root, procRoot string, userNS hook.RuntimeUserNS) {
-	var spec *specs.Spec
-	var err error
-	if c.Bundle != "" && filepath.Clean(c.Bundle) == "/" {
-		spec, err = hook.ReadRuntimeSpec(root, c.ID)
-		if err != nil {
-			c.SpecErr = fmt.Errorf("the runtime records the bundle %q, which crun 1.8 records instead of the bundle for a container "+
-				"with a user namespace and devices (its working directory): /config.json is not its spec, and crun's copy "+
-				"in its state directory is read instead: %w", c.Bundle, err)
-			return
-		}
-	} else {
-		spec, err = hook.ReadSpec(specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle})
-	}
+	spec, err := hook.ReadSpec(root, specs.State{Version: specs.Version, ID: c.ID, Pid: c.Pid, Bundle: c.Bundle})
 	if err != nil {
 		c.SpecErr = err
 		return
