@@ -355,17 +355,26 @@ func openRuntimeSpec(root, id string, owner int) (int, string, error) {
 		return -1, "", fmt.Errorf("the runtime's state root %q is not an absolute path", root)
 	}
 	root = filepath.Clean(root)
-	if id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
+	if id == "." || id == ".." || strings.Contains(id, "/") { // checkID refused control characters
 		return -1, "", fmt.Errorf("the container id %q is not a file name", id)
 	}
 	dir := filepath.Join(root, id)
 	path := filepath.Join(dir, "config.json")
 	euid := uint32(owner) //nolint:gosec // a uid fits 32 bits; -1 is replaced below
+	// owned checks, by its descriptor (no path to swap meanwhile), that
+	// fd is a file of the kind mode that only the runtime's user may
+	// write; first is called for the root, whose owner is that user when
+	// the caller does not say (owner < 0).
+	first := true
 	owned := func(fd int, name string, mode uint32, kind string) error {
 		var st unix.Stat_t
 		if err := unix.Fstat(fd, &st); err != nil {
 			return &os.PathError{Op: "stat", Path: name, Err: err}
 		}
+		if first && owner < 0 {
+			euid = st.Uid
+		}
+		first = false
 		switch {
 		case st.Mode&unix.S_IFMT != mode:
 			return fmt.Errorf("%s is not a %s (%s)", name, kind, fileType(st.Mode))
@@ -381,13 +390,6 @@ func openRuntimeSpec(root, id string, owner int) (int, string, error) {
 		return -1, "", &os.PathError{Op: "open", Path: root, Err: err}
 	}
 	defer func() { _ = unix.Close(rootFD) }()
-	if owner < 0 {
-		var st unix.Stat_t
-		if err := unix.Fstat(rootFD, &st); err != nil {
-			return -1, "", &os.PathError{Op: "stat", Path: root, Err: err}
-		}
-		euid = st.Uid
-	}
 	if err := owned(rootFD, root, unix.S_IFDIR, "directory"); err != nil {
 		return -1, "", err
 	}
