@@ -25,10 +25,6 @@ import (
 // without NRI: docs/hook.md's runc wrapper runs it for every container).
 const cmdAddHooks = "add-hooks"
 
-// maxSpecBytes bounds the config.json add-hooks reads, as the hook bounds
-// the one it reads.
-const maxSpecBytes = 16 << 20
-
 // addHooksUsage is add-hooks' line of the usage.
 const addHooksUsage = program + " " + cmdAddHooks + " [--config PATH] [--state-dir DIR] [--wait] [--path HOOK] CONFIG.JSON"
 
@@ -138,10 +134,11 @@ func addHooksToFile(path string, entries []hookEntry) error {
 	return replaceFile(path, out, mode, uid, gid)
 }
 
-// readRegular reads a regular file of at most maxSpecBytes: a FIFO or
-// device there would block or never end.
+// readRegular reads a regular file of at most hook.MaxSpecBytes, as the
+// hook bounds the one it reads (config.OpenRegular: a FIFO or device there
+// would block or never end).
 func readRegular(path string) (data []byte, mode os.FileMode, uid, gid int, err error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0) //nolint:gosec // the config.json the caller names
+	f, err := config.OpenRegular(path)
 	if err != nil {
 		return nil, 0, 0, 0, err
 	}
@@ -150,15 +147,12 @@ func readRegular(path string) (data []byte, mode os.FileMode, uid, gid int, err 
 	if err != nil {
 		return nil, 0, 0, 0, err
 	}
-	if !fi.Mode().IsRegular() {
-		return nil, 0, 0, 0, fmt.Errorf("%s is not a regular file (%s)", path, fi.Mode().Type())
-	}
-	data, err = io.ReadAll(io.LimitReader(f, maxSpecBytes+1))
+	data, err = io.ReadAll(io.LimitReader(f, hook.MaxSpecBytes+1))
 	if err != nil {
 		return nil, 0, 0, 0, fmt.Errorf("read %s: %w", path, err)
 	}
-	if len(data) > maxSpecBytes {
-		return nil, 0, 0, 0, fmt.Errorf("%s is larger than %d bytes", path, maxSpecBytes)
+	if len(data) > hook.MaxSpecBytes {
+		return nil, 0, 0, 0, fmt.Errorf("%s is larger than %d bytes", path, hook.MaxSpecBytes)
 	}
 	st, _ := fi.Sys().(*syscall.Stat_t)
 	if st == nil {

@@ -160,7 +160,7 @@ func TestAddHooksCommand(t *testing.T) {
 		{"unknown flag", []string{cmdAddHooks, "--bogus", cfg}, 2, "usage: " + addHooksUsage},
 		{"help", []string{cmdAddHooks, "--help"}, 0, "usage: " + addHooksUsage},
 		{"missing file", []string{cmdAddHooks, filepath.Join(dir, "none.json")}, 1, "none.json: no such file"},
-		{"a FIFO", []string{cmdAddHooks, fifo}, 1, "is not a regular file"},
+		{"a FIFO", []string{cmdAddHooks, fifo}, 1, "not a regular file (it is a named pipe (FIFO))"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer

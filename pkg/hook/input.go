@@ -27,13 +27,16 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
+// MaxSpecBytes bounds a config.json the hook reads, and add-hooks edits.
+const MaxSpecBytes = 16 << 20
+
 // Input bounds. The runtime writes the state (a few hundred bytes plus the
 // annotations, which Kubernetes caps at 256 KiB in total) and the bundle's
 // config.json (env, mounts, annotations: rarely above 100 KiB). Anything near
 // these limits is refused rather than buffered without end.
 const (
 	maxStateBytes = 1 << 20
-	maxSpecBytes  = 16 << 20
+	maxSpecBytes  = MaxSpecBytes
 	// maxIDLen bounds the container id (runc ids are 64 hex digits; podman's
 	// too). The id is only a ledger key and a word in messages.
 	maxIDLen = 1024
