@@ -6,6 +6,7 @@ package devices
 import (
 	"math"
 	"slices"
+	"strings"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/gpuid"
 )
@@ -391,3 +392,15 @@ const (
 
 // maxCapsMinor bounds the capability minors read from rules.
 const maxCapsMinor = 1 << 20
+
+// MayBeGPUNode reports whether device node d may be a GPU, a MIG capability
+// or an NVIDIA control node on some host: a character device of NVIDIA's
+// major or of one Linux hands out at module load (every major below
+// firstDynamicMajor is a fixed assignment, none of which but 195 is
+// NVIDIA's), or one named /dev/nvidia*. Block devices and FIFOs never are.
+func MayBeGPUNode(d LinuxDevice) bool {
+	if d.Type != "" && d.Type != "c" && d.Type != "u" {
+		return false
+	}
+	return d.Major == nvidiaMajor || d.Major >= firstDynamicMajor || strings.HasPrefix(d.Path, "/dev/nvidia")
+}

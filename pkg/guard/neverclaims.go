@@ -38,7 +38,7 @@ func NeverClaims(req devices.Request) bool {
 		}
 	}
 	for _, d := range req.Devices {
-		if MayBeGPUNode(d) {
+		if devices.MayBeGPUNode(d) {
 			return false
 		}
 	}
@@ -49,24 +49,4 @@ func NeverClaims(req devices.Request) bool {
 	}
 	res, err := devices.NewResolver(nil, strict).Resolve(req)
 	return err == nil && !res.All && len(res.Devices) == 0
-}
-
-const (
-	// nvidiaMajor is the fixed major of /dev/nvidia<N> and /dev/nvidiactl.
-	nvidiaMajor = 195
-	// firstDynamicMajor is the lowest character major Linux hands out
-	// dynamically; every major below it is a fixed assignment, none of
-	// which but 195 is NVIDIA's.
-	firstDynamicMajor = 234
-)
-
-// MayBeGPUNode reports whether device node d may be a GPU, a MIG capability
-// or an NVIDIA control node on some host: a character device of NVIDIA's
-// major or of one Linux hands out at module load, or one named
-// /dev/nvidia*. Block devices and FIFOs never are.
-func MayBeGPUNode(d devices.LinuxDevice) bool {
-	if d.Type != "" && d.Type != "c" && d.Type != "u" {
-		return false
-	}
-	return d.Major == nvidiaMajor || d.Major >= firstDynamicMajor || strings.HasPrefix(d.Path, "/dev/nvidia")
 }

@@ -434,10 +434,10 @@ type boundSources struct {
 }
 
 // none reports whether nothing bound in may reach a GPU: neither the host's
-// /dev nor a node that may be one (guard.MayBeGPUNode: /dev/null or
+// /dev nor a node that may be one (devices.MayBeGPUNode: /dev/null or
 // /dev/fuse bound in is no reason to read the container's cgroup).
 func (b boundSources) none() bool {
-	return !b.hostDev && !slices.ContainsFunc(b.nodes, guard.MayBeGPUNode)
+	return !b.hostDev && !slices.ContainsFunc(b.nodes, devices.MayBeGPUNode)
 }
 
 // boundNodes reads what each mount source is on the host, whatever it is
