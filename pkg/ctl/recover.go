@@ -340,11 +340,7 @@ func (k *resetKeeper) keep(c ledger.Claim) (bool, string) {
 	switch v.Action {
 	case guard.KeepRunning:
 		// Running, or no evidence that it exited: kept on doubt.
-		why := "its holder is not known to have exited"
-		if v.Why != "" {
-			why += " (" + v.Why + ")"
-		}
-		return true, why
+		return true, "its holder is not known to have exited" + inParens(v.Why)
 	case guard.KeepNotStarted:
 		return true, "its holder was created and has not started yet"
 	case guard.KeepDraining:
@@ -353,11 +349,7 @@ func (k *resetKeeper) keep(c ledger.Claim) (bool, string) {
 		if !slices.ContainsFunc(k.drain, func(e exitedHolder) bool { return incarnationOf(&e.owner) == incarnationOf(&c.Owner) }) {
 			k.drain = append(k.drain, exitedHolder{owner: c.Owner, why: v.Why})
 		}
-		why := "its holder exited"
-		if v.Why != "" {
-			why += " (" + v.Why + ")"
-		}
-		return true, why + ", but its processes may still be on the GPU (release_requires_idle): kept, marked draining"
+		return true, "its holder exited" + inParens(v.Why) + ", but its processes may still be on the GPU (release_requires_idle): kept, marked draining"
 	default:
 		return false, ""
 	}

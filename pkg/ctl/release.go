@@ -288,12 +288,8 @@ func checkRelease(rule guard.ReleaseRule, st *ledger.State, claims []ledger.Clai
 		case guard.KeepRunning:
 			chk.running = append(chk.running, fmt.Sprintf("%s, and is %s", on, runningWhy(c.Owner, v)))
 		case guard.KeepDraining, guard.MarkDraining:
-			why := ""
-			if v.Why != "" {
-				why = " (" + v.Why + ")"
-			}
 			chk.exitedConflicts = append(chk.exitedConflicts, fmt.Sprintf("%s, and exited%s, but under release_requires_idle its processes "+
-				"are not known to have left the GPU", on, why))
+				"are not known to have left the GPU", on, inParens(v.Why)))
 		case guard.KeepNotStarted:
 			chk.notes = append(chk.notes, fmt.Sprintf("%s, and records no process (no pid, no cgroup): nothing to check; "+
 				"if it runs there, the device shows free once its holder stops", on))
@@ -308,12 +304,8 @@ func checkRelease(rule guard.ReleaseRule, st *ledger.State, claims []ledger.Clai
 			chk.draining = append(chk.draining, fmt.Sprintf("%s is held by %s, which exited, but its claim drains until its processes "+
 				"leave the GPU (release_requires_idle)", naming.Device(c.Device), guard.HolderName(c.Owner)))
 		case guard.MarkDraining:
-			why := ""
-			if v.Why != "" {
-				why = " (" + v.Why + ")"
-			}
 			chk.exited = append(chk.exited, fmt.Sprintf("%s is held by %s, which exited%s, but its claim is kept until its "+
-				"processes leave the GPU (release_requires_idle)", naming.Device(c.Device), guard.HolderName(c.Owner), why))
+				"processes leave the GPU (release_requires_idle)", naming.Device(c.Device), guard.HolderName(c.Owner), inParens(v.Why)))
 		case guard.KeepNotStarted:
 			chk.notes = append(chk.notes, fmt.Sprintf("%s is held by %s, which never started (no pid, no cgroup recorded): "+
 				"nothing to check; if it starts after the release, it runs without a claim",
@@ -742,4 +734,12 @@ func renderReleasedDraining(w io.Writer, output string, dryRun bool, claims, dra
 		}
 	}
 	return nil
+}
+
+// inParens is " (s)", or "" for an empty s: a verdict's reason in a message.
+func inParens(s string) string {
+	if s == "" {
+		return ""
+	}
+	return " (" + s + ")"
 }
