@@ -30,10 +30,6 @@ import (
 type DeviceStates interface {
 	// CordonDevice cordons uuid; source is "intruder" or "unhealthy".
 	CordonDevice(ctx context.Context, uuid, source, reason string) error
-	// CordonInForce reports whether a cordon is in force on uuid, and the
-	// lineage of the ledger state that says so (one read: see
-	// ledger.State.Lineage).
-	CordonInForce(ctx context.Context, uuid string) (cordoned bool, lineage string, err error)
 	// CordonsInForce lists the cordons in force, and the lineage of the
 	// ledger state that holds them (one read).
 	CordonsInForce(ctx context.Context) (cordons []ledger.Cordon, lineage string, err error)
@@ -49,19 +45,6 @@ type guardStates struct{ *guard.Guard }
 
 // The guard implements DeviceStates (a signature change fails here).
 var _ DeviceStates = guardStates{}
-
-func (s guardStates) CordonInForce(ctx context.Context, uuid string) (bool, string, error) {
-	st, err := s.Ledger().Snapshot(ctx)
-	if err != nil {
-		return false, "", err
-	}
-	for _, c := range st.Cordons {
-		if c.Device.UUID == uuid {
-			return true, st.Lineage, nil
-		}
-	}
-	return false, st.Lineage, nil
-}
 
 func (s guardStates) CordonsInForce(ctx context.Context) ([]ledger.Cordon, string, error) {
 	st, err := s.Ledger().Snapshot(ctx)
@@ -936,6 +919,10 @@ func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding
 		add(lost[uuid])
 	}
 	var failed map[string]observe.FileFinding
+	var lineage string
+	if len(order) > 0 {
+		lineage = w.ledgerLineage(ctx) // read before the writes, once per pass
+	}
 	for _, uuid := range order {
 		f := todo[uuid]
 		reason := fmt.Sprintf("%s: pid %d (%s) runs on it without a claim", f.Kind, f.PID, ownerText(f))
@@ -943,7 +930,7 @@ func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding
 		if again {
 			reason = recordonReason + reason
 		}
-		if !w.cordonRecorded(ctx, f.Finding, ledger.CordonIntruder, reason) && !again {
+		if !w.cordonRecordedIn(ctx, f.Finding, ledger.CordonIntruder, reason, lineage) && !again {
 			// A cordon lost that could not be written again needs no
 			// retry: its record still names the lineage it was lost from.
 			if failed == nil {
@@ -1140,17 +1127,29 @@ type cordonKey struct{ source, uuid string }
 // cannot be read is recorded as "": a missing cordon then reads as lost
 // (cordonLost), which errs toward cordoning.
 func (w *Watch) cordonRecorded(ctx context.Context, f observe.Finding, source, reason string) bool {
-	var lineage string
-	if s := w.states(); s != nil {
-		if _, l, err := s.CordonInForce(ctx, f.Device.UUID); err == nil {
-			lineage = l
-		}
-	}
+	return w.cordonRecordedIn(ctx, f, source, reason, w.ledgerLineage(ctx))
+}
+
+// cordonRecordedIn is cordonRecorded for a caller that read the ledger's
+// lineage already in this pass (before the write, as cordonRecorded does).
+func (w *Watch) cordonRecordedIn(ctx context.Context, f observe.Finding, source, reason, lineage string) bool {
 	if !w.cordon(ctx, f, source, reason) {
 		return false
 	}
 	w.setCordonLineage(source, f.Device.UUID, lineage)
 	return true
+}
+
+// ledgerLineage reads the ledger's lineage now ("" when it cannot be
+// read: a cordon recorded in it then reads as lost when missing, which
+// errs toward cordoning).
+func (w *Watch) ledgerLineage(ctx context.Context) string {
+	if s := w.states(); s != nil {
+		if _, l, err := s.CordonsInForce(ctx); err == nil {
+			return l
+		}
+	}
+	return ""
 }
 
 // cordonLost tells whether an observer's cordon missing from the ledger,
@@ -1250,7 +1249,7 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		switch {
 		case fate == cordonInForce:
 		case retry:
-			if w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, reason) {
+			if w.cordonRecordedIn(ctx, f, ledger.CordonUnhealthy, reason, lineage) {
 				w.mu.Lock()
 				delete(w.cordonFailed, uuid)
 				w.mu.Unlock()
@@ -1258,7 +1257,7 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		case fate == cordonMissingLost:
 			log.Warn("unhealthy device's cordon lost: the ledger was started afresh (reset or recovery) since it was written; cordoning it again (`gpu-guard-ctl uncordon` once the device is repaired)",
 				"device", f.Device.String(), "device_uuid", uuid, "cordon_lineage", seen[uuid], "ledger_lineage", lineage)
-			if !w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, recordonReason+f.Message) {
+			if !w.cordonRecordedIn(ctx, f, ledger.CordonUnhealthy, recordonReason+f.Message, lineage) {
 				w.cordonFailedFor(uuid, recordonReason+f.Message)
 			}
 		default:

@@ -175,12 +175,6 @@ func (s *fakeStates) CordonDevice(_ context.Context, uuid, source, reason string
 	return nil
 }
 
-func (s *fakeStates) CordonInForce(_ context.Context, uuid string) (bool, string, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cordoned[uuid], "L1", nil // never started afresh: one lineage
-}
-
 func (s *fakeStates) CordonsInForce(context.Context) ([]ledger.Cordon, string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
