@@ -246,9 +246,8 @@ func (g *Guard) requiresIdle() bool { return g.cfg.Observe.ReleaseRequiresIdle }
 func (g *Guard) drain(ctx context.Context, o ledger.Owner, reason string) error {
 	var kept []ledger.Claim
 	err := g.update(ctx, reason, func(tx *ledger.Tx) bool {
-		before, conflicts := len(tx.Draining()), len(tx.ReadState().Conflicts)
 		kept = tx.MarkDraining(o.ContainerID, reason)
-		return len(tx.Draining()) != before || len(tx.ReadState().Conflicts) != conflicts
+		return tx.Changed()
 	})
 	if err == nil && len(kept) > 0 {
 		g.log.Info("holder "+reason+"; claim kept draining until its processes leave the GPU",
@@ -361,7 +360,6 @@ func (g *Guard) drainPod(tx *ledger.Tx, fe ledger.FrontEnd, podUID, sandboxID st
 		return false
 	}
 	st := tx.ReadState()
-	before, conflicts := len(tx.Draining()), len(st.Conflicts)
 	var ids []string
 	add := func(o ledger.Owner) {
 		if ledger.PodMatches(&o, fe, podUID, sandboxID) && !slices.Contains(ids, o.ContainerID) {
@@ -377,7 +375,7 @@ func (g *Guard) drainPod(tx *ledger.Tx, fe ledger.FrontEnd, podUID, sandboxID st
 	for _, id := range ids {
 		tx.MarkDraining(id, "pod gone")
 	}
-	return len(tx.Draining()) != before || len(tx.ReadState().Conflicts) != conflicts
+	return tx.Changed()
 }
 
 // drainUnlisted marks draining the claims of front end fe whose containers

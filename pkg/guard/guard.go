@@ -890,10 +890,7 @@ func (g *Guard) RemovedExited(ctx context.Context, o ledger.Owner, runs func(led
 				mine = append(mine, c)
 			}
 		}
-		before, conflicts := drainingUUIDs(tx), len(tx.ReadState().Conflicts)
-		// Ending conflict records (with the claims, under either rule)
-		// changes the state too.
-		cleared := func() bool { return len(tx.ReadState().Conflicts) != conflicts }
+		before := drainingUUIDs(tx)
 		if len(kept) == 0 {
 			// Claims and conflict records of the id: Removed.
 			if g.requiresIdle() {
@@ -902,7 +899,7 @@ func (g *Guard) RemovedExited(ctx context.Context, o ledger.Owner, runs func(led
 				ended = tx.Release(o.ContainerID, reason)
 			}
 			drained = newlyDraining(tx, before)
-			return drained || len(ended) > 0 || cleared()
+			return tx.Changed() // conflict records ended count too
 		}
 		for _, c := range mine {
 			if !stillHeld(tx, c) {
@@ -923,7 +920,7 @@ func (g *Guard) RemovedExited(ctx context.Context, o ledger.Owner, runs func(led
 			}
 		}
 		drained = newlyDraining(tx, before)
-		return drained || len(ended) > 0 || cleared()
+		return tx.Changed()
 	})
 	if err != nil {
 		return nil, err
@@ -1253,7 +1250,9 @@ func (g *Guard) update(ctx context.Context, op string, fn func(tx *ledger.Tx) bo
 		st      ledger.State
 	)
 	err := g.ledger.Update(ctx, func(tx *ledger.Tx) error {
-		changed = fn(tx)
+		// fn's own account, or any mutation the transaction made (an
+		// ended conflict record, say, that fn did not count).
+		changed = fn(tx) || tx.Changed()
 		if changed {
 			st = *tx.State() // already a copy the ledger keeps nothing of
 		}

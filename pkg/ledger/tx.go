@@ -61,6 +61,11 @@ type Tx struct {
 	freshLineage bool
 }
 
+// Changed reports whether the state has changed in the transaction so far
+// (every mutation goes through touch): the caller's own operations, and any
+// maintenance the ledger ran first (an expiry, a reservation).
+func (tx *Tx) Changed() bool { return tx.dirty }
+
 // touch records a change of the state.
 func (tx *Tx) touch() {
 	tx.dirty = true
