@@ -179,7 +179,7 @@ func createBehindEnvRemoval(t *testing.T, rt *runtime) error {
 // registered under, and one it cannot find never lets the validation
 // assume that no plugin ran before it.
 func TestEarlierPluginsChangeValidatedWhateverTheConfiguredName(t *testing.T) {
-	createBehindEnvRemoval(t, newRuntime(t, func(c *config.Config) { c.NRI.PluginName = "nri-gpu-guard" }))
+	_ = createBehindEnvRemoval(t, newRuntime(t, func(c *config.Config) { c.NRI.PluginName = "nri-gpu-guard" })) // asserted inside
 }
 
 // One plugin's removal of an annotation and a later plugin's setting of it
