@@ -31,13 +31,15 @@ import (
 //     in, the cordons it still had to write, and its policy. observe.json
 //     does not do: a clean stop removes it (gpu-guard-ctl status must not
 //     show a stopped daemon's findings), and an upgrade stops cleanly.
-//   - the ledger for the cordons: an intruder cordon in force on the device
-//     of a carried finding is the cordon, seen in force in the ledger's
-//     lineage, whatever the file says (a write the file missed, a retry
-//     that committed). One missing is judged at the first pass as at any
-//     other (settleIntruders): lifted by the operator if the ledger is
-//     still in the lineage the file saw it in, lost with the state (and
-//     written again) if not.
+//   - the ledger for the cordons: on the device of a carried finding whose
+//     cordon the daemon before watched or still had to write, a cordon in
+//     force, whatever its source (judgeCordons: an operator's or an
+//     unhealthy one replaces the observer's in the ledger), is the cordon,
+//     seen in force in the ledger's lineage, whatever the file says (a
+//     write the file missed, a retry that committed). One missing is
+//     judged at the first pass as at any other (settleIntruders): lifted
+//     by the operator if the ledger is still in the lineage the file saw
+//     it in, lost with the state (and written again) if not.
 //
 // A file that cannot be trusted (missing, of another boot or format,
 // corrupt) carries nothing, logged: every process is then judged afresh, as
@@ -99,18 +101,31 @@ func (w *Watch) readPrior(dir string, cordons []ledger.Cordon, lineage string, r
 		p.reported[findingKey(f.Finding)] = f
 	}
 	on := findingsByDevice(p.reported)
-	inForce := map[string]bool{}
-	if read {
-		for _, k := range cordons {
-			if k.Source == ledger.CordonIntruder {
-				inForce[k.Device.UUID] = true
-			}
+	// The devices whose cordon the daemon before wrote, saw in force or
+	// still had to write are judged by the ledger as at any pass
+	// (judgeCordons): a cordon in force there (a write the file missed, a
+	// retry that committed, or another's cordon that replaced the
+	// daemon's) is seen in force in the lineage read now, whatever the
+	// file says. A device the daemon watched no cordon on (its operator
+	// lifted it, or the policy was "report") is not judged: a cordon on it
+	// is not the observer's.
+	watched := map[string]string{}
+	for uuid := range on {
+		if seen, known := c.CordonLineages[uuid]; known {
+			watched[uuid] = seen
+		} else if slices.Contains(c.CordonRetries, uuid) {
+			watched[uuid] = ""
 		}
 	}
-	for uuid := range on {
+	var fates map[string]cordonFate
+	if read {
+		fates = judgeCordons(cordons, lineage, watched)
+	}
+	for uuid := range watched {
 		seen, known := c.CordonLineages[uuid]
+		fate, judged := fates[uuid]
 		switch {
-		case inForce[uuid]:
+		case judged && fate == cordonInForce:
 			seen, known = lineage, true // the ledger's word, not the file's
 		case slices.Contains(c.CordonRetries, uuid):
 			if p.retry == nil {

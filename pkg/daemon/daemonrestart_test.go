@@ -30,7 +30,8 @@ import (
 
 // daemon is one run of the daemon's Watch: a new Watch over g (all a
 // restarted daemon holds), with h's NVML and /proc, logging to logs, the
-// guard's own device states over the real ledger unless states is set.
+// guard's own device states over the real ledger unless states is set, and
+// adjust applied before it runs.
 type daemon struct {
 	t       *testing.T
 	w       *Watch
@@ -38,7 +39,7 @@ type daemon struct {
 	stop    func()
 }
 
-func runDaemon(t *testing.T, h *gpuHost, g *guard.Guard, states *fakeStates, logs *syncBuffer) *daemon {
+func runDaemon(t *testing.T, h *gpuHost, g *guard.Guard, states *fakeStates, logs *syncBuffer, adjust ...func(*Watch)) *daemon {
 	t.Helper()
 	// No test here sends an Xid: an event wait that gives up soon lets the
 	// observer stop at once (it waits for the wait in flight).
@@ -56,6 +57,9 @@ func runDaemon(t *testing.T, h *gpuHost, g *guard.Guard, states *fakeStates, log
 			w.States = nil
 		}
 		w.Logger = slog.New(slog.NewJSONHandler(logs, nil))
+		for _, a := range adjust {
+			a(w)
+		}
 	})
 	return &daemon{t: t, w: w, reports: reports, stop: stop}
 }
@@ -468,4 +472,127 @@ func TestPendingUnhealthyCordonWaitsForTheDiscovery(t *testing.T) {
 	c := testwait.Receive(t, states.cordons, "the pending unhealthy cordon")
 	assert.Equal(t, h.uuid(5), c[0])
 	assert.Equal(t, "unhealthy", c[1])
+}
+
+// The cordon that keeps an intruder's device out of claims is the
+// device's cordon, whatever its source: an operator who cordons the device
+// (maintenance) replaces the observer's cordon in the ledger, and their
+// uncordon is their decision about the finding, for the daemon after as for
+// the daemon that saw it. The daemon after counted only a cordon from the
+// intruder source as in force: it judged the device by the lineage the
+// daemon before had last seen the cordon in, and after a reset while no
+// daemon ran (which keeps an operator's cordon) took the operator's
+// uncordon, made before its first pass, for a cordon lost with the state
+// and cordoned the device again.
+func TestOperatorCordonOverAnIntruderCordonAcrossADaemonRestart(t *testing.T) {
+	h := newGPUHost(t)
+	g := cordonGuard(t, h)
+	uuid := h.uuid(2)
+	h.run(2, 200, idB) // no claim
+	logs := &syncBuffer{}
+
+	first := runDaemon(t, h, g, nil, logs)
+	first.until("the intruder's device cordoned", func() bool { return cordonedIn(t, g, uuid) })
+	_, _, err := g.Cordon(context.Background(), uuid, ledger.CordonOperator, "RMA pending", "operator")
+	require.NoError(t, err)
+	first.passes(1) // sees a cordon in force on the device
+	first.stop()
+	resetLedger(t, g) // while no daemon runs: the operator's cordon is kept, in a new lineage
+	require.Equal(t, ledger.CordonOperator, cordonOn(t, g, uuid).Source)
+
+	// The daemon after reads the ledger when it starts, and judges its
+	// first pass only once synchronized with the runtime: the operator
+	// lifts the cordon in between.
+	taken := make(chan struct{}, 4)
+	second := runDaemon(t, h, g, nil, logs, func(w *Watch) {
+		w.SetReady(false)
+		w.guardTaken = func() { taken <- struct{}{} }
+	})
+	defer second.stop()
+	testwait.Receive(t, taken, "the guard taken, the daemon before's findings read")
+	operatorUncordon(t, g, uuid)
+	second.w.SetReady(true)
+	second.passes(2)
+	assert.False(t, cordonedIn(t, g, uuid), "the operator's uncordon sticks")
+	assert.NotContains(t, logs.String(), "intruder cordon lost")
+	assert.Contains(t, logs.String(), "intruder cordon lifted by the operator")
+	assert.Equal(t, 1, auditCount(t, g, OpIntruder), "one process, audited once")
+}
+
+// cordonOn is the cordon on uuid in g's ledger (the zero Cordon if none).
+func cordonOn(t *testing.T, g *guard.Guard, uuid string) ledger.Cordon {
+	t.Helper()
+	st, err := g.Ledger().Snapshot(context.Background())
+	require.NoError(t, err)
+	for _, k := range st.Cordons {
+		if k.Device.UUID == uuid {
+			return k
+		}
+	}
+	return ledger.Cordon{}
+}
+
+// The daemon after judges the cordons the daemon before watched or still
+// had to write as every pass does (judgeCordons): a cordon on the device,
+// whatever its source, is in force in the lineage read now, and a pending
+// cordon in force needs no retry. A device on which the daemon before
+// watched no cordon (the operator had lifted it) is not judged: the cordon
+// on it now is not the observer's, which would otherwise write it again,
+// as an intruder's, should the ledger lose it.
+func TestPriorCordonsJudgedAsAtEveryPass(t *testing.T) {
+	const old, now = "LINEAGE-SEEN", "LINEAGE-NOW"
+	type tc struct {
+		name string
+		// watched: the file's lineage for the device; pending: its
+		// cordon still to write; inForce: the source of the cordon the
+		// ledger holds on it ("" none).
+		watched, pending bool
+		inForce          string
+		// wantLineage: the lineage the new daemon watches the cordon in
+		// ("" none); wantRetry: whether it writes it at its first pass.
+		wantLineage string
+		wantRetry   bool
+	}
+	cases := []tc{
+		{name: "watched, the observer's in force", watched: true, inForce: ledger.CordonIntruder, wantLineage: now},
+		{name: "watched, replaced by an operator's", watched: true, inForce: ledger.CordonOperator, wantLineage: now},
+		{name: "watched, replaced by an unhealthy one", watched: true, inForce: ledger.CordonUnhealthy, wantLineage: now},
+		{name: "watched, missing (the first pass judges it)", watched: true, wantLineage: old},
+		{name: "pending, committed", pending: true, inForce: ledger.CordonIntruder, wantLineage: now},
+		{name: "pending, the device cordoned by an operator", pending: true, inForce: ledger.CordonOperator, wantLineage: now},
+		{name: "pending, missing", pending: true, wantRetry: true},
+		{name: "lifted, an intruder cordon on it", inForce: ledger.CordonIntruder},
+		{name: "lifted, an unhealthy cordon on it", inForce: ledger.CordonUnhealthy},
+		{name: "lifted, an operator's cordon on it", inForce: ledger.CordonOperator},
+	}
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	uuid := h.uuid(2)
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			c := observe.Carry{BootID: g.Ledger().BootID(), Cordons: true, Findings: []observe.FileFinding{{Finding: observe.Finding{
+				Kind: observe.KindIntruder, PID: 200, StartTicks: 4242, Device: observe.Device{UUID: uuid, Index: "2"}}}}}
+			if tc.watched {
+				c.CordonLineages = map[string]string{uuid: old}
+			}
+			if tc.pending {
+				c.CordonRetries = []string{uuid}
+			}
+			require.NoError(t, observe.WriteCarry(dir, c))
+			var cordons []ledger.Cordon
+			if tc.inForce != "" {
+				cordons = []ledger.Cordon{{Device: devices.Device{UUID: uuid, Index: "2"}, Source: tc.inForce}}
+			}
+
+			p := watchOver(g, nil).readPrior(dir, cordons, now, true)
+			require.NotNil(t, p)
+			assert.Len(t, p.reported, 1)
+			lineage, watched := p.lineages[uuid]
+			assert.Equal(t, tc.wantLineage != "", watched, "watched")
+			assert.Equal(t, tc.wantLineage, lineage)
+			_, retry := p.retry[uuid]
+			assert.Equal(t, tc.wantRetry, retry, "written at the first pass")
+		})
+	}
 }

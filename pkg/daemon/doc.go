@@ -77,12 +77,17 @@
 //     afresh too (NVML reports the Xid once), while the inventory lists the
 //     device; an intruder's at every pass that still reports a process the
 //     guard did not admit on the device (dropped once none is).
-//   - An observer's cordon missing in the ledger lineage it was written in
-//     (read before the write) or last seen in force in was lifted by an
-//     uncordon: nothing else removes it within a lineage. Missing in
-//     another lineage (a reset, or a recovery that started afresh or lost
-//     commits), it may have been lost with the state: it is written again,
-//     logged and audited as such ("cordoned again").
+//   - An observer's cordon is in force while the device has a cordon,
+//     whatever its source: in the ledger an operator's cordon replaces the
+//     observer's, and the observer's two sources replace each other, one
+//     cordon per device; only an uncordon removes it (judgeCordons, the one
+//     rule for a pass and for the daemon after). An observer's cordon
+//     missing in the ledger lineage it was written in (read before the
+//     write) or last seen in force in was lifted by an uncordon: nothing
+//     else removes it within a lineage. Missing in another lineage (a
+//     reset, or a recovery that started afresh or lost commits), it may
+//     have been lost with the state: it is written again, logged and
+//     audited as such ("cordoned again").
 //   - An unhealthy device stays unhealthy, and cordoned, until the operator
 //     uncordons it: then it is forgotten, and its next critical error
 //     cordons it again. It stays so across a restart of the observer (NVML
@@ -106,10 +111,11 @@
 //     which the daemon rewrites after each pass that changes them and
 //     keeps across a clean stop. A finding is a process (the boot, the pid
 //     and its start time): one that ended is cleared at the first pass, a
-//     pid reused is a new finding. The ledger decides the cordons: an
-//     intruder cordon in force on a carried finding's device is seen in
-//     force there, whatever the file says; one missing is judged at the
-//     first pass by the lineage the file recorded (lifted or lost). A file
+//     pid reused is a new finding. The ledger decides the cordons: on a
+//     carried finding's device whose cordon the daemon before watched or
+//     still had to write, a cordon in force is seen in force there,
+//     whatever the file says; one missing is judged at the first pass by
+//     the lineage the file recorded (lifted or lost). A file
 //     that is missing, of another boot or format, or unreadable carries
 //     nothing (logged): every process is judged afresh, toward reporting
 //     and cordoning.

@@ -1042,9 +1042,8 @@ const (
 
 // cordonFates reads the ledger's cordons once (one snapshot, however many
 // devices are watched) and tells what became of the observer's cordon from
-// source on each device of seen (device UUID → the lineage the cordon was
-// written in or last seen in force in, "" unknown), and the lineage read.
-// A cordon in force records that lineage. When the ledger cannot be read it
+// source on each device of seen (judgeCordons), and the lineage read. A
+// cordon in force records that lineage. When the ledger cannot be read it
 // tells nothing (nil): every device is checked at the next pass.
 func (w *Watch) cordonFates(ctx context.Context, source string, seen map[string]string) (map[string]cordonFate, string) {
 	s := w.states()
@@ -1055,7 +1054,42 @@ func (w *Watch) cordonFates(ctx context.Context, source string, seen map[string]
 	if err != nil {
 		return nil, "" // checked at the next pass
 	}
-	cordoned := map[string]bool{}
+	fates := judgeCordons(cordons, lineage, seen)
+	for uuid, fate := range fates {
+		if fate == cordonInForce {
+			w.setCordonLineage(source, uuid, lineage)
+		}
+	}
+	return fates, lineage
+}
+
+// judgeCordons tells, from the cordons in force in a ledger state of
+// lineage, what became of the observer's cordon on each device of seen
+// (device UUID → the lineage the cordon was written in or last seen in
+// force in, "" unknown). It is the one rule for whether an observer's
+// cordon is in force: at each pass (cordonFates) and for the cordons the
+// daemon before watched or still had to write (readPrior).
+//
+// A cordon on the device counts, whatever its source. The ledger keeps one
+// cordon per device, and another source's replaces the observer's without
+// an uncordon: an operator's replaces any (the device cordoned for
+// maintenance), and the observer's two sources replace each other (an
+// intruder on a device found unhealthy). Only an uncordon removes the
+// device's cordon, and the one it removes stood for the observer's finding
+// too: the operator lifts it knowing the device's findings (the audit log
+// records them), as when the observer's finding leaves an operator's
+// cordon as it is. Judged by its source, a cordon so replaced would read
+// as missing although nobody lifted it: an unhealthy device forgotten
+// while it stays cordoned, or an intruder's cordon judged by a lineage
+// older than the one it was last in force in (lost, and written again
+// after the operator's uncordon).
+//
+// Callers ask only about the devices whose cordon the observer wrote, saw
+// in force or still has to write (seen): of another device it would take
+// a cordon that is not the observer's for the observer's, and write it
+// again should the ledger lose it.
+func judgeCordons(cordons []ledger.Cordon, lineage string, seen map[string]string) map[string]cordonFate {
+	cordoned := make(map[string]bool, len(cordons))
 	for _, k := range cordons {
 		cordoned[k.Device.UUID] = true
 	}
@@ -1064,14 +1098,13 @@ func (w *Watch) cordonFates(ctx context.Context, source string, seen map[string]
 		switch {
 		case cordoned[uuid]:
 			fates[uuid] = cordonInForce
-			w.setCordonLineage(source, uuid, lineage)
 		case cordonLost(was, lineage):
 			fates[uuid] = cordonMissingLost
 		default:
 			fates[uuid] = cordonMissingLifted
 		}
 	}
-	return fates, lineage
+	return fates
 }
 
 // onUnhealthy cordons a device the first time it is found unhealthy, and
