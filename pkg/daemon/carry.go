@@ -24,11 +24,12 @@ import (
 // (carryLocked), through two sources, each the truth for its part:
 //
 //   - the carry file (observe.CarryFileName, written by writeCarry after
-//     each pass that changed it) for what only the daemon knew: the
-//     findings it reported, by process (boot, pid, start time: a process
-//     that ended, or a pid reused, is cleared or is a new finding at the
-//     first pass), the ledger lineage it saw each of its intruder cordons
-//     in, the cordons it still had to write, and its policy. observe.json
+//     each pass that changed it, and before the pass's intruder cordons
+//     too) for what only the daemon knew: the findings it reported, by
+//     process (boot, pid, start time: a process that ended, or a pid
+//     reused, is cleared or is a new finding at the first pass), the
+//     ledger lineage it saw each of its intruder cordons in, the cordons
+//     it still had to write, and its policy. observe.json
 //     does not do: a clean stop removes it (gpu-guard-ctl status must not
 //     show a stopped daemon's findings), and an upgrade stops cleanly.
 //   - the ledger for the cordons: on the device of a carried finding whose
@@ -173,6 +174,24 @@ func (w *Watch) adoptPriorLocked(dir string, p *priorFindings) {
 // the policy holds after a pass, unless it would say what it already says
 // (the findings' pass times aside: the next daemon matches processes, not
 // passes). A failure is logged and tried again after the next pass.
+//
+// A pass that cordons intruders writes it twice (onReport): after its
+// audit records and before its cordon writes, with every cordon it is
+// about to write named pending (CordonRetries), and after them, with what
+// became of them. A crash between the ledger's writes and the file's so
+// fails closed. Once the first is written, the daemon after carries the
+// pass's findings (not reported again) and writes each pending cordon
+// unless the ledger shows a cordon in force on its device (the write
+// landed): a cordon is never lost. (One that landed and that the operator
+// lifted before the daemon after read the ledger is written again:
+// nothing tells it from one never written.) A file
+// written only after the cordons left the daemon after to report the new
+// findings again; one naming their cordons written before they were would
+// have it take a cordon never written for one the operator lifted. A crash
+// between the audit records and the first write still has the daemon after
+// report the pass's new findings once more (logged, audited, their devices
+// cordoned): the audit log and the file are two writes, and the records
+// come first so that none is ever missing.
 func (w *Watch) writeCarry() {
 	g := w.guard()
 	if g == nil {

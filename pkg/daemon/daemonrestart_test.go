@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -593,6 +594,64 @@ func TestPriorCordonsJudgedAsAtEveryPass(t *testing.T) {
 			assert.Equal(t, tc.wantLineage, lineage)
 			_, retry := p.retry[uuid]
 			assert.Equal(t, tc.wantRetry, retry, "written at the first pass")
+		})
+	}
+}
+
+// A daemon that dies between a pass's cordon writes and its carry file
+// leaves the daemon after neither a finding to report again nor a cordon
+// to lose: the file names the pass's findings, and the cordons it is about
+// to write as pending, before they are written. The daemon after writes a
+// pending cordon the ledger does not show, does not write again one it
+// shows, and watches both (the operator's uncordon sticks). The file used
+// to be written only after the cordons: the daemon after took the process
+// for a new finding, logged, audited and cordoned again.
+func TestDaemonDiesBetweenItsCordonAndItsCarryFile(t *testing.T) {
+	for _, tc := range []struct {
+		point string
+		// written: the cordon is in the ledger when the daemon dies.
+		written bool
+	}{
+		{point: "intruder cordons pending"},
+		{point: "intruder cordons written", written: true},
+	} {
+		t.Run(tc.point, func(t *testing.T) {
+			h := newGPUHost(t)
+			g := cordonGuard(t, h)
+			uuid := h.uuid(2)
+			cordoned := func() bool { t.Helper(); return cordonedIn(t, g, uuid) }
+			h.run(2, 200, idB) // no claim
+			logs := &syncBuffer{}
+
+			died := make(chan struct{})
+			var dead atomic.Bool
+			first := runDaemon(t, h, g, nil, logs, func(w *Watch) {
+				w.crashAt = func(point string) bool {
+					if point == tc.point && dead.CompareAndSwap(false, true) {
+						w.SetReady(false) // no later pass writes anything either
+						close(died)
+					}
+					return dead.Load()
+				}
+			})
+			testwait.Receive(t, died, "the daemon dead at "+tc.point)
+			first.stop()
+			require.Equal(t, tc.written, cordoned())
+			require.Equal(t, 1, auditCount(t, g, OpIntruder))
+
+			second := runDaemon(t, h, g, nil, logs)
+			defer second.stop()
+			second.until("the device cordoned", cordoned)
+			second.passes(2)
+			assert.Equal(t, 1, auditCount(t, g, OpIntruder), "one process, audited once")
+			assert.Equal(t, 1, strings.Count(logs.String(), "GPU process not admitted by the guard"), "one process, logged once")
+			assert.Equal(t, 1, auditCount(t, g, ledger.OpCordon), "cordoned once")
+			assert.NotContains(t, cordonOn(t, g, uuid).Reason, "cordoned again")
+
+			operatorUncordon(t, g, uuid)
+			second.passes(2)
+			assert.False(t, cordoned(), "the operator's uncordon sticks")
+			assert.Contains(t, logs.String(), "intruder cordon lifted by the operator")
 		})
 	}
 }

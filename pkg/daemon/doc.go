@@ -109,7 +109,15 @@
 //     no longer sees one clears it. So is a restart of the daemon: its
 //     first observer that accounts carries them from observe-carry.json,
 //     which the daemon rewrites after each pass that changes them and
-//     keeps across a clean stop. A finding is a process (the boot, the pid
+//     keeps across a clean stop. A pass that cordons intruders writes it
+//     before its cordon writes too, naming them pending: a daemon that
+//     dies between its cordons and the file leaves the next one each
+//     pending cordon to write unless the ledger shows a cordon in force
+//     on the device, never one it takes for written (and, missing, for
+//     lifted). Only a daemon that dies between a pass's audit records and
+//     the file has the next one report that pass's new findings once more
+//     (logged, audited, cordoned): two writes, the records first, so that
+//     none is ever missing. A finding is a process (the boot, the pid
 //     and its start time): one that ended is cleared at the first pass, a
 //     pid reused is a new finding. The ledger decides the cordons: on a
 //     carried finding's device whose cordon the daemon before watched or

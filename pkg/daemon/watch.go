@@ -110,6 +110,10 @@ type Watch struct {
 	// refused, when set (tests), runs when a pass was refused the ledger
 	// because the plugin is not ready.
 	refused func()
+	// crashAt, when set (tests), is asked at each point of a pass between
+	// a write to the ledger and one to the carry file (crash); true
+	// abandons the pass there, as a daemon that died there would.
+	crashAt func(point string) bool
 
 	mu sync.Mutex
 	g  *guard.Guard
@@ -337,6 +341,9 @@ func (w *Watch) Run(ctx context.Context) {
 		w.tookGuard()
 	}
 }
+
+// crash tells whether a test has the daemon die at point (crashAt).
+func (w *Watch) crash(point string) bool { return w.crashAt != nil && w.crashAt(point) }
 
 // tookGuard tells a test that Run has acted on a guard (guardTaken).
 func (w *Watch) tookGuard() {
@@ -745,10 +752,10 @@ func findingKey(f observe.Finding) string {
 // onReport applies the policy to one pass: new findings are logged, audited
 // and (on_intruder = "cordon") cordoned, and the cordons that could not be
 // written, or were lost with the ledger state, are written again while their
-// device is still reported (cordonIntruders); cleared ones are logged and
-// audited; the metrics and observe.json show the pass. The findings of a
-// device the pass could not list are kept as they were: not seeing a
-// process is no sign that it left.
+// device is still reported (planIntruderCordons); cleared ones are logged
+// and audited; the metrics, observe.json and the carry file show the pass.
+// The findings of a device the pass could not list are kept as they were:
+// not seeing a process is no sign that it left.
 func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Report) {
 	if r.Skipped {
 		return // no view was read; the caller settles unhealthy devices
@@ -848,7 +855,19 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 		})
 	}
 	if cfg.Observe.OnIntruder == config.IntruderCordon {
-		w.cordonIntruders(ctx, fresh, current)
+		// The carry file is written before the cordons as well as after
+		// (see writeCarry): a crash between the two writes must leave the
+		// next daemon a cordon to write, never a cordon it takes for
+		// written (and, missing, for lifted by the operator).
+		p := w.planIntruderCordons(ctx, fresh, current)
+		w.writeCarry()
+		if w.crash("intruder cordons pending") {
+			return
+		}
+		w.writeIntruderCordons(ctx, p)
+		if w.crash("intruder cordons written") {
+			return
+		}
 	} else {
 		// Under "report" no cordon is written or settled, but a lineage
 		// must still go with the last finding on its device, as
@@ -869,27 +888,42 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 	w.writeCarry()
 }
 
-// cordonIntruders cordons the device of each new finding (intruder or out
-// of bounds), once per device, and retries the cordons that could not be
-// written at an earlier pass (ledger lock busy, ledger being recovered) for
-// as long as a finding on their device is still reported: a finding is new
-// only at the pass that first sees it, so without the retry its process
-// would run on a device that takes new claims. A retry whose device has no
-// finding left is dropped: the process is gone, there is nothing to cordon
-// for. The cordons written at earlier passes are checked too
-// (settleIntruders): one lost with the ledger state is written again.
-func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding, current map[string]observe.FileFinding) {
+// intruderCordons are the intruder cordons one pass writes, by device
+// (planIntruderCordons, writeIntruderCordons), in order.
+type intruderCordons struct {
+	todo  map[string]observe.FileFinding
+	order []string
+	// lost: the devices whose cordon the ledger lost with its state
+	// (settleIntruders), written again.
+	lost map[string]observe.FileFinding
+}
+
+// planIntruderCordons decides the intruder cordons of a pass: the device
+// of each new finding (intruder or out of bounds), once per device, and
+// the cordons that could not be written at an earlier pass (ledger lock
+// busy, ledger being recovered) for as long as a finding on their device
+// is still reported: a finding is new only at the pass that first sees it,
+// so without the retry its process would run on a device that takes new
+// claims. A retry whose device has no finding left is dropped: the
+// process is gone, there is nothing to cordon for. The cordons written at
+// earlier passes are checked too (settleIntruders): one lost with the
+// ledger state is written again.
+//
+// Every cordon planned but those lost is recorded as pending a retry
+// (intruderRetry) until writeIntruderCordons has written it: a carry file
+// written in between (onReport) names it as one the next daemon writes
+// unless the ledger shows a cordon in force on its device.
+func (w *Watch) planIntruderCordons(ctx context.Context, fresh []observe.FileFinding, current map[string]observe.FileFinding) intruderCordons {
 	w.mu.Lock()
 	retry := w.intruderRetry
 	w.intruderRetry = nil
 	w.mu.Unlock()
 
-	todo := map[string]observe.FileFinding{}
-	var order []string
+	p := intruderCordons{todo: map[string]observe.FileFinding{}}
 	add := func(f observe.FileFinding) {
-		if _, ok := todo[f.Device.UUID]; !ok {
-			todo[f.Device.UUID] = f
-			order = append(order, f.Device.UUID)
+		if _, ok := p.todo[f.Device.UUID]; !ok {
+			p.todo[f.Device.UUID] = f
+			p.order = append(p.order, f.Device.UUID)
 		}
 	}
 	for _, f := range fresh {
@@ -907,26 +941,40 @@ func (w *Watch) cordonIntruders(ctx context.Context, fresh []observe.FileFinding
 			add(f)
 		}
 		for _, uuid := range slices.Sorted(maps.Keys(retry)) {
-			if _, ok := todo[uuid]; !ok {
+			if _, ok := p.todo[uuid]; !ok {
 				f := retry[uuid]
 				w.log().Info("intruder cordon no longer retried: the process left the device before its cordon could be written",
 					"device", f.Device.String(), "device_uuid", uuid, "pid", f.PID)
 			}
 		}
 	}
-	lost := w.settleIntruders(ctx, current, todo)
-	for _, uuid := range slices.Sorted(maps.Keys(lost)) {
-		add(lost[uuid])
+	pending := maps.Clone(p.todo)
+	p.lost = w.settleIntruders(ctx, current, p.todo)
+	for _, uuid := range slices.Sorted(maps.Keys(p.lost)) {
+		add(p.lost[uuid])
 	}
+	if len(pending) == 0 {
+		pending = nil
+	}
+	w.mu.Lock()
+	w.intruderRetry = pending
+	w.mu.Unlock()
+	return p
+}
+
+// writeIntruderCordons writes the cordons p planned; those that could not
+// be written are retried at the next pass (intruderRetry), but for a lost
+// one, whose lineage record still says it was lost.
+func (w *Watch) writeIntruderCordons(ctx context.Context, p intruderCordons) {
 	var failed map[string]observe.FileFinding
 	var lineage string
-	if len(order) > 0 {
+	if len(p.order) > 0 {
 		lineage = w.ledgerLineage(ctx) // read before the writes, once per pass
 	}
-	for _, uuid := range order {
-		f := todo[uuid]
+	for _, uuid := range p.order {
+		f := p.todo[uuid]
 		reason := fmt.Sprintf("%s: pid %d (%s) runs on it without a claim", f.Kind, f.PID, ownerText(f))
-		_, again := lost[uuid]
+		_, again := p.lost[uuid]
 		if again {
 			reason = recordonReason + reason
 		}

@@ -46,7 +46,10 @@ type Carry struct {
 	// ("" when it could not be read).
 	CordonLineages map[string]string `json:"cordon_lineages,omitempty"`
 	// CordonRetries are the device UUIDs whose intruder cordon could not be
-	// written yet.
+	// written yet, or was about to be written when the file was: the
+	// daemon writes the file before its cordon writes too, so that one that
+	// dies in between leaves them to the next daemon, which writes each
+	// unless the ledger shows a cordon in force on its device.
 	CordonRetries []string `json:"cordon_retries,omitempty"`
 	// Truncated counts the findings left out to bound the file: the next
 	// daemon takes their processes for new findings.
