@@ -45,6 +45,12 @@ const (
 // the new journal not yet in place), journal-swapped, after-audit. The
 // snapshot's stages have names of their own: a test that kills at a stage
 // kills at its first occurrence, and a compaction follows a journal append.
+// The state a recovery writes (writeBase) is first kept as the
+// new base: base-snapshot-synced (its copy's temp file synced),
+// base-snapshot-kept (renamed over .prev, the dir synced),
+// base-journal-synced, base-journal-kept (its empty journal renamed over
+// .journal.prev, the dir synced); then it is put in place as a compaction
+// puts its snapshot and journal, keeping nothing.
 const (
 	stageBeforeWrite    = "before-write"
 	stageTornWrite      = "torn-write"
@@ -61,6 +67,11 @@ const (
 	stageJournalRotated = "journal-rotated"
 	stageJournalSwapped = "journal-swapped"
 	stageAfterAudit     = "after-audit"
+
+	stageBaseSnapSynced    = "base-snapshot-synced"
+	stageBaseSnapKept      = "base-snapshot-kept"
+	stageBaseJournalSynced = "base-journal-synced"
+	stageBaseJournalKept   = "base-journal-kept"
 )
 
 // failpoint, when non-nil, is called at each commit stage. Only tests set it

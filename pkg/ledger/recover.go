@@ -330,8 +330,8 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 	}
 	made = "" // what follows writes to the dir: it stays
 
-	// Move aside what is damaged or of another ledger; keep the rest
-	// (compaction then keeps the snapshot and journal it replaces as .prev).
+	// Move aside what is damaged or of another ledger; the rest is
+	// replaced by the write (writeBase), which supersedes it.
 	for _, sn := range snaps {
 		if sn.st.Lineage != best.Lineage || sn.st.BootID != l.opts.BootID {
 			badPaths[sn.path] = true
@@ -342,44 +342,36 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 			badPaths[j.path] = true
 		}
 	}
-	// What is moved aside is first linked aside and only unlinked from its
-	// name once the recovered state is written: a crash in between leaves
-	// the files as they were (read as needing recovery again), never an
-	// empty dir (read as a fresh host, which would lose what was recovered:
-	// an earlier boot's operator cordons, whose every file is "of another
-	// boot").
-	var keep loaded
-	var linked []asideLink
+	// What is moved aside is linked aside, and keeps its name until the
+	// write replaces it: a crash in between leaves the files as they were
+	// (read as needing recovery again), never an empty dir (read as a fresh
+	// host, which would lose what was recovered: an earlier boot's operator
+	// cordons, whose every file is "of another boot").
 	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
 		p := filepath.Join(l.dir, name)
-		if _, err := os.Lstat(p); err != nil {
+		if _, err := os.Lstat(p); err != nil || !badPaths[p] {
 			continue
 		}
-		if !badPaths[p] {
-			keep.snapOK = keep.snapOK || (name == stateName && len(from) > 0 && from[0] == p)
-			keep.jOK = keep.jOK || name == journalName
-			continue
-		}
-		dst, isLink, err := keepAside(l.dir, p, ".corrupt-", now)
+		dst, _, err := keepAside(l.dir, p, ".corrupt-", now)
 		if err != nil {
 			return rep, err
 		}
-		if isLink {
-			linked = append(linked, asideLink{path: p, kept: dst})
-		}
 		rep.Quarantined = append(rep.Quarantined, dst)
 	}
-	next, err := l.compact(&st, &keep)
+	// The recovered state is no journal record: it is written as the base
+	// of every later commit, .prev included, so that a second loss of
+	// ledger.json finds it and the commits made after it.
+	next, err := l.writeBase(&st)
 	if err != nil {
 		l.setCache(nil)
-		return rep, err
+		return rep, fmt.Errorf("ledger recover: write the recovered state (generation %d) in %s: %w; fix the cause and run "+
+			"`gpu-guard-ctl recover` again (the files moved aside are kept as *.corrupt-*)", st.Generation, l.dir, err)
 	}
 	next.st = st
 	l.setCache(&next)
 	if err := l.writeMarker(&st); err != nil {
 		return rep, err
 	}
-	l.dropAsideNames(linked)
 	l.log.Warn("ledger recovered", "problem", rep.Problem, "from", rep.From, "replayed", rep.Replayed,
 		"generation", rep.Generation, "complete", rep.Complete, "lost", rep.Lost, "claims", len(rep.Claims),
 		"waiters", len(rep.Waiters), "released", len(rep.Released), "adopted", len(rep.Adopted), "conflicts", len(rep.Conflicts),
@@ -651,7 +643,7 @@ func firstMissing(dir string) string {
 func (l *Ledger) unmakeDir(made string) error {
 	// The gate too, which a writer that waited for the lock left.
 	for _, p := range []string{l.LockPath(), l.gatePath()} {
-		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // fixed names in the operator's state dir
 			return fmt.Errorf("remove %s: %w", p, err)
 		}
 	}
@@ -845,10 +837,10 @@ func quarantineAs(dir, path, infix string, now time.Time) (string, error) {
 		if i > 0 {
 			dst = fmt.Sprintf("%s.%d", base, i)
 		}
-		if _, err := os.Lstat(dst); !errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Lstat(dst); !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // a fixed name in the operator's state dir, suffixed
 			continue
 		}
-		if err := os.Rename(path, dst); err != nil {
+		if err := os.Rename(path, dst); err != nil { //nolint:gosec // a fixed name in the operator's state dir, and that name suffixed
 			return "", fmt.Errorf("move %s aside: %w", path, err)
 		}
 		return dst, syncDir(dir)
@@ -869,7 +861,7 @@ func keepAside(dir, path, infix string, now time.Time) (dst string, linked bool,
 		if i > 0 {
 			dst = fmt.Sprintf("%s.%d", base, i)
 		}
-		if _, err := os.Lstat(dst); !errors.Is(err, fs.ErrNotExist) {
+		if _, err := os.Lstat(dst); !errors.Is(err, fs.ErrNotExist) { //nolint:gosec // a fixed name in the operator's state dir, suffixed
 			continue
 		}
 		if err := os.Link(path, dst); err != nil {
@@ -883,7 +875,7 @@ func keepAside(dir, path, infix string, now time.Time) (dst string, linked bool,
 	return "", false, fmt.Errorf("move %s aside: too many files named %s*; clean them up", path, base)
 }
 
-// dropAsideNames unlinks, once the recovered state is written, the names of
+// dropAsideNames unlinks, once the reset state is written, the names of
 // the files kept aside that still name them (ledger.json and ledger.journal
 // were replaced by the write; the .prev files were not).
 func (l *Ledger) dropAsideNames(linked []asideLink) {

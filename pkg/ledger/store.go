@@ -402,20 +402,37 @@ func (l *Ledger) journalTooBig(ld *loaded) bool {
 // by readers; replaceSnapshot keeps the old one as .prev), then the journal
 // is replaced.
 func (l *Ledger) compact(st *State, ld *loaded) (loaded, error) {
-	data, err := l.enc.encode(st, nil)
+	data, hdr, line, err := l.encodeBase(st)
 	if err != nil {
-		return loaded{}, fmt.Errorf("encode ledger state: %w", err)
-	}
-	if err := l.replaceSnapshot(data, ld.snapOK); err != nil {
 		return loaded{}, err
 	}
-	hdr := journalHeader{Journal: journalFormat, Lineage: st.Lineage, BootID: st.BootID, Base: st.Generation,
+	return l.install(st, data, hdr, line, ld.snapOK, ld.jOK)
+}
+
+// encodeBase renders st as a snapshot, and the header of an empty journal
+// that continues it.
+func (l *Ledger) encodeBase(st *State) (data []byte, hdr journalHeader, line []byte, err error) {
+	data, err = l.enc.encode(st, nil)
+	if err != nil {
+		return nil, hdr, nil, fmt.Errorf("encode ledger state: %w", err)
+	}
+	hdr = journalHeader{Journal: journalFormat, Lineage: st.Lineage, BootID: st.BootID, Base: st.Generation,
 		Genesis: isEmpty(st), BaseNextSeq: st.NextSeq}
-	line, err := appendJournalLine(nil, hdr)
+	line, err = appendJournalLine(nil, hdr)
 	if err != nil {
+		return nil, hdr, nil, err
+	}
+	return data, hdr, line, nil
+}
+
+// install puts the snapshot data of st in place, then the journal line
+// (hdr) after it, keeping the ones they replace as .prev where keepSnap and
+// keepJournal say so, and returns what was written as loaded.
+func (l *Ledger) install(st *State, data []byte, hdr journalHeader, line []byte, keepSnap, keepJournal bool) (loaded, error) {
+	if err := l.replaceSnapshot(data, keepSnap); err != nil {
 		return loaded{}, err
 	}
-	if err := l.replaceJournal(line, ld.jOK); err != nil {
+	if err := l.replaceJournal(line, keepJournal); err != nil {
 		return loaded{}, err
 	}
 	next := loaded{st: *st, exists: true, snapOK: true, format: FormatVersion, snapBytes: int64(len(data)),
@@ -427,6 +444,69 @@ func (l *Ledger) compact(st *State, ld *loaded) (loaded, error) {
 		next.jID = idOf(fi)
 	}
 	return next, nil
+}
+
+// writeBase writes st, the state a recovery made, which no journal
+// record holds (it is not a commit after the state on disk, which is
+// damaged, of another lineage, or being discarded), as the base that every
+// later commit continues: ledger.json.prev and ledger.json each hold it
+// (two files, never two names of one: damage in place to one is not damage
+// to the other), and ledger.journal.prev and ledger.journal each an empty
+// journal after it. Order:
+//
+//  1. a copy of the snapshot is written to a temp file, fsynced, renamed
+//     over ledger.json.prev and the dir fsynced;
+//  2. so is the empty journal, over ledger.journal.prev;
+//  3. the snapshot and the journal are put in place as a compaction puts
+//     them (install), keeping nothing as .prev.
+//
+// From the instant ledger.json holds st, when a reader may find it healthy
+// and commit after it, ledger.json.prev holds st too: should ledger.json
+// be lost again, .prev and the journals replay to every commit made since
+// (the records of a journal not yet replaced, at or below st's generation,
+// are skipped). Writing ledger.json first and .prev after would leave a
+// window in which commits follow a state that only ledger.json holds;
+// keeping the .prev pair as it was (or, as a compaction does, rotating the
+// replaced files into it) leaves it replaying to an older generation, if
+// to any: a second loss of ledger.json before the next compaction lost
+// every commit since the recovery.
+//
+// Cut before step 3, the state dir reads as it did, as needing recovery,
+// and Recover finds st at ledger.json.prev (a generation past every other
+// file's, and of this boot, so it supersedes the marker's lineage as any
+// state a recovery wrote before the marker said so).
+func (l *Ledger) writeBase(st *State) (loaded, error) {
+	data, hdr, line, err := l.encodeBase(st)
+	if err != nil {
+		return loaded{}, err
+	}
+	if err := l.putBaseFile(prevName, data, stageBaseSnapSynced, stageBaseSnapKept); err != nil {
+		return loaded{}, err
+	}
+	if err := l.putBaseFile(journalPrevName, line, stageBaseJournalSynced, stageBaseJournalKept); err != nil {
+		return loaded{}, err
+	}
+	return l.install(st, data, hdr, line, false, false)
+}
+
+// putBaseFile is a step of writeBase: data replaces the file name in the
+// state dir in one rename, durable (the temp file and the dir fsynced)
+// before the next step.
+func (l *Ledger) putBaseFile(name string, data []byte, synced, kept string) error {
+	tmp, err := writeTemp(l.dir, tempPrefix+"base-*", data, "", synced)
+	if err != nil {
+		return err
+	}
+	p := filepath.Join(l.dir, name)
+	if err := os.Rename(tmp, p); err != nil { //nolint:gosec // our temp file onto a fixed name
+		_ = os.Remove(tmp) //nolint:gosec // our own temp file
+		return fmt.Errorf("rename %s to %s: %w", tmp, p, err)
+	}
+	if err := syncDir(l.dir); err != nil {
+		return err
+	}
+	reachStage(kept)
+	return nil
 }
 
 // startGenesis begins the new lineage of the first commit after a reboot
