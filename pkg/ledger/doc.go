@@ -37,9 +37,9 @@
 //     device UUID, waiters by key, cordons by device UUID, conflicts
 //     whole;
 //   - ledger.json.prev, ledger.journal.prev: the snapshot and journal the
-//     last compaction replaced, kept for Recover; after a recovery (until
-//     the next compaction), a copy of the state it wrote and an empty
-//     journal after it;
+//     last compaction replaced, kept for Recover; after a recovery or reset
+//     (until the next compaction), a copy of the state it wrote and an
+//     empty journal after it;
 //   - ledger.lock: the flock every mutation holds (never deleted). A flock
 //     belongs to the inode: if the file is removed or replaced while held,
 //     the next process locks another one. The holder checks before every
@@ -114,16 +114,19 @@
 //     read that overlapped it.
 //   - Every commit is a journal record, so the previous snapshot (or the
 //     empty base of a genesis journal) and the journals replay to any commit
-//     should the snapshot be lost. The state Recover writes is no record
-//     (it follows no state on disk that it could continue): it is written
-//     as a base (writeBase), first as ledger.json.prev with an empty
-//     ledger.journal.prev, each in one rename made durable, and only then
-//     as ledger.json and ledger.journal, as a compaction writes them. So
-//     from the instant ledger.json holds it (and a reader may commit after
-//     it), .prev and the journals replay to it and to every commit since:
-//     a second loss of ledger.json before the next compaction loses nothing.
-//     Cut before ledger.json holds it, the files read as they did, as
-//     needing recovery: Recover then finds the new state as .prev.
+//     should the snapshot be lost. The state Recover or Reset writes is no
+//     record (it follows no state on disk that it could continue): it is
+//     written as a base (writeBase), first as ledger.json.prev with an
+//     empty ledger.journal.prev, each in one rename made durable, and only
+//     then as ledger.json and ledger.journal, as a compaction writes them.
+//     So from the instant ledger.json holds it (and a reader may commit
+//     after it), .prev and the journals replay to it and to every commit
+//     since: a second loss of ledger.json before the next compaction loses
+//     nothing.
+//     Cut before ledger.json holds it, the files read as they did: a
+//     recovery's as needing recovery (Recover then finds the new state as
+//     .prev); a reset's of a healthy ledger as that ledger, whose previous
+//     snapshot is then kept only aside (.reset-) until its next compaction.
 //     Recover replays the journals onto every base, preferring the chain
 //     that reaches this boot's marker, never adopting another lineage's
 //     state, moving damaged or foreign files aside, and reporting exactly

@@ -45,7 +45,7 @@ const (
 // the new journal not yet in place), journal-swapped, after-audit. The
 // snapshot's stages have names of their own: a test that kills at a stage
 // kills at its first occurrence, and a compaction follows a journal append.
-// The state a recovery writes (writeBase) is first kept as the
+// The state a recovery or reset writes (writeBase) is first kept as the
 // new base: base-snapshot-synced (its copy's temp file synced),
 // base-snapshot-kept (renamed over .prev, the dir synced),
 // base-journal-synced, base-journal-kept (its empty journal renamed over

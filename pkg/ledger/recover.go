@@ -352,7 +352,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 		if _, err := os.Lstat(p); err != nil || !badPaths[p] {
 			continue
 		}
-		dst, _, err := keepAside(l.dir, p, ".corrupt-", now)
+		dst, err := keepAside(l.dir, p, ".corrupt-", now)
 		if err != nil {
 			return rep, err
 		}
@@ -519,44 +519,41 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 		return rep, fmt.Errorf("ledger reset: the reset state breaks an invariant (nothing was written): %w", err)
 	}
 	// Only once the new state is known to be valid are the old files kept
-	// aside, and as Recover does: linked aside, their names unlinked only
-	// once the new state and the marker are written. Renamed away first, a
-	// crash before the write left a state dir without any ledger file: read
-	// as a fresh host (after a reboot) or started empty by the next
-	// recovery, either way without the operator's cordons this reset was
-	// carrying, and a GPU under maintenance was claimable. Now a crash
-	// leaves the old files (the reset did not happen) or the new state
-	// beside them (read as needing recovery, which finds the cordons in
-	// either).
+	// aside, and as Recover does: linked aside, each keeping its name until
+	// the write of the new state replaces it. Renamed away first, a crash
+	// before the write left a state dir without any ledger file: read as a
+	// fresh host (after a reboot) or started empty by the next recovery,
+	// either way without the operator's cordons this reset was carrying,
+	// and a GPU under maintenance was claimable. Now a crash leaves the old
+	// files (the reset did not happen), or the new state beside them (read
+	// as needing recovery, which finds the cordons in either).
 	if err := l.checkLockFile(); err != nil {
 		return rep, err
 	}
-	var linked []asideLink
 	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
 		p := filepath.Join(l.dir, name)
 		if _, err := os.Lstat(p); err != nil {
 			continue
 		}
-		dst, isLink, err := keepAside(l.dir, p, ".reset-", now)
+		dst, err := keepAside(l.dir, p, ".reset-", now)
 		if err != nil {
 			return rep, err
 		}
-		if isLink {
-			linked = append(linked, asideLink{path: p, kept: dst})
-		}
 		rep.Quarantined = append(rep.Quarantined, dst)
 	}
-	next, err := l.compact(&st, &loaded{})
+	// As Recover's, the reset state is written as the base of every later
+	// commit, .prev included.
+	next, err := l.writeBase(&st)
 	if err != nil {
 		l.setCache(nil)
-		return rep, err
+		return rep, fmt.Errorf("ledger reset: write the fresh state (generation %d) in %s: %w; fix the cause and reset again "+
+			"(the old files are kept aside as *.reset-*)", st.Generation, l.dir, err)
 	}
 	next.st = st
 	l.setCache(&next)
 	if err := l.writeMarker(&st); err != nil {
 		return rep, err
 	}
-	l.dropAsideNames(linked)
 	rep.Problem, rep.Generation, rep.Lineage, rep.NewLineage, rep.Empty = "reset: "+reason, st.Generation, st.Lineage, true, len(st.Claims) == 0
 	rep.Claims, rep.Waiters = st.Claims, st.Waiters
 	l.log.Warn("ledger reset: started afresh", "reason", reason, "moved_aside", rep.Quarantined, "adopted", len(rep.Adopted),
@@ -848,16 +845,13 @@ func quarantineAs(dir, path, infix string, now time.Time) (string, error) {
 	return "", fmt.Errorf("move %s aside: too many files named %s*; clean them up", path, base)
 }
 
-// asideLink is a file linked aside by keepAside: path still names it until
-// dropAsideNames.
-type asideLink struct{ path, kept string }
-
 // keepAside keeps path under a new name as quarantineAs does, by a hard link
-// when it can (linked: path still names the file too), else by renaming it.
-func keepAside(dir, path, infix string, now time.Time) (dst string, linked bool, err error) {
+// when it can (path then still names the file, until the write of the
+// recovered or reset state replaces it), else by renaming it.
+func keepAside(dir, path, infix string, now time.Time) (string, error) {
 	base := path + infix + now.UTC().Format(quarantineStamp)
 	for i := 0; i < 100; i++ {
-		dst = base
+		dst := base
 		if i > 0 {
 			dst = fmt.Sprintf("%s.%d", base, i)
 		}
@@ -867,39 +861,11 @@ func keepAside(dir, path, infix string, now time.Time) (dst string, linked bool,
 		if err := os.Link(path, dst); err != nil {
 			// Not a file a link can keep (a directory planted there):
 			// moved aside at once, as before.
-			dst, err := quarantineAs(dir, path, infix, now)
-			return dst, false, err
+			return quarantineAs(dir, path, infix, now)
 		}
-		return dst, true, syncDir(dir)
+		return dst, syncDir(dir)
 	}
-	return "", false, fmt.Errorf("move %s aside: too many files named %s*; clean them up", path, base)
-}
-
-// dropAsideNames unlinks, once the reset state is written, the names of
-// the files kept aside that still name them (ledger.json and ledger.journal
-// were replaced by the write; the .prev files were not).
-func (l *Ledger) dropAsideNames(linked []asideLink) {
-	dropped := false
-	for _, a := range linked {
-		at, err := os.Lstat(a.path)
-		if err != nil {
-			continue
-		}
-		kept, err := os.Lstat(a.kept)
-		if err != nil || !os.SameFile(at, kept) {
-			continue
-		}
-		if err := os.Remove(a.path); err != nil {
-			l.log.Warn("ledger recover: a file kept aside is still under its old name", "path", a.path, "kept_as", a.kept, "error", err)
-			continue
-		}
-		dropped = true
-	}
-	if dropped {
-		if err := syncDir(l.dir); err != nil {
-			l.log.Warn("ledger recover: could not sync the state dir", "dir", l.dir, "error", err)
-		}
-	}
+	return "", fmt.Errorf("move %s aside: too many files named %s*; clean them up", path, base)
 }
 
 // orDash is s, or "-" when s is empty, for audit reasons.

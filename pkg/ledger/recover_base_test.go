@@ -61,6 +61,13 @@ func TestRecoveredStateSurvivesASecondLoss(t *testing.T) {
 			b := mustRead(t, j)
 			require.NoError(t, os.WriteFile(j, b[:bytes.LastIndexByte(b[:len(b)-1], '\n')+1], 0o600))
 		}, first: recoverWith(RecoverOptions{Reason: "test"})},
+		{name: "reset keeping the operator's cordon", newLineage: true, first: func(t *testing.T, l *Ledger) RecoverReport {
+			rep, err := l.ResetWith(context.Background(), ResetOptions{Reason: "test",
+				Running: []Holding{{Owner: owner("h2"), Devices: devs(gpu(1))}}})
+			require.NoError(t, err)
+			require.Len(t, rep.KeptCordons, 1)
+			return rep
+		}},
 		{name: "deleted, compacted since", compacted: true, compactSince: true, fault: deleted, first: recoverWith(RecoverOptions{Reason: "test"})},
 	} {
 		for _, second := range []struct {

@@ -446,7 +446,7 @@ func (l *Ledger) install(st *State, data []byte, hdr journalHeader, line []byte,
 	return next, nil
 }
 
-// writeBase writes st, the state a recovery made, which no journal
+// writeBase writes st, the state a recovery or reset made, which no journal
 // record holds (it is not a commit after the state on disk, which is
 // damaged, of another lineage, or being discarded), as the base that every
 // later commit continues: ledger.json.prev and ledger.json each hold it
@@ -471,10 +471,13 @@ func (l *Ledger) install(st *State, data []byte, hdr journalHeader, line []byte,
 // to any: a second loss of ledger.json before the next compaction lost
 // every commit since the recovery.
 //
-// Cut before step 3, the state dir reads as it did, as needing recovery,
-// and Recover finds st at ledger.json.prev (a generation past every other
-// file's, and of this boot, so it supersedes the marker's lineage as any
-// state a recovery wrote before the marker said so).
+// Cut before step 3, the state dir reads as it did. After a recovery's
+// cut, that is as needing recovery, and Recover finds st at
+// ledger.json.prev (a generation past every other file's, and of this
+// boot, so it supersedes the marker's lineage as any state a recovery
+// wrote before the marker said so). After a cut reset of a healthy
+// ledger, it is that ledger, whose previous snapshot is kept aside (Reset
+// linked it) but no longer at ledger.json.prev until its next compaction.
 func (l *Ledger) writeBase(st *State) (loaded, error) {
 	data, hdr, line, err := l.encodeBase(st)
 	if err != nil {
