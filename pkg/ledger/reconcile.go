@@ -5,14 +5,85 @@ package ledger
 
 import (
 	"fmt"
+	"slices"
 )
 
-// Reconcile makes the claims of front end fe match live, the runtime's list
-// of its running (or created) containers and the devices each reaches:
+// OpUnlisted is the audit operation of a reconcile that kept the claims (or
+// conflict records) of a container the runtime does not list, because the
+// release rule found its processes still running or could not tell (Reason
+// says what it found).
+const OpUnlisted = "unlisted"
+
+// Reconcile is ReconcileWith without a release rule: every claim of fe whose
+// container is not listed is released. Only for a list known to name every
+// container that still runs (tests, fixtures); the daemon passes the guard's
+// rule, because containerd leaves running containers out of its list.
+func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
+	return tx.ReconcileWith(fe, live, nil).ReconcileResult
+}
+
+// UnlistedAction is what ReconcileWith does with the claims of a container
+// the runtime does not list.
+type UnlistedAction int
+
+const (
+	// UnlistedKeep keeps them (the zero value: doubt keeps a claim). Not
+	// being listed is no evidence of exit: containerd leaves out of its
+	// list a running container it could not load after a restart (CRI
+	// state UNKNOWN: its shim did not answer in time, its task is paused),
+	// and that container goes on using its GPU.
+	UnlistedKeep UnlistedAction = iota
+	// UnlistedRelease releases them ("stale"): its processes are gone, or
+	// it never had any.
+	UnlistedRelease
+	// UnlistedDrain marks them draining (release_requires_idle): its
+	// processes are gone from its cgroup; the GPU has to show them gone
+	// too.
+	UnlistedDrain
+)
+
+// UnlistedVerdict is a release rule's answer about a container the runtime
+// does not list.
+type UnlistedVerdict struct {
+	Action UnlistedAction
+	// Why is what the rule found ("cgroup /k8s.io/abc has processes"), for
+	// the audit records.
+	Why string
+}
+
+// UnlistedRule decides about o, a container of the reconciled front end
+// that holds claims or conflict records the runtime does not list it for
+// at all. It is asked once per process a claim or record names (ledger
+// owners that differ in pid, pid start or cgroup are asked apart), never
+// about a draining claim. It runs under the ledger lock: it must be quick.
+type UnlistedRule func(o Owner) UnlistedVerdict
+
+// ReconcileReport is what ReconcileWith changed: ReconcileResult, and what
+// became of the claims of containers not listed that the rule did not let go.
+type ReconcileReport struct {
+	ReconcileResult
+	// Kept are the claims of containers not listed that the rule keeps
+	// (UnlistedKeep): they still run, or cannot be told gone.
+	Kept []Claim
+	// Drained are the claims the rule marked draining (UnlistedDrain).
+	Drained []Claim
+}
+
+// ReconcileWith makes the claims of front end fe match live, the runtime's
+// list of its running (or created) containers and the devices each reaches:
 //
-//   - a claim of fe whose container is not listed, or whose device the
-//     listed container no longer reaches, is released ("stale"), unless it
-//     is draining (its container stopped under release_requires_idle);
+//   - a claim of fe whose listed container no longer reaches its device is
+//     released ("stale");
+//   - a claim of fe whose container is not listed at all is released, marked
+//     draining or kept as unlisted says (nil: released); a kept one gets an
+//     OpUnlisted audit record at every reconcile that keeps it, and ends as
+//     any holder's claim does: at its container's stop or removal, or once a
+//     liveness check finds it exited. A draining claim is left alone: its
+//     container stopped under release_requires_idle, and it ends when its
+//     processes leave the GPU or after the drain grace (expireDraining);
+//   - a conflict record of fe whose container is not listed on its device
+//     ends, unless unlisted keeps its container (a running container on a
+//     GPU another holds is still in conflict there);
 //   - a listed device with no claim is adopted by its container (reality
 //     wins over a reservation: the reservation is dropped);
 //   - a listed container on a device another container holds gets a Conflict
@@ -25,9 +96,9 @@ import (
 // lineage is not stored yet (it started empty in this Update, or its file
 // predates lineages) is written even if nothing else changed, and the result
 // carries the lineage.
-func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
+func (tx *Tx) ReconcileWith(fe FrontEnd, live []Holding, unlisted UnlistedRule) ReconcileReport {
 	tx.check()
-	var res ReconcileResult
+	var rep ReconcileReport
 	if tx.freshLineage {
 		// Store the new lineage now, even if nothing else changes: the
 		// daemon fences its later decisions with the lineage it reconciled,
@@ -37,7 +108,7 @@ func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 		tx.record(OpLineage, nil, "", nil, fmt.Sprintf("lineage %s stored (%s)", tx.st.Lineage, tx.lineageOrigin()))
 		tx.freshLineage = false // stored by this commit
 	}
-	res.Lineage = tx.st.Lineage
+	rep.Lineage = tx.st.Lineage
 	listed := make(map[string]map[string]bool, len(live))
 	for _, h := range live {
 		id := h.Owner.ContainerID
@@ -52,19 +123,155 @@ func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
 		}
 	}
 
-	// A draining claim's container has stopped, so the runtime no longer
-	// lists it: it ends when its processes leave the GPU or after the drain
-	// grace (expireDraining), not here.
-	res.Released = tx.releaseWhere(func(c *Claim) bool {
-		return c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID][c.Device.UUID] && c.Owner.DrainingSince.IsZero()
-	}, "stale: the runtime no longer lists this container on the device")
+	const stale = "stale: the runtime no longer lists this container on the device"
+	// A listed container that no longer reaches a device it holds: the
+	// runtime's list is the evidence (it runs, and not on that device).
+	moved := tx.releaseWhere(func(c *Claim) bool {
+		return c.Owner.FrontEnd == fe && listed[c.Owner.ContainerID] != nil && !listed[c.Owner.ContainerID][c.Device.UUID] &&
+			c.Owner.DrainingSince.IsZero()
+	}, stale)
+	rep.Released = append(rep.Released, moved...)
 	tx.clearConflictsWhere(func(c *Conflict) bool {
-		return c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID][c.Device.UUID]
-	}, "stale: the runtime no longer lists this container on the device")
+		return c.Owner.FrontEnd == fe && listed[c.Owner.ContainerID] != nil && !listed[c.Owner.ContainerID][c.Device.UUID]
+	}, stale)
 
-	res.Adopted, res.Conflicts = tx.adoptListed(fe, live, nil)
+	for _, u := range tx.judgeUnlisted(fe, listed, unlisted) {
+		ours := func(o *Owner) bool { return o.FrontEnd == fe && procKeyOf(o) == u.key }
+		switch u.v.Action {
+		case UnlistedRelease:
+			why := "stale: the runtime no longer lists this container"
+			if u.v.Why != "" {
+				why += " (" + u.v.Why + ")"
+			}
+			rep.Released = append(rep.Released, tx.releaseWhere(func(c *Claim) bool {
+				return ours(&c.Owner) && c.Owner.DrainingSince.IsZero()
+			}, why)...)
+			tx.clearConflictsWhere(func(c *Conflict) bool { return ours(&c.Owner) }, why)
+		case UnlistedDrain:
+			why := "stale: the runtime no longer lists this container"
+			if u.v.Why != "" {
+				why += " (" + u.v.Why + ")"
+			}
+			rep.Drained = append(rep.Drained, tx.drainWhere(func(c *Claim) bool { return ours(&c.Owner) }, why)...)
+			// A record ends when its container stops, under every
+			// release rule: a container that is gone takes nothing over.
+			tx.clearConflictsWhere(func(c *Conflict) bool { return ours(&c.Owner) }, why)
+		default:
+			var uuids []string
+			for _, c := range tx.st.Claims {
+				if ours(&c.Owner) && c.Owner.DrainingSince.IsZero() {
+					rep.Kept = append(rep.Kept, c)
+					uuids = append(uuids, c.Device.UUID)
+				}
+			}
+			for _, c := range tx.st.Conflicts {
+				if ours(&c.Owner) {
+					uuids = append(uuids, c.Device.UUID)
+				}
+			}
+			why := "kept: the runtime does not list this container, but it is not known to have exited"
+			if u.v.Why != "" {
+				why += " (" + u.v.Why + ")"
+			}
+			tx.record(OpUnlisted, &u.owner, "", uuids, why+"; containerd leaves out of its list a running container it "+
+				"could not load after a restart (CRI state UNKNOWN). It ends at the container's stop or removal, "+
+				"or once it is found exited")
+		}
+	}
+
+	rep.Adopted, rep.Conflicts = tx.adoptListed(fe, live, nil)
 	tx.maintain()
-	return res
+	return rep
+}
+
+// procKey is one process a ledger owner names: the grain at which
+// ReconcileWith asks its rule (a claim and a conflict record of one
+// container name the same process once both learned it).
+type procKey struct {
+	id     string
+	pid    int
+	start  uint64
+	cgroup string
+}
+
+func procKeyOf(o *Owner) procKey { return procKey{o.ContainerID, o.Pid, o.PidStart, o.Cgroup} }
+
+// unlistedOwner is one process of a container not listed, with the rule's
+// verdict.
+type unlistedOwner struct {
+	key   procKey
+	owner Owner
+	v     UnlistedVerdict
+}
+
+// judgeUnlisted asks unlisted about every process named by a claim (not
+// draining) or conflict record of fe whose container live does not list at
+// all, in order of first appearance, claims first. A nil rule releases them
+// all.
+func (tx *Tx) judgeUnlisted(fe FrontEnd, listed map[string]map[string]bool, unlisted UnlistedRule) []unlistedOwner {
+	var out []unlistedOwner
+	seen := map[procKey]bool{}
+	ask := func(o *Owner) {
+		if o.FrontEnd != fe || o.ContainerID == "" || listed[o.ContainerID] != nil {
+			return
+		}
+		k := procKeyOf(o)
+		if seen[k] {
+			return
+		}
+		seen[k] = true
+		v := UnlistedVerdict{Action: UnlistedRelease}
+		if unlisted != nil {
+			v = unlisted(*o)
+		}
+		out = append(out, unlistedOwner{key: k, owner: *o, v: v})
+	}
+	for i := range tx.st.Claims {
+		if tx.st.Claims[i].Owner.DrainingSince.IsZero() {
+			ask(&tx.st.Claims[i].Owner)
+		}
+	}
+	for i := range tx.st.Conflicts {
+		ask(&tx.st.Conflicts[i].Owner)
+	}
+	return out
+}
+
+// drainWhere marks draining the claims match selects that are not draining
+// yet, with one OpDraining record per container, and returns them.
+func (tx *Tx) drainWhere(match func(*Claim) bool, reason string) []Claim {
+	var out []Claim
+	for i := range tx.st.Claims {
+		c := &tx.st.Claims[i]
+		if !c.Owner.DrainingSince.IsZero() || !match(c) {
+			continue
+		}
+		c.Owner.DrainingSince = tx.now
+		out = append(out, *c)
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	tx.touch()
+	var ids []string
+	for _, c := range out {
+		if !slices.Contains(ids, c.Owner.ContainerID) {
+			ids = append(ids, c.Owner.ContainerID)
+		}
+	}
+	for _, id := range ids {
+		var uuids []string
+		var o Owner
+		for _, c := range out {
+			if c.Owner.ContainerID == id {
+				uuids = append(uuids, c.Device.UUID)
+				o = c.Owner
+			}
+		}
+		tx.record(OpDraining, &o, "", uuids,
+			fmt.Sprintf("%s: claim kept until its processes leave the GPU (at most %s)", reason, tx.l.opts.DrainGrace))
+	}
+	return out
 }
 
 // lineageOrigin says why a state without a stored lineage got one (prepare's

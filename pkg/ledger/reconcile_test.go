@@ -4,8 +4,11 @@
 package ledger
 
 import (
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -58,7 +61,7 @@ func TestReconcile(t *testing.T) {
 	for _, c := range res.Conflicts {
 		conflicts = append(conflicts, c.Owner.ContainerID+"@"+c.Device.Index)
 	}
-	require.Equal(t, []string{"gone@0", "moved@2"}, released)
+	require.ElementsMatch(t, []string{"gone@0", "moved@2"}, released)
 	require.Equal(t, []string{"moved@4", "squatter@5"}, adopted)
 	require.Equal(t, []string{"intruder@3", "second@5"}, conflicts)
 
@@ -172,4 +175,120 @@ func TestReconcileFillsAConflictRecordsProcess(t *testing.T) {
 	st = snapshot(t, l)
 	require.Len(t, st.Claims, 1)
 	require.Equal(t, 77, st.Claims[0].Owner.Pid)
+}
+
+// ReconcileWith asks its rule about each process whose container the
+// runtime does not list at all (once, however many claims and records name
+// it; never about a draining claim, a listed container or another front
+// end's), and does what it says: a kept container (the runtime hides a
+// running container it could not load) keeps its claims and its conflict
+// records, audited as unlisted; one found gone is released, its record
+// cleared before it could be promoted; one draining under
+// release_requires_idle is marked so.
+func TestReconcileWithUnlistedRule(t *testing.T) {
+	opts := testOptions(newClock())
+	opts.DrainGrace = time.Hour
+	l, err := Open(t.TempDir(), opts)
+	require.NoError(t, err)
+	proc := func(id string, pid int) Owner {
+		o := owner(id)
+		o.Pid, o.PidStart, o.Cgroup = pid, uint64(pid)*10, "/k8s/"+id
+		return o
+	}
+	runs, gone, drains := proc("runs", 10), proc("gone", 20), proc("drains", 30)
+	twinRuns, twinGone := proc("twin-runs", 11), proc("twin-gone", 21)
+	update(t, l, func(tx *Tx) {
+		tx.Reconcile(FrontEndNRI, []Holding{
+			{Owner: runs, Devices: devs(gpu(0), gpu(1))},
+			{Owner: gone, Devices: devs(gpu(2))},
+			{Owner: drains, Devices: devs(gpu(3))},
+			{Owner: proc("draining", 40), Devices: devs(gpu(4))},
+			{Owner: twinRuns, Devices: devs(gpu(0))},
+			{Owner: twinGone, Devices: devs(gpu(2))},
+		})
+		tx.MarkDraining("draining", "stop")
+		_, err := tx.Claim("", hookOwner("hook-1"), devs(gpu(6)), "env")
+		require.NoError(t, err)
+	})
+	require.Len(t, snapshot(t, l).Conflicts, 2)
+
+	verdicts := map[string]UnlistedVerdict{
+		"runs":      {Action: UnlistedKeep, Why: "cgroup /k8s/runs has processes"},
+		"twin-runs": {Action: UnlistedKeep, Why: "cgroup /k8s/twin-runs has processes"},
+		"gone":      {Action: UnlistedRelease, Why: "cgroup /k8s/gone has no processes"},
+		"twin-gone": {Action: UnlistedRelease, Why: "cgroup /k8s/twin-gone has no processes"},
+		"drains":    {Action: UnlistedDrain, Why: "cgroup /k8s/drains has no processes"},
+	}
+	var asked []string
+	var rep ReconcileReport
+	update(t, l, func(tx *Tx) {
+		rep = tx.ReconcileWith(FrontEndNRI, []Holding{{Owner: proc("listed", 50), Devices: devs(gpu(5))}},
+			func(o Owner) UnlistedVerdict {
+				asked = append(asked, o.ContainerID)
+				return verdicts[o.ContainerID]
+			})
+	})
+	assert.ElementsMatch(t, []string{"runs", "gone", "drains", "twin-runs", "twin-gone"}, asked,
+		"once per process; never a draining claim, a listed container or the hook's")
+
+	ids := func(cs []Claim) []string {
+		var out []string
+		for _, c := range cs {
+			out = append(out, c.Owner.ContainerID+"@"+c.Device.Index)
+		}
+		return out
+	}
+	assert.Equal(t, []string{"gone@2"}, ids(rep.Released))
+	assert.Equal(t, []string{"runs@0", "runs@1"}, ids(rep.Kept))
+	assert.Equal(t, []string{"drains@3"}, ids(rep.Drained))
+	assert.Equal(t, []string{"listed@5"}, ids(rep.Adopted))
+
+	st := snapshot(t, l)
+	assert.Equal(t, map[string]string{
+		gpu(0).UUID: "runs", gpu(1).UUID: "runs", gpu(3).UUID: "drains", gpu(4).UUID: "draining",
+		gpu(5).UUID: "listed", gpu(6).UUID: "hook-1",
+	}, holders(st), "twin-gone is not promoted onto the GPU gone left: it is gone too")
+	for _, c := range st.Claims {
+		switch c.Owner.ContainerID {
+		case "drains", "draining":
+			assert.False(t, c.Owner.DrainingSince.IsZero(), c.Owner.ContainerID)
+		default:
+			assert.True(t, c.Owner.DrainingSince.IsZero(), c.Owner.ContainerID)
+		}
+	}
+	require.Len(t, st.Conflicts, 1)
+	assert.Equal(t, "twin-runs", st.Conflicts[0].Owner.ContainerID, "a running container in conflict stays recorded")
+
+	recs, err := ReadAudit(l.AuditPath())
+	require.NoError(t, err)
+	unlisted := map[string]AuditRecord{}
+	for _, r := range recs {
+		if r.Op == OpUnlisted {
+			unlisted[r.ContainerID] = r
+		}
+	}
+	require.Len(t, unlisted, 2)
+	assert.Equal(t, []string{gpu(0).UUID, gpu(1).UUID}, unlisted["runs"].Devices)
+	assert.Contains(t, unlisted["runs"].Reason, "cgroup /k8s/runs has processes")
+	assert.Equal(t, []string{gpu(0).UUID}, unlisted["twin-runs"].Devices)
+	var releases []string
+	for _, r := range recs {
+		if r.Op == OpRelease && strings.Contains(r.Reason, "cgroup /k8s/gone has no processes") {
+			releases = append(releases, r.ContainerID)
+		}
+	}
+	assert.Equal(t, []string{"gone"}, releases, "the release says what the rule found")
+
+	// The kept container exits: the next reconcile's rule releases it, and
+	// the GPU goes to nobody in conflict (twin-runs is gone too).
+	verdicts["runs"] = UnlistedVerdict{Action: UnlistedRelease, Why: "cgroup /k8s/runs has no processes"}
+	verdicts["twin-runs"] = UnlistedVerdict{Action: UnlistedRelease, Why: "cgroup /k8s/twin-runs has no processes"}
+	update(t, l, func(tx *Tx) {
+		rep = tx.ReconcileWith(FrontEndNRI, []Holding{{Owner: proc("listed", 50), Devices: devs(gpu(5))}},
+			func(o Owner) UnlistedVerdict { return verdicts[o.ContainerID] })
+	})
+	assert.Equal(t, []string{"runs@0", "runs@1"}, ids(rep.Released))
+	st = snapshot(t, l)
+	assert.Empty(t, st.Conflicts)
+	assert.NotContains(t, holders(st), gpu(0).UUID)
 }
