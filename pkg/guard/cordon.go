@@ -377,26 +377,3 @@ func (g *Guard) drainPod(tx *ledger.Tx, fe ledger.FrontEnd, podUID, sandboxID st
 	}
 	return tx.Changed()
 }
-
-// drainUnlisted marks draining the claims of front end fe whose containers
-// the runtime does not list (release_requires_idle at reconcile).
-func (g *Guard) drainUnlisted(tx *ledger.Tx, fe ledger.FrontEnd, live []ledger.Holding) {
-	listed := make(map[string]bool, len(live))
-	for _, h := range live {
-		listed[h.Owner.ContainerID] = true
-	}
-	var ids []string
-	for _, c := range tx.State().Claims {
-		if c.Owner.FrontEnd == fe && !listed[c.Owner.ContainerID] && c.Owner.DrainingSince.IsZero() &&
-			!slices.Contains(ids, c.Owner.ContainerID) {
-			ids = append(ids, c.Owner.ContainerID)
-		}
-	}
-	for _, id := range ids {
-		kept := tx.MarkDraining(id, "stale: the runtime no longer lists this container")
-		if len(kept) > 0 {
-			g.log.Info("reconcile: container no longer listed; claim kept draining until its processes leave the GPU",
-				append(ownerAttrs(kept[0].Owner, ""), slog.Any("devices", claimUUIDs(kept)))...)
-		}
-	}
-}

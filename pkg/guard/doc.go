@@ -27,7 +27,8 @@
 // cordon it read, Uncordon) and, under [observe]
 // release_requires_idle, draining claims (Draining, FinishDraining): a
 // holder's stop, removal, pod removal, exit found out of band, or absence
-// from the runtime's list at reconcile keeps its claims draining until the observer sees its processes leave the GPU or
+// from the runtime's list at reconcile once its processes are gone keeps its
+// claims draining until the observer sees its processes leave the GPU or
 // idle_grace passes (the ledger releases them then, at any process's next
 // update, so a host without an observer never waits longer).
 //
@@ -48,7 +49,14 @@
 //     (remembered in memory, so within one daemon's life).
 //   - A holder that never started (no pid, no cgroup) is never checked for
 //     liveness and keeps its claim; a holder is released out of band only on
-//     positive evidence that its processes are gone. Under release_on =
+//     positive evidence that its processes are gone. Absence from the
+//     runtime's list at reconcile is no such evidence (containerd leaves out
+//     a running container it could not load after a restart, CRI state
+//     UNKNOWN): the claim of a container not listed ends only when the
+//     release rule finds its processes gone (or recorded as stopped), or
+//     when it never started — the runtime lists every created container, so
+//     one never started and not listed is gone, and no event would end its
+//     claim (Reconcile, unlistedRule). Under release_on =
 //     "remove" an OCI hook holder's claim, kept past its exit, ends out of
 //     band only on positive evidence that its container was removed too: no
 //     runtime state root ([hook] runtime_roots) lists its id, and at least

@@ -1094,14 +1094,19 @@ func (g *Guard) ListedHoldings(fe ledger.FrontEnd, live []Request) []ledger.Hold
 }
 
 // Reconcile makes the ledger's claims of front end fe match the containers
-// the runtime lists as live: claims of containers not listed are released
-// ("stale"), listed containers reaching GPUs without a claim are adopted, and
-// two listed containers on one GPU are recorded as a conflict. A listed
-// container whose request no longer resolves (inventory or policy changed:
-// an id the inventory lacks, a privileged container under privileged =
-// "reject") keeps the claims it has, and is adopted for, or recorded in
-// conflict on, what it reaches all the same (reachable): it runs, so what
-// it can open is not free. Nothing is released on doubt.
+// the runtime lists as live: listed containers reaching GPUs without a claim
+// are adopted, and two listed containers on one GPU are recorded as a
+// conflict. A claim of a container not listed ends only as the release rule
+// says (unlistedRule): released ("stale") once its processes are gone, or
+// when it never started, marked draining instead under
+// release_requires_idle, and kept while its processes run or cannot be told
+// gone — containerd does not list a running container it could not load
+// after a restart (CRI state UNKNOWN), and that container still uses its
+// GPU. A listed container whose request no longer resolves (inventory or
+// policy changed: an id the inventory lacks, a privileged container under
+// privileged = "reject") keeps the claims it has, and is adopted for, or
+// recorded in conflict on, what it reaches all the same (reachable): it
+// runs, so what it can open is not free. Nothing is released on doubt.
 func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Request) (ledger.ReconcileResult, error) {
 	entries := g.listedEntries(fe, live)
 	for _, e := range entries {
@@ -1110,10 +1115,14 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 				append(ownerAttrs(e.owner, ""), slog.Any("error", e.err), slog.Any("reaches", resolvedUUIDs(e.res.Devices)))...)
 		}
 	}
+	listedIDs := make(map[string]bool, len(live))
+	for _, r := range live {
+		listedIDs[r.Owner.ContainerID] = true
+	}
 
 	var (
-		result ledger.ReconcileResult
-		st     ledger.State
+		rep ledger.ReconcileReport
+		st  ledger.State
 	)
 	err := g.ledger.Update(ctx, func(tx *ledger.Tx) error {
 		holdings := make([]ledger.Holding, 0, len(entries))
@@ -1136,25 +1145,30 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 			}
 			holdings = append(holdings, ledger.Holding{Owner: e.owner, Devices: devs, Source: source})
 		}
-		if g.requiresIdle() {
-			// Containers the runtime no longer lists stopped while the
-			// front end was away: their claims drain like any stopped
-			// holder's (Reconcile leaves draining claims alone).
-			g.drainUnlisted(tx, fe, holdings)
-		}
 		// Reconcile also fills in the pid and cgroup of claims that lack
 		// them (the daemon restarted after the container started).
-		result = tx.Reconcile(fe, holdings)
+		rep = tx.ReconcileWith(fe, holdings, g.unlistedRule(listedIDs))
 		st = *tx.State() // already a copy the ledger keeps nothing of
 		return nil
 	})
 	if err != nil {
 		return ledger.ReconcileResult{}, fmt.Errorf("reconcile %d live containers with the ledger: %w", len(live), err)
 	}
+	result := rep.ReconcileResult
 	g.obs.Released(ReasonStale, result.Released)
 	g.obs.StateChanged(st)
 	for _, c := range result.Released {
 		g.log.Info("released: stale", append(ownerAttrs(c.Owner, ""), slog.String("device", c.Device.UUID))...)
+	}
+	for _, c := range rep.Drained {
+		g.log.Info("reconcile: container no longer listed; claim kept draining until its processes leave the GPU",
+			append(ownerAttrs(c.Owner, ""), slog.String("device", c.Device.UUID))...)
+	}
+	for _, c := range rep.Kept {
+		g.log.Warn("reconcile: the runtime does not list this container, but its processes are not known to have exited; "+
+			"its claim is kept (containerd leaves out a running container it could not load after a restart) and ends "+
+			"at its stop or removal, or once it is found exited",
+			append(ownerAttrs(c.Owner, ""), slog.String("device", c.Device.UUID), slog.String("device_index", c.Device.Index))...)
 	}
 	for _, c := range result.Adopted {
 		g.log.Info("adopted claim", append(ownerAttrs(c.Owner, ""), slog.String("device", c.Device.UUID))...)
@@ -1165,8 +1179,61 @@ func (g *Guard) Reconcile(ctx context.Context, fe ledger.FrontEnd, live []Reques
 	}
 	g.log.Info("reconciled", slog.String("front_end", string(fe)), slog.Int("live", len(live)),
 		slog.Int("holding", len(entries)), slog.Int("released", len(result.Released)),
-		slog.Int("adopted", len(result.Adopted)), slog.Int("conflicts", len(result.Conflicts)))
+		slog.Int("adopted", len(result.Adopted)), slog.Int("conflicts", len(result.Conflicts)),
+		slog.Int("drained", len(rep.Drained)), slog.Int("kept_unlisted", len(rep.Kept)))
 	return result, nil
+}
+
+// unlistedRule is the release rule Reconcile applies to a holder the ledger
+// gets no list entry for (see ledger.UnlistedRule); listed are the ids the
+// runtime listed, GPU or not.
+//
+//   - Listed, but reaching no GPU now (exempt, or its request resolves to
+//     none under the current configuration): the runtime's list says it
+//     runs without the device: released (draining under
+//     release_requires_idle), as a listed container no longer on a device
+//     it holds is.
+//   - Its processes run, or the check cannot tell (KeepRunning): kept. Not
+//     being listed is no evidence of exit: containerd leaves out a running
+//     container it could not load after a restart (CRI state UNKNOWN: its
+//     shim did not answer in time, its task is paused).
+//   - Its processes are gone (found now, or recorded as stopped under
+//     release_on = "remove": an exited-but-not-removed holder's GPU is free):
+//     released, or marked draining under release_requires_idle.
+//   - It never started (no pid, no cgroup recorded): released (draining
+//     under release_requires_idle). The runtime lists every created
+//     container, so one that never started and is not listed is gone: lost
+//     by a runtime that crashed while creating it, or deleted while the
+//     plugin was away. No event will ever name it again, and kept, its
+//     claim would hold the GPU until an operator released it. A running
+//     container the runtime hides as UNKNOWN has started, which the plugin
+//     records (its start events carry the pid): only one whose start the
+//     plugin never recorded (it was away, or the ledger stayed locked)
+//     could still run there.
+func (g *Guard) unlistedRule(listed map[string]bool) ledger.UnlistedRule {
+	gone := ledger.UnlistedRelease
+	if g.requiresIdle() {
+		gone = ledger.UnlistedDrain
+	}
+	return func(o ledger.Owner) ledger.UnlistedVerdict {
+		if listed[o.ContainerID] {
+			return ledger.UnlistedVerdict{Action: gone,
+				Why: "the runtime lists it, but it reaches no GPU it holds under the current configuration"}
+		}
+		v := g.Releasable(o)
+		switch v.Action {
+		case KeepRunning:
+			return ledger.UnlistedVerdict{Action: ledger.UnlistedKeep, Why: v.Why}
+		case KeepDraining:
+			return ledger.UnlistedVerdict{Action: ledger.UnlistedKeep, Why: "draining"}
+		case KeepNotStarted:
+			return ledger.UnlistedVerdict{Action: gone, Why: "it never started, and the runtime lists every created container"}
+		case KeepStopped:
+			return ledger.UnlistedVerdict{Action: gone, Why: "it exited at " + o.StoppedAt.UTC().Format(time.RFC3339)}
+		default: // found exited now: MarkStopped, MarkDraining, ReleaseNow
+			return ledger.UnlistedVerdict{Action: gone, Why: v.Why}
+		}
+	}
 }
 
 // dropDeadReservers takes out of the queue the OCI hook waiters (a hook's
