@@ -19,7 +19,10 @@
 //     deadline; a GPU discovery still running then goes on in the
 //     background, GPU requests refused meanwhile (guard.Guard.Discovering).
 //   - Synchronize (every (re)connect): the ledger's NRI claims are reconciled
-//     with the containers the runtime lists, and the guard forgets the
+//     with the containers the runtime lists (the claim of one not listed
+//     ends only once its processes are gone or if it never started: the
+//     guard's release rule, since containerd leaves out a running container
+//     it could not load), and the guard forgets the
 //     waiters of pods the runtime no longer lists. A launched plugin whose
 //     reconcile fails still answers (containerd would stop it for good) and
 //     rebuilds in place from the containers listed. One that comes while

@@ -773,8 +773,11 @@ func (p *Plugin) reconcileWith(ctx context.Context, g *guard.Guard, live []guard
 		if r, ok := byID[o.ContainerID]; ok {
 			t.req = r
 		} else {
-			// Kept by the reconcile although not listed (draining): its
-			// stop or removal still releases it.
+			// Kept by the reconcile although not listed (draining, or
+			// still running: containerd does not list a container it
+			// could not load): its stop or removal still releases it, and
+			// an in-place rebuild leaves it out of the list, as the
+			// runtime does, so the release rule decides it again.
 			t.req, t.stopped = guard.Request{FrontEnd: ledger.FrontEndNRI, Owner: *o}, true
 		}
 		tracked[o.ContainerID] = t

@@ -136,9 +136,10 @@ func TestRefusedCreateUndoTouchesNothing(t *testing.T) {
 	assert.Equal(t, []string{"ml/uid-a/main", "ml/uid-b/main"}, rt.waiters(), "the refused requesters stay queued")
 }
 
-// 5. Plugin restart: claims of containers that vanished meanwhile are
-// released at Synchronize, running holders are kept, and a GPU shared by two
-// running containers shows as a conflict.
+// 5. Plugin restart: claims of containers that exited meanwhile (their
+// cgroup is empty, and the runtime no longer lists them) are released at
+// Synchronize, running holders are kept, and a GPU shared by two running
+// containers shows as a conflict.
 func TestPluginRestartReconciles(t *testing.T) {
 	rt := newRuntime(t, nil)
 	first := rt.startPlugin()
@@ -155,7 +156,7 @@ func TestPluginRestartReconciles(t *testing.T) {
 
 	// While the plugin is away: one holder exits and is removed, and two
 	// containers start on GPU 2 unchecked.
-	rt.unlist(vanished)
+	rt.exit(vanished)
 	for _, c := range []*api.Container{
 		container(podC, "main", "twin-c", "NVIDIA_VISIBLE_DEVICES=2"),
 		container(podD, "main", "twin-d", "NVIDIA_VISIBLE_DEVICES="+gpuUUID(2)),
@@ -183,6 +184,59 @@ func TestPluginRestartReconciles(t *testing.T) {
 	require.ErrorContains(t, rt.create(podB, container(podB, "main", "b-2", "NVIDIA_VISIBLE_DEVICES=0")),
 		"is held by ml/a/main (id running-1)")
 	require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=1")))
+}
+
+// A holder the runtime does not list at Synchronize but whose processes
+// still run keeps its GPU. containerd leaves out of the list a running
+// container it could not load after a restart (CRI state UNKNOWN: its shim
+// did not answer in time, its task is paused); the container goes on using
+// its GPU, and the next container asking for it must be refused, not given
+// it as well. The claim ends as any holder's does: once its processes are
+// gone (the next request's liveness check), or at its stop event. A
+// container created but never started that the runtime lost meanwhile is
+// gone, and its claim is released at the Synchronize.
+func TestPluginRestartKeepsUnlistedRunningHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ends func(rt *runtime, pod *api.PodSandbox, holder *api.Container)
+	}{
+		{"its processes exit", func(rt *runtime, _ *api.PodSandbox, holder *api.Container) { rt.exit(holder) }},
+		{"its stop event", func(rt *runtime, pod *api.PodSandbox, holder *api.Container) { rt.stop(pod, holder) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newRuntime(t, nil)
+			first := rt.startPlugin()
+			podA, podB, podL := rt.addPod("a"), rt.addPod("b"), rt.addPod("l")
+			holder := container(podA, "main", "holder-1", "NVIDIA_VISIBLE_DEVICES=1")
+			require.NoError(t, rt.create(podA, holder))
+			rt.start(podA, holder, 4242) // cgroup /k8s.io/holder-1 lists pid 4242
+			lost := container(podL, "main", "lost-1", "NVIDIA_VISIBLE_DEVICES=2")
+			require.NoError(t, rt.create(podL, lost)) // never started
+			require.Equal(t, map[string]string{"1": "holder-1", "2": "lost-1"}, rt.holders())
+
+			// containerd restarts: it cannot load the holder's task (UNKNOWN,
+			// not listed; its processes run on), and it lost lost-1.
+			first.stub.Stop()
+			rt.unlist(holder)
+			rt.unlist(lost)
+			rt.startPlugin()
+
+			require.Equal(t, map[string]string{"1": "holder-1"}, rt.holders(), "the running holder keeps GPU 1")
+			unlisted := rt.audited(ledger.OpUnlisted)
+			require.Len(t, unlisted, 1)
+			assert.Equal(t, "holder-1", unlisted[0].ContainerID)
+			assert.Contains(t, unlisted[0].Reason, "cgroup /k8s.io/holder-1 has processes")
+
+			err := rt.create(podB, container(podB, "main", "b-1", "NVIDIA_VISIBLE_DEVICES=1"))
+			require.ErrorContains(t, err, "is held by ml/a/main (id holder-1)")
+			require.NoError(t, rt.create(podB, container(podB, "side", "b-2", "NVIDIA_VISIBLE_DEVICES=2")),
+				"the lost container's GPU is free")
+
+			tc.ends(rt, podA, holder)
+			require.NoError(t, rt.create(podB, container(podB, "main", "b-3", "NVIDIA_VISIBLE_DEVICES=1")))
+			assert.Equal(t, map[string]string{"1": "b-3", "2": "b-2"}, rt.holders())
+		})
+	}
 }
 
 // Two running containers share a GPU when the plugin synchronizes: one
