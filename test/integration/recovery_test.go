@@ -85,6 +85,34 @@ func pidsWithExe(path string) []int {
 	return pids
 }
 
+// TestPausedHolderKeepsGPUAcrossContainerdRestart: containerd cannot load a
+// paused task after a restart and lists its container as CONTAINER_UNKNOWN,
+// which NRI's Synchronize leaves out, although the container still holds its
+// GPU. The guard keeps the claim (its cgroup still has processes) and
+// refuses the next container asking for that GPU, instead of releasing the
+// claim as stale.
+func TestPausedHolderKeepsGPUAcrossContainerdRestart(t *testing.T) {
+	var g *Guard
+	c := StartContainerd(t, ContainerdOptions{BeforeStart: func(c *Containerd) error {
+		var err error
+		g, err = InstallGuard(c, GuardOptions{})
+		return err
+	}})
+	gpu0 := c.GPUs[0]
+	a := c.RunPod(t, PodSpec{Name: "unknown-a"})
+	aID := a.Run(t, ContainerSpec{Name: worker, Env: GPUEnv("0")})
+	_, err := c.Ctr("task", "pause", aID)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = c.Ctr("task", "resume", aID) })
+
+	c.Restart(t)
+	require.Equal(t, "CONTAINER_UNKNOWN", c.ContainerState(t, aID), "the restarted containerd must hide the paused container from Synchronize")
+	assert.Equal(t, map[string][]string{aID: {gpu0.UUID}}, g.ClaimsByContainer(t), "the paused holder keeps its claim")
+	b := c.RunPod(t, PodSpec{Name: "unknown-b"})
+	assert.Contains(t, b.Refused(t, ContainerSpec{Name: worker, Env: GPUEnv("0")}), gpuName(gpu0)+" is held by "+a.Owner(worker))
+	assert.Contains(t, g.Ctl(t, "audit"), "unlisted", "keeping an unlisted holder is audited")
+}
+
 // TestPreinstalledPluginSurvivesContainerdRestart: the guard pre-installed
 // under plugin_path (configured by the NRI conf.d file) is launched by
 // containerd, exits with it, is relaunched by the next containerd, and the
