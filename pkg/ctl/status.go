@@ -618,12 +618,21 @@ func (x statusIndex) reservation(d devices.Device) *ledger.Reservation {
 }
 
 // relatedClaim is a claim that makes d unavailable without naming it: on d's
-// parent GPU, or on one of d's MIG instances.
+// parent GPU, or on one of d's MIG instances. Of a GPU's MIG claims, one
+// that is not draining comes first: the GPU is held while any of its
+// instances is held by a running container, and draining (which ends by
+// itself) only once every claim on it is.
 func (x statusIndex) relatedClaim(d devices.Device) *ledger.Claim {
 	if d.Parent != "" {
 		return x.claims[d.Parent]
 	}
-	if cs := x.migClaims[d.UUID]; len(cs) > 0 {
+	cs := x.migClaims[d.UUID]
+	for _, c := range cs {
+		if heldState(c) == stateHeld {
+			return c
+		}
+	}
+	if len(cs) > 0 {
 		return cs[0]
 	}
 	return nil

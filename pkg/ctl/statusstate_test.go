@@ -316,26 +316,78 @@ func TestStatusMarksUnhealthy(t *testing.T) {
 	assert.Zero(t, out.Summary.Unhealthy)
 }
 
-// TestStatusDrainingViaMIG: a draining claim on a MIG instance makes its
-// GPU draining too; neither is a problem.
-func TestStatusDrainingViaMIG(t *testing.T) {
-	f := newFixture(t)
-	appendConfig(t, f, "[observe]\nrelease_requires_idle = true\nidle_grace = \"10m\"\n")
-	f.updateDraining(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
-		claim(t, tx, ownHook, "cdi", f.dev(t, uuidMIG1))
-	})
-	f.updateDraining(t, now.Add(-time.Minute), func(tx *ledger.Tx) { tx.MarkDraining(idHook, "stopped") })
-	out := statusJSON(t, f, ExitOK)
-	states := map[string]string{}
-	for _, d := range out.Devices {
-		states[d.Index] = d.State
+// TestStatusGPUStateViaMIG: a GPU whose MIG instances are claimed takes its
+// state from them: draining (neither is a problem) only when every claim on
+// it drains, held while any running container holds one of its instances,
+// whichever the ledger lists first. Before, the GPU showed the first claim
+// of its instances: draining (it ends by itself) while a running container
+// still held MIG 0:1.
+func TestStatusGPUStateViaMIG(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		claims   map[string]ledger.Owner // MIG UUID → holder
+		draining []string                // container ids that stopped
+		states   map[string]string       // index → state
+		holder   string                  // GPU 0's holder
+		summary  statusSummary
+	}{
+		{name: "one instance draining",
+			claims: map[string]ledger.Owner{uuidMIG1: ownHook}, draining: []string{idHook},
+			states:  map[string]string{"0": stateDraining, "0:0": stateFree, "0:1": stateDraining},
+			holder:  idHook,
+			summary: statusSummary{Devices: 6, Free: 4, Draining: 2}},
+		{name: "the first instance draining, the other held",
+			claims:   map[string]ledger.Owner{uuidMIG0: ownHook, uuidMIG1: ownTrainer},
+			draining: []string{idHook},
+			states:   map[string]string{"0": stateHeld, "0:0": stateDraining, "0:1": stateHeld},
+			holder:   idTrainer,
+			summary:  statusSummary{Devices: 6, Free: 3, Held: 2, Draining: 1}},
+		{name: "the first instance held, the other draining",
+			claims:   map[string]ledger.Owner{uuidMIG0: ownTrainer, uuidMIG1: ownHook},
+			draining: []string{idHook},
+			states:   map[string]string{"0": stateHeld, "0:0": stateHeld, "0:1": stateDraining},
+			holder:   idTrainer,
+			summary:  statusSummary{Devices: 6, Free: 3, Held: 2, Draining: 1}},
+		{name: "both instances draining",
+			claims:   map[string]ledger.Owner{uuidMIG0: ownTrainer, uuidMIG1: ownHook},
+			draining: []string{idHook, idTrainer},
+			states:   map[string]string{"0": stateDraining, "0:0": stateDraining, "0:1": stateDraining},
+			holder:   idTrainer,
+			summary:  statusSummary{Devices: 6, Free: 3, Draining: 3}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			appendConfig(t, f, "[observe]\nrelease_requires_idle = true\nidle_grace = \"10m\"\n")
+			f.updateDraining(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+				for mig, o := range tc.claims {
+					claim(t, tx, o, "cdi", f.dev(t, mig))
+				}
+			})
+			f.updateDraining(t, now.Add(-time.Minute), func(tx *ledger.Tx) {
+				for _, id := range tc.draining {
+					require.Len(t, tx.MarkDraining(id, "stopped"), 1)
+				}
+			})
+			out := statusJSON(t, f, ExitOK)
+			states := map[string]string{}
+			for _, d := range out.Devices {
+				states[d.Index] = d.State
+				if d.Index == "0" {
+					require.NotNil(t, d.Holder)
+					assert.Equal(t, tc.holder, d.Holder.ContainerID, "GPU 0's holder")
+					assert.NotEmpty(t, d.HeldVia)
+				}
+			}
+			for index, want := range tc.states {
+				assert.Equal(t, want, states[index], "device %s", index)
+			}
+			assert.Equal(t, tc.summary, out.Summary)
+			r := f.run(t, "status")
+			assert.Equal(t, len(tc.draining), strings.Count(r.stdout, "waiting for its processes to leave the GPU"),
+				"listed once, on the claimed device: %s", r.stdout)
+			assert.Regexp(t, `(?m)^0 +GPU-0a0a0a0a +\S.* `+tc.states["0"]+` `, r.stdout)
+		})
 	}
-	assert.Equal(t, stateDraining, states["0"])
-	assert.Equal(t, stateDraining, states["0:1"])
-	assert.Equal(t, stateFree, states["0:0"])
-	assert.Equal(t, 2, out.Summary.Draining)
-	r := f.run(t, "status")
-	assert.Equal(t, 1, strings.Count(r.stdout, "waiting for its processes to leave the GPU"), "listed once, on the claimed device: %s", r.stdout)
 }
 
 // TestStatusAndExplainAgree: on one ledger, every device status shows
