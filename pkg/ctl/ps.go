@@ -209,7 +209,8 @@ func psNotes(v *psView, exempted bool, auditErr error) []string {
 func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psView {
 	known := st.Owners()
 	verdicts := map[string]string{} // device UUID + pid → verdict
-	v := &psView{Time: r.Time, Devices: []psDevice{}, Problems: []problem{}, Notes: []string{}}
+	// r.Time is the host's clock in its zone; the JSON gives UTC.
+	v := &psView{Time: r.Time.UTC(), Devices: []psDevice{}, Problems: []problem{}, Notes: []string{}}
 	for _, f := range r.Findings {
 		k := f.Device.UUID + "/" + strconv.Itoa(f.PID)
 		switch f.Kind {

@@ -294,7 +294,7 @@ func (v *statusView) addObserver(dir string, now time.Time) {
 	if at.IsZero() {
 		at = f.WrittenAt
 	}
-	o := &observerJSON{Time: f.Time, AgeSeconds: now.Sub(at).Seconds(), IntervalSeconds: f.IntervalSeconds,
+	o := &observerJSON{Time: f.Time.UTC(), AgeSeconds: now.Sub(at).Seconds(), IntervalSeconds: f.IntervalSeconds,
 		Stale: f.Stale(now), Findings: len(f.Findings), Unhealthy: len(f.Unhealthy), Errors: f.Errors, Truncated: f.Truncated}
 	if o.Errors == nil {
 		o.Errors = []string{}
@@ -312,7 +312,7 @@ func (v *statusView) addObserver(dir string, now time.Time) {
 	for _, u := range f.Unhealthy {
 		seen := u.Time
 		v.Problems = append(v.Problems, problem{
-			Kind: problemUnhealthy, Device: u.Device.UUID, Index: u.Device.Index, SeenAt: timeOrNil(seen),
+			Kind: problemUnhealthy, Device: u.Device.UUID, Index: u.Device.Index, SeenAt: utcOrNil(seen),
 			Message: fmt.Sprintf("%s (seen %s ago)", u.Message, age(now.Sub(seen))),
 		})
 	}
@@ -327,9 +327,15 @@ func (v *statusView) addObserver(dir string, now time.Time) {
 		}
 		v.Problems = append(v.Problems, problem{
 			Kind: kind, Device: ff.Device.UUID, Index: ff.Device.Index, ContainerID: ff.ContainerID, Pid: ff.PID,
-			SeenAt: timeOrNil(f.Time), Message: fmt.Sprintf("%s (seen %s ago)", msg, age(now.Sub(f.Time))),
+			SeenAt: utcOrNil(f.Time), Message: fmt.Sprintf("%s (seen %s ago)", msg, age(now.Sub(f.Time))),
 		})
 	}
+}
+
+// utcOrNil is timeOrNil in UTC: the daemon writes observe.json in its
+// host's local zone, and the JSON of ctl gives every time in UTC.
+func utcOrNil(t time.Time) *time.Time {
+	return timeOrNil(t.UTC())
 }
 
 func holderOf(o ledger.Owner, since time.Time) *holderJSON {

@@ -112,6 +112,7 @@ func (v *statusView) markUnhealthy(sick []observe.Finding) {
 			t, ok = since[d.Parent]
 		}
 		if ok {
+			t = t.UTC() // observe.json has the daemon host's zone
 			d.UnhealthySince = &t
 			v.Summary.Unhealthy++
 		}
