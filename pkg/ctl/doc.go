@@ -33,11 +33,13 @@
 //     never by writing the ledger itself.
 //   - Exit codes are a public interface: 0 ok, 1 error, 2 usage (unknown
 //     command or flag, missing argument), 3 attention (status found a
-//     conflict, a stale claim, an observer finding, a cordon the observer
-//     set, or a stale observer report; ps found an intruder); run exits with
-//     its command's code. An operator's cordon and a draining claim are
-//     shown, never a reason to exit 3: they are intended or end by
-//     themselves.
+//     conflict, a stale claim, an observer finding, a device the observer
+//     could not list, a cordon the observer set, or a stale observer
+//     report; ps found an intruder, an unhealthy device or one NVML could
+//     not list: a device nothing was checked on is never "no intruder");
+//     run exits with its command's code. An operator's cordon and a
+//     draining claim are shown, never a reason to exit 3: they are
+//     intended or end by themselves.
 //   - status shows for every device one state (conflict, cordoned,
 //     draining, held, reserved, free: the first that applies) and the
 //     cordon covering it, the same one cordonOf finds and the guard

@@ -44,7 +44,7 @@ of the device's holder is ok; a process of a container holding nothing (or of
 the host) is an intruder; a process of a holder on a device it did not claim
 is out-of-bounds; a pid that exited (or was reused) before it could be mapped
 is gone and not judged. A device NVML cannot list, or that is lost, is shown
-with its error.
+with its error: nothing was checked on it.
 
 This is the daemon's periodic accounting ([observe] interval), done on demand,
 with the same holdings (a process in a container nested in the holder's cgroup
@@ -54,7 +54,8 @@ their "exempt" records in the audit log (verdict exempt), and says under the
 table what that misses. Run it as root in the host's pid namespace (NVML
 reports host pids). It needs
 NVML (the NVIDIA driver); ps exits 1 with an error without it, and 3 when a
-process is an intruder or out of bounds, or a device is unhealthy.`,
+process is an intruder or out of bounds, a device is unhealthy, or NVML could
+not list a device's processes (unlisted).`,
 		`  sudo gpu-guard-ctl ps
   sudo gpu-guard-ctl ps -o json | jq '.devices[].processes[] | select(.verdict != "ok")'`,
 		noArgs,
@@ -209,6 +210,7 @@ func psNotes(v *psView, exempted bool, auditErr error) []string {
 func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psView {
 	known := st.Owners()
 	verdicts := map[string]string{} // device UUID + pid → verdict
+	sick := map[string]bool{}       // devices found lost: that problem says why they are not listed
 	// r.Time is the host's clock in its zone; the JSON gives UTC.
 	v := &psView{Time: r.Time.UTC(), Devices: []psDevice{}, Problems: []problem{}, Notes: []string{}}
 	for _, f := range r.Findings {
@@ -229,18 +231,29 @@ func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psVi
 			p.Kind = problemOutOfBounds
 		case observe.KindUnhealthy:
 			p.Kind, p.Pid = problemUnhealthy, 0
+			sick[f.Device.UUID] = true
 		}
 		v.Problems = append(v.Problems, p)
 	}
 	for _, d := range r.Devices {
 		pd := psDevice{Index: d.Device.Index, UUID: d.Device.UUID, Parent: d.Device.ParentUUID, Error: d.Error,
 			Processes: []psProcess{}}
+		what := d.Device.String()
 		if d.Holder != "" {
 			o, ok := known[d.Holder]
 			if !ok {
 				o = ledger.Owner{ContainerID: d.Holder}
 			}
 			pd.Holder = &psHolder{ContainerID: d.Holder, Name: holderName(o)}
+			what += ", held by " + holderOf(o, time.Time{}).who() + ","
+		}
+		if d.Error != "" && !sick[d.Device.UUID] && !sick[d.Device.ParentUUID] {
+			// Not listed, and not known to be lost: nothing was looked at
+			// on it, which is not "no intruder".
+			v.Problems = append(v.Problems, problem{Kind: problemUnlisted, Device: d.Device.UUID, Index: d.Device.Index,
+				Message: fmt.Sprintf("%s was not checked: NVML could not list its processes (%s), so a process the guard "+
+					"did not admit would go unseen there; check the driver (`nvidia-smi`, the kernel log) and run ps again",
+					what, d.Error)})
 		}
 		for _, p := range d.Processes {
 			pp := psProcess{PID: p.PID, Type: p.Type, UsedMemoryBytes: p.UsedMemoryBytes, ContainerID: p.ContainerID,

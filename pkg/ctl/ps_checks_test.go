@@ -11,12 +11,86 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
+
+// TestPSUnlistedDevices: a device NVML cannot list the processes of was not
+// checked, and ps says so as a problem (kind unlisted, exit 3) naming its
+// index, UUID and the error, as it exits 3 for a lost one (unhealthy, and
+// that problem only). Before, ps showed "error: …" rows and exited 0 when
+// NVML failed on every device: a check on its exit code read "no intruder"
+// while nothing was looked at.
+func TestPSUnlistedDevices(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		fail map[int]nvml.Return // mock device → what listing its processes returns
+		code int
+		// kinds counts the problems by kind.
+		kinds map[string]int
+	}{
+		{name: "every device listed", code: ExitOK, kinds: map[string]int{}},
+		{name: "one device", code: ExitAttention, fail: map[int]nvml.Return{3: nvml.ERROR_UNKNOWN},
+			kinds: map[string]int{"unlisted": 1}},
+		{name: "every device", code: ExitAttention,
+			fail: map[int]nvml.Return{0: nvml.ERROR_UNKNOWN, 1: nvml.ERROR_UNKNOWN, 2: nvml.ERROR_UNKNOWN, 3: nvml.ERROR_UNKNOWN,
+				4: nvml.ERROR_UNKNOWN, 5: nvml.ERROR_UNKNOWN, 6: nvml.ERROR_UNKNOWN, 7: nvml.ERROR_UNKNOWN},
+			kinds: map[string]int{"unlisted": 8}},
+		{name: "a lost device is unhealthy only", code: ExitAttention,
+			fail:  map[int]nvml.Return{2: nvml.ERROR_GPU_IS_LOST, 5: nvml.ERROR_UNKNOWN},
+			kinds: map[string]int{"unhealthy": 1, "unlisted": 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			h := newPSHost(t, f)
+			holder := h.srv.Devices[0].(*server.Device).UUID
+			f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+				claim(t, tx, ownTrainer, "env", f.dev(t, holder))
+			})
+			for i, ret := range tc.fail {
+				h.srv.Devices[i].(*server.Device).GetComputeRunningProcessesFunc = func() ([]nvml.ProcessInfo, nvml.Return) {
+					return nil, ret
+				}
+			}
+			r := f.runPS(t, h, "-o", "json")
+			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			var v psView
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+			kinds := map[string]int{}
+			for _, p := range v.Problems {
+				kinds[p.Kind]++
+				if p.Kind != "unlisted" {
+					continue
+				}
+				var i int
+				for i = range h.srv.Devices {
+					if h.srv.Devices[i].(*server.Device).UUID == p.Device {
+						break
+					}
+				}
+				assert.Equal(t, nvml.ERROR_UNKNOWN, tc.fail[i], "only a device NVML could not list: %+v", p)
+				assert.Equal(t, f.dev(t, p.Device).Index, p.Index)
+				held := ""
+				if p.Device == holder {
+					held = ", held by team-a/trainer-0/main (a1a1a1a1a1a1),"
+				}
+				assert.Contains(t, p.Message, "GPU "+p.Index+" ("+p.Device+")"+held+" was not checked: NVML could not list its processes (list compute processes: ERROR_UNKNOWN)")
+			}
+			assert.Equal(t, tc.kinds, kinds)
+
+			r = f.runPS(t, h)
+			require.Equal(t, tc.code, r.code)
+			for _, p := range v.Problems {
+				assert.Contains(t, r.stdout, p.Message, "in the table's ATTENTION list")
+			}
+		})
+	}
+}
 
 // TestPSTimeIsUTC: ps's time comes from the host's clock, in its zone; the
 // JSON gives it in UTC, as every time ctl prints (docs/ctl-json.md).
