@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"math"
 	"os"
+	"path/filepath"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
 // app is one invocation: the environment, the global flags and what was
@@ -55,27 +57,84 @@ func (a *app) config() (config.Config, error) {
 	return cfg, nil
 }
 
-// warnMissingLedgerDir warns a read command's user when the ledger directory
-// of the configuration does not exist: it reads as an empty ledger, every GPU
-// free. That is true on a fresh host (nothing was ever claimed: the daemon
-// and the hook create the directory on their first claim), so it is not
-// refused, but it is also what a mistyped [ledger] dir looks like. A
-// --state-dir that does not exist is refused before (checkStateDirFlag).
-func (a *app) warnMissingLedgerDir() {
-	if a.stateDirFlag != "" || a.cfg == nil {
-		return
+// ledgerDirFiles are the files whose presence makes a directory a ledger
+// directory: the ledger's own (pkg/ledger: the snapshot, the journal, the
+// copies a compaction keeps, the lock any writer creates, the audit log and
+// its rotation) and what the daemon writes beside them (the inventory
+// cache, the observer's report). The ones every used ledger has come first:
+// the usual read answers with one lstat.
+var ledgerDirFiles = []string{"ledger.json", "ledger.journal", "ledger.lock", "audit.log", "audit.log.1",
+	"ledger.json.prev", "ledger.journal.prev", devices.CacheFile, observe.FileName}
+
+// ledgerDirState is what a state directory holds, as a read command judges it.
+type ledgerDirState int
+
+const (
+	dirHasLedger ledgerDirState = iota // one of ledgerDirFiles, or it cannot be told
+	dirMissing
+	dirEmpty // exists, none of ledgerDirFiles
+)
+
+func ledgerDirOf(dir string) ledgerDirState {
+	for _, name := range ledgerDirFiles {
+		_, err := os.Lstat(filepath.Join(dir, name))
+		if err == nil || !errors.Is(err, fs.ErrNotExist) {
+			// There, or not readable (not root): the ledger read said
+			// what it could, nothing to add.
+			return dirHasLedger
+		}
 	}
-	dir := a.cfg.Ledger.Dir
-	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
-		return
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		return dirMissing
+	}
+	return dirEmpty
+}
+
+// checkLedgerDir is what a read command does once the ledger read
+// succeeded, about a state dir that reads as an empty ledger only because
+// no ledger is there: every GPU would show free. The ledger itself refuses
+// the dir whose files vanished after this boot committed to it (its boot
+// marker: ErrNeedsRecovery), so what is left here is a dir never used in
+// this boot, which is either a fresh host's or the wrong one.
+//   - --state-dir (which exists: checkStateDirFlag) holding none of the
+//     ledger's or the daemon's files is refused: the operator named a
+//     directory on purpose, and /run/nri-gpu-guard, the ledger dir's parent
+//     or a backup's are easy to name by mistake. A --state-dir naming the
+//     configured [ledger] dir is judged as that dir.
+//   - [ledger] dir of the configuration is only warned about, missing or
+//     holding none of those files: on a fresh host it is both (the package
+//     creates it empty; the daemon and the hook write the ledger with their
+//     first claim), and a read command must work there.
+func (a *app) checkLedgerDir() error {
+	dir, explicit := a.stateDirFlag, a.stateDirFlag != ""
+	if a.cfg != nil && (!explicit || filepath.Clean(dir) == filepath.Clean(a.cfg.Ledger.Dir)) {
+		dir, explicit = a.cfg.Ledger.Dir, false
+	}
+	if dir == "" {
+		return nil
+	}
+	state := ledgerDirOf(dir)
+	if state == dirHasLedger {
+		return nil
+	}
+	if explicit {
+		return fmt.Errorf("--state-dir %s: no ledger here: it holds none of the ledger's files (ledger.json, ledger.journal, "+
+			"ledger.lock, audit.log) nor the daemon's (%s, %s), and would read as an empty ledger with every GPU free; "+
+			"name the ledger directory the daemon and the hook use ([ledger] dir of their configuration, %s by default)",
+			dir, devices.CacheFile, observe.FileName, config.Default().Ledger.Dir)
 	}
 	from := "the default, no configuration file"
 	if a.cfgPath != "" {
 		from = "[ledger] dir of " + a.cfgPath
 	}
-	fmt.Fprintln(a.env.Stderr, escapeLine(fmt.Sprintf("warning: the ledger directory %s (%s) does not exist, so the ledger reads as empty: "+
-		"either no claim was ever recorded on this host (the daemon and the hook create it with their first claim), "+
-		"or the path is wrong: [ledger] dir must name the directory the daemon and the hook use", dir, from)))
+	what := "does not exist"
+	if state == dirEmpty {
+		what = "holds no ledger (none of ledger.json, ledger.journal, ledger.lock, audit.log)"
+	}
+	fmt.Fprintln(a.env.Stderr, escapeLine(fmt.Sprintf("warning: the ledger directory %s (%s) %s, so the ledger reads as empty: "+
+		"either no claim was ever recorded on this host (the daemon and the hook write the ledger with their first claim), "+
+		"or the path is wrong: [ledger] dir must name the directory the daemon and the hook use", dir, from, what)))
+	return nil
 }
 
 // stateDir is --state-dir, else [ledger] dir.
@@ -99,7 +158,9 @@ func (a *app) stateDir() (string, error) {
 // on where ctl runs, and a system directory (/var/lib for
 // /var/lib/nri-gpu-guard) would get the ledger's files and mode 0700 from a
 // mutating command. It must also be an existing directory: opened anyway, it
-// reads as an empty ledger, and status would report every GPU free.
+// reads as an empty ledger, and status would report every GPU free (for the
+// same reason a read command refuses one that holds no ledger:
+// checkLedgerDir).
 func checkStateDirFlag(dir string) error {
 	if err := config.CheckLedgerDir(dir); err != nil {
 		return usagef("--state-dir: %v (it names the ledger directory the daemon and the hook use, [ledger] dir of their configuration)", err)

@@ -64,6 +64,9 @@ interrupted (with -o json: one JSON object per line).`,
 			if err != nil {
 				return err
 			}
+			if err := a.checkAuditLog(cmd.Context(), l); err != nil {
+				return err
+			}
 			if follow {
 				return a.followAudit(cmd.Context(), l.AuditPath(), f)
 			}
@@ -80,6 +83,26 @@ interrupted (with -o json: one JSON object per line).`,
 	fl.DurationVar(&window, "since", 0, "show records newer than this (e.g. 30m, 2h)")
 	fl.BoolVarP(&follow, "follow", "f", false, "keep printing new records until interrupted")
 	return cmd
+}
+
+// checkAuditLog makes a state dir without an audit log (neither audit.log
+// nor its rotation) read as the other read commands read it, instead of as
+// an empty log: refused when the ledger needs recovery (its files are gone
+// although this boot's marker says a ledger was committed there: the audit
+// log went with them), refused for a --state-dir that holds no ledger, and
+// warned about for a [ledger] dir that is missing or empty. Only then is
+// the ledger read: the log of a damaged ledger is what an operator reads
+// to learn what happened, and it stays readable.
+func (a *app) checkAuditLog(ctx context.Context, l *ledger.Ledger) error {
+	for _, p := range []string{l.AuditPath(), l.AuditPath() + ".1"} {
+		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+			return nil // there (or not readable: reading it says why)
+		}
+	}
+	if err := viewOf(ctx, l, func(*ledger.Tx) error { return nil }); errors.Is(err, ledger.ErrNeedsRecovery) {
+		return fmt.Errorf("no audit log in %s: %w", l.Dir(), err)
+	}
+	return a.checkLedgerDir()
 }
 
 // auditFilter is -n and --since.

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -210,4 +211,88 @@ func TestAuditFollowerDoubleRotation(t *testing.T) {
 	assert.Equal(t, []string{"d2"}, ops(recs))
 	require.Len(t, warnings, 2)
 	assert.ErrorContains(t, warnings[1], "line 2")
+}
+
+// TestAuditWithoutItsLedger: audit reads a state dir without an audit log
+// as status does. Its ledger's files gone after this boot committed there
+// (the ledger's boot marker says so): the log went with them, and audit
+// exits 1 with LEDGER NEEDS RECOVERY like status, claims, queue and
+// explain, with --follow too, instead of an empty log, exit 0. A damaged
+// ledger whose log is there is no reason to hide the log: it shows what
+// happened. A fresh host's missing [ledger] dir is warned about, as the
+// other read commands do. Before, every case printed an empty log or the
+// records, exit 0, no word.
+func TestAuditWithoutItsLedger(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		damage  func(t *testing.T, f *fixture)
+		code    int
+		stderr  []string
+		records bool // the log's records are shown
+	}{
+		{name: "state dir gone", code: ExitError,
+			damage: func(t *testing.T, f *fixture) { require.NoError(t, os.RemoveAll(f.dir)) },
+			stderr: []string{"error: LEDGER NEEDS RECOVERY: no audit log in $STATE_DIR: ", "the state files are gone", "sudo gpu-guard-ctl recover"}},
+		{name: "state dir emptied", code: ExitError,
+			damage: func(t *testing.T, f *fixture) {
+				entries, err := os.ReadDir(f.dir)
+				require.NoError(t, err)
+				for _, e := range entries {
+					require.NoError(t, os.Remove(filepath.Join(f.dir, e.Name())))
+				}
+			},
+			stderr: []string{"error: LEDGER NEEDS RECOVERY: no audit log in $STATE_DIR: ", "the state files are gone"}},
+		{name: "ledger files gone, audit log kept", code: ExitOK, records: true,
+			damage: func(t *testing.T, f *fixture) {
+				require.NoError(t, os.Remove(filepath.Join(f.dir, "ledger.json")))
+				require.NoError(t, os.Remove(filepath.Join(f.dir, "ledger.journal")))
+			}},
+		{name: "fresh host, [ledger] dir missing", code: ExitOK,
+			damage: func(t *testing.T, f *fixture) { f.setLedgerDir(t, f.dir+"-fresh") },
+			stderr: []string{"warning: the ledger directory $STATE_DIR-fresh ([ledger] dir of $CONFIG) does not exist"}},
+	} {
+		for _, follow := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/follow=%v", tc.name, follow), func(t *testing.T) {
+				f := newFixture(t)
+				f.populate(t)
+				tc.damage(t, f)
+				args := []string{"--config", f.config, "audit", "-n", "0"}
+				if follow {
+					args = append(args, "--follow")
+				}
+				ctx, cancel := context.WithCancel(t.Context())
+				defer cancel()
+				stdout, stderr := &syncBuffer{wrote: make(chan struct{}, 1)}, &syncBuffer{}
+				exited, code := make(chan struct{}), 0
+				go func() {
+					defer close(exited)
+					code = Run(ctx, args, f.env(stdout, stderr))
+				}()
+				if follow && tc.code == ExitOK {
+					// It follows: stopped once it has printed the log.
+					fl := &follower{out: stdout, exited: exited, cancel: cancel}
+					fl.waitFor(t, func(out string) bool { return strings.Contains(out, "REASON") })
+					fl.cancel()
+				}
+				select {
+				case <-exited:
+				case <-time.After(30 * time.Second): // turns a hang into a failure
+					t.Fatalf("audit is still running (following a log that is gone?); output:\n%s", stdout.String())
+				}
+				require.Equal(t, tc.code, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+				if len(tc.stderr) == 0 {
+					assert.Empty(t, stderr.String())
+				}
+				for _, want := range tc.stderr {
+					assert.Contains(t, f.normalize(stderr.String()), want)
+				}
+				if tc.records {
+					assert.Contains(t, stdout.String(), idTrainer[:12])
+				}
+				if code != ExitOK {
+					assert.Empty(t, stdout.String())
+				}
+			})
+		}
+	}
 }

@@ -33,7 +33,9 @@ and cgroup recorded when the container started.`,
 			if err != nil {
 				return err
 			}
-			a.warnMissingLedgerDir()
+			if err := a.checkLedgerDir(); err != nil {
+				return err
+			}
 			return renderClaims(a.env.Stdout, a.output, st, a.env.Now())
 		})
 }

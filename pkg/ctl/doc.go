@@ -40,6 +40,12 @@
 //     run exits with its command's code. An operator's cordon and a
 //     draining claim are shown, never a reason to exit 3: they are
 //     intended or end by themselves.
+//   - A read command never shows a directory that holds no ledger as an
+//     empty one without saying so: a --state-dir without any of the
+//     ledger's (or the daemon's) files is refused, a [ledger] dir of the
+//     configuration that is missing or holds none is warned about (a fresh
+//     host looks like that), and a ledger whose files vanished after this
+//     boot committed to it is refused by the ledger itself (audit too).
 //   - status shows for every device one state (conflict, cordoned,
 //     draining, held, reserved, free: the first that applies) and the
 //     cordon covering it, the same one cordonOf finds and the guard

@@ -95,7 +95,9 @@ Exits 0 whatever the decision; 1 when the decision could not be made.`,
 			}
 			// A mistyped [ledger] dir reads as an empty ledger: every GPU
 			// would be admitted as free.
-			a.warnMissingLedgerDir()
+			if err := a.checkLedgerDir(); err != nil {
+				return err
+			}
 			g, err := guard.New(guard.Options{
 				Config: cfg, Inventory: inv, Ledger: l, Liveness: a.env.Liveness, Now: a.env.Now,
 			})

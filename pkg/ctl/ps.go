@@ -125,6 +125,10 @@ func (a *app) ps(ctx context.Context) (*psView, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Against no ledger every process would be an intruder.
+	if err := a.checkLedgerDir(); err != nil {
+		return nil, err
+	}
 	procRoot := a.env.ProcRoot
 	if filepath.Base(procRoot) != "proc" {
 		return nil, fmt.Errorf("ps: the proc root %q must be a directory named proc", procRoot)

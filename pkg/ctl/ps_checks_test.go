@@ -7,6 +7,8 @@ package ctl
 
 import (
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -90,6 +92,20 @@ func TestPSUnlistedDevices(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestPSRefusesADirWithoutLedger: against a --state-dir that holds no
+// ledger, every process would be judged an intruder of free GPUs; ps
+// refuses it as the other read commands do.
+func TestPSRefusesADirWithoutLedger(t *testing.T) {
+	f := newFixture(t)
+	h := newPSHost(t, f)
+	empty := filepath.Join(filepath.Dir(f.dir), "not-the-ledger")
+	require.NoError(t, os.Mkdir(empty, 0o700))
+	r := f.runPS(t, h, "--state-dir", empty)
+	require.Equal(t, ExitError, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+	assert.Empty(t, r.stdout)
+	assert.Contains(t, r.stderr, "error: --state-dir "+empty+": no ledger here")
 }
 
 // TestPSTimeIsUTC: ps's time comes from the host's clock, in its zone; the

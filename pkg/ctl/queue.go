@@ -40,7 +40,9 @@ not shown once expired.`,
 			if err != nil {
 				return err
 			}
-			a.warnMissingLedgerDir()
+			if err := a.checkLedgerDir(); err != nil {
+				return err
+			}
 			return v.render(a.env.Stdout, a.output, now)
 		})
 }

@@ -143,7 +143,9 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			if err != nil {
 				return err
 			}
-			a.warnMissingLedgerDir()
+			if err := a.checkLedgerDir(); err != nil {
+				return err
+			}
 			info.printWarnings(a.env.Stderr)
 			v.setDrainDeadlines(cfg.Observe.IdleGrace.Duration)
 			if dir, err := a.stateDir(); err == nil {
