@@ -55,7 +55,7 @@ table what that misses. Run it as root in the host's pid namespace (NVML
 reports host pids). It needs
 NVML (the NVIDIA driver); ps exits 1 with an error without it, and 3 when a
 process is an intruder or out of bounds, a device is unhealthy, or NVML could
-not list a device's processes (unlisted).`,
+not list a device's processes (unobserved).`,
 		`  sudo gpu-guard-ctl ps
   sudo gpu-guard-ctl ps -o json | jq '.devices[].processes[] | select(.verdict != "ok")'`,
 		noArgs,
@@ -254,7 +254,7 @@ func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psVi
 		if d.Error != "" && !sick[d.Device.UUID] && !sick[d.Device.ParentUUID] {
 			// Not listed, and not known to be lost: nothing was looked at
 			// on it, which is not "no intruder".
-			v.Problems = append(v.Problems, problem{Kind: problemUnlisted, Device: d.Device.UUID, Index: d.Device.Index,
+			v.Problems = append(v.Problems, problem{Kind: problemUnobserved, Device: d.Device.UUID, Index: d.Device.Index,
 				Message: fmt.Sprintf("%s was not checked: NVML could not list its processes (%s), so a process the guard "+
 					"did not admit would go unseen there; check the driver (`nvidia-smi`, the kernel log) and run ps again",
 					what, d.Error)})

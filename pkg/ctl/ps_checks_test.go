@@ -22,13 +22,13 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
-// TestPSUnlistedDevices: a device NVML cannot list the processes of was not
-// checked, and ps says so as a problem (kind unlisted, exit 3) naming its
+// TestPSUnobservedDevices: a device NVML cannot list the processes of was not
+// checked, and ps says so as a problem (kind unobserved, exit 3) naming its
 // index, UUID and the error, as it exits 3 for a lost one (unhealthy, and
 // that problem only). Before, ps showed "error: …" rows and exited 0 when
 // NVML failed on every device: a check on its exit code read "no intruder"
 // while nothing was looked at.
-func TestPSUnlistedDevices(t *testing.T) {
+func TestPSUnobservedDevices(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		fail map[int]nvml.Return // mock device → what listing its processes returns
@@ -38,14 +38,14 @@ func TestPSUnlistedDevices(t *testing.T) {
 	}{
 		{name: "every device listed", code: ExitOK, kinds: map[string]int{}},
 		{name: "one device", code: ExitAttention, fail: map[int]nvml.Return{3: nvml.ERROR_UNKNOWN},
-			kinds: map[string]int{"unlisted": 1}},
+			kinds: map[string]int{"unobserved": 1}},
 		{name: "every device", code: ExitAttention,
 			fail: map[int]nvml.Return{0: nvml.ERROR_UNKNOWN, 1: nvml.ERROR_UNKNOWN, 2: nvml.ERROR_UNKNOWN, 3: nvml.ERROR_UNKNOWN,
 				4: nvml.ERROR_UNKNOWN, 5: nvml.ERROR_UNKNOWN, 6: nvml.ERROR_UNKNOWN, 7: nvml.ERROR_UNKNOWN},
-			kinds: map[string]int{"unlisted": 8}},
+			kinds: map[string]int{"unobserved": 8}},
 		{name: "a lost device is unhealthy only", code: ExitAttention,
 			fail:  map[int]nvml.Return{2: nvml.ERROR_GPU_IS_LOST, 5: nvml.ERROR_UNKNOWN},
-			kinds: map[string]int{"unhealthy": 1, "unlisted": 1}},
+			kinds: map[string]int{"unhealthy": 1, "unobserved": 1}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -66,7 +66,7 @@ func TestPSUnlistedDevices(t *testing.T) {
 			kinds := map[string]int{}
 			for _, p := range v.Problems {
 				kinds[p.Kind]++
-				if p.Kind != "unlisted" {
+				if p.Kind != "unobserved" {
 					continue
 				}
 				var i int

@@ -57,13 +57,13 @@ const (
 	// (it does not parse, is too large, is a symlink): what the observer
 	// saw is unknown, which is not the same as "no daemon".
 	problemObserverUnreadable = "observer-unreadable"
-	// problemUnlisted: NVML could not list a device's processes (the
+	// problemUnobserved: NVML could not list a device's processes (the
 	// observer's last pass, or ps's own), and it is not known to be lost
 	// (that is unhealthy): nothing was looked at there, so an intruder on
 	// it goes unseen. A pass that fails on every device still completes,
 	// so the report stays fresh: without this problem, status and ps would
 	// exit 0 while nothing was checked.
-	problemUnlisted = "unlisted"
+	problemUnobserved = "unobserved"
 )
 
 func (a *app) statusCommand() *cobra.Command {
@@ -95,7 +95,7 @@ cordoned a device (an intruder, an unhealthy GPU). An operator's cordon and a dr
 The daemon's GPU observer adds what it saw on the devices themselves (its
 last report, observe.json in the state dir): a process on a GPU its
 container does not hold (intruder, out-of-bounds), an unhealthy device, and
-a device whose processes it could not list (unlisted: nothing was checked
+a device whose processes it could not list (unobserved: nothing was checked
 there); a report older than three observer intervals is not trusted but
 reported as stale, and one that cannot be read (damaged, a symlink) is a
 problem too. It exits 1, showing no device, while the ledger needs recovery
@@ -326,7 +326,7 @@ func (v *statusView) addObserver(dir string, now time.Time) {
 			Message: fmt.Sprintf("%s (seen %s ago)", u.Message, age(now.Sub(seen))),
 		})
 	}
-	v.addUnlisted(f, now)
+	v.addUnobserved(f, now)
 	for _, ff := range f.Findings {
 		kind := problemIntruder
 		if ff.Kind == observe.KindOutOfBounds {
@@ -343,14 +343,14 @@ func (v *statusView) addObserver(dir string, now time.Time) {
 	}
 }
 
-// addUnlisted adds an unlisted problem for every device the observer's last
+// addUnobserved adds an unobserved problem for every device the observer's last
 // pass could not list (observe.File.Errors, "GPU 1 (GPU-…): list compute
 // processes: ERROR_UNKNOWN"), except one the report calls unhealthy (a lost
 // GPU, or a MIG instance of one): that problem already says why. The rows
 // name each device the way the observer does (observe.Device.String), so an
 // error is matched to its row by that label; one that matches no row (a
 // device the inventory does not list) is still a problem, without a device.
-func (v *statusView) addUnlisted(f *observe.File, now time.Time) {
+func (v *statusView) addUnobserved(f *observe.File, now time.Time) {
 	if len(f.Errors) == 0 {
 		return
 	}
@@ -364,7 +364,7 @@ func (v *statusView) addUnlisted(f *observe.File, now time.Time) {
 		rows[observe.Device{Index: d.Index, UUID: d.UUID, ParentUUID: d.Parent}.String()] = d
 	}
 	for _, e := range f.Errors {
-		p := problem{Kind: problemUnlisted, SeenAt: utcOrNil(f.Time)}
+		p := problem{Kind: problemUnobserved, SeenAt: utcOrNil(f.Time)}
 		what, why := "a device", e
 		if i := strings.Index(e, "): "); i >= 0 {
 			if d := rows[e[:i+1]]; d != nil {

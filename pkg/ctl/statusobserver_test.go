@@ -52,15 +52,15 @@ func TestStatusObserverTime(t *testing.T) {
 	}
 }
 
-// TestStatusShowsUnlistedDevices: a device whose processes the observer's
+// TestStatusShowsUnobservedDevices: a device whose processes the observer's
 // last pass could not list (observe.json "errors") was not checked, and
-// that is a problem (kind unlisted, exit 3), named in the table's
+// that is a problem (kind unobserved, exit 3), named in the table's
 // ATTENTION list with its index, UUID, holder and the error: a pass that
 // fails on every device still completes, so the report stays fresh, and
 // before, status exited 0 with the errors in its JSON only, which a check
 // on exit codes read as "no intruder". A device the report calls
 // unhealthy (a lost GPU, and so its MIG instances) is that problem only.
-func TestStatusShowsUnlistedDevices(t *testing.T) {
+func TestStatusShowsUnobservedDevices(t *testing.T) {
 	seen := now.Add(-4 * time.Second)
 	unlisted := func(label string) string { return label + ": list compute processes: ERROR_UNKNOWN" }
 	gpu := func(i, uuid string) string { return "GPU " + i + " (" + uuid + ")" }
@@ -102,7 +102,7 @@ func TestStatusShowsUnlistedDevices(t *testing.T) {
 			out := statusJSON(t, f, tc.code)
 			got := map[string]string{}
 			for _, p := range out.Problems {
-				if p.Kind != "unlisted" {
+				if p.Kind != "unobserved" {
 					assert.Equal(t, "unhealthy", p.Kind, "the only other problem: %+v", p)
 					continue
 				}
