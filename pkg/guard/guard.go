@@ -519,21 +519,26 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 		switch v.Action {
 		case MarkStopped:
 			// The claim lives until removal; the holder only
-			// stops being a candidate for liveness checks.
-			tx.MarkStoppedIncarnation(h)
+			// stops being a candidate for liveness checks. (A
+			// container known by a conflict record alone has no
+			// claim to mark: its record stays until the runtime
+			// no longer lists it.)
 			stopped, changed = true, true
-			attrs := append(ownerAttrs(h, ""), slog.String("why", v.Why))
-			if v.Unsure != "" {
-				attrs = append(attrs, slog.String("removal_unknown", v.Unsure))
+			if tx.MarkStoppedIncarnation(h) {
+				attrs := append(ownerAttrs(h, ""), slog.String("why", v.Why))
+				if v.Unsure != "" {
+					attrs = append(attrs, slog.String("removal_unknown", v.Unsure))
+				}
+				g.log.Info("holder exited without a stop event; kept until removal", attrs...)
 			}
-			g.log.Info("holder exited without a stop event; kept until removal", attrs...)
 		case MarkDraining:
 			// release_requires_idle: the cgroup is empty, but the GPU
 			// may still hold its processes; the claim drains.
-			tx.MarkDrainingIncarnation(h, ReasonHolderExited+": "+v.Why)
 			changed = true
-			g.log.Info("holder exited without a stop event; claim kept draining until its processes leave the GPU",
-				append(ownerAttrs(h, ""), slog.String("why", v.Why))...)
+			if len(tx.MarkDrainingIncarnation(h, ReasonHolderExited+": "+v.Why)) > 0 {
+				g.log.Info("holder exited without a stop event; claim kept draining until its processes leave the GPU",
+					append(ownerAttrs(h, ""), slog.String("why", v.Why))...)
+			}
 		case ReleaseNow:
 			rel := tx.ReleaseIncarnation(h, ReasonHolderExited+": "+v.Why)
 			released = append(released, rel...)
@@ -1410,10 +1415,11 @@ func samePod(a, b ledger.Owner) bool {
 }
 
 // onlyHeldBy reports whether every busy device is held (not reserved) by one
-// of the containers ids.
+// of the containers ids, through a claim: a container found running on a
+// device without one (a conflict record) has nothing to take over.
 func onlyHeldBy(busy []ledger.BusyDevice, ids []string) bool {
 	for _, b := range busy {
-		if b.Holder == nil || !slices.Contains(ids, b.Holder.Owner.ContainerID) {
+		if b.Holder == nil || b.Holder.Source == ledger.ConflictSource || !slices.Contains(ids, b.Holder.Owner.ContainerID) {
 			return false
 		}
 	}

@@ -131,13 +131,24 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 		h := bd.Holder
 		var b strings.Builder
 		b.WriteString(name)
-		b.WriteString(" is held by ")
+		record := h.Source == ledger.ConflictSource
+		if record {
+			b.WriteString(" is in use by ")
+		} else {
+			b.WriteString(" is held by ")
+		}
 		b.WriteString(HolderName(h.Owner))
 		if h.Device.UUID != bd.Wanted.UUID {
 			// A full GPU against one of its MIG instances, or the reverse.
 			fmt.Fprintf(&b, " through %s", naming.Device(h.Device))
 		}
 		fmt.Fprintf(&b, " since %s", stamp(h.Since, c.now))
+		if record {
+			// No claim: the container was found running on the device
+			// while another held it. It is a holder all the same: it
+			// becomes the claim once the other one's ends.
+			b.WriteString(" (running on it without a claim: found there at reconcile while another container held it)")
+		}
 		v := c.kept[incarnationOf(h.Owner)]
 		switch {
 		case !h.Owner.DrainingSince.IsZero() && v.Deleted:

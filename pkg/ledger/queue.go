@@ -24,21 +24,23 @@ import (
 //  3. a conflict record becomes the claim once nobody else holds its device
 //     (the container was running on it all along: reality wins);
 //  4. reservations whose waiter is gone, no longer asks for the device, or
-//     whose device is now held, are dropped, and so are the remaining
+//     whose device is now held or in use by a container found running on
+//     a device conflicting with it (a conflict record), are dropped, and so are the remaining
 //     reservations of any waiter but the head (below) that no longer has
 //     every device it asks for reserved ("unreserve");
 //  5. the head of the queue — the earliest waiter that still waits for
 //     something (not every device it asks for is reserved for it or held by
 //     its own container) and asks for no cordoned device — gets every device
-//     it asks for that is free (no conflicting claim, no reservation for
-//     another waiter) reserved, for reservation_ttl ("reserve"); once that
+//     it asks for that is free (no conflicting claim or conflict record, no
+//     reservation for another waiter) reserved, for reservation_ttl ("reserve"); once that
 //     covers its whole request, the next such waiter is the head;
 //  6. in arrival order, every other waiter all of whose devices are free
-//     (no conflicting claim, reservation or cordon, and none kept for the
-//     head: see keptForHead) gets all of them reserved, for
+//     (no conflicting claim, conflict record, reservation or cordon, and
+//     none kept for the head: see keptForHead) gets all of them reserved, for
 //     reservation_ttl ("reserve").
 //
-// A reservation is always on a free device (no claim conflicts with it),
+// A reservation is always on a free device (no claim or conflict record
+// conflicts with it),
 // and only the head holds reservations on part of its request. That keeps
 // the queue both live and fair:
 //
@@ -108,17 +110,19 @@ func (tx *Tx) maintain() {
 	tx.reserveForHead(head)
 	tx.reserveFreeDevices(tx.reserveCandidates())
 	tx.fixed = &queueFixed{claims: slices.Clone(tx.st.Claims), reservations: slices.Clone(tx.st.Reservations),
-		cordons: slices.Clone(tx.st.Cordons), keep: tx.keptForHead(), touched: len(tx.touchedWaiters)}
+		conflicts: slices.Clone(tx.st.Conflicts), cordons: slices.Clone(tx.st.Cordons), keep: tx.keptForHead(),
+		touched: len(tx.touchedWaiters)}
 	tx.settled = true
 }
 
 // queueFixed is what step 6 depends on besides the waiters — the claims,
-// reservations and cordons, and what is kept for the head — at a moment
-// when the waiters were its fixed point, and how many waiter changes the Tx
-// had recorded then.
+// reservations, conflict records and cordons, and what is kept for the
+// head — at a moment when the waiters were its fixed point, and how many
+// waiter changes the Tx had recorded then.
 type queueFixed struct {
 	claims       []Claim
 	reservations []Reservation
+	conflicts    []Conflict
 	cordons      []Cordon
 	keep         headKeep
 	touched      int
@@ -126,14 +130,14 @@ type queueFixed struct {
 
 // reserveCandidates says which waiters step 6 has to look at, or nil for
 // all of them. Whether a waiter can be reserved depends on its own entry
-// (key, devices, container) and on the claims, reservations and cordons of
-// the devices conflicting with the ones it asks for. At the last fixed
-// point every waiter that could be reserved was; reserving only makes
-// devices busier. So a waiter whose entry did not change since (every
-// change of a waiter is in touchedWaiters, which the journal record is
-// made from) and none of whose devices conflicts with a device whose claim,
-// reservation or cordon changed, still cannot be, and is skipped: a commit
-// that claims or releases one GPU looks at the waiters for that GPU, not at
+// (key, devices, container) and on the claims, conflict records,
+// reservations and cordons of the devices conflicting with the ones it
+// asks for. At the last fixed point every waiter that could be reserved
+// was; reserving only makes devices busier. So a waiter whose entry did not
+// change since (every change of a waiter is in touchedWaiters, which the
+// journal record is made from) and none of whose devices conflicts with a
+// device whose claim, conflict record, reservation or cordon changed, still
+// cannot be, and is skipped: a commit that claims or releases one GPU looks at the waiters for that GPU, not at
 // the whole queue. TestSettledSkipAgreesWithFullPass compares it with full
 // passes.
 func (tx *Tx) reserveCandidates() func(*Waiter) bool {
@@ -144,6 +148,16 @@ func (tx *Tx) reserveCandidates() func(*Waiter) bool {
 	var changed []devices.Device
 	changed = appendChanged(changed, f.claims, tx.st.Claims, func(c *Claim) devices.Device { return c.Device }, sameClaim)
 	changed = appendChanged(changed, f.reservations, tx.st.Reservations, func(r *Reservation) devices.Device { return r.Device }, sameReservation)
+	// A fixed point taken as the Tx started (a settled base: see
+	// Ledger.Update) is the base state's and leaves its conflict records
+	// out: the base's stand in for them. Where nil means there were none,
+	// the base's add candidates at most, and looking at a waiter more is
+	// never wrong (the full pass looks at all of them).
+	fixedConflicts := f.conflicts
+	if fixedConflicts == nil {
+		fixedConflicts = tx.base.Conflicts
+	}
+	changed = appendChangedConflicts(changed, fixedConflicts, tx.st.Conflicts)
 	changed = appendChanged(changed, f.cordons, tx.st.Cordons, func(k *Cordon) devices.Device { return k.Device }, sameCordon)
 	if keep := tx.keptForHead(); !keep.same(&f.keep) {
 		changed = append(append(changed, f.keep.wants...), keep.wants...)
@@ -169,6 +183,29 @@ func (tx *Tx) reserveCandidates() func(*Waiter) bool {
 		_, ok := touched[w.Key]
 		return ok
 	}
+}
+
+// appendChangedConflicts appends the devices of the conflict records of a
+// and b that are not in both alike. Unlike claims and reservations there
+// may be several records on one device (one per container found on it), so
+// they are matched by device and container.
+func appendChangedConflicts(out []devices.Device, a, b []Conflict) []devices.Device {
+	in := func(c *Conflict, s []Conflict) bool {
+		return slices.ContainsFunc(s, func(o Conflict) bool {
+			return o.Device.UUID == c.Device.UUID && o.Owner.ContainerID == c.Owner.ContainerID && sameConflict(o, *c)
+		})
+	}
+	for i := range a {
+		if !in(&a[i], b) {
+			out = append(out, a[i].Device)
+		}
+	}
+	for i := range b {
+		if !in(&b[i], a) {
+			out = append(out, b[i].Device)
+		}
+	}
+	return out
 }
 
 // appendChanged appends the devices of the entries of a and b (one entry
@@ -298,7 +335,9 @@ func (tx *Tx) expireReservations() {
 }
 
 // dropInvalidReservations drops the reservations whose waiter is gone or no
-// longer asks for the device, and those of a device now held.
+// longer asks for the device, and those of a device now held, or in use by a
+// container found running on a device conflicting with it (a conflict
+// record: reality wins).
 func (tx *Tx) dropInvalidReservations() {
 	if len(tx.st.Reservations) == 0 {
 		return
@@ -313,6 +352,10 @@ func (tx *Tx) dropInvalidReservations() {
 			reason = "the waiter no longer asks for it"
 		} else if c := tx.conflictingClaim(r.Device, nil); c != nil {
 			reason = "held by " + DescribeOwner(c.Owner) + " through " + DescribeDevice(c.Device)
+		} else if c := tx.conflictingRecord(r.Device); c != nil {
+			// Its waiter could not claim it (Busy counts the record):
+			// a reservation it cannot use only keeps others off.
+			reason = "in use by running " + DescribeOwner(c.Owner) + " through " + DescribeDevice(c.Device)
 		}
 		if reason == "" {
 			kept = append(kept, r)
@@ -345,6 +388,22 @@ func (tx *Tx) dropReservationsOn(d devices.Device, reason string) {
 func (tx *Tx) conflictingClaim(d devices.Device, except *Owner) *Claim {
 	for i := range tx.st.Claims {
 		if c := &tx.st.Claims[i]; (except == nil || !SameIncarnation(&c.Owner, except)) && devices.Conflicts(c.Device, d) {
+			return c
+		}
+	}
+	return nil
+}
+
+// conflictingRecord is a conflict record on a device conflicting with d, or
+// nil: a container found running there at reconcile, while another holds a
+// device conflicting with its own. The device is in use although no claim
+// says so (a MIG instance of a GPU such a container runs on whole): Busy
+// counts it, and nothing is reserved on it. promoteConflicts does not ask:
+// two records on one device must not keep each other from becoming the
+// claim once the holder goes.
+func (tx *Tx) conflictingRecord(d devices.Device) *Conflict {
+	for i := range tx.st.Conflicts {
+		if c := &tx.st.Conflicts[i]; devices.Conflicts(c.Device, d) {
 			return c
 		}
 	}
@@ -554,8 +613,9 @@ func (tx *Tx) queueHead() string {
 }
 
 // reserveForHead is step 5 of maintain: it reserves for the head of the
-// queue every device it asks for that is free (no conflicting claim, no
-// reservation for another waiter; it asks for no cordoned one), and moves
+// queue every device it asks for that is free (no conflicting claim or
+// conflict record, no reservation for another waiter; it asks for no
+// cordoned one), and moves
 // on to the next head when that lets the head start. key is the head's
 // key (queueHead) as step 4 found it: step 4 drops only reservations of
 // waiters that cannot start and are not the head, which the waiters
@@ -567,7 +627,8 @@ func (tx *Tx) reserveForHead(key string) {
 		w := &tx.st.Waiters[tx.waiterIndex(key)]
 		var got []string
 		for _, d := range w.Devices {
-			if tx.reservedFor(d, key) || tx.heldBy(d, &w.Owner) || tx.conflictingClaim(d, nil) != nil || tx.reservedForAnother(d, key) {
+			if tx.reservedFor(d, key) || tx.heldBy(d, &w.Owner) || tx.conflictingClaim(d, nil) != nil ||
+				tx.conflictingRecord(d) != nil || tx.reservedForAnother(d, key) {
 				continue
 			}
 			tx.insertReservation(Reservation{Device: d, For: key, Since: tx.now, Until: until})
@@ -621,15 +682,15 @@ func (tx *Tx) reserveFreeDevices(consider func(*Waiter) bool) {
 	// (step 5 moved it past every waiter that can) and what is kept for it
 	// stay the same during the pass.
 	keep := tx.keptForHead()
-	// isFree: no claim and no reservation on a device conflicting with d,
-	// and not kept for the head (the head itself is never reserved here:
-	// what it waits for conflicts with what is kept).
+	// isFree: no claim, conflict record or reservation on a device
+	// conflicting with d, and not kept for the head (the head itself is
+	// never reserved here: what it waits for conflicts with what is kept).
 	isFree := func(d devices.Device) bool {
 		if f, ok := memo[d.UUID]; ok {
 			return f
 		}
 		_, kept := keep.conflicting(d)
-		f := !kept && tx.conflictingClaim(d, nil) == nil && !tx.reservedConflicting(d) && !tx.cordoned(d)
+		f := !kept && tx.conflictingClaim(d, nil) == nil && tx.conflictingRecord(d) == nil && !tx.reservedConflicting(d) && !tx.cordoned(d)
 		memo[d.UUID] = f
 		return f
 	}

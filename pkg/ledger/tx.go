@@ -239,11 +239,16 @@ func (tx *Tx) waiterIndex(key string) int {
 }
 
 // Busy lists what stands between a request and its devices: claims of other
-// containers on a conflicting device, reservations of a conflicting device
-// for another requester key, and, for a device neither makes busy, what the
-// head of the queue waits for (see keptForHead). Claims of owner's own
-// container (see SameIncarnation) and reservations for key do not count.
-// Empty means Claim would succeed.
+// containers on a conflicting device, containers found running on a
+// conflicting device at reconcile (conflict records, reported as holders:
+// see conflictHolder), reservations of a conflicting device for another
+// requester key, and, for a device none of these makes busy, what the head
+// of the queue waits for (see keptForHead). Claims and conflict records of
+// owner's own container (see SameIncarnation) and reservations for key do
+// not count, nor does a conflict record on a device owner's container
+// holds itself (the record is there because of that claim, and asking
+// again for what it holds changes nothing). Empty means Claim would
+// succeed.
 func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice {
 	tx.check()
 	key = requesterKey(key, owner)
@@ -256,12 +261,25 @@ func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice 
 				out = append(out, BusyDevice{Wanted: d, Holder: &c})
 			}
 		}
+		own := tx.holdsItself(d, &owner)
+		if !own {
+			// A container running on a whole GPU while another holds one
+			// of its MIG instances uses every instance of it: admitting a
+			// request for a free one would put a third container on a GPU
+			// known in use, and the record could then never become the
+			// claim it waits to be (promoteConflicts).
+			for i := range tx.st.Conflicts {
+				if c := &tx.st.Conflicts[i]; !SameIncarnation(&c.Owner, &owner) && devices.Conflicts(c.Device, d) {
+					out = append(out, BusyDevice{Wanted: d, Holder: conflictHolder(c)})
+				}
+			}
+		}
 		for i := range tx.st.Reservations {
 			if r := tx.st.Reservations[i]; r.For != key && devices.Conflicts(r.Device, d) {
 				out = append(out, BusyDevice{Wanted: d, Reservation: &r})
 			}
 		}
-		if len(out) > n || tx.reservedFor(d, key) || tx.holdsItself(d, &owner) {
+		if len(out) > n || tx.reservedFor(d, key) || own {
 			continue
 		}
 		if keep == nil {
@@ -278,6 +296,17 @@ func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice 
 		}
 	}
 	return out
+}
+
+// ConflictSource is the Source of the claim Busy reports as the holder of a
+// device for a conflict record: a container found running on it at
+// reconcile without a claim of its own (see Conflict).
+const ConflictSource = "found running on it at reconcile, without a claim"
+
+// conflictHolder is a conflict record as Busy reports it: the claim its
+// container would hold, since when it was found running on the device.
+func conflictHolder(c *Conflict) *Claim {
+	return &Claim{Device: c.Device, Owner: c.Owner, Source: ConflictSource, Since: c.Since}
 }
 
 // holdsItself reports whether owner's container (this incarnation of it)
