@@ -43,10 +43,14 @@
 //   - A decision is all or nothing: every device of the request is claimed
 //     in the same transaction, or none is. A container takes over the claim
 //     of a stopped container of its pod (never of a running one) only when
-//     that admits it; a refused one leaves the predecessor's claim untouched, and one whose create
-//     is undone after its admission (refused at validation, failed in the
-//     runtime) hands it back when it is removed without having started
-//     (remembered in memory, so within one daemon's life).
+//     that admits it, which is decided before any claim moves
+//     (ledger.Tx.BusyAfterTakeOver: the predecessor's claim hides a device
+//     kept for the head of the queue); a refused one leaves the
+//     predecessor's claim untouched, and its refusal names the predecessor
+//     and what else stands in the way. One whose create is undone after
+//     its admission (refused at validation, failed in the runtime) hands it
+//     back when it is removed without having started (remembered in
+//     memory, so within one daemon's life).
 //   - A holder that never started (no pid, no cgroup) is never checked for
 //     liveness and keeps its claim; a holder is released out of band only on
 //     positive evidence that its processes are gone. Absence from the

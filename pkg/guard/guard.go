@@ -559,10 +559,21 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 		busy = tx.Busy(key, owner, want)
 	}
 	// Take over only when that admits the request: a restart refused
-	// for another device must leave its predecessor's claim where it is,
+	// for anything else must leave its predecessor's claim where it is,
 	// or the refused container's Stop/Remove would release it before
-	// the predecessor is removed.
+	// the predecessor is removed (and under NRI a refused create's id is
+	// not tracked: its Stop and Remove are ignored, and the claim would
+	// stay with a container that never existed). What else stands in the
+	// way is found before anything moves: the predecessors' claims hide
+	// a device kept for the head of the queue (Busy looks for the keep
+	// only where nothing holds the device).
 	if len(predecessors) > 0 && len(busy) > 0 && onlyHeldBy(busy, predecessors) {
+		if after := tx.BusyAfterTakeOver(key, owner, want, predecessors); len(after) > 0 {
+			// Refused: the words name the predecessors, which keep their
+			// claims, and what the takeover would not have removed (never
+			// one of theirs: their claims would have been the request's).
+			return append(busy, after...), released, nil, kept
+		}
 		for _, from := range predecessors {
 			// The claims as they were, should the restart's create be
 			// undone before it starts (see rememberTakeover).

@@ -309,6 +309,32 @@ func conflictHolder(c *Conflict) *Claim {
 	return &Claim{Device: c.Device, Owner: c.Owner, Source: ConflictSource, Since: c.Since}
 }
 
+// BusyAfterTakeOver is what Busy would list for the request once owner's
+// container took over every claim of the containers from (TakeOver), found
+// without moving anything: a caller takes the claims over only when that
+// admits the request. Before the takeover the predecessors' claims hide
+// what else stands in the way (a device kept for the head of the queue is
+// looked for only where nothing holds it), so Busy as it is cannot tell.
+func (tx *Tx) BusyAfterTakeOver(key string, owner Owner, devs []devices.Device, from []string) []BusyDevice {
+	tx.check()
+	if owner.ContainerID == "" {
+		return tx.Busy(key, owner, devs)
+	}
+	// A scratch transaction over the state with the claims moved, as
+	// TakeOver would move them: Busy reads it and writes nothing but its
+	// own memo of the head's keep.
+	sim := &Tx{l: tx.l, now: tx.now, st: tx.st}
+	sim.st.Claims = slices.Clone(tx.st.Claims)
+	for i := range sim.st.Claims {
+		if c := &sim.st.Claims[i]; c.Owner.ContainerID != "" && c.Owner.ContainerID != owner.ContainerID &&
+			slices.Contains(from, c.Owner.ContainerID) {
+			c.Owner = owner
+			c.Since = tx.now
+		}
+	}
+	return sim.Busy(key, owner, devs)
+}
+
 // holdsItself reports whether owner's container (this incarnation of it)
 // holds d itself: asking for it again changes nothing.
 func (tx *Tx) holdsItself(d devices.Device, owner *Owner) bool {
