@@ -63,6 +63,8 @@ type Decision struct {
 	// tookOver: the claims the request took over from its stopped
 	// predecessor (Reason "takeover"), as they were.
 	tookOver []ledger.Claim
+	// words: what BusyText needs of the deciding transaction.
+	words *busyWords
 }
 
 // Errors returned (wrapped) by Decision.Err.

@@ -79,8 +79,13 @@
 //     runtime no longer lists loses its waiters (ForgetVanishedPods), never
 //     a claim: the reconcile decides claims from the container list.
 //   - Every refusal message names each busy device by index and full UUID,
-//     its holder (namespace/pod/container and short id) or reservation, the
-//     queue position, and what to do.
+//     its holder (namespace/pod/container and short id; a container found
+//     running on it at reconcile without a claim counts as one) or the
+//     waiter it is reserved or kept for, the device that makes it busy when
+//     that is another (a whole GPU against one of its MIG instances), the
+//     queue position, and what to do. Decision.BusyText says the same of
+//     the busy devices after the decision (the waiting OCI hook's progress
+//     lines and give-up errors, gpu-guard-ctl run): one wording.
 //   - Nothing a container's creator can set decides a trust question: an
 //     exemption (exempt_namespaces), the takeover of a stopped claim by a
 //     restart in the same pod, and the requester key rest on pod identity

@@ -632,6 +632,7 @@ func (g *Guard) refuseOrQueue(tx *ledger.Tx, d *Decision, key string, owner ledg
 	}
 	text.free = freeGPUs(tx.State(), g.Inventory(), key)
 	d.Message = text.String()
+	d.words = text.words()
 }
 
 // auditExempt records an exemption: a container that reaches GPUs without a

@@ -48,12 +48,7 @@ type conflictText struct {
 // reservation, the queue position, and what to do.
 func (c conflictText) String() string {
 	var b strings.Builder
-	for i, bd := range c.busy {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		b.WriteString(c.busyText(bd))
-	}
+	b.WriteString(c.busyList())
 	switch {
 	case c.queued && c.hook:
 		switch ahead := c.position - 1; {
@@ -80,6 +75,84 @@ func (c conflictText) String() string {
 	b.WriteString(" ")
 	b.WriteString(freeText(c.free))
 	return b.String()
+}
+
+// busyList names what stands in the way of each busy device, "; " between
+// them.
+func (c conflictText) busyList() string {
+	var b strings.Builder
+	for i, bd := range c.busy {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(c.busyText(bd))
+	}
+	return b.String()
+}
+
+// busyWords is what the words for a decision's busy devices need from the
+// transaction that decided it, resolved before it ended (a Tx cannot be
+// read after its Update returns), so that Decision.BusyText can say them
+// again later, with ages counted then.
+type busyWords struct {
+	key      string
+	queued   bool
+	position int
+	// waiters are the waiters the busy devices are reserved for, and the
+	// requester's own, by key.
+	waiters map[string]ledger.Waiter
+	// partial: the waiter of the key holds reservations it cannot start
+	// on yet (see conflictText.partial).
+	partial map[string]bool
+	kept    map[incarnation]Verdict
+}
+
+// words resolves what busyText asks of the transaction, for BusyText.
+func (c conflictText) words() *busyWords {
+	w := &busyWords{key: c.key, queued: c.queued, position: c.position, kept: c.kept,
+		waiters: map[string]ledger.Waiter{}, partial: map[string]bool{}}
+	keys := []string{c.key}
+	for _, bd := range c.busy {
+		if bd.Reservation != nil {
+			keys = append(keys, bd.Reservation.For)
+		}
+	}
+	for _, k := range keys {
+		if c.waiter == nil || k == "" {
+			continue
+		}
+		if v, ok := c.waiter(k); ok {
+			w.waiters[k] = v
+		}
+		if c.partial != nil && c.partial(k) {
+			w.partial[k] = true
+		}
+	}
+	return w
+}
+
+// BusyText names what stands between the request and each of its busy
+// devices (Busy), in the words of the refusal's Message, with ages counted
+// at now: the holder (and the device it holds, when that is not the one
+// asked for), the waiter a device is reserved or kept for (and through
+// which device), and whether a stopped holder waits for its removal. ""
+// when nothing is busy. A front end that reports a wait in its own lines
+// (the waiting OCI hook's progress and its give-up errors, gpu-guard-ctl
+// run) says it with this, so that it says what a refusal says.
+func (d Decision) BusyText(now time.Time) string {
+	c := conflictText{now: now, busy: d.Busy}
+	if w := d.words; w != nil {
+		c.key, c.queued, c.position, c.kept = w.key, w.queued, w.position, w.kept
+		c.waiter = func(key string) (ledger.Waiter, bool) {
+			v, ok := w.waiters[key]
+			return v, ok
+		}
+		c.partial = func(key string) bool { return w.partial[key] }
+	} else {
+		// A decision made elsewhere (a test's): no waiter is known.
+		c.waiter = func(string) (ledger.Waiter, bool) { return ledger.Waiter{}, false }
+	}
+	return c.busyList()
 }
 
 // holderEnds says what ends the holders' claims, for "admitted when …"
@@ -181,8 +254,13 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 			// for its other ones, so it is not used at its next retry.
 			order += ", first in line: kept for it until the other devices it asks for are free"
 		}
-		return fmt.Sprintf("%s is reserved for %s (%s) until %s (%s left)",
-			name, who, order, r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))
+		through := ""
+		if r.Device.UUID != bd.Wanted.UUID {
+			// A MIG instance of a GPU reserved whole, or the reverse.
+			through = " through " + naming.Device(r.Device)
+		}
+		return fmt.Sprintf("%s is reserved for %s%s (%s) until %s (%s left)",
+			name, who, through, order, r.Until.UTC().Format(time.RFC3339), age(r.Until.Sub(c.now)))
 	case bd.KeptFor != nil:
 		// Nobody holds or reserves the device, but the head of the queue
 		// asks for a whole GPU it belongs to (or a MIG instance of it),

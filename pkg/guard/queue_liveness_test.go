@@ -59,7 +59,7 @@ func TestQueueMIGDeadlockThroughAdmit(t *testing.T) {
 	d = try("n", "3:0")
 	require.Equal(t, guard.Queue, d.Result, d.Message)
 	assert.Equal(t, "reserved", d.Reason)
-	assert.Contains(t, d.Message, "is reserved for ml/a/main (id a-try-1) (earlier in the queue, first in line: kept for it until the other devices it asks for are free)")
+	assert.Contains(t, d.Message, "is reserved for ml/a/main (id a-try-1) through GPU 3 ("+uuid(3)+") (earlier in the queue, first in line: kept for it until the other devices it asks for are free)")
 	e.clock.advance(time.Minute)
 	require.NoError(t, e.g.Stopped(ctx, y))
 	st := e.state()

@@ -170,14 +170,15 @@ func (w *queueWait) run(ctx context.Context) error {
 	// waited and what stood in its way when it gave up, never a queue
 	// position (it is not queued any more).
 	gaveUp := func(sentinel error, why string) error {
+		now := w.now()
 		return fmt.Errorf("%s: %w (%s) after waiting %s; it is not queued any more and holds no GPU%s",
-			who, sentinel, why, w.now().Sub(start).Round(time.Second), busyNow(last))
+			who, sentinel, why, now.Sub(start).Round(time.Second), busyNow(last, now))
 	}
 	// timedOut leaves the queue with the refusal of a wait that reached its
 	// deadline.
 	timedOut := func(now time.Time) error {
 		err := fmt.Errorf("%s refused: %w after %s (%s); it is not queued any more and holds no GPU; "+
-			"free the GPU or raise %s%s", who, ErrWaitTimeout, now.Sub(start).Round(time.Second), w.timeoutName(), w.timeoutName(), busyNow(last))
+			"free the GPU or raise %s%s", who, ErrWaitTimeout, now.Sub(start).Round(time.Second), w.timeoutName(), w.timeoutName(), busyNow(last, now))
 		if lastErr != nil {
 			err = fmt.Errorf("%w; the last attempt failed: %w", err, lastErr)
 		}
@@ -201,7 +202,7 @@ func (w *queueWait) run(ctx context.Context) error {
 	}()
 	progress := func(d guard.Decision, now time.Time) {
 		if d.Position != lastPos || now.Sub(lastPrinted) >= progressEvery {
-			_, _ = fmt.Fprintln(w.stderr, progressLine(w.shortWho(), d, now.Sub(start)))
+			_, _ = fmt.Fprintln(w.stderr, progressLine(w.shortWho(), d, now, now.Sub(start)))
 			lastPos = d.Position
 			lastPrinted = now
 		}
@@ -374,32 +375,14 @@ func (w *queueWait) withdrawBudget(now time.Time) time.Duration {
 }
 
 // busyNow describes what stood in the way at the last answer, without a
-// queue position: "; GPU 1 (GPU-…) is held by ns/pod/ctr (id …) since …".
-func busyNow(d guard.Decision) string {
+// queue position, in the guard's words with ages counted at now (see
+// guard.Decision.BusyText): ": GPU 1 (GPU-…) is held by ns/pod/ctr (id …)
+// since … (… ago)".
+func busyNow(d guard.Decision, now time.Time) string {
 	if len(d.Busy) == 0 {
 		return ""
 	}
-	var b strings.Builder
-	b.WriteString(": ")
-	writeBusy(&b, d)
-	return b.String()
-}
-
-func writeBusy(b *strings.Builder, d guard.Decision) {
-	for i, bd := range d.Busy {
-		if i > 0 {
-			b.WriteString("; ")
-		}
-		b.WriteString(ledger.DescribeDevice(bd.Wanted))
-		switch {
-		case bd.Holder != nil:
-			fmt.Fprintf(b, " held by %s since %s", ledger.DescribeOwner(bd.Holder.Owner), bd.Holder.Since.UTC().Format(time.RFC3339))
-		case bd.Reservation != nil:
-			fmt.Fprintf(b, " reserved for %s until %s", bd.Reservation.For, bd.Reservation.Until.UTC().Format(time.RFC3339))
-		default:
-			b.WriteString(" busy")
-		}
-	}
+	return ": " + d.BusyText(now)
 }
 
 func devicesOf(rs []devices.Resolved) []devices.Device {
@@ -421,10 +404,15 @@ func decisionErr(d guard.Decision) error {
 	return fmt.Errorf("%w (decision %q, reason %q)", guard.ErrRejected, d.Result, d.Reason)
 }
 
-// progressLine is the line a waiting hook prints, e.g.
+// progressLine is the line a waiting hook prints at now, e.g.
 //
-//	nri-gpu-guard: container 4f3a9c1b2d7e waiting 30s, position 2 of 3 for GPU 1 (GPU-…) held by ns/pod/ctr (id 0123456789ab) since 2026-01-02T15:04:05Z
-func progressLine(who string, d guard.Decision, waited time.Duration) string {
+//	nri-gpu-guard: container 4f3a9c1b2d7e waiting 30s, position 2 of 3: GPU 1 (GPU-…) is held by ns/pod/ctr (id 0123456789ab) since 2026-01-02T15:04:05Z (5m0s ago)
+//
+// What stands in the way is said in the guard's words (busyNow), the ones
+// its refusals use: the holder, the device it holds when that is another
+// (a whole GPU against one of its MIG instances), the waiter a device is
+// reserved or kept for.
+func progressLine(who string, d guard.Decision, now time.Time, waited time.Duration) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "nri-gpu-guard: %s waiting %s", who, waited.Round(time.Second))
 	if d.Position > 0 {
@@ -436,8 +424,7 @@ func progressLine(who string, d guard.Decision, waited time.Duration) string {
 		}
 		return b.String()
 	}
-	b.WriteString(" for ")
-	writeBusy(&b, d)
+	b.WriteString(busyNow(d, now))
 	return b.String()
 }
 

@@ -213,7 +213,7 @@ func TestWaiterOutcomes(t *testing.T) {
 			name:       "queued twice then admitted",
 			script:     []answer{queued(2, 2), queued(1, 1), admitted()},
 			wantAdmits: 3,
-			wantStderr: []string{"waiting 0s, position 2 of 2 for GPU 1 (" + gpu1.UUID + ") held by ns/pod/ctr (id 0123456789ab)", "position 1 of 1", "admitted after waiting 2s"},
+			wantStderr: []string{"waiting 0s, position 2 of 2: GPU 1 (" + gpu1.UUID + ") is held by ns/pod/ctr (id 0123456789ab)", "position 1 of 1", "admitted after waiting 2s"},
 		},
 		{
 			name:        "rejected at once: not queued, nothing to withdraw",
@@ -525,7 +525,7 @@ func TestWaiterProgressThrottled(t *testing.T) {
 	var got []string
 	for _, l := range lines {
 		require.True(t, strings.HasPrefix(l, "nri-gpu-guard: container c0ffee012345 "), l)
-		got = append(got, strings.SplitN(strings.TrimPrefix(l, "nri-gpu-guard: container c0ffee012345 "), " for ", 2)[0])
+		got = append(got, strings.SplitN(strings.TrimPrefix(l, "nri-gpu-guard: container c0ffee012345 "), ": ", 2)[0])
 	}
 	require.Equal(t, []string{
 		"waiting 0s, position 3 of 3",  // first answer
@@ -537,7 +537,11 @@ func TestWaiterProgressThrottled(t *testing.T) {
 }
 
 func TestProgressLine(t *testing.T) {
-	mig := devices.Device{UUID: "MIG-22222222-0000-4000-8000-000000000002", Index: "2:0", Kind: devices.KindMIG, Parent: "GPU-2"}
+	gpu2 := devices.Device{UUID: "GPU-22222222-0000-4000-8000-000000000002", Index: "2", Kind: devices.KindGPU}
+	mig := devices.Device{UUID: "MIG-22222222-0000-4000-9000-000000000000", Index: "2:0", Kind: devices.KindMIG, Parent: gpu2.UUID}
+	head := ledger.Waiter{Key: "ml/uid-other/app", Seq: 1, Devices: []devices.Device{gpu2},
+		Owner: ledger.Owner{ContainerID: "0ther00000000001", Namespace: "ml", Pod: "other", Container: "app", FrontEnd: ledger.FrontEndNRI}}
+	migHolder := &ledger.Claim{Device: mig, Owner: holder.Owner, Since: holder.Since}
 	for _, tc := range []struct {
 		name string
 		d    guard.Decision
@@ -546,17 +550,34 @@ func TestProgressLine(t *testing.T) {
 		{
 			name: "held",
 			d:    queued(2, 3).d,
-			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 2 of 3 for GPU 1 (" + gpu1.UUID +
-				") held by ns/pod/ctr (id 0123456789ab) since 2026-01-02T14:04:05Z",
+			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 2 of 3: GPU 1 (" + gpu1.UUID +
+				") is held by ns/pod/ctr (id 0123456789ab) since 2026-01-02T14:04:05Z (1h0m0s ago)",
 		},
 		{
-			name: "reserved MIG, hook holder",
+			name: "held through a MIG instance",
+			d: guard.Decision{Result: guard.Queue, Position: 1, QueueLength: 1, Busy: []ledger.BusyDevice{{
+				Wanted: gpu2, Holder: migHolder,
+			}}},
+			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 1 of 1: GPU 2 (" + gpu2.UUID +
+				") is held by ns/pod/ctr (id 0123456789ab) through MIG 2:0 (" + mig.UUID + ") since 2026-01-02T14:04:05Z (1h0m0s ago)",
+		},
+		{
+			name: "reserved through the GPU",
 			d: guard.Decision{Result: guard.Queue, Position: 2, QueueLength: 2, Busy: []ledger.BusyDevice{{
 				Wanted:      mig,
-				Reservation: &ledger.Reservation{Device: mig, For: "abc", Until: t0},
+				Reservation: &ledger.Reservation{Device: gpu2, For: "abc", Until: t0.Add(time.Minute)},
 			}}},
-			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 2 of 2 for MIG 2:0 (" + mig.UUID +
-				") reserved for abc until 2026-01-02T15:04:05Z",
+			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 2 of 2: MIG 2:0 (" + mig.UUID +
+				") is reserved for abc through GPU 2 (" + gpu2.UUID + ") (earlier in the queue) until 2026-01-02T15:05:05Z (1m0s left)",
+		},
+		{
+			name: "kept for the head of the queue",
+			d: guard.Decision{Result: guard.Queue, Position: 2, QueueLength: 2, Busy: []ledger.BusyDevice{{
+				Wanted: mig, KeptFor: &head, Through: gpu2,
+			}}},
+			want: "nri-gpu-guard: container c0ffee012345 waiting 30s, position 2 of 2: MIG 2:0 (" + mig.UUID +
+				") is kept for ml/other/app (id 0ther0000000) (earlier in the queue, first in line for GPU 2 (" + gpu2.UUID +
+				"), which waits until the rest of it is free)",
 		},
 		{
 			name: "no busy detail: the message",
@@ -565,7 +586,14 @@ func TestProgressLine(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			require.Equal(t, tc.want, progressLine("container c0ffee012345", tc.d, 30*time.Second))
+			line := progressLine("container c0ffee012345", tc.d, t0, 30*time.Second)
+			require.Equal(t, tc.want, line)
+			if len(tc.d.Busy) > 0 {
+				// One wording: what the give-up errors say too, and the
+				// guard's own.
+				require.Equal(t, ": "+tc.d.BusyText(t0), busyNow(tc.d, t0))
+				require.True(t, strings.HasSuffix(line, busyNow(tc.d, t0)), line)
+			}
 		})
 	}
 }
