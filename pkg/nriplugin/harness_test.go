@@ -152,6 +152,10 @@ func newRuntime(t testing.TB, mutate func(*config.Config)) *runtime {
 	rt.cfg.Ledger.Dir = rt.ledgerDir
 	rt.cfg.Devices.Source = config.SourceStatic
 	rt.cfg.Devices.ProcRoot = t.TempDir() // fake GPUs: no driver tree to check the list against
+	// No runtime of this host: a recovery adopts the hook containers it
+	// finds in the runtimes' state roots, and the host's /run/runc holds
+	// whatever other tests (or the machine) run at the same time.
+	rt.cfg.Hook.RuntimeRoots = []string{t.TempDir()}
 	for i := 0; i < 4; i++ {
 		rt.cfg.Devices.Static = append(rt.cfg.Devices.Static, config.StaticGPU{Index: i, UUID: gpuUUID(i), Minor: i, Model: "Fake GPU"})
 	}
