@@ -173,7 +173,9 @@
 //     is kept. What is missing from the exited one's record (a start time
 //     that could not be read, a pid not recorded yet) is never taken for a
 //     match.
-//   - Reservations are on free devices (no claim conflicts with one), and
+//   - Reservations are on free devices (no claim or conflict record
+//     conflicts with one: a container found running on a whole GPU keeps
+//     its MIG instances busy, and Busy names it as a holder), and
 //     keep the queue fair without deadlock. The head of the queue (the
 //     earliest waiter that cannot start yet and asks for no cordoned
 //     device) has every device it asks for reserved as soon as it is free,
