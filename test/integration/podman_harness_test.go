@@ -32,8 +32,8 @@ import (
 // podman 4 with conmon, runc and crun, the guard's OCI hooks installed from a
 // hooks directory as docs/hook.md says, fake GPUs (a static inventory and
 // mknod'ed /dev/nvidiaN nodes). Every podman runs with private state (root,
-// runroot, tmpdir, hooks dir, cgroupfs, file events, a CONTAINERS_CONF with
-// ulimits the sandbox allows and no network).
+// runroot, tmpdir, cgroupfs, file events, a CONTAINERS_CONF with ulimits the
+// sandbox allows, no network and the hooks directory).
 
 const (
 	podmanImage = "localhost/gpu-guard-test/sleeper:1"
@@ -161,8 +161,18 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 			require.NoError(t, os.WriteFile(filepath.Join(base, dir, "nri-gpu-guard-"+ph.name+".json"), []byte(doc), 0o644))
 		}
 	}
-	conf := filepath.Join(base, "containers.conf")
-	require.NoError(t, os.WriteFile(conf, []byte("[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=4096:4096\"]\nnetns = \"none\"\n"), 0o644))
+	// The hooks directory goes in containers.conf's [engine] hooks_dir, as
+	// docs/hook.md recommends, not in --hooks-dir: podman does not pass the
+	// flag on to the `podman container cleanup` that conmon runs when the
+	// container exits (containers/podman#17935), and that command builds
+	// the spec of a container its restart policy restarts; CONTAINERS_CONF
+	// reaches it through conmon's environment. containers-wait.conf names
+	// hooks-wait instead (podmanAbandoned picks it with GG_CONTAINERS_CONF).
+	for _, c := range []struct{ file, hooks string }{{"containers.conf", "hooks"}, {"containers-wait.conf", "hooks-wait"}} {
+		doc := fmt.Sprintf("[containers]\ndefault_ulimits = [\"nofile=1024:1024\", \"nproc=4096:4096\"]\nnetns = \"none\"\n"+
+			"[engine]\nhooks_dir = [%q]\n", filepath.Join(base, c.hooks))
+		require.NoError(t, os.WriteFile(filepath.Join(base, c.file), []byte(doc), 0o644))
+	}
 
 	prefix := ""
 	if runtime == "crun" {
@@ -183,10 +193,10 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 		prefix = "nsenter --mount=" + r.nsFile + " "
 	}
 	r.wrapper = filepath.Join(base, "bin", "podman")
-	script := fmt.Sprintf("#!/bin/sh\nexport CONTAINERS_CONF=%s\nexec %s%s --root %s --runroot %s --tmpdir %s --hooks-dir \"${GG_HOOKS_DIR:-%s}\" "+
+	script := fmt.Sprintf("#!/bin/sh\nexport CONTAINERS_CONF=\"${GG_CONTAINERS_CONF:-%s}\"\nexec %s%s --root %s --runroot %s --tmpdir %s "+
 		"--cgroup-manager cgroupfs --events-backend file --runtime %s \"$@\"\n",
-		conf, prefix, podmanPath(t), filepath.Join(base, "root"), filepath.Join(base, "runroot"), filepath.Join(base, "tmp"),
-		r.hooksDir, runtime)
+		filepath.Join(base, "containers.conf"), prefix, podmanPath(t), filepath.Join(base, "root"), filepath.Join(base, "runroot"), filepath.Join(base, "tmp"),
+		runtime)
 	require.NoError(t, os.WriteFile(r.wrapper, []byte(script), 0o755))
 
 	out, err := r.podman("load", "-i", podmanTar)

@@ -33,6 +33,7 @@ func TestPodman(t *testing.T) {
 				{"QueueFIFOAndOtherGPU", podmanQueueFIFO},
 				{"RefusedContainerRemoved", podmanRefusedRemoved},
 				{"HolderKilled", podmanHolderKilled},
+				{"RestartPolicyClaimsAgain", podmanRestartPolicy},
 				{"Privileged", podmanPrivileged},
 				{"AllAndDeviceWhileHeld", podmanAllAndDevice},
 				{"AbandonedCreate", podmanAbandoned},
@@ -169,6 +170,47 @@ func podmanHolderKilled(t *testing.T, r *podmanRig) {
 	require.Equal(t, r.id("n"), r.holders()[2])
 }
 
+// podmanRestartPolicy: a GPU container with --restart=on-failure whose
+// process dies (kill -9: exit 137) is restarted by podman itself: conmon runs
+// `podman container cleanup`, whose poststop releases the claim, and which
+// then creates the container again from a spec with the hooks of its own
+// configuration. The restarted container claims its GPU again (the claim
+// names its new process) and a second container on that GPU is refused.
+// podman before containers/podman#26127 does not pass --hooks-dir on to that
+// command: hooks installed with the flag alone are not in the restarted
+// container's spec (no claim; the second container is admitted onto the
+// same GPU). The rig installs them as docs/hook.md says, with hooks_dir in
+// containers.conf, which reaches it.
+func podmanRestartPolicy(t *testing.T, r *podmanRig) {
+	out, err := r.runGPU("rp", "1", "--restart=on-failure:3")
+	require.NoError(t, err, out)
+	id := r.id("rp")
+	require.Equal(t, map[int]string{1: id}, r.holders())
+	first, err := strconv.Atoi(r.inspect("rp", "{{.State.Pid}}"))
+	require.NoError(t, err)
+
+	require.NoError(t, syscall.Kill(first, syscall.SIGKILL))
+	var restarted string
+	r.waitFor("podman to restart rp", func() bool {
+		restarted = r.inspect("rp", "{{.RestartCount}} {{.State.Status}} {{.State.Pid}}")
+		return strings.HasPrefix(restarted, "1 running ")
+	})
+	pid, err := strconv.Atoi(strings.TrimPrefix(restarted, "1 running "))
+	require.NoError(t, err, restarted)
+	require.NotEqual(t, first, pid, "a new process")
+
+	claims := r.state().Claims
+	require.Len(t, claims, 1, "the restarted container claims GPU 1 again: %+v", claims)
+	require.Equal(t, r.gpu[1], claims[0].Device.UUID)
+	require.Equal(t, id, claims[0].Owner.ContainerID)
+	require.Equal(t, pid, claims[0].Owner.Pid, "the claim is the restarted process's, not the killed one's")
+
+	out, err = r.runGPU("second", "1")
+	require.Error(t, err, "GPU 1 is held by the restarted container: %s", out)
+	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+id[:12])
+	require.Equal(t, map[int]string{1: id}, r.holders())
+}
+
 // podmanFailedCreateUnderRemove: under release_on = "remove", a container
 // whose create fails after the guard's create-runtime hook admitted it (a
 // createContainer hook fails, as CDI's nvidia-ctk hooks may) is deleted by
@@ -289,7 +331,7 @@ func podmanAbandoned(t *testing.T, r *podmanRig) {
 	out, err := r.runGPU("h", "1")
 	require.NoError(t, err, out)
 
-	out, err = r.podmanEnv([]string{"GG_HOOKS_DIR=" + r.base + "/hooks-wait"},
+	out, err = r.podmanEnv([]string{"GG_CONTAINERS_CONF=" + filepath.Join(r.base, "containers-wait.conf")},
 		"run", "-d", "--name", "wt", "-e", "NVIDIA_VISIBLE_DEVICES=1", podmanImage)
 	require.Error(t, err, out)
 	if r.runtime == "runc" {
