@@ -193,6 +193,13 @@ type Request struct {
 	// it together with GPUNodesAllowed; messages then name the cause
 	// instead of a device cgroup rule.
 	NoDeviceCgroup bool
+	// ImageNodes: with NoDeviceCgroup, the only reason the container can
+	// open every GPU is its root filesystem, which a rootful runtime
+	// mounts without nodev: any device node its image carries (a rootful
+	// engine makes them as it unpacks the layers) opens, and what the
+	// image holds is not read. The OCI hook sets it; messages then name
+	// this cause and its remedy (the storage mounted nodev).
+	ImageNodes bool
 	// DynamicMajorRules are the device cgroup rules that can reach a node
 	// of a major of the kernel's dynamic range (where nvidia-caps gets one
 	// at module load): type "c" for such a major or for no major, and type

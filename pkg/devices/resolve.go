@@ -116,9 +116,16 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 		if req.NoDeviceCgroup {
 			allSrc = srcNoDeviceCgroup
 			allFix = "run it in a device cgroup of its own (cgroups enabled), or without the host's /dev bound in and without CAP_MKNOD and CAP_SYS_ADMIN, and name its GPUs"
+			if req.ImageNodes {
+				allSrc = srcImageNodes
+				allFix = fixImageNodes
+			}
 		}
 		switch {
 		case req.Privileged:
+		case req.NoDeviceCgroup && req.ImageNodes:
+			what = "container without a device cgroup whose root filesystem is not mounted nodev (a device node its image carries, a GPU's among them, opens)"
+			fix = allFix
 		case req.NoDeviceCgroup:
 			what = "container without a device cgroup (the host's /dev bound in, or CAP_MKNOD or CAP_SYS_ADMIN, opens every GPU node)"
 			fix = allFix
@@ -191,6 +198,15 @@ const srcGPURule = "device cgroup rule opening every GPU node"
 // srcNoDeviceCgroup is the source of the GPUs a container reaches because no
 // device cgroup stops it (Request.NoDeviceCgroup).
 const srcNoDeviceCgroup = "no device cgroup (host /dev bound in, or CAP_MKNOD or CAP_SYS_ADMIN)"
+
+// srcImageNodes is the source of the GPUs a container reaches because no
+// device cgroup stops it from opening a device node of its image
+// (Request.ImageNodes), and fixImageNodes how not to.
+const (
+	srcImageNodes = "no device cgroup (root filesystem not mounted nodev: its image's device nodes open)"
+	fixImageNodes = "run it in a device cgroup of its own (cgroups enabled), or mount the container storage nodev " +
+		"(containers/storage: mountopt = \"nodev\" in storage.conf), and name its GPUs"
+)
 
 // builder accumulates one resolution.
 type builder struct {
