@@ -177,9 +177,12 @@ func TestPoststopReleasesWithoutDeviceCgroup(t *testing.T) {
 	require.False(t, in.NeverClaims())
 }
 
-// The cgroup is read only for a container that binds something device-like:
-// an ordinary one (a bind of a data directory, /dev/null, a /dev entry that
-// is not a node of a GPU) pays no read, and asks nothing of its runtime.
+// The cgroup is read only for a container that binds something that may
+// reach a GPU: an ordinary one (a bind of a missing path, /dev/null, a
+// /dev entry that is not a node of a GPU) pays no read, and asks nothing of
+// its runtime. A directory may hold the host's /dev below it or lead
+// elsewhere, which is read only once no device cgroup is known to fence the
+// container: a container that binds one pays the cgroup read.
 func TestNoDeviceBindReadsNoCgroup(t *testing.T) {
 	e := defaultEnv()
 	e.procRoot = filepath.Join(t.TempDir(), "no-proc")
@@ -191,7 +194,7 @@ func TestNoDeviceBindReadsNoCgroup(t *testing.T) {
 	}
 	devNull := filepath.Join(t.TempDir(), "null")
 	require.NoError(t, os.Symlink("/dev/null", devNull))
-	for _, src := range []string{"/srv/data", "/dev/null", "/dev/shm", "/dev/fuse", "relative", devNull} {
+	for _, src := range []string{"/srv/data", "/dev/null", "/dev/fuse", "relative", devNull} {
 		in := e.readInput(strings.NewReader(bindState(t, "plain", 4242, specs.StateCreating, src, "/data")))
 		require.NoError(t, in.specErr)
 		require.True(t, in.NeverClaims(), src)
@@ -221,6 +224,14 @@ func TestNoDeviceBindReadsNoCgroup(t *testing.T) {
 		require.Equal(t, 1, reads, name)
 		require.False(t, in.NeverClaims(), name)
 	}
+
+	// A directory bound in reads the cgroup, and (its device cgroup
+	// unreadable here: none) what lies below it, which is nothing.
+	reads := 0
+	e.readCgroup = func(string) ([]byte, error) { reads++; return nil, os.ErrNotExist }
+	in = e.readInput(strings.NewReader(bindState(t, "dir", 4242, specs.StateCreating, t.TempDir(), "/data")))
+	require.Equal(t, 1, reads)
+	require.True(t, in.NeverClaims())
 }
 
 // withMknod grants the container CAP_MKNOD, as docker's and containerd's

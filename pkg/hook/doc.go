@@ -108,8 +108,13 @@
 //     recovery's ReadSpec takes the root's owner for that user). Mount
 //     sources (a relative one from the bundle), overlay layers (lowerdir,
 //     lowerdir+, datadir+, upperdir) and the root filesystem (root.path,
-//     and its dev) are stat'ed to tell what they are on the host
-//     (boundNodes, boundRoot), never opened.
+//     and its dev) are stat'ed (directories statfs'ed too) to tell what
+//     they are on the host (boundNodes, boundRoot), never opened. Where no
+//     device cgroup applies, a directory source's symlinks are resolved,
+//     /proc/self/mountinfo is read (bounded) for the mounts below a
+//     recursive bind, and a directory of the host's /dev filesystem is
+//     listed (bounded) for its nodes (readDirs). Nothing in the container's
+//     root filesystem is opened or listed.
 //   - No NVML initialisation per container: the inventory comes from the
 //     daemon's cache (inventory.json in the ledger dir) or a /proc or static
 //     discovery.

@@ -91,9 +91,11 @@ func (e env) readInput(stdin io.Reader) *Input {
 //
 // The cgroup is read only when it could matter: a bind source or a
 // linux.devices path that is a device node (other than the one the entry's
-// numbers make), the host's / or /dev, whatever it is called (one stat per
-// bind source and entry, a few microseconds: the runtime follows symlinks,
-// so spellings do not tell), a /proc path that leads to a root, a root
+// numbers make), the host's / or /dev, or a directory of a procfs, whatever
+// it is called (one stat per bind source and entry, and one statfs per
+// directory, a few microseconds: the runtime follows symlinks, so
+// spellings do not tell), any other directory bound in (what lies below it
+// is read only then: readDirs), a /proc path that leads to a root, a root
 // filesystem that brings in the host's /dev (one stat of root.path, and
 // the host's /dev, wherever the binds are read), a devtmpfs mount, or
 // CAP_MKNOD (in docker's and containerd's default set, not
@@ -235,8 +237,13 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 
 // markUnfenced records in req, for a container no device cgroup fences,
 // the nodes its binds bring in and whether it opens every GPU node (the
-// host's /dev bound in, or mknod: it can make any node).
+// host's /dev bound in, or mknod: it can make any node). What lies below
+// the directories bound in is read here (readDirs), once no device cgroup
+// is known to fence the container, unless every GPU opens anyway.
 func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
+	if !mknod && !bound.hostDev {
+		bound.readDirs()
+	}
 	req.Devices = append(req.Devices, bound.nodes...)
 	if bound.hostDev {
 		req.HostDevMounted = true
@@ -429,31 +436,43 @@ func readBounded(path string, limit int) ([]byte, error) {
 type boundSources struct {
 	// nodes are the character devices bound in, by their numbers.
 	nodes []devices.LinuxDevice
-	// hostDev: the host's / or /dev is bound in.
+	// hostDev: the host's / or /dev is bound in, or what reaches it.
 	hostDev bool
+	// dirs are the other directories bound in (and overlay layers): where
+	// they lead, the part of the host's /dev they may be and the mounts
+	// below them are read by readDirs, only for a container no device
+	// cgroup fences.
+	dirs []boundDir
+	host *hostDirs
 }
 
 // none reports whether nothing bound in may reach a GPU: neither the host's
 // /dev nor a node that may be one (devices.MayBeGPUNode: /dev/null or
-// /dev/fuse bound in is no reason to read the container's cgroup).
+// /dev/fuse bound in is no reason to read the container's cgroup), nor a
+// directory whose mounts and links are yet to be read.
 func (b boundSources) none() bool {
-	return !b.hostDev && !slices.ContainsFunc(b.nodes, devices.MayBeGPUNode)
+	return !b.hostDev && len(b.dirs) == 0 && !slices.ContainsFunc(b.nodes, devices.MayBeGPUNode)
 }
 
 // boundNodes reads what each mount source is on the host, whatever it is
 // called (the runtime follows symlinks, and numbers, not names, tell a GPU
 // node): a character device is a node of the container, and the host's /
-// or /dev is the host's /dev bound in. A relative source is read from the
-// bundle, as the runtime reads it. An overlay's layers are read so too
-// (devices.OverlayLayers), and one whose layers cannot be told counts as
-// the host's /dev; not under a rootless runtime (rootless), whose overlay
-// is mounted in its user namespace, where the kernel opens no device node
-// on it. A devtmpfs mount is the host's /dev. AddMount reads sources by
-// their spelling only; this reads them as the runtime mounts them.
+// or /dev, or a directory of a procfs (where /proc/<pid>/root/dev is the
+// host's /dev, or another container's), is the host's /dev bound in (one
+// stat and, for a directory, one statfs). Any other directory is kept for
+// readDirs, which reads what lies below it once no device cgroup is known
+// to fence the container. A relative source is read from the bundle, as
+// the runtime reads it. An overlay's layers are read so too
+// (devices.OverlayLayers; a layer brings no mount below it), and one whose
+// layers cannot be told counts as the host's /dev; not under a rootless
+// runtime (rootless), whose overlay is mounted in its user namespace, where
+// the kernel opens no device node on it. A devtmpfs mount is the host's
+// /dev. AddMount reads sources by their spelling only; this reads them as
+// the runtime mounts them.
 func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDirs) boundSources {
-	var b boundSources
-	var read func(src, dst string)
-	read = func(src, dst string) {
+	b := boundSources{host: host}
+	var read func(src, dst string, recursive bool)
+	read = func(src, dst string, recursive bool) {
 		if src == "" {
 			return
 		}
@@ -466,7 +485,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			// the bundle, which follows a symlink x before the "..":
 			// both are read.
 			if raw := bundle + "/" + src; filepath.Clean(raw) != raw {
-				read(raw, dst)
+				read(raw, dst, recursive)
 			}
 			src = filepath.Join(bundle, src)
 		}
@@ -479,8 +498,11 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			b.nodes = append(b.nodes, devices.LinuxDevice{Path: src, Type: "c",
 				Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: dst})
 		case unix.S_IFDIR:
-			if host.isDev(&st) || host.isRoot(&st) {
+			switch {
+			case host.isDev(&st) || host.isRoot(&st) || onProcfs(src):
 				b.hostDev = true
+			default:
+				b.dirs = append(b.dirs, boundDir{src: src, dst: dst, recursive: recursive, dev: uint64(st.Dev), ino: st.Ino}) //nolint:unconvert // uint32 on some platforms
 			}
 		}
 	}
@@ -498,15 +520,35 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 				b.hostDev = true
 			}
 			for _, l := range layers {
-				read(l, m.Destination)
+				read(l, m.Destination, false)
 			}
 			continue
 		}
 		if isBind(m) {
-			read(m.Source, m.Destination)
+			read(m.Source, m.Destination, recursiveBind(m))
 		}
 	}
 	return b
+}
+
+// onProcfs reports whether the directory dir is on a procfs (statfs): any
+// directory of it leads to process roots (/proc, /proc/<pid>, a task's),
+// or is read as if it did, as AddMount reads a source spelled /proc/....
+// A statfs that fails (where the stat before it did not) cannot tell, and
+// counts as one.
+func onProcfs(dir string) bool {
+	var fs unix.Statfs_t
+	return unix.Statfs(dir, &fs) != nil || int64(fs.Type) == unix.PROC_SUPER_MAGIC //nolint:unconvert // int32 on some platforms
+}
+
+// recursiveBind reports whether the runtime binds m's source with the
+// mounts below it (MS_REC): runc and crun read it from the options alone,
+// "rbind" recursive and "bind" not (either may come with the other, and
+// "rbind" wins); with neither they refuse a bind (ENODEV), and a runtime
+// that takes type "bind" alone may bind either way, so that reads as
+// recursive too.
+func recursiveBind(m specs.Mount) bool {
+	return slices.Contains(m.Options, "rbind") || !slices.Contains(m.Options, "bind")
 }
 
 // hostDirs is the host's / and /dev, each stat'ed once, when a directory
@@ -526,6 +568,14 @@ func (h *hostDirs) isRoot(st *unix.Stat_t) bool {
 // isDev reports whether st is the host's /dev (by device and inode).
 func (h *hostDirs) isDev(st *unix.Stat_t) bool {
 	return sameFile(h.stat("/dev", &h.dev, &h.devRead), st)
+}
+
+// onDev reports whether fsDev, the st_dev of a file read on the host, is
+// the host's /dev's filesystem (the devtmpfs on every systemd host), where
+// the GPU nodes are.
+func (h *hostDirs) onDev(fsDev uint64) bool {
+	dev := h.stat("/dev", &h.dev, &h.devRead)
+	return dev.Ino != 0 && uint64(dev.Dev) == fsDev //nolint:unconvert // uint32 on some platforms
 }
 
 func (h *hostDirs) stat(path string, st *unix.Stat_t, read *bool) *unix.Stat_t {

@@ -1,0 +1,333 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package hook
+
+import (
+	"bufio"
+	"errors"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+)
+
+// boundDir is a directory bound into a container (or an overlay layer),
+// read by boundNodes as neither the host's / nor /dev nor a procfs: what
+// it brings is read by readDirs.
+type boundDir struct {
+	// src is the source as the runtime resolves it (from the bundle when
+	// relative), dst where the container sees it.
+	src, dst string
+	// recursive: the mounts below src come along (recursiveBind).
+	recursive bool
+	// dev and ino are src as stat'ed, following symlinks as the runtime
+	// does.
+	dev, ino uint64
+}
+
+// The bounds of what readDirs reads. Past them, what a directory brings
+// cannot be told, and it counts as the host's /dev (fail closed).
+const (
+	// maxMountinfoBytes bounds /proc/self/mountinfo: a line is some 150
+	// bytes, so some 25,000 mounts.
+	maxMountinfoBytes = 4 << 20
+	// maxMountinfoLine bounds one line: two paths of PATH_MAX, escaped.
+	maxMountinfoLine = 64 << 10
+	// maxDevEntries and maxDevDepth bound the walk of a part of the
+	// host's /dev (all of /dev holds a few hundred entries).
+	maxDevEntries = 4096
+	maxDevDepth   = 8
+)
+
+// mountinfoPath is the mount table of the hook's mount namespace, where the
+// runtime resolves bind sources.
+const mountinfoPath = "/proc/self/mountinfo"
+
+// readDirs reads what the directories bound in bring, for a container no
+// device cgroup fences; what cannot be told counts as the host's /dev:
+//   - Where each leads: filepath.EvalSymlinks, then a stat of the path it
+//     gives, must find the directory the runtime binds. A path that leads
+//     elsewhere went through a link this mount namespace does not show
+//     (a symlink to /proc/<pid>/root/dev: another container's /dev, or
+//     the host's, whatever its device nodes), or changed meanwhile.
+//   - A directory on the host's /dev (its filesystem, other than /dev
+//     itself, which boundNodes took): the character devices in it and
+//     below it, bounded (walkDev).
+//   - For a recursive bind, the mounts at or below it (mountinfo, read
+//     once, bounded), which come along: a procfs (every process's root),
+//     a devtmpfs, the host's /dev (its filesystem's root), or a part of it
+//     (its nodes, as above). The chroot's /srv/chroot/dev, a bind of
+//     /dev, makes -v /srv/chroot:/x the host's /dev at /x/dev.
+//
+// Nothing below a directory but the host's /dev is listed, and nothing in
+// the container's root filesystem is read.
+func (b *boundSources) readDirs() {
+	var trees []boundDir
+	budget := maxDevEntries
+	for _, d := range b.dirs {
+		canon, ok := resolveDir(d)
+		if !ok {
+			b.hostDev = true
+			return
+		}
+		if b.host.onDev(d.dev) && !b.walkDev(canon, d.dst, d.dev, &budget, 0) {
+			b.hostDev = true
+			return
+		}
+		if d.recursive {
+			d.src = canon
+			trees = append(trees, d)
+		}
+	}
+	b.dirs = nil
+	if len(trees) == 0 {
+		return
+	}
+	f, err := os.Open(mountinfoPath)
+	if err != nil {
+		b.hostDev = true
+		return
+	}
+	defer func() { _ = f.Close() }()
+	if err := b.readSubmounts(f, trees, &budget); err != nil {
+		b.hostDev = true
+	}
+}
+
+// resolveDir returns the path d's source leads to in this mount namespace
+// (symlinks followed, as the runtime follows them), and whether it is the
+// directory d was stat'ed as.
+func resolveDir(d boundDir) (string, bool) {
+	canon, err := filepath.EvalSymlinks(d.src)
+	if err != nil || !filepath.IsAbs(canon) {
+		return "", false
+	}
+	var st unix.Stat_t
+	if unix.Stat(canon, &st) != nil || uint64(st.Dev) != d.dev || st.Ino != d.ino { //nolint:unconvert // uint32 on some platforms
+		return "", false
+	}
+	return canon, true
+}
+
+// errUntold is what cannot be told of the mounts below a bind source.
+var errUntold = errors.New("the mounts below a bind source cannot be told")
+
+// readSubmounts reads the mount table r (the /proc/self/mountinfo format)
+// for the mounts at or below each of trees (canonical sources) and records
+// what each brings (submount). An error: what they bring cannot be told
+// (a table past its bounds, a line that does not parse, a part of /dev
+// past the walk's bounds).
+func (b *boundSources) readSubmounts(r io.Reader, trees []boundDir, budget *int) error {
+	sc := bufio.NewScanner(io.LimitReader(r, maxMountinfoBytes+1))
+	sc.Buffer(make([]byte, 0, 4096), maxMountinfoLine)
+	read := 0
+	for sc.Scan() {
+		line := sc.Text()
+		if read += len(line) + 1; read > maxMountinfoBytes {
+			return errUntold
+		}
+		m, ok := parseMountinfo(line)
+		if !ok {
+			return errUntold
+		}
+		for _, t := range trees {
+			rel, below := pathBelow(m.point, t.src)
+			if !below {
+				continue
+			}
+			if !b.submount(m, path.Join(t.dst, rel), budget) {
+				return errUntold
+			}
+			if b.hostDev {
+				return nil
+			}
+			break
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return errUntold
+	}
+	return nil
+}
+
+// submount records what the mount m, seen in the container at dst, brings:
+// a procfs or a devtmpfs is the host's /dev (/proc/<pid>/root/dev; the
+// kernel's one devtmpfs), and so is the root of the host's /dev's
+// filesystem; a part of that filesystem brings the nodes in it (a single
+// node, or a directory: walkDev). Its nodes do not open on a mount that is
+// nodev; a procfs leads elsewhere whatever its own flags. False: a part of
+// /dev past the walk's bounds.
+func (b *boundSources) submount(m mountEntry, dst string, budget *int) bool {
+	if m.fstype == "proc" {
+		b.hostDev = true
+		return true
+	}
+	onDev := b.host.onDev(m.dev)
+	if (!onDev && m.fstype != "devtmpfs") || m.nodev {
+		return true
+	}
+	if m.root == "/" || !onDev {
+		// The root of the host's /dev, or a devtmpfs that the host's /dev
+		// is not (one kernel devtmpfs: every node of it).
+		b.hostDev = true
+		return true
+	}
+	var st unix.Stat_t
+	if unix.Stat(m.point, &st) != nil {
+		return true // gone: nothing the runtime binds either
+	}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFCHR:
+		b.addNode(m.point, dst, &st)
+	case unix.S_IFDIR:
+		return b.walkDev(m.point, dst, uint64(st.Dev), budget, 0) //nolint:unconvert // uint32 on some platforms
+	}
+	return true
+}
+
+// walkDev adds the character devices in dir, a directory on the host's
+// /dev's filesystem seen in the container at dst, and in its directories
+// on the same filesystem (fsDev: another mount below it is not bound with
+// it, or is read from the mount table), within budget entries and
+// maxDevDepth levels. Symlinks are not followed: in the container they
+// resolve from its root. False: past the bounds, or a directory that
+// cannot be read.
+func (b *boundSources) walkDev(dir, dst string, fsDev uint64, budget *int, depth int) bool {
+	if depth > maxDevDepth {
+		return false
+	}
+	f, err := os.Open(dir) //nolint:gosec // a directory of the host's /dev a bind source leads to
+	if err != nil {
+		return false
+	}
+	defer func() { _ = f.Close() }()
+	for {
+		ents, err := f.ReadDir(64)
+		for _, e := range ents {
+			if *budget--; *budget < 0 {
+				return false
+			}
+			if e.Type()&(fs.ModeCharDevice|fs.ModeDir) == 0 {
+				continue
+			}
+			p, at := dir+"/"+e.Name(), path.Join(dst, e.Name())
+			var st unix.Stat_t
+			if unix.Lstat(p, &st) != nil {
+				continue // gone
+			}
+			switch st.Mode & unix.S_IFMT {
+			case unix.S_IFCHR:
+				b.addNode(p, at, &st)
+			case unix.S_IFDIR:
+				if uint64(st.Dev) == fsDev && !b.walkDev(p, at, fsDev, budget, depth+1) { //nolint:unconvert // uint32 on some platforms
+					return false
+				}
+			}
+		}
+		if errors.Is(err, io.EOF) || (err == nil && len(ents) == 0) {
+			return true
+		}
+		if err != nil {
+			return false
+		}
+	}
+}
+
+// addNode records the character device st, the host's path, seen in the
+// container at dst.
+func (b *boundSources) addNode(path, dst string, st *unix.Stat_t) {
+	b.nodes = append(b.nodes, devices.LinuxDevice{Path: path, Type: "c",
+		Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: dst})
+}
+
+// pathBelow reports whether p is dir or below it, and p relative to dir.
+// Both are clean absolute paths.
+func pathBelow(p, dir string) (string, bool) {
+	switch {
+	case p == dir:
+		return "", true
+	case dir == "/":
+		return p[1:], true
+	case strings.HasPrefix(p, dir) && p[len(dir)] == '/':
+		return p[len(dir)+1:], true
+	}
+	return "", false
+}
+
+// mountEntry is what readSubmounts reads of a line of /proc/self/mountinfo:
+// "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw".
+type mountEntry struct {
+	dev         uint64 // the filesystem's device (major:minor), as st_dev
+	root, point string // the root of the mount in its filesystem; where it is mounted
+	nodev       bool   // its per-mount options hold nodev
+	fstype      string
+}
+
+// parseMountinfo parses one line of /proc/self/mountinfo (proc(5)).
+func parseMountinfo(line string) (mountEntry, bool) {
+	f := strings.Split(line, " ")
+	if len(f) < 10 {
+		return mountEntry{}, false
+	}
+	sep := -1
+	for i := 6; i < len(f); i++ {
+		if f[i] == "-" {
+			sep = i
+			break
+		}
+	}
+	if sep < 0 || sep+1 >= len(f) {
+		return mountEntry{}, false
+	}
+	majStr, minStr, ok := strings.Cut(f[2], ":")
+	if !ok {
+		return mountEntry{}, false
+	}
+	major, err1 := strconv.ParseUint(majStr, 10, 32)
+	minor, err2 := strconv.ParseUint(minStr, 10, 32)
+	root, ok1 := unescapeMountinfo(f[3])
+	point, ok2 := unescapeMountinfo(f[4])
+	if err1 != nil || err2 != nil || !ok1 || !ok2 || root == "" || point == "" || point[0] != '/' {
+		return mountEntry{}, false
+	}
+	m := mountEntry{dev: unix.Mkdev(uint32(major), uint32(minor)), root: root, point: path.Clean(point), fstype: f[sep+1]}
+	for _, o := range strings.Split(f[5], ",") {
+		if o == "nodev" {
+			m.nodev = true
+		}
+	}
+	return m, true
+}
+
+// unescapeMountinfo undoes the kernel's escapes of a mountinfo path: a
+// space, tab, newline or backslash is written as \ooo (octal).
+func unescapeMountinfo(s string) (string, bool) {
+	if !strings.Contains(s, `\`) {
+		return s, true
+	}
+	var out strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '\\' {
+			out.WriteByte(s[i])
+			continue
+		}
+		if i+4 > len(s) {
+			return "", false
+		}
+		n, err := strconv.ParseUint(s[i+1:i+4], 8, 8)
+		if err != nil {
+			return "", false
+		}
+		out.WriteByte(byte(n))
+		i += 3
+	}
+	return out.String(), true
+}

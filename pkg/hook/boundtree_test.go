@@ -1,0 +1,291 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package hook
+
+import (
+	"bufio"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+)
+
+// mountT mounts src at dst (fstype "" for a bind) with flags, undone when
+// the test ends; flags with MS_NODEV are applied by a remount, as a bind
+// takes them.
+func mountT(t *testing.T, src, dst, fstype string, flags uintptr) {
+	t.Helper()
+	bind := fstype == ""
+	first := flags
+	if bind {
+		first = unix.MS_BIND
+	}
+	require.NoError(t, unix.Mount(src, dst, fstype, first, ""), "mount %s at %s", src, dst)
+	t.Cleanup(func() { _ = unix.Unmount(dst, unix.MNT_DETACH) })
+	if bind && flags&^unix.MS_BIND != 0 {
+		require.NoError(t, unix.Mount("", dst, "", unix.MS_BIND|unix.MS_REMOUNT|flags, ""))
+	}
+}
+
+// gpuNodeDir makes a directory on the host's /dev holding a node of GPU 2
+// (195:2), as /dev/nvidia-caps holds the capability nodes, removed when
+// the test ends, and returns it.
+func gpuNodeDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/dev", "gg-test-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	require.NoError(t, unix.Mknod(filepath.Join(dir, "nv"), unix.S_IFCHR|0o600, int(unix.Mkdev(195, 2))))
+	return dir
+}
+
+// otherNamespaceDir starts a process in a mount namespace of its own with
+// a tmpfs at a directory of the host (empty here), as another container's
+// /dev is, and returns that directory reached through the process's root
+// link (/proc/<pid>/root/...).
+func otherNamespaceDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+		`mount -t tmpfs gg "$0" && echo ready && exec sleep 3600`, dir)
+	out, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	require.NoError(t, err, "the process in its own mount namespace did not start")
+	require.Equal(t, "ready\n", line)
+	return filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "root", dir)
+}
+
+// A bind source reaches the host's /dev (every GPU node) or a GPU's node
+// under names a spelling or one stat does not tell, and only a device
+// cgroup stops what it brings: a rootful runtime's container in its
+// caller's cgroup (crun --cgroup-manager=disabled, podman --cgroups=disabled)
+// claims what it reaches, one in a cgroup of its own nothing.
+//   - A symlink to /proc, or a relative source that resolves to it:
+//     /proc/<pid>/root/dev is the host's /dev (statfs tells a procfs).
+//   - A directory that holds, below it, a bind of /dev, a procfs or a
+//     devtmpfs (a chroot's or a build root's): a recursive bind (rbind, or
+//     neither bind nor rbind, which runc and crun refuse and another
+//     runtime may take either way) brings it along; a bind alone does not,
+//     nor does a nodev mount open the nodes on it.
+//   - A part of the host's /dev (a directory of it, a bind of one, a bind
+//     of a single node): the GPU nodes in it.
+//   - A symlink into another mount namespace (/proc/<pid>/root/...: another
+//     container's /dev, with the nodes of its GPUs): what it is cannot be
+//     told from this one, and counts as the host's /dev.
+func TestBindSourceReachesHostDevUnderAnotherName(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	root := os.Geteuid() == 0
+	all := []int{0, 1, 2, 3}
+	for _, tc := range []struct {
+		name     string
+		needRoot bool
+		// source returns the bind source and its options.
+		source func(t *testing.T) (string, []string)
+		want   []int // GPUs claimed without a device cgroup
+	}{
+		{"a symlink to /proc", false, func(t *testing.T) (string, []string) {
+			link := filepath.Join(t.TempDir(), "p")
+			require.NoError(t, os.Symlink("/proc", link))
+			return link, []string{"rbind"}
+		}, all},
+		{"a symlink to /proc, bound alone", false, func(t *testing.T) (string, []string) {
+			link := filepath.Join(t.TempDir(), "p")
+			require.NoError(t, os.Symlink("/proc", link))
+			return link, []string{"bind"}
+		}, all},
+		{"a relative source that resolves to /proc", false, func(*testing.T) (string, []string) {
+			return "../../../../../../../../../../proc", []string{"rbind"}
+		}, all},
+		{"a directory holding a bind of /dev", true, func(t *testing.T) (string, []string) {
+			dir := t.TempDir()
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "dev"), 0o755))
+			mountT(t, "/dev", filepath.Join(dir, "dev"), "", unix.MS_BIND)
+			return dir, []string{"rbind"}
+		}, all},
+		{"a directory holding a bind of /dev, bound neither way", true, func(t *testing.T) (string, []string) {
+			dir := t.TempDir()
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "dev"), 0o755))
+			mountT(t, "/dev", filepath.Join(dir, "dev"), "", unix.MS_BIND)
+			return dir, nil
+		}, all},
+		{"a directory holding a bind of /dev, bound alone", true, func(t *testing.T) (string, []string) {
+			dir := t.TempDir()
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "dev"), 0o755))
+			mountT(t, "/dev", filepath.Join(dir, "dev"), "", unix.MS_BIND)
+			return dir, []string{"bind", "rprivate"}
+		}, nil},
+		{"a directory holding a nodev bind of /dev", true, func(t *testing.T) (string, []string) {
+			dir := t.TempDir()
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "dev"), 0o755))
+			mountT(t, "/dev", filepath.Join(dir, "dev"), "", unix.MS_NODEV)
+			return dir, []string{"rbind"}
+		}, nil},
+		{"a directory holding a procfs", true, func(t *testing.T) (string, []string) {
+			dir := t.TempDir()
+			require.NoError(t, os.MkdirAll(filepath.Join(dir, "a", "proc"), 0o755))
+			mountT(t, "proc", filepath.Join(dir, "a", "proc"), "proc", unix.MS_NODEV|unix.MS_NOSUID)
+			return dir, []string{"rbind"}
+		}, all},
+		{"a directory holding a devtmpfs", true, func(t *testing.T) (string, []string) {
+			dir := t.TempDir()
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "dev"), 0o755))
+			mountT(t, "devtmpfs", filepath.Join(dir, "dev"), "devtmpfs", 0)
+			return dir, []string{"rbind"}
+		}, all},
+		{"a directory of the host's /dev holding a GPU node", true, func(t *testing.T) (string, []string) {
+			return gpuNodeDir(t), []string{"bind"}
+		}, []int{2}},
+		{"a directory holding a bind of part of /dev", true, func(t *testing.T) (string, []string) {
+			dir := t.TempDir()
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "caps"), 0o755))
+			mountT(t, gpuNodeDir(t), filepath.Join(dir, "caps"), "", unix.MS_BIND)
+			return dir, []string{"rbind"}
+		}, []int{2}},
+		{"a directory holding a bind of a GPU node", true, func(t *testing.T) (string, []string) {
+			dir := t.TempDir()
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "gpu"), nil, 0o600))
+			mountT(t, filepath.Join(gpuNodeDir(t), "nv"), filepath.Join(dir, "gpu"), "", unix.MS_BIND)
+			return dir, []string{"rbind"}
+		}, []int{2}},
+		{"a symlink into another mount namespace", true, func(t *testing.T) (string, []string) {
+			link := filepath.Join(t.TempDir(), "other")
+			require.NoError(t, os.Symlink(otherNamespaceDir(t), link))
+			return link, []string{"bind"}
+		}, all},
+		{"an ordinary directory", false, func(t *testing.T) (string, []string) {
+			dir := t.TempDir()
+			require.NoError(t, os.Mkdir(filepath.Join(dir, "dev"), 0o755))
+			return dir, []string{"rbind"}
+		}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.needRoot && !root {
+				t.Skip("mounts need root")
+			}
+			src, opts := tc.source(t)
+			options := func(s *specs.Spec) { s.Mounts[1].Options = opts }
+			for _, fenced := range []bool{false, true} {
+				cfg := staticConfig(t)
+				opened := 0
+				container := session
+				if fenced {
+					container = "0::/machine.slice/libpod-train.scope\n"
+				}
+				e := cgroupProc(t, container, session, &opened)
+				in := e.readInput(strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, src, "/x", options)))
+				require.NoError(t, in.specErr)
+				require.NoError(t, e.runInput(t.Context(), PhaseCreateRuntime, cfg, in, io.Discard))
+				if fenced || tc.want == nil {
+					require.Empty(t, ledgerState(t, cfg).Claims, "fenced %v: nothing opens", fenced)
+					continue
+				}
+				var want []string
+				for _, i := range tc.want {
+					want = append(want, gpuUUIDs[i])
+				}
+				require.ElementsMatch(t, want, claimedGPUs(t, ledgerState(t, cfg).Claims, "train"))
+			}
+		})
+	}
+}
+
+// A rootless runtime sets up no device cgroup at all: a bind of /proc
+// under another name reaches the host's /dev there too.
+func TestRootlessBindOfProcUnderAnotherName(t *testing.T) {
+	link := filepath.Join(t.TempDir(), "p")
+	require.NoError(t, os.Symlink("/proc", link))
+	e := testEnv(new(int))
+	e.userNS = func() RuntimeUserNS { return Rootless }
+	for _, src := range []string{link, "../../../../../../../../../../proc"} {
+		in := e.readInput(strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, src, "/x")))
+		require.NoError(t, in.specErr)
+		require.False(t, in.NeverClaims(), src)
+		require.True(t, in.request.HostDevMounted, src)
+	}
+}
+
+// The mount table is read as the kernel writes it: escaped paths, optional
+// fields before the separator, the device as major:minor.
+func TestParseMountinfo(t *testing.T) {
+	for _, tc := range []struct {
+		name, line string
+		want       mountEntry
+		ok         bool
+	}{
+		{"devtmpfs", "22 1 0:5 / /dev rw,nosuid,relatime shared:2 - devtmpfs devtmpfs rw,size=100k",
+			mountEntry{dev: unix.Mkdev(0, 5), root: "/", point: "/dev", fstype: "devtmpfs"}, true},
+		{"a bind of part of /dev, nodev", "40 22 0:5 /nvidia-caps /srv/c/caps rw,nodev - devtmpfs devtmpfs rw",
+			mountEntry{dev: unix.Mkdev(0, 5), root: "/nvidia-caps", point: "/srv/c/caps", nodev: true, fstype: "devtmpfs"}, true},
+		{"no optional field, escaped paths", `41 1 259:1 /a\040b /srv/x\134y\011z rw - ext4 /dev/vda rw`,
+			mountEntry{dev: unix.Mkdev(259, 1), root: "/a b", point: "/srv/x\\y\tz", fstype: "ext4"}, true},
+		{"several optional fields", "42 1 0:50 / /srv/p rw shared:7 master:3 propagate_from:2 - proc proc rw",
+			mountEntry{dev: unix.Mkdev(0, 50), root: "/", point: "/srv/p", fstype: "proc"}, true},
+		{"no separator", "42 1 0:50 / /srv/p rw shared:7 proc proc rw", mountEntry{}, false},
+		{"no device", "42 1 x / /srv/p rw - proc proc rw", mountEntry{}, false},
+		{"a cut escape", `42 1 0:50 / /srv/p\04 rw - proc proc rw`, mountEntry{}, false},
+		{"a relative mount point", "42 1 0:50 / srv rw - proc proc rw", mountEntry{}, false},
+		{"short", "42 1 0:50 /", mountEntry{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := parseMountinfo(tc.line)
+			require.Equal(t, tc.ok, ok)
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+// What cannot be read of the mount table counts as the host's /dev: a table
+// past its bound, a line past its bound, a line that does not parse. Only
+// mounts at or below a bind source count.
+func TestReadSubmountsFailsClosed(t *testing.T) {
+	line := "30 1 0:40 / /srv/other rw - proc proc rw\n"
+	for _, tc := range []struct {
+		name    string
+		table   string
+		wantErr bool
+		hostDev bool
+	}{
+		{"a proc beside the source", line, false, false},
+		{"a proc below the source", "31 1 0:40 / /srv/chroot/proc rw - proc proc rw\n", false, true},
+		{"a proc at a sibling's prefix", "31 1 0:40 / /srv/chroot2/proc rw - proc proc rw\n", false, false},
+		{"a table past its bound", strings.Repeat(line, maxMountinfoBytes/len(line)+1), true, false},
+		{"a line past its bound", "31 1 0:40 / /srv/" + strings.Repeat("a", maxMountinfoLine) + " rw - proc proc rw\n", true, false},
+		{"a line that does not parse", line + "garbage\n", true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := boundSources{host: &hostDirs{}}
+			budget := maxDevEntries
+			err := b.readSubmounts(strings.NewReader(tc.table), []boundDir{{src: "/srv/chroot", dst: "/x", recursive: true}}, &budget)
+			require.Equal(t, tc.wantErr, err != nil, "%v", err)
+			require.Equal(t, tc.hostDev, b.hostDev)
+		})
+	}
+}
+
+// runc and crun bind recursively for "rbind", singly for "bind"; with
+// neither they refuse the bind, and another runtime may bind either way.
+func TestRecursiveBind(t *testing.T) {
+	for _, tc := range []struct {
+		opts []string
+		want bool
+	}{
+		{[]string{"rbind", "rprivate"}, true},
+		{[]string{"bind", "rprivate", "nodev"}, false},
+		{[]string{"bind", "rbind"}, true},
+		{nil, true},
+		{[]string{"ro"}, true},
+	} {
+		require.Equal(t, tc.want, recursiveBind(specs.Mount{Type: "bind", Options: tc.opts}), "%v", tc.opts)
+	}
+}
