@@ -14,8 +14,12 @@ import (
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
 
 // mountT mounts src at dst (fstype "" for a bind) with flags, undone when
@@ -212,6 +216,104 @@ func TestRootlessBindOfProcUnderAnotherName(t *testing.T) {
 		require.NoError(t, in.specErr)
 		require.False(t, in.NeverClaims(), src)
 		require.True(t, in.request.HostDevMounted, src)
+	}
+}
+
+// nodevDir is a directory on a nodev mount (a tmpfs of the test's own),
+// where container storage mounted with mountopt = "nodev" puts a root
+// filesystem.
+func nodevDir(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("a nodev mount needs root")
+	}
+	dir := t.TempDir()
+	mountT(t, "gg", dir, "tmpfs", unix.MS_NODEV)
+	return dir
+}
+
+// A rootful engine unpacks an image as root and makes every device node a
+// layer carries; a rootful runtime binds the root filesystem as it is
+// mounted. Where no device cgroup applies, a node of a GPU's numbers
+// anywhere in the image opens that GPU, and the hook cannot walk the
+// image: unless the root's mount is nodev, the container counts as
+// reaching every GPU, with a source and a refusal that say so and what to
+// do. A rootless runtime's engine cannot make nodes: not read there. A
+// device cgroup of the container's own fences it. A runtime whose user
+// namespace cannot be told is read as rootful too.
+func TestRootWithoutNodevReachesEveryGPU(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	own := "0::/machine.slice/libpod-train.scope\n"
+	for _, tc := range []struct {
+		name      string
+		nodev     bool
+		container string
+		userNS    RuntimeUserNS
+		bindDev   bool
+		reaches   bool
+	}{
+		{name: "rootful, no device cgroup", container: session, userNS: Rootful, reaches: true},
+		{name: "rootful, no device cgroup, root nodev", nodev: true, container: session, userNS: Rootful},
+		{name: "rootful, own device cgroup", container: own, userNS: Rootful},
+		{name: "rootless", container: session, userNS: Rootless},
+		{name: "user namespace unknown", container: own, userNS: UnknownUserNS, reaches: true},
+		// Another cause names the claim: its remedy is not nodev alone.
+		{name: "rootful, no device cgroup, /dev bound too", container: session, userNS: Rootful, bindDev: true, reaches: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			base := t.TempDir()
+			if tc.nodev {
+				base = nodevDir(t)
+			}
+			rootfs := filepath.Join(base, "rootfs")
+			require.NoError(t, os.MkdirAll(filepath.Join(rootfs, "opt"), 0o755))
+			if os.Geteuid() == 0 {
+				// What an image may carry; whether or not it is there, the
+				// hook reads nothing in the root.
+				require.NoError(t, unix.Mknod(filepath.Join(rootfs, "opt", "gpu"), unix.S_IFCHR|0o666, int(unix.Mkdev(195, 0))))
+			}
+			src := "/srv/data"
+			if tc.bindDev {
+				src = "/dev"
+			}
+			state := func() string {
+				return bindState(t, "train", 4242, specs.StateCreating, src, "/data", func(s *specs.Spec) {
+					s.Root = &specs.Root{Path: rootfs}
+					s.Mounts = append(s.Mounts, devTmpfs)
+				})
+			}
+			cfg := staticConfig(t)
+			opened := 0
+			e := cgroupProc(t, tc.container, session, &opened)
+			e.userNS = func() RuntimeUserNS { return tc.userNS }
+			e.markerDir = t.TempDir()
+			in := e.readInput(strings.NewReader(state()))
+			require.NoError(t, in.specErr)
+			require.Equal(t, !tc.reaches, in.NeverClaims())
+			require.NoError(t, e.runInput(t.Context(), PhaseCreateRuntime, cfg, in, io.Discard))
+			if !tc.reaches {
+				require.Zero(t, opened, "nothing to claim")
+				return
+			}
+			claims := ledgerState(t, cfg).Claims
+			require.ElementsMatch(t, gpuUUIDs, claimedGPUs(t, claims, "train"))
+			for _, c := range claims {
+				if tc.bindDev {
+					assert.Contains(t, c.Source, "host /dev bound in")
+				} else {
+					assert.Contains(t, c.Source, "root filesystem not mounted nodev")
+				}
+			}
+
+			cfg = staticConfig(t)
+			cfg.Policy.AllDevices = config.AllReject
+			err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(state()), io.Discard)
+			require.ErrorIs(t, err, guard.ErrRejected)
+			if !tc.bindDev {
+				require.ErrorContains(t, err, `mountopt = "nodev"`)
+				require.ErrorContains(t, err, "device cgroup of its own")
+			}
+		})
 	}
 }
 

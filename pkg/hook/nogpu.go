@@ -96,8 +96,9 @@ func (e env) readInput(stdin io.Reader) *Input {
 // directory, a few microseconds: the runtime follows symlinks, so
 // spellings do not tell), any other directory bound in (what lies below it
 // is read only then: readDirs), a /proc path that leads to a root, a root
-// filesystem that brings in the host's /dev (one stat of root.path, and
-// the host's /dev, wherever the binds are read), a devtmpfs mount, or
+// filesystem that brings in the host's /dev, or a rootful runtime's that is
+// not mounted nodev (one stat and statfs of root.path, and the host's
+// /dev, wherever the binds are read), a devtmpfs mount, or
 // CAP_MKNOD (in docker's and containerd's default set, not
 // podman's or CRI-O's) or CAP_SYS_ADMIN. A state without a pid (which runc
 // and crun always give create-runtime) counts as no device cgroup.
@@ -237,9 +238,12 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 
 // markUnfenced records in req, for a container no device cgroup fences,
 // the nodes its binds bring in and whether it opens every GPU node (the
-// host's /dev bound in, or mknod: it can make any node). What lies below
-// the directories bound in is read here (readDirs), once no device cgroup
-// is known to fence the container, unless every GPU opens anyway.
+// host's /dev bound in, mknod: it can make any node, or a root filesystem
+// not mounted nodev, where any node its image carries opens). What lies
+// below the directories bound in is read here (readDirs), once no device
+// cgroup is known to fence the container, unless every GPU opens anyway.
+// ImageNodes tells the resolver that the root filesystem is the only
+// cause, so that its messages name it and its remedy.
 func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 	if !mknod && !bound.hostDev {
 		bound.readDirs()
@@ -248,9 +252,10 @@ func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 	if bound.hostDev {
 		req.HostDevMounted = true
 	}
-	if req.HostDevMounted || mknod {
+	if req.HostDevMounted || mknod || bound.imageNodes {
 		req.GPUNodesAllowed = true
 		req.NoDeviceCgroup = true
+		req.ImageNodes = bound.imageNodes && !req.HostDevMounted && !mknod
 	}
 }
 
@@ -438,6 +443,10 @@ type boundSources struct {
 	nodes []devices.LinuxDevice
 	// hostDev: the host's / or /dev is bound in, or what reaches it.
 	hostDev bool
+	// imageNodes: the root filesystem of a rootful runtime's container is
+	// not mounted nodev, so that any device node its image carries opens
+	// (boundRoot).
+	imageNodes bool
 	// dirs are the other directories bound in (and overlay layers): where
 	// they lead, the part of the host's /dev they may be and the mounts
 	// below them are read by readDirs, only for a container no device
@@ -449,9 +458,10 @@ type boundSources struct {
 // none reports whether nothing bound in may reach a GPU: neither the host's
 // /dev nor a node that may be one (devices.MayBeGPUNode: /dev/null or
 // /dev/fuse bound in is no reason to read the container's cgroup), nor a
-// directory whose mounts and links are yet to be read.
+// root filesystem that may carry nodes, nor a directory whose mounts and
+// links are yet to be read.
 func (b boundSources) none() bool {
-	return !b.hostDev && len(b.dirs) == 0 && !slices.ContainsFunc(b.nodes, devices.MayBeGPUNode)
+	return !b.hostDev && !b.imageNodes && len(b.dirs) == 0 && !slices.ContainsFunc(b.nodes, devices.MayBeGPUNode)
 }
 
 // boundNodes reads what each mount source is on the host, whatever it is
@@ -600,7 +610,7 @@ func sameFile(host, st *unix.Stat_t) bool {
 func unfencedSources(spec *specs.Spec, bundle string, rootless bool) boundSources {
 	var host hostDirs
 	b := boundNodes(spec.Mounts, bundle, rootless, &host)
-	b.boundRoot(spec, bundle, &host)
+	b.boundRoot(spec, bundle, rootless, &host)
 	if l := spec.Linux; l != nil && len(l.Devices) > 0 {
 		b.boundDevicePaths(l.Devices)
 	}
@@ -659,7 +669,17 @@ func rootNamesHostDev(spec *specs.Spec) bool {
 // compares bind sources, whatever the path is called. A root dev that is a
 // symlink is not followed: inside the container it resolves from the
 // container's root.
-func (b *boundSources) boundRoot(spec *specs.Spec, bundle string, host *hostDirs) {
+//
+// A rootful runtime's root filesystem is its image, unpacked by an engine
+// running as root, which makes every device node a layer carries (a tar
+// entry of type char): a node of NVIDIA's numbers anywhere in it opens the
+// GPU where no device cgroup stops it. What the image holds cannot be told
+// without walking it, so unless the root's mount is nodev (statfs:
+// containers/storage's mountopt = "nodev"), the container counts as
+// reaching every GPU node (imageNodes). Nothing in the root is opened. A
+// rootless runtime's engine cannot make device nodes, nor does one open on
+// a mount of its user namespace: not read there.
+func (b *boundSources) boundRoot(spec *specs.Spec, bundle string, rootless bool, host *hostDirs) {
 	p := rootPath(spec)
 	if p == "" {
 		return
@@ -685,6 +705,11 @@ func (b *boundSources) boundRoot(spec *specs.Spec, bundle string, host *hostDirs
 		if host.isDev(&st) || host.isRoot(&st) {
 			b.hostDev = true
 			return
+		}
+		if !rootless && !b.imageNodes {
+			var fs unix.Statfs_t
+			// A statfs that fails tells nothing: counted as not nodev.
+			b.imageNodes = unix.Statfs(dir, &fs) != nil || int64(fs.Flags)&unix.ST_NODEV == 0 //nolint:unconvert // int32 on some platforms
 		}
 		if devCovered {
 			continue

@@ -16,11 +16,13 @@ import (
 // BenchmarkReadInput times what a hook does with its input before it
 // decides, for a container that names no GPU under a rootful runtime, with
 // the mounts podman gives every container (binds of files in its run dir),
-// its root filesystem (an overlay's merged dir, stat'ed: boundRoot) and
-// an engine's default capabilities: podman's and CRI-O's (no
-// CAP_MKNOD) and docker's and containerd's (CAP_MKNOD: the container's
-// cgroup is read, from a /proc tree of files here). In-process, warm: the
-// syscalls the input costs, not the process start (BenchmarkHookProcess).
+// its root filesystem (an overlay's merged dir, stat'ed and statfs'ed:
+// boundRoot; here on storage not mounted nodev, as podman's default is, so
+// its cgroup is read, from a /proc tree of files here, as for CAP_MKNOD)
+// and an engine's default capabilities: podman's and CRI-O's (no
+// CAP_MKNOD) and docker's and containerd's (CAP_MKNOD). In-process, warm:
+// the syscalls the input costs, not the process start
+// (BenchmarkHookProcess).
 func BenchmarkReadInput(b *testing.B) {
 	podman := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
 		"CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}

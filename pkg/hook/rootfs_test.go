@@ -79,9 +79,15 @@ func TestRootFilesystemWithoutDeviceCgroup(t *testing.T) {
 		{"host / under a /dev mount, its /proc kept", "/", "", []specs.Mount{devTmpfs}, true},
 		{"host / under a relative /dev mount", "/", "", []specs.Mount{devTmpfsRe}, true},
 		{"host / through a symlink under a /dev mount", rootLink, "", []specs.Mount{devTmpfs}, true},
-		{"an ordinary root filesystem", "", "", []specs.Mount{procMount}, false},
+		// On nodev storage: a root filesystem not mounted nodev may carry
+		// a GPU's node (TestRootWithoutNodevReachesEveryGPU).
+		{"an ordinary root filesystem", "nodev", "", []specs.Mount{procMount}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.root == "nodev" {
+				tc.root = filepath.Join(nodevDir(t), "rootfs")
+				require.NoError(t, os.MkdirAll(filepath.Join(tc.root, "dev"), 0o755))
+			}
 			write := func(pid int, status specs.ContainerState) string {
 				root := tc.root
 				if root == "" {
@@ -197,22 +203,39 @@ func TestRootFilesystemHoldsHostDev(t *testing.T) {
 	require.False(t, req.HostDevMounted, "the mount at /dev covers it")
 }
 
-// An engine's container (an ordinary root filesystem, a mount at /dev)
-// reads one stat of its root and no cgroup.
+// An engine's container (an ordinary root filesystem on nodev storage, a
+// mount at /dev) reads one stat and one statfs of its root and no cgroup.
+// On storage not mounted nodev its cgroup is read (once): only a device
+// cgroup stops a node its image may carry.
 func TestOrdinaryRootReadsNoCgroup(t *testing.T) {
-	e := defaultEnv()
-	e.procRoot = filepath.Join(t.TempDir(), "no-proc")
-	e.userNS = func() RuntimeUserNS { return Rootful }
-	e.getppid = func() int { t.Error("getppid called"); return 1 }
-	e.readCgroup = func(path string) ([]byte, error) {
-		t.Errorf("read %s", path)
-		return nil, os.ErrNotExist
+	for _, nodev := range []bool{true, false} {
+		reads := 0
+		e := defaultEnv()
+		e.procRoot = filepath.Join(t.TempDir(), "no-proc")
+		e.userNS = func() RuntimeUserNS { return Rootful }
+		e.getppid = func() int { return 1 }
+		e.readCgroup = func(path string) ([]byte, error) {
+			reads++
+			if strings.Contains(path, "/4242/") {
+				return []byte("0::/machine.slice/libpod-plain.scope\n"), nil
+			}
+			return []byte("0::/machine.slice/libpod-conmon-plain.scope\n"), nil // the runtime's
+		}
+		root := filepath.Join(t.TempDir(), "rootfs")
+		if nodev {
+			root = filepath.Join(nodevDir(t), "rootfs")
+		}
+		require.NoError(t, os.MkdirAll(filepath.Join(root, "dev"), 0o755))
+		st, _ := rootState(t, "plain", 4242, specs.StateCreating, root, procMount, devTmpfs)
+		in := e.readInput(strings.NewReader(st))
+		require.NoError(t, in.specErr)
+		require.True(t, in.NeverClaims(), "nodev %v: its device cgroup fences it", nodev)
+		if nodev {
+			require.Zero(t, reads, "nothing to fence: no cgroup read")
+		} else {
+			require.NotZero(t, reads, "the cgroup decides")
+		}
 	}
-	st, bundle := rootState(t, "plain", 4242, specs.StateCreating, "rootfs", procMount, devTmpfs)
-	require.NoError(t, os.MkdirAll(filepath.Join(bundle, "rootfs", "dev"), 0o755))
-	in := e.readInput(strings.NewReader(st))
-	require.NoError(t, in.specErr)
-	require.True(t, in.NeverClaims())
 }
 
 // The host's "/" as the root is the host's /dev whatever is mounted at

@@ -32,6 +32,7 @@ import (
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testtmp"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -175,6 +176,8 @@ type rig struct {
 	shared   string
 	cfg      config.Config
 	cfgPath  string // the default configuration (long wait_timeout)
+	// rootfsMounted: rootfs is a nodev bind of itself, undone by cleanup.
+	rootfsMounted bool
 
 	mu   sync.Mutex
 	ctrs []*ctr
@@ -201,6 +204,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		rootfs:   filepath.Join(base, "rootfs"),
 		shared:   filepath.Join(base, "shared"),
 	}
+	t.Cleanup(r.cleanup)
 	for _, d := range []string{r.runcRoot, r.shared, filepath.Join(r.rootfs, "proc"), filepath.Join(r.rootfs, "dev"),
 		filepath.Join(r.rootfs, "shared"), filepath.Join(base, "b")} {
 		require.NoError(t, os.MkdirAll(d, 0o755))
@@ -208,13 +212,19 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	prog, err := os.ReadFile(ctrProg)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(r.rootfs, "ctrprog"), prog, 0o755))
+	// The rootfs is mounted nodev, as container storage should be: the
+	// hook reads the rig's containers as having no device cgroup (their
+	// cgroups do not bear runc's names), where a root filesystem without
+	// nodev counts as opening every GPU (a node its image may carry).
+	require.NoError(t, unix.Mount(r.rootfs, r.rootfs, "", unix.MS_BIND, ""))
+	r.rootfsMounted = true
+	require.NoError(t, unix.Mount("", r.rootfs, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NODEV, ""))
 
 	if o.waitTimeout == 0 {
 		o.waitTimeout = 2 * time.Minute
 	}
 	r.cfg = r.config(o.waitTimeout)
 	r.cfgPath = r.writeConfig("config.toml", r.cfg)
-	t.Cleanup(r.cleanup)
 	return r
 }
 
@@ -542,6 +552,9 @@ func (r *rig) cleanup() {
 		for _, d := range dirs {
 			_ = os.Remove(d) // rmdir: only an empty cgroup goes
 		}
+	}
+	if r.rootfsMounted {
+		_ = unix.Unmount(r.rootfs, unix.MNT_DETACH)
 	}
 	_ = os.RemoveAll(r.base)
 }
