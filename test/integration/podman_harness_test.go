@@ -193,7 +193,13 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 		prefix = "nsenter --mount=" + r.nsFile + " "
 	}
 	r.wrapper = filepath.Join(base, "bin", "podman")
+	// Container storage is mounted nodev (containers/storage's mountopt),
+	// as docs/hook.md asks of a host whose containers may run without a
+	// device cgroup: a root filesystem without it counts as reaching every
+	// GPU there (a device node its image may carry). GG_STORAGE_OPTS
+	// replaces the option ("" for none: podmanImageNodes).
 	script := fmt.Sprintf("#!/bin/sh\nexport CONTAINERS_CONF=\"${GG_CONTAINERS_CONF:-%s}\"\nexec %s%s --root %s --runroot %s --tmpdir %s "+
+		"${GG_STORAGE_OPTS---storage-opt=overlay.mountopt=nodev} "+
 		"--cgroup-manager cgroupfs --events-backend file --runtime %s \"$@\"\n",
 		filepath.Join(base, "containers.conf"), prefix, podmanPath(t), filepath.Join(base, "root"), filepath.Join(base, "runroot"), filepath.Join(base, "tmp"),
 		runtime)

@@ -40,6 +40,7 @@ func TestPodman(t *testing.T) {
 				{"HostDevBind", podmanHostDevBind},
 				{"MknodWithoutCgroup", podmanMknodWithoutCgroup},
 				{"DevicePathUserNS", podmanDevicePathUserNS},
+				{"ImageNodesWithoutCgroup", podmanImageNodes},
 				{"UserNSDeviceBundle", podmanUserNSDeviceBundle},
 				{"FailedCreateUnderRemove", podmanFailedCreateUnderRemove},
 			} {
@@ -462,6 +463,57 @@ func podmanDevicePathUserNS(t *testing.T, r *podmanRig) {
 	out, err := r.runGPU("un", "", append([]string{"--cgroups=disabled", "--cap-drop", "MKNOD"}, device...)...)
 	require.NoError(t, err, out)
 	require.Equal(t, map[int]string{2: r.id("un")}, r.holders())
+}
+
+// podmanImageNodes: podman unpacks an image as root, device nodes and all,
+// and without a device cgroup (crun --cgroups=disabled) a node of a GPU's
+// numbers in the image opens that GPU. The hook does not walk the image:
+// on container storage mounted nodev (the rig's) such a container claims
+// nothing, and on storage without nodev it counts as reaching every GPU,
+// claims them all with a source that says why, and is refused while one is
+// held. In its own device cgroup storage without nodev changes nothing.
+// None has CAP_MKNOD, which alone opens every GPU there.
+func podmanImageNodes(t *testing.T, r *podmanRig) {
+	if r.runtime != "crun" {
+		return // podman disables a container's cgroups with crun only
+	}
+	// Without CAP_MKNOD (in podman's built-in set), which alone opens
+	// every GPU there.
+	noMknod := []string{"--cap-drop", "MKNOD"}
+	out, err := r.runGPU("nd", "", append([]string{"--cgroups=disabled"}, noMknod...)...)
+	require.NoError(t, err, out)
+	require.Empty(t, r.holders(), "its root is mounted nodev: nothing of its image opens")
+	r.mustPodman("rm", "-f", "-t", "0", "nd")
+
+	nodevless := []string{"GG_STORAGE_OPTS="}
+	run := func(name string, extra ...string) (string, error) {
+		args := append(append([]string{"run", "-d", "--name", name}, noMknod...), extra...)
+		return r.podmanEnv(nodevless, append(args, podmanImage)...)
+	}
+	out, err = run("own")
+	require.NoError(t, err, out)
+	require.Empty(t, r.holders(), "its device cgroup stops what its image holds")
+	root := r.inspect("own", "{{.GraphDriver.Data.MergedDir}}")
+	var fs unix.Statfs_t
+	require.NoError(t, unix.Statfs(root, &fs))
+	require.Zero(t, fs.Flags&unix.ST_NODEV, "podman's storage without the option is not nodev")
+	r.mustPodman("rm", "-f", "-t", "0", "own")
+
+	out, err = r.runGPU("h", "1")
+	require.NoError(t, err, out)
+	out, err = run("ni", "--cgroups=disabled")
+	require.Error(t, err, "GPU 1 is held: a container that may open every GPU is refused: %s", out)
+	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+r.id("h")[:12])
+	r.mustPodman("rm", "-f", "ni")
+	r.mustPodman("rm", "-f", "-t", "0", "h")
+	r.waitFor("h's claim released", func() bool { return len(r.holders()) == 0 })
+
+	out, err = run("ni2", "--cgroups=disabled")
+	require.NoError(t, err, out)
+	r.requireHoldsEveryGPU("ni2", "a root filesystem without nodev")
+	for _, c := range r.state().Claims {
+		require.Contains(t, c.Source, "root filesystem not mounted nodev")
+	}
 }
 
 // podmanUserNSDeviceBundle: a container with a user namespace (--uidmap)
