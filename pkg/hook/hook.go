@@ -484,6 +484,11 @@ func (e env) until(ctx context.Context, t time.Time) (context.Context, context.C
 	return context.WithTimeout(ctx, t.Sub(e.now()))
 }
 
+// ahead reports, on e's clock, whether t (zero: none) is still to come.
+func (e env) ahead(t time.Time) func() bool {
+	return func() bool { return t.IsZero() || e.now().Before(t) }
+}
+
 // runtimeScopePrefixes are the prefixes runtimes and engines put before a
 // container's id in the name of the cgroup they create for it
 // (<prefix>-<id>, or <prefix>-<id>.scope under systemd). "libpod-payload"

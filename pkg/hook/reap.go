@@ -24,11 +24,20 @@ const retryPause = 20 * time.Millisecond
 // budget has passed (then the last error is returned). The context of fn is
 // not cancelled by ctx: a hook on its way out must still leave the queue.
 func retryLocked(ctx context.Context, budget time.Duration, fn func(ctx context.Context) error) error {
+	return retryLockedWhile(ctx, budget, nil, fn)
+}
+
+// retryLockedWhile is retryLocked that also stops, with the last error, once
+// more (nil: never asked) reports false after a lock timeout: a deadline of
+// the hook's, read on the hook's clock (env.ahead). budget alone is read on
+// the system's clock, and a deadline placed from the hook's start must hold
+// on the clock that placed it.
+func retryLockedWhile(ctx context.Context, budget time.Duration, more func() bool, fn func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), budget)
 	defer cancel()
 	for {
 		err := fn(ctx)
-		if err == nil || !errors.Is(err, ledger.ErrLockTimeout) {
+		if err == nil || !errors.Is(err, ledger.ErrLockTimeout) || (more != nil && !more()) {
 			return err
 		}
 		select {

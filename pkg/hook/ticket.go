@@ -149,7 +149,9 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 		held, extra []devices.Device
 		refusal     *guard.Decision
 	)
-	err = retryLocked(ctx, ctxBudget(ctx, withdrawTimeout(cfg)), func(ctx context.Context) error {
+	// Retried until dl.decideBy on the hook's clock too, the clock that
+	// placed it (ctx's deadline is the same moment on the system's).
+	err = retryLockedWhile(ctx, ctxBudget(ctx, withdrawTimeout(cfg)), e.ahead(dl.decideBy), func(ctx context.Context) error {
 		held, extra, refusal = nil, nil, nil
 		return update(ctx, g, func(tx *ledger.Tx) error {
 			for _, c := range tx.State().Claims {

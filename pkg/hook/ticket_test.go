@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -246,12 +247,86 @@ func specWith(t *testing.T, id string, args []string, timeoutSec int, env ...str
 	return string(st)
 }
 
+// lockClock is the hook's clock in the hand-over tests below: it stands
+// still but for each wait for a ledger lock another process holds
+// (ledger.Options.BeforeLockWait), which moves it to the next of steps, or,
+// past the last, an hour on. So the hook's deadlines pass after a known
+// number of lock waits, however long a wait takes in real time.
+type lockClock struct {
+	fakeClock
+	steps []time.Time
+	// began is the clock's time at the start of each wait.
+	began []time.Time
+}
+
+func (c *lockClock) lockWait() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.began = append(c.began, c.t)
+	if n := len(c.began); n <= len(c.steps) {
+		c.t = c.steps[n-1]
+	} else {
+		c.t = c.t.Add(time.Hour)
+	}
+}
+
+// waitsBefore counts the lock waits that began before t.
+func (c *lockClock) waitsBefore(t time.Time) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, b := range c.began {
+		if b.Before(t) {
+			n++
+		}
+	}
+	return n
+}
+
+func (c *lockClock) waits() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.began)
+}
+
+// String tells when the first waits began, after t0.
+func (c *lockClock) String() string {
+	w := c.waits()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d lock waits, begun at t0", len(w))
+	for i, at := range w[:min(len(w), 5)] {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, " +%s", at.Sub(t0))
+	}
+	return b.String()
+}
+
+// handoverClock is the clock of a create-runtime hook started at t0 whose
+// timeout in config.json is timeout (1 h: a deadline on this clock is never
+// reached in real time, so only the hook's reading of its clock ends the
+// hand-over): the hand-over's first lock wait takes it to the middle of
+// its time, the second to its deadline (decideBy, hookAnswerMargin before
+// the kill), a third (the refusal's record) one second on, still before the
+// kill. The hook's guard calls it before each lock wait.
+func handoverClock(r *ticketRig, timeout time.Duration) *lockClock {
+	decideBy := t0.Add(timeout - hookAnswerMargin)
+	c := &lockClock{fakeClock: fakeClock{t: t0}, steps: []time.Time{t0.Add(timeout / 2), decideBy, decideBy.Add(time.Second)}}
+	r.e.now = c.now
+	r.e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
+		return openGuardWith(cfg, inv, c.lockWait)
+	}
+	return c
+}
+
 // A ticket's hand-over is a ledger write like any other of the hook: with
 // the ledger lock held elsewhere it is retried only until the hook's own
 // deadline (its timeout in config.json less the answer margin, counted from
-// the hook's start), and the container is refused in the guard's words
-// before the runtime kills the hook, with or without --wait. The refuse
-// record that cannot be written meanwhile is dropped, and said so.
+// the hook's start, on the hook's clock), and the container is refused in
+// the guard's words before the runtime kills the hook, with or without
+// --wait. The refuse record that cannot be written meanwhile is dropped,
+// and said so.
 func TestTicketHandoverEndsBeforeTheHookIsKilled(t *testing.T) {
 	for _, wait := range []bool{true, false} {
 		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
@@ -261,13 +336,10 @@ func TestTicketHandoverEndsBeforeTheHookIsKilled(t *testing.T) {
 			if wait {
 				args = append(args, "--wait")
 			}
-			const timeout = 4 * time.Second
+			const timeout = time.Hour
 			st := specWith(t, "c", args, int(timeout/time.Second), "NVIDIA_VISIBLE_DEVICES=1", TicketEnv+"="+r.id)
-			// The hook started long enough ago that its deadline is 1 s
-			// away (time enough to reach the hand-over on a loaded
-			// machine): the runtime kills it 3 s from now.
-			started := time.Now().Add(-(timeout - hookAnswerMargin - time.Second))
-			r.e.opts = Options{Wait: wait, Started: started}
+			clock := handoverClock(r, timeout)
+			r.e.opts = Options{Wait: wait, Started: t0}
 			r.e.lockingEngine = func() (bool, string) { return false, "" }
 
 			lock := flock.New(filepath.Join(r.cfg.Ledger.Dir, "ledger.lock"))
@@ -278,11 +350,14 @@ func TestTicketHandoverEndsBeforeTheHookIsKilled(t *testing.T) {
 			require.NoError(t, lock.Unlock())
 
 			require.Error(t, err)
-			require.Contains(t, err.Error(), "its ticket "+r.id+" could not be handed over before the timeout of this hook in the container's config.json (4s, less 2s to answer)")
+			require.Contains(t, err.Error(), "its ticket "+r.id+" could not be handed over before the timeout of this hook in the container's config.json (1h0m0s, less 2s to answer)")
 			require.ErrorIs(t, err, ledger.ErrLockTimeout)
 			require.Equal(t, ExitRefused, ExitCode(err))
-			require.True(t, answered.Before(started.Add(timeout)), "answered %s after the hook's start, the runtime kills it at %s",
-				answered.Sub(started), timeout)
+			decideBy := t0.Add(timeout - hookAnswerMargin)
+			require.Equal(t, 2, clock.waitsBefore(decideBy), "the hand-over waits for the lock until its deadline, and no more: %s", clock)
+			require.LessOrEqual(t, len(clock.waits()), 3, "past its deadline only the refusal's record waits for the lock: %s", clock)
+			require.True(t, answered.Before(t0.Add(timeout)), "answered %s after the hook's start, the runtime kills it at %s",
+				answered.Sub(t0), timeout)
 			require.Contains(t, stderr.String(), "the refusal is not in the audit log")
 			require.Equal(t, map[int]string{1: r.id}, r.holders(), "the ticket keeps its GPU until its gpu-guard-ctl run ends")
 		})
@@ -295,19 +370,23 @@ func TestTicketHandoverEndsBeforeTheHookIsKilled(t *testing.T) {
 func TestTicketHandoverFailureIsAudited(t *testing.T) {
 	r := newTicketRig(t, "1")
 	r.cfg.Ledger.LockTimeout = config.Duration{Duration: 50 * time.Millisecond}
-	st := specWith(t, "c", []string{"nri-gpu-guard-hook", "create-runtime"}, 4, "NVIDIA_VISIBLE_DEVICES=1", TicketEnv+"="+r.id)
-	started := time.Now().Add(-(4*time.Second - hookAnswerMargin - time.Second))
-	r.e.opts = Options{Started: started}
+	const timeout = time.Hour
+	st := specWith(t, "c", []string{"nri-gpu-guard-hook", "create-runtime"}, int(timeout/time.Second), "NVIDIA_VISIBLE_DEVICES=1", TicketEnv+"="+r.id)
+	clock := handoverClock(r, timeout)
+	r.e.opts = Options{Started: t0}
 	// The lock is held through the hand-over's deadline and let go once the
 	// hook tries to record its refusal: the record gets in.
 	lock := flock.New(filepath.Join(r.cfg.Ledger.Dir, "ledger.lock"))
 	require.NoError(t, lock.Lock())
+	decideBy := t0.Add(timeout - hookAnswerMargin)
+	openLocked := r.e.openGuard
 	r.e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
-		g, closeGuard, err := openGuard(cfg, inv)
-		return unlockOnAudit{guardAPI: g, lock: lock, deadline: started.Add(4*time.Second - hookAnswerMargin), now: r.e.now}, closeGuard, err
+		g, closeGuard, err := openLocked(cfg, inv)
+		return unlockOnAudit{guardAPI: g, lock: lock, deadline: decideBy, now: r.e.now}, closeGuard, err
 	}
 	err := r.e.run(context.Background(), PhaseCreateRuntime, r.cfg, strings.NewReader(st), io.Discard)
 	require.ErrorContains(t, err, "could not be handed over before the timeout of this hook")
+	require.Equal(t, []time.Time{t0, t0.Add(timeout / 2)}, clock.waits(), "two waits reach the deadline; the record finds the lock free: %s", clock)
 	recs := r.refusals("c")
 	require.Len(t, recs, 1)
 	require.Equal(t, r.id, recs[0].Key)
