@@ -487,24 +487,31 @@ func TestRootlessOverlayOfDevClaimsNothing(t *testing.T) {
 // device cgroup applies, though the container's process is in a cgroup of
 // its own (a rootless runtime sets up none), and CAP_MKNOD and an overlay
 // of the host's /dev open every GPU (as under a rootful runtime without
-// one), as does a bind of /dev. Its poststop, where the uid_map may read
-// no better, releases the claim. A container with none of these claims
-// nothing.
+// one), as does a bind of /dev, however spelled. Its poststop, where the
+// uid_map may read no better, releases the claim: it reads every bind and
+// overlay whatever its spelling, as a rootless runtime's poststop reads
+// every bind (the marker leads it to the rest). A container with none of
+// these claims nothing.
 func TestUnknownUserNSReadsBothWays(t *testing.T) {
 	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
 	overlay := func(s *specs.Spec) {
 		s.Mounts = append(s.Mounts, specs.Mount{Destination: "/x", Type: "overlay", Source: "overlay", Options: []string{"lowerdir=/dev"}})
 	}
+	devLink := filepath.Join(t.TempDir(), "devlink")
+	require.NoError(t, os.Symlink("/dev", devLink))
 	for _, tc := range []struct {
 		name   string
 		src    string
 		edits  []func(*specs.Spec)
 		claims bool
+		// poststopReads: poststop finds the claim without the marker.
+		poststopReads bool
 	}{
-		{"CAP_MKNOD", "/srv/data", []func(*specs.Spec){withMknod}, true},
-		{"overlay of /dev", "/srv/data", []func(*specs.Spec){overlay}, true},
-		{"bind of /dev", "/dev", nil, true},
-		{"none", "/srv/data", nil, false},
+		{"CAP_MKNOD", "/srv/data", []func(*specs.Spec){withMknod}, true, false},
+		{"overlay of /dev", "/srv/data", []func(*specs.Spec){overlay}, true, true},
+		{"bind of /dev", "/dev", nil, true, true},
+		{"bind of /dev through a symlink", devLink, nil, true, true},
+		{"none", "/srv/data", nil, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := staticConfig(t)
@@ -532,6 +539,8 @@ func TestUnknownUserNSReadsBothWays(t *testing.T) {
 			st.Status, st.Pid = specs.StateStopped, 0
 			stop, err := json.Marshal(st)
 			require.NoError(t, err)
+			require.Equal(t, tc.poststopReads, !e.readInput(strings.NewReader(string(stop))).reachesNoGPU(),
+				"poststop finds the claim by the spec alone")
 			require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(string(stop)), io.Discard))
 			require.Empty(t, ledgerState(t, cfg).Claims)
 		})

@@ -189,33 +189,32 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 	if len(spec.Mounts) == 0 && !mknod && (spec.Linux == nil || len(spec.Linux.Devices) == 0) && rootPath(spec) == "" {
 		return
 	}
-	switch userNS() {
-	case Rootful:
-	case Rootless:
+	ns := userNS()
+	// unknown: what either reading lets through (see UnknownUserNS).
+	unknown := ns != Rootful && ns != Rootless
+	switch {
+	case ns == Rootless:
 		// No device node can be made in a user namespace, nor opened
 		// through a filesystem mounted there (an overlay): only binds,
 		// the runtime's own of each linux.devices entry among them.
 		markUnfenced(req, unfencedSources(spec, bundle, true), false)
 		return
-	default:
-		// Unknown: what either reading lets through. Stopped, every bind,
-		// overlay and linux.devices path is read whatever its spelling (a
-		// rootless runtime's poststop reads every bind and path, a
-		// rootful one's overlays too); the marker leads poststop to the
-		// rest (CAP_MKNOD, CAP_SYS_ADMIN), as for a rootful runtime.
-		// Otherwise it is a rootful runtime's container that no device
-		// cgroup fences, since a rootless runtime sets up none.
-		if stopped {
-			markUnfenced(req, unfencedSources(spec, bundle, false), false)
-			return
-		}
-		applies = func() bool { return false }
-	}
-	if stopped {
-		if bindsDeviceLike(req) || rootNamesHostDev(spec) {
+	case stopped:
+		// Poststop goes by spellings: a rootful runtime's binds, overlays,
+		// root and linux.devices paths are read when one is spelled like
+		// a device or the host's /dev; the marker leads poststop to the
+		// rest (CAP_MKNOD, CAP_SYS_ADMIN, a bind through a symlink). Where
+		// the namespace is unknown they are read whatever their spelling,
+		// as a rootless runtime's poststop reads every bind and path (and
+		// a rootful one's overlays too).
+		if unknown || bindsDeviceLike(req) || rootNamesHostDev(spec) {
 			markUnfenced(req, unfencedSources(spec, bundle, false), false)
 		}
 		return
+	case unknown:
+		// A rootful runtime's container that no device cgroup fences,
+		// since a rootless runtime sets up none.
+		applies = func() bool { return false }
 	}
 	if mknod {
 		// The cgroup decides alone: in one of its own (the common case
