@@ -22,13 +22,14 @@ import (
 // its spec is in bundle/config.json and in crun's copy
 // root/<id>/config.json, and the hook's parent (pid crunPid, in a /proc
 // tree of its own that links the container's process to the real one)
-// is crun, whose command line is args.
+// is crun, whose command line is args and whose environment is env.
 type crunRig struct {
 	t      *testing.T
 	e      env
 	root   string // crun's --root
 	bundle string
 	proc   string
+	env    []string
 }
 
 const crunPid = 4000
@@ -60,12 +61,18 @@ func (r *crunRig) spec(id string, env ...string) {
 	require.NoError(r.t, os.WriteFile(filepath.Join(dir, "config.json"), data, 0o700))
 }
 
-// cmdline makes args the command line of the hook's parent.
+// cmdline makes args the command line of the hook's parent, and r.env its
+// environment.
 func (r *crunRig) cmdline(args ...string) {
 	r.t.Helper()
 	dir := filepath.Join(r.proc, strconv.Itoa(crunPid))
 	require.NoError(r.t, os.MkdirAll(dir, 0o755))
 	require.NoError(r.t, os.WriteFile(filepath.Join(dir, "cmdline"), []byte(strings.Join(args, "\x00")+"\x00"), 0o644))
+	environ := ""
+	for _, kv := range r.env {
+		environ += kv + "\x00"
+	}
+	require.NoError(r.t, os.WriteFile(filepath.Join(dir, "environ"), []byte(environ), 0o400))
 }
 
 // process links the real process pid into the rig's /proc tree.
@@ -153,6 +160,58 @@ func TestCrunBundleSlashDeleteReleases(t *testing.T) {
 	require.Empty(t, ledgerState(t, cfg).Claims)
 }
 
+// A crun run without --root keeps its state in $XDG_RUNTIME_DIR/crun where
+// its environment sets XDG_RUNTIME_DIR (a root login session sets
+// /run/user/0), as rootless crun does: the hook reads crun's copy there,
+// claims the GPU, and `crun delete`'s poststop releases it.
+func TestCrunBundleSlashXDGRuntimeDir(t *testing.T) {
+	cfg := staticConfig(t)
+	r := newCrunRig(t)
+	xdg := t.TempDir()
+	r.root = filepath.Join(xdg, "crun")
+	require.NoError(t, os.Mkdir(r.root, 0o700))
+	r.env = []string{"PATH=/usr/bin", "XDG_RUNTIME_DIR=" + xdg}
+	pid, end := containerProcess(t)
+	r.process(pid)
+	r.spec("gpu", "NVIDIA_VISIBLE_DEVICES=3")
+	r.cmdline("crun", "create", "--bundle", r.bundle, "gpu")
+	require.NoError(t, r.e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(crunState(t, "gpu", specs.StateCreated, pid, "/")), io.Discard))
+	require.Equal(t, map[string]string{gpuUUIDs[3]: "gpu"}, holdersOf(ledgerState(t, cfg)))
+
+	end()
+	r.cmdline("crun", "delete", "-f", "gpu")
+	require.NoError(t, r.e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(crunState(t, "gpu", specs.StateStopped, 0, "/")), io.Discard))
+	require.Empty(t, ledgerState(t, cfg).Claims)
+}
+
+// crun's state root: its --root; without one, $XDG_RUNTIME_DIR/crun where
+// its environment sets XDG_RUNTIME_DIR and not empty (getenv's first entry),
+// whatever crun's user; /run/crun otherwise.
+func TestCrunStateRoot(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		environ []string
+		want    string
+	}{
+		{"--root", []string{"crun", "--root", "/r", "create", "id"}, []string{"XDG_RUNTIME_DIR=/run/user/0"}, "/r"},
+		{"--root=", []string{"crun", "--root=/r", "delete", "id"}, nil, "/r"},
+		{"XDG_RUNTIME_DIR", []string{"crun", "create", "-b", "/b", "id"}, []string{"HOME=/root", "XDG_RUNTIME_DIR=/run/user/0"}, "/run/user/0/crun"},
+		{"rootless", []string{"crun", "--rootless=true", "create", "id"}, []string{"XDG_RUNTIME_DIR=/run/user/1000"}, "/run/user/1000/crun"},
+		{"the first of two", []string{"crun", "create", "id"}, []string{"XDG_RUNTIME_DIR=/a", "XDG_RUNTIME_DIR=/b"}, "/a/crun"},
+		{"empty", []string{"crun", "create", "id"}, []string{"XDG_RUNTIME_DIR="}, crunDefaultRoot},
+		{"the first of two, empty", []string{"crun", "create", "id"}, []string{"XDG_RUNTIME_DIR=", "XDG_RUNTIME_DIR=/b"}, crunDefaultRoot},
+		{"another variable", []string{"crun", "create", "id"}, []string{"XDG_RUNTIME_DIRS=/a", "MY_XDG_RUNTIME_DIR=/b"}, crunDefaultRoot},
+		{"no environment", []string{"crun", "create", "id"}, []string{""}, crunDefaultRoot},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root, _, err := runtimeDirs(tc.args)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, crunStateRoot(root, tc.environ))
+		})
+	}
+}
+
 // The spec is crun's own only: a copy a user other than root could have
 // written, or reached through a symlink, or an id that is no file name, is
 // not read, and neither is "/config.json". The container is refused with
@@ -170,6 +229,30 @@ func TestCrunBundleSlashRefused(t *testing.T) {
 		{"default root, no copy", "gone-" + strconv.Itoa(os.Getpid()), func(r *crunRig) {
 			r.cmdline("crun", "create", "--bundle", r.bundle, "gone-"+strconv.Itoa(os.Getpid()))
 		}, []string{filepath.Join(crunDefaultRoot, "gone-"+strconv.Itoa(os.Getpid()))}},
+		{"XDG_RUNTIME_DIR, no copy", "c", func(r *crunRig) {
+			r.spec("c", "PATH=/bin") // in --root, not where crun keeps it
+			r.env = []string{"XDG_RUNTIME_DIR=" + filepath.Dir(r.bundle)}
+			r.cmdline("crun", "create", "--bundle", r.bundle, "c")
+		}, []string{"the runtime's own copy of the spec cannot be read", "/crun: no such file or directory"}},
+		{"a relative XDG_RUNTIME_DIR", "c", func(r *crunRig) {
+			r.env = []string{"XDG_RUNTIME_DIR=run"}
+			r.cmdline("crun", "create", "--bundle", r.bundle, "c")
+		}, []string{`the runtime's state root "run/crun" is not an absolute path`}},
+		{"the runtime's environment unreadable", "c", func(r *crunRig) {
+			r.spec("c", "PATH=/bin")
+			r.cmdline("crun", "create", "--bundle", r.bundle, "c")
+			require.NoError(t, os.Remove(filepath.Join(r.proc, strconv.Itoa(crunPid), "environ")))
+		}, []string{"the environment of the runtime that ran this hook (pid 4000), which names its state root (XDG_RUNTIME_DIR) " +
+			"where its command line names no --root, cannot be read", "environ: no such file or directory", "Give the runtime --root"}},
+		{"the runtime's environment too large", "c", func(r *crunRig) {
+			r.spec("c", "PATH=/bin")
+			r.env = []string{"BIG=" + strings.Repeat("x", maxEnvironBytes)}
+			r.cmdline("crun", "create", "--bundle", r.bundle, "c")
+		}, []string{"environ is larger than 262144 bytes"}},
+		{"the runtime's environment not read with --root", "c", func(r *crunRig) {
+			r.cmdline("crun", "--root", r.root, "create", "--bundle", r.bundle, "c")
+			require.NoError(t, os.Remove(filepath.Join(r.proc, strconv.Itoa(crunPid), "environ")))
+		}, []string{filepath.Join("crun", "c") + ": no such file or directory"}},
 		{"no bundle on the command line", "c", func(r *crunRig) {
 			r.spec("c", "PATH=/bin")
 			r.cmdline("crun", "--root", r.root, "create", "c")

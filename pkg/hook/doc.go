@@ -102,8 +102,9 @@
 //     each such Admit, so no change between two polls goes unnoticed.
 //   - Container-supplied input (state, config.json) is bounded in size and
 //     never opened as a path, except the bundle directory the runtime
-//     names (or, for the bundle "/", <root>/<id>/config.json below the
-//     crun root its command line names, only when owned by the hook's user
+//     names (or, for the bundle "/", <root>/<id>/config.json below crun's
+//     state root: its command line's --root, else its environment's
+//     XDG_RUNTIME_DIR/crun, else /run/crun; only when owned by the hook's user
 //     and writable by no other, with no symlink below the root; a
 //     recovery's ReadSpec takes the root's owner for that user). Mount
 //     sources (a relative one from the bundle), overlay layers (lowerdir,

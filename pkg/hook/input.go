@@ -163,11 +163,37 @@ func decodeSpecFile(fd int, path string) (*specs.Spec, error) {
 	return sub.spec(), nil
 }
 
-// crunDefaultRoot is the state root of crun run as root without --root.
+// crunDefaultRoot is the state root of crun run without --root and
+// without XDG_RUNTIME_DIR in its environment (crunStateRoot).
 const crunDefaultRoot = "/run/crun"
 
 // maxCmdlineBytes bounds the read of the runtime's command line.
 const maxCmdlineBytes = 64 << 10
+
+// maxEnvironBytes bounds the read of the runtime's environment: far more
+// than an engine gives a runtime, well below what a process may carry.
+const maxEnvironBytes = 256 << 10
+
+// crunStateRoot is the state root of crun, run with the state root root
+// (its --root, "" for none) and the environment environ: without --root,
+// $XDG_RUNTIME_DIR/crun where XDG_RUNTIME_DIR is set and not empty, and
+// crunDefaultRoot otherwise. crun 1.8 takes XDG_RUNTIME_DIR whatever its
+// user, root's too (a root login session sets /run/user/0), and getenv's
+// first entry when the environment names it twice.
+func crunStateRoot(root string, environ []string) string {
+	if root != "" {
+		return root
+	}
+	for _, kv := range environ {
+		if v, ok := strings.CutPrefix(kv, "XDG_RUNTIME_DIR="); ok {
+			if v == "" {
+				break
+			}
+			return v + "/crun"
+		}
+	}
+	return crunDefaultRoot
+}
 
 // cwdBundle reports whether bundle, the one an OCI state names, is "/": the
 // working directory crun 1.8 reports instead of the bundle (crunSpec).
@@ -205,15 +231,18 @@ func (e env) readSpecOf(st *specs.State) (*specs.Spec, error) {
 //
 // crun keeps a copy of the spec it was given, byte for byte, in
 // <root>/<id>/config.json from before the container is created until it is
-// deleted; <root> is its --root, /run/crun by default. That copy is read,
+// deleted; <root> is its --root, or $XDG_RUNTIME_DIR/crun, or /run/crun
+// (crunStateRoot). That copy is read,
 // and only when it is the runtime's own: the root, the container's directory
 // and the file are owned by the hook's user (root, as the runtime is) and
 // writable by no one else, the id is one path element, and neither the
 // directory nor the file is a symlink. So a user who is not root cannot
 // plant a spec there. The root and the bundle come from the runtime's
-// command line (/proc/<ppid>/cmdline: --root and --bundle or -b), which is
-// the runtime's own (the hook's parent). The bundle is needed too: a relative
-// root.path or bind source is read from it, as the runtime did.
+// command line (/proc/<ppid>/cmdline: --root and --bundle or -b), and,
+// without --root, the root from its environment (/proc/<ppid>/environ:
+// XDG_RUNTIME_DIR), both the runtime's own (the hook's parent). The bundle
+// is needed too: a relative root.path or bind source is read from it, as the
+// runtime did.
 //
 // Where either cannot be found the container is refused (an error): what it
 // reaches cannot be read. Poststop, given the same "/" by `crun delete`
@@ -236,7 +265,13 @@ func (e env) crunSpec(id, stateBundle string) (*specs.Spec, string, error) {
 			errInput, prefix, ppid, err)
 	}
 	if root == "" {
-		root = crunDefaultRoot
+		environ, err := readNULList(filepath.Join(e.procRoot, strconv.Itoa(ppid), "environ"), maxEnvironBytes)
+		if err != nil {
+			return nil, "", fmt.Errorf("%w: %s, and the environment of the runtime that ran this hook (pid %d), which names its state root "+
+				"(XDG_RUNTIME_DIR) where its command line names no --root, cannot be read: %w. Give the runtime --root, or %s",
+				errInput, prefix, ppid, err, remedy)
+		}
+		root = crunStateRoot(root, environ)
 	}
 	if bundle == "" || !filepath.IsAbs(bundle) {
 		return nil, "", fmt.Errorf("%w: %s, and the command line of the runtime that ran this hook (pid %d) names no absolute --bundle: "+
@@ -256,8 +291,12 @@ func (e env) crunSpec(id, stateBundle string) (*specs.Spec, string, error) {
 }
 
 // readCmdline reads a /proc/<pid>/cmdline file: its NUL-separated words.
-func readCmdline(path string) ([]string, error) {
-	data, err := readBounded(path, maxCmdlineBytes)
+func readCmdline(path string) ([]string, error) { return readNULList(path, maxCmdlineBytes) }
+
+// readNULList reads a /proc/<pid>/cmdline or environ file of at most limit
+// bytes: its NUL-separated words.
+func readNULList(path string, limit int) ([]string, error) {
+	data, err := readBounded(path, limit)
 	if err != nil {
 		return nil, err
 	}
