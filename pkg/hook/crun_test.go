@@ -46,7 +46,7 @@ func crunIn(t *testing.T, crun string, env []string, args ...string) (string, er
 // login session sets /run/user/0). crun 1.8 gives a container with a user
 // namespace and a device the bundle "/", and the hook reads crun's copy of
 // the spec there: the container claims its GPU, and `crun delete`'s
-// poststop releases it. Real crun, as root.
+// poststop releases it and removes its marker. Real crun, as root.
 func TestCrunXDGRuntimeDir(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	crun, err := exec.LookPath("crun")
@@ -118,4 +118,5 @@ func TestCrunXDGRuntimeDir(t *testing.T) {
 	out, err = crunIn(t, crun, crunEnv, "delete", "--force", id)
 	require.NoError(t, err, out)
 	require.Empty(t, r.state().Claims, "crun delete's poststop released the claim")
+	require.NoFileExists(t, mk, "and removed the marker")
 }

@@ -151,13 +151,27 @@ func TestCrunBundleSlashDeleteReleases(t *testing.T) {
 	require.NoError(t, r.e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(crunState(t, "gpu", specs.StateCreated, pid, "/")), io.Discard))
 	require.Equal(t, map[string]string{gpuUUIDs[2]: "gpu"}, holdersOf(ledgerState(t, cfg)))
 
+	mk := newMarker(r.e.markerDir, specs.State{ID: "gpu", Bundle: r.bundle}, cfg.Ledger.Dir)
+	require.FileExists(t, mk.path)
+	// Markers poststop has no business with: another container's, one of
+	// another ledger.
+	other := newMarker(r.e.markerDir, specs.State{ID: "other", Bundle: r.bundle}, cfg.Ledger.Dir)
+	require.NoError(t, other.write())
+	elsewhere := newMarker(r.e.markerDir, specs.State{ID: "gpu", Bundle: t.TempDir()}, t.TempDir())
+	require.NoError(t, elsewhere.write())
+
 	end()
 	r.cmdline("crun", "--root", r.root, "delete", "-f", "gpu")
 	in := r.e.readInput(strings.NewReader(crunState(t, "gpu", specs.StateStopped, 0, "/")))
 	require.ErrorIs(t, in.specErr, errInput)
 	require.False(t, in.NeverClaims())
-	require.NoError(t, r.e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(crunState(t, "gpu", specs.StateStopped, 0, "/")), io.Discard))
+	var stderr strings.Builder
+	require.NoError(t, r.e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(crunState(t, "gpu", specs.StateStopped, 0, "/")), &stderr))
 	require.Empty(t, ledgerState(t, cfg).Claims)
+	require.NoFileExists(t, mk.path, "the marker named after the bundle crun was given goes, though delete does not name it")
+	require.FileExists(t, other.path)
+	require.FileExists(t, elsewhere.path)
+	require.Empty(t, stderr.String())
 }
 
 // A crun run without --root keeps its state in $XDG_RUNTIME_DIR/crun where

@@ -716,9 +716,20 @@ func (e env) poststop(ctx context.Context, cfg config.Config, in *Input, stderr 
 	removed := mk.remove()
 	keep := false
 	defer func() {
-		settleMarker(mk, removed, keep, func(err error) {
+		report := func(err error) {
 			_, _ = fmt.Fprintf(stderr, "nri-gpu-guard: hook poststop: container %s: %v\n", st.ID, err)
-		})
+		}
+		settleMarker(mk, removed, keep, report)
+		if cwdBundle(st.Bundle) && !keep {
+			// `crun delete` of a container crun 1.8 gave the bundle "/"
+			// (readSpecOf): its marker is named after the bundle crun was
+			// given at create, which delete's command line does not name.
+			// The id's markers that the ledger does not show go, as gc's
+			// sweep removes them (put back if the id shows by then).
+			if _, err := sweepMarkers(ctx, mk.dir, cfg.Ledger.Dir, st.ID, g.Ledger().Snapshot); err != nil {
+				report(err)
+			}
+		}
 	}()
 	// What the lock-free read shows decides which writes are needed: a
 	// container that only held GPUs has no queue entry to drop, and one that

@@ -238,6 +238,12 @@ func SweepMarkers(ctx context.Context, dir, ledgerDir string, snapshot func(cont
 	if dir == "" {
 		dir = DefaultMarkerDir
 	}
+	return sweepMarkers(ctx, dir, ledgerDir, "", snapshot)
+}
+
+// sweepMarkers is SweepMarkers over dir for the markers of container id
+// only ("": of every container).
+func sweepMarkers(ctx context.Context, dir, ledgerDir, id string, snapshot func(context.Context) (ledger.State, error)) (int, error) {
 	ledgerDir = filepath.Clean(ledgerDir)
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -256,7 +262,7 @@ func SweepMarkers(ctx context.Context, dir, ledgerDir string, snapshot func(cont
 			continue
 		}
 		m, ok := readMarker(filepath.Join(dir, e.Name()))
-		if !ok || filepath.Clean(m.rec.Ledger) != ledgerDir {
+		if !ok || filepath.Clean(m.rec.Ledger) != ledgerDir || (id != "" && m.rec.ID != id) {
 			continue
 		}
 		if holds, waits := appears(st, m.rec.ID); holds || waits {
