@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
@@ -53,10 +54,12 @@ type runtimeHost struct {
 	runcRoot string
 	crunRoot string
 	rootfs   string
-	shared   string
-	cfgPath  string
-	runc     string
-	crun     string
+	// rootfsMounted: rootfs is a nodev bind of itself, undone by cleanup.
+	rootfsMounted bool
+	shared        string
+	cfgPath       string
+	runc          string
+	crun          string
 }
 
 func newRuntimeHost(t *testing.T) *runtimeHost {
@@ -84,6 +87,15 @@ func newRuntimeHost(t *testing.T) *runtimeHost {
 	data, err := os.ReadFile(prog)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(h.rootfs, "ctrprog"), data, 0o755))
+	t.Cleanup(h.cleanup)
+	// The rootfs is mounted nodev, as container storage should be: the
+	// hook reads these containers as having no device cgroup (their
+	// cgroups do not bear the runtimes' names), where a root filesystem
+	// without nodev counts as opening every GPU (a node its image may
+	// carry).
+	require.NoError(t, unix.Mount(h.rootfs, h.rootfs, "", unix.MS_BIND, ""))
+	h.rootfsMounted = true
+	require.NoError(t, unix.Mount("", h.rootfs, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NODEV, ""))
 
 	cfg, err := os.ReadFile(h.host.cfgPath)
 	require.NoError(t, err)
@@ -92,7 +104,6 @@ func newRuntimeHost(t *testing.T) *runtimeHost {
 	require.NotEqual(t, string(cfg), next, "the host's configuration has a runtime_roots line")
 	h.cfgPath = filepath.Join(h.base, "config-runtimes.toml")
 	require.NoError(t, os.WriteFile(h.cfgPath, []byte(next), 0o600))
-	t.Cleanup(h.cleanup)
 	return h
 }
 
@@ -176,6 +187,9 @@ func (h *runtimeHost) cleanup() {
 				_ = os.Remove(d) // rmdir: only an empty cgroup goes
 			}
 		}
+	}
+	if h.rootfsMounted {
+		_ = unix.Unmount(h.rootfs, unix.MNT_DETACH)
 	}
 	_ = os.RemoveAll(h.tmp)
 }
