@@ -65,7 +65,10 @@
 //     band only on positive evidence that its container was removed too: no
 //     runtime state root ([hook] runtime_roots) lists its id, and at least
 //     one of them was read (RuntimeRoots). A root that cannot be read keeps
-//     the claim, and the refusal, status and gc say why (Verdict.Unsure).
+//     the claim, and the refusal, status and gc say why (Verdict.Unsure);
+//     a root that still has the container keeps it too, and the refusal and
+//     status name that root and how to end the claim should the engine have
+//     lost the container (Verdict.Listed, KeptRemedy).
 //   - Stop and remove events release only the given container id's claims and
 //     never touch the queue: a refused create is followed by both, and its
 //     requester keeps its place. A front end that names a removed container

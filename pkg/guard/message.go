@@ -186,6 +186,37 @@ func (c conflictText) holderEnds() (when, once string) {
 	return "the holder stops", "the holder has stopped"
 }
 
+// keptText is what follows a holder that exited and keeps its claim until
+// its container is removed (release_on = "remove"), v the release rule's
+// verdict on it in this decision (zero when it was not checked).
+//
+// It says when the holder exited only if an earlier transaction recorded
+// it: a stop this decision found (MarkStopped) carries the decision's own
+// time, which is not when the holder exited, and a decision that commits
+// nothing (the hook's refusal, explain) finds it again the next time, so
+// each refusal would say it exited just then.
+//
+// A claim nothing will end by itself gets the way to end it: one whose
+// removal cannot be told, and one whose container a runtime root still has
+// (its engine may have lost it, and then never deletes it there).
+func keptText(o ledger.Owner, v Verdict, now time.Time) string {
+	exited := "exited " + stamp(o.StoppedAt, now)
+	if v.Action == MarkStopped {
+		exited = "has exited"
+	}
+	var b strings.Builder
+	b.WriteString(" (" + exited + ", kept until the container is removed: policy release_on = \"remove\"")
+	switch {
+	case v.Unsure != "":
+		fmt.Fprintf(&b, "; whether it was removed cannot be told: %s; if its engine no longer lists it, end its claim with "+
+			"`sudo gpu-guard-ctl release --container %s --reason \"container removed\"`", v.Unsure, o.ContainerID)
+	case v.Listed != "":
+		fmt.Fprintf(&b, "; runtime root %s still has its container: %s", v.Listed, KeptRemedy(v.Listed, o.ContainerID))
+	}
+	b.WriteString(")")
+	return b.String()
+}
+
 // onlyReserved reports whether every busy device is merely reserved for
 // another requester (nobody holds it).
 func (c conflictText) onlyReserved() bool {
@@ -229,16 +260,8 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 				"waiting for its processes to leave the GPU)", stamp(h.Owner.DrainingSince, c.now))
 		case !h.Owner.DrainingSince.IsZero():
 			b.WriteString(drainingText(h.Owner, c.now))
-		case !h.Owner.StoppedAt.IsZero() && v.Unsure != "":
-			// Nothing will end this claim by itself: the reader must be
-			// able to tell a container that is gone and end it.
-			fmt.Fprintf(&b, " (exited %s, kept until the container is removed: policy release_on = \"remove\"; whether it was "+
-				"removed cannot be told: %s; if its engine no longer lists it, end its claim with "+
-				"`sudo gpu-guard-ctl release --container %s --reason \"container removed\"`)",
-				stamp(h.Owner.StoppedAt, c.now), v.Unsure, h.Owner.ContainerID)
 		case !h.Owner.StoppedAt.IsZero():
-			fmt.Fprintf(&b, " (exited %s, kept until the container is removed: policy release_on = \"remove\")",
-				stamp(h.Owner.StoppedAt, c.now))
+			b.WriteString(keptText(h.Owner, v, c.now))
 		}
 		return b.String()
 	case bd.Reservation != nil:

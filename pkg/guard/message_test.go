@@ -224,3 +224,50 @@ func TestAge(t *testing.T) {
 	assert.Equal(t, "1m30s", age(90*time.Second+400*time.Millisecond))
 	assert.Equal(t, "an unknown time", stamp(time.Time{}, msgNow))
 }
+
+// An exited holder kept until its removal (release_on = "remove"): when it
+// exited is said only once a transaction before this one recorded it (a
+// stop this decision found carries the decision's own time, and a refusal
+// that commits nothing finds it again at every request), and a claim whose
+// container a runtime root still has says where, and how to end it should
+// its engine have lost it.
+func TestKeptHolderText(t *testing.T) {
+	const id = "fedcba9876543210"
+	stopped := ledger.Owner{ContainerID: id, FrontEnd: ledger.FrontEndHook, StoppedAt: msgNow.Add(-time.Minute)}
+	release := "`sudo gpu-guard-ctl release --container " + id + " --reason \"container removed\"`"
+	for _, tc := range []struct {
+		name    string
+		verdict Verdict
+		want    string
+	}{
+		{name: "recorded earlier", verdict: Verdict{Action: KeepStopped},
+			want: ` (exited 2026-05-09T07:59:00Z (1m0s ago), kept until the container is removed: policy release_on = "remove")`},
+		{name: "not checked", verdict: Verdict{},
+			want: ` (exited 2026-05-09T07:59:00Z (1m0s ago), kept until the container is removed: policy release_on = "remove")`},
+		{name: "found exited by this decision", verdict: Verdict{Action: MarkStopped},
+			want: ` (has exited, kept until the container is removed: policy release_on = "remove")`},
+		{name: "found exited, still in runc's root", verdict: Verdict{Action: MarkStopped, Listed: "/run/runc"},
+			want: ` (has exited, kept until the container is removed: policy release_on = "remove"; runtime root /run/runc ` +
+				"still has its container: if its engine no longer lists it, delete it from the runtime " +
+				"(`sudo runc --root /run/runc delete --force " + id + "`), then run `sudo gpu-guard-ctl gc`, or end its claim with " +
+				release + ")"},
+		{name: "recorded, still in crun's root", verdict: Verdict{Action: KeepStopped, Listed: "/run/crun"},
+			want: ` (exited 2026-05-09T07:59:00Z (1m0s ago), kept until the container is removed: policy release_on = "remove"; ` +
+				"runtime root /run/crun still has its container: if its engine no longer lists it, delete it from the runtime " +
+				"(`sudo crun --root /run/crun delete --force " + id + "`), then run `sudo gpu-guard-ctl gc`, or end its claim with " +
+				release + ")"},
+		{name: "a root named after neither runtime", verdict: Verdict{Action: KeepStopped, Listed: "/var/lib/rt"},
+			want: "(`sudo runc --root /var/lib/rt delete --force " + id + "` or `sudo crun --root /var/lib/rt delete --force " + id +
+				"`, whichever runtime keeps its state there)"},
+		{name: "removal unknown", verdict: Verdict{Action: MarkStopped, Unsure: "runtime root /run/runc is a symlink: not followed"},
+			want: ` (has exited, kept until the container is removed: policy release_on = "remove"; whether it was removed cannot ` +
+				"be told: runtime root /run/runc is a symlink: not followed; if its engine no longer lists it, end its claim with " +
+				release + ")"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := conflictText{now: msgNow, busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: &ledger.Claim{Device: gpu1,
+				Owner: stopped, Since: msgNow.Add(-time.Hour)}}}, kept: map[incarnation]Verdict{incarnationOf(stopped): tc.verdict}}
+			assert.Contains(t, c.busyList(), tc.want)
+		})
+	}
+}

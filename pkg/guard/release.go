@@ -4,7 +4,9 @@
 package guard
 
 import (
+	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -62,6 +64,13 @@ type Verdict struct {
 	// root that cannot be read, none configured or none present): the
 	// claim is kept, and only an operator can end it.
 	Unsure string
+	// Listed is, for such a holder whose container a runtime root still
+	// has (stopped, not deleted), that root. The claim is kept as the
+	// runtime's state says, but an engine that lost track of the container
+	// (podman after its conmon was killed, then `podman rm -f`) never
+	// deletes it there: the words for the holder say where it is and how
+	// to end it (KeptRemedy).
+	Listed string
 }
 
 // Release reports whether the claim may be released now.
@@ -155,11 +164,13 @@ func ReleasableIdle(o ledger.Owner, releaseOn config.ReleaseOn, requiresIdle boo
 // when no runtime knows its container any more, and is kept (keep: marked
 // stopped, or left stopped) otherwise.
 func deletedVerdict(o ledger.Owner, requiresIdle bool, rt Runtimes, keep ReleaseAction, exited string) Verdict {
-	deleted, unsure, why := rt.Deleted(o.ContainerID)
+	deleted, unsure, why, listedIn := rt.Deleted(o.ContainerID)
 	if !deleted {
 		v := Verdict{Action: keep, Why: exited}
 		if unsure {
 			v.Unsure = why
+		} else {
+			v.Listed = listedIn
 		}
 		return v
 	}
@@ -230,4 +241,30 @@ func ReleaseAdvice(cfg config.Config, id string) string {
 		return "run `sudo gpu-guard-ctl release --container " + id + " --reason \"poststop failed\"` once the ledger is reachable"
 	}
 	return "run `gpu-guard-ctl gc` once the ledger is reachable"
+}
+
+// KeptRemedy says how to end the claim of container id, an exited OCI hook
+// holder kept under release_on = "remove" because runtime root root still
+// has its container (Verdict.Listed), once its engine no longer lists it:
+// delete it from that runtime, after which gc finds it removed, or release
+// it by hand.
+func KeptRemedy(root, id string) string {
+	return "if its engine no longer lists it, delete it from the runtime (" + runtimeDelete(root, id) +
+		"), then run `sudo gpu-guard-ctl gc`, or end its claim with " +
+		"`sudo gpu-guard-ctl release --container " + id + " --reason \"container removed\"`"
+}
+
+// runtimeDelete is the command that deletes container id from the runtime
+// whose state root is root: runc's or crun's by the root's name (their
+// defaults are /run/runc and /run/crun), both when the name says neither.
+func runtimeDelete(root, id string) string {
+	cmd := func(rt string) string { return "`sudo " + rt + " --root " + root + " delete --force " + id + "`" }
+	base := filepath.Base(root)
+	switch {
+	case strings.Contains(base, "crun"):
+		return cmd("crun")
+	case strings.Contains(base, "runc"):
+		return cmd("runc")
+	}
+	return cmd("runc") + " or " + cmd("crun") + ", whichever runtime keeps its state there"
 }

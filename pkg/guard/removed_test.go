@@ -74,7 +74,8 @@ func TestStoppedHookHolderReleasedOnceDeleted(t *testing.T) {
 	d := e.admitHook(hookHolder("next000000000001", 4343), visible("1"))
 	require.Equal(t, guard.Queue, d.Result, d.Message)
 	assert.False(t, e.state().Claims[0].Owner.StoppedAt.IsZero(), "marked stopped, kept until removal")
-	assert.Contains(t, d.Message, `kept until the container is removed: policy release_on = "remove")`)
+	assert.Contains(t, d.Message, `kept until the container is removed: policy release_on = "remove"; runtime root `+root+
+		" still has its container")
 	assert.NotContains(t, d.Message, "cannot be told", "its runtime still lists it")
 
 	require.NoError(t, os.Remove(filepath.Join(root, held.ContainerID)))
@@ -216,9 +217,59 @@ func TestReleaseRuleReleasesRemovedHookHolder(t *testing.T) {
 	v = guard.NewReleaseRule(cfg, live).Check(held)
 	assert.Equal(t, guard.KeepStopped, v.Action)
 	assert.Empty(t, v.Unsure)
+	assert.Equal(t, root, v.Listed, "the root that still has the container")
 }
 
 func mkdir(t *testing.T, dir string) {
 	t.Helper()
 	require.NoError(t, os.MkdirAll(dir, 0o700))
+}
+
+// An exited hook holder whose container its runtime still has (the engine
+// lost it: podman after its conmon was killed, then `podman rm -f`) keeps
+// its claim for good under release_on = "remove". The refusal used to name
+// it as a container kept until its removal, with no way out, and to say it
+// exited at the moment of each refusal: a refusal that does not wait
+// (AdmitIfFree) commits nothing, so its own transaction found the holder
+// exited, stamped it with its own time, and the next one did so again.
+// Now it says when the holder exited only once that was recorded, and
+// names the runtime root that still has the container and how to end the
+// claim.
+func TestKeptHookHolderRefusalSaysWhatEndsIt(t *testing.T) {
+	root := filepath.Join(t.TempDir(), "runc")
+	mkdir(t, root)
+	e := newEnv(t, removeOn(root))
+	held := hookHolder("e8d984eddd4e0001", 4242)
+	require.Equal(t, guard.Admit, e.admitHook(held, visible("1")).Result)
+	e.runtimeKnows(held.ContainerID)
+	e.live.exited["pid:4242"] = true
+	next := hookHolder("next000000000001", 4343)
+	remedy := "runtime root " + root + " still has its container: if its engine no longer lists it, delete it from the runtime " +
+		"(`sudo runc --root " + root + " delete --force e8d984eddd4e0001`), then run `sudo gpu-guard-ctl gc`, or end its claim with " +
+		"`sudo gpu-guard-ctl release --container e8d984eddd4e0001 --reason \"container removed\"`"
+
+	for range 2 {
+		e.clock.advance(6 * time.Second)
+		d, err := e.g.AdmitIfFree(ctx, guard.Request{FrontEnd: ledger.FrontEndHook, Owner: next, Key: next.ContainerID, Spec: visible("1")})
+		require.NoError(t, err)
+		require.Equal(t, guard.Queue, d.Result, d.Message)
+		assert.Contains(t, d.Message, `(has exited, kept until the container is removed: policy release_on = "remove"; `+remedy+")")
+		assert.NotContains(t, d.Message, "exited 2026", "no stop was recorded: its time is not known")
+		assert.True(t, e.state().Claims[0].Owner.StoppedAt.IsZero(), "a refusal that does not wait records nothing")
+	}
+
+	// A decision that commits records the stop; the next one says when.
+	stoppedAt := e.clock.Now()
+	require.Equal(t, guard.Queue, e.admitHook(next, visible("1")).Result)
+	require.Equal(t, stoppedAt, e.state().Claims[0].Owner.StoppedAt)
+	e.clock.advance(6 * time.Second)
+	d := e.admitHook(next, visible("1"))
+	require.Equal(t, guard.Queue, d.Result, d.Message)
+	assert.Contains(t, d.Message, "(exited "+stoppedAt.Format(time.RFC3339)+" (6s ago), kept until the container is removed: "+
+		`policy release_on = "remove"; `+remedy+")")
+
+	// Deleted from the runtime as told, the claim ends at the next request.
+	require.NoError(t, os.Remove(filepath.Join(root, held.ContainerID)))
+	require.Equal(t, guard.Admit, e.admitHook(next, visible("1")).Result)
+	assert.Equal(t, map[string]string{uuid(1): next.ContainerID}, e.holders())
 }

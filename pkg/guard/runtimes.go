@@ -20,8 +20,10 @@ type Runtimes interface {
 	// Deleted reports whether no runtime knows container id any more, with
 	// a short reason either way. It must answer false when in doubt (a
 	// root that cannot be read): a claim is never released on doubt; then
-	// unsure is true and why says what could not be told.
-	Deleted(id string) (deleted, unsure bool, why string)
+	// unsure is true and why says what could not be told. listedIn is the
+	// root that still has the container, when one does: where an operator
+	// deletes it should its engine have forgotten it.
+	Deleted(id string) (deleted, unsure bool, why, listedIn string)
 }
 
 // RuntimeRoots is Runtimes over the state roots of the OCI runtimes (runc's
@@ -44,12 +46,12 @@ type RuntimeRoots []string
 // but one at least must exist (else the runtime that ran the container is
 // not among the roots). A root that cannot be read, is a symlink or is not
 // a directory, or an entry that cannot be stat'ed, leaves it unsure: kept.
-func (r RuntimeRoots) Deleted(id string) (deleted, unsure bool, why string) {
+func (r RuntimeRoots) Deleted(id string) (deleted, unsure bool, why, listedIn string) {
 	if len(r) == 0 {
-		return false, true, "hook.runtime_roots is empty: no runtime state is read"
+		return false, true, "hook.runtime_roots is empty: no runtime state is read", ""
 	}
 	if id == "" || id == "." || id == ".." || strings.ContainsAny(id, "/\x00") {
-		return false, true, "container id " + quoteID(id) + " is no runtime's directory name"
+		return false, true, "container id " + quoteID(id) + " is no runtime's directory name", ""
 	}
 	var read []string
 	for _, root := range r {
@@ -59,25 +61,25 @@ func (r RuntimeRoots) Deleted(id string) (deleted, unsure bool, why string) {
 		case errors.Is(err, fs.ErrNotExist):
 			continue // a runtime not used on this host
 		case err != nil:
-			return false, true, "runtime root " + root + " cannot be read: " + errText(err)
+			return false, true, "runtime root " + root + " cannot be read: " + errText(err), ""
 		case fi.Mode()&fs.ModeSymlink != 0:
-			return false, true, "runtime root " + root + " is a symlink: not followed"
+			return false, true, "runtime root " + root + " is a symlink: not followed", ""
 		case !fi.IsDir():
-			return false, true, "runtime root " + root + " is not a directory"
+			return false, true, "runtime root " + root + " is not a directory", ""
 		}
 		_, err = os.Lstat(filepath.Join(root, id))
 		switch {
 		case err == nil:
-			return false, false, "runtime root " + root + " still has container " + id
+			return false, false, "runtime root " + root + " still has container " + id, root
 		case !errors.Is(err, fs.ErrNotExist):
-			return false, true, "runtime root " + root + ": container " + id + " cannot be looked up: " + errText(err)
+			return false, true, "runtime root " + root + ": container " + id + " cannot be looked up: " + errText(err), ""
 		}
 		read = append(read, root)
 	}
 	if len(read) == 0 {
-		return false, true, "none of hook.runtime_roots (" + strings.Join(r, ", ") + ") exists here"
+		return false, true, "none of hook.runtime_roots (" + strings.Join(r, ", ") + ") exists here", ""
 	}
-	return true, false, "no runtime knows container " + id + " any more (" + strings.Join(read, ", ") + ")"
+	return true, false, "no runtime knows container " + id + " any more (" + strings.Join(read, ", ") + ")", ""
 }
 
 // errText is err without the path an fs.PathError repeats.

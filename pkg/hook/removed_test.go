@@ -63,7 +63,9 @@ func TestCreateRuntimeReleasesHolderRemovedWithoutPoststop(t *testing.T) {
 				return
 			}
 			require.ErrorIs(t, err, guard.ErrQueued)
-			require.ErrorContains(t, err, `kept until the container is removed: policy release_on = "remove")`)
+			require.ErrorContains(t, err, `kept until the container is removed: policy release_on = "remove"; runtime root `+runc+
+				" still has its container: if its engine no longer lists it, delete it from the runtime (`sudo runc --root "+runc+
+				" delete --force failed`)")
 			require.Equal(t, map[string]string{gpuUUIDs[1]: "failed"}, holders)
 		})
 	}
