@@ -37,9 +37,10 @@
 //     could not list, a cordon the observer set, or a stale observer
 //     report; ps found an intruder, an unhealthy device or one NVML could
 //     not list: a device nothing was checked on is never "no intruder");
-//     run exits with its command's code. An operator's cordon and a
-//     draining claim are shown, never a reason to exit 3: they are
-//     intended or end by themselves.
+//     run exits with its command's code. An operator's cordon, a
+//     draining claim and a claim kept until its exited holder is removed
+//     (release_on = "remove", a removal that can be told) are shown, never
+//     a reason to exit 3: they are intended or end by themselves.
 //   - A read command never shows a directory that holds no ledger as an
 //     empty one without saying so: a --state-dir without any of the
 //     ledger's (or the daemon's) files is refused, a [ledger] dir of the

@@ -92,6 +92,10 @@ or under release_requires_idle marks it draining; under release_on =
 "remove" cannot be told removed or not (a runtime root that cannot be read),
 a claim names a device that is not in the inventory, or the observer
 cordoned a device (an intruder, an unhealthy GPU). An operator's cordon and a draining claim are listed, not problems.
+So is a claim kept until its exited holder's container is removed (release_on
+= "remove"): its state shows "held,exited", and the list under the table
+says when it exited and, for an OCI hook holder, the runtime root that still
+has its container and how to end the claim if its engine no longer lists it.
 The daemon's GPU observer adds what it saw on the devices themselves (its
 last report, observe.json in the state dir): a process on a GPU its
 container does not hold (intruder, out-of-bounds), an unhealthy device, and
@@ -225,6 +229,14 @@ type statusDevice struct {
 	// removalUnknown says why the removal of an exited OCI hook holder,
 	// kept under release_on = "remove", cannot be told.
 	removalUnknown string
+	// Kept is set on the row of a claim whose holder has exited and keeps
+	// it until its container is removed (release_on = "remove"), and whose
+	// removal can be told (else removalUnknown). Not a problem: the policy
+	// keeps it on purpose while the runtime's state has the container. But
+	// the table says so, with the runtime root that has it and how to end
+	// the claim, since an engine that lost the container (podman after its
+	// conmon was killed) never deletes it there, and nothing else would.
+	Kept *keptJSON `json:"kept,omitempty"`
 	// Cordon is the cordon covering this device, on it or, then named by
 	// CordonedVia, on its GPU or one of its MIG instances; nil if none.
 	Cordon      *cordonJSON `json:"cordon"`
@@ -256,6 +268,19 @@ type holderJSON struct {
 	// processes leave the GPU, or until DrainingUntil (idle_grace).
 	DrainingSince *time.Time `json:"draining_since,omitempty"`
 	DrainingUntil *time.Time `json:"draining_until,omitempty"`
+}
+
+// keptJSON is why an exited holder's claim is kept until its removal.
+type keptJSON struct {
+	// Why is how it is known to have exited: "it exited at …" once its
+	// stop was recorded, else the release rule's finding now ("pid 4242 is
+	// gone"): no stop is recorded yet (the refusal of an OCI hook that
+	// does not wait records nothing).
+	Why string `json:"why"`
+	// RuntimeRoot is the OCI runtime state root ([hook] runtime_roots)
+	// that still has the container of an OCI hook holder: what keeps its
+	// claim. Omitted for other front ends' holders.
+	RuntimeRoot string `json:"runtime_root,omitempty"`
 }
 
 type reservationJSON struct {
@@ -565,12 +590,18 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 	// a live incarnation would hide an exited one or lend it its finding.
 	// A claim the rule keeps because it cannot tell whether its holder
 	// was removed (Verdict.Unsure) is a problem too: nothing ends it.
+	// A claim kept until its holder's removal is listed (Kept), not a
+	// problem.
 	check := memoCheck(rule)            // one liveness check per incarnation
 	stale := map[string]guard.Verdict{} // by claimed device UUID
+	kept := map[string]*keptJSON{}      // by claimed device UUID
 	for _, c := range st.Claims {
 		verdict := check(c.Owner)
-		if verdict.Release() || verdict.Action == guard.MarkDraining || verdict.Unsure != "" {
+		switch {
+		case verdict.Release() || verdict.Action == guard.MarkDraining || verdict.Unsure != "":
 			stale[c.Device.UUID] = verdict
+		case verdict.Action == guard.MarkStopped || verdict.Action == guard.KeepStopped:
+			kept[c.Device.UUID] = keptOf(c.Owner, verdict)
 		}
 	}
 	for i := range v.Devices {
@@ -579,6 +610,7 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 			// The row of the claimed device itself: its holder is that
 			// claim's owner (a row held via another device reports nothing,
 			// the claimed device's row does).
+			d.Kept = kept[d.UUID]
 			switch verdict, ok := stale[d.UUID]; {
 			case !ok:
 			case verdict.Unsure != "":
@@ -593,6 +625,18 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 		v.Summary.count(d)
 	}
 	return v
+}
+
+// keptOf is the Kept of a claim of o, which the release rule keeps until
+// its container is removed (verdict v: MarkStopped or KeepStopped).
+func keptOf(o ledger.Owner, v guard.Verdict) *keptJSON {
+	why := v.Why
+	if !o.StoppedAt.IsZero() {
+		// The rule checks no process of a holder recorded as stopped:
+		// what is known is when.
+		why = "it exited at " + o.StoppedAt.UTC().Format(time.RFC3339)
+	}
+	return &keptJSON{Why: why, RuntimeRoot: v.Listed}
 }
 
 // device builds one row.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
@@ -129,6 +130,9 @@ func (d *statusDevice) stateLabel() string {
 	case d.State != stateCordoned && d.Cordon != nil:
 		s += "," + stateCordoned
 	}
+	if d.Kept != nil {
+		s += ",exited" // kept until removed: listed under the table
+	}
 	if d.UnhealthySince != nil {
 		s += ",unhealthy"
 	}
@@ -175,9 +179,9 @@ func (d *statusDevice) cordonProblem(label string) (problem, bool) {
 }
 
 // renderNotes prints, under the table, the summary line and what is
-// cordoned or draining: listed for people, not problems.
+// cordoned, draining or kept until removed: listed for people, not problems.
 func (v *statusView) renderNotes(w io.Writer, now time.Time) error {
-	var cordoned, draining []string
+	var cordoned, draining, kept []string
 	for i := range v.Devices {
 		d := &v.Devices[i]
 		if k := d.Cordon; k != nil && d.CordonedVia == "" {
@@ -196,6 +200,9 @@ func (v *statusView) renderNotes(w io.Writer, now time.Time) error {
 			}
 			draining = append(draining, line)
 		}
+		if line, ok := d.keptNote(now); ok {
+			kept = append(kept, line)
+		}
 	}
 	if _, err := fmt.Fprintf(w, "\n%s\n", v.Summary.line()); err != nil {
 		return fmt.Errorf("write output: %w", err)
@@ -203,7 +210,7 @@ func (v *statusView) renderNotes(w io.Writer, now time.Time) error {
 	for _, sec := range []struct {
 		title string
 		lines []string
-	}{{"CORDONS", cordoned}, {"DRAINING CLAIMS", draining}} {
+	}{{"CORDONS", cordoned}, {"DRAINING CLAIMS", draining}, {"KEPT UNTIL REMOVED", kept}} {
 		if len(sec.lines) == 0 {
 			continue
 		}
@@ -217,4 +224,25 @@ func (v *statusView) renderNotes(w io.Writer, now time.Time) error {
 		}
 	}
 	return nil
+}
+
+// keptNote is the line under the table for a claim kept until its exited
+// holder's container is removed (Kept): when it exited, and for an OCI hook
+// holder the runtime root that still has its container and how to end the
+// claim should its engine have lost it.
+func (d *statusDevice) keptNote(now time.Time) (string, bool) {
+	h := d.Holder
+	if d.Kept == nil || h == nil {
+		return "", false
+	}
+	exited := "has exited (" + d.Kept.Why + "; its stop is not recorded yet)"
+	if h.StoppedAt != nil {
+		exited = fmt.Sprintf("exited at %s (%s ago)", h.StoppedAt.UTC().Format(time.RFC3339), age(now.Sub(*h.StoppedAt)))
+	}
+	line := fmt.Sprintf("%s: held by %s, which %s and keeps its claim until its container is removed (release_on = \"remove\")",
+		d.label(), h.who(), exited)
+	if root := d.Kept.RuntimeRoot; root != "" {
+		line += "; runtime root " + root + " still has its container: " + guard.KeptRemedy(root, h.ContainerID)
+	}
+	return line, true
 }
