@@ -1103,7 +1103,9 @@ func (p *Plugin) boundedDetached(ctx context.Context, g *guard.Guard) (context.C
 // CreateContainer never saw. The container as created is resolved as at
 // admission (adjusted, guardRequest), the CDI devices of the adjustment as
 // names injected after the check, and every device it reaches must be
-// claimed by it (guard.Validate). A refusal fails the create; containerd's
+// claimed by it (guard.Validate); where the container NRI showed the
+// plugins differs from it in its env (a duplicated variable the adjustment
+// sets), that one is checked too. A refusal fails the create; containerd's
 // undo then sends StopContainer and RemoveContainer, which release what
 // CreateContainer claimed.
 func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.ValidateContainerAdjustmentRequest) (err error) {
@@ -1132,15 +1134,58 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 		// place, and not always as the runtime creates the container:
 		// NRI applies an env or device removal to what later plugins
 		// see, but leaves it out of the adjustment containerd applies
-		// (a removed NVIDIA_VISIBLE_DEVICES stays in the spec), so the
-		// pristine container and the adjustment are resolved then; and so
+		// (a removed NVIDIA_VISIBLE_DEVICES stays in the spec), and it
+		// shows a value set over a variable the spec holds twice, which
+		// containerd does not create (it keeps the last original copy:
+		// see adjusted). So the pristine container and the adjustment
+		// are resolved then; and so
 		// they are when the guard is not in the list under the name it
 		// looks for: which plugins ran before it is not known.
 		return nil
 	}
 	pod := req.GetPod()
-	final, late := adjusted(req.GetContainer(), req.GetAdjust())
-	r := guardRequest(pod, final)
+	final, late, shown := adjusted(req.GetContainer(), req.GetAdjust())
+	// Where the container as created and as NRI showed it differ (an env
+	// variable the spec holds twice, which the adjustment sets: see
+	// adjusted), both are checked, each against the container's claims.
+	views := []*api.Container{final}
+	if shown != nil {
+		views = append(views, shown)
+	}
+	dctx, cancel := p.bounded(ctx, g)
+	defer cancel()
+	exemptNow := false
+	for _, view := range views {
+		d, err := p.validateView(dctx, g, pod, view, late, req, guard.ValidateOptions{
+			// An exemption is audited once: at admission, or by the
+			// first view that is granted it.
+			ExemptAtAdmission: exempted || exemptNow,
+			After:             culpritText(before, after),
+			// While the ledger's holders are being rebuilt, a container
+			// that reaches a GPU is refused at once, as at
+			// CreateContainer.
+			WithoutLedger: p.rebuilding.Load(),
+		})
+		if err != nil {
+			return err
+		}
+		exemptNow = exemptNow || d.Reason == guard.ReasonExempt
+	}
+	if exemptNow && p.exempt != nil {
+		// Exempt because of what a later plugin added (its create named
+		// no GPU): the observer must not take its processes for intruders.
+		p.exempt.SetExempt(id, final.GetLinux().GetCgroupsPath(), true)
+	}
+	return nil
+}
+
+// validateView asks the guard about one view of the container as the
+// adjustment leaves it, and turns a refusal or a failed decision into the
+// error that refuses the create.
+func (p *Plugin) validateView(ctx context.Context, g *guard.Guard, pod *api.PodSandbox, view *api.Container, late []string,
+	req *api.ValidateContainerAdjustmentRequest, opts guard.ValidateOptions) (guard.Decision, error) {
+	id := view.GetId()
+	r := guardRequest(pod, view)
 	r.Spec.LateCDIDevices = late
 	if !devices.AllowsAllDevices(deviceRules(req.GetContainer().GetLinux().GetResources().GetDevices())) {
 		// NRI has no privileged flag (specOf: a device cgroup allowing
@@ -1149,30 +1194,17 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 		// reaches every GPU, and is resolved as the rule it is.
 		r.Spec.Privileged = false
 	}
-	dctx, cancel := p.bounded(ctx, g)
-	defer cancel()
-	d, err := g.Validate(dctx, r, guard.ValidateOptions{
-		ExemptAtAdmission: exempted,
-		After:             culpritText(before, after),
-		// While the ledger's holders are being rebuilt, a container that
-		// reaches a GPU is refused at once, as at CreateContainer.
-		WithoutLedger: p.rebuilding.Load(),
-	})
+	d, err := g.Validate(ctx, r, opts)
 	switch {
 	case errors.Is(err, guard.ErrNeedsClaims):
-		return p.rebuildingError()
+		return d, p.rebuildingError()
 	case err != nil:
 		p.ledgerTrouble(err)
-		return fmt.Errorf("nri-gpu-guard: container %s refused: %w", naming.ShortID(id), err)
+		return d, fmt.Errorf("nri-gpu-guard: container %s refused: %w", naming.ShortID(id), err)
 	case d.Result == guard.Reject:
-		return fmt.Errorf("nri-gpu-guard: container %s refused: %s", naming.ShortID(id), d.Message)
+		return d, fmt.Errorf("nri-gpu-guard: container %s refused: %s", naming.ShortID(id), d.Message)
 	}
-	if d.Reason == guard.ReasonExempt && p.exempt != nil {
-		// Exempt because of what a later plugin added (its create named
-		// no GPU): the observer must not take its processes for intruders.
-		p.exempt.SetExempt(id, final.GetLinux().GetCgroupsPath(), true)
-	}
-	return nil
+	return d, nil
 }
 
 // pluginsAround names ("10-device-injector") the plugins consulted before

@@ -152,43 +152,37 @@ func deviceRules(rules []*api.LinuxDeviceCgroup) []devices.DeviceRule {
 }
 
 // adjusted is ctr as it will be created: its pristine state with the
-// runtime's other plugins' combined adjustment applied, as containerd
-// applies it (env, mounts, devices and annotations replaced by key or
-// removed where marked for removal, device cgroup rules appended). The CDI
-// devices of the adjustment are returned apart: containerd injects them
-// only after every plugin has answered, so their device nodes are never
-// seen, and they are resolved as such (devices.Request.LateCDIDevices).
-// ctr is not modified.
-func adjusted(ctr *api.Container, adj *api.ContainerAdjustment) (*api.Container, []string) {
-	out := proto.Clone(ctr).(*api.Container)
+// runtime's other plugins' combined adjustment applied as containerd applies
+// it (NRI's runtime-tools generator): env, mounts and devices replaced or
+// removed by key, one copy at a time (see createdEnv, without); annotations
+// replaced or removed by key; device cgroup rules appended. The CDI devices
+// of the adjustment are returned apart: containerd injects them only after
+// every plugin has answered, so their device nodes are never seen, and they
+// are resolved as such (devices.Request.LateCDIDevices).
+//
+// shown is non-nil when the adjustment sets or removes an env variable that
+// ctr holds more than once (containerd appends the CRI env to the image's
+// without removing duplicates: a CUDA image's NVIDIA_VISIBLE_DEVICES=all and
+// the device plugin's value). containerd then keeps the last original value
+// and drops the adjustment's, while NRI showed the plugins the adjustment's
+// value alone. shown is ctr with the adjustment applied over every copy, as
+// NRI showed it: a runtime whose NRI applies it so creates that one, and
+// the guard checks both (a claim too many, never one too few). ctr is not
+// modified.
+func adjusted(ctr *api.Container, adj *api.ContainerAdjustment) (out *api.Container, late []string, shown *api.Container) {
+	out = proto.Clone(ctr).(*api.Container)
 	if adj == nil {
-		return out, nil
+		return out, nil, nil
 	}
-	for _, kv := range adj.GetEnv() {
-		key, remove := kv.IsMarkedForRemoval()
-		env := out.Env[:0:0]
-		for _, e := range out.Env {
-			if k, _, _ := strings.Cut(e, "="); k != key {
-				env = append(env, e)
-			}
+	var asShown []string
+	if env := adj.GetEnv(); len(env) > 0 {
+		if duplicatesTouched(ctr.GetEnv(), env) {
+			asShown = shownEnv(ctr.GetEnv(), env)
 		}
-		if !remove {
-			env = append(env, kv.ToOCI())
-		}
-		out.Env = env
+		out.Env = createdEnv(ctr.GetEnv(), env)
 	}
-	for _, m := range adj.GetMounts() {
-		dest, remove := m.IsMarkedForRemoval()
-		mounts := out.Mounts[:0:0]
-		for _, have := range out.Mounts {
-			if have.GetDestination() != dest {
-				mounts = append(mounts, have)
-			}
-		}
-		if !remove {
-			mounts = append(mounts, m)
-		}
-		out.Mounts = mounts
+	if mounts := adj.GetMounts(); len(mounts) > 0 {
+		out.Mounts = adjustMounts(out.Mounts, mounts)
 	}
 	// Removals first, then what is set: one plugin's removal and a later
 	// plugin's setting of the same key are both in the adjustment, and the
@@ -214,16 +208,10 @@ func adjusted(ctr *api.Container, adj *api.ContainerAdjustment) (*api.Container,
 		}
 		for _, d := range la.GetDevices() {
 			path, remove := d.IsMarkedForRemoval()
-			devs := out.Linux.Devices[:0:0]
-			for _, have := range out.Linux.Devices {
-				if have.GetPath() != path {
-					devs = append(devs, have)
-				}
-			}
+			out.Linux.Devices = without(out.Linux.Devices, func(have *api.LinuxDevice) bool { return have.GetPath() == path })
 			if !remove {
-				devs = append(devs, d)
+				out.Linux.Devices = append(out.Linux.Devices, d)
 			}
-			out.Linux.Devices = devs
 		}
 		if rules := la.GetResources().GetDevices(); len(rules) > 0 {
 			if out.Linux.Resources == nil {
@@ -232,11 +220,136 @@ func adjusted(ctr *api.Container, adj *api.ContainerAdjustment) (*api.Container,
 			out.Linux.Resources.Devices = append(out.Linux.Resources.Devices, rules...)
 		}
 	}
-	var late []string
 	for _, d := range adj.GetCDIDevices() {
 		late = append(late, d.GetName())
 	}
-	return out, late
+	if asShown != nil {
+		// The same container in all but its env.
+		shown = proto.Clone(out).(*api.Container)
+		shown.Env = asShown
+	}
+	return out, late, shown
+}
+
+// adjustMounts applies the adjustment's mounts as containerd does: each one
+// set or marked for removal takes out the first mount at its destination
+// only (a second one there stays), and one set is appended. What NRI showed
+// the plugins has every mount at that destination gone; the mounts kept
+// here are a superset of those, as a claim too many is safe.
+func adjustMounts(mounts, adj []*api.Mount) []*api.Mount {
+	for _, m := range adj {
+		dest, remove := m.IsMarkedForRemoval()
+		mounts = without(mounts, func(have *api.Mount) bool { return have.GetDestination() == dest })
+		if !remove {
+			mounts = append(mounts, m)
+		}
+	}
+	return mounts
+}
+
+// without returns list less the first element match accepts, in a new
+// slice. containerd removes a mount or device by key this way, the first
+// copy only; for a device set over a duplicated path it then replaces the
+// second copy, which is kept here (a claim too many, never one too few).
+func without[T any](list []T, match func(T) bool) []T {
+	out := make([]T, 0, len(list))
+	removed := false
+	for _, x := range list {
+		if !removed && match(x) {
+			removed = true
+			continue
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+// createdEnv is env with the adjustment's env applied as containerd applies
+// it (the generator's AdjustEnv): each key the adjustment names, its last
+// entry deciding, replaces the first copy of the key in env, or removes it
+// when marked for removal; every later copy is put back with its own value,
+// and the runtime keeps the last (set by key, the last write wins), so a
+// key env holds twice ends with its last original value. Keys env lacks
+// are appended. Entries without "=" are dropped, as containerd drops them.
+// The order of what is returned is not containerd's, but its last copy of
+// each key holds containerd's value, which is all resolution reads.
+func createdEnv(env []string, adj []*api.KeyValue) []string {
+	last := make(map[string]*api.KeyValue, len(adj))
+	for _, kv := range adj {
+		key, _ := kv.IsMarkedForRemoval()
+		last[key] = kv
+	}
+	out := make([]string, 0, len(env)+len(adj))
+	for _, e := range env {
+		key, _, ok := strings.Cut(e, "=")
+		if !ok {
+			continue
+		}
+		kv, named := last[key]
+		if !named {
+			out = append(out, e)
+			continue
+		}
+		// Only the first copy takes the adjustment; later copies are
+		// no longer named and go back in unchanged.
+		delete(last, key)
+		if _, remove := kv.IsMarkedForRemoval(); !remove {
+			out = append(out, kv.ToOCI())
+		}
+	}
+	for _, kv := range adj {
+		if _, remove := kv.IsMarkedForRemoval(); remove {
+			continue
+		}
+		if _, pending := last[kv.GetKey()]; pending {
+			out = append(out, kv.ToOCI())
+		}
+	}
+	return out
+}
+
+// shownEnv is env with the adjustment's env applied over every copy of each
+// key: what NRI showed the plugins after the adjusting one.
+func shownEnv(env []string, adj []*api.KeyValue) []string {
+	out := env
+	for _, kv := range adj {
+		key, remove := kv.IsMarkedForRemoval()
+		next := make([]string, 0, len(out)+1)
+		for _, e := range out {
+			if k, _, _ := strings.Cut(e, "="); k != key {
+				next = append(next, e)
+			}
+		}
+		if !remove {
+			next = append(next, kv.ToOCI())
+		}
+		out = next
+	}
+	return out
+}
+
+// duplicatesTouched reports whether adj sets or removes a key that env holds
+// more than once: only then can containerd create a value other than the one
+// NRI showed.
+func duplicatesTouched(env []string, adj []*api.KeyValue) bool {
+	named := make(map[string]int, len(adj))
+	for _, kv := range adj {
+		key, _ := kv.IsMarkedForRemoval()
+		named[key] = 0
+	}
+	for _, e := range env {
+		key, _, ok := strings.Cut(e, "=")
+		if !ok {
+			continue // containerd drops it
+		}
+		if n, ok := named[key]; ok {
+			if n == 1 {
+				return true
+			}
+			named[key] = n + 1
+		}
+	}
+	return false
 }
 
 // adjustsAccess reports whether an adjustment changes anything resolution

@@ -6,12 +6,14 @@ package nriplugin
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
@@ -173,6 +175,159 @@ func createBehindEnvRemoval(t *testing.T, rt *runtime) error {
 	return err
 }
 
+// containerd keeps duplicates when it appends the CRI env to the image's
+// (a CUDA image's NVIDIA_VISIBLE_DEVICES=all and the device plugin's id),
+// and it applies an env adjustment to the first copy only: the later copy
+// overwrites it, so the container keeps its last original value. NRI shows
+// the plugins after the adjusting one the adjusted value alone. A plugin
+// before the guard that sets the variable must not get a container
+// admitted on the value it set (before, it got GPU 0 with no claim while
+// ctr-a held it); one after the guard is checked on both values, whichever
+// the runtime creates.
+func TestEnvSetOverDuplicatesIsValidated(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		idx     string   // the adjusting plugin's index (the guard's is 90)
+		env     []string // ctr-b's own
+		set     string   // the value the plugin sets
+		refused []string // in the refusal; nil: admitted
+		holds   []string // the indices of ctr-b's claims once created
+	}{
+		{name: "before the guard: its value is lost", idx: "10",
+			env: []string{"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=0"}, set: "void",
+			refused: []string{"GPU 0 (" + gpuUUID(0) + ")", "before nri-gpu-guard: 10-device-injector"}},
+		{name: "before the guard: the last copy counts", idx: "10",
+			env: []string{"NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=0"}, set: "2",
+			refused: []string{"GPU 0 (" + gpuUUID(0) + ")", `env NVIDIA_VISIBLE_DEVICES="0"`}},
+		{name: "after the guard: its value counts too", idx: "95",
+			env: []string{"NVIDIA_VISIBLE_DEVICES=void", "NVIDIA_VISIBLE_DEVICES=void"}, set: "0",
+			refused: []string{"GPU 0 (" + gpuUUID(0) + ")", "runs after nri-gpu-guard (95-device-injector)"}},
+		{name: "before the guard, one copy: its value is created", idx: "10",
+			env: []string{"NVIDIA_VISIBLE_DEVICES=0"}, set: "1", holds: []string{"1"}},
+		{name: "before the guard: a free GPU is not taken unclaimed", idx: "10",
+			env: []string{"NVIDIA_VISIBLE_DEVICES=1", "NVIDIA_VISIBLE_DEVICES=1"}, set: "void",
+			refused: []string{"GPU 1 (" + gpuUUID(1) + ")"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newRuntime(t, nil)
+			rt.startPlugin()
+			rt.startInjectorAt(tc.idx, func(c *api.Container) *api.ContainerAdjustment {
+				if c.GetName() != "b" {
+					return nil
+				}
+				return &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: "NVIDIA_VISIBLE_DEVICES", Value: tc.set}}}
+			})
+			pa := rt.addPod("a")
+			require.NoError(t, rt.create(pa, container(pa, "a", "ctr-a", "NVIDIA_VISIBLE_DEVICES=0")))
+			pb := rt.addPod("b")
+			err := rt.create(pb, container(pb, "b", "ctr-b", tc.env...))
+			if tc.refused != nil {
+				require.Error(t, err, "the runtime creates ctr-b with a GPU it holds no claim for")
+				for _, s := range tc.refused {
+					assert.ErrorContains(t, err, s)
+				}
+				assert.Equal(t, map[string]string{"0": "ctr-a"}, rt.holders(), "containerd's undo released what CreateContainer claimed")
+				return
+			}
+			require.NoError(t, err)
+			want := map[string]string{"0": "ctr-a"}
+			for _, i := range tc.holds {
+				want[i] = "ctr-b"
+			}
+			assert.Equal(t, want, rt.holders())
+		})
+	}
+}
+
+// adjusted models what containerd creates: an env adjustment replaces the
+// first copy of its key and the last copy decides; a mount (or device)
+// removed or set takes out the first at its destination (path) only.
+func TestAdjustedAsContainerdApplies(t *testing.T) {
+	gpuDev := func(dest string) *api.Mount {
+		return &api.Mount{Destination: dest, Source: "/dev/nvidia1", Type: "bind", Options: []string{"rbind"}}
+	}
+	for _, tc := range []struct {
+		name      string
+		ctr       *api.Container
+		adj       *api.ContainerAdjustment
+		lastEnv   map[string]string // the last copy of each key in the created env
+		shownEnv  map[string]string // the same in the container as NRI showed it; nil: none returned
+		mountsAt  map[string]int    // mounts per destination
+		noEnvKeys []string          // keys absent from the created env
+	}{
+		{name: "set over one copy",
+			ctr:     &api.Container{Env: []string{"A=1", "NVIDIA_VISIBLE_DEVICES=0"}},
+			adj:     &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: "NVIDIA_VISIBLE_DEVICES", Value: "1"}}},
+			lastEnv: map[string]string{"A": "1", "NVIDIA_VISIBLE_DEVICES": "1"}},
+		{name: "set over two copies",
+			ctr:      &api.Container{Env: []string{"NVIDIA_VISIBLE_DEVICES=all", "A=1", "NVIDIA_VISIBLE_DEVICES=0"}},
+			adj:      &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: "NVIDIA_VISIBLE_DEVICES", Value: "void"}}},
+			lastEnv:  map[string]string{"A": "1", "NVIDIA_VISIBLE_DEVICES": "0"},
+			shownEnv: map[string]string{"A": "1", "NVIDIA_VISIBLE_DEVICES": "void"}},
+		{name: "removed from two copies",
+			ctr:      &api.Container{Env: []string{"NVIDIA_VISIBLE_DEVICES=0", "NVIDIA_VISIBLE_DEVICES=1"}},
+			adj:      &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: api.MarkForRemoval("NVIDIA_VISIBLE_DEVICES")}}},
+			lastEnv:  map[string]string{"NVIDIA_VISIBLE_DEVICES": "1"},
+			shownEnv: map[string]string{}},
+		{name: "removed from one copy",
+			ctr:       &api.Container{Env: []string{"NVIDIA_VISIBLE_DEVICES=0", "A=1"}},
+			adj:       &api.ContainerAdjustment{Env: []*api.KeyValue{{Key: api.MarkForRemoval("NVIDIA_VISIBLE_DEVICES")}}},
+			lastEnv:   map[string]string{"A": "1"},
+			noEnvKeys: []string{"NVIDIA_VISIBLE_DEVICES"}},
+		{name: "a new key, the last entry deciding",
+			ctr: &api.Container{Env: []string{"A=1"}},
+			adj: &api.ContainerAdjustment{Env: []*api.KeyValue{
+				{Key: "NVIDIA_VISIBLE_DEVICES", Value: "0"}, {Key: "NVIDIA_VISIBLE_DEVICES", Value: "2"}}},
+			lastEnv: map[string]string{"A": "1", "NVIDIA_VISIBLE_DEVICES": "2"}},
+		{name: "a mount removed from two at its destination",
+			ctr:      &api.Container{Mounts: []*api.Mount{gpuDev("/gpu"), gpuDev("/other"), gpuDev("/gpu")}},
+			adj:      &api.ContainerAdjustment{Mounts: []*api.Mount{{Destination: api.MarkForRemoval("/gpu")}}},
+			mountsAt: map[string]int{"/gpu": 1, "/other": 1}},
+		{name: "a mount set over two at its destination",
+			ctr:      &api.Container{Mounts: []*api.Mount{gpuDev("/gpu"), gpuDev("/gpu")}},
+			adj:      &api.ContainerAdjustment{Mounts: []*api.Mount{{Destination: "/gpu", Source: "/tmp", Type: "bind"}}},
+			mountsAt: map[string]int{"/gpu": 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pristine := proto.Clone(tc.ctr).(*api.Container)
+			out, _, shown := adjusted(tc.ctr, tc.adj)
+			assert.True(t, proto.Equal(pristine, tc.ctr), "the pristine container is not modified")
+			if tc.lastEnv != nil {
+				assert.Equal(t, tc.lastEnv, lastCopies(out.GetEnv()))
+			}
+			for _, k := range tc.noEnvKeys {
+				assert.NotContains(t, lastCopies(out.GetEnv()), k)
+			}
+			if tc.shownEnv == nil {
+				assert.Nil(t, shown, "the container as NRI showed it is what containerd creates")
+			} else {
+				require.NotNil(t, shown)
+				assert.Equal(t, tc.shownEnv, lastCopies(shown.GetEnv()))
+				assert.True(t, proto.Equal(&api.Container{Mounts: out.Mounts, Linux: out.Linux, Annotations: out.Annotations},
+					&api.Container{Mounts: shown.Mounts, Linux: shown.Linux, Annotations: shown.Annotations}), "the two differ in their env alone")
+			}
+			if tc.mountsAt != nil {
+				at := map[string]int{}
+				for _, m := range out.GetMounts() {
+					at[m.GetDestination()]++
+				}
+				assert.Equal(t, tc.mountsAt, at)
+			}
+		})
+	}
+}
+
+// lastCopies maps each key of env to its last value.
+func lastCopies(env []string) map[string]string {
+	out := map[string]string{}
+	for _, e := range env {
+		if k, v, ok := strings.Cut(e, "="); ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
 // The same when the configuration's [nri] plugin_name is not the name the
 // plugin registered under (a --name flag, or the name containerd gives a
 // plugin it launches): the guard is found in the plugin list by the name it
@@ -190,7 +345,7 @@ func TestAdjustedAnnotationRemovedThenSet(t *testing.T) {
 	adj := &api.ContainerAdjustment{Annotations: map[string]string{
 		api.MarkForRemoval("cdi.k8s.io/x"): "", "cdi.k8s.io/x": "nvidia.com/gpu=0", api.MarkForRemoval("cdi.k8s.io/y"): ""}}
 	for range 50 { // map order differs between runs of the loop
-		out, _ := adjusted(ctr, adj)
+		out, _, _ := adjusted(ctr, adj)
 		require.Equal(t, map[string]string{"cdi.k8s.io/x": "nvidia.com/gpu=0"}, out.Annotations)
 	}
 }

@@ -35,6 +35,12 @@ func startInjector(t *testing.T, c *Containerd, pod *Pod) {
 // unsetAnnotation names the env variable testdata/injector removes.
 const unsetAnnotation = "test.nri-gpu-guard.io/unset-env"
 
+// setAnnotation is NAME=VALUE, the env variable testdata/injector sets.
+const setAnnotation = "test.nri-gpu-guard.io/set-env"
+
+// unmountAnnotation names the mount destination testdata/injector removes.
+const unmountAnnotation = "test.nri-gpu-guard.io/unmount"
+
 // startInjectorAt is startInjector with the injector at index idx.
 func startInjectorAt(t *testing.T, c *Containerd, pod *Pod, idx string) {
 	t.Helper()
@@ -46,7 +52,8 @@ func startInjectorAt(t *testing.T, c *Containerd, pod *Pod, idx string) {
 	require.NoError(t, err, "building the injector: %s", out)
 	logPath := filepath.Join(dir, "injector.log")
 	p, err := startProcess("injector", logPath, os.Environ(), bin, "-socket", c.NRISocket, "-idx", idx,
-		"-annotation", injectAnnotation, "-unset-annotation", unsetAnnotation)
+		"-annotation", injectAnnotation, "-unset-annotation", unsetAnnotation,
+		"-set-annotation", setAnnotation, "-unmount-annotation", unmountAnnotation)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.stop(10 * time.Second) })
 	probes := 0
@@ -111,4 +118,38 @@ func TestEarlierPluginsEnvRemovalIsValidated(t *testing.T) {
 	assert.Contains(t, msg, gpuName(gpu1))
 	assert.Contains(t, msg, "before nri-gpu-guard: 10-injector")
 	assert.Equal(t, map[string][]string{holder: {gpu1.UUID}}, g.ClaimsByContainer(t))
+}
+
+// TestEarlierPluginsEnvSetOverDuplicatesIsValidated: the container's spec
+// holds NVIDIA_VISIBLE_DEVICES=1 twice (containerd appends the CRI env to
+// the image's without removing duplicates, as with a CUDA image's =all and
+// the device plugin's id), GPU 1 is held by another container, and an NRI
+// plugin that runs before the guard (index 10) sets the variable to void.
+// NRI shows the guard the container with void alone; containerd applies the
+// adjustment to the first copy, which the second then overwrites: the
+// container is created with NVIDIA_VISIBLE_DEVICES=1. Before, it was
+// admitted with no claim; the validation resolves it as created and
+// refuses it, naming the plugin.
+func TestEarlierPluginsEnvSetOverDuplicatesIsValidated(t *testing.T) {
+	RequireCapability(t, CapAdjustmentValidation)
+	env := NewGuardEnv(t, GuardOptions{})
+	c, g := env.C, env.G
+	gpu1 := c.GPUs[1]
+	pod := c.RunPod(t, PodSpec{Name: "earlier-plugin-dup"})
+	startInjectorAt(t, c, pod, "10")
+
+	holder := pod.Run(t, ContainerSpec{Name: "holder", Env: GPUEnv("1")})
+	msg := pod.Refused(t, ContainerSpec{Name: worker, Env: append(GPUEnv("1"), GPUEnv("1")...),
+		Annotations: map[string]string{setAnnotation: "NVIDIA_VISIBLE_DEVICES=void"}})
+	t.Logf("refusal seen by crictl: %s", msg)
+	assert.Contains(t, msg, gpuName(gpu1))
+	assert.Contains(t, msg, `env NVIDIA_VISIBLE_DEVICES="1"`)
+	assert.Contains(t, msg, "before nri-gpu-guard: 10-injector")
+	assert.Equal(t, map[string][]string{holder: {gpu1.UUID}}, g.ClaimsByContainer(t))
+
+	// With one copy the plugin's value is what containerd creates: void
+	// reaches no GPU, and the container runs.
+	id := pod.Run(t, ContainerSpec{Name: "single", Env: GPUEnv("1"),
+		Annotations: map[string]string{setAnnotation: "NVIDIA_VISIBLE_DEVICES=void"}})
+	assert.Equal(t, map[string][]string{holder: {gpu1.UUID}}, g.ClaimsByContainer(t), "container %s holds nothing", id)
 }
