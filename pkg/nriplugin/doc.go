@@ -9,6 +9,13 @@
 //   - CreateContainer: the container's env, mounts, annotations, CDI devices,
 //     Linux devices and device-cgroup rules become a devices.Request; the
 //     guard's decision admits it or refuses it with the guard's message.
+//   - ValidateContainerAdjustment (containerd 2.2 and later): the container
+//     as containerd creates it once every plugin adjusted it (adjusted:
+//     env, mounts and devices changed one copy of a key at a time, as
+//     containerd applies them) must reach only GPUs it claims. Where NRI
+//     showed the plugins another env (a variable the spec holds twice, set
+//     by a plugin: containerd keeps the last original copy), that view is
+//     checked too.
 //   - StartContainer / PostStartContainer: the pid and cgroup are recorded for
 //     the out-of-band liveness check.
 //   - StopContainer / RemoveContainer: the guard releases or keeps the
@@ -35,16 +42,20 @@
 //   - A handler never blocks on a GPU becoming free. containerd serialises
 //     all NRI calls under one lock, so the holder's StopContainer cannot
 //     arrive while CreateContainer waits, and a handler that overruns the
-//     request timeout lets the container through unchecked and gets the
-//     plugin dropped. Every decision runs under a deadline well inside the
-//     request's; "queueing" is a FIFO reservation across kubelet retries.
+//     request timeout gets the plugin dropped: containerd 1.7–2.1 then
+//     creates the container unchecked, 2.2–2.4 refuse it (they ask the
+//     closed plugin to validate it, which fails), and every create after
+//     the plugin's removal is refused only by the containerd drop-in.
+//     Every decision runs under a deadline well inside the request's;
+//     "queueing" is a FIFO reservation across kubelet retries.
 //   - Every handler's ledger work, not only CreateContainer's, runs under
 //     a deadline inside the request's: a Stop or Remove that answered late
 //     would get the plugin dropped just the same.
 //   - When the guard cannot decide (ledger lock busy, corrupt ledger, a
 //     panic under a handler), the create is refused with a clear error:
 //     fail closed, never open. A panic never ends the process: a
-//     connection that breaks under a request lets that container through.
+//     connection that breaks under a request lets that container through
+//     on containerd before 2.2, and drops the plugin on every line.
 //   - A release that fails (ledger lock busy) is due: it is retried, with
 //     its own event's meaning, at the start of every later handler that
 //     takes the ledger lock and on a timer with backoff, until it succeeds

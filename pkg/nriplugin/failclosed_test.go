@@ -22,11 +22,13 @@ import (
 
 // Tests of the ways the plugin could fail open: a handler that panics, that
 // answers after the request deadline, or whose connection closes under it
-// all make a released containerd (NRI <= v0.12.3) create the container
-// unchecked and drop the plugin. The runtime side in these tests is NRI
-// v0.12.5, which honours the plugin's failure policy instead: it fails the
-// request with "plugin ... failed to handle ..." and keeps the plugin. That
-// error is what these tests must never see.
+// all get the plugin dropped by a released containerd (NRI <= v0.12.3),
+// which then creates the container unchecked before 2.2 (2.2–2.4 refuse it:
+// they ask the closed plugin to validate it, which fails), and every later
+// one without the containerd drop-in. The runtime side in these tests is
+// NRI v0.12.5, which honours the plugin's failure policy instead: it fails
+// the request with "plugin ... failed to handle ..." and keeps the plugin.
+// That error is what these tests must never see.
 
 // panickingLiveness stands for a bug anywhere under a handler.
 type panickingLiveness struct{}
@@ -140,8 +142,8 @@ func TestCorruptLedgerRefusesCreatesUntilSynchronized(t *testing.T) {
 }
 
 // SIGTERM while a create is in flight: the handler answers before the
-// connection closes. Closed under it, containerd would create the container
-// unchecked.
+// connection closes. Closed under it, containerd would drop the plugin and
+// (before 2.2) create the container unchecked.
 func TestShutdownLetsRequestInFlightAnswer(t *testing.T) {
 	rt := newRuntime(t, func(c *config.Config) { c.Ledger.LockTimeout = config.Duration{Duration: 10 * time.Second} })
 	podA := rt.addPod("a")

@@ -294,8 +294,9 @@ type Plugin struct {
 
 // handling marks a handler in progress; defer the result (directly: it
 // calls recover). A panic in a handler would otherwise kill the process,
-// and containerd creates the container in flight unchecked when its
-// connection to the plugin breaks. The panic is logged with its stack and,
+// and containerd before 2.2 creates the container in flight unchecked when
+// its connection to the plugin breaks (later lines refuse it, but drop the
+// plugin). The panic is logged with its stack and,
 // when errp is set, turned into a refusal.
 func (p *Plugin) handling(handler string, errp *error) func() {
 	p.flight.Lock()
@@ -328,8 +329,8 @@ func (p *Plugin) handling(handler string, errp *error) func() {
 // waitQuiet waits until no handler has run for resyncQuiet and reports
 // whether it got there before abort or closed fired. A reply leaves within
 // microseconds of its handler's return, but it does leave after: closing
-// the connection under it would make containerd drop the plugin and create
-// that container unchecked.
+// the connection under it would make containerd drop the plugin and (before
+// 2.2) create that container unchecked.
 func (p *Plugin) waitQuiet(abort, closed <-chan struct{}) bool {
 	for {
 		p.flight.Lock()
@@ -1030,7 +1031,9 @@ func (p *Plugin) Shutdown(context.Context) {
 
 // requestMargin is kept between the end of a decision and the runtime's
 // request deadline, for the reply to travel back: a reply that misses the
-// deadline gets the plugin dropped and the container created unchecked.
+// deadline gets the plugin dropped, and the container created unchecked by
+// containerd before 2.2 (2.2–2.4 refuse it: the dropped plugin fails its
+// validation).
 const requestMargin = 300 * time.Millisecond
 
 // decisionContext bounds a handler's ledger work well inside the request's

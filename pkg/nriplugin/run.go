@@ -201,7 +201,7 @@ func (p *Plugin) serve(ctx context.Context, s stub.Stub, closed <-chan struct{},
 // resyncQuiet is how long no handler may have run before the plugin drops
 // its connection on purpose. A reply leaves within microseconds of its
 // handler's return; a connection closed under a request in flight would make
-// containerd drop the plugin and create that container unchecked.
+// containerd drop the plugin and (before 2.2) create that container unchecked.
 const resyncQuiet = 200 * time.Millisecond
 
 // reconnectWhenQuiet closes the connection once no handler has run for
