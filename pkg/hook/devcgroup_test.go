@@ -22,8 +22,9 @@ import (
 // bindState writes a bundle whose config.json binds the host path src at
 // dst and denies every device but /dev/null in its device cgroup rules (an
 // engine's default for an unprivileged container), with podman's default
-// capabilities, and returns the OCI state of container id with process pid
-// in it.
+// capabilities, a procfs at /proc and a PID namespace of its own (as every
+// engine gives it), and returns the OCI state of container id with process
+// pid in it.
 //
 // Each edit changes the spec before it is written.
 func bindState(t *testing.T, id string, pid int, status specs.ContainerState, src, dst string, edits ...func(*specs.Spec)) string {
@@ -31,7 +32,7 @@ func bindState(t *testing.T, id string, pid int, status specs.ContainerState, sr
 	one, three := int64(1), int64(3)
 	spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()},
 		Mounts: []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"}, {Destination: dst, Source: src, Type: "bind", Options: []string{"rbind"}}},
-		Linux: &specs.Linux{Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}}, Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
 			{Allow: false, Access: "rwm"}, {Allow: true, Type: "c", Major: &one, Minor: &three, Access: "rwm"}}}}}
 	for _, edit := range edits {
 		edit(&spec)
@@ -249,7 +250,7 @@ func withoutCaps(s *specs.Spec) {
 
 // withUserNS gives the container a user namespace of its own.
 func withUserNS(s *specs.Spec) {
-	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.PIDNamespace}, specs.LinuxNamespace{Type: specs.UserNamespace})
+	s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
 }
 
 // A container that can make device nodes (CAP_MKNOD, no user namespace of

@@ -550,11 +550,15 @@ func (s *jscan) namespaces() []hookNamespace {
 	out := []hookNamespace{}
 	s.array(func() {
 		var n hookNamespace
-		s.object([]string{"type"}, func(k string) bool {
-			if k != "type" {
+		s.object([]string{"type", "path"}, func(k string) bool {
+			switch k {
+			case "type":
+				n.Type = s.optString()
+			case "path":
+				n.Path = s.optString()
+			default:
 				return false
 			}
-			n.Type = s.optString()
 			return true
 		})
 		out = append(out, n)

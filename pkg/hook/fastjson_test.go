@@ -80,7 +80,7 @@ func TestFastDecodeTypical(t *testing.T) {
 	require.Equal(t, int64(195), *h.Linux.Resources.Devices[1].Major)
 	require.Equal(t, 60, *h.Hooks.CreateRuntime[0].Timeout)
 	require.Equal(t, "/usr/bin/nri-gpu-guard-hook", h.Hooks.CreateRuntime[0].Path)
-	require.Equal(t, []hookNamespace{{"pid"}, {"mount"}, {"user"}}, h.Linux.Namespaces)
+	require.Equal(t, []hookNamespace{{Type: "pid"}, {Type: "mount"}, {Type: "user", Path: "/proc/1/ns/user"}}, h.Linux.Namespaces)
 	require.Equal(t, "proc", h.Mounts[0].Type)
 
 	data, err = json.Marshal(specs.State{Version: specs.Version, ID: "c1", Status: specs.StateCreating, Pid: 4242, Bundle: "/run/b", Annotations: map[string]string{"a": "b"}})

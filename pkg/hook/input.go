@@ -507,13 +507,15 @@ type hookLinux struct {
 	Devices     []hookDevice   `json:"devices"`
 	CgroupsPath string         `json:"cgroupsPath"`
 	Resources   *hookResources `json:"resources"`
-	// Namespaces: only their types (a user namespace stops CAP_MKNOD
-	// making device nodes, see makesNodes).
+	// Namespaces: their types (a user namespace stops CAP_MKNOD making
+	// device nodes, see makesNodes) and paths (a PID namespace joined by
+	// path is not the container's own, see procShowsOtherRoots).
 	Namespaces []hookNamespace `json:"namespaces"`
 }
 
 type hookNamespace struct {
 	Type string `json:"type"`
+	Path string `json:"path"`
 }
 
 type hookDevice struct {
@@ -557,7 +559,7 @@ func (h *hookSpec) spec() *specs.Spec {
 			s.Linux.Devices = append(s.Linux.Devices, specs.LinuxDevice{Path: d.Path, Type: d.Type, Major: d.Major, Minor: d.Minor})
 		}
 		for _, n := range l.Namespaces {
-			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.LinuxNamespaceType(n.Type)})
+			s.Linux.Namespaces = append(s.Linux.Namespaces, specs.LinuxNamespace{Type: specs.LinuxNamespaceType(n.Type), Path: n.Path})
 		}
 	}
 	return s
@@ -592,7 +594,7 @@ var (
 			"devices":     {"path": nil, "type": nil, "major": nil, "minor": nil},
 			"cgroupsPath": nil,
 			"resources":   {"devices": {"allow": nil, "type": nil, "major": nil, "minor": nil, "access": nil}},
-			"namespaces":  {"type": nil},
+			"namespaces":  {"type": nil, "path": nil},
 		},
 		"annotations": nil,
 		"hooks":       {"createRuntime": hookEntryKeys, "poststop": hookEntryKeys},

@@ -71,11 +71,12 @@ func (e env) readInput(stdin io.Reader) *Input {
 // addUnfenced adds to req what the container st describes reaches past its
 // device rules when no device cgroup enforces them: every node a bind mount
 // or its root filesystem brings in (the host's /dev, or a devtmpfs mounted
-// afresh, opens every GPU; see boundRoot for the root), the host's node at each linux.devices entry's path, which a
-// runtime that cannot mknod binds whatever the entry's numbers say
-// (boundDevicePaths), and, with CAP_MKNOD or CAP_SYS_ADMIN outside a user
-// namespace (makesNodes), every GPU through a node it makes or mounts
-// itself.
+// afresh, opens every GPU; see boundRoot for the root), as does a procfs
+// mounted without a PID namespace of its own (procShowsOtherRoots), the
+// host's node at each linux.devices entry's path, which a runtime that
+// cannot mknod binds whatever the entry's numbers say (boundDevicePaths),
+// and, with CAP_MKNOD or CAP_SYS_ADMIN outside a user namespace
+// (makesNodes), every GPU through a node it makes or mounts itself.
 // Such a container is resolved like one whose device cgroup allows every
 // GPU node (GPUNodesAllowed), named as having none (NoDeviceCgroup).
 //
@@ -95,19 +96,21 @@ func (e env) readInput(stdin io.Reader) *Input {
 // it is called (one stat per bind source and entry, and one statfs per
 // directory, a few microseconds: the runtime follows symlinks, so
 // spellings do not tell), any other directory bound in (what lies below it
-// is read only then: readDirs), a /proc path that leads to a root, a root
-// filesystem that brings in the host's /dev, or a rootful runtime's that is
-// not mounted nodev (one stat and statfs of root.path, and the host's
-// /dev, wherever the binds are read), a devtmpfs mount, or
-// CAP_MKNOD (in docker's and containerd's default set, not
+// is read only then: readDirs), a /proc path that leads to a root, a proc
+// mount without a PID namespace of its own (docker's and podman's
+// --pid=host), a root filesystem that brings in the host's /dev, or a
+// rootful runtime's that is not mounted nodev (one stat and statfs of
+// root.path, and the host's /dev, wherever the binds are read), a devtmpfs
+// mount, or CAP_MKNOD (in docker's and containerd's default set, not
 // podman's or CRI-O's) or CAP_SYS_ADMIN. A state without a pid (which runc
 // and crun always give create-runtime) counts as no device cgroup.
-// Poststop, whose process is gone, cannot read it: it goes by spellings
-// alone (such a container then always reads the ledger) and by the marker
-// its create-runtime wrote before any claim (marker.go), which a claim for
-// a node made or mounted by the container, or a bind or linux.devices path
-// spelled otherwise, relies on: create-runtime refuses such a container
-// when the marker cannot be written (poststopFindsClaim).
+// Poststop, whose process is gone, cannot read it: it goes by the spec
+// alone, its spellings and its proc mount and namespaces (such a container
+// then always reads the ledger), and by the marker its create-runtime
+// wrote before any claim (marker.go), which a claim for a node made or
+// mounted by the container, or a bind or linux.devices path spelled
+// otherwise, relies on: create-runtime refuses such a container when the
+// marker cannot be written (poststopFindsClaim).
 func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request) {
 	unfence(req, spec, st.Bundle, e.userNS, st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) })
 }
@@ -202,12 +205,13 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 	case stopped:
 		// Poststop goes by spellings: a rootful runtime's binds, overlays,
 		// root and linux.devices paths are read when one is spelled like
-		// a device or the host's /dev; the marker leads poststop to the
-		// rest (CAP_MKNOD, CAP_SYS_ADMIN, a bind through a symlink). Where
-		// the namespace is unknown they are read whatever their spelling,
-		// as a rootless runtime's poststop reads every bind and path (and
-		// a rootful one's overlays too).
-		if unknown || bindsDeviceLike(req) || rootNamesHostDev(spec) {
+		// a device or the host's /dev, or when a proc mount shows other
+		// processes' roots (procShowsOtherRoots); the marker leads
+		// poststop to the rest (CAP_MKNOD, CAP_SYS_ADMIN, a bind through
+		// a symlink). Where the namespace is unknown they are read
+		// whatever their spelling, as a rootless runtime's poststop reads
+		// every bind and path (and a rootful one's overlays too).
+		if unknown || bindsDeviceLike(req) || rootNamesHostDev(spec) || procShowsOtherRoots(spec) {
 			markUnfenced(req, unfencedSources(spec, bundle, false), false)
 		}
 		return
@@ -609,11 +613,51 @@ func sameFile(host, st *unix.Stat_t) bool {
 func unfencedSources(spec *specs.Spec, bundle string, rootless bool) boundSources {
 	var host hostDirs
 	b := boundNodes(spec.Mounts, bundle, rootless, &host)
+	if procShowsOtherRoots(spec) {
+		b.hostDev = true
+	}
 	b.boundRoot(spec, bundle, rootless, &host)
 	if l := spec.Linux; l != nil && len(l.Devices) > 0 {
 		b.boundDevicePaths(l.Devices)
 	}
 	return b
+}
+
+// procShowsOtherRoots reports whether the spec mounts a procfs (type
+// "proc", wherever) in a container without a PID namespace of its own: no
+// "pid" entry in linux.namespaces (--pid=host), or one the runtime
+// joins by its path (another container's, the host's; which it is cannot
+// be told from here). Such a procfs lists the processes of that namespace,
+// and /proc/<pid>/root/dev is each one's /dev: another container's, with
+// the nodes of its GPUs, which only that container's device cgroup fences
+// (an open is checked against the opener's), or the host's. Whether the
+// kernel lets the container through /proc/<pid>/root depends on ptrace
+// access (the same user and no capability the target holds beyond the
+// opener's, or CAP_SYS_PTRACE), which the hook cannot tell for processes
+// yet to come: it counts as the host's /dev bound in. A PID namespace of
+// its own (a "pid" entry without a path: the runtime makes one) lists the
+// container's processes alone, whose roots are its own.
+//
+// The spec alone tells it, so poststop, which goes by spellings, reads it
+// too. Where two "pid" entries are given (runc refuses them), any with a
+// path counts.
+func procShowsOtherRoots(spec *specs.Spec) bool {
+	if !slices.ContainsFunc(spec.Mounts, func(m specs.Mount) bool { return m.Type == "proc" }) {
+		return false
+	}
+	own := false
+	if l := spec.Linux; l != nil {
+		for _, ns := range l.Namespaces {
+			if ns.Type != specs.PIDNamespace {
+				continue
+			}
+			if ns.Path != "" {
+				return true
+			}
+			own = true
+		}
+	}
+	return !own
 }
 
 // rootPath is the spec's root.path ("" for none).

@@ -21,14 +21,15 @@ import (
 
 // rootState writes a bundle whose config.json has root.path root, the
 // mounts of mounts (nothing over /dev unless one is at /dev), a deny-all
-// device cgroup and podman's capabilities, and returns the OCI state of
-// container id with process pid in it, and the bundle.
+// device cgroup, a PID namespace of its own (so that a procfs among the
+// mounts shows only its processes) and podman's capabilities, and returns
+// the OCI state of container id with process pid in it, and the bundle.
 func rootState(t *testing.T, id string, pid int, status specs.ContainerState, root string, mounts ...specs.Mount) (string, string) {
 	t.Helper()
 	spec := specs.Spec{Version: specs.Version, Root: &specs.Root{Path: root},
 		Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()},
 		Mounts:  mounts,
-		Linux: &specs.Linux{Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{{Type: specs.PIDNamespace}}, Resources: &specs.LinuxResources{Devices: []specs.LinuxDeviceCgroup{
 			{Allow: false, Access: "rwm"}}}}}
 	data, err := json.Marshal(spec)
 	require.NoError(t, err)
