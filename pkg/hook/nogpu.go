@@ -183,10 +183,15 @@ func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 // sources and a relative root.path from.
 //
 // The root filesystem (root.path) is read as a bind of its directory at
-// "/" (boundRoot), where the binds are read: one stat of it, and the
-// host's /dev, for every container whose binds are read; a hand-written
-// spec whose root is the host's "/" gives its container the host's /dev,
-// every GPU node with it, whatever it mounts at /dev.
+// "/" (boundRoot), where the binds are read, for every container whose
+// binds are read: one stat of it (of each path a relative one is read
+// at), compared with the host's / and /dev (each stat'ed once), an lstat
+// of its dev where no mount covers /dev, and, under a runtime that is not
+// rootless, one statfs, whose flags tell whether the root is mounted nodev:
+// one that is not counts as reaching every GPU node its image may carry.
+// Nothing in it is opened. A hand-written spec whose root is the host's
+// "/" gives its container the host's /dev, every GPU node with it,
+// whatever it mounts at /dev.
 func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func() RuntimeUserNS, stopped bool, applies func() bool) {
 	mknod := makesNodes(spec)
 	if len(spec.Mounts) == 0 && !mknod && (spec.Linux == nil || len(spec.Linux.Devices) == 0) && rootPath(spec) == "" {
