@@ -577,6 +577,53 @@ func TestUnknownUserNSUnmarkableClaimRefused(t *testing.T) {
 	require.Len(t, ledgerState(t, cfg).Claims, len(gpuUUIDs))
 }
 
+// A create-runtime that cannot write the marker asks whether poststop
+// finds the claim without it, which depends on the runtime's user
+// namespace: its uid_map is read once per run, for that question and for
+// what the container reaches alike, so that both go by one answer.
+func TestUnmarkableReadsUIDMapOnce(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	devLink := filepath.Join(t.TempDir(), "devlink")
+	require.NoError(t, os.Symlink("/dev", devLink))
+	for _, tc := range []struct {
+		name    string
+		uidMap  string // "": unreadable
+		src     string
+		edits   []func(*specs.Spec)
+		refused bool
+	}{
+		{"rootful, CAP_MKNOD", "         0          0 4294967295\n", "/srv/data", []func(*specs.Spec){withMknod}, true},
+		{"rootful, a bind of /dev", "         0          0 4294967295\n", "/dev", nil, false},
+		{"rootless, a bind of /dev through a symlink", "         0       1000          1\n", devLink, nil, false},
+		{"unknown, a bind of /dev through a symlink", "", devLink, nil, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := staticConfig(t)
+			e := cgroupProc(t, session, session, new(int))
+			procRoot := e.procRoot
+			if tc.uidMap != "" {
+				require.NoError(t, os.MkdirAll(filepath.Join(procRoot, "self"), 0o755))
+				require.NoError(t, os.WriteFile(filepath.Join(procRoot, "self", "uid_map"), []byte(tc.uidMap), 0o644))
+			}
+			reads := 0
+			e.userNS = func() RuntimeUserNS { reads++; return runtimeUserNS(procRoot) }
+			blocker := filepath.Join(t.TempDir(), "file")
+			require.NoError(t, os.WriteFile(blocker, nil, 0o600))
+			e.markerDir = filepath.Join(blocker, "markers") // below a file: never written
+			var stderr strings.Builder
+			err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(bindState(t, "train", 4242, specs.StateCreating, tc.src, "/data", tc.edits...)), &stderr)
+			if tc.refused {
+				require.ErrorContains(t, err, "its poststop needs the marker")
+			} else {
+				require.NoError(t, err)
+				require.Contains(t, stderr.String(), "its poststop will go by its config.json alone")
+				require.Len(t, ledgerState(t, cfg).Claims, len(gpuUUIDs))
+			}
+			require.Equal(t, 1, reads, "uid_map read once")
+		})
+	}
+}
+
 // ledgerState is the state of cfg's ledger, read as gpu-guard-ctl reads it.
 func ledgerState(t *testing.T, cfg config.Config) ledger.State {
 	t.Helper()

@@ -36,6 +36,20 @@ type Input struct {
 	// reaches no GPU (never) carries, "" for none: its create-runtime
 	// releases the ticket's GPUs (see releaseUnusedTicket).
 	ticket string
+	// userNS is the runtime's user namespace (env.userNS: its uid_map),
+	// once userNSRead: read at most once per run, by unfence where the
+	// spec calls for it, and by poststopFindsClaim (runtimeUserNS).
+	userNS     RuntimeUserNS
+	userNSRead bool
+}
+
+// runtimeUserNS returns e.userNS(), read once for in: both readers see the
+// same answer.
+func (in *Input) runtimeUserNS(e env) RuntimeUserNS {
+	if !in.userNSRead {
+		in.userNS, in.userNSRead = e.userNS(), true
+	}
+	return in.userNS
 }
 
 // ReadInput reads the OCI state from stdin and the spec of its bundle. It
@@ -57,7 +71,7 @@ func (e env) readInput(stdin io.Reader) *Input {
 	in.spec, in.specErr = e.readSpecOf(&in.state)
 	if in.specErr == nil {
 		in.request = devices.RequestFromSpec(in.spec)
-		e.addUnfenced(in.state, in.spec, &in.request)
+		e.addUnfenced(in)
 		in.never = guard.NeverClaims(in.request)
 		if in.never {
 			// A scan of the environment already decoded: the no-GPU path
@@ -68,15 +82,16 @@ func (e env) readInput(stdin io.Reader) *Input {
 	return in
 }
 
-// addUnfenced adds to req what the container st describes reaches past its
-// device rules when no device cgroup enforces them: every node a bind mount
-// or its root filesystem brings in (the host's /dev, or a devtmpfs mounted
-// afresh, opens every GPU; see boundRoot for the root), as does a procfs
-// mounted without a PID namespace of its own (procShowsOtherRoots), the
-// host's node at each linux.devices entry's path, which a runtime that
-// cannot mknod binds whatever the entry's numbers say (boundDevicePaths),
-// and, with CAP_MKNOD or CAP_SYS_ADMIN outside a user namespace
-// (makesNodes), every GPU through a node it makes or mounts itself.
+// addUnfenced adds to in.request what the container in describes reaches
+// past its device rules when no device cgroup enforces them: every node a
+// bind mount or its root filesystem brings in (the host's /dev, or a
+// devtmpfs mounted afresh, opens every GPU; see boundRoot for the root), as
+// does a procfs mounted without a PID namespace of its own
+// (procShowsOtherRoots), the host's node at each linux.devices entry's
+// path, which a runtime that cannot mknod binds whatever the entry's
+// numbers say (boundDevicePaths), and, with CAP_MKNOD or CAP_SYS_ADMIN
+// outside a user namespace (makesNodes), every GPU through a node it makes
+// or mounts itself.
 // Such a container is resolved like one whose device cgroup allows every
 // GPU node (GPUNodesAllowed), named as having none (NoDeviceCgroup).
 //
@@ -111,8 +126,10 @@ func (e env) readInput(stdin io.Reader) *Input {
 // mounted by the container, or a bind or linux.devices path spelled
 // otherwise, relies on: create-runtime refuses such a container when the
 // marker cannot be written (poststopFindsClaim).
-func (e env) addUnfenced(st specs.State, spec *specs.Spec, req *devices.Request) {
-	unfence(req, spec, st.Bundle, e.userNS, st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) })
+func (e env) addUnfenced(in *Input) {
+	st := in.state
+	unfence(&in.request, in.spec, st.Bundle, func() RuntimeUserNS { return in.runtimeUserNS(e) },
+		st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) })
 }
 
 // RuntimeUserNS is what is known of the user namespace of the OCI runtime
@@ -282,7 +299,7 @@ func (e env) poststopFindsClaim(in *Input) bool {
 		unfence(&req, in.spec, in.state.Bundle, func() RuntimeUserNS { return userNS }, true, func() bool { return false })
 		return !guard.NeverClaims(req)
 	}
-	if userNS := e.userNS(); userNS != UnknownUserNS {
+	if userNS := in.runtimeUserNS(e); userNS != UnknownUserNS {
 		return finds(userNS)
 	}
 	// An unknown reading at poststop finds whatever either of these does:
