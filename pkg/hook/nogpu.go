@@ -181,11 +181,13 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot str
 // req (devices.RequestFromSpec of spec) gains the nodes its binds bring in
 // (each bind source read on this host) and those at its linux.devices
 // paths (a runtime that cannot mknod binds them), and every GPU node when
-// it binds the host's /dev, has it in its root filesystem (boundRoot), or
+// it binds the host's /dev, has it in its root filesystem (boundRoot),
+// mounts a procfs without a PID namespace of its own (procShowsOtherRoots),
 // can make or mount a node itself (CAP_MKNOD, CAP_SYS_ADMIN, or no
-// capabilities object: makesNodes). bundle is the directory relative bind
-// sources and a relative root.path are read from (the config.json's). For
-// `gpu-guard-ctl explain --no-device-cgroup`.
+// capabilities object: makesNodes), or has a root filesystem not mounted
+// nodev. bundle is the directory relative bind sources and a relative
+// root.path are read from (the config.json's). For `gpu-guard-ctl explain
+// --no-device-cgroup`.
 func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 	unfence(req, spec, bundle, func() RuntimeUserNS { return Rootful }, false, func() bool { return false })
 }
