@@ -22,6 +22,8 @@ import (
 // AuditRecord is one line of audit.log. Every committed mutation writes at
 // least one, stamped with the generation it produced, so that replaying the
 // claim-changing records in order reproduces the claims of the state file.
+// A commit's records may be appended by a later writer, after an
+// OpAuditLate record, still in generation order (see auditLog).
 type AuditRecord struct {
 	Time        time.Time `json:"time"`
 	Op          string    `json:"op"`
@@ -63,92 +65,386 @@ const (
 	OpLineage            = "lineage"             // a reconcile stored the ledger's new lineage, as it does even when it changes nothing else (Reason says why it is new)
 )
 
+// Audit operations of the audit log itself: a commit's records that its
+// writer did not append, appended by a later writer.
+const (
+	// OpAuditLate precedes the records of a commit (its Generation) that a
+	// later writer (Pid) appended from the commit's journal record: the
+	// process that committed it stopped before it appended them (killed,
+	// or its append failed). The records that follow are the commit's own,
+	// with its time and its writer's pid.
+	OpAuditLate = "audit-late"
+	// OpAuditLost says that the audit log has no record of some
+	// generations (Reason names them; Generation is the last of them) and
+	// no journal holds them any more: what they changed is in the state.
+	OpAuditLost = "audit-lost"
+)
+
 // auditFileMode is the mode of audit.log and its rotation.
 const auditFileMode = 0o600
 
-// appendAudit writes records as JSON lines with O_APPEND, rotating
-// audit.log to audit.log.1 when it would grow past maxBytes. Called with the
-// lock held, so rotation never races another writer.
-func appendAudit(dir string, maxBytes int64, recs []AuditRecord) error {
-	return writeAudit(dir, maxBytes, recs, false)
+// auditTailRead is how much of the end of audit.log a writer reads to find
+// its last record: several records' worth.
+const auditTailRead = 2 << 10
+
+// stageAuditCaughtUp is the failpoint stage right after a writer appended
+// the records of earlier commits that audit.log lacked (auditLog.catchUp).
+const stageAuditCaughtUp = "audit-caught-up"
+
+// auditLog is audit.log open for appending by a writer that holds the
+// ledger lock, so that nobody else appends meanwhile.
+//
+// Every writer, before it appends its own records, appends those of the
+// commits audit.log lacks (catchUp): the generation of the log's last
+// record says how far it got, and the journal records of the commits after
+// it carry their audit records. A commit's record is durable before its
+// audit records are appended, so a writer stopped in between (killed, or
+// its append failed) leaves them only there; the next writer to append
+// anything puts them in the log, in generation order, before its own.
+type auditLog struct {
+	dir      string
+	maxBytes int64
+	f        *os.File
+	// cut is how many bytes of an unfinished last line were cut off,
+	// reported by the next write (OpAuditTorn); unended, that the file
+	// ends inside a line too long to be a torn record of ours, which our
+	// records must not be glued to (ReadAudit would take them for part of
+	// it).
+	cut     int64
+	unended bool
+	// last is the generation of the log's last record (of audit.log, or of
+	// audit.log.1 while audit.log is empty). lastKnown is false when the
+	// last line is not a record: how far the log got is then unknown, and
+	// nothing is caught up. none: the log has no record at all (a fresh
+	// host, a log removed by hand, a state dir restored without it).
+	last      uint64
+	lastKnown bool
+	none      bool
 }
 
-// writeAudit is appendAudit; with durable, the records (and a rotation) are
-// on disk when it returns nil: the file is fsynced, and the dir after a
-// rotation.
-func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) error {
-	if len(recs) == 0 {
-		return nil
-	}
-	var payload []byte
-	for i := range recs {
-		var err error
-		if payload, err = appendAuditLine(payload, &recs[i]); err != nil {
-			return fmt.Errorf("encode audit record: %w", err)
-		}
-	}
+// openAuditLog opens audit.log in dir for appending (creating it), cuts off
+// the unfinished line a writer killed while appending left, and reads the
+// generation of its last record.
+func openAuditLog(dir string, maxBytes int64) (*auditLog, error) {
 	p := filepath.Join(dir, auditName)
 	f, err := openAudit(p)
 	if err != nil {
+		return nil, err
+	}
+	a := &auditLog{dir: dir, maxBytes: maxBytes, f: f}
+	if err := a.readTail(); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("read the end of %s: %w", p, err)
+	}
+	return a, nil
+}
+
+// readTail reads the end of the log: one read of its last few records in
+// the common case.
+func (a *auditLog) readTail() error {
+	fi, err := a.f.Stat()
+	if err != nil {
 		return err
 	}
-	// A writer killed inside its write(2) can leave the start of a line
-	// without its newline (the kernel copies a write page by page and stops
-	// at a fatal signal). Appending after it would glue our first record to
-	// it and make both unreadable: cut the fragment off first (the lock is
-	// held, so nobody is writing it) and say so in the log itself.
-	cut, unended, err := cutTornTail(f)
-	if err != nil {
-		_ = f.Close()
-		return fmt.Errorf("repair the torn end of %s: %w", p, err)
-	}
-	if cut > 0 {
-		torn := AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: recs[0].Generation, Pid: recs[0].Pid,
-			Reason: fmt.Sprintf("%d bytes of an unfinished record (a writer killed while appending) were cut off", cut)}
-		note, err := appendAuditLine(nil, &torn)
-		if err != nil {
-			_ = f.Close()
-			return fmt.Errorf("encode audit record: %w", err)
-		}
-		payload = append(note, payload...)
-	}
-	if fi, err := f.Stat(); err == nil && fi.Size() > 0 && fi.Size()+int64(len(payload)) > maxBytes {
-		_ = f.Close()
-		if err := os.Rename(p, filepath.Join(dir, auditRotated)); err != nil { //nolint:gosec // fixed names in the operator's state dir
-			return fmt.Errorf("rotate %s: %w", p, err)
-		}
-		if f, err = openAudit(p); err != nil {
+	size := fi.Size()
+	var tail []byte
+	if size > 0 {
+		if tail, err = readTail(a.f, size, auditTailRead); err != nil {
 			return err
 		}
-		unended = false // the line left unended went with the rotation
+		if tail[len(tail)-1] != '\n' {
+			// A writer killed inside its write(2) can leave the start of
+			// a line without its newline (the kernel copies a write page
+			// by page and stops at a fatal signal). Appending after it
+			// would glue our first record to it and make both unreadable:
+			// cut the fragment off first (the lock is held, so nobody is
+			// writing it) and say so in the log itself.
+			cut, unended, err := cutTornTail(a.f)
+			if err != nil {
+				return err
+			}
+			if unended {
+				a.unended = true
+				return nil // the last line is not a record: how far the log got is unknown
+			}
+			a.cut, size, tail = cut, size-cut, nil
+		}
+	}
+	if size == 0 {
+		a.last, a.lastKnown, a.none = lastAuditedIn(filepath.Join(a.dir, auditRotated))
+		return nil
+	}
+	var line []byte
+	ok := false
+	if tail != nil {
+		if i := bytes.LastIndexByte(tail[:len(tail)-1], '\n'); i >= 0 || int64(len(tail)) == size {
+			line, ok = tail[i+1:len(tail)-1], true
+		}
+	}
+	if !ok {
+		if line, ok, err = lastLineOf(a.f, size); err != nil || !ok {
+			return err
+		}
+	}
+	a.last, a.lastKnown = auditedGeneration(line)
+	return nil
+}
+
+// readTail reads the last n bytes of the first size bytes of f (all of
+// them if fewer).
+func readTail(f *os.File, size, n int64) ([]byte, error) {
+	n = min(n, size)
+	buf := make([]byte, n)
+	if _, err := f.ReadAt(buf, size-n); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+// lastLineOf returns the last line of the first size bytes of f, which end
+// in a newline, without it; ok is false when that line is longer than a
+// record can be.
+func lastLineOf(f *os.File, size int64) (line []byte, ok bool, err error) {
+	for n := min(size, auditTailRead); ; n = min(size, 16*n, maxAuditLine+1) {
+		tail, err := readTail(f, size, n)
+		if err != nil {
+			return nil, false, err
+		}
+		if i := bytes.LastIndexByte(tail[:len(tail)-1], '\n'); i >= 0 || n == size {
+			return tail[i+1 : len(tail)-1], true, nil
+		}
+		if n > maxAuditLine {
+			return nil, false, nil
+		}
+	}
+}
+
+// lastAuditedIn is the generation of the last record of the audit log at p
+// (the rotated one, read while audit.log is empty); none when it has none.
+func lastAuditedIn(p string) (gen uint64, known, none bool) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // fixed name in the operator's state dir
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, true, true
+	}
+	if err != nil {
+		return 0, false, false
+	}
+	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	switch {
+	case err != nil || !fi.Mode().IsRegular():
+		return 0, false, false
+	case fi.Size() == 0:
+		return 0, true, true
+	}
+	last, err := readTail(f, fi.Size(), 1)
+	if err != nil || last[0] != '\n' {
+		return 0, false, false // it ended inside a line when it was rotated
+	}
+	line, ok, err := lastLineOf(f, fi.Size())
+	if err != nil || !ok {
+		return 0, false, false
+	}
+	gen, known = auditedGeneration(line)
+	return gen, known, false
+}
+
+// auditedGeneration is the generation of the audit record line, ok false
+// if it is not one (as ReadAudit would not take it: no op). appendAuditLine
+// ends every line with `,"generation":G,"pid":P}`, read from the end (a
+// string cannot hold those quotes unescaped); anything else is left to
+// encoding/json.
+func auditedGeneration(line []byte) (uint64, bool) {
+	digits := func(b []byte) int { // how many digits b ends with
+		n := 0
+		for n < len(b) && b[len(b)-1-n] >= '0' && b[len(b)-1-n] <= '9' {
+			n++
+		}
+		return n
+	}
+	if b, ok := bytes.CutSuffix(line, []byte("}")); ok && !bytes.Contains(line, []byte(`"op":""`)) {
+		b = b[:len(b)-digits(b)]
+		b = bytes.TrimSuffix(b, []byte("-"))
+		if b, ok = bytes.CutSuffix(b, []byte(`,"pid":`)); ok {
+			n := digits(b)
+			num := b[len(b)-n:]
+			if _, ok = bytes.CutSuffix(b[:len(b)-n], []byte(`,"generation":`)); ok && n > 0 && n <= 19 {
+				var g uint64
+				for _, c := range num {
+					g = g*10 + uint64(c-'0')
+				}
+				return g, true
+			}
+		}
+	}
+	var rec struct {
+		Op         string  `json:"op"`
+		Generation *uint64 `json:"generation"`
+	}
+	if json.Unmarshal(line, &rec) != nil || rec.Op == "" || rec.Generation == nil {
+		return 0, false
+	}
+	return *rec.Generation, true
+}
+
+// catchUp appends, ahead of the writer's own records, those of the
+// commits up to generation through that the log lacks (the generations
+// after its last record; see lateAudit). It runs before the writer's
+// commit, while the journals still hold every commit since the compaction
+// before the last: a writer stopped right after it leaves them appended,
+// one stopped before it leaves them where the next one finds them. A log
+// without any record gets those the journals hold, but no OpAuditLost for
+// the generations before: it was never kept here (a state dir restored
+// without it) or was removed, which is no commit's loss to report. A
+// failure is only logged: the commits stand, and the next writer tries
+// again.
+func (a *auditLog) catchUp(l *Ledger, through uint64) {
+	if !a.lastKnown || a.last >= through {
+		return
+	}
+	recs := l.lateAudit(a.last+1, through, !a.none, l.now(), os.Getpid())
+	if len(recs) > 0 {
+		l.log.Warn("ledger: appending audit records the audit log lacks (their writer stopped before it appended them)",
+			"generations", fmt.Sprintf("%d-%d", a.last+1, through), "records", len(recs))
+		if err := a.write(recs, nil, false); err != nil {
+			l.log.Error("ledger: could not append the audit records the audit log lacks", "generations",
+				fmt.Sprintf("%d-%d", a.last+1, through), "error", err)
+			return
+		}
+		reachStage(stageAuditCaughtUp)
+	}
+	a.last = through
+}
+
+// write appends recs in one write(2) (lines: their rendering, or nil to
+// render them), after the note of a torn tail cut off, rotating audit.log
+// to audit.log.1 first when it would grow past maxBytes. With durable, the
+// records (and a rotation) are on disk when it returns nil: the file is
+// fsynced, and the dir after a rotation.
+func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
+	if len(recs) == 0 {
+		return nil
+	}
+	p := filepath.Join(a.dir, auditName)
+	if a.f == nil {
+		return fmt.Errorf("append to %s: not open (a rotation failed)", p)
+	}
+	if lines == nil {
+		var err error
+		if lines, err = appendAuditLines(nil, recs); err != nil {
+			return err
+		}
+	}
+	payload := lines
+	if a.cut > 0 {
+		torn := AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: recs[0].Generation, Pid: recs[0].Pid,
+			Reason: fmt.Sprintf("%d bytes of an unfinished record (a writer killed while appending) were cut off", a.cut)}
+		note, err := appendAuditLine(nil, &torn)
+		if err != nil {
+			return fmt.Errorf("encode audit record: %w", err)
+		}
+		payload = append(note, lines...)
+	}
+	if fi, err := a.f.Stat(); err == nil && fi.Size() > 0 && fi.Size()+int64(len(payload)) > a.maxBytes {
+		_ = a.f.Close()
+		a.f = nil
+		if err := os.Rename(p, filepath.Join(a.dir, auditRotated)); err != nil { //nolint:gosec // fixed names in the operator's state dir
+			return fmt.Errorf("rotate %s: %w", p, err)
+		}
+		f, err := openAudit(p)
+		if err != nil {
+			return err
+		}
+		a.f = f
+		a.unended = false // the line left unended went with the rotation
 		if durable {
-			if err := syncDir(dir); err != nil {
-				_ = f.Close()
+			if err := syncDir(a.dir); err != nil {
 				return fmt.Errorf("rotate %s: %w", p, err)
 			}
 		}
 	}
-	if unended {
+	if a.unended {
 		// A line without its end that is too long to be a torn record of
 		// ours stays as it is, but our records must not be glued to it
 		// (ReadAudit would take them for part of it): they start a line.
 		payload = append([]byte{'\n'}, payload...)
 	}
 	// One write: appends of one write call are not interleaved with others.
-	if _, err := f.Write(payload); err != nil {
-		_ = f.Close()
+	if _, err := a.f.Write(payload); err != nil {
 		return fmt.Errorf("append to %s: %w", p, err)
 	}
+	a.cut, a.unended = 0, false
 	if durable {
-		if err := f.Sync(); err != nil {
-			_ = f.Close()
+		if err := a.f.Sync(); err != nil {
 			return fmt.Errorf("fsync %s: %w", p, err)
 		}
 	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", p, err)
+	return nil
+}
+
+// close closes the log.
+func (a *auditLog) close() error {
+	if a.f == nil {
+		return nil
+	}
+	err := a.f.Close()
+	a.f = nil
+	if err != nil {
+		return fmt.Errorf("close %s: %w", filepath.Join(a.dir, auditName), err)
 	}
 	return nil
+}
+
+// appendAuditLines renders recs, one line each.
+func appendAuditLines(b []byte, recs []AuditRecord) ([]byte, error) {
+	for i := range recs {
+		var err error
+		if b, err = appendAuditLine(b, &recs[i]); err != nil {
+			return nil, fmt.Errorf("encode audit record: %w", err)
+		}
+	}
+	return b, nil
+}
+
+// appendAudit appends recs (lines: their rendering, or nil) to the audit
+// log under the ledger lock, after the records it lacks of the commits up
+// to generation through (catchUp); durable as auditLog.write.
+func (l *Ledger) appendAudit(recs []AuditRecord, lines []byte, through uint64, durable bool) error {
+	a, err := openAuditLog(l.dir, l.opts.AuditMaxBytes)
+	if err != nil {
+		return err
+	}
+	a.catchUp(l, through)
+	err = a.write(recs, lines, durable)
+	return errors.Join(err, a.close())
+}
+
+// openAuditCaughtUp opens audit.log for a writer about to write a state
+// after generation through, and appends first what the log lacks of the
+// commits up to it (catchUp). nil, logged, when it cannot be opened:
+// finishAudit then tries again for the writer's own records.
+func (l *Ledger) openAuditCaughtUp(through uint64) *auditLog {
+	a, err := openAuditLog(l.dir, l.opts.AuditMaxBytes)
+	if err != nil {
+		l.log.Error("ledger: cannot open the audit log", "error", err)
+		return nil
+	}
+	a.catchUp(l, through)
+	return a
+}
+
+// finishAudit appends a writer's own records (lines: their rendering, or
+// nil) once its state is written, to a from openAuditCaughtUp (nil: opened
+// now), and closes it.
+func (l *Ledger) finishAudit(a *auditLog, recs []AuditRecord, lines []byte) error {
+	if a == nil {
+		var err error
+		if a, err = openAuditLog(l.dir, l.opts.AuditMaxBytes); err != nil {
+			return err
+		}
+	}
+	err := a.write(recs, lines, false)
+	return errors.Join(err, a.close())
 }
 
 // AppendAudit writes recs to the audit log under the ledger lock, stamped
@@ -157,7 +453,8 @@ func writeAudit(dir string, maxBytes int64, recs []AuditRecord, durable bool) er
 // decision whose only trace is its audit record (an exemption), which must
 // not be acted on if the record is lost. Unlike the records of a commit, an
 // error here is returned, never only logged. A state that needs recovery
-// (or any error reading it) fails it, as it fails Update.
+// (or any error reading it) fails it, as it fails Update. Records of
+// earlier commits that the log lacks are appended first (catchUp).
 func (l *Ledger) AppendAudit(ctx context.Context, recs ...AuditRecord) error {
 	unlock, _, err := l.lockForWrite(ctx, "audit", false)
 	if err != nil {
@@ -179,7 +476,7 @@ func (l *Ledger) AppendAudit(ctx context.Context, recs ...AuditRecord) error {
 		}
 		recs[i].Generation, recs[i].Pid = ld.st.Generation, pid
 	}
-	return writeAudit(l.dir, l.opts.AuditMaxBytes, recs, true)
+	return l.appendAudit(recs, nil, ld.st.Generation, true)
 }
 
 // cutTornTail truncates f (open for appending, under the ledger lock) after

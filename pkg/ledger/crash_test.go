@@ -325,9 +325,12 @@ func TestCrashAtRandomInstants(t *testing.T) {
 }
 
 // checkAuditAfterCrashes: once the next writer has appended (which cuts off
-// the unfinished line a writer killed inside write(2) may leave), every line
-// of the audit log parses, and generations only go up (a crash may cost the
-// records of the commit it interrupted, never reorder or invent one).
+// the unfinished line a writer killed inside write(2) may leave, and
+// appends the records of the commits whose writer was killed before it
+// appended them), every line of the audit log parses, generations only go
+// up (a crash never reorders or invents a record), and every committed
+// generation has its claim record, none reported lost (the journals still
+// held every one the log lacked).
 func checkAuditAfterCrashes(t *testing.T, dir string) {
 	t.Helper()
 	l, err := Open(dir, Options{BootID: testBoot})
@@ -336,9 +339,18 @@ func checkAuditAfterCrashes(t *testing.T, dir string) {
 	recs, err := ReadAudit(filepath.Join(dir, auditName))
 	require.NoError(t, err)
 	var prev uint64
+	claimed := map[uint64]bool{}
 	for _, r := range recs {
 		require.GreaterOrEqual(t, r.Generation, prev)
 		prev = r.Generation
+		require.NotEqual(t, OpAuditLost, r.Op, "%s", r.Reason)
+		if r.Op == OpClaim {
+			claimed[r.Generation] = true
+		}
 	}
-	require.LessOrEqual(t, prev, readBack(t, dir).Generation)
+	final := readBack(t, dir).Generation
+	require.Equal(t, final, prev, "the last record is of the last commit")
+	for g := uint64(1); g <= final; g++ {
+		require.True(t, claimed[g], "generation %d (of %d) was committed but the audit log has no claim record of it", g, final)
+	}
 }

@@ -642,6 +642,9 @@ func fastDecodeRecordOf(b []byte, owned bool) (journalRecord, bool) {
 	if d.opt(`,"dk":`) {
 		r.CordonsGone = fastList(&d, (*fastDecoder).strItem)
 	}
+	if d.opt(`,"a":`) {
+		r.Audit = d.auditList(owned)
+	}
 	d.lit(`}`)
 	if d.bad || d.i != len(d.b) {
 		return journalRecord{}, false

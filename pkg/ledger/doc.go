@@ -33,9 +33,9 @@
 //     "<crc32c hex> <JSON>\n": a header (lineage, boot, the generation it
 //     continues; "genesis" when that base is the empty state of a fresh
 //     start) and one record per commit with its generation (always the
-//     previous one plus one) and what changed: claims and reservations by
+//     previous one plus one), what changed (claims and reservations by
 //     device UUID, waiters by key, cordons by device UUID, conflicts
-//     whole;
+//     whole) and, since journal 3, the commit's audit records;
 //   - ledger.json.prev, ledger.journal.prev: the snapshot and journal the
 //     last compaction replaced, kept for Recover; after a recovery or reset
 //     (until the next compaction), a copy of the state it wrote and an
@@ -56,8 +56,12 @@
 //     that waits. An optimisation, never a condition: a gate that cannot
 //     be used, whose holder is stopped or leaves the free lock alone, is
 //     passed;
-//   - audit.log: one JSON line per change, rotated to audit.log.1 by size.
-//     Records, marker and audit lines are rendered by hand, byte-for-byte
+//   - audit.log: one JSON line per change, rotated to audit.log.1 by size,
+//     in generation order. Appended without fsync (but AppendAudit's), after
+//     the commit is durable: a commit's records are in its journal record
+//     too, and the writer that takes the lock next appends first what the
+//     log lacks (see the invariants). Records, marker and audit lines are
+//     rendered by hand, byte-for-byte
 //     as encoding/json renders them (a hook is a process per claim, and
 //     encoding/json's reflection tables cost each process more than the
 //     encoding);
@@ -72,7 +76,10 @@
 // generation are refused. Format 1 (one ledger.json rewritten whole at
 // every commit) and format 2 (before cordons and draining claims) are read,
 // and converted at the next commit; a format 2 build refuses a format 3
-// state as newer and leaves it untouched, so it never drops a cordon. The
+// state as newer and leaves it untouched, so it never drops a cordon. So
+// with the journal: a journal 2 (records without audit records) is read and
+// replaced by a journal 3 at the next commit, never appended to; a build of
+// journal 2 refuses a journal 3 as newer (it says format 4). The
 // format number (a snapshot's "format", a journal header's "journal") is
 // read before the strict decode, so that a newer file with fields this
 // build does not know reads as newer, not as damage; Recover refuses to
@@ -93,8 +100,9 @@
 //   - Every mutation runs under the exclusive lock, bounded by
 //     min(LockTimeout, context deadline) (a LockError then says whether
 //     the ledger committed meanwhile: busy, or a holder stuck): read + verify, change, append one
-//     journal record with one write and one fdatasync, update the boot
-//     marker, append the audit records. Its cost does not grow with the
+//     journal record (its audit records in it) with one write and one
+//     fdatasync, update the boot marker, append the audit records (no
+//     fsync). Its cost does not grow with the
 //     queue: the record holds what changed. A record is written whole or,
 //     if a crash cut it, is a last line without its newline: that
 //     transaction never committed (its caller got no answer); readers ignore
@@ -196,7 +204,22 @@
 //     its request).
 //     Waiters not seen for queue_ttl are dropped.
 //   - Every commit increments the generation and writes at least one audit
-//     record stamped with it.
+//     record stamped with it, which its journal record carries: durable
+//     with the commit. audit.log gets them from the commit's writer once
+//     the record is durable or, if that writer stopped first (killed, its
+//     append failed), from the next process that takes the lock to write
+//     anything (a commit, AppendAudit, Recover, Reset): before its own
+//     records, and before its own write could compact the record away
+//     (the journals hold every commit since the compaction before the last),
+//     it appends the records of the generations after the log's last
+//     record, each commit's after an audit-late record. Records a power cut
+//     dropped from the log's end come back the same way. Generations whose
+//     records no journal holds any more (compacted away since, written by
+//     an older build, a state Recover or Reset wrote whole, which is no
+//     record) are named in one audit-lost record; a log with no record at
+//     all (removed) only gets what the journals hold. Catching up reads the
+//     last line of the log (one read of its end) and, only when it lacks
+//     something, the journals.
 //   - Every stored state has a lineage: a random id given when the state
 //     starts empty (a fresh host, an earlier boot's state discarded, Reset,
 //     or Recover that could not restore every commit) and kept by every other

@@ -88,6 +88,11 @@ func appendRecordJSON(b []byte, r *journalRecord) ([]byte, error) {
 		}
 	}
 	b = appendOptStrings(b, `,"dk":`, r.CordonsGone)
+	if len(r.Audit) > 0 {
+		// Compact JSON already (journalAudit), which json.Marshal keeps as is.
+		b = append(b, `,"a":`...)
+		b = append(b, r.Audit...)
+	}
 	return append(b, '}'), nil
 }
 

@@ -31,8 +31,19 @@ import (
 // journalFormat is the version of the journal's header and records. Journal
 // 2 (with snapshot format 3) adds cordons and draining claims; a journal 1
 // is read (it has neither) and replaced at the next commit, which writes a
-// format 3 snapshot and a new journal first.
-const journalFormat = 2
+// format 3 snapshot and a new journal first. Journal 3 adds each commit's
+// audit records ("a"), so that a commit whose writer was stopped after its
+// record was durable, before it appended them to audit.log, still gets them
+// there (see auditLog.catchUp); a build of journal 2 would take that field
+// for damage, and refuses a journal 3 as newer instead (format 4 in its
+// words). A journal 2 is read (its records carry none) and replaced at the
+// next commit, as a journal 1 is: records of this build are never appended
+// to a journal an older build would still read.
+const journalFormat = 3
+
+// auditJournalFormat is the first journal version whose records carry
+// their commit's audit records: a record of it without any had none.
+const auditJournalFormat = 3
 
 // maxJournalLine bounds one record: a commit changes a few claims and
 // waiters, so a bigger line is not ours.
@@ -114,6 +125,11 @@ type journalRecord struct {
 	Conflicts    *[]Conflict   `json:"x,omitempty"`
 	Cordons      []Cordon      `json:"k,omitempty"`
 	CordonsGone  []string      `json:"dk,omitempty"`
+	// Audit is the commit's audit records as audit.log gets them (the
+	// same objects, as a JSON list; see journalAudit), for the next writer
+	// to append should this commit's writer stop before it does. Replay
+	// never decodes it.
+	Audit json.RawMessage `json:"a,omitempty"`
 }
 
 // appendJournalLine frames one JSON value as a journal line.

@@ -5,6 +5,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -47,6 +48,8 @@ type Ledger struct {
 	cleaned    bool    // stray temp files removed once
 	enc        encoder // renders snapshots under the lock
 	recBuf     []byte  // renders journal records under the lock
+	auditBuf   []byte  // renders a commit's audit lines under the lock
+	auditList  []byte  // the same as its journal record carries them
 	compactMin int64   // see journalTooBig
 	// compactAlways compacts after every commit (tests of recovery).
 	compactAlways bool
@@ -559,6 +562,11 @@ func (l *Ledger) lineageError(want, found, origin string) error {
 // commit writes the transaction's state, if it changed, and its audit
 // records: one journal record, or a snapshot when the lineage is new, the
 // file is of the old format, or the journal has outgrown the snapshot.
+//
+// The audit records go into the journal record too, and audit.log gets
+// them after the commit is durable: a writer stopped in between leaves them
+// in the journal, and the next writer appends them (auditLog.catchUp), as
+// it appends, before this commit, those of earlier commits the log lacks.
 func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 	pid := os.Getpid()
 	if !tx.dirty {
@@ -568,7 +576,7 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 		for i := range tx.audit {
 			tx.audit[i].Generation, tx.audit[i].Pid = tx.st.Generation, pid
 		}
-		return appendAudit(l.dir, l.opts.AuditMaxBytes, tx.audit)
+		return l.appendAudit(tx.audit, nil, tx.st.Generation, false)
 	}
 	st := tx.st
 	st.Generation++
@@ -584,10 +592,29 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 	if err := validate(&st, tx.waitersOwned); err != nil {
 		return fmt.Errorf("ledger: refusing to write a state that breaks an invariant (a bug; nothing was written): %w", err)
 	}
+	for i := range tx.audit {
+		tx.audit[i].Generation, tx.audit[i].Pid = st.Generation, pid
+	}
+	// Rendered once: for the journal record and for audit.log.
+	lines, err := appendAuditLines(l.auditBuf[:0], tx.audit)
+	if err == nil {
+		l.auditBuf = lines
+		l.auditList, err = journalAudit(l.auditList, tx.audit, lines)
+	}
+	if err != nil {
+		// Never seen (a time outside years 0-9999): the commit goes on
+		// without them in its record; audit.log's append reports it.
+		l.log.Error("ledger: the audit records of a commit do not encode", "generation", st.Generation, "error", err)
+		lines, l.auditList = nil, l.auditList[:0]
+	}
+	aud := l.openAuditCaughtUp(st.Generation - 1)
 	reachStage(stageBeforeWrite)
 	phasetrace.Mark("decide")
-	next, err := l.write(tx, ld, &st, origin)
+	next, err := l.write(tx, ld, &st, origin, l.auditList)
 	if err != nil {
+		if aud != nil {
+			_ = aud.close()
+		}
 		l.setCache(nil)
 		return err
 	}
@@ -605,12 +632,10 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 		// this boot, that the state dir vanished.
 		l.log.Error("ledger: state committed but the boot marker was not updated", "generation", st.Generation, "error", err)
 	}
-	for i := range tx.audit {
-		tx.audit[i].Generation, tx.audit[i].Pid = st.Generation, pid
-	}
-	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, tx.audit); err != nil {
+	if err := l.finishAudit(aud, tx.audit, lines); err != nil {
 		// The state is committed: failing the call would make the caller
-		// believe it was not.
+		// believe it was not. The journal record holds the records: the
+		// next writer appends them.
 		l.log.Error("ledger: state committed but its audit records were not written", "generation", st.Generation, "error", err)
 	}
 	phasetrace.Mark("marker-audit")
@@ -623,16 +648,20 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 // replay to any commit should the current snapshot be lost. The state it
 // follows is first written as the snapshot when there is none to append to:
 // a fresh start (an empty base, so that its journal replays from nothing),
-// a format 1 file (the upgrade), a new lineage or a missing journal. After
+// a format 1 file or a journal of an older version (the upgrade: a build
+// that reads that version may still be running, and would take this
+// build's records for damage), a new lineage or a missing journal. After
 // the append, a journal grown past the snapshot is compacted into a new one.
-func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string) (loaded, error) {
+//
+// audit is the commit's audit records, which its record carries.
+func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string, audit json.RawMessage) (loaded, error) {
 	if err := l.checkLockFile(); err != nil {
 		return loaded{}, err
 	}
 	cur := *ld
 	var next loaded
 	genesis := false
-	if origin != "" || !ld.snapOK || ld.genesis || !ld.jOK || ld.format != FormatVersion {
+	if origin != "" || !ld.snapOK || ld.genesis || !ld.jOK || ld.format != FormatVersion || ld.jHdr.Journal != journalFormat {
 		base := tx.base
 		base.Lineage, base.BootID = st.Lineage, l.opts.BootID
 		if base.UpdatedAt.IsZero() {
@@ -640,7 +669,7 @@ func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string) (loaded, er
 		}
 		base.sort(true)
 		if origin == originOtherBoot && isEmpty(&base) {
-			n, err := l.startGenesis(&base, st, tx.touchedWaiters, ld)
+			n, err := l.startGenesis(&base, st, tx.touchedWaiters, ld, audit)
 			if err != nil {
 				return loaded{}, err
 			}
@@ -656,6 +685,7 @@ func (l *Ledger) write(tx *Tx, ld *loaded, st *State, origin string) (loaded, er
 	}
 	if !genesis {
 		rec := recordOf(&cur.st, st, tx.touchedWaiters)
+		rec.Audit = audit
 		n, err := l.appendRecord(&rec, &cur)
 		if err != nil {
 			return loaded{}, err

@@ -19,9 +19,9 @@ import (
 // most likely, a field this build does not know: it is newer, not damaged.
 func TestNewerJournalHeaderIsAFormatError(t *testing.T) {
 	for _, line := range []string{
-		`{"journal":3,"lineage":"L","boot_id":"B","base":7,"genesis":true,"base_next_seq":3,"epoch":1}`,
-		`{"epoch":1,"journal":3,"lineage":"L"}`,
-		`{"journal":3}`,
+		fmt.Sprintf(`{"journal":%d,"lineage":"L","boot_id":"B","base":7,"genesis":true,"base_next_seq":3,"epoch":1}`, journalFormat+1),
+		fmt.Sprintf(`{"epoch":1,"journal":%d,"lineage":"L"}`, journalFormat+1),
+		fmt.Sprintf(`{"journal":%d}`, journalFormat+1),
 	} {
 		_, err := decodeHeader([]byte(line))
 		var fe *FormatError

@@ -127,7 +127,9 @@ type recJournal struct {
 // boot's lineage; moves every damaged or foreign file aside; optionally
 // releases claims whose holder is gone (Alive); writes the result as a new
 // snapshot and reports exactly what it recovered. On a healthy ledger it
-// changes nothing and returns a report with an empty Problem.
+// changes nothing (it appends the records the audit log lacks, as every
+// writer does: see auditLog.catchUp) and returns a report with an empty
+// Problem.
 //
 // A vanished state dir is made again to take the lock in it, and removed
 // again when Recover writes nothing (nothing verifies, or an error): the
@@ -163,6 +165,13 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 
 	ld, err := l.current()
 	if err == nil {
+		if !opts.DryRun && ld.exists {
+			// Nothing to recover; the audit log may still lack the
+			// records of a commit whose writer was stopped.
+			if a := l.openAuditCaughtUp(ld.st.Generation); a != nil {
+				_ = a.close()
+			}
+		}
 		rep.Lineage, rep.Generation, rep.Complete = ld.st.Lineage, ld.st.Generation, true
 		rep.RecoveredGeneration = ld.st.Generation
 		// As any read sees it: an earlier boot's holders are gone, and its
@@ -329,6 +338,14 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 		return rep, err
 	}
 	made = "" // what follows writes to the dir: it stays
+	// The records the audit log lacks of the commits before, from the
+	// journals, before anything is moved aside or replaced.
+	aud := l.openAuditCaughtUp(st.Generation - 1)
+	defer func() {
+		if aud != nil {
+			_ = aud.close()
+		}
+	}()
 
 	// Move aside what is damaged or of another ledger; the rest is
 	// replaced by the write (writeBase), which supersedes it.
@@ -383,8 +400,10 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 	for i := range recs {
 		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
 	}
-	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, recs); err != nil {
-		l.log.Error("ledger: recovered, but its audit records were not written", "error", err)
+	aerr := l.finishAudit(aud, recs, nil)
+	aud = nil // closed
+	if aerr != nil {
+		l.log.Error("ledger: recovered, but its audit records were not written", "error", aerr)
 	}
 	return rep, nil
 }
@@ -530,6 +549,14 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 	if err := l.checkLockFile(); err != nil {
 		return rep, err
 	}
+	// The records the audit log lacks of the commits before, from the
+	// journals, before they are moved aside.
+	aud := l.openAuditCaughtUp(st.Generation - 1)
+	defer func() {
+		if aud != nil {
+			_ = aud.close()
+		}
+	}()
 	for _, name := range []string{stateName, prevName, journalName, journalPrevName} {
 		p := filepath.Join(l.dir, name)
 		if _, err := os.Lstat(p); err != nil {
@@ -569,8 +596,10 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 	for i := range recs {
 		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
 	}
-	if err := appendAudit(l.dir, l.opts.AuditMaxBytes, recs); err != nil {
-		l.log.Error("ledger: reset, but its audit record was not written", "error", err)
+	aerr := l.finishAudit(aud, recs, nil)
+	aud = nil // closed
+	if aerr != nil {
+		l.log.Error("ledger: reset, but its audit record was not written", "error", aerr)
 	}
 	return rep, nil
 }

@@ -4,6 +4,7 @@
 package ledger
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -524,7 +525,7 @@ func (l *Ledger) putBaseFile(name string, data []byte, synced, kept string) erro
 // with a snapshot of this boot next to the earlier boot's journal, which
 // reads as damage, and one with the empty base and no record, which lost the
 // operator's cordons.)
-func (l *Ledger) startGenesis(base, st *State, touched []string, ld *loaded) (loaded, error) {
+func (l *Ledger) startGenesis(base, st *State, touched []string, ld *loaded, audit json.RawMessage) (loaded, error) {
 	hdr := journalHeader{Journal: journalFormat, Lineage: base.Lineage, BootID: base.BootID, Base: base.Generation,
 		Genesis: true, BaseNextSeq: base.NextSeq}
 	content, err := appendJournalLine(nil, hdr)
@@ -532,6 +533,7 @@ func (l *Ledger) startGenesis(base, st *State, touched []string, ld *loaded) (lo
 		return loaded{}, err
 	}
 	rec := recordOf(base, st, touched)
+	rec.Audit = audit // the discard of the earlier boot's state among them
 	if content, err = appendRecordLine(content, &rec); err != nil {
 		return loaded{}, fmt.Errorf("encode journal record: %w", err)
 	}
