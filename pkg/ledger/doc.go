@@ -57,8 +57,8 @@
 //     be used, whose holder is stopped or leaves the free lock alone, is
 //     passed;
 //   - audit.log: one JSON line per change, rotated to audit.log.1 by size,
-//     in generation order. Appended without fsync (but AppendAudit's), after
-//     the commit is durable: a commit's records are in its journal record
+//     in generation order. Appended without fsync (AppendAudit's records
+//     are fsynced) after the commit is durable: a commit's records are in its journal record
 //     too, and the writer that takes the lock next appends first what the
 //     log lacks (see the invariants). Records, marker and audit lines are
 //     rendered by hand, byte-for-byte
