@@ -178,7 +178,7 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 	b.cdiList(req.LateCDIDevices, cdiByPlugin)
 	b.linuxDevices(req.Devices)
 	b.capsRules(req)
-	b.finish()
+	b.finish(req.Privileged)
 	if len(b.errs) > 0 {
 		if b.dropped > 0 {
 			b.errs = append(b.errs, fmt.Errorf("… and %d more problems", b.dropped))
@@ -1047,8 +1047,11 @@ func (b *builder) capNode(src string, minor int64) {
 // /dev/nvidia<N> too, but with MIG enabled that node alone runs no work on
 // the GPU: the capabilities decide. So the parent node counts as a claim on
 // the named MIG instances, not on the whole GPU — unless some capability node
-// could not be mapped, in which case the whole GPU is claimed to stay safe.
-func (b *builder) finish() {
+// could not be mapped, or the container holds CAP_SYS_ADMIN (sysAdmin,
+// Request.Privileged): the driver lets an administrator (its test is
+// capable(CAP_SYS_ADMIN)) use every MIG instance of a GPU whose node it has,
+// without any capability node. Either way the whole GPU is claimed.
+func (b *builder) finish(sysAdmin bool) {
 	for _, p := range b.giCaps {
 		e := b.ix.ents[p.pos]
 		gk := giKey{parent: e.parent, gi: e.gi}
@@ -1068,6 +1071,14 @@ func (b *builder) finish() {
 	for _, p := range b.nodes {
 		migs := b.ix.migsOf[p.pos]
 		if len(migs) == 0 || b.unmappedCaps || b.has(p.pos) {
+			b.add(p.pos, p.src)
+			continue
+		}
+		if sysAdmin {
+			gpu := b.ix.ents[p.pos].dev
+			b.note(fmt.Sprintf("%s: the container holds CAP_SYS_ADMIN, with which NVIDIA's driver lets it use every MIG instance of GPU %s (%s) "+
+				"through this node, whatever MIG capability nodes it has: the GPU is claimed whole; drop CAP_SYS_ADMIN to share its MIG instances",
+				p.src, gpu.Index, gpu.UUID))
 			b.add(p.pos, p.src)
 			continue
 		}
