@@ -55,8 +55,10 @@
 //   - When the rules are in doubt, a GPU counts as reachable: a device
 //     cgroup rule is read the way (kernel and runc, or crun) that opens
 //     more, its major and minor as each runtime reads them (crun keeps 32
-//     bits of them: c 4294967295:* is c *:* there), and a request the
-//     runtime would refuse may still be claimed.
+//     bits of them: c 4294967295:* is c *:* there), a linux.devices entry
+//     as the node the runtime makes of it (mknod(2) keeps 12 bits of the
+//     major and 20 of the minor: c 4294967491:0 is 195:0), and a request
+//     the runtime would refuse may still be claimed.
 //   - Container-supplied strings are untrusted: bounded (MaxValueBytes,
 //     MaxValueTokens, MaxRequestTokens), never used as paths, quoted in errors;
 //     every error names the offending token and its source.

@@ -83,7 +83,8 @@ const maxReported = 16
 //     NVIDIA device injected after the check (nvidia.cdi.k8s.io/*,
 //     LateCDIDevices, and cdi.k8s.io/* when the spec lists no GPU node),
 //     which is refused: its GPUs cannot be told (see cdiName).
-//   - linux devices: 195:0-253 is the GPU with that NVML minor number;
+//   - linux devices, by the numbers of the node the runtime makes of each
+//     (madeNumbers): 195:0-253 is the GPU with that NVML minor number;
 //     195:254/255 are not GPUs; /dev/nvidia-caps nodes are MIG instances
 //     where Inventory.MIGCaps maps them (see finish for the parent node),
 //     and so is any node of a dynamic major while the inventory lists MIG
@@ -887,9 +888,33 @@ const capsPathPrefix = "/dev/nvidia-caps/nvidia-cap"
 // capability.
 const capsMajorUnknown = "the GPU inventory lists MIG instances but not the nvidia-caps major: is /proc/devices readable under devices.proc_root?"
 
-// nodeNumbers returns a device node's major and minor. When the caller gave
-// none (0:0, as gpu-guard-ctl explain --device does), they come from the
-// well-known path: /dev/nvidia<N> is 195:N.
+// Device numbers as the kernel keeps them: a 12-bit major and a 20-bit
+// minor, packed into the 32-bit number mknod(2) takes.
+const (
+	kernelMajorBits = 12
+	kernelMinorBits = 20
+)
+
+// madeNumbers returns the numbers of the node a runtime makes for a
+// linux.devices entry of major and minor. The spec's numbers are int64;
+// runc (unix.Mkdev of their uint32 truncations) and crun (glibc's makedev,
+// which takes unsigned ints) pack them as dev_t, and mknod(2) hands the
+// kernel only its low 32 bits, where the major keeps 12 bits and the minor
+// 20: runc makes c 4294967491:0, c -4294967101:0, c 4291:0 and
+// c 195:1048576 all as 195:0, GPU 0. (glibc refuses a dev_t that does not
+// fit 32 bits, so crun fails the last two: what it makes is still this.)
+// Numbers the kernel can hold come back as they are, so this is the reading
+// as written too wherever that denotes a node; a spec entry is read only
+// this way, as the one node it can make.
+func madeNumbers(major, minor int64) (int64, int64) {
+	return major & (1<<kernelMajorBits - 1), minor & (1<<kernelMinorBits - 1)
+}
+
+// nodeNumbers returns the major and minor of the node a device entry opens.
+// When the caller gave none (0:0, as gpu-guard-ctl explain --device does),
+// they come from the well-known path: /dev/nvidia<N> is 195:N. Numbers of a
+// spec entry are read as the node the runtime makes of them (madeNumbers);
+// those of a bind-mounted host node are that node's own.
 func nodeNumbers(d LinuxDevice) (major, minor int64, isCapPath bool) {
 	major, minor = d.Major, d.Minor
 	var capMinor int64
@@ -907,13 +932,30 @@ func nodeNumbers(d LinuxDevice) (major, minor int64, isCapPath bool) {
 		if isCapPath {
 			minor = capMinor
 		}
+		return major, minor, isCapPath
+	}
+	if d.BoundAt == "" {
+		major, minor = madeNumbers(major, minor)
 	}
 	return major, minor, isCapPath
 }
 
-// linuxDevices reads the spec's device nodes: /dev/nvidia<minor> (195:0-253)
-// names a GPU by its NVML minor number, and /dev/nvidia-caps/nvidia-cap<N>
-// names a MIG instance where the capability mapping is known.
+// nodeLabel is how a message shows the numbers of device entry d, which
+// opens major:minor (nodeNumbers): the entry's numbers and the node's as
+// well when the runtime makes the node of other numbers than the entry
+// names.
+func nodeLabel(d LinuxDevice, major, minor int64) string {
+	if mj, mn := madeNumbers(d.Major, d.Minor); d.BoundAt == "" && (mj != d.Major || mn != d.Minor) {
+		return strconv.FormatInt(d.Major, 10) + ":" + strconv.FormatInt(d.Minor, 10) + ", made as " +
+			strconv.FormatInt(mj, 10) + ":" + strconv.FormatInt(mn, 10)
+	}
+	return strconv.FormatInt(major, 10) + ":" + strconv.FormatInt(minor, 10)
+}
+
+// linuxDevices reads the spec's device nodes by the numbers of the node
+// each makes (nodeNumbers): /dev/nvidia<minor> (195:0-253) names a GPU by
+// its NVML minor number, and /dev/nvidia-caps/nvidia-cap<N> names a MIG
+// instance where the capability mapping is known.
 func (b *builder) linuxDevices(devs []LinuxDevice) {
 	for _, d := range devs {
 		if d.Type != "" && d.Type != "c" && d.Type != "u" {
@@ -923,9 +965,9 @@ func (b *builder) linuxDevices(devs []LinuxDevice) {
 		if isCapPath && major == 0 && b.capsMj != 0 {
 			major = b.capsMj // path only: show the numbers the node has
 		}
-		src := "device " + plainText(d.Path) + " (" + strconv.FormatInt(major, 10) + ":" + strconv.FormatInt(minor, 10) + ")"
+		src := "device " + plainText(d.Path) + " (" + nodeLabel(d, major, minor) + ")"
 		if d.BoundAt != "" {
-			src = "bind mount " + plainText(d.BoundAt) + " from " + plainText(d.Path) + " (" + strconv.FormatInt(major, 10) + ":" + strconv.FormatInt(minor, 10) + ")"
+			src = "bind mount " + plainText(d.BoundAt) + " from " + plainText(d.Path) + " (" + nodeLabel(d, major, minor) + ")"
 		}
 		// The numbers decide what a node opens, never its name inside the
 		// container: `--device /dev/nvidia0:/dev/nvidia-caps/nvidia-cap1`

@@ -79,3 +79,35 @@ func TestResolveSysAdminMIGParentFromSpec(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{migUUID(1, 0)}, res.UUIDs(), "without CAP_SYS_ADMIN only the named instance")
 }
+
+// A linux.devices entry is the node the runtime makes of it: mknod(2)
+// keeps 12 bits of the major and 20 of the minor, so numbers past them
+// (past 32 bits, negative, or just past the kernel's widths) may make a GPU
+// node under other numbers.
+func TestResolveEntryNumbersAsMade(t *testing.T) {
+	ignore := func(p *config.PolicyConfig) { p.UnknownDevice = config.UnknownIgnore }
+	runResolveCases(t, []resolveCase{
+		{name: "major past 32 bits", req: Request{Devices: []LinuxDevice{dev("/dev/gpu", 1<<32+195, 0)}}, want: []string{"0"},
+			sources: map[string][]string{"0": {"device /dev/gpu (4294967491:0, made as 195:0)"}}},
+		{name: "minor past 32 bits", req: Request{Devices: []LinuxDevice{dev("/dev/gpu", 195, 1<<32)}}, want: []string{"0"}},
+		{name: "negative major", req: Request{Devices: []LinuxDevice{dev("/dev/gpu", -(1<<32)+195, 0)}}, want: []string{"0"},
+			sources: map[string][]string{"0": {"device /dev/gpu (-4294967101:0, made as 195:0)"}}},
+		{name: "major past 12 bits (runc: 195)", req: Request{Devices: []LinuxDevice{dev("/dev/gpu", 1<<12+195, 0)}}, want: []string{"0"}},
+		{name: "minor past 20 bits (runc: 1, GPU 3)", req: Request{Devices: []LinuxDevice{dev("/dev/gpu", 195, 1<<20+1)}}, want: []string{"3"}},
+		{name: "capability node under a major past 12 bits", req: Request{Devices: []LinuxDevice{
+			dev("/dev/nvidia3", 195, 3), dev("/dev/c", 1<<12+testCapsMajor, 31)}}, want: []string{"1:0"}},
+		{name: "made as a GPU minor this host lacks", req: Request{Devices: []LinuxDevice{dev("/dev/gpu", 1<<32+195, 7)}}, err: ErrUnknownDevice,
+			errHas: []string{`device /dev/gpu (4294967491:7, made as 195:7): unknown GPU "195:7"`}},
+		{name: "made as a GPU minor this host lacks, ignored", policy: ignore,
+			req: Request{Devices: []LinuxDevice{dev("/dev/gpu", 1<<32+195, 7)}}, want: nil},
+		{name: "made as nvidiactl is no GPU", req: Request{Devices: []LinuxDevice{dev("/dev/gpu", 195, 1<<20+255)}}, want: nil},
+		{name: "numbers the kernel holds are read as written", req: Request{Devices: []LinuxDevice{
+			dev("/dev/a", 195, 256), dev("/dev/b", 1<<11+195, 0), dev("/dev/c", 196, 0)}}, want: nil},
+		// An engine's CDI injection lists the GPU nodes: a node made as one
+		// makes the name's GPUs impossible to tell, as a listed node does.
+		{name: "CDI annotation with a node made as a GPU node", req: Request{
+			Annotations: map[string]string{CDIAnnotationPrefix + "x": "k8s.gpu.nvidia.com/device=gpu-0"},
+			Devices:     []LinuxDevice{dev("/dev/gpu", 1<<32+195, 0)}},
+			want: []string{"0", "1", "2", "3"}, wantAll: true},
+	})
+}
