@@ -397,10 +397,20 @@ const maxCapsMinor = 1 << 20
 // or an NVIDIA control node on some host: a character device of NVIDIA's
 // major or of one Linux hands out at module load (every major below
 // firstDynamicMajor is a fixed assignment, none of which but 195 is
-// NVIDIA's), or one named /dev/nvidia*. Block devices and FIFOs never are.
+// NVIDIA's), as written or as made (a major past 12 bits makes a node of
+// its low bits), or one named /dev/nvidia*. Block devices and FIFOs never
+// are.
 func MayBeGPUNode(d LinuxDevice) bool {
 	if d.Type != "" && d.Type != "c" && d.Type != "u" {
 		return false
 	}
-	return d.Major == nvidiaMajor || d.Major >= firstDynamicMajor || strings.HasPrefix(d.Path, "/dev/nvidia")
+	// The major as written and as the runtime makes the node of it
+	// (madeNumbers): either may be NVIDIA's or a dynamic one.
+	made, _ := madeNumbers(d.Major, d.Minor)
+	for _, m := range []int64{d.Major, made} {
+		if m == nvidiaMajor || m >= firstDynamicMajor {
+			return true
+		}
+	}
+	return strings.HasPrefix(d.Path, "/dev/nvidia")
 }
