@@ -13,6 +13,8 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -57,14 +59,20 @@ func (a *app) config() (config.Config, error) {
 	return cfg, nil
 }
 
-// ledgerDirFiles are the files whose presence makes a directory a ledger
-// directory: the ledger's own (pkg/ledger: the snapshot, the journal, the
-// copies a compaction keeps, the lock any writer creates, the audit log and
-// its rotation) and what the daemon writes beside them (the inventory
-// cache, the observer's report). The ones every used ledger has come first:
-// the usual read answers with one lstat.
-var ledgerDirFiles = []string{"ledger.json", "ledger.journal", "ledger.lock", "audit.log", "audit.log.1",
-	"ledger.json.prev", "ledger.journal.prev", devices.CacheFile, observe.FileName}
+var (
+	// ledgerFiles are the files of every ledger a writer committed to,
+	// named in messages; ledgerOtherFiles those it holds at times
+	// (ledger.DirFiles).
+	ledgerFiles, ledgerOtherFiles = ledger.DirFiles()
+	// daemonFiles are what the daemon writes beside the ledger: the
+	// inventory cache, the observer's report, and the findings it carries
+	// to the daemon after it.
+	daemonFiles = []string{devices.CacheFile, observe.FileName, observe.CarryFileName}
+	// ledgerDirFiles are the files whose presence makes a directory a
+	// ledger directory. The ones every used ledger has come first: the
+	// usual read answers with one lstat.
+	ledgerDirFiles = slices.Concat(ledgerFiles, ledgerOtherFiles, daemonFiles)
+)
 
 // ledgerDirState is what a state directory holds, as a read command judges it.
 type ledgerDirState int
@@ -118,10 +126,10 @@ func (a *app) checkLedgerDir() error {
 		return nil
 	}
 	if explicit {
-		return fmt.Errorf("--state-dir %s: no ledger here: it holds none of the ledger's files (ledger.json, ledger.journal, "+
-			"ledger.lock, audit.log) nor the daemon's (%s, %s), and would read as an empty ledger with every GPU free; "+
+		return fmt.Errorf("--state-dir %s: no ledger here: it holds none of the ledger's files (%s) nor the daemon's (%s), "+
+			"and would read as an empty ledger with every GPU free; "+
 			"name the ledger directory the daemon and the hook use ([ledger] dir of their configuration, %s by default)",
-			dir, devices.CacheFile, observe.FileName, config.Default().Ledger.Dir)
+			dir, strings.Join(ledgerFiles, ", "), strings.Join(daemonFiles, ", "), config.Default().Ledger.Dir)
 	}
 	from := "the default, no configuration file"
 	if a.cfgPath != "" {
@@ -129,7 +137,7 @@ func (a *app) checkLedgerDir() error {
 	}
 	what := "does not exist"
 	if state == dirEmpty {
-		what = "holds no ledger (none of ledger.json, ledger.journal, ledger.lock, audit.log)"
+		what = "holds no ledger (none of " + strings.Join(ledgerFiles, ", ") + ")"
 	}
 	fmt.Fprintln(a.env.Stderr, escapeLine(fmt.Sprintf("warning: the ledger directory %s (%s) %s, so the ledger reads as empty: "+
 		"either no claim was ever recorded on this host (the daemon and the hook write the ledger with their first claim), "+

@@ -4,12 +4,18 @@
 package ctl
 
 import (
+	"context"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
 )
 
 // TestReadCommandsWarnOfAMissingLedgerDir: a [ledger] dir that does not exist
@@ -57,6 +63,68 @@ func TestReadCommandsWarnOfAMissingLedgerDir(t *testing.T) {
 			assert.Contains(t, r.stderr, "or the path is wrong")
 			_, err := os.Stat(dir)
 			assert.ErrorIs(t, err, os.ErrNotExist, "a read command creates nothing")
+		})
+	}
+}
+
+// TestLedgerDirFilesAreWhatIsWritten: every file a used ledger dir holds —
+// the ledger's (a compaction's copies, the audit log's rotation, the gate
+// of a contended lock) and the daemon's (inventory cache, observer report,
+// carry file) — is one ledgerDirFiles knows, so that a dir holding any one
+// of them alone is a ledger dir, not "no ledger here". Before, the list was
+// spelled out in ctl and left out the daemon's carry file and the gate: a
+// --state-dir holding only those was refused.
+func TestLedgerDirFilesAreWhatIsWritten(t *testing.T) {
+	f := newFixture(t) // writes the daemon's inventory cache
+	opts := f.ledgerOpts(2048)
+	l, err := ledger.Open(f.dir, opts)
+	require.NoError(t, err)
+	ctx := context.Background()
+	gpu := f.dev(t, uuidGPU1)
+	for range 100 { // enough commits for a compaction and an audit rotation
+		require.NoError(t, l.Update(ctx, func(tx *ledger.Tx) error {
+			claim(t, tx, ownTrainer, "env", gpu)
+			return nil
+		}))
+		require.NoError(t, l.Update(ctx, func(tx *ledger.Tx) error {
+			tx.Release(ownTrainer.ContainerID, "test")
+			return nil
+		}))
+	}
+	// A writer that finds the lock held closes the gate; it gives up as
+	// soon as it starts waiting.
+	waitCtx, giveUp := context.WithCancel(ctx)
+	defer giveUp()
+	opts.BeforeLockWait = giveUp
+	other, err := ledger.Open(f.dir, opts)
+	require.NoError(t, err)
+	require.NoError(t, l.Update(ctx, func(*ledger.Tx) error {
+		require.Error(t, other.Update(waitCtx, func(*ledger.Tx) error { return nil }))
+		return nil
+	}))
+	require.NoError(t, observe.WriteFile(f.dir, observe.File{Time: now}))
+	require.NoError(t, observe.WriteCarry(f.dir, observe.Carry{BootID: bootID}))
+
+	entries, err := os.ReadDir(f.dir)
+	require.NoError(t, err)
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	for _, name := range []string{"ledger.json.prev", "ledger.journal.prev", "audit.log.1", "ledger.gate",
+		devices.CacheFile, observe.FileName, observe.CarryFileName} {
+		require.Contains(t, names, name, "the test writes every kind of file")
+	}
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			assert.Contains(t, ledgerDirFiles, name)
+			alone := filepath.Join(t.TempDir(), "state")
+			require.NoError(t, os.Mkdir(alone, 0o700))
+			data, err := os.ReadFile(filepath.Join(f.dir, name))
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(alone, name), data, 0o600))
+			r := f.run(t, "--state-dir", alone, "claims")
+			assert.NotContains(t, r.stderr, "no ledger here", "a dir holding only %s is a ledger dir", name)
 		})
 	}
 }

@@ -31,6 +31,18 @@ const (
 	quarantineStamp = "20060102T150405.000000000Z"
 )
 
+// DirFiles returns the names of the files the ledger keeps in its state
+// dir, for a reader that tells a ledger dir from another: always, those
+// every ledger a writer committed to holds (the snapshot, the journal, the
+// lock, the audit log; the lock alone where a writer committed nothing);
+// sometimes, those it holds only at times (the audit log's rotation, the
+// copies a compaction keeps, the gate of a contended lock). The files it
+// moves aside or writes in passing have one of these names with a suffix.
+func DirFiles() (always, sometimes []string) {
+	return []string{stateName, journalName, lockName, auditName},
+		[]string{auditRotated, prevName, journalPrevName, gateName}
+}
+
 // Failpoint stages of a commit, in order. Tests kill a process at each one to
 // prove that a crash at any of them leaves the old or the new state.
 //
