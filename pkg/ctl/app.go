@@ -83,16 +83,25 @@ const (
 	dirEmpty // exists, none of ledgerDirFiles
 )
 
-func ledgerDirOf(dir string) ledgerDirState {
+// lstat is os.Lstat, a variable for the tests that count what a command
+// looks at.
+var lstat = os.Lstat
+
+// ledgerDirOf judges dir by its files; absent are those of ledgerDirFiles
+// the caller already found missing there, not looked at again.
+func ledgerDirOf(dir string, absent ...string) ledgerDirState {
 	for _, name := range ledgerDirFiles {
-		_, err := os.Lstat(filepath.Join(dir, name))
+		if slices.Contains(absent, name) {
+			continue
+		}
+		_, err := lstat(filepath.Join(dir, name))
 		if err == nil || !errors.Is(err, fs.ErrNotExist) {
 			// There, or not readable (not root): the ledger read said
 			// what it could, nothing to add.
 			return dirHasLedger
 		}
 	}
-	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+	if _, err := lstat(dir); errors.Is(err, fs.ErrNotExist) {
 		return dirMissing
 	}
 	return dirEmpty
@@ -113,7 +122,10 @@ func ledgerDirOf(dir string) ledgerDirState {
 //     holding none of those files: on a fresh host it is both (the package
 //     creates it empty; the daemon and the hook write the ledger with their
 //     first claim), and a read command must work there.
-func (a *app) checkLedgerDir() error {
+//
+// absent are files of ledgerDirFiles the caller found missing in the
+// ledger's dir (the one it opened, which is the dir judged here).
+func (a *app) checkLedgerDir(absent ...string) error {
 	dir, explicit := a.stateDirFlag, a.stateDirFlag != ""
 	if a.cfg != nil && (!explicit || filepath.Clean(dir) == filepath.Clean(a.cfg.Ledger.Dir)) {
 		dir, explicit = a.cfg.Ledger.Dir, false
@@ -121,7 +133,7 @@ func (a *app) checkLedgerDir() error {
 	if dir == "" {
 		return nil
 	}
-	state := ledgerDirOf(dir)
+	state := ledgerDirOf(dir, absent...)
 	if state == dirHasLedger {
 		return nil
 	}

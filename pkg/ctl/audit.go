@@ -12,6 +12,7 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
@@ -94,15 +95,19 @@ interrupted (with -o json: one JSON object per line).`,
 // the ledger read: the log of a damaged ledger is what an operator reads
 // to learn what happened, and it stays readable.
 func (a *app) checkAuditLog(ctx context.Context, l *ledger.Ledger) error {
-	for _, p := range []string{l.AuditPath(), l.AuditPath() + ".1"} {
-		if _, err := os.Lstat(p); !errors.Is(err, fs.ErrNotExist) {
+	name := filepath.Base(l.AuditPath())
+	names := []string{name, name + ".1"}
+	for _, name := range names {
+		if _, err := lstat(filepath.Join(l.Dir(), name)); !errors.Is(err, fs.ErrNotExist) {
 			return nil // there (or not readable: reading it says why)
 		}
 	}
-	if err := viewOf(ctx, l, func(*ledger.Tx) error { return nil }); errors.Is(err, ledger.ErrNeedsRecovery) {
-		return fmt.Errorf("no audit log in %s: %w", l.Dir(), err)
+	// Only whether the ledger needs recovery is wanted: the read every
+	// command does, without the queue upkeep a View runs on its state.
+	if _, err := l.Snapshot(ctx); errors.Is(err, ledger.ErrNeedsRecovery) {
+		return fmt.Errorf("no audit log in %s: read ledger %s: %w", l.Dir(), l.StatePath(), err)
 	}
-	return a.checkLedgerDir()
+	return a.checkLedgerDir(names...)
 }
 
 // auditFilter is -n and --since.

@@ -296,3 +296,44 @@ func TestAuditWithoutItsLedger(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditWithoutItsLogLooksAtEachFileOnce: audit on a dir without an
+// audit log looks for audit.log and its rotation once, then judges the dir
+// by the ledger's other files (the warning, the refusal) without looking
+// for those two again. Before, ledgerDirOf looked for them a second time.
+func TestAuditWithoutItsLogLooksAtEachFileOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		stateDir bool // named by --state-dir, not the configuration
+		code     int
+		stderr   string
+	}{
+		{name: "[ledger] dir without a ledger", code: ExitOK, stderr: "holds no ledger"},
+		{name: "--state-dir without a ledger", stateDir: true, code: ExitError, stderr: "no ledger here"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			empty := filepath.Join(filepath.Dir(f.dir), "not-the-ledger")
+			require.NoError(t, os.Mkdir(empty, 0o700))
+			args := []string{"audit"}
+			if tc.stateDir {
+				args = append([]string{"--state-dir", empty}, args...)
+			} else {
+				f.setLedgerDir(t, empty)
+			}
+			seen := map[string]int{}
+			defer func(was func(string) (os.FileInfo, error)) { lstat = was }(lstat)
+			lstat = func(p string) (os.FileInfo, error) {
+				seen[p]++
+				return os.Lstat(p)
+			}
+			r := f.run(t, args...)
+			require.Equal(t, tc.code, r.code, "stdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
+			assert.Contains(t, r.stderr, tc.stderr)
+			require.Equal(t, 1, seen[filepath.Join(empty, "audit.log")], "%v", seen)
+			for p, n := range seen {
+				assert.Equal(t, 1, n, "%s looked at %d times", p, n)
+			}
+		})
+	}
+}
