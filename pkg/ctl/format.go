@@ -158,10 +158,14 @@ func writeJSON(w io.Writer, v any) error {
 	return nil
 }
 
-// timeOrNil keeps zero times out of JSON (omitempty does not apply to structs).
+// timeOrNil keeps zero times out of JSON (omitempty does not apply to
+// structs), and gives the others in UTC, as every time ctl prints: the
+// ledger keeps the zone of the clock that wrote a time, and the daemon
+// writes observe.json in its host's.
 func timeOrNil(t time.Time) *time.Time {
 	if t.IsZero() {
 		return nil
 	}
+	t = t.UTC()
 	return &t
 }

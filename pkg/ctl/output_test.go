@@ -745,3 +745,21 @@ func TestJSONFieldsDocumented(t *testing.T) {
 		}
 	}
 }
+
+// TestDevicesCachedAtIsUTC: devices -o json gives the inventory cache's
+// time, the file's modification time in the host's zone, in UTC, as every
+// time ctl prints (docs/ctl-json.md). Before, a host outside UTC got
+// "…+01:00": only the observer's times were converted.
+func TestDevicesCachedAtIsUTC(t *testing.T) {
+	was := time.Local
+	time.Local = time.FixedZone("CET", 3600)
+	defer func() { time.Local = was }()
+	f := newFixture(t)
+	r := f.run(t, "devices", "-o", "json")
+	require.Equal(t, ExitOK, r.code, r.stderr)
+	var v struct {
+		CachedAt string `json:"cached_at"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &v))
+	assert.Equal(t, "2026-02-28T10:00:00Z", v.CachedAt)
+}

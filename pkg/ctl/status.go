@@ -347,7 +347,7 @@ func (v *statusView) addObserver(dir string, now time.Time) {
 	for _, u := range f.Unhealthy {
 		seen := u.Time
 		v.Problems = append(v.Problems, problem{
-			Kind: problemUnhealthy, Device: u.Device.UUID, Index: u.Device.Index, SeenAt: utcOrNil(seen),
+			Kind: problemUnhealthy, Device: u.Device.UUID, Index: u.Device.Index, SeenAt: timeOrNil(seen),
 			Message: fmt.Sprintf("%s (seen %s ago)", u.Message, age(now.Sub(seen))),
 		})
 	}
@@ -363,7 +363,7 @@ func (v *statusView) addObserver(dir string, now time.Time) {
 		}
 		v.Problems = append(v.Problems, problem{
 			Kind: kind, Device: ff.Device.UUID, Index: ff.Device.Index, ContainerID: ff.ContainerID, Pid: ff.PID,
-			SeenAt: utcOrNil(f.Time), Message: fmt.Sprintf("%s (seen %s ago)", msg, age(now.Sub(f.Time))),
+			SeenAt: timeOrNil(f.Time), Message: fmt.Sprintf("%s (seen %s ago)", msg, age(now.Sub(f.Time))),
 		})
 	}
 }
@@ -389,7 +389,7 @@ func (v *statusView) addUnobserved(f *observe.File, now time.Time) {
 		rows[observe.Device{Index: d.Index, UUID: d.UUID, ParentUUID: d.Parent}.String()] = d
 	}
 	for _, e := range f.Errors {
-		p := problem{Kind: problemUnobserved, SeenAt: utcOrNil(f.Time)}
+		p := problem{Kind: problemUnobserved, SeenAt: timeOrNil(f.Time)}
 		what, why := "a device", e
 		if i := strings.Index(e, "): "); i >= 0 {
 			if d := rows[e[:i+1]]; d != nil {
@@ -408,12 +408,6 @@ func (v *statusView) addUnobserved(f *observe.File, now time.Time) {
 			"and nri-gpu-guard's log (`sudo %s ps` asks NVML now)", what, age(now.Sub(f.Time)), why, programName)
 		v.Problems = append(v.Problems, p)
 	}
-}
-
-// utcOrNil is timeOrNil in UTC: the daemon writes observe.json in its
-// host's local zone, and the JSON of ctl gives every time in UTC.
-func utcOrNil(t time.Time) *time.Time {
-	return timeOrNil(t.UTC())
 }
 
 func holderOf(o ledger.Owner, since time.Time) *holderJSON {

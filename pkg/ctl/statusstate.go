@@ -113,8 +113,7 @@ func (v *statusView) markUnhealthy(sick []observe.Finding) {
 			t, ok = since[d.Parent]
 		}
 		if ok {
-			t = t.UTC() // observe.json has the daemon host's zone
-			d.UnhealthySince = &t
+			d.UnhealthySince = timeOrNil(t)
 			v.Summary.Unhealthy++
 		}
 	}
