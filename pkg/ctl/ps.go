@@ -242,22 +242,22 @@ func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psVi
 	for _, d := range r.Devices {
 		pd := psDevice{Index: d.Device.Index, UUID: d.Device.UUID, Parent: d.Device.ParentUUID, Error: d.Error,
 			Processes: []psProcess{}}
-		what := d.Device.String()
+		var holder ledger.Owner
 		if d.Holder != "" {
 			o, ok := known[d.Holder]
 			if !ok {
 				o = ledger.Owner{ContainerID: d.Holder}
 			}
 			pd.Holder = &psHolder{ContainerID: d.Holder, Name: holderName(o)}
-			what += ", held by " + holderOf(o, time.Time{}).who() + ","
+			holder = o
 		}
-		if d.Error != "" && !sick[d.Device.UUID] && !sick[d.Device.ParentUUID] {
-			// Not listed, and not known to be lost: nothing was looked at
-			// on it, which is not "no intruder".
-			v.Problems = append(v.Problems, problem{Kind: problemUnobserved, Device: d.Device.UUID, Index: d.Device.Index,
-				Message: fmt.Sprintf("%s was not checked: NVML could not list its processes (%s), so a process the guard "+
-					"did not admit would go unseen there; check the driver (`nvidia-smi`, the kernel log) and run ps again",
-					what, d.Error)})
+		if d.Error != "" && !reportedUnhealthy(sick, d.Device.UUID, d.Device.ParentUUID) {
+			var who string
+			if d.Holder != "" {
+				who = holderOf(holder, time.Time{}).who()
+			}
+			v.Problems = append(v.Problems, unobservedProblem(d.Device.UUID, d.Device.Index, d.Device.String(), who,
+				"NVML could not list its processes ("+d.Error+")", "run ps again"))
 		}
 		for _, p := range d.Processes {
 			pp := psProcess{PID: p.PID, Type: p.Type, UsedMemoryBytes: p.UsedMemoryBytes, ContainerID: p.ContainerID,

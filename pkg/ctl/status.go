@@ -389,25 +389,47 @@ func (v *statusView) addUnobserved(f *observe.File, now time.Time) {
 		rows[observe.Device{Index: d.Index, UUID: d.UUID, ParentUUID: d.Parent}.String()] = d
 	}
 	for _, e := range f.Errors {
-		p := problem{Kind: problemUnobserved, SeenAt: timeOrNil(f.Time)}
-		what, why := "a device", e
+		uuid, index, label, holder, why := "", "", "a device", "", e
 		if i := strings.Index(e, "): "); i >= 0 {
 			if d := rows[e[:i+1]]; d != nil {
-				if sick[d.UUID] || (d.Parent != "" && sick[d.Parent]) {
+				if reportedUnhealthy(sick, d.UUID, d.Parent) {
 					continue
 				}
-				p.Device, p.Index = d.UUID, d.Index
-				what, why = d.label(), e[i+3:]
+				uuid, index, label, why = d.UUID, d.Index, d.label(), e[i+3:]
 				if d.Holder != nil {
-					what += ", held by " + d.Holder.who() + ","
+					holder = d.Holder.who()
 				}
 			}
 		}
-		p.Message = fmt.Sprintf("%s was not checked: the GPU observer could not list its processes in its last pass, %s ago (%s), "+
-			"so a process the guard did not admit would go unseen there; check the driver (`nvidia-smi`, the kernel log) "+
-			"and nri-gpu-guard's log (`sudo %s ps` asks NVML now)", what, age(now.Sub(f.Time)), why, programName)
+		p := unobservedProblem(uuid, index, label, holder,
+			fmt.Sprintf("the GPU observer could not list its processes in its last pass, %s ago (%s)", age(now.Sub(f.Time)), why),
+			fmt.Sprintf("nri-gpu-guard's log (`sudo %s ps` asks NVML now)", programName))
+		p.SeenAt = timeOrNil(f.Time)
 		v.Problems = append(v.Problems, p)
 	}
+}
+
+// reportedUnhealthy reports whether a device, or the GPU of a MIG instance
+// (parent), is among those found unhealthy (sick, by UUID): the problem of
+// a device NVML could not list is left to the unhealthy one, which says
+// why.
+func reportedUnhealthy(sick map[string]bool, uuid, parent string) bool {
+	return sick[uuid] || (parent != "" && sick[parent])
+}
+
+// unobservedProblem is the problem of a device whose processes NVML could
+// not list (status: the observer's last pass; ps: its own): nothing was
+// looked at on it, which is not "no intruder". label names the device
+// ("a device" for one no row shows), holder its holder (holderJSON.who;
+// "" for none); how says which listing failed and why; also is what to
+// check besides the driver.
+func unobservedProblem(uuid, index, label, holder, how, also string) problem {
+	if holder != "" {
+		label += ", held by " + holder + ","
+	}
+	return problem{Kind: problemUnobserved, Device: uuid, Index: index,
+		Message: fmt.Sprintf("%s was not checked: %s, so a process the guard did not admit would go unseen there; "+
+			"check the driver (`nvidia-smi`, the kernel log) and %s", label, how, also)}
 }
 
 func holderOf(o ledger.Owner, since time.Time) *holderJSON {
