@@ -369,36 +369,28 @@ func (v *statusView) addObserver(dir string, now time.Time) {
 }
 
 // addUnobserved adds an unobserved problem for every device the observer's last
-// pass could not list (observe.File.Errors, "GPU 1 (GPU-…): list compute
-// processes: ERROR_UNKNOWN"), except one the report calls unhealthy (a lost
-// GPU, or a MIG instance of one): that problem already says why. The rows
-// name each device the way the observer does (observe.Device.String), so an
-// error is matched to its row by that label; one that matches no row (a
+// pass could not list (observe.File.Unlisted), except one the report calls
+// unhealthy (a lost GPU, or a MIG instance of one): that problem already
+// says why. Each is matched to its row by UUID; one that matches no row (a
 // device the inventory does not list) is still a problem, without a device.
+// The file of an older daemon has the errors only, as text ("GPU 1
+// (GPU-…): list compute processes: ERROR_UNKNOWN"): those are matched to
+// the rows by the label the observer gives a device
+// (observe.Device.String).
 func (v *statusView) addUnobserved(f *observe.File, now time.Time) {
-	if len(f.Errors) == 0 {
+	if len(f.Unlisted) == 0 && len(f.Errors) == 0 {
 		return
 	}
 	sick := make(map[string]bool, len(f.Unhealthy))
 	for _, u := range f.Unhealthy {
 		sick[u.Device.UUID] = true
 	}
-	rows := make(map[string]*statusDevice, len(v.Devices))
-	for i := range v.Devices {
-		d := &v.Devices[i]
-		rows[observe.Device{Index: d.Index, UUID: d.UUID, ParentUUID: d.Parent}.String()] = d
-	}
-	for _, e := range f.Errors {
-		uuid, index, label, holder, why := "", "", "a device", "", e
-		if i := strings.Index(e, "): "); i >= 0 {
-			if d := rows[e[:i+1]]; d != nil {
-				if reportedUnhealthy(sick, d.UUID, d.Parent) {
-					continue
-				}
-				uuid, index, label, why = d.UUID, d.Index, d.label(), e[i+3:]
-				if d.Holder != nil {
-					holder = d.Holder.who()
-				}
+	add := func(d *statusDevice, why string) {
+		uuid, index, label, holder := "", "", "a device", ""
+		if d != nil {
+			uuid, index, label = d.UUID, d.Index, d.label()
+			if d.Holder != nil {
+				holder = d.Holder.who()
 			}
 		}
 		p := unobservedProblem(uuid, index, label, holder,
@@ -406,6 +398,38 @@ func (v *statusView) addUnobserved(f *observe.File, now time.Time) {
 			fmt.Sprintf("nri-gpu-guard's log (`sudo %s ps` asks NVML now)", programName))
 		p.SeenAt = timeOrNil(f.Time)
 		v.Problems = append(v.Problems, p)
+	}
+	rows := make(map[string]*statusDevice, len(v.Devices))
+	if len(f.Unlisted) > 0 {
+		for i := range v.Devices {
+			rows[v.Devices[i].UUID] = &v.Devices[i]
+		}
+		for _, u := range f.Unlisted {
+			if reportedUnhealthy(sick, u.Device.UUID, u.Device.ParentUUID) {
+				continue
+			}
+			if d := rows[u.Device.UUID]; d != nil {
+				add(d, u.Error)
+			} else {
+				add(nil, u.String())
+			}
+		}
+		return
+	}
+	for i := range v.Devices {
+		d := &v.Devices[i]
+		rows[observe.Device{Index: d.Index, UUID: d.UUID, ParentUUID: d.Parent}.String()] = d
+	}
+	for _, e := range f.Errors {
+		if i := strings.Index(e, "): "); i >= 0 {
+			if d := rows[e[:i+1]]; d != nil {
+				if !reportedUnhealthy(sick, d.UUID, d.Parent) {
+					add(d, e[i+3:])
+				}
+				continue
+			}
+		}
+		add(nil, e)
 	}
 }
 

@@ -5,6 +5,7 @@ package ctl
 
 import (
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -53,83 +54,110 @@ func TestStatusObserverTime(t *testing.T) {
 }
 
 // TestStatusShowsUnobservedDevices: a device whose processes the observer's
-// last pass could not list (observe.json "errors") was not checked, and
-// that is a problem (kind unobserved, exit 3), named in the table's
-// ATTENTION list with its index, UUID, holder and the error: a pass that
-// fails on every device still completes, so the report stays fresh, and
-// before, status exited 0 with the errors in its JSON only, which a check
-// on exit codes read as "no intruder". A device the report calls
-// unhealthy (a lost GPU, and so its MIG instances) is that problem only.
+// last pass could not list (observe.json "unlisted", and "errors" as text)
+// was not checked, and that is a problem (kind unobserved, exit 3), named
+// in the table's ATTENTION list with its index, UUID, holder and the error:
+// a pass that fails on every device still completes, so the report stays
+// fresh, and before, status exited 0 with the errors in its JSON only,
+// which a check on exit codes read as "no intruder". A device the report
+// calls unhealthy (a lost GPU, and so its MIG instances) is that problem
+// only. A device is matched to its row by UUID; in the file of an older
+// daemon, which has the errors as text only, by the observer's label. Before
+// "unlisted", a device the daemon numbered otherwise than the inventory
+// status reads matched no row.
 func TestStatusShowsUnobservedDevices(t *testing.T) {
 	seen := now.Add(-4 * time.Second)
-	unlisted := func(label string) string { return label + ": list compute processes: ERROR_UNKNOWN" }
-	gpu := func(i, uuid string) string { return "GPU " + i + " (" + uuid + ")" }
+	const listErr = "list compute processes: ERROR_UNKNOWN"
+	dev := func(i, uuid, parent string) observe.UnlistedDevice {
+		return observe.UnlistedDevice{Device: observe.Device{Index: i, UUID: uuid, ParentUUID: parent}, Error: listErr}
+	}
 	lost := observe.Finding{Kind: observe.KindUnhealthy, Device: observe.Device{Index: "0", UUID: uuidGPU0}, Time: seen,
 		Message: "GPU 0 (" + uuidGPU0 + ") is unhealthy: it is lost (fallen off the bus?): ERROR_GPU_IS_LOST"}
+	lostErr := dev("0", uuidGPU0, "")
+	lostErr.Error = "it is lost (fallen off the bus?): ERROR_GPU_IS_LOST"
+	const gpu9 = "GPU-99999999-0000-4000-8000-000000000009"
 	for _, tc := range []struct {
 		name      string
-		errors    []string
+		unlisted  []observe.UnlistedDevice
 		unhealthy []observe.Finding
 		want      map[string]string // index → what its problem says; "?" for a device matching no row
-		code      int
+		// wantText is want for the file of an older daemon, where it differs.
+		wantText map[string]string
+		code     int
 	}{
 		{name: "no error", code: ExitOK},
 		{name: "every device", code: ExitAttention,
-			errors: []string{unlisted(gpu("0", uuidGPU0)), unlisted(gpu("1", uuidGPU1)), unlisted(gpu("2", uuidGPU2)), unlisted(gpu("3", uuidGPU3))},
+			unlisted: []observe.UnlistedDevice{dev("0", uuidGPU0, ""), dev("1", uuidGPU1, ""), dev("2", uuidGPU2, ""), dev("3", uuidGPU3, "")},
 			want: map[string]string{
 				"0": "GPU 0 (" + uuidGPU0 + ") was not checked: the GPU observer could not list its processes in its last pass, 4s ago (list compute processes: ERROR_UNKNOWN)",
 				"1": "GPU 1 (" + uuidGPU1 + "), held by team-a/trainer-0/main (a1a1a1a1a1a1), was not checked",
 				"2": "GPU 2 (" + uuidGPU2 + ") was not checked", "3": "GPU 3 (" + uuidGPU3 + ") was not checked"}},
 		{name: "a MIG instance", code: ExitAttention,
-			errors: []string{unlisted("MIG 0:1 (" + uuidMIG1 + ")")},
-			want:   map[string]string{"0:1": "MIG 0:1 (" + uuidMIG1 + ") was not checked"}},
+			unlisted: []observe.UnlistedDevice{dev("0:1", uuidMIG1, uuidGPU0)},
+			want:     map[string]string{"0:1": "MIG 0:1 (" + uuidMIG1 + ") was not checked"}},
 		{name: "a device the inventory does not list", code: ExitAttention,
-			errors: []string{unlisted(gpu("9", "GPU-99999999-0000-4000-8000-000000000009"))},
-			want:   map[string]string{"?": "a device was not checked: the GPU observer could not list its processes in its last pass, 4s ago (GPU 9 (GPU-99999999-0000-4000-8000-000000000009): list compute processes: ERROR_UNKNOWN)"}},
+			unlisted: []observe.UnlistedDevice{dev("9", gpu9, "")},
+			want:     map[string]string{"?": "a device was not checked: the GPU observer could not list its processes in its last pass, 4s ago (GPU 9 (" + gpu9 + "): list compute processes: ERROR_UNKNOWN)"}},
+		{name: "a device the daemon numbers otherwise", code: ExitAttention,
+			unlisted: []observe.UnlistedDevice{dev("7", uuidGPU1, "")},
+			want:     map[string]string{"1": "GPU 1 (" + uuidGPU1 + "), held by team-a/trainer-0/main (a1a1a1a1a1a1), was not checked: the GPU observer could not list its processes in its last pass, 4s ago (list compute processes: ERROR_UNKNOWN)"},
+			wantText: map[string]string{"?": "a device was not checked: the GPU observer could not list its processes in its last pass, 4s ago (GPU 7 (" + uuidGPU1 + "): list compute processes: ERROR_UNKNOWN)"}},
 		{name: "a lost GPU and its instances are unhealthy only", code: ExitAttention,
-			errors: []string{gpu("0", uuidGPU0) + ": it is lost (fallen off the bus?): ERROR_GPU_IS_LOST",
-				unlisted("MIG 0:0 (" + uuidMIG0 + ")"), unlisted(gpu("2", uuidGPU2))},
+			unlisted:  []observe.UnlistedDevice{lostErr, dev("0:0", uuidMIG0, uuidGPU0), dev("2", uuidGPU2, "")},
 			unhealthy: []observe.Finding{lost},
 			want:      map[string]string{"2": "GPU 2 (" + uuidGPU2 + ") was not checked"}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := newFixture(t)
-			f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
-				claim(t, tx, ownTrainer, "env", f.dev(t, uuidGPU1))
-			})
-			require.NoError(t, observe.WriteFile(f.dir, observe.File{Time: seen, WrittenAt: seen, IntervalSeconds: 10,
-				Errors: tc.errors, Unhealthy: tc.unhealthy}))
-			out := statusJSON(t, f, tc.code)
-			got := map[string]string{}
-			for _, p := range out.Problems {
-				if p.Kind != "unobserved" {
-					assert.Equal(t, "unhealthy", p.Kind, "the only other problem: %+v", p)
-					continue
+		for _, older := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/older daemon=%v", tc.name, older), func(t *testing.T) {
+				f := newFixture(t)
+				f.update(t, now.Add(-time.Hour), func(tx *ledger.Tx) {
+					claim(t, tx, ownTrainer, "env", f.dev(t, uuidGPU1))
+				})
+				file := observe.File{Time: seen, WrittenAt: seen, IntervalSeconds: 10, Unhealthy: tc.unhealthy}
+				for _, u := range tc.unlisted {
+					file.Errors = append(file.Errors, u.String())
 				}
-				require.NotNil(t, p.SeenAt)
-				assert.True(t, p.SeenAt.Equal(seen))
-				index := p.Index
-				if index == "" {
-					index = "?"
-					assert.Empty(t, p.Device)
+				want := tc.want
+				if older {
+					if tc.wantText != nil {
+						want = tc.wantText
+					}
 				} else {
-					assert.Equal(t, f.dev(t, p.Device).Index, index, "device and index agree")
+					file.Unlisted = tc.unlisted
 				}
-				assert.NotContains(t, got, index, "one problem per device")
-				got[index] = p.Message
-			}
-			require.Len(t, got, len(tc.want), "%v", got)
-			for index, want := range tc.want {
-				assert.Contains(t, got[index], want, "device %s", index)
-				assert.Contains(t, got[index], "`sudo gpu-guard-ctl ps` asks NVML now")
-			}
+				require.NoError(t, observe.WriteFile(f.dir, file))
+				out := statusJSON(t, f, tc.code)
+				got := map[string]string{}
+				for _, p := range out.Problems {
+					if p.Kind != "unobserved" {
+						assert.Equal(t, "unhealthy", p.Kind, "the only other problem: %+v", p)
+						continue
+					}
+					require.NotNil(t, p.SeenAt)
+					assert.True(t, p.SeenAt.Equal(seen))
+					index := p.Index
+					if index == "" {
+						index = "?"
+						assert.Empty(t, p.Device)
+					} else {
+						assert.Equal(t, f.dev(t, p.Device).Index, index, "device and index agree")
+					}
+					assert.NotContains(t, got, index, "one problem per device")
+					got[index] = p.Message
+				}
+				require.Len(t, got, len(want), "%v", got)
+				for index, w := range want {
+					assert.Contains(t, got[index], w, "device %s", index)
+					assert.Contains(t, got[index], "`sudo gpu-guard-ctl ps` asks NVML now")
+				}
 
-			r := f.run(t, "status")
-			require.Equal(t, tc.code, r.code, r.stdout)
-			for _, want := range tc.want {
-				assert.Contains(t, r.stdout, want, "in the table's ATTENTION list")
-			}
-		})
+				r := f.run(t, "status")
+				require.Equal(t, tc.code, r.code, r.stdout)
+				for _, w := range want {
+					assert.Contains(t, r.stdout, w, "in the table's ATTENTION list")
+				}
+			})
+		}
 	}
 }
 

@@ -129,7 +129,8 @@ type Watch struct {
 	// observer must not take them for intruders.
 	exempt map[string]string // container id → cgroupsPath
 	// What observe.json shows: the findings of the last pass (by key), the
-	// devices found unhealthy, the errors of the last pass.
+	// devices found unhealthy, the devices the last pass could not list
+	// (unlisted, after lastPass).
 	reported  map[string]observe.FileFinding
 	unhealthy []observe.Finding
 	// cordonFailed: unhealthy devices whose cordon could not be written,
@@ -153,7 +154,7 @@ type Watch struct {
 	// that a pass that changes nothing of it does not write it again.
 	carried  string
 	lastPass time.Time
-	errors   []string
+	unlisted []observe.UnlistedDevice
 	interval time.Duration
 }
 
@@ -408,7 +409,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	}
 	c := w.carryLocked(k.gpus, next, interval > 0, inLedger, inLineage)
 	lastReport := w.lastPass
-	w.reported, w.unhealthy, w.errors, w.lastPass = c.reported, c.unhealthy, nil, c.lastPass
+	w.reported, w.unhealthy, w.unlisted, w.lastPass = c.reported, c.unhealthy, nil, c.lastPass
 	w.cordonFailed, w.cordonLineage, w.intruderRetry = c.cordonFailed, c.lineages, c.intruderRetry
 	w.interval, w.observing = interval, next
 	// The new observer starts with what was carried over, and the gauges
@@ -780,11 +781,11 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 		known = st.Owners()
 	}
 	current := map[string]observe.FileFinding{}
-	var errs []string
+	var notListed []observe.UnlistedDevice
 	unlisted := map[string]bool{} // devices NVML could not list this pass
 	for _, d := range r.Devices {
 		if d.Error != "" {
-			errs = append(errs, fmt.Sprintf("%s: %s", d.Device, d.Error))
+			notListed = append(notListed, observe.UnlistedDevice{Device: d.Device, Error: d.Error})
 			unlisted[d.Device.UUID] = true
 		}
 	}
@@ -816,7 +817,7 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 			carried = append(carried, f.Finding)
 		}
 	}
-	w.reported, w.errors, w.lastPass = current, errs, r.Time
+	w.reported, w.unlisted, w.lastPass = current, notListed, r.Time
 	w.mu.Unlock()
 
 	var fresh, cleared []observe.FileFinding
@@ -1409,9 +1410,12 @@ func (w *Watch) writeFile() {
 	}
 	w.mu.Lock()
 	f := observe.File{Time: w.lastPass, WrittenAt: w.now().UTC(), IntervalSeconds: w.interval.Seconds(),
-		Unhealthy: slices.Clone(w.unhealthy), Errors: slices.Clone(w.errors)}
+		Unhealthy: slices.Clone(w.unhealthy), Unlisted: slices.Clone(w.unlisted)}
 	for _, ff := range w.reported {
 		f.Findings = append(f.Findings, ff)
+	}
+	for _, u := range f.Unlisted {
+		f.Errors = append(f.Errors, u.String())
 	}
 	w.mu.Unlock()
 	sortFindings(f.Findings)

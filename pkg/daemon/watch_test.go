@@ -1644,8 +1644,14 @@ func TestListingErrorKeepsFindings(t *testing.T) {
 			assert.Equal(t, 200, file.Findings[0].PID)
 		}
 		assert.Equal(t, []string{"GPU 2 (" + uuid + "): list compute processes: ERROR_UNKNOWN"}, file.Errors)
+		// The same device as data, for status to match by UUID.
+		assert.Equal(t, []observe.UnlistedDevice{{Device: dev, Error: "list compute processes: ERROR_UNKNOWN"}}, file.Unlisted)
 		pass(failed)
 		pass(good)
+		file, err = observe.ReadFile(g.Ledger().Dir())
+		require.NoError(t, err)
+		assert.Empty(t, file.Errors, "listed again")
+		assert.Empty(t, file.Unlisted, "listed again")
 		assert.False(t, cordonedIn(t, g, uuid), "not cordoned again: the same process, the operator's uncordon")
 		assert.Equal(t, []string{OpIntruder, ledger.OpCordon, ledger.OpUncordon}, ops(t, g))
 		assert.NotContains(t, logs.String(), "GPU finding cleared")

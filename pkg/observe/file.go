@@ -59,8 +59,24 @@ type File struct {
 	Unhealthy []Finding `json:"unhealthy"`
 	// Errors are why devices could not be judged in the last pass.
 	Errors []string `json:"errors"`
+	// Unlisted are the devices of Errors, in the same order, each with its
+	// error, for a reader that matches them to its own (by UUID, not by
+	// the text). A file of an older daemon has Errors only.
+	Unlisted []UnlistedDevice `json:"unlisted"`
 	// Truncated counts findings and errors left out to bound the file.
 	Truncated int `json:"truncated,omitempty"`
+}
+
+// UnlistedDevice is a device whose processes NVML could not list in a
+// pass (DeviceReport.Error): nothing was concluded about it.
+type UnlistedDevice struct {
+	Device Device `json:"device"`
+	Error  string `json:"error"`
+}
+
+// String is the device's entry of File.Errors: "GPU 1 (GPU-…): error".
+func (u UnlistedDevice) String() string {
+	return fmt.Sprintf("%s: %s", u.Device, u.Error)
 }
 
 // Stale reports whether f is too old to trust at now: three intervals
@@ -86,6 +102,9 @@ func WriteFile(dir string, f File) error {
 	if n := len(f.Errors) - maxFileErrors; n > 0 {
 		f.Errors, f.Truncated = f.Errors[:maxFileErrors], f.Truncated+n
 	}
+	if len(f.Unlisted) > maxFileErrors { // the devices of Errors: counted there
+		f.Unlisted = f.Unlisted[:maxFileErrors]
+	}
 	if f.Findings == nil {
 		f.Findings = []FileFinding{}
 	}
@@ -94,6 +113,9 @@ func WriteFile(dir string, f File) error {
 	}
 	if f.Errors == nil {
 		f.Errors = []string{}
+	}
+	if f.Unlisted == nil {
+		f.Unlisted = []UnlistedDevice{}
 	}
 	return writeJSON(dir, FileName, "the observer report", f)
 }

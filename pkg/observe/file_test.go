@@ -27,7 +27,9 @@ func TestReportFileRoundTripAndBounds(t *testing.T) {
 			Device: Device{Index: "0", UUID: "GPU-0"}}, Namespace: "ns"})
 	}
 	for range maxFileErrors + 1 {
-		f.Errors = append(f.Errors, "GPU 1 (GPU-1): list compute processes: ERROR_UNKNOWN")
+		u := UnlistedDevice{Device: Device{Index: "1", UUID: "GPU-1"}, Error: "list compute processes: ERROR_UNKNOWN"}
+		f.Errors = append(f.Errors, u.String())
+		f.Unlisted = append(f.Unlisted, u)
 	}
 	require.NoError(t, WriteFile(dir, f))
 	fi, err := os.Stat(filepath.Join(dir, FileName))
@@ -38,11 +40,18 @@ func TestReportFileRoundTripAndBounds(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, got.Findings, maxFileFindings)
 	assert.Len(t, got.Errors, maxFileErrors)
-	assert.Equal(t, 6, got.Truncated)
+	assert.Equal(t, "GPU 1 (GPU-1): list compute processes: ERROR_UNKNOWN", got.Errors[0])
+	assert.Len(t, got.Unlisted, maxFileErrors, "the devices of the errors kept")
+	assert.Equal(t, "GPU-1", got.Unlisted[0].Device.UUID)
+	assert.Equal(t, 6, got.Truncated, "an unlisted device left out is its error left out: counted once")
 	assert.Equal(t, "ns", got.Findings[3].Namespace)
 	assert.Equal(t, 3, got.Findings[3].PID)
 	assert.Equal(t, "GPU-0", got.Findings[3].Device.UUID)
 	assert.NotNil(t, got.Unhealthy, "empty lists are [] in JSON")
+	require.NoError(t, WriteFile(dir, File{Time: at}))
+	empty, err := ReadFile(dir)
+	require.NoError(t, err)
+	assert.NotNil(t, empty.Unlisted, "empty lists are [] in JSON")
 
 	assert.False(t, got.Stale(at.Add(30*time.Second)))
 	assert.True(t, got.Stale(at.Add(31*time.Second)), "three intervals without a pass")
