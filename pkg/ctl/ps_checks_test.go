@@ -69,12 +69,13 @@ func TestPSUnobservedDevices(t *testing.T) {
 				if p.Kind != "unobserved" {
 					continue
 				}
-				var i int
+				i, found := 0, false
 				for i = range h.srv.Devices {
-					if h.srv.Devices[i].(*server.Device).UUID == p.Device {
+					if found = h.srv.Devices[i].(*server.Device).UUID == p.Device; found {
 						break
 					}
 				}
+				require.True(t, found, "the problem names a device of the host: %+v", p)
 				assert.Equal(t, nvml.ERROR_UNKNOWN, tc.fail[i], "only a device NVML could not list: %+v", p)
 				assert.Equal(t, f.dev(t, p.Device).Index, p.Index)
 				held := ""

@@ -97,14 +97,18 @@ func TestStatusKeptOnlyForHoldersKeptUntilRemoved(t *testing.T) {
 		owner  ledger.Owner
 		exited bool
 		kept   bool
+		// code is status's exit; problem the one problem it shows, of
+		// the held device ("" for none).
+		code    int
+		problem string
 	}{
-		{name: "NRI holder, exited", owner: ownTrainer, exited: true, kept: true,
+		{name: "NRI holder, exited", owner: ownTrainer, exited: true, kept: true, code: ExitOK,
 			roots: func(dir string) []string { return []string{dir} }},
-		{name: "hook holder, running", owner: ownHook,
+		{name: "hook holder, running", owner: ownHook, code: ExitOK,
 			roots: func(dir string) []string { return []string{dir} }},
-		{name: "hook holder, removed", owner: ownHook, exited: true,
+		{name: "hook holder, removed", owner: ownHook, exited: true, code: ExitAttention, problem: problemHolderExited,
 			roots: func(dir string) []string { return []string{dir} }},
-		{name: "hook holder, removal unknown", owner: ownHook, exited: true,
+		{name: "hook holder, removal unknown", owner: ownHook, exited: true, code: ExitAttention, problem: problemRemovalUnknown,
 			roots: func(dir string) []string { return []string{filepath.Join(dir, "none")} }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -118,13 +122,26 @@ func TestStatusKeptOnlyForHoldersKeptUntilRemoved(t *testing.T) {
 				delete(f.liveness, "pid:4242")
 			}
 			r := f.run(t, "status", "-o", "json")
+			require.Equal(t, tc.code, r.code, r.stdout+r.stderr)
+			var problems struct {
+				Problems []problem `json:"problems"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &problems))
+			if tc.problem == "" {
+				assert.Empty(t, problems.Problems)
+			} else {
+				assert.Len(t, problems.Problems, 1, r.stdout)
+				got := problemsOfKind(t, r.stdout, tc.problem)
+				if assert.Len(t, got, 1, r.stdout) {
+					assert.Equal(t, uuidGPU1, got[0].Device)
+				}
+			}
 			row := keptRow(t, r.stdout)
 			if !tc.kept {
 				assert.Nil(t, row.Kept, r.stdout)
 				assert.NotContains(t, f.run(t, "status").stdout, "KEPT UNTIL REMOVED")
 				return
 			}
-			require.Equal(t, ExitOK, r.code, r.stdout)
 			require.NotNil(t, row.Kept, r.stdout)
 			assert.Equal(t, keptJSON{Why: "pid 4242 is gone"}, *row.Kept)
 			r = f.run(t, "status")
