@@ -110,25 +110,35 @@ func (w *Watch) readPrior(dir string, cordons []ledger.Cordon, lineage string, r
 	// file says. A device the daemon watched no cordon on (its operator
 	// lifted it, or the policy was "report") is not judged: a cordon on it
 	// is not the observer's.
+	type carriedCordon struct {
+		seen         string // the lineage the file saw it in, if known
+		known, retry bool
+	}
+	retries := make(map[string]bool, len(c.CordonRetries))
+	for _, uuid := range c.CordonRetries {
+		retries[uuid] = true
+	}
+	carriedCordons := map[string]carriedCordon{}
 	watched := map[string]string{}
 	for uuid := range on {
-		if seen, known := c.CordonLineages[uuid]; known {
-			watched[uuid] = seen
-		} else if slices.Contains(c.CordonRetries, uuid) {
-			watched[uuid] = ""
+		seen, known := c.CordonLineages[uuid]
+		if !known && !retries[uuid] {
+			continue
 		}
+		carriedCordons[uuid] = carriedCordon{seen: seen, known: known, retry: retries[uuid]}
+		watched[uuid] = seen
 	}
 	var fates map[string]cordonFate
 	if read {
 		fates = judgeCordons(cordons, lineage, watched)
 	}
-	for uuid := range watched {
-		seen, known := c.CordonLineages[uuid]
+	for uuid, cc := range carriedCordons {
+		seen, known := cc.seen, cc.known
 		fate, judged := fates[uuid]
 		switch {
 		case judged && fate == cordonInForce:
 			seen, known = lineage, true // the ledger's word, not the file's
-		case slices.Contains(c.CordonRetries, uuid):
+		case cc.retry:
 			if p.retry == nil {
 				p.retry = map[string]observe.FileFinding{}
 			}
@@ -178,7 +188,9 @@ func (w *Watch) adoptPriorLocked(dir string, p *priorFindings) {
 // A pass that cordons intruders writes it twice (onReport): after its
 // audit records and before its cordon writes, with every cordon it is
 // about to write named pending (CordonRetries), and after them, with what
-// became of them. A crash between the ledger's writes and the file's so
+// became of them. (One that only writes again cordons lost with the
+// ledger's state names none pending, and writes it once, after: their
+// lineage records already say they were lost.) A crash between the ledger's writes and the file's so
 // fails closed. Once the first is written, the daemon after carries the
 // pass's findings (not reported again) and writes each pending cordon
 // unless the ledger shows a cordon in force on its device (the write

@@ -655,3 +655,32 @@ func TestDaemonDiesBetweenItsCordonAndItsCarryFile(t *testing.T) {
 		})
 	}
 }
+
+// A pass under on_intruder = "cordon" writes the carry file before its
+// cordon writes only when a cordon is pending (a new finding's, or a
+// retry's), and always after them. Before, every pass, with nothing to
+// cordon, built and wrote it before as well. The writes are counted by
+// making them fail: each failed write is logged, and a failed write is
+// tried again at the next call.
+func TestCarryFileWrittenBeforeCordonsOnlyWhenOneIsPending(t *testing.T) {
+	h := newGPUHost(t)
+	g := cordonGuard(t, h)
+	require.NoError(t, os.Mkdir(filepath.Join(g.Ledger().Dir(), observe.CarryFileName), 0o700))
+	logs := &syncBuffer{}
+	w := watchOver(g, logs)
+	tries := func() int { return strings.Count(logs.String(), "findings not recorded for the next daemon") }
+	pass := func(r observe.Report) { r.Time = time.Now(); w.onReport(context.Background(), g.Config(), r) }
+	dev := observe.Device{UUID: h.uuid(2), Index: "2"}
+	clean := observe.Report{Devices: []observe.DeviceReport{{Device: dev}}}
+	intruder := observe.Report{Devices: []observe.DeviceReport{{Device: dev}}, Findings: []observe.Finding{{
+		Kind: observe.KindIntruder, Device: dev, PID: 200, StartTicks: 7, ContainerID: idB,
+		Message: "pid 200 runs on GPU 2 without a claim"}}}
+
+	pass(clean)
+	assert.Equal(t, 1, tries(), "nothing to cordon: written after the pass only")
+	pass(intruder)
+	assert.Equal(t, 3, tries(), "a cordon to write: before it and after")
+	require.True(t, cordonedIn(t, g, dev.UUID))
+	pass(intruder)
+	assert.Equal(t, 4, tries(), "the cordon in force, nothing pending: after only")
+}

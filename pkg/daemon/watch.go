@@ -857,11 +857,14 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 	}
 	if cfg.Observe.OnIntruder == config.IntruderCordon {
 		// The carry file is written before the cordons as well as after
-		// (see writeCarry): a crash between the two writes must leave the
-		// next daemon a cordon to write, never a cordon it takes for
-		// written (and, missing, for lifted by the operator).
+		// when some are pending (see writeCarry): a crash between the two
+		// writes must leave the next daemon a cordon to write, never a
+		// cordon it takes for written (and, missing, for lifted by the
+		// operator). A pass with none pending writes it once, after.
 		p := w.planIntruderCordons(ctx, fresh, current)
-		w.writeCarry()
+		if p.pending {
+			w.writeCarry()
+		}
 		if w.crash("intruder cordons pending") {
 			return
 		}
@@ -897,6 +900,11 @@ type intruderCordons struct {
 	// lost: the devices whose cordon the ledger lost with its state
 	// (settleIntruders), written again.
 	lost map[string]observe.FileFinding
+	// pending: some cordon but those lost is to be written, recorded as
+	// pending a retry (intruderRetry) until it is: the carry file is
+	// written before the cordons only then (onReport). A lost one needs
+	// no such write: its lineage record already names it lost.
+	pending bool
 }
 
 // planIntruderCordons decides the intruder cordons of a pass: the device
@@ -916,8 +924,7 @@ type intruderCordons struct {
 // unless the ledger shows a cordon in force on its device.
 func (w *Watch) planIntruderCordons(ctx context.Context, fresh []observe.FileFinding, current map[string]observe.FileFinding) intruderCordons {
 	w.mu.Lock()
-	retry := w.intruderRetry
-	w.intruderRetry = nil
+	retry := w.intruderRetry // replaced below, once the pass's are known
 	w.mu.Unlock()
 
 	p := intruderCordons{todo: map[string]observe.FileFinding{}}
@@ -957,6 +964,7 @@ func (w *Watch) planIntruderCordons(ctx context.Context, fresh []observe.FileFin
 	if len(pending) == 0 {
 		pending = nil
 	}
+	p.pending = pending != nil
 	w.mu.Lock()
 	w.intruderRetry = pending
 	w.mu.Unlock()
