@@ -1244,6 +1244,13 @@ func (g *Guard) unlistedRule(listed map[string]bool) ledger.UnlistedRule {
 		case KeepDraining:
 			return ledger.UnlistedVerdict{Action: ledger.UnlistedKeep, Why: "draining"}
 		case KeepNotStarted:
+			// Safe even when containerd, after a restart, hides a
+			// created-but-not-started container as CRI UNKNOWN (its
+			// status could not be loaded): its CRI StartContainer refuses
+			// a container not in state CONTAINER_CREATED, so an UNKNOWN
+			// one can never be started (the kubelet removes it and
+			// creates another, which asks for its GPU anew) and its
+			// process never runs the workload.
 			return ledger.UnlistedVerdict{Action: gone, Why: "it never started, and the runtime lists every created container"}
 		case KeepStopped:
 			return ledger.UnlistedVerdict{Action: gone, Why: "it exited at " + o.StoppedAt.UTC().Format(time.RFC3339)}

@@ -53,9 +53,11 @@ type UnlistedVerdict struct {
 
 // UnlistedRule decides about o, a container of the reconciled front end
 // that holds claims or conflict records the runtime does not list it for
-// at all. It is asked once per process a claim or record names (ledger
-// owners that differ in pid, pid start or cgroup are asked apart), never
-// about a draining claim. It runs under the ledger lock: it must be quick.
+// at all. Its verdict holds for every claim and record of the container:
+// it is asked once per distinct process they record (the verdict keeping
+// most stands), about an owner recording no process only when none records
+// one, and never about a draining claim. It runs under the ledger lock: it
+// must be quick.
 type UnlistedRule func(o Owner) UnlistedVerdict
 
 // ReconcileReport is what ReconcileWith changed: ReconcileResult, and what
@@ -136,7 +138,7 @@ func (tx *Tx) ReconcileWith(fe FrontEnd, live []Holding, unlisted UnlistedRule) 
 	}, stale)
 
 	for _, u := range tx.judgeUnlisted(fe, listed, unlisted) {
-		ours := func(o *Owner) bool { return o.FrontEnd == fe && procKeyOf(o) == u.key }
+		ours := func(o *Owner) bool { return o.FrontEnd == fe && o.ContainerID == u.id }
 		switch u.v.Action {
 		case UnlistedRelease:
 			why := "stale: the runtime no longer lists this container"
@@ -184,57 +186,86 @@ func (tx *Tx) ReconcileWith(fe FrontEnd, live []Holding, unlisted UnlistedRule) 
 	return rep
 }
 
-// procKey is one process a ledger owner names: the grain at which
-// ReconcileWith asks its rule (a claim and a conflict record of one
-// container name the same process once both learned it).
-type procKey struct {
-	id     string
-	pid    int
-	start  uint64
-	cgroup string
-}
-
-func procKeyOf(o *Owner) procKey { return procKey{o.ContainerID, o.Pid, o.PidStart, o.Cgroup} }
-
-// unlistedOwner is one process of a container not listed, with the rule's
-// verdict.
-type unlistedOwner struct {
-	key   procKey
+// unlistedContainer is a container not listed, with the rule's verdict on
+// it and the owner that verdict was given for (the audit records name it).
+type unlistedContainer struct {
+	id    string
 	owner Owner
 	v     UnlistedVerdict
 }
 
-// judgeUnlisted asks unlisted about every process named by a claim (not
-// draining) or conflict record of fe whose container live does not list at
-// all, in order of first appearance, claims first. A nil rule releases them
-// all.
-func (tx *Tx) judgeUnlisted(fe FrontEnd, listed map[string]map[string]bool, unlisted UnlistedRule) []unlistedOwner {
-	var out []unlistedOwner
-	seen := map[procKey]bool{}
-	ask := func(o *Owner) {
+// unlistedRank orders verdicts by how much they keep: where a container's
+// owners get different verdicts, the one keeping most stands.
+func unlistedRank(a UnlistedAction) int {
+	switch a {
+	case UnlistedKeep:
+		return 2
+	case UnlistedDrain:
+		return 1
+	default:
+		return 0
+	}
+}
+
+// judgeUnlisted gives one verdict per container of fe that has a claim (not
+// draining) or conflict record and that live does not list at all, in order
+// of first appearance, claims first. All of a container's claims and
+// records share it: they say where one container runs. So the rule is asked
+// about the processes they record (each distinct one once; the verdict
+// keeping most stands), and about a process-less owner only when none
+// records one. Asked apart, a record made without the process (a list
+// entry that carried none) would read as a container never started and be
+// cleared while the claim that names the process is kept: the device the
+// record says the container runs on would be free while it runs there.
+// A nil rule releases them all.
+func (tx *Tx) judgeUnlisted(fe FrontEnd, listed map[string]map[string]bool, unlisted UnlistedRule) []unlistedContainer {
+	var ids []string
+	owners := map[string][]*Owner{}
+	add := func(o *Owner) {
 		if o.FrontEnd != fe || o.ContainerID == "" || listed[o.ContainerID] != nil {
 			return
 		}
-		k := procKeyOf(o)
-		if seen[k] {
-			return
+		if owners[o.ContainerID] == nil {
+			ids = append(ids, o.ContainerID)
 		}
-		seen[k] = true
-		v := UnlistedVerdict{Action: UnlistedRelease}
-		if unlisted != nil {
-			v = unlisted(*o)
-		}
-		out = append(out, unlistedOwner{key: k, owner: *o, v: v})
+		owners[o.ContainerID] = append(owners[o.ContainerID], o)
 	}
 	for i := range tx.st.Claims {
 		if tx.st.Claims[i].Owner.DrainingSince.IsZero() {
-			ask(&tx.st.Claims[i].Owner)
+			add(&tx.st.Claims[i].Owner)
 		}
 	}
 	for i := range tx.st.Conflicts {
-		ask(&tx.st.Conflicts[i].Owner)
+		add(&tx.st.Conflicts[i].Owner)
+	}
+	out := make([]unlistedContainer, 0, len(ids))
+	for _, id := range ids {
+		var ask []*Owner
+		for _, o := range owners[id] {
+			if recordsProcess(o) && !slices.ContainsFunc(ask, func(a *Owner) bool { return sameProcess(a, o) }) {
+				ask = append(ask, o)
+			}
+		}
+		if len(ask) == 0 {
+			ask = owners[id][:1]
+		}
+		u := unlistedContainer{id: id, owner: *ask[0], v: UnlistedVerdict{Action: UnlistedRelease}}
+		if unlisted != nil {
+			for i, o := range ask {
+				if v := unlisted(*o); i == 0 || unlistedRank(v.Action) > unlistedRank(u.v.Action) {
+					u.owner, u.v = *o, v
+				}
+			}
+		}
+		out = append(out, u)
 	}
 	return out
+}
+
+// sameProcess reports whether a and b record the same process (pid, its
+// start time and cgroup all equal).
+func sameProcess(a, b *Owner) bool {
+	return a.Pid == b.Pid && a.PidStart == b.PidStart && a.Cgroup == b.Cgroup
 }
 
 // drainWhere marks draining the claims match selects that are not draining

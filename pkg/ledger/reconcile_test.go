@@ -292,3 +292,91 @@ func TestReconcileWithUnlistedRule(t *testing.T) {
 	assert.Empty(t, st.Conflicts)
 	assert.NotContains(t, holders(st), gpu(0).UUID)
 }
+
+// A container's claims and conflict records share one verdict: the rule is
+// asked about the process any of them records, so a record made from a list
+// entry that carried no process (or a claim made before the start was
+// seen) is kept with the rest while that process runs. Asked apart, the
+// process-less one read as never started and ended, freeing a device the
+// container was still found running on.
+func TestReconcileWithJudgesAContainerWhole(t *testing.T) {
+	running := func(o Owner) UnlistedVerdict {
+		if o.Pid > 0 || o.Cgroup != "" {
+			return UnlistedVerdict{Action: UnlistedKeep, Why: "cgroup " + o.Cgroup + " has processes"}
+		}
+		return UnlistedVerdict{Action: UnlistedRelease, Why: "it never started"}
+	}
+	for _, tc := range []struct {
+		name string
+		// first lists c with its process; second lists it without one.
+		first, second []devices.Device
+	}{
+		{name: "claim records the process, record does not", first: devs(gpu(0)), second: devs(gpu(0), gpu(1))},
+		{name: "record records the process, claim does not", first: devs(gpu(1)), second: devs(gpu(0), gpu(1))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := Open(t.TempDir(), testOptions(newClock()))
+			require.NoError(t, err)
+			holder := owner("holder")
+			holder.Pid, holder.PidStart, holder.Cgroup = 10, 100, "/k8s/holder"
+			started := owner("c")
+			started.Pid, started.PidStart, started.Cgroup = 20, 200, "/k8s/c"
+			update(t, l, func(tx *Tx) {
+				tx.Reconcile(FrontEndNRI, []Holding{{Owner: holder, Devices: devs(gpu(1))}, {Owner: started, Devices: tc.first}})
+			})
+			update(t, l, func(tx *Tx) {
+				tx.Reconcile(FrontEndNRI, []Holding{{Owner: holder, Devices: devs(gpu(1))}, {Owner: owner("c"), Devices: tc.second}})
+			})
+			st := snapshot(t, l)
+			require.Len(t, st.Claims, 2)
+			require.Len(t, st.Conflicts, 1)
+			require.Equal(t, "c", st.Conflicts[0].Owner.ContainerID)
+			i, ok := claimOn(st, gpu(0).UUID)
+			require.True(t, ok)
+			require.Equal(t, "c", st.Claims[i].Owner.ContainerID)
+			require.NotEqual(t, st.Claims[i].Owner.Pid, st.Conflicts[0].Owner.Pid,
+				"the fixture: one of c's entries records its process, the other not")
+
+			var asked []Owner
+			var rep ReconcileReport
+			update(t, l, func(tx *Tx) {
+				rep = tx.ReconcileWith(FrontEndNRI, []Holding{{Owner: holder, Devices: devs(gpu(1))}}, func(o Owner) UnlistedVerdict {
+					asked = append(asked, o)
+					return running(o)
+				})
+			})
+			st = snapshot(t, l)
+			assert.Equal(t, map[string]string{gpu(0).UUID: "c", gpu(1).UUID: "holder"}, holders(st))
+			require.Len(t, st.Conflicts, 1, "the record of c running on the held GPU stays while c runs")
+			assert.Equal(t, "c", st.Conflicts[0].Owner.ContainerID)
+			assert.NotContains(t, auditOps(t, l), OpConflictCleared)
+			assert.Empty(t, rep.Released)
+			require.Len(t, rep.Kept, 1)
+			assert.Equal(t, gpu(0).UUID, rep.Kept[0].Device.UUID)
+
+			require.Len(t, asked, 1, "one verdict for the container")
+			assert.Equal(t, 20, asked[0].Pid, "asked about the process it records")
+
+			recs, err := ReadAudit(l.AuditPath())
+			require.NoError(t, err)
+			var kept []AuditRecord
+			for _, r := range recs {
+				if r.Op == OpUnlisted {
+					kept = append(kept, r)
+				}
+			}
+			require.Len(t, kept, 1, "one unlisted record for the container")
+			assert.Equal(t, []string{gpu(0).UUID, gpu(1).UUID}, kept[0].Devices)
+			assert.Contains(t, kept[0].Reason, "/k8s/c has processes")
+		})
+	}
+}
+
+func claimOn(st State, uuid string) (int, bool) {
+	for i := range st.Claims {
+		if st.Claims[i].Device.UUID == uuid {
+			return i, true
+		}
+	}
+	return 0, false
+}
