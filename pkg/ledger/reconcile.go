@@ -14,13 +14,17 @@ import (
 // says what it found).
 const OpUnlisted = "unlisted"
 
-// Reconcile is ReconcileWith without a release rule: every claim of fe whose
-// container is not listed is released. Only for a list known to name every
+// Reconcile is ReconcileWith with a rule that releases every claim of fe
+// whose container is not listed. Only for a list known to name every
 // container that still runs (tests, fixtures); the daemon passes the guard's
 // rule, because containerd leaves running containers out of its list.
 func (tx *Tx) Reconcile(fe FrontEnd, live []Holding) ReconcileResult {
-	return tx.ReconcileWith(fe, live, nil).ReconcileResult
+	return tx.ReconcileWith(fe, live, releaseUnlisted).ReconcileResult
 }
+
+// releaseUnlisted is the rule of a list known to be complete: a container it
+// leaves out is gone.
+func releaseUnlisted(Owner) UnlistedVerdict { return UnlistedVerdict{Action: UnlistedRelease} }
 
 // UnlistedAction is what ReconcileWith does with the claims of a container
 // the runtime does not list.
@@ -77,7 +81,7 @@ type ReconcileReport struct {
 //   - a claim of fe whose listed container no longer reaches its device is
 //     released ("stale");
 //   - a claim of fe whose container is not listed at all is released, marked
-//     draining or kept as unlisted says (nil: released); a kept one gets an
+//     draining or kept as unlisted says (nil: kept); a kept one gets an
 //     OpUnlisted audit record at every reconcile that keeps it, and ends as
 //     any holder's claim does: at its container's stop or removal, or once a
 //     liveness check finds it exited. A draining claim is left alone: its
@@ -217,7 +221,7 @@ func unlistedRank(a UnlistedAction) int {
 // entry that carried none) would read as a container never started and be
 // cleared while the claim that names the process is kept: the device the
 // record says the container runs on would be free while it runs there.
-// A nil rule releases them all.
+// A nil rule keeps them all: doubt keeps a claim.
 func (tx *Tx) judgeUnlisted(fe FrontEnd, listed map[string]map[string]bool, unlisted UnlistedRule) []unlistedContainer {
 	var ids []string
 	owners := map[string][]*Owner{}
@@ -249,7 +253,7 @@ func (tx *Tx) judgeUnlisted(fe FrontEnd, listed map[string]map[string]bool, unli
 		if len(ask) == 0 {
 			ask = owners[id][:1]
 		}
-		u := unlistedContainer{id: id, owner: *ask[0], v: UnlistedVerdict{Action: UnlistedRelease}}
+		u := unlistedContainer{id: id, owner: *ask[0]} // the zero verdict keeps
 		if unlisted != nil {
 			for i, o := range ask {
 				if v := unlisted(*o); i == 0 || unlistedRank(v.Action) > unlistedRank(u.v.Action) {

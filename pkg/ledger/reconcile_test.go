@@ -380,3 +380,30 @@ func claimOn(st State, uuid string) (int, bool) {
 	}
 	return 0, false
 }
+
+// Without a rule ReconcileWith keeps the claims and records of a container
+// it is not told the fate of: not being listed is no evidence of exit, and
+// the zero UnlistedAction is UnlistedKeep. Reconcile, for lists known to be
+// complete, releases them.
+func TestReconcileWithoutARuleKeeps(t *testing.T) {
+	l, err := Open(t.TempDir(), testOptions(newClock()))
+	require.NoError(t, err)
+	update(t, l, func(tx *Tx) {
+		tx.Reconcile(FrontEndNRI, []Holding{{Owner: owner("a"), Devices: devs(gpu(0))}, {Owner: owner("b"), Devices: devs(gpu(0))}})
+	})
+	var rep ReconcileReport
+	update(t, l, func(tx *Tx) { rep = tx.ReconcileWith(FrontEndNRI, nil, nil) })
+	assert.Empty(t, rep.Released)
+	require.Len(t, rep.Kept, 1)
+	assert.Equal(t, "a", rep.Kept[0].Owner.ContainerID)
+	st := snapshot(t, l)
+	assert.Equal(t, map[string]string{gpu(0).UUID: "a"}, holders(st))
+	require.Len(t, st.Conflicts, 1)
+	assert.Contains(t, auditOps(t, l), OpUnlisted)
+
+	update(t, l, func(tx *Tx) { rep.ReconcileResult = tx.Reconcile(FrontEndNRI, nil) })
+	require.Len(t, rep.Released, 1)
+	st = snapshot(t, l)
+	assert.Empty(t, st.Claims)
+	assert.Empty(t, st.Conflicts, "b is gone too: its record is not promoted")
+}
