@@ -325,12 +325,8 @@ func (tx *Tx) BusyAfterTakeOver(key string, owner Owner, devs []devices.Device, 
 	// own memo of the head's keep.
 	sim := &Tx{l: tx.l, now: tx.now, st: tx.st}
 	sim.st.Claims = slices.Clone(tx.st.Claims)
-	for i := range sim.st.Claims {
-		if c := &sim.st.Claims[i]; c.Owner.ContainerID != "" && c.Owner.ContainerID != owner.ContainerID &&
-			slices.Contains(from, c.Owner.ContainerID) {
-			c.Owner = owner
-			c.Since = tx.now
-		}
+	for _, id := range from {
+		moveClaims(sim.st.Claims, id, owner, tx.now)
 	}
 	return sim.Busy(key, owner, devs)
 }
@@ -865,24 +861,33 @@ func (tx *Tx) MarkStoppedIncarnation(o Owner) bool {
 // new claims. Nothing happens if from holds nothing or to has no id.
 func (tx *Tx) TakeOver(fromContainerID string, to Owner, reason string) []Claim {
 	tx.check()
-	if fromContainerID == "" || to.ContainerID == "" || fromContainerID == to.ContainerID {
-		return nil
-	}
-	var out []Claim
-	for i := range tx.st.Claims {
-		c := &tx.st.Claims[i]
-		if c.Owner.ContainerID != fromContainerID {
-			continue
-		}
-		c.Owner = to
-		c.Since = tx.now
-		out = append(out, *c)
-	}
+	out := moveClaims(tx.st.Claims, fromContainerID, to, tx.now)
 	if len(out) == 0 {
 		return nil
 	}
 	tx.touch()
 	tx.record(OpTakeover, &to, "", uuids(out, claimDevice), fmt.Sprintf("from container %s: %s", fromContainerID, reason))
+	return out
+}
+
+// moveClaims gives to, since now, every claim in claims of the container
+// from, and returns the moved claims: the move of TakeOver, which
+// BusyAfterTakeOver simulates on a copy (one code, so the simulation is the
+// move). Nothing moves when from is empty, to has no id, or they are one.
+func moveClaims(claims []Claim, from string, to Owner, now time.Time) []Claim {
+	if from == "" || to.ContainerID == "" || from == to.ContainerID {
+		return nil
+	}
+	var out []Claim
+	for i := range claims {
+		c := &claims[i]
+		if c.Owner.ContainerID != from {
+			continue
+		}
+		c.Owner = to
+		c.Since = now
+		out = append(out, *c)
+	}
 	return out
 }
 
