@@ -273,7 +273,8 @@ func sameProcess(a, b *Owner) bool {
 }
 
 // drainWhere marks draining the claims match selects that are not draining
-// yet, with one OpDraining record per container, and returns them.
+// yet, with one OpDraining record per container (see releaseWhere), and
+// returns them.
 func (tx *Tx) drainWhere(match func(*Claim) bool, reason string) []Claim {
 	var out []Claim
 	for i := range tx.st.Claims {
@@ -288,24 +289,8 @@ func (tx *Tx) drainWhere(match func(*Claim) bool, reason string) []Claim {
 		return nil
 	}
 	tx.touch()
-	var ids []string
-	for _, c := range out {
-		if !slices.Contains(ids, c.Owner.ContainerID) {
-			ids = append(ids, c.Owner.ContainerID)
-		}
-	}
-	for _, id := range ids {
-		var uuids []string
-		var o Owner
-		for _, c := range out {
-			if c.Owner.ContainerID == id {
-				uuids = append(uuids, c.Device.UUID)
-				o = c.Owner
-			}
-		}
-		tx.record(OpDraining, &o, "", uuids,
-			fmt.Sprintf("%s: claim kept until its processes leave the GPU (at most %s)", reason, tx.l.opts.DrainGrace))
-	}
+	tx.recordPerContainer(OpDraining, out,
+		fmt.Sprintf("%s: claim kept until its processes leave the GPU (at most %s)", reason, tx.l.opts.DrainGrace))
 	return out
 }
 

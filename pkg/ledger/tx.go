@@ -749,9 +749,15 @@ func (tx *Tx) releaseWhere(match func(*Claim) bool, reason string) []Claim {
 	}
 	tx.st.Claims = kept
 	tx.touch()
-	// One record per container, in order of first appearance.
+	tx.recordPerContainer(OpRelease, out, reason)
+	return out
+}
+
+// recordPerContainer writes one op audit record per container of claims, in
+// order of first appearance, naming its devices among them.
+func (tx *Tx) recordPerContainer(op string, claims []Claim, reason string) {
 	var ids []string
-	for _, c := range out {
+	for _, c := range claims {
 		if !slices.Contains(ids, c.Owner.ContainerID) {
 			ids = append(ids, c.Owner.ContainerID)
 		}
@@ -759,15 +765,14 @@ func (tx *Tx) releaseWhere(match func(*Claim) bool, reason string) []Claim {
 	for _, id := range ids {
 		var devs []string
 		var owner Owner
-		for _, c := range out {
+		for _, c := range claims {
 			if c.Owner.ContainerID == id {
 				devs = append(devs, c.Device.UUID)
 				owner = c.Owner
 			}
 		}
-		tx.record(OpRelease, &owner, "", devs, reason)
+		tx.record(op, &owner, "", devs, reason)
 	}
-	return out
 }
 
 func (tx *Tx) clearConflictsWhere(match func(*Conflict) bool, reason string) {
