@@ -1438,7 +1438,7 @@ func samePod(a, b ledger.Owner) bool {
 // device without one (a conflict record) has nothing to take over.
 func onlyHeldBy(busy []ledger.BusyDevice, ids []string) bool {
 	for _, b := range busy {
-		if b.Holder == nil || b.Holder.Source == ledger.ConflictSource || !slices.Contains(ids, b.Holder.Owner.ContainerID) {
+		if b.Holder == nil || b.Conflict || !slices.Contains(ids, b.Holder.Owner.ContainerID) {
 			return false
 		}
 	}

@@ -235,7 +235,7 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 		h := bd.Holder
 		var b strings.Builder
 		b.WriteString(name)
-		record := h.Source == ledger.ConflictSource
+		record := bd.Conflict
 		if record {
 			b.WriteString(" is in use by ")
 		} else {

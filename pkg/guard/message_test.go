@@ -6,6 +6,7 @@ package guard
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -268,6 +269,44 @@ func TestKeptHolderText(t *testing.T) {
 			c := conflictText{now: msgNow, busy: []ledger.BusyDevice{{Wanted: gpu1, Holder: &ledger.Claim{Device: gpu1,
 				Owner: stopped, Since: msgNow.Add(-time.Hour)}}}, kept: map[incarnation]Verdict{incarnationOf(stopped): tc.verdict}}
 			assert.Contains(t, c.busyList(), tc.want)
+		})
+	}
+}
+
+// A conflict record standing in the way is told from a claim by the busy
+// entry's kind (BusyDevice.Conflict), not by the holder's Source text: a
+// record holds nothing a container of the same pod could take over, and
+// its refusal says the container is in use there without a claim. A claim
+// whose source reads like the record's text is a claim all the same.
+func TestARecordIsToldByItsKind(t *testing.T) {
+	pred := ledger.Owner{ContainerID: "0123456789abcdef", Namespace: "ml", Pod: "train-0", Container: "init"}
+	since := msgNow.Add(-time.Minute)
+	for _, tc := range []struct {
+		name     string
+		busy     ledger.BusyDevice
+		takeOver bool
+		words    string
+	}{
+		{
+			name: "a claim with the record's text as its source",
+			busy: ledger.BusyDevice{Wanted: gpu1,
+				Holder: &ledger.Claim{Device: gpu1, Owner: pred, Source: ledger.ConflictSource, Since: since}},
+			takeOver: true,
+			words:    "GPU 1 (" + gpu1.UUID + ") is held by ml/train-0/init (id 0123456789ab) since ",
+		},
+		{
+			name: "a conflict record",
+			busy: ledger.BusyDevice{Wanted: gpu1, Conflict: true,
+				Holder: &ledger.Claim{Device: gpu1, Owner: pred, Source: "reconcile", Since: since}},
+			words: "GPU 1 (" + gpu1.UUID + ") is in use by ml/train-0/init (id 0123456789ab) since ",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			busy := []ledger.BusyDevice{tc.busy}
+			assert.Equal(t, tc.takeOver, onlyHeldBy(busy, []string{pred.ContainerID}), "a takeover of what pred holds")
+			text := conflictText{now: msgNow, busy: busy}.busyText(tc.busy)
+			assert.Contains(t, text, tc.words)
+			assert.Equal(t, tc.busy.Conflict, strings.Contains(text, "running on it without a claim"), text)
 		})
 	}
 }

@@ -207,9 +207,14 @@ type BusyError struct {
 // BusyDevice is one device that is held, reserved for another waiter, or
 // kept for the head of the queue.
 type BusyDevice struct {
-	Wanted      devices.Device // the device asked for
-	Holder      *Claim         // the conflicting claim, if held
-	Reservation *Reservation   // the conflicting reservation, if reserved
+	Wanted devices.Device // the device asked for
+	Holder *Claim         // the conflicting claim, if held
+	// Conflict says Holder is not a claim but a conflict record: a
+	// container found running on the device at reconcile without a claim
+	// (Holder.Source is ConflictSource, for messages). It holds nothing
+	// another container could take over.
+	Conflict    bool
+	Reservation *Reservation // the conflicting reservation, if reserved
 	// KeptFor is the head of the queue, when nothing holds or reserves the
 	// device but the head asks for a device conflicting with it (Through)
 	// that it cannot have reserved yet: a whole GPU another MIG instance of

@@ -68,8 +68,9 @@ func TestConflictRecordIsBusy(t *testing.T) {
 			for _, b := range busy {
 				require.NotNil(t, b.Holder, "busy entry %+v", b)
 				got = append(got, holder{b.Holder.Owner.ContainerID, b.Holder.Device.UUID})
+				assert.Equal(t, b.Holder.Owner.ContainerID == "c", b.Conflict, "a conflict record is told from a claim")
 				if b.Holder.Owner.ContainerID == "c" {
-					assert.Equal(t, ConflictSource, b.Holder.Source, "a conflict record is told from a claim")
+					assert.Equal(t, ConflictSource, b.Holder.Source, "the record's holder text")
 				}
 			}
 			assert.Equal(t, tc.busy, got)

@@ -270,7 +270,7 @@ func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice 
 			// claim it waits to be (promoteConflicts).
 			for i := range tx.st.Conflicts {
 				if c := &tx.st.Conflicts[i]; !SameIncarnation(&c.Owner, &owner) && devices.Conflicts(c.Device, d) {
-					out = append(out, BusyDevice{Wanted: d, Holder: conflictHolder(c)})
+					out = append(out, BusyDevice{Wanted: d, Holder: conflictHolder(c), Conflict: true})
 				}
 			}
 		}
@@ -300,7 +300,8 @@ func (tx *Tx) Busy(key string, owner Owner, devs []devices.Device) []BusyDevice 
 
 // ConflictSource is the Source of the claim Busy reports as the holder of a
 // device for a conflict record: a container found running on it at
-// reconcile without a claim of its own (see Conflict).
+// reconcile without a claim of its own (see Conflict). Text to show only:
+// BusyDevice.Conflict is what tells a record from a claim.
 const ConflictSource = "found running on it at reconcile, without a claim"
 
 // conflictHolder is a conflict record as Busy reports it: the claim its
