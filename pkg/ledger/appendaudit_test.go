@@ -190,3 +190,64 @@ func TestReadAuditSkipsAnOverlongLine(t *testing.T) {
 	assert.Contains(t, err.Error(), fmt.Sprintf("audit log %s line 2: a line of %d bytes at byte offset %d", p, len(long), len(rec("claim"))))
 	assert.Contains(t, err.Error(), fmt.Sprintf("audit log %s line 4: ", p))
 }
+
+// openAuditLog finds the generation of the log's last record whatever was
+// read to find it, and knows the log's size from then on (a rotation is
+// decided by it): a last record longer than the first read, a torn fragment
+// shorter or longer than it, one that leaves nothing of the first read, a
+// log that is nothing but a fragment (then audit.log.1 says), and one too
+// long to cut.
+func TestOpenAuditLogReadsTheLastGeneration(t *testing.T) {
+	line := func(gen uint64, reason string) string {
+		b, err := appendAuditLine(nil, &AuditRecord{Op: OpClaim, ContainerID: "c", Reason: reason, Generation: gen, Pid: 1})
+		require.NoError(t, err)
+		return string(b)
+	}
+	long := strings.Repeat("r", 3*auditTailRead)
+	records := line(7, "") + line(8, "")
+	for _, tc := range []struct {
+		name, log, fragment string
+		rotated             string // audit.log.1
+		last                uint64
+		known, unended      bool
+	}{
+		{name: "no fragment", log: records, last: 8, known: true},
+		{name: "a last record longer than the first read", log: records + line(9, long), last: 9, known: true},
+		{name: "a short fragment", log: records, fragment: `{"time":"2026`, last: 8, known: true},
+		{name: "a fragment longer than the first read", log: records, fragment: `{"op":"` + long, last: 8, known: true},
+		{name: "a fragment as long as the first read", log: records, fragment: strings.Repeat("f", auditTailRead), last: 8, known: true},
+		{name: "a fragment after a long record", log: records + line(9, long), fragment: `{"op"`, last: 9, known: true},
+		{name: "nothing but a fragment", fragment: `{"op"`, rotated: line(5, ""), last: 5, known: true},
+		{name: "a fragment too long to be ours", log: records, fragment: strings.Repeat("x", maxAuditLine), unended: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := filepath.Join(dir, auditName)
+			require.NoError(t, os.WriteFile(p, []byte(tc.log+tc.fragment), 0o600))
+			if tc.rotated != "" {
+				require.NoError(t, os.WriteFile(filepath.Join(dir, auditRotated), []byte(tc.rotated), 0o600))
+			}
+			a, err := openAuditLog(dir, 1<<30)
+			require.NoError(t, err)
+			defer func() { require.NoError(t, a.close()) }()
+			assert.Equal(t, tc.known, a.lastKnown)
+			assert.Equal(t, tc.last, a.last)
+			assert.Equal(t, tc.unended, a.unended)
+			onDisk := func() int64 {
+				fi, err := os.Stat(p)
+				require.NoError(t, err)
+				return fi.Size()
+			}
+			if tc.unended {
+				assert.Equal(t, int64(len(tc.log+tc.fragment)), onDisk(), "nothing cut")
+			} else {
+				assert.Equal(t, int64(len(tc.fragment)), a.cut)
+				assert.Equal(t, int64(len(tc.log)), onDisk(), "the fragment is cut off")
+			}
+			assert.Equal(t, onDisk(), a.size)
+
+			require.NoError(t, a.write([]AuditRecord{{Op: "exempt", Generation: 10, Pid: 1}}, nil, false))
+			assert.Equal(t, onDisk(), a.size, "raised by the write")
+		})
+	}
+}

@@ -112,6 +112,10 @@ type auditLog struct {
 	// it).
 	cut     int64
 	unended bool
+	// size is the length of audit.log: read when it was opened, lowered by
+	// a cut and raised by each write (the lock is held, so nobody else
+	// changes it).
+	size int64
 	// last is the generation of the log's last record (of audit.log, or of
 	// audit.log.1 while audit.log is empty). lastKnown is false when the
 	// last line is not a record: how far the log got is then unknown, and
@@ -127,11 +131,11 @@ type auditLog struct {
 // generation of its last record.
 func openAuditLog(dir string, maxBytes int64) (*auditLog, error) {
 	p := filepath.Join(dir, auditName)
-	f, err := openAudit(p)
+	f, size, err := openAudit(p)
 	if err != nil {
 		return nil, err
 	}
-	a := &auditLog{dir: dir, maxBytes: maxBytes, f: f}
+	a := &auditLog{dir: dir, maxBytes: maxBytes, f: f, size: size}
 	if err := a.readTail(); err != nil {
 		_ = f.Close()
 		return nil, fmt.Errorf("read the end of %s: %w", p, err)
@@ -142,14 +146,10 @@ func openAuditLog(dir string, maxBytes int64) (*auditLog, error) {
 // readTail reads the end of the log: one read of its last few records in
 // the common case.
 func (a *auditLog) readTail() error {
-	fi, err := a.f.Stat()
-	if err != nil {
-		return err
-	}
-	size := fi.Size()
 	var tail []byte
-	if size > 0 {
-		if tail, err = readTail(a.f, size, auditTailRead); err != nil {
+	if a.size > 0 {
+		var err error
+		if tail, err = readTail(a.f, a.size, auditTailRead); err != nil {
 			return err
 		}
 		if tail[len(tail)-1] != '\n' {
@@ -159,7 +159,7 @@ func (a *auditLog) readTail() error {
 			// would glue our first record to it and make both unreadable:
 			// cut the fragment off first (the lock is held, so nobody is
 			// writing it) and say so in the log itself.
-			cut, unended, err := cutTornTail(a.f)
+			cut, unended, err := cutTornTail(a.f, a.size, tail)
 			if err != nil {
 				return err
 			}
@@ -167,24 +167,18 @@ func (a *auditLog) readTail() error {
 				a.unended = true
 				return nil // the last line is not a record: how far the log got is unknown
 			}
-			a.cut, size, tail = cut, size-cut, nil
+			a.cut, a.size = cut, a.size-cut
+			// What was read of the rest ends in its last newline.
+			tail = tail[:max(int64(len(tail))-cut, 0)]
 		}
 	}
-	if size == 0 {
+	if a.size == 0 {
 		a.last, a.lastKnown, a.none = lastAuditedIn(filepath.Join(a.dir, auditRotated))
 		return nil
 	}
-	var line []byte
-	ok := false
-	if tail != nil {
-		if i := bytes.LastIndexByte(tail[:len(tail)-1], '\n'); i >= 0 || int64(len(tail)) == size {
-			line, ok = tail[i+1:len(tail)-1], true
-		}
-	}
-	if !ok {
-		if line, ok, err = lastLineOf(a.f, size); err != nil || !ok {
-			return err
-		}
+	line, ok, err := lastLineOf(a.f, a.size, tail)
+	if err != nil || !ok {
+		return err
 	}
 	a.last, a.lastKnown = auditedGeneration(line)
 	return nil
@@ -203,18 +197,25 @@ func readTail(f *os.File, size, n int64) ([]byte, error) {
 
 // lastLineOf returns the last line of the first size bytes of f, which end
 // in a newline, without it; ok is false when that line is longer than a
-// record can be.
-func lastLineOf(f *os.File, size int64) (line []byte, ok bool, err error) {
-	for n := min(size, auditTailRead); ; n = min(size, 16*n, maxAuditLine+1) {
-		tail, err := readTail(f, size, n)
-		if err != nil {
+// record can be. tail is what was read of the end of those bytes already
+// (empty: nothing): it is looked in first, and more is read only when it
+// holds no line whole.
+func lastLineOf(f *os.File, size int64, tail []byte) (line []byte, ok bool, err error) {
+	if len(tail) == 0 {
+		if tail, err = readTail(f, size, auditTailRead); err != nil {
 			return nil, false, err
 		}
-		if i := bytes.LastIndexByte(tail[:len(tail)-1], '\n'); i >= 0 || n == size {
-			return tail[i+1 : len(tail)-1], true, nil
+	}
+	for {
+		n := int64(len(tail))
+		if i := bytes.LastIndexByte(tail[:n-1], '\n'); i >= 0 || n == size {
+			return tail[i+1 : n-1], true, nil
 		}
 		if n > maxAuditLine {
 			return nil, false, nil
+		}
+		if tail, err = readTail(f, size, min(size, 16*n, maxAuditLine+1)); err != nil {
+			return nil, false, err
 		}
 	}
 }
@@ -237,11 +238,11 @@ func lastAuditedIn(p string) (gen uint64, known, none bool) {
 	case fi.Size() == 0:
 		return 0, true, true
 	}
-	last, err := readTail(f, fi.Size(), 1)
-	if err != nil || last[0] != '\n' {
+	tail, err := readTail(f, fi.Size(), auditTailRead)
+	if err != nil || tail[len(tail)-1] != '\n' {
 		return 0, false, false // it ended inside a line when it was rotated
 	}
-	line, ok, err := lastLineOf(f, fi.Size())
+	line, ok, err := lastLineOf(f, fi.Size(), tail)
 	if err != nil || !ok {
 		return 0, false, false
 	}
@@ -345,17 +346,17 @@ func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 		}
 		payload = append(note, lines...)
 	}
-	if fi, err := a.f.Stat(); err == nil && fi.Size() > 0 && fi.Size()+int64(len(payload)) > a.maxBytes {
+	if a.size > 0 && a.size+int64(len(payload)) > a.maxBytes {
 		_ = a.f.Close()
 		a.f = nil
 		if err := os.Rename(p, filepath.Join(a.dir, auditRotated)); err != nil { //nolint:gosec // fixed names in the operator's state dir
 			return fmt.Errorf("rotate %s: %w", p, err)
 		}
-		f, err := openAudit(p)
+		f, size, err := openAudit(p)
 		if err != nil {
 			return err
 		}
-		a.f = f
+		a.f, a.size = f, size
 		a.unended = false // the line left unended went with the rotation
 		if durable {
 			if err := syncDir(a.dir); err != nil {
@@ -370,7 +371,9 @@ func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 		payload = append([]byte{'\n'}, payload...)
 	}
 	// One write: appends of one write call are not interleaved with others.
-	if _, err := a.f.Write(payload); err != nil {
+	n, err := a.f.Write(payload)
+	a.size += int64(n)
+	if err != nil {
 		return fmt.Errorf("append to %s: %w", p, err)
 	}
 	a.cut, a.unended = 0, false
@@ -479,29 +482,21 @@ func (l *Ledger) AppendAudit(ctx context.Context, recs ...AuditRecord) error {
 	return l.appendAudit(recs, nil, ld.st.Generation, true)
 }
 
-// cutTornTail truncates f (open for appending, under the ledger lock) after
-// its last newline when its last byte is not one, and returns how many bytes
-// it cut. The fragment is at most one record long: a longer one is not a
+// cutTornTail truncates f (open for appending, under the ledger lock, size
+// bytes long) after its last newline, and returns how many bytes it cut.
+// tail is what was read of the end of f: not empty, and not ending in a
+// newline. The fragment is at most one record long: a longer one is not a
 // torn append, and is left for ReadAudit to report (unended: the file then
 // ends inside that line).
-func cutTornTail(f *os.File) (cut int64, unended bool, err error) {
-	fi, err := f.Stat()
-	if err != nil || fi.Size() == 0 {
-		return 0, false, err
+func cutTornTail(f *os.File, size int64, tail []byte) (cut int64, unended bool, err error) {
+	if int64(len(tail)) < size && !bytes.Contains(tail, []byte{'\n'}) {
+		// The fragment is longer than what was read: read as far back as
+		// a record can reach.
+		if tail, err = readTail(f, size, maxAuditLine); err != nil {
+			return 0, false, err
+		}
 	}
-	size := fi.Size()
-	var last [1]byte
-	if _, err := f.ReadAt(last[:], size-1); err != nil {
-		return 0, false, err
-	}
-	if last[0] == '\n' {
-		return 0, false, nil
-	}
-	window := min(size, maxAuditLine)
-	tail := make([]byte, window)
-	if _, err := f.ReadAt(tail, size-window); err != nil {
-		return 0, false, err
-	}
+	window := int64(len(tail))
 	keep := int64(bytes.LastIndexByte(tail, '\n')) + 1 + size - window
 	if keep == size-window && window == maxAuditLine {
 		return 0, true, nil // no newline within a record's length: not ours to cut
@@ -512,18 +507,25 @@ func cutTornTail(f *os.File) (cut int64, unended bool, err error) {
 	return size - keep, false, nil
 }
 
-func openAudit(p string) (*os.File, error) {
+// openAudit opens the audit log at p for appending (creating it), and
+// returns its size.
+func openAudit(p string) (*os.File, int64, error) {
 	// O_NONBLOCK: a FIFO planted in its place fails at once instead of
 	// blocking the commit forever.
 	f, err := os.OpenFile(p, os.O_RDWR|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, auditFileMode) //nolint:gosec // fixed name in the operator's state dir
 	if err != nil {
-		return nil, fmt.Errorf("open audit log %s: %w", p, err)
+		return nil, 0, fmt.Errorf("open audit log %s: %w", p, err)
 	}
-	if fi, err := f.Stat(); err == nil && !fi.Mode().IsRegular() {
+	fi, err := f.Stat()
+	if err != nil {
 		_ = f.Close()
-		return nil, fmt.Errorf("%w: audit log %s is not a regular file (%s); remove it", ErrUnsafeDir, p, fi.Mode().Type())
+		return nil, 0, fmt.Errorf("open audit log %s: %w", p, err)
 	}
-	return f, nil
+	if !fi.Mode().IsRegular() {
+		_ = f.Close()
+		return nil, 0, fmt.Errorf("%w: audit log %s is not a regular file (%s); remove it", ErrUnsafeDir, p, fi.Mode().Type())
+	}
+	return f, fi.Size(), nil
 }
 
 // AuditLineError reports lines of the audit log that did not decode.
