@@ -76,7 +76,9 @@ const (
 	OpAuditLate = "audit-late"
 	// OpAuditLost says that the audit log has no record of some
 	// generations (Reason names them; Generation is the last of them) and
-	// no journal holds them any more: what they changed is in the state.
+	// will not get them: no journal holds them any more, or appending them
+	// from the journals failed and the records that follow leave them
+	// behind. What they changed is in the state.
 	OpAuditLost = "audit-lost"
 )
 
@@ -112,6 +114,9 @@ type auditLog struct {
 	// it).
 	cut     int64
 	unended bool
+	// lost is the OpAuditLost record of the generations a failed catchUp
+	// could not append, written ahead of the writer's own records.
+	lost *AuditRecord
 	// size is the length of audit.log: read when it was opened, lowered by
 	// a cut and raised by each write (the lock is held, so nobody else
 	// changes it).
@@ -297,19 +302,26 @@ func auditedGeneration(line []byte) (uint64, bool) {
 // without any record gets those the journals hold, but no OpAuditLost for
 // the generations before: it was never kept here (a state dir restored
 // without it) or was removed, which is no commit's loss to report. A
-// failure is only logged: the commits stand, and the next writer tries
-// again.
+// failure does not fail the writer (the commits stand), but its own records
+// would then put the log's last generation past the gap, and no later
+// writer would see it: they are preceded by an OpAuditLost record naming
+// it (see write). A writer that appends nothing leaves the gap to the next.
 func (a *auditLog) catchUp(l *Ledger, through uint64) {
 	if !a.lastKnown || a.last >= through {
 		return
 	}
-	recs := l.lateAudit(a.last+1, through, !a.none, l.now(), os.Getpid())
+	now, pid := l.now(), os.Getpid()
+	recs := l.lateAudit(a.last+1, through, !a.none, now, pid)
 	if len(recs) > 0 {
 		l.log.Warn("ledger: appending audit records the audit log lacks (their writer stopped before it appended them)",
 			"generations", fmt.Sprintf("%d-%d", a.last+1, through), "records", len(recs))
 		if err := a.write(recs, nil, false); err != nil {
-			l.log.Error("ledger: could not append the audit records the audit log lacks", "generations",
-				fmt.Sprintf("%d-%d", a.last+1, through), "error", err)
+			l.log.Error("ledger: could not append the audit records the audit log lacks; an audit-lost record names them",
+				"generations", fmt.Sprintf("%d-%d", a.last+1, through), "error", err)
+			note := lostNote(a.last+1, through, now, pid, fmt.Sprintf("appending them from their journal records failed "+
+				"(%v), and the records after this one leave them behind, where no later writer looks; what they "+
+				"changed is in the state (gpu-guard-ctl status)", err))
+			a.lost = &note
 			return
 		}
 		reachStage(stageAuditCaughtUp)
@@ -337,12 +349,18 @@ func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 		}
 	}
 	payload := lines
-	if a.cut > 0 {
-		torn := AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: recs[0].Generation, Pid: recs[0].Pid,
-			Reason: fmt.Sprintf("%d bytes of an unfinished record (a writer killed while appending) were cut off", a.cut)}
-		note, err := appendAuditLine(nil, &torn)
+	if a.cut > 0 || a.lost != nil {
+		var notes []AuditRecord
+		if a.cut > 0 {
+			notes = append(notes, AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: recs[0].Generation, Pid: recs[0].Pid,
+				Reason: fmt.Sprintf("%d bytes of an unfinished record (a writer killed while appending) were cut off", a.cut)})
+		}
+		if a.lost != nil {
+			notes = append(notes, *a.lost)
+		}
+		note, err := appendAuditLines(nil, notes)
 		if err != nil {
-			return fmt.Errorf("encode audit record: %w", err)
+			return err
 		}
 		payload = append(note, lines...)
 	}
@@ -376,7 +394,7 @@ func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 	if err != nil {
 		return fmt.Errorf("append to %s: %w", p, err)
 	}
-	a.cut, a.unended = 0, false
+	a.cut, a.unended, a.lost = 0, false, nil
 	if durable {
 		if err := a.f.Sync(); err != nil {
 			return fmt.Errorf("fsync %s: %w", p, err)

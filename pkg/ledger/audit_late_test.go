@@ -399,3 +399,83 @@ func TestAJournalOfVersion2IsReplacedAtTheNextCommit(t *testing.T) {
 	st := snapshot(t, again)
 	require.Equal(t, map[string]string{gpu(1).UUID: "c1", gpu(2).UUID: "c2"}, holders(st))
 }
+
+// A writer whose catch-up append fails (here: audit.log is open read-only
+// for it) still appends its own records, which put the log's last
+// generation past the gap: no later writer would look there again. So an
+// audit-lost record naming the gap, and why, precedes them. A writer whose
+// own append fails too leaves the log as it was, and the next writer
+// catches up.
+func TestAFailedCatchUpIsReportedLost(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ownFails bool
+	}{
+		{name: "the writer's own records are appended"},
+		{name: "the writer's own append fails too", ownFails: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := testOptions(newClock())
+			opts.RuntimeDir = t.TempDir()
+			l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
+			require.NoError(t, err)
+			update(t, l, func(tx *Tx) {
+				_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
+				require.NoError(t, err)
+			})
+			// A commit whose audit append fails: its records are only in
+			// its journal record.
+			aside := l.AuditPath() + ".moved"
+			require.NoError(t, os.Rename(l.AuditPath(), aside))
+			require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
+			update(t, l, func(tx *Tx) { tx.Release("h0", "stop") })
+			g := snapshot(t, l).Generation
+			require.NoError(t, os.Remove(l.AuditPath()))
+			require.NoError(t, os.Rename(aside, l.AuditPath()))
+
+			a, err := openAuditLog(l.Dir(), l.opts.AuditMaxBytes)
+			require.NoError(t, err)
+			rw := a.f
+			ro, err := os.Open(l.AuditPath())
+			require.NoError(t, err)
+			a.f = ro
+			a.catchUp(l, g)
+			if !tc.ownFails {
+				a.f = rw
+			}
+			err = a.write([]AuditRecord{{Time: l.now(), Op: "exempt", ContainerID: "x", Generation: g, Pid: os.Getpid()}}, nil, true)
+			if tc.ownFails {
+				require.Error(t, err)
+				a.f = rw
+			} else {
+				require.NoError(t, err)
+			}
+			require.NoError(t, ro.Close())
+			require.NoError(t, a.close())
+
+			recs := readAuditOK(t, l.Dir())
+			requireInGenerationOrder(t, recs)
+			if tc.ownFails {
+				require.Empty(t, ofGeneration(recs, g), "nothing appended")
+			} else {
+				of := ofGeneration(recs, g)
+				require.Equal(t, []string{OpAuditLost, "exempt"}, opsOf(of))
+				require.Contains(t, of[0].Reason, fmt.Sprintf("no record of generation %d, and appending them from their journal records failed", g))
+			}
+
+			// The next writer: the gap is told once, as lost or caught up.
+			update(t, l, func(tx *Tx) {
+				_, err := tx.Claim("", owner("h1"), devs(gpu(1)), "env")
+				require.NoError(t, err)
+			})
+			recs = readAuditOK(t, l.Dir())
+			requireInGenerationOrder(t, recs)
+			if tc.ownFails {
+				require.Equal(t, []string{OpAuditLate, OpRelease}, opsOf(ofGeneration(recs, g)))
+			} else {
+				require.Equal(t, []string{OpAuditLost, "exempt"}, opsOf(ofGeneration(recs, g)))
+			}
+			require.Equal(t, []string{OpClaim}, opsOf(ofGeneration(recs, g+1)))
+		})
+	}
+}

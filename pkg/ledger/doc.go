@@ -216,7 +216,9 @@
 //     dropped from the log's end come back the same way. Generations whose
 //     records no journal holds any more (compacted away since, written by
 //     an older build, a state Recover or Reset wrote whole, which is no
-//     record) are named in one audit-lost record; a log with no record at
+//     record) are named in one audit-lost record, and so are those whose
+//     append failed, ahead of the writer's own records (which would leave
+//     them behind, where no later writer looks); a log with no record at
 //     all (removed) only gets what the journals hold. Catching up reads the
 //     last line of the log (one read of its end) and, only when it lacks
 //     something, the journals.

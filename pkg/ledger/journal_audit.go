@@ -256,7 +256,10 @@ func (l *Ledger) lateAudit(from, through uint64, reportLost bool, now time.Time,
 			return
 		}
 		if reportLost {
-			out = append(out, lostNote(lostFrom, upTo, now, pid))
+			out = append(out, lostNote(lostFrom, upTo, now, pid, "no journal holds them: the process that committed them "+
+				"stopped before it appended them, or the log lost them (removed, cut by a power cut), and the journal "+
+				"records were compacted away since, written by an older build, or never existed (a state a recovery or "+
+				"reset wrote whole); what they changed is in the state (gpu-guard-ctl status)"))
 		}
 		lostFrom = 0
 	}
@@ -289,18 +292,15 @@ func (l *Ledger) lateAudit(from, through uint64, reportLost bool, now time.Time,
 	return out
 }
 
-// lostNote is the record of generations lo..hi whose audit records are
-// neither in audit.log nor in a journal.
-func lostNote(lo, hi uint64, now time.Time, pid int) AuditRecord {
+// lostNote is the record of generations lo..hi whose audit records
+// audit.log will not get; why says why.
+func lostNote(lo, hi uint64, now time.Time, pid int, why string) AuditRecord {
 	which := fmt.Sprintf("generation %d", lo)
 	if hi > lo {
 		which = fmt.Sprintf("generations %d to %d", lo, hi)
 	}
-	return AuditRecord{Time: now, Op: OpAuditLost, Generation: hi, Pid: pid, Reason: fmt.Sprintf(
-		"the audit log has no record of %s, and no journal holds them: the process that committed them stopped before it "+
-			"appended them, or the log lost them (removed, cut by a power cut), and the journal records were compacted "+
-			"away since, written by an older build, or never existed (a state a recovery or reset wrote whole); what "+
-			"they changed is in the state (gpu-guard-ctl status)", which)}
+	return AuditRecord{Time: now, Op: OpAuditLost, Generation: hi, Pid: pid,
+		Reason: fmt.Sprintf("the audit log has no record of %s, and %s", which, why)}
 }
 
 // readJournaledAudit adds to found what the journal at p says of the
