@@ -1155,11 +1155,16 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 	if shown != nil {
 		views = append(views, shown)
 	}
+	// NRI has no privileged flag (specOf: a device cgroup allowing
+	// everything stands for it). Whether the engine opened the container
+	// wholesale is read from the container as the engine made it, once for
+	// every view: a plugin's rule does not make it privileged.
+	engineOpened := devices.AllowsAllDevices(deviceRules(req.GetContainer().GetLinux().GetResources().GetDevices()))
 	dctx, cancel := p.bounded(ctx, g)
 	defer cancel()
 	exemptNow := false
 	for _, view := range views {
-		d, err := p.validateView(dctx, g, pod, view, late, req, guard.ValidateOptions{
+		d, err := p.validateView(dctx, g, pod, view, late, engineOpened, guard.ValidateOptions{
 			// An exemption is audited once: at admission, or by the
 			// first view that is granted it.
 			ExemptAtAdmission: exempted || exemptNow,
@@ -1184,17 +1189,17 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *api.Valid
 
 // validateView asks the guard about one view of the container as the
 // adjustment leaves it, and turns a refusal or a failed decision into the
-// error that refuses the create.
+// error that refuses the create. engineOpened says the engine created the
+// container with a device cgroup allowing everything (NRI's privileged).
 func (p *Plugin) validateView(ctx context.Context, g *guard.Guard, pod *api.PodSandbox, view *api.Container, late []string,
-	req *api.ValidateContainerAdjustmentRequest, opts guard.ValidateOptions) (guard.Decision, error) {
+	engineOpened bool, opts guard.ValidateOptions) (guard.Decision, error) {
 	id := view.GetId()
 	r := guardRequest(pod, view)
 	r.Spec.LateCDIDevices = late
-	if !devices.AllowsAllDevices(deviceRules(req.GetContainer().GetLinux().GetResources().GetDevices())) {
-		// NRI has no privileged flag (specOf: a device cgroup allowing
-		// everything stands for it). A container the engine did not open
-		// wholesale is not made privileged by a plugin's rule: such a rule
-		// reaches every GPU, and is resolved as the rule it is.
+	if !engineOpened {
+		// A container the engine did not open wholesale is not made
+		// privileged by a plugin's rule: such a rule reaches every GPU,
+		// and is resolved as the rule it is.
 		r.Spec.Privileged = false
 	}
 	d, err := g.Validate(ctx, r, opts)
