@@ -166,6 +166,14 @@ type Request struct {
 	LateCDIDevices []string
 	Devices        []LinuxDevice // linux.devices of the spec
 	Privileged     bool
+	// SysAdmin: the container may hold CAP_SYS_ADMIN though its spec does
+	// not say so: it has no capabilities object (or no process), and
+	// recent runc then leaves it the runtime's own capabilities (root's
+	// full set). Only the MIG parent node reads it (NVIDIA's driver lets
+	// an administrator use every MIG instance through it); the container
+	// is not privileged for it (policy.privileged does not apply), since
+	// a device cgroup still fences what it opens.
+	SysAdmin bool
 	// AllDevicesAllowed: the device cgroup lets the container open every
 	// device, as engines set it up for a privileged container. Only then are
 	// its GPU device nodes the engine's wholesale addition rather than a

@@ -218,7 +218,8 @@ func TestCapsMajorRules(t *testing.T) {
 	caps, other := int64(testCapsMajor), int64(testCapsMajor-1)
 	capNode31 := int64(31)
 	migContainer := func(rules ...specs.LinuxDeviceCgroup) Request {
-		spec := &specs.Spec{Process: &specs.Process{}, Linux: &specs.Linux{
+		// A capability set without CAP_SYS_ADMIN: the rules decide.
+		spec := &specs.Spec{Process: &specs.Process{Capabilities: &specs.LinuxCapabilities{}}, Linux: &specs.Linux{
 			Devices: []specs.LinuxDevice{
 				{Path: "/dev/nvidia3", Type: "c", Major: 195, Minor: 3},
 				{Path: "/dev/nvidia-caps/nvidia-cap30", Type: "c", Major: testCapsMajor, Minor: 30},

@@ -66,8 +66,10 @@
 //     do not conflict (Conflicts).
 //   - The node of a GPU with MIG instances counts as the instances the
 //     request names, since the capability nodes decide which run work; but
-//     a container holding CAP_SYS_ADMIN (Request.Privileged) needs none
-//     (the driver's administrator), so there it is the whole GPU.
+//     a container holding CAP_SYS_ADMIN (Request.Privileged), or one
+//     whose spec gives no capabilities and so may hold it
+//     (Request.SysAdmin), needs none (the driver's administrator), so
+//     there it is the whole GPU.
 //   - This package uses no cgo and does not import go-nvml: the NVML loader is
 //     the separate package nvmlloader, handed to Discover by the programs
 //     that enumerate through NVML (the daemon, gpu-guard-ctl). Everything

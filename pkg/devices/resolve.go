@@ -179,7 +179,7 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 	b.cdiList(req.LateCDIDevices, cdiByPlugin)
 	b.linuxDevices(req.Devices)
 	b.capsRules(req)
-	b.finish(req.Privileged)
+	b.finish(req.Privileged, req.SysAdmin)
 	if len(b.errs) > 0 {
 		if b.dropped > 0 {
 			b.errs = append(b.errs, fmt.Errorf("… and %d more problems", b.dropped))
@@ -1090,10 +1090,11 @@ func (b *builder) capNode(src string, minor int64) {
 // the GPU: the capabilities decide. So the parent node counts as a claim on
 // the named MIG instances, not on the whole GPU — unless some capability node
 // could not be mapped, or the container holds CAP_SYS_ADMIN (sysAdmin,
-// Request.Privileged): the driver lets an administrator (its test is
-// capable(CAP_SYS_ADMIN)) use every MIG instance of a GPU whose node it has,
-// without any capability node. Either way the whole GPU is claimed.
-func (b *builder) finish(sysAdmin bool) {
+// Request.Privileged) or may hold it (maySysAdmin, Request.SysAdmin: its
+// spec gives no capabilities): the driver lets an administrator (its test
+// is capable(CAP_SYS_ADMIN)) use every MIG instance of a GPU whose node it
+// has, without any capability node. Either way the whole GPU is claimed.
+func (b *builder) finish(sysAdmin, maySysAdmin bool) {
 	for _, p := range b.giCaps {
 		e := b.ix.ents[p.pos]
 		gk := giKey{parent: e.parent, gi: e.gi}
@@ -1116,11 +1117,16 @@ func (b *builder) finish(sysAdmin bool) {
 			b.add(p.pos, p.src)
 			continue
 		}
-		if sysAdmin {
+		if sysAdmin || maySysAdmin {
 			gpu := b.ix.ents[p.pos].dev
-			b.note(fmt.Sprintf("%s: the container holds CAP_SYS_ADMIN, with which NVIDIA's driver lets it use every MIG instance of GPU %s (%s) "+
-				"through this node, whatever MIG capability nodes it has: the GPU is claimed whole; drop CAP_SYS_ADMIN to share its MIG instances",
-				p.src, gpu.Index, gpu.UUID))
+			holds, fix := "holds CAP_SYS_ADMIN", "drop CAP_SYS_ADMIN"
+			if !sysAdmin {
+				holds = "may hold CAP_SYS_ADMIN (its spec gives no capabilities, and recent runc then leaves it root's)"
+				fix = "give it a capability set without CAP_SYS_ADMIN"
+			}
+			b.note(fmt.Sprintf("%s: the container %s, with which NVIDIA's driver lets it use every MIG instance of GPU %s (%s) "+
+				"through this node, whatever MIG capability nodes it has: the GPU is claimed whole; %s to share its MIG instances",
+				p.src, holds, gpu.Index, gpu.UUID, fix))
 			b.add(p.pos, p.src)
 			continue
 		}

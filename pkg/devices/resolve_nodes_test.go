@@ -30,6 +30,9 @@ func TestResolveSysAdminMIGParent(t *testing.T) {
 		{name: "CAP_SYS_ADMIN, parent node and a MIG UUID: the whole GPU",
 			req:  Request{Privileged: true, Env: env("NVIDIA_VISIBLE_DEVICES=" + migUUID(1, 1)), Devices: []LinuxDevice{parent}},
 			want: []string{"1", "1:1"}},
+		{name: "may hold CAP_SYS_ADMIN (no capabilities in its spec): the whole GPU",
+			req:  Request{SysAdmin: true, Devices: caps10},
+			want: []string{"1", "1:0"}, notes: []string{"may hold CAP_SYS_ADMIN", "give it a capability set without CAP_SYS_ADMIN"}},
 		{name: "without CAP_SYS_ADMIN the capabilities decide: that instance only",
 			req: Request{Devices: caps10}, want: []string{"1:0"}},
 		{name: "CAP_SYS_ADMIN and a GPU without MIG: that GPU",
@@ -78,6 +81,52 @@ func TestResolveSysAdminMIGParentFromSpec(t *testing.T) {
 	res, err = NewResolver(inv, defaultPolicy()).Resolve(RequestFromSpec(spec))
 	require.NoError(t, err)
 	assert.Equal(t, []string{migUUID(1, 0)}, res.UUIDs(), "without CAP_SYS_ADMIN only the named instance")
+}
+
+// A spec without a capabilities object (or without a process) may hold
+// CAP_SYS_ADMIN: recent runc then leaves the container root's full set. The
+// parent node of its MIG instance reaches every instance of that GPU, so the
+// GPU is claimed whole, as for CAP_SYS_ADMIN written in the bounding set;
+// the container is not privileged for that (policy.privileged does not
+// apply to it).
+func TestResolveMIGParentWithoutCapabilities(t *testing.T) {
+	nodes := []specs.LinuxDevice{
+		{Path: "/dev/nvidia3", Type: "c", Major: 195, Minor: 3},
+		{Path: "/dev/nvidia-caps/nvidia-cap30", Type: "c", Major: testCapsMajor, Minor: 30},
+		{Path: "/dev/nvidia-caps/nvidia-cap31", Type: "c", Major: testCapsMajor, Minor: 31},
+	}
+	reject := defaultPolicy()
+	reject.Privileged = config.PrivilegedReject
+	inv := testInventory(t)
+	for _, tc := range []struct {
+		name    string
+		process *specs.Process
+		want    []string
+	}{
+		{name: "no capabilities object", process: &specs.Process{}, want: sorted(gpuUUID(1), migUUID(1, 0))},
+		{name: "no process", want: sorted(gpuUUID(1), migUUID(1, 0))},
+		{name: "capabilities without CAP_SYS_ADMIN", process: &specs.Process{Capabilities: &specs.LinuxCapabilities{Bounding: []string{"CAP_MKNOD"}}},
+			want: []string{migUUID(1, 0)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := &specs.Spec{Process: tc.process, Linux: &specs.Linux{Devices: nodes}}
+			req := RequestFromSpec(spec)
+			assert.False(t, req.Privileged, "no capability written: not privileged")
+			res, err := NewResolver(inv, defaultPolicy()).Resolve(req)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, res.UUIDs())
+			if len(tc.want) == 2 {
+				require.NotEmpty(t, res.Notes)
+				assert.Contains(t, res.Notes[0], "may hold CAP_SYS_ADMIN")
+				assert.Contains(t, res.Notes[0], "GPU 1 ("+gpuUUID(1)+")")
+			}
+			// policy.privileged = "reject" refuses privileged containers;
+			// this one is not, and is resolved as above.
+			res, err = NewResolver(inv, reject).Resolve(req)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, res.UUIDs())
+		})
+	}
 }
 
 // A linux.devices entry is the node the runtime makes of it: mknod(2)

@@ -18,18 +18,24 @@ const capSysAdmin = "CAP_SYS_ADMIN"
 
 // RequestFromSpec extracts from an OCI runtime spec everything that can make
 // a GPU reachable: process env, mount destinations, annotations, linux
-// devices, and privileged (CAP_SYS_ADMIN in the bounding set). A nil spec or
-// nil sections yield an empty request. The request shares no memory with
-// spec's device list.
+// devices, and privileged (CAP_SYS_ADMIN in the bounding set). A spec
+// without a capabilities object (or without a process) may hold
+// CAP_SYS_ADMIN all the same (SysAdmin): recent runc leaves such a
+// container the capabilities it runs with, root's, while runc 1.1 and crun
+// drop them all, and which runs it cannot be told from the spec. A nil
+// spec or nil sections yield an otherwise empty request. The request
+// shares no memory with spec's device list.
 func RequestFromSpec(spec *specs.Spec) Request {
 	var req Request
 	if spec == nil {
 		return req
 	}
 	req.Annotations = spec.Annotations
+	req.SysAdmin = true
 	if p := spec.Process; p != nil {
 		req.Env = p.Env
 		if c := p.Capabilities; c != nil {
+			req.SysAdmin = false
 			for _, cp := range c.Bounding {
 				if cp == capSysAdmin {
 					req.Privileged = true
