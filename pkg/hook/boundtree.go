@@ -20,7 +20,7 @@ import (
 )
 
 // boundDir is a directory bound into a container (or an overlay layer),
-// read by boundNodes as neither the host's / nor /dev nor a procfs: what
+// read by boundNodes as neither the host's / nor /dev: what it is and what
 // it brings is read by readDirs.
 type boundDir struct {
 	// src is the source as the runtime resolves it (from the bundle when
@@ -58,6 +58,13 @@ const mountinfoPath = "/proc/self/mountinfo"
 //     elsewhere went through a link this mount namespace does not show
 //     (a symlink to /proc/<pid>/root/dev: another container's /dev, or
 //     the host's, whatever its device nodes), or changed meanwhile.
+//   - What filesystem it is on (statfs, read here and not in boundNodes, so
+//     that a container its cgroup fences pays no statfs per directory): a
+//     directory of a procfs leads to process roots (/proc, /proc/<pid>, a
+//     task's: /proc/<pid>/root/dev is the host's /dev, or another
+//     container's), or is read as if it did, as AddMount reads a source
+//     spelled /proc/.... A statfs that fails (where the stat before it did
+//     not) cannot tell, and counts as one.
 //   - A directory on the host's /dev (its filesystem, other than /dev
 //     itself, which boundNodes took): the character devices in it and
 //     below it, bounded (walkDev).
@@ -75,6 +82,11 @@ func (b *boundSources) readDirs() {
 	for _, d := range b.dirs {
 		canon, ok := resolveDir(d)
 		if !ok {
+			b.hostDev = true
+			return
+		}
+		var fs unix.Statfs_t
+		if unix.Statfs(canon, &fs) != nil || int64(fs.Type) == unix.PROC_SUPER_MAGIC { //nolint:unconvert // int32 on some platforms
 			b.hostDev = true
 			return
 		}

@@ -107,11 +107,11 @@ func (e env) readInput(stdin io.Reader) *Input {
 //
 // The cgroup is read only when it could matter: a bind source or a
 // linux.devices path that is a device node (other than the one the entry's
-// numbers make), the host's / or /dev, or a directory of a procfs, whatever
-// it is called (one stat per bind source and entry, and one statfs per
-// directory, a few microseconds: the runtime follows symlinks, so
-// spellings do not tell), any other directory bound in (what lies below it
-// is read only then: readDirs), a /proc path that leads to a root, a proc
+// numbers make), the host's / or /dev, whatever it is called (one stat per
+// bind source and entry, a few microseconds: the runtime follows symlinks,
+// so spellings do not tell), any other directory bound in (what it is, a
+// directory of a procfs among them, and what lies below it is read only
+// then: readDirs), a /proc path that leads to a root, a proc
 // mount without a PID namespace of its own (docker's and podman's
 // --pid=host), a root filesystem that brings in the host's /dev, or a
 // rootful runtime's that is not mounted nodev (one stat and statfs of
@@ -494,11 +494,11 @@ func (b boundSources) none() bool {
 // boundNodes reads what each mount source is on the host, whatever it is
 // called (the runtime follows symlinks, and numbers, not names, tell a GPU
 // node): a character device is a node of the container, and the host's /
-// or /dev, or a directory of a procfs (where /proc/<pid>/root/dev is the
-// host's /dev, or another container's), is the host's /dev bound in (one
-// stat and, for a directory, one statfs). Any other directory is kept for
-// readDirs, which reads what lies below it once no device cgroup is known
-// to fence the container. A relative source is read from the bundle, as
+// or /dev is the host's /dev bound in (one stat). Any other directory is
+// kept for readDirs, which reads what it is (a directory of a procfs is
+// the host's /dev too) and what lies below it once no device cgroup is
+// known to fence the container: a container its cgroup fences pays no
+// more than the stat. A relative source is read from the bundle, as
 // the runtime reads it. An overlay's layers are read so too
 // (devices.OverlayLayers; a layer brings no mount below it), and one whose
 // layers cannot be told counts as the host's /dev; not under a rootless
@@ -536,7 +536,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 				Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: dst})
 		case unix.S_IFDIR:
 			switch {
-			case host.isDev(&st) || host.isRoot(&st) || onProcfs(src):
+			case host.isDev(&st) || host.isRoot(&st):
 				b.hostDev = true
 			default:
 				b.dirs = append(b.dirs, boundDir{src: src, dst: dst, recursive: recursive, dev: uint64(st.Dev), ino: st.Ino}) //nolint:unconvert // uint32 on some platforms
@@ -566,16 +566,6 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 		}
 	}
 	return b
-}
-
-// onProcfs reports whether the directory dir is on a procfs (statfs): any
-// directory of it leads to process roots (/proc, /proc/<pid>, a task's),
-// or is read as if it did, as AddMount reads a source spelled /proc/....
-// A statfs that fails (where the stat before it did not) cannot tell, and
-// counts as one.
-func onProcfs(dir string) bool {
-	var fs unix.Statfs_t
-	return unix.Statfs(dir, &fs) != nil || int64(fs.Type) == unix.PROC_SUPER_MAGIC //nolint:unconvert // int32 on some platforms
 }
 
 // recursiveBind reports whether the runtime binds m's source with the

@@ -15,7 +15,8 @@ import (
 
 // BenchmarkReadInput times what a hook does with its input before it
 // decides, for a container that names no GPU under a rootful runtime, with
-// the mounts podman gives every container (binds of files in its run dir),
+// the mounts podman gives every container (binds of files in its run dir,
+// and of its shm directory),
 // its root filesystem (an overlay's merged dir, stat'ed and statfs'ed:
 // boundRoot; here on storage not mounted nodev, as podman's default is, so
 // its cgroup is read, from a /proc tree of files here, as for CAP_MKNOD)
@@ -45,7 +46,7 @@ func BenchmarkReadInput(b *testing.B) {
 			run := filepath.Join(dir, "userdata")
 			mounts := []specs.Mount{{Destination: "/proc", Type: "proc", Source: "proc"},
 				{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"}, {Destination: "/sys", Type: "sysfs", Source: "sysfs"}}
-			for _, f := range []string{"hosts", "resolv.conf", "hostname", ".containerenv", "shm", "run/secrets"} {
+			for _, f := range []string{"hosts", "resolv.conf", "hostname", ".containerenv", "run/secrets"} {
 				src := filepath.Join(run, f)
 				if err := os.MkdirAll(filepath.Dir(src), 0o755); err != nil {
 					b.Fatal(err)
@@ -55,6 +56,13 @@ func BenchmarkReadInput(b *testing.B) {
 				}
 				mounts = append(mounts, specs.Mount{Destination: "/etc/" + f, Type: "bind", Source: src, Options: []string{"rbind"}})
 			}
+			// podman's /dev/shm: a directory bound in, whose cgroup is read
+			// before anything below it.
+			shm := filepath.Join(run, "shm")
+			if err := os.Mkdir(shm, 0o755); err != nil {
+				b.Fatal(err)
+			}
+			mounts = append(mounts, specs.Mount{Destination: "/dev/shm", Type: "bind", Source: shm, Options: []string{"bind", "nosuid", "noexec", "nodev"}})
 			merged := filepath.Join(dir, "overlay", "merged")
 			if err := os.MkdirAll(filepath.Join(merged, "dev"), 0o755); err != nil {
 				b.Fatal(err)
