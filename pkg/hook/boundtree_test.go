@@ -232,6 +232,25 @@ func nodevDir(t *testing.T) string {
 	return dir
 }
 
+// devDir is a directory on a mount that is not nodev, where a device node
+// an image carries would open: a tmpfs of the test's own where the test
+// may mount one, otherwise the test's temporary directory, and the test is
+// skipped where that is nodev (systemd's tmp.mount mounts /tmp so).
+func devDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	if os.Geteuid() == 0 {
+		mountT(t, "gg", dir, "tmpfs", 0)
+		return dir
+	}
+	var fs unix.Statfs_t
+	require.NoError(t, unix.Statfs(dir, &fs))
+	if int64(fs.Flags)&unix.ST_NODEV != 0 { //nolint:unconvert // int32 on some platforms
+		t.Skip("the temporary directory is on a nodev mount, and mounting one that is not needs root")
+	}
+	return dir
+}
+
 // A rootful engine unpacks an image as root and makes every device node a
 // layer carries; a rootful runtime binds the root filesystem as it is
 // mounted. Where no device cgroup applies, a node of a GPU's numbers
@@ -261,11 +280,11 @@ func TestRootWithoutNodevReachesEveryGPU(t *testing.T) {
 		{name: "rootful, no device cgroup, /dev bound too", container: session, userNS: Rootful, bindDev: true, reaches: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			base := t.TempDir()
-			if tc.nodev {
-				base = nodevDir(t)
+			base := nodevDir
+			if !tc.nodev {
+				base = devDir
 			}
-			rootfs := filepath.Join(base, "rootfs")
+			rootfs := filepath.Join(base(t), "rootfs")
 			require.NoError(t, os.MkdirAll(filepath.Join(rootfs, "opt"), 0o755))
 			if os.Geteuid() == 0 {
 				// What an image may carry; whether or not it is there, the

@@ -222,10 +222,11 @@ func TestOrdinaryRootReadsNoCgroup(t *testing.T) {
 			}
 			return []byte("0::/machine.slice/libpod-conmon-plain.scope\n"), nil // the runtime's
 		}
-		root := filepath.Join(t.TempDir(), "rootfs")
-		if nodev {
-			root = filepath.Join(nodevDir(t), "rootfs")
+		base := nodevDir
+		if !nodev {
+			base = devDir
 		}
+		root := filepath.Join(base(t), "rootfs")
 		require.NoError(t, os.MkdirAll(filepath.Join(root, "dev"), 0o755))
 		st, _ := rootState(t, "plain", 4242, specs.StateCreating, root, procMount, devTmpfs)
 		in := e.readInput(strings.NewReader(st))
