@@ -143,7 +143,9 @@ func (h *runtimeHost) start(runtime, id string, env ...string) (string, error) {
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/shared", Type: "bind", Source: h.shared, Options: []string{"rbind", "rw"}},
+			// nodev: without a device cgroup a directory bound in whose
+			// nodes open counts as opening every GPU.
+			{Destination: "/shared", Type: "bind", Source: h.shared, Options: []string{"rbind", "rw", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: "/" + h.cgroupName(id),

@@ -201,13 +201,17 @@ type Request struct {
 	// it together with GPUNodesAllowed; messages then name the cause
 	// instead of a device cgroup rule.
 	NoDeviceCgroup bool
-	// ImageNodes: with NoDeviceCgroup, the only reason the container can
-	// open every GPU is its root filesystem, which a rootful runtime
-	// mounts without nodev: any device node its image carries (a rootful
-	// engine makes them as it unpacks the layers) opens, and what the
-	// image holds is not read. The OCI hook sets it; messages then name
-	// this cause and its remedy (the storage mounted nodev).
+	// ImageNodes and NodeDirs: with NoDeviceCgroup, the only reasons the
+	// container can open every GPU are device nodes that directories it is
+	// given may hold, on mounts that are not nodev, and that are not read:
+	// its root filesystem (ImageNodes), which a rootful runtime mounts as
+	// it is (a rootful engine makes every device node an image carries as
+	// it unpacks the layers), and the directories bound in (NodeDirs: a
+	// named volume an engine filled from an image, nodes and all, or any
+	// host directory). The OCI hook sets them; messages then name these
+	// causes and their remedies (a mount or a bind made nodev).
 	ImageNodes bool
+	NodeDirs   []NodeDir
 	// DynamicMajorRules are the device cgroup rules that can reach a node
 	// of a major of the kernel's dynamic range (where nvidia-caps gets one
 	// at module load): type "c" for such a major or for no major, and type
@@ -217,6 +221,20 @@ type Request struct {
 	// and they are read as opening every capability.
 	DynamicMajorRules     []DeviceRule
 	ManyDynamicMajorRules bool
+}
+
+// NodeDir is a host directory a container without a device cgroup is given
+// on a mount that is not nodev (Request.NodeDirs): every device node in it
+// opens there.
+type NodeDir struct {
+	// Path is the host directory: a bind source, or an overlay's layer.
+	Path string
+	// BoundAt is where the container sees it.
+	BoundAt string
+	// Overlay: Path is a layer of the overlay mounted at BoundAt, whose
+	// own nodev option alone stops the layer's nodes (the kernel checks
+	// the overlay's mount, not the layer's).
+	Overlay bool
 }
 
 // LinuxDevice is one entry of the spec's linux.devices.

@@ -114,18 +114,20 @@ func (r *Resolver) Resolve(req Request) (Resolution, error) {
 		fix := "run it unprivileged and name its GPUs"
 		// What claims every GPU of an unprivileged container, and how not to.
 		allSrc, allFix := srcGPURule, "name the GPUs the container needs and let its device cgroup allow only their nodes"
+		// nodes: what a container reaches through the device nodes of
+		// directories it is given ("" for another cause).
+		nodes := ""
 		if req.NoDeviceCgroup {
 			allSrc = srcNoDeviceCgroup
 			allFix = "run it in a device cgroup of its own (cgroups enabled), or without the host's /dev bound in and without CAP_MKNOD and CAP_SYS_ADMIN, and name its GPUs"
-			if req.ImageNodes {
-				allSrc = srcImageNodes
-				allFix = fixImageNodes
+			if req.ImageNodes || len(req.NodeDirs) > 0 {
+				nodes, allSrc, allFix = nodesCause(req)
 			}
 		}
 		switch {
 		case req.Privileged:
-		case req.NoDeviceCgroup && req.ImageNodes:
-			what = "container without a device cgroup whose root filesystem is not mounted nodev (a device node its image carries, a GPU's among them, opens)"
+		case nodes != "":
+			what = nodes
 			fix = allFix
 		case req.NoDeviceCgroup:
 			what = "container without a device cgroup (the host's /dev bound in, or CAP_MKNOD or CAP_SYS_ADMIN, opens every GPU node)"
@@ -202,12 +204,52 @@ const srcNoDeviceCgroup = "no device cgroup (host /dev bound in, or CAP_MKNOD or
 
 // srcImageNodes is the source of the GPUs a container reaches because no
 // device cgroup stops it from opening a device node of its image
-// (Request.ImageNodes), and fixImageNodes how not to.
+// (Request.ImageNodes), and fixImageNodes how not to: what nodesCause
+// gives for the root filesystem alone.
 const (
 	srcImageNodes = "no device cgroup (root filesystem not mounted nodev: its image's device nodes open)"
 	fixImageNodes = "run it in a device cgroup of its own (cgroups enabled), or mount the container storage nodev " +
 		"(containers/storage: mountopt = \"nodev\" in storage.conf), and name its GPUs"
 )
+
+// nodesCause says, of a container without a device cgroup that opens every
+// GPU only through device nodes its root filesystem (Request.ImageNodes)
+// and the directories bound in (Request.NodeDirs) may hold, what it is, the
+// source of its claims and what to do. The first directory is named (each
+// path bounded, quoted where it is not plain), the others counted.
+func nodesCause(req Request) (what, src, fix string) {
+	var whats, srcs, fixes []string
+	if req.ImageNodes {
+		whats = append(whats, "whose root filesystem is not mounted nodev (a device node its image carries, a GPU's among them, opens)")
+		srcs = append(srcs, "root filesystem not mounted nodev: its image's device nodes open")
+		fixes = append(fixes, "mount the container storage nodev (containers/storage: mountopt = \"nodev\" in storage.conf)")
+	}
+	if len(req.NodeDirs) > 0 {
+		d := req.NodeDirs[0]
+		path, at := plainText(d.Path), plainText(d.BoundAt)
+		more := ""
+		switch n := len(req.NodeDirs) - 1; {
+		case n == 1:
+			more = " (and 1 more directory)"
+		case n > 1:
+			more = fmt.Sprintf(" (and %d more directories)", n)
+		}
+		if d.Overlay {
+			whats = append(whats, "whose overlay at "+at+" is not mounted nodev (a device node in its layer "+path+more+
+				", a GPU's among them, opens)")
+			srcs = append(srcs, "overlay at "+at+" not mounted nodev: the device nodes of its layer "+path+more+" open")
+			fixes = append(fixes, "give the overlay at "+at+" the nodev option")
+		} else {
+			whats = append(whats, "whose bind source "+path+" (at "+at+")"+more+" is on a mount that is not nodev, bound without nodev "+
+				"(a device node in it, a GPU's among them, opens)")
+			srcs = append(srcs, "bind source "+path+more+" not mounted nodev: its device nodes open")
+			fixes = append(fixes, "mount "+path+" nodev or give its bind the nodev option")
+		}
+	}
+	return "container without a device cgroup " + strings.Join(whats, " and "),
+		"no device cgroup (" + strings.Join(srcs, "; ") + ")",
+		"run it in a device cgroup of its own (cgroups enabled), or " + strings.Join(fixes, ", and ") + ", and name its GPUs"
+}
 
 // builder accumulates one resolution.
 type builder struct {

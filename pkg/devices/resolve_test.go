@@ -353,6 +353,24 @@ func TestResolvePrivileged(t *testing.T) {
 		{name: "reject: no device cgroup, a root not nodev", policy: pol(config.PrivilegedReject),
 			req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true, ImageNodes: true},
 			err: ErrPrivilegedRejected, errHas: []string{"whose root filesystem is not mounted nodev", "its image carries", `mountopt = "nodev"`}},
+		// A directory bound in whose nodes open is named, with its
+		// remedy; the others are counted, and a path that is not plain
+		// is quoted.
+		{name: "declared: no device cgroup, a bind source not nodev claims every GPU", policy: pol(config.PrivilegedDeclared),
+			req:  Request{GPUNodesAllowed: true, NoDeviceCgroup: true, NodeDirs: []NodeDir{{Path: "/srv/vol", BoundAt: "/data"}}},
+			want: allGPUs, wantAll: true,
+			sources: map[string][]string{"1": {"no device cgroup (bind source /srv/vol not mounted nodev: its device nodes open)"}}},
+		{name: "declared: no device cgroup, a root and two bind sources not nodev, under all_devices = reject",
+			policy: func(p *config.PolicyConfig) { p.Privileged, p.AllDevices = config.PrivilegedDeclared, config.AllReject },
+			req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true, ImageNodes: true,
+				NodeDirs: []NodeDir{{Path: "/srv/a b", BoundAt: "/data"}, {Path: "/srv/c", BoundAt: "/c"}}},
+			err: ErrAllRejected, errHas: []string{
+				`no device cgroup (root filesystem not mounted nodev: its image's device nodes open; bind source "/srv/a b" (and 1 more directory) not mounted nodev`,
+				`mountopt = "nodev"`, `mount "/srv/a b" nodev or give its bind the nodev option`, "cgroups enabled"}},
+		{name: "reject: no device cgroup, an overlay not nodev", policy: pol(config.PrivilegedReject),
+			req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true, NodeDirs: []NodeDir{{Path: "/srv/l", BoundAt: "/x", Overlay: true}}},
+			err: ErrPrivilegedRejected, errHas: []string{"whose overlay at /x is not mounted nodev (a device node in its layer /srv/l",
+				"give the overlay at /x the nodev option"}},
 		{name: "reject: no device cgroup", policy: pol(config.PrivilegedReject),
 			req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true},
 			err: ErrPrivilegedRejected, errHas: []string{"the host's /dev bound in, or CAP_MKNOD", "without CAP_MKNOD and CAP_SYS_ADMIN"}},

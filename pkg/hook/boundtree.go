@@ -31,6 +31,13 @@ type boundDir struct {
 	// dev and ino are src as stat'ed, following symlinks as the runtime
 	// does.
 	dev, ino uint64
+	// nodev: the mount's options make it nodev (mountNodev), where the
+	// runtime mounts it: the bind, or the overlay a layer is of.
+	nodev bool
+	// layer: src is an overlay's layer, whose nodes open through the
+	// overlay whatever the layer's own mount is (the kernel checks the
+	// mount a node is opened on).
+	layer bool
 }
 
 // The bounds of what readDirs reads. Past them, what a directory brings
@@ -68,6 +75,15 @@ const mountinfoPath = "/proc/self/mountinfo"
 //   - A directory on the host's /dev (its filesystem, other than /dev
 //     itself, which boundNodes took): the character devices in it and
 //     below it, bounded (walkDev).
+//   - Any other directory, under a runtime that may be rootful: one whose
+//     mount (the statfs above: its flags) is not nodev, bound without the
+//     nodev option, or an overlay's layer where the overlay is not given
+//     nodev, may hold any device node, and its nodes open: an engine
+//     copies image content, nodes and all, into a new named volume, and a
+//     node made on the host outside /dev sits anywhere. It is not listed
+//     (a volume may hold millions of files): it counts as reaching every
+//     GPU node (nodeDirs), named with its remedy. A rootless runtime's
+//     engine cannot make nodes, nor does one open on its mounts.
 //   - For a recursive bind, the mounts at or below it (mountinfo, read
 //     once, bounded), which come along: a procfs (every process's root),
 //     a devtmpfs, the host's /dev (its filesystem's root), or a part of it
@@ -90,9 +106,14 @@ func (b *boundSources) readDirs() {
 			b.hostDev = true
 			return
 		}
-		if b.host.onDev(d.dev) && !b.walkDev(canon, d.dst, d.dev, &budget, 0) {
-			b.hostDev = true
-			return
+		switch {
+		case b.host.onDev(d.dev):
+			if !b.walkDev(canon, d.dst, d.dev, &budget, 0) {
+				b.hostDev = true
+				return
+			}
+		case !b.rootless && !d.nodev && (d.layer || int64(fs.Flags)&unix.ST_NODEV == 0): //nolint:unconvert // int32 on some platforms
+			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: d.src, BoundAt: d.dst, Overlay: d.layer})
 		}
 		if d.recursive {
 			d.src = canon

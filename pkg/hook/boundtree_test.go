@@ -87,6 +87,10 @@ func otherNamespaceDir(t *testing.T) string {
 //   - A symlink into another mount namespace (/proc/<pid>/root/...: another
 //     container's /dev, with the nodes of its GPUs): what it is cannot be
 //     told from this one, and counts as the host's /dev.
+//
+// A directory whose nodes open counts as reaching every GPU whatever is
+// below it (TestBoundDirWithoutNodevReachesEveryGPU): those that should
+// reach less are on a nodev mount, or bound nodev.
 func TestBindSourceReachesHostDevUnderAnotherName(t *testing.T) {
 	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
 	root := os.Geteuid() == 0
@@ -124,13 +128,13 @@ func TestBindSourceReachesHostDevUnderAnotherName(t *testing.T) {
 			return dir, nil
 		}, all},
 		{"a directory holding a bind of /dev, bound alone", true, func(t *testing.T) (string, []string) {
-			dir := t.TempDir()
+			dir := nodevDir(t)
 			require.NoError(t, os.Mkdir(filepath.Join(dir, "dev"), 0o755))
 			mountT(t, "/dev", filepath.Join(dir, "dev"), "", unix.MS_BIND)
 			return dir, []string{"bind", "rprivate"}
 		}, nil},
 		{"a directory holding a nodev bind of /dev", true, func(t *testing.T) (string, []string) {
-			dir := t.TempDir()
+			dir := nodevDir(t)
 			require.NoError(t, os.Mkdir(filepath.Join(dir, "dev"), 0o755))
 			mountT(t, "/dev", filepath.Join(dir, "dev"), "", unix.MS_NODEV)
 			return dir, []string{"rbind"}
@@ -151,13 +155,13 @@ func TestBindSourceReachesHostDevUnderAnotherName(t *testing.T) {
 			return gpuNodeDir(t), []string{"bind"}
 		}, []int{2}},
 		{"a directory holding a bind of part of /dev", true, func(t *testing.T) (string, []string) {
-			dir := t.TempDir()
+			dir := nodevDir(t)
 			require.NoError(t, os.Mkdir(filepath.Join(dir, "caps"), 0o755))
 			mountT(t, gpuNodeDir(t), filepath.Join(dir, "caps"), "", unix.MS_BIND)
 			return dir, []string{"rbind"}
 		}, []int{2}},
 		{"a directory holding a bind of a GPU node", true, func(t *testing.T) (string, []string) {
-			dir := t.TempDir()
+			dir := nodevDir(t)
 			require.NoError(t, os.WriteFile(filepath.Join(dir, "gpu"), nil, 0o600))
 			mountT(t, filepath.Join(gpuNodeDir(t), "nv"), filepath.Join(dir, "gpu"), "", unix.MS_BIND)
 			return dir, []string{"rbind"}
@@ -167,10 +171,10 @@ func TestBindSourceReachesHostDevUnderAnotherName(t *testing.T) {
 			require.NoError(t, os.Symlink(otherNamespaceDir(t), link))
 			return link, []string{"bind"}
 		}, all},
-		{"an ordinary directory", false, func(t *testing.T) (string, []string) {
+		{"an ordinary directory, bound nodev", false, func(t *testing.T) (string, []string) {
 			dir := t.TempDir()
 			require.NoError(t, os.Mkdir(filepath.Join(dir, "dev"), 0o755))
-			return dir, []string{"rbind"}
+			return dir, []string{"rbind", "nodev"}
 		}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -408,5 +412,112 @@ func TestRecursiveBind(t *testing.T) {
 		{[]string{"ro"}, true},
 	} {
 		require.Equal(t, tc.want, recursiveBind(specs.Mount{Type: "bind", Options: tc.opts}), "%v", tc.opts)
+	}
+}
+
+// A directory bound in may hold device nodes nobody made under /dev: an
+// engine copies image content, nodes and all, into a new named volume, and
+// anyone may mknod in a host directory. Unless the directory's mount is
+// nodev or its bind is given nodev, a rootful runtime's container without a
+// device cgroup opens them, and the hook does not list the directory: it
+// counts as reaching every GPU, with a source and a refusal that name the
+// directory and what to do. An overlay's layer brings its nodes through the
+// overlay, whose own nodev option alone stops them. A file bound in is no
+// directory; a part of the host's /dev is listed (its nodes are known); a
+// rootless runtime's nodes do not open; a device cgroup fences them.
+func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	own := "0::/machine.slice/libpod-train.scope\n"
+	bound := func(opts ...string) func(string) func(*specs.Spec) {
+		return func(string) func(*specs.Spec) { return func(s *specs.Spec) { s.Mounts[1].Options = opts } }
+	}
+	overlay := func(layer string, opts ...string) func(*specs.Spec) {
+		return func(s *specs.Spec) {
+			s.Mounts[1] = specs.Mount{Destination: "/data", Type: "overlay", Source: "overlay",
+				Options: append([]string{"lowerdir=" + layer}, opts...)}
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		dir       func(t *testing.T) string
+		edit      func(src string) func(*specs.Spec)
+		container string
+		// userNS is the runtime's: Rootful where it is left zero, and
+		// unknown where unknown says so.
+		userNS  RuntimeUserNS
+		unknown bool
+		want    string // a source of every claim; "" for none
+	}{
+		{name: "a directory not mounted nodev", dir: devDir, want: "bind source "},
+		{name: "a directory not mounted nodev, runtime unknown", dir: devDir, container: own, unknown: true, want: "bind source "},
+		{name: "a directory not mounted nodev, bound nodev", dir: devDir, edit: bound("rbind", "nodev")},
+		{name: "a directory not mounted nodev, bound rnodev", dir: devDir, edit: bound("rbind", "rnodev")},
+		{name: "a directory not mounted nodev, bound nodev and dev", dir: devDir, edit: bound("rbind", "nodev", "dev"), want: "bind source "},
+		{name: "a directory mounted nodev", dir: nodevDir},
+		{name: "a directory not mounted nodev, own device cgroup", dir: devDir, container: own},
+		{name: "a directory not mounted nodev, rootless", dir: devDir, userNS: Rootless},
+		{name: "a file not mounted nodev", dir: func(t *testing.T) string {
+			f := filepath.Join(devDir(t), "hosts")
+			require.NoError(t, os.WriteFile(f, nil, 0o644))
+			return f
+		}},
+		{name: "an overlay's layer mounted nodev, the overlay not", dir: nodevDir,
+			edit: func(src string) func(*specs.Spec) { return overlay(src) }, want: "overlay at /data"},
+		{name: "an overlay's layer not mounted nodev, the overlay nodev", dir: devDir,
+			edit: func(src string) func(*specs.Spec) { return overlay(src, "nodev") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := tc.dir(t)
+			if fi, err := os.Stat(src); err == nil && fi.IsDir() && os.Geteuid() == 0 {
+				// What a volume filled from an image may hold; the hook
+				// reads nothing in it.
+				require.NoError(t, unix.Mknod(filepath.Join(src, "gpu"), unix.S_IFCHR|0o666, int(unix.Mkdev(195, 0))))
+			}
+			var edits []func(*specs.Spec)
+			if tc.edit != nil {
+				edits = append(edits, tc.edit(src))
+			}
+			container, userNS := tc.container, tc.userNS
+			if container == "" {
+				container = session
+			}
+			if userNS == UnknownUserNS && !tc.unknown {
+				userNS = Rootful
+			}
+			state := func() string { return bindState(t, "train", 4242, specs.StateCreating, src, "/data", edits...) }
+			cfg := staticConfig(t)
+			opened := 0
+			e := cgroupProc(t, container, session, &opened)
+			e.userNS = func() RuntimeUserNS { return userNS }
+			e.markerDir = t.TempDir()
+			in := e.readInput(strings.NewReader(state()))
+			require.NoError(t, in.specErr)
+			require.Equal(t, tc.want == "", in.NeverClaims())
+			require.NoError(t, e.runInput(t.Context(), PhaseCreateRuntime, cfg, in, io.Discard))
+			if tc.want == "" {
+				require.Zero(t, opened, "nothing to claim")
+				return
+			}
+			claims := ledgerState(t, cfg).Claims
+			require.ElementsMatch(t, gpuUUIDs, claimedGPUs(t, claims, "train"))
+			for _, c := range claims {
+				assert.Contains(t, c.Source, tc.want)
+				assert.Contains(t, c.Source, "not mounted nodev")
+				if !strings.HasPrefix(tc.want, "overlay") {
+					assert.Contains(t, c.Source, src)
+				}
+			}
+
+			cfg = staticConfig(t)
+			cfg.Policy.AllDevices = config.AllReject
+			err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(state()), io.Discard)
+			require.ErrorIs(t, err, guard.ErrRejected)
+			require.ErrorContains(t, err, "device cgroup of its own")
+			if strings.HasPrefix(tc.want, "overlay") {
+				require.ErrorContains(t, err, "give the overlay at /data the nodev option")
+			} else {
+				require.ErrorContains(t, err, "mount "+src+" nodev or give its bind the nodev option")
+			}
+		})
 	}
 }

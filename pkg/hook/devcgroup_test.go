@@ -227,10 +227,12 @@ func TestNoDeviceBindReadsNoCgroup(t *testing.T) {
 	}
 
 	// A directory bound in reads the cgroup, and (its device cgroup
-	// unreadable here: none) what lies below it, which is nothing.
+	// unreadable here: none) what lies below it, which is nothing; bound
+	// nodev, no node in it opens (TestBoundDirWithoutNodevReachesEveryGPU).
 	reads := 0
 	e.readCgroup = func(string) ([]byte, error) { reads++; return nil, os.ErrNotExist }
-	in = e.readInput(strings.NewReader(bindState(t, "dir", 4242, specs.StateCreating, t.TempDir(), "/data")))
+	in = e.readInput(strings.NewReader(bindState(t, "dir", 4242, specs.StateCreating, t.TempDir(), "/data",
+		func(s *specs.Spec) { s.Mounts[1].Options = []string{"rbind", "nodev"} })))
 	require.Equal(t, 1, reads)
 	require.True(t, in.NeverClaims())
 }

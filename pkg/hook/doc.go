@@ -75,7 +75,8 @@
 //     holds, withdraw if it waits).
 //   - The marker also leads poststop to the claim of a container that
 //     reaches GPUs only because no device cgroup applies to it (CAP_MKNOD,
-//     CAP_SYS_ADMIN, a bind through a symlink): poststop cannot read a
+//     CAP_SYS_ADMIN, a bind through a symlink, a root filesystem or a
+//     directory bound in not mounted nodev): poststop cannot read a
 //     cgroup (the process is gone) and goes by the spec's spellings, which
 //     do not show such a claim. create-runtime refuses such a container
 //     when it cannot write the marker (poststopFindsClaim), since its claim
@@ -109,13 +110,16 @@
 //     recovery's ReadSpec takes the root's owner for that user). Mount
 //     sources (a relative one from the bundle), overlay layers (lowerdir,
 //     lowerdir+, datadir+, upperdir) and the root filesystem (root.path,
-//     and its dev) are stat'ed (directories statfs'ed too) to tell what
-//     they are on the host (boundNodes, boundRoot), never opened. Where no
-//     device cgroup applies, a directory source's symlinks are resolved,
+//     and its dev) are stat'ed (the root statfs'ed too) to tell what they
+//     are on the host (boundNodes, boundRoot), never opened. Where no
+//     device cgroup applies, a directory source's symlinks are resolved, it
+//     is statfs'ed (a procfs; a mount not nodev, whose nodes open),
 //     /proc/self/mountinfo is read (bounded) for the mounts below a
 //     recursive bind, and a directory of the host's /dev filesystem is
 //     listed (bounded) for its nodes (readDirs). Nothing in the container's
-//     root filesystem is opened or listed.
+//     root filesystem, or in another directory bound in, is opened or
+//     listed: where its nodes open (a rootful runtime, a mount not nodev),
+//     it counts as reaching every GPU node.
 //   - No NVML initialisation per container: the inventory comes from the
 //     daemon's cache (inventory.json in the ledger dir) or a /proc or static
 //     discovery.

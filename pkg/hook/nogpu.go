@@ -85,7 +85,9 @@ func (e env) readInput(stdin io.Reader) *Input {
 // addUnfenced adds to in.request what the container in describes reaches
 // past its device rules when no device cgroup enforces them: every node a
 // bind mount or its root filesystem brings in (the host's /dev, or a
-// devtmpfs mounted afresh, opens every GPU; see boundRoot for the root), as
+// devtmpfs mounted afresh, opens every GPU, as does, under a runtime that
+// may be rootful, a directory bound in not mounted nodev, whose nodes are
+// not listed: see boundRoot for the root, readDirs for the others), as
 // does a procfs mounted without a PID namespace of its own
 // (procShowsOtherRoots), the host's node at each linux.devices entry's
 // path, which a runtime that cannot mknod binds whatever the entry's
@@ -184,8 +186,9 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot str
 // it binds the host's /dev, has it in its root filesystem (boundRoot),
 // mounts a procfs without a PID namespace of its own (procShowsOtherRoots),
 // can make or mount a node itself (CAP_MKNOD, CAP_SYS_ADMIN, or no
-// capabilities object: makesNodes), or has a root filesystem not mounted
-// nodev. bundle is the directory relative bind sources and a relative
+// capabilities object: makesNodes), or has a root filesystem or a
+// directory bound in not mounted nodev (readDirs). bundle is the directory
+// relative bind sources and a relative
 // root.path are read from (the config.json's). For `gpu-guard-ctl explain
 // --no-device-cgroup`.
 func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
@@ -266,11 +269,12 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 // markUnfenced records in req, for a container no device cgroup fences,
 // the nodes its binds bring in and whether it opens every GPU node (the
 // host's /dev bound in, mknod: it can make any node, or a root filesystem
-// not mounted nodev, where any node its image carries opens). What lies
-// below the directories bound in is read here (readDirs), once no device
-// cgroup is known to fence the container, unless every GPU opens anyway.
-// ImageNodes tells the resolver that the root filesystem is the only
-// cause, so that its messages name it and its remedy.
+// or a directory bound in not mounted nodev, where any node in it opens).
+// What the directories bound in are, and what lies below them, is read
+// here (readDirs), once no device cgroup is known to fence the container,
+// unless every GPU opens anyway. ImageNodes and NodeDirs tell the resolver
+// that the root filesystem and those directories are the only causes, so
+// that its messages name them and their remedies.
 func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 	if !mknod && !bound.hostDev {
 		bound.readDirs()
@@ -279,10 +283,12 @@ func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 	if bound.hostDev {
 		req.HostDevMounted = true
 	}
-	if req.HostDevMounted || mknod || bound.imageNodes {
+	if req.HostDevMounted || mknod || bound.imageNodes || len(bound.nodeDirs) > 0 {
 		req.GPUNodesAllowed = true
 		req.NoDeviceCgroup = true
-		req.ImageNodes = bound.imageNodes && !req.HostDevMounted && !mknod
+		if !req.HostDevMounted && !mknod {
+			req.ImageNodes, req.NodeDirs = bound.imageNodes, bound.nodeDirs
+		}
 	}
 }
 
@@ -474,6 +480,13 @@ type boundSources struct {
 	// not mounted nodev, so that any device node its image carries opens
 	// (boundRoot).
 	imageNodes bool
+	// nodeDirs are the directories bound in (and overlay layers) where a
+	// device node opens and nothing is listed (readDirs): each opens
+	// whatever node it holds.
+	nodeDirs []devices.NodeDir
+	// rootless: the runtime is rootless, whose engine makes no node and
+	// on whose mounts none opens (nodeDirs are not read there).
+	rootless bool
 	// dirs are the other directories bound in (and overlay layers): where
 	// they lead, the part of the host's /dev they may be and the mounts
 	// below them are read by readDirs, only for a container no device
@@ -507,9 +520,9 @@ func (b boundSources) none() bool {
 // /dev. AddMount reads sources by their spelling only; this reads them as
 // the runtime mounts them.
 func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDirs) boundSources {
-	b := boundSources{host: host}
-	var read func(src, dst string, recursive bool)
-	read = func(src, dst string, recursive bool) {
+	b := boundSources{host: host, rootless: rootless}
+	var read func(src, dst string, recursive, nodev, layer bool)
+	read = func(src, dst string, recursive, nodev, layer bool) {
 		if src == "" {
 			return
 		}
@@ -522,7 +535,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			// the bundle, which follows a symlink x before the "..":
 			// both are read.
 			if raw := bundle + "/" + src; filepath.Clean(raw) != raw {
-				read(raw, dst, recursive)
+				read(raw, dst, recursive, nodev, layer)
 			}
 			src = filepath.Join(bundle, src)
 		}
@@ -539,7 +552,8 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			case host.isDev(&st) || host.isRoot(&st):
 				b.hostDev = true
 			default:
-				b.dirs = append(b.dirs, boundDir{src: src, dst: dst, recursive: recursive, dev: uint64(st.Dev), ino: st.Ino}) //nolint:unconvert // uint32 on some platforms
+				b.dirs = append(b.dirs, boundDir{src: src, dst: dst, recursive: recursive, dev: uint64(st.Dev), ino: st.Ino, //nolint:unconvert // uint32 on some platforms
+					nodev: nodev, layer: layer})
 			}
 		}
 	}
@@ -556,16 +570,35 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			if opaque {
 				b.hostDev = true
 			}
+			nodev := mountNodev(m.Options)
 			for _, l := range layers {
-				read(l, m.Destination, false)
+				read(l, m.Destination, false, nodev, true)
 			}
 			continue
 		}
 		if isBind(m) {
-			read(m.Source, m.Destination, recursiveBind(m))
+			read(m.Source, m.Destination, recursiveBind(m), mountNodev(m.Options), false)
 		}
 	}
 	return b
+}
+
+// mountNodev reports whether a spec mount's options make it nodev: "nodev",
+// or "rnodev" (runc's and crun's recursive form, which covers the mount
+// itself), and neither "dev" nor "rdev", which clear it (where both are
+// given, which wins is not read: not nodev). An option is read as one word,
+// as runc and crun read a bind's: "rw,nodev" is none of them.
+func mountNodev(options []string) bool {
+	nodev := false
+	for _, o := range options {
+		switch o {
+		case "nodev", "rnodev":
+			nodev = true
+		case "dev", "rdev":
+			return false
+		}
+	}
+	return nodev
 }
 
 // recursiveBind reports whether the runtime binds m's source with the

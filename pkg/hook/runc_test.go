@@ -344,7 +344,10 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		Mounts: []specs.Mount{
 			{Destination: "/proc", Type: "proc", Source: "proc"},
 			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
-			{Destination: "/shared", Type: "bind", Source: r.shared, Options: []string{"rbind", "rw"}},
+			// nodev: the hook reads the rig's containers as having no
+			// device cgroup, where a directory bound in whose nodes open
+			// counts as opening every GPU (a node it may hold).
+			{Destination: "/shared", Type: "bind", Source: r.shared, Options: []string{"rbind", "rw", "nodev"}},
 		},
 		Linux: &specs.Linux{
 			CgroupsPath: "/" + r.cgroupName(id),

@@ -41,6 +41,7 @@ func TestPodman(t *testing.T) {
 				{"MknodWithoutCgroup", podmanMknodWithoutCgroup},
 				{"DevicePathUserNS", podmanDevicePathUserNS},
 				{"ImageNodesWithoutCgroup", podmanImageNodes},
+				{"BoundDirWithoutCgroup", podmanBoundDir},
 				{"UserNSDeviceBundle", podmanUserNSDeviceBundle},
 				{"FailedCreateUnderRemove", podmanFailedCreateUnderRemove},
 			} {
@@ -513,6 +514,43 @@ func podmanImageNodes(t *testing.T, r *podmanRig) {
 	r.requireHoldsEveryGPU("ni2", "a root filesystem without nodev")
 	for _, c := range r.state().Claims {
 		require.Contains(t, c.Source, "root filesystem not mounted nodev")
+	}
+}
+
+// podmanBoundDir: a directory bound into a container without a device
+// cgroup (crun --cgroups=disabled) may hold device nodes (a named volume
+// podman filled from the image, a node made on the host), and the hook
+// does not list it: on a mount that is not nodev, bound without nodev, it
+// counts as reaching every GPU, with a source that names it; bound nodev
+// (-v dir:/data:nodev) nothing of it opens. podman's own binds (/dev/shm,
+// /etc/hosts and the like) count for nothing: "nb" claims nothing.
+func podmanBoundDir(t *testing.T, r *podmanRig) {
+	if r.runtime != "crun" {
+		return // podman disables a container's cgroups with crun only
+	}
+	// Without CAP_MKNOD (in podman's built-in set), which alone opens
+	// every GPU there.
+	noCgroup := []string{"--cgroups=disabled", "--cap-drop", "MKNOD"}
+	out, err := r.runGPU("nb", "", noCgroup...)
+	require.NoError(t, err, out)
+	require.Empty(t, r.holders(), "nothing bound in but podman's own")
+	r.mustPodman("rm", "-f", "-t", "0", "nb")
+
+	// A tmpfs without nodev, in the mount namespace podman and its hooks
+	// run in (crun's: see newPodmanRig).
+	dir := t.TempDir()
+	r.mustRun("nsenter", "--mount="+r.nsFile, "mount", "-t", "tmpfs", "-o", "dev", "gg-vol", dir)
+	t.Cleanup(func() { _ = exec.Command("nsenter", "--mount="+r.nsFile, "umount", dir).Run() })
+	out, err = r.runGPU("bn", "", append(noCgroup, "-v", dir+":/data:nodev")...)
+	require.NoError(t, err, out)
+	require.Empty(t, r.holders(), "bound nodev: no node in it opens")
+	r.mustPodman("rm", "-f", "-t", "0", "bn")
+
+	out, err = r.runGPU("bd", "", append(noCgroup, "-v", dir+":/data")...)
+	require.NoError(t, err, out)
+	r.requireHoldsEveryGPU("bd", "a directory bound in whose nodes open")
+	for _, c := range r.state().Claims {
+		require.Contains(t, c.Source, "bind source "+dir+" not mounted nodev")
 	}
 }
 
