@@ -58,6 +58,13 @@ const (
 // runtime resolves bind sources.
 const mountinfoPath = "/proc/self/mountinfo"
 
+// statPath and lstatPath stat what lies below a bind source (submount,
+// walkDev); tests make them fail as a host may.
+var (
+	statPath  = unix.Stat
+	lstatPath = unix.Lstat
+)
+
 // readDirs reads what the directories bound in bring, for a container no
 // device cgroup fences; what cannot be told counts as the host's /dev:
 //   - Where each leads: filepath.EvalSymlinks, then a stat of the path it
@@ -95,6 +102,12 @@ const mountinfoPath = "/proc/self/mountinfo"
 func (b *boundSources) readDirs() {
 	var trees []boundDir
 	budget := maxDevEntries
+	if len(b.dirs) > 0 && !b.host.devKnown() {
+		// Which directory is part of the host's /dev (its nodes then
+		// listed) cannot be told.
+		b.hostDev = true
+		return
+	}
 	for _, d := range b.dirs {
 		canon, ok := resolveDir(d)
 		if !ok {
@@ -197,7 +210,8 @@ func (b *boundSources) readSubmounts(r io.Reader, trees []boundDir, budget *int)
 // filesystem; a part of that filesystem brings the nodes in it (a single
 // node, or a directory: walkDev). Its nodes do not open on a mount that is
 // nodev; a procfs leads elsewhere whatever its own flags. False: a part of
-// /dev past the walk's bounds.
+// /dev past the walk's bounds, or one that cannot be stat'ed (other than
+// gone: ENOENT).
 func (b *boundSources) submount(m mountEntry, dst string, budget *int) bool {
 	if m.fstype == "proc" {
 		b.hostDev = true
@@ -214,8 +228,10 @@ func (b *boundSources) submount(m mountEntry, dst string, budget *int) bool {
 		return true
 	}
 	var st unix.Stat_t
-	if unix.Stat(m.point, &st) != nil {
-		return true // gone: nothing the runtime binds either
+	if err := statPath(m.point, &st); err != nil {
+		// Gone: nothing the runtime binds either. Any other error
+		// cannot tell what is there.
+		return errors.Is(err, unix.ENOENT)
 	}
 	switch st.Mode & unix.S_IFMT {
 	case unix.S_IFCHR:
@@ -231,8 +247,8 @@ func (b *boundSources) submount(m mountEntry, dst string, budget *int) bool {
 // on the same filesystem (fsDev: another mount below it is not bound with
 // it, or is read from the mount table), within budget entries and
 // maxDevDepth levels. Symlinks are not followed: in the container they
-// resolve from its root. False: past the bounds, or a directory that
-// cannot be read.
+// resolve from its root. False: past the bounds, or a directory or an
+// entry that cannot be read (an entry gone meanwhile, ENOENT, is skipped).
 func (b *boundSources) walkDev(dir, dst string, fsDev uint64, budget *int, depth int) bool {
 	if depth > maxDevDepth {
 		return false
@@ -253,8 +269,11 @@ func (b *boundSources) walkDev(dir, dst string, fsDev uint64, budget *int, depth
 			}
 			p, at := dir+"/"+e.Name(), path.Join(dst, e.Name())
 			var st unix.Stat_t
-			if unix.Lstat(p, &st) != nil {
-				continue // gone
+			if err := lstatPath(p, &st); err != nil {
+				if errors.Is(err, unix.ENOENT) {
+					continue // gone
+				}
+				return false // what it is cannot be told
 			}
 			switch st.Mode & unix.S_IFMT {
 			case unix.S_IFCHR:

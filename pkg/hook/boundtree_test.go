@@ -521,3 +521,73 @@ func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
 		})
 	}
 }
+
+// What cannot be stat'ed below a bind source is not taken for gone: only a
+// path that does not exist (ENOENT) is nothing the runtime binds; any other
+// error cannot tell what is there, and the source counts as the host's
+// /dev. A host /dev that cannot be stat'ed cannot tell which directories
+// are part of it (whose nodes would be listed): the same.
+func TestBoundTreeStatErrorsFailClosed(t *testing.T) {
+	var dev unix.Stat_t
+	require.NoError(t, unix.Stat("/dev", &dev))
+	devNum := strconv.FormatUint(uint64(unix.Major(uint64(dev.Dev))), 10) + ":" + strconv.FormatUint(uint64(unix.Minor(uint64(dev.Dev))), 10) //nolint:unconvert // uint32 on some platforms
+	src := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(src, "file"), nil, 0o600))
+	for _, tc := range []struct {
+		name    string
+		point   string
+		hostDev bool
+	}{
+		{"a part of /dev mounted below the source, gone", "caps", false},
+		{"a part of /dev mounted below the source, its name too long to stat", strings.Repeat("a", 300), true},
+		{"a part of /dev mounted below the source, below a file", "file/caps", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := boundSources{host: &hostDirs{}}
+			budget := maxDevEntries
+			table := "31 1 " + devNum + " /nvidia-caps " + filepath.Join(src, tc.point) + " rw - devtmpfs devtmpfs rw\n"
+			err := b.readSubmounts(strings.NewReader(table), []boundDir{{src: src, dst: "/x", recursive: true}}, &budget)
+			require.Equal(t, tc.hostDev, err != nil || b.hostDev, "%v", err)
+		})
+	}
+
+	t.Run("the host's /dev cannot be stat'ed", func(t *testing.T) {
+		dir := t.TempDir()
+		var st unix.Stat_t
+		require.NoError(t, unix.Stat(dir, &st))
+		b := boundSources{host: &hostDirs{devRead: true}, // read, and found nothing
+			dirs: []boundDir{{src: dir, dst: "/x", dev: uint64(st.Dev), ino: st.Ino, nodev: true}}} //nolint:unconvert // uint32 on some platforms
+		b.readDirs()
+		require.True(t, b.hostDev)
+	})
+}
+
+// An entry of a part of the host's /dev that cannot be lstat'ed is not
+// taken for gone: the bind source counts as the host's /dev. One gone
+// meanwhile (ENOENT) is skipped.
+func TestWalkDevLstatErrorFailsClosed(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a directory on the host's /dev needs root")
+	}
+	dir := gpuNodeDir(t)
+	var st unix.Stat_t
+	require.NoError(t, unix.Stat(dir, &st))
+	for _, tc := range []struct {
+		err     error
+		hostDev bool
+	}{{unix.EIO, true}, {unix.ENOENT, false}} {
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			lstatPath = func(p string, st *unix.Stat_t) error {
+				if strings.HasSuffix(p, "/nv") {
+					return tc.err
+				}
+				return unix.Lstat(p, st)
+			}
+			t.Cleanup(func() { lstatPath = unix.Lstat })
+			b := boundSources{host: &hostDirs{}, dirs: []boundDir{{src: dir, dst: "/x", dev: uint64(st.Dev), ino: st.Ino}}} //nolint:unconvert // uint32 on some platforms
+			b.readDirs()
+			require.Equal(t, tc.hostDev, b.hostDev)
+			require.Empty(t, b.nodes, "nothing read of the node")
+		})
+	}
+}

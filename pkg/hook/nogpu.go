@@ -632,10 +632,17 @@ func (h *hostDirs) isDev(st *unix.Stat_t) bool {
 
 // onDev reports whether fsDev, the st_dev of a file read on the host, is
 // the host's /dev's filesystem (the devtmpfs on every systemd host), where
-// the GPU nodes are.
+// the GPU nodes are. False where the host's /dev cannot be stat'ed: a
+// caller that lists what is on /dev asks devKnown first.
 func (h *hostDirs) onDev(fsDev uint64) bool {
 	dev := h.stat("/dev", &h.dev, &h.devRead)
 	return dev.Ino != 0 && uint64(dev.Dev) == fsDev //nolint:unconvert // uint32 on some platforms
+}
+
+// devKnown reports whether the host's /dev could be stat'ed: otherwise
+// onDev cannot tell what is part of it.
+func (h *hostDirs) devKnown() bool {
+	return h.stat("/dev", &h.dev, &h.devRead).Ino != 0
 }
 
 func (h *hostDirs) stat(path string, st *unix.Stat_t, read *bool) *unix.Stat_t {
