@@ -38,9 +38,6 @@ const unsetAnnotation = "test.nri-gpu-guard.io/unset-env"
 // setAnnotation is NAME=VALUE, the env variable testdata/injector sets.
 const setAnnotation = "test.nri-gpu-guard.io/set-env"
 
-// unmountAnnotation names the mount destination testdata/injector removes.
-const unmountAnnotation = "test.nri-gpu-guard.io/unmount"
-
 // startInjectorAt is startInjector with the injector at index idx.
 func startInjectorAt(t *testing.T, c *Containerd, pod *Pod, idx string) {
 	t.Helper()
@@ -53,7 +50,7 @@ func startInjectorAt(t *testing.T, c *Containerd, pod *Pod, idx string) {
 	logPath := filepath.Join(dir, "injector.log")
 	p, err := startProcess("injector", logPath, os.Environ(), bin, "-socket", c.NRISocket, "-idx", idx,
 		"-annotation", injectAnnotation, "-unset-annotation", unsetAnnotation,
-		"-set-annotation", setAnnotation, "-unmount-annotation", unmountAnnotation)
+		"-set-annotation", setAnnotation)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = p.stop(10 * time.Second) })
 	probes := 0

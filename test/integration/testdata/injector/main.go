@@ -13,8 +13,7 @@
 // The annotation's value is "PATH:MAJOR:MINOR" (a character device). With
 // -unset-annotation KEY2, a container annotated KEY2=NAME has its env
 // variable NAME removed instead; with -set-annotation KEY3, one annotated
-// KEY3=NAME=VALUE has NAME set to VALUE; with -unmount-annotation KEY4, one
-// annotated KEY4=DEST has its mount at DEST removed.
+// KEY3=NAME=VALUE has NAME set to VALUE.
 package main
 
 import (
@@ -29,7 +28,7 @@ import (
 	"github.com/containerd/nri/pkg/stub"
 )
 
-type injector struct{ key, unsetKey, setKey, unmountKey string }
+type injector struct{ key, unsetKey, setKey string }
 
 func (in injector) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api.Container) (*api.ContainerAdjustment, []*api.ContainerUpdate, error) {
 	fmt.Printf("injector: saw %s\n", c.GetName())
@@ -50,12 +49,6 @@ func (in injector) CreateContainer(_ context.Context, _ *api.PodSandbox, c *api.
 		adj := &api.ContainerAdjustment{}
 		adj.AddEnv(name, val)
 		fmt.Printf("injector: set env %s=%s of %s\n", name, val, c.GetName())
-		return adj, nil, nil
-	}
-	if dest, ok := c.GetAnnotations()[in.unmountKey]; ok && in.unmountKey != "" {
-		adj := &api.ContainerAdjustment{}
-		adj.RemoveMount(dest)
-		fmt.Printf("injector: removed the mount at %s of %s\n", dest, c.GetName())
 		return adj, nil, nil
 	}
 	v, ok := c.GetAnnotations()[in.key]
@@ -83,9 +76,8 @@ func main() {
 	key := flag.String("annotation", "", "the annotation naming the device to add")
 	unsetKey := flag.String("unset-annotation", "", "the annotation naming an env variable to remove")
 	setKey := flag.String("set-annotation", "", "the annotation naming NAME=VALUE to set in the env")
-	unmountKey := flag.String("unmount-annotation", "", "the annotation naming a mount destination to remove")
 	flag.Parse()
-	s, err := stub.New(injector{key: *key, unsetKey: *unsetKey, setKey: *setKey, unmountKey: *unmountKey}, stub.WithPluginName("injector"), stub.WithPluginIdx(*idx), stub.WithSocketPath(*socket))
+	s, err := stub.New(injector{key: *key, unsetKey: *unsetKey, setKey: *setKey}, stub.WithPluginName("injector"), stub.WithPluginIdx(*idx), stub.WithSocketPath(*socket))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "injector:", err)
 		os.Exit(1)
