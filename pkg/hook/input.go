@@ -174,16 +174,13 @@ const maxCmdlineBytes = 64 << 10
 // than an engine gives a runtime, well below what a process may carry.
 const maxEnvironBytes = 256 << 10
 
-// crunStateRoot is the state root of crun, run with the state root root
-// (its --root, "" for none) and the environment environ: without --root,
+// crunStateRoot is the state root of crun run without --root (which names
+// it otherwise: runtimeDirs) in the environment environ:
 // $XDG_RUNTIME_DIR/crun where XDG_RUNTIME_DIR is set and not empty, and
 // crunDefaultRoot otherwise. crun 1.8 takes XDG_RUNTIME_DIR whatever its
 // user, root's too (a root login session sets /run/user/0), and getenv's
 // first entry when the environment names it twice.
-func crunStateRoot(root string, environ []string) string {
-	if root != "" {
-		return root
-	}
+func crunStateRoot(environ []string) string {
 	for _, kv := range environ {
 		if v, ok := strings.CutPrefix(kv, "XDG_RUNTIME_DIR="); ok {
 			if v == "" {
@@ -271,7 +268,7 @@ func (e env) crunSpec(id, stateBundle string) (*specs.Spec, string, error) {
 				"(XDG_RUNTIME_DIR) where its command line names no --root, cannot be read: %w. Give the runtime --root, or %s",
 				errInput, prefix, ppid, err, remedy)
 		}
-		root = crunStateRoot(root, environ)
+		root = crunStateRoot(environ)
 	}
 	if bundle == "" || !filepath.IsAbs(bundle) {
 		return nil, "", fmt.Errorf("%w: %s, and the command line of the runtime that ran this hook (pid %d) names no absolute --bundle: "+
