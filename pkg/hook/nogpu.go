@@ -670,7 +670,7 @@ func unfencedSources(spec *specs.Spec, bundle string, rootless bool) boundSource
 	if procShowsOtherRoots(spec) {
 		b.hostDev = true
 	}
-	b.boundRoot(spec, bundle, rootless, &host)
+	b.boundRoot(spec, bundle)
 	if l := spec.Linux; l != nil && len(l.Devices) > 0 {
 		b.boundDevicePaths(l.Devices)
 	}
@@ -776,7 +776,7 @@ func rootNamesHostDev(spec *specs.Spec) bool {
 // reaching every GPU node (imageNodes). Nothing in the root is opened. A
 // rootless runtime's engine cannot make device nodes, nor does one open on
 // a mount of its user namespace: not read there.
-func (b *boundSources) boundRoot(spec *specs.Spec, bundle string, rootless bool, host *hostDirs) {
+func (b *boundSources) boundRoot(spec *specs.Spec, bundle string) {
 	p := rootPath(spec)
 	if p == "" {
 		return
@@ -799,11 +799,11 @@ func (b *boundSources) boundRoot(spec *specs.Spec, bundle string, rootless bool,
 		if unix.Stat(dir, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFDIR {
 			continue // nothing the runtime can use as a root either
 		}
-		if host.isDev(&st) || host.isRoot(&st) {
+		if b.host.isDev(&st) || b.host.isRoot(&st) {
 			b.hostDev = true
 			return
 		}
-		if !rootless && !b.imageNodes {
+		if !b.rootless && !b.imageNodes {
 			var fs unix.Statfs_t
 			// A statfs that fails tells nothing: counted as not nodev.
 			b.imageNodes = unix.Statfs(dir, &fs) != nil || int64(fs.Flags)&unix.ST_NODEV == 0 //nolint:unconvert // int32 on some platforms
@@ -812,7 +812,7 @@ func (b *boundSources) boundRoot(spec *specs.Spec, bundle string, rootless bool,
 			continue
 		}
 		var dev unix.Stat_t
-		if unix.Lstat(dir+"/dev", &dev) == nil && host.isDev(&dev) {
+		if unix.Lstat(dir+"/dev", &dev) == nil && b.host.isDev(&dev) {
 			b.hostDev = true
 			return
 		}
