@@ -405,8 +405,8 @@ func MayBeGPUNode(d LinuxDevice) bool {
 		return false
 	}
 	// The major as written and as the runtime makes the node of it
-	// (madeNumbers): either may be NVIDIA's or a dynamic one.
-	made, _ := madeNumbers(d.Major, d.Minor)
+	// (MadeNumbers): either may be NVIDIA's or a dynamic one.
+	made, _ := MadeNumbers(d.Major, d.Minor)
 	for _, m := range []int64{d.Major, made} {
 		if m == nvidiaMajor || m >= firstDynamicMajor {
 			return true

@@ -84,7 +84,7 @@ const maxReported = 16
 //     LateCDIDevices, and cdi.k8s.io/* when the spec lists no GPU node),
 //     which is refused: its GPUs cannot be told (see cdiName).
 //   - linux devices, by the numbers of the node the runtime makes of each
-//     (madeNumbers): 195:0-253 is the GPU with that NVML minor number;
+//     (MadeNumbers): 195:0-253 is the GPU with that NVML minor number;
 //     195:254/255 are not GPUs; /dev/nvidia-caps nodes are MIG instances
 //     where Inventory.MIGCaps maps them (see finish for the parent node),
 //     and so is any node of a dynamic major while the inventory lists MIG
@@ -937,7 +937,7 @@ const (
 	kernelMinorBits = 20
 )
 
-// madeNumbers returns the numbers of the node a runtime makes for a
+// MadeNumbers returns the numbers of the node a runtime makes for a
 // linux.devices entry of major and minor. The spec's numbers are int64;
 // runc (unix.Mkdev of their uint32 truncations) and crun (glibc's makedev,
 // which takes unsigned ints) pack them as dev_t, and mknod(2) hands the
@@ -948,14 +948,14 @@ const (
 // Numbers the kernel can hold come back as they are, so this is the reading
 // as written too wherever that denotes a node; a spec entry is read only
 // this way, as the one node it can make.
-func madeNumbers(major, minor int64) (int64, int64) {
+func MadeNumbers(major, minor int64) (int64, int64) {
 	return major & (1<<kernelMajorBits - 1), minor & (1<<kernelMinorBits - 1)
 }
 
 // nodeNumbers returns the major and minor of the node a device entry opens.
 // When the caller gave none (0:0, as gpu-guard-ctl explain --device does),
 // they come from the well-known path: /dev/nvidia<N> is 195:N. Numbers of a
-// spec entry are read as the node the runtime makes of them (madeNumbers);
+// spec entry are read as the node the runtime makes of them (MadeNumbers);
 // those of a bind-mounted host node are that node's own.
 func nodeNumbers(d LinuxDevice) (major, minor int64, isCapPath bool) {
 	major, minor = d.Major, d.Minor
@@ -977,7 +977,7 @@ func nodeNumbers(d LinuxDevice) (major, minor int64, isCapPath bool) {
 		return major, minor, isCapPath
 	}
 	if d.BoundAt == "" {
-		major, minor = madeNumbers(major, minor)
+		major, minor = MadeNumbers(major, minor)
 	}
 	return major, minor, isCapPath
 }
@@ -987,7 +987,7 @@ func nodeNumbers(d LinuxDevice) (major, minor int64, isCapPath bool) {
 // well when the runtime makes the node of other numbers than the entry
 // names.
 func nodeLabel(d LinuxDevice, major, minor int64) string {
-	if mj, mn := madeNumbers(d.Major, d.Minor); d.BoundAt == "" && (mj != d.Major || mn != d.Minor) {
+	if mj, mn := MadeNumbers(d.Major, d.Minor); d.BoundAt == "" && (mj != d.Major || mn != d.Minor) {
 		return strconv.FormatInt(d.Major, 10) + ":" + strconv.FormatInt(d.Minor, 10) + ", made as " +
 			strconv.FormatInt(mj, 10) + ":" + strconv.FormatInt(mn, 10)
 	}

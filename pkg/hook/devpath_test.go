@@ -184,3 +184,21 @@ func TestRelativeDevicePathIsTheHostsDev(t *testing.T) {
 	require.True(t, req.HostDevMounted)
 	require.True(t, req.GPUNodesAllowed)
 }
+
+// A linux.devices entry is the node the runtime makes of its numbers, as
+// the resolver reads it (devices.MadeNumbers): one whose numbers make the
+// host's node at its path (mknod keeps 12 bits of the major, 20 of the
+// minor) brings no other node by its path, and is read once, as the entry.
+func TestDevicePathReadAsMade(t *testing.T) {
+	paths := map[string]struct{ major, minor int64 }{"/dev/null": {1<<12 + 1, 3}}
+	if os.Geteuid() == 0 {
+		paths[hostGPUNode(t, 2)] = struct{ major, minor int64 }{1<<32 + 195, 2}
+	}
+	for path, n := range paths {
+		entry := specs.LinuxDevice{Path: path, Type: "c", Major: n.major, Minor: n.minor}
+		spec := &specs.Spec{Linux: &specs.Linux{Devices: []specs.LinuxDevice{entry}}, Process: &specs.Process{Capabilities: podmanCaps()}}
+		req := devices.RequestFromSpec(spec)
+		UnfencedRequest(&req, spec, "")
+		require.Equal(t, []devices.LinuxDevice{{Path: path, Type: "c", Major: n.major, Minor: n.minor}}, req.Devices, path)
+	}
+}

@@ -852,7 +852,10 @@ func (b *boundSources) boundDevicePaths(devs []specs.LinuxDevice) {
 			continue
 		}
 		major, minor := int64(unix.Major(st.Rdev)), int64(unix.Minor(st.Rdev))
-		if (d.Type == "c" || d.Type == "u" || d.Type == "") && d.Major == major && d.Minor == minor {
+		// The numbers as the runtime makes the node of them, as the
+		// resolver reads the entry: c 4294967491:0 is 195:0.
+		if madeMajor, madeMinor := devices.MadeNumbers(d.Major, d.Minor); (d.Type == "c" || d.Type == "u" || d.Type == "") &&
+			madeMajor == major && madeMinor == minor {
 			continue // the node its numbers make: read as an entry already
 		}
 		b.nodes = append(b.nodes, devices.LinuxDevice{Path: d.Path, Type: "c", Major: major, Minor: minor, BoundAt: d.Path})
