@@ -25,7 +25,7 @@ import (
 // mountT mounts src at dst (fstype "" for a bind) with flags, undone when
 // the test ends; flags with MS_NODEV are applied by a remount, as a bind
 // takes them.
-func mountT(t *testing.T, src, dst, fstype string, flags uintptr) {
+func mountT(t testing.TB, src, dst, fstype string, flags uintptr) {
 	t.Helper()
 	bind := fstype == ""
 	first := flags

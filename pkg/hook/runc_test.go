@@ -176,8 +176,6 @@ type rig struct {
 	shared   string
 	cfg      config.Config
 	cfgPath  string // the default configuration (long wait_timeout)
-	// rootfsMounted: rootfs is a nodev bind of itself, undone by cleanup.
-	rootfsMounted bool
 
 	mu   sync.Mutex
 	ctrs []*ctr
@@ -216,9 +214,7 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	// hook reads the rig's containers as having no device cgroup (their
 	// cgroups do not bear runc's names), where a root filesystem without
 	// nodev counts as opening every GPU (a node its image may carry).
-	require.NoError(t, unix.Mount(r.rootfs, r.rootfs, "", unix.MS_BIND, ""))
-	r.rootfsMounted = true
-	require.NoError(t, unix.Mount("", r.rootfs, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NODEV, ""))
+	mountT(t, r.rootfs, r.rootfs, "", unix.MS_NODEV)
 
 	if o.waitTimeout == 0 {
 		o.waitTimeout = 2 * time.Minute
@@ -555,9 +551,6 @@ func (r *rig) cleanup() {
 		for _, d := range dirs {
 			_ = os.Remove(d) // rmdir: only an empty cgroup goes
 		}
-	}
-	if r.rootfsMounted {
-		_ = unix.Unmount(r.rootfs, unix.MNT_DETACH)
 	}
 	_ = os.RemoveAll(r.base)
 }
