@@ -506,8 +506,10 @@ func TestScanRootOwnerUnknownReadsBothWays(t *testing.T) {
 					[]byte("0::/machine.slice/libpod-"+tc.id+".scope\n"), 0o644))
 				bundle := filepath.Join(h.base, "bundles", tc.id)
 				require.NoError(t, os.MkdirAll(bundle, 0o755))
+				// The data bind is nodev: a directory bound without it reaches
+				// every GPU where no device cgroup applies (a node in it opens).
 				spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()},
-					Mounts: []specs.Mount{{Destination: "/data", Source: h.base, Type: "bind", Options: []string{"rbind"}}}}
+					Mounts: []specs.Mount{{Destination: "/data", Source: h.base, Type: "bind", Options: []string{"rbind", "nodev"}}}}
 				tc.edit(&spec)
 				data, err := json.Marshal(spec)
 				require.NoError(t, err)
