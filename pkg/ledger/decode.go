@@ -252,21 +252,8 @@ func (d *fastDecoder) unescape(start int) []byte {
 				d.bad = true
 				return nil
 			}
-			var r rune
-			for _, h := range d.b[d.i : d.i+4] {
-				switch {
-				case h >= '0' && h <= '9':
-					r = r<<4 | rune(h-'0')
-				case h >= 'a' && h <= 'f':
-					r = r<<4 | rune(h-'a'+10)
-				case h >= 'A' && h <= 'F':
-					r = r<<4 | rune(h-'A'+10)
-				default:
-					d.bad = true
-					return nil
-				}
-			}
-			if utf16.IsSurrogate(r) {
+			r, ok := hexRune(d.b[d.i : d.i+4])
+			if !ok || utf16.IsSurrogate(r) {
 				d.bad = true
 				return nil
 			}
@@ -648,6 +635,24 @@ func fastDecodeRecordOf(b []byte, owned bool) (journalRecord, bool) {
 	d.lit(`}`)
 	if d.bad || d.i != len(d.b) {
 		return journalRecord{}, false
+	}
+	return r, true
+}
+
+// hexRune decodes the four hex digits of a \u escape.
+func hexRune(digits []byte) (rune, bool) {
+	var r rune
+	for _, h := range digits {
+		switch {
+		case h >= '0' && h <= '9':
+			r = r<<4 | rune(h-'0')
+		case h >= 'a' && h <= 'f':
+			r = r<<4 | rune(h-'a'+10)
+		case h >= 'A' && h <= 'F':
+			r = r<<4 | rune(h-'A'+10)
+		default:
+			return 0, false
+		}
 	}
 	return r, true
 }

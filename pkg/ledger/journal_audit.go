@@ -193,18 +193,9 @@ func (d *fastDecoder) skipEscape() bool {
 		if d.i+6 > len(d.b) {
 			return false
 		}
-		var r rune
-		for _, h := range d.b[d.i+2 : d.i+6] {
-			switch {
-			case h >= '0' && h <= '9':
-				r = r<<4 | rune(h-'0')
-			case h >= 'a' && h <= 'f':
-				r = r<<4 | rune(h-'a'+10)
-			case h >= 'A' && h <= 'F':
-				r = r<<4 | rune(h-'A'+10)
-			default:
-				return false
-			}
+		r, ok := hexRune(d.b[d.i+2 : d.i+6])
+		if !ok {
+			return false
 		}
 		d.i += 6
 		return !utf16.IsSurrogate(r)
