@@ -455,14 +455,18 @@ func (l *Ledger) openAuditCaughtUp(through uint64) *auditLog {
 }
 
 // finishAudit appends a writer's own records (lines: their rendering, or
-// nil) once its state is written, to a from openAuditCaughtUp (nil: opened
-// now), and closes it.
-func (l *Ledger) finishAudit(a *auditLog, recs []AuditRecord, lines []byte) error {
+// nil) once its state is written, to a from openAuditCaughtUp(through), and
+// closes it. With a nil (that open failed), the log is opened now and
+// caught up through the same generation first: appended straight away, the
+// writer's records would move the log's last generation past a gap that
+// nothing would ever name.
+func (l *Ledger) finishAudit(a *auditLog, through uint64, recs []AuditRecord, lines []byte) error {
 	if a == nil {
 		var err error
 		if a, err = openAuditLog(l.dir, l.opts.AuditMaxBytes); err != nil {
 			return err
 		}
+		a.catchUp(l, through)
 	}
 	err := a.write(recs, lines, false)
 	return errors.Join(err, a.close())

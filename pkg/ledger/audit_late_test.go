@@ -479,3 +479,48 @@ func TestAFailedCatchUpIsReportedLost(t *testing.T) {
 		})
 	}
 }
+
+// A writer that could not open the audit log before its write (so caught
+// nothing up), and can once its state is written, appends the records the
+// log lacks before its own: appended straight away, its own would move the
+// log's last generation past the gap, and nothing would name it after.
+func TestAWriterThatOpensTheAuditLogLateCatchesUpFirst(t *testing.T) {
+	opts := testOptions(newClock())
+	opts.RuntimeDir = t.TempDir()
+	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
+	require.NoError(t, err)
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+	})
+	// A commit whose audit append fails (a directory where the log
+	// should be): its records are only in its journal record.
+	aside := l.AuditPath() + ".moved"
+	require.NoError(t, os.Rename(l.AuditPath(), aside))
+	require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
+	update(t, l, func(tx *Tx) { tx.Release("h0", "stop") })
+	missed := snapshot(t, l).Generation
+
+	// The next writer cannot open the log before its write either; the
+	// log is put back while it writes.
+	failpoint = func(stage string) {
+		if stage == stageBeforeWrite {
+			require.NoError(t, os.Remove(l.AuditPath()))
+			require.NoError(t, os.Rename(aside, l.AuditPath()))
+		}
+	}
+	t.Cleanup(func() { failpoint = nil })
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h1"), devs(gpu(1)), "env")
+		require.NoError(t, err)
+	})
+	failpoint = nil
+
+	recs := readAuditOK(t, l.Dir())
+	requireInGenerationOrder(t, recs)
+	late := ofGeneration(recs, missed)
+	require.NotEmpty(t, late, "the release's records are appended before the next commit's")
+	require.Contains(t, opsOf(late), OpAuditLate)
+	require.Contains(t, opsOf(late), "release")
+	require.NotEmpty(t, ofGeneration(recs, missed+1), "the writer's own records follow")
+}

@@ -632,7 +632,7 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 		// this boot, that the state dir vanished.
 		l.log.Error("ledger: state committed but the boot marker was not updated", "generation", st.Generation, "error", err)
 	}
-	if err := l.finishAudit(aud, tx.audit, lines); err != nil {
+	if err := l.finishAudit(aud, st.Generation-1, tx.audit, lines); err != nil {
 		// The state is committed: failing the call would make the caller
 		// believe it was not. The journal record holds the records: the
 		// next writer appends them.

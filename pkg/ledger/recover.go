@@ -400,7 +400,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 	for i := range recs {
 		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
 	}
-	aerr := l.finishAudit(aud, recs, nil)
+	aerr := l.finishAudit(aud, st.Generation-1, recs, nil)
 	aud = nil // closed
 	if aerr != nil {
 		l.log.Error("ledger: recovered, but its audit records were not written", "error", aerr)
@@ -596,7 +596,7 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 	for i := range recs {
 		recs[i].Generation, recs[i].Pid = st.Generation, os.Getpid()
 	}
-	aerr := l.finishAudit(aud, recs, nil)
+	aerr := l.finishAudit(aud, st.Generation-1, recs, nil)
 	aud = nil // closed
 	if aerr != nil {
 		l.log.Error("ledger: reset, but its audit record was not written", "error", aerr)
