@@ -223,21 +223,8 @@ func TestTheRebootDiscardIsAuditedWhenTheFirstWriterIsKilled(t *testing.T) {
 // full disk or a planted file makes it fail) stands, and its records are
 // appended by the next writer once the log can be written.
 func TestACommitWhoseAuditAppendFailedIsAuditedByTheNextWriter(t *testing.T) {
-	opts := testOptions(newClock())
-	opts.RuntimeDir = t.TempDir()
-	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-	})
-	aside := l.AuditPath() + ".moved"
-	require.NoError(t, os.Rename(l.AuditPath(), aside))
-	require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
-	update(t, l, func(tx *Tx) { tx.Release("h0", "stop") })
-	g := snapshot(t, l).Generation
-	require.NoError(t, os.Remove(l.AuditPath()))
-	require.NoError(t, os.Rename(aside, l.AuditPath()))
+	l, g, aside := ledgerWithUnauditedRelease(t)
+	putAuditLogBack(t, l, aside)
 	require.Empty(t, ofGeneration(readAuditOK(t, l.Dir()), g))
 
 	update(t, l, func(tx *Tx) {
@@ -415,23 +402,8 @@ func TestAFailedCatchUpIsReportedLost(t *testing.T) {
 		{name: "the writer's own append fails too", ownFails: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := testOptions(newClock())
-			opts.RuntimeDir = t.TempDir()
-			l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-			require.NoError(t, err)
-			update(t, l, func(tx *Tx) {
-				_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
-				require.NoError(t, err)
-			})
-			// A commit whose audit append fails: its records are only in
-			// its journal record.
-			aside := l.AuditPath() + ".moved"
-			require.NoError(t, os.Rename(l.AuditPath(), aside))
-			require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
-			update(t, l, func(tx *Tx) { tx.Release("h0", "stop") })
-			g := snapshot(t, l).Generation
-			require.NoError(t, os.Remove(l.AuditPath()))
-			require.NoError(t, os.Rename(aside, l.AuditPath()))
+			l, g, aside := ledgerWithUnauditedRelease(t)
+			putAuditLogBack(t, l, aside)
 
 			a, err := openAuditLog(l.Dir(), l.opts.AuditMaxBytes)
 			require.NoError(t, err)
@@ -485,28 +457,13 @@ func TestAFailedCatchUpIsReportedLost(t *testing.T) {
 // log lacks before its own: appended straight away, its own would move the
 // log's last generation past the gap, and nothing would name it after.
 func TestAWriterThatOpensTheAuditLogLateCatchesUpFirst(t *testing.T) {
-	opts := testOptions(newClock())
-	opts.RuntimeDir = t.TempDir()
-	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-	})
-	// A commit whose audit append fails (a directory where the log
-	// should be): its records are only in its journal record.
-	aside := l.AuditPath() + ".moved"
-	require.NoError(t, os.Rename(l.AuditPath(), aside))
-	require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
-	update(t, l, func(tx *Tx) { tx.Release("h0", "stop") })
-	missed := snapshot(t, l).Generation
+	l, missed, aside := ledgerWithUnauditedRelease(t)
 
 	// The next writer cannot open the log before its write either; the
 	// log is put back while it writes.
 	failpoint = func(stage string) {
 		if stage == stageBeforeWrite {
-			require.NoError(t, os.Remove(l.AuditPath()))
-			require.NoError(t, os.Rename(aside, l.AuditPath()))
+			putAuditLogBack(t, l, aside)
 		}
 	}
 	t.Cleanup(func() { failpoint = nil })
@@ -523,4 +480,32 @@ func TestAWriterThatOpensTheAuditLogLateCatchesUpFirst(t *testing.T) {
 	require.Contains(t, opsOf(late), OpAuditLate)
 	require.Contains(t, opsOf(late), "release")
 	require.NotEmpty(t, ofGeneration(recs, missed+1), "the writer's own records follow")
+}
+
+// ledgerWithUnauditedRelease returns a ledger whose last commit (generation
+// g, h0's release) could not append its audit records: audit.log is a
+// directory, the log itself set aside at aside (putAuditLogBack). Its
+// records are only in its journal record.
+func ledgerWithUnauditedRelease(t *testing.T) (l *Ledger, g uint64, aside string) {
+	t.Helper()
+	opts := testOptions(newClock())
+	opts.RuntimeDir = t.TempDir()
+	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
+	require.NoError(t, err)
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+	})
+	aside = l.AuditPath() + ".moved"
+	require.NoError(t, os.Rename(l.AuditPath(), aside))
+	require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
+	update(t, l, func(tx *Tx) { tx.Release("h0", "stop") })
+	return l, snapshot(t, l).Generation, aside
+}
+
+// putAuditLogBack puts the log ledgerWithUnauditedRelease set aside back.
+func putAuditLogBack(t *testing.T, l *Ledger, aside string) {
+	t.Helper()
+	require.NoError(t, os.Remove(l.AuditPath()))
+	require.NoError(t, os.Rename(aside, l.AuditPath()))
 }
