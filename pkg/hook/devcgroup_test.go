@@ -529,25 +529,34 @@ func TestUnknownUserNSReadsBothWays(t *testing.T) {
 				require.Zero(t, opened, "nothing to claim")
 				return
 			}
-			var got []string
-			for _, c := range ledgerState(t, cfg).Claims {
-				got = append(got, c.Device.UUID)
-				require.Contains(t, c.Source, "no device cgroup")
-			}
-			require.ElementsMatch(t, gpuUUIDs, got, "no device cgroup fences it")
-
-			require.NoError(t, os.RemoveAll(filepath.Join(procRoot, "4242"))) // the process is gone
-			var st specs.State
-			require.NoError(t, json.Unmarshal([]byte(create), &st))
-			st.Status, st.Pid = specs.StateStopped, 0
-			stop, err := json.Marshal(st)
-			require.NoError(t, err)
-			require.Equal(t, tc.poststopReads, !e.readInput(strings.NewReader(string(stop))).reachesNoGPU(),
-				"poststop finds the claim by the spec alone")
-			require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(string(stop)), io.Discard))
-			require.Empty(t, ledgerState(t, cfg).Claims)
+			requireUnfencedClaimReleased(t, e, cfg, create, "no device cgroup fences it", tc.poststopReads)
 		})
 	}
+}
+
+// requireUnfencedClaimReleased: the container of create (pid 4242 under
+// e.procRoot) claimed every GPU as one that no device cgroup fences (why
+// says how it reaches them); once its process is gone, its poststop finds
+// the claim by the spec alone exactly when poststopReads, and releases it.
+func requireUnfencedClaimReleased(t *testing.T, e env, cfg config.Config, create, why string, poststopReads bool) {
+	t.Helper()
+	var got []string
+	for _, c := range ledgerState(t, cfg).Claims {
+		got = append(got, c.Device.UUID)
+		require.Contains(t, c.Source, "no device cgroup")
+	}
+	require.ElementsMatch(t, gpuUUIDs, got, why)
+
+	require.NoError(t, os.RemoveAll(filepath.Join(e.procRoot, "4242"))) // the process is gone
+	var st specs.State
+	require.NoError(t, json.Unmarshal([]byte(create), &st))
+	st.Status, st.Pid = specs.StateStopped, 0
+	stop, err := json.Marshal(st)
+	require.NoError(t, err)
+	require.Equal(t, poststopReads, !e.readInput(strings.NewReader(string(stop))).reachesNoGPU(),
+		"poststop finds the claim by the spec alone")
+	require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(string(stop)), io.Discard))
+	require.Empty(t, ledgerState(t, cfg).Claims)
 }
 
 // A claim made where the runtime's user namespace cannot be told must show

@@ -4,10 +4,7 @@
 package hook
 
 import (
-	"encoding/json"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -77,22 +74,7 @@ func TestProcMountWithoutOwnPIDNamespace(t *testing.T) {
 				require.Zero(t, opened, "nothing to claim")
 				return
 			}
-			var got []string
-			for _, c := range ledgerState(t, cfg).Claims {
-				got = append(got, c.Device.UUID)
-				require.Contains(t, c.Source, "no device cgroup")
-			}
-			require.ElementsMatch(t, gpuUUIDs, got, "every GPU opens through /proc/<pid>/root/dev")
-
-			require.NoError(t, os.RemoveAll(filepath.Join(e.procRoot, "4242"))) // the process is gone
-			var st specs.State
-			require.NoError(t, json.Unmarshal([]byte(create), &st))
-			st.Status, st.Pid = specs.StateStopped, 0
-			stop, err := json.Marshal(st)
-			require.NoError(t, err)
-			require.False(t, e.readInput(strings.NewReader(string(stop))).reachesNoGPU(), "poststop finds the claim by the spec alone")
-			require.NoError(t, e.run(t.Context(), PhasePoststop, cfg, strings.NewReader(string(stop)), io.Discard))
-			require.Empty(t, ledgerState(t, cfg).Claims)
+			requireUnfencedClaimReleased(t, e, cfg, create, "every GPU opens through /proc/<pid>/root/dev", true)
 		})
 	}
 
