@@ -92,12 +92,7 @@ func pidsWithExe(path string) []int {
 // refuses the next container asking for that GPU, instead of releasing the
 // claim as stale.
 func TestPausedHolderKeepsGPUAcrossContainerdRestart(t *testing.T) {
-	var g *Guard
-	c := StartContainerd(t, ContainerdOptions{BeforeStart: func(c *Containerd) error {
-		var err error
-		g, err = InstallGuard(c, GuardOptions{})
-		return err
-	}})
+	c, g := startWithPreinstalledGuard(t)
 	gpu0 := c.GPUs[0]
 	a := c.RunPod(t, PodSpec{Name: "unknown-a"})
 	aID := a.Run(t, ContainerSpec{Name: worker, Env: GPUEnv("0")})
@@ -118,12 +113,7 @@ func TestPausedHolderKeepsGPUAcrossContainerdRestart(t *testing.T) {
 // containerd, exits with it, is relaunched by the next containerd, and the
 // ledger (claims and queue) carries on across the restart.
 func TestPreinstalledPluginSurvivesContainerdRestart(t *testing.T) {
-	var g *Guard
-	c := StartContainerd(t, ContainerdOptions{BeforeStart: func(c *Containerd) error {
-		var err error
-		g, err = InstallGuard(c, GuardOptions{})
-		return err
-	}})
+	c, g := startWithPreinstalledGuard(t)
 	pluginID := guardPluginIndex + "-" + guardPluginName
 	syncedLine := fmt.Sprintf("pre-installed NRI plugin %q synchronization success", pluginID)
 	// containerd starts and synchronizes pre-installed plugins before CRI
@@ -176,12 +166,7 @@ func TestPreinstalledPluginSurvivesContainerdRestart(t *testing.T) {
 // rebuilds it in place from the containers it tracks, and the running
 // holder blocks its GPU again: nothing is admitted onto it meanwhile.
 func TestPreinstalledPluginRebuildsAfterReset(t *testing.T) {
-	var g *Guard
-	c := StartContainerd(t, ContainerdOptions{BeforeStart: func(c *Containerd) error {
-		var err error
-		g, err = InstallGuard(c, GuardOptions{})
-		return err
-	}})
+	c, g := startWithPreinstalledGuard(t)
 	gpu0 := c.GPUs[0]
 	a := c.RunPod(t, PodSpec{Name: "reset-a"})
 	aID := a.Run(t, ContainerSpec{Name: worker, Env: GPUEnv("0")})
@@ -204,4 +189,17 @@ func TestPreinstalledPluginRebuildsAfterReset(t *testing.T) {
 	g.WaitHolder(t, 0, aID)
 	assert.Contains(t, b.Refused(t, want), gpuName(gpu0)+" is held by "+a.Owner(worker))
 	assert.Equal(t, plugin, pidsWithExe(g.PluginExe()), "the same plugin process: containerd was not restarted")
+}
+
+// startWithPreinstalledGuard starts a containerd that launches the guard
+// itself (pre-installed under plugin_path), as a package installs it.
+func startWithPreinstalledGuard(t *testing.T) (*Containerd, *Guard) {
+	t.Helper()
+	var g *Guard
+	c := StartContainerd(t, ContainerdOptions{BeforeStart: func(c *Containerd) error {
+		var err error
+		g, err = InstallGuard(c, GuardOptions{})
+		return err
+	}})
+	return c, g
 }
