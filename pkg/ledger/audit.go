@@ -456,17 +456,13 @@ func (l *Ledger) openAuditCaughtUp(through uint64) *auditLog {
 
 // finishAudit appends a writer's own records (lines: their rendering, or
 // nil) once its state is written, to a from openAuditCaughtUp(through), and
-// closes it. With a nil (that open failed), the log is opened now and
-// caught up through the same generation first: appended straight away, the
-// writer's records would move the log's last generation past a gap that
-// nothing would ever name.
+// closes it. With a nil (that open failed), appendAudit opens it now and
+// catches it up through the same generation first: appended straight away,
+// the writer's records would move the log's last generation past a gap
+// that nothing would ever name.
 func (l *Ledger) finishAudit(a *auditLog, through uint64, recs []AuditRecord, lines []byte) error {
 	if a == nil {
-		var err error
-		if a, err = openAuditLog(l.dir, l.opts.AuditMaxBytes); err != nil {
-			return err
-		}
-		a.catchUp(l, through)
+		return l.appendAudit(recs, lines, through, false)
 	}
 	err := a.write(recs, lines, false)
 	return errors.Join(err, a.close())
