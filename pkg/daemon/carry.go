@@ -110,35 +110,27 @@ func (w *Watch) readPrior(dir string, cordons []ledger.Cordon, lineage string, r
 	// file says. A device the daemon watched no cordon on (its operator
 	// lifted it, or the policy was "report") is not judged: a cordon on it
 	// is not the observer's.
-	type carriedCordon struct {
-		seen         string // the lineage the file saw it in, if known
-		known, retry bool
-	}
 	retries := make(map[string]bool, len(c.CordonRetries))
 	for _, uuid := range c.CordonRetries {
 		retries[uuid] = true
 	}
-	carriedCordons := map[string]carriedCordon{}
-	watched := map[string]string{}
+	watched := map[string]string{} // the lineage the file saw each in ("" if none)
 	for uuid := range on {
-		seen, known := c.CordonLineages[uuid]
-		if !known && !retries[uuid] {
-			continue
+		if seen, known := c.CordonLineages[uuid]; known || retries[uuid] {
+			watched[uuid] = seen
 		}
-		carriedCordons[uuid] = carriedCordon{seen: seen, known: known, retry: retries[uuid]}
-		watched[uuid] = seen
 	}
 	var fates map[string]cordonFate
 	if read {
 		fates = judgeCordons(cordons, lineage, watched)
 	}
-	for uuid, cc := range carriedCordons {
-		seen, known := cc.seen, cc.known
+	for uuid := range watched {
+		seen, known := c.CordonLineages[uuid]
 		fate, judged := fates[uuid]
 		switch {
 		case judged && fate == cordonInForce:
 			seen, known = lineage, true // the ledger's word, not the file's
-		case cc.retry:
+		case retries[uuid]:
 			if p.retry == nil {
 				p.retry = map[string]observe.FileFinding{}
 			}
