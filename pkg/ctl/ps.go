@@ -242,20 +242,16 @@ func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psVi
 	for _, d := range r.Devices {
 		pd := psDevice{Index: d.Device.Index, UUID: d.Device.UUID, Parent: d.Device.ParentUUID, Error: d.Error,
 			Processes: []psProcess{}}
-		var holder ledger.Owner
+		var who string
 		if d.Holder != "" {
 			o, ok := known[d.Holder]
 			if !ok {
 				o = ledger.Owner{ContainerID: d.Holder}
 			}
 			pd.Holder = &psHolder{ContainerID: d.Holder, Name: holderName(o)}
-			holder = o
+			who = holderOf(o, time.Time{}).who()
 		}
 		if d.Error != "" && !reportedUnhealthy(sick, d.Device.UUID, d.Device.ParentUUID) {
-			var who string
-			if d.Holder != "" {
-				who = holderOf(holder, time.Time{}).who()
-			}
 			v.Problems = append(v.Problems, unobservedProblem(d.Device.UUID, d.Device.Index, d.Device.String(), who,
 				"NVML could not list its processes ("+d.Error+")", "run ps again"))
 		}
