@@ -34,6 +34,10 @@ type boundDir struct {
 	// nodev: the mount's options make it nodev (mountNodev), where the
 	// runtime mounts it: the bind, or the overlay a layer is of.
 	nodev bool
+	// ownFlags: the runtime remounts the bind with its options' flags
+	// alone (remountsBind), so a nodev of the source's mount does not
+	// carry over.
+	ownFlags bool
 	// layer: src is an overlay's layer, whose nodes open through the
 	// overlay whatever the layer's own mount is (the kernel checks the
 	// mount a node is opened on).
@@ -125,7 +129,7 @@ func (b *boundSources) readDirs() {
 				b.hostDev = true
 				return
 			}
-		case !b.rootless && !d.nodev && (d.layer || int64(fs.Flags)&unix.ST_NODEV == 0): //nolint:unconvert // int32 on some platforms
+		case !b.rootless && !d.nodev && (d.layer || d.ownFlags || int64(fs.Flags)&unix.ST_NODEV == 0): //nolint:unconvert // int32 on some platforms
 			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: d.src, BoundAt: d.dst, Overlay: d.layer})
 		}
 		if d.recursive {

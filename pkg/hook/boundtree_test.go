@@ -454,6 +454,11 @@ func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
 		{name: "a directory not mounted nodev, bound rnodev", dir: devDir, edit: bound("rbind", "rnodev")},
 		{name: "a directory not mounted nodev, bound nodev and dev", dir: devDir, edit: bound("rbind", "nodev", "dev"), want: "bind source "},
 		{name: "a directory mounted nodev", dir: nodevDir},
+		// runc and crun remount a bind with flags of its own (ro, nosuid,
+		// …) with exactly those: the source's nodev does not carry over.
+		{name: "a directory mounted nodev, bound ro", dir: nodevDir, edit: bound("rbind", "ro"), want: "bind source "},
+		{name: "a directory mounted nodev, bound nosuid,nodev", dir: nodevDir, edit: bound("rbind", "nosuid", "nodev")},
+		{name: "a directory mounted nodev, bound rprivate", dir: nodevDir, edit: bound("rbind", "rprivate")},
 		{name: "a directory not mounted nodev, own device cgroup", dir: devDir, container: own},
 		{name: "a directory not mounted nodev, rootless", dir: devDir, userNS: Rootless},
 		{name: "a file not mounted nodev", dir: func(t *testing.T) string {

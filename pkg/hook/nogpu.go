@@ -521,8 +521,8 @@ func (b boundSources) none() bool {
 // the runtime mounts them.
 func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDirs) boundSources {
 	b := boundSources{host: host, rootless: rootless}
-	var read func(src, dst string, recursive, nodev, layer bool)
-	read = func(src, dst string, recursive, nodev, layer bool) {
+	var read func(src, dst string, recursive, nodev, ownFlags, layer bool)
+	read = func(src, dst string, recursive, nodev, ownFlags, layer bool) {
 		if src == "" {
 			return
 		}
@@ -535,7 +535,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			// the bundle, which follows a symlink x before the "..":
 			// both are read.
 			if raw := bundle + "/" + src; filepath.Clean(raw) != raw {
-				read(raw, dst, recursive, nodev, layer)
+				read(raw, dst, recursive, nodev, ownFlags, layer)
 			}
 			src = filepath.Join(bundle, src)
 		}
@@ -553,7 +553,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 				b.hostDev = true
 			default:
 				b.dirs = append(b.dirs, boundDir{src: src, dst: dst, recursive: recursive, dev: uint64(st.Dev), ino: st.Ino, //nolint:unconvert // uint32 on some platforms
-					nodev: nodev, layer: layer})
+					nodev: nodev, ownFlags: ownFlags, layer: layer})
 			}
 		}
 	}
@@ -572,12 +572,12 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			}
 			nodev := mountNodev(m.Options)
 			for _, l := range layers {
-				read(l, m.Destination, false, nodev, true)
+				read(l, m.Destination, false, nodev, false, true)
 			}
 			continue
 		}
 		if isBind(m) {
-			read(m.Source, m.Destination, recursiveBind(m), mountNodev(m.Options), false)
+			read(m.Source, m.Destination, recursiveBind(m), mountNodev(m.Options), remountsBind(m.Options), false)
 		}
 	}
 	return b
@@ -599,6 +599,23 @@ func mountNodev(options []string) bool {
 		}
 	}
 	return nodev
+}
+
+// remountsBind reports whether a bind's options hold a mount flag (ro, rw,
+// nosuid, noexec, …) beside bind, rbind, nodev and propagation: runc and
+// crun then remount the bind with exactly the flags asked for, which
+// clears a nodev the source's mount had (outside a user namespace, where
+// it is not locked). Such a bind is nodev only by its own options.
+func remountsBind(options []string) bool {
+	for _, o := range options {
+		switch o {
+		case "bind", "rbind", "nodev", "rnodev",
+			"private", "rprivate", "shared", "rshared", "slave", "rslave", "unbindable", "runbindable":
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // recursiveBind reports whether the runtime binds m's source with the
