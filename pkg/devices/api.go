@@ -172,7 +172,10 @@ type Request struct {
 	// full set). Only the MIG parent node reads it (NVIDIA's driver lets
 	// an administrator use every MIG instance through it); the container
 	// is not privileged for it (policy.privileged does not apply), since
-	// a device cgroup still fences what it opens.
+	// a device cgroup still fences what it opens. Only RequestFromSpec
+	// (the OCI hook, recovery, ctl explain) sets it: an NRI request
+	// carries no process capabilities (CRI always writes them into the
+	// spec, so a CRI container never lacks them).
 	SysAdmin bool
 	// AllDevicesAllowed: the device cgroup lets the container open every
 	// device, as engines set it up for a privileged container. Only then are

@@ -202,16 +202,6 @@ const srcGPURule = "device cgroup rule opening every GPU node"
 // device cgroup stops it (Request.NoDeviceCgroup).
 const srcNoDeviceCgroup = "no device cgroup (host /dev bound in, or CAP_MKNOD or CAP_SYS_ADMIN)"
 
-// srcImageNodes is the source of the GPUs a container reaches because no
-// device cgroup stops it from opening a device node of its image
-// (Request.ImageNodes), and fixImageNodes how not to: what nodesCause
-// gives for the root filesystem alone.
-const (
-	srcImageNodes = "no device cgroup (root filesystem not mounted nodev: its image's device nodes open)"
-	fixImageNodes = "run it in a device cgroup of its own (cgroups enabled), or mount the container storage nodev " +
-		"(containers/storage: mountopt = \"nodev\" in storage.conf), and name its GPUs"
-)
-
 // nodesCause says, of a container without a device cgroup that opens every
 // GPU only through device nodes its root filesystem (Request.ImageNodes)
 // and the directories bound in (Request.NodeDirs) may hold, what it is, the

@@ -345,7 +345,7 @@ func TestResolvePrivileged(t *testing.T) {
 			sources: map[string][]string{"1": {srcNoDeviceCgroup}}},
 		{name: "declared: no device cgroup, a root not nodev claims every GPU", policy: pol(config.PrivilegedDeclared),
 			req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true, ImageNodes: true}, want: allGPUs, wantAll: true,
-			sources: map[string][]string{"1": {srcImageNodes}}},
+			sources: map[string][]string{"1": {"no device cgroup (root filesystem not mounted nodev: its image's device nodes open)"}}},
 		{name: "declared: no device cgroup, a root not nodev, under all_devices = reject",
 			policy: func(p *config.PolicyConfig) { p.Privileged, p.AllDevices = config.PrivilegedDeclared, config.AllReject },
 			req:    Request{GPUNodesAllowed: true, NoDeviceCgroup: true, ImageNodes: true},

@@ -62,12 +62,9 @@ const (
 // runtime resolves bind sources.
 const mountinfoPath = "/proc/self/mountinfo"
 
-// statPath and lstatPath stat what lies below a bind source (submount,
-// walkDev); tests make them fail as a host may.
-var (
-	statPath  = unix.Stat
-	lstatPath = unix.Lstat
-)
+// lstatPath stats what lies below a part of the host's /dev (walkDev);
+// tests make it fail as a host may.
+var lstatPath = unix.Lstat
 
 // readDirs reads what the directories bound in bring, for a container no
 // device cgroup fences; what cannot be told counts as the host's /dev:
@@ -232,7 +229,7 @@ func (b *boundSources) submount(m mountEntry, dst string, budget *int) bool {
 		return true
 	}
 	var st unix.Stat_t
-	if err := statPath(m.point, &st); err != nil {
+	if err := unix.Stat(m.point, &st); err != nil {
 		// Gone: nothing the runtime binds either. Any other error
 		// cannot tell what is there.
 		return errors.Is(err, unix.ENOENT)
