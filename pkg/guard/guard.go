@@ -514,7 +514,7 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 			continue
 		}
 		checked[inc] = true
-		v := g.Releasable(h)
+		v := g.releasableFor(h, owner)
 		stopped := v.Action == KeepStopped
 		switch v.Action {
 		case MarkStopped:
@@ -1431,6 +1431,59 @@ func reasonFor(err error) string {
 func samePod(a, b ledger.Owner) bool {
 	return TrustsIdentity(a.FrontEnd) && TrustsIdentity(b.FrontEnd) && a.PodUID != "" && a.PodUID == b.PodUID &&
 		a.ContainerID != b.ContainerID
+}
+
+// restartOf reports whether holder h is an earlier incarnation of the
+// requester's own container: the same id through the same front end, another
+// process. A runtime creates an id again only once it deleted the container
+// of that id: podman does so at every restart and every start of a stopped
+// container, and a create it undid after admission runs no poststop, so the
+// claim is still there when the container is started again.
+func restartOf(h, requester ledger.Owner) bool {
+	return h.ContainerID == requester.ContainerID && h.FrontEnd == requester.FrontEnd &&
+		!ledger.SameIncarnation(&h, &requester)
+}
+
+// releasableFor is Releasable for holder h as the request of requester sees
+// it. An earlier incarnation of the requester's own container (restartOf) is
+// judged as removed, whatever release_on says (its id was created again), and
+// with the requester's process not counted as its: the runtime names the
+// cgroup after the id, so the restart runs in the cgroup its predecessor
+// recorded (liveness.Process.Successor). Otherwise the restart found its own
+// predecessor alive, or kept until a removal that had happened, and was
+// refused in its own name.
+func (g *Guard) releasableFor(h, requester ledger.Owner) Verdict {
+	if !restartOf(h, requester) {
+		return g.Releasable(h)
+	}
+	live := g.live
+	if requester.Pid > 0 && h.Cgroup != "" && h.Cgroup == requester.Cgroup {
+		live = successorLiveness{g.live, requester.Pid}
+	}
+	v := ReleasableIdle(h, config.ReleaseOnStop, g.requiresIdle(), live, nil)
+	if v.Action == KeepStopped {
+		// Exited earlier, kept until its removal, which the new create shows.
+		v = Verdict{Action: ReleaseNow, Deleted: true, Why: "it exited at " + h.StoppedAt.UTC().Format(time.RFC3339)}
+		if g.requiresIdle() {
+			v.Action = MarkDraining
+		}
+	}
+	if v.Action == ReleaseNow || v.Action == MarkDraining {
+		v.Why += "; its container was created again (a restart)"
+	}
+	return v
+}
+
+// successorLiveness is a Liveness that tells it which process of a holder's
+// cgroup is its successor's (see releasableFor).
+type successorLiveness struct {
+	Liveness
+	pid int
+}
+
+func (s successorLiveness) Exited(p liveness.Process) (bool, string) {
+	p.Successor = s.pid
+	return s.Liveness.Exited(p)
 }
 
 // onlyHeldBy reports whether every busy device is held (not reserved) by one

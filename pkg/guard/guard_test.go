@@ -70,7 +70,11 @@ func (c *clock) advance(d time.Duration) {
 type liveness struct {
 	mu     sync.Mutex
 	exited map[string]bool
-	asked  []string
+	// only maps a cgroup (by its base name) to the one process left in it:
+	// that cgroup counts as empty for a check that names that process as
+	// the holder's successor (liveness.Process.Successor).
+	only  map[string]int
+	asked []string
 }
 
 func (l *liveness) Exited(p lv.Process) (bool, string) {
@@ -83,6 +87,9 @@ func (l *liveness) Exited(p lv.Process) (bool, string) {
 	l.asked = append(l.asked, id)
 	if l.exited[id] {
 		return true, "cgroup /k8s.io/" + id + " has no processes"
+	}
+	if pid, ok := l.only[id]; ok && p.Successor > 0 && p.Successor == pid {
+		return true, "cgroup /k8s.io/" + id + " has no process but pid " + strconv.Itoa(pid) + ", the restarted container's"
 	}
 	return false, "alive"
 }

@@ -51,6 +51,14 @@ type Process struct {
 	PidStart uint64
 	// Cgroup is the runtime's cgroups path of the holder; "" when unknown.
 	Cgroup string
+	// Successor is the pid of a later incarnation of the holder's container
+	// (its id created again: a restart of the same container, or a start
+	// after a create the runtime undid without a poststop) that runs in
+	// Cgroup as well, or 0. The runtime names the cgroup after the id, so
+	// the restart's own process lives there: it is not the holder's, and a
+	// cgroup with no other process counts as empty. Only the requester
+	// itself may be named here (its pid, as its runtime reported it).
+	Successor int
 }
 
 // Checker tells whether a claim holder's processes are gone. It holds no
@@ -87,7 +95,7 @@ func (c *Checker) Exited(o Process) (bool, string) {
 		return false, "never started (no pid, no cgroup)"
 	}
 	if o.Cgroup != "" {
-		exited, reason, decided := c.cgroupExited(o.Cgroup)
+		exited, reason, decided := c.cgroupExited(o.Cgroup, o.Successor)
 		if decided {
 			return exited, reason
 		}
@@ -104,14 +112,14 @@ func (c *Checker) Exited(o Process) (bool, string) {
 // the cgroup directory does not exist in a readable hierarchy (it was removed,
 // or named in a way this host does not show): the caller then falls back to
 // the pid.
-func (c *Checker) cgroupExited(cgroupsPath string) (exited bool, reason string, decided bool) {
+func (c *Checker) cgroupExited(cgroupsPath string, successor int) (exited bool, reason string, decided bool) {
 	rel, err := CgroupPath(cgroupsPath)
 	if err != nil {
 		return false, err.Error(), true
 	}
 	if isCgroup2(c.cgroupRoot) {
 		dir := filepath.Join(c.cgroupRoot, rel)
-		return c.dirExited(dir, rel, true)
+		return c.dirExited(dir, rel, true, successor)
 	}
 	foundHierarchy := false
 	for _, ctrl := range v1Controllers {
@@ -124,7 +132,7 @@ func (c *Checker) cgroupExited(cgroupsPath string) (exited bool, reason string, 
 		if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 			continue
 		}
-		return c.dirExited(dir, rel, ctrl == "unified")
+		return c.dirExited(dir, rel, ctrl == "unified", successor)
 	}
 	if !foundHierarchy {
 		// Without a readable hierarchy a missing cgroup proves nothing (the
@@ -135,8 +143,10 @@ func (c *Checker) cgroupExited(cgroupsPath string) (exited bool, reason string, 
 }
 
 // dirExited reads one cgroup directory. unified selects the v2 shortcut
-// (cgroup.events "populated" covers the whole subtree).
-func (c *Checker) dirExited(dir, rel string, unified bool) (exited bool, reason string, decided bool) {
+// (cgroup.events "populated" covers the whole subtree), which tells nothing
+// once it says "populated" while a successor (see Process.Successor) runs
+// there: the walk then lists who.
+func (c *Checker) dirExited(dir, rel string, unified bool, successor int) (exited bool, reason string, decided bool) {
 	if _, err := os.Stat(dir); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			return false, fmt.Sprintf("cgroup %s not found", rel), false
@@ -146,6 +156,8 @@ func (c *Checker) dirExited(dir, rel string, unified bool) (exited bool, reason 
 	if unified {
 		populated, err := readPopulated(filepath.Join(dir, "cgroup.events"))
 		switch {
+		case err == nil && populated && successor > 0:
+			// Who: walk cgroup.procs below.
 		case err == nil && populated:
 			return false, fmt.Sprintf("cgroup %s has processes", rel), true
 		case err == nil:
@@ -155,7 +167,7 @@ func (c *Checker) dirExited(dir, rel string, unified bool) (exited bool, reason 
 		}
 		// No cgroup.events (very old kernels, fake trees): walk cgroup.procs.
 	}
-	populated, err := walkPopulated(dir)
+	populated, err := walkPopulated(dir, successor)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		// Removed between the stat and the walk: the runtime deleted it.
@@ -164,6 +176,8 @@ func (c *Checker) dirExited(dir, rel string, unified bool) (exited bool, reason 
 		return false, fmt.Sprintf("cgroup %s unreadable: %v", rel, err), true
 	case populated:
 		return false, fmt.Sprintf("cgroup %s has processes", rel), true
+	case successor > 0:
+		return true, fmt.Sprintf("cgroup %s has no process but pid %d, the restarted container's", rel, successor), true
 	default:
 		return true, fmt.Sprintf("cgroup %s has no processes", rel), true
 	}
@@ -335,8 +349,9 @@ func readPopulated(path string) (bool, error) {
 }
 
 // walkPopulated reports whether dir or any cgroup below it lists a process in
-// cgroup.procs. Past maxCgroupDirs it gives up with an error (doubt).
-func walkPopulated(dir string) (bool, error) {
+// cgroup.procs other than except (0: any process counts). Past maxCgroupDirs
+// it gives up with an error (doubt).
+func walkPopulated(dir string, except int) (bool, error) {
 	seen := 0
 	populated := false
 	errStop := errors.New("stop")
@@ -355,7 +370,7 @@ func walkPopulated(dir string) (bool, error) {
 		if err != nil {
 			return err
 		}
-		if len(bytes.TrimSpace(data)) > 0 {
+		if listsOther(data, except) {
 			populated = true
 			return errStop
 		}
@@ -365,6 +380,17 @@ func walkPopulated(dir string) (bool, error) {
 		return true, nil
 	}
 	return populated, err
+}
+
+// listsOther reports whether a cgroup.procs content lists a process other
+// than except. A line that is not a pid counts as another process (doubt).
+func listsOther(procs []byte, except int) bool {
+	for _, f := range bytes.Fields(procs) {
+		if pid, err := strconv.Atoi(string(f)); err != nil || except <= 0 || pid != except {
+			return true
+		}
+	}
+	return false
 }
 
 // procStat is what liveness needs from /proc/<pid>/stat.
