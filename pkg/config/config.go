@@ -185,6 +185,14 @@ type HookConfig struct {
 	// also asks them whether an exited OCI hook holder was removed (no
 	// root lists its id). Empty: neither looks (such a holder is kept).
 	RuntimeRoots []string `toml:"runtime_roots"`
+	// Poststop says whether the runtime runs the hook's poststop phase for
+	// each container (the shipped hooks.d files do). false: only the
+	// createRuntime hook is installed, one hook process per container
+	// instead of two; a claim then ends when the next request for its GPU
+	// (or gc) finds its holder exited, create-runtime leaves no marker for a
+	// poststop (marker.go), and status lists such a claim without calling
+	// it a problem.
+	Poststop bool `toml:"poststop"`
 }
 
 // MetricsConfig enables the HTTP endpoint for metrics and health.
@@ -267,6 +275,7 @@ func Default() Config {
 			WaitTimeout:  Duration{10 * time.Minute},
 			PollInterval: Duration{250 * time.Millisecond},
 			RuntimeRoots: []string{"/run/runc", "/run/crun"},
+			Poststop:     true,
 		},
 		Observe: ObserveConfig{
 			Interval:   Duration{10 * time.Second},

@@ -313,6 +313,12 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		return fmt.Errorf("container %s refused: %w: %s", st.ID, guard.ErrRejected, why)
 	}
 
+	if !cfg.Hook.Poststop {
+		// No poststop runs ([hook] poststop = false): nothing would read a
+		// marker, or remove it. The claim ends when the next request for
+		// its GPU (or gc) finds this container's processes gone.
+		return e.admitContainer(ctx, g, cfg, in, owner, self, dl, stderr)
+	}
 	// The container's marker is written before anything of it is written
 	// to the ledger, so that its poststop reads the ledger whatever its
 	// config.json says by then (see marker.go). Without it the claim still

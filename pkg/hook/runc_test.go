@@ -281,6 +281,10 @@ type ctrOpts struct {
 	// "env" would). Otherwise they get the one the shipped hook definitions
 	// set (RuntimeEnv).
 	inheritEnv bool
+	// noPoststop gives the container the create-runtime hook only (the
+	// one-hook configuration: its claim ends at the next request that
+	// finds its processes gone).
+	noPoststop bool
 }
 
 // ctr is one `runc run` of the rig.
@@ -370,7 +374,9 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		}
 		spec.Hooks = &specs.Hooks{
 			CreateRuntime: []specs.Hook{{Path: bin, Args: createArgs, Env: env}},
-			Poststop:      []specs.Hook{{Path: bin, Args: stopArgs, Env: env}},
+		}
+		if !o.noPoststop {
+			spec.Hooks.Poststop = []specs.Hook{{Path: bin, Args: stopArgs, Env: env}}
 		}
 	}
 	dir := filepath.Join(r.base, "b", id)
