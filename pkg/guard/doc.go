@@ -51,6 +51,13 @@
 //     its admission (refused at validation, failed in the runtime) hands it
 //     back when it is removed without having started (remembered in
 //     memory, so within one daemon's life).
+//   - An earlier incarnation of the requester's own container (same id and
+//     front end, another process: a runtime creates an id again only after
+//     deleting its container) is judged without the requester's process,
+//     which runs in the cgroup the runtime names after the id, and as
+//     removed whatever release_on says (releasableFor): a restart is never
+//     refused in its own name, and any other process left there keeps the
+//     earlier claim.
 //   - A holder that never started (no pid, no cgroup) is never checked for
 //     liveness and keeps its claim; a holder is released out of band only on
 //     positive evidence that its processes are gone. Absence from the

@@ -82,6 +82,10 @@
 //     when it cannot write the marker (poststopFindsClaim), since its claim
 //     would outlive it; any other container goes on without one, with a
 //     line on stderr.
+//   - Under [hook] poststop = false (the host installs the createRuntime
+//     hook alone) create-runtime writes no marker: no poststop would read
+//     or remove it. Claims then end only the out-of-band way (the guard's
+//     release rule at the next request for the GPU, gc).
 //   - poststop never ends what another container of the same id has (ids
 //     are unique only per runtime root or containerd namespace): which
 //     claims and queue entry of the id are the deleted container's is

@@ -31,7 +31,10 @@ import (
 // programs, the two floors run as C programs as well ("cfloor",
 // "cdurable", testdata/cfloor): no language runtime starts in them, so they
 // are the floor of a hook written in any language, what runc's way of
-// running a hook costs by itself. It reports the median and p99 of each and
+// running a hook costs by itself. The one-hook configuration ([hook]
+// poststop = false, the createRuntime hook alone) runs as "nogpu-1hook" and
+// "gpu-1hook", beside "cfloor-1hook", one C floor process per container. It
+// reports the median and p99 of each and
 // their ratios to plain, and the hook cases' ratios to their floors (both
 // environments of the floor, and the C floors); run it with
 // -benchtime=60x -count=3 (hack/bench-process.sh does).
@@ -43,6 +46,7 @@ func BenchmarkRuncHook(b *testing.B) {
 	// package installs it (benchab.Installed).
 	guardBin := benchab.MustInstall(b, hookBin)
 	floorDir := filepath.Join(r.base, "floor") // same file system as the ledger
+	oneHookCfg := oneHookConfig(b, r)
 	i := 0
 	variant := func(name string, o ctrOpts) benchab.Variant {
 		return benchab.Variant{Name: name, Run: func() (time.Duration, error) {
@@ -72,8 +76,12 @@ func BenchmarkRuncHook(b *testing.B) {
 		variant("durablefloor-1p", ctrOpts{mode: "exit", hookBin: durableBin, hookArgs: []string{"--state-dir", floorDir}}),
 		// The guard's hooks without the shipped environment.
 		variant("nogpu-inherit", ctrOpts{mode: "exit", hookBin: guardBin, inheritEnv: true}),
-		variant("nogpu-1hook", ctrOpts{mode: "exit", hookBin: guardBin, noPoststop: true}),
-		variant("gpu-1hook", ctrOpts{mode: "exit", env: gpuEnv(1), hookBin: guardBin, noPoststop: true}),
+		// The createRuntime hook alone ([hook] poststop = false): the claim
+		// of each gpu-1hook container ends when the next one's hook finds
+		// it exited, in the transaction that admits it. GPU 1, so that
+		// the two-hook rounds on GPU 0 never meet such a claim.
+		variant("nogpu-1hook", ctrOpts{mode: "exit", hookBin: guardBin, noPoststop: true, cfgPath: oneHookCfg}),
+		variant("gpu-1hook", ctrOpts{mode: "exit", env: gpuEnv(1), hookBin: guardBin, noPoststop: true, cfgPath: oneHookCfg}),
 		variant("gpu-inherit", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: guardBin, inheritEnv: true}),
 	}
 	cFloor, cDurable := buildCFloor(b, "readstdin.c"), buildCFloor(b, "durable.c")
@@ -105,10 +113,21 @@ func BenchmarkRuncHook(b *testing.B) {
 	samples.ReportRatio(b, "nogpu", "floorhooks-1p")
 	samples.ReportRatio(b, "nogpu", "cfloor")
 	samples.ReportRatio(b, "gpu", "cdurable")
+	if cFloor != "" {
+		samples.ReportRatio(b, "nogpu-1hook", "cfloor-1hook")
+	}
 	if base != "" {
 		samples.ReportRatio(b, "base-gpu", "durablefloor")
 	}
-	if st := r.state(); len(st.Claims) > 1 || len(st.Waiters) != 0 {
+	// Left: at most the last gpu-1hook container's claim, which no
+	// poststop ended and no later request found exited.
+	st := r.state()
+	for _, c := range st.Claims {
+		if c.Device.UUID != gpuUUIDs[1] || !strings.HasPrefix(c.Owner.ContainerID, "bench-gpu-1hook-") {
+			b.Fatalf("claim of %s on %s left after the runs", c.Owner.ContainerID, c.Device.UUID)
+		}
+	}
+	if len(st.Claims) > 1 || len(st.Waiters) != 0 {
 		b.Fatalf("the ledger is not empty after the runs: %d claims, %d waiters", len(st.Claims), len(st.Waiters))
 	}
 	if fi, err := os.Stat(filepath.Join(floorDir, "floor.journal")); err != nil || fi.Size() == 0 {
@@ -119,6 +138,25 @@ func BenchmarkRuncHook(b *testing.B) {
 			b.Fatalf("the C durable floor wrote no record (%v)", err)
 		}
 	}
+}
+
+// oneHookConfig writes the rig's configuration with [hook] poststop = false
+// (the createRuntime hook alone) and returns its path.
+func oneHookConfig(b *testing.B, r *rig) string {
+	b.Helper()
+	data, err := os.ReadFile(r.cfgPath)
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := strings.Replace(string(data), "[hook]\n", "[hook]\npoststop = false\n", 1)
+	if text == string(data) {
+		b.Fatalf("no [hook] table in %s", r.cfgPath)
+	}
+	path := filepath.Join(r.base, "config-1hook.toml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		b.Fatal(err)
+	}
+	return path
 }
 
 // buildCFloor builds one of the C floor programs of
