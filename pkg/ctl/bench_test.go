@@ -66,7 +66,7 @@ func BenchmarkStatusRender(b *testing.B) {
 	f := newFixture(b)
 	inv, st := benchState(b, 0)
 	for b.Loop() {
-		v := buildStatus(&st, headWait{}, inv, inventoryInfo{Origin: "cache"}, guard.NewReleaseRule(config.Default(), f.liveness))
+		v := buildStatus(&st, headWait{}, inv, inventoryInfo{Origin: "cache"}, guard.NewReleaseRule(config.Default(), f.liveness), true)
 		if err := v.render(io.Discard, outputTable, now); err != nil {
 			b.Fatal(err)
 		}

@@ -40,7 +40,10 @@
 //     run exits with its command's code. An operator's cordon, a
 //     draining claim and a claim kept until its exited holder is removed
 //     (release_on = "remove", a removal that can be told) are shown, never
-//     a reason to exit 3: they are intended or end by themselves.
+//     a reason to exit 3: they are intended or end by themselves. So is,
+//     under [hook] poststop = false, an exited OCI hook holder's claim
+//     (not a ticket's): there only the next request for its device or gc
+//     ends it, by design.
 //   - A read command never shows a directory that holds no ledger as an
 //     empty one without saying so: a --state-dir without any of the
 //     ledger's (or the daemon's) files is refused, a [ledger] dir of the

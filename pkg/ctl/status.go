@@ -96,6 +96,10 @@ So is a claim kept until its exited holder's container is removed (release_on
 = "remove"): its state shows "held,exited", and the list under the table
 says when it exited and, for an OCI hook holder, the runtime root that still
 has its container and how to end the claim if its engine no longer lists it.
+So is, under [hook] poststop = false (no poststop releases a hook
+container's claim), the claim of an exited OCI hook holder other than a
+gpu-guard-ctl run ticket: it shows "held,exited" too, listed with how it is
+known to have exited; it ends at the next request for its GPU or with gc.
 The daemon's GPU observer adds what it saw on the devices themselves (its
 last report, observe.json in the state dir): a process on a GPU its
 container does not hold (intruder, out-of-bounds), an unhealthy device, and
@@ -141,7 +145,7 @@ gpu-guard-ctl recover) or its state dir is unsafe.`,
 			err = a.view(cmd.Context(), func(tx *ledger.Tx) error {
 				// Read once and rendered: no copy of the state
 				// (buildStatus only reads it; TestReadersLeaveTheStateAsRead).
-				v = buildStatus(tx.ReadState(), headOf(tx), inv, info, rule)
+				v = buildStatus(tx.ReadState(), headOf(tx), inv, info, rule, cfg.Hook.Poststop)
 				return nil
 			})
 			if err != nil {
@@ -237,6 +241,12 @@ type statusDevice struct {
 	// the claim, since an engine that lost the container (podman after its
 	// conmon was killed) never deletes it there, and nothing else would.
 	Kept *keptJSON `json:"kept,omitempty"`
+	// Exited is set, instead of Stale, on the row of a claim whose holder,
+	// an OCI hook container, has exited when no poststop runs ([hook]
+	// poststop = false): the release rule ending it at the next request
+	// for its device (or gc) is then how every such claim ends, so it is
+	// listed, not a problem.
+	Exited *exitedJSON `json:"exited,omitempty"`
 	// Cordon is the cordon covering this device, on it or, then named by
 	// CordonedVia, on its GPU or one of its MIG instances; nil if none.
 	Cordon      *cordonJSON `json:"cordon"`
@@ -281,6 +291,23 @@ type keptJSON struct {
 	// that still has the container of an OCI hook holder: what keeps its
 	// claim. Omitted for other front ends' holders.
 	RuntimeRoot string `json:"runtime_root,omitempty"`
+}
+
+// endsNextRequest is exitedJSON.Ends: the guard ends the claim in the
+// transaction that admits the next request for its device (or one
+// conflicting with it), or gc does.
+const endsNextRequest = "next-request"
+
+// exitedJSON is why the claim of an exited OCI hook holder stays until the
+// next request for its device: no poststop ran to release it.
+type exitedJSON struct {
+	// Why is the release rule's finding that its processes are gone.
+	Why string `json:"why"`
+	// Ends is when its claim ends: "next-request".
+	Ends string `json:"ends"`
+	// Drains: under release_requires_idle the claim is then marked
+	// draining, not released, and ends once its processes leave the GPU.
+	Drains bool `json:"drains,omitempty"`
 }
 
 type reservationJSON struct {
@@ -565,7 +592,10 @@ func indexState(st *ledger.State) statusIndex {
 
 // buildStatus joins the ledger state with the inventory (nil when it could not
 // be loaded) and the holders' liveness.
-func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info inventoryInfo, rule guard.ReleaseRule) *statusView {
+// poststop is [hook] poststop: whether the OCI hook's poststop releases its
+// containers' claims.
+func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info inventoryInfo, rule guard.ReleaseRule,
+	poststop bool) *statusView {
 	x := indexState(st)
 	x.head = head
 	v := &statusView{Devices: []statusDevice{}, Problems: []problem{}, Generation: st.Generation, UpdatedAt: timeOrNil(st.UpdatedAt)}
@@ -631,13 +661,17 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 	// A claim the rule keeps because it cannot tell whether its holder
 	// was removed (Verdict.Unsure) is a problem too: nothing ends it.
 	// A claim kept until its holder's removal is listed (Kept), not a
-	// problem.
+	// problem, and so is one that only the next request can end
+	// (Exited: see endsAtNextRequest).
 	check := memoCheck(rule)            // one liveness check per incarnation
 	stale := map[string]guard.Verdict{} // by claimed device UUID
 	kept := map[string]*keptJSON{}      // by claimed device UUID
+	exited := map[string]*exitedJSON{}  // by claimed device UUID
 	for _, c := range st.Claims {
 		verdict := check(c.Owner)
 		switch {
+		case endsAtNextRequest(c.Owner, verdict, poststop):
+			exited[c.Device.UUID] = &exitedJSON{Why: verdict.Why, Ends: endsNextRequest, Drains: verdict.Action == guard.MarkDraining}
 		case verdict.Release() || verdict.Action == guard.MarkDraining || verdict.Unsure != "":
 			stale[c.Device.UUID] = verdict
 		case verdict.Action == guard.MarkStopped || verdict.Action == guard.KeepStopped:
@@ -651,6 +685,7 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 			// claim's owner (a row held via another device reports nothing,
 			// the claimed device's row does).
 			d.Kept = kept[d.UUID]
+			d.Exited = exited[d.UUID]
 			switch verdict, ok := stale[d.UUID]; {
 			case !ok:
 			case verdict.Unsure != "":
@@ -665,6 +700,21 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 		v.Summary.count(d)
 	}
 	return v
+}
+
+// endsAtNextRequest reports whether the claim of o, with the release
+// rule's verdict v, is one status lists as Exited rather than a problem:
+// an OCI hook holder found exited (released now, or marked draining under
+// release_requires_idle) on a host whose hook runs no poststop ([hook]
+// poststop = false). There nothing but the next request for its device or
+// gc ever ends it, by design, so calling it a problem would flag every
+// container that ran. An NRI holder is still one (containerd's stop event
+// should have ended it), and so is a ticket of `gpu-guard-ctl run` (its
+// ctl releases it on exit, so one found exited was killed) and a holder
+// whose removal cannot be told (Unsure: nothing will end it).
+func endsAtNextRequest(o ledger.Owner, v guard.Verdict, poststop bool) bool {
+	return !poststop && o.FrontEnd == ledger.FrontEndHook && !guard.IsTicket(o) && v.Unsure == "" &&
+		(v.Release() || v.Action == guard.MarkDraining)
 }
 
 // keptOf is the Kept of a claim of o, which the release rule keeps until

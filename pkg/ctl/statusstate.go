@@ -129,8 +129,8 @@ func (d *statusDevice) stateLabel() string {
 	case d.State != stateCordoned && d.Cordon != nil:
 		s += "," + stateCordoned
 	}
-	if d.Kept != nil {
-		s += ",exited" // kept until removed: listed under the table
+	if d.Kept != nil || d.Exited != nil {
+		s += ",exited" // kept until removed or the next request: listed under the table
 	}
 	if d.UnhealthySince != nil {
 		s += ",unhealthy"
@@ -178,9 +178,10 @@ func (d *statusDevice) cordonProblem(label string) (problem, bool) {
 }
 
 // renderNotes prints, under the table, the summary line and what is
-// cordoned, draining or kept until removed: listed for people, not problems.
+// cordoned, draining, kept until removed or exited until the next request:
+// listed for people, not problems.
 func (v *statusView) renderNotes(w io.Writer, now time.Time) error {
-	var cordoned, draining, kept []string
+	var cordoned, draining, kept, exited []string
 	for i := range v.Devices {
 		d := &v.Devices[i]
 		if k := d.Cordon; k != nil && d.CordonedVia == "" {
@@ -202,6 +203,9 @@ func (v *statusView) renderNotes(w io.Writer, now time.Time) error {
 		if line, ok := d.keptNote(now); ok {
 			kept = append(kept, line)
 		}
+		if line, ok := d.exitedNote(); ok {
+			exited = append(exited, line)
+		}
 	}
 	if _, err := fmt.Fprintf(w, "\n%s\n", v.Summary.line()); err != nil {
 		return fmt.Errorf("write output: %w", err)
@@ -209,7 +213,8 @@ func (v *statusView) renderNotes(w io.Writer, now time.Time) error {
 	for _, sec := range []struct {
 		title string
 		lines []string
-	}{{"CORDONS", cordoned}, {"DRAINING CLAIMS", draining}, {"KEPT UNTIL REMOVED", kept}} {
+	}{{"CORDONS", cordoned}, {"DRAINING CLAIMS", draining}, {"KEPT UNTIL REMOVED", kept},
+		{"EXITED, ENDS AT THE NEXT REQUEST", exited}} {
 		if len(sec.lines) == 0 {
 			continue
 		}
@@ -244,4 +249,22 @@ func (d *statusDevice) keptNote(now time.Time) (string, bool) {
 		line += "; runtime root " + root + " still has its container: " + guard.KeptRemedy(root, h.ContainerID)
 	}
 	return line, true
+}
+
+// exitedNote is the line under the table for the claim of an exited OCI hook
+// holder on a host without its poststop (Exited): how it is known to have
+// exited, and what ends its claim, since the operator may expect the GPU to
+// be free once the container is gone.
+func (d *statusDevice) exitedNote() (string, bool) {
+	h := d.Holder
+	if d.Exited == nil || h == nil {
+		return "", false
+	}
+	ends := "its claim ends at the next request for the GPU or with `sudo " + programName + " gc`"
+	if d.Exited.Drains {
+		ends = "its claim is marked draining at the next request for the GPU or by `sudo " + programName + " gc`, " +
+			"then released once its processes leave the GPU (release_requires_idle, at the latest after idle_grace)"
+	}
+	return fmt.Sprintf("%s: held by %s, which has exited (%s); %s ([hook] poststop = false)",
+		d.label(), h.who(), d.Exited.Why, ends), true
 }

@@ -466,7 +466,7 @@ func BenchmarkStatusRenderCordons(b *testing.B) {
 	}
 	rule := guard.NewReleaseRule(config.Default(), f.liveness)
 	for b.Loop() {
-		v := buildStatus(&st, headWait{}, inv, inventoryInfo{Origin: "cache"}, rule)
+		v := buildStatus(&st, headWait{}, inv, inventoryInfo{Origin: "cache"}, rule, true)
 		v.setDrainDeadlines(drainGrace)
 		if err := v.render(io.Discard, outputTable, now); err != nil {
 			b.Fatal(err)
@@ -542,7 +542,7 @@ func TestReadersLeaveTheStateAsRead(t *testing.T) {
 		require.NotEmpty(t, before.Conflicts)
 		require.NotEmpty(t, before.Cordons)
 		for _, output := range []string{outputTable, outputWide, outputJSON} {
-			v := buildStatus(tx.ReadState(), headOf(tx), f.inv, inventoryInfo{Origin: "cache"}, rule)
+			v := buildStatus(tx.ReadState(), headOf(tx), f.inv, inventoryInfo{Origin: "cache"}, rule, true)
 			v.setDrainDeadlines(time.Minute)
 			require.NoError(t, v.render(io.Discard, output, now))
 			q := buildQueue(tx, now)
