@@ -75,14 +75,14 @@ func TestStatusExitedHookHolderWithoutPoststop(t *testing.T) {
 	}{
 		{name: "hook holder exited", owner: ownHook, exited: true,
 			want: &exitedJSON{Why: "pid 4242 is gone", Ends: endsNextRequest},
-			note: "held by " + hookWho + ", which has exited (pid 4242 is gone); its claim ends at the next request for the GPU " +
+			note: "held by " + hookWho + ", which has exited (pid 4242 is gone); its claim ends at the next request for the device " +
 				"or with `sudo gpu-guard-ctl gc` ([hook] poststop = false)",
 			gc: true},
 		{name: "hook holder exited, release_requires_idle", owner: ownHook, exited: true,
 			extra: "[observe]\nrelease_requires_idle = true\nidle_grace = \"10m\"\n",
 			want:  &exitedJSON{Why: "pid 4242 is gone", Ends: endsNextRequest, Drains: true},
 			note: "held by " + hookWho + ", which has exited (pid 4242 is gone); its claim is marked draining at the next request " +
-				"for the GPU or by `sudo gpu-guard-ctl gc`, then released once its processes leave the GPU (release_requires_idle, " +
+				"for the device or by `sudo gpu-guard-ctl gc`, then released once its processes leave the GPU (release_requires_idle, " +
 				"at the latest after idle_grace) ([hook] poststop = false)",
 			gc: true},
 		{name: "hook holder exited and removed, release_on remove", owner: ownHook, exited: true,

@@ -260,9 +260,9 @@ func (d *statusDevice) exitedNote() (string, bool) {
 	if d.Exited == nil || h == nil {
 		return "", false
 	}
-	ends := "its claim ends at the next request for the GPU or with `sudo " + programName + " gc`"
+	ends := "its claim ends at the next request for the device or with `sudo " + programName + " gc`"
 	if d.Exited.Drains {
-		ends = "its claim is marked draining at the next request for the GPU or by `sudo " + programName + " gc`, " +
+		ends = "its claim is marked draining at the next request for the device or by `sudo " + programName + " gc`, " +
 			"then released once its processes leave the GPU (release_requires_idle, at the latest after idle_grace)"
 	}
 	return fmt.Sprintf("%s: held by %s, which has exited (%s); %s ([hook] poststop = false)",
