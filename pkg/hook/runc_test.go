@@ -176,6 +176,9 @@ type rig struct {
 	shared   string
 	cfg      config.Config
 	cfgPath  string // the default configuration (long wait_timeout)
+	// noPoststop: the host installs the createRuntime hook alone
+	// (rigOpts.noPoststop).
+	noPoststop bool
 
 	mu   sync.Mutex
 	ctrs []*ctr
@@ -183,6 +186,10 @@ type rig struct {
 
 type rigOpts struct {
 	waitTimeout time.Duration
+	// noPoststop makes the rig a host that installs the createRuntime hook
+	// alone: its configurations say [hook] poststop = false and no
+	// container of it gets a poststop hook.
+	noPoststop bool
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -201,6 +208,8 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		runcRoot: filepath.Join(base, "r"),
 		rootfs:   filepath.Join(base, "rootfs"),
 		shared:   filepath.Join(base, "shared"),
+
+		noPoststop: o.noPoststop,
 	}
 	t.Cleanup(r.cleanup)
 	for _, d := range []string{r.runcRoot, r.shared, filepath.Join(r.rootfs, "proc"), filepath.Join(r.rootfs, "dev"),
@@ -238,6 +247,7 @@ func (r *rig) config(waitTimeout time.Duration) config.Config {
 	}
 	cfg.Hook.PollInterval = config.Duration{Duration: 20 * time.Millisecond}
 	cfg.Hook.WaitTimeout = config.Duration{Duration: waitTimeout}
+	cfg.Hook.Poststop = !r.noPoststop
 	return cfg
 }
 
@@ -249,6 +259,9 @@ func (r *rig) writeConfig(name string, cfg config.Config) string {
 		fmt.Fprintf(&b, "[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\nmodel = %q\n", g.Index, g.UUID, g.Minor, g.Model)
 	}
 	fmt.Fprintf(&b, "[hook]\nwait_timeout = %q\npoll_interval = %q\n", cfg.Hook.WaitTimeout.Duration, cfg.Hook.PollInterval.Duration)
+	if !cfg.Hook.Poststop {
+		b.WriteString("poststop = false\n")
+	}
 	path := filepath.Join(r.base, name)
 	require.NoError(r.t, os.WriteFile(path, []byte(b.String()), 0o600))
 	// The file must say what the rig believes it says.
@@ -375,7 +388,7 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		spec.Hooks = &specs.Hooks{
 			CreateRuntime: []specs.Hook{{Path: bin, Args: createArgs, Env: env}},
 		}
-		if !o.noPoststop {
+		if !o.noPoststop && !r.noPoststop {
 			spec.Hooks.Poststop = []specs.Hook{{Path: bin, Args: stopArgs, Env: env}}
 		}
 	}
