@@ -434,3 +434,45 @@ func (r *podmanRig) cleanup() {
 	_, _ = ledger.RemoveMarkersUnder(ledger.DefaultRuntimeDir, r.base)
 	_, _ = hook.RemoveMarkersUnder(hook.DefaultMarkerDir, r.base) // containers whose create failed after admission
 }
+
+// audit is the ledger's audit log, oldest first.
+func (r *podmanRig) audit() []ledger.AuditRecord {
+	r.t.Helper()
+	l, err := ledger.OpenReadOnly(r.ledgerDir, ledger.Options{})
+	require.NoError(r.t, err)
+	recs, err := ledger.ReadAudit(l.AuditPath())
+	require.NoError(r.t, err)
+	return recs
+}
+
+// oneHook makes r, for one scenario, a host that installs the createRuntime
+// hook alone: the poststop hooks.d file goes and the configuration says
+// [hook] poststop = false (both back at the scenario's end). No poststop
+// ends the scenario's claims: defer what oneHook returns, which removes
+// every container and releases their claims with gpu-guard-ctl gc, before
+// the rig's reset checks that the ledger is empty.
+func (r *podmanRig) oneHook(t *testing.T) (end func()) {
+	t.Helper()
+	cfg, err := os.ReadFile(r.cfgPath)
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(string(cfg), "[hook]\n"))
+	one := strings.Replace(string(cfg), "[hook]\n", "[hook]\npoststop = false\n", 1)
+	require.NoError(t, os.WriteFile(r.cfgPath, []byte(one), 0o600))
+	t.Cleanup(func() { require.NoError(t, os.WriteFile(r.cfgPath, cfg, 0o600)) })
+	poststop := filepath.Join(r.hooksDir, "nri-gpu-guard-poststop.json")
+	def, err := os.ReadFile(poststop)
+	require.NoError(t, err)
+	require.NoError(t, os.Remove(poststop))
+	t.Cleanup(func() { require.NoError(t, os.WriteFile(poststop, def, 0o644)) })
+	return func() {
+		if out, err := r.podman("rm", "-af", "-t", "0"); err != nil {
+			t.Errorf("podman rm -af: %v: %s", err, out)
+		}
+		if out, err := r.ctl("gc"); err != nil {
+			t.Errorf("gpu-guard-ctl gc: %v: %s", err, out)
+		}
+		if claims := r.state().Claims; len(claims) != 0 {
+			t.Errorf("gc left claims of removed containers: %+v", claims)
+		}
+	}
+}

@@ -19,6 +19,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // TestPodman runs every scenario on podman with runc and with crun.
@@ -44,6 +46,8 @@ func TestPodman(t *testing.T) {
 				{"BoundDirWithoutCgroup", podmanBoundDir},
 				{"UserNSDeviceBundle", podmanUserNSDeviceBundle},
 				{"FailedCreateUnderRemove", podmanFailedCreateUnderRemove},
+				{"FailedCreateThenStart", podmanFailedCreateThenStart},
+				{"OneHook", podmanOneHook},
 			} {
 				t.Run(sc.name, func(t *testing.T) {
 					r.t = t
@@ -576,4 +580,142 @@ func podmanUserNSDeviceBundle(t *testing.T, r *podmanRig) {
 
 	r.mustPodman("stop", "-t", "0", "ug")
 	r.waitFor("ug's poststop to release GPU 1", func() bool { return len(r.holders()) == 0 })
+}
+
+// podmanFailedCreateThenStart: a container whose create fails after the
+// guard's create-runtime hook admitted it (a createContainer hook fails) is
+// deleted by the runtime, and podman runs no poststop for it: its claim
+// stays. Once the cause is gone, `podman start` creates it again under the
+// same id, in the cgroup the runtime names after the id, the one its
+// earlier claim records: that start was refused as "held by container
+// <its own id>" until an operator released the claim. It is admitted and
+// holds the GPU.
+func podmanFailedCreateThenStart(t *testing.T, r *podmanRig) {
+	// A createContainer hook that fails while the flag file exists, for the
+	// containers annotated so.
+	flag := filepath.Join(r.base, "fail-create")
+	require.NoError(t, os.WriteFile(flag, nil, 0o600))
+	failing := filepath.Join(r.hooksDir, "zz-fail-create-while-flag.json")
+	doc := fmt.Sprintf(`{"version": "1.0.0", "hook": {"path": "/bin/sh", "args": ["sh", "-c", %q]}, `+
+		`"when": {"annotations": {"^gg\\.test/fail-create-while-flag$": "^1$"}}, "stages": ["createContainer"]}`,
+		"! test -e "+flag)
+	require.NoError(t, os.WriteFile(failing, []byte(doc), 0o644))
+	t.Cleanup(func() { require.NoError(t, os.Remove(failing)) })
+
+	out, err := r.runGPU("fs", "1", "--annotation", "gg.test/fail-create-while-flag=1")
+	require.Error(t, err, "its createContainer hook fails: %s", out)
+	id := r.id("fs")
+	claims := r.state().Claims
+	require.Len(t, claims, 1, "admitted, then undone without a poststop: the claim stays")
+	require.Equal(t, id, claims[0].Owner.ContainerID)
+	first := claims[0].Owner
+	require.NotEmpty(t, first.Cgroup)
+
+	require.NoError(t, os.Remove(flag))
+	out, err = r.podman("start", "fs")
+	require.NoError(t, err, "the start is not refused by the claim of its own undone create: %s", out)
+	require.Equal(t, "running", r.inspect("fs", "{{.State.Status}}"))
+	pid, err := strconv.Atoi(r.inspect("fs", "{{.State.Pid}}"))
+	require.NoError(t, err)
+	claims = r.state().Claims
+	require.Len(t, claims, 1)
+	require.Equal(t, r.gpu[1], claims[0].Device.UUID)
+	require.Equal(t, id, claims[0].Owner.ContainerID)
+	require.Equal(t, pid, claims[0].Owner.Pid, "the claim is the started process's")
+	require.Equal(t, first.Cgroup, claims[0].Owner.Cgroup, "in the cgroup the undone create recorded")
+	released := releaseReasons(r.audit(), id)
+	require.Len(t, released, 1, "the undone create's claim released once")
+	require.Contains(t, released[0], "created again (a restart)")
+
+	out, err = r.runGPU("second", "1")
+	require.Error(t, err, "GPU 1 is held by the started container: %s", out)
+	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+id[:12])
+}
+
+// releaseReasons are the reasons of the audit's release records of container
+// id, oldest first.
+func releaseReasons(recs []ledger.AuditRecord, id string) []string {
+	var out []string
+	for _, rec := range recs {
+		if rec.Op == ledger.OpRelease && rec.ContainerID == id {
+			out = append(out, rec.Reason)
+		}
+	}
+	return out
+}
+
+// podmanOneHook: a host that installs the createRuntime hook alone
+// ([hook] poststop = false, no poststop hooks.d file). A GPU container that
+// exited keeps its claim (nothing runs after it), and the next container
+// asking that GPU is admitted: its request finds the holder's processes gone
+// and releases it first. A --restart=on-failure container killed is
+// restarted by podman: with no poststop in between, the restart meets its
+// predecessor's claim, in the cgroup it runs in itself, and claims the GPU
+// again.
+func podmanOneHook(t *testing.T, r *podmanRig) {
+	defer r.oneHook(t)()
+	var extra []string
+	if r.runtime == "crun" {
+		// In this rig crun runs where /sys/fs/cgroup/unified is unmounted,
+		// and "creates" the container's cgroup v2 as a plain directory of
+		// the tmpfs below, which its deletion leaves behind with the pid in
+		// its cgroup.procs file: read there, the holder would never look
+		// exited once crun deleted it (a real host shows no such file).
+		// Without a cgroup its liveness goes by its pid
+		// (podmanFailedCreateUnderRemove), and, under no device cgroup, it
+		// claims every GPU.
+		extra = append(extra, "--cgroups=disabled")
+	}
+	out, err := r.runGPU("done", "1", extra...)
+	require.NoError(t, err, out)
+	done := r.id("done")
+	r.mustPodman("stop", "-t", "5", "done") // the sleeper exits at SIGTERM
+	require.Equal(t, "exited", r.inspect("done", "{{.State.Status}}"))
+	held := r.holders()
+	require.Equal(t, done, held[1], "no poststop: the exited container's claim stays")
+	for _, h := range held {
+		require.Equal(t, done, h)
+	}
+
+	out, err = r.runGPU("next", "1")
+	require.NoError(t, err, "done's processes are gone: its claim does not block GPU 1: %s", out)
+	next := r.id("next")
+	require.Equal(t, map[int]string{1: next}, r.holders())
+	recs := r.audit()
+	rel := slices.IndexFunc(recs, func(rec ledger.AuditRecord) bool { return rec.Op == ledger.OpRelease && rec.ContainerID == done })
+	claim := slices.IndexFunc(recs, func(rec ledger.AuditRecord) bool { return rec.Op == ledger.OpClaim && rec.ContainerID == next })
+	require.NotEqual(t, -1, rel, "done released: %+v", recs)
+	require.NotEqual(t, -1, claim, "next claimed: %+v", recs)
+	require.Less(t, rel, claim, "done's claim ended before next's began")
+	require.True(t, strings.HasPrefix(recs[rel].Reason, "holder exited: "), recs[rel].Reason)
+
+	out, err = r.runGPU("rp", "2", "--restart=on-failure:3")
+	require.NoError(t, err, out)
+	id := r.id("rp")
+	firstPid, err := strconv.Atoi(r.inspect("rp", "{{.State.Pid}}"))
+	require.NoError(t, err)
+	require.NoError(t, syscall.Kill(firstPid, syscall.SIGKILL))
+	var restarted string
+	r.waitFor("podman to restart rp", func() bool {
+		restarted = r.inspect("rp", "{{.RestartCount}} {{.State.Status}} {{.State.Pid}}")
+		return strings.HasPrefix(restarted, "1 running ")
+	})
+	pid, err := strconv.Atoi(strings.TrimPrefix(restarted, "1 running "))
+	require.NoError(t, err, restarted)
+	var onGPU2 []ledger.Claim
+	for _, c := range r.state().Claims {
+		if c.Device.UUID == r.gpu[2] {
+			onGPU2 = append(onGPU2, c)
+		}
+	}
+	require.Len(t, onGPU2, 1)
+	require.Equal(t, id, onGPU2[0].Owner.ContainerID)
+	require.Equal(t, pid, onGPU2[0].Owner.Pid, "the claim is the restarted process's, not the killed one's")
+	released := releaseReasons(r.audit(), id)
+	require.Len(t, released, 1, "the killed incarnation released once, by its restart")
+	require.Contains(t, released[0], "created again (a restart)")
+
+	out, err = r.runGPU("second", "2")
+	require.Error(t, err, "GPU 2 is held by the restarted container: %s", out)
+	r.refusal(out, "GPU 2 ("+r.gpu[2]+") is held by container "+id[:12])
 }
