@@ -48,6 +48,9 @@ func TestPodman(t *testing.T) {
 				{"FailedCreateUnderRemove", podmanFailedCreateUnderRemove},
 				{"FailedCreateThenStart", podmanFailedCreateThenStart},
 				{"OneHook", podmanOneHook},
+				// KNOWN BUG: fails until gpu-guard-ctl status honours
+				// [hook] poststop = false (see the function).
+				{"OneHookStatusNoProblem", podmanOneHookStatus},
 			} {
 				t.Run(sc.name, func(t *testing.T) {
 					r.t = t
@@ -718,4 +721,28 @@ func podmanOneHook(t *testing.T, r *podmanRig) {
 	out, err = r.runGPU("second", "2")
 	require.Error(t, err, "GPU 2 is held by the restarted container: %s", out)
 	r.refusal(out, "GPU 2 ("+r.gpu[2]+") is held by container "+id[:12])
+}
+
+// podmanOneHookStatus: on a host that installs the createRuntime hook alone,
+// a claim whose container exited is how every claim ends until the next
+// request for its GPU; [hook] poststop = false documents (packaging/config.toml,
+// pkg/config) that `gpu-guard-ctl status` then lists it as exited without
+// calling it a problem.
+//
+// KNOWN BUG: it fails. Nothing in pkg/ctl reads [hook] poststop: status
+// reports the claim as a holder-exited problem (ATTENTION, exit status 3)
+// and asks for `gpu-guard-ctl gc`, after every GPU container of such a host.
+func podmanOneHookStatus(t *testing.T, r *podmanRig) {
+	defer r.oneHook(t)()
+	out, err := r.runGPU("done", "1")
+	require.NoError(t, err, out)
+	done := r.id("done")
+	r.mustPodman("stop", "-t", "5", "done")
+	require.Equal(t, done, r.holders()[1], "no poststop: the exited container's claim stays")
+
+	st, err := r.ctl("status")
+	require.Contains(t, st, done[:12], "status lists the claim")
+	require.NotContains(t, st, "ATTENTION", "KNOWN BUG: status calls the claim of an exited holder a problem under [hook] poststop = false")
+	require.NoError(t, err, "KNOWN BUG: status exits non-zero under [hook] poststop = false: %s", st)
+	require.Contains(t, st, "exited", "status lists the claim as exited")
 }
