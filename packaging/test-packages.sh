@@ -194,6 +194,11 @@ for f in packaging/oci-hooks.d/*.json; do
 done
 ((hooks > 0)) || fail "no OCI hook JSON in packaging/oci-hooks.d"
 ok "$hooks OCI hooks installed in $HOOKS_DIR"
+ONE_HOOK_MASK=/usr/share/nri-gpu-guard/one-hook/nri-gpu-guard-poststop.json
+cmp -s packaging/oci-hooks.d/one-hook/nri-gpu-guard-poststop.json "$ONE_HOOK_MASK" ||
+	fail "$ONE_HOOK_MASK missing or differs from packaging/oci-hooks.d/one-hook/nri-gpu-guard-poststop.json"
+[[ ! -e $HOOKS_DIR/one-hook ]] || fail "$HOOKS_DIR/one-hook: the one-hook mask must not be in a hooks directory"
+ok "one-hook poststop mask installed outside the hooks directories"
 [[ -f /usr/share/doc/$PKG/install.md ]] || fail "/usr/share/doc/$PKG/install.md missing"
 cmp -s LICENSE "/usr/share/doc/$PKG/LICENSE" || fail "/usr/share/doc/$PKG/LICENSE missing or not the project's LICENSE"
 ok "docs and LICENSE installed"

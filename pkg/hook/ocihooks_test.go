@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -95,4 +96,48 @@ func TestShippedOCIHooks(t *testing.T) {
 	}
 	slices.Sort(stages)
 	require.Equal(t, []string{"createRuntime", "poststop"}, stages, "files: %s", strings.Join(files, ", "))
+}
+
+// TestShippedOneHookMask checks the poststop definition for hosts that run
+// the createRuntime hook alone (packaging/oci-hooks.d/one-hook, docs/hook.md):
+// named as the packaged poststop file, so that a copy in
+// /etc/containers/oci/hooks.d masks it; the same hook, so that a container
+// that opts in gets the usual poststop; and run only for a container
+// annotated io.nri-gpu-guard.poststop=on, never for every container.
+func TestShippedOneHookMask(t *testing.T) {
+	root, err := moduleRoot()
+	require.NoError(t, err)
+	read := func(path string) ociHookFile {
+		t.Helper()
+		data, err := os.ReadFile(path)
+		require.NoError(t, err)
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		var h ociHookFile
+		require.NoError(t, dec.Decode(&h))
+		return h
+	}
+	const name = "nri-gpu-guard-poststop.json"
+	packaged := read(filepath.Join(root, "packaging", "oci-hooks.d", name))
+	mask := read(filepath.Join(root, "packaging", "oci-hooks.d", "one-hook", name))
+	require.Equal(t, packaged.Version, mask.Version)
+	require.Equal(t, packaged.Stages, mask.Stages)
+	require.Equal(t, packaged.Hook, mask.Hook, "the same hook as the packaged poststop")
+	require.Nil(t, mask.When.Always, "not for every container")
+	require.Empty(t, mask.When.Commands)
+	require.Nil(t, mask.When.HasBindMounts)
+	require.Len(t, mask.When.Annotations, 1)
+	for key, value := range mask.When.Annotations {
+		k, v := regexp.MustCompile(key), regexp.MustCompile(value)
+		require.True(t, k.MatchString("io.nri-gpu-guard.poststop"))
+		require.False(t, k.MatchString("io.nri-gpu-guard.poststop2"))
+		require.False(t, k.MatchString("ioXnri-gpu-guard.poststop"), "dots are literal")
+		require.True(t, v.MatchString("on"))
+		require.False(t, v.MatchString("off"))
+		require.False(t, v.MatchString(""))
+	}
+	nfpm, err := os.ReadFile(filepath.Join(root, "packaging", "nfpm.yaml"))
+	require.NoError(t, err)
+	require.Contains(t, string(nfpm), "src: packaging/oci-hooks.d/one-hook/"+name)
+	require.Contains(t, string(nfpm), "dst: /usr/share/nri-gpu-guard/one-hook/"+name)
 }

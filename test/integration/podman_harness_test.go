@@ -445,9 +445,12 @@ func (r *podmanRig) audit() []ledger.AuditRecord {
 	return recs
 }
 
-// oneHook makes r, for one scenario, a host that installs the createRuntime
-// hook alone: the poststop hooks.d file goes and the configuration says
-// [hook] poststop = false (both back at the scenario's end). No poststop
+// oneHook makes r, for one scenario, a host that runs the createRuntime
+// hook alone, as docs/hook.md sets one up: the poststop hooks.d file is
+// replaced by the shipped mask (packaging/oci-hooks.d/one-hook: the same
+// name, run only for containers annotated io.nri-gpu-guard.poststop=on),
+// pointed at the rig's hook binary and configuration, and the configuration
+// says [hook] poststop = false (both back at the scenario's end). No poststop
 // ends the scenario's claims: defer what oneHook returns, which removes
 // every container and releases their claims with gpu-guard-ctl gc, before
 // the rig's reset checks that the ledger is empty.
@@ -462,7 +465,18 @@ func (r *podmanRig) oneHook(t *testing.T) (end func()) {
 	poststop := filepath.Join(r.hooksDir, "nri-gpu-guard-poststop.json")
 	def, err := os.ReadFile(poststop)
 	require.NoError(t, err)
-	require.NoError(t, os.Remove(poststop))
+	var rigHook struct {
+		Hook map[string]any `json:"hook"`
+	}
+	require.NoError(t, json.Unmarshal(def, &rigHook))
+	maskDoc, err := os.ReadFile(filepath.Join(podmanRepo, "packaging", "oci-hooks.d", "one-hook", "nri-gpu-guard-poststop.json"))
+	require.NoError(t, err)
+	var mask map[string]any
+	require.NoError(t, json.Unmarshal(maskDoc, &mask))
+	mask["hook"] = rigHook.Hook // the rig's binary and --config; the mask's "when"
+	masked, err := json.Marshal(mask)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(poststop, masked, 0o644))
 	t.Cleanup(func() { require.NoError(t, os.WriteFile(poststop, def, 0o644)) })
 	return func() {
 		if out, err := r.podman("rm", "-af", "-t", "0"); err != nil {
