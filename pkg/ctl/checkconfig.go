@@ -39,7 +39,11 @@ who can rename the state dir could make the host look fresh.
 
 Settings that are valid but risky (a metrics endpoint reachable from other
 hosts, exempt namespaces that the OCI hook cannot honour) are listed as
-warnings; they do not make the file invalid.
+warnings; they do not make the file invalid. So is a [hook] poststop that
+disagrees with the guard's hooks.d definitions in podman's and CRI-O's
+default directories (/usr/share/containers/oci/hooks.d, masked by
+/etc/containers/oci/hooks.d): false while a poststop still runs for every
+container, or true while create-runtime does and no poststop does.
 
 Exits 0 when the file is valid (with or without warnings), 1 when it is not.`,
 		`  gpu-guard-ctl check-config
@@ -107,6 +111,11 @@ func (a *app) checkConfig(name string) error {
 	}
 	if v.Valid {
 		v.Warnings = append(v.Warnings, v.cfg.Warnings()...)
+		dirs := a.env.HooksDirs
+		if dirs == nil {
+			dirs = DefaultHooksDirs
+		}
+		v.Warnings = append(v.Warnings, hooksDirWarnings(dirs, v.cfg.Hook.Poststop)...)
 		// The packaged systemd unit (ProtectSystem=strict) may write only
 		// the default ledger dir: another one is read-only there, and the
 		// service fails at every start.

@@ -85,6 +85,9 @@ type Env struct {
 	BootID string
 	// FollowInterval is how often `audit --follow` polls (default 1s).
 	FollowInterval time.Duration
+	// HooksDirs are the hooks.d directories check-config compares [hook]
+	// poststop with, lowest precedence first; nil = DefaultHooksDirs.
+	HooksDirs []string
 }
 
 // DefaultEnv is the Env of the real process.

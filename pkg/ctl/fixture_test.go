@@ -281,6 +281,7 @@ func (f *fixture) env(stdout, stderr *syncBuffer) Env {
 		Liveness:       f.liveness,
 		BootID:         bootID,
 		FollowInterval: time.Millisecond,
+		HooksDirs:      []string{}, // not the host's
 	}
 }
 

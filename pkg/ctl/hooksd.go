@@ -1,0 +1,153 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package ctl
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// DefaultHooksDirs are the hooks.d directories podman and CRI-O read by
+// default, lowest precedence first: a file in a later one masks the file of
+// the same name in an earlier one (oci-hooks(5)).
+var DefaultHooksDirs = []string{"/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d"}
+
+// maxHookFileBytes bounds the read of one hooks.d file (they are a few
+// hundred bytes).
+const maxHookFileBytes = 64 << 10
+
+// hookDefinition is what check-config needs of one hooks.d file (schema
+// 1.0.0).
+type hookDefinition struct {
+	file string
+	Hook struct {
+		Path string   `json:"path"`
+		Args []string `json:"args"`
+	} `json:"hook"`
+	When struct {
+		Always        *bool             `json:"always"`
+		Annotations   map[string]string `json:"annotations"`
+		Commands      []string          `json:"commands"`
+		HasBindMounts *bool             `json:"hasBindMounts"`
+	} `json:"when"`
+	Stages []string `json:"stages"`
+}
+
+// runs reports whether the definition runs the guard's hook phase at stage.
+func (h *hookDefinition) runs(stage, phase string) bool {
+	if !slices.Contains(h.Stages, stage) {
+		return false
+	}
+	args := h.Hook.Args
+	switch filepath.Base(h.Hook.Path) {
+	case "nri-gpu-guard-hook":
+	case "nri-gpu-guard": // "nri-gpu-guard hook PHASE"
+		if len(args) < 2 || args[1] != "hook" {
+			return false
+		}
+		args = args[1:]
+	default:
+		return false
+	}
+	return len(args) > 1 && args[1] == phase
+}
+
+// forEveryContainer reports whether the definition's conditions match every
+// container: "always" alone (the conditions of "when" must all match).
+func (h *hookDefinition) forEveryContainer() bool {
+	w := h.When
+	return w.Always != nil && *w.Always && len(w.Annotations) == 0 && len(w.Commands) == 0 && w.HasBindMounts == nil
+}
+
+// effectiveHookDefinitions reads the *.json files of dirs (lowest
+// precedence first), a later file masking an earlier one of the same name.
+// Directories that are missing or unreadable, and files that do not parse,
+// are left out: the engine reports those itself.
+func effectiveHookDefinitions(dirs []string) []hookDefinition {
+	byName := map[string]hookDefinition{}
+	for _, dir := range dirs {
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, e := range entries {
+			if !strings.HasSuffix(e.Name(), ".json") || e.IsDir() {
+				continue
+			}
+			p := filepath.Join(dir, e.Name())
+			data, err := readHookFile(p)
+			if err != nil {
+				continue
+			}
+			var h hookDefinition
+			if json.Unmarshal(data, &h) != nil {
+				continue
+			}
+			h.file = p
+			byName[e.Name()] = h // a later directory masks an earlier one
+		}
+	}
+	out := make([]hookDefinition, 0, len(byName))
+	for _, h := range byName {
+		out = append(out, h)
+	}
+	slices.SortFunc(out, func(a, b hookDefinition) int { return strings.Compare(a.file, b.file) })
+	return out
+}
+
+func readHookFile(p string) ([]byte, error) {
+	f, err := os.Open(p) //nolint:gosec // a hooks.d file the engine reads as well
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = f.Close() }()
+	data, err := io.ReadAll(io.LimitReader(f, maxHookFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxHookFileBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", p, maxHookFileBytes)
+	}
+	return data, nil
+}
+
+// hooksDirWarnings compares [hook] poststop with the guard's hooks.d
+// definitions in dirs. With poststop = false a poststop that still runs
+// for every container costs the process the setting means to save; with
+// poststop = true, a host that runs create-runtime for every container but
+// no poststop for every one leaves each exited container's claim until the
+// next request, and status reports each as a problem. Nothing is said
+// where no create-runtime definition is found: the host may run the NRI
+// plugin alone, or read hooks from a directory of its own.
+func hooksDirWarnings(dirs []string, poststop bool) []string {
+	defs := effectiveHookDefinitions(dirs)
+	var create, stopAll []string
+	for i := range defs {
+		h := &defs[i]
+		if h.runs("createRuntime", "create-runtime") && h.forEveryContainer() {
+			create = append(create, h.file)
+		}
+		if h.runs("poststop", "poststop") && h.forEveryContainer() {
+			stopAll = append(stopAll, h.file)
+		}
+	}
+	switch {
+	case !poststop && len(stopAll) > 0:
+		return []string{fmt.Sprintf("hook.poststop: false, but %s runs `nri-gpu-guard-hook poststop` for every container, "+
+			"which costs the process this setting means to save; mask it: `cp /usr/share/nri-gpu-guard/one-hook/nri-gpu-guard-poststop.json "+
+			"/etc/containers/oci/hooks.d/` (docs/hook.md, One hook per container), or set poststop = true",
+			strings.Join(stopAll, ", "))}
+	case poststop && len(create) > 0 && len(stopAll) == 0:
+		return []string{fmt.Sprintf("hook.poststop: true, but no hooks.d definition in %s runs `nri-gpu-guard-hook poststop` "+
+			"for every container while %s runs create-runtime for every one: the claim of each exited container lasts until the next "+
+			"request for its GPU and status reports it as a problem; install the poststop definition, or set poststop = false "+
+			"for one hook per container", strings.Join(dirs, " and "), strings.Join(create, ", "))}
+	}
+	return nil
+}
