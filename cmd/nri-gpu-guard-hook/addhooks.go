@@ -26,7 +26,7 @@ import (
 const cmdAddHooks = "add-hooks"
 
 // addHooksUsage is add-hooks' line of the usage.
-const addHooksUsage = program + " " + cmdAddHooks + " [--config PATH] [--state-dir DIR] [--wait] [--path HOOK] CONFIG.JSON"
+const addHooksUsage = program + " " + cmdAddHooks + " [--config PATH] [--state-dir DIR] [--wait] [--no-poststop] [--path HOOK] CONFIG.JSON"
 
 // addHooks runs `nri-gpu-guard-hook add-hooks`: it adds a createRuntime
 // and a poststop hook running this binary to the config.json named, each
@@ -42,13 +42,17 @@ func addHooks(args []string, stderr io.Writer) int {
 		_, _ = fmt.Fprintln(fs.Output(), "usage: "+addHooksUsage+"\n\n"+
 			"Adds the createRuntime and poststop hooks of "+program+" to an OCI bundle's config.json\n"+
 			"(each unless that stage has an entry with the same path already); the flags given are\n"+
-			"passed on to the hooks. The rest of the file is kept byte for byte.")
+			"passed on to the hooks. With --no-poststop (a host whose configuration says [hook]\n"+
+			"poststop = false) the poststop hook is added only to a container annotated\n"+
+			hook.PoststopAnnotation+"=on. The rest of the file is kept byte for byte.")
 		fs.PrintDefaults()
 	}
 	cfgPath := fs.String("config", "", "configuration file the hooks read (absolute; default theirs: $"+config.EnvPath+" or "+config.DefaultPath+")")
 	stateDir := fs.String("state-dir", "", "ledger directory the hooks use (absolute; default [ledger] dir)")
 	wait := fs.Bool("wait", false, "the create-runtime hook waits in the queue for a busy GPU (plain runc only)")
 	hookPath := fs.String("path", "", "path of the hook binary the hooks run (default: this binary, as it was started)")
+	noPoststop := fs.Bool("no-poststop", false, "add the createRuntime hook alone ([hook] poststop = false), and the poststop "+
+		"only to a container annotated "+hook.PoststopAnnotation+"=on")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -89,7 +93,8 @@ func addHooks(args []string, stderr io.Writer) int {
 	}
 	entries := []hookEntry{
 		{stage: "createRuntime", Path: *hookPath, Args: create, Env: hook.RuntimeEnv()},
-		{stage: "poststop", Path: *hookPath, Args: append([]string{program, hook.PhasePoststop}, extra...), Env: hook.RuntimeEnv()},
+		{stage: "poststop", Path: *hookPath, Args: append([]string{program, hook.PhasePoststop}, extra...), Env: hook.RuntimeEnv(),
+			optedInOnly: *noPoststop},
 	}
 	if err := addHooksToFile(fs.Arg(0), entries); err != nil {
 		_, _ = fmt.Fprintf(stderr, "%s %s: %v\n", program, cmdAddHooks, err)
@@ -111,9 +116,23 @@ func selfPath() (string, error) {
 // hookEntry is one hook to add to the spec's hooks.<stage>.
 type hookEntry struct {
 	stage string
-	Path  string   `json:"path"`
-	Args  []string `json:"args"`
-	Env   []string `json:"env"`
+	// optedInOnly: added only to a spec annotated
+	// hook.PoststopAnnotation=on (the poststop on a one-hook host, as the
+	// shipped hooks.d mask runs it).
+	optedInOnly bool
+	Path        string   `json:"path"`
+	Args        []string `json:"args"`
+	Env         []string `json:"env"`
+}
+
+// optedIn reports whether the spec data carries hook.PoststopAnnotation =
+// "on". A spec that does not decode has not opted in (addHookEntries then
+// says what is wrong with it).
+func optedIn(data []byte) bool {
+	var spec struct {
+		Annotations map[string]string `json:"annotations"`
+	}
+	return json.Unmarshal(data, &spec) == nil && spec.Annotations[hook.PoststopAnnotation] == "on"
 }
 
 // addHooksToFile adds entries to the config.json at path, replacing the
@@ -124,7 +143,13 @@ func addHooksToFile(path string, entries []hookEntry) error {
 	if err != nil {
 		return err
 	}
-	out, err := addHookEntries(data, entries)
+	wanted := entries[:0:0]
+	for _, e := range entries {
+		if !e.optedInOnly || optedIn(data) {
+			wanted = append(wanted, e)
+		}
+	}
+	out, err := addHookEntries(data, wanted)
 	if err != nil {
 		return fmt.Errorf("%s: %w", path, err)
 	}

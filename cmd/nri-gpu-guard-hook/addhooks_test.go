@@ -169,3 +169,30 @@ func TestAddHooksCommand(t *testing.T) {
 		})
 	}
 }
+
+// add-hooks --no-poststop, for a host whose configuration says [hook]
+// poststop = false: the createRuntime hook alone, and the poststop too for a
+// container annotated io.nri-gpu-guard.poststop=on (what the shipped hooks.d
+// mask runs it for).
+func TestAddHooksWithoutPoststop(t *testing.T) {
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"no annotation", `{"ociVersion":"1.2.0"}`, `{"ociVersion":"1.2.0","hooks":{"createRuntime":[` + createEntry + `]}}`},
+		{"opted in", `{"annotations":{"io.nri-gpu-guard.poststop":"on"}}`,
+			`{"annotations":{"io.nri-gpu-guard.poststop":"on"},"hooks":` + bothHooks + `}`},
+		{"another value", `{"annotations":{"io.nri-gpu-guard.poststop":"yes"}}`,
+			`{"annotations":{"io.nri-gpu-guard.poststop":"yes"},"hooks":{"createRuntime":[` + createEntry + `]}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "config.json")
+			require.NoError(t, os.WriteFile(cfg, []byte(tc.in), 0o600))
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, 0, run([]string{cmdAddHooks, "--no-poststop", "--path", testHook, cfg}, strings.NewReader(""), &stdout, &stderr),
+				stderr.String())
+			data, err := os.ReadFile(cfg)
+			require.NoError(t, err)
+			require.Equal(t, tc.want, string(data))
+		})
+	}
+}

@@ -349,6 +349,17 @@ func TestWarnings(t *testing.T) {
 	require.Len(t, cfg.Warnings(), 1)
 	assert.Contains(t, cfg.Warnings()[0], "OCI hook are never exempt")
 
+	// One hook per container under release_requires_idle: each handover
+	// is refused while the drain that only the next request starts runs.
+	cfg = Default()
+	cfg.Hook.Poststop = false
+	assert.Empty(t, cfg.Warnings(), "one hook alone is no risk")
+	cfg.Observe.ReleaseRequiresIdle = true
+	require.Len(t, cfg.Warnings(), 1)
+	assert.Contains(t, cfg.Warnings()[0], "hook.poststop: false with observe.release_requires_idle = true")
+	cfg.Hook.Poststop = true
+	assert.Empty(t, cfg.Warnings())
+
 	// Cordoning intruders with the accounting off: valid, but said.
 	cfg = Default()
 	cfg.Observe.OnIntruder, cfg.Observe.Interval = IntruderCordon, Duration{}

@@ -401,6 +401,11 @@ func (c *Config) Warnings() []string {
 	if c.Observe.OnIntruder == IntruderCordon && c.Observe.Interval.Duration == 0 {
 		out = append(out, "observe.on_intruder: \"cordon\" has no effect while observe.interval = \"0s\" turns the accounting off: no intruder is ever found")
 	}
+	if !c.Hook.Poststop && c.Observe.ReleaseRequiresIdle {
+		out = append(out, "hook.poststop: false with observe.release_requires_idle = true: an exited hook container's claim starts "+
+			"draining only when the next request for its GPU finds it exited, and that request is refused until the drain ends "+
+			"(idle_grace on a host without the daemon's observer); with the poststop the drain starts at the container's deletion")
+	}
 	if len(c.Policy.ExemptNamespaces) > 0 {
 		out = append(out, "policy.exempt_namespaces: applies to containers seen through NRI only; "+
 			"containers checked by the OCI hook are never exempt (their namespace is an annotation whoever creates them can set)")

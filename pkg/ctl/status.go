@@ -298,12 +298,17 @@ type keptJSON struct {
 // conflicting with it), or gc does.
 const endsNextRequest = "next-request"
 
+// endsGC is exitedJSON.Ends on a cordoned device: no request is admitted
+// to it, so only gc ends the claim.
+const endsGC = "gc"
+
 // exitedJSON is why the claim of an exited OCI hook holder stays until the
 // next request for its device: no poststop ran to release it.
 type exitedJSON struct {
 	// Why is the release rule's finding that its processes are gone.
 	Why string `json:"why"`
-	// Ends is when its claim ends: "next-request".
+	// Ends is when its claim ends: "next-request", or "gc" on a cordoned
+	// device (no request is admitted to it).
 	Ends string `json:"ends"`
 	// Drains: under release_requires_idle the claim is then marked
 	// draining, not released, and ends once its processes leave the GPU.
@@ -686,6 +691,13 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 			// the claimed device's row does).
 			d.Kept = kept[d.UUID]
 			d.Exited = exited[d.UUID]
+			if d.Exited != nil && d.Cordon != nil {
+				// A cordon refuses every request for the device before any
+				// holder is settled: only gc ends this claim.
+				e := *d.Exited
+				e.Ends = endsGC
+				d.Exited = &e
+			}
 			switch verdict, ok := stale[d.UUID]; {
 			case !ok:
 			case verdict.Unsure != "":

@@ -46,7 +46,7 @@ func hookConfig(t *testing.T, f *fixture, roots []string, poststop bool, extra s
 // finds the holder's processes gone. status used to call every such claim
 // a holder-exited problem and exit 3 until then, for what is that host's
 // normal state. It now shows the row held,exited and lists the claim under
-// EXITED, ENDS AT THE NEXT REQUEST, with the JSON field exited, and exits
+// EXITED, NO POSTSTOP, with the JSON field exited, and exits
 // 0. What nothing on such a host would end stays a problem: an NRI
 // holder's claim (containerd's stop event ends it), a killed `gpu-guard-ctl
 // run` ticket's, and one whose removal cannot be told. With a poststop
@@ -65,13 +65,15 @@ func TestStatusExitedHookHolderWithoutPoststop(t *testing.T) {
 		extra  string
 		exited bool // the holder's processes are gone
 		// exited is the row's Exited ("" Why: nil), note its line under
-		// EXITED, ENDS AT THE NEXT REQUEST.
+		// EXITED, NO POSTSTOP.
 		want *exitedJSON
 		note string
 		// problem is the one problem status shows, "" for none; gc
 		// says whether gc --dry-run lists the claim.
 		problem string
 		gc      bool
+		// cordon: an operator cordoned the claimed device.
+		cordon bool
 	}{
 		{name: "hook holder exited", owner: ownHook, exited: true,
 			want: &exitedJSON{Why: "pid 4242 is gone", Ends: endsNextRequest},
@@ -95,6 +97,13 @@ func TestStatusExitedHookHolderWithoutPoststop(t *testing.T) {
 			roots: func(dir string) []string { return []string{filepath.Join(dir, "none")} },
 			extra: "[policy]\nrelease_on = \"remove\"\n", problem: problemRemovalUnknown},
 		{name: "poststop: hook holder exited", owner: ownHook, poststop: true, exited: true, problem: problemHolderExited, gc: true},
+		// A cordon refuses every request before any holder is settled:
+		// only gc ends the claim there.
+		{name: "hook holder exited on a cordoned device", owner: ownHook, exited: true, cordon: true,
+			want: &exitedJSON{Why: "pid 4242 is gone", Ends: endsGC},
+			note: "held by " + hookWho + ", which has exited (pid 4242 is gone); its claim ends with `sudo gpu-guard-ctl gc` " +
+				"(the device is cordoned: no request is admitted to it) ([hook] poststop = false)",
+			gc: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -106,6 +115,10 @@ func TestStatusExitedHookHolderWithoutPoststop(t *testing.T) {
 			f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) {
 				claim(t, tx, tc.owner, `env NVIDIA_VISIBLE_DEVICES="1"`, f.dev(t, uuidGPU1))
 				require.True(t, tx.SetStarted(tc.owner.ContainerID, 4242, 42, ""))
+				if tc.cordon {
+					_, _, err := tx.Cordon(f.dev(t, uuidGPU1), ledger.CordonOperator, "RMA 4711", "uid 0 via gpu-guard-ctl")
+					require.NoError(t, err)
+				}
 			})
 			if tc.exited {
 				f.liveness["pid:4242"] = "pid 4242 is gone"
@@ -126,7 +139,11 @@ func TestStatusExitedHookHolderWithoutPoststop(t *testing.T) {
 				assert.Equal(t, uuidGPU1, view.Problems[0].Device)
 			}
 			row := keptRow(t, r.stdout)
-			assert.Equal(t, stateHeld, row.State, "the state a script selects on is unchanged")
+			wantState := stateHeld
+			if tc.cordon {
+				wantState = stateCordoned
+			}
+			assert.Equal(t, wantState, row.State, "the state a script selects on is unchanged")
 			if tc.want == nil {
 				assert.Nil(t, row.Exited, r.stdout)
 			} else if assert.NotNil(t, row.Exited, r.stdout) {
@@ -147,14 +164,17 @@ func TestStatusExitedHookHolderWithoutPoststop(t *testing.T) {
 			if tc.want != nil {
 				label = "held,exited"
 			}
+			if tc.cordon {
+				label = "cordoned," + label
+			}
 			assert.Regexp(t, `(?m)^1 +GPU-1b1b1b1b +\S.* `+regexp.QuoteMeta(label)+` +`, r.stdout)
 			if tc.want == nil {
-				assert.NotContains(t, r.stdout, "EXITED, ENDS AT THE NEXT REQUEST")
+				assert.NotContains(t, r.stdout, "EXITED, NO POSTSTOP")
 			} else {
-				assert.Contains(t, r.stdout, "\nEXITED, ENDS AT THE NEXT REQUEST (1):\n  - GPU 1 ("+uuidGPU1+"): held by "+hookWho+
+				assert.Contains(t, r.stdout, "\nEXITED, NO POSTSTOP (1):\n  - GPU 1 ("+uuidGPU1+"): held by "+hookWho+
 					", which has exited (pid 4242 is gone")
 				if tc.note != "" {
-					assert.Contains(t, r.stdout, "\nEXITED, ENDS AT THE NEXT REQUEST (1):\n  - GPU 1 ("+uuidGPU1+"): "+tc.note+"\n")
+					assert.Contains(t, r.stdout, "\nEXITED, NO POSTSTOP (1):\n  - GPU 1 ("+uuidGPU1+"): "+tc.note+"\n")
 				}
 			}
 			assert.Equal(t, tc.problem != "", strings.Contains(r.stdout, "ATTENTION"), r.stdout)

@@ -214,7 +214,7 @@ func (v *statusView) renderNotes(w io.Writer, now time.Time) error {
 		title string
 		lines []string
 	}{{"CORDONS", cordoned}, {"DRAINING CLAIMS", draining}, {"KEPT UNTIL REMOVED", kept},
-		{"EXITED, ENDS AT THE NEXT REQUEST", exited}} {
+		{"EXITED, NO POSTSTOP", exited}} {
 		if len(sec.lines) == 0 {
 			continue
 		}
@@ -261,7 +261,10 @@ func (d *statusDevice) exitedNote() (string, bool) {
 		return "", false
 	}
 	ends := "its claim ends at the next request for the device or with `sudo " + programName + " gc`"
-	if d.Exited.Drains {
+	switch {
+	case d.Exited.Ends == endsGC:
+		ends = "its claim ends with `sudo " + programName + " gc` (the device is cordoned: no request is admitted to it)"
+	case d.Exited.Drains:
 		ends = "its claim is marked draining at the next request for the device or by `sudo " + programName + " gc`, " +
 			"then released once its processes leave the GPU (release_requires_idle, at the latest after idle_grace)"
 	}

@@ -1445,31 +1445,39 @@ func restartOf(h, requester ledger.Owner) bool {
 }
 
 // releasableFor is Releasable for holder h as the request of requester sees
-// it. An earlier incarnation of the requester's own container (restartOf) is
-// judged as removed, whatever release_on says (its id was created again), and
-// with the requester's process not counted as its: the runtime names the
-// cgroup after the id, so the restart runs in the cgroup its predecessor
-// recorded (liveness.Process.Successor). Otherwise the restart found its own
-// predecessor alive, or kept until a removal that had happened, and was
-// refused in its own name.
+// it (releasableForRequester).
 func (g *Guard) releasableFor(h, requester ledger.Owner) Verdict {
+	return releasableForRequester(h, requester, g.policy.ReleaseOn, g.requiresIdle(), g.live, g.rt)
+}
+
+// releasableForRequester is ReleasableIdle for holder h as the request of
+// requester sees it. An earlier incarnation of the requester's own container
+// (restartOf) is judged as removed, whatever release_on says (its id was
+// created again), and with the requester's process not counted as its: the
+// runtime names the cgroup after the id, so the restart runs in the cgroup
+// its predecessor recorded (liveness.Process.Successor). Otherwise the
+// restart found its own predecessor alive, or kept until a removal that had
+// happened, and was refused in its own name.
+func releasableForRequester(h, requester ledger.Owner, releaseOn config.ReleaseOn, requiresIdle bool, live Liveness, rt Runtimes) Verdict {
 	if !restartOf(h, requester) {
-		return g.Releasable(h)
+		return ReleasableIdle(h, releaseOn, requiresIdle, live, rt)
 	}
-	live := g.live
 	if requester.Pid > 0 && h.Cgroup != "" && h.Cgroup == requester.Cgroup {
-		live = successorLiveness{g.live, requester.Pid}
+		live = successorLiveness{live, requester.Pid}
 	}
-	v := ReleasableIdle(h, config.ReleaseOnStop, g.requiresIdle(), live, nil)
+	v := ReleasableIdle(h, config.ReleaseOnStop, requiresIdle, live, nil)
 	if v.Action == KeepStopped {
 		// Exited earlier, kept until its removal, which the new create shows.
 		v = Verdict{Action: ReleaseNow, Deleted: true, Why: "it exited at " + h.StoppedAt.UTC().Format(time.RFC3339)}
-		if g.requiresIdle() {
+		if requiresIdle {
 			v.Action = MarkDraining
 		}
 	}
-	if v.Action == ReleaseNow || v.Action == MarkDraining {
+	switch v.Action {
+	case ReleaseNow, MarkDraining:
 		v.Why += "; its container was created again (a restart)"
+	case KeepRunning:
+		v.EarlierIncarnation = true
 	}
 	return v
 }

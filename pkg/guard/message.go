@@ -242,6 +242,12 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 			b.WriteString(" is held by ")
 		}
 		b.WriteString(HolderName(h.Owner))
+		v := c.kept[incarnationOf(h.Owner)]
+		if v.EarlierIncarnation {
+			// The requester's own id: say which of its incarnations holds
+			// it and why that one counts as running.
+			fmt.Fprintf(&b, " (an earlier incarnation of this container, pid %d: %s, other than this one's)", h.Owner.Pid, v.Why)
+		}
 		if h.Device.UUID != bd.Wanted.UUID {
 			// A full GPU against one of its MIG instances, or the reverse.
 			fmt.Fprintf(&b, " through %s", naming.Device(h.Device))
@@ -253,7 +259,6 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 			// becomes the claim once the other one's ends.
 			b.WriteString(" (running on it without a claim: found there at reconcile while another container held it)")
 		}
-		v := c.kept[incarnationOf(h.Owner)]
 		switch {
 		case !h.Owner.DrainingSince.IsZero() && v.Deleted:
 			fmt.Fprintf(&b, " (exited and removed: no runtime knows its container any more; draining since %s, "+

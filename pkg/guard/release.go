@@ -71,6 +71,12 @@ type Verdict struct {
 	// deletes it there: the words for the holder say where it is and how
 	// to end it (KeptRemedy).
 	Listed string
+	// EarlierIncarnation: the holder, kept running, is an earlier
+	// incarnation of the requester's own container (its id created again),
+	// which still has processes other than the requester's in the cgroup
+	// both run in: the refusal says so rather than naming the container
+	// as if it were another.
+	EarlierIncarnation bool
 }
 
 // Release reports whether the claim may be released now.
@@ -230,6 +236,15 @@ func NewReleaseRule(cfg config.Config, live Liveness) ReleaseRule {
 // Check applies the rule to holder o.
 func (r ReleaseRule) Check(o ledger.Owner) Verdict {
 	return ReleasableIdle(o, r.releaseOn, r.requiresIdle, r.live, r.rt)
+}
+
+// CheckFor applies the rule to holder o as the request of requester sees
+// it, as the guard's decision does: an earlier incarnation of the
+// requester's own container is judged without the requester's process and
+// as removed (see Guard.Admit). A waiter asks this, so that it sees at its
+// next poll what its next Admit would release.
+func (r ReleaseRule) CheckFor(o, requester ledger.Owner) Verdict {
+	return releasableForRequester(o, requester, r.releaseOn, r.requiresIdle, r.live, r.rt)
 }
 
 // ReleaseAdvice is what an operator runs, once the ledger is reachable, to

@@ -108,6 +108,30 @@ func TestRestartIsNotRefusedByItsOwnEarlierIncarnation(t *testing.T) {
 			}
 			assert.Equal(t, 100, claims[0].Owner.Pid, "the earlier incarnation keeps GPU 0")
 			assert.True(t, strings.Contains(d.Message, "c1"), "the refusal names the holder: %s", d.Message)
+			if tc.restartID == "" {
+				assert.Contains(t, d.Message, "held by container c1 (an earlier incarnation of this container, pid 100: alive, other than this one's)")
+			} else {
+				assert.NotContains(t, d.Message, "earlier incarnation", "another container is not told it is this one")
+			}
 		})
 	}
+}
+
+// The release rule as a waiter applies it (ReleaseRule.CheckFor) judges an
+// earlier incarnation of the waiter's own container as its Admit does: a
+// --wait restart queued behind its predecessor (another process was left in
+// the cgroup) sees at its next poll that only its own process is left,
+// where Check, which knows no requester, counts that process and keeps the
+// waiter polling until its next refresh.
+func TestReleaseRuleCheckForJudgesTheRequestersEarlierIncarnation(t *testing.T) {
+	live := &liveness{exited: map[string]bool{}, only: map[string]int{"libpod-c1.scope": 200}}
+	rule := guard.NewReleaseRule(config.Default(), live)
+	earlier, restart := hookIncarnation("c1", 100), hookIncarnation("c1", 200)
+	assert.False(t, rule.Check(earlier).Exited(), "without the requester its process counts")
+	v := rule.CheckFor(earlier, restart)
+	assert.True(t, v.Release(), "%+v", v)
+	assert.Contains(t, v.Why, "its container was created again (a restart)")
+	other := hookIncarnation("c2", 200)
+	other.Cgroup = restart.Cgroup
+	assert.False(t, rule.CheckFor(earlier, other).Exited(), "another container's process is not excluded")
 }

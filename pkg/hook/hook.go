@@ -313,7 +313,7 @@ func (e env) createRuntime(ctx context.Context, cfg config.Config, in *Input, st
 		return fmt.Errorf("container %s refused: %w: %s", st.ID, guard.ErrRejected, why)
 	}
 
-	if !cfg.Hook.Poststop {
+	if !cfg.Hook.Poststop && !in.optsIntoPoststop() {
 		// No poststop runs ([hook] poststop = false): nothing would read a
 		// marker, or remove it. The claim ends when the next request for
 		// its GPU (or gc) finds this container's processes gone.
@@ -649,7 +649,7 @@ func (e env) newQueueWait(g guardAPI, cfg config.Config, req guard.Request, stde
 		watch: &watcher{
 			snapshot:     g.Ledger().Snapshot,
 			committed:    g.Ledger().Committed,
-			releasable:   guard.NewReleaseRule(cfg, liveness.New("", e.procRoot)).Check,
+			releasable:   releasableFor(guard.NewReleaseRule(cfg, liveness.New("", e.procRoot)), req.Owner),
 			now:          e.now,
 			queueTTL:     cfg.Policy.QueueTTL.Duration,
 			refreshEvery: refreshInterval(cfg),
@@ -659,6 +659,13 @@ func (e env) newQueueWait(g guardAPI, cfg config.Config, req guard.Request, stde
 		return dropDeadWaiters(ctx, g, g.Ledger().Snapshot, e.procRoot, req.Key, want, budget)
 	}
 	return w
+}
+
+// releasableFor binds the release rule to the waiter requester, as its
+// Admit applies it: an earlier incarnation of its own container is judged
+// without its process (guard.ReleaseRule.CheckFor).
+func releasableFor(rule guard.ReleaseRule, requester ledger.Owner) func(ledger.Owner) guard.Verdict {
+	return func(o ledger.Owner) guard.Verdict { return rule.CheckFor(o, requester) }
 }
 
 // goneCheck returns the test a waiting hook runs before every retry: its

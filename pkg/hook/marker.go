@@ -52,6 +52,21 @@ import (
 // ledger, and puts it back if the id still appears there. Whichever order
 // their steps take, one of them sees the other.
 
+// PoststopAnnotation is the annotation that, set to "on", opts a container
+// into the poststop on a host that runs the createRuntime hook alone ([hook]
+// poststop = false): the shipped mask of the poststop definition
+// (packaging/oci-hooks.d/one-hook) runs it for such containers only. Such a container gets its marker as on
+// a host with both hooks, so that its poststop finds a claim its spec does
+// not show (one made because no device cgroup applies to it).
+const PoststopAnnotation = "io.nri-gpu-guard.poststop"
+
+// optsIntoPoststop reports whether the container's spec carries
+// PoststopAnnotation = "on" (the engines match hooks.d conditions against
+// the spec's annotations).
+func (in *Input) optsIntoPoststop() bool {
+	return in.spec != nil && in.spec.Annotations[PoststopAnnotation] == "on"
+}
+
 // DefaultMarkerDir holds the container markers: in the ledger's per-boot
 // runtime dir, root-only.
 const DefaultMarkerDir = ledger.DefaultRuntimeDir + "/hook-containers"

@@ -129,7 +129,7 @@ func TestShippedOneHookMask(t *testing.T) {
 	require.Len(t, mask.When.Annotations, 1)
 	for key, value := range mask.When.Annotations {
 		k, v := regexp.MustCompile(key), regexp.MustCompile(value)
-		require.True(t, k.MatchString("io.nri-gpu-guard.poststop"))
+		require.True(t, k.MatchString(PoststopAnnotation))
 		require.False(t, k.MatchString("io.nri-gpu-guard.poststop2"))
 		require.False(t, k.MatchString("ioXnri-gpu-guard.poststop"), "dots are literal")
 		require.True(t, v.MatchString("on"))

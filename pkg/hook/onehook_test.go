@@ -135,3 +135,24 @@ func TestRuncOneHookRunningHolderKeepsItsGPU(t *testing.T) {
 	r.release("w")
 	require.NoError(t, w.wait(t))
 }
+
+// TestRuncOneHookOptedInContainerGetsItsMarker: on a one-hook host a
+// container annotated io.nri-gpu-guard.poststop=on gets the poststop (the
+// shipped mask runs it for such containers), so create-runtime leaves it
+// the marker a poststop needs to find a claim its spec does not show (one
+// made because no device cgroup applies), and the poststop releases its
+// claim at once and removes the marker.
+func TestRuncOneHookOptedInContainerGetsItsMarker(t *testing.T) {
+	r := newRig(t, rigOpts{noPoststop: true})
+	c := r.start("in", ctrOpts{env: gpuEnv(0), noWait: true, optIn: true})
+	r.waitFor("in to start", func() bool { return r.started("in") })
+	require.FileExists(t, r.markerPath("in"), "the opted-in container's poststop will read the ledger")
+	r.release("in")
+	require.NoError(t, c.wait(t))
+	require.Empty(t, r.holders(), "its poststop released it")
+	require.NoFileExists(t, r.markerPath("in"), "and removed its marker")
+	recs := r.audit()
+	rel := auditIndex(recs, ledger.OpRelease, "in")
+	require.NotEqual(t, -1, rel, "%+v", recs)
+	require.Equal(t, "removed", recs[rel].Reason)
+}

@@ -298,6 +298,10 @@ type ctrOpts struct {
 	// one-hook configuration: its claim ends at the next request that
 	// finds its processes gone).
 	noPoststop bool
+	// optIn carries the annotation that opts a container into the poststop
+	// on a one-hook host (PoststopAnnotation) and gives it the poststop, as
+	// the shipped mask does.
+	optIn bool
 }
 
 // ctr is one `runc run` of the rig.
@@ -388,7 +392,10 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		spec.Hooks = &specs.Hooks{
 			CreateRuntime: []specs.Hook{{Path: bin, Args: createArgs, Env: env}},
 		}
-		if !o.noPoststop && !r.noPoststop {
+		if o.optIn {
+			spec.Annotations[PoststopAnnotation] = "on"
+		}
+		if o.optIn || !o.noPoststop && !r.noPoststop {
 			spec.Hooks.Poststop = []specs.Hook{{Path: bin, Args: stopArgs, Env: env}}
 		}
 	}

@@ -741,7 +741,7 @@ func podmanOneHookStatus(t *testing.T, r *podmanRig) {
 	require.NoError(t, err, "status exits 0: %s", st)
 	require.NotContains(t, st, "ATTENTION")
 	require.Contains(t, st, "held,exited")
-	require.Contains(t, st, "EXITED, ENDS AT THE NEXT REQUEST (1):")
+	require.Contains(t, st, "EXITED, NO POSTSTOP (1):")
 	require.Contains(t, st, "held by "+done[:12])
 
 	out, err = r.runGPU("opted", "2", "--annotation", "io.nri-gpu-guard.poststop=on")
