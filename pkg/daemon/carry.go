@@ -35,7 +35,8 @@ import (
 //   - the ledger for the cordons: on the device of a carried finding whose
 //     cordon the daemon before watched or still had to write, a cordon in
 //     force, whatever its source (judgeCordons: an operator's or an
-//     unhealthy one replaces the observer's in the ledger), is the cordon,
+//     unhealthy one replaces the intruder's in the ledger, or is kept
+//     instead of it), is the cordon,
 //     seen in force in the ledger's lineage, whatever the file says (a
 //     write the file missed, a retry that committed). One missing is
 //     judged at the first pass as at any other (settleIntruders): lifted

@@ -78,10 +78,13 @@
 //     device; an intruder's at every pass that still reports a process the
 //     guard did not admit on the device (dropped once none is).
 //   - An observer's cordon is in force while the device has a cordon,
-//     whatever its source: in the ledger an operator's cordon replaces the
-//     observer's, and the observer's two sources replace each other, one
-//     cordon per device; only an uncordon removes it (judgeCordons, the one
-//     rule for a pass and for the daemon after). An observer's cordon
+//     whatever its source: the ledger keeps one cordon per device, the one
+//     of the highest-ranking source written (operator > unhealthy >
+//     intruder: an operator's replaces the observer's, an unhealthy one
+//     an intruder's, and an intruder's finding leaves an unhealthy cordon
+//     in force, so a broken device's cordon never turns into one lifted
+//     with its intruder); only an uncordon removes it (judgeCordons, the
+//     one rule for a pass and for the daemon after). An observer's cordon
 //     missing in the ledger lineage it was written in (read before the
 //     write) or last seen in force in was lifted by an uncordon: nothing
 //     else removes it within a lineage. Missing in another lineage (a

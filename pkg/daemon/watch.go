@@ -1128,18 +1128,21 @@ func (w *Watch) cordonFates(ctx context.Context, source string, seen map[string]
 // daemon before watched or still had to write (readPrior).
 //
 // A cordon on the device counts, whatever its source. The ledger keeps one
-// cordon per device, and another source's replaces the observer's without
-// an uncordon: an operator's replaces any (the device cordoned for
-// maintenance), and the observer's two sources replace each other (an
-// intruder on a device found unhealthy). Only an uncordon removes the
-// device's cordon, and the one it removes stood for the observer's finding
-// too: the operator lifts it knowing the device's findings (the audit log
-// records them), as when the observer's finding leaves an operator's
-// cordon as it is. Judged by its source, a cordon so replaced would read
-// as missing although nobody lifted it: an unhealthy device forgotten
-// while it stays cordoned, or an intruder's cordon judged by a lineage
-// older than the one it was last in force in (lost, and written again
-// after the operator's uncordon).
+// cordon per device, of the highest-ranking source written (operator >
+// unhealthy > intruder, ledger.CordonKept), so the observer's cordon may
+// stand in another source's name without an uncordon: an operator's
+// replaces any (the device cordoned for maintenance), an unhealthy one
+// replaces an intruder's (a device with an intruder found broken), and an
+// intruder's finding leaves an operator's or an unhealthy cordon in force
+// (written, the observer's intruder cordon is that one). Only an uncordon
+// removes the device's cordon, and the one it removes stood for the
+// observer's findings too: the operator lifts it knowing the device's
+// findings (the audit log records those that left a cordon as it was).
+// Judged by its source, a cordon so replaced or kept would read as missing
+// although nobody lifted it: an unhealthy device forgotten while it stays
+// cordoned, or an intruder's cordon judged by a lineage older than the one
+// it was last in force in (lost, and written again after the operator's
+// uncordon).
 //
 // Callers ask only about the devices whose cordon the observer wrote, saw
 // in force or still has to write (seen): of another device it would take

@@ -49,9 +49,12 @@ const maxCordonReasonLen = 512
 // source is "operator", "intruder" or "unhealthy"; idempotent (a repeat
 // updates reason, keeps Since). The holder keeps its claim. Cordons by the
 // observer are recorded as by ObserverBy, an operator's as by "operator".
-// An observer's cordon never replaces an operator's on the same device
-// (ledger.OperatorCordonKept): the operator's stays, and the finding is
-// audited and logged; an operator's replaces an observer's.
+// A cordon never replaces one of a source that ranks higher on the same
+// device (operator > unhealthy > intruder, ledger.CordonKept): an
+// intruder finding on an unhealthy device, or any finding of the observer
+// on an operator's cordon, leaves the cordon in force as it is, and the
+// finding is audited and logged; an operator's replaces any, an unhealthy
+// device's an intruder's.
 func (g *Guard) CordonDevice(ctx context.Context, uuid, source, reason string) error {
 	by := ObserverBy
 	if source == ledger.CordonOperator {
@@ -64,7 +67,8 @@ func (g *Guard) CordonDevice(ctx context.Context, uuid, source, reason string) e
 // Cordon is CordonDevice naming who cordoned the device (gpu-guard-ctl
 // records the operator's uid). It returns the cordon in force and whether
 // this call changed the ledger: a new cordon, or another source, reason or
-// by (never an observer's finding on an operator's cordon, which stays).
+// by (never a finding of a source that ranks below the cordon in force,
+// which stays: ledger.CordonKept).
 // Both are decided in the transaction that writes it, so a concurrent
 // cordon of the same device cannot make the answer wrong.
 func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (ledger.Cordon, bool, error) {
@@ -82,7 +86,7 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 	var (
 		k       ledger.Cordon
 		changed bool
-		kept    bool // an operator's cordon stays, unchanged by this observer's finding
+		kept    bool // the cordon in force ranks higher: it stays, unchanged by this finding
 		cerr    error
 	)
 	err = g.update(ctx, "cordon", func(tx *ledger.Tx) bool {
@@ -93,7 +97,7 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 				break
 			}
 		}
-		kept = prev != nil && ledger.OperatorCordonKept(prev, source)
+		kept = prev != nil && ledger.CordonKept(prev, source)
 		var isNew bool
 		k, isNew, cerr = tx.Cordon(dev, source, reason, by)
 		changed = isNew || (prev != nil && (prev.Source != k.Source || prev.Reason != k.Reason || prev.By != k.By))
@@ -106,14 +110,16 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 		return ledger.Cordon{}, false, fmt.Errorf("cordon %s: %w", naming.Device(dev), err)
 	}
 	if kept {
-		// The device is out of new claims already, by an operator who
-		// lifts it on purpose: the finding is for them to see (audited
-		// with the cordon kept), and must not turn the cordon into one a
-		// reboot drops.
-		g.log.Warn("device already cordoned by an operator: the operator's cordon is kept; the observer's finding is audited, not recorded as a cordon",
+		// The device is out of new claims already, for a reason that
+		// weighs more: an operator's maintenance, or a failure of the
+		// device itself. The finding is for whoever lifts the cordon to
+		// see (audited with the cordon kept), and must not turn the
+		// cordon into one a reboot drops, or into an intruder's whose
+		// lifting puts a broken device back into service.
+		g.log.Warn("device already cordoned by a source that ranks higher (operator > unhealthy > intruder): that cordon is kept; the observer's finding is audited, not recorded as a cordon",
 			slog.String("device", naming.Device(dev)), slog.String("device_uuid", dev.UUID),
 			slog.String("source", source), slog.String("reason", reason),
-			slog.String("operator_cordon_by", k.By), slog.String("operator_cordon_reason", k.Reason))
+			slog.String("cordon_source", k.Source), slog.String("cordon_by", k.By), slog.String("cordon_reason", k.Reason))
 		return k, false, nil
 	}
 	level := slog.LevelInfo

@@ -30,11 +30,11 @@ func TestObserverFindingKeepsTheOperatorsCordon(t *testing.T) {
 	st := e.state()
 	require.Len(t, st.Cordons, 1)
 	assert.Equal(t, op, st.Cordons[0], "the operator's cordon, unchanged")
-	assert.Contains(t, logs.String(), "device already cordoned by an operator")
+	assert.Contains(t, logs.String(), "device already cordoned by a source that ranks higher")
 	assert.Contains(t, logs.String(), "critical Xid 79")
 	var audited bool
 	for _, r := range auditOf(t, e.l) {
-		audited = audited || (r.Op == ledger.OpCordon && strings.HasPrefix(r.Reason, ledger.CordonKeptPrefix) &&
+		audited = audited || (r.Op == ledger.OpCordon && strings.HasPrefix(r.Reason, ledger.CordonKeptPrefix(ledger.CordonOperator)) &&
 			strings.Contains(r.Reason, "critical Xid 79"))
 	}
 	assert.True(t, audited, "the finding is audited")

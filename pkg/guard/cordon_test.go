@@ -273,7 +273,9 @@ func TestStopReleasesWithoutRequiresIdle(t *testing.T) {
 
 // Cordon says whether it changed the ledger, decided in its own transaction:
 // a new cordon or another source, reason or by does; a repeat does not, nor
-// does an observer's finding on an operator's cordon, which stays as it is.
+// does a finding of a source that ranks below the cordon in force (an
+// intruder on an unhealthy device, any finding on an operator's cordon),
+// which stays as it is.
 func TestCordonReportsWhetherItChangedTheLedger(t *testing.T) {
 	e, _ := newStateEnv(t, nil)
 	for i, tc := range []struct {
@@ -282,9 +284,11 @@ func TestCordonReportsWhetherItChangedTheLedger(t *testing.T) {
 		// the cordon in force after the call, when not the one asked for
 		wantSource, wantReason string
 	}{
+		{source: ledger.CordonIntruder, reason: "pid 4141", by: guard.ObserverBy, changed: true},
 		{source: ledger.CordonUnhealthy, reason: "Xid 79", by: guard.ObserverBy, changed: true},
 		{source: ledger.CordonUnhealthy, reason: "Xid 79", by: guard.ObserverBy, changed: false},
-		{source: ledger.CordonIntruder, reason: "pid 4242", by: guard.ObserverBy, changed: true},
+		{source: ledger.CordonIntruder, reason: "pid 4242", by: guard.ObserverBy, changed: false,
+			wantSource: ledger.CordonUnhealthy, wantReason: "Xid 79"},
 		{source: ledger.CordonOperator, reason: "fan", by: "uid 0", changed: true},
 		{source: ledger.CordonOperator, reason: "fan", by: "uid 0", changed: false},
 		{source: ledger.CordonOperator, reason: "fan replaced", by: "uid 0", changed: true},

@@ -22,9 +22,11 @@
 //
 // It also keeps the persistent device states of the ledger (cordon.go): a
 // cordon (CordonDevice, Uncordon; from gpu-guard-ctl, or from the
-// observer for an intruder or an unhealthy device, never over an operator's
-// cordon, which stays as the operator set it; gpu-guard-ctl lifts only the
-// cordon it read, Uncordon) and, under [observe]
+// observer for an intruder or an unhealthy device, never over a cordon of
+// a source that ranks higher, operator > unhealthy > intruder, which stays
+// as it was set: an operator's, or an unhealthy one under an intruder
+// finding; gpu-guard-ctl lifts only the cordon it read, Uncordon) and,
+// under [observe]
 // release_requires_idle, draining claims (Draining, FinishDraining): a
 // holder's stop, removal, pod removal, exit found out of band, or absence
 // from the runtime's list at reconcile once its processes are gone keeps its

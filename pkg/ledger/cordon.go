@@ -120,9 +120,10 @@ func (tx *Tx) Cordons() []Cordon {
 // reservation is made on it; the reservations already on it are dropped
 // (their waiters keep their places). Whoever holds d keeps its claim. A
 // repeated cordon of the same device updates source, reason and by and keeps
-// Since, with one exception: an observer's cordon (intruder, unhealthy)
-// never replaces an operator's (see OperatorCordonKept). It returns the
-// cordon in force and whether it is new.
+// Since, unless its source ranks below the source of the cordon in force
+// (operator > unhealthy > intruder, see CordonKept): that cordon then stays
+// as it is, and the finding is audited after it. It returns the cordon in
+// force and whether it is new.
 //
 // Cordons are kept by device UUID: one on a GPU and one on a MIG instance
 // of it are two cordons, each lifted and each carried across a reboot on
@@ -142,15 +143,12 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 	var was string
 	if found {
 		old := tx.st.Cordons[i]
-		if OperatorCordonKept(&old, source) {
-			// The operator's cordon is maintenance set on purpose (a GPU
-			// waiting for an RMA): rewritten with the observer's source it
-			// would lose its reason and author, and be dropped at the next
-			// reboot as the observer's, after which the GPU takes claims
-			// again. The device is out of new claims either way; the
-			// finding is kept in the audit log for whoever lifts the cordon.
+		if CordonKept(&old, source) {
+			// The device is out of new claims either way; what the cordon
+			// says is what its lifting is decided on (see CordonKept). The
+			// finding is kept in the audit log for whoever lifts it.
 			tx.Audit(OpCordon, AuditRecord{Devices: []string{d.UUID},
-				Reason: fmt.Sprintf("%s %s (%s) by %s: %s", CordonKeptPrefix, cordonText(&old), source, by, reason)})
+				Reason: fmt.Sprintf("%s %s (%s) by %s: %s", CordonKeptPrefix(old.Source), cordonText(&old), source, by, reason)})
 			return old, false, nil
 		}
 		k.Since = old.Since
@@ -173,17 +171,60 @@ func (tx *Tx) Cordon(d devices.Device, source, reason, by string) (Cordon, bool,
 	return k, !found, nil
 }
 
-// CordonKeptPrefix starts the reason of the audit record (OpCordon) of an
-// observer's finding on a device an operator cordoned: the operator's
-// cordon stays as it was, and the finding is recorded after it.
-const CordonKeptPrefix = "operator cordon kept, not replaced by the observer's finding:"
+// cordonKeptText follows the source of the cordon kept at the start of the
+// reason of a finding's audit record (CordonKeptPrefix).
+const cordonKeptText = " cordon kept, not replaced by the observer's finding:"
 
-// OperatorCordonKept reports whether a cordon from source leaves the cordon
-// old in force as it is: old is an operator's and source the observer's
-// (intruder, unhealthy). An operator's cordon replaces any cordon, and an
-// observer's replaces the observer's.
-func OperatorCordonKept(old *Cordon, source string) bool {
-	return old.Source == CordonOperator && source != CordonOperator
+// CordonKeptPrefix returns the start of the reason of the audit record
+// (OpCordon) of an observer's finding that left the cordon from source in
+// force (CordonKept): "operator cordon kept, not replaced by the observer's
+// finding:" (the words every release wrote for an operator's cordon) or
+// "unhealthy cordon kept, …". The cordon stays as it was, and the finding
+// is recorded after it.
+func CordonKeptPrefix(source string) string { return source + cordonKeptText }
+
+// CordonKeptSource tells whether reason is the reason of the audit record
+// of a finding that left a cordon in force (CordonKeptPrefix), and the
+// source of that cordon.
+func CordonKeptSource(reason string) (string, bool) {
+	source, _, ok := strings.Cut(reason, cordonKeptText)
+	if !ok || !ValidCordonSource(source) {
+		return "", false
+	}
+	return source, true
+}
+
+// cordonRank is the precedence of a cordon source: an operator's cordon,
+// then an unhealthy device's, then an intruder's.
+func cordonRank(source string) int {
+	switch source {
+	case CordonOperator:
+		return 3
+	case CordonUnhealthy:
+		return 2
+	case CordonIntruder:
+		return 1
+	default:
+		return 0
+	}
+}
+
+// CordonKept reports whether a cordon from source leaves the cordon old in
+// force as it is: source ranks below old's source, in the order operator >
+// unhealthy > intruder. A cordon of equal or higher rank replaces old (an
+// operator's replaces any, an unhealthy device's an intruder's).
+//
+// What a cordon says is what its lifting is decided on, and what the
+// daemon and a reboot do with it. An operator's cordon is maintenance set
+// on purpose (a GPU waiting for an RMA): rewritten with the observer's
+// source it would lose its reason and author, and be dropped at the next
+// reboot as the observer's, after which the GPU takes claims again. An
+// unhealthy device's cordon is about a GPU that failed (a double-bit ECC
+// error, fallen off the bus), which NVML reports once: rewritten as an
+// intruder's, it would be lifted once the intruder is dealt with, and the
+// broken GPU would take claims again, with nothing to find it again.
+func CordonKept(old *Cordon, source string) bool {
+	return cordonRank(source) < cordonRank(old.Source)
 }
 
 // cordonText describes a cordon for audit records.

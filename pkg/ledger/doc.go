@@ -232,10 +232,12 @@
 //     of new claims: no Claim of it or of a device conflicting with it (a
 //     cordon on a GPU covers its MIG instances, one on a MIG instance blocks
 //     its GPU) and no reservation on it; its holder keeps its claim, and so
-//     may a container ask again for what it holds. An observer's cordon
-//     never replaces an operator's on the same device (OperatorCordonKept:
-//     the finding is audited, the operator's cordon stays as it was, and
-//     so survives a reboot); an operator's replaces an observer's.
+//     may a container ask again for what it holds. A cordon never
+//     replaces one of a source that ranks higher on the same device,
+//     operator > unhealthy > intruder (CordonKept: the finding is audited,
+//     the cordon in force stays as it was, so an operator's still survives
+//     a reboot and an unhealthy one is not lifted as an intruder's); one
+//     of equal or higher rank replaces it, keeping Since.
 //     Cordons are per device UUID: a GPU's and its MIG instance's are two,
 //     each lifted on its own. Cordons last until
 //     lifted, through compaction and Recover (they are journaled). At the
