@@ -183,17 +183,6 @@ const cordonKeptText = " cordon kept, not replaced by the observer's finding:"
 // is recorded after it.
 func CordonKeptPrefix(source string) string { return source + cordonKeptText }
 
-// CordonKeptSource tells whether reason is the reason of the audit record
-// of a finding that left a cordon in force (CordonKeptPrefix), and the
-// source of that cordon.
-func CordonKeptSource(reason string) (string, bool) {
-	source, _, ok := strings.Cut(reason, cordonKeptText)
-	if !ok || !ValidCordonSource(source) {
-		return "", false
-	}
-	return source, true
-}
-
 // cordonRank is the precedence of a cordon source: an operator's cordon,
 // then an unhealthy device's, then an intruder's.
 func cordonRank(source string) int {
