@@ -40,10 +40,11 @@ who can rename the state dir could make the host look fresh.
 Settings that are valid but risky (a metrics endpoint reachable from other
 hosts, exempt namespaces that the OCI hook cannot honour) are listed as
 warnings; they do not make the file invalid. So is a [hook] poststop that
-disagrees with the guard's hooks.d definitions in podman's and CRI-O's
-default directories (/usr/share/containers/oci/hooks.d, masked by
-/etc/containers/oci/hooks.d): false while a poststop still runs for every
-container, or true while create-runtime does and no poststop does.
+disagrees with the guard's hooks.d definitions in the hooks directories
+podman reads (the [engine] hooks_dir of its containers.conf files, else
+/usr/share/containers/oci/hooks.d; a file in a later directory masks one of
+the same name in an earlier one): false while a poststop still runs for
+every container, or true while create-runtime does and no poststop does.
 
 Exits 0 when the file is valid (with or without warnings), 1 when it is not.`,
 		`  gpu-guard-ctl check-config
@@ -113,7 +114,15 @@ func (a *app) checkConfig(name string) error {
 		v.Warnings = append(v.Warnings, v.cfg.Warnings()...)
 		dirs := a.env.HooksDirs
 		if dirs == nil {
-			dirs = DefaultHooksDirs
+			confs := a.env.ContainersConfs
+			switch {
+			case confs != nil:
+			case a.env.Getenv("CONTAINERS_CONF") != "":
+				confs = []string{a.env.Getenv("CONTAINERS_CONF")}
+			default:
+				confs = DefaultContainersConfs
+			}
+			dirs = podmanHooksDirs(confs)
 		}
 		v.Warnings = append(v.Warnings, hooksDirWarnings(dirs, v.cfg.Hook.Poststop)...)
 		// The packaged systemd unit (ProtectSystem=strict) may write only

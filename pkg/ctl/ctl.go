@@ -86,8 +86,13 @@ type Env struct {
 	// FollowInterval is how often `audit --follow` polls (default 1s).
 	FollowInterval time.Duration
 	// HooksDirs are the hooks.d directories check-config compares [hook]
-	// poststop with, lowest precedence first; nil = DefaultHooksDirs.
+	// poststop with, lowest precedence first; nil = the ones podman reads,
+	// from the [engine] hooks_dir of ContainersConfs.
 	HooksDirs []string
+	// ContainersConfs are the containers.conf files (glob patterns) podman
+	// reads, in order; nil = $CONTAINERS_CONF if set, else
+	// DefaultContainersConfs.
+	ContainersConfs []string
 }
 
 // DefaultEnv is the Env of the real process.

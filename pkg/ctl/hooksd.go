@@ -11,12 +11,59 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
+
+	"github.com/BurntSushi/toml"
 )
 
-// DefaultHooksDirs are the hooks.d directories podman and CRI-O read by
-// default, lowest precedence first: a file in a later one masks the file of
-// the same name in an earlier one (oci-hooks(5)).
-var DefaultHooksDirs = []string{"/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d"}
+// defaultHooksDir is the hooks directory podman (and CRI-O) read when their
+// configuration names none ([engine] hooks_dir of containers.conf).
+const defaultHooksDir = "/usr/share/containers/oci/hooks.d"
+
+// DefaultContainersConfs are the containers.conf files podman reads, in
+// order, when CONTAINERS_CONF names none: a later one's [engine] hooks_dir
+// replaces an earlier one's.
+var DefaultContainersConfs = []string{
+	"/usr/share/containers/containers.conf",
+	"/etc/containers/containers.conf",
+	"/etc/containers/containers.conf.d/*.conf",
+}
+
+// maxContainersConfBytes bounds the read of one containers.conf.
+const maxContainersConfBytes = 1 << 20
+
+// podmanHooksDirs returns the hooks directories podman reads, lowest
+// precedence first (a file in a later one masks the file of the same name
+// in an earlier one), from the [engine] hooks_dir of the containers.conf
+// files confs (patterns, in podman's order): the last one that sets it
+// wins, and none setting it leaves podman's default. A file that cannot be
+// read or parsed is skipped (podman reports it itself).
+func podmanHooksDirs(confs []string) []string {
+	dirs := []string{defaultHooksDir}
+	for _, pattern := range confs {
+		files, err := filepath.Glob(pattern)
+		if err != nil {
+			continue
+		}
+		slices.Sort(files)
+		for _, f := range files {
+			data, err := readSmallRegular(f, maxContainersConfBytes)
+			if err != nil {
+				continue
+			}
+			var conf struct {
+				Engine struct {
+					HooksDir []string `toml:"hooks_dir"`
+				} `toml:"engine"`
+			}
+			if _, err := toml.Decode(string(data), &conf); err != nil || conf.Engine.HooksDir == nil {
+				continue
+			}
+			dirs = conf.Engine.HooksDir
+		}
+	}
+	return dirs
+}
 
 // maxHookFileBytes bounds the read of one hooks.d file (they are a few
 // hundred bytes).
@@ -81,7 +128,7 @@ func effectiveHookDefinitions(dirs []string) []hookDefinition {
 				continue
 			}
 			p := filepath.Join(dir, e.Name())
-			data, err := readHookFile(p)
+			data, err := readSmallRegular(p, maxHookFileBytes)
 			if err != nil {
 				continue
 			}
@@ -101,18 +148,29 @@ func effectiveHookDefinitions(dirs []string) []hookDefinition {
 	return out
 }
 
-func readHookFile(p string) ([]byte, error) {
-	f, err := os.Open(p) //nolint:gosec // a hooks.d file the engine reads as well
+// readSmallRegular reads the regular file p (a symbolic link to one is
+// followed, as the engines follow it) of at most limit bytes. It never
+// blocks on what is not a regular file: a FIFO named *.json is opened
+// without waiting for a writer and refused.
+func readSmallRegular(p string, limit int64) ([]byte, error) {
+	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0) //nolint:gosec // a file the engine reads as well
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = f.Close() }()
-	data, err := io.ReadAll(io.LimitReader(f, maxHookFileBytes+1))
+	fi, err := f.Stat()
 	if err != nil {
 		return nil, err
 	}
-	if len(data) > maxHookFileBytes {
-		return nil, fmt.Errorf("%s is larger than %d bytes", p, maxHookFileBytes)
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s is not a regular file", p)
+	}
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("%s is larger than %d bytes", p, limit)
 	}
 	return data, nil
 }
@@ -139,15 +197,17 @@ func hooksDirWarnings(dirs []string, poststop bool) []string {
 	}
 	switch {
 	case !poststop && len(stopAll) > 0:
-		return []string{fmt.Sprintf("hook.poststop: false, but %s runs `nri-gpu-guard-hook poststop` for every container, "+
-			"which costs the process this setting means to save; mask it: `cp /usr/share/nri-gpu-guard/one-hook/nri-gpu-guard-poststop.json "+
-			"/etc/containers/oci/hooks.d/` (docs/hook.md, One hook per container), or set poststop = true",
-			strings.Join(stopAll, ", "))}
+		return []string{fmt.Sprintf("hook.poststop: false, but %s runs `nri-gpu-guard-hook poststop` for every container "+
+			"(podman's hooks directories, [engine] hooks_dir: %s), which costs the process this setting means to save; "+
+			"mask it with /usr/share/nri-gpu-guard/one-hook/nri-gpu-guard-poststop.json in a directory listed after it "+
+			"(docs/hook.md, One hook per container), or set poststop = true",
+			strings.Join(stopAll, ", "), strings.Join(dirs, ", "))}
 	case poststop && len(create) > 0 && len(stopAll) == 0:
-		return []string{fmt.Sprintf("hook.poststop: true, but no hooks.d definition in %s runs `nri-gpu-guard-hook poststop` "+
-			"for every container while %s runs create-runtime for every one: the claim of each exited container lasts until the next "+
-			"request for its GPU and status reports it as a problem; install the poststop definition, or set poststop = false "+
-			"for one hook per container", strings.Join(dirs, " and "), strings.Join(create, ", "))}
+		return []string{fmt.Sprintf("hook.poststop: true, but no hooks.d definition in %s (podman's hooks directories, "+
+			"[engine] hooks_dir) runs `nri-gpu-guard-hook poststop` for every container while %s runs create-runtime for every one: "+
+			"the claim of each exited container lasts until the next request for its GPU and status reports it as a problem; "+
+			"install the poststop definition, or set poststop = false for one hook per container",
+			strings.Join(dirs, ", "), strings.Join(create, ", "))}
 	}
 	return nil
 }

@@ -691,9 +691,11 @@ func buildStatus(st *ledger.State, head headWait, inv *devices.Inventory, info i
 			// the claimed device's row does).
 			d.Kept = kept[d.UUID]
 			d.Exited = exited[d.UUID]
-			if d.Exited != nil && d.Cordon != nil {
-				// A cordon refuses every request for the device before any
-				// holder is settled: only gc ends this claim.
+			if d.Exited != nil && d.Cordon != nil && (d.CordonedVia == "" || d.CordonedVia == d.Parent) {
+				// A cordon on the device or on its GPU refuses every
+				// request that could meet this claim before any holder is
+				// settled: only gc ends it. (One on a MIG instance of a
+				// claimed GPU leaves its sibling instances to requests.)
 				e := *d.Exited
 				e.Ends = endsGC
 				d.Exited = &e

@@ -242,3 +242,48 @@ func TestStatusExitedJSONFieldsDocumented(t *testing.T) {
 			"status prints field %q, which docs/ctl-json.md does not document", k)
 	}
 }
+
+// An exited hook holder's claim ends with gc alone where a cordon refuses
+// every request that could meet it: a cordon on the claimed device or on
+// its GPU. A cordon on one MIG instance of a GPU claimed whole, or on a
+// sibling of a claimed MIG instance, leaves requests for the other
+// instances, the first of which ends the claim (the guard settles the
+// holder before it admits): "next-request" there.
+func TestStatusExitedEndsWithGCOnlyWhereNoRequestCanMeetIt(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		claimed, cordon string
+		want            string
+	}{
+		{"the claimed GPU cordoned", uuidGPU1, uuidGPU1, endsGC},
+		{"a claimed MIG instance's GPU cordoned", uuidMIG1, uuidGPU0, endsGC},
+		{"a claimed MIG instance cordoned", uuidMIG1, uuidMIG1, endsGC},
+		{"one MIG instance of a GPU claimed whole cordoned", uuidGPU0, uuidMIG0, endsNextRequest},
+		{"a sibling of a claimed MIG instance cordoned", uuidMIG1, uuidMIG0, endsNextRequest},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			hookConfig(t, f, nil, false, "")
+			f.update(t, now.Add(-time.Minute), func(tx *ledger.Tx) {
+				claim(t, tx, ownHook, `env NVIDIA_VISIBLE_DEVICES="x"`, f.dev(t, tc.claimed))
+				require.True(t, tx.SetStarted(idHook, 4242, 42, ""))
+				_, _, err := tx.Cordon(f.dev(t, tc.cordon), ledger.CordonOperator, "RMA 4711", "uid 0 via gpu-guard-ctl")
+				require.NoError(t, err)
+			})
+			f.liveness["pid:4242"] = "pid 4242 is gone"
+			r := f.run(t, "status", "-o", "json")
+			require.Equal(t, ExitOK, r.code, r.stdout+r.stderr)
+			var view statusView
+			require.NoError(t, json.Unmarshal([]byte(r.stdout), &view), r.stdout)
+			var row *statusDevice
+			for i := range view.Devices {
+				if view.Devices[i].UUID == tc.claimed {
+					row = &view.Devices[i]
+				}
+			}
+			require.NotNil(t, row)
+			require.NotNil(t, row.Exited, r.stdout)
+			assert.Equal(t, tc.want, row.Exited.Ends)
+		})
+	}
+}

@@ -262,6 +262,9 @@ func (d *statusDevice) exitedNote() (string, bool) {
 	}
 	ends := "its claim ends at the next request for the device or with `sudo " + programName + " gc`"
 	switch {
+	case d.Exited.Ends == endsGC && d.Exited.Drains:
+		ends = "its claim is marked draining by `sudo " + programName + " gc` (the device is cordoned: no request is admitted to it), " +
+			"then released once its processes leave the GPU (release_requires_idle, at the latest after idle_grace)"
 	case d.Exited.Ends == endsGC:
 		ends = "its claim ends with `sudo " + programName + " gc` (the device is cordoned: no request is admitted to it)"
 	case d.Exited.Drains:

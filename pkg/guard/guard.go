@@ -1462,7 +1462,8 @@ func releasableForRequester(h, requester ledger.Owner, releaseOn config.ReleaseO
 	if !restartOf(h, requester) {
 		return ReleasableIdle(h, releaseOn, requiresIdle, live, rt)
 	}
-	if requester.Pid > 0 && h.Cgroup != "" && h.Cgroup == requester.Cgroup {
+	shared := requester.Pid > 0 && h.Cgroup != "" && h.Cgroup == requester.Cgroup
+	if shared {
 		live = successorLiveness{live, requester.Pid}
 	}
 	v := ReleasableIdle(h, config.ReleaseOnStop, requiresIdle, live, nil)
@@ -1477,7 +1478,10 @@ func releasableForRequester(h, requester ledger.Owner, releaseOn config.ReleaseO
 	case ReleaseNow, MarkDraining:
 		v.Why += "; its container was created again (a restart)"
 	case KeepRunning:
-		v.EarlierIncarnation = true
+		// Kept for what else runs in the cgroup they share: the refusal
+		// says so. (With no shared cgroup the holder is as much another
+		// container as one of another runtime root.)
+		v.EarlierIncarnation = shared
 	}
 	return v
 }

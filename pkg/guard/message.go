@@ -246,7 +246,7 @@ func (c conflictText) busyText(bd ledger.BusyDevice) string {
 		if v.EarlierIncarnation {
 			// The requester's own id: say which of its incarnations holds
 			// it and why that one counts as running.
-			fmt.Fprintf(&b, " (an earlier incarnation of this container, pid %d: %s, other than this one's)", h.Owner.Pid, v.Why)
+			fmt.Fprintf(&b, " (an earlier incarnation of this container, pid %d: %s)", h.Owner.Pid, v.Why)
 		}
 		if h.Device.UUID != bd.Wanted.UUID {
 			// A full GPU against one of its MIG instances, or the reverse.

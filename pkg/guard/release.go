@@ -71,11 +71,12 @@ type Verdict struct {
 	// deletes it there: the words for the holder say where it is and how
 	// to end it (KeptRemedy).
 	Listed string
-	// EarlierIncarnation: the holder, kept running, is an earlier
-	// incarnation of the requester's own container (its id created again),
-	// which still has processes other than the requester's in the cgroup
-	// both run in: the refusal says so rather than naming the container
-	// as if it were another.
+	// EarlierIncarnation: the holder, kept running (Why says on what
+	// finding), is an earlier incarnation of the requester's own container
+	// (its id created again) in the cgroup both run in: the refusal says so
+	// rather than naming the container as if it were another. Not set
+	// where they share no cgroup (another runtime root's container of the
+	// same id is another container).
 	EarlierIncarnation bool
 }
 

@@ -109,7 +109,7 @@ func TestRestartIsNotRefusedByItsOwnEarlierIncarnation(t *testing.T) {
 			assert.Equal(t, 100, claims[0].Owner.Pid, "the earlier incarnation keeps GPU 0")
 			assert.True(t, strings.Contains(d.Message, "c1"), "the refusal names the holder: %s", d.Message)
 			if tc.restartID == "" {
-				assert.Contains(t, d.Message, "held by container c1 (an earlier incarnation of this container, pid 100: alive, other than this one's)")
+				assert.Contains(t, d.Message, "held by container c1 (an earlier incarnation of this container, pid 100: alive)")
 			} else {
 				assert.NotContains(t, d.Message, "earlier incarnation", "another container is not told it is this one")
 			}
@@ -134,4 +134,20 @@ func TestReleaseRuleCheckForJudgesTheRequestersEarlierIncarnation(t *testing.T) 
 	other := hookIncarnation("c2", 200)
 	other.Cgroup = restart.Cgroup
 	assert.False(t, rule.CheckFor(earlier, other).Exited(), "another container's process is not excluded")
+}
+
+// The refusal calls the holder an earlier incarnation of the requester only
+// where the two share the cgroup the runtime names after the id: a
+// container of the same id in another cgroup (another runtime root) is
+// another container, refused in the usual words.
+func TestSameIDInAnotherCgroupIsNotCalledAnEarlierIncarnation(t *testing.T) {
+	e := newEnv(t, nil)
+	first := hookIncarnation("c1", 100)
+	require.Equal(t, guard.Admit, e.admitHook(first, visible("0")).Result)
+	other := hookIncarnation("c1", 200)
+	other.Cgroup = "/root-b/c1"
+	d := e.admitHook(other, visible("0"))
+	require.Equal(t, guard.Queue, d.Result, d.Message)
+	assert.Contains(t, d.Message, "held by container c1 since")
+	assert.NotContains(t, d.Message, "earlier incarnation")
 }

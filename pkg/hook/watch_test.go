@@ -276,3 +276,50 @@ func TestWatcherFingerprintsWhatTheAdmitCommitted(t *testing.T) {
 	require.True(t, due)
 	require.Equal(t, "ledger changed", why)
 }
+
+// A --wait restart queued behind its own earlier incarnation (another
+// process was left in the cgroup the runtime names after the id) sees at
+// its next poll that only its own process is left, and Admits: its rule
+// (releasableFor) judges the holder as the guard's Admit does, without the
+// requester's process. The rule of no requester counts that process and
+// left the waiter polling until its next refresh.
+func TestWatcherSeesItsOwnEarlierIncarnationGone(t *testing.T) {
+	const cgroup = "/machine.slice/libpod-me.scope"
+	earlier := ledger.Owner{ContainerID: "me", Pid: 100, PidStart: 1, Cgroup: cgroup, FrontEnd: ledger.FrontEndHook}
+	restart := ledger.Owner{ContainerID: "me", Pid: 200, PidStart: 2, Cgroup: cgroup, FrontEnd: ledger.FrontEndHook}
+	st := ledger.State{
+		Claims:  []ledger.Claim{{Device: gpu1, Owner: earlier, Since: t0}},
+		Waiters: []ledger.Waiter{{Key: "me", Seq: 1, Devices: []devices.Device{gpu1}, Owner: restart, LastSeen: t0, FirstSeen: t0}},
+	}
+	// The cgroup holds the restart's process alone.
+	live := livenessFunc(func(p liveness.Process) (bool, string) {
+		return p.Successor == restart.Pid, "cgroup holds pid 200"
+	})
+	rule := guard.NewReleaseRule(config.Default(), live)
+	for _, tc := range []struct {
+		name    string
+		rule    func(ledger.Owner) guard.Verdict
+		wantDue bool
+	}{
+		{"bound to its requester", releasableFor(rule, restart), true},
+		{"without a requester", rule.Check, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			clock := &fakeClock{t: t0}
+			w := &watcher{
+				snapshot:     func(context.Context) (ledger.State, error) { return st, nil },
+				releasable:   tc.rule,
+				now:          clock.now,
+				queueTTL:     15 * time.Minute,
+				refreshEvery: 30 * time.Second,
+			}
+			w.before(context.Background(), "me")
+			clock.advance(time.Second)
+			due, why := w.due(context.Background(), "me")
+			require.Equal(t, tc.wantDue, due, why)
+			if tc.wantDue {
+				require.Equal(t, "holder exited", why)
+			}
+		})
+	}
+}

@@ -174,6 +174,8 @@ func (c *Checker) dirExited(dir, rel string, unified bool, successor int) (exite
 		return false, fmt.Sprintf("cgroup %s not found", rel), false
 	case err != nil:
 		return false, fmt.Sprintf("cgroup %s unreadable: %v", rel, err), true
+	case populated && successor > 0:
+		return false, fmt.Sprintf("cgroup %s has processes other than pid %d, the restarted container's", rel, successor), true
 	case populated:
 		return false, fmt.Sprintf("cgroup %s has processes", rel), true
 	case successor > 0:

@@ -120,7 +120,7 @@ func TestExited(t *testing.T) {
 			name:       "v2: the restarted container's process beside another",
 			cgroup:     map[string]string{v2: "", "libpod-c1.scope/cgroup.events": "populated 1\n", "libpod-c1.scope/cgroup.procs": "555\n4243\n"},
 			owner:      Process{Pid: 4242, Cgroup: "/libpod-c1.scope", Successor: 555},
-			wantReason: "cgroup /libpod-c1.scope has processes",
+			wantReason: "cgroup /libpod-c1.scope has processes other than pid 555, the restarted container's",
 		},
 		{
 			name: "v2: another process in a child cgroup",
