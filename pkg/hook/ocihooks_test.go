@@ -34,6 +34,18 @@ type ociHookFile struct {
 	Stages []string `json:"stages"`
 }
 
+// readOCIHookFile decodes the hooks.d file at path, refusing unknown fields.
+func readOCIHookFile(t *testing.T, path string) ociHookFile {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var h ociHookFile
+	require.NoError(t, dec.Decode(&h))
+	return h
+}
+
 // TestShippedOCIHooks checks packaging/oci-hooks.d: one file per stage, each
 // running the installed binary with the phase Run accepts for that stage, for
 // every container (environment variables cannot be matched by `when`, and
@@ -51,12 +63,7 @@ func TestShippedOCIHooks(t *testing.T) {
 	seen := map[string]string{}
 	for _, path := range files {
 		t.Run(filepath.Base(path), func(t *testing.T) {
-			data, err := os.ReadFile(path)
-			require.NoError(t, err)
-			dec := json.NewDecoder(bytes.NewReader(data))
-			dec.DisallowUnknownFields()
-			var h ociHookFile
-			require.NoError(t, dec.Decode(&h))
+			h := readOCIHookFile(t, path)
 
 			require.Equal(t, "1.0.0", h.Version)
 			require.Len(t, h.Stages, 1, "one stage per file: each stage runs another phase")
@@ -107,19 +114,9 @@ func TestShippedOCIHooks(t *testing.T) {
 func TestShippedOneHookMask(t *testing.T) {
 	root, err := moduleRoot()
 	require.NoError(t, err)
-	read := func(path string) ociHookFile {
-		t.Helper()
-		data, err := os.ReadFile(path)
-		require.NoError(t, err)
-		dec := json.NewDecoder(bytes.NewReader(data))
-		dec.DisallowUnknownFields()
-		var h ociHookFile
-		require.NoError(t, dec.Decode(&h))
-		return h
-	}
 	const name = "nri-gpu-guard-poststop.json"
-	packaged := read(filepath.Join(root, "packaging", "oci-hooks.d", name))
-	mask := read(filepath.Join(root, "packaging", "oci-hooks.d", "one-hook", name))
+	packaged := readOCIHookFile(t, filepath.Join(root, "packaging", "oci-hooks.d", name))
+	mask := readOCIHookFile(t, filepath.Join(root, "packaging", "oci-hooks.d", "one-hook", name))
 	require.Equal(t, packaged.Version, mask.Version)
 	require.Equal(t, packaged.Stages, mask.Stages)
 	require.Equal(t, packaged.Hook, mask.Hook, "the same hook as the packaged poststop")

@@ -193,17 +193,7 @@ func podmanRestartPolicy(t *testing.T, r *podmanRig) {
 	require.NoError(t, err, out)
 	id := r.id("rp")
 	require.Equal(t, map[int]string{1: id}, r.holders())
-	first, err := strconv.Atoi(r.inspect("rp", "{{.State.Pid}}"))
-	require.NoError(t, err)
-
-	require.NoError(t, syscall.Kill(first, syscall.SIGKILL))
-	var restarted string
-	r.waitFor("podman to restart rp", func() bool {
-		restarted = r.inspect("rp", "{{.RestartCount}} {{.State.Status}} {{.State.Pid}}")
-		return strings.HasPrefix(restarted, "1 running ")
-	})
-	pid, err := strconv.Atoi(strings.TrimPrefix(restarted, "1 running "))
-	require.NoError(t, err, restarted)
+	first, pid := r.killForRestart("rp")
 	require.NotEqual(t, first, pid, "a new process")
 
 	claims := r.state().Claims
@@ -216,6 +206,24 @@ func podmanRestartPolicy(t *testing.T, r *podmanRig) {
 	require.Error(t, err, "GPU 1 is held by the restarted container: %s", out)
 	r.refusal(out, "GPU 1 ("+r.gpu[1]+") is held by container "+id[:12])
 	require.Equal(t, map[int]string{1: id}, r.holders())
+}
+
+// killForRestart kills the process of container name, which runs under a
+// restart policy for the first time, waits for podman to restart it, and
+// returns the killed pid and the restarted one.
+func (r *podmanRig) killForRestart(name string) (first, restarted int) {
+	r.t.Helper()
+	first, err := strconv.Atoi(r.inspect(name, "{{.State.Pid}}"))
+	require.NoError(r.t, err)
+	require.NoError(r.t, syscall.Kill(first, syscall.SIGKILL))
+	var state string
+	r.waitFor("podman to restart "+name, func() bool {
+		state = r.inspect(name, "{{.RestartCount}} {{.State.Status}} {{.State.Pid}}")
+		return strings.HasPrefix(state, "1 running ")
+	})
+	restarted, err = strconv.Atoi(strings.TrimPrefix(state, "1 running "))
+	require.NoError(r.t, err, state)
+	return first, restarted
 }
 
 // podmanFailedCreateUnderRemove: under release_on = "remove", a container
@@ -693,16 +701,7 @@ func podmanOneHook(t *testing.T, r *podmanRig) {
 	out, err = r.runGPU("rp", "2", "--restart=on-failure:3")
 	require.NoError(t, err, out)
 	id := r.id("rp")
-	firstPid, err := strconv.Atoi(r.inspect("rp", "{{.State.Pid}}"))
-	require.NoError(t, err)
-	require.NoError(t, syscall.Kill(firstPid, syscall.SIGKILL))
-	var restarted string
-	r.waitFor("podman to restart rp", func() bool {
-		restarted = r.inspect("rp", "{{.RestartCount}} {{.State.Status}} {{.State.Pid}}")
-		return strings.HasPrefix(restarted, "1 running ")
-	})
-	pid, err := strconv.Atoi(strings.TrimPrefix(restarted, "1 running "))
-	require.NoError(t, err, restarted)
+	_, pid := r.killForRestart("rp")
 	var onGPU2 []ledger.Claim
 	for _, c := range r.state().Claims {
 		if c.Device.UUID == r.gpu[2] {
