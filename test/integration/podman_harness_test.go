@@ -423,6 +423,7 @@ func (r *podmanRig) reset() {
 func (r *podmanRig) cleanup() {
 	_, _ = r.podman("rm", "-af", "-t", "0")
 	_, _ = r.podman("rmi", "-af")
+	r.dropCrunLeftovers()
 	if r.nsFile != "" {
 		_ = exec.Command("umount", r.nsFile).Run()
 	}
@@ -433,6 +434,29 @@ func (r *podmanRig) cleanup() {
 	_ = os.RemoveAll(r.base)
 	_, _ = ledger.RemoveMarkersUnder(ledger.DefaultRuntimeDir, r.base)
 	_, _ = hook.RemoveMarkersUnder(hook.DefaultMarkerDir, r.base) // containers whose create failed after admission
+}
+
+// dropCrunLeftovers deletes from crun's state root what this rig's
+// containers left there: in this rig crun cannot remove the cgroup it made
+// (see podmanFailedCreateUnderRemove), so podman rm leaves the container's
+// state dir behind, and a later `gpu-guard-ctl recover` with the default
+// runtime_roots on this host would read it as a container. Only the dirs
+// whose status names a path below the rig's base go.
+func (r *podmanRig) dropCrunLeftovers() {
+	const root = "/run/crun"
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		status, err := os.ReadFile(filepath.Join(root, e.Name(), "status"))
+		if err != nil || !strings.Contains(string(status), r.base+"/") {
+			continue
+		}
+		if exec.Command("crun", "--root", root, "delete", "--force", e.Name()).Run() != nil {
+			_ = os.RemoveAll(filepath.Join(root, e.Name()))
+		}
+	}
 }
 
 // audit is the ledger's audit log, oldest first.
