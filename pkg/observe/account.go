@@ -107,6 +107,8 @@ func compare(now time.Time, ls []listing, v ledgerView) Report {
 			r.Findings = append(r.Findings, f)
 		case l.err != nil:
 			dr.Error = l.err.Error()
+		case l.device.unknownMIG:
+			dr.Error = unknownMIGNotice(l.device)
 		}
 		r.Devices = append(r.Devices, dr)
 		for _, p := range l.procs {
@@ -123,6 +125,15 @@ func compare(now time.Time, ls []listing, v ledgerView) Report {
 		return a.PID < b.PID
 	})
 	return r
+}
+
+// unknownMIGNotice says that d, a MIG instance the inventory lacks, is
+// observed only as part of its GPU, and how to rebuild the inventory.
+func unknownMIGNotice(d Device) string {
+	return fmt.Sprintf("the MIG layout of GPU %d (%s) changed since the inventory was discovered: "+
+		"instance %s is not in it; its processes are judged against the claims on the GPU, "+
+		"and it cannot be claimed until the inventory is rebuilt (restart nri-gpu-guard; "+
+		"`sudo gpu-guard-ctl devices --refresh` refreshes the OCI hooks' cache)", d.gpuIndex, d.ParentUUID, d.UUID)
 }
 
 func lostFinding(now time.Time, d Device, err error) Finding {

@@ -58,8 +58,16 @@
 //     Nor is it taken for gone when it may still run: Idle answers an error
 //     for a listed pid whose /proc entry is unreadable, or missing while the
 //     kernel still knows the pid (/proc mounted with hidepid).
+//   - The processes of a GPU in MIG mode are listed on its MIG instances,
+//     never on the GPU (its list aggregates theirs). Each pass walks the MIG
+//     layout NVML reports now, not only the inventory's: an instance created
+//     since discovery is listed and judged too (a claim on its GPU covers
+//     it; otherwise it is free), Idle counts its processes, and its
+//     DeviceReport.Error says the inventory lacks it and how to rebuild it
+//     (it is logged once).
 //   - Every message names the device by index and UUID, the pid, and the
-//     container (or "host process").
+//     container (or "host process"); an instance the inventory lacks is
+//     named with its GPU's index and UUID as well.
 //   - NVML reports host pids: the process running the observer must see the
 //     host's pid namespace and /proc (Options.ProcRoot).
 //   - Code that needs cgo (NVML) is confined to nvml.go; builds without cgo

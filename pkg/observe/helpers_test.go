@@ -47,6 +47,9 @@ type mockHost struct {
 	creates  int
 	frees    int
 	migs     map[string][]*mock.Device // MIG handles by parent UUID
+	// addMIG creates a MIG instance at NVML MIG index n of the MIG-mode
+	// GPU (enableMIG) that the inventory does not know.
+	addMIG func(n int, uuid string)
 }
 
 // newMockA100 is go-nvml's DGX A100 mock: 8 GPUs, no MIG.
@@ -188,10 +191,23 @@ func (h *mockHost) enableMIG(gpu int, idx ...int) {
 		h.gpus[gpu].MIG = append(h.gpus[gpu].MIG, devices.MIG{Index: n, UUID: uuid, GI: pos + 1, CI: 0, ParentUUID: sd.UUID, ParentIndex: gpu})
 	}
 	sd.GetMigDeviceHandleByIndexFunc = func(n int) (nvml.Device, nvml.Return) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
 		if m, ok := handles[n]; ok {
 			return m, nvml.SUCCESS
 		}
 		return nil, nvml.ERROR_NOT_FOUND
+	}
+	sd.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS } // H100
+	h.addMIG = func(n int, uuid string) {
+		m := &mock.Device{
+			GetUUIDFunc:           func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+			IsMigDeviceHandleFunc: func() (bool, nvml.Return) { return true, nvml.SUCCESS },
+		}
+		h.instrument(uuid, m)
+		h.mu.Lock()
+		handles[n] = m
+		h.mu.Unlock()
 	}
 	// Processes of a MIG-mode GPU are listed on its instances, never on
 	// the GPU itself.

@@ -183,10 +183,64 @@ func (s *nvmlSource) list(devs []Device) []listing {
 		}
 		if d.hasMIG {
 			// In MIG mode processes run on instances; they are listed
-			// there, once each.
+			// there, once each (never on the GPU, whose list aggregates
+			// them). The inventory's instances are listed as devs has
+			// them; an instance created since discovery is listed from
+			// the MIG layout NVML reports now.
+			out = append(out, unknownMIG(d, h, devs)...)
 			continue
 		}
 		l.procs, l.lost, l.err = processes(h)
+		out = append(out, l)
+	}
+	return out
+}
+
+// unknownMIG lists the processes of the MIG instances NVML reports now on
+// gpu (h: its handle, in MIG mode) that are not among devs: instances
+// created after the inventory was discovered. Each is a Device of its own
+// (unknownMIG set) that the claims on gpu cover. A walk NVML refuses is a
+// listing of gpu with the error: its instances are not known to be all
+// observed.
+func unknownMIG(gpu Device, h nvml.Device, devs []Device) []listing {
+	known := map[string]bool{}
+	for _, d := range devs {
+		if d.ParentUUID == gpu.UUID {
+			known[d.UUID] = true
+		}
+	}
+	n, ret := h.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		return []listing{{device: gpu, err: fmt.Errorf("count its MIG instances: %w", ret)}}
+	}
+	var out []listing
+	for j := range n {
+		m, ret := h.GetMigDeviceHandleByIndex(j)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue // no instance at this index
+		}
+		if ret != nvml.SUCCESS {
+			out = append(out, listing{device: gpu, err: fmt.Errorf("get the handle of MIG index %d: %w", j, ret)})
+			continue
+		}
+		uuid, ret := m.GetUUID()
+		if ret != nvml.SUCCESS {
+			out = append(out, listing{device: gpu, err: fmt.Errorf("get the UUID of MIG index %d: %w", j, ret)})
+			continue
+		}
+		if known[uuid] {
+			continue
+		}
+		l := listing{device: Device{
+			Index: fmt.Sprintf("%d:%d", gpu.gpuIndex, j), UUID: uuid, ParentUUID: gpu.UUID,
+			gpuIndex: gpu.gpuIndex, migIndex: j, gi: -1, ci: -1, unknownMIG: true,
+		}}
+		l.procs, l.lost, l.err = processes(m)
+		if l.lost != nil {
+			// Gone between the walk and the listing: nothing to judge,
+			// and nothing the inventory holds to call unhealthy.
+			continue
+		}
 		out = append(out, l)
 	}
 	return out

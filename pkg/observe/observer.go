@@ -94,6 +94,8 @@ type Observer struct {
 
 	mu        sync.Mutex
 	unhealthy map[string]Finding // by device UUID
+	// unknownSeen: the MIG instances the inventory lacks that were logged.
+	unknownSeen map[string]bool
 	// Callbacks waiting for the dispatcher (see Options.OnReport); wake
 	// tells it there are some.
 	pendingUnhealthy []Finding
@@ -129,7 +131,7 @@ func New(opts Options) (*Observer, error) {
 		opts: opts, src: opts.Source, devs: DevicesOf(opts.GPUs),
 		proc: procFS{root: opts.ProcRoot}, xids: map[uint64]bool{},
 		log: opts.Logger, now: opts.Now,
-		nvml: make(chan struct{}, 1), unhealthy: map[string]Finding{},
+		nvml: make(chan struct{}, 1), unhealthy: map[string]Finding{}, unknownSeen: map[string]bool{},
 		wake: make(chan struct{}, 1),
 	}
 	if o.log == nil {
@@ -203,6 +205,11 @@ func (o *Observer) Account(ctx context.Context) (Report, error) {
 			o.log.Warn("cannot list the processes of a device; nothing concluded about it this pass",
 				"device", l.device.String(), "error", l.err)
 		}
+		if l.device.unknownMIG && o.firstUnknown(l.device.UUID) {
+			o.log.Warn("MIG instance not in the inventory; its processes are judged against the claims on its GPU",
+				"gpu", fmt.Sprintf("GPU %d (%s)", l.device.gpuIndex, l.device.ParentUUID),
+				"instance", l.device.UUID, "index", l.device.Index, "message", unknownMIGNotice(l.device))
+		}
 	}
 	for _, f := range r.Findings {
 		if f.Kind == KindUnhealthy {
@@ -237,6 +244,19 @@ func (o *Observer) listAttributed(ctx context.Context, devs []Device) ([]listing
 	return ls, nil
 }
 
+// firstUnknown reports whether the MIG instance uuid, one the inventory
+// lacks, is seen for the first time (it is logged once; each report says
+// so as long as it is there).
+func (o *Observer) firstUnknown(uuid string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.unknownSeen[uuid] {
+		return false
+	}
+	o.unknownSeen[uuid] = true
+	return true
+}
+
 // IdleResult answers Idle.
 type IdleResult struct {
 	// Idle is true when none of the holder's processes runs on the device.
@@ -246,7 +266,8 @@ type IdleResult struct {
 }
 
 // Idle reports whether the holder h still has processes on h.DeviceUUID (for
-// a GPU in MIG mode: on any of its MIG instances). It is the check of
+// a GPU in MIG mode: on any of its MIG instances, those NVML reports now
+// included, the inventory's or not). It is the check of
 // release_requires_idle: a draining claim is released once it is true.
 // An NVML error, a lost device or a listed process whose /proc entry cannot
 // be read is returned as an error (the claim stays draining and the caller

@@ -25,6 +25,11 @@ type Device struct {
 	migIndex int  // NVML MIG device index on the parent; -1 for a GPU
 	gi, ci   int  // GPU and compute instance of a MIG instance
 	hasMIG   bool // a GPU whose processes are listed on its MIG instances
+	// unknownMIG: a MIG instance NVML reports on a GPU of the inventory
+	// that the inventory lacks (created since discovery). It is listed
+	// and judged like the inventory's instances (a claim on its GPU
+	// covers it); nothing can claim it until the inventory is rebuilt.
+	unknownMIG bool
 }
 
 // IsMIG reports whether d is a MIG instance.
@@ -32,6 +37,9 @@ func (d Device) IsMIG() bool { return d.ParentUUID != "" }
 
 // String names the device the way every message does: index and UUID.
 func (d Device) String() string {
+	if d.unknownMIG {
+		return fmt.Sprintf("MIG %s (%s) of GPU %d (%s), an instance the inventory lacks", d.Index, d.UUID, d.gpuIndex, d.ParentUUID)
+	}
 	if d.IsMIG() {
 		return fmt.Sprintf("MIG %s (%s)", d.Index, d.UUID)
 	}
@@ -218,7 +226,11 @@ type DeviceReport struct {
 	Holder    string    `json:"holder,omitempty"`
 	Processes []Process `json:"processes"`
 	// Error is set when NVML could not list the device's processes: nothing
-	// is concluded about the device in this pass.
+	// is concluded about the device in this pass. It is set too on a MIG
+	// instance the inventory lacks (created since discovery), whose
+	// processes are listed and judged: it says so and how to rebuild the
+	// inventory, so that the device reads as not fully observed (it cannot
+	// be claimed, and readers that match devices to the inventory miss it).
 	Error string `json:"error,omitempty"`
 }
 
