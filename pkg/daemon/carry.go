@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
@@ -43,6 +44,20 @@ import (
 //     by the operator if the ledger is still in the lineage the file saw
 //     it in, lost with the state (and written again) if not.
 //
+// The devices found unhealthy cross it too, whatever cordon is in force on
+// them: an operator's outranks an unhealthy cordon and is kept instead of
+// it (ledger.CordonKept), NVML reports a critical Xid once, so neither the
+// ledger nor the new observer would tell the daemon after that the device
+// failed. The file holds each with the lineage its unhealthy cordon was
+// written in or last seen in force in, and its cordon pending when still to
+// write (writeUnhealthyCarry: written before the cordon, as the intruders'
+// are); the daemon after lists them (observe.json, the gauge) and judges
+// their cordons at its first pass as the daemon before would have
+// (settleUnhealthy): one missing in another lineage, or pending and not in
+// force, is written again as unhealthy. A file without them (an older
+// daemon's) carries none: only the unhealthy cordons in force are adopted
+// then (unhealthyOf), as before.
+//
 // A file that cannot be trusted (missing, of another boot or format,
 // corrupt) carries nothing, logged: every process is then judged afresh, as
 // before, which errs toward reporting and cordoning, never away from it.
@@ -56,6 +71,12 @@ type priorFindings struct {
 	lineages map[string]string
 	retry    map[string]observe.FileFinding
 	cordons  bool
+	// unhealthy: the devices the daemon before found unhealthy, with the
+	// lineage of each one's unhealthy cordon it knew (unhealthyLineages)
+	// and the reason of each it still had to write (unhealthyRetry).
+	unhealthy         []observe.Finding
+	unhealthyLineages map[string]string
+	unhealthyRetry    map[string]string
 }
 
 // firstAccounting reports whether no observer that runs accounting passes
@@ -102,6 +123,27 @@ func (w *Watch) readPrior(dir string, cordons []ledger.Cordon, lineage string, r
 		}
 		p.reported[findingKey(f.Finding)] = f
 	}
+	for _, u := range c.Unhealthy {
+		uuid := u.Device.UUID
+		if uuid == "" || slices.ContainsFunc(p.unhealthy, func(f observe.Finding) bool { return f.Device.UUID == uuid }) {
+			continue
+		}
+		f := u.Finding
+		f.Kind = observe.KindUnhealthy
+		p.unhealthy = append(p.unhealthy, f)
+		if u.CordonLineage != nil {
+			if p.unhealthyLineages == nil {
+				p.unhealthyLineages = map[string]string{}
+			}
+			p.unhealthyLineages[uuid] = *u.CordonLineage
+		}
+		if u.CordonRetry != "" {
+			if p.unhealthyRetry == nil {
+				p.unhealthyRetry = map[string]string{}
+			}
+			p.unhealthyRetry[uuid] = u.CordonRetry
+		}
+	}
 	on := findingsByDevice(p.reported)
 	// The devices whose cordon the daemon before wrote, saw in force or
 	// still had to write are judged by the ledger as at any pass
@@ -144,14 +186,15 @@ func (w *Watch) readPrior(dir string, cordons []ledger.Cordon, lineage string, r
 			p.lineages[uuid] = seen
 		}
 	}
-	attrs := []any{"findings", len(p.reported), "written_at", c.WrittenAt, "cordons_watched", len(p.lineages), "cordons_pending", len(p.retry)}
+	attrs := []any{"findings", len(p.reported), "written_at", c.WrittenAt, "cordons_watched", len(p.lineages), "cordons_pending", len(p.retry),
+		"unhealthy", len(p.unhealthy)}
 	if unnamed > 0 {
 		attrs = append(attrs, "not_carried", unnamed)
 	}
 	if c.Truncated > 0 {
 		attrs = append(attrs, "truncated", c.Truncated)
 	}
-	log.Info("GPU observer: findings of the daemon before carried over: a process that still runs is not reported, audited or cordoned again; one that ended is cleared at the first pass",
+	log.Info("GPU observer: findings of the daemon before carried over: a process that still runs is not reported, audited or cordoned again; one that ended is cleared at the first pass; an unhealthy device stays unhealthy, cordoned again if no cordon is in force on it, until `gpu-guard-ctl uncordon`",
 		attrs...)
 	return p
 }
@@ -170,6 +213,27 @@ func (w *Watch) adoptPriorLocked(dir string, p *priorFindings) {
 			w.cordonLineage = map[cordonKey]string{}
 		}
 		w.cordonLineage[cordonKey{ledger.CordonIntruder, uuid}] = seen
+	}
+	// The unhealthy devices join those an observer of this daemon found
+	// already (one that ran no accounting pass), which are newer.
+	for _, f := range p.unhealthy {
+		uuid := f.Device.UUID
+		if slices.ContainsFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == uuid }) {
+			continue
+		}
+		w.unhealthy = append(w.unhealthy, f)
+		if seen, known := p.unhealthyLineages[uuid]; known {
+			if w.cordonLineage == nil {
+				w.cordonLineage = map[cordonKey]string{}
+			}
+			w.cordonLineage[cordonKey{ledger.CordonUnhealthy, uuid}] = seen
+		}
+		if reason, pending := p.unhealthyRetry[uuid]; pending {
+			if w.cordonFailed == nil {
+				w.cordonFailed = map[string]string{}
+			}
+			w.cordonFailed[uuid] = reason
+		}
 	}
 }
 
@@ -197,15 +261,42 @@ func (w *Watch) adoptPriorLocked(dir string, p *priorFindings) {
 // report the pass's new findings once more (logged, audited, their devices
 // cordoned): the audit log and the file are two writes, and the records
 // come first so that none is ever missing.
-func (w *Watch) writeCarry() {
+func (w *Watch) writeCarry() { w.writeCarryWith(false, nil) }
+
+// writeUnhealthyCarry writes the carry file for a device found unhealthy
+// (onUnhealthy): pending names the devices whose unhealthy cordon is about
+// to be written (device UUID → reason), written before that cordon as the
+// intruders' are, so that a daemon after a crash between the two writes it
+// unless the ledger shows a cordon in force on the device. Only once an
+// observer that accounts has taken over the file of the daemon before
+// (w.accounted): until then that file is the daemon before's, which no pass
+// has settled yet, and is left as it is.
+func (w *Watch) writeUnhealthyCarry(pending map[string]string) { w.writeCarryWith(true, pending) }
+
+func (w *Watch) writeCarryWith(owned bool, pending map[string]string) {
 	g := w.guard()
 	if g == nil {
 		return
 	}
 	dir := g.Ledger().Dir()
 	w.mu.Lock()
+	if owned && !w.accounted {
+		w.mu.Unlock()
+		return
+	}
 	c := observe.Carry{BootID: g.Ledger().BootID(), Cordons: w.observing.cordons,
 		Findings: slices.Collect(maps.Values(w.reported)), CordonRetries: slices.Sorted(maps.Keys(w.intruderRetry))}
+	for _, f := range w.unhealthy {
+		u := observe.UnhealthyDevice{Finding: f, CordonRetry: w.cordonFailed[f.Device.UUID]}
+		if seen, known := w.cordonLineage[cordonKey{ledger.CordonUnhealthy, f.Device.UUID}]; known {
+			u.CordonLineage = &seen
+		}
+		if reason, ok := pending[f.Device.UUID]; ok {
+			u.CordonRetry = reason
+		}
+		c.Unhealthy = append(c.Unhealthy, u)
+	}
+	slices.SortFunc(c.Unhealthy, func(a, b observe.UnhealthyDevice) int { return strings.Compare(a.Device.UUID, b.Device.UUID) })
 	for k, seen := range w.cordonLineage {
 		if k.source != ledger.CordonIntruder {
 			continue
@@ -245,6 +336,13 @@ func carrySignature(dir string, c observe.Carry) string {
 	}
 	for _, uuid := range c.CordonRetries {
 		fmt.Fprintf(&b, "r %s\n", uuid)
+	}
+	for _, u := range c.Unhealthy {
+		lineage := "-"
+		if u.CordonLineage != nil {
+			lineage = "=" + *u.CordonLineage
+		}
+		fmt.Fprintf(&b, "u %s %s %d %t %q %q %q\n", u.Device.UUID, u.Time.UTC().Format(time.RFC3339Nano), u.Xid, u.Vanished, u.Message, lineage, u.CordonRetry)
 	}
 	return b.String()
 }

@@ -12,8 +12,8 @@
 // policy: each finding (intruder, out of bounds, unhealthy) is logged once
 // when it appears and when it clears, audited, counted (metrics) and written
 // to observe.json in the state directory for gpu-guard-ctl status (and the
-// intruder and out-of-bounds ones to observe-carry.json, for the next
-// daemon); under
+// intruder and out-of-bounds ones, and the unhealthy devices, to
+// observe-carry.json, for the next daemon of the same boot); under
 // [observe] on_intruder = "cordon" an intruder's device is cordoned, an
 // unhealthy device always is (persisted in the ledger, so the hook front end
 // honours it too); under release_requires_idle a draining claim is released
@@ -97,10 +97,18 @@
 //     reports the Xid once): every unhealthy device the new inventory
 //     lists is carried over, with the lineage its cordon was seen in, so
 //     that a cordon lost later is written again and an uncordon is still
-//     told from a loss. A new observer also adopts the unhealthy cordons in
-//     force in the ledger (a daemon restart starts with none of its own);
-//     a cordon the ledger lost while no daemon ran is not known to anyone,
-//     and its device takes claims again until its next critical error.
+//     told from a loss. So is a restart of the daemon (same boot): the
+//     unhealthy devices are in observe-carry.json, each with the lineage
+//     of its cordon and its cordon pending when it was still to write
+//     (written there before the cordon), whatever cordon is in force on
+//     it: an operator's outranks an unhealthy one and is kept instead
+//     (ledger.CordonKept), so the ledger alone does not say that the
+//     device failed. The daemon after lists them, watches them and
+//     cordons them again as unhealthy if no cordon is in force on them
+//     in another lineage, as the daemon before would. A new observer also
+//     adopts the unhealthy cordons in force in the ledger that it does
+//     not carry (a file of an older daemon carries no unhealthy device);
+//     a reboot forgets both (a device that still fails is found again).
 //   - An intruder's device (on_intruder = "cordon") stays cordoned while a
 //     process the guard did not admit is reported on it, until the
 //     operator uncordons it: then the same finding does not cordon it

@@ -1192,9 +1192,17 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 		// reports itself.
 		w.log().Warn("MIG instance no longer in NVML (its GPU repartitioned?): not cordoned; restart nri-gpu-guard to load the new MIG layout",
 			"device", f.Device.String())
-	} else if !w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, f.Message) {
-		w.cordonFailedFor(f.Device.UUID, f.Message)
+	} else {
+		// Recorded for the daemon after this one before the cordon (see
+		// writeUnhealthyCarry): a cordon in force on the device may be
+		// another's, kept instead of this one (ledger.CordonKept), and
+		// NVML reports the Xid once.
+		w.writeUnhealthyCarry(map[string]string{f.Device.UUID: f.Message})
+		if !w.cordonRecorded(ctx, f, ledger.CordonUnhealthy, f.Message) {
+			w.cordonFailedFor(f.Device.UUID, f.Message)
+		}
 	}
+	w.writeUnhealthyCarry(nil)
 	w.writeFile()
 }
 
@@ -1364,6 +1372,9 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 			w.writeFile()
 		}
 	}
+	// What became of the cordons (their lineages, a retry done, a device
+	// forgotten) for the daemon after this one.
+	w.writeUnhealthyCarry(nil)
 }
 
 // audit writes records through the ledger (an update that changes nothing

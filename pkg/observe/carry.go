@@ -9,13 +9,15 @@ import (
 )
 
 // CarryFileName is the daemon's record, in the state directory, of the
-// intruder and out-of-bounds findings it acted on, for the daemon that runs
-// after it (a restart, an upgrade, a crash): unlike observe.json it outlives
-// a clean stop, and no one but the daemon reads it.
+// intruder and out-of-bounds findings it acted on and of the devices it
+// found unhealthy, for the daemon that runs after it (a restart, an
+// upgrade, a crash): unlike observe.json it outlives a clean stop, and no
+// one but the daemon reads it.
 const CarryFileName = "observe-carry.json"
 
 // CarryFormat is the version of the carry file's JSON: a file of another
-// version is not read.
+// version is not read. A field added since (Unhealthy) is optional: a file
+// written without it carries none of what it holds.
 const CarryFormat = 1
 
 // Carry is the content of the carry file: what the daemon's policy knows of
@@ -51,9 +53,31 @@ type Carry struct {
 	// dies in between leaves them to the next daemon, which writes each
 	// unless the ledger shows a cordon in force on its device.
 	CordonRetries []string `json:"cordon_retries,omitempty"`
+	// Unhealthy are the devices the daemon found unhealthy and still
+	// watched: NVML reports a critical Xid once, and a cordon in force on
+	// the device may be another's (an operator's outranks an unhealthy
+	// one, ledger.CordonKept), so neither tells the next daemon that the
+	// device failed. A file without it (an older daemon's) carries none.
+	Unhealthy []UnhealthyDevice `json:"unhealthy,omitempty"`
 	// Truncated counts the findings left out to bound the file: the next
 	// daemon takes their processes for new findings.
 	Truncated int `json:"truncated,omitempty"`
+}
+
+// UnhealthyDevice is an unhealthy device in the carry file: the finding
+// that made it so, and what the daemon knew of its unhealthy cordon.
+type UnhealthyDevice struct {
+	Finding
+	// CordonLineage is the ledger lineage the device's unhealthy cordon
+	// was written in or last seen in force in ("" when it could not be
+	// read); nil when the daemon knew of no such cordon (not written yet,
+	// or never: a MIG instance gone from NVML is not cordoned).
+	CordonLineage *string `json:"cordon_lineage,omitempty"`
+	// CordonRetry is the reason of the device's unhealthy cordon when it
+	// could not be written yet, or was about to be written when the file
+	// was: the next daemon writes it unless the ledger shows a cordon in
+	// force on the device.
+	CordonRetry string `json:"cordon_retry,omitempty"`
 }
 
 // WriteCarry replaces dir/observe-carry.json with c (bounded as

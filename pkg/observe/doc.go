@@ -21,7 +21,8 @@
 // report for gpu-guard-ctl, bounded, written atomically, judged stale after
 // three intervals without a pass; and observe-carry.json (Carry,
 // WriteCarry, ReadCarry): the findings the daemon acted on, for the daemon
-// after it, named by process (the boot, the pid and Finding.StartTicks).
+// after it, named by process (the boot, the pid and Finding.StartTicks), and
+// the devices it found unhealthy (UnhealthyDevice).
 //
 // Rules (Finding.Kind):
 //   - intruder: a process of a container that holds no claim (or of the

@@ -1,0 +1,168 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+//go:build cgo
+
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/observe"
+)
+
+// accountingDaemon is a daemon's Watch over g whose observer runs
+// accounting passes (an hour apart: the test drives the policy), over every
+// GPU of h but GPU 7; stop ends it.
+func accountingDaemon(t *testing.T, h *gpuHost, g *guard.Guard) (w *Watch, m *metrics.Metrics, stop func()) {
+	t.Helper()
+	w = watchOver(g, nil)
+	m = metrics.New()
+	w.Metrics = m
+	w.ProcRoot, w.Interval = h.proc, time.Hour
+	return w, m, startWithout(t, w, g, h, 7)
+}
+
+func unhealthyUUIDs(fs []observe.Finding) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.Device.UUID)
+	}
+	return out
+}
+
+// GPU 3 is under an operator's maintenance cordon when it reports a
+// critical Xid: the unhealthy cordon is kept as the operator's (rank), so
+// the ledger does not say that the GPU failed, and NVML reports the Xid
+// once. The daemon after a restart (same boot) still knows it from the
+// carry file: it lists it as unhealthy (observe.json, the gauge), and
+// cordons it again, as unhealthy, once the ledger is rebuilt from nothing
+// (the NRI daemon's recovery after damage), as the daemon before would.
+func TestUnhealthyUnderOperatorCordonAcrossADaemonRestart(t *testing.T) {
+	for _, restart := range []bool{false, true} {
+		name := "same daemon"
+		if restart {
+			name = "daemon restarted"
+		}
+		t.Run(name, func(t *testing.T) {
+			h := newGPUHost(t)
+			g := guardFor(t, h, nil)
+			ctx := context.Background()
+			uuid := h.uuid(3)
+			_, _, err := g.Cordon(ctx, uuid, ledger.CordonOperator, "firmware update tonight", "operator")
+			require.NoError(t, err)
+
+			w, m, stop := accountingDaemon(t, h, g)
+			w.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
+				Device: observe.Device{UUID: uuid, Index: "3"}})
+			assert.Equal(t, ledger.CordonOperator, cordonOn(t, g, uuid).Source)
+			if restart {
+				stop()
+				w, m, stop = accountingDaemon(t, h, g)
+			}
+			defer stop()
+			w.mu.Lock()
+			assert.Equal(t, []string{uuid}, unhealthyUUIDs(w.unhealthy), "the daemon knows GPU 3 failed")
+			w.mu.Unlock()
+			assert.Equal(t, map[string]float64{"3": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
+			file, err := observe.ReadFile(g.Ledger().Dir())
+			require.NoError(t, err)
+			assert.Equal(t, []string{uuid}, unhealthyUUIDs(file.Unhealthy), "gpu-guard-ctl status warns of GPU 3")
+
+			w.settleUnhealthy(ctx, func(string) bool { return true })
+			assert.Equal(t, ledger.CordonOperator, cordonOn(t, g, uuid).Source, "the operator's cordon stays as it is")
+
+			damageLedger(t, g)
+			rep, err := g.Ledger().Recover(ctx, ledger.RecoverOptions{AllowEmpty: true, Reason: "NRI sync"})
+			require.NoError(t, err)
+			require.True(t, rep.Empty)
+			require.False(t, cordonedIn(t, g, uuid))
+			w.settleUnhealthy(ctx, func(string) bool { return true })
+			assert.Equal(t, ledger.CordonUnhealthy, cordonOn(t, g, uuid).Source,
+				"GPU 3 failed (Xid 79): cordoned again after the ledger was rebuilt")
+		})
+	}
+}
+
+// The unhealthy devices are carried within the boot only: after a reboot a
+// GPU that still fails is found again (discovery, its next Xid).
+func TestUnhealthyNotCarriedAcrossAReboot(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	ctx := context.Background()
+	uuid := h.uuid(3)
+	_, _, err := g.Cordon(ctx, uuid, ledger.CordonOperator, "firmware update tonight", "operator")
+	require.NoError(t, err)
+	w, _, stop := accountingDaemon(t, h, g)
+	w.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
+		Device: observe.Device{UUID: uuid, Index: "3"}})
+	stop()
+
+	path := filepath.Join(g.Ledger().Dir(), observe.CarryFileName)
+	data, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var c map[string]any
+	require.NoError(t, json.Unmarshal(data, &c))
+	require.Len(t, c["unhealthy"], 1)
+	c["boot_id"] = "an-earlier-boot"
+	data, err = json.Marshal(c)
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(path, data, 0o600))
+
+	w, m, stop := accountingDaemon(t, h, g)
+	defer stop()
+	w.mu.Lock()
+	assert.Empty(t, w.unhealthy)
+	w.mu.Unlock()
+	assert.Empty(t, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
+}
+
+// The carry file names the device's cordon pending before it is written: a
+// daemon that died between the two leaves it to the daemon after, which
+// writes it at its first settling.
+func TestUnhealthyCordonPendingCarriedAcrossADaemonRestart(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	ctx := context.Background()
+	uuid := h.uuid(3)
+	f := observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
+		Device: observe.Device{UUID: uuid, Index: "3"}, Time: time.Now()}
+	// What onUnhealthy's first write leaves when the daemon dies before its
+	// cordon.
+	w := watchOver(g, nil)
+	w.mu.Lock()
+	w.accounted = true
+	w.unhealthy = append(w.unhealthy, f)
+	w.mu.Unlock()
+	w.writeUnhealthyCarry(map[string]string{uuid: f.Message})
+	c, err := observe.ReadCarry(g.Ledger().Dir())
+	require.NoError(t, err)
+	require.Len(t, c.Unhealthy, 1)
+	assert.Equal(t, f.Message, c.Unhealthy[0].CordonRetry)
+	assert.Nil(t, c.Unhealthy[0].CordonLineage)
+	require.False(t, cordonedIn(t, g, uuid))
+
+	w, _, stop := accountingDaemon(t, h, g)
+	defer stop()
+	w.settleUnhealthy(ctx, func(string) bool { return true })
+	assert.Equal(t, ledger.CordonUnhealthy, cordonOn(t, g, uuid).Source)
+	assert.Equal(t, f.Message, cordonOn(t, g, uuid).Reason)
+	c, err = observe.ReadCarry(g.Ledger().Dir())
+	require.NoError(t, err)
+	require.Len(t, c.Unhealthy, 1)
+	assert.Empty(t, c.Unhealthy[0].CordonRetry, "written: no longer pending")
+	assert.NotNil(t, c.Unhealthy[0].CordonLineage)
+	assert.True(t, slices.ContainsFunc(c.Unhealthy, func(u observe.UnhealthyDevice) bool { return u.Xid == 79 }))
+}
