@@ -43,6 +43,24 @@ func unhealthyUUIDs(fs []observe.Finding) []string {
 	return out
 }
 
+// xidUnderOperatorCordon is a host whose GPU 3 (uuid) carries an
+// operator's cordon, and its guard.
+func xidUnderOperatorCordon(t *testing.T) (*gpuHost, *guard.Guard, string) {
+	t.Helper()
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	uuid := h.uuid(3)
+	_, _, err := g.Cordon(context.Background(), uuid, ledger.CordonOperator, "firmware update tonight", "operator")
+	require.NoError(t, err)
+	return h, g, uuid
+}
+
+// xid79 is GPU 3 (uuid) reporting a critical Xid.
+func xid79(uuid string) observe.Finding {
+	return observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
+		Device: observe.Device{UUID: uuid, Index: "3"}}
+}
+
 // GPU 3 is under an operator's maintenance cordon when it reports a
 // critical Xid: the unhealthy cordon is kept as the operator's (rank), so
 // the ledger does not say that the GPU failed, and NVML reports the Xid
@@ -57,16 +75,10 @@ func TestUnhealthyUnderOperatorCordonAcrossADaemonRestart(t *testing.T) {
 			name = "daemon restarted"
 		}
 		t.Run(name, func(t *testing.T) {
-			h := newGPUHost(t)
-			g := guardFor(t, h, nil)
+			h, g, uuid := xidUnderOperatorCordon(t)
 			ctx := context.Background()
-			uuid := h.uuid(3)
-			_, _, err := g.Cordon(ctx, uuid, ledger.CordonOperator, "firmware update tonight", "operator")
-			require.NoError(t, err)
-
 			w, m, stop := accountingDaemon(t, h, g)
-			w.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
-				Device: observe.Device{UUID: uuid, Index: "3"}})
+			w.onUnhealthy(ctx, xid79(uuid))
 			assert.Equal(t, ledger.CordonOperator, cordonOn(t, g, uuid).Source)
 			if restart {
 				stop()
@@ -99,15 +111,9 @@ func TestUnhealthyUnderOperatorCordonAcrossADaemonRestart(t *testing.T) {
 // The unhealthy devices are carried within the boot only: after a reboot a
 // GPU that still fails is found again (discovery, its next Xid).
 func TestUnhealthyNotCarriedAcrossAReboot(t *testing.T) {
-	h := newGPUHost(t)
-	g := guardFor(t, h, nil)
-	ctx := context.Background()
-	uuid := h.uuid(3)
-	_, _, err := g.Cordon(ctx, uuid, ledger.CordonOperator, "firmware update tonight", "operator")
-	require.NoError(t, err)
+	h, g, uuid := xidUnderOperatorCordon(t)
 	w, _, stop := accountingDaemon(t, h, g)
-	w.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
-		Device: observe.Device{UUID: uuid, Index: "3"}})
+	w.onUnhealthy(context.Background(), xid79(uuid))
 	stop()
 
 	path := filepath.Join(g.Ledger().Dir(), observe.CarryFileName)
