@@ -11,9 +11,10 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 )
 
 // defaultHooksDir is the hooks directory podman (and CRI-O) read when their
@@ -150,21 +151,14 @@ func effectiveHookDefinitions(dirs []string) []hookDefinition {
 
 // readSmallRegular reads the regular file p (a symbolic link to one is
 // followed, as the engines follow it) of at most limit bytes. It never
-// blocks on what is not a regular file: a FIFO named *.json is opened
-// without waiting for a writer and refused.
+// blocks on what is not a regular file (config.OpenRegular: a FIFO named
+// *.json is refused, not waited on).
 func readSmallRegular(p string, limit int64) ([]byte, error) {
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NONBLOCK, 0) //nolint:gosec // a file the engine reads as well
+	f, err := config.OpenRegular(p)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = f.Close() }()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, err
-	}
-	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%s is not a regular file", p)
-	}
 	data, err := io.ReadAll(io.LimitReader(f, limit+1))
 	if err != nil {
 		return nil, err
