@@ -155,14 +155,7 @@ func TestTheRebootDiscardIsAuditedWhenTheFirstWriterIsKilled(t *testing.T) {
 	for _, stage := range []string{stageJournalSwapped, stageSnapWritten, stagePrevLinked, stageAfterRename, stagePrevKept, stageAfterDirSyn} {
 		t.Run(stage, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "state")
-			old, err := Open(dir, Options{BootID: testBoot, RuntimeDir: t.TempDir()})
-			require.NoError(t, err)
-			update(t, old, func(tx *Tx) {
-				_, err := tx.Claim("", owner("old"), devs(gpu(0)), "env")
-				require.NoError(t, err)
-				_, _, err = tx.Cordon(gpu(1), CordonOperator, "bad fan", "root")
-				require.NoError(t, err)
-			})
+			old := bootWithClaimAndCordon(t, dir)
 			oldGen := snapshot(t, old).Generation
 
 			runDir := t.TempDir()

@@ -89,14 +89,7 @@ func TestCrashInTheFirstCommitAfterAReboot(t *testing.T) {
 	} {
 		t.Run(s.stage, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "state")
-			old, err := Open(dir, Options{BootID: testBoot, RuntimeDir: t.TempDir()})
-			require.NoError(t, err)
-			update(t, old, func(tx *Tx) {
-				_, err := tx.Claim("", owner("old"), devs(gpu(0)), "env")
-				require.NoError(t, err)
-				_, _, err = tx.Cordon(gpu(1), CordonOperator, "bad fan", "root")
-				require.NoError(t, err)
-			})
+			bootWithClaimAndCordon(t, dir)
 
 			// The reboot: a new boot id, an empty runtime dir.
 			runDir := t.TempDir()
@@ -157,4 +150,20 @@ func TestCrashInTheFirstCommitAfterAReboot(t *testing.T) {
 			require.Empty(t, tempFiles(t, dir))
 		})
 	}
+}
+
+// bootWithClaimAndCordon opens a ledger in dir for the boot testBoot with
+// a claim on GPU 0 and an operator's cordon on GPU 1: the state a reboot
+// finds.
+func bootWithClaimAndCordon(t *testing.T, dir string) *Ledger {
+	t.Helper()
+	old, err := Open(dir, Options{BootID: testBoot, RuntimeDir: t.TempDir()})
+	require.NoError(t, err)
+	update(t, old, func(tx *Tx) {
+		_, err := tx.Claim("", owner("old"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+		_, _, err = tx.Cordon(gpu(1), CordonOperator, "bad fan", "root")
+		require.NoError(t, err)
+	})
+	return old
 }
