@@ -38,11 +38,45 @@ func (s Samples) ReportRatio(b *testing.B, num, den string) {
 	b.ReportMetric(float64(n.P99)/float64(d.P99), num+"/"+den+"-p99")
 }
 
+// ReportDiff reports the median over rounds of num's time minus den's in
+// the same round, in ms, as "num-den-ms": what num costs beyond den, paired
+// round by round. A ratio of medians moves with how fast den is on the day
+// (the same per-process cost is a larger share of a faster `runc run`) and
+// with where in a wide distribution each median falls; the paired
+// difference does neither, so it is the figure to compare across runs.
+// Nothing when either has no samples.
+func (s Samples) ReportDiff(b *testing.B, num, den string) {
+	b.Helper()
+	if d, ok := s.PairedDiff(num, den); ok {
+		b.ReportMetric(ms(d), num+"-"+den+"-ms")
+	}
+}
+
+// PairedDiff is the median over rounds of num's time minus den's in the same
+// round; false when either has no samples.
+func (s Samples) PairedDiff(num, den string) (time.Duration, bool) {
+	n, d := s[num], s[den]
+	k := min(len(n), len(d))
+	if k == 0 {
+		return 0, false
+	}
+	diffs := make([]time.Duration, k)
+	for i := range k {
+		diffs[i] = n[i] - d[i]
+	}
+	slices.Sort(diffs)
+	if k%2 == 1 {
+		return diffs[k/2], true
+	}
+	return (diffs[k/2-1] + diffs[k/2]) / 2, true
+}
+
 // Run times every variant once per b.Loop round, in an order shuffled anew
 // each round, and reports for each its median and p99 in ms and, for each
 // but the first (the baseline), the ratio of its median and of its p99 to
-// the baseline's. It returns every variant's samples, for further ratios
-// (ReportRatio).
+// the baseline's. It returns every variant's samples, one per round in
+// round order, for further ratios and paired differences (ReportRatio,
+// ReportDiff).
 //
 // Why shuffled: what one run leaves behind (a cgroup being torn down, dirty
 // pages, a disk flush in flight) can slow the next one. With a fixed order,
@@ -64,9 +98,11 @@ func Run(b *testing.B, variants []Variant) Samples {
 			samples[v] = append(samples[v], d)
 		}
 	}
-	base := Stats(samples[0])
+	// Stats sorts: summarise copies, and hand back the samples in round
+	// order (ReportDiff pairs them by round).
+	base := Stats(slices.Clone(samples[0]))
 	for v, vr := range variants {
-		s := Stats(samples[v])
+		s := Stats(slices.Clone(samples[v]))
 		b.ReportMetric(ms(s.P50), vr.Name+"-p50-ms")
 		b.ReportMetric(ms(s.P99), vr.Name+"-p99-ms")
 		if v > 0 {

@@ -6,6 +6,7 @@ package benchab
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -30,18 +31,55 @@ func TestStats(t *testing.T) {
 func TestRunReturnsSamplesByName(t *testing.T) {
 	var samples Samples
 	res := testing.Benchmark(func(b *testing.B) {
+		k := 0 // counts down round by round: sorted, it would count up
 		variants := []Variant{
 			{Name: "one", Run: func() (time.Duration, error) { return time.Millisecond, nil }},
 			{Name: "three", Run: func() (time.Duration, error) { return 3 * time.Millisecond, nil }},
+			{Name: "count", Run: func() (time.Duration, error) { k++; return time.Hour - time.Duration(k), nil }},
 		}
 		samples = Run(b, variants)
 		samples.ReportRatio(b, "one", "three")
 	})
 	require.Len(t, samples["one"], res.N)
+	// In round order, not sorted: ReportDiff pairs them by round.
+	require.Len(t, samples["count"], res.N)
+	for i, d := range samples["count"] {
+		require.Equal(t, time.Hour-time.Duration(i+1), d, "round %d", i)
+	}
 	require.Len(t, samples["three"], res.N)
 	require.InDelta(t, 3.0, res.Extra["three/one-p50"], 1e-9)
 	require.InDelta(t, 1.0/3, res.Extra["one/three-p50"], 1e-9)
 	require.InDelta(t, 1.0/3, res.Extra["one/three-p99"], 1e-9)
+}
+
+// PairedDiff pairs the samples round by round: a variant that costs 2 ms
+// more than its baseline in every round reads 2 ms, however much the rounds
+// themselves differ, where the difference of the medians reads otherwise.
+func TestPairedDiff(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		out := make([]time.Duration, len(v))
+		for i, x := range v {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	s := Samples{
+		"plain": ms(10, 30, 11, 31, 12),
+		"hook":  ms(12, 32, 13, 33, 20),
+		"odd":   ms(11, 35, 14, 31),
+	}
+	d, ok := s.PairedDiff("hook", "plain")
+	require.True(t, ok)
+	require.Equal(t, 2*time.Millisecond, d)
+	require.Equal(t, 8*time.Millisecond, Stats(slices.Clone(s["hook"])).P50-Stats(slices.Clone(s["plain"])).P50,
+		"the medians' difference is not the paired one")
+	// Unequal lengths pair the common rounds; an even count takes the
+	// mean of the middle two differences (1, 5, 3, 0 -> 1 and 3).
+	d, ok = s.PairedDiff("odd", "plain")
+	require.True(t, ok)
+	require.Equal(t, 2*time.Millisecond, d)
+	_, ok = s.PairedDiff("hook", "none")
+	require.False(t, ok)
 }
 
 // Each round times every variant exactly once, and across rounds every

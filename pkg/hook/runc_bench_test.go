@@ -36,7 +36,8 @@ import (
 // "gpu-1hook", beside "cfloor-1hook", one C floor process per container. It
 // reports the median and p99 of each and
 // their ratios to plain, and the hook cases' ratios to their floors (both
-// environments of the floor, and the C floors); run it with
+// environments of the floor, and the C floors), and what each costs per
+// container beyond plain, paired round by round ("-plain-ms"); run it with
 // -benchtime=60x -count=3 (hack/bench-process.sh does).
 func BenchmarkRuncHook(b *testing.B) {
 	r := newRig(b, rigOpts{})
@@ -119,6 +120,13 @@ func BenchmarkRuncHook(b *testing.B) {
 	if base != "" {
 		samples.ReportRatio(b, "base-gpu", "durablefloor")
 	}
+	// What each costs per container beyond plain `runc run`, paired round
+	// by round (benchab.ReportDiff): the figure that does not move with
+	// how fast `runc run` is on the day.
+	for _, v := range []string{"nogpu", "gpu", "nogpu-1hook", "gpu-1hook", "floorhooks", "durablefloor", "cfloor", "cfloor-1hook", "cdurable", "base-nogpu", "base-gpu"} {
+		samples.ReportDiff(b, v, "plain")
+	}
+	samples.ReportDiff(b, "nogpu-1hook", "cfloor-1hook")
 	// Left: at most the last gpu-1hook container's claim, which no
 	// poststop ended and no later request found exited.
 	st := r.state()
