@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 
@@ -107,10 +108,43 @@ func (h *hookDefinition) runs(stage, phase string) bool {
 }
 
 // forEveryContainer reports whether the definition's conditions match every
-// container: "always" alone (the conditions of "when" must all match).
+// container, as podman and CRI-O match them (schema 1.0.0, every condition
+// set must match): no annotations, no hasBindMounts (true needs a bind
+// mount; false matches nothing), "always" not false, and either "always"
+// true with no commands, or a command pattern that matches any command
+// (NVIDIA's own definition sets "always": true with "commands": [".*"]).
+// A command pattern is an unanchored regular expression, as the engines
+// apply it to process.args[0]; it counts as matching any command when it
+// matches each of a set of unlike ones (commandProbes): check-config only
+// advises.
 func (h *hookDefinition) forEveryContainer() bool {
 	w := h.When
-	return w.Always != nil && *w.Always && len(w.Annotations) == 0 && len(w.Commands) == 0 && w.HasBindMounts == nil
+	if len(w.Annotations) > 0 || w.HasBindMounts != nil || (w.Always != nil && !*w.Always) {
+		return false
+	}
+	if len(w.Commands) == 0 {
+		return w.Always != nil
+	}
+	return slices.ContainsFunc(w.Commands, matchesAnyCommand)
+}
+
+// commandProbes are unlike process.args[0] values: a command pattern that
+// matches them all is taken to match any.
+var commandProbes = []string{"", "/", "sh", "/bin/sh", "/usr/local/bin/python3", "nvidia-smi", "./run.sh --x", "C:\\x", "\n"}
+
+// matchesAnyCommand reports whether the command pattern p matches every
+// probe; one that does not compile matches nothing (the engine refuses it).
+func matchesAnyCommand(p string) bool {
+	re, err := regexp.Compile(p)
+	if err != nil {
+		return false
+	}
+	for _, c := range commandProbes {
+		if !re.MatchString(c) {
+			return false
+		}
+	}
+	return true
 }
 
 // effectiveHookDefinitions reads the *.json files of dirs (lowest

@@ -182,3 +182,33 @@ func TestCheckConfigReadsPodmansHooksDirs(t *testing.T) {
 		})
 	}
 }
+
+// A definition runs for every container when every condition it sets
+// matches any container, as podman and CRI-O match "when": NVIDIA's own
+// definition ("always" with "commands": [".*"]) does; one that names a
+// command, an annotation or bind mounts, or sets "always" false, does not.
+func TestHookDefinitionForEveryContainer(t *testing.T) {
+	for _, tc := range []struct {
+		when string
+		want bool
+	}{
+		{`{"always": true}`, true},
+		{`{"always": true, "commands": [".*"]}`, true},
+		{`{"commands": [".*"]}`, true},
+		{`{"always": true, "commands": [""]}`, true},
+		{`{"always": true, "commands": ["^/bin/sh$", "^"]}`, true},
+		{`{"always": true, "commands": ["^/usr/bin/python3?$"]}`, false},
+		{`{"always": true, "commands": [".+"]}`, false}, // not an empty args[0]
+		{`{"always": true, "commands": ["("]}`, false},  // does not compile: the engine refuses it
+		{`{"always": false}`, false},
+		{`{"always": false, "commands": [".*"]}`, false},
+		{`{"always": true, "hasBindMounts": true}`, false},
+		{`{"always": true, "hasBindMounts": false}`, false},
+		{`{"always": true, "annotations": {"^a$": ".*"}}`, false},
+		{`{}`, false},
+	} {
+		var h hookDefinition
+		require.NoError(t, json.Unmarshal([]byte(`{"when": `+tc.when+`}`), &h))
+		assert.Equal(t, tc.want, h.forEveryContainer(), tc.when)
+	}
+}
