@@ -28,6 +28,9 @@ type boundDir struct {
 	src, dst string
 	// recursive: the mounts below src come along (recursiveBind).
 	recursive bool
+	// below: what the bind's options make of the nodev of the mounts
+	// below src, for a recursive bind (nodevBelow).
+	below belowNodev
 	// dev and ino are src as stat'ed, following symlinks as the runtime
 	// does.
 	dev, ino uint64
@@ -44,6 +47,42 @@ type boundDir struct {
 	layer bool
 }
 
+// belowNodev is what a recursive bind's options make of the nodev flag of
+// the mounts below its source, which come along with their own flags (the
+// kernel copies each mount's flags into the tree it binds). runc and crun
+// apply "nodev" and "dev", and every flag of a bind remounted with flags
+// of its own (remountsBind), by a remount of the bind (MS_REMOUNT|MS_BIND),
+// which the kernel applies to the bind's top mount alone, MS_REC or not:
+// not to the mounts below it. "rnodev" and "rdev" they apply to every
+// mount of the tree (mount_setattr(2) with AT_RECURSIVE).
+type belowNodev uint8
+
+const (
+	// belowOwn: each mount below keeps its own nodev flag, or its lack.
+	belowOwn belowNodev = iota
+	// belowSet: "rnodev" makes every mount below nodev.
+	belowSet
+	// belowCleared: "rdev" clears every mount's nodev below, nodev ones
+	// too (where "rnodev" is given as well, which wins is not read).
+	belowCleared
+)
+
+// nodevBelow reads what a bind's options make of the nodev flag of the
+// mounts below its source (belowNodev). An option is read as one word, as
+// mountNodev reads it.
+func nodevBelow(options []string) belowNodev {
+	below := belowOwn
+	for _, o := range options {
+		switch o {
+		case "rnodev":
+			below = belowSet
+		case "rdev":
+			return belowCleared
+		}
+	}
+	return below
+}
+
 // The bounds of what readDirs reads. Past them, what a directory brings
 // cannot be told, and it counts as the host's /dev (fail closed).
 const (
@@ -56,6 +95,11 @@ const (
 	// host's /dev (all of /dev holds a few hundred entries).
 	maxDevEntries = 4096
 	maxDevDepth   = 8
+	// maxNodeDirs bounds the mounts below bind sources recorded as
+	// directories whose nodes open (nodeDirs): past it, no more are
+	// recorded, the container reaching every GPU node already (messages
+	// name the first and count the others).
+	maxNodeDirs = 1024
 )
 
 // mountinfoPath is the mount table of the hook's mount namespace, where the
@@ -96,7 +140,20 @@ var lstatPath = unix.Lstat
 //     once, bounded), which come along: a procfs (every process's root),
 //     a devtmpfs, the host's /dev (its filesystem's root), or a part of it
 //     (its nodes, as above). The chroot's /srv/chroot/dev, a bind of
-//     /dev, makes -v /srv/chroot:/x the host's /dev at /x/dev.
+//     /dev, makes -v /srv/chroot:/x the host's /dev at /x/dev. Under a
+//     runtime that may be rootful, any other mount below it (the source's
+//     own is read by its statfs, above) that is not nodev by its own
+//     per-mount options (mountinfo's) opens its nodes as a directory
+//     above does, whatever the source's mount is: the mounts below keep
+//     their own flags, and the bind's "nodev" (or a remount with flags of
+//     its own) makes the bind's top mount nodev, not those below;
+//     "rnodev" makes every mount below nodev, "rdev" none (belowNodev).
+//     An ext4, xfs or tmpfs mounted without nodev anywhere below a source
+//     on a nodev mount holds whatever node root made there or an engine
+//     copied: it counts as reaching every GPU node (nodeDirs, named by its
+//     mount point, with its remedy; at most maxNodeDirs of them). Only a
+//     namespace file (nsfs: ip netns' /run/netns/<name>) is known to be
+//     neither a directory nor a node.
 //
 // Nothing below a directory but the host's /dev is listed, and nothing in
 // the container's root filesystem is read.
@@ -185,18 +242,19 @@ func (b *boundSources) readSubmounts(r io.Reader, trees []boundDir, budget *int)
 		if !ok {
 			return errUntold
 		}
+		// Every tree it is below brings it: each bind's options may make
+		// it nodev, or not, where it appears.
 		for _, t := range trees {
 			rel, below := pathBelow(m.point, t.src)
 			if !below {
 				continue
 			}
-			if !b.submount(m, path.Join(t.dst, rel), budget) {
+			if !b.submount(m, t, rel, budget) {
 				return errUntold
 			}
 			if b.hostDev {
 				return nil
 			}
-			break
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -205,21 +263,35 @@ func (b *boundSources) readSubmounts(r io.Reader, trees []boundDir, budget *int)
 	return nil
 }
 
-// submount records what the mount m, seen in the container at dst, brings:
-// a procfs or a devtmpfs is the host's /dev (/proc/<pid>/root/dev; the
-// kernel's one devtmpfs), and so is the root of the host's /dev's
-// filesystem; a part of that filesystem brings the nodes in it (a single
-// node, or a directory: walkDev). Its nodes do not open on a mount that is
-// nodev; a procfs leads elsewhere whatever its own flags. False: a part of
-// /dev past the walk's bounds, or one that cannot be stat'ed (other than
-// gone: ENOENT).
-func (b *boundSources) submount(m mountEntry, dst string, budget *int) bool {
+// submount records what the mount m, at rel below the source of the
+// recursive bind t (at t.dst in the container), brings: a procfs or a
+// devtmpfs is the host's /dev (/proc/<pid>/root/dev; the kernel's one
+// devtmpfs), and so is the root of the host's /dev's filesystem; a part of
+// that filesystem brings the nodes in it (a single node, or a directory:
+// walkDev). Its nodes do not open on a mount that is nodev by its own
+// options, unless the bind's "rdev" clears them; a procfs leads elsewhere
+// whatever its own flags. Any other mount below the source (not the
+// source's own, rel "": readDirs reads it by its statfs and the bind's
+// options), under a runtime that may be rootful, is a directory whose
+// nodes open (nodeDirs) unless it is nodev by its own options (and no
+// "rdev" clears them) or by the bind's "rnodev", or a namespace file.
+// False: a part of /dev past the walk's bounds, or one that cannot be
+// stat'ed (other than gone: ENOENT).
+func (b *boundSources) submount(m mountEntry, t boundDir, rel string, budget *int) bool {
 	if m.fstype == "proc" {
 		b.hostDev = true
 		return true
 	}
+	dst := path.Join(t.dst, rel)
+	nodev := m.nodev && t.below != belowCleared
 	onDev := b.host.onDev(m.dev)
-	if (!onDev && m.fstype != "devtmpfs") || m.nodev {
+	if !onDev && m.fstype != "devtmpfs" {
+		if rel != "" && m.fstype != "nsfs" && !b.rootless && !nodev && t.below != belowSet && len(b.nodeDirs) < maxNodeDirs {
+			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: m.point, BoundAt: dst})
+		}
+		return true
+	}
+	if nodev {
 		return true
 	}
 	if m.root == "/" || !onDev {

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 )
 
@@ -394,6 +395,224 @@ func TestReadSubmountsFailsClosed(t *testing.T) {
 			err := b.readSubmounts(strings.NewReader(tc.table), []boundDir{{src: "/srv/chroot", dst: "/x", recursive: true}}, &budget)
 			require.Equal(t, tc.wantErr, err != nil, "%v", err)
 			require.Equal(t, tc.hostDev, b.hostDev)
+		})
+	}
+}
+
+// A recursive bind brings the mounts below its source with their own
+// flags: one that is not nodev by its per-mount options (an ext4, xfs or
+// tmpfs mounted below a source on a nodev mount) opens every device node
+// on it, one root made or an engine copied, in a rootful runtime's
+// container that no device cgroup fences. It counts as reaching every GPU
+// (nodeDirs), named by its mount point and where the container sees it.
+// The bind's "nodev", or a remount with flags of its own, makes the bind's
+// top mount nodev, not those below (runc and crun remount the top alone);
+// "rnodev" makes every mount below nodev, "rdev" none (AT_RECURSIVE). The
+// source's own mount is read by its statfs (readDirs), not here, and one
+// beside it is not bound; a namespace file holds no node; a rootless
+// runtime's nodes do not open. At most maxNodeDirs are recorded.
+func TestReadSubmountsNotNodev(t *testing.T) {
+	const src = "/srv/vol"
+	line := func(point, opts, fstype, super string) string {
+		return "40 30 0:77 / " + point + " " + opts + " shared:9 - " + fstype + " /dev/vdb " + super + "\n"
+	}
+	data := line("/srv/vol/data", "rw,relatime", "ext4", "rw")
+	nodevData := line("/srv/vol/data", "rw,nosuid,nodev,relatime", "ext4", "rw")
+	atData := []devices.NodeDir{{Path: "/srv/vol/data", BoundAt: "/x/data"}}
+	rbind := boundDir{src: src, dst: "/x", recursive: true}
+	with := func(edit func(*boundDir)) []boundDir {
+		d := rbind
+		edit(&d)
+		return []boundDir{d}
+	}
+	for _, tc := range []struct {
+		name     string
+		table    string
+		trees    []boundDir // rbind where nil
+		rootless bool
+		want     []devices.NodeDir
+		hostDev  bool
+	}{
+		{name: "a nodev submount", table: nodevData},
+		{name: "a submount not nodev", table: data, want: atData},
+		{name: "a tmpfs not nodev, deeper", table: line(`/srv/vol/a\040b/c`, "rw", "tmpfs", "rw,size=4k"),
+			want: []devices.NodeDir{{Path: "/srv/vol/a b/c", BoundAt: "/x/a b/c"}}},
+		// nodev is a per-mount flag: the superblock's options (after the
+		// separator) do not make a mount nodev.
+		{name: "a submount not nodev, its superblock's options nodev", table: line("/srv/vol/data", "rw", "ext4", "rw,nodev"), want: atData},
+		{name: "several submounts, one nodev", table: line("/srv/vol/a", "rw,nodev", "xfs", "rw") + line("/srv/vol/b", "rw", "xfs", "rw"),
+			want: []devices.NodeDir{{Path: "/srv/vol/b", BoundAt: "/x/b"}}},
+		{name: "the source's own mount, not nodev", table: line(src, "rw", "ext4", "rw")},
+		{name: "a mount beside the source", table: line("/srv/other/data", "rw", "ext4", "rw")},
+		{name: "a mount at a sibling's prefix", table: line("/srv/vol2/data", "rw", "ext4", "rw")},
+		{name: "a submount not nodev, the bind nodev", table: data,
+			trees: with(func(d *boundDir) { d.nodev = true }), want: atData},
+		{name: "a submount not nodev, the bind remounted with flags of its own", table: data,
+			trees: with(func(d *boundDir) { d.ownFlags = true }), want: atData},
+		{name: "a submount not nodev, the bind rnodev", table: data,
+			trees: with(func(d *boundDir) { d.nodev, d.below = true, belowSet })},
+		{name: "a nodev submount, the bind rdev", table: nodevData,
+			trees: with(func(d *boundDir) { d.below = belowCleared }), want: atData},
+		{name: "a submount not nodev, rootless", table: data, rootless: true},
+		// A namespace file is neither a directory nor a node.
+		{name: "a namespace file not nodev", table: "40 30 0:4 net:[4026532512] /srv/vol/netns/a rw - nsfs nsfs rw\n"},
+		// Each bind brings it where it binds it, with its own options.
+		{name: "a submount not nodev, the source bound twice, once rnodev", table: data,
+			trees: []boundDir{{src: src, dst: "/y", recursive: true, below: belowSet}, rbind}, want: atData},
+		{name: "a nodev devtmpfs, the bind rdev", table: "40 30 0:77 / /srv/vol/dev rw,nodev - devtmpfs devtmpfs rw\n",
+			trees: with(func(d *boundDir) { d.below = belowCleared }), hostDev: true},
+		{name: "a nodev devtmpfs", table: "40 30 0:77 / /srv/vol/dev rw,nodev - devtmpfs devtmpfs rw\n"},
+		// Past maxNodeDirs the container reaches every GPU node already:
+		// the others are not recorded.
+		{name: "more submounts not nodev than are recorded", table: manySubmounts(maxNodeDirs + 8), want: manyNodeDirs(maxNodeDirs)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The host's /dev read, its filesystem none of these.
+			b := boundSources{host: &hostDirs{devRead: true}, rootless: tc.rootless}
+			trees := tc.trees
+			if trees == nil {
+				trees = []boundDir{rbind}
+			}
+			budget := maxDevEntries
+			require.NoError(t, b.readSubmounts(strings.NewReader(tc.table), trees, &budget))
+			require.Equal(t, tc.want, b.nodeDirs)
+			require.Equal(t, tc.hostDev, b.hostDev)
+		})
+	}
+}
+
+// manySubmounts is a mount table of n tmpfs mounts not nodev below
+// /srv/vol, and manyNodeDirs the first n of them as TestReadSubmountsNotNodev
+// reads them, bound at /x.
+func manySubmounts(n int) string {
+	var table strings.Builder
+	for i := range n {
+		table.WriteString("40 30 0:77 / /srv/vol/" + strconv.Itoa(i) + " rw - tmpfs tmpfs rw\n")
+	}
+	return table.String()
+}
+
+func manyNodeDirs(n int) []devices.NodeDir {
+	dirs := make([]devices.NodeDir, 0, n)
+	for i := range n {
+		dirs = append(dirs, devices.NodeDir{Path: "/srv/vol/" + strconv.Itoa(i), BoundAt: "/x/" + strconv.Itoa(i)})
+	}
+	return dirs
+}
+
+// The bind options runc and crun apply to the mounts below a recursive
+// bind's source: "rnodev" and "rdev" (mount_setattr AT_RECURSIVE); "nodev"
+// and "dev" go to the bind's top mount alone. Where both recursive ones are
+// given, which wins is not read: "rdev".
+func TestNodevBelow(t *testing.T) {
+	for _, tc := range []struct {
+		opts []string
+		want belowNodev
+	}{
+		{[]string{"rbind"}, belowOwn},
+		{[]string{"rbind", "nodev"}, belowOwn},
+		{[]string{"rbind", "dev"}, belowOwn},
+		{[]string{"rbind", "rnodev"}, belowSet},
+		{[]string{"rbind", "rdev"}, belowCleared},
+		{[]string{"rbind", "rnodev", "rdev"}, belowCleared},
+		{[]string{"rbind", "rdev", "rnodev"}, belowCleared},
+		{[]string{"rbind", "rw,rnodev"}, belowOwn},
+	} {
+		require.Equal(t, tc.want, nodevBelow(tc.opts), "%v", tc.opts)
+	}
+}
+
+// A directory on a nodev mount, bound recursively, brings what is mounted
+// below it: a filesystem mounted there without nodev (where root made a
+// node, or an engine copied one) opens every node on it, in a rootful
+// runtime's container that no device cgroup fences, whatever the
+// directory's own mount is. It counts as reaching every GPU, with a source
+// and a refusal that name the mount and what to do. A bind alone brings
+// nothing below; a nodev mount, or a bind given rnodev, opens no node; the
+// bind's nodev makes its top mount nodev alone (runc and crun remount that
+// one), and its rdev clears every nodev below. A rootless runtime's nodes
+// do not open; a device cgroup fences them.
+func TestSubmountWithoutNodevReachesEveryGPU(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounts need root")
+	}
+	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
+	own := "0::/machine.slice/libpod-train.scope\n"
+	for _, tc := range []struct {
+		name      string
+		subNodev  bool     // the mount below the source is nodev
+		opts      []string // the bind's
+		container string   // session where ""
+		rootless  bool
+		// named: what the claims' source names, "sub" (the mount below)
+		// or "both" (the source, itself not nodev where the bind clears
+		// it, and one more); "" for no claim.
+		named string
+	}{
+		{name: "rbind", opts: []string{"rbind"}, named: "sub"},
+		{name: "neither bind nor rbind", named: "sub"},
+		{name: "rbind, the mount below nodev", subNodev: true, opts: []string{"rbind"}},
+		{name: "bind", opts: []string{"bind"}},
+		{name: "rbind nodev", opts: []string{"rbind", "nodev"}, named: "sub"},
+		{name: "rbind rnodev", opts: []string{"rbind", "rnodev"}},
+		{name: "rbind rdev, the mount below nodev", subNodev: true, opts: []string{"rbind", "rdev"}, named: "both"},
+		{name: "rbind, rootless", opts: []string{"rbind"}, rootless: true},
+		{name: "rbind, own device cgroup", opts: []string{"rbind"}, container: own},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := nodevDir(t)
+			sub := filepath.Join(src, "data")
+			require.NoError(t, os.Mkdir(sub, 0o755))
+			var flags uintptr
+			if tc.subNodev {
+				flags = unix.MS_NODEV
+			}
+			mountT(t, "gg", sub, "tmpfs", flags)
+			// What may be there; the hook reads nothing in it.
+			require.NoError(t, unix.Mknod(filepath.Join(sub, "gpu"), unix.S_IFCHR|0o666, int(unix.Mkdev(195, 0))))
+			container, userNS := tc.container, Rootful
+			if container == "" {
+				container = session
+			}
+			if tc.rootless {
+				userNS = Rootless
+			}
+			state := func() string {
+				return bindState(t, "train", 4242, specs.StateCreating, src, "/data", func(s *specs.Spec) { s.Mounts[1].Options = tc.opts })
+			}
+			cfg := staticConfig(t)
+			opened := 0
+			e := cgroupProc(t, container, session, &opened)
+			e.userNS = func() RuntimeUserNS { return userNS }
+			e.markerDir = t.TempDir()
+			in := e.readInput(strings.NewReader(state()))
+			require.NoError(t, in.specErr)
+			require.Equal(t, tc.named == "", in.NeverClaims())
+			require.NoError(t, e.runInput(t.Context(), PhaseCreateRuntime, cfg, in, io.Discard))
+			if tc.named == "" {
+				require.Zero(t, opened, "nothing to claim")
+				return
+			}
+			named := sub
+			if tc.named == "both" {
+				named = src
+			}
+			claims := ledgerState(t, cfg).Claims
+			require.ElementsMatch(t, gpuUUIDs, claimedGPUs(t, claims, "train"))
+			for _, c := range claims {
+				if tc.named == "both" {
+					assert.Contains(t, c.Source, "bind source "+src+" (and 1 more directory) not mounted nodev")
+				} else {
+					assert.Contains(t, c.Source, "bind source "+sub+" not mounted nodev")
+				}
+			}
+
+			cfg = staticConfig(t)
+			cfg.Policy.AllDevices = config.AllReject
+			err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(state()), io.Discard)
+			require.ErrorIs(t, err, guard.ErrRejected)
+			require.ErrorContains(t, err, "device cgroup of its own")
+			require.ErrorContains(t, err, "mount "+named+" nodev or give its bind the nodev option")
 		})
 	}
 }

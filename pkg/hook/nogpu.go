@@ -521,8 +521,8 @@ func (b boundSources) none() bool {
 // the runtime mounts them.
 func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDirs) boundSources {
 	b := boundSources{host: host, rootless: rootless}
-	var read func(src, dst string, recursive, nodev, ownFlags, layer bool)
-	read = func(src, dst string, recursive, nodev, ownFlags, layer bool) {
+	var read func(src, dst string, recursive bool, below belowNodev, nodev, ownFlags, layer bool)
+	read = func(src, dst string, recursive bool, below belowNodev, nodev, ownFlags, layer bool) {
 		if src == "" {
 			return
 		}
@@ -535,7 +535,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			// the bundle, which follows a symlink x before the "..":
 			// both are read.
 			if raw := bundle + "/" + src; filepath.Clean(raw) != raw {
-				read(raw, dst, recursive, nodev, ownFlags, layer)
+				read(raw, dst, recursive, below, nodev, ownFlags, layer)
 			}
 			src = filepath.Join(bundle, src)
 		}
@@ -552,7 +552,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			case host.isDev(&st) || host.isRoot(&st):
 				b.hostDev = true
 			default:
-				b.dirs = append(b.dirs, boundDir{src: src, dst: dst, recursive: recursive, dev: uint64(st.Dev), ino: st.Ino, //nolint:unconvert // uint32 on some platforms
+				b.dirs = append(b.dirs, boundDir{src: src, dst: dst, recursive: recursive, below: below, dev: uint64(st.Dev), ino: st.Ino, //nolint:unconvert // uint32 on some platforms
 					nodev: nodev, ownFlags: ownFlags, layer: layer})
 			}
 		}
@@ -572,12 +572,12 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			}
 			nodev := mountNodev(m.Options)
 			for _, l := range layers {
-				read(l, m.Destination, false, nodev, false, true)
+				read(l, m.Destination, false, belowOwn, nodev, false, true)
 			}
 			continue
 		}
 		if isBind(m) {
-			read(m.Source, m.Destination, recursiveBind(m), mountNodev(m.Options), remountsBind(m.Options), false)
+			read(m.Source, m.Destination, recursiveBind(m), nodevBelow(m.Options), mountNodev(m.Options), remountsBind(m.Options), false)
 		}
 	}
 	return b
