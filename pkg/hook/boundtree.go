@@ -102,6 +102,17 @@ const (
 	maxNodeDirs = 1024
 )
 
+// noNodesOn are the file system types (mountinfo's) below a bind source
+// that hold no device node whatever their flags: a namespace file, and the
+// kernel's own file systems whose directories have no mknod(2) (sysfs and
+// what is mounted below /sys, devpts, mqueue). A bind of /sys brings a
+// dozen of them, none nodev.
+var noNodesOn = map[string]bool{
+	"nsfs": true, "sysfs": true, "cgroup": true, "cgroup2": true, "securityfs": true, "debugfs": true,
+	"tracefs": true, "pstore": true, "bpf": true, "configfs": true, "fusectl": true, "efivarfs": true,
+	"selinuxfs": true, "binfmt_misc": true, "devpts": true, "mqueue": true,
+}
+
 // mountinfoPath is the mount table of the hook's mount namespace, where the
 // runtime resolves bind sources.
 const mountinfoPath = "/proc/self/mountinfo"
@@ -151,9 +162,10 @@ var lstatPath = unix.Lstat
 //     An ext4, xfs or tmpfs mounted without nodev anywhere below a source
 //     on a nodev mount holds whatever node root made there or an engine
 //     copied: it counts as reaching every GPU node (nodeDirs, named by its
-//     mount point, with its remedy; at most maxNodeDirs of them). Only a
-//     namespace file (nsfs: ip netns' /run/netns/<name>) is known to be
-//     neither a directory nor a node.
+//     mount point, with its remedy; at most maxNodeDirs of them). A
+//     namespace file (nsfs: ip netns' /run/netns/<name>) and the kernel's
+//     own file systems that make no node on mknod(2) (noNodesOn: what a
+//     bind of /sys or /dev/pts brings) are left out.
 //
 // Nothing below a directory but the host's /dev is listed, and nothing in
 // the container's root filesystem is read.
@@ -286,7 +298,7 @@ func (b *boundSources) submount(m mountEntry, t boundDir, rel string, budget *in
 	nodev := m.nodev && t.below != belowCleared
 	onDev := b.host.onDev(m.dev)
 	if !onDev && m.fstype != "devtmpfs" {
-		if rel != "" && m.fstype != "nsfs" && !b.rootless && !nodev && t.below != belowSet && len(b.nodeDirs) < maxNodeDirs {
+		if rel != "" && !noNodesOn[m.fstype] && !b.rootless && !nodev && t.below != belowSet && len(b.nodeDirs) < maxNodeDirs {
 			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: m.point, BoundAt: dst})
 		}
 		return true

@@ -456,6 +456,15 @@ func TestReadSubmountsNotNodev(t *testing.T) {
 		{name: "a submount not nodev, rootless", table: data, rootless: true},
 		// A namespace file is neither a directory nor a node.
 		{name: "a namespace file not nodev", table: "40 30 0:4 net:[4026532512] /srv/vol/netns/a rw - nsfs nsfs rw\n"},
+		// What a bind of /sys brings: none of them makes a node.
+		{name: "the kernel's file systems below a bind of /sys", table: "40 30 0:25 / /srv/vol/kernel/security rw,nosuid,relatime - securityfs securityfs rw\n" +
+			"41 30 0:26 / /srv/vol/fs/cgroup rw,nosuid,relatime - cgroup2 cgroup2 rw\n" +
+			"42 30 0:27 / /srv/vol/fs/bpf rw,nosuid,relatime - bpf bpf rw,mode=700\n" +
+			"43 30 0:7 / /srv/vol/kernel/debug rw,nosuid,relatime - debugfs debugfs rw\n" +
+			"44 30 0:28 / /srv/vol/pts rw,nosuid,relatime - devpts devpts rw,mode=600\n"},
+		// hugetlbfs makes nodes: left to the rule.
+		{name: "a hugetlbfs not nodev", table: line("/srv/vol/huge", "rw,relatime", "hugetlbfs", "rw"),
+			want: []devices.NodeDir{{Path: "/srv/vol/huge", BoundAt: "/x/huge"}}},
 		// Each bind brings it where it binds it, with its own options.
 		{name: "a submount not nodev, the source bound twice, once rnodev", table: data,
 			trees: []boundDir{{src: src, dst: "/y", recursive: true, below: belowSet}, rbind}, want: atData},
