@@ -28,8 +28,12 @@ import (
 // read it from the ledger), and a draining claim (release_requires_idle) is
 // kept until its holder's processes have left the device.
 type DeviceStates interface {
-	// CordonDevice cordons uuid; source is "intruder" or "unhealthy".
-	CordonDevice(ctx context.Context, uuid, source, reason string) error
+	// CordonDevice cordons uuid; source is "intruder" or "unhealthy". It
+	// returns the cordon in force on the device once the request is
+	// decided, and whether that is another source's cordon, kept instead
+	// of this request's (kept: it ranks higher, ledger.CordonKept; the
+	// request was only audited). With kept false it is this request's.
+	CordonDevice(ctx context.Context, uuid, source, reason string) (inForce ledger.Cordon, kept bool, err error)
 	// CordonsInForce lists the cordons in force, and the lineage of the
 	// ledger state that holds them (one read).
 	CordonsInForce(ctx context.Context) (cordons []ledger.Cordon, lineage string, err error)
@@ -45,6 +49,10 @@ type guardStates struct{ *guard.Guard }
 
 // The guard implements DeviceStates (a signature change fails here).
 var _ DeviceStates = guardStates{}
+
+func (s guardStates) CordonDevice(ctx context.Context, uuid, source, reason string) (ledger.Cordon, bool, error) {
+	return s.CordonDeviceInForce(ctx, uuid, source, reason)
+}
 
 func (s guardStates) CordonsInForce(ctx context.Context) ([]ledger.Cordon, string, error) {
 	st, err := s.Ledger().Snapshot(ctx)
@@ -136,8 +144,9 @@ type Watch struct {
 	// cordonFailed: unhealthy devices whose cordon could not be written,
 	// with the reason to write (settleUnhealthy retries them).
 	cordonFailed map[string]string
-	// cordonLineage: for each cordon the observer wrote (by source and
-	// device), the ledger lineage it was written in or last seen in force
+	// cordonLineage: for each cordon the observer wrote, or found kept
+	// in force instead of its own (ledger.CordonKept), by source and
+	// device, the ledger lineage it was written in or last seen in force
 	// in ("" when it could not be read): settleUnhealthy and
 	// settleIntruders tell an operator's uncordon from a cordon lost with
 	// the state by it (cordonLost).
@@ -1226,7 +1235,9 @@ type cordonKey struct{ source, uuid string }
 // if it went with it, is written again), while an uncordon in the same
 // lineage, however soon after the write, is the operator's. A lineage that
 // cannot be read is recorded as "": a missing cordon then reads as lost
-// (cordonLost), which errs toward cordoning.
+// (cordonLost), which errs toward cordoning. A cordon of a source that
+// ranks higher, kept instead of f's (cordon), stands for it and is
+// recorded the same way (judgeCordons).
 func (w *Watch) cordonRecorded(ctx context.Context, f observe.Finding, source, reason string) bool {
 	return w.cordonRecordedIn(ctx, f, source, reason, w.ledgerLineage(ctx))
 }
@@ -1284,8 +1295,12 @@ func (w *Watch) setCordonLineage(source, uuid, lineage string) {
 	w.cordonLineage[cordonKey{source, uuid}] = lineage
 }
 
-// cordon cordons f's device, or says why it cannot, and reports whether it
-// did.
+// cordon cordons f's device, or says why it cannot, and reports whether the
+// device is cordoned: by f's cordon from source, or by a cordon of a source
+// that ranks higher, which the ledger kept instead of it (ledger.CordonKept:
+// the policy counts a cordon of any source, see judgeCordons). Each is
+// logged as what it is: the observer's cordon, or a finding that left
+// another's cordon in force.
 func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason string) bool {
 	log := w.log()
 	s := w.states()
@@ -1293,10 +1308,24 @@ func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason st
 		log.Error("cannot cordon the device: the daemon has no guard yet", "device", f.Device.String(), "source", source)
 		return false
 	}
-	if err := s.CordonDevice(ctx, f.Device.UUID, source, reason); err != nil {
+	k, kept, err := s.CordonDevice(ctx, f.Device.UUID, source, reason)
+	if err != nil {
 		log.Error("cordoning the device failed; it still takes new claims (retried at the next accounting pass)", "device", f.Device.String(),
 			"source", source, "error", err)
 		return false
+	}
+	if kept {
+		// The ledger holds the other source's cordon, and this finding
+		// only in its audit log: the operator reading this log must not
+		// take the device for cordoned for this finding, and must know
+		// that lifting that cordon puts the device back into service
+		// despite it (the observer does not cordon it again for the same
+		// finding).
+		log.Warn(fmt.Sprintf("device already cordoned by %s: the observer's %s cordon is not recorded over it; that cordon stays in force (no new claims), the finding is in the audit log, and lifting that cordon with `gpu-guard-ctl uncordon` lifts this finding's too",
+			k.Source, source),
+			"device", f.Device.String(), "device_index", f.Device.Index, "device_uuid", f.Device.UUID, "source", source, "reason", reason,
+			"cordon_source", k.Source, "cordon_by", k.By, "cordon_reason", k.Reason)
+		return true
 	}
 	log.Warn("device cordoned: no new claims until `gpu-guard-ctl uncordon`", "device", f.Device.String(), "source", source, "reason", reason)
 	return true

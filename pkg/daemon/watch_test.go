@@ -160,19 +160,28 @@ func newFakeStates() *fakeStates {
 		sources: map[string]string{}}
 }
 
-func (s *fakeStates) CordonDevice(_ context.Context, uuid, source, reason string) error {
+// CordonDevice records the request (cordons) and, as the ledger does,
+// keeps a cordon in force whose source ranks higher (ledger.CordonKept).
+func (s *fakeStates) CordonDevice(_ context.Context, uuid, source, reason string) (ledger.Cordon, bool, error) {
 	s.mu.Lock()
 	s.attempts++
 	if s.failing > 0 {
 		s.failing--
 		s.mu.Unlock()
-		return errors.New("ledger lock busy")
+		return ledger.Cordon{}, false, errors.New("ledger lock busy")
 	}
-	s.cordoned[uuid] = true
-	s.sources[uuid] = source
+	k := ledger.Cordon{Device: devices.Device{UUID: uuid}, Source: source, Reason: reason, By: guard.ObserverBy}
+	old := ledger.Cordon{Device: k.Device, Source: s.sources[uuid]}
+	kept := s.cordoned[uuid] && ledger.CordonKept(&old, source)
+	if kept {
+		k = old
+	} else {
+		s.cordoned[uuid] = true
+		s.sources[uuid] = source
+	}
 	s.mu.Unlock()
 	s.cordons <- [3]string{uuid, source, reason}
-	return nil
+	return k, kept, nil
 }
 
 func (s *fakeStates) CordonsInForce(context.Context) ([]ledger.Cordon, string, error) {

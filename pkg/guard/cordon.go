@@ -54,41 +54,60 @@ const maxCordonReasonLen = 512
 // intruder finding on an unhealthy device, or any finding of the observer
 // on an operator's cordon, leaves the cordon in force as it is, and the
 // finding is audited and logged; an operator's replaces any, an unhealthy
-// device's an intruder's.
+// device's an intruder's. CordonDeviceInForce tells which happened.
 func (g *Guard) CordonDevice(ctx context.Context, uuid, source, reason string) error {
+	_, _, err := g.CordonDeviceInForce(ctx, uuid, source, reason)
+	return err
+}
+
+// CordonDeviceInForce is CordonDevice returning the cordon in force on the
+// device once the request is decided, and whether it is another source's
+// cordon kept instead of this request's (kept: it ranks higher,
+// ledger.CordonKept; the request is then only audited, with the cordon
+// kept). With kept false the cordon in force is this request's: written,
+// updated, or already there as it asks (a repeat).
+//
+// It is for a caller that says what it did (the daemon's observer
+// policy): a request whose cordon was kept did not cordon the device for
+// its finding, and lifting the cordon kept lifts the finding's with it.
+func (g *Guard) CordonDeviceInForce(ctx context.Context, uuid, source, reason string) (inForce ledger.Cordon, kept bool, err error) {
 	by := ObserverBy
 	if source == ledger.CordonOperator {
 		by = ledger.CordonOperator
 	}
-	_, _, err := g.Cordon(ctx, uuid, source, reason, by)
-	return err
+	k, _, kept, err := g.cordon(ctx, uuid, source, reason, by)
+	return k, kept, err
 }
 
 // Cordon is CordonDevice naming who cordoned the device (gpu-guard-ctl
 // records the operator's uid). It returns the cordon in force and whether
 // this call changed the ledger: a new cordon, or another source, reason or
 // by (never a finding of a source that ranks below the cordon in force,
-// which stays: ledger.CordonKept).
+// which stays: ledger.CordonKept). Unchanged (false) is either a repeat of
+// the cordon in force or a request kept out by a higher-ranking one: the
+// returned cordon's source tells them apart (CordonDeviceInForce says it).
 // Both are decided in the transaction that writes it, so a concurrent
 // cordon of the same device cannot make the answer wrong.
 func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (ledger.Cordon, bool, error) {
+	k, changed, _, err := g.cordon(ctx, uuid, source, reason, by)
+	return k, changed, err
+}
+
+// cordon is Cordon, also reporting whether the cordon in force was kept
+// instead of this request's (kept: it ranks higher).
+func (g *Guard) cordon(ctx context.Context, uuid, source, reason, by string) (k ledger.Cordon, changed, kept bool, err error) {
 	dev, err := g.lookup(uuid)
 	if err != nil {
-		return ledger.Cordon{}, false, err
+		return ledger.Cordon{}, false, false, err
 	}
 	if !ledger.ValidCordonSource(source) {
-		return ledger.Cordon{}, false, fmt.Errorf("cordon %s: source %q is not one of operator, intruder, unhealthy", naming.Device(dev), source)
+		return ledger.Cordon{}, false, false, fmt.Errorf("cordon %s: source %q is not one of operator, intruder, unhealthy", naming.Device(dev), source)
 	}
 	reason = strings.TrimSpace(reason)
 	if len(reason) > maxCordonReasonLen {
 		reason = reason[:maxCordonReasonLen] + "…"
 	}
-	var (
-		k       ledger.Cordon
-		changed bool
-		kept    bool // the cordon in force ranks higher: it stays, unchanged by this finding
-		cerr    error
-	)
+	var cerr error
 	err = g.update(ctx, "cordon", func(tx *ledger.Tx) bool {
 		var prev *ledger.Cordon
 		for _, c := range tx.Cordons() {
@@ -107,7 +126,7 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 		err = cerr
 	}
 	if err != nil {
-		return ledger.Cordon{}, false, fmt.Errorf("cordon %s: %w", naming.Device(dev), err)
+		return ledger.Cordon{}, false, false, fmt.Errorf("cordon %s: %w", naming.Device(dev), err)
 	}
 	if kept {
 		// The device is out of new claims already, for a reason that
@@ -120,7 +139,7 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 			slog.String("device", naming.Device(dev)), slog.String("device_uuid", dev.UUID),
 			slog.String("source", source), slog.String("reason", reason),
 			slog.String("cordon_source", k.Source), slog.String("cordon_by", k.By), slog.String("cordon_reason", k.Reason))
-		return k, false, nil
+		return k, false, true, nil
 	}
 	level := slog.LevelInfo
 	if changed {
@@ -129,7 +148,7 @@ func (g *Guard) Cordon(ctx context.Context, uuid, source, reason, by string) (le
 	g.log.Log(ctx, level, "device cordoned: no new claims until `gpu-guard-ctl uncordon`",
 		slog.String("device", naming.Device(dev)), slog.String("device_uuid", dev.UUID),
 		slog.String("source", source), slog.String("by", by), slog.String("reason", reason), slog.Bool("changed", changed))
-	return k, changed, nil
+	return k, changed, false, nil
 }
 
 // ErrCordonChanged is returned by Uncordon when the cordon in force is not
