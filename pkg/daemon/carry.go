@@ -48,11 +48,16 @@ import (
 // them: an operator's outranks an unhealthy cordon and is kept instead of
 // it (ledger.CordonKept), NVML reports a critical Xid once, so neither the
 // ledger nor the new observer would tell the daemon after that the device
-// failed. The file holds each with the lineage its unhealthy cordon was
-// written in or last seen in force in, and its cordon pending when still to
-// write (writeUnhealthyCarry: written before the cordon, as the intruders'
-// are); the daemon after lists them (observe.json, the gauge) and judges
-// their cordons at its first pass as the daemon before would have
+// failed. They cross it whatever [observe] interval: the health watcher
+// runs without accounting passes too ("0s"), so the daemon's first
+// observer that watches health takes the file over (takeOverLocked),
+// adopting the unhealthy devices at once; the findings wait, as the daemon
+// before left them, for the first that accounts (held). The file holds
+// each with the lineage its unhealthy cordon was written in or last seen
+// in force in, and its cordon pending when still to write
+// (writeUnhealthyCarry: written before the cordon, as the intruders' are);
+// the daemon after lists them (observe.json, the gauge) and judges their
+// cordons at its first pass as the daemon before would have
 // (settleUnhealthy): one missing in another lineage, or pending and not in
 // force, is written again as unhealthy. A file without them (an older
 // daemon's) carries none: only the unhealthy cordons in force are adopted
@@ -62,8 +67,9 @@ import (
 // corrupt) carries nothing, logged: every process is then judged afresh, as
 // before, which errs toward reporting and cordoning, never away from it.
 
-// priorFindings is what the daemon's first accounting observer takes over
-// from the daemon before it (readPrior, adoptPriorLocked).
+// priorFindings is what the daemon's first observer that watches health
+// (its unhealthy devices) and its first that accounts (the rest) take over
+// from the daemon before it (readPrior, takeOverLocked).
 type priorFindings struct {
 	reported map[string]observe.FileFinding
 	// lineages: by device, the lineage each intruder cordon was written in
@@ -79,20 +85,68 @@ type priorFindings struct {
 	unhealthyRetry    map[string]string
 }
 
-// firstAccounting reports whether no observer that runs accounting passes
-// has started in this daemon yet: the carry file in the state directory is
-// still the daemon before's.
-func (w *Watch) firstAccounting() bool {
+// priorToRead reports whether an observer that watches health, starting
+// in dir (accounts: with accounting passes), reads the carry file of the
+// daemon before (readPrior) for takeOverLocked: the first such observer
+// does (the file is still the daemon before's), and the first that
+// accounts after one that did not, unless the findings it took over are
+// held for it (same dir).
+func (w *Watch) priorToRead(dir string, accounts bool) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return !w.accounted
+	return !w.carryTaken || (accounts && !w.accounted && w.heldDir != dir)
+}
+
+// takeOverLocked takes over, for an observer that watches health and
+// starts in dir, what the daemon before recorded (w.mu held); read tells
+// whether prior was read for it (priorToRead), nil when the file carried
+// nothing.
+//
+// The first such observer takes over the carry file: the unhealthy
+// devices at once, whatever the interval (the health watcher runs at
+// every interval, and the file is this daemon's to write from now on, so
+// that the devices it finds unhealthy are carried to the daemon after:
+// NVML reports an Xid once); the findings too when it accounts. One that
+// does not account ([observe] interval = "0s") runs no pass to report or
+// clear them: it holds them as the daemon before left them, and the
+// carry file keeps them (writeCarryWith) for the first observer that
+// accounts, of this daemon or of one after.
+func (w *Watch) takeOverLocked(dir string, accounts, read bool, prior *priorFindings) {
+	switch {
+	case !w.carryTaken:
+		w.carryTaken = true
+		if accounts {
+			w.accounted = true
+			w.adoptPriorLocked(dir, prior)
+			return
+		}
+		w.adoptUnhealthyLocked(prior)
+		w.held, w.heldDir = findingsOf(prior), dir
+	case accounts && !w.accounted:
+		w.accounted = true
+		if !read {
+			prior = w.held // heldDir is dir (priorToRead)
+		}
+		w.held, w.heldDir = nil, ""
+		w.adoptPriorLocked(dir, prior)
+	}
+}
+
+// findingsOf returns p without its unhealthy devices (nil for nil).
+func findingsOf(p *priorFindings) *priorFindings {
+	if p == nil {
+		return nil
+	}
+	return &priorFindings{reported: p.reported, lineages: p.lineages, retry: p.retry, cordons: p.cordons}
 }
 
 // readPrior reads the carry file of the daemon before from dir (nil when
 // it carries nothing: each case logged) and settles it against the
 // ledger's cordons in force, read in lineage (read: whether they could be
-// read; if not, the first pass settles them).
-func (w *Watch) readPrior(dir string, cordons []ledger.Cordon, lineage string, read bool) *priorFindings {
+// read; if not, the first pass settles them); accounts tells whether the
+// observer that reads it runs accounting passes (the log says what
+// becomes of the findings).
+func (w *Watch) readPrior(dir string, accounts bool, cordons []ledger.Cordon, lineage string, read bool) *priorFindings {
 	log := w.log().With("file", filepath.Join(dir, observe.CarryFileName))
 	var boot string
 	if g := w.guard(); g != nil {
@@ -194,6 +248,11 @@ func (w *Watch) readPrior(dir string, cordons []ledger.Cordon, lineage string, r
 	if c.Truncated > 0 {
 		attrs = append(attrs, "truncated", c.Truncated)
 	}
+	if !accounts {
+		log.Info("GPU observer: findings of the daemon before carried over: an unhealthy device stays unhealthy until `gpu-guard-ctl uncordon`; with accounting off ([observe] interval = \"0s\") the other findings are kept as they were for an observer that accounts",
+			attrs...)
+		return p
+	}
 	log.Info("GPU observer: findings of the daemon before carried over: a process that still runs is not reported, audited or cordoned again; one that ended is cleared at the first pass; an unhealthy device stays unhealthy, cordoned again if no cordon is in force on it, until `gpu-guard-ctl uncordon`",
 		attrs...)
 	return p
@@ -214,8 +273,17 @@ func (w *Watch) adoptPriorLocked(dir string, p *priorFindings) {
 		}
 		w.cordonLineage[cordonKey{ledger.CordonIntruder, uuid}] = seen
 	}
-	// The unhealthy devices join those an observer of this daemon found
-	// already (one that ran no accounting pass), which are newer.
+	w.adoptUnhealthyLocked(p)
+}
+
+// adoptUnhealthyLocked makes the unhealthy devices of p (nil: none) the
+// observer before's, with their cordons' lineages and pending cordons
+// (w.mu held). They join those an observer of this daemon found already,
+// which are newer.
+func (w *Watch) adoptUnhealthyLocked(p *priorFindings) {
+	if p == nil {
+		return
+	}
 	for _, f := range p.unhealthy {
 		uuid := f.Device.UUID
 		if slices.ContainsFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == uuid }) {
@@ -268,9 +336,9 @@ func (w *Watch) writeCarry() { w.writeCarryWith(false, nil) }
 // to be written (device UUID → reason), written before that cordon as the
 // intruders' are, so that a daemon after a crash between the two writes it
 // unless the ledger shows a cordon in force on the device. Only once an
-// observer that accounts has taken over the file of the daemon before
-// (w.accounted): until then that file is the daemon before's, which no pass
-// has settled yet, and is left as it is.
+// observer that watches health has taken over the file of the daemon
+// before (w.carryTaken, whatever the interval): until then that file is
+// the daemon before's, and is left as it is.
 func (w *Watch) writeUnhealthyCarry(pending map[string]string) { w.writeCarryWith(true, pending) }
 
 func (w *Watch) writeCarryWith(owned bool, pending map[string]string) {
@@ -280,12 +348,20 @@ func (w *Watch) writeCarryWith(owned bool, pending map[string]string) {
 	}
 	dir := g.Ledger().Dir()
 	w.mu.Lock()
-	if owned && !w.accounted {
+	if owned && !w.carryTaken {
 		w.mu.Unlock()
 		return
 	}
 	c := observe.Carry{BootID: g.Ledger().BootID(), Cordons: w.observing.cordons,
 		Findings: slices.Collect(maps.Values(w.reported)), CordonRetries: slices.Sorted(maps.Keys(w.intruderRetry))}
+	if !w.accounted && w.held != nil && w.heldDir == dir {
+		// No observer of this daemon accounted: the findings are the
+		// daemon before's, held as it left them (this daemon reported,
+		// cleared and cordoned none), for an observer that accounts.
+		h := w.held
+		c.Cordons, c.Findings, c.CordonRetries = h.cordons, slices.Collect(maps.Values(h.reported)), slices.Sorted(maps.Keys(h.retry))
+		c.CordonLineages = maps.Clone(h.lineages)
+	}
 	for _, f := range w.unhealthy {
 		u := observe.UnhealthyDevice{Finding: f, CordonRetry: w.cordonFailed[f.Device.UUID]}
 		if seen, known := w.cordonLineage[cordonKey{ledger.CordonUnhealthy, f.Device.UUID}]; known {

@@ -586,7 +586,7 @@ func TestPriorCordonsJudgedAsAtEveryPass(t *testing.T) {
 				cordons = []ledger.Cordon{{Device: devices.Device{UUID: uuid, Index: "2"}, Source: tc.inForce}}
 			}
 
-			p := watchOver(g, nil).readPrior(dir, cordons, now, true)
+			p := watchOver(g, nil).readPrior(dir, true, cordons, now, true)
 			require.NotNil(t, p)
 			assert.Len(t, p.reported, 1)
 			lineage, watched := p.lineages[uuid]

@@ -97,8 +97,10 @@
 //     reports the Xid once): every unhealthy device the new inventory
 //     lists is carried over, with the lineage its cordon was seen in, so
 //     that a cordon lost later is written again and an uncordon is still
-//     told from a loss. So is a restart of the daemon (same boot): the
-//     unhealthy devices are in observe-carry.json, each with the lineage
+//     told from a loss. So is a restart of the daemon (same boot), whatever
+//     [observe] interval (the health watcher runs at "0s" too, and the
+//     daemon's first observer that watches health takes the file over):
+//     the unhealthy devices are in observe-carry.json, each with the lineage
 //     of its cordon and its cordon pending when it was still to write
 //     (written there before the cordon), whatever cordon is in force on
 //     it: an operator's outranks an unhealthy one and is kept instead
@@ -120,7 +122,8 @@
 //     no longer sees one clears it. So is a restart of the daemon: its
 //     first observer that accounts carries them from observe-carry.json,
 //     which the daemon rewrites after each pass that changes them and
-//     keeps across a clean stop. A pass that cordons intruders writes it
+//     keeps across a clean stop (a daemon whose observer does not account
+//     keeps the findings there as it found them, for one that does). A pass that cordons intruders writes it
 //     before its cordon writes too, naming them pending: a daemon that
 //     dies between its cordons and the file leaves the next one each
 //     pending cordon to write unless the ledger shows a cordon in force

@@ -14,9 +14,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/guard"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/metrics"
@@ -149,7 +152,7 @@ func TestUnhealthyCordonPendingCarriedAcrossADaemonRestart(t *testing.T) {
 	// cordon.
 	w := watchOver(g, nil)
 	w.mu.Lock()
-	w.accounted = true
+	w.carryTaken, w.accounted = true, true
 	w.unhealthy = append(w.unhealthy, f)
 	w.mu.Unlock()
 	w.writeUnhealthyCarry(map[string]string{uuid: f.Message})
@@ -171,4 +174,161 @@ func TestUnhealthyCordonPendingCarriedAcrossADaemonRestart(t *testing.T) {
 	assert.Empty(t, c.Unhealthy[0].CordonRetry, "written: no longer pending")
 	assert.NotNil(t, c.Unhealthy[0].CordonLineage)
 	assert.True(t, slices.ContainsFunc(c.Unhealthy, func(u observe.UnhealthyDevice) bool { return u.Xid == 79 }))
+}
+
+// healthOnlyDaemon is a daemon's Watch over g with [observe] interval =
+// "0s": its observer runs no accounting pass and watches health only, over
+// every GPU of h but GPU 7. cordoned gets each device whose cordon it asked
+// for, once asked; stop ends it (waiting for the health callback in
+// progress, as Run does).
+func healthOnlyDaemon(t *testing.T, h *gpuHost, g *guard.Guard) (w *Watch, m *metrics.Metrics, cordoned chan string, stop func()) {
+	t.Helper()
+	w = watchOver(g, nil)
+	m = metrics.New()
+	w.Metrics = m
+	w.ProcRoot = h.proc
+	cordoned = make(chan string, 8)
+	w.States = func(g *guard.Guard) DeviceStates { return signalStates{statesOf(g), cordoned} }
+	cfg := g.Config()
+	cfg.Observe.Interval = config.Duration{}
+	return w, m, cordoned, startWithoutUnder(t, w, g, h, 7, cfg)
+}
+
+// signalStates are device states that tell of each cordon asked for.
+type signalStates struct {
+	DeviceStates
+	cordoned chan<- string
+}
+
+func (s signalStates) CordonDevice(ctx context.Context, uuid, source, reason string) (ledger.Cordon, bool, error) {
+	k, kept, err := s.DeviceStates.CordonDevice(ctx, uuid, source, reason)
+	s.cordoned <- uuid
+	return k, kept, err
+}
+
+// xidEvent is NVML's critical Xid 79 event on GPU i of h.
+func xidEvent(h *gpuHost, i int) nvml.EventData {
+	return nvml.EventData{Device: h.srv.Devices[i], EventType: nvml.EventTypeXidCriticalError, EventData: 79,
+		GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}
+}
+
+// With accounting off ([observe] interval = "0s") the observer still
+// watches health: GPU 3, under an operator's maintenance cordon, reports a
+// critical Xid, and the unhealthy cordon is kept as the operator's (rank).
+// The daemon after a restart (same boot, accounting on or off) still knows
+// that GPU 3 failed, from the carry file: it lists it as unhealthy
+// (observe.json, the gauge), and one that accounts cordons it again, as
+// unhealthy, once the ledger is rebuilt from nothing. The carry file used to
+// be written only by a daemon whose observer accounts: one at "0s" neither
+// wrote its unhealthy devices there nor read the daemon before's, and NVML
+// reports the Xid once, so GPU 3 was forgotten, and took claims again once
+// the operator lifted the maintenance cordon.
+func TestUnhealthyCarriedAcrossADaemonRestartWithAccountingOff(t *testing.T) {
+	for _, accountsAfter := range []bool{false, true} {
+		name := "accounting off after the restart"
+		if accountsAfter {
+			name = "accounting on after the restart"
+		}
+		t.Run(name, func(t *testing.T) {
+			h, g, uuid := xidUnderOperatorCordon(t)
+			ctx := context.Background()
+			_, _, cordoned, stop := healthOnlyDaemon(t, h, g)
+			h.events <- xidEvent(h, 3)
+			assert.Equal(t, uuid, testwait.Receive(t, cordoned, "the health watcher's cordon of GPU 3"))
+			stop()
+			require.Equal(t, ledger.CordonOperator, cordonOn(t, g, uuid).Source, "the operator's cordon is kept")
+
+			var w *Watch
+			var m *metrics.Metrics
+			if accountsAfter {
+				w, m, stop = accountingDaemon(t, h, g)
+			} else {
+				w, m, _, stop = healthOnlyDaemon(t, h, g)
+			}
+			defer stop()
+			w.mu.Lock()
+			assert.Equal(t, []string{uuid}, unhealthyUUIDs(w.unhealthy), "the daemon knows GPU 3 failed")
+			w.mu.Unlock()
+			assert.Equal(t, map[string]float64{"3": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
+			file, err := observe.ReadFile(g.Ledger().Dir())
+			require.NoError(t, err)
+			assert.Equal(t, []string{uuid}, unhealthyUUIDs(file.Unhealthy), "gpu-guard-ctl status warns of GPU 3")
+			if !accountsAfter {
+				return // no pass settles its cordon
+			}
+			damageLedger(t, g)
+			rep, err := g.Ledger().Recover(ctx, ledger.RecoverOptions{AllowEmpty: true, Reason: "NRI sync"})
+			require.NoError(t, err)
+			require.True(t, rep.Empty)
+			w.settleUnhealthy(ctx, func(string) bool { return true })
+			assert.Equal(t, ledger.CordonUnhealthy, cordonOn(t, g, uuid).Source,
+				"GPU 3 failed (Xid 79): cordoned again after the ledger was rebuilt")
+		})
+	}
+}
+
+// A daemon whose observer does not account takes over the carry file for
+// its unhealthy devices, and keeps the findings of the daemon before it as
+// they were, for the first observer that accounts: of the daemon after it,
+// or its own once [observe] interval is set again. That one does not take
+// the intruder still running for a new finding (audited, and its device
+// cordoned, again although the operator had lifted the cordon).
+func TestFindingsKeptForAnAccountingObserverByADaemonWithAccountingOff(t *testing.T) {
+	for _, later := range []string{"the daemon after", "the same daemon"} {
+		t.Run(later, func(t *testing.T) {
+			h := newGPUHost(t)
+			g := guardFor(t, h, func(c *config.Config) { c.Observe.OnIntruder = config.IntruderCordon })
+			ctx := context.Background()
+			_, err := g.Reconcile(ctx, ledger.FrontEndNRI, nil)
+			require.NoError(t, err)
+			h.run(2, 200, idB) // no claim: an intruder
+			// accounting runs one pass of an observer that accounts over
+			// w, which then stops.
+			accounting := func(w *Watch) {
+				t.Helper()
+				reports := make(chan struct{}, 1)
+				w.afterReport = func() {
+					select {
+					case reports <- struct{}{}:
+					default:
+					}
+				}
+				w.ProcRoot, w.Interval = h.proc, time.Hour
+				stop := startWithout(t, w, g, h, 7)
+				testwait.Receive(t, reports, "the first pass")
+				stop()
+			}
+
+			// A daemon that accounts finds the intruder and cordons GPU 2;
+			// the operator accepts the process and lifts the cordon.
+			accounting(watchOver(g, nil))
+			require.Equal(t, 1, auditCount(t, g, OpIntruder))
+			operatorUncordon(t, g, h.uuid(2))
+
+			// The daemon after it runs with accounting off, and GPU 3
+			// reports a critical Xid: the carry file names it, and still
+			// the intruder.
+			w, _, cordoned, stop := healthOnlyDaemon(t, h, g)
+			h.events <- xidEvent(h, 3)
+			assert.Equal(t, h.uuid(3), testwait.Receive(t, cordoned, "the health watcher's cordon of GPU 3"))
+			stop()
+			c, err := observe.ReadCarry(g.Ledger().Dir())
+			require.NoError(t, err)
+			require.Len(t, c.Unhealthy, 1)
+			assert.Equal(t, h.uuid(3), c.Unhealthy[0].Device.UUID)
+			require.Len(t, c.Findings, 1, "the intruder is still carried")
+			assert.Equal(t, 200, c.Findings[0].PID)
+
+			if later == "the daemon after" {
+				w = watchOver(g, nil)
+			}
+			accounting(w)
+			w.mu.Lock()
+			assert.Len(t, w.reported, 1, "the intruder carried over")
+			assert.Equal(t, []string{h.uuid(3)}, unhealthyUUIDs(w.unhealthy))
+			w.mu.Unlock()
+			assert.Equal(t, 1, auditCount(t, g, OpIntruder), "not a new finding")
+			assert.False(t, cordonedIn(t, g, h.uuid(2)), "the operator's uncordon stands")
+		})
+	}
 }

@@ -156,9 +156,24 @@ type Watch struct {
 	intruderRetry map[string]observe.FileFinding
 	// observing: what the running observer was started with (start).
 	observing observerRun
+	// carryTaken: an observer that watches health (NVML opened) was
+	// started; the first one took over the carry file of the daemon
+	// before (readPrior): its unhealthy devices at once, its findings too
+	// if it accounts. From then on this daemon writes the file.
+	carryTaken bool
 	// accounted: an observer that runs accounting passes was started; the
-	// first one took over the findings of the daemon before (readPrior).
+	// first one took over the findings of the daemon before, from held
+	// when an observer that does not account took them over first (same
+	// state directory: heldDir), from the carry file otherwise.
 	accounted bool
+	// held: the findings of the daemon before (its unhealthy devices
+	// aside), taken over from its carry file in heldDir by an observer
+	// that runs no accounting pass ([observe] interval = "0s"), which
+	// neither reports nor clears them: kept as they were for the first
+	// observer that accounts, and written back as they were in the carry
+	// file meanwhile (writeCarryWith), for the daemon after.
+	held    *priorFindings
+	heldDir string
 	// carried: what the carry file was last written with (writeCarry), so
 	// that a pass that changes nothing of it does not write it again.
 	carried  string
@@ -395,26 +410,34 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 		inLineage string
 		prior     *priorFindings
 	)
-	accounts := src != nil && interval > 0
-	if accounts {
-		// Read before w.mu: never held across a ledger read. Without NVML,
-		// or without accounting passes ([observe] interval = "0s"), no
-		// pass would settle a device adopted from the ledger (and no
-		// observer ever found one to carry: NVML that opened stays open),
-		// so the ledger's cordons are left as they stand, and the findings
-		// of the daemon before stay in its carry file for an observer that
-		// accounts.
+	// health: the observer watches health (Run does whatever the
+	// interval), and so finds unhealthy devices to carry; accounts: it
+	// also runs accounting passes.
+	health := src != nil
+	accounts := health && interval > 0
+	readNow := health && w.priorToRead(k.dir, accounts)
+	if accounts || readNow {
+		// Read before w.mu: never held across a ledger read. Without
+		// accounting passes ([observe] interval = "0s") no pass would
+		// settle a device adopted from the ledger, so the ledger's
+		// unhealthy cordons are left as they stand; the ones the daemon
+		// before found (its carry file, read by the first observer that
+		// watches health) are carried all the same, as the health
+		// watcher's own are: NVML reports an Xid once. Without NVML
+		// nothing is read: no observer of this daemon found anything to
+		// carry, and the carry file is left to one that runs.
 		cordons, lineage, read := w.ledgerCordons(ctx)
-		inLedger, inLineage = unhealthyOf(cordons), lineage
-		if w.firstAccounting() {
-			prior = w.readPrior(k.dir, cordons, lineage, read)
+		if accounts {
+			inLedger, inLineage = unhealthyOf(cordons), lineage
+		}
+		if readNow {
+			prior = w.readPrior(k.dir, accounts, cordons, lineage, read)
 		}
 	}
 	next := observerRun{dir: k.dir, cordons: cfg.Observe.OnIntruder == config.IntruderCordon}
 	w.mu.Lock()
-	if accounts && !w.accounted {
-		w.accounted = true
-		w.adoptPriorLocked(k.dir, prior)
+	if health {
+		w.takeOverLocked(k.dir, accounts, readNow, prior)
 	}
 	c := w.carryLocked(k.gpus, next, interval > 0, inLedger, inLineage)
 	lastReport := w.lastPass
@@ -550,7 +573,9 @@ type observerCarry struct {
 //
 // The daemon's first observer that accounts carries the same way what the
 // daemon before it recorded (adoptPriorLocked, from its carry file: see
-// readPrior), as if it were the observer before.
+// readPrior), as if it were the observer before; its unhealthy devices,
+// the first observer that watches health, whatever the interval
+// (takeOverLocked).
 //
 // inLedger are the unhealthy cordons in force in the ledger, read in
 // lineage (unhealthyOf): one on a device not carried is adopted,

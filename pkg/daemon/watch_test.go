@@ -1764,7 +1764,12 @@ func (w *Watch) holdings(ctx context.Context) ([]observe.Holding, error) {
 // inventory that no longer lists it) and h's NVML, and returns its stop.
 func startWithout(t *testing.T, w *Watch, g *guard.Guard, h *gpuHost, i int) func() {
 	t.Helper()
-	cfg := g.Config()
+	return startWithoutUnder(t, w, g, h, i, g.Config())
+}
+
+// startWithoutUnder is startWithout with cfg as the configuration.
+func startWithoutUnder(t *testing.T, w *Watch, g *guard.Guard, h *gpuHost, i int, cfg config.Config) func() {
+	t.Helper()
 	gpus := slices.DeleteFunc(slices.Clone(g.Inventory().GPUs), func(d devices.GPU) bool { return d.UUID == h.uuid(i) })
 	src, err := observe.OpenNVML(h.srv)
 	require.NoError(t, err)
