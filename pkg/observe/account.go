@@ -19,6 +19,11 @@ type listing struct {
 	err error
 	// lost: the device vanished or reports a fatal state (unhealthy).
 	lost error
+	// nowAt: a MIG instance of the inventory that NVML reports at another
+	// MIG index now ("1:2"; instances destroyed and created since
+	// discovery move those that stay). It is still the inventory's
+	// instance (found by UUID), listed and judged as such.
+	nowAt string
 }
 
 // ledgerView indexes the holdings for the comparison. Holdings of exempt

@@ -65,7 +65,12 @@
 //     since discovery is listed and judged too (a claim on its GPU covers
 //     it; otherwise it is free), Idle counts its processes, and its
 //     DeviceReport.Error says the inventory lacks it and how to rebuild it
-//     (it is logged once).
+//     (it is logged once). Instances are told apart by UUID, never by MIG
+//     index: an instance of the inventory that NVML reports at another
+//     index (destroying and creating instances beside it moves it) is
+//     still the inventory's, listed and judged as such (its new index is
+//     logged once); one is vanished only when it is in no index of a
+//     layout NVML told whole.
 //   - Every message names the device by index and UUID, the pid, and the
 //     container (or "host process"); an instance the inventory lacks is
 //     named with its GPU's index and UUID as well.

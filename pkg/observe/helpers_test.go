@@ -50,6 +50,11 @@ type mockHost struct {
 	// addMIG creates a MIG instance at NVML MIG index n of the MIG-mode
 	// GPU (enableMIG) that the inventory does not know.
 	addMIG func(n int, uuid string)
+	// moveMIG moves the instance at NVML MIG index from to index to (its
+	// UUID and process lists stay), leaving from empty: NVML's MIG
+	// indices of the instances that stay after others were destroyed and
+	// created.
+	moveMIG func(from, to int)
 }
 
 // newMockA100 is go-nvml's DGX A100 mock: 8 GPUs, no MIG.
@@ -208,6 +213,16 @@ func (h *mockHost) enableMIG(gpu int, idx ...int) {
 		h.mu.Lock()
 		handles[n] = m
 		h.mu.Unlock()
+	}
+	h.moveMIG = func(from, to int) {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		m, ok := handles[from]
+		if !ok {
+			h.t.Fatalf("no MIG instance at index %d of GPU %d to move", from, gpu)
+		}
+		delete(handles, from)
+		handles[to] = m
 	}
 	// Processes of a MIG-mode GPU are listed on its instances, never on
 	// the GPU itself.

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -118,4 +119,99 @@ func TestMIGInstanceCreatedAfterDiscovery(t *testing.T) {
 			assert.Equal(t, 1, strings.Count(logs.String(), "MIG instance not in the inventory"))
 		})
 	}
+}
+
+// A MIG instance of the inventory that NVML reports at another MIG index
+// (instances destroyed and created beside it since discovery) is still the
+// inventory's instance: found by its UUID, its processes are listed and
+// judged, it is not taken for vanished, and the instance now at its old
+// index, one the inventory lacks, is listed as such.
+func TestMIGInstanceAtAnotherIndexIsStillObserved(t *testing.T) {
+	const newUUID = "MIG-00000001-0000-4000-8000-0000000000aa"
+	h := newMockH100MIG(t) // GPU 1: instances at MIG indices 0, 1, 3
+	fp := newFakeProc(t, 1000)
+	fp.addIn(100, 10, idA)
+	fp.add(900, 20, "0::/user.slice/user-0.slice/session-3.scope\n")
+	fp.add(901, 21, "0::/user.slice/user-0.slice/session-3.scope\n")
+	moved1, moved3 := h.migUUID(1, 1), h.migUUID(1, 3)
+	h.moveMIG(1, 5) // another instance is at index 1 now,
+	h.addMIG(1, newUUID)
+	h.moveMIG(3, 6)           // and none at index 3
+	h.run(moved1, 900, 1<<30) // a host process: an intruder
+	h.run(moved3, 100, 1<<30) // the holder's own
+	h.run(newUUID, 901, 0)
+	ledger := &holdings{{DeviceUUID: moved3, ContainerID: idA}}
+	o, logs := newObserver(t, h, fp, ledger, nil)
+
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	byUUID := map[string]DeviceReport{}
+	for _, dr := range r.Devices {
+		byUUID[dr.Device.UUID] = dr
+	}
+	for _, tc := range []struct {
+		uuid, index string
+		pid         int
+	}{{moved1, "1:1", 900}, {moved3, "1:3", 100}} {
+		dr, ok := byUUID[tc.uuid]
+		require.True(t, ok, "MIG %s is in the report", tc.index)
+		assert.Equal(t, tc.index, dr.Device.Index, "named as the inventory names it")
+		assert.Empty(t, dr.Error, "MIG %s is observed", tc.index)
+		require.Len(t, dr.Processes, 1, "MIG %s: its processes are listed", tc.index)
+		assert.Equal(t, tc.pid, dr.Processes[0].PID)
+		_, sick := o.Health(tc.uuid)
+		assert.False(t, sick, "MIG %s is not taken for vanished", tc.index)
+	}
+	assert.Equal(t, idA, byUUID[moved3].Holder)
+	assert.Contains(t, byUUID[newUUID].Error, "is not in it", "the instance now at index 1 is not the inventory's")
+
+	var onMoved []Finding
+	for _, f := range r.Problems() {
+		assert.NotEqual(t, KindUnhealthy, f.Kind, "%+v", f)
+		if f.Device.UUID == moved1 || f.Device.UUID == moved3 {
+			onMoved = append(onMoved, f)
+		}
+	}
+	require.Len(t, onMoved, 1, "%+v", r.Problems())
+	assert.Equal(t, KindIntruder, onMoved[0].Kind)
+	assert.Equal(t, 900, onMoved[0].PID)
+	assert.Equal(t, moved1, onMoved[0].Device.UUID)
+
+	res, err := o.Idle(context.Background(), Holding{DeviceUUID: moved3, ContainerID: idA})
+	require.NoError(t, err)
+	assert.False(t, res.Idle, "the holder still runs on its instance, wherever NVML lists it")
+
+	assert.Contains(t, logs.String(), "MIG instance is at another MIG index than at discovery")
+	assert.Contains(t, logs.String(), "index_now=1:5")
+	_, err = o.Account(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 2, strings.Count(logs.String(), "MIG instance is at another MIG index than at discovery"),
+		"logged once per instance")
+}
+
+// A MIG instance missing from its index is vanished only when the layout of
+// its GPU was read whole: an index NVML would not tell about may hold it.
+func TestMIGInstanceNotFoundInAPartlyReadLayoutIsNotVanished(t *testing.T) {
+	h := newMockH100MIG(t)
+	h.moveMIG(3, 6)
+	sd := h.srv.Devices[1].(*mockDevice)
+	byIdx := sd.GetMigDeviceHandleByIndexFunc
+	sd.GetMigDeviceHandleByIndexFunc = func(n int) (nvml.Device, nvml.Return) {
+		if n == 6 {
+			return nil, nvml.ERROR_UNKNOWN
+		}
+		return byIdx(n)
+	}
+	o, _ := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, nil)
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, r.Problems(), "nothing is concluded")
+	var dr *DeviceReport
+	for i := range r.Devices {
+		if r.Devices[i].Device.UUID == h.migUUID(1, 3) {
+			dr = &r.Devices[i]
+		}
+	}
+	require.NotNil(t, dr)
+	assert.Contains(t, dr.Error, "MIG index 6: ERROR_UNKNOWN")
 }

@@ -130,30 +130,107 @@ func lostError(ret nvml.Return) error {
 	return nil
 }
 
-// handle finds d by UUID (a MIG instance through its GPU and MIG index, as
-// older drivers cannot look MIG UUIDs up).
+// handle finds GPU d by UUID.
 func (s *nvmlSource) handle(d Device) (nvml.Device, nvml.Return) {
-	if !d.IsMIG() {
-		return s.lib.DeviceGetHandleByUUID(d.UUID)
+	return s.lib.DeviceGetHandleByUUID(d.UUID)
+}
+
+// migSlot is a MIG instance as NVML reports it now on its GPU.
+type migSlot struct {
+	index  int
+	uuid   string
+	handle nvml.Device
+}
+
+// migLayout is the MIG layout NVML reports now on one GPU in MIG mode,
+// walked once per pass: the instances by UUID, whatever their MIG index.
+type migLayout struct {
+	slots  []migSlot
+	byUUID map[string]int // position in slots
+	// err: the walk failed as a whole (its count); failed: the MIG
+	// indices NVML would not tell about. Either way an instance missing
+	// from slots is not known to be gone.
+	err    error
+	failed []error
+}
+
+// walkMIG reads the MIG layout NVML reports now on the GPU of handle h.
+func walkMIG(h nvml.Device) *migLayout {
+	l := &migLayout{byUUID: map[string]int{}}
+	n, ret := h.GetMaxMigDeviceCount()
+	if ret != nvml.SUCCESS {
+		l.err = fmt.Errorf("count its MIG instances: %w", ret)
+		return l
 	}
+	for j := range n {
+		m, ret := h.GetMigDeviceHandleByIndex(j)
+		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
+			continue // no instance at this index
+		}
+		if ret != nvml.SUCCESS {
+			l.failed = append(l.failed, fmt.Errorf("get the handle of MIG index %d: %w", j, ret))
+			continue
+		}
+		uuid, ret := m.GetUUID()
+		if ret != nvml.SUCCESS {
+			l.failed = append(l.failed, fmt.Errorf("get the UUID of MIG index %d: %w", j, ret))
+			continue
+		}
+		l.byUUID[uuid] = len(l.slots)
+		l.slots = append(l.slots, migSlot{index: j, uuid: uuid, handle: m})
+	}
+	return l
+}
+
+// incomplete says why an instance missing from l may still be there; nil
+// when l is the whole layout.
+func (l *migLayout) incomplete() error {
+	if l.err != nil {
+		return l.err
+	}
+	return errors.Join(l.failed...)
+}
+
+// migHandle finds MIG instance d by its UUID: at the MIG index the
+// inventory has for it, or, when another instance or none is there now,
+// wherever the layout of its GPU has it (destroying and creating instances
+// moves the MIG indices of those that stay). at is its MIG index now.
+// layouts caches the layout of each GPU for the pass. An instance missing
+// from a layout read whole has vanished (lost); one missing from a layout
+// NVML would not tell whole is an error (nothing concluded).
+func (s *nvmlSource) migHandle(d Device, layouts map[string]*migLayout) (h nvml.Device, at int, lost, err error) {
 	parent, ret := s.lib.DeviceGetHandleByUUID(d.ParentUUID)
 	if ret != nvml.SUCCESS {
-		return nil, ret
+		if lost = lostError(ret); lost == nil {
+			err = fmt.Errorf("get the NVML handle: %w", ret)
+		}
+		return nil, 0, lost, err
 	}
 	m, ret := parent.GetMigDeviceHandleByIndex(d.migIndex)
-	if ret != nvml.SUCCESS {
-		return nil, ret
+	switch ret {
+	case nvml.SUCCESS:
+		if uuid, ret := m.GetUUID(); ret == nvml.SUCCESS && uuid == d.UUID {
+			return m, d.migIndex, nil, nil
+		}
+	case nvml.ERROR_GPU_IS_LOST, nvml.ERROR_RESET_REQUIRED:
+		return nil, 0, lostError(ret), nil
 	}
-	uuid, ret := m.GetUUID()
-	if ret != nvml.SUCCESS {
-		return nil, ret
+	// Not at its index (or its index cannot be read): look for its UUID
+	// in the layout NVML reports now.
+	l := layouts[d.ParentUUID]
+	if l == nil {
+		l = walkMIG(parent)
+		layouts[d.ParentUUID] = l
 	}
-	if uuid != d.UUID {
-		// The MIG layout changed under the inventory: the instance the
-		// guard knows is gone.
-		return nil, nvml.ERROR_NOT_FOUND
+	if i, ok := l.byUUID[d.UUID]; ok {
+		return l.slots[i].handle, l.slots[i].index, nil, nil
 	}
-	return m, nvml.SUCCESS
+	if why := l.incomplete(); why != nil {
+		return nil, 0, nil, fmt.Errorf("not at MIG index %d, and the MIG layout of its GPU cannot be read whole to find it: %w", d.migIndex, why)
+	}
+	// The MIG layout changed under the inventory: the instance the guard
+	// knows is gone.
+	return nil, 0, lostError(nvml.ERROR_NOT_FOUND), nil
 }
 
 func (s *nvmlSource) list(devs []Device) []listing {
@@ -166,16 +243,31 @@ func (s *nvmlSource) list(devs []Device) []listing {
 	}
 	defer s.leave()
 	lostGPU := map[string]bool{}
+	layouts := map[string]*migLayout{} // by GPU UUID, walked once per pass
 	for _, d := range devs {
 		if d.IsMIG() && lostGPU[d.ParentUUID] {
 			continue
 		}
 		l := listing{device: d}
+		if d.IsMIG() {
+			h, at, lost, err := s.migHandle(d, layouts)
+			if lost != nil || err != nil {
+				l.lost, l.err = lost, err
+				out = append(out, l)
+				continue
+			}
+			if at != d.migIndex {
+				l.nowAt = fmt.Sprintf("%d:%d", d.gpuIndex, at)
+			}
+			l.procs, l.lost, l.err = processes(h)
+			out = append(out, l)
+			continue
+		}
 		h, ret := s.handle(d)
 		if ret != nvml.SUCCESS {
 			if l.lost = lostError(ret); l.lost == nil {
 				l.err = fmt.Errorf("get the NVML handle: %w", ret)
-			} else if !d.IsMIG() {
+			} else {
 				lostGPU[d.UUID] = true
 			}
 			out = append(out, l)
@@ -185,9 +277,12 @@ func (s *nvmlSource) list(devs []Device) []listing {
 			// In MIG mode processes run on instances; they are listed
 			// there, once each (never on the GPU, whose list aggregates
 			// them). The inventory's instances are listed as devs has
-			// them; an instance created since discovery is listed from
-			// the MIG layout NVML reports now.
-			out = append(out, unknownMIG(d, h, devs)...)
+			// them, found by UUID wherever they are now; an instance
+			// created since discovery is listed from the MIG layout
+			// NVML reports now.
+			layout := walkMIG(h)
+			layouts[d.UUID] = layout
+			out = append(out, unknownMIG(d, layout, devs)...)
 			continue
 		}
 		l.procs, l.lost, l.err = processes(h)
@@ -196,46 +291,35 @@ func (s *nvmlSource) list(devs []Device) []listing {
 	return out
 }
 
-// unknownMIG lists the processes of the MIG instances NVML reports now on
-// gpu (h: its handle, in MIG mode) that are not among devs: instances
-// created after the inventory was discovered. Each is a Device of its own
-// (unknownMIG set) that the claims on gpu cover. A walk NVML refuses is a
-// listing of gpu with the error: its instances are not known to be all
-// observed.
-func unknownMIG(gpu Device, h nvml.Device, devs []Device) []listing {
+// unknownMIG lists the processes of the MIG instances of layout, the MIG
+// layout NVML reports now on gpu, that are not among devs (by UUID, at any
+// MIG index): instances created after the inventory was discovered. Each
+// is a Device of its own (unknownMIG set) that the claims on gpu cover. A
+// walk NVML refuses, whole or at an index, is a listing of gpu with the
+// error: its instances are not known to be all observed.
+func unknownMIG(gpu Device, layout *migLayout, devs []Device) []listing {
+	if layout.err != nil {
+		return []listing{{device: gpu, err: layout.err}}
+	}
 	known := map[string]bool{}
 	for _, d := range devs {
 		if d.ParentUUID == gpu.UUID {
 			known[d.UUID] = true
 		}
 	}
-	n, ret := h.GetMaxMigDeviceCount()
-	if ret != nvml.SUCCESS {
-		return []listing{{device: gpu, err: fmt.Errorf("count its MIG instances: %w", ret)}}
-	}
 	var out []listing
-	for j := range n {
-		m, ret := h.GetMigDeviceHandleByIndex(j)
-		if ret == nvml.ERROR_NOT_FOUND || ret == nvml.ERROR_INVALID_ARGUMENT {
-			continue // no instance at this index
-		}
-		if ret != nvml.SUCCESS {
-			out = append(out, listing{device: gpu, err: fmt.Errorf("get the handle of MIG index %d: %w", j, ret)})
-			continue
-		}
-		uuid, ret := m.GetUUID()
-		if ret != nvml.SUCCESS {
-			out = append(out, listing{device: gpu, err: fmt.Errorf("get the UUID of MIG index %d: %w", j, ret)})
-			continue
-		}
-		if known[uuid] {
+	for _, err := range layout.failed {
+		out = append(out, listing{device: gpu, err: err})
+	}
+	for _, m := range layout.slots {
+		if known[m.uuid] {
 			continue
 		}
 		l := listing{device: Device{
-			Index: fmt.Sprintf("%d:%d", gpu.gpuIndex, j), UUID: uuid, ParentUUID: gpu.UUID,
-			gpuIndex: gpu.gpuIndex, migIndex: j, gi: -1, ci: -1, unknownMIG: true,
+			Index: fmt.Sprintf("%d:%d", gpu.gpuIndex, m.index), UUID: m.uuid, ParentUUID: gpu.UUID,
+			gpuIndex: gpu.gpuIndex, migIndex: m.index, gi: -1, ci: -1, unknownMIG: true,
 		}}
-		l.procs, l.lost, l.err = processes(m)
+		l.procs, l.lost, l.err = processes(m.handle)
 		if l.lost != nil {
 			// Gone between the walk and the listing: nothing to judge,
 			// and nothing the inventory holds to call unhealthy.

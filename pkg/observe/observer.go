@@ -96,6 +96,9 @@ type Observer struct {
 	unhealthy map[string]Finding // by device UUID
 	// unknownSeen: the MIG instances the inventory lacks that were logged.
 	unknownSeen map[string]bool
+	// movedSeen: the MIG index now of each instance of the inventory
+	// logged at another index than the inventory's (by UUID).
+	movedSeen map[string]string
 	// Callbacks waiting for the dispatcher (see Options.OnReport); wake
 	// tells it there are some.
 	pendingUnhealthy []Finding
@@ -131,7 +134,7 @@ func New(opts Options) (*Observer, error) {
 		opts: opts, src: opts.Source, devs: DevicesOf(opts.GPUs),
 		proc: procFS{root: opts.ProcRoot}, xids: map[uint64]bool{},
 		log: opts.Logger, now: opts.Now,
-		nvml: make(chan struct{}, 1), unhealthy: map[string]Finding{}, unknownSeen: map[string]bool{},
+		nvml: make(chan struct{}, 1), unhealthy: map[string]Finding{}, unknownSeen: map[string]bool{}, movedSeen: map[string]string{},
 		wake: make(chan struct{}, 1),
 	}
 	if o.log == nil {
@@ -210,6 +213,12 @@ func (o *Observer) Account(ctx context.Context) (Report, error) {
 				"gpu", fmt.Sprintf("GPU %d (%s)", l.device.gpuIndex, l.device.ParentUUID),
 				"instance", l.device.UUID, "index", l.device.Index, "message", unknownMIGNotice(l.device))
 		}
+		if l.nowAt != "" && o.firstMove(l.device.UUID, l.nowAt) {
+			o.log.Warn("MIG instance is at another MIG index than at discovery; it is still observed by its UUID",
+				"device", l.device.String(), "index_now", l.nowAt,
+				"message", "the MIG layout of its GPU changed; restart nri-gpu-guard to rebuild the inventory "+
+					"(`sudo gpu-guard-ctl devices --refresh` refreshes the OCI hooks' cache)")
+		}
 	}
 	for _, f := range r.Findings {
 		if f.Kind == KindUnhealthy {
@@ -254,6 +263,18 @@ func (o *Observer) firstUnknown(uuid string) bool {
 		return false
 	}
 	o.unknownSeen[uuid] = true
+	return true
+}
+
+// firstMove reports whether MIG instance uuid of the inventory is seen at
+// MIG index now for the first time (logged once per index it moves to).
+func (o *Observer) firstMove(uuid, now string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.movedSeen[uuid] == now {
+		return false
+	}
+	o.movedSeen[uuid] = now
 	return true
 }
 
