@@ -30,7 +30,14 @@
 //   - out_of_bounds: a process of a holder runs on a device its claims do not
 //     cover (a claim on a GPU covers its MIG instances);
 //   - unhealthy: a critical Xid (the configured list), or NVML reports the
-//     device lost, not found, or needing a reset;
+//     device lost, not found, or needing a reset. An Xid event's device is
+//     found by its UUID or, when NVML cannot read it (a GPU fallen off the
+//     bus), by the handle its GPU was registered by, its PCI bus id or its
+//     minor number; one that nothing matches is logged as outside the
+//     inventory only when something was read of it, and otherwise is a
+//     critical Xid of an unidentified device: an error in the log and an
+//     unhealthy finding in every report, telling the operator to find and
+//     cordon the GPU by hand, never taken for a stranger's and dropped;
 //   - gone (informational): NVML listed a pid whose /proc entry vanished and
 //     that the kernel no longer knows (kill(pid, 0) answers ESRCH), or whose
 //     pid was reused by a process started after the listing.

@@ -6,6 +6,7 @@
 package observe
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -127,45 +128,98 @@ func TestXidOfAGPUInstanceMarksEachComputeInstance(t *testing.T) {
 func TestEventDevices(t *testing.T) {
 	gpu, other := "GPU-00000000-0000-4000-8000-000000000001", "GPU-00000000-0000-4000-8000-000000000002"
 	mig := func(n int) string { return fmt.Sprintf("MIG-00000000-0000-4000-8000-0000000000a%d", n) }
-	devs := DevicesOf([]devices.GPU{
-		{Index: 0, UUID: gpu, MIG: []devices.MIG{
+	gpus := []devices.GPU{
+		{Index: 0, UUID: gpu, BusID: "0000:07:00.0", MIG: []devices.MIG{
 			{Index: 0, UUID: mig(0), GI: 1, CI: 0},
 			{Index: 1, UUID: mig(1), GI: 1, CI: 1},
 			{Index: 2, UUID: mig(2), GI: 2, CI: 0},
 		}},
-		{Index: 1, UUID: other, Minor: 1},
-	})
+		{Index: 1, UUID: other, Minor: 1, BusID: "0000:08:00.0"},
+	}
+	devs := DevicesOf(gpus)
 	dev := func(uuid string) nvml.Device {
 		return &mock.Device{GetUUIDFunc: func() (string, nvml.Return) { return uuid, nvml.SUCCESS }}
 	}
+	// lost is a device NVML cannot read the UUID of (fallen off the bus);
+	// bus "" and minor < 0: those cannot be read either.
+	lost := func(bus string, minor int) nvml.Device {
+		return &mock.Device{
+			GetUUIDFunc: func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST },
+			GetPciInfoFunc: func() (nvml.PciInfo, nvml.Return) {
+				if bus == "" {
+					return nvml.PciInfo{}, nvml.ERROR_GPU_IS_LOST
+				}
+				var p nvml.PciInfo
+				for i, c := range bus {
+					p.BusId[i] = int8(c)
+				}
+				return p, nvml.SUCCESS
+			},
+			GetMinorNumberFunc: func() (int, nvml.Return) {
+				if minor < 0 {
+					return 0, nvml.ERROR_GPU_IS_LOST
+				}
+				return minor, nvml.SUCCESS
+			},
+		}
+	}
+	registered := lost("", -1) // the handle GPU 0 was registered by
+	handles := []watched{{device: devs[0], handle: registered}}
 	for _, tc := range []struct {
-		name   string
-		dev    nvml.Device
-		gi, ci uint32
-		want   []string // device indices; nil: not in the inventory
+		name    string
+		dev     nvml.Device
+		gi, ci  uint32
+		want    []string // device indices
+		by      string   // how a device whose UUID is unreadable was matched
+		outside string   // not in the inventory: what was read of it
 	}{
-		{"one compute instance", dev(gpu), 1, 1, []string{"0:1"}},
-		{"a GPU instance: each of its compute instances", dev(gpu), 1, noInstance, []string{"0:0", "0:1"}},
-		{"a GPU instance of one compute instance", dev(gpu), 2, noInstance, []string{"0:2"}},
-		{"the whole GPU", dev(gpu), noInstance, noInstance, []string{"0"}},
-		{"ids no instance has: the GPU", dev(gpu), 7, noInstance, []string{"0"}},
-		{"a GPU not in MIG mode", dev(other), noInstance, noInstance, []string{"1"}},
-		{"a MIG handle", dev(mig(2)), 2, 0, []string{"0:2"}},
-		{"not in the inventory", dev("GPU-00000000-0000-4000-8000-0000000000ff"), noInstance, noInstance, nil},
-		{"no device", nil, noInstance, noInstance, nil},
+		{name: "one compute instance", dev: dev(gpu), gi: 1, ci: 1, want: []string{"0:1"}},
+		{name: "a GPU instance: each of its compute instances", dev: dev(gpu), gi: 1, ci: noInstance, want: []string{"0:0", "0:1"}},
+		{name: "a GPU instance of one compute instance", dev: dev(gpu), gi: 2, ci: noInstance, want: []string{"0:2"}},
+		{name: "the whole GPU", dev: dev(gpu), gi: noInstance, ci: noInstance, want: []string{"0"}},
+		{name: "ids no instance has: the GPU", dev: dev(gpu), gi: 7, ci: noInstance, want: []string{"0"}},
+		{name: "a GPU not in MIG mode", dev: dev(other), gi: noInstance, ci: noInstance, want: []string{"1"}},
+		{name: "a MIG handle", dev: dev(mig(2)), gi: 2, ci: 0, want: []string{"0:2"}},
+		{name: "not in the inventory", dev: dev("GPU-00000000-0000-4000-8000-0000000000ff"), gi: noInstance, ci: noInstance,
+			outside: "UUID GPU-00000000-0000-4000-8000-0000000000ff"},
+		{name: "UUID unreadable: the handle it was registered by", dev: registered, gi: 1, ci: 1,
+			want: []string{"0:1"}, by: "its NVML handle"},
+		{name: "UUID unreadable: its PCI bus id", dev: lost("00000000:08:00.0", -1), gi: noInstance, ci: noInstance,
+			want: []string{"1"}, by: "its PCI bus id 0000:08:00.0"},
+		{name: "UUID unreadable: its minor number", dev: lost("", 1), gi: noInstance, ci: noInstance,
+			want: []string{"1"}, by: "its minor number 1"},
+		{name: "UUID unreadable, PCI bus id of no GPU", dev: lost("0000:0a:00.0", -1), gi: noInstance, ci: noInstance,
+			outside: "PCI bus id 0000:0a:00.0"},
+		{name: "UUID unreadable, minor number of no GPU", dev: lost("", 9), gi: noInstance, ci: noInstance,
+			outside: "minor number 9"},
+		{name: "nothing readable", dev: lost("", -1), gi: noInstance, ci: noInstance},
+		{name: "no device", gi: noInstance, ci: noInstance},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ev := nvml.EventData{Device: tc.dev, EventType: nvml.EventTypeXidCriticalError, EventData: 48,
 				GpuInstanceId: tc.gi, ComputeInstanceId: tc.ci}
-			got, ok := eventDevices(ev, devs)
-			assert.Equal(t, tc.want != nil, ok)
+			got := eventDevices(ev, devs, handles)
 			var idx []string
-			for _, d := range got {
+			for _, d := range got.devices {
 				idx = append(idx, d.Index)
 			}
 			assert.Equal(t, tc.want, idx)
+			assert.Equal(t, tc.by, got.by)
+			assert.Equal(t, tc.outside, got.outside)
+			if tc.want == nil && tc.outside == "" {
+				assert.Error(t, got.unread, "unidentified: it says why")
+			}
 		})
 	}
+
+	// An identity some GPUs of the inventory do not record proves nothing
+	// when it matches none: the device is unidentified, not a stranger.
+	gpus[0].BusID = ""
+	got := eventDevices(nvml.EventData{Device: lost("0000:0a:00.0", -1), EventType: nvml.EventTypeXidCriticalError,
+		EventData: 79, GpuInstanceId: noInstance, ComputeInstanceId: noInstance}, DevicesOf(gpus), nil)
+	assert.Empty(t, got.devices)
+	assert.Empty(t, got.outside)
+	assert.ErrorContains(t, got.unread, "its UUID: ERROR_GPU_IS_LOST; its PCI bus id 0000:0a:00.0: no GPU of the inventory has it, and some have none recorded; its minor number: ERROR_GPU_IS_LOST")
 }
 
 func TestHealthWatcherRetriesNVMLErrors(t *testing.T) {
@@ -326,4 +380,129 @@ func TestXidFromMIGHandleAndUnknownDevice(t *testing.T) {
 	assert.Equal(t, "1:3", f.Device.Index)
 	assert.Contains(t, logs.String(), "Xid event from a device outside the inventory")
 	assert.Len(t, o.Unhealthy(), 1, "an unknown device marks nothing")
+}
+
+// A GPU fallen off the bus (Xid 79) may no longer tell NVML its UUID: its
+// Xid event is still matched to the inventory's GPU, by the handle the GPU
+// was registered for events by, else by its PCI bus id, and the GPU is
+// unhealthy, named by the inventory's index and UUID.
+func TestXidFromADeviceWhoseUUIDIsUnreadable(t *testing.T) {
+	h := newMockA100(t)
+	for i := range h.gpus {
+		h.gpus[i].BusID = h.srv.Devices[i].(*mockDevice).PciBusID
+	}
+	h.srv.Devices[3].(*mockDevice).GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	// Another handle of GPU 5 than the one it was registered by, which can
+	// tell its PCI bus id only.
+	other := &mockDevice{}
+	other.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	other.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		var p nvml.PciInfo
+		for i, c := range "00000000:05:00.0" {
+			p.BusId[i] = int8(c)
+		}
+		return p, nvml.SUCCESS
+	}
+	var ch chan Finding
+	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	h.events <- xidEvent(h.srv.Devices[3], 79)
+	f := testwait.Receive(t, ch, "unhealthy GPU 3")
+	assert.Equal(t, "3", f.Device.Index)
+	assert.Equal(t, h.uuid(3), f.Device.UUID)
+	assert.EqualValues(t, 79, f.Xid)
+	assert.Contains(t, f.Message, "GPU 3 ("+h.uuid(3)+") reported critical Xid 79")
+	h.events <- xidEvent(other, 79)
+	f = testwait.Receive(t, ch, "unhealthy GPU 5")
+	assert.Equal(t, "5", f.Device.Index)
+	assert.Equal(t, h.uuid(5), f.Device.UUID)
+
+	for _, n := range []int{3, 5} {
+		_, ok := o.Health(h.uuid(n))
+		assert.True(t, ok, "GPU %d takes no new claims", n)
+	}
+	assert.NotContains(t, logs.String(), "outside the inventory")
+	assert.Contains(t, logs.String(), "matched to the inventory by its NVML handle")
+	assert.Contains(t, logs.String(), "matched to the inventory by its PCI bus id 0000:05:00.0")
+}
+
+// A critical Xid from a device nothing can be read of (no UUID, no PCI bus
+// id, no minor number) and whose handle is none the watch registered is no
+// stranger's: it is an unhealthy finding on an unidentified device in every
+// report, its device's error saying what to do, and an error in the log.
+// No device is marked unhealthy: there is none to cordon.
+func TestXidFromAnUnidentifiedDevice(t *testing.T) {
+	h := newMockA100(t)
+	unknown := &mockDevice{}
+	unknown.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	unknown.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return nvml.PciInfo{}, nvml.ERROR_GPU_IS_LOST }
+	unknown.GetMinorNumberFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_GPU_IS_LOST }
+	var ch chan Finding
+	o, logs := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) { ch = unhealthyChan(o) })
+	startRun(t, o)
+
+	h.events <- xidEvent(unknown, 79)
+	h.events <- xidEvent(unknown, 79) // the same Xid again: one entry
+	h.events <- xidEvent(unknown, 13) // not critical: ignored
+	// Events are handled in order: once GPU 0's finding arrives, those
+	// before it have been.
+	h.events <- xidEvent(h.srv.Devices[0], 48)
+	assert.Equal(t, "0", testwait.Receive(t, ch, "unhealthy GPU 0").Device.Index)
+
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	var un []Finding
+	for _, f := range r.Problems() {
+		if f.Device.UUID == "" {
+			un = append(un, f)
+		}
+	}
+	require.Len(t, un, 1, "%+v", r.Problems())
+	f := un[0]
+	assert.Equal(t, KindUnhealthy, f.Kind)
+	assert.EqualValues(t, 79, f.Xid)
+	assert.Equal(t, 2026, f.Time.Year(), "stamped with the observer's clock")
+	assert.Contains(t, f.Message, "an unidentified GPU reported critical Xid 79")
+	assert.Contains(t, f.Message, "its UUID: ERROR_GPU_IS_LOST")
+	var dr []DeviceReport
+	for _, d := range r.Devices {
+		if d.Device.UUID == "" {
+			dr = append(dr, d)
+		}
+	}
+	require.Len(t, dr, 1)
+	assert.Equal(t, "an unidentified GPU", dr[0].Device.String())
+	assert.True(t, strings.HasPrefix(dr[0].Error, "reported critical Xid 79: "), "read after the device's name: %s", dr[0].Error)
+	for _, want := range []string{"critical Xid 79", "no GPU was cordoned", "nvidia-smi", "dmesg", "sudo gpu-guard-ctl cordon"} {
+		assert.Contains(t, dr[0].Error, want, "the report says what to do")
+	}
+	assert.Equal(t, []string{h.uuid(0)}, uuidsOf(o.Unhealthy()), "only an identified device is marked unhealthy")
+
+	assert.NotContains(t, logs.String(), "outside the inventory")
+	var errs []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "level=ERROR") && strings.Contains(line, "cannot identify") {
+			errs = append(errs, line)
+		}
+	}
+	require.Len(t, errs, 2, "each event is logged as an error:\n%s", logs.String())
+	assert.Contains(t, errs[0], "xid=79")
+	assert.Contains(t, errs[0], "gpu-guard-ctl cordon")
+	assert.Contains(t, logs.String(), "Xid not in observe.xids from a device NVML cannot identify")
+
+	// Every report lists it.
+	r, err = o.Account(context.Background())
+	require.NoError(t, err)
+	require.NotEmpty(t, r.Findings)
+	assert.Empty(t, r.Findings[0].Device.UUID)
+	assert.EqualValues(t, 79, r.Findings[0].Xid)
+}
+
+func uuidsOf(fs []Finding) []string {
+	var out []string
+	for _, f := range fs {
+		out = append(out, f.Device.UUID)
+	}
+	return out
 }

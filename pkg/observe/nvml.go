@@ -10,10 +10,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 )
 
 // NVMLInterface is the NVML API the observer uses: go-nvml's nvml.Interface
@@ -188,7 +192,31 @@ func (l *migLayout) incomplete() error {
 	if l.err != nil {
 		return l.err
 	}
-	return errors.Join(l.failed...)
+	return joinErrors(l.failed)
+}
+
+// errorList is errors read as one: "; " between them.
+type errorList []error
+
+func (e errorList) Error() string {
+	msgs := make([]string, len(e))
+	for i, err := range e {
+		msgs[i] = err.Error()
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (e errorList) Unwrap() []error { return e }
+
+// joinErrors is errs as one error (errors.Join on one line); nil for none.
+func joinErrors(errs []error) error {
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return errs[0]
+	}
+	return errorList(errs)
 }
 
 // migHandle finds MIG instance d by its UUID: at the MIG index the
@@ -392,16 +420,21 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, w watchOpts) erro
 		// the set is watched: a GPU left out would have its Xids missed
 		// for as long as the other GPUs keep the watch running.
 		retry []*pendingGPU
+		// handles: the GPUs registered and the NVML handle of each. An
+		// event names its device by one of them: an event whose device
+		// NVML cannot read the UUID of is still matched to its GPU.
+		handles []watched
 	)
 	for _, d := range devs {
 		if d.IsMIG() {
 			continue // registered on the GPU; instances are told apart by GI/CI
 		}
 		gpus++
-		err := register(s.lib, d, set, w.emit)
+		h, err := register(s.lib, d, set, w.emit)
 		switch {
 		case err == nil:
 			registered++
+			handles = append(handles, watched{device: d, handle: h})
 		case errors.Is(err, nvml.ERROR_NOT_SUPPORTED):
 			w.log.Warn("GPU health is not watched: the GPU does not support Xid events", "device", d.String(), "error", err)
 		default:
@@ -434,7 +467,7 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, w watchOpts) erro
 		if s.isClosed() {
 			return errClosed
 		}
-		retry = registerDue(s.lib, set, retry, time.Now(), w)
+		retry = registerDue(s.lib, set, retry, time.Now(), w, &handles)
 		ev, ret := set.Wait(uint32(ms))
 		switch ret {
 		case nvml.SUCCESS:
@@ -448,12 +481,24 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, w watchOpts) erro
 		if ev.EventType&nvml.EventTypeXidCriticalError == 0 {
 			continue
 		}
-		hit, ok := eventDevices(ev, devs)
-		if !ok {
-			w.log.Warn("Xid event from a device outside the inventory", "xid", ev.EventData)
+		t := eventDevices(ev, devs, handles)
+		critical := w.xids[ev.EventData]
+		switch {
+		case t.outside != "":
+			w.log.Warn("Xid event from a device outside the inventory", "xid", ev.EventData, "device", t.outside)
 			continue
+		case len(t.devices) == 0 && !critical:
+			w.log.Info("Xid not in observe.xids from a device NVML cannot identify; ignored", "xid", ev.EventData, "error", t.unread)
+			continue
+		case len(t.devices) == 0:
+			w.unidentified(unidentifiedFinding(ev.EventData, t.unread))
+			continue
+		case t.by != "":
+			w.log.Warn("Xid event from a device whose UUID NVML cannot read; matched to the inventory by "+t.by,
+				"device", t.devices[0].String(), "xid", ev.EventData, "error", t.unread)
 		}
-		if !w.xids[ev.EventData] {
+		hit := t.devices
+		if !critical {
 			w.log.Info("Xid not in observe.xids; device stays healthy", "device", hit[0].String(), "xid", ev.EventData)
 			continue
 		}
@@ -474,17 +519,19 @@ type pendingGPU struct {
 }
 
 // registerDue registers the pending GPUs whose retry is due at now on set,
-// and returns those still pending. Retries between waits cost one NVML call
-// per due GPU; the back-off keeps a GPU that never accepts from costing more.
-func registerDue(lib nvml.Interface, set nvml.EventSet, pending []*pendingGPU, now time.Time, w watchOpts) []*pendingGPU {
+// adds each registered to handles, and returns those still pending.
+// Retries between waits cost one NVML call per due GPU; the back-off keeps
+// a GPU that never accepts from costing more.
+func registerDue(lib nvml.Interface, set nvml.EventSet, pending []*pendingGPU, now time.Time, w watchOpts, handles *[]watched) []*pendingGPU {
 	left := pending[:0]
 	for _, p := range pending {
 		if now.Before(p.next) {
 			left = append(left, p)
 			continue
 		}
-		err := register(lib, p.device, set, w.emit)
+		h, err := register(lib, p.device, set, w.emit)
 		if err == nil {
+			*handles = append(*handles, watched{device: p.device, handle: h})
 			w.log.Info("GPU health is watched again: registered for Xid events", "device", p.device.String())
 			continue
 		}
@@ -498,9 +545,17 @@ func registerDue(lib nvml.Interface, set nvml.EventSet, pending []*pendingGPU, n
 	return left
 }
 
-// register subscribes set to d's critical Xid events. A lost device is
-// emitted as unhealthy; any failure leaves d unwatched (the error says why).
-func register(lib nvml.Interface, d Device, set nvml.EventSet, emit func(Finding)) error {
+// watched is a GPU registered for Xid events and the NVML handle it was
+// registered by.
+type watched struct {
+	device Device
+	handle nvml.Device
+}
+
+// register subscribes set to d's critical Xid events and returns the handle
+// it did so by. A lost device is emitted as unhealthy; any failure leaves d
+// unwatched (the error says why).
+func register(lib nvml.Interface, d Device, set nvml.EventSet, emit func(Finding)) (nvml.Device, error) {
 	fail := func(ret nvml.Return, what string) error {
 		if lost := lostError(ret); lost != nil {
 			emit(Finding{Kind: KindUnhealthy, Device: d,
@@ -510,57 +565,191 @@ func register(lib nvml.Interface, d Device, set nvml.EventSet, emit func(Finding
 	}
 	h, ret := lib.DeviceGetHandleByUUID(d.UUID)
 	if ret != nvml.SUCCESS {
-		return fail(ret, "get the NVML handle")
+		return nil, fail(ret, "get the NVML handle")
 	}
 	mask := uint64(nvml.EventTypeXidCriticalError)
 	supported, ret := h.GetSupportedEventTypes()
 	if ret != nvml.SUCCESS {
-		return fail(ret, "get the supported event types")
+		return nil, fail(ret, "get the supported event types")
 	}
 	if mask&supported == 0 {
-		return fail(nvml.ERROR_NOT_SUPPORTED, "register for Xid events")
+		return nil, fail(nvml.ERROR_NOT_SUPPORTED, "register for Xid events")
 	}
 	if ret := h.RegisterEvents(mask, set); ret != nvml.SUCCESS {
-		return fail(ret, "register for Xid events")
+		return nil, fail(ret, "register for Xid events")
 	}
-	return nil
+	return h, nil
 }
 
-// eventDevices maps an event to the devices it concerns. An event of a GPU
-// in MIG mode names a GPU instance and a compute instance: the MIG device
-// of that pair, or, with compute instance noInstance (the fault is the GPU
-// instance's, NVML cannot pin it on one compute instance), every MIG device
-// of that GPU instance, since they share its memory and engines. With GPU
-// instance noInstance, or ids no MIG device of the inventory has, it is the
-// GPU's: the GPU is unhealthy, and so each of its instances (Health).
-func eventDevices(ev nvml.EventData, devs []Device) ([]Device, bool) {
+// eventTarget is what an event's device was found to be.
+type eventTarget struct {
+	// devices are the inventory devices the event concerns (instanceDevices).
+	devices []Device
+	// by says how the device was matched when NVML could not read its
+	// UUID ("its NVML handle", "its PCI bus id …", "its minor number …").
+	by string
+	// outside is what was read of a device no inventory device is (its
+	// UUID, or an identity every GPU of the inventory records).
+	outside string
+	// unread is why NVML could not read the device's UUID; with no
+	// devices and no outside, why it could not be identified at all.
+	unread error
+}
+
+// eventDevices finds the devices of the inventory (devs) an event concerns.
+// The event's device is found by its UUID; when NVML cannot read it (a GPU
+// fallen off the bus, Xid 79, is the likeliest to have such an event), by
+// the handle the GPU was registered for events by (handles: NVML names the
+// device of an event by that handle), else by its PCI bus id or its minor
+// number, each where one GPU of the inventory and one only has it. A device
+// whose UUID, or another identity every GPU records, matches none is
+// outside the inventory; one that nothing could be read of, or whose
+// identities the inventory cannot tell, is unidentified (no devices, no
+// outside): the caller must not take it for a stranger.
+func eventDevices(ev nvml.EventData, devs []Device, handles []watched) eventTarget {
 	if ev.Device == nil {
-		return nil, false
+		return eventTarget{unread: errors.New("the event names no device")}
 	}
 	uuid, ret := ev.Device.GetUUID()
-	if ret != nvml.SUCCESS {
-		return nil, false
-	}
-	for _, d := range devs {
-		if d.UUID != uuid {
-			continue
-		}
-		if d.IsMIG() {
-			return []Device{d}, true // a driver that reports the instance itself
-		}
-		var out []Device
-		if d.hasMIG && ev.GpuInstanceId != noInstance {
-			for _, m := range devs {
-				if m.ParentUUID == d.UUID && int64(m.gi) == int64(ev.GpuInstanceId) &&
-					(ev.ComputeInstanceId == noInstance || int64(m.ci) == int64(ev.ComputeInstanceId)) {
-					out = append(out, m)
-				}
+	if ret == nvml.SUCCESS {
+		for _, d := range devs {
+			if d.UUID == uuid {
+				return eventTarget{devices: instanceDevices(ev, d, devs)}
 			}
 		}
-		if len(out) == 0 {
-			out = []Device{d}
-		}
-		return out, true
+		return eventTarget{outside: "UUID " + uuid}
 	}
-	return nil, false
+	errs := []error{fmt.Errorf("its UUID: %w", ret)}
+	found := func(d Device, by string) eventTarget {
+		return eventTarget{devices: instanceDevices(ev, d, devs), by: by, unread: errs[0]}
+	}
+	for _, w := range handles {
+		if sameHandle(w.handle, ev.Device) {
+			return found(w.device, "its NVML handle")
+		}
+	}
+	outside := "" // an identity read that every GPU records and none has
+	switch pci, ret := ev.Device.GetPciInfo(); {
+	case ret != nvml.SUCCESS:
+		errs = append(errs, fmt.Errorf("its PCI bus id: %w", ret))
+	default:
+		raw := busIDString(pci.BusId)
+		bus, ok := devices.NormaliseBusID(raw)
+		if !ok {
+			errs = append(errs, fmt.Errorf("its PCI bus id: NVML gave %q", raw))
+			break
+		}
+		d, n, all := gpuWith(devs, func(d Device) bool { return d.busID == bus }, func(d Device) bool { return d.busID != "" })
+		switch {
+		case n == 1:
+			return found(d, "its PCI bus id "+bus)
+		case n > 1:
+			errs = append(errs, fmt.Errorf("its PCI bus id %s: more than one GPU of the inventory has it", bus))
+		case all:
+			outside = "PCI bus id " + bus
+		default:
+			errs = append(errs, fmt.Errorf("its PCI bus id %s: no GPU of the inventory has it, and some have none recorded", bus))
+		}
+	}
+	switch minor, ret := ev.Device.GetMinorNumber(); {
+	case ret != nvml.SUCCESS:
+		errs = append(errs, fmt.Errorf("its minor number: %w", ret))
+	default:
+		d, n, _ := gpuWith(devs, func(d Device) bool { return d.minor == minor }, nil)
+		switch {
+		case n == 1:
+			return found(d, fmt.Sprintf("its minor number %d", minor))
+		case n > 1:
+			errs = append(errs, fmt.Errorf("its minor number %d: more than one GPU of the inventory has it", minor))
+		case outside == "":
+			outside = fmt.Sprintf("minor number %d", minor)
+		}
+	}
+	if outside != "" {
+		return eventTarget{outside: outside, unread: errs[0]}
+	}
+	return eventTarget{unread: joinErrors(errs)}
+}
+
+// gpuWith returns the GPU of devs that match (the last one when several
+// do), how many do, and whether every GPU of devs records the identity
+// (recorded; nil: every GPU does).
+func gpuWith(devs []Device, match, recorded func(Device) bool) (d Device, n int, all bool) {
+	all = true
+	for _, g := range devs {
+		if g.IsMIG() {
+			continue
+		}
+		if recorded != nil && !recorded(g) {
+			all = false
+		}
+		if match(g) {
+			d, n = g, n+1
+		}
+	}
+	return d, n, all
+}
+
+// sameHandle reports whether a and b are the same NVML device handle:
+// go-nvml's handle is a comparable value wrapping NVML's pointer, which is
+// the same for a device as long as NVML runs (a mock's is a pointer).
+// Handles of types that cannot be compared are never the same.
+func sameHandle(a, b nvml.Device) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	ta := reflect.TypeOf(a)
+	return ta == reflect.TypeOf(b) && ta.Comparable() && a == b
+}
+
+// busIDString is NVML's NUL-terminated PCI bus id as a string. A bus id is
+// ASCII: a byte outside it ends the string, which then reads as no bus id.
+func busIDString(raw [32]int8) string {
+	b := make([]byte, 0, len(raw))
+	for _, c := range raw {
+		if c <= 0 {
+			break
+		}
+		b = append(b, byte(c))
+	}
+	return string(b)
+}
+
+// instanceDevices maps an event of device d to the devices it concerns. An
+// event of a GPU in MIG mode names a GPU instance and a compute instance:
+// the MIG device of that pair, or, with compute instance noInstance (the
+// fault is the GPU instance's, NVML cannot pin it on one compute
+// instance), every MIG device of that GPU instance, since they share its
+// memory and engines. With GPU instance noInstance, or ids no MIG device of
+// the inventory has, it is the GPU's: the GPU is unhealthy, and so each of
+// its instances (Health).
+func instanceDevices(ev nvml.EventData, d Device, devs []Device) []Device {
+	if d.IsMIG() {
+		return []Device{d} // a driver that reports the instance itself
+	}
+	var out []Device
+	if d.hasMIG && ev.GpuInstanceId != noInstance {
+		for _, m := range devs {
+			if m.ParentUUID == d.UUID && int64(m.gi) == int64(ev.GpuInstanceId) &&
+				(ev.ComputeInstanceId == noInstance || int64(m.ci) == int64(ev.ComputeInstanceId)) {
+				out = append(out, m)
+			}
+		}
+	}
+	if len(out) == 0 {
+		out = []Device{d}
+	}
+	return out
+}
+
+// unidentifiedFinding is the unhealthy finding of a critical Xid whose
+// device could not be identified (why): no device can be cordoned, so the
+// operator is told to find it and cordon it by hand.
+func unidentifiedFinding(xid uint64, why error) Finding {
+	return Finding{Kind: KindUnhealthy, Device: unidentifiedDevice, Xid: xid,
+		Message: fmt.Sprintf("%s reported critical Xid %d: NVML could not tell which GPU (%v), so no GPU was cordoned and "+
+			"new claims may land on the failing one. Find it: run nvidia-smi (a GPU fallen off the bus is missing or shows ERR!) "+
+			"and check the kernel log (dmesg | grep -i xid names its PCI bus id); then cordon it by hand: "+
+			"sudo gpu-guard-ctl cordon GPU --reason \"Xid %d\". Reported until nri-gpu-guard restarts",
+			unidentifiedName, xid, why, xid)}
 }

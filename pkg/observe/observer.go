@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -94,6 +95,9 @@ type Observer struct {
 
 	mu        sync.Mutex
 	unhealthy map[string]Finding // by device UUID
+	// unidentified: critical Xids of devices NVML could not identify, by
+	// Xid (the first event of each); every report lists them.
+	unidentified map[uint64]Finding
 	// unknownSeen: the MIG instances the inventory lacks that were logged.
 	unknownSeen map[string]bool
 	// movedSeen: the MIG index now of each instance of the inventory
@@ -135,7 +139,8 @@ func New(opts Options) (*Observer, error) {
 		proc: procFS{root: opts.ProcRoot}, xids: map[uint64]bool{},
 		log: opts.Logger, now: opts.Now,
 		nvml: make(chan struct{}, 1), unhealthy: map[string]Finding{}, unknownSeen: map[string]bool{}, movedSeen: map[string]string{},
-		wake: make(chan struct{}, 1),
+		unidentified: map[uint64]Finding{},
+		wake:         make(chan struct{}, 1),
 	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
@@ -225,7 +230,33 @@ func (o *Observer) Account(ctx context.Context) (Report, error) {
 			o.markUnhealthy(f)
 		}
 	}
+	o.addUnidentified(&r)
 	return r, nil
+}
+
+// addUnidentified adds to r, as a device and an unhealthy finding each,
+// the critical Xids of devices NVML could not identify: no device carries
+// them (nothing can be cordoned, Unhealthy and Health do not know them),
+// so the report is where the operator sees them (the device's Error holds
+// what to do, for readers of the devices NVML could not list).
+func (o *Observer) addUnidentified(r *Report) {
+	o.mu.Lock()
+	fs := make([]Finding, 0, len(o.unidentified))
+	for _, f := range o.unidentified {
+		fs = append(fs, f)
+	}
+	o.mu.Unlock()
+	if len(fs) == 0 {
+		return
+	}
+	sort.Slice(fs, func(i, j int) bool { return fs[i].Xid < fs[j].Xid })
+	for _, f := range fs {
+		// Readers print Error after the device's name.
+		r.Devices = append(r.Devices, DeviceReport{Device: f.Device, Processes: []Process{},
+			Error: strings.TrimPrefix(f.Message, f.Device.String()+" ")})
+	}
+	// Findings are sorted by device UUID: the empty one comes first.
+	r.Findings = append(fs, r.Findings...)
 }
 
 // listAttributed lists devs through NVML and maps every pid to its container.
@@ -352,6 +383,23 @@ func (o *Observer) markUnhealthy(f Finding) {
 	}
 	o.log.Error("GPU unhealthy", "device", f.Device.String(), "xid", f.Xid, "message", f.Message)
 	o.poke()
+}
+
+// markUnidentified records f, the unhealthy finding of a critical Xid whose
+// device could not be identified, for every report from now on (the first
+// of each Xid is kept), and logs each such event as an error: no device
+// is cordoned for it, so the operator must find the GPU.
+func (o *Observer) markUnidentified(f Finding) {
+	if f.Time.IsZero() {
+		f.Time = o.now()
+	}
+	o.mu.Lock()
+	if _, seen := o.unidentified[f.Xid]; !seen {
+		o.unidentified[f.Xid] = f
+	}
+	o.mu.Unlock()
+	o.log.Error("critical Xid from a GPU NVML cannot identify; no GPU cordoned: find it and cordon it by hand",
+		"xid", f.Xid, "message", f.Message)
 }
 
 // poke wakes the dispatcher without ever waiting for it.
@@ -532,7 +580,10 @@ type watchOpts struct {
 	// while the others are watched.
 	retryMin, retryMax time.Duration
 	emit               func(Finding)
-	log                *slog.Logger
+	// unidentified receives the unhealthy finding of a critical Xid
+	// whose device could not be identified (unidentifiedFinding).
+	unidentified func(Finding)
+	log          *slog.Logger
 	// ran is called when an event wait has returned (an event or its
 	// timeout): the watch works, and a later failure is a new one.
 	ran func()
@@ -549,7 +600,7 @@ func (o *Observer) watchHealth(ctx context.Context) {
 		ran := false
 		err := o.src.watch(ctx, o.devs, watchOpts{
 			xids: o.xids, wait: o.opts.EventWait, retryMin: o.opts.RetryMin, retryMax: o.opts.RetryMax,
-			emit: o.markUnhealthy, log: o.log, ran: func() { ran = true },
+			emit: o.markUnhealthy, unidentified: o.markUnidentified, log: o.log, ran: func() { ran = true },
 		})
 		if ctx.Err() != nil {
 			return

@@ -21,7 +21,12 @@ type Device struct {
 	// ParentUUID is the GPU of a MIG instance; empty for a GPU.
 	ParentUUID string `json:"parent_uuid,omitempty"`
 
-	gpuIndex int  // NVML index of the GPU (of the parent for MIG)
+	gpuIndex int // NVML index of the GPU (of the parent for MIG)
+	// busID (normalised, "" when the inventory lacks it) and minor are a
+	// GPU's other identities in the inventory: an Xid event whose device
+	// NVML cannot read the UUID of is matched to a GPU by them.
+	busID    string
+	minor    int
 	migIndex int  // NVML MIG device index on the parent; -1 for a GPU
 	gi, ci   int  // GPU and compute instance of a MIG instance
 	hasMIG   bool // a GPU whose processes are listed on its MIG instances
@@ -32,11 +37,24 @@ type Device struct {
 	unknownMIG bool
 }
 
+// unidentifiedName names the device of an Xid event NVML could not tell the
+// identity of (Device with an empty UUID: every device the inventory
+// holds has one).
+const unidentifiedName = "an unidentified GPU"
+
+// unidentifiedDevice is the device of a critical Xid that could not be
+// matched to any device: none of its identities could be read (see
+// Report.Devices).
+var unidentifiedDevice = Device{Index: "?", migIndex: -1}
+
 // IsMIG reports whether d is a MIG instance.
 func (d Device) IsMIG() bool { return d.ParentUUID != "" }
 
 // String names the device the way every message does: index and UUID.
 func (d Device) String() string {
+	if d.UUID == "" {
+		return unidentifiedName
+	}
 	if d.unknownMIG {
 		return fmt.Sprintf("MIG %s (%s) of GPU %d (%s), an instance the inventory lacks", d.Index, d.UUID, d.gpuIndex, d.ParentUUID)
 	}
@@ -51,9 +69,11 @@ func (d Device) String() string {
 func DevicesOf(gpus []devices.GPU) []Device {
 	var out []Device
 	for _, g := range gpus {
+		bus, _ := devices.NormaliseBusID(g.BusID) // "" when none
 		out = append(out, Device{
 			Index: fmt.Sprint(g.Index), UUID: g.UUID,
 			gpuIndex: g.Index, migIndex: -1, hasMIG: len(g.MIG) > 0,
+			busID: bus, minor: g.Minor,
 		})
 		for _, m := range g.MIG {
 			out = append(out, Device{
@@ -231,10 +251,19 @@ type DeviceReport struct {
 	// processes are listed and judged: it says so and how to rebuild the
 	// inventory, so that the device reads as not fully observed (it cannot
 	// be claimed, and readers that match devices to the inventory miss it).
+	// It is set as well on the unidentified device (empty UUID) of a
+	// critical Xid NVML could not tell the device of (see Report): it says
+	// the Xid and what to do.
 	Error string `json:"error,omitempty"`
 }
 
-// Report is the result of one accounting pass.
+// Report is the result of one accounting pass. Besides the devices listed,
+// it names every critical Xid the health watcher could not match to a
+// device since the Observer started (its device's UUID NVML could not
+// read, nor any other identity the inventory could match): one device with
+// an empty UUID and an Error per Xid code, and an unhealthy finding on it.
+// No device is marked unhealthy for it (Unhealthy, Health, OnUnhealthy):
+// the report and the log are where the operator learns of it.
 type Report struct {
 	Time     time.Time      `json:"time"`
 	Devices  []DeviceReport `json:"devices"`
