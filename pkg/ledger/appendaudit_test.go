@@ -67,9 +67,11 @@ func TestAppendAudit(t *testing.T) {
 }
 
 // A writer killed inside its write(2) leaves the start of a record without
-// its newline. The next append cuts that fragment off and says so, instead
-// of gluing its own first record to it: every line reads back.
-func TestAuditAppendCutsATornTail(t *testing.T) {
+// its newline. The next append leaves that fragment as it was (the log is
+// only appended to) and starts with a newline, instead of gluing its own
+// first record to it, and says so: every record reads back, and ReadAudit
+// names the fragment's line and byte offset.
+func TestAuditAppendEndsATornTail(t *testing.T) {
 	ctx := context.Background()
 	opts := testOptions(newClock())
 	opts.RuntimeDir = t.TempDir()
@@ -81,34 +83,42 @@ func TestAuditAppendCutsATornTail(t *testing.T) {
 	})
 	good, err := ReadAudit(l.AuditPath())
 	require.NoError(t, err)
+	bad := 0 // fragments left before
 
 	for _, tc := range []struct {
 		name string
 		tail string
-		cut  int
 	}{
-		{"half a record", `{"time":"2026-01-02T03:04:05Z","op":"cla`, 40},
-		{"one byte", `{`, 1},
+		{"half a record", `{"time":"2026-01-02T03:04:05Z","op":"cla`},
+		{"one byte", `{`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			before, err := os.ReadFile(l.AuditPath())
+			require.NoError(t, err)
 			f, err := os.OpenFile(l.AuditPath(), os.O_WRONLY|os.O_APPEND, 0)
 			require.NoError(t, err)
 			_, err = f.WriteString(tc.tail)
 			require.NoError(t, err)
 			require.NoError(t, f.Close())
 			_, err = ReadAudit(l.AuditPath())
-			require.Error(t, err, "the fragment is a bad line until repaired")
+			require.ErrorContains(t, err, fmt.Sprintf("line %d: the log ends inside an unfinished record of %d bytes at byte offset %d, without its newline",
+				len(good)+bad+1, len(tc.tail), len(before)))
 
 			require.NoError(t, l.AppendAudit(ctx, AuditRecord{Op: "exempt", ContainerID: "x"}))
-			recs, err := ReadAudit(l.AuditPath())
+			after, err := os.ReadFile(l.AuditPath())
 			require.NoError(t, err)
+			require.Equal(t, string(before)+tc.tail+"\n", string(after[:len(before)+len(tc.tail)+1]), "the fragment is left as it was, on a line of its own")
+			recs, err := ReadAudit(l.AuditPath())
+			require.ErrorContains(t, err, fmt.Sprintf("line %d: an unfinished record of %d bytes at byte offset %d",
+				len(good)+bad+1, len(tc.tail), len(before)))
 			require.Equal(t, good, recs[:len(good)], "nothing before the fragment is touched")
 			tail := recs[len(good):]
 			require.Len(t, tail, 2)
 			assert.Equal(t, OpAuditTorn, tail[0].Op)
-			assert.Contains(t, tail[0].Reason, fmt.Sprintf("%d bytes", tc.cut))
+			assert.Contains(t, tail[0].Reason, fmt.Sprintf("an unfinished record of %d bytes precedes this one", len(tc.tail)))
 			assert.Equal(t, "exempt", tail[1].Op)
 			good = recs
+			bad++
 		})
 	}
 }
@@ -196,7 +206,7 @@ func TestReadAuditSkipsAnOverlongLine(t *testing.T) {
 // decided by it): a last record longer than the first read, a torn fragment
 // shorter or longer than it, one that leaves nothing of the first read, a
 // log that is nothing but a fragment (then audit.log.1 says), and one too
-// long to cut.
+// long to be ours. No fragment is cut: the write after ends it.
 func TestOpenAuditLogReadsTheLastGeneration(t *testing.T) {
 	line := func(gen uint64, reason string) string {
 		b, err := appendAuditLine(nil, &AuditRecord{Op: OpClaim, ContainerID: "c", Reason: reason, Generation: gen, Pid: 1})
@@ -209,7 +219,7 @@ func TestOpenAuditLogReadsTheLastGeneration(t *testing.T) {
 		name, log, fragment string
 		rotated             string // audit.log.1
 		last                uint64
-		known, unended      bool
+		known, long         bool
 	}{
 		{name: "no fragment", log: records, last: 8, known: true},
 		{name: "a last record longer than the first read", log: records + line(9, long), last: 9, known: true},
@@ -218,7 +228,7 @@ func TestOpenAuditLogReadsTheLastGeneration(t *testing.T) {
 		{name: "a fragment as long as the first read", log: records, fragment: strings.Repeat("f", auditTailRead), last: 8, known: true},
 		{name: "a fragment after a long record", log: records + line(9, long), fragment: `{"op"`, last: 9, known: true},
 		{name: "nothing but a fragment", fragment: `{"op"`, rotated: line(5, ""), last: 5, known: true},
-		{name: "a fragment too long to be ours", log: records, fragment: strings.Repeat("x", maxAuditLine), unended: true},
+		{name: "a fragment too long to be ours", log: records, fragment: strings.Repeat("x", maxAuditLine), long: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -232,22 +242,28 @@ func TestOpenAuditLogReadsTheLastGeneration(t *testing.T) {
 			defer func() { require.NoError(t, a.close()) }()
 			assert.Equal(t, tc.known, a.lastKnown)
 			assert.Equal(t, tc.last, a.last)
-			assert.Equal(t, tc.unended, a.unended)
+			assert.Equal(t, tc.fragment != "", a.midLine)
 			onDisk := func() int64 {
 				fi, err := os.Stat(p)
 				require.NoError(t, err)
 				return fi.Size()
 			}
-			if tc.unended {
-				assert.Equal(t, int64(len(tc.log+tc.fragment)), onDisk(), "nothing cut")
+			assert.Equal(t, int64(len(tc.log+tc.fragment)), onDisk(), "nothing cut")
+			if tc.long {
+				assert.Zero(t, a.torn, "not a record of ours: not noted")
 			} else {
-				assert.Equal(t, int64(len(tc.fragment)), a.cut)
-				assert.Equal(t, int64(len(tc.log)), onDisk(), "the fragment is cut off")
+				assert.Equal(t, int64(len(tc.fragment)), a.torn)
 			}
 			assert.Equal(t, onDisk(), a.size)
 
 			require.NoError(t, a.write([]AuditRecord{{Op: "exempt", Generation: 10, Pid: 1}}, nil, false))
 			assert.Equal(t, onDisk(), a.size, "raised by the write")
+			after := mustRead(t, p)
+			ended := tc.log + tc.fragment
+			if tc.fragment != "" {
+				ended += "\n"
+			}
+			assert.Equal(t, ended, string(after[:len(ended)]), "the fragment is left as it was, and ended")
 		})
 	}
 }

@@ -61,7 +61,7 @@ const (
 	OpStopped            = "stopped"             // a holder exited; claim kept until removal
 	OpDiscard            = "discard"             // state from an earlier boot dropped
 	OpCorrupt            = "corrupt"             // a bad state file moved aside
-	OpAuditTorn          = "audit-torn"          // the unfinished last line of a writer killed mid-append was cut off
+	OpAuditTorn          = "audit-torn"          // an unfinished record (a write cut short) precedes this one on a line of its own, left as it was
 	OpLineage            = "lineage"             // a reconcile stored the ledger's new lineage, as it does even when it changes nothing else (Reason says why it is new)
 )
 
@@ -93,6 +93,16 @@ const auditTailRead = 2 << 10
 // the records of earlier commits that audit.log lacked (auditLog.catchUp).
 const stageAuditCaughtUp = "audit-caught-up"
 
+// auditWrite is the write(2) of an append to audit.log. Only tests replace
+// it (before any ledger is used), to make a write stop partway as a full
+// disk or an I/O error does; production code never does.
+var auditWrite = (*os.File).Write
+
+// auditRunRead bounds how much of the end of audit.log is read to find the
+// records of the generation a cut write was appending (auditLog.runOf):
+// all of one commit's records, as its journal record holds them, and more.
+const auditRunRead = 4 * maxJournalAudit
+
 // auditLog is audit.log open for appending by a writer that holds the
 // ledger lock, so that nobody else appends meanwhile.
 //
@@ -103,23 +113,42 @@ const stageAuditCaughtUp = "audit-caught-up"
 // audit records are appended, so a writer stopped in between (killed, or
 // its append failed) leaves them only there; the next writer to append
 // anything puts them in the log, in generation order, before its own.
+//
+// The log is only ever appended to: nothing in it is cut or rewritten, so
+// that a reader following it (gpu-guard-ctl audit -f, a log shipper) keeps
+// its place. A write cut short (a writer killed inside its write(2), a full
+// disk, an I/O error) leaves an unfinished line, without its newline, at
+// the end: the next write starts with a newline, so that its first record
+// starts a line of its own instead of being glued to that one (which would
+// make both one bad line, and lose the record), and notes the unfinished
+// record (OpAuditTorn). The unfinished line stays as it was, and ReadAudit
+// reports it, by line and byte offset.
 type auditLog struct {
 	dir      string
 	maxBytes int64
 	f        *os.File
-	// cut is how many bytes of an unfinished last line were cut off,
-	// reported by the next write (OpAuditTorn); unended, that the file
-	// ends inside a line too long to be a torn record of ours, which our
-	// records must not be glued to (ReadAudit would take them for part of
-	// it).
-	cut     int64
-	unended bool
+	// midLine: the file ends inside a line (a write cut short, or a line
+	// of unknown origin too long to be a record of ours): the next write
+	// starts with a newline. torn is the length of the unfinished record
+	// the next write notes (OpAuditTorn) ahead of its records: one cut
+	// short at the end, or ended since by a newline whose write was cut
+	// short in turn; 0 for none, or for a long line, which is not ours.
+	midLine bool
+	torn    int64
+	// tornGen: a write was cut short after the log's last record, and may
+	// have carried more records of its generation (last), which the log
+	// then lacks: catchUp appends those of them its journal record holds
+	// (see runOf). recEnd is where the log's last record line ends
+	// (including its newline); tailRec that record when the cut write did
+	// not reach its newline (it is the unfinished line, and whole).
+	tornGen bool
+	recEnd  int64
+	tailRec []byte
 	// lost is the OpAuditLost record of the generations a failed catchUp
 	// could not append, written ahead of the writer's own records.
 	lost *AuditRecord
-	// size is the length of audit.log: read when it was opened, lowered by
-	// a cut and raised by each write (the lock is held, so nobody else
-	// changes it).
+	// size is the length of audit.log: read when it was opened and raised
+	// by each write (the lock is held, so nobody else changes it).
 	size int64
 	// last is the generation of the log's last record (of audit.log, or of
 	// audit.log.1 while audit.log is empty). lastKnown is false when the
@@ -131,9 +160,9 @@ type auditLog struct {
 	none      bool
 }
 
-// openAuditLog opens audit.log in dir for appending (creating it), cuts off
-// the unfinished line a writer killed while appending left, and reads the
-// generation of its last record.
+// openAuditLog opens audit.log in dir for appending (creating it), and
+// reads the generation of its last record, and whether it ends inside a
+// line that a write cut short left.
 func openAuditLog(dir string, maxBytes int64) (*auditLog, error) {
 	p := filepath.Join(dir, auditName)
 	f, size, err := openAudit(p)
@@ -149,44 +178,109 @@ func openAuditLog(dir string, maxBytes int64) (*auditLog, error) {
 }
 
 // readTail reads the end of the log: one read of its last few records in
-// the common case.
+// the common case. A log that ends inside a line (a write cut short) is
+// read further back, past that line, to its last record; so is a last line
+// that is an unfinished record ended by a newline (the next write was cut
+// short in turn, right after the newline it starts with). Neither counts as
+// a record: what the cut write carried is looked for by catchUp.
 func (a *auditLog) readTail() error {
-	var tail []byte
-	if a.size > 0 {
-		var err error
-		if tail, err = readTail(a.f, a.size, auditTailRead); err != nil {
-			return err
-		}
-		if tail[len(tail)-1] != '\n' {
-			// A writer killed inside its write(2) can leave the start of
-			// a line without its newline (the kernel copies a write page
-			// by page and stops at a fatal signal). Appending after it
-			// would glue our first record to it and make both unreadable:
-			// cut the fragment off first (the lock is held, so nobody is
-			// writing it) and say so in the log itself.
-			cut, unended, err := cutTornTail(a.f, a.size, tail)
-			if err != nil {
-				return err
-			}
-			if unended {
-				a.unended = true
-				return nil // the last line is not a record: how far the log got is unknown
-			}
-			a.cut, a.size = cut, a.size-cut
-			// What was read of the rest ends in its last newline.
-			tail = tail[:max(int64(len(tail))-cut, 0)]
-		}
-	}
 	if a.size == 0 {
 		a.last, a.lastKnown, a.none = lastAuditedIn(filepath.Join(a.dir, auditRotated))
 		return nil
 	}
-	line, ok, err := lastLineOf(a.f, a.size, tail)
-	if err != nil || !ok {
+	tail, err := readTail(a.f, a.size, auditTailRead)
+	if err != nil {
 		return err
 	}
-	a.last, a.lastKnown = auditedGeneration(line)
+	end := a.size // the part of the log looked at: it ends a line
+	if tail[len(tail)-1] != '\n' {
+		// A writer killed inside its write(2) can leave the start of a
+		// line without its newline (the kernel copies a write page by
+		// page and stops at a fatal signal), and so can a write that
+		// failed partway (a full disk). Appending straight after it would
+		// glue our first record to it and make both unreadable.
+		frag, long, err := unfinishedLine(a.f, a.size, tail)
+		if err != nil {
+			return err
+		}
+		a.midLine = true
+		if long {
+			return nil // not a record of ours: how far the log got is unknown
+		}
+		a.tornGen = true
+		if g, ok := auditedGeneration(frag); ok && json.Valid(frag) {
+			// Whole: the write stopped right before its newline.
+			a.last, a.lastKnown, a.recEnd, a.tailRec = g, true, a.size-int64(len(frag)), frag
+			return nil
+		}
+		a.torn = int64(len(frag))
+		end -= int64(len(frag))
+		tail = tail[:max(len(tail)-len(frag), 0)]
+	}
+	for range 4 {
+		if end == 0 {
+			break
+		}
+		line, ok, err := lastLineOf(a.f, end, tail)
+		if err != nil || !ok {
+			return err
+		}
+		if g, ok := auditedGeneration(line); ok {
+			a.last, a.lastKnown, a.recEnd = g, true, end
+			return nil
+		}
+		if !unfinishedRecord(line) {
+			return nil // not a record: how far the log got is unknown
+		}
+		// An unfinished record ended by the newline a later write starts
+		// with, a write cut short right after it: nothing notes it yet.
+		if a.torn == 0 {
+			a.torn = int64(len(line))
+		}
+		a.tornGen = true
+		end -= int64(len(line)) + 1
+		tail = tail[:max(len(tail)-len(line)-1, 0)]
+	}
+	if end > 0 {
+		return nil // more unfinished lines than a few writes cut short leave
+	}
+	// No record in audit.log: audit.log.1 says how far the log got. What a
+	// cut write carried is not looked for there.
+	a.tornGen = false
+	a.last, a.lastKnown, a.none = lastAuditedIn(filepath.Join(a.dir, auditRotated))
 	return nil
+}
+
+// unfinishedLine returns the line f (size bytes long) ends inside, after
+// its last newline. tail is what was read of the end of f: not empty, and
+// not ending in a newline. The line is at most one record long: a longer
+// one is not a write of ours cut short (long; line is then nil), and is
+// left for ReadAudit to report.
+func unfinishedLine(f *os.File, size int64, tail []byte) (line []byte, long bool, err error) {
+	if int64(len(tail)) < size && !bytes.Contains(tail, []byte{'\n'}) {
+		// The line is longer than what was read: read as far back as a
+		// record can reach.
+		if tail, err = readTail(f, size, maxAuditLine); err != nil {
+			return nil, false, err
+		}
+	}
+	i := bytes.LastIndexByte(tail, '\n')
+	if i < 0 && int64(len(tail)) == maxAuditLine {
+		return nil, true, nil // no newline within a record's length: not ours
+	}
+	return tail[i+1:], false, nil
+}
+
+// unfinishedRecord says whether line is the start of a record whose write
+// was cut short: it starts as appendAuditLine starts a record, and is JSON
+// that is whole as far as it goes, and ends too soon.
+func unfinishedRecord(line []byte) bool {
+	start := []byte(`{"time":`)
+	if len(line) == 0 || !bytes.HasPrefix(line, start) && !bytes.HasPrefix(start, line) {
+		return false
+	}
+	var se *json.SyntaxError
+	return errors.As(json.Unmarshal(line, new(any)), &se) && se.Offset == int64(len(line))
 }
 
 // readTail reads the last n bytes of the first size bytes of f (all of
@@ -306,34 +400,151 @@ func auditedGeneration(line []byte) (uint64, bool) {
 // would then put the log's last generation past the gap, and no later
 // writer would see it: they are preceded by an OpAuditLost record naming
 // it (see write). A writer that appends nothing leaves the gap to the next.
+//
+// After a write cut short (tornGen), the generation of the log's last
+// record is not known to be all there: the cut write may have been
+// appending its records, one by one, when it stopped. Those of them its
+// journal record holds and the log lacks are appended too (runOf says
+// which the log has), never one it has: the unfinished line is none.
 func (a *auditLog) catchUp(l *Ledger, through uint64) {
-	if !a.lastKnown || a.last >= through {
+	if !a.lastKnown || a.last > through || (a.last == through && !a.tornGen) {
 		return
 	}
+	from := a.last + 1
+	var have func([]AuditRecord) int
+	if a.tornGen {
+		from, have = a.last, a.present
+	}
 	now, pid := l.now(), os.Getpid()
-	recs := l.lateAudit(a.last+1, through, !a.none, now, pid)
+	recs := l.lateAudit(from, through, !a.none, now, pid, have)
 	if len(recs) > 0 {
 		l.log.Warn("ledger: appending audit records the audit log lacks (their writer stopped before it appended them)",
-			"generations", fmt.Sprintf("%d-%d", a.last+1, through), "records", len(recs))
+			"generations", fmt.Sprintf("%d-%d", from, through), "records", len(recs))
+		size := a.size
 		if err := a.write(recs, nil, false); err != nil {
 			l.log.Error("ledger: could not append the audit records the audit log lacks; an audit-lost record names them",
-				"generations", fmt.Sprintf("%d-%d", a.last+1, through), "error", err)
-			note := lostNote(a.last+1, through, now, pid, fmt.Sprintf("appending them from their journal records failed "+
-				"(%v), and the records after this one leave them behind, where no later writer looks; what they "+
-				"changed is in the state (gpu-guard-ctl status)", err))
+				"generations", fmt.Sprintf("%d-%d", from, through), "error", err)
+			why := fmt.Sprintf("appending them from their journal records failed (%v)", err)
+			if a.size > size {
+				why = fmt.Sprintf("appending them from their journal records failed partway (%v): those of them before "+
+					"the unfinished line above are what it appended", err)
+			}
+			note := lostNote(from, through, now, pid, why+", and the records after this one leave them behind, where "+
+				"no later writer looks; what they changed is in the state (gpu-guard-ctl status)")
 			a.lost = &note
 			return
 		}
 		reachStage(stageAuditCaughtUp)
 	}
-	a.last = through
+	a.last, a.tornGen = through, false
+}
+
+// present says how many of recs, the records of the log's last generation
+// as its journal record holds them, the log has already (a prefix of them:
+// they are appended in order, in one write): all of them when they are
+// there whole, or when what the log has of that generation is not what a
+// cut write of them leaves (it is not known which are missing, and none is
+// appended twice).
+func (a *auditLog) present(recs []AuditRecord) int {
+	run, ok := a.runOf(a.last)
+	if !ok {
+		return len(recs)
+	}
+	key := func(r *AuditRecord) string {
+		b, err := appendAuditLine(nil, r)
+		if err != nil {
+			return ""
+		}
+		return string(b)
+	}
+	want := make([]string, len(recs))
+	for i := range recs {
+		want[i] = key(&recs[i])
+	}
+	have := make([]string, len(run))
+	for i := range run {
+		if run[i].Op == OpAuditLost {
+			return len(recs) // what the log lacks of it is named already
+		}
+		have[i] = key(&run[i])
+	}
+	for i := 0; i+len(want) <= len(have); i++ {
+		if slices.Equal(have[i:i+len(want)], want) {
+			return len(recs)
+		}
+	}
+	// The cut write was appending them: the log ends with the first m.
+	for m := min(len(have), len(want)-1); m > 0; m-- {
+		if slices.Equal(have[len(have)-m:], want[:m]) {
+			return m
+		}
+	}
+	if slices.Contains(have, want[0]) {
+		return len(recs)
+	}
+	return 0
+}
+
+// runOf returns the records of generation g at the end of audit.log, in
+// order, up to its last record (recEnd, and tailRec): the lines before it
+// are read back to the first of another generation. Lines that are not
+// records (an unfinished one) are passed over. ok is false when the run
+// is not found whole: longer than auditRunRead, or reaching the start of
+// audit.log while audit.log.1 exists (it may go on there).
+func (a *auditLog) runOf(g uint64) (run []AuditRecord, ok bool) {
+	var last []AuditRecord
+	if a.tailRec != nil {
+		var r AuditRecord
+		if json.Unmarshal(a.tailRec, &r) == nil && r.Generation == g {
+			last = append(last, r)
+		}
+	}
+	for n := min(a.recEnd, 64<<10); ; n = min(a.recEnd, 8*n, auditRunRead) {
+		buf, err := readTail(a.f, a.recEnd, n)
+		if err != nil {
+			return nil, false
+		}
+		whole := int64(len(buf)) == a.recEnd
+		lines := bytes.Split(bytes.TrimSuffix(buf, []byte{'\n'}), []byte{'\n'})
+		if !whole {
+			lines = lines[1:] // cut by where the read began
+		}
+		var rev []AuditRecord
+		found := false
+		for i := len(lines) - 1; i >= 0 && !found; i-- {
+			var r AuditRecord
+			switch {
+			case json.Unmarshal(lines[i], &r) != nil || r.Op == "":
+			case r.Generation != g:
+				found = true
+			default:
+				rev = append(rev, r)
+			}
+		}
+		if found || whole {
+			if !found {
+				if _, err := os.Lstat(filepath.Join(a.dir, auditRotated)); !errors.Is(err, fs.ErrNotExist) {
+					return nil, false
+				}
+			}
+			slices.Reverse(rev)
+			return append(rev, last...), true
+		}
+		if n >= auditRunRead {
+			return nil, false
+		}
+	}
 }
 
 // write appends recs in one write(2) (lines: their rendering, or nil to
-// render them), after the note of a torn tail cut off, rotating audit.log
-// to audit.log.1 first when it would grow past maxBytes. With durable, the
-// records (and a rotation) are on disk when it returns nil: the file is
-// fsynced, and the dir after a rotation.
+// render them), after the notes of an unfinished record (OpAuditTorn) and
+// of generations a catch-up lost, rotating audit.log to audit.log.1 first
+// when it would grow past maxBytes. A log that ends inside a line gets a
+// newline first, in the same write. With durable, the records (and a
+// rotation) are on disk when it returns nil: the file is fsynced, and the
+// dir after a rotation. A write cut short is not undone (the log is only
+// appended to): the next write, on this log or another writer's, ends the
+// unfinished line it left.
 func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 	if len(recs) == 0 {
 		return nil
@@ -348,23 +559,27 @@ func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 			return err
 		}
 	}
-	payload := lines
-	if a.cut > 0 || a.lost != nil {
+	var head []byte // the newline and the notes that go before lines
+	if a.torn > 0 || a.lost != nil {
 		var notes []AuditRecord
-		if a.cut > 0 {
-			notes = append(notes, AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: recs[0].Generation, Pid: recs[0].Pid,
-				Reason: fmt.Sprintf("%d bytes of an unfinished record (a writer killed while appending) were cut off", a.cut)})
+		if a.torn > 0 {
+			gen := recs[0].Generation
+			if a.lost != nil {
+				gen = min(gen, a.lost.Generation) // in generation order
+			}
+			notes = append(notes, AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: gen, Pid: recs[0].Pid,
+				Reason: fmt.Sprintf("an unfinished record of %d bytes precedes this one, on a line of its own: its write was "+
+					"cut short (a writer killed while appending, or a write that failed); it is left as it was", a.torn)})
 		}
 		if a.lost != nil {
 			notes = append(notes, *a.lost)
 		}
-		note, err := appendAuditLines(nil, notes)
-		if err != nil {
+		var err error
+		if head, err = appendAuditLines(nil, notes); err != nil {
 			return err
 		}
-		payload = append(note, lines...)
 	}
-	if a.size > 0 && a.size+int64(len(payload)) > a.maxBytes {
+	if a.size > 0 && a.size+int64(len(head)+len(lines)) > a.maxBytes {
 		_ = a.f.Close()
 		a.f = nil
 		if err := os.Rename(p, filepath.Join(a.dir, auditRotated)); err != nil { //nolint:gosec // fixed names in the operator's state dir
@@ -375,26 +590,40 @@ func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 			return err
 		}
 		a.f, a.size = f, size
-		a.unended = false // the line left unended went with the rotation
+		a.midLine = false // the unfinished line went with the rotation
 		if durable {
 			if err := syncDir(a.dir); err != nil {
 				return fmt.Errorf("rotate %s: %w", p, err)
 			}
 		}
 	}
-	if a.unended {
-		// A line without its end that is too long to be a torn record of
-		// ours stays as it is, but our records must not be glued to it
+	if a.midLine {
+		// Our records must not be glued to the line the file ends inside
 		// (ReadAudit would take them for part of it): they start a line.
-		payload = append([]byte{'\n'}, payload...)
+		head = append([]byte{'\n'}, head...)
+	}
+	payload := lines
+	if len(head) > 0 {
+		payload = append(head, lines...)
 	}
 	// One write: appends of one write call are not interleaved with others.
-	n, err := a.f.Write(payload)
+	n, err := auditWrite(a.f, payload)
 	a.size += int64(n)
 	if err != nil {
+		if n > 0 {
+			// Cut short: the file ends after the last newline written,
+			// inside the line after it unless the write stopped right
+			// there. The notes are written once they are whole.
+			written := payload[:n]
+			a.torn = int64(n - 1 - bytes.LastIndexByte(written, '\n'))
+			a.midLine = a.torn > 0
+			if n >= len(head) {
+				a.lost = nil
+			}
+		}
 		return fmt.Errorf("append to %s: %w", p, err)
 	}
-	a.cut, a.unended, a.lost = 0, false, nil
+	a.torn, a.midLine, a.lost = 0, false, nil
 	if durable {
 		if err := a.f.Sync(); err != nil {
 			return fmt.Errorf("fsync %s: %w", p, err)
@@ -498,31 +727,6 @@ func (l *Ledger) AppendAudit(ctx context.Context, recs ...AuditRecord) error {
 		recs[i].Generation, recs[i].Pid = ld.st.Generation, pid
 	}
 	return l.appendAudit(recs, nil, ld.st.Generation, true)
-}
-
-// cutTornTail truncates f (open for appending, under the ledger lock, size
-// bytes long) after its last newline, and returns how many bytes it cut.
-// tail is what was read of the end of f: not empty, and not ending in a
-// newline. The fragment is at most one record long: a longer one is not a
-// torn append, and is left for ReadAudit to report (unended: the file then
-// ends inside that line).
-func cutTornTail(f *os.File, size int64, tail []byte) (cut int64, unended bool, err error) {
-	if int64(len(tail)) < size && !bytes.Contains(tail, []byte{'\n'}) {
-		// The fragment is longer than what was read: read as far back as
-		// a record can reach.
-		if tail, err = readTail(f, size, maxAuditLine); err != nil {
-			return 0, false, err
-		}
-	}
-	window := int64(len(tail))
-	keep := int64(bytes.LastIndexByte(tail, '\n')) + 1 + size - window
-	if keep == size-window && window == maxAuditLine {
-		return 0, true, nil // no newline within a record's length: not ours to cut
-	}
-	if err := f.Truncate(keep); err != nil {
-		return 0, false, err
-	}
-	return size - keep, false, nil
 }
 
 // openAudit opens the audit log at p for appending (creating it), and
@@ -632,6 +836,9 @@ func readAuditFile(f *os.File, p string, recs []AuditRecord, errs []error) ([]Au
 		}
 		line++
 		switch b := bytes.TrimSpace(buf); {
+		case long && err != nil:
+			errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: fmt.Errorf("the log ends inside a line of %d bytes "+
+				"at byte offset %d, without its newline, longer than any record (under %d bytes): skipped", off-start, start, maxAuditLine)})
 		case long:
 			n := off - start
 			if err == nil {
@@ -642,8 +849,8 @@ func readAuditFile(f *os.File, p string, recs []AuditRecord, errs []error) ([]Au
 		case len(b) == 0:
 		default:
 			var rec AuditRecord
-			if err := json.Unmarshal(b, &rec); err != nil {
-				errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: err})
+			if jerr := json.Unmarshal(b, &rec); jerr != nil {
+				errs = append(errs, &AuditLineError{Path: p, Line: line, Cause: badLine(b, jerr, start, err != nil)})
 				break
 			}
 			if rec.Op == "" {
@@ -659,4 +866,23 @@ func readAuditFile(f *os.File, p string, recs []AuditRecord, errs []error) ([]Au
 			return recs, errs
 		}
 	}
+}
+
+// badLine is why the audit line b (at byte offset off) did not decode: err,
+// said more plainly for a write cut short, which leaves the start of a
+// record (unfinished) and, until the next append ends it, no newline after
+// it (last: the line ends the file without one).
+func badLine(b []byte, err error, off int64, last bool) error {
+	cut := "its write was cut short: a writer killed while appending, or a write that failed"
+	switch {
+	case last && unfinishedRecord(b):
+		return fmt.Errorf("the log ends inside an unfinished record of %d bytes at byte offset %d, without its newline "+
+			"(%s; the next append leaves it as it is and starts a line of its own): %w", len(b), off, cut, err)
+	case last:
+		return fmt.Errorf("the log ends inside a line of %d bytes at byte offset %d, without its newline (%s?): %w", len(b), off, cut, err)
+	case unfinishedRecord(b):
+		return fmt.Errorf("an unfinished record of %d bytes at byte offset %d (%s; the records after it start a line of their own): %w",
+			len(b), off, cut, err)
+	}
+	return err
 }

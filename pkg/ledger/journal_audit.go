@@ -225,7 +225,11 @@ type journaledAudit struct {
 // Generations keep counting
 // up across lineages and boots, so a generation names one commit of the
 // state dir.
-func (l *Ledger) lateAudit(from, through uint64, reportLost bool, now time.Time, pid int) []AuditRecord {
+//
+// With have, the log may have some of generation from's records already (a
+// write of them was cut short): have says how many of them, a prefix, and
+// only the rest are appended, if any; a from no journal holds is not lost.
+func (l *Ledger) lateAudit(from, through uint64, reportLost bool, now time.Time, pid int, have func([]AuditRecord) int) []AuditRecord {
 	found := map[uint64]journaledAudit{}
 	for _, name := range []string{journalPrevName, journalName} { // the newer file last: it decides
 		l.readJournaledAudit(filepath.Join(l.dir, name), from, through, found)
@@ -255,7 +259,26 @@ func (l *Ledger) lateAudit(from, through uint64, reportLost bool, now time.Time,
 		lostFrom = 0
 	}
 	next := from
+	if have != nil {
+		next = from + 1
+	}
 	for _, g := range gens {
+		if have != nil && g == from {
+			if a := found[g]; a.known && len(a.recs) > 0 {
+				if m := have(a.recs); m < len(a.recs) {
+					rest := a.recs[m:]
+					which := fmt.Sprintf("the %d record(s) of generation %d that follow are", len(rest), g)
+					if m > 0 {
+						which = fmt.Sprintf("the last %d of the %d record(s) of generation %d follow,", len(rest), len(a.recs), g)
+					}
+					out = append(out, AuditRecord{Time: now, Op: OpAuditLate, Generation: g, Pid: pid, Reason: fmt.Sprintf(
+						"%s appended late, from its journal record: the write that was appending them (its committer's, "+
+							"pid %d, or a later writer's) was cut short, at the unfinished line above", which, a.recs[0].Pid)})
+					out = append(out, rest...)
+				}
+			}
+			continue
+		}
 		if g > next {
 			lost(next)
 		}

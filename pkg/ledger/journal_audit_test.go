@@ -146,26 +146,30 @@ func appendAuditLinesOK(t *testing.T, recs []AuditRecord) string {
 }
 
 // A writer reads the generation of the audit log's last record from its
-// end: after cutting a torn tail, past a last line longer than the first
-// read, from audit.log.1 while audit.log is empty (a rotation), and not at
-// all when the last line is not a record.
+// end: before a torn tail (left as it is) or an unfinished record a newline
+// ended since, from a whole record that lacks only its newline, past a
+// last line longer than the first read, from audit.log.1 while audit.log is
+// empty (a rotation), and not at all when the last line is not a record.
 func TestAuditLogKnowsTheGenerationOfItsLastRecord(t *testing.T) {
 	rec := func(g uint64, reason string) string {
 		return appendAuditLinesOK(t, []AuditRecord{{Time: time.Unix(5, 0).UTC(), Op: OpClaim, Reason: reason, Generation: g, Pid: 42}})
 	}
 	for _, c := range []struct {
-		name            string
-		log, rotated    string
-		noRotated       bool
-		last            uint64
-		known, none     bool
-		cut             int64
-		unended         bool
-		wantLogAfterCut string
+		name         string
+		log, rotated string
+		noRotated    bool
+		last         uint64
+		known, none  bool
+		torn         int64
+		midLine      bool
 	}{
 		{name: "plain", log: rec(3, "a") + rec(4, "b"), noRotated: true, last: 4, known: true},
-		{name: "torn tail cut", log: rec(3, "a") + rec(4, "b") + `{"time":"2026`, noRotated: true, last: 4, known: true, cut: 13,
-			wantLogAfterCut: rec(3, "a") + rec(4, "b")},
+		{name: "torn tail", log: rec(3, "a") + rec(4, "b") + `{"time":"2026`, noRotated: true, last: 4, known: true, torn: 13, midLine: true},
+		{name: "torn tail ended", log: rec(3, "a") + rec(4, "b") + `{"time":"2026` + "\n", noRotated: true, last: 4, known: true, torn: 13},
+		{name: "torn tail ended, torn again", log: rec(3, "a") + rec(4, "b") + `{"time":"2026` + "\n" + `{"ti`, noRotated: true, last: 4,
+			known: true, torn: 4, midLine: true},
+		{name: "a whole record without its newline", log: rec(3, "a") + strings.TrimSuffix(rec(4, "b"), "\n"), noRotated: true, last: 4,
+			known: true, midLine: true},
 		{name: "long last line", log: rec(3, "a") + rec(4, strings.Repeat("x", 3*auditTailRead)), noRotated: true, last: 4, known: true},
 		{name: "one long line", log: rec(7, strings.Repeat("x", 3*auditTailRead)), noRotated: true, last: 7, known: true},
 		{name: "rotated", log: "", rotated: rec(5, "a") + rec(6, "b"), last: 6, known: true},
@@ -173,7 +177,7 @@ func TestAuditLogKnowsTheGenerationOfItsLastRecord(t *testing.T) {
 		{name: "empty rotated", log: "", rotated: "", known: true, none: true},
 		{name: "hand-written record", log: rec(3, "a") + `{"generation":8,"op":"note"}` + "\n", noRotated: true, last: 8, known: true},
 		{name: "not a record", log: rec(3, "a") + "garbage\n", noRotated: true},
-		{name: "unended long line", log: rec(3, "a") + strings.Repeat("z", maxAuditLine+10), noRotated: true, unended: true},
+		{name: "unended long line", log: rec(3, "a") + strings.Repeat("z", maxAuditLine+10), noRotated: true, midLine: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dir := t.TempDir()
@@ -187,11 +191,9 @@ func TestAuditLogKnowsTheGenerationOfItsLastRecord(t *testing.T) {
 			require.Equal(t, c.known, a.lastKnown)
 			require.Equal(t, c.last, a.last)
 			require.Equal(t, c.none, a.none)
-			require.Equal(t, c.cut, a.cut)
-			require.Equal(t, c.unended, a.unended)
-			if c.wantLogAfterCut != "" {
-				require.Equal(t, c.wantLogAfterCut, string(mustRead(t, filepath.Join(dir, auditName))))
-			}
+			require.Equal(t, c.torn, a.torn)
+			require.Equal(t, c.midLine, a.midLine)
+			require.Equal(t, c.log, string(mustRead(t, filepath.Join(dir, auditName))), "nothing is cut")
 		})
 	}
 }
