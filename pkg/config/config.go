@@ -181,7 +181,9 @@ type HookConfig struct {
 	// RuntimeRoots are the state directories of the OCI runtimes whose
 	// containers `gpu-guard-ctl recover`, and the NRI daemon when it
 	// recovers the ledger, adopt claims for (runc's and crun's roots;
-	// podman uses runc's). Under release_on = "remove" the release rule
+	// podman uses runc's, and crun's as root; crun run by root from a login
+	// session, with XDG_RUNTIME_DIR set, keeps its state below that
+	// directory, /run/user/0/crun). Under release_on = "remove" the release rule
 	// also asks them whether an exited OCI hook holder was removed (no
 	// root lists its id). Empty: neither looks (such a holder is kept).
 	RuntimeRoots []string `toml:"runtime_roots"`
@@ -274,7 +276,7 @@ func Default() Config {
 		Hook: HookConfig{
 			WaitTimeout:  Duration{10 * time.Minute},
 			PollInterval: Duration{250 * time.Millisecond},
-			RuntimeRoots: []string{"/run/runc", "/run/crun"},
+			RuntimeRoots: []string{"/run/runc", "/run/crun", "/run/user/0/crun"},
 			Poststop:     true,
 		},
 		Observe: ObserveConfig{

@@ -258,7 +258,7 @@ func TestDurationRoundTrip(t *testing.T) {
 // TestRuntimeRoots: the default lists runc's and crun's roots; a document
 // replaces the list, and an empty list turns the scan off.
 func TestRuntimeRoots(t *testing.T) {
-	require.Equal(t, []string{"/run/runc", "/run/crun"}, Default().Hook.RuntimeRoots)
+	require.Equal(t, []string{"/run/runc", "/run/crun", "/run/user/0/crun"}, Default().Hook.RuntimeRoots)
 	cfg, err := Parse([]byte("version = 1\n[hook]\nruntime_roots = [\"/run/containerd/runc/k8s.io\"]\n"))
 	require.NoError(t, err)
 	require.Equal(t, []string{"/run/containerd/runc/k8s.io"}, cfg.Hook.RuntimeRoots)
