@@ -34,9 +34,10 @@
 //   - Exit codes are a public interface: 0 ok, 1 error, 2 usage (unknown
 //     command or flag, missing argument), 3 attention (status found a
 //     conflict, a stale claim, an observer finding, a device the observer
-//     could not list, a cordon the observer set, or a stale observer
-//     report; ps found an intruder, an unhealthy device or one NVML could
-//     not list: a device nothing was checked on is never "no intruder");
+//     could not list or one the daemon's inventory lacks, a cordon the
+//     observer set, or a stale observer report; ps found an intruder, an
+//     unhealthy device, one NVML could not list or one the inventory lacks:
+//     a device nothing was checked on is never "no intruder");
 //     run exits with its command's code. An operator's cordon, a
 //     draining claim and a claim kept until its exited holder is removed
 //     (release_on = "remove", a removal that can be told) are shown, never

@@ -44,7 +44,11 @@ of the device's holder is ok; a process of a container holding nothing (or of
 the host) is an intruder; a process of a holder on a device it did not claim
 is out-of-bounds; a pid that exited (or was reused) before it could be mapped
 is gone and not judged. A device NVML cannot list, or that is lost, is shown
-with its error: nothing was checked on it.
+with its error: nothing was checked on it. A MIG instance NVML reports that
+the inventory lacks (created since it was discovered) has its processes
+listed and judged against the claims on its GPU like any device's, its index
+marked "(not in inventory)"; it is a problem (not-in-inventory): nothing can
+claim it until the inventory is rebuilt (restart nri-gpu-guard).
 
 This is the daemon's periodic accounting ([observe] interval), done on demand,
 with the same holdings (a process in a container nested in the holder's cgroup
@@ -54,8 +58,9 @@ their "exempt" records in the audit log (verdict exempt), and says under the
 table what that misses. Run it as root in the host's pid namespace (NVML
 reports host pids). It needs
 NVML (the NVIDIA driver); ps exits 1 with an error without it, and 3 when a
-process is an intruder or out of bounds, a device is unhealthy, or NVML could
-not list a device's processes (unobserved).`,
+process is an intruder or out of bounds, a device is unhealthy, NVML could
+not list a device's processes (unobserved), or a device is not in the
+inventory (not-in-inventory).`,
 		`  sudo gpu-guard-ctl ps
   sudo gpu-guard-ctl ps -o json | jq '.devices[].processes[] | select(.verdict != "ok")'`,
 		noArgs,
@@ -90,6 +95,10 @@ type psDevice struct {
 	Holder    *psHolder   `json:"holder"`
 	Processes []psProcess `json:"processes"`
 	Error     string      `json:"error,omitempty"`
+	// NotInInventory says that the inventory lacks the device (a MIG
+	// instance created since discovery) and what to do; its processes
+	// are listed and judged all the same.
+	NotInInventory string `json:"not_in_inventory,omitempty"`
 }
 
 type psHolder struct {
@@ -241,7 +250,7 @@ func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psVi
 	}
 	for _, d := range r.Devices {
 		pd := psDevice{Index: d.Device.Index, UUID: d.Device.UUID, Parent: d.Device.ParentUUID, Error: d.Error,
-			Processes: []psProcess{}}
+			NotInInventory: d.NotInInventory, Processes: []psProcess{}}
 		var who string
 		if d.Holder != "" {
 			o, ok := known[d.Holder]
@@ -254,6 +263,9 @@ func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psVi
 		if d.Error != "" && !reportedUnhealthy(sick, d.Device.UUID, d.Device.ParentUUID) {
 			v.Problems = append(v.Problems, unobservedProblem(d.Device.UUID, d.Device.Index, d.Device.String(), who,
 				"NVML could not list its processes ("+d.Error+")", "run ps again"))
+		}
+		if d.NotInInventory != "" {
+			v.Problems = append(v.Problems, notInInventoryProblem(d.Device, d.NotInInventory, "", nil))
 		}
 		for _, p := range d.Processes {
 			pp := psProcess{PID: p.PID, Type: p.Type, UsedMemoryBytes: p.UsedMemoryBytes, ContainerID: p.ContainerID,
@@ -299,10 +311,16 @@ func (v *psView) render(w io.Writer, output string) error {
 		if d.Holder != nil {
 			holder, holderID = d.Holder.Name, d.Holder.ContainerID
 		}
+		index := d.Index
+		if d.NotInInventory != "" {
+			// Its processes are judged like any device's; the problem
+			// under the table says what the inventory's lack of it means.
+			index += " (not in inventory)"
+		}
 		if d.Error != "" {
-			row := []string{d.Index, uuid, none, none, none, none, holder, "error: " + d.Error}
+			row := []string{index, uuid, none, none, none, none, holder, "error: " + d.Error}
 			if wide {
-				row = []string{d.Index, uuid, none, none, none, none, "", holder, holderID, "error: " + d.Error}
+				row = []string{index, uuid, none, none, none, none, "", holder, holderID, "error: " + d.Error}
 			}
 			t.row(row...)
 			continue
@@ -316,9 +334,9 @@ func (v *psView) render(w io.Writer, output string) error {
 			if ctr == "" {
 				ctr = "(exited)"
 			}
-			row := []string{d.Index, uuid, strconv.Itoa(p.PID), p.Type, mem, ctr, holder, p.Verdict}
+			row := []string{index, uuid, strconv.Itoa(p.PID), p.Type, mem, ctr, holder, p.Verdict}
 			if wide {
-				row = []string{d.Index, uuid, strconv.Itoa(p.PID), p.Type, mem, ctr, p.ContainerID, holder, holderID, p.Verdict}
+				row = []string{index, uuid, strconv.Itoa(p.PID), p.Type, mem, ctr, p.ContainerID, holder, holderID, p.Verdict}
 			}
 			t.row(row...)
 		}

@@ -64,6 +64,13 @@ const (
 	// so the report stays fresh: without this problem, status and ps would
 	// exit 0 while nothing was checked.
 	problemUnobserved = "unobserved"
+	// problemNotInInventory: the observer (the daemon's last pass, or
+	// ps's own) found a device the inventory lacks: a MIG instance created
+	// since discovery, whose processes were listed and judged but which
+	// nothing can claim until the inventory is rebuilt, or the GPU of a
+	// critical Xid NVML could not identify, which no one cordoned. Its
+	// processes were not left unchecked: that is unobserved.
+	problemNotInInventory = "not-in-inventory"
 )
 
 func (a *app) statusCommand() *cobra.Command {
@@ -104,9 +111,11 @@ The daemon's GPU observer adds what it saw on the devices themselves (its
 last report, observe.json in the state dir): a process on a GPU its
 container does not hold (intruder, out-of-bounds), an unhealthy device, and
 a device whose processes it could not list (unobserved: nothing was checked
-there); a report older than three observer intervals is not trusted but
-reported as stale, and one that cannot be read (damaged, a symlink) is a
-problem too. It exits 1, showing no device, while the ledger needs recovery
+there), and a device the daemon's inventory lacks (not-in-inventory: a MIG
+instance created since discovery, whose processes it did judge, or the GPU of
+a critical Xid NVML could not identify; the line says what to do); a report
+older than three observer intervals is not trusted but reported as stale, and
+one that cannot be read (damaged, a symlink) is a problem too. It exits 1, showing no device, while the ledger needs recovery
 (damaged, missing, moved or replaced: no container gets a GPU until
 gpu-guard-ctl recover) or its state dir is unsafe.`,
 		`  gpu-guard-ctl status
@@ -384,6 +393,7 @@ func (v *statusView) addObserver(dir string, now time.Time) {
 		})
 	}
 	v.addUnobserved(f, now)
+	v.addNotInInventory(f, now)
 	for _, ff := range f.Findings {
 		kind := problemIntruder
 		if ff.Kind == observe.KindOutOfBounds {
@@ -463,6 +473,36 @@ func (v *statusView) addUnobserved(f *observe.File, now time.Time) {
 		}
 		add(nil, e)
 	}
+}
+
+// addNotInInventory adds a not-in-inventory problem for every device of
+// the observer's last pass that the daemon's inventory lacks
+// (observe.File.NotInInventory), with its notice: what it is and what to
+// do. Its processes were listed and judged (an intruder on it is among the
+// findings), so it is no unobserved device, unless NVML could not list it
+// (then it is in Unlisted too, and both are said). None is left out for
+// an unhealthy GPU: the notice is no listing error that the unhealthy
+// problem explains. A file of an older daemon has them in Unlisted only.
+func (v *statusView) addNotInInventory(f *observe.File, now time.Time) {
+	for _, n := range f.NotInInventory {
+		v.Problems = append(v.Problems, notInInventoryProblem(n.Device, n.Notice,
+			fmt.Sprintf(" (seen %s ago)", age(now.Sub(f.Time))), timeOrNil(f.Time)))
+	}
+}
+
+// notInInventoryProblem is the problem of a device the inventory lacks
+// (status: the daemon's last pass; ps: its own): "MIG 1:5 (MIG-…): not in
+// the inventory: <notice>", then tail. The device is named by what the
+// report records of it (index, UUID, its GPU's UUID; "an unidentified GPU"
+// for none).
+func notInInventoryProblem(d observe.Device, notice, tail string, seen *time.Time) problem {
+	label := observe.Device{Index: d.Index, UUID: d.UUID, ParentUUID: d.ParentUUID}.String()
+	index := d.Index
+	if d.UUID == "" {
+		index = "" // the unidentified GPU: its "?" names nothing
+	}
+	return problem{Kind: problemNotInInventory, Device: d.UUID, Index: index, SeenAt: seen,
+		Message: fmt.Sprintf("%s: not in the inventory: %s%s", label, notice, tail)}
 }
 
 // reportedUnhealthy reports whether a device, or the GPU of a MIG instance

@@ -138,7 +138,8 @@ type Watch struct {
 	exempt map[string]string // container id → cgroupsPath
 	// What observe.json shows: the findings of the last pass (by key), the
 	// devices found unhealthy, the devices the last pass could not list
-	// (unlisted, after lastPass).
+	// (unlisted, after lastPass) and those it found that the inventory
+	// lacks (notInInventory, after lastPass).
 	reported  map[string]observe.FileFinding
 	unhealthy []observe.Finding
 	// cordonFailed: unhealthy devices whose cordon could not be written,
@@ -176,10 +177,11 @@ type Watch struct {
 	heldDir string
 	// carried: what the carry file was last written with (writeCarry), so
 	// that a pass that changes nothing of it does not write it again.
-	carried  string
-	lastPass time.Time
-	unlisted []observe.UnlistedDevice
-	interval time.Duration
+	carried        string
+	lastPass       time.Time
+	unlisted       []observe.UnlistedDevice
+	notInInventory []observe.NotInInventoryDevice
+	interval       time.Duration
 }
 
 // NewWatch returns a Watch; set its fields before Run.
@@ -441,7 +443,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	}
 	c := w.carryLocked(k.gpus, next, interval > 0, inLedger, inLineage)
 	lastReport := w.lastPass
-	w.reported, w.unhealthy, w.unlisted, w.lastPass = c.reported, c.unhealthy, nil, c.lastPass
+	w.reported, w.unhealthy, w.unlisted, w.notInInventory, w.lastPass = c.reported, c.unhealthy, nil, nil, c.lastPass
 	w.cordonFailed, w.cordonLineage, w.intruderRetry = c.cordonFailed, c.lineages, c.intruderRetry
 	w.interval, w.observing = interval, next
 	// The new observer starts with what was carried over, and the gauges
@@ -816,11 +818,19 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 	}
 	current := map[string]observe.FileFinding{}
 	var notListed []observe.UnlistedDevice
+	var outside []observe.NotInInventoryDevice
 	unlisted := map[string]bool{} // devices NVML could not list this pass
 	for _, d := range r.Devices {
 		if d.Error != "" {
 			notListed = append(notListed, observe.UnlistedDevice{Device: d.Device, Error: d.Error})
 			unlisted[d.Device.UUID] = true
+		}
+		// A device the inventory lacks is no unlisted one: its processes
+		// were listed (unless Error says otherwise), so its findings end
+		// when they leave, as on any device. Carried as unlisted, they
+		// would stand for as long as the device exists.
+		if d.NotInInventory != "" {
+			outside = append(outside, observe.NotInInventoryDevice{Device: d.Device, Notice: d.NotInInventory})
 		}
 	}
 	for _, f := range r.Problems() {
@@ -851,7 +861,7 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 			carried = append(carried, f.Finding)
 		}
 	}
-	w.reported, w.unlisted, w.lastPass = current, notListed, r.Time
+	w.reported, w.unlisted, w.notInInventory, w.lastPass = current, notListed, outside, r.Time
 	w.mu.Unlock()
 
 	var fresh, cleared []observe.FileFinding
@@ -1486,7 +1496,7 @@ func (w *Watch) writeFile() {
 	}
 	w.mu.Lock()
 	f := observe.File{Time: w.lastPass, WrittenAt: w.now().UTC(), IntervalSeconds: w.interval.Seconds(),
-		Unhealthy: slices.Clone(w.unhealthy), Unlisted: slices.Clone(w.unlisted)}
+		Unhealthy: slices.Clone(w.unhealthy), Unlisted: slices.Clone(w.unlisted), NotInInventory: slices.Clone(w.notInInventory)}
 	for _, ff := range w.reported {
 		f.Findings = append(f.Findings, ff)
 	}

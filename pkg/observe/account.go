@@ -112,8 +112,11 @@ func compare(now time.Time, ls []listing, v ledgerView) Report {
 			r.Findings = append(r.Findings, f)
 		case l.err != nil:
 			dr.Error = l.err.Error()
-		case l.device.unknownMIG:
-			dr.Error = unknownMIGNotice(l.device)
+		}
+		if l.device.unknownMIG {
+			// Not an error: its processes were listed (else l.err says
+			// so too), and are judged below like any device's.
+			dr.NotInInventory = unknownMIGNotice(l.device)
 		}
 		r.Devices = append(r.Devices, dr)
 		for _, p := range l.procs {

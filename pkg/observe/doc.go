@@ -71,8 +71,9 @@
 //     layout NVML reports now, not only the inventory's: an instance created
 //     since discovery is listed and judged too (a claim on its GPU covers
 //     it; otherwise it is free), Idle counts its processes, and its
-//     DeviceReport.Error says the inventory lacks it and how to rebuild it
-//     (it is logged once). Instances are told apart by UUID, never by MIG
+//     DeviceReport.NotInInventory says the inventory lacks it and how to
+//     rebuild it (it is logged once); its Error, as any device's, is set
+//     only when NVML could not list its processes. Instances are told apart by UUID, never by MIG
 //     index: an instance of the inventory that NVML reports at another
 //     index (destroying and creating instances beside it moves it) is
 //     still the inventory's, listed and judged as such (its new index is

@@ -63,8 +63,30 @@ type File struct {
 	// error, for a reader that matches them to its own (by UUID, not by
 	// the text). A file of an older daemon has Errors only.
 	Unlisted []UnlistedDevice `json:"unlisted"`
-	// Truncated counts findings and errors left out to bound the file.
+	// NotInInventory are the devices of the last pass that the daemon's
+	// inventory lacks (DeviceReport.NotInInventory), each with its notice:
+	// a MIG instance created since discovery, whose processes were listed
+	// and judged (its findings are in Findings, and clear when its
+	// processes leave; it is in Unlisted too only when NVML could not
+	// list it), or the unidentified GPU of a critical Xid (empty UUID).
+	// A file of an older daemon has none: it put them in Unlisted.
+	NotInInventory []NotInInventoryDevice `json:"not_in_inventory"`
+	// Truncated counts findings, errors and devices not in the inventory
+	// left out to bound the file.
 	Truncated int `json:"truncated,omitempty"`
+}
+
+// NotInInventoryDevice is a device of a pass that the daemon's inventory
+// lacks (DeviceReport.NotInInventory): Notice says so and what to do.
+type NotInInventoryDevice struct {
+	Device Device `json:"device"`
+	Notice string `json:"notice"`
+}
+
+// String names the device and its notice: "MIG 1:5 (MIG-…): the MIG
+// layout of GPU 1 … changed …".
+func (n NotInInventoryDevice) String() string {
+	return fmt.Sprintf("%s: %s", n.Device, n.Notice)
 }
 
 // UnlistedDevice is a device whose processes NVML could not list in a
@@ -105,6 +127,9 @@ func WriteFile(dir string, f File) error {
 	if len(f.Unlisted) > maxFileErrors { // the devices of Errors: counted there
 		f.Unlisted = f.Unlisted[:maxFileErrors]
 	}
+	if n := len(f.NotInInventory) - maxFileErrors; n > 0 {
+		f.NotInInventory, f.Truncated = f.NotInInventory[:maxFileErrors], f.Truncated+n
+	}
 	if f.Findings == nil {
 		f.Findings = []FileFinding{}
 	}
@@ -116,6 +141,9 @@ func WriteFile(dir string, f File) error {
 	}
 	if f.Unlisted == nil {
 		f.Unlisted = []UnlistedDevice{}
+	}
+	if f.NotInInventory == nil {
+		f.NotInInventory = []NotInInventoryDevice{}
 	}
 	return writeJSON(dir, FileName, "the observer report", f)
 }

@@ -67,6 +67,43 @@ func TestReportFileRoundTripAndBounds(t *testing.T) {
 	require.ErrorIs(t, err, ErrNoFile)
 }
 
+// The devices the daemon's inventory lacks have a list of their own in
+// observe.json, bounded as the errors are (what is left out is counted),
+// written [] when empty; a file of an older daemon, without it, still
+// reads.
+func TestReportFileNotInInventory(t *testing.T) {
+	dir := t.TempDir()
+	at := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	f := File{Time: at, WrittenAt: at, IntervalSeconds: 10}
+	for i := range maxFileErrors + 2 {
+		f.NotInInventory = append(f.NotInInventory, NotInInventoryDevice{
+			Device: Device{Index: fmt.Sprintf("1:%d", i), UUID: fmt.Sprintf("MIG-%d", i), ParentUUID: "GPU-1"},
+			Notice: "the MIG layout of GPU 1 (GPU-1) changed since the inventory was discovered"})
+	}
+	require.NoError(t, WriteFile(dir, f))
+	got, err := ReadFile(dir)
+	require.NoError(t, err)
+	require.Equal(t, maxFileErrors, len(got.NotInInventory), "bounded as the errors are")
+	assert.Equal(t, "MIG-0", got.NotInInventory[0].Device.UUID)
+	assert.Equal(t, "GPU-1", got.NotInInventory[0].Device.ParentUUID)
+	assert.Equal(t, "MIG 1:0 (MIG-0): the MIG layout of GPU 1 (GPU-1) changed since the inventory was discovered",
+		got.NotInInventory[0].String())
+	assert.Equal(t, 2, got.Truncated, "the devices left out are counted")
+	assert.Empty(t, got.Unlisted, "not in the inventory is not unlisted")
+
+	require.NoError(t, WriteFile(dir, File{Time: at}))
+	raw, err := os.ReadFile(filepath.Join(dir, FileName))
+	require.NoError(t, err)
+	assert.Contains(t, string(raw), `"not_in_inventory": []`, "empty lists are [] in JSON")
+
+	older := `{"time": "2026-01-02T03:04:05Z", "written_at": "2026-01-02T03:04:05Z", "interval_seconds": 10,
+		"findings": [], "unhealthy": [], "errors": [], "unlisted": []}`
+	require.NoError(t, os.WriteFile(filepath.Join(dir, FileName), []byte(older), 0o600))
+	got, err = ReadFile(dir)
+	require.NoError(t, err, "a file without the field reads")
+	assert.Empty(t, got.NotInInventory)
+}
+
 func TestReadFileRefusesOddFiles(t *testing.T) {
 	dir := t.TempDir()
 	other := filepath.Join(t.TempDir(), "x.json")

@@ -430,7 +430,8 @@ func TestXidFromADeviceWhoseUUIDIsUnreadable(t *testing.T) {
 // A critical Xid from a device nothing can be read of (no UUID, no PCI bus
 // id, no minor number) and whose handle is none the watch registered is no
 // stranger's: it is an unhealthy finding on an unidentified device in every
-// report, its device's error saying what to do, and an error in the log.
+// report, its device's notice (NotInInventory, not Error: no listing
+// failed) saying what to do, and an error in the log.
 // No device is marked unhealthy: there is none to cordon.
 func TestXidFromAnUnidentifiedDevice(t *testing.T) {
 	h := newMockA100(t)
@@ -473,10 +474,11 @@ func TestXidFromAnUnidentifiedDevice(t *testing.T) {
 	}
 	require.Len(t, dr, 1)
 	assert.Equal(t, "an unidentified GPU", dr[0].Device.String())
-	assert.True(t, strings.HasPrefix(dr[0].Error, "reported critical Xid 79: "), "read after the device's name: %s", dr[0].Error)
+	assert.True(t, strings.HasPrefix(dr[0].NotInInventory, "reported critical Xid 79: "), "read after the device's name: %s", dr[0].NotInInventory)
 	for _, want := range []string{"critical Xid 79", "no GPU was cordoned", "nvidia-smi", "dmesg", "sudo gpu-guard-ctl cordon"} {
-		assert.Contains(t, dr[0].Error, want, "the report says what to do")
+		assert.Contains(t, dr[0].NotInInventory, want, "the report says what to do")
 	}
+	assert.Empty(t, dr[0].Error, "no listing failed: it is no device NVML could not list")
 	assert.Equal(t, []string{h.uuid(0)}, uuidsOf(o.Unhealthy()), "only an identified device is marked unhealthy")
 
 	assert.NotContains(t, logs.String(), "outside the inventory")

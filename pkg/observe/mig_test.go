@@ -18,9 +18,11 @@ import (
 // A MIG instance created after the inventory was discovered (nvidia-smi mig
 // -cgi/-cci by root or a MIG manager, beside busy instances) is observed
 // from the layout NVML reports at each pass: its processes are judged
-// against the claims on its GPU, the report says the inventory lacks it,
-// and Idle counts them. The GPU itself is still never listed (enableMIG
-// fails the test if it is).
+// against the claims on its GPU, the report says the inventory lacks it
+// (DeviceReport.NotInInventory) and that is no listing error (Error empty:
+// its processes were listed; before, the notice was put in Error, so that
+// readers took it for a device NVML could not list), and Idle counts them.
+// The GPU itself is still never listed (enableMIG fails the test if it is).
 func TestMIGInstanceCreatedAfterDiscovery(t *testing.T) {
 	const newUUID = "MIG-00000001-0000-4000-8000-000000000005"
 	for _, tc := range []struct {
@@ -81,8 +83,9 @@ func TestMIGInstanceCreatedAfterDiscovery(t *testing.T) {
 			require.Len(t, dr.Processes, 1)
 			assert.Equal(t, tc.pid, dr.Processes[0].PID)
 			assert.Equal(t, tc.holder, dr.Holder, "a claim on the GPU covers the instance")
-			assert.Contains(t, dr.Error, "is not in it", "the report says the inventory lacks it")
-			assert.Contains(t, dr.Error, "restart nri-gpu-guard")
+			assert.Contains(t, dr.NotInInventory, "is not in it", "the report says the inventory lacks it")
+			assert.Contains(t, dr.NotInInventory, "restart nri-gpu-guard")
+			assert.Empty(t, dr.Error, "its processes were listed: no listing error")
 			assert.Contains(t, logs.String(), "MIG instance not in the inventory")
 			assert.Contains(t, logs.String(), newUUID)
 
@@ -163,7 +166,11 @@ func TestMIGInstanceAtAnotherIndexIsStillObserved(t *testing.T) {
 		assert.False(t, sick, "MIG %s is not taken for vanished", tc.index)
 	}
 	assert.Equal(t, idA, byUUID[moved3].Holder)
-	assert.Contains(t, byUUID[newUUID].Error, "is not in it", "the instance now at index 1 is not the inventory's")
+	assert.Contains(t, byUUID[newUUID].NotInInventory, "is not in it", "the instance now at index 1 is not the inventory's")
+	assert.Empty(t, byUUID[newUUID].Error, "its processes were listed")
+	for _, tc := range []string{moved1, moved3} {
+		assert.Empty(t, byUUID[tc].NotInInventory, "the inventory has %s", tc)
+	}
 
 	var onMoved []Finding
 	for _, f := range r.Problems() {
@@ -214,4 +221,34 @@ func TestMIGInstanceNotFoundInAPartlyReadLayoutIsNotVanished(t *testing.T) {
 	}
 	require.NotNil(t, dr)
 	assert.Contains(t, dr.Error, "MIG index 6: ERROR_UNKNOWN")
+}
+
+// A MIG instance the inventory lacks whose processes NVML cannot list is
+// both: not in the inventory (NotInInventory) and not checked (Error), and
+// nothing on it is judged. The instances of the inventory say neither.
+func TestMIGInstanceNotInInventoryThatCannotBeListed(t *testing.T) {
+	const newUUID = "MIG-00000001-0000-4000-8000-000000000005"
+	h := newMockH100MIG(t)
+	fp := newFakeProc(t, 1000)
+	fp.add(900, 20, "0::/user.slice/user-0.slice/session-3.scope\n")
+	h.addMIG(5, newUUID)
+	h.run(newUUID, 900, 1<<30)
+	h.set(h.listErr, newUUID, nvml.ERROR_UNKNOWN)
+	o, _ := newObserver(t, h, fp, &holdings{}, nil)
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+	var dr *DeviceReport
+	for i := range r.Devices {
+		d := &r.Devices[i]
+		if d.Device.UUID == newUUID {
+			dr = d
+			continue
+		}
+		assert.Empty(t, d.NotInInventory, "%s is in the inventory", d.Device)
+	}
+	require.NotNil(t, dr, "the new instance is in the report")
+	assert.Contains(t, dr.NotInInventory, "is not in it")
+	assert.Contains(t, dr.Error, "list compute processes: ERROR_UNKNOWN")
+	assert.Empty(t, dr.Processes)
+	assert.Empty(t, r.Problems(), "nothing is concluded about it")
 }

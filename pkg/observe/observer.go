@@ -237,8 +237,9 @@ func (o *Observer) Account(ctx context.Context) (Report, error) {
 // addUnidentified adds to r, as a device and an unhealthy finding each,
 // the critical Xids of devices NVML could not identify: no device carries
 // them (nothing can be cordoned, Unhealthy and Health do not know them),
-// so the report is where the operator sees them (the device's Error holds
-// what to do, for readers of the devices NVML could not list).
+// so the report is where the operator sees them (the device's
+// NotInInventory notice holds what to do: it has no processes to list, so
+// no Error, which would read as a device NVML could not list).
 func (o *Observer) addUnidentified(r *Report) {
 	o.mu.Lock()
 	fs := make([]Finding, 0, len(o.unidentified))
@@ -251,9 +252,9 @@ func (o *Observer) addUnidentified(r *Report) {
 	}
 	sort.Slice(fs, func(i, j int) bool { return fs[i].Xid < fs[j].Xid })
 	for _, f := range fs {
-		// Readers print Error after the device's name.
+		// Readers print the notice after the device's name.
 		r.Devices = append(r.Devices, DeviceReport{Device: f.Device, Processes: []Process{},
-			Error: strings.TrimPrefix(f.Message, f.Device.String()+" ")})
+			NotInInventory: strings.TrimPrefix(f.Message, f.Device.String()+" ")})
 	}
 	// Findings are sorted by device UUID: the empty one comes first.
 	r.Findings = append(fs, r.Findings...)

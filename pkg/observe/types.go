@@ -245,23 +245,28 @@ type DeviceReport struct {
 	Device    Device    `json:"device"`
 	Holder    string    `json:"holder,omitempty"`
 	Processes []Process `json:"processes"`
-	// Error is set when NVML could not list the device's processes: nothing
-	// is concluded about the device in this pass. It is set too on a MIG
-	// instance the inventory lacks (created since discovery), whose
-	// processes are listed and judged: it says so and how to rebuild the
-	// inventory, so that the device reads as not fully observed (it cannot
-	// be claimed, and readers that match devices to the inventory miss it).
-	// It is set as well on the unidentified device (empty UUID) of a
-	// critical Xid NVML could not tell the device of (see Report): it says
-	// the Xid and what to do.
+	// Error is set when NVML could not list the device's processes, or the
+	// device is lost: nothing is concluded about the device in this pass.
+	// It is set for nothing else: a reader takes it for "not checked".
 	Error string `json:"error,omitempty"`
+	// NotInInventory is set on a device the inventory lacks: it says so
+	// and what to do. A MIG instance created since discovery: its
+	// processes are listed (Error is empty unless NVML could not list
+	// them) and judged against the claims on its GPU, but it cannot be
+	// claimed, and readers that match devices to the inventory miss it,
+	// until the inventory is rebuilt (restart nri-gpu-guard). The
+	// unidentified device (empty UUID) of a critical Xid NVML could not
+	// tell the device of (see Report): the Xid, and how to find and
+	// cordon the GPU by hand; it has no processes to list.
+	NotInInventory string `json:"not_in_inventory,omitempty"`
 }
 
 // Report is the result of one accounting pass. Besides the devices listed,
 // it names every critical Xid the health watcher could not match to a
 // device since the Observer started (its device's UUID NVML could not
 // read, nor any other identity the inventory could match): one device with
-// an empty UUID and an Error per Xid code, and an unhealthy finding on it.
+// an empty UUID and a NotInInventory notice per Xid code, and an unhealthy
+// finding on it.
 // No device is marked unhealthy for it (Unhealthy, Health, OnUnhealthy):
 // the report and the log are where the operator learns of it.
 type Report struct {
