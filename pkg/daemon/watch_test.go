@@ -6,7 +6,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -220,24 +219,6 @@ func (s *fakeStates) FinishDraining(_ context.Context, id, reason string) error 
 	s.mu.Unlock()
 	s.finished <- [2]string{id, reason}
 	return nil
-}
-
-// syncBuffer is a log sink safe to read while the watch logs.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // guardFor builds the daemon's guard over a real ledger with the mock's GPUs
