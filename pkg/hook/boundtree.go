@@ -39,7 +39,8 @@ type boundDir struct {
 	nodev bool
 	// ownFlags: the runtime remounts the bind with its options' flags
 	// alone (remountsBind), so a nodev of the source's mount does not
-	// carry over.
+	// carry over. Without them only runc keeps it; crun remounts every
+	// bind so (sourceFlagsKept).
 	ownFlags bool
 	// layer: src is an overlay's layer, whose nodes open through the
 	// overlay whatever the layer's own mount is (the kernel checks the
@@ -143,10 +144,18 @@ var lstatPath = unix.Lstat
 //     nodev option, or an overlay's layer where the overlay is not given
 //     nodev, may hold any device node, and its nodes open: an engine
 //     copies image content, nodes and all, into a new named volume, and a
-//     node made on the host outside /dev sits anywhere. It is not listed
-//     (a volume may hold millions of files): it counts as reaching every
-//     GPU node (nodeDirs), named with its remedy. A rootless runtime's
-//     engine cannot make nodes, nor does one open on its mounts.
+//     node made on the host outside /dev sits anywhere. So does one on a
+//     nodev mount bound without the nodev option, unless the runtime is
+//     known to keep the source's nodev on the bind's top mount: runc
+//     1.1.5 does where the bind has no flag options (ro, nosuid, …) of its
+//     own, crun 1.8.1 never, remounting every bind with the flags its
+//     options make (both verified: remountsBind). The runtime is read
+//     only then (sourceFlagsKept: the hook's parent's executable, once),
+//     and every runtime but runc, or one that cannot be told, counts as
+//     crun. Such a directory is not listed (a volume may hold millions of
+//     files): it counts as reaching every GPU node (nodeDirs), named with
+//     its remedy, the bind's nodev option. A rootless runtime's engine
+//     cannot make nodes, nor does one open on its mounts.
 //   - For a recursive bind, the mounts at or below it (mountinfo, read
 //     once, bounded), which come along: a procfs (every process's root),
 //     a devtmpfs, the host's /dev (its filesystem's root), or a part of it
@@ -157,7 +166,9 @@ var lstatPath = unix.Lstat
 //     per-mount options (mountinfo's) opens its nodes as a directory
 //     above does, whatever the source's mount is: the mounts below keep
 //     their own flags, and the bind's "nodev" (or a remount with flags of
-//     its own) makes the bind's top mount nodev, not those below;
+//     its own) makes the bind's top mount nodev, not those below (crun's
+//     remount of every bind clears the top mount's nodev alone: a nodev
+//     mount below stays nodev, verified with crun 1.8.1);
 //     "rnodev" makes every mount below nodev, "rdev" none (belowNodev).
 //     An ext4, xfs or tmpfs mounted without nodev anywhere below a source
 //     on a nodev mount holds whatever node root made there or an engine
@@ -195,7 +206,7 @@ func (b *boundSources) readDirs() {
 				b.hostDev = true
 				return
 			}
-		case !b.rootless && !d.nodev && (d.layer || d.ownFlags || int64(fs.Flags)&unix.ST_NODEV == 0): //nolint:unconvert // int32 on some platforms
+		case !b.rootless && !d.nodev && (d.layer || d.ownFlags || int64(fs.Flags)&unix.ST_NODEV == 0 || !b.sourceFlagsKept()): //nolint:unconvert // int32 on some platforms
 			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: d.src, BoundAt: d.dst, Overlay: d.layer})
 		}
 		if d.recursive {
@@ -216,6 +227,16 @@ func (b *boundSources) readDirs() {
 	if err := b.readSubmounts(f, trees, &budget); err != nil {
 		b.hostDev = true
 	}
+}
+
+// sourceFlagsKept reports whether the runtime keeps a bind source's mount
+// flags on a bind without flag options of its own (b.runtime: runc), asked
+// once: false for crun, or a runtime that cannot be told.
+func (b *boundSources) sourceFlagsKept() bool {
+	if !b.flagsRead {
+		b.flagsKept, b.flagsRead = b.runtime.keepsFlags(), true
+	}
+	return b.flagsKept
 }
 
 // resolveDir returns the path d's source leads to in this mount namespace

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -653,6 +654,13 @@ func TestRecursiveBind(t *testing.T) {
 // overlay, whose own nodev option alone stops them. A file bound in is no
 // directory; a part of the host's /dev is listed (its nodes are known); a
 // rootless runtime's nodes do not open; a device cgroup fences them.
+//
+// A directory on a nodev mount bound without options of its own stays
+// nodev in the container under runc alone (runc.amd64, a release binary,
+// and a runc replaced on disk while it runs, among its names): crun
+// remounts every bind with the flags its options make (none), so there its
+// nodes open, and any other runtime, or one that cannot be told, counts as
+// crun. The bind's own nodev option makes it nodev under either.
 func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
 	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
 	own := "0::/machine.slice/libpod-train.scope\n"
@@ -674,19 +682,36 @@ func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
 		// unknown where unknown says so.
 		userNS  RuntimeUserNS
 		unknown bool
-		want    string // a source of every claim; "" for none
+		// exe is the runtime's executable (the hook's parent's exe link):
+		// runc's where it is left "", none (unreadable) for "-".
+		exe  string
+		want string // a source of every claim; "" for none
 	}{
 		{name: "a directory not mounted nodev", dir: devDir, want: "bind source "},
 		{name: "a directory not mounted nodev, runtime unknown", dir: devDir, container: own, unknown: true, want: "bind source "},
 		{name: "a directory not mounted nodev, bound nodev", dir: devDir, edit: bound("rbind", "nodev")},
 		{name: "a directory not mounted nodev, bound rnodev", dir: devDir, edit: bound("rbind", "rnodev")},
 		{name: "a directory not mounted nodev, bound nodev and dev", dir: devDir, edit: bound("rbind", "nodev", "dev"), want: "bind source "},
-		{name: "a directory mounted nodev", dir: nodevDir},
+		{name: "a directory mounted nodev, runtime runc", dir: nodevDir},
+		{name: "a directory mounted nodev, runtime crun", dir: nodevDir, exe: "/usr/bin/crun", want: "bind source "},
+		{name: "a directory mounted nodev, runtime unreadable", dir: nodevDir, exe: "-", want: "bind source "},
+		{name: "a directory mounted nodev, runtime youki", dir: nodevDir, exe: "/usr/local/bin/youki", want: "bind source "},
+		{name: "a directory mounted nodev, runtime runc.amd64", dir: nodevDir, exe: "/usr/local/bin/runc.amd64"},
+		{name: "a directory mounted nodev, runtime runc replaced on disk", dir: nodevDir, exe: "/usr/sbin/runc (deleted)"},
+		{name: "a directory mounted nodev, runtime docker-runc", dir: nodevDir, exe: "/usr/bin/docker-runc", want: "bind source "},
+		{name: "a directory mounted nodev, runtime crun, bound bind", dir: nodevDir, exe: "/usr/bin/crun", edit: bound("bind"), want: "bind source "},
+		{name: "a directory mounted nodev, runtime crun, bound nodev", dir: nodevDir, exe: "/usr/bin/crun", edit: bound("rbind", "nodev")},
+		{name: "a directory mounted nodev, runtime crun, bound bind,nodev", dir: nodevDir, exe: "/usr/bin/crun", edit: bound("bind", "nodev")},
+		{name: "a directory mounted nodev, runtime crun, bound rnodev", dir: nodevDir, exe: "/usr/bin/crun", edit: bound("rbind", "rnodev")},
+		{name: "a directory mounted nodev, runtime unreadable, bound nodev", dir: nodevDir, exe: "-", edit: bound("rbind", "nodev")},
 		// runc and crun remount a bind with flags of its own (ro, nosuid,
 		// …) with exactly those: the source's nodev does not carry over.
 		{name: "a directory mounted nodev, bound ro", dir: nodevDir, edit: bound("rbind", "ro"), want: "bind source "},
 		{name: "a directory mounted nodev, bound nosuid,nodev", dir: nodevDir, edit: bound("rbind", "nosuid", "nodev")},
 		{name: "a directory mounted nodev, bound rprivate", dir: nodevDir, edit: bound("rbind", "rprivate")},
+		{name: "a directory mounted nodev, runtime crun, bound rprivate", dir: nodevDir, exe: "/usr/bin/crun", edit: bound("rbind", "rprivate"), want: "bind source "},
+		{name: "a directory mounted nodev, runtime crun, own device cgroup", dir: nodevDir, exe: "/usr/bin/crun", container: own},
+		{name: "a directory mounted nodev, runtime crun, rootless", dir: nodevDir, exe: "/usr/bin/crun", userNS: Rootless},
 		{name: "a directory not mounted nodev, own device cgroup", dir: devDir, container: own},
 		{name: "a directory not mounted nodev, rootless", dir: devDir, userNS: Rootless},
 		{name: "a file not mounted nodev", dir: func(t *testing.T) string {
@@ -723,6 +748,13 @@ func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
 			e := cgroupProc(t, container, session, &opened)
 			e.userNS = func() RuntimeUserNS { return userNS }
 			e.markerDir = t.TempDir()
+			switch tc.exe {
+			case "":
+			case "-":
+				runtimeExe(t, e.procRoot, 4000, "")
+			default:
+				runtimeExe(t, e.procRoot, 4000, tc.exe)
+			}
 			in := e.readInput(strings.NewReader(state()))
 			require.NoError(t, in.specErr)
 			require.Equal(t, tc.want == "", in.NeverClaims())
@@ -821,6 +853,55 @@ func TestWalkDevLstatErrorFailsClosed(t *testing.T) {
 			b.readDirs()
 			require.Equal(t, tc.hostDev, b.hostDev)
 			require.Empty(t, b.nodes, "nothing read of the node")
+		})
+	}
+}
+
+// readDirs asks whether the runtime keeps a bind source's nodev only where
+// the answer decides, a directory on a nodev mount bound without options
+// of its own, and once for all of them: not for one on a mount that is not
+// nodev, nor for one bound nodev or with flags of its own. The runtime is
+// the hook's parent, told by its exe link; where nothing says, the source's
+// nodev is not kept (crun's way).
+func TestSourceFlagsKeptAskedOnceWhereItDecides(t *testing.T) {
+	dir := func(t *testing.T, src string, d boundDir) boundDir {
+		var st unix.Stat_t
+		require.NoError(t, unix.Stat(src, &st))
+		d.src, d.dst, d.dev, d.ino = src, "/x", uint64(st.Dev), st.Ino //nolint:unconvert // uint32 on some platforms
+		return d
+	}
+	two := func(t *testing.T) []boundDir {
+		return []boundDir{dir(t, nodevDir(t), boundDir{}), dir(t, nodevDir(t), boundDir{})}
+	}
+	for _, tc := range []struct {
+		name  string
+		dirs  func(t *testing.T) []boundDir
+		exe   string // the runtime's; "" for no runtime to ask
+		asked int    // reads of the runtime's pid
+		want  int    // directories counted (nodeDirs)
+	}{
+		{name: "two on nodev mounts, runc", dirs: two, exe: "/usr/sbin/runc", asked: 1, want: 0},
+		{name: "two on nodev mounts, crun", dirs: two, exe: "/usr/bin/crun", asked: 1, want: 2},
+		{name: "on a nodev mount, no runtime to ask", want: 1,
+			dirs: func(t *testing.T) []boundDir { return []boundDir{dir(t, nodevDir(t), boundDir{})} }},
+		{name: "not on a nodev mount, bound nodev, bound ro", exe: "/usr/sbin/runc", want: 2,
+			dirs: func(t *testing.T) []boundDir {
+				return []boundDir{dir(t, devDir(t), boundDir{}), dir(t, nodevDir(t), boundDir{nodev: true}), dir(t, nodevDir(t), boundDir{ownFlags: true})}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := boundSources{host: &hostDirs{}, dirs: tc.dirs(t)}
+			asked := 0
+			if tc.exe != "" {
+				proc := t.TempDir()
+				fakeProc(t, proc, 4000, 1, path.Base(tc.exe))
+				runtimeExe(t, proc, 4000, tc.exe)
+				b.runtime = bindRuntime{procRoot: proc, ppid: func() int { asked++; return 4000 }}
+			}
+			b.readDirs()
+			require.False(t, b.hostDev)
+			require.Equal(t, tc.asked, asked)
+			require.Len(t, b.nodeDirs, tc.want)
 		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -49,12 +50,15 @@ func bindState(t *testing.T, id string, pid int, status specs.ContainerState, sr
 // cgroupProc is a /proc tree with the container's process (pid 4242, its
 // cgroup file container; none when "") and the runtime that runs the hook
 // (pid 4000, runtime; none when ""), and an env that reads it as a rootful
-// runtime's hook.
+// runtime's hook. The runtime is runc (its exe /usr/sbin/runc), which
+// keeps a bind source's nodev on a bind without flag options: runtimeExe
+// makes it another.
 func cgroupProc(t *testing.T, container, runtime string, opened *int) env {
 	t.Helper()
 	root := t.TempDir()
 	fakeProc(t, root, 4242, 4000, "app")
-	fakeProc(t, root, 4000, 1, "crun")
+	fakeProc(t, root, 4000, 1, "runc")
+	runtimeExe(t, root, 4000, "/usr/sbin/runc")
 	if container != "" {
 		require.NoError(t, os.WriteFile(filepath.Join(root, "4242", "cgroup"), []byte(container), 0o644))
 	}
@@ -66,6 +70,18 @@ func cgroupProc(t *testing.T, container, runtime string, opened *int) env {
 	e.getppid = func() int { return 4000 }
 	e.userNS = func() RuntimeUserNS { return Rootful }
 	return e
+}
+
+// runtimeExe makes the exe link of pid in the /proc tree root name exe
+// (what the kernel's reads, "/usr/bin/crun"), or removes it where exe is
+// "" (an exe that cannot be read).
+func runtimeExe(t *testing.T, root string, pid int, exe string) {
+	t.Helper()
+	link := filepath.Join(root, strconv.Itoa(pid), "exe")
+	require.NoError(t, os.RemoveAll(link))
+	if exe != "" {
+		require.NoError(t, os.Symlink(exe, link))
+	}
 }
 
 // A rootful runtime that leaves the container's process in its caller's

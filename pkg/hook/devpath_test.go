@@ -180,7 +180,7 @@ func TestDevicePathReadsNoCgroupUnlessItMayBeAGPU(t *testing.T) {
 func TestRelativeDevicePathIsTheHostsDev(t *testing.T) {
 	spec := &specs.Spec{Linux: &specs.Linux{Devices: []specs.LinuxDevice{{Path: "dev/x", Type: "c", Major: 1, Minor: 3}}}}
 	req := devices.RequestFromSpec(spec)
-	unfence(&req, spec, "", func() RuntimeUserNS { return Rootless }, false, func() bool { return false })
+	unfence(&req, spec, "", func() RuntimeUserNS { return Rootless }, false, func() bool { return false }, bindRuntime{})
 	require.True(t, req.HostDevMounted)
 	require.True(t, req.GPUNodesAllowed)
 }

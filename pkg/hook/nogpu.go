@@ -131,7 +131,8 @@ func (e env) readInput(stdin io.Reader) *Input {
 func (e env) addUnfenced(in *Input) {
 	st := in.state
 	unfence(&in.request, in.spec, st.Bundle, func() RuntimeUserNS { return in.runtimeUserNS(e) },
-		st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) })
+		st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) },
+		bindRuntime{procRoot: e.procRoot, ppid: e.getppid})
 }
 
 // RuntimeUserNS is what is known of the user namespace of the OCI runtime
@@ -169,13 +170,20 @@ const (
 // below one (the runtime that ran the hook is gone: that is all that can be
 // checked now). Whatever cannot be read counts as no device cgroup, as at
 // create-runtime.
+//
+// Which runtime made the container is not told here (the runtime that ran
+// its hook is gone, and nothing of the container's process names it): a
+// directory bound in from a nodev mount without a nodev option of its own
+// counts as reaching every GPU node, as crun leaves it (see remountsBind),
+// though runc kept its source's nodev. So a recovery may claim more for a
+// runc container than its hook did, never less.
 func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot string, pid int, id string, userNS RuntimeUserNS) {
 	e := defaultEnv()
 	e.procRoot = procRoot
 	unfence(req, spec, bundle, func() RuntimeUserNS { return userNS }, false, func() bool {
 		cg, err := e.deviceCgroupOf(pid)
 		return err == nil && ownedCgroup(cg, "", id)
-	})
+	}, bindRuntime{})
 }
 
 // UnfencedRequest is what a container of spec reaches in a rootful runtime
@@ -187,12 +195,13 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot str
 // mounts a procfs without a PID namespace of its own (procShowsOtherRoots),
 // can make or mount a node itself (CAP_MKNOD, CAP_SYS_ADMIN, or no
 // capabilities object: makesNodes), or has a root filesystem or a
-// directory bound in not mounted nodev (readDirs). bundle is the directory
-// relative bind sources and a relative
-// root.path are read from (the config.json's). For `gpu-guard-ctl explain
-// --no-device-cgroup`.
+// directory bound in not mounted nodev (readDirs), or bound without a
+// nodev option of its own under a runtime that may be crun (any: which
+// runtime will run the spec is not told; see remountsBind). bundle is the
+// directory relative bind sources and a relative root.path are read from
+// (the config.json's). For `gpu-guard-ctl explain --no-device-cgroup`.
 func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
-	unfence(req, spec, bundle, func() RuntimeUserNS { return Rootful }, false, func() bool { return false })
+	unfence(req, spec, bundle, func() RuntimeUserNS { return Rootful }, false, func() bool { return false }, bindRuntime{})
 }
 
 // unfence is addUnfenced for a runtime in the user namespace userNS tells
@@ -202,7 +211,11 @@ func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 // tell) and the check of its device cgroup (applies, asked only when
 // something could reach a GPU; a state without a pid has none that
 // applies). bundle is the directory the runtime reads relative bind
-// sources and a relative root.path from.
+// sources and a relative root.path from. rt tells whether the runtime
+// keeps a bind source's mount flags on a bind without flag options
+// (bindRuntime), asked at most once and only where the answer decides
+// (readDirs: a directory bound from a nodev mount without options of its
+// own, for a container no device cgroup fences).
 //
 // The root filesystem (root.path) is read as a bind of its directory at
 // "/" (boundRoot), where the binds are read, for every container whose
@@ -214,7 +227,9 @@ func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 // Nothing in it is opened. A hand-written spec whose root is the host's
 // "/" gives its container the host's /dev, every GPU node with it,
 // whatever it mounts at /dev.
-func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func() RuntimeUserNS, stopped bool, applies func() bool) {
+func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func() RuntimeUserNS, stopped bool, applies func() bool,
+	rt bindRuntime,
+) {
 	mknod := makesNodes(spec)
 	if len(spec.Mounts) == 0 && !mknod && (spec.Linux == nil || len(spec.Linux.Devices) == 0) && rootPath(spec) == "" {
 		return
@@ -227,7 +242,7 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 		// No device node can be made in a user namespace, nor opened
 		// through a filesystem mounted there (an overlay): only binds,
 		// the runtime's own of each linux.devices entry among them.
-		markUnfenced(req, unfencedSources(spec, bundle, true), false)
+		markUnfenced(req, unfencedSources(spec, bundle, true, rt), false)
 		return
 	case stopped:
 		// Poststop goes by spellings: a rootful runtime's binds, overlays,
@@ -239,7 +254,7 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 		// whatever their spelling, as a rootless runtime's poststop reads
 		// every bind and path (and a rootful one's overlays too).
 		if unknown || bindsDeviceLike(req) || rootNamesHostDev(spec) || procShowsOtherRoots(spec) {
-			markUnfenced(req, unfencedSources(spec, bundle, false), false)
+			markUnfenced(req, unfencedSources(spec, bundle, false, rt), false)
 		}
 		return
 	case unknown:
@@ -252,11 +267,11 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 		// under docker's and containerd's defaults) the binds are not
 		// read at all.
 		if !applies() {
-			markUnfenced(req, unfencedSources(spec, bundle, false), true)
+			markUnfenced(req, unfencedSources(spec, bundle, false, rt), true)
 		}
 		return
 	}
-	bound := unfencedSources(spec, bundle, false)
+	bound := unfencedSources(spec, bundle, false, rt)
 	if !bindsDeviceLike(req) && bound.none() {
 		return
 	}
@@ -304,7 +319,10 @@ func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 func (e env) poststopFindsClaim(in *Input) bool {
 	finds := func(userNS RuntimeUserNS) bool {
 		req := devices.RequestFromSpec(in.spec)
-		unfence(&req, in.spec, in.state.Bundle, func() RuntimeUserNS { return userNS }, true, func() bool { return false })
+		// A runtime that keeps a bind source's nodev (runc) is the
+		// reading under which poststop finds least: the runtime that
+		// runs it (runc delete, crun delete, podman) is not this one.
+		unfence(&req, in.spec, in.state.Bundle, func() RuntimeUserNS { return userNS }, true, func() bool { return false }, bindRuntime{runc: true})
 		return !guard.NeverClaims(req)
 	}
 	if userNS := in.runtimeUserNS(e); userNS != UnknownUserNS {
@@ -487,6 +505,11 @@ type boundSources struct {
 	// rootless: the runtime is rootless, whose engine makes no node and
 	// on whose mounts none opens (nodeDirs are not read there).
 	rootless bool
+	// runtime tells whether the runtime keeps a bind source's mount flags
+	// on a bind without flag options, asked once by sourceFlagsKept, which
+	// keeps its answer in flagsKept (flagsRead: asked).
+	runtime              bindRuntime
+	flagsKept, flagsRead bool
 	// dirs are the other directories bound in (and overlay layers): where
 	// they lead, the part of the host's /dev they may be and the mounts
 	// below them are read by readDirs, only for a container no device
@@ -606,6 +629,18 @@ func mountNodev(options []string) bool {
 // crun then remount the bind with exactly the flags asked for, which
 // clears a nodev the source's mount had (outside a user namespace, where
 // it is not locked). Such a bind is nodev only by its own options.
+//
+// Without such a flag only runc leaves the bind alone, so that its top
+// mount keeps the source's flags: crun remounts every bind with the flags
+// its options make, none for these. Verified as root with a directory on a
+// nodev tmpfs bound at /x, read in the container's /proc/self/mountinfo and
+// by opening a node in it: runc 1.1.5 keeps nodev on /x for "rbind",
+// "bind", "bind,rprivate" and "rbind,rprivate"; crun 1.8.1 (with
+// --cgroup-manager=disabled) makes /x not nodev for each of them, and the
+// node opens. Both make it nodev for "rbind,nodev", "bind,nodev" and
+// "rbind,rnodev", and neither for "rbind,ro". So the source's nodev is
+// relied on only under a runtime known to be runc (sourceFlagsKept);
+// every other counts as crun.
 func remountsBind(options []string) bool {
 	for _, o := range options {
 		switch o {
@@ -681,9 +716,10 @@ func sameFile(host, st *unix.Stat_t) bool {
 // unfencedSources is what a container's binds bring in (boundNodes), its
 // root filesystem (boundRoot) and what its runtime binds for its
 // linux.devices entries (boundDevicePaths), read on the host.
-func unfencedSources(spec *specs.Spec, bundle string, rootless bool) boundSources {
+func unfencedSources(spec *specs.Spec, bundle string, rootless bool, rt bindRuntime) boundSources {
 	var host hostDirs
 	b := boundNodes(spec.Mounts, bundle, rootless, &host)
+	b.runtime = rt
 	if procShowsOtherRoots(spec) {
 		b.hostDev = true
 	}
@@ -904,6 +940,75 @@ func runtimeUserNS(procRoot string) RuntimeUserNS {
 		return Rootless
 	}
 	return Rootful
+}
+
+// bindRuntime tells whether the runtime that mounts a container's binds
+// keeps a bind source's mount flags on a bind without flag options of its
+// own (remountsBind): runc does, crun does not. The zero value: not known
+// to keep them (crun's way). A value, so that passing it costs the hook's
+// every run nothing.
+type bindRuntime struct {
+	// runc: known to keep them, without reading anything (the reading
+	// under which poststop finds least: poststopFindsClaim).
+	runc bool
+	// ppid, where set, gives the pid of the runtime (the hook's parent),
+	// whose executable, procRoot/<ppid>/exe, tells (runtimeKeepsBindFlags).
+	procRoot string
+	ppid     func() int
+}
+
+// keepsFlags reports whether r keeps a bind source's mount flags.
+func (r bindRuntime) keepsFlags() bool {
+	switch {
+	case r.runc:
+		return true
+	case r.ppid == nil:
+		return false
+	}
+	return runtimeKeepsBindFlags(r.procRoot, r.ppid())
+}
+
+// runtimeKeepsBindFlags reports whether the runtime of pid ppid, the
+// hook's parent, keeps a bind source's mount flags on a bind without flag
+// options of its own: runc does, crun does not (remountsBind). Told by the
+// name of its executable, the link procRoot/<ppid>/exe, which the kernel
+// resolves to the file it runs, so that a symlink runc -> crun is read as
+// crun (keepsFlagsName). What cannot be read (a parent gone, no /proc) is
+// not known to keep them, nor is a parent that is not the runtime.
+//
+// It is read only for a container that no device cgroup fences and that
+// binds a directory from a nodev mount without options of its own
+// (readDirs): never on the path of a container that reaches no GPU.
+func runtimeKeepsBindFlags(procRoot string, ppid int) bool {
+	exe, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(ppid), "exe"))
+	return err == nil && keepsFlagsName(path.Base(exe))
+}
+
+// runcArchs are the architecture suffixes of runc's release binaries
+// (runc.amd64, …), installed under that name by some hosts.
+var runcArchs = map[string]bool{
+	"386": true, "amd64": true, "arm64": true, "armel": true, "armhf": true,
+	"ppc64le": true, "riscv64": true, "s390x": true,
+}
+
+// keepsFlagsName reports whether name, the base name of a runtime's
+// executable, is runc's, whose binds without flag options keep their
+// source's flags: "runc", or a release binary of runc kept under its
+// download name ("runc.amd64": the same program). A binary replaced on disk
+// while it runs (an upgrade) reads "runc (deleted)": the process is still
+// the runc it was. Every other name is not known to keep them: crun,
+// youki, runsc, and docker-runc too, a fork of runc's 1.0 candidates that
+// Docker shipped until 18.09, whose binds this was not verified for (a
+// container of it binding a directory from a nodev mount is counted as
+// reaching every GPU where no device cgroup fences it, the remedy being
+// the bind's nodev option).
+func keepsFlagsName(name string) bool {
+	name = strings.TrimSuffix(name, " (deleted)")
+	if name == "runc" {
+		return true
+	}
+	arch, ok := strings.CutPrefix(name, "runc.")
+	return ok && runcArchs[arch]
 }
 
 // inUserNamespace reads a uid_map: only the initial namespace maps every id

@@ -385,3 +385,49 @@ func TestRelativeBindSourceReadBothWays(t *testing.T) {
 	assert.True(t, boundNodes(mount("x/../dev"), bundle, false, &hostDirs{}).hostDev, "the kernel follows x to /etc, then .. to /")
 	assert.False(t, boundNodes(mount("x"), bundle, false, &hostDirs{}).hostDev, "/etc is not /dev")
 }
+
+// Only runc's executable names a runtime known to keep a bind source's
+// nodev on a bind without flag options: runc, runc's release binaries by
+// their download names, and a runc replaced on disk while it runs. crun,
+// other runtimes, docker-runc (never verified) and names that merely hold
+// "runc" are not.
+func TestKeepsFlagsName(t *testing.T) {
+	for name, want := range map[string]bool{
+		"runc": true, "runc.amd64": true, "runc.arm64": true, "runc (deleted)": true, "runc.s390x (deleted)": true,
+		"crun": false, "crun (deleted)": false, "youki": false, "runsc": false, "kata-runtime": false,
+		"docker-runc": false, "runc.sh": false, "runc.": false, "runc-gpu-guard": false, "myrunc": false, "": false,
+	} {
+		require.Equal(t, want, keepsFlagsName(name), "%q", name)
+	}
+}
+
+// Recovery (RunningRequest) and gpu-guard-ctl explain --no-device-cgroup
+// (UnfencedRequest) cannot tell which runtime runs the container: a
+// directory on a nodev mount bound without options of its own counts as
+// reaching every GPU node, as crun leaves it (it may claim more for a runc
+// container than its hook did, never less); bound nodev, it does not.
+func TestRequestsWithoutRuntimeCountNodevSourceBinds(t *testing.T) {
+	src := nodevDir(t)
+	for _, tc := range []struct {
+		opts []string
+		want bool
+	}{
+		{[]string{"rbind"}, true},
+		{[]string{"bind", "rprivate"}, true},
+		{[]string{"rbind", "nodev"}, false},
+	} {
+		spec := &specs.Spec{Process: &specs.Process{Capabilities: podmanCaps()},
+			Mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: src, Options: tc.opts}}}
+		running := devices.RequestFromSpec(spec)
+		// pid 0: no device cgroup can be read for it.
+		RunningRequest(&running, spec, t.TempDir(), t.TempDir(), 0, "train", Rootful)
+		unfenced := devices.RequestFromSpec(spec)
+		UnfencedRequest(&unfenced, spec, t.TempDir())
+		for what, req := range map[string]devices.Request{"RunningRequest": running, "UnfencedRequest": unfenced} {
+			require.Equal(t, tc.want, req.GPUNodesAllowed, "%s %v", what, tc.opts)
+			if tc.want {
+				require.Equal(t, []devices.NodeDir{{Path: src, BoundAt: "/data"}}, req.NodeDirs, "%s %v", what, tc.opts)
+			}
+		}
+	}
+}

@@ -302,6 +302,8 @@ type ctrOpts struct {
 	// on a one-hook host (PoststopAnnotation) and gives it the poststop, as
 	// the shipped mask does.
 	optIn bool
+	// mounts are added to the spec's after the rig's own.
+	mounts []specs.Mount
 }
 
 // ctr is one `runc run` of the rig.
@@ -374,6 +376,7 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		},
 		Annotations: map[string]string{"test": "nri-gpu-guard"},
 	}
+	spec.Mounts = append(spec.Mounts, o.mounts...)
 	if !o.noHooks {
 		createArgs := []string{"nri-gpu-guard-hook", PhaseCreateRuntime, "--config", cfgPath}
 		if !o.noWait {
@@ -1010,4 +1013,22 @@ func TestRuncPoststopAfterBundleEdit(t *testing.T) {
 	out, err := exec.Command(runcBin, "--root", r.runcRoot, "delete", "--force", "edited").CombinedOutput()
 	require.NoError(t, err, "%s", out)
 	require.Empty(t, r.holders(), "poststop released the claim although config.json names no GPU any more: %s", out)
+}
+
+// runc keeps a bind source's mount flags on a bind without flag options of
+// its own (it binds, and remounts only for such options), so a directory on
+// a nodev mount bound with "rbind" alone is nodev in the container: a
+// device node in it does not open (EACCES; the rig's device cgroup allows
+// c 1:3), and the hook, run by runc (its parent's executable), admits the
+// container as reaching no GPU. crun's counterpart, which does not keep
+// it: TestCrunBindFromNodevMount. Real runc, as root; the hook reads the
+// rig's containers as having no device cgroup.
+func TestRuncBindFromNodevMount(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	vol := nodevVolume(t, r.base)
+	_, err := r.run("vol", ctrOpts{mode: "open:/data/node", noWait: true, noPoststop: true,
+		mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: vol, Options: []string{"rbind"}}}})
+	require.NoError(t, err)
+	require.Contains(t, r.order(), "vol open failed: open /data/node: permission denied", "runc keeps the source's nodev")
+	require.Empty(t, r.state().Claims, "nothing claimed (no poststop released anything)")
 }

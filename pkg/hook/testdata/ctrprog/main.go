@@ -9,8 +9,11 @@
 // It appends "NAME start" to DIR/order (one line, O_APPEND, so the test can
 // read the order in which several containers ran), creates DIR/NAME.started
 // holding its pid, and then, in MODE "wait", runs until DIR/NAME.release
-// exists; in MODE "exit" it goes on at once. On the way out it appends
-// "NAME exit" to DIR/order. DIR is a bind mount shared with the test.
+// exists; in MODE "exit" it goes on at once; in MODE "open:PATH" it opens
+// PATH (a device node the test made) for reading and appends "NAME open ok"
+// or "NAME open failed: ERROR" to DIR/order, then goes on. On the way out
+// it appends "NAME exit" to DIR/order. DIR is a bind mount shared with the
+// test.
 package main
 
 import (
@@ -18,6 +21,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -30,7 +34,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) != 3 {
-		return errors.New("usage: ctrprog DIR NAME wait|exit")
+		return errors.New("usage: ctrprog DIR NAME wait|exit|open:PATH")
 	}
 	dir, name, mode := args[0], args[1], args[2]
 	if err := record(dir, name+" start"); err != nil {
@@ -38,6 +42,18 @@ func run(args []string) error {
 	}
 	if err := os.WriteFile(filepath.Join(dir, name+".started"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
 		return err
+	}
+	if path, ok := strings.CutPrefix(mode, "open:"); ok {
+		result := "ok"
+		if f, err := os.Open(path); err != nil {
+			result = "failed: " + err.Error()
+		} else {
+			_ = f.Close()
+		}
+		if err := record(dir, name+" open "+result); err != nil {
+			return err
+		}
+		mode = "exit"
 	}
 	if mode == "exit" {
 		return record(dir, name+" exit")
