@@ -227,7 +227,14 @@ func buildPS(r observe.Report, st *ledger.State, exempt map[string]string) *psVi
 	// r.Time is the host's clock in its zone; the JSON gives UTC.
 	v := &psView{Time: r.Time.UTC(), Devices: []psDevice{}, Problems: []problem{}, Notes: []string{}}
 	for _, f := range r.Findings {
-		k := f.Device.UUID + "/" + strconv.Itoa(f.PID)
+		// The verdict goes on the process's row, under the device NVML
+		// listed it on: a finding on a MIG instance the inventory lacks
+		// is its GPU's, the instance in f.Instance.
+		on := f.Device.UUID
+		if f.Instance != nil {
+			on = f.Instance.UUID
+		}
+		k := on + "/" + strconv.Itoa(f.PID)
 		switch f.Kind {
 		case observe.KindIntruder:
 			verdicts[k] = verdictIntruder

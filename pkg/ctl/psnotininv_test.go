@@ -74,7 +74,9 @@ func (h *psHost) runOn(t *testing.T, uuid string, pid int, cgroup string) {
 // outside the inventory, and says under the table that the inventory lacks
 // it and what to do (not-in-inventory, exit 3). Before, the instance was a
 // row "error: the MIG layout … changed" with none of its processes, and a
-// problem saying NVML could not list them, which it had.
+// problem saying NVML could not list them, which it had. The intruder
+// problem is the GPU's (observe.Finding.Instance), its verdict on the
+// process's row under the instance.
 func TestPSListsTheProcessesOfAnInstanceNotInTheInventory(t *testing.T) {
 	f := newFixture(t)
 	h := newPSHost(t, f)
@@ -127,6 +129,14 @@ func TestPSListsTheProcessesOfAnInstanceNotInTheInventory(t *testing.T) {
 	kinds := []string{}
 	for _, p := range v.Problems {
 		kinds = append(kinds, p.Kind)
+		if p.Kind == problemIntruder {
+			// The finding is the instance's GPU's, the instance named.
+			assert.Equal(t, gpu1, p.Device)
+			assert.Equal(t, "1", p.Index)
+			assert.Equal(t, 300, p.Pid)
+			assert.Contains(t, p.Message, "MIG 1:2 ("+created+") of GPU 1 ("+gpu1+"), an instance the inventory lacks")
+			assert.Contains(t, p.Message, "the finding is its GPU's, GPU 1 ("+gpu1+")")
+		}
 		if p.Kind == problemNotInInventory {
 			assert.Equal(t, created, p.Device)
 			assert.Equal(t, "1:2", p.Index)

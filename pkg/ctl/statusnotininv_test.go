@@ -20,15 +20,18 @@ const uuidNewMIG = "MIG-a2a2a2a2-0000-4000-8000-00000000a002"
 
 // notInInventoryFile is an observe.json as the daemon writes it after a
 // pass that found a MIG instance its inventory lacks (0:2, with a host
-// process on it: an intruder), a critical Xid from a GPU NVML could not
+// process on it: an intruder, which is GPU 0's), a critical Xid from a GPU NVML could not
 // identify, and a GPU whose processes NVML could not list.
 func notInInventoryFile(seen time.Time) observe.File {
 	newMIG := observe.Device{Index: "0:2", UUID: uuidNewMIG, ParentUUID: uuidGPU0}
 	unlisted := observe.UnlistedDevice{Device: observe.Device{Index: "2", UUID: uuidGPU2}, Error: "list compute processes: ERROR_UNKNOWN"}
 	return observe.File{Time: seen, WrittenAt: seen, IntervalSeconds: 10,
-		Findings: []observe.FileFinding{{Finding: observe.Finding{Kind: observe.KindIntruder, Device: newMIG, PID: 900, Time: seen,
+		Findings: []observe.FileFinding{{Finding: observe.Finding{Kind: observe.KindIntruder,
+			Device: observe.Device{Index: "0", UUID: uuidGPU0}, Instance: &newMIG, PID: 900, Time: seen,
 			Message: "pid 900 (host process) runs on MIG 0:2 (" + uuidNewMIG + ") of GPU 0 (" + uuidGPU0 + "), an instance the inventory lacks, " +
-				"which is free: it was not admitted by the guard (stop it, or run it through the guard); the guard does not kill it"}}},
+				"which is free: it was not admitted by the guard (stop it, or run it through the guard); the guard does not kill it; " +
+				"the instance is not in the inventory, so the finding is its GPU's, GPU 0 (" + uuidGPU0 + "): the GPU's claims cover the instance, " +
+				"and a cordon for the finding is on the GPU; restart nri-gpu-guard so that its discovery lists the instance"}}},
 		Errors:   []string{unlisted.String()},
 		Unlisted: []observe.UnlistedDevice{unlisted},
 		NotInInventory: []observe.NotInInventoryDevice{
@@ -90,7 +93,9 @@ func TestGoldenStatusNotInInventory(t *testing.T) {
 	require.Len(t, byKind["unobserved"], 1, "only the device NVML could not list: %+v", out.Problems)
 	assert.Equal(t, uuidGPU2, byKind["unobserved"][0].Device)
 	require.Len(t, byKind["intruder"], 1)
-	assert.Equal(t, uuidNewMIG, byKind["intruder"][0].Device)
+	assert.Equal(t, uuidGPU0, byKind["intruder"][0].Device, "the finding is the instance's GPU's")
+	assert.Equal(t, "0", byKind["intruder"][0].Index)
+	assert.Contains(t, byKind["intruder"][0].Message, "MIG 0:2 ("+uuidNewMIG+") of GPU 0 ("+uuidGPU0+")")
 	for _, p := range out.Problems {
 		if p.Device != uuidGPU2 {
 			assert.NotContains(t, p.Message, "could not list", "%+v", p)

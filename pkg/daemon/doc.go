@@ -141,6 +141,15 @@
 //     that is missing, of another boot or format, or unreadable carries
 //     nothing (logged): every process is judged afresh, toward reporting
 //     and cordoning.
+//   - A finding on a MIG instance the inventory lacks (created since
+//     discovery) is its GPU's (observe.Finding.Instance names the
+//     instance): the guard can cordon only what the inventory holds, and
+//     the GPU is what a claim could take whole while the process runs.
+//     Everything the policy keeps of it (its key, its cordon's lineage
+//     and retry, the carry file) names the GPU, so the GPU's cordon is
+//     judged at each pass as any device's; the instance is what NVML
+//     lists or fails to list, and a pass that could not list it keeps the
+//     finding. The log and the cordon's reason name the instance.
 //   - A clean stop removes observe.json; a report left behind by a daemon
 //     that died grows stale, and status says so instead of trusting it.
 //   - Failing to write the inventory cache is not fatal: the hooks fall back

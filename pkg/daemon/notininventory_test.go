@@ -119,7 +119,10 @@ func TestFindingOnAnInstanceNotInTheInventoryClears(t *testing.T) {
 	require.Len(t, file.Findings, 1, "%+v", file.Findings)
 	assert.Equal(t, observe.KindIntruder, file.Findings[0].Kind)
 	assert.Equal(t, 900, file.Findings[0].PID)
-	assert.Equal(t, newMIG, file.Findings[0].Device.UUID)
+	assert.Equal(t, h.uuid(migGPU), file.Findings[0].Device.UUID, "the finding is the instance's GPU's")
+	if assert.NotNil(t, file.Findings[0].Instance) {
+		assert.Equal(t, newMIG, file.Findings[0].Instance.UUID)
+	}
 	assert.Empty(t, file.Unlisted, "its processes were listed")
 	assert.Empty(t, file.Errors, "its processes were listed")
 	if assert.Len(t, file.NotInInventory, 1, "%+v", file.NotInInventory) {
@@ -129,7 +132,7 @@ func TestFindingOnAnInstanceNotInTheInventoryClears(t *testing.T) {
 		assert.Contains(t, file.NotInInventory[0].Notice, "is not in it")
 		assert.Contains(t, file.NotInInventory[0].Notice, "restart nri-gpu-guard")
 	}
-	assert.Equal(t, map[string]float64{"1:2": 1}, gaugeByIndex(t, m, "nri_gpu_guard_intruders"))
+	assert.Equal(t, map[string]float64{"1": 1}, gaugeByIndex(t, m, "nri_gpu_guard_intruders"))
 
 	h.stop(900)
 	accountAndHandle(t, w, o, g)
@@ -154,13 +157,15 @@ func TestFindingOnAnInstanceNotInTheInventoryClears(t *testing.T) {
 
 // A device the inventory lacks whose processes NVML could not list is both:
 // in not_in_inventory, and among the devices that could not be listed,
-// whose findings stand (nothing is concluded about it).
+// whose findings stand (nothing is concluded about it): those of its
+// processes, which are its GPU's (observe.Finding.Instance).
 func TestInstanceNotInTheInventoryThatCannotBeListedKeepsFindings(t *testing.T) {
 	h := newGPUHost(t)
 	g := guardFor(t, h, nil)
 	w := watchOver(g, nil)
 	mig := observe.Device{UUID: newMIG, Index: "1:2", ParentUUID: h.uuid(migGPU)}
-	f := observe.Finding{Kind: observe.KindIntruder, Device: mig, PID: 900, Message: "pid 900 runs on MIG 1:2"}
+	f := observe.Finding{Kind: observe.KindIntruder, Device: observe.Device{UUID: h.uuid(migGPU), Index: "1"}, Instance: &mig,
+		PID: 900, Message: "pid 900 runs on MIG 1:2"}
 	const notice = "the MIG layout of GPU 1 changed since the inventory was discovered: instance " + newMIG + " is not in it"
 	pass := func(r observe.Report) { w.onReport(context.Background(), g.Config(), r) }
 	pass(observe.Report{Devices: []observe.DeviceReport{{Device: mig, NotInInventory: notice}}, Findings: []observe.Finding{f}})
@@ -171,4 +176,124 @@ func TestInstanceNotInTheInventoryThatCannotBeListedKeepsFindings(t *testing.T) 
 	assert.Equal(t, 900, file.Findings[0].PID)
 	assert.Equal(t, []observe.UnlistedDevice{{Device: mig, Error: "list compute processes: ERROR_UNKNOWN"}}, file.Unlisted)
 	assert.Equal(t, []observe.NotInInventoryDevice{{Device: mig, Notice: notice}}, file.NotInInventory)
+}
+
+// A process on a MIG instance the daemon's inventory lacks (created since
+// discovery) that nothing on its GPU accounts for cordons the GPU under
+// on_intruder = "cordon": the GPU's claims are the ones that would cover
+// the instance, and a whole-GPU claim is what another container could
+// still take while the process runs. The finding used to name the
+// instance, which the guard's inventory does not know: its cordon failed
+// at every pass ("cordoning the device failed"), and the GPU stayed open
+// to new claims. The finding names the GPU (index and UUID) and the
+// instance, and says to restart nri-gpu-guard; the daemon's cordon
+// bookkeeping (lineage, carry file) speaks of the GPU, so the next pass
+// sees the cordon in force (neither cordoned again nor taken for the
+// operator's uncordon), and the finding clears when the process ends,
+// the cordon left for the operator to lift as for any intruder's.
+// An out-of-bounds process (a container holding another GPU) is the same.
+func TestIntruderOnAnInstanceNotInTheInventoryCordonsItsGPU(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		kind observe.Kind
+		op   string
+		id   string // the process's container ("": a host process)
+	}{
+		{name: "host process", kind: observe.KindIntruder, op: OpIntruder},
+		{name: "holder of another GPU", kind: observe.KindOutOfBounds, op: OpOutOfBounds, id: idA},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := migHost(t)
+			g := guardFor(t, h, func(c *config.Config) {
+				c.Devices.Static[migGPU].MIG = []config.StaticMIG{{Index: 0, UUID: knownMIG, GI: 1, CI: 0}}
+				c.Observe.OnIntruder = config.IntruderCordon
+			})
+			ctx := context.Background()
+			_, err := g.Reconcile(ctx, ledger.FrontEndNRI, nil)
+			require.NoError(t, err)
+			if tc.id != "" {
+				require.Equal(t, guard.Admit, admit(t, g, tc.id, "ml", "a", "main", "0").Result)
+			}
+			logs := &syncBuffer{}
+			m := metrics.New()
+			w := watchOver(g, logs) // the guard's own device states: its inventory decides what a cordon can name
+			w.Metrics = m
+			src, err := observe.OpenNVML(h.srv)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = src.Close() })
+			o, err := observe.New(observe.Options{Source: src, GPUs: g.Inventory().GPUs, ProcRoot: h.proc,
+				Ledger: observe.EpochLedgerFunc(func() ([]observe.Holding, uint64, error) { return w.holdingsAt(ctx) })})
+			require.NoError(t, err)
+			gpu := h.uuid(migGPU)
+			// pass is one accounting pass, as the observer's OnReport.
+			pass := func() {
+				t.Helper()
+				accountAndHandle(t, w, o, g)
+				w.settleUnhealthy(ctx, o.ClearHealth)
+			}
+			h.runOn(newMIG, 900, tc.id)
+
+			pass()
+			k := cordonOn(t, g, gpu)
+			assert.Equal(t, ledger.CordonIntruder, k.Source, "the instance's GPU is cordoned")
+			assert.Contains(t, k.Reason, newMIG, "the cordon says which instance the process runs on")
+			assert.NotContains(t, logs.String(), "cordoning the device failed")
+			file, err := observe.ReadFile(g.Ledger().Dir())
+			require.NoError(t, err)
+			require.Len(t, file.Findings, 1, "%+v", file.Findings)
+			f := file.Findings[0]
+			assert.Equal(t, tc.kind, f.Kind)
+			assert.Equal(t, 900, f.PID)
+			assert.Equal(t, gpu, f.Device.UUID, "the finding is on the GPU whose claims cover the instance")
+			assert.Equal(t, "1", f.Device.Index)
+			assert.Contains(t, f.Message, "MIG 1:2 ("+newMIG+") of GPU 1 ("+gpu+")")
+			assert.Contains(t, f.Message, "restart nri-gpu-guard")
+			if assert.Len(t, file.NotInInventory, 1) {
+				assert.Equal(t, newMIG, file.NotInInventory[0].Device.UUID, "the instance is still reported as not in the inventory")
+			}
+			assert.Equal(t, map[string]float64{"1": 1}, gaugeByIndex(t, m, "nri_gpu_guard_intruders"))
+			recs := logRecords(t, logs, "GPU process not admitted by the guard")
+			if assert.Len(t, recs, 1) {
+				assert.Equal(t, gpu, recs[0]["device_uuid"])
+				assert.Equal(t, "1", recs[0]["device_index"])
+				assert.Equal(t, newMIG, recs[0]["instance_uuid"], "the log names the instance")
+				assert.Equal(t, "1:2", recs[0]["instance_index"])
+			}
+			c, err := observe.ReadCarry(g.Ledger().Dir())
+			require.NoError(t, err)
+			assert.Contains(t, c.CordonLineages, gpu, "the carry file watches the GPU's cordon")
+			assert.Empty(t, c.CordonRetries)
+
+			pass()
+			assert.Equal(t, 1, auditCount(t, g, ledger.OpCordon), "the cordon in force is not written again")
+			assert.Equal(t, 1, auditCount(t, g, tc.op), "the process is reported once")
+			assert.NotContains(t, logs.String(), "intruder cordon lifted by the operator", "the cordon in force is not taken for lifted")
+			assert.NotContains(t, logs.String(), "cordoning the device failed")
+			w.mu.Lock()
+			assert.Equal(t, map[cordonKey]string{{ledger.CordonIntruder, gpu}: lineageOf(t, g)}, w.cordonLineage)
+			assert.Empty(t, w.intruderRetry)
+			w.mu.Unlock()
+
+			h.stop(900)
+			pass()
+			file, err = observe.ReadFile(g.Ledger().Dir())
+			require.NoError(t, err)
+			assert.Empty(t, file.Findings, "the process left: its finding clears")
+			assert.Empty(t, gaugeByIndex(t, m, "nri_gpu_guard_intruders"))
+			assert.Equal(t, 1, auditCount(t, g, OpFindingCleared))
+			assert.True(t, cordonedIn(t, g, gpu), "the cordon stays until the operator lifts it")
+			w.mu.Lock()
+			assert.Empty(t, w.cordonLineage, "nothing is watched once the process left")
+			w.mu.Unlock()
+			assert.Equal(t, 1, auditCount(t, g, ledger.OpCordon))
+		})
+	}
+}
+
+// lineageOf is the lineage of g's ledger state now.
+func lineageOf(t *testing.T, g *guard.Guard) string {
+	t.Helper()
+	st, err := g.Ledger().Snapshot(context.Background())
+	require.NoError(t, err)
+	return st.Lineage
 }

@@ -854,9 +854,13 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 	// a pending cordon retry forgotten), and the next pass that lists the
 	// device would take the same process for a new finding and cordon the
 	// device again, although the operator had lifted its cordon.
+	// A finding on a MIG instance the inventory lacks is its GPU's
+	// (observe.Finding.Instance), and the instance is the device that was
+	// or was not listed.
 	var carried []observe.Finding
 	for k, f := range prev {
-		if _, ok := current[k]; !ok && (unlisted[f.Device.UUID] || (f.Device.IsMIG() && unlisted[f.Device.ParentUUID])) {
+		if _, ok := current[k]; !ok && (unlisted[f.Device.UUID] || (f.Device.IsMIG() && unlisted[f.Device.ParentUUID]) ||
+			(f.Instance != nil && unlisted[f.Instance.UUID])) {
 			current[k] = f
 			carried = append(carried, f.Finding)
 		}
@@ -1027,6 +1031,12 @@ func (w *Watch) writeIntruderCordons(ctx context.Context, p intruderCordons) {
 	for _, uuid := range p.order {
 		f := p.todo[uuid]
 		reason := fmt.Sprintf("%s: pid %d (%s) runs on it without a claim", f.Kind, f.PID, ownerText(f))
+		if f.Instance != nil {
+			// The finding is the GPU's (observe.Finding.Instance): the
+			// cordon says where on it the process runs.
+			reason = fmt.Sprintf("%s: pid %d (%s) runs without a claim on its MIG instance %s (%s), which the inventory lacks (restart nri-gpu-guard)",
+				f.Kind, f.PID, ownerText(f), f.Instance.Index, f.Instance.UUID)
+		}
 		_, again := p.lost[uuid]
 		if again {
 			reason = recordonReason + reason
@@ -1470,6 +1480,11 @@ func ownerText(f observe.FileFinding) string {
 func findingAttrs(f observe.FileFinding) []any {
 	attrs := []any{"kind", string(f.Kind), "pid", f.PID, "device", f.Device.String(),
 		"device_index", f.Device.Index, "device_uuid", f.Device.UUID}
+	if f.Instance != nil {
+		// The MIG instance the inventory lacks that the process runs on
+		// (the finding, and any cordon for it, is its GPU's).
+		attrs = append(attrs, "instance_index", f.Instance.Index, "instance_uuid", f.Instance.UUID)
+	}
 	if f.ContainerID == "" {
 		attrs = append(attrs, "container", "host process")
 	} else {

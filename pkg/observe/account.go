@@ -19,6 +19,10 @@ type listing struct {
 	err error
 	// lost: the device vanished or reports a fatal state (unhealthy).
 	lost error
+	// gpu: the GPU of a MIG instance the inventory lacks
+	// (device.unknownMIG), as the inventory lists it: its intruder and
+	// out-of-bounds findings are on it (Finding.Instance).
+	gpu Device
 	// nowAt: a MIG instance of the inventory that NVML reports at another
 	// MIG index now ("1:2"; instances destroyed and created since
 	// discovery move those that stay). It is still the inventory's
@@ -120,9 +124,14 @@ func compare(now time.Time, ls []listing, v ledgerView) Report {
 		}
 		r.Devices = append(r.Devices, dr)
 		for _, p := range l.procs {
-			if f, ok := judge(now, l.device, p, holders, v); ok {
-				r.Findings = append(r.Findings, f)
+			f, ok := judge(now, l.device, p, holders, v)
+			if !ok {
+				continue
 			}
+			if l.device.unknownMIG && f.Kind != KindGone {
+				f = onItsGPU(f, l.gpu)
+			}
+			r.Findings = append(r.Findings, f)
 		}
 	}
 	sort.SliceStable(r.Findings, func(i, j int) bool {
@@ -142,6 +151,20 @@ func unknownMIGNotice(d Device) string {
 		"instance %s is not in it; its processes are judged against the claims on the GPU, "+
 		"and it cannot be claimed until the inventory is rebuilt (restart nri-gpu-guard; "+
 		"`sudo gpu-guard-ctl devices --refresh` refreshes the OCI hooks' cache)", d.gpuIndex, d.ParentUUID, d.UUID)
+}
+
+// onItsGPU moves f, an intruder or out-of-bounds finding on a MIG instance
+// the inventory lacks, to gpu, the instance's GPU (see Finding.Instance):
+// judged against the GPU's claims, it is the GPU that a cordon can name
+// and that a claim could still take whole while the process runs. The
+// message, which names the instance and its GPU, says so.
+func onItsGPU(f Finding, gpu Device) Finding {
+	instance := f.Device
+	f.Device, f.Instance = gpu, &instance
+	f.Message += fmt.Sprintf("; the instance is not in the inventory, so the finding is its GPU's, GPU %s (%s): "+
+		"the GPU's claims cover the instance, and a cordon for the finding is on the GPU; "+
+		"restart nri-gpu-guard so that its discovery lists the instance", gpu.Index, gpu.UUID)
+	return f
 }
 
 func lostFinding(now time.Time, d Device, err error) Finding {

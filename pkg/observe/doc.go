@@ -73,7 +73,11 @@
 //     it; otherwise it is free), Idle counts its processes, and its
 //     DeviceReport.NotInInventory says the inventory lacks it and how to
 //     rebuild it (it is logged once); its Error, as any device's, is set
-//     only when NVML could not list its processes. Instances are told apart by UUID, never by MIG
+//     only when NVML could not list its processes. An intruder or
+//     out-of-bounds finding on it is its GPU's (Finding.Device), the
+//     instance in Finding.Instance: the guard can claim and cordon only
+//     what the inventory holds, and the GPU is what a claim would take
+//     whole while the process runs. Instances are told apart by UUID, never by MIG
 //     index: an instance of the inventory that NVML reports at another
 //     index (destroying and creating instances beside it moves it) is
 //     still the inventory's, listed and judged as such (its new index is

@@ -7,6 +7,7 @@ package observe
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -89,12 +90,9 @@ func TestMIGInstanceCreatedAfterDiscovery(t *testing.T) {
 			assert.Contains(t, logs.String(), "MIG instance not in the inventory")
 			assert.Contains(t, logs.String(), newUUID)
 
-			var found []Finding
-			for _, f := range r.Problems() {
-				if f.Device.UUID == newUUID {
-					found = append(found, f)
-				}
-			}
+			// The only process on a device is on the new instance: its
+			// finding, if any, is the GPU's (Finding.Instance).
+			found := r.Problems()
 			if tc.kind == "" {
 				assert.Empty(t, found, "the whole-GPU holder may use the instance")
 			} else {
@@ -102,6 +100,10 @@ func TestMIGInstanceCreatedAfterDiscovery(t *testing.T) {
 				f := found[0]
 				assert.Equal(t, tc.kind, f.Kind)
 				assert.Equal(t, tc.pid, f.PID)
+				assert.Equal(t, h.uuid(1), f.Device.UUID, "the finding is on the instance's GPU")
+				if assert.NotNil(t, f.Instance) {
+					assert.Equal(t, newUUID, f.Instance.UUID)
+				}
 				assert.Equal(t, tc.holder, f.Holder)
 				assert.Contains(t, f.Message, tc.inMsg)
 				assert.Contains(t, f.Message, "MIG 1:5 ("+newUUID+") of GPU 1 ("+h.uuid(1)+")",
@@ -251,4 +253,76 @@ func TestMIGInstanceNotInInventoryThatCannotBeListed(t *testing.T) {
 	assert.Contains(t, dr.Error, "list compute processes: ERROR_UNKNOWN")
 	assert.Empty(t, dr.Processes)
 	assert.Empty(t, r.Problems(), "nothing is concluded about it")
+}
+
+// An intruder or out-of-bounds finding on a MIG instance the inventory
+// lacks is its GPU's: Device is the GPU as the inventory lists it (the
+// device whose claims cover the instance, and the one the daemon's cordon
+// can name: the guard knows only the inventory's devices), and Instance
+// (in the JSON of observe.json and the daemon's carry file too) is the
+// instance. Before, the finding was on the instance, which the daemon then
+// failed to cordon at every pass, leaving the GPU open to claims. The
+// message names both and says to restart nri-gpu-guard. A finding on an
+// instance of the inventory is on that instance, as before, and a pid
+// that could not be attributed (gone) is on the instance NVML listed it
+// on: it is no problem, nothing acts on it.
+func TestFindingOnAnInstanceNotInTheInventoryIsItsGPUs(t *testing.T) {
+	const newUUID = "MIG-00000001-0000-4000-8000-000000000005"
+	h := newMockH100MIG(t)
+	fp := newFakeProc(t, 1000)
+	host := "0::/user.slice/user-0.slice/session-3.scope\n"
+	fp.add(900, 20, host)  // on the new instance: an intruder
+	fp.addIn(300, 30, idB) // holds GPU 3, on the new instance: out of bounds
+	fp.add(800, 20, host)  // on the inventory's instance 1:1
+	h.addMIG(5, newUUID)
+	h.run(newUUID, 900, 1<<30)
+	h.run(newUUID, 300, 1<<30)
+	h.run(newUUID, 700, 1<<30) // no /proc entry: gone
+	known := h.migUUID(1, 1)
+	h.run(known, 800, 1<<30)
+	o, _ := newObserver(t, h, fp, &holdings{{DeviceUUID: h.uuid(3), ContainerID: idB}}, nil)
+	r, err := o.Account(context.Background())
+	require.NoError(t, err)
+
+	byPID := map[int]Finding{}
+	for _, f := range r.Findings {
+		byPID[f.PID] = f
+	}
+	gpu := h.uuid(1)
+	for pid, kind := range map[int]Kind{900: KindIntruder, 300: KindOutOfBounds} {
+		f, ok := byPID[pid]
+		require.True(t, ok, "pid %d: %+v", pid, r.Findings)
+		assert.Equal(t, kind, f.Kind)
+		assert.Equal(t, gpu, f.Device.UUID, "pid %d: the finding is on the instance's GPU", pid)
+		assert.Equal(t, "1", f.Device.Index)
+		assert.False(t, f.Device.IsMIG())
+		assert.Contains(t, f.Message, "MIG 1:5 ("+newUUID+") of GPU 1 ("+gpu+"), an instance the inventory lacks")
+		assert.Contains(t, f.Message, "the finding is its GPU's, GPU 1 ("+gpu+")")
+		assert.Contains(t, f.Message, "restart nri-gpu-guard")
+		var wire struct {
+			Device   Device  `json:"device"`
+			Instance *Device `json:"instance"`
+		}
+		data, err := json.Marshal(f)
+		require.NoError(t, err)
+		require.NoError(t, json.Unmarshal(data, &wire))
+		assert.Equal(t, gpu, wire.Device.UUID)
+		if assert.NotNil(t, wire.Instance, "pid %d: the finding names the instance: %s", pid, data) {
+			assert.Equal(t, Device{Index: "1:5", UUID: newUUID, ParentUUID: gpu}, *wire.Instance)
+		}
+	}
+	if f, ok := byPID[700]; assert.True(t, ok, "%+v", r.Findings) {
+		assert.Equal(t, KindGone, f.Kind)
+		assert.Equal(t, newUUID, f.Device.UUID, "a gone pid stays on the instance it was listed on")
+	}
+	if f, ok := byPID[800]; assert.True(t, ok, "%+v", r.Findings) {
+		assert.Equal(t, KindIntruder, f.Kind)
+		assert.Equal(t, known, f.Device.UUID, "a finding on an instance of the inventory is on it")
+		assert.Equal(t, "1:1", f.Device.Index)
+		data, err := json.Marshal(f)
+		require.NoError(t, err)
+		assert.NotContains(t, string(data), `"instance"`)
+		assert.NotContains(t, f.Message, "restart nri-gpu-guard")
+	}
+	assert.Len(t, r.Findings, 4)
 }

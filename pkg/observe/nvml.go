@@ -322,7 +322,8 @@ func (s *nvmlSource) list(devs []Device) []listing {
 // unknownMIG lists the processes of the MIG instances of layout, the MIG
 // layout NVML reports now on gpu, that are not among devs (by UUID, at any
 // MIG index): instances created after the inventory was discovered. Each
-// is a Device of its own (unknownMIG set) that the claims on gpu cover. A
+// is a Device of its own (unknownMIG set) that the claims on gpu cover, and
+// its intruder and out-of-bounds findings are gpu's (Finding.Instance). A
 // walk NVML refuses, whole or at an index, is a listing of gpu with the
 // error: its instances are not known to be all observed.
 func unknownMIG(gpu Device, layout *migLayout, devs []Device) []listing {
@@ -346,7 +347,7 @@ func unknownMIG(gpu Device, layout *migLayout, devs []Device) []listing {
 		l := listing{device: Device{
 			Index: fmt.Sprintf("%d:%d", gpu.gpuIndex, m.index), UUID: m.uuid, ParentUUID: gpu.UUID,
 			gpuIndex: gpu.gpuIndex, migIndex: m.index, gi: -1, ci: -1, unknownMIG: true,
-		}}
+		}, gpu: gpu}
 		l.procs, l.lost, l.err = processes(m.handle)
 		if l.lost != nil {
 			// Gone between the walk and the listing: nothing to judge,

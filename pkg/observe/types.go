@@ -229,6 +229,21 @@ type Finding struct {
 	StartTicks uint64 `json:"start_ticks,omitempty"`
 	// Holder is the container id holding Device, empty when it is free.
 	Holder string `json:"holder,omitempty"`
+	// Instance is set on an intruder or out-of-bounds finding whose process
+	// runs on a MIG instance the inventory lacks (created since discovery;
+	// see DeviceReport.NotInInventory): it is that instance, and Device is
+	// its GPU. The instance is judged against the claims on its GPU, and
+	// nothing can claim or cordon it (the guard knows only the inventory's
+	// devices), so the finding is the GPU's: a cordon for it (on_intruder
+	// = "cordon") keeps new claims off the GPU, which another container
+	// could otherwise take whole while the process runs on it, and what
+	// is kept of the finding across passes and restarts (its key, its
+	// cordon's lineage) names the device that cordon names. Message names
+	// both, and says to restart nri-gpu-guard so that its discovery lists
+	// the instance. Nil otherwise: a finding on a device of the inventory
+	// is on that device. A gone finding is on the instance NVML listed
+	// its pid on (it is no problem, nothing acts on it).
+	Instance *Device `json:"instance,omitempty"`
 	// Xid is the Xid error of an unhealthy finding (0: the device vanished
 	// or reported a fatal state).
 	Xid uint64 `json:"xid,omitempty"`
