@@ -88,11 +88,13 @@ func newRuntimeHost(t *testing.T) *runtimeHost {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(h.rootfs, "ctrprog"), data, 0o755))
 	t.Cleanup(h.cleanup)
-	// The rootfs is mounted nodev, as container storage should be: the
-	// hook reads these containers as having no device cgroup (their
-	// cgroups do not bear the runtimes' names), where a root filesystem
-	// without nodev counts as opening every GPU (a node its image may
-	// carry).
+	// The rootfs is mounted nodev, as container storage should be. The
+	// containers run in device cgroups of their own (cgroupName), which
+	// the hook and recovery know by their names: without one, crun (and
+	// runc for a read-only root) drops the root's nodev, so that a node
+	// its image may carry opens and the container counts as reaching
+	// every GPU, and recovery, which cannot tell the runtime, counts
+	// every such container so.
 	require.NoError(t, unix.Mount(h.rootfs, h.rootfs, "", unix.MS_BIND, ""))
 	h.rootfsMounted = true
 	require.NoError(t, unix.Mount("", h.rootfs, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_NODEV, ""))
@@ -119,7 +121,11 @@ func (h *runtimeHost) runtimeCmd(runtime string, args ...string) *exec.Cmd {
 		h.crun, "--root", h.crunRoot}, args...)...)
 }
 
-func (h *runtimeHost) cgroupName(id string) string { return "gga-" + filepath.Base(h.tmp) + "-" + id }
+// cgroupName is container id's cgroup: a leaf named after it (runc's
+// cgroupfs default), below one of the test's own.
+func (h *runtimeHost) cgroupName(id string) string { return filepath.Join(h.cgroupParent(), id) }
+
+func (h *runtimeHost) cgroupParent() string { return "gga-" + filepath.Base(h.tmp) }
 
 // start runs container id detached with runtime, its createRuntime and
 // poststop hooks being the real hook on the host's configuration, and
@@ -189,6 +195,10 @@ func (h *runtimeHost) cleanup() {
 				_ = os.Remove(d) // rmdir: only an empty cgroup goes
 			}
 		}
+	}
+	parents, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", h.cgroupParent()))
+	for _, d := range append(parents, filepath.Join("/sys/fs/cgroup", h.cgroupParent())) {
+		_ = os.Remove(d)
 	}
 	if h.rootfsMounted {
 		_ = unix.Unmount(h.rootfs, unix.MNT_DETACH)

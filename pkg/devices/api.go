@@ -206,15 +206,25 @@ type Request struct {
 	NoDeviceCgroup bool
 	// ImageNodes and NodeDirs: with NoDeviceCgroup, the only reasons the
 	// container can open every GPU are device nodes that directories it is
-	// given may hold, on mounts that are not nodev, and that are not read:
-	// its root filesystem (ImageNodes), which a rootful runtime mounts as
-	// it is (a rootful engine makes every device node an image carries as
-	// it unpacks the layers), and the directories bound in (NodeDirs: a
+	// given may hold, on mounts that are not nodev in the container, and
+	// that are not read: its root filesystem (ImageNodes: a rootful engine
+	// makes every device node an image carries as it unpacks the layers,
+	// and the root's mount is nodev in the container only where the
+	// storage is mounted nodev and the runtime keeps that: runc with a
+	// read-write root, never crun), and the directories bound in (NodeDirs: a
 	// named volume an engine filled from an image, nodes and all, or any
 	// host directory). The OCI hook sets them; messages then name these
-	// causes and their remedies (a mount or a bind made nodev).
+	// causes and their remedies (a mount or a bind made nodev, a runtime
+	// that keeps the nodev: RootNodev, NodeDir.NodevDropped).
 	ImageNodes bool
 	NodeDirs   []NodeDir
+	// RootNodev, with ImageNodes, is what the runtime makes of the nodev
+	// of the root filesystem's mount, and RootStorageNodev whether that
+	// mount (container storage) is nodev on the host: the remedy depends
+	// on both (a storage mounted nodev helps only under a runtime that
+	// keeps it).
+	RootNodev        RootNodev
+	RootStorageNodev bool
 	// DynamicMajorRules are the device cgroup rules that can reach a node
 	// of a major of the kernel's dynamic range (where nvidia-caps gets one
 	// at module load): type "c" for such a major or for no major, and type
@@ -225,6 +235,31 @@ type Request struct {
 	DynamicMajorRules     []DeviceRule
 	ManyDynamicMajorRules bool
 }
+
+// RootNodev is what the runtime makes of the nodev of a container's root
+// filesystem's mount (Request.RootNodev), which tells what stops the
+// device nodes its image may carry where no device cgroup does. Verified as
+// root with a root on a nodev mount holding a node: runc 1.1.5 keeps the
+// nodev for a read-write root and drops it for a read-only one (it
+// remounts the root MS_RDONLY alone); crun 1.8.1 drops it for either.
+type RootNodev uint8
+
+const (
+	// RootNodevKept means the runtime keeps the mount's nodev (runc, a
+	// read-write root), so the root counts only because its mount is not
+	// nodev: mounting container storage nodev is the remedy.
+	RootNodevKept RootNodev = iota
+	// RootNodevDroppedReadOnly means the runtime is runc and the root
+	// read-only, which runc remounts without the nodev of its mount: a
+	// read-write root (on storage mounted nodev) is the remedy.
+	RootNodevDroppedReadOnly
+	// RootNodevDroppedByRuntime means the runtime is not known to keep
+	// the nodev of any root (crun, any other runtime but runc, or one
+	// that cannot be told): storage mounted nodev does not help there; a
+	// device cgroup, or runc with a read-write root (on storage mounted
+	// nodev), is the remedy.
+	RootNodevDroppedByRuntime
+)
 
 // NodeDir is a host directory a container without a device cgroup is given
 // on a mount that is not nodev (Request.NodeDirs): every device node in it
@@ -238,6 +273,11 @@ type NodeDir struct {
 	// own nodev option alone stops the layer's nodes (the kernel checks
 	// the overlay's mount, not the layer's).
 	Overlay bool
+	// NodevDropped: Path is a bind source on a nodev mount whose nodev the
+	// runtime does not keep on the bind (crun remounts every bind without
+	// it, runc a bind with flag options of its own, such as ro): mounting
+	// Path nodev does not help, only the bind's own nodev option does.
+	NodevDropped bool
 }
 
 // LinuxDevice is one entry of the spec's linux.devices.

@@ -207,12 +207,19 @@ const srcNoDeviceCgroup = "no device cgroup (host /dev bound in, or CAP_MKNOD or
 // and the directories bound in (Request.NodeDirs) may hold, what it is, the
 // source of its claims and what to do. The first directory is named (each
 // path bounded, quoted where it is not plain), the others counted.
+//
+// The remedy is what stops the nodes under the runtime that mounts them:
+// container storage mounted nodev where the runtime keeps that nodev
+// (runc, a read-write root); a read-write root under runc, whose read-only
+// root drops it; under crun, which drops it for every root, only a device
+// cgroup or another runtime (runc). A bind source on a nodev mount whose
+// nodev the runtime drops (NodeDir.NodevDropped) needs the bind's own nodev
+// option, not a nodev mount it already has.
 func nodesCause(req Request) (what, src, fix string) {
 	var whats, srcs, fixes []string
 	if req.ImageNodes {
-		whats = append(whats, "whose root filesystem is not mounted nodev (a device node its image carries, a GPU's among them, opens)")
-		srcs = append(srcs, "root filesystem not mounted nodev: its image's device nodes open")
-		fixes = append(fixes, "mount the container storage nodev (containers/storage: mountopt = \"nodev\" in storage.conf)")
+		w, s, f := rootCause(req)
+		whats, srcs, fixes = append(whats, w), append(srcs, s), append(fixes, f)
 	}
 	if len(req.NodeDirs) > 0 {
 		d := req.NodeDirs[0]
@@ -229,6 +236,12 @@ func nodesCause(req Request) (what, src, fix string) {
 				", a GPU's among them, opens)")
 			srcs = append(srcs, "overlay at "+at+" not mounted nodev: the device nodes of its layer "+path+more+" open")
 			fixes = append(fixes, "give the overlay at "+at+" the nodev option")
+		} else if d.NodevDropped {
+			whats = append(whats, "whose bind source "+path+" (at "+at+")"+more+" is on a nodev mount whose nodev its bind does not keep "+
+				"(crun remounts every bind without it, runc a bind with flag options such as ro or dev), bound without nodev "+
+				"(a device node in it, a GPU's among them, opens)")
+			srcs = append(srcs, "bind source "+path+more+" bound without nodev: its mount's nodev not kept, its device nodes open")
+			fixes = append(fixes, "give the bind of "+path+" the nodev option (the nodev of its mount does not carry over)")
 		} else {
 			whats = append(whats, "whose bind source "+path+" (at "+at+")"+more+" is on a mount that is not nodev, bound without nodev "+
 				"(a device node in it, a GPU's among them, opens)")
@@ -239,6 +252,46 @@ func nodesCause(req Request) (what, src, fix string) {
 	return "container without a device cgroup " + strings.Join(whats, " and "),
 		"no device cgroup (" + strings.Join(srcs, "; ") + ")",
 		"run it in a device cgroup of its own (cgroups enabled), or " + strings.Join(fixes, ", and ") + ", and name its GPUs"
+}
+
+// storageNodev is container storage mounted nodev, and how.
+const storageNodev = "container storage mounted nodev (containers/storage: mountopt = \"nodev\" in storage.conf)"
+
+// rootCause is nodesCause's what, source and remedy for the root
+// filesystem (Request.ImageNodes), by what the runtime makes of the nodev
+// of its mount (Request.RootNodev) and whether that mount is nodev
+// (Request.RootStorageNodev).
+func rootCause(req Request) (what, src, fix string) {
+	const opens = " (a device node its image carries, a GPU's among them, opens)"
+	what = "whose root filesystem is not mounted nodev"
+	src = "root filesystem not mounted nodev: its image's device nodes open"
+	switch req.RootNodev {
+	case RootNodevDroppedByRuntime:
+		if req.RootStorageNodev {
+			what = "whose root filesystem, on container storage mounted nodev, its runtime mounts without nodev " +
+				"(crun does so for every root, runc for a read-only one; the runtime is not known to be runc)"
+			src = "root filesystem's nodev dropped by a runtime not known to be runc: its image's device nodes open"
+			fix = "run it under runc with a read-write root"
+		} else {
+			what += ", nor would its runtime keep it so (crun never does, runc only for a read-write root; " +
+				"the runtime is not known to be runc)"
+			fix = "run it under runc with a read-write root on " + storageNodev
+		}
+		// Nothing about the storage helps under crun.
+		fix += " (under crun only a device cgroup stops its image's device nodes)"
+	case RootNodevDroppedReadOnly:
+		if req.RootStorageNodev {
+			what = "whose read-only root filesystem runc remounts without the nodev of its storage"
+			src = "read-only root filesystem remounted without nodev by runc: its image's device nodes open"
+			fix = "give it a read-write root (runc keeps the nodev of its storage there)"
+		} else {
+			what += " (and is read-only, which runc remounts without nodev)"
+			fix = "give it a read-write root on " + storageNodev
+		}
+	default:
+		fix = "mount the container storage nodev (containers/storage: mountopt = \"nodev\" in storage.conf)"
+	}
+	return what + opens, src, fix
 }
 
 // builder accumulates one resolution.

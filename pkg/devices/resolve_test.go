@@ -1091,3 +1091,107 @@ func TestResolveProcInventoryMIGIDs(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, res.Devices)
 }
+
+// The remedy named for a container without a device cgroup whose root
+// filesystem or a directory bound in may hold nodes is what stops them
+// under the runtime that mounts them: container storage mounted nodev only
+// where the runtime keeps that nodev (runc, a read-write root); a
+// read-write root under runc, which drops a read-only root's nodev; under
+// crun, which drops it for every root, a device cgroup or runc (storage
+// mounted nodev helps nothing there); and for a bind source on a nodev
+// mount whose bind drops it (crun, or a bind with flag options of its own)
+// the bind's own nodev option, not a nodev mount it has already.
+func TestNodesCauseRemedy(t *testing.T) {
+	const storage = `container storage mounted nodev (containers/storage: mountopt = "nodev" in storage.conf)`
+	root := func(drop RootNodev, nodev bool) Request {
+		return Request{GPUNodesAllowed: true, NoDeviceCgroup: true, ImageNodes: true, RootNodev: drop, RootStorageNodev: nodev}
+	}
+	for _, tc := range []struct {
+		name            string
+		req             Request
+		what, src, fix  []string
+		notFix, notWhat []string
+	}{
+		{name: "root not nodev, runc with a read-write root", req: root(RootNodevKept, false),
+			what:   []string{"whose root filesystem is not mounted nodev (a device node its image carries"},
+			src:    []string{"root filesystem not mounted nodev: its image's device nodes open"},
+			fix:    []string{"cgroups enabled", `mount the container storage nodev (containers/storage: mountopt = "nodev" in storage.conf)`},
+			notFix: []string{"runc", "read-write"}},
+		{name: "root nodev, runc with a read-only root", req: root(RootNodevDroppedReadOnly, true),
+			what:   []string{"whose read-only root filesystem runc remounts without the nodev of its storage"},
+			src:    []string{"read-only root filesystem remounted without nodev by runc"},
+			fix:    []string{"cgroups enabled", "give it a read-write root (runc keeps the nodev of its storage there)"},
+			notFix: []string{"mount the container storage nodev", "mountopt"}, notWhat: []string{"not mounted nodev"}},
+		{name: "root not nodev, runc with a read-only root", req: root(RootNodevDroppedReadOnly, false),
+			what: []string{"whose root filesystem is not mounted nodev (and is read-only, which runc remounts without nodev)"},
+			src:  []string{"root filesystem not mounted nodev"},
+			fix:  []string{"cgroups enabled", "give it a read-write root on " + storage}},
+		{name: "root nodev, crun", req: root(RootNodevDroppedByRuntime, true),
+			what: []string{"whose root filesystem, on container storage mounted nodev, its runtime mounts without nodev",
+				"crun does so for every root", "not known to be runc"},
+			src:    []string{"root filesystem's nodev dropped by a runtime not known to be runc"},
+			fix:    []string{"run it in a device cgroup of its own (cgroups enabled), or run it under runc with a read-write root (under crun only a device cgroup"},
+			notFix: []string{"mountopt", "mount the container storage nodev"}, notWhat: []string{"not mounted nodev"}},
+		{name: "root not nodev, crun", req: root(RootNodevDroppedByRuntime, false),
+			what: []string{"whose root filesystem is not mounted nodev, nor would its runtime keep it so (crun never does"},
+			src:  []string{"root filesystem not mounted nodev"},
+			fix:  []string{"cgroups enabled", "run it under runc with a read-write root on " + storage + " (under crun only a device cgroup"}},
+		{name: "a bind source on a nodev mount its bind drops", req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true,
+			NodeDirs: []NodeDir{{Path: "/srv/vol", BoundAt: "/data", NodevDropped: true}, {Path: "/srv/b", BoundAt: "/b"}}},
+			what:   []string{"whose bind source /srv/vol (at /data) (and 1 more directory) is on a nodev mount whose nodev its bind does not keep (crun remounts every bind"},
+			src:    []string{"bind source /srv/vol (and 1 more directory) bound without nodev: its mount's nodev not kept"},
+			fix:    []string{"cgroups enabled", "give the bind of /srv/vol the nodev option"},
+			notFix: []string{"mount /srv/vol nodev"}, notWhat: []string{"not mounted nodev", "not nodev,"}},
+		{name: "a bind source not mounted nodev", req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true,
+			NodeDirs: []NodeDir{{Path: "/srv/vol", BoundAt: "/data"}}},
+			what: []string{"whose bind source /srv/vol (at /data) is on a mount that is not nodev, bound without nodev"},
+			src:  []string{"bind source /srv/vol not mounted nodev: its device nodes open"},
+			fix:  []string{"mount /srv/vol nodev or give its bind the nodev option"}},
+		{name: "crun: the root and a bind source on nodev mounts", req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true,
+			ImageNodes: true, RootNodev: RootNodevDroppedByRuntime, RootStorageNodev: true,
+			NodeDirs: []NodeDir{{Path: "/srv/vol", BoundAt: "/data", NodevDropped: true}}},
+			src: []string{"no device cgroup (root filesystem's nodev dropped by a runtime not known to be runc: its image's device nodes open; " +
+				"bind source /srv/vol bound without nodev"},
+			fix: []string{"run it in a device cgroup of its own (cgroups enabled), or run it under runc with a read-write root " +
+				"(under crun only a device cgroup stops its image's device nodes), and give the bind of /srv/vol the nodev option"},
+			notFix: []string{"mountopt", "mount /srv/vol nodev"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			what, src, fix := nodesCause(tc.req)
+			for _, s := range tc.what {
+				require.Contains(t, what, s)
+			}
+			for _, s := range tc.notWhat {
+				require.NotContains(t, what, s)
+			}
+			for _, s := range tc.src {
+				require.Contains(t, src, s)
+			}
+			for _, s := range tc.fix {
+				require.Contains(t, fix, s)
+			}
+			for _, s := range tc.notFix {
+				require.NotContains(t, fix, s)
+			}
+			// And as the resolver says it, claimed and refused.
+			inv := testInventory(t)
+			resolver := func(edit func(p *config.PolicyConfig)) *Resolver {
+				pol := defaultPolicy()
+				edit(&pol)
+				return NewResolver(inv, pol)
+			}
+			res, err := resolver(func(p *config.PolicyConfig) { p.Privileged = config.PrivilegedDeclared }).Resolve(tc.req)
+			require.NoError(t, err)
+			require.True(t, res.All)
+			_, err = resolver(func(p *config.PolicyConfig) {
+				p.Privileged, p.AllDevices = config.PrivilegedDeclared, config.AllReject
+			}).Resolve(tc.req)
+			require.ErrorIs(t, err, ErrAllRejected)
+			require.ErrorContains(t, err, src)
+			require.ErrorContains(t, err, fix)
+			_, err = resolver(func(p *config.PolicyConfig) { p.Privileged = config.PrivilegedReject }).Resolve(tc.req)
+			require.ErrorIs(t, err, ErrPrivilegedRejected)
+			require.ErrorContains(t, err, what)
+		})
+	}
+}

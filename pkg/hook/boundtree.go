@@ -207,7 +207,10 @@ func (b *boundSources) readDirs() {
 				return
 			}
 		case !b.rootless && !d.nodev && (d.layer || d.ownFlags || int64(fs.Flags)&unix.ST_NODEV == 0 || !b.sourceFlagsKept()): //nolint:unconvert // int32 on some platforms
-			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: d.src, BoundAt: d.dst, Overlay: d.layer})
+			// On a nodev mount, the runtime dropped it: only the bind's
+			// own nodev option helps (the message says so).
+			dropped := !d.layer && int64(fs.Flags)&unix.ST_NODEV != 0 //nolint:unconvert // int32 on some platforms
+			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: d.src, BoundAt: d.dst, Overlay: d.layer, NodevDropped: dropped})
 		}
 		if d.recursive {
 			d.src = canon
@@ -231,7 +234,9 @@ func (b *boundSources) readDirs() {
 
 // sourceFlagsKept reports whether the runtime keeps a bind source's mount
 // flags on a bind without flag options of its own (b.runtime: runc), asked
-// once: false for crun, or a runtime that cannot be told.
+// once: false for crun, or a runtime that cannot be told. The same answer
+// tells whether it keeps the nodev of a read-write root's mount (readRoot:
+// runc does, crun does not), so one read serves both.
 func (b *boundSources) sourceFlagsKept() bool {
 	if !b.flagsRead {
 		b.flagsKept, b.flagsRead = b.runtime.keepsFlags(), true

@@ -261,29 +261,70 @@ func devDir(t *testing.T) string {
 // layer carries; a rootful runtime binds the root filesystem as it is
 // mounted. Where no device cgroup applies, a node of a GPU's numbers
 // anywhere in the image opens that GPU, and the hook cannot walk the
-// image: unless the root's mount is nodev, the container counts as
+// image: unless the root is nodev in the container, the container counts as
 // reaching every GPU, with a source and a refusal that say so and what to
 // do. A rootless runtime's engine cannot make nodes: not read there. A
 // device cgroup of the container's own fences it. A runtime whose user
 // namespace cannot be told is read as rootful too.
+//
+// The root's mount being nodev (container storage mounted nodev) is not
+// enough: only runc (runc.amd64 too) keeps that nodev, and only for a
+// read-write root (runc 1.1.5 remounts a read-only root MS_RDONLY alone;
+// crun 1.8.1 drops it for any root). Under crun, another runtime or one
+// that cannot be told, and under runc with a read-only root, a root on
+// nodev storage counts, each with the remedy that helps there: a device
+// cgroup or runc with a read-write root; a read-write root. Where the
+// storage is not nodev, its remedy says what else the runtime needs.
 func TestRootWithoutNodevReachesEveryGPU(t *testing.T) {
 	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
 	own := "0::/machine.slice/libpod-train.scope\n"
+	const (
+		notNodev = "root filesystem not mounted nodev"
+		dropped  = "root filesystem's nodev dropped by a runtime not known to be runc"
+		readOnly = "read-only root filesystem remounted without nodev by runc"
+		fixRunc  = "run it under runc with a read-write root (under crun only a device cgroup"
+		fixRW    = "give it a read-write root (runc keeps the nodev of its storage there)"
+	)
 	for _, tc := range []struct {
 		name      string
 		nodev     bool
+		readonly  bool
 		container string
 		userNS    RuntimeUserNS
-		bindDev   bool
-		reaches   bool
+		// exe is the runtime's executable: runc's where "", none
+		// (unreadable) for "-".
+		exe     string
+		bindDev bool
+		// src is in the source of every claim, fix in the refusal under
+		// all_devices = "reject"; "" src for no claim.
+		src, fix string
 	}{
-		{name: "rootful, no device cgroup", container: session, userNS: Rootful, reaches: true},
+		{name: "rootful, no device cgroup", container: session, userNS: Rootful, src: notNodev, fix: `mount the container storage nodev (containers/storage: mountopt = "nodev"`},
 		{name: "rootful, no device cgroup, root nodev", nodev: true, container: session, userNS: Rootful},
+		{name: "rootful, no device cgroup, root nodev, runc.amd64", nodev: true, container: session, userNS: Rootful, exe: "/usr/local/bin/runc.amd64"},
+		{name: "rootful, no device cgroup, root nodev, runc, read-only", nodev: true, readonly: true, container: session, userNS: Rootful,
+			src: readOnly, fix: fixRW},
+		{name: "rootful, no device cgroup, root nodev, crun", nodev: true, container: session, userNS: Rootful, exe: "/usr/bin/crun",
+			src: dropped, fix: fixRunc},
+		{name: "rootful, no device cgroup, root nodev, crun, read-only", nodev: true, readonly: true, container: session, userNS: Rootful,
+			exe: "/usr/bin/crun", src: dropped, fix: fixRunc},
+		{name: "rootful, no device cgroup, root nodev, youki", nodev: true, container: session, userNS: Rootful, exe: "/usr/bin/youki",
+			src: dropped, fix: fixRunc},
+		{name: "rootful, no device cgroup, root nodev, runtime unreadable", nodev: true, container: session, userNS: Rootful, exe: "-",
+			src: dropped, fix: fixRunc},
+		{name: "rootful, no device cgroup, crun", container: session, userNS: Rootful, exe: "/usr/bin/crun",
+			src: notNodev, fix: `run it under runc with a read-write root on container storage mounted nodev (containers/storage: mountopt = "nodev"`},
+		{name: "rootful, no device cgroup, runc, read-only", readonly: true, container: session, userNS: Rootful,
+			src: notNodev, fix: `give it a read-write root on container storage mounted nodev (containers/storage: mountopt = "nodev"`},
 		{name: "rootful, own device cgroup", container: own, userNS: Rootful},
+		{name: "rootful, own device cgroup, root nodev, crun, read-only", nodev: true, readonly: true, container: own, userNS: Rootful, exe: "/usr/bin/crun"},
 		{name: "rootless", container: session, userNS: Rootless},
-		{name: "user namespace unknown", container: own, userNS: UnknownUserNS, reaches: true},
+		{name: "rootless, root nodev, crun, read-only", nodev: true, readonly: true, container: session, userNS: Rootless, exe: "/usr/bin/crun"},
+		{name: "user namespace unknown", container: own, userNS: UnknownUserNS, src: "no device cgroup ("},
 		// Another cause names the claim: its remedy is not nodev alone.
-		{name: "rootful, no device cgroup, /dev bound too", container: session, userNS: Rootful, bindDev: true, reaches: true},
+		{name: "rootful, no device cgroup, /dev bound too", container: session, userNS: Rootful, bindDev: true, src: "host /dev bound in"},
+		{name: "rootful, no device cgroup, root nodev, crun, /dev bound too", nodev: true, container: session, userNS: Rootful,
+			exe: "/usr/bin/crun", bindDev: true, src: "host /dev bound in"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			base := nodevDir
@@ -303,7 +344,7 @@ func TestRootWithoutNodevReachesEveryGPU(t *testing.T) {
 			}
 			state := func() string {
 				return bindState(t, "train", 4242, specs.StateCreating, src, "/data", func(s *specs.Spec) {
-					s.Root = &specs.Root{Path: rootfs}
+					s.Root = &specs.Root{Path: rootfs, Readonly: tc.readonly}
 					s.Mounts = append(s.Mounts, devTmpfs)
 				})
 			}
@@ -312,32 +353,90 @@ func TestRootWithoutNodevReachesEveryGPU(t *testing.T) {
 			e := cgroupProc(t, tc.container, session, &opened)
 			e.userNS = func() RuntimeUserNS { return tc.userNS }
 			e.markerDir = t.TempDir()
+			switch tc.exe {
+			case "":
+			case "-":
+				runtimeExe(t, e.procRoot, 4000, "")
+			default:
+				runtimeExe(t, e.procRoot, 4000, tc.exe)
+			}
 			in := e.readInput(strings.NewReader(state()))
 			require.NoError(t, in.specErr)
-			require.Equal(t, !tc.reaches, in.NeverClaims())
+			require.Equal(t, tc.src == "", in.NeverClaims())
 			require.NoError(t, e.runInput(t.Context(), PhaseCreateRuntime, cfg, in, io.Discard))
-			if !tc.reaches {
+			if tc.src == "" {
 				require.Zero(t, opened, "nothing to claim")
 				return
 			}
 			claims := ledgerState(t, cfg).Claims
 			require.ElementsMatch(t, gpuUUIDs, claimedGPUs(t, claims, "train"))
 			for _, c := range claims {
-				if tc.bindDev {
-					assert.Contains(t, c.Source, "host /dev bound in")
-				} else {
-					assert.Contains(t, c.Source, "root filesystem not mounted nodev")
-				}
+				assert.Contains(t, c.Source, tc.src)
 			}
 
 			cfg = staticConfig(t)
 			cfg.Policy.AllDevices = config.AllReject
 			err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(state()), io.Discard)
 			require.ErrorIs(t, err, guard.ErrRejected)
-			if !tc.bindDev {
-				require.ErrorContains(t, err, `mountopt = "nodev"`)
+			if tc.fix != "" {
+				require.ErrorContains(t, err, tc.fix)
 				require.ErrorContains(t, err, "device cgroup of its own")
 			}
+			if tc.nodev {
+				require.NotContains(t, err.Error(), "mount the container storage nodev", "it is: that is no remedy")
+			}
+		})
+	}
+}
+
+// readRoot asks which runtime runs the hook only for a rootful root that
+// may count, once for the root and the binds together: for a root on a
+// nodev mount (whose nodev the runtime may drop) and for one counted
+// already (for its remedy); not for a rootless runtime's, nor where the
+// host's /dev is bound in (every GPU opens whatever the root is), nor
+// where there is no root.
+func TestReadRootAsksTheRuntimeOnce(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		b     boundSources
+		dir   bool   // a directory on a nodev mount bound in too
+		exe   string // the runtime's
+		asked int
+		want  bool // imageNodes
+		drop  devices.RootNodev
+	}{
+		{name: "nodev, runc", b: boundSources{rootNodev: true}, exe: "/usr/sbin/runc", asked: 1},
+		{name: "nodev, runc, a bind too", b: boundSources{rootNodev: true}, dir: true, exe: "/usr/sbin/runc", asked: 1},
+		{name: "nodev, runc, read-only", b: boundSources{rootNodev: true, rootReadonly: true}, exe: "/usr/sbin/runc", asked: 1,
+			want: true, drop: devices.RootNodevDroppedReadOnly},
+		{name: "nodev, crun, a bind too", b: boundSources{rootNodev: true}, dir: true, exe: "/usr/bin/crun", asked: 1,
+			want: true, drop: devices.RootNodevDroppedByRuntime},
+		{name: "not nodev, runc", b: boundSources{imageNodes: true}, exe: "/usr/sbin/runc", asked: 1, want: true},
+		{name: "not nodev, crun", b: boundSources{imageNodes: true}, exe: "/usr/bin/crun", asked: 1,
+			want: true, drop: devices.RootNodevDroppedByRuntime},
+		{name: "no root", exe: "/usr/bin/crun"},
+		{name: "rootless", b: boundSources{rootless: true}, exe: "/usr/bin/crun"},
+		{name: "host /dev bound in", b: boundSources{rootNodev: true, hostDev: true}, exe: "/usr/bin/crun"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := tc.b
+			b.host = &hostDirs{}
+			if tc.dir {
+				src := nodevDir(t)
+				var st unix.Stat_t
+				require.NoError(t, unix.Stat(src, &st))
+				b.dirs = []boundDir{{src: src, dst: "/x", dev: uint64(st.Dev), ino: st.Ino}} //nolint:unconvert // uint32 on some platforms
+			}
+			proc := t.TempDir()
+			fakeProc(t, proc, 4000, 1, path.Base(tc.exe))
+			runtimeExe(t, proc, 4000, tc.exe)
+			asked := 0
+			b.runtime = bindRuntime{procRoot: proc, ppid: func() int { asked++; return 4000 }}
+			b.readDirs()
+			b.readRoot()
+			require.Equal(t, tc.asked, asked)
+			require.Equal(t, tc.want, b.imageNodes)
+			require.Equal(t, tc.drop, b.rootDrop)
 		})
 	}
 }
@@ -611,7 +710,9 @@ func TestSubmountWithoutNodevReachesEveryGPU(t *testing.T) {
 			require.ElementsMatch(t, gpuUUIDs, claimedGPUs(t, claims, "train"))
 			for _, c := range claims {
 				if tc.named == "both" {
-					assert.Contains(t, c.Source, "bind source "+src+" (and 1 more directory) not mounted nodev")
+					// The source is on a nodev mount its bind's rdev
+					// clears: only the bind's options help.
+					assert.Contains(t, c.Source, "bind source "+src+" (and 1 more directory) bound without nodev: its mount's nodev not kept")
 				} else {
 					assert.Contains(t, c.Source, "bind source "+sub+" not mounted nodev")
 				}
@@ -622,7 +723,11 @@ func TestSubmountWithoutNodevReachesEveryGPU(t *testing.T) {
 			err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(state()), io.Discard)
 			require.ErrorIs(t, err, guard.ErrRejected)
 			require.ErrorContains(t, err, "device cgroup of its own")
-			require.ErrorContains(t, err, "mount "+named+" nodev or give its bind the nodev option")
+			if tc.named == "both" {
+				require.ErrorContains(t, err, "give the bind of "+named+" the nodev option")
+			} else {
+				require.ErrorContains(t, err, "mount "+named+" nodev or give its bind the nodev option")
+			}
 		})
 	}
 }
@@ -763,11 +868,20 @@ func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
 				require.Zero(t, opened, "nothing to claim")
 				return
 			}
+			// A bind source on a nodev mount counts only where its bind
+			// drops that nodev: mounting it nodev is no remedy there.
+			var fs unix.Statfs_t
+			require.NoError(t, unix.Statfs(src, &fs))
+			dropped := !strings.HasPrefix(tc.want, "overlay") && int64(fs.Flags)&unix.ST_NODEV != 0 //nolint:unconvert // int32 on some platforms
 			claims := ledgerState(t, cfg).Claims
 			require.ElementsMatch(t, gpuUUIDs, claimedGPUs(t, claims, "train"))
 			for _, c := range claims {
 				assert.Contains(t, c.Source, tc.want)
-				assert.Contains(t, c.Source, "not mounted nodev")
+				if dropped {
+					assert.Contains(t, c.Source, "bound without nodev: its mount's nodev not kept")
+				} else {
+					assert.Contains(t, c.Source, "not mounted nodev")
+				}
 				if !strings.HasPrefix(tc.want, "overlay") {
 					assert.Contains(t, c.Source, src)
 				}
@@ -778,9 +892,13 @@ func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
 			err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(state()), io.Discard)
 			require.ErrorIs(t, err, guard.ErrRejected)
 			require.ErrorContains(t, err, "device cgroup of its own")
-			if strings.HasPrefix(tc.want, "overlay") {
+			switch {
+			case strings.HasPrefix(tc.want, "overlay"):
 				require.ErrorContains(t, err, "give the overlay at /data the nodev option")
-			} else {
+			case dropped:
+				require.ErrorContains(t, err, "give the bind of "+src+" the nodev option")
+				require.NotContains(t, err.Error(), "mount "+src+" nodev")
+			default:
 				require.ErrorContains(t, err, "mount "+src+" nodev or give its bind the nodev option")
 			}
 		})

@@ -20,7 +20,6 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
@@ -50,8 +49,9 @@ func crunIn(t *testing.T, crun string, env []string, args ...string) (string, er
 // $XDG_RUNTIME_DIR/crun when its environment sets XDG_RUNTIME_DIR (a root
 // login session sets /run/user/0). crun 1.8 gives a container with a user
 // namespace and a device the bundle "/", and the hook reads crun's copy of
-// the spec there: the container claims its GPU, and `crun delete`'s
-// poststop releases it and removes its marker. Real crun, as root.
+// the spec there: the container claims its GPU (every GPU: crun drops the
+// nodev of its root's mount), and `crun delete`'s poststop releases them
+// and removes its marker. Real crun, as root.
 func TestCrunXDGRuntimeDir(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	crun, err := exec.LookPath("crun")
@@ -109,7 +109,18 @@ func TestCrunXDGRuntimeDir(t *testing.T) {
 			t.Logf("crun reports the bundle %q", st.Bundle) // "/" for crun 1.8
 		}
 	}
-	require.Equal(t, map[string]string{gpuUUIDs[2]: id}, holdersOf(r.state()))
+	// Every GPU, not only the one it names: crun drops the nodev of the
+	// rig's rootfs, so the hook counts its root as reaching every GPU (a
+	// node its image may carry). With the container's user namespace the
+	// kernel keeps that nodev locked (crun 1.8.1 and runc 1.1.5 both, as
+	// measured), which the hook does not read: it claims more here, never
+	// less.
+	require.Equal(t, everyGPU(id), holdersOf(r.state()))
+	for _, c := range r.state().Claims {
+		if c.Device.UUID == gpuUUIDs[2] {
+			require.Contains(t, c.Source, "NVIDIA_VISIBLE_DEVICES", "the GPU it names is named so")
+		}
+	}
 	mk := filepath.Join(DefaultMarkerDir, markerName(id, bundle))
 	require.FileExists(t, mk)
 
@@ -138,18 +149,20 @@ func nodevVolume(t *testing.T, base string) string {
 	return dir
 }
 
-// crun 1.8 remounts every bind with the flags its options make, so a
-// directory on a nodev mount bound with "rbind" alone is not nodev in the
-// container: a device node in it opens where no device cgroup applies
-// (--cgroup-manager=disabled). The hook, run by crun (its parent), counts
-// such a directory as reaching every GPU node: the container claims every
-// GPU, the claims naming the directory, and under all_devices = "reject"
-// it is refused with the remedy, the bind's nodev option. With that option
-// the node does not open and the container reaches no GPU. runc's
-// counterpart, which keeps the source's nodev: TestRuncBindFromNodevMount.
-// Real crun, as root.
-func TestCrunBindFromNodevMount(t *testing.T) {
-	r := newRig(t, rigOpts{})
+// crunBox runs containers of a rig under crun --cgroup-manager=disabled
+// (podman --cgroups=disabled's crun: no device cgroup), each running the
+// container program on the rig's rootfs (mounted nodev), with the rig's
+// /shared, its hooks the real hook.
+type crunBox struct {
+	t    *testing.T
+	r    *rig
+	crun string
+	root string
+}
+
+// newCrunBox skips the test where crun or unshare is not installed.
+func newCrunBox(t *testing.T, r *rig) *crunBox {
+	t.Helper()
 	crun, err := exec.LookPath("crun")
 	if err != nil {
 		t.Skip("crun not installed")
@@ -157,113 +170,173 @@ func TestCrunBindFromNodevMount(t *testing.T) {
 	if _, err := exec.LookPath("unshare"); err != nil {
 		t.Skip("unshare not installed")
 	}
-	vol := nodevVolume(t, r.base)
-	require.NoError(t, os.Mkdir(filepath.Join(r.rootfs, "data"), 0o755))
-	reject := r.cfg
-	reject.Policy.AllDevices = config.AllReject
-	rejectPath := r.writeConfig("reject.toml", reject)
-	f, err := os.OpenFile(rejectPath, os.O_WRONLY|os.O_APPEND, 0)
+	return &crunBox{t: t, r: r, crun: crun, root: filepath.Join(r.base, "crun")}
+}
+
+// run runs crun with args under the box's state root.
+func (c *crunBox) run(args ...string) (string, error) {
+	return crunIn(c.t, c.crun, []string{"PATH=" + os.Getenv("PATH")}, append([]string{"--root", c.root}, args...)...)
+}
+
+// create makes container id, whose hooks read cfgPath, with a read-only
+// root where readonly says so, and mounts after the rig's; its program
+// opens path once started. Its output is crun's, then its hooks' (crun
+// writes theirs to the file its run.oci.hooks.stderr annotation names).
+func (c *crunBox) create(id, cfgPath string, readonly bool, path string, mounts ...specs.Mount) (string, error) {
+	t, r := c.t, c.r
+	hookErr := filepath.Join(r.base, id+".hook-stderr")
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL"}
+	env := RuntimeEnv()
+	spec := specs.Spec{
+		Version: "1.0.2", // crun 1.8 refuses versions it does not know
+		Root:    &specs.Root{Path: r.rootfs, Readonly: readonly},
+		Process: &specs.Process{
+			Args: []string{"/ctrprog", "/shared", id, "open:" + path}, Env: []string{"PATH=/"}, Cwd: "/",
+			Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
+		},
+		Mounts: append([]specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc"},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
+			{Destination: "/shared", Type: "bind", Source: r.shared, Options: []string{"rbind", "rw", "nodev"}},
+		}, mounts...),
+		Hooks: &specs.Hooks{
+			CreateRuntime: []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard-hook", PhaseCreateRuntime, "--config", cfgPath}, Env: env}},
+			Poststop:      []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}, Env: env}},
+		},
+		Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
+			{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
+		}},
+		Annotations: map[string]string{"run.oci.hooks.stderr": hookErr},
+	}
+	bundle := filepath.Join(r.base, "b", id)
+	require.NoError(t, os.MkdirAll(bundle, 0o755))
+	data, err := json.Marshal(spec)
 	require.NoError(t, err)
-	_, err = f.WriteString("[policy]\nall_devices = \"reject\"\n")
-	require.NoError(t, errors.Join(err, f.Close()))
-	got, err := config.LoadFile(rejectPath)
-	require.NoError(t, err)
-	require.Equal(t, config.AllReject, got.Policy.AllDevices)
+	require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
+	t.Cleanup(func() { _, _ = c.run("delete", "--force", id) })
+	out, err := c.run("--cgroup-manager=disabled", "create", "--bundle", bundle, id)
+	hookOut, rerr := os.ReadFile(hookErr)
+	if !errors.Is(rerr, os.ErrNotExist) {
+		require.NoError(t, rerr)
+	}
+	return out + string(hookOut), err
+}
 
-	crunRoot := filepath.Join(r.base, "crun")
-	crunEnv := []string{"PATH=" + os.Getenv("PATH")}
-	run := func(args ...string) (string, error) {
-		return crunIn(t, crun, crunEnv, append([]string{"--root", crunRoot}, args...)...)
-	}
-	// create makes container id, whose hooks read cfgPath, binding vol at
-	// /data with opts; its program opens /data/node once started. Its
-	// output is crun's, then its hooks' (crun writes theirs to the file its
-	// run.oci.hooks.stderr annotation names).
-	create := func(id, cfgPath string, opts ...string) (string, error) {
-		hookErr := filepath.Join(r.base, id+".hook-stderr")
-		caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL"}
-		env := RuntimeEnv()
-		spec := specs.Spec{
-			Version: "1.0.2", // crun 1.8 refuses versions it does not know
-			Root:    &specs.Root{Path: r.rootfs, Readonly: true},
-			Process: &specs.Process{
-				Args: []string{"/ctrprog", "/shared", id, "open:/data/node"}, Env: []string{"PATH=/"}, Cwd: "/",
-				Capabilities: &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
-			},
-			Mounts: []specs.Mount{
-				{Destination: "/proc", Type: "proc", Source: "proc"},
-				{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "mode=755"}},
-				{Destination: "/shared", Type: "bind", Source: r.shared, Options: []string{"rbind", "rw", "nodev"}},
-				{Destination: "/data", Type: "bind", Source: vol, Options: opts},
-			},
-			Hooks: &specs.Hooks{
-				CreateRuntime: []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard-hook", PhaseCreateRuntime, "--config", cfgPath}, Env: env}},
-				Poststop:      []specs.Hook{{Path: hookBin, Args: []string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}, Env: env}},
-			},
-			Linux: &specs.Linux{Namespaces: []specs.LinuxNamespace{
-				{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
-			}},
-			Annotations: map[string]string{"run.oci.hooks.stderr": hookErr},
-		}
-		bundle := filepath.Join(r.base, "b", id)
-		require.NoError(t, os.MkdirAll(bundle, 0o755))
-		data, err := json.Marshal(spec)
-		require.NoError(t, err)
-		require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o600))
-		t.Cleanup(func() { _, _ = run("delete", "--force", id) })
-		out, err := run("--cgroup-manager=disabled", "create", "--bundle", bundle, id)
-		hookOut, rerr := os.ReadFile(hookErr)
-		if !errors.Is(rerr, os.ErrNotExist) {
-			require.NoError(t, rerr)
-		}
-		return out + string(hookOut), err
-	}
-	// opens starts container id and returns what its program's open of
-	// /data/node gave, once its process is gone.
-	opens := func(id string, pid int) string {
-		out, err := run("start", id)
-		require.NoError(t, err, out)
-		r.waitFor(id+"'s program to exit", func() bool { return slices.Contains(r.order(), id+" exit") })
-		r.waitFor(id+"'s process to end", func() bool { return !liveness.Running("/proc", pid, 0) })
-		for _, l := range r.order() {
-			if rest, ok := strings.CutPrefix(l, id+" open "); ok {
-				return rest
-			}
-		}
-		t.Fatalf("%s recorded no open: %q", id, r.order())
-		return ""
-	}
-	crunPid := func(id string) int {
-		out, err := run("state", id)
-		require.NoError(t, err, out)
-		var st specs.State
-		require.NoError(t, json.Unmarshal([]byte(out), &st), out)
-		return st.Pid
-	}
-
-	out, err := create("refused", rejectPath, "rbind")
-	require.Error(t, err, "a directory from a nodev mount bound without nodev, under crun: %s", out)
-	require.Contains(t, out, "bind source "+vol+" not mounted nodev")
-	require.Contains(t, out, "give its bind the nodev option")
-	require.Empty(t, r.state().Claims)
-
-	out, err = create("claimed", r.cfgPath, "rbind")
+// opens starts container id and returns what its program's open gave,
+// once its process is gone.
+func (c *crunBox) opens(id string) string {
+	t, r := c.t, c.r
+	pid := c.pid(id)
+	out, err := c.run("start", id)
 	require.NoError(t, err, out)
+	r.waitFor(id+"'s program to exit", func() bool { return slices.Contains(r.order(), id+" exit") })
+	r.waitFor(id+"'s process to end", func() bool { return !liveness.Running("/proc", pid, 0) })
+	for _, l := range r.order() {
+		if rest, ok := strings.CutPrefix(l, id+" open "); ok {
+			return rest
+		}
+	}
+	t.Fatalf("%s recorded no open: %q", id, r.order())
+	return ""
+}
+
+// pid is the process of container id, as crun states it.
+func (c *crunBox) pid(id string) int {
+	out, err := c.run("state", id)
+	require.NoError(c.t, err, out)
+	var st specs.State
+	require.NoError(c.t, json.Unmarshal([]byte(out), &st), out)
+	return st.Pid
+}
+
+// everyGPU is every GPU of the rig held by container id.
+func everyGPU(id string) map[string]string {
 	want := map[string]string{}
 	for _, u := range gpuUUIDs {
-		want[u] = "claimed"
+		want[u] = id
 	}
-	require.Equal(t, want, holdersOf(r.state()), "every GPU: the directory's nodes open")
-	for _, c := range r.state().Claims {
-		require.Contains(t, c.Source, "bind source "+vol+" not mounted nodev")
+	return want
+}
+
+// crun 1.8 remounts every bind with the flags its options make, so a
+// directory on a nodev mount bound with "rbind" alone is not nodev in the
+// container: a device node in it opens where no device cgroup applies
+// (--cgroup-manager=disabled). The hook, run by crun (its parent), counts
+// such a directory as reaching every GPU node: the container claims every
+// GPU, the claims naming the directory, and under all_devices = "reject"
+// it is refused with the remedy, the bind's nodev option (a nodev mount,
+// which the directory has, does not help). With that option the node does
+// not open and the directory is no cause; the container still claims every
+// GPU, for its root, whose nodev crun drops too
+// (TestCrunRootFromNodevMount). runc's counterpart, which keeps the
+// source's nodev: TestRuncBindFromNodevMount. Real crun, as root.
+func TestCrunBindFromNodevMount(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	c := newCrunBox(t, r)
+	vol := nodevVolume(t, r.base)
+	require.NoError(t, os.Mkdir(filepath.Join(r.rootfs, "data"), 0o755))
+	bind := func(opts ...string) specs.Mount {
+		return specs.Mount{Destination: "/data", Type: "bind", Source: vol, Options: opts}
 	}
-	require.Equal(t, "ok", opens("claimed", crunPid("claimed")), "crun does not keep the source's nodev: the node opens")
-	out, err = run("delete", "--force", "claimed")
+
+	out, err := c.create("refused", r.rejectAllConfig(), false, "/data/node", bind("rbind"))
+	require.Error(t, err, "a directory from a nodev mount bound without nodev, under crun: %s", out)
+	require.Contains(t, out, "bind source "+vol+" bound without nodev: its mount's nodev not kept")
+	require.Contains(t, out, "give the bind of "+vol+" the nodev option")
+	require.NotContains(t, out, "mount "+vol+" nodev", "it is: that is no remedy")
+	require.Empty(t, r.state().Claims)
+
+	out, err = c.create("claimed", r.cfgPath, false, "/data/node", bind("rbind"))
+	require.NoError(t, err, out)
+	require.Equal(t, everyGPU("claimed"), holdersOf(r.state()), "every GPU: the directory's nodes open")
+	for _, cl := range r.state().Claims {
+		require.Contains(t, cl.Source, "bind source "+vol+" bound without nodev")
+	}
+	require.Equal(t, "ok", c.opens("claimed"), "crun does not keep the source's nodev: the node opens")
+	out, err = c.run("delete", "--force", "claimed")
 	require.NoError(t, err, out)
 	require.Empty(t, r.state().Claims, "crun delete's poststop released them")
 
-	out, err = create("nodev", r.cfgPath, "rbind", "nodev")
+	out, err = c.create("nodev", r.cfgPath, false, "/data/node", bind("rbind", "nodev"))
 	require.NoError(t, err, out)
-	require.Empty(t, r.state().Claims, "the bind's nodev option: no GPU")
-	require.Contains(t, opens("nodev", crunPid("nodev")), "permission denied", "the bind is nodev")
+	require.Equal(t, everyGPU("nodev"), holdersOf(r.state()), "its root, whose nodev crun drops, still reaches every GPU")
+	for _, cl := range r.state().Claims {
+		require.NotContains(t, cl.Source, "bind source", "the bind's nodev option: the directory is no cause")
+		require.Contains(t, cl.Source, "root filesystem's nodev dropped")
+	}
+	require.Contains(t, c.opens("nodev"), "permission denied", "the bind is nodev")
+}
+
+// crun 1.8 drops the nodev of the root's mount, read-only root or not: a
+// device node in a root on a nodev mount (container storage mounted nodev,
+// as podman's --storage-opt overlay.mountopt=nodev) opens where no device
+// cgroup applies (--cgroup-manager=disabled). The hook, run by crun, counts
+// such a root as reaching every GPU: the container claims every GPU, and
+// under all_devices = "reject" it is refused with the remedies that help
+// there (a device cgroup, or runc with a read-write root), not storage
+// mounted nodev, which it is. runc's counterpart, which keeps a read-write
+// root's nodev: TestRuncRootFromNodevMount. Real crun, as root.
+func TestCrunRootFromNodevMount(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	c := newCrunBox(t, r)
+	r.rootNode()
+	reject := r.rejectAllConfig()
+	for _, readonly := range []bool{false, true} {
+		suffix := map[bool]string{false: "-rw", true: "-ro"}[readonly]
+		out, err := c.create("refused"+suffix, reject, readonly, "/node")
+		require.Error(t, err, "a root on a nodev mount, under crun, readonly %v: %s", readonly, out)
+		require.Contains(t, out, "root filesystem's nodev dropped by a runtime not known to be runc")
+		require.Contains(t, out, "run it in a device cgroup of its own (cgroups enabled), or run it under runc with a read-write root")
+		require.NotContains(t, out, "mountopt", "the storage is nodev already")
+		require.Empty(t, r.state().Claims)
+
+		id := "claimed" + suffix
+		out, err = c.create(id, r.cfgPath, readonly, "/node")
+		require.NoError(t, err, out)
+		require.Equal(t, everyGPU(id), holdersOf(r.state()), "every GPU: the root's nodes open")
+		require.Equal(t, "ok", c.opens(id), "crun does not keep the root's nodev (readonly %v): the node opens", readonly)
+		out, err = c.run("delete", "--force", id)
+		require.NoError(t, err, out)
+		require.Empty(t, r.state().Claims, "crun delete's poststop released them")
+	}
 }

@@ -76,7 +76,7 @@
 //   - The marker also leads poststop to the claim of a container that
 //     reaches GPUs only because no device cgroup applies to it (CAP_MKNOD,
 //     CAP_SYS_ADMIN, a bind through a symlink, a root filesystem or a
-//     directory bound in not mounted nodev): poststop cannot read a
+//     directory bound in not nodev in the container): poststop cannot read a
 //     cgroup (the process is gone) and goes by the spec's spellings, which
 //     do not show such a claim. create-runtime refuses such a container
 //     when it cannot write the marker (poststopFindsClaim), since its claim
@@ -120,10 +120,14 @@
 //     is statfs'ed (a procfs; a mount not nodev, whose nodes open),
 //     /proc/self/mountinfo is read (bounded) for the mounts below a
 //     recursive bind, and a directory of the host's /dev filesystem is
-//     listed (bounded) for its nodes (readDirs). Nothing in the container's
-//     root filesystem, or in another directory bound in, is opened or
-//     listed: where its nodes open (a rootful runtime, a mount not nodev),
-//     it counts as reaching every GPU node.
+//     listed (bounded) for its nodes (readDirs); the link
+//     /proc/<ppid>/exe tells, at most once, whether the runtime keeps the
+//     nodev of a source's or the root's mount (runc for a bind without
+//     flag options and a read-write root; crun never: readRoot). Nothing
+//     in the container's root filesystem, or in another directory bound
+//     in, is opened or listed: where its nodes open (a rootful runtime, a
+//     mount not nodev, or nodev but dropped by the runtime), it counts as
+//     reaching every GPU node.
 //   - No NVML initialisation per container: the inventory comes from the
 //     daemon's cache (inventory.json in the ledger dir) or a /proc or static
 //     discovery.

@@ -442,11 +442,17 @@ func (s *jscan) root() *hookRoot {
 		return nil
 	}
 	r := &hookRoot{}
-	s.object([]string{"path"}, func(k string) bool {
-		if k != "path" {
+	s.object([]string{"path", "readonly"}, func(k string) bool {
+		switch k {
+		case "path":
+			r.Path = s.optString()
+		case "readonly":
+			if !s.null() {
+				r.Readonly = s.boolean()
+			}
+		default:
 			return false
 		}
-		r.Path = s.optString()
 		return true
 	})
 	return r

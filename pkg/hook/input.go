@@ -459,7 +459,8 @@ func openRuntimeSpec(root, id string, owner int) (int, string, error) {
 // of a hook's run time for a container that names no GPU.
 type hookSpec struct {
 	Process *hookProcess `json:"process"`
-	// Root: its path is bound at the container's "/" (boundRoot).
+	// Root: its path is bound at the container's "/" (boundRoot), read-only
+	// or not (which runc keeps the nodev of its mount for).
 	Root        *hookRoot         `json:"root"`
 	Mounts      []hookMount       `json:"mounts"`
 	Annotations map[string]string `json:"annotations"`
@@ -480,6 +481,9 @@ type hookHook struct {
 
 type hookRoot struct {
 	Path string `json:"path"`
+	// Readonly: runc remounts a read-only root without the nodev of its
+	// mount (boundRoot).
+	Readonly bool `json:"readonly"`
 }
 
 type hookProcess struct {
@@ -530,7 +534,7 @@ type hookResources struct {
 func (h *hookSpec) spec() *specs.Spec {
 	s := &specs.Spec{Annotations: h.Annotations}
 	if r := h.Root; r != nil {
-		s.Root = &specs.Root{Path: r.Path}
+		s.Root = &specs.Root{Path: r.Path, Readonly: r.Readonly}
 	}
 	if p := h.Process; p != nil {
 		s.Process = &specs.Process{Env: p.Env}
@@ -585,7 +589,7 @@ var (
 	// add-hooks looks there for the guard's entry).
 	specKeys = keySchema{
 		"process": {"env": nil, "capabilities": {"bounding": nil}},
-		"root":    {"path": nil},
+		"root":    {"path": nil, "readonly": nil},
 		"mounts":  {"destination": nil, "source": nil, "type": nil, "options": nil},
 		"linux": {
 			"devices":     {"path": nil, "type": nil, "major": nil, "minor": nil},

@@ -116,8 +116,10 @@ func (e env) readInput(stdin io.Reader) *Input {
 // then: readDirs), a /proc path that leads to a root, a proc
 // mount without a PID namespace of its own (docker's and podman's
 // --pid=host), a root filesystem that brings in the host's /dev, or a
-// rootful runtime's that is not mounted nodev (one stat and statfs of
-// root.path, and the host's /dev, wherever the binds are read), a devtmpfs
+// rootful runtime's (one stat and statfs of root.path, and the host's
+// /dev, wherever the binds are read: one not mounted nodev, and one on a
+// nodev mount too, whose nodev holds only under a runtime that keeps it,
+// asked only once no device cgroup fences the container: readRoot), a devtmpfs
 // mount, or CAP_MKNOD (in docker's and containerd's default set, not
 // podman's or CRI-O's) or CAP_SYS_ADMIN. A state without a pid (which runc
 // and crun always give create-runtime) counts as no device cgroup.
@@ -175,8 +177,11 @@ const (
 // its hook is gone, and nothing of the container's process names it): a
 // directory bound in from a nodev mount without a nodev option of its own
 // counts as reaching every GPU node, as crun leaves it (see remountsBind),
-// though runc kept its source's nodev. So a recovery may claim more for a
-// runc container than its hook did, never less.
+// though runc kept its source's nodev, and so does a root filesystem on a
+// nodev mount (crun drops its nodev: boundRoot), though runc kept it for a
+// read-write root. So a recovery may claim more for a runc container than
+// its hook did, never less: every GPU for a runc container on nodev
+// storage that no device cgroup fences.
 func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot string, pid int, id string, userNS RuntimeUserNS) {
 	e := defaultEnv()
 	e.procRoot = procRoot
@@ -195,11 +200,13 @@ func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot str
 // mounts a procfs without a PID namespace of its own (procShowsOtherRoots),
 // can make or mount a node itself (CAP_MKNOD, CAP_SYS_ADMIN, or no
 // capabilities object: makesNodes), or has a root filesystem or a
-// directory bound in not mounted nodev (readDirs), or bound without a
-// nodev option of its own under a runtime that may be crun (any: which
-// runtime will run the spec is not told; see remountsBind). bundle is the
-// directory relative bind sources and a relative root.path are read from
-// (the config.json's). For `gpu-guard-ctl explain --no-device-cgroup`.
+// directory bound in not mounted nodev (readDirs), or a root filesystem
+// on a nodev mount, or a directory bound from one without a nodev option
+// of its own, under a runtime that may be crun (any: which runtime will
+// run the spec is not told; crun drops both nodevs, see boundRoot and
+// remountsBind). bundle is the directory relative bind sources and a
+// relative root.path are read from (the config.json's). For
+// `gpu-guard-ctl explain --no-device-cgroup`.
 func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 	unfence(req, spec, bundle, func() RuntimeUserNS { return Rootful }, false, func() bool { return false }, bindRuntime{})
 }
@@ -212,10 +219,12 @@ func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 // something could reach a GPU; a state without a pid has none that
 // applies). bundle is the directory the runtime reads relative bind
 // sources and a relative root.path from. rt tells whether the runtime
-// keeps a bind source's mount flags on a bind without flag options
-// (bindRuntime), asked at most once and only where the answer decides
-// (readDirs: a directory bound from a nodev mount without options of its
-// own, for a container no device cgroup fences).
+// keeps a bind source's mount flags on a bind without flag options, and
+// the nodev of a read-write root's mount (bindRuntime), asked at most once
+// and only for a container no device cgroup fences: where the answer
+// decides (readDirs: a directory bound from a nodev mount without options
+// of its own; readRoot: a root on a nodev mount) or names the remedy of a
+// root counted already (readRoot).
 //
 // The root filesystem (root.path) is read as a bind of its directory at
 // "/" (boundRoot), where the binds are read, for every container whose
@@ -223,7 +232,9 @@ func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 // at), compared with the host's / and /dev (each stat'ed once), an lstat
 // of its dev where no mount covers /dev, and, under a runtime that is not
 // rootless, one statfs, whose flags tell whether the root is mounted nodev:
-// one that is not counts as reaching every GPU node its image may carry.
+// one that is not counts as reaching every GPU node its image may carry,
+// and so does one that is, unless the runtime keeps that nodev (runc, a
+// read-write root: readRoot).
 // Nothing in it is opened. A hand-written spec whose root is the host's
 // "/" gives its container the host's /dev, every GPU node with it,
 // whatever it mounts at /dev.
@@ -284,15 +295,18 @@ func unfence(req *devices.Request, spec *specs.Spec, bundle string, userNS func(
 // markUnfenced records in req, for a container no device cgroup fences,
 // the nodes its binds bring in and whether it opens every GPU node (the
 // host's /dev bound in, mknod: it can make any node, or a root filesystem
-// or a directory bound in not mounted nodev, where any node in it opens).
-// What the directories bound in are, and what lies below them, is read
-// here (readDirs), once no device cgroup is known to fence the container,
-// unless every GPU opens anyway. ImageNodes and NodeDirs tell the resolver
-// that the root filesystem and those directories are the only causes, so
-// that its messages name them and their remedies.
+// or a directory bound in not nodev in the container, where any node in it
+// opens). What the directories bound in are, and what lies below them, and
+// whether the runtime keeps the nodev of the root's mount, are read here
+// (readDirs, readRoot), once no device cgroup is known to fence the
+// container, unless every GPU opens anyway. ImageNodes and NodeDirs tell
+// the resolver that the root filesystem and those directories are the only
+// causes, so that its messages name them and their remedies (RootNodev,
+// RootStorageNodev: what the runtime makes of the root's nodev).
 func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 	if !mknod && !bound.hostDev {
 		bound.readDirs()
+		bound.readRoot()
 	}
 	req.Devices = append(req.Devices, bound.nodes...)
 	if bound.hostDev {
@@ -303,6 +317,9 @@ func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 		req.NoDeviceCgroup = true
 		if !req.HostDevMounted && !mknod {
 			req.ImageNodes, req.NodeDirs = bound.imageNodes, bound.nodeDirs
+			if bound.imageNodes {
+				req.RootNodev, req.RootStorageNodev = bound.rootDrop, bound.rootNodev
+			}
 		}
 	}
 }
@@ -319,9 +336,10 @@ func markUnfenced(req *devices.Request, bound boundSources, mknod bool) {
 func (e env) poststopFindsClaim(in *Input) bool {
 	finds := func(userNS RuntimeUserNS) bool {
 		req := devices.RequestFromSpec(in.spec)
-		// A runtime that keeps a bind source's nodev (runc) is the
-		// reading under which poststop finds least: the runtime that
-		// runs it (runc delete, crun delete, podman) is not this one.
+		// A runtime that keeps a bind source's nodev and a read-write
+		// root's (runc) is the reading under which poststop finds least:
+		// the runtime that runs it (runc delete, crun delete, podman) is
+		// not this one.
 		unfence(&req, in.spec, in.state.Bundle, func() RuntimeUserNS { return userNS }, true, func() bool { return false }, bindRuntime{runc: true})
 		return !guard.NeverClaims(req)
 	}
@@ -495,9 +513,17 @@ type boundSources struct {
 	// hostDev: the host's / or /dev is bound in, or what reaches it.
 	hostDev bool
 	// imageNodes: the root filesystem of a rootful runtime's container is
-	// not mounted nodev, so that any device node its image carries opens
-	// (boundRoot).
+	// not nodev in the container, so that any device node its image
+	// carries opens (boundRoot, readRoot).
 	imageNodes bool
+	// rootNodev: the root filesystem of a rootful runtime's container is
+	// on a nodev mount (container storage mounted nodev), which stays
+	// nodev in the container only where the runtime keeps it (runc, a
+	// read-write root: rootReadonly is root.readonly), read by readRoot,
+	// only for a container no device cgroup fences. rootDrop is what
+	// readRoot found the runtime makes of the root's nodev.
+	rootNodev, rootReadonly bool
+	rootDrop                devices.RootNodev
 	// nodeDirs are the directories bound in (and overlay layers) where a
 	// device node opens and nothing is listed (readDirs): each opens
 	// whatever node it holds.
@@ -521,10 +547,12 @@ type boundSources struct {
 // none reports whether nothing bound in may reach a GPU: neither the host's
 // /dev nor a node that may be one (devices.MayBeGPUNode: /dev/null or
 // /dev/fuse bound in is no reason to read the container's cgroup), nor a
-// root filesystem that may carry nodes, nor a directory whose mounts and
-// links are yet to be read.
+// root filesystem that may carry nodes (on nodev storage too: whether the
+// runtime keeps that nodev is read only once no device cgroup fences the
+// container, readRoot), nor a directory whose mounts and links are yet to
+// be read.
 func (b boundSources) none() bool {
-	return !b.hostDev && !b.imageNodes && len(b.dirs) == 0 && !slices.ContainsFunc(b.nodes, devices.MayBeGPUNode)
+	return !b.hostDev && !b.imageNodes && !b.rootNodev && len(b.dirs) == 0 && !slices.ContainsFunc(b.nodes, devices.MayBeGPUNode)
 }
 
 // boundNodes reads what each mount source is on the host, whatever it is
@@ -824,11 +852,28 @@ func rootNamesHostDev(spec *specs.Spec) bool {
 // running as root, which makes every device node a layer carries (a tar
 // entry of type char): a node of NVIDIA's numbers anywhere in it opens the
 // GPU where no device cgroup stops it. What the image holds cannot be told
-// without walking it, so unless the root's mount is nodev (statfs:
-// containers/storage's mountopt = "nodev"), the container counts as
-// reaching every GPU node (imageNodes). Nothing in the root is opened. A
-// rootless runtime's engine cannot make device nodes, nor does one open on
-// a mount of its user namespace: not read there.
+// without walking it, so unless the root is nodev in the container, the
+// container counts as reaching every GPU node (imageNodes). Nothing in the
+// root is opened. A rootless runtime's engine cannot make device nodes,
+// nor does one open on a mount of its user namespace: not read there.
+//
+// The root is nodev in the container only where its mount is (statfs of
+// root.path: containers/storage's mountopt = "nodev", which podman's
+// --storage-opt overlay.mountopt=nodev sets) and the runtime keeps that.
+// Verified as root with a root on a nodev tmpfs holding a node c 1:3, read
+// in the container's /proc/self/mountinfo and by opening the node, both
+// raw and under podman 4.3.1 with its overlay mounted nodev: runc 1.1.5
+// keeps it for a read-write root and drops it for a read-only one
+// (root.readonly, podman --read-only: runc remounts the root MS_RDONLY
+// alone); crun 1.8.1 drops it for either. Where it was dropped the node
+// opened. A root whose mount is not nodev counts here; one on a nodev
+// mount is left to readRoot (rootNodev), which asks the runtime only once
+// no device cgroup is known to fence the container: under crun, a runtime
+// that cannot be told, and runc with a read-only root, it counts too. So
+// every rootful crun container without a device cgroup (podman
+// --cgroups=disabled, crun --cgroup-manager=disabled) counts as reaching
+// every GPU, whatever its storage: a deliberate, conservative reading, as
+// for a root not mounted nodev.
 func (b *boundSources) boundRoot(spec *specs.Spec, bundle string) {
 	p := rootPath(spec)
 	if p == "" {
@@ -860,6 +905,8 @@ func (b *boundSources) boundRoot(spec *specs.Spec, bundle string) {
 			var fs unix.Statfs_t
 			// A statfs that fails tells nothing: counted as not nodev.
 			b.imageNodes = unix.Statfs(dir, &fs) != nil || int64(fs.Flags)&unix.ST_NODEV == 0 //nolint:unconvert // int32 on some platforms
+			b.rootNodev = !b.imageNodes
+			b.rootReadonly = spec.Root.Readonly
 		}
 		if devCovered {
 			continue
@@ -870,6 +917,32 @@ func (b *boundSources) boundRoot(spec *specs.Spec, bundle string) {
 			return
 		}
 	}
+}
+
+// readRoot decides, for a container no device cgroup fences (markUnfenced),
+// whether its root filesystem counts as reaching every GPU node
+// (imageNodes), and what the runtime makes of the nodev of the root's mount
+// (rootDrop, for the remedy): kept by runc for a read-write root, dropped by
+// runc for a read-only one, and by crun, or a runtime that cannot be told
+// (sourceFlagsKept: the hook's parent's executable, read at most once per
+// run, shared with the binds), for any (see boundRoot). A root on a nodev
+// mount (rootNodev) counts unless the runtime keeps it; one not mounted
+// nodev counts already, and the runtime is asked only for its remedy
+// (storage mounted nodev does not help under crun). A rootless runtime's
+// root is not read, nor is the runtime where the root was not.
+func (b *boundSources) readRoot() {
+	if b.rootless || b.hostDev || (!b.imageNodes && !b.rootNodev) {
+		return
+	}
+	switch {
+	case !b.sourceFlagsKept():
+		b.rootDrop = devices.RootNodevDroppedByRuntime
+	case b.rootReadonly:
+		b.rootDrop = devices.RootNodevDroppedReadOnly
+	default:
+		return
+	}
+	b.imageNodes = true
 }
 
 // boundDevicePaths adds to b the host node each linux.devices entry's path
@@ -944,7 +1017,9 @@ func runtimeUserNS(procRoot string) RuntimeUserNS {
 
 // bindRuntime tells whether the runtime that mounts a container's binds
 // keeps a bind source's mount flags on a bind without flag options of its
-// own (remountsBind): runc does, crun does not. The zero value: not known
+// own (remountsBind): runc does, crun does not. The same tells whether it
+// keeps the nodev of a read-write root's mount (boundRoot: runc does, crun
+// does not, and neither for a read-only root). The zero value: not known
 // to keep them (crun's way). A value, so that passing it costs the hook's
 // every run nothing.
 type bindRuntime struct {
@@ -978,7 +1053,9 @@ func (r bindRuntime) keepsFlags() bool {
 //
 // It is read only for a container that no device cgroup fences and that
 // binds a directory from a nodev mount without options of its own
-// (readDirs): never on the path of a container that reaches no GPU.
+// (readDirs), or whose root filesystem is rootful (readRoot: on a nodev
+// mount, or counted already and named with its remedy), once per run:
+// never on the path of a container a device cgroup fences.
 func runtimeKeepsBindFlags(procRoot string, ppid int) bool {
 	exe, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(ppid), "exe"))
 	return err == nil && keepsFlagsName(path.Base(exe))
@@ -993,15 +1070,15 @@ var runcArchs = map[string]bool{
 
 // keepsFlagsName reports whether name, the base name of a runtime's
 // executable, is runc's, whose binds without flag options keep their
-// source's flags: "runc", or a release binary of runc kept under its
-// download name ("runc.amd64": the same program). A binary replaced on disk
-// while it runs (an upgrade) reads "runc (deleted)": the process is still
-// the runc it was. Every other name is not known to keep them: crun,
-// youki, runsc, and docker-runc too, a fork of runc's 1.0 candidates that
-// Docker shipped until 18.09, whose binds this was not verified for (a
-// container of it binding a directory from a nodev mount is counted as
-// reaching every GPU where no device cgroup fences it, the remedy being
-// the bind's nodev option).
+// source's flags, as its read-write root keeps the nodev of its mount:
+// "runc", or a release binary of runc kept under its download name
+// ("runc.amd64": the same program). A binary replaced on disk while it
+// runs (an upgrade) reads "runc (deleted)": the process is still the runc
+// it was. Every other name is not known to keep them: crun, youki, runsc,
+// and docker-runc too, a fork of runc's 1.0 candidates that Docker shipped
+// until 18.09, whose mounts this was not verified for (a container of it
+// on nodev storage, or binding a directory from a nodev mount, is counted
+// as reaching every GPU where no device cgroup fences it).
 func keepsFlagsName(name string) bool {
 	name = strings.TrimSuffix(name, " (deleted)")
 	if name == "runc" {

@@ -426,8 +426,38 @@ func TestRequestsWithoutRuntimeCountNodevSourceBinds(t *testing.T) {
 		for what, req := range map[string]devices.Request{"RunningRequest": running, "UnfencedRequest": unfenced} {
 			require.Equal(t, tc.want, req.GPUNodesAllowed, "%s %v", what, tc.opts)
 			if tc.want {
-				require.Equal(t, []devices.NodeDir{{Path: src, BoundAt: "/data"}}, req.NodeDirs, "%s %v", what, tc.opts)
+				require.Equal(t, []devices.NodeDir{{Path: src, BoundAt: "/data", NodevDropped: true}}, req.NodeDirs, "%s %v", what, tc.opts)
 			}
 		}
+	}
+}
+
+// Recovery (RunningRequest) and gpu-guard-ctl explain --no-device-cgroup
+// (UnfencedRequest) cannot tell which runtime runs the container: a root
+// filesystem on a nodev mount counts as reaching every GPU node, read-only
+// or not, as crun leaves it (a recovery may claim more for a runc
+// container with a read-write root than its hook did, never less), named
+// as a runtime's drop of the storage's nodev. A rootless runtime's root is
+// not read.
+func TestRequestsWithoutRuntimeCountNodevRoot(t *testing.T) {
+	root := filepath.Join(nodevDir(t), "rootfs")
+	require.NoError(t, os.MkdirAll(root, 0o755))
+	for _, readonly := range []bool{false, true} {
+		spec := &specs.Spec{Process: &specs.Process{Capabilities: podmanCaps()}, Root: &specs.Root{Path: root, Readonly: readonly},
+			Mounts: []specs.Mount{{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"}}}
+		running := devices.RequestFromSpec(spec)
+		// pid 0: no device cgroup can be read for it.
+		RunningRequest(&running, spec, t.TempDir(), t.TempDir(), 0, "train", Rootful)
+		unfenced := devices.RequestFromSpec(spec)
+		UnfencedRequest(&unfenced, spec, t.TempDir())
+		for what, req := range map[string]devices.Request{"RunningRequest": running, "UnfencedRequest": unfenced} {
+			require.True(t, req.GPUNodesAllowed, "%s readonly %v", what, readonly)
+			require.True(t, req.ImageNodes, "%s readonly %v", what, readonly)
+			require.Equal(t, devices.RootNodevDroppedByRuntime, req.RootNodev, "%s readonly %v", what, readonly)
+			require.True(t, req.RootStorageNodev, "%s readonly %v", what, readonly)
+		}
+		rootless := devices.RequestFromSpec(spec)
+		RunningRequest(&rootless, spec, t.TempDir(), t.TempDir(), 0, "train", Rootless)
+		require.False(t, rootless.GPUNodesAllowed, "rootless, readonly %v", readonly)
 	}
 }

@@ -204,17 +204,22 @@ func TestRootFilesystemHoldsHostDev(t *testing.T) {
 	require.False(t, req.HostDevMounted, "the mount at /dev covers it")
 }
 
-// An engine's container (an ordinary root filesystem on nodev storage, a
-// mount at /dev) reads one stat and one statfs of its root and no cgroup.
-// On storage not mounted nodev its cgroup is read (once): only a device
-// cgroup stops a node its image may carry.
-func TestOrdinaryRootReadsNoCgroup(t *testing.T) {
+// An engine's container (an ordinary root filesystem, a mount at /dev)
+// reads one stat and one statfs of its root, and its cgroup (once),
+// whatever its storage: on storage not mounted nodev only a device cgroup
+// stops a node its image may carry, and on nodev storage that nodev holds
+// only under a runtime that keeps it (runc, a read-write root), which is
+// asked (the runtime's exe, through getppid) only where no device cgroup
+// fences the container: not here, where its own does.
+func TestOrdinaryRootReadsCgroupNotRuntime(t *testing.T) {
 	for _, nodev := range []bool{true, false} {
-		reads := 0
+		reads, ppids := 0, 0
 		e := defaultEnv()
 		e.procRoot = filepath.Join(t.TempDir(), "no-proc")
 		e.userNS = func() RuntimeUserNS { return Rootful }
-		e.getppid = func() int { return 1 }
+		// Once for the runtime's cgroup; a read of its exe would be one
+		// more.
+		e.getppid = func() int { ppids++; return 1 }
 		e.readCgroup = func(path string) ([]byte, error) {
 			reads++
 			if strings.Contains(path, "/4242/") {
@@ -232,11 +237,8 @@ func TestOrdinaryRootReadsNoCgroup(t *testing.T) {
 		in := e.readInput(strings.NewReader(st))
 		require.NoError(t, in.specErr)
 		require.True(t, in.NeverClaims(), "nodev %v: its device cgroup fences it", nodev)
-		if nodev {
-			require.Zero(t, reads, "nothing to fence: no cgroup read")
-		} else {
-			require.NotZero(t, reads, "the cgroup decides")
-		}
+		require.Equal(t, 2, reads, "nodev %v: the cgroups decide (the container's and the runtime's)", nodev)
+		require.Equal(t, 1, ppids, "nodev %v: the runtime is not asked", nodev)
 	}
 }
 
@@ -253,17 +255,25 @@ func TestUnfencedRequestHostRootUnderDevMount(t *testing.T) {
 	}
 }
 
-// root.path is read like the other fields: both decoders agree, and a key
-// that differs from "root" or "path" only in case is refused.
+// root.path and root.readonly (runc drops a read-only root's nodev) are
+// read like the other fields: both decoders agree, and a key that differs
+// from "root", "path" or "readonly" only in case is refused (crun would
+// not read it).
 func TestRootPathDecoded(t *testing.T) {
-	for _, doc := range []string{`{"root":{"path":"/"}}`, `{"root":{"path":null}}`, `{"root":null}`, `{"root":{"path":"rootfs","readonly":true}}`} {
+	for _, doc := range []string{`{"root":{"path":"/"}}`, `{"root":{"path":null}}`, `{"root":null}`, `{"root":{"path":"rootfs","readonly":true}}`,
+		`{"root":{"path":"rootfs","readonly":false}}`, `{"root":{"path":"rootfs","readonly":null}}`} {
 		_, ok := agree(t, []byte(doc))
 		require.True(t, ok, doc)
 	}
 	h, ok := fastSpec([]byte(`{"root":{"path":"/"}}`))
 	require.True(t, ok)
 	require.Equal(t, "/", h.spec().Root.Path)
-	for _, doc := range []string{`{"root":{"path":"rootfs"},"Root":{"path":"/"}}`, `{"root":{"path":"rootfs","Path":"/"}}`} {
+	require.False(t, h.spec().Root.Readonly)
+	h, ok = fastSpec([]byte(`{"root":{"path":"rootfs","readonly":true}}`))
+	require.True(t, ok)
+	require.True(t, h.spec().Root.Readonly)
+	for _, doc := range []string{`{"root":{"path":"rootfs"},"Root":{"path":"/"}}`, `{"root":{"path":"rootfs","Path":"/"}}`,
+		`{"root":{"path":"rootfs","readonly":false,"readOnly":true}}`} {
 		require.ErrorIs(t, checkKeys([]byte(doc), specKeys), errAmbiguousKey, doc)
 	}
 }

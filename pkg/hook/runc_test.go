@@ -222,7 +222,9 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	// The rootfs is mounted nodev, as container storage should be: the
 	// hook reads the rig's containers as having no device cgroup (their
 	// cgroups do not bear runc's names), where a root filesystem without
-	// nodev counts as opening every GPU (a node its image may carry).
+	// nodev counts as opening every GPU (a node its image may carry). runc
+	// keeps that nodev for a read-write root (rig.bundle); crun never does,
+	// so a crun container of the rig claims every GPU.
 	mountT(t, r.rootfs, r.rootfs, "", unix.MS_NODEV)
 
 	if o.waitTimeout == 0 {
@@ -304,6 +306,10 @@ type ctrOpts struct {
 	optIn bool
 	// mounts are added to the spec's after the rig's own.
 	mounts []specs.Mount
+	// readonlyRoot gives the container a read-only root (root.readonly),
+	// whose nodev runc drops: the hook then counts it as reaching every
+	// GPU (the rig's containers have no device cgroup it knows).
+	readonlyRoot bool
 }
 
 // ctr is one `runc run` of the rig.
@@ -349,7 +355,10 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL"}
 	spec := specs.Spec{
 		Version: specs.Version,
-		Root:    &specs.Root{Path: r.rootfs, Readonly: true},
+		// Read-write unless asked: runc 1.1.5 keeps the nodev of the rig's
+		// rootfs mount only for a read-write root (a read-only one it
+		// remounts MS_RDONLY alone), and the hook knows it.
+		Root: &specs.Root{Path: r.rootfs, Readonly: o.readonlyRoot},
 		Process: &specs.Process{
 			Args: []string{"/ctrprog", "/shared", id, mode},
 			Env:  append([]string{"PATH=/"}, o.env...),
@@ -1031,4 +1040,69 @@ func TestRuncBindFromNodevMount(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, r.order(), "vol open failed: open /data/node: permission denied", "runc keeps the source's nodev")
 	require.Empty(t, r.state().Claims, "nothing claimed (no poststop released anything)")
+}
+
+// rejectAllConfig writes the rig's configuration with policy.all_devices =
+// "reject" (writeConfig writes no policy), checked as loaded, and returns
+// its path.
+func (r *rig) rejectAllConfig() string {
+	r.t.Helper()
+	path := r.writeConfig("reject.toml", r.cfg)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(r.t, err)
+	_, err = f.WriteString("[policy]\nall_devices = \"reject\"\n")
+	require.NoError(r.t, errors.Join(err, f.Close()))
+	got, err := config.LoadFile(path)
+	require.NoError(r.t, err)
+	require.Equal(r.t, config.AllReject, got.Policy.AllDevices)
+	return path
+}
+
+// rootNode makes the device node "node" (c 1:3, /dev/null's numbers:
+// where it opens, a GPU's would) in the rig's rootfs, which is mounted
+// nodev, as an image's node sits in a root on container storage mounted
+// nodev.
+func (r *rig) rootNode() {
+	r.t.Helper()
+	node := filepath.Join(r.rootfs, "node")
+	require.NoError(r.t, unix.Mknod(node, unix.S_IFCHR|0o666, int(unix.Mkdev(1, 3))))
+	r.t.Cleanup(func() { _ = os.Remove(node) })
+}
+
+// runc keeps the nodev of a read-write root's mount (it binds the root and
+// remounts it only to make it read-only), so a node in a root on a nodev
+// mount does not open (EACCES; the rig's device cgroup allows c 1:3), and
+// the hook, run by runc, admits the container as reaching no GPU. A
+// read-only root runc remounts MS_RDONLY alone, which drops the nodev: the
+// node opens, and the hook counts the container as reaching every GPU,
+// refused under all_devices = "reject" with the remedy (a read-write
+// root), claiming every GPU otherwise. crun's counterpart, which drops it
+// for any root: TestCrunRootFromNodevMount. Real runc, as root; the hook
+// reads the rig's containers as having no device cgroup.
+func TestRuncRootFromNodevMount(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	r.rootNode()
+	_, err := r.run("rw", ctrOpts{mode: "open:/node", noWait: true, noPoststop: true})
+	require.NoError(t, err)
+	require.Contains(t, r.order(), "rw open failed: open /node: permission denied", "runc keeps a read-write root's nodev")
+	require.Empty(t, r.state().Claims, "nothing claimed (no poststop released anything)")
+
+	_, err = r.run("refused", ctrOpts{mode: "open:/node", noWait: true, noPoststop: true, readonlyRoot: true, cfgPath: r.rejectAllConfig()})
+	require.Error(t, err, "a read-only root on a nodev mount, under runc")
+	require.ErrorContains(t, err, "read-only root filesystem remounted without nodev by runc")
+	require.ErrorContains(t, err, "give it a read-write root (runc keeps the nodev of its storage there)")
+	require.NotContains(t, err.Error(), "mountopt", "the storage is nodev already")
+	require.Empty(t, r.state().Claims)
+
+	_, err = r.run("ro", ctrOpts{mode: "open:/node", noWait: true, noPoststop: true, readonlyRoot: true})
+	require.NoError(t, err)
+	require.Contains(t, r.order(), "ro open ok", "runc drops a read-only root's nodev: the node opens")
+	want := map[string]string{}
+	for _, u := range gpuUUIDs {
+		want[u] = "ro"
+	}
+	require.Equal(t, want, holdersOf(r.state()), "every GPU: the root's nodes open")
+	for _, c := range r.state().Claims {
+		require.Contains(t, c.Source, "read-only root filesystem remounted without nodev by runc")
+	}
 }

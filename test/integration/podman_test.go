@@ -42,6 +42,7 @@ func TestPodman(t *testing.T) {
 				{"HostDevBind", podmanHostDevBind},
 				{"MknodWithoutCgroup", podmanMknodWithoutCgroup},
 				{"DevicePathUserNS", podmanDevicePathUserNS},
+				{"RootNodevInContainer", podmanRootNodev},
 				{"ImageNodesWithoutCgroup", podmanImageNodes},
 				{"BoundDirWithoutCgroup", podmanBoundDir},
 				{"UserNSDeviceBundle", podmanUserNSDeviceBundle},
@@ -456,9 +457,10 @@ func podmanMknodWithoutCgroup(t *testing.T, r *podmanRig) {
 // nothing claimed. Where no device cgroup applies (crun
 // --cgroups=disabled) the hook reads the path as well as the numbers,
 // since it cannot tell whether its runtime binds or mknods (crun 1.8
-// rootful mknods 1:3): the container claims GPU 2. (crun 1.8 with a user
-// namespace and a device hands createRuntime hooks the bundle "/": see
-// podmanUserNSDeviceBundle.)
+// rootful mknods 1:3): the container claims GPU 2 for its path. It claims
+// every other GPU too, for its root filesystem, whose nodev crun drops
+// (podmanImageNodes). (crun 1.8 with a user namespace and a device hands
+// createRuntime hooks the bundle "/": see podmanUserNSDeviceBundle.)
 func podmanDevicePathUserNS(t *testing.T, r *podmanRig) {
 	device := []string{"--device", "/dev/null:/dev/nvidia2"}
 	if r.runtime == "runc" {
@@ -476,16 +478,67 @@ func podmanDevicePathUserNS(t *testing.T, r *podmanRig) {
 	// every GPU there.
 	out, err := r.runGPU("un", "", append([]string{"--cgroups=disabled", "--cap-drop", "MKNOD"}, device...)...)
 	require.NoError(t, err, out)
-	require.Equal(t, map[int]string{2: r.id("un")}, r.holders())
+	r.requireHoldsEveryGPU("un", "its root, whose nodev crun drops")
+	for _, c := range r.state().Claims {
+		if c.Device.UUID == r.gpu[2] {
+			require.Contains(t, c.Source, "/dev/nvidia2", "GPU 2 is claimed for the path as well")
+		}
+	}
+}
+
+// rootMountOptions returns the mount options of container name's "/", as
+// its process's mountinfo shows them (read from the host: the container's
+// own mount namespace).
+func (r *podmanRig) rootMountOptions(name string) []string {
+	r.t.Helper()
+	data, err := os.ReadFile("/proc/" + r.inspect(name, "{{.State.Pid}}") + "/mountinfo")
+	require.NoError(r.t, err)
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) > 5 && f[4] == "/" {
+			return strings.Split(f[5], ",")
+		}
+	}
+	r.t.Fatalf("no / in %s's mountinfo: %s", name, data)
+	return nil
+}
+
+// podmanRootNodev: what becomes of the nodev of container storage mounted
+// nodev (the rig's overlay.mountopt=nodev) at the container's "/", which
+// decides whether a device node its image carries opens where no device
+// cgroup applies (the hook counts by it: podmanImageNodes). runc 1.1.5
+// keeps it for a read-write root and drops it for a read-only one
+// (--read-only: it remounts the root MS_RDONLY alone); crun 1.8.1 drops it
+// for either. Read from the container's mountinfo; these containers have
+// their device cgroup and claim nothing.
+func podmanRootNodev(t *testing.T, r *podmanRig) {
+	for _, tc := range []struct {
+		name  string
+		extra []string
+		nodev bool
+	}{
+		{"rw", nil, r.runtime == "runc"},
+		{"ro", []string{"--read-only"}, false},
+	} {
+		out, err := r.runGPU(tc.name, "", tc.extra...)
+		require.NoError(t, err, out)
+		require.Equal(t, tc.nodev, slices.Contains(r.rootMountOptions(tc.name), "nodev"), "%s, %s root", r.runtime, tc.name)
+		r.mustPodman("rm", "-f", "-t", "0", tc.name)
+	}
+	require.Empty(t, r.holders(), "in their device cgroups nothing opens")
 }
 
 // podmanImageNodes: podman unpacks an image as root, device nodes and all,
 // and without a device cgroup (crun --cgroups=disabled) a node of a GPU's
 // numbers in the image opens that GPU. The hook does not walk the image:
-// on container storage mounted nodev (the rig's) such a container claims
-// nothing, and on storage without nodev it counts as reaching every GPU,
-// claims them all with a source that says why, and is refused while one is
-// held. In its own device cgroup storage without nodev changes nothing.
+// unless the root is nodev in the container, such a container counts as
+// reaching every GPU, claims them all with a source that says why, and is
+// refused while one is held. crun drops the nodev of container storage
+// mounted nodev (podmanRootNodev), so under crun --cgroups=disabled every
+// container counts so, on the rig's nodev storage as on storage without
+// nodev: a deliberate, conservative reading (before, the hook trusted the
+// storage's nodev and admitted "nd" claiming nothing, while a node in its
+// image opened). What an operator can do: keep the device cgroup, where
+// nothing of the image opens and nothing is claimed, on either storage.
 // None has CAP_MKNOD, which alone opens every GPU there.
 func podmanImageNodes(t *testing.T, r *podmanRig) {
 	if r.runtime != "crun" {
@@ -496,8 +549,18 @@ func podmanImageNodes(t *testing.T, r *podmanRig) {
 	noMknod := []string{"--cap-drop", "MKNOD"}
 	out, err := r.runGPU("nd", "", append([]string{"--cgroups=disabled"}, noMknod...)...)
 	require.NoError(t, err, out)
-	require.Empty(t, r.holders(), "its root is mounted nodev: nothing of its image opens")
+	require.NotContains(t, r.rootMountOptions("nd"), "nodev", "crun drops the storage's nodev")
+	r.requireHoldsEveryGPU("nd", "a root on nodev storage, whose nodev crun drops")
+	for _, c := range r.state().Claims {
+		require.Contains(t, c.Source, "root filesystem's nodev dropped by a runtime not known to be runc")
+	}
 	r.mustPodman("rm", "-f", "-t", "0", "nd")
+	r.waitFor("nd's claims released", func() bool { return len(r.holders()) == 0 })
+
+	out, err = r.runGPU("ndc", "", noMknod...)
+	require.NoError(t, err, out)
+	require.Empty(t, r.holders(), "in its device cgroup nothing of its image opens")
+	r.mustPodman("rm", "-f", "-t", "0", "ndc")
 
 	nodevless := []string{"GG_STORAGE_OPTS="}
 	run := func(name string, extra ...string) (string, error) {
@@ -535,8 +598,13 @@ func podmanImageNodes(t *testing.T, r *podmanRig) {
 // podman filled from the image, a node made on the host), and the hook
 // does not list it: on a mount that is not nodev, bound without nodev, it
 // counts as reaching every GPU, with a source that names it; bound nodev
-// (-v dir:/data:nodev) nothing of it opens. podman's own binds (/dev/shm,
-// /etc/hosts and the like) count for nothing: "nb" claims nothing.
+// (-v dir:/data:nodev) nothing of it opens, and the claims do not name it.
+// podman's own binds (/dev/shm, /etc/hosts and the like) count for nothing.
+// Under crun --cgroups=disabled each of these containers claims every GPU
+// anyway, for its root, whose nodev crun drops (podmanImageNodes): the
+// claims' sources tell the bind's part. In its device cgroup ("bc") the
+// directory's nodes do not open and nothing is claimed: what an operator
+// can do.
 func podmanBoundDir(t *testing.T, r *podmanRig) {
 	if r.runtime != "crun" {
 		return // podman disables a container's cgroups with crun only
@@ -544,10 +612,20 @@ func podmanBoundDir(t *testing.T, r *podmanRig) {
 	// Without CAP_MKNOD (in podman's built-in set), which alone opens
 	// every GPU there.
 	noCgroup := []string{"--cgroups=disabled", "--cap-drop", "MKNOD"}
+	// claimsName checks that container name holds every GPU, for its root,
+	// and whether the claims name dir.
+	claimsName := func(name, dir string, named bool) {
+		r.requireHoldsEveryGPU(name, "its root, whose nodev crun drops")
+		for _, c := range r.state().Claims {
+			require.Contains(t, c.Source, "root filesystem's nodev dropped", name)
+			require.Equal(t, named, strings.Contains(c.Source, "bind source "+dir+" "), "%s: %s", name, c.Source)
+		}
+		r.mustPodman("rm", "-f", "-t", "0", name)
+		r.waitFor(name+"'s claims released", func() bool { return len(r.holders()) == 0 })
+	}
 	out, err := r.runGPU("nb", "", noCgroup...)
 	require.NoError(t, err, out)
-	require.Empty(t, r.holders(), "nothing bound in but podman's own")
-	r.mustPodman("rm", "-f", "-t", "0", "nb")
+	claimsName("nb", "/", false) // nothing bound in but podman's own
 
 	// A tmpfs without nodev, in the mount namespace podman and its hooks
 	// run in (crun's: see newPodmanRig).
@@ -556,15 +634,18 @@ func podmanBoundDir(t *testing.T, r *podmanRig) {
 	t.Cleanup(func() { _ = exec.Command("nsenter", "--mount="+r.nsFile, "umount", dir).Run() })
 	out, err = r.runGPU("bn", "", append(noCgroup, "-v", dir+":/data:nodev")...)
 	require.NoError(t, err, out)
-	require.Empty(t, r.holders(), "bound nodev: no node in it opens")
-	r.mustPodman("rm", "-f", "-t", "0", "bn")
+	claimsName("bn", dir, false) // bound nodev: no node in it opens
 
 	out, err = r.runGPU("bd", "", append(noCgroup, "-v", dir+":/data")...)
 	require.NoError(t, err, out)
-	r.requireHoldsEveryGPU("bd", "a directory bound in whose nodes open")
 	for _, c := range r.state().Claims {
 		require.Contains(t, c.Source, "bind source "+dir+" not mounted nodev")
 	}
+	claimsName("bd", dir, true)
+
+	out, err = r.runGPU("bc", "", "--cap-drop", "MKNOD", "-v", dir+":/data")
+	require.NoError(t, err, out)
+	require.Empty(t, r.holders(), "in its device cgroup nothing in the directory opens")
 }
 
 // podmanUserNSDeviceBundle: a container with a user namespace (--uidmap)
