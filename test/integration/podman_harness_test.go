@@ -423,7 +423,7 @@ func (r *podmanRig) reset() {
 func (r *podmanRig) cleanup() {
 	_, _ = r.podman("rm", "-af", "-t", "0")
 	_, _ = r.podman("rmi", "-af")
-	r.dropCrunLeftovers()
+	r.dropRuntimeLeftovers()
 	if r.nsFile != "" {
 		_ = exec.Command("umount", r.nsFile).Run()
 	}
@@ -436,25 +436,31 @@ func (r *podmanRig) cleanup() {
 	_, _ = hook.RemoveMarkersUnder(hook.DefaultMarkerDir, r.base) // containers whose create failed after admission
 }
 
-// dropCrunLeftovers deletes from crun's state root what this rig's
-// containers left there: in this rig crun cannot remove the cgroup it made
-// (see podmanFailedCreateUnderRemove), so podman rm leaves the container's
-// state dir behind, and a later `gpu-guard-ctl recover` with the default
-// runtime_roots on this host would read it as a container. Only the dirs
-// whose status names a path below the rig's base go.
-func (r *podmanRig) dropCrunLeftovers() {
-	const root = "/run/crun"
-	entries, err := os.ReadDir(root)
-	if err != nil {
-		return
-	}
-	for _, e := range entries {
-		status, err := os.ReadFile(filepath.Join(root, e.Name(), "status"))
-		if err != nil || !strings.Contains(string(status), r.base+"/") {
+// dropRuntimeLeftovers deletes from the runtimes' state roots what this
+// rig's containers left there: in this rig crun cannot remove the cgroup
+// it made (see podmanFailedCreateUnderRemove), so podman rm leaves the
+// container's state dir behind, and runc keeps that of a container whose
+// conmon a scenario killed; a later `gpu-guard-ctl recover` with the
+// default runtime_roots on this host would read them as containers. Only
+// the dirs whose state names a path below the rig's base go (crun's
+// status, runc's state.json).
+func (r *podmanRig) dropRuntimeLeftovers() {
+	for _, rt := range []struct{ bin, root, state string }{
+		{"crun", "/run/crun", "status"},
+		{"runc", "/run/runc", "state.json"},
+	} {
+		entries, err := os.ReadDir(rt.root)
+		if err != nil {
 			continue
 		}
-		if exec.Command("crun", "--root", root, "delete", "--force", e.Name()).Run() != nil {
-			_ = os.RemoveAll(filepath.Join(root, e.Name()))
+		for _, e := range entries {
+			state, err := os.ReadFile(filepath.Join(rt.root, e.Name(), rt.state))
+			if err != nil || !strings.Contains(string(state), r.base+"/") {
+				continue
+			}
+			if exec.Command(rt.bin, "--root", rt.root, "delete", "--force", e.Name()).Run() != nil {
+				_ = os.RemoveAll(filepath.Join(rt.root, e.Name()))
+			}
 		}
 	}
 }
