@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -61,7 +62,7 @@ const (
 	OpStopped            = "stopped"             // a holder exited; claim kept until removal
 	OpDiscard            = "discard"             // state from an earlier boot dropped
 	OpCorrupt            = "corrupt"             // a bad state file moved aside
-	OpAuditTorn          = "audit-torn"          // an unfinished record (a write cut short) precedes this one on a line of its own, left as it was
+	OpAuditTorn          = "audit-torn"          // an unfinished record (a write cut short) precedes this one on a line of its own, or ends audit.log.1 (rotated since), left as it was
 	OpLineage            = "lineage"             // a reconcile stored the ledger's new lineage, as it does even when it changes nothing else (Reason says why it is new)
 )
 
@@ -78,7 +79,10 @@ const (
 	// generations (Reason names them; Generation is the last of them) and
 	// will not get them: no journal holds them any more, or appending them
 	// from the journals failed and the records that follow leave them
-	// behind. What they changed is in the state.
+	// behind. Or that one generation (Generation; Reason says "may lack
+	// records") may lack some of its records: a write that was appending
+	// them was cut short, and which of them the log has could not be told,
+	// so none was appended again. What they changed is in the state.
 	OpAuditLost = "audit-lost"
 )
 
@@ -98,9 +102,10 @@ const stageAuditCaughtUp = "audit-caught-up"
 // disk or an I/O error does; production code never does.
 var auditWrite = (*os.File).Write
 
-// auditRunRead bounds how much of the end of audit.log is read to find the
-// records of the generation a cut write was appending (auditLog.runOf):
-// all of one commit's records, as its journal record holds them, and more.
+// auditRunRead bounds how much of the end of the log (audit.log, then
+// audit.log.1) is read to find the records of the generation a cut write
+// was appending (auditLog.runOf): all of one commit's records, as its
+// journal record holds them, and more.
 const auditRunRead = 4 * maxJournalAudit
 
 // auditLog is audit.log open for appending by a writer that holds the
@@ -122,7 +127,18 @@ const auditRunRead = 4 * maxJournalAudit
 // starts a line of its own instead of being glued to that one (which would
 // make both one bad line, and lose the record), and notes the unfinished
 // record (OpAuditTorn). The unfinished line stays as it was, and ReadAudit
-// reports it, by line and byte offset.
+// reports it, by line and byte offset. A rotation ends it first, in the old
+// file, so that audit.log.1 ends with whole lines.
+//
+// After a write cut short, the next writer appends the records of the
+// generation of the log's last record that the cut write may have left out
+// (catchUp, present), read back from the log, past the notes a cut
+// catch-up left between them and into audit.log.1. Where it cannot tell
+// which the log has, it appends none and says so (OpAuditLost): a record is
+// never appended twice, and never left out without a record that says so.
+// A write cut right after a newline is not seen, except when the last line
+// written whole is one of the notes that go ahead of records in the same
+// write (OpAuditTorn, OpAuditLate).
 type auditLog struct {
 	dir      string
 	maxBytes int64
@@ -135,26 +151,36 @@ type auditLog struct {
 	// short in turn; 0 for none, or for a long line, which is not ours.
 	midLine bool
 	torn    int64
+	// torn1 is the length of an unfinished record that ends audit.log.1,
+	// which the next write notes too: a rotation moved it there (ended by
+	// a newline first), before any note of it was written.
+	torn1 int64
 	// tornGen: a write was cut short after the log's last record, and may
 	// have carried more records of its generation (last), which the log
 	// then lacks: catchUp appends those of them its journal record holds
 	// (see runOf). recEnd is where the log's last record line ends
 	// (including its newline); tailRec that record when the cut write did
-	// not reach its newline (it is the unfinished line, and whole).
+	// not reach its newline (it is the unfinished line, and whole). recIn1:
+	// they are in audit.log.1 (audit.log has no record).
 	tornGen bool
 	recEnd  int64
 	tailRec []byte
+	recIn1  bool
 	// lost is the OpAuditLost record of the generations a failed catchUp
 	// could not append, written ahead of the writer's own records.
 	lost *AuditRecord
 	// size is the length of audit.log: read when it was opened and raised
 	// by each write (the lock is held, so nobody else changes it).
-	size int64
+	// appended counts the bytes of records and notes this writer appended,
+	// across rotations.
+	size     int64
+	appended int64
 	// last is the generation of the log's last record (of audit.log, or of
-	// audit.log.1 while audit.log is empty). lastKnown is false when the
-	// last line is not a record: how far the log got is then unknown, and
-	// nothing is caught up. none: the log has no record at all (a fresh
-	// host, a log removed by hand, a state dir restored without it).
+	// audit.log.1 while audit.log has none), kept up to date by each write.
+	// lastKnown is false when the last line is not a record: how far the
+	// log got is then unknown, and nothing is caught up. none: the log has
+	// no record at all (a fresh host, a log removed by hand, a state dir
+	// restored without it).
 	last      uint64
 	lastKnown bool
 	none      bool
@@ -178,77 +204,186 @@ func openAuditLog(dir string, maxBytes int64) (*auditLog, error) {
 }
 
 // readTail reads the end of the log: one read of its last few records in
-// the common case. A log that ends inside a line (a write cut short) is
-// read further back, past that line, to its last record; so is a last line
-// that is an unfinished record ended by a newline (the next write was cut
-// short in turn, right after the newline it starts with). Neither counts as
-// a record: what the cut write carried is looked for by catchUp.
+// the common case (tailOf). When audit.log has no record (it is empty after
+// a rotation, or holds nothing but unfinished lines: the write after the
+// rotation was cut short), audit.log.1 says how far the log got, read the
+// same way (readRotatedTail).
 func (a *auditLog) readTail() error {
-	if a.size == 0 {
-		a.last, a.lastKnown, a.none = lastAuditedIn(filepath.Join(a.dir, auditRotated))
-		return nil
-	}
-	tail, err := readTail(a.f, a.size, auditTailRead)
+	t, err := tailOf(a.f, a.size)
 	if err != nil {
 		return err
 	}
-	end := a.size // the part of the log looked at: it ends a line
+	a.midLine, a.torn = t.midLine, t.torn
+	switch {
+	case t.unknown:
+		return nil
+	case t.found:
+		a.last, a.lastKnown, a.tornGen, a.recEnd, a.tailRec = t.last, true, t.tornGen, t.recEnd, t.tailRec
+		return nil
+	}
+	a.readRotatedTail(t.tornGen)
+	return nil
+}
+
+// readRotatedTail reads how far the log got from the end of audit.log.1,
+// for a log whose audit.log has no record: none when there is no
+// audit.log.1 (or it is empty), unknown when it cannot be read or its last
+// line is not a record. It may end with an unfinished line (the rotation
+// moved it there, ended by a newline, or a power cut lost that newline):
+// its last record is read before it, and a cut write is looked for from
+// there (tornGen), as it is when audit.log holds unfinished lines (cut,
+// here: a write cut short after the rotation, which may have carried
+// records of that generation too).
+func (a *auditLog) readRotatedTail(cut bool) {
+	f, size, exists, err := openRotatedAudit(a.dir)
+	switch {
+	case err != nil:
+		return
+	case !exists || size == 0:
+		if f != nil {
+			_ = f.Close()
+		}
+		a.last, a.lastKnown, a.none = 0, true, true
+		return
+	}
+	defer func() { _ = f.Close() }()
+	t, err := tailOf(f, size)
+	if err != nil || !t.found {
+		return // not a record (nor one before a few unfinished lines): unknown
+	}
+	a.last, a.lastKnown, a.recEnd, a.tailRec, a.recIn1 = t.last, true, t.recEnd, t.tailRec, true
+	a.tornGen = cut || t.tornGen
+	a.torn1 = t.torn
+}
+
+// openRotatedAudit opens audit.log.1 in dir for reading; exists is false
+// when there is none. Anything but a regular file is an error.
+func openRotatedAudit(dir string) (f *os.File, size int64, exists bool, err error) {
+	p := filepath.Join(dir, auditRotated)
+	f, err = os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // fixed name in the operator's state dir
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, 0, false, nil
+	}
+	if err != nil {
+		return nil, 0, true, err
+	}
+	fi, err := f.Stat()
+	if err == nil && !fi.Mode().IsRegular() {
+		err = fmt.Errorf("%w: audit log %s is not a regular file (%s)", ErrUnsafeDir, p, fi.Mode().Type())
+	}
+	if err != nil {
+		_ = f.Close()
+		return nil, 0, true, err
+	}
+	return f, fi.Size(), true, nil
+}
+
+// auditTail is what the end of one audit file says (tailOf); the fields
+// are those of auditLog of the same names.
+type auditTail struct {
+	midLine bool
+	torn    int64
+	tornGen bool
+	// found: last is the generation of the file's last record, which ends
+	// at recEnd (or is tailRec). unknown: the last line is not a record,
+	// nor an unfinished one, or more unfinished lines end the file than a
+	// few writes cut short leave: how far the log got is unknown. Neither:
+	// the file is empty, or holds nothing but unfinished lines.
+	found, unknown bool
+	last           uint64
+	recEnd         int64
+	tailRec        []byte
+}
+
+// tailOf reads the end of the audit file f (size bytes): one read of its
+// last few records in the common case. A file that ends inside a line (a
+// write cut short) is read further back, past that line, to its last
+// record; so is a last line that is an unfinished record ended by a
+// newline (the next write was cut short in turn, right after the newline
+// it starts with, or a rotation ended it). Neither counts as a record: what
+// the cut write carried is looked for by catchUp. Nor does a file whose
+// last record is one of the log's own notes (OpAuditTorn, OpAuditLate) end
+// where a write ended: each is written ahead of records, in the same write,
+// so the write was cut right after its newline.
+func tailOf(f *os.File, size int64) (t auditTail, err error) {
+	if size == 0 {
+		return t, nil
+	}
+	tail, err := readTail(f, size, auditTailRead)
+	if err != nil {
+		return t, err
+	}
+	end := size // the part of the file looked at: it ends a line
 	if tail[len(tail)-1] != '\n' {
 		// A writer killed inside its write(2) can leave the start of a
 		// line without its newline (the kernel copies a write page by
 		// page and stops at a fatal signal), and so can a write that
 		// failed partway (a full disk). Appending straight after it would
 		// glue our first record to it and make both unreadable.
-		frag, long, err := unfinishedLine(a.f, a.size, tail)
+		frag, long, err := unfinishedLine(f, size, tail)
 		if err != nil {
-			return err
+			return t, err
 		}
-		a.midLine = true
+		t.midLine = true
 		if long {
-			return nil // not a record of ours: how far the log got is unknown
+			t.unknown = true // not a record of ours: how far the log got is unknown
+			return t, nil
 		}
-		a.tornGen = true
+		t.tornGen = true
 		if g, ok := auditedGeneration(frag); ok && json.Valid(frag) {
 			// Whole: the write stopped right before its newline.
-			a.last, a.lastKnown, a.recEnd, a.tailRec = g, true, a.size-int64(len(frag)), frag
-			return nil
+			t.last, t.found, t.recEnd, t.tailRec = g, true, size-int64(len(frag)), frag
+			return t, nil
 		}
-		a.torn = int64(len(frag))
+		t.torn = int64(len(frag))
 		end -= int64(len(frag))
 		tail = tail[:max(len(tail)-len(frag), 0)]
 	}
 	for range 4 {
 		if end == 0 {
-			break
+			return t, nil
 		}
-		line, ok, err := lastLineOf(a.f, end, tail)
-		if err != nil || !ok {
-			return err
+		line, ok, err := lastLineOf(f, end, tail)
+		if err != nil {
+			return t, err
+		}
+		if !ok {
+			t.unknown = true
+			return t, nil
 		}
 		if g, ok := auditedGeneration(line); ok {
-			a.last, a.lastKnown, a.recEnd = g, true, end
-			return nil
+			t.last, t.found, t.recEnd = g, true, end
+			t.tornGen = t.tornGen || logNote(line)
+			return t, nil
 		}
 		if !unfinishedRecord(line) {
-			return nil // not a record: how far the log got is unknown
+			t.unknown = true // not a record: how far the log got is unknown
+			return t, nil
 		}
 		// An unfinished record ended by the newline a later write starts
 		// with, a write cut short right after it: nothing notes it yet.
-		if a.torn == 0 {
-			a.torn = int64(len(line))
+		if t.torn == 0 {
+			t.torn = int64(len(line))
 		}
-		a.tornGen = true
+		t.tornGen = true
 		end -= int64(len(line)) + 1
 		tail = tail[:max(len(tail)-len(line)-1, 0)]
 	}
-	if end > 0 {
-		return nil // more unfinished lines than a few writes cut short leave
+	t.unknown = end > 0 // more unfinished lines than a few writes cut short leave
+	return t, nil
+}
+
+// logNote says whether the record line is one of the log's own notes that
+// precede records in the same write (OpAuditTorn, OpAuditLate). Decoded
+// only when it may be one: every other line is passed over by a search.
+func logNote(line []byte) bool {
+	if !bytes.Contains(line, []byte(`"audit-`)) {
+		return false
 	}
-	// No record in audit.log: audit.log.1 says how far the log got. What a
-	// cut write carried is not looked for there.
-	a.tornGen = false
-	a.last, a.lastKnown, a.none = lastAuditedIn(filepath.Join(a.dir, auditRotated))
-	return nil
+	var r struct {
+		Op string `json:"op"`
+	}
+	return json.Unmarshal(line, &r) == nil && (r.Op == OpAuditTorn || r.Op == OpAuditLate)
 }
 
 // unfinishedLine returns the line f (size bytes long) ends inside, after
@@ -319,36 +454,6 @@ func lastLineOf(f *os.File, size int64, tail []byte) (line []byte, ok bool, err 
 	}
 }
 
-// lastAuditedIn is the generation of the last record of the audit log at p
-// (the rotated one, read while audit.log is empty); none when it has none.
-func lastAuditedIn(p string) (gen uint64, known, none bool) {
-	f, err := os.OpenFile(p, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0) //nolint:gosec // fixed name in the operator's state dir
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, true, true
-	}
-	if err != nil {
-		return 0, false, false
-	}
-	defer func() { _ = f.Close() }()
-	fi, err := f.Stat()
-	switch {
-	case err != nil || !fi.Mode().IsRegular():
-		return 0, false, false
-	case fi.Size() == 0:
-		return 0, true, true
-	}
-	tail, err := readTail(f, fi.Size(), auditTailRead)
-	if err != nil || tail[len(tail)-1] != '\n' {
-		return 0, false, false // it ended inside a line when it was rotated
-	}
-	line, ok, err := lastLineOf(f, fi.Size(), tail)
-	if err != nil || !ok {
-		return 0, false, false
-	}
-	gen, known = auditedGeneration(line)
-	return gen, known, false
-}
-
 // auditedGeneration is the generation of the audit record line, ok false
 // if it is not one (as ReadAudit would not take it: no op). appendAuditLine
 // ends every line with `,"generation":G,"pid":P}`, read from the end (a
@@ -404,14 +509,16 @@ func auditedGeneration(line []byte) (uint64, bool) {
 // After a write cut short (tornGen), the generation of the log's last
 // record is not known to be all there: the cut write may have been
 // appending its records, one by one, when it stopped. Those of them its
-// journal record holds and the log lacks are appended too (runOf says
-// which the log has), never one it has: the unfinished line is none.
+// journal record holds and the log lacks are appended too (present says
+// which the log has), never one it has: the unfinished line is none. When
+// that cannot be told, none is appended, and an OpAuditLost record says the
+// generation may lack records (see lateAudit).
 func (a *auditLog) catchUp(l *Ledger, through uint64) {
 	if !a.lastKnown || a.last > through || (a.last == through && !a.tornGen) {
 		return
 	}
 	from := a.last + 1
-	var have func([]AuditRecord) int
+	var have func([]AuditRecord) (int, bool)
 	if a.tornGen {
 		from, have = a.last, a.present
 	}
@@ -420,12 +527,12 @@ func (a *auditLog) catchUp(l *Ledger, through uint64) {
 	if len(recs) > 0 {
 		l.log.Warn("ledger: appending audit records the audit log lacks (their writer stopped before it appended them)",
 			"generations", fmt.Sprintf("%d-%d", from, through), "records", len(recs))
-		size := a.size
+		appended := a.appended
 		if err := a.write(recs, nil, false); err != nil {
 			l.log.Error("ledger: could not append the audit records the audit log lacks; an audit-lost record names them",
 				"generations", fmt.Sprintf("%d-%d", from, through), "error", err)
 			why := fmt.Sprintf("appending them from their journal records failed (%v)", err)
-			if a.size > size {
+			if a.appended > appended {
 				why = fmt.Sprintf("appending them from their journal records failed partway (%v): those of them before "+
 					"the unfinished line above are what it appended", err)
 			}
@@ -441,15 +548,16 @@ func (a *auditLog) catchUp(l *Ledger, through uint64) {
 
 // present says how many of recs, the records of the log's last generation
 // as its journal record holds them, the log has already (a prefix of them:
-// they are appended in order, in one write): all of them when they are
-// there whole, or when what the log has of that generation is not what a
-// cut write of them leaves (it is not known which are missing, and none is
-// appended twice).
-func (a *auditLog) present(recs []AuditRecord) int {
-	run, ok := a.runOf(a.last)
-	if !ok {
-		return len(recs)
-	}
+// they are appended in order, in one write, or after a cut one in a later
+// write): all of them when they are there whole, or when an OpAuditLost
+// record of that generation names what it lacks. The log's own notes
+// (OpAuditTorn, OpAuditLate) that a later writer's write put between them,
+// itself cut short perhaps, are not records of the commit. ok is false
+// when what the log has of that generation is not what cut writes of them
+// leave, or was not read back to its start (runOf): it is not known which
+// of them the log lacks, and appending any might append one twice.
+func (a *auditLog) present(recs []AuditRecord) (n int, ok bool) {
+	run, whole := a.runOf(a.last)
 	key := func(r *AuditRecord) string {
 		b, err := appendAuditLine(nil, r)
 		if err != nil {
@@ -461,56 +569,104 @@ func (a *auditLog) present(recs []AuditRecord) int {
 	for i := range recs {
 		want[i] = key(&recs[i])
 	}
-	have := make([]string, len(run))
+	have := make([]string, 0, len(run))
 	for i := range run {
-		if run[i].Op == OpAuditLost {
-			return len(recs) // what the log lacks of it is named already
+		switch run[i].Op {
+		case OpAuditLost:
+			return len(recs), true // what the log lacks of it is named already
+		case OpAuditTorn, OpAuditLate:
+			continue
 		}
-		have[i] = key(&run[i])
+		have = append(have, key(&run[i]))
 	}
 	for i := 0; i+len(want) <= len(have); i++ {
 		if slices.Equal(have[i:i+len(want)], want) {
-			return len(recs)
+			return len(recs), true
 		}
+	}
+	if !whole {
+		return 0, false
 	}
 	// The cut write was appending them: the log ends with the first m.
 	for m := min(len(have), len(want)-1); m > 0; m-- {
 		if slices.Equal(have[len(have)-m:], want[:m]) {
-			return m
+			return m, true
 		}
 	}
-	if slices.Contains(have, want[0]) {
-		return len(recs)
+	if len(have) == 0 {
+		return 0, true // nothing but the log's notes: none of them
 	}
-	return 0
+	return 0, false
 }
 
-// runOf returns the records of generation g at the end of audit.log, in
-// order, up to its last record (recEnd, and tailRec): the lines before it
-// are read back to the first of another generation. Lines that are not
-// records (an unfinished one) are passed over. ok is false when the run
-// is not found whole: longer than auditRunRead, or reaching the start of
-// audit.log while audit.log.1 exists (it may go on there).
-func (a *auditLog) runOf(g uint64) (run []AuditRecord, ok bool) {
-	var last []AuditRecord
+// runOf returns the records of generation g that end the log, in order, up
+// to its last record (recEnd, and tailRec): the lines before it are read
+// back to the first record of another generation, on into audit.log.1 when
+// they go back to the start of audit.log. Lines that are not records (an
+// unfinished one) are passed over. whole is false when the start of the
+// run was not reached: it is longer than auditRunRead, goes back to the
+// start of audit.log.1 (it may go on in the log a rotation dropped), or
+// audit.log.1 could not be read; run is then its last part.
+func (a *auditLog) runOf(g uint64) (run []AuditRecord, whole bool) {
+	var rev []AuditRecord // the run, its last record first
 	if a.tailRec != nil {
 		var r AuditRecord
 		if json.Unmarshal(a.tailRec, &r) == nil && r.Generation == g {
-			last = append(last, r)
+			rev = append(rev, r)
 		}
 	}
-	for n := min(a.recEnd, 64<<10); ; n = min(a.recEnd, 8*n, auditRunRead) {
-		buf, err := readTail(a.f, a.recEnd, n)
-		if err != nil {
-			return nil, false
+	done := func(whole bool) ([]AuditRecord, bool) {
+		slices.Reverse(rev)
+		return rev, whole
+	}
+	budget := int64(auditRunRead)
+	end := a.recEnd
+	if !a.recIn1 {
+		part, found, ok, read := runBack(a.f, end, g, budget)
+		rev = append(rev, part...)
+		if !ok || found {
+			return done(ok)
 		}
-		whole := int64(len(buf)) == a.recEnd
+		budget -= read
+		end = -1 // all of audit.log.1
+	}
+	f, size, exists, err := openRotatedAudit(a.dir)
+	if err != nil || !exists {
+		// None: the run starts the log (unless it was in audit.log.1).
+		return done(err == nil && !a.recIn1)
+	}
+	defer func() { _ = f.Close() }()
+	if end < 0 {
+		end = size
+	}
+	part, found, ok, _ := runBack(f, end, g, budget)
+	rev = append(rev, part...)
+	return done(ok && found)
+}
+
+// runBack reads the lines of the first end bytes of f back from the end,
+// at most limit bytes, and returns the records of generation g among them,
+// the last first, up to the first record of another generation (found).
+// Lines that are not records are passed over. ok is false when the start of
+// the run was not reached: a read failed, or the limit came first.
+func runBack(f *os.File, end int64, g uint64, limit int64) (rev []AuditRecord, found, ok bool, read int64) {
+	if end == 0 {
+		return nil, false, true, 0
+	}
+	if limit <= 0 {
+		return nil, false, false, 0
+	}
+	for n := min(end, 64<<10, limit); ; n = min(end, 8*n, limit) {
+		buf, err := readTail(f, end, n)
+		if err != nil {
+			return nil, false, false, 0
+		}
+		whole := int64(len(buf)) == end
 		lines := bytes.Split(bytes.TrimSuffix(buf, []byte{'\n'}), []byte{'\n'})
 		if !whole {
 			lines = lines[1:] // cut by where the read began
 		}
-		var rev []AuditRecord
-		found := false
+		rev, found = rev[:0], false
 		for i := len(lines) - 1; i >= 0 && !found; i-- {
 			var r AuditRecord
 			switch {
@@ -522,16 +678,10 @@ func (a *auditLog) runOf(g uint64) (run []AuditRecord, ok bool) {
 			}
 		}
 		if found || whole {
-			if !found {
-				if _, err := os.Lstat(filepath.Join(a.dir, auditRotated)); !errors.Is(err, fs.ErrNotExist) {
-					return nil, false
-				}
-			}
-			slices.Reverse(rev)
-			return append(rev, last...), true
+			return rev, found, true, n
 		}
-		if n >= auditRunRead {
-			return nil, false
+		if n >= limit {
+			return rev, false, false, n
 		}
 	}
 }
@@ -539,8 +689,8 @@ func (a *auditLog) runOf(g uint64) (run []AuditRecord, ok bool) {
 // write appends recs in one write(2) (lines: their rendering, or nil to
 // render them), after the notes of an unfinished record (OpAuditTorn) and
 // of generations a catch-up lost, rotating audit.log to audit.log.1 first
-// when it would grow past maxBytes. A log that ends inside a line gets a
-// newline first, in the same write. With durable, the records (and a
+// when it would grow past maxBytes (rotate). A log that ends inside a line
+// gets a newline first, in the same write. With durable, the records (and a
 // rotation) are on disk when it returns nil: the file is fsynced, and the
 // dir after a rotation. A write cut short is not undone (the log is only
 // appended to): the next write, on this log or another writer's, ends the
@@ -559,48 +709,26 @@ func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 			return err
 		}
 	}
-	var head []byte // the newline and the notes that go before lines
-	if a.torn > 0 || a.lost != nil {
-		var notes []AuditRecord
-		if a.torn > 0 {
-			gen := recs[0].Generation
-			if a.lost != nil {
-				gen = min(gen, a.lost.Generation) // in generation order
-			}
-			notes = append(notes, AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: gen, Pid: recs[0].Pid,
-				Reason: fmt.Sprintf("an unfinished record of %d bytes precedes this one, on a line of its own: its write was "+
-					"cut short (a writer killed while appending, or a write that failed); it is left as it was", a.torn)})
+	notes := a.notes(recs)
+	head, err := appendAuditLines(nil, notes) // the notes, and a newline, go before lines
+	if err != nil {
+		return err
+	}
+	if a.size > 0 && a.size+int64(len(head)+len(lines)) > a.maxBytes {
+		if err := a.rotate(p, durable); err != nil {
+			return err
 		}
-		if a.lost != nil {
-			notes = append(notes, *a.lost)
-		}
-		var err error
+		// The unfinished record went with the rotation: the note says so.
+		notes = a.notes(recs)
 		if head, err = appendAuditLines(nil, notes); err != nil {
 			return err
 		}
 	}
-	if a.size > 0 && a.size+int64(len(head)+len(lines)) > a.maxBytes {
-		_ = a.f.Close()
-		a.f = nil
-		if err := os.Rename(p, filepath.Join(a.dir, auditRotated)); err != nil { //nolint:gosec // fixed names in the operator's state dir
-			return fmt.Errorf("rotate %s: %w", p, err)
-		}
-		f, size, err := openAudit(p)
-		if err != nil {
-			return err
-		}
-		a.f, a.size = f, size
-		a.midLine = false // the unfinished line went with the rotation
-		if durable {
-			if err := syncDir(a.dir); err != nil {
-				return fmt.Errorf("rotate %s: %w", p, err)
-			}
-		}
-	}
+	lead := 0
 	if a.midLine {
 		// Our records must not be glued to the line the file ends inside
 		// (ReadAudit would take them for part of it): they start a line.
-		head = append([]byte{'\n'}, head...)
+		head, lead = append([]byte{'\n'}, head...), 1
 	}
 	payload := lines
 	if len(head) > 0 {
@@ -609,6 +737,7 @@ func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 	// One write: appends of one write call are not interleaved with others.
 	n, err := auditWrite(a.f, payload)
 	a.size += int64(n)
+	a.appended += int64(n)
 	if err != nil {
 		if n > 0 {
 			// Cut short: the file ends after the last newline written,
@@ -618,15 +747,98 @@ func (a *auditLog) write(recs []AuditRecord, lines []byte, durable bool) error {
 			a.torn = int64(n - 1 - bytes.LastIndexByte(written, '\n'))
 			a.midLine = a.torn > 0
 			if n >= len(head) {
-				a.lost = nil
+				a.lost, a.torn1 = nil, 0
+			}
+			// The log's last record is the last line written whole.
+			if k := bytes.Count(written[lead:], []byte{'\n'}); k > len(notes) {
+				a.last, a.lastKnown, a.none = recs[min(k-len(notes), len(recs))-1].Generation, true, false
+			} else if k > 0 {
+				a.last, a.lastKnown, a.none = notes[k-1].Generation, true, false
 			}
 		}
 		return fmt.Errorf("append to %s: %w", p, err)
 	}
-	a.torn, a.midLine, a.lost = 0, false, nil
+	a.torn, a.torn1, a.midLine, a.lost = 0, 0, false, nil
+	a.last, a.lastKnown, a.none = recs[len(recs)-1].Generation, true, false
 	if durable {
 		if err := a.f.Sync(); err != nil {
 			return fmt.Errorf("fsync %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// notes returns the notes the next write puts ahead of recs: that of the
+// unfinished records it follows (OpAuditTorn), and that of the generations
+// a catch-up lost (OpAuditLost, a.lost), in generation order.
+//
+// The audit-torn note is stamped with the generation of the log's last
+// record (when it is known): a write cut right after the note's newline
+// leaves the note as the log's last record, and the next writer then looks
+// at that generation again, and catches up every one after it (catchUp).
+// Stamped with a later one, of recs, it would make the generations
+// between, of a catch-up cut short, seem appended.
+func (a *auditLog) notes(recs []AuditRecord) []AuditRecord {
+	var notes []AuditRecord
+	if a.torn > 0 || a.torn1 > 0 {
+		gen := recs[0].Generation
+		if a.lost != nil {
+			gen = min(gen, a.lost.Generation) // in generation order
+		}
+		if a.lastKnown && !a.none {
+			gen = min(gen, a.last)
+		}
+		var where []string
+		if a.torn > 0 {
+			where = append(where, fmt.Sprintf("an unfinished record of %d bytes precedes this one, on a line of its own", a.torn))
+		}
+		if a.torn1 > 0 {
+			where = append(where, fmt.Sprintf("an unfinished record of %d bytes ends %s (the log was rotated after it), "+
+				"on a line of its own", a.torn1, auditRotated))
+		}
+		notes = append(notes, AuditRecord{Time: recs[0].Time, Op: OpAuditTorn, Generation: gen, Pid: recs[0].Pid,
+			Reason: strings.Join(where, "; ") + ": its write was cut short (a writer killed while appending, or a write " +
+				"that failed); it is left as it was"})
+	}
+	if a.lost != nil {
+		notes = append(notes, *a.lost)
+	}
+	return notes
+}
+
+// rotate renames audit.log to audit.log.1 (replacing the one before) and
+// opens a new audit.log. A log that ends inside a line gets its newline
+// first, in a write(2) of its own: audit.log.1 then ends with whole lines,
+// the unfinished one among them, as a reader following the log expects,
+// and the next writer reads its last record back past it (tailOf) when the
+// new audit.log gets none (the writes after failed). If that newline
+// cannot be written, nothing is rotated. The unfinished record's note,
+// written at the start of the new audit.log, says where it is (torn1).
+func (a *auditLog) rotate(p string, durable bool) error {
+	if a.midLine {
+		n, err := auditWrite(a.f, []byte{'\n'})
+		a.size += int64(n)
+		if n > 0 {
+			a.midLine = false
+		}
+		if err != nil {
+			return fmt.Errorf("append to %s: %w", p, err)
+		}
+	}
+	_ = a.f.Close()
+	a.f = nil
+	if err := os.Rename(p, filepath.Join(a.dir, auditRotated)); err != nil { //nolint:gosec // fixed names in the operator's state dir
+		return fmt.Errorf("rotate %s: %w", p, err)
+	}
+	f, size, err := openAudit(p)
+	if err != nil {
+		return err
+	}
+	a.f, a.size = f, size
+	a.torn1, a.torn = a.torn, 0 // the one in the audit.log.1 replaced went with it
+	if durable {
+		if err := syncDir(a.dir); err != nil {
+			return fmt.Errorf("rotate %s: %w", p, err)
 		}
 	}
 	return nil

@@ -221,7 +221,13 @@
 //     them behind, where no later writer looks); a log with no record at
 //     all (removed) only gets what the journals hold. Catching up reads the
 //     last line of the log (one read of its end) and, only when it lacks
-//     something, the journals.
+//     something, the journals. After a write cut short (an unfinished line,
+//     left as it was; a catch-up's own write cut short too; one cut after a
+//     rotation, the records it follows in audit.log.1), the records the cut
+//     write may have left out are compared with its commit's journal record
+//     and only those the log lacks are appended; where that cannot be told,
+//     none is, and an audit-lost record says the generation may lack
+//     records.
 //   - Every stored state has a lineage: a random id given when the state
 //     starts empty (a fresh host, an earlier boot's state discarded, Reset,
 //     or Recover that could not restore every commit) and kept by every other

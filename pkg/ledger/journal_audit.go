@@ -228,8 +228,9 @@ type journaledAudit struct {
 //
 // With have, the log may have some of generation from's records already (a
 // write of them was cut short): have says how many of them, a prefix, and
-// only the rest are appended, if any; a from no journal holds is not lost.
-func (l *Ledger) lateAudit(from, through uint64, reportLost bool, now time.Time, pid int, have func([]AuditRecord) int) []AuditRecord {
+// only the rest are appended, if any (lateRest).
+func (l *Ledger) lateAudit(from, through uint64, reportLost bool, now time.Time, pid int,
+	have func([]AuditRecord) (int, bool)) []AuditRecord {
 	found := map[uint64]journaledAudit{}
 	for _, name := range []string{journalPrevName, journalName} { // the newer file last: it decides
 		l.readJournaledAudit(filepath.Join(l.dir, name), from, through, found)
@@ -260,24 +261,12 @@ func (l *Ledger) lateAudit(from, through uint64, reportLost bool, now time.Time,
 	}
 	next := from
 	if have != nil {
+		out = lateRest(out, from, found[from], have, now, pid)
 		next = from + 1
 	}
 	for _, g := range gens {
-		if have != nil && g == from {
-			if a := found[g]; a.known && len(a.recs) > 0 {
-				if m := have(a.recs); m < len(a.recs) {
-					rest := a.recs[m:]
-					which := fmt.Sprintf("the %d record(s) of generation %d that follow are", len(rest), g)
-					if m > 0 {
-						which = fmt.Sprintf("the last %d of the %d record(s) of generation %d follow,", len(rest), len(a.recs), g)
-					}
-					out = append(out, AuditRecord{Time: now, Op: OpAuditLate, Generation: g, Pid: pid, Reason: fmt.Sprintf(
-						"%s appended late, from its journal record: the write that was appending them (its committer's, "+
-							"pid %d, or a later writer's) was cut short, at the unfinished line above", which, a.recs[0].Pid)})
-					out = append(out, rest...)
-				}
-			}
-			continue
+		if g < next {
+			continue // from, with have
 		}
 		if g > next {
 			lost(next)
@@ -304,6 +293,48 @@ func (l *Ledger) lateAudit(from, through uint64, reportLost bool, now time.Time,
 	}
 	flush(through)
 	return out
+}
+
+// lateRest appends to out what the log gets of generation g, whose records
+// a write cut short may have been appending (auditLog.catchUp), from a,
+// what the journals say of it: those of its records the log lacks (have says
+// how many it has, a prefix), after an OpAuditLate record. When that cannot
+// be told (have is not sure, or no journal holds its records any more), it
+// is not known which the log lacks, and appending any might append one
+// twice: an OpAuditLost record says the generation may lack records.
+// Generation 0 is no commit's.
+func lateRest(out []AuditRecord, g uint64, a journaledAudit, have func([]AuditRecord) (int, bool), now time.Time, pid int) []AuditRecord {
+	mayLack := func(why string) []AuditRecord {
+		return append(out, AuditRecord{Time: now, Op: OpAuditLost, Generation: g, Pid: pid, Reason: fmt.Sprintf(
+			"generation %d may lack records: a write that may have been appending them was cut short (the log ended "+
+				"inside a line, or right after a note that goes ahead of records), and %s, so none of them is appended "+
+				"again (none is appended twice); what it changed is in the state (gpu-guard-ctl status)", g, why)})
+	}
+	switch {
+	case g == 0 || a.known && len(a.recs) == 0:
+		return out // no commit, or one without records: nothing is missing
+	case !a.known:
+		return mayLack("no journal holds its records any more (compacted away since, written by an older build, or " +
+			"a state a recovery or reset wrote whole), so which of them the log lacks is not known")
+	}
+	m, ok := have(a.recs)
+	switch {
+	case !ok:
+		return mayLack(fmt.Sprintf("what the log has of that generation is not a part of the %d record(s) its journal "+
+			"record holds that a cut write of them leaves, or could not be read back to its start, so which of them "+
+			"the log lacks is not known", len(a.recs)))
+	case m >= len(a.recs):
+		return out
+	}
+	rest := a.recs[m:]
+	which := fmt.Sprintf("the %d record(s) of generation %d that follow are", len(rest), g)
+	if m > 0 {
+		which = fmt.Sprintf("the last %d of the %d record(s) of generation %d follow,", len(rest), len(a.recs), g)
+	}
+	out = append(out, AuditRecord{Time: now, Op: OpAuditLate, Generation: g, Pid: pid, Reason: fmt.Sprintf(
+		"%s appended late, from its journal record: the write that was appending them (its committer's, "+
+			"pid %d, or a later writer's) was cut short, at the unfinished line above", which, a.recs[0].Pid)})
+	return append(out, rest...)
 }
 
 // lostNote is the record of generations lo..hi whose audit records
