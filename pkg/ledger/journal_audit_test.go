@@ -149,7 +149,9 @@ func appendAuditLinesOK(t *testing.T, recs []AuditRecord) string {
 // end: before a torn tail (left as it is) or an unfinished record a newline
 // ended since, from a whole record that lacks only its newline, past a
 // last line longer than the first read, from audit.log.1 while audit.log is
-// empty (a rotation), and not at all when the last line is not a record.
+// empty (a rotation) or holds nothing but an unfinished line, before an
+// unfinished line there too (a rotation of a log that ended inside a line),
+// and not at all when the last line is not a record.
 func TestAuditLogKnowsTheGenerationOfItsLastRecord(t *testing.T) {
 	rec := func(g uint64, reason string) string {
 		return appendAuditLinesOK(t, []AuditRecord{{Time: time.Unix(5, 0).UTC(), Op: OpClaim, Reason: reason, Generation: g, Pid: 42}})
@@ -160,7 +162,7 @@ func TestAuditLogKnowsTheGenerationOfItsLastRecord(t *testing.T) {
 		noRotated    bool
 		last         uint64
 		known, none  bool
-		torn         int64
+		torn, torn1  int64
 		midLine      bool
 	}{
 		{name: "plain", log: rec(3, "a") + rec(4, "b"), noRotated: true, last: 4, known: true},
@@ -173,6 +175,11 @@ func TestAuditLogKnowsTheGenerationOfItsLastRecord(t *testing.T) {
 		{name: "long last line", log: rec(3, "a") + rec(4, strings.Repeat("x", 3*auditTailRead)), noRotated: true, last: 4, known: true},
 		{name: "one long line", log: rec(7, strings.Repeat("x", 3*auditTailRead)), noRotated: true, last: 7, known: true},
 		{name: "rotated", log: "", rotated: rec(5, "a") + rec(6, "b"), last: 6, known: true},
+		{name: "rotated inside a line", log: "", rotated: rec(5, "a") + rec(6, "b") + `{"time":"2026`, last: 6, known: true, torn1: 13},
+		{name: "rotated with an unfinished line ended", log: "", rotated: rec(5, "a") + rec(6, "b") + `{"time":"2026` + "\n", last: 6, known: true,
+			torn1: 13},
+		{name: "nothing but a fragment, rotated inside a line", log: `{"ti`, rotated: rec(5, "a") + `{"time":"2026` + "\n", last: 5, known: true,
+			torn: 4, torn1: 13, midLine: true},
 		{name: "none", log: "", noRotated: true, known: true, none: true},
 		{name: "empty rotated", log: "", rotated: "", known: true, none: true},
 		{name: "hand-written record", log: rec(3, "a") + `{"generation":8,"op":"note"}` + "\n", noRotated: true, last: 8, known: true},
@@ -192,6 +199,7 @@ func TestAuditLogKnowsTheGenerationOfItsLastRecord(t *testing.T) {
 			require.Equal(t, c.last, a.last)
 			require.Equal(t, c.none, a.none)
 			require.Equal(t, c.torn, a.torn)
+			require.Equal(t, c.torn1, a.torn1)
 			require.Equal(t, c.midLine, a.midLine)
 			require.Equal(t, c.log, string(mustRead(t, filepath.Join(dir, auditName))), "nothing is cut")
 		})
