@@ -58,8 +58,9 @@ import (
 // (writeUnhealthyCarry: written before the cordon, as the intruders' are);
 // the daemon after lists them (observe.json, the gauge) and judges their
 // cordons at its first pass as the daemon before would have
-// (settleUnhealthy): one missing in another lineage, or pending and not in
-// force, is written again as unhealthy. A file without them (an older
+// (settleUnhealthy; with accounting off, which runs no pass, at once and
+// then on settleLoop's schedule): one missing in another lineage, or
+// pending and not in force, is written again as unhealthy. A file without them (an older
 // daemon's) carries none: only the unhealthy cordons in force are adopted
 // then (unhealthyOf), as before.
 //
@@ -249,7 +250,7 @@ func (w *Watch) readPrior(dir string, accounts bool, cordons []ledger.Cordon, li
 		attrs = append(attrs, "truncated", c.Truncated)
 	}
 	if !accounts {
-		log.Info("GPU observer: findings of the daemon before carried over: an unhealthy device stays unhealthy until `gpu-guard-ctl uncordon`; with accounting off ([observe] interval = \"0s\") the other findings are kept as they were for an observer that accounts",
+		log.Info("GPU observer: findings of the daemon before carried over: an unhealthy device stays unhealthy, cordoned again if no cordon is in force on it, until `gpu-guard-ctl uncordon`; with accounting off ([observe] interval = \"0s\") the other findings are kept as they were for an observer that accounts",
 			attrs...)
 		return p
 	}

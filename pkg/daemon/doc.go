@@ -77,6 +77,14 @@
 //     afresh too (NVML reports the Xid once), while the inventory lists the
 //     device; an intruder's at every pass that still reports a process the
 //     guard did not admit on the device (dropped once none is).
+//   - An observer that runs no pass ([observe] interval = "0s") still
+//     watches health, and settles its unhealthy devices on its own
+//     (Watch.settleLoop) as a pass would: at once when it starts (the
+//     cordons it took over pending, from the daemon before or the
+//     observer before), then after a back-off while a cordon is still to
+//     be written and every 10s while one is watched (lost: written again;
+//     lifted: forgotten). Settling and a device found unhealthy are
+//     handled one at a time (Watch.healthMu).
 //   - An observer's cordon is in force while the device has a cordon,
 //     whatever its source: the ledger keeps one cordon per device, the one
 //     of the highest-ranking source written (operator > unhealthy >

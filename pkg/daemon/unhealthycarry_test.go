@@ -179,19 +179,37 @@ func TestUnhealthyCordonPendingCarriedAcrossADaemonRestart(t *testing.T) {
 // healthOnlyDaemon is a daemon's Watch over g with [observe] interval =
 // "0s": its observer runs no accounting pass and watches health only, over
 // every GPU of h but GPU 7. cordoned gets each device whose cordon it asked
-// for, once asked; stop ends it (waiting for the health callback in
-// progress, as Run does).
-func healthOnlyDaemon(t *testing.T, h *gpuHost, g *guard.Guard) (w *Watch, m *metrics.Metrics, cordoned chan string, stop func()) {
+// for, once asked; timer ends its waits between two settlings of its
+// unhealthy devices (none ends unless the test says so); stop ends it
+// (waiting for the health callback in progress, as Run does).
+func healthOnlyDaemon(t *testing.T, h *gpuHost, g *guard.Guard) (w *Watch, m *metrics.Metrics, cordoned chan string, timer *settleTimer,
+	stop func()) {
+	t.Helper()
+	return healthOnlyDaemonWith(t, h, g, nil)
+}
+
+// healthOnlyDaemonWith is healthOnlyDaemon with wrap (when set) around its
+// device states.
+func healthOnlyDaemonWith(t *testing.T, h *gpuHost, g *guard.Guard, wrap func(DeviceStates) DeviceStates) (w *Watch, m *metrics.Metrics,
+	cordoned chan string, timer *settleTimer, stop func()) {
 	t.Helper()
 	w = watchOver(g, nil)
 	m = metrics.New()
 	w.Metrics = m
 	w.ProcRoot = h.proc
+	timer = newSettleTimer()
+	w.After, w.settled = timer.after, timer.settle
 	cordoned = make(chan string, 8)
-	w.States = func(g *guard.Guard) DeviceStates { return signalStates{statesOf(g), cordoned} }
+	w.States = func(g *guard.Guard) DeviceStates {
+		s := statesOf(g)
+		if wrap != nil {
+			s = wrap(s)
+		}
+		return signalStates{s, cordoned}
+	}
 	cfg := g.Config()
 	cfg.Observe.Interval = config.Duration{}
-	return w, m, cordoned, startWithoutUnder(t, w, g, h, 7, cfg)
+	return w, m, cordoned, timer, startWithoutUnder(t, w, g, h, 7, cfg)
 }
 
 // signalStates are device states that tell of each cordon asked for.
@@ -217,8 +235,9 @@ func xidEvent(h *gpuHost, i int) nvml.EventData {
 // critical Xid, and the unhealthy cordon is kept as the operator's (rank).
 // The daemon after a restart (same boot, accounting on or off) still knows
 // that GPU 3 failed, from the carry file: it lists it as unhealthy
-// (observe.json, the gauge), and one that accounts cordons it again, as
-// unhealthy, once the ledger is rebuilt from nothing. The carry file used to
+// (observe.json, the gauge), and cordons it again, as unhealthy, once the
+// ledger is rebuilt from nothing (one that does not account, at a settling
+// of its own: there is no pass; it used to leave the cordon unwatched). The carry file used to
 // be written only by a daemon whose observer accounts: one at "0s" neither
 // wrote its unhealthy devices there nor read the daemon before's, and NVML
 // reports the Xid once, so GPU 3 was forgotten, and took claims again once
@@ -232,18 +251,22 @@ func TestUnhealthyCarriedAcrossADaemonRestartWithAccountingOff(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			h, g, uuid := xidUnderOperatorCordon(t)
 			ctx := context.Background()
-			_, _, cordoned, stop := healthOnlyDaemon(t, h, g)
+			_, _, cordoned, _, stop := healthOnlyDaemon(t, h, g)
 			h.events <- xidEvent(h, 3)
 			assert.Equal(t, uuid, testwait.Receive(t, cordoned, "the health watcher's cordon of GPU 3"))
 			stop()
 			require.Equal(t, ledger.CordonOperator, cordonOn(t, g, uuid).Source, "the operator's cordon is kept")
 
-			var w *Watch
-			var m *metrics.Metrics
+			var (
+				w      *Watch
+				m      *metrics.Metrics
+				timer  *settleTimer
+				signal chan string
+			)
 			if accountsAfter {
 				w, m, stop = accountingDaemon(t, h, g)
 			} else {
-				w, m, _, stop = healthOnlyDaemon(t, h, g)
+				w, m, signal, timer, stop = healthOnlyDaemon(t, h, g)
 			}
 			defer stop()
 			w.mu.Lock()
@@ -253,14 +276,18 @@ func TestUnhealthyCarriedAcrossADaemonRestartWithAccountingOff(t *testing.T) {
 			file, err := observe.ReadFile(g.Ledger().Dir())
 			require.NoError(t, err)
 			assert.Equal(t, []string{uuid}, unhealthyUUIDs(file.Unhealthy), "gpu-guard-ctl status warns of GPU 3")
-			if !accountsAfter {
-				return // no pass settles its cordon
-			}
 			damageLedger(t, g)
 			rep, err := g.Ledger().Recover(ctx, ledger.RecoverOptions{AllowEmpty: true, Reason: "NRI sync"})
 			require.NoError(t, err)
 			require.True(t, rep.Empty)
-			w.settleUnhealthy(ctx, func(string) bool { return true })
+			if accountsAfter {
+				w.settleUnhealthy(ctx, func(string) bool { return true })
+			} else {
+				// No pass runs: the watch settles its unhealthy devices
+				// on its own schedule.
+				timer.tick(t)
+				assert.Equal(t, uuid, testwait.Receive(t, signal, "GPU 3's cordon written again"))
+			}
 			assert.Equal(t, ledger.CordonUnhealthy, cordonOn(t, g, uuid).Source,
 				"GPU 3 failed (Xid 79): cordoned again after the ledger was rebuilt")
 		})
@@ -308,7 +335,7 @@ func TestFindingsKeptForAnAccountingObserverByADaemonWithAccountingOff(t *testin
 			// The daemon after it runs with accounting off, and GPU 3
 			// reports a critical Xid: the carry file names it, and still
 			// the intruder.
-			w, _, cordoned, stop := healthOnlyDaemon(t, h, g)
+			w, _, cordoned, _, stop := healthOnlyDaemon(t, h, g)
 			h.events <- xidEvent(h, 3)
 			assert.Equal(t, h.uuid(3), testwait.Receive(t, cordoned, "the health watcher's cordon of GPU 3"))
 			stop()

@@ -107,10 +107,16 @@ type Watch struct {
 	// Interval overrides [observe] interval when positive (tests: the
 	// configuration allows no less than 1s).
 	Interval time.Duration
+	// After is the timer an observer that runs no accounting pass waits
+	// on between two settlings of its unhealthy devices (settleLoop);
+	// nil = time.NewTimer (tests inject one).
+	After func(time.Duration) <-chan time.Time
 
 	guards chan *guard.Guard
 	// afterReport, when set (tests), runs after each report was handled.
 	afterReport func()
+	// settled, when set (tests), runs after each settling of settleLoop.
+	settled func()
 	// guardTaken, when set (tests), runs after Run has acted on each guard
 	// handed to it (an observer started, kept, or none for a guard that
 	// knows no GPU yet).
@@ -122,6 +128,15 @@ type Watch struct {
 	// a write to the ledger and one to the carry file (crash); true
 	// abandons the pass there, as a daemon that died there would.
 	crashAt func(point string) bool
+
+	// healthMu makes the unhealthy devices' policy one step at a time:
+	// onUnhealthy and settleUnhealthy. With accounting passes both run on
+	// the observer's callback goroutine; without (settleLoop) settling
+	// runs on a goroutine of its own, and a settling that read the
+	// unhealthy devices while a new one was being cordoned would judge
+	// that cordon missing (lost: written again as such). Taken before mu,
+	// never while holding it.
+	healthMu sync.Mutex
 
 	mu sync.Mutex
 	g  *guard.Guard
@@ -157,6 +172,10 @@ type Watch struct {
 	intruderRetry map[string]observe.FileFinding
 	// observing: what the running observer was started with (start).
 	observing observerRun
+	// settleWake, while an observer that runs no accounting pass runs,
+	// wakes its settleLoop: a device was found unhealthy (onUnhealthy),
+	// and its cordon may now be pending or watched.
+	settleWake chan struct{}
 	// carryTaken: an observer that watches health (NVML opened) was
 	// started; the first one took over the carry file of the daemon
 	// before (readPrior): its unhealthy devices at once, its findings too
@@ -445,7 +464,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	lastReport := w.lastPass
 	w.reported, w.unhealthy, w.unlisted, w.notInInventory, w.lastPass = c.reported, c.unhealthy, nil, nil, c.lastPass
 	w.cordonFailed, w.cordonLineage, w.intruderRetry = c.cordonFailed, c.lineages, c.intruderRetry
-	w.interval, w.observing = interval, next
+	w.interval, w.observing, w.settleWake = interval, next, nil
 	// The new observer starts with what was carried over, and the gauges
 	// show it as observe.json does: a finding not carried loses its series
 	// (the time of the last report stays what it was).
@@ -485,6 +504,16 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 			log.Info("GPU observer running", "interval", interval.String(), "on_intruder", string(cfg.Observe.OnIntruder),
 				"devices", len(o.Devices()), "xids", len(cfg.Observe.Xids))
 			w.writeFile()
+			if !accounts {
+				// No pass settles the unhealthy devices (OnReport):
+				// settleLoop does, from now on.
+				wake := make(chan struct{}, 1)
+				w.mu.Lock()
+				w.settleWake = wake
+				w.mu.Unlock()
+				wg.Add(1)
+				go func() { defer wg.Done(); w.settleLoop(ctx, wake, o.ClearHealth) }()
+			}
 			wg.Add(1)
 			go func() { defer wg.Done(); o.Run(ctx) }()
 		}
@@ -1227,6 +1256,9 @@ func judgeCordons(cordons []ledger.Cordon, lineage string, seen map[string]strin
 // ledger's cordons (carryLocked), is news to the new one: its
 // entry is replaced, not listed twice.
 func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
+	w.healthMu.Lock()
+	defer w.healthMu.Unlock()
+	defer w.wakeSettle()
 	w.mu.Lock()
 	if i := slices.IndexFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == f.Device.UUID }); i >= 0 {
 		w.unhealthy[i] = f
@@ -1258,6 +1290,21 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	}
 	w.writeUnhealthyCarry(nil)
 	w.writeFile()
+}
+
+// wakeSettle wakes the settleLoop of an observer that runs no accounting
+// pass, if one runs, without ever waiting for it.
+func (w *Watch) wakeSettle() {
+	w.mu.Lock()
+	wake := w.settleWake
+	w.mu.Unlock()
+	if wake == nil {
+		return
+	}
+	select {
+	case wake <- struct{}{}:
+	default: // already woken
+	}
 }
 
 // showUnhealthyLocked rebuilds the unhealthy gauge from w.unhealthy (w.mu
@@ -1381,8 +1428,9 @@ func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason st
 // record's).
 const recordonReason = "cordoned again (the ledger was started afresh by a reset or a recovery and lost this cordon): "
 
-// settleUnhealthy runs after each accounting pass and keeps every unhealthy
-// device cordoned until the operator uncordons it:
+// settleUnhealthy runs after each accounting pass (with accounting off:
+// settleLoop) and keeps every unhealthy device cordoned until the operator
+// uncordons it:
 //
 //   - a cordon in force records the ledger lineage it is in force in;
 //   - a cordon that could not be written is written again;
@@ -1397,6 +1445,8 @@ const recordonReason = "cordoned again (the ledger was started afresh by a reset
 //     with the state. The device is cordoned again, logged and audited as
 //     such: a device that failed must not take new claims on a guess.
 func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bool) {
+	w.healthMu.Lock()
+	defer w.healthMu.Unlock()
 	log := w.log()
 	w.mu.Lock()
 	unhealthy := slices.Clone(w.unhealthy)
@@ -1449,6 +1499,91 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 	// What became of the cordons (their lineages, a retry done, a device
 	// forgotten) for the daemon after this one.
 	w.writeUnhealthyCarry(nil)
+}
+
+// Timing of settleLoop. A cordon still to be written is retried after
+// settleRetryMin, then after twice the previous wait, up to
+// accountingOffPeriod; the cordons in force are checked every
+// accountingOffPeriod, as often as an accounting pass at the default
+// [observe] interval would (and as the draining claims are with
+// accounting off: drainPeriod).
+const (
+	settleRetryMin      = time.Second
+	accountingOffPeriod = 10 * time.Second
+)
+
+// settleLoop settles the unhealthy devices (settleUnhealthy) for an
+// observer that runs no accounting pass ([observe] interval = "0s"), until
+// ctx ends; forget is the observer's ClearHealth. Its health watcher finds
+// unhealthy devices all the same, and the daemon adopts those of the
+// daemon before it and of the observer before it (takeOverLocked,
+// carryLocked), but only a pass settled them: a cordon pending (the
+// daemon before died before writing it) or that failed (ledger lock busy)
+// was never written, one the ledger lost with its state (a reset, a
+// recovery afresh) never written again, and a device the operator
+// uncordoned never forgotten (its next critical Xid, taken for the one
+// already reported, cordoned nothing): the failing GPU took new claims.
+//
+// It settles at once (what the observer took over), then on a schedule
+// while there is something to settle: after a back-off while a cordon is
+// still to be written, every accountingOffPeriod while a cordon is
+// watched (whether it is still in force: lost, or lifted by the
+// operator). With no unhealthy device it waits for wake: onUnhealthy says
+// that a device was found unhealthy (its cordon written, or not).
+func (w *Watch) settleLoop(ctx context.Context, wake <-chan struct{}, forget func(uuid string) bool) {
+	after := w.After
+	if after == nil {
+		after = func(d time.Duration) <-chan time.Time { return time.NewTimer(d).C }
+	}
+	backoff := settleRetryMin
+	settle := func() {
+		w.settleUnhealthy(ctx, forget)
+		if w.settled != nil {
+			w.settled()
+		}
+	}
+	settle()
+	for {
+		var due <-chan time.Time // nil: nothing to settle until woken
+		switch pending, watched := w.unhealthyToSettle(); {
+		case pending:
+			due = after(backoff)
+		case watched:
+			due = after(accountingOffPeriod)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+			continue // the schedule as the new device's cordon left it
+		case <-due:
+		}
+		settle()
+		if pending, _ := w.unhealthyToSettle(); pending {
+			backoff = min(2*backoff, accountingOffPeriod)
+		} else {
+			backoff = settleRetryMin
+		}
+	}
+}
+
+// unhealthyToSettle tells whether the cordon of an unhealthy device is
+// still to be written (pending: cordonFailed) and whether any is watched
+// (every unhealthy device's but a vanished MIG instance's, which is never
+// cordoned: see onUnhealthy).
+func (w *Watch) unhealthyToSettle() (pending, watched bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, f := range w.unhealthy {
+		if f.Vanished && f.Device.IsMIG() {
+			continue
+		}
+		watched = true
+		if _, ok := w.cordonFailed[f.Device.UUID]; ok {
+			pending = true
+		}
+	}
+	return pending, watched
 }
 
 // audit writes records through the ledger (an update that changes nothing
@@ -1532,14 +1667,14 @@ func (w *Watch) writeFile() {
 const maxIdleCheck = 5 * time.Second
 
 // drainPeriod is how often the draining claims are checked: every
-// accounting interval, or every 10s with accounting off.
+// accounting interval, or every accountingOffPeriod with accounting off.
 func (w *Watch) drainPeriod(cfg config.Config) time.Duration {
 	d := cfg.Observe.Interval.Duration
 	if w.Interval > 0 {
 		d = w.Interval
 	}
 	if d <= 0 {
-		d = 10 * time.Second
+		d = accountingOffPeriod
 	}
 	return d
 }
