@@ -8,6 +8,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -202,4 +203,37 @@ func TestUnhealthyCordonKeptWithAccountingOff(t *testing.T) {
 	h.events <- xidEvent(h, 3) // it fails again
 	assert.Equal(t, uuid, testwait.Receive(t, cordoned, "the cordon of GPU 3's next Xid"))
 	assert.Equal(t, ledger.CordonUnhealthy, cordonOn(t, g, uuid).Source)
+}
+
+// A daemon whose observer does not account adopts the unhealthy cordons in
+// force in the ledger that it does not carry (the carry file of an older
+// daemon names no unhealthy device, or is missing), as one that accounts
+// does: it lists the device, and cordons it again once the ledger loses
+// the cordon. It used to leave them alone, as nothing settled them with
+// accounting off: lost with the state, the cordon of a failing GPU was
+// not written again before its next critical Xid.
+func TestUnhealthyCordonInTheLedgerAdoptedWithAccountingOff(t *testing.T) {
+	h := newGPUHost(t)
+	g := guardFor(t, h, nil)
+	ctx := context.Background()
+	uuid := h.uuid(3)
+	before := watchOver(g, nil)
+	before.onUnhealthy(ctx, observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
+		Device: observe.Device{UUID: uuid, Index: "3"}})
+	require.True(t, cordonedIn(t, g, uuid))
+	require.NoFileExists(t, filepath.Join(g.Ledger().Dir(), observe.CarryFileName), "no carry file: the ledger alone says it")
+
+	w, m, cordoned, timer, stop := healthOnlyDaemon(t, h, g)
+	defer stop()
+	w.mu.Lock()
+	assert.Equal(t, []string{uuid}, unhealthyUUIDs(w.unhealthy), "adopted from the ledger")
+	w.mu.Unlock()
+	assert.Equal(t, map[string]float64{"3": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
+
+	resetLedger(t, g)
+	timer.tick(t)
+	assert.Equal(t, uuid, testwait.Receive(t, cordoned, "the cordon written again"))
+	k := cordonOn(t, g, uuid)
+	assert.Equal(t, ledger.CordonUnhealthy, k.Source)
+	assert.Equal(t, recordonReason+"GPU 3 reported critical Xid 79", k.Reason)
 }

@@ -437,20 +437,19 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	health := src != nil
 	accounts := health && interval > 0
 	readNow := health && w.priorToRead(k.dir, accounts)
-	if accounts || readNow {
-		// Read before w.mu: never held across a ledger read. Without
-		// accounting passes ([observe] interval = "0s") no pass would
-		// settle a device adopted from the ledger, so the ledger's
-		// unhealthy cordons are left as they stand; the ones the daemon
-		// before found (its carry file, read by the first observer that
-		// watches health) are carried all the same, as the health
-		// watcher's own are: NVML reports an Xid once. Without NVML
-		// nothing is read: no observer of this daemon found anything to
-		// carry, and the carry file is left to one that runs.
+	if health {
+		// Read before w.mu: never held across a ledger read. The
+		// ledger's unhealthy cordons are adopted whatever the interval:
+		// an observer that runs no accounting pass ([observe] interval
+		// = "0s") settles its unhealthy devices all the same
+		// (settleLoop). The ones the daemon before found (its carry
+		// file, read by the first observer that watches health) are
+		// carried too, as the health watcher's own are: NVML reports an
+		// Xid once. Without NVML nothing is read: no observer of this
+		// daemon found anything to carry or settles anything, and the
+		// carry file is left to one that runs.
 		cordons, lineage, read := w.ledgerCordons(ctx)
-		if accounts {
-			inLedger, inLineage = unhealthyOf(cordons), lineage
-		}
+		inLedger, inLineage = unhealthyOf(cordons), lineage
 		if readNow {
 			prior = w.readPrior(k.dir, accounts, cordons, lineage, read)
 		}
@@ -609,7 +608,9 @@ type observerCarry struct {
 // (takeOverLocked).
 //
 // inLedger are the unhealthy cordons in force in the ledger, read in
-// lineage (unhealthyOf): one on a device not carried is adopted,
+// lineage (unhealthyOf; for every observer that watches health, whatever
+// the interval: one that runs no pass settles them too, see settleLoop):
+// one on a device not carried is adopted,
 // seen in force in lineage, and returned in adopted too. That is the
 // daemon's restart (a new Watch holds nothing), or a device an inventory
 // left and lists again: its cordon stands in the ledger, and the device
