@@ -493,8 +493,9 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 				w.onReport(ctx, cfg, r)
 				w.settleUnhealthy(ctx, o.ClearHealth)
 			},
-			OnUnhealthy: func(f observe.Finding) { w.onUnhealthy(ctx, f) },
-			Logger:      log.With("component", "observer"),
+			OnUnhealthy:    func(f observe.Finding) { w.onUnhealthy(ctx, f) },
+			OnUnidentified: func(f observe.Finding) { w.onUnidentified(ctx, f) },
+			Logger:         log.With("component", "observer"),
 		})
 		if err != nil {
 			log.Error("GPU observer off: bad options", "error", err)
@@ -865,7 +866,7 @@ func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Repor
 	}
 	for _, f := range r.Problems() {
 		if f.Kind == observe.KindUnhealthy {
-			continue // the health path (onUnhealthy) handles it once
+			continue // the health path handles it once (onUnhealthy; onUnidentified for a GPU NVML could not identify)
 		}
 		ff := observe.FileFinding{Finding: f}
 		if ow, ok := known[f.ContainerID]; ok && f.ContainerID != "" {
@@ -1291,6 +1292,27 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	}
 	w.writeUnhealthyCarry(nil)
 	w.writeFile()
+}
+
+// onUnidentified audits a critical Xid whose GPU NVML could not identify
+// (observe.Options.OnUnidentified: once per Xid code and observer), as an
+// unhealthy record that names no device: there is none to name, and none
+// is cordoned. Its reason is the finding's message: the Xid, what NVML
+// could read of the device (its PCI bus id, its minor number) and how to
+// find the GPU and cordon it by hand. The observer logs it as an error and
+// lists it in its reports (observe.json's not_in_inventory, with
+// accounting on), but only for as long as it runs: the audit record is
+// the trace that outlives it, at any interval.
+//
+// It is not carried across a restart of the daemon (the carry file): with
+// no device to tell it by, nothing would ever clear it (an unhealthy
+// device clears when the operator uncordons it), and restarting the
+// daemon is how the operator, having cordoned the GPU by hand, clears it
+// from status; the record stays in the audit log.
+func (w *Watch) onUnidentified(ctx context.Context, f observe.Finding) {
+	w.audit(ctx, func(tx *ledger.Tx) {
+		tx.Audit(OpUnhealthy, ledger.AuditRecord{Reason: f.Message})
+	})
 }
 
 // wakeSettle wakes the settleLoop of an observer that runs no accounting

@@ -35,9 +35,10 @@
 //     bus), by the handle its GPU was registered by, its PCI bus id or its
 //     minor number; one that nothing matches is logged as outside the
 //     inventory only when something was read of it, and otherwise is a
-//     critical Xid of an unidentified device: an error in the log and an
-//     unhealthy finding in every report, telling the operator to find and
-//     cordon the GPU by hand, never taken for a stranger's and dropped;
+//     critical Xid of an unidentified device: an error in the log, an
+//     unhealthy finding in every report and, once per Xid code, a call of
+//     OnUnidentified, telling the operator to find and cordon the GPU by
+//     hand, never taken for a stranger's and dropped;
 //   - gone (informational): NVML listed a pid whose /proc entry vanished and
 //     that the kernel no longer knows (kill(pid, 0) answers ESRCH), or whose
 //     pid was reused by a process started after the listing.

@@ -501,6 +501,47 @@ func TestXidFromAnUnidentifiedDevice(t *testing.T) {
 	assert.EqualValues(t, 79, r.Findings[0].Xid)
 }
 
+// A critical Xid from a device NVML cannot identify is handed to
+// OnUnidentified, once per Xid code (the first event of each), whatever the
+// interval: the caller records it (the daemon audits it), as nothing else
+// outlives the observer. No device is marked unhealthy for it.
+func TestUnidentifiedXidCalledBackOncePerCode(t *testing.T) {
+	h := newMockA100(t)
+	unknown := &mockDevice{}
+	unknown.GetUUIDFunc = func() (string, nvml.Return) { return "", nvml.ERROR_GPU_IS_LOST }
+	unknown.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) { return nvml.PciInfo{}, nvml.ERROR_GPU_IS_LOST }
+	unknown.GetMinorNumberFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_GPU_IS_LOST }
+	got := make(chan Finding, 16)
+	var unhealthy chan Finding
+	o, _ := newObserver(t, h, newFakeProc(t, 1000), &holdings{}, func(o *Options) {
+		o.Interval = 0 // health only: no report ever
+		unhealthy = unhealthyChan(o)
+		o.OnUnidentified = func(f Finding) { got <- f }
+	})
+	startRun(t, o)
+
+	h.events <- xidEvent(unknown, 79)
+	h.events <- xidEvent(unknown, 79) // the same Xid again: not again
+	h.events <- xidEvent(unknown, 13) // not critical: ignored
+	h.events <- xidEvent(unknown, 48)
+	f := testwait.Receive(t, got, "the unidentified Xid 79")
+	assert.EqualValues(t, 79, f.Xid)
+	assert.Equal(t, KindUnhealthy, f.Kind)
+	assert.Empty(t, f.Device.UUID)
+	assert.Contains(t, f.Message, "an unidentified GPU reported critical Xid 79")
+	assert.Contains(t, f.Message, "sudo gpu-guard-ctl cordon")
+	// Callbacks come in the order found: the second 79 would precede 48.
+	assert.EqualValues(t, 48, testwait.Receive(t, got, "the unidentified Xid 48").Xid)
+	h.events <- xidEvent(h.srv.Devices[0], 48)
+	assert.Equal(t, "0", testwait.Receive(t, unhealthy, "unhealthy GPU 0").Device.Index)
+	select {
+	case f := <-got:
+		t.Fatalf("unexpected callback %+v", f)
+	default:
+	}
+	assert.Equal(t, []string{h.uuid(0)}, uuidsOf(o.Unhealthy()), "only an identified device is marked unhealthy")
+}
+
 func uuidsOf(fs []Finding) []string {
 	var out []string
 	for _, f := range fs {

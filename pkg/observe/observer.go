@@ -63,6 +63,15 @@ type Options struct {
 	// OnUnhealthy receives each device the first time it becomes unhealthy
 	// (see OnReport for how it is called).
 	OnUnhealthy func(Finding)
+	// OnUnidentified receives the unhealthy finding of a critical Xid whose
+	// device NVML could not identify (empty UUID; see Report), the first
+	// time each Xid code comes so, whatever the interval (see OnReport for
+	// how it is called; none is ever dropped: there is at most one per
+	// Xid code). There is no device to mark unhealthy or to cordon: the
+	// caller records it where it outlives the observer (the daemon audits
+	// it), as reports show it only while this Observer runs, and no
+	// report comes with Interval 0.
+	OnUnidentified func(Finding)
 	// Logger receives NVML errors and retries; nil discards them.
 	Logger *slog.Logger
 
@@ -105,9 +114,10 @@ type Observer struct {
 	movedSeen map[string]string
 	// Callbacks waiting for the dispatcher (see Options.OnReport); wake
 	// tells it there are some.
-	pendingUnhealthy []Finding
-	pendingReport    *Report
-	wake             chan struct{}
+	pendingUnhealthy    []Finding
+	pendingUnidentified []Finding
+	pendingReport       *Report
+	wake                chan struct{}
 }
 
 // New checks the options and returns an Observer; nothing runs until Run,
@@ -388,19 +398,27 @@ func (o *Observer) markUnhealthy(f Finding) {
 
 // markUnidentified records f, the unhealthy finding of a critical Xid whose
 // device could not be identified, for every report from now on (the first
-// of each Xid is kept), and logs each such event as an error: no device
-// is cordoned for it, so the operator must find the GPU.
+// of each Xid is kept, and handed to OnUnidentified), and logs each such
+// event as an error: no device is cordoned for it, so the operator must
+// find the GPU.
 func (o *Observer) markUnidentified(f Finding) {
 	if f.Time.IsZero() {
 		f.Time = o.now()
 	}
 	o.mu.Lock()
-	if _, seen := o.unidentified[f.Xid]; !seen {
+	_, seen := o.unidentified[f.Xid]
+	if !seen {
 		o.unidentified[f.Xid] = f
+		if o.opts.OnUnidentified != nil {
+			o.pendingUnidentified = append(o.pendingUnidentified, f)
+		}
 	}
 	o.mu.Unlock()
 	o.log.Error("critical Xid from a GPU NVML cannot identify; no GPU cordoned: find it and cordon it by hand",
 		"xid", f.Xid, "message", f.Message)
+	if !seen {
+		o.poke()
+	}
 }
 
 // poke wakes the dispatcher without ever waiting for it.
@@ -412,8 +430,10 @@ func (o *Observer) poke() {
 }
 
 // dispatch hands pending notifications to the callbacks until ctx ends:
-// unhealthy devices first (in the order they were found), then the latest
-// report.
+// unhealthy devices first (in the order they were found), then the
+// critical Xids of unidentified devices (in the same order), then the
+// latest report: a report that lists one of them comes after its
+// callback.
 func (o *Observer) dispatch(ctx context.Context) {
 	for {
 		select {
@@ -423,14 +443,17 @@ func (o *Observer) dispatch(ctx context.Context) {
 		}
 		for ctx.Err() == nil {
 			o.mu.Lock()
-			un, rep := o.pendingUnhealthy, o.pendingReport
-			o.pendingUnhealthy, o.pendingReport = nil, nil
+			un, unid, rep := o.pendingUnhealthy, o.pendingUnidentified, o.pendingReport
+			o.pendingUnhealthy, o.pendingUnidentified, o.pendingReport = nil, nil, nil
 			o.mu.Unlock()
-			if len(un) == 0 && rep == nil {
+			if len(un) == 0 && len(unid) == 0 && rep == nil {
 				break
 			}
 			for _, f := range un {
 				o.opts.OnUnhealthy(f)
+			}
+			for _, f := range unid {
+				o.opts.OnUnidentified(f)
 			}
 			if rep != nil {
 				o.opts.OnReport(*rep)

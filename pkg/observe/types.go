@@ -283,7 +283,8 @@ type DeviceReport struct {
 // an empty UUID and a NotInInventory notice per Xid code, and an unhealthy
 // finding on it.
 // No device is marked unhealthy for it (Unhealthy, Health, OnUnhealthy):
-// the report and the log are where the operator learns of it.
+// the report, the log and Options.OnUnidentified (the daemon's audit log)
+// are where the operator learns of it.
 type Report struct {
 	Time     time.Time      `json:"time"`
 	Devices  []DeviceReport `json:"devices"`
