@@ -73,14 +73,7 @@ func TestAppendAudit(t *testing.T) {
 // names the fragment's line and byte offset.
 func TestAuditAppendEndsATornTail(t *testing.T) {
 	ctx := context.Background()
-	opts := testOptions(newClock())
-	opts.RuntimeDir = t.TempDir()
-	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-	})
+	l := ledgerWithClaim(t, "h1", nil)
 	good, err := ReadAudit(l.AuditPath())
 	require.NoError(t, err)
 	bad := 0 // fragments left before
@@ -131,14 +124,7 @@ func TestAuditAppendEndsATornTail(t *testing.T) {
 // commit's record.
 func TestAuditAppendLeavesALongFragment(t *testing.T) {
 	ctx := context.Background()
-	opts := testOptions(newClock())
-	opts.RuntimeDir = t.TempDir()
-	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-	})
+	l := ledgerWithClaim(t, "h1", nil)
 	good, err := ReadAudit(l.AuditPath())
 	require.NoError(t, err)
 	before, err := os.ReadFile(l.AuditPath())

@@ -194,23 +194,10 @@ func mustParse(t *testing.T, payload []byte) []AuditRecord {
 // the commit's records that the log has may go back into audit.log.1. The
 // next writer reads on there, and appends each record the log lacks, once.
 func TestAWriteCutShortAfterARotationIsCaughtUp(t *testing.T) {
-	opts := testOptions(newClock())
-	opts.RuntimeDir = t.TempDir()
-	opts.AuditMaxBytes = 600
-	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-	})
+	l := ledgerWithClaim(t, "h0", func(o *Options) { o.AuditMaxBytes = 600 })
 	first := mustRead(t, l.AuditPath())
 	cutAuditWrites(t, inSecondLine)
-	update(t, l, func(tx *Tx) {
-		for i := 1; i <= 3; i++ {
-			_, err := tx.Claim("", owner(fmt.Sprintf("h%d", i)), devs(gpu(i)), "env")
-			require.NoError(t, err)
-		}
-	})
+	claimThree(t, l)
 	auditWrite = (*os.File).Write
 	g := snapshot(t, l).Generation
 	want := l.lateAudit(g, g, true, l.now(), os.Getpid(), nil)[1:]

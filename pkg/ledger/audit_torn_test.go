@@ -90,14 +90,7 @@ func requireEachOnce(t *testing.T, recs []AuditRecord, want []AuditRecord) {
 // that appends its records and nothing more: no newline of its own.
 func TestATornAuditLineIsEndedNotCut(t *testing.T) {
 	ctx := context.Background()
-	opts := testOptions(newClock())
-	opts.RuntimeDir = t.TempDir()
-	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h1"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-	})
+	l := ledgerWithClaim(t, "h1", nil)
 	good := readAuditOK(t, l.Dir())
 	before := mustRead(t, l.AuditPath())
 	fragment := `{"time":"2026-03-01T12:00:00Z","op":"claim","devices":["GPU-000`
@@ -137,29 +130,48 @@ func TestATornAuditLineIsEndedNotCut(t *testing.T) {
 	require.Equal(t, string(after)+renderAudit(t, recs2[len(recs)]), string(again), "no newline added where none is missing")
 }
 
-// ledgerWithUnauditedCommit returns a ledger whose last commit (generation
-// g) claimed three GPUs, one audit record each, and could not append them:
-// they are only in its journal record (recs), and audit.log is as the
-// commit before left it.
-func ledgerWithUnauditedCommit(t *testing.T) (l *Ledger, g uint64, recs []AuditRecord) {
+// ledgerWithClaim opens a ledger in a new directory (options as
+// testOptions gives them, then edit, if any) whose one commit claimed GPU 0
+// for holder: an audit log of one record.
+func ledgerWithClaim(t *testing.T, holder string, edit func(*Options)) *Ledger {
 	t.Helper()
 	opts := testOptions(newClock())
 	opts.RuntimeDir = t.TempDir()
+	if edit != nil {
+		edit(&opts)
+	}
 	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
 	require.NoError(t, err)
 	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
+		_, err := tx.Claim("", owner(holder), devs(gpu(0)), "env")
 		require.NoError(t, err)
 	})
-	aside := l.AuditPath() + ".moved"
-	require.NoError(t, os.Rename(l.AuditPath(), aside))
-	require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
+	return l
+}
+
+// claimThree commits claims of GPUs 1 to 3 for h1 to h3 in one commit: one
+// write of three audit records.
+func claimThree(t *testing.T, l *Ledger) {
+	t.Helper()
 	update(t, l, func(tx *Tx) {
 		for i := 1; i <= 3; i++ {
 			_, err := tx.Claim("", owner(fmt.Sprintf("h%d", i)), devs(gpu(i)), "env")
 			require.NoError(t, err)
 		}
 	})
+}
+
+// ledgerWithUnauditedCommit returns a ledger whose last commit (generation
+// g) claimed three GPUs, one audit record each, and could not append them:
+// they are only in its journal record (recs), and audit.log is as the
+// commit before left it.
+func ledgerWithUnauditedCommit(t *testing.T) (l *Ledger, g uint64, recs []AuditRecord) {
+	t.Helper()
+	l = ledgerWithClaim(t, "h0", nil)
+	aside := l.AuditPath() + ".moved"
+	require.NoError(t, os.Rename(l.AuditPath(), aside))
+	require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
+	claimThree(t, l)
 	putAuditLogBack(t, l, aside)
 	g = snapshot(t, l).Generation
 	late := l.lateAudit(g, g, true, l.now(), os.Getpid(), nil)
@@ -321,22 +333,10 @@ func TestAnAuditWriteCutShortIsNotGluedTo(t *testing.T) {
 	})
 
 	t.Run("the writer's own records", func(t *testing.T) {
-		opts := testOptions(newClock())
-		opts.RuntimeDir = t.TempDir()
-		l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-		require.NoError(t, err)
-		update(t, l, func(tx *Tx) {
-			_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
-			require.NoError(t, err)
-		})
+		l := ledgerWithClaim(t, "h0", nil)
 		before := mustRead(t, l.AuditPath())
 		cutAuditWrites(t, inSecondLine)
-		update(t, l, func(tx *Tx) {
-			for i := 1; i <= 3; i++ {
-				_, err := tx.Claim("", owner(fmt.Sprintf("h%d", i)), devs(gpu(i)), "env")
-				require.NoError(t, err)
-			}
-		})
+		claimThree(t, l)
 		auditWrite = (*os.File).Write
 		g := snapshot(t, l).Generation
 		want := l.lateAudit(g, g, true, l.now(), os.Getpid(), nil)[1:]
