@@ -161,6 +161,34 @@ const (
 	Rootless
 )
 
+// Runtime is what is known of the OCI runtime that made a container, told
+// by its state (runc's state.json, crun's status), for a recovery that
+// reads the container as its hook did (RunningRequest): whether the
+// runtime keeps a bind source's mount flags on a bind without flag options
+// of its own, and the nodev of a read-write root's mount (bindRuntime).
+type Runtime uint8
+
+const (
+	// RuntimeUnknown is a runtime that cannot be told: read as crun leaves
+	// a container (both nodevs dropped), the reading that never claims
+	// less. The zero value, so that a caller that says nothing fails
+	// closed.
+	RuntimeUnknown Runtime = iota
+	// RuntimeRunc is runc, by its state file's format: it keeps a bind
+	// source's flags on a bind without flag options of its own, and a
+	// read-write root's nodev, as the hook read them where runc ran it
+	// (keepsFlagsName).
+	RuntimeRunc
+	// RuntimeCrun is crun, by its state file's format: it drops both.
+	RuntimeCrun
+)
+
+// bindRuntime is the reading of a container rt made, as its hook applied
+// it: runc's for runc, crun's (nothing kept) for crun or an unknown one.
+func (rt Runtime) bindRuntime() bindRuntime {
+	return bindRuntime{runc: rt == RuntimeRunc}
+}
+
 // RunningRequest is what a running container's spec reaches, read as the
 // hook read it at its create-runtime (addUnfenced), for a recovery that
 // rebuilds claims from the runtimes' state: req (devices.RequestFromSpec of
@@ -173,22 +201,23 @@ const (
 // checked now). Whatever cannot be read counts as no device cgroup, as at
 // create-runtime.
 //
-// Which runtime made the container is not told here (the runtime that ran
-// its hook is gone, and nothing of the container's process names it): a
-// directory bound in from a nodev mount without a nodev option of its own
-// counts as reaching every GPU node, as crun leaves it (see remountsBind),
-// though runc kept its source's nodev, and so does a root filesystem on a
-// nodev mount (crun drops its nodev: boundRoot), though runc kept it for a
-// read-write root. So a recovery may claim more for a runc container than
-// its hook did, never less: every GPU for a runc container on nodev
-// storage that no device cgroup fences.
-func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot string, pid int, id string, userNS RuntimeUserNS) {
+// rt is the runtime that made the container, told by its state file's
+// format (the runtime that ran its hook is gone, and nothing of the
+// container's process names it). Under runc (RuntimeRunc) a directory bound
+// in from a nodev mount without flag options of its own keeps that nodev,
+// and so does a read-write root filesystem on a nodev mount, as the hook
+// read them where runc ran it. Under crun, or a runtime that cannot be
+// told (RuntimeUnknown), such a bind counts as reaching every GPU node, as
+// crun leaves it (see remountsBind), and so does a root filesystem on a
+// nodev mount (crun drops its nodev: boundRoot): the hook read a runtime
+// it could not tell so too.
+func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot string, pid int, id string, userNS RuntimeUserNS, rt Runtime) {
 	e := defaultEnv()
 	e.procRoot = procRoot
 	unfence(req, spec, bundle, func() RuntimeUserNS { return userNS }, false, func() bool {
 		cg, err := e.deviceCgroupOf(pid)
 		return err == nil && ownedCgroup(cg, "", id)
-	}, bindRuntime{})
+	}, rt.bindRuntime())
 }
 
 // UnfencedRequest is what a container of spec reaches in a rootful runtime

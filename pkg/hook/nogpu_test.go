@@ -401,16 +401,32 @@ func TestKeepsFlagsName(t *testing.T) {
 	}
 }
 
-// Recovery (RunningRequest) and gpu-guard-ctl explain --no-device-cgroup
-// (UnfencedRequest) cannot tell which runtime runs the container: a
-// directory on a nodev mount bound without options of its own counts as
-// reaching every GPU node, as crun leaves it (it may claim more for a runc
-// container than its hook did, never less); bound nodev, it does not.
+// recoveryRuntimes are the runtimes a recovery can be told by a state
+// file (RunningRequest), each with whether it keeps a bind source's nodev
+// on a bind without flag options and a read-write root's: runc's
+// state.json does, crun's status does not, and a runtime that cannot be
+// told is read as crun leaves a container.
+var recoveryRuntimes = []struct {
+	name  string
+	rt    Runtime
+	keeps bool
+}{{"runc", RuntimeRunc, true}, {"crun", RuntimeCrun, false}, {"unknown", RuntimeUnknown, false}}
+
+// A directory on a nodev mount bound without options of its own keeps its
+// nodev under runc and loses it under crun. Recovery (RunningRequest) reads
+// it as the runtime its state names left it, as the hook read it at
+// create-runtime: under runc it reaches nothing, under crun or a runtime
+// that cannot be told every GPU node. gpu-guard-ctl explain
+// --no-device-cgroup (UnfencedRequest) cannot tell which runtime will run
+// the spec: it reads it as crun leaves it. Bound nodev, it reaches nothing
+// under any.
 func TestRequestsWithoutRuntimeCountNodevSourceBinds(t *testing.T) {
 	src := nodevDir(t)
 	for _, tc := range []struct {
 		opts []string
-		want bool
+		// dropped: the nodev is gone where the runtime drops a source's
+		// flags.
+		dropped bool
 	}{
 		{[]string{"rbind"}, true},
 		{[]string{"bind", "rprivate"}, true},
@@ -418,46 +434,80 @@ func TestRequestsWithoutRuntimeCountNodevSourceBinds(t *testing.T) {
 	} {
 		spec := &specs.Spec{Process: &specs.Process{Capabilities: podmanCaps()},
 			Mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: src, Options: tc.opts}}}
-		running := devices.RequestFromSpec(spec)
-		// pid 0: no device cgroup can be read for it.
-		RunningRequest(&running, spec, t.TempDir(), t.TempDir(), 0, "train", Rootful)
+		reqs := map[string]devices.Request{}
+		wants := map[string]bool{}
+		for _, r := range recoveryRuntimes {
+			running := devices.RequestFromSpec(spec)
+			// pid 0: no device cgroup can be read for it.
+			RunningRequest(&running, spec, t.TempDir(), t.TempDir(), 0, "train", Rootful, r.rt)
+			what := "RunningRequest " + r.name
+			reqs[what], wants[what] = running, tc.dropped && !r.keeps
+		}
 		unfenced := devices.RequestFromSpec(spec)
 		UnfencedRequest(&unfenced, spec, t.TempDir())
-		for what, req := range map[string]devices.Request{"RunningRequest": running, "UnfencedRequest": unfenced} {
-			require.Equal(t, tc.want, req.GPUNodesAllowed, "%s %v", what, tc.opts)
-			if tc.want {
+		reqs["UnfencedRequest"], wants["UnfencedRequest"] = unfenced, tc.dropped
+		for what, req := range reqs {
+			require.Equal(t, wants[what], req.GPUNodesAllowed, "%s %v", what, tc.opts)
+			if wants[what] {
 				require.Equal(t, []devices.NodeDir{{Path: src, BoundAt: "/data", NodevDropped: true}}, req.NodeDirs, "%s %v", what, tc.opts)
+			} else {
+				require.Empty(t, req.NodeDirs, "%s %v", what, tc.opts)
 			}
 		}
 	}
 }
 
-// Recovery (RunningRequest) and gpu-guard-ctl explain --no-device-cgroup
-// (UnfencedRequest) cannot tell which runtime runs the container: a root
-// filesystem on a nodev mount counts as reaching every GPU node, read-only
-// or not, as crun leaves it (a recovery may claim more for a runc
-// container with a read-write root than its hook did, never less), named
-// as a runtime's drop of the storage's nodev. A rootless runtime's root is
-// not read.
+// A root filesystem on a nodev mount keeps that nodev under runc where it
+// is read-write, and loses it under runc read-only and under crun either
+// way. Recovery (RunningRequest) reads it as the runtime its state names
+// left it, as the hook read it at create-runtime: counted as reaching
+// every GPU node, named with the runtime's drop of the storage's nodev,
+// except runc's read-write root; a runtime that cannot be told counts as
+// crun. gpu-guard-ctl explain --no-device-cgroup (UnfencedRequest) cannot
+// tell which runtime will run the spec: it reads it as crun leaves it. A
+// rootless runtime's root is not read.
 func TestRequestsWithoutRuntimeCountNodevRoot(t *testing.T) {
 	root := filepath.Join(nodevDir(t), "rootfs")
 	require.NoError(t, os.MkdirAll(root, 0o755))
 	for _, readonly := range []bool{false, true} {
 		spec := &specs.Spec{Process: &specs.Process{Capabilities: podmanCaps()}, Root: &specs.Root{Path: root, Readonly: readonly},
 			Mounts: []specs.Mount{{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"}}}
-		running := devices.RequestFromSpec(spec)
-		// pid 0: no device cgroup can be read for it.
-		RunningRequest(&running, spec, t.TempDir(), t.TempDir(), 0, "train", Rootful)
+		type want struct {
+			counted bool
+			drop    devices.RootNodev
+		}
+		reqs := map[string]devices.Request{}
+		wants := map[string]want{}
+		for _, r := range recoveryRuntimes {
+			running := devices.RequestFromSpec(spec)
+			// pid 0: no device cgroup can be read for it.
+			RunningRequest(&running, spec, t.TempDir(), t.TempDir(), 0, "train", Rootful, r.rt)
+			what := "RunningRequest " + r.name
+			reqs[what] = running
+			switch {
+			case !r.keeps:
+				wants[what] = want{true, devices.RootNodevDroppedByRuntime}
+			case readonly:
+				wants[what] = want{true, devices.RootNodevDroppedReadOnly}
+			default:
+				wants[what] = want{false, devices.RootNodevKept}
+			}
+		}
 		unfenced := devices.RequestFromSpec(spec)
 		UnfencedRequest(&unfenced, spec, t.TempDir())
-		for what, req := range map[string]devices.Request{"RunningRequest": running, "UnfencedRequest": unfenced} {
-			require.True(t, req.GPUNodesAllowed, "%s readonly %v", what, readonly)
-			require.True(t, req.ImageNodes, "%s readonly %v", what, readonly)
-			require.Equal(t, devices.RootNodevDroppedByRuntime, req.RootNodev, "%s readonly %v", what, readonly)
-			require.True(t, req.RootStorageNodev, "%s readonly %v", what, readonly)
+		reqs["UnfencedRequest"], wants["UnfencedRequest"] = unfenced, want{true, devices.RootNodevDroppedByRuntime}
+		for what, req := range reqs {
+			w := wants[what]
+			require.Equal(t, w.counted, req.GPUNodesAllowed, "%s readonly %v", what, readonly)
+			require.Equal(t, w.counted, req.ImageNodes, "%s readonly %v", what, readonly)
+			require.Equal(t, w.drop, req.RootNodev, "%s readonly %v", what, readonly)
+			// Named only with a root counted.
+			require.Equal(t, w.counted, req.RootStorageNodev, "%s readonly %v", what, readonly)
 		}
-		rootless := devices.RequestFromSpec(spec)
-		RunningRequest(&rootless, spec, t.TempDir(), t.TempDir(), 0, "train", Rootless)
-		require.False(t, rootless.GPUNodesAllowed, "rootless, readonly %v", readonly)
+		for _, r := range recoveryRuntimes {
+			rootless := devices.RequestFromSpec(spec)
+			RunningRequest(&rootless, spec, t.TempDir(), t.TempDir(), 0, "train", Rootless, r.rt)
+			require.False(t, rootless.GPUNodesAllowed, "rootless %s, readonly %v", r.name, readonly)
+		}
 	}
 }

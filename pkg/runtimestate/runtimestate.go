@@ -478,6 +478,21 @@ func decodeCrun(c *Container, data []byte) error {
 	return nil
 }
 
+// hookRuntime is the runtime a state file's format names (Container.Runtime),
+// as RunningRequest takes it: runc's state.json is runc's, which keeps a
+// bind source's nodev on a bind without flag options, and a read-write
+// root's, as its hook read them; crun's status, or anything else, is read
+// as crun leaves a container (both dropped), never claiming less.
+func hookRuntime(runtime string) hook.Runtime {
+	switch runtime {
+	case RuntimeRunc:
+		return hook.RuntimeRunc
+	case RuntimeCrun:
+		return hook.RuntimeCrun
+	}
+	return hook.RuntimeUnknown
+}
+
 // decideStatus checks that the init pid the runtime recorded still runs:
 // gone, a zombie or reused (another start time) is stopped.
 func decideStatus(c *Container, check *liveness.Checker) {
@@ -491,7 +506,9 @@ func decideStatus(c *Container, check *liveness.Checker) {
 // readSpec reads the bundle's config.json as the OCI hook does, and what it
 // reaches as the hook read it (hook.RunningRequest: what a rootless
 // runtime, or one that set up no device cgroup, lets through; userNS is
-// the runtime's, told by its root's owner).
+// the runtime's, told by its root's owner; the runtime, told by the format
+// of c's state file, decides whether a bind source's nodev and a
+// read-write root's are kept, as they were for its hook: hookRuntime).
 //
 // A bundle "/" is crun 1.8's working directory, recorded instead of the
 // bundle for a container with a user namespace and devices (the hook reads
@@ -510,6 +527,6 @@ func readSpec(c *Container, root, procRoot string, userNS hook.RuntimeUserNS) {
 		procRoot = liveness.DefaultProcRoot
 	}
 	req := devices.RequestFromSpec(spec)
-	hook.RunningRequest(&req, spec, c.Bundle, procRoot, c.Pid, c.ID, userNS)
+	hook.RunningRequest(&req, spec, c.Bundle, procRoot, c.Pid, c.ID, userNS, hookRuntime(c.Runtime))
 	c.Spec, c.Request, c.Annotations = spec, req, spec.Annotations
 }

@@ -18,6 +18,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 )
 
@@ -534,6 +537,88 @@ func TestScanRootOwnerUnknownReadsBothWays(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A container that no device cgroup fences, whose read-write root
+// filesystem lies on nodev storage and which binds a directory from it
+// without flag options of its own, reaches no GPU under runc (it keeps
+// both nodevs) and every GPU under crun (it drops both): the scan reads
+// each as the runtime its state file's format names left it, as its hook
+// read it at create-runtime, so that a recovery claims for a runc
+// container what its hook did, not every GPU.
+func TestScanReadsNodevAsItsRuntimeKeptIt(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a nodev mount needs root")
+	}
+	h := newHost(t)
+	storage := filepath.Join(h.base, "storage")
+	require.NoError(t, os.MkdirAll(storage, 0o755))
+	require.NoError(t, unix.Mount("gg", storage, "tmpfs", unix.MS_NODEV, ""))
+	t.Cleanup(func() { _ = unix.Unmount(storage, unix.MNT_DETACH) })
+	runcRoot, crunRoot := h.root("runc"), h.root("crun")
+	for i, tc := range []struct {
+		id    string
+		write func(root, id string, pid int, start uint64, bundle string, created bool) string
+		root  string
+	}{
+		{"r1", h.runc, runcRoot},
+		{"c1", h.crun, crunRoot},
+	} {
+		pid := 300 + i
+		h.process(pid, 30, 'S')
+		// The caller's cgroup: no device cgroup of its own.
+		require.NoError(t, os.WriteFile(filepath.Join(h.proc, fmt.Sprint(pid), "cgroup"),
+			[]byte("0::/user.slice/session-1.scope\n"), 0o644))
+		rootfs, data := filepath.Join(storage, tc.id, "rootfs"), filepath.Join(storage, tc.id, "data")
+		require.NoError(t, os.MkdirAll(rootfs, 0o755))
+		require.NoError(t, os.MkdirAll(data, 0o755))
+		bundle := filepath.Join(h.base, "bundles", tc.id)
+		require.NoError(t, os.MkdirAll(bundle, 0o755))
+		spec := specs.Spec{Version: specs.Version, Process: &specs.Process{Env: []string{"PATH=/bin"}, Capabilities: podmanCaps()},
+			Root: &specs.Root{Path: rootfs},
+			Mounts: []specs.Mount{
+				{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
+				{Destination: "/data", Type: "bind", Source: data, Options: []string{"rbind"}},
+			}}
+		raw, err := json.Marshal(spec)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(bundle, "config.json"), raw, 0o600))
+		tc.write(tc.root, tc.id, pid, 30, bundle, false)
+	}
+	require.NoError(t, os.Chown(runcRoot, 0, 0))
+	require.NoError(t, os.Chown(crunRoot, 0, 0))
+	got := byID(h.scan(runcRoot, crunRoot))
+	require.Len(t, got, 2)
+	for id, want := range map[string]struct {
+		runtime string
+		opens   bool
+	}{"r1": {RuntimeRunc, false}, "c1": {RuntimeCrun, true}} {
+		c := got[id]
+		require.True(t, c.Live(), c.Why)
+		require.NoError(t, c.SpecErr)
+		assert.Equal(t, want.runtime, c.Runtime, id)
+		assert.Equal(t, want.opens, c.Request.RootStorageNodev, "%s: its root on nodev storage, named where counted", id)
+		assert.Equal(t, want.opens, c.Request.GPUNodesAllowed, id)
+		assert.Equal(t, want.opens, c.Request.ImageNodes, "%s: its root", id)
+		if want.opens {
+			assert.Equal(t, devices.RootNodevDroppedByRuntime, c.Request.RootNodev, id)
+			assert.Equal(t, []devices.NodeDir{{Path: filepath.Join(storage, id, "data"), BoundAt: "/data", NodevDropped: true}},
+				c.Request.NodeDirs, "%s: its bind", id)
+		} else {
+			assert.Equal(t, devices.RootNodevKept, c.Request.RootNodev, id)
+			assert.Empty(t, c.Request.NodeDirs, "%s: its bind", id)
+		}
+	}
+}
+
+// A state file's format names the runtime RunningRequest reads a container
+// as: runc's keeps the nodevs its hook read kept; crun's, or one not told,
+// is read as crun leaves a container.
+func TestHookRuntime(t *testing.T) {
+	assert.Equal(t, hook.RuntimeRunc, hookRuntime(RuntimeRunc))
+	assert.Equal(t, hook.RuntimeCrun, hookRuntime(RuntimeCrun))
+	assert.Equal(t, hook.RuntimeUnknown, hookRuntime(""))
+	assert.Equal(t, hook.RuntimeUnknown, hookRuntime("youki"))
 }
 
 // A linux.devices entry whose path is a GPU node on the host, though its
