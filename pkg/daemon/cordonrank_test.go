@@ -56,7 +56,7 @@ func TestIntruderFindingLeavesTheUnhealthyCordonToTheNextDaemon(t *testing.T) {
 
 	resetLedger(t, g)
 	require.False(t, cordonedIn(t, g, uuid))
-	w.settleUnhealthy(ctx, func(string) bool { return true })
+	w.settleUnhealthy(ctx, forgetting(func(string) bool { return true }))
 	k = cordonOn(t, g, uuid)
 	assert.Equal(t, ledger.CordonUnhealthy, k.Source, "the lost cordon is written again")
 	assert.Contains(t, k.Reason, xid)

@@ -229,7 +229,7 @@ func TestIntruderOnAnInstanceNotInTheInventoryCordonsItsGPU(t *testing.T) {
 			pass := func() {
 				t.Helper()
 				accountAndHandle(t, w, o, g)
-				w.settleUnhealthy(ctx, o.ClearHealth)
+				w.settleUnhealthy(ctx, o)
 			}
 			h.runOn(newMIG, 900, tc.id)
 

@@ -75,7 +75,7 @@ func intruderRestartSetup(t *testing.T, edit func(*config.Config)) (g *guard.Gua
 		PID: 200, ContainerID: idB, Message: "pid 200 runs on GPU 2 without a claim"}
 	pass = func(cfg config.Config, fs ...observe.Finding) {
 		w.onReport(ctx, cfg, observe.Report{Time: time.Now(), Findings: fs})
-		w.settleUnhealthy(ctx, func(string) bool { return true })
+		w.settleUnhealthy(ctx, forgetting(func(string) bool { return true }))
 	}
 	// The first observer's: it finds the intruder, cordons its device
 	// (on_intruder = "cordon") and sees the cordon in force.

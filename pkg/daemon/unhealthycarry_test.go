@@ -96,7 +96,7 @@ func TestUnhealthyUnderOperatorCordonAcrossADaemonRestart(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, []string{uuid}, unhealthyUUIDs(file.Unhealthy), "gpu-guard-ctl status warns of GPU 3")
 
-			w.settleUnhealthy(ctx, func(string) bool { return true })
+			w.settleUnhealthy(ctx, forgetting(func(string) bool { return true }))
 			assert.Equal(t, ledger.CordonOperator, cordonOn(t, g, uuid).Source, "the operator's cordon stays as it is")
 
 			damageLedger(t, g)
@@ -104,7 +104,7 @@ func TestUnhealthyUnderOperatorCordonAcrossADaemonRestart(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, rep.Empty)
 			require.False(t, cordonedIn(t, g, uuid))
-			w.settleUnhealthy(ctx, func(string) bool { return true })
+			w.settleUnhealthy(ctx, forgetting(func(string) bool { return true }))
 			assert.Equal(t, ledger.CordonUnhealthy, cordonOn(t, g, uuid).Source,
 				"GPU 3 failed (Xid 79): cordoned again after the ledger was rebuilt")
 		})
@@ -165,7 +165,7 @@ func TestUnhealthyCordonPendingCarriedAcrossADaemonRestart(t *testing.T) {
 
 	w, _, stop := accountingDaemon(t, h, g)
 	defer stop()
-	w.settleUnhealthy(ctx, func(string) bool { return true })
+	w.settleUnhealthy(ctx, forgetting(func(string) bool { return true }))
 	assert.Equal(t, ledger.CordonUnhealthy, cordonOn(t, g, uuid).Source)
 	assert.Equal(t, f.Message, cordonOn(t, g, uuid).Reason)
 	c, err = observe.ReadCarry(g.Ledger().Dir())
@@ -281,7 +281,7 @@ func TestUnhealthyCarriedAcrossADaemonRestartWithAccountingOff(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, rep.Empty)
 			if accountsAfter {
-				w.settleUnhealthy(ctx, func(string) bool { return true })
+				w.settleUnhealthy(ctx, forgetting(func(string) bool { return true }))
 			} else {
 				// No pass runs: the watch settles its unhealthy devices
 				// on its own schedule.

@@ -167,6 +167,11 @@ type Watch struct {
 	// settleIntruders tell an operator's uncordon from a cordon lost with
 	// the state by it (cordonLost).
 	cordonLineage map[cordonKey]string
+	// healthSeen: for each unhealthy device whose cordon settleUnhealthy
+	// found in force, the running observer's HealthSeq read before it
+	// found it so (none: 0): a device found uncordoned that failed again
+	// after it (a newer critical Xid) is cordoned again, not forgotten.
+	healthSeen map[string]uint64
 	// intruderRetry: devices whose intruder cordon could not be written
 	// (onReport retries them while a finding on the device is reported).
 	intruderRetry map[string]observe.FileFinding
@@ -463,6 +468,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 	lastReport := w.lastPass
 	w.reported, w.unhealthy, w.unlisted, w.notInInventory, w.lastPass = c.reported, c.unhealthy, nil, nil, c.lastPass
 	w.cordonFailed, w.cordonLineage, w.intruderRetry = c.cordonFailed, c.lineages, c.intruderRetry
+	w.healthSeen = nil // the new observer's sequence starts afresh
 	w.interval, w.observing, w.settleWake = interval, next, nil
 	// The new observer starts with what was carried over, and the gauges
 	// show it as observe.json does: a finding not carried loses its series
@@ -491,7 +497,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 			Xids:     cfg.Observe.Xids,
 			OnReport: func(r observe.Report) {
 				w.onReport(ctx, cfg, r)
-				w.settleUnhealthy(ctx, o.ClearHealth)
+				w.settleUnhealthy(ctx, o)
 			},
 			OnUnhealthy:    func(f observe.Finding) { w.onUnhealthy(ctx, f) },
 			OnUnidentified: func(f observe.Finding) { w.onUnidentified(ctx, f) },
@@ -512,7 +518,7 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 				w.settleWake = wake
 				w.mu.Unlock()
 				wg.Add(1)
-				go func() { defer wg.Done(); w.settleLoop(ctx, wake, o.ClearHealth) }()
+				go func() { defer wg.Done(); w.settleLoop(ctx, wake, o) }()
 			}
 			wg.Add(1)
 			go func() { defer wg.Done(); o.Run(ctx) }()
@@ -1261,6 +1267,13 @@ func (w *Watch) onUnhealthy(ctx context.Context, f observe.Finding) {
 	w.healthMu.Lock()
 	defer w.healthMu.Unlock()
 	defer w.wakeSettle()
+	w.recordUnhealthy(ctx, f)
+}
+
+// recordUnhealthy lists, audits and cordons f's device, found unhealthy
+// (w.healthMu held): onUnhealthy's, and settleUnhealthy's for a device
+// that failed again after the operator lifted its cordon.
+func (w *Watch) recordUnhealthy(ctx context.Context, f observe.Finding) {
 	w.mu.Lock()
 	if i := slices.IndexFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == f.Device.UUID }); i >= 0 {
 		w.unhealthy[i] = f
@@ -1425,7 +1438,7 @@ func (w *Watch) cordon(ctx context.Context, f observe.Finding, source, reason st
 	}
 	k, kept, err := s.CordonDevice(ctx, f.Device.UUID, source, reason)
 	if err != nil {
-		log.Error("cordoning the device failed; it still takes new claims (retried at the next accounting pass)", "device", f.Device.String(),
+		log.Error("cordoning the device failed; it still takes new claims (retried at the next accounting pass, or within 10s with accounting off)", "device", f.Device.String(),
 			"source", source, "error", err)
 		return false
 	}
@@ -1464,10 +1477,15 @@ const recordonReason = "cordoned again (the ledger was started afresh by a reset
 //     boot, which starts a new lineage). The device is forgotten, by the
 //     observer too (forget), so that its next critical error cordons it
 //     again instead of being taken for the one already reported;
+//     A device that reported a critical Xid again after its cordon was
+//     last seen in force (health's HealthSeq, read before the ledger) is
+//     not forgotten but cordoned again, as a new finding (that Xid's):
+//     the Xid may have come after the uncordon, and the observer, which
+//     took it for the one already reported, reported it to no one;
 //   - a cordon missing in another lineage (cordonLost) may have been lost
 //     with the state. The device is cordoned again, logged and audited as
 //     such: a device that failed must not take new claims on a guess.
-func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bool) {
+func (w *Watch) settleUnhealthy(ctx context.Context, health healthKeeper) {
 	w.healthMu.Lock()
 	defer w.healthMu.Unlock()
 	log := w.log()
@@ -1481,6 +1499,13 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		seen[f.Device.UUID] = w.cordonLineage[cordonKey{ledger.CordonUnhealthy, f.Device.UUID}]
 	}
 	w.mu.Unlock()
+	// Read before the ledger: an Xid after this read counts as newer than
+	// a cordon this settling finds in force, so that an uncordon before
+	// it cannot forget the device.
+	seqs := make(map[string]uint64, len(seen))
+	for uuid := range seen {
+		seqs[uuid] = health.HealthSeq(uuid)
+	}
 	fates, lineage := w.cordonFates(ctx, ledger.CordonUnhealthy, seen)
 	for _, f := range unhealthy {
 		uuid := f.Device.UUID
@@ -1492,7 +1517,9 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 		reason, retry := w.cordonFailed[uuid]
 		if fate == cordonInForce {
 			delete(w.cordonFailed, uuid) // nothing to retry
+			w.noteHealthSeqLocked(uuid, seqs[uuid])
 		}
+		healthSeen := w.healthSeen[uuid]
 		w.mu.Unlock()
 		switch {
 		case fate == cordonInForce:
@@ -1509,10 +1536,19 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 				w.cordonFailedFor(uuid, recordonReason+f.Message)
 			}
 		default:
-			forget(uuid)
+			if again, seq, failed := health.ForgetHealth(uuid, healthSeen); failed {
+				log.Warn("unhealthy device uncordoned by the operator, but it reported a critical Xid again since its cordon was last seen in force: cordoning it again (`gpu-guard-ctl uncordon` once the device is repaired)",
+					"device", again.Device.String(), "device_index", again.Device.Index, "device_uuid", uuid, "xid", again.Xid, "reason", again.Message)
+				w.recordUnhealthy(ctx, again)
+				w.mu.Lock()
+				w.noteHealthSeqLocked(uuid, seq)
+				w.mu.Unlock()
+				continue
+			}
 			w.mu.Lock()
 			w.unhealthy = slices.DeleteFunc(w.unhealthy, func(u observe.Finding) bool { return u.Device.UUID == uuid })
 			delete(w.cordonLineage, cordonKey{ledger.CordonUnhealthy, uuid})
+			delete(w.healthSeen, uuid)
 			w.showUnhealthyLocked()
 			w.mu.Unlock()
 			log.Info("unhealthy device uncordoned by the operator: its next critical error cordons it again", "device", f.Device.String())
@@ -1522,6 +1558,24 @@ func (w *Watch) settleUnhealthy(ctx context.Context, forget func(uuid string) bo
 	// What became of the cordons (their lineages, a retry done, a device
 	// forgotten) for the daemon after this one.
 	w.writeUnhealthyCarry(nil)
+}
+
+// healthKeeper is what settleUnhealthy asks of the observer
+// (*observe.Observer): HealthSeq, read before it reads the ledger, and
+// ForgetHealth, which forgets a device whose cordon the operator lifted,
+// unless it failed again since (see settleUnhealthy).
+type healthKeeper interface {
+	HealthSeq(uuid string) uint64
+	ForgetHealth(uuid string, seen uint64) (again observe.Finding, seq uint64, failed bool)
+}
+
+// noteHealthSeqLocked records seq, the observer's HealthSeq of uuid read
+// before its cordon was found in force or written again (w.mu held).
+func (w *Watch) noteHealthSeqLocked(uuid string, seq uint64) {
+	if w.healthSeen == nil {
+		w.healthSeen = map[string]uint64{}
+	}
+	w.healthSeen[uuid] = seq
 }
 
 // Timing of settleLoop. A cordon still to be written is retried after
@@ -1537,7 +1591,7 @@ const (
 
 // settleLoop settles the unhealthy devices (settleUnhealthy) for an
 // observer that runs no accounting pass ([observe] interval = "0s"), until
-// ctx ends; forget is the observer's ClearHealth. Its health watcher finds
+// ctx ends; health is the observer (settleUnhealthy). Its health watcher finds
 // unhealthy devices all the same, and the daemon adopts those of the
 // daemon before it and of the observer before it (takeOverLocked,
 // carryLocked), but only a pass settled them: a cordon pending (the
@@ -1553,14 +1607,14 @@ const (
 // watched (whether it is still in force: lost, or lifted by the
 // operator). With no unhealthy device it waits for wake: onUnhealthy says
 // that a device was found unhealthy (its cordon written, or not).
-func (w *Watch) settleLoop(ctx context.Context, wake <-chan struct{}, forget func(uuid string) bool) {
+func (w *Watch) settleLoop(ctx context.Context, wake <-chan struct{}, health healthKeeper) {
 	after := w.After
 	if after == nil {
 		after = func(d time.Duration) <-chan time.Time { return time.NewTimer(d).C }
 	}
 	backoff := settleRetryMin
 	settle := func() {
-		w.settleUnhealthy(ctx, forget)
+		w.settleUnhealthy(ctx, health)
 		if w.settled != nil {
 			w.settled()
 		}

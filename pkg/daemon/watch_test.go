@@ -1036,7 +1036,7 @@ func TestVanishedMIGInstanceIsNotCordoned(t *testing.T) {
 	default:
 	}
 	forgot := 0
-	w.settleUnhealthy(ctx, func(string) bool { forgot++; return true })
+	w.settleUnhealthy(ctx, forgetting(func(string) bool { forgot++; return true }))
 	assert.Zero(t, forgot, "the MIG instance is not taken for one the operator uncordoned")
 	w.mu.Lock()
 	assert.Len(t, w.unhealthy, 2, "both stay recorded as unhealthy")
@@ -1188,7 +1188,7 @@ func unhealthyCordonCase(t *testing.T, tc lineageCase, restart func(t *testing.T
 	gauge := func() map[string]float64 { t.Helper(); return gaugeByIndex(t, m, "nri_gpu_guard_unhealthy") }
 	ctx := context.Background()
 	forgot := 0
-	settle := func() { w.settleUnhealthy(ctx, func(string) bool { forgot++; return true }) }
+	settle := func() { w.settleUnhealthy(ctx, forgetting(func(string) bool { forgot++; return true })) }
 	cordoned := func() bool { t.Helper(); return cordonedIn(t, g, uuid) }
 	f := observe.Finding{Kind: observe.KindUnhealthy, Xid: 79, Message: "GPU 3 reported critical Xid 79",
 		Device: observe.Device{UUID: uuid, Index: "3"}}
@@ -1318,7 +1318,7 @@ func TestUnhealthyCordonInTheLedgerAdoptedByANewDaemon(t *testing.T) {
 	assert.Contains(t, logs.String(), "unhealthy device's cordon found in the ledger")
 
 	forgot := 0
-	settle := func() { w.settleUnhealthy(ctx, func(string) bool { forgot++; return true }) }
+	settle := func() { w.settleUnhealthy(ctx, forgetting(func(string) bool { forgot++; return true })) }
 	resetLedger(t, g)
 	require.False(t, cordonedIn(t, g, uuid))
 	settle()
@@ -1531,7 +1531,7 @@ func TestIntruderCordonKeptWhileReportedUntilOperatorUncordons(t *testing.T) {
 				// pass is one accounting pass, as the observer's OnReport.
 				pass := func(fs ...observe.Finding) {
 					w.onReport(ctx, g.Config(), observe.Report{Time: time.Now(), Findings: fs})
-					w.settleUnhealthy(ctx, func(string) bool { return true })
+					w.settleUnhealthy(ctx, forgetting(func(string) bool { return true }))
 				}
 				cordoned := func() bool { t.Helper(); return cordonedIn(t, g, uuid) }
 
@@ -1785,4 +1785,15 @@ func TestReopenNVMLOnlyWhenTheInventoryTellsSomethingNew(t *testing.T) {
 			assert.Equal(t, tc.want, reopen(tc.prev, tc.k, tc.wasProvisional, tc.isNow))
 		})
 	}
+}
+
+// forgetting drives settleUnhealthy without an observer: no device fails
+// again, and forget is called for each device forgotten.
+type forgetting func(uuid string) bool
+
+func (forgetting) HealthSeq(string) uint64 { return 0 }
+
+func (f forgetting) ForgetHealth(uuid string, _ uint64) (observe.Finding, uint64, bool) {
+	f(uuid)
+	return observe.Finding{}, 0, false
 }

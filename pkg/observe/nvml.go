@@ -492,7 +492,7 @@ func (s *nvmlSource) watch(ctx context.Context, devs []Device, w watchOpts) erro
 			w.log.Info("Xid not in observe.xids from a device NVML cannot identify; ignored", "xid", ev.EventData, "error", t.unread)
 			continue
 		case len(t.devices) == 0:
-			w.unidentified(unidentifiedFinding(ev.EventData, t.unread))
+			w.unidentified(unidentifiedFinding(ev.EventData, t.unread), t.ident)
 			continue
 		case t.by != "":
 			w.log.Warn("Xid event from a device whose UUID NVML cannot read; matched to the inventory by "+t.by,
@@ -595,6 +595,10 @@ type eventTarget struct {
 	// unread is why NVML could not read the device's UUID; with no
 	// devices and no outside, why it could not be identified at all.
 	unread error
+	// ident is what NVML read of a device it could not identify: its PCI
+	// bus id, else its minor number ("" when neither could be read). Two
+	// such devices that report the same Xid are told apart by it.
+	ident string
 }
 
 // eventDevices finds the devices of the inventory (devs) an event concerns.
@@ -630,12 +634,19 @@ func eventDevices(ev nvml.EventData, devs []Device, handles []watched) eventTarg
 		}
 	}
 	outside := "" // an identity read that every GPU records and none has
+	ident := ""   // what was read of the device, should it stay unidentified
 	switch pci, ret := ev.Device.GetPciInfo(); {
 	case ret != nvml.SUCCESS:
 		errs = append(errs, fmt.Errorf("its PCI bus id: %w", ret))
 	default:
 		raw := busIDString(pci.BusId)
 		bus, ok := devices.NormaliseBusID(raw)
+		if raw != "" {
+			ident = "PCI bus id " + raw
+		}
+		if ok {
+			ident = "PCI bus id " + bus
+		}
 		if !ok {
 			errs = append(errs, fmt.Errorf("its PCI bus id: NVML gave %q", raw))
 			break
@@ -656,6 +667,9 @@ func eventDevices(ev nvml.EventData, devs []Device, handles []watched) eventTarg
 	case ret != nvml.SUCCESS:
 		errs = append(errs, fmt.Errorf("its minor number: %w", ret))
 	default:
+		if ident == "" {
+			ident = fmt.Sprintf("minor number %d", minor)
+		}
 		d, n, _ := gpuWith(devs, func(d Device) bool { return d.minor == minor }, nil)
 		switch {
 		case n == 1:
@@ -669,7 +683,7 @@ func eventDevices(ev nvml.EventData, devs []Device, handles []watched) eventTarg
 	if outside != "" {
 		return eventTarget{outside: outside, unread: errs[0]}
 	}
-	return eventTarget{unread: joinErrors(errs)}
+	return eventTarget{unread: joinErrors(errs), ident: ident}
 }
 
 // gpuWith returns the GPU of devs that match (the last one when several

@@ -104,9 +104,17 @@ type Observer struct {
 
 	mu        sync.Mutex
 	unhealthy map[string]Finding // by device UUID
+	// again: for each device of unhealthy that reported a critical Xid
+	// again since it was found unhealthy, the sequence number of its
+	// latest such Xid (from seq) and that Xid's finding. A device the
+	// operator uncordons is forgotten (ForgetHealth) only if it did not
+	// fail again since the daemon last saw its cordon in force.
+	again map[string]recurrence
+	seq   uint64
 	// unidentified: critical Xids of devices NVML could not identify, by
-	// Xid (the first event of each); every report lists them.
-	unidentified map[uint64]Finding
+	// Xid and what NVML could read of the device (the first event of
+	// each); every report lists them.
+	unidentified map[unidentifiedKey]Finding
 	// unknownSeen: the MIG instances the inventory lacks that were logged.
 	unknownSeen map[string]bool
 	// movedSeen: the MIG index now of each instance of the inventory
@@ -149,8 +157,8 @@ func New(opts Options) (*Observer, error) {
 		proc: procFS{root: opts.ProcRoot}, xids: map[uint64]bool{},
 		log: opts.Logger, now: opts.Now,
 		nvml: make(chan struct{}, 1), unhealthy: map[string]Finding{}, unknownSeen: map[string]bool{}, movedSeen: map[string]string{},
-		unidentified: map[uint64]Finding{},
-		wake:         make(chan struct{}, 1),
+		unidentified: map[unidentifiedKey]Finding{}, again: map[string]recurrence{},
+		wake: make(chan struct{}, 1),
 	}
 	if o.log == nil {
 		o.log = slog.New(slog.DiscardHandler)
@@ -260,7 +268,12 @@ func (o *Observer) addUnidentified(r *Report) {
 	if len(fs) == 0 {
 		return
 	}
-	sort.Slice(fs, func(i, j int) bool { return fs[i].Xid < fs[j].Xid })
+	sort.Slice(fs, func(i, j int) bool {
+		if fs[i].Xid != fs[j].Xid {
+			return fs[i].Xid < fs[j].Xid
+		}
+		return fs[i].Message < fs[j].Message // what NVML read of each device
+	})
 	for _, f := range fs {
 		// Readers print the notice after the device's name.
 		r.Devices = append(r.Devices, DeviceReport{Device: f.Device, Processes: []Process{},
@@ -374,15 +387,37 @@ func (o *Observer) Idle(ctx context.Context, h Holding) (IdleResult, error) {
 	return res, nil
 }
 
+// recurrence is a critical Xid of a device already unhealthy (see
+// Observer.again).
+type recurrence struct {
+	seq uint64
+	f   Finding
+}
+
+// unidentifiedKey tells apart the critical Xids of devices NVML could not
+// identify: by Xid and what NVML could read of the device (its PCI bus id,
+// else its minor number; "" when it read neither, and then by Xid alone).
+type unidentifiedKey struct {
+	xid   uint64
+	ident string
+}
+
 // markUnhealthy records f (KindUnhealthy); the first finding per device is
-// kept and reported to OnUnhealthy.
+// kept and reported to OnUnhealthy. A later critical Xid of a device
+// already unhealthy is not reported again, but it is recorded (again) and
+// logged: the operator may have uncordoned the device since, and the
+// daemon, which forgets a device whose cordon was lifted, must not forget
+// one that failed after (ForgetHealth).
 func (o *Observer) markUnhealthy(f Finding) {
 	if f.Time.IsZero() {
 		f.Time = o.now()
 	}
 	o.mu.Lock()
 	_, known := o.unhealthy[f.Device.UUID]
-	if !known {
+	if known {
+		o.seq++
+		o.again[f.Device.UUID] = recurrence{seq: o.seq, f: f}
+	} else {
 		o.unhealthy[f.Device.UUID] = f
 		if o.opts.OnUnhealthy != nil {
 			o.pendingUnhealthy = append(o.pendingUnhealthy, f)
@@ -390,6 +425,8 @@ func (o *Observer) markUnhealthy(f Finding) {
 	}
 	o.mu.Unlock()
 	if known {
+		o.log.Warn("critical Xid again from a GPU already unhealthy: it stays cordoned, and is cordoned again if its cordon was lifted",
+			"device", f.Device.String(), "device_index", f.Device.Index, "device_uuid", f.Device.UUID, "xid", f.Xid, "message", f.Message)
 		return
 	}
 	o.log.Error("GPU unhealthy", "device", f.Device.String(), "xid", f.Xid, "message", f.Message)
@@ -398,24 +435,26 @@ func (o *Observer) markUnhealthy(f Finding) {
 
 // markUnidentified records f, the unhealthy finding of a critical Xid whose
 // device could not be identified, for every report from now on (the first
-// of each Xid is kept, and handed to OnUnidentified), and logs each such
-// event as an error: no device is cordoned for it, so the operator must
-// find the GPU.
-func (o *Observer) markUnidentified(f Finding) {
+// of each Xid and device, told apart by ident, what NVML could read of it:
+// see unidentifiedKey, is kept, and handed to OnUnidentified), and logs
+// each such event as an error: no device is cordoned for it, so the
+// operator must find the GPU.
+func (o *Observer) markUnidentified(f Finding, ident string) {
 	if f.Time.IsZero() {
 		f.Time = o.now()
 	}
+	k := unidentifiedKey{xid: f.Xid, ident: ident}
 	o.mu.Lock()
-	_, seen := o.unidentified[f.Xid]
+	_, seen := o.unidentified[k]
 	if !seen {
-		o.unidentified[f.Xid] = f
+		o.unidentified[k] = f
 		if o.opts.OnUnidentified != nil {
 			o.pendingUnidentified = append(o.pendingUnidentified, f)
 		}
 	}
 	o.mu.Unlock()
 	o.log.Error("critical Xid from a GPU NVML cannot identify; no GPU cordoned: find it and cordon it by hand",
-		"xid", f.Xid, "message", f.Message)
+		"xid", f.Xid, "read", ident, "message", f.Message)
 	if !seen {
 		o.poke()
 	}
@@ -499,13 +538,46 @@ func (o *Observer) Health(uuid string) (Finding, bool) {
 }
 
 // ClearHealth forgets that uuid was unhealthy (after an operator has reset
-// or replaced it). It reports whether it was.
+// or replaced it), whatever it reported since. It reports whether it was.
 func (o *Observer) ClearHealth(uuid string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	_, ok := o.unhealthy[uuid]
 	delete(o.unhealthy, uuid)
+	delete(o.again, uuid)
 	return ok
+}
+
+// HealthSeq returns the sequence number of the latest critical Xid uuid
+// reported again since it was found unhealthy (0: none, or uuid is not
+// unhealthy). A caller that reads it before it sees the device's cordon
+// in force hands it to ForgetHealth once it finds the cordon lifted.
+func (o *Observer) HealthSeq(uuid string) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.again[uuid].seq
+}
+
+// ForgetHealth forgets that uuid was unhealthy, as ClearHealth does, unless
+// it reported a critical Xid again after seen (a HealthSeq read before its
+// cordon was last seen in force): then the device failed again, maybe after
+// the operator lifted its cordon, and it is not forgotten. It returns that
+// Xid's finding, which stands for the device from now on (Health), and
+// its sequence number, to be seen in turn (failed: true). The check and
+// the forgetting are one step: an Xid that comes after is reported as a
+// new finding (OnUnhealthy).
+func (o *Observer) ForgetHealth(uuid string, seen uint64) (again Finding, seq uint64, failed bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if r, ok := o.again[uuid]; ok && r.seq != seen {
+		if _, known := o.unhealthy[uuid]; known {
+			o.unhealthy[uuid] = r.f
+			return r.f, r.seq, true
+		}
+	}
+	delete(o.unhealthy, uuid)
+	delete(o.again, uuid)
+	return Finding{}, 0, false
 }
 
 // Run watches health in its own goroutine and, when Interval > 0, runs an
@@ -605,8 +677,9 @@ type watchOpts struct {
 	retryMin, retryMax time.Duration
 	emit               func(Finding)
 	// unidentified receives the unhealthy finding of a critical Xid
-	// whose device could not be identified (unidentifiedFinding).
-	unidentified func(Finding)
+	// whose device could not be identified (unidentifiedFinding), and
+	// what NVML could read of the device (eventTarget.ident).
+	unidentified func(f Finding, ident string)
 	log          *slog.Logger
 	// ran is called when an event wait has returned (an event or its
 	// timeout): the watch works, and a later failure is a new one.
