@@ -30,7 +30,7 @@ func notInInventoryFile(seen time.Time) observe.File {
 			Device: observe.Device{Index: "0", UUID: uuidGPU0}, Instance: &newMIG, PID: 900, Time: seen,
 			Message: "pid 900 (host process) runs on MIG 0:2 (" + uuidNewMIG + ") of GPU 0 (" + uuidGPU0 + "), an instance the inventory lacks, " +
 				"which is free: it was not admitted by the guard (stop it, or run it through the guard); the guard does not kill it; " +
-				"the instance is not in the inventory, so the finding is its GPU's, GPU 0 (" + uuidGPU0 + "): the GPU's claims cover the instance, " +
+				"the finding is its GPU's, GPU 0 (" + uuidGPU0 + "): the GPU's claims cover the instance, " +
 				"and a cordon for the finding is on the GPU; restart nri-gpu-guard so that its discovery lists the instance"}}},
 		Errors:   []string{unlisted.String()},
 		Unlisted: []observe.UnlistedDevice{unlisted},

@@ -161,7 +161,7 @@ func unknownMIGNotice(d Device) string {
 func onItsGPU(f Finding, gpu Device) Finding {
 	instance := f.Device
 	f.Device, f.Instance = gpu, &instance
-	f.Message += fmt.Sprintf("; the instance is not in the inventory, so the finding is its GPU's, GPU %s (%s): "+
+	f.Message += fmt.Sprintf("; the finding is its GPU's, GPU %s (%s): "+
 		"the GPU's claims cover the instance, and a cordon for the finding is on the GPU; "+
 		"restart nri-gpu-guard so that its discovery lists the instance", gpu.Index, gpu.UUID)
 	return f
