@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -36,8 +37,14 @@ type AuditRecord struct {
 	Container   string    `json:"container,omitempty"`
 	FrontEnd    string    `json:"front_end,omitempty"`
 	Reason      string    `json:"reason,omitempty"`
-	Generation  uint64    `json:"generation"`
-	Pid         int       `json:"pid"` // of the process that wrote the record
+	// Seq is the record's place among its commit's records, "i/n" (i
+	// from 1), when the commit wrote more than one: a log whose last
+	// record says i < n ends where a write of them was cut short, right
+	// after a newline (see auditLog). Empty for a commit's only record, for
+	// the log's own notes, and in the records of older builds.
+	Seq        string `json:"seq,omitempty"`
+	Generation uint64 `json:"generation"`
+	Pid        int    `json:"pid"` // of the process that wrote the record
 }
 
 // Audit operations. Claim-changing ones: OpClaim, OpAdopt, OpPromote and
@@ -136,9 +143,19 @@ const auditRunRead = 4 * maxJournalAudit
 // catch-up left between them and into audit.log.1. Where it cannot tell
 // which the log has, it appends none and says so (OpAuditLost): a record is
 // never appended twice, and never left out without a record that says so.
-// A write cut right after a newline is not seen, except when the last line
-// written whole is one of the notes that go ahead of records in the same
-// write (OpAuditTorn, OpAuditLate).
+//
+// A write cut right after a newline (a writer killed at a page boundary, a
+// full disk) leaves only whole lines; the log's last line says whether the
+// write went on (tailOf): it is one of the notes that go ahead of records
+// in the same write (OpAuditTorn, OpAuditLate); or a record of a commit of
+// several whose place (Seq, i/n) says more of them follow; or, for records
+// without a place (a catch-up of an older build's journal record), one of
+// fewer records of its generation than the OpAuditLate note before them
+// says follow, that note within the end read (auditTailRead). Only the
+// records of a commit that changed the state carry a place: those of a
+// commit that changed nothing and of AppendAudit have no journal record to
+// be appended from, and a write of them cut right after a newline is not
+// seen (as none cut anywhere could be appended late).
 type auditLog struct {
 	dir      string
 	maxBytes int64
@@ -304,7 +321,9 @@ type auditTail struct {
 // the cut write carried is looked for by catchUp. Nor does a file whose
 // last record is one of the log's own notes (OpAuditTorn, OpAuditLate) end
 // where a write ended: each is written ahead of records, in the same write,
-// so the write was cut right after its newline.
+// so the write was cut right after its newline; nor one whose last record
+// says more of its commit's records follow it (moreFollow, lateCut). These
+// look at what was read already: no read more.
 func tailOf(f *os.File, size int64) (t auditTail, err error) {
 	if size == 0 {
 		return t, nil
@@ -353,7 +372,7 @@ func tailOf(f *os.File, size int64) (t auditTail, err error) {
 		}
 		if g, ok := auditedGeneration(line); ok {
 			t.last, t.found, t.recEnd = g, true, end
-			t.tornGen = t.tornGen || logNote(line)
+			t.tornGen = t.tornGen || logNote(line) || moreFollow(line) || lateCut(tail, int64(len(tail)) == end, g)
 			return t, nil
 		}
 		if !unfinishedRecord(line) {
@@ -384,6 +403,85 @@ func logNote(line []byte) bool {
 		Op string `json:"op"`
 	}
 	return json.Unmarshal(line, &r) == nil && (r.Op == OpAuditTorn || r.Op == OpAuditLate)
+}
+
+// auditSeq is the Seq of the i-th of a commit's n records.
+func auditSeq(i, n int) string {
+	return strconv.Itoa(i) + "/" + strconv.Itoa(n)
+}
+
+// moreFollow says whether the record line is one of a commit's records
+// that is not its last (its Seq says i/n, i < n): a log that ends with it
+// ends where a write of them was cut short, right after its newline.
+// appendAuditLine writes Seq as `,"seq":"i/n"`, which no string holds
+// unescaped; anything else is left to encoding/json.
+func moreFollow(line []byte) bool {
+	k := bytes.LastIndex(line, []byte(`,"seq":"`))
+	if k < 0 {
+		return false
+	}
+	seq, _, ok := bytes.Cut(line[k+len(`,"seq":"`):], []byte(`"`))
+	if !ok {
+		return false
+	}
+	is, ns, ok := bytes.Cut(seq, []byte("/"))
+	if !ok {
+		return false
+	}
+	i, err1 := strconv.Atoi(string(is))
+	n, err2 := strconv.Atoi(string(ns))
+	return err1 == nil && err2 == nil && i < n
+}
+
+// lateCut says whether tail, the end of an audit file (whole: all of it),
+// which ends with a record of generation g, ends where a write appending
+// g's records late was cut short, right after a newline: an OpAuditLate
+// record of g before them says how many follow it, and fewer do. Records of
+// older builds carry no Seq (moreFollow), and a catch-up of their journal
+// records is told by this count. Only a tail that holds such a note is
+// decoded; when the note is not in tail (the run is longer than what was
+// read), the write is taken for whole, as before.
+func lateCut(tail []byte, whole bool, g uint64) bool {
+	if !bytes.Contains(tail, []byte(`"op":"audit-late"`)) {
+		return false
+	}
+	lines := bytes.Split(bytes.TrimSuffix(tail, []byte{'\n'}), []byte{'\n'})
+	if !whole {
+		lines = lines[1:] // cut by where the read began
+	}
+	follow := 0
+	for i := len(lines) - 1; i >= 0; i-- {
+		var r AuditRecord
+		if json.Unmarshal(lines[i], &r) != nil || r.Generation != g {
+			return false
+		}
+		switch r.Op {
+		case OpAuditLate:
+			n, ok := lateCount(r.Reason)
+			return ok && follow < n
+		case OpAuditTorn, OpAuditLost, "":
+			return false // noted already, or not a record of the commit
+		}
+		follow++
+	}
+	return false
+}
+
+// lateCount is how many records follow the OpAuditLate record whose reason
+// is why, as lateAudit and lateRest write it ("the N record(s) of
+// generation G that follow …", "the last N of the M record(s) …").
+func lateCount(why string) (int, bool) {
+	rest, ok := strings.CutPrefix(why, "the ")
+	if !ok {
+		return 0, false
+	}
+	rest = strings.TrimPrefix(rest, "last ")
+	digits, _, ok := strings.Cut(rest, " ")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(digits)
+	return n, err == nil && n > 0
 }
 
 // unfinishedLine returns the line f (size bytes long) ends inside, after

@@ -150,6 +150,7 @@ func appendAuditLine(b []byte, r *AuditRecord) ([]byte, error) {
 	b = appendOptString(b, `,"container":`, r.Container)
 	b = appendOptString(b, `,"front_end":`, r.FrontEnd)
 	b = appendOptString(b, `,"reason":`, r.Reason)
+	b = appendOptString(b, `,"seq":`, r.Seq)
 	b = append(b, `,"generation":`...)
 	b = strconv.AppendUint(b, r.Generation, 10)
 	b = append(b, `,"pid":`...)

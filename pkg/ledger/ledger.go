@@ -594,6 +594,11 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 	}
 	for i := range tx.audit {
 		tx.audit[i].Generation, tx.audit[i].Pid = st.Generation, pid
+		if len(tx.audit) > 1 {
+			// Its place: a write of them cut right after one's newline
+			// leaves a log whose last record says more follow (tailOf).
+			tx.audit[i].Seq = auditSeq(i+1, len(tx.audit))
+		}
 	}
 	// Rendered once: for the journal record and for audit.log.
 	lines, err := appendAuditLines(l.auditBuf[:0], tx.audit)
