@@ -7,9 +7,6 @@ package daemon
 
 import (
 	"context"
-	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -65,22 +62,6 @@ func migHost(t *testing.T) *gpuHost {
 	}
 	sd.GetComputeRunningProcessesFunc = fail
 	return h
-}
-
-// runOn starts pid of container id ("" for a host process) on device uuid.
-func (h *gpuHost) runOn(uuid string, pid int, id string) {
-	dir := filepath.Join(h.proc, "proc", fmt.Sprint(pid))
-	require.NoError(h.t, os.MkdirAll(dir, 0o755))
-	stat := fmt.Sprintf("%d (python) S 1 %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0\n", pid, pid, pid)
-	require.NoError(h.t, os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644))
-	cg := "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + id + ".scope\n"
-	if id == "" {
-		cg = "0::/user.slice/user-0.slice/session-1.scope\n"
-	}
-	require.NoError(h.t, os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644))
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.procs[uuid] = append(h.procs[uuid], nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: 1 << 30})
 }
 
 // An intruder on a MIG instance the daemon's inventory lacks (created

@@ -99,7 +99,11 @@ func newGPUHost(t testing.TB) *gpuHost {
 func (h *gpuHost) uuid(i int) string { return h.srv.Devices[i].(*server.Device).UUID }
 
 // run starts pid of container id (cgroup v2, systemd driver) on GPU i.
-func (h *gpuHost) run(i, pid int, id string) {
+func (h *gpuHost) run(i, pid int, id string) { h.runOn(h.uuid(i), pid, id) }
+
+// runOn starts pid of container id ("" for a host process; cgroup v2,
+// systemd driver) on device uuid.
+func (h *gpuHost) runOn(uuid string, pid int, id string) {
 	dir := filepath.Join(h.proc, "proc", fmt.Sprint(pid))
 	require.NoError(h.t, os.MkdirAll(dir, 0o755))
 	stat := fmt.Sprintf("%d (python) S 1 %d %d 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 500 0 0\n", pid, pid, pid)
@@ -111,7 +115,7 @@ func (h *gpuHost) run(i, pid int, id string) {
 	require.NoError(h.t, os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644))
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.procs[h.uuid(i)] = append(h.procs[h.uuid(i)], nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: 1 << 30})
+	h.procs[uuid] = append(h.procs[uuid], nvml.ProcessInfo{Pid: uint32(pid), UsedGpuMemory: 1 << 30})
 }
 
 // runCgroup starts pid on GPU i with cgroup as its /proc/PID/cgroup.
