@@ -88,13 +88,7 @@ func TestUnhealthyUnderOperatorCordonAcrossADaemonRestart(t *testing.T) {
 				w, m, stop = accountingDaemon(t, h, g)
 			}
 			defer stop()
-			w.mu.Lock()
-			assert.Equal(t, []string{uuid}, unhealthyUUIDs(w.unhealthy), "the daemon knows GPU 3 failed")
-			w.mu.Unlock()
-			assert.Equal(t, map[string]float64{"3": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
-			file, err := observe.ReadFile(g.Ledger().Dir())
-			require.NoError(t, err)
-			assert.Equal(t, []string{uuid}, unhealthyUUIDs(file.Unhealthy), "gpu-guard-ctl status warns of GPU 3")
+			requireGPU3ListedUnhealthy(t, w, m, g, uuid)
 
 			w.settleUnhealthy(ctx, forgetting(func(string) bool { return true }))
 			assert.Equal(t, ledger.CordonOperator, cordonOn(t, g, uuid).Source, "the operator's cordon stays as it is")
@@ -269,13 +263,7 @@ func TestUnhealthyCarriedAcrossADaemonRestartWithAccountingOff(t *testing.T) {
 				w, m, signal, timer, stop = healthOnlyDaemon(t, h, g)
 			}
 			defer stop()
-			w.mu.Lock()
-			assert.Equal(t, []string{uuid}, unhealthyUUIDs(w.unhealthy), "the daemon knows GPU 3 failed")
-			w.mu.Unlock()
-			assert.Equal(t, map[string]float64{"3": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
-			file, err := observe.ReadFile(g.Ledger().Dir())
-			require.NoError(t, err)
-			assert.Equal(t, []string{uuid}, unhealthyUUIDs(file.Unhealthy), "gpu-guard-ctl status warns of GPU 3")
+			requireGPU3ListedUnhealthy(t, w, m, g, uuid)
 			damageLedger(t, g)
 			rep, err := g.Ledger().Recover(ctx, ledger.RecoverOptions{AllowEmpty: true, Reason: "NRI sync"})
 			require.NoError(t, err)
@@ -358,4 +346,18 @@ func TestFindingsKeptForAnAccountingObserverByADaemonWithAccountingOff(t *testin
 			assert.False(t, cordonedIn(t, g, h.uuid(2)), "the operator's uncordon stands")
 		})
 	}
+}
+
+// requireGPU3ListedUnhealthy requires that the daemon of w (metrics m,
+// guard g) lists GPU 3 (uuid) as unhealthy, alone: in its state, its gauge
+// and observe.json, which gpu-guard-ctl status reads.
+func requireGPU3ListedUnhealthy(t *testing.T, w *Watch, m *metrics.Metrics, g *guard.Guard, uuid string) {
+	t.Helper()
+	w.mu.Lock()
+	assert.Equal(t, []string{uuid}, unhealthyUUIDs(w.unhealthy), "the daemon knows GPU 3 failed")
+	w.mu.Unlock()
+	assert.Equal(t, map[string]float64{"3": 1}, gaugeByIndex(t, m, "nri_gpu_guard_unhealthy"))
+	file, err := observe.ReadFile(g.Ledger().Dir())
+	require.NoError(t, err)
+	assert.Equal(t, []string{uuid}, unhealthyUUIDs(file.Unhealthy), "gpu-guard-ctl status warns of GPU 3")
 }
