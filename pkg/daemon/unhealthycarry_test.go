@@ -28,14 +28,27 @@ import (
 
 // accountingDaemon is a daemon's Watch over g whose observer runs
 // accounting passes (an hour apart: the test drives the policy), over every
-// GPU of h but GPU 7; stop ends it.
+// GPU of h but GPU 7; stop ends it. It returns once the observer's first
+// pass, which runs at its start, has been handled, so that nothing the
+// daemon does runs beside what the test drives (that pass settles the
+// unhealthy devices too: after a test had damaged the ledger, a late one
+// cordoned GPU 3 again).
 func accountingDaemon(t *testing.T, h *gpuHost, g *guard.Guard) (w *Watch, m *metrics.Metrics, stop func()) {
 	t.Helper()
 	w = watchOver(g, nil)
 	m = metrics.New()
 	w.Metrics = m
 	w.ProcRoot, w.Interval = h.proc, time.Hour
-	return w, m, startWithout(t, w, g, h, 7)
+	reports := make(chan struct{}, 1)
+	w.afterReport = func() {
+		select {
+		case reports <- struct{}{}:
+		default:
+		}
+	}
+	stop = startWithout(t, w, g, h, 7)
+	testwait.Receive(t, reports, "the observer's first pass")
+	return w, m, stop
 }
 
 func unhealthyUUIDs(fs []observe.Finding) []string {

@@ -113,7 +113,8 @@ type Watch struct {
 	After func(time.Duration) <-chan time.Time
 
 	guards chan *guard.Guard
-	// afterReport, when set (tests), runs after each report was handled.
+	// afterReport, when set (tests), runs after each report read was
+	// handled: its findings acted on and the unhealthy devices settled.
 	afterReport func()
 	// settled, when set (tests), runs after each settling of settleLoop.
 	settled func()
@@ -498,6 +499,9 @@ func (w *Watch) start(ctx context.Context, src observe.Source, k watchKey, cfg c
 			OnReport: func(r observe.Report) {
 				w.onReport(ctx, cfg, r)
 				w.settleUnhealthy(ctx, o)
+				if w.afterReport != nil && !r.Skipped {
+					w.afterReport()
+				}
 			},
 			OnUnhealthy:    func(f observe.Finding) { w.onUnhealthy(ctx, f) },
 			OnUnidentified: func(f observe.Finding) { w.onUnidentified(ctx, f) },
@@ -833,9 +837,6 @@ func findingKey(f observe.Finding) string {
 func (w *Watch) onReport(ctx context.Context, cfg config.Config, r observe.Report) {
 	if r.Skipped {
 		return // no view was read; the caller settles unhealthy devices
-	}
-	if w.afterReport != nil {
-		defer w.afterReport()
 	}
 	if !w.actsOn(r.LedgerEpoch) {
 		// Read while the plugin was not ready, or before it became ready

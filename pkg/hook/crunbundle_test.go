@@ -246,7 +246,7 @@ func TestCrunBundleSlashRefused(t *testing.T) {
 		}, []string{"/gone: no such file or directory"}},
 		{"default root, no copy", "gone-" + strconv.Itoa(os.Getpid()), func(r *crunRig) {
 			r.cmdline("crun", "create", "--bundle", r.bundle, "gone-"+strconv.Itoa(os.Getpid()))
-		}, []string{filepath.Join(crunDefaultRoot, "gone-"+strconv.Itoa(os.Getpid()))}},
+		}, []string{"(sought at " + filepath.Join(crunDefaultRoot, "gone-"+strconv.Itoa(os.Getpid()), "config.json") + ")"}},
 		{"XDG_RUNTIME_DIR, no copy", "c", func(r *crunRig) {
 			r.spec("c", "PATH=/bin") // in --root, not where crun keeps it
 			r.env = []string{"XDG_RUNTIME_DIR=" + filepath.Dir(r.bundle)}

@@ -277,8 +277,14 @@ func (e env) crunSpec(id, stateBundle string) (*specs.Spec, string, error) {
 	}
 	fd, path, err := openRuntimeSpec(root, id, os.Geteuid())
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: %s, and the runtime's own copy of the spec cannot be read: %w. "+
-			"If the runtime keeps its state elsewhere, give it that --root; or %s", errInput, prefix, err, remedy)
+		// Name the copy sought even where the error stops short of it (a
+		// state root not there: crun makes it at its first container).
+		sought := ""
+		if filepath.IsAbs(root) && id != "." && id != ".." && !strings.Contains(id, "/") {
+			sought = fmt.Sprintf(" (sought at %s)", filepath.Join(root, id, "config.json"))
+		}
+		return nil, "", fmt.Errorf("%w: %s, and the runtime's own copy of the spec cannot be read: %w%s. "+
+			"If the runtime keeps its state elsewhere, give it that --root; or %s", errInput, prefix, err, sought, remedy)
 	}
 	spec, err := decodeSpecFile(fd, path)
 	if err != nil {
