@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -348,6 +349,28 @@ func TestWarnings(t *testing.T) {
 	cfg.Policy.ExemptNamespaces = []string{"gpu-monitoring"}
 	require.Len(t, cfg.Warnings(), 1)
 	assert.Contains(t, cfg.Warnings()[0], "OCI hook are never exempt")
+
+	// A poll as long as half a TTL: the waiter renews its place only when
+	// it polls, so it may be dropped, or lose its reservation, in between.
+	// (Such a TTL is always below the kubelet's back-off too: a poll is at
+	// most a minute.)
+	pollWarnings := func() []string {
+		return slices.DeleteFunc(cfg.Warnings(), func(w string) bool { return !strings.HasPrefix(w, "hook.poll_interval: ") })
+	}
+	cfg = Default()
+	cfg.Hook.PollInterval = Duration{time.Minute}
+	assert.Empty(t, cfg.Warnings(), "a minute's poll under the default TTLs (15m, 6m)")
+	cfg.Policy.ReservationTTL = Duration{2 * time.Minute}
+	assert.Empty(t, pollWarnings(), "a poll of half the reservation_ttl")
+	cfg.Policy.ReservationTTL = Duration{90 * time.Second}
+	assert.Equal(t, []string{"hook.poll_interval: 1m0s is longer than half of policy.reservation_ttl (1m30s): a waiting hook or " +
+		"`gpu-guard-ctl run` renews its place only when it polls, and may lose the GPU reserved for it between two polls; " +
+		"keep poll_interval under a quarter of policy.reservation_ttl"}, pollWarnings())
+	cfg.Policy.QueueTTL = Duration{time.Minute}
+	ws := pollWarnings()
+	require.Len(t, ws, 2)
+	assert.Contains(t, ws[0], "half of policy.queue_ttl (1m0s)")
+	assert.Contains(t, ws[0], "be dropped from the queue between two polls")
 
 	// One hook per container under release_requires_idle: each handover
 	// is refused while the drain that only the next request starts runs.

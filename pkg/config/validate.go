@@ -398,6 +398,25 @@ func (c *Config) Warnings() []string {
 		out = append(out, fmt.Sprintf("policy.queue_ttl: %s is not longer than the kubelet's %s maximum back-off between retries; "+
 			"a pod that keeps retrying may be dropped from the queue (the default is 15m)", d, kubeletMaxBackoff))
 	}
+	// A waiting hook (and gpu-guard-ctl run) renews its queue place and
+	// its reservation every quarter of the shorter TTL, but never more often
+	// than it polls: with a poll as long as half a TTL the renewal has no
+	// margin left, and past it the waiter is dropped, or its reservation
+	// lapses, between two polls (it queues again at the back).
+	for _, ttl := range []struct {
+		key  string
+		d    Duration
+		risk string
+	}{
+		{"policy.queue_ttl", c.Policy.QueueTTL, "be dropped from the queue"},
+		{"policy.reservation_ttl", c.Policy.ReservationTTL, "lose the GPU reserved for it"},
+	} {
+		if p := c.Hook.PollInterval.Duration; p > 0 && ttl.d.Duration > 0 && 2*p > ttl.d.Duration {
+			out = append(out, fmt.Sprintf("hook.poll_interval: %s is longer than half of %s (%s): a waiting hook or `gpu-guard-ctl run` "+
+				"renews its place only when it polls, and may %s between two polls; keep poll_interval under a quarter of %s",
+				c.Hook.PollInterval, ttl.key, ttl.d, ttl.risk, ttl.key))
+		}
+	}
 	if c.Observe.OnIntruder == IntruderCordon && c.Observe.Interval.Duration == 0 {
 		out = append(out, "observe.on_intruder: \"cordon\" has no effect while observe.interval = \"0s\" turns the accounting off: no intruder is ever found")
 	}
