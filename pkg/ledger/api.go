@@ -197,6 +197,16 @@ var (
 	ErrUnsafeDir = errors.New("unsafe ledger directory")
 	// ErrNotFound: no claim, waiter or device matched.
 	ErrNotFound = errors.New("not found")
+	// ErrMaybeCommitted: an Update failed after its commit was written to
+	// the state files (the journal record appended, its fdatasync failed; a
+	// new lineage's journal renamed into place, the fsync of the state dir
+	// failed). The commit is not cut back: every later reader may see it,
+	// this process's included, and whether it would survive a crash is not
+	// known. The caller must take what fn did for done (a claim made, a
+	// waiter queued) and undo it, or let it end, as it would a success:
+	// taking it for "nothing written" leaves it behind. Every other error
+	// of Update means that nothing of fn's was written.
+	ErrMaybeCommitted = errors.New("ledger commit failed after it was written, and may stand")
 )
 
 // BusyError lists every device of a request that is not free.

@@ -107,7 +107,10 @@
 //     if a crash cut it, is a last line without its newline: that
 //     transaction never committed (its caller got no answer); readers ignore
 //     it and the next writer cuts it. Any other line that does not verify is
-//     damage.
+//     damage. A record written whole whose fdatasync fails is not cut back
+//     (a reader may have read it, and a cut is one more write to a disk
+//     that just failed one): the Update returns an error wrapping
+//     ErrMaybeCommitted, and its caller treats the commit as made.
 //   - Compaction, once the journal outgrows the snapshot (and 16 KiB), runs
 //     after the commit's record is durable: the new snapshot goes through a
 //     temp file, fsync, rename and fsync of the dir, then a new journal

@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/ledgerfault"
 )
 
 // File names inside the state dir.
@@ -277,6 +279,9 @@ func writeTemp(dir, pattern string, data []byte, afterWrite, afterSync string) (
 
 // syncDir makes a rename in dir durable.
 func syncDir(dir string) error {
+	if err := ledgerfault.Sync(dir); err != nil {
+		return fmt.Errorf("fsync dir %s: %w", dir, err)
+	}
 	d, err := os.Open(dir) //nolint:gosec // the state dir is the operator's choice
 	if err != nil {
 		return fmt.Errorf("open dir %s: %w", dir, err)

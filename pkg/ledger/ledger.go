@@ -411,8 +411,11 @@ func (l *Ledger) requiredLineage() string {
 // state of a fresh host) gets a new lineage. Under RequireLineage, a state
 // of another lineage yields a *LineageError without running fn.
 //
-// An I/O error during the fsync is returned although the commit may be
-// visible to readers.
+// An error while the commit is made durable, once it was written (the
+// journal record's fdatasync, the state dir's fsync after a new lineage's
+// journal was renamed into place), wraps ErrMaybeCommitted: the commit is
+// visible to every later reader and the caller must take it for made (see
+// ErrMaybeCommitted). Any other error means nothing of fn's was written.
 //
 // fn must not call Update, View or Snapshot of the same Ledger (the lock is
 // not reentrant) and must not keep tx.

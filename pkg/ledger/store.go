@@ -14,6 +14,8 @@ import (
 	"slices"
 	"syscall"
 	"time"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/ledgerfault"
 )
 
 // fileID identifies one version of a file: the same inode, size and times
@@ -433,7 +435,7 @@ func (l *Ledger) install(st *State, data []byte, hdr journalHeader, line []byte,
 	if err := l.replaceSnapshot(data, keepSnap); err != nil {
 		return loaded{}, err
 	}
-	if err := l.replaceJournal(line, keepJournal); err != nil {
+	if _, err := l.replaceJournal(line, keepJournal); err != nil {
 		return loaded{}, err
 	}
 	next := loaded{st: *st, exists: true, snapOK: true, format: FormatVersion, snapBytes: int64(len(data)),
@@ -537,7 +539,12 @@ func (l *Ledger) startGenesis(base, st *State, touched []string, ld *loaded, aud
 	if content, err = appendRecordLine(content, &rec); err != nil {
 		return loaded{}, fmt.Errorf("encode journal record: %w", err)
 	}
-	if err := l.replaceJournal(content, ld.jOK); err != nil {
+	if placed, err := l.replaceJournal(content, ld.jOK); err != nil {
+		if placed {
+			// In place, this commit's record with it: readers see it.
+			return loaded{}, fmt.Errorf("%w: the new journal %s holding it is in place, the fsync of its directory failed: %w",
+				ErrMaybeCommitted, l.JournalPath(), err)
+		}
 		return loaded{}, err
 	}
 	next := loaded{st: *st, exists: true, format: FormatVersion, jOK: true, jHdr: hdr, jEnd: int64(len(content))}
@@ -637,10 +644,13 @@ func isEmpty(st *State) bool {
 // previous journal cannot be renamed into place after the new one: cut in
 // between, it would be left under a temp name only, and nothing would
 // replay from ledger.json.prev to the new snapshot's generation.
-func (l *Ledger) replaceJournal(header []byte, keepPrev bool) error {
+//
+// placed reports that the new journal is in place (an error then is the
+// directory's fsync: readers see the new journal).
+func (l *Ledger) replaceJournal(header []byte, keepPrev bool) (placed bool, err error) {
 	tmp, err := writeTemp(l.dir, tempPrefix+"journal-*", header, "", "")
 	if err != nil {
-		return err
+		return false, err
 	}
 	ok := false
 	defer func() {
@@ -654,14 +664,14 @@ func (l *Ledger) replaceJournal(header []byte, keepPrev bool) error {
 	}
 	reachStage(stageJournalRotated)
 	if err := os.Rename(tmp, l.JournalPath()); err != nil { //nolint:gosec // our temp file onto the fixed journal name
-		return fmt.Errorf("rename %s to %s: %w", tmp, l.JournalPath(), err)
+		return false, fmt.Errorf("rename %s to %s: %w", tmp, l.JournalPath(), err)
 	}
 	ok = true
 	if err := syncDir(l.dir); err != nil {
-		return err
+		return true, err
 	}
 	reachStage(stageJournalSwapped)
-	return nil
+	return true, nil
 }
 
 // keepPrevJournal is steps 2 and 3 of replaceJournal: the journal in place
@@ -693,7 +703,8 @@ func (l *Ledger) keepPrevJournal() {
 }
 
 // appendRecord appends one commit to the journal (one write, one fdatasync)
-// after cutting a torn tail left by a crashed writer.
+// after cutting a torn tail left by a crashed writer. A failed fdatasync
+// returns an error wrapping ErrMaybeCommitted: the record was written.
 func (l *Ledger) appendRecord(rec *journalRecord, ld *loaded) (loaded, error) {
 	line, err := appendRecordLine(l.recBuf[:0], rec)
 	if err != nil {
@@ -726,8 +737,12 @@ func (l *Ledger) appendRecord(rec *journalRecord, ld *loaded) (loaded, error) {
 		return loaded{}, fmt.Errorf("append to %s: %w", l.JournalPath(), err)
 	}
 	reachStage(stageAfterWrite)
-	if err := syscall.Fdatasync(int(f.Fd())); err != nil {
-		return loaded{}, fmt.Errorf("fdatasync %s: %w", l.JournalPath(), err)
+	if err := syncJournal(f, l.JournalPath()); err != nil {
+		// Not cut back: a lock-free reader may have read the record
+		// already, and a cut is one more write to a disk that just
+		// failed one, whose own sync may fail the same way. The caller
+		// is told that the commit may stand.
+		return loaded{}, fmt.Errorf("%w: the record is in %s, whose fdatasync failed: %w", ErrMaybeCommitted, l.JournalPath(), err)
 	}
 	reachStage(stageAfterFsync)
 	next := *ld
@@ -736,4 +751,12 @@ func (l *Ledger) appendRecord(rec *journalRecord, ld *loaded) (loaded, error) {
 		next.jID = idOf(fi)
 	}
 	return next, nil
+}
+
+// syncJournal makes the record just appended to the journal at path durable.
+func syncJournal(f *os.File, path string) error {
+	if err := ledgerfault.Sync(path); err != nil {
+		return err
+	}
+	return syscall.Fdatasync(int(f.Fd()))
 }
