@@ -195,8 +195,19 @@ func (g *Guard) Resolve(spec devices.Request) (devices.Resolution, error) {
 }
 
 // Admit decides and records (claim or enqueue). A non-nil error means the
-// decision could not be made (lock timeout, corrupt ledger): callers fail
-// closed with that error. Otherwise d.Err() is nil only for Admit/Skip.
+// request is refused without a decision to act on: callers fail closed with
+// that error. Almost every error (lock timeout, corrupt ledger) comes before
+// anything was written. One wrapping ledger.ErrMaybeCommitted comes after:
+// the decision was written and the disk failed to make it durable, so its
+// claim (or queue entry) may stand, and every later reader sees it. The
+// caller must then end it as it ends the claim of a container that never
+// ran: a release of exactly that container id when its create is undone
+// (the NRI plugin: the runtime's StopContainer and RemoveContainer of a
+// refused create), or the release rule once the process the claim records
+// is gone (the OCI hook, gpu-guard-ctl run). Taken for "nothing recorded",
+// the claim of a container that never runs (no process: the liveness check
+// keeps it) is never released. Otherwise d.Err() is nil only for
+// Admit/Skip.
 func (g *Guard) Admit(ctx context.Context, r Request) (Decision, error) {
 	return g.admit(ctx, r, modeAdmit)
 }
@@ -329,6 +340,15 @@ func (g *Guard) admit(ctx context.Context, r Request, mode admitMode) (Decision,
 	if err != nil {
 		g.log.Error("admission decision failed", append(ownerAttrs(owner, key),
 			slog.Any("devices", res.UUIDs()), slog.Any("error", err))...)
+		if errors.Is(err, ledger.ErrMaybeCommitted) && !dryRun {
+			if len(d.tookOver) > 0 {
+				// The takeover may stand: should the restart's create be
+				// undone, its removal hands the claims back as after a
+				// success (see rememberTakeover).
+				g.rememberTakeover(owner.ContainerID, d.tookOver)
+			}
+			return Decision{}, g.maybeRecordedError(owner, d, err)
+		}
 		return Decision{}, g.ledgerError(owner, err)
 	}
 	if !dryRun && len(d.tookOver) > 0 {
@@ -717,6 +737,44 @@ func (g *Guard) ledgerError(owner ledger.Owner, err error) error {
 	default:
 		return fmt.Errorf("GPU ledger error, refused %s to stay safe: %w", who, err)
 	}
+}
+
+// maybeRecordedError is the refusal of a request whose decision d was
+// written to the ledger and then failed to be made durable
+// (ledger.ErrMaybeCommitted): the claim or queue entry may stand. It says
+// what stands, how it ends, and where to look.
+func (g *Guard) maybeRecordedError(owner ledger.Owner, d Decision, err error) error {
+	who := HolderName(owner)
+	want := make([]devices.Device, len(d.Devices))
+	for i, rd := range d.Devices {
+		want[i] = rd.Device
+	}
+	var what, ends string
+	switch {
+	case d.Result == Queue:
+		// A queue entry outlives a refusal anyway: it keeps the
+		// request's place for its retry.
+		what = "its queue entry for " + naming.Devices(want)
+		ends = "the entry keeps its place for the retry, as after any refusal that queues"
+	case d.Result != Admit:
+		// Nothing was recorded for it that must end.
+		return g.ledgerError(owner, err)
+	case IsTicket(owner):
+		what = "its claim of " + naming.Devices(want)
+		ends = "the claim is released once this gpu-guard-ctl run has exited (by the next request for those GPUs, " +
+			"or `gpu-guard-ctl gc`); try again in a moment"
+	case owner.FrontEnd == ledger.FrontEndHook:
+		what = "its claim of " + naming.Devices(want)
+		ends = "the claim is released once the refused container is gone (by the next request for those GPUs, " +
+			"or `gpu-guard-ctl gc`); try again in a moment"
+	default:
+		what = "its claim of " + naming.Devices(want)
+		ends = "the claim is released when the runtime undoes the refused create (its StopContainer and " +
+			"RemoveContainer); retrying is automatic under Kubernetes"
+	}
+	return fmt.Errorf("GPU ledger: the decision for %s was written, then the disk failed to make it durable: it is refused "+
+		"to stay safe, though %s may stand (every reader of the ledger sees it); %s; if this repeats, check the disk "+
+		"of the ledger directory ([ledger] dir; the kernel log): %w", who, what, ends, err)
 }
 
 // Started records the pid and cgroup of a container once it runs, so that the
