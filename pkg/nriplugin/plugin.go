@@ -189,8 +189,9 @@ type Plugin struct {
 	// the many containers without a GPU cost no ledger write under
 	// containerd's global NRI lock, with each one's request as last seen:
 	// what the runtime would list for it at a Synchronize. It is rebuilt at
-	// every Synchronize and grows with every admission. trackGen counts its
-	// changes.
+	// every Synchronize and grows with every admission, and with every
+	// create refused although its claim may stand (mayHoldClaim). trackGen
+	// counts its changes.
 	tracked  map[string]trackedCtr
 	trackGen uint64
 	// known holds the id of every container the runtime has shown this
@@ -368,7 +369,8 @@ type trackedCtr struct {
 	started   bool // pid/cgroup recorded
 	starting  bool // being recorded in the background
 	// stopped: its stop event came (release_on = "remove" keeps it tracked
-	// until its removal); a Synchronize would not list it.
+	// until its removal), or its create was refused (mayHoldClaim); a
+	// Synchronize would not list it.
 	stopped bool
 	// req is the container's request as the runtime last showed it (with
 	// its pid and cgroup once started): what rebuildInPlace reconciles.
@@ -1316,6 +1318,9 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *api.PodSandbox, ctr *
 	}
 	if err != nil {
 		p.ledgerTrouble(err)
+		if errors.Is(err, ledger.ErrMaybeCommitted) {
+			p.mayHoldClaim(ctx, g, pod, ctr, cr, req)
+		}
 		return nil, nil, refusal(err)
 	}
 	if derr := d.Err(); derr != nil {
@@ -1409,6 +1414,45 @@ func (p *Plugin) undoCreation(ctx context.Context, g *guard.Guard, pod *api.PodS
 	}
 	return fmt.Errorf("nri-gpu-guard: container %s refused: the runtime stopped or removed it while nri-gpu-guard decided "+
 		"its create (the answer came past the runtime's deadline); %s, retrying is automatic", naming.ShortID(ctr.GetId()), released)
+}
+
+// mayHoldClaim follows a create refused although its claim may stand: the
+// admission was written to the ledger, whose sync then failed
+// (ledger.ErrMaybeCommitted). Every reader sees that claim, of a container
+// that never runs (no process: the liveness check keeps it), and the pod's
+// retries would queue behind it until the pod goes. The id is tracked as
+// stopped (out of rebuilds: the runtime never lists it), so that the
+// runtime's undo of the create (StopContainer, RemoveContainer) releases
+// its claims as any holder's: a release of exactly that container id, safe
+// to repeat, retried while it fails. An undo that came while the create
+// was decided found the id untracked: the claims are released now. Only this
+// error tracks a refused create; every other leaves nothing in the ledger,
+// and its undo costs nothing.
+func (p *Plugin) mayHoldClaim(ctx context.Context, g *guard.Guard, pod *api.PodSandbox, ctr *api.Container, cr *creation, req guard.Request) {
+	p.mu.Lock()
+	undone := cr.undone
+	if !undone {
+		p.tracked[ctr.GetId()] = trackedCtr{sandboxID: ctr.GetPodSandboxId(), stopped: true, req: req}
+		p.trackGen++
+	}
+	p.mu.Unlock()
+	if !undone {
+		p.log.Warn("a create was refused although its claim may be in the ledger (the ledger's disk failed to make the "+
+			"decision durable): its claim is released when the runtime undoes the create", "container_id", ctr.GetId())
+		return
+	}
+	rctx, cancel := p.boundedDetached(ctx, g)
+	defer cancel()
+	o := ownerOf(pod, ctr)
+	if err := g.Removed(rctx, o); err != nil {
+		p.ledgerTrouble(err)
+		p.addDue(releaseRemove, o, err)
+		p.log.Error("releasing the claim a refused create may have left failed; retried in the background and at the next "+
+			"NRI event", "container_id", ctr.GetId(), "error", err)
+		return
+	}
+	p.log.Warn("a create was refused although its claim may be in the ledger (the ledger's disk failed to make the "+
+		"decision durable), and the runtime had undone it meanwhile: its claim is released", "container_id", ctr.GetId())
 }
 
 // errRebuilding refuses a GPU container's create while the ledger is rebuilt.
@@ -1527,7 +1571,9 @@ func (p *Plugin) settleStarts(ctx context.Context) {
 
 // StopContainer releases (release_on = "stop") or marks stopped ("remove")
 // the container's claims. A container that holds none — including a refused
-// create, which containerd stops and removes right away — costs nothing.
+// create, which containerd stops and removes right away — costs nothing; a
+// refused create whose claim may stand (mayHoldClaim) is tracked, and
+// released as a holder is.
 func (p *Plugin) StopContainer(ctx context.Context, pod *api.PodSandbox, ctr *api.Container) ([]*api.ContainerUpdate, error) {
 	defer p.handling("StopContainer", nil)()
 	g, ok := p.trackedGuard(ctr.GetId())
