@@ -211,7 +211,9 @@ type Request struct {
 	// makes every device node an image carries as it unpacks the layers,
 	// and the root's mount is nodev in the container only where the
 	// storage is mounted nodev and the runtime keeps that: runc with a
-	// read-write root, never crun), and the directories bound in (NodeDirs: a
+	// read-write root, runc or crun with a user namespace of the
+	// container's own, never crun without one), and the directories bound
+	// in (NodeDirs: a
 	// named volume an engine filled from an image, nodes and all, or any
 	// host directory). The OCI hook sets them; messages then name these
 	// causes and their remedies (a mount or a bind made nodev, a runtime
@@ -241,23 +243,28 @@ type Request struct {
 // device nodes its image may carry where no device cgroup does. Verified as
 // root with a root on a nodev mount holding a node: runc 1.1.5 keeps the
 // nodev for a read-write root and drops it for a read-only one (it
-// remounts the root MS_RDONLY alone); crun 1.8.1 drops it for either.
+// remounts the root MS_RDONLY alone); crun 1.8.1 drops it for either. In
+// a user namespace of the container's own both keep it for either, the
+// kernel having locked it.
 type RootNodev uint8
 
 const (
 	// RootNodevKept means the runtime keeps the mount's nodev (runc, a
-	// read-write root), so the root counts only because its mount is not
-	// nodev: mounting container storage nodev is the remedy.
+	// read-write root; runc or crun, a container with a user namespace of
+	// its own), so the root counts only because its mount is not nodev:
+	// mounting container storage nodev is the remedy.
 	RootNodevKept RootNodev = iota
 	// RootNodevDroppedReadOnly means the runtime is runc and the root
 	// read-only, which runc remounts without the nodev of its mount: a
-	// read-write root (on storage mounted nodev) is the remedy.
+	// read-write root, or a user namespace of the container's own (on
+	// storage mounted nodev), is the remedy.
 	RootNodevDroppedReadOnly
 	// RootNodevDroppedByRuntime means the runtime is not known to keep
-	// the nodev of any root (crun, any other runtime but runc, or one
-	// that cannot be told): storage mounted nodev does not help there; a
-	// device cgroup, or runc with a read-write root (on storage mounted
-	// nodev), is the remedy.
+	// the nodev of any root (crun outside a user namespace of the
+	// container's own, any other runtime but runc, or one that cannot be
+	// told): storage mounted nodev does not help there; a device cgroup,
+	// runc with a read-write root, or runc or crun with a user namespace
+	// of the container's own (on storage mounted nodev), is the remedy.
 	RootNodevDroppedByRuntime
 )
 
@@ -273,11 +280,24 @@ type NodeDir struct {
 	// own nodev option alone stops the layer's nodes (the kernel checks
 	// the overlay's mount, not the layer's).
 	Overlay bool
-	// NodevDropped: Path is a bind source on a nodev mount whose nodev the
-	// runtime does not keep on the bind (crun remounts every bind without
-	// it, runc a bind with flag options of its own, such as ro): mounting
-	// Path nodev does not help, only the bind's own nodev option does.
+	// NodevDropped: Path is on a nodev mount whose nodev the container
+	// does not get: a bind source whose nodev the runtime does not keep on
+	// the bind (crun remounts every bind without it, runc a bind with flag
+	// options of its own, such as ro), or a mount below a recursive bind
+	// whose "rdev" clears it. Mounting Path nodev does not help, only the
+	// bind's own options do.
 	NodevDropped bool
+	// Below, where set, is the source of the recursive bind that Path, a
+	// mount of its own below that source, comes in with: it keeps its own
+	// flags there, and the bind's nodev option makes only the bind's top
+	// mount nodev. Only Path's own nodev, or the bind's "rnodev", stops its
+	// nodes.
+	Below string
+	// Clears are the options of the bind that clear nodev where Path is
+	// ("dev" and "rdev" for the bind of Path, "rdev" for one Path is
+	// below), in the order given: while one is there neither a nodev mount
+	// nor a nodev option helps, and the remedy says to drop it.
+	Clears []string
 }
 
 // LinuxDevice is one entry of the spec's linux.devices.

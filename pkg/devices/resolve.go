@@ -210,11 +210,16 @@ const srcNoDeviceCgroup = "no device cgroup (host /dev bound in, or CAP_MKNOD or
 //
 // The remedy is what stops the nodes under the runtime that mounts them:
 // container storage mounted nodev where the runtime keeps that nodev
-// (runc, a read-write root); a read-write root under runc, whose read-only
-// root drops it; under crun, which drops it for every root, only a device
-// cgroup or another runtime (runc). A bind source on a nodev mount whose
-// nodev the runtime drops (NodeDir.NodevDropped) needs the bind's own nodev
-// option, not a nodev mount it already has.
+// (runc, a read-write root; runc or crun, a container with a user
+// namespace of its own); a read-write root under runc, which drops a
+// read-only root's nodev; under crun, which drops it for every root
+// outside a user namespace, a device cgroup, runc, or a user namespace. A
+// bind source on a nodev mount whose nodev the runtime drops
+// (NodeDir.NodevDropped) needs the bind's own nodev option, not a nodev
+// mount it already has; a mount below a recursive bind (NodeDir.Below) its
+// own nodev or the bind's rnodev, not the bind's nodev, which makes only
+// the top mount nodev; and where the bind says dev or rdev
+// (NodeDir.Clears), those must go first.
 func nodesCause(req Request) (what, src, fix string) {
 	var whats, srcs, fixes []string
 	if req.ImageNodes {
@@ -222,8 +227,6 @@ func nodesCause(req Request) (what, src, fix string) {
 		whats, srcs, fixes = append(whats, w), append(srcs, s), append(fixes, f)
 	}
 	if len(req.NodeDirs) > 0 {
-		d := req.NodeDirs[0]
-		path, at := plainText(d.Path), plainText(d.BoundAt)
 		more := ""
 		switch n := len(req.NodeDirs) - 1; {
 		case n == 1:
@@ -231,31 +234,83 @@ func nodesCause(req Request) (what, src, fix string) {
 		case n > 1:
 			more = fmt.Sprintf(" (and %d more directories)", n)
 		}
-		if d.Overlay {
-			whats = append(whats, "whose overlay at "+at+" is not mounted nodev (a device node in its layer "+path+more+
-				", a GPU's among them, opens)")
-			srcs = append(srcs, "overlay at "+at+" not mounted nodev: the device nodes of its layer "+path+more+" open")
-			fixes = append(fixes, "give the overlay at "+at+" the nodev option")
-		} else if d.NodevDropped {
-			whats = append(whats, "whose bind source "+path+" (at "+at+")"+more+" is on a nodev mount whose nodev its bind does not keep "+
-				"(crun remounts every bind without it, runc a bind with flag options such as ro or dev), bound without nodev "+
-				"(a device node in it, a GPU's among them, opens)")
-			srcs = append(srcs, "bind source "+path+more+" bound without nodev: its mount's nodev not kept, its device nodes open")
-			fixes = append(fixes, "give the bind of "+path+" the nodev option (the nodev of its mount does not carry over)")
-		} else {
-			whats = append(whats, "whose bind source "+path+" (at "+at+")"+more+" is on a mount that is not nodev, bound without nodev "+
-				"(a device node in it, a GPU's among them, opens)")
-			srcs = append(srcs, "bind source "+path+more+" not mounted nodev: its device nodes open")
-			fixes = append(fixes, "mount "+path+" nodev or give its bind the nodev option")
-		}
+		w, s, f := dirCause(req.NodeDirs[0], more)
+		whats, srcs, fixes = append(whats, w), append(srcs, s), append(fixes, f)
 	}
 	return "container without a device cgroup " + strings.Join(whats, " and "),
 		"no device cgroup (" + strings.Join(srcs, "; ") + ")",
 		"run it in a device cgroup of its own (cgroups enabled), or " + strings.Join(fixes, ", and ") + ", and name its GPUs"
 }
 
+// dirOpens is what a directory whose nodes open lets through.
+const dirOpens = " (a device node in it, a GPU's among them, opens)"
+
+// dirCause is nodesCause's what, source and remedy for the directory d,
+// more counting the others.
+func dirCause(d NodeDir, more string) (what, src, fix string) {
+	path, at := plainText(d.Path), plainText(d.BoundAt)
+	switch {
+	case d.Overlay:
+		return "whose overlay at " + at + " is not mounted nodev (a device node in its layer " + path + more +
+				", a GPU's among them, opens)",
+			"overlay at " + at + " not mounted nodev: the device nodes of its layer " + path + more + " open",
+			"give the overlay at " + at + " the nodev option"
+	case d.Below != "":
+		return belowCause(d, path, at, more)
+	}
+	// The bind's own nodev option helps once what clears it is gone.
+	nodevOption := "give the bind of " + path + " the nodev option"
+	if len(d.Clears) > 0 {
+		nodevOption = "drop " + strings.Join(d.Clears, " and ") + " from the bind of " + path + " and give it the nodev option"
+	}
+	switch {
+	case d.NodevDropped:
+		what = "whose bind source " + path + " (at " + at + ")" + more + " is on a nodev mount whose nodev its bind does not keep " +
+			"(crun remounts every bind without it, runc a bind with flag options such as ro or dev), bound without nodev" + dirOpens
+		src = "bind source " + path + more + " bound without nodev: its mount's nodev not kept, its device nodes open"
+		fix = nodevOption + " (the nodev of its mount does not carry over)"
+	case len(d.Clears) > 0:
+		what = "whose bind source " + path + " (at " + at + ")" + more + " is on a mount that is not nodev, bound with " +
+			strings.Join(d.Clears, " and ") + dirOpens
+		src = "bind source " + path + more + " not mounted nodev: its device nodes open"
+		fix = nodevOption + " (while its bind says " + strings.Join(d.Clears, " or ") + ", mounting " + path + " nodev does not help)"
+	default:
+		what = "whose bind source " + path + " (at " + at + ")" + more + " is on a mount that is not nodev, bound without nodev" + dirOpens
+		src = "bind source " + path + more + " not mounted nodev: its device nodes open"
+		fix = "mount " + path + " nodev or give its bind the nodev option"
+	}
+	return what, src, fix
+}
+
+// belowCause is dirCause for a mount below a recursive bind (d.Below): it
+// keeps its own flags there, but for the bind's rnodev and rdev, which
+// reach it; the bind's nodev and dev make only the bind's top mount nodev,
+// or not. Its Clears can only be rdev.
+func belowCause(d NodeDir, path, at, more string) (what, src, fix string) {
+	bind := plainText(d.Below)
+	if d.NodevDropped {
+		return "whose mount " + path + " (at " + at + ")" + more + ", below the bind source " + bind +
+				", is nodev, but the bind's rdev clears that" + dirOpens,
+			"mount " + path + more + " below bind source " + bind + ": its nodev cleared by the bind's rdev, its device nodes open",
+			"drop rdev from the bind of " + bind
+	}
+	what = "whose mount " + path + " (at " + at + ")" + more + ", below the bind source " + bind + ", is not nodev" + dirOpens
+	src = "mount " + path + more + " below bind source " + bind + " not mounted nodev: its device nodes open"
+	fix = "mount " + path + " nodev or give the bind of " + bind + " the rnodev option (its nodev makes only its top mount nodev)"
+	if len(d.Clears) > 0 {
+		fix = "drop rdev from the bind of " + bind + ", then mount " + path + " nodev or give that bind the rnodev option"
+	}
+	return what, src, fix
+}
+
 // storageNodev is container storage mounted nodev, and how.
 const storageNodev = "container storage mounted nodev (containers/storage: mountopt = \"nodev\" in storage.conf)"
+
+// userNSKeeps is the remedy of a root whose runtime drops the nodev of its
+// storage outside a user namespace of the container's own: runc and crun
+// keep it inside one, where the kernel locks it.
+const userNSKeeps = "a user namespace of its own under runc or crun (podman --userns=auto or --uidmap: " +
+	"the kernel then locks the nodev of its storage)"
 
 // rootCause is nodesCause's what, source and remedy for the root
 // filesystem (Request.ImageNodes), by what the runtime makes of the nodev
@@ -269,24 +324,23 @@ func rootCause(req Request) (what, src, fix string) {
 	case RootNodevDroppedByRuntime:
 		if req.RootStorageNodev {
 			what = "whose root filesystem, on container storage mounted nodev, its runtime mounts without nodev " +
-				"(crun does so for every root, runc for a read-only one; the runtime is not known to be runc)"
-			src = "root filesystem's nodev dropped by a runtime not known to be runc: its image's device nodes open"
-			fix = "run it under runc with a read-write root"
-		} else {
-			what += ", nor would its runtime keep it so (crun never does, runc only for a read-write root; " +
+				"(crun does so for every root and runc for a read-only one, except in a user namespace of the container's own; " +
 				"the runtime is not known to be runc)"
-			fix = "run it under runc with a read-write root on " + storageNodev
+			src = "root filesystem's nodev dropped by a runtime not known to be runc: its image's device nodes open"
+			fix = "run it under runc with a read-write root, or give it " + userNSKeeps
+		} else {
+			what += ", nor would its runtime keep it so (crun does only in a user namespace of the container's own, " +
+				"runc also for a read-write root; the runtime is not known to be runc)"
+			fix = "run it under runc with a read-write root on " + storageNodev + ", or on such storage give it " + userNSKeeps
 		}
-		// Nothing about the storage helps under crun.
-		fix += " (under crun only a device cgroup stops its image's device nodes)"
 	case RootNodevDroppedReadOnly:
 		if req.RootStorageNodev {
 			what = "whose read-only root filesystem runc remounts without the nodev of its storage"
 			src = "read-only root filesystem remounted without nodev by runc: its image's device nodes open"
-			fix = "give it a read-write root (runc keeps the nodev of its storage there)"
+			fix = "give it a read-write root (runc keeps the nodev of its storage there), or " + userNSKeeps
 		} else {
 			what += " (and is read-only, which runc remounts without nodev)"
-			fix = "give it a read-write root on " + storageNodev
+			fix = "give it a read-write root on " + storageNodev + ", or on such storage " + userNSKeeps
 		}
 	default:
 		fix = "mount the container storage nodev (containers/storage: mountopt = \"nodev\" in storage.conf)"

@@ -1097,15 +1097,20 @@ func TestResolveProcInventoryMIGIDs(t *testing.T) {
 // under the runtime that mounts them: container storage mounted nodev only
 // where the runtime keeps that nodev (runc, a read-write root); a
 // read-write root under runc, which drops a read-only root's nodev; under
-// crun, which drops it for every root, a device cgroup or runc (storage
-// mounted nodev helps nothing there); and for a bind source on a nodev
-// mount whose bind drops it (crun, or a bind with flag options of its own)
-// the bind's own nodev option, not a nodev mount it has already.
+// crun, which drops it for every root outside a user namespace of the
+// container's own, a device cgroup, runc, or such a user namespace
+// (storage mounted nodev helps nothing there alone); for a bind source on
+// a nodev mount whose bind drops it (crun, or a bind with flag options of
+// its own) the bind's own nodev option, not a nodev mount it has already;
+// for a mount below a recursive bind its own nodev or the bind's rnodev,
+// not the bind's nodev, which makes only the top mount nodev; and where
+// the bind says dev or rdev, dropping those first.
 func TestNodesCauseRemedy(t *testing.T) {
 	const storage = `container storage mounted nodev (containers/storage: mountopt = "nodev" in storage.conf)`
 	root := func(drop RootNodev, nodev bool) Request {
 		return Request{GPUNodesAllowed: true, NoDeviceCgroup: true, ImageNodes: true, RootNodev: drop, RootStorageNodev: nodev}
 	}
+	dirs := func(d ...NodeDir) Request { return Request{GPUNodesAllowed: true, NoDeviceCgroup: true, NodeDirs: d} }
 	for _, tc := range []struct {
 		name            string
 		req             Request
@@ -1129,13 +1134,15 @@ func TestNodesCauseRemedy(t *testing.T) {
 		{name: "root nodev, crun", req: root(RootNodevDroppedByRuntime, true),
 			what: []string{"whose root filesystem, on container storage mounted nodev, its runtime mounts without nodev",
 				"crun does so for every root", "not known to be runc"},
-			src:    []string{"root filesystem's nodev dropped by a runtime not known to be runc"},
-			fix:    []string{"run it in a device cgroup of its own (cgroups enabled), or run it under runc with a read-write root (under crun only a device cgroup"},
+			src: []string{"root filesystem's nodev dropped by a runtime not known to be runc"},
+			fix: []string{"run it in a device cgroup of its own (cgroups enabled), or run it under runc with a read-write root, " +
+				"or give it a user namespace of its own under runc or crun (podman --userns=auto or --uidmap: the kernel then locks the nodev of its storage)"},
 			notFix: []string{"mountopt", "mount the container storage nodev"}, notWhat: []string{"not mounted nodev"}},
 		{name: "root not nodev, crun", req: root(RootNodevDroppedByRuntime, false),
-			what: []string{"whose root filesystem is not mounted nodev, nor would its runtime keep it so (crun never does"},
+			what: []string{"whose root filesystem is not mounted nodev, nor would its runtime keep it so (crun does only in a user namespace of the container's own"},
 			src:  []string{"root filesystem not mounted nodev"},
-			fix:  []string{"cgroups enabled", "run it under runc with a read-write root on " + storage + " (under crun only a device cgroup"}},
+			fix: []string{"cgroups enabled", "run it under runc with a read-write root on " + storage +
+				", or on such storage give it a user namespace of its own under runc or crun"}},
 		{name: "a bind source on a nodev mount its bind drops", req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true,
 			NodeDirs: []NodeDir{{Path: "/srv/vol", BoundAt: "/data", NodevDropped: true}, {Path: "/srv/b", BoundAt: "/b"}}},
 			what:   []string{"whose bind source /srv/vol (at /data) (and 1 more directory) is on a nodev mount whose nodev its bind does not keep (crun remounts every bind"},
@@ -1147,13 +1154,50 @@ func TestNodesCauseRemedy(t *testing.T) {
 			what: []string{"whose bind source /srv/vol (at /data) is on a mount that is not nodev, bound without nodev"},
 			src:  []string{"bind source /srv/vol not mounted nodev: its device nodes open"},
 			fix:  []string{"mount /srv/vol nodev or give its bind the nodev option"}},
+		// The bind's dev or rdev clears nodev: it must go first, and a
+		// nodev mount does not help while it is there.
+		{name: "a bind source on a nodev mount its bind's dev clears", req: dirs(NodeDir{Path: "/srv/vol", BoundAt: "/data", NodevDropped: true, Clears: []string{"dev"}}),
+			src:    []string{"bind source /srv/vol bound without nodev: its mount's nodev not kept"},
+			fix:    []string{"drop dev from the bind of /srv/vol and give it the nodev option (the nodev of its mount does not carry over)"},
+			notFix: []string{"mount /srv/vol nodev", "give the bind of /srv/vol the nodev option"}},
+		{name: "a bind source not mounted nodev, bound dev and rdev", req: dirs(NodeDir{Path: "/srv/vol", BoundAt: "/data", Clears: []string{"dev", "rdev"}}),
+			what:   []string{"whose bind source /srv/vol (at /data) is on a mount that is not nodev, bound with dev and rdev"},
+			src:    []string{"bind source /srv/vol not mounted nodev: its device nodes open"},
+			fix:    []string{"drop dev and rdev from the bind of /srv/vol and give it the nodev option (while its bind says dev or rdev, mounting /srv/vol nodev does not help)"},
+			notFix: []string{"or give its bind the nodev option"}},
+		// A mount below a recursive bind keeps its own flags: the bind's
+		// nodev does not reach it, its rnodev does, and its rdev clears
+		// the mount's own nodev.
+		{name: "a mount below a recursive bind, not nodev", req: dirs(NodeDir{Path: "/srv/vol/sub", BoundAt: "/data/sub", Below: "/srv/vol"}),
+			what: []string{"whose mount /srv/vol/sub (at /data/sub), below the bind source /srv/vol, is not nodev (a device node in it"},
+			src:  []string{"mount /srv/vol/sub below bind source /srv/vol not mounted nodev: its device nodes open"},
+			fix: []string{"run it in a device cgroup of its own (cgroups enabled), or mount /srv/vol/sub nodev or give the bind of /srv/vol the rnodev option " +
+				"(its nodev makes only its top mount nodev), and name its GPUs"},
+			notFix: []string{"give its bind the nodev option", "the nodev option"}, notWhat: []string{"bind source /srv/vol/sub"}},
+		{name: "a nodev mount below a recursive bind whose rdev clears it",
+			req:  dirs(NodeDir{Path: "/srv/vol/sub", BoundAt: "/data/sub", Below: "/srv/vol", NodevDropped: true, Clears: []string{"rdev"}}, NodeDir{Path: "/srv/b", BoundAt: "/b"}),
+			what: []string{"whose mount /srv/vol/sub (at /data/sub) (and 1 more directory), below the bind source /srv/vol, is nodev, but the bind's rdev clears that"},
+			src:  []string{"mount /srv/vol/sub (and 1 more directory) below bind source /srv/vol: its nodev cleared by the bind's rdev, its device nodes open"},
+			fix:  []string{"(cgroups enabled), or drop rdev from the bind of /srv/vol, and name its GPUs"}, notFix: []string{"mount /srv/vol/sub nodev", "rnodev"}},
+		{name: "a mount below a recursive bind that says rdev, not nodev",
+			req: dirs(NodeDir{Path: "/srv/vol/sub", BoundAt: "/data/sub", Below: "/srv/vol", Clears: []string{"rdev"}}),
+			src: []string{"mount /srv/vol/sub below bind source /srv/vol not mounted nodev"},
+			fix: []string{"drop rdev from the bind of /srv/vol, then mount /srv/vol/sub nodev or give that bind the rnodev option"}},
+		// runc or crun with a user namespace of the container's own keep
+		// the nodev of its storage.
+		{name: "root nodev, runc with a read-only root: or a user namespace", req: root(RootNodevDroppedReadOnly, true),
+			fix: []string{"give it a read-write root (runc keeps the nodev of its storage there), or a user namespace of its own under runc or crun " +
+				"(podman --userns=auto or --uidmap: the kernel then locks the nodev of its storage)"}},
+		{name: "root not nodev, runc with a read-only root: or a user namespace", req: root(RootNodevDroppedReadOnly, false),
+			fix: []string{"give it a read-write root on " + storage + ", or on such storage a user namespace of its own under runc or crun"}},
 		{name: "crun: the root and a bind source on nodev mounts", req: Request{GPUNodesAllowed: true, NoDeviceCgroup: true,
 			ImageNodes: true, RootNodev: RootNodevDroppedByRuntime, RootStorageNodev: true,
 			NodeDirs: []NodeDir{{Path: "/srv/vol", BoundAt: "/data", NodevDropped: true}}},
 			src: []string{"no device cgroup (root filesystem's nodev dropped by a runtime not known to be runc: its image's device nodes open; " +
 				"bind source /srv/vol bound without nodev"},
-			fix: []string{"run it in a device cgroup of its own (cgroups enabled), or run it under runc with a read-write root " +
-				"(under crun only a device cgroup stops its image's device nodes), and give the bind of /srv/vol the nodev option"},
+			fix: []string{"run it in a device cgroup of its own (cgroups enabled), or run it under runc with a read-write root, " +
+				"or give it a user namespace of its own under runc or crun (podman --userns=auto or --uidmap: the kernel then locks the nodev of its storage), " +
+				"and give the bind of /srv/vol the nodev option"},
 			notFix: []string{"mountopt", "mount /srv/vol nodev"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

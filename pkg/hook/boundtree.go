@@ -5,12 +5,14 @@ package hook
 
 import (
 	"bufio"
+	"cmp"
 	"errors"
 	"io"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -46,6 +48,12 @@ type boundDir struct {
 	// overlay whatever the layer's own mount is (the kernel checks the
 	// mount a node is opened on).
 	layer bool
+	// clears are the bind's options that clear nodev (clearingOptions),
+	// named in the remedy: they must go for a nodev to help.
+	clears []string
+	// bound is src as it was bound, for messages, where src is changed to
+	// the path it leads to (a recursive bind's, read for its submounts).
+	bound string
 }
 
 // belowNodev is what a recursive bind's options make of the nodev flag of
@@ -67,6 +75,22 @@ const (
 	// too (where "rnodev" is given as well, which wins is not read).
 	belowCleared
 )
+
+// clearingOptions are the options among a bind's that clear nodev, "dev"
+// (its top mount) and "rdev" (every mount of the tree), in the order
+// given, each once: while one is there, a nodev option or a nodev mount
+// does not make the mounts it clears nodev (mountNodev, nodevBelow), and
+// the remedy says to drop it. An option is read as one word, as
+// mountNodev reads it.
+func clearingOptions(options []string) []string {
+	var clears []string
+	for _, o := range options {
+		if (o == "dev" || o == "rdev") && !slices.Contains(clears, o) {
+			clears = append(clears, o)
+		}
+	}
+	return clears
+}
 
 // nodevBelow reads what a bind's options make of the nodev flag of the
 // mounts below its source (belowNodev). An option is read as one word, as
@@ -152,10 +176,14 @@ var lstatPath = unix.Lstat
 //     options make (both verified: remountsBind). The runtime is read
 //     only then (sourceFlagsKept: the hook's parent's executable, once),
 //     and every runtime but runc, or one that cannot be told, counts as
-//     crun. Such a directory is not listed (a volume may hold millions of
-//     files): it counts as reaching every GPU node (nodeDirs), named with
-//     its remedy, the bind's nodev option. A rootless runtime's engine
-//     cannot make nodes, nor does one open on its mounts.
+//     crun. Under runc a bind with flag options keeps it too where the
+//     container's user namespace locks it (bindKeepsNodev: read only for
+//     such a bind, once); crun's binds are not read as locked. Such a
+//     directory is not listed (a volume may hold millions of files): it
+//     counts as reaching every GPU node (nodeDirs), named with its remedy,
+//     the bind's nodev option (its dev and rdev dropped: clearingOptions).
+//     A rootless runtime's engine cannot make nodes, nor does one open on
+//     its mounts.
 //   - For a recursive bind, the mounts at or below it (mountinfo, read
 //     once, bounded), which come along: a procfs (every process's root),
 //     a devtmpfs, the host's /dev (its filesystem's root), or a part of it
@@ -173,7 +201,9 @@ var lstatPath = unix.Lstat
 //     An ext4, xfs or tmpfs mounted without nodev anywhere below a source
 //     on a nodev mount holds whatever node root made there or an engine
 //     copied: it counts as reaching every GPU node (nodeDirs, named by its
-//     mount point, with its remedy; at most maxNodeDirs of them). A
+//     mount point and the bind's source, with its remedy, its own nodev or
+//     the bind's rnodev, not the bind's nodev: belowBind; at most
+//     maxNodeDirs of them). A
 //     namespace file (nsfs: ip netns' /run/netns/<name>) and the kernel's
 //     own file systems that make no node on mknod(2) (noNodesOn: what a
 //     bind of /sys or /dev/pts brings) are left out.
@@ -206,14 +236,15 @@ func (b *boundSources) readDirs() {
 				b.hostDev = true
 				return
 			}
-		case !b.rootless && !d.nodev && (d.layer || d.ownFlags || int64(fs.Flags)&unix.ST_NODEV == 0 || !b.sourceFlagsKept()): //nolint:unconvert // int32 on some platforms
+		case !b.rootless && !d.nodev && (d.layer || int64(fs.Flags)&unix.ST_NODEV == 0 || !b.bindKeepsNodev(d)): //nolint:unconvert // int32 on some platforms
 			// On a nodev mount, the runtime dropped it: only the bind's
-			// own nodev option helps (the message says so).
+			// own nodev option helps (the message says so), once the
+			// options that clear it are gone.
 			dropped := !d.layer && int64(fs.Flags)&unix.ST_NODEV != 0 //nolint:unconvert // int32 on some platforms
-			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: d.src, BoundAt: d.dst, Overlay: d.layer, NodevDropped: dropped})
+			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: d.src, BoundAt: d.dst, Overlay: d.layer, NodevDropped: dropped, Clears: d.clears})
 		}
 		if d.recursive {
-			d.src = canon
+			d.bound, d.src = d.src, canon
 			trees = append(trees, d)
 		}
 	}
@@ -232,16 +263,50 @@ func (b *boundSources) readDirs() {
 	}
 }
 
-// sourceFlagsKept reports whether the runtime keeps a bind source's mount
-// flags on a bind without flag options of its own (b.runtime: runc), asked
-// once: false for crun, or a runtime that cannot be told. The same answer
-// tells whether it keeps the nodev of a read-write root's mount (readRoot:
-// runc does, crun does not), so one read serves both.
-func (b *boundSources) sourceFlagsKept() bool {
-	if !b.flagsRead {
-		b.flagsKept, b.flagsRead = b.runtime.keepsFlags(), true
+// runtimeKind is the runtime that mounts the container's binds and root
+// (b.runtime: runc, crun, or one that cannot be told), asked once: it
+// decides whether a bind source's nodev (bindKeepsNodev) and the root's
+// (readRoot) are kept, so one read serves both.
+func (b *boundSources) runtimeKind() Runtime {
+	if !b.kindRead {
+		b.kind, b.kindRead = b.runtime.runtime(), true
 	}
-	return b.flagsKept
+	return b.kind
+}
+
+// sourceFlagsKept reports whether the runtime keeps a bind source's mount
+// flags on a bind without flag options of its own: runc does; crun, or a
+// runtime that cannot be told, does not.
+func (b *boundSources) sourceFlagsKept() bool {
+	return b.runtimeKind() == RuntimeRunc
+}
+
+// userNSLocked reports whether the container's user namespace locks the
+// flags of its mounts (b.runtime.locked: userNSLocksMounts), asked once,
+// and only where it decides.
+func (b *boundSources) userNSLocked() bool {
+	if !b.lockedRead {
+		b.locked, b.lockedRead = b.runtime.userNSLocked(), true
+	}
+	return b.locked
+}
+
+// bindKeepsNodev reports whether the bind d, of a directory on a nodev
+// mount, is nodev in the container without a nodev option of its own:
+// under runc, which mounts it inside the container's mount namespace,
+// where it has no flag options of its own (remountsBind), or where the
+// container's user namespace locks the source's nodev (userNSLocked),
+// which no remount clears (runc fails the mount, and the container does
+// not start). crun, which clones a bind outside the container's user
+// namespace, or a runtime that cannot be told, keeps it for no bind (see
+// userNSLocksMounts). For a bind with flag options the lock is asked
+// first: most containers have no user namespace of their own, which the
+// spec tells without a read, and the runtime is not asked for them.
+func (b *boundSources) bindKeepsNodev(d boundDir) bool {
+	if d.ownFlags && !b.userNSLocked() {
+		return false
+	}
+	return b.sourceFlagsKept()
 }
 
 // resolveDir returns the path d's source leads to in this mount namespace
@@ -325,7 +390,7 @@ func (b *boundSources) submount(m mountEntry, t boundDir, rel string, budget *in
 	onDev := b.host.onDev(m.dev)
 	if !onDev && m.fstype != "devtmpfs" {
 		if rel != "" && !noNodesOn[m.fstype] && !b.rootless && !nodev && t.below != belowSet && len(b.nodeDirs) < maxNodeDirs {
-			b.nodeDirs = append(b.nodeDirs, devices.NodeDir{Path: m.point, BoundAt: dst})
+			b.nodeDirs = append(b.nodeDirs, belowBind(m, t, dst))
 		}
 		return true
 	}
@@ -351,6 +416,19 @@ func (b *boundSources) submount(m mountEntry, t boundDir, rel string, budget *in
 		return b.walkDev(m.point, dst, uint64(st.Dev), budget, 0) //nolint:unconvert // uint32 on some platforms
 	}
 	return true
+}
+
+// belowBind is the mount m, below the source of the recursive bind t and
+// seen in the container at dst, as a directory whose nodes open
+// (nodeDirs), named with the bind it comes in with: only its own nodev, or
+// the bind's "rnodev", stops its nodes, and the bind's "rdev" clears
+// either (NodevDropped where m is nodev itself).
+func belowBind(m mountEntry, t boundDir, dst string) devices.NodeDir {
+	d := devices.NodeDir{Path: m.point, BoundAt: dst, Below: cmp.Or(t.bound, t.src)}
+	if t.below == belowCleared {
+		d.NodevDropped, d.Clears = m.nodev, []string{"rdev"}
+	}
+	return d
 }
 
 // walkDev adds the character devices in dir, a directory on the host's

@@ -282,7 +282,7 @@ func TestRootWithoutNodevReachesEveryGPU(t *testing.T) {
 		notNodev = "root filesystem not mounted nodev"
 		dropped  = "root filesystem's nodev dropped by a runtime not known to be runc"
 		readOnly = "read-only root filesystem remounted without nodev by runc"
-		fixRunc  = "run it under runc with a read-write root (under crun only a device cgroup"
+		fixRunc  = "run it under runc with a read-write root, or give it a user namespace of its own under runc or crun"
 		fixRW    = "give it a read-write root (runc keeps the nodev of its storage there)"
 	)
 	for _, tc := range []struct {
@@ -313,7 +313,8 @@ func TestRootWithoutNodevReachesEveryGPU(t *testing.T) {
 		{name: "rootful, no device cgroup, root nodev, runtime unreadable", nodev: true, container: session, userNS: Rootful, exe: "-",
 			src: dropped, fix: fixRunc},
 		{name: "rootful, no device cgroup, crun", container: session, userNS: Rootful, exe: "/usr/bin/crun",
-			src: notNodev, fix: `run it under runc with a read-write root on container storage mounted nodev (containers/storage: mountopt = "nodev"`},
+			src: notNodev, fix: `run it under runc with a read-write root on container storage mounted nodev (containers/storage: mountopt = "nodev" in storage.conf), ` +
+				"or on such storage give it a user namespace of its own under runc or crun"},
 		{name: "rootful, no device cgroup, runc, read-only", readonly: true, container: session, userNS: Rootful,
 			src: notNodev, fix: `give it a read-write root on container storage mounted nodev (containers/storage: mountopt = "nodev"`},
 		{name: "rootful, own device cgroup", container: own, userNS: Rootful},
@@ -518,7 +519,7 @@ func TestReadSubmountsNotNodev(t *testing.T) {
 	}
 	data := line("/srv/vol/data", "rw,relatime", "ext4", "rw")
 	nodevData := line("/srv/vol/data", "rw,nosuid,nodev,relatime", "ext4", "rw")
-	atData := []devices.NodeDir{{Path: "/srv/vol/data", BoundAt: "/x/data"}}
+	atData := []devices.NodeDir{{Path: "/srv/vol/data", BoundAt: "/x/data", Below: src}}
 	rbind := boundDir{src: src, dst: "/x", recursive: true}
 	with := func(edit func(*boundDir)) []boundDir {
 		d := rbind
@@ -536,12 +537,12 @@ func TestReadSubmountsNotNodev(t *testing.T) {
 		{name: "a nodev submount", table: nodevData},
 		{name: "a submount not nodev", table: data, want: atData},
 		{name: "a tmpfs not nodev, deeper", table: line(`/srv/vol/a\040b/c`, "rw", "tmpfs", "rw,size=4k"),
-			want: []devices.NodeDir{{Path: "/srv/vol/a b/c", BoundAt: "/x/a b/c"}}},
+			want: []devices.NodeDir{{Path: "/srv/vol/a b/c", BoundAt: "/x/a b/c", Below: src}}},
 		// nodev is a per-mount flag: the superblock's options (after the
 		// separator) do not make a mount nodev.
 		{name: "a submount not nodev, its superblock's options nodev", table: line("/srv/vol/data", "rw", "ext4", "rw,nodev"), want: atData},
 		{name: "several submounts, one nodev", table: line("/srv/vol/a", "rw,nodev", "xfs", "rw") + line("/srv/vol/b", "rw", "xfs", "rw"),
-			want: []devices.NodeDir{{Path: "/srv/vol/b", BoundAt: "/x/b"}}},
+			want: []devices.NodeDir{{Path: "/srv/vol/b", BoundAt: "/x/b", Below: src}}},
 		{name: "the source's own mount, not nodev", table: line(src, "rw", "ext4", "rw")},
 		{name: "a mount beside the source", table: line("/srv/other/data", "rw", "ext4", "rw")},
 		{name: "a mount at a sibling's prefix", table: line("/srv/vol2/data", "rw", "ext4", "rw")},
@@ -551,8 +552,19 @@ func TestReadSubmountsNotNodev(t *testing.T) {
 			trees: with(func(d *boundDir) { d.ownFlags = true }), want: atData},
 		{name: "a submount not nodev, the bind rnodev", table: data,
 			trees: with(func(d *boundDir) { d.nodev, d.below = true, belowSet })},
+		// Named with the rdev that clears its own nodev: dropping it is
+		// the remedy.
 		{name: "a nodev submount, the bind rdev", table: nodevData,
-			trees: with(func(d *boundDir) { d.below = belowCleared }), want: atData},
+			trees: with(func(d *boundDir) { d.below = belowCleared }),
+			want:  []devices.NodeDir{{Path: "/srv/vol/data", BoundAt: "/x/data", Below: src, NodevDropped: true, Clears: []string{"rdev"}}}},
+		{name: "a submount not nodev, the bind rdev", table: data,
+			trees: with(func(d *boundDir) { d.below = belowCleared }),
+			want:  []devices.NodeDir{{Path: "/srv/vol/data", BoundAt: "/x/data", Below: src, Clears: []string{"rdev"}}}},
+		// Named with the source as it was bound, before its symlinks were
+		// resolved.
+		{name: "a submount not nodev, the source bound through a link", table: data,
+			trees: with(func(d *boundDir) { d.bound = "/srv/link" }),
+			want:  []devices.NodeDir{{Path: "/srv/vol/data", BoundAt: "/x/data", Below: "/srv/link"}}},
 		{name: "a submount not nodev, rootless", table: data, rootless: true},
 		// A namespace file is neither a directory nor a node.
 		{name: "a namespace file not nodev", table: "40 30 0:4 net:[4026532512] /srv/vol/netns/a rw - nsfs nsfs rw\n"},
@@ -564,7 +576,7 @@ func TestReadSubmountsNotNodev(t *testing.T) {
 			"44 30 0:28 / /srv/vol/pts rw,nosuid,relatime - devpts devpts rw,mode=600\n"},
 		// hugetlbfs makes nodes: left to the rule.
 		{name: "a hugetlbfs not nodev", table: line("/srv/vol/huge", "rw,relatime", "hugetlbfs", "rw"),
-			want: []devices.NodeDir{{Path: "/srv/vol/huge", BoundAt: "/x/huge"}}},
+			want: []devices.NodeDir{{Path: "/srv/vol/huge", BoundAt: "/x/huge", Below: src}}},
 		// Each bind brings it where it binds it, with its own options.
 		{name: "a submount not nodev, the source bound twice, once rnodev", table: data,
 			trees: []boundDir{{src: src, dst: "/y", recursive: true, below: belowSet}, rbind}, want: atData},
@@ -604,7 +616,7 @@ func manySubmounts(n int) string {
 func manyNodeDirs(n int) []devices.NodeDir {
 	dirs := make([]devices.NodeDir, 0, n)
 	for i := range n {
-		dirs = append(dirs, devices.NodeDir{Path: "/srv/vol/" + strconv.Itoa(i), BoundAt: "/x/" + strconv.Itoa(i)})
+		dirs = append(dirs, devices.NodeDir{Path: "/srv/vol/" + strconv.Itoa(i), BoundAt: "/x/" + strconv.Itoa(i), Below: "/srv/vol"})
 	}
 	return dirs
 }
@@ -636,10 +648,12 @@ func TestNodevBelow(t *testing.T) {
 // node, or an engine copied one) opens every node on it, in a rootful
 // runtime's container that no device cgroup fences, whatever the
 // directory's own mount is. It counts as reaching every GPU, with a source
-// and a refusal that name the mount and what to do. A bind alone brings
-// nothing below; a nodev mount, or a bind given rnodev, opens no node; the
-// bind's nodev makes its top mount nodev alone (runc and crun remount that
-// one), and its rdev clears every nodev below. A rootless runtime's nodes
+// and a refusal that name the mount and what helps: its own nodev, or the
+// bind's rnodev, not the bind's nodev, which makes its top mount nodev
+// alone (runc and crun remount that one). A bind alone brings nothing
+// below; a nodev mount, or a bind given rnodev, opens no node. The bind's
+// rdev clears every nodev below and its own (its source then named first,
+// with the rdev to drop), and its dev its own. A rootless runtime's nodes
 // do not open; a device cgroup fences them.
 func TestSubmountWithoutNodevReachesEveryGPU(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -647,24 +661,37 @@ func TestSubmountWithoutNodevReachesEveryGPU(t *testing.T) {
 	}
 	const session = "0::/user.slice/user-0.slice/session-1.scope\n"
 	own := "0::/machine.slice/libpod-train.scope\n"
+	const (
+		// The mount below (SUB) is named, with what helps for it.
+		subSrc = "mount SUB below bind source SRC not mounted nodev: its device nodes open"
+		subFix = "mount SUB nodev or give the bind of SRC the rnodev option (its nodev makes only its top mount nodev)"
+	)
 	for _, tc := range []struct {
 		name      string
 		subNodev  bool     // the mount below the source is nodev
 		opts      []string // the bind's
 		container string   // session where ""
 		rootless  bool
-		// named: what the claims' source names, "sub" (the mount below)
-		// or "both" (the source, itself not nodev where the bind clears
-		// it, and one more); "" for no claim.
-		named string
+		// src is in the source of every claim, fix in the refusal under
+		// all_devices = "reject", notFix not (SRC the bind's source, SUB
+		// the mount below it); "" src for no claim.
+		src, fix, notFix string
 	}{
-		{name: "rbind", opts: []string{"rbind"}, named: "sub"},
-		{name: "neither bind nor rbind", named: "sub"},
+		{name: "rbind", opts: []string{"rbind"}, src: subSrc, fix: subFix},
+		{name: "neither bind nor rbind", src: subSrc, fix: subFix},
 		{name: "rbind, the mount below nodev", subNodev: true, opts: []string{"rbind"}},
 		{name: "bind", opts: []string{"bind"}},
-		{name: "rbind nodev", opts: []string{"rbind", "nodev"}, named: "sub"},
+		{name: "rbind nodev", opts: []string{"rbind", "nodev"}, src: subSrc, fix: subFix, notFix: "give its bind the nodev option"},
 		{name: "rbind rnodev", opts: []string{"rbind", "rnodev"}},
-		{name: "rbind rdev, the mount below nodev", subNodev: true, opts: []string{"rbind", "rdev"}, named: "both"},
+		// The source is on a nodev mount the bind's rdev clears (and one
+		// more: the mount below): only the bind's options help.
+		{name: "rbind rdev, the mount below nodev", subNodev: true, opts: []string{"rbind", "rdev"},
+			src: "bind source SRC (and 1 more directory) bound without nodev: its mount's nodev not kept",
+			fix: "drop rdev from the bind of SRC and give it the nodev option"},
+		// The bind's dev clears its own nodev, not the nodev below.
+		{name: "rbind dev, the mount below nodev", subNodev: true, opts: []string{"rbind", "dev"},
+			src: "bind source SRC bound without nodev: its mount's nodev not kept",
+			fix: "drop dev from the bind of SRC and give it the nodev option"},
 		{name: "rbind, rootless", opts: []string{"rbind"}, rootless: true},
 		{name: "rbind, own device cgroup", opts: []string{"rbind"}, container: own},
 	} {
@@ -679,6 +706,7 @@ func TestSubmountWithoutNodevReachesEveryGPU(t *testing.T) {
 			mountT(t, "gg", sub, "tmpfs", flags)
 			// What may be there; the hook reads nothing in it.
 			require.NoError(t, unix.Mknod(filepath.Join(sub, "gpu"), unix.S_IFCHR|0o666, int(unix.Mkdev(195, 0))))
+			named := strings.NewReplacer("SRC", src, "SUB", sub)
 			container, userNS := tc.container, Rootful
 			if container == "" {
 				container = session
@@ -696,26 +724,16 @@ func TestSubmountWithoutNodevReachesEveryGPU(t *testing.T) {
 			e.markerDir = t.TempDir()
 			in := e.readInput(strings.NewReader(state()))
 			require.NoError(t, in.specErr)
-			require.Equal(t, tc.named == "", in.NeverClaims())
+			require.Equal(t, tc.src == "", in.NeverClaims())
 			require.NoError(t, e.runInput(t.Context(), PhaseCreateRuntime, cfg, in, io.Discard))
-			if tc.named == "" {
+			if tc.src == "" {
 				require.Zero(t, opened, "nothing to claim")
 				return
-			}
-			named := sub
-			if tc.named == "both" {
-				named = src
 			}
 			claims := ledgerState(t, cfg).Claims
 			require.ElementsMatch(t, gpuUUIDs, claimedGPUs(t, claims, "train"))
 			for _, c := range claims {
-				if tc.named == "both" {
-					// The source is on a nodev mount its bind's rdev
-					// clears: only the bind's options help.
-					assert.Contains(t, c.Source, "bind source "+src+" (and 1 more directory) bound without nodev: its mount's nodev not kept")
-				} else {
-					assert.Contains(t, c.Source, "bind source "+sub+" not mounted nodev")
-				}
+				assert.Contains(t, c.Source, named.Replace(tc.src))
 			}
 
 			cfg = staticConfig(t)
@@ -723,10 +741,9 @@ func TestSubmountWithoutNodevReachesEveryGPU(t *testing.T) {
 			err := e.run(t.Context(), PhaseCreateRuntime, cfg, strings.NewReader(state()), io.Discard)
 			require.ErrorIs(t, err, guard.ErrRejected)
 			require.ErrorContains(t, err, "device cgroup of its own")
-			if tc.named == "both" {
-				require.ErrorContains(t, err, "give the bind of "+named+" the nodev option")
-			} else {
-				require.ErrorContains(t, err, "mount "+named+" nodev or give its bind the nodev option")
+			require.ErrorContains(t, err, named.Replace(tc.fix))
+			if tc.notFix != "" {
+				require.NotContains(t, err.Error(), tc.notFix, "its nodev makes only the bind's top mount nodev")
 			}
 		})
 	}
@@ -791,12 +808,24 @@ func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
 		// runc's where it is left "", none (unreadable) for "-".
 		exe  string
 		want string // a source of every claim; "" for none
+		// fix, where set, is the remedy the refusal names (SRC the
+		// directory), in place of the one its mount tells.
+		fix string
 	}{
 		{name: "a directory not mounted nodev", dir: devDir, want: "bind source "},
 		{name: "a directory not mounted nodev, runtime unknown", dir: devDir, container: own, unknown: true, want: "bind source "},
 		{name: "a directory not mounted nodev, bound nodev", dir: devDir, edit: bound("rbind", "nodev")},
 		{name: "a directory not mounted nodev, bound rnodev", dir: devDir, edit: bound("rbind", "rnodev")},
-		{name: "a directory not mounted nodev, bound nodev and dev", dir: devDir, edit: bound("rbind", "nodev", "dev"), want: "bind source "},
+		// The bind's dev (or rdev) clears nodev, the bind's and the
+		// mount's: it must go.
+		{name: "a directory not mounted nodev, bound nodev and dev", dir: devDir, edit: bound("rbind", "nodev", "dev"), want: "bind source ",
+			fix: "drop dev from the bind of SRC and give it the nodev option (while its bind says dev, mounting SRC nodev does not help)"},
+		{name: "a directory not mounted nodev, bound rdev", dir: devDir, edit: bound("rbind", "rdev"), want: "bind source ",
+			fix: "drop rdev from the bind of SRC and give it the nodev option"},
+		{name: "a directory mounted nodev, bound dev", dir: nodevDir, edit: bound("rbind", "dev"), want: "bind source ",
+			fix: "drop dev from the bind of SRC and give it the nodev option (the nodev of its mount does not carry over)"},
+		{name: "a directory mounted nodev, runtime crun, bound dev and rdev", dir: nodevDir, exe: "/usr/bin/crun", edit: bound("rbind", "dev", "rdev"),
+			want: "bind source ", fix: "drop dev and rdev from the bind of SRC and give it the nodev option"},
 		{name: "a directory mounted nodev, runtime runc", dir: nodevDir},
 		{name: "a directory mounted nodev, runtime crun", dir: nodevDir, exe: "/usr/bin/crun", want: "bind source "},
 		{name: "a directory mounted nodev, runtime unreadable", dir: nodevDir, exe: "-", want: "bind source "},
@@ -893,6 +922,9 @@ func TestBoundDirWithoutNodevReachesEveryGPU(t *testing.T) {
 			require.ErrorIs(t, err, guard.ErrRejected)
 			require.ErrorContains(t, err, "device cgroup of its own")
 			switch {
+			case tc.fix != "":
+				require.ErrorContains(t, err, strings.ReplaceAll(tc.fix, "SRC", src))
+				require.NotContains(t, err.Error(), "give its bind the nodev option", "it has one, or one would not help")
 			case strings.HasPrefix(tc.want, "overlay"):
 				require.ErrorContains(t, err, "give the overlay at /data the nodev option")
 			case dropped:

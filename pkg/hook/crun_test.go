@@ -49,9 +49,10 @@ func crunIn(t *testing.T, crun string, env []string, args ...string) (string, er
 // $XDG_RUNTIME_DIR/crun when its environment sets XDG_RUNTIME_DIR (a root
 // login session sets /run/user/0). crun 1.8 gives a container with a user
 // namespace and a device the bundle "/", and the hook reads crun's copy of
-// the spec there: the container claims its GPU (every GPU: crun drops the
-// nodev of its root's mount), and `crun delete`'s poststop releases them
-// and removes its marker. Real crun, as root.
+// the spec there: the container claims its GPU (that one alone: in its
+// user namespace the kernel keeps the nodev of its root's mount, which crun
+// drops elsewhere), and `crun delete`'s poststop releases it and removes
+// its marker. Real crun, as root.
 func TestCrunXDGRuntimeDir(t *testing.T) {
 	r := newRig(t, rigOpts{})
 	crun, err := exec.LookPath("crun")
@@ -109,17 +110,14 @@ func TestCrunXDGRuntimeDir(t *testing.T) {
 			t.Logf("crun reports the bundle %q", st.Bundle) // "/" for crun 1.8
 		}
 	}
-	// Every GPU, not only the one it names: crun drops the nodev of the
-	// rig's rootfs, so the hook counts its root as reaching every GPU (a
-	// node its image may carry). With the container's user namespace the
-	// kernel keeps that nodev locked (crun 1.8.1 and runc 1.1.5 both, as
-	// measured), which the hook does not read: it claims more here, never
-	// less.
-	require.Equal(t, everyGPU(id), holdersOf(r.state()))
+	// Only the GPU it names: crun drops the nodev of the rig's rootfs
+	// outside a user namespace (the hook then counts its root as reaching
+	// every GPU, a node its image may carry), but the container's user
+	// namespace locks it, and the hook reads the container's process in
+	// another user namespace than its own.
+	require.Equal(t, map[string]string{gpuUUIDs[2]: id}, holdersOf(r.state()))
 	for _, c := range r.state().Claims {
-		if c.Device.UUID == gpuUUIDs[2] {
-			require.Contains(t, c.Source, "NVIDIA_VISIBLE_DEVICES", "the GPU it names is named so")
-		}
+		require.Contains(t, c.Source, "NVIDIA_VISIBLE_DEVICES", "the GPU it names is named so")
 	}
 	mk := filepath.Join(DefaultMarkerDir, markerName(id, bundle))
 	require.FileExists(t, mk)
@@ -158,6 +156,10 @@ type crunBox struct {
 	r    *rig
 	crun string
 	root string
+	// userNS gives the containers a user namespace of their own, mapped
+	// to root's own ids (the container's root reaches the rig's private
+	// directories).
+	userNS bool
 }
 
 // newCrunBox skips the test where crun or unshare is not installed.
@@ -207,6 +209,12 @@ func (c *crunBox) create(id, cfgPath string, readonly bool, path string, mounts 
 			{Type: specs.PIDNamespace}, {Type: specs.MountNamespace}, {Type: specs.IPCNamespace}, {Type: specs.UTSNamespace},
 		}},
 		Annotations: map[string]string{"run.oci.hooks.stderr": hookErr},
+	}
+	if c.userNS {
+		l := spec.Linux
+		l.Namespaces = append(l.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		l.UIDMappings = []specs.LinuxIDMapping{{ContainerID: 0, HostID: 0, Size: 65536}}
+		l.GIDMappings = []specs.LinuxIDMapping{{ContainerID: 0, HostID: 0, Size: 65536}}
 	}
 	bundle := filepath.Join(r.base, "b", id)
 	require.NoError(t, os.MkdirAll(bundle, 0o755))
@@ -339,4 +347,50 @@ func TestCrunRootFromNodevMount(t *testing.T) {
 		require.NoError(t, err, out)
 		require.Empty(t, r.state().Claims, "crun delete's poststop released them")
 	}
+}
+
+// With a user namespace of its own, a container keeps the nodev of its
+// root's mount under crun 1.8, read-only root or not: crun makes its mount
+// namespace inside that user namespace, where the kernel locks the flags
+// of the mounts it copies, and crun's remount of the root cannot clear
+// them. The hook, run by crun, finds the container's process in another
+// user namespace than its own and admits it under all_devices = "reject",
+// claiming nothing: the root's node does not open. A directory bound from
+// a nodev mount is another matter: crun clones it outside the user
+// namespace and remounts it, for "ro", with the flags its options make,
+// nodev gone. Its node opens, and the hook counts the bind (as it counts
+// every crun bind from a nodev mount without a nodev option of its own):
+// refused under "reject" with the bind's remedy, every GPU claimed
+// otherwise. Without the user namespace: TestCrunRootFromNodevMount. Real
+// crun, as root.
+func TestCrunUserNSRootFromNodevMount(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	c := newCrunBox(t, r)
+	c.userNS = true
+	r.rootNode()
+	reject := r.rejectAllConfig()
+	for _, readonly := range []bool{false, true} {
+		id := "userns" + map[bool]string{false: "-rw", true: "-ro"}[readonly]
+		out, err := c.create(id, reject, readonly, "/node")
+		require.NoError(t, err, "a root on a nodev mount, crun, a user namespace, readonly %v: %s", readonly, out)
+		require.Empty(t, r.state().Claims)
+		require.Contains(t, c.opens(id), "permission denied", "the root's nodev holds (readonly %v)", readonly)
+		out, err = c.run("delete", "--force", id)
+		require.NoError(t, err, out)
+	}
+
+	vol := nodevVolume(t, r.base)
+	require.NoError(t, os.Mkdir(filepath.Join(r.rootfs, "data"), 0o755))
+	bindRO := specs.Mount{Destination: "/data", Type: "bind", Source: vol, Options: []string{"rbind", "ro"}}
+	out, err := c.create("refused", reject, false, "/data/node", bindRO)
+	require.Error(t, err, "a directory from a nodev mount bound ro, crun, a user namespace: %s", out)
+	require.Contains(t, out, "bind source "+vol+" bound without nodev: its mount's nodev not kept")
+	require.Contains(t, out, "give the bind of "+vol+" the nodev option")
+	require.NotContains(t, out, "root filesystem", "the root is no cause")
+	require.Empty(t, r.state().Claims)
+
+	out, err = c.create("claimed", r.cfgPath, false, "/data/node", bindRO)
+	require.NoError(t, err, out)
+	require.Equal(t, everyGPU("claimed"), holdersOf(r.state()), "every GPU: the directory's nodes open")
+	require.Equal(t, "ok", c.opens("claimed"), "crun drops the source's nodev on a bind ro in a user namespace too")
 }

@@ -121,9 +121,14 @@
 //     /proc/self/mountinfo is read (bounded) for the mounts below a
 //     recursive bind, and a directory of the host's /dev filesystem is
 //     listed (bounded) for its nodes (readDirs); the link
-//     /proc/<ppid>/exe tells, at most once, whether the runtime keeps the
-//     nodev of a source's or the root's mount (runc for a bind without
-//     flag options and a read-write root; crun never: readRoot). Nothing
+//     /proc/<ppid>/exe (or, where it reads "/", the first argument of
+//     /proc/<ppid>/cmdline) tells, at most once, whether the runtime keeps
+//     the nodev of a source's or the root's mount (runc for a bind without
+//     flag options and a read-write root; crun never: readRoot), and,
+//     where that decides, the ns/user links of the container's process and
+//     the hook's tell, at most once, whether a user namespace of the
+//     container's own locks that nodev (runc for any bind and root, crun
+//     for its root: userNSLocksMounts). Nothing
 //     in the container's root filesystem, or in another directory bound
 //     in, is opened or listed: where its nodes open (a rootful runtime, a
 //     mount not nodev, or nodev but dropped by the runtime), it counts as

@@ -132,9 +132,17 @@ func (e env) readInput(stdin io.Reader) *Input {
 // marker cannot be written (poststopFindsClaim).
 func (e env) addUnfenced(in *Input) {
 	st := in.state
+	stopped := st.Status == specs.StateStopped
+	rt := bindRuntime{procRoot: e.procRoot, ppid: e.getppid}
+	if !stopped {
+		// The hook runs in the runtime's user namespace: the container's
+		// process, whose namespaces are made by create-runtime, is
+		// compared with the hook's own. Poststop's pid may be another's
+		// by now.
+		rt.locked = lockedByUserNS(in.spec, e.procRoot, st.Pid, "self")
+	}
 	unfence(&in.request, in.spec, st.Bundle, func() RuntimeUserNS { return in.runtimeUserNS(e) },
-		st.Status == specs.StateStopped, func() bool { return e.deviceCgroupApplies(st) },
-		bindRuntime{procRoot: e.procRoot, ppid: e.getppid})
+		stopped, func() bool { return e.deviceCgroupApplies(st) }, rt)
 }
 
 // RuntimeUserNS is what is known of the user namespace of the OCI runtime
@@ -183,12 +191,6 @@ const (
 	RuntimeCrun
 )
 
-// bindRuntime is the reading of a container rt made, as its hook applied
-// it: runc's for runc, crun's (nothing kept) for crun or an unknown one.
-func (rt Runtime) bindRuntime() bindRuntime {
-	return bindRuntime{runc: rt == RuntimeRunc}
-}
-
 // RunningRequest is what a running container's spec reaches, read as the
 // hook read it at its create-runtime (addUnfenced), for a recovery that
 // rebuilds claims from the runtimes' state: req (devices.RequestFromSpec of
@@ -214,10 +216,19 @@ func (rt Runtime) bindRuntime() bindRuntime {
 func RunningRequest(req *devices.Request, spec *specs.Spec, bundle, procRoot string, pid int, id string, userNS RuntimeUserNS, rt Runtime) {
 	e := defaultEnv()
 	e.procRoot = procRoot
+	br := bindRuntime{told: rt}
+	if userNS == Rootful {
+		// The runtime's user namespace is the initial one, which this
+		// process's is too where its uid_map says so: the container's is
+		// compared with it. Otherwise nothing here is the runtime's.
+		br.locked = func() bool {
+			return userNSLocksMounts(spec) && runtimeUserNS(procRoot) == Rootful && otherUserNS(procRoot, pid, "self")
+		}
+	}
 	unfence(req, spec, bundle, func() RuntimeUserNS { return userNS }, false, func() bool {
 		cg, err := e.deviceCgroupOf(pid)
 		return err == nil && ownedCgroup(cg, "", id)
-	}, rt.bindRuntime())
+	}, br)
 }
 
 // UnfencedRequest is what a container of spec reaches in a rootful runtime
@@ -263,7 +274,8 @@ func UnfencedRequest(req *devices.Request, spec *specs.Spec, bundle string) {
 // rootless, one statfs, whose flags tell whether the root is mounted nodev:
 // one that is not counts as reaching every GPU node its image may carry,
 // and so does one that is, unless the runtime keeps that nodev (runc, a
-// read-write root: readRoot).
+// read-write root; runc or crun, a container whose user namespace locks
+// it: readRoot).
 // Nothing in it is opened. A hand-written spec whose root is the host's
 // "/" gives its container the host's /dev, every GPU node with it,
 // whatever it mounts at /dev.
@@ -369,7 +381,7 @@ func (e env) poststopFindsClaim(in *Input) bool {
 		// root's (runc) is the reading under which poststop finds least:
 		// the runtime that runs it (runc delete, crun delete, podman) is
 		// not this one.
-		unfence(&req, in.spec, in.state.Bundle, func() RuntimeUserNS { return userNS }, true, func() bool { return false }, bindRuntime{runc: true})
+		unfence(&req, in.spec, in.state.Bundle, func() RuntimeUserNS { return userNS }, true, func() bool { return false }, bindRuntime{told: RuntimeRunc})
 		return !guard.NeverClaims(req)
 	}
 	if userNS := in.runtimeUserNS(e); userNS != UnknownUserNS {
@@ -548,8 +560,9 @@ type boundSources struct {
 	// rootNodev: the root filesystem of a rootful runtime's container is
 	// on a nodev mount (container storage mounted nodev), which stays
 	// nodev in the container only where the runtime keeps it (runc, a
-	// read-write root: rootReadonly is root.readonly), read by readRoot,
-	// only for a container no device cgroup fences. rootDrop is what
+	// read-write root: rootReadonly is root.readonly; runc or crun, a
+	// container whose user namespace locks it), read by readRoot, only
+	// for a container no device cgroup fences. rootDrop is what
 	// readRoot found the runtime makes of the root's nodev.
 	rootNodev, rootReadonly bool
 	rootDrop                devices.RootNodev
@@ -560,11 +573,14 @@ type boundSources struct {
 	// rootless: the runtime is rootless, whose engine makes no node and
 	// on whose mounts none opens (nodeDirs are not read there).
 	rootless bool
-	// runtime tells whether the runtime keeps a bind source's mount flags
-	// on a bind without flag options, asked once by sourceFlagsKept, which
-	// keeps its answer in flagsKept (flagsRead: asked).
-	runtime              bindRuntime
-	flagsKept, flagsRead bool
+	// runtime tells which runtime mounts the binds and the root, asked
+	// once by runtimeKind, which keeps its answer in kind (kindRead:
+	// asked), and whether the container's user namespace locks their
+	// flags, asked once by userNSLocked (locked, lockedRead).
+	runtime            bindRuntime
+	kind               Runtime
+	kindRead           bool
+	locked, lockedRead bool
 	// dirs are the other directories bound in (and overlay layers): where
 	// they lead, the part of the host's /dev they may be and the mounts
 	// below them are read by readDirs, only for a container no device
@@ -601,8 +617,10 @@ func (b boundSources) none() bool {
 // the runtime mounts them.
 func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDirs) boundSources {
 	b := boundSources{host: host, rootless: rootless}
-	var read func(src, dst string, recursive bool, below belowNodev, nodev, ownFlags, layer bool)
-	read = func(src, dst string, recursive bool, below belowNodev, nodev, ownFlags, layer bool) {
+	// read reads src, bound as d says (all of d but its source and what
+	// its stat gives).
+	var read func(src string, d boundDir)
+	read = func(src string, d boundDir) {
 		if src == "" {
 			return
 		}
@@ -615,7 +633,7 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			// the bundle, which follows a symlink x before the "..":
 			// both are read.
 			if raw := bundle + "/" + src; filepath.Clean(raw) != raw {
-				read(raw, dst, recursive, below, nodev, ownFlags, layer)
+				read(raw, d)
 			}
 			src = filepath.Join(bundle, src)
 		}
@@ -626,14 +644,14 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 		switch st.Mode & unix.S_IFMT {
 		case unix.S_IFCHR:
 			b.nodes = append(b.nodes, devices.LinuxDevice{Path: src, Type: "c",
-				Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: dst})
+				Major: int64(unix.Major(st.Rdev)), Minor: int64(unix.Minor(st.Rdev)), BoundAt: d.dst})
 		case unix.S_IFDIR:
 			switch {
 			case host.isDev(&st) || host.isRoot(&st):
 				b.hostDev = true
 			default:
-				b.dirs = append(b.dirs, boundDir{src: src, dst: dst, recursive: recursive, below: below, dev: uint64(st.Dev), ino: st.Ino, //nolint:unconvert // uint32 on some platforms
-					nodev: nodev, ownFlags: ownFlags, layer: layer})
+				d.src, d.dev, d.ino = src, uint64(st.Dev), st.Ino //nolint:unconvert // uint32 on some platforms
+				b.dirs = append(b.dirs, d)
 			}
 		}
 	}
@@ -652,12 +670,13 @@ func boundNodes(mounts []specs.Mount, bundle string, rootless bool, host *hostDi
 			}
 			nodev := mountNodev(m.Options)
 			for _, l := range layers {
-				read(l, m.Destination, false, belowOwn, nodev, false, true)
+				read(l, boundDir{dst: m.Destination, nodev: nodev, layer: true})
 			}
 			continue
 		}
 		if isBind(m) {
-			read(m.Source, m.Destination, recursiveBind(m), nodevBelow(m.Options), mountNodev(m.Options), remountsBind(m.Options), false)
+			read(m.Source, boundDir{dst: m.Destination, recursive: recursiveBind(m), below: nodevBelow(m.Options), nodev: mountNodev(m.Options),
+				ownFlags: remountsBind(m.Options), clears: clearingOptions(m.Options)})
 		}
 	}
 	return b
@@ -902,7 +921,10 @@ func rootNamesHostDev(spec *specs.Spec) bool {
 // every rootful crun container without a device cgroup (podman
 // --cgroups=disabled, crun --cgroup-manager=disabled) counts as reaching
 // every GPU, whatever its storage: a deliberate, conservative reading, as
-// for a root not mounted nodev.
+// for a root not mounted nodev. But for one with a user namespace of its
+// own, in which both runtimes keep the nodev of either root: the kernel
+// locks it when the runtime copies the container's mount namespace into
+// that user namespace (userNSLocksMounts).
 func (b *boundSources) boundRoot(spec *specs.Spec, bundle string) {
 	p := rootPath(spec)
 	if p == "" {
@@ -951,25 +973,32 @@ func (b *boundSources) boundRoot(spec *specs.Spec, bundle string) {
 // readRoot decides, for a container no device cgroup fences (markUnfenced),
 // whether its root filesystem counts as reaching every GPU node
 // (imageNodes), and what the runtime makes of the nodev of the root's mount
-// (rootDrop, for the remedy): kept by runc for a read-write root, dropped by
-// runc for a read-only one, and by crun, or a runtime that cannot be told
-// (sourceFlagsKept: the hook's parent's executable, read at most once per
-// run, shared with the binds), for any (see boundRoot). A root on a nodev
-// mount (rootNodev) counts unless the runtime keeps it; one not mounted
-// nodev counts already, and the runtime is asked only for its remedy
-// (storage mounted nodev does not help under crun). A rootless runtime's
-// root is not read, nor is the runtime where the root was not.
+// (rootDrop, for the remedy). The runtime (runtimeKind: the hook's parent's
+// executable, read at most once per run, shared with the binds) keeps it
+// where it is runc with a read-write root, and where it is runc or crun
+// and the container's user namespace locks the flags of its mounts
+// (userNSLocked, read only then: see userNSLocksMounts); otherwise runc
+// drops it for a read-only root, and crun, or a runtime that cannot be
+// told, for any (see boundRoot). A root on a nodev mount (rootNodev) counts
+// unless the runtime keeps it; one not mounted nodev counts already, and
+// the runtime is asked only for its remedy (storage mounted nodev does not
+// help where the runtime drops it). A rootless runtime's root is not read,
+// nor is the runtime where the root was not.
 func (b *boundSources) readRoot() {
 	if b.rootless || b.hostDev || (!b.imageNodes && !b.rootNodev) {
 		return
 	}
-	switch {
-	case !b.sourceFlagsKept():
-		b.rootDrop = devices.RootNodevDroppedByRuntime
-	case b.rootReadonly:
-		b.rootDrop = devices.RootNodevDroppedReadOnly
-	default:
+	switch kind := b.runtimeKind(); {
+	case kind == RuntimeRunc && !b.rootReadonly:
 		return
+	case kind != RuntimeRunc && kind != RuntimeCrun:
+		b.rootDrop = devices.RootNodevDroppedByRuntime
+	case b.userNSLocked():
+		return
+	case kind == RuntimeCrun:
+		b.rootDrop = devices.RootNodevDroppedByRuntime
+	default:
+		b.rootDrop = devices.RootNodevDroppedReadOnly
 	}
 	b.imageNodes = true
 }
@@ -1044,50 +1073,113 @@ func runtimeUserNS(procRoot string) RuntimeUserNS {
 	return Rootful
 }
 
-// bindRuntime tells whether the runtime that mounts a container's binds
-// keeps a bind source's mount flags on a bind without flag options of its
-// own (remountsBind): runc does, crun does not. The same tells whether it
-// keeps the nodev of a read-write root's mount (boundRoot: runc does, crun
-// does not, and neither for a read-only root). The zero value: not known
-// to keep them (crun's way). A value, so that passing it costs the hook's
-// every run nothing.
+// bindRuntime tells which runtime mounts a container's binds and root
+// (runc, crun or another), which decides whether a bind source's mount
+// flags carry over to a bind without flag options of its own
+// (remountsBind: runc keeps them, crun does not) and whether the nodev of
+// the root's mount does (boundRoot: runc keeps it for a read-write root,
+// crun for none), and whether the container's mounts have their flags
+// locked by a user namespace of its own (userNSLocked), under which runc
+// keeps both nodevs whatever the bind's options and the root's readonly,
+// and crun keeps the root's. The zero value: a runtime not known to keep
+// any (crun's way outside a user namespace), and no lock. A value, so that
+// passing it costs the hook's every run nothing.
 type bindRuntime struct {
-	// runc: known to keep them, without reading anything (the reading
-	// under which poststop finds least: poststopFindsClaim).
-	runc bool
+	// told is the runtime known without reading anything: the one a
+	// recovery's state file names (RunningRequest), or runc for the
+	// reading under which poststop finds least (poststopFindsClaim).
+	// RuntimeUnknown: read through ppid, where set.
+	told Runtime
 	// ppid, where set, gives the pid of the runtime (the hook's parent),
-	// whose executable, procRoot/<ppid>/exe, tells (runtimeKeepsBindFlags).
+	// whose executable, procRoot/<ppid>/exe, tells (runtimeOf).
 	procRoot string
 	ppid     func() int
+	// locked, where set, reports whether the container's mount namespace
+	// was copied into a user namespace other than the runtime's, which
+	// locks the flags of the mounts it holds (userNSLocksMounts); nil: not
+	// known to be (poststop, whose process is gone, and explain, which
+	// has none).
+	locked func() bool
 }
 
-// keepsFlags reports whether r keeps a bind source's mount flags.
-func (r bindRuntime) keepsFlags() bool {
-	switch {
-	case r.runc:
-		return true
-	case r.ppid == nil:
-		return false
+// runtime is the runtime r tells: told, or the hook's parent's.
+func (r bindRuntime) runtime() Runtime {
+	if r.told != RuntimeUnknown || r.ppid == nil {
+		return r.told
 	}
-	return runtimeKeepsBindFlags(r.procRoot, r.ppid())
+	return runtimeOf(r.procRoot, r.ppid())
 }
 
-// runtimeKeepsBindFlags reports whether the runtime of pid ppid, the
-// hook's parent, keeps a bind source's mount flags on a bind without flag
-// options of its own: runc does, crun does not (remountsBind). Told by the
-// name of its executable, the link procRoot/<ppid>/exe, which the kernel
+// userNSLocked reports whether r knows the container's mounts to be locked
+// by its user namespace.
+func (r bindRuntime) userNSLocked() bool {
+	return r.locked != nil && r.locked()
+}
+
+// runtimeOf tells the runtime of pid ppid, the hook's parent, by the name
+// of its executable, the link procRoot/<ppid>/exe, which the kernel
 // resolves to the file it runs, so that a symlink runc -> crun is read as
-// crun (keepsFlagsName). What cannot be read (a parent gone, no /proc) is
-// not known to keep them, nor is a parent that is not the runtime.
+// crun (runtimeNamed). A link that reads "/" is a runtime that runs from a
+// copy of its executable bind-mounted and detached, as crun 1.8 re-executes
+// itself so that no container can overwrite the file: its first argument
+// names it (detachedRuntime). What cannot be read (a parent gone, no
+// /proc) is RuntimeUnknown, as is a parent that is not the runtime.
 //
 // It is read only for a container that no device cgroup fences and that
 // binds a directory from a nodev mount without options of its own
 // (readDirs), or whose root filesystem is rootful (readRoot: on a nodev
 // mount, or counted already and named with its remedy), once per run:
 // never on the path of a container a device cgroup fences.
-func runtimeKeepsBindFlags(procRoot string, ppid int) bool {
-	exe, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(ppid), "exe"))
-	return err == nil && keepsFlagsName(path.Base(exe))
+func runtimeOf(procRoot string, ppid int) Runtime {
+	dir := filepath.Join(procRoot, strconv.Itoa(ppid))
+	exe, err := os.Readlink(filepath.Join(dir, "exe"))
+	switch {
+	case err != nil:
+		return RuntimeUnknown
+	case exe == "/":
+		return detachedRuntime(dir)
+	}
+	return runtimeNamed(path.Base(exe))
+}
+
+// maxArgv0Bytes bounds the read of a runtime's command line for its first
+// argument: a path.
+const maxArgv0Bytes = 4 << 10
+
+// detachedRuntime tells a runtime that runs from a detached copy of its
+// executable (its exe link reads "/") by the base name of its first
+// argument, dir/cmdline's, which the copy keeps: crun's ("crun", what
+// podman and conmon pass, as a path), and none other: runc's parent runs
+// its own file, so a "runc" there is not known to be runc.
+func detachedRuntime(dir string) Runtime {
+	f, err := os.Open(filepath.Join(dir, "cmdline")) //nolint:gosec // below the configured proc root
+	if err != nil {
+		return RuntimeUnknown
+	}
+	defer func() { _ = f.Close() }()
+	buf := make([]byte, maxArgv0Bytes)
+	n, _ := io.ReadFull(f, buf)
+	// Each argument ends in a NUL: one not read whole names nothing.
+	if argv0, _, whole := strings.Cut(string(buf[:n]), "\x00"); whole && path.Base(argv0) == "crun" {
+		return RuntimeCrun
+	}
+	return RuntimeUnknown
+}
+
+// runtimeNamed tells a runtime by name, the base name of its executable:
+// runc (keepsFlagsName), crun ("crun", or "crun (deleted)": replaced on
+// disk while it runs, still the crun it was), or RuntimeUnknown for any
+// other (youki, runsc, krun, a crun kept under its download name), read
+// as crun leaves a container outside a user namespace, whose mounts were
+// not verified for it.
+func runtimeNamed(name string) Runtime {
+	switch {
+	case keepsFlagsName(name):
+		return RuntimeRunc
+	case strings.TrimSuffix(name, " (deleted)") == "crun":
+		return RuntimeCrun
+	}
+	return RuntimeUnknown
 }
 
 // runcArchs are the architecture suffixes of runc's release binaries

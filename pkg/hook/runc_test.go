@@ -310,6 +310,9 @@ type ctrOpts struct {
 	// whose nodev runc drops: the hook then counts it as reaching every
 	// GPU (the rig's containers have no device cgroup it knows).
 	readonlyRoot bool
+	// userNS gives the container a user namespace of its own, mapped to
+	// root's own ids (its root reaches the rig's private directories).
+	userNS bool
 }
 
 // ctr is one `runc run` of the rig.
@@ -386,6 +389,12 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		Annotations: map[string]string{"test": "nri-gpu-guard"},
 	}
 	spec.Mounts = append(spec.Mounts, o.mounts...)
+	if o.userNS {
+		l := spec.Linux
+		l.Namespaces = append(l.Namespaces, specs.LinuxNamespace{Type: specs.UserNamespace})
+		l.UIDMappings = []specs.LinuxIDMapping{{ContainerID: 0, HostID: 0, Size: 65536}}
+		l.GIDMappings = []specs.LinuxIDMapping{{ContainerID: 0, HostID: 0, Size: 65536}}
+	}
 	if !o.noHooks {
 		createArgs := []string{"nri-gpu-guard-hook", PhaseCreateRuntime, "--config", cfgPath}
 		if !o.noWait {
@@ -1105,4 +1114,38 @@ func TestRuncRootFromNodevMount(t *testing.T) {
 	for _, c := range r.state().Claims {
 		require.Contains(t, c.Source, "read-only root filesystem remounted without nodev by runc")
 	}
+}
+
+// With a user namespace of its own, a container keeps the nodev of its
+// root's mount under runc 1.1.5 for a read-only root too: runc makes its
+// mount namespace inside that user namespace, where the kernel locks the
+// flags of the mounts it copies, and runc's read-only remount, refused,
+// is made again with the mount's flags. The hook, run by runc, finds the
+// container's process in another user namespace than its own and admits
+// it under all_devices = "reject", claiming nothing: the root's node does
+// not open. A bind from a nodev mount with flag options of its own ("ro")
+// cannot clear that nodev either: runc 1.1.5 fails the mount (EPERM), and
+// a runc that makes it again with the mount's flags keeps nodev. Without
+// the user namespace: TestRuncRootFromNodevMount. Real runc, as root; the
+// hook reads the rig's containers as having no device cgroup.
+func TestRuncUserNSRootFromNodevMount(t *testing.T) {
+	r := newRig(t, rigOpts{})
+	r.rootNode()
+	reject := r.rejectAllConfig()
+	_, err := r.run("ro", ctrOpts{mode: "open:/node", noWait: true, noPoststop: true, readonlyRoot: true, userNS: true, cfgPath: reject})
+	require.NoError(t, err, "a read-only root on a nodev mount, runc, a user namespace: admitted")
+	require.Contains(t, r.order(), "ro open failed: open /node: permission denied", "the root's nodev holds")
+	require.Empty(t, r.state().Claims, "nothing claimed (no poststop released anything)")
+
+	vol := nodevVolume(t, r.base)
+	require.NoError(t, os.Mkdir(filepath.Join(r.rootfs, "data"), 0o755))
+	_, err = r.run("bindro", ctrOpts{mode: "open:/data/node", noWait: true, noPoststop: true, userNS: true, cfgPath: reject,
+		mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: vol, Options: []string{"rbind", "ro"}}}})
+	if err != nil {
+		require.ErrorContains(t, err, "operation not permitted", "runc cannot clear the source's locked nodev")
+		require.NotContains(t, err.Error(), "refused", "the hook did not refuse it")
+	} else {
+		require.Contains(t, r.order(), "bindro open failed: open /data/node: permission denied", "the source's nodev holds")
+	}
+	require.Empty(t, r.state().Claims)
 }
