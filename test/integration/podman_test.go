@@ -44,6 +44,7 @@ func TestPodman(t *testing.T) {
 				{"DevicePathUserNS", podmanDevicePathUserNS},
 				{"RootNodevInContainer", podmanRootNodev},
 				{"ImageNodesWithoutCgroup", podmanImageNodes},
+				{"UserNSImageNodesWithoutCgroup", podmanUserNSImageNodes},
 				{"BoundDirWithoutCgroup", podmanBoundDir},
 				{"UserNSDeviceBundle", podmanUserNSDeviceBundle},
 				{"FailedCreateUnderRemove", podmanFailedCreateUnderRemove},
@@ -588,6 +589,48 @@ func podmanImageNodes(t *testing.T, r *podmanRig) {
 	out, err = run("ni2", "--cgroups=disabled")
 	require.NoError(t, err, out)
 	r.requireHoldsEveryGPU("ni2", "a root filesystem without nodev")
+	for _, c := range r.state().Claims {
+		require.Contains(t, c.Source, "root filesystem not mounted nodev")
+	}
+}
+
+// podmanUserNSImageNodes: a container with a user namespace of its own
+// (--uidmap) keeps the nodev of container storage mounted nodev under crun
+// --cgroups=disabled, read-only root or not: crun makes its mount namespace
+// in that user namespace, where the kernel locks the nodev of the mounts it
+// copies (without one crun drops it: podmanImageNodes). The hook reads the
+// container's process in another user namespace than its own and counts
+// nothing of its image: one that names no GPU claims none, one that names
+// GPU 1 claims that one alone. On storage without nodev it still claims
+// every GPU, the remedy named being storage mounted nodev.
+func podmanUserNSImageNodes(t *testing.T, r *podmanRig) {
+	if r.runtime != "crun" {
+		return // podman disables a container's cgroups with crun only
+	}
+	// Without CAP_MKNOD (in podman's built-in set), which alone opens
+	// every GPU there; mapped to root's own ids, as
+	// podmanUserNSDeviceBundle.
+	userns := []string{"--cgroups=disabled", "--cap-drop", "MKNOD", "--uidmap", "0:0:65536", "--gidmap", "0:0:65536"}
+	for _, tc := range []struct {
+		name  string
+		extra []string
+	}{{"un", nil}, {"unro", []string{"--read-only"}}} {
+		out, err := r.runGPU(tc.name, "", append(slices.Clone(userns), tc.extra...)...)
+		require.NoError(t, err, out)
+		require.Contains(t, r.rootMountOptions(tc.name), "nodev", "%s: the storage's nodev, locked in its user namespace", tc.name)
+		require.Empty(t, r.holders(), "%s: nothing of its image opens", tc.name)
+		r.mustPodman("rm", "-f", "-t", "0", tc.name)
+	}
+	out, err := r.runGPU("ug", "1", userns...)
+	require.NoError(t, err, out)
+	require.Equal(t, map[int]string{1: r.id("ug")}, r.holders(), "the GPU it names alone")
+	r.mustPodman("rm", "-f", "-t", "0", "ug")
+	r.waitFor("ug's claim released", func() bool { return len(r.holders()) == 0 })
+
+	args := append(append([]string{"run", "-d", "--name", "und"}, userns...), podmanImage)
+	out, err = r.podmanEnv([]string{"GG_STORAGE_OPTS="}, args...)
+	require.NoError(t, err, out)
+	r.requireHoldsEveryGPU("und", "a root filesystem without nodev, in a user namespace too")
 	for _, c := range r.state().Claims {
 		require.Contains(t, c.Source, "root filesystem not mounted nodev")
 	}
