@@ -61,7 +61,8 @@ type Decision struct {
 	// position, the time waited and what to do.
 	Message string `json:"message"`
 	// tookOver: the claims the request took over from its stopped
-	// predecessor (Reason "takeover"), as they were.
+	// predecessor (Reason "takeover"), as they were: those that stood in
+	// the way of what it asks for (ledger.Tx.TakeOver).
 	tookOver []ledger.Claim
 	// words: what BusyText needs of the deciding transaction.
 	words *busyWords

@@ -14,11 +14,11 @@
 // (no NVML, no file I/O), then, inside one ledger transaction: finds what is
 // busy, releases holders whose processes are gone although no stop event
 // arrived (or, under release_on = "remove", lets a container of the same pod,
-// a restart or the pod's next container, take over the claim of one that has
-// stopped), and claims, queues or refuses. Explain
-// makes the same decision on a view and writes nothing; AdmitIfFree (a
-// requester that does not wait) makes it under the lock and writes only an
-// admission.
+// a restart or the pod's next container, take over the claims of one that
+// has stopped on the devices it asks for), and claims, queues or refuses.
+// Explain makes the same decision on a view and writes nothing; AdmitIfFree
+// (a requester that does not wait) makes it under the lock and writes only
+// an admission.
 //
 // It also keeps the persistent device states of the ledger (cordon.go): a
 // cordon (CordonDevice, Uncordon; from gpu-guard-ctl, or from the
@@ -43,16 +43,19 @@
 //     reserves the device. The refusal names the device, the cordon (source,
 //     by, since, why) and the command that lifts it, and is audited.
 //   - A decision is all or nothing: every device of the request is claimed
-//     in the same transaction, or none is. A container takes over the claim
-//     of a stopped container of its pod (never of a running one) only when
-//     that admits it, which is decided before any claim moves
-//     (ledger.Tx.BusyAfterTakeOver: the predecessor's claim hides a device
-//     kept for the head of the queue); a refused one leaves the
-//     predecessor's claim untouched, and its refusal names the predecessor
-//     and what else stands in the way. One whose create is undone after
-//     its admission (refused at validation, failed in the runtime) hands it
-//     back when it is removed without having started (remembered in
-//     memory, so within one daemon's life).
+//     in the same transaction, or none is. A container takes over the
+//     claims of a stopped container of its pod (never of a running one) on
+//     the devices it asks for (those in its way: a MIG instance's GPU, a
+//     GPU's instances; the stopped container keeps the others, which a
+//     sibling may ask for) only when that admits it, which is decided
+//     before any claim moves (ledger.Tx.BusyAfterTakeOver: the
+//     predecessor's claim hides a device kept for the head of the queue);
+//     a refused one leaves the predecessor's claims untouched, and its
+//     refusal names the predecessor and what else stands in the way. One
+//     whose create is undone after its admission (refused at validation,
+//     failed in the runtime) hands back what it took over when it is
+//     removed without having started (remembered in memory, so within one
+//     daemon's life).
 //   - An earlier incarnation of the requester's own container (same id and
 //     front end, another process: a runtime creates an id again only after
 //     deleting its container) is judged without the requester's process,

@@ -440,8 +440,9 @@ func (g *Guard) preDecide(owner ledger.Owner, spec devices.Request) (d Decision,
 }
 
 // decide runs inside one ledger transaction: find what is busy, release
-// holders that exited without a stop event, let a restart take over its
-// stopped predecessor's claim, then claim, queue or refuse.
+// holders that exited without a stop event, let a container take over the
+// claims of a stopped container of its pod on the devices it asks for,
+// then claim, queue or refuse.
 func (g *Guard) decide(tx *ledger.Tx, key string, owner ledger.Owner, res devices.Resolution) (Decision, []ledger.Claim, error) {
 	now := g.now()
 	want := make([]devices.Device, len(res.Devices))
@@ -513,9 +514,10 @@ func incarnationOf(o ledger.Owner) incarnation { return incarnation{o.ContainerI
 // settleHolders runs the release rule on the holders of the busy devices:
 // an exited holder is released (or, under release_on = "remove", marked
 // stopped, unless it was removed), and a stopped holder of the same pod
-// (see samePod) is taken over when that admits the request. It returns what
-// is still busy, and the verdicts that kept or drained a holder, for the
-// refusal's words.
+// (see samePod) is taken over when that admits the request: its claims in
+// the way of want move to the requester, and it keeps the others (see
+// ledger.Tx.TakeOver). It returns what is still busy, and the verdicts
+// that kept or drained a holder, for the refusal's words.
 func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, want []devices.Device,
 	busy []ledger.BusyDevice) (_ []ledger.BusyDevice, released, tookOver []ledger.Claim, kept map[incarnation]Verdict) {
 	changed := false
@@ -596,18 +598,35 @@ func (g *Guard) settleHolders(tx *ledger.Tx, key string, owner ledger.Owner, wan
 		}
 		for _, from := range predecessors {
 			// The claims as they were, should the restart's create be
-			// undone before it starts (see rememberTakeover).
+			// undone before it starts (see rememberTakeover): copies, read
+			// before TakeOver moves them in place.
+			var before []ledger.Claim
 			for _, c := range tx.ReadState().Claims {
 				if c.Owner.ContainerID == from {
-					tookOver = append(tookOver, c)
+					before = append(before, c)
 				}
 			}
-			moved := tx.TakeOver(from, owner, "container "+naming.ShortID(from)+" of the same pod has stopped")
-			if len(moved) > 0 {
-				g.log.Info("claim taken over from a stopped container of the same pod",
-					append(ownerAttrs(owner, key), slog.String("from_container_id", from),
-						slog.Any("devices", claimUUIDs(moved)))...)
+			// Only the claims in the way of want move: the predecessor
+			// keeps the others (a sibling of the requester may ask for
+			// them), until its own release.
+			moved := tx.TakeOver(from, owner, want, "container "+naming.ShortID(from)+" of the same pod has stopped")
+			if len(moved) == 0 {
+				continue
 			}
+			var kept []string
+			for _, c := range before {
+				if slices.ContainsFunc(moved, func(m ledger.Claim) bool { return m.Device.UUID == c.Device.UUID }) {
+					tookOver = append(tookOver, c)
+				} else {
+					kept = append(kept, c.Device.UUID)
+				}
+			}
+			attrs := append(ownerAttrs(owner, key), slog.String("from_container_id", from),
+				slog.Any("devices", claimUUIDs(moved)))
+			if len(kept) > 0 {
+				attrs = append(attrs, slog.Any("kept_by_predecessor", kept))
+			}
+			g.log.Info("claim taken over from a stopped container of the same pod", attrs...)
 		}
 		busy = tx.Busy(key, owner, want)
 	}

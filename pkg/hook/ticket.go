@@ -196,7 +196,8 @@ func (e env) useTicket(ctx context.Context, g guardAPI, cfg config.Config, t str
 					return fmt.Errorf("release %s of ticket %s: %w", ledger.DescribeDevice(d), t, err)
 				}
 			}
-			tx.TakeOver(t, owner, "ticket of gpu-guard-ctl run")
+			// What is left of the ticket is all in want: all of it moves.
+			tx.TakeOver(t, owner, want, "ticket of gpu-guard-ctl run")
 			return nil
 		})
 	})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/naming"
 )
 
 // Tx is one mutation in progress (see Ledger.Update). It is valid only inside
@@ -311,7 +312,8 @@ func conflictHolder(c *Conflict) *Claim {
 }
 
 // BusyAfterTakeOver is what Busy would list for the request once owner's
-// container took over every claim of the containers from (TakeOver), found
+// container took over the claims of the containers from that stand in the
+// way of devs (TakeOver: the same claims, chosen by the same code), found
 // without moving anything: a caller takes the claims over only when that
 // admits the request. Before the takeover the predecessors' claims hide
 // what else stands in the way (a device kept for the head of the queue is
@@ -327,7 +329,7 @@ func (tx *Tx) BusyAfterTakeOver(key string, owner Owner, devs []devices.Device, 
 	sim := &Tx{l: tx.l, now: tx.now, st: tx.st}
 	sim.st.Claims = slices.Clone(tx.st.Claims)
 	for _, id := range from {
-		moveClaims(sim.st.Claims, id, owner, tx.now)
+		moveClaims(sim.st.Claims, id, owner, devs, tx.now)
 	}
 	return sim.Busy(key, owner, devs)
 }
@@ -862,47 +864,90 @@ func (tx *Tx) MarkStoppedIncarnation(o Owner) bool {
 	return true
 }
 
-// TakeOver moves every claim of fromContainerID to the container to (a
-// container of the same pod under release_on = "remove") and returns the
-// new claims. Nothing happens if from holds nothing or to has no id.
-func (tx *Tx) TakeOver(fromContainerID string, to Owner, reason string) []Claim {
+// TakeOver moves to the container to (a container of the same pod under
+// release_on = "remove", or the container a gpu-guard-ctl run ticket is
+// handed to) the claims of fromContainerID that stand in the way of devs,
+// the devices to asks for, and returns the new claims; fromContainerID
+// keeps its other claims. Only those move: the kubelet's device manager
+// splits an init container's devices between the pod's app containers,
+// and a container given the claim on a device it does not ask for would
+// keep out the sibling that does, for as long as it runs, while status
+// and refusals named it as the holder of a device it does not reach.
+// What stands in the way is what Busy reports of fromContainerID's claims:
+// a claim on a device of devs, on the whole GPU of a MIG instance of devs,
+// or on a MIG instance of a GPU of devs (devices.Conflicts). A claim that
+// conflicts with one so moved moves too (a container may hold a GPU and
+// one of its instances, after an earlier takeover): two containers never
+// hold one GPU. Nothing happens if from holds none of them or to has no
+// id. The audit record names what moved and, in its reason, what from
+// keeps.
+func (tx *Tx) TakeOver(fromContainerID string, to Owner, devs []devices.Device, reason string) []Claim {
 	tx.check()
-	out := moveClaims(tx.st.Claims, fromContainerID, to, tx.now)
+	out := moveClaims(tx.st.Claims, fromContainerID, to, devs, tx.now)
 	if len(out) == 0 {
 		return nil
 	}
 	tx.touch()
-	tx.record(OpTakeover, &to, "", uuids(out, claimDevice), fmt.Sprintf("from container %s: %s", fromContainerID, reason))
+	reason = fmt.Sprintf("from container %s: %s", fromContainerID, reason)
+	var kept []devices.Device
+	for i := range tx.st.Claims {
+		if c := &tx.st.Claims[i]; c.Owner.ContainerID == fromContainerID {
+			kept = append(kept, c.Device)
+		}
+	}
+	if len(kept) > 0 {
+		reason += fmt.Sprintf("; container %s keeps %s, which container %s does not ask for",
+			ShortID(fromContainerID), naming.Devices(kept), ShortID(to.ContainerID))
+	}
+	tx.record(OpTakeover, &to, "", uuids(out, claimDevice), reason)
 	return out
 }
 
-// moveClaims gives to, since now, every claim in claims of the container
-// from, and returns the moved claims: the move of TakeOver, which
-// BusyAfterTakeOver simulates on a copy (one code, so the simulation is the
-// move). Nothing moves when from is empty, to has no id, or they are one.
-func moveClaims(claims []Claim, from string, to Owner, now time.Time) []Claim {
+// moveClaims gives to, since now, the claims in claims of the container
+// from that stand in the way of want (see TakeOver), and returns the moved
+// claims in device order: the move of TakeOver, which BusyAfterTakeOver
+// simulates on a copy (one code, so the simulation is the move). Nothing
+// moves when from is empty, to has no id, or they are one.
+func moveClaims(claims []Claim, from string, to Owner, want []devices.Device, now time.Time) []Claim {
 	if from == "" || to.ContainerID == "" || from == to.ContainerID {
 		return nil
 	}
 	var out []Claim
-	for i := range claims {
-		c := &claims[i]
-		if c.Owner.ContainerID != from {
-			continue
-		}
-		c.Owner = to
-		c.Since = now
-		out = append(out, *c)
+	conflicts := func(d devices.Device) bool {
+		return slices.ContainsFunc(want, func(w devices.Device) bool { return devices.Conflicts(d, w) }) ||
+			slices.ContainsFunc(out, func(m Claim) bool { return devices.Conflicts(d, m.Device) })
 	}
+	// Until nothing more moves: a claim moved on a GPU whole takes its
+	// instances, which may sort before it, along.
+	for moved := true; moved; {
+		moved = false
+		for i := range claims {
+			c := &claims[i]
+			if c.Owner.ContainerID != from || !conflicts(c.Device) {
+				continue
+			}
+			c.Owner = to
+			c.Since = now
+			out = append(out, *c)
+			moved = true
+		}
+	}
+	slices.SortFunc(out, func(a, b Claim) int { return strings.Compare(a.Device.UUID, b.Device.UUID) })
 	return out
 }
 
-// HandBack gives claims a restart took over (TakeOver) back to their
-// earlier holder as they were (originals, read before the takeover), when
-// the restart never started: its create was undone (refused by a later
-// check, or failed in the runtime), so the takeover never became real. A
-// device whose claim is no longer restartID's, or whose holder started,
-// is left alone. It returns the claims given back.
+// HandBack gives claims a restart took over back to their earlier holder as
+// they were (originals: the claims TakeOver moved, read before it moved
+// them), when the restart never started: its create was undone (refused by
+// a later check, or failed in the runtime), so the takeover never became
+// real. A device whose claim is no longer restartID's, or whose holder
+// started, is left alone, and so is an original that never moved (the
+// earlier holder's claim on a device the restart did not ask for is still
+// its own). The restart's own claims that conflict with one given back end
+// in the same transaction (it asked for a GPU whole and took over one of
+// its MIG instances, or the reverse): two containers never hold one GPU,
+// and the restart never started, so nothing of it ran there to drain. It
+// returns the claims given back.
 func (tx *Tx) HandBack(restartID string, originals []Claim, reason string) []Claim {
 	tx.check()
 	var out []Claim
@@ -937,5 +982,22 @@ func (tx *Tx) HandBack(restartID string, originals []Claim, reason string) []Cla
 		}
 		tx.record(OpTakeover, &o, "", devs, fmt.Sprintf("handed back from container %s: %s", restartID, reason))
 	}
+	// What the restart claimed itself beside what it took over, on the
+	// same GPU as a claim handed back.
+	conflictsBack := func(d devices.Device) bool {
+		return slices.ContainsFunc(out, func(o Claim) bool { return devices.Conflicts(o.Device, d) })
+	}
+	var mine []devices.Device
+	for i := range tx.st.Claims {
+		if c := &tx.st.Claims[i]; c.Owner.ContainerID == restartID && conflictsBack(c.Device) {
+			mine = append(mine, c.Device)
+		}
+	}
+	if len(mine) == 0 {
+		return out
+	}
+	tx.releaseWhere(func(c *Claim) bool { return c.Owner.ContainerID == restartID && conflictsBack(c.Device) },
+		fmt.Sprintf("%s; %s conflicts with what was handed back", reason, naming.Devices(mine)))
+	tx.maintain()
 	return out
 }

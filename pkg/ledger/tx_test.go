@@ -273,9 +273,9 @@ func TestStartedStoppedTakeOver(t *testing.T) {
 	require.Equal(t, c.Now(), snapshot(t, l).Claims[0].Owner.StoppedAt)
 
 	update(t, l, func(tx *Tx) {
-		require.Empty(t, tx.TakeOver("nobody", owner("new"), "restart"))
-		require.Empty(t, tx.TakeOver("old", Owner{}, "no target"))
-		got := tx.TakeOver("old", owner("new"), "restart in the same pod")
+		require.Empty(t, tx.TakeOver("nobody", owner("new"), devs(gpu(0), gpu(1)), "restart"))
+		require.Empty(t, tx.TakeOver("old", Owner{}, devs(gpu(0), gpu(1)), "no target"))
+		got := tx.TakeOver("old", owner("new"), devs(gpu(0), gpu(1)), "restart in the same pod")
 		require.Len(t, got, 2)
 	})
 	st = snapshot(t, l)
