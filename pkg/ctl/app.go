@@ -199,10 +199,10 @@ func checkStateDirFlag(dir string) error {
 }
 
 // ledgerOptions are the ledger's tunables from the configuration, with the
-// injected clock and boot id.
+// injected clocks and boot id.
 func (a *app) ledgerOptions(cfg config.Config) ledger.Options {
 	opts := guard.LedgerOptions(cfg)
-	opts.Now, opts.BootID = a.env.Now, a.env.BootID
+	opts.Now, opts.BootClock, opts.BootID = a.env.Now, a.env.BootClock, a.env.BootID
 	return opts
 }
 

@@ -45,6 +45,11 @@ type Env struct {
 	Stderr io.Writer
 	// Now is the clock for ages ("3m"), --since and queue expiry.
 	Now func() time.Time
+	// BootClock is the time since boot by which the ledger tells a step of
+	// the wall clock from time passing (ledger.Options.BootClock): with Now
+	// left zero, the host's (ledger.SinceBoot); with Now pinned and this
+	// zero, none (a pinned clock is stepped only where a test says so).
+	BootClock func() time.Duration
 	// Getuid decides whether mutating commands may run (root only).
 	Getuid func() int
 	// Getenv reads NRI_GPU_GUARD_CONFIG and SUDO_USER.
@@ -101,6 +106,7 @@ func DefaultEnv() Env {
 		Stdout:     os.Stdout,
 		Stderr:     os.Stderr,
 		Now:        time.Now,
+		BootClock:  ledger.SinceBoot,
 		Getuid:     os.Getuid,
 		Getenv:     os.Getenv,
 		CgroupRoot: liveness.DefaultCgroupRoot,
@@ -119,6 +125,9 @@ func (env Env) withDefaults() Env {
 	}
 	if env.Now == nil {
 		env.Now = def.Now
+		if env.BootClock == nil {
+			env.BootClock = def.BootClock
+		}
 	}
 	if env.Getuid == nil {
 		env.Getuid = def.Getuid

@@ -123,7 +123,33 @@ type State struct {
 	Lineage   string    `json:"lineage"`
 	NextSeq   uint64    `json:"next_seq"`
 	UpdatedAt time.Time `json:"updated_at"`
+	// Clock ties the wall clock, which every stored time is read from, to
+	// the time since boot, which nobody steps (see ClockAnchor). Zero in a
+	// state written before format 4 (or that never committed): set at its
+	// next commit.
+	Clock ClockAnchor `json:"clock,omitzero"`
 }
+
+// ClockAnchor is one reading of the wall clock (Wall) and of the time since
+// boot (Boot, CLOCK_BOOTTIME: the same clock for every process of the boot,
+// counting suspend, and never stepped) taken together. Every TTL counts from
+// a stored wall-clock time, and a step of the wall clock (date -s, chronyc
+// makestep, NTP's first sync after boot, a VM resumed) would move every
+// deadline by the step at once. Both clocks advance at the same rate (NTP
+// slews both), so wall - boot stays what the anchor says until the wall
+// clock is stepped: a transaction that finds them apart by more than
+// clockStepTolerance moves every stored time by the step (see
+// Tx.checkClock) and anchors anew. The anchor only changes then (and when
+// first set), so an ordinary commit's journal record does not carry it. It
+// belongs to the boot of the state's BootID: an earlier boot's is never
+// compared with.
+type ClockAnchor struct {
+	Wall time.Time     `json:"wall"`
+	Boot time.Duration `json:"boot_ns"`
+}
+
+// IsZero reports whether there is no anchor (omitzero asks it).
+func (a ClockAnchor) IsZero() bool { return a.Wall.IsZero() && a.Boot == 0 }
 
 // Holding is what reconcile learns about one live container: its identity and
 // the devices it reaches.
@@ -155,7 +181,14 @@ type Options struct {
 	// past the update that finds it (release_requires_idle off).
 	DrainGrace time.Duration
 	Now        func() time.Time // default time.Now (tests inject a clock)
-	BootID     string           // default: /proc/sys/kernel/random/boot_id
+	// BootClock reads the time since boot that tells a step of the wall
+	// clock from time passing (see ClockAnchor); a negative reading is
+	// none. Default: CLOCK_BOOTTIME (SinceBoot) when Now is left to its
+	// default; when Now is set and BootClock is not, none: no step is told
+	// and no anchor stored (an injected clock and the host's boot clock
+	// disagree from the start; a test that steps its clock injects both).
+	BootClock func() time.Duration
+	BootID    string // default: /proc/sys/kernel/random/boot_id
 	// Logger receives what cannot be returned: an audit append that failed
 	// after the state was committed, stray temp files removed, a state from
 	// an earlier boot discarded. Default: discard.

@@ -26,12 +26,18 @@ import (
 // and its recovery could then drop a cordon; with the bump it reports a
 // state written by a newer build, leaves it untouched and decides nothing
 // (fail closed). A format 2 file is read as is (it has neither) and
-// written as format 3 at the next commit.
-const FormatVersion = 3
+// written as the current format at the next commit. Format 4 adds the clock
+// anchor (State.Clock), by which a step of the wall clock is told from time
+// passing: a format 3 build would refuse it as an unknown field, and now
+// refuses the state as newer instead. A format 3 file is read as is (it has
+// no anchor, so a step is not told until its next commit anchors it) and
+// written as format 4 at the next commit.
+const FormatVersion = 4
 
-// previousFormat is the snapshot-and-journal format before cordons, read
-// and converted at the next commit.
-const previousFormat = 2
+// oldestJournalFormat is the oldest snapshot-and-journal format (2: before
+// cordons; 3: before the clock anchor), read as is and converted at the
+// next commit.
+const oldestJournalFormat = 2
 
 // legacyFormat is the whole-file format, read for the upgrade only.
 const legacyFormat = 1
@@ -156,7 +162,7 @@ func decodeState(data []byte, owned bool) (State, error) {
 		return State{}, &FormatError{Version: format, Supported: FormatVersion}
 	case format == legacyFormat:
 		return decodeLegacy(data)
-	case format != FormatVersion && format != previousFormat:
+	case format < oldestJournalFormat:
 		return State{}, badState("format version %d is not valid", format)
 	}
 	nl := bytes.IndexByte(data, '\n')

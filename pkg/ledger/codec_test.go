@@ -145,6 +145,9 @@ func marshalQueueFirst(t *testing.T, st *State) []byte {
 	}
 	fields = append(fields, []field{{"generation", st.Generation}, {"boot_id", st.BootID}, {"lineage", st.Lineage},
 		{"next_seq", st.NextSeq}, {"updated_at", st.UpdatedAt}}...)
+	if !st.Clock.IsZero() { // omitzero
+		fields = append(fields, field{"clock", st.Clock})
+	}
 	for i, f := range fields {
 		if i > 0 {
 			b.WriteString(",")
@@ -222,7 +225,7 @@ func TestEncodeDecodeRoundTrip(t *testing.T) {
 	st := sampleState()
 	b, err := encodeState(&st)
 	require.NoError(t, err)
-	require.True(t, bytes.HasPrefix(b, []byte(`{"format":3,"generation":42,"boot_id":"`+testBoot+`","lineage":"`+testLineage+`","checksum":"sha256:`)))
+	require.True(t, bytes.HasPrefix(b, []byte(fmt.Sprintf(`{"format":%d,"generation":42,`, FormatVersion)+`"boot_id":"`+testBoot+`","lineage":"`+testLineage+`","checksum":"sha256:`)))
 	require.True(t, bytes.HasSuffix(b, []byte("}\n")))
 	require.Equal(t, 2, bytes.Count(b, []byte("\n")), "a header line and a state line")
 	got, err := DecodeState(b)
@@ -351,7 +354,15 @@ func FuzzDecode(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(withCordon)
-	f.Add(append([]byte(`{"format":2,`), withCordon[len(`{"format":3,`):]...))
+	f.Add(append(formatPrefix(2), withCordon[len(formatPrefix(FormatVersion)):]...))
+	// Format 4: the clock anchor; format 3, before it.
+	st.Clock = ClockAnchor{Wall: time.Unix(11, 0).UTC(), Boot: 5 * time.Second}
+	withClock, err := encodeState(&st)
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(withClock)
+	f.Add(append(formatPrefix(3), withCordon[len(formatPrefix(FormatVersion)):]...))
 	f.Add([]byte(`{"format":1,"generation":0,"boot_id":"","checksum":"sha256:","state":{}}`))
 	f.Add([]byte(`{"format":2,"generation":0,"boot_id":"","lineage":"","checksum":"sha256:","bytes":2}` + "\n{}\n"))
 	f.Add([]byte(`{"format":99}`))
@@ -491,5 +502,14 @@ func randomState(rng *rand.Rand) State {
 	if lists == 0 { // empty, not null
 		st.Claims, st.Waiters, st.Reservations, st.Conflicts = []Claim{}, []Waiter{}, []Reservation{}, []Conflict{}
 	}
+	if rng.IntN(2) == 0 {
+		st.Clock = randomAnchor(rng)
+	}
 	return st
+}
+
+// randomAnchor is a clock anchor, its boot reading 0 at times (a wall time
+// alone is an anchor too).
+func randomAnchor(rng *rand.Rand) ClockAnchor {
+	return ClockAnchor{Wall: time.Unix(rng.Int64N(4e9), rng.Int64N(1e9)).UTC(), Boot: time.Duration(rng.Int64N(3) * rng.Int64N(1<<62))}
 }

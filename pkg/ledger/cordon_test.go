@@ -273,14 +273,15 @@ func TestCordonsAndDrainingSurviveJournalCompactionAndRecover(t *testing.T) {
 	}
 }
 
-// A format 2 state (before cordons) is read as it is and written as format
-// 3 at the next commit; a format 2 build refuses format 3 as newer (see
-// TestNewerFormatIsLeftAlone), it never reads it and drops a cordon.
+// A format 2 state (before cordons) is read as it is and written as the
+// current format at the next commit; a format 2 build refuses format 3 as
+// newer (see TestNewerFormatIsLeftAlone), it never reads it and drops a
+// cordon.
 func TestFormat2IsReadAndConverted(t *testing.T) {
 	l := seeded(t)
 	data := mustRead(t, l.StatePath())
-	require.True(t, bytes.HasPrefix(data, []byte(`{"format":3,`)))
-	old := append([]byte(`{"format":2,`), data[len(`{"format":3,`):]...)
+	require.True(t, bytes.HasPrefix(data, formatPrefix(FormatVersion)))
+	old := append(formatPrefix(2), data[len(formatPrefix(FormatVersion)):]...)
 	_, err := DecodeState(old)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(l.StatePath(), old, 0o600))
@@ -291,7 +292,7 @@ func TestFormat2IsReadAndConverted(t *testing.T) {
 		_, _, err := tx.Cordon(gpu(5), CordonOperator, "x", "root")
 		require.NoError(t, err)
 	})
-	require.True(t, bytes.HasPrefix(mustRead(t, l.StatePath()), []byte(`{"format":3,`)), "converted before the first cordon")
+	require.True(t, bytes.HasPrefix(mustRead(t, l.StatePath()), formatPrefix(FormatVersion)), "converted before the first cordon")
 	require.Len(t, snapshot(t, fresh).Cordons, 1)
 }
 

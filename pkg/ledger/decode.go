@@ -97,6 +97,9 @@ func fastDecodeStateOf(b []byte, owned bool) (State, bool) {
 	st.NextSeq = d.uint()
 	d.lit(`,"updated_at":`)
 	st.UpdatedAt = d.time()
+	if d.opt(`,"clock":`) {
+		d.clockAnchor(&st.Clock)
+	}
 	d.lit(`}`)
 	if d.bad || d.i != len(d.b) {
 		return State{}, false
@@ -382,6 +385,25 @@ func (d *fastDecoder) int() int {
 	return int(n)
 }
 
+// int64 decodes a number encoding/json decodes into an int64: all of them.
+func (d *fastDecoder) int64() int64 {
+	neg := d.opt("-")
+	n := d.uint()
+	switch {
+	case d.bad:
+		return 0
+	case neg && n == 0:
+		d.bad = true // "-0": let encoding/json decide
+		return 0
+	case neg && n <= 1<<63:
+		return int64(-n) //nolint:gosec // n <= 1<<63: -n is the two's complement of the number
+	case !neg && n <= 1<<63-1:
+		return int64(n)
+	}
+	d.bad = true // out of range: encoding/json reports it
+	return 0
+}
+
 func (d *fastDecoder) time() time.Time {
 	s := d.raw()
 	var t time.Time
@@ -557,6 +579,14 @@ func (d *fastDecoder) conflict(c *Conflict) {
 	d.lit(`}`)
 }
 
+func (d *fastDecoder) clockAnchor(a *ClockAnchor) {
+	d.lit(`{"wall":`)
+	a.Wall = d.time()
+	d.lit(`,"boot_ns":`)
+	a.Boot = time.Duration(d.int64())
+	d.lit(`}`)
+}
+
 func (d *fastDecoder) cordon(c *Cordon) {
 	d.lit(`{"device":`)
 	d.device(&c.Device)
@@ -628,6 +658,10 @@ func fastDecodeRecordOf(b []byte, owned bool) (journalRecord, bool) {
 	}
 	if d.opt(`,"dk":`) {
 		r.CordonsGone = fastList(&d, (*fastDecoder).strItem)
+	}
+	if d.opt(`,"clk":`) {
+		r.Clock = new(ClockAnchor)
+		d.clockAnchor(r.Clock)
 	}
 	if d.opt(`,"a":`) {
 		r.Audit = d.auditList(owned)

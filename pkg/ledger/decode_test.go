@@ -62,6 +62,10 @@ func randomRecord(rng *rand.Rand) journalRecord {
 		}
 	}
 	r.CordonsGone = keys()
+	if rng.IntN(2) == 0 {
+		a := randomAnchor(rng)
+		r.Clock = &a
+	}
 	return r
 }
 

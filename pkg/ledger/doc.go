@@ -24,8 +24,8 @@
 // file, writable by group or others, or owned by another user; never
 // followed as symlinks, never opened blocking):
 //
-//   - ledger.json: the snapshot, format 3: a header line
-//     {"format":3,"generation":G,"boot_id":…,"lineage":…,"checksum":"sha256:…","bytes":N}
+//   - ledger.json: the snapshot, format 4: a header line
+//     {"format":4,"generation":G,"boot_id":…,"lineage":…,"checksum":"sha256:…","bytes":N}
 //     and the state as one JSON line of N bytes, which the checksum covers.
 //     It is decoded once, in one pass; a field this build does not know is
 //     refused (a write would drop it), not ignored;
@@ -35,7 +35,8 @@
 //     start) and one record per commit with its generation (always the
 //     previous one plus one), what changed (claims and reservations by
 //     device UUID, waiters by key, cordons by device UUID, conflicts
-//     whole) and, since journal 3, the commit's audit records;
+//     whole), since journal 3 the commit's audit records, and since
+//     journal 4 the clock anchor where the commit set or moved it;
 //   - ledger.json.prev, ledger.journal.prev: the snapshot and journal the
 //     last compaction replaced, kept for Recover; after a recovery or reset
 //     (until the next compaction), a copy of the state it wrote and an
@@ -74,12 +75,14 @@
 // legitimately starts empty; once this boot committed, missing files, a
 // moved dir, another lineage, an earlier boot's state or an older
 // generation are refused. Format 1 (one ledger.json rewritten whole at
-// every commit) and format 2 (before cordons and draining claims) are read,
-// and converted at the next commit; a format 2 build refuses a format 3
-// state as newer and leaves it untouched, so it never drops a cordon. So
-// with the journal: a journal 2 (records without audit records) is read and
-// replaced by a journal 3 at the next commit, never appended to; a build of
-// journal 2 refuses a journal 3 as newer (it says format 4). The
+// every commit), format 2 (before cordons and draining claims) and format 3
+// (before the clock anchor) are read, and converted at the next commit; a
+// format 2 build refuses a format 3 state as newer and leaves it untouched,
+// so it never drops a cordon, and a format 3 build a format 4 one. So with
+// the journal: a journal 2 (records without audit records) or 3 (without
+// the clock anchor) is read and replaced by a journal 4 at the next commit,
+// never appended to; a build of journal 3 refuses a journal 4 as newer (it
+// says format 4). The
 // format number (a snapshot's "format", a journal header's "journal") is
 // read before the strict decode, so that a newer file with fields this
 // build does not know reads as newer, not as damage; Recover refuses to
@@ -270,6 +273,23 @@
 //     after Options.DrainGrace, released with an audit record and a log
 //     line: it never outlives the grace. Reconcile does not release it as
 //     stale (its container is stopped by definition).
+//   - Every TTL (queue_ttl, reservation_ttl, the drain grace) counts the
+//     time that passed, not steps of the wall clock, which every stored
+//     time is read from. The state carries a clock anchor (State.Clock):
+//     one reading of the wall clock and of CLOCK_BOOTTIME, which every
+//     process of the boot shares and nobody steps, set at the first commit
+//     of a state. Every transaction (Update, View, Recover, Reset for the
+//     claims it keeps) and every read without the lock first compares the
+//     two clocks' advance since the anchor; apart by more than a second,
+//     the wall clock was stepped, and every stored time of this boot is
+//     moved by the step before any expiry is judged (times before the
+//     boot's start, an operator's cordon carried across a reboot, stay).
+//     The Update that finds it commits the moved times with the new anchor
+//     and an audit record (clock-step), and logs it; a reader moves its
+//     copy alike. The anchor changes only then, so an ordinary commit's
+//     journal record does not carry it. A state of an earlier boot, or
+//     written before format 4 until its next commit, has no anchor to
+//     compare with: a step is not told there.
 //   - Tx.State hands out a copy: nothing outside a Tx's methods changes the
 //     state a commit journals, or the cache.
 package ledger

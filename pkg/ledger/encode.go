@@ -124,6 +124,23 @@ func appendStateRest(b []byte, st *State) ([]byte, error) {
 	if b, err = appendTime(b, st.UpdatedAt); err != nil {
 		return nil, err
 	}
+	if !st.Clock.IsZero() {
+		b = append(b, `,"clock":`...)
+		if b, err = appendClockAnchor(b, &st.Clock); err != nil {
+			return nil, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+func appendClockAnchor(b []byte, a *ClockAnchor) ([]byte, error) {
+	b = append(b, `{"wall":`...)
+	b, err := appendTime(b, a.Wall)
+	if err != nil {
+		return nil, err
+	}
+	b = append(b, `,"boot_ns":`...)
+	b = strconv.AppendInt(b, int64(a.Boot), 10)
 	return append(b, '}'), nil
 }
 

@@ -88,6 +88,12 @@ func appendRecordJSON(b []byte, r *journalRecord) ([]byte, error) {
 		}
 	}
 	b = appendOptStrings(b, `,"dk":`, r.CordonsGone)
+	if r.Clock != nil {
+		b = append(b, `,"clk":`...)
+		if b, err = appendClockAnchor(b, r.Clock); err != nil {
+			return nil, err
+		}
+	}
 	if len(r.Audit) > 0 {
 		// Compact JSON already (journalAudit), which json.Marshal keeps as is.
 		b = append(b, `,"a":`...)
@@ -216,6 +222,10 @@ func fastDecodeHeader(b []byte) (journalHeader, bool) {
 		if h.BaseNextSeq == 0 {
 			return journalHeader{}, false // omitempty never writes 0
 		}
+	}
+	if s.opt(`,"base_clock":`) {
+		h.BaseClock = new(ClockAnchor)
+		s.clockAnchor(h.BaseClock)
 	}
 	if !s.end() {
 		return journalHeader{}, false

@@ -108,6 +108,10 @@ func TestLineDecodersMatchEncodingJSON(t *testing.T) {
 		if rng.IntN(2) == 0 {
 			h.BaseNextSeq = rng.Uint64() >> rng.IntN(64)
 		}
+		if rng.IntN(2) == 0 {
+			a := randomAnchor(rng)
+			h.BaseClock = &a
+		}
 		requireFastDecodes(t, h, fastDecodeHeader)
 	}
 	hdr := []byte(`{"journal":2,"lineage":"l","boot_id":"b","base":3,"genesis":true,"base_next_seq":4}`)

@@ -42,7 +42,7 @@ func mustRead(t *testing.T, p string) []byte {
 
 func TestNewerFormatIsLeftAlone(t *testing.T) {
 	l := seeded(t)
-	future := append([]byte(`{"format":4,`), mustRead(t, l.StatePath())[len(`{"format":3,`):]...)
+	future := append(formatPrefix(FormatVersion+1), mustRead(t, l.StatePath())[len(formatPrefix(FormatVersion)):]...)
 	require.NoError(t, os.WriteFile(l.StatePath(), future, 0o600))
 
 	err := l.Update(context.Background(), func(tx *Tx) error { t.Fatal("fn must not run"); return nil })
@@ -68,7 +68,7 @@ func TestResetThatMustReadRefusesANewerFormat(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			l := seeded(t)
-			future := append([]byte(`{"format":4,`), mustRead(t, l.StatePath())[len(`{"format":3,`):]...)
+			future := append(formatPrefix(FormatVersion+1), mustRead(t, l.StatePath())[len(formatPrefix(FormatVersion)):]...)
 			require.NoError(t, os.WriteFile(l.StatePath(), future, 0o600))
 			_, err := l.ResetWith(context.Background(), opts)
 			require.ErrorIs(t, err, ErrUnsupportedFormat)

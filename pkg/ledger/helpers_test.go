@@ -19,14 +19,18 @@ import (
 
 const testBoot = "11111111-2222-3333-4444-555555555555"
 
-// clock is an injected, manually advanced clock.
+// clock is an injected, manually advanced clock: a wall clock (Now) and the
+// time since boot (Boot, what CLOCK_BOOTTIME reads). Advance is time
+// passing, and moves both; Step sets the wall clock alone, as date -s,
+// chronyc makestep or NTP's first sync after boot do.
 type clock struct {
-	mu sync.Mutex
-	t  time.Time
+	mu   sync.Mutex
+	t    time.Time
+	boot time.Duration
 }
 
 func newClock() *clock {
-	return &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+	return &clock{t: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC), boot: 42 * time.Minute}
 }
 
 func (c *clock) Now() time.Time {
@@ -35,7 +39,22 @@ func (c *clock) Now() time.Time {
 	return c.t
 }
 
+func (c *clock) Boot() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.boot
+}
+
+// Advance lets d pass: both readings move.
 func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.boot += d
+	c.mu.Unlock()
+}
+
+// Step sets the wall clock by d (back if negative) without any time passing.
+func (c *clock) Step(d time.Duration) {
 	c.mu.Lock()
 	c.t = c.t.Add(d)
 	c.mu.Unlock()
@@ -63,7 +82,7 @@ func owner(id string) Owner {
 func testOptions(c *clock) Options {
 	o := Options{BootID: testBoot, LockTimeout: 30 * time.Second}
 	if c != nil {
-		o.Now = c.Now
+		o.Now, o.BootClock = c.Now, c.Boot
 	}
 	return o
 }
@@ -141,3 +160,6 @@ func auditOps(t testing.TB, l *Ledger) []string {
 	}
 	return ops
 }
+
+// formatPrefix is how a snapshot of format n starts.
+func formatPrefix(n int) []byte { return []byte(fmt.Sprintf(`{"format":%d,`, n)) }

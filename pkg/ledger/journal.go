@@ -38,8 +38,11 @@ import (
 // for damage, and refuses a journal 3 as newer instead (format 4 in its
 // words). A journal 2 is read (its records carry none) and replaced at the
 // next commit, as a journal 1 is: records of this build are never appended
-// to a journal an older build would still read.
-const journalFormat = 3
+// to a journal an older build would still read. Journal 4 (with snapshot
+// format 4) adds the clock anchor ("clk"), carried by the records that set
+// or move it (see ClockAnchor); a journal 3 is read and replaced the same
+// way.
+const journalFormat = 4
 
 // auditJournalFormat is the first journal version whose records carry
 // their commit's audit records: a record of it without any had none.
@@ -107,6 +110,18 @@ type journalHeader struct {
 	// be replayed without any snapshot. BaseNextSeq is its next_seq.
 	Genesis     bool   `json:"genesis,omitempty"`
 	BaseNextSeq uint64 `json:"base_next_seq,omitempty"`
+	// BaseClock is the clock anchor of a genesis base that has one (an
+	// empty state compacted keeps its anchor): the base replays whole.
+	BaseClock *ClockAnchor `json:"base_clock,omitempty"`
+}
+
+// genesisBase is the empty state a genesis journal continues.
+func (h *journalHeader) genesisBase() State {
+	st := State{Generation: h.Base, NextSeq: h.BaseNextSeq, BootID: h.BootID, Lineage: h.Lineage}
+	if h.BaseClock != nil {
+		st.Clock = *h.BaseClock
+	}
+	return st
 }
 
 // journalRecord is one commit: what changed, by identity (claims and
@@ -125,6 +140,10 @@ type journalRecord struct {
 	Conflicts    *[]Conflict   `json:"x,omitempty"`
 	Cordons      []Cordon      `json:"k,omitempty"`
 	CordonsGone  []string      `json:"dk,omitempty"`
+	// Clock is the state's clock anchor, in the records that change it
+	// only: the first commit of a state (or of one without an anchor) and
+	// a commit that found the wall clock stepped.
+	Clock *ClockAnchor `json:"clk,omitempty"`
 	// Audit is the commit's audit records as audit.log gets them (the
 	// same objects, as a JSON list; see journalAudit), for the next writer
 	// to append should this commit's writer stop before it does. Replay
@@ -239,6 +258,10 @@ func recordOf(base, st *State, touched []string) journalRecord {
 		}
 		r.Conflicts = &x
 	}
+	if !sameAnchor(&base.Clock, &st.Clock) {
+		a := st.Clock
+		r.Clock = &a
+	}
 	if len(touched) > 0 {
 		find := waiterFinder(st.Waiters, len(touched))
 		seen := make(map[string]bool, len(touched))
@@ -312,6 +335,8 @@ func sameOwner(a, b *Owner) bool {
 		a.StartedAt.Equal(b.StartedAt) && a.StoppedAt.Equal(b.StoppedAt) && a.DrainingSince.Equal(b.DrainingSince)
 }
 
+func sameAnchor(a, b *ClockAnchor) bool { return a.Wall.Equal(b.Wall) && a.Boot == b.Boot }
+
 func sameCordon(a, b *Cordon) bool {
 	return a.Device == b.Device && a.Source == b.Source && a.Reason == b.Reason && a.By == b.By && a.Since.Equal(b.Since)
 }
@@ -371,6 +396,9 @@ func applyRecords(st *State, recs []journalRecord) error {
 		}
 		if len(r.Cordons) > 0 || len(r.CordonsGone) > 0 {
 			st.Cordons = applyCordons(st.Cordons, r.Cordons, r.CordonsGone)
+		}
+		if r.Clock != nil {
+			st.Clock = *r.Clock
 		}
 		for _, k := range r.WaitersGone {
 			ws.remove(k)

@@ -176,6 +176,12 @@ func withDefaults(o Options) (Options, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+		if o.BootClock == nil {
+			o.BootClock = SinceBoot
+		}
+	}
+	if o.BootClock == nil {
+		o.BootClock = noBootClock // see Options.BootClock
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -281,11 +287,12 @@ func (l *Ledger) Committed() (st State, ok bool) {
 // devices reserved), and discards every change: Busy, Position and the
 // decision an Update would make, without writing (gpu-guard-ctl explain).
 func (l *Ledger) View(ctx context.Context, fn func(tx *Tx) error) error {
-	st, err := l.read(ctx)
+	st, err := l.readStored(ctx)
 	if err != nil {
 		return err
 	}
-	tx := newTx(l, st, l.now())
+	now, boot := l.clock()
+	tx := newTx(l, st, now, boot) // moves the times by a step of the wall clock, as an Update would
 	defer tx.close()
 	tx.maintain()
 	return fn(tx)
@@ -312,8 +319,21 @@ func (l *Ledger) ClaimsOf(ctx context.Context, id string) ([]Claim, error) {
 }
 
 // read is Snapshot without the copy: the result may share storage with the
-// cache and must not be modified.
+// cache and must not be modified. Where the wall clock was stepped since the
+// state's anchor, its times are moved by the step, as the next writer will
+// move them (asOfClock): a reader judges deadlines and shows ages as that
+// writer will.
 func (l *Ledger) read(ctx context.Context) (State, error) {
+	st, err := l.readStored(ctx)
+	if err != nil {
+		return State{}, err
+	}
+	wall, boot := l.clock()
+	return l.asOfClock(st, wall, boot), nil
+}
+
+// readStored is read with the times as stored.
+func (l *Ledger) readStored(ctx context.Context) (State, error) {
 	if err := ctx.Err(); err != nil {
 		return State{}, err
 	}
@@ -427,7 +447,7 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	defer unlock()
 	phasetrace.Mark("lock")
 
-	now := l.now()
+	now, boot := l.clock()
 	ld, err := l.current()
 	if err != nil {
 		return err
@@ -437,7 +457,7 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	if want := l.requiredLineage(); want != "" && st.Lineage != want {
 		return l.lineageError(want, st.Lineage, origin)
 	}
-	tx := newTx(l, st, now)
+	tx := newTx(l, st, now, boot)
 	defer tx.close()
 	tx.freshLineage = origin != ""
 	if len(pre) > 0 {
@@ -447,8 +467,11 @@ func (l *Ledger) Update(ctx context.Context, fn func(tx *Tx) error) error {
 	if origin == originOtherBoot {
 		tx.keepCordonsAcrossBoot(ld.st.Cordons) // an operator's cordon outlives a reboot
 	}
-	tx.baseSettled = ld.settled && origin == "" && len(pre) == 0
-	if origin == "" && len(pre) == 0 {
+	// What this process knew of the state it committed holds for its
+	// times as stored: a step of the wall clock moved them all.
+	asStored := origin == "" && len(pre) == 0 && tx.clockStep == 0
+	tx.baseSettled = ld.settled && asStored
+	if asStored {
 		tx.minLastSeen, tx.minKnown = ld.minLastSeen, ld.minKnown
 	}
 	if tx.baseSettled {
@@ -588,6 +611,7 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 		st.Lineage = newLineage() // prepare sets one; never store a state without
 	}
 	st.UpdatedAt = tx.now
+	st.Clock = tx.anchorToStore()
 	// The queue mechanics ran over the order the Tx had; a state they
 	// settled in another order is not known to be settled in this one.
 	reordered := st.sort(tx.waitersOwned)
@@ -640,6 +664,7 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 		// this boot, that the state dir vanished.
 		l.log.Error("ledger: state committed but the boot marker was not updated", "generation", st.Generation, "error", err)
 	}
+	l.logClockStep(tx.clockStep, tx.now, st.Generation)
 	if err := l.finishAudit(aud, st.Generation-1, tx.audit, lines); err != nil {
 		// The state is committed: failing the call would make the caller
 		// believe it was not. The journal record holds the records: the

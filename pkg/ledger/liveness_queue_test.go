@@ -122,7 +122,7 @@ func newMemLedger() *memLedger {
 }
 
 func (m *memLedger) update(now time.Time, fn func(tx *Tx)) {
-	tx := newTx(m.l, m.st, now)
+	tx := newTx(m.l, m.st, now, -1) // no boot clock: no step of the wall clock to tell
 	tx.maintain()
 	fn(tx)
 	tx.maintain()

@@ -96,7 +96,7 @@ func TestRecoveryRefusesToMoveANewerFileAside(t *testing.T) {
 			_, err = l.Recover(context.Background(), RecoverOptions{AllowEmpty: true, Reason: "test", DryRun: dryRun})
 			require.ErrorIs(t, err, ErrUnsupportedFormat)
 			require.Contains(t, err.Error(), "ledger recover: nothing was changed: ledger state "+l.JournalPath()+
-				" has format version 4, written by a newer nri-gpu-guard")
+				fmt.Sprintf(" has format version %d, written by a newer nri-gpu-guard", FormatVersion+1))
 			require.Contains(t, err.Error(), "recovering with this build would move it aside and lose the commits it holds. "+
 				"Recover with the newer build (upgrade every nri-gpu-guard binary on this host), or, to go back to this "+
 				"build, start afresh deliberately with `gpu-guard-ctl recover --reset`")

@@ -180,7 +180,10 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 			rep.Lineage = ""
 			return rep, nil
 		}
-		rep.Claims, rep.Waiters = ld.st.Clone().Claims, ld.st.Clone().Waiters
+		wall, boot := l.clock()
+		cur := l.asOfClock(ld.st, wall, boot) // the times as the next writer moves them
+		cur = cur.Clone()
+		rep.Claims, rep.Waiters = cur.Claims, cur.Waiters
 		return rep, nil
 	}
 	if !errors.Is(err, ErrNeedsRecovery) {
@@ -271,7 +274,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 		}
 	}
 
-	now := l.now()
+	now, boot := l.clock()
 	st := best
 	var discarded []AuditRecord
 	earlierBoot := ok && best.BootID != "" && best.BootID != l.opts.BootID
@@ -290,7 +293,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 	}
 	st.Generation = max(st.Generation, maxGen) + 1
 	st.UpdatedAt = now
-	tx := newTx(l, st, now)
+	tx := newTx(l, st, now, boot) // moves the times by a step of the wall clock since the anchor
 	if earlierBoot {
 		tx.audit = append(tx.audit, discarded...)
 		tx.keepCordonsAcrossBoot(best.Cordons)
@@ -324,6 +327,8 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 	}
 	tx.maintain()
 	st = tx.st
+	st.Clock = tx.anchorToStore()
+	step := tx.clockStep
 	tx.close()
 	st.sort(true)
 	if err := validateState(&st); err != nil {
@@ -389,6 +394,7 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 	if err := l.writeMarker(&st); err != nil {
 		return rep, err
 	}
+	l.logClockStep(step, now, st.Generation)
 	l.log.Warn("ledger recovered", "problem", rep.Problem, "from", rep.From, "replayed", rep.Replayed,
 		"generation", rep.Generation, "complete", rep.Complete, "lost", rep.Lost, "claims", len(rep.Claims),
 		"waiters", len(rep.Waiters), "released", len(rep.Released), "adopted", len(rep.Adopted), "conflicts", len(rep.Conflicts),
@@ -478,10 +484,20 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 		return rep, fmt.Errorf("reset: read the ledger: %w", cerr)
 	}
 	// An earlier boot's state reads as empty (see prepare): its holders
-	// died with that boot, and none of its claims is kept.
+	// died with that boot, and none of its claims is kept. The claims that
+	// are kept keep their times, moved by a step of the wall clock since
+	// the state's anchor as any transaction moves them (the fresh state is
+	// anchored anew).
+	now, boot := l.clock()
 	var holders State
+	var step time.Duration
+	moved := 0
 	if healthy && cur.exists && cur.st.BootID == l.opts.BootID {
 		holders = cur.st.Clone()
+		if s, ok := l.clockStep(&cur.st, now, boot); ok && stepped(s) {
+			step = s
+			moved = moveTimes(&State{Claims: holders.Claims}, s, cur.st.Clock.Wall.Add(-cur.st.Clock.Boot))
+		}
 	}
 	if healthy && opts.RefuseHealthy {
 		return rep, fmt.Errorf("%w: the ledger in %s is healthy (generation %d: %d claim(s), %d waiter(s), %d cordon(s))",
@@ -491,7 +507,6 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 	if opts.Keep != nil {
 		carry = holders.Claims
 	}
-	now := l.now()
 	snaps, journals, bad, _, _ := l.gatherForRecovery()
 	gen, seq := highWater(snaps, journals)
 	if m, ok, err := l.readMarker(); err == nil && ok {
@@ -499,7 +514,7 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 	}
 	st := l.emptyState(gen+1, seq)
 	st.Lineage, st.UpdatedAt = newLineage(), now
-	tx := newTx(l, st, now)
+	tx := newTx(l, st, now, boot)
 	// The newest state that verifies, whatever its lineage or boot (the
 	// marker is not asked: a reset trusts none of them for its holders):
 	// its operator cordons are carried over, as across a reboot. Keeping a
@@ -523,6 +538,9 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 		tx.record(OpAdopt, &c.Owner, "", []string{c.Device.UUID}, "kept across the reset: "+why)
 		rep.KeptClaims = append(rep.KeptClaims, c)
 	}
+	if step != 0 && len(rep.KeptClaims) > 0 {
+		tx.Audit(OpClockStep, AuditRecord{Reason: clockStepReason(step, cur.st.Clock, now, boot, moved)})
+	}
 	if len(opts.Running) > 0 {
 		why := opts.RunningWhy
 		if why == nil {
@@ -532,6 +550,7 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 	}
 	tx.maintain()
 	st, adoptRecs := tx.st, tx.audit
+	st.Clock = tx.anchorToStore()
 	tx.close()
 	st.sort(true)
 	if err := validateState(&st); err != nil {
@@ -580,6 +599,9 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 	l.setCache(&next)
 	if err := l.writeMarker(&st); err != nil {
 		return rep, err
+	}
+	if len(rep.KeptClaims) > 0 {
+		l.logClockStep(step, now, st.Generation)
 	}
 	rep.Problem, rep.Generation, rep.Lineage, rep.NewLineage, rep.Empty = "reset: "+reason, st.Generation, st.Lineage, true, len(st.Claims) == 0
 	rep.Claims, rep.Waiters = st.Claims, st.Waiters
@@ -791,8 +813,7 @@ func bestChain(snaps []recSnapshot, journals []recJournal, m marker, mok bool, b
 	bases := slices.Clone(snaps)
 	for _, j := range journals {
 		if j.hdr.Genesis {
-			bases = append(bases, recSnapshot{j.path + " (its empty base)", State{Generation: j.hdr.Base, NextSeq: j.hdr.BaseNextSeq,
-				BootID: j.hdr.BootID, Lineage: j.hdr.Lineage}})
+			bases = append(bases, recSnapshot{j.path + " (its empty base)", j.hdr.genesisBase()})
 		}
 	}
 	better := func(a State, b State) bool { return a.Generation > b.Generation }

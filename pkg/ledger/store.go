@@ -203,7 +203,7 @@ func (l *Ledger) loadFiles(c *loaded) (loaded, error) {
 		// (prepare). The snapshot file stays what it is (snapOK, snapID),
 		// so that neither the cache nor replacedMeanwhile mistakes it for
 		// one that changed.
-		st := State{Generation: hdr.Base, NextSeq: hdr.BaseNextSeq, BootID: hdr.BootID, Lineage: hdr.Lineage}
+		st := hdr.genesisBase()
 		if err := applyRecords(&st, recs); err != nil {
 			return ld, l.corrupt(l.JournalPath(), err)
 		}
@@ -421,6 +421,10 @@ func (l *Ledger) encodeBase(st *State) (data []byte, hdr journalHeader, line []b
 	}
 	hdr = journalHeader{Journal: journalFormat, Lineage: st.Lineage, BootID: st.BootID, Base: st.Generation,
 		Genesis: isEmpty(st), BaseNextSeq: st.NextSeq}
+	if hdr.Genesis && !st.Clock.IsZero() {
+		a := st.Clock
+		hdr.BaseClock = &a
+	}
 	line, err = appendJournalLine(nil, hdr)
 	if err != nil {
 		return nil, hdr, nil, err

@@ -23,7 +23,14 @@ import (
 type Tx struct {
 	l   *Ledger
 	now time.Time
-	st  State
+	// boot is the boot clock's reading at now (-1: unknown); see
+	// checkClock.
+	boot time.Duration
+	// anchored: st's clock anchor is one to compare with (checkClock);
+	// clockStep is the step of the wall clock checkClock applied, or 0.
+	anchored  bool
+	clockStep time.Duration
+	st        State
 	// base is the state the Tx started from (shares storage with the
 	// cache; never written): the commit journals the difference.
 	base State
@@ -75,11 +82,15 @@ func (tx *Tx) touch() {
 	tx.keep = nil
 }
 
-func newTx(l *Ledger, st State, now time.Time) *Tx {
-	tx := &Tx{l: l, now: now, st: st, base: st}
+// newTx starts a transaction on st at the clock readings now and boot
+// (Ledger.clock), and moves the stored times by a step of the wall clock
+// found since st's anchor (checkClock) before anything else looks at them.
+func newTx(l *Ledger, st State, now time.Time, boot time.Duration) *Tx {
+	tx := &Tx{l: l, now: now, boot: boot, st: st, base: st}
 	tx.st.Claims = slices.Clone(st.Claims)
 	tx.st.Reservations = slices.Clone(st.Reservations)
 	tx.st.Conflicts = slices.Clone(st.Conflicts)
+	tx.checkClock()
 	return tx
 }
 
