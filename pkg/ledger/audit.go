@@ -220,6 +220,32 @@ func openAuditLog(dir string, maxBytes int64) (*auditLog, error) {
 	return a, nil
 }
 
+// auditedThrough is the generation of the audit log's last record (of
+// audit.log, or of audit.log.1 while audit.log has none), read without
+// writing anything: 0 when the log has no record, or when its end is not a
+// record (how far it got is unknown, and nothing is caught up anyway). A
+// state that starts afresh continues above it (see prepare): the log is in
+// generation order, and a writer only catches it up through generations
+// past its last record, so a commit numbered at or below it (a state that
+// restarted at generation 1 next to a log that ends at 40) whose writer was
+// stopped before its append would lose its records without a trace.
+func (l *Ledger) auditedThrough() uint64 {
+	// Read only, as the ledger's other files are read.
+	f, fi, exists, err := openRegular(filepath.Join(l.dir, auditName), true)
+	if err != nil {
+		return 0
+	}
+	a := &auditLog{dir: l.dir}
+	if exists {
+		defer func() { _ = f.Close() }()
+		a.f, a.size = f, fi.Size()
+	}
+	if err := a.readTail(); err != nil || !a.lastKnown {
+		return 0
+	}
+	return a.last
+}
+
 // readTail reads the end of the log: one read of its last few records in
 // the common case (tailOf). When audit.log has no record (it is empty after
 // a rotation, or holds nothing but unfinished lines: the write after the

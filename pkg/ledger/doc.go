@@ -218,7 +218,11 @@
 //     records, and before its own write could compact the record away
 //     (the journals hold every commit since the compaction before the last),
 //     it appends the records of the generations after the log's last
-//     record, each commit's after an audit-late record. Records a power cut
+//     record, each commit's after an audit-late record. So a state that
+//     starts afresh (its files lost with no marker to continue from, a
+//     Recover that finds nothing, Reset) continues above the log's last
+//     generation as well as above every file's: numbered below it, its
+//     commits would never be caught up. Records a power cut
 //     dropped from the log's end come back the same way. Generations whose
 //     records no journal holds any more (compacted away since, written by
 //     an older build, a state Recover or Reset wrote whole, which is no

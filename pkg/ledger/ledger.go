@@ -545,9 +545,12 @@ func (l *Ledger) removeTemps() {
 // state discarded) gets a new lineage, and so does a file without one;
 // origin then says why (see the origin constants), and is "" for a state
 // loaded with its lineage. The new lineage is stored by the first commit.
+// A state that starts empty continues the generation of the one it
+// replaces, or of the audit log's last record where that is higher (state
+// files lost, and a reboot: see auditedThrough).
 func (l *Ledger) prepare(ld *loaded, now time.Time) (st State, pre []AuditRecord, origin string) {
 	if !ld.exists {
-		st = l.emptyState(0, 0)
+		st = l.emptyState(l.auditedThrough(), 0)
 		st.Lineage = newLineage()
 		return st, nil, originNoFile
 	}
@@ -568,7 +571,7 @@ func (l *Ledger) prepare(ld *loaded, now time.Time) (st State, pre []AuditRecord
 		rec.Devices = append(rec.Devices, c.Device.UUID)
 	}
 	// Generation and sequence numbers keep counting up across boots.
-	empty := l.emptyState(st.Generation, st.NextSeq)
+	empty := l.emptyState(max(st.Generation, l.auditedThrough()), st.NextSeq)
 	empty.Lineage = newLineage()
 	return empty, []AuditRecord{rec}, originOtherBoot
 }

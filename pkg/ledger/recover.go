@@ -291,7 +291,10 @@ func (l *Ledger) Recover(ctx context.Context, opts RecoverOptions) (rep RecoverR
 	if rep.NewLineage && !earlierBoot {
 		st.Lineage = newLineage() // prepare gave an earlier boot's a new one
 	}
-	st.Generation = max(st.Generation, maxGen) + 1
+	// Above every generation a file names, and above the audit log's last
+	// record: the log stays in generation order, and the next writer
+	// catches it up through this one (see auditedThrough).
+	st.Generation = max(st.Generation, maxGen, l.auditedThrough()) + 1
 	st.UpdatedAt = now
 	tx := newTx(l, st, now, boot) // moves the times by a step of the wall clock since the anchor
 	if earlierBoot {
@@ -512,6 +515,7 @@ func (l *Ledger) ResetWith(ctx context.Context, opts ResetOptions) (RecoverRepor
 	if m, ok, err := l.readMarker(); err == nil && ok {
 		gen = max(gen, m.Generation)
 	}
+	gen = max(gen, l.auditedThrough()) // see Recover
 	st := l.emptyState(gen+1, seq)
 	st.Lineage, st.UpdatedAt = newLineage(), now
 	tx := newTx(l, st, now, boot)
