@@ -240,11 +240,20 @@ func (l *Ledger) auditedThrough() uint64 {
 		defer func() { _ = f.Close() }()
 		a.f, a.size = f, fi.Size()
 	}
-	if err := a.readTail(); err != nil || !a.lastKnown {
+	if err := a.readTail(); err != nil || !a.lastKnown || a.last > maxAuditedGeneration {
+		// A generation past any a ledger reaches is a damaged log's (it
+		// carries no checksum): numbering on from it would wrap the
+		// state's generation.
 		return 0
 	}
 	return a.last
 }
+
+// maxAuditedGeneration is the highest generation of the audit log a fresh
+// start numbers on from (auditedThrough): far beyond what a host commits in
+// its life (a commit a microsecond for 100,000 years is 2^62), far below
+// where a uint64 wraps.
+const maxAuditedGeneration = 1 << 62
 
 // readTail reads the end of the log: one read of its last few records in
 // the common case (tailOf). When audit.log has no record (it is empty after

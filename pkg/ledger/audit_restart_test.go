@@ -7,12 +7,14 @@ import (
 	"context"
 	"errors"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
@@ -110,4 +112,38 @@ func TestFreshStartContinuesAboveTheAuditLog(t *testing.T) {
 			require.Greater(t, snapshot(t, next).Generation, uint64(5), "counted on from the log's last generation")
 		})
 	}
+}
+
+// An audit log carries no checksum: a damaged one naming a generation no
+// ledger reaches is not numbered on from (the state's generation would
+// wrap, and a second process read the fresh claims as an older state's).
+func TestFreshStartIgnoresAnAuditedGenerationPastAnyLedgers(t *testing.T) {
+	for _, gen := range []uint64{math.MaxUint64, math.MaxUint64 - 1, maxAuditedGeneration + 1} {
+		t.Run(strconv.FormatUint(gen, 10), func(t *testing.T) {
+			c := newClock()
+			dir := t.TempDir()
+			line := `{"time":"2026-03-01T11:00:00Z","op":"claim","container_id":"old","generation":` + strconv.FormatUint(gen, 10) + `,"pid":1}` + "\n"
+			require.NoError(t, os.WriteFile(filepath.Join(dir, auditName), []byte(line), 0o600))
+			l, err := Open(dir, testOptions(c))
+			require.NoError(t, err)
+			require.NoError(t, tryClaim(l, "a", gpu(0)))
+			require.NoError(t, tryClaim(l, "b", gpu(1)))
+			other, err := Open(dir, testOptions(c)) // another process: a hook, gpu-guard-ctl
+			require.NoError(t, err)
+			assert.True(t, isBusy(tryClaim(other, "intruder", gpu(0))), "GPU 0 is held by a")
+			assert.Less(t, snapshot(t, other).Generation, uint64(maxAuditedGeneration))
+		})
+	}
+}
+
+// A state at the last generation a uint64 holds is not numbered on: the
+// commit is refused (fail closed) instead of wrapping to 0.
+func TestACommitAtTheLastGenerationIsRefused(t *testing.T) {
+	c := newClock()
+	l := openTest(t, c)
+	require.NoError(t, tryClaim(l, "a", gpu(0)))
+	l.cache.st.Generation = math.MaxUint64 // as a state that reached it would load
+	err := tryClaim(l, "b", gpu(1))
+	require.ErrorIs(t, err, ErrCorrupt)
+	assert.Contains(t, err.Error(), "recover --reset")
 }

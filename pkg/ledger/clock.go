@@ -4,8 +4,15 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
+	"math"
+	"os"
 	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -61,11 +68,58 @@ const clockReadGap = time.Millisecond
 // is the default Options.BootClock. It returns -1 when the clock cannot be
 // read: no step of the wall clock is then told.
 func SinceBoot() time.Duration {
+	offset, ok := bootOffset()
+	if !ok {
+		return -1
+	}
 	var ts unix.Timespec
 	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
 		return -1
 	}
-	return time.Duration(ts.Nano())
+	return time.Duration(ts.Nano()) - offset
+}
+
+// bootOffset is the boot clock's offset in this process's time namespace
+// (/proc/self/timens_offsets, Linux 5.6 and later): CLOCK_BOOTTIME is
+// shifted per time namespace while the wall clock and the boot ID are not,
+// so a process in one (unshare --time, a runtime's linux.timeOffsets, a
+// restored checkpoint) would read the shift as a step of the wall clock and
+// move every TTL of the ledger by it at each turn with a process outside.
+// Subtracting it gives the host's boot clock. 0 where the kernel has no
+// time namespaces (no such file); unknown (no boot reading: no step told)
+// where the file cannot be read or parsed (ok false). Read once per process.
+var bootOffset = sync.OnceValues(func() (time.Duration, bool) {
+	data, err := os.ReadFile("/proc/self/timens_offsets")
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return 0, true
+	case err != nil:
+		return 0, false
+	}
+	return parseBootOffset(data)
+})
+
+// parseBootOffset reads the boottime line of a timens_offsets file
+// ("boottime <seconds> <nanoseconds>"): its offset, 0 when the file has no
+// such line; ok false when the line does not parse.
+func parseBootOffset(data []byte) (offset time.Duration, ok bool) {
+	for line := range strings.Lines(string(data)) {
+		f := strings.Fields(line)
+		if len(f) == 0 || (f[0] != "boottime" && f[0] != "7") { // CLOCK_BOOTTIME's id, as older kernels print it
+			continue
+		}
+		if len(f) != 3 {
+			return 0, false
+		}
+		sec, err1 := strconv.ParseInt(f[1], 10, 64)
+		nsec, err2 := strconv.ParseInt(f[2], 10, 64)
+		if err1 != nil || err2 != nil || nsec < 0 || nsec >= int64(time.Second) ||
+			sec > math.MaxInt64/int64(time.Second)-1 || sec < math.MinInt64/int64(time.Second)+1 {
+			return 0, false
+		}
+		return time.Duration(sec)*time.Second + time.Duration(nsec), true
+	}
+	return 0, true
 }
 
 // noBootClock is Options.BootClock for an injected Now without one: no
@@ -92,6 +146,12 @@ func (l *Ledger) clock() (wall time.Time, boot time.Duration) {
 		if gap <= clockReadGap {
 			break
 		}
+	}
+	if gap > clockStepTolerance/2 {
+		// Off the CPU for that long in every try (a frozen cgroup, a
+		// stopped process): the midpoint may be a tolerance away from
+		// the wall reading. No reading: no step told.
+		return wall, -1
 	}
 	return wall, boot
 }
@@ -229,8 +289,12 @@ func describeStep(step time.Duration) string {
 // a step); otherwise one taken at the transaction's clock readings, unless
 // the boot clock could not be read (then whatever the state had).
 func (tx *Tx) anchorToStore() ClockAnchor {
-	if tx.anchored || tx.boot < 0 {
-		return tx.st.Clock
+	a := tx.st.Clock
+	if tx.anchored || tx.boot < 0 || (!a.Wall.IsZero() && tx.st.BootID == tx.l.opts.BootID) {
+		// The state's anchor of this boot stays unless a step moved it:
+		// a boot reading behind it (which this boot's clock never
+		// gives) is no reason to take another.
+		return a
 	}
 	return ClockAnchor{Wall: tx.now, Boot: tx.boot}
 }

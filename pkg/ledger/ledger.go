@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -608,6 +609,11 @@ func (l *Ledger) commit(tx *Tx, ld *loaded, origin string) error {
 		return l.appendAudit(tx.audit, nil, tx.st.Generation, false)
 	}
 	st := tx.st
+	if st.Generation == math.MaxUint64 {
+		// A damaged file's number: wrapped, it would read as an older
+		// state than every reader's. Fail closed.
+		return fmt.Errorf("%w: generation %d cannot be numbered on; run gpu-guard-ctl recover --reset", ErrCorrupt, st.Generation)
+	}
 	st.Generation++
 	st.BootID = l.opts.BootID
 	if st.Lineage == "" {
