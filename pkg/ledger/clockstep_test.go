@@ -100,12 +100,7 @@ func TestClockStepIsNoTimePassing(t *testing.T) {
 		// the step.
 		name: "a step back does not keep a reservation for a head that is gone",
 		run: func(t *testing.T, c *clock, l *Ledger) {
-			update(t, l, func(tx *Tx) {
-				_, err := tx.Claim("", owner("x"), devs(gpu(0)), "env")
-				require.NoError(t, err)
-				tx.Enqueue("head", owner("head"), devs(gpu(0)))
-			})
-			update(t, l, func(tx *Tx) { tx.Release("x", "stopped") })
+			reserveForTheHead(t, l)
 			require.Equal(t, "head", reservedFor(snapshot(t, l))[gpu(0).UUID])
 			c.Step(-24 * time.Hour)
 			c.Advance(20 * time.Minute) // the head never returns
@@ -114,12 +109,7 @@ func TestClockStepIsNoTimePassing(t *testing.T) {
 	}, {
 		name: "a step forward does not end a reservation early",
 		run: func(t *testing.T, c *clock, l *Ledger) {
-			update(t, l, func(tx *Tx) {
-				_, err := tx.Claim("", owner("x"), devs(gpu(0)), "env")
-				require.NoError(t, err)
-				tx.Enqueue("head", owner("head"), devs(gpu(0)))
-			})
-			update(t, l, func(tx *Tx) { tx.Release("x", "stopped") })
+			reserveForTheHead(t, l)
 			c.Step(time.Hour)
 			c.Advance(time.Minute)
 			require.True(t, isBusy(tryClaim(l, "z", gpu(0))), "reserved for the head")
@@ -417,4 +407,16 @@ func TestRecoverAndResetCountNoStep(t *testing.T) {
 			require.NoError(t, tryClaim(l, "y", gpu(0)))
 		})
 	}
+}
+
+// reserveForTheHead leaves GPU 0 reserved for the waiter "head": queued
+// behind x's claim, which is then released.
+func reserveForTheHead(t *testing.T, l *Ledger) {
+	t.Helper()
+	update(t, l, func(tx *Tx) {
+		_, err := tx.Claim("", owner("x"), devs(gpu(0)), "env")
+		require.NoError(t, err)
+		tx.Enqueue("head", owner("head"), devs(gpu(0)))
+	})
+	update(t, l, func(tx *Tx) { tx.Release("x", "stopped") })
 }
