@@ -280,8 +280,8 @@ func (e env) crunSpec(id, stateBundle string) (*specs.Spec, string, error) {
 		// Name the copy sought even where the error stops short of it (a
 		// state root not there: crun makes it at its first container).
 		sought := ""
-		if filepath.IsAbs(root) && id != "." && id != ".." && !strings.Contains(id, "/") {
-			sought = fmt.Sprintf(" (sought at %s)", filepath.Join(root, id, "config.json"))
+		if path != "" {
+			sought = fmt.Sprintf(" (sought at %s)", path)
 		}
 		return nil, "", fmt.Errorf("%w: %s, and the runtime's own copy of the spec cannot be read: %w%s. "+
 			"If the runtime keeps its state elsewhere, give it that --root; or %s", errInput, prefix, err, sought, remedy)
@@ -394,7 +394,8 @@ func readRuntimeSpec(root, id string) (*specs.Spec, error) {
 // (the hook's effective user; -1: the root's owner), and writable by no
 // other, the directory and the file are no symlinks, the file is a regular
 // one, and id is a single path element. It returns the descriptor, opened
-// non-blocking (see readSpec), and the path.
+// non-blocking (see readSpec), and the path; on an error after root and id
+// were found sound, the path it sought ("" before).
 func openRuntimeSpec(root, id string, owner int) (int, string, error) {
 	if !filepath.IsAbs(root) {
 		return -1, "", fmt.Errorf("the runtime's state root %q is not an absolute path", root)
@@ -432,27 +433,27 @@ func openRuntimeSpec(root, id string, owner int) (int, string, error) {
 	}
 	rootFD, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, "", &os.PathError{Op: "open", Path: root, Err: err}
+		return -1, path, &os.PathError{Op: "open", Path: root, Err: err}
 	}
 	defer func() { _ = unix.Close(rootFD) }()
 	if err := owned(rootFD, root, unix.S_IFDIR, "directory"); err != nil {
-		return -1, "", err
+		return -1, path, err
 	}
 	dirFD, err := unix.Openat(rootFD, id, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, "", &os.PathError{Op: "open", Path: dir, Err: err}
+		return -1, path, &os.PathError{Op: "open", Path: dir, Err: err}
 	}
 	defer func() { _ = unix.Close(dirFD) }()
 	if err := owned(dirFD, dir, unix.S_IFDIR, "directory"); err != nil {
-		return -1, "", err
+		return -1, path, err
 	}
 	fd, err := unix.Openat(dirFD, "config.json", unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_NONBLOCK|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return -1, "", &os.PathError{Op: "open", Path: path, Err: err}
+		return -1, path, &os.PathError{Op: "open", Path: path, Err: err}
 	}
 	if err := owned(fd, path, unix.S_IFREG, "regular file"); err != nil {
 		_ = unix.Close(fd)
-		return -1, "", err
+		return -1, path, err
 	}
 	return fd, path, nil
 }
