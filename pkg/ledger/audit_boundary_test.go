@@ -164,17 +164,7 @@ func TestAnAuditWriteCutAtEveryByteLosesNothingSilently(t *testing.T) {
 			require.NoError(t, err)
 		}
 	}
-	ownSetup := func(t *testing.T) *Ledger {
-		opts := testOptions(newClock())
-		opts.RuntimeDir = t.TempDir()
-		l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-		require.NoError(t, err)
-		update(t, l, func(tx *Tx) {
-			_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
-			require.NoError(t, err)
-		})
-		return l
-	}
+	ownSetup := func(t *testing.T) *Ledger { return ledgerWithClaim(t, "h0", nil) }
 	sweeps := []struct {
 		name string
 		n    func(t *testing.T) int

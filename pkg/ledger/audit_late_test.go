@@ -481,14 +481,7 @@ func TestAWriterThatOpensTheAuditLogLateCatchesUpFirst(t *testing.T) {
 // records are only in its journal record.
 func ledgerWithUnauditedRelease(t *testing.T) (l *Ledger, g uint64, aside string) {
 	t.Helper()
-	opts := testOptions(newClock())
-	opts.RuntimeDir = t.TempDir()
-	l, err := Open(filepath.Join(t.TempDir(), "state"), opts)
-	require.NoError(t, err)
-	update(t, l, func(tx *Tx) {
-		_, err := tx.Claim("", owner("h0"), devs(gpu(0)), "env")
-		require.NoError(t, err)
-	})
+	l = ledgerWithClaim(t, "h0", nil)
 	aside = l.AuditPath() + ".moved"
 	require.NoError(t, os.Rename(l.AuditPath(), aside))
 	require.NoError(t, os.Mkdir(l.AuditPath(), 0o700))
