@@ -768,7 +768,8 @@ func (g *Guard) maybeRecordedError(owner ledger.Owner, d Decision, err error) er
 	for i, rd := range d.Devices {
 		want[i] = rd.Device
 	}
-	var what, ends string
+	what := "its claim of " + naming.Devices(want)
+	var ends string
 	switch {
 	case d.Result == Queue:
 		// A queue entry outlives a refusal anyway: it keeps the
@@ -779,15 +780,12 @@ func (g *Guard) maybeRecordedError(owner ledger.Owner, d Decision, err error) er
 		// Nothing was recorded for it that must end.
 		return g.ledgerError(owner, err)
 	case IsTicket(owner):
-		what = "its claim of " + naming.Devices(want)
 		ends = "the claim is released once this gpu-guard-ctl run has exited (by the next request for those GPUs, " +
 			"or `gpu-guard-ctl gc`); try again in a moment"
 	case owner.FrontEnd == ledger.FrontEndHook:
-		what = "its claim of " + naming.Devices(want)
 		ends = "the claim is released once the refused container is gone (by the next request for those GPUs, " +
 			"or `gpu-guard-ctl gc`); try again in a moment"
 	default:
-		what = "its claim of " + naming.Devices(want)
 		ends = "the claim is released when the runtime undoes the refused create (its StopContainer and " +
 			"RemoveContainer); retrying is automatic under Kubernetes"
 	}
