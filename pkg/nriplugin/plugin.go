@@ -1398,22 +1398,31 @@ func (p *Plugin) undoCreations(id string) {
 // runtime gave up on it anyway). A release that fails is due, retried as any
 // other.
 func (p *Plugin) undoCreation(ctx context.Context, g *guard.Guard, pod *api.PodSandbox, ctr *api.Container) error {
-	rctx, cancel := p.boundedDetached(ctx, g)
-	defer cancel()
-	o := ownerOf(pod, ctr)
 	released := "its claim is released"
-	if err := g.Removed(rctx, o); err != nil {
-		p.ledgerTrouble(err)
-		p.addDue(releaseRemove, o, err)
-		p.log.Error("releasing the claim of a create the runtime had already undone failed; retried in the background "+
-			"and at the next NRI event", "container_id", ctr.GetId(), "error", err)
-		released = "the release of its claim is retried in the background"
-	} else {
+	if p.releaseUndone(ctx, g, ownerOf(pod, ctr), "a create the runtime had already undone") {
 		p.log.Warn("the runtime stopped or removed the container while its create was decided (the create answered past "+
 			"the runtime's deadline): its claim is released", "container_id", ctr.GetId())
+	} else {
+		released = "the release of its claim is retried in the background"
 	}
 	return fmt.Errorf("nri-gpu-guard: container %s refused: the runtime stopped or removed it while nri-gpu-guard decided "+
 		"its create (the answer came past the runtime's deadline); %s, retrying is automatic", naming.ShortID(ctr.GetId()), released)
+}
+
+// releaseUndone releases the claims of o, a container whose create the
+// runtime undid (what says which), and reports whether it did: a release
+// that fails is due, retried in the background and at the next NRI event.
+func (p *Plugin) releaseUndone(ctx context.Context, g *guard.Guard, o ledger.Owner, what string) bool {
+	rctx, cancel := p.boundedDetached(ctx, g)
+	defer cancel()
+	if err := g.Removed(rctx, o); err != nil {
+		p.ledgerTrouble(err)
+		p.addDue(releaseRemove, o, err)
+		p.log.Error("releasing the claim of "+what+" failed; retried in the background and at the next NRI event",
+			"container_id", o.ContainerID, "error", err)
+		return false
+	}
+	return true
 }
 
 // mayHoldClaim follows a create refused although its claim may stand: the
@@ -1441,14 +1450,7 @@ func (p *Plugin) mayHoldClaim(ctx context.Context, g *guard.Guard, pod *api.PodS
 			"decision durable): its claim is released when the runtime undoes the create", "container_id", ctr.GetId())
 		return
 	}
-	rctx, cancel := p.boundedDetached(ctx, g)
-	defer cancel()
-	o := ownerOf(pod, ctr)
-	if err := g.Removed(rctx, o); err != nil {
-		p.ledgerTrouble(err)
-		p.addDue(releaseRemove, o, err)
-		p.log.Error("releasing the claim a refused create may have left failed; retried in the background and at the next "+
-			"NRI event", "container_id", ctr.GetId(), "error", err)
+	if !p.releaseUndone(ctx, g, ownerOf(pod, ctr), "a refused create that may have left one") {
 		return
 	}
 	p.log.Warn("a create was refused although its claim may be in the ledger (the ledger's disk failed to make the "+
