@@ -556,11 +556,19 @@ func fileKind(m os.FileMode) string {
 // then DefaultPath. explicit is true when the operator named the path, in which
 // case a missing file is an error rather than "use the defaults".
 func Path(flagValue string) (path string, explicit bool) {
+	return PathFrom(flagValue, os.Getenv(EnvPath))
+}
+
+// PathFrom is Path for a process whose $NRI_GPU_GUARD_CONFIG is envValue
+// ("" where unset), not necessarily this one's: a resident hook server
+// answers for hook processes whose environment it was told, and its own
+// environment must not pick their configuration.
+func PathFrom(flagValue, envValue string) (path string, explicit bool) {
 	if flagValue != "" {
 		return flagValue, true
 	}
-	if env := os.Getenv(EnvPath); env != "" {
-		return env, true
+	if envValue != "" {
+		return envValue, true
 	}
 	return DefaultPath, false
 }
@@ -570,6 +578,12 @@ func Path(flagValue string) (path string, explicit bool) {
 // a symbolic link there that leads nowhere is an error (see LoadFile).
 func LoadDefault(flagValue string) (Config, string, error) {
 	return loadPath(Path(flagValue))
+}
+
+// LoadDefaultFrom is LoadDefault for a process whose $NRI_GPU_GUARD_CONFIG
+// is envValue (see PathFrom).
+func LoadDefaultFrom(flagValue, envValue string) (Config, string, error) {
+	return loadPath(PathFrom(flagValue, envValue))
 }
 
 // loadPath is LoadDefault for the path Path picked.

@@ -69,19 +69,29 @@ var ErrUsage = errors.New("usage: nri-gpu-guard hook create-runtime|poststop [--
 // one line and exits non-zero, which makes the runtime refuse the container
 // (or, for poststop, log a warning).
 func RunInput(ctx context.Context, phase string, opts Options, cfg config.Config, in *Input, stderr io.Writer) error {
-	// The signal is the context's cause ("terminated signal received"), which
-	// the error of a cancelled waiter quotes. Armed only where the hook is
-	// about to block.
+	return defaultEnv().runWith(ctx, phase, opts, cfg, in, stderr, true)
+}
+
+// runWith is RunInput through e, with the signal handling where signals is
+// set: only a hook that is its own process may set it up. A server answering
+// for many hook processes at once (MainAs) must not: a signal is the
+// server's, not one request's, and ctx is each request's cancellation.
+func (e env) runWith(ctx context.Context, phase string, opts Options, cfg config.Config, in *Input, stderr io.Writer, signals bool) error {
 	if opts.Started.IsZero() {
 		opts.Started = time.Now()
 	}
-	ctx, irq := newInterrupts(ctx)
-	defer irq.stop()
-	e := defaultEnv()
 	e.opts = opts
-	e.beforeWait = irq.arm
-	e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
-		return openGuardWith(cfg, inv, irq.arm)
+	if signals {
+		// The signal is the context's cause ("terminated signal received"),
+		// which the error of a cancelled waiter quotes. Armed only where the
+		// hook is about to block.
+		var irq *interrupts
+		ctx, irq = newInterrupts(ctx)
+		defer irq.stop()
+		e.beforeWait = irq.arm
+		e.openGuard = func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error) {
+			return openGuardWith(cfg, inv, irq.arm)
+		}
 	}
 	return e.runInput(ctx, phase, cfg, in, stderr)
 }
@@ -146,16 +156,28 @@ func (e env) poststopBudget(cfg config.Config) time.Duration {
 	return min(withdrawTimeout(cfg), maxPoststopBudget)
 }
 
+// defaultEnv is the host as this process, the hook, sees it.
 func defaultEnv() env {
+	return envOf(os.Getppid)
+}
+
+// envOf is the host as a hook process whose parent getppid tells sees it.
+// Everything else a hook reads of its own process is namespaced, and the
+// same for any process in the hook's namespaces (which a server answering
+// for another process checks, pkg/hookserve): its user namespace
+// (/proc/self/uid_map, /proc/self/ns/user: runtimeUserNS, lockedByUserNS),
+// its mount table (/proc/self/mountinfo), its pids and cgroups (/proc) and
+// the clock.
+func envOf(getppid func() int) env {
 	return env{
 		now:       time.Now,
 		newTicker: newRealTicker,
 		newTimer:  newRealTimer,
 		procRoot:  liveness.DefaultProcRoot,
-		getppid:   os.Getppid,
+		getppid:   getppid,
 		openGuard: openGuard,
 		lockingEngine: func() (bool, string) {
-			return engineHoldsLock(liveness.DefaultProcRoot, os.Getppid())
+			return engineHoldsLock(liveness.DefaultProcRoot, getppid())
 		},
 		markerDir:  markerDir,
 		userNS:     func() RuntimeUserNS { return runtimeUserNS(liveness.DefaultProcRoot) },
