@@ -13,6 +13,10 @@ export CGO_CFLAGS  ?= -O2 -Wno-deprecated-declarations
 # The wasm plugin runtime of containerd/nri is not used by this project.
 TAGS        := nri_no_wasm
 BIN         := bin
+# The hook relay (cmd/nri-gpu-guard-hook-relay/relay.c): plain C, static, so
+# that a runtime's hook costs no language runtime start. $(CC) is make's, cc
+# unless set.
+RELAY_CFLAGS ?= -O2 -static -Wall -Wextra -Werror
 # `make fuzz` (CI): per-target call counts from hack/fuzz-budgets.txt, which
 # have no wall-clock deadline. `make fuzz FUZZTIME=5m` explores by duration.
 FUZZTIME    ?= ci
@@ -41,9 +45,12 @@ all: build
 # The daemon links NVML (cgo). The OCI hook binary starts once per container
 # and phase, gpu-guard-ctl once per operator command: both static, no cgo;
 # gpu-guard-ctl hands the commands that need NVML to `nri-gpu-guard ctl`.
+# The hook relay forwards a hook run to `nri-gpu-guard-hook serve` and execs
+# the hook binary whenever that server cannot answer.
 build:
 	$(GO) build -tags $(TAGS) -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard
 	CGO_ENABLED=0 $(GO) build -tags $(TAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard-hook ./cmd/gpu-guard-ctl
+	$(CC) $(RELAY_CFLAGS) -o $(BIN)/nri-gpu-guard-hook-relay cmd/nri-gpu-guard-hook-relay/relay.c
 
 test:
 	$(GO) vet -tags $(TAGS) ./...
