@@ -57,11 +57,11 @@ func (p Process) getenv(key string) string {
 	return v
 }
 
-// parent returns the parent pid of p read under procRoot, or 0 where it
-// cannot be read (p is gone: nobody waits for its answer).
-func (p Process) parent(procRoot string) func() int {
+// parent returns the parent pid of p read from /proc, or 0 where it cannot
+// be read (p is gone: nobody waits for its answer).
+func (p Process) parent() func() int {
 	return func() int {
-		ppid, err := parentOf(procRoot, p.Pid)
+		ppid, err := parentOf(liveness.DefaultProcRoot, p.Pid)
 		if err != nil {
 			return 0
 		}
@@ -104,7 +104,7 @@ func MainAs(ctx context.Context, inv Invocation, proc Process, stdin io.Reader, 
 			inv.Program, inv.Phase, proc.Pid)
 		return 1
 	}
-	return mainWith(ctx, inv, envOf(proc.parent(liveness.DefaultProcRoot)), proc.getenv, false, stdin, stderr)
+	return mainWith(ctx, inv, envOf(proc.parent()), proc.getenv, false, stdin, stderr)
 }
 
 // mainWith is Main and MainAs: the hook process seen through e, its
