@@ -1,0 +1,707 @@
+// Copyright The nri-gpu-guard Authors.
+// SPDX-License-Identifier: Apache-2.0
+
+package hookserve
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
+)
+
+const program = "nri-gpu-guard-hook"
+
+// condTimeout bounds every wait for a condition: a failure, never a pace.
+const condTimeout = 30 * time.Second
+
+var gpuUUIDs = []string{
+	"GPU-6c1a2f2e-0000-4000-8000-000000000000",
+	"GPU-6c1a2f2e-0000-4000-8000-000000000001",
+}
+
+// podmanCaps is podman's default capability set (no CAP_MKNOD, no
+// CAP_SYS_ADMIN): a spec without capabilities counts as holding every
+// one, and so as reaching every GPU.
+func podmanCaps() *specs.LinuxCapabilities {
+	caps := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_NET_BIND_SERVICE",
+		"CAP_SETFCAP", "CAP_SETGID", "CAP_SETPCAP", "CAP_SETUID", "CAP_SYS_CHROOT"}
+	return &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps}
+}
+
+// host is a static two-GPU host over a ledger in a temp dir, with a
+// configuration file for it.
+type host struct {
+	t        *testing.T
+	base     string
+	stateDir string
+	cfgPath  string
+}
+
+func newHost(t *testing.T) *host {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("the container markers are in " + hook.DefaultMarkerDir + " (root only)")
+	}
+	base := t.TempDir()
+	h := &host{t: t, base: base, stateDir: filepath.Join(base, "state"), cfgPath: filepath.Join(base, "config.toml")}
+	var b strings.Builder
+	fmt.Fprintf(&b, "version = 1\n[ledger]\ndir = %q\n[devices]\nsource = \"static\"\nproc_root = %q\n", h.stateDir, filepath.Join(base, "no-driver"))
+	for i, u := range gpuUUIDs {
+		fmt.Fprintf(&b, "[[devices.static]]\nindex = %d\nuuid = %q\nminor = %d\n", i, u, i)
+	}
+	// runtime_roots = []: the runtimes of the machine the tests run on
+	// are not read.
+	b.WriteString("[hook]\npoll_interval = \"20ms\"\nwait_timeout = \"10m\"\nruntime_roots = []\n")
+	require.NoError(t, os.WriteFile(h.cfgPath, []byte(b.String()), 0o600))
+	return h
+}
+
+// container starts a process standing for container id's init and writes
+// its bundle (config.json with env); it returns the OCI state a runtime
+// gives the hook. At the end of the test the process is killed and the
+// hook's poststop run for it, which releases what it holds and removes
+// the marker create-runtime left.
+func (h *host) container(id string, env ...string) []byte {
+	h.t.Helper()
+	cmd := exec.Command("sleep", "3600")
+	require.NoError(h.t, cmd.Start())
+	bundle := filepath.Join(h.base, "bundles", id)
+	require.NoError(h.t, os.MkdirAll(bundle, 0o700))
+	spec, err := json.Marshal(specs.Spec{Version: specs.Version, Process: &specs.Process{Env: append([]string{"PATH=/bin"}, env...), Capabilities: podmanCaps()}})
+	require.NoError(h.t, err)
+	require.NoError(h.t, os.WriteFile(filepath.Join(bundle, "config.json"), spec, 0o600))
+	st, err := json.Marshal(specs.State{Version: specs.Version, ID: id, Status: specs.StateCreated, Pid: cmd.Process.Pid, Bundle: bundle})
+	require.NoError(h.t, err)
+	h.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = hook.Main(context.Background(), hook.Invocation{Program: program, Phase: hook.PhasePoststop, Config: h.cfgPath},
+			bytes.NewReader(st), io.Discard)
+	})
+	return st
+}
+
+// state reads the ledger as a fresh reader does.
+func (h *host) state() ledger.State {
+	h.t.Helper()
+	l, err := ledger.OpenReadOnly(h.stateDir, ledger.Options{})
+	require.NoError(h.t, err)
+	st, err := l.Snapshot(context.Background())
+	require.NoError(h.t, err)
+	return st
+}
+
+// holders maps each claimed GPU's UUID to its container.
+func (h *host) holders() map[string]string {
+	m := map[string]string{}
+	for _, c := range h.state().Claims {
+		m[c.Device.UUID] = c.Owner.ContainerID
+	}
+	return m
+}
+
+func (h *host) waiterKeys() []string {
+	var keys []string
+	for _, w := range h.state().Waiters {
+		keys = append(keys, w.Key)
+	}
+	return keys
+}
+
+// eventually polls cond until it holds (or fails the test after
+// condTimeout): what it waits for is a state, not a pace.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(condTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, condTimeout)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// syncBuffer is a log shared by the server's goroutines and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// served is a running server on a socket of the test's.
+type served struct {
+	path string
+	log  *syncBuffer
+	stop func() error // cancels Serve's ctx and returns what it returned
+}
+
+// serve runs s (its Log set to a buffer) on a new socket until the test ends
+// or stop is called.
+func serve(t *testing.T, s *Server) *served {
+	t.Helper()
+	// A short path: sun_path holds 108 bytes, t.TempDir() may be longer.
+	dir, err := os.MkdirTemp("", "hs")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	path := filepath.Join(dir, "hook.sock")
+	l, err := Listen(path)
+	require.NoError(t, err)
+	log := &syncBuffer{}
+	s.Log = log
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	var once sync.Once
+	var serveErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			serveErr = <-done
+		})
+		return serveErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return &served{path: path, log: log, stop: stop}
+}
+
+// relay is a test relay's connection, its request sent.
+type relay struct {
+	t *testing.T
+	c *net.UnixConn
+}
+
+func (v *served) send(t *testing.T, q Request) *relay {
+	t.Helper()
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.path, Net: "unix"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	b, err := AppendRequest(nil, q)
+	require.NoError(t, err)
+	_, err = c.Write(b)
+	require.NoError(t, err)
+	return &relay{t: t, c: c}
+}
+
+func (r *relay) ack() Ack {
+	r.t.Helper()
+	a, err := ReadAck(r.c)
+	require.NoError(r.t, err)
+	return a
+}
+
+func (r *relay) result() Result {
+	r.t.Helper()
+	res, err := ReadResult(r.c)
+	require.NoError(r.t, err)
+	_, err = r.c.Read(make([]byte, 1))
+	require.ErrorIs(r.t, err, io.EOF, "the server closes after the result")
+	return res
+}
+
+// call sends q and returns the answer: the result after an 'A' (then Ack
+// is {Accepted: true}), or the 'F' with its reason.
+func (v *served) call(t *testing.T, q Request) (Ack, Result) {
+	t.Helper()
+	r := v.send(t, q)
+	a := r.ack()
+	if !a.Accepted {
+		// Closed: an EOF, or a reset where the server closed without
+		// reading the request (the bound of requests in flight).
+		_, err := r.c.Read(make([]byte, 1))
+		require.True(t, errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET), "the server closes after an 'F': %v", err)
+		return a, Result{}
+	}
+	return a, r.result()
+}
+
+// direct runs the same request through hook.Main, as the hook binary would.
+func direct(args []string, stdin []byte) Result {
+	inv, err := hook.ParseArgs(program, args)
+	if err != nil {
+		panic(err)
+	}
+	var stderr bytes.Buffer
+	code := hook.Main(context.Background(), inv, bytes.NewReader(stdin), &stderr)
+	return Result{Code: code, Stderr: stderr.Bytes()}
+}
+
+func TestServeNoGPUAdmitted(t *testing.T) {
+	h := newHost(t)
+	v := serve(t, New(program, nil))
+	ack, res := v.call(t, Request{Args: []string{"create-runtime", "--config", h.cfgPath}, Stdin: h.container("plain")})
+	require.True(t, ack.Accepted, ack.Reason)
+	require.Equal(t, Result{Code: 0, Stderr: []byte{}}, res)
+	require.Empty(t, h.holders())
+	require.Empty(t, v.log.String(), "no log line for an answered request")
+}
+
+// TestServeClaimConflictRelease: a GPU container is claimed through the
+// server; a second one for the same GPU is refused with exactly the exit
+// code and stderr the hook binary's path (hook.Main) gives it; poststop
+// through the server releases the first.
+func TestServeClaimConflictRelease(t *testing.T) {
+	h := newHost(t)
+	v := serve(t, New(program, nil))
+	create := []string{"create-runtime", "--config", h.cfgPath}
+	a := h.container("a", "NVIDIA_VISIBLE_DEVICES=0")
+	ack, res := v.call(t, Request{Args: create, Stdin: a})
+	require.True(t, ack.Accepted, ack.Reason)
+	require.Equal(t, 0, res.Code, string(res.Stderr))
+	require.Equal(t, map[string]string{gpuUUIDs[0]: "a"}, h.holders())
+
+	b := h.container("b", "NVIDIA_VISIBLE_DEVICES=0")
+	_, res = v.call(t, Request{Args: create, Stdin: b})
+	want := direct(create, b)
+	require.Equal(t, 75, want.Code, string(want.Stderr))
+	require.Contains(t, string(want.Stderr), program+": hook create-runtime: ")
+	require.Equal(t, want, res, "the server answers as the hook binary does")
+	require.Equal(t, map[string]string{gpuUUIDs[0]: "a"}, h.holders())
+
+	// a's processes end; its poststop releases GPU 0.
+	var st specs.State
+	require.NoError(t, json.Unmarshal(a, &st))
+	p, err := os.FindProcess(st.Pid)
+	require.NoError(t, err)
+	require.NoError(t, p.Kill())
+	eventually(t, "a's process to be gone", func() bool { return !isRunning(st.Pid) })
+	ack, res = v.call(t, Request{Args: []string{"poststop", "--config", h.cfgPath}, Stdin: a})
+	require.True(t, ack.Accepted)
+	require.Equal(t, Result{Code: 0, Stderr: []byte{}}, res)
+	require.Empty(t, h.holders())
+	require.Empty(t, v.log.String())
+}
+
+// isRunning reports whether pid is a process that is not a zombie.
+func isRunning(pid int) bool {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	end := bytes.LastIndexByte(data, ')')
+	return end > 0 && len(data) > end+2 && data[end+2] != 'Z'
+}
+
+// TestServeCreateTwiceIsIdempotent: a relay that falls back after 'A' (its
+// connection broke before the result) runs the hook again for the same
+// container: the second create-runtime admits it again, without a second
+// claim and without a refusal.
+func TestServeCreateTwiceIsIdempotent(t *testing.T) {
+	h := newHost(t)
+	v := serve(t, New(program, nil))
+	create := Request{Args: []string{"create-runtime", "--config", h.cfgPath}, Stdin: h.container("a", "NVIDIA_VISIBLE_DEVICES=1")}
+	for i := range 2 {
+		_, res := v.call(t, create)
+		require.Equal(t, 0, res.Code, "run %d: %s", i+1, res.Stderr)
+	}
+	require.Len(t, h.state().Claims, 1)
+	require.Equal(t, map[string]string{gpuUUIDs[1]: "a"}, h.holders())
+	l, err := ledger.OpenReadOnly(h.stateDir, ledger.Options{})
+	require.NoError(t, err)
+	recs, err := ledger.ReadAudit(l.AuditPath())
+	require.NoError(t, err)
+	claims := 0
+	for _, r := range recs {
+		if r.ContainerID == "a" && r.Op == ledger.OpClaim {
+			claims++
+		}
+	}
+	require.Equal(t, 1, claims, "claimed once: %+v", recs)
+}
+
+// TestServeConfigFromRelay: the configuration is the one
+// $NRI_GPU_GUARD_CONFIG names in what the relay forwarded; the server's own
+// environment's is not read.
+func TestServeConfigFromRelay(t *testing.T) {
+	h := newHost(t)
+	bad := filepath.Join(h.base, "bad.toml")
+	require.NoError(t, os.WriteFile(bad, []byte("[policy]\non_conflict = \"maybe\"\n"), 0o600))
+	t.Setenv(config.EnvPath, bad)
+	v := serve(t, New(program, nil))
+	_, res := v.call(t, Request{Args: []string{"create-runtime"}, Env: []string{config.EnvPath + "=" + h.cfgPath},
+		Stdin: h.container("a", "NVIDIA_VISIBLE_DEVICES=0")})
+	require.Equal(t, 0, res.Code, string(res.Stderr))
+	require.Equal(t, map[string]string{gpuUUIDs[0]: "a"}, h.holders())
+
+	// And the relay's word is taken for a bad one too.
+	t.Setenv(config.EnvPath, h.cfgPath)
+	_, res = v.call(t, Request{Args: []string{"create-runtime"}, Env: []string{config.EnvPath + "=" + bad},
+		Stdin: h.container("b", "NVIDIA_VISIBLE_DEVICES=1")})
+	require.Equal(t, 1, res.Code)
+	require.Contains(t, string(res.Stderr), "on_conflict")
+}
+
+// TestServeFallsBackOnArgs: whatever hook.ParseArgs does not take is
+// answered 'F', with nothing run: the hook binary answers it itself.
+func TestServeFallsBackOnArgs(t *testing.T) {
+	ran := 0
+	s := New(program, nil)
+	s.Run = func(context.Context, hook.Invocation, hook.Process, io.Reader, io.Writer) int { ran++; return 0 }
+	v := serve(t, s)
+	for _, args := range [][]string{
+		{"version"}, {"--help"}, {"add-hooks", "/b/config.json"}, {"serve"}, {"prestart"},
+		{"create-runtime", "--bogus"}, {"poststop", "x"}, {"poststop", "-h"}, {"create-runtime", "--config"},
+	} {
+		ack, _ := v.call(t, Request{Args: args})
+		require.False(t, ack.Accepted, "%q", args)
+		require.Contains(t, ack.Reason, fmt.Sprintf("arguments %q", args))
+	}
+	require.Zero(t, ran)
+	require.Equal(t, 9, strings.Count(v.log.String(), "falls back"), "one log line per fallback: %s", v.log.String())
+}
+
+// TestServePassesTheRequest: the runner gets the parsed invocation, the
+// peer as the hook process (with the forwarded environment) and the stdin
+// bytes; its exit code and stderr are the result.
+func TestServePassesTheRequest(t *testing.T) {
+	type call struct {
+		inv   hook.Invocation
+		proc  hook.Process
+		stdin string
+	}
+	calls := make(chan call, 1)
+	s := New(program, nil)
+	s.Run = func(_ context.Context, inv hook.Invocation, proc hook.Process, stdin io.Reader, stderr io.Writer) int {
+		b, _ := io.ReadAll(stdin)
+		calls <- call{inv: inv, proc: proc, stdin: string(b)}
+		_, _ = io.WriteString(stderr, "one line\n")
+		return 77
+	}
+	v := serve(t, s)
+	_, res := v.call(t, Request{Args: []string{"create-runtime", "--wait", "--state-dir", "/s"}, Env: []string{"NRI_GPU_GUARD_CONFIG=/c"}, Stdin: []byte("{}")})
+	require.Equal(t, Result{Code: 77, Stderr: []byte("one line\n")}, res)
+	c := <-calls
+	require.False(t, c.inv.Options.Started.IsZero(), "the start the runtime's hook timeout counts from")
+	c.inv.Options.Started = time.Time{}
+	require.Equal(t, hook.Invocation{Program: program, Phase: hook.PhaseCreateRuntime, StateDir: "/s", Options: hook.Options{Wait: true}}, c.inv)
+	require.Equal(t, hook.Process{Pid: os.Getpid(), Env: []string{"NRI_GPU_GUARD_CONFIG=/c"}}, c.proc, "the peer is the hook process")
+	require.Equal(t, "{}", c.stdin)
+}
+
+// blockingRunner runs until released (then returns 0) or until its
+// context ends (then returns 9, with the cause on stderr); started
+// receives one value per run begun.
+type blockingRunner struct {
+	started chan struct{}
+	release chan struct{}
+	ended   chan error // the cause, or nil when released
+}
+
+func newBlockingRunner() *blockingRunner {
+	return &blockingRunner{started: make(chan struct{}, 8), release: make(chan struct{}), ended: make(chan error, 8)}
+}
+
+func (b *blockingRunner) run(ctx context.Context, _ hook.Invocation, _ hook.Process, _ io.Reader, stderr io.Writer) int {
+	b.started <- struct{}{}
+	select {
+	case <-b.release:
+		b.ended <- nil
+		return 0
+	case <-ctx.Done():
+		b.ended <- context.Cause(ctx)
+		_, _ = fmt.Fprintf(stderr, "cancelled: %v\n", context.Cause(ctx))
+		return 9
+	}
+}
+
+func TestServeTooManyInFlight(t *testing.T) {
+	br := newBlockingRunner()
+	s := New(program, nil)
+	s.MaxInFlight = 1
+	s.Run = br.run
+	v := serve(t, s)
+	first := v.send(t, Request{Args: []string{"poststop"}})
+	require.True(t, first.ack().Accepted)
+	<-br.started
+	ack, _ := v.call(t, Request{Args: []string{"poststop"}})
+	require.False(t, ack.Accepted)
+	require.Contains(t, ack.Reason, "1 requests in flight, its bound")
+	require.Contains(t, v.log.String(), "1 requests in flight")
+
+	close(br.release)
+	require.Equal(t, Result{Code: 0, Stderr: []byte{}}, first.result())
+	// The slot is free again.
+	second := v.send(t, Request{Args: []string{"poststop"}})
+	require.True(t, second.ack().Accepted)
+	require.Equal(t, 0, second.result().Code)
+}
+
+// TestServeStop: stopping lets a run in flight finish within the grace
+// (its result is sent), and Serve returns once it has; with no grace left
+// the run's context is cancelled and its result still sent.
+func TestServeStop(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		grace     time.Duration
+		wantCode  int
+		wantCause string
+	}{
+		{name: "finishes within the grace", grace: time.Hour, wantCode: 0},
+		{name: "cancelled when the grace ends", grace: 0, wantCode: 9, wantCause: "grace for running hooks ended"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			br := newBlockingRunner()
+			s := New(program, nil)
+			s.Grace = tc.grace
+			s.Run = br.run
+			v := serve(t, s)
+			r := v.send(t, Request{Args: []string{"poststop"}})
+			require.True(t, r.ack().Accepted)
+			<-br.started
+			stopped := make(chan error, 1)
+			go func() { stopped <- v.stop() }()
+			if tc.wantCause == "" {
+				select {
+				case err := <-stopped:
+					t.Fatalf("Serve returned (%v) while a run was in flight within its grace", err)
+				case <-br.started:
+					t.Fatal("a second run")
+				default:
+				}
+				close(br.release)
+			}
+			res := r.result()
+			require.Equal(t, tc.wantCode, res.Code)
+			require.NoError(t, <-stopped)
+			cause := <-br.ended
+			if tc.wantCause == "" {
+				require.NoError(t, cause)
+				return
+			}
+			require.ErrorContains(t, cause, tc.wantCause)
+			require.Contains(t, string(res.Stderr), tc.wantCause)
+			_, err := os.Lstat(v.path)
+			require.ErrorIs(t, err, os.ErrNotExist, "the socket file goes with the server")
+		})
+	}
+}
+
+// TestServeAnswersFallBackWhenStopping: a request read once the server is
+// stopping is answered 'F'.
+func TestServeAnswersFallBackWhenStopping(t *testing.T) {
+	ran := false
+	st := &serving{s: New(program, nil), check: peerCheck{procRoot: "/proc", euid: os.Geteuid()}, runCtx: context.Background(),
+		run: func(context.Context, hook.Invocation, hook.Process, io.Reader, io.Writer) int { ran = true; return 0 }}
+	log := &syncBuffer{}
+	st.s.Log = log
+	st.stopping.Store(true)
+	client, server := socketPair(t)
+	done := make(chan struct{})
+	go func() { defer close(done); st.handle(server) }()
+	b, err := AppendRequest(nil, Request{Args: []string{"poststop"}})
+	require.NoError(t, err)
+	_, err = client.Write(b)
+	require.NoError(t, err)
+	ack, err := ReadAck(client)
+	require.NoError(t, err)
+	require.Equal(t, Ack{Reason: "the hook server is stopping"}, ack)
+	<-done
+	require.False(t, ran)
+	require.Contains(t, log.String(), "falls back: the hook server is stopping")
+}
+
+// socketPair is a connected pair of unix stream sockets.
+func socketPair(t *testing.T) (client, server *net.UnixConn) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "hs")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: filepath.Join(dir, "s"), Net: "unix"})
+	require.NoError(t, err)
+	defer func() { _ = l.Close() }()
+	client, err = net.DialUnix("unix", nil, l.Addr().(*net.UnixAddr))
+	require.NoError(t, err)
+	server, err = l.AcceptUnix()
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = client.Close(); _ = server.Close() })
+	return client, server
+}
+
+// TestServeMalformedGetsNoAnswer: a request that does not follow the
+// protocol is closed without a byte of answer (the relay falls back).
+func TestServeMalformedGetsNoAnswer(t *testing.T) {
+	s := New(program, nil)
+	s.Run = func(context.Context, hook.Invocation, hook.Process, io.Reader, io.Writer) int { panic("must not run") }
+	v := serve(t, s)
+	for _, msg := range [][]byte{
+		[]byte("GGH2\x01\x00\x00\x00"),
+		cat([]byte(Magic), u32(MaxArgs+1)),
+	} {
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.path, Net: "unix"})
+		require.NoError(t, err)
+		_, err = c.Write(msg)
+		require.NoError(t, err)
+		got, err := io.ReadAll(c)
+		require.NoError(t, err)
+		require.Empty(t, got)
+		_ = c.Close()
+	}
+	require.Equal(t, 2, strings.Count(v.log.String(), "closed without an answer"), v.log.String())
+}
+
+// TestServePeerNotServed: a peer the namespace check refuses is answered
+// 'F' with the check's reason, and nothing is run (here the check reads a
+// proc root of the test's, whose namespaces are files of their own).
+func TestServePeerNotServed(t *testing.T) {
+	root := t.TempDir()
+	for _, p := range []string{"self", fmt.Sprint(os.Getpid())} {
+		require.NoError(t, os.MkdirAll(filepath.Join(root, p, "ns"), 0o700))
+		for _, ns := range []string{"mnt", "pid", "user", "cgroup"} {
+			require.NoError(t, os.WriteFile(filepath.Join(root, p, "ns", ns), nil, 0o600))
+		}
+	}
+	s := New(program, nil)
+	s.procRoot = root
+	s.Run = func(context.Context, hook.Invocation, hook.Process, io.Reader, io.Writer) int { panic("must not run") }
+	v := serve(t, s)
+	ack, _ := v.call(t, Request{Args: []string{"poststop"}})
+	require.False(t, ack.Accepted)
+	require.Contains(t, ack.Reason, "is in another mnt namespace than the server")
+	require.Contains(t, v.log.String(), "another mnt namespace")
+}
+
+// TestPeerCheck: the uid must be the server's effective uid, the pid
+// visible, and every namespace of the list the server's; the time
+// namespace only where the server has one; anything unreadable refuses.
+func TestPeerCheck(t *testing.T) {
+	self := int32(os.Getpid())
+	uid := uint32(os.Geteuid())
+
+	// A process in a mount namespace of its own.
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Skip("needs unshare(1)")
+	}
+	other := exec.Command("unshare", "-m", "sleep", "3600")
+	require.NoError(t, other.Start())
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	otherPid := int32(other.Process.Pid)
+	eventually(t, "unshare to enter its mount namespace", func() bool {
+		return peerCheck{procRoot: "/proc", euid: int(uid)}.check(&unix.Ucred{Pid: otherPid, Uid: uid}) != nil
+	})
+
+	// A proc root without the time namespace for the server: not compared.
+	noTime := t.TempDir()
+	for _, p := range []string{"self", fmt.Sprint(self)} {
+		require.NoError(t, os.MkdirAll(filepath.Join(noTime, p, "ns"), 0o700))
+		for _, ns := range []string{"mnt", "pid", "user", "cgroup"} {
+			target := filepath.Join("/proc/self/ns", ns)
+			require.NoError(t, os.Symlink(target, filepath.Join(noTime, p, "ns", ns)))
+		}
+	}
+	// And one whose peer lacks its cgroup namespace link.
+	noCgroup := t.TempDir()
+	require.NoError(t, os.CopyFS(noCgroup, os.DirFS(noTime)))
+	require.NoError(t, os.Remove(filepath.Join(noCgroup, fmt.Sprint(self), "ns", "cgroup")))
+
+	for _, tc := range []struct {
+		name     string
+		procRoot string
+		euid     int
+		cred     unix.Ucred
+		wantErr  string // "" = served
+	}{
+		{name: "this process", procRoot: "/proc", euid: int(uid), cred: unix.Ucred{Pid: self, Uid: uid}},
+		{name: "another uid", procRoot: "/proc", euid: int(uid) + 1000, cred: unix.Ucred{Pid: self, Uid: uid},
+			wantErr: fmt.Sprintf("the peer runs as uid %d, the server as uid %d", uid, int(uid)+1000)},
+		{name: "pid not visible", procRoot: "/proc", euid: int(uid), cred: unix.Ucred{Pid: 0, Uid: uid}, wantErr: "another pid namespace"},
+		{name: "another mount namespace", procRoot: "/proc", euid: int(uid), cred: unix.Ucred{Pid: otherPid, Uid: uid},
+			wantErr: fmt.Sprintf("the peer (pid %d) is in another mnt namespace", otherPid)},
+		{name: "no time namespace on the server's kernel", procRoot: noTime, euid: int(uid), cred: unix.Ucred{Pid: self, Uid: uid}},
+		{name: "peer namespace unreadable", procRoot: noCgroup, euid: int(uid), cred: unix.Ucred{Pid: self, Uid: uid},
+			wantErr: "read the peer's cgroup namespace"},
+		{name: "peer gone", procRoot: "/proc", euid: int(uid), cred: unix.Ucred{Pid: goneProcess(t), Uid: uid},
+			wantErr: "read the peer's mnt namespace"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cred := tc.cred
+			err := peerCheck{procRoot: tc.procRoot, euid: tc.euid}.check(&cred)
+			if tc.wantErr == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tc.wantErr)
+		})
+	}
+}
+
+// goneProcess is the pid of a process that ran and was reaped.
+func goneProcess(t *testing.T) int32 {
+	t.Helper()
+	c := exec.Command("/bin/true")
+	require.NoError(t, c.Run())
+	return int32(c.ProcessState.Pid())
+}
+
+// TestServePeerGoneCancelsWait: a --wait create-runtime queued behind a
+// holder is cancelled when its relay hangs up (the runtime killed it): the
+// run ends and its queue entry is gone.
+func TestServePeerGoneCancelsWait(t *testing.T) {
+	h := newHost(t)
+	ended := make(chan int, 1)
+	s := New(program, nil)
+	s.Run = func(ctx context.Context, inv hook.Invocation, proc hook.Process, stdin io.Reader, stderr io.Writer) int {
+		code := hook.MainAs(ctx, inv, proc, stdin, stderr)
+		ended <- code
+		return code
+	}
+	v := serve(t, s)
+	_, res := v.call(t, Request{Args: []string{"create-runtime", "--config", h.cfgPath}, Stdin: h.container("holder", "NVIDIA_VISIBLE_DEVICES=0")})
+	require.Equal(t, 0, res.Code, string(res.Stderr))
+	<-ended
+
+	w := v.send(t, Request{Args: []string{"create-runtime", "--wait", "--config", h.cfgPath}, Stdin: h.container("w", "NVIDIA_VISIBLE_DEVICES=0")})
+	require.True(t, w.ack().Accepted)
+	eventually(t, "w to queue", func() bool { return slices.Contains(h.waiterKeys(), "w") })
+	select {
+	case code := <-ended:
+		t.Fatalf("the waiting run ended (%d) while its relay was connected", code)
+	default:
+	}
+	require.NoError(t, w.c.Close())
+	require.NotZero(t, <-ended, "the cancelled wait refuses the container")
+	require.Empty(t, h.waiterKeys(), "its queue entry is gone")
+	require.Equal(t, map[string]string{gpuUUIDs[0]: "holder"}, h.holders())
+	require.Contains(t, v.log.String(), "hung up")
+}
+
+// TestTailBuffer: a hook's stderr over the bound reaches the relay as its
+// last MaxStderr bytes.
+func TestTailBuffer(t *testing.T) {
+	var tb tailBuffer
+	_, _ = tb.Write(bytes.Repeat([]byte("a"), MaxStderr-1))
+	_, _ = tb.Write([]byte("bc"))
+	require.Len(t, tb.Bytes(), MaxStderr)
+	require.True(t, bytes.HasSuffix(tb.Bytes(), []byte("abc")))
+	require.Equal(t, byte('a'), tb.Bytes()[0])
+}
