@@ -63,8 +63,8 @@ func malformed(format string, args ...any) error {
 // ReadRequest reads one request from r. Every count and length is checked
 // against its bound before anything is allocated for it, so that a request
 // costs at most its bounds (some 1.2 MiB) whatever it claims. An error
-// wraps ErrMalformed and names the field (or io.ErrUnexpectedEOF where the
-// message was cut short).
+// wraps ErrMalformed and names the field, and io.ErrUnexpectedEOF where the
+// message was cut short, or io.EOF where not a byte of it came.
 func ReadRequest(r io.Reader) (Request, error) {
 	d := decoder{r: r, what: "request"}
 	var q Request
@@ -214,6 +214,7 @@ func appendText(b []byte, s string) []byte {
 type decoder struct {
 	r    io.Reader
 	what string // the message, for errors
+	read bool   // a field was read
 	err  error
 }
 
@@ -222,11 +223,14 @@ func (d *decoder) full(p []byte, field string) {
 		return
 	}
 	if _, err := io.ReadFull(d.r, p); err != nil {
-		if errors.Is(err, io.EOF) {
+		// io.EOF stays only for a message of which nothing came (a
+		// connection closed at once: a probe whether a server answers).
+		if errors.Is(err, io.EOF) && (d.read || field != "magic") {
 			err = io.ErrUnexpectedEOF
 		}
 		d.err = fmt.Errorf("%w: %s: %s: %w", ErrMalformed, d.what, field, err)
 	}
+	d.read = true
 }
 
 func (d *decoder) magic() {

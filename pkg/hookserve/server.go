@@ -207,6 +207,12 @@ func (st *serving) handle(c *net.UnixConn) {
 	_ = c.SetReadDeadline(time.Now().Add(readTimeout))
 	started := time.Now()
 	q, err := ReadRequest(bufio.NewReaderSize(c, 64<<10))
+	if errors.Is(err, io.EOF) {
+		// Closed before a byte: a probe whether a server answers (Listen's
+		// own, another server's starting), nothing to log.
+		_ = c.Close()
+		return
+	}
 	if err != nil {
 		// Malformed, cut short or too slow: no answer, the relay falls back.
 		st.s.logf("%s serve: relay pid %d: %v; closed without an answer", st.s.Program, cred.Pid, err)

@@ -567,7 +567,14 @@ func TestServeMalformedGetsNoAnswer(t *testing.T) {
 		require.Empty(t, got)
 		_ = c.Close()
 	}
+	// A connection closed before a byte (a probe whether a server
+	// answers, as Listen makes) is no relay's: nothing is logged.
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.path, Net: "unix"})
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	require.NoError(t, v.stop(), "Serve returns once every connection is done")
 	require.Equal(t, 2, strings.Count(v.log.String(), "closed without an answer"), v.log.String())
+	require.Equal(t, 2, strings.Count(v.log.String(), "\n"), v.log.String())
 }
 
 // TestServePeerNotServed: a peer the namespace check refuses is answered
