@@ -19,6 +19,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -26,7 +27,6 @@ import (
 	"time"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/phasetrace"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/version"
 )
@@ -47,47 +47,39 @@ func main() {
 }
 
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet(program, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		_, _ = fmt.Fprintln(fs.Output(), "usage: "+program+" create-runtime|poststop [--config PATH] [--state-dir DIR] [--wait]\n       "+
-			addHooksUsage+"\n       "+program+" version")
-		fs.PrintDefaults()
+	usage := func(w io.Writer) {
+		_, _ = fmt.Fprintln(w, "usage: "+program+" create-runtime|poststop [--config PATH] [--state-dir DIR] [--wait]\n       "+
+			addHooksUsage+"\n       "+serveUsage+"\n       "+program+" version")
+		hook.PrintPhaseDefaults(w)
 	}
-	cfgPath := fs.String("config", "", "configuration file (default $"+config.EnvPath+" or "+config.DefaultPath+")")
-	stateDir := fs.String("state-dir", "", "ledger directory (default [ledger] dir)")
-	wait := fs.Bool("wait", false, "create-runtime: wait in the queue for a busy GPU (plain runc only; ignored under conmon and containerd-shim)")
 	if len(args) == 0 {
-		fs.Usage()
+		usage(stderr)
 		return 2
 	}
-	phase := args[0]
-	switch phase {
+	switch args[0] {
 	case "version", "--version", "-version":
 		_, _ = fmt.Fprintln(stdout, version.String(program))
 		return 0
 	case "help", "--help", "-help", "-h":
-		fs.SetOutput(stdout)
-		fs.Usage()
+		usage(stdout)
 		return 0
 	case cmdAddHooks:
 		return addHooks(args[1:], stderr)
-	case hook.PhaseCreateRuntime, hook.PhasePoststop:
-	default:
-		_, _ = fmt.Fprintf(stderr, "%s: unknown phase %q\n", program, phase)
-		fs.Usage()
+	case cmdServe:
+		return serve(args[1:], stderr)
+	}
+	// The very parsing the server (serve) applies to a relay's arguments:
+	// both take exactly the same command lines.
+	inv, err := hook.ParseArgs(program, args)
+	if err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			_, _ = fmt.Fprintf(stderr, "%s: %v\n", program, err)
+		}
+		usage(stderr)
 		return 2
 	}
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
-	}
-	if fs.NArg() > 0 {
-		_, _ = fmt.Fprintf(stderr, "%s: unexpected argument %q\n", program, fs.Arg(0))
-		fs.Usage()
-		return 2
-	}
+	inv.Options.Started = started
 	// The one path of both hook binaries (see hook.Main): a container
 	// that can reach no GPU is answered before the configuration is read.
-	return hook.Main(context.Background(), hook.Invocation{Program: program, Phase: phase, Config: *cfgPath, StateDir: *stateDir,
-		Options: hook.Options{Wait: *wait, Started: started}}, stdin, stderr)
+	return hook.Main(context.Background(), inv, stdin, stderr)
 }

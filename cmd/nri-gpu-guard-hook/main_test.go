@@ -40,6 +40,7 @@ func TestRunExitCodes(t *testing.T) {
 		{name: "--version", args: []string{"--version"}, wantOut: wantVersion},
 		{name: "--help", args: []string{"--help"}, wantOut: "usage: " + program + " create-runtime|poststop [--config PATH] [--state-dir DIR] [--wait]\n" +
 			"       " + program + " add-hooks [--config PATH] [--state-dir DIR] [--wait] [--no-poststop] [--path HOOK] CONFIG.JSON\n" +
+			"       " + program + " serve [--socket PATH]\n" +
 			"       " + program + " version\n" +
 			"  -config string\n    \tconfiguration file (default $NRI_GPU_GUARD_CONFIG or /etc/nri-gpu-guard/config.toml)\n" +
 			"  -state-dir string\n    \tledger directory (default [ledger] dir)\n" +
@@ -49,6 +50,10 @@ func TestRunExitCodes(t *testing.T) {
 		{name: "the daemon's word is not a phase", args: []string{"hook", "poststop"}, want: 2, wantErr: `unknown phase "hook"`},
 		{name: "unknown flag", args: []string{"poststop", "--bogus"}, want: 2, wantErr: "usage"},
 		{name: "stray argument", args: []string{"poststop", "x"}, want: 2, wantErr: `unexpected argument "x"`},
+		{name: "unknown flag is named", args: []string{"create-runtime", "--bogus"}, want: 2, wantErr: program + ": flag provided but not defined: -bogus\nusage: "},
+		{name: "help after the phase: the usage alone", args: []string{"poststop", "-h"}, want: 2, wantErr: "usage: " + program + " create-runtime|poststop"},
+		{name: "serve takes no argument", args: []string{"serve", "x"}, want: 2, wantErr: `serve: unexpected argument "x"`},
+		{name: "serve: unknown flag", args: []string{"serve", "--bogus"}, want: 2, wantErr: "usage: " + program + " serve [--socket PATH]"},
 		{name: "invalid config fails closed", args: []string{"create-runtime", "--config", bad}, want: 1,
 			wantErr: "hook create-runtime: container refused: configuration: "},
 		{name: "invalid config in poststop: how to release", args: []string{"poststop", "--config", bad}, want: 1,
