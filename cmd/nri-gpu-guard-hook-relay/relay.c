@@ -376,7 +376,9 @@ int main(int argc, char **argv)
 			break;
 		if (errno == EINTR)
 			continue;
-		fall_back(); /* the hook meets what is left, or the same error */
+		/* Nothing read yet: fd 0 stays, and the hook meets the same
+		 * error. Else it gets the bytes read, a cut state it refuses. */
+		fall_back();
 	}
 	stdin_taken = 1;
 	put_u32(p, (uint32_t)stdin_len);
