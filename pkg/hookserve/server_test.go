@@ -207,6 +207,9 @@ func (v *served) send(t *testing.T, q Request) *relay {
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.path, Net: "unix"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
+	// A bound for a failing test, never a pace: every read of an answer
+	// ends by then.
+	require.NoError(t, c.SetDeadline(time.Now().Add(condTimeout)))
 	b, err := AppendRequest(nil, q)
 	require.NoError(t, err)
 	_, err = c.Write(b)
@@ -696,7 +699,12 @@ func TestServePeerGoneCancelsWait(t *testing.T) {
 	default:
 	}
 	require.NoError(t, w.c.Close())
-	require.NotZero(t, <-ended, "the cancelled wait refuses the container")
+	select {
+	case code := <-ended:
+		require.NotZero(t, code, "the cancelled wait refuses the container")
+	case <-time.After(condTimeout):
+		t.Fatalf("the waiting run did not end within %s of its relay hanging up", condTimeout)
+	}
 	require.Empty(t, h.waiterKeys(), "its queue entry is gone")
 	require.Equal(t, map[string]string{gpuUUIDs[0]: "holder"}, h.holders())
 	require.Contains(t, v.log.String(), "hung up")
