@@ -897,10 +897,11 @@ func openGuardWith(cfg config.Config, inv *devices.Inventory, beforeWait func())
 		Ledger:    led,
 	})
 	if err != nil {
+		led.Close()
 		return nil, nil, fmt.Errorf("start the GPU guard: %w", err)
 	}
 	// Sleeping in the turnstile costs nothing, so it may take longer than one
 	// ledger lock attempt: a burst of n hooks queues there for n writes.
 	return lineUp(g, turnstile{path: filepath.Join(cfg.Ledger.Dir, turnstileName), timeout: 3 * cfg.Ledger.LockTimeout.Duration,
-		beforeWait: beforeWait}), func() {}, nil
+		beforeWait: beforeWait}), led.Close, nil
 }

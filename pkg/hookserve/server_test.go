@@ -720,3 +720,52 @@ func TestTailBuffer(t *testing.T) {
 	require.True(t, bytes.HasSuffix(tb.Bytes(), []byte("abc")))
 	require.Equal(t, byte('a'), tb.Bytes()[0])
 }
+
+// openFiles lists the files (by path) this process has open: the test's
+// own connections, pipes and process handles are not files and not counted.
+func openFiles(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	var files []string
+	for _, e := range ents {
+		target, err := os.Readlink(filepath.Join("/proc/self/fd", e.Name()))
+		if err == nil && strings.HasPrefix(target, "/") {
+			files = append(files, target)
+		}
+	}
+	return files
+}
+
+// TestServeLeavesNoFileOpen: the server opens a ledger for every request
+// that names a GPU; what the ledger keeps open between transactions (its
+// boot marker) is closed with the request, not left for the garbage
+// collector: a busy host would run the server out of descriptors first.
+func TestServeLeavesNoFileOpen(t *testing.T) {
+	h := newHost(t)
+	v := serve(t, New(program, nil))
+	create := []string{"create-runtime", "--config", h.cfgPath}
+	stop := []string{"poststop", "--config", h.cfgPath}
+	// One round first: what the process opens once and keeps is not
+	// counted.
+	round := func(i int) {
+		c := h.container(fmt.Sprintf("c%d", i), "NVIDIA_VISIBLE_DEVICES=1")
+		_, res := v.call(t, Request{Args: create, Stdin: c})
+		require.Equal(t, 0, res.Code, string(res.Stderr))
+		var st specs.State
+		require.NoError(t, json.Unmarshal(c, &st))
+		p, err := os.FindProcess(st.Pid)
+		require.NoError(t, err)
+		require.NoError(t, p.Kill())
+		eventually(t, "the container's process to be gone", func() bool { return !isRunning(st.Pid) })
+		_, res = v.call(t, Request{Args: stop, Stdin: c})
+		require.Equal(t, 0, res.Code, string(res.Stderr))
+	}
+	round(0)
+	before := openFiles(t)
+	for i := 1; i <= 20; i++ {
+		round(i)
+	}
+	require.Empty(t, h.holders())
+	require.ElementsMatch(t, before, openFiles(t), "files left open by 20 claim/release requests")
+}

@@ -175,6 +175,19 @@ func (l *Ledger) markerFile() (*os.File, error) {
 	return f, nil
 }
 
+// Close releases what the ledger keeps open between transactions: the boot
+// marker's file (kept open so that each commit rewrites it in place). A
+// process that opens the ledger once for its life need not call it; one that
+// opens a ledger per request must (the resident hook server answers every
+// container with a ledger of its own: without Close each left a file open
+// until the garbage collector found it). It waits for a transaction of this
+// process in progress; the Ledger must not be used after it.
+func (l *Ledger) Close() {
+	l.sem <- struct{}{}
+	defer func() { <-l.sem }()
+	l.closeMarker()
+}
+
 func (l *Ledger) closeMarker() {
 	if l.markerF != nil {
 		_ = l.markerF.Close()
