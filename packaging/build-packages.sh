@@ -76,7 +76,7 @@ find_nfpm() {
 	fi
 }
 
-for b in nri-gpu-guard gpu-guard-ctl nri-gpu-guard-hook; do
+for b in nri-gpu-guard gpu-guard-ctl nri-gpu-guard-hook nri-gpu-guard-hook-relay; do
 	[[ -x $BIN_DIR/$b ]] || die "$BIN_DIR/$b is missing: run 'make build' first (or 'make package')"
 done
 

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hookserve"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
@@ -293,5 +294,29 @@ func TestKubernetesConfigMapIsDefaultWithMetrics(t *testing.T) {
 	want.Metrics.Listen = "127.0.0.1:9464"
 	if !reflect.DeepEqual(want, cfg) {
 		t.Fatalf("%s config differs from the defaults plus [metrics] listen:\n got: %+v\nwant: %+v", configMap, cfg, want)
+	}
+}
+
+// The hook server's units and the relay agree on one socket, and the server
+// runs in the host's namespaces: it answers a relay only when both share
+// their mount, pid, user, cgroup and time namespaces, so a unit option that
+// gives the service a mount namespace of its own would make every relay
+// fall back to the Go hook (correct, but the server would never serve).
+func TestHookServerUnits(t *testing.T) {
+	sock := unitDirectives(t, readFile(t, "systemd/nri-gpu-guard-hook.socket"))
+	require.Equal(t, []string{hookserve.DefaultSocket}, sock["ListenStream"])
+	require.Equal(t, []string{"0600"}, sock["SocketMode"], "root only: the server trusts its callers' arguments")
+	relay := string(readFile(t, "../cmd/nri-gpu-guard-hook-relay/relay.c"))
+	require.Contains(t, relay, fmt.Sprintf("#define RELAY_DEFAULT_SOCKET %q", hookserve.DefaultSocket))
+	require.Contains(t, relay, `#define RELAY_DEFAULT_HOOK "/usr/bin/nri-gpu-guard-hook"`)
+
+	svc := unitDirectives(t, readFile(t, "systemd/nri-gpu-guard-hook.service"))
+	require.Equal(t, []string{"/usr/bin/nri-gpu-guard-hook serve"}, svc["ExecStart"])
+	require.Contains(t, svc["Requires"], "nri-gpu-guard-hook.socket")
+	for _, key := range []string{"ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "ReadWritePaths", "ReadOnlyPaths",
+		"InaccessiblePaths", "TemporaryFileSystem", "BindPaths", "BindReadOnlyPaths", "PrivateMounts", "MountAPIVFS", "RootDirectory",
+		"ProtectKernelTunables", "ProtectControlGroups", "ProtectKernelModules", "ProtectKernelLogs", "ProtectClock", "ProtectProc",
+		"PrivateUsers", "PrivateNetwork", "PrivatePIDs", "RuntimeDirectory", "StateDirectory", "NetworkNamespacePath"} {
+		require.NotContains(t, svc, key, "%s would put the hook server in namespaces of its own", key)
 	}
 }

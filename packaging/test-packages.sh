@@ -21,6 +21,8 @@ CONFIG=/etc/nri-gpu-guard/config.toml
 DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
 DROP_IN_EXAMPLE=/usr/share/nri-gpu-guard/containerd-nri-gpu-guard.toml
 UNIT=/usr/lib/systemd/system/nri-gpu-guard.service
+HOOK_SOCKET_UNIT=/usr/lib/systemd/system/nri-gpu-guard-hook.socket
+HOOK_SERVER_UNIT=/usr/lib/systemd/system/nri-gpu-guard-hook.service
 HOOKS_DIR=/usr/share/containers/oci/hooks.d
 STATE_DIR=/var/lib/nri-gpu-guard
 
@@ -105,7 +107,7 @@ ok "config is a conffile, the drop-in is not a package file"
 if command -v rpm >/dev/null; then
 	rpm_files=$(rpm -qpl "${rpms[0]}" 2>/dev/null)
 	rpm_config=$(rpm -qpc "${rpms[0]}" 2>/dev/null)
-	for f in /usr/bin/nri-gpu-guard /usr/bin/gpu-guard-ctl /usr/bin/nri-gpu-guard-hook "$UNIT" "$CONFIG" "$DROP_IN_EXAMPLE"; do
+	for f in /usr/bin/nri-gpu-guard /usr/bin/gpu-guard-ctl /usr/bin/nri-gpu-guard-hook /usr/bin/nri-gpu-guard-hook-relay "$UNIT" "$HOOK_SOCKET_UNIT" "$HOOK_SERVER_UNIT" "$CONFIG" "$DROP_IN_EXAMPLE"; do
 		grep -qxF "$f" <<<"$rpm_files" || fail "rpm lacks $f"
 	done
 	! grep -qxF "$DROP_IN" <<<"$rpm_files" || fail "rpm owns $DROP_IN (it must be installed only for containerd >= 2.2)"
@@ -136,8 +138,11 @@ grep -qF "installed the containerd drop-in $DROP_IN (containerd v2.2.0)" "$work/
 [[ $(stat -c '%a %U %G' "$STATE_DIR") == "700 root root" ]] || fail "$STATE_DIR is $(stat -c '%a %U %G' "$STATE_DIR"), want 700 root root"
 ok "$STATE_DIR is 0700 root:root"
 
-for b in nri-gpu-guard gpu-guard-ctl nri-gpu-guard-hook; do
+for b in nri-gpu-guard gpu-guard-ctl nri-gpu-guard-hook nri-gpu-guard-hook-relay; do
 	[[ -x /usr/bin/$b ]] || fail "/usr/bin/$b missing"
+done
+for u in "$HOOK_SOCKET_UNIT" "$HOOK_SERVER_UNIT"; do
+	[[ -f $u ]] || fail "$u missing"
 done
 out=$(/usr/bin/nri-gpu-guard --version 2>&1) || fail "nri-gpu-guard --version: $out"
 want=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -161,6 +166,29 @@ for phase in create-runtime poststop; do
 done
 [[ ! -e $work/no-state ]] || fail "nri-gpu-guard-hook created a ledger for a container without GPU"
 ok "nri-gpu-guard-hook: static, $out, passes a container without GPU"
+
+# The relay the hooks.d files name: static too; without a server it runs
+# /usr/bin/nri-gpu-guard-hook itself, and with one (started here on a socket
+# of its own) the server answers: a hook path that does not exist proves it.
+! grep -q 'ld-linux' /usr/bin/nri-gpu-guard-hook-relay || fail "/usr/bin/nri-gpu-guard-hook-relay is dynamically linked"
+relay_state() { printf '{"ociVersion":"1.0.2","id":"pkgtest","status":"creating","bundle":"%s"}' "$work/bundle"; }
+for phase in create-runtime poststop; do
+	relay_state | env -i GOMAXPROCS=1 /usr/bin/nri-gpu-guard-hook-relay --relay-socket="$work/none.sock" "$phase" --state-dir "$work/no-state" >"$work/relay.log" 2>&1 ||
+		fail "nri-gpu-guard-hook-relay $phase without a server: $(cat "$work/relay.log")"
+done
+# Its first line says it listens.
+coproc SERVE { exec /usr/bin/nri-gpu-guard-hook serve --socket "$work/hook.sock" 2>&1; }
+serve_pid=$SERVE_PID
+read -r line <&"${SERVE[0]}" || fail "nri-gpu-guard-hook serve exited without a word"
+[[ $line == *"listening on $work/hook.sock"* ]] || fail "nri-gpu-guard-hook serve: $line"
+for phase in create-runtime poststop; do
+	relay_state | env -i GOMAXPROCS=1 /usr/bin/nri-gpu-guard-hook-relay --relay-socket="$work/hook.sock" --relay-hook=/nonexistent "$phase" --state-dir "$work/no-state" >"$work/relay.log" 2>&1 ||
+		fail "nri-gpu-guard-hook-relay $phase answered by nri-gpu-guard-hook serve: $(cat "$work/relay.log")"
+done
+kill "$serve_pid"
+wait "$serve_pid" 2>/dev/null || true
+[[ ! -e $work/no-state ]] || fail "the relay's hook runs created a ledger for a container without GPU"
+ok "nri-gpu-guard-hook-relay: static, passes a container without GPU with and without the hook server"
 
 out=$(/usr/bin/gpu-guard-ctl check-config 2>&1) || fail "gpu-guard-ctl check-config of the shipped config: $out"
 grep -qF "$CONFIG" <<<"$out" || fail "gpu-guard-ctl check-config did not read $CONFIG: $out"
@@ -262,7 +290,7 @@ dpkg -r "$PKG" </dev/null >"$work/remove.log" 2>&1 || {
 	cat "$work/remove.log" >&2
 	fail "dpkg -r"
 }
-for b in nri-gpu-guard nri-gpu-guard-hook; do
+for b in nri-gpu-guard nri-gpu-guard-hook nri-gpu-guard-hook-relay; do
 	[[ ! -e /usr/bin/$b ]] || fail "dpkg -r left /usr/bin/$b"
 done
 cmp -s "$work/edited.toml" "$CONFIG" || fail "dpkg -r did not keep the edited $CONFIG"
@@ -299,7 +327,7 @@ HOOK_MARKERS=/run/nri-gpu-guard/hook-containers
 dpkg --purge "$PKG" </dev/null >/dev/null 2>&1 || fail "dpkg --purge"
 [[ ! -e $MARKER ]] || fail "purge left the ledger's boot marker $MARKER (a reinstall in this boot would refuse every GPU container)"
 [[ ! -e $HOOK_MARKERS ]] || fail "purge left the hook's container markers in $HOOK_MARKERS"
-for p in "$CONFIG" /etc/nri-gpu-guard "$DROP_IN" "$DROP_IN_EXAMPLE" "$UNIT" /usr/bin/nri-gpu-guard /usr/bin/nri-gpu-guard-hook "$STATE_DIR"; do
+for p in "$CONFIG" /etc/nri-gpu-guard "$DROP_IN" "$DROP_IN_EXAMPLE" "$UNIT" "$HOOK_SOCKET_UNIT" "$HOOK_SERVER_UNIT" /usr/bin/nri-gpu-guard /usr/bin/nri-gpu-guard-hook /usr/bin/nri-gpu-guard-hook-relay "$STATE_DIR"; do
 	[[ ! -e $p ]] || fail "purge left $p"
 done
 for f in packaging/oci-hooks.d/*.json; do

@@ -55,6 +55,9 @@ func serve(args []string, stderr io.Writer) int {
 		_, _ = fmt.Fprintf(stderr, "%s %s: %v\n", program, cmdServe, err)
 		return 1
 	}
+	// The one line of a healthy start: the journal shows where it listens,
+	// and whoever started it can wait for this line rather than poll.
+	_, _ = fmt.Fprintf(stderr, "%s %s: listening on %s\n", program, cmdServe, l.Addr())
 	if err := hookserve.New(program, stderr).Serve(ctx, l); err != nil {
 		_, _ = fmt.Fprintf(stderr, "%s %s: %v\n", program, cmdServe, err)
 		return 1

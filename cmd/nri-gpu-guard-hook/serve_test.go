@@ -4,13 +4,15 @@
 package main
 
 import (
+	"bufio"
+	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -38,8 +40,40 @@ func relayCall(t *testing.T, path string, q hookserve.Request) (hookserve.Ack, h
 	return ack, res
 }
 
+// startServer starts `nri-gpu-guard-hook serve --socket sock` and returns
+// once it said it listens (its first line, which stderr does not keep).
+func startServer(t *testing.T, sock string) *proc {
+	t.Helper()
+	cmd := exec.Command(hookBin, "serve", "--socket", sock)
+	pipe, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	p := &proc{cmd: cmd, stderr: &syncBuffer{}, done: make(chan struct{})}
+	require.NoError(t, cmd.Start())
+	// Reads to EOF (the server's exit) before Wait, as StderrPipe asks.
+	lines := bufio.NewReader(pipe)
+	first, err := lines.ReadString('\n')
+	copied := make(chan struct{})
+	go func() {
+		_, _ = io.Copy(p.stderr, lines)
+		close(copied)
+	}()
+	go func() {
+		<-copied
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+	})
+	require.NoError(t, err, "serve ended before it listened: %s", first)
+	require.Equal(t, "nri-gpu-guard-hook serve: listening on "+sock+"\n", first)
+	return p
+}
+
 // TestServeCommand: `nri-gpu-guard-hook serve --socket PATH` creates the
-// socket's directory (0755) and a 0600 socket, answers a relay exactly as
+// socket's directory (0755) and a 0600 socket, says where it listens,
+// answers a relay exactly as
 // the hook binary answers the same input, logs a line per fallback and none
 // per answer, and on SIGTERM stops, removing its socket, with exit 0.
 func TestServeCommand(t *testing.T) {
@@ -51,22 +85,7 @@ func TestServeCommand(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	sock := filepath.Join(dir, "run", "hook.sock")
-	srv := startProc(t, nil, hookBin, "serve", "--socket", sock)
-	deadline := time.Now().Add(condTimeout)
-	for {
-		c, err := net.Dial("unix", sock)
-		if err == nil {
-			_ = c.Close()
-			break
-		}
-		select {
-		case <-srv.done:
-			t.Fatalf("serve ended: %s", srv.stderr.String())
-		default:
-		}
-		require.True(t, time.Now().Before(deadline), "the server did not listen within %s: %v", condTimeout, err)
-		time.Sleep(5 * time.Millisecond)
-	}
+	srv := startServer(t, sock)
 	fi, err := os.Stat(filepath.Dir(sock))
 	require.NoError(t, err)
 	require.Equal(t, os.ModeDir|0o755, fi.Mode())

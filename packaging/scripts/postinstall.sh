@@ -15,6 +15,13 @@ set -e
 
 STATE_DIR=/var/lib/nri-gpu-guard
 UNIT=nri-gpu-guard.service
+# The OCI hook server (nri-gpu-guard-hook serve) and its socket: the hooks.d
+# files run nri-gpu-guard-hook-relay, which hands each hook run to the server
+# and runs nri-gpu-guard-hook itself while the server does not answer. So
+# the socket is enabled on a first install (it only makes hooks faster,
+# nothing depends on it) and the server restarted on an upgrade.
+HOOK_SOCKET=nri-gpu-guard-hook.socket
+HOOK_SERVER=nri-gpu-guard-hook.service
 DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
 CONFIG=/etc/nri-gpu-guard/config.toml
 DROP_IN_EXAMPLE=/usr/share/nri-gpu-guard/containerd-nri-gpu-guard.toml
@@ -97,6 +104,18 @@ systemd_running=no
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	systemd_running=yes
 	systemctl daemon-reload >/dev/null 2>&1 || true
+fi
+
+if [ "$systemd_running" = yes ]; then
+	if [ "$first_install" = yes ]; then
+		systemctl enable --now "$HOOK_SOCKET" >/dev/null 2>&1 ||
+			echo "nri-gpu-guard: could not enable $HOOK_SOCKET (the OCI hooks work without it, slower): systemctl enable --now $HOOK_SOCKET" >&2
+	else
+		# The server answers with the code it started with: the new one
+		# from the next hook on (a stopped server is started by its
+		# socket at the next hook).
+		systemctl try-restart "$HOOK_SERVER" >/dev/null 2>&1 || true
+	fi
 fi
 
 # A removal (deb `dpkg -r`, rpm erase) disabled a service that was enabled,

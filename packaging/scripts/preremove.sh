@@ -29,6 +29,9 @@ if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 		: >"$WAS_ENABLED" || true
 	fi
 	systemctl disable --now "$UNIT" >/dev/null 2>&1 || true
+	# The hook server goes with its binary: the relay that stays until the
+	# files go runs nri-gpu-guard-hook itself meanwhile.
+	systemctl disable --now nri-gpu-guard-hook.socket nri-gpu-guard-hook.service >/dev/null 2>&1 || true
 fi
 
 if [ "$1" = 0 ] && [ -f "$DROP_IN" ] && [ ! -L "$DROP_IN" ] && cmp -s "$DROP_IN" "$DROP_IN_EXAMPLE"; then

@@ -96,6 +96,12 @@ func (h *hookDefinition) runs(stage, phase string) bool {
 	args := h.Hook.Args
 	switch filepath.Base(h.Hook.Path) {
 	case "nri-gpu-guard-hook":
+	case "nri-gpu-guard-hook-relay":
+		// "nri-gpu-guard-hook-relay [--relay-NAME=VALUE ...] PHASE ...":
+		// the relay's own options come first, the hook's arguments after.
+		for len(args) > 1 && strings.HasPrefix(args[1], "--relay-") && strings.Contains(args[1], "=") {
+			args = append(args[:1:1], args[2:]...)
+		}
 	case "nri-gpu-guard": // "nri-gpu-guard hook PHASE"
 		if len(args) < 2 || args[1] != "hook" {
 			return false

@@ -39,6 +39,14 @@ func TestCheckConfigComparesPoststopWithHooksD(t *testing.T) {
 		"stages": []string{"poststop"}})
 	require.NoError(t, err)
 	other := []byte(`{"version": "1.0.0", "hook": {"path": "/usr/bin/other-hook", "args": ["other-hook", "poststop"]}, "when": {"always": true}, "stages": ["poststop"]}`)
+	// The relay with options of its own before the hook's arguments, and
+	// the Go hook named directly (as releases before the relay shipped).
+	relayStop := []byte(`{"version": "1.0.0", "hook": {"path": "/usr/local/bin/nri-gpu-guard-hook-relay", "args": ["nri-gpu-guard-hook-relay", ` +
+		`"--relay-socket=/run/x.sock", "--relay-hook=/usr/local/bin/nri-gpu-guard-hook", "poststop", "--config", "/etc/x.toml"]}, "when": {"always": true}, "stages": ["poststop"]}`)
+	goStop := []byte(`{"version": "1.0.0", "hook": {"path": "/usr/bin/nri-gpu-guard-hook", "args": ["nri-gpu-guard-hook", "poststop"]}, "when": {"always": true}, "stages": ["poststop"]}`)
+	// An option of the relay's whose value names the phase is not the phase.
+	relayNoPhase := []byte(`{"version": "1.0.0", "hook": {"path": "/usr/bin/nri-gpu-guard-hook-relay", "args": ["nri-gpu-guard-hook-relay", ` +
+		`"--relay-hook=poststop"]}, "when": {"always": true}, "stages": ["poststop"]}`)
 
 	type files map[string][]byte
 	for _, tc := range []struct {
@@ -62,6 +70,11 @@ func TestCheckConfigComparesPoststopWithHooksD(t *testing.T) {
 		{name: "no hooks of the guard (an NRI host), poststop = true", usr: files{"other.json": other}, poststop: true},
 		{name: "the daemon's hook entry counts", usr: files{"nri-gpu-guard-create-runtime.json": create, "legacy.json": legacyStop},
 			want: "{usr}/legacy.json runs `nri-gpu-guard-hook poststop`"},
+		{name: "the relay with options of its own counts", usr: files{"nri-gpu-guard-create-runtime.json": create, "relay.json": relayStop},
+			want: "{usr}/relay.json runs `nri-gpu-guard-hook poststop`"},
+		{name: "the Go hook named directly counts", usr: files{"nri-gpu-guard-create-runtime.json": create, "direct.json": goStop},
+			want: "{usr}/direct.json runs `nri-gpu-guard-hook poststop`"},
+		{name: "a relay option is not the phase", usr: files{"nri-gpu-guard-create-runtime.json": create, "relay.json": relayNoPhase}},
 		{name: "a file that does not parse is left to the engine", usr: files{"nri-gpu-guard-create-runtime.json": create,
 			"nri-gpu-guard-poststop.json": []byte("{")}, poststop: true, want: "hook.poststop: true, but no hooks.d definition"},
 	} {

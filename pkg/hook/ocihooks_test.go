@@ -75,7 +75,8 @@ func TestShippedOCIHooks(t *testing.T) {
 			require.True(t, filepath.IsAbs(h.Hook.Path))
 			require.Contains(t, string(nfpm), "dst: "+h.Hook.Path, "the hook runs the binary the package installs")
 			require.Equal(t, []string{filepath.Base(h.Hook.Path), phase}, h.Hook.Args)
-			require.Equal(t, "/usr/bin/nri-gpu-guard-hook", h.Hook.Path, "the small static hook binary, not the daemon")
+			require.Equal(t, "/usr/bin/nri-gpu-guard-hook-relay", h.Hook.Path,
+				"the static C relay, which hands the run to the hook server or runs nri-gpu-guard-hook itself")
 			// Exactly RuntimeEnv: nothing else is read from the environment
 			// (the configuration comes from the default path or --config).
 			require.Equal(t, RuntimeEnv(), h.Hook.Env, "the hook's environment")
