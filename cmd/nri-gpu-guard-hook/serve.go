@@ -50,6 +50,10 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	// A broken stderr (journald restarted) must not end the server: Go
+	// exits on EPIPE for fds 1 and 2 unless SIGPIPE is handled. Its log
+	// lines are lost then; the relays are still answered.
+	signal.Ignore(syscall.SIGPIPE)
 	l, err := listen(*socket)
 	if err != nil {
 		_, _ = fmt.Fprintf(stderr, "%s %s: %v\n", program, cmdServe, err)

@@ -99,7 +99,7 @@ func (h *hookDefinition) runs(stage, phase string) bool {
 	case "nri-gpu-guard-hook-relay":
 		// "nri-gpu-guard-hook-relay [--relay-NAME=VALUE ...] PHASE ...":
 		// the relay's own options come first, the hook's arguments after.
-		for len(args) > 1 && strings.HasPrefix(args[1], "--relay-") && strings.Contains(args[1], "=") {
+		for len(args) > 1 && isRelayOption(args[1]) {
 			args = append(args[:1:1], args[2:]...)
 		}
 	case "nri-gpu-guard": // "nri-gpu-guard hook PHASE"
@@ -111,6 +111,18 @@ func (h *hookDefinition) runs(stage, phase string) bool {
 		return false
 	}
 	return len(args) > 1 && args[1] == phase
+}
+
+// isRelayOption reports whether arg is one of the options
+// nri-gpu-guard-hook-relay reads itself (relay.c): any other argument,
+// "--relay-typo=1" too, is the first of the hook's, its phase.
+func isRelayOption(arg string) bool {
+	for _, p := range []string{"--relay-socket=", "--relay-hook=", "--relay-ack-timeout-ms="} {
+		if strings.HasPrefix(arg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // forEveryContainer reports whether the definition's conditions match every

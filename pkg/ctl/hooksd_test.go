@@ -45,6 +45,9 @@ func TestCheckConfigComparesPoststopWithHooksD(t *testing.T) {
 		`"--relay-socket=/run/x.sock", "--relay-hook=/usr/local/bin/nri-gpu-guard-hook", "poststop", "--config", "/etc/x.toml"]}, "when": {"always": true}, "stages": ["poststop"]}`)
 	goStop := []byte(`{"version": "1.0.0", "hook": {"path": "/usr/bin/nri-gpu-guard-hook", "args": ["nri-gpu-guard-hook", "poststop"]}, "when": {"always": true}, "stages": ["poststop"]}`)
 	// An option of the relay's whose value names the phase is not the phase.
+	// The relay hands "--relay-typo=1" to the hook as its phase: no poststop runs.
+	relayTypo := []byte(`{"version": "1.0.0", "hook": {"path": "/usr/bin/nri-gpu-guard-hook-relay", "args": ["nri-gpu-guard-hook-relay", ` +
+		`"--relay-typo=1", "poststop"]}, "when": {"always": true}, "stages": ["poststop"]}`)
 	relayNoPhase := []byte(`{"version": "1.0.0", "hook": {"path": "/usr/bin/nri-gpu-guard-hook-relay", "args": ["nri-gpu-guard-hook-relay", ` +
 		`"--relay-hook=poststop"]}, "when": {"always": true}, "stages": ["poststop"]}`)
 
@@ -75,6 +78,8 @@ func TestCheckConfigComparesPoststopWithHooksD(t *testing.T) {
 		{name: "the Go hook named directly counts", usr: files{"nri-gpu-guard-create-runtime.json": create, "direct.json": goStop},
 			want: "{usr}/direct.json runs `nri-gpu-guard-hook poststop`"},
 		{name: "a relay option is not the phase", usr: files{"nri-gpu-guard-create-runtime.json": create, "relay.json": relayNoPhase}},
+		{name: "an option the relay does not know is the hook's first argument", usr: files{"nri-gpu-guard-create-runtime.json": create, "relay.json": relayTypo},
+			poststop: true, want: "hook.poststop: true, but no hooks.d definition"},
 		{name: "a file that does not parse is left to the engine", usr: files{"nri-gpu-guard-create-runtime.json": create,
 			"nri-gpu-guard-poststop.json": []byte("{")}, poststop: true, want: "hook.poststop: true, but no hooks.d definition"},
 	} {

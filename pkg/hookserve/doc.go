@@ -42,9 +42,13 @@
 //     pid, user, cgroup and time (where the kernel has one) namespaces
 //     (what the hook reads of "its own" process the server reads of
 //     itself: the user namespace's uid_map, the mount table, /proc, the boot
-//     clock); anything about the peer that cannot be read; arguments
-//     hook.ParseArgs does not take (version, help, add-hooks, a bad flag, an
-//     extra argument: the hook binary answers those itself); more than
+//     clock), or whose root directory is not the server's (a chrooted
+//     runtime reads files below its root); anything about the peer that
+//     cannot be read; arguments hook.ParseArgs does not take (version, help,
+//     add-hooks, a bad flag, an extra argument: the hook binary answers
+//     those itself); a --config, --state-dir or $NRI_GPU_GUARD_CONFIG
+//     relative to the working directory (the relay's is the bundle, the
+//     server's another); more than
 //     MaxInFlight connections at once (answered without reading the
 //     request); a request read once the server is stopping.
 //   - The hook runs for the peer as its process (hook.Process: its pid, its
@@ -55,8 +59,12 @@
 //     installs no signal handling per request.
 //   - Stopping (Serve's ctx ends): the listener is closed, requests still
 //     being read are answered 'F', runs in flight have Grace (10 s) to
-//     finish before their contexts are cancelled; Serve returns when every
-//     connection is done.
+//     finish before their contexts are cancelled; a cancelled run that
+//     refuses gets no answer (its refusal would say the server stopped, not
+//     what the hook decides), so its relay runs the hook itself; Serve
+//     returns when every connection is done.
+//   - Options.Started is the relay's start (/proc/<pid>/stat and
+//     CLOCK_BOOTTIME): a runtime's hook timeout counts from there.
 //   - One log line per fallback and per error, none per answered request.
 //   - The package does nothing at init and imports nothing heavy (no NRI,
 //     ttrpc, protobuf, prometheus or net/http): the hook binary links it.

@@ -10,8 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 // peerNamespaces are the namespaces a relay must share with the server: what
@@ -85,5 +91,68 @@ func (p peerCheck) check(cred *unix.Ucred) error {
 			return fmt.Errorf("the peer (pid %s) is in another %s namespace than the server: its hook must run as its own process", pid, ns.name)
 		}
 	}
+	// The root directory: a runtime chrooted in the host's mount namespace
+	// reads the bundle, the configuration and the ledger below its root,
+	// which the server would read below its own.
+	var ownRoot, peerRoot unix.Stat_t
+	if err := unix.Stat(filepath.Join(p.procRoot, "self", "root"), &ownRoot); err != nil {
+		return fmt.Errorf("read the server's root directory: %w", err)
+	}
+	if err := unix.Stat(filepath.Join(p.procRoot, pid, "root"), &peerRoot); err != nil {
+		return fmt.Errorf("read the peer's root directory: %w", err)
+	}
+	if ownRoot.Dev != peerRoot.Dev || ownRoot.Ino != peerRoot.Ino {
+		return fmt.Errorf("the peer (pid %s) has another root directory than the server (chroot): its hook must run as its own process", pid)
+	}
 	return nil
+}
+
+// relativePaths returns why inv names a file relative to the hook's working
+// directory (--config, --state-dir, or the $NRI_GPU_GUARD_CONFIG of env),
+// or "": the server's working directory is not the relay's (a runtime runs
+// its hooks in the bundle directory), so such a path is left to the hook
+// itself.
+func relativePaths(inv hook.Invocation, env []string) string {
+	for _, f := range []struct{ flag, v string }{{"--config", inv.Config}, {"--state-dir", inv.StateDir}} {
+		if f.v != "" && !filepath.IsAbs(f.v) {
+			return fmt.Sprintf("%s %q is relative to the hook's working directory, which is not the server's", f.flag, f.v)
+		}
+	}
+	for _, kv := range env {
+		if name, v, ok := strings.Cut(kv, "="); ok && name == config.EnvPath && v != "" && !filepath.IsAbs(v) {
+			return fmt.Sprintf("$%s %q is relative to the hook's working directory, which is not the server's", config.EnvPath, v)
+		}
+	}
+	return ""
+}
+
+// processStart returns when process pid started, by its start time in
+// /proc/<pid>/stat (clock ticks since boot) and this moment's CLOCK_BOOTTIME,
+// or fallback where either cannot be read or the result is later than
+// fallback.
+func processStart(procRoot string, pid int, fallback time.Time) time.Time {
+	ticks, err := liveness.PidStart(procRoot, pid)
+	if err != nil {
+		return fallback
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return fallback
+	}
+	now := time.Now()
+	// USER_HZ, the unit of the start time, is 100 on every Linux the
+	// project builds for.
+	const userHZ = 100
+	// A start time past 2^62 ticks is no start time this clock can give.
+	if ticks > 1<<62/uint64(time.Second/userHZ) {
+		return fallback
+	}
+	since := time.Duration(ts.Nano()) - time.Duration(ticks)*(time.Second/userHZ)
+	if since < 0 {
+		return fallback
+	}
+	if start := now.Add(-since); start.Before(fallback) {
+		return start
+	}
+	return fallback
 }

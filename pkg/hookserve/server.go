@@ -232,9 +232,13 @@ func (st *serving) handle(c *net.UnixConn) {
 		st.fallBack(c, cred.Pid, fmt.Sprintf("arguments %q: %v (the hook itself answers them)", q.Args, err))
 		return
 	}
-	// The runtime's hook timeout counts from the relay's start, a moment
-	// before it connected.
-	inv.Options.Started = started
+	if why := relativePaths(inv, q.Env); why != "" {
+		st.fallBack(c, cred.Pid, why)
+		return
+	}
+	// The runtime's hook timeout counts from the relay's start: before its
+	// stdin read and its connect, which may have waited in a full backlog.
+	inv.Options.Started = processStart(st.check.procRoot, int(cred.Pid), started)
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := c.Write(AppendAccept(nil)); err != nil {
 		st.s.logf("%s serve: relay pid %d: send the acknowledgement: %v", st.s.Program, cred.Pid, err)
@@ -262,6 +266,18 @@ func (st *serving) handle(c *net.UnixConn) {
 	code := st.run(ctx, inv, hook.Process{Pid: int(cred.Pid), Env: q.Env}, bytes.NewReader(q.Stdin), &stderr)
 	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil && st.runCtx.Err() == nil {
 		st.s.logf("%s serve: relay pid %d: %v", st.s.Program, cred.Pid, cause)
+	}
+	if code != 0 && st.runCtx.Err() != nil {
+		// The server stopped and cancelled this run (a --wait still
+		// queued, most likely): its refusal says so, not what the hook
+		// decides. No answer: the relay runs the hook itself, which waits
+		// on (at the back of the queue: the cancelled run withdrew its
+		// place). An admission that ended as the grace did is answered.
+		st.s.logf("%s serve: relay pid %d: the server stopped while its hook ran (exit code %d); closed without an answer, the relay runs the hook itself",
+			st.s.Program, cred.Pid, code)
+		_ = c.Close()
+		<-readerDone
+		return
 	}
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := c.Write(AppendResult(nil, code, stderr.Bytes())); err != nil && ctx.Err() == nil {

@@ -384,6 +384,34 @@ func TestServeFallsBackOnArgs(t *testing.T) {
 	require.Equal(t, 9, strings.Count(v.log.String(), "falls back"), "one log line per fallback: %s", v.log.String())
 }
 
+// TestServeFallsBackOnRelativePaths: a runtime runs its hooks in the bundle
+// directory, the server runs elsewhere: a configuration or state dir named
+// relative to the working directory is left to the hook itself.
+func TestServeFallsBackOnRelativePaths(t *testing.T) {
+	ran := 0
+	s := New(program, nil)
+	s.Run = func(context.Context, hook.Invocation, hook.Process, io.Reader, io.Writer) int { ran++; return 0 }
+	v := serve(t, s)
+	for _, tc := range []struct {
+		q    Request
+		want string
+	}{
+		{Request{Args: []string{"create-runtime", "--config", "config.toml"}}, `--config "config.toml" is relative`},
+		{Request{Args: []string{"poststop", "-config=./c.toml"}}, `--config "./c.toml" is relative`},
+		{Request{Args: []string{"create-runtime", "--state-dir", "state"}}, `--state-dir "state" is relative`},
+		{Request{Args: []string{"poststop"}, Env: []string{"NRI_GPU_GUARD_CONFIG=etc/c.toml"}}, `$NRI_GPU_GUARD_CONFIG "etc/c.toml" is relative`},
+	} {
+		ack, _ := v.call(t, tc.q)
+		require.False(t, ack.Accepted, "%q", tc.q.Args)
+		require.Contains(t, ack.Reason, tc.want)
+	}
+	require.Zero(t, ran)
+	// Absolute ones are served.
+	ack, _ := v.call(t, Request{Args: []string{"poststop", "--config", "/etc/c.toml", "--state-dir", "/var/s"}, Env: []string{"NRI_GPU_GUARD_CONFIG=/x.toml"}})
+	require.True(t, ack.Accepted, ack.Reason)
+	require.Equal(t, 1, ran)
+}
+
 // TestServePassesTheRequest: the runner gets the parsed invocation, the
 // peer as the hook process (with the forwarded environment) and the stdin
 // bytes; its exit code and stderr are the result.
@@ -447,17 +475,36 @@ func TestServeTooManyInFlight(t *testing.T) {
 	first := v.send(t, Request{Args: []string{"poststop"}})
 	require.True(t, first.ack().Accepted)
 	<-br.started
-	ack, _ := v.call(t, Request{Args: []string{"poststop"}})
+	// Answered without its request being read: the server may have closed
+	// before the request is written (EPIPE, which a relay reads as "fall
+	// back" too); the 'F' is there to read either way.
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.path, Net: "unix"})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	require.NoError(t, c.SetDeadline(time.Now().Add(condTimeout)))
+	b, err := AppendRequest(nil, Request{Args: []string{"poststop"}})
+	require.NoError(t, err)
+	if _, err := c.Write(b); err != nil {
+		require.ErrorIs(t, err, syscall.EPIPE)
+	}
+	ack, err := ReadAck(c)
+	require.NoError(t, err)
 	require.False(t, ack.Accepted)
 	require.Contains(t, ack.Reason, "1 requests in flight, its bound")
 	require.Contains(t, v.log.String(), "1 requests in flight")
 
 	close(br.release)
 	require.Equal(t, Result{Code: 0, Stderr: []byte{}}, first.result())
-	// The slot is free again.
-	second := v.send(t, Request{Args: []string{"poststop"}})
-	require.True(t, second.ack().Accepted)
-	require.Equal(t, 0, second.result().Code)
+	// The slot is free again once the first handler returned, a moment
+	// after its relay read the result.
+	eventually(t, "the slot to be free again", func() bool {
+		r := v.send(t, Request{Args: []string{"poststop"}})
+		if !r.ack().Accepted {
+			return false
+		}
+		require.Equal(t, 0, r.result().Code)
+		return true
+	})
 }
 
 // TestServeStop: stopping lets a run in flight finish within the grace
@@ -494,17 +541,22 @@ func TestServeStop(t *testing.T) {
 				}
 				close(br.release)
 			}
-			res := r.result()
-			require.Equal(t, tc.wantCode, res.Code)
-			require.NoError(t, <-stopped)
-			cause := <-br.ended
 			if tc.wantCause == "" {
-				require.NoError(t, cause)
+				res := r.result()
+				require.Equal(t, tc.wantCode, res.Code)
+				require.NoError(t, <-stopped)
+				require.NoError(t, <-br.ended)
 				return
 			}
-			require.ErrorContains(t, cause, tc.wantCause)
-			require.Contains(t, string(res.Stderr), tc.wantCause)
-			_, err := os.Lstat(v.path)
+			// A run the stop cancelled gets no answer: its refusal would
+			// say the server stopped, not what the hook decides; the
+			// relay runs the hook itself.
+			_, err := ReadResult(r.c)
+			require.ErrorIs(t, err, io.ErrUnexpectedEOF, "no result for a run the stop cancelled")
+			require.NoError(t, <-stopped)
+			require.ErrorContains(t, <-br.ended, tc.wantCause)
+			require.Contains(t, v.log.String(), "the server stopped while its hook ran (exit code 9); closed without an answer")
+			_, err = os.Lstat(v.path)
 			require.ErrorIs(t, err, os.ErrNotExist, "the socket file goes with the server")
 		})
 	}
@@ -628,11 +680,17 @@ func TestPeerCheck(t *testing.T) {
 			target := filepath.Join("/proc/self/ns", ns)
 			require.NoError(t, os.Symlink(target, filepath.Join(noTime, p, "ns", ns)))
 		}
+		require.NoError(t, os.Symlink("/", filepath.Join(noTime, p, "root")))
 	}
 	// And one whose peer lacks its cgroup namespace link.
 	noCgroup := t.TempDir()
 	require.NoError(t, os.CopyFS(noCgroup, os.DirFS(noTime)))
 	require.NoError(t, os.Remove(filepath.Join(noCgroup, fmt.Sprint(self), "ns", "cgroup")))
+	// And one whose peer runs chrooted (its root another directory).
+	chrooted := t.TempDir()
+	require.NoError(t, os.CopyFS(chrooted, os.DirFS(noTime)))
+	require.NoError(t, os.Remove(filepath.Join(chrooted, fmt.Sprint(self), "root")))
+	require.NoError(t, os.Symlink(t.TempDir(), filepath.Join(chrooted, fmt.Sprint(self), "root")))
 
 	for _, tc := range []struct {
 		name     string
@@ -650,6 +708,8 @@ func TestPeerCheck(t *testing.T) {
 		{name: "no time namespace on the server's kernel", procRoot: noTime, euid: int(uid), cred: unix.Ucred{Pid: self, Uid: uid}},
 		{name: "peer namespace unreadable", procRoot: noCgroup, euid: int(uid), cred: unix.Ucred{Pid: self, Uid: uid},
 			wantErr: "read the peer's cgroup namespace"},
+		{name: "another root directory (chroot)", procRoot: chrooted, euid: int(uid), cred: unix.Ucred{Pid: self, Uid: uid},
+			wantErr: "has another root directory than the server (chroot)"},
 		{name: "peer gone", procRoot: "/proc", euid: int(uid), cred: unix.Ucred{Pid: goneProcess(t), Uid: uid},
 			wantErr: "read the peer's mnt namespace"},
 	} {
@@ -707,6 +767,8 @@ func TestServePeerGoneCancelsWait(t *testing.T) {
 	}
 	require.Empty(t, h.waiterKeys(), "its queue entry is gone")
 	require.Equal(t, map[string]string{gpuUUIDs[0]: "holder"}, h.holders())
+	// The handler logs after the run returned: stopping waits for it.
+	require.NoError(t, v.stop())
 	require.Contains(t, v.log.String(), "hung up")
 }
 
@@ -768,4 +830,22 @@ func TestServeLeavesNoFileOpen(t *testing.T) {
 	}
 	require.Empty(t, h.holders())
 	require.ElementsMatch(t, before, openFiles(t), "files left open by 20 claim/release requests")
+}
+
+// TestProcessStart: the relay's start is read from /proc (to the 10 ms of a
+// clock tick), never later than the fallback; a process gone gives the
+// fallback.
+func TestProcessStart(t *testing.T) {
+	before := time.Now()
+	c := exec.Command("sleep", "3600")
+	require.NoError(t, c.Start())
+	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	later := time.Now().Add(time.Hour)
+	got := processStart("/proc", c.Process.Pid, later)
+	require.True(t, got.Before(later), "the start read, not the fallback: %v", got)
+	require.False(t, got.Before(before.Add(-20*time.Millisecond)), "started %v, read %v", before, got)
+	require.False(t, got.After(time.Now()), "read %v", got)
+
+	now := time.Now()
+	require.Equal(t, now, processStart("/proc", int(goneProcess(t)), now))
 }
