@@ -143,24 +143,7 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 	r.cfgPath = filepath.Join(base, "config.toml")
 	require.NoError(t, os.WriteFile(r.cfgPath, []byte(cfg.String()), 0o600))
 
-	// The hooks, as docs/hook.md installs them (with the environment the
-	// shipped definitions set); hooks-wait adds --wait to create-runtime (a
-	// misconfiguration under podman, which the hook must survive).
-	env, err := json.Marshal(hook.RuntimeEnv())
-	require.NoError(t, err)
-	for _, dir := range []string{"hooks", "hooks-wait"} {
-		for _, ph := range []struct{ name, stage, extra string }{
-			{"create-runtime", "createRuntime", ""}, {"poststop", "poststop", ""},
-		} {
-			args := fmt.Sprintf(`["nri-gpu-guard-hook", %q, "--config", %q`, ph.name, r.cfgPath)
-			if dir == "hooks-wait" && ph.name == "create-runtime" {
-				args += `, "--wait"`
-			}
-			doc := fmt.Sprintf(`{"version": "1.0.0", "hook": {"path": %q, "args": %s], "env": %s, "timeout": 30}, "when": {"always": true}, "stages": [%q]}`,
-				podmanHook, args, env, ph.stage)
-			require.NoError(t, os.WriteFile(filepath.Join(base, dir, "nri-gpu-guard-"+ph.name+".json"), []byte(doc), 0o644))
-		}
-	}
+	r.writeHooks(t)
 	// The hooks directory goes in containers.conf's [engine] hooks_dir, as
 	// docs/hook.md recommends, not in --hooks-dir: podman does not pass the
 	// flag on to the `podman container cleanup` that conmon runs when the
@@ -208,6 +191,33 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 	out, err := r.podman("load", "-i", podmanTar)
 	require.NoError(t, err, out)
 	return r
+}
+
+// writeHooks writes the rig's hooks.d definitions, as docs/hook.md installs
+// them (with the environment the shipped definitions set); hooks-wait adds
+// --wait to create-runtime (a misconfiguration under podman, which the hook
+// must survive).
+func (r *podmanRig) writeHooks(t *testing.T) {
+	t.Helper()
+	for _, dir := range []string{"hooks", "hooks-wait"} {
+		for _, ph := range []struct{ name, stage string }{
+			{"create-runtime", "createRuntime"}, {"poststop", "poststop"},
+		} {
+			args := []string{ph.name, "--config", r.cfgPath}
+			if dir == "hooks-wait" && ph.name == "create-runtime" {
+				args = append(args, "--wait")
+			}
+			path, argv := podmanHook, append([]string{"nri-gpu-guard-hook"}, args...)
+			doc, err := json.Marshal(map[string]any{
+				"version": "1.0.0",
+				"hook":    map[string]any{"path": path, "args": argv, "env": hook.RuntimeEnv(), "timeout": 30},
+				"when":    map[string]any{"always": true},
+				"stages":  []string{ph.stage},
+			})
+			require.NoError(t, err)
+			require.NoError(t, os.WriteFile(filepath.Join(r.base, dir, "nri-gpu-guard-"+ph.name+".json"), doc, 0o644))
+		}
+	}
 }
 
 // makeFakeGPUNodes mknods /dev/nvidia0..fakeGPUs-1 where missing: podman

@@ -23,41 +23,57 @@ import (
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
+// podmanScenario is one scenario of the suite, run on the rig of each
+// runtime, one after the other; each leaves no container and an empty
+// ledger (podmanRig.runScenarios checks).
+type podmanScenario struct {
+	name string
+	run  func(t *testing.T, r *podmanRig)
+}
+
+// podmanScenarios are the suite's scenarios.
+var podmanScenarios = []podmanScenario{
+	{"QueueFIFOAndOtherGPU", podmanQueueFIFO},
+	{"RefusedContainerRemoved", podmanRefusedRemoved},
+	{"HolderKilled", podmanHolderKilled},
+	{"RestartPolicyClaimsAgain", podmanRestartPolicy},
+	{"Privileged", podmanPrivileged},
+	{"AllAndDeviceWhileHeld", podmanAllAndDevice},
+	{"AbandonedCreate", podmanAbandoned},
+	{"HostDevBind", podmanHostDevBind},
+	{"MknodWithoutCgroup", podmanMknodWithoutCgroup},
+	{"DevicePathUserNS", podmanDevicePathUserNS},
+	{"RootNodevInContainer", podmanRootNodev},
+	{"ImageNodesWithoutCgroup", podmanImageNodes},
+	{"UserNSImageNodesWithoutCgroup", podmanUserNSImageNodes},
+	{"BoundDirWithoutCgroup", podmanBoundDir},
+	{"UserNSDeviceBundle", podmanUserNSDeviceBundle},
+	{"FailedCreateUnderRemove", podmanFailedCreateUnderRemove},
+	{"FailedCreateThenStart", podmanFailedCreateThenStart},
+	{"OneHook", podmanOneHook},
+	{"OneHookStatusNoProblem", podmanOneHookStatus},
+}
+
+// podmanRuntimes are the OCI runtimes the suite runs podman with.
+var podmanRuntimes = []string{"runc", "crun"}
+
 // TestPodman runs every scenario on podman with runc and with crun.
 func TestPodman(t *testing.T) {
-	for _, rt := range []string{"runc", "crun"} {
+	for _, rt := range podmanRuntimes {
 		t.Run(rt, func(t *testing.T) {
-			r := newPodmanRig(t, rt)
-			for _, sc := range []struct {
-				name string
-				run  func(t *testing.T, r *podmanRig)
-			}{
-				{"QueueFIFOAndOtherGPU", podmanQueueFIFO},
-				{"RefusedContainerRemoved", podmanRefusedRemoved},
-				{"HolderKilled", podmanHolderKilled},
-				{"RestartPolicyClaimsAgain", podmanRestartPolicy},
-				{"Privileged", podmanPrivileged},
-				{"AllAndDeviceWhileHeld", podmanAllAndDevice},
-				{"AbandonedCreate", podmanAbandoned},
-				{"HostDevBind", podmanHostDevBind},
-				{"MknodWithoutCgroup", podmanMknodWithoutCgroup},
-				{"DevicePathUserNS", podmanDevicePathUserNS},
-				{"RootNodevInContainer", podmanRootNodev},
-				{"ImageNodesWithoutCgroup", podmanImageNodes},
-				{"UserNSImageNodesWithoutCgroup", podmanUserNSImageNodes},
-				{"BoundDirWithoutCgroup", podmanBoundDir},
-				{"UserNSDeviceBundle", podmanUserNSDeviceBundle},
-				{"FailedCreateUnderRemove", podmanFailedCreateUnderRemove},
-				{"FailedCreateThenStart", podmanFailedCreateThenStart},
-				{"OneHook", podmanOneHook},
-				{"OneHookStatusNoProblem", podmanOneHookStatus},
-			} {
-				t.Run(sc.name, func(t *testing.T) {
-					r.t = t
-					defer r.reset()
-					sc.run(t, r)
-				})
-			}
+			newPodmanRig(t, rt).runScenarios(t, podmanScenarios)
+		})
+	}
+}
+
+// runScenarios runs each scenario as a subtest of t, resetting the rig
+// after it.
+func (r *podmanRig) runScenarios(t *testing.T, scenarios []podmanScenario) {
+	for _, sc := range scenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			r.t = t
+			defer r.reset()
+			sc.run(t, r)
 		})
 	}
 }
