@@ -48,6 +48,7 @@ var (
 	podmanRepo  string
 	podmanGuard string
 	podmanHook  string
+	podmanRelay string
 	podmanCtl   string
 	podmanTar   string
 )
@@ -72,6 +73,7 @@ func podmanMain(m *testing.M) (int, error) {
 	podmanRepo = filepath.Clean(filepath.Join(wd, "..", ".."))
 	podmanGuard = filepath.Join(podmanRepo, "bin", "nri-gpu-guard")
 	podmanHook = filepath.Join(podmanRepo, "bin", "nri-gpu-guard-hook")
+	podmanRelay = filepath.Join(podmanRepo, "bin", "nri-gpu-guard-hook-relay")
 	podmanCtl = filepath.Join(podmanRepo, "bin", "gpu-guard-ctl")
 	cache := os.Getenv("NRI_GPU_GUARD_CACHE")
 	if cache == "" {
@@ -80,7 +82,7 @@ func podmanMain(m *testing.M) (int, error) {
 	}
 	podmanTar = filepath.Join(cache, "images", "gpu-guard-podman.tar")
 	var missing []string
-	for _, p := range []string{podmanGuard, podmanHook, podmanCtl, podmanTar} {
+	for _, p := range []string{podmanGuard, podmanHook, podmanRelay, podmanCtl, podmanTar} {
 		if _, err := os.Stat(p); err != nil {
 			missing = append(missing, p)
 		}
@@ -114,13 +116,29 @@ type podmanRig struct {
 	nsFile string
 	nsDir  string
 	gpu    []string // UUIDs, by index
+	// relaySock is set in relay mode (TestPodmanRelay): the hooks.d
+	// definitions name nri-gpu-guard-hook-relay, which forwards each hook
+	// run to server, `nri-gpu-guard-hook serve` on relaySock, and execs
+	// relayHook when that server cannot answer.
+	relaySock string
+	relayHook string
+	server    *hookServer
+	serverLog serverLog
+	// top is the test the rig was made for (r.t is the scenario's).
+	top *testing.T
 }
 
-func newPodmanRig(t *testing.T, runtime string) *podmanRig {
+// newPodmanRig makes a rig for runtime; with relay, its hooks go through
+// the relay and a hook server that runs for the rig's life (see relaySock).
+func newPodmanRig(t *testing.T, runtime string, relay bool) *podmanRig {
 	t.Helper()
 	base, err := os.MkdirTemp("", "ggp-")
 	require.NoError(t, err)
-	r := &podmanRig{t: t, runtime: runtime, base: base, ledgerDir: filepath.Join(base, "ledger"), hooksDir: filepath.Join(base, "hooks")}
+	r := &podmanRig{t: t, top: t, runtime: runtime, base: base, ledgerDir: filepath.Join(base, "ledger"), hooksDir: filepath.Join(base, "hooks")}
+	if relay {
+		r.relaySock = filepath.Join(base, "hook.sock")
+		r.relayHook = podmanHook
+	}
 	for _, d := range []string{"root", "runroot", "tmp", "hooks", "hooks-wait", "bin"} {
 		require.NoError(t, os.MkdirAll(filepath.Join(base, d), 0o755))
 	}
@@ -188,6 +206,11 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 		runtime)
 	require.NoError(t, os.WriteFile(r.wrapper, []byte(script), 0o755))
 
+	if relay {
+		// In the mount namespace the runtime runs the hooks in (crun's:
+		// above), which the server answers only if it shares.
+		r.startServer(t)
+	}
 	out, err := r.podman("load", "-i", podmanTar)
 	require.NoError(t, err, out)
 	return r
@@ -196,7 +219,8 @@ func newPodmanRig(t *testing.T, runtime string) *podmanRig {
 // writeHooks writes the rig's hooks.d definitions, as docs/hook.md installs
 // them (with the environment the shipped definitions set); hooks-wait adds
 // --wait to create-runtime (a misconfiguration under podman, which the hook
-// must survive).
+// must survive). In relay mode they name the relay, its options in front of
+// the very same hook arguments.
 func (r *podmanRig) writeHooks(t *testing.T) {
 	t.Helper()
 	for _, dir := range []string{"hooks", "hooks-wait"} {
@@ -208,6 +232,10 @@ func (r *podmanRig) writeHooks(t *testing.T) {
 				args = append(args, "--wait")
 			}
 			path, argv := podmanHook, append([]string{"nri-gpu-guard-hook"}, args...)
+			if r.relaySock != "" {
+				path = podmanRelay
+				argv = append([]string{"nri-gpu-guard-hook-relay", "--relay-socket=" + r.relaySock, "--relay-hook=" + r.relayHook}, args...)
+			}
 			doc, err := json.Marshal(map[string]any{
 				"version": "1.0.0",
 				"hook":    map[string]any{"path": path, "args": argv, "env": hook.RuntimeEnv(), "timeout": 30},
@@ -433,6 +461,7 @@ func (r *podmanRig) reset() {
 func (r *podmanRig) cleanup() {
 	_, _ = r.podman("rm", "-af", "-t", "0")
 	_, _ = r.podman("rmi", "-af")
+	r.stopServer(r.top) // after the poststops of the removal, which it answers
 	r.dropRuntimeLeftovers()
 	if r.nsFile != "" {
 		_ = exec.Command("umount", r.nsFile).Run()
@@ -513,7 +542,10 @@ func (r *podmanRig) oneHook(t *testing.T) (end func()) {
 	require.NoError(t, err)
 	var mask map[string]any
 	require.NoError(t, json.Unmarshal(maskDoc, &mask))
-	mask["hook"] = rigHook.Hook // the rig's binary and --config; the mask's "when"
+	// The rig's binary (in relay mode the relay, with its options) and
+	// --config; the mask's "when".
+	require.Equal(t, r.hookPath(), rigHook.Hook["path"], "the rig's poststop definition")
+	mask["hook"] = rigHook.Hook
 	masked, err := json.Marshal(mask)
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(poststop, masked, 0o644))

@@ -31,7 +31,8 @@ type podmanScenario struct {
 	run  func(t *testing.T, r *podmanRig)
 }
 
-// podmanScenarios are the suite's scenarios.
+// podmanScenarios are the suite's scenarios: TestPodman runs them with the
+// hooks run by the runtime, TestPodmanRelay through the hook relay.
 var podmanScenarios = []podmanScenario{
 	{"QueueFIFOAndOtherGPU", podmanQueueFIFO},
 	{"RefusedContainerRemoved", podmanRefusedRemoved},
@@ -61,17 +62,21 @@ var podmanRuntimes = []string{"runc", "crun"}
 func TestPodman(t *testing.T) {
 	for _, rt := range podmanRuntimes {
 		t.Run(rt, func(t *testing.T) {
-			newPodmanRig(t, rt).runScenarios(t, podmanScenarios)
+			newPodmanRig(t, rt, false).runScenarios(t, podmanScenarios)
 		})
 	}
 }
 
 // runScenarios runs each scenario as a subtest of t, resetting the rig
-// after it.
+// after it; in relay mode it also checks that the hook server answered
+// every relay of the scenario.
 func (r *podmanRig) runScenarios(t *testing.T, scenarios []podmanScenario) {
 	for _, sc := range scenarios {
 		t.Run(sc.name, func(t *testing.T) {
 			r.t = t
+			if r.relaySock != "" {
+				defer r.requireServerAnswered(t) // after the reset's poststops
+			}
 			defer r.reset()
 			sc.run(t, r)
 		})
