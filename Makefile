@@ -85,10 +85,12 @@ matrix: build
 	./test/integration/matrix.sh $(MATRIX_VERSIONS)
 
 # The OCI hook on real podman with runc and crun (needs root; installs podman,
-# conmon, runc and crun from the distribution when missing).
+# conmon, runc and crun from the distribution when missing): every scenario
+# with the hooks run directly (TestPodman) and through the relay and the hook
+# server (TestPodmanRelay).
 integration-podman: build
 	./test/integration/setup-podman.sh
-	$(GO) test -tags '$(TAGS) podman' -count=1 -v -timeout 10m -run TestPodman ./test/integration/
+	$(GO) test -tags '$(TAGS) podman' -count=1 -v -timeout 20m -run TestPodman ./test/integration/
 
 demo: build
 	./test/integration/setup.sh
