@@ -26,6 +26,12 @@ var (
 	// ErrContainerGone: the container (or the runtime that ran the hook)
 	// disappeared while its hook waited.
 	ErrContainerGone = errors.New("container gone while waiting for the GPU")
+	// ErrHandOver, as the cause of a run's cancelled context (MainAs),
+	// stops a waiting run without withdrawing its queue entry: the hook
+	// process it ran for takes the wait over (the hook server stopping
+	// hands each wait still going back to its relay, which runs the hook
+	// itself; the hook finds its entry and keeps its place).
+	ErrHandOver = errors.New("the wait is handed over to the hook process")
 )
 
 // progressEvery is how often a waiting hook repeats its progress line when
@@ -161,7 +167,7 @@ func (w *queueWait) run(ctx context.Context) error {
 
 	// fail leaves the queue (reason goes to the audit trail) and returns err.
 	fail := func(err error, reason string) error {
-		if queued {
+		if queued && (ctx.Err() == nil || !errors.Is(context.Cause(ctx), ErrHandOver)) {
 			w.withdraw(ctx, reason)
 		}
 		return err

@@ -59,9 +59,11 @@
 //     installs no signal handling per request.
 //   - Stopping (Serve's ctx ends): the listener is closed, requests still
 //     being read are answered 'F', runs in flight have Grace (10 s) to
-//     finish before their contexts are cancelled; a cancelled run that
-//     refuses gets no answer (its refusal would say the server stopped, not
-//     what the hook decides), so its relay runs the hook itself; Serve
+//     finish before their contexts are cancelled (cause hook.ErrHandOver:
+//     a wait keeps its queue entry); a cancelled run that refuses gets no
+//     answer (its refusal would say the server stopped, not what the hook
+//     decides), so its relay runs the hook itself, which finds that entry
+//     and waits on in its place; Serve
 //     returns when every connection is done.
 //   - Options.Started is the relay's start (/proc/<pid>/stat and
 //     CLOCK_BOOTTIME): a runtime's hook timeout counts from there.

@@ -127,7 +127,10 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	select {
 	case <-finished:
 	case <-timer.C:
-		cancelRuns(errors.New("the hook server stopped and its grace for running hooks ended"))
+		// A wait still going is handed back to its relay (no answer, see
+		// handle), its queue entry kept: the hook the relay runs itself
+		// finds it and waits on in its place.
+		cancelRuns(fmt.Errorf("%w: the hook server stopped and its grace for running hooks ended", hook.ErrHandOver))
 		<-finished
 	}
 	return acceptErr
@@ -270,9 +273,10 @@ func (st *serving) handle(c *net.UnixConn) {
 	if code != 0 && st.runCtx.Err() != nil {
 		// The server stopped and cancelled this run (a --wait still
 		// queued, most likely): its refusal says so, not what the hook
-		// decides. No answer: the relay runs the hook itself, which waits
-		// on (at the back of the queue: the cancelled run withdrew its
-		// place). An admission that ended as the grace did is answered.
+		// decides. No answer: the relay runs the hook itself, which finds
+		// the queue entry the cancelled run kept (hook.ErrHandOver) and
+		// waits on in its place. An admission that ended as the grace did
+		// is answered.
 		st.s.logf("%s serve: relay pid %d: the server stopped while its hook ran (exit code %d); closed without an answer, the relay runs the hook itself",
 			st.s.Program, cred.Pid, code)
 		_ = c.Close()

@@ -25,6 +25,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
@@ -848,4 +849,49 @@ func TestProcessStart(t *testing.T) {
 
 	now := time.Now()
 	require.Equal(t, now, processStart("/proc", int(goneProcess(t)), now))
+}
+
+// TestServeStopHandsTheWaitOver: a --wait still queued when the stop's
+// grace ends gets no answer and keeps its queue entry, so the hook its
+// relay runs itself waits on in the same place: here, ahead of a waiter
+// that queued after it, it gets the GPU when the holder's claim ends.
+func TestServeStopHandsTheWaitOver(t *testing.T) {
+	h := newHost(t)
+	s := New(program, nil)
+	s.Grace = 0
+	v := serve(t, s)
+	create := []string{"create-runtime", "--wait", "--config", h.cfgPath}
+	holder := h.container("holder", "NVIDIA_VISIBLE_DEVICES=0")
+	_, res := v.call(t, Request{Args: []string{"create-runtime", "--config", h.cfgPath}, Stdin: holder})
+	require.Equal(t, 0, res.Code, string(res.Stderr))
+
+	first := h.container("first", "NVIDIA_VISIBLE_DEVICES=0")
+	w := v.send(t, Request{Args: create, Stdin: first})
+	require.True(t, w.ack().Accepted)
+	eventually(t, "first to queue", func() bool { return slices.Contains(h.waiterKeys(), "first") })
+	require.NoError(t, v.stop())
+	_, err := ReadResult(w.c)
+	require.ErrorIs(t, err, io.ErrUnexpectedEOF, "no answer: the relay runs the hook itself")
+	require.Equal(t, []string{"first"}, h.waiterKeys(), "the queue entry is kept for the hook that takes the wait over")
+	require.NotContains(t, v.log.String(), "hung up")
+
+	// Another container queues behind it (no --wait: it only queues and
+	// is refused; a later one would be admitted only after "first").
+	second := h.container("second", "NVIDIA_VISIBLE_DEVICES=0")
+	require.Equal(t, 75, direct([]string{"create-runtime", "--config", h.cfgPath}, second).Code)
+
+	// The relay's own hook takes the wait over: the holder goes, and
+	// "first" is admitted.
+	took := make(chan Result, 1)
+	go func() { took <- direct(create, first) }()
+	var st specs.State
+	require.NoError(t, json.Unmarshal(holder, &st))
+	p, err := os.FindProcess(st.Pid)
+	require.NoError(t, err)
+	require.NoError(t, p.Kill())
+	eventually(t, "the holder's process to be gone", func() bool { return !isRunning(st.Pid) })
+	require.Equal(t, 0, direct([]string{"poststop", "--config", h.cfgPath}, holder).Code)
+	res = testwait.Receive(t, took, "the taken-over wait's answer")
+	require.Equal(t, 0, res.Code, string(res.Stderr))
+	require.Equal(t, map[string]string{gpuUUIDs[0]: "first"}, h.holders())
 }
