@@ -19,6 +19,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -60,10 +61,21 @@ var (
 	binDir      string // removed by TestMain
 	hookBin     string // the nri-gpu-guard-hook binary
 	ctrProg     string // the static container program
+	relayBin    string // nri-gpu-guard-hook-relay, built with the C compiler
 	runcBin     string
 	setupSkip   string // why runc tests cannot run here
 	setupErr    error  // why the binaries could not be built
+	// relaySkip says why no relay could be built here (no C compiler), and
+	// relayErr why its build failed: only relay rigs need it.
+	relaySkip string
+	relayErr  error
 )
+
+// relayEnv set to a true value (NRI_GPU_GUARD_TEST_RELAY=1) makes every rig
+// a relay rig (rigOpts.relay) unless it asks for the Go hook
+// (rigOpts.direct): the whole runc suite then runs its hooks through the
+// relay and the hook server.
+const relayEnv = "NRI_GPU_GUARD_TEST_RELAY"
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -146,6 +158,27 @@ func prepareRunc() {
 			return
 		}
 	}
+	relayBin = filepath.Join(dir, "nri-gpu-guard-hook-relay")
+	relaySkip, relayErr = buildRelay(root, relayBin)
+}
+
+// buildRelay builds cmd/nri-gpu-guard-hook-relay as the release does: a
+// static C program, warnings as errors. $CC names the compiler (default
+// cc). It returns why it could not try (no compiler), or the build's error.
+func buildRelay(root, out string) (skip string, err error) {
+	cc := os.Getenv("CC")
+	if cc == "" {
+		cc = "cc"
+	}
+	if _, err := exec.LookPath(cc); err != nil {
+		return fmt.Sprintf("no C compiler to build the hook relay (%s): %v", cc, err), nil
+	}
+	src := filepath.Join(root, "cmd", "nri-gpu-guard-hook-relay", "relay.c")
+	cmd := exec.Command(cc, "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o", out, src)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("%s -static %s: %w\n%s", cc, src, err, b)
+	}
+	return "", nil
 }
 
 func moduleRoot() (string, error) {
@@ -179,9 +212,27 @@ type rig struct {
 	// noPoststop: the host installs the createRuntime hook alone
 	// (rigOpts.noPoststop).
 	noPoststop bool
+	// relay: the containers' hooks are the relay (rigOpts.relay), which
+	// forwards to the rig's hook server on sock; relayBin is the relay
+	// program their hooks name (BenchmarkRuncHook names an installed copy).
+	relay    bool
+	relayBin string
+	sock     string
 
-	mu   sync.Mutex
-	ctrs []*ctr
+	mu     sync.Mutex
+	ctrs   []*ctr
+	server *hookServer
+}
+
+// hookServer is a `nri-gpu-guard-hook serve` the rig started.
+type hookServer struct {
+	cmd  *exec.Cmd
+	log  *syncBuffer // its stdout and stderr: one line per fallback or error
+	done chan struct{}
+	err  error
+	// stopped: the test stopped it (stopServer); otherwise an exit before
+	// the rig's cleanup is a failure.
+	stopped bool
 }
 
 type rigOpts struct {
@@ -190,6 +241,30 @@ type rigOpts struct {
 	// alone: its configurations say [hook] poststop = false and no
 	// container of it gets a poststop hook.
 	noPoststop bool
+	// relay makes the containers' hooks nri-gpu-guard-hook-relay (in front
+	// of the Go hook, which it runs when the server cannot answer) and
+	// starts `nri-gpu-guard-hook serve` on <base>/hook.sock for the rig's
+	// life. NRI_GPU_GUARD_TEST_RELAY=1 sets it for every rig not direct.
+	relay bool
+	// direct keeps the Go hook as the containers' hooks whatever
+	// NRI_GPU_GUARD_TEST_RELAY says (a relay-mode test's direct baseline).
+	direct bool
+	// noServer: a relay rig whose server is never started (its socket does
+	// not exist), so that every relay falls back.
+	noServer bool
+}
+
+// relayByEnv tells whether NRI_GPU_GUARD_TEST_RELAY asks for relay rigs.
+func relayByEnv(t testing.TB) bool {
+	v := os.Getenv(relayEnv)
+	if v == "" {
+		return false
+	}
+	on, err := strconv.ParseBool(v)
+	if err != nil {
+		t.Fatalf("%s=%q: want 1 or 0", relayEnv, v)
+	}
+	return on
 }
 
 func newRig(t testing.TB, o rigOpts) *rig {
@@ -210,6 +285,19 @@ func newRig(t testing.TB, o rigOpts) *rig {
 		shared:   filepath.Join(base, "shared"),
 
 		noPoststop: o.noPoststop,
+		relay:      o.relay || o.noServer || !o.direct && relayByEnv(t),
+		relayBin:   relayBin,
+		sock:       filepath.Join(base, "hook.sock"),
+	}
+	if r.relay {
+		if relaySkip != "" {
+			_ = os.RemoveAll(base)
+			t.Skip(relaySkip)
+		}
+		if relayErr != nil {
+			_ = os.RemoveAll(base)
+			require.NoError(t, relayErr)
+		}
 	}
 	t.Cleanup(r.cleanup)
 	for _, d := range []string{r.runcRoot, r.shared, filepath.Join(r.rootfs, "proc"), filepath.Join(r.rootfs, "dev"),
@@ -232,7 +320,82 @@ func newRig(t testing.TB, o rigOpts) *rig {
 	}
 	r.cfg = r.config(o.waitTimeout)
 	r.cfgPath = r.writeConfig("config.toml", r.cfg)
+	if r.relay && !o.noServer {
+		r.startServer()
+	}
 	return r
+}
+
+// startServer starts `nri-gpu-guard-hook serve --socket <base>/hook.sock`
+// as a child of the test and returns once the socket answers a connect.
+// r.cleanup stops it (SIGTERM), after the containers are gone.
+func (r *rig) startServer() {
+	r.t.Helper()
+	s := &hookServer{log: &syncBuffer{}, done: make(chan struct{})}
+	s.cmd = exec.Command(hookBin, "serve", "--socket", r.sock)
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	require.NoError(r.t, s.cmd.Start())
+	go func() {
+		s.err = s.cmd.Wait()
+		close(s.done)
+	}()
+	r.mu.Lock()
+	r.server = s
+	r.mu.Unlock()
+	deadline := time.Now().Add(condTimeout)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		// A connection closed before its first byte is a probe: the
+		// server neither answers nor logs it.
+		c, err := net.Dial("unix", r.sock)
+		if err == nil {
+			_ = c.Close()
+			return
+		}
+		select {
+		case <-s.done:
+			r.t.Fatalf("the hook server exited before answering on %s: %v\n%s", r.sock, s.err, s.log.String())
+		case <-tick.C:
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("the hook server did not answer on %s within %s (last: %v)\n%s", r.sock, condTimeout, err, s.log.String())
+		}
+	}
+}
+
+// stopServer sends the rig's hook server sig and waits for it to exit; it
+// returns what the server logged. SIGKILL leaves its socket file behind
+// (a connect is refused), SIGTERM removes it.
+func (r *rig) stopServer(sig syscall.Signal) string {
+	r.t.Helper()
+	r.mu.Lock()
+	s := r.server
+	r.mu.Unlock()
+	require.NotNil(r.t, s, "the rig has no hook server")
+	r.mu.Lock()
+	s.stopped = true
+	r.mu.Unlock()
+	_ = s.cmd.Process.Signal(sig)
+	select {
+	case <-s.done:
+	case <-time.After(condTimeout):
+		_ = s.cmd.Process.Kill()
+		<-s.done
+		r.t.Fatalf("the hook server did not exit within %s of %v\n%s", condTimeout, sig, s.log.String())
+	}
+	return s.log.String()
+}
+
+// serverLog is what the rig's hook server logged so far: one line per
+// relay it told to fall back and per error, nothing per answered request.
+func (r *rig) serverLog() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.server == nil {
+		return ""
+	}
+	return r.server.log.String()
 }
 
 // config is the rig's configuration: a static inventory of gpuUUIDs, the
@@ -283,8 +446,16 @@ type ctrOpts struct {
 	noHooks  bool
 	detached bool
 	// hookBin replaces the hook binary in both hooks (BenchmarkRuncHook's
-	// floor: a program that only reads its stdin).
+	// floor: a program that only reads its stdin), and the relay of a relay
+	// rig: the hooks name it directly.
 	hookBin string
+	// direct gives the container the Go hook (hookBin) in a relay rig.
+	direct bool
+	// relayHook is the Go hook a relay runs when the server cannot answer
+	// (--relay-hook; default: hookBin). A path that does not exist makes
+	// every fallback fail (exit 1, the container refused), so that a
+	// container admitted was answered by the server.
+	relayHook string
 	// noWait runs the create-runtime hook without --wait (the default of the
 	// shipped hooks.d file): it refuses a busy GPU at once.
 	noWait bool
@@ -396,16 +567,26 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		l.GIDMappings = []specs.LinuxIDMapping{{ContainerID: 0, HostID: 0, Size: 65536}}
 	}
 	if !o.noHooks {
-		createArgs := []string{"nri-gpu-guard-hook", PhaseCreateRuntime, "--config", cfgPath}
+		// argv[0] and what comes before the phase: the Go hook's name, or
+		// the relay's name and its options.
+		bin, head := hookBin, []string{"nri-gpu-guard-hook"}
+		switch {
+		case o.hookBin != "":
+			bin = o.hookBin
+		case r.relay && !o.direct:
+			fallback := hookBin
+			if o.relayHook != "" {
+				fallback = o.relayHook
+			}
+			bin = r.relayBin
+			head = []string{"nri-gpu-guard-hook-relay", "--relay-socket=" + r.sock, "--relay-hook=" + fallback}
+		}
+		createArgs := append(slices.Clone(head), PhaseCreateRuntime, "--config", cfgPath)
 		if !o.noWait {
 			createArgs = append(createArgs, "--wait")
 		}
-		bin := hookBin
-		if o.hookBin != "" {
-			bin = o.hookBin
-		}
 		createArgs = append(createArgs, o.hookArgs...)
-		stopArgs := append([]string{"nri-gpu-guard-hook", PhasePoststop, "--config", cfgPath}, o.hookArgs...)
+		stopArgs := append(append(slices.Clone(head), PhasePoststop, "--config", cfgPath), o.hookArgs...)
 		env := RuntimeEnv()
 		if o.inheritEnv {
 			env = nil
@@ -597,6 +778,42 @@ func (r *rig) cleanup() {
 		dirs = append(dirs, filepath.Join("/sys/fs/cgroup", r.cgroupName(c.id)))
 		for _, d := range dirs {
 			_ = os.Remove(d) // rmdir: only an empty cgroup goes
+		}
+	}
+	// The server last: the deletes above ran poststops through it.
+	r.mu.Lock()
+	s := r.server
+	r.mu.Unlock()
+	if s != nil {
+		r.mu.Lock()
+		stopped := s.stopped
+		r.mu.Unlock()
+		select {
+		case <-s.done:
+			if !stopped {
+				r.t.Errorf("the hook server exited during the test: %v", s.err)
+			}
+		default:
+			_ = s.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-s.done:
+				if s.err != nil {
+					r.t.Errorf("the hook server's exit on SIGTERM: %v", s.err)
+				}
+			case <-time.After(condTimeout):
+				_ = s.cmd.Process.Kill()
+				<-s.done
+				r.t.Errorf("the hook server did not exit within %s of SIGTERM", condTimeout)
+			}
+		}
+		log := s.log.String()
+		// The rig's relays run as root in the server's namespaces: the
+		// server must have answered every one of them.
+		if strings.Contains(log, "falls back") {
+			r.t.Errorf("the hook server told relays to fall back: not every hook ran in it")
+		}
+		if log != "" && r.t.Failed() {
+			r.t.Logf("the hook server logged:\n%s", log)
 		}
 	}
 	_ = os.RemoveAll(r.base)
