@@ -290,8 +290,9 @@ func TestRuncRelayFallsBack(t *testing.T) {
 // as a runtime's hook timeout does: runc refuses the container, and the
 // server, whose read on the connection returns, cancels the hook run, which
 // leaves the queue at once, saying why. The rig's poll interval is a
-// minute here, so no poll of the waiting hook (its container or runtime
-// gone) can be what ends the wait.
+// minute here, and w has no poststop, so neither a poll of the waiting
+// hook (its container or runtime gone) nor w's poststop can be what ends
+// the wait.
 func TestRuncRelayKilledLeavesQueue(t *testing.T) {
 	r := newRig(t, rigOpts{relay: true})
 	idle := r.cfg
@@ -301,7 +302,10 @@ func TestRuncRelayKilledLeavesQueue(t *testing.T) {
 	h := r.start("h", r.serverAnswers(ctrOpts{env: gpuEnv(1)}))
 	r.waitFor("h to start", func() bool { return r.started("h") || !h.running() })
 	require.True(t, r.started("h"), h.out.String())
-	w := r.start("w", r.serverAnswers(ctrOpts{env: gpuEnv(1), cfgPath: idlePath}))
+	// No poststop for w: runc runs it when it destroys a container whose
+	// createRuntime hook failed, and it would drop w's queue entry too
+	// ("container removed").
+	w := r.start("w", r.serverAnswers(ctrOpts{env: gpuEnv(1), cfgPath: idlePath, noPoststop: true}))
 	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") })
 	hc := r.hookOf(w)
 	require.Equal(t, relayArgv0, hc.argv0, "w's relay waits for the server's answer")
