@@ -156,7 +156,8 @@ func TestRuncRelayServerAnswers(t *testing.T) {
 	r.waitFor("h to start", func() bool { return r.started("h") || !h.running() })
 	require.True(t, r.started("h"), "h admitted: %s", h.out.String())
 	w := r.start("w", r.serverAnswers(ctrOpts{env: gpuEnv(0)}))
-	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") })
+	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") || !w.running() })
+	require.True(t, w.running(), "w's runc returned: %s", w.out.String())
 	hc := r.hookOf(w)
 	require.Equal(t, relayArgv0, hc.argv0, "w's hook process waits for the server's answer")
 	require.Equal(t, r.relayBin, hc.exe)
@@ -232,7 +233,10 @@ func verdicts(t *testing.T, r *rig) []string {
 	}
 
 	w := r.start("w", ctrOpts{env: gpuEnv(0)})
-	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") })
+	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") || !w.running() })
+	if !w.running() {
+		return append(out, "w: not queued: "+w.out.String())
+	}
 	hc := r.hookOf(w)
 	out = append(out, "w's hook process: "+hc.argv0+" "+hc.exe)
 	r.release("h")
@@ -306,7 +310,8 @@ func TestRuncRelayKilledLeavesQueue(t *testing.T) {
 	// createRuntime hook failed, and it would drop w's queue entry too
 	// ("container removed").
 	w := r.start("w", r.serverAnswers(ctrOpts{env: gpuEnv(1), cfgPath: idlePath, noPoststop: true}))
-	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") })
+	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") || !w.running() })
+	require.True(t, w.running(), "w's runc returned: %s", w.out.String())
 	hc := r.hookOf(w)
 	require.Equal(t, relayArgv0, hc.argv0, "w's relay waits for the server's answer")
 
@@ -352,17 +357,18 @@ func TestRuncRelayServerKilledWhileWaiting(t *testing.T) {
 	r.waitFor("h to start", func() bool { return r.started("h") || !h.running() })
 	require.True(t, r.started("h"), h.out.String())
 	w := r.start("w", ctrOpts{env: gpuEnv(2)})
-	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") })
+	r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") || !w.running() })
+	require.True(t, w.running(), "w's runc returned: %s", w.out.String())
 	relay := r.hookOf(w)
 	require.Equal(t, relayArgv0, relay.argv0, "w's relay waits for the server's answer")
 
 	r.stopServer(syscall.SIGKILL)
-	r.waitFor("w's relay to run the Go hook", func() bool {
+	r.waitFor("w's relay to run the Go hook, or to end", func() bool {
 		k, ok := readChild(relay.pid)
-		return ok && k.argv0 == hookArgv0
+		return !ok || k.argv0 != relayArgv0 || !w.running()
 	})
+	require.True(t, w.running(), "w's runc returned: %s", w.out.String())
 	require.Equal(t, hookChild{pid: relay.pid, argv0: hookArgv0, exe: hookBin}, r.hookOf(w), "the relay's process became the Go hook")
-	require.True(t, w.running())
 	require.False(t, r.started("w"))
 	require.Equal(t, []string{"w"}, r.waiterKeys(), "one queue entry")
 	require.Equal(t, map[string]string{gpuUUIDs[2]: "h"}, r.holders())
