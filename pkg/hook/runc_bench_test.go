@@ -33,14 +33,26 @@ import (
 // are the floor of a hook written in any language, what runc's way of
 // running a hook costs by itself. The one-hook configuration ([hook]
 // poststop = false, the createRuntime hook alone) runs as "nogpu-1hook" and
-// "gpu-1hook", beside "cfloor-1hook", one C floor process per container. It
-// reports the median and p99 of each and
-// their ratios to plain, and the hook cases' ratios to their floors (both
-// environments of the floor, and the C floors), and what each costs per
-// container beyond plain, paired round by round ("-plain-ms"); run it with
+// "gpu-1hook", beside "cfloor-1hook", one C floor process per container.
+// The hook relay (cmd/nri-gpu-guard-hook-relay, what hooks.d names: a static
+// C program that forwards each hook run to `nri-gpu-guard-hook serve`,
+// started once for the whole benchmark) runs as "relay-nogpu" and
+// "relay-gpu" (both hooks, the shipped shape) and "relay-nogpu-1hook" and
+// "relay-gpu-1hook" (the createRuntime hook alone); its --relay-hook names
+// no file, so a relay that fell back instead of being answered by the
+// server would fail its container, and the benchmark. It reports the
+// median and p99 of each and their ratios to plain, and the hook cases'
+// ratios to their floors (both environments of the floor, and the C
+// floors), and what each costs per container beyond plain, paired round by
+// round ("-plain-ms"), and beyond its C floor and its Go hook for the
+// relay ("relay-nogpu-cfloor-ms", "relay-gpu-gpu-ms", ...); run it with
 // -benchtime=60x -count=3 (hack/bench-process.sh does).
 func BenchmarkRuncHook(b *testing.B) {
-	r := newRig(b, rigOpts{})
+	// The relay rig starts the server; the variants that name a hook
+	// binary (hookBin) run it directly, as before.
+	r := newRig(b, rigOpts{relay: true})
+	r.relayBin = benchab.MustInstall(b, relayBin)
+	noFallback := filepath.Join(r.base, "no-such-hook")
 	floorBin := buildFloor(b, "readstdin")
 	durableBin := buildFloor(b, "durablefloor")
 	// Every hook program runs from a copy written in one pass, as a
@@ -84,6 +96,13 @@ func BenchmarkRuncHook(b *testing.B) {
 		variant("nogpu-1hook", ctrOpts{mode: "exit", hookBin: guardBin, noPoststop: true, cfgPath: oneHookCfg}),
 		variant("gpu-1hook", ctrOpts{mode: "exit", env: gpuEnv(1), hookBin: guardBin, noPoststop: true, cfgPath: oneHookCfg}),
 		variant("gpu-inherit", ctrOpts{mode: "exit", env: gpuEnv(0), hookBin: guardBin, inheritEnv: true}),
+		// The relay, answered by the server. relay-gpu-1hook shares GPU 1
+		// with gpu-1hook: each one's request ends the other's exited
+		// claim, as two of its own would.
+		variant("relay-nogpu", ctrOpts{mode: "exit", relayHook: noFallback}),
+		variant("relay-gpu", ctrOpts{mode: "exit", env: gpuEnv(0), relayHook: noFallback}),
+		variant("relay-nogpu-1hook", ctrOpts{mode: "exit", relayHook: noFallback, noPoststop: true, cfgPath: oneHookCfg}),
+		variant("relay-gpu-1hook", ctrOpts{mode: "exit", env: gpuEnv(1), relayHook: noFallback, noPoststop: true, cfgPath: oneHookCfg}),
 	}
 	cFloor, cDurable := buildCFloor(b, "readstdin.c"), buildCFloor(b, "durable.c")
 	if cFloor != "" && cDurable != "" {
@@ -116,6 +135,8 @@ func BenchmarkRuncHook(b *testing.B) {
 	samples.ReportRatio(b, "gpu", "cdurable")
 	if cFloor != "" {
 		samples.ReportRatio(b, "nogpu-1hook", "cfloor-1hook")
+		samples.ReportRatio(b, "relay-nogpu", "cfloor")
+		samples.ReportRatio(b, "relay-nogpu-1hook", "cfloor-1hook")
 	}
 	if base != "" {
 		samples.ReportRatio(b, "base-gpu", "durablefloor")
@@ -123,15 +144,23 @@ func BenchmarkRuncHook(b *testing.B) {
 	// What each costs per container beyond plain `runc run`, paired round
 	// by round (benchab.ReportDiff): the figure that does not move with
 	// how fast `runc run` is on the day.
-	for _, v := range []string{"nogpu", "gpu", "nogpu-1hook", "gpu-1hook", "floorhooks", "durablefloor", "cfloor", "cfloor-1hook", "cdurable", "base-nogpu", "base-gpu"} {
+	for _, v := range []string{"nogpu", "gpu", "nogpu-1hook", "gpu-1hook", "floorhooks", "durablefloor", "cfloor", "cfloor-1hook", "cdurable",
+		"relay-nogpu", "relay-gpu", "relay-nogpu-1hook", "relay-gpu-1hook", "base-nogpu", "base-gpu"} {
 		samples.ReportDiff(b, v, "plain")
 	}
 	samples.ReportDiff(b, "nogpu-1hook", "cfloor-1hook")
-	// Left: at most the last gpu-1hook container's claim, which no
-	// poststop ended and no later request found exited.
+	samples.ReportDiff(b, "relay-nogpu-1hook", "cfloor-1hook")
+	samples.ReportDiff(b, "relay-nogpu", "cfloor")
+	// What the relay saves over the Go hook, container for container.
+	for _, v := range []string{"nogpu", "gpu", "nogpu-1hook", "gpu-1hook"} {
+		samples.ReportDiff(b, "relay-"+v, v)
+	}
+	// Left: at most the last gpu-1hook or relay-gpu-1hook container's
+	// claim, which no poststop ended and no later request found exited.
 	st := r.state()
 	for _, c := range st.Claims {
-		if c.Device.UUID != gpuUUIDs[1] || !strings.HasPrefix(c.Owner.ContainerID, "bench-gpu-1hook-") {
+		id := c.Owner.ContainerID
+		if c.Device.UUID != gpuUUIDs[1] || !strings.HasPrefix(id, "bench-gpu-1hook-") && !strings.HasPrefix(id, "bench-relay-gpu-1hook-") {
 			b.Fatalf("claim of %s on %s left after the runs", c.Owner.ContainerID, c.Device.UUID)
 		}
 	}
