@@ -387,6 +387,26 @@ func (r *rig) stopServer(sig syscall.Signal) string {
 	return s.log.String()
 }
 
+// killRelays kills (SIGKILL) every relay process still running with this
+// rig's socket: those whose runc is gone.
+func (r *rig) killRelays() {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return
+	}
+	mark := []byte("\x00--relay-socket=" + r.sock + "\x00")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && bytes.HasPrefix(cmdline, []byte("nri-gpu-guard-hook-relay\x00")) && bytes.Contains(cmdline, mark) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
 // serverLog is what the rig's hook server logged so far: one line per
 // relay it told to fall back and per error, nothing per answered request.
 func (r *rig) serverLog() string {
@@ -785,6 +805,10 @@ func (r *rig) cleanup() {
 	s := r.server
 	r.mu.Unlock()
 	if s != nil {
+		// Relays a killed runc left waiting (a rig whose waiters poll once
+		// a minute) would hold the server's stop for its grace: end them,
+		// and the server cancels their runs at once.
+		r.killRelays()
 		r.mu.Lock()
 		stopped := s.stopped
 		r.mu.Unlock()
