@@ -52,9 +52,15 @@ build:
 	CGO_ENABLED=0 $(GO) build -tags $(TAGS) -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/nri-gpu-guard-hook ./cmd/gpu-guard-ctl
 	$(CC) $(RELAY_CFLAGS) -o $(BIN)/nri-gpu-guard-hook-relay cmd/nri-gpu-guard-hook-relay/relay.c
 
+# The real-runc tests of pkg/hook run twice: as part of ./..., and with every
+# container's hooks through nri-gpu-guard-hook-relay and a hook server
+# (NRI_GPU_GUARD_TEST_RELAY), which must give the same verdicts.
+RUNC_SUITE := TestRunc|TestHookBurst|TestHookWaiterLeavesQueue|TestDeadWaiterDoesNotBlockFreedGPU|TestTicketHandover|TestCrun
+
 test:
 	$(GO) vet -tags $(TAGS) ./...
 	$(GO) test -tags $(TAGS) -race -count=1 ./...
+	NRI_GPU_GUARD_TEST_RELAY=1 $(GO) test -tags $(TAGS) -count=1 -run '$(RUNC_SUITE)' ./pkg/hook/
 
 fuzz:
 	./hack/fuzz.sh $(FUZZTIME)

@@ -12,6 +12,7 @@ package hook
 // process exits and ledger state, each waited for with a deadline.
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -19,7 +20,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -327,41 +327,33 @@ func newRig(t testing.TB, o rigOpts) *rig {
 }
 
 // startServer starts `nri-gpu-guard-hook serve --socket <base>/hook.sock`
-// as a child of the test and returns once the socket answers a connect.
-// r.cleanup stops it (SIGTERM), after the containers are gone.
+// as a child of the test and returns once it said it listens (its first
+// line, which the log does not keep). r.cleanup stops it (SIGTERM), after
+// the containers are gone.
 func (r *rig) startServer() {
 	r.t.Helper()
 	s := &hookServer{log: &syncBuffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(hookBin, "serve", "--socket", r.sock)
-	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	s.cmd.Stdout = s.log
+	pipe, err := s.cmd.StderrPipe()
+	require.NoError(r.t, err)
 	require.NoError(r.t, s.cmd.Start())
+	lines := bufio.NewReader(pipe)
+	first, readErr := lines.ReadString('\n')
 	go func() {
+		// Read to EOF (the server's exit) before Wait, as StderrPipe asks.
+		_, _ = io.Copy(s.log, lines)
 		s.err = s.cmd.Wait()
 		close(s.done)
 	}()
 	r.mu.Lock()
 	r.server = s
 	r.mu.Unlock()
-	deadline := time.Now().Add(condTimeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		// A connection closed before its first byte is a probe: the
-		// server neither answers nor logs it.
-		c, err := net.Dial("unix", r.sock)
-		if err == nil {
-			_ = c.Close()
-			return
-		}
-		select {
-		case <-s.done:
-			r.t.Fatalf("the hook server exited before answering on %s: %v\n%s", r.sock, s.err, s.log.String())
-		case <-tick.C:
-		}
-		if time.Now().After(deadline) {
-			r.t.Fatalf("the hook server did not answer on %s within %s (last: %v)\n%s", r.sock, condTimeout, err, s.log.String())
-		}
+	if readErr != nil {
+		<-s.done
+		r.t.Fatalf("the hook server exited before it listened on %s: %v\n%s%s", r.sock, s.err, first, s.log.String())
 	}
+	require.Equal(r.t, "nri-gpu-guard-hook serve: listening on "+r.sock+"\n", first)
 }
 
 // stopServer sends the rig's hook server sig and waits for it to exit; it
