@@ -6,6 +6,8 @@
 package integration
 
 import (
+	"bufio"
+	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -76,7 +78,8 @@ func (r *podmanRig) hookPath() string {
 
 // startServer starts the hook server on r.relaySock, in the mount namespace
 // the runtime runs the hooks in (crun's own in this rig: the server answers
-// only a relay that shares it), and returns once it accepts a connection.
+// only a relay that shares it), and returns once it said it listens (its
+// first line, which the log does not keep).
 func (r *podmanRig) startServer(t *testing.T) {
 	t.Helper()
 	require.Nil(t, r.server, "a hook server runs already")
@@ -87,33 +90,25 @@ func (r *podmanRig) startServer(t *testing.T) {
 	}
 	s := &hookServer{done: make(chan struct{})}
 	s.cmd = exec.Command(args[0], args[1:]...)
-	s.cmd.Stdout, s.cmd.Stderr = &r.serverLog, &r.serverLog
+	s.cmd.Stdout = &r.serverLog
+	pipe, err := s.cmd.StderrPipe()
+	require.NoError(t, err)
 	require.NoError(t, s.cmd.Start())
+	lines := bufio.NewReader(pipe)
+	first, readErr := lines.ReadString('\n')
 	go func() {
+		// Read to EOF (the server's exit) before Wait, as StderrPipe asks.
+		_, _ = io.Copy(&r.serverLog, lines)
 		s.err = s.cmd.Wait()
 		close(s.done)
 	}()
 	r.server = s
-	deadline := time.Now().Add(podmanWait)
-	for {
-		// A connection closed before a byte is a probe: the server logs
-		// nothing for it.
-		c, err := net.Dial("unix", r.relaySock)
-		if err == nil {
-			require.NoError(t, c.Close())
-			return
-		}
-		select {
-		case <-s.done:
-			r.server = nil
-			t.Fatalf("the hook server exited (%v) before it accepted a connection; its log:\n%s", s.err, r.serverLog.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the hook server accepted no connection on %s within %s (%v); its log:\n%s", r.relaySock, podmanWait, err, r.serverLog.String())
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition, not synchronising on time
+	if readErr != nil {
+		<-s.done
+		r.server = nil
+		t.Fatalf("the hook server exited (%v) before it listened: %s%s", s.err, first, r.serverLog.String())
 	}
+	require.Equal(t, "nri-gpu-guard-hook serve: listening on "+r.relaySock+"\n", first)
 }
 
 // stopServer stops the hook server with SIGTERM, checks that it exits 0
