@@ -163,12 +163,19 @@ func prepareRunc() {
 }
 
 // buildRelay builds cmd/nri-gpu-guard-hook-relay as the release does: a
-// static C program, warnings as errors. $CC names the compiler (default
-// cc). It returns why it could not try (no compiler), or the build's error.
+// static C program, warnings as errors, with the compiler `make build`
+// picks. It returns why it could not try (no compiler), or the build's
+// error.
 func buildRelay(root, out string) (skip string, err error) {
-	cc := os.Getenv("CC")
+	// The compiler `make build` uses: RELAY_CC, else musl-gcc where
+	// installed, else $CC or cc.
+	cc := os.Getenv("RELAY_CC")
 	if cc == "" {
-		cc = "cc"
+		if p, err := exec.LookPath("musl-gcc"); err == nil {
+			cc = p
+		} else if cc = os.Getenv("CC"); cc == "" {
+			cc = "cc"
+		}
 	}
 	if _, err := exec.LookPath(cc); err != nil {
 		return fmt.Sprintf("no C compiler to build the hook relay (%s): %v", cc, err), nil

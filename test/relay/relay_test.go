@@ -169,6 +169,14 @@ func testMain(m *testing.M) int {
 		skipReason = "no C compiler (cc) on PATH: the relay cannot be built"
 		return m.Run()
 	}
+	// The relay with the compiler `make build` uses: RELAY_CC, else
+	// musl-gcc where installed, else cc (the fake hook always with cc).
+	relayCC := cc
+	if v := os.Getenv("RELAY_CC"); v != "" {
+		relayCC = v
+	} else if p, err := exec.LookPath("musl-gcc"); err == nil {
+		relayCC = p
+	}
 	// Short: defaultSock must fit a sockaddr_un.
 	buildDir, err = os.MkdirTemp("", "ggr-")
 	if err != nil {
@@ -191,15 +199,18 @@ func testMain(m *testing.M) int {
 		return 1
 	}
 	flags := []string{"-O2", "-static", "-Wall", "-Wextra", "-Werror"}
-	builds := [][]string{
-		append(slices.Clone(flags), "-o", relayBin, src),
-		append(slices.Clone(flags), "-DRELAY_DEFAULT_HOOK=\""+fakeHook+"\"",
-			"-DRELAY_DEFAULT_SOCKET=\""+defaultSock+"\"", "-o", defaultsBin, src),
-		{"-O2", "-Wall", "-o", fakeHook, hookSrc},
+	builds := []struct {
+		cc   string
+		args []string
+	}{
+		{relayCC, append(slices.Clone(flags), "-o", relayBin, src)},
+		{relayCC, append(slices.Clone(flags), "-DRELAY_DEFAULT_HOOK=\""+fakeHook+"\"",
+			"-DRELAY_DEFAULT_SOCKET=\""+defaultSock+"\"", "-o", defaultsBin, src)},
+		{cc, []string{"-O2", "-Wall", "-o", fakeHook, hookSrc}},
 	}
-	for _, args := range builds {
-		if out, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
-			fmt.Fprintf(os.Stderr, "cc %s: %v\n%s", strings.Join(args, " "), err, out)
+	for _, b := range builds {
+		if out, err := exec.Command(b.cc, b.args...).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "%s %s: %v\n%s", b.cc, strings.Join(b.args, " "), err, out)
 			return 1
 		}
 	}
