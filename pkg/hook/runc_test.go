@@ -341,6 +341,8 @@ func (r *rig) startServer() {
 	r.t.Helper()
 	s := &hookServer{log: &syncBuffer{}, done: make(chan struct{})}
 	s.cmd = exec.Command(hookBin, "serve", "--socket", r.sock)
+	// As packaging/systemd/nri-gpu-guard-hook.service runs it.
+	s.cmd.Env = append(os.Environ(), "GOMAXPROCS=1")
 	s.cmd.Stdout = s.log
 	pipe, err := s.cmd.StderrPipe()
 	require.NoError(r.t, err)

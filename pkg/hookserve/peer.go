@@ -38,6 +38,55 @@ type peerCheck struct {
 	procRoot string
 	// euid is the server's effective uid.
 	euid int
+	// own holds the server's own namespaces and root ("ns/mnt", ...,
+	// "root") as read once at its start (newPeerCheck): they do not change
+	// while it runs. nil: read them at each check.
+	own map[string]unix.Stat_t
+}
+
+// newPeerCheck returns the check of a server reading procRoot, with its own
+// namespaces and root read once now.
+func newPeerCheck(procRoot string, euid int) peerCheck {
+	p := peerCheck{procRoot: procRoot, euid: euid}
+	own := map[string]unix.Stat_t{}
+	for _, name := range peerFiles() {
+		var st unix.Stat_t
+		if err := unix.Stat(filepath.Join(procRoot, "self", name), &st); err == nil {
+			own[name] = st
+		}
+	}
+	// Anything unreadable now is read (and reported) at each check.
+	if len(own) == len(peerFiles()) || (len(own) == len(peerFiles())-1 && !hasTimeNS(own)) {
+		p.own = own
+	}
+	return p
+}
+
+// peerFiles are the files of /proc/<pid> compared: the namespaces of
+// peerNamespaces, then the root directory.
+func peerFiles() []string {
+	files := make([]string, 0, len(peerNamespaces)+1)
+	for _, ns := range peerNamespaces {
+		files = append(files, "ns/"+ns.name)
+	}
+	return append(files, "root")
+}
+
+func hasTimeNS(own map[string]unix.Stat_t) bool {
+	_, ok := own["ns/time"]
+	return ok
+}
+
+// ownStat is the server's own file name of /proc/self (see own).
+func (p peerCheck) ownStat(name string, st *unix.Stat_t) error {
+	if p.own != nil {
+		if s, ok := p.own[name]; ok {
+			*st = s
+			return nil
+		}
+		return os.ErrNotExist
+	}
+	return unix.Stat(filepath.Join(p.procRoot, "self", name), st)
 }
 
 // credentials reads the peer's SO_PEERCRED: the process that connected, as
@@ -74,18 +123,25 @@ func (p peerCheck) check(cred *unix.Ucred) error {
 		return errors.New("the peer's pid is not visible here (another pid namespace)")
 	}
 	pid := strconv.Itoa(int(cred.Pid))
+	// The peer's files are read relative to its /proc directory, looked up
+	// once (each lookup below /proc costs).
+	peerDir := filepath.Join(p.procRoot, pid)
+	dirfd, err := unix.Open(peerDir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("read the peer's mnt namespace (%s): %w", peerDir, err)
+	}
+	defer func() { _ = unix.Close(dirfd) }()
 	for _, ns := range peerNamespaces {
 		var own, peer unix.Stat_t
-		ownPath := filepath.Join(p.procRoot, "self", "ns", ns.name)
-		if err := unix.Stat(ownPath, &own); err != nil {
+		name := "ns/" + ns.name
+		if err := p.ownStat(name, &own); err != nil {
 			if ns.optional && errors.Is(err, os.ErrNotExist) {
 				continue
 			}
-			return fmt.Errorf("read the server's %s namespace (%s): %w", ns.name, ownPath, err)
+			return fmt.Errorf("read the server's %s namespace (%s): %w", ns.name, filepath.Join(p.procRoot, "self", name), err)
 		}
-		peerPath := filepath.Join(p.procRoot, pid, "ns", ns.name)
-		if err := unix.Stat(peerPath, &peer); err != nil {
-			return fmt.Errorf("read the peer's %s namespace (%s): %w", ns.name, peerPath, err)
+		if err := unix.Fstatat(dirfd, name, &peer, 0); err != nil {
+			return fmt.Errorf("read the peer's %s namespace (%s): %w", ns.name, filepath.Join(peerDir, name), err)
 		}
 		if own.Dev != peer.Dev || own.Ino != peer.Ino {
 			return fmt.Errorf("the peer (pid %s) is in another %s namespace than the server: its hook must run as its own process", pid, ns.name)
@@ -95,10 +151,10 @@ func (p peerCheck) check(cred *unix.Ucred) error {
 	// reads the bundle, the configuration and the ledger below its root,
 	// which the server would read below its own.
 	var ownRoot, peerRoot unix.Stat_t
-	if err := unix.Stat(filepath.Join(p.procRoot, "self", "root"), &ownRoot); err != nil {
+	if err := p.ownStat("root", &ownRoot); err != nil {
 		return fmt.Errorf("read the server's root directory: %w", err)
 	}
-	if err := unix.Stat(filepath.Join(p.procRoot, pid, "root"), &peerRoot); err != nil {
+	if err := unix.Fstatat(dirfd, "root", &peerRoot, 0); err != nil {
 		return fmt.Errorf("read the peer's root directory: %w", err)
 	}
 	if ownRoot.Dev != peerRoot.Dev || ownRoot.Ino != peerRoot.Ino {

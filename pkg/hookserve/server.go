@@ -92,7 +92,7 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	st := &serving{
 		s:     s,
 		run:   run,
-		check: peerCheck{procRoot: procRoot, euid: os.Geteuid()},
+		check: newPeerCheck(procRoot, os.Geteuid()),
 		slots: make(chan struct{}, max(s.MaxInFlight, 1)),
 	}
 	// Runs outlive ctx by the grace: their context is ctx's values only,
@@ -209,7 +209,9 @@ func (st *serving) handle(c *net.UnixConn) {
 	}
 	_ = c.SetReadDeadline(time.Now().Add(readTimeout))
 	started := time.Now()
-	q, err := ReadRequest(bufio.NewReaderSize(c, 64<<10))
+	// A request is a few KiB (the OCI state); bufio grows nothing, a
+	// larger one is read through in more calls.
+	q, err := ReadRequest(bufio.NewReaderSize(c, 4<<10))
 	if errors.Is(err, io.EOF) {
 		// Closed before a byte: a probe whether a server answers (Listen's
 		// own, another server's starting), nothing to log.

@@ -895,3 +895,19 @@ func TestServeStopHandsTheWaitOver(t *testing.T) {
 	require.Equal(t, 0, res.Code, string(res.Stderr))
 	require.Equal(t, map[string]string{gpuUUIDs[0]: "first"}, h.holders())
 }
+
+// TestPeerCheckReadsItsOwnOnce: the server's own namespaces and root, read
+// at its start, decide as a read at each check does.
+func TestPeerCheckReadsItsOwnOnce(t *testing.T) {
+	uid := uint32(os.Geteuid())
+	c := newPeerCheck("/proc", int(uid))
+	require.Len(t, c.own, len(peerFiles())-map[bool]int{true: 0, false: 1}[hasTimeNS(c.own)])
+	require.NoError(t, c.check(&unix.Ucred{Pid: int32(os.Getpid()), Uid: uid}))
+	other := exec.Command("unshare", "-m", "sleep", "3600")
+	require.NoError(t, other.Start())
+	t.Cleanup(func() { _ = other.Process.Kill(); _ = other.Wait() })
+	eventually(t, "unshare to enter its mount namespace", func() bool {
+		return c.check(&unix.Ucred{Pid: int32(other.Process.Pid), Uid: uid}) != nil
+	})
+	require.ErrorContains(t, c.check(&unix.Ucred{Pid: int32(other.Process.Pid), Uid: uid}), "in another mnt namespace")
+}
