@@ -106,10 +106,13 @@ static uint32_t get_u32(const unsigned char *p)
 	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
 
-static int write_all(int fd, const unsigned char *p, size_t n)
+/* Writes all n bytes to fd (with send and MSG_NOSIGNAL where sock is set:
+ * a server gone mid-request is EPIPE, not SIGPIPE); any failure, a send
+ * timeout included, is -1. */
+static int put_all(int fd, const unsigned char *p, size_t n, int sock)
 {
 	while (n > 0) {
-		ssize_t w = write(fd, p, n);
+		ssize_t w = sock ? send(fd, p, n, MSG_NOSIGNAL) : write(fd, p, n);
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
@@ -144,7 +147,7 @@ static void die(const char *what, int err)
 	n = append(line, n, cap, ": ");
 	n = append(line, n, cap, strerror(err));
 	line[n++] = '\n';
-	(void)write_all(2, (const unsigned char *)line, n);
+	(void)put_all(2, (const unsigned char *)line, n, 0);
 	_exit(1);
 }
 
@@ -168,7 +171,7 @@ static int replay_stdin(void)
 	int fd = make_memfd();
 
 	if (fd >= 0) {
-		if (write_all(fd, p, stdin_len) < 0 || lseek(fd, 0, SEEK_SET) != 0)
+		if (put_all(fd, p, stdin_len, 0) < 0 || lseek(fd, 0, SEEK_SET) != 0)
 			return -1;
 	} else {
 		int pfd[2], size;
@@ -183,7 +186,7 @@ static int replay_stdin(void)
 			errno = EFBIG;
 			return -1;
 		}
-		if (write_all(pfd[1], p, stdin_len) < 0)
+		if (put_all(pfd[1], p, stdin_len, 0) < 0)
 			return -1;
 		close(pfd[1]);
 		fd = pfd[0];
@@ -200,25 +203,6 @@ static void fall_back(void)
 		die("cannot hand its stdin to the hook ", errno);
 	execv(hook_path, hook_argv);
 	die("cannot run the hook ", errno);
-}
-
-/* Sends the whole request; any failure (EPIPE and a send timeout included) is
- * -1. */
-static int send_all(int fd, const unsigned char *p, size_t n)
-{
-	while (n > 0) {
-		ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
-		if (w < 0 && errno == EINTR)
-			continue;
-		if (w <= 0) {
-			if (w == 0)
-				errno = EIO;
-			return -1;
-		}
-		p += w;
-		n -= (size_t)w;
-	}
-	return 0;
 }
 
 static int set_timeout(int fd, int opt, long ms)
@@ -396,7 +380,7 @@ int main(int argc, char **argv)
 	if (fd <= 2 || set_timeout(fd, SO_SNDTIMEO, ack_ms) < 0 ||
 	    set_timeout(fd, SO_RCVTIMEO, ack_ms) < 0 ||
 	    connect(fd, (const struct sockaddr *)&sa, sizeof sa) < 0 ||
-	    send_all(fd, req, stdin_off + stdin_len) < 0)
+	    put_all(fd, req, stdin_off + stdin_len, 1) < 0)
 		fall_back();
 
 	/* The acknowledgement within the ack timeout. */
@@ -414,6 +398,6 @@ int main(int argc, char **argv)
 		fall_back();
 
 	signal(SIGPIPE, SIG_IGN);
-	(void)write_all(2, resp + 14, errlen);
+	(void)put_all(2, resp + 14, errlen, 0);
 	_exit((int)code);
 }
