@@ -11,12 +11,17 @@
  * the Go binary runs) and relays the answer: stderr bytes and exit code.
  * Whenever the server cannot answer, it exec()s the Go hook with the same
  * arguments and the same stdin bytes, so no verdict depends on the server
- * being up. The wire format is protocol version 1 ("GGH1"): the request, an
- * acknowledgement ('A' accepted or 'F' fall back), then a result after 'A'.
+ * being up. The wire format is protocol version 2 ("GGH2", pkg/hookserve):
+ * the request, an acknowledgement ('A' accepted or 'F' fall back), the
+ * relay's go-ahead 'G' after an 'A' that came in time, then the result.
  *
  * Invariants:
  *   - it holds no policy and never decides a verdict itself: the exit code is
  *     the server's result or the Go hook's own;
+ *   - exactly one of the two runs a request: the server runs it only after
+ *     the 'G', which is sent only for an 'A' read within the ack timeout;
+ *     a relay that falls back before sending it has its socket closed by
+ *     the exec (O_CLOEXEC), which tells the server not to run;
  *   - it never forks: on fallback the Go hook replaces this process and keeps
  *     its pid and parent (the hook reads its parent, the runtime, from /proc);
  *   - every failure before a complete result (bad option value, arguments
@@ -67,7 +72,7 @@
 #define DEFAULT_ACK_TIMEOUT_MS 2000
 #define MAX_ACK_TIMEOUT_MS 3600000L
 
-/* Protocol version 1 bounds. */
+/* Protocol version 2 bounds. */
 #define MAX_ARGC 32
 #define MAX_ARG_LEN 4096
 #define MAX_ENV_LEN 8192
@@ -318,7 +323,7 @@ int main(int argc, char **argv)
 
 	/* The request up to stdin; over a bound -> fall back, fd 0 untouched. */
 	p = req;
-	memcpy(p, "GGH1", 4);
+	memcpy(p, "GGH2", 4);
 	put_u32(p + 4, (uint32_t)nfwd);
 	p += 8;
 	for (i = first; i < argc; i++) {
@@ -383,13 +388,16 @@ int main(int argc, char **argv)
 	    put_all(fd, req, stdin_off + stdin_len, 1) < 0)
 		fall_back();
 
-	/* The acknowledgement within the ack timeout. */
+	/* The acknowledgement within the ack timeout, then the go-ahead: from
+	 * here on the server runs the hook, and we do not. */
 	deadline = now_ms() + ack_ms;
-	if (recv_upto(fd, 5, deadline) < 0 || memcmp(resp, "GGH1", 4) != 0 || resp[4] != 'A')
+	if (recv_upto(fd, 5, deadline) < 0 || memcmp(resp, "GGH2", 4) != 0 || resp[4] != 'A' ||
+	    put_all(fd, (const unsigned char *)"G", 1, 1) < 0)
 		fall_back();
 
-	/* 'A': the hook runs on the server; wait for its result as long as it
-	 * takes (the runtime's hook timeout bounds us). */
+	/* The hook runs on the server; wait for its result as long as it takes
+	 * (the runtime's hook timeout bounds us). A connection lost before it
+	 * is a fallback: a hook run is idempotent per container. */
 	if (set_timeout(fd, SO_RCVTIMEO, 0) < 0 || recv_upto(fd, 5 + 9, 0) < 0 || resp[5] != 'R')
 		fall_back();
 	code = get_u32(resp + 6);

@@ -35,6 +35,8 @@ func relayCall(t *testing.T, path string, q hookserve.Request) (hookserve.Ack, h
 	if !ack.Accepted {
 		return ack, hookserve.Result{}
 	}
+	_, err = c.Write([]byte{hookserve.GoAhead})
+	require.NoError(t, err)
 	res, err := hookserve.ReadResult(c)
 	require.NoError(t, err)
 	return ack, res

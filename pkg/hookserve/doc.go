@@ -13,28 +13,43 @@
 // hook.MainAs's, the same entry as the hook binary's (hook.Main), with the
 // same argument parsing (hook.ParseArgs).
 //
-// Protocol, version 1 (integers u32 little-endian):
+// Protocol, version 2 (integers u32 little-endian):
 //
-//	request  (relay -> server): "GGH1", argc 1..32, argc x (len 0..4096, bytes)
+//	request  (relay -> server): "GGH2", argc 1..32, argc x (len 0..4096, bytes)
 //	         the hook's arguments from the phase on, envc 0..8, envc x
 //	         (len 0..8192, "NAME=VALUE": only NRI_GPU_GUARD_CONFIG),
 //	         stdin_len 0..1 MiB + 1, the stdin bytes
-//	ack      (server -> relay), before anything is done: "GGH1" then 'A'
-//	         (a result follows) or 'F', len 0..4096, reason (the server did
-//	         nothing and closes)
-//	result   (after 'A'): 'R', exit code 0..255, len 0..65536, the hook's stderr
+//	ack      (server -> relay), before anything is done: "GGH2" then 'A'
+//	         (the server will run the hook) or 'F', len 0..4096, reason (the
+//	         server did nothing and closes)
+//	go-ahead (relay -> server, after an 'A' that came within the relay's
+//	         timeout): 'G'; a relay that gave up waiting closes instead
+//	result   (after 'G'): 'R', exit code 0..255, len 0..65536, the hook's stderr
+//
+// Version 1 ("GGH1") had no go-ahead: an 'A' sent after the relay's timeout
+// had the server run a request whose relay was already running the hook
+// itself, two runs of one request at once (a wait could lose its place in
+// the queue to the cancelled twin). The go-ahead makes the relay's choice the
+// only one: it sends 'G' or it closes, never both. A request of the other
+// version is closed without an answer (bad magic), so a relay and a server
+// of different versions (an upgrade under way) fall back.
 //
 // The relay runs the Go hook itself (exec, with the same arguments and stdin
 // bytes) whenever the server cannot answer: no connection, no or a bad
 // acknowledgement within its timeout, 'F', or a connection that ends before
 // the result. So the verdict never depends on the server, and the server
-// answers 'F', or nothing, whenever in doubt.
+// answers 'F', or nothing, whenever in doubt. The result's stderr comes in
+// one piece at the end, not as the hook writes it: runc gives a hook's
+// output to nobody until the hook has exited (it prints it with a failing
+// hook's error), crun discards it, so streaming it would show nothing more.
 //
 // Invariants:
-//   - Nothing is done to the ledger before 'A' is sent; after 'A' the hook
-//     runs and a result is sent unless the relay is gone. A relay that falls
-//     back after 'A' (its connection broke) runs a hook again for the same
-//     container: a hook run is idempotent per container id.
+//   - Nothing is done to the ledger before the relay's 'G' is read; then the
+//     hook runs and a result is sent unless the relay is gone. No 'G' (the
+//     relay closed, sent something else, or nothing within ReadTimeout):
+//     nothing runs. A relay that falls back after its 'G' (the connection
+//     broke before the result) runs a hook again for the same container: a
+//     hook run is idempotent per container id.
 //   - A malformed request (bad magic, a count or length out of bounds, cut
 //     short, or not read within ReadTimeout) is closed without an answer.
 //   - 'F' for: a peer whose SO_PEERCRED uid is not the server's effective uid,

@@ -11,11 +11,13 @@ import (
 	"strings"
 )
 
-// The relay protocol, version 1 (see doc.go). Integers are unsigned 32-bit
+// The relay protocol, version 2 (see doc.go). Integers are unsigned 32-bit
 // little-endian.
 const (
-	// Magic opens every request and every acknowledgement.
-	Magic = "GGH1"
+	// Magic opens every request and every acknowledgement. Version 1
+	// ("GGH1") had no go-ahead: a server of one version closes a request of
+	// the other without an answer, and the relay then runs the hook itself.
+	Magic = "GGH2"
 	// MaxArgs bounds a request's argument count (at least one: the phase).
 	MaxArgs = 32
 	// MaxArgLen bounds one argument, in bytes.
@@ -34,11 +36,16 @@ const (
 	MaxStderr = 65536
 )
 
-// The acknowledgement and result codes.
+// The acknowledgement, go-ahead and result codes.
 const (
 	ackAccept   = 'A'
 	ackFallBack = 'F'
-	tagResult   = 'R'
+	// GoAhead is the one byte a relay sends after an 'A' that came within
+	// its timeout: only then does the server run the hook. A relay that
+	// gave up waiting closes instead, so exactly one of the two (server or
+	// the relay's own hook) runs a request.
+	GoAhead   = 'G'
+	tagResult = 'R'
 )
 
 // ErrMalformed is wrapped by every error of a message that does not follow
@@ -122,8 +129,8 @@ func AppendRequest(b []byte, q Request) ([]byte, error) {
 	return appendText(b, string(q.Stdin)), nil
 }
 
-// AppendAccept appends the acknowledgement 'A': the server runs the hook,
-// and a result follows.
+// AppendAccept appends the acknowledgement 'A': the server runs the hook
+// once the relay's go-ahead comes, and a result follows.
 func AppendAccept(b []byte) []byte {
 	return append(append(b, Magic...), ackAccept)
 }
@@ -154,8 +161,8 @@ func AppendResult(b []byte, code int, stderr []byte) []byte {
 
 // Ack is an acknowledgement as a relay reads it.
 type Ack struct {
-	// Accepted: a result follows. Otherwise the relay falls back, and
-	// Reason says why.
+	// Accepted: the relay sends GoAhead (or closes), then a result follows.
+	// Otherwise the relay falls back, and Reason says why.
 	Accepted bool
 	Reason   string
 }

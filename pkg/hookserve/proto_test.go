@@ -50,7 +50,10 @@ func TestReadRequestBounds(t *testing.T) {
 		msg     []byte
 		wantErr string
 	}{
-		{name: "bad magic", msg: cat([]byte("GGH2"), u32(1), arg, u32(0), u32(0)), wantErr: `magic "GGH2" is not "GGH1"`},
+		{name: "bad magic", msg: cat([]byte("GGHX"), u32(1), arg, u32(0), u32(0)), wantErr: `magic "GGHX" is not "GGH2"`},
+		// A relay of protocol version 1 (no go-ahead) is not answered: it
+		// falls back, as it does for any server that does not answer.
+		{name: "version 1", msg: cat([]byte("GGH1"), u32(1), arg, u32(0), u32(0)), wantErr: `magic "GGH1" is not "GGH2"`},
 		{name: "no argument", msg: cat([]byte(Magic), u32(0), u32(0), u32(0)), wantErr: "argc 0 is out of range 1..32"},
 		{name: "argc 33", msg: cat([]byte(Magic), u32(MaxArgs+1)), wantErr: "argc 33 is out of range 1..32"},
 		{name: "argument 4097 bytes", msg: cat([]byte(Magic), u32(2), arg, u32(MaxArgLen+1)), wantErr: "argument 1 length 4097 is out of range 0..4096"},

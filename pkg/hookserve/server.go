@@ -211,7 +211,8 @@ func (st *serving) handle(c *net.UnixConn) {
 	started := time.Now()
 	// A request is a few KiB (the OCI state); bufio grows nothing, a
 	// larger one is read through in more calls.
-	q, err := ReadRequest(bufio.NewReaderSize(c, 4<<10))
+	br := bufio.NewReaderSize(c, 4<<10)
+	q, err := ReadRequest(br)
 	if errors.Is(err, io.EOF) {
 		// Closed before a byte: a probe whether a server answers (Listen's
 		// own, another server's starting), nothing to log.
@@ -221,6 +222,13 @@ func (st *serving) handle(c *net.UnixConn) {
 	if err != nil {
 		// Malformed, cut short or too slow: no answer, the relay falls back.
 		st.s.logf("%s serve: relay pid %d: %v; closed without an answer", st.s.Program, cred.Pid, err)
+		_ = c.Close()
+		return
+	}
+	if n := br.Buffered(); n > 0 {
+		// A relay sends nothing after its request until the 'A': bytes
+		// already here are not a relay of this protocol.
+		st.s.logf("%s serve: relay pid %d: %d bytes after its request, before the acknowledgement; closed without an answer", st.s.Program, cred.Pid, n)
 		_ = c.Close()
 		return
 	}
@@ -247,6 +255,15 @@ func (st *serving) handle(c *net.UnixConn) {
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := c.Write(AppendAccept(nil)); err != nil {
 		st.s.logf("%s serve: relay pid %d: send the acknowledgement: %v", st.s.Program, cred.Pid, err)
+		_ = c.Close()
+		return
+	}
+
+	// Nothing runs before the relay's go-ahead: a relay whose timeout
+	// ended before the 'A' came runs the hook itself and closes instead.
+	if err := readGoAhead(c, readTimeout); err != nil {
+		st.s.logf("%s serve: relay pid %d: no go-ahead after the acknowledgement (%v); nothing ran, the relay runs the hook itself",
+			st.s.Program, cred.Pid, err)
 		_ = c.Close()
 		return
 	}
@@ -291,6 +308,21 @@ func (st *serving) handle(c *net.UnixConn) {
 	}
 	_ = c.Close()
 	<-readerDone
+}
+
+// readGoAhead reads the relay's one byte after an 'A' within timeout: nil
+// for GoAhead; an error for anything else, the connection closed (io.EOF)
+// or the timeout passing.
+func readGoAhead(c *net.UnixConn, timeout time.Duration) error {
+	_ = c.SetReadDeadline(time.Now().Add(timeout))
+	var b [1]byte
+	if _, err := io.ReadFull(c, b[:]); err != nil {
+		return err
+	}
+	if b[0] != GoAhead {
+		return fmt.Errorf("%w: go-ahead: %q is not %q", ErrMalformed, b[0], GoAhead)
+	}
+	return nil
 }
 
 // tailBuffer keeps the last MaxStderr bytes written to it: a hook's verdict

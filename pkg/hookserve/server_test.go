@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -218,7 +219,20 @@ func (v *served) send(t *testing.T, q Request) *relay {
 	return &relay{t: t, c: c}
 }
 
+// ack reads the acknowledgement and, after an 'A', sends the go-ahead, as
+// the relay does.
 func (r *relay) ack() Ack {
+	r.t.Helper()
+	a := r.ackOnly()
+	if a.Accepted {
+		_, err := r.c.Write([]byte{GoAhead})
+		require.NoError(r.t, err)
+	}
+	return a
+}
+
+// ackOnly reads the acknowledgement and sends nothing.
+func (r *relay) ackOnly() Ack {
 	r.t.Helper()
 	a, err := ReadAck(r.c)
 	require.NoError(r.t, err)
@@ -910,4 +924,81 @@ func TestPeerCheckReadsItsOwnOnce(t *testing.T) {
 		return c.check(&unix.Ucred{Pid: int32(other.Process.Pid), Uid: uid}) != nil
 	})
 	require.ErrorContains(t, c.check(&unix.Ucred{Pid: int32(other.Process.Pid), Uid: uid}), "in another mnt namespace")
+}
+
+// TestServeRunsOnlyAfterTheGoAhead: after its 'A' the server runs nothing
+// until the relay's 'G'. A relay whose ack timeout ended before the 'A' came
+// runs the hook itself and closes (its exec closes the socket): the server
+// must not run the same request a second time. Under protocol version 1 it
+// did, and the twin's cancellation could take a waiting hook's queue place.
+func TestServeRunsOnlyAfterTheGoAhead(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		after   func(t *testing.T, c *net.UnixConn) // what the relay does after the 'A'
+		timeout time.Duration                       // Server.ReadTimeout; 0: the default
+		wantLog string
+	}{
+		{name: "closed after the A (the relay fell back)", after: func(t *testing.T, c *net.UnixConn) {
+			require.NoError(t, c.CloseWrite())
+		}, wantLog: "no go-ahead after the acknowledgement (EOF); nothing ran, the relay runs the hook itself"},
+		{name: "another byte than G", after: func(t *testing.T, c *net.UnixConn) {
+			_, err := c.Write([]byte{'A'})
+			require.NoError(t, err)
+		}, wantLog: `go-ahead: 'A' is not 'G'`},
+		{name: "nothing within the read timeout", after: func(*testing.T, *net.UnixConn) {},
+			timeout: 200 * time.Millisecond, wantLog: "i/o timeout"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var runs atomic.Int32
+			s := New(program, nil)
+			s.Run = func(context.Context, hook.Invocation, hook.Process, io.Reader, io.Writer) int { runs.Add(1); return 0 }
+			if tc.timeout > 0 {
+				s.ReadTimeout = tc.timeout
+			}
+			v := serve(t, s)
+			r := v.send(t, Request{Args: []string{"poststop"}})
+			require.True(t, r.ackOnly().Accepted)
+			tc.after(t, r.c)
+			// The server closes without a result; it logged before it
+			// closed, and a run would have come before either.
+			rest, err := io.ReadAll(r.c)
+			require.NoError(t, err)
+			require.Empty(t, rest, "no result without a go-ahead")
+			require.Zero(t, runs.Load(), "the hook ran without the relay's go-ahead")
+			require.Contains(t, v.log.String(), tc.wantLog)
+		})
+	}
+
+	t.Run("the go-ahead sent with the request", func(t *testing.T) {
+		// A relay of this protocol sends nothing after its request before
+		// the 'A': bytes already there are not one.
+		var runs atomic.Int32
+		s := New(program, nil)
+		s.Run = func(context.Context, hook.Invocation, hook.Process, io.Reader, io.Writer) int { runs.Add(1); return 0 }
+		v := serve(t, s)
+		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.path, Net: "unix"})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = c.Close() })
+		require.NoError(t, c.SetDeadline(time.Now().Add(condTimeout)))
+		b, err := AppendRequest(nil, Request{Args: []string{"poststop"}})
+		require.NoError(t, err)
+		_, err = c.Write(append(b, GoAhead))
+		require.NoError(t, err)
+		rest, err := io.ReadAll(c)
+		require.NoError(t, err)
+		require.Empty(t, rest, "closed without an answer")
+		require.Zero(t, runs.Load())
+		require.Contains(t, v.log.String(), "1 bytes after its request, before the acknowledgement; closed without an answer")
+	})
+
+	t.Run("G runs it", func(t *testing.T) {
+		var runs atomic.Int32
+		s := New(program, nil)
+		s.Run = func(context.Context, hook.Invocation, hook.Process, io.Reader, io.Writer) int { runs.Add(1); return 5 }
+		v := serve(t, s)
+		ack, res := v.call(t, Request{Args: []string{"poststop"}})
+		require.True(t, ack.Accepted)
+		require.Equal(t, 5, res.Code)
+		require.Equal(t, int32(1), runs.Load())
+	})
 }

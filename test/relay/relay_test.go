@@ -2,8 +2,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package relay_test holds the conformance tests of the C hook relay
-// (cmd/nri-gpu-guard-hook-relay/relay.c) against protocol version 1
-// (the "GGH1" request, acknowledgement and result).
+// (cmd/nri-gpu-guard-hook-relay/relay.c) against protocol version 2
+// (the "GGH2" request, acknowledgement, go-ahead and result).
 //
 // They build relay.c with cc exactly as `make build` does and run the real
 // binary against a fake server written here (a unix listener in a temp dir),
@@ -14,15 +14,19 @@
 //   - on a result, the server got exactly the forwarded arguments (never the
 //     relay's own options), exactly NRI_GPU_GUARD_CONFIG of the environment
 //     (when set), exactly the stdin bytes (at most 1 MiB + 1), from the relay's
-//     own pid; the relay writes the result's stderr bytes as they are and exits
-//     with its code, and no hook runs;
+//     own pid; after the 'A' the relay sent the go-ahead 'G' and nothing
+//     else; it writes the result's stderr bytes as they are and exits with
+//     its code, and no hook runs;
 //   - in every fallback case of the protocol (connect failing, the request not
-//     sent, no, a late, a malformed or an 'F' acknowledgement, a connection
-//     ending before the whole result) the fake hook runs in the relay's
+//     sent, no, a late, a malformed (a version 1 server's included) or an 'F'
+//     acknowledgement, a connection ending before the whole result) the fake
+//     hook runs in the relay's
 //     process (same pid: exec, never fork) with argv ["nri-gpu-guard-hook",
 //     forwarded args...], with fd 0 a memfd holding exactly the bytes the
 //     relay read, with no fd besides what it gets when started directly, and
-//     its exit code and stderr are the relay's;
+//     its exit code and stderr are the relay's; where the server saw the
+//     relay give up (no acknowledgement, or a bad one), the relay sent it no
+//     go-ahead: the server never runs a request its relay runs itself;
 //   - a fallback decided before stdin is read (no phase argument, arguments
 //     or environment over the protocol's bounds, a bad option value) does not
 //     connect at all and leaves fd 0 untouched;
@@ -224,7 +228,7 @@ func needRelay(t *testing.T) {
 	}
 }
 
-// request is protocol version 1's request as the fake server reads it.
+// request is protocol version 2's request as the fake server reads it.
 type request struct {
 	args  []string
 	env   []string
@@ -259,7 +263,7 @@ func readRequest(r io.Reader) (*request, error) {
 	if _, err := io.ReadFull(br, magic); err != nil {
 		return nil, err
 	}
-	if string(magic) != "GGH1" {
+	if string(magic) != "GGH2" {
 		return nil, fmt.Errorf("magic %q", magic)
 	}
 	req := &request{}
@@ -300,7 +304,7 @@ func readRequest(r io.Reader) (*request, error) {
 	return req, nil
 }
 
-func ack(b byte) []byte { return []byte{'G', 'G', 'H', '1', b} }
+func ack(b byte) []byte { return []byte{'G', 'G', 'H', '2', b} }
 
 func u32(v uint32) []byte { return binary.LittleEndian.AppendUint32(nil, v) }
 
@@ -313,26 +317,62 @@ func result(code uint32, stderr []byte) []byte {
 
 // behaviour is what the fake server does with the relay's connection once it
 // has read the request (req is nil when readReq is false); relayDone is
-// closed when the relay process has exited.
-type behaviour func(c *net.UnixConn, req *request, relayDone <-chan struct{})
+// closed when the relay process has exited. It returns what it read of the
+// relay after the request, where it reads at all (nil where it does not).
+type behaviour func(c *net.UnixConn, req *request, relayDone <-chan struct{}) (after []byte)
 
 type serverCase struct {
 	readReq bool
 	act     behaviour
 }
 
+// reply writes b and closes.
 func reply(b []byte) serverCase {
-	return serverCase{readReq: true, act: func(c *net.UnixConn, _ *request, _ <-chan struct{}) {
+	return serverCase{readReq: true, act: func(c *net.UnixConn, _ *request, _ <-chan struct{}) []byte {
 		_, _ = c.Write(b)
+		return nil
 	}}
 }
 
-// replyAndHold writes b, then keeps the connection open until the relay has
-// exited.
+// replyAndHold writes b, then keeps the connection open until the relay
+// closes it (its exec does) and returns what the relay sent meanwhile.
 func replyAndHold(b []byte, readReq bool) serverCase {
-	return serverCase{readReq: readReq, act: func(c *net.UnixConn, _ *request, done <-chan struct{}) {
+	return serverCase{readReq: readReq, act: func(c *net.UnixConn, _ *request, _ <-chan struct{}) []byte {
 		_, _ = c.Write(b)
-		<-done
+		after, _ := io.ReadAll(c)
+		return after
+	}}
+}
+
+// answer is a server of this protocol: it writes the acknowledgement (the
+// first 5 bytes of res), reads the relay's go-ahead, writes the rest of res
+// (one byte a write when trickle is set: the relay sees the result in
+// pieces, as far as the scheduler lets it), then reads until the relay
+// closes. It returns every byte the relay sent after its request.
+func answer(res []byte, trickle bool) serverCase {
+	return serverCase{readReq: true, act: func(c *net.UnixConn, _ *request, _ <-chan struct{}) []byte {
+		write := func(b []byte) bool {
+			if !trickle {
+				_, err := c.Write(b)
+				return err == nil
+			}
+			for i := range b {
+				if _, err := c.Write(b[i : i+1]); err != nil {
+					return false
+				}
+			}
+			return true
+		}
+		if !write(res[:5]) {
+			return nil
+		}
+		goAhead := make([]byte, 1)
+		if _, err := io.ReadFull(c, goAhead); err != nil {
+			return nil
+		}
+		write(res[5:])
+		rest, _ := io.ReadAll(c)
+		return append(goAhead, rest...)
 	}}
 }
 
@@ -341,6 +381,7 @@ type served struct {
 	relay   bool // from another process than this test's (its sentinel)
 	peerPid int32
 	req     *request
+	after   []byte // what the behaviour read after the request
 	err     error
 }
 
@@ -401,7 +442,7 @@ func (s *fakeServer) serveOne(sc serverCase) served {
 			return sv
 		}
 	}
-	sc.act(c, sv.req, s.done)
+	sv.after = sc.act(c, sv.req, s.done)
 	return sv
 }
 
@@ -622,20 +663,7 @@ func TestRelayResult(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := filepath.Join(shortDir(t), "s")
-			res := result(tc.code, tc.stderr)
-			sc := reply(res)
-			if tc.trickle {
-				// One byte a write: the relay sees the ack and result
-				// in pieces (as far as the scheduler lets it).
-				sc = serverCase{readReq: true, act: func(c *net.UnixConn, _ *request, _ <-chan struct{}) {
-					for i := range res {
-						if _, err := c.Write(res[i : i+1]); err != nil {
-							return
-						}
-					}
-				}}
-			}
-			srv := startServer(t, sock, sc)
+			srv := startServer(t, sock, answer(result(tc.code, tc.stderr), tc.trickle))
 			args := append([]string{"--relay-socket=" + sock, "--relay-hook=" + fakeHook, "--relay-ack-timeout-ms=60000"}, tc.args...)
 			out := runRelay(t, runOpts{args: args, config: tc.config, stdin: tc.stdin, hookExit: 3})
 			sv := srv.finish(t)
@@ -650,6 +678,7 @@ func TestRelayResult(t *testing.T) {
 				assert.Equal(t, []string{"NRI_GPU_GUARD_CONFIG=" + *tc.config}, sv.req.env)
 			}
 			assert.True(t, bytes.Equal(capped(tc.stdin), sv.req.stdin), "stdin: server got %d bytes, want %d", len(sv.req.stdin), len(capped(tc.stdin)))
+			assert.Equal(t, "G", string(sv.after), "what the relay sent after its request: the go-ahead alone")
 			assert.Nil(t, out.hook, "the hook ran although the server answered")
 			assert.Equal(t, int(tc.code), out.code, "exit code")
 			assert.True(t, bytes.Equal(tc.stderr, out.stderr), "stderr: got %d bytes %.80q, want %d bytes", len(out.stderr), out.stderr, len(tc.stderr))
@@ -674,8 +703,8 @@ func TestRelayFallsBack(t *testing.T) {
 		{name: "no socket file"},
 		{name: "socket file without a listener", socketFile: true},
 		{name: "socket path too long", longPath: true},
-		{name: "server closes without reading", sc: &serverCase{act: func(*net.UnixConn, *request, <-chan struct{}) {}}},
-		{name: "server never reads", sc: &serverCase{act: func(_ *net.UnixConn, _ *request, done <-chan struct{}) { <-done }}, timeout: "100"},
+		{name: "server closes without reading", sc: &serverCase{act: func(*net.UnixConn, *request, <-chan struct{}) []byte { return nil }}},
+		{name: "server never reads", sc: &serverCase{act: func(_ *net.UnixConn, _ *request, done <-chan struct{}) []byte { <-done; return nil }}, timeout: "100"},
 		{name: "EOF before the ack", sc: ptrTo(reply(nil))},
 		{name: "ack timeout", sc: ptrTo(replyAndHold(nil, true)), timeout: "100"},
 		{name: "ack cut short, then silence", sc: ptrTo(replyAndHold([]byte("GGH1"), true)), timeout: "100"},
@@ -683,7 +712,8 @@ func TestRelayFallsBack(t *testing.T) {
 		{name: "F with a reason", sc: ptrTo(reply(append(append(ack('F'), u32(6)...), "busy.."...)))},
 		{name: "F, reason never sent", sc: ptrTo(replyAndHold(ack('F'), true))},
 		{name: "F, then what looks like a result", sc: ptrTo(reply(append(ack('F'), result(0, nil)[5:]...)))},
-		{name: "wrong magic", sc: ptrTo(reply(append([]byte("GGH2A"), result(0, nil)[5:]...)))},
+		{name: "wrong magic", sc: ptrTo(reply(append([]byte("GGHXA"), result(0, nil)[5:]...)))},
+		{name: "a version 1 server's accept, held", sc: ptrTo(replyAndHold([]byte("GGH1A"), true))},
 		{name: "unknown ack", sc: ptrTo(reply(append(ack('X'), result(0, nil)[5:]...)))},
 		{name: "EOF after A", sc: ptrTo(reply(ack('A')))},
 		{name: "result header cut short", sc: ptrTo(reply(result(0, nil)[:9]))},
@@ -730,6 +760,9 @@ func TestRelayFallsBack(t *testing.T) {
 						require.NoError(t, sv.err)
 						assert.True(t, bytes.Equal(capped(stdin), sv.req.stdin), "the server's stdin")
 					}
+					// A server that held the connection saw all the relay
+					// sent: never a go-ahead, since the relay ran the hook.
+					assert.Empty(t, sv.after, "the relay sent %q after its request and fell back", sv.after)
 				}
 				assertFallback(t, out, fwd, capped(stdin), true, fds, hookExit)
 			})
@@ -816,7 +849,7 @@ func TestRelayDefaults(t *testing.T) {
 	out := runRelay(t, runOpts{bin: defaultsBin, args: []string{"poststop"}, stdin: stdin, hookExit: 7})
 	assertFallback(t, out, []string{"poststop"}, stdin, true, fds, 7)
 
-	srv := startServer(t, defaultSock, reply(result(9, []byte("served\n"))))
+	srv := startServer(t, defaultSock, answer(result(9, []byte("served\n")), false))
 	out = runRelay(t, runOpts{bin: defaultsBin, args: []string{"poststop"}, stdin: stdin})
 	sv := srv.finish(t)
 	require.NoError(t, sv.err)
