@@ -26,12 +26,20 @@ import (
 const cmdAddHooks = "add-hooks"
 
 // addHooksUsage is add-hooks' line of the usage.
-const addHooksUsage = program + " " + cmdAddHooks + " [--config PATH] [--state-dir DIR] [--wait] [--no-poststop] [--path HOOK] CONFIG.JSON"
+const addHooksUsage = program + " " + cmdAddHooks + " [--config PATH] [--state-dir DIR] [--wait] [--no-poststop] [--path HOOK] [--relay RELAY | --no-relay] CONFIG.JSON"
+
+// relayName is the file name of the relay (cmd/nri-gpu-guard-hook-relay),
+// installed beside this binary.
+const relayName = "nri-gpu-guard-hook-relay"
 
 // addHooks runs `nri-gpu-guard-hook add-hooks`: it adds a createRuntime
 // and a poststop hook running this binary to the config.json named, each
-// unless that stage already has an entry with the same path, and leaves
-// every other byte of the file as it was. jq, which the wrapper used
+// unless that stage already has an entry running it (directly or through
+// the relay), and leaves every other byte of the file as it was. Where the
+// relay is installed beside this binary, the entries run the relay, told
+// to fall back to this binary: each run is then answered by the hook
+// server where one listens (a Go process start saved per hook), and by
+// this binary, exec'd in the relay's place, where none does. jq, which the wrapper used
 // before, rewrites every number as a double: docker's --ulimit
 // memlock=-1 (18446744073709551615) came out as 18446744073709552000,
 // which runc refuses, and every such container failed to start.
@@ -41,8 +49,10 @@ func addHooks(args []string, stderr io.Writer) int {
 	fs.Usage = func() {
 		_, _ = fmt.Fprintln(fs.Output(), "usage: "+addHooksUsage+"\n\n"+
 			"Adds the createRuntime and poststop hooks of "+program+" to an OCI bundle's config.json\n"+
-			"(each unless that stage has an entry with the same path already); the flags given are\n"+
-			"passed on to the hooks. With --no-poststop (a host whose configuration says [hook]\n"+
+			"(each unless that stage has an entry running it already); the flags given are\n"+
+			"passed on to the hooks. Where "+relayName+" is installed beside this binary (and\n"+
+			"--path is not given), the entries run it: it hands each run to `"+program+" serve`\n"+
+			"where one listens, and runs this binary itself where none does. With --no-poststop (a host whose configuration says [hook]\n"+
 			"poststop = false) the poststop hook is added only to a container annotated\n"+
 			hook.PoststopAnnotation+"=on. The rest of the file is kept byte for byte.")
 		fs.PrintDefaults()
@@ -53,10 +63,17 @@ func addHooks(args []string, stderr io.Writer) int {
 	hookPath := fs.String("path", "", "path of the hook binary the hooks run (default: this binary, as it was started)")
 	noPoststop := fs.Bool("no-poststop", false, "add the createRuntime hook alone ([hook] poststop = false), and the poststop "+
 		"only to a container annotated "+hook.PoststopAnnotation+"=on")
+	relayPath := fs.String("relay", "", "path of the relay the hooks run, in front of the hook binary "+
+		"(default: "+relayName+" beside this binary, when it is there and --path is not given)")
+	noRelay := fs.Bool("no-relay", false, "the hooks run the hook binary directly, not through the relay")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
+		return 2
+	}
+	if *noRelay && *relayPath != "" {
+		_, _ = fmt.Fprintf(stderr, "%s %s: --relay and --no-relay: give one\n", program, cmdAddHooks)
 		return 2
 	}
 	if fs.NArg() != 1 {
@@ -64,7 +81,7 @@ func addHooks(args []string, stderr io.Writer) int {
 		fs.Usage()
 		return 2
 	}
-	for _, f := range []struct{ name, v string }{{"--config", *cfgPath}, {"--state-dir", *stateDir}, {"--path", *hookPath}} {
+	for _, f := range []struct{ name, v string }{{"--config", *cfgPath}, {"--state-dir", *stateDir}, {"--path", *hookPath}, {"--relay", *relayPath}} {
 		if f.v != "" && !filepath.IsAbs(f.v) {
 			// The runtime runs the hooks in the bundle directory.
 			_, _ = fmt.Fprintf(stderr, "%s %s: %s %q: want an absolute path (the runtime runs the hooks in the bundle directory)\n",
@@ -72,13 +89,17 @@ func addHooks(args []string, stderr io.Writer) int {
 			return 2
 		}
 	}
-	if *hookPath == "" {
+	pathGiven := *hookPath != ""
+	if !pathGiven {
 		p, err := selfPath()
 		if err != nil {
 			_, _ = fmt.Fprintf(stderr, "%s %s: cannot tell this binary's path (give --path): %v\n", program, cmdAddHooks, err)
 			return 1
 		}
 		*hookPath = p
+	}
+	if !*noRelay && *relayPath == "" && !pathGiven {
+		*relayPath = relayBeside(*hookPath)
 	}
 	var extra []string
 	if *cfgPath != "" {
@@ -95,6 +116,11 @@ func addHooks(args []string, stderr io.Writer) int {
 		{stage: "createRuntime", Path: *hookPath, Args: create, Env: hook.RuntimeEnv()},
 		{stage: "poststop", Path: *hookPath, Args: append([]string{program, hook.PhasePoststop}, extra...), Env: hook.RuntimeEnv(),
 			optedInOnly: *noPoststop},
+	}
+	if *relayPath != "" {
+		for i := range entries {
+			entries[i] = entries[i].throughRelay(*relayPath)
+		}
 	}
 	if err := addHooksToFile(fs.Arg(0), entries); err != nil {
 		_, _ = fmt.Fprintf(stderr, "%s %s: %v\n", program, cmdAddHooks, err)
@@ -113,6 +139,19 @@ func selfPath() (string, error) {
 	return os.Executable()
 }
 
+// relayBeside is the relay installed in the directory of the hook binary
+// at hookPath, or "" when there is no executable regular file of that
+// name there (a build tree, a copy of the hook alone): the hooks then run
+// the hook binary directly, as without a relay.
+func relayBeside(hookPath string) string {
+	p := filepath.Join(filepath.Dir(hookPath), relayName)
+	fi, err := os.Stat(p)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+		return ""
+	}
+	return p
+}
+
 // hookEntry is one hook to add to the spec's hooks.<stage>.
 type hookEntry struct {
 	stage string
@@ -120,9 +159,28 @@ type hookEntry struct {
 	// hook.PoststopAnnotation=on (the poststop on a one-hook host, as the
 	// shipped hooks.d mask runs it).
 	optedInOnly bool
-	Path        string   `json:"path"`
-	Args        []string `json:"args"`
-	Env         []string `json:"env"`
+	// also: other paths of the same hook (the hook binary behind the
+	// relay): a stage with an entry of one of them has the hook already.
+	also []string
+	Path string   `json:"path"`
+	Args []string `json:"args"`
+	Env  []string `json:"env"`
+}
+
+// throughRelay is e run by the relay at relay: the same arguments after the
+// relay's own option naming the hook binary to exec when no server answers
+// (always given, so that the fallback runs the binary that wrote the entry
+// whatever the relay was built to default to).
+func (e hookEntry) throughRelay(relay string) hookEntry {
+	args := append([]string{relayName, "--relay-hook=" + e.Path}, e.Args[1:]...)
+	e.also = append(e.also, e.Path)
+	e.Path, e.Args = relay, args
+	return e
+}
+
+// runs reports whether a hook entry of path runs e.
+func (e hookEntry) runs(path string) bool {
+	return path == e.Path || slices.Contains(e.also, path)
 }
 
 // optedIn reports whether the spec data carries hook.PoststopAnnotation =
@@ -304,7 +362,9 @@ func addHookEntries(data []byte, entries []hookEntry) ([]byte, error) {
 }
 
 // addToList returns the edit that appends entry (e marshalled) to the list
-// of hooks at span, nil when the list has an entry with e's path already.
+// of hooks at span, nil when the list has an entry running e already (its
+// path, or the hook binary's behind the relay: a spec given the hook
+// directly by an earlier add-hooks, or by hand, does not get it twice).
 func addToList(data []byte, span member, e hookEntry, entry []byte) (*edit, error) {
 	raw := data[span.start:span.end]
 	if string(raw) == "null" {
@@ -317,7 +377,7 @@ func addToList(data []byte, span member, e hookEntry, entry []byte) (*edit, erro
 		return nil, fmt.Errorf("hooks.%s is not a list of hooks", e.stage)
 	}
 	for _, h := range list {
-		if h != nil && h.Path == e.Path {
+		if h != nil && e.runs(h.Path) {
 			return nil, nil
 		}
 	}

@@ -196,3 +196,95 @@ func TestAddHooksWithoutPoststop(t *testing.T) {
 		})
 	}
 }
+
+// With --relay (or the relay found beside the hook binary) the entries run
+// the relay, told which hook binary to run itself when no server answers;
+// an entry already there of either path counts as the hook.
+func TestAddHooksThroughTheRelay(t *testing.T) {
+	const (
+		relay         = "/opt/gg/nri-gpu-guard-hook-relay"
+		relayCreate   = `{"path":"` + relay + `","args":["nri-gpu-guard-hook-relay","--relay-hook=/usr/bin/nri-gpu-guard-hook","create-runtime","--config","/etc/gg/c.toml","--wait"],"env":["GOMAXPROCS=1"]}`
+		relayPoststop = `{"path":"` + relay + `","args":["nri-gpu-guard-hook-relay","--relay-hook=/usr/bin/nri-gpu-guard-hook","poststop","--config","/etc/gg/c.toml"],"env":["GOMAXPROCS=1"]}`
+	)
+	for _, tc := range []struct {
+		name, in, want string // want "": unchanged
+	}{
+		{"no hooks", `{"ociVersion":"1.2.0"}`, `{"ociVersion":"1.2.0","hooks":{"createRuntime":[` + relayCreate + `],"poststop":[` + relayPoststop + `]}}`},
+		{"the hook binary there directly", `{"hooks":` + bothHooks + `}`, ""},
+		{"the relay there", `{"hooks":{"createRuntime":[{"path":"` + relay + `"}],"poststop":[{"path":"` + relay + `"}]}}`, ""},
+		{"one stage of each", `{"hooks":{"createRuntime":[` + createEntry + `]}}`,
+			`{"hooks":{"createRuntime":[` + createEntry + `],"poststop":[` + relayPoststop + `]}}`},
+		{"another relay's path", `{"hooks":{"createRuntime":[{"path":"/usr/bin/nri-gpu-guard-hook-relay"}]}}`,
+			`{"hooks":{"createRuntime":[{"path":"/usr/bin/nri-gpu-guard-hook-relay"},` + relayCreate + `],"poststop":[` + relayPoststop + `]}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := filepath.Join(t.TempDir(), "config.json")
+			require.NoError(t, os.WriteFile(cfg, []byte(tc.in), 0o600))
+			var stdout, stderr bytes.Buffer
+			args := []string{cmdAddHooks, "--config", "/etc/gg/c.toml", "--wait", "--path", testHook, "--relay", relay, cfg}
+			require.Equal(t, 0, run(args, strings.NewReader(""), &stdout, &stderr), stderr.String())
+			data, err := os.ReadFile(cfg)
+			require.NoError(t, err)
+			if tc.want == "" {
+				require.Equal(t, tc.in, string(data), "nothing added")
+				return
+			}
+			require.Equal(t, tc.want, string(data))
+			var spec specs.Spec
+			require.NoError(t, json.Unmarshal(data, &spec))
+		})
+	}
+
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	require.NoError(t, os.WriteFile(cfg, []byte(`{}`), 0o600))
+	for _, tc := range []struct {
+		name string
+		args []string
+		err  string
+	}{
+		{"both", []string{cmdAddHooks, "--relay", relay, "--no-relay", cfg}, "--relay and --no-relay: give one"},
+		{"relative relay", []string{cmdAddHooks, "--relay", "nri-gpu-guard-hook-relay", cfg}, `--relay "nri-gpu-guard-hook-relay": want an absolute path`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			require.Equal(t, 2, run(tc.args, strings.NewReader(""), &stdout, &stderr))
+			require.Contains(t, stderr.String(), tc.err)
+			data, err := os.ReadFile(cfg)
+			require.NoError(t, err)
+			require.Equal(t, `{}`, string(data))
+		})
+	}
+}
+
+// The relay counts as installed beside the hook binary only as an
+// executable regular file (a symlink to one included).
+func TestRelayBeside(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, path string)
+		found bool
+	}{
+		{"none", func(*testing.T, string) {}, false},
+		{"executable", func(t *testing.T, p string) { require.NoError(t, os.WriteFile(p, nil, 0o755)) }, true},
+		{"not executable", func(t *testing.T, p string) { require.NoError(t, os.WriteFile(p, nil, 0o644)) }, false},
+		{"a directory", func(t *testing.T, p string) { require.NoError(t, os.Mkdir(p, 0o755)) }, false},
+		{"a symlink to an executable", func(t *testing.T, p string) {
+			target := filepath.Join(t.TempDir(), "relay")
+			require.NoError(t, os.WriteFile(target, nil, 0o755))
+			require.NoError(t, os.Symlink(target, p))
+		}, true},
+		{"a dangling symlink", func(t *testing.T, p string) { require.NoError(t, os.Symlink("/nonexistent/relay", p)) }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			relay := filepath.Join(dir, relayName)
+			tc.setup(t, relay)
+			got := relayBeside(filepath.Join(dir, program))
+			if tc.found {
+				require.Equal(t, relay, got)
+			} else {
+				require.Empty(t, got)
+			}
+		})
+	}
+}

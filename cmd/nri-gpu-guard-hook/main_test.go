@@ -39,7 +39,7 @@ func TestRunExitCodes(t *testing.T) {
 		{name: "version", args: []string{"version"}, wantOut: wantVersion},
 		{name: "--version", args: []string{"--version"}, wantOut: wantVersion},
 		{name: "--help", args: []string{"--help"}, wantOut: "usage: " + program + " create-runtime|poststop [--config PATH] [--state-dir DIR] [--wait]\n" +
-			"       " + program + " add-hooks [--config PATH] [--state-dir DIR] [--wait] [--no-poststop] [--path HOOK] CONFIG.JSON\n" +
+			"       " + program + " add-hooks [--config PATH] [--state-dir DIR] [--wait] [--no-poststop] [--path HOOK] [--relay RELAY | --no-relay] CONFIG.JSON\n" +
 			"       " + program + " serve [--socket PATH]\n" +
 			"       " + program + " version\n" +
 			"  -config string\n    \tconfiguration file (default $NRI_GPU_GUARD_CONFIG or /etc/nri-gpu-guard/config.toml)\n" +

@@ -505,6 +505,11 @@ type ctrOpts struct {
 	// userNS gives the container a user namespace of its own, mapped to
 	// root's own ids (its root reaches the rig's private directories).
 	userNS bool
+	// runtime runs the container with this program in runc's place, given
+	// runc's arguments, RUNC_GPU_GUARD_RUNC naming runc and
+	// RUNC_GPU_GUARD_BIN the hook binary (docs/hook.md's
+	// wrapper, which adds the hooks itself: the bundle gets none).
+	runtime string
 }
 
 // ctr is one `runc run` of the rig.
@@ -587,7 +592,7 @@ func (r *rig) bundle(id string, o ctrOpts) string {
 		l.UIDMappings = []specs.LinuxIDMapping{{ContainerID: 0, HostID: 0, Size: 65536}}
 		l.GIDMappings = []specs.LinuxIDMapping{{ContainerID: 0, HostID: 0, Size: 65536}}
 	}
-	if !o.noHooks {
+	if !o.noHooks && o.runtime == "" {
 		// argv[0] and what comes before the phase: the Go hook's name, or
 		// the relay's name and its options.
 		bin, head := hookBin, []string{"nri-gpu-guard-hook"}
@@ -642,6 +647,10 @@ func (r *rig) start(id string, o ctrOpts) *ctr {
 	args = append(args, id)
 	c := &ctr{r: r, id: id, out: &syncBuffer{}, done: make(chan struct{})}
 	c.cmd = exec.Command(runcBin, args...)
+	if o.runtime != "" {
+		c.cmd = exec.Command(o.runtime, args...)
+		c.cmd.Env = append(os.Environ(), "RUNC_GPU_GUARD_RUNC="+runcBin, "RUNC_GPU_GUARD_BIN="+hookBin)
+	}
 	if o.detached {
 		// The container inherits runc's stdio: give it none (/dev/null), so
 		// that no pipe keeps the wait open after runc returned; runc's own

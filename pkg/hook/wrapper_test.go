@@ -173,3 +173,59 @@ func TestDocWrapperRefusesAmbiguousSpec(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, spec, string(data))
 }
+
+// TestRuncDocWrapperRunsTheRelay: the wrapper of docs/hook.md, with the
+// relay installed beside the hook binary as the packages install it, runs
+// real runc containers whose hooks are the relay (add-hooks names it, and
+// the hook binary behind it): with no hook server answering, each relay
+// runs the Go hook itself, and the guard admits, refuses and releases as
+// with the Go hook named directly.
+func TestRuncDocWrapperRunsTheRelay(t *testing.T) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skipf("the wrapper needs sh: %v", err)
+	}
+	r := newRig(t, rigOpts{direct: true})
+	if relaySkip != "" {
+		t.Skip(relaySkip)
+	}
+	require.NoError(t, relayErr)
+	require.Equal(t, filepath.Dir(hookBin), filepath.Dir(relayBin), "the relay is beside the hook binary")
+	// --config after add-hooks, as docs/hook.md says for another
+	// configuration file.
+	wrapper := docWrapper(t)
+	script, err := os.ReadFile(wrapper)
+	require.NoError(t, err)
+	const call = `"$GUARD" add-hooks "`
+	require.Contains(t, string(script), call)
+	script = []byte(strings.Replace(string(script), call, `"$GUARD" add-hooks --config '`+r.cfgPath+`' "`, 1))
+	require.NoError(t, os.WriteFile(wrapper, script, 0o755))
+
+	h := r.start("h", ctrOpts{env: gpuEnv(0), runtime: wrapper})
+	r.waitFor("h to start", func() bool { return r.started("h") || !h.running() })
+	require.True(t, r.started("h"), "h admitted: %s", h.out.String())
+	data, err := os.ReadFile(filepath.Join(r.base, "b", "h", "config.json"))
+	require.NoError(t, err)
+	var spec specs.Spec
+	require.NoError(t, json.Unmarshal(data, &spec))
+	relayed := func(phase string) []specs.Hook {
+		return []specs.Hook{{Path: relayBin, Args: []string{"nri-gpu-guard-hook-relay", "--relay-hook=" + hookBin, phase, "--config", r.cfgPath},
+			Env: RuntimeEnv()}}
+	}
+	require.Equal(t, relayed(PhaseCreateRuntime), spec.Hooks.CreateRuntime)
+	require.Equal(t, relayed(PhasePoststop), spec.Hooks.Poststop)
+	require.Equal(t, map[string]string{gpuUUIDs[0]: "h"}, r.holders())
+
+	c, err := r.run("busy", ctrOpts{env: gpuEnv(0), mode: "exit", runtime: wrapper})
+	require.Error(t, err, "busy refused")
+	require.Contains(t, hookVerdict(t, c.out.String()), "exit status 75")
+	require.False(t, r.started("busy"))
+
+	r.release("h")
+	require.NoError(t, h.wait(t))
+	require.Empty(t, r.holders(), "h's poststop released GPU 0")
+	var ops []string
+	for _, x := range r.audit() {
+		ops = append(ops, x.ContainerID+" "+x.Op)
+	}
+	require.Equal(t, []string{"h claim", "busy refuse", "h release"}, ops)
+}
