@@ -206,17 +206,30 @@ type relay struct {
 
 func (v *served) send(t *testing.T, q Request) *relay {
 	t.Helper()
+	c := v.dial(t)
+	_, err := c.Write(requestBytes(t, q))
+	require.NoError(t, err)
+	return &relay{t: t, c: c}
+}
+
+// dial connects to the server, closing the connection when t ends.
+func (v *served) dial(t *testing.T) *net.UnixConn {
+	t.Helper()
 	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.path, Net: "unix"})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
 	// A bound for a failing test, never a pace: every read of an answer
 	// ends by then.
 	require.NoError(t, c.SetDeadline(time.Now().Add(condTimeout)))
+	return c
+}
+
+// requestBytes is q as a relay writes it.
+func requestBytes(t *testing.T, q Request) []byte {
+	t.Helper()
 	b, err := AppendRequest(nil, q)
 	require.NoError(t, err)
-	_, err = c.Write(b)
-	require.NoError(t, err)
-	return &relay{t: t, c: c}
+	return b
 }
 
 // ack reads the acknowledgement and, after an 'A', sends the go-ahead, as
@@ -493,13 +506,8 @@ func TestServeTooManyInFlight(t *testing.T) {
 	// Answered without its request being read: the server may have closed
 	// before the request is written (EPIPE, which a relay reads as "fall
 	// back" too); the 'F' is there to read either way.
-	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.path, Net: "unix"})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	require.NoError(t, c.SetDeadline(time.Now().Add(condTimeout)))
-	b, err := AppendRequest(nil, Request{Args: []string{"poststop"}})
-	require.NoError(t, err)
-	if _, err := c.Write(b); err != nil {
+	c := v.dial(t)
+	if _, err := c.Write(requestBytes(t, Request{Args: []string{"poststop"}})); err != nil {
 		require.ErrorIs(t, err, syscall.EPIPE)
 	}
 	ack, err := ReadAck(c)
@@ -976,13 +984,8 @@ func TestServeRunsOnlyAfterTheGoAhead(t *testing.T) {
 		s := New(program, nil)
 		s.Run = func(context.Context, hook.Invocation, hook.Process, io.Reader, io.Writer) int { runs.Add(1); return 0 }
 		v := serve(t, s)
-		c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: v.path, Net: "unix"})
-		require.NoError(t, err)
-		t.Cleanup(func() { _ = c.Close() })
-		require.NoError(t, c.SetDeadline(time.Now().Add(condTimeout)))
-		b, err := AppendRequest(nil, Request{Args: []string{"poststop"}})
-		require.NoError(t, err)
-		_, err = c.Write(append(b, GoAhead))
+		c := v.dial(t)
+		_, err := c.Write(append(requestBytes(t, Request{Args: []string{"poststop"}}), GoAhead))
 		require.NoError(t, err)
 		rest, err := io.ReadAll(c)
 		require.NoError(t, err)
