@@ -389,16 +389,19 @@ int main(int argc, char **argv)
 		fall_back();
 
 	/* The acknowledgement within the ack timeout, then the go-ahead: from
-	 * here on the server runs the hook, and we do not. */
+	 * here on the server runs the hook, and we do not. The result's wait
+	 * is unbounded (the runtime's hook timeout bounds us): set before the
+	 * go-ahead, so that nothing after it can fail but the connection. */
 	deadline = now_ms() + ack_ms;
 	if (recv_upto(fd, 5, deadline) < 0 || memcmp(resp, "GGH2", 4) != 0 || resp[4] != 'A' ||
-	    put_all(fd, (const unsigned char *)"G", 1, 1) < 0)
+	    set_timeout(fd, SO_RCVTIMEO, 0) < 0 || put_all(fd, (const unsigned char *)"G", 1, 1) < 0)
 		fall_back();
 
-	/* The hook runs on the server; wait for its result as long as it takes
-	 * (the runtime's hook timeout bounds us). A connection lost before it
-	 * is a fallback: a hook run is idempotent per container. */
-	if (set_timeout(fd, SO_RCVTIMEO, 0) < 0 || recv_upto(fd, 5 + 9, 0) < 0 || resp[5] != 'R')
+	/* The hook runs on the server; wait for its result as long as it takes.
+	 * A connection lost before it is a fallback: the server's run ended
+	 * with it (a crash, or a stop that hands a wait over), and a hook run
+	 * is idempotent per container. */
+	if (recv_upto(fd, 5 + 9, 0) < 0 || resp[5] != 'R')
 		fall_back();
 	code = get_u32(resp + 6);
 	errlen = get_u32(resp + 10);

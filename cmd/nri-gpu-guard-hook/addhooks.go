@@ -52,7 +52,7 @@ func addHooks(args []string, stderr io.Writer) int {
 			"(each unless that stage has an entry running it already); the flags given are\n"+
 			"passed on to the hooks. Where "+relayName+" is installed beside this binary (and\n"+
 			"--path is not given), the entries run it: it hands each run to `"+program+" serve`\n"+
-			"where one listens, and runs this binary itself where none does. With --no-poststop (a host whose configuration says [hook]\n"+
+			"where one listens, and runs this binary itself where none does.\nWith --no-poststop (a host whose configuration says [hook]\n"+
 			"poststop = false) the poststop hook is added only to a container annotated\n"+
 			hook.PoststopAnnotation+"=on. The rest of the file is kept byte for byte.")
 		fs.PrintDefaults()
@@ -60,7 +60,8 @@ func addHooks(args []string, stderr io.Writer) int {
 	cfgPath := fs.String("config", "", "configuration file the hooks read (absolute; default theirs: $"+config.EnvPath+" or "+config.DefaultPath+")")
 	stateDir := fs.String("state-dir", "", "ledger directory the hooks use (absolute; default [ledger] dir)")
 	wait := fs.Bool("wait", false, "the create-runtime hook waits in the queue for a busy GPU (plain runc only)")
-	hookPath := fs.String("path", "", "path of the hook binary the hooks run (default: this binary, as it was started)")
+	hookPath := fs.String("path", "", "path of the hook binary the hooks run (default: this binary, as it was started); "+
+		"given, the hooks run it directly unless --relay is given too")
 	noPoststop := fs.Bool("no-poststop", false, "add the createRuntime hook alone ([hook] poststop = false), and the poststop "+
 		"only to a container annotated "+hook.PoststopAnnotation+"=on")
 	relayPath := fs.String("relay", "", "path of the relay the hooks run, in front of the hook binary "+
@@ -70,10 +71,6 @@ func addHooks(args []string, stderr io.Writer) int {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
 		}
-		return 2
-	}
-	if *noRelay && *relayPath != "" {
-		_, _ = fmt.Fprintf(stderr, "%s %s: --relay and --no-relay: give one\n", program, cmdAddHooks)
 		return 2
 	}
 	if fs.NArg() != 1 {
@@ -98,8 +95,10 @@ func addHooks(args []string, stderr io.Writer) int {
 		}
 		*hookPath = p
 	}
-	if !*noRelay && *relayPath == "" && !pathGiven {
-		*relayPath = relayBeside(*hookPath)
+	relay, also, err := chooseRelay(*hookPath, *relayPath, pathGiven, *noRelay)
+	if err != nil {
+		_, _ = fmt.Fprintf(stderr, "%s %s: %v\n", program, cmdAddHooks, err)
+		return 2
 	}
 	var extra []string
 	if *cfgPath != "" {
@@ -117,16 +116,54 @@ func addHooks(args []string, stderr io.Writer) int {
 		{stage: "poststop", Path: *hookPath, Args: append([]string{program, hook.PhasePoststop}, extra...), Env: hook.RuntimeEnv(),
 			optedInOnly: *noPoststop},
 	}
-	if *relayPath != "" {
-		for i := range entries {
-			entries[i] = entries[i].throughRelay(*relayPath)
+	for i := range entries {
+		if relay != "" {
+			entries[i] = entries[i].throughRelay(relay)
 		}
+		entries[i].also = append(entries[i].also, also...)
 	}
 	if err := addHooksToFile(fs.Arg(0), entries); err != nil {
 		_, _ = fmt.Fprintf(stderr, "%s %s: %v\n", program, cmdAddHooks, err)
 		return 1
 	}
 	return 0
+}
+
+// chooseRelay returns the relay the entries run (none: "") and the other
+// paths an entry already there may run the hook by (the relay beside the
+// hook binary, and one --relay names, when the entries do not run it: an
+// earlier add-hooks wrote entries through it, so the hook is there).
+// relayFlag is --relay (absolute, checked by the caller); pathGiven: the
+// hook binary came from --path, which turns off looking for the relay
+// beside it (the hooks run what --path names, as before the relay).
+func chooseRelay(hookPath, relayFlag string, pathGiven, noRelay bool) (relay string, also []string, err error) {
+	if noRelay && relayFlag != "" {
+		return "", nil, errors.New("--relay and --no-relay: give one")
+	}
+	beside := relayBeside(hookPath)
+	if !pathGiven && beside == "" {
+		// A symlink started by its own path: the directory it points into.
+		if exe, err := os.Executable(); err == nil {
+			beside = relayBeside(exe)
+		}
+	}
+	if relayFlag != "" {
+		if filepath.Base(hookPath) == relayName {
+			return "", nil, fmt.Errorf("--path %s is the relay itself; with --relay, --path names the hook binary the relay runs when no server answers", hookPath)
+		}
+		if !executableFile(relayFlag) {
+			return "", nil, fmt.Errorf("--relay %s: not an executable regular file (every container's hook would fail to run)", relayFlag)
+		}
+		relay = relayFlag
+	} else if !noRelay && !pathGiven {
+		relay = beside
+	}
+	for _, p := range []string{beside, relayFlag} {
+		if p != "" && p != relay && !slices.Contains(also, p) {
+			also = append(also, p)
+		}
+	}
+	return relay, also, nil
 }
 
 // selfPath is the path this binary was started by when it is absolute (a
@@ -145,11 +182,17 @@ func selfPath() (string, error) {
 // the hook binary directly, as without a relay.
 func relayBeside(hookPath string) string {
 	p := filepath.Join(filepath.Dir(hookPath), relayName)
-	fi, err := os.Stat(p)
-	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+	if !executableFile(p) {
 		return ""
 	}
 	return p
+}
+
+// executableFile reports whether path is (or links to) a regular file
+// with an execute bit.
+func executableFile(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0
 }
 
 // hookEntry is one hook to add to the spec's hooks.<stage>.
@@ -279,8 +322,8 @@ func replaceFile(path string, data []byte, mode os.FileMode, uid, gid int) (err 
 }
 
 // addHookEntries returns data, a config.json, with each entry added to
-// hooks.<stage> unless one with its path is there; nil when nothing was
-// added. Only the hooks object changes, by splicing: every other byte (the
+// hooks.<stage> unless one running it is there (hookEntry.runs); nil when
+// nothing was added. Only the hooks object changes, by splicing: every other byte (the
 // key order, white space, and numbers such as an rlimit of 2^64-1, which a
 // decode into float64 or any re-encoding would change) stays as it was.
 func addHookEntries(data []byte, entries []hookEntry) ([]byte, error) {

@@ -201,11 +201,10 @@ func TestAddHooksWithoutPoststop(t *testing.T) {
 // the relay, told which hook binary to run itself when no server answers;
 // an entry already there of either path counts as the hook.
 func TestAddHooksThroughTheRelay(t *testing.T) {
-	const (
-		relay         = "/opt/gg/nri-gpu-guard-hook-relay"
-		relayCreate   = `{"path":"` + relay + `","args":["nri-gpu-guard-hook-relay","--relay-hook=/usr/bin/nri-gpu-guard-hook","create-runtime","--config","/etc/gg/c.toml","--wait"],"env":["GOMAXPROCS=1"]}`
-		relayPoststop = `{"path":"` + relay + `","args":["nri-gpu-guard-hook-relay","--relay-hook=/usr/bin/nri-gpu-guard-hook","poststop","--config","/etc/gg/c.toml"],"env":["GOMAXPROCS=1"]}`
-	)
+	relay := filepath.Join(t.TempDir(), relayName)
+	require.NoError(t, os.WriteFile(relay, nil, 0o755))
+	relayCreate := `{"path":"` + relay + `","args":["nri-gpu-guard-hook-relay","--relay-hook=/usr/bin/nri-gpu-guard-hook","create-runtime","--config","/etc/gg/c.toml","--wait"],"env":["GOMAXPROCS=1"]}`
+	relayPoststop := `{"path":"` + relay + `","args":["nri-gpu-guard-hook-relay","--relay-hook=/usr/bin/nri-gpu-guard-hook","poststop","--config","/etc/gg/c.toml"],"env":["GOMAXPROCS=1"]}`
 	for _, tc := range []struct {
 		name, in, want string // want "": unchanged
 	}{
@@ -235,8 +234,27 @@ func TestAddHooksThroughTheRelay(t *testing.T) {
 		})
 	}
 
+	// Entries through the relay are the hook for an add-hooks that does
+	// not run it (--no-relay, --path): not added a second time.
+	dir := t.TempDir()
+	hookBin := filepath.Join(dir, program)
+	require.NoError(t, os.WriteFile(hookBin, nil, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, relayName), nil, 0o755))
 	cfg := filepath.Join(t.TempDir(), "config.json")
 	require.NoError(t, os.WriteFile(cfg, []byte(`{}`), 0o600))
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 0, run([]string{cmdAddHooks, "--path", hookBin, "--relay", filepath.Join(dir, relayName), cfg}, strings.NewReader(""), &stdout, &stderr),
+		stderr.String())
+	through, err := os.ReadFile(cfg)
+	require.NoError(t, err)
+	require.Contains(t, string(through), `"path":"`+filepath.Join(dir, relayName)+`"`)
+	for _, args := range [][]string{{"--path", hookBin}, {"--path", hookBin, "--no-relay"}} {
+		require.Equal(t, 0, run(append(append([]string{cmdAddHooks}, args...), cfg), strings.NewReader(""), &stdout, &stderr), stderr.String())
+		again, err := os.ReadFile(cfg)
+		require.NoError(t, err)
+		require.Equal(t, string(through), string(again), "%v: nothing added", args)
+	}
+
 	for _, tc := range []struct {
 		name string
 		args []string
@@ -244,6 +262,8 @@ func TestAddHooksThroughTheRelay(t *testing.T) {
 	}{
 		{"both", []string{cmdAddHooks, "--relay", relay, "--no-relay", cfg}, "--relay and --no-relay: give one"},
 		{"relative relay", []string{cmdAddHooks, "--relay", "nri-gpu-guard-hook-relay", cfg}, `--relay "nri-gpu-guard-hook-relay": want an absolute path`},
+		{"no relay there", []string{cmdAddHooks, "--relay", filepath.Join(dir, "none"), cfg}, "none: not an executable regular file"},
+		{"--path the relay", []string{cmdAddHooks, "--path", relay, "--relay", relay, cfg}, "is the relay itself; with --relay, --path names the hook binary"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
@@ -251,7 +271,54 @@ func TestAddHooksThroughTheRelay(t *testing.T) {
 			require.Contains(t, stderr.String(), tc.err)
 			data, err := os.ReadFile(cfg)
 			require.NoError(t, err)
-			require.Equal(t, `{}`, string(data))
+			require.Equal(t, string(through), string(data))
+		})
+	}
+}
+
+// Which relay the entries run, and which other paths count as the hook.
+func TestChooseRelay(t *testing.T) {
+	dir := t.TempDir()
+	hookBin := filepath.Join(dir, program)
+	beside := filepath.Join(dir, relayName)
+	require.NoError(t, os.WriteFile(beside, nil, 0o755))
+	lone := filepath.Join(t.TempDir(), program) // no relay beside it
+	other := filepath.Join(t.TempDir(), "relay")
+	require.NoError(t, os.WriteFile(other, nil, 0o755))
+	notExec := filepath.Join(t.TempDir(), "relay")
+	require.NoError(t, os.WriteFile(notExec, nil, 0o644))
+	for _, tc := range []struct {
+		name      string
+		hook      string
+		flag      string
+		pathGiven bool
+		noRelay   bool
+		relay     string
+		also      []string
+		err       string
+	}{
+		{name: "the relay beside", hook: hookBin, relay: beside},
+		{name: "none beside", hook: lone},
+		{name: "--no-relay", hook: hookBin, noRelay: true, also: []string{beside}},
+		{name: "--path", hook: hookBin, pathGiven: true, also: []string{beside}},
+		{name: "--path, --relay", hook: hookBin, pathGiven: true, flag: other, relay: other, also: []string{beside}},
+		{name: "--relay over the one beside", hook: hookBin, flag: other, relay: other, also: []string{beside}},
+		{name: "--relay, none beside", hook: lone, flag: other, relay: other},
+		{name: "--relay not executable", hook: hookBin, flag: notExec, err: "not an executable regular file"},
+		{name: "--relay a directory", hook: hookBin, flag: dir, err: "not an executable regular file"},
+		{name: "--relay and --no-relay", hook: hookBin, flag: other, noRelay: true, err: "give one"},
+		{name: "--path the relay, --relay", hook: beside, pathGiven: true, flag: other, err: "is the relay itself"},
+		{name: "--path the relay (the older form)", hook: beside, pathGiven: true, also: []string{beside}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			relay, also, err := chooseRelay(tc.hook, tc.flag, tc.pathGiven, tc.noRelay)
+			if tc.err != "" {
+				require.ErrorContains(t, err, tc.err)
+				return
+			}
+			require.NoError(t, err)
+			require.Equal(t, tc.relay, relay)
+			require.Equal(t, tc.also, also)
 		})
 	}
 }

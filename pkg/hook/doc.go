@@ -41,8 +41,10 @@
 //     SIGKILL, or that could not withdraw within that budget, is dropped by
 //     the next request it stands in the way of, once the process its entry
 //     records is gone.
-//   - A --wait hook's wait counts from the hook's start (Options.Started),
-//     as the runtime's hook timeout does; under such a timeout it ends
+//   - A --wait hook's wait counts from the hook's start (Options.Started;
+//     under a hook timeout, its process's start where that was earlier: a
+//     hook the relay exec'd), as the runtime's hook timeout does; under
+//     such a timeout it ends
 //     2 s before the kill: it wakes at that deadline whatever
 //     hook.poll_interval is, no Admit waits for the turnstile or the ledger
 //     lock past it, and the dead waiters dropped before an Admit share one

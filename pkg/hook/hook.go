@@ -120,6 +120,14 @@ type env struct {
 	openGuard func(cfg config.Config, inv *devices.Inventory) (guardAPI, func(), error)
 	// opts are the hook's command-line options.
 	opts Options
+	// processStart, where set, is this process's start read from /proc
+	// (fallback where it cannot be read, or is later): a hook binary's
+	// own clock starts at its main, later than the process the runtime
+	// started and times where the relay exec'd it after trying the server
+	// (up to its acknowledgement timeout, or a stopping server's grace).
+	// Asked only for a hook that has a timeout (deadlines). Unset for
+	// MainAs, whose Options.Started is the relay's start already.
+	processStart func(fallback time.Time) time.Time
 	// beforeWait, if set, is called before the hook waits in the queue (it
 	// arms the interrupt handling; openGuard's guard calls it before waiting
 	// for the turnstile or the ledger lock).
@@ -158,7 +166,11 @@ func (e env) poststopBudget(cfg config.Config) time.Duration {
 
 // defaultEnv is the host as this process, the hook, sees it.
 func defaultEnv() env {
-	return envOf(os.Getppid)
+	e := envOf(os.Getppid)
+	e.processStart = func(fallback time.Time) time.Time {
+		return liveness.StartedAt(liveness.DefaultProcRoot, os.Getpid(), fallback)
+	}
+	return e
 }
 
 // envOf is the host as a hook process whose parent getppid tells sees it.
@@ -483,7 +495,9 @@ type hookDeadlines struct {
 }
 
 // deadlines reads the hook's own timeout from spec (see ownHookTimeout) and
-// places its deadlines from the hook's start (opts.Started, or now).
+// places its deadlines from the hook's start (opts.Started, or now; where
+// the hook has a timeout, its process's start if that was earlier:
+// processStart).
 func (e env) deadlines(spec *specs.Spec) hookDeadlines {
 	dl := hookDeadlines{started: e.opts.Started}
 	if dl.started.IsZero() {
@@ -492,6 +506,9 @@ func (e env) deadlines(spec *specs.Spec) hookDeadlines {
 	kill, ok := ownHookTimeout(spec, e.opts.Wait)
 	if !ok {
 		return dl
+	}
+	if e.processStart != nil {
+		dl.started = e.processStart(dl.started)
 	}
 	dl.kill = kill
 	dl.killAt = dl.started.Add(kill)

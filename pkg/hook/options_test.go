@@ -355,3 +355,43 @@ func TestCgroupRecordedFromTheProcess(t *testing.T) {
 		})
 	}
 }
+
+// The runtime's hook timeout counts from the hook process's start, which a
+// hook binary exec'd by the relay (after its wait for the server) reads
+// from /proc: a hook with a timeout places its deadlines from there when it
+// is earlier than its own clock's start; a hook without one never asks.
+// The server's run (MainAs) has the relay's start as Options.Started and
+// no process start of its own to ask.
+func TestDeadlinesCountFromTheProcessStart(t *testing.T) {
+	sec := func(n int) *int { return &n }
+	timed := &specs.Spec{Hooks: &specs.Hooks{CreateRuntime: []specs.Hook{
+		{Path: "/usr/bin/nri-gpu-guard-hook-relay", Args: []string{"nri-gpu-guard-hook-relay", "create-runtime"}, Timeout: sec(30)},
+	}}}
+	mainStart := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	execed := mainStart.Add(-2 * time.Second) // the relay waited 2 s for the server
+	asked := 0
+	e := env{opts: Options{Started: mainStart}, processStart: func(fallback time.Time) time.Time {
+		asked++
+		require.Equal(t, mainStart, fallback)
+		return execed
+	}}
+	dl := e.deadlines(timed)
+	require.Equal(t, execed, dl.started)
+	require.Equal(t, execed.Add(30*time.Second), dl.killAt)
+	require.Equal(t, execed.Add(30*time.Second-hookAnswerMargin), dl.decideBy)
+	require.Equal(t, 1, asked)
+
+	dl = e.deadlines(&specs.Spec{})
+	require.Equal(t, mainStart, dl.started, "no timeout: the process start is not read")
+	require.Equal(t, 1, asked)
+
+	e.processStart = nil
+	require.Equal(t, mainStart, e.deadlines(timed).started, "MainAs: Options.Started as given")
+
+	// The hook binary's env reads this process's start: not after now.
+	self := defaultEnv()
+	require.NotNil(t, self.processStart)
+	now := time.Now()
+	require.False(t, self.processStart(now).After(now))
+	require.Nil(t, envOf(os.Getppid).processStart, "the server's env for a relay")
+}

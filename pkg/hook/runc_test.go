@@ -164,9 +164,9 @@ func prepareRunc() {
 
 // buildRelay builds cmd/nri-gpu-guard-hook-relay as the release does: a
 // static C program, warnings as errors, with the compiler `make build`
-// picks. It returns why it could not try (no compiler), or the build's
+// picks (defines: -D options, e.g. another default socket). It returns why it could not try (no compiler), or the build's
 // error.
-func buildRelay(root, out string) (skip string, err error) {
+func buildRelay(root, out string, defines ...string) (skip string, err error) {
 	// The compiler `make build` uses: RELAY_CC, else musl-gcc where
 	// installed, else $CC or cc.
 	cc := os.Getenv("RELAY_CC")
@@ -181,7 +181,7 @@ func buildRelay(root, out string) (skip string, err error) {
 		return fmt.Sprintf("no C compiler to build the hook relay (%s): %v", cc, err), nil
 	}
 	src := filepath.Join(root, "cmd", "nri-gpu-guard-hook-relay", "relay.c")
-	cmd := exec.Command(cc, "-O2", "-static", "-Wall", "-Wextra", "-Werror", "-o", out, src)
+	cmd := exec.Command(cc, append(append([]string{"-O2", "-static", "-Wall", "-Wextra", "-Werror"}, defines...), "-o", out, src)...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("%s -static %s: %w\n%s", cc, src, err, b)
 	}
@@ -506,10 +506,11 @@ type ctrOpts struct {
 	// root's own ids (its root reaches the rig's private directories).
 	userNS bool
 	// runtime runs the container with this program in runc's place, given
-	// runc's arguments, RUNC_GPU_GUARD_RUNC naming runc and
-	// RUNC_GPU_GUARD_BIN the hook binary (docs/hook.md's
-	// wrapper, which adds the hooks itself: the bundle gets none).
-	runtime string
+	// runc's arguments, RUNC_GPU_GUARD_RUNC naming runc and runtimeEnv
+	// (docs/hook.md's wrapper, which adds the hooks itself: the bundle
+	// gets none).
+	runtime    string
+	runtimeEnv []string
 }
 
 // ctr is one `runc run` of the rig.
@@ -649,7 +650,7 @@ func (r *rig) start(id string, o ctrOpts) *ctr {
 	c.cmd = exec.Command(runcBin, args...)
 	if o.runtime != "" {
 		c.cmd = exec.Command(o.runtime, args...)
-		c.cmd.Env = append(os.Environ(), "RUNC_GPU_GUARD_RUNC="+runcBin, "RUNC_GPU_GUARD_BIN="+hookBin)
+		c.cmd.Env = append(append(os.Environ(), "RUNC_GPU_GUARD_RUNC="+runcBin), o.runtimeEnv...)
 	}
 	if o.detached {
 		// The container inherits runc's stdio: give it none (/dev/null), so

@@ -8,11 +8,15 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 )
 
 // docWrapper is the runc wrapper docs/hook.md gives for Docker and
@@ -177,55 +181,105 @@ func TestDocWrapperRefusesAmbiguousSpec(t *testing.T) {
 // TestRuncDocWrapperRunsTheRelay: the wrapper of docs/hook.md, with the
 // relay installed beside the hook binary as the packages install it, runs
 // real runc containers whose hooks are the relay (add-hooks names it, and
-// the hook binary behind it): with no hook server answering, each relay
-// runs the Go hook itself, and the guard admits, refuses and releases as
-// with the Go hook named directly.
+// the hook binary behind it). With a hook server listening on the relay's
+// socket, the server answers (a waiting container's hook process is the
+// relay itself, and the server logs no fallback); with none, each relay
+// runs the Go hook itself (the waiting hook process is the Go hook, under
+// the relay's pid). Either way the guard admits, queues, refuses and
+// releases as with the Go hook named directly. The relay is built with
+// the rig's socket as its default: the host's own (a server of an
+// installed package) never answers these containers.
 func TestRuncDocWrapperRunsTheRelay(t *testing.T) {
 	if _, err := exec.LookPath("sh"); err != nil {
 		t.Skipf("the wrapper needs sh: %v", err)
 	}
-	r := newRig(t, rigOpts{direct: true})
-	if relaySkip != "" {
-		t.Skip(relaySkip)
-	}
-	require.NoError(t, relayErr)
-	require.Equal(t, filepath.Dir(hookBin), filepath.Dir(relayBin), "the relay is beside the hook binary")
-	// --config after add-hooks, as docs/hook.md says for another
-	// configuration file.
-	wrapper := docWrapper(t)
-	script, err := os.ReadFile(wrapper)
-	require.NoError(t, err)
-	const call = `"$GUARD" add-hooks "`
-	require.Contains(t, string(script), call)
-	script = []byte(strings.Replace(string(script), call, `"$GUARD" add-hooks --config '`+r.cfgPath+`' "`, 1))
-	require.NoError(t, os.WriteFile(wrapper, script, 0o755))
+	for _, tc := range []struct {
+		name     string
+		opts     rigOpts
+		hookArg0 string
+	}{
+		{"no server", rigOpts{direct: true}, hookArgv0},
+		{"the server answers", rigOpts{relay: true}, relayArgv0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, tc.opts)
+			if relaySkip != "" {
+				t.Skip(relaySkip)
+			}
+			require.NoError(t, relayErr)
+			// The hook binary by a path of its own (a symlink, as the
+			// wrapper's $GUARD may be), the relay built beside it.
+			dir := t.TempDir()
+			guard := filepath.Join(dir, "nri-gpu-guard-hook")
+			require.NoError(t, os.Symlink(hookBin, guard))
+			relay := filepath.Join(dir, "nri-gpu-guard-hook-relay")
+			root, err := moduleRoot()
+			require.NoError(t, err)
+			skip, err := buildRelay(root, relay, `-DRELAY_DEFAULT_SOCKET="`+r.sock+`"`)
+			require.Empty(t, skip)
+			require.NoError(t, err)
+			if !r.relay {
+				require.NoFileExists(t, r.sock, "no server")
+			}
+			// --config and --wait after add-hooks, as docs/hook.md says
+			// for another configuration file (and plain runc's waiting).
+			wrapper := docWrapper(t)
+			script, err := os.ReadFile(wrapper)
+			require.NoError(t, err)
+			const call = `"$GUARD" add-hooks "`
+			require.Contains(t, string(script), call)
+			script = []byte(strings.Replace(string(script), call, `"$GUARD" add-hooks --wait --config '`+r.cfgPath+`' "`, 1))
+			require.NoError(t, os.WriteFile(wrapper, script, 0o755))
+			via := func(o ctrOpts) ctrOpts {
+				o.runtime, o.runtimeEnv = wrapper, []string{"RUNC_GPU_GUARD_BIN=" + guard}
+				return o
+			}
 
-	h := r.start("h", ctrOpts{env: gpuEnv(0), runtime: wrapper})
-	r.waitFor("h to start", func() bool { return r.started("h") || !h.running() })
-	require.True(t, r.started("h"), "h admitted: %s", h.out.String())
-	data, err := os.ReadFile(filepath.Join(r.base, "b", "h", "config.json"))
-	require.NoError(t, err)
-	var spec specs.Spec
-	require.NoError(t, json.Unmarshal(data, &spec))
-	relayed := func(phase string) []specs.Hook {
-		return []specs.Hook{{Path: relayBin, Args: []string{"nri-gpu-guard-hook-relay", "--relay-hook=" + hookBin, phase, "--config", r.cfgPath},
-			Env: RuntimeEnv()}}
-	}
-	require.Equal(t, relayed(PhaseCreateRuntime), spec.Hooks.CreateRuntime)
-	require.Equal(t, relayed(PhasePoststop), spec.Hooks.Poststop)
-	require.Equal(t, map[string]string{gpuUUIDs[0]: "h"}, r.holders())
+			h := r.start("h", via(ctrOpts{env: gpuEnv(0)}))
+			r.waitFor("h to start", func() bool { return r.started("h") || !h.running() })
+			require.True(t, r.started("h"), "h admitted: %s", h.out.String())
+			data, err := os.ReadFile(filepath.Join(r.base, "b", "h", "config.json"))
+			require.NoError(t, err)
+			var spec specs.Spec
+			require.NoError(t, json.Unmarshal(data, &spec))
+			relayed := func(phase string, wait ...string) []specs.Hook {
+				args := append([]string{"nri-gpu-guard-hook-relay", "--relay-hook=" + guard, phase, "--config", r.cfgPath}, wait...)
+				return []specs.Hook{{Path: relay, Args: args, Env: RuntimeEnv()}}
+			}
+			require.Equal(t, relayed(PhaseCreateRuntime, "--wait"), spec.Hooks.CreateRuntime)
+			require.Equal(t, relayed(PhasePoststop), spec.Hooks.Poststop)
+			require.Equal(t, map[string]string{gpuUUIDs[0]: "h"}, r.holders())
 
-	c, err := r.run("busy", ctrOpts{env: gpuEnv(0), mode: "exit", runtime: wrapper})
-	require.Error(t, err, "busy refused")
-	require.Contains(t, hookVerdict(t, c.out.String()), "exit status 75")
-	require.False(t, r.started("busy"))
+			c, err := r.run("unknown", via(ctrOpts{env: gpuEnv(7), mode: "exit"}))
+			require.Error(t, err, "GPU 7 is not in the inventory")
+			require.Contains(t, hookVerdict(t, c.out.String()), "exit status "+strconv.Itoa(ExitPolicy))
+			require.False(t, r.started("unknown"))
 
-	r.release("h")
-	require.NoError(t, h.wait(t))
-	require.Empty(t, r.holders(), "h's poststop released GPU 0")
-	var ops []string
-	for _, x := range r.audit() {
-		ops = append(ops, x.ContainerID+" "+x.Op)
+			w := r.start("w", via(ctrOpts{env: gpuEnv(0)}))
+			r.waitFor("w to queue", func() bool { return slices.Contains(r.waiterKeys(), "w") || !w.running() })
+			require.True(t, w.running(), "w's runc returned: %s", w.out.String())
+			require.Equal(t, tc.hookArg0, r.hookOf(w).argv0, "w's hook process")
+			r.release("h")
+			require.NoError(t, h.wait(t))
+			r.waitFor("w to start", func() bool { return r.started("w") || !w.running() })
+			require.True(t, r.started("w"), "w admitted after h: %s", w.out.String())
+			r.release("w")
+			require.NoError(t, w.wait(t))
+			require.Empty(t, r.holders(), "the poststops released GPU 0")
+
+			// h's claim ended at its poststop or at w's poll, whichever
+			// came first (only the former reserves GPU 0 for w).
+			var ops []string
+			for _, x := range r.audit() {
+				if (x.ContainerID == "h" && x.Op == ledger.OpRelease) || x.Op == ledger.OpReserve {
+					continue
+				}
+				ops = append(ops, x.ContainerID+" "+x.Op)
+			}
+			require.Equal(t, []string{"h claim", "unknown refuse", "w enqueue", "w claim", "w release"}, ops)
+			if r.relay {
+				require.Empty(t, r.serverLog(), "no relay fell back")
+			}
+		})
 	}
-	require.Equal(t, []string{"h claim", "busy refuse", "h release"}, ops)
 }

@@ -11,13 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
-	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
 )
 
 // peerNamespaces are the namespaces a relay must share with the server: what
@@ -180,35 +178,4 @@ func relativePaths(inv hook.Invocation, env []string) string {
 		}
 	}
 	return ""
-}
-
-// processStart returns when process pid started, by its start time in
-// /proc/<pid>/stat (clock ticks since boot) and this moment's CLOCK_BOOTTIME,
-// or fallback where either cannot be read or the result is later than
-// fallback.
-func processStart(procRoot string, pid int, fallback time.Time) time.Time {
-	ticks, err := liveness.PidStart(procRoot, pid)
-	if err != nil {
-		return fallback
-	}
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
-		return fallback
-	}
-	now := time.Now()
-	// USER_HZ, the unit of the start time, is 100 on every Linux the
-	// project builds for.
-	const userHZ = 100
-	// A start time past 2^62 ticks is no start time this clock can give.
-	if ticks > 1<<62/uint64(time.Second/userHZ) {
-		return fallback
-	}
-	since := time.Duration(ts.Nano()) - time.Duration(ticks)*(time.Second/userHZ)
-	if since < 0 {
-		return fallback
-	}
-	if start := now.Add(-since); start.Before(fallback) {
-		return start
-	}
-	return fallback
 }

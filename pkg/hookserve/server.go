@@ -251,7 +251,7 @@ func (st *serving) handle(c *net.UnixConn) {
 	}
 	// The runtime's hook timeout counts from the relay's start: before its
 	// stdin read and its connect, which may have waited in a full backlog.
-	inv.Options.Started = processStart(st.check.procRoot, int(cred.Pid), started)
+	inv.Options.Started = liveness.StartedAt(st.check.procRoot, int(cred.Pid), started)
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	if _, err := c.Write(AppendAccept(nil)); err != nil {
 		st.s.logf("%s serve: relay pid %d: send the acknowledgement: %v", st.s.Program, cred.Pid, err)

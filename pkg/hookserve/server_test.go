@@ -855,24 +855,6 @@ func TestServeLeavesNoFileOpen(t *testing.T) {
 	require.ElementsMatch(t, before, openFiles(t), "files left open by 20 claim/release requests")
 }
 
-// TestProcessStart: the relay's start is read from /proc (to the 10 ms of a
-// clock tick), never later than the fallback; a process gone gives the
-// fallback.
-func TestProcessStart(t *testing.T) {
-	before := time.Now()
-	c := exec.Command("sleep", "3600")
-	require.NoError(t, c.Start())
-	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
-	later := time.Now().Add(time.Hour)
-	got := processStart("/proc", c.Process.Pid, later)
-	require.True(t, got.Before(later), "the start read, not the fallback: %v", got)
-	require.False(t, got.Before(before.Add(-20*time.Millisecond)), "started %v, read %v", before, got)
-	require.False(t, got.After(time.Now()), "read %v", got)
-
-	now := time.Now()
-	require.Equal(t, now, processStart("/proc", int(goneProcess(t)), now))
-}
-
 // TestServeStopHandsTheWaitOver: a --wait still queued when the stop's
 // grace ends gets no answer and keeps its queue entry, so the hook its
 // relay runs itself waits on in the same place: here, ahead of a waiter

@@ -16,6 +16,9 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Default roots of the host's cgroup hierarchy and procfs.
@@ -541,4 +544,38 @@ func readBounded(path string, limit int64) ([]byte, error) {
 		return nil, err
 	}
 	return buf.Bytes(), nil
+}
+
+// StartedAt returns when process pid started, by its start time in
+// procRoot/<pid>/stat (clock ticks since boot) and this moment's
+// CLOCK_BOOTTIME, or fallback where either cannot be read or the result is
+// later than fallback. A runtime's hook timeout counts from the hook
+// process's start, which a Go hook's own clock misses where it was exec'd
+// into a process that ran before (the relay's fallback), and a server
+// answering for another process has only this to go by.
+func StartedAt(procRoot string, pid int, fallback time.Time) time.Time {
+	ticks, err := PidStart(procRoot, pid)
+	if err != nil {
+		return fallback
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return fallback
+	}
+	now := time.Now()
+	// USER_HZ, the unit of the start time, is 100 on every Linux the
+	// project builds for.
+	const userHZ = 100
+	// A start time past 2^62 ticks is no start time this clock can give.
+	if ticks > 1<<62/uint64(time.Second/userHZ) {
+		return fallback
+	}
+	since := time.Duration(ts.Nano()) - time.Duration(ticks)*(time.Second/userHZ)
+	if since < 0 {
+		return fallback
+	}
+	if start := now.Add(-since); start.Before(fallback) {
+		return start
+	}
+	return fallback
 }

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -516,4 +517,28 @@ func TestExitedV1DevicesOnly(t *testing.T) {
 	root := tree(t, map[string]string{"devices/k8s.io/c1/cgroup.procs": ""})
 	exited, reason := New(root, t.TempDir()).Exited(Process{Cgroup: "/k8s.io/c1"})
 	assert.True(t, exited, "reason: %s", reason)
+}
+
+// TestStartedAt: a process's start is read from /proc (to the 10 ms of a
+// clock tick), never later than the fallback; a process gone, or a proc
+// root without it, gives the fallback.
+func TestStartedAt(t *testing.T) {
+	before := time.Now()
+	c := exec.Command("sleep", "3600")
+	require.NoError(t, c.Start())
+	t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+	later := time.Now().Add(time.Hour)
+	got := StartedAt(DefaultProcRoot, c.Process.Pid, later)
+	require.True(t, got.Before(later), "the start read, not the fallback: %v", got)
+	require.False(t, got.Before(before.Add(-20*time.Millisecond)), "started %v, read %v", before, got)
+	require.False(t, got.After(time.Now()), "read %v", got)
+
+	gone := exec.Command("/bin/true")
+	require.NoError(t, gone.Run())
+	now := time.Now()
+	require.Equal(t, now, StartedAt(DefaultProcRoot, gone.ProcessState.Pid(), now))
+	require.Equal(t, now, StartedAt(t.TempDir(), c.Process.Pid, now))
+	// A fallback earlier than the start read is kept.
+	early := before.Add(-time.Hour)
+	require.Equal(t, early, StartedAt(DefaultProcRoot, c.Process.Pid, early))
 }
