@@ -65,24 +65,30 @@
 //     relative to the working directory (the relay's is the bundle, the
 //     server's another); more than
 //     MaxInFlight connections at once (answered without reading the
-//     request); a request read once the server is stopping.
+//     request); a connection accepted, or a request read, once the server
+//     is stopping.
 //   - The hook runs for the peer as its process (hook.Process: its pid, its
 //     parent read from /proc/<pid>/stat, the environment it forwarded, never
 //     the server's own $NRI_GPU_GUARD_CONFIG), with the peer's stdin bytes
 //     and a context cancelled when a read on the connection returns (the
 //     runtime killed the relay: a waiting hook leaves the queue). The server
 //     installs no signal handling per request.
-//   - Stopping (Serve's ctx ends): the listener is closed, requests still
-//     being read are answered 'F', runs in flight have Grace (10 s) to
+//   - Stopping (Serve's ctx ends): every relay that connects is answered
+//     'F' at once, unlogged (the listener stays open through the grace: one
+//     systemd passed is a copy of a socket that keeps listening when it is
+//     closed, where a relay would wait its whole acknowledgement timeout
+//     for an accept), requests still being read are answered 'F', runs in
+//     flight have Grace (10 s) to
 //     finish before their contexts are cancelled (cause hook.ErrHandOver:
 //     a wait keeps its queue entry); a cancelled run that refuses gets no
 //     answer (its refusal would say the server stopped, not what the hook
 //     decides), so its relay runs the hook itself, which finds that entry
-//     and waits on in its place; Serve
-//     returns when every connection is done.
+//     and waits on in its place; Serve closes the listener and returns
+//     when every connection is done.
 //   - Options.Started is the relay's start (/proc/<pid>/stat and
 //     CLOCK_BOOTTIME): a runtime's hook timeout counts from there.
-//   - One log line per fallback and per error, none per answered request.
+//   - One log line per fallback and per error, none per answered request
+//     (nor per relay a stop answers).
 //   - The package does nothing at init and imports nothing heavy (no NRI,
 //     ttrpc, protobuf, prometheus or net/http): the hook binary links it.
 package hookserve

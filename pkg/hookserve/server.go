@@ -58,7 +58,10 @@ type Server struct {
 
 	// procRoot is where peers are read (/proc); tests substitute it.
 	procRoot string
-	logMu    sync.Mutex
+	// stopped, where set (tests), is called once the stop has begun:
+	// every connection accepted from then on is answered 'F'.
+	stopped func()
+	logMu   sync.Mutex
 }
 
 // New returns a server with the default bounds, logging to log.
@@ -75,11 +78,17 @@ func (s *Server) logf(format string, args ...any) {
 	_, _ = fmt.Fprintf(s.Log, format+"\n", args...)
 }
 
-// Serve answers relays on l until ctx ends, then stops gracefully: it stops
-// accepting (l is closed), answers 'F' to requests read from then on, lets
-// the hook runs in flight finish for Grace, then cancels them, and returns
-// once every connection is done. It returns nil after a stop, or the
-// accept error that ended it.
+// Serve answers relays on l until ctx ends, then stops gracefully: it
+// answers 'F' at once to every relay that connects from then on (and to
+// requests read from then on), lets the hook runs in flight finish for
+// Grace, then cancels them, closes l and returns once every connection is
+// done. It returns nil after a stop, or the accept error that ended it.
+//
+// It accepts through the grace rather than closing l at once: a listener
+// systemd passed (Activated) is a copy of systemd's socket, which goes on
+// listening when this one is closed, so a relay would connect, wait its
+// whole acknowledgement timeout (2 s) for an accept that never comes, and
+// only then run the hook itself.
 func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	run := s.Run
 	if run == nil {
@@ -105,17 +114,20 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 	go func() { acceptDone <- st.acceptLoop(l) }()
 
 	var acceptErr error
+	acceptEnded := false
 	select {
 	case <-ctx.Done():
-		st.stopping.Store(true)
-		_ = l.Close()
-		acceptErr = <-acceptDone
 	case acceptErr = <-acceptDone:
-		st.stopping.Store(true)
-		_ = l.Close()
+		acceptEnded = true
 	}
-
-	// Every connection accepted is now counted in st.conns.
+	// From here on the accept loop counts no connection in st.conns (it
+	// answers 'F' itself), so that Wait never races an Add.
+	st.mu.Lock()
+	st.stopping.Store(true)
+	st.mu.Unlock()
+	if s.stopped != nil {
+		s.stopped()
+	}
 	finished := make(chan struct{})
 	go func() { st.conns.Wait(); close(finished) }()
 	grace := s.Grace
@@ -133,16 +145,24 @@ func (s *Server) Serve(ctx context.Context, l *net.UnixListener) error {
 		cancelRuns(fmt.Errorf("%w: the hook server stopped and its grace for running hooks ended", hook.ErrHandOver))
 		<-finished
 	}
+	_ = l.Close()
+	if !acceptEnded {
+		// It ends with the close, stopping: nil.
+		acceptErr = <-acceptDone
+	}
 	return acceptErr
 }
 
 // serving is one Serve's state.
 type serving struct {
-	s        *Server
-	run      Runner
-	check    peerCheck
-	slots    chan struct{}
-	conns    sync.WaitGroup
+	s     *Server
+	run   Runner
+	check peerCheck
+	slots chan struct{}
+	conns sync.WaitGroup
+	// mu orders the accept loop's conns.Add against the stop's setting
+	// stopping (after which Serve waits on conns).
+	mu       sync.Mutex
 	stopping atomic.Bool
 	runCtx   context.Context
 }
@@ -172,15 +192,26 @@ func (st *serving) acceptLoop(l *net.UnixListener) error {
 			return fmt.Errorf("accept hook relay connections: %w", err)
 		}
 		backoff = 0
+		// Answered without reading the request: a relay reads the
+		// acknowledgement after sending, and falls back either way.
+		st.mu.Lock()
+		if st.stopping.Load() {
+			st.mu.Unlock()
+			// Not logged: a stop answers every relay that connects
+			// alike, and a probe whether a server answers (Listen's)
+			// is no relay.
+			st.answerFallBack(c, "the hook server is stopping")
+			continue
+		}
 		select {
 		case st.slots <- struct{}{}:
 		default:
-			// Answered without reading the request: a relay reads the
-			// acknowledgement after sending, and falls back either way.
+			st.mu.Unlock()
 			st.fallBack(c, 0, fmt.Sprintf("the hook server has %d requests in flight, its bound", cap(st.slots)))
 			continue
 		}
 		st.conns.Add(1)
+		st.mu.Unlock()
 		go func() {
 			defer st.conns.Done()
 			defer func() { <-st.slots }()
@@ -192,6 +223,11 @@ func (st *serving) acceptLoop(l *net.UnixListener) error {
 // fallBack answers 'F' with reason, logs it, and closes c.
 func (st *serving) fallBack(c *net.UnixConn, pid int32, reason string) {
 	st.s.logf("%s serve: relay pid %d falls back: %s", st.s.Program, pid, reason)
+	st.answerFallBack(c, reason)
+}
+
+// answerFallBack answers 'F' with reason and closes c.
+func (st *serving) answerFallBack(c *net.UnixConn, reason string) {
 	_ = c.SetWriteDeadline(time.Now().Add(writeTimeout))
 	_, _ = c.Write(AppendFallBack(nil, reason))
 	_ = c.Close()

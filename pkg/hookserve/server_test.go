@@ -585,6 +585,65 @@ func TestServeStop(t *testing.T) {
 	}
 }
 
+// TestServeStopAnswersNewRelaysAtOnce: while a stop's grace runs, a relay
+// that connects is answered 'F' at once, also where the listener is a copy
+// of a socket that goes on listening when it is closed (systemd's, passed
+// to the server: Activated): before, such a relay waited for an accept
+// that never came, its whole acknowledgement timeout, before it ran the
+// hook itself.
+func TestServeStopAnswersNewRelaysAtOnce(t *testing.T) {
+	dir, err := os.MkdirTemp("", "hs")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	path := filepath.Join(dir, "hook.sock")
+	systemds, err := Listen(path) // the socket unit's copy, open throughout
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = systemds.Close() })
+	f, err := systemds.File()
+	require.NoError(t, err)
+	fl, err := net.FileListener(f)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	l := fl.(*net.UnixListener)
+	l.SetUnlinkOnClose(false)
+
+	br := newBlockingRunner()
+	s := New(program, &syncBuffer{})
+	s.Grace = time.Hour
+	s.Run = br.run
+	stopping := make(chan struct{})
+	s.stopped = func() { close(stopping) }
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx, l) }()
+	v := &served{path: path}
+
+	r := v.send(t, Request{Args: []string{"poststop"}})
+	require.True(t, r.ack().Accepted)
+	<-br.started
+	cancel()
+	<-stopping
+	for range 3 {
+		c := v.dial(t)
+		if _, err := c.Write(requestBytes(t, Request{Args: []string{"poststop"}})); err != nil {
+			require.ErrorIs(t, err, syscall.EPIPE) // answered before the request was read
+		}
+		ack, err := ReadAck(c)
+		require.NoError(t, err, "answered, not left in the backlog")
+		require.Equal(t, Ack{Reason: "the hook server is stopping"}, ack)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("Serve returned (%v) within the grace of a run in flight", err)
+	default:
+	}
+	close(br.release)
+	require.Equal(t, 0, r.result().Code, "the run in flight finished")
+	require.NoError(t, <-done)
+	require.NoError(t, <-br.ended)
+	require.Empty(t, s.Log.(*syncBuffer).String(), "the relays a stop answers are not logged one by one")
+}
+
 // TestServeAnswersFallBackWhenStopping: a request read once the server is
 // stopping is answered 'F'.
 func TestServeAnswersFallBackWhenStopping(t *testing.T) {
