@@ -26,6 +26,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/syncbuf"
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testtmp"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
@@ -222,22 +223,8 @@ type proc struct {
 	done   chan struct{}
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the tests' shared output buffer (internal/syncbuf).
+type syncBuffer = syncbuf.Buffer
 
 func startProc(t *testing.T, stdin []byte, bin string, args ...string) *proc {
 	t.Helper()

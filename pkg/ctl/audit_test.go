@@ -42,7 +42,7 @@ func (fl *follower) waitFor(t *testing.T, cond func(string) bool) {
 	deadline := time.After(30 * time.Second)
 	for !cond(fl.out.String()) {
 		select {
-		case <-fl.out.wrote:
+		case <-fl.out.Wrote:
 		case <-fl.exited:
 			t.Fatalf("audit --follow exited early with %d; output:\n%s", fl.code, fl.out.String())
 		case <-deadline:
@@ -56,7 +56,7 @@ func (f *fixture) followAudit(t *testing.T, args ...string) *follower {
 	t.Helper()
 	stderr := &syncBuffer{}
 	ctx, cancel := context.WithCancel(t.Context())
-	fl := &follower{out: &syncBuffer{wrote: make(chan struct{}, 1)}, exited: make(chan struct{}), cancel: cancel}
+	fl := &follower{out: &syncBuffer{Wrote: make(chan struct{}, 1)}, exited: make(chan struct{}), cancel: cancel}
 	go func() {
 		defer close(fl.exited)
 		fl.code = Run(ctx, append([]string{"--config", f.config, "audit", "--follow"}, args...), f.env(fl.out, stderr))
@@ -262,7 +262,7 @@ func TestAuditWithoutItsLedger(t *testing.T) {
 				}
 				ctx, cancel := context.WithCancel(t.Context())
 				defer cancel()
-				stdout, stderr := &syncBuffer{wrote: make(chan struct{}, 1)}, &syncBuffer{}
+				stdout, stderr := &syncBuffer{Wrote: make(chan struct{}, 1)}, &syncBuffer{}
 				exited, code := make(chan struct{}), 0
 				go func() {
 					defer close(exited)

@@ -4,7 +4,6 @@
 package ctl
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"os"
@@ -13,12 +12,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/syncbuf"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/ledger"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/liveness"
@@ -311,32 +310,8 @@ func (f *fixture) audit(t testing.TB) []ledger.AuditRecord {
 	return recs
 }
 
-// syncBuffer is a bytes.Buffer safe for a writer goroutine and a reader, that
-// signals every write (tests wait on it instead of sleeping).
-type syncBuffer struct {
-	mu    sync.Mutex
-	buf   bytes.Buffer
-	wrote chan struct{}
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	n, err := b.buf.Write(p)
-	if b.wrote != nil {
-		select {
-		case b.wrote <- struct{}{}:
-		default:
-		}
-	}
-	return n, err
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer is the tests' shared output buffer (internal/syncbuf).
+type syncBuffer = syncbuf.Buffer
 
 // normalize replaces what differs between runs (temp dirs, the writer's pid
 // in audit records) so that output can be compared with a golden file.

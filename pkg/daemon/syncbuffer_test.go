@@ -3,26 +3,9 @@
 
 package daemon
 
-import (
-	"bytes"
-	"sync"
-)
+import "github.com/nri-gpu-guard/nri-gpu-guard/internal/syncbuf"
 
-// syncBuffer is a log sink safe to read while the watch logs. It is built
-// with and without cgo: the tests of both builds log into it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer is a log sink safe to read while the watch logs
+// (internal/syncbuf). It is built with and without cgo: the tests of both
+// builds log into it.
+type syncBuffer = syncbuf.Buffer

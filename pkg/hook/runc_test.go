@@ -35,6 +35,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/syncbuf"
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testtmp"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/devices"
@@ -523,24 +524,8 @@ type ctr struct {
 	err  error
 }
 
-// syncBuffer collects runc's output, written by exec's copying goroutines and
-// read by the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the tests' shared output buffer (internal/syncbuf).
+type syncBuffer = syncbuf.Buffer
 
 // bundle writes <base>/b/<id>/config.json for a container running the
 // container program as name id.

@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
+	"github.com/nri-gpu-guard/nri-gpu-guard/internal/syncbuf"
 	"github.com/nri-gpu-guard/nri-gpu-guard/internal/testwait"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/config"
 	"github.com/nri-gpu-guard/nri-gpu-guard/pkg/hook"
@@ -144,23 +145,8 @@ func eventually(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// syncBuffer is a log shared by the server's goroutines and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is the tests' shared output buffer (internal/syncbuf).
+type syncBuffer = syncbuf.Buffer
 
 // served is a running server on a socket of the test's.
 type served struct {
