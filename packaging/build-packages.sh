@@ -87,7 +87,10 @@ nfpm=$(find_nfpm)
 
 stage=$DIST_DIR/.stage
 rm -rf "$stage"
-mkdir -p "$stage/doc" "$stage/hooks.d"
+# 0755 whatever the builder's umask: nfpm ships a tree's directories with
+# their modes, and a 0700 hooks.d is unreadable to rootless podman (and
+# clashes with containers-common's ownership of the directory in an rpm).
+install -d -m 0755 "$stage" "$stage/doc" "$stage/hooks.d"
 
 # Documentation: README, docs/*.md, and the --help text of the binaries.
 [[ -f README.md ]] && install -m 0644 README.md "$stage/doc/"

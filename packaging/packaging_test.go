@@ -306,6 +306,9 @@ func TestHookServerUnits(t *testing.T) {
 	sock := unitDirectives(t, readFile(t, "systemd/nri-gpu-guard-hook.socket"))
 	require.Equal(t, []string{hookserve.DefaultSocket}, sock["ListenStream"])
 	require.Equal(t, []string{"0600"}, sock["SocketMode"], "root only: the server trusts its callers' arguments")
+	require.Equal(t, []string{"0700"}, sock["DirectoryMode"], "/run/nri-gpu-guard: the ledger's markers live there too, root only")
+	require.NotContains(t, sock, "Accept", "one server for every relay (Accept=yes would start one per connection)")
+	require.Equal(t, []string{"sockets.target"}, sock["WantedBy"], "what the package's enable hangs it on")
 	relay := string(readFile(t, "../cmd/nri-gpu-guard-hook-relay/relay.c"))
 	require.Contains(t, relay, fmt.Sprintf("#define RELAY_DEFAULT_SOCKET %q", hookserve.DefaultSocket))
 	require.Contains(t, relay, `#define RELAY_DEFAULT_HOOK "/usr/bin/nri-gpu-guard-hook"`)
@@ -316,7 +319,15 @@ func TestHookServerUnits(t *testing.T) {
 	for _, key := range []string{"ProtectSystem", "ProtectHome", "PrivateTmp", "PrivateDevices", "ReadWritePaths", "ReadOnlyPaths",
 		"InaccessiblePaths", "TemporaryFileSystem", "BindPaths", "BindReadOnlyPaths", "PrivateMounts", "MountAPIVFS", "RootDirectory",
 		"ProtectKernelTunables", "ProtectControlGroups", "ProtectKernelModules", "ProtectKernelLogs", "ProtectClock", "ProtectProc",
-		"PrivateUsers", "PrivateNetwork", "PrivatePIDs", "RuntimeDirectory", "StateDirectory", "NetworkNamespacePath"} {
+		"PrivateUsers", "PrivateNetwork", "PrivatePIDs", "RuntimeDirectory", "StateDirectory", "NetworkNamespacePath",
+		"PrivateIPC", "MountFlags", "NoExecPaths", "ExecPaths", "ReadWriteDirectories", "ReadOnlyDirectories", "InaccessibleDirectories",
+		"RootImage", "MountImages", "ExtensionImages", "ExtensionDirectories", "LogNamespace", "JoinsNamespaceOf", "IPCNamespacePath"} {
 		require.NotContains(t, svc, key, "%s would put the hook server in namespaces of its own", key)
+	}
+	// The server answers only relays of its own uid (root): another user
+	// would make every relay fall back; DynamicUser also brings a mount
+	// namespace of its own.
+	for _, key := range []string{"User", "Group", "DynamicUser"} {
+		require.NotContains(t, svc, key, "%s would run the hook server as another user than the relays'", key)
 	}
 }

@@ -144,6 +144,19 @@ done
 for u in "$HOOK_SOCKET_UNIT" "$HOOK_SERVER_UNIT"; do
 	[[ -f $u ]] || fail "$u missing"
 done
+# The hook socket is enabled on a first install (with systemd running or
+# not: the links are what an image boots with). systemctl reads the unit
+# files whether or not systemd runs.
+hook_socket_state() { systemctl is-enabled nri-gpu-guard-hook.socket 2>/dev/null || true; }
+HOOK_SOCKET_LINK=/etc/systemd/system/sockets.target.wants/nri-gpu-guard-hook.socket
+if command -v systemctl >/dev/null; then
+	[[ $(hook_socket_state) == enabled ]] || fail "the first install did not enable nri-gpu-guard-hook.socket: $(hook_socket_state); $(cat "$work/install.log")"
+	ok "the first install enables nri-gpu-guard-hook.socket"
+fi
+for d in "$HOOKS_DIR" "/usr/share/doc/$PKG"; do
+	[[ $(stat -c '%a' "$d") == 755 ]] || fail "$d is mode $(stat -c '%a' "$d"), want 755 (rootless engines read it)"
+done
+ok "the package's directories are 0755"
 out=$(/usr/bin/nri-gpu-guard --version 2>&1) || fail "nri-gpu-guard --version: $out"
 want=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
 grep -qF "$want" <<<"$out" || fail "nri-gpu-guard --version printed '$out', want the build version $want"
@@ -237,8 +250,10 @@ if ! command -v systemd-analyze >/dev/null; then
 	log "installing systemd for systemd-analyze"
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd >/dev/null
 fi
-systemd-analyze verify "$UNIT" || fail "systemd-analyze verify $UNIT"
-ok "systemd-analyze verify passes"
+for u in "$UNIT" "$HOOK_SOCKET_UNIT" "$HOOK_SERVER_UNIT"; do
+	systemd-analyze verify "$u" || fail "systemd-analyze verify $u"
+done
+ok "systemd-analyze verify passes for the three units"
 if systemd-analyze security --help 2>&1 | grep -q -- '--offline'; then
 	# Exposure is 0.0 (locked down) to 10.0 (unprotected); the unit scores
 	# about 3.5 and must not regress past "MEDIUM".
@@ -258,6 +273,26 @@ if grep -q 'Next step' "$work/reinstall.log"; then
 	fail "postinst printed the first-install text on an upgrade"
 fi
 ok "reinstall is quiet"
+
+# --- The hook socket across upgrades ------------------------------------------
+if command -v systemctl >/dev/null; then
+	# The operator's disable and mask stand through an upgrade.
+	systemctl disable nri-gpu-guard-hook.socket >/dev/null 2>&1 || fail "systemctl disable nri-gpu-guard-hook.socket"
+	dpkg -i "$deb" </dev/null >"$work/upgrade-socket.log" 2>&1 || fail "dpkg -i (upgrade, socket disabled)"
+	[[ $(hook_socket_state) == disabled ]] || fail "an upgrade re-enabled the hook socket the operator disabled: $(hook_socket_state)"
+	systemctl mask nri-gpu-guard-hook.socket >/dev/null 2>&1 || fail "systemctl mask nri-gpu-guard-hook.socket"
+	dpkg -i "$deb" </dev/null >"$work/upgrade-socket.log" 2>&1 || fail "dpkg -i (upgrade, socket masked)"
+	[[ $(hook_socket_state) == masked* ]] || fail "an upgrade unmasked the hook socket: $(hook_socket_state)"
+	! grep -q 'could not enable' "$work/upgrade-socket.log" || fail "an upgrade asked to enable the masked hook socket"
+	systemctl unmask nri-gpu-guard-hook.socket >/dev/null 2>&1 || fail "systemctl unmask nri-gpu-guard-hook.socket"
+	ok "an upgrade keeps the hook socket disabled or masked as the operator left it"
+	# An upgrade from a version without the hook server: no record that
+	# the package enabled the socket, and the socket not enabled.
+	rm -f "$STATE_DIR/package-hook-socket-enabled"
+	dpkg -i "$deb" </dev/null >"$work/upgrade-socket.log" 2>&1 || fail "dpkg -i (upgrade from a version without the hook server)"
+	[[ $(hook_socket_state) == enabled ]] || fail "an upgrade from a version without the hook server did not enable its socket: $(hook_socket_state)"
+	ok "an upgrade from a version without the hook server enables its socket"
+fi
 
 # --- An upgrade over a configuration this version refuses -------------------
 # The running guard must not be restarted into a crash loop (containerd would
@@ -293,6 +328,7 @@ dpkg -r "$PKG" </dev/null >"$work/remove.log" 2>&1 || {
 for b in nri-gpu-guard nri-gpu-guard-hook nri-gpu-guard-hook-relay; do
 	[[ ! -e /usr/bin/$b ]] || fail "dpkg -r left /usr/bin/$b"
 done
+[[ ! -L $HOOK_SOCKET_LINK ]] || fail "dpkg -r left the hook socket enabled ($HOOK_SOCKET_LINK)"
 cmp -s "$work/edited.toml" "$CONFIG" || fail "dpkg -r did not keep the edited $CONFIG"
 grep -q "$DROP_IN is still in place" "$work/remove.log" || fail "dpkg -r did not warn that the drop-in stays"
 ok "dpkg -r keeps the edited config and warns about the drop-in"
@@ -304,6 +340,10 @@ cmp -s "$work/edited.toml" "$CONFIG" || fail "dpkg -i after dpkg -r replaced the
 /usr/bin/gpu-guard-ctl check-config >/dev/null 2>&1 || fail "check-config rejects the edited config"
 ok "dpkg -r then dpkg -i keeps the locally edited config"
 cmp -s packaging/containerd/nri-gpu-guard.toml "$DROP_IN" || fail "dpkg -r then dpkg -i lost or changed $DROP_IN"
+if command -v systemctl >/dev/null; then
+	[[ $(hook_socket_state) == enabled ]] || fail "dpkg -r then dpkg -i left the hook socket it had enabled disabled: $(hook_socket_state)"
+	ok "dpkg -r then dpkg -i enables the hook socket again"
+fi
 if [[ $systemd_up == yes ]]; then
 	systemctl is-enabled --quiet nri-gpu-guard || fail "dpkg -r then dpkg -i left the previously enabled service disabled: $(cat "$work/install2.log")"
 	grep -q 're-enabled and started' "$work/install2.log" || fail "postinst did not say it re-enabled the service"
@@ -333,6 +373,7 @@ done
 for f in packaging/oci-hooks.d/*.json; do
 	[[ ! -e $HOOKS_DIR/$(basename "$f") ]] || fail "purge left $HOOKS_DIR/$(basename "$f")"
 done
+[[ ! -e $HOOK_SOCKET_LINK && ! -L $HOOK_SOCKET_LINK ]] || fail "purge left $HOOK_SOCKET_LINK"
 ok "dpkg --purge removes everything"
 
 # --- The drop-in on other hosts ---------------------------------------------

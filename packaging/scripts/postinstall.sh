@@ -18,10 +18,16 @@ UNIT=nri-gpu-guard.service
 # The OCI hook server (nri-gpu-guard-hook serve) and its socket: the hooks.d
 # files run nri-gpu-guard-hook-relay, which hands each hook run to the server
 # and runs nri-gpu-guard-hook itself while the server does not answer. So
-# the socket is enabled on a first install (it only makes hooks faster,
-# nothing depends on it) and the server restarted on an upgrade.
+# the socket is enabled once (it only makes hooks faster, nothing depends on
+# it), and the server restarted on an upgrade.
 HOOK_SOCKET=nri-gpu-guard-hook.socket
 HOOK_SERVER=nri-gpu-guard-hook.service
+# Written once the package has enabled the socket (or found it masked):
+# from then on the operator's choice stands. Without it (a first install,
+# an upgrade from a version without the hook server, a reinstall after a
+# removal that disabled an enabled socket: preremove deletes it) the socket
+# is enabled.
+HOOK_SOCKET_DONE=$STATE_DIR/package-hook-socket-enabled
 DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
 CONFIG=/etc/nri-gpu-guard/config.toml
 DROP_IN_EXAMPLE=/usr/share/nri-gpu-guard/containerd-nri-gpu-guard.toml
@@ -106,16 +112,31 @@ if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	systemctl daemon-reload >/dev/null 2>&1 || true
 fi
 
-if [ "$systemd_running" = yes ]; then
-	if [ "$first_install" = yes ]; then
-		systemctl enable --now "$HOOK_SOCKET" >/dev/null 2>&1 ||
-			echo "nri-gpu-guard: could not enable $HOOK_SOCKET (the OCI hooks work without it, slower): systemctl enable --now $HOOK_SOCKET" >&2
-	else
-		# The server answers with the code it started with: the new one
-		# from the next hook on (a stopped server is started by its
-		# socket at the next hook).
-		systemctl try-restart "$HOOK_SERVER" >/dev/null 2>&1 || true
-	fi
+# The hook socket, once. Without systemd running (a chroot, an image
+# build) `systemctl enable` still makes the links, so that the image boots
+# with it; with it, --now starts it too.
+if [ ! -e "$HOOK_SOCKET_DONE" ] && [ -d "$STATE_DIR" ] && [ ! -L "$STATE_DIR" ] && command -v systemctl >/dev/null 2>&1; then
+	case "$(systemctl is-enabled "$HOOK_SOCKET" 2>/dev/null || true)" in
+	masked | masked-runtime)
+		# The operator's: kept, and not asked about again.
+		: >"$HOOK_SOCKET_DONE" || true
+		;;
+	*)
+		now=
+		[ "$systemd_running" = yes ] && now=--now
+		# shellcheck disable=SC2086 # $now is empty or one flag
+		if systemctl enable $now "$HOOK_SOCKET" >/dev/null 2>&1; then
+			: >"$HOOK_SOCKET_DONE" || true
+		else
+			echo "nri-gpu-guard: could not enable $HOOK_SOCKET (the OCI hooks work without it, one process start slower each): systemctl enable --now $HOOK_SOCKET" >&2
+		fi
+		;;
+	esac
+elif [ "$systemd_running" = yes ] && [ "$first_install" = no ]; then
+	# The server answers with the code it started with: the new one from
+	# the next hook on (a stopped server is started by its socket at the
+	# next hook).
+	systemctl try-restart "$HOOK_SERVER" >/dev/null 2>&1 || true
 fi
 
 # A removal (deb `dpkg -r`, rpm erase) disabled a service that was enabled,

@@ -14,8 +14,11 @@
 set -e
 
 UNIT=nri-gpu-guard.service
+HOOK_SOCKET=nri-gpu-guard-hook.socket
 STATE_DIR=/var/lib/nri-gpu-guard
 WAS_ENABLED=$STATE_DIR/package-removed-enabled-service
+# postinstall's record that it enabled the hook socket once (see there).
+HOOK_SOCKET_DONE=$STATE_DIR/package-hook-socket-enabled
 DROP_IN=/etc/containerd/conf.d/nri-gpu-guard.toml
 DROP_IN_EXAMPLE=/usr/share/nri-gpu-guard/containerd-nri-gpu-guard.toml
 
@@ -24,6 +27,13 @@ case "$1" in
 	*) exit 0 ;;
 esac
 
+if command -v systemctl >/dev/null 2>&1; then
+	# A socket this removal disables comes back with a reinstall (its
+	# record goes); one the operator disabled or masked stays so.
+	if systemctl is-enabled --quiet "$HOOK_SOCKET" 2>/dev/null; then
+		rm -f "$HOOK_SOCKET_DONE"
+	fi
+fi
 if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	if systemctl is-enabled --quiet "$UNIT" 2>/dev/null && [ -d "$STATE_DIR" ] && [ ! -L "$STATE_DIR" ]; then
 		: >"$WAS_ENABLED" || true
@@ -31,7 +41,10 @@ if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	systemctl disable --now "$UNIT" >/dev/null 2>&1 || true
 	# The hook server goes with its binary: the relay that stays until the
 	# files go runs nri-gpu-guard-hook itself meanwhile.
-	systemctl disable --now nri-gpu-guard-hook.socket nri-gpu-guard-hook.service >/dev/null 2>&1 || true
+	systemctl disable --now "$HOOK_SOCKET" nri-gpu-guard-hook.service >/dev/null 2>&1 || true
+elif command -v systemctl >/dev/null 2>&1; then
+	# No systemd running (a chroot): the links postinstall made go.
+	systemctl disable "$HOOK_SOCKET" >/dev/null 2>&1 || true
 fi
 
 if [ "$1" = 0 ] && [ -f "$DROP_IN" ] && [ ! -L "$DROP_IN" ] && cmp -s "$DROP_IN" "$DROP_IN_EXAMPLE"; then
