@@ -132,10 +132,13 @@ if [ ! -e "$HOOK_SOCKET_DONE" ] && [ -d "$STATE_DIR" ] && [ ! -L "$STATE_DIR" ] 
 		fi
 		;;
 	esac
-elif [ "$systemd_running" = yes ] && [ "$first_install" = no ]; then
-	# The server answers with the code it started with: the new one from
-	# the next hook on (a stopped server is started by its socket at the
-	# next hook).
+fi
+# On every upgrade, whether or not the socket was enabled just now (an
+# `enable --now` of a socket already listening leaves its server as it
+# is): the server answers with the code it started with, the new one from
+# the next hook on (a stopped server is started by its socket at the next
+# hook).
+if [ "$systemd_running" = yes ] && [ "$first_install" = no ]; then
 	systemctl try-restart "$HOOK_SERVER" >/dev/null 2>&1 || true
 fi
 

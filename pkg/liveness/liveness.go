@@ -546,6 +546,11 @@ func readBounded(path string, limit int64) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// ClockTicks is USER_HZ, the unit of /proc/<pid>/stat's start time (and of
+// the kernel's boot-relative clock as user space sees it): 100 on every
+// Linux architecture the project and the NVIDIA driver support.
+const ClockTicks = 100
+
 // StartedAt returns when process pid started, by its start time in
 // procRoot/<pid>/stat (clock ticks since boot) and this moment's
 // CLOCK_BOOTTIME, or fallback where either cannot be read or the result is
@@ -563,14 +568,11 @@ func StartedAt(procRoot string, pid int, fallback time.Time) time.Time {
 		return fallback
 	}
 	now := time.Now()
-	// USER_HZ, the unit of the start time, is 100 on every Linux the
-	// project builds for.
-	const userHZ = 100
 	// A start time past 2^62 ticks is no start time this clock can give.
-	if ticks > 1<<62/uint64(time.Second/userHZ) {
+	if ticks > 1<<62/uint64(time.Second/ClockTicks) {
 		return fallback
 	}
-	since := time.Duration(ts.Nano()) - time.Duration(ticks)*(time.Second/userHZ)
+	since := time.Duration(ts.Nano()) - time.Duration(ticks)*(time.Second/ClockTicks)
 	if since < 0 {
 		return fallback
 	}

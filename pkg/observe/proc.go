@@ -21,10 +21,8 @@ import (
 // between open and read.
 var errESRCH error = syscall.ESRCH
 
-// clockTicks is USER_HZ, the unit of /proc/PID/stat's start time and of the
-// kernel's boot-relative clock as user space sees it: 100 on every Linux
-// architecture the NVIDIA driver supports.
-const clockTicks = 100
+// clockTicks is USER_HZ (liveness.ClockTicks).
+const clockTicks = liveness.ClockTicks
 
 // procFS reads the processes of a /proc tree: the host's ("/") or a fake
 // one in tests.
